@@ -1,0 +1,283 @@
+"""The schedule IR: one description of a pipeline schedule, shared by the simulator and the executor.
+
+A :class:`Schedule` holds
+
+* ``devices`` -- the number of devices of one pipeline group (data-parallel copies run the same lists);
+* ``stages`` -- the number of stages, contiguous slices of the model numbered from the input;
+* ``replicas`` -- how many copies of every stage the group holds (Chimera: ``2f``, GEMS: 2, else 1);
+* ``placement[r][s]`` -- the device that holds stage ``s`` of replica ``r``;
+* ``microbatches`` -- the micro-batches of one iteration; ``mb_replica[m]`` is the replica (pipeline)
+  that micro-batch ``m`` runs through;
+* ``actions[d]`` -- device ``d``'s ordered action list.
+
+Action kinds follow ``torch.distributed.pipelining`` (``_ComputationType``): ``F`` forward, ``B`` full
+backward, ``I`` backward for the input only and ``W`` backward for the weights only (zero-bubble
+splits ``B`` into ``I`` + ``W``), ``SEND_F``/``RECV_F`` activations, ``SEND_B``/``RECV_B`` gradients.
+Ours add ``ALLREDUCE`` (gradients of one stage replica across all its replicas -- Chimera's 2f
+pipelines and the W data-parallel copies) and ``STEP`` (optimizer step).
+
+A builder produces the *compute-only* form (F/B/I/W); :func:`lower` adds the communication and the
+gradient synchronisation, deterministically, so the lowered form is a pure function of the compute-only
+one. The simulator and the executor both run the lowered lists.
+
+Text form: ``{stage}{KIND}{mb}`` as torch writes it (``0F1``, ``3B0``, ``2SEND_F5``), with two
+extensions: ``r{replica}:`` in front when the replica is not 0 (``r1:0F2``), and ``{mb}-{last}`` for a
+forward that runs several consecutive micro-batches at once (Chimera's forward doubling: ``1F2-3``).
+``ALLREDUCE`` and ``STEP`` are written ``{stage}ALLREDUCE`` / ``STEP``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+F, B, I, W = "F", "B", "I", "W"  # noqa: E741 - the names torch uses
+SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+ALLREDUCE, STEP = "ALLREDUCE", "STEP"
+
+COMPUTE_KINDS = frozenset({F, B, I, W})
+BACKWARD_KINDS = frozenset({B, I})  # the actions that produce the gradient w.r.t. the stage input
+COMM_KINDS = frozenset({SEND_F, RECV_F, SEND_B, RECV_B})
+ALL_KINDS = COMPUTE_KINDS | COMM_KINDS | {ALLREDUCE, STEP}
+
+
+class Action(NamedTuple):
+    """One step of a device's list.
+
+    ``mb`` is the first micro-batch and ``span`` how many consecutive ones the action covers (only a
+    forward may cover several, for Chimera's forward doubling). ``peer`` is the other device of a
+    send/receive (-1 otherwise).
+    """
+
+    kind: str
+    stage: int = -1
+    mb: int = -1
+    replica: int = 0
+    span: int = 1
+    peer: int = -1
+
+    @property
+    def mbs(self) -> range:
+        return range(self.mb, self.mb + self.span)
+
+    def __str__(self) -> str:  # compact text form
+        if self.kind == STEP:
+            return STEP
+        prefix = f"r{self.replica}:" if self.replica else ""
+        if self.kind == ALLREDUCE:
+            return f"{prefix}{self.stage}{ALLREDUCE}"
+        mb = f"{self.mb}-{self.mb + self.span - 1}" if self.span > 1 else f"{self.mb}"
+        return f"{prefix}{self.stage}{self.kind}{mb}"
+
+
+_ACTION_RE = re.compile(
+    r"^(?:r(?P<rep>\d+):)?(?:(?P<stage>\d+)(?P<kind>SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|F|B|I|W)"
+    r"(?P<mb>\d+)?(?:-(?P<last>\d+))?)?(?P<step>STEP)?$"
+)
+
+
+def parse_action(text: str) -> Action:
+    """Inverse of ``str(action)`` (the peer of a send/receive is not part of the text)."""
+    m = _ACTION_RE.match(text.strip())
+    if not m or (m["step"] and m["stage"]) or not (m["step"] or m["stage"]):
+        raise ValueError(f"cannot parse action {text!r}: expected e.g. '0F1', 'r1:2B3', '1F2-3', 'STEP'")
+    if m["step"]:
+        return Action(STEP)
+    kind, stage, rep = m["kind"], int(m["stage"]), int(m["rep"] or 0)
+    if kind == ALLREDUCE:
+        return Action(ALLREDUCE, stage, -1, rep)
+    if m["mb"] is None:
+        raise ValueError(f"cannot parse action {text!r}: {kind} needs a micro-batch number")
+    mb = int(m["mb"])
+    span = int(m["last"]) - mb + 1 if m["last"] is not None else 1
+    if span < 1:
+        raise ValueError(f"cannot parse action {text!r}: empty micro-batch range")
+    return Action(kind, stage, mb, rep, span)
+
+
+@dataclass
+class Schedule:
+    """A pipeline schedule as plain data (see the module docstring)."""
+
+    name: str
+    devices: int
+    stages: int
+    microbatches: int
+    placement: list[list[int]]
+    actions: list[list[Action]]
+    mb_replica: list[int] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    #: asynchronous schedules (PipeDream, 2BW) keep several weight versions per stage
+    weight_versions: list[int] = field(default_factory=list)
+    synchronous: bool = True
+    lowered: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.mb_replica:
+            self.mb_replica = [0] * self.microbatches
+
+    @property
+    def replicas(self) -> int:
+        return len(self.placement)
+
+    def device_of(self, stage: int, replica: int = 0) -> int:
+        return self.placement[replica][stage]
+
+    def stages_on(self, device: int) -> list[tuple[int, int]]:
+        """(replica, stage) pairs that ``device`` holds, in order."""
+        return [(r, s) for r, row in enumerate(self.placement) for s, d in enumerate(row) if d == device]
+
+    def compute_only(self) -> Schedule:
+        """The same schedule with only F/B/I/W actions."""
+        acts = [[a for a in row if a.kind in COMPUTE_KINDS] for row in self.actions]
+        return Schedule(self.name, self.devices, self.stages, self.microbatches, self.placement, acts,
+                        list(self.mb_replica), dict(self.params), list(self.weight_versions),
+                        self.synchronous, False)
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "devices": self.devices,
+            "stages": self.stages,
+            "microbatches": self.microbatches,
+            "placement": self.placement,
+            "mb_replica": self.mb_replica,
+            "params": self.params,
+            "weight_versions": self.weight_versions,
+            "synchronous": self.synchronous,
+            "lowered": self.lowered,
+            "actions": [[_action_to_text(a) for a in row] for row in self.actions],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Schedule:
+        for key in ("name", "devices", "stages", "microbatches", "placement", "actions"):
+            if key not in data:
+                raise ValueError(f"schedule JSON lacks the field '{key}'")
+        acts = [[_action_from_text(t) for t in row] for row in data["actions"]]
+        return cls(
+            name=str(data["name"]), devices=int(data["devices"]), stages=int(data["stages"]),
+            microbatches=int(data["microbatches"]), placement=[list(map(int, r)) for r in data["placement"]],
+            actions=acts, mb_replica=list(data.get("mb_replica") or []), params=dict(data.get("params") or {}),
+            weight_versions=list(data.get("weight_versions") or []),
+            synchronous=bool(data.get("synchronous", True)), lowered=bool(data.get("lowered", False)),
+        )
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        return cls.from_dict(json.loads(text))
+
+    def to_text(self) -> str:
+        """One line per device: ``d: a1 a2 ...`` (peers of sends/receives as ``>peer`` / ``<peer``)."""
+        return "\n".join(f"{d}: " + " ".join(_action_to_text(a) for a in row)
+                         for d, row in enumerate(self.actions))
+
+
+def _action_to_text(a: Action) -> str:
+    if a.kind in (SEND_F, SEND_B):
+        return f"{a}>{a.peer}"
+    if a.kind in (RECV_F, RECV_B):
+        return f"{a}<{a.peer}"
+    return str(a)
+
+
+def _action_from_text(t: str) -> Action:
+    for sep in (">", "<"):
+        if sep in t:
+            body, peer = t.split(sep, 1)
+            return parse_action(body)._replace(peer=int(peer))
+    return parse_action(t)
+
+
+# ---- lowering: compute-only -> with communication and gradient synchronisation -------------------
+
+def _producer_stage(kind: str, stage: int) -> int:
+    return stage + 1 if kind == F else stage - 1
+
+
+def lower(schedule: Schedule, eager: Iterable[int] | str = "none") -> Schedule:
+    """Add SEND/RECV, ALLREDUCE and STEP to a compute-only schedule.
+
+    * After ``F(s, m)`` whose next stage ``s+1`` sits on another device: ``SEND_F(s, m) -> dev(s+1)``;
+      just before ``F(s+1, m)`` on that device: ``RECV_F(s+1, m) <- dev(s)``. Gradients likewise:
+      after ``B``/``I`` of stage ``s`` a ``SEND_B`` to ``dev(s-1)``, and a ``RECV_B`` before the
+      ``B``/``I`` of stage ``s-1``. A multi-micro-batch forward sends one message.
+    * One ``ALLREDUCE(replica, stage)`` for every stage replica the device holds (a replica that ran no
+      micro-batch contributes zero gradients, so all replicas end with the same weights): right after
+      its last backward (``B``, or ``W`` when split) when the stage is in ``eager`` (Chimera 3.2, eager
+      gradient synchronisation), otherwise at the end of the list in stage order. ``eager`` is
+      ``"all"``, ``"none"`` or a collection of stage numbers; it is decided per stage, for all replicas
+      alike, so every device meets a stage's all-reduce at the same point of its work.
+    * One ``STEP`` last.
+
+    Receives are placed just before their consumer; the executor posts them ahead of time (Hanayo 4.2,
+    prefetching) in list order. All-reduces are posted asynchronously and waited for by ``STEP``.
+    """
+    if schedule.lowered:
+        raise ValueError("schedule is already lowered")
+    S = schedule.stages
+    place = schedule.placement
+    eager_set: set[int]
+    if eager == "all":
+        eager_set = set(range(S))
+    elif eager == "none":
+        eager_set = set()
+    elif isinstance(eager, str):
+        raise ValueError(f"eager must be 'all', 'none' or a list of stages, got {eager!r}")
+    else:
+        eager_set = {int(x) for x in eager}
+
+    out: list[list[Action]] = []
+    for d, row in enumerate(schedule.actions):
+        held = schedule.stages_on(d)
+        # index of the last gradient-producing action per (replica, stage) on this device
+        last_grad: dict[tuple[int, int], int] = {}
+        split = {(a.replica, a.stage) for a in row if a.kind == W}
+        for i, a in enumerate(row):
+            if a.kind == W or (a.kind in BACKWARD_KINDS and (a.replica, a.stage) not in split):
+                last_grad[(a.replica, a.stage)] = i
+        eager_at: dict[int, list[tuple[int, int]]] = {}
+        for key, i in last_grad.items():
+            if key[1] in eager_set:
+                eager_at.setdefault(i, []).append(key)
+        new: list[Action] = []
+        for i, a in enumerate(row):
+            k, s, r = a.kind, a.stage, a.replica
+            if k == F and s > 0 and place[r][s - 1] != d:
+                new.append(Action(RECV_F, s, a.mb, r, a.span, place[r][s - 1]))
+            elif k in BACKWARD_KINDS and s < S - 1 and place[r][s + 1] != d:
+                new.append(Action(RECV_B, s, a.mb, r, 1, place[r][s + 1]))
+            new.append(a)
+            if k == F and s < S - 1 and place[r][s + 1] != d:
+                new.append(Action(SEND_F, s, a.mb, r, a.span, place[r][s + 1]))
+            elif k in BACKWARD_KINDS and s > 0 and place[r][s - 1] != d:
+                new.append(Action(SEND_B, s, a.mb, r, 1, place[r][s - 1]))
+            for rr, ss in eager_at.get(i, ()):
+                new.append(Action(ALLREDUCE, ss, -1, rr))
+        done_eager = {key for keys in eager_at.values() for key in keys}
+        for r, s in sorted(held, key=lambda rs: (rs[1], rs[0])):
+            if (r, s) not in done_eager:
+                new.append(Action(ALLREDUCE, s, -1, r))
+        new.append(Action(STEP))
+        out.append(new)
+    return Schedule(schedule.name, schedule.devices, schedule.stages, schedule.microbatches,
+                    schedule.placement, out, list(schedule.mb_replica),
+                    {**schedule.params, "eager": sorted(eager_set)}, list(schedule.weight_versions),
+                    schedule.synchronous, True)
+
+
+def replica_placement(devices: int, stages: int, order: Sequence[int] | None = None) -> list[list[int]]:
+    """Helper for one-replica schedules: ``placement[0][s] = order[s]`` (default: device = stage)."""
+    order = list(order) if order is not None else list(range(stages))
+    if len(order) != stages:
+        raise ValueError("placement order must name one device per stage")
+    if any(not 0 <= d < devices for d in order):
+        raise ValueError(f"placement names a device outside 0..{devices - 1}")
+    return [order]

@@ -1,0 +1,382 @@
+"""Discrete-event simulator of a lowered schedule (see :mod:`planner.schedules.ir`).
+
+Each device runs its action list in order on two resources:
+
+* a **compute stream** for F/B/I/W and STEP: an action starts when the stream is free and its inputs
+  are there (the producing action's end on the same device, or the arrival of the received message);
+* a **communication stream** for SEND_F/SEND_B and ALLREDUCE: a send starts when its data has been
+  produced and the device's previous send/all-reduce has finished; the message arrives ``comm`` later.
+  Receives are posted ahead of time (prefetching, Hanayo 4.2) and occupy no stream: the consumer waits
+  for the arrival only.
+
+So point-to-point communication overlaps computation on both sides, and an ALLREDUCE placed early in
+the list (eager, Chimera 3.2) overlaps the computation that follows it; an ALLREDUCE is a collective: it
+starts when the gradients are ready on every member device and their communication streams are free.
+STEP waits for all of its device's all-reduces. What is not overlapped is what the figures show.
+
+Outputs (:class:`SimResult`): makespan, per-device busy/idle time, bubble ratio
+``1 - sum(busy) / (devices * makespan)``, per-device peak count of micro-batches whose activations are
+alive (a forward adds the micro-batches it runs, B or I of the same stage frees one), the critical-path
+counts Cf and Cb of Chimera section 3.4 (forward and backward passes on the chain of actions that
+determines the makespan), and the (start, end) of every action.
+
+The same replay, run with unit costs, is the validator's deadlock check: a device that waits for an
+action no other device can ever run is reported with what it waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.schedules.ir import (
+    ALLREDUCE,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    STEP,
+    Action,
+    B,
+    F,
+    I,
+    Schedule,
+    W,
+    lower,
+)
+
+
+class ScheduleError(ValueError):
+    """A schedule breaks a rule; the message names the device, the action and the rule."""
+
+
+class Costs:
+    """Durations of actions. Subclass it (the planner's cost model does) or use :class:`UnitCosts`.
+
+    ``compute(kind, stage, span, device)`` for F/B/I/W; ``p2p(kind, stage, span, src, dst)`` for a
+    send of activations (SEND_F, the output of ``stage``) or gradients (SEND_B, the input gradient of
+    ``stage``); ``allreduce(stage, replica, device)`` for a stage's gradient all-reduce; ``step(device)``.
+    Results are cached per distinct argument tuple within one simulation.
+    """
+
+    def compute(self, kind: str, stage: int, span: int, device: int) -> float:
+        raise NotImplementedError
+
+    def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
+        return 0.0
+
+    def allreduce(self, stage: int, replica: int, device: int) -> float:
+        return 0.0
+
+    def step(self, device: int) -> float:
+        return 0.0
+
+
+@dataclass
+class UnitCosts(Costs):
+    """Stage-independent costs, as in the papers' figures: forward ``fwd`` per micro-batch, backward
+    ``bwd``; a split backward costs ``input_grad`` + ``weight_grad`` (default half of ``bwd`` each)."""
+
+    fwd: float = 1.0
+    bwd: float = 2.0
+    comm: float = 0.0
+    input_grad: float | None = None
+    weight_grad: float | None = None
+    allreduce_time: float = 0.0
+    step_time: float = 0.0
+
+    def compute(self, kind: str, stage: int, span: int, device: int) -> float:
+        if kind == F:
+            return self.fwd * span
+        if kind == B:
+            return self.bwd
+        if kind == I:
+            return self.input_grad if self.input_grad is not None else self.bwd / 2
+        return self.weight_grad if self.weight_grad is not None else self.bwd / 2
+
+    def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
+        return self.comm * (span if kind == SEND_F else 1)
+
+    def allreduce(self, stage: int, replica: int, device: int) -> float:
+        return self.allreduce_time
+
+    def step(self, device: int) -> float:
+        return self.step_time
+
+
+@dataclass
+class DeviceStats:
+    busy: float
+    idle: float
+    peak_activations: int
+    comm: float  # time its communication stream was busy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"busy": self.busy, "idle": self.idle, "peak_activations": self.peak_activations,
+                "comm": self.comm}
+
+
+@dataclass
+class SimResult:
+    makespan: float
+    bubble_ratio: float
+    devices: list[DeviceStats]
+    critical_forward: int  # Chimera's C_f
+    critical_backward: int  # Chimera's C_b
+    timeline: list[list[tuple[Action, float, float]]] = field(repr=False)
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "makespan": self.makespan,
+            "bubble_ratio": self.bubble_ratio,
+            "critical_forward": self.critical_forward,
+            "critical_backward": self.critical_backward,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+        if timeline:
+            out["timeline"] = [[[str(a), s, e] for a, s, e in row] for row in self.timeline]
+        return out
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
+    """Time ``schedule`` (lowered first if it is compute-only) under ``costs`` (default F=1, B=2)."""
+    if not schedule.lowered:
+        schedule = lower(schedule, eager=_eager_param(schedule))
+    costs = costs or UnitCosts()
+    D = schedule.devices
+    acts = schedule.actions
+    place = schedule.placement
+
+    cache: dict[tuple, float] = {}
+
+    def dur(key: tuple, fn: Callable[..., float], *args: Any) -> float:
+        v = cache.get(key)
+        if v is None:
+            v = float(fn(*args))
+            if v < 0 or v != v:
+                raise ScheduleError(f"cost of {key} is {v}: durations must be finite and >= 0")
+            cache[key] = v
+        return v
+
+    # end time of compute results: (kind, replica, stage, mb) -> (end, device, index)
+    done: dict[tuple[str, int, int, int], float] = {}
+    arrival: dict[tuple[str, int, int, int], float] = {}  # message (SEND kind, r, stage, mb) -> time
+    recvd: dict[tuple[int, str, int, int, int], float] = {}  # (device, RECV kind, r, stage, mb) -> time
+    # all-reduces: posted without blocking; a stage's collective runs once every holder has posted it
+    ar_members: dict[int, list[int]] = {}
+    for row in place:
+        for st, dv in enumerate(row):
+            ar_members.setdefault(st, []).append(dv)
+    ar_posts: dict[int, list[tuple[int, float, int]]] = {}  # stage -> (device, post time, timeline idx)
+    ar_open = [0] * D  # all-reduces a device has posted that have not run yet
+    coll_free = [0.0] * D  # each device's collective stream
+    t_comp = [0.0] * D
+    t_comm = [0.0] * D
+    busy = [0.0] * D
+    comm_busy = [0.0] * D
+    alive = [0] * D
+    peak = [0] * D
+    ar_done_on: list[float] = [0.0] * D
+    pos = [0] * D
+    timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(D)]
+    # for the critical path: per (device, index) the binding predecessor (device, index) or None
+    cause: dict[tuple[int, int], tuple[int, int] | None] = {}
+    where: dict[tuple[str, int, int, int], tuple[int, int]] = {}  # compute/send key -> (device, index)
+    last_on: list[tuple[int, int] | None] = [None] * D  # last compute action on each device
+    remaining = sum(len(r) for r in acts)
+    last_end, last_node = -1.0, None
+
+    while remaining:
+        progressed = False
+        for d in range(D):
+            row = acts[d]
+            i = pos[d]
+            n = len(row)
+            while i < n:
+                a = row[i]
+                k, s, m, r = a.kind, a.stage, a.mb, a.replica
+                if k == F or k == B or k == I or k == W:
+                    ready = t_comp[d]
+                    binding = last_on[d]
+                    ok = True
+                    if k == F:
+                        if s > 0:
+                            if place[r][s - 1] == d:
+                                for mm in range(m, m + a.span):
+                                    t = done.get((F, r, s - 1, mm))
+                                    if t is None:
+                                        ok = False
+                                        break
+                                    if t > ready:
+                                        ready, binding = t, where[(F, r, s - 1, mm)]
+                            else:
+                                t = recvd.get((d, RECV_F, r, s, m))
+                                if t is None:
+                                    ok = False
+                                elif t > ready:
+                                    ready, binding = t, where[(SEND_F, r, s - 1, m)]
+                    elif k == W:
+                        t = done.get((I, r, s, m))
+                        if t is None:
+                            ok = False
+                        elif t > ready:
+                            ready, binding = t, where[(I, r, s, m)]
+                    else:  # B or I: own forward, then the gradient from stage s+1
+                        t = done.get((F, r, s, m))
+                        if t is None:
+                            ok = False
+                        else:
+                            if t > ready:
+                                ready, binding = t, where[(F, r, s, m)]
+                            if s < len(place[r]) - 1:
+                                if place[r][s + 1] == d:
+                                    t = done.get((B, r, s + 1, m))
+                                    key = (B, r, s + 1, m)
+                                    if t is None:
+                                        key = (I, r, s + 1, m)
+                                        t = done.get(key)
+                                    if t is None:
+                                        ok = False
+                                    elif t > ready:
+                                        ready, binding = t, where[key]
+                                else:
+                                    t = recvd.get((d, RECV_B, r, s, m))
+                                    if t is None:
+                                        ok = False
+                                    elif t > ready:
+                                        ready, binding = t, where[(SEND_B, r, s + 1, m)]
+                    if not ok:
+                        break
+                    du = dur((k, s, a.span, d), costs.compute, k, s, a.span, d)
+                    end = ready + du
+                    t_comp[d] = end
+                    busy[d] += du
+                    for mm in range(m, m + a.span):
+                        done[(k, r, s, mm)] = end
+                        where[(k, r, s, mm)] = (d, i)
+                    if k == F:
+                        alive[d] += a.span
+                        if alive[d] > peak[d]:
+                            peak[d] = alive[d]
+                    elif k == B or k == I:
+                        alive[d] -= 1
+                    cause[(d, i)] = binding
+                    last_on[d] = (d, i)
+                    if end >= last_end:
+                        last_end, last_node = end, (d, i)
+                    timeline[d].append((a, ready, end))
+                elif k == SEND_F or k == SEND_B:
+                    src_kind = F if k == SEND_F else None
+                    if src_kind:
+                        t = done.get((F, r, s, m))
+                        key = (F, r, s, m)
+                    else:
+                        key = (B, r, s, m)
+                        t = done.get(key)
+                        if t is None:
+                            key = (I, r, s, m)
+                            t = done.get(key)
+                    if t is None:
+                        break
+                    start = max(t, t_comm[d])
+                    du = dur((k, s, a.span, d, a.peer), costs.p2p, k, s, a.span, d, a.peer)
+                    end = start + du
+                    t_comm[d] = end
+                    comm_busy[d] += du
+                    for mm in range(m, m + a.span):
+                        arrival[(k, r, s, mm)] = end
+                        where[(k, r, s, mm)] = (d, i)
+                    cause[(d, i)] = where[key]
+                    timeline[d].append((a, start, end))
+                elif k == RECV_F or k == RECV_B:
+                    src_stage = s - 1 if k == RECV_F else s + 1
+                    t = arrival.get((SEND_F if k == RECV_F else SEND_B, r, src_stage, m))
+                    if t is None:
+                        break
+                    recvd[(d, k, r, s, m)] = t
+                    timeline[d].append((a, t, t))
+                elif k == ALLREDUCE:
+                    posts = ar_posts.setdefault(s, [])
+                    posts.append((d, max(t_comp[d], t_comm[d]), len(timeline[d])))
+                    timeline[d].append((a, 0.0, 0.0))  # filled in when the collective runs
+                    ar_open[d] += 1
+                    if len(posts) == len(ar_members[s]):
+                        start = max(max(p[1] for p in posts), max(coll_free[p[0]] for p in posts))
+                        du = dur((ALLREDUCE, s, r), costs.allreduce, s, r, d)
+                        for dd, _, ti in posts:
+                            coll_free[dd] = start + du
+                            comm_busy[dd] += du
+                            ar_open[dd] -= 1
+                            ar_done_on[dd] = max(ar_done_on[dd], start + du)
+                            timeline[dd][ti] = (timeline[dd][ti][0], start, start + du)
+                elif k == STEP:
+                    if ar_open[d]:
+                        break
+                    start = max(t_comp[d], ar_done_on[d], t_comm[d])
+                    du = dur((STEP, d), costs.step, d)
+                    t_comp[d] = start + du
+                    busy[d] += du
+                    timeline[d].append((a, start, start + du))
+                else:
+                    raise ScheduleError(f"device {d} action #{i}: unknown kind {k!r}")
+                i += 1
+                remaining -= 1
+                progressed = True
+            pos[d] = i
+        if not progressed:
+            stuck = [(d, acts[d][pos[d]]) for d in range(D) if pos[d] < len(acts[d])]
+            raise ScheduleError("deadlock: " + "; ".join(_waiting_for(schedule, d, a, pos) for d, a in stuck))
+
+    makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
+    total_busy = sum(busy)
+    stats = [DeviceStats(busy[d], makespan - busy[d], peak[d], comm_busy[d]) for d in range(D)]
+    bubble = 1.0 - total_busy / (D * makespan) if makespan > 0 else 0.0
+    cf, cb = _critical_counts(acts, cause, last_node)
+    return SimResult(makespan, bubble, stats, cf, cb, timeline)
+
+
+def _eager_param(schedule: Schedule) -> Any:
+    eager = schedule.params.get("eager", "none")
+    return "none" if eager == "auto" else eager
+
+
+def _waiting_for(sched: Schedule, d: int, a: Action, pos: list[int]) -> str:
+    """Explain what device ``d``'s next action ``a`` waits for."""
+    k, s, m, r = a.kind, a.stage, a.mb, a.replica
+    place = sched.placement
+    need: str
+    if k == F:
+        need = f"the forward of stage {s - 1} ({Action(F, s - 1, m, r)})" if s > 0 else "nothing"
+        if s > 0 and place[r][s - 1] != d:
+            need = f"the message {Action(RECV_F, s, m, r)} from device {place[r][s - 1]}"
+    elif k in (B, I):
+        need = f"{Action(F, s, m, r)} and the gradient from stage {s + 1}"
+    elif k == W:
+        need = f"{Action(I, s, m, r)}"
+    elif k == RECV_F:
+        need = f"{Action(SEND_F, s - 1, m, r)} on device {a.peer}"
+    elif k == RECV_B:
+        need = f"{Action(SEND_B, s + 1, m, r)} on device {a.peer}"
+    elif k in (SEND_F, SEND_B):
+        need = "the computation that produces it"
+    else:
+        need = "its all-reduces, which wait for every device holding the stage to post them"
+    return f"device {d} is stuck at action #{pos[d]} ({a}), waiting for {need}"
+
+
+def _critical_counts(acts: list[list[Action]], cause: dict[tuple[int, int], tuple[int, int] | None],
+                     node: tuple[int, int] | None) -> tuple[int, int]:
+    """Walk back from the compute action that ends last along the dependencies that bound each start;
+    count forward passes (per micro-batch run) and backward passes (B or I) on the way: Chimera 3.4's
+    C_f and C_b."""
+    cf = cb = 0
+    while node is not None:
+        d, i = node
+        a = acts[d][i]
+        if a.kind == F:
+            cf += a.span
+        elif a.kind in (B, I):
+            cb += 1
+        node = cause.get(node)
+    return cf, cb
