@@ -72,6 +72,11 @@ class Costs:
     def step(self, device: int) -> float:
         return 0.0
 
+    def activation(self, stage: int) -> float:
+        """Weight of one micro-batch's stashed activations of ``stage`` in ``peak_activations``
+        (1 by default: the peak counts (stage, micro-batch) pairs; the planner gives bytes)."""
+        return 1.0
+
 
 @dataclass
 class UnitCosts(Costs):
@@ -109,7 +114,7 @@ class UnitCosts(Costs):
 class DeviceStats:
     busy: float
     idle: float
-    peak_activations: int
+    peak_activations: float  # peak of alive (stage, micro-batch) activations, weighted by Costs.activation
     comm: float  # time its communication stream was busy
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,8 +180,9 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
     t_comm = [0.0] * D
     busy = [0.0] * D
     comm_busy = [0.0] * D
-    alive = [0] * D
-    peak = [0] * D
+    alive = [0.0] * D
+    peak = [0.0] * D
+    act_w: dict[int, float] = {}
     ar_done_on: list[float] = [0.0] * D
     pos = [0] * D
     timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(D)]
@@ -255,12 +261,16 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
                     for mm in range(m, m + a.span):
                         done[(k, r, s, mm)] = end
                         where[(k, r, s, mm)] = (d, i)
-                    if k == F:
-                        alive[d] += a.span
-                        if alive[d] > peak[d]:
-                            peak[d] = alive[d]
-                    elif k == B or k == I:
-                        alive[d] -= 1
+                    if k == F or k == B or k == I:
+                        w = act_w.get(s)
+                        if w is None:
+                            w = act_w[s] = float(costs.activation(s))
+                        if k == F:
+                            alive[d] += w * a.span
+                            if alive[d] > peak[d]:
+                                peak[d] = alive[d]
+                        else:
+                            alive[d] -= w
                     cause[(d, i)] = binding
                     last_on[d] = (d, i)
                     if end >= last_end:
@@ -330,10 +340,14 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
 
     makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
     total_busy = sum(busy)
-    stats = [DeviceStats(busy[d], makespan - busy[d], peak[d], comm_busy[d]) for d in range(D)]
+    stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d]) for d in range(D)]
     bubble = 1.0 - total_busy / (D * makespan) if makespan > 0 else 0.0
     cf, cb = _critical_counts(acts, cause, last_node)
     return SimResult(makespan, bubble, stats, cf, cb, timeline)
+
+
+def _num(x: float) -> float:
+    return int(x) if float(x).is_integer() else x
 
 
 def _eager_param(schedule: Schedule) -> Any:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from planner.schedules import chimera, gpipe, one_f_one_b
+from planner.schedules import chimera, gpipe, hanayo, one_f_one_b
 from planner.schedules.ir import Action, Schedule, lower, parse_action
 
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe.build,
     "1f1b": one_f_one_b.build,
     "chimera": chimera.build,
+    "hanayo": hanayo.build,
 }
 
 

@@ -15,14 +15,11 @@
   recomputation; backward halving: size B/2 without), which is the cost model's business. ``floor(K/2)``
   such units, plus one direct basic unit of D micro-batches when K is odd.
 
-How the merge works (the hint of the paper's figure 3): each pipeline's 1F1B lists are timed alone in
-unit slots (F = B = 1, where the paper proves the merge conflict-free for even D); every device then
-runs the actions it holds in slot order, and where two pipelines want the same slot the action of the
-*later stage* goes first (it is closer to the end of its pipeline, so delaying it would delay the
-backward chain). Units of a concatenation are offset by their work per device, ``2 * D`` slots for a
-basic unit, so that a unit's first forwards land in the previous unit's tail bubbles. Timed with F = 1,
-B = 2 the result is the paper's "practical" schedule: bubble ratio (D-2)/(3N/2+D-2) for N = D, e.g.
-makespan 16 for D = 4 and 36 for D = 8; with F = B, (D-2)/(2N+D-2).
+How the pipelines are merged on the devices is :mod:`planner.schedules.merge` (shared with Hanayo).
+Units of a concatenation are offset by their work per device (``2 * D`` slots for a basic unit), so a
+unit's first forwards land in the previous unit's tail bubbles. Timed with F = 1, B = 2 the result is
+the paper's "practical" schedule: bubble ratio (D-2)/(3N/2+D-2) for N = D (makespan 16 for D = 4, 36
+for D = 8); with F = B it is (D-2)/(2N+D-2); for f > 1 there are 2(D/(2f) - 1) bubbles per device.
 
 Gradient synchronisation (section 3.2): the all-reduce of a stage replica whose gradients are complete
 while the device still has computation left is issued eagerly, right after its last backward (in the
@@ -33,10 +30,15 @@ and ``"none"`` force the choice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 from planner.schedules.common import check_positive
-from planner.schedules.ir import Action, B, F, Schedule
+from planner.schedules.ir import B, F, Schedule
+from planner.schedules.merge import merge_pipelines
 
 CONCAT_METHODS = ("direct", "forward-doubling", "backward-halving")
+T = TypeVar("T")
 
 
 def placement(devices: int, pipelines: int) -> list[list[int]]:
@@ -47,62 +49,27 @@ def placement(devices: int, pipelines: int) -> list[list[int]]:
     return down + up
 
 
-def split_evenly(items: list[int], parts: int) -> list[list[int]]:
+def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:
     """Contiguous, as even as possible, earlier parts larger."""
     q, r = divmod(len(items), parts)
     out, i = [], 0
     for p in range(parts):
         n = q + (1 if p < r else 0)
-        out.append(items[i:i + n])
+        out.append(list(items[i:i + n]))
         i += n
     return out
 
 
-def _one_f_one_b_pairs(stage: int, depth: int, groups: list[list[int]]) -> list[Action]:
-    """1F1B order of one stage of one pipeline over forward groups (each group one forward action
-    covering its micro-batches, backwards one per micro-batch). With single-micro-batch groups this is
-    plain 1F1B (warm-up ``min(D-1-s, n)``)."""
-    n = len(groups)
-    warmup = min(depth - 1 - stage, n)
-    out = [Action(F, stage, g[0], span=len(g)) for g in groups[:warmup]]
-    bwd = [m for g in groups for m in g]
-    bi = 0
-    per_group = max(len(g) for g in groups) if groups else 1
-    for g in groups[warmup:]:
-        out.append(Action(F, stage, g[0], span=len(g)))
-        for _ in range(per_group):
-            if bi < len(bwd):
-                out.append(Action(B, stage, bwd[bi]))
-                bi += 1
-    out.extend(Action(B, stage, m) for m in bwd[bi:])
+def units(microbatches: int, devices: int, concat: str) -> list[tuple[list[int], int]]:
+    """Section 3.5: the basic units, as (micro-batches, forward span)."""
+    N, D = microbatches, devices
+    if N <= D or concat == "direct":
+        return [(list(range(s, min(N, s + D))), 1) for s in range(0, N, D)]
+    K = N // D
+    out = [(list(range(2 * D * u, 2 * D * (u + 1))), 2) for u in range(K // 2)]
+    tail = list(range(2 * D * (K // 2), N))
+    out += [(tail[s:s + D], 1) for s in range(0, len(tail), D)]
     return out
-
-
-def _slot_times(depth: int, groups: list[list[int]]) -> list[list[tuple[float, Action]]]:
-    """Start slot of every action of one pipeline timed alone with F(group) = B = 1 (unit slots)."""
-    from planner.simulate import UnitCosts, simulate  # local: simulate imports the IR only
-
-    lists = [_one_f_one_b_pairs(s, depth, groups) for s in range(depth)]
-    nmb = max((m for g in groups for m in g), default=-1) + 1
-    sched = Schedule("pipe", depth, depth, nmb, [list(range(depth))], lists)
-    res = simulate(sched, _SlotCosts())  # type: ignore[arg-type]
-    return [[(start, a) for a, start, _ in row if a.kind in (F, B)] for row in res.timeline]
-
-
-class _SlotCosts:
-    """F of any span = B = 1 slot (section 3.5: doubled forward and single backward are 'equal')."""
-
-    def compute(self, kind: str, stage: int, span: int, device: int) -> float:
-        return 1.0
-
-    def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
-        return 0.0
-
-    def allreduce(self, stage: int, replica: int, device: int) -> float:
-        return 0.0
-
-    def step(self, device: int) -> float:
-        return 0.0
 
 
 def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
@@ -120,49 +87,22 @@ def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
     place = placement(D, f)
     P = 2 * f
 
-    # units: (list of micro-batch ids, span of forwards)
-    units: list[tuple[list[int], int]] = []
-    if N <= D or concat == "direct":
-        for start in range(0, N, D):
-            units.append((list(range(start, min(N, start + D))), 1))
-    else:
-        K, rest = divmod(N, D)
-        doubled = K // 2
-        for u in range(doubled):
-            units.append((list(range(2 * D * u, 2 * D * (u + 1))), 2))
-        tail = list(range(2 * D * doubled, N))
-        for start in range(0, len(tail), D):
-            units.append((tail[start:start + D], 1))
-
     mb_replica = [0] * N
-    per_dev: list[list[tuple[float, int, int, Action]]] = [[] for _ in range(D)]
+    pipes: list[tuple[int, list[list[int]], float]] = []
     offset = 0.0
-    timing_cache: dict[tuple[int, ...], list[list[tuple[float, Action]]]] = {}
-    for mbs, span in units:
-        shares = split_evenly(mbs, P) if span == 1 else [
-            [m for pair in part for m in pair] for part in split_evenly(
-                [mbs[i:i + 2] for i in range(0, len(mbs), 2)], P)]  # type: ignore[misc]
-        unit_work = 0
-        for r, share in enumerate(shares):
-            if not share:
-                continue
-            for m in share:
-                mb_replica[m] = r
-            groups = [share[i:i + span] for i in range(0, len(share), span)]
-            shape = tuple(len(g) for g in groups)
-            if shape not in timing_cache:
-                local = [list(range(sum(shape[:i]), sum(shape[:i + 1]))) for i in range(len(shape))]
-                timing_cache[shape] = _slot_times(D, local)
-            times = timing_cache[shape]
-            unit_work += len(groups) + len(share)
-            for s in range(D):
-                d = place[r][s]
-                for start, a in times[s]:
-                    per_dev[d].append((offset + start, -s, r, Action(a.kind, s, share[a.mb], r, a.span)))
-        # the next unit starts after this unit's work per device: unit_work sums, over the pipelines,
-        # the actions of one stage, and a device holds one stage of every pipeline
-        offset += unit_work
-    acts = [[a for *_, a in sorted(row, key=lambda t: (t[0], t[1], t[2]))] for row in per_dev]
+    for mbs, span in units(N, D, concat):
+        groups = [mbs[i:i + span] for i in range(0, len(mbs), span)]
+        work = 0
+        for r, share in enumerate(split_evenly(groups, P)):
+            for g in share:
+                for m in g:
+                    mb_replica[m] = r
+            pipes.append((r, share, offset))
+            work += len(share) + sum(len(g) for g in share)
+        # the next unit starts after this unit's work per device: a device holds one stage of every
+        # pipeline, so that is the number of actions of one stage summed over the pipelines
+        offset += work
+    acts = merge_pipelines(D, place, pipes)
     params = {"pipelines": f, "concat": concat, "eager": eager}
     sched = Schedule("chimera", D, D, N, place, acts, mb_replica=mb_replica, params=params)
     sched.params["eager"] = _eager_set(sched) if eager == "auto" else eager

@@ -162,7 +162,8 @@ class Schedule:
         return cls(
             name=str(data["name"]), devices=int(data["devices"]), stages=int(data["stages"]),
             microbatches=int(data["microbatches"]), placement=[list(map(int, r)) for r in data["placement"]],
-            actions=acts, mb_replica=list(data.get("mb_replica") or []), params=dict(data.get("params") or {}),
+            actions=acts, mb_replica=list(data.get("mb_replica") or []),
+            params=dict(data.get("params") or {}),
             weight_versions=list(data.get("weight_versions") or []),
             synchronous=bool(data.get("synchronous", True)), lowered=bool(data.get("lowered", False)),
         )
