@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +17,28 @@ BUILDERS: dict[str, Callable[..., Schedule]] = {
 }
 
 
-def build(name: str, devices: int, microbatches: int, **params: Any) -> Schedule:
-    """Build the compute-only schedule ``name``; unknown names and parameters raise ValueError."""
+def parameters(name: str) -> list[str]:
+    """The schedule-specific parameters of builder ``name`` (beyond devices and microbatches)."""
+    fn = _builder(name)
+    return [p for p in inspect.signature(fn).parameters if p not in ("devices", "microbatches")]
+
+
+def _builder(name: str) -> Callable[..., Schedule]:
     try:
-        fn = BUILDERS[name]
+        return BUILDERS[name]
     except KeyError:
         raise ValueError(f"unknown schedule {name!r}; known: {', '.join(sorted(BUILDERS))}") from None
+
+
+def build(name: str, devices: int, microbatches: int, **params: Any) -> Schedule:
+    """Build the compute-only schedule ``name``; unknown names and parameters raise ValueError."""
+    fn = _builder(name)
+    allowed = parameters(name)
+    for key in params:
+        if key not in allowed:
+            takes = ", ".join(allowed) if allowed else "no parameters"
+            raise ValueError(f"schedule {name!r} does not take '{key}' (it takes {takes})")
     return fn(devices, microbatches, **params)
 
 
-__all__ = ["Action", "BUILDERS", "Schedule", "build", "lower", "parse_action"]
+__all__ = ["Action", "BUILDERS", "Schedule", "build", "lower", "parameters", "parse_action"]

@@ -1,0 +1,1 @@
+"""pipeplan api package."""

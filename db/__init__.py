@@ -1,0 +1,1 @@
+"""pipeplan db package."""

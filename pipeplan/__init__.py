@@ -1,0 +1,1 @@
+"""pipeplan: the command line that ties planner, profiler, executor and service together."""

@@ -1,0 +1,126 @@
+"""The ``pipeplan`` command line (typer). Commands of other packages register themselves here, each
+imported lazily enough that ``pipeplan --help`` works without torch."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from planner.render import grid, time_unit
+from planner.schedules import build, parameters
+from planner.simulate import ScheduleError, SimResult, UnitCosts, simulate
+
+app = typer.Typer(help="pipeplan: plan, simulate and run pipeline-parallel training.",
+                  no_args_is_help=True, add_completion=False)
+
+ScheduleOpt = Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved, chimera, "
+                                          "hanayo, pipedream, pipedream-2bw, gems, zb-h1")]
+DevicesOpt = Annotated[int, typer.Option("--devices", "-D", help="pipeline devices")]
+MicroOpt = Annotated[int, typer.Option("--microbatches", "-N", help="micro-batches per iteration")]
+ChunksOpt = Annotated[int | None, typer.Option(help="model chunks per device (interleaved)")]
+WavesOpt = Annotated[int | None, typer.Option(help="waves (hanayo)")]
+PipesOpt = Annotated[int | None, typer.Option(help="pipeline pairs f (chimera)")]
+ConcatOpt = Annotated[str | None, typer.Option(help="direct, forward-doubling or backward-halving (chimera)")]
+FwdOpt = Annotated[float, typer.Option(help="forward time of a stage")]
+BwdOpt = Annotated[float, typer.Option(help="backward time of a stage")]
+CommOpt = Annotated[float, typer.Option(help="time of one point-to-point message")]
+
+
+def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,
+                          waves: int | None = None, pipelines: int | None = None,
+                          concat: str | None = None):  # type: ignore[no-untyped-def]
+    """Build a schedule from CLI options; an option the schedule does not take is an error."""
+    given = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat}
+    params = {k: v for k, v in given.items() if v is not None}
+    allowed = parameters(schedule)
+    for k in params:
+        if k not in allowed:
+            raise ValueError(f"--{k} does not apply to schedule {schedule!r} "
+                             f"(it takes: {', '.join('--' + p for p in allowed) or 'no extra options'})")
+    return build(schedule, devices, microbatches, **params)
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _run(schedule: str, devices: int, microbatches: int, chunks: int | None, waves: int | None,
+         pipelines: int | None, concat: str | None, fwd: float, bwd: float, comm: float) -> SimResult:
+    try:
+        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat)
+        return simulate(sched, UnitCosts(fwd, bwd, comm))
+    except (ValueError, ScheduleError) as e:
+        _fail(str(e))
+        raise  # unreachable
+
+
+@app.command("simulate")
+def simulate_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
+                 chunks: ChunksOpt = None, waves: WavesOpt = None, pipelines: PipesOpt = None,
+                 concat: ConcatOpt = None, fwd: FwdOpt = 1.0, bwd: BwdOpt = 2.0, comm: CommOpt = 0.0,
+                 json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False) -> None:
+    """Simulate a schedule with stage times FWD/BWD and message time COMM; print its figures."""
+    res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm)
+    if json_out:
+        typer.echo(json.dumps(res.to_dict()))
+        return
+    typer.echo(f"makespan      {res.makespan:g}")
+    typer.echo(f"bubble ratio  {res.bubble_ratio:.4f}")
+    typer.echo(f"critical path C_f={res.critical_forward} C_b={res.critical_backward}")
+    typer.echo("device  busy      idle      peak activations")
+    for d, st in enumerate(res.devices):
+        typer.echo(f"{d:<7} {st.busy:<9g} {st.idle:<9g} {st.peak_activations:g}")
+
+
+_STYLES = {("F", 0): "black on green", ("F", 1): "black on bright_cyan",
+           ("B", 0): "black on dark_orange", ("B", 1): "black on plum2",
+           ("I", 0): "black on dark_orange", ("I", 1): "black on plum2",
+           ("W", 0): "black on khaki1", ("W", 1): "black on light_pink1"}
+
+
+@app.command("show")
+def show_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
+             chunks: ChunksOpt = None, waves: WavesOpt = None, pipelines: PipesOpt = None,
+             concat: ConcatOpt = None, fwd: FwdOpt = 1.0, bwd: BwdOpt = 2.0, comm: CommOpt = 0.0,
+             color: Annotated[bool, typer.Option(help="colour the blocks")] = True) -> None:
+    """Draw the timeline: one row per device, one cell per time unit, micro-batch numbers in the cells.
+    Forward F, backward B (split: I input-grad, W weight-grad); lower case for Chimera's up pipelines
+    (and colours per direction); '.' is idle."""
+    res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm)
+    unit = time_unit(res)
+    rows = grid(res, unit)
+    w = max((len(c.label()) for row in rows for c in row), default=1)
+    console = Console(no_color=not color, highlight=False, width=max(80, 6 + len(rows[0]) * (w + 1)))
+    for d, row in enumerate(rows):
+        line = Text(f"P{d:<3}")
+        for c in row:
+            style = _STYLES.get((c.kind, min(c.replica, 1)), "") if color and c.kind else ""
+            line.append(c.label().rjust(w), style=style)
+            line.append(" ")
+        console.print(line)
+    console.print(f"one cell = {unit:g} time units; makespan {res.makespan:g}, "
+                  f"bubble ratio {res.bubble_ratio:.4f}")
+
+
+# commands owned by other packages register themselves when their module is present
+for _mod in ("pipeplan.commands_export", "profiler.cli", "pipeplan.commands_plan", "executor.cli",
+             "api.cli"):
+    try:
+        importlib.import_module(_mod).register(app)
+    except ModuleNotFoundError as _e:  # the package is not built yet / not installed
+        if _e.name and not _mod.startswith(_e.name):
+            raise
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
