@@ -1,0 +1,215 @@
+"""Cutting a model's layers into pipeline stages.
+
+Two partitioners:
+
+* :func:`pipedream_partition` -- PipeDream's dynamic program (Harlap et al., SOSP'19, section 3.2), for
+  its asynchronous pipelines whose stages may be replicated. With ``T_l`` the forward + backward time of
+  layer ``l``, ``C_l`` the time to send layer ``l``'s output activations, ``w_l`` its parameter bytes and
+  ``W^m_l = 4 (m-1) |w_l| / m`` bytes of weight synchronisation per worker (a parameter server, turned
+  into time by the caller's bandwidth), a stage of layers ``i..j`` replicated over ``m`` machines takes
+
+      T(i -> j, m) = (1/m) * max( sum_{l=i..j} T_l , sum_{l=i..j} W^m_l )
+
+  and the slowest stage of the best pipeline over layers ``1..j`` and ``m`` machines is
+
+      A(j, m) = min( T(1 -> j, m),
+                     min_{1<=i<j} min_{1<=m'<m} max( A(i, m - m'), 2 C_i, T(i+1 -> j, m') ) ).
+
+  The number of micro-batches the input stage admits (NOAM) is ``ceil(M / m_input)``.
+  Our names: ``layer_time`` = T_l, ``comm_time`` = C_l, ``sync_time(i, j, m)`` = the time of
+  sum W^m_l over the stage, ``machines`` = M.
+
+* :func:`balanced_partition` -- for synchronous schedules: ``S`` contiguous, non-empty stages (S = D,
+  D*v interleaved, 2*W*D Hanayo) minimising the slowest stage, subject to per-stage memory capacities.
+  Exact: binary search over the candidate bottleneck values (the sums of contiguous layer ranges) with a
+  greedy feasibility test. Greedy is exact here because stage costs and memories are sums of
+  non-negative per-layer terms (with a stage-dependent coefficient for memory): packing each stage as
+  far as it goes never leaves a longer remainder than any feasible partition does (exchange argument).
+  Non-uniform layers (embedding, LM head) are just layers with other costs, so a transformer's first
+  and last stages come out with fewer blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class PartitionError(ValueError):
+    """No partition satisfies the constraints; the message says which."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    bounds: list[tuple[int, int]]  # per stage, layers [start, end)
+    bottleneck: float  # cost of the slowest stage
+
+    @property
+    def stages(self) -> int:
+        return len(self.bounds)
+
+    def to_dict(self) -> dict:
+        return {"bounds": [list(b) for b in self.bounds], "bottleneck": self.bottleneck}
+
+
+def _prefix(xs: Sequence[float]) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.asarray(xs, dtype=float))])
+
+
+def balanced_partition(cost: Sequence[float], stages: int,
+                       memory: Sequence[float] | None = None,
+                       capacity: Sequence[float] | float | None = None,
+                       memory_scale: Sequence[float] | None = None,
+                       memory_fixed: Sequence[float] | None = None) -> Partition:
+    """Split layers with per-layer ``cost`` into ``stages`` contiguous non-empty stages minimising the
+    largest stage cost.
+
+    Memory (optional): stage ``k`` holding layers ``i..j`` needs
+    ``memory_fixed[k] + memory_scale[k] * sum(memory[i..j])`` bytes, at most ``capacity[k]``
+    (scale defaults to 1, fixed to 0; a scalar capacity applies to every stage). Raises
+    :class:`PartitionError` when no partition fits.
+    """
+    L = len(cost)
+    if stages < 1:
+        raise PartitionError(f"stages must be >= 1, got {stages}")
+    if L < stages:
+        raise PartitionError(f"cannot cut {L} layers into {stages} non-empty stages")
+    if any(c < 0 or not math.isfinite(c) for c in cost):
+        raise PartitionError("layer costs must be finite and >= 0")
+    pc = _prefix(cost)
+    if memory is not None:
+        pm = _prefix(memory)
+        caps = [float(capacity)] * stages if isinstance(capacity, (int, float)) else (
+            list(capacity) if capacity is not None else [math.inf] * stages)
+        scale = list(memory_scale) if memory_scale is not None else [1.0] * stages
+        fixed = list(memory_fixed) if memory_fixed is not None else [0.0] * stages
+        if not (len(caps) == len(scale) == len(fixed) == stages):
+            raise PartitionError("capacity, memory_scale and memory_fixed need one value per stage")
+    else:
+        pm = None
+
+    def fits(k: int, i: int, j: int) -> bool:
+        if pm is None:
+            return True
+        return fixed[k] + scale[k] * (pm[j] - pm[i]) <= caps[k] * (1 + 1e-12)
+
+    def greedy(limit: float) -> list[tuple[int, int]] | None:
+        """Maximal-prefix packing under ``limit``; None if it needs more than ``stages`` stages or a
+        single layer does not fit. Pads to exactly ``stages`` by splitting off single layers."""
+        out: list[tuple[int, int]] = []
+        i = 0
+        for k in range(stages):
+            if i == L:
+                break
+            # the furthest j with cost(i..j) <= limit (cost is monotone in j)
+            j = int(np.searchsorted(pc, pc[i] + limit * (1 + 1e-12), side="right")) - 1
+            # leave at least one layer for each later stage
+            j = min(j, L - (stages - k - 1))
+            while j > i and not fits(k, i, j):
+                j -= 1
+            if j <= i:
+                return None
+            out.append((i, j))
+            i = j
+        if i != L:
+            return None
+        return out
+
+    # candidate bottlenecks: every contiguous sum; search over sorted unique values
+    sums = np.unique((pc[None, :] - pc[:, None])[np.triu_indices(L + 1, 1)])
+    lo, hi = bisect.bisect_left(sums.tolist(), max(cost) if cost else 0.0), len(sums) - 1
+    best = greedy(float(sums[hi]))
+    if best is None:
+        raise PartitionError(f"no partition of {L} layers into {stages} stages fits the memory capacity")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = greedy(float(sums[mid]))
+        if got is None:
+            lo = mid + 1
+        else:
+            hi, best = mid, got
+    bounds = _fill(best, stages)
+    return Partition(bounds, max(pc[j] - pc[i] for i, j in bounds))
+
+
+def _fill(bounds: list[tuple[int, int]], stages: int) -> list[tuple[int, int]]:
+    """Greedy may use fewer stages than asked: split the largest-ranged stages until there are
+    ``stages`` (a sub-range of a feasible stage is feasible, and the bottleneck cannot grow)."""
+    out = list(bounds)
+    while len(out) < stages:
+        k = max(range(len(out)), key=lambda x: out[x][1] - out[x][0])
+        i, j = out[k]
+        if j - i < 2:
+            raise PartitionError("not enough layers to fill every stage")
+        out[k:k + 1] = [(i, j - 1), (j - 1, j)]
+    return out
+
+
+@dataclass(frozen=True)
+class PipeDreamPlan:
+    bounds: list[tuple[int, int]]  # per stage, layers [start, end)
+    replicas: list[int]  # machines per stage
+    slowest: float  # A(L, M)
+    noam: int  # ceil(M / replicas of the input stage)
+
+    def to_dict(self) -> dict:
+        return {"bounds": [list(b) for b in self.bounds], "replicas": self.replicas,
+                "slowest": self.slowest, "noam": self.noam}
+
+
+def pipedream_partition(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
+                        sync_time: Callable[[int, int, int], float] | None = None) -> PipeDreamPlan:
+    """PipeDream's A(j, m) dynamic program (module docstring). ``sync_time(i, j, m)`` gives the weight
+    synchronisation time of layers ``i..j-1`` replicated on ``m`` machines (default 0).
+
+    Layers are 0-based here: a stage is ``[i, j)``; ``comm_time[i-1]`` is the activation time at the
+    boundary before layer ``i``.
+    """
+    L, M = len(layer_time), machines
+    if L < 1 or M < 1:
+        raise PartitionError("need at least one layer and one machine")
+    pt = _prefix(layer_time)
+    sync = sync_time or (lambda i, j, m: 0.0)
+
+    def T(i: int, j: int, m: int) -> float:
+        return max(pt[j] - pt[i], sync(i, j, m) if m > 1 else 0.0) / m
+
+    INF = math.inf
+    A = [[INF] * (M + 1) for _ in range(L + 1)]
+    choice: list[list[tuple[int, int] | None]] = [[None] * (M + 1) for _ in range(L + 1)]
+    for j in range(1, L + 1):
+        for m in range(1, M + 1):
+            best, arg = T(0, j, m), None
+            for i in range(1, j):
+                two_c = 2 * comm_time[i - 1]
+                if two_c >= best:
+                    continue
+                for mp in range(1, m):
+                    sub = A[i][m - mp]
+                    if sub >= best:
+                        continue
+                    v = max(sub, two_c, T(i, j, mp))
+                    if v < best:
+                        best, arg = v, (i, mp)
+            A[j][m], choice[j][m] = best, arg
+    m_best = M  # PipeDream's goal is A(N, M): every machine is used
+    bounds: list[tuple[int, int]] = []
+    reps: list[int] = []
+    j, m = L, m_best
+    while True:
+        c = choice[j][m]
+        if c is None:
+            bounds.append((0, j))
+            reps.append(m)
+            break
+        i, mp = c
+        bounds.append((i, j))
+        reps.append(mp)
+        j, m = i, m - mp
+    bounds.reverse()
+    reps.reverse()
+    return PipeDreamPlan(bounds, reps, A[L][m_best], math.ceil(M / reps[0]))
