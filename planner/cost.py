@@ -1,0 +1,226 @@
+"""The cost model: durations of every action of a schedule for one configuration, fed to the simulator.
+
+Symbols: ``t`` tensor-parallel size, ``D`` pipeline devices, ``W`` data-parallel width, ``b`` micro-batch
+size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
+
+* **Compute** (Chimera 3.4): F and B of a stage are the sums over its layers of the profile's times at
+  the micro-batch size (interpolated, :meth:`planner.profile.LayerProfile.time`). With recomputation the
+  backward is the profile's ``recompute`` time (forward re-run + backward; 3x forward when only the
+  forward was measured). Zero-bubble splits B into I (input gradient) and W (weight gradient), half each
+  (their GEMMs have equal FLOPs); the recomputed forward goes to I.
+* **Tensor parallelism** (Megatron-LM 3.2, 2.3): compute divided by ``t`` and by ``tensor_efficiency``
+  (a t-way GEMM is smaller and runs below peak), plus per transformer layer 2 all-reduces in the forward
+  and 2 in the backward of ``b s h`` elements each among the ``t`` GPUs -- in total ``8 b s h (t-1)/t``
+  elements per layer and micro-batch with a ring all-reduce -- on the intra-node link (inter-node if ``t``
+  exceeds a node).
+* **Pipeline p2p** (Chimera 3.4, alpha-beta): ``alpha + beta * bytes`` of the boundary activation
+  (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each tensor-parallel
+  rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
+  then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
+  ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
+* **Gradient all-reduce** of a stage across its ``r`` replicas (the W data-parallel copies times the
+  schedule's own replicas, Chimera's 2f): Rabenseifner ``2 log2(r) alpha + 2 (r-1)/r beta L``
+  (Chimera 3.4) with ``L`` the stage's gradient bytes divided by ``t``; hierarchical when the replicas
+  span nodes: reduce-scatter inside the node (``k`` replicas per node), Rabenseifner across the ``r/k``
+  nodes on ``L/k``, all-gather inside the node. The simulator overlaps eager all-reduces (Chimera 3.2).
+* **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
+  bandwidth.
+
+:func:`chimera_eq1` and :func:`megatron_closed_form` give the papers' closed forms beside the simulated
+time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.cluster import Cluster, Link
+from planner.profile import ModelProfile
+from planner.request import Config, TrainingRequest
+from planner.schedules.ir import SEND_F, Schedule
+from planner.simulate import Costs
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8,
+               "float64": 8}
+
+
+def rabenseifner(r: int, nbytes: float, link: Link) -> float:
+    """Chimera 3.4: ``2 log2(r) alpha + 2 (r-1)/r beta L``."""
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * math.log2(r) * link.alpha + 2 * (r - 1) / r * link.beta * nbytes
+
+
+def ring_allreduce(r: int, nbytes: float, link: Link) -> float:
+    """Ring all-reduce: ``2 (r-1) alpha + 2 (r-1)/r beta L``."""
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (r - 1) * link.alpha + 2 * (r - 1) / r * link.beta * nbytes
+
+
+def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
+    """All-reduce among global GPU ``ranks``; hierarchical when they span nodes."""
+    r = len(ranks)
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    algo = rabenseifner if cluster.allreduce == "rabenseifner" else ring_allreduce
+    per_node: dict[int, int] = {}
+    for g in ranks:
+        per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
+    if len(per_node) == 1:
+        return algo(r, nbytes, cluster.intra)
+    k = max(per_node.values())
+    nodes = len(per_node)
+    inside = 0.0
+    if k > 1:  # reduce-scatter + all-gather inside the node: (k-1)/k of L each way
+        inside = 2 * (math.log2(k) * cluster.intra.alpha + (k - 1) / k * cluster.intra.beta * nbytes)
+    return inside + algo(nodes, nbytes / k, cluster.inter)
+
+
+@dataclass
+class StageInfo:
+    layers: tuple[int, int]  # [start, end)
+    param_bytes: float  # of the whole stage (before dividing by t)
+    params: float
+    tied_params: float  # parameters that copy another stage's (tied embedding)
+    out_bytes: float  # boundary activation per sample after the stage
+    stash_bytes: float  # stashed activations per sample, no recomputation
+    input_bytes: float  # stage input per sample (what recomputation keeps)
+    max_layer_stash: float  # largest single-layer stash per sample (recomputation working set)
+    transformer_layers: int
+
+
+def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int) -> list[StageInfo]:
+    out = []
+    shape = profile.shape
+    for i, j in bounds:
+        layers = profile.layers[i:j]
+        stash = 0.0
+        for lay in layers:
+            if lay.kind == "transformer" and shape is not None and tensor > 1:
+                # Korthikanti et al. 2022, eq. 2: s h (10 + 24/t + 5 a s/(h t)) of s h (34 + 5 a s/h)
+                a_s_h = 5 * shape.heads * shape.seq / shape.hidden
+                stash += lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
+            else:
+                stash += lay.stashed_bytes_per_sample / tensor
+        out.append(StageInfo(
+            layers=(i, j), param_bytes=sum(x.param_bytes for x in layers),
+            params=sum(x.params for x in layers),
+            tied_params=sum(x.tied_params for x in layers),
+            out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=stash,
+            input_bytes=layers[0].input_bytes_per_sample / tensor,
+            max_layer_stash=max(x.stashed_bytes_per_sample for x in layers) / tensor,
+            transformer_layers=sum(1 for x in layers if x.kind == "transformer")))
+    # a tied copy sharing the stage of its original is not a second copy
+    return out
+
+
+class ConfigCosts(Costs):
+    """:class:`planner.simulate.Costs` of one configuration (module docstring)."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config,
+                 schedule: Schedule, bounds: list[tuple[int, int]]) -> None:
+        self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
+        self.schedule = schedule
+        t = config.tensor
+        self.t = t
+        self.stages = stage_infos(profile, bounds, t)
+        # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
+        self.base_b = config.micro_batch / 2 if config.concat == "backward-halving" else config.micro_batch
+        self.eff = 1.0 if t == 1 else request.tensor_efficiency
+        self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
+        self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+        self._fwd: dict[tuple[int, int], float] = {}
+        self._bwd: dict[int, float] = {}
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def rank(self, device: int, data_replica: int = 0) -> int:
+        """Global GPU of tensor rank 0 of pipeline device ``device`` (t innermost, then pipeline, then
+        data, as Megatron-LM places them)."""
+        return (data_replica * self.config.pipeline + device) * self.t
+
+    def link(self, src: int, dst: int) -> Link:
+        g = self.cluster.gpus_per_node
+        return self.cluster.intra if self.rank(src) // g == self.rank(dst) // g else self.cluster.inter
+
+    def _tp_comm(self, stage: int, samples: float) -> float:
+        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2)."""
+        shape = self.profile.shape
+        if self.t == 1 or shape is None:
+            return 0.0
+        nbytes = samples * shape.seq * shape.hidden * self.el
+        return 2 * self.stages[stage].transformer_layers * ring_allreduce(self.t, nbytes, self.tp_link)
+
+    def _sum_time(self, stage: int, kind: str, samples: float) -> float:
+        i, j = self.stages[stage].layers
+        return sum(lay.time(kind, samples) for lay in self.profile.layers[i:j])  # type: ignore[arg-type]
+
+    def fwd(self, stage: int, span: int = 1) -> float:
+        key = (stage, span)
+        v = self._fwd.get(key)
+        if v is None:
+            samples = self.base_b * span
+            v = self._sum_time(stage, "fwd", samples) / (self.t * self.eff) + self._tp_comm(stage, samples)
+            self._fwd[key] = v
+        return v
+
+    def bwd(self, stage: int) -> float:
+        v = self._bwd.get(stage)
+        if v is None:
+            kind = "recompute" if self.config.recompute else "bwd"
+            v = (self._sum_time(stage, kind, self.base_b) / (self.t * self.eff)
+                 + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1))
+            self._bwd[stage] = v
+        return v
+
+    def recompute_extra(self, stage: int) -> float:
+        if not self.config.recompute:
+            return 0.0
+        plain = self._sum_time(stage, "bwd", self.base_b) / (self.t * self.eff) + self._tp_comm(stage, self.base_b)
+        return max(self.bwd(stage) - plain, 0.0)
+
+    # ---- Costs interface -------------------------------------------------------------------------
+    def compute(self, kind: str, stage: int, span: int, device: int) -> float:
+        if kind == "F":
+            return self.fwd(stage, span)
+        if kind == "B":
+            return self.bwd(stage)
+        extra = self.recompute_extra(stage)
+        half = (self.bwd(stage) - extra) / 2
+        return half + extra if kind == "I" else half
+
+    def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
+        boundary = stage if kind == SEND_F else stage - 1
+        nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.t
+        return self.link(src, dst).time(nbytes)
+
+    def allreduce(self, stage: int, replica: int, device: int) -> float:
+        holders = sorted({row[stage] for row in self.schedule.placement})
+        ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
+        nbytes = self.stages[stage].param_bytes / self.t
+        return allreduce_time(self.cluster, ranks, nbytes)
+
+    def step(self, device: int) -> float:
+        params = sum(self.stages[s].params for _, s in self.schedule.stages_on(device)) / self.t
+        return 2 * params * self.request.bytes_per_param / self.cluster.memory_bandwidth
+
+    def activation(self, stage: int) -> float:
+        info = self.stages[stage]
+        per_sample = info.input_bytes if self.config.recompute else info.stash_bytes
+        return per_sample * self.base_b
+
+
+def chimera_eq1(f_t: float, b_t: float, comm_p2p: float, c_f: int, c_b: int, unoverlapped: float) -> float:
+    """Chimera eq. (1): ``T = (F_t + Comm_p2p) C_f + (B_t + Comm_p2p) C_b + max_i Comm_unoverlapped(i)``."""
+    return (f_t + comm_p2p) * c_f + (b_t + comm_p2p) * c_b + unoverlapped
+
+
+def megatron_closed_form(schedule: str, D: int, N: int, f_t: float, b_t: float, chunks: int = 1) -> float | None:
+    """Megatron-LM 2.2: GPipe/1F1B take ``(N + D - 1)(t_f + t_b)``; interleaved with ``v`` chunks
+    ``(N + (D-1)/v)(t_f + t_b)`` (``t_f``, ``t_b`` of a whole device's share). None for other schedules."""
+    if schedule in ("gpipe", "1f1b", "zb-h1"):
+        return (N + D - 1) * (f_t + b_t)
+    if schedule == "interleaved":
+        return (N + (D - 1) / chunks) * (f_t + b_t)
+    return None

@@ -1,0 +1,79 @@
+"""What the user asks for: the training request and one configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "gems")
+ASYNC_SCHEDULES = ("pipedream", "pipedream-2bw")
+ALL_SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES
+
+
+class TrainingRequest(BaseModel):
+    """A plan request. ``bytes_per_param`` is all model state per parameter: mixed-precision Adam keeps
+    16 bytes (2 weights + 2 gradients + 12 optimizer: fp32 master, momentum, variance; ZeRO, Rajbhandari
+    et al. 2020, section 3.1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    global_batch: int = Field(gt=0, description="samples per iteration (B^)")
+    gpus: int | None = Field(default=None, gt=0, description="GPU budget P (default: the whole cluster)")
+    bytes_per_param: float = Field(default=16.0, gt=0)
+    schedules: list[str] | None = Field(default=None, description="allowed schedules (default: all)")
+    allow_async: bool = Field(default=False, description="show PipeDream/2BW (they change the optimizer)")
+    allow_recompute: bool = True
+    max_tensor: int | None = Field(default=None, gt=0, description="largest t (default: GPUs per node)")
+    micro_batches: list[int] | None = Field(default=None, description="micro-batch sizes to try")
+    tensor_efficiency: float = Field(default=0.95, gt=0, le=1,
+                                     description="compute efficiency of a t-way split GEMM vs t=1")
+    memory_reserve_bytes: float = Field(default=2 * 2**30, ge=0, description="framework/workspace reserve")
+    top: int = Field(default=10, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingRequest:
+        for s in self.schedules or []:
+            if s not in ALL_SCHEDULES:
+                raise ValueError(f"schedules: unknown schedule {s!r}; known: {', '.join(ALL_SCHEDULES)}")
+        for b in self.micro_batches or []:
+            if b < 1:
+                raise ValueError(f"micro_batches: sizes must be >= 1, got {b}")
+        return self
+
+    def allowed(self) -> list[str]:
+        names = list(self.schedules) if self.schedules else list(ALL_SCHEDULES)
+        if not self.allow_async:
+            names = [n for n in names if n not in ASYNC_SCHEDULES]
+        return names
+
+
+class Config(BaseModel):
+    """One configuration: tensor t, pipeline D, data W, micro-batch b, schedule and its parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tensor: int = Field(gt=0)
+    pipeline: int = Field(gt=0)
+    data: int = Field(gt=0)
+    micro_batch: int = Field(gt=0)
+    schedule: str
+    recompute: bool = False
+    chunks: int | None = None
+    waves: int | None = None
+    pipelines: int | None = None
+    concat: str | None = None
+
+    def schedule_params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in ("chunks", "waves", "pipelines", "concat"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        return out
+
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.schedule_params().items())
+        rc = " +rc" if self.recompute else ""
+        return (f"t={self.tensor} D={self.pipeline} W={self.data} b={self.micro_batch} "
+                f"{self.schedule}{'(' + extra + ')' if extra else ''}{rc}")

@@ -1,0 +1,385 @@
+"""The search: every valid configuration for a GPU budget, simulated under the cost model and ranked.
+
+For ``P`` GPUs: every ``t`` dividing the GPUs per node (up to ``max_tensor``), ``D`` and ``W`` with
+``t D W = P``, micro-batch sizes ``b`` (powers of two dividing ``B^/W``), ``N = B^/(W b)`` micro-batches,
+every allowed schedule with its parameters valid for ``D`` and ``N`` (interleaved chunks ``v`` with
+``N mod D = 0``; Chimera's ``f`` dividing ``D/2`` and, for ``N > D``, its three concatenations --
+forward doubling with recomputation, backward halving without, Chimera 3.5; Hanayo's waves), with and
+without recomputation. Chimera's greedy rule (the largest b that fits) is not used as a shortcut: every b
+is evaluated.
+
+Pruning, exact for the top ``k``: a configuration whose model state alone exceeds the device memory is
+rejected before anything else; every other one gets a lower bound on its iteration time (the busiest
+device's compute plus its optimizer step, no bubbles, no communication), is visited in the order of
+that bound, and is simulated only while the bound is below the k-th best simulated time. Stage costs and
+partitions are cached across configurations. Deterministic: the same input gives the same output.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.cluster import Cluster
+from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form
+from planner.partition import PartitionError, balanced_partition
+from planner.profile import ModelProfile
+from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
+from planner.schedules import BUILDERS, build
+from planner.simulate import ScheduleError, SimResult, simulate
+
+
+@dataclass
+class Candidate:
+    config: Config
+    microbatches: int
+    iteration_time: float = math.inf
+    throughput: float = 0.0
+    bubble_ratio: float = 1.0
+    memory: list[float] = field(default_factory=list)
+    memory_capacity: float = 0.0
+    fits: bool = False
+    reason: str = ""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    closed_forms: dict[str, float | None] = field(default_factory=dict)
+    partition: list[list[int]] = field(default_factory=list)
+    lower_bound: float = 0.0
+    simulation: SimResult | None = field(default=None, repr=False)
+    schedule_json: dict[str, Any] | None = field(default=None, repr=False)
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        c = self.config
+        out: dict[str, Any] = {
+            "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
+            "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
+            "microbatches": self.microbatches, "label": c.label(),
+            "iteration_time": self.iteration_time, "throughput": self.throughput,
+            "bubble_ratio": self.bubble_ratio, "memory": self.memory,
+            "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
+            "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
+            "closed_forms": self.closed_forms, "partition": self.partition,
+            "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
+        }
+        if timeline and self.simulation is not None:
+            out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]
+                               for row in self.simulation.timeline]
+        return out
+
+
+@dataclass
+class PlanResult:
+    candidates: list[Candidate]
+    infeasible: list[Candidate]
+    rejected: Counter[str]
+    evaluated: int
+    simulated: int
+    considered: int
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        return {
+            "candidates": [c.to_dict(timeline) for c in self.candidates],
+            "infeasible": [c.to_dict() for c in self.infeasible],
+            "rejected": dict(sorted(self.rejected.items())),
+            "evaluated": self.evaluated, "simulated": self.simulated, "considered": self.considered,
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two_dividing(n: int) -> list[int]:
+    out, b = [], 1
+    while n % b == 0:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute: bool) -> list[dict[str, Any]]:
+    """The parameter sets of schedule ``name`` that are valid for D, N (empty: none)."""
+    if name == "interleaved":
+        if D < 2 or N % D:
+            return []
+        return [{"chunks": v} for v in (2, 4, 8) if D * v <= layers]
+    if name == "chimera":
+        if D % 2:
+            return []
+        out = []
+        for f in _divisors(D // 2):
+            if N <= D:
+                out.append({"pipelines": f, "concat": "direct"})
+                continue
+            out.append({"pipelines": f, "concat": "direct"})
+            if recompute:
+                out.append({"pipelines": f, "concat": "forward-doubling"})
+            elif b % 2 == 0:
+                out.append({"pipelines": f, "concat": "backward-halving"})
+        return out
+    if name == "hanayo":
+        return [{"waves": w} for w in (1, 2, 4) if 2 * w * D <= layers]
+    if name == "gems" and D < 2:
+        return []
+    if name == "pipedream-2bw" and N < D:
+        return []
+    return [{}]
+
+
+class Planner:
+    """Holds the caches of one (profile, cluster, request)."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> None:
+        self.profile, self.cluster, self.request = profile, cluster, request
+        self._partitions: dict[tuple[int, float, bool], list[tuple[int, int]] | None] = {}
+        self._layer_costs: dict[tuple[float, bool], list[float]] = {}
+
+    # ---- building blocks -----------------------------------------------------------------------
+    def layer_costs(self, samples: float, recompute: bool) -> list[float]:
+        key = (samples, recompute)
+        v = self._layer_costs.get(key)
+        if v is None:
+            kind = "recompute" if recompute else "bwd"
+            v = [lay.time("fwd", samples) + lay.time(kind, samples) for lay in self.profile.layers]
+            self._layer_costs[key] = v
+        return v
+
+    def partition(self, stages: int, samples: float, recompute: bool) -> list[tuple[int, int]] | None:
+        """Balanced partition into ``stages`` stages by compute (tensor parallelism scales every
+        transformer layer alike, so the partition does not depend on t)."""
+        key = (stages, samples, recompute)
+        if key not in self._partitions:
+            try:
+                self._partitions[key] = balanced_partition(self.layer_costs(samples, recompute), stages).bounds
+            except PartitionError:
+                self._partitions[key] = None
+        return self._partitions[key]
+
+    def model_state(self, costs: ConfigCosts, device: int) -> float:
+        """Weights, gradients and optimizer state of the stage replicas ``device`` holds, plus the extra
+        weight versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering)."""
+        sched = costs.schedule
+        total = 0.0
+        for _, s in sched.stages_on(device):
+            info = costs.stages[s]
+            total += (info.params - self._tied_in_stage(info)) * self.request.bytes_per_param / costs.t
+            if not sched.synchronous and sched.weight_versions:
+                total += (sched.weight_versions[s] - 1) * info.param_bytes / costs.t
+        return total
+
+    def _tied_in_stage(self, info: Any) -> float:
+        """A tied LM head in the same stage as the embedding it copies is not a second copy."""
+        i, j = info.layers
+        kinds = {lay.kind for lay in self.profile.layers[i:j]}
+        return info.tied_params if "embedding" in kinds else 0.0
+
+    def prepare(self, config: Config) -> tuple[Candidate, ConfigCosts | None]:
+        """Build schedule, partition and costs; reject what cannot work before simulating."""
+        req = self.request
+        W, b = config.data, config.micro_batch
+        N = req.global_batch // (W * b)
+        cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes))
+        if req.global_batch % (W * b):
+            cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
+            return cand, None
+        n_sched = 2 * N if config.concat == "backward-halving" else N
+        try:
+            sched = build(config.schedule, config.pipeline, n_sched, **config.schedule_params())
+        except ValueError as e:
+            cand.reason = f"schedule: {e}"
+            return cand, None
+        samples = b / 2 if config.concat == "backward-halving" else b
+        bounds = self.partition(sched.stages, samples, config.recompute)
+        if bounds is None:
+            cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
+            return cand, None
+        cand.partition = [list(x) for x in bounds]
+        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds)
+        state = [self.model_state(costs, d) for d in range(config.pipeline)]
+        worst = max(range(len(state)), key=lambda d: state[d])
+        if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
+            over = state[worst] + req.memory_reserve_bytes - self.cluster.memory_bytes
+            cand.reason = (f"weights, gradients and optimizer state do not fit: device {worst} needs "
+                           f"{_gib(state[worst])} + reserve, {_gib(over)} over {_gib(self.cluster.memory_bytes)}")
+            cand.memory = [s + req.memory_reserve_bytes for s in state]
+            return cand, None
+        # lower bound: busiest device's compute + step
+        per_mb: Counter[int] = Counter(sched.mb_replica)
+        lb = 0.0
+        for d in range(config.pipeline):
+            work = costs.step(d)
+            for r, s in sched.stages_on(d):
+                n = per_mb[r]
+                f1 = costs.fwd(s, 1)
+                f = min(f1, costs.fwd(s, 2) / 2) if config.concat in ("forward-doubling", "backward-halving") else f1
+                work += n * (f + costs.bwd(s))
+            lb = max(lb, work)
+        cand.lower_bound = lb
+        return cand, costs
+
+    def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
+        """Simulate and fill in time, memory and breakdown."""
+        cfg, req = cand.config, self.request
+        sched = costs.schedule
+        try:
+            res = simulate(sched, costs)
+        except ScheduleError as e:  # pragma: no cover - builders are validated by the tests
+            cand.reason = f"schedule error: {e}"
+            return cand
+        cand.simulation = res
+        cand.iteration_time = res.makespan
+        cand.throughput = req.global_batch / res.makespan if res.makespan > 0 else 0.0
+        cand.bubble_ratio = res.bubble_ratio
+        mem = []
+        for d in range(cfg.pipeline):
+            m = self.model_state(costs, d) + res.devices[d].peak_activations + req.memory_reserve_bytes
+            if cfg.recompute:  # recomputing a layer materialises its activations once
+                m += max(costs.stages[s].max_layer_stash for _, s in sched.stages_on(d)) * costs.base_b
+            mem.append(m)
+        cand.memory = mem
+        worst = max(range(len(mem)), key=lambda d: mem[d])
+        cand.fits = mem[worst] <= self.cluster.memory_bytes
+        if not cand.fits:
+            over = mem[worst] - self.cluster.memory_bytes
+            cand.reason = (f"out of memory: device {worst} needs {_gib(mem[worst])}, "
+                           f"{_gib(over)} over {_gib(self.cluster.memory_bytes)}")
+        cand.breakdown = self.breakdown(res, costs)
+        cand.closed_forms = self.closed_forms(res, costs, cand.microbatches)
+        return cand
+
+    def breakdown(self, res: SimResult, costs: ConfigCosts) -> dict[str, float]:
+        """Where the time of the slowest device goes: compute, exposed all-reduce (between its last
+        computation and its optimizer step), step, and bubble (the rest: waiting, including exposed p2p).
+        ``p2p`` is the total time of its sends (mostly overlapped)."""
+        d = max(range(len(res.devices)), key=lambda i: res.timeline[i][-1][2] if res.timeline[i] else 0)
+        row = res.timeline[d]
+        comp = [(a, s, e) for a, s, e in row if a.kind in "FBIW"]
+        step = [(s, e) for a, s, e in row if a.kind == "STEP"]
+        last_compute = comp[-1][2] if comp else 0.0
+        step_start, step_end = step[-1] if step else (res.makespan, res.makespan)
+        compute = sum(e - s for _, s, e in comp)
+        exposed_ar = max(0.0, step_start - last_compute)
+        p2p = sum(e - s for a, s, e in row if a.kind.startswith("SEND"))
+        return {"compute": compute, "allreduce_exposed": exposed_ar, "step": step_end - step_start,
+                "bubble": max(0.0, res.makespan - compute - exposed_ar - (step_end - step_start)),
+                "p2p": p2p}
+
+    def closed_forms(self, res: SimResult, costs: ConfigCosts, N: int) -> dict[str, float | None]:
+        cfg = costs.config
+        S = costs.schedule.stages
+        f_t = max(costs.fwd(s) for s in range(S))
+        b_t = max(costs.bwd(s) for s in range(S))
+        sample_p2p = costs.p2p("SEND_F", 0, 1, 0, 1) if S > 1 and cfg.pipeline > 1 else 0.0
+        unoverlapped = 0.0
+        eager = set(costs.schedule.params.get("eager") or []) if isinstance(
+            costs.schedule.params.get("eager"), list) else set()
+        for d in range(cfg.pipeline):
+            late = sum(costs.allreduce(s, r, d) for r, s in costs.schedule.stages_on(d) if s not in eager)
+            unoverlapped = max(unoverlapped, late)
+        per_dev = S // cfg.pipeline if S % cfg.pipeline == 0 else 1
+        return {
+            "chimera_eq1": chimera_eq1(f_t, b_t, sample_p2p, res.critical_forward, res.critical_backward,
+                                       unoverlapped),
+            "megatron": megatron_closed_form(cfg.schedule, cfg.pipeline, N, f_t * per_dev, b_t * per_dev,
+                                             cfg.chunks or 1),
+        }
+
+    # ---- enumeration -----------------------------------------------------------------------------
+    def configs(self, rejected: Counter[str]) -> list[Config]:
+        req, cl = self.request, self.cluster
+        P = req.gpus or cl.gpus
+        if P > cl.gpus:
+            raise ValueError(f"gpus: budget {P} exceeds the cluster's {cl.gpus} GPUs")
+        max_t = req.max_tensor or cl.gpus_per_node
+        L = len(self.profile.layers)
+        names = [n for n in req.allowed() if n in BUILDERS]
+        out: list[Config] = []
+        for t in _divisors(P):
+            if t > max_t or (t <= cl.gpus_per_node and cl.gpus_per_node % t):
+                continue
+            for D in _divisors(P // t):
+                W = P // (t * D)
+                if D > L:
+                    rejected["more pipeline stages than layers"] += 1
+                    continue
+                if req.global_batch % W:
+                    rejected["global batch not divisible by W"] += 1
+                    continue
+                sizes = req.micro_batches or _powers_of_two_dividing(req.global_batch // W)
+                for b in sizes:
+                    if (req.global_batch // W) % b:
+                        rejected["micro-batch does not divide B^/W"] += 1
+                        continue
+                    N = req.global_batch // (W * b)
+                    for rc in ((False, True) if req.allow_recompute else (False,)):
+                        for name in names:
+                            variants = schedule_variants(name, D, N, b, L, rc)
+                            if not variants:
+                                rejected[f"{name}: not valid for D={D}, N={N}"] += 1
+                            for params in variants:
+                                out.append(Config(tensor=t, pipeline=D, data=W, micro_batch=b,
+                                                  schedule=name, recompute=rc, **params))
+        return out
+
+    def search(self) -> PlanResult:
+        rejected: Counter[str] = Counter()
+        configs = self.configs(rejected)
+        k = self.request.top
+        prepared: list[tuple[float, int, Candidate, ConfigCosts]] = []
+        infeasible: list[Candidate] = []
+        for i, cfg in enumerate(configs):
+            cand, costs = self.prepare(cfg)
+            if costs is None:
+                rejected[_reason_key(cand.reason)] += 1
+                if cand.memory:
+                    infeasible.append(cand)
+                continue
+            prepared.append((cand.lower_bound, i, cand, costs))
+        prepared.sort(key=lambda x: (x[0], x[1]))
+        best: list[tuple[float, int]] = []  # max-heap of (-time, -index) of the k best fitting
+        results: list[Candidate] = []
+        simulated = 0
+        for lb, i, cand, costs in prepared:
+            if len(best) >= k and lb > -best[0][0]:
+                rejected["bound: cannot reach the top k"] += 1
+                continue
+            self.evaluate(cand, costs)
+            simulated += 1
+            if cand.fits:
+                results.append(cand)
+                heapq.heappush(best, (-cand.iteration_time, -i))
+                if len(best) > k:
+                    heapq.heappop(best)
+            else:
+                rejected[_reason_key(cand.reason)] += 1
+                infeasible.append(cand)
+        results.sort(key=lambda c: (c.iteration_time, c.config.label()))
+        infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
+        return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
+                          simulated=simulated, considered=len(prepared))
+
+
+def _reason_key(reason: str) -> str:
+    return reason.split(":")[0] if reason else "unknown"
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
+    """Rank every valid configuration (module docstring)."""
+    return Planner(profile, cluster, request).search()
+
+
+def predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> Candidate:
+    """The same record as :func:`plan` gives, for one configuration the user names."""
+    if config.schedule in ASYNC_SCHEDULES and not request.allow_async:
+        request = request.model_copy(update={"allow_async": True})
+    planner = Planner(profile, cluster, request)
+    cand, costs = planner.prepare(config)
+    if costs is None:
+        return cand
+    return planner.evaluate(cand, costs)
