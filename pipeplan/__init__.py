@@ -1,0 +1,1 @@
+"""pipeplan: the command-line front end of the planner."""
