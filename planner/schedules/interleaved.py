@@ -4,7 +4,8 @@ Using Megatron-LM", SC'21, section 2.2.2, figure 4 bottom).
 * **Placement** (2.2.2): the model is cut into ``S = D*v`` stages ("model chunks"); device ``d`` holds
   the chunks ``d, d+D, d+2D, ...``, i.e. ``placement[0][s] = s mod D`` ("looped" placement in torch).
 * **Micro-batches** (2.2.2): "this schedule requires the number of microbatches in a batch to be an
-  integer multiple of the degree of pipeline parallelism": ``N mod D == 0``, else ValueError.
+  integer multiple of the degree of pipeline parallelism": ``N mod D == 0`` when ``v > 1``, else
+  ValueError (``v = 1`` is plain 1F1B, which takes any ``N``).
 * **Order** -- Megatron-LM's ``forward_backward_pipelining_with_interleaving`` and torch's
   ``ScheduleInterleaved1F1B`` (identical for ``N mod D == 0``). Device ``d`` runs ``N*v`` forward and
   ``N*v`` backward "virtual" steps. Virtual forward step ``k`` runs chunk ``(k mod D*v) // D`` on
