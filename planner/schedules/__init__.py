@@ -6,7 +6,17 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from planner.schedules import chimera, gpipe, hanayo, one_f_one_b
+from planner.schedules import (
+    chimera,
+    gems,
+    gpipe,
+    hanayo,
+    interleaved,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    zb_h1,
+)
 from planner.schedules.ir import Action, Schedule, lower, parse_action
 
 BUILDERS: dict[str, Callable[..., Schedule]] = {
@@ -14,6 +24,11 @@ BUILDERS: dict[str, Callable[..., Schedule]] = {
     "1f1b": one_f_one_b.build,
     "chimera": chimera.build,
     "hanayo": hanayo.build,
+    "interleaved": interleaved.build,
+    "zb-h1": zb_h1.build,
+    "pipedream": pipedream.build,
+    "pipedream-2bw": pipedream_2bw.build,
+    "gems": gems.build,
 }
 
 

@@ -1,0 +1,51 @@
+"""ZB-H1: zero-bubble pipeline with 1F1B's memory (Qi et al., "Zero Bubble Pipeline Parallelism",
+ICLR 2024, section 3.1 "Handcrafted schedules", figure 3 top).
+
+The backward is split (section 2) into ``I`` -- the gradient w.r.t. the stage input, on the critical
+path between stages -- and ``W`` -- the gradient w.r.t. the weights, which nothing downstream waits
+for and which can run any time after its ``I``.
+
+Rules (section 3.1):
+
+* **Same warm-up as 1F1B**: stage ``d`` runs ``min(D-d-1, N)`` forwards first, then alternates one
+  ``F`` and one ``I`` in 1F1B order and drains the remaining ``I``; the ``F``/``I`` order is exactly
+  1F1B's with ``B`` replaced by ``I``, so the number of micro-batches whose activations are alive (an
+  ``F`` adds one, its ``I`` frees it -- the simulator's count) peaks at 1F1B's ``min(D-d, N)``.
+  (The paper also counts the memory a pending ``W`` keeps; ZB-H1 keeps it within the same ``D`` bound.)
+* **W deferred into the bubbles**: stage ``d`` runs the ``W`` of a micro-batch ``d`` ``I`` s after that
+  micro-batch's own ``I`` (the rest at the end). Stage 0 runs each ``W`` right after its ``I`` -- in
+  the cool-down its ``I`` s arrive with gaps that the ``W`` s fill; the last stage defers ``D-1`` of
+  them, so its ``F`` and ``I`` -- on everybody's critical path -- run back to back and the deferred
+  ``W`` s fill its tail, where 1F1B's last stage idles ("we adjust the starting points of W passes").
+
+Bubble (section 3.1, the paper calls the input-gradient pass ``B``): ZB-H1 has
+``(D-1)(T_F + T_I - T_W)`` against 1F1B's ``(D-1)(T_F + T_I + T_W)``. With ``T_F = T_I = T_W = 1`` the
+simulator gives exactly ``3N + (D-1)`` against 1F1B's ``3(N + D - 1)`` (tests check both).
+"""
+
+from __future__ import annotations
+
+from planner.schedules.common import check_positive, linear_schedule
+from planner.schedules.ir import Action, I, Schedule, W
+from planner.schedules.one_f_one_b import stage_order
+
+
+def device_order(stage: int, devices: int, microbatches: int) -> list[Action]:
+    """1F1B's F/I order with each W inserted ``d`` I's after its own I (the rest at the end)."""
+    lag = stage
+    out: list[Action] = []
+    pending: list[int] = []  # micro-batches whose I ran and whose W has not
+    for a in stage_order(stage, devices, microbatches, kind_b=I):
+        out.append(a)
+        if a.kind == I:
+            pending.append(a.mb)
+            if len(pending) > lag:
+                out.append(Action(W, stage, pending.pop(0)))
+    out.extend(Action(W, stage, m) for m in pending)
+    return out
+
+
+def build(devices: int, microbatches: int) -> Schedule:
+    check_positive(devices=devices, microbatches=microbatches)
+    acts = [device_order(d, devices, microbatches) for d in range(devices)]
+    return linear_schedule("zb-h1", devices, microbatches, acts, {})
