@@ -29,6 +29,7 @@ from planner.partition import PartitionError, balanced_partition
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.schedules import BUILDERS, build
+from planner.schedules.ir import Schedule
 from planner.simulate import ScheduleError, SimResult, simulate
 
 
@@ -135,6 +136,16 @@ class Planner:
         self.profile, self.cluster, self.request = profile, cluster, request
         self._partitions: dict[tuple[int, float, bool], list[tuple[int, int]] | None] = {}
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
+        self._schedules: dict[tuple[str, int, int, tuple], Schedule] = {}
+
+    def schedule(self, config: Config, microbatches: int) -> Schedule:
+        """Build (once per shape: t, W, b and recomputation do not change the lists) the schedule."""
+        params = config.schedule_params()
+        key = (config.schedule, config.pipeline, microbatches, tuple(sorted(params.items())))
+        sched = self._schedules.get(key)
+        if sched is None:
+            sched = self._schedules[key] = build(config.schedule, config.pipeline, microbatches, **params)
+        return sched
 
     # ---- building blocks -----------------------------------------------------------------------
     def layer_costs(self, samples: float, recompute: bool) -> list[float]:
@@ -186,7 +197,7 @@ class Planner:
             return cand, None
         n_sched = 2 * N if config.concat == "backward-halving" else N
         try:
-            sched = build(config.schedule, config.pipeline, n_sched, **config.schedule_params())
+            sched = self.schedule(config, n_sched)
         except ValueError as e:
             cand.reason = f"schedule: {e}"
             return cand, None
@@ -317,7 +328,7 @@ class Planner:
                         for name in names:
                             variants = schedule_variants(name, D, N, b, L, rc)
                             if not variants:
-                                rejected[f"{name}: not valid for D={D}, N={N}"] += 1
+                                rejected[f"{name}: not valid for this D and N"] += 1
                             for params in variants:
                                 out.append(Config(tensor=t, pipeline=D, data=W, micro_batch=b,
                                                   schedule=name, recompute=rc, **params))

@@ -1,0 +1,176 @@
+"""``pipeplan plan``, ``predict`` and ``profile-analytic``: the planner from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from planner.analytic import PRESETS, transformer_profile
+from planner.cluster import Cluster, load_cluster
+from planner.profile import ModelProfile, load_profile, save_profile
+from planner.request import Config, TrainingRequest
+from planner.search import Candidate, plan, predict
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEVICES = {  # --device of profile-analytic -> example cluster file (peak FLOP/s and device name)
+    "a100-80gb": "dgx-a100-80gb", "h100-80gb": "dgx-h100-80gb", "v100-32gb": "dgx1-v100-32gb",
+    "p100-16gb": "piz-daint-p100-16gb",
+}
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
+    try:
+        return load_profile(profile), load_cluster(cluster)
+    except FileNotFoundError as e:
+        _fail(f"no such file: {e.filename}")
+    except (ValidationError, ValueError) as e:
+        _fail(f"invalid input: {e}")
+    raise AssertionError  # unreachable
+
+
+def _request(**kw: object) -> TrainingRequest:
+    try:
+        return TrainingRequest(**{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as e:
+        _fail(f"invalid request: {e.errors()[0]['loc'][0] if e.errors()[0]['loc'] else ''}: "
+              f"{e.errors()[0]['msg']}")
+    raise AssertionError  # unreachable
+
+
+def _table(cands: list[Candidate], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
+                "peak mem (GiB)"):
+        t.add_column(col, justify="right" if col not in ("schedule",) else "left")
+    for i, c in enumerate(cands):
+        cfg = c.config
+        extra = ",".join(f"{k}={v}" for k, v in cfg.schedule_params().items())
+        t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data), str(cfg.micro_batch),
+                  str(c.microbatches), cfg.schedule + (f"({extra})" if extra else ""),
+                  "yes" if cfg.recompute else "", f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
+                  f"{c.bubble_ratio:.3f}", f"{max(c.memory, default=0) / 2**30:.1f}")
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        profile: Annotated[Path, typer.Option(help="model profile JSON")],
+        cluster: Annotated[Path, typer.Option(help="cluster JSON")],
+        global_batch: Annotated[int, typer.Option(help="samples per iteration B^")],
+        gpus: Annotated[int | None, typer.Option(help="GPU budget (default: the whole cluster)")] = None,
+        top: Annotated[int, typer.Option(help="how many candidates")] = 10,
+        schedules: Annotated[str | None, typer.Option(help="comma-separated allowed schedules")] = None,
+        allow_async: Annotated[bool, typer.Option(help="include PipeDream and 2BW")] = False,
+        max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
+    ) -> None:
+        """Rank every valid configuration by predicted throughput."""
+        prof, cl = _load(profile, cluster)
+        req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
+                       max_tensor=max_tensor, schedules=schedules.split(",") if schedules else None)
+        try:
+            res = plan(prof, cl, req)
+        except ValueError as e:
+            _fail(str(e))
+            raise
+        if json_out:
+            typer.echo(json.dumps(res.to_dict()))
+            return
+        console = Console(width=140)
+        console.print(_table(res.candidates, f"{prof.name} on {req.gpus or cl.gpus} x {cl.device}, "
+                                             f"B^={global_batch}"))
+        console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
+                      + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
+
+    @app.command("predict")
+    def predict_cmd(
+        profile: Annotated[Path, typer.Option(help="model profile JSON")],
+        cluster: Annotated[Path, typer.Option(help="cluster JSON")],
+        global_batch: Annotated[int, typer.Option(help="samples per iteration B^")],
+        tensor: Annotated[int, typer.Option(help="tensor-parallel size t")],
+        pipeline: Annotated[int, typer.Option(help="pipeline devices D")],
+        data: Annotated[int, typer.Option(help="data-parallel width W")],
+        micro_batch: Annotated[int, typer.Option(help="micro-batch size b")],
+        schedule: Annotated[str, typer.Option(help="schedule name")],
+        recompute: Annotated[bool, typer.Option(help="activation recomputation")] = False,
+        chunks: Annotated[int | None, typer.Option()] = None,
+        waves: Annotated[int | None, typer.Option()] = None,
+        pipelines: Annotated[int | None, typer.Option()] = None,
+        concat: Annotated[str | None, typer.Option()] = None,
+        json_out: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Predict one configuration you name, with its time breakdown."""
+        prof, cl = _load(profile, cluster)
+        req = _request(global_batch=global_batch)
+        try:
+            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
+                         schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
+                         pipelines=pipelines, concat=concat)
+        except ValidationError as e:
+            _fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
+            raise
+        if tensor * pipeline * data > cl.gpus:
+            _fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {cl.gpus} GPUs")
+        cand = predict(prof, cl, req, cfg)
+        if json_out:
+            typer.echo(json.dumps(cand.to_dict()))
+            return
+        if cand.simulation is None:
+            _fail(cand.reason)
+        console = Console(width=140)
+        console.print(_table([cand], cfg.label()))
+        console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
+        console.print("closed forms (s): " + ", ".join(
+            f"{k} {v:.4g}" for k, v in cand.closed_forms.items() if v is not None))
+        if not cand.fits:
+            console.print(f"[red]{cand.reason}[/red]")
+
+    @app.command("profile-analytic")
+    def profile_analytic_cmd(
+        out: Annotated[Path, typer.Option(help="where to write the profile JSON")],
+        preset: Annotated[str | None, typer.Option(help=f"one of {', '.join(PRESETS)}")] = None,
+        layers: Annotated[int | None, typer.Option()] = None,
+        hidden: Annotated[int | None, typer.Option()] = None,
+        heads: Annotated[int | None, typer.Option()] = None,
+        seq: Annotated[int | None, typer.Option()] = None,
+        vocab: Annotated[int | None, typer.Option()] = None,
+        device: Annotated[str, typer.Option(help=f"one of {', '.join(DEVICES)}")] = "a100-80gb",
+        dtype: Annotated[str, typer.Option()] = "bf16",
+        name: Annotated[str | None, typer.Option()] = None,
+        encoder: Annotated[bool, typer.Option(help="BERT-style encoder")] = False,
+    ) -> None:
+        """Write an analytical (FLOP-based) model profile."""
+        if device not in DEVICES:
+            _fail(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+        cl = load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json")
+        if preset is not None:
+            if preset not in PRESETS:
+                _fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+            L, h, a, s, V, enc = PRESETS[preset]
+        else:
+            missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads),
+                                      ("seq", seq), ("vocab", vocab)) if v is None]
+            if missing:
+                _fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
+                      + ", ".join("--" + m for m in missing) + ")")
+            L, h, a, s, V, enc = layers, hidden, heads, seq, vocab, encoder  # type: ignore[assignment]
+        try:
+            prof = transformer_profile(name or preset or f"transformer-{L}x{h}", L, h, a, s, V,
+                                       cl.peak_flops, cl.device, dtype=dtype, encoder=enc)
+        except (ValueError, ValidationError) as e:
+            _fail(str(e))
+            raise
+        save_profile(prof, out)
+        typer.echo(f"wrote {out} ({len(prof.layers)} layers, {prof.total_params / 1e9:.2f}B parameters)")

@@ -1,0 +1,99 @@
+"""Cost model terms against the papers' formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.analytic import PRESETS, transformer_profile
+from planner.cluster import Cluster, Link
+from planner.cost import ConfigCosts, allreduce_time, rabenseifner, ring_allreduce
+from planner.request import Config, TrainingRequest
+from planner.schedules import build
+
+G = 2**30
+
+
+def cluster(gpn: int = 8, nodes: int = 4) -> Cluster:
+    return Cluster(name="c", nodes=nodes, gpus_per_node=gpn, device="X", memory_bytes=80 * G,
+                   peak_flops=100e12, intra=Link(alpha=1e-6, beta=1e-11), inter=Link(alpha=1e-5, beta=1e-10))
+
+
+def test_rabenseifner_formula():
+    link = Link(alpha=2.0, beta=3.0)
+    assert rabenseifner(8, 100, link) == pytest.approx(2 * 3 * 2.0 + 2 * 7 / 8 * 3.0 * 100)
+    assert rabenseifner(1, 100, link) == 0
+    assert ring_allreduce(4, 100, link) == pytest.approx(2 * 3 * 2.0 + 2 * 3 / 4 * 3.0 * 100)
+
+
+def test_allreduce_intra_vs_hierarchical():
+    cl = cluster()
+    one_node = allreduce_time(cl, [0, 1, 2, 3], 1e9)
+    assert one_node == pytest.approx(rabenseifner(4, 1e9, cl.intra))
+    spread = allreduce_time(cl, [0, 8, 16, 24], 1e9)  # one GPU on each of 4 nodes
+    assert spread == pytest.approx(rabenseifner(4, 1e9, cl.inter))
+    two_per_node = allreduce_time(cl, [0, 1, 8, 9], 1e9)
+    inside = 2 * (1 * cl.intra.alpha + 0.5 * cl.intra.beta * 1e9)
+    assert two_per_node == pytest.approx(inside + rabenseifner(2, 0.5e9, cl.inter))
+
+
+def test_megatron_flops_match_formula():
+    """With recomputation, the four passes over all layers give 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    L, h, a, s, V, _ = PRESETS["gpt3-175b"]
+    peak = 1e15
+    prof = transformer_profile("g", L, h, a, s, V, peak, "X", max_efficiency=1.0, half_tokens=1e-9,
+                               micro_batches=(1,))
+    blocks = [x for x in prof.layers if x.kind == "transformer"]
+    head = prof.layers[-1]
+    flops = (sum(x.time("recompute", 1) + x.time("fwd", 1) for x in blocks)
+             + head.time("fwd", 1) + head.time("bwd", 1)) * peak
+    expect = 96 * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    assert flops == pytest.approx(expect, rel=1e-6)
+    assert prof.total_params == pytest.approx(175e9, rel=0.01)
+
+
+def make_costs(t: int, D: int = 4, gpn: int = 8, schedule: str = "1f1b", **kw) -> ConfigCosts:
+    L, h, a, s, V, _ = PRESETS["gpt2-medium"]
+    prof = transformer_profile("m", L, h, a, s, V, 100e12, "X")
+    cfg = Config(tensor=t, pipeline=D, data=1, micro_batch=2, schedule=schedule, **kw)
+    sched = build(schedule, D, 8)
+    n = len(prof.layers)
+    bounds = [(k * n // D, (k + 1) * n // D) for k in range(D)]
+    return ConfigCosts(prof, cluster(gpn), TrainingRequest(global_batch=16), cfg, sched, bounds)
+
+
+def test_tensor_parallel_comm_volume():
+    """Megatron 3.2: 8 b s h (t-1)/t elements per layer and micro-batch, forward + backward."""
+    c1, c4 = make_costs(1), make_costs(4)
+    shape = c4.profile.shape
+    layers = c4.stages[1].transformer_layers
+    per_ar = ring_allreduce(4, 2 * shape.seq * shape.hidden * 2, c4.cluster.intra)  # b=2 samples, bf16
+    expect_comm = 4 * layers * per_ar
+    compute1 = c1.fwd(1) + c1.bwd(1)
+    got_comm = c4.fwd(1) + c4.bwd(1) - compute1 / (4 * 0.95)
+    assert got_comm == pytest.approx(expect_comm, rel=1e-9)
+    volume = 4 * 2 * 3 / 4 * (2 * shape.seq * shape.hidden)  # 4 all-reduces, 2(t-1)/t elements each
+    assert volume == pytest.approx(8 * 2 * shape.seq * shape.hidden * 3 / 4)
+
+
+def test_p2p_link_by_placement():
+    c = make_costs(t=4, D=4, gpn=8)  # devices 0,1 on node 0 (ranks 0, 4), 2,3 on node 1 (8, 12)
+    nbytes = c.stages[0].out_bytes * 2 / 4
+    assert c.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(c.cluster.intra.time(nbytes))
+    nbytes1 = c.stages[1].out_bytes * 2 / 4
+    assert c.p2p("SEND_F", 1, 1, 1, 2) == pytest.approx(c.cluster.inter.time(nbytes1))
+
+
+def test_recompute_backward_costs_a_forward_more():
+    plain = make_costs(1)
+    rc = make_costs(1, recompute=True)
+    assert rc.bwd(1) == pytest.approx(plain.bwd(1) + plain.fwd(1))
+    # recomputation keeps only the stage input
+    assert rc.activation(1) < plain.activation(1) / 10
+
+
+def test_zero_bubble_split_sums_to_backward():
+    c = make_costs(1)
+    assert c.compute("I", 1, 1, 1) + c.compute("W", 1, 1, 1) == pytest.approx(c.bwd(1))
+    assert math.isclose(c.compute("I", 1, 1, 1), c.compute("W", 1, 1, 1))

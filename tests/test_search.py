@@ -1,0 +1,129 @@
+"""The planner's search: the seed papers' qualitative findings with analytical profiles, and its API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.analytic import PRESETS, transformer_profile
+from planner.cluster import load_cluster
+from planner.request import Config, TrainingRequest
+from planner.search import plan, predict
+
+EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
+
+
+def profile_for(preset: str, cluster, dtype: str = "bf16"):
+    L, h, a, s, V, enc = PRESETS[preset]
+    return transformer_profile(preset, L, h, a, s, V, cluster.peak_flops, cluster.device, dtype=dtype,
+                               encoder=enc)
+
+
+@pytest.fixture(scope="module")
+def daint():
+    cl = load_cluster(EX / "piz-daint-p100-16gb.json")
+    return cl, profile_for("bert-48", cl, "fp32")
+
+
+def test_bert48_daint_one_f_one_b_uses_data_parallel_and_chimera_wins(daint):
+    """Chimera 4.2.1 (Bert-48 on 32 Piz Daint nodes, B^ = 256): the best DAPPLE/GPipe configurations
+    replicate the pipeline (W > 1), and Chimera beats 1F1B at the same W and D."""
+    cl, prof = daint
+    req = TrainingRequest(global_batch=256, gpus=32, schedules=["1f1b", "gpipe"], top=5)
+    best = plan(prof, cl, req).candidates
+    assert best and best[0].config.data > 1
+    for cand in best[:3]:
+        cfg = cand.config
+        if cfg.pipeline % 2:
+            continue
+        chim = predict(prof, cl, req, Config(tensor=cfg.tensor, pipeline=cfg.pipeline, data=cfg.data,
+                                              micro_batch=cfg.micro_batch, schedule="chimera",
+                                              recompute=cfg.recompute, pipelines=1, concat="direct"))
+        one = predict(prof, cl, req, cfg.model_copy(update={"schedule": "1f1b"}))
+        assert chim.throughput > one.throughput
+
+
+def test_gpt3_tensor_inside_node_pipeline_across(tmp_path):
+    """Megatron-LM takeaway 1: with t free to exceed a node, the best plans for GPT-3 175B on DGX A100
+    keep t within the node (t <= 8) and scale the pipeline across nodes."""
+    cl = load_cluster(EX / "dgx-a100-80gb.json")
+    prof = profile_for("gpt3-175b", cl)
+    req = TrainingRequest(global_batch=512, gpus=256, max_tensor=32, top=5,
+                          schedules=["1f1b", "interleaved"])
+    res = plan(prof, cl, req)
+    assert res.candidates
+    for c in res.candidates:
+        assert c.config.tensor <= cl.gpus_per_node
+        assert c.config.tensor * c.config.pipeline > cl.gpus_per_node  # the pipeline spans nodes
+
+
+def test_large_batch_shrinks_bidirectional_advantage(daint):
+    """Chimera 4.3: with a larger global batch the bubble matters less, so Chimera's (and Hanayo's)
+    advantage over 1F1B shrinks."""
+    cl, prof = daint
+
+    def best(batch: int, names: list[str]) -> float:
+        r = plan(prof, cl, TrainingRequest(global_batch=batch, gpus=32, schedules=names, top=1))
+        return r.candidates[0].throughput
+
+    small = best(128, ["chimera", "hanayo"]) / best(128, ["1f1b"])
+    large = best(2048, ["chimera", "hanayo"]) / best(2048, ["1f1b"])
+    assert small > large >= 0.99
+
+
+def test_deterministic_and_ranked(daint):
+    cl, prof = daint
+    req = TrainingRequest(global_batch=64, gpus=8, top=6)
+    a, b = plan(prof, cl, req).to_dict(), plan(prof, cl, req).to_dict()
+    assert a == b
+    times = [c["iteration_time"] for c in a["candidates"]]
+    assert times == sorted(times)
+    for c in a["candidates"]:
+        assert c["fits"] and c["tensor"] * c["pipeline"] * c["data"] == 8
+        assert c["throughput"] == pytest.approx(64 / c["iteration_time"])
+    assert a["evaluated"] >= a["simulated"] > 0 and a["rejected"]
+
+
+def test_out_of_memory_is_reported_not_dropped():
+    cl = load_cluster(EX / "dgx-a100-80gb.json")
+    prof = profile_for("gpt3-175b", cl)
+    req = TrainingRequest(global_batch=64)
+    cand = predict(prof, cl, req, Config(tensor=1, pipeline=2, data=1, micro_batch=1, schedule="1f1b"))
+    assert not cand.fits
+    assert "do not fit" in cand.reason and "device" in cand.reason and "GiB over" in cand.reason
+
+
+def test_breakdown_adds_up(daint):
+    cl, prof = daint
+    req = TrainingRequest(global_batch=64)
+    cand = predict(prof, cl, req, Config(tensor=1, pipeline=4, data=2, micro_batch=4, schedule="chimera",
+                                         pipelines=1, concat="direct"))
+    bd = cand.breakdown
+    assert bd["compute"] + bd["bubble"] + bd["allreduce_exposed"] + bd["step"] == pytest.approx(
+        cand.iteration_time)
+    assert cand.closed_forms["chimera_eq1"] == pytest.approx(cand.iteration_time, rel=0.2)
+
+
+def test_cli_plan_json(tmp_path):
+    from pipeplan.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "bert-48", "--device", "p100-16gb",
+                            "--dtype", "fp32", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["plan", "--profile", str(out), "--cluster", str(EX / "piz-daint-p100-16gb.json"),
+                            "--global-batch", "64", "--gpus", "8", "--top", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    c = data["candidates"][0]
+    for key in ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "iteration_time",
+                "throughput", "bubble_ratio", "memory", "fits"):
+        assert key in c
+    assert "rejected" in data and "evaluated" in data
+    r = runner.invoke(app, ["plan", "--profile", str(out), "--cluster", str(EX / "piz-daint-p100-16gb.json"),
+                            "--global-batch", "0"])
+    assert r.exit_code == 2 and "global_batch" in r.output
