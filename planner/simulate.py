@@ -411,65 +411,80 @@ class _ImpliedPlan:
                                             for row in place):
             return None
         eager_set = eager_stages(eager, S)
-        # producer[((kind * R + r) * S + s) * N + m]: the action that computes (kind, r, s, m)
-        producer = [-1] * (4 * R * S * N)
+        code = _KIND_CODE
+        RSN = R * S * N
+        # producer[kind * RSN + (r * S + s) * N + m]: the action that computes (kind, r, s, m)
+        producer = [-1] * (4 * RSN)
         acts: list[Action] = []
         rows: list[list[int]] = []
         j = 0
         for d, row in enumerate(schedule.actions):
-            ids = []
+            rows.append(list(range(j, j + len(row))))
             for a in row:
-                k, s, m, r, span = a.kind, a.stage, a.mb, a.replica, a.span
-                c = _KIND_CODE.get(k)
+                k, s, m, r, span, _ = a
+                c = code.get(k)
                 if (c is None or not (0 <= r < R and 0 <= s < S and 0 <= m and m + span <= N)
-                        or place[r][s] != d or span < 1 or (span > 1 and c != 0)):
+                        or place[r][s] != d):
                     return None
-                base = ((c * R + r) * S + s) * N
-                for mm in range(m, m + span):
-                    if producer[base + mm] >= 0:
+                x = c * RSN + (r * S + s) * N + m
+                if span == 1:
+                    if producer[x] >= 0:
                         return None
-                    producer[base + mm] = j
+                    producer[x] = j
+                else:
+                    if c or span < 1 or any(p >= 0 for p in producer[x:x + span]):
+                        return None
+                    producer[x:x + span] = [j] * span
                 acts.append(a)
-                ids.append(j)
                 j += 1
-            rows.append(ids)
-        missing = 2 * j
-        nb, ni = R * S * N, 2 * R * S * N  # where the B and I blocks of ``producer`` start (F: 0)
+        n = j
+        missing = 2 * n
+
+        # per (r, s): where stage s's neighbours are -- local (same device) or the peer device
+        prev_peer = [-1] * (R * S)  # device of stage s-1 when it is another device
+        next_peer = [-1] * (R * S)
+        for r, row in enumerate(place):
+            for s, d in enumerate(row):
+                if s > 0 and row[s - 1] != d:
+                    prev_peer[r * S + s] = row[s - 1]
+                if s < S - 1 and row[s + 1] != d:
+                    next_peer[r * S + s] = row[s + 1]
 
         deps: list[tuple[int, ...]] = []
-        peer = [-1] * j
-        for j, a in enumerate(acts):
-            k, s, m, r, span = a.kind, a.stage, a.mb, a.replica, a.span
-            d = place[r][s]
-            rs = (r * S + s) * N
+        peer = [-1] * n
+        nb, ni = RSN, 2 * RSN
+        for j, (k, s, m, r, span, _) in enumerate(acts):
+            rs = r * S + s
+            x = rs * N + m
             if k == F:
                 if s == 0:
                     deps.append(())
-                elif place[r][s - 1] == d:  # every micro-batch it runs, from the forwards of stage s-1
-                    ps = [producer[rs - N + mm] for mm in range(m, m + span)]
-                    deps.append(tuple(2 * p if p >= 0 else missing for p in ps))
+                elif prev_peer[rs] < 0:  # every micro-batch it runs, from the forwards of stage s-1
+                    if span == 1:
+                        p = producer[x - N]
+                        deps.append((2 * p if p >= 0 else missing,))
+                    else:
+                        deps.append(tuple(2 * p if p >= 0 else missing for p in producer[x - N:x - N + span]))
                 else:  # the message of the forward of stage s-1 that ran its first micro-batch
-                    p = producer[rs - N + m]
+                    p = producer[x - N]
                     deps.append((2 * p + 1 if p >= 0 else missing,))
-                if s < S - 1 and place[r][s + 1] != d:
-                    peer[j] = place[r][s + 1]
+                peer[j] = next_peer[rs]
             elif k == W:
-                p = producer[ni + rs + m]
+                p = producer[ni + x]
                 deps.append((2 * p if p >= 0 else missing,))
             else:  # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
-                if k == I and producer[nb + rs + m] >= 0:
+                if k == I and producer[nb + x] >= 0:
                     return None  # both B and I of one micro-batch
-                p = producer[rs + m]
+                p = producer[x]
                 own = 2 * p if p >= 0 else missing
                 if s == S - 1:
                     deps.append((own,))
                 else:
-                    g = producer[nb + rs + N + m]
+                    g = producer[nb + x + N]
                     if g < 0:
-                        g = producer[ni + rs + N + m]
-                    deps.append((own, (2 * g + (place[r][s + 1] != d)) if g >= 0 else missing))
-                if s > 0 and place[r][s - 1] != d:
-                    peer[j] = place[r][s - 1]
+                        g = producer[ni + x + N]
+                    deps.append((own, (2 * g + (next_peer[rs] >= 0)) if g >= 0 else missing))
+                peer[j] = prev_peer[rs]
         eager_at: list[dict[int, list[tuple[int, int]]]] = []
         at_end: list[list[tuple[int, int]]] = []
         for d in range(D):
@@ -517,18 +532,26 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
     for d, ids in enumerate(rows):
         for i, keys in plan.eager_at[d].items():
             eager_after[ids[i]] = keys
+        memo: dict[tuple[str, int, int, int], tuple[float, float, float | None]] = {}
         for j in ids:
-            k, s, _, _, span, _ = acts[j]
-            dur[j] = cost((k, s, span, d), costs.compute, k, s, span, d)
-            if k != W:
-                w = weight.get(s)
-                if w is None:
-                    w = weight[s] = float(costs.activation(s))
-                delta[j] = w * span if k == F else -w
-            p = peer[j]
-            if p >= 0:
-                sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
-                send_dur[j] = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
+            k, s, _, r, span, _ = acts[j]
+            key = (k, s, r, span)
+            v = memo.get(key)
+            if v is None:
+                du = cost((k, s, span, d), costs.compute, k, s, span, d)
+                dl = 0.0
+                if k != W:
+                    w = weight.get(s)
+                    if w is None:
+                        w = weight[s] = float(costs.activation(s))
+                    dl = w * span if k == F else -w
+                sd = None
+                p = peer[j]
+                if p >= 0:
+                    sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
+                    sd = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
+                v = memo[key] = (du, dl, sd)
+            dur[j], delta[j], send_dur[j] = v
 
     holders: dict[int, int] = {}  # stage -> how many devices post its all-reduce
     for row in sched.placement:
@@ -558,7 +581,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                 ar_done_on[dd] = max(ar_done_on[dd], begin + du)
                 sl[0], sl[1] = begin, begin + du
 
-    t: list[float | None] = [None] * (2 * n + 1)  # slot 2j: end of j; 2j+1: arrival of its message
+    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled (see the plan)
+    t: list[float | None] = [None] * (2 * n + 1)
     start = [0.0] * n
     send_start = [0.0] * n
     cause = [-1] * n  # the binding predecessor of each action, for the critical path (-1: none)
@@ -573,11 +597,14 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
     step_at: list[tuple[float, float] | None] = [None] * D
     last_end, last_node = -1.0, -1
     unfinished = D
+    never, now = 2 * n, 2 * n + 1  # a slot that stays empty, one that is always filled
+    t.append(0.0)
+    waiting = [now] * D  # per device, the slot it waits for (a device skips its turn until it fills)
 
     while unfinished:
         progressed = False
         for d in range(D):
-            if step_at[d] is not None:
+            if t[waiting[d]] is None:  # still waiting for that input (or finished)
                 continue
             row = rows[d]
             i = pos[d]
@@ -620,7 +647,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                     i += 1
                     progressed = True
                     continue
-                break  # an input is missing: the device waits
+                waiting[d] = q  # an input is missing: the device waits for it
+                break
             pos[d] = i
             t_comp[d], t_comm[d], last_on[d] = tc, tm, prev
             if i < nd:
@@ -636,6 +664,7 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                 t_comp[d] = ss + du
                 busy[d] += du
                 step_at[d] = (ss, ss + du)
+                waiting[d] = never
                 unfinished -= 1
                 progressed = True
         if not progressed:
