@@ -400,6 +400,11 @@ class _ImpliedPlan:
     peer: list[int]  # device that action j sends its output to, or -1
     eager_at: list[dict[int, list[tuple[int, int]]]]  # per device, as allreduce_points gives them
     at_end: list[list[tuple[int, int]]]
+    #: producer[kind * R*S*N + (r * S + s) * N + m]: the action that computes (kind, r, s, m) (kinds in
+    #: the order F, B, I, W), -1 where none does
+    producer: list[int]
+    #: every input an action takes from its own device is produced earlier in the device's list
+    in_order: bool
 
     @classmethod
     def encode(cls, schedule: Schedule, eager: Any) -> _ImpliedPlan | None:
@@ -453,6 +458,7 @@ class _ImpliedPlan:
         deps: list[tuple[int, ...]] = []
         peer = [-1] * n
         nb, ni = RSN, 2 * RSN
+        in_order = True
         for j, (k, s, m, r, span, _) in enumerate(acts):
             rs = r * S + s
             x = rs * N + m
@@ -464,7 +470,11 @@ class _ImpliedPlan:
                         p = producer[x - N]
                         deps.append((2 * p if p >= 0 else missing,))
                     else:
-                        deps.append(tuple(2 * p if p >= 0 else missing for p in producer[x - N:x - N + span]))
+                        ps = producer[x - N:x - N + span]
+                        deps.append(tuple(2 * p if p >= 0 else missing for p in ps))
+                        p = max(ps)
+                    if p > j:
+                        in_order = False
                 else:  # the message of the forward of stage s-1 that ran its first micro-batch
                     p = producer[x - N]
                     deps.append((2 * p + 1 if p >= 0 else missing,))
@@ -472,18 +482,25 @@ class _ImpliedPlan:
             elif k == W:
                 p = producer[ni + x]
                 deps.append((2 * p if p >= 0 else missing,))
+                if p > j:
+                    in_order = False
             else:  # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
                 if k == I and producer[nb + x] >= 0:
                     return None  # both B and I of one micro-batch
                 p = producer[x]
                 own = 2 * p if p >= 0 else missing
+                if p > j:
+                    in_order = False
                 if s == S - 1:
                     deps.append((own,))
                 else:
                     g = producer[nb + x + N]
                     if g < 0:
                         g = producer[ni + x + N]
-                    deps.append((own, (2 * g + (next_peer[rs] >= 0)) if g >= 0 else missing))
+                    local = next_peer[rs] < 0
+                    deps.append((own, (2 * g + (not local)) if g >= 0 else missing))
+                    if local and g > j:
+                        in_order = False
                 peer[j] = prev_peer[rs]
         eager_at: list[dict[int, list[tuple[int, int]]]] = []
         at_end: list[list[tuple[int, int]]] = []
@@ -491,7 +508,7 @@ class _ImpliedPlan:
             here, end = allreduce_points(schedule, d, eager_set)
             eager_at.append(here)
             at_end.append(end)
-        return cls(schedule, acts, rows, deps, peer, eager_at, at_end)
+        return cls(schedule, acts, rows, deps, peer, eager_at, at_end, producer, in_order)
 
 
 def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
