@@ -106,7 +106,6 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
     waiting: dict[tuple[str, int, int, int], list[int]] = {}  # unscheduled input -> lists waiting for it
     pending: list[list[tuple[int, tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (ready, prio, k)
     ready: list[list[tuple[tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (prio, list)
-    events: list[tuple[int, int]] = []  # (slot, device): look at the device then
     free = [0] * devices
     out: list[list[Action]] = [[] for _ in range(devices)]
 
@@ -117,21 +116,33 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
             return
         prio, a = row[i]
         r, s, _ = keys[k]
+        at = 0  # the slot its last input ends
         if a.kind == F:
-            need = [(F, r, s - 1, m) for m in a.mbs] if s > 0 else []
+            if s > 0:
+                for m in range(a.mb, a.mb + a.span):
+                    end = end_f.get((r, s - 1, m))
+                    if end is None:
+                        waiting.setdefault((F, r, s - 1, m), []).append(k)
+                        return
+                    at = max(at, end)
         else:
-            need = [(F, r, s, a.mb)] + ([(B, r, s + 1, a.mb)] if s < S - 1 else [])
-        at = 0
-        for x in need:
-            end = (end_f if x[0] == F else end_b).get(x[1:])
+            end = end_f.get((r, s, a.mb))
             if end is None:
-                waiting.setdefault(x, []).append(k)
+                waiting.setdefault((F, r, s, a.mb), []).append(k)
                 return
-            at = max(at, end)
+            at = end
+            if s < S - 1:
+                end = end_b.get((r, s + 1, a.mb))
+                if end is None:
+                    waiting.setdefault((B, r, s + 1, a.mb), []).append(k)
+                    return
+                at = max(at, end)
         d = dev_of[k]
         heapq.heappush(pending[d], (at, prio, k))
-        heapq.heappush(events, (max(at, free[d]), d))
+        if at > free[d]:  # else the device is looked at when it becomes free
+            heapq.heappush(events, (at, d))
 
+    events = [(0, d) for d in range(devices)]  # (slot, device): look at the device then
     for k in range(len(keys)):
         examine(k)
     remaining = sum(len(row) for row in rows)
@@ -158,15 +169,15 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
             out[d].append(a)
             free[d] = t + 1
             heapq.heappush(events, (t + 1, d))
+            r, s = a.replica, a.stage
             if a.kind == F:
-                done = [(F, a.replica, a.stage, m) for m in a.mbs]
-                for m in a.mbs:
-                    end_f[(a.replica, a.stage, m)] = t + 1
+                for m in range(a.mb, a.mb + a.span):
+                    end_f[(r, s, m)] = t + 1
+                    for waiter in waiting.pop((F, r, s, m), ()):
+                        examine(waiter)
             else:
-                done = [(B, a.replica, a.stage, a.mb)]
-                end_b[(a.replica, a.stage, a.mb)] = t + 1
-            for x in done:
-                for waiter in waiting.pop(x, ()):
+                end_b[(r, s, a.mb)] = t + 1
+                for waiter in waiting.pop((B, r, s, a.mb), ()):
                     examine(waiter)
             examine(k)
     return out
