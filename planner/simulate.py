@@ -388,15 +388,19 @@ class _ImpliedPlan:
 
     Compute actions are numbered globally (device 0's list first). The replay keeps, per action ``j``,
     two times in one flat list: slot ``2j`` the end of ``j`` and slot ``2j + 1`` the arrival of the
-    message ``j`` sends (when its consumer sits on another device). ``deps[j]`` lists the slots ``j``
-    waits for, in the order the lowered replay checks them (the first strictly latest one is the binding
-    predecessor on the critical path); a missing producer is the slot ``2 * len(acts)``, never filled.
+    message ``j`` sends (when its consumer sits on another device). An action waits for at most two
+    slots, ``dep_a[j]`` then ``dep_b[j]``, in the order the lowered replay checks its inputs (the first
+    strictly latest one is its binding predecessor on the critical path): a forward for the forward of
+    the previous stage (its end, or the arrival of its message), a backward for its own forward and
+    then the gradient from the next stage, a W for its I. A missing producer is the slot
+    ``2 * len(acts)``, never filled; no input is the slot ``2 * len(acts) + 1``, filled from the start.
     """
 
     schedule: Schedule
     acts: list[Action]  # by global number
     rows: list[list[int]]  # per device, the global numbers of its list
-    deps: list[tuple[int, ...]]
+    dep_a: list[int]
+    dep_b: list[int]
     peer: list[int]  # device that action j sends its output to, or -1
     eager_at: list[dict[int, list[tuple[int, int]]]]  # per device, as allreduce_points gives them
     at_end: list[list[tuple[int, int]]]
@@ -455,7 +459,9 @@ class _ImpliedPlan:
                 if s < S - 1 and row[s + 1] != d:
                     next_peer[r * S + s] = row[s + 1]
 
-        deps: list[tuple[int, ...]] = []
+        none = missing + 1
+        dep_a = [none] * n
+        dep_b = [none] * n
         peer = [-1] * n
         nb, ni = RSN, 2 * RSN
         in_order = True
@@ -463,42 +469,35 @@ class _ImpliedPlan:
             rs = r * S + s
             x = rs * N + m
             if k == F:
-                if s == 0:
-                    deps.append(())
-                elif prev_peer[rs] < 0:  # every micro-batch it runs, from the forwards of stage s-1
-                    if span == 1:
-                        p = producer[x - N]
-                        deps.append((2 * p if p >= 0 else missing,))
-                    else:
-                        ps = producer[x - N:x - N + span]
-                        deps.append(tuple(2 * p if p >= 0 else missing for p in ps))
-                        p = max(ps)
-                    if p > j:
-                        in_order = False
-                else:  # the message of the forward of stage s-1 that ran its first micro-batch
+                if s > 0:
                     p = producer[x - N]
-                    deps.append((2 * p + 1 if p >= 0 else missing,))
+                    if span > 1 and any(q != p for q in producer[x - N:x - N + span]):
+                        return None  # its micro-batches come from several forwards: spans disagree
+                    if prev_peer[rs] < 0:  # from the forward of stage s-1 on this device
+                        dep_a[j] = 2 * p if p >= 0 else missing
+                        if p > j:
+                            in_order = False
+                    else:  # from the message of that forward
+                        dep_a[j] = 2 * p + 1 if p >= 0 else missing
                 peer[j] = next_peer[rs]
             elif k == W:
                 p = producer[ni + x]
-                deps.append((2 * p if p >= 0 else missing,))
+                dep_a[j] = 2 * p if p >= 0 else missing
                 if p > j:
                     in_order = False
             else:  # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
                 if k == I and producer[nb + x] >= 0:
                     return None  # both B and I of one micro-batch
                 p = producer[x]
-                own = 2 * p if p >= 0 else missing
+                dep_a[j] = 2 * p if p >= 0 else missing
                 if p > j:
                     in_order = False
-                if s == S - 1:
-                    deps.append((own,))
-                else:
+                if s < S - 1:
                     g = producer[nb + x + N]
                     if g < 0:
                         g = producer[ni + x + N]
                     local = next_peer[rs] < 0
-                    deps.append((own, (2 * g + (not local)) if g >= 0 else missing))
+                    dep_b[j] = (2 * g + (not local)) if g >= 0 else missing
                     if local and g > j:
                         in_order = False
                 peer[j] = prev_peer[rs]
@@ -508,7 +507,7 @@ class _ImpliedPlan:
             here, end = allreduce_points(schedule, d, eager_set)
             eager_at.append(here)
             at_end.append(end)
-        return cls(schedule, acts, rows, deps, peer, eager_at, at_end, producer, in_order)
+        return cls(schedule, acts, rows, dep_a, dep_b, peer, eager_at, at_end, producer, in_order)
 
 
 def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
@@ -525,7 +524,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
     """
     sched = plan.schedule
     D = sched.devices
-    acts, rows, deps, peer, at_end = plan.acts, plan.rows, plan.deps, plan.peer, plan.at_end
+    acts, rows, peer, at_end = plan.acts, plan.rows, plan.peer, plan.at_end
+    dep_a, dep_b = plan.dep_a, plan.dep_b
     n = len(acts)
 
     cache: dict[tuple, float] = {}
@@ -598,8 +598,9 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                 ar_done_on[dd] = max(ar_done_on[dd], begin + du)
                 sl[0], sl[1] = begin, begin + du
 
-    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled (see the plan)
-    t: list[float | None] = [None] * (2 * n + 1)
+    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input
+    t: list[float | None] = [None] * (2 * n + 1) + [0.0]
+    never, now = 2 * n, 2 * n + 1
     start = [0.0] * n
     send_start = [0.0] * n
     cause = [-1] * n  # the binding predecessor of each action, for the critical path (-1: none)
@@ -614,8 +615,6 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
     step_at: list[tuple[float, float] | None] = [None] * D
     last_end, last_node = -1.0, -1
     unfinished = D
-    never, now = 2 * n, 2 * n + 1  # a slot that stays empty, one that is always filled
-    t.append(0.0)
     waiting = [now] * D  # per device, the slot it waits for (a device skips its turn until it fills)
 
     while unfinished:
@@ -630,13 +629,16 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
             while i < nd:
                 j = row[i]
                 ready, bind = tc, prev
-                for q in deps[j]:
-                    tq = t[q]
-                    if tq is None:
-                        break
+                q = dep_a[j]
+                tq = t[q]
+                if tq is not None:
                     if tq > ready:
                         ready, bind = tq, q >> 1
-                else:  # every input is there: run it
+                    q = dep_b[j]
+                    tq = t[q]
+                if tq is not None:  # every input is there: run it
+                    if tq > ready:
+                        ready, bind = tq, q >> 1
                     du = dur[j]
                     end = ready + du
                     t[2 * j] = end
@@ -711,7 +713,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
             for a in lowered_row(row, d, sched.stages, sched.placement, plan.eager_at[d], at_end[d]):
                 k = a.kind
                 if k == RECV_F or k == RECV_B:  # just before its consumer: the arrival it waits for
-                    q = next(x for x in deps[ids[ci]] if x & 1)
+                    j = ids[ci]
+                    q = dep_a[j] if dep_a[j] & 1 else dep_b[j]
                     line.append((a, t[q], t[q]))  # type: ignore[arg-type]
                 elif k == SEND_F or k == SEND_B:  # just after its producer
                     j = ids[ci - 1]
