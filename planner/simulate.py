@@ -136,15 +136,27 @@ class SimResult:
     critical_forward: int  # Chimera's C_f
     critical_backward: int  # Chimera's C_b
     #: the timeline, or a function that builds it on first use (see :attr:`timeline`)
-    _timeline: Timeline | Callable[[], Timeline] = field(repr=False)
+    _timeline: Timeline | Callable[[], Timeline] = field(repr=False, compare=False)
 
     @property
     def timeline(self) -> Timeline:
         """Per device, ``(action, start, end)`` of every action of its lowered list, in list order (a
-        receive: the arrival of its message, twice; an all-reduce: when the collective ran)."""
+        receive: the arrival of its message, twice; an all-reduce: when the collective ran). Built on
+        first use: most callers want the figures only, and the lowered lists are ~3x the actions."""
         if callable(self._timeline):
             self._timeline = self._timeline()
         return self._timeline
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SimResult):
+            return NotImplemented
+        return self.to_dict() == other.to_dict() and self.timeline == other.timeline
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like any non-frozen dataclass
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the timeline itself (the function that builds it does not pickle)."""
+        return {**self.__dict__, "_timeline": self.timeline}
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -117,3 +117,13 @@ def test_malformed_goes_through_the_lowered_replay():
     s.actions[0].append(Action("F", 0, 0))  # a forward run twice: no plan, the lowered replay times it
     assert _ImpliedPlan.encode(s, "none") is None
     assert simulate(s).makespan == _replay_lowered(lower(s), UnitCosts()).makespan
+
+
+def test_result_pickles_and_compares_with_its_timeline():
+    import pickle
+
+    s = build("chimera", 4, 8)
+    res = simulate(s, UnitCosts(1, 2, comm=0.5))
+    back = pickle.loads(pickle.dumps(res))
+    assert back.timeline == res.timeline and back == res
+    assert res == _replay_lowered(lower(s, eager=eager_of(s)), UnitCosts(1, 2, comm=0.5))
