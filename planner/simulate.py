@@ -20,6 +20,15 @@ alive (a forward adds the micro-batches it runs, B or I of the same stage frees 
 counts Cf and Cb of Chimera section 3.4 (forward and backward passes on the chain of actions that
 determines the makespan), and the (start, end) of every action.
 
+Two replays apply these rules. :func:`_replay_lowered` runs explicit lowered lists, action by action.
+A compute-only schedule is not lowered first: :func:`_replay_implied` runs its compute actions, encoded
+as integers (:class:`_ImpliedPlan`), and adds the communication where :func:`~planner.schedules.ir.lower`
+would put it -- a send after each compute action whose consumer sits on another device (the consumer
+waits for the arrival), the all-reduces after the last backward of an eager stage or at the end, then
+STEP. It gives the same times, figures and timeline as replaying ``lower(schedule)`` (the timeline's
+lowered actions are built when first asked for); ``tests/test_fast_replay.py`` checks that on many
+schedules, since the simulator must time exactly the lists the executor runs.
+
 The same replay, run with unit costs, is the validator's deadlock check: a device that waits for an
 action no other device can ever run is reported with what it waits for.
 """

@@ -81,3 +81,36 @@ def test_quick_acceptance_implies_the_rules(case, mutations):
     if not rules:
         with pytest.raises(ScheduleError):
             validate(s)
+
+
+def test_messages_name_the_rule():
+    s = copy(build("1f1b", 2, 2))
+    s.actions[0].append(Action("F", 0, 1))
+    with pytest.raises(ScheduleError, match=r"micro-batch 1, stage 0, replica 0: 2 forwards"):
+        validate(s)
+
+    s = copy(build("1f1b", 2, 2))
+    row = s.actions[1]  # 1F0 1B0 1F1 1B1: a backward before its own forward
+    row[0], row[1] = row[1], row[0]
+    with pytest.raises(ScheduleError, match=r"device 1: 1B0 at #0 needs 1F0, which comes later \(#1\)"):
+        validate(s)
+
+    s = copy(build("gpipe", 2, 2))
+    s.actions[1] = [Action("F", 1, 1), Action("B", 1, 1), Action("F", 1, 0), Action("B", 1, 0)]
+    s.actions[0] = [Action("F", 0, 0), Action("B", 0, 0), Action("F", 0, 1), Action("B", 0, 1)]
+    with pytest.raises(ScheduleError, match=r"deadlock: device 0 is stuck at action #\d+ .*waiting for"):
+        validate(s)
+
+    s = copy(build("chimera", 4, 4))
+    a = s.actions[0][0]
+    s.actions[0][0] = a._replace(mb=next(m for m, r in enumerate(s.mb_replica) if r != a.replica))
+    with pytest.raises(ScheduleError, match=r"belongs to replica"):
+        validate(s)
+
+    s = copy(build("chimera", 4, 8, concat="forward-doubling"))
+    d, i = next((d, i) for d, row in enumerate(s.actions) for i, a in enumerate(row)
+                if a.kind == "F" and a.span == 2 and a.stage == 1)
+    a = s.actions[d][i]
+    s.actions[d][i:i + 1] = [a._replace(span=1), a._replace(mb=a.mb + 1, span=1)]
+    with pytest.raises(ScheduleError, match=r"does not match the forwards of stage 0"):
+        validate(s)
