@@ -191,7 +191,10 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
     """
     costs = costs or UnitCosts()
     if schedule.lowered:
-        return _replay_lowered(schedule, costs)
+        compute = _canonical_compute_only(schedule)
+        if compute is None:
+            return _replay_lowered(schedule, costs)
+        schedule = compute  # its lists are lower(compute)'s: time them as such
     eager = _eager_param(schedule)
     plan = _ImpliedPlan.encode(schedule, eager)
     if plan is not None:
@@ -199,6 +202,20 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
         if res is not None:
             return res
     return _replay_lowered(lower(schedule, eager=eager), costs)
+
+
+def _canonical_compute_only(schedule: Schedule) -> Schedule | None:
+    """The compute-only form of a lowered ``schedule`` when its lists are exactly what :func:`lower`
+    makes of that form (with the eager stages its params record), else None."""
+    eager = schedule.params.get("eager")
+    if isinstance(eager, str) or not isinstance(eager, (list, tuple)):
+        return None
+    compute = schedule.compute_only()
+    try:
+        again = lower(compute, eager=eager)
+    except (ValueError, TypeError, IndexError, KeyError):  # not a lowering of anything
+        return None
+    return compute if again.actions == schedule.actions else None
 
 
 def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:

@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from planner.schedules import build, lower
 from planner.schedules.ir import Action, Schedule
-from planner.simulate import Costs, ScheduleError, UnitCosts, _ImpliedPlan, _replay_lowered, simulate
+from planner.simulate import (
+    Costs,
+    ScheduleError,
+    UnitCosts,
+    _canonical_compute_only,
+    _ImpliedPlan,
+    _replay_lowered,
+    simulate,
+)
 
 
 class Uneven(Costs):
@@ -127,3 +135,22 @@ def test_result_pickles_and_compares_with_its_timeline():
     back = pickle.loads(pickle.dumps(res))
     assert back.timeline == res.timeline and back == res
     assert res == _replay_lowered(lower(s, eager=eager_of(s)), UnitCosts(1, 2, comm=0.5))
+
+
+LOWERED = [("1f1b", {}), ("chimera", {}), ("chimera", {"concat": "forward-doubling"}),
+           ("hanayo", {"waves": 2})]
+
+
+@pytest.mark.parametrize("name,kw", LOWERED)
+def test_lowered_input_timed_like_the_lowered_replay(name, kw):
+    costs = UnitCosts(1, 2, comm=0.3, allreduce_time=2, step_time=1)
+    low = lower(build(name, 8, 16, **kw), eager="all")
+    assert _canonical_compute_only(low) is not None
+    assert simulate(low, costs) == _replay_lowered(low, costs)
+    # an eager all-reduce moved to the end of its list is no lowering with eager="all": the explicit
+    # replay times it
+    row = low.actions[1]
+    i = next(i for i, a in enumerate(row) if a.kind == "ALLREDUCE")
+    row.insert(len(row) - 1, row.pop(i))
+    assert _canonical_compute_only(low) is None
+    assert simulate(low, costs) == _replay_lowered(low, costs)

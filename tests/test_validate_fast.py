@@ -114,3 +114,18 @@ def test_messages_name_the_rule():
     s.actions[d][i:i + 1] = [a._replace(span=1), a._replace(mb=a.mb + 1, span=1)]
     with pytest.raises(ScheduleError, match=r"does not match the forwards of stage 0"):
         validate(s)
+
+
+@pytest.mark.parametrize("name,d,n,kw", BUILT)
+def test_lowered_schedules(name, d, n, kw):
+    from planner.schedules import lower
+
+    low = lower(build(name, d, n, **kw), eager="all")
+    validate(low)  # its lowering: checked on the compute-only form
+    row = low.actions[0]
+    i = next((i for i, a in enumerate(row) if a.kind in ("SEND_F", "SEND_B")), None)
+    if i is None:
+        return
+    del row[i]  # a message never sent: only the rule-by-rule checks see it
+    with pytest.raises(ScheduleError, match="sends and"):
+        validate(low)

@@ -19,8 +19,9 @@
 
 Compute-only schedules are checked as the executor will run them, lowered. They are first checked
 on the simulator's integer encoding of the schedule (:class:`planner.simulate._ImpliedPlan`) and its
-replay with the communication implied, which covers every rule above at a fraction of the cost; a
-schedule that fails there goes through the rule-by-rule checks below, which name the error.
+replay with the communication implied, which covers every rule above at a fraction of the cost; so is
+a lowered schedule whose lists are exactly :func:`lower`'s of its compute-only form. A schedule that
+fails there, or another lowered one, goes through the rule-by-rule checks, which name the error.
 """
 
 from __future__ import annotations
@@ -45,7 +46,14 @@ from planner.schedules.ir import (
     W,
     lower,
 )
-from planner.simulate import ScheduleError, UnitCosts, _ImpliedPlan, _replay_implied, simulate
+from planner.simulate import (
+    ScheduleError,
+    UnitCosts,
+    _canonical_compute_only,
+    _ImpliedPlan,
+    _replay_implied,
+    simulate,
+)
 
 
 def validate(schedule: Schedule) -> None:
@@ -64,8 +72,9 @@ def validate(schedule: Schedule) -> None:
     if len(schedule.mb_replica) != N or any(not 0 <= r < R for r in schedule.mb_replica):
         raise ScheduleError(f"mb_replica must give a replica in 0..{R - 1} for each of the {N} micro-batches")
 
-    if not schedule.lowered and _passes(schedule):
-        return
+    compute = _canonical_compute_only(schedule) if schedule.lowered else schedule
+    if compute is not None and _passes(compute):
+        return  # (a valid compute-only schedule's lowering is valid: its messages match by construction)
     _check_rules(schedule)
 
 
