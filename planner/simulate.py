@@ -20,6 +20,15 @@ alive (a forward adds the micro-batches it runs, B or I of the same stage frees 
 counts Cf and Cb of Chimera section 3.4 (forward and backward passes on the chain of actions that
 determines the makespan), and the (start, end) of every action.
 
+Two replays apply these rules. :func:`_replay_lowered` runs explicit lowered lists, action by action.
+A compute-only schedule is not lowered first: :func:`_replay_implied` runs its compute actions, encoded
+as integers (:class:`_ImpliedPlan`), and adds the communication where :func:`~planner.schedules.ir.lower`
+would put it -- a send after each compute action whose consumer sits on another device (the consumer
+waits for the arrival), the all-reduces after the last backward of an eager stage or at the end, then
+STEP. It gives the same times, figures and timeline as replaying ``lower(schedule)`` (the timeline's
+lowered actions are built when first asked for); ``tests/test_fast_replay.py`` checks that on many
+schedules, since the simulator must time exactly the lists the executor runs.
+
 The same replay, run with unit costs, is the validator's deadlock check: a device that waits for an
 action no other device can ever run is reported with what it waits for.
 """
@@ -43,7 +52,10 @@ from planner.schedules.ir import (
     I,
     Schedule,
     W,
+    allreduce_points,
+    eager_stages,
     lower,
+    lowered_row,
 )
 
 
@@ -122,6 +134,9 @@ class DeviceStats:
                 "comm": self.comm}
 
 
+Timeline = list[list[tuple[Action, float, float]]]
+
+
 @dataclass
 class SimResult:
     makespan: float
@@ -129,7 +144,28 @@ class SimResult:
     devices: list[DeviceStats]
     critical_forward: int  # Chimera's C_f
     critical_backward: int  # Chimera's C_b
-    timeline: list[list[tuple[Action, float, float]]] = field(repr=False)
+    #: the timeline, or a function that builds it on first use (see :attr:`timeline`)
+    _timeline: Timeline | Callable[[], Timeline] = field(repr=False, compare=False)
+
+    @property
+    def timeline(self) -> Timeline:
+        """Per device, ``(action, start, end)`` of every action of its lowered list, in list order (a
+        receive: the arrival of its message, twice; an all-reduce: when the collective ran). Built on
+        first use: most callers want the figures only, and the lowered lists are ~3x the actions."""
+        if callable(self._timeline):
+            self._timeline = self._timeline()
+        return self._timeline
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SimResult):
+            return NotImplemented
+        return self.to_dict() == other.to_dict() and self.timeline == other.timeline
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like any non-frozen dataclass
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the timeline itself (the function that builds it does not pickle)."""
+        return {**self.__dict__, "_timeline": self.timeline}
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,10 +181,45 @@ class SimResult:
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
-    """Time ``schedule`` (lowered first if it is compute-only) under ``costs`` (default F=1, B=2)."""
-    if not schedule.lowered:
-        schedule = lower(schedule, eager=_eager_param(schedule))
+    """Time ``schedule`` under ``costs`` (default F=1, B=2).
+
+    A compute-only schedule is timed as ``lower(schedule)`` is, without building the lowered lists:
+    :func:`_replay_implied` replays the compute actions and adds the communication the placement
+    implies at the points where :func:`lower` puts it (same rules, same times: the tests compare the
+    two). Lowered schedules, and the compute-only ones it does not cover (malformed or deadlocked: the
+    explicit replay names the error), go through :func:`_replay_lowered`.
+    """
     costs = costs or UnitCosts()
+    if schedule.lowered:
+        compute = _canonical_compute_only(schedule)
+        if compute is None:
+            return _replay_lowered(schedule, costs)
+        schedule = compute  # its lists are lower(compute)'s: time them as such
+    eager = _eager_param(schedule)
+    plan = _ImpliedPlan.encode(schedule, eager)
+    if plan is not None:
+        res = _replay_implied(plan, costs)
+        if res is not None:
+            return res
+    return _replay_lowered(lower(schedule, eager=eager), costs)
+
+
+def _canonical_compute_only(schedule: Schedule) -> Schedule | None:
+    """The compute-only form of a lowered ``schedule`` when its lists are exactly what :func:`lower`
+    makes of that form (with the eager stages its params record), else None."""
+    eager = schedule.params.get("eager")
+    if isinstance(eager, str) or not isinstance(eager, (list, tuple)):
+        return None
+    compute = schedule.compute_only()
+    try:
+        again = lower(compute, eager=eager)
+    except (ValueError, TypeError, IndexError, KeyError):  # not a lowering of anything
+        return None
+    return compute if again.actions == schedule.actions else None
+
+
+def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
+    """The replay of explicit lowered lists (see the module docstring)."""
     D = schedule.devices
     acts = schedule.actions
     place = schedule.placement
@@ -343,6 +414,361 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
     stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d]) for d in range(D)]
     bubble = 1.0 - total_busy / (D * makespan) if makespan > 0 else 0.0
     cf, cb = _critical_counts(acts, cause, last_node)
+    return SimResult(makespan, bubble, stats, cf, cb, timeline)
+
+
+_KIND_CODE = {F: 0, B: 1, I: 2, W: 3}
+
+
+@dataclass
+class _ImpliedPlan:
+    """A compute-only schedule as integer arrays for :func:`_replay_implied`.
+
+    Compute actions are numbered globally (device 0's list first). The replay keeps, per action ``j``,
+    two times in one flat list: slot ``2j`` the end of ``j`` and slot ``2j + 1`` the arrival of the
+    message ``j`` sends (when its consumer sits on another device). An action waits for at most two
+    slots, ``dep_a[j]`` then ``dep_b[j]``, in the order the lowered replay checks its inputs (the first
+    strictly latest one is its binding predecessor on the critical path): a forward for the forward of
+    the previous stage (its end, or the arrival of its message), a backward for its own forward and
+    then the gradient from the next stage, a W for its I. A missing producer is the slot
+    ``2 * len(acts)``, never filled; no input is the slot ``2 * len(acts) + 1``, filled from the start.
+    """
+
+    schedule: Schedule
+    acts: list[Action]  # by global number
+    rows: list[list[int]]  # per device, the global numbers of its list
+    dep_a: list[int]
+    dep_b: list[int]
+    peer: list[int]  # device that action j sends its output to, or -1
+    eager_at: list[dict[int, list[tuple[int, int]]]]  # per device, as allreduce_points gives them
+    at_end: list[list[tuple[int, int]]]
+    #: producer[kind * R*S*N + (r * S + s) * N + m]: the action that computes (kind, r, s, m) (kinds in
+    #: the order F, B, I, W), -1 where none does
+    producer: list[int]
+    #: every input an action takes from its own device is produced earlier in the device's list
+    in_order: bool
+
+    @classmethod
+    def encode(cls, schedule: Schedule, eager: Any) -> _ImpliedPlan | None:
+        """The plan, or None where the schedule is malformed (an action off its placement or out of
+        range, a unit of work done twice, an unknown kind): the lowered replay reports those."""
+        D, S, N, R = schedule.devices, schedule.stages, schedule.microbatches, schedule.replicas
+        place = schedule.placement
+        if len(schedule.actions) != D or any(len(row) != S or not all(0 <= d < D for d in row)
+                                            for row in place):
+            return None
+        eager_set = eager_stages(eager, S)
+        code = _KIND_CODE
+        RSN = R * S * N
+        # producer[kind * RSN + (r * S + s) * N + m]: the action that computes (kind, r, s, m)
+        producer = [-1] * (4 * RSN)
+        acts: list[Action] = []
+        rows: list[list[int]] = []
+        j = 0
+        for d, row in enumerate(schedule.actions):
+            rows.append(list(range(j, j + len(row))))
+            for a in row:
+                k, s, m, r, span, _ = a
+                c = code.get(k)
+                if (c is None or not (0 <= r < R and 0 <= s < S and 0 <= m and m + span <= N)
+                        or place[r][s] != d):
+                    return None
+                x = c * RSN + (r * S + s) * N + m
+                if span == 1:
+                    if producer[x] >= 0:
+                        return None
+                    producer[x] = j
+                else:
+                    if c or span < 1 or any(p >= 0 for p in producer[x:x + span]):
+                        return None
+                    producer[x:x + span] = [j] * span
+                acts.append(a)
+                j += 1
+        n = j
+        missing = 2 * n
+
+        # per (r, s): where stage s's neighbours are -- local (same device) or the peer device
+        prev_peer = [-1] * (R * S)  # device of stage s-1 when it is another device
+        next_peer = [-1] * (R * S)
+        for r, row in enumerate(place):
+            for s, d in enumerate(row):
+                if s > 0 and row[s - 1] != d:
+                    prev_peer[r * S + s] = row[s - 1]
+                if s < S - 1 and row[s + 1] != d:
+                    next_peer[r * S + s] = row[s + 1]
+
+        none = missing + 1
+        dep_a = [none] * n
+        dep_b = [none] * n
+        peer = [-1] * n
+        nb, ni = RSN, 2 * RSN
+        in_order = True
+        for j, (k, s, m, r, span, _) in enumerate(acts):
+            rs = r * S + s
+            x = rs * N + m
+            if k == F:
+                if s > 0:
+                    p = producer[x - N]
+                    if span > 1 and any(q != p for q in producer[x - N:x - N + span]):
+                        return None  # its micro-batches come from several forwards: spans disagree
+                    if prev_peer[rs] < 0:  # from the forward of stage s-1 on this device
+                        dep_a[j] = 2 * p if p >= 0 else missing
+                        if p > j:
+                            in_order = False
+                    else:  # from the message of that forward
+                        dep_a[j] = 2 * p + 1 if p >= 0 else missing
+                peer[j] = next_peer[rs]
+            elif k == W:
+                p = producer[ni + x]
+                dep_a[j] = 2 * p if p >= 0 else missing
+                if p > j:
+                    in_order = False
+            else:  # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
+                if k == I and producer[nb + x] >= 0:
+                    return None  # both B and I of one micro-batch
+                p = producer[x]
+                dep_a[j] = 2 * p if p >= 0 else missing
+                if p > j:
+                    in_order = False
+                if s < S - 1:
+                    g = producer[nb + x + N]
+                    if g < 0:
+                        g = producer[ni + x + N]
+                    local = next_peer[rs] < 0
+                    dep_b[j] = (2 * g + (not local)) if g >= 0 else missing
+                    if local and g > j:
+                        in_order = False
+                peer[j] = prev_peer[rs]
+        eager_at: list[dict[int, list[tuple[int, int]]]] = []
+        at_end: list[list[tuple[int, int]]] = []
+        for d in range(D):
+            here, end = allreduce_points(schedule, d, eager_set)
+            eager_at.append(here)
+            at_end.append(end)
+        return cls(schedule, acts, rows, dep_a, dep_b, peer, eager_at, at_end, producer, in_order)
+
+
+def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
+    """Time a compute-only schedule as :func:`_replay_lowered` times ``lower(schedule)``, with the
+    communication implied by the placement; None on a deadlock.
+
+    The rules are the module docstring's, at the points where :func:`lower` puts the communication:
+    after a compute action whose output goes to another device, its send runs on the device's
+    communication stream (in list order, from the end of the action or of the previous send, whichever
+    is later) and the consumer waits for the arrival; all-reduces are posted after the last backward of
+    an eager stage and at the end of the list, a stage's collective runs once every holder has posted
+    it, and STEP waits for the device's all-reduces. Devices are swept in the same order as in the
+    lowered replay, and each goes as far as it can, so collectives and ties come out in the same order.
+    """
+    sched = plan.schedule
+    D = sched.devices
+    acts, rows, peer, at_end = plan.acts, plan.rows, plan.peer, plan.at_end
+    dep_a, dep_b = plan.dep_a, plan.dep_b
+    n = len(acts)
+
+    cache: dict[tuple, float] = {}
+
+    def cost(key: tuple, fn: Callable[..., float], *args: Any) -> float:
+        v = cache.get(key)
+        if v is None:
+            v = float(fn(*args))
+            if v < 0 or v != v:
+                raise ScheduleError(f"cost of {key} is {v}: durations must be finite and >= 0")
+            cache[key] = v
+        return v
+
+    # per action: duration, duration of its send (None: it sends nothing), change of alive activations
+    dur = [0.0] * n
+    send_dur: list[float | None] = [None] * n
+    delta = [0.0] * n
+    is_f = [a.kind == F for a in acts]
+    weight: dict[int, float] = {}
+    eager_after: dict[int, list[tuple[int, int]]] = {}  # global number -> all-reduces posted after it
+    for d, ids in enumerate(rows):
+        for i, keys in plan.eager_at[d].items():
+            eager_after[ids[i]] = keys
+        memo: dict[tuple[str, int, int, int], tuple[float, float, float | None]] = {}
+        for j in ids:
+            k, s, _, r, span, _ = acts[j]
+            key = (k, s, r, span)
+            v = memo.get(key)
+            if v is None:
+                du = cost((k, s, span, d), costs.compute, k, s, span, d)
+                dl = 0.0
+                if k != W:
+                    w = weight.get(s)
+                    if w is None:
+                        w = weight[s] = float(costs.activation(s))
+                    dl = w * span if k == F else -w
+                sd = None
+                p = peer[j]
+                if p >= 0:
+                    sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
+                    sd = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
+                v = memo[key] = (du, dl, sd)
+            dur[j], delta[j], send_dur[j] = v
+
+    holders: dict[int, int] = {}  # stage -> how many devices post its all-reduce
+    for row in sched.placement:
+        for st in range(len(row)):
+            holders[st] = holders.get(st, 0) + 1
+    ar_posts: dict[int, list[tuple[int, float, list[float]]]] = {}  # stage -> (device, time, slot)
+    ar_times: list[list[list[float]]] = [[] for _ in range(D)]  # per device, [start, end] in post order
+    ar_open = [0] * D  # all-reduces a device has posted that have not run yet
+    ar_done_on = [0.0] * D
+    coll_free = [0.0] * D  # each device's collective stream
+    comm_busy = [0.0] * D
+
+    def post(d: int, r: int, s: int, at: float) -> None:
+        """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``); the last holder runs it."""
+        slot = [0.0, 0.0]
+        ar_times[d].append(slot)
+        posts = ar_posts.setdefault(s, [])
+        posts.append((d, at, slot))
+        ar_open[d] += 1
+        if len(posts) == holders[s]:
+            begin = max(max(p[1] for p in posts), max(coll_free[p[0]] for p in posts))
+            du = cost((ALLREDUCE, s, r), costs.allreduce, s, r, d)
+            for dd, _, sl in posts:
+                coll_free[dd] = begin + du
+                comm_busy[dd] += du
+                ar_open[dd] -= 1
+                ar_done_on[dd] = max(ar_done_on[dd], begin + du)
+                sl[0], sl[1] = begin, begin + du
+
+    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input
+    t: list[float | None] = [None] * (2 * n + 1) + [0.0]
+    never, now = 2 * n, 2 * n + 1
+    start = [0.0] * n
+    send_start = [0.0] * n
+    cause = [-1] * n  # the binding predecessor of each action, for the critical path (-1: none)
+    t_comp = [0.0] * D
+    t_comm = [0.0] * D
+    busy = [0.0] * D
+    alive = [0.0] * D
+    peak = [0.0] * D
+    last_on = [-1] * D  # last compute action run on each device
+    pos = [0] * D
+    posted_end = [False] * D
+    step_at: list[tuple[float, float] | None] = [None] * D
+    last_end, last_node = -1.0, -1
+    unfinished = D
+    waiting = [now] * D  # per device, the slot it waits for (a device skips its turn until it fills)
+
+    while unfinished:
+        progressed = False
+        for d in range(D):
+            if t[waiting[d]] is None:  # still waiting for that input (or finished)
+                continue
+            row = rows[d]
+            i = pos[d]
+            nd = len(row)
+            tc, tm, prev = t_comp[d], t_comm[d], last_on[d]
+            while i < nd:
+                j = row[i]
+                ready, bind = tc, prev
+                q = dep_a[j]
+                tq = t[q]
+                if tq is not None:
+                    if tq > ready:
+                        ready, bind = tq, q >> 1
+                    q = dep_b[j]
+                    tq = t[q]
+                if tq is not None:  # every input is there: run it
+                    if tq > ready:
+                        ready, bind = tq, q >> 1
+                    du = dur[j]
+                    end = ready + du
+                    t[2 * j] = end
+                    start[j] = ready
+                    cause[j] = bind
+                    tc, prev = end, j
+                    busy[d] += du
+                    dl = delta[j]
+                    if dl:
+                        alive[d] += dl
+                        if is_f[j] and alive[d] > peak[d]:
+                            peak[d] = alive[d]
+                    if end >= last_end:
+                        last_end, last_node = end, j
+                    sd = send_dur[j]
+                    if sd is not None:
+                        ss = end if end > tm else tm
+                        tm = ss + sd
+                        send_start[j] = ss
+                        t[2 * j + 1] = tm
+                        comm_busy[d] += sd
+                    if j in eager_after:
+                        for r, s in eager_after[j]:
+                            post(d, r, s, max(tc, tm))
+                    i += 1
+                    progressed = True
+                    continue
+                waiting[d] = q  # an input is missing: the device waits for it
+                break
+            pos[d] = i
+            t_comp[d], t_comm[d], last_on[d] = tc, tm, prev
+            if i < nd:
+                continue
+            if not posted_end[d]:
+                posted_end[d] = True
+                progressed = True
+                for r, s in at_end[d]:
+                    post(d, r, s, max(tc, tm))
+            if not ar_open[d]:
+                ss = max(tc, ar_done_on[d], tm)
+                du = cost((STEP, d), costs.step, d)
+                t_comp[d] = ss + du
+                busy[d] += du
+                step_at[d] = (ss, ss + du)
+                waiting[d] = never
+                unfinished -= 1
+                progressed = True
+        if not progressed:
+            return None
+
+    makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
+    stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d]) for d in range(D)]
+    bubble = 1.0 - sum(busy) / (D * makespan) if makespan > 0 else 0.0
+    cf = cb = 0
+    node = last_node
+    while node >= 0:  # walk the critical path back, as _critical_counts does
+        a = acts[node]
+        if a.kind == F:
+            cf += a.span
+        elif a.kind != W:
+            cb += 1
+        node = cause[node]
+
+    def timeline() -> list[list[tuple[Action, float, float]]]:
+        """The lowered lists (as :func:`lower` writes them) with the times of the replay."""
+        out = []
+        for d, ids in enumerate(rows):
+            ars = iter(ar_times[d])
+            ci = 0  # position in ``ids`` of the next compute action
+            line: list[tuple[Action, float, float]] = []
+            row = [acts[j] for j in ids]
+            for a in lowered_row(row, d, sched.stages, sched.placement, plan.eager_at[d], at_end[d]):
+                k = a.kind
+                if k == RECV_F or k == RECV_B:  # just before its consumer: the arrival it waits for
+                    j = ids[ci]
+                    q = dep_a[j] if dep_a[j] & 1 else dep_b[j]
+                    line.append((a, t[q], t[q]))  # type: ignore[arg-type]
+                elif k == SEND_F or k == SEND_B:  # just after its producer
+                    j = ids[ci - 1]
+                    line.append((a, send_start[j], t[2 * j + 1]))  # type: ignore[arg-type]
+                elif k == ALLREDUCE:
+                    ar = next(ars)
+                    line.append((a, ar[0], ar[1]))
+                elif k == STEP:
+                    line.append((a, *step_at[d]))  # type: ignore[misc]
+                else:
+                    j = ids[ci]
+                    ci += 1
+                    line.append((a, start[j], t[2 * j]))  # type: ignore[arg-type]
+            out.append(line)
+        return out
+
     return SimResult(makespan, bubble, stats, cf, cb, timeline)
 
 

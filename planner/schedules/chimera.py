@@ -111,20 +111,16 @@ def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
 
 def _eager_set(sched: Schedule) -> list[int]:
     """Stages whose gradients are complete, on every device that holds them, while that device still has
-    computation left (section 3.2: those all-reduces can hide in the bubbles)."""
-    from planner.simulate import simulate
+    computation left (section 3.2: those all-reduces can hide in the bubbles).
 
-    res = simulate(Schedule(sched.name, sched.devices, sched.stages, sched.microbatches, sched.placement,
-                            sched.actions, sched.mb_replica, {**sched.params, "eager": "none"}))
+    Judged with unit costs (F = 1 per micro-batch, B = 2): every action takes time, so on each device
+    the ends of its actions increase along its list, and a stage's last backward ends before the
+    device's computation does exactly when it is not the device's last action. The stages excluded are
+    those whose backward ends some device's list.
+    """
     early = set(range(sched.stages))
-    for row in res.timeline:
-        comp = [(a, e) for a, _, e in row if a.kind in (F, B)]
-        if not comp:
-            continue
-        end_of_compute = comp[-1][1]
-        last: dict[int, float] = {}
-        for a, e in comp:
-            if a.kind == B:
-                last[a.stage] = e
-        early -= {s for s, e in last.items() if e >= end_of_compute}
+    for row in sched.actions:
+        comp = [a for a in row if a.kind in (F, B)]
+        if comp and comp[-1].kind == B:
+            early.discard(comp[-1].stage)
     return sorted(early)

@@ -225,53 +225,74 @@ def lower(schedule: Schedule, eager: Iterable[int] | str = "none") -> Schedule:
         raise ValueError("schedule is already lowered")
     S = schedule.stages
     place = schedule.placement
-    eager_set: set[int]
-    if eager == "all":
-        eager_set = set(range(S))
-    elif eager == "none":
-        eager_set = set()
-    elif isinstance(eager, str):
-        raise ValueError(f"eager must be 'all', 'none' or a list of stages, got {eager!r}")
-    else:
-        eager_set = {int(x) for x in eager}
+    eager_set = eager_stages(eager, S)
 
     out: list[list[Action]] = []
     for d, row in enumerate(schedule.actions):
-        held = schedule.stages_on(d)
-        # index of the last gradient-producing action per (replica, stage) on this device
-        last_grad: dict[tuple[int, int], int] = {}
-        split = {(a.replica, a.stage) for a in row if a.kind == W}
-        for i, a in enumerate(row):
-            if a.kind == W or (a.kind in BACKWARD_KINDS and (a.replica, a.stage) not in split):
-                last_grad[(a.replica, a.stage)] = i
-        eager_at: dict[int, list[tuple[int, int]]] = {}
-        for key, i in last_grad.items():
-            if key[1] in eager_set:
-                eager_at.setdefault(i, []).append(key)
-        new: list[Action] = []
-        for i, a in enumerate(row):
-            k, s, r = a.kind, a.stage, a.replica
-            if k == F and s > 0 and place[r][s - 1] != d:
-                new.append(Action(RECV_F, s, a.mb, r, a.span, place[r][s - 1]))
-            elif k in BACKWARD_KINDS and s < S - 1 and place[r][s + 1] != d:
-                new.append(Action(RECV_B, s, a.mb, r, 1, place[r][s + 1]))
-            new.append(a)
-            if k == F and s < S - 1 and place[r][s + 1] != d:
-                new.append(Action(SEND_F, s, a.mb, r, a.span, place[r][s + 1]))
-            elif k in BACKWARD_KINDS and s > 0 and place[r][s - 1] != d:
-                new.append(Action(SEND_B, s, a.mb, r, 1, place[r][s - 1]))
-            for rr, ss in eager_at.get(i, ()):
-                new.append(Action(ALLREDUCE, ss, -1, rr))
-        done_eager = {key for keys in eager_at.values() for key in keys}
-        for r, s in sorted(held, key=lambda rs: (rs[1], rs[0])):
-            if (r, s) not in done_eager:
-                new.append(Action(ALLREDUCE, s, -1, r))
-        new.append(Action(STEP))
+        eager_at, at_end = allreduce_points(schedule, d, eager_set)
+        new = list(lowered_row(row, d, S, place, eager_at, at_end))
         out.append(new)
     return Schedule(schedule.name, schedule.devices, schedule.stages, schedule.microbatches,
                     schedule.placement, out, list(schedule.mb_replica),
                     {**schedule.params, "eager": sorted(eager_set)}, list(schedule.weight_versions),
                     schedule.synchronous, True)
+
+
+def lowered_row(row: Sequence[Action], device: int, stages: int, placement: Sequence[Sequence[int]],
+                eager_at: dict[int, list[tuple[int, int]]],
+                at_end: Sequence[tuple[int, int]]) -> Iterable[Action]:
+    """``device``'s lowered list (see :func:`lower`) from its compute-only ``row`` and the all-reduce
+    points of :func:`allreduce_points`."""
+    d, place, last = device, placement, stages - 1
+    for i, a in enumerate(row):
+        k, s, r = a.kind, a.stage, a.replica
+        if k == F and s > 0 and place[r][s - 1] != d:
+            yield Action(RECV_F, s, a.mb, r, a.span, place[r][s - 1])
+        elif k in BACKWARD_KINDS and s < last and place[r][s + 1] != d:
+            yield Action(RECV_B, s, a.mb, r, 1, place[r][s + 1])
+        yield a
+        if k == F and s < last and place[r][s + 1] != d:
+            yield Action(SEND_F, s, a.mb, r, a.span, place[r][s + 1])
+        elif k in BACKWARD_KINDS and s > 0 and place[r][s - 1] != d:
+            yield Action(SEND_B, s, a.mb, r, 1, place[r][s - 1])
+        for rr, ss in eager_at.get(i, ()):
+            yield Action(ALLREDUCE, ss, -1, rr)
+    for r, s in at_end:
+        yield Action(ALLREDUCE, s, -1, r)
+    yield Action(STEP)
+
+
+def eager_stages(eager: Iterable[int] | str, stages: int) -> set[int]:
+    """The stages :func:`lower` all-reduces eagerly: ``"all"``, ``"none"`` or a collection of stages."""
+    if eager == "all":
+        return set(range(stages))
+    if eager == "none":
+        return set()
+    if isinstance(eager, str):
+        raise ValueError(f"eager must be 'all', 'none' or a list of stages, got {eager!r}")
+    return {int(x) for x in eager}
+
+
+def allreduce_points(schedule: Schedule, device: int,
+                     eager_set: set[int]) -> tuple[dict[int, list[tuple[int, int]]], list[tuple[int, int]]]:
+    """Where :func:`lower` puts ``device``'s all-reduces: ``(eager_at, at_end)``, with ``eager_at[i]`` the
+    (replica, stage) pairs all-reduced right after compute action ``i`` of the device's (compute-only)
+    list, and ``at_end`` the pairs all-reduced at the end of the list, in that order."""
+    row = schedule.actions[device]
+    # index of the last gradient-producing action per (replica, stage) on this device
+    last_grad: dict[tuple[int, int], int] = {}
+    split = {(a.replica, a.stage) for a in row if a.kind == W}
+    for i, a in enumerate(row):
+        if a.kind == W or (a.kind in BACKWARD_KINDS and (a.replica, a.stage) not in split):
+            last_grad[(a.replica, a.stage)] = i
+    eager_at: dict[int, list[tuple[int, int]]] = {}
+    for key, i in last_grad.items():
+        if key[1] in eager_set:
+            eager_at.setdefault(i, []).append(key)
+    done_eager = {key for keys in eager_at.values() for key in keys}
+    held = schedule.stages_on(device)
+    at_end = [(r, s) for r, s in sorted(held, key=lambda rs: (rs[1], rs[0])) if (r, s) not in done_eager]
+    return eager_at, at_end
 
 
 def replica_placement(devices: int, stages: int, order: Sequence[int] | None = None) -> list[list[int]]:

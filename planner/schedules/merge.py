@@ -89,58 +89,97 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
     ``lists[(r, s, u)]`` is stage replica (r, s)'s own order in unit ``u`` (of a concatenation), with a
     priority key per action (smaller first); that order is kept, while lists of different units
     interleave by priority. Returns ``actions[d]``.
+
+    Event-driven: the head of each list becomes a *candidate* of its device once every input has been
+    scheduled, at the slot the last of them ends (its ready slot). A device is looked at only at the
+    slots where it becomes free or one of its candidates becomes ready; there it runs, among the
+    candidates ready by then, the one with the smallest priority (ties: the first list in key order).
+    That is the choice of a slot-by-slot scan of every device, without the scan.
     """
     S = len(placement[0])
-    dev_keys: list[list[tuple[int, int, int]]] = [[] for _ in range(devices)]
-    for key in sorted(lists):
-        dev_keys[placement[key[0]][key[1]]].append(key)
-    heads = dict.fromkeys(lists, 0)
-    fdone: dict[tuple[int, int, int], int] = {}
-    bdone: dict[tuple[int, int, int], int] = {}
+    keys = sorted(lists)
+    rows = [lists[key] for key in keys]
+    dev_of = [placement[r][s] for r, s, _ in keys]
+    head = [0] * len(keys)
+    end_f: dict[tuple[int, int, int], int] = {}  # (replica, stage, mb) -> end slot of its forward
+    end_b: dict[tuple[int, int, int], int] = {}  # ... of its backward
+    waiting: dict[tuple[str, int, int, int], list[int]] = {}  # unscheduled input -> lists waiting for it
+    pending: list[list[tuple[int, tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (ready, prio, k)
+    ready: list[list[tuple[tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (prio, list)
     free = [0] * devices
     out: list[list[Action]] = [[] for _ in range(devices)]
-    remaining = sum(len(v) for v in lists.values())
-    times = [0]
-    seen_times = {0}
+
+    def examine(k: int) -> None:
+        """Make the head of list ``k`` a candidate of its device, or wait for its first unscheduled input."""
+        row, i = rows[k], head[k]
+        if i >= len(row):
+            return
+        prio, a = row[i]
+        r, s, _ = keys[k]
+        at = 0  # the slot its last input ends
+        if a.kind == F:
+            if s > 0:
+                for m in range(a.mb, a.mb + a.span):
+                    end = end_f.get((r, s - 1, m))
+                    if end is None:
+                        waiting.setdefault((F, r, s - 1, m), []).append(k)
+                        return
+                    at = max(at, end)
+        else:
+            end = end_f.get((r, s, a.mb))
+            if end is None:
+                waiting.setdefault((F, r, s, a.mb), []).append(k)
+                return
+            at = end
+            if s < S - 1:
+                end = end_b.get((r, s + 1, a.mb))
+                if end is None:
+                    waiting.setdefault((B, r, s + 1, a.mb), []).append(k)
+                    return
+                at = max(at, end)
+        d = dev_of[k]
+        heapq.heappush(pending[d], (at, prio, k))
+        if at > free[d]:  # else the device is looked at when it becomes free
+            heapq.heappush(events, (at, d))
+
+    events = [(0, d) for d in range(devices)]  # (slot, device): look at the device then
+    for k in range(len(keys)):
+        examine(k)
+    remaining = sum(len(row) for row in rows)
     while remaining:
-        if not times:
+        if not events:
             raise RuntimeError("list scheduling made no progress: the stage lists are inconsistent")
-        t = heapq.heappop(times)
-        seen_times.discard(t)
-        for d in range(devices):
+        t = events[0][0]
+        devs = set()
+        while events and events[0][0] == t:
+            devs.add(heapq.heappop(events)[1])
+        for d in sorted(devs):
             if free[d] > t:
                 continue
-            best: tuple[tuple[float, ...], tuple[int, int, int], Action] | None = None
-            for key in dev_keys[d]:
-                i = heads[key]
-                row = lists[key]
-                if i >= len(row):
-                    continue
-                prio, a = row[i]
-                r, s = key[0], key[1]
-                if a.kind == F:
-                    ok = s == 0 or all(fdone.get((r, s - 1, m), t + 1) <= t for m in a.mbs)
-                else:
-                    ok = fdone.get((r, s, a.mb), t + 1) <= t and (
-                        s == S - 1 or bdone.get((r, s + 1, a.mb), t + 1) <= t)
-                if ok and (best is None or prio < best[0]):
-                    best = (prio, key, a)
-            if best is None:
+            pend, rdy = pending[d], ready[d]
+            while pend and pend[0][0] <= t:
+                _, prio, k = heapq.heappop(pend)
+                heapq.heappush(rdy, (prio, k))
+            if not rdy:
                 continue
-            _, key, a = best
-            heads[key] += 1
+            _, k = heapq.heappop(rdy)
+            a = rows[k][head[k]][1]
+            head[k] += 1
             remaining -= 1
-            end = t + 1
-            if a.kind == F:
-                for m in a.mbs:
-                    fdone[(a.replica, a.stage, m)] = end
-            else:
-                bdone[(a.replica, a.stage, a.mb)] = end
-            free[d] = end
-            if end not in seen_times:
-                seen_times.add(end)
-                heapq.heappush(times, end)
             out[d].append(a)
+            free[d] = t + 1
+            heapq.heappush(events, (t + 1, d))
+            r, s = a.replica, a.stage
+            if a.kind == F:
+                for m in range(a.mb, a.mb + a.span):
+                    end_f[(r, s, m)] = t + 1
+                    for waiter in waiting.pop((F, r, s, m), ()):
+                        examine(waiter)
+            else:
+                end_b[(r, s, a.mb)] = t + 1
+                for waiter in waiting.pop((B, r, s, a.mb), ()):
+                    examine(waiter)
+            examine(k)
     return out
 
 
