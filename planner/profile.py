@@ -1,0 +1,220 @@
+"""Model-profile schema: the planner's input, written by :mod:`profiler` (pydantic v2, no torch).
+
+A profile lists the model's layers in execution order. Per layer it holds what PipeDream's profiler
+records (PipeDream section 3.1: compute time ``T_l``, output activation size ``a_l``, parameter size
+``w_l``), split into forward and backward, measured for several micro-batch sizes ``b``, plus the memory
+that autograd stashes for the backward pass and the layer input that must be kept when the layer's
+activations are recomputed (Megatron-LM section 3.5 / the PTD-P notes, "Activation Recomputation": a
+checkpointed stage keeps only its input activations).
+
+Times are seconds, sizes bytes; ``*_per_sample`` sizes are per sequence of the micro-batch.
+
+:meth:`LayerProfile.time` interpolates the measured times between micro-batch sizes (see its
+docstring). :meth:`ModelProfile.content_hash` is the sha256 of the canonical JSON: the API versions
+profiles by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TimeKind = Literal["fwd", "bwd", "recompute"]
+
+
+def _check_times(field: str, times: dict[int, float] | None, *, allow_empty: bool = False) -> None:
+    """Raise ``ValueError`` naming ``field`` if a size is not a positive int or a time is not finite >= 0."""
+    if times is None:
+        return
+    if not times and not allow_empty:
+        raise ValueError(f"{field}: needs at least one micro-batch size")
+    for b, t in times.items():
+        if b < 1:
+            raise ValueError(f"{field}: micro-batch size {b} must be >= 1")
+        if not math.isfinite(t):
+            raise ValueError(f"{field}[{b}]: time {t} must be finite (no NaN or inf)")
+        if t < 0:
+            raise ValueError(f"{field}[{b}]: time {t} must be >= 0")
+
+
+class LayerProfile(BaseModel):
+    """One layer of the model (embedding, one transformer block, final norm, LM head with the loss...).
+
+    ``fwd_time``/``bwd_time``: micro-batch size -> median seconds. ``recompute_time`` (optional): the
+    backward pass of the layer when its activations are recomputed (activation checkpointing, Chen et al.
+    2016; Megatron-LM 3.5): the forward re-run plus the backward, measured as one unit; it replaces
+    ``bwd_time`` for a recomputed layer. ``fwd_spread``/``bwd_spread``: interquartile range of the repeats
+    divided by their median. ``tied_params``: how many of ``params`` are a copy of another layer's
+    parameters (a tied LM head holds a copy of the word embedding, Megatron-style; subtract it when the two
+    layers share a stage).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: str
+    fwd_time: dict[int, float]
+    bwd_time: dict[int, float]
+    recompute_time: dict[int, float] | None = None
+    fwd_spread: dict[int, float] | None = None
+    bwd_spread: dict[int, float] | None = None
+    output_bytes_per_sample: int = Field(ge=0)
+    stashed_bytes_per_sample: int = Field(ge=0)
+    input_bytes_per_sample: int = Field(ge=0)
+    params: int = Field(ge=0)
+    param_bytes: int = Field(ge=0)
+    tied_params: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _validate(self) -> LayerProfile:
+        where = f"layer {self.name!r}"
+        _check_times(f"{where}: fwd_time", self.fwd_time)
+        _check_times(f"{where}: bwd_time", self.bwd_time)
+        _check_times(f"{where}: recompute_time", self.recompute_time)
+        _check_times(f"{where}: fwd_spread", self.fwd_spread, allow_empty=True)
+        _check_times(f"{where}: bwd_spread", self.bwd_spread, allow_empty=True)
+        if set(self.fwd_time) != set(self.bwd_time):
+            raise ValueError(
+                f"{where}: fwd_time and bwd_time must be measured for the same micro-batch sizes "
+                f"(fwd {sorted(self.fwd_time)}, bwd {sorted(self.bwd_time)})"
+            )
+        if self.recompute_time is not None and not self.recompute_time:
+            raise ValueError(f"{where}: recompute_time is empty; leave it None when not measured")
+        if self.tied_params > self.params:
+            raise ValueError(f"{where}: tied_params {self.tied_params} exceeds params {self.params}")
+        return self
+
+    @property
+    def micro_batch_sizes(self) -> list[int]:
+        """The measured micro-batch sizes, ascending."""
+        return sorted(self.fwd_time)
+
+    def time(self, kind: TimeKind, b: int | float) -> float:
+        """Seconds of a ``kind`` pass ("fwd", "bwd" or "recompute") over a micro-batch of ``b`` samples.
+
+        With measured sizes ``b_1 < ... < b_n`` and times ``t_i``:
+
+        * ``b_1 <= b <= b_n``: piecewise-linear between the measured points (exact at them).
+        * ``b > b_n``: linear extrapolation from the last two points, but the per-sample time never drops
+          below that of the largest measured size: ``max(t_n + s (b - b_n), t_n b / b_n)`` with ``s`` the
+          last segment's slope (one point: ``t_1 b / b_1``). A device that is saturated at ``b_n`` does
+          not get cheaper per sample.
+        * ``b < b_1``: small micro-batches under-use the device, so time shrinks no faster than
+          proportionally: the first segment extended downwards, clamped into
+          ``[t_1 b / b_1, t_1]`` (one point: ``t_1``).
+
+        If the measured times do not decrease with ``b``, the result does not either, and it is continuous.
+        ``recompute`` falls back to ``fwd + bwd`` (forward re-run plus backward) when not measured.
+        """
+        if not (b > 0) or not math.isfinite(b):
+            raise ValueError(f"micro-batch size must be a finite number > 0, got {b}")
+        if kind == "recompute" and self.recompute_time is None:
+            return self.time("fwd", b) + self.time("bwd", b)
+        table = {"fwd": self.fwd_time, "bwd": self.bwd_time, "recompute": self.recompute_time}.get(kind)
+        if table is None:
+            raise ValueError(f"kind must be 'fwd', 'bwd' or 'recompute', got {kind!r}")
+        return interpolate_time(table, float(b))
+
+
+def interpolate_time(table: dict[int, float], b: float) -> float:
+    """The interpolation rule of :meth:`LayerProfile.time` on a ``{b: seconds}`` table."""
+    xs = sorted(table)
+    ys = [table[x] for x in xs]
+    if b <= xs[0]:
+        if len(xs) == 1:
+            extended = ys[0]
+        else:
+            slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+            extended = ys[0] - slope * (xs[0] - b)
+        low = ys[0] * b / xs[0]
+        return min(max(extended, low), ys[0])
+    if b >= xs[-1]:
+        proportional = ys[-1] * b / xs[-1]
+        if len(xs) == 1:
+            return proportional
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return max(ys[-1] + slope * (b - xs[-1]), proportional)
+    for i in range(1, len(xs)):
+        if b <= xs[i]:
+            frac = (b - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class TransformerShape(BaseModel):
+    """Shape of a transformer language model (optional; lets the planner use analytical formulas)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    layers: int = Field(gt=0)
+    ffn_hidden: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> TransformerShape:
+        if self.ffn_hidden is None:
+            self.ffn_hidden = 4 * self.hidden
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
+        return self
+
+
+class ModelProfile(BaseModel):
+    """A whole model: its layers in execution order and where/how they were measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    layers: list[LayerProfile]
+    device: str
+    dtype: str
+    shape: TransformerShape | None = None
+    source: Literal["measured", "analytical"]
+    environment: dict[str, str] = Field(default_factory=dict)
+    notes: str = ""
+    schema_version: int = 1
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_non_empty(cls, layers: list[LayerProfile]) -> list[LayerProfile]:
+        if not layers:
+            raise ValueError("layers: a profile needs at least one layer")
+        return layers
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"schema_version: only version 1 is known, got {v}")
+        return v
+
+    def canonical_json(self) -> str:
+        """JSON with sorted keys and no whitespace: the input of :meth:`content_hash`."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        """sha256 hex digest of :meth:`canonical_json`."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @property
+    def total_params(self) -> int:
+        """Parameters of the model, tied copies counted once."""
+        return sum(layer.params - layer.tied_params for layer in self.layers)
+
+
+def save_profile(profile: ModelProfile, path: str | Path) -> None:
+    """Write ``profile`` as indented JSON."""
+    Path(path).write_text(profile.model_dump_json(indent=2) + "\n")
+
+
+def load_profile(path: str | Path) -> ModelProfile:
+    """Read and validate a profile written by :func:`save_profile` (or by hand)."""
+    return ModelProfile.model_validate_json(Path(path).read_text())
