@@ -10,6 +10,9 @@ report the root-mean-square residual (:func:`fit_alpha_beta`).
 * all-reduce: ``all_reduce`` (sum) of an ``n``-byte fp32 tensor over all ranks, timed on rank 0 after a
   barrier. Its alpha/beta describe the whole collective at this world size (not per link).
 
+Each size is timed ``warmup + repeats`` times and the minimum of the repeats is kept (noise from other
+processes only adds time; on a shared 2-core machine the median is dominated by scheduling delays).
+
 Output (JSON-able, what ``pipeplan profile-links`` writes)::
 
     {"backend": "gloo", "world_size": 2, "device": "cpu",
@@ -70,8 +73,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median(samples: list[float]) -> float:
-    return float(np.median(samples))
+def _estimate(samples: list[float]) -> float:
+    """The minimum of the repeats: delays from other processes (shared cores, scheduler) only add time,
+    so the fastest repeat is the best estimate of what the link itself costs."""
+    return float(np.min(samples))
 
 
 def _p2p_time(buf: torch.Tensor, rank: int, repeats: int, warmup: int) -> float:
@@ -89,7 +94,7 @@ def _p2p_time(buf: torch.Tensor, rank: int, repeats: int, warmup: int) -> float:
         elif rank == 1:
             dist.recv(buf, 0)
             dist.send(buf, 0)
-    return _median(samples) if samples else 0.0
+    return _estimate(samples) if samples else 0.0
 
 
 def _allreduce_time(buf: torch.Tensor, repeats: int, warmup: int) -> float:
@@ -102,7 +107,7 @@ def _allreduce_time(buf: torch.Tensor, repeats: int, warmup: int) -> float:
         _sync(buf.device)
         if i >= warmup:
             samples.append(time.perf_counter() - t0)
-    return _median(samples)
+    return _estimate(samples)
 
 
 def benchmark_links(sizes: list[int] | None = None, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
