@@ -68,6 +68,7 @@ def profile(
     warmup: int = typer.Option(2, min=0, help="untimed warm-up runs per measurement"),
     recompute: bool = typer.Option(False, help="also measure the backward with recomputation"),
     seq: int | None = typer.Option(None, help="override the preset's sequence length"),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
 ) -> None:
     """Profile a zoo model layer by layer and write a ModelProfile JSON."""
     from profiler.run import measured_layers, profile_model
@@ -100,6 +101,7 @@ def profile(
                 warmup=warmup,
                 recompute=recompute,
                 progress=advance,
+                threads=threads,
             )
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None

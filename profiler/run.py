@@ -70,8 +70,15 @@ def profile_model(
     recompute: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
+    threads: int | None = None,
 ) -> ModelProfile:
-    """Profile a preset (by name) or a :class:`ModelConfig` on ``device`` in ``dtype`` (fp32/bf16/fp16)."""
+    """Profile a preset (by name) or a :class:`ModelConfig` on ``device`` in ``dtype`` (fp32/bf16/fp16).
+
+    ``threads`` sets ``torch.set_num_threads`` first (CPU): on a loaded machine intra-op threads that wait
+    for each other inflate the timings (the spreads show it); 1 thread gives stable CPU numbers.
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
     config = get_config(model)
     sizes = sorted(set(micro_batches or [1, 2, 4, 8]))
     if not sizes or sizes[0] < 1:
