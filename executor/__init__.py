@@ -1,0 +1,1 @@
+"""pipeplan's executor: torch models and (later) the pipeline runtime."""

@@ -1,0 +1,183 @@
+"""CLI commands ``profile`` and ``profile-links``; the main CLI adds them with ``register(app)``.
+
+pipeplan profile gpt-tiny --micro-batches 1,2,4,8 --out profile.json [--upload http://host:port]
+torchrun --nproc-per-node 2 -m pipeplan profile-links --out cluster.json
+pipeplan profile-links --local-procs 2          # spawns 2 gloo processes itself (no torchrun)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from executor.models import get_config
+from planner.profile import ModelProfile, save_profile
+
+console = Console(stderr=True)
+
+
+def _parse_ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{what} must be positive integers, got {text!r}")
+    return values
+
+
+def upload_profile(profile: ModelProfile, url: str) -> str:
+    """POST the profile JSON to ``url + "/profiles"``; returns the server's reply text."""
+    import httpx  # optional dependency, checked by the command before profiling
+
+    response = httpx.post(
+        url.rstrip("/") + "/profiles",
+        content=profile.model_dump_json(),
+        headers={"content-type": "application/json"},
+        timeout=30.0,
+    )
+    response.raise_for_status()
+    return response.text
+
+
+def _require_httpx() -> None:
+    try:
+        import httpx  # noqa: F401
+    except ImportError:
+        console.print("[red]--upload needs the httpx package: pip install httpx[/red]")
+        raise typer.Exit(code=2) from None
+
+
+def profile(
+    model: str = typer.Argument(..., help="preset name (gpt-tiny, gpt2-medium, bert-48, ...)"),
+    micro_batches: str = typer.Option("1,2,4,8", help="comma-separated micro-batch sizes"),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 or fp16"),
+    out: Path = typer.Option(Path("profile.json"), help="where to write the profile JSON"),
+    upload: str | None = typer.Option(None, help="API base URL: POST the profile to URL/profiles"),
+    all_layers: bool = typer.Option(False, help="measure every block instead of reusing block.0"),
+    repeats: int = typer.Option(5, min=1, help="timed repeats per measurement (median kept)"),
+    warmup: int = typer.Option(2, min=0, help="untimed warm-up runs per measurement"),
+    recompute: bool = typer.Option(False, help="also measure the backward with recomputation"),
+    seq: int | None = typer.Option(None, help="override the preset's sequence length"),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
+) -> None:
+    """Profile a zoo model layer by layer and write a ModelProfile JSON."""
+    from profiler.run import measured_layers, profile_model
+
+    sizes = _parse_ints(micro_batches, "--micro-batches")
+    try:
+        config = get_config(model)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if seq is not None:
+        config = config.with_(seq=seq)
+    if upload:
+        _require_httpx()
+    total = len(measured_layers(config, all_layers)) * len(sizes)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"profiling {config.name}", total=total)
+
+        def advance(layer: str, b: int) -> None:
+            bar.update(task, advance=1, description=f"{config.name}: {layer} b={b}")
+
+        try:
+            prof = profile_model(
+                config,
+                sizes,
+                device=device,
+                dtype=dtype,
+                all_layers=all_layers,
+                repeats=repeats,
+                warmup=warmup,
+                recompute=recompute,
+                progress=advance,
+                threads=threads,
+            )
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+    save_profile(prof, out)
+    table = Table(title=f"{prof.name} on {prof.device} ({prof.dtype})")
+    for col in ("layer", "b", "fwd ms", "bwd ms", "stash KiB/sample"):
+        table.add_column(col)
+    for layer in prof.layers:
+        if layer.name in ("embedding", "block.0", "head"):
+            for b in layer.micro_batch_sizes:
+                fwd, bwd = layer.fwd_time[b] * 1e3, layer.bwd_time[b] * 1e3
+                stash = layer.stashed_bytes_per_sample / 1024
+                table.add_row(layer.name, str(b), f"{fwd:.3f}", f"{bwd:.3f}", f"{stash:.1f}")
+    console.print(table)
+    typer.echo(f"wrote {out} (content hash {prof.content_hash()[:12]})")
+    if upload:
+        reply = upload_profile(prof, upload)
+        typer.echo(f"uploaded to {upload.rstrip('/')}/profiles: {reply[:200]}")
+
+
+def profile_links(
+    out: Path = typer.Option(Path("cluster.json"), help="where rank 0 writes the link description"),
+    sizes: str = typer.Option("", help="comma-separated message sizes in bytes (default 1 KiB..4 MiB)"),
+    repeats: int = typer.Option(5, min=1),
+    warmup: int = typer.Option(2, min=0),
+    backend: str | None = typer.Option(None, help="gloo or nccl (default: nccl if CUDA, else gloo)"),
+    timeout: float = typer.Option(60.0, help="seconds init_process_group waits for the peers"),
+    local_procs: int = typer.Option(0, help="spawn this many local gloo processes instead of torchrun"),
+) -> None:
+    """Measure point-to-point and all-reduce alpha/beta; run under torchrun (or with --local-procs N)."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from profiler.links import benchmark_links, free_port, init_from_env, spawn_worker
+
+    message_sizes = _parse_ints(sizes, "--sizes") if sizes else None
+    if local_procs:
+        if local_procs < 2:
+            raise typer.BadParameter("--local-procs needs at least 2 processes")
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp_out = str(Path(tmp) / "links.json")
+            init = f"tcp://127.0.0.1:{free_port()}"
+            args = (local_procs, init, tmp_out, message_sizes, repeats, warmup, timeout)
+            mp.spawn(spawn_worker, args=args, nprocs=local_procs, join=True)
+            result = json.loads(Path(tmp_out).read_text())
+    else:
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            console.print(
+                "[red]profile-links: run under torchrun (RANK/WORLD_SIZE unset) or pass --local-procs 2"
+            )
+            raise typer.Exit(code=2)
+        init_from_env(backend, timeout)
+        try:
+            result = benchmark_links(message_sizes, repeats, warmup)
+        finally:
+            dist.destroy_process_group()
+        if int(os.environ["RANK"]) != 0:
+            return
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for key in ("intra_node", "inter_node", "allreduce"):
+        if key in result:
+            fit = result[key]
+            bandwidth = 1 / fit["beta"] / 1e9 if fit["beta"] > 0 else float("inf")
+            console.print(
+                f"{key}: alpha {fit['alpha'] * 1e6:.1f} us, beta {fit['beta']:.3e} s/B ({bandwidth:.2f} GB/s)"
+            )
+    typer.echo(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``profile`` and ``profile-links`` to ``app``."""
+    app.command("profile")(profile)
+    app.command("profile-links")(profile_links)
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use: python -m profiler.cli profile gpt-tiny
+    _app = typer.Typer()
+    register(_app)
+    _app(sys.argv[1:])

@@ -1,0 +1,152 @@
+"""Profile one layer: forward, backward and recompute times per micro-batch size, and its byte sizes.
+
+* forward: ``layer(x)`` with autograd recording (the training forward);
+* backward: ``out.backward(grad)`` after an untimed forward (``loss.backward()`` for the loss layer);
+* recompute (optional): the backward pass of the layer wrapped in non-reentrant
+  ``torch.utils.checkpoint`` (forward re-run + backward), i.e. the backward of a recomputed layer
+  (Chen et al. 2016; Megatron-LM 3.5).
+
+Sizes per sample are the slope of the measured bytes between the smallest and the largest micro-batch
+size (with one size: bytes / b), so per-micro-batch constants (position ids, the causal mask) drop out.
+The sizes are those of PipeDream 3.1 (``a_l`` output activations, ``w_l`` parameters) plus the tensors
+autograd stashes (:func:`profiler.memory.saved_bytes`) and the layer input (what a recomputed layer
+keeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.models import ModelConfig, takes_targets
+from profiler.memory import param_counts, saved_bytes
+from profiler.timing import Timing, time_op
+
+Inputs = tuple[torch.Tensor, ...]
+
+
+@dataclass
+class LayerMeasurement:
+    """What :func:`profile_layer` measured (the fields of ``planner.profile.LayerProfile`` but names)."""
+
+    fwd: dict[int, Timing] = field(default_factory=dict)
+    bwd: dict[int, Timing] = field(default_factory=dict)
+    recompute: dict[int, Timing] = field(default_factory=dict)
+    output_bytes_per_sample: int = 0
+    stashed_bytes_per_sample: int = 0
+    input_bytes_per_sample: int = 0
+    params: int = 0
+    param_bytes: int = 0
+    peak_memory_bytes: int | None = None
+
+
+def make_inputs(
+    config: ModelConfig, index: int, layer: nn.Module, b: int, device: torch.device, dtype: torch.dtype
+) -> Callable[[], Inputs]:
+    """A factory of fresh inputs for layer ``index`` at micro-batch ``b``: ids, hidden states (+ targets)."""
+    gen = torch.Generator().manual_seed(1000 + b)
+    if index == 0:
+        ids = torch.randint(0, config.vocab, (b, config.seq), generator=gen).to(device)
+        return lambda: (ids,)
+    hidden = torch.randn(b, config.seq, config.hidden, generator=gen).to(device, dtype)
+    if takes_targets(layer):
+        targets = torch.randint(0, config.vocab, (b, config.seq), generator=gen).to(device)
+        return lambda: (hidden.detach().requires_grad_(), targets)
+    return lambda: (hidden.detach().requires_grad_(),)
+
+
+def _backward(out: torch.Tensor) -> None:
+    if out.dim() == 0:
+        out.backward()
+    else:
+        out.backward(torch.ones_like(out))
+
+
+def _per_sample(by_b: dict[int, int]) -> int:
+    bs = sorted(by_b)
+    if len(bs) == 1:
+        return round(by_b[bs[0]] / bs[0])
+    return max(0, round((by_b[bs[-1]] - by_b[bs[0]]) / (bs[-1] - bs[0])))
+
+
+def profile_layer(
+    layer: nn.Module,
+    inputs_for: Callable[[int], Callable[[], Inputs]],
+    micro_batches: list[int],
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 5,
+    recompute: bool = False,
+    on_size_done: Callable[[int], None] | None = None,
+) -> LayerMeasurement:
+    """Measure ``layer`` (on ``device``) at every micro-batch size; ``inputs_for(b)`` makes its inputs."""
+    m = LayerMeasurement()
+    m.params, m.param_bytes = param_counts(layer)
+    saved: dict[int, int] = {}
+    outputs: dict[int, int] = {}
+    inputs_bytes: dict[int, int] = {}
+    for b in micro_batches:
+        _measure_size(layer, inputs_for(b), b, device, warmup, repeats, recompute, m)
+        sizes = _measure_bytes(layer, inputs_for(b))
+        inputs_bytes[b], saved[b], outputs[b] = sizes
+        if device.type == "cuda" and b == max(micro_batches):
+            m.peak_memory_bytes = _peak_memory(layer, inputs_for(b), device)
+        if on_size_done is not None:
+            on_size_done(b)
+    layer.zero_grad(set_to_none=True)
+    m.stashed_bytes_per_sample = _per_sample(saved)
+    m.output_bytes_per_sample = _per_sample(outputs)
+    m.input_bytes_per_sample = _per_sample(inputs_bytes)
+    return m
+
+
+def _measure_size(
+    layer: nn.Module,
+    new_inputs: Callable[[], Inputs],
+    b: int,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    recompute: bool,
+    m: LayerMeasurement,
+) -> None:
+    """Forward, backward (and recompute) timings at micro-batch ``b`` into ``m``."""
+
+    def forward(inputs: Inputs) -> torch.Tensor:
+        return layer(*inputs)
+
+    def forward_for_backward() -> torch.Tensor:
+        return layer(*new_inputs())
+
+    def checkpointed_forward() -> torch.Tensor:
+        return checkpoint(layer, *new_inputs(), use_reentrant=False)
+
+    m.fwd[b] = time_op(new_inputs, forward, device, warmup, repeats)
+    m.bwd[b] = time_op(forward_for_backward, _backward, device, warmup, repeats)
+    if recompute:
+        m.recompute[b] = time_op(checkpointed_forward, _backward, device, warmup, repeats)
+
+
+def _measure_bytes(layer: nn.Module, new_inputs: Callable[[], Inputs]) -> tuple[int, int, int]:
+    """(input bytes, saved-for-backward bytes, output bytes) of one forward; a scalar loss outputs 0."""
+    first = new_inputs()[0]
+    input_bytes = first.numel() * first.element_size()
+    stashed = saved_bytes(layer, lambda: layer(*new_inputs()))
+    with torch.no_grad():
+        out = layer(*new_inputs())
+    return input_bytes, stashed, 0 if out.dim() == 0 else out.numel() * out.element_size()
+
+
+def _peak_memory(layer: nn.Module, new_inputs: Callable[[], Inputs], device: torch.device) -> int:
+    """Peak CUDA memory allocated during one forward + backward, above what was allocated before."""
+    inputs = new_inputs()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    _backward(layer(*inputs))
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)
