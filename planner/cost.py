@@ -120,7 +120,8 @@ class ConfigCosts(Costs):
     """:class:`planner.simulate.Costs` of one configuration (module docstring)."""
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config,
-                 schedule: Schedule, bounds: list[tuple[int, int]]) -> None:
+                 schedule: Schedule, bounds: list[tuple[int, int]],
+                 held: list[list[tuple[int, int]]] | None = None) -> None:
         self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
         self.schedule = schedule
         t = config.tensor
@@ -133,6 +134,8 @@ class ConfigCosts(Costs):
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
         self._fwd: dict[tuple[int, int], float] = {}
         self._bwd: dict[int, float] = {}
+        #: (replica, stage) pairs each device holds
+        self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -202,7 +205,7 @@ class ConfigCosts(Costs):
         return allreduce_time(self.cluster, ranks, nbytes)
 
     def step(self, device: int) -> float:
-        params = sum(self.stages[s].params for _, s in self.schedule.stages_on(device)) / self.t
+        params = sum(self.stages[s].params for _, s in self.held[device]) / self.t
         return 2 * params * self.request.bytes_per_param / self.cluster.memory_bandwidth
 
     def activation(self, stage: int) -> float:

@@ -28,9 +28,9 @@ from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form
 from planner.partition import PartitionError, balanced_partition
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
-from planner.schedules import BUILDERS, build
+from planner.schedules import BUILDERS, build, shape
 from planner.schedules.ir import Schedule
-from planner.simulate import ScheduleError, SimResult, simulate
+from planner.simulate import ScheduleError, SimResult, compile_schedule, simulate
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Candidate:
     partition: list[list[int]] = field(default_factory=list)
     lower_bound: float = 0.0
     simulation: SimResult | None = field(default=None, repr=False)
-    schedule_json: dict[str, Any] | None = field(default=None, repr=False)
+    costs: ConfigCosts | None = field(default=None, repr=False)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         c = self.config
@@ -137,13 +137,23 @@ class Planner:
         self._partitions: dict[tuple[int, float, bool], list[tuple[int, int]] | None] = {}
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._schedules: dict[tuple[str, int, int, tuple], Schedule] = {}
+        self._shapes: dict[tuple[str, int, int, tuple], Schedule] = {}
+        self._compiled: dict[int, Any] = {}  # id(schedule) -> compile_schedule(schedule)
+        self._inflight: dict[int, list[dict[int, float]]] = {}  # id(schedule) -> per device, stage -> peak
+        self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
 
-    def schedule(self, config: Config, microbatches: int) -> Schedule:
-        """Build (once per shape: t, W, b and recomputation do not change the lists) the schedule."""
+    def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
+        """The schedule of ``config``, built once per (name, D, N, parameters): t, W, b and recomputation
+        do not change the lists. ``full=False`` may leave the action lists empty (placement and
+        micro-batch assignment only, :func:`planner.schedules.shape`)."""
         params = config.schedule_params()
         key = (config.schedule, config.pipeline, microbatches, tuple(sorted(params.items())))
         sched = self._schedules.get(key)
-        if sched is None:
+        if sched is None and not full:
+            sched = self._shapes.get(key)
+            if sched is None:
+                sched = self._shapes[key] = shape(config.schedule, config.pipeline, microbatches, **params)
+        elif sched is None:
             sched = self._schedules[key] = build(config.schedule, config.pipeline, microbatches, **params)
         return sched
 
@@ -173,7 +183,7 @@ class Planner:
         weight versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering)."""
         sched = costs.schedule
         total = 0.0
-        for _, s in sched.stages_on(device):
+        for _, s in costs.held[device]:
             info = costs.stages[s]
             total += (info.params - self._tied_in_stage(info)) * self.request.bytes_per_param / costs.t
             if not sched.synchronous and sched.weight_versions:
@@ -197,7 +207,7 @@ class Planner:
             return cand, None
         n_sched = 2 * N if config.concat == "backward-halving" else N
         try:
-            sched = self.schedule(config, n_sched)
+            sched = self.schedule(config, n_sched, full=False)
         except ValueError as e:
             cand.reason = f"schedule: {e}"
             return cand, None
@@ -207,7 +217,10 @@ class Planner:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
             return cand, None
         cand.partition = [list(x) for x in bounds]
-        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds)
+        held = self._held.get(id(sched))
+        if held is None:
+            held = self._held[id(sched)] = [sched.stages_on(d) for d in range(sched.devices)]
+        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held)
         state = [self.model_state(costs, d) for d in range(config.pipeline)]
         worst = max(range(len(state)), key=lambda d: state[d])
         if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
@@ -216,26 +229,80 @@ class Planner:
                            f"{_gib(state[worst])} + reserve, {_gib(over)} over {_gib(self.cluster.memory_bytes)}")
             cand.memory = [s + req.memory_reserve_bytes for s in state]
             return cand, None
-        # lower bound: busiest device's compute + step
-        per_mb: Counter[int] = Counter(sched.mb_replica)
-        lb = 0.0
-        for d in range(config.pipeline):
-            work = costs.step(d)
-            for r, s in sched.stages_on(d):
-                n = per_mb[r]
-                f1 = costs.fwd(s, 1)
-                f = min(f1, costs.fwd(s, 2) / 2) if config.concat in ("forward-doubling", "backward-halving") else f1
-                work += n * (f + costs.bwd(s))
-            lb = max(lb, work)
-        cand.lower_bound = lb
+        cand.lower_bound = self.lower_bound(sched, costs)
         return cand, costs
 
+    def inflight(self, sched: Schedule) -> list[dict[int, float]]:
+        """Per device and stage, the most micro-batches whose activations are alive at once, counted in
+        list order as the simulator counts them (a forward adds its micro-batches, B or I frees one)."""
+        got = self._inflight.get(id(sched))
+        if got is None:
+            got = []
+            for row in sched.actions:
+                alive: dict[int, float] = {}
+                peak: dict[int, float] = {}
+                for a in row:
+                    if a.kind == "F":
+                        alive[a.stage] = alive.get(a.stage, 0) + a.span
+                        if alive[a.stage] > peak.get(a.stage, 0):
+                            peak[a.stage] = alive[a.stage]
+                    elif a.kind in ("B", "I"):
+                        alive[a.stage] = alive.get(a.stage, 0) - 1
+                got.append(peak)
+            self._inflight[id(sched)] = got
+        return got
+
+    def lower_bound(self, sched: Schedule, costs: ConfigCosts) -> float:
+        """A time no schedule of this configuration can beat: for every device, the first forward
+        reaching one of its stages (the forwards of the stages before it), its own computation and
+        step, and -- unless backwards are split, when a weight-gradient pass may come last -- the
+        gradient of its last backward travelling down the stages before it."""
+        cfg = costs.config
+        S = sched.stages
+        doubled = cfg.concat in ("forward-doubling", "backward-halving")
+        f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
+        bw = [costs.bwd(s) for s in range(S)]
+        pre_f = [0.0] * S
+        pre_b = [0.0] * S
+        for s in range(1, S):
+            pre_f[s] = pre_f[s - 1] + f[s - 1]
+            pre_b[s] = pre_b[s - 1] + bw[s - 1]
+        split = cfg.schedule == "zb-h1"
+        per_mb: Counter[int] = Counter(sched.mb_replica)
+        lb = 0.0
+        for d in range(cfg.pipeline):
+            held = costs.held[d]
+            if not held:
+                continue
+            work = costs.step(d) + sum(per_mb[r] * (f[s] + bw[s]) for r, s in held)
+            head = min(pre_f[s] for _, s in held)
+            tail = 0.0 if split else min(pre_b[s] for _, s in held)
+            lb = max(lb, head + work + tail)
+        return lb
+
     def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
-        """Simulate and fill in time, memory and breakdown."""
+        """Simulate the full schedule and fill in time and memory (the breakdown comes with
+        :meth:`explain`, for the candidates that are returned)."""
         cfg, req = cand.config, self.request
-        sched = costs.schedule
+        n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
+        sched = costs.schedule = self.schedule(cfg, n_sched)
+        cand.costs = costs
+        # activations before simulating: the in-flight counts depend on the list order alone, so the
+        # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
+        inflight = self.inflight(sched)
+        for d in range(cfg.pipeline):
+            act = max((c * costs.activation(s) for s, c in inflight[d].items()), default=0.0)
+            need = self.model_state(costs, d) + act + req.memory_reserve_bytes
+            if need > self.cluster.memory_bytes:
+                cand.reason = (f"out of memory: device {d} needs at least {_gib(need)}, "
+                               f"{_gib(need - self.cluster.memory_bytes)} over {_gib(self.cluster.memory_bytes)}"
+                               " (activations counted from the schedule, not simulated)")
+                return cand
+        key = id(sched)
+        if key not in self._compiled:
+            self._compiled[key] = compile_schedule(sched)
         try:
-            res = simulate(sched, costs)
+            res = simulate(sched, costs, compiled=self._compiled[key])
         except ScheduleError as e:  # pragma: no cover - builders are validated by the tests
             cand.reason = f"schedule error: {e}"
             return cand
@@ -247,7 +314,7 @@ class Planner:
         for d in range(cfg.pipeline):
             m = self.model_state(costs, d) + res.devices[d].peak_activations + req.memory_reserve_bytes
             if cfg.recompute:  # recomputing a layer materialises its activations once
-                m += max(costs.stages[s].max_layer_stash for _, s in sched.stages_on(d)) * costs.base_b
+                m += max(costs.stages[s].max_layer_stash for _, s in costs.held[d]) * costs.base_b
             mem.append(m)
         cand.memory = mem
         worst = max(range(len(mem)), key=lambda d: mem[d])
@@ -256,8 +323,13 @@ class Planner:
             over = mem[worst] - self.cluster.memory_bytes
             cand.reason = (f"out of memory: device {worst} needs {_gib(mem[worst])}, "
                            f"{_gib(over)} over {_gib(self.cluster.memory_bytes)}")
-        cand.breakdown = self.breakdown(res, costs)
-        cand.closed_forms = self.closed_forms(res, costs, cand.microbatches)
+        return cand
+
+    def explain(self, cand: Candidate) -> Candidate:
+        """Time breakdown and the papers' closed forms of a simulated candidate."""
+        if cand.simulation is not None and cand.costs is not None and not cand.breakdown:
+            cand.breakdown = self.breakdown(cand.simulation, cand.costs)
+            cand.closed_forms = self.closed_forms(cand.simulation, cand.costs, cand.microbatches)
         return cand
 
     def breakdown(self, res: SimResult, costs: ConfigCosts) -> dict[str, float]:
@@ -368,6 +440,8 @@ class Planner:
                 infeasible.append(cand)
         results.sort(key=lambda c: (c.iteration_time, c.config.label()))
         infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
+        for c in results[:k] + infeasible[:k]:
+            self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
                           simulated=simulated, considered=len(prepared))
 
@@ -393,4 +467,4 @@ def predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, c
     cand, costs = planner.prepare(config)
     if costs is None:
         return cand
-    return planner.evaluate(cand, costs)
+    return planner.explain(planner.evaluate(cand, costs))

@@ -180,7 +180,16 @@ class SimResult:
         return out
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
+def compile_schedule(schedule: Schedule) -> Any:
+    """The integer encoding :func:`simulate` replays (None where only the explicit replay applies).
+    Pass it back as ``simulate(schedule, costs, compiled=...)`` to time one schedule under many costs
+    (the planner's search does); it is only valid while the schedule is not modified."""
+    if schedule.lowered:
+        return None
+    return _ImpliedPlan.encode(schedule, _eager_param(schedule))
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None, compiled: Any = None) -> SimResult:
     """Time ``schedule`` under ``costs`` (default F=1, B=2).
 
     A compute-only schedule is timed as ``lower(schedule)`` is, without building the lowered lists:
@@ -196,7 +205,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
             return _replay_lowered(schedule, costs)
         schedule = compute  # its lists are lower(compute)'s: time them as such
     eager = _eager_param(schedule)
-    plan = _ImpliedPlan.encode(schedule, eager)
+    plan = compiled if compiled is not None else _ImpliedPlan.encode(schedule, eager)
     if plan is not None:
         res = _replay_implied(plan, costs)
         if res is not None:

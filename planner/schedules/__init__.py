@@ -48,12 +48,28 @@ def _builder(name: str) -> Callable[..., Schedule]:
 def build(name: str, devices: int, microbatches: int, **params: Any) -> Schedule:
     """Build the compute-only schedule ``name``; unknown names and parameters raise ValueError."""
     fn = _builder(name)
+    _check_params(name, params)
+    return fn(devices, microbatches, **params)
+
+
+def _check_params(name: str, params: dict[str, Any]) -> None:
     allowed = parameters(name)
     for key in params:
         if key not in allowed:
             takes = ", ".join(allowed) if allowed else "no parameters"
             raise ValueError(f"schedule {name!r} does not take '{key}' (it takes {takes})")
+
+
+def shape(name: str, devices: int, microbatches: int, **params: Any) -> Schedule:
+    """Placement and micro-batch assignment of ``name`` without necessarily its action lists (empty
+    lists where building them is costly: Chimera's and Hanayo's merges). Same parameter checks."""
+    build_fn = _builder(name)
+    module = inspect.getmodule(build_fn)
+    fn = getattr(module, "shape", None)
+    if fn is None:
+        return build(name, devices, microbatches, **params)
+    _check_params(name, params)
     return fn(devices, microbatches, **params)
 
 
-__all__ = ["Action", "BUILDERS", "Schedule", "build", "lower", "parameters", "parse_action"]
+__all__ = ["Action", "BUILDERS", "Schedule", "build", "lower", "parameters", "parse_action", "shape"]

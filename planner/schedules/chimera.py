@@ -72,8 +72,9 @@ def units(microbatches: int, devices: int, concat: str) -> list[tuple[list[int],
     return out
 
 
-def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
-          eager: str = "auto") -> Schedule:
+def _plan(devices: int, microbatches: int, pipelines: int, concat: str
+          ) -> tuple[list[list[int]], list[int], list[tuple[int, list[list[int]], float]]]:
+    """Placement, micro-batch -> pipeline, and the pipelines (with unit offsets) to merge."""
     check_positive(devices=devices, microbatches=microbatches, pipelines=pipelines)
     D, N, f = devices, microbatches, pipelines
     if D % 2:
@@ -82,11 +83,8 @@ def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
         raise ValueError(f"chimera: pipelines (f={f}) must divide devices/2 = {D // 2}")
     if concat not in CONCAT_METHODS:
         raise ValueError(f"chimera: concat must be one of {', '.join(CONCAT_METHODS)}, got {concat!r}")
-    if eager not in ("auto", "all", "none"):
-        raise ValueError(f"chimera: eager must be 'auto', 'all' or 'none', got {eager!r}")
     place = placement(D, f)
     P = 2 * f
-
     mb_replica = [0] * N
     pipes: list[tuple[int, list[list[int]], float]] = []
     offset = 0.0
@@ -102,9 +100,27 @@ def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
         # the next unit starts after this unit's work per device: a device holds one stage of every
         # pipeline, so that is the number of actions of one stage summed over the pipelines
         offset += work
-    acts = merge_pipelines(D, place, pipes)
-    params = {"pipelines": f, "concat": concat, "eager": eager}
-    sched = Schedule("chimera", D, D, N, place, acts, mb_replica=mb_replica, params=params)
+    return place, mb_replica, pipes
+
+
+def shape(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
+          eager: str = "auto") -> Schedule:
+    """The schedule without its action lists (placement and micro-batch assignment only): what the
+    planner needs to bound a configuration before paying for the merge."""
+    place, mb_replica, _ = _plan(devices, microbatches, pipelines, concat)
+    return Schedule("chimera", devices, devices, microbatches, place, [[] for _ in range(devices)],
+                    mb_replica=mb_replica, params={"pipelines": pipelines, "concat": concat, "eager": eager})
+
+
+def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
+          eager: str = "auto") -> Schedule:
+    if eager not in ("auto", "all", "none"):
+        raise ValueError(f"chimera: eager must be 'auto', 'all' or 'none', got {eager!r}")
+    place, mb_replica, pipes = _plan(devices, microbatches, pipelines, concat)
+    acts = merge_pipelines(devices, place, pipes)
+    params = {"pipelines": pipelines, "concat": concat, "eager": eager}
+    sched = Schedule("chimera", devices, devices, microbatches, place, acts, mb_replica=mb_replica,
+                     params=params)
     sched.params["eager"] = _eager_set(sched) if eager == "auto" else eager
     return sched
 

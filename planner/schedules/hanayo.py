@@ -37,6 +37,14 @@ def placement(devices: int, waves: int) -> list[list[int]]:
     return [out]
 
 
+def shape(devices: int, microbatches: int, waves: int = 1) -> Schedule:
+    """The schedule without its action lists (see :func:`planner.schedules.chimera.shape`)."""
+    check_positive(devices=devices, microbatches=microbatches, waves=waves)
+    place = placement(devices, waves)
+    return Schedule("hanayo", devices, len(place[0]), microbatches, place, [[] for _ in range(devices)],
+                    params={"waves": waves})
+
+
 def build(devices: int, microbatches: int, waves: int = 1) -> Schedule:
     check_positive(devices=devices, microbatches=microbatches, waves=waves)
     place = placement(devices, waves)
