@@ -22,9 +22,11 @@ Two partitioners:
 * :func:`balanced_partition` -- for synchronous schedules: ``S`` contiguous, non-empty stages (S = D,
   D*v interleaved, 2*W*D Hanayo) minimising the slowest stage, subject to per-stage memory capacities.
   Exact: binary search over the candidate bottleneck values (the sums of contiguous layer ranges) with a
-  greedy feasibility test. Greedy is exact here because stage costs and memories are sums of
-  non-negative per-layer terms (with a stage-dependent coefficient for memory): packing each stage as
-  far as it goes never leaves a longer remainder than any feasible partition does (exchange argument).
+  feasibility test. Without memory the test is greedy (pack each stage as far as the bound allows; with
+  non-negative costs that never leaves a longer remainder than a feasible partition does). With memory
+  the capacities differ per stage (1F1B keeps D-s micro-batches on stage s), and greedy is no longer
+  exact (a heavy layer may fit only a later stage), so the test is a dynamic program over (stage, cut)
+  in numpy: ``reach[k+1][j'] = OR_j reach[k][j] AND stage k fits on layers [j, j')``.
   Non-uniform layers (embedding, LM head) are just layers with other costs, so a transformer's first
   and last stages come out with fewer blocks.
 """
@@ -92,42 +94,58 @@ def balanced_partition(cost: Sequence[float], stages: int,
     else:
         pm = None
 
-    def fits(k: int, i: int, j: int) -> bool:
-        if pm is None:
-            return True
-        return fixed[k] + scale[k] * (pm[j] - pm[i]) <= caps[k] * (1 + 1e-12)
-
     def greedy(limit: float) -> list[tuple[int, int]] | None:
-        """Maximal-prefix packing under ``limit``; None if it needs more than ``stages`` stages or a
-        single layer does not fit. Pads to exactly ``stages`` by splitting off single layers."""
+        """Maximal-prefix packing under ``limit`` (no memory constraint); None if it needs more than
+        ``stages`` stages. :func:`_fill` pads it to exactly ``stages``."""
         out: list[tuple[int, int]] = []
         i = 0
         for k in range(stages):
             if i == L:
                 break
-            # the furthest j with cost(i..j) <= limit (cost is monotone in j)
             j = int(np.searchsorted(pc, pc[i] + limit * (1 + 1e-12), side="right")) - 1
-            # leave at least one layer for each later stage
-            j = min(j, L - (stages - k - 1))
-            while j > i and not fits(k, i, j):
-                j -= 1
+            j = min(j, L - (stages - k - 1))  # leave at least one layer for each later stage
             if j <= i:
                 return None
             out.append((i, j))
             i = j
-        if i != L:
+        return out if i == L else None
+
+    if pm is not None:
+        span_cost = pc[None, :] - pc[:, None]  # [j, j']: cost of layers j..j'-1
+        span_mem = pm[None, :] - pm[:, None]
+        upper = np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
+        mem_ok = [upper & (fixed[k] + scale[k] * span_mem <= caps[k] * (1 + 1e-12)) for k in range(stages)]
+
+    def dp(limit: float) -> list[tuple[int, int]] | None:
+        """Exact feasibility with per-stage memory capacities, and a partition when feasible."""
+        cost_ok = span_cost <= limit * (1 + 1e-12)
+        reach = np.zeros(L + 1, dtype=bool)
+        reach[0] = True
+        parents = []
+        for k in range(stages):
+            ok = cost_ok & mem_ok[k] & reach[:, None]
+            parents.append(np.argmax(ok, axis=0))
+            reach = ok.any(axis=0)
+        if not reach[L]:
             return None
-        return out
+        out, j = [], L
+        for k in range(stages - 1, -1, -1):
+            i = int(parents[k][j])
+            out.append((i, j))
+            j = i
+        return out[::-1]
+
+    check = greedy if pm is None else dp
 
     # candidate bottlenecks: every contiguous sum; search over sorted unique values
     sums = np.unique((pc[None, :] - pc[:, None])[np.triu_indices(L + 1, 1)])
     lo, hi = bisect.bisect_left(sums.tolist(), max(cost) if cost else 0.0), len(sums) - 1
-    best = greedy(float(sums[hi]))
+    best = check(float(sums[hi]))
     if best is None:
         raise PartitionError(f"no partition of {L} layers into {stages} stages fits the memory capacity")
     while lo < hi:
         mid = (lo + hi) // 2
-        got = greedy(float(sums[mid]))
+        got = check(float(sums[mid]))
         if got is None:
             lo = mid + 1
         else:

@@ -119,3 +119,12 @@ def test_pipedream_equals_brute_force(T, data):
         if k > 0:
             v = max(v, 2 * C[i - 1])
     assert v == pytest.approx(plan.slowest)
+
+
+def test_heavy_layer_fits_only_a_later_stage():
+    """Found by hypothesis: packing early stages greedily leaves a layer that only the last stage can
+    hold to a middle stage that cannot; the exact test must still find the partition."""
+    cost = [0.0] * 8
+    memory = [0.0] * 6 + [1.0, 0.0]
+    got = balanced_partition(cost, 3, memory, [0.0, 0.0, 1.0], [3.0, 2.0, 1.0], [0.0, 0.0, 0.0])
+    assert got.bounds[2][0] <= 6 < got.bounds[2][1]
