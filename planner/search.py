@@ -333,21 +333,18 @@ class Planner:
         return cand
 
     def breakdown(self, res: SimResult, costs: ConfigCosts) -> dict[str, float]:
-        """Where the time of the slowest device goes: compute, exposed all-reduce (between its last
-        computation and its optimizer step), step, and bubble (the rest: waiting, including exposed p2p).
-        ``p2p`` is the total time of its sends (mostly overlapped)."""
-        d = max(range(len(res.devices)), key=lambda i: res.timeline[i][-1][2] if res.timeline[i] else 0)
-        row = res.timeline[d]
-        comp = [(a, s, e) for a, s, e in row if a.kind in "FBIW"]
-        step = [(s, e) for a, s, e in row if a.kind == "STEP"]
-        last_compute = comp[-1][2] if comp else 0.0
-        step_start, step_end = step[-1] if step else (res.makespan, res.makespan)
-        compute = sum(e - s for _, s, e in comp)
-        exposed_ar = max(0.0, step_start - last_compute)
-        p2p = sum(e - s for a, s, e in row if a.kind.startswith("SEND"))
+        """Where the time of the device that finishes last goes: its compute, its exposed all-reduce
+        (between its last computation and its optimizer step), the step, and bubble (the rest:
+        waiting for inputs, exposed p2p included). ``comm_busy`` is the busy time of its communication
+        streams (sends and all-reduces), mostly overlapped."""
+        d = max(range(len(res.devices)), key=lambda i: res.devices[i].step[1])
+        st = res.devices[d]
+        step_start, step_end = st.step
+        compute = st.busy - (step_end - step_start)
+        exposed_ar = max(0.0, step_start - st.compute_end)
         return {"compute": compute, "allreduce_exposed": exposed_ar, "step": step_end - step_start,
                 "bubble": max(0.0, res.makespan - compute - exposed_ar - (step_end - step_start)),
-                "p2p": p2p}
+                "comm_busy": st.comm}
 
     def closed_forms(self, res: SimResult, costs: ConfigCosts, N: int) -> dict[str, float | None]:
         cfg = costs.config

@@ -128,10 +128,12 @@ class DeviceStats:
     idle: float
     peak_activations: float  # peak of alive (stage, micro-batch) activations, weighted by Costs.activation
     comm: float  # time its communication stream was busy
+    compute_end: float = 0.0  # end of its last F/B/I/W
+    step: tuple[float, float] = (0.0, 0.0)  # (start, end) of its optimizer step
 
     def to_dict(self) -> dict[str, Any]:
         return {"busy": self.busy, "idle": self.idle, "peak_activations": self.peak_activations,
-                "comm": self.comm}
+                "comm": self.comm, "compute_end": self.compute_end, "step": list(self.step)}
 
 
 Timeline = list[list[tuple[Action, float, float]]]
@@ -258,6 +260,8 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
     coll_free = [0.0] * D  # each device's collective stream
     t_comp = [0.0] * D
     t_comm = [0.0] * D
+    step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
+    comp_end = [0.0] * D
     busy = [0.0] * D
     comm_busy = [0.0] * D
     alive = [0.0] * D
@@ -405,6 +409,8 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
                         break
                     start = max(t_comp[d], ar_done_on[d], t_comm[d])
                     du = dur((STEP, d), costs.step, d)
+                    comp_end[d] = t_comp[d]
+                    step_at[d] = (start, start + du)
                     t_comp[d] = start + du
                     busy[d] += du
                     timeline[d].append((a, start, start + du))
@@ -420,7 +426,8 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
 
     makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
     total_busy = sum(busy)
-    stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d]) for d in range(D)]
+    stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d], comp_end[d], step_at[d])
+             for d in range(D)]
     bubble = 1.0 - total_busy / (D * makespan) if makespan > 0 else 0.0
     cf, cb = _critical_counts(acts, cause, last_node)
     return SimResult(makespan, bubble, stats, cf, cb, timeline)
@@ -659,7 +666,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
     last_on = [-1] * D  # last compute action run on each device
     pos = [0] * D
     posted_end = [False] * D
-    step_at: list[tuple[float, float] | None] = [None] * D
+    step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
+    comp_end = [0.0] * D
     last_end, last_node = -1.0, -1
     unfinished = D
     waiting = [now] * D  # per device, the slot it waits for (a device skips its turn until it fills)
@@ -727,6 +735,7 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
             if not ar_open[d]:
                 ss = max(tc, ar_done_on[d], tm)
                 du = cost((STEP, d), costs.step, d)
+                comp_end[d] = tc
                 t_comp[d] = ss + du
                 busy[d] += du
                 step_at[d] = (ss, ss + du)
@@ -737,7 +746,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
             return None
 
     makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
-    stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d]) for d in range(D)]
+    stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d], comp_end[d], step_at[d])
+             for d in range(D)]
     bubble = 1.0 - sum(busy) / (D * makespan) if makespan > 0 else 0.0
     cf = cb = 0
     node = last_node
@@ -770,7 +780,7 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                     ar = next(ars)
                     line.append((a, ar[0], ar[1]))
                 elif k == STEP:
-                    line.append((a, *step_at[d]))  # type: ignore[misc]
+                    line.append((a, *step_at[d]))
                 else:
                     j = ids[ci]
                     ci += 1

@@ -57,7 +57,7 @@ def _require_httpx() -> None:
 
 
 def profile(
-    model: str = typer.Argument(..., help="preset name (gpt-tiny, gpt2-medium, bert-48, ...)"),
+    model: str = typer.Option(..., "--model", help="preset name (gpt-tiny, gpt2-medium, bert-48, ...)"),
     micro_batches: str = typer.Option("1,2,4,8", help="comma-separated micro-batch sizes"),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N"),
     dtype: str = typer.Option("fp32", help="fp32, bf16 or fp16"),
@@ -177,7 +177,7 @@ def register(app: typer.Typer) -> None:
     app.command("profile-links")(profile_links)
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: python -m profiler.cli profile gpt-tiny
+if __name__ == "__main__":  # pragma: no cover - manual use: python -m profiler.cli profile --model gpt-tiny
     _app = typer.Typer()
     register(_app)
     _app(sys.argv[1:])

@@ -116,6 +116,7 @@ def test_cli_profile_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     runner = CliRunner()
     args = [
         "profile",
+        "--model",
         "gpt-tiny",
         "--micro-batches",
         "1,2",
@@ -130,9 +131,9 @@ def test_cli_profile_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert result.exit_code == 0, result.output
     prof = load_profile(out)
     assert prof.name == "gpt-tiny" and prof.layers[0].micro_batch_sizes == [1, 2]
-    bad = runner.invoke(app, ["profile", "gpt-huge", "--out", str(out)])
+    bad = runner.invoke(app, ["profile", "--model", "gpt-huge", "--out", str(out)])
     assert bad.exit_code != 0 and "unknown model" in bad.output
-    bad_sizes = runner.invoke(app, ["profile", "gpt-tiny", "--micro-batches", "1,x"])
+    bad_sizes = runner.invoke(app, ["profile", "--model", "gpt-tiny", "--micro-batches", "1,x"])
     assert bad_sizes.exit_code != 0
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -140,7 +141,7 @@ def test_cli_profile_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert no_torchrun.exit_code == 2 and "torchrun" in no_torchrun.output
     monkeypatch.setitem(sys.modules, "httpx", None)  # as if httpx were not installed
     no_httpx = runner.invoke(
-        app, ["profile", "gpt-tiny", "--out", str(out), "--upload", "http://localhost:1"]
+        app, ["profile", "--model", "gpt-tiny", "--out", str(out), "--upload", "http://localhost:1"]
     )
     assert no_httpx.exit_code == 2 and "httpx" in no_httpx.output
 
