@@ -48,6 +48,7 @@ class Candidate:
     closed_forms: dict[str, float | None] = field(default_factory=dict)
     partition: list[list[int]] = field(default_factory=list)
     lower_bound: float = 0.0
+    global_batch: int = 0
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -56,7 +57,7 @@ class Candidate:
         out: dict[str, Any] = {
             "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
-            "microbatches": self.microbatches, "label": c.label(),
+            "microbatches": self.microbatches, "global_batch": self.global_batch, "label": c.label(),
             "iteration_time": self.iteration_time, "throughput": self.throughput,
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
@@ -201,7 +202,8 @@ class Planner:
         req = self.request
         W, b = config.data, config.micro_batch
         N = req.global_batch // (W * b)
-        cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes))
+        cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes),
+                         global_batch=req.global_batch)
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
