@@ -11,43 +11,26 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from pipeplan.options import (
+    ChunksOpt,
+    ConcatOpt,
+    DevicesOpt,
+    MicroOpt,
+    PipesOpt,
+    ScheduleOpt,
+    WavesOpt,
+    fail,
+    schedule_from_options,
+)
 from planner.render import grid, time_unit
-from planner.schedules import build, parameters
 from planner.simulate import ScheduleError, SimResult, UnitCosts, simulate
 
 app = typer.Typer(help="pipeplan: plan, simulate and run pipeline-parallel training.",
                   no_args_is_help=True, add_completion=False)
 
-ScheduleOpt = Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved, chimera, "
-                                          "hanayo, pipedream, pipedream-2bw, gems, zb-h1")]
-DevicesOpt = Annotated[int, typer.Option("--devices", "-D", help="pipeline devices")]
-MicroOpt = Annotated[int, typer.Option("--microbatches", "-N", help="micro-batches per iteration")]
-ChunksOpt = Annotated[int | None, typer.Option(help="model chunks per device (interleaved)")]
-WavesOpt = Annotated[int | None, typer.Option(help="waves (hanayo)")]
-PipesOpt = Annotated[int | None, typer.Option(help="pipeline pairs f (chimera)")]
-ConcatOpt = Annotated[str | None, typer.Option(help="direct, forward-doubling or backward-halving (chimera)")]
 FwdOpt = Annotated[float, typer.Option(help="forward time of a stage")]
 BwdOpt = Annotated[float, typer.Option(help="backward time of a stage")]
 CommOpt = Annotated[float, typer.Option(help="time of one point-to-point message")]
-
-
-def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,
-                          waves: int | None = None, pipelines: int | None = None,
-                          concat: str | None = None):  # type: ignore[no-untyped-def]
-    """Build a schedule from CLI options; an option the schedule does not take is an error."""
-    given = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat}
-    params = {k: v for k, v in given.items() if v is not None}
-    allowed = parameters(schedule)
-    for k in params:
-        if k not in allowed:
-            raise ValueError(f"--{k} does not apply to schedule {schedule!r} "
-                             f"(it takes: {', '.join('--' + p for p in allowed) or 'no extra options'})")
-    return build(schedule, devices, microbatches, **params)
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def _run(schedule: str, devices: int, microbatches: int, chunks: int | None, waves: int | None,
@@ -56,7 +39,7 @@ def _run(schedule: str, devices: int, microbatches: int, chunks: int | None, wav
         sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat)
         return simulate(sched, UnitCosts(fwd, bwd, comm))
     except (ValueError, ScheduleError) as e:
-        _fail(str(e))
+        fail(str(e))
         raise  # unreachable
 
 

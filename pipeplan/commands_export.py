@@ -10,14 +10,23 @@ exit with code 2.
 
 from __future__ import annotations
 
-import inspect
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from planner.schedules import BUILDERS, build
+from pipeplan.options import (
+    ChunksOpt,
+    ConcatOpt,
+    DevicesOpt,
+    MicroOpt,
+    PipesOpt,
+    ScheduleOpt,
+    WavesOpt,
+    fail,
+    schedule_from_options,
+)
 from planner.schedules.torch_csv import export_torch_csv
 
 
@@ -27,36 +36,21 @@ class ExportFormat(StrEnum):
     text = "text"
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
 def export(
-    schedule: Annotated[str, typer.Option("--schedule", help=f"one of: {', '.join(sorted(BUILDERS))}")],
-    devices: Annotated[int, typer.Option("--devices", help="devices of one pipeline (D)")],
-    microbatches: Annotated[int, typer.Option("--microbatches", help="micro-batches per iteration (N)")],
+    schedule: ScheduleOpt,
+    devices: DevicesOpt,
+    microbatches: MicroOpt,
     fmt: Annotated[ExportFormat, typer.Option("--format", help="torch-csv, json or text")] = (
         ExportFormat.json),
-    chunks: Annotated[int | None, typer.Option("--chunks", help="interleaved: chunks per device")] = None,
-    waves: Annotated[int | None, typer.Option("--waves", help="hanayo: waves")] = None,
-    pipelines: Annotated[int | None, typer.Option("--pipelines", help="chimera: pipeline pairs f")] = None,
-    concat: Annotated[str | None, typer.Option("--concat", help="chimera: direct, forward-doubling, "
-                                                                 "backward-halving")] = None,
+    chunks: ChunksOpt = None,
+    waves: WavesOpt = None,
+    pipelines: PipesOpt = None,
+    concat: ConcatOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout")] = None,
 ) -> None:
     """Build a schedule (compute-only form) and export it."""
-    if schedule not in BUILDERS:
-        _fail(f"unknown schedule {schedule!r}; known: {', '.join(sorted(BUILDERS))}")
-    options = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat}
-    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
-    accepted = set(inspect.signature(BUILDERS[schedule]).parameters) - {"devices", "microbatches"}
-    extra = sorted(set(given) - accepted)
-    if extra:
-        _fail(f"schedule {schedule!r} takes no {', '.join('--' + e for e in extra)}"
-              f" (it takes: {', '.join('--' + a for a in sorted(accepted)) or 'no options'})")
     try:
-        sched = build(schedule, devices, microbatches, **given)
+        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat)
         if fmt is ExportFormat.torch_csv:
             text = export_torch_csv(sched)
         elif fmt is ExportFormat.json:
@@ -64,7 +58,7 @@ def export(
         else:
             text = sched.to_text() + "\n"
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     if out is None:
         typer.echo(text, nl=False)

@@ -65,7 +65,7 @@ def test_torch_cannot_express(app, name):
 
 @pytest.mark.parametrize("args,msg", [
     (["--schedule", "nope", "--devices", "4", "--microbatches", "4"], "unknown schedule"),
-    (["--schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--chunks", "2"], "takes no --chunks"),
+    (["--schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--chunks", "2"], "--chunks does not apply"),
     (["--schedule", "interleaved", "--devices", "4", "--microbatches", "6", "--chunks", "2"],
      "multiple of devices"),
 ])

@@ -1,0 +1,38 @@
+"""Command-line options shared by the commands that build a schedule (simulate, show, export, run)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from planner.schedules import BUILDERS, Schedule, build, parameters
+
+ScheduleOpt = Annotated[str, typer.Option("--schedule", "-s", help=f"one of: {', '.join(sorted(BUILDERS))}")]
+DevicesOpt = Annotated[int, typer.Option("--devices", "-D", help="devices of one pipeline (D)")]
+MicroOpt = Annotated[int, typer.Option("--microbatches", "-N", help="micro-batches per iteration (N)")]
+ChunksOpt = Annotated[int | None, typer.Option(help="model chunks per device (interleaved)")]
+WavesOpt = Annotated[int | None, typer.Option(help="waves (hanayo)")]
+PipesOpt = Annotated[int | None, typer.Option(help="pipeline pairs f (chimera)")]
+ConcatOpt = Annotated[str | None, typer.Option(help="direct, forward-doubling or backward-halving (chimera)")]
+
+
+def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,
+                          waves: int | None = None, pipelines: int | None = None,
+                          concat: str | None = None) -> Schedule:
+    """Build a schedule from CLI options; an option the schedule does not take is a ValueError."""
+    given = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat}
+    params = {k: v for k, v in given.items() if v is not None}
+    if schedule in BUILDERS:
+        allowed = parameters(schedule)
+        for k in params:
+            if k not in allowed:
+                raise ValueError(f"--{k} does not apply to schedule {schedule!r} "
+                                 f"(it takes: {', '.join('--' + p for p in allowed) or 'no extra options'})")
+    return build(schedule, devices, microbatches, **params)
+
+
+def fail(message: str) -> None:
+    """One line on stderr, exit code 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
