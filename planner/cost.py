@@ -121,19 +121,24 @@ class ConfigCosts(Costs):
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config,
                  schedule: Schedule, bounds: list[tuple[int, int]],
-                 held: list[list[tuple[int, int]]] | None = None) -> None:
+                 held: list[list[tuple[int, int]]] | None = None, shared: dict | None = None) -> None:
+        """``shared`` (optional) is a dict reused by every configuration with the same t, partition,
+        micro-batch size and recomputation: stage infos and F/B durations are computed once for all."""
         self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
         self.schedule = schedule
         t = config.tensor
         self.t = t
-        self.stages = stage_infos(profile, bounds, t)
+        shared = shared if shared is not None else {}
+        if "infos" not in shared:
+            shared.update(infos=stage_infos(profile, bounds, t), fwd={}, bwd={})
+        self.stages = shared["infos"]
         # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
         self.base_b = config.micro_batch / 2 if config.concat == "backward-halving" else config.micro_batch
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-        self._fwd: dict[tuple[int, int], float] = {}
-        self._bwd: dict[int, float] = {}
+        self._fwd: dict[tuple[int, int], float] = shared["fwd"]
+        self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
 

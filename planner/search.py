@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +143,8 @@ class Planner:
         self._compiled: dict[int, Any] = {}  # id(schedule) -> compile_schedule(schedule)
         self._inflight: dict[int, list[dict[int, float]]] = {}  # id(schedule) -> per device, stage -> peak
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
+        self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
+        self._state: dict[tuple, list[float]] = {}  # (id(shape), t, S, samples, recompute) -> model state
 
     def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
         """The schedule of ``config``, built once per (name, D, N, parameters): t, W, b and recomputation
@@ -222,8 +225,13 @@ class Planner:
         held = self._held.get(id(sched))
         if held is None:
             held = self._held[id(sched)] = [sched.stages_on(d) for d in range(sched.devices)]
-        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held)
-        state = [self.model_state(costs, d) for d in range(config.pipeline)]
+        ckey = (config.tensor, sched.stages, samples, config.recompute)
+        shared = self._shared.setdefault(ckey, {})
+        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared)
+        skey = (id(sched), *ckey)
+        state = self._state.get(skey)
+        if state is None:
+            state = self._state[skey] = [self.model_state(costs, d) for d in range(config.pipeline)]
         worst = max(range(len(state)), key=lambda d: state[d])
         if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
             over = state[worst] + req.memory_reserve_bytes - self.cluster.memory_bytes
@@ -233,6 +241,27 @@ class Planner:
             return cand, None
         cand.lower_bound = self.lower_bound(sched, costs)
         return cand, costs
+
+    def _oom_before_simulating(self, device: int, need: float) -> str:
+        cap = self.cluster.memory_bytes
+        return (f"out of memory: device {device} needs at least {_gib(need)}, {_gib(need - cap)} over {_gib(cap)}"
+                " (activations counted from the schedule, not simulated)")
+
+    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int) -> bool:
+        """Chimera and Hanayo: reject on memory with the in-flight floor, before merging."""
+        cfg, req = cand.config, self.request
+        module = sys.modules[BUILDERS[cfg.schedule].__module__]
+        floor_fn = getattr(module, "inflight", None)
+        if floor_fn is None:
+            return False
+        floor = floor_fn(cfg.pipeline, n_sched, **cfg.schedule_params())
+        for d in range(cfg.pipeline):
+            act = max((floor.get((r, s), 0) * costs.activation(s) for r, s in costs.held[d]), default=0.0)
+            need = self.model_state(costs, d) + act + req.memory_reserve_bytes
+            if need > self.cluster.memory_bytes:
+                cand.reason = self._oom_before_simulating(d, need)
+                return True
+        return False
 
     def inflight(self, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage, the most micro-batches whose activations are alive at once, counted in
@@ -272,6 +301,13 @@ class Planner:
         split = cfg.schedule == "zb-h1"
         per_mb: Counter[int] = Counter(sched.mb_replica)
         lb = 0.0
+        if sched.actions and sched.actions[0]:
+            # Little's law: a micro-batch is alive at least for its round trip through every stage, and
+            # the lists never keep more than ``k`` alive at once (their stage-0 in-flight peaks), so N
+            # micro-batches take at least N * round_trip / k (tight for GEMS' two in flight)
+            k = sum(peaks.get(0, 0) for peaks in self.inflight(sched))
+            if k > 0:
+                lb = sched.microbatches * (sum(f) + sum(bw)) / k
         for d in range(cfg.pipeline):
             held = costs.held[d]
             if not held:
@@ -287,8 +323,10 @@ class Planner:
         :meth:`explain`, for the candidates that are returned)."""
         cfg, req = cand.config, self.request
         n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
-        sched = costs.schedule = self.schedule(cfg, n_sched)
         cand.costs = costs
+        if not costs.schedule.actions[0] and self.too_big_before_merge(cand, costs, n_sched):
+            return cand
+        sched = costs.schedule = self.schedule(cfg, n_sched)
         # activations before simulating: the in-flight counts depend on the list order alone, so the
         # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
         inflight = self.inflight(sched)
@@ -296,9 +334,7 @@ class Planner:
             act = max((c * costs.activation(s) for s, c in inflight[d].items()), default=0.0)
             need = self.model_state(costs, d) + act + req.memory_reserve_bytes
             if need > self.cluster.memory_bytes:
-                cand.reason = (f"out of memory: device {d} needs at least {_gib(need)}, "
-                               f"{_gib(need - self.cluster.memory_bytes)} over {_gib(self.cluster.memory_bytes)}"
-                               " (activations counted from the schedule, not simulated)")
+                cand.reason = self._oom_before_simulating(d, need)
                 return cand
         key = id(sched)
         if key not in self._compiled:
@@ -405,7 +441,8 @@ class Planner:
                                                   schedule=name, recompute=rc, **params))
         return out
 
-    def search(self) -> PlanResult:
+    def search(self, prune: bool = True) -> PlanResult:
+        """Rank the configurations; ``prune=False`` simulates every one (the tests compare the two)."""
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
         k = self.request.top
@@ -424,7 +461,7 @@ class Planner:
         results: list[Candidate] = []
         simulated = 0
         for lb, i, cand, costs in prepared:
-            if len(best) >= k and lb > -best[0][0]:
+            if prune and len(best) >= k and lb > -best[0][0]:
                 rejected["bound: cannot reach the top k"] += 1
                 continue
             self.evaluate(cand, costs)

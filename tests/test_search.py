@@ -127,3 +127,20 @@ def test_cli_plan_json(tmp_path):
     r = runner.invoke(app, ["plan", "--profile", str(out), "--cluster", str(EX / "piz-daint-p100-16gb.json"),
                             "--global-batch", "0"])
     assert r.exit_code == 2 and "global_batch" in r.output
+
+
+@pytest.mark.parametrize("gpus,batch", [(8, 64), (16, 128)])
+def test_pruning_is_exact(daint, gpus, batch):
+    """The bounds only skip what cannot reach the top k: the same ranking as simulating everything."""
+    from planner.search import Planner
+
+    cl, prof = daint
+    req = TrainingRequest(global_batch=batch, gpus=gpus, top=8)
+    pruned = Planner(prof, cl, req).search()
+    full = Planner(prof, cl, req).search(prune=False)
+    assert [c.config for c in pruned.candidates] == [c.config for c in full.candidates]
+    assert [c.iteration_time for c in pruned.candidates] == [c.iteration_time for c in full.candidates]
+    assert pruned.simulated < full.simulated
+    # and every lower bound held
+    for c in full.candidates:
+        assert c.lower_bound <= c.iteration_time * (1 + 1e-9)

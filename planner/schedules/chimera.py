@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from planner.schedules.common import check_positive
 from planner.schedules.ir import B, F, Schedule
-from planner.schedules.merge import merge_pipelines
+from planner.schedules.merge import inflight_floor, merge_pipelines
 
 CONCAT_METHODS = ("direct", "forward-doubling", "backward-halving")
 T = TypeVar("T")
@@ -110,6 +110,14 @@ def shape(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
     place, mb_replica, _ = _plan(devices, microbatches, pipelines, concat)
     return Schedule("chimera", devices, devices, microbatches, place, [[] for _ in range(devices)],
                     mb_replica=mb_replica, params={"pipelines": pipelines, "concat": concat, "eager": eager})
+
+
+def inflight(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
+             eager: str = "auto") -> dict[tuple[int, int], int]:
+    """Lower bounds of the in-flight micro-batches per (replica, stage), without merging
+    (:func:`planner.schedules.merge.inflight_floor`)."""
+    _, _, pipes = _plan(devices, microbatches, pipelines, concat)
+    return inflight_floor(devices, pipes)
 
 
 def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from planner.schedules.common import check_positive
 from planner.schedules.ir import Schedule
-from planner.schedules.merge import merge_pipelines
+from planner.schedules.merge import inflight_floor, merge_pipelines
 
 
 def placement(devices: int, waves: int) -> list[list[int]]:
@@ -43,6 +43,12 @@ def shape(devices: int, microbatches: int, waves: int = 1) -> Schedule:
     place = placement(devices, waves)
     return Schedule("hanayo", devices, len(place[0]), microbatches, place, [[] for _ in range(devices)],
                     params={"waves": waves})
+
+
+def inflight(devices: int, microbatches: int, waves: int = 1) -> dict[tuple[int, int], int]:
+    """Lower bounds of the in-flight micro-batches per stage, without merging."""
+    check_positive(devices=devices, microbatches=microbatches, waves=waves)
+    return inflight_floor(2 * waves * devices, [(0, [[m] for m in range(microbatches)], 0.0)])
 
 
 def build(devices: int, microbatches: int, waves: int = 1) -> Schedule:

@@ -209,3 +209,22 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]],
             for slot, a in row:
                 dst.append(((offset + slot, -s, r), Action(a.kind, s, flat[a.mb], r, a.span)))
     return list_schedule(devices, placement, lists)
+
+
+def inflight_floor(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]
+                   ) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), micro-batches whose activations are certainly alive at once in the merged
+    schedule, known without merging: each (replica, stage, unit) list keeps its 1F1B order, in which
+    ``min(depth-1-s, n) + 1`` forward groups precede the first backward, and forwards of other units
+    of the same stage only add to that count. The planner uses it to reject configurations that
+    cannot fit before paying for the merge."""
+    out: dict[tuple[int, int], int] = {}
+    for r, groups, _ in pipelines:
+        if not groups:
+            continue
+        for s in range(depth):
+            w = min(depth - 1 - s, len(groups))
+            count = sum(len(g) for g in groups[:w + 1])
+            if count > out.get((r, s), 0):
+                out[(r, s)] = count
+    return out
