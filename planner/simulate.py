@@ -229,15 +229,11 @@ def _canonical_compute_only(schedule: Schedule) -> Schedule | None:
     return compute if again.actions == schedule.actions else None
 
 
-def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
-    """The replay of explicit lowered lists (see the module docstring)."""
-    D = schedule.devices
-    acts = schedule.actions
-    place = schedule.placement
-
+def _memoised_durations() -> Callable[..., float]:
+    """``duration(key, fn, *args)``: ``fn(*args)`` once per key, checked finite and >= 0."""
     cache: dict[tuple, float] = {}
 
-    def dur(key: tuple, fn: Callable[..., float], *args: Any) -> float:
+    def duration(key: tuple, fn: Callable[..., float], *args: Any) -> float:
         v = cache.get(key)
         if v is None:
             v = float(fn(*args))
@@ -245,6 +241,17 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
                 raise ScheduleError(f"cost of {key} is {v}: durations must be finite and >= 0")
             cache[key] = v
         return v
+
+    return duration
+
+
+def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
+    """The replay of explicit lowered lists (see the module docstring)."""
+    D = schedule.devices
+    acts = schedule.actions
+    place = schedule.placement
+
+    dur = _memoised_durations()
 
     # end time of compute results: (kind, replica, stage, mb) -> (end, device, index)
     done: dict[tuple[str, int, int, int], float] = {}
@@ -582,16 +589,7 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
     dep_a, dep_b = plan.dep_a, plan.dep_b
     n = len(acts)
 
-    cache: dict[tuple, float] = {}
-
-    def cost(key: tuple, fn: Callable[..., float], *args: Any) -> float:
-        v = cache.get(key)
-        if v is None:
-            v = float(fn(*args))
-            if v < 0 or v != v:
-                raise ScheduleError(f"cost of {key} is {v}: durations must be finite and >= 0")
-            cache[key] = v
-        return v
+    cost = _memoised_durations()
 
     # per action: duration, duration of its send (None: it sends nothing), change of alive activations
     dur = [0.0] * n
