@@ -90,11 +90,11 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
     priority key per action (smaller first); that order is kept, while lists of different units
     interleave by priority. Returns ``actions[d]``.
 
-    Event-driven: the head of each list becomes a *candidate* of its device once every input has been
-    scheduled, at the slot the last of them ends (its ready slot). A device is looked at only at the
-    slots where it becomes free or one of its candidates becomes ready; there it runs, among the
-    candidates ready by then, the one with the smallest priority (ties: the first list in key order).
-    That is the choice of a slot-by-slot scan of every device, without the scan.
+    Slot by slot: every action lasts one slot, so every device is free at the start of every slot. The
+    head of each list becomes a *candidate* of its device at the slot its last input ends; at each slot
+    every device that has candidates runs the one with the smallest priority (ties: the first list in
+    key order), and what that action unblocks becomes a candidate at the next slot. Only devices with
+    candidates are visited, and slots where nothing becomes ready are skipped.
     """
     S = len(placement[0])
     keys = sorted(lists)
@@ -104,13 +104,14 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
     end_f: dict[tuple[int, int, int], int] = {}  # (replica, stage, mb) -> end slot of its forward
     end_b: dict[tuple[int, int, int], int] = {}  # ... of its backward
     waiting: dict[tuple[str, int, int, int], list[int]] = {}  # unscheduled input -> lists waiting for it
-    pending: list[list[tuple[int, tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (ready, prio, k)
     ready: list[list[tuple[tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (prio, list)
-    free = [0] * devices
+    later: dict[int, list[int]] = {}  # slot -> lists whose head becomes a candidate then
+    active: set[int] = set()  # devices with candidates
     out: list[list[Action]] = [[] for _ in range(devices)]
 
-    def examine(k: int) -> None:
-        """Make the head of list ``k`` a candidate of its device, or wait for its first unscheduled input."""
+    def examine(k: int, now: int) -> None:
+        """Make the head of list ``k`` a candidate (now or at the slot its inputs end), or wait for its
+        first unscheduled input."""
         row, i = rows[k], head[k]
         if i >= len(row):
             return
@@ -124,7 +125,8 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
                     if end is None:
                         waiting.setdefault((F, r, s - 1, m), []).append(k)
                         return
-                    at = max(at, end)
+                    if end > at:
+                        at = end
         else:
             end = end_f.get((r, s, a.mb))
             if end is None:
@@ -136,50 +138,51 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
                 if end is None:
                     waiting.setdefault((B, r, s + 1, a.mb), []).append(k)
                     return
-                at = max(at, end)
-        d = dev_of[k]
-        heapq.heappush(pending[d], (at, prio, k))
-        if at > free[d]:  # else the device is looked at when it becomes free
-            heapq.heappush(events, (at, d))
+                if end > at:
+                    at = end
+        if at <= now:
+            d = dev_of[k]
+            heapq.heappush(ready[d], (prio, k))
+            active.add(d)
+        else:
+            later.setdefault(at, []).append(k)
 
-    events = [(0, d) for d in range(devices)]  # (slot, device): look at the device then
     for k in range(len(keys)):
-        examine(k)
+        examine(k, 0)
     remaining = sum(len(row) for row in rows)
+    t = 0
     while remaining:
-        if not events:
-            raise RuntimeError("list scheduling made no progress: the stage lists are inconsistent")
-        t = events[0][0]
-        devs = set()
-        while events and events[0][0] == t:
-            devs.add(heapq.heappop(events)[1])
-        for d in sorted(devs):
-            if free[d] > t:
-                continue
-            pend, rdy = pending[d], ready[d]
-            while pend and pend[0][0] <= t:
-                _, prio, k = heapq.heappop(pend)
-                heapq.heappush(rdy, (prio, k))
-            if not rdy:
-                continue
+        for k in later.pop(t, ()):
+            d = dev_of[k]
+            heapq.heappush(ready[d], (rows[k][head[k]][0], k))
+            active.add(d)
+        if not active:
+            if not later:
+                raise RuntimeError("list scheduling made no progress: the stage lists are inconsistent")
+            t = min(later)
+            continue
+        end = t + 1
+        for d in list(active):
+            rdy = ready[d]
             _, k = heapq.heappop(rdy)
+            if not rdy:
+                active.discard(d)
             a = rows[k][head[k]][1]
             head[k] += 1
             remaining -= 1
             out[d].append(a)
-            free[d] = t + 1
-            heapq.heappush(events, (t + 1, d))
             r, s = a.replica, a.stage
             if a.kind == F:
                 for m in range(a.mb, a.mb + a.span):
-                    end_f[(r, s, m)] = t + 1
+                    end_f[(r, s, m)] = end
                     for waiter in waiting.pop((F, r, s, m), ()):
-                        examine(waiter)
+                        examine(waiter, t)
             else:
-                end_b[(r, s, a.mb)] = t + 1
+                end_b[(r, s, a.mb)] = end
                 for waiter in waiting.pop((B, r, s, a.mb), ()):
-                    examine(waiter)
-            examine(k)
+                    examine(waiter, t)
+            examine(k, t)
+        t = end
     return out
 
 
