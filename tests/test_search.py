@@ -144,3 +144,24 @@ def test_pruning_is_exact(daint, gpus, batch):
     # and every lower bound held
     for c in full.candidates:
         assert c.lower_bound <= c.iteration_time * (1 + 1e-9)
+
+
+def test_example_profiles_match_the_generator():
+    """The shipped analytical profiles are what `pipeplan profile-analytic` writes today."""
+    from pipeplan.commands_plan import DEVICES
+    from planner.profile import load_profile
+
+    root = Path(__file__).resolve().parent.parent / "examples"
+    files = sorted((root / "profiles").glob("*-analytic.json"))
+    assert len(files) >= 5
+    for f in files:
+        shipped = load_profile(f)
+        preset, device = shipped.name, None
+        for dev, cluster_name in DEVICES.items():
+            if f.name == f"{preset}-{dev}-analytic.json":
+                device = load_cluster(root / "clusters" / f"{cluster_name}.json")
+        assert device is not None, f.name
+        L, h, a, s, V, enc = PRESETS[preset]
+        again = transformer_profile(preset, L, h, a, s, V, device.peak_flops, device.device, dtype=shipped.dtype,
+                                    encoder=enc)
+        assert again.content_hash() == shipped.content_hash(), f.name
