@@ -143,6 +143,7 @@ class Planner:
         self._compiled: dict[int, Any] = {}  # id(schedule) -> compile_schedule(schedule)
         self._inflight: dict[int, list[dict[int, float]]] = {}  # id(schedule) -> per device, stage -> peak
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
+        self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
         self._state: dict[tuple, list[float]] = {}  # (id(shape), t, S, samples, recompute) -> model state
 
@@ -215,6 +216,14 @@ class Planner:
             sched = self.schedule(config, n_sched, full=False)
         except ValueError as e:
             cand.reason = f"schedule: {e}"
+            return cand, None
+        # the busiest device holds at least the average model state: reject before partitioning
+        avg = self._total_state * sched.replicas / (config.tensor * config.pipeline)
+        if avg + req.memory_reserve_bytes > self.cluster.memory_bytes:
+            over = avg + req.memory_reserve_bytes - self.cluster.memory_bytes
+            cand.reason = (f"weights, gradients and optimizer state do not fit: {sched.replicas} model "
+                           f"copies over {config.tensor * config.pipeline} GPUs need {_gib(avg)} per device on "
+                           f"average + reserve, {_gib(over)} over {_gib(self.cluster.memory_bytes)}")
             return cand, None
         samples = b / 2 if config.concat == "backward-halving" else b
         bounds = self.partition(sched.stages, samples, config.recompute)
