@@ -68,3 +68,20 @@ class Emulator:
         out = res.to_dict()
         out["iteration_time"] = out.pop("makespan")
         return out
+
+
+def uniform_profile(layers: int, fwd: float, bwd: float, out_bytes: int = 4096, param_bytes: int = 4096,
+                    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)) -> ModelProfile:
+    """A profile of ``layers`` identical layers (fwd/bwd seconds per sample, linear in b): emulation tests
+    and benchmarks."""
+    from planner.profile import LayerProfile
+
+    lays = [LayerProfile(name=f"layer.{i}", kind="transformer",
+                         fwd_time={b: fwd * b for b in micro_batch_sizes},
+                         bwd_time={b: bwd * b for b in micro_batch_sizes},
+                         recompute_time={b: (fwd + bwd) * b for b in micro_batch_sizes},
+                         output_bytes_per_sample=out_bytes, stashed_bytes_per_sample=out_bytes,
+                         input_bytes_per_sample=out_bytes, params=param_bytes // 4, param_bytes=param_bytes)
+            for i in range(layers)]
+    return ModelProfile(name="uniform", layers=lays, device="emulated", dtype="float32", source="analytical",
+                        notes="synthetic profile for emulated runs")

@@ -393,7 +393,7 @@ class RankRuntime:
             self.emu.sleep_step(self.device)
             self.records.append(("optimizer (emulated)", "OPT", t, time.perf_counter()))
             return
-        if self.tied and self.plan.synchronous:
+        if self.tied and self.update != "per-microbatch":
             local = None
             for key, names in self.tied.items():
                 params = dict(self.modules[key].named_parameters())

@@ -70,6 +70,7 @@ def write_json_atomic(path: str, data: Any) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
