@@ -1,0 +1,173 @@
+"""Executor benchmark (issue 5): measured vs predicted iteration time, and ours vs torch.distributed.pipelining.
+
+1. **Emulated, 8 processes** -- every schedule on D = 8 with a uniform profile (compute waits for the profiled
+   time, communication is real, ``"emulated": true``): measured iteration time / the simulator's prediction
+   with the same costs (goal: within 10%).
+2. **Real compute, 2 processes** -- gpt-tiny, fp32, one thread per process: measured / predicted from a
+   profile measured here (:func:`profiler.run.profile_model`).
+3. **Ours vs torch** -- the same model, partition, micro-batches and processes under torch's
+   ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` (goal: ratio <= 1).
+
+Run: ``PYTHONPATH=. python benchmarks/executor_bench.py`` (CPU, gloo; a few minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+MODEL = "gpt-tiny"
+D_REAL, N_REAL, B_REAL = 2, 8, 2
+ITER, WARM = 5, 2
+
+
+def emulated() -> None:
+    from executor.emulate import uniform_profile
+    from executor.launch import launch
+    from executor.plan import RunPlan
+    from planner.profile import save_profile
+
+    with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
+        path = Path(tmp) / "profile.json"
+        save_profile(uniform_profile(16, fwd=0.006, bwd=0.012, out_bytes=16384, param_bytes=1 << 16), path)
+        cases = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}), ("chimera", {}),
+                 ("hanayo", {"waves": 1}), ("zb-h1", {}), ("gems", {})]
+        plans = [RunPlan.direct(s, 8, 8, emulate=str(path), iterations=ITER, warmup=WARM, **kw) for s, kw in cases]
+        res = launch(plans, 8, timeout=120)
+    print("\n== emulated compute, 8 processes (D=8, N=8, uniform 16-layer profile) ==")
+    print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}{'bubble pred':>13}{'bubble meas':>13}")
+    for (s, kw), run in zip(cases, res["runs"], strict=True):
+        label = s + (f"({','.join(f'{k}={v}' for k, v in kw.items())})" if kw else "")
+        print(f"{label:<22}{run['predicted']['iteration_time'] * 1e3:>14.2f}"
+              f"{run['measured']['iteration_time'] * 1e3:>14.2f}{run['ratio']:>8.3f}"
+              f"{run['predicted']['bubble_ratio']:>13.3f}{run['measured']['bubble_ratio']:>13.3f}")
+
+
+def real() -> dict[str, float]:
+    import torch
+
+    from executor.emulate import Emulator
+    from executor.launch import launch
+    from executor.models import get_config
+    from executor.plan import RunPlan
+    from profiler.run import profile_model
+
+    torch.set_num_threads(1)
+    profile = profile_model(get_config(MODEL), micro_batches=[1, 2, 4], threads=1, repeats=7)
+    cases = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}), ("chimera", {}),
+             ("hanayo", {"waves": 1}), ("zb-h1", {}), ("gems", {})]
+    plans = [RunPlan.direct(s, D_REAL, N_REAL, model=MODEL, micro_batch=B_REAL, dtype="float32", iterations=ITER,
+                            warmup=WARM, **kw) for s, kw in cases]
+    res = launch(plans, D_REAL, timeout=120)
+    print(f"\n== real compute, {D_REAL} processes ({MODEL}, fp32, N={N_REAL}, b={B_REAL}) ==")
+    print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}")
+    out = {}
+    for (s, kw), plan, run in zip(cases, plans, res["runs"], strict=True):
+        pred = Emulator(plan, plan.compute_schedule(), profile).predict()["iteration_time"]
+        meas = run["measured"]["iteration_time"]
+        out[s] = meas
+        label = s + (f"({','.join(f'{k}={v}' for k, v in kw.items())})" if kw else "")
+        print(f"{label:<22}{pred * 1e3:>14.2f}{meas * 1e3:>14.2f}{meas / pred:>8.3f}")
+    return out
+
+
+def torch_worker(kind: str, out: str) -> None:
+    """Under torchrun: torch.distributed.pipelining on the same model, partition and micro-batches."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    from executor.models import build_layers, get_config
+    from executor.models.data import synthetic_batch
+    from executor.plan import balanced_partition
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = get_config(MODEL)
+    chunks = 2 if kind == "interleaved" else 1
+    S = world * chunks
+    bounds = balanced_partition(cfg.num_profile_layers, S)
+
+    class Part(nn.Module):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(build_layers(cfg, 0, a, b))
+            self.last = b == cfg.num_profile_layers
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(self.layers):
+                x = layer.logits(x) if (self.last and i == len(self.layers) - 1) else layer(x)
+            return x
+
+    mine = [s for s in range(S) if s % world == rank]
+    parts = [Part(*bounds[s]) for s in mine]
+    stages = [PipelineStage(p, s, S, torch.device("cpu")) for p, s in zip(parts, mine, strict=True)]
+
+    def loss_fn(out: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.flatten(0, 1), tgt.flatten())
+
+    if kind == "interleaved":
+        sched = ScheduleInterleaved1F1B(stages, N_REAL, loss_fn=loss_fn)
+    else:
+        sched = (Schedule1F1B if kind == "1f1b" else ScheduleGPipe)(stages[0], N_REAL, loss_fn=loss_fn)
+    opt = torch.optim.SGD([p for m in parts for p in m.parameters()], lr=0.1)
+    times = []
+    for it in range(WARM + ITER):
+        inputs, targets = synthetic_batch(cfg, N_REAL * B_REAL, 0, it)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            sched.step(inputs)
+        elif rank == world - 1:
+            sched.step(target=targets)
+        else:
+            sched.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        both = [None] * world
+        dist.all_gather_object(both, (t0, t1))
+        if it >= WARM:
+            times.append(max(t for _, t in both) - min(t for t, _ in both))  # type: ignore[misc]
+    if rank == 0:
+        Path(out).write_text(json.dumps(statistics.median(times)))
+    dist.destroy_process_group()
+
+
+def versus_torch(ours: dict[str, float]) -> None:
+    print(f"\n== ours vs torch.distributed.pipelining, {D_REAL} processes ({MODEL}, fp32, N={N_REAL}, b={B_REAL}) ==")
+    print(f"{'schedule':<14}{'torch ms':>10}{'ours ms':>10}{'ours/torch':>12}")
+    for kind in ("gpipe", "1f1b", "interleaved"):
+        with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
+            out = Path(tmp) / "t.json"
+            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={D_REAL}", __file__, "--torch-worker", kind, str(out)],
+                           env=env, check=True, capture_output=True, timeout=300)
+            t = json.loads(out.read_text())
+        print(f"{kind:<14}{t * 1e3:>10.2f}{ours[kind] * 1e3:>10.2f}{ours[kind] / t:>12.3f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
+        torch_worker(sys.argv[2], sys.argv[3])
+    else:
+        t = time.time()
+        emulated()
+        ours = real()
+        versus_torch(ours)
+        print(f"\n(total {time.time() - t:.0f} s)")

@@ -1,0 +1,108 @@
+"""``pipeplan run``: execute a plan (or a schedule given directly) on local processes started by torchrun.
+
+Forms::
+
+    pipeplan run --plan plan.json [--candidate 0] [--model gpt-tiny] [--iterations 10] [--backend gloo|nccl]
+                 [--trace trace.json] [--out result.json] [--check] [--emulate profile.json [--cluster c.json]]
+    pipeplan run --schedule chimera --devices 4 --microbatches 8 --model gpt-tiny [--data-parallel 2]
+                 [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat] [--recompute] [--check]
+
+A bad plan is refused before anything is launched (exit 2, ``error: ...``); a failing rank makes the run
+fail with the rank and its error named (exit 1); ``--check`` trains the same global batch in one process
+and exits 1 naming the first differing parameter. Result and trace files are written atomically, and only
+when the run succeeded. Torch is imported only when the command runs (``pipeplan --help`` stays light).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def run(
+    plan: Annotated[str | None, typer.Option(help="plan JSON: `pipeplan plan --json` output or one candidate")] = None,
+    candidate: Annotated[int, typer.Option(help="candidate index in the plan")] = 0,
+    schedule: Annotated[str | None, typer.Option("--schedule", "-s", help="direct form: the schedule")] = None,
+    devices: Annotated[int | None, typer.Option("--devices", "-D", help="pipeline devices")] = None,
+    microbatches: Annotated[int | None, typer.Option("--microbatches", "-N", help="micro-batches")] = None,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", "-W", help="data-parallel copies")] = 1,
+    tensor: Annotated[int, typer.Option("--tensor", "-t", help="tensor-parallel degree")] = 1,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", "-b", help="samples per micro-batch")] = 1,
+    chunks: Annotated[int | None, typer.Option(help="model chunks per device (interleaved)")] = None,
+    waves: Annotated[int | None, typer.Option(help="waves (hanayo)")] = None,
+    pipelines: Annotated[int | None, typer.Option(help="pipeline pairs f (chimera)")] = None,
+    concat: Annotated[str | None, typer.Option(help="direct, forward-doubling or backward-halving")] = None,
+    recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
+    model: Annotated[str, typer.Option(help="model of the zoo (preset name)")] = "gpt-tiny",
+    iterations: Annotated[int, typer.Option(help="measured iterations")] = 3,
+    warmup: Annotated[int, typer.Option(help="warm-up iterations (not measured)")] = 1,
+    backend: Annotated[str, typer.Option(help="gloo or nccl")] = "gloo",
+    dtype: Annotated[str | None, typer.Option(help="float32 or float64 (default: float64 with --check)")] = None,
+    check: Annotated[bool, typer.Option("--check", help="compare with single-process training")] = False,
+    emulate: Annotated[str | None, typer.Option(help="profile JSON: emulated compute, real communication")] = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster JSON for --emulate durations")] = None,
+    trace: Annotated[str | None, typer.Option(help="write a Chrome trace (Perfetto) here")] = None,
+    out: Annotated[str | None, typer.Option(help="write the result JSON here")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds for process-group operations")] = 120.0,
+    seed: Annotated[int, typer.Option(help="model and data seed")] = 0,
+) -> None:
+    """Run a plan with one process per device (D*W*t) on this machine, measure it, optionally --check it."""
+    from executor.launch import RunFailed, launch
+    from executor.plan import PlanError, RunPlan, load_plan_file
+    from executor.trace import write_json_atomic
+
+    common: dict[str, Any] = {"model": model, "iterations": iterations, "warmup": warmup, "seed": seed,
+                              "dtype": dtype or ("float64" if check else "float32"), "emulate": emulate,
+                              "cluster": cluster}
+    try:
+        if plan is not None:
+            if schedule is not None:
+                _fail("give either --plan or --schedule, not both")
+            run_plan = load_plan_file(plan, candidate, **common)
+        else:
+            if schedule is None or devices is None or microbatches is None:
+                _fail("give --plan, or --schedule with --devices and --microbatches")
+            assert schedule is not None and devices is not None and microbatches is not None
+            run_plan = RunPlan.direct(schedule, devices, microbatches, data=data_parallel, tensor=tensor,
+                                      micro_batch=micro_batch, recompute=recompute, chunks=chunks, waves=waves,
+                                      pipelines=pipelines, concat=concat, **common)
+        run_plan.validate()
+    except PlanError as e:
+        _fail(str(e))
+        return
+    try:
+        result = launch([run_plan], run_plan.world_size, check=check, backend=backend, trace=trace is not None,
+                        timeout=timeout, capture=False)["runs"][0]
+    except RunFailed as e:
+        _fail(str(e), 1)
+        return
+    chrome = result.pop("trace", None)
+    m = result["measured"]
+    tag = " (emulated compute)" if result["emulated"] else ""
+    typer.echo(f"{run_plan.schedule_name}: D={run_plan.pipeline} W={run_plan.data} t={run_plan.tensor} "
+               f"N={run_plan.microbatches} b={run_plan.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
+               f", bubble ratio {m['bubble_ratio']:.3f}")
+    if "predicted" in result:
+        typer.echo(f"predicted {result['predicted']['iteration_time'] * 1e3:.2f} ms, measured/predicted "
+                   f"{result['ratio']:.3f}")
+    if out:
+        write_json_atomic(out, result)
+    if trace and chrome is not None:
+        write_json_atomic(trace, chrome)
+    if check:
+        c = result["check"]
+        typer.echo(f"check: {c['message']}")
+        if c["ok"] is False:
+            raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` to the ``pipeplan`` app."""
+    app.command("run")(run)
+

@@ -1,0 +1,87 @@
+"""Emulated-compute mode (``pipeplan run --emulate profile.json``): checks the simulator against a real run
+with many processes on few cores.
+
+Instead of running the model, every compute action (F/B/I/W and the optimizer step) waits for its
+duration under :class:`planner.cost.ConfigCosts` for the plan's configuration and a cluster file --
+``time.sleep``, used only here, and every output says ``"emulated": true`` -- while all communication is
+real: activations and gradients are ``uint8`` tensors of the profile's byte counts
+(``output_bytes_per_sample * samples / t``), and every stage all-reduce moves the stage's
+``param_bytes / t``. :meth:`Emulator.predict` is the simulator's prediction with the very same costs, so
+predicted and measured compare field by field.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from planner.cluster import Cluster, Link, load_cluster
+from planner.cost import ConfigCosts
+from planner.profile import ModelProfile, load_profile
+from planner.request import Config, TrainingRequest
+from planner.schedules.ir import RECV_F, Schedule
+from planner.simulate import simulate
+
+#: default for emulated runs on one machine: gloo over loopback (latency ~50 us, a few GB/s)
+LOCAL_CLUSTER = Cluster(name="local-gloo", nodes=1, gpus_per_node=1024, device="cpu-emulated",
+                        memory_bytes=2**40, peak_flops=1e12, intra=Link(alpha=5e-5, beta=5e-10),
+                        inter=Link(alpha=5e-5, beta=5e-10), memory_bandwidth=1e12)
+
+
+class Emulator:
+    def __init__(self, plan: Any, compute_schedule: Schedule, profile: ModelProfile | str,
+                 cluster: Cluster | str | None = None) -> None:
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.cluster = load_cluster(cluster) if isinstance(cluster, str) else (cluster or LOCAL_CLUSTER)
+        self.plan = plan
+        self.schedule = compute_schedule
+        config = Config(tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data, micro_batch=plan.micro_batch,
+                        schedule=plan.schedule_name, recompute=plan.recompute, **plan.params)
+        request = TrainingRequest(global_batch=plan.global_batch)
+        self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
+        self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds)
+        self.slept = 0.0
+
+    def _sleep(self, seconds: float) -> None:
+        """The only ``time.sleep`` of the executor: emulated compute."""
+        if seconds > 0:
+            time.sleep(seconds)
+            self.slept += seconds
+
+    def sleep_compute(self, kind: str, stage: int, span: int, device: int) -> None:
+        self._sleep(self.costs.compute(kind, stage, span, device))
+
+    def sleep_step(self, device: int) -> None:
+        self._sleep(self.costs.step(device))
+
+    def message_bytes(self, kind: str, stage: int, span: int) -> int:
+        """Size of the message a RECV_F (activation into ``stage``) or RECV_B (gradient of ``stage``'s
+        output) receives."""
+        boundary = stage - 1 if kind == RECV_F else stage
+        return max(1, int(self.costs.stages[boundary].out_bytes * self.costs.base_b * span / self.plan.tensor))
+
+    def allreduce_elements(self, stage: int) -> int:
+        return max(1, int(self.costs.stages[stage].param_bytes / self.plan.tensor / 4))
+
+    def predict(self) -> dict[str, Any]:
+        res = simulate(self.schedule, self.costs)
+        out = res.to_dict()
+        out["iteration_time"] = out.pop("makespan")
+        return out
+
+
+def uniform_profile(layers: int, fwd: float, bwd: float, out_bytes: int = 4096, param_bytes: int = 4096,
+                    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)) -> ModelProfile:
+    """A profile of ``layers`` identical layers (fwd/bwd seconds per sample, linear in b): emulation tests
+    and benchmarks."""
+    from planner.profile import LayerProfile
+
+    lays = [LayerProfile(name=f"layer.{i}", kind="transformer",
+                         fwd_time={b: fwd * b for b in micro_batch_sizes},
+                         bwd_time={b: bwd * b for b in micro_batch_sizes},
+                         recompute_time={b: (fwd + bwd) * b for b in micro_batch_sizes},
+                         output_bytes_per_sample=out_bytes, stashed_bytes_per_sample=out_bytes,
+                         input_bytes_per_sample=out_bytes, params=param_bytes // 4, param_bytes=param_bytes)
+            for i in range(layers)]
+    return ModelProfile(name="uniform", layers=lays, device="emulated", dtype="float32", source="analytical",
+                        notes="synthetic profile for emulated runs")

@@ -1,0 +1,449 @@
+"""The action walker: each rank runs its lowered list of the schedule IR (:func:`planner.schedules.ir.lower`),
+the same list the simulator times -- there is no second description of a schedule here.
+
+Per action (Hanayo section 4, "action list" runtime; kinds as in ``torch.distributed.pipelining``):
+
+* ``RECV_F``/``RECV_B`` -- wait for the receive posted at the start of the iteration (:mod:`executor.comm`).
+* ``F`` -- forward of the stage replica on its micro-batch(es) with autograd; the first stage reads token
+  ids, the last computes the loss, scaled by ``1/(W N)`` so the gradients are those of the *global*
+  batch mean. A forward with ``span = 2`` (Chimera 3.5, forward doubling) concatenates its micro-batches
+  and runs them at once; each of them is backpropagated by its own ``B`` (through its half of the
+  output; the graph is kept until the last one).
+* ``B`` -- full backward: parameter gradients accumulate, the input gradient is kept for ``SEND_B``.
+* ``I``/``W`` -- zero-bubble's split backward (Qi et al., ICLR'24, section 2): ``I`` computes the input
+  gradient only, ``torch.autograd.grad(out, x, retain_graph=True)``; ``W`` later the parameter
+  gradients, ``torch.autograd.backward(out, inputs=params)``.
+* ``SEND_F``/``SEND_B`` -- post the send (:meth:`executor.comm.P2P.send`).
+* ``ALLREDUCE`` -- the stage's gradients (summed over the replicas of the stage the rank holds) are
+  all-reduced asynchronously over the stage group (:mod:`executor.groups`): eager where the lowering put it
+  (Chimera 3.2), at the end otherwise. The collective is issued at the rank's last ``ALLREDUCE`` of the
+  stage, once per stage and iteration.
+* ``STEP`` -- wait for sends and all-reduces, all-reduce the tied embedding copies (Megatron-LM), step the
+  optimizer (plain SGD, so pipelined and single-process training can be compared exactly).
+
+Activation recomputation: the stage body runs under ``torch.utils.checkpoint`` (Chen et al. 2016;
+Megatron-LM section 3.5). Asynchronous schedules (``synchronous = False``): PipeDream (Harlap et al.,
+section 3.3) -- weight stashing: a forward runs on a snapshot of the newest weights (``functional_call``)
+that its backward reuses, and the optimizer steps after every backward; PipeDream-2BW (Narayanan et al.,
+ICML'21, section 3.1) -- double buffering: forwards use the current version, gradients accumulate onto
+the live weights and the update at ``STEP`` creates the next version; at most two versions are alive.
+
+Emulated compute (:mod:`executor.emulate`): compute actions wait for their predicted duration instead
+(``time.sleep``, clearly labelled) while every message and all-reduce is real, with the profile's sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
+
+from executor.comm import P2P
+from executor.groups import Groups, Layout
+from executor.models import build_layers, takes_targets, tied_parameters
+from executor.models.blocks import Block
+from executor.models.data import synthetic_batch
+from executor.plan import RunPlan
+from executor.tensor_parallel import TensorParallelBlock
+from planner.schedules.ir import (
+    ALLREDUCE,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    STEP,
+    Action,
+    B,
+    F,
+    I,
+    Schedule,
+    W,
+)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class StageModule(nn.Module):
+    """Layers ``[start, stop)`` of the model as one stage: ``forward(x, targets) -> list`` of per-micro-batch
+    outputs (the losses on the last stage), the body checkpointed when recomputing."""
+
+    def __init__(self, layers: list[nn.Module], start: int, rows: int, recompute: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.start, self.rows, self.recompute = start, rows, recompute
+        self.has_head = takes_targets(layers[-1])
+        self.body_layers = list(range(len(layers) - 1 if self.has_head else len(layers)))
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
+        for i in self.body_layers:
+            x = self.layers[i](x)
+        return x
+
+    def forward(self, x: torch.Tensor, targets: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        if self.body_layers:
+            y = checkpoint(self._body, x, use_reentrant=False) if self.recompute else self._body(x)
+        else:
+            y = x
+        chunks = list(y.split(self.rows))
+        if not self.has_head:
+            return chunks
+        assert targets is not None
+        head = self.layers[-1]
+        if self.recompute:
+            return [checkpoint(head, c, t, use_reentrant=False) for c, t in zip(chunks, targets, strict=True)]
+        return [head(c, t) for c, t in zip(chunks, targets, strict=True)]
+
+
+@dataclass
+class _Fwd:
+    """What a forward leaves for its backward(s)."""
+
+    x: torch.Tensor
+    outs: list[torch.Tensor]
+    uses: int  # graph traversals left (backwards, or I + W each)
+    grads: dict[int, torch.Tensor | None] = field(default_factory=dict)  # saved by I for W
+    version: int = 0
+    params: dict[str, torch.Tensor] | None = None  # stashed weights (asynchronous schedules)
+
+
+class _Stash:
+    """Weight versions of one stage replica (PipeDream 3.3 weight stashing; 2BW double buffering)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.version = 0
+        self.snaps: dict[int, list[Any]] = {}  # version -> [params, refcount]
+        self.max_alive = 0
+
+    def acquire(self) -> tuple[int, dict[str, torch.Tensor]]:
+        v = self.version
+        if v not in self.snaps:
+            params = {n: p.detach().clone().requires_grad_(True) for n, p in self.module.named_parameters()}
+            self.snaps[v] = [params, 0]
+        self.snaps[v][1] += 1
+        self.max_alive = max(self.max_alive, len(self.snaps))
+        return v, self.snaps[v][0]
+
+    def release(self, v: int) -> None:
+        self.snaps[v][1] -= 1
+        if self.snaps[v][1] == 0 and v != self.version:
+            del self.snaps[v]
+
+    def bump(self) -> None:
+        self.version += 1
+        for v in [v for v, (_, n) in self.snaps.items() if n == 0]:
+            del self.snaps[v]
+
+
+def _checksum(params: dict[str, torch.Tensor]) -> float:
+    return float(sum(p.detach().double().sum() for p in params.values()))
+
+
+class RankRuntime:
+    """One rank's state: its stage replicas, optimizers, buffers; :meth:`iteration` walks the list."""
+
+    def __init__(self, plan: RunPlan, schedule: Schedule, rank: int, groups: Groups,
+                 emulator: Any = None) -> None:
+        self.plan, self.sched, self.rank, self.groups, self.emu = plan, schedule, rank, groups, emulator
+        self.layout: Layout = groups.layout
+        self.device, self.data_copy, self.tp = self.layout.coords(rank)
+        d = self.device
+        self.actions = schedule.actions[d]
+        self.held = schedule.stages_on(d)
+        self.S = schedule.stages
+        self.cfg = plan.config
+        self.dtype = DTYPES[plan.dtype]
+        self.bounds = plan.bounds(self.S)
+        self.rows = plan.rows
+        self.N = schedule.microbatches
+        self.scale = 1.0 / (plan.data * self.N)
+        self.split = {(a.replica, a.stage) for a in self.actions if a.kind == W}
+        self.update = schedule.params.get("update", "step")
+        self.modules: dict[tuple[int, int], StageModule] = {}
+        self.optims: dict[tuple[int, int], torch.optim.Optimizer] = {}
+        self.stash: dict[tuple[int, int], _Stash] = {}
+        if emulator is None:
+            for r, s in self.held:
+                self.modules[(r, s)] = self._build(s)
+                self.optims[(r, s)] = torch.optim.SGD(self.modules[(r, s)].parameters(), lr=plan.lr)
+                if not plan.synchronous:
+                    self.stash[(r, s)] = _Stash(self.modules[(r, s)])
+        # tied embedding copies on the first and last stages (names inside the StageModule)
+        self.tied: dict[tuple[int, int], list[str]] = {}
+        if self.S > 1 and emulator is None:
+            for group in tied_parameters(self.cfg):
+                for layer, pname in group:
+                    for r, s in self.held:
+                        a, b = self.bounds[s]
+                        if a <= layer < b:
+                            self.tied.setdefault((r, s), []).append(f"layers.{layer - a}.{pname}")
+        # the last ALLREDUCE of each stage in the list issues the collective
+        self.last_ar: dict[int, int] = {}
+        for i, a in enumerate(self.actions):
+            if a.kind == ALLREDUCE:
+                self.last_ar[a.stage] = i
+        self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of)
+        self.version_log: list[dict[str, Any]] = []
+        self.peak_alive = 0
+
+    # ---- construction --------------------------------------------------------------------------------
+    def _build(self, stage: int) -> StageModule:
+        a, b = self.bounds[stage]
+        layers = build_layers(self.cfg, self.plan.seed, a, b)
+        if self.layout.t > 1:
+            layers = [TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+                      if isinstance(m, Block) else m for m in layers]
+        mod = StageModule(layers, a, self.rows, self.plan.recompute)
+        return mod.to(self.dtype)
+
+    def _peer_rank(self, device: int) -> int:
+        return self.layout.rank(device, self.data_copy, self.tp)
+
+    def _shape_of(self, a: Action) -> tuple[tuple[int, ...], torch.dtype]:
+        span = a.span if a.kind == RECV_F else 1
+        if self.emu is not None:
+            return (self.emu.message_bytes(a.kind, a.stage, span),), torch.uint8
+        return (self.rows * span, self.cfg.seq, self.cfg.hidden), self.dtype
+
+    # ---- data ----------------------------------------------------------------------------------------
+    def load_batch(self, step: int) -> None:
+        inputs, targets = synthetic_batch(self.cfg, self.plan.global_batch, self.plan.seed, step)
+        per_copy = self.N * self.rows
+        off = self.data_copy * per_copy
+        self.inputs = inputs[off:off + per_copy]
+        self.targets = targets[off:off + per_copy]
+
+    def _rows(self, t: torch.Tensor, mb: int, span: int = 1) -> torch.Tensor:
+        return t[mb * self.rows:(mb + span) * self.rows]
+
+    # ---- the walk ------------------------------------------------------------------------------------
+    def iteration(self, step: int) -> list[tuple[str, str, float, float]]:
+        """Run the list once; returns ``(action, kind, start, end)`` with ``time.perf_counter`` times."""
+        if self.emu is None:
+            self.load_batch(step)
+        self.fwd: dict[tuple[int, int, int], tuple[_Fwd, int]] = {}
+        self.inbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
+        self.outbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
+        self.pending_ar: list[tuple[Any, torch.Tensor, list[tuple[int, int]]]] = []
+        self.alive = 0
+        record: list[tuple[str, str, float, float]] = []
+        self.records = record
+        now = time.perf_counter
+        t0 = now()
+        self.p2p.post_receives()
+        record.append(("post receives", "POST", t0, now()))
+        for i, a in enumerate(self.actions):
+            start = now()
+            self._run(i, a)
+            record.append((str(a), a.kind, start, now()))
+        return record
+
+    def _run(self, i: int, a: Action) -> None:
+        k = a.kind
+        if k in (RECV_F, RECV_B):
+            self.inbox[(k, a.replica, a.stage, a.mb)] = self.p2p.wait_receive(a)
+        elif k in (SEND_F, SEND_B):
+            self.p2p.send(a, self.outbox.pop((k, a.replica, a.stage, a.mb)))
+        elif self.emu is not None:
+            self._emulated(i, a)
+        elif k == F:
+            self._forward(a)
+        elif k in (B, I, W):
+            self._backward(a)
+        elif k == ALLREDUCE:
+            if self.last_ar[a.stage] == i:
+                self._allreduce(a.stage)
+        elif k == STEP:
+            self._step()
+        else:
+            raise ValueError(f"unknown action kind {k!r}")
+
+    # ---- compute -------------------------------------------------------------------------------------
+    def _forward(self, a: Action) -> None:
+        r, s = a.replica, a.stage
+        mod = self.modules[(r, s)]
+        if s == 0:
+            x = self._rows(self.inputs, a.mb, a.span)
+        else:
+            x = self.inbox.pop((RECV_F, r, s, a.mb)).requires_grad_(True)
+        targets = [self._rows(self.targets, m) for m in a.mbs] if mod.has_head else None
+        version, params = 0, None
+        if (r, s) in self.stash:
+            version, params = self.stash[(r, s)].acquire()
+            outs = functional_call(mod, params, (x, targets))
+            self.version_log.append({"stage": s, "mb": a.mb, "event": "F", "version": version,
+                                     "checksum": _checksum(params)})
+        else:
+            outs = mod(x, targets)
+        if mod.has_head:
+            outs = [loss * self.scale for loss in outs]
+        uses = a.span * (2 if (r, s) in self.split else 1)
+        rec = _Fwd(x, outs, uses, version=version, params=params)
+        for j, m in enumerate(a.mbs):
+            self.fwd[(r, s, m)] = (rec, j)
+        if s < self.S - 1:
+            self._deliver(SEND_F, r, s, a.mb, torch.cat([o.detach() for o in outs]))
+        self.alive += a.span
+        self.peak_alive = max(self.peak_alive, self.alive)
+
+    def _deliver(self, kind: str, r: int, s: int, mb: int, t: torch.Tensor) -> None:
+        """Output of stage ``s``: to the outbox for its SEND action, or straight to the consumer's inbox
+        when the neighbouring stage sits on this device (the lowering adds no message then)."""
+        nxt = s + 1 if kind == SEND_F else s - 1
+        if self.sched.placement[r][nxt] == self.device:
+            self.inbox[(RECV_F if kind == SEND_F else RECV_B, r, nxt, mb)] = t
+        else:
+            self.outbox[(kind, r, s, mb)] = t
+
+    def _params(self, r: int, s: int, rec: _Fwd) -> list[torch.Tensor]:
+        if rec.params is not None:
+            return list(rec.params.values())
+        return list(self.modules[(r, s)].parameters())
+
+    def _backward(self, a: Action) -> None:
+        r, s, m, k = a.replica, a.stage, a.mb, a.kind
+        key = (r, s, m)
+        rec, j = self.fwd[key] if k == I else self.fwd.pop(key)
+        out = rec.outs[j]
+        if k == W:
+            grad = rec.grads.pop(j)
+        else:
+            grad = self.inbox.pop((RECV_B, r, s, m)) if s < self.S - 1 else None
+        rec.uses -= 1
+        want_dx = s > 0 and rec.x.requires_grad
+        sl = slice(j * self.rows, (j + 1) * self.rows)
+        if k == I:
+            rec.grads[j] = grad
+            if want_dx:
+                dx = torch.autograd.grad(out, rec.x, grad, retain_graph=True)[0]
+                self._deliver(SEND_B, r, s, m, dx[sl].clone())
+            self.alive -= 1
+            return
+        params = self._params(r, s, rec)
+        if rec.params is not None:
+            self.version_log.append({"stage": s, "mb": m, "event": "B", "version": rec.version,
+                                     "checksum": _checksum(rec.params),
+                                     "live_version": self.stash[(r, s)].version})
+        inputs = params + ([rec.x] if (k == B and want_dx) else [])
+        torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
+        if k == B:
+            if want_dx:
+                assert rec.x.grad is not None
+                self._deliver(SEND_B, r, s, m, rec.x.grad[sl].clone())
+            self.alive -= 1
+        if rec.params is not None:
+            self._async_update(r, s, rec)
+
+    def _async_update(self, r: int, s: int, rec: _Fwd) -> None:
+        """Weight stashing: move the stashed version's gradients onto the live weights."""
+        mod, stash = self.modules[(r, s)], self.stash[(r, s)]
+        assert rec.params is not None
+        for (_, p), q in zip(mod.named_parameters(), rec.params.values(), strict=True):
+            if q.grad is not None:
+                p.grad = q.grad.clone() if p.grad is None else p.grad + q.grad
+                q.grad = None
+        stash.release(rec.version)
+        if self.update == "per-microbatch" and rec.uses == 0:  # PipeDream: step after every backward
+            self.optims[(r, s)].step()
+            self.optims[(r, s)].zero_grad(set_to_none=True)
+            stash.bump()
+
+    # ---- gradient synchronisation and step -----------------------------------------------------------
+    def _grad_params(self, key: tuple[int, int]) -> list[nn.Parameter]:
+        tied = set(self.tied.get(key, []))
+        return [p for n, p in self.modules[key].named_parameters() if n not in tied]
+
+    def _allreduce(self, s: int) -> None:
+        keys = [(r, ss) for r, ss in self.held if ss == s]
+        group = self.groups.stage.get(s)
+        if self.emu is not None:
+            flat = torch.zeros(self.emu.allreduce_elements(s), dtype=torch.float32)
+        else:
+            flat = None
+            for key in keys:
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._grad_params(key)]
+                f = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0, dtype=self.dtype)
+                flat = f if flat is None else flat + f
+            assert flat is not None
+        work = dist.all_reduce(flat, group=group, async_op=True) if group is not None else None
+        self.pending_ar.append((work, flat, keys))
+
+    def _step(self) -> None:
+        self.p2p.finish()
+        for work, flat, keys in self.pending_ar:
+            if work is not None:
+                work.wait()
+            if self.emu is not None:
+                continue
+            for key in keys:
+                off = 0
+                for p in self._grad_params(key):
+                    n = p.numel()
+                    p.grad = flat[off:off + n].view_as(p).clone()
+                    off += n
+        self.pending_ar.clear()
+        if self.emu is not None:
+            t = time.perf_counter()
+            self.emu.sleep_step(self.device)
+            self.records.append(("optimizer (emulated)", "OPT", t, time.perf_counter()))
+            return
+        if self.tied and self.update != "per-microbatch":
+            local = None
+            for key, names in self.tied.items():
+                params = dict(self.modules[key].named_parameters())
+                for n in names:
+                    g = params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])
+                    local = g.clone() if local is None else local + g
+            assert local is not None
+            if self.groups.tied is not None:
+                dist.all_reduce(local, group=self.groups.tied)
+            for key, names in self.tied.items():
+                params = dict(self.modules[key].named_parameters())
+                for n in names:
+                    params[n].grad = local.clone()
+        if self.update == "per-microbatch":
+            return
+        t = time.perf_counter()
+        for key, opt in self.optims.items():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if key in self.stash:
+                self.stash[key].bump()
+        self.records.append(("optimizer", "OPT", t, time.perf_counter()))
+
+    def _emulated(self, i: int, a: Action) -> None:
+        if a.kind in (F, B, I, W):
+            self.emu.sleep_compute(a.kind, a.stage, a.span, self.device)
+            if a.kind == F and a.stage < self.S - 1:
+                self._deliver(SEND_F, a.replica, a.stage, a.mb, torch.empty(
+                    self.emu.message_bytes(RECV_F, a.stage + 1, a.span), dtype=torch.uint8))
+            elif a.kind in (B, I) and a.stage > 0:
+                self._deliver(SEND_B, a.replica, a.stage, a.mb, torch.empty(
+                    self.emu.message_bytes(RECV_B, a.stage - 1, 1), dtype=torch.uint8))
+        elif a.kind == ALLREDUCE:
+            if self.last_ar[a.stage] == i:
+                self._allreduce(a.stage)
+        elif a.kind == STEP:
+            self._step()
+
+    # ---- results -------------------------------------------------------------------------------------
+    def full_parameters(self) -> dict[str, list[torch.Tensor]]:
+        """``"{layer}.{name}" -> [copies]`` under the full model's names (tensor shards gathered)."""
+        out: dict[str, list[torch.Tensor]] = {}
+        for key in sorted(self.modules):
+            mod = self.modules[key]
+            for li, layer in enumerate(mod.layers):
+                idx = mod.start + li
+                if isinstance(layer, TensorParallelBlock):
+                    items = layer.full_state().items()
+                else:
+                    items = ((n, p.detach().clone()) for n, p in layer.named_parameters())
+                for n, p in items:
+                    out.setdefault(f"{idx}.{n}", []).append(p)
+        return out

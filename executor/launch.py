@@ -1,0 +1,75 @@
+"""Launching: ``torch.distributed.run`` (torchrun) with one process per device, locally (``--standalone``).
+
+:func:`launch` writes the spec into a fresh temporary work directory, runs torchrun with
+``--max-restarts=0`` (a failing rank makes torchrun stop every other rank at once: no hang), and
+
+* on failure raises :class:`RunFailed` naming the *first* rank that failed and its error (from the
+  ``error-rank*.json`` files the ranks write, earliest first; torchrun's own report otherwise);
+* on success returns the result rank 0 wrote. The caller's output files are written atomically
+  (:func:`executor.trace.write_json_atomic`) and only then, so a failed run leaves no result behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from executor.plan import RunPlan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class RunFailed(RuntimeError):
+    """A rank failed (or the launch did); the message names the rank and the error."""
+
+
+def first_error(workdir: Path) -> dict[str, Any] | None:
+    errors = []
+    for f in workdir.glob("error-rank*.json"):
+        try:
+            errors.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return min(errors, key=lambda e: e["time"]) if errors else None
+
+
+def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: str = "gloo",
+           trace: bool = False, timeout: float = 120.0, wall_timeout: float | None = None,
+           fault_rank: int | None = None, fault_plan: int = 0, threads: int = 1,
+           capture: bool = True) -> dict[str, Any]:
+    """Run ``plans`` in sequence on ``nproc`` local processes; returns ``{"runs": [result, ...]}``."""
+    workdir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
+    try:
+        spec = {"plans": [p.to_dict() for p in plans], "check": check, "backend": backend, "trace": trace,
+                "timeout": timeout, "workdir": str(workdir), "fault_rank": fault_rank, "fault_plan": fault_plan,
+                "threads": threads}
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.worker", str(spec_path)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=capture, text=True,
+                                  timeout=wall_timeout or timeout * 3 + 60)
+        except subprocess.TimeoutExpired as e:
+            raise RunFailed(f"the run did not finish within {e.timeout:.0f} s") from None
+        if proc.returncode != 0:
+            err = first_error(workdir)
+            if err is not None:
+                raise RunFailed(f"rank {err['rank']} failed: {err['error']}\n{err['traceback']}")
+            tail = (proc.stderr or "")[-3000:] if capture else ""
+            raise RunFailed(f"torchrun exited with status {proc.returncode}\n{tail}")
+        result_path = workdir / "result.json"
+        if not result_path.exists():
+            raise RunFailed("the run finished without a result")
+        return json.loads(result_path.read_text())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

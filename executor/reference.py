@@ -1,0 +1,60 @@
+"""Plain single-process training on the same global batch: what every synchronous schedule must equal.
+
+The whole model (:func:`executor.models.build_layers`, same seed, same dtype), one optimizer step per
+iteration with the same SGD. GPT's loss is the mean over the whole global batch in one forward; for BERT
+(masked LM, losses averaged over the masked positions of each micro-batch) it is the mean of the
+micro-batch losses, the quantity the pipelined run computes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor.models import Stage, build_layers
+from executor.models.data import synthetic_batch
+from executor.plan import RunPlan
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
+    """``"{layer}.{name}" -> tensor`` after ``steps`` single-process SGD steps."""
+    cfg = plan.config
+    layers = [m.to(DTYPES[plan.dtype]) for m in build_layers(cfg, plan.seed)]
+    model = Stage(layers)
+    opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
+    for step in range(steps):
+        inputs, targets = synthetic_batch(cfg, plan.global_batch, plan.seed, step)
+        if cfg.family == "gpt":
+            loss = model(inputs, targets)
+        else:
+            losses = [model(x, t) for x, t in zip(inputs.split(plan.rows), targets.split(plan.rows), strict=True)]
+            loss = torch.stack(losses).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return {f"{i}.{n}": p.detach().clone() for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+
+
+def compare(pipelined: dict[str, list[torch.Tensor]], reference: dict[str, torch.Tensor],
+            rtol: float | None = None, atol: float | None = None) -> str | None:
+    """None when every copy of every parameter equals the reference, else a message naming the first
+    differing parameter (in model order)."""
+    def order(key: str) -> tuple[int, str]:
+        layer, name = key.split(".", 1)
+        return int(layer), name
+
+    for key in sorted(reference, key=order):
+        copies = pipelined.get(key)
+        if not copies:
+            return f"parameter {key} is held by no rank"
+        for i, t in enumerate(copies):
+            try:
+                torch.testing.assert_close(t, reference[key], rtol=rtol, atol=atol)
+            except AssertionError as e:
+                first = str(e).strip().splitlines()
+                return f"parameter {key} (copy {i}) differs from single-process training: " + " ".join(first[:3])
+    extra = sorted(set(pipelined) - set(reference))
+    if extra:
+        return f"parameters not in the model: {', '.join(extra[:3])}"
+    return None

@@ -1,0 +1,176 @@
+"""Megatron-LM tensor parallelism for the zoo's transformer blocks (Shoeybi et al., "Megatron-LM", 2019,
+section 3, figure 3).
+
+* ``f`` (:class:`CopyToTensorParallel`): identity forward, all-reduce of the gradient backward; ``g``
+  (:class:`ReduceFromTensorParallel`): all-reduce forward, identity backward -- the conjugate pair.
+* :class:`ColumnParallelLinear`: ``Y_i = f(X) A_i`` with the output features split over the t ranks (no
+  gather: the next layer consumes the split).
+* :class:`RowParallelLinear`: ``Y = g(sum_i X_i B_i) + b`` with the input features split.
+* :class:`TensorParallelBlock`: the pre-norm block of :mod:`executor.models.blocks` with attention split by
+  heads (QKV column-parallel, output projection row-parallel) and the MLP split column/row (section 3,
+  figure 3a/3b): two all-reduces forward and two backward per block. It is built from a full seeded
+  :class:`~executor.models.blocks.Block` (:meth:`TensorParallelBlock.from_block`), so ``t = 2`` computes what
+  ``t = 1`` does; :meth:`TensorParallelBlock.full_state` gathers the shards back to the full names.
+
+LayerNorms, the embedding and the head are replicated: their inputs and (thanks to ``f``) their output
+gradients are identical on every rank of the group, hence so are their gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from executor.models.blocks import Block
+
+
+class CopyToTensorParallel(torch.autograd.Function):
+    """Megatron's ``f``: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[no-untyped-def, override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class ReduceFromTensorParallel(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[no-untyped-def, override]
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        return grad, None
+
+
+class ColumnParallelLinear(nn.Module):
+    """``f(x) @ A_i^T + b_i``: rows ``index`` of the full weight (output features)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: object) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
+        self.group = group
+
+    @classmethod
+    def from_linear(cls, full: nn.Linear, rank: int, size: int, group: object,
+                    rows: torch.Tensor | None = None) -> ColumnParallelLinear:
+        out = full.weight.shape[0]
+        if rows is None:
+            n = out // size
+            rows = torch.arange(rank * n, (rank + 1) * n)
+        return cls(full.weight[rows], full.bias[rows] if full.bias is not None else None, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """``g(x_i @ B_i^T) + b``: columns of the full weight (input features); bias added once."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: object) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
+        self.group = group
+
+    @classmethod
+    def from_linear(cls, full: nn.Linear, rank: int, size: int, group: object) -> RowParallelLinear:
+        n = full.weight.shape[1] // size
+        return cls(full.weight[:, rank * n:(rank + 1) * n], full.bias, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+def _qkv_rows(hidden: int, heads: int, rank: int, size: int) -> torch.Tensor:
+    """Rows of the fused QKV weight ``(3h, h)`` holding this rank's heads of q, k and v."""
+    hd = hidden // heads
+    local = heads // size
+    per = torch.arange(rank * local * hd, (rank + 1) * local * hd)
+    return torch.cat([per + i * hidden for i in range(3)])
+
+
+class TensorParallelBlock(nn.Module):
+    """A zoo :class:`Block` split over a tensor-parallel group (module docstring)."""
+
+    takes_targets = False
+
+    def __init__(self, block: Block, rank: int, size: int, group: object) -> None:
+        super().__init__()
+        attn = block.attn
+        hidden = attn.qkv.weight.shape[1]
+        self.heads, self.size, self.rank, self.group, self.hidden = attn.heads, size, rank, group, hidden
+        self.local_heads = attn.heads // size
+        self.causal = attn.causal
+        self.ln1, self.ln2 = block.ln1, block.ln2
+        self.qkv = ColumnParallelLinear.from_linear(attn.qkv, rank, size, group,
+                                                    _qkv_rows(hidden, attn.heads, rank, size))
+        self.proj = RowParallelLinear.from_linear(attn.proj, rank, size, group)
+        self.fc = ColumnParallelLinear.from_linear(block.mlp.fc, rank, size, group)
+        self.mlp_proj = RowParallelLinear.from_linear(block.mlp.proj, rank, size, group)
+        self.register_buffer("mask", attn.mask.clone(), persistent=False)
+
+    @classmethod
+    def from_block(cls, block: Block, rank: int, size: int, group: object) -> TensorParallelBlock:
+        return cls(block, rank, size, group)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        hl = self.hidden // self.size
+        hd = self.hidden // self.heads
+        q, k, v = self.qkv(x).split(hl, dim=2)
+        q = q.view(b, s, self.local_heads, hd).transpose(1, 2)
+        k = k.view(b, s, self.local_heads, hd).transpose(1, 2)
+        v = v.view(b, s, self.local_heads, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        if self.causal:
+            att = att.masked_fill(~self.mask[:, :, :s, :s], float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, s, hl)
+        return self.proj(y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.mlp_proj(F.gelu(self.fc(self.ln2(x))))
+
+    # ---- gathering the shards back (checks) --------------------------------------------------------
+    def _gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def _gather_qkv(self, t: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=self.group)
+        thirds = [p.chunk(3, dim=0) for p in parts]
+        return torch.cat([torch.cat([th[i] for th in thirds], dim=0) for i in range(3)], dim=0)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The parameters under the names of the full :class:`Block` (a collective on the group)."""
+        out = {f"ln1.{k}": v.detach().clone() for k, v in self.ln1.named_parameters()}
+        out |= {f"ln2.{k}": v.detach().clone() for k, v in self.ln2.named_parameters()}
+        out["attn.qkv.weight"] = self._gather_qkv(self.qkv.weight)
+        out["attn.qkv.bias"] = self._gather_qkv(self.qkv.bias)
+        out["attn.proj.weight"] = self._gather(self.proj.weight, 1)
+        out["attn.proj.bias"] = self.proj.bias.detach().clone()
+        out["mlp.fc.weight"] = self._gather(self.fc.weight, 0)
+        out["mlp.fc.bias"] = self._gather(self.fc.bias, 0)
+        out["mlp.proj.weight"] = self._gather(self.mlp_proj.weight, 1)
+        out["mlp.proj.bias"] = self.mlp_proj.bias.detach().clone()
+        return out

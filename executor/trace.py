@@ -1,0 +1,78 @@
+"""Measurement: per-action ``time.perf_counter`` start/end on every rank, gathered to rank 0, turned into
+the figures the simulator predicts (same keys: ``makespan`` -> ``iteration_time``, ``bubble_ratio``,
+``devices`` [{busy, idle, peak_activations, peak_memory}]) and a Chrome-trace JSON (one track per rank,
+opens in Perfetto / chrome://tracing).
+
+Clocks: ``perf_counter`` is ``CLOCK_MONOTONIC``, shared by the processes of one machine; every iteration
+starts after a barrier, and its time is from the earliest start to the latest end over the ranks.
+Busy time is compute: F/B/I/W and the optimizer's own update (not the waits inside STEP), as the
+simulator counts it; the bubble ratio is ``1 - sum(busy) / (D * iteration_time)`` over the D pipeline
+devices of data-parallel copy 0, tensor rank 0 (the devices the simulator times).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+COMPUTE = {"F", "B", "I", "W", "OPT"}
+
+
+def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> dict[str, Any]:
+    """Figures over the measured iterations (after ``warmup``); medians over iterations."""
+    n_iter = len(payloads[0]["records"])
+    measured = list(range(warmup, n_iter)) or list(range(n_iter))
+    times, per_rank_busy = [], {p["rank"]: [] for p in payloads}
+    for it in measured:
+        start = min(p["records"][it][0][2] for p in payloads)
+        end = max(p["records"][it][-1][3] for p in payloads)
+        times.append(end - start)
+        for p in payloads:
+            per_rank_busy[p["rank"]].append(sum(e - s for _, k, s, e in p["records"][it] if k in COMPUTE))
+    it_time = statistics.median(times)
+    ranks = []
+    for p in sorted(payloads, key=lambda p: p["rank"]):
+        busy = statistics.median(per_rank_busy[p["rank"]])
+        ranks.append({"rank": p["rank"], "device": p["device"], "data": p["data"], "tensor": p["tensor"],
+                      "busy": busy, "idle": max(it_time - busy, 0.0), "peak_activations": p["peak_alive"],
+                      "peak_memory": p.get("peak_memory")})
+    devices = sorted((r for r in ranks if r["data"] == 0 and r["tensor"] == 0), key=lambda r: r["device"])
+    D = len(devices)
+    bubble = 1.0 - sum(d["busy"] for d in devices) / (D * it_time) if it_time > 0 and D else 0.0
+    return {"iteration_time": it_time, "iteration_times": times, "bubble_ratio": bubble,
+            "devices": devices, "ranks": ranks, "emulated": emulated}
+
+
+def chrome_trace(payloads: list[dict[str, Any]], emulated: bool) -> dict[str, Any]:
+    """Chrome trace-event JSON: complete events ("X") in microseconds, one thread (track) per rank."""
+    t0 = min(p["records"][0][0][2] for p in payloads)
+    events: list[dict[str, Any]] = []
+    for p in sorted(payloads, key=lambda p: p["rank"]):
+        tid = p["rank"]
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+                       "args": {"name": f"rank {tid} (device {p['device']}, copy {p['data']}, tp {p['tensor']})"}})
+        for it, rec in enumerate(p["records"]):
+            for name, kind, s, e in rec:
+                events.append({"name": name, "cat": kind, "ph": "X", "pid": 0, "tid": tid,
+                               "ts": (s - t0) * 1e6, "dur": max(e - s, 0.0) * 1e6, "args": {"iteration": it}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": "pipeplan run", "emulated": emulated}}
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Temp file in the same directory + rename: a reader never sees half a file."""
+    import os
+    import tempfile
+
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

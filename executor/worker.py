@@ -1,0 +1,137 @@
+"""Per-rank entry point, started by torchrun (``python -m torch.distributed.run ... -m executor.worker
+SPEC.json``; on several nodes the same module under torchrun's rendezvous).
+
+The spec names one or more plans, run in sequence on the same process group (the tests run several
+schedules per launch). For each plan every rank: validates it against the world size, creates the
+process groups (:mod:`executor.groups`), warms the point-to-point channels up (:func:`executor.comm.warm_up`),
+builds its stage replicas and walks its lowered list for the iterations (:mod:`executor.interpreter`),
+each iteration starting after a barrier; then the per-action times (and, with ``check``, the parameters)
+are gathered on rank 0, which summarises them (:mod:`executor.trace`), compares with single-process
+training (:mod:`executor.reference`) and writes the result atomically into the work directory.
+
+Failure: a rank that raises writes ``error-rank{r}.json`` (rank, time, error, traceback) into the work
+directory and exits non-zero; torchrun then stops the other ranks and the launcher names the first
+failing rank and its error (:mod:`executor.launch`). ``init_process_group`` always has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.comm import warm_up
+from executor.groups import Layout, make_groups
+from executor.interpreter import RankRuntime
+from executor.models import tied_parameters
+from executor.plan import RunPlan
+from executor.trace import chrome_trace, summarize, write_json_atomic
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose (tests of the failure path)."""
+
+
+def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: bool = False,
+             with_trace: bool = False) -> dict[str, Any] | None:
+    """Run one plan on this rank; rank 0 returns the result (None elsewhere)."""
+    sched = plan.validate(world)
+    layout = Layout(plan.pipeline, plan.data, plan.tensor)
+    emulator = None
+    if plan.emulate:
+        from executor.emulate import Emulator
+
+        emulator = Emulator(plan, plan.compute_schedule(), plan.emulate, plan.cluster)
+    tied = bool(tied_parameters(plan.config)) and emulator is None
+    groups = make_groups(sched, layout, rank, tied)
+    warm_up(rank, world)
+    torch.manual_seed(plan.seed)
+    rt = RankRuntime(plan, sched, rank, groups, emulator)
+    records = []
+    for it in range(plan.warmup + plan.iterations):
+        dist.barrier()
+        if fault and it == 0:
+            raise InjectedFault(f"injected fault on rank {rank}")
+        records.append(rt.iteration(it))
+    payload: dict[str, Any] = {
+        "rank": rank, "device": rt.device, "data": rt.data_copy, "tensor": rt.tp, "records": records,
+        "peak_alive": rt.peak_alive, "peak_memory": None, "version_log": rt.version_log,
+        "weight_versions": {str(k): v.max_alive for k, v in rt.stash.items()},
+    }
+    if check and emulator is None:
+        payload["params"] = rt.full_parameters()
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    result = None
+    if rank == 0:
+        assert gathered is not None
+        result = {"plan": plan.to_dict(), "schedule": sched.name, "world_size": world,
+                  "measured": summarize(gathered, plan.warmup, emulator is not None),
+                  "emulated": emulator is not None}
+        if emulator is not None:
+            result["predicted"] = emulator.predict()
+            result["ratio"] = result["measured"]["iteration_time"] / result["predicted"]["iteration_time"]
+        result["version_log"] = {p["rank"]: p["version_log"] for p in gathered if p["version_log"]}
+        result["weight_versions"] = {p["rank"]: p["weight_versions"] for p in gathered if p["weight_versions"]}
+        if with_trace:
+            result["trace"] = chrome_trace(gathered, emulator is not None)
+        if check and emulator is None:
+            result["check"] = check_against_reference(plan, gathered)
+    dist.barrier()
+    for g in {id(x): x for x in [*groups.stage.values(), groups.tied, groups.tensor] if x is not None}.values():
+        dist.destroy_process_group(g)
+    return result
+
+
+def check_against_reference(plan: RunPlan, gathered: list[dict[str, Any]]) -> dict[str, Any]:
+    from executor.reference import compare, train_reference
+
+    merged: dict[str, list[torch.Tensor]] = {}
+    for p in sorted(gathered, key=lambda p: p["rank"]):
+        for k, v in p["params"].items():
+            merged.setdefault(k, []).extend(v)
+    if plan.schedule_name == "pipedream":
+        # per-micro-batch updates on stashed weights: a different optimizer, nothing to compare with
+        return {"ok": None, "message": "pipedream updates per micro-batch: not compared"}
+    # 2BW: one window per iteration, drained before its update, is gradient accumulation over N
+    ref = train_reference(plan, plan.warmup + plan.iterations)
+    msg = compare(merged, ref)
+    return {"ok": msg is None, "message": msg or "parameters equal single-process training"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    workdir = Path(spec["workdir"])
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        torch.set_num_threads(int(spec.get("threads", 1)))
+        dist.init_process_group(spec.get("backend", "gloo"), timeout=timedelta(seconds=float(spec["timeout"])))
+        results = []
+        for i, pd in enumerate(spec["plans"]):
+            fault = spec.get("fault_rank") == rank and spec.get("fault_plan", 0) == i
+            results.append(run_plan(RunPlan.from_dict(pd), rank, world, check=bool(spec.get("check")),
+                                    fault=fault, with_trace=bool(spec.get("trace"))))
+        if rank == 0:
+            write_json_atomic(str(workdir / "result.json"), {"runs": results})
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:
+        write_json_atomic(str(workdir / f"error-rank{rank}.json"),
+                          {"rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
+                           "traceback": traceback.format_exc()})
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Executor input checks (no processes launched): bad plans fail before launching with a clear message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from executor.plan import PlanError, RunPlan, balanced_partition, load_plan_file
+from pipeplan.cli import app
+
+SMALL = {"layers": 4, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
+
+
+def test_world_size_mismatch() -> None:
+    plan = RunPlan.direct("1f1b", 2, 4, data=2)
+    with pytest.raises(PlanError, match="D\\*W\\*t = 2\\*2\\*1 = 4 processes.*world size is 3"):
+        plan.validate(3)
+
+
+def test_partition_must_cover_model() -> None:
+    plan = RunPlan.direct("1f1b", 2, 4, model="gpt-tiny", partition=[[0, 2], [2, 5]])
+    with pytest.raises(PlanError, match="partition does not cover the model: it ends at layer 5"):
+        plan.validate()
+    plan = RunPlan.direct("1f1b", 2, 4, partition=[[0, 3], [4, 6]])
+    with pytest.raises(PlanError, match="stage 1 is \\[4, 6\\)"):
+        plan.validate()
+    plan = RunPlan.direct("1f1b", 2, 4, partition=[[0, 6]])
+    with pytest.raises(PlanError, match="1 ranges but the schedule has 2 stages"):
+        plan.validate()
+
+
+def test_microbatches_must_divide_batch() -> None:
+    plan = RunPlan.direct("gpipe", 2, 4, micro_batch=2, global_batch=10)
+    with pytest.raises(PlanError, match="micro-batches do not divide the batch"):
+        plan.validate()
+    plan = RunPlan.direct("chimera", 2, 4, concat="backward-halving", micro_batch=3)
+    with pytest.raises(PlanError, match="even micro-batch"):
+        plan.validate()
+
+
+def test_other_bad_plans() -> None:
+    with pytest.raises(PlanError, match="chimera needs an even number"):
+        RunPlan.direct("chimera", 3, 4).validate()
+    with pytest.raises(PlanError, match="tensor parallelism t=3"):
+        RunPlan.direct("1f1b", 1, 2, tensor=3).validate()
+    with pytest.raises(PlanError, match="8 stages but the model has only 6 layers"):
+        RunPlan.direct("hanayo", 2, 4, waves=2).validate()
+
+
+def test_balanced_partition() -> None:
+    assert balanced_partition(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+
+
+def test_candidate_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cand = {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 2, "schedule": "chimera", "recompute": False,
+            "pipelines": 1, "concat": "backward-halving", "microbatches": 4, "global_batch": 8,
+            "partition": [[0, 3], [3, 6]]}
+    (tmp_path / "bare.json").write_text(json.dumps(cand))
+    (tmp_path / "plan.json").write_text(json.dumps({"candidates": [cand, {**cand, "schedule": "1f1b"}]}))
+    p = load_plan_file(tmp_path / "bare.json")
+    assert p.schedule_microbatches == 8 and p.rows == 1 and p.world_size == 2
+    sched = p.validate(2)
+    assert sched.microbatches == 8 and sched.lowered
+    assert load_plan_file(tmp_path / "plan.json", 1).schedule_name == "1f1b"
+    with pytest.raises(PlanError, match="out of range"):
+        load_plan_file(tmp_path / "plan.json", 5)
+
+
+def test_cli_refuses_bad_plan_before_launch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cand = {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 1, "schedule": "1f1b", "microbatches": 4,
+            "global_batch": 4, "partition": [[0, 2], [2, 5]]}
+    (tmp_path / "plan.json").write_text(json.dumps(cand))
+    res = CliRunner().invoke(app, ["run", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "r.json")])
+    assert res.exit_code == 2
+    assert "partition does not cover the model" in res.output
+    assert not (tmp_path / "r.json").exists()
+    res = CliRunner().invoke(app, ["run", "--schedule", "interleaved", "-D", "2", "-N", "3", "--chunks", "2"])
+    assert res.exit_code == 2 and "error: schedule" in res.output

@@ -1,0 +1,159 @@
+"""Multi-process executor tests (CPU, gloo, tiny GPT in float64): every synchronous schedule gives, after one
+step, the parameters of plain single-process training on the same global batch. Few launches: each runs
+many plans in sequence on the same process group (torchrun --standalone, see executor.launch)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from executor.launch import RunFailed, launch
+from executor.plan import RunPlan
+from pipeplan.cli import app
+
+SMALL = {"layers": 4, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
+SIX = {**SMALL, "layers": 6}
+
+
+def P(schedule: str, D: int, N: int, model: dict | None = None, **kw) -> RunPlan:  # type: ignore[type-arg]
+    return RunPlan.direct(schedule, D, N, model_overrides=model or SMALL, **kw)
+
+
+PLANS_2 = {
+    "gpipe": P("gpipe", 2, 3),
+    "gpipe+rc": P("gpipe", 2, 3, recompute=True),
+    "1f1b": P("1f1b", 2, 4),
+    "1f1b+rc b=2": P("1f1b", 2, 4, recompute=True, micro_batch=2),
+    "interleaved v=2": P("interleaved", 2, 4, chunks=2),
+    "interleaved v=2+rc": P("interleaved", 2, 4, chunks=2, recompute=True),
+    "chimera N=1<D": P("chimera", 2, 1),
+    "chimera N=D": P("chimera", 2, 2),
+    "chimera N>D direct": P("chimera", 2, 6, concat="direct"),
+    "chimera N>D forward-doubling+rc": P("chimera", 2, 4, concat="forward-doubling", recompute=True),
+    "chimera N>D backward-halving": P("chimera", 2, 4, concat="backward-halving", micro_batch=2),
+    "hanayo W=1": P("hanayo", 2, 4, waves=1),
+    "hanayo W=2+rc": P("hanayo", 2, 4, waves=2, model=SIX, recompute=True),
+    "zb-h1": P("zb-h1", 2, 4),
+    "zb-h1+rc": P("zb-h1", 2, 3, recompute=True),
+    "gems": P("gems", 2, 4),
+    "gems+rc": P("gems", 2, 3, recompute=True),
+    "pipedream-2bw": P("pipedream-2bw", 2, 4),
+    "data-parallel W=2 (D=1)": P("gpipe", 1, 2, data=2),
+    "tensor-parallel t=2 (D=1)": P("1f1b", 1, 2, tensor=2),
+    "pipedream": P("pipedream", 2, 4),
+}
+
+PLANS_4 = {
+    "chimera D=4 N=2<D": P("chimera", 4, 2),
+    "chimera D=4 N=D": P("chimera", 4, 4),
+    "chimera D=4 N=8 direct": P("chimera", 4, 8, concat="direct"),
+    "chimera D=4 N=8 forward-doubling+rc": P("chimera", 4, 8, concat="forward-doubling", recompute=True),
+    "chimera D=4 N=8 backward-halving": P("chimera", 4, 8, concat="backward-halving", micro_batch=2),
+    "chimera D=4 f=2": P("chimera", 4, 4, pipelines=2),
+    "interleaved D=4 v=2": P("interleaved", 4, 4, chunks=2, model=SIX),
+    "gems D=4+rc": P("gems", 4, 4, recompute=True),
+    "zb-h1 D=4": P("zb-h1", 4, 6),
+    "hanayo D=4 W=1": P("hanayo", 4, 4, waves=1, model=SIX),
+    "1f1b D=2 W=2": P("1f1b", 2, 4, data=2),
+    "chimera D=2 W=2": P("chimera", 2, 4, data=2),
+    "hanayo D=2 waves=2 W=2": P("hanayo", 2, 4, waves=2, data=2, model=SIX),
+    "zb-h1 D=2 W=2+rc": P("zb-h1", 2, 4, data=2, recompute=True),
+    "1f1b D=2 t=2": P("1f1b", 2, 4, tensor=2),
+    "chimera D=2 t=2 forward-doubling+rc": P("chimera", 2, 4, tensor=2, concat="forward-doubling", recompute=True),
+    "gpipe D=1 W=2 t=2": P("gpipe", 1, 2, data=2, tensor=2),
+}
+
+
+@pytest.fixture(scope="module")
+def runs_2() -> dict:  # type: ignore[type-arg]
+    res = launch(list(PLANS_2.values()), 2, check=True, timeout=60, trace=True)
+    return dict(zip(PLANS_2, res["runs"], strict=True))
+
+
+@pytest.fixture(scope="module")
+def runs_4() -> dict:  # type: ignore[type-arg]
+    res = launch(list(PLANS_4.values()), 4, check=True, timeout=60)
+    return dict(zip(PLANS_4, res["runs"], strict=True))
+
+
+@pytest.mark.parametrize("name", [n for n in PLANS_2 if n != "pipedream"])
+def test_equals_single_process_2(runs_2, name) -> None:  # type: ignore[no-untyped-def]
+    check = runs_2[name]["check"]
+    assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("name", list(PLANS_4))
+def test_equals_single_process_4(runs_4, name) -> None:  # type: ignore[no-untyped-def]
+    check = runs_4[name]["check"]
+    assert check["ok"], check["message"]
+
+
+def test_forward_doubling_runs_double_forwards() -> None:
+    for plan in (PLANS_2["chimera N>D forward-doubling+rc"], PLANS_4["chimera D=4 N=8 forward-doubling+rc"]):
+        assert any(a.span == 2 for row in plan.schedule().actions for a in row)
+
+
+def test_pipedream_weight_stashing(runs_2) -> None:  # type: ignore[no-untyped-def]
+    run = runs_2["pipedream"]
+    stale = 0
+    for log in run["version_log"].values():
+        fwd = {(e["stage"], e["mb"]): e for e in log if e["event"] == "F"}
+        for e in (e for e in log if e["event"] == "B"):
+            f = fwd[(e["stage"], e["mb"])]
+            assert e["version"] == f["version"] and e["checksum"] == f["checksum"]
+            stale += e["live_version"] != e["version"]
+    assert stale > 0  # the live weights moved on: the stash mattered
+    sched = PLANS_2["pipedream"].schedule()
+    for per in run["weight_versions"].values():
+        for key, n in per.items():
+            stage = int(key.strip("()").split(",")[1])
+            assert n <= sched.weight_versions[stage]
+
+
+def test_measurement_and_trace(runs_2) -> None:  # type: ignore[no-untyped-def]
+    run = runs_2["1f1b"]
+    m = run["measured"]
+    assert m["iteration_time"] > 0 and 0 <= m["bubble_ratio"] < 1 and not m["emulated"]
+    assert [d["device"] for d in m["devices"]] == [0, 1]
+    for d in m["devices"]:
+        assert d["busy"] > 0 and d["idle"] >= 0 and d["peak_activations"] >= 1
+    tracks = {e["tid"] for e in run["trace"]["traceEvents"] if e["ph"] == "X"}
+    assert tracks == {0, 1}
+    json.dumps(run["trace"])
+
+
+def test_emulated_run_matches_simulator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from executor.emulate import uniform_profile
+    from planner.profile import save_profile
+
+    path = tmp_path / "profile.json"
+    save_profile(uniform_profile(4, fwd=0.004, bwd=0.008), path)
+    plans = [RunPlan.direct(s, 4, 4, emulate=str(path), iterations=2, warmup=1, **kw)
+             for s, kw in (("1f1b", {}), ("chimera", {}))]
+    res = launch(plans, 4, timeout=60)
+    for run in res["runs"]:
+        assert run["emulated"] and run["measured"]["emulated"]
+        assert 0.8 < run["ratio"] < 1.35, run["ratio"]
+        assert len(run["predicted"]["devices"]) == len(run["measured"]["devices"]) == 4
+
+
+def test_dead_rank_fails_fast_with_rank_named() -> None:
+    t = time.monotonic()
+    with pytest.raises(RunFailed, match="rank 1 failed: InjectedFault: injected fault on rank 1"):
+        launch([P("1f1b", 2, 4)], 2, timeout=60, fault_rank=1)
+    assert time.monotonic() - t < 45
+
+
+def test_cli_check_out_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, trace = tmp_path / "result.json", tmp_path / "trace.json"
+    res = CliRunner().invoke(app, ["run", "--schedule", "chimera", "-D", "2", "-N", "4", "--check", "--iterations",
+                                   "1", "--warmup", "0", "--out", str(out), "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    assert "parameters equal single-process training" in res.output
+    data = json.loads(out.read_text())
+    assert data["check"]["ok"] and data["measured"]["iteration_time"] > 0
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")] == []
