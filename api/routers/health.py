@@ -1,0 +1,24 @@
+"""/health and /metrics (always open: probes and Prometheus scrape them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from api.deps import DB
+from db.migrate import current
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health")
+def health(db: DB, request: Request) -> dict[str, str]:
+    db.execute(text("SELECT 1"))
+    return {"status": "ok", "database": db.get_bind().dialect.name,
+            "schema": current(request.app.state.engine) or "none"}
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
