@@ -493,3 +493,11 @@ def counts(db: Session, alive_seconds: float) -> dict[str, dict[str, int]]:
     n_alive = db.scalar(select(func.count()).select_from(Worker).where(Worker.last_heartbeat >= cutoff)) or 0
     n_all = db.scalar(select(func.count()).select_from(Worker)) or 0
     return {"jobs": jobs, "plans": plans, "workers": {"alive": n_alive, "registered": n_all}}
+
+
+def grace_running_leases(db: Session, lease_seconds: float) -> int:
+    """On API startup: agents could not renew while the API was down, so running jobs get one fresh lease
+    instead of being requeued at once (a dead agent still loses its job one lease later)."""
+    res = db.execute(update(Job).where(Job.state == "running")
+                     .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
+    return res.rowcount or 0

@@ -83,6 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.sessions = make_sessionmaker(engine)
         app.state.runner = PlanRunner(app.state.sessions, settings.plan_workers, settings.plan_timeout_seconds)
+        with app.state.sessions.begin() as db:
+            crud.grace_running_leases(db, settings.lease_seconds)
         app.state.runner.recover()
         reaper = Reaper(app, settings.reaper_interval)
         reaper.start()
