@@ -99,6 +99,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("error: give --token or set PIPEPLAN_WORKER_TOKEN", err=True)
             raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         start = time.monotonic()
         n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
                  run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
