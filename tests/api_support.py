@@ -161,7 +161,7 @@ class LiveServer:
 
 @pytest.fixture
 def live_server(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
-    srv = LiveServer(db_url, tmp_path, PIPEPLAN_LEASE_SECONDS="2").start()
+    srv = LiveServer(db_url, tmp_path, PIPEPLAN_LEASE_SECONDS="5").start()  # renewed every 5/3 s
     try:
         yield srv
     finally:
