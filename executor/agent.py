@@ -91,7 +91,7 @@ class Agent:
         while not self.stop.wait(self.heartbeat_interval):
             try:
                 self.client.post(f"/workers/{self.worker_id}/heartbeat")
-            except httpx.TransportError as e:
+            except Exception as e:  # noqa: BLE001 - a missed heartbeat is not fatal (the client may be closing)
                 log.warning("heartbeat failed: %s", e)
 
     def claim(self) -> dict[str, Any] | None:

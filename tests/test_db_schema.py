@@ -138,3 +138,20 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(db_url: str) -> No
                 crud.renew_lease(db, jid, w, 30)
     finally:
         eng.dispose()
+
+
+def test_cli_db_upgrade_and_seed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    r = CliRunner().invoke(app, ["db-upgrade", "--url", url])
+    assert r.exit_code == 0 and "at revision 0001" in r.output, r.output
+    r = CliRunner().invoke(app, ["seed", "--url", url])
+    assert r.exit_code == 0 and "gpt2-medium on A100-SXM4-80GB" in r.output and "bert-48 on P100" in r.output
+    r = CliRunner().invoke(app, ["seed", "--url", url])
+    assert r.exit_code == 0 and r.output.count("(already there)") == 10, r.output
+    for cmd in ("serve", "agent"):
+        r = CliRunner().invoke(app, [cmd, "--help"])
+        assert r.exit_code == 0
