@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench venv clean
+.PHONY: test lint bench venv clean serve
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,8 +18,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 venv: $(STAMP)
 
+# under CI, PostgreSQL is installed and started (.ci/postgres.sh) so the database/API tests run on it too
 test: $(STAMP)
 	$(BIN)/ruff check .
+	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_POSTGRES_URL" ]; then \
+	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
 	$(BIN)/python -m pytest tests
 
 lint: $(STAMP)
@@ -27,6 +30,17 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/simulate_bench.py
+
+# the API on 127.0.0.1:8000 (SQLite under data/) with one local CPU agent; dev tokens unless set
+PIPEPLAN_ADMIN_TOKEN ?= dev-admin-token
+PIPEPLAN_WORKER_TOKEN ?= dev-worker-token
+PIPEPLAN_OPEN_READS ?= 1
+serve: $(STAMP)
+	$(BIN)/python -m pipeplan.cli db-upgrade
+	$(BIN)/python -m pipeplan.cli seed
+	@echo "admin token: $(PIPEPLAN_ADMIN_TOKEN)  worker token: $(PIPEPLAN_WORKER_TOKEN)"
+	PIPEPLAN_ADMIN_TOKEN=$(PIPEPLAN_ADMIN_TOKEN) PIPEPLAN_WORKER_TOKEN=$(PIPEPLAN_WORKER_TOKEN) \
+	PIPEPLAN_OPEN_READS=$(PIPEPLAN_OPEN_READS) $(BIN)/python -m pipeplan.cli serve --host 127.0.0.1 --port 8000 --agent
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -10,3 +10,5 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+pytest_plugins = ["api_support"]  # fixtures of the API and database tests

@@ -1,0 +1,107 @@
+"""``pipeplan serve``, ``agent``, ``db-upgrade`` and ``seed`` (registered by pipeplan.cli)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("db-upgrade")
+    def db_upgrade_cmd(
+        url: Annotated[str | None, typer.Option(help="database URL (default: $DATABASE_URL, else SQLite under "
+                                                     "$PIPEPLAN_DATA_DIR)")] = None,
+    ) -> None:
+        """Upgrade the database schema to the latest migration."""
+        from db.migrate import upgrade
+        from db.session import database_url
+
+        rev = upgrade(url)
+        shown = database_url(url).split("@")[-1]
+        typer.echo(f"database {shown} at revision {rev}")
+
+    @app.command("seed")
+    def seed_cmd(url: Annotated[str | None, typer.Option(help="database URL")] = None) -> None:
+        """Store the example clusters and analytic profiles of a few presets (idempotent)."""
+        from api.seed import seed
+
+        out = seed(url)
+        for kind, rows in out.items():
+            for name, rid, created in rows:
+                typer.echo(f"{kind[:-1]:8} {rid:4} {name}{'' if created else ' (already there)'}")
+
+    @app.command("serve")
+    def serve_cmd(
+        host: Annotated[str, typer.Option()] = "127.0.0.1",
+        port: Annotated[int, typer.Option()] = 8000,
+        upgrade_db: Annotated[bool, typer.Option("--upgrade/--no-upgrade", help="migrate the database first")] = False,
+        seed_db: Annotated[bool, typer.Option("--seed/--no-seed", help="store the example data first")] = False,
+        agent: Annotated[bool, typer.Option("--agent/--no-agent", help="also run one local CPU agent")] = False,
+        log_level: Annotated[str, typer.Option()] = "info",
+    ) -> None:
+        """Run the API with uvicorn (settings from PIPEPLAN_* and DATABASE_URL)."""
+        import uvicorn
+
+        if upgrade_db:
+            db_upgrade_cmd(None)
+        if seed_db:
+            seed_cmd(None)
+        base = f"http://{host}:{port}"
+        typer.echo(f"pipeplan API on {base}  (OpenAPI: {base}/docs, metrics: {base}/metrics, health: {base}/health)")
+        proc = None
+        if agent:
+            token = os.environ.get("PIPEPLAN_WORKER_TOKEN") or os.environ.get("PIPEPLAN_ADMIN_TOKEN")
+            if not token:
+                typer.echo("error: --agent needs PIPEPLAN_WORKER_TOKEN (or PIPEPLAN_ADMIN_TOKEN)", err=True)
+                raise typer.Exit(2)
+            cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", base, "--token", token,
+                   "--name", f"local-cpu-{port}"]
+            typer.echo("local agent: " + shlex.join([c if c != token else "***" for c in cmd]))
+            proc = subprocess.Popen(cmd)
+        try:
+            uvicorn.run("api.main:app", host=host, port=port, log_level=log_level)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    @app.command("agent")
+    def agent_cmd(
+        api: Annotated[str, typer.Option(help="API base URL")] = "http://127.0.0.1:8000",
+        token: Annotated[str | None, typer.Option(help="worker token (default $PIPEPLAN_WORKER_TOKEN)")] = None,
+        gpus: Annotated[int, typer.Option(help="GPUs on this node")] = 0,
+        name: Annotated[str | None, typer.Option(help="unique agent name (default host-pid)")] = None,
+        node: Annotated[str | None, typer.Option(help="node name (default: host name)")] = None,
+        device_type: Annotated[str, typer.Option(help="device type, e.g. A100-SXM4-80GB")] = "cpu",
+        once: Annotated[bool, typer.Option(help="run at most one job, then exit (also when none is queued)")] = False,
+        run_command: Annotated[str | None, typer.Option(
+            help="executor command (default $PIPEPLAN_RUN_COMMAND, else 'pipeplan run')")] = None,
+        workdir: Annotated[str | None, typer.Option(help="where plans, logs and results go")] = None,
+        poll: Annotated[float, typer.Option(help="seconds between claims when the queue is empty")] = 2.0,
+        heartbeat: Annotated[float, typer.Option(help="seconds between heartbeats")] = 10.0,
+        standalone: Annotated[bool, typer.Option(help="pass --standalone to the run (single node)")] = False,
+    ) -> None:
+        """Register with the API, claim jobs and run them with the executor until stopped (Ctrl-C)."""
+        from executor.agent import main
+
+        token = token or os.environ.get("PIPEPLAN_WORKER_TOKEN")
+        if not token:
+            typer.echo("error: give --token or set PIPEPLAN_WORKER_TOKEN", err=True)
+            raise typer.Exit(2)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        start = time.monotonic()
+        n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
+                 run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
+                 heartbeat=heartbeat, standalone=standalone)
+        typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")

@@ -1,0 +1,152 @@
+"""The FastAPI app: ``create_app(settings)``; ``api.main:app`` for uvicorn (settings from the environment).
+
+On startup it checks that the database schema is at the migrations' head (else it refuses to start and
+names ``pipeplan db-upgrade``), re-queues plans left unfinished by a previous run, and starts the lease
+reaper (running jobs whose lease ran out go back to the queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, IntegrityError, StatementError
+
+from api import crud
+from api.metrics import Metrics
+from api.planrun import PlanRunner
+from api.routers import clusters, health, jobs, plans, profiles, workers
+from api.settings import Settings
+from db.migrate import check
+from db.models import finite
+from db.session import make_engine, make_sessionmaker
+
+log = logging.getLogger("pipeplan.api")
+
+
+def _loc(loc: Any) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)] if isinstance(loc, list | tuple) else [str(loc)]
+    return ".".join(parts) or "body"
+
+
+def validation_message(errors: list[dict[str, Any]]) -> str:
+    """'field.path: message; ...' for the first few errors."""
+    msgs = [f"{_loc(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:5]]
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "; ".join(msgs) + more
+
+
+def _clean_errors(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for e in errors:
+        e = {k: v for k, v in dict(e).items() if k in ("type", "loc", "msg")}
+        out.append(finite(jsonable_encoder(e)))
+    return out
+
+
+class Reaper(threading.Thread):
+    """Puts running jobs with an expired lease back in the queue (or fails them) every ``interval`` s."""
+
+    def __init__(self, app: FastAPI, interval: float) -> None:
+        super().__init__(name="lease-reaper", daemon=True)
+        self.app, self.interval, self.stop = app, interval, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            try:
+                with self.app.state.sessions.begin() as db:
+                    changed = crud.expire_leases(db)
+                if changed:
+                    log.info("leases expired: jobs %s", changed)
+            except Exception:  # noqa: BLE001 - keep reaping after a transient database error
+                log.exception("lease reaper")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        try:
+            check(engine)
+        except Exception:
+            engine.dispose()
+            raise
+        app.state.engine = engine
+        app.state.sessions = make_sessionmaker(engine)
+        app.state.runner = PlanRunner(app.state.sessions, settings.plan_workers, settings.plan_timeout_seconds)
+        with app.state.sessions.begin() as db:
+            crud.grace_running_leases(db, settings.lease_seconds)
+        app.state.runner.recover()
+        reaper = Reaper(app, settings.reaper_interval)
+        reaper.start()
+        try:
+            yield
+        finally:
+            reaper.stop.set()
+            app.state.runner.shutdown()
+            reaper.join(5)
+            engine.dispose()
+
+    app = FastAPI(title="pipeplan", version="0.1.0", lifespan=lifespan,
+                  description="Plan pipeline/tensor/data-parallel training from model profiles, dispatch the "
+                              "chosen configuration to worker agents, compare predicted and measured.")
+    app.state.settings = settings
+    app.state.metrics = Metrics(app)
+    app.middleware("http")(app.state.metrics.middleware)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _clean_errors(exc.errors())
+        return JSONResponse(status_code=422, content={"detail": validation_message(errors), "errors": errors})
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)},
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(crud.InputError)
+    async def _input(_: Request, exc: crud.InputError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+    @app.exception_handler(crud.NotFound)
+    async def _not_found(_: Request, exc: crud.NotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": str(exc.args[0])})
+
+    @app.exception_handler(crud.Conflict)
+    async def _conflict(_: Request, exc: crud.Conflict) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(_: Request, exc: IntegrityError) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": f"conflicts with stored data: {exc.orig}"})
+
+    @app.exception_handler(DataError)
+    async def _data(_: Request, exc: DataError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": f"a value does not fit the database: {exc.orig}"})
+
+    @app.exception_handler(StatementError)
+    async def _statement(request: Request, exc: StatementError) -> JSONResponse:
+        if isinstance(exc.orig, UnicodeError | OverflowError | ValueError):
+            return JSONResponse(status_code=422, content={"detail": f"a value cannot be stored: {exc.orig}"})
+        log.error("database error on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse(status_code=500, content={"detail": "internal database error"})
+
+    for r in (profiles.router, clusters.router, plans.router, jobs.router, workers.router, health.router):
+        app.include_router(r)
+    return app
+
+
+def __getattr__(name: str) -> Any:  # ``api.main:app`` builds the app on first use (settings from env)
+    if name == "app":
+        globals()["app"] = create_app()
+        return globals()["app"]
+    raise AttributeError(name)

@@ -1,0 +1,68 @@
+"""Shared bits of the routers: path/query parameter types and row -> response conversions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path, Query
+
+from api import crud
+from api.schemas import MAX_ID
+from db.models import ClusterRow, Job, PlanRequest, Profile, Result, Worker
+
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
+Filter = Annotated[str | None, Query(max_length=200)]
+
+
+def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
+    out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "dtype", "source", "num_layers",
+                                         "total_params", "created_at")}
+    if detail:
+        out["profile"] = row.body
+    return out
+
+
+def cluster_out(row: ClusterRow, detail: bool = False) -> dict[str, Any]:
+    out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "gpus", "created_at")}
+    if detail:
+        out["cluster"] = row.body
+    return out
+
+
+def plan_summary(row: PlanRequest, n: int) -> dict[str, Any]:
+    out = {k: getattr(row, k) for k in ("id", "profile_id", "cluster_id", "status", "request", "error",
+                                         "attempts", "created_at", "started_at", "finished_at")}
+    out["num_candidates"] = n
+    return out
+
+
+def plan_out(row: PlanRequest) -> dict[str, Any]:
+    out = plan_summary(row, len(row.candidates))
+    out["candidates"] = [c.body for c in row.candidates]
+    out.update({k: v for k, v in (row.summary or {}).items()
+                if k in ("infeasible", "rejected", "evaluated", "simulated", "considered")})
+    return out
+
+
+def job_out(row: Job, has_result: bool = False) -> dict[str, Any]:
+    out = {k: getattr(row, k) for k in ("id", "plan_id", "candidate_index", "model", "iterations", "emulate",
+                                         "state", "attempts", "max_attempts", "worker_id", "lease_expires_at",
+                                         "error", "log_tail", "created_at", "claimed_at", "finished_at")}
+    out["history"] = row.history or []
+    out["has_result"] = has_result
+    return out
+
+
+def worker_out(row: Worker, alive_seconds: float) -> dict[str, Any]:
+    out = {k: getattr(row, k) for k in ("id", "name", "node", "gpus", "device_type", "registered_at",
+                                         "last_heartbeat")}
+    out["alive"] = crud.alive(row, alive_seconds)
+    return out
+
+
+def result_out(row: Result) -> dict[str, Any]:
+    return {"job_id": row.job_id, "worker_id": row.worker_id, "iteration_time": row.iteration_time,
+            "bubble_ratio": row.bubble_ratio, "emulated": row.emulated, "devices": row.devices,
+            "trace": row.trace, "raw": row.body, "created_at": row.created_at}

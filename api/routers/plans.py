@@ -1,0 +1,61 @@
+"""/plans: plan requests, run in the background and polled; results are stored, never recomputed."""
+
+from __future__ import annotations
+
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+
+from api import crud
+from api.deps import DB, Admin, Read, SettingsDep
+from api.routers.common import IdPath, Limit, Offset, plan_out, plan_summary
+from api.schemas import Message, PlanCreate, PlanOut, PlanSummary
+
+router = APIRouter(prefix="/plans", tags=["plans"])
+
+
+@router.post("", response_model=PlanOut, status_code=201, dependencies=[Admin],
+             responses={200: {"model": PlanOut, "description": "the same request was planned (or queued) before"},
+                        202: {"model": PlanOut, "description": "queued or running: poll GET /plans/{id}"},
+                        422: {"model": Message}})
+def create_plan(body: PlanCreate, db: DB, request: Request, response: Response, settings: SettingsDep):  # noqa: ANN201
+    """Rank the configurations for a stored profile on a stored cluster. Answers 201 with the candidates
+    when planning ends within about a second, else 202 with ``status`` queued/running: poll GET
+    /plans/{id}. The same inputs again give the stored plan (200) unless it failed."""
+    try:
+        treq = body.training_request()
+    except ValueError as e:
+        raise crud.InputError(str(e)) from None
+    row, created = crud.create_plan(db, body.profile_id, body.cluster_id, treq.model_dump(mode="json"))
+    db.commit()
+    if not created:
+        response.status_code = 200
+        if row.status == "queued":
+            request.app.state.runner.submit(row.id)
+        return plan_out(row)
+    fut = request.app.state.runner.submit(row.id)
+    try:
+        fut.result(timeout=settings.plan_wait_seconds)
+    except FutureTimeout:
+        pass
+    db.expire_all()
+    row = crud.get_plan(db, row.id)
+    if row.status in ("queued", "running"):
+        response.status_code = 202
+        response.headers["Location"] = f"/plans/{row.id}"
+    return plan_out(row)
+
+
+@router.get("", response_model=list[PlanSummary], dependencies=[Read])
+def list_plans(db: DB, status: Annotated[Literal["queued", "running", "done", "failed"] | None, Query()] = None,  # noqa: ANN201
+               profile_id: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+               limit: Limit = 100, offset: Offset = 0):
+    rows = crud.list_plans(db, status, profile_id, limit, offset)
+    n = crud.count_candidates(db, [r.id for r in rows])
+    return [plan_summary(r, n.get(r.id, 0)) for r in rows]
+
+
+@router.get("/{plan_id}", response_model=PlanOut, dependencies=[Read], responses={404: {"model": Message}})
+def get_plan(plan_id: IdPath, db: DB):  # noqa: ANN201
+    return plan_out(crud.get_plan(db, plan_id))

@@ -1,0 +1,43 @@
+"""API settings, from the environment (``PIPEPLAN_*``, ``DATABASE_URL``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _float(name: str, default: float) -> float:
+    v = os.environ.get(name)
+    return float(v) if v else default
+
+
+def _int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return int(v) if v else default
+
+
+@dataclass
+class Settings:
+    """``database_url``: None means ``$DATABASE_URL`` or SQLite under ``$PIPEPLAN_DATA_DIR``.
+    ``admin_token`` may do everything; ``worker_token`` only the worker endpoints (and reads). A token left
+    unset cannot be used. ``open_reads``: GET endpoints need no token."""
+
+    database_url: str | None = field(default_factory=lambda: os.environ.get("DATABASE_URL") or None)
+    admin_token: str | None = field(default_factory=lambda: os.environ.get("PIPEPLAN_ADMIN_TOKEN") or None)
+    worker_token: str | None = field(default_factory=lambda: os.environ.get("PIPEPLAN_WORKER_TOKEN") or None)
+    open_reads: bool = field(default_factory=lambda: _bool("PIPEPLAN_OPEN_READS", False))
+    lease_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_LEASE_SECONDS", 30.0))
+    max_attempts: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_ATTEMPTS", 3))
+    worker_alive_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_WORKER_ALIVE_SECONDS", 60.0))
+    plan_workers: int = field(default_factory=lambda: _int("PIPEPLAN_PLAN_WORKERS", 2))
+    plan_wait_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_WAIT_SECONDS", 1.0))
+    plan_timeout_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_TIMEOUT_SECONDS", 600.0))
+    reaper_interval: float = field(default_factory=lambda: _float("PIPEPLAN_REAPER_INTERVAL", 1.0))
+    max_cluster_gpus: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_CLUSTER_GPUS", 65536))

@@ -1,0 +1,201 @@
+"""SQLAlchemy 2.0 tables: profiles, clusters, plan requests and their candidates, jobs, workers, results.
+
+JSON documents are stored as text (:class:`JSONText`): the same on SQLite and PostgreSQL, and it keeps
+non-finite floats (a candidate that does not fit has an infinite iteration time) and NUL escapes that
+PostgreSQL's ``jsonb`` would refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with non-finite floats replaced by None (JSON has no inf/NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+class JSONText(TypeDecorator[Any]):
+    """A JSON document in a text column (canonical: sorted keys, ASCII, non-finite floats as null)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both databases (SQLite drops the zone: put it back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Profile(Base):
+    __tablename__ = "profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    device: Mapped[str] = mapped_column(String(200), index=True)
+    dtype: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(32))
+    num_layers: Mapped[int] = mapped_column(Integer)
+    total_params: Mapped[float] = mapped_column(Float)
+    body: Mapped[Any] = mapped_column(JSONText)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ClusterRow(Base):
+    __tablename__ = "clusters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    device: Mapped[str] = mapped_column(String(200), index=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    body: Mapped[Any] = mapped_column(JSONText)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PlanRequest(Base):
+    """One plan request: inputs, status (queued/running/done/failed), summary; candidates apart."""
+
+    __tablename__ = "plan_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="RESTRICT"), index=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id", ondelete="RESTRICT"), index=True)
+    request: Mapped[Any] = mapped_column(JSONText)
+    request_hash: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    summary: Mapped[Any] = mapped_column(JSONText, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    candidates: Mapped[list[CandidateRow]] = relationship(
+        back_populates="plan", order_by="CandidateRow.rank", cascade="all, delete-orphan")
+
+
+class CandidateRow(Base):
+    __tablename__ = "candidates"
+    __table_args__ = (UniqueConstraint("plan_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plan_requests.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(String(400))
+    iteration_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    throughput: Mapped[float | None] = mapped_column(Float, nullable=True)
+    body: Mapped[Any] = mapped_column(JSONText)
+
+    plan: Mapped[PlanRequest] = relationship(back_populates="candidates")
+
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+class Job(Base):
+    """A candidate dispatched to the workers. queued -> running (claimed, leased) -> succeeded | failed |
+    cancelled; an expired lease puts a running job back to queued, or to failed after ``max_attempts``."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plan_requests.id", ondelete="RESTRICT"), index=True)
+    candidate_index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(200))
+    iterations: Mapped[int] = mapped_column(Integer)
+    emulate: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    history: Mapped[Any] = mapped_column(JSONText, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    node: Mapped[str] = mapped_column(String(200))
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    device_type: Mapped[str] = mapped_column(String(200), default="cpu")
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Result(Base):
+    """What an agent measured for a job, beside the job's prediction."""
+
+    __tablename__ = "results"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
+    iteration_time: Mapped[float] = mapped_column(Float)
+    bubble_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
+    emulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    devices: Mapped[Any] = mapped_column(JSONText)
+    trace: Mapped[str | None] = mapped_column(Text, nullable=True)
+    body: Mapped[Any] = mapped_column(JSONText)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

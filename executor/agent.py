@@ -1,0 +1,260 @@
+"""The worker agent: ``pipeplan agent --api URL --token T`` on each node.
+
+It registers, heartbeats, claims jobs, writes the plan (and, for emulated runs, the profile) to disk,
+launches the executor (``pipeplan run --plan plan.json --candidate I --model M --iterations N --out
+result.json [--emulate profile.json]``; the command is ``--run-command`` / ``$PIPEPLAN_RUN_COMMAND``)
+as a subprocess, renews the job's lease while it runs, and posts the result, or the error with the log
+tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
+The API being briefly unreachable (restart) is retried, not fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("pipeplan.agent")
+TRACE_LIMIT = 20_000_000
+LOG_TAIL = 8000
+
+
+def default_run_command() -> list[str]:
+    env = os.environ.get("PIPEPLAN_RUN_COMMAND")
+    if env:
+        return shlex.split(env)
+    exe = shutil.which("pipeplan")
+    return [exe, "run"] if exe else [sys.executable, "-m", "pipeplan.cli", "run"]
+
+
+class LeaseLost(RuntimeError):
+    pass
+
+
+class Agent:
+    def __init__(self, api: str, token: str, *, name: str | None = None, node: str | None = None, gpus: int = 0,
+                 device_type: str = "cpu", run_command: list[str] | None = None, workdir: str | Path | None = None,
+                 poll: float = 2.0, heartbeat: float = 10.0, standalone: bool = False,
+                 retry_for: float = 600.0) -> None:
+        self.node = node or socket.gethostname()
+        self.name = name or f"{self.node}-{os.getpid()}"
+        self.gpus, self.device_type = gpus, device_type
+        self.run_command = run_command or default_run_command()
+        self.workdir = Path(workdir or Path("data") / "agent" / self.name)
+        self.poll, self.heartbeat_interval, self.standalone = poll, heartbeat, standalone
+        self.retry_for = retry_for
+        self.client = httpx.Client(base_url=api.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
+                                   timeout=30.0)
+        self.stop = threading.Event()
+        self.worker_id: int | None = None
+        self.jobs_done = 0
+
+    # ---- HTTP with retries (the API may be restarting) ----------------------------------------------
+    def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.2
+        while True:
+            try:
+                r = self.client.request(method, url, **kw)
+                if r.status_code < 500 and r.status_code != 429:
+                    return r
+                err = f"HTTP {r.status_code}: {r.text[:200]}"
+            except httpx.TransportError as e:
+                err = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline or (self.stop.is_set() and "release" not in url):
+                raise RuntimeError(f"{method} {url} failed: {err}")
+            log.warning("%s %s: %s; retrying in %.1f s", method, url, err, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def register(self) -> int:
+        r = self._request("POST", "/workers", json={"name": self.name, "node": self.node, "gpus": self.gpus,
+                                                     "device_type": self.device_type})
+        r.raise_for_status()
+        self.worker_id = int(r.json()["id"])
+        log.info("registered as worker %d (%s)", self.worker_id, self.name)
+        return self.worker_id
+
+    def _heartbeats(self) -> None:
+        while not self.stop.wait(self.heartbeat_interval):
+            try:
+                self.client.post(f"/workers/{self.worker_id}/heartbeat")
+            except Exception as e:  # noqa: BLE001 - a missed heartbeat is not fatal (the client may be closing)
+                log.warning("heartbeat failed: %s", e)
+
+    def claim(self) -> dict[str, Any] | None:
+        r = self._request("POST", f"/workers/{self.worker_id}/claim")
+        if r.status_code == 204:
+            return None
+        r.raise_for_status()
+        return r.json()
+
+    # ---- one job -------------------------------------------------------------------------------------
+    def command(self, claim: dict[str, Any], jobdir: Path) -> list[str]:
+        job = claim["job"]
+        plan_path, out = jobdir / "plan.json", jobdir / "result.json"
+        plan_path.write_text(json.dumps(claim["plan"], indent=1))
+        cmd = [*self.run_command, "--plan", str(plan_path), "--candidate", str(job["candidate_index"]),
+               "--model", job["model"], "--iterations", str(job["iterations"]), "--out", str(out)]
+        if job["emulate"] and claim.get("profile") is not None:
+            prof = jobdir / "profile.json"
+            prof.write_text(json.dumps(claim["profile"], indent=1))
+            cmd += ["--emulate", str(prof)]
+        if self.standalone:
+            cmd.append("--standalone")
+        return cmd
+
+    def run_job(self, claim: dict[str, Any]) -> str:
+        """Run one claimed job to its end; the outcome: succeeded, failed, cancelled, lost or released."""
+        job = claim["job"]
+        jid = job["id"]
+        jobdir = self.workdir / f"job-{jid}-attempt-{job['attempts']}"
+        jobdir.mkdir(parents=True, exist_ok=True)
+        cmd = self.command(claim, jobdir)
+        logfile = jobdir / "run.log"
+        renew_every = max(0.2, float(claim["lease_seconds"]) / 3)
+        log.info("job %d: %s", jid, shlex.join(cmd))
+        with open(logfile, "wb") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True)
+            outcome = None
+            try:
+                while proc.poll() is None:
+                    if self.stop.wait(renew_every):
+                        outcome = "released"
+                        break
+                    try:
+                        r = self.client.post(f"/jobs/{jid}/lease", json={"worker_id": self.worker_id})
+                    except httpx.TransportError as e:
+                        log.warning("job %d: lease renewal failed (%s); the run goes on", jid, e)
+                        continue
+                    if r.status_code == 409:
+                        outcome = "lost"
+                        break
+                    if r.status_code == 200 and r.json().get("cancel"):
+                        outcome = "cancelled"
+                        break
+            finally:
+                if proc.poll() is None:
+                    _terminate(proc)
+        if outcome == "released":
+            self._request("POST", f"/jobs/{jid}/release", json={"worker_id": self.worker_id})
+            log.info("job %d: stopped, released", jid)
+            return outcome
+        if outcome is not None:
+            log.warning("job %d: %s; run stopped", jid, outcome)
+            return outcome
+        return self._report(jid, proc.returncode, jobdir / "result.json", logfile)
+
+    def _report(self, jid: int, code: int, out: Path, logfile: Path) -> str:
+        tail = _tail(logfile)
+        if code == 0 and out.exists():
+            try:
+                raw = json.loads(out.read_text())
+                body = {"worker_id": self.worker_id, "iteration_time": raw["iteration_time"],
+                        "bubble_ratio": raw.get("bubble_ratio"), "devices": raw.get("devices") or [],
+                        "emulated": bool(raw.get("emulated", False)), "trace": _trace(raw, out.parent), "raw": raw}
+                r = self._request("POST", f"/jobs/{jid}/result", json=body)
+                if r.status_code == 201:
+                    log.info("job %d: result posted (iteration %.4g s)", jid, raw["iteration_time"])
+                    return "succeeded"
+                if r.status_code == 409:
+                    log.warning("job %d: result refused: %s", jid, r.text[:300])
+                    return "lost"
+                error = f"the API refused the result ({r.status_code}): {r.text[:1000]}"
+            except (ValueError, KeyError, TypeError) as e:
+                error = f"unreadable result file {out}: {type(e).__name__}: {e}"
+        elif code == 0:
+            error = f"the run exited 0 but wrote no result file ({out})"
+        else:
+            error = f"the run exited with code {code}"
+        r = self._request("POST", f"/jobs/{jid}/fail", json={"worker_id": self.worker_id, "error": error,
+                                                             "log_tail": tail})
+        log.warning("job %d failed: %s", jid, error)
+        return "failed" if r.status_code == 200 else "lost"
+
+    # ---- main loop -----------------------------------------------------------------------------------
+    def serve(self, once: bool = False, max_jobs: int | None = None) -> int:
+        """Claim and run jobs until stopped (``once``: at most one job, then return; also when none is
+        queued). Returns the number of jobs run."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.register()
+        hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+        hb.start()
+        ran = 0
+        try:
+            while not self.stop.is_set():
+                claim = self.claim()
+                if claim is None:
+                    if once:
+                        break
+                    self.stop.wait(self.poll)
+                    continue
+                self.run_job(claim)
+                ran += 1
+                if once or (max_jobs is not None and ran >= max_jobs):
+                    break
+        finally:
+            self.stop.set()
+            self.client.close()
+        return ran
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _tail(path: Path, n: int = LOG_TAIL) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode("utf-8", "replace")
+
+
+def _trace(raw: dict[str, Any], base: Path) -> str | None:
+    t = raw.get("trace")
+    if not isinstance(t, str) or not t:
+        return None
+    p = Path(t) if Path(t).is_absolute() else base / t
+    try:
+        if p.is_file() and p.stat().st_size <= TRACE_LIMIT:
+            return p.read_text(errors="replace")
+    except OSError:
+        pass
+    return None
+
+
+def main(api: str, token: str, **kw: Any) -> int:
+    once = kw.pop("once", False)
+    agent = Agent(api, token, **kw)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        agent.stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return agent.serve(once=once)

@@ -1,0 +1,207 @@
+"""Fixtures of the API and database tests (a pytest plugin, loaded from conftest.py).
+
+``db_url`` is parametrized over SQLite (a fresh file per test) and PostgreSQL (``$PIPEPLAN_TEST_POSTGRES_URL``,
+its public schema emptied per test; skipped with the reason when the variable is unset: ``make test``
+sets it under CI from ``.ci/postgres.sh``). Every database is migrated with Alembic, as in production.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN, WORKER = "admin-secret-token", "worker-secret-token"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+WAUTH = {"Authorization": f"Bearer {WORKER}"}
+FAKE_RUN = ROOT / "tests" / "fixtures" / "fake_run.py"
+PG_ENV = "PIPEPLAN_TEST_POSTGRES_URL"
+
+
+def _reset_postgres(url: str) -> None:
+    from db.session import database_url
+
+    eng = create_engine(database_url(url), isolation_level="AUTOCOMMIT")
+    try:
+        with eng.connect() as c:
+            c.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
+            c.execute(text("CREATE SCHEMA public"))
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def raw_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database (no schema)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'pipeplan.db'}"
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"PostgreSQL half skipped: {PG_ENV} is not set (CI sets it from .ci/postgres.sh; locally: "
+                    f"export {PG_ENV}=$(sudo bash .ci/postgres.sh))")
+    try:
+        _reset_postgres(url)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"PostgreSQL half skipped: no server at {PG_ENV}: {e}")
+    return url
+
+
+@pytest.fixture
+def db_url(raw_db_url: str) -> str:
+    """A database migrated to the head revision."""
+    from db.migrate import upgrade
+
+    upgrade(raw_db_url)
+    return raw_db_url
+
+
+def make_settings(db_url: str, **kw: Any) -> Any:
+    from api.settings import Settings
+
+    base: dict[str, Any] = dict(database_url=db_url, admin_token=ADMIN, worker_token=WORKER, open_reads=False,
+                                lease_seconds=30.0, max_attempts=3, plan_workers=2, plan_wait_seconds=5.0,
+                                plan_timeout_seconds=120.0, reaper_interval=0.2, worker_alive_seconds=60.0,
+                                max_cluster_gpus=65536)
+    base.update(kw)
+    return Settings(**base)
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+
+    with TestClient(create_app(make_settings(db_url)), raise_server_exceptions=False) as c:
+        yield c
+
+
+def tiny_cluster(gpus_per_node: int = 4, nodes: int = 1, name: str = "tiny-cluster") -> dict[str, Any]:
+    return {"name": name, "nodes": nodes, "gpus_per_node": gpus_per_node, "device": "A100-SXM4-80GB",
+            "memory_bytes": 80 * 2**30, "peak_flops": 312e12, "intra": {"alpha": 3e-6, "beta": 4e-12},
+            "inter": {"alpha": 5e-6, "beta": 4.5e-11}}
+
+
+def tiny_profile(name: str = "gpt-tiny", layers: int = 4) -> dict[str, Any]:
+    from planner.analytic import transformer_profile
+
+    return transformer_profile(name, layers, 256, 4, 128, 1024, 312e12, "A100-SXM4-80GB").model_dump(mode="json")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+class LiveServer:
+    """The real app under uvicorn in a subprocess (so it can be killed and restarted)."""
+
+    def __init__(self, db_url: str, workdir: Path, **settings: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = _env({"DATABASE_URL": db_url, "PIPEPLAN_ADMIN_TOKEN": ADMIN, "PIPEPLAN_WORKER_TOKEN": WORKER,
+                         "PIPEPLAN_REAPER_INTERVAL": "0.2", "PIPEPLAN_PLAN_WAIT_SECONDS": "2", **settings})
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> LiveServer:
+        self.starts += 1
+        log = open(self.workdir / f"server-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--log-level", "warning"],
+                                     cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not start: " + self.log())
+
+    def log(self) -> str:
+        return (self.workdir / f"server-{self.starts}.log").read_text(errors="replace")[-3000:]
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=AUTH, timeout=30)
+
+
+@pytest.fixture
+def live_server(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+    srv = LiveServer(db_url, tmp_path, PIPEPLAN_LEASE_SECONDS="5").start()  # renewed every 5/3 s
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def start_agent(url: str, workdir: Path, name: str, env: dict[str, str] | None = None,
+                *extra: str) -> subprocess.Popen[bytes]:
+    """A real agent (``pipeplan agent``) in a subprocess, running the STAND-IN executor (fake_run.py)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", url, "--token", WORKER, "--name", name,
+           "--poll", "0.2", "--heartbeat", "1", "--workdir", str(workdir),
+           "--run-command", f"{sys.executable} {FAKE_RUN}", *extra]
+    log = open(workdir / "agent.log", "wb")  # noqa: SIM115
+    return subprocess.Popen(cmd, cwd=ROOT, env=_env(env or {}), stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for(fn: Any, timeout: float = 60.0, every: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def seed_plan(c: Any, gpus_per_node: int = 4, global_batch: int = 32) -> tuple[int, int, dict[str, Any]]:
+    """Upload the tiny profile and cluster and plan them; (profile id, cluster id, done plan)."""
+    p = c.post("/profiles", json=tiny_profile(), headers=AUTH)
+    assert p.status_code in (200, 201), p.text
+    cl = c.post("/clusters", json=tiny_cluster(gpus_per_node), headers=AUTH)
+    assert cl.status_code in (200, 201), cl.text
+    r = c.post("/plans", json={"profile_id": p.json()["id"], "cluster_id": cl.json()["id"],
+                               "global_batch": global_batch, "top": 5}, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan = r.json()
+    if plan["status"] not in ("done", "failed"):
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            c.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    assert plan["status"] == "done", plan
+    return p.json()["id"], cl.json()["id"], plan

@@ -1,0 +1,214 @@
+"""API through httpx (starlette TestClient) against the real app, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from api_support import AUTH, WAUTH, seed_plan, tiny_cluster, tiny_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_health_and_openapi(client) -> None:  # type: ignore[no-untyped-def]
+    h = client.get("/health").json()
+    assert h["status"] == "ok" and h["schema"] == "0001"
+    spec = client.get("/openapi.json").json()
+    for path in ("/profiles", "/clusters", "/plans", "/jobs", "/workers", "/jobs/{job_id}/comparison",
+                 "/workers/{worker_id}/claim", "/metrics"):
+        assert path in spec["paths"], path
+    assert client.get("/docs").status_code == 200
+
+
+def test_profiles_versioned_by_content_hash(client) -> None:  # type: ignore[no-untyped-def]
+    prof = tiny_profile()
+    r1 = client.post("/profiles", json=prof, headers=AUTH)
+    assert r1.status_code == 201, r1.text
+    r2 = client.post("/profiles", json=prof, headers=AUTH)
+    assert r2.status_code == 200 and r2.json()["id"] == r1.json()["id"]
+    other = client.post("/profiles", json=tiny_profile("gpt-tiny-6", 6), headers=AUTH)
+    assert other.status_code == 201 and other.json()["id"] != r1.json()["id"]
+    got = client.get(f"/profiles/{r1.json()['id']}", headers=AUTH).json()
+    assert got["content_hash"] == r1.json()["content_hash"] and got["profile"]["name"] == "gpt-tiny"
+    assert [p["name"] for p in client.get("/profiles", params={"name": "gpt-tiny-6"}, headers=AUTH).json()] == \
+        ["gpt-tiny-6"]
+    assert len(client.get("/profiles", params={"device": "A100-SXM4-80GB"}, headers=AUTH).json()) == 2
+    assert client.get("/profiles", params={"device": "nope"}, headers=AUTH).json() == []
+    assert client.delete(f"/profiles/{other.json()['id']}", headers=AUTH).status_code == 204
+    assert client.get(f"/profiles/{other.json()['id']}", headers=AUTH).status_code == 404
+
+
+def test_malformed_profiles_are_422_naming_the_field(client) -> None:  # type: ignore[no-untyped-def]
+    prof = tiny_profile()
+    bad = json.loads(json.dumps(prof))
+    bad["layers"][1]["fwd_time"]["1"] = -1.0
+    r = client.post("/profiles", json=bad, headers=AUTH)
+    assert r.status_code == 422 and "fwd_time[1]" in r.json()["detail"] and "must be >= 0" in r.json()["detail"]
+    # NaN travels in JSON as the bare token NaN (python json writes it)
+    bad = json.loads(json.dumps(prof))
+    bad["layers"][0]["bwd_time"]["2"] = math.nan
+    r = client.post("/profiles", content=json.dumps(bad), headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 422 and "finite" in r.json()["detail"], r.text
+    r = client.post("/profiles", json={**prof, "layers": []}, headers=AUTH)
+    assert r.status_code == 422 and "layers" in r.json()["detail"]
+    r = client.post("/profiles", json={k: v for k, v in prof.items() if k != "device"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("device: Field required")
+    r = client.post("/profiles", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 422 and "JSON" in r.json()["detail"]
+    r = client.post("/profiles", json={**prof, "name": "x" * 300}, headers=AUTH)
+    assert r.status_code == 422 and "name: at most 200" in r.json()["detail"]
+    r = client.post("/profiles", json={**prof, "name": "a\x00b"}, headers=AUTH)
+    assert r.status_code == 422 and "NUL" in r.json()["detail"]
+
+
+def test_clusters_same_treatment(client) -> None:  # type: ignore[no-untyped-def]
+    for path in sorted((ROOT / "examples" / "clusters").glob("*.json")):
+        body = json.loads(path.read_text())
+        r = client.post("/clusters", json=body, headers=AUTH)
+        assert r.status_code == 201, r.text
+        assert client.post("/clusters", json=body, headers=AUTH).status_code == 200
+    assert len(client.get("/clusters", headers=AUTH).json()) == 4
+    r = client.post("/clusters", json={**tiny_cluster(), "nodes": 0}, headers=AUTH)
+    assert r.status_code == 422 and "nodes" in r.json()["detail"]
+    r = client.post("/clusters", json={**tiny_cluster(), "nodes": 10**6}, headers=AUTH)
+    assert r.status_code == 422 and "exceeds this server's limit" in r.json()["detail"]
+
+
+def test_auth_tokens_and_roles(client) -> None:  # type: ignore[no-untyped-def]
+    prof = tiny_profile()
+    r = client.post("/profiles", json=prof)
+    assert r.status_code == 401 and "missing bearer token" in r.json()["detail"]
+    r = client.post("/profiles", json=prof, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["detail"] == "invalid bearer token"
+    r = client.post("/profiles", json=prof, headers=WAUTH)
+    assert r.status_code == 403 and "worker token cannot do admin writes" in r.json()["detail"]
+    assert client.get("/profiles").status_code == 401  # reads closed by default
+    assert client.get("/profiles", headers=WAUTH).status_code == 200
+    r = client.post("/workers", json={"name": "w", "node": "n"})
+    assert r.status_code == 401
+    assert client.post("/workers", json={"name": "w", "node": "n"}, headers=WAUTH).status_code == 201
+    assert client.get("/metrics").status_code == 200 and client.get("/health").status_code == 200
+
+
+def test_open_reads_setting(db_url) -> None:  # type: ignore[no-untyped-def]
+    from api_support import make_settings
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+
+    with TestClient(create_app(make_settings(db_url, open_reads=True))) as c:
+        assert c.get("/profiles").status_code == 200
+        assert c.post("/profiles", json=tiny_profile()).status_code == 401
+
+
+def test_plan_flow_stored_and_not_recomputed(client) -> None:  # type: ignore[no-untyped-def]
+    pid, cid, plan = seed_plan(client)
+    assert plan["num_candidates"] == len(plan["candidates"]) > 0
+    best = plan["candidates"][0]
+    assert best["fits"] and best["iteration_time"] > 0 and best["global_batch"] == 32
+    assert plan["candidates"] == sorted(plan["candidates"], key=lambda c: -c["throughput"])
+    again = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 32, "top": 5},
+                        headers=AUTH)
+    assert again.status_code == 200 and again.json()["id"] == plan["id"]
+    assert again.json()["attempts"] == 1, "the stored result was returned, not recomputed"
+    listed = client.get("/plans", headers=AUTH).json()
+    assert [p["id"] for p in listed] == [plan["id"]] and listed[0]["num_candidates"] == plan["num_candidates"]
+    assert client.get("/plans", params={"status": "failed"}, headers=AUTH).json() == []
+
+
+def test_plan_errors_are_4xx(client) -> None:  # type: ignore[no-untyped-def]
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(), headers=AUTH).json()["id"]
+    cases = [({"profile_id": 999, "cluster_id": cid, "global_batch": 8}, "profile_id: profile 999 not found"),
+             ({"profile_id": pid, "cluster_id": 999, "global_batch": 8}, "cluster_id: cluster 999 not found"),
+             ({"profile_id": pid, "cluster_id": cid, "global_batch": 0}, "global_batch"),
+             ({"profile_id": pid, "cluster_id": cid, "global_batch": 8, "gpus": 64}, "gpus: budget 64 exceeds"),
+             ({"profile_id": pid, "cluster_id": cid, "global_batch": 8, "schedules": ["nope"]}, "unknown schedule"),
+             ({"profile_id": pid, "cluster_id": cid, "global_batch": 8, "bogus": 1}, "bogus"),
+             ({"cluster_id": cid, "global_batch": 8}, "profile_id: Field required")]
+    for body, msg in cases:
+        r = client.post("/plans", json=body, headers=AUTH)
+        assert r.status_code == 422, (body, r.status_code, r.text)
+        assert msg in r.json()["detail"], (msg, r.json())
+    assert client.get("/plans/12345", headers=AUTH).status_code == 404
+    assert client.get("/plans/0", headers=AUTH).status_code == 422
+    # a request the planner rejects ends failed with its message, not a 5xx
+    r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 7, "gpus": 3},
+                    headers=AUTH)
+    assert r.status_code in (201, 202), r.text
+
+
+def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no-untyped-def]
+    _, _, plan = seed_plan(client)
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 99, "model": "gpt-tiny"},
+                    headers=AUTH)
+    assert r.status_code == 422 and "candidate_index" in r.json()["detail"]
+    r = client.post("/jobs", json={"plan_id": 777, "model": "gpt-tiny"}, headers=AUTH)
+    assert r.status_code == 422 and "plan_id: plan 777 not found" in r.json()["detail"]
+    assert client.post("/jobs", json={"plan_id": plan["id"], "model": "m"}, headers=WAUTH).status_code == 403
+    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny",
+                                     "iterations": 3}, headers=AUTH).json()
+    assert job["state"] == "queued"
+    comp = client.get(f"/jobs/{job['id']}/comparison", headers=AUTH).json()
+    assert comp["fields"][0]["predicted"] == plan["candidates"][0]["iteration_time"]
+    assert comp["fields"][0]["measured"] is None
+
+    w = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 2, "device_type": "cpu"},
+                    headers=WAUTH).json()
+    again = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 4}, headers=WAUTH)
+    assert again.status_code == 200 and again.json()["id"] == w["id"] and again.json()["gpus"] == 4
+    claim = client.post(f"/workers/{w['id']}/claim", headers=WAUTH)
+    assert claim.status_code == 200, claim.text
+    cj = claim.json()
+    assert cj["job"]["id"] == job["id"] and cj["job"]["state"] == "running" and cj["job"]["attempts"] == 1
+    assert cj["plan"]["candidates"][0] == plan["candidates"][0] and cj["candidate"] == plan["candidates"][0]
+    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 204
+    lease = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": w["id"]}, headers=WAUTH)
+    assert lease.status_code == 200 and lease.json()["cancel"] is False
+    other = client.post("/workers", json={"name": "agent-2", "node": "n2"}, headers=WAUTH).json()
+    r = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": other["id"]}, headers=WAUTH)
+    assert r.status_code == 409 and "lease was lost" in r.json()["detail"]
+    bad = client.post(f"/jobs/{job['id']}/result", json={"worker_id": w["id"], "iteration_time": -1},
+                      headers=WAUTH)
+    assert bad.status_code == 422 and "iteration_time" in bad.json()["detail"]
+    pred = plan["candidates"][0]
+    measured = {"worker_id": w["id"], "iteration_time": pred["iteration_time"] * 1.2, "bubble_ratio": 0.1,
+                "devices": [{"busy": 1.0, "idle": 0.1, "peak_memory": pred["memory"][0]}], "emulated": True,
+                "trace": "{}", "raw": {"iteration_time": pred["iteration_time"] * 1.2}}
+    r = client.post(f"/jobs/{job['id']}/result", json=measured, headers=WAUTH)
+    assert r.status_code == 201, r.text
+    assert client.post(f"/jobs/{job['id']}/result", json=measured, headers=WAUTH).status_code == 409
+    got = client.get(f"/jobs/{job['id']}", headers=AUTH).json()
+    assert got["state"] == "succeeded" and got["has_result"]
+    comp = client.get(f"/jobs/{job['id']}/comparison", headers=AUTH).json()
+    fields = {f["field"]: f for f in comp["fields"]}
+    assert abs(fields["iteration_time"]["relative_error"] - 0.2) < 1e-9
+    assert abs(fields["throughput"]["relative_error"] - (1 / 1.2 - 1)) < 1e-9
+    assert comp["devices"][0]["peak_memory_relative_error"] == 0.0 and comp["emulated"] is True
+    assert client.get(f"/jobs/{job['id']}/result", headers=AUTH).json()["trace"] == "{}"
+    # cancel: queued job, then a terminal one is 409
+    j2 = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
+    assert client.post(f"/jobs/{j2['id']}/cancel", headers=AUTH).json()["state"] == "cancelled"
+    assert client.post(f"/jobs/{j2['id']}/cancel", headers=AUTH).status_code == 409
+    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 204
+    assert client.post("/workers/9999/claim", headers=WAUTH).status_code == 404
+    states = {j["id"]: j["state"] for j in client.get("/jobs", headers=AUTH).json()}
+    assert states == {job["id"]: "succeeded", j2["id"]: "cancelled"}
+    text = client.get("/metrics").text
+    assert 'pipeplan_jobs{state="succeeded"} 1.0' in text and "pipeplan_workers_alive 2.0" in text
+    assert 'pipeplan_http_requests_total{method="POST",route="/jobs",status="201"}' in text
+    assert "pipeplan_http_request_duration_seconds_bucket" in text
+
+
+def test_cancel_running_job_tells_the_agent(client) -> None:  # type: ignore[no-untyped-def]
+    _, _, plan = seed_plan(client)
+    job = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
+    w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()
+    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 200
+    assert client.post(f"/jobs/{job['id']}/cancel", headers=AUTH).json()["state"] == "cancelled"
+    r = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": w["id"]}, headers=WAUTH)
+    assert r.status_code == 200 and r.json()["cancel"] is True
+    # failure report and release on a job not held -> 409
+    r = client.post(f"/jobs/{job['id']}/fail", json={"worker_id": w["id"], "error": "x"}, headers=WAUTH)
+    assert r.status_code == 409

@@ -1,0 +1,157 @@
+"""Database: migrations, the schema check at startup, claiming under concurrency, leases."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from api_support import make_settings
+from sqlalchemy import inspect
+
+from api import crud
+from db.migrate import SchemaBehind, check, current, head, upgrade
+from db.models import Job, PlanRequest, utcnow
+from db.session import make_engine, make_sessionmaker
+
+
+def test_upgrade_creates_every_table(db_url: str) -> None:
+    eng = make_engine(db_url)
+    try:
+        tables = set(inspect(eng).get_table_names())
+        assert {"profiles", "clusters", "plan_requests", "candidates", "jobs", "workers", "results",
+                "alembic_version"} <= tables
+        assert current(eng) == head()
+        check(eng)  # no error at head
+    finally:
+        eng.dispose()
+    assert upgrade(db_url) == head()  # idempotent
+
+
+def test_app_refuses_a_schema_that_is_behind(raw_db_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+
+    with pytest.raises(SchemaBehind, match="pipeplan db-upgrade"):
+        with TestClient(create_app(make_settings(raw_db_url))):
+            pass
+
+
+def test_sqlite_uses_wal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    upgrade(url)
+    eng = make_engine(url)
+    try:
+        with eng.connect() as c:
+            assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        eng.dispose()
+
+
+def _plan_with_jobs(sessions, n: int) -> list[int]:  # type: ignore[no-untyped-def]
+    from api_support import tiny_cluster, tiny_profile
+
+    from planner.cluster import Cluster
+    from planner.profile import ModelProfile
+
+    with sessions.begin() as db:
+        p, _ = crud.add_profile(db, ModelProfile.model_validate(tiny_profile()))
+        c, _ = crud.add_cluster(db, Cluster.model_validate(tiny_cluster()), 1024)
+        plan = PlanRequest(profile_id=p.id, cluster_id=c.id, request={"global_batch": 8}, request_hash="x",
+                           status="done")
+        db.add(plan)
+        db.flush()
+        crud.finish_plan(db, plan.id, {"candidates": [{"label": "c0", "iteration_time": 1.0, "throughput": 8.0}]})
+        ids = [crud.create_job(db, {"plan_id": plan.id, "candidate_index": 0, "model": "gpt-tiny",
+                                    "iterations": 1, "emulate": False}, 3).id for _ in range(n)]
+    return ids
+
+
+def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
+    """8 threads, each with its own session, claim until the queue is empty: every job exactly once."""
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        jobs = _plan_with_jobs(sessions, 40)
+        with sessions.begin() as db:
+            workers = [crud.register_worker(db, {"name": f"w{i}", "node": "n", "gpus": 0,
+                                                 "device_type": "cpu"})[0].id for i in range(8)]
+        claimed: dict[int, list[int]] = {w: [] for w in workers}
+        barrier = threading.Barrier(len(workers))
+        errors: list[BaseException] = []
+
+        def run(w: int) -> None:
+            try:
+                barrier.wait()
+                for _ in range(200):  # bounded
+                    with sessions.begin() as db:
+                        job = crud.claim_job(db, w, 30)
+                        if job is None:
+                            return
+                        claimed[w].append(job.id)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        got = [j for js in claimed.values() for j in js]
+        assert sorted(got) == sorted(jobs), "each job claimed exactly once"
+        assert sum(1 for js in claimed.values() if js) >= 2, "several claimers took part"
+        with sessions() as db:
+            for jid in jobs:
+                j = db.get(Job, jid)
+                assert j.state == "running" and j.attempts == 1 and j.worker_id in claimed
+                assert jid in claimed[j.worker_id]
+    finally:
+        eng.dispose()
+
+
+def test_expired_lease_requeues_then_fails_after_max_attempts(db_url: str) -> None:
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        (jid,) = _plan_with_jobs(sessions, 1)
+        with sessions.begin() as db:
+            w = crud.register_worker(db, {"name": "w", "node": "n", "gpus": 0, "device_type": "cpu"})[0].id
+        for attempt in (1, 2, 3):
+            with sessions.begin() as db:
+                job = crud.claim_job(db, w, 30)
+                assert job is not None and job.id == jid and job.attempts == attempt
+                # a renewal extends the lease
+                job2, cancel = crud.renew_lease(db, jid, w, 60)
+                assert not cancel and job2.lease_expires_at > utcnow() + timedelta(seconds=50)
+            with sessions.begin() as db:
+                assert crud.expire_leases(db) == []  # not expired yet
+                assert crud.expire_leases(db, utcnow() + timedelta(seconds=120)) == [jid]
+            with sessions() as db:
+                j = db.get(Job, jid)
+                assert j.state == ("queued" if attempt < 3 else "failed"), (attempt, j.state)
+        with sessions() as db:
+            j = db.get(Job, jid)
+            assert "lease expired" in j.error and [e["event"] for e in j.history].count("lease_expired") == 3
+            with pytest.raises(crud.Conflict, match="lease was lost"):
+                crud.renew_lease(db, jid, w, 30)
+    finally:
+        eng.dispose()
+
+
+def test_cli_db_upgrade_and_seed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    r = CliRunner().invoke(app, ["db-upgrade", "--url", url])
+    assert r.exit_code == 0 and "at revision 0001" in r.output, r.output
+    r = CliRunner().invoke(app, ["seed", "--url", url])
+    assert r.exit_code == 0 and "gpt2-medium on A100-SXM4-80GB" in r.output and "bert-48 on P100" in r.output
+    r = CliRunner().invoke(app, ["seed", "--url", url])
+    assert r.exit_code == 0 and r.output.count("(already there)") == 10, r.output
+    for cmd in ("serve", "agent"):
+        r = CliRunner().invoke(app, [cmd, "--help"])
+        assert r.exit_code == 0
