@@ -15,8 +15,17 @@ from typing import Any
 import httpx
 import pytest
 from api_support import ADMIN, WORKER, LiveServer, wait_for
-from browser.support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, VIEWPORT, Console, agent_process, needs_browser, \
-    shot, stop
+from browser.support import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    Console,
+    agent_process,
+    needs_browser,
+    shot,
+    stop,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -222,4 +231,37 @@ def test_500_candidates_load_under_a_second(server: LiveServer, browser: Any, co
     # sanity: the JSON the page reads is the API's
     assert httpx.get(f"{server.url}/plans/{plan_id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
         "num_candidates"] == 500
+    ctx.close()
+
+
+def test_shared_link_opens_the_comparison_and_shows_why_rejected(server: LiveServer, browser: Any,
+                                                                 console: Console) -> None:
+    pid, cid = _profile_and_cluster(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
+    with server.client() as c:
+        r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 64, "gpus": 2, "top": 10})
+        plan_id = r.json()["id"]
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            c.get(f"/plans/{plan_id}").json()), timeout=120, what="plan done")
+    assert plan["status"] == "done" and plan["infeasible"], plan.get("error")
+    n, k = plan["num_candidates"], len(plan["infeasible"])
+    ctx = browser.new_context(viewport=VIEWPORT)
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.goto(f"{server.url}/ui/plans/{plan_id}?sort=iteration_time:desc&sel=0,1&infeasible=1")
+    page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
+    assert page.locator("#compare article.card").count() == 2
+    for r in (0, 1):
+        assert page.locator(f'[data-role="timeline"][data-rank="{r}"] .ytick').count() == \
+            plan["candidates"][r]["pipeline"]
+    assert page.is_checked("#show-infeasible")
+    assert page.locator("#cands tbody tr").count() == n + k
+    bad = page.locator("#cands tbody tr.infeasible")
+    assert bad.count() == k
+    assert "out of memory" in bad.first.locator("td.reason").inner_text()
+    assert bad.first.locator("input.sel").is_disabled()
+    assert bad.first.locator("td.over").count() == 1  # peak memory over capacity is marked
+    page.fill("#filter", "out of memory")
+    assert page.locator("#cands tbody tr").count() == k
+    assert "filter=out+of+memory" in page.url
+    shot(page, "10-why-rejected")
     ctx.close()

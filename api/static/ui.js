@@ -213,14 +213,14 @@ const PP = (() => {
   async function drawBreakdown(el, cands) {
     const P = await plotly();
     const parts = [["compute", "#1f77b4"], ["bubble", "#c7c7c7"], ["allreduce_exposed", "#8c564b"], ["step", "#7f7f7f"]];
-    const names = cands.map((c) => "#" + (c.rank + 1));
+    const names = cands.map((c) => "rank " + (c.rank + 1));
     const traces = parts.map(([k, color]) => ({
       type: "bar", orientation: "h", name: k.replace("_", " "), y: names,
       x: cands.map((c) => ((c.breakdown || {})[k] || 0) * 1e3), marker: { color },
       hovertemplate: k + ": %{x:.4f} ms<extra>%{y}</extra>",
     }));
     const layout = {
-      barmode: "stack", height: 80 + 40 * cands.length, margin: { l: 50, r: 10, t: 10, b: 40 },
+      barmode: "stack", height: 80 + 40 * cands.length, margin: { l: 70, r: 10, t: 10, b: 40 },
       xaxis: { title: { text: "ms" } }, yaxis: { autorange: "reversed" },
       legend: { orientation: "h", y: -0.35 },
     };
