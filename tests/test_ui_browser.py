@@ -45,7 +45,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     url = f"sqlite:///{tmp / 'pipeplan.db'}"
     upgrade(url)
     seed(url)
-    srv = LiveServer(url, tmp, PIPEPLAN_LEASE_SECONDS="5").start()
+    # plan wait 0: POST /plans answers 202 at once, so the new-plan page shows its progress and polls
+    srv = LiveServer(url, tmp, PIPEPLAN_LEASE_SECONDS="5", PIPEPLAN_PLAN_WAIT_SECONDS="0").start()
     try:
         yield srv
     finally:
@@ -84,12 +85,12 @@ def test_plan_compare_dispatch_end_to_end(server: LiveServer, browser: Any, cons
                                           tmp_path: Path) -> None:
     agent = agent_process(server.url, WORKER, tmp_path / "agent", "ui-test-agent", RUN_COMMAND)
     try:
-        _flow(server, browser, console)
+        _flow(server, browser, console, tmp_path)
     finally:
         stop(agent)
 
 
-def _flow(server: LiveServer, browser: Any, console: Console) -> None:
+def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) -> None:
     ctx = browser.new_context(viewport=VIEWPORT)
     page = console.attach(ctx.new_page())
     page.set_default_timeout(30_000)
@@ -105,11 +106,18 @@ def _flow(server: LiveServer, browser: Any, console: Console) -> None:
     pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     page.select_option("#profile", str(pid))
     assert page.input_value("#cluster") == str(cid)  # the first cluster of the profile's device
+    # upload the profile as a JSON file (the same content as the stored one: POST /profiles gives its id)
+    with server.client() as c:
+        body = c.get(f"/profiles/{pid}").json()["profile"]
+    upload = tmp_path / "gpt-tiny.profile.json"
+    upload.write_text(json.dumps(body))
+    page.set_input_files("#profile-file", str(upload))
     page.fill("#global-batch", "16")
     page.fill("#gpus", "4")
     page.fill("#top", "30")
     shot(page, "01-new-plan")
     page.click("#submit-plan")
+    page.wait_for_selector("#progress:not([hidden])")  # 202: queued/running, polled
 
     # 2. the comparison page with the ranked table
     page.wait_for_url(re.compile(r"/ui/plans/\d+"))
