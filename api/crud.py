@@ -501,3 +501,22 @@ def grace_running_leases(db: Session, lease_seconds: float) -> int:
     res = db.execute(update(Job).where(Job.state == "running")
                      .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
     return res.rowcount or 0
+
+
+# ---- UI read helpers (api/routers/ui.py) ------------------------------------------------------------
+
+def get_candidate(db: Session, plan_id: int, rank: int) -> CandidateRow:
+    """Candidate ``rank`` (0 = best) of a plan."""
+    plan = get_plan(db, plan_id)
+    row = db.scalar(select(CandidateRow).where(CandidateRow.plan_id == plan_id, CandidateRow.rank == rank))
+    if row is None:
+        raise NotFound(f"plan {plan_id} has no candidate {rank} ({len(plan.candidates)} candidate(s), "
+                       f"status {plan.status})")
+    return row
+
+
+def store_candidate_field(db: Session, row: CandidateRow, key: str, value: Any) -> None:
+    """Add ``key`` to a stored candidate record (a new dict, so the JSON column sees the change)."""
+    row.body = {**(row.body or {}), key: value}
+    db.flush()
+

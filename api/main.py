@@ -142,6 +142,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for r in (profiles.router, clusters.router, plans.router, jobs.router, workers.router, health.router):
         app.include_router(r)
+    from api.routers import ui  # web UI: pages at / and /ui/..., /ui/static, 2 JSON endpoints
+    ui.install(app)
     return app
 
 

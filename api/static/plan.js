@@ -1,0 +1,225 @@
+// Comparison page: GET /plans/{id} as a sortable, filterable table; 2-4 selected candidates side by side
+// (GET /plans/{id}/candidates/{rank}/timeline); POST /jobs to dispatch one. Selection and sort live in the
+// URL (?sel=0,3&sort=throughput:desc) so the link can be shared.
+"use strict";
+
+const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
+const S = { plan: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {} };
+
+const SORTERS = {
+  rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
+  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
+  iteration_time: (c) => (PP.num(c.iteration_time) ? c.iteration_time : Infinity), throughput: (c) => c.throughput || 0,
+  bubble_ratio: (c) => (PP.num(c.bubble_ratio) ? c.bubble_ratio : Infinity), peak_memory: (c) => c.peak_memory || 0,
+  reason: (c) => (c.fits ? "" : c.reason || "~"),
+};
+
+function readUrl() {
+  const q = new URLSearchParams(location.search);
+  const sort = (q.get("sort") || "").split(":");
+  if (SORTERS[sort[0]]) { S.sortKey = sort[0]; S.sortDir = sort[1] === "desc" ? -1 : 1; }
+  for (const x of (q.get("sel") || "").split(",")) if (x !== "" && !isNaN(+x)) S.selected.add(+x);
+  if (q.get("filter")) document.getElementById("filter").value = q.get("filter");
+  if (q.get("infeasible") === "1") document.getElementById("show-infeasible").checked = true;
+}
+
+function writeUrl() {
+  const q = new URLSearchParams();
+  if (S.sortKey !== "rank" || S.sortDir !== 1) q.set("sort", S.sortKey + ":" + (S.sortDir < 0 ? "desc" : "asc"));
+  if (S.selected.size) q.set("sel", [...S.selected].sort((a, b) => a - b).join(","));
+  const f = document.getElementById("filter").value.trim();
+  if (f) q.set("filter", f);
+  if (document.getElementById("show-infeasible").checked) q.set("infeasible", "1");
+  const s = q.toString();
+  history.replaceState(null, "", location.pathname + (s ? "?" + s : ""));
+}
+
+PP.start(async () => {
+  readUrl();
+  let plan = await PP.get(`/plans/${planId}`);
+  while (plan.status === "queued" || plan.status === "running") {
+    renderInfo(plan);
+    await new Promise((r) => setTimeout(r, 700));
+    plan = await PP.get(`/plans/${planId}`);
+  }
+  S.plan = plan;
+  S.rows = plan.candidates.map((c, i) => ({ ...c, rank: i, feasible: true }))
+    .concat((plan.infeasible || []).map((c, i) => ({ ...c, rank: plan.candidates.length + i, feasible: false })));
+  renderInfo(plan);
+  const scheds = [...new Set(S.rows.map((c) => c.schedule))].sort();
+  document.getElementById("schedule-filter").innerHTML += scheds.map((s) => `<option>${PP.esc(s)}</option>`).join("");
+  wire();
+  renderTable();
+  window.__tableRenderedAt = performance.now();
+  document.body.dataset.ready = "1";
+  const sel = [...S.selected].filter((r) => r < plan.candidates.length);
+  if (sel.length >= 2) compare();
+  if (plan.status === "done") loadNames(plan);
+});
+
+async function loadNames(plan) {
+  const [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
+  const p = profiles.find((x) => x.id === plan.profile_id);
+  const c = clusters.find((x) => x.id === plan.cluster_id);
+  if (p) {
+    document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
+    const model = document.getElementById("job-model");
+    if (!model.value) model.value = p.name;
+  }
+  if (c) document.getElementById("info-cluster").textContent = `${c.name}, ${c.gpus} GPUs (#${c.id})`;
+}
+
+function renderInfo(plan) {
+  const r = plan.request || {};
+  const rej = Object.entries(plan.rejected || {}).sort((a, b) => b[1] - a[1]).slice(0, 6)
+    .map(([k, v]) => `${PP.esc(k)}: ${v}`).join("; ");
+  document.getElementById("plan-info").innerHTML = `
+    <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
+      <span id="info-cluster">cluster #${plan.cluster_id}</span> · global batch ${r.global_batch} ·
+      GPUs ${r.gpus ?? "all"} · max t ${r.max_tensor ?? "node"} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
+      ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}</div>
+    <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
+      (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
+      ${rej ? " · rejected: " + rej : ""} · <a href="/plans/${plan.id}">JSON</a>
+      ${plan.error ? `<div class="error">${PP.esc(plan.error)}</div>` : ""}</div>`;
+}
+
+function wire() {
+  document.querySelectorAll("#cands th[data-key]").forEach((th) => th.addEventListener("click", () => {
+    const k = th.dataset.key;
+    if (S.sortKey === k) S.sortDir = -S.sortDir;
+    else { S.sortKey = k; S.sortDir = ["throughput"].includes(k) ? -1 : 1; }
+    renderTable();
+    writeUrl();
+  }));
+  for (const id of ["filter", "schedule-filter", "show-infeasible"]) {
+    document.getElementById(id).addEventListener("input", () => { renderTable(); writeUrl(); });
+  }
+  document.querySelector("#cands tbody").addEventListener("change", (ev) => {
+    const box = ev.target.closest("input.sel");
+    if (!box) return;
+    const r = +box.dataset.rank;
+    if (box.checked) {
+      if (S.selected.size >= 4) { box.checked = false; PP.notice("at most 4 candidates side by side", "warn"); return; }
+      S.selected.add(r);
+    } else S.selected.delete(r);
+    box.closest("tr").classList.toggle("selected", box.checked);
+    updateCompareButton();
+    writeUrl();
+  });
+  document.getElementById("compare-btn").addEventListener("click", compare);
+  updateCompareButton();
+}
+
+function updateCompareButton() {
+  const n = S.selected.size;
+  const b = document.getElementById("compare-btn");
+  b.disabled = n < 2 || n > 4;
+  b.textContent = `Compare selected (${n})`;
+}
+
+function visibleRows() {
+  const f = document.getElementById("filter").value.trim().toLowerCase();
+  const sched = document.getElementById("schedule-filter").value;
+  const inf = document.getElementById("show-infeasible").checked;
+  const terms = f ? f.split(/\s+/) : [];
+  const key = SORTERS[S.sortKey];
+  return S.rows.filter((c) => (inf || c.feasible) && (!sched || c.schedule === sched) &&
+    terms.every((t) => (c.label + " " + (c.reason || "")).toLowerCase().includes(t)))
+    .sort((a, b) => {
+      const x = key(a), y = key(b);
+      return (x < y ? -1 : x > y ? 1 : a.rank - b.rank) * (x === y ? 1 : S.sortDir);
+    });
+}
+
+function renderTable() {
+  const rows = visibleRows();
+  const html = [];
+  for (const c of rows) {
+    const sel = S.selected.has(c.rank);
+    const cap = c.memory_capacity;
+    const over = cap && c.peak_memory > cap;
+    html.push(`<tr data-rank="${c.rank}" class="${c.feasible ? "" : "infeasible"}${sel ? " selected" : ""}">` +
+      `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
+      `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
+      `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${PP.esc(PP.schedText(c))}</td><td>${c.recompute ? "yes" : ""}</td>` +
+      `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
+      `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
+      `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +
+      `<td class="num${over ? " over" : ""}">${PP.fmtGiB(c.peak_memory)} / ${PP.fmtGiB(cap)}</td>` +
+      `<td class="reason">${c.fits ? "fits" : PP.esc(c.reason)}</td></tr>`);
+  }
+  document.querySelector("#cands tbody").innerHTML = html.join("");
+  document.querySelectorAll("#cands th[data-key]").forEach((th) => {
+    th.classList.toggle("sorted", th.dataset.key === S.sortKey);
+    th.dataset.dir = th.dataset.key === S.sortKey ? (S.sortDir < 0 ? "desc" : "asc") : "";
+  });
+  document.getElementById("row-count").textContent = `${rows.length} of ${S.rows.length} rows`;
+}
+
+async function timeline(rank) {
+  if (!S.timelines[rank]) S.timelines[rank] = PP.get(`/plans/${planId}/candidates/${rank}/timeline`);
+  return S.timelines[rank];
+}
+
+async function compare() {
+  const ranks = [...S.selected].filter((r) => r < S.plan.candidates.length).sort((a, b) => a - b);
+  if (ranks.length < 2) return;
+  const section = document.getElementById("compare-section");
+  section.hidden = false;
+  const box = document.getElementById("compare");
+  box.dataset.count = String(ranks.length);
+  box.innerHTML = ranks.map((r) => {
+    const c = S.rows[r];
+    const b = c.breakdown || {};
+    return `<article class="card" data-rank="${r}">
+      <header><strong>#${r + 1}</strong> ${PP.esc(c.label)}</header>
+      <div class="figures">iteration <b>${PP.fmtTime(c.iteration_time)}</b> · throughput <b>${PP.fmtNum(c.throughput)}</b>/s ·
+        bubble <b>${PP.fmtPct(c.bubble_ratio)}</b> · N=${c.microbatches} · peak ${PP.fmtGiB(c.peak_memory)} of ${PP.fmtGiB(c.memory_capacity)}<br>
+        <span class="muted">compute ${PP.fmtTime(b.compute)} · bubble ${PP.fmtTime(b.bubble)} · exposed all-reduce ${PP.fmtTime(b.allreduce_exposed)} ·
+        step ${PP.fmtTime(b.step)} · comm busy ${PP.fmtTime(b.comm_busy)}</span></div>
+      <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
+      <div class="tl-note muted"></div>
+      <div class="chart memory" data-role="memory" data-rank="${r}"></div>
+      <button type="button" class="dispatch" data-rank="${r}">Dispatch #${r + 1} to workers</button>
+      <span class="dispatch-msg"></span>
+    </article>`;
+  }).join("");
+  box.querySelectorAll("button.dispatch").forEach((b) => b.addEventListener("click", () => dispatch(+b.dataset.rank, b)));
+  section.scrollIntoView({ behavior: "instant", block: "start" });
+  const cands = ranks.map((r) => S.rows[r]);
+  await PP.drawBreakdown(document.getElementById("breakdown-chart"), cands);
+  const docs = await Promise.all(ranks.map((r) => timeline(r)));
+  const xmax = Math.max(...docs.map((d) => d.makespan));
+  for (let i = 0; i < ranks.length; i++) {
+    const card = box.querySelector(`article[data-rank="${ranks[i]}"]`);
+    const el = card.querySelector("[data-role=timeline]");
+    el.innerHTML = "";
+    await PP.drawTimeline(el, docs[i], { xmax });
+    const d = docs[i];
+    card.querySelector(".tl-note").textContent = `${d.devices} devices of one pipeline; ` +
+      `${d.cached ? "stored" : "simulated now and stored"} ${PP.fmtDate(d.computed_at)}` +
+      (d.matches_stored ? "" : " — re-simulation differs from the stored prediction");
+    await PP.drawMemory(card.querySelector("[data-role=memory]"), S.rows[ranks[i]]);
+  }
+  box.dataset.drawn = "1";
+}
+
+async function dispatch(rank, button) {
+  const msg = button.nextElementSibling;
+  const model = document.getElementById("job-model").value.trim();
+  if (!model) { msg.textContent = "give the model the executor builds"; return; }
+  button.disabled = true;
+  try {
+    const job = (await PP.api("POST", "/jobs", {
+      plan_id: planId, candidate_index: rank, model,
+      iterations: parseInt(document.getElementById("job-iterations").value, 10) || 10,
+      emulate: document.getElementById("job-emulate").checked,
+    })).data;
+    msg.innerHTML = `<a href="/ui/jobs/${job.id}">job ${job.id}</a> queued`;
+    location.href = `/ui/jobs/${job.id}`;
+  } catch (e) {
+    msg.textContent = e.message;
+    button.disabled = false;
+  }
+}

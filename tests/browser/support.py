@@ -1,0 +1,78 @@
+"""Browser-test support: Debian's headless Chromium driven by Playwright's Python package, the real API
+server (uvicorn, SQLite in a temp dir, seeded) and a real agent subprocess.
+
+Chromium comes from Debian (``apt-get install -y chromium``), not from Playwright's download; it is launched
+with flags that stop it dialling out (the test machines have no network). Without ``/usr/bin/chromium`` or
+the ``playwright`` package the browser tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ARTIFACTS = ROOT / "artifacts" / "ui"
+CHROMIUM = os.environ.get("PIPEPLAN_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1280, "height": 800}
+
+
+def skip_reason() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"browser tests need Debian's Chromium at {CHROMIUM} (apt-get install -y chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "browser tests need the playwright Python package (pip install playwright)"
+    return None
+
+
+needs_browser = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+
+class Console:
+    """Collects console errors and uncaught page errors; the tests fail on any."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def attach(self, page: Any) -> Any:
+        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text} @ {page.url}")
+                if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(f"page error: {e} @ {page.url}"))
+        return page
+
+
+def shot(page: Any, name: str, full_page: bool = False) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def agent_process(url: str, token: str, workdir: Path, name: str, run_command: str) -> subprocess.Popen[bytes]:
+    """``pipeplan agent`` in a subprocess; the executor it launches is ``$PIPEPLAN_RUN_COMMAND``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PIPEPLAN_RUN_COMMAND"] = run_command
+    cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", url, "--token", token, "--name", name,
+           "--poll", "0.3", "--heartbeat", "1", "--workdir", str(workdir)]
+    log = open(workdir / "agent.log", "wb")  # noqa: SIM115
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

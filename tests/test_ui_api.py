@@ -1,0 +1,113 @@
+"""The UI's server side without a browser: pages render, plotly.js is served from the package, the
+candidate timeline endpoint re-simulates once and stores, job timelines read the executor's trace."""
+
+from __future__ import annotations
+
+import json
+
+from api_support import AUTH, WAUTH, seed_plan
+
+from api.routers.ui import TIMELINE_KEY, plotly_path, trace_timeline
+
+PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers"]
+
+
+def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-def]
+    for path in PAGES:
+        r = client.get(path)
+        assert r.status_code == 200, (path, r.text)
+        assert r.headers["content-type"].startswith("text/html")
+        assert '<script src="/ui/static/ui.js" defer></script>' in r.text and 'id="token"' in r.text
+        assert "cdn" not in r.text.lower()
+    assert 'value="chimera"' in client.get("/").text
+    assert 'data-plan-id="1"' in client.get("/ui/plans/1").text
+    assert client.get("/ui/plans/0").status_code == 422
+    r = client.get("/ui", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/"
+    for name in ("ui.js", "plan.js", "new_plan.js", "job.js", "lists.js", "ui.css"):
+        assert client.get(f"/ui/static/{name}").status_code == 200, name
+
+
+def test_plotly_served_from_the_package(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.get("/ui/vendor/plotly.min.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert len(r.content) == plotly_path().stat().st_size > 1_000_000
+    assert "max-age" in r.headers["cache-control"]
+    # the UI endpoints are in the API schema, the pages are not
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/plans/{plan_id}/candidates/{rank}/timeline" in paths and "/jobs/{job_id}/timelines" in paths
+    assert "/ui/plans/{plan_id}" not in paths
+
+
+def test_candidate_timeline_simulated_once_then_stored(client) -> None:  # type: ignore[no-untyped-def]
+    _, _, plan = seed_plan(client)
+    pid = plan["id"]
+    assert client.get(f"/plans/{pid}/candidates/0/timeline").status_code == 401  # reads need a token
+    first = client.get(f"/plans/{pid}/candidates/0/timeline", headers=AUTH)
+    assert first.status_code == 200, first.text
+    t = first.json()
+    cand = plan["candidates"][0]
+    assert t["cached"] is False and t["matches_stored"] is True and t["label"] == cand["label"]
+    assert t["devices"] == len(t["rows"]) == cand["pipeline"]
+    assert abs(t["makespan"] - cand["iteration_time"]) < 1e-12
+    kinds = {a for row in t["rows"] for a, *_ in row}
+    assert any("F" in a for a in kinds) and any("B" in a or "I" in a for a in kinds) and "STEP" in kinds
+    for row in t["rows"]:
+        for ev in row:
+            assert ev[1] <= ev[2] <= t["makespan"] + 1e-12
+            if "SEND" in ev[0]:
+                assert len(ev) == 4 and 0 <= ev[3] < t["devices"]
+    again = client.get(f"/plans/{pid}/candidates/0/timeline", headers=AUTH).json()
+    assert again["cached"] is True and again["computed_at"] == t["computed_at"] and again["rows"] == t["rows"]
+    stored = client.get(f"/plans/{pid}", headers=AUTH).json()["candidates"]
+    assert TIMELINE_KEY in stored[0] and all(TIMELINE_KEY not in c for c in stored[1:])
+    r = client.get(f"/plans/{pid}/candidates/{len(stored)}/timeline", headers=AUTH)
+    assert r.status_code == 404 and "has no candidate" in r.json()["detail"]
+    assert client.get("/plans/999/candidates/0/timeline", headers=AUTH).status_code == 404
+    assert client.get(f"/plans/{pid}/candidates/-1/timeline", headers=AUTH).status_code == 422
+
+
+def _chrome_trace() -> str:
+    events = []
+    for rank in range(2):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+                       "args": {"name": f"rank {rank} (device {rank}, copy 0, tp 0)"}})
+        for it in range(2):
+            base = it * 1000.0 + rank * 100.0
+            events.append({"name": f"{rank}F0", "cat": "F", "ph": "X", "pid": 0, "tid": rank, "ts": base,
+                           "dur": 50.0, "args": {"iteration": it}})
+            events.append({"name": f"{rank}B0", "cat": "B", "ph": "X", "pid": 0, "tid": rank, "ts": base + 300,
+                           "dur": 80.0, "args": {"iteration": it}})
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"})
+
+
+def test_trace_timeline_reads_the_executors_chrome_trace() -> None:
+    tl, note = trace_timeline(_chrome_trace())
+    assert note == "" and tl is not None
+    assert tl["iteration"] == 1 and tl["devices"] == 2
+    assert tl["labels"] == ["rank 0 (device 0, copy 0, tp 0)", "rank 1 (device 1, copy 0, tp 0)"]
+    name, start, end = tl["rows"][0][0]
+    assert name == "0F0" and start == 0.0 and abs(end - 50e-6) < 1e-12
+    assert abs(tl["rows"][1][1][1] - 400e-6) < 1e-12 and abs(tl["makespan"] - 480e-6) < 1e-12
+    assert trace_timeline(None) == (None, "the result has no trace")
+    assert trace_timeline("{nope")[0] is None and "not JSON" in trace_timeline("{nope")[1]
+    empty = trace_timeline(json.dumps({"traceEvents": [], "stand_in": True}))
+    assert empty[0] is None and "stand-in" in empty[1]
+
+
+def test_job_timelines_predicted_and_measured(client) -> None:  # type: ignore[no-untyped-def]
+    _, _, plan = seed_plan(client)
+    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 1, "model": "gpt-tiny"},
+                      headers=AUTH).json()
+    t = client.get(f"/jobs/{job['id']}/timelines", headers=AUTH).json()
+    assert t["measured"] is None and "no result yet (queued)" in t["measured_note"]
+    assert t["predicted"]["rank"] == 1 and t["predicted"]["devices"] == plan["candidates"][1]["pipeline"]
+    w = client.post("/workers", json={"name": "w1", "node": "n1"}, headers=WAUTH).json()
+    claim = client.post(f"/workers/{w['id']}/claim", headers=WAUTH)
+    assert claim.status_code == 200, claim.text
+    r = client.post(f"/jobs/{job['id']}/result", headers=WAUTH,
+                    json={"worker_id": w["id"], "iteration_time": 0.01, "trace": _chrome_trace()})
+    assert r.status_code == 201, r.text
+    t = client.get(f"/jobs/{job['id']}/timelines", headers=AUTH).json()
+    assert t["predicted"]["cached"] is True
+    assert t["measured"]["devices"] == 2 and t["measured_note"] == ""

@@ -1,0 +1,275 @@
+"""The web UI in a real browser (Playwright + Debian's headless Chromium, 1280x800) against the real server
+(uvicorn, SQLite in a temp dir, seeded) and a real agent subprocess. Screenshots of every step go to
+``artifacts/ui/``; any console error or page error fails the test."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api_support import ADMIN, WORKER, LiveServer, wait_for
+from browser.support import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    Console,
+    agent_process,
+    needs_browser,
+    shot,
+    stop,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The executor the agent runs. STAND-IN until `pipeplan run` (executor branch) is merged; then use:
+# RUN_COMMAND = "pipeplan run"
+RUN_COMMAND = f"{sys.executable} {ROOT / 'tests' / 'fixtures' / 'fake_run.py'}"
+
+pytestmark = [needs_browser, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from api.seed import seed
+    from db.migrate import upgrade
+
+    tmp = tmp_path_factory.mktemp("ui-server")
+    url = f"sqlite:///{tmp / 'pipeplan.db'}"
+    upgrade(url)
+    seed(url)
+    # plan wait 0: POST /plans answers 202 at once, so the new-plan page shows its progress and polls
+    srv = LiveServer(url, tmp, PIPEPLAN_LEASE_SECONDS="5", PIPEPLAN_PLAN_WAIT_SECONDS="0").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def console() -> Iterator[Console]:
+    c = Console()
+    yield c
+    assert c.errors == [], "console/page errors:\n" + "\n".join(c.errors)
+
+
+def _profile_and_cluster(srv: LiveServer, profile: str, device: str, cluster: str) -> tuple[int, int]:
+    with srv.client() as c:
+        p = [x for x in c.get("/profiles").json() if x["name"] == profile and x["device"] == device]
+        cl = [x for x in c.get("/clusters").json() if x["name"] == cluster]
+    assert p and cl, "seeded profile/cluster missing"
+    return p[0]["id"], cl[0]["id"]
+
+
+@pytest.mark.fake_executor
+def test_plan_compare_dispatch_end_to_end(server: LiveServer, browser: Any, console: Console,
+                                          tmp_path: Path) -> None:
+    agent = agent_process(server.url, WORKER, tmp_path / "agent", "ui-test-agent", RUN_COMMAND)
+    try:
+        _flow(server, browser, console, tmp_path)
+    finally:
+        stop(agent)
+
+
+def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) -> None:
+    ctx = browser.new_context(viewport=VIEWPORT)
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(30_000)
+    base = server.url
+
+    # 1. new-plan page: no token yet -> the page asks for one and sends no request; save the token
+    page.goto(base + "/")
+    assert "Enter the API token" in page.locator("#notice").inner_text()
+    page.fill("#token", ADMIN)
+    page.click("#token-save")
+    page.wait_for_selector('body[data-ready="1"]')
+    assert page.locator("#token-state").inner_text() == "token set"
+    pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    page.select_option("#profile", str(pid))
+    assert page.input_value("#cluster") == str(cid)  # the first cluster of the profile's device
+    # upload the profile as a JSON file (the same content as the stored one: POST /profiles gives its id)
+    with server.client() as c:
+        body = c.get(f"/profiles/{pid}").json()["profile"]
+    upload = tmp_path / "gpt-tiny.profile.json"
+    upload.write_text(json.dumps(body))
+    page.set_input_files("#profile-file", str(upload))
+    page.fill("#global-batch", "16")
+    page.fill("#gpus", "4")
+    page.fill("#top", "30")
+    shot(page, "01-new-plan")
+    page.click("#submit-plan")
+    page.wait_for_selector("#progress:not([hidden])")  # 202: queued/running, polled
+
+    # 2. the comparison page with the ranked table
+    page.wait_for_url(re.compile(r"/ui/plans/\d+"))
+    page.wait_for_selector('body[data-ready="1"]')
+    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    with server.client() as c:
+        plan = c.get(f"/plans/{plan_id}").json()
+    n = plan["num_candidates"]
+    assert plan["status"] == "done" and n >= 2
+    assert page.locator("#cands tbody tr").count() == n
+    shot(page, "02-plan-table")
+
+    # 3. sort by throughput (descending on the first click); the URL keeps the sort
+    page.click('#cands th[data-key="throughput"]')
+    vals = [float(v) for v in page.locator("#cands tbody td.num[data-v]:nth-child(11)").evaluate_all(
+        "els => els.map(e => e.dataset.v)")]
+    assert len(vals) == n and vals == sorted(vals, reverse=True)
+    assert "sort=throughput%3Adesc" in page.url or "sort=throughput:desc" in page.url
+    # filtering and the infeasible rows (with the reason they do not fit)
+    page.check("#show-infeasible")
+    assert page.locator("#cands tbody tr").count() == n + len(plan["infeasible"])
+    if plan["infeasible"]:
+        assert page.locator("#cands tbody tr.infeasible td.reason").first.inner_text() != "fits"
+    page.uncheck("#show-infeasible")
+    shot(page, "03-sorted-by-throughput")
+
+    # 4. select two candidates with different pipeline depths and compare them
+    cands = plan["candidates"]
+    first = max(range(n), key=lambda i: cands[i]["throughput"])
+    second = next((i for i in range(n) if cands[i]["pipeline"] != cands[first]["pipeline"]),
+                  next(i for i in range(n) if i != first))
+    for r in (first, second):
+        page.check(f'input.sel[data-rank="{r}"]')
+    page.click("#compare-btn")
+    page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
+    for r in (first, second):
+        tl = page.locator(f'[data-role="timeline"][data-rank="{r}"]')
+        assert tl.get_attribute("data-devices") == str(cands[r]["pipeline"])
+        assert tl.locator(".ytick").count() == cands[r]["pipeline"]  # one row per device
+        assert tl.locator(".legendtext").count() >= 2  # forward and backward (and communication)
+        assert page.locator(f'[data-role="memory"][data-rank="{r}"] .point').count() == cands[r]["pipeline"]
+    assert page.locator("#compare article.card").count() == 2
+    assert page.locator("#breakdown-chart .legendtext").count() == 4
+    assert f"sel={min(first, second)}%2C{max(first, second)}" in page.url
+    shot(page, "04-compare", full_page=True)
+    page.locator("#compare-section").scroll_into_view_if_needed()
+    shot(page, "04b-compare-viewport")
+
+    # 5. dispatch one to the workers; the job page shows the prediction and, once done, the measurement
+    assert page.input_value("#job-model") == "gpt-tiny"
+    page.fill("#job-iterations", "3")
+    page.click(f'button.dispatch[data-rank="{first}"]')
+    page.wait_for_url(re.compile(r"/ui/jobs/\d+"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+    page.wait_for_selector('body[data-state="succeeded"]', timeout=90_000)
+    page.wait_for_selector('#tl-predicted[data-drawn="1"]')
+    measured = page.locator('#comparison tr[data-field="iteration_time"] td.measured').inner_text()
+    assert measured != "–" and ("ms" in measured or "µs" in measured or " s" in measured)
+    assert page.locator("#devices tbody tr").count() == cands[first]["pipeline"]
+    assert page.locator("#tl-predicted").get_attribute("data-devices") == str(cands[first]["pipeline"])
+    # the stand-in executor writes an empty trace: the page says why there is no measured timeline
+    assert page.locator("#measured-note").inner_text().startswith(("No measured timeline", "iteration"))
+    with server.client() as c:
+        cmp = c.get(f"/jobs/{job_id}/comparison").json()
+    assert cmp["state"] == "succeeded" and cmp["fields"][0]["measured"] is not None
+    shot(page, "05-job-done", full_page=True)
+
+    # 6. jobs and workers lists
+    page.goto(base + "/ui/jobs")
+    page.wait_for_selector(f'#jobs tr[data-job-id="{job_id}"] [data-state="succeeded"]')
+    shot(page, "06-jobs")
+    page.goto(base + "/ui/workers")
+    page.wait_for_selector("#workers tbody tr[data-worker-id]")
+    assert "ui-test-agent" in page.locator("#workers tbody").inner_text()
+    assert "alive" in page.locator("#workers tbody").inner_text()
+    shot(page, "07-workers")
+    page.goto(base + "/ui/plans")
+    page.wait_for_selector(f'#plans a[href="/ui/plans/{plan_id}"]')
+    shot(page, "08-plans")
+    ctx.close()
+
+
+def test_500_candidates_load_under_a_second(server: LiveServer, browser: Any, console: Console) -> None:
+    pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    with server.client() as c:
+        r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 128, "gpus": 16,
+                                   "top": 500})
+        assert r.status_code in (200, 201, 202), r.text
+        plan_id = r.json()["id"]
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            c.get(f"/plans/{plan_id}").json()), timeout=120, what="plan done")
+        size = len(c.get(f"/plans/{plan_id}").content)
+    assert plan["status"] == "done" and plan["num_candidates"] == 500, plan.get("error")
+
+    ctx = browser.new_context(viewport=VIEWPORT)
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    url = f"{server.url}/ui/plans/{plan_id}"
+    timings = []
+    for _ in range(3):  # the first load is cold (no cached scripts, first plan read)
+        t0 = time.perf_counter()
+        page.goto(url)
+        page.wait_for_selector('body[data-ready="1"]')
+        wall = time.perf_counter() - t0
+        assert page.locator("#cands tbody tr").count() == 500
+        in_page = page.evaluate("window.__tableRenderedAt") / 1000  # ms since navigation start
+        timings.append({"wall_s": round(wall, 3), "navigation_to_table_s": round(in_page, 3)})
+    t0 = time.perf_counter()
+    page.click('#cands th[data-key="throughput"]')
+    page.wait_for_selector('#cands th[data-key="throughput"][data-dir="desc"]')
+    sort_s = time.perf_counter() - t0
+    shot(page, "09-500-candidates")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    report = {"plan_json_bytes": size, "loads": timings, "sort_s": round(sort_s, 3)}
+    (ARTIFACTS / "load-times.json").write_text(json.dumps(report, indent=1))
+    print("500-candidate page:", report)
+    assert all(t["wall_s"] < 1.0 for t in timings), report
+    assert sort_s < 1.0, report
+    # sanity: the JSON the page reads is the API's
+    assert httpx.get(f"{server.url}/plans/{plan_id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
+        "num_candidates"] == 500
+    ctx.close()
+
+
+def test_shared_link_opens_the_comparison_and_shows_why_rejected(server: LiveServer, browser: Any,
+                                                                 console: Console) -> None:
+    pid, cid = _profile_and_cluster(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
+    with server.client() as c:
+        r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 64, "gpus": 2, "top": 10})
+        plan_id = r.json()["id"]
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            c.get(f"/plans/{plan_id}").json()), timeout=120, what="plan done")
+    assert plan["status"] == "done" and plan["infeasible"], plan.get("error")
+    n, k = plan["num_candidates"], len(plan["infeasible"])
+    ctx = browser.new_context(viewport=VIEWPORT)
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.goto(f"{server.url}/ui/plans/{plan_id}?sort=iteration_time:desc&sel=0,1&infeasible=1")
+    page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
+    assert page.locator("#compare article.card").count() == 2
+    for r in (0, 1):
+        assert page.locator(f'[data-role="timeline"][data-rank="{r}"] .ytick').count() == \
+            plan["candidates"][r]["pipeline"]
+    assert page.is_checked("#show-infeasible")
+    assert page.locator("#cands tbody tr").count() == n + k
+    bad = page.locator("#cands tbody tr.infeasible")
+    assert bad.count() == k
+    assert "out of memory" in bad.first.locator("td.reason").inner_text()
+    assert bad.first.locator("input.sel").is_disabled()
+    assert bad.first.locator("td.over").count() == 1  # peak memory over capacity is marked
+    page.fill("#filter", "out of memory")
+    assert page.locator("#cands tbody tr").count() == k
+    assert "filter=out+of+memory" in page.url
+    shot(page, "10-why-rejected")
+    ctx.close()
