@@ -18,9 +18,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 venv: $(STAMP)
 
-# under CI, PostgreSQL is installed and started (.ci/postgres.sh) so the database/API tests run on it too
+# under CI, PostgreSQL is installed and started (.ci/postgres.sh) so the database/API tests run on it too,
+# and Debian's Chromium is installed for the browser tests (.ci/chromium.sh)
 test: $(STAMP)
 	$(BIN)/ruff check .
+	if [ -n "$$CI" ]; then bash .ci/chromium.sh; fi
 	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_POSTGRES_URL" ]; then \
 	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
 	$(BIN)/python -m pytest tests

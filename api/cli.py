@@ -89,7 +89,6 @@ def register(app: typer.Typer) -> None:
         workdir: Annotated[str | None, typer.Option(help="where plans, logs and results go")] = None,
         poll: Annotated[float, typer.Option(help="seconds between claims when the queue is empty")] = 2.0,
         heartbeat: Annotated[float, typer.Option(help="seconds between heartbeats")] = 10.0,
-        standalone: Annotated[bool, typer.Option(help="pass --standalone to the run (single node)")] = False,
     ) -> None:
         """Register with the API, claim jobs and run them with the executor until stopped (Ctrl-C)."""
         from executor.agent import main
@@ -103,5 +102,5 @@ def register(app: typer.Typer) -> None:
         start = time.monotonic()
         n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
                  run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
-                 heartbeat=heartbeat, standalone=standalone)
+                 heartbeat=heartbeat)
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")

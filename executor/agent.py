@@ -46,14 +46,14 @@ class LeaseLost(RuntimeError):
 class Agent:
     def __init__(self, api: str, token: str, *, name: str | None = None, node: str | None = None, gpus: int = 0,
                  device_type: str = "cpu", run_command: list[str] | None = None, workdir: str | Path | None = None,
-                 poll: float = 2.0, heartbeat: float = 10.0, standalone: bool = False,
+                 poll: float = 2.0, heartbeat: float = 10.0,
                  retry_for: float = 600.0) -> None:
         self.node = node or socket.gethostname()
         self.name = name or f"{self.node}-{os.getpid()}"
         self.gpus, self.device_type = gpus, device_type
         self.run_command = run_command or default_run_command()
         self.workdir = Path(workdir or Path("data") / "agent" / self.name)
-        self.poll, self.heartbeat_interval, self.standalone = poll, heartbeat, standalone
+        self.poll, self.heartbeat_interval = poll, heartbeat
         self.retry_for = retry_for
         self.client = httpx.Client(base_url=api.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
                                    timeout=30.0)
@@ -107,13 +107,12 @@ class Agent:
         plan_path, out = jobdir / "plan.json", jobdir / "result.json"
         plan_path.write_text(json.dumps(claim["plan"], indent=1))
         cmd = [*self.run_command, "--plan", str(plan_path), "--candidate", str(job["candidate_index"]),
-               "--model", job["model"], "--iterations", str(job["iterations"]), "--out", str(out)]
+               "--model", job["model"], "--iterations", str(job["iterations"]), "--out", str(out),
+               "--trace", str(jobdir / "trace.json")]
         if job["emulate"] and claim.get("profile") is not None:
             prof = jobdir / "profile.json"
             prof.write_text(json.dumps(claim["profile"], indent=1))
             cmd += ["--emulate", str(prof)]
-        if self.standalone:
-            cmd.append("--standalone")
         return cmd
 
     def run_job(self, claim: dict[str, Any]) -> str:
@@ -162,12 +161,13 @@ class Agent:
         if code == 0 and out.exists():
             try:
                 raw = json.loads(out.read_text())
-                body = {"worker_id": self.worker_id, "iteration_time": raw["iteration_time"],
-                        "bubble_ratio": raw.get("bubble_ratio"), "devices": raw.get("devices") or [],
-                        "emulated": bool(raw.get("emulated", False)), "trace": _trace(raw, out.parent), "raw": raw}
+                measured = raw.get("measured", raw)  # `pipeplan run` nests its figures under "measured"
+                body = {"worker_id": self.worker_id, "iteration_time": measured["iteration_time"],
+                        "bubble_ratio": measured.get("bubble_ratio"), "devices": measured.get("devices") or [],
+                        "emulated": bool(raw.get("emulated", False)), "trace": _trace(out.parent), "raw": raw}
                 r = self._request("POST", f"/jobs/{jid}/result", json=body)
                 if r.status_code == 201:
-                    log.info("job %d: result posted (iteration %.4g s)", jid, raw["iteration_time"])
+                    log.info("job %d: result posted (iteration %.4g s)", jid, measured["iteration_time"])
                     return "succeeded"
                 if r.status_code == 409:
                     log.warning("job %d: result refused: %s", jid, r.text[:300])
@@ -234,11 +234,9 @@ def _tail(path: Path, n: int = LOG_TAIL) -> str:
     return data[-n:].decode("utf-8", "replace")
 
 
-def _trace(raw: dict[str, Any], base: Path) -> str | None:
-    t = raw.get("trace")
-    if not isinstance(t, str) or not t:
-        return None
-    p = Path(t) if Path(t).is_absolute() else base / t
+def _trace(jobdir: Path) -> str | None:
+    """The Chrome trace the run wrote (``--trace``), if any and not too large."""
+    p = jobdir / "trace.json"
     try:
         if p.is_file() and p.stat().st_size <= TRACE_LIMIT:
             return p.read_text(errors="replace")

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN, WORKER = "admin-secret-token", "worker-secret-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 WAUTH = {"Authorization": f"Bearer {WORKER}"}
-FAKE_RUN = ROOT / "tests" / "fixtures" / "fake_run.py"
+CONTROLLED_RUN = f"{sys.executable} {ROOT / 'tests' / 'fixtures' / 'controlled_run.py'}"
+REAL_RUN = f"{sys.executable} -m pipeplan.cli run"  # the executor
 PG_ENV = "PIPEPLAN_TEST_POSTGRES_URL"
 
 
@@ -169,12 +170,13 @@ def live_server(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
 
 
 def start_agent(url: str, workdir: Path, name: str, env: dict[str, str] | None = None,
-                *extra: str) -> subprocess.Popen[bytes]:
-    """A real agent (``pipeplan agent``) in a subprocess, running the STAND-IN executor (fake_run.py)."""
+                *extra: str, run_command: str = CONTROLLED_RUN) -> subprocess.Popen[bytes]:
+    """A real agent (``pipeplan agent``) in a subprocess; its runs use ``run_command`` (the executor,
+    ``REAL_RUN``, or the controllable command of the fault tests)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", url, "--token", WORKER, "--name", name,
            "--poll", "0.2", "--heartbeat", "1", "--workdir", str(workdir),
-           "--run-command", f"{sys.executable} {FAKE_RUN}", *extra]
+           "--run-command", run_command, *extra]
     log = open(workdir / "agent.log", "wb")  # noqa: SIM115
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(env or {}), stdout=log, stderr=subprocess.STDOUT)
 

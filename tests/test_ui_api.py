@@ -91,8 +91,8 @@ def test_trace_timeline_reads_the_executors_chrome_trace() -> None:
     assert abs(tl["rows"][1][1][1] - 400e-6) < 1e-12 and abs(tl["makespan"] - 480e-6) < 1e-12
     assert trace_timeline(None) == (None, "the result has no trace")
     assert trace_timeline("{nope")[0] is None and "not JSON" in trace_timeline("{nope")[1]
-    empty = trace_timeline(json.dumps({"traceEvents": [], "stand_in": True}))
-    assert empty[0] is None and "stand-in" in empty[1]
+    empty = trace_timeline(json.dumps({"traceEvents": []}))
+    assert empty[0] is None and "no timed events" in empty[1]
 
 
 def test_job_timelines_predicted_and_measured(client) -> None:  # type: ignore[no-untyped-def]

@@ -29,9 +29,8 @@ from browser.support import (
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The executor the agent runs. STAND-IN until `pipeplan run` (executor branch) is merged; then use:
-# RUN_COMMAND = "pipeplan run"
-RUN_COMMAND = f"{sys.executable} {ROOT / 'tests' / 'fixtures' / 'fake_run.py'}"
+# The executor the agent runs: the real one
+RUN_COMMAND = f"{sys.executable} -m pipeplan.cli run"
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -80,7 +79,6 @@ def _profile_and_cluster(srv: LiveServer, profile: str, device: str, cluster: st
     return p[0]["id"], cl[0]["id"]
 
 
-@pytest.mark.fake_executor
 def test_plan_compare_dispatch_end_to_end(server: LiveServer, browser: Any, console: Console,
                                           tmp_path: Path) -> None:
     agent = agent_process(server.url, WORKER, tmp_path / "agent", "ui-test-agent", RUN_COMMAND)
@@ -176,10 +174,13 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     page.wait_for_selector('#tl-predicted[data-drawn="1"]')
     measured = page.locator('#comparison tr[data-field="iteration_time"] td.measured').inner_text()
     assert measured != "–" and ("ms" in measured or "µs" in measured or " s" in measured)
+    ranks = cands[first]["pipeline"] * cands[first]["data"] * cands[first]["tensor"]
     assert page.locator("#devices tbody tr").count() == cands[first]["pipeline"]
     assert page.locator("#tl-predicted").get_attribute("data-devices") == str(cands[first]["pipeline"])
-    # the stand-in executor writes an empty trace: the page says why there is no measured timeline
-    assert page.locator("#measured-note").inner_text().startswith(("No measured timeline", "iteration"))
+    # the executor's trace gives the measured timeline, one row per rank, under the predicted one
+    page.wait_for_selector('#tl-measured[data-drawn="1"]', timeout=30_000)
+    assert page.locator("#tl-measured").get_attribute("data-devices") == str(ranks)
+    assert page.locator("#measured-note").inner_text().startswith("iteration")
     with server.client() as c:
         cmp = c.get(f"/jobs/{job_id}/comparison").json()
     assert cmp["state"] == "succeeded" and cmp["fields"][0]["measured"] is not None

@@ -139,7 +139,7 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
             ts, dur = float(ev["ts"]) / 1e6, float(ev.get("dur") or 0.0) / 1e6
             spans.append((tid, it if isinstance(it, int) else 0, str(ev.get("name", "")), ts, ts + dur))
     if not spans:
-        return None, "the trace has no timed events" + (" (stand-in executor)" if data.get("stand_in") else "")
+        return None, "the trace has no timed events"
     last = max(s[1] for s in spans)
     spans = [s for s in spans if s[1] == last]
     t0 = min(s[3] for s in spans)
