@@ -178,7 +178,7 @@ const PP = (() => {
     const labels = opts.labels || rows.map((_, d) => "P" + d);
     const height = Math.max(150, 70 + 34 * n);
     const layout = {
-      barmode: "overlay", height, margin: { l: opts.labels ? 150 : 40, r: 10, t: 24, b: 40 },
+      barmode: "overlay", height, margin: { l: opts.labels ? 185 : 40, r: 10, t: 24, b: 40 },
       uniformtext: { mode: "hide", minsize: 8 },
       xaxis: { title: { text: "time (ms)", standoff: 4 }, zeroline: false, rangemode: "tozero" },
       yaxis: { tickvals: rows.map((_, d) => d), ticktext: labels, autorange: "reversed", range: [n - 0.5, -0.5], fixedrange: true },
