@@ -57,14 +57,18 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
-class ColumnParallelLinear(nn.Module):
-    """``f(x) @ A_i^T + b_i``: rows ``index`` of the full weight (output features)."""
+class _ShardedLinear(nn.Module):
+    """A linear layer holding one tensor-parallel shard of a full layer's weight (and bias)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: object) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
         self.group = group
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """``f(x) @ A_i^T + b_i``: rows ``index`` of the full weight (output features)."""
 
     @classmethod
     def from_linear(cls, full: nn.Linear, rank: int, size: int, group: object,
@@ -79,14 +83,8 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """``g(x_i @ B_i^T) + b``: columns of the full weight (input features); bias added once."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: object) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())
-        self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
-        self.group = group
 
     @classmethod
     def from_linear(cls, full: nn.Linear, rank: int, size: int, group: object) -> RowParallelLinear:
