@@ -1,18 +1,18 @@
 """Discrete-event simulator of a lowered schedule (see :mod:`planner.schedules.ir`).
 
-Each device runs its action list in order on two resources:
+Each device runs its action list in order on three resources:
 
 * a **compute stream** for F/B/I/W and STEP: an action starts when the stream is free and its inputs
   are there (the producing action's end on the same device, or the arrival of the received message);
-* a **communication stream** for SEND_F/SEND_B and ALLREDUCE: a send starts when its data has been
-  produced and the device's previous send/all-reduce has finished; the message arrives ``comm`` later.
-  Receives are posted ahead of time (prefetching, Hanayo 4.2) and occupy no stream: the consumer waits
-  for the arrival only.
+* a **send stream** for SEND_F/SEND_B: a send starts when its data has been produced and the device's
+  previous send has finished; the message arrives ``p2p`` later. Receives are posted ahead of time
+  (prefetching, Hanayo 4.2) and occupy no stream: the consumer waits for the arrival only;
+* a **collective stream** for ALLREDUCE, posted without blocking the device: a stage's all-reduce runs
+  once every device holding the stage has posted it and their collective streams are free.
 
 So point-to-point communication overlaps computation on both sides, and an ALLREDUCE placed early in
-the list (eager, Chimera 3.2) overlaps the computation that follows it; an ALLREDUCE is a collective: it
-starts when the gradients are ready on every member device and their communication streams are free.
-STEP waits for all of its device's all-reduces. What is not overlapped is what the figures show.
+the list (eager, Chimera 3.2) overlaps the computation that follows it. STEP waits for all of its
+device's all-reduces. What is not overlapped is what the figures show.
 
 Outputs (:class:`SimResult`): makespan, per-device busy/idle time, bubble ratio
 ``1 - sum(busy) / (devices * makespan)``, per-device peak count of micro-batches whose activations are
