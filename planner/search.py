@@ -257,7 +257,8 @@ class Planner:
                 " (activations counted from the schedule, not simulated)")
 
     def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int) -> bool:
-        """Chimera and Hanayo: reject on memory with the in-flight floor, before merging."""
+        """Chimera and Hanayo: reject on memory before merging, with the in-flight floor and then with the
+        merged warm-up."""
         cfg, req = cand.config, self.request
         module = sys.modules[BUILDERS[cfg.schedule].__module__]
         floor_fn = getattr(module, "inflight", None)
@@ -267,6 +268,24 @@ class Planner:
         for d in range(cfg.pipeline):
             act = max((floor.get((r, s), 0) * costs.activation(s) for r, s in costs.held[d]), default=0.0)
             need = self.model_state(costs, d) + act + req.memory_reserve_bytes
+            if need > self.cluster.memory_bytes:
+                cand.reason = self._oom_before_simulating(d, need)
+                return True
+        # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
+        # its peak is a lower bound of the device's peak) and reject what already does not fit
+        prefix_fn = getattr(module, "prefix", None)
+        if prefix_fn is None:
+            return False
+        rows = prefix_fn(cfg.pipeline, n_sched, 4 * costs.schedule.stages, **cfg.schedule_params())
+        for d, row in enumerate(rows):
+            alive = peak = 0.0
+            for a in row:
+                if a.kind == "F":
+                    alive += a.span * costs.activation(a.stage)
+                    peak = max(peak, alive)
+                elif a.kind in ("B", "I"):
+                    alive -= costs.activation(a.stage)
+            need = self.model_state(costs, d) + peak + req.memory_reserve_bytes
             if need > self.cluster.memory_bytes:
                 cand.reason = self._oom_before_simulating(d, need)
                 return True

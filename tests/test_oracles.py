@@ -106,3 +106,25 @@ def test_hanayo_closed_form():
     for P in (2, 4, 8, 16):
         for W in (1, 2, 4):
             assert bubble_ratio_closed_form(P, W) == pytest.approx((2 * P - 2) / (3 * P * W + P - 1))
+
+
+@pytest.mark.parametrize("D,N,f,concat", [(4, 4, 1, "direct"), (8, 24, 1, "direct"), (8, 32, 2, "forward-doubling"),
+                                          (16, 16, 4, "direct"), (6, 13, 1, "backward-halving")])
+def test_chimera_prefix_is_a_prefix_of_the_lists(D, N, f, concat):
+    """The planner bounds the warm-up memory on a partial merge: it must be a prefix of the full lists."""
+    from planner.schedules import chimera
+
+    full = chimera.build(D, N, pipelines=f, concat=concat).actions
+    for slots in (1, D, 4 * D):
+        part = chimera.prefix(D, N, slots, pipelines=f, concat=concat)
+        assert all(full[d][:len(row)] == row for d, row in enumerate(part))
+        assert all(len(row) <= slots for row in part)
+
+
+@pytest.mark.parametrize("P,N,W", [(4, 8, 1), (4, 16, 2), (8, 8, 4)])
+def test_hanayo_prefix_is_a_prefix_of_the_lists(P, N, W):
+    from planner.schedules import hanayo
+
+    full = hanayo.build(P, N, waves=W).actions
+    part = hanayo.prefix(P, N, 4 * P, waves=W)
+    assert all(full[d][:len(row)] == row for d, row in enumerate(part)) and any(part)

@@ -30,20 +30,24 @@ def daint():
 
 def test_bert48_daint_one_f_one_b_uses_data_parallel_and_chimera_wins(daint):
     """Chimera 4.2.1 (Bert-48 on 32 Piz Daint nodes, B^ = 256): the best DAPPLE/GPipe configurations
-    replicate the pipeline (W > 1), and Chimera beats 1F1B at the same W and D."""
+    replicate the pipeline (W > 1), and at the same W and D (each with its best micro-batch size and
+    recomputation, as the paper tunes every scheme) Chimera beats 1F1B."""
     cl, prof = daint
     req = TrainingRequest(global_batch=256, gpus=32, schedules=["1f1b", "gpipe"], top=5)
     best = plan(prof, cl, req).candidates
     assert best and best[0].config.data > 1
-    for cand in best[:3]:
-        cfg = cand.config
-        if cfg.pipeline % 2:
+    both = plan(prof, cl, TrainingRequest(global_batch=256, gpus=32, schedules=["1f1b", "chimera"], top=400))
+    first: dict[tuple[str, int, int, int], float] = {}
+    for c in both.candidates:  # ranked: the first of each (schedule, t, D, W) is its best
+        first.setdefault((c.config.schedule, c.config.tensor, c.config.pipeline, c.config.data), c.throughput)
+    compared = 0
+    for cand in best:
+        t, D, W = cand.config.tensor, cand.config.pipeline, cand.config.data
+        if D % 2 or ("chimera", t, D, W) not in first:
             continue
-        chim = predict(prof, cl, req, Config(tensor=cfg.tensor, pipeline=cfg.pipeline, data=cfg.data,
-                                              micro_batch=cfg.micro_batch, schedule="chimera",
-                                              recompute=cfg.recompute, pipelines=1, concat="direct"))
-        one = predict(prof, cl, req, cfg.model_copy(update={"schedule": "1f1b"}))
-        assert chim.throughput > one.throughput
+        assert first[("chimera", t, D, W)] > first[("1f1b", t, D, W)]
+        compared += 1
+    assert compared >= 1
 
 
 def test_gpt3_tensor_inside_node_pipeline_across(tmp_path):

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from planner.schedules.common import check_positive
-from planner.schedules.ir import B, F, Schedule
+from planner.schedules.ir import Action, B, F, Schedule
 from planner.schedules.merge import inflight_floor, merge_pipelines
 
 CONCAT_METHODS = ("direct", "forward-doubling", "backward-halving")
@@ -118,6 +118,14 @@ def inflight(devices: int, microbatches: int, pipelines: int = 1, concat: str = 
     (:func:`planner.schedules.merge.inflight_floor`)."""
     _, _, pipes = _plan(devices, microbatches, pipelines, concat)
     return inflight_floor(devices, pipes)
+
+
+def prefix(devices: int, microbatches: int, slots: int, pipelines: int = 1, concat: str = "direct",
+           eager: str = "auto") -> list[list[Action]]:
+    """The first ``slots`` unit slots of every device's list: a prefix of :func:`build`'s lists, enough
+    to bound the activation memory of the warm-up without merging everything."""
+    place, _, pipes = _plan(devices, microbatches, pipelines, concat)
+    return merge_pipelines(devices, place, pipes, until=slots)
 
 
 def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",

@@ -24,7 +24,7 @@ Both agree on the trend the paper argues: the ratio falls strictly as W grows.
 from __future__ import annotations
 
 from planner.schedules.common import check_positive
-from planner.schedules.ir import Schedule
+from planner.schedules.ir import Action, Schedule
 from planner.schedules.merge import inflight_floor, merge_pipelines
 
 
@@ -49,6 +49,13 @@ def inflight(devices: int, microbatches: int, waves: int = 1) -> dict[tuple[int,
     """Lower bounds of the in-flight micro-batches per stage, without merging."""
     check_positive(devices=devices, microbatches=microbatches, waves=waves)
     return inflight_floor(2 * waves * devices, [(0, [[m] for m in range(microbatches)], 0.0)])
+
+
+def prefix(devices: int, microbatches: int, slots: int, waves: int = 1) -> list[list[Action]]:
+    """The first ``slots`` unit slots of every device's list (see :func:`planner.schedules.chimera.prefix`)."""
+    check_positive(devices=devices, microbatches=microbatches, waves=waves)
+    return merge_pipelines(devices, placement(devices, waves), [(0, [[m] for m in range(microbatches)], 0.0)],
+                           until=slots)
 
 
 def build(devices: int, microbatches: int, waves: int = 1) -> Schedule:

@@ -83,7 +83,8 @@ def pipeline_slots(depth: int, groups: Sequence[Sequence[int]]) -> list[list[tup
     return out
 
 
-def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: StageLists) -> list[list[Action]]:
+def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: StageLists,
+                  until: int | None = None) -> list[list[Action]]:
     """Per-device action order by list scheduling in unit slots (see the module docstring).
 
     ``lists[(r, s, u)]`` is stage replica (r, s)'s own order in unit ``u`` (of a concatenation), with a
@@ -95,6 +96,9 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
     every device that has candidates runs the one with the smallest priority (ties: the first list in
     key order), and what that action unblocks becomes a candidate at the next slot. Only devices with
     candidates are visited, and slots where nothing becomes ready are skipped.
+
+    ``until``: stop before that slot; the lists returned are then prefixes of the full ones (the order is
+    decided slot by slot), which is enough to bound what the beginning of a schedule needs.
     """
     S = len(placement[0])
     keys = sorted(lists)
@@ -151,7 +155,7 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
         examine(k, 0)
     remaining = sum(len(row) for row in rows)
     t = 0
-    while remaining:
+    while remaining and (until is None or t < until):
         for k in later.pop(t, ()):
             d = dev_of[k]
             heapq.heappush(ready[d], (rows[k][head[k]][0], k))
@@ -187,7 +191,8 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
 
 
 def merge_pipelines(devices: int, placement: Sequence[Sequence[int]],
-                    pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]) -> list[list[Action]]:
+                    pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]],
+                    until: int | None = None) -> list[list[Action]]:
     """Merge 1F1B pipelines onto devices.
 
     ``pipelines`` lists ``(replica, forward groups, slot offset)``; several entries may share a replica
@@ -211,7 +216,7 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]],
             dst = lists.setdefault((r, s, u), [])
             for slot, a in row:
                 dst.append(((offset + slot, -s, r), Action(a.kind, s, flat[a.mb], r, a.span)))
-    return list_schedule(devices, placement, lists)
+    return list_schedule(devices, placement, lists, until)
 
 
 def inflight_floor(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]
