@@ -251,33 +251,41 @@ class Planner:
         cand.lower_bound = self.lower_bound(sched, costs)
         return cand, costs
 
-    def _oom_before_simulating(self, device: int, need: float) -> str:
+    def _too_big(self, cand: Candidate, costs: ConfigCosts, activations: list[float]) -> bool:
+        """Reject before simulating when a lower bound of some device's activations already overflows its
+        memory; the candidate keeps those lower bounds as its per-device memory."""
         cap = self.cluster.memory_bytes
-        return (f"out of memory: device {device} needs at least {_gib(need)}, {_gib(need - cap)} over {_gib(cap)}"
-                " (activations counted from the schedule, not simulated)")
+        need = [self.model_state(costs, d) + act + self.request.memory_reserve_bytes
+                for d, act in enumerate(activations)]
+        worst = max(range(len(need)), key=lambda d: need[d])
+        if need[worst] <= cap:
+            return False
+        cand.memory = need
+        cand.reason = (f"out of memory: device {worst} needs at least {_gib(need[worst])}, "
+                       f"{_gib(need[worst] - cap)} over {_gib(cap)} (activations counted from the schedule, "
+                       "not simulated)")
+        return True
 
     def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int) -> bool:
         """Chimera and Hanayo: reject on memory before merging, with the in-flight floor and then with the
         merged warm-up."""
-        cfg, req = cand.config, self.request
+        cfg = cand.config
         module = sys.modules[BUILDERS[cfg.schedule].__module__]
         floor_fn = getattr(module, "inflight", None)
         if floor_fn is None:
             return False
         floor = floor_fn(cfg.pipeline, n_sched, **cfg.schedule_params())
-        for d in range(cfg.pipeline):
-            act = max((floor.get((r, s), 0) * costs.activation(s) for r, s in costs.held[d]), default=0.0)
-            need = self.model_state(costs, d) + act + req.memory_reserve_bytes
-            if need > self.cluster.memory_bytes:
-                cand.reason = self._oom_before_simulating(d, need)
-                return True
+        if self._too_big(cand, costs, [
+                max((floor.get((r, s), 0) * costs.activation(s) for r, s in costs.held[d]), default=0.0)
+                for d in range(cfg.pipeline)]):
+            return True
         # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
         # its peak is a lower bound of the device's peak) and reject what already does not fit
         prefix_fn = getattr(module, "prefix", None)
         if prefix_fn is None:
             return False
-        rows = prefix_fn(cfg.pipeline, n_sched, 4 * costs.schedule.stages, **cfg.schedule_params())
-        for d, row in enumerate(rows):
+        peaks = []
+        for row in prefix_fn(cfg.pipeline, n_sched, 4 * costs.schedule.stages, **cfg.schedule_params()):
             alive = peak = 0.0
             for a in row:
                 if a.kind == "F":
@@ -285,11 +293,8 @@ class Planner:
                     peak = max(peak, alive)
                 elif a.kind in ("B", "I"):
                     alive -= costs.activation(a.stage)
-            need = self.model_state(costs, d) + peak + req.memory_reserve_bytes
-            if need > self.cluster.memory_bytes:
-                cand.reason = self._oom_before_simulating(d, need)
-                return True
-        return False
+            peaks.append(peak)
+        return self._too_big(cand, costs, peaks)
 
     def inflight(self, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage, the most micro-batches whose activations are alive at once, counted in
@@ -358,12 +363,9 @@ class Planner:
         # activations before simulating: the in-flight counts depend on the list order alone, so the
         # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
         inflight = self.inflight(sched)
-        for d in range(cfg.pipeline):
-            act = max((c * costs.activation(s) for s, c in inflight[d].items()), default=0.0)
-            need = self.model_state(costs, d) + act + req.memory_reserve_bytes
-            if need > self.cluster.memory_bytes:
-                cand.reason = self._oom_before_simulating(d, need)
-                return cand
+        if self._too_big(cand, costs, [max((c * costs.activation(s) for s, c in inflight[d].items()), default=0.0)
+                                       for d in range(cfg.pipeline)]):
+            return cand
         key = id(sched)
         if key not in self._compiled:
             self._compiled[key] = compile_schedule(sched)

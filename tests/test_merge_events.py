@@ -14,7 +14,8 @@ from planner.schedules.merge import StageLists
 from planner.simulate import simulate
 
 
-def slot_scan(devices: int, placement: Sequence[Sequence[int]], lists: StageLists) -> list[list[Action]]:
+def slot_scan(devices: int, placement: Sequence[Sequence[int]], lists: StageLists,
+              until: int | None = None) -> list[list[Action]]:
     """The list scheduling as first written: at every slot, scan every free device's lists."""
     S = len(placement[0])
     dev_keys: list[list[tuple[int, int, int]]] = [[] for _ in range(devices)]
