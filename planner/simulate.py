@@ -229,6 +229,40 @@ def _canonical_compute_only(schedule: Schedule) -> Schedule | None:
     return compute if again.actions == schedule.actions else None
 
 
+class _AllReduces:
+    """The all-reduce rendezvous both replays use: a device posts a stage's all-reduce without blocking;
+    once every device holding the stage has posted it, it runs on their collective streams, from when the
+    last post came and every member's stream is free. ``post`` returns the [start, end] it will get."""
+
+    def __init__(self, placement: list[list[int]], devices: int, duration: Callable[[int, int, int], float],
+                 comm_busy: list[float]) -> None:
+        self.holders: dict[int, int] = {}  # stage -> how many devices post its all-reduce
+        for row in placement:
+            for st in range(len(row)):
+                self.holders[st] = self.holders.get(st, 0) + 1
+        self.posts: dict[int, list[tuple[int, float, list[float]]]] = {}  # stage -> (device, time, slot)
+        self.open = [0] * devices  # all-reduces a device has posted that have not run yet
+        self.done_on = [0.0] * devices  # when a device's last all-reduce ends
+        self.free = [0.0] * devices  # each device's collective stream
+        self.duration, self.comm_busy = duration, comm_busy
+
+    def post(self, d: int, r: int, s: int, at: float) -> list[float]:
+        slot = [0.0, 0.0]
+        posts = self.posts.setdefault(s, [])
+        posts.append((d, at, slot))
+        self.open[d] += 1
+        if len(posts) == self.holders[s]:
+            begin = max(max(p[1] for p in posts), max(self.free[p[0]] for p in posts))
+            du = self.duration(s, r, d)
+            for dd, _, sl in posts:
+                self.free[dd] = begin + du
+                self.comm_busy[dd] += du
+                self.open[dd] -= 1
+                self.done_on[dd] = max(self.done_on[dd], begin + du)
+                sl[0], sl[1] = begin, begin + du
+        return slot
+
+
 def _memoised_durations() -> Callable[..., float]:
     """``duration(key, fn, *args)``: ``fn(*args)`` once per key, checked finite and >= 0."""
     cache: dict[tuple, float] = {}
@@ -257,14 +291,6 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
     done: dict[tuple[str, int, int, int], float] = {}
     arrival: dict[tuple[str, int, int, int], float] = {}  # message (SEND kind, r, stage, mb) -> time
     recvd: dict[tuple[int, str, int, int, int], float] = {}  # (device, RECV kind, r, stage, mb) -> time
-    # all-reduces: posted without blocking; a stage's collective runs once every holder has posted it
-    ar_members: dict[int, list[int]] = {}
-    for row in place:
-        for st, dv in enumerate(row):
-            ar_members.setdefault(st, []).append(dv)
-    ar_posts: dict[int, list[tuple[int, float, int]]] = {}  # stage -> (device, post time, timeline idx)
-    ar_open = [0] * D  # all-reduces a device has posted that have not run yet
-    coll_free = [0.0] * D  # each device's collective stream
     t_comp = [0.0] * D
     t_comm = [0.0] * D
     step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
@@ -274,7 +300,8 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
     alive = [0.0] * D
     peak = [0.0] * D
     act_w: dict[int, float] = {}
-    ar_done_on: list[float] = [0.0] * D
+    ars = _AllReduces(place, D, lambda s_, r_, d_: dur((ALLREDUCE, s_, r_), costs.allreduce, s_, r_, d_), comm_busy)
+    ar_slots: list[tuple[int, int, list[float]]] = []  # (device, timeline index, [start, end]) to fill in
     pos = [0] * D
     timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(D)]
     # for the critical path: per (device, index) the binding predecessor (device, index) or None
@@ -398,23 +425,12 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
                     recvd[(d, k, r, s, m)] = t
                     timeline[d].append((a, t, t))
                 elif k == ALLREDUCE:
-                    posts = ar_posts.setdefault(s, [])
-                    posts.append((d, max(t_comp[d], t_comm[d]), len(timeline[d])))
-                    timeline[d].append((a, 0.0, 0.0))  # filled in when the collective runs
-                    ar_open[d] += 1
-                    if len(posts) == len(ar_members[s]):
-                        start = max(max(p[1] for p in posts), max(coll_free[p[0]] for p in posts))
-                        du = dur((ALLREDUCE, s, r), costs.allreduce, s, r, d)
-                        for dd, _, ti in posts:
-                            coll_free[dd] = start + du
-                            comm_busy[dd] += du
-                            ar_open[dd] -= 1
-                            ar_done_on[dd] = max(ar_done_on[dd], start + du)
-                            timeline[dd][ti] = (timeline[dd][ti][0], start, start + du)
+                    ar_slots.append((d, len(timeline[d]), ars.post(d, r, s, max(t_comp[d], t_comm[d]))))
+                    timeline[d].append((a, 0.0, 0.0))  # filled in once the collective has run
                 elif k == STEP:
-                    if ar_open[d]:
+                    if ars.open[d]:
                         break
-                    start = max(t_comp[d], ar_done_on[d], t_comm[d])
+                    start = max(t_comp[d], ars.done_on[d], t_comm[d])
                     du = dur((STEP, d), costs.step, d)
                     comp_end[d] = t_comp[d]
                     step_at[d] = (start, start + du)
@@ -431,7 +447,9 @@ def _replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
             stuck = [(d, acts[d][pos[d]]) for d in range(D) if pos[d] < len(acts[d])]
             raise ScheduleError("deadlock: " + "; ".join(_waiting_for(schedule, d, a, pos) for d, a in stuck))
 
-    makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
+    for d, i, (start, end) in ar_slots:
+        timeline[d][i] = (timeline[d][i][0], start, end)
+    makespan = max(max(t_comp), max(t_comm), max(ars.free)) if D else 0.0
     total_busy = sum(busy)
     stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d], comp_end[d], step_at[d])
              for d in range(D)]
@@ -622,33 +640,14 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                 v = memo[key] = (du, dl, sd)
             dur[j], delta[j], send_dur[j] = v
 
-    holders: dict[int, int] = {}  # stage -> how many devices post its all-reduce
-    for row in sched.placement:
-        for st in range(len(row)):
-            holders[st] = holders.get(st, 0) + 1
-    ar_posts: dict[int, list[tuple[int, float, list[float]]]] = {}  # stage -> (device, time, slot)
-    ar_times: list[list[list[float]]] = [[] for _ in range(D)]  # per device, [start, end] in post order
-    ar_open = [0] * D  # all-reduces a device has posted that have not run yet
-    ar_done_on = [0.0] * D
-    coll_free = [0.0] * D  # each device's collective stream
     comm_busy = [0.0] * D
+    ars = _AllReduces(sched.placement, D, lambda s_, r_, d_: cost((ALLREDUCE, s_, r_), costs.allreduce, s_, r_, d_),
+                      comm_busy)
+    ar_times: list[list[list[float]]] = [[] for _ in range(D)]  # per device, [start, end] in post order
 
     def post(d: int, r: int, s: int, at: float) -> None:
-        """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``); the last holder runs it."""
-        slot = [0.0, 0.0]
-        ar_times[d].append(slot)
-        posts = ar_posts.setdefault(s, [])
-        posts.append((d, at, slot))
-        ar_open[d] += 1
-        if len(posts) == holders[s]:
-            begin = max(max(p[1] for p in posts), max(coll_free[p[0]] for p in posts))
-            du = cost((ALLREDUCE, s, r), costs.allreduce, s, r, d)
-            for dd, _, sl in posts:
-                coll_free[dd] = begin + du
-                comm_busy[dd] += du
-                ar_open[dd] -= 1
-                ar_done_on[dd] = max(ar_done_on[dd], begin + du)
-                sl[0], sl[1] = begin, begin + du
+        """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``)."""
+        ar_times[d].append(ars.post(d, r, s, at))
 
     # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input
     t: list[float | None] = [None] * (2 * n + 1) + [0.0]
@@ -730,8 +729,8 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                 progressed = True
                 for r, s in at_end[d]:
                     post(d, r, s, max(tc, tm))
-            if not ar_open[d]:
-                ss = max(tc, ar_done_on[d], tm)
+            if not ars.open[d]:
+                ss = max(tc, ars.done_on[d], tm)
                 du = cost((STEP, d), costs.step, d)
                 comp_end[d] = tc
                 t_comp[d] = ss + du
@@ -743,7 +742,7 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
         if not progressed:
             return None
 
-    makespan = max(max(t_comp), max(t_comm), max(coll_free)) if D else 0.0
+    makespan = max(max(t_comp), max(t_comm), max(ars.free)) if D else 0.0
     stats = [DeviceStats(busy[d], makespan - busy[d], _num(peak[d]), comm_busy[d], comp_end[d], step_at[d])
              for d in range(D)]
     bubble = 1.0 - sum(busy) / (D * makespan) if makespan > 0 else 0.0
