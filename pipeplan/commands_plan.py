@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from pipeplan.options import fail
 from planner.analytic import PRESETS, transformer_profile
 from planner.cluster import Cluster, load_cluster
 from planner.profile import ModelProfile, load_profile, save_profile
@@ -24,18 +25,13 @@ DEVICES = {  # --device of profile-analytic -> example cluster file (peak FLOP/s
 }
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
-
-
 def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
     try:
         return load_profile(profile), load_cluster(cluster)
     except FileNotFoundError as e:
-        _fail(f"no such file: {e.filename}")
+        fail(f"no such file: {e.filename}")
     except (ValidationError, ValueError) as e:
-        _fail(f"invalid input: {e}")
+        fail(f"invalid input: {e}")
     raise AssertionError  # unreachable
 
 
@@ -43,7 +39,7 @@ def _request(**kw: object) -> TrainingRequest:
     try:
         return TrainingRequest(**{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as e:
-        _fail(f"invalid request: {e.errors()[0]['loc'][0] if e.errors()[0]['loc'] else ''}: "
+        fail(f"invalid request: {e.errors()[0]['loc'][0] if e.errors()[0]['loc'] else ''}: "
               f"{e.errors()[0]['msg']}")
     raise AssertionError  # unreachable
 
@@ -83,7 +79,7 @@ def register(app: typer.Typer) -> None:
         try:
             res = plan(prof, cl, req)
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
             raise
         if json_out:
             typer.echo(json.dumps(res.to_dict()))
@@ -119,16 +115,16 @@ def register(app: typer.Typer) -> None:
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
                          pipelines=pipelines, concat=concat)
         except ValidationError as e:
-            _fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
+            fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
             raise
         if tensor * pipeline * data > cl.gpus:
-            _fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {cl.gpus} GPUs")
+            fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {cl.gpus} GPUs")
         cand = predict(prof, cl, req, cfg)
         if json_out:
             typer.echo(json.dumps(cand.to_dict()))
             return
         if cand.simulation is None:
-            _fail(cand.reason)
+            fail(cand.reason)
         console = Console(width=140)
         console.print(_table([cand], cfg.label()))
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
@@ -153,24 +149,24 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write an analytical (FLOP-based) model profile."""
         if device not in DEVICES:
-            _fail(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+            fail(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
         cl = load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json")
         if preset is not None:
             if preset not in PRESETS:
-                _fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+                fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
             L, h, a, s, V, enc = PRESETS[preset]
         else:
             missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads),
                                       ("seq", seq), ("vocab", vocab)) if v is None]
             if missing:
-                _fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
+                fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
                       + ", ".join("--" + m for m in missing) + ")")
             L, h, a, s, V, enc = layers, hidden, heads, seq, vocab, encoder  # type: ignore[assignment]
         try:
             prof = transformer_profile(name or preset or f"transformer-{L}x{h}", L, h, a, s, V,
                                        cl.peak_flops, cl.device, dtype=dtype, encoder=enc)
         except (ValueError, ValidationError) as e:
-            _fail(str(e))
+            fail(str(e))
             raise
         save_profile(prof, out)
         typer.echo(f"wrote {out} ({len(prof.layers)} layers, {prof.total_params / 1e9:.2f}B parameters)")
