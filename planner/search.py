@@ -331,7 +331,7 @@ class Planner:
         for s in range(1, S):
             pre_f[s] = pre_f[s - 1] + f[s - 1]
             pre_b[s] = pre_b[s - 1] + bw[s - 1]
-        split = cfg.schedule == "zb-h1"
+        split = any(a.kind == "W" for row in sched.actions[:1] for a in row)  # split backward (zero-bubble)
         per_mb: Counter[int] = Counter(sched.mb_replica)
         lb = 0.0
         if sched.actions and sched.actions[0]:
