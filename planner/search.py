@@ -17,10 +17,13 @@ partitions are cached across configurations. Deterministic: the same input gives
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,7 @@ from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form
 from planner.partition import PartitionError, balanced_partition
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
-from planner.schedules import BUILDERS, build, shape
+from planner.schedules import BUILDERS, build, inflight, inflight_exact, shape, splits_backward
 from planner.schedules.ir import Schedule
 from planner.simulate import ScheduleError, SimResult, compile_schedule, simulate
 
@@ -142,6 +145,7 @@ class Planner:
         self._shapes: dict[tuple[str, int, int, tuple], Schedule] = {}
         self._compiled: dict[int, Any] = {}  # id(schedule) -> compile_schedule(schedule)
         self._inflight: dict[int, list[dict[int, float]]] = {}  # id(schedule) -> per device, stage -> peak
+        self._floors: dict[int, dict[tuple[int, int], int]] = {}  # id(shape) -> in flight per (replica, stage)
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
         self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
@@ -248,8 +252,22 @@ class Planner:
                            f"{_gib(state[worst])} + reserve, {_gib(over)} over {_gib(self.cluster.memory_bytes)}")
             cand.memory = [s + req.memory_reserve_bytes for s in state]
             return cand, None
+        # activations: the in-flight counts of the schedule (exact, or a lower bound), before any list exists
+        floor = self.floor(config, sched)
+        if self._too_big(cand, costs, [
+                max((floor.get((r, s), 0) * costs.activation(s) for r, s in held[d]), default=0.0)
+                for d in range(config.pipeline)]):
+            return cand, None
         cand.lower_bound = self.lower_bound(sched, costs)
         return cand, costs
+
+    def floor(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
+        """:func:`planner.schedules.inflight` of ``sched``'s shape, cached."""
+        got = self._floors.get(id(sched))
+        if got is None:
+            got = self._floors[id(sched)] = inflight(config.schedule, sched.devices, sched.microbatches,
+                                                     **config.schedule_params()) or {}
+        return got
 
     def _too_big(self, cand: Candidate, costs: ConfigCosts, activations: list[float]) -> bool:
         """Reject before simulating when a lower bound of some device's activations already overflows its
@@ -267,25 +285,17 @@ class Planner:
         return True
 
     def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int) -> bool:
-        """Chimera and Hanayo: reject on memory before merging, with the in-flight floor and then with the
-        merged warm-up."""
+        """Chimera and Hanayo (whose in-flight counts before merging are only lower bounds): reject on
+        memory with the merged warm-up before merging everything."""
         cfg = cand.config
         module = sys.modules[BUILDERS[cfg.schedule].__module__]
-        floor_fn = getattr(module, "inflight", None)
-        if floor_fn is None:
-            return False
-        floor = floor_fn(cfg.pipeline, n_sched, **cfg.schedule_params())
-        if self._too_big(cand, costs, [
-                max((floor.get((r, s), 0) * costs.activation(s) for r, s in costs.held[d]), default=0.0)
-                for d in range(cfg.pipeline)]):
-            return True
         # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
         # its peak is a lower bound of the device's peak) and reject what already does not fit
         prefix_fn = getattr(module, "prefix", None)
         if prefix_fn is None:
             return False
         peaks = []
-        for row in prefix_fn(cfg.pipeline, n_sched, 4 * costs.schedule.stages, **cfg.schedule_params()):
+        for row in prefix_fn(cfg.pipeline, n_sched, 3 * costs.schedule.stages, **cfg.schedule_params()):
             alive = peak = 0.0
             for a in row:
                 if a.kind == "F":
@@ -331,14 +341,15 @@ class Planner:
         for s in range(1, S):
             pre_f[s] = pre_f[s - 1] + f[s - 1]
             pre_b[s] = pre_b[s - 1] + bw[s - 1]
-        split = any(a.kind == "W" for row in sched.actions[:1] for a in row)  # split backward (zero-bubble)
+        split = splits_backward(cfg.schedule)
         per_mb: Counter[int] = Counter(sched.mb_replica)
         lb = 0.0
-        if sched.actions and sched.actions[0]:
+        if inflight_exact(cfg.schedule):
             # Little's law: a micro-batch is alive at least for its round trip through every stage, and
-            # the lists never keep more than ``k`` alive at once (their stage-0 in-flight peaks), so N
-            # micro-batches take at least N * round_trip / k (tight for GEMS' two in flight)
-            k = sum(peaks.get(0, 0) for peaks in self.inflight(sched))
+            # the lists never keep more than ``k`` alive at once (their stage-0 in-flight peaks, exact), so
+            # N micro-batches take at least N * round_trip / k (tight for GEMS' two in flight)
+            floor = self.floor(cfg, sched)
+            k = sum(floor.get((r, 0), 0) for r in range(sched.replicas))
             if k > 0:
                 lb = sched.microbatches * (sum(f) + sum(bw)) / k
         for d in range(cfg.pipeline):
@@ -357,15 +368,17 @@ class Planner:
         cfg, req = cand.config, self.request
         n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
         cand.costs = costs
-        if not costs.schedule.actions[0] and self.too_big_before_merge(cand, costs, n_sched):
-            return cand
+        if not inflight_exact(cfg.schedule):
+            if not costs.schedule.actions[0] and self.too_big_before_merge(cand, costs, n_sched):
+                return cand
+            sched = costs.schedule = self.schedule(cfg, n_sched)
+            # activations before simulating: the in-flight counts depend on the list order alone, so the
+            # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
+            counts = self.inflight(sched)
+            if self._too_big(cand, costs, [max((c * costs.activation(s) for s, c in counts[d].items()),
+                                                default=0.0) for d in range(cfg.pipeline)]):
+                return cand
         sched = costs.schedule = self.schedule(cfg, n_sched)
-        # activations before simulating: the in-flight counts depend on the list order alone, so the
-        # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
-        inflight = self.inflight(sched)
-        if self._too_big(cand, costs, [max((c * costs.activation(s) for s, c in inflight[d].items()), default=0.0)
-                                       for d in range(cfg.pipeline)]):
-            return cand
         key = id(sched)
         if key not in self._compiled:
             self._compiled[key] = compile_schedule(sched)
@@ -473,6 +486,10 @@ class Planner:
 
     def search(self, prune: bool = True) -> PlanResult:
         """Rank the configurations; ``prune=False`` simulates every one (the tests compare the two)."""
+        with _gc_paused():
+            return self._search(prune)
+
+    def _search(self, prune: bool) -> PlanResult:
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
         k = self.request.top
@@ -510,6 +527,20 @@ class Planner:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
                           simulated=simulated, considered=len(prepared))
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The search allocates millions of small, acyclic objects (actions, heap entries) that the cyclic
+    garbage collector would traverse again and again with every cached schedule alive (measured: a
+    third of the search time); pause it, and leave its state as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _reason_key(reason: str) -> str:

@@ -1,5 +1,6 @@
 """The event-driven list scheduling of :mod:`planner.schedules.merge` against a slot-by-slot scan of
-every device (its first implementation), and Chimera's eager stages against their definition."""
+every device over the written-out lists (its first implementation), and Chimera's eager stages against
+their definition."""
 
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ HANAYO = [(P, N, w) for P in (1, 2, 3, 4, 8) for N in (1, 2, 5, 8, 17) for w in 
 def scan(monkeypatch):
     """Build with the slot scan instead of the event-driven scheduler."""
     def use() -> None:
-        monkeypatch.setattr(merge, "list_schedule", slot_scan)
+        def scan_written_out(devices, placement, pipelines, until=None):
+            return slot_scan(devices, placement, merge.stage_lists(len(placement[0]), pipelines), until)
+        monkeypatch.setattr(merge, "list_schedule", scan_written_out)
     return use
 
 

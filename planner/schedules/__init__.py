@@ -60,16 +60,41 @@ def _check_params(name: str, params: dict[str, Any]) -> None:
             raise ValueError(f"schedule {name!r} does not take '{key}' (it takes {takes})")
 
 
+def _module(name: str) -> Any:
+    return inspect.getmodule(_builder(name))
+
+
 def shape(name: str, devices: int, microbatches: int, **params: Any) -> Schedule:
-    """Placement and micro-batch assignment of ``name`` without necessarily its action lists (empty
-    lists where building them is costly: Chimera's and Hanayo's merges). Same parameter checks."""
-    build_fn = _builder(name)
-    module = inspect.getmodule(build_fn)
-    fn = getattr(module, "shape", None)
+    """Placement and micro-batch assignment of ``name`` with empty action lists (what the planner needs to
+    bound a configuration before building its lists). Same parameter checks as :func:`build`."""
+    fn = getattr(_module(name), "shape", None)
     if fn is None:
         return build(name, devices, microbatches, **params)
     _check_params(name, params)
     return fn(devices, microbatches, **params)
 
 
-__all__ = ["Action", "BUILDERS", "Schedule", "build", "lower", "parameters", "parse_action", "shape"]
+def inflight(name: str, devices: int, microbatches: int, **params: Any) -> dict[tuple[int, int], int] | None:
+    """Per (replica, stage), micro-batches whose activations are alive at once in ``name``'s lists --
+    their exact peak where :func:`inflight_exact` says so, else a lower bound of it -- computed without
+    building the lists; None when the builder has no such function."""
+    fn = getattr(_module(name), "inflight", None)
+    if fn is None:
+        return None
+    _check_params(name, params)
+    return fn(devices, microbatches, **params)
+
+
+def inflight_exact(name: str) -> bool:
+    """Whether :func:`inflight` of ``name`` is the exact peak (else a lower bound: Chimera, Hanayo)."""
+    return bool(getattr(_module(name), "INFLIGHT_EXACT", False))
+
+
+def splits_backward(name: str) -> bool:
+    """Whether ``name`` splits the backward into I and W (zero-bubble): a W, which nothing waits for,
+    may then end a device's list."""
+    return bool(getattr(_module(name), "SPLIT_BACKWARD", False))
+
+
+__all__ = ["Action", "BUILDERS", "Schedule", "build", "inflight", "inflight_exact", "lower", "parameters",
+           "parse_action", "shape", "splits_backward"]

@@ -14,6 +14,11 @@ def check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
+def no_lists(devices: int) -> list[list[Action]]:
+    """Empty action lists: what a schedule's *shape* (placement and micro-batch assignment only) carries."""
+    return [[] for _ in range(devices)]
+
+
 def linear_schedule(name: str, devices: int, microbatches: int, acts: list[list[Action]],
                     params: dict[str, Any]) -> Schedule:
     """A one-replica schedule with stage ``s`` on device ``s``."""

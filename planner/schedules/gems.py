@@ -26,24 +26,39 @@ larger N").
 
 from __future__ import annotations
 
-from planner.schedules.common import check_positive
+from planner.schedules.common import check_positive, no_lists
 from planner.schedules.ir import Action, B, F, Schedule
+
+#: :func:`inflight` is the exact peak of the lists, not only a lower bound
+INFLIGHT_EXACT = True
 
 
 def placement(devices: int) -> list[list[int]]:
     return [list(range(devices)), list(reversed(range(devices)))]
 
 
-def build(devices: int, microbatches: int) -> Schedule:
+def shape(devices: int, microbatches: int) -> Schedule:
+    """The schedule without its action lists (what the planner needs before building them)."""
     check_positive(devices=devices, microbatches=microbatches)
     D, N = devices, microbatches
-    place = placement(D)
-    mb_replica = [m % 2 for m in range(N)]
-    acts: list[list[Action]] = [[] for _ in range(D)]
+    return Schedule("gems", D, D, N, placement(D), no_lists(D), mb_replica=[m % 2 for m in range(N)])
+
+
+def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica, stage): one micro-batch (a device runs its backward before the next forward); a
+    replica that gets no micro-batch (N = 1) has none."""
+    check_positive(devices=devices, microbatches=microbatches)
+    return {(r, s): 1 for r in range(min(2, microbatches)) for s in range(devices)}
+
+
+def build(devices: int, microbatches: int) -> Schedule:
+    sched = shape(devices, microbatches)
+    D, N, place, mb_replica = devices, microbatches, sched.placement, sched.mb_replica
+    acts = sched.actions
     for m in range(N):
         r = mb_replica[m]
         for s in range(D):
             d = place[r][s]
             acts[d].append(Action(F, s, m, r))
             acts[d].append(Action(B, s, m, r))
-    return Schedule("gems", D, D, N, place, acts, mb_replica=mb_replica)
+    return sched

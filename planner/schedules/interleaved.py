@@ -25,9 +25,14 @@ Peak activations: device ``d`` keeps at most ``warm-up + 1`` chunk activations a
 
 from __future__ import annotations
 
-from planner.schedules.common import check_positive
+import numpy as np
+
+from planner.schedules.common import check_positive, no_lists
 from planner.schedules.ir import Action, B, F, Schedule
-from planner.schedules.one_f_one_b import stage_order
+from planner.schedules.one_f_one_b import stage_inflight, stage_order
+
+#: :func:`inflight` is the exact peak of the lists, not only a lower bound
+INFLIGHT_EXACT = True
 
 
 def placement(devices: int, chunks: int) -> list[list[int]]:
@@ -68,11 +73,49 @@ def device_order(device: int, devices: int, microbatches: int, chunks: int, kind
     return out
 
 
-def build(devices: int, microbatches: int, chunks: int = 2) -> Schedule:
+def shape(devices: int, microbatches: int, chunks: int = 2) -> Schedule:
+    """The schedule without its action lists (what the planner needs before building them)."""
     check_positive(devices=devices, microbatches=microbatches, chunks=chunks)
     D, N, v = devices, microbatches, chunks
     if v > 1 and N % D:
         raise ValueError(f"interleaved: microbatches (N={N}) must be a multiple of devices (D={D}) "
                          f"when chunks > 1 (Megatron-LM 2.2.2: micro-batches run in groups of D per chunk)")
-    acts = [device_order(d, D, N, v) for d in range(D)]
-    return Schedule("interleaved", D, D * v, N, placement(D, v), acts, params={"chunks": v})
+    return Schedule("interleaved", D, D * v, N, placement(D, v), no_lists(D), params={"chunks": v})
+
+
+def _steps_of_chunk(steps: np.ndarray, chunk: int, devices: int, chunks: int) -> np.ndarray:
+    """How many of the virtual forward steps ``0..steps-1`` run ``chunk``: ``D`` per period of ``D*v``
+    steps, and within a period the steps ``chunk*D .. chunk*D+D-1``."""
+    period = devices * chunks
+    return (steps // period) * devices + np.clip(steps % period - chunk * devices, 0, devices)
+
+
+def inflight(devices: int, microbatches: int, chunks: int = 2) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), the most micro-batches alive at once in :func:`device_order`, without
+    building it. On device ``d`` with ``w`` warm-up forwards, the steady phase's ``i``-th forward
+    (virtual step ``w+i``) comes before the ``i``-th backward, so chunk ``c`` then has
+    ``fwd_c(w+i+1) - bwd_c(i)`` alive, where backward steps visit the chunks in the reverse order
+    (``bwd_c = fwd_{v-1-c}``); both counts grow by ``D`` per ``D*v`` steps, so one period of ``i``
+    gives the peak. Before the steady phase the count only grows (to ``fwd_c(w)``), after it only falls."""
+    shape(devices, microbatches, chunks)
+    D, N, v = devices, microbatches, chunks
+    if v == 1:
+        return stage_inflight(D, N)
+    out: dict[tuple[int, int], int] = {}
+    total = N * v
+    for d in range(D):
+        w = warmup_forwards(d, D, N, v)
+        i = np.arange(min(total - w, D * v))
+        for c in range(v):
+            peak = int(_steps_of_chunk(np.array(w), c, D, v))
+            if i.size:
+                alive = _steps_of_chunk(w + i + 1, c, D, v) - _steps_of_chunk(i, v - 1 - c, D, v)
+                peak = max(peak, int(alive.max()))
+            out[(0, c * D + d)] = peak
+    return out
+
+
+def build(devices: int, microbatches: int, chunks: int = 2) -> Schedule:
+    sched = shape(devices, microbatches, chunks)
+    sched.actions = [device_order(d, devices, microbatches, chunks) for d in range(devices)]
+    return sched

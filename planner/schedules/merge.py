@@ -83,35 +83,115 @@ def pipeline_slots(depth: int, groups: Sequence[Sequence[int]]) -> list[list[tup
     return out
 
 
-def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: StageLists,
+#: one action of a stage's template row: (unit slot, is backward, first local micro-batch, span)
+Step = tuple[int, bool, int, int]
+
+
+def templates(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]
+              ) -> dict[tuple[int, ...], list[list[Step]]]:
+    """Per pipeline shape (its forward group sizes), the slots of :func:`pipeline_slots` for local
+    micro-batches ``0..n-1``, as :data:`Step` rows per stage (shared by units of the same shape)."""
+    out: dict[tuple[int, ...], list[list[Step]]] = {}
+    for _, groups, _ in pipelines:
+        shape = tuple(len(g) for g in groups)
+        if groups and shape not in out:
+            local, i = [], 0
+            for n in shape:
+                local.append(list(range(i, i + n)))
+                i += n
+            out[shape] = [[(slot, a.kind != F, a.mb, a.span) for slot, a in row]
+                          for row in pipeline_slots(depth, local)]
+    return out
+
+
+def stage_lists(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]) -> StageLists:
+    """The lists :func:`list_schedule` orders, written out: ``lists[(r, s, u)]`` is stage replica (r, s)'s
+    1F1B order in unit ``u`` with its priority ``(offset + slot, -s, r)`` per action."""
+    lists: StageLists = {}
+    tpl = templates(depth, pipelines)
+    for u, (r, groups, offset) in enumerate(pipelines):
+        if not groups:
+            continue
+        flat = [m for g in groups for m in g]
+        for s, row in enumerate(tpl[tuple(len(g) for g in groups)]):
+            lists[(r, s, u)] = [((offset + slot, -s, r), Action(B if isb else F, s, flat[lm], r, span))
+                                for slot, isb, lm, span in row]
+    return lists
+
+
+def list_schedule(devices: int, placement: Sequence[Sequence[int]],
+                  pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]],
                   until: int | None = None) -> list[list[Action]]:
     """Per-device action order by list scheduling in unit slots (see the module docstring).
 
-    ``lists[(r, s, u)]`` is stage replica (r, s)'s own order in unit ``u`` (of a concatenation), with a
-    priority key per action (smaller first); that order is kept, while lists of different units
-    interleave by priority. Returns ``actions[d]``.
+    The lists are those of :func:`stage_lists` -- stage replica (r, s)'s own 1F1B order in unit ``u``,
+    with priority ``(offset + slot, -s, r)`` per action (smaller first) -- but they are never written
+    out: each list reads its unit's shared template row, and an :class:`Action` is created only when it
+    is scheduled. A list's order is kept, while lists of different units interleave by priority.
 
     Slot by slot: every action lasts one slot, so every device is free at the start of every slot. The
     head of each list becomes a *candidate* of its device at the slot its last input ends; at each slot
     every device that has candidates runs the one with the smallest priority (ties: the first list in
-    key order), and what that action unblocks becomes a candidate at the next slot. Only devices with
-    candidates are visited, and slots where nothing becomes ready are skipped.
+    (r, s, u) order), and what that action unblocks becomes a candidate at the next slot. Only devices
+    with candidates are visited, and slots where nothing becomes ready are skipped. Priorities, inputs
+    and heap entries are plain integers (the hot loop creates no tuples).
 
     ``until``: stop before that slot; the lists returned are then prefixes of the full ones (the order is
     decided slot by slot), which is enough to bound what the beginning of a schedule needs.
     """
     S = len(placement[0])
-    keys = sorted(lists)
-    rows = [lists[key] for key in keys]
-    dev_of = [placement[r][s] for r, s, _ in keys]
-    head = [0] * len(keys)
-    end_f: dict[tuple[int, int, int], int] = {}  # (replica, stage, mb) -> end slot of its forward
-    end_b: dict[tuple[int, int, int], int] = {}  # ... of its backward
-    waiting: dict[tuple[str, int, int, int], list[int]] = {}  # unscheduled input -> lists waiting for it
-    ready: list[list[tuple[tuple[float, ...], int]]] = [[] for _ in range(devices)]  # (prio, list)
+    R = len(placement)
+    tpl = templates(S, pipelines)
+    M = 1 + max((m for _, groups, _ in pipelines for g in groups for m in g), default=0)
+    units = [(r, u, tpl[tuple(len(g) for g in groups)], [m for g in groups for m in g], offset)
+             for u, (r, groups, offset) in enumerate(pipelines) if groups]
+    owner = [-1] * M
+    for r, _, _, flat, offset in units:
+        if offset != int(offset):
+            raise ValueError(f"unit offsets must be whole slots, got {offset}")
+        for m in flat:
+            if owner[m] not in (-1, r):
+                raise ValueError(f"micro-batch {m} is in pipelines of two replicas")
+            owner[m] = r
+    units.sort(key=lambda x: (x[0], x[1]))
+    # lists in (r, s, u) order; per list its template row, micro-batches, device, priorities and the
+    # index of (stage s, micro-batch 0) in end_f / end_b (a micro-batch belongs to one replica)
+    SR = S * R
+    rows: list[list[Step]] = []
+    flats: list[list[int]] = []
+    base: list[int] = []
+    pbase: list[int] = []  # priority of the list's slot 0
+    dev: list[int] = []
+    stage_of: list[int] = []
+    replica_of: list[int] = []
+    i = 0
+    while i < len(units):
+        j = i
+        while j < len(units) and units[j][0] == units[i][0]:
+            j += 1
+        r = units[i][0]
+        for s in range(S):
+            d, b0, p0 = placement[r][s], s * M, (S - 1 - s) * R + r
+            for _, _, t_rows, flat, offset in units[i:j]:
+                rows.append(t_rows[s])
+                flats.append(flat)
+                base.append(b0)
+                pbase.append(int(offset) * SR + p0)
+                dev.append(d)
+                stage_of.append(s)
+                replica_of.append(r)
+        i = j
+    L = len(rows)
+    end_f = [-1] * (S * M)  # end slot of the forward of (stage, mb); -1: not scheduled yet
+    end_b = [-1] * (S * M)
+    wait_f: dict[int, list[int]] = {}  # unscheduled forward -> lists waiting for it
+    wait_b: dict[int, list[int]] = {}
+    head = [0] * L
+    ready: list[list[int]] = [[] for _ in range(devices)]  # heap of priority * L + list
     later: dict[int, list[int]] = {}  # slot -> lists whose head becomes a candidate then
     active: set[int] = set()  # devices with candidates
     out: list[list[Action]] = [[] for _ in range(devices)]
+    push, pop = heapq.heappush, heapq.heappop
 
     def examine(k: int, now: int) -> None:
         """Make the head of list ``k`` a candidate (now or at the slot its inputs end), or wait for its
@@ -119,46 +199,46 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
         row, i = rows[k], head[k]
         if i >= len(row):
             return
-        prio, a = row[i]
-        r, s, _ = keys[k]
-        at = 0  # the slot its last input ends
-        if a.kind == F:
+        slot, isb, lm, span = row[i]
+        s, flat, at = stage_of[k], flats[k], 0
+        if not isb:
             if s > 0:
-                for m in range(a.mb, a.mb + a.span):
-                    end = end_f.get((r, s - 1, m))
-                    if end is None:
-                        waiting.setdefault((F, r, s - 1, m), []).append(k)
+                prev = base[k] - M
+                for j in range(lm, lm + span):
+                    end = end_f[prev + flat[j]]
+                    if end < 0:
+                        wait_f.setdefault(prev + flat[j], []).append(k)
                         return
                     if end > at:
                         at = end
         else:
-            end = end_f.get((r, s, a.mb))
-            if end is None:
-                waiting.setdefault((F, r, s, a.mb), []).append(k)
+            x = base[k] + flat[lm]
+            at = end_f[x]
+            if at < 0:
+                wait_f.setdefault(x, []).append(k)
                 return
-            at = end
             if s < S - 1:
-                end = end_b.get((r, s + 1, a.mb))
-                if end is None:
-                    waiting.setdefault((B, r, s + 1, a.mb), []).append(k)
+                end = end_b[x + M]
+                if end < 0:
+                    wait_b.setdefault(x + M, []).append(k)
                     return
                 if end > at:
                     at = end
         if at <= now:
-            d = dev_of[k]
-            heapq.heappush(ready[d], (prio, k))
+            d = dev[k]
+            push(ready[d], (pbase[k] + slot * SR) * L + k)
             active.add(d)
         else:
             later.setdefault(at, []).append(k)
 
-    for k in range(len(keys)):
+    for k in range(L):
         examine(k, 0)
     remaining = sum(len(row) for row in rows)
     t = 0
     while remaining and (until is None or t < until):
         for k in later.pop(t, ()):
-            d = dev_of[k]
-            heapq.heappush(ready[d], (rows[k][head[k]][0], k))
+            d = dev[k]
+            push(ready[d], (pbase[k] + rows[k][head[k]][0] * SR) * L + k)
             active.add(d)
         if not active:
             if not later:
@@ -168,23 +248,27 @@ def list_schedule(devices: int, placement: Sequence[Sequence[int]], lists: Stage
         end = t + 1
         for d in list(active):
             rdy = ready[d]
-            _, k = heapq.heappop(rdy)
+            k = pop(rdy) % L
             if not rdy:
                 active.discard(d)
-            a = rows[k][head[k]][1]
+            _, isb, lm, span = rows[k][head[k]]
             head[k] += 1
             remaining -= 1
-            out[d].append(a)
-            r, s = a.replica, a.stage
-            if a.kind == F:
-                for m in range(a.mb, a.mb + a.span):
-                    end_f[(r, s, m)] = end
-                    for waiter in waiting.pop((F, r, s, m), ()):
-                        examine(waiter, t)
-            else:
-                end_b[(r, s, a.mb)] = end
-                for waiter in waiting.pop((B, r, s, a.mb), ()):
+            s, r, flat = stage_of[k], replica_of[k], flats[k]
+            if isb:
+                m = flat[lm]
+                out[d].append(Action(B, s, m, r))
+                x = base[k] + m
+                end_b[x] = end
+                for waiter in wait_b.pop(x, ()):
                     examine(waiter, t)
+            else:
+                out[d].append(Action(F, s, flat[lm], r, span))
+                for j in range(lm, lm + span):
+                    x = base[k] + flat[j]
+                    end_f[x] = end
+                    for waiter in wait_f.pop(x, ()):
+                        examine(waiter, t)
             examine(k, t)
         t = end
     return out
@@ -198,25 +282,7 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]],
     ``pipelines`` lists ``(replica, forward groups, slot offset)``; several entries may share a replica
     (consecutive units of a concatenation, offset so that a unit follows the previous one).
     """
-    depth = len(placement[0])
-    lists: StageLists = {}
-    cache: dict[tuple[int, ...], list[list[tuple[int, Action]]]] = {}
-    for u, (r, groups, offset) in enumerate(pipelines):
-        if not groups:
-            continue
-        shape = tuple(len(g) for g in groups)
-        if shape not in cache:
-            local, i = [], 0
-            for n in shape:
-                local.append(list(range(i, i + n)))
-                i += n
-            cache[shape] = pipeline_slots(depth, local)
-        flat = [m for g in groups for m in g]
-        for s, row in enumerate(cache[shape]):
-            dst = lists.setdefault((r, s, u), [])
-            for slot, a in row:
-                dst.append(((offset + slot, -s, r), Action(a.kind, s, flat[a.mb], r, a.span)))
-    return list_schedule(devices, placement, lists, until)
+    return list_schedule(devices, placement, pipelines, until)
 
 
 def inflight_floor(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]

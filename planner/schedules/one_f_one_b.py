@@ -8,8 +8,29 @@ but stage ``s`` keeps at most ``min(D-s, N)`` micro-batches' activations alive i
 
 from __future__ import annotations
 
-from planner.schedules.common import check_positive, linear_schedule
+from planner.schedules.common import check_positive, linear_schedule, no_lists
 from planner.schedules.ir import Action, B, F, Schedule
+
+#: :func:`inflight` is the exact peak of the lists, not only a lower bound
+INFLIGHT_EXACT = True
+
+
+def shape(devices: int, microbatches: int) -> Schedule:
+    """The schedule without its action lists (what the planner needs before building them)."""
+    check_positive(devices=devices, microbatches=microbatches)
+    return linear_schedule("1f1b", devices, microbatches, no_lists(devices), {})
+
+
+def stage_inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica 0, stage s), the most micro-batches alive at once in :func:`stage_order`:
+    ``min(D-s, N)`` (the warm-up forwards and one more before the first backward)."""
+    check_positive(devices=devices, microbatches=microbatches)
+    return {(0, s): min(devices - s, microbatches) for s in range(devices)}
+
+
+def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), the most micro-batches alive at once (:func:`stage_inflight`)."""
+    return stage_inflight(devices, microbatches)
 
 
 def stage_order(stage: int, depth: int, microbatches: int, kind_b: str = B) -> list[Action]:

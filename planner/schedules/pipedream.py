@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import math
 
-from planner.schedules.common import check_positive
-from planner.schedules.ir import Schedule
-from planner.schedules.one_f_one_b import stage_order
+from planner.schedules.common import check_positive, no_lists
+from planner.schedules.ir import Action, Schedule
+from planner.schedules.one_f_one_b import stage_inflight, stage_order
+
+#: :func:`inflight` is the exact peak of the lists, not only a lower bound
+INFLIGHT_EXACT = True
 
 
 def noam(devices: int, input_stage_devices: int = 1) -> int:
@@ -39,10 +42,24 @@ def weight_versions(devices: int) -> list[int]:
     return [noam(devices) - s for s in range(devices)]
 
 
-def build(devices: int, microbatches: int) -> Schedule:
+def _schedule(devices: int, microbatches: int, acts: list[list[Action]]) -> Schedule:
     check_positive(devices=devices, microbatches=microbatches)
     D, N = devices, microbatches
-    acts = [stage_order(s, D, N) for s in range(D)]
     return Schedule("pipedream", D, D, N, [list(range(D))], acts,
                     params={"update": "per-microbatch", "noam": noam(D)},
                     weight_versions=weight_versions(D), synchronous=False)
+
+
+def shape(devices: int, microbatches: int) -> Schedule:
+    """The schedule without its action lists (what the planner needs before building them)."""
+    return _schedule(devices, microbatches, no_lists(devices))
+
+
+def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), the most micro-batches alive at once in the window: 1F1B's ``min(D-s, N)``."""
+    return stage_inflight(devices, microbatches)
+
+
+def build(devices: int, microbatches: int) -> Schedule:
+    check_positive(devices=devices, microbatches=microbatches)
+    return _schedule(devices, microbatches, [stage_order(s, devices, microbatches) for s in range(devices)])

@@ -18,18 +18,35 @@ start-up and tail overlap the neighbouring windows in a real run.
 
 from __future__ import annotations
 
-from planner.schedules.common import check_positive
-from planner.schedules.ir import Schedule
-from planner.schedules.one_f_one_b import stage_order
+from planner.schedules.common import check_positive, no_lists
+from planner.schedules.ir import Action, Schedule
+from planner.schedules.one_f_one_b import stage_inflight, stage_order
+
+#: :func:`inflight` is the exact peak of the lists, not only a lower bound
+INFLIGHT_EXACT = True
 
 
-def build(devices: int, microbatches: int) -> Schedule:
+def _schedule(devices: int, microbatches: int, acts: list[list[Action]]) -> Schedule:
     check_positive(devices=devices, microbatches=microbatches)
     D, N = devices, microbatches
     if N < D:
         raise ValueError(f"pipedream-2bw: microbatches (N={N}) must be >= devices (D={D}): gradients are "
                          f"accumulated over N >= D micro-batches so that two weight versions suffice "
                          f"(PipeDream-2BW 3.1)")
-    acts = [stage_order(s, D, N) for s in range(D)]
     return Schedule("pipedream-2bw", D, D, N, [list(range(D))], acts, params={"update": "every-N"},
                     weight_versions=[2] * D, synchronous=False)
+
+
+def shape(devices: int, microbatches: int) -> Schedule:
+    """The schedule without its action lists (what the planner needs before building them)."""
+    return _schedule(devices, microbatches, no_lists(devices))
+
+
+def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), the most micro-batches alive at once in the window: 1F1B's ``min(D-s, N)``."""
+    return stage_inflight(devices, microbatches)
+
+
+def build(devices: int, microbatches: int) -> Schedule:
+    acts = [stage_order(s, devices, microbatches) for s in range(devices)]
+    return _schedule(devices, microbatches, acts)

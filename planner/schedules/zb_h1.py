@@ -25,9 +25,20 @@ simulator gives exactly ``3N + (D-1)`` against 1F1B's ``3(N + D - 1)`` (tests ch
 
 from __future__ import annotations
 
-from planner.schedules.common import check_positive, linear_schedule
+from planner.schedules.common import check_positive, linear_schedule, no_lists
 from planner.schedules.ir import Action, I, Schedule, W
-from planner.schedules.one_f_one_b import stage_order
+from planner.schedules.one_f_one_b import stage_inflight, stage_order
+
+#: :func:`inflight` (1F1B's ``min(D-s, N)``: an ``I`` frees what its ``F`` stored) is exact
+INFLIGHT_EXACT = True
+#: the backward is split into I and W: a weight-gradient pass, not a gradient travelling down, may end a list
+SPLIT_BACKWARD = True
+
+
+def shape(devices: int, microbatches: int) -> Schedule:
+    """The schedule without its action lists (what the planner needs before building them)."""
+    check_positive(devices=devices, microbatches=microbatches)
+    return linear_schedule("zb-h1", devices, microbatches, no_lists(devices), {})
 
 
 def device_order(stage: int, devices: int, microbatches: int) -> list[Action]:
@@ -43,6 +54,11 @@ def device_order(stage: int, devices: int, microbatches: int) -> list[Action]:
                 out.append(Action(W, stage, pending.pop(0)))
     out.extend(Action(W, stage, m) for m in pending)
     return out
+
+
+def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), the most micro-batches alive at once: 1F1B's ``min(D-s, N)``."""
+    return stage_inflight(devices, microbatches)
 
 
 def build(devices: int, microbatches: int) -> Schedule:
