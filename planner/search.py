@@ -53,6 +53,8 @@ class Candidate:
     partition: list[list[int]] = field(default_factory=list)
     lower_bound: float = 0.0
     global_batch: int = 0
+    #: per device, bytes of weights, gradients and optimizer state (:meth:`Planner.model_state`)
+    state: list[float] = field(default_factory=list, repr=False)
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -146,6 +148,7 @@ class Planner:
         self._compiled: dict[int, Any] = {}  # id(schedule) -> compile_schedule(schedule)
         self._inflight: dict[int, list[dict[int, float]]] = {}  # id(schedule) -> per device, stage -> peak
         self._floors: dict[int, dict[tuple[int, int], int]] = {}  # id(shape) -> in flight per (replica, stage)
+        self._stage_states: dict[tuple, list[float]] = {}
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
         self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
@@ -190,14 +193,24 @@ class Planner:
     def model_state(self, costs: ConfigCosts, device: int) -> float:
         """Weights, gradients and optimizer state of the stage replicas ``device`` holds, plus the extra
         weight versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering)."""
+        per_stage = self._stage_state(costs)
+        return sum(per_stage[s] for _, s in costs.held[device])
+
+    def _stage_state(self, costs: ConfigCosts) -> list[float]:
+        """:meth:`model_state` of one replica of each stage, cached per (stage infos, weight versions)."""
         sched = costs.schedule
-        total = 0.0
-        for _, s in costs.held[device]:
-            info = costs.stages[s]
-            total += (info.params - self._tied_in_stage(info)) * self.request.bytes_per_param / costs.t
-            if not sched.synchronous and sched.weight_versions:
-                total += (sched.weight_versions[s] - 1) * info.param_bytes / costs.t
-        return total
+        versions = tuple(sched.weight_versions) if not sched.synchronous else ()
+        key = (id(costs.stages), costs.t, versions)
+        got = self._stage_states.get(key)
+        if got is None:
+            got = []
+            for s, info in enumerate(costs.stages):
+                v = (info.params - self._tied_in_stage(info)) * self.request.bytes_per_param / costs.t
+                if versions:
+                    v += (versions[s] - 1) * info.param_bytes / costs.t
+                got.append(v)
+            self._stage_states[key] = got
+        return got
 
     def _tied_in_stage(self, info: Any) -> float:
         """A tied LM head in the same stage as the embedding it copies is not a second copy."""
@@ -237,7 +250,7 @@ class Planner:
         cand.partition = [list(x) for x in bounds]
         held = self._held.get(id(sched))
         if held is None:
-            held = self._held[id(sched)] = [sched.stages_on(d) for d in range(sched.devices)]
+            held = self._held[id(sched)] = sched.stages_by_device()
         ckey = (config.tensor, sched.stages, samples, config.recompute)
         shared = self._shared.setdefault(ckey, {})
         costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared)
@@ -245,6 +258,7 @@ class Planner:
         state = self._state.get(skey)
         if state is None:
             state = self._state[skey] = [self.model_state(costs, d) for d in range(config.pipeline)]
+        cand.state = state
         worst = max(range(len(state)), key=lambda d: state[d])
         if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
             over = state[worst] + req.memory_reserve_bytes - self.cluster.memory_bytes
@@ -273,8 +287,8 @@ class Planner:
         """Reject before simulating when a lower bound of some device's activations already overflows its
         memory; the candidate keeps those lower bounds as its per-device memory."""
         cap = self.cluster.memory_bytes
-        need = [self.model_state(costs, d) + act + self.request.memory_reserve_bytes
-                for d, act in enumerate(activations)]
+        reserve = self.request.memory_reserve_bytes
+        need = [state + act + reserve for state, act in zip(cand.state, activations, strict=True)]
         worst = max(range(len(need)), key=lambda d: need[d])
         if need[worst] <= cap:
             return False
@@ -290,21 +304,28 @@ class Planner:
         cfg = cand.config
         module = sys.modules[BUILDERS[cfg.schedule].__module__]
         # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
-        # its peak is a lower bound of the device's peak) and reject what already does not fit
+        # its peak is a lower bound of the device's peak) and reject what already does not fit; S, 2S, then
+        # 3S slots (the merge goes on from where it stopped, and the full build after it too)
         prefix_fn = getattr(module, "prefix", None)
         if prefix_fn is None:
             return False
-        peaks = []
-        for row in prefix_fn(cfg.pipeline, n_sched, 3 * costs.schedule.stages, **cfg.schedule_params()):
-            alive = peak = 0.0
-            for a in row:
-                if a.kind == "F":
-                    alive += a.span * costs.activation(a.stage)
-                    peak = max(peak, alive)
-                elif a.kind in ("B", "I"):
-                    alive -= costs.activation(a.stage)
-            peaks.append(peak)
-        return self._too_big(cand, costs, peaks)
+        D, S = cfg.pipeline, costs.schedule.stages
+        act = [costs.activation(s) for s in range(S)]
+        alive, peaks, seen = [0.0] * D, [0.0] * D, [0] * D
+        for slots in (S, 2 * S, 3 * S):
+            for d, row in enumerate(prefix_fn(D, n_sched, slots, **cfg.schedule_params())):
+                a_d, p_d = alive[d], peaks[d]
+                for a in row[seen[d]:]:
+                    if a.kind == "F":
+                        a_d += a.span * act[a.stage]
+                        if a_d > p_d:
+                            p_d = a_d
+                    elif a.kind in ("B", "I"):
+                        a_d -= act[a.stage]
+                alive[d], peaks[d], seen[d] = a_d, p_d, len(row)
+            if self._too_big(cand, costs, peaks):
+                return True
+        return False
 
     def inflight(self, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage, the most micro-batches whose activations are alive at once, counted in
@@ -328,9 +349,10 @@ class Planner:
 
     def lower_bound(self, sched: Schedule, costs: ConfigCosts) -> float:
         """A time no schedule of this configuration can beat: for every device, the first forward
-        reaching one of its stages (the forwards of the stages before it), its own computation and
-        step, and -- unless backwards are split, when a weight-gradient pass may come last -- the
-        gradient of its last backward travelling down the stages before it."""
+        reaching one of its stages (the forwards of the stages before it), its own computation, and then
+        its own optimizer step or -- unless backwards are split, when a weight-gradient pass may come
+        last -- the gradient of its last backward travelling down the stages before it followed by the
+        smallest step of any device, whichever is longer."""
         cfg = costs.config
         S = sched.stages
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
@@ -345,21 +367,25 @@ class Planner:
         per_mb: Counter[int] = Counter(sched.mb_replica)
         lb = 0.0
         if inflight_exact(cfg.schedule):
-            # Little's law: a micro-batch is alive at least for its round trip through every stage, and
-            # the lists never keep more than ``k`` alive at once (their stage-0 in-flight peaks, exact), so
+            # Little's law: a micro-batch is alive at least for its round trip through every stage (with
+            # a split backward, forwards and input-gradient passes: an I frees what its F stored), and the
+            # lists never keep more than ``k`` alive at once (their stage-0 in-flight peaks, exact), so
             # N micro-batches take at least N * round_trip / k (tight for GEMS' two in flight)
             floor = self.floor(cfg, sched)
             k = sum(floor.get((r, 0), 0) for r in range(sched.replicas))
+            chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
             if k > 0:
-                lb = sched.microbatches * (sum(f) + sum(bw)) / k
+                lb = sched.microbatches * (sum(f) + sum(chain)) / k
+        steps = [costs.step(d) for d in range(cfg.pipeline)]
+        step_min = min(steps)
         for d in range(cfg.pipeline):
             held = costs.held[d]
             if not held:
                 continue
-            work = costs.step(d) + sum(per_mb[r] * (f[s] + bw[s]) for r, s in held)
+            work = sum(per_mb[r] * (f[s] + bw[s]) for r, s in held)
             head = min(pre_f[s] for _, s in held)
             tail = 0.0 if split else min(pre_b[s] for _, s in held)
-            lb = max(lb, head + work + tail)
+            lb = max(lb, head + work + max(steps[d], tail + step_min))
         return lb
 
     def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
@@ -393,7 +419,7 @@ class Planner:
         cand.bubble_ratio = res.bubble_ratio
         mem = []
         for d in range(cfg.pipeline):
-            m = self.model_state(costs, d) + res.devices[d].peak_activations + req.memory_reserve_bytes
+            m = cand.state[d] + res.devices[d].peak_activations + req.memory_reserve_bytes
             if cfg.recompute:  # recomputing a layer materialises its activations once
                 m += max(costs.stages[s].max_layer_stash for _, s in costs.held[d]) * costs.base_b
             mem.append(m)

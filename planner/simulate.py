@@ -582,8 +582,9 @@ class _ImpliedPlan:
                 peer[j] = prev_peer[rs]
         eager_at: list[dict[int, list[tuple[int, int]]]] = []
         at_end: list[list[tuple[int, int]]] = []
+        held = schedule.stages_by_device()
         for d in range(D):
-            here, end = allreduce_points(schedule, d, eager_set)
+            here, end = allreduce_points(schedule, d, eager_set, held[d])
             eager_at.append(here)
             at_end.append(end)
         return cls(schedule, acts, rows, dep_a, dep_b, peer, eager_at, at_end, producer, in_order)

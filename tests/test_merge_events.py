@@ -83,7 +83,7 @@ def scan(monkeypatch):
     def use() -> None:
         def scan_written_out(devices, placement, pipelines, until=None):
             return slot_scan(devices, placement, merge.stage_lists(len(placement[0]), pipelines), until)
-        monkeypatch.setattr(merge, "list_schedule", scan_written_out)
+        monkeypatch.setattr(merge, "merge_pipelines", scan_written_out)
     return use
 
 

@@ -150,6 +150,38 @@ def test_pruning_is_exact(daint, gpus, batch):
         assert c.lower_bound <= c.iteration_time * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("preset,cluster,gpus,batch", [
+    ("bert-48", "piz-daint-p100-16gb.json", 16, 128),
+    ("gpt2-1.3b", "dgx-a100-80gb.json", 16, 128),
+])
+def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
+    """Pruning is only exact if no bound overshoots: for every configuration simulated, its lower bound
+    is at most its simulated time, and the in-flight memory floor checked before building is at most the
+    simulated peak (every schedule, t > 1, Chimera's concatenations with many micro-batches)."""
+    from collections import Counter
+
+    from planner.search import Planner
+
+    cl = load_cluster(EX / cluster)
+    planner = Planner(profile_for(preset, cl), cl, TrainingRequest(global_batch=batch, gpus=gpus))
+    checked = 0
+    for cfg in planner.configs(Counter()):
+        cand, costs = planner.prepare(cfg)
+        if costs is None:
+            continue
+        floor = planner.floor(cfg, costs.schedule)
+        planner.evaluate(cand, costs)
+        if cand.simulation is None:
+            continue
+        checked += 1
+        assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+        for d, dev in enumerate(cand.simulation.devices):
+            held = costs.held[d]
+            need = max((floor.get((r, s), 0) * costs.activation(s) for r, s in held), default=0.0)
+            assert need <= dev.peak_activations * (1 + 1e-9) + 1e-6, (cfg.label(), d)
+    assert checked > 50
+
+
 def test_example_profiles_match_the_generator():
     """The shipped analytical profiles are what `pipeplan profile-analytic` writes today."""
     from pipeplan.commands_plan import DEVICES

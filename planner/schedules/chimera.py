@@ -33,9 +33,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
+from planner.schedules import merge
 from planner.schedules.common import check_positive
 from planner.schedules.ir import Action, B, F, Schedule
-from planner.schedules.merge import inflight_floor, merge_pipelines
+from planner.schedules.merge import inflight_floor
 
 CONCAT_METHODS = ("direct", "forward-doubling", "backward-halving")
 T = TypeVar("T")
@@ -125,7 +126,7 @@ def prefix(devices: int, microbatches: int, slots: int, pipelines: int = 1, conc
     """The first ``slots`` unit slots of every device's list: a prefix of :func:`build`'s lists, enough
     to bound the activation memory of the warm-up without merging everything."""
     place, _, pipes = _plan(devices, microbatches, pipelines, concat)
-    return merge_pipelines(devices, place, pipes, until=slots)
+    return merge.merge_pipelines(devices, place, pipes, until=slots)
 
 
 def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
@@ -133,7 +134,7 @@ def build(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
     if eager not in ("auto", "all", "none"):
         raise ValueError(f"chimera: eager must be 'auto', 'all' or 'none', got {eager!r}")
     place, mb_replica, pipes = _plan(devices, microbatches, pipelines, concat)
-    acts = merge_pipelines(devices, place, pipes)
+    acts = merge.merge_pipelines(devices, place, pipes)
     params = {"pipelines": pipelines, "concat": concat, "eager": eager}
     sched = Schedule("chimera", devices, devices, microbatches, place, acts, mb_replica=mb_replica,
                      params=params)

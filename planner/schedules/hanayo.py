@@ -23,9 +23,10 @@ Both agree on the trend the paper argues: the ratio falls strictly as W grows.
 
 from __future__ import annotations
 
+from planner.schedules import merge
 from planner.schedules.common import check_positive
 from planner.schedules.ir import Action, Schedule
-from planner.schedules.merge import inflight_floor, merge_pipelines
+from planner.schedules.merge import inflight_floor
 
 
 def placement(devices: int, waves: int) -> list[list[int]]:
@@ -54,14 +55,14 @@ def inflight(devices: int, microbatches: int, waves: int = 1) -> dict[tuple[int,
 def prefix(devices: int, microbatches: int, slots: int, waves: int = 1) -> list[list[Action]]:
     """The first ``slots`` unit slots of every device's list (see :func:`planner.schedules.chimera.prefix`)."""
     check_positive(devices=devices, microbatches=microbatches, waves=waves)
-    return merge_pipelines(devices, placement(devices, waves), [(0, [[m] for m in range(microbatches)], 0.0)],
+    return merge.merge_pipelines(devices, placement(devices, waves), [(0, [[m] for m in range(microbatches)], 0.0)],
                            until=slots)
 
 
 def build(devices: int, microbatches: int, waves: int = 1) -> Schedule:
     check_positive(devices=devices, microbatches=microbatches, waves=waves)
     place = placement(devices, waves)
-    acts = merge_pipelines(devices, place, [(0, [[m] for m in range(microbatches)], 0.0)])
+    acts = merge.merge_pipelines(devices, place, [(0, [[m] for m in range(microbatches)], 0.0)])
     return Schedule("hanayo", devices, len(place[0]), microbatches, place, acts, params={"waves": waves})
 
 

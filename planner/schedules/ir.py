@@ -130,6 +130,14 @@ class Schedule:
         """(replica, stage) pairs that ``device`` holds, in order."""
         return [(r, s) for r, row in enumerate(self.placement) for s, d in enumerate(row) if d == device]
 
+    def stages_by_device(self) -> list[list[tuple[int, int]]]:
+        """:meth:`stages_on` of every device, in one pass over the placement."""
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.devices)]
+        for r, row in enumerate(self.placement):
+            for s, d in enumerate(row):
+                out[d].append((r, s))
+        return out
+
     def compute_only(self) -> Schedule:
         """The same schedule with only F/B/I/W actions."""
         acts = [[a for a in row if a.kind in COMPUTE_KINDS] for row in self.actions]
@@ -273,11 +281,13 @@ def eager_stages(eager: Iterable[int] | str, stages: int) -> set[int]:
     return {int(x) for x in eager}
 
 
-def allreduce_points(schedule: Schedule, device: int,
-                     eager_set: set[int]) -> tuple[dict[int, list[tuple[int, int]]], list[tuple[int, int]]]:
+def allreduce_points(schedule: Schedule, device: int, eager_set: set[int],
+                     held: Sequence[tuple[int, int]] | None = None
+                     ) -> tuple[dict[int, list[tuple[int, int]]], list[tuple[int, int]]]:
     """Where :func:`lower` puts ``device``'s all-reduces: ``(eager_at, at_end)``, with ``eager_at[i]`` the
     (replica, stage) pairs all-reduced right after compute action ``i`` of the device's (compute-only)
-    list, and ``at_end`` the pairs all-reduced at the end of the list, in that order."""
+    list, and ``at_end`` the pairs all-reduced at the end of the list, in that order. ``held``: the
+    device's (replica, stage) pairs when the caller has them (:meth:`Schedule.stages_by_device`)."""
     row = schedule.actions[device]
     # index of the last gradient-producing action per (replica, stage) on this device
     last_grad: dict[tuple[int, int], int] = {}
@@ -290,7 +300,8 @@ def allreduce_points(schedule: Schedule, device: int,
         if key[1] in eager_set:
             eager_at.setdefault(i, []).append(key)
     done_eager = {key for keys in eager_at.values() for key in keys}
-    held = schedule.stages_on(device)
+    if held is None:
+        held = schedule.stages_on(device)
     at_end = [(r, s) for r, s in sorted(held, key=lambda rs: (rs[1], rs[0])) if (r, s) not in done_eager]
     return eager_at, at_end
 

@@ -16,7 +16,9 @@ with the real costs.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import threading
 from collections.abc import Sequence
 
 from planner.schedules.ir import Action, B, F
@@ -85,204 +87,231 @@ def pipeline_slots(depth: int, groups: Sequence[Sequence[int]]) -> list[list[tup
 
 #: one action of a stage's template row: (unit slot, is backward, first local micro-batch, span)
 Step = tuple[int, bool, int, int]
+Pipelines = Sequence[tuple[int, Sequence[Sequence[int]], float]]
 
 
-def templates(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]
-              ) -> dict[tuple[int, ...], list[list[Step]]]:
-    """Per pipeline shape (its forward group sizes), the slots of :func:`pipeline_slots` for local
-    micro-batches ``0..n-1``, as :data:`Step` rows per stage (shared by units of the same shape)."""
-    out: dict[tuple[int, ...], list[list[Step]]] = {}
-    for _, groups, _ in pipelines:
-        shape = tuple(len(g) for g in groups)
-        if groups and shape not in out:
-            local, i = [], 0
-            for n in shape:
-                local.append(list(range(i, i + n)))
-                i += n
-            out[shape] = [[(slot, a.kind != F, a.mb, a.span) for slot, a in row]
-                          for row in pipeline_slots(depth, local)]
-    return out
+@functools.lru_cache(maxsize=512)
+def template(depth: int, shape: tuple[int, ...]) -> list[list[Step]]:
+    """The slots of :func:`pipeline_slots` for a pipeline of forward groups of sizes ``shape`` over local
+    micro-batches ``0..n-1``, as :data:`Step` rows per stage (shared by units, and by schedules, of the
+    same shape; read-only)."""
+    local, i = [], 0
+    for n in shape:
+        local.append(list(range(i, i + n)))
+        i += n
+    return [[(slot, a.kind != F, a.mb, a.span) for slot, a in row] for row in pipeline_slots(depth, local)]
 
 
-def stage_lists(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]) -> StageLists:
-    """The lists :func:`list_schedule` orders, written out: ``lists[(r, s, u)]`` is stage replica (r, s)'s
+def stage_lists(depth: int, pipelines: Pipelines) -> StageLists:
+    """The lists :class:`ListScheduler` orders, written out: ``lists[(r, s, u)]`` is stage replica (r, s)'s
     1F1B order in unit ``u`` with its priority ``(offset + slot, -s, r)`` per action."""
     lists: StageLists = {}
-    tpl = templates(depth, pipelines)
     for u, (r, groups, offset) in enumerate(pipelines):
         if not groups:
             continue
         flat = [m for g in groups for m in g]
-        for s, row in enumerate(tpl[tuple(len(g) for g in groups)]):
+        for s, row in enumerate(template(depth, tuple(len(g) for g in groups))):
             lists[(r, s, u)] = [((offset + slot, -s, r), Action(B if isb else F, s, flat[lm], r, span))
                                 for slot, isb, lm, span in row]
     return lists
 
 
-def list_schedule(devices: int, placement: Sequence[Sequence[int]],
-                  pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]],
-                  until: int | None = None) -> list[list[Action]]:
+class ListScheduler:
     """Per-device action order by list scheduling in unit slots (see the module docstring).
 
     The lists are those of :func:`stage_lists` -- stage replica (r, s)'s own 1F1B order in unit ``u``,
     with priority ``(offset + slot, -s, r)`` per action (smaller first) -- but they are never written
-    out: each list reads its unit's shared template row, and an :class:`Action` is created only when it
-    is scheduled. A list's order is kept, while lists of different units interleave by priority.
+    out: each list reads its unit's shared :func:`template` row, and an :class:`Action` is created only
+    when it is scheduled. A list's order is kept, while lists of different units interleave by priority.
 
     Slot by slot: every action lasts one slot, so every device is free at the start of every slot. The
     head of each list becomes a *candidate* of its device at the slot its last input ends; at each slot
     every device that has candidates runs the one with the smallest priority (ties: the first list in
     (r, s, u) order), and what that action unblocks becomes a candidate at the next slot. Only devices
     with candidates are visited, and slots where nothing becomes ready are skipped. Priorities, inputs
-    and heap entries are plain integers (the hot loop creates no tuples).
+    and heap entries are plain integers.
 
-    ``until``: stop before that slot; the lists returned are then prefixes of the full ones (the order is
-    decided slot by slot), which is enough to bound what the beginning of a schedule needs.
+    :meth:`run` ``(until)`` stops before that slot -- the lists so far are then prefixes of the full ones
+    (the order is decided slot by slot), which is enough to bound what the beginning of a schedule
+    needs -- and a later :meth:`run` goes on from there.
     """
-    S = len(placement[0])
-    R = len(placement)
-    tpl = templates(S, pipelines)
-    M = 1 + max((m for _, groups, _ in pipelines for g in groups for m in g), default=0)
-    units = [(r, u, tpl[tuple(len(g) for g in groups)], [m for g in groups for m in g], offset)
-             for u, (r, groups, offset) in enumerate(pipelines) if groups]
-    owner = [-1] * M
-    for r, _, _, flat, offset in units:
-        if offset != int(offset):
-            raise ValueError(f"unit offsets must be whole slots, got {offset}")
-        for m in flat:
-            if owner[m] not in (-1, r):
-                raise ValueError(f"micro-batch {m} is in pipelines of two replicas")
-            owner[m] = r
-    units.sort(key=lambda x: (x[0], x[1]))
-    # lists in (r, s, u) order; per list its template row, micro-batches, device, priorities and the
-    # index of (stage s, micro-batch 0) in end_f / end_b (a micro-batch belongs to one replica)
-    SR = S * R
-    rows: list[list[Step]] = []
-    flats: list[list[int]] = []
-    base: list[int] = []
-    pbase: list[int] = []  # priority of the list's slot 0
-    dev: list[int] = []
-    stage_of: list[int] = []
-    replica_of: list[int] = []
-    i = 0
-    while i < len(units):
-        j = i
-        while j < len(units) and units[j][0] == units[i][0]:
-            j += 1
-        r = units[i][0]
-        for s in range(S):
-            d, b0, p0 = placement[r][s], s * M, (S - 1 - s) * R + r
-            for _, _, t_rows, flat, offset in units[i:j]:
-                rows.append(t_rows[s])
-                flats.append(flat)
-                base.append(b0)
-                pbase.append(int(offset) * SR + p0)
-                dev.append(d)
-                stage_of.append(s)
-                replica_of.append(r)
-        i = j
-    L = len(rows)
-    end_f = [-1] * (S * M)  # end slot of the forward of (stage, mb); -1: not scheduled yet
-    end_b = [-1] * (S * M)
-    wait_f: dict[int, list[int]] = {}  # unscheduled forward -> lists waiting for it
-    wait_b: dict[int, list[int]] = {}
-    head = [0] * L
-    ready: list[list[int]] = [[] for _ in range(devices)]  # heap of priority * L + list
-    later: dict[int, list[int]] = {}  # slot -> lists whose head becomes a candidate then
-    active: set[int] = set()  # devices with candidates
-    out: list[list[Action]] = [[] for _ in range(devices)]
-    push, pop = heapq.heappush, heapq.heappop
 
-    def examine(k: int, now: int) -> None:
-        """Make the head of list ``k`` a candidate (now or at the slot its inputs end), or wait for its
-        first unscheduled input."""
-        row, i = rows[k], head[k]
-        if i >= len(row):
-            return
-        slot, isb, lm, span = row[i]
-        s, flat, at = stage_of[k], flats[k], 0
-        if not isb:
-            if s > 0:
-                prev = base[k] - M
-                for j in range(lm, lm + span):
-                    end = end_f[prev + flat[j]]
+    def __init__(self, devices: int, placement: Sequence[Sequence[int]], pipelines: Pipelines) -> None:
+        S, R = len(placement[0]), len(placement)
+        M = 1 + max((m for _, groups, _ in pipelines for g in groups for m in g), default=0)
+        units = [(r, u, template(S, tuple(len(g) for g in groups)), [m for g in groups for m in g], offset)
+                 for u, (r, groups, offset) in enumerate(pipelines) if groups]
+        owner = [-1] * M
+        for r, _, _, flat, offset in units:
+            if offset != int(offset):
+                raise ValueError(f"unit offsets must be whole slots, got {offset}")
+            for m in flat:
+                if owner[m] not in (-1, r):
+                    raise ValueError(f"micro-batch {m} is in pipelines of two replicas")
+                owner[m] = r
+        units.sort(key=lambda x: (x[0], x[1]))
+        # lists in (r, s, u) order; per list its template row, micro-batches, device, priority of slot 0,
+        # stage, replica, and the index of (stage s, micro-batch 0) in end_f / end_b (a micro-batch
+        # belongs to one replica)
+        SR = S * R
+        self.rows: list[list[Step]] = []
+        self.flats: list[list[int]] = []
+        self.base: list[int] = []
+        self.pbase: list[int] = []
+        self.dev: list[int] = []
+        self.stage_of: list[int] = []
+        self.replica_of: list[int] = []
+        i = 0
+        while i < len(units):
+            j = i
+            while j < len(units) and units[j][0] == units[i][0]:
+                j += 1
+            r = units[i][0]
+            for s in range(S):
+                d, b0, p0 = placement[r][s], s * M, (S - 1 - s) * R + r
+                for _, _, t_rows, flat, offset in units[i:j]:
+                    self.rows.append(t_rows[s])
+                    self.flats.append(flat)
+                    self.base.append(b0)
+                    self.pbase.append(int(offset) * SR + p0)
+                    self.dev.append(d)
+                    self.stage_of.append(s)
+                    self.replica_of.append(r)
+            i = j
+        self.S, self.M, self.SR, self.L = S, M, SR, len(self.rows)
+        self.end_f = [-1] * (S * M)  # end slot of the forward of (stage, mb); -1: not scheduled yet
+        self.end_b = [-1] * (S * M)
+        self.wait_f: dict[int, list[int]] = {}  # unscheduled forward -> lists waiting for it
+        self.wait_b: dict[int, list[int]] = {}
+        self.head = [0] * self.L
+        self.ready: list[list[int]] = [[] for _ in range(devices)]  # heap of priority * L + list
+        self.later: dict[int, list[int]] = {}  # slot -> lists whose head becomes a candidate then
+        self.active: set[int] = set()  # devices with candidates
+        self.out: list[list[Action]] = [[] for _ in range(devices)]
+        self.remaining = sum(len(row) for row in self.rows)
+        self.t = 0
+        self.started = False
+
+    def run(self, until: int | None = None) -> list[list[Action]]:
+        """Schedule up to slot ``until`` (everything: None); returns the per-device lists so far (live:
+        a later :meth:`run` appends to them)."""
+        rows, head, ready, later, active, out = self.rows, self.head, self.ready, self.later, self.active, self.out
+        dev, pbase, stage_of, replica_of, flats, base = (self.dev, self.pbase, self.stage_of, self.replica_of,
+                                                         self.flats, self.base)
+        end_f, end_b, wait_f, wait_b = self.end_f, self.end_b, self.wait_f, self.wait_b
+        S, M, SR, L = self.S, self.M, self.SR, self.L
+        push, pop = heapq.heappush, heapq.heappop
+        last = S - 1
+
+        def examine(k: int, now: int) -> None:
+            """Make the head of list ``k`` a candidate (now or at the slot its inputs end), or wait for
+            its first unscheduled input."""
+            row, i = rows[k], head[k]
+            if i >= len(row):
+                return
+            slot, isb, lm, span = row[i]
+            at = 0
+            if not isb:
+                if stage_of[k]:
+                    prev, flat = base[k] - M, flats[k]
+                    for j in range(lm, lm + span):
+                        end = end_f[prev + flat[j]]
+                        if end < 0:
+                            wait_f.setdefault(prev + flat[j], []).append(k)
+                            return
+                        if end > at:
+                            at = end
+            else:
+                x = base[k] + flats[k][lm]
+                at = end_f[x]
+                if at < 0:
+                    wait_f.setdefault(x, []).append(k)
+                    return
+                if stage_of[k] < last:
+                    end = end_b[x + M]
                     if end < 0:
-                        wait_f.setdefault(prev + flat[j], []).append(k)
+                        wait_b.setdefault(x + M, []).append(k)
                         return
                     if end > at:
                         at = end
-        else:
-            x = base[k] + flat[lm]
-            at = end_f[x]
-            if at < 0:
-                wait_f.setdefault(x, []).append(k)
-                return
-            if s < S - 1:
-                end = end_b[x + M]
-                if end < 0:
-                    wait_b.setdefault(x + M, []).append(k)
-                    return
-                if end > at:
-                    at = end
-        if at <= now:
-            d = dev[k]
-            push(ready[d], (pbase[k] + slot * SR) * L + k)
-            active.add(d)
-        else:
-            later.setdefault(at, []).append(k)
-
-    for k in range(L):
-        examine(k, 0)
-    remaining = sum(len(row) for row in rows)
-    t = 0
-    while remaining and (until is None or t < until):
-        for k in later.pop(t, ()):
-            d = dev[k]
-            push(ready[d], (pbase[k] + rows[k][head[k]][0] * SR) * L + k)
-            active.add(d)
-        if not active:
-            if not later:
-                raise RuntimeError("list scheduling made no progress: the stage lists are inconsistent")
-            t = min(later)
-            continue
-        end = t + 1
-        for d in list(active):
-            rdy = ready[d]
-            k = pop(rdy) % L
-            if not rdy:
-                active.discard(d)
-            _, isb, lm, span = rows[k][head[k]]
-            head[k] += 1
-            remaining -= 1
-            s, r, flat = stage_of[k], replica_of[k], flats[k]
-            if isb:
-                m = flat[lm]
-                out[d].append(Action(B, s, m, r))
-                x = base[k] + m
-                end_b[x] = end
-                for waiter in wait_b.pop(x, ()):
-                    examine(waiter, t)
+            if at <= now:
+                d = dev[k]
+                push(ready[d], (pbase[k] + slot * SR) * L + k)
+                active.add(d)
             else:
-                out[d].append(Action(F, s, flat[lm], r, span))
-                for j in range(lm, lm + span):
-                    x = base[k] + flat[j]
-                    end_f[x] = end
-                    for waiter in wait_f.pop(x, ()):
-                        examine(waiter, t)
-            examine(k, t)
-        t = end
-    return out
+                later.setdefault(at, []).append(k)
+
+        if not self.started:
+            self.started = True
+            for k in range(L):
+                examine(k, 0)
+        remaining, t = self.remaining, self.t
+        while remaining and (until is None or t < until):
+            for k in later.pop(t, ()):
+                d = dev[k]
+                push(ready[d], (pbase[k] + rows[k][head[k]][0] * SR) * L + k)
+                active.add(d)
+            if not active:
+                if not later:
+                    raise RuntimeError("list scheduling made no progress: the stage lists are inconsistent")
+                t = min(later)
+                continue
+            end = t + 1
+            for d in list(active):
+                rdy = ready[d]
+                k = pop(rdy) % L
+                if not rdy:
+                    active.discard(d)
+                _, isb, lm, span = rows[k][head[k]]
+                head[k] += 1
+                remaining -= 1
+                s, flat = stage_of[k], flats[k]
+                if isb:
+                    m = flat[lm]
+                    out[d].append(Action(B, s, m, replica_of[k]))
+                    x = base[k] + m
+                    end_b[x] = end
+                    if x in wait_b:
+                        for waiter in wait_b.pop(x):
+                            examine(waiter, t)
+                else:
+                    out[d].append(Action(F, s, flat[lm], replica_of[k], span))
+                    for j in range(lm, lm + span):
+                        x = base[k] + flat[j]
+                        end_f[x] = end
+                        if x in wait_f:
+                            for waiter in wait_f.pop(x):
+                                examine(waiter, t)
+                examine(k, t)
+            t = end
+        self.remaining, self.t = remaining, t
+        return out
 
 
-def merge_pipelines(devices: int, placement: Sequence[Sequence[int]],
-                    pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]],
+#: the scheduler a prefix was merged with, per thread, so that the full merge of the same pipelines
+#: right after it (the planner's pattern: bound the warm-up, then build) goes on instead of starting over
+_suspended = threading.local()
+
+
+def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines: Pipelines,
                     until: int | None = None) -> list[list[Action]]:
-    """Merge 1F1B pipelines onto devices.
+    """Merge 1F1B pipelines onto devices (:class:`ListScheduler`); with ``until``, only the first slots.
 
     ``pipelines`` lists ``(replica, forward groups, slot offset)``; several entries may share a replica
     (consecutive units of a concatenation, offset so that a unit follows the previous one).
     """
-    return list_schedule(devices, placement, pipelines, until)
+    key = (devices, tuple(map(tuple, placement)),
+           tuple((r, tuple(map(tuple, groups)), offset) for r, groups, offset in pipelines))
+    got = getattr(_suspended, "last", None)
+    sched = got[1] if got is not None and got[0] == key and (until is None or got[1].t <= until) else None
+    _suspended.last = None
+    if sched is None:
+        sched = ListScheduler(devices, placement, pipelines)
+    out = sched.run(until)
+    if until is None:
+        return out
+    _suspended.last = (key, sched)
+    return [list(row) for row in out]
 
 
 def inflight_floor(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]
@@ -293,12 +322,17 @@ def inflight_floor(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[
     of the same stage only add to that count. The planner uses it to reject configurations that
     cannot fit before paying for the merge."""
     out: dict[tuple[int, int], int] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
     for r, groups, _ in pipelines:
-        if not groups:
+        sizes = tuple(len(g) for g in groups)
+        if not groups or (r, sizes) in seen:  # units of the same shape give the same counts
             continue
+        seen.add((r, sizes))
+        before = [0]  # before[i]: micro-batches in the first i groups
+        for n in sizes:
+            before.append(before[-1] + n)
         for s in range(depth):
-            w = min(depth - 1 - s, len(groups))
-            count = sum(len(g) for g in groups[:w + 1])
+            count = before[min(depth - s, len(sizes))]
             if count > out.get((r, s), 0):
                 out[(r, s)] = count
     return out
