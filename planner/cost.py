@@ -130,8 +130,11 @@ class ConfigCosts(Costs):
         self.t = t
         shared = shared if shared is not None else {}
         if "infos" not in shared:
-            shared.update(infos=stage_infos(profile, bounds, t), fwd={}, bwd={})
+            infos = stage_infos(profile, bounds, t)
+            scale = 2 * request.bytes_per_param / cluster.memory_bandwidth / t
+            shared.update(infos=infos, fwd={}, bwd={}, step=[info.params * scale for info in infos])
         self.stages = shared["infos"]
+        self._step_of: list[float] = shared["step"]
         # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
         self.base_b = config.micro_batch / 2 if config.concat == "backward-halving" else config.micro_batch
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
@@ -210,8 +213,9 @@ class ConfigCosts(Costs):
         return allreduce_time(self.cluster, ranks, nbytes)
 
     def step(self, device: int) -> float:
-        params = sum(self.stages[s].params for _, s in self.held[device]) / self.t
-        return 2 * params * self.request.bytes_per_param / self.cluster.memory_bandwidth
+        """Optimizer step of ``device``'s stages: read and write its model state once (memory bound)."""
+        per_stage = self._step_of
+        return sum(per_stage[s] for _, s in self.held[device])
 
     def activation(self, stage: int) -> float:
         info = self.stages[stage]

@@ -33,7 +33,7 @@ from planner.partition import PartitionError, balanced_partition
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.schedules import BUILDERS, build, inflight, inflight_exact, shape, splits_backward
-from planner.schedules.ir import Schedule
+from planner.schedules.ir import Action, Schedule
 from planner.simulate import ScheduleError, SimResult, compile_schedule, simulate
 
 
@@ -55,6 +55,8 @@ class Candidate:
     global_batch: int = 0
     #: per device, bytes of weights, gradients and optimizer state (:meth:`Planner.model_state`)
     state: list[float] = field(default_factory=list, repr=False)
+    #: not simulated: a bound met while building it showed it cannot reach the top k
+    pruned: bool = False
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -149,6 +151,7 @@ class Planner:
         self._inflight: dict[int, list[dict[int, float]]] = {}  # id(schedule) -> per device, stage -> peak
         self._floors: dict[int, dict[tuple[int, int], int]] = {}  # id(shape) -> in flight per (replica, stage)
         self._stage_states: dict[tuple, list[float]] = {}
+        self._bound_terms: dict[tuple, tuple[list[float], list[float], list[float], float]] = {}
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
         self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
@@ -298,9 +301,11 @@ class Planner:
                        "not simulated)")
         return True
 
-    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int) -> bool:
+    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int
+                             ) -> tuple[bool, list[list[Action]] | None]:
         """Chimera and Hanayo (whose in-flight counts before merging are only lower bounds): reject on
-        memory with the merged warm-up before merging everything."""
+        memory with the merged warm-up before merging everything. Returns (rejected, the warm-up's
+        lists when it was merged)."""
         cfg = cand.config
         module = sys.modules[BUILDERS[cfg.schedule].__module__]
         # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
@@ -308,12 +313,14 @@ class Planner:
         # 3S slots (the merge goes on from where it stopped, and the full build after it too)
         prefix_fn = getattr(module, "prefix", None)
         if prefix_fn is None:
-            return False
+            return False, None
         D, S = cfg.pipeline, costs.schedule.stages
         act = [costs.activation(s) for s in range(S)]
         alive, peaks, seen = [0.0] * D, [0.0] * D, [0] * D
+        lists: list[list[Action]] = []
         for slots in (S, 2 * S, 3 * S):
-            for d, row in enumerate(prefix_fn(D, n_sched, slots, **cfg.schedule_params())):
+            lists = prefix_fn(D, n_sched, slots, **cfg.schedule_params())
+            for d, row in enumerate(lists):
                 a_d, p_d = alive[d], peaks[d]
                 for a in row[seen[d]:]:
                     if a.kind == "F":
@@ -324,8 +331,29 @@ class Planner:
                         a_d -= act[a.stage]
                 alive[d], peaks[d], seen[d] = a_d, p_d, len(row)
             if self._too_big(cand, costs, peaks):
-                return True
-        return False
+                return True, None
+        return False, lists
+
+    def prefix_bound(self, cand: Candidate, costs: ConfigCosts, lists: list[list[Action]]) -> float | None:
+        """A lower bound of the iteration time from the merged warm-up ``lists`` (a prefix of every
+        device's list, closed under inputs): its actions take in the full schedule exactly the times
+        they take when the prefix alone is replayed (without eager all-reduces, which could only delay
+        them), so device ``d`` cannot finish before the prefix's end on it plus the computation left to it
+        (its total at least :meth:`lower_bound`'s) plus its step or the gradient's way down. None when
+        the prefix is the whole schedule (then simulating it is simulating the schedule)."""
+        shape = costs.schedule
+        if sum(a.kind in ("B", "I") for row in lists for a in row) >= shape.microbatches * shape.stages:
+            return None
+        part = Schedule(shape.name, shape.devices, shape.stages, shape.microbatches, shape.placement, lists,
+                        shape.mb_replica, {**shape.params, "eager": "none"}, shape.weight_versions,
+                        shape.synchronous)
+        res = simulate(part, costs)
+        work, after = self._device_terms(shape, costs)
+        bound = 0.0
+        for d, st in enumerate(res.devices):
+            done = st.busy - (st.step[1] - st.step[0])
+            bound = max(bound, st.compute_end + max(0.0, work[d] - done) + after[d])
+        return bound
 
     def inflight(self, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage, the most micro-batches whose activations are alive at once, counted in
@@ -356,47 +384,78 @@ class Planner:
         cfg = costs.config
         S = sched.stages
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
-        f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
-        bw = [costs.bwd(s) for s in range(S)]
-        pre_f = [0.0] * S
-        pre_b = [0.0] * S
-        for s in range(1, S):
-            pre_f[s] = pre_f[s - 1] + f[s - 1]
-            pre_b[s] = pre_b[s - 1] + bw[s - 1]
         split = splits_backward(cfg.schedule)
-        per_mb: Counter[int] = Counter(sched.mb_replica)
+        key = (id(costs.stages), doubled, split)
+        got = self._bound_terms.get(key)
+        if got is None:
+            f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
+            bw = [costs.bwd(s) for s in range(S)]
+            pre_f = [0.0] * S
+            pre_b = [0.0] * S
+            for s in range(1, S):
+                pre_f[s] = pre_f[s - 1] + f[s - 1]
+                pre_b[s] = pre_b[s - 1] + bw[s - 1]
+            # a micro-batch's round trip (with a split backward, forwards and input-gradient passes: an I
+            # frees what its F stored)
+            chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
+            got = self._bound_terms[key] = ([a + b for a, b in zip(f, bw, strict=True)], pre_f, pre_b,
+                                            sum(f) + sum(chain))
+        _, pre_f, _, round_trip = got
         lb = 0.0
         if inflight_exact(cfg.schedule):
-            # Little's law: a micro-batch is alive at least for its round trip through every stage (with
-            # a split backward, forwards and input-gradient passes: an I frees what its F stored), and the
+            # Little's law: a micro-batch is alive at least for its round trip through every stage, and the
             # lists never keep more than ``k`` alive at once (their stage-0 in-flight peaks, exact), so
             # N micro-batches take at least N * round_trip / k (tight for GEMS' two in flight)
             floor = self.floor(cfg, sched)
             k = sum(floor.get((r, 0), 0) for r in range(sched.replicas))
-            chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
             if k > 0:
-                lb = sched.microbatches * (sum(f) + sum(chain)) / k
-        steps = [costs.step(d) for d in range(cfg.pipeline)]
-        step_min = min(steps)
+                lb = sched.microbatches * round_trip / k
+        work, after = self._device_terms(sched, costs)
         for d in range(cfg.pipeline):
             held = costs.held[d]
-            if not held:
-                continue
-            work = sum(per_mb[r] * (f[s] + bw[s]) for r, s in held)
-            head = min(pre_f[s] for _, s in held)
-            tail = 0.0 if split else min(pre_b[s] for _, s in held)
-            lb = max(lb, head + work + max(steps[d], tail + step_min))
+            if held:
+                lb = max(lb, min(pre_f[s] for _, s in held) + work[d] + after[d])
         return lb
 
-    def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
+    def _device_terms(self, sched: Schedule, costs: ConfigCosts) -> tuple[list[float], list[float]]:
+        """Per device, a lower bound of its computation (:meth:`lower_bound`'s per-micro-batch F + B of
+        the stage replicas it holds) and of what must follow its last computation: its optimizer step,
+        or -- unless backwards are split -- the gradient travelling down the stages before its stages
+        and then the smallest step of any device."""
+        cfg = costs.config
+        work_of, _, pre_b, _ = self._bound_terms[(id(costs.stages), cfg.concat in ("forward-doubling",
+                                                                                   "backward-halving"),
+                                                  splits_backward(cfg.schedule))]
+        split = splits_backward(cfg.schedule)
+        per_mb: Counter[int] = Counter(sched.mb_replica)
+        steps = [costs.step(d) for d in range(cfg.pipeline)]
+        step_min = min(steps)
+        work, after = [], []
+        for d in range(cfg.pipeline):
+            held = costs.held[d]
+            work.append(sum(per_mb[r] * work_of[s] for r, s in held))
+            tail = 0.0 if split or not held else min(pre_b[s] for _, s in held)
+            after.append(max(steps[d], tail + step_min))
+        return work, after
+
+    def evaluate(self, cand: Candidate, costs: ConfigCosts, threshold: float = math.inf) -> Candidate:
         """Simulate the full schedule and fill in time and memory (the breakdown comes with
-        :meth:`explain`, for the candidates that are returned)."""
+        :meth:`explain`, for the candidates that are returned). A merged schedule whose warm-up already
+        proves it slower than ``threshold`` is not merged further: ``cand.pruned``."""
         cfg, req = cand.config, self.request
         n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
         cand.costs = costs
         if not inflight_exact(cfg.schedule):
-            if not costs.schedule.actions[0] and self.too_big_before_merge(cand, costs, n_sched):
-                return cand
+            if not costs.schedule.actions[0]:
+                rejected, warmup = self.too_big_before_merge(cand, costs, n_sched)
+                if rejected:
+                    return cand
+                if warmup is not None and threshold < math.inf:
+                    bound = self.prefix_bound(cand, costs, warmup)
+                    if bound is not None and bound > threshold:
+                        cand.lower_bound = max(cand.lower_bound, bound)
+                        cand.pruned = True
+                        return cand
             sched = costs.schedule = self.schedule(cfg, n_sched)
             # activations before simulating: the in-flight counts depend on the list order alone, so the
             # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
@@ -537,7 +596,10 @@ class Planner:
             if prune and len(best) >= k and lb > -best[0][0]:
                 rejected["bound: cannot reach the top k"] += 1
                 continue
-            self.evaluate(cand, costs)
+            self.evaluate(cand, costs, -best[0][0] if prune and len(best) >= k else math.inf)
+            if cand.pruned:
+                rejected["bound: cannot reach the top k"] += 1
+                continue
             simulated += 1
             if cand.fits:
                 results.append(cand)

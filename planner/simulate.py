@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from planner.schedules.ir import (
     ALLREDUCE,
     RECV_B,
@@ -485,101 +487,115 @@ class _ImpliedPlan:
     at_end: list[list[tuple[int, int]]]
     #: producer[kind * R*S*N + (r * S + s) * N + m]: the action that computes (kind, r, s, m) (kinds in
     #: the order F, B, I, W), -1 where none does
-    producer: list[int]
+    producer: np.ndarray
     #: every input an action takes from its own device is produced earlier in the device's list
     in_order: bool
 
     @classmethod
     def encode(cls, schedule: Schedule, eager: Any) -> _ImpliedPlan | None:
         """The plan, or None where the schedule is malformed (an action off its placement or out of
-        range, a unit of work done twice, an unknown kind): the lowered replay reports those."""
+        range, a unit of work done twice, an unknown kind): the lowered replay reports those.
+        Vectorised: the actions' fields become numpy columns and every rule is an array expression."""
         D, S, N, R = schedule.devices, schedule.stages, schedule.microbatches, schedule.replicas
         place = schedule.placement
         if len(schedule.actions) != D or any(len(row) != S or not all(0 <= d < D for d in row)
                                             for row in place):
             return None
         eager_set = eager_stages(eager, S)
-        code = _KIND_CODE
         RSN = R * S * N
-        # producer[kind * RSN + (r * S + s) * N + m]: the action that computes (kind, r, s, m)
-        producer = [-1] * (4 * RSN)
-        acts: list[Action] = []
-        rows: list[list[int]] = []
-        j = 0
-        for d, row in enumerate(schedule.actions):
-            rows.append(list(range(j, j + len(row))))
-            for a in row:
-                k, s, m, r, span, _ = a
-                c = code.get(k)
-                if (c is None or not (0 <= r < R and 0 <= s < S and 0 <= m and m + span <= N)
-                        or place[r][s] != d):
-                    return None
-                x = c * RSN + (r * S + s) * N + m
-                if span == 1:
-                    if producer[x] >= 0:
-                        return None
-                    producer[x] = j
-                else:
-                    if c or span < 1 or any(p >= 0 for p in producer[x:x + span]):
-                        return None
-                    producer[x:x + span] = [j] * span
-                acts.append(a)
-                j += 1
-        n = j
+        acts: list[Action] = [a for row in schedule.actions for a in row]
+        n = len(acts)
+        lens = [len(row) for row in schedule.actions]
+        starts = np.concatenate(([0], np.cumsum(lens)))
+        rows = [list(range(int(starts[d]), int(starts[d + 1]))) for d in range(D)]
+        if n:
+            kinds, st, mb, rep, spans, _ = zip(*acts, strict=True)
+            code = _KIND_CODE
+            kc = np.array([code.get(k, -1) for k in kinds], dtype=np.int64)
+            try:
+                s_ = np.array(st, dtype=np.int64)
+                m_ = np.array(mb, dtype=np.int64)
+                r_ = np.array(rep, dtype=np.int64)
+                span = np.array(spans, dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                return None
+        else:
+            kc = s_ = m_ = r_ = span = np.zeros(0, dtype=np.int64)
+        dev = np.repeat(np.arange(D, dtype=np.int64), lens)
+        j_ = np.arange(n, dtype=np.int64)
+        ok = (kc >= 0) & (r_ >= 0) & (r_ < R) & (s_ >= 0) & (s_ < S) & (m_ >= 0) & (span >= 1) & (m_ + span <= N)
+        if not ok.all():
+            return None
+        place_a = np.array(place, dtype=np.int64).reshape(R, S)
+        if (place_a[r_, s_] != dev).any() or ((span > 1) & (kc != 0)).any():
+            return None  # off its placement, or a multi-micro-batch action that is not a forward
+        rs = r_ * S + s_
+        x = rs * N + m_
+        # producer[kind * RSN + (r * S + s) * N + m]: the action that computes (kind, r, s, m); a forward
+        # of span k computes k consecutive micro-batches
+        owner = np.repeat(j_, span)
+        cell = np.repeat(kc * RSN + x, span) + (np.arange(len(owner)) - np.repeat(starts_of(span), span))
+        if len(np.unique(cell)) != len(cell):
+            return None  # a unit of work done twice
+        producer = np.full(4 * RSN, -1, dtype=np.int64)
+        producer[cell] = owner
         missing = 2 * n
-
-        # per (r, s): where stage s's neighbours are -- local (same device) or the peer device
-        prev_peer = [-1] * (R * S)  # device of stage s-1 when it is another device
-        next_peer = [-1] * (R * S)
-        for r, row in enumerate(place):
-            for s, d in enumerate(row):
-                if s > 0 and row[s - 1] != d:
-                    prev_peer[r * S + s] = row[s - 1]
-                if s < S - 1 and row[s + 1] != d:
-                    next_peer[r * S + s] = row[s + 1]
-
         none = missing + 1
-        dep_a = [none] * n
-        dep_b = [none] * n
-        peer = [-1] * n
-        nb, ni = RSN, 2 * RSN
+
+        # per (r, s): the device of stage s-1 / s+1 when it is another device, else -1
+        prev_peer = np.full(R * S, -1, dtype=np.int64)
+        next_peer = np.full(R * S, -1, dtype=np.int64)
+        if S > 1:
+            cross = place_a[:, 1:] != place_a[:, :-1]
+            prev_peer.reshape(R, S)[:, 1:] = np.where(cross, place_a[:, :-1], -1)
+            next_peer.reshape(R, S)[:, :-1] = np.where(cross, place_a[:, 1:], -1)
+
+        dep_a = np.full(n, none, dtype=np.int64)
+        dep_b = np.full(n, none, dtype=np.int64)
+        peer = np.full(n, -1, dtype=np.int64)
         in_order = True
-        for j, (k, s, m, r, span, _) in enumerate(acts):
-            rs = r * S + s
-            x = rs * N + m
-            if k == F:
-                if s > 0:
-                    p = producer[x - N]
-                    if span > 1 and any(q != p for q in producer[x - N:x - N + span]):
-                        return None  # its micro-batches come from several forwards: spans disagree
-                    if prev_peer[rs] < 0:  # from the forward of stage s-1 on this device
-                        dep_a[j] = 2 * p if p >= 0 else missing
-                        if p > j:
-                            in_order = False
-                    else:  # from the message of that forward
-                        dep_a[j] = 2 * p + 1 if p >= 0 else missing
-                peer[j] = next_peer[rs]
-            elif k == W:
-                p = producer[ni + x]
-                dep_a[j] = 2 * p if p >= 0 else missing
-                if p > j:
-                    in_order = False
-            else:  # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
-                if k == I and producer[nb + x] >= 0:
-                    return None  # both B and I of one micro-batch
-                p = producer[x]
-                dep_a[j] = 2 * p if p >= 0 else missing
-                if p > j:
-                    in_order = False
-                if s < S - 1:
-                    g = producer[nb + x + N]
-                    if g < 0:
-                        g = producer[ni + x + N]
-                    local = next_peer[rs] < 0
-                    dep_b[j] = (2 * g + (not local)) if g >= 0 else missing
-                    if local and g > j:
-                        in_order = False
-                peer[j] = prev_peer[rs]
+
+        def slot_of(p: np.ndarray, message: np.ndarray | bool) -> np.ndarray:
+            return np.where(p >= 0, 2 * p + message, missing)
+
+        # forwards: the forward of stage s-1 (its end on this device, else the arrival of its message)
+        fw = kc == 0
+        sel = np.nonzero(fw & (s_ > 0))[0]
+        if sel.size:
+            p = producer[x[sel] - N]
+            multi = sel[span[sel] > 1]
+            if multi.size:  # its micro-batches must come from one forward: spans agree
+                sp = span[multi]
+                cells = np.repeat(x[multi] - N, sp) + (np.arange(sp.sum()) - np.repeat(starts_of(sp), sp))
+                if (producer[cells] != np.repeat(producer[x[multi] - N], sp)).any():
+                    return None
+            local = prev_peer[rs[sel]] < 0
+            dep_a[sel] = slot_of(p, ~local)
+            in_order &= not (local & (p > sel)).any()
+        peer[fw] = next_peer[rs[fw]]
+        # weight-gradient passes: their I
+        sel = np.nonzero(kc == 3)[0]
+        if sel.size:
+            p = producer[2 * RSN + x[sel]]
+            dep_a[sel] = slot_of(p, False)
+            in_order &= not (p > sel).any()
+        # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
+        bi = (kc == 1) | (kc == 2)
+        sel = np.nonzero(bi)[0]
+        if sel.size:
+            if ((kc[sel] == 2) & (producer[RSN + x[sel]] >= 0)).any():
+                return None  # both B and I of one micro-batch
+            p = producer[x[sel]]
+            dep_a[sel] = slot_of(p, False)
+            in_order &= not (p > sel).any()
+            inner = sel[s_[sel] < S - 1]
+            if inner.size:
+                g = producer[RSN + x[inner] + N]
+                g = np.where(g < 0, producer[2 * RSN + x[inner] + N], g)
+                local = next_peer[rs[inner]] < 0
+                dep_b[inner] = slot_of(g, ~local)
+                in_order &= not (local & (g > inner)).any()
+            peer[sel] = prev_peer[rs[sel]]
         eager_at: list[dict[int, list[tuple[int, int]]]] = []
         at_end: list[list[tuple[int, int]]] = []
         held = schedule.stages_by_device()
@@ -587,7 +603,13 @@ class _ImpliedPlan:
             here, end = allreduce_points(schedule, d, eager_set, held[d])
             eager_at.append(here)
             at_end.append(end)
-        return cls(schedule, acts, rows, dep_a, dep_b, peer, eager_at, at_end, producer, in_order)
+        return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
+                   producer, bool(in_order))
+
+
+def starts_of(sizes: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums of ``sizes``: where each of the concatenated runs starts."""
+    return np.cumsum(sizes) - sizes
 
 
 def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
