@@ -160,26 +160,36 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
     simulated peak (every schedule, t > 1, Chimera's concatenations with many micro-batches)."""
     from collections import Counter
 
+    from planner.schedules import inflight_exact
     from planner.search import Planner
 
     cl = load_cluster(EX / cluster)
     planner = Planner(profile_for(preset, cl), cl, TrainingRequest(global_batch=batch, gpus=gpus))
-    checked = 0
+    checked = merged_checked = 0
     for cfg in planner.configs(Counter()):
         cand, costs = planner.prepare(cfg)
         if costs is None:
             continue
         floor = planner.floor(cfg, costs.schedule)
+        warmup_bound = None
+        if not inflight_exact(cfg.schedule):  # merged: the bound of its replayed warm-up too
+            n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
+            rejected, warmup = planner.too_big_before_merge(cand, costs, n)
+            if not rejected and warmup is not None:
+                warmup_bound = planner.prefix_bound(cand, costs, warmup)
         planner.evaluate(cand, costs)
         if cand.simulation is None:
             continue
         checked += 1
         assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+        if warmup_bound is not None:
+            assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+            merged_checked += 1
         for d, dev in enumerate(cand.simulation.devices):
             held = costs.held[d]
             need = max((floor.get((r, s), 0) * costs.activation(s) for r, s in held), default=0.0)
             assert need <= dev.peak_activations * (1 + 1e-9) + 1e-6, (cfg.label(), d)
-    assert checked > 50
+    assert checked > 50 and merged_checked > 5
 
 
 def test_example_profiles_match_the_generator():
