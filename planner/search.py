@@ -55,8 +55,8 @@ class Candidate:
     global_batch: int = 0
     #: per device, bytes of weights, gradients and optimizer state (:meth:`Planner.model_state`)
     state: list[float] = field(default_factory=list, repr=False)
-    #: not simulated: a bound met while building it showed it cannot reach the top k
-    pruned: bool = False
+    #: its bound was raised with its merged warm-up (:meth:`Planner.refine`)
+    refined: bool = False
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -438,24 +438,29 @@ class Planner:
             after.append(max(steps[d], tail + step_min))
         return work, after
 
-    def evaluate(self, cand: Candidate, costs: ConfigCosts, threshold: float = math.inf) -> Candidate:
+    def refine(self, cand: Candidate, costs: ConfigCosts) -> bool:
+        """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
+        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`prefix_bound`)."""
+        n_sched = 2 * cand.microbatches if cand.config.concat == "backward-halving" else cand.microbatches
+        cand.refined = True
+        rejected, warmup = self.too_big_before_merge(cand, costs, n_sched)
+        if rejected:
+            return True
+        if warmup is not None:
+            bound = self.prefix_bound(cand, costs, warmup)
+            if bound is not None:
+                cand.lower_bound = max(cand.lower_bound, bound)
+        return False
+
+    def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
         """Simulate the full schedule and fill in time and memory (the breakdown comes with
-        :meth:`explain`, for the candidates that are returned). A merged schedule whose warm-up already
-        proves it slower than ``threshold`` is not merged further: ``cand.pruned``."""
+        :meth:`explain`, for the candidates that are returned)."""
         cfg, req = cand.config, self.request
         n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
         cand.costs = costs
         if not inflight_exact(cfg.schedule):
-            if not costs.schedule.actions[0]:
-                rejected, warmup = self.too_big_before_merge(cand, costs, n_sched)
-                if rejected:
-                    return cand
-                if warmup is not None and threshold < math.inf:
-                    bound = self.prefix_bound(cand, costs, warmup)
-                    if bound is not None and bound > threshold:
-                        cand.lower_bound = max(cand.lower_bound, bound)
-                        cand.pruned = True
-                        return cand
+            if not cand.refined and self.refine(cand, costs):
+                return cand
             sched = costs.schedule = self.schedule(cfg, n_sched)
             # activations before simulating: the in-flight counts depend on the list order alone, so the
             # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
@@ -588,18 +593,29 @@ class Planner:
                     infeasible.append(cand)
                 continue
             prepared.append((cand.lower_bound, i, cand, costs))
-        prepared.sort(key=lambda x: (x[0], x[1]))
+        considered = len(prepared)
+        # best first: the candidate with the smallest bound next; a merged schedule's bound is first
+        # refined with its warm-up and the candidate goes back in line, so the costly merge is paid only
+        # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
+        # best time found, which only falls as the search goes on.
+        heapq.heapify(prepared)
         best: list[tuple[float, int]] = []  # max-heap of (-time, -index) of the k best fitting
         results: list[Candidate] = []
         simulated = 0
-        for lb, i, cand, costs in prepared:
+        while prepared:
+            lb, i, cand, costs = heapq.heappop(prepared)
             if prune and len(best) >= k and lb > -best[0][0]:
-                rejected["bound: cannot reach the top k"] += 1
-                continue
-            self.evaluate(cand, costs, -best[0][0] if prune and len(best) >= k else math.inf)
-            if cand.pruned:
-                rejected["bound: cannot reach the top k"] += 1
-                continue
+                rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
+                break
+            if prune and not cand.refined and not inflight_exact(cand.config.schedule):
+                if self.refine(cand, costs):
+                    rejected[_reason_key(cand.reason)] += 1
+                    infeasible.append(cand)
+                    continue
+                if cand.lower_bound > lb:
+                    heapq.heappush(prepared, (cand.lower_bound, i, cand, costs))
+                    continue
+            self.evaluate(cand, costs)
             simulated += 1
             if cand.fits:
                 results.append(cand)
@@ -614,7 +630,7 @@ class Planner:
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
-                          simulated=simulated, considered=len(prepared))
+                          simulated=simulated, considered=considered)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import heapq
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from planner.schedules.ir import Action, B, F
@@ -288,9 +289,10 @@ class ListScheduler:
         return out
 
 
-#: the scheduler a prefix was merged with, per thread, so that the full merge of the same pipelines
-#: right after it (the planner's pattern: bound the warm-up, then build) goes on instead of starting over
+#: the schedulers the last prefixes were merged with, per thread, so that a later full merge of the same
+#: pipelines (the planner's pattern: bound the warm-up, later build) goes on instead of starting over
 _suspended = threading.local()
+_SUSPENDED_KEPT = 16
 
 
 def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines: Pipelines,
@@ -302,15 +304,18 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines:
     """
     key = (devices, tuple(map(tuple, placement)),
            tuple((r, tuple(map(tuple, groups)), offset) for r, groups, offset in pipelines))
-    got = getattr(_suspended, "last", None)
-    sched = got[1] if got is not None and got[0] == key and (until is None or got[1].t <= until) else None
-    _suspended.last = None
-    if sched is None:
+    kept: OrderedDict[tuple, ListScheduler] | None = getattr(_suspended, "kept", None)
+    if kept is None:
+        kept = _suspended.kept = OrderedDict()
+    sched = kept.pop(key, None)
+    if sched is None or (until is not None and sched.t > until):
         sched = ListScheduler(devices, placement, pipelines)
     out = sched.run(until)
     if until is None:
         return out
-    _suspended.last = (key, sched)
+    kept[key] = sched
+    while len(kept) > _SUSPENDED_KEPT:
+        kept.popitem(last=False)
     return [list(row) for row in out]
 
 
