@@ -121,9 +121,12 @@ class ConfigCosts(Costs):
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config,
                  schedule: Schedule, bounds: list[tuple[int, int]],
-                 held: list[list[tuple[int, int]]] | None = None, shared: dict | None = None) -> None:
+                 held: list[list[tuple[int, int]]] | None = None, shared: dict | None = None,
+                 layer_sums: dict | None = None) -> None:
         """``shared`` (optional) is a dict reused by every configuration with the same t, partition,
-        micro-batch size and recomputation: stage infos and F/B durations are computed once for all."""
+        micro-batch size and recomputation: stage infos and F/B durations are computed once for all.
+        ``layer_sums`` (optional) is a dict reused by every configuration of one profile: per (kind,
+        samples), the running sums of the layers' times."""
         self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
         self.schedule = schedule
         t = config.tensor
@@ -140,6 +143,7 @@ class ConfigCosts(Costs):
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+        self._layer_sums: dict[tuple[str, float], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
@@ -164,8 +168,16 @@ class ConfigCosts(Costs):
         return 2 * self.stages[stage].transformer_layers * ring_allreduce(self.t, nbytes, self.tp_link)
 
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
+        """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
+        model's layers, computed once per kind and size)."""
+        sums = self._layer_sums.get((kind, samples))
+        if sums is None:
+            sums = [0.0]
+            for lay in self.profile.layers:
+                sums.append(sums[-1] + lay.time(kind, samples))  # type: ignore[arg-type]
+            self._layer_sums[(kind, samples)] = sums
         i, j = self.stages[stage].layers
-        return sum(lay.time(kind, samples) for lay in self.profile.layers[i:j])  # type: ignore[arg-type]
+        return sums[j] - sums[i]
 
     def fwd(self, stage: int, span: int = 1) -> float:
         key = (stage, span)

@@ -152,6 +152,7 @@ class Planner:
         self._floors: dict[int, dict[tuple[int, int], int]] = {}  # id(shape) -> in flight per (replica, stage)
         self._stage_states: dict[tuple, list[float]] = {}
         self._bound_terms: dict[tuple, tuple[list[float], list[float], list[float], float]] = {}
+        self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
         self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
@@ -256,7 +257,8 @@ class Planner:
             held = self._held[id(sched)] = sched.stages_by_device()
         ckey = (config.tensor, sched.stages, samples, config.recompute)
         shared = self._shared.setdefault(ckey, {})
-        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared)
+        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared,
+                            layer_sums=self._layer_sums)
         skey = (id(sched), *ckey)
         state = self._state.get(skey)
         if state is None:

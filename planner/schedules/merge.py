@@ -203,6 +203,7 @@ class ListScheduler:
         S, M, SR, L = self.S, self.M, self.SR, self.L
         push, pop = heapq.heappush, heapq.heappop
         last = S - 1
+        new = tuple.__new__  # Action(...) without its keyword-handling constructor (3x cheaper)
 
         def examine(k: int, now: int) -> None:
             """Make the head of list ``k`` a candidate (now or at the slot its inputs end), or wait for
@@ -269,14 +270,14 @@ class ListScheduler:
                 s, flat = stage_of[k], flats[k]
                 if isb:
                     m = flat[lm]
-                    out[d].append(Action(B, s, m, replica_of[k]))
+                    out[d].append(new(Action, (B, s, m, replica_of[k], 1, -1)))
                     x = base[k] + m
                     end_b[x] = end
                     if x in wait_b:
                         for waiter in wait_b.pop(x):
                             examine(waiter, t)
                 else:
-                    out[d].append(Action(F, s, flat[lm], replica_of[k], span))
+                    out[d].append(new(Action, (F, s, flat[lm], replica_of[k], span, -1)))
                     for j in range(lm, lm + span):
                         x = base[k] + flat[j]
                         end_f[x] = end
