@@ -66,14 +66,16 @@ def balanced_partition(cost: Sequence[float], stages: int,
                        memory: Sequence[float] | None = None,
                        capacity: Sequence[float] | float | None = None,
                        memory_scale: Sequence[float] | None = None,
-                       memory_fixed: Sequence[float] | None = None) -> Partition:
+                       memory_fixed: Sequence[float] | None = None,
+                       fits: Callable[[int], np.ndarray] | None = None) -> Partition:
     """Split layers with per-layer ``cost`` into ``stages`` contiguous non-empty stages minimising the
     largest stage cost.
 
     Memory (optional): stage ``k`` holding layers ``i..j`` needs
     ``memory_fixed[k] + memory_scale[k] * sum(memory[i..j])`` bytes, at most ``capacity[k]``
-    (scale defaults to 1, fixed to 0; a scalar capacity applies to every stage). Raises
-    :class:`PartitionError` when no partition fits.
+    (scale defaults to 1, fixed to 0; a scalar capacity applies to every stage). Or, for any other
+    memory model, ``fits(k)``: an ``(L+1) x (L+1)`` boolean array whose ``[i, j]`` says whether stage ``k``
+    fits on layers ``[i, j)``. Raises :class:`PartitionError` when no partition fits.
     """
     L = len(cost)
     if stages < 1:
@@ -93,6 +95,8 @@ def balanced_partition(cost: Sequence[float], stages: int,
             raise PartitionError("capacity, memory_scale and memory_fixed need one value per stage")
     else:
         pm = None
+    if fits is not None and memory is not None:
+        raise PartitionError("give either memory (with capacity) or fits, not both")
 
     def greedy(limit: float) -> list[tuple[int, int]] | None:
         """Maximal-prefix packing under ``limit`` (no memory constraint); None if it needs more than
@@ -110,11 +114,15 @@ def balanced_partition(cost: Sequence[float], stages: int,
             i = j
         return out if i == L else None
 
-    if pm is not None:
+    if pm is not None or fits is not None:
         span_cost = pc[None, :] - pc[:, None]  # [j, j']: cost of layers j..j'-1
-        span_mem = pm[None, :] - pm[:, None]
         upper = np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
-        mem_ok = [upper & (fixed[k] + scale[k] * span_mem <= caps[k] * (1 + 1e-12)) for k in range(stages)]
+        if pm is not None:
+            span_mem = pm[None, :] - pm[:, None]
+            mem_ok = [upper & (fixed[k] + scale[k] * span_mem <= caps[k] * (1 + 1e-12)) for k in range(stages)]
+        else:
+            assert fits is not None
+            mem_ok = [upper & np.asarray(fits(k), dtype=bool) for k in range(stages)]
 
     def dp(limit: float) -> list[tuple[int, int]] | None:
         """Exact feasibility with per-stage memory capacities, and a partition when feasible."""
@@ -135,7 +143,7 @@ def balanced_partition(cost: Sequence[float], stages: int,
             j = i
         return out[::-1]
 
-    check = greedy if pm is None else dp
+    check = greedy if pm is None and fits is None else dp
 
     # candidate bottlenecks: every contiguous sum; search over sorted unique values
     sums = np.unique((pc[None, :] - pc[:, None])[np.triu_indices(L + 1, 1)])

@@ -27,8 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from planner.cluster import Cluster
-from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form
+from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form, stage_infos
 from planner.partition import PartitionError, balanced_partition
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -153,6 +155,8 @@ class Planner:
         self._stage_states: dict[tuple, list[float]] = {}
         self._bound_terms: dict[tuple, tuple[list[float], list[float], list[float], float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
+        self._mem_partitions: dict[tuple, list[tuple[int, int]] | None] = {}
+        self._single_layers: dict[int, list[Any]] = {}
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
         self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
@@ -251,11 +255,32 @@ class Planner:
         if bounds is None:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
             return cand, None
+        costs = self._costs_fitting(cand, sched, samples, bounds, (config.tensor, sched.stages, samples,
+                                                                   config.recompute))
+        if costs is None:
+            # the partition balancing time does not fit: one balancing time under the memory limit may
+            mem_bounds = self.memory_partition(config, sched, samples)
+            if mem_bounds is None or mem_bounds == bounds:
+                return cand, None
+            reason, memory = cand.reason, cand.memory
+            costs = self._costs_fitting(cand, sched, samples, mem_bounds, (config.tensor, sched.stages, samples,
+                                                                           config.recompute, tuple(mem_bounds)))
+            if costs is None:  # (the memory model said it fits: the check below it is the same)
+                cand.reason, cand.memory = reason, memory
+                return cand, None
+        cand.lower_bound = self.lower_bound(sched, costs)
+        return cand, costs
+
+    def _costs_fitting(self, cand: Candidate, sched: Schedule, samples: float, bounds: list[tuple[int, int]],
+                       ckey: tuple) -> ConfigCosts | None:
+        """The costs of ``cand`` with partition ``bounds``, or None (``cand.reason`` says why) when its
+        model state or its in-flight activations (exact, or a lower bound) do not fit. ``ckey`` names
+        what the costs share with other configurations (t, stages, samples, recomputation, partition)."""
+        config, req = cand.config, self.request
         cand.partition = [list(x) for x in bounds]
         held = self._held.get(id(sched))
         if held is None:
             held = self._held[id(sched)] = sched.stages_by_device()
-        ckey = (config.tensor, sched.stages, samples, config.recompute)
         shared = self._shared.setdefault(ckey, {})
         costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared,
                             layer_sums=self._layer_sums)
@@ -270,15 +295,84 @@ class Planner:
             cand.reason = (f"weights, gradients and optimizer state do not fit: device {worst} needs "
                            f"{_gib(state[worst])} + reserve, {_gib(over)} over {_gib(self.cluster.memory_bytes)}")
             cand.memory = [s + req.memory_reserve_bytes for s in state]
-            return cand, None
+            return None
         # activations: the in-flight counts of the schedule (exact, or a lower bound), before any list exists
         floor = self.floor(config, sched)
         if self._too_big(cand, costs, [
                 max((floor.get((r, s), 0) * costs.activation(s) for r, s in held[d]), default=0.0)
                 for d in range(config.pipeline)]):
-            return cand, None
-        cand.lower_bound = self.lower_bound(sched, costs)
-        return cand, costs
+            return None
+        return costs
+
+    def memory_partition(self, config: Config, sched: Schedule, samples: float) -> list[tuple[int, int]] | None:
+        """For schedules with one stage per device and exact in-flight counts (GPipe, 1F1B, ZB-H1,
+        PipeDream, 2BW): the partition balancing time among those whose every device fits its memory --
+        weights, gradients and optimizer state (and the extra weight versions of asynchronous schedules),
+        its in-flight micro-batches' activations (their stage input only with recomputation, plus one
+        layer's working set), and the reserve: what :meth:`evaluate` counts. None when none fits."""
+        if not (sched.replicas == 1 and sched.stages == sched.devices > 1 and inflight_exact(config.schedule)):
+            return None
+        key = (config.schedule, tuple(sorted(config.schedule_params().items())), sched.devices,
+               sched.microbatches, config.tensor, samples, config.recompute)
+        if key in self._mem_partitions:
+            return self._mem_partitions[key]
+        t, S = config.tensor, sched.stages
+        layers = self._layer_infos(t)
+        cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
+        state = _running([info.params * self.request.bytes_per_param / t for info in layers])
+        weights = _running([info.param_bytes / t for info in layers])
+        stash = _running([info.stash_bytes for info in layers])
+        first_input = np.array([info.input_bytes for info in layers] + [0.0])[:, None]
+        biggest = _range_max([info.max_layer_stash for info in layers])
+        floor = self.floor(config, sched)
+        versions = sched.weight_versions if not sched.synchronous else []
+        # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows
+        # (with recomputation counting the smallest stage input), covers the model. Memory only grows as a
+        # stage takes more layers, so the greedy packing is the most any partition can cover.
+        L, start = len(layers), 0
+        min_input = float(first_input.min())
+        for k in range(S):
+            live = floor.get((0, k), 0) * samples
+            need = state[start:] - state[start] + (versions[k] - 1 if versions else 0) * (
+                weights[start:] - weights[start])
+            if config.recompute:
+                need = need + live * min_input + biggest[start, start:] * samples
+            else:
+                need = need + live * (stash[start:] - stash[start])
+            room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]
+            if room.size == 0 or (room[-1] + 1 < L - start - (S - k - 1) and k == S - 1):
+                self._mem_partitions[key] = None
+                return None
+            start += int(room[-1]) + 1
+        if start < L:
+            self._mem_partitions[key] = None
+            return None
+
+        def fits(k: int) -> np.ndarray:
+            need = state[None, :] - state[:, None]
+            if versions:
+                need = need + (versions[k] - 1) * (weights[None, :] - weights[:, None])
+            live = floor.get((0, k), 0) * samples
+            if config.recompute:
+                need = need + live * first_input + biggest * samples
+            else:
+                need = need + live * (stash[None, :] - stash[:, None])
+            return need <= cap
+
+        try:
+            bounds = balanced_partition(self.layer_costs(samples, config.recompute), S, fits=fits).bounds
+        except PartitionError:
+            bounds = None
+        self._mem_partitions[key] = bounds
+        return bounds
+
+    def _layer_infos(self, t: int) -> list[Any]:
+        """:func:`planner.cost.stage_infos` of every single layer (what a stage's figures are sums of)."""
+        got = self._single_layers.get(t)
+        if got is None:
+            got = self._single_layers[t] = stage_infos(self.profile, [(i, i + 1) for i in
+                                                                      range(len(self.profile.layers))], t)
+        return got
 
     def floor(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
         """:func:`planner.schedules.inflight` of ``sched``'s shape, cached."""
@@ -633,6 +727,21 @@ class Planner:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
                           simulated=simulated, considered=considered)
+
+
+def _running(xs: list[float]) -> np.ndarray:
+    """Running sums with a leading 0: ``out[j] - out[i]`` is the sum over ``[i, j)``."""
+    return np.concatenate(([0.0], np.cumsum(xs)))
+
+
+def _range_max(xs: list[float]) -> np.ndarray:
+    """``out[i, j]``: the largest of ``xs[i:j]`` (0 where ``j <= i``)."""
+    n = len(xs)
+    out = np.zeros((n + 1, n + 1))
+    arr = np.asarray(xs, dtype=float)
+    for i in range(n):
+        out[i, i + 1:] = np.maximum.accumulate(arr[i:])
+    return out
 
 
 @contextmanager

@@ -192,6 +192,32 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
     assert checked > 50 and merged_checked > 5
 
 
+def test_memory_aware_partition_rescues_what_the_time_partition_cannot_fit(monkeypatch):
+    """1F1B keeps D-s micro-batches on stage s: when the partition balancing time overflows the first
+    stages, the search takes the best partition under the memory limit (fewer layers up front) instead of
+    dropping the configuration; the time-balanced one of the same configuration does not fit."""
+    from planner.search import Planner
+
+    cl = load_cluster(EX / "dgx-a100-80gb.json").model_copy(update={"memory_bytes": 8 * 2**30})
+    prof = profile_for("gpt2-1.3b", cl)
+    req = TrainingRequest(global_batch=64, gpus=8, schedules=["1f1b"], top=5)
+    planner = Planner(prof, cl, req)
+    best = planner.search().candidates[0]
+    cfg = best.config
+    timed = planner.partition(cfg.pipeline, cfg.micro_batch, cfg.recompute)
+    assert best.fits and best.partition != [list(x) for x in timed]
+    assert max(best.memory) <= cl.memory_bytes
+    # the first stage, which holds the most micro-batches, gives up layers
+    assert best.partition[0][1] - best.partition[0][0] < timed[0][1] - timed[0][0]
+
+    monkeypatch.setattr(Planner, "memory_partition", lambda self, *a: None)
+    plain = Planner(prof, cl, req)
+    cand, costs = plain.prepare(cfg)
+    if costs is not None:
+        plain.evaluate(cand, costs)
+    assert not cand.fits and cand.partition == [list(x) for x in timed]
+
+
 def test_example_profiles_match_the_generator():
     """The shipped analytical profiles are what `pipeplan profile-analytic` writes today."""
     from pipeplan.commands_plan import DEVICES
