@@ -3,9 +3,15 @@
 Forms::
 
     pipeplan run --plan plan.json [--candidate 0] [--model gpt-tiny] [--iterations 10] [--backend gloo|nccl]
-                 [--trace trace.json] [--out result.json] [--check] [--emulate profile.json [--cluster c.json]]
+                 [--p2p prefetch|grouped] [--trace trace.json] [--out result.json] [--check]
+                 [--emulate profile.json [--cluster c.json]]
     pipeplan run --schedule chimera --devices 4 --microbatches 8 --model gpt-tiny [--data-parallel 2]
                  [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat] [--recompute] [--check]
+
+``--p2p`` picks the point-to-point posting policy (:mod:`executor.p2p_order`): ``prefetch`` by default on
+gloo, ``grouped`` on NCCL; with ``--backend nccl`` the plan is first checked for a deadlock under NCCL's
+semantics and refused (exit 2, naming the ranks) when the policy could deadlock. The result records the
+policy (``p2p``).
 
 A bad plan is refused before anything is launched (exit 2, ``error: ...``); a failing rank makes the run
 fail with the rank and its error named (exit 1); ``--check`` trains the same global batch in one process
@@ -43,6 +49,8 @@ def run(
     iterations: Annotated[int, typer.Option(help="measured iterations")] = 3,
     warmup: Annotated[int, typer.Option(help="warm-up iterations (not measured)")] = 1,
     backend: Annotated[str, typer.Option(help="gloo or nccl")] = "gloo",
+    p2p: Annotated[str | None, typer.Option(
+        "--p2p", help="point-to-point posting: prefetch (gloo default) or grouped (nccl default)")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32 or float64 (default: float64 with --check)")] = None,
     check: Annotated[bool, typer.Option("--check", help="compare with single-process training")] = False,
     emulate: Annotated[str | None, typer.Option(help="profile JSON: emulated compute, real communication")] = None,
@@ -76,9 +84,14 @@ def run(
     except PlanError as e:
         _fail(str(e))
         return
+    if backend not in ("gloo", "nccl"):
+        _fail(f"--backend must be gloo or nccl, got {backend!r}")
     try:
         result = launch([run_plan], run_plan.world_size, check=check, backend=backend, trace=trace is not None,
-                        timeout=timeout, capture=False)["runs"][0]
+                        timeout=timeout, capture=False, p2p=p2p)["runs"][0]
+    except PlanError as e:
+        _fail(str(e))
+        return
     except RunFailed as e:
         _fail(str(e), 1)
         return

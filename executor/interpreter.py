@@ -3,7 +3,11 @@ the same list the simulator times -- there is no second description of a schedul
 
 Per action (Hanayo section 4, "action list" runtime; kinds as in ``torch.distributed.pipelining``):
 
-* ``RECV_F``/``RECV_B`` -- wait for the receive posted at the start of the iteration (:mod:`executor.comm`).
+Before each action, the point-to-point groups the posting policy puts there are posted (:mod:`executor.comm`,
+:mod:`executor.p2p_order`: all receives at the start with ``prefetch``, a run's sends and receives together
+with ``grouped``).
+
+* ``RECV_F``/``RECV_B`` -- wait for the receive (posted by an earlier group).
 * ``F`` -- forward of the stage replica on its micro-batch(es) with autograd; the first stage reads token
   ids, the last computes the loss, scaled by ``1/(W N)`` so the gradients are those of the *global*
   batch mean. A forward with ``span = 2`` (Chimera 3.5, forward doubling) concatenates its micro-batches
@@ -13,7 +17,8 @@ Per action (Hanayo section 4, "action list" runtime; kinds as in ``torch.distrib
 * ``I``/``W`` -- zero-bubble's split backward (Qi et al., ICLR'24, section 2): ``I`` computes the input
   gradient only, ``torch.autograd.grad(out, x, retain_graph=True)``; ``W`` later the parameter
   gradients, ``torch.autograd.backward(out, inputs=params)``.
-* ``SEND_F``/``SEND_B`` -- post the send (:meth:`executor.comm.P2P.send`).
+* ``SEND_F``/``SEND_B`` -- nothing left to do: the send went out with its group (:meth:`executor.comm.P2P.post`),
+  which takes the tensor the producer left in the outbox.
 * ``ALLREDUCE`` -- the stage's gradients (summed over the replicas of the stage the rank holds) are
   all-reduced asynchronously over the stage group (:mod:`executor.groups`): eager where the lowering put it
   (Chimera 3.2), at the end otherwise. The collective is issued at the rank's last ``ALLREDUCE`` of the
@@ -49,6 +54,7 @@ from executor.groups import Groups, Layout
 from executor.models import build_layers, takes_targets, tied_parameters
 from executor.models.blocks import Block
 from executor.models.data import synthetic_batch
+from executor.p2p_order import action_label
 from executor.plan import RunPlan
 from executor.tensor_parallel import TensorParallelBlock
 from planner.schedules.ir import (
@@ -149,7 +155,7 @@ class RankRuntime:
     """One rank's state: its stage replicas, optimizers, buffers; :meth:`iteration` walks the list."""
 
     def __init__(self, plan: RunPlan, schedule: Schedule, rank: int, groups: Groups,
-                 emulator: Any = None) -> None:
+                 emulator: Any = None, policy: str = "prefetch") -> None:
         self.plan, self.sched, self.rank, self.groups, self.emu = plan, schedule, rank, groups, emulator
         self.layout: Layout = groups.layout
         self.device, self.data_copy, self.tp = self.layout.coords(rank)
@@ -188,7 +194,7 @@ class RankRuntime:
         for i, a in enumerate(self.actions):
             if a.kind == ALLREDUCE:
                 self.last_ar[a.stage] = i
-        self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of)
+        self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of, policy)
         self.version_log: list[dict[str, Any]] = []
         self.peak_alive = 0
 
@@ -235,21 +241,28 @@ class RankRuntime:
         record: list[tuple[str, str, float, float]] = []
         self.records = record
         now = time.perf_counter
-        t0 = now()
-        self.p2p.post_receives()
-        record.append(("post receives", "POST", t0, now()))
         for i, a in enumerate(self.actions):
             start = now()
+            posted = self.p2p.post(i, self._take_send)
+            if posted:
+                names = " ".join(action_label(o) for g in posted for o in g.ops)
+                posted_at = now()
+                record.append((f"post {names}", "POST", start, posted_at))
+                start = posted_at
             self._run(i, a)
             record.append((str(a), a.kind, start, now()))
         return record
+
+    def _take_send(self, a: Action) -> torch.Tensor:
+        """The tensor a send moves, left in the outbox by its producer."""
+        return self.outbox.pop((a.kind, a.replica, a.stage, a.mb))
 
     def _run(self, i: int, a: Action) -> None:
         k = a.kind
         if k in (RECV_F, RECV_B):
             self.inbox[(k, a.replica, a.stage, a.mb)] = self.p2p.wait_receive(a)
         elif k in (SEND_F, SEND_B):
-            self.p2p.send(a, self.outbox.pop((k, a.replica, a.stage, a.mb)))
+            pass  # posted with its group before this action (P2P.post)
         elif self.emu is not None:
             self._emulated(i, a)
         elif k == F:

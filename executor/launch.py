@@ -1,6 +1,8 @@
 """Launching: ``torch.distributed.run`` (torchrun) with one process per device, locally (``--standalone``).
 
-:func:`launch` writes the spec into a fresh temporary work directory, runs torchrun with
+:func:`launch` refuses, before starting anything, a plan whose point-to-point posting policy could deadlock
+under NCCL (:func:`check_p2p`, with ``backend="nccl"``), writes the spec into a fresh temporary work directory,
+runs torchrun with
 ``--max-restarts=0`` (a failing rank makes torchrun stop every other rank at once: no hang), and
 
 * on failure raises :class:`RunFailed` naming the *first* rank that failed and its error (from the
@@ -20,7 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from executor.plan import RunPlan
+from executor.p2p_order import POLICIES, check_schedule, default_policy
+from executor.plan import PlanError, RunPlan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,16 +42,36 @@ def first_error(workdir: Path) -> dict[str, Any] | None:
     return min(errors, key=lambda e: e["time"]) if errors else None
 
 
+def check_p2p(plan: RunPlan, policy: str) -> None:
+    """Raise :class:`PlanError` when ``policy`` could deadlock ``plan`` under NCCL semantics (one stream per
+    rank, :func:`executor.p2p_order.check_schedule`); the message names the ranks (of data-parallel copy 0,
+    tensor rank 0 -- every copy posts alike) and the cycle."""
+    problem = check_schedule(plan.schedule(), policy, streams="rank")
+    if problem is not None:
+        t = plan.tensor
+        note = f" (ranks are pipeline devices; global rank = device * {t} for copy 0)" if t > 1 else ""
+        raise PlanError(f"p2p policy {policy!r} would {'deadlock' if problem.kind == 'deadlock' else 'fail'} on "
+                        f"NCCL for {plan.schedule_name} D={plan.pipeline} N={plan.microbatches}{note}: {problem}")
+
+
 def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: str = "gloo",
            trace: bool = False, timeout: float = 120.0, wall_timeout: float | None = None,
            fault_rank: int | None = None, fault_plan: int = 0, threads: int = 1,
-           capture: bool = True) -> dict[str, Any]:
-    """Run ``plans`` in sequence on ``nproc`` local processes; returns ``{"runs": [result, ...]}``."""
+           capture: bool = True, p2p: str | None = None) -> dict[str, Any]:
+    """Run ``plans`` in sequence on ``nproc`` local processes with the point-to-point posting policy ``p2p``
+    (default: the backend's); returns ``{"runs": [result, ...]}``. Raises :class:`PlanError` before launching
+    when the policy could deadlock on NCCL, :class:`RunFailed` when a rank fails."""
+    policy = p2p or default_policy(backend)
+    if policy not in POLICIES:
+        raise PlanError(f"unknown p2p policy {policy!r}; known: {', '.join(POLICIES)}")
+    if backend == "nccl":
+        for plan in plans:
+            check_p2p(plan, policy)
     workdir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
     try:
         spec = {"plans": [p.to_dict() for p in plans], "check": check, "backend": backend, "trace": trace,
                 "timeout": timeout, "workdir": str(workdir), "fault_rank": fault_rank, "fault_plan": fault_plan,
-                "threads": threads}
+                "threads": threads, "p2p": policy}
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",

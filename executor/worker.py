@@ -4,10 +4,11 @@ SPEC.json``; on several nodes the same module under torchrun's rendezvous).
 The spec names one or more plans, run in sequence on the same process group (the tests run several
 schedules per launch). For each plan every rank: validates it against the world size, creates the
 process groups (:mod:`executor.groups`), warms the point-to-point channels up (:func:`executor.comm.warm_up`),
-builds its stage replicas and walks its lowered list for the iterations (:mod:`executor.interpreter`),
-each iteration starting after a barrier; then the per-action times (and, with ``check``, the parameters)
-are gathered on rank 0, which summarises them (:mod:`executor.trace`), compares with single-process
-training (:mod:`executor.reference`) and writes the result atomically into the work directory.
+builds its stage replicas and walks its lowered list for the iterations under the spec's posting policy
+(:mod:`executor.interpreter`, :mod:`executor.p2p_order`), each iteration starting after a barrier; then the
+per-action times (and, with ``check``, the parameters) are gathered on rank 0, which summarises them
+(:mod:`executor.trace`), compares with single-process training (:mod:`executor.reference`) and writes the
+result (with the backend and the posting policy) atomically into the work directory.
 
 Failure: a rank that raises writes ``error-rank{r}.json`` (rank, time, error, traceback) into the work
 directory and exits non-zero; torchrun then stops the other ranks and the launcher names the first
@@ -32,6 +33,7 @@ from executor.comm import warm_up
 from executor.groups import Layout, make_groups
 from executor.interpreter import RankRuntime
 from executor.models import tied_parameters
+from executor.p2p_order import default_policy
 from executor.plan import RunPlan
 from executor.trace import chrome_trace, summarize, write_json_atomic
 
@@ -41,8 +43,10 @@ class InjectedFault(RuntimeError):
 
 
 def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: bool = False,
-             with_trace: bool = False) -> dict[str, Any] | None:
-    """Run one plan on this rank; rank 0 returns the result (None elsewhere)."""
+             with_trace: bool = False, backend: str = "gloo", policy: str | None = None) -> dict[str, Any] | None:
+    """Run one plan on this rank with the point-to-point ``policy`` (default: the backend's); rank 0 returns
+    the result (None elsewhere)."""
+    policy = policy or default_policy(backend)
     sched = plan.validate(world)
     layout = Layout(plan.pipeline, plan.data, plan.tensor)
     emulator = None
@@ -54,7 +58,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     groups = make_groups(sched, layout, rank, tied)
     warm_up(rank, world)
     torch.manual_seed(plan.seed)
-    rt = RankRuntime(plan, sched, rank, groups, emulator)
+    rt = RankRuntime(plan, sched, rank, groups, emulator, policy)
     records = []
     for it in range(plan.warmup + plan.iterations):
         dist.barrier()
@@ -73,7 +77,8 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     result = None
     if rank == 0:
         assert gathered is not None
-        result = {"plan": plan.to_dict(), "schedule": sched.name, "world_size": world,
+        result = {"plan": plan.to_dict(), "schedule": sched.name, "world_size": world, "backend": backend,
+                  "p2p": policy,
                   "measured": summarize(gathered, plan.warmup, emulator is not None),
                   "emulated": emulator is not None}
         if emulator is not None:
@@ -113,14 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(spec["workdir"])
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = str(spec.get("backend", "gloo"))
     try:
         torch.set_num_threads(int(spec.get("threads", 1)))
-        dist.init_process_group(spec.get("backend", "gloo"), timeout=timedelta(seconds=float(spec["timeout"])))
+        dist.init_process_group(backend, timeout=timedelta(seconds=float(spec["timeout"])))
         results = []
         for i, pd in enumerate(spec["plans"]):
             fault = spec.get("fault_rank") == rank and spec.get("fault_plan", 0) == i
             results.append(run_plan(RunPlan.from_dict(pd), rank, world, check=bool(spec.get("check")),
-                                    fault=fault, with_trace=bool(spec.get("trace"))))
+                                    fault=fault, with_trace=bool(spec.get("trace")), backend=backend,
+                                    policy=spec.get("p2p")))
         if rank == 0:
             write_json_atomic(str(workdir / "result.json"), {"runs": results})
         dist.barrier()

@@ -1,6 +1,7 @@
 """Multi-process executor tests (CPU, gloo, tiny GPT in float64): every synchronous schedule gives, after one
-step, the parameters of plain single-process training on the same global batch. Few launches: each runs
-many plans in sequence on the same process group (torchrun --standalone, see executor.launch)."""
+step, the parameters of plain single-process training on the same global batch -- with the default (prefetch)
+and the NCCL (grouped) posting policies. Few launches: each runs many plans in sequence on the same process
+group (torchrun --standalone, see executor.launch)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,16 @@ PLANS_4 = {
 }
 
 
+#: the grouped policy (NCCL's) on gloo: a representative subset, one launch
+PLANS_GROUPED = {
+    "1f1b D=4": P("1f1b", 4, 6),
+    "interleaved D=4 v=2": P("interleaved", 4, 4, chunks=2, model=SIX),
+    "chimera D=4 N=8 forward-doubling": P("chimera", 4, 8, concat="forward-doubling"),
+    "hanayo D=4 W=1": P("hanayo", 4, 4, waves=1, model=SIX),
+    "zb-h1 D=4": P("zb-h1", 4, 6),
+}
+
+
 @pytest.fixture(scope="module")
 def runs_2() -> dict:  # type: ignore[type-arg]
     res = launch(list(PLANS_2.values()), 2, check=True, timeout=60, trace=True)
@@ -79,6 +90,12 @@ def runs_4() -> dict:  # type: ignore[type-arg]
     return dict(zip(PLANS_4, res["runs"], strict=True))
 
 
+@pytest.fixture(scope="module")
+def runs_grouped() -> dict:  # type: ignore[type-arg]
+    res = launch(list(PLANS_GROUPED.values()), 4, check=True, timeout=60, p2p="grouped")
+    return dict(zip(PLANS_GROUPED, res["runs"], strict=True))
+
+
 @pytest.mark.parametrize("name", [n for n in PLANS_2 if n != "pipedream"])
 def test_equals_single_process_2(runs_2, name) -> None:  # type: ignore[no-untyped-def]
     check = runs_2[name]["check"]
@@ -89,6 +106,17 @@ def test_equals_single_process_2(runs_2, name) -> None:  # type: ignore[no-untyp
 def test_equals_single_process_4(runs_4, name) -> None:  # type: ignore[no-untyped-def]
     check = runs_4[name]["check"]
     assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("name", list(PLANS_GROUPED))
+def test_grouped_policy_equals_single_process(runs_grouped, name) -> None:  # type: ignore[no-untyped-def]
+    run = runs_grouped[name]
+    assert run["p2p"] == "grouped" and run["backend"] == "gloo"
+    assert run["check"]["ok"], run["check"]["message"]
+
+
+def test_default_policy_is_recorded(runs_2) -> None:  # type: ignore[no-untyped-def]
+    assert runs_2["1f1b"]["p2p"] == "prefetch"
 
 
 def test_forward_doubling_runs_double_forwards() -> None:

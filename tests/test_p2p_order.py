@@ -1,6 +1,7 @@
 """Posting policies and the NCCL-semantics deadlock checker (pure Python, no processes): the checker flags the
 textbook send-then-receive deadlock and the prefetch policy, and passes the grouped policy for every builder
-over many (D, N, v, f, waves) -- in both stream models."""
+over many (D, N, v, f, waves) -- in both stream models; ``pipeplan run --backend nccl`` refuses a deadlocking
+policy before launching anything."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from executor.p2p_order import (
     Finish,
@@ -24,6 +26,7 @@ from executor.p2p_order import (
     posting_plan,
     receive_order,
 )
+from pipeplan.cli import app
 from planner.schedules import BUILDERS, build, lower
 from planner.schedules.ir import COMPUTE_KINDS, RECV_B, RECV_F, SEND_B, SEND_F, Schedule
 
@@ -209,3 +212,18 @@ def test_pair_warm_up_order_is_deadlock_free() -> None:
                 prog.append(Wait(len([s for s in prog if isinstance(s, Post)]) - 1, f"pair {a}-{b}"))
         programs.append([*prog, Finish()])
     assert check_programs(programs, "rank") is None
+
+
+# ---- pipeplan run --backend nccl refuses before launching ------------------------------------------------
+
+def test_cli_refuses_nccl_deadlock_before_launch() -> None:
+    res = CliRunner().invoke(app, ["run", "-s", "1f1b", "-D", "2", "-N", "4", "--backend", "nccl",
+                                   "--p2p", "prefetch"])
+    assert res.exit_code == 2, res.output
+    assert "p2p policy 'prefetch' would deadlock on NCCL" in res.output
+    assert "ranks 0, 1 wait for each other" in res.output and "rank 0 stuck at" in res.output
+
+
+def test_cli_rejects_unknown_policy() -> None:
+    res = CliRunner().invoke(app, ["run", "-s", "1f1b", "-D", "2", "-N", "4", "--p2p", "eager"])
+    assert res.exit_code == 2 and "unknown p2p policy 'eager'" in res.output
