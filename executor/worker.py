@@ -8,7 +8,8 @@ builds its stage replicas and walks its lowered list for the iterations under th
 (:mod:`executor.interpreter`, :mod:`executor.p2p_order`), each iteration starting after a barrier; then the
 per-action times (and, with ``check``, the parameters) are gathered on rank 0, which summarises them
 (:mod:`executor.trace`), compares with single-process training (:mod:`executor.reference`) and writes the
-result (with the backend and the posting policy) atomically into the work directory.
+result (with the backend and the posting policy) atomically into the work directory (on a multi-node run:
+the work directory of global rank 0's node).
 
 Failure: a rank that raises writes ``error-rank{r}.json`` (rank, time, error, traceback) into the work
 directory and exits non-zero; torchrun then stops the other ranks and the launcher names the first
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -66,7 +68,8 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
             raise InjectedFault(f"injected fault on rank {rank}")
         records.append(rt.iteration(it))
     payload: dict[str, Any] = {
-        "rank": rank, "device": rt.device, "data": rt.data_copy, "tensor": rt.tp, "records": records,
+        "rank": rank, "host": socket.gethostname(), "device": rt.device, "data": rt.data_copy, "tensor": rt.tp,
+        "records": records,
         "peak_alive": rt.peak_alive, "peak_memory": None, "version_log": rt.version_log,
         "weight_versions": {str(k): v.max_alive for k, v in rt.stash.items()},
     }

@@ -78,3 +78,40 @@ def test_cli_refuses_bad_plan_before_launch(tmp_path) -> None:  # type: ignore[n
     assert not (tmp_path / "r.json").exists()
     res = CliRunner().invoke(app, ["run", "--schedule", "interleaved", "-D", "2", "-N", "3", "--chunks", "2"])
     assert res.exit_code == 2 and "error: schedule" in res.output
+
+
+def test_cli_multi_node_options_are_checked_before_launch() -> None:
+    run = ["run", "-s", "1f1b", "-D", "2", "-N", "4", "-W", "2"]  # 4 processes
+    res = CliRunner().invoke(app, [*run, "--nnodes", "3", "--rdzv-endpoint", "localhost:29500"])
+    assert res.exit_code == 2 and "needs D*W*t = 4 processes, which 3 node(s) x 1 process(es)" in res.output
+    res = CliRunner().invoke(app, [*run, "--nnodes", "2", "--nproc-per-node", "3", "--rdzv-endpoint", "h:1"])
+    assert res.exit_code == 2 and "--nproc-per-node be 4/--nnodes" in res.output
+    res = CliRunner().invoke(app, [*run, "--nnodes", "2"])
+    assert res.exit_code == 2 and "needs --rdzv-endpoint host:port" in res.output
+    res = CliRunner().invoke(app, [*run, "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"])
+    assert res.exit_code == 2 and "--node-rank must be in 0..1" in res.output
+
+
+def test_torchrun_placement() -> None:
+    from executor.launch import torchrun_args
+
+    assert torchrun_args(4) == ["--standalone", "--nproc-per-node=4"]
+    args = torchrun_args(2, 2, 1, "node0:29500", "job7", join_timeout=60)
+    assert "--nnodes=2" in args and "--node-rank=1" in args and "--rdzv-backend=c10d" in args
+    assert "--rdzv-endpoint=node0:29500" in args and "--rdzv-id=job7" in args and "--standalone" not in args
+    with pytest.raises(ValueError, match="rendezvous endpoint"):
+        torchrun_args(2, 2, 0, None)
+
+
+def test_records_of_other_hosts_move_onto_rank_0_clock() -> None:
+    """Clocks of different machines are unrelated: each iteration of a remote rank starts with rank 0's."""
+    from executor.trace import summarize
+
+    def payload(rank: int, host: str, t0: float) -> dict:  # type: ignore[type-arg]
+        recs = [[("0F0", "F", t0 + it, t0 + it + 0.1), ("STEP", "STEP", t0 + it + 0.1, t0 + it + 0.2)]
+                for it in range(2)]
+        return {"rank": rank, "host": host, "device": rank, "data": 0, "tensor": 0, "records": recs,
+                "peak_alive": 1, "peak_memory": None}
+
+    m = summarize([payload(0, "a", 100.0), payload(1, "a", 100.05), payload(2, "b", 5000.0)], 0, False)
+    assert m["iteration_times"] == pytest.approx([0.25, 0.25])  # host b shifted, host a's offset kept

@@ -1,12 +1,15 @@
 """Multi-process executor tests (CPU, gloo, tiny GPT in float64): every synchronous schedule gives, after one
 step, the parameters of plain single-process training on the same global batch -- with the default (prefetch)
-and the NCCL (grouped) posting policies. Few launches: each runs many plans in sequence on the same process
-group (torchrun --standalone, see executor.launch)."""
+and the NCCL (grouped) posting policies, on one node and on two. Few launches: each runs many plans in
+sequence on the same process group (torchrun --standalone, or a c10d rendezvous; see executor.launch)."""
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -93,6 +96,7 @@ def runs_4() -> dict:  # type: ignore[type-arg]
 @pytest.fixture(scope="module")
 def runs_grouped() -> dict:  # type: ignore[type-arg]
     res = launch(list(PLANS_GROUPED.values()), 4, check=True, timeout=60, p2p="grouped")
+    assert res is not None
     return dict(zip(PLANS_GROUPED, res["runs"], strict=True))
 
 
@@ -117,6 +121,49 @@ def test_grouped_policy_equals_single_process(runs_grouped, name) -> None:  # ty
 
 def test_default_policy_is_recorded(runs_2) -> None:  # type: ignore[no-untyped-def]
     assert runs_2["1f1b"]["p2p"] == "prefetch"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(plans: list[RunPlan], **kw: Any) -> list[Any]:
+    """Two launches of 2 processes each on this machine, as node 0 and node 1 of one c10d rendezvous."""
+    endpoint, out = f"127.0.0.1:{_free_port()}", [None, None]
+
+    def node(i: int) -> None:
+        try:
+            out[i] = launch(plans, 2, nnodes=2, node_rank=i, rdzv_endpoint=endpoint, rdzv_id="test", **kw)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            out[i] = e
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    return out
+
+
+def test_two_nodes_equal_single_process() -> None:
+    """D=2 x W=2 over two 'nodes': p2p and the data-parallel all-reduce cross them; one node gets the result."""
+    out = _two_nodes([P("1f1b", 2, 4, data=2)], check=True, timeout=60)
+    assert not [o for o in out if isinstance(o, Exception)], out
+    results = [o for o in out if o is not None]
+    assert len(results) == 1  # written on global rank 0's node only
+    run = results[0]["runs"][0]
+    assert run["world_size"] == 4 and run["check"]["ok"], run["check"]["message"]
+    assert sorted(r["rank"] for r in run["measured"]["ranks"]) == [0, 1, 2, 3]
+
+
+def test_two_nodes_dead_rank_fails_fast() -> None:
+    t = time.monotonic()
+    out = _two_nodes([P("1f1b", 2, 4, data=2)], timeout=60, fault_rank=3)
+    assert all(isinstance(o, RunFailed) for o in out), out
+    assert any("rank 3 failed: InjectedFault: injected fault on rank 3" in str(o) for o in out), out
+    assert time.monotonic() - t < 60
 
 
 def test_forward_doubling_runs_double_forwards() -> None:
