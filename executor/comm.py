@@ -17,21 +17,23 @@
   gloo honours tags), and under every policy the receives from one peer are posted in the order that peer
   sends them, so a backend that matches by order (NCCL ignores tags) pairs the same messages.
 * :func:`warm_up` runs one batched ring exchange over the whole world first (NCCL creates its communicators
-  lazily at the first batched call, which must involve every rank).
+  lazily at the first batched call, which must involve every rank); :func:`warm_up_pairs` then one tiny
+  exchange per pair of neighbouring ranks, in one global order of the pairs (deadlock-free: the smallest
+  pair not yet done has both its ranks at it), so NCCL connects every pair before the first iteration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from executor.p2p_order import Group, message_key, posting_plan, receive_order
-from planner.schedules.ir import RECV_F, SEND_B, SEND_F, Action, Schedule
+from planner.schedules.ir import RECV_B, RECV_F, SEND_B, SEND_F, Action, Schedule
 
-__all__ = ["P2P", "message_key", "receive_order", "tag", "warm_up"]
+__all__ = ["P2P", "message_key", "neighbour_pairs", "receive_order", "tag", "warm_up", "warm_up_pairs"]
 
 
 def tag(schedule: Schedule, kind: str, replica: int, stage: int, mb: int) -> int:
@@ -44,13 +46,18 @@ class P2P:
     """Posts this rank's sends and receives for one iteration under a posting policy (module docstring).
 
     ``peer_rank`` maps a pipeline device to the global rank of this rank's copy, ``shape_of`` gives the
-    receive buffer of an action.
+    receive buffer of an action, ``tensor_device`` is where buffers live (``cuda:LOCAL_RANK`` with NCCL; not
+    yet run on a GPU), and ``blocking`` makes a receive wait also wait on the host (emulated compute on a GPU,
+    timed on the host).
     """
 
     def __init__(self, schedule: Schedule, device: int, peer_rank: Callable[[int], int],
-                 shape_of: Callable[[Action], tuple[tuple[int, ...], torch.dtype]], policy: str = "prefetch") -> None:
+                 shape_of: Callable[[Action], tuple[tuple[int, ...], torch.dtype]], policy: str = "prefetch",
+                 tensor_device: torch.device | None = None, blocking: bool = False) -> None:
         self.schedule, self.device, self.peer_rank, self.shape_of = schedule, device, peer_rank, shape_of
         self.policy = policy
+        self.tensor_device = tensor_device or torch.device("cpu")
+        self.blocking = blocking
         self.groups: dict[int, list[Group]] = {}
         plan = posting_plan(schedule, device, policy)
         for g in plan:
@@ -74,7 +81,7 @@ class P2P:
                                           tag=tag(self.schedule, a.kind, a.replica, a.stage, a.mb)))
                 else:
                     shape, dtype = self.shape_of(a)
-                    buf = torch.empty(shape, dtype=dtype)
+                    buf = torch.empty(shape, dtype=dtype, device=self.tensor_device)
                     ops.append(dist.P2POp(dist.irecv, buf, self.peer_rank(a.peer),
                                           tag=tag(self.schedule, a.kind, a.replica, message_key(a)[2], a.mb)))
                     recvs.append((len(ops) - 1, a, buf))
@@ -94,6 +101,8 @@ class P2P:
         for w in works:
             if self.works.pop(id(w), None) is not None:
                 w.wait()
+        if self.blocking and buf.is_cuda:
+            torch.cuda.current_stream(buf.device).synchronize()
         return buf
 
     def finish(self) -> None:
@@ -108,12 +117,35 @@ class P2P:
         self.recv.clear()
 
 
-def warm_up(rank: int, world: int) -> None:
+def neighbour_pairs(schedule: Schedule, ranks_of: Callable[[int, int], Iterable[tuple[int, int]]]) -> list[
+        tuple[int, int]]:
+    """The sorted pairs ``(a, b)``, ``a < b``, of global ranks that exchange point-to-point messages;
+    ``ranks_of(d, peer)`` gives the rank pairs of every copy/tensor rank for devices ``d`` and ``peer``."""
+    pairs: set[tuple[int, int]] = set()
+    for d, row in enumerate(schedule.actions):
+        for peer in {a.peer for a in row if a.kind in (SEND_F, SEND_B, RECV_F, RECV_B)}:
+            for a, b in ranks_of(d, peer):
+                pairs.add((min(a, b), max(a, b)))
+    return sorted(pairs)
+
+
+def warm_up(rank: int, world: int, device: torch.device | None = None) -> None:
     """One batched ring exchange involving every rank (module docstring)."""
     if world < 2:
         return
-    out, into = torch.zeros(1), torch.zeros(1)
+    out, into = torch.zeros(1, device=device), torch.zeros(1, device=device)
     ops = [dist.P2POp(dist.isend, out, (rank + 1) % world), dist.P2POp(dist.irecv, into, (rank - 1) % world)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
 
+
+def warm_up_pairs(rank: int, pairs: list[tuple[int, int]], device: torch.device | None = None) -> None:
+    """One tiny send + receive per pair this rank belongs to, the pairs taken in the given global order."""
+    for a, b in pairs:
+        if rank not in (a, b):
+            continue
+        peer = b if rank == a else a
+        out, into = torch.zeros(1, device=device), torch.zeros(1, device=device)
+        ops = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, into, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()

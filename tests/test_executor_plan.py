@@ -115,3 +115,32 @@ def test_records_of_other_hosts_move_onto_rank_0_clock() -> None:
 
     m = summarize([payload(0, "a", 100.0), payload(1, "a", 100.05), payload(2, "b", 5000.0)], 0, False)
     assert m["iteration_times"] == pytest.approx([0.25, 0.25])  # host b shifted, host a's offset kept
+
+
+def test_cuda_clock_places_events_on_the_host_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The arithmetic of the GPU timing (events faked: no GPU here): start + elapsed time from the base event."""
+    import torch
+
+    from executor import interpreter
+
+    ticks = iter([0.0, 1.5, 4.0])  # milliseconds at which the base event and two stamps are reached
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = next(ticks)
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return other.t - self.t
+
+    monkeypatch.setattr(interpreter.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(interpreter.torch.cuda, "synchronize", lambda device=None: None)
+    clock = interpreter.CudaClock(torch.device("cuda", 0))
+    clock.begin()
+    start, end = clock.stamp(), clock.stamp()
+    [(name, kind, s, e)] = clock.resolve([("0F0", "F", start, end)])
+    assert (name, kind) == ("0F0", "F")
+    assert s - clock.t0 == pytest.approx(0.0015) and e - clock.t0 == pytest.approx(0.004)

@@ -117,6 +117,7 @@ def test_grouped_policy_equals_single_process(runs_grouped, name) -> None:  # ty
     run = runs_grouped[name]
     assert run["p2p"] == "grouped" and run["backend"] == "gloo"
     assert run["check"]["ok"], run["check"]["message"]
+    assert run["measured"]["peak_memory"] == [None] * 4  # CPU: no device memory figure
 
 
 def test_default_policy_is_recorded(runs_2) -> None:  # type: ignore[no-untyped-def]
