@@ -63,6 +63,7 @@ def emulated() -> None:
         plans = [RunPlan.direct(s, 8, 8, emulate=str(path), iterations=ITER, warmup=WARM, cluster=cluster, **kw)
                  for s, kw in cases]
         res = launch(plans, 8, timeout=120)
+        assert res is not None  # one node: rank 0 is here
     print("\n== emulated compute, 8 processes (D=8, N=8, uniform 16-layer profile) ==")
     print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}{'bubble pred':>13}{'bubble meas':>13}")
     for (s, kw), run in zip(cases, res["runs"], strict=True):
@@ -88,6 +89,7 @@ def real() -> dict[str, float]:
     plans = [RunPlan.direct(s, D_REAL, N_REAL, model=MODEL, micro_batch=B_REAL, dtype="float32", iterations=ITER,
                             warmup=WARM, **kw) for s, kw in cases]
     res = launch(plans, D_REAL, timeout=120)
+    assert res is not None  # one node: rank 0 is here
     print(f"\n== real compute, {D_REAL} processes ({MODEL}, fp32, N={N_REAL}, b={B_REAL}) ==")
     print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}")
     out = {}

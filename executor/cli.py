@@ -1,11 +1,20 @@
-"""``pipeplan run``: execute a plan (or a schedule given directly) on local processes started by torchrun.
+"""``pipeplan run``: execute a plan (or a schedule given directly) on processes started by torchrun.
 
 Forms::
 
     pipeplan run --plan plan.json [--candidate 0] [--model gpt-tiny] [--iterations 10] [--backend gloo|nccl]
-                 [--trace trace.json] [--out result.json] [--check] [--emulate profile.json [--cluster c.json]]
+                 [--p2p prefetch|grouped] [--trace trace.json] [--out result.json] [--check]
+                 [--emulate profile.json [--cluster c.json]]
     pipeplan run --schedule chimera --devices 4 --microbatches 8 --model gpt-tiny [--data-parallel 2]
                  [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat] [--recompute] [--check]
+    # several nodes: the same command on every node, with its --node-rank
+    pipeplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 [--rdzv-id job7] [--nproc-per-node 4]
+
+``--p2p`` picks the point-to-point posting policy (:mod:`executor.p2p_order`): ``prefetch`` by default on
+gloo, ``grouped`` on NCCL; with ``--backend nccl`` the plan is first checked for a deadlock under NCCL's
+semantics and refused (exit 2, naming the ranks) when the policy could deadlock. The result records the
+policy (``p2p``). ``--nproc-per-node`` defaults to the world size (D*W*t) over ``--nnodes`` and must
+divide it; the result and trace are written on the node where global rank 0 ran (the others say so).
 
 A bad plan is refused before anything is launched (exit 2, ``error: ...``); a failing rank makes the run
 fail with the rank and its error named (exit 1); ``--check`` trains the same global batch in one process
@@ -43,6 +52,13 @@ def run(
     iterations: Annotated[int, typer.Option(help="measured iterations")] = 3,
     warmup: Annotated[int, typer.Option(help="warm-up iterations (not measured)")] = 1,
     backend: Annotated[str, typer.Option(help="gloo or nccl")] = "gloo",
+    p2p: Annotated[str | None, typer.Option(
+        "--p2p", help="point-to-point posting: prefetch (gloo default) or grouped (nccl default)")] = None,
+    nnodes: Annotated[int, typer.Option(help="nodes (one `pipeplan run` per node)")] = 1,
+    node_rank: Annotated[int, typer.Option(help="this node's rank, 0..nnodes-1")] = 0,
+    nproc_per_node: Annotated[int | None, typer.Option(help="processes on this node (default world/nnodes)")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(help="host:port of the c10d rendezvous (nnodes > 1)")] = None,
+    rdzv_id: Annotated[str, typer.Option(help="rendezvous id, the same on every node")] = "pipeplan",
     dtype: Annotated[str | None, typer.Option(help="float32 or float64 (default: float64 with --check)")] = None,
     check: Annotated[bool, typer.Option("--check", help="compare with single-process training")] = False,
     emulate: Annotated[str | None, typer.Option(help="profile JSON: emulated compute, real communication")] = None,
@@ -52,7 +68,8 @@ def run(
     timeout: Annotated[float, typer.Option(help="seconds for process-group operations")] = 120.0,
     seed: Annotated[int, typer.Option(help="model and data seed")] = 0,
 ) -> None:
-    """Run a plan with one process per device (D*W*t) on this machine, measure it, optionally --check it."""
+    """Run a plan with one process per device (D*W*t) on this machine or on --nnodes machines, measure it,
+    optionally --check it."""
     from executor.launch import RunFailed, launch
     from executor.plan import PlanError, RunPlan, load_plan_file
     from executor.trace import write_json_atomic
@@ -76,12 +93,33 @@ def run(
     except PlanError as e:
         _fail(str(e))
         return
+    if backend not in ("gloo", "nccl"):
+        _fail(f"--backend must be gloo or nccl, got {backend!r}")
+    world = run_plan.world_size
+    if nnodes < 1:
+        _fail(f"--nnodes must be >= 1, got {nnodes}")
+    nproc = nproc_per_node if nproc_per_node is not None else world // nnodes
+    if world % nnodes or nproc * nnodes != world:
+        _fail(f"the plan needs D*W*t = {world} processes, which {nnodes} node(s) x {nproc} process(es) per node "
+              f"do not make: --nnodes must divide {world} and --nproc-per-node be {world}/--nnodes")
+    if nnodes > 1 and not 0 <= node_rank < nnodes:
+        _fail(f"--node-rank must be in 0..{nnodes - 1}, got {node_rank}")
+    if nnodes > 1 and (not rdzv_endpoint or ":" not in rdzv_endpoint):
+        _fail("--nnodes > 1 needs --rdzv-endpoint host:port (the same on every node)")
     try:
-        result = launch([run_plan], run_plan.world_size, check=check, backend=backend, trace=trace is not None,
-                        timeout=timeout, capture=False)["runs"][0]
+        runs = launch([run_plan], nproc, check=check, backend=backend, trace=trace is not None, timeout=timeout,
+                      capture=False, p2p=p2p, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                      rdzv_id=rdzv_id)
+    except PlanError as e:
+        _fail(str(e))
+        return
     except RunFailed as e:
         _fail(str(e), 1)
         return
+    if runs is None:
+        typer.echo(f"node {node_rank}: done; global rank 0 ran on another node, which writes the result")
+        return
+    result = runs["runs"][0]
     chrome = result.pop("trace", None)
     m = result["measured"]
     tag = " (emulated compute)" if result["emulated"] else ""

@@ -3,7 +3,11 @@ the same list the simulator times -- there is no second description of a schedul
 
 Per action (Hanayo section 4, "action list" runtime; kinds as in ``torch.distributed.pipelining``):
 
-* ``RECV_F``/``RECV_B`` -- wait for the receive posted at the start of the iteration (:mod:`executor.comm`).
+Before each action, the point-to-point groups the posting policy puts there are posted (:mod:`executor.comm`,
+:mod:`executor.p2p_order`: all receives at the start with ``prefetch``, a run's sends and receives together
+with ``grouped``).
+
+* ``RECV_F``/``RECV_B`` -- wait for the receive (posted by an earlier group).
 * ``F`` -- forward of the stage replica on its micro-batch(es) with autograd; the first stage reads token
   ids, the last computes the loss, scaled by ``1/(W N)`` so the gradients are those of the *global*
   batch mean. A forward with ``span = 2`` (Chimera 3.5, forward doubling) concatenates its micro-batches
@@ -13,7 +17,8 @@ Per action (Hanayo section 4, "action list" runtime; kinds as in ``torch.distrib
 * ``I``/``W`` -- zero-bubble's split backward (Qi et al., ICLR'24, section 2): ``I`` computes the input
   gradient only, ``torch.autograd.grad(out, x, retain_graph=True)``; ``W`` later the parameter
   gradients, ``torch.autograd.backward(out, inputs=params)``.
-* ``SEND_F``/``SEND_B`` -- post the send (:meth:`executor.comm.P2P.send`).
+* ``SEND_F``/``SEND_B`` -- nothing left to do: the send went out with its group (:meth:`executor.comm.P2P.post`),
+  which takes the tensor the producer left in the outbox.
 * ``ALLREDUCE`` -- the stage's gradients (summed over the replicas of the stage the rank holds) are
   all-reduced asynchronously over the stage group (:mod:`executor.groups`): eager where the lowering put it
   (Chimera 3.2), at the end otherwise. The collective is issued at the rank's last ``ALLREDUCE`` of the
@@ -28,6 +33,11 @@ that its backward reuses, and the optimizer steps after every backward; PipeDrea
 ICML'21, section 3.1) -- double buffering: forwards use the current version, gradients accumulate onto
 the live weights and the update at ``STEP`` creates the next version; at most two versions are alive.
 
+Devices: on CPU (gloo) every tensor lives in host memory and actions are timed with ``time.perf_counter``.
+With NCCL each rank runs on ``cuda:LOCAL_RANK`` (model, batch, buffers) and actions are timed by
+``torch.cuda.Event`` pairs on the current stream, resolved after the iteration with one synchronisation
+(:class:`CudaClock`) -- this GPU path has not been run on a GPU yet (no GPU where it was written).
+
 Emulated compute (:mod:`executor.emulate`): compute actions wait for their predicted duration instead
 (``time.sleep``, clearly labelled) while every message and all-reduce is real, with the profile's sizes.
 """
@@ -35,6 +45,7 @@ Emulated compute (:mod:`executor.emulate`): compute actions wait for their predi
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +60,7 @@ from executor.groups import Groups, Layout
 from executor.models import build_layers, takes_targets, tied_parameters
 from executor.models.blocks import Block
 from executor.models.data import synthetic_batch
+from executor.p2p_order import action_label
 from executor.plan import RunPlan
 from executor.tensor_parallel import TensorParallelBlock
 from planner.schedules.ir import (
@@ -67,6 +79,50 @@ from planner.schedules.ir import (
 )
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+Record = tuple[str, str, float, float]
+
+
+class HostClock:
+    """``time.perf_counter`` stamps: on CPU an action's work is done when its call returns."""
+
+    def begin(self) -> None:
+        """Start of an iteration (nothing to do on the host)."""
+
+    def stamp(self) -> Any:
+        return time.perf_counter()
+
+    def resolve(self, records: Sequence[tuple[str, str, Any, Any]]) -> list[Record]:
+        return [(n, k, float(s), float(e)) for n, k, s, e in records]
+
+
+class CudaClock:
+    """``torch.cuda.Event`` stamps on the current stream (a GPU runs the work after the call returns).
+
+    :meth:`begin` synchronises the device (idle after the barrier) and records a base event at a known host
+    time; :meth:`resolve` synchronises once after the iteration and places every event at that host time plus
+    its elapsed time from the base, so ranks stay comparable on the shared host clock. Not yet run on a GPU.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.t0 = 0.0
+        self.base: Any = None
+
+    def begin(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.t0 = time.perf_counter()
+        self.base = self.stamp()
+
+    def stamp(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def resolve(self, records: Sequence[tuple[str, str, Any, Any]]) -> list[Record]:
+        torch.cuda.synchronize(self.device)
+        at = self.base.elapsed_time  # milliseconds from the base event
+        return [(n, k, self.t0 + at(s) / 1e3, self.t0 + at(e) / 1e3) for n, k, s, e in records]
 
 
 class StageModule(nn.Module):
@@ -149,8 +205,13 @@ class RankRuntime:
     """One rank's state: its stage replicas, optimizers, buffers; :meth:`iteration` walks the list."""
 
     def __init__(self, plan: RunPlan, schedule: Schedule, rank: int, groups: Groups,
-                 emulator: Any = None) -> None:
+                 emulator: Any = None, policy: str = "prefetch", tensor_device: torch.device | None = None) -> None:
         self.plan, self.sched, self.rank, self.groups, self.emu = plan, schedule, rank, groups, emulator
+        self.tdev = tensor_device or torch.device("cpu")
+        cuda = self.tdev.type == "cuda"
+        # emulated compute sleeps on the host: time it there, with waits that block the host too
+        self.clock: HostClock | CudaClock = CudaClock(self.tdev) if cuda and emulator is None else HostClock()
+        self.host_waits = cuda and emulator is not None
         self.layout: Layout = groups.layout
         self.device, self.data_copy, self.tp = self.layout.coords(rank)
         d = self.device
@@ -188,7 +249,7 @@ class RankRuntime:
         for i, a in enumerate(self.actions):
             if a.kind == ALLREDUCE:
                 self.last_ar[a.stage] = i
-        self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of)
+        self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of, policy, self.tdev, blocking=self.host_waits)
         self.version_log: list[dict[str, Any]] = []
         self.peak_alive = 0
 
@@ -200,7 +261,7 @@ class RankRuntime:
             layers = [TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
                       if isinstance(m, Block) else m for m in layers]
         mod = StageModule(layers, a, self.rows, self.plan.recompute)
-        return mod.to(self.dtype)
+        return mod.to(device=self.tdev, dtype=self.dtype)
 
     def _peer_rank(self, device: int) -> int:
         return self.layout.rank(device, self.data_copy, self.tp)
@@ -216,15 +277,15 @@ class RankRuntime:
         inputs, targets = synthetic_batch(self.cfg, self.plan.global_batch, self.plan.seed, step)
         per_copy = self.N * self.rows
         off = self.data_copy * per_copy
-        self.inputs = inputs[off:off + per_copy]
-        self.targets = targets[off:off + per_copy]
+        self.inputs = inputs[off:off + per_copy].to(self.tdev)
+        self.targets = targets[off:off + per_copy].to(self.tdev)
 
     def _rows(self, t: torch.Tensor, mb: int, span: int = 1) -> torch.Tensor:
         return t[mb * self.rows:(mb + span) * self.rows]
 
     # ---- the walk ------------------------------------------------------------------------------------
-    def iteration(self, step: int) -> list[tuple[str, str, float, float]]:
-        """Run the list once; returns ``(action, kind, start, end)`` with ``time.perf_counter`` times."""
+    def iteration(self, step: int) -> list[Record]:
+        """Run the list once; returns ``(action, kind, start, end)`` on the ``time.perf_counter`` clock."""
         if self.emu is None:
             self.load_batch(step)
         self.fwd: dict[tuple[int, int, int], tuple[_Fwd, int]] = {}
@@ -232,24 +293,32 @@ class RankRuntime:
         self.outbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
         self.pending_ar: list[tuple[Any, torch.Tensor, list[tuple[int, int]]]] = []
         self.alive = 0
-        record: list[tuple[str, str, float, float]] = []
+        record: list[tuple[str, str, Any, Any]] = []
         self.records = record
-        now = time.perf_counter
-        t0 = now()
-        self.p2p.post_receives()
-        record.append(("post receives", "POST", t0, now()))
+        self.clock.begin()
+        now = self.clock.stamp
         for i, a in enumerate(self.actions):
             start = now()
+            posted = self.p2p.post(i, self._take_send)
+            if posted:
+                names = " ".join(action_label(o) for g in posted for o in g.ops)
+                posted_at = now()
+                record.append((f"post {names}", "POST", start, posted_at))
+                start = posted_at
             self._run(i, a)
             record.append((str(a), a.kind, start, now()))
-        return record
+        return self.clock.resolve(record)
+
+    def _take_send(self, a: Action) -> torch.Tensor:
+        """The tensor a send moves, left in the outbox by its producer."""
+        return self.outbox.pop((a.kind, a.replica, a.stage, a.mb))
 
     def _run(self, i: int, a: Action) -> None:
         k = a.kind
         if k in (RECV_F, RECV_B):
             self.inbox[(k, a.replica, a.stage, a.mb)] = self.p2p.wait_receive(a)
         elif k in (SEND_F, SEND_B):
-            self.p2p.send(a, self.outbox.pop((k, a.replica, a.stage, a.mb)))
+            pass  # posted with its group before this action (P2P.post)
         elif self.emu is not None:
             self._emulated(i, a)
         elif k == F:
@@ -363,12 +432,13 @@ class RankRuntime:
         keys = [(r, ss) for r, ss in self.held if ss == s]
         group = self.groups.stage.get(s)
         if self.emu is not None:
-            flat = torch.zeros(self.emu.allreduce_elements(s), dtype=torch.float32)
+            flat = torch.zeros(self.emu.allreduce_elements(s), dtype=torch.float32, device=self.tdev)
         else:
             flat = None
             for key in keys:
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._grad_params(key)]
-                f = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0, dtype=self.dtype)
+                f = (torch.cat([g.reshape(-1) for g in grads]) if grads
+                     else torch.zeros(0, dtype=self.dtype, device=self.tdev))
                 flat = f if flat is None else flat + f
             assert flat is not None
         work = dist.all_reduce(flat, group=group, async_op=True) if group is not None else None
@@ -380,6 +450,8 @@ class RankRuntime:
             if work is not None:
                 work.wait()
             if self.emu is not None:
+                if self.host_waits:
+                    torch.cuda.synchronize(self.tdev)
                 continue
             for key in keys:
                 off = 0
@@ -389,9 +461,9 @@ class RankRuntime:
                     off += n
         self.pending_ar.clear()
         if self.emu is not None:
-            t = time.perf_counter()
+            t = self.clock.stamp()
             self.emu.sleep_step(self.device)
-            self.records.append(("optimizer (emulated)", "OPT", t, time.perf_counter()))
+            self.records.append(("optimizer (emulated)", "OPT", t, self.clock.stamp()))
             return
         if self.tied and self.update != "per-microbatch":
             local = None
@@ -409,23 +481,23 @@ class RankRuntime:
                     params[n].grad = local.clone()
         if self.update == "per-microbatch":
             return
-        t = time.perf_counter()
+        t = self.clock.stamp()
         for key, opt in self.optims.items():
             opt.step()
             opt.zero_grad(set_to_none=True)
             if key in self.stash:
                 self.stash[key].bump()
-        self.records.append(("optimizer", "OPT", t, time.perf_counter()))
+        self.records.append(("optimizer", "OPT", t, self.clock.stamp()))
 
     def _emulated(self, i: int, a: Action) -> None:
         if a.kind in (F, B, I, W):
             self.emu.sleep_compute(a.kind, a.stage, a.span, self.device)
             if a.kind == F and a.stage < self.S - 1:
                 self._deliver(SEND_F, a.replica, a.stage, a.mb, torch.empty(
-                    self.emu.message_bytes(RECV_F, a.stage + 1, a.span), dtype=torch.uint8))
+                    self.emu.message_bytes(RECV_F, a.stage + 1, a.span), dtype=torch.uint8, device=self.tdev))
             elif a.kind in (B, I) and a.stage > 0:
                 self._deliver(SEND_B, a.replica, a.stage, a.mb, torch.empty(
-                    self.emu.message_bytes(RECV_B, a.stage - 1, 1), dtype=torch.uint8))
+                    self.emu.message_bytes(RECV_B, a.stage - 1, 1), dtype=torch.uint8, device=self.tdev))
         elif a.kind == ALLREDUCE:
             if self.last_ar[a.stage] == i:
                 self._allreduce(a.stage)
@@ -434,7 +506,7 @@ class RankRuntime:
 
     # ---- results -------------------------------------------------------------------------------------
     def full_parameters(self) -> dict[str, list[torch.Tensor]]:
-        """``"{layer}.{name}" -> [copies]`` under the full model's names (tensor shards gathered)."""
+        """``"{layer}.{name}" -> [copies]`` under the full model's names (tensor shards gathered), on the CPU."""
         out: dict[str, list[torch.Tensor]] = {}
         for key in sorted(self.modules):
             mod = self.modules[key]
@@ -445,5 +517,5 @@ class RankRuntime:
                 else:
                     items = ((n, p.detach().clone()) for n, p in layer.named_parameters())
                 for n, p in items:
-                    out.setdefault(f"{idx}.{n}", []).append(p)
+                    out.setdefault(f"{idx}.{n}", []).append(p.cpu())
         return out

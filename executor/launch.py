@@ -1,12 +1,22 @@
-"""Launching: ``torch.distributed.run`` (torchrun) with one process per device, locally (``--standalone``).
+"""Launching: ``torch.distributed.run`` (torchrun) with one process per device, on one node (``--standalone``)
+or on several (one launch per node, c10d rendezvous).
 
-:func:`launch` writes the spec into a fresh temporary work directory, runs torchrun with
-``--max-restarts=0`` (a failing rank makes torchrun stop every other rank at once: no hang), and
+:func:`launch` refuses, before starting anything, a plan whose point-to-point posting policy could deadlock
+under NCCL (:func:`check_p2p`, with ``backend="nccl"``), writes the spec into a fresh temporary work directory,
+runs torchrun with ``--max-restarts=0`` (a failing rank makes torchrun stop every other rank of its node at
+once, and the ranks of the other nodes fail on their next exchange with it: no hang), and
 
-* on failure raises :class:`RunFailed` naming the *first* rank that failed and its error (from the
-  ``error-rank*.json`` files the ranks write, earliest first; torchrun's own report otherwise);
-* on success returns the result rank 0 wrote. The caller's output files are written atomically
+* on failure raises :class:`RunFailed` naming the *first* rank of this node that failed and its error (from
+  the ``error-rank*.json`` files the ranks write, earliest first; torchrun's own report otherwise);
+* on success returns the result rank 0 wrote -- ``None`` on a node that does not host global rank 0 (the
+  c10d rendezvous assigns ranks to nodes). The caller's output files are written atomically
   (:func:`executor.trace.write_json_atomic`) and only then, so a failed run leaves no result behind.
+
+Several nodes (``nnodes > 1``): every node runs ``launch`` with the same plans, its ``node_rank`` and ``nproc``
+processes, and the same ``rdzv_endpoint`` (``host:port`` reachable from all nodes; the launch on that host
+serves the rendezvous store) and ``rdzv_id``; the world is ``nnodes * nproc`` ranks. ``--node-rank`` is passed
+on, but torchrun ignores it under c10d: nodes get their ranks in the order they join, so global rank 0 (and
+the result) may be on any node.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from executor.plan import RunPlan
+from executor.p2p_order import POLICIES, check_schedule, default_policy
+from executor.plan import PlanError, RunPlan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,19 +50,59 @@ def first_error(workdir: Path) -> dict[str, Any] | None:
     return min(errors, key=lambda e: e["time"]) if errors else None
 
 
+def check_p2p(plan: RunPlan, policy: str) -> None:
+    """Raise :class:`PlanError` when ``policy`` could deadlock ``plan`` under NCCL semantics (one stream per
+    rank, :func:`executor.p2p_order.check_schedule`); the message names the ranks (of data-parallel copy 0,
+    tensor rank 0 -- every copy posts alike) and the cycle."""
+    problem = check_schedule(plan.schedule(), policy, streams="rank")
+    if problem is not None:
+        t = plan.tensor
+        note = f" (ranks are pipeline devices; global rank = device * {t} for copy 0)" if t > 1 else ""
+        raise PlanError(f"p2p policy {policy!r} would {'deadlock' if problem.kind == 'deadlock' else 'fail'} on "
+                        f"NCCL for {plan.schedule_name} D={plan.pipeline} N={plan.microbatches}{note}: {problem}")
+
+
+def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+                  rdzv_id: str = "pipeplan", join_timeout: float = 120.0) -> list[str]:
+    """torchrun's placement options: ``--standalone`` on one node, a c10d rendezvous on several."""
+    if nnodes < 1 or nproc < 1:
+        raise ValueError(f"nnodes and nproc must be >= 1, got {nnodes} and {nproc}")
+    if nnodes == 1:
+        return ["--standalone", f"--nproc-per-node={nproc}"]
+    if not rdzv_endpoint or ":" not in rdzv_endpoint:
+        raise ValueError(f"{nnodes} nodes need a rendezvous endpoint host:port (every node the same), got "
+                         f"{rdzv_endpoint!r}")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
+    return [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf=join_timeout={max(int(join_timeout), 1)}"]
+
+
 def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: str = "gloo",
            trace: bool = False, timeout: float = 120.0, wall_timeout: float | None = None,
            fault_rank: int | None = None, fault_plan: int = 0, threads: int = 1,
-           capture: bool = True) -> dict[str, Any]:
-    """Run ``plans`` in sequence on ``nproc`` local processes; returns ``{"runs": [result, ...]}``."""
+           capture: bool = True, p2p: str | None = None, nnodes: int = 1, node_rank: int = 0,
+           rdzv_endpoint: str | None = None, rdzv_id: str = "pipeplan") -> dict[str, Any] | None:
+    """Run ``plans`` in sequence on ``nproc`` processes of this node (``nnodes`` nodes in all) with the
+    point-to-point posting policy ``p2p`` (default: the backend's); returns ``{"runs": [result, ...]}`` on
+    the node of global rank 0, None on the others. Raises :class:`PlanError` before launching when the policy
+    could deadlock on NCCL, :class:`RunFailed` when a rank fails."""
+    policy = p2p or default_policy(backend)
+    if policy not in POLICIES:
+        raise PlanError(f"unknown p2p policy {policy!r}; known: {', '.join(POLICIES)}")
+    if backend == "nccl":
+        for plan in plans:
+            check_p2p(plan, policy)
+    placement = torchrun_args(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id, join_timeout=timeout)
     workdir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
     try:
         spec = {"plans": [p.to_dict() for p in plans], "check": check, "backend": backend, "trace": trace,
                 "timeout": timeout, "workdir": str(workdir), "fault_rank": fault_rank, "fault_plan": fault_plan,
-                "threads": threads}
+                "threads": threads, "p2p": policy}
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        cmd = [sys.executable, "-m", "torch.distributed.run", *placement,
                "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.worker", str(spec_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
@@ -64,11 +115,15 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
         if proc.returncode != 0:
             err = first_error(workdir)
             if err is not None:
-                raise RunFailed(f"rank {err['rank']} failed: {err['error']}\n{err['traceback']}")
+                where = (f" (the first failure on node {node_rank}; a rank of another node may have failed first: "
+                         f"see that node's launch)" if nnodes > 1 else "")
+                raise RunFailed(f"rank {err['rank']} failed: {err['error']}{where}\n{err['traceback']}")
             tail = (proc.stderr or "")[-3000:] if capture else ""
             raise RunFailed(f"torchrun exited with status {proc.returncode}\n{tail}")
         result_path = workdir / "result.json"
         if not result_path.exists():
+            if nnodes > 1:
+                return None  # global rank 0 ran on another node, which has the result
             raise RunFailed("the run finished without a result")
         return json.loads(result_path.read_text())
     finally:

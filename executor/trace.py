@@ -4,10 +4,17 @@ the figures the simulator predicts (same keys: ``makespan`` -> ``iteration_time`
 opens in Perfetto / chrome://tracing).
 
 Clocks: ``perf_counter`` is ``CLOCK_MONOTONIC``, shared by the processes of one machine; every iteration
-starts after a barrier, and its time is from the earliest start to the latest end over the ranks.
+starts after a barrier, and its time is from the earliest start to the latest end over the ranks. On GPUs the
+stamps are CUDA events placed on that clock (:class:`executor.interpreter.CudaClock`). Clocks of different
+machines are unrelated, so the records of a rank on another host than rank 0 are shifted, per iteration, to
+start when rank 0's do (:func:`align_hosts`; both start right after the same barrier, so the error is the
+barrier's exit skew).
 Busy time is compute: F/B/I/W and the optimizer's own update (not the waits inside STEP), as the
 simulator counts it; the bubble ratio is ``1 - sum(busy) / (D * iteration_time)`` over the D pipeline
 devices of data-parallel copy 0, tensor rank 0 (the devices the simulator times).
+
+Memory: ``peak_memory`` per rank (``measured.peak_memory[rank]`` and in ``ranks``/``devices``) is the
+peak of ``torch.cuda.max_memory_allocated`` over the measured iterations on GPUs, ``None`` on the CPU.
 """
 
 from __future__ import annotations
@@ -19,8 +26,26 @@ from typing import Any
 COMPUTE = {"F", "B", "I", "W", "OPT"}
 
 
+def align_hosts(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``payloads`` with the records of ranks on another host than rank 0 (``host`` field) moved onto rank
+    0's clock: each iteration's first record starts when rank 0's does. Same host: unchanged."""
+    ref = min(payloads, key=lambda p: p["rank"])
+    out = []
+    for p in payloads:
+        if p.get("host") == ref.get("host"):
+            out.append(p)
+            continue
+        records = []
+        for it, rec in enumerate(p["records"]):
+            shift = ref["records"][it][0][2] - rec[0][2]
+            records.append([(n, k, s + shift, e + shift) for n, k, s, e in rec])
+        out.append({**p, "records": records})
+    return out
+
+
 def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> dict[str, Any]:
     """Figures over the measured iterations (after ``warmup``); medians over iterations."""
+    payloads = align_hosts(payloads)
     n_iter = len(payloads[0]["records"])
     measured = list(range(warmup, n_iter)) or list(range(n_iter))
     times, per_rank_busy = [], {p["rank"]: [] for p in payloads}
@@ -41,11 +66,13 @@ def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> di
     D = len(devices)
     bubble = 1.0 - sum(d["busy"] for d in devices) / (D * it_time) if it_time > 0 and D else 0.0
     return {"iteration_time": it_time, "iteration_times": times, "bubble_ratio": bubble,
-            "devices": devices, "ranks": ranks, "emulated": emulated}
+            "devices": devices, "ranks": ranks, "peak_memory": [r["peak_memory"] for r in ranks],
+            "emulated": emulated}
 
 
 def chrome_trace(payloads: list[dict[str, Any]], emulated: bool) -> dict[str, Any]:
     """Chrome trace-event JSON: complete events ("X") in microseconds, one thread (track) per rank."""
+    payloads = align_hosts(payloads)
     t0 = min(p["records"][0][0][2] for p in payloads)
     events: list[dict[str, Any]] = []
     for p in sorted(payloads, key=lambda p: p["rank"]):

@@ -3,11 +3,19 @@ SPEC.json``; on several nodes the same module under torchrun's rendezvous).
 
 The spec names one or more plans, run in sequence on the same process group (the tests run several
 schedules per launch). For each plan every rank: validates it against the world size, creates the
-process groups (:mod:`executor.groups`), warms the point-to-point channels up (:func:`executor.comm.warm_up`),
-builds its stage replicas and walks its lowered list for the iterations (:mod:`executor.interpreter`),
-each iteration starting after a barrier; then the per-action times (and, with ``check``, the parameters)
-are gathered on rank 0, which summarises them (:mod:`executor.trace`), compares with single-process
-training (:mod:`executor.reference`) and writes the result atomically into the work directory.
+process groups (:mod:`executor.groups`), warms the point-to-point channels up (:func:`executor.comm.warm_up`
+over the world, then :func:`executor.comm.warm_up_pairs` between neighbouring ranks), builds its stage
+replicas and walks its lowered list for the iterations under the spec's posting policy
+(:mod:`executor.interpreter`, :mod:`executor.p2p_order`), each iteration starting after a barrier; then the
+per-action times (and, with ``check``, the parameters) are gathered on rank 0, which summarises them
+(:mod:`executor.trace`), compares with single-process training (:mod:`executor.reference`) and writes the
+result (with the backend and the posting policy) atomically into the work directory (on a multi-node run:
+the work directory of global rank 0's node).
+
+Devices: gloo runs on the CPU. NCCL runs rank ``r`` on ``cuda:LOCAL_RANK`` (``torch.cuda.set_device`` before
+the process group exists) and reports each rank's peak of ``torch.cuda.max_memory_allocated`` over the
+measured iterations (reset before each) as ``peak_memory``; ``None`` on the CPU. The NCCL path has not been
+run on a GPU yet.
 
 Failure: a rank that raises writes ``error-rank{r}.json`` (rank, time, error, traceback) into the work
 directory and exits non-zero; torchrun then stops the other ranks and the launcher names the first
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -28,10 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.comm import warm_up
+from executor.comm import neighbour_pairs, warm_up, warm_up_pairs
 from executor.groups import Layout, make_groups
 from executor.interpreter import RankRuntime
 from executor.models import tied_parameters
+from executor.p2p_order import default_policy
 from executor.plan import RunPlan
 from executor.trace import chrome_trace, summarize, write_json_atomic
 
@@ -41,8 +51,13 @@ class InjectedFault(RuntimeError):
 
 
 def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: bool = False,
-             with_trace: bool = False) -> dict[str, Any] | None:
-    """Run one plan on this rank; rank 0 returns the result (None elsewhere)."""
+             with_trace: bool = False, backend: str = "gloo", policy: str | None = None,
+             device: torch.device | None = None) -> dict[str, Any] | None:
+    """Run one plan on this rank with the point-to-point ``policy`` (default: the backend's) and tensors on
+    ``device`` (CPU by default); rank 0 returns the result (None elsewhere)."""
+    policy = policy or default_policy(backend)
+    device = device or torch.device("cpu")
+    cuda = device.type == "cuda"
     sched = plan.validate(world)
     layout = Layout(plan.pipeline, plan.data, plan.tensor)
     emulator = None
@@ -52,18 +67,28 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         emulator = Emulator(plan, plan.compute_schedule(), plan.emulate, plan.cluster)
     tied = bool(tied_parameters(plan.config)) and emulator is None
     groups = make_groups(sched, layout, rank, tied)
-    warm_up(rank, world)
+    warm_up(rank, world, device)
+    warm_up_pairs(rank, neighbour_pairs(sched, lambda d, p: [(layout.rank(d, w, k), layout.rank(p, w, k))
+                                                              for w in range(layout.W) for k in range(layout.t)]),
+                  device)
     torch.manual_seed(plan.seed)
-    rt = RankRuntime(plan, sched, rank, groups, emulator)
+    rt = RankRuntime(plan, sched, rank, groups, emulator, policy, device)
     records = []
+    peak: int | None = None
     for it in range(plan.warmup + plan.iterations):
         dist.barrier()
         if fault and it == 0:
             raise InjectedFault(f"injected fault on rank {rank}")
+        measured = it >= plan.warmup
+        if cuda and measured:
+            torch.cuda.reset_peak_memory_stats(device)
         records.append(rt.iteration(it))
+        if cuda and measured:
+            peak = max(peak or 0, torch.cuda.max_memory_allocated(device))
     payload: dict[str, Any] = {
-        "rank": rank, "device": rt.device, "data": rt.data_copy, "tensor": rt.tp, "records": records,
-        "peak_alive": rt.peak_alive, "peak_memory": None, "version_log": rt.version_log,
+        "rank": rank, "host": socket.gethostname(), "device": rt.device, "data": rt.data_copy, "tensor": rt.tp,
+        "records": records,
+        "peak_alive": rt.peak_alive, "peak_memory": peak, "version_log": rt.version_log,
         "weight_versions": {str(k): v.max_alive for k, v in rt.stash.items()},
     }
     if check and emulator is None:
@@ -73,7 +98,8 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     result = None
     if rank == 0:
         assert gathered is not None
-        result = {"plan": plan.to_dict(), "schedule": sched.name, "world_size": world,
+        result = {"plan": plan.to_dict(), "schedule": sched.name, "world_size": world, "backend": backend,
+                  "p2p": policy,
                   "measured": summarize(gathered, plan.warmup, emulator is not None),
                   "emulated": emulator is not None}
         if emulator is not None:
@@ -113,14 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(spec["workdir"])
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = str(spec.get("backend", "gloo"))
     try:
         torch.set_num_threads(int(spec.get("threads", 1)))
-        dist.init_process_group(spec.get("backend", "gloo"), timeout=timedelta(seconds=float(spec["timeout"])))
+        device = torch.device("cpu")
+        if backend == "nccl":  # one GPU per local rank, chosen before the communicators exist
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=timedelta(seconds=float(spec["timeout"])))
         results = []
         for i, pd in enumerate(spec["plans"]):
             fault = spec.get("fault_rank") == rank and spec.get("fault_plan", 0) == i
             results.append(run_plan(RunPlan.from_dict(pd), rank, world, check=bool(spec.get("check")),
-                                    fault=fault, with_trace=bool(spec.get("trace"))))
+                                    fault=fault, with_trace=bool(spec.get("trace")), backend=backend,
+                                    policy=spec.get("p2p"), device=device))
         if rank == 0:
             write_json_atomic(str(workdir / "result.json"), {"runs": results})
         dist.barrier()

@@ -78,3 +78,69 @@ def test_cli_refuses_bad_plan_before_launch(tmp_path) -> None:  # type: ignore[n
     assert not (tmp_path / "r.json").exists()
     res = CliRunner().invoke(app, ["run", "--schedule", "interleaved", "-D", "2", "-N", "3", "--chunks", "2"])
     assert res.exit_code == 2 and "error: schedule" in res.output
+
+
+def test_cli_multi_node_options_are_checked_before_launch() -> None:
+    run = ["run", "-s", "1f1b", "-D", "2", "-N", "4", "-W", "2"]  # 4 processes
+    res = CliRunner().invoke(app, [*run, "--nnodes", "3", "--rdzv-endpoint", "localhost:29500"])
+    assert res.exit_code == 2 and "needs D*W*t = 4 processes, which 3 node(s) x 1 process(es)" in res.output
+    res = CliRunner().invoke(app, [*run, "--nnodes", "2", "--nproc-per-node", "3", "--rdzv-endpoint", "h:1"])
+    assert res.exit_code == 2 and "--nproc-per-node be 4/--nnodes" in res.output
+    res = CliRunner().invoke(app, [*run, "--nnodes", "2"])
+    assert res.exit_code == 2 and "needs --rdzv-endpoint host:port" in res.output
+    res = CliRunner().invoke(app, [*run, "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"])
+    assert res.exit_code == 2 and "--node-rank must be in 0..1" in res.output
+
+
+def test_torchrun_placement() -> None:
+    from executor.launch import torchrun_args
+
+    assert torchrun_args(4) == ["--standalone", "--nproc-per-node=4"]
+    args = torchrun_args(2, 2, 1, "node0:29500", "job7", join_timeout=60)
+    assert "--nnodes=2" in args and "--node-rank=1" in args and "--rdzv-backend=c10d" in args
+    assert "--rdzv-endpoint=node0:29500" in args and "--rdzv-id=job7" in args and "--standalone" not in args
+    with pytest.raises(ValueError, match="rendezvous endpoint"):
+        torchrun_args(2, 2, 0, None)
+
+
+def test_records_of_other_hosts_move_onto_rank_0_clock() -> None:
+    """Clocks of different machines are unrelated: each iteration of a remote rank starts with rank 0's."""
+    from executor.trace import summarize
+
+    def payload(rank: int, host: str, t0: float) -> dict:  # type: ignore[type-arg]
+        recs = [[("0F0", "F", t0 + it, t0 + it + 0.1), ("STEP", "STEP", t0 + it + 0.1, t0 + it + 0.2)]
+                for it in range(2)]
+        return {"rank": rank, "host": host, "device": rank, "data": 0, "tensor": 0, "records": recs,
+                "peak_alive": 1, "peak_memory": None}
+
+    m = summarize([payload(0, "a", 100.0), payload(1, "a", 100.05), payload(2, "b", 5000.0)], 0, False)
+    assert m["iteration_times"] == pytest.approx([0.25, 0.25])  # host b shifted, host a's offset kept
+
+
+def test_cuda_clock_places_events_on_the_host_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The arithmetic of the GPU timing (events faked: no GPU here): start + elapsed time from the base event."""
+    import torch
+
+    from executor import interpreter
+
+    ticks = iter([0.0, 1.5, 4.0])  # milliseconds at which the base event and two stamps are reached
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = next(ticks)
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return other.t - self.t
+
+    monkeypatch.setattr(interpreter.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(interpreter.torch.cuda, "synchronize", lambda device=None: None)
+    clock = interpreter.CudaClock(torch.device("cuda", 0))
+    clock.begin()
+    start, end = clock.stamp(), clock.stamp()
+    [(name, kind, s, e)] = clock.resolve([("0F0", "F", start, end)])
+    assert (name, kind) == ("0F0", "F")
+    assert s - clock.t0 == pytest.approx(0.0015) and e - clock.t0 == pytest.approx(0.004)

@@ -1,11 +1,15 @@
 """Multi-process executor tests (CPU, gloo, tiny GPT in float64): every synchronous schedule gives, after one
-step, the parameters of plain single-process training on the same global batch. Few launches: each runs
-many plans in sequence on the same process group (torchrun --standalone, see executor.launch)."""
+step, the parameters of plain single-process training on the same global batch -- with the default (prefetch)
+and the NCCL (grouped) posting policies, on one node and on two. Few launches: each runs many plans in
+sequence on the same process group (torchrun --standalone, or a c10d rendezvous; see executor.launch)."""
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -67,6 +71,16 @@ PLANS_4 = {
 }
 
 
+#: the grouped policy (NCCL's) on gloo: a representative subset, one launch
+PLANS_GROUPED = {
+    "1f1b D=4": P("1f1b", 4, 6),
+    "interleaved D=4 v=2": P("interleaved", 4, 4, chunks=2, model=SIX),
+    "chimera D=4 N=8 forward-doubling": P("chimera", 4, 8, concat="forward-doubling"),
+    "hanayo D=4 W=1": P("hanayo", 4, 4, waves=1, model=SIX),
+    "zb-h1 D=4": P("zb-h1", 4, 6),
+}
+
+
 @pytest.fixture(scope="module")
 def runs_2() -> dict:  # type: ignore[type-arg]
     res = launch(list(PLANS_2.values()), 2, check=True, timeout=60, trace=True)
@@ -79,6 +93,13 @@ def runs_4() -> dict:  # type: ignore[type-arg]
     return dict(zip(PLANS_4, res["runs"], strict=True))
 
 
+@pytest.fixture(scope="module")
+def runs_grouped() -> dict:  # type: ignore[type-arg]
+    res = launch(list(PLANS_GROUPED.values()), 4, check=True, timeout=60, p2p="grouped")
+    assert res is not None
+    return dict(zip(PLANS_GROUPED, res["runs"], strict=True))
+
+
 @pytest.mark.parametrize("name", [n for n in PLANS_2 if n != "pipedream"])
 def test_equals_single_process_2(runs_2, name) -> None:  # type: ignore[no-untyped-def]
     check = runs_2[name]["check"]
@@ -89,6 +110,61 @@ def test_equals_single_process_2(runs_2, name) -> None:  # type: ignore[no-untyp
 def test_equals_single_process_4(runs_4, name) -> None:  # type: ignore[no-untyped-def]
     check = runs_4[name]["check"]
     assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("name", list(PLANS_GROUPED))
+def test_grouped_policy_equals_single_process(runs_grouped, name) -> None:  # type: ignore[no-untyped-def]
+    run = runs_grouped[name]
+    assert run["p2p"] == "grouped" and run["backend"] == "gloo"
+    assert run["check"]["ok"], run["check"]["message"]
+    assert run["measured"]["peak_memory"] == [None] * 4  # CPU: no device memory figure
+
+
+def test_default_policy_is_recorded(runs_2) -> None:  # type: ignore[no-untyped-def]
+    assert runs_2["1f1b"]["p2p"] == "prefetch"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(plans: list[RunPlan], **kw: Any) -> list[Any]:
+    """Two launches of 2 processes each on this machine, as node 0 and node 1 of one c10d rendezvous."""
+    endpoint, out = f"127.0.0.1:{_free_port()}", [None, None]
+
+    def node(i: int) -> None:
+        try:
+            out[i] = launch(plans, 2, nnodes=2, node_rank=i, rdzv_endpoint=endpoint, rdzv_id="test", **kw)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            out[i] = e
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    return out
+
+
+def test_two_nodes_equal_single_process() -> None:
+    """D=2 x W=2 over two 'nodes': p2p and the data-parallel all-reduce cross them; one node gets the result."""
+    out = _two_nodes([P("1f1b", 2, 4, data=2)], check=True, timeout=60)
+    assert not [o for o in out if isinstance(o, Exception)], out
+    results = [o for o in out if o is not None]
+    assert len(results) == 1  # written on global rank 0's node only
+    run = results[0]["runs"][0]
+    assert run["world_size"] == 4 and run["check"]["ok"], run["check"]["message"]
+    assert sorted(r["rank"] for r in run["measured"]["ranks"]) == [0, 1, 2, 3]
+
+
+def test_two_nodes_dead_rank_fails_fast() -> None:
+    t = time.monotonic()
+    out = _two_nodes([P("1f1b", 2, 4, data=2)], timeout=60, fault_rank=3)
+    assert all(isinstance(o, RunFailed) for o in out), out
+    assert any("rank 3 failed: InjectedFault: injected fault on rank 3" in str(o) for o in out), out
+    assert time.monotonic() - t < 60
 
 
 def test_forward_doubling_runs_double_forwards() -> None:
