@@ -74,7 +74,10 @@ def require_read(creds: Creds, settings: SettingsDep) -> Role | None:
     return role
 
 
-DB = Annotated[Session, Depends(get_db)]
+#: committed before the response is sent (``scope="function"``): a client that got a 2xx can read what it
+#: wrote at once, and a failed commit is an error response, never a success (FastAPI's default scope
+#: for yield dependencies commits after the response: a race, seen in CI on PostgreSQL)
+DB = Annotated[Session, Depends(get_db, scope="function")]
 Admin = Depends(require_admin)
 WorkerAuth = Depends(require_worker)
 Read = Depends(require_read)

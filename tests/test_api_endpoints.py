@@ -213,3 +213,22 @@ def test_cancel_running_job_tells_the_agent(client) -> None:  # type: ignore[no-
     # failure report and release on a job not held -> 409
     r = client.post(f"/jobs/{job['id']}/fail", json={"worker_id": w["id"], "error": "x"}, headers=WAUTH)
     assert r.status_code == 409
+
+
+def test_writes_are_committed_before_the_response(client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A write is committed before its response is sent: when the commit fails the client gets an error,
+    not a 201 for something that was never stored (and what was stored stays readable)."""
+    from sqlalchemy.orm import Session
+
+    ok = client.post("/profiles", json=tiny_profile("kept"), headers=AUTH)
+    assert ok.status_code in (200, 201), ok.text
+
+    def fail(self: Session) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Session, "commit", fail)
+    r = client.post("/profiles", json=tiny_profile("lost", layers=3), headers=AUTH)
+    assert r.status_code >= 500, r.text
+    monkeypatch.undo()
+    names = [p["name"] for p in client.get("/profiles", headers=AUTH).json()]
+    assert "kept" in names and "lost" not in names
