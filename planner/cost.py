@@ -224,6 +224,10 @@ class ConfigCosts(Costs):
         nbytes = self.stages[stage].param_bytes / self.t
         return allreduce_time(self.cluster, ranks, nbytes)
 
+    def step_per_stage(self) -> list[float]:
+        """:meth:`step` of one replica of each stage."""
+        return self._step_of
+
     def step(self, device: int) -> float:
         """Optimizer step of ``device``'s stages: read and write its model state once (memory bound)."""
         per_stage = self._step_of

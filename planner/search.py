@@ -55,7 +55,7 @@ class Candidate:
     partition: list[list[int]] = field(default_factory=list)
     lower_bound: float = 0.0
     global_batch: int = 0
-    #: per device, bytes of weights, gradients and optimizer state (:meth:`Planner.model_state`)
+    #: per device, bytes of weights, gradients and optimizer state (:meth:`Planner._stage_state`)
     state: list[float] = field(default_factory=list, repr=False)
     #: its bound was raised with its merged warm-up (:meth:`Planner.refine`)
     refined: bool = False
@@ -140,6 +140,18 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
     return [{}]
 
 
+@dataclass
+class _Layout:
+    """Which (replica, stage) pairs each device of a schedule's shape holds, as ``(devices, h)`` arrays
+    (every builder gives each device the same number ``h`` of pairs), with the micro-batches per replica
+    and the in-flight counts per pair: what the per-device memory and time bounds are computed from."""
+
+    stage: np.ndarray
+    replica: np.ndarray
+    per_mb: np.ndarray  # micro-batches of each pair's replica
+    floor: np.ndarray  # in-flight micro-batches of each pair (exact or a lower bound)
+
+
 class Planner:
     """Holds the caches of one (profile, cluster, request)."""
 
@@ -157,6 +169,8 @@ class Planner:
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._mem_partitions: dict[tuple, list[tuple[int, int]] | None] = {}
         self._single_layers: dict[int, list[Any]] = {}
+        self._layer_mem: dict[int, tuple[np.ndarray, ...]] = {}
+        self._layouts: dict[int, _Layout] = {}  # id(shape) -> its layout
         self._held: dict[int, list[list[tuple[int, int]]]] = {}  # id(shape) -> stages held per device
         self._total_state = profile.total_params * request.bytes_per_param
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute) -> ConfigCosts' shared caches
@@ -198,14 +212,10 @@ class Planner:
                 self._partitions[key] = None
         return self._partitions[key]
 
-    def model_state(self, costs: ConfigCosts, device: int) -> float:
-        """Weights, gradients and optimizer state of the stage replicas ``device`` holds, plus the extra
-        weight versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering)."""
-        per_stage = self._stage_state(costs)
-        return sum(per_stage[s] for _, s in costs.held[device])
-
     def _stage_state(self, costs: ConfigCosts) -> list[float]:
-        """:meth:`model_state` of one replica of each stage, cached per (stage infos, weight versions)."""
+        """Weights, gradients and optimizer state of one replica of each stage, plus the extra weight versions
+        of asynchronous schedules (PipeDream weight stashing, 2BW double buffering), cached per (stage
+        infos, weight versions); a device holds the sum over its stage replicas."""
         sched = costs.schedule
         versions = tuple(sched.weight_versions) if not sched.synchronous else ()
         key = (id(costs.stages), costs.t, versions)
@@ -284,10 +294,11 @@ class Planner:
         shared = self._shared.setdefault(ckey, {})
         costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared,
                             layer_sums=self._layer_sums)
+        lay = self.layout(config, sched)
         skey = (id(sched), *ckey)
         state = self._state.get(skey)
         if state is None:
-            state = self._state[skey] = [self.model_state(costs, d) for d in range(config.pipeline)]
+            state = self._state[skey] = np.asarray(self._stage_state(costs))[lay.stage].sum(axis=1).tolist()
         cand.state = state
         worst = max(range(len(state)), key=lambda d: state[d])
         if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
@@ -297,10 +308,10 @@ class Planner:
             cand.memory = [s + req.memory_reserve_bytes for s in state]
             return None
         # activations: the in-flight counts of the schedule (exact, or a lower bound), before any list exists
-        floor = self.floor(config, sched)
-        if self._too_big(cand, costs, [
-                max((floor.get((r, s), 0) * costs.activation(s) for r, s in held[d]), default=0.0)
-                for d in range(config.pipeline)]):
+        act = shared.get("activation")
+        if act is None:
+            act = shared["activation"] = np.array([costs.activation(s) for s in range(sched.stages)])
+        if self._too_big(cand, costs, (lay.floor * act[lay.stage]).max(axis=1).tolist()):
             return None
         return costs
 
@@ -312,20 +323,16 @@ class Planner:
         layer's working set), and the reserve: what :meth:`evaluate` counts. None when none fits."""
         if not (sched.replicas == 1 and sched.stages == sched.devices > 1 and inflight_exact(config.schedule)):
             return None
-        key = (config.schedule, tuple(sorted(config.schedule_params().items())), sched.devices,
-               sched.microbatches, config.tensor, samples, config.recompute)
-        if key in self._mem_partitions:
-            return self._mem_partitions[key]
-        t, S = config.tensor, sched.stages
-        layers = self._layer_infos(t)
-        cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
-        state = _running([info.params * self.request.bytes_per_param / t for info in layers])
-        weights = _running([info.param_bytes / t for info in layers])
-        stash = _running([info.stash_bytes for info in layers])
-        first_input = np.array([info.input_bytes for info in layers] + [0.0])[:, None]
-        biggest = _range_max([info.max_layer_stash for info in layers])
         floor = self.floor(config, sched)
         versions = sched.weight_versions if not sched.synchronous else []
+        t, S = config.tensor, sched.stages
+        # what the memory model depends on: configurations that differ only in N beyond D share it
+        key = (tuple(floor.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute)
+        if key in self._mem_partitions:
+            return self._mem_partitions[key]
+        layers = self._layer_infos(t)
+        cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
+        state, weights, stash, first_input, biggest = self._layer_memory(t)
         # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows
         # (with recomputation counting the smallest stage input), covers the model. Memory only grows as a
         # stage takes more layers, so the greedy packing is the most any partition can cover.
@@ -366,12 +373,46 @@ class Planner:
         self._mem_partitions[key] = bounds
         return bounds
 
+    def _layer_memory(self, t: int) -> tuple[np.ndarray, ...]:
+        """Per-layer memory figures for :meth:`memory_partition`, cached per t: running sums of model
+        state, weights and stashed activations per sample, each layer's input per sample (a column),
+        and the largest single-layer stash per sample of every layer range."""
+        got = self._layer_mem.get(t)
+        if got is None:
+            layers = self._layer_infos(t)
+            got = self._layer_mem[t] = (
+                _running([info.params * self.request.bytes_per_param / t for info in layers]),
+                _running([info.param_bytes / t for info in layers]),
+                _running([info.stash_bytes for info in layers]),
+                np.array([info.input_bytes for info in layers] + [0.0])[:, None],
+                _range_max([info.max_layer_stash for info in layers]))
+        return got
+
     def _layer_infos(self, t: int) -> list[Any]:
         """:func:`planner.cost.stage_infos` of every single layer (what a stage's figures are sums of)."""
         got = self._single_layers.get(t)
         if got is None:
             got = self._single_layers[t] = stage_infos(self.profile, [(i, i + 1) for i in
                                                                       range(len(self.profile.layers))], t)
+        return got
+
+    def layout(self, config: Config, sched: Schedule) -> _Layout:
+        """:class:`_Layout` of ``sched``'s shape, cached."""
+        got = self._layouts.get(id(sched))
+        if got is None:
+            held = self._held.get(id(sched))
+            if held is None:
+                held = self._held[id(sched)] = sched.stages_by_device()
+            h = len(held[0])
+            if any(len(row) != h for row in held) or h == 0:
+                raise ValueError(f"{sched.name}: devices hold different numbers of stages")
+            floor = self.floor(config, sched)
+            per_mb = Counter(sched.mb_replica)
+            got = self._layouts[id(sched)] = _Layout(
+                np.array([[s for _, s in row] for row in held], dtype=np.int64),
+                np.array([[r for r, _ in row] for row in held], dtype=np.int64),
+                np.array([[per_mb[r] for r, _ in row] for row in held], dtype=float),
+                np.array([[floor.get(pair, 0) for pair in row] for row in held], dtype=float))
         return got
 
     def floor(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
@@ -494,8 +535,7 @@ class Planner:
             # a micro-batch's round trip (with a split backward, forwards and input-gradient passes: an I
             # frees what its F stored)
             chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
-            got = self._bound_terms[key] = ([a + b for a, b in zip(f, bw, strict=True)], pre_f, pre_b,
-                                            sum(f) + sum(chain))
+            got = self._bound_terms[key] = (np.add(f, bw), np.array(pre_f), np.array(pre_b), sum(f) + sum(chain))
         _, pre_f, _, round_trip = got
         lb = 0.0
         if inflight_exact(cfg.schedule):
@@ -507,13 +547,10 @@ class Planner:
             if k > 0:
                 lb = sched.microbatches * round_trip / k
         work, after = self._device_terms(sched, costs)
-        for d in range(cfg.pipeline):
-            held = costs.held[d]
-            if held:
-                lb = max(lb, min(pre_f[s] for _, s in held) + work[d] + after[d])
-        return lb
+        head = pre_f[self.layout(cfg, sched).stage].min(axis=1)
+        return max(lb, float((head + work + after).max()))
 
-    def _device_terms(self, sched: Schedule, costs: ConfigCosts) -> tuple[list[float], list[float]]:
+    def _device_terms(self, sched: Schedule, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray]:
         """Per device, a lower bound of its computation (:meth:`lower_bound`'s per-micro-batch F + B of
         the stage replicas it holds) and of what must follow its last computation: its optimizer step,
         or -- unless backwards are split -- the gradient travelling down the stages before its stages
@@ -523,16 +560,11 @@ class Planner:
                                                                                    "backward-halving"),
                                                   splits_backward(cfg.schedule))]
         split = splits_backward(cfg.schedule)
-        per_mb: Counter[int] = Counter(sched.mb_replica)
-        steps = [costs.step(d) for d in range(cfg.pipeline)]
-        step_min = min(steps)
-        work, after = [], []
-        for d in range(cfg.pipeline):
-            held = costs.held[d]
-            work.append(sum(per_mb[r] * work_of[s] for r, s in held))
-            tail = 0.0 if split or not held else min(pre_b[s] for _, s in held)
-            after.append(max(steps[d], tail + step_min))
-        return work, after
+        lay = self.layout(cfg, sched)
+        steps = np.asarray(costs.step_per_stage())[lay.stage].sum(axis=1)
+        work = (lay.per_mb * work_of[lay.stage]).sum(axis=1)
+        tail = np.zeros(len(steps)) if split else pre_b[lay.stage].min(axis=1)
+        return work, np.maximum(steps, tail + steps.min())
 
     def refine(self, cand: Candidate, costs: ConfigCosts) -> bool:
         """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
