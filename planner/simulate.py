@@ -490,6 +490,10 @@ class _ImpliedPlan:
     producer: np.ndarray
     #: every input an action takes from its own device is produced earlier in the device's list
     in_order: bool
+    #: per action, what its durations depend on: one number per distinct (device, kind, stage, replica,
+    #: span), and one action that has it (``first[signature[j]]``)
+    signature: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @classmethod
     def encode(cls, schedule: Schedule, eager: Any) -> _ImpliedPlan | None:
@@ -603,8 +607,10 @@ class _ImpliedPlan:
             here, end = allreduce_points(schedule, d, eager_set, held[d])
             eager_at.append(here)
             at_end.append(end)
+        key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
+        _, first, signature = np.unique(key, return_index=True, return_inverse=True)
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
-                   producer, bool(in_order))
+                   producer, bool(in_order), signature.reshape(-1), first)
 
 
 def starts_of(sizes: np.ndarray) -> np.ndarray:
@@ -632,36 +638,34 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
 
     cost = _memoised_durations()
 
-    # per action: duration, duration of its send (None: it sends nothing), change of alive activations
-    dur = [0.0] * n
-    send_dur: list[float | None] = [None] * n
-    delta = [0.0] * n
-    is_f = [a.kind == F for a in acts]
+    # per action: duration, duration of its send (-1: it sends nothing), change of alive activations;
+    # computed once per distinct signature (device, kind, stage, replica, span) and spread with numpy
+    dev_of = np.repeat(np.arange(D), [len(ids) for ids in rows])
+    m = len(plan.first)
+    u_dur, u_send, u_delta = np.zeros(m), np.full(m, -1.0), np.zeros(m)
     weight: dict[int, float] = {}
+    for u, j in enumerate(plan.first.tolist()):
+        k, s, _, r, span, _ = acts[j]
+        d = int(dev_of[j])
+        u_dur[u] = cost((k, s, span, d), costs.compute, k, s, span, d)
+        if k != W:
+            w = weight.get(s)
+            if w is None:
+                w = weight[s] = float(costs.activation(s))
+            u_delta[u] = w * span if k == F else -w
+        p = peer[j]
+        if p >= 0:
+            sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
+            u_send[u] = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
+    sig = plan.signature
+    dur: list[float] = u_dur[sig].tolist()
+    send_dur: list[float] = u_send[sig].tolist()
+    delta: list[float] = u_delta[sig].tolist()
+    is_f = [a[0] == F for a in acts]
     eager_after: dict[int, list[tuple[int, int]]] = {}  # global number -> all-reduces posted after it
     for d, ids in enumerate(rows):
         for i, keys in plan.eager_at[d].items():
             eager_after[ids[i]] = keys
-        memo: dict[tuple[str, int, int, int], tuple[float, float, float | None]] = {}
-        for j in ids:
-            k, s, _, r, span, _ = acts[j]
-            key = (k, s, r, span)
-            v = memo.get(key)
-            if v is None:
-                du = cost((k, s, span, d), costs.compute, k, s, span, d)
-                dl = 0.0
-                if k != W:
-                    w = weight.get(s)
-                    if w is None:
-                        w = weight[s] = float(costs.activation(s))
-                    dl = w * span if k == F else -w
-                sd = None
-                p = peer[j]
-                if p >= 0:
-                    sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
-                    sd = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
-                v = memo[key] = (du, dl, sd)
-            dur[j], delta[j], send_dur[j] = v
 
     comm_busy = [0.0] * D
     ars = _AllReduces(sched.placement, D, lambda s_, r_, d_: cost((ALLREDUCE, s_, r_), costs.allreduce, s_, r_, d_),
@@ -729,7 +733,7 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
                     if end >= last_end:
                         last_end, last_node = end, j
                     sd = send_dur[j]
-                    if sd is not None:
+                    if sd >= 0:
                         ss = end if end > tm else tm
                         tm = ss + sd
                         send_start[j] = ss
