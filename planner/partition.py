@@ -58,7 +58,8 @@ class Partition:
         return {"bounds": [list(b) for b in self.bounds], "bottleneck": self.bottleneck}
 
 
-def _prefix(xs: Sequence[float]) -> np.ndarray:
+def prefix_sums(xs: Sequence[float]) -> np.ndarray:
+    """Running sums with a leading 0: ``out[j] - out[i]`` is the sum of ``xs[i:j]``."""
     return np.concatenate([[0.0], np.cumsum(np.asarray(xs, dtype=float))])
 
 
@@ -84,9 +85,9 @@ def balanced_partition(cost: Sequence[float], stages: int,
         raise PartitionError(f"cannot cut {L} layers into {stages} non-empty stages")
     if any(c < 0 or not math.isfinite(c) for c in cost):
         raise PartitionError("layer costs must be finite and >= 0")
-    pc = _prefix(cost)
+    pc = prefix_sums(cost)
     if memory is not None:
-        pm = _prefix(memory)
+        pm = prefix_sums(memory)
         caps = [float(capacity)] * stages if isinstance(capacity, (int, float)) else (
             list(capacity) if capacity is not None else [math.inf] * stages)
         scale = list(memory_scale) if memory_scale is not None else [1.0] * stages
@@ -198,7 +199,7 @@ def pipedream_partition(layer_time: Sequence[float], comm_time: Sequence[float],
     L, M = len(layer_time), machines
     if L < 1 or M < 1:
         raise PartitionError("need at least one layer and one machine")
-    pt = _prefix(layer_time)
+    pt = prefix_sums(layer_time)
     sync = sync_time or (lambda i, j, m: 0.0)
 
     def T(i: int, j: int, m: int) -> float:

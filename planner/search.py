@@ -31,7 +31,7 @@ import numpy as np
 
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form, stage_infos
-from planner.partition import PartitionError, balanced_partition
+from planner.partition import PartitionError, balanced_partition, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.schedules import BUILDERS, build, inflight, inflight_exact, shape, splits_backward
@@ -147,7 +147,6 @@ class _Layout:
     and the in-flight counts per pair: what the per-device memory and time bounds are computed from."""
 
     stage: np.ndarray
-    replica: np.ndarray
     per_mb: np.ndarray  # micro-batches of each pair's replica
     floor: np.ndarray  # in-flight micro-batches of each pair (exact or a lower bound)
 
@@ -288,12 +287,9 @@ class Planner:
         what the costs share with other configurations (t, stages, samples, recomputation, partition)."""
         config, req = cand.config, self.request
         cand.partition = [list(x) for x in bounds]
-        held = self._held.get(id(sched))
-        if held is None:
-            held = self._held[id(sched)] = sched.stages_by_device()
         shared = self._shared.setdefault(ckey, {})
-        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=held, shared=shared,
-                            layer_sums=self._layer_sums)
+        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds, held=self.held(sched),
+                            shared=shared, layer_sums=self._layer_sums)
         lay = self.layout(config, sched)
         skey = (id(sched), *ckey)
         state = self._state.get(skey)
@@ -330,13 +326,12 @@ class Planner:
         key = (tuple(floor.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute)
         if key in self._mem_partitions:
             return self._mem_partitions[key]
-        layers = self._layer_infos(t)
         cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
         state, weights, stash, first_input, biggest = self._layer_memory(t)
         # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows
         # (with recomputation counting the smallest stage input), covers the model. Memory only grows as a
         # stage takes more layers, so the greedy packing is the most any partition can cover.
-        L, start = len(layers), 0
+        L, start = len(self.profile.layers), 0
         min_input = float(first_input.min())
         for k in range(S):
             live = floor.get((0, k), 0) * samples
@@ -346,10 +341,9 @@ class Planner:
                 need = need + live * min_input + biggest[start, start:] * samples
             else:
                 need = need + live * (stash[start:] - stash[start])
-            room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]
-            if room.size == 0 or (room[-1] + 1 < L - start - (S - k - 1) and k == S - 1):
-                self._mem_partitions[key] = None
-                return None
+            room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]  # leave a layer per later stage
+            if room.size == 0:
+                break
             start += int(room[-1]) + 1
         if start < L:
             self._mem_partitions[key] = None
@@ -381,9 +375,9 @@ class Planner:
         if got is None:
             layers = self._layer_infos(t)
             got = self._layer_mem[t] = (
-                _running([info.params * self.request.bytes_per_param / t for info in layers]),
-                _running([info.param_bytes / t for info in layers]),
-                _running([info.stash_bytes for info in layers]),
+                prefix_sums([info.params * self.request.bytes_per_param / t for info in layers]),
+                prefix_sums([info.param_bytes / t for info in layers]),
+                prefix_sums([info.stash_bytes for info in layers]),
                 np.array([info.input_bytes for info in layers] + [0.0])[:, None],
                 _range_max([info.max_layer_stash for info in layers]))
         return got
@@ -396,13 +390,18 @@ class Planner:
                                                                       range(len(self.profile.layers))], t)
         return got
 
+    def held(self, sched: Schedule) -> list[list[tuple[int, int]]]:
+        """Per device of ``sched``'s shape, the (replica, stage) pairs it holds, cached."""
+        got = self._held.get(id(sched))
+        if got is None:
+            got = self._held[id(sched)] = sched.stages_by_device()
+        return got
+
     def layout(self, config: Config, sched: Schedule) -> _Layout:
         """:class:`_Layout` of ``sched``'s shape, cached."""
         got = self._layouts.get(id(sched))
         if got is None:
-            held = self._held.get(id(sched))
-            if held is None:
-                held = self._held[id(sched)] = sched.stages_by_device()
+            held = self.held(sched)
             h = len(held[0])
             if any(len(row) != h for row in held) or h == 0:
                 raise ValueError(f"{sched.name}: devices hold different numbers of stages")
@@ -410,7 +409,6 @@ class Planner:
             per_mb = Counter(sched.mb_replica)
             got = self._layouts[id(sched)] = _Layout(
                 np.array([[s for _, s in row] for row in held], dtype=np.int64),
-                np.array([[r for r, _ in row] for row in held], dtype=np.int64),
                 np.array([[per_mb[r] for r, _ in row] for row in held], dtype=float),
                 np.array([[floor.get(pair, 0) for pair in row] for row in held], dtype=float))
         return got
@@ -519,24 +517,7 @@ class Planner:
         last -- the gradient of its last backward travelling down the stages before it followed by the
         smallest step of any device, whichever is longer."""
         cfg = costs.config
-        S = sched.stages
-        doubled = cfg.concat in ("forward-doubling", "backward-halving")
-        split = splits_backward(cfg.schedule)
-        key = (id(costs.stages), doubled, split)
-        got = self._bound_terms.get(key)
-        if got is None:
-            f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
-            bw = [costs.bwd(s) for s in range(S)]
-            pre_f = [0.0] * S
-            pre_b = [0.0] * S
-            for s in range(1, S):
-                pre_f[s] = pre_f[s - 1] + f[s - 1]
-                pre_b[s] = pre_b[s - 1] + bw[s - 1]
-            # a micro-batch's round trip (with a split backward, forwards and input-gradient passes: an I
-            # frees what its F stored)
-            chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
-            got = self._bound_terms[key] = (np.add(f, bw), np.array(pre_f), np.array(pre_b), sum(f) + sum(chain))
-        _, pre_f, _, round_trip = got
+        _, pre_f, _, round_trip = self._terms(costs)
         lb = 0.0
         if inflight_exact(cfg.schedule):
             # Little's law: a micro-batch is alive at least for its round trip through every stage, and the
@@ -550,15 +531,31 @@ class Planner:
         head = pre_f[self.layout(cfg, sched).stage].min(axis=1)
         return max(lb, float((head + work + after).max()))
 
+    def _terms(self, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Per stage, the least F + B of one micro-batch, the forwards and the backwards of the stages before
+        it (running sums), and a micro-batch's round trip (with a split backward, forwards and
+        input-gradient passes: an I frees what its F stored); cached per stage infos and schedule kind."""
+        cfg = costs.config
+        doubled = cfg.concat in ("forward-doubling", "backward-halving")
+        split = splits_backward(cfg.schedule)
+        key = (id(costs.stages), doubled, split)
+        got = self._bound_terms.get(key)
+        if got is None:
+            S = len(costs.stages)
+            f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
+            bw = [costs.bwd(s) for s in range(S)]
+            chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
+            got = self._bound_terms[key] = (np.add(f, bw), prefix_sums(f)[:-1], prefix_sums(bw)[:-1],
+                                            sum(f) + sum(chain))
+        return got
+
     def _device_terms(self, sched: Schedule, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray]:
         """Per device, a lower bound of its computation (:meth:`lower_bound`'s per-micro-batch F + B of
         the stage replicas it holds) and of what must follow its last computation: its optimizer step,
         or -- unless backwards are split -- the gradient travelling down the stages before its stages
         and then the smallest step of any device."""
         cfg = costs.config
-        work_of, _, pre_b, _ = self._bound_terms[(id(costs.stages), cfg.concat in ("forward-doubling",
-                                                                                   "backward-halving"),
-                                                  splits_backward(cfg.schedule))]
+        work_of, _, pre_b, _ = self._terms(costs)
         split = splits_backward(cfg.schedule)
         lay = self.layout(cfg, sched)
         steps = np.asarray(costs.step_per_stage())[lay.stage].sum(axis=1)
@@ -586,17 +583,17 @@ class Planner:
         cfg, req = cand.config, self.request
         n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
         cand.costs = costs
-        if not inflight_exact(cfg.schedule):
-            if not cand.refined and self.refine(cand, costs):
-                return cand
-            sched = costs.schedule = self.schedule(cfg, n_sched)
+        exact = inflight_exact(cfg.schedule)
+        if not exact and not cand.refined and self.refine(cand, costs):
+            return cand
+        sched = costs.schedule = self.schedule(cfg, n_sched)
+        if not exact:
             # activations before simulating: the in-flight counts depend on the list order alone, so the
             # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
             counts = self.inflight(sched)
             if self._too_big(cand, costs, [max((c * costs.activation(s) for s, c in counts[d].items()),
                                                 default=0.0) for d in range(cfg.pipeline)]):
                 return cand
-        sched = costs.schedule = self.schedule(cfg, n_sched)
         key = id(sched)
         if key not in self._compiled:
             self._compiled[key] = compile_schedule(sched)
@@ -759,11 +756,6 @@ class Planner:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
                           simulated=simulated, considered=considered)
-
-
-def _running(xs: list[float]) -> np.ndarray:
-    """Running sums with a leading 0: ``out[j] - out[i]`` is the sum over ``[i, j)``."""
-    return np.concatenate(([0.0], np.cumsum(xs)))
 
 
 def _range_max(xs: list[float]) -> np.ndarray:

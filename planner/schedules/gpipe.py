@@ -23,7 +23,7 @@ def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
 
 
 def build(devices: int, microbatches: int) -> Schedule:
-    check_positive(devices=devices, microbatches=microbatches)
-    acts = [[Action(F, s, m) for m in range(microbatches)] + [Action(B, s, m) for m in range(microbatches)]
-            for s in range(devices)]
-    return linear_schedule("gpipe", devices, microbatches, acts, {})
+    sched = shape(devices, microbatches)
+    sched.actions = [[Action(F, s, m) for m in range(microbatches)] + [Action(B, s, m) for m in range(microbatches)]
+                     for s in range(devices)]
+    return sched

@@ -320,8 +320,7 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines:
     return [list(row) for row in out]
 
 
-def inflight_floor(depth: int, pipelines: Sequence[tuple[int, Sequence[Sequence[int]], float]]
-                   ) -> dict[tuple[int, int], int]:
+def inflight_floor(depth: int, pipelines: Pipelines) -> dict[tuple[int, int], int]:
     """Per (replica, stage), micro-batches whose activations are certainly alive at once in the merged
     schedule, known without merging: each (replica, stage, unit) list keeps its 1F1B order, in which
     ``min(depth-1-s, n) + 1`` forward groups precede the first backward, and forwards of other units

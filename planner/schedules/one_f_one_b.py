@@ -45,6 +45,6 @@ def stage_order(stage: int, depth: int, microbatches: int, kind_b: str = B) -> l
 
 
 def build(devices: int, microbatches: int) -> Schedule:
-    check_positive(devices=devices, microbatches=microbatches)
-    acts = [stage_order(s, devices, microbatches) for s in range(devices)]
-    return linear_schedule("1f1b", devices, microbatches, acts, {})
+    sched = shape(devices, microbatches)
+    sched.actions = [stage_order(s, devices, microbatches) for s in range(devices)]
+    return sched
