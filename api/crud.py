@@ -62,28 +62,42 @@ def add_profile(db: Session, profile: ModelProfile) -> tuple[Profile, bool]:
     return row, True
 
 
-def list_profiles(db: Session, name: str | None, device: str | None, limit: int, offset: int) -> list[Profile]:
-    q = select(Profile).order_by(Profile.id)
+def _listed(db: Session, model: Any, name: str | None, device: str | None, limit: int, offset: int) -> list[Any]:
+    """Rows of a versioned input table (profiles, clusters) by id, filtered by name and device."""
+    q = select(model).order_by(model.id)
     if name is not None:
-        q = q.where(Profile.name == name)
+        q = q.where(model.name == name)
     if device is not None:
-        q = q.where(Profile.device == device)
+        q = q.where(model.device == device)
     return list(db.scalars(q.limit(limit).offset(offset)))
 
 
-def get_profile(db: Session, profile_id: int) -> Profile:
-    row = db.get(Profile, profile_id)
+def _got(db: Session, model: Any, what: str, row_id: int) -> Any:
+    row = db.get(model, row_id)
     if row is None:
-        raise NotFound(f"profile {profile_id} not found")
+        raise NotFound(f"{what} {row_id} not found")
     return row
 
 
-def delete_profile(db: Session, profile_id: int) -> None:
-    row = get_profile(db, profile_id)
-    used = db.scalar(select(func.count()).select_from(PlanRequest).where(PlanRequest.profile_id == profile_id))
+def _delete_unused(db: Session, model: Any, what: str, used_by: Any, row_id: int) -> None:
+    """Delete an input row unless a plan refers to it (``used_by``: the plan column naming it)."""
+    row = _got(db, model, what, row_id)
+    used = db.scalar(select(func.count()).select_from(PlanRequest).where(used_by == row_id))
     if used:
-        raise Conflict(f"profile {profile_id} is used by {used} plan(s); delete is refused to keep them valid")
+        raise Conflict(f"{what} {row_id} is used by {used} plan(s); delete is refused to keep them valid")
     db.delete(row)
+
+
+def list_profiles(db: Session, name: str | None, device: str | None, limit: int, offset: int) -> list[Profile]:
+    return _listed(db, Profile, name, device, limit, offset)
+
+
+def get_profile(db: Session, profile_id: int) -> Profile:
+    return _got(db, Profile, "profile", profile_id)
+
+
+def delete_profile(db: Session, profile_id: int) -> None:
+    _delete_unused(db, Profile, "profile", PlanRequest.profile_id, profile_id)
 
 
 def add_cluster(db: Session, cluster: Cluster, max_gpus: int) -> tuple[ClusterRow, bool]:
@@ -103,27 +117,15 @@ def add_cluster(db: Session, cluster: Cluster, max_gpus: int) -> tuple[ClusterRo
 
 
 def list_clusters(db: Session, name: str | None, device: str | None, limit: int, offset: int) -> list[ClusterRow]:
-    q = select(ClusterRow).order_by(ClusterRow.id)
-    if name is not None:
-        q = q.where(ClusterRow.name == name)
-    if device is not None:
-        q = q.where(ClusterRow.device == device)
-    return list(db.scalars(q.limit(limit).offset(offset)))
+    return _listed(db, ClusterRow, name, device, limit, offset)
 
 
 def get_cluster(db: Session, cluster_id: int) -> ClusterRow:
-    row = db.get(ClusterRow, cluster_id)
-    if row is None:
-        raise NotFound(f"cluster {cluster_id} not found")
-    return row
+    return _got(db, ClusterRow, "cluster", cluster_id)
 
 
 def delete_cluster(db: Session, cluster_id: int) -> None:
-    row = get_cluster(db, cluster_id)
-    used = db.scalar(select(func.count()).select_from(PlanRequest).where(PlanRequest.cluster_id == cluster_id))
-    if used:
-        raise Conflict(f"cluster {cluster_id} is used by {used} plan(s); delete is refused to keep them valid")
-    db.delete(row)
+    _delete_unused(db, ClusterRow, "cluster", PlanRequest.cluster_id, cluster_id)
 
 
 # ---- plans ----------------------------------------------------------------------------------------------
