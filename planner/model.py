@@ -1,0 +1,159 @@
+"""One description of a transformer model, read by every part that needs a model's shape.
+
+The analytical profile (:mod:`planner.analytic`), the operator-level cost model and the executor's model
+builder all read a :class:`ModelSpec`; presets are defined once, in :data:`PRESETS`. Torch-free and
+transformers-free (a Hugging Face ``config.json`` is turned into a ``ModelSpec`` at the edge).
+
+Symbols (Megatron-LM SC'21 appendix; Llama 2/3 papers): ``l`` layers, ``h`` hidden, ``a`` query heads,
+``k`` key/value heads (grouped-query attention, Ainslie et al. 2023; ``k == a`` is multi-head attention),
+``d`` head dimension (``h / a`` unless stated), ``f`` MLP intermediate size (``4h`` for GPT-2/3),
+``V`` vocabulary, ``s`` sequence length.
+
+Parameters per layer:
+
+* attention: ``h (a d) + 2 h (k d) + (a d) h`` weights (Q, K, V, output), plus ``a d + 2 k d + h`` biases
+  when the model has biases (GPT-2/3, BERT; Llama has none);
+* MLP: ``2 h f`` weights (up, down), ``3 h f`` with a gated MLP (SwiGLU, Shazeer 2020: gate, up, down),
+  plus ``f + h`` biases (up and down) when the model has biases;
+* norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm.
+
+With GPT-2 shapes (``k = a``, ``d = h/a``, ``f = 4h``, biases, LayerNorm) that is ``12 h^2 + 13 h``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelSpec(BaseModel):
+    """Shape of a transformer language model (decoder, GPT/Llama-style, or encoder, BERT-style)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    architecture: Literal["decoder", "encoder"] = "decoder"
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0, description="query heads")
+    kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); default: heads")
+    head_dim: int | None = Field(default=None, gt=0, description="default: hidden / heads")
+    ffn_hidden: int | None = Field(default=None, gt=0, description="MLP intermediate size; default: 4 hidden")
+    gated_mlp: bool = Field(default=False, description="SwiGLU-style gate, up and down projections")
+    activation: Literal["gelu", "silu", "relu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rotary", "none"] = "learned"
+    tied_embeddings: bool = True
+    bias: bool = Field(default=True, description="linear layers carry biases (GPT-2/3, BERT)")
+    vocab: int = Field(gt=0)
+    seq: int = Field(gt=0, description="sequence length trained with")
+    source: str = Field(default="", description="where the figures come from")
+
+    @model_validator(mode="after")
+    def _defaults(self) -> ModelSpec:
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}) "
+                                 "unless head_dim is given")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.heads % self.kv_heads:  # type: ignore[operator]
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        return self
+
+    # ---- derived sizes (all resolved by the validator) ----------------------------------------
+    @property
+    def d(self) -> int:
+        return int(self.head_dim)  # type: ignore[arg-type]
+
+    @property
+    def k(self) -> int:
+        return int(self.kv_heads)  # type: ignore[arg-type]
+
+    @property
+    def f(self) -> int:
+        return int(self.ffn_hidden)  # type: ignore[arg-type]
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): ``a d``."""
+        return self.heads * self.d
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): ``k d``."""
+        return self.k * self.d
+
+    @property
+    def encoder(self) -> bool:
+        return self.architecture == "encoder"
+
+    def attention_params(self) -> int:
+        h = self.hidden
+        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        return weights + ((self.q_dim + 2 * self.kv_dim + h) if self.bias else 0)
+
+    def mlp_params(self) -> int:
+        h, f = self.hidden, self.f
+        weights = (3 if self.gated_mlp else 2) * h * f
+        return weights + ((f + h) if self.bias else 0)
+
+    def norm_params(self) -> int:
+        """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer (two norms)."""
+        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+
+    def embedding_params(self) -> int:
+        """Word embedding ``V h`` plus learned positions ``s h``."""
+        return self.vocab * self.hidden + (self.seq * self.hidden if self.position == "learned" else 0)
+
+    def head_params(self) -> int:
+        """Final norm plus the output projection ``V h`` (a copy of the embedding when tied)."""
+        return self.norm_params() + self.vocab * self.hidden
+
+    def total_params(self) -> int:
+        """Parameters of the model, a tied head counted once."""
+        head = self.norm_params() if self.tied_embeddings else self.head_params()
+        return self.embedding_params() + self.layers * self.layer_params() + head
+
+    def with_(self, **changes: object) -> ModelSpec:
+        """A validated copy with some fields changed (e.g. fewer layers for profiling)."""
+        return ModelSpec.model_validate({**self.model_dump(), **changes})
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str,
+         encoder: bool = False) -> ModelSpec:
+    return ModelSpec(name=name, architecture="encoder" if encoder else "decoder", layers=layers, hidden=hidden,
+                     heads=heads, seq=seq, vocab=vocab, source=source)
+
+
+#: every named model, defined once (the analytical profiles, the executor's zoo and the API seed read it)
+PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
+    _gpt("gpt-tiny", 4, 64, 4, 32, 256, "small model for tests and CPU profiling"),
+    _gpt("bert-tiny", 4, 64, 4, 32, 256, "small model for tests and CPU profiling", encoder=True),
+    _gpt("gpt2-medium", 24, 1024, 16, 1024, 50257, "GPT-2 medium (Radford et al. 2019)"),
+    _gpt("gpt2-1.3b", 48, 1536, 16, 632, 50257,
+         "Chimera (SC'21) section 4, 'GPT-2 1.3B', sequence 632; its table of shapes is lost from our "
+         "transcription: 48 layers (it runs D = 32) of hidden 1536 give 1.36B parameters outside the embedding"),
+    _gpt("bert-48", 48, 1024, 16, 128, 30522, "Chimera (SC'21) section 4: Bert-48, sequence 128", encoder=True),
+    _gpt("gpt3-175b", 96, 12288, 96, 2048, 51200, "GPT-3 (Brown et al. 2020, Table 2.1); Megatron-LM Table 1"),
+    _gpt("hanayo-bert", 64, 2560, 64, 512, 30522,
+         "Hanayo (SC'23) section 5; sequence and vocabulary not stated (BERT's 512 / 30522 assumed)", encoder=True),
+    _gpt("hanayo-gpt", 128, 1024, 16, 1024, 50257,
+         "Hanayo (SC'23) section 5; sequence and vocabulary not stated (1024 / GPT-2's 50257 assumed)"),
+)}
+
+
+def get_model(name: str) -> ModelSpec:
+    """A preset by name; the error names the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; presets: {', '.join(sorted(PRESETS))}") from None
