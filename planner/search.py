@@ -34,7 +34,8 @@ from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form, stage_i
 from planner.partition import PartitionError, balanced_partition, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
-from planner.schedules import BUILDERS, build, inflight, inflight_exact, shape, splits_backward
+from planner.runspec import RunSpec, schedule_microbatches, schedule_samples
+from planner.schedules import BACKWARD_HALVING, BUILDERS, build, inflight, inflight_exact, shape, splits_backward
 from planner.schedules.ir import Action, Schedule
 from planner.simulate import ScheduleError, SimResult, compile_schedule, simulate
 
@@ -62,9 +63,18 @@ class Candidate:
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
+    @property
+    def run_spec(self) -> RunSpec:
+        """What the executor runs (:class:`planner.runspec.RunSpec`)."""
+        return RunSpec(config=self.config, microbatches=self.microbatches,
+                       partition=[(a, b) for a, b in self.partition])
+
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        """The candidate document: ``run_spec`` (what to run) and, flat beside it for reading, the
+        configuration's fields and the predicted figures."""
         c = self.config
         out: dict[str, Any] = {
+            "run_spec": self.run_spec.model_dump(mode="json"),
             "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
             "microbatches": self.microbatches, "global_batch": self.global_batch, "label": c.label(),
@@ -129,7 +139,7 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
             if recompute:
                 out.append({"pipelines": f, "concat": "forward-doubling"})
             elif b % 2 == 0:
-                out.append({"pipelines": f, "concat": "backward-halving"})
+                out.append({"pipelines": f, "concat": BACKWARD_HALVING})
         return out
     if name == "hanayo":
         return [{"waves": w} for w in (1, 2, 4) if 2 * w * D <= layers]
@@ -245,7 +255,7 @@ class Planner:
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
-        n_sched = 2 * N if config.concat == "backward-halving" else N
+        n_sched = schedule_microbatches(config, N)
         try:
             sched = self.schedule(config, n_sched, full=False)
         except ValueError as e:
@@ -259,7 +269,7 @@ class Planner:
                            f"copies over {config.tensor * config.pipeline} GPUs need {_gib(avg)} per device on "
                            f"average + reserve, {_gib(over)} over {_gib(self.cluster.memory_bytes)}")
             return cand, None
-        samples = b / 2 if config.concat == "backward-halving" else b
+        samples = schedule_samples(config)
         bounds = self.partition(sched.stages, samples, config.recompute)
         if bounds is None:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
@@ -566,7 +576,7 @@ class Planner:
     def refine(self, cand: Candidate, costs: ConfigCosts) -> bool:
         """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
         or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`prefix_bound`)."""
-        n_sched = 2 * cand.microbatches if cand.config.concat == "backward-halving" else cand.microbatches
+        n_sched = schedule_microbatches(cand.config, cand.microbatches)
         cand.refined = True
         rejected, warmup = self.too_big_before_merge(cand, costs, n_sched)
         if rejected:
@@ -581,7 +591,7 @@ class Planner:
         """Simulate the full schedule and fill in time and memory (the breakdown comes with
         :meth:`explain`, for the candidates that are returned)."""
         cfg, req = cand.config, self.request
-        n_sched = 2 * cand.microbatches if cfg.concat == "backward-halving" else cand.microbatches
+        n_sched = schedule_microbatches(cfg, cand.microbatches)
         cand.costs = costs
         exact = inflight_exact(cfg.schedule)
         if not exact and not cand.refined and self.refine(cand, costs):

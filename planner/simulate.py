@@ -55,6 +55,7 @@ from planner.schedules.ir import (
     Schedule,
     W,
     allreduce_points,
+    builder_eager,
     eager_stages,
     lower,
     lowered_row,
@@ -190,7 +191,7 @@ def compile_schedule(schedule: Schedule) -> Any:
     (the planner's search does); it is only valid while the schedule is not modified."""
     if schedule.lowered:
         return None
-    return _ImpliedPlan.encode(schedule, _eager_param(schedule))
+    return _ImpliedPlan.encode(schedule, builder_eager(schedule))
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, compiled: Any = None) -> SimResult:
@@ -208,7 +209,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, compiled: Any = Non
         if compute is None:
             return _replay_lowered(schedule, costs)
         schedule = compute  # its lists are lower(compute)'s: time them as such
-    eager = _eager_param(schedule)
+    eager = builder_eager(schedule)
     plan = compiled if compiled is not None else _ImpliedPlan.encode(schedule, eager)
     if plan is not None:
         res = _replay_implied(plan, costs)
@@ -818,10 +819,6 @@ def _replay_implied(plan: _ImpliedPlan, costs: Costs) -> SimResult | None:
 def _num(x: float) -> float:
     return int(x) if float(x).is_integer() else x
 
-
-def _eager_param(schedule: Schedule) -> Any:
-    eager = schedule.params.get("eager", "none")
-    return "none" if eager == "auto" else eager
 
 
 def _waiting_for(sched: Schedule, d: int, a: Action, pos: list[int]) -> str:

@@ -44,6 +44,7 @@ from planner.schedules.ir import (
     I,
     Schedule,
     W,
+    builder_eager,
     lower,
 )
 from planner.simulate import (
@@ -150,7 +151,7 @@ def _check_rules(schedule: Schedule) -> None:
                 raise ScheduleError(f"device {d}: {schedule.actions[d][i]} at #{i} needs "
                                     f"{schedule.actions[d][j]}, which comes later (#{j}) on the same device")
 
-    lowered = schedule if schedule.lowered else lower(schedule, eager=_eager(schedule))
+    lowered = schedule if schedule.lowered else lower(schedule, eager=builder_eager(schedule))
     if schedule.lowered:
         _check_messages(lowered)
     simulate(lowered, UnitCosts())  # raises ScheduleError on deadlock
@@ -163,7 +164,7 @@ def _passes(schedule: Schedule) -> bool:
     I and one W per (stage, micro-batch) of the micro-batch's replica and nothing else, forward spans
     agree, same-device inputs come earlier in the list, and the replay with unit costs finishes."""
     try:
-        plan = _ImpliedPlan.encode(schedule, _eager(schedule))
+        plan = _ImpliedPlan.encode(schedule, builder_eager(schedule))
     except ValueError:
         return False
     if plan is None or not plan.in_order:
@@ -182,10 +183,6 @@ def _passes(schedule: Schedule) -> bool:
                     return False
     return _replay_implied(plan, UnitCosts()) is not None
 
-
-def _eager(schedule: Schedule) -> object:
-    e = schedule.params.get("eager", "none")
-    return "none" if e == "auto" else e
 
 
 def _check_peer(schedule: Schedule, d: int, i: int, a) -> None:  # type: ignore[no-untyped-def]
