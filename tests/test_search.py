@@ -170,13 +170,13 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
         cand, costs = planner.prepare(cfg)
         if costs is None:
             continue
-        floor = planner.floor(cfg, costs.schedule)
+        counts = planner.shapes.inflight(cfg, costs.schedule)
         warmup_bound = None
         if not inflight_exact(cfg.schedule):  # merged: the bound of its replayed warm-up too
             n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
-            rejected, warmup = planner.too_big_before_merge(cand, costs, n)
+            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
-                warmup_bound = planner.prefix_bound(cand, costs, warmup)
+                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
         planner.evaluate(cand, costs)
         if cand.simulation is None:
             continue
@@ -186,8 +186,8 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
             assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
             merged_checked += 1
         for d, dev in enumerate(cand.simulation.devices):
-            held = costs.held[d]
-            need = max((floor.get((r, s), 0) * costs.activation(s) for r, s in held), default=0.0)
+            pairs = costs.held[d]
+            need = max((counts.get((r, s), 0) * costs.activation(s) for r, s in pairs), default=0.0)
             assert need <= dev.peak_activations * (1 + 1e-9) + 1e-6, (cfg.label(), d)
     assert checked > 50 and merged_checked > 5
 
