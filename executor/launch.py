@@ -104,7 +104,7 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "torch.distributed.run", *placement,
-               "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.worker", str(spec_path)]
+               "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.rank", str(spec_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("OMP_NUM_THREADS", str(threads))

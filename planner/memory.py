@@ -19,7 +19,7 @@ import numpy as np
 from planner.candidate import Candidate, gib
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts, stage_infos
-from planner.partition import PartitionError, balanced_partition, prefix_sums
+from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 from planner.schedules import BUILDERS, inflight_exact
@@ -209,7 +209,7 @@ class MemoryModel:
             return need <= cap
 
         try:
-            bounds = balanced_partition(layer_costs, S, fits=fits).bounds
+            bounds = balance_by_cost(layer_costs, S, fits=fits).bounds
         except PartitionError:
             bounds = None
         self._partitions[key] = bounds

@@ -37,7 +37,7 @@ from planner.cost import ConfigCosts
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.explain import breakdown, closed_forms
 from planner.memory import MemoryModel
-from planner.partition import PartitionError, balanced_partition
+from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
@@ -82,7 +82,7 @@ class Planner:
         key = (stages, samples, recompute)
         if key not in self._partitions:
             try:
-                self._partitions[key] = balanced_partition(self.layer_costs(samples, recompute), stages).bounds
+                self._partitions[key] = balance_by_cost(self.layer_costs(samples, recompute), stages).bounds
             except PartitionError:
                 self._partitions[key] = None
         return self._partitions[key]

@@ -48,7 +48,7 @@ def test_other_bad_plans() -> None:
         RunPlan.direct("hanayo", 2, 4, waves=2).validate()
 
 
-def test_balanced_partition() -> None:
+def test_even_layer_split() -> None:
     assert even_layer_split(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
 
 

@@ -1,4 +1,4 @@
-"""Per-rank entry point, started by torchrun (``python -m torch.distributed.run ... -m executor.worker
+"""Per-rank entry point, started by torchrun (``python -m torch.distributed.run ... -m executor.rank
 SPEC.json``; on several nodes the same module under torchrun's rendezvous).
 
 The spec names one or more plans, run in sequence on the same process group (the tests run several
