@@ -172,6 +172,7 @@ def schedules(draw: st.DrawFn, name: str) -> Schedule:
     return build(name, D, draw(st.integers(1, 16)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())

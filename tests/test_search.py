@@ -28,6 +28,7 @@ def daint():
     return cl, profile_for("bert-48", cl, "fp32")
 
 
+@pytest.mark.slow
 def test_bert48_daint_one_f_one_b_uses_data_parallel_and_chimera_wins(daint):
     """Chimera 4.2.1 (Bert-48 on 32 Piz Daint nodes, B^ = 256): the best DAPPLE/GPipe configurations
     replicate the pipeline (W > 1), and at the same W and D (each with its best micro-batch size and
@@ -133,6 +134,7 @@ def test_cli_plan_json(tmp_path):
     assert r.exit_code == 2 and "global_batch" in r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpus,batch", [(8, 64), (16, 128)])
 def test_pruning_is_exact(daint, gpus, batch):
     """The bounds only skip what cannot reach the top k: the same ranking as simulating everything."""
@@ -150,6 +152,7 @@ def test_pruning_is_exact(daint, gpus, batch):
         assert c.lower_bound <= c.iteration_time * (1 + 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,cluster,gpus,batch", [
     ("bert-48", "piz-daint-p100-16gb.json", 16, 128),
     ("gpt2-1.3b", "dgx-a100-80gb.json", 16, 128),
