@@ -240,3 +240,66 @@ def pipedream_partition(layer_time: Sequence[float], comm_time: Sequence[float],
     bounds.reverse()
     reps.reverse()
     return PipeDreamPlan(bounds, reps, A[L][m_best], math.ceil(M / reps[0]))
+
+
+def pipedream_partition_arrays(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
+                               sync_time: np.ndarray | None = None) -> PipeDreamPlan:
+    """:func:`pipedream_partition`'s program, vectorised with numpy (the search runs it; the tests check that
+    both give the same ``slowest``). ``sync_time[m, i, j]``: the weight synchronisation time of layers
+    ``[i, j)`` replicated on ``m`` machines (shape ``(M + 1, L + 1, L + 1)``; default 0).
+
+    For each ``m`` in turn, every ``A(j, m)`` at once: ``A(i, m - m')`` is known for every ``m' >= 1``, so
+    the candidates form an array over ``(i, j, m')``, reduced by ``min`` (ties go to the smallest ``i``,
+    then ``m'``, as in the loops)."""
+    L, M = len(layer_time), machines
+    if L < 1 or M < 1:
+        raise PartitionError("need at least one layer and one machine")
+    pt = prefix_sums(layer_time)
+    span = pt[None, :] - pt[:, None]  # [i, j]: compute of layers i..j-1
+    ms = np.arange(M + 1, dtype=float)
+    ms[0] = 1.0
+    T = np.repeat(span[None, :, :], M + 1, axis=0)
+    if sync_time is not None:
+        T[2:] = np.maximum(T[2:], np.asarray(sync_time, dtype=float)[2:])
+    T = T / ms[:, None, None]  # T[m, i, j]
+    INF = math.inf
+    A = np.full((L + 1, M + 1), INF)
+    arg_i = np.zeros((L + 1, M + 1), dtype=np.int64)  # 0: one stage
+    arg_m = np.zeros((L + 1, M + 1), dtype=np.int64)
+    two_c = np.full(L + 1, INF)
+    two_c[1:L] = 2 * np.asarray(comm_time, dtype=float)[:L - 1]  # boundary before layer i
+    ii = np.arange(L + 1)
+    valid = ii[:, None] < ii[None, :]  # i < j
+    valid[0, :] = False  # i >= 1
+    for m in range(1, M + 1):
+        A[1:, m] = T[m, 0, 1:]
+        if m == 1 or L == 1:
+            continue
+        mp = np.arange(1, m)
+        sub = A[:, m - mp]  # [i, m'-1]: A(i, m - m')
+        cand = np.maximum(np.maximum(sub[:, None, :], two_c[:, None, None]),
+                          np.transpose(T[1:m], (1, 2, 0)))  # [i, j, m'-1]
+        cand = np.where(valid[:, :, None], cand, INF)
+        flat = cand.transpose(1, 0, 2).reshape(L + 1, -1)  # [j, i * (m-1) + m'-1]
+        best = flat.argmin(axis=1)
+        val = flat[np.arange(L + 1), best]
+        better = val < A[:, m]
+        A[better, m] = val[better]
+        arg_i[better, m] = best[better] // (m - 1)
+        arg_m[better, m] = best[better] % (m - 1) + 1
+    bounds: list[tuple[int, int]] = []
+    reps: list[int] = []
+    j, m = L, M
+    while True:
+        i = int(arg_i[j, m])
+        if i == 0:
+            bounds.append((0, j))
+            reps.append(m)
+            break
+        mp = int(arg_m[j, m])
+        bounds.append((i, j))
+        reps.append(mp)
+        j, m = i, m - mp
+    bounds.reverse()
+    reps.reverse()
+    return PipeDreamPlan(bounds, reps, float(A[L, M]), math.ceil(M / reps[0]))

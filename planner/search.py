@@ -37,11 +37,13 @@ from planner.cost import ConfigCosts
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.explain import breakdown, closed_forms
 from planner.memory import MemoryModel
-from planner.partition import PartitionError, balance_by_cost
+from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile
+from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
+from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache
 from planner.simulate import ScheduleError, simulate
@@ -61,10 +63,46 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
+        self.replicated = ReplicatedPlans(profile, cluster, request, self.layer_costs, self._bottleneck)
+        self._rr_bounds: dict[Config, list[tuple[int, int]]] = {}
 
     def configs(self, rejected: Counter[str]) -> list[Config]:
-        """:func:`planner.enumeration.enumerate_configs` for this model."""
-        return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
+        """:func:`planner.enumeration.enumerate_configs` for this model, then PipeDream's replicated plans
+        (:mod:`planner.replicated`) for each (t, D, W, b, recomputation) enumerated, where they can differ
+        from the uniform ones."""
+        configs = enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
+        if "1f1b-rr" not in self.request.allowed():
+            return configs
+        seen: set[tuple] = set()
+        extra: list[Config] = []
+        for c in configs:
+            key = (c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute)
+            if key in seen:
+                continue
+            seen.add(key)
+            cfg = self.replicated_config(*key)
+            if cfg is not None:
+                extra.append(cfg)
+        return configs + extra
+
+    def replicated_config(self, t: int, D: int, W: int, b: int, recompute: bool) -> Config | None:
+        """The ``1f1b-rr`` configuration of PipeDream's A(j, m) partition on ``D`` devices (None where it
+        cannot differ from a uniform plan); its layer ranges are kept for :meth:`prepare`."""
+        N = self.request.global_batch // (W * b)
+        got = self.replicated.plan(t, D, W, b, recompute, N)
+        if got is None:
+            return None
+        cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=recompute,
+                     replication=replication_label(got.replicas))
+        self._rr_bounds[cfg] = got.bounds
+        return cfg
+
+    def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
+        bounds = self.partition(stages, samples, recompute)
+        if bounds is None:
+            return None
+        pc = self.layer_costs(samples, recompute)
+        return max(sum(pc[i:j]) for i, j in bounds)
 
     # ---- the time-balanced partition --------------------------------------------------------------
     def layer_costs(self, samples: float, recompute: bool) -> list[float]:
@@ -117,7 +155,10 @@ class Planner:
                            f"average + reserve, {gib(over)} over {gib(self.cluster.memory_bytes)}")
             return cand, None
         samples = schedule_samples(config)
-        bounds = self.partition(sched.stages, samples, config.recompute)
+        if config.replication is not None:  # PipeDream's partition comes with its replication
+            bounds = self._rr_bounds.get(config) or self._rr_partition(config)
+        else:
+            bounds = self.partition(sched.stages, samples, config.recompute)
         if bounds is None:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
             return cand, None
@@ -135,6 +176,18 @@ class Planner:
                 return cand, None
         cand.lower_bound = self.bounds.lower_bound(sched, costs)
         return cand, costs
+
+    def _rr_partition(self, config: Config) -> list[tuple[int, int]] | None:
+        """Layer ranges for a ``1f1b-rr`` configuration the user names (:func:`predict`): PipeDream's when
+        its replication is the program's, else balanced across the stages by compute per replica."""
+        cfg = self.replicated_config(config.tensor, config.pipeline, config.data, config.micro_batch,
+                                     config.recompute)
+        if cfg is not None and cfg.replication == config.replication:
+            return self._rr_bounds[cfg]
+        reps = parse_replication(config.replication or "", config.pipeline)
+        if len(reps) > len(self.profile.layers):
+            return None
+        return weighted_partition(self.layer_costs(schedule_samples(config), config.recompute), reps)
 
     def _costs_fitting(self, cand: Candidate, sched: Schedule, bounds: list[tuple[int, int]],
                        ckey: tuple) -> ConfigCosts | None:
@@ -276,6 +329,28 @@ class Planner:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
                           simulated=simulated, considered=considered)
+
+
+def weighted_partition(costs: list[float], reps: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Contiguous ranges for stages of ``reps`` replicas minimising the largest per-replica work
+    ``sum(costs[i:j]) / r`` (a dynamic program over (stage, cut))."""
+    L, S = len(costs), len(reps)
+    pc = prefix_sums(costs)
+    best = np.full((S + 1, L + 1), np.inf)
+    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    span = pc[None, :] - pc[:, None]
+    span[np.tril_indices(L + 1)] = np.inf  # [i, j] with i < j only
+    for k in range(1, S + 1):
+        cand = np.maximum(best[k - 1][:, None], span / reps[k - 1])
+        arg[k] = cand.argmin(axis=0)
+        best[k] = cand.min(axis=0)
+    out, j = [], L
+    for k in range(S, 0, -1):
+        i = int(arg[k, j])
+        out.append((i, j))
+        j = i
+    return out[::-1]
 
 
 @contextmanager

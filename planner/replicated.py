@@ -1,0 +1,96 @@
+"""PipeDream's plans for the search: for a configuration's ``D`` devices per pipeline group (t, W, b and
+recomputation given), the A(j, m) partition (Harlap et al., SOSP'19, section 3.2;
+:func:`planner.partition.pipedream_partition_arrays`) with this cluster's costs, as a ``1f1b-rr``
+configuration (:mod:`planner.schedules.one_f_one_b_rr`) competing with the rest.
+
+The program's inputs, PipeDream's symbols mapped to ours:
+
+* ``T_l`` -- layer ``l``'s forward + backward at the micro-batch size (the profile, interpolated), over
+  ``t`` and the tensor-parallel efficiency (its tensor-parallel all-reduces left out: they scale every
+  transformer layer alike);
+* ``C_l`` -- the boundary activation after layer ``l`` (``b`` samples, ``1/t`` of it per tensor rank) on the
+  pipeline's link (intra-node when the group's ``D t`` GPUs fit in a node, else inter-node);
+* ``W^m`` -- the weight synchronisation of a stage replicated ``m`` times: with a flush it is one gradient
+  all-reduce per iteration among the ``m W`` copies (:func:`planner.cost.allreduce_time`, on the ranks the
+  placement gives: the stage's ``m`` devices in each of the W groups), shared by the ``N`` micro-batches;
+  in PipeDream's ``T(i -> j, m) = max(sum T_l, W^m) / m`` per micro-batch that is ``m AR / N``.
+
+Only where replication can differ from uniform plans: a replicated stage of ``m`` devices does at best
+``1/m`` of its layers' work per micro-batch, so no plan beats ``sum T_l / D`` per device, and the uniform
+plans with ``D'`` stages (``D'`` dividing ``D``, every stage ``D / D'`` times, which the search enumerates
+as ``W D / D'`` copies) reach ``U(D') D' / D`` with ``U`` the balanced partition's slowest stage. When one
+of them is within :data:`BALANCED` of the ideal, replication cannot improve the compute balance and the
+program is not run (uniform transformer stacks: balanced for some ``D'``); nor when its answer replicates
+every stage alike (that plan is a uniform one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from planner.cluster import Cluster
+from planner.cost import allreduce_time
+from planner.enumeration import divisors
+from planner.partition import PipeDreamPlan, pipedream_partition_arrays, prefix_sums
+from planner.profile import ModelProfile
+from planner.request import TrainingRequest
+
+#: how close to the ideal per-device compute a uniform plan must come for replication to be skipped
+BALANCED = 0.01
+
+
+class ReplicatedPlans:
+    """PipeDream's partitions of one search, cached per (t, D, W, b, recomputation, N)."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
+                 layer_costs: Callable[[float, bool], list[float]],
+                 uniform_bottleneck: Callable[[int, float, bool], float | None]) -> None:
+        self.profile, self.cluster, self.request = profile, cluster, request
+        self.layer_costs, self.uniform_bottleneck = layer_costs, uniform_bottleneck
+        self._plans: dict[tuple, PipeDreamPlan | None] = {}
+
+    def can_differ(self, D: int, samples: float, recompute: bool) -> bool:
+        """Whether some replicated plan can balance compute better than every uniform one (module
+        docstring)."""
+        if D < 2:
+            return False
+        ideal = sum(self.layer_costs(samples, recompute)) / D
+        for d in divisors(D):
+            u = self.uniform_bottleneck(d, samples, recompute)
+            if u is not None and u * d / D <= ideal * (1 + BALANCED):
+                return False
+        return True
+
+    def plan(self, t: int, D: int, W: int, b: int, recompute: bool, N: int) -> PipeDreamPlan | None:
+        """The A(j, m) partition of ``D`` devices, or None when it is not worth a candidate (module
+        docstring)."""
+        key = (t, D, W, b, recompute, N)
+        if key in self._plans:
+            return self._plans[key]
+        got: PipeDreamPlan | None = None
+        if self.can_differ(D, b, recompute):
+            got = self._program(t, D, W, b, recompute, N)
+            if len(set(got.replicas)) == 1:
+                got = None
+        self._plans[key] = got
+        return got
+
+    def _program(self, t: int, D: int, W: int, b: int, recompute: bool, N: int) -> PipeDreamPlan:
+        cl, prof = self.cluster, self.profile
+        eff = 1.0 if t == 1 else self.request.tensor_efficiency
+        layer_time = [c / (t * eff) for c in self.layer_costs(b, recompute)]
+        link = cl.intra if D * t <= cl.gpus_per_node else cl.inter
+        comm = [link.time(lay.output_bytes_per_sample * b / t) for lay in prof.layers]
+        L = len(prof.layers)
+        pw = prefix_sums([lay.param_bytes / t for lay in prof.layers])
+        grad_bytes = pw[None, :] - pw[:, None]  # [i, j]
+        sync = np.zeros((D + 1, L + 1, L + 1))
+        for m in range(2, D + 1):
+            ranks = [(w * D + d) * t for w in range(W) for d in range(m)]
+            one = allreduce_time(cl, ranks, 1.0)
+            slope = (allreduce_time(cl, ranks, 2.0**30) - one) / (2.0**30 - 1.0)
+            fixed = one - slope
+            sync[m] = np.where(grad_bytes > 0, fixed + slope * grad_bytes, 0.0) * m / N
+        return pipedream_partition_arrays(layer_time, comm, D, sync)
