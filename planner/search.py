@@ -43,8 +43,8 @@ from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
-from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 from planner.schedules.ir import Schedule
+from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 from planner.shapes import ScheduleCache
 from planner.simulate import ScheduleError, simulate
 

@@ -248,8 +248,9 @@ def lower(schedule: Schedule, eager: Iterable[int] | str = "none") -> Schedule:
       just before ``F(s+1, m)`` on that device: ``RECV_F(s+1, m) <- dev(s)``. Gradients likewise:
       after ``B``/``I`` of stage ``s`` a ``SEND_B`` to ``dev(s-1)``, and a ``RECV_B`` before the
       ``B``/``I`` of stage ``s-1``. A multi-micro-batch forward sends one message.
-    * One ``ALLREDUCE(replica, stage)`` for every stage copy the device holds (:meth:`Schedule.stages_on`; a replica that ran no
-      micro-batch contributes zero gradients, so all replicas end with the same weights): right after
+    * One ``ALLREDUCE(replica, stage)`` for every stage copy the device holds (:meth:`Schedule.stages_on`;
+      a replica that ran no micro-batch contributes zero gradients, so all replicas end with the same
+      weights): right after
       its last backward (``B``, or ``W`` when split) when the stage is in ``eager`` (Chimera 3.2, eager
       gradient synchronisation), otherwise at the end of the list in stage order. ``eager`` is
       ``"all"``, ``"none"`` or a collection of stage numbers; it is decided per stage, for all replicas
