@@ -243,10 +243,16 @@ def pipedream_partition(layer_time: Sequence[float], comm_time: Sequence[float],
 
 
 def pipedream_partition_arrays(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
-                               sync_time: np.ndarray | None = None) -> PipeDreamPlan:
+                               sync_time: np.ndarray | None = None, fits: np.ndarray | None = None,
+                               sync_adds: bool = False) -> PipeDreamPlan:
     """:func:`pipedream_partition`'s program, vectorised with numpy (the search runs it; the tests check that
     both give the same ``slowest``). ``sync_time[m, i, j]``: the weight synchronisation time of layers
-    ``[i, j)`` replicated on ``m`` machines (shape ``(M + 1, L + 1, L + 1)``; default 0).
+    ``[i, j)`` replicated on ``m`` machines (shape ``(M + 1, L + 1, L + 1)``; default 0). ``fits[i, j]``
+    (optional): whether a stage of layers ``[i, j)`` fits a device's memory (PipeDream's program has no
+    memory; ours leaves out the stages whose model state does not fit). ``sync_adds``: the synchronisation
+    adds to the computation instead of overlapping it, ``T(i -> j, m) = (sum T_l + sync[m, i, j]) / m`` for
+    every ``m`` (a flush: the all-reduce and the step follow the last backward). Raises :class:`PartitionError`
+    when no partition fits.
 
     For each ``m`` in turn, every ``A(j, m)`` at once: ``A(i, m - m')`` is known for every ``m' >= 1``, so
     the candidates form an array over ``(i, j, m')``, reduced by ``min`` (ties go to the smallest ``i``,
@@ -259,10 +265,14 @@ def pipedream_partition_arrays(layer_time: Sequence[float], comm_time: Sequence[
     ms = np.arange(M + 1, dtype=float)
     ms[0] = 1.0
     T = np.repeat(span[None, :, :], M + 1, axis=0)
-    if sync_time is not None:
+    if sync_time is not None and sync_adds:
+        T[1:] = T[1:] + np.asarray(sync_time, dtype=float)[1:]
+    elif sync_time is not None:
         T[2:] = np.maximum(T[2:], np.asarray(sync_time, dtype=float)[2:])
     T = T / ms[:, None, None]  # T[m, i, j]
     INF = math.inf
+    if fits is not None:
+        T = np.where(np.asarray(fits, dtype=bool)[None, :, :], T, INF)
     A = np.full((L + 1, M + 1), INF)
     arg_i = np.zeros((L + 1, M + 1), dtype=np.int64)  # 0: one stage
     arg_m = np.zeros((L + 1, M + 1), dtype=np.int64)
@@ -287,6 +297,8 @@ def pipedream_partition_arrays(layer_time: Sequence[float], comm_time: Sequence[
         A[better, m] = val[better]
         arg_i[better, m] = best[better] // (m - 1)
         arg_m[better, m] = best[better] % (m - 1) + 1
+    if not math.isfinite(A[L, M]):
+        raise PartitionError(f"no partition of {L} layers over {M} machines fits the memory")
     bounds: list[tuple[int, int]] = []
     reps: list[int] = []
     j, m = L, M

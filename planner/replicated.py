@@ -10,19 +10,21 @@ The program's inputs, PipeDream's symbols mapped to ours:
   transformer layer alike);
 * ``C_l`` -- the boundary activation after layer ``l`` (``b`` samples, ``1/t`` of it per tensor rank) on the
   pipeline's link (intra-node when the group's ``D t`` GPUs fit in a node, else inter-node);
+* memory -- a stage whose model state (``bytes_per_param`` per parameter over ``t``) and the reserve do not
+  fit a device is left out of the program (PipeDream's has no memory term);
 * ``W^m`` -- the weight synchronisation of a stage replicated ``m`` times: with a flush it is one gradient
   all-reduce per iteration among the ``m W`` copies (:func:`planner.cost.allreduce_time`, on the ranks the
-  placement gives: the stage's ``m`` devices in each of the W groups), shared by the ``N`` micro-batches;
-  in PipeDream's ``T(i -> j, m) = max(sum T_l, W^m) / m`` per micro-batch that is ``m AR / N``.
+  placement gives: the stage's ``m`` devices in each of the W groups) and the optimizer step, once per
+  iteration after the last backward: they add to the computation instead of overlapping it (PipeDream's
+  ``max``), ``T(i -> j, m) = (sum T_l + m (AR + step) / N) / m`` per micro-batch.
 
-Only where replication can differ from uniform plans: a replicated stage of ``m`` devices does at best
-``1/m`` of its layers' work per micro-batch, so no plan beats ``sum T_l / D`` per device, and the uniform
-plans with ``D'`` stages (``D'`` dividing ``D``, every stage ``D / D'`` times, which the search enumerates
-as ``W D / D'`` copies) reach ``U(D') D' / D`` with ``U`` the balanced partition's slowest stage. When one
-of them is within :data:`BALANCED` of the ideal, replication cannot improve the compute balance and the
-program is not run (uniform transformer stacks: balanced for some ``D'``); nor when its answer replicates
-every stage alike (that plan is a uniform one).
-"""
+Only where replication can differ from uniform plans: a replicated stage of ``m`` devices does at best ``1/m`` of
+its layers' work per micro-batch, so no plan beats ``sum T_l / D`` per device, and the uniform plans with ``D'``
+stages (``D'`` dividing ``D``, every stage ``D / D'`` times, which the search enumerates as ``W D / D'`` copies;
+those whose average model state fits a device) reach ``U(D') D' / D`` with ``U`` the balanced partition's slowest
+stage. When one of them is within :data:`BALANCED` of the ideal, replication cannot improve the compute balance and
+the program is not run (uniform transformer stacks: balanced for some ``D'``); nor when its answer replicates every
+stage alike (that plan is a uniform one)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import numpy as np
 from planner.cluster import Cluster
 from planner.cost import allreduce_time
 from planner.enumeration import divisors
-from planner.partition import PipeDreamPlan, pipedream_partition_arrays, prefix_sums
+from planner.partition import PartitionError, PipeDreamPlan, pipedream_partition_arrays, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import TrainingRequest
 
@@ -51,13 +53,17 @@ class ReplicatedPlans:
         self.layer_costs, self.uniform_bottleneck = layer_costs, uniform_bottleneck
         self._plans: dict[tuple, PipeDreamPlan | None] = {}
 
-    def can_differ(self, D: int, samples: float, recompute: bool) -> bool:
-        """Whether some replicated plan can balance compute better than every uniform one (module
-        docstring)."""
+    def can_differ(self, t: int, D: int, samples: float, recompute: bool) -> bool:
+        """Whether some replicated plan can balance compute better than every uniform one whose average
+        model state fits a device (module docstring)."""
         if D < 2:
             return False
         ideal = sum(self.layer_costs(samples, recompute)) / D
+        state = self.profile.total_params * self.request.bytes_per_param
+        room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
         for d in divisors(D):
+            if state / (t * d) > room:
+                continue  # (the search rejects these uniform plans before partitioning)
             u = self.uniform_bottleneck(d, samples, recompute)
             if u is not None and u * d / D <= ideal * (1 + BALANCED):
                 return False
@@ -70,14 +76,14 @@ class ReplicatedPlans:
         if key in self._plans:
             return self._plans[key]
         got: PipeDreamPlan | None = None
-        if self.can_differ(D, b, recompute):
+        if self.can_differ(t, D, b, recompute):
             got = self._program(t, D, W, b, recompute, N)
-            if len(set(got.replicas)) == 1:
+            if got is not None and len(set(got.replicas)) == 1:
                 got = None
         self._plans[key] = got
         return got
 
-    def _program(self, t: int, D: int, W: int, b: int, recompute: bool, N: int) -> PipeDreamPlan:
+    def _program(self, t: int, D: int, W: int, b: int, recompute: bool, N: int) -> PipeDreamPlan | None:
         cl, prof = self.cluster, self.profile
         eff = 1.0 if t == 1 else self.request.tensor_efficiency
         layer_time = [c / (t * eff) for c in self.layer_costs(b, recompute)]
@@ -86,11 +92,22 @@ class ReplicatedPlans:
         L = len(prof.layers)
         pw = prefix_sums([lay.param_bytes / t for lay in prof.layers])
         grad_bytes = pw[None, :] - pw[:, None]  # [i, j]
+        # per iteration, after the last backward: the all-reduce among the stage's m W copies and the step
+        # (model state read and written at the memory bandwidth, as planner.cost's step); per micro-batch
+        # of the stage (T's m in the denominator) that is m (AR + step) / N
+        pp = prefix_sums([lay.params / t for lay in prof.layers])
+        step = (pp[None, :] - pp[:, None]) * 2 * self.request.bytes_per_param / cl.memory_bandwidth
         sync = np.zeros((D + 1, L + 1, L + 1))
-        for m in range(2, D + 1):
+        for m in range(1, D + 1):
             ranks = [(w * D + d) * t for w in range(W) for d in range(m)]
             one = allreduce_time(cl, ranks, 1.0)
             slope = (allreduce_time(cl, ranks, 2.0**30) - one) / (2.0**30 - 1.0)
-            fixed = one - slope
-            sync[m] = np.where(grad_bytes > 0, fixed + slope * grad_bytes, 0.0) * m / N
-        return pipedream_partition_arrays(layer_time, comm, D, sync)
+            ar = np.where(grad_bytes > 0, one - slope + slope * grad_bytes, 0.0) if len(ranks) > 1 else 0.0
+            sync[m] = (ar + step) * m / N
+        # stages whose model state fits a device beside the reserve (activations: the search checks them)
+        state = prefix_sums([lay.params * self.request.bytes_per_param / t for lay in prof.layers])
+        fits = (state[None, :] - state[:, None]) + self.request.memory_reserve_bytes <= cl.memory_bytes
+        try:
+            return pipedream_partition_arrays(layer_time, comm, D, sync, fits, sync_adds=True)
+        except PartitionError:
+            return None
