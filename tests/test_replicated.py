@@ -17,13 +17,14 @@ from pipedream_front import front_heavy_profile, request, small_memory_cluster
 from planner.analytic import PRESETS, transformer_profile
 from planner.cluster import load_cluster
 from planner.partition import pipedream_partition, pipedream_partition_arrays
+from planner.replicated import ReplicatedPlans
 from planner.request import TrainingRequest
 from planner.schedules import build
 from planner.schedules.ir import ALLREDUCE, B, F, lower
 from planner.schedules.one_f_one_b_rr import parse_replication
 from planner.schedules.replay import replay_lowered
 from planner.schedules.validate import validate
-from planner.search import plan
+from planner.search import Planner, plan
 from planner.simulate import UnitCosts, simulate
 
 EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
@@ -98,15 +99,36 @@ def test_vectorised_program_matches_the_loops() -> None:
         assert got <= b.slowest + 1e-9
 
 
+def _bert48():  # type: ignore[no-untyped-def]
+    cl = load_cluster(EX / "piz-daint-p100-16gb.json")
+    L, h, a, s, V, enc = PRESETS["bert-48"]
+    return transformer_profile("bert-48", L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc), cl
+
+
 def test_uniform_transformer_stack_keeps_uniform_plans() -> None:
-    """GPT-2 1.3B on 16 A100s and BERT-48 on 32 P100s: transformer blocks of equal cost, the best plan is uniform."""
-    for preset, cluster, gpus, batch in (("gpt2-1.3b", "dgx-a100-80gb.json", 16, 64),
-                                         ("bert-48", "piz-daint-p100-16gb.json", 32, 256)):
-        cl = load_cluster(EX / cluster)
-        L, h, a, s, V, enc = PRESETS[preset]
-        prof = transformer_profile(preset, L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc)
-        res = plan(prof, cl, TrainingRequest(global_batch=batch, gpus=gpus))
-        assert res.candidates and res.candidates[0].config.replication is None, preset
+    """GPT-2 1.3B on 16 A100s and BERT-48 on 32 P100s: blocks of equal cost balance for some pipeline depth,
+    so no replicated plan is even enumerated and the best plan is uniform."""
+    cl = load_cluster(EX / "dgx-a100-80gb.json")
+    L, h, a, s, V, enc = PRESETS["gpt2-1.3b"]
+    gpt = transformer_profile("gpt2-1.3b", L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc)
+    for prof, clu, gpus, batch in ((gpt, cl, 16, 64), (*_bert48(), 32, 256)):
+        planner = Planner(prof, clu, TrainingRequest(global_batch=batch, gpus=gpus))
+        assert not [c for c in planner.configs(Counter()) if c.replication]
+        res = planner.search()
+        assert res.candidates and res.candidates[0].config.replication is None
+
+
+@pytest.mark.slow
+def test_uniform_stack_beats_replicated_plans_when_they_compete(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with the gate open (PipeDream's program run for every D): the replicated candidates are
+    simulated and lose to the uniform plans on BERT-48."""
+    monkeypatch.setattr(ReplicatedPlans, "can_differ", lambda self, t, D, b, rc: D >= 2)
+    prof, cl = _bert48()
+    planner = Planner(prof, cl, TrainingRequest(global_batch=256, gpus=32, top=200))
+    assert len([c for c in planner.configs(Counter()) if c.replication]) > 10
+    res = planner.search()
+    assert any(c.config.replication for c in res.candidates)
+    assert res.candidates[0].config.replication is None
 
 
 def test_uneven_replication_wins_where_the_front_dominates() -> None:
