@@ -23,11 +23,19 @@ its layers' work per micro-batch, so no plan beats ``sum T_l / D`` per device, a
 stages (``D'`` dividing ``D``, every stage ``D / D'`` times, which the search enumerates as ``W D / D'`` copies;
 those whose average model state fits a device) reach ``U(D') D' / D`` with ``U`` the balanced partition's slowest
 stage. When one of them is within :data:`BALANCED` of the ideal, replication cannot improve the compute balance and
-the program is not run (uniform transformer stacks: balanced for some ``D'``); nor when its answer replicates every
-stage alike (that plan is a uniform one)."""
+the program is not run (uniform transformer stacks: balanced for some ``D'``). Nor when the program on computation
+alone, with every replica holding its stage's state (:meth:`ReplicatedPlans.balance_with_memory`, run a few times
+per search: cached up to a common factor of the layer costs), comes within :data:`BALANCED` of the best uniform
+plan (GPT-3 175B: a device holds few blocks, so replicas cannot take the extra blocks off the slowest stage); nor
+when its answer replicates every stage alike (that plan is a uniform one).
+
+The search puts each remaining (t, D, W, b, recomputation) in line under a bound of its own
+(:meth:`planner.search.Planner.replicated_bound`: computation and step spread evenly over the devices) and runs
+the program only when its turn comes, so it is bounded like the rest."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -35,12 +43,18 @@ import numpy as np
 from planner.cluster import Cluster
 from planner.cost import allreduce_time
 from planner.enumeration import divisors
-from planner.partition import PartitionError, PipeDreamPlan, pipedream_partition_arrays, prefix_sums
+from planner.partition import (
+    PartitionError,
+    PipeDreamPlan,
+    pipedream_partition_arrays,
+    pipedream_slowest,
+    prefix_sums,
+)
 from planner.profile import ModelProfile
 from planner.request import TrainingRequest
 
 #: how close to the ideal per-device compute a uniform plan must come for replication to be skipped
-BALANCED = 0.01
+BALANCED = 0.05
 
 
 class ReplicatedPlans:
@@ -52,6 +66,8 @@ class ReplicatedPlans:
         self.profile, self.cluster, self.request = profile, cluster, request
         self.layer_costs, self.uniform_bottleneck = layer_costs, uniform_bottleneck
         self._plans: dict[tuple, PipeDreamPlan | None] = {}
+        self._balance: dict[tuple, np.ndarray] = {}
+        self._fit: dict[int, np.ndarray] = {}
 
     def can_differ(self, t: int, D: int, samples: float, recompute: bool) -> bool:
         """Whether some replicated plan can balance compute better than every uniform one whose average
@@ -61,13 +77,41 @@ class ReplicatedPlans:
         ideal = sum(self.layer_costs(samples, recompute)) / D
         state = self.profile.total_params * self.request.bytes_per_param
         room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
+        uniform = math.inf
         for d in divisors(D):
             if state / (t * d) > room:
                 continue  # (the search rejects these uniform plans before partitioning)
             u = self.uniform_bottleneck(d, samples, recompute)
-            if u is not None and u * d / D <= ideal * (1 + BALANCED):
-                return False
-        return True
+            if u is not None:
+                uniform = min(uniform, u * d / D)
+        if uniform <= ideal * (1 + BALANCED):
+            return False
+        # the best compute balance a replicated plan reaches where each replica holds its stage's state
+        return self.balance_with_memory(t, D, samples, recompute) * (1 + BALANCED) < uniform
+
+    def balance_with_memory(self, t: int, D: int, samples: float, recompute: bool) -> float:
+        """A(L, D) of the program on computation alone, the stages whose state does not fit left out (a
+        lower bound of the slowest replica's work per micro-batch of any replicated plan); cached per (t, D)
+        and the layer costs up to a common factor (the same for every micro-batch size of a profile whose
+        times scale alike), so the search runs it a few times only."""
+        costs = np.asarray(self.layer_costs(samples, recompute), dtype=float)
+        total = float(costs.sum())
+        if total <= 0:
+            return 0.0
+        key = (t, tuple(np.round(costs / total, 9)))
+        got = self._balance.get(key)
+        if got is None or len(got) <= D:  # one run answers every smaller D too (the search asks largest first)
+            got = self._balance[key] = pipedream_slowest(costs / total, [0.0] * len(costs), D, self._fits(t))
+        return float(got[D]) * total
+
+    def _fits(self, t: int) -> np.ndarray:
+        """``[i, j]``: whether a stage of layers ``[i, j)`` keeps its model state and the reserve in memory."""
+        got = self._fit.get(t)
+        if got is None:
+            state = prefix_sums([lay.params * self.request.bytes_per_param / t for lay in self.profile.layers])
+            got = self._fit[t] = (state[None, :] - state[:, None]) + self.request.memory_reserve_bytes \
+                <= self.cluster.memory_bytes
+        return got
 
     def plan(self, t: int, D: int, W: int, b: int, recompute: bool, N: int) -> PipeDreamPlan | None:
         """The A(j, m) partition of ``D`` devices, or None when it is not worth a candidate (module
@@ -104,10 +148,7 @@ class ReplicatedPlans:
             slope = (allreduce_time(cl, ranks, 2.0**30) - one) / (2.0**30 - 1.0)
             ar = np.where(grad_bytes > 0, one - slope + slope * grad_bytes, 0.0) if len(ranks) > 1 else 0.0
             sync[m] = (ar + step) * m / N
-        # stages whose model state fits a device beside the reserve (activations: the search checks them)
-        state = prefix_sums([lay.params * self.request.bytes_per_param / t for lay in prof.layers])
-        fits = (state[None, :] - state[:, None]) + self.request.memory_reserve_bytes <= cl.memory_bytes
-        try:
-            return pipedream_partition_arrays(layer_time, comm, D, sync, fits, sync_adds=True)
+        try:  # (stages whose model state does not fit left out; activations: the search checks them)
+            return pipedream_partition_arrays(layer_time, comm, D, sync, self._fits(t), sync_adds=True)
         except PartitionError:
             return None

@@ -67,23 +67,32 @@ class Planner:
         self._rr_bounds: dict[Config, list[tuple[int, int]]] = {}
 
     def configs(self, rejected: Counter[str]) -> list[Config]:
-        """:func:`planner.enumeration.enumerate_configs` for this model, then PipeDream's replicated plans
-        (:mod:`planner.replicated`) for each (t, D, W, b, recomputation) enumerated, where they can differ
-        from the uniform ones."""
-        configs = enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
+        """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
+        on demand in the search: :meth:`replicated_keys`)."""
+        return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
+
+    def replicated_keys(self, configs: list[Config]) -> list[tuple[int, int, int, int, bool]]:
+        """The (t, D, W, b, recomputation) of ``configs`` for which PipeDream's replicated plan can differ
+        from the uniform ones (:meth:`planner.replicated.ReplicatedPlans.can_differ`) and whose average
+        model state fits: the search bounds each before running the program (:meth:`replicated_bound`)."""
         if "1f1b-rr" not in self.request.allowed():
-            return configs
-        seen: set[tuple] = set()
-        extra: list[Config] = []
-        for c in configs:
-            key = (c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute)
-            if key in seen:
-                continue
-            seen.add(key)
-            cfg = self.replicated_config(*key)
-            if cfg is not None:
-                extra.append(cfg)
-        return configs + extra
+            return []
+        room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
+        keys = list(dict.fromkeys((c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) for c in configs))
+        keys = [k for k in keys if self.memory.total_state / (k[0] * k[1]) <= room]
+        # the largest D first: the program on computation alone for D answers every smaller D
+        differ = {k for k in sorted(keys, key=lambda k: -k[1])
+                  if self.replicated.can_differ(k[0], k[1], k[3], k[4])}
+        return [k for k in keys if k in differ]
+
+    def replicated_bound(self, t: int, D: int, W: int, b: int, recompute: bool) -> float:
+        """A time no replicated plan of (t, D, W, b) beats: the ``N`` micro-batches' computation and the
+        optimizer step spread evenly over the ``D`` devices (the busiest device does at least the average;
+        the step as :meth:`planner.cost.ConfigCosts.step`: the model state read and written once)."""
+        N = self.request.global_batch // (W * b)
+        eff = 1.0 if t == 1 else self.request.tensor_efficiency
+        step = self.profile.total_params * 2 * self.request.bytes_per_param / self.cluster.memory_bandwidth
+        return (N * sum(self.layer_costs(b, recompute)) / eff + step) / (t * D)
 
     def replicated_config(self, t: int, D: int, W: int, b: int, recompute: bool) -> Config | None:
         """The ``1f1b-rr`` configuration of PipeDream's A(j, m) partition on ``D`` devices (None where it
@@ -281,7 +290,7 @@ class Planner:
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
         k = self.request.top
-        prepared: list[tuple[float, int, Candidate, ConfigCosts]] = []
+        prepared: list[tuple[float, int, Candidate, ConfigCosts | None]] = []
         infeasible: list[Candidate] = []
         for i, cfg in enumerate(configs):
             cand, costs = self.prepare(cfg)
@@ -292,6 +301,16 @@ class Planner:
                 continue
             prepared.append((cand.lower_bound, i, cand, costs))
         considered = len(prepared)
+        # PipeDream's replicated plans: in line under their bound; the program runs when one comes up
+        pending: dict[int, tuple[int, int, int, int, bool]] = {}
+        for key in self.replicated_keys(configs):
+            i = len(configs) + len(pending)
+            pending[i] = key
+            t, D, W, b, rc = key
+            cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=rc)
+            cand = Candidate(cfg, self.request.global_batch // (W * b))
+            cand.lower_bound = self.replicated_bound(*key)
+            prepared.append((cand.lower_bound, i, cand, None))
         # best first: the candidate with the smallest bound next; a merged schedule's bound is first
         # refined with its warm-up and the candidate goes back in line, so the costly merge is paid only
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
@@ -301,10 +320,25 @@ class Planner:
         results: list[Candidate] = []
         simulated = 0
         while prepared:
-            lb, i, cand, costs = heapq.heappop(prepared)
+            lb, i, cand, maybe = heapq.heappop(prepared)
             if prune and len(best) >= k and lb > -best[0][0]:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
+            if maybe is None:  # a replicated plan's turn: run PipeDream's program, prepare, back in line
+                rr = self.replicated_config(*pending[i])
+                if rr is None:
+                    rejected["1f1b-rr: replication cannot beat the uniform plans"] += 1
+                    continue
+                cand, costs = self.prepare(rr)
+                if costs is None:
+                    rejected[reason_key(cand.reason)] += 1
+                    if cand.memory:
+                        infeasible.append(cand)
+                    continue
+                considered += 1
+                heapq.heappush(prepared, (cand.lower_bound, i, cand, costs))
+                continue
+            costs = maybe
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
                 if self.refine(cand, costs):
                     rejected[reason_key(cand.reason)] += 1
@@ -327,7 +361,7 @@ class Planner:
         infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
-        return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
+        return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs) + len(pending),
                           simulated=simulated, considered=considered)
 
 

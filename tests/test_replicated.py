@@ -94,6 +94,12 @@ def test_vectorised_program_matches_the_loops() -> None:
         a, b = pipedream_partition(lt, ct, M, sync), pipedream_partition_arrays(lt, ct, M, arr)
         assert b.slowest == pytest.approx(a.slowest)
         assert sum(b.replicas) == M and b.bounds[0][0] == 0 and b.bounds[-1][1] == L
+        # with a memory limit (stages of at most 2 layers fit), every stage of the answer fits
+        narrow = np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None] <= 2
+        if M * 2 >= L:
+            c = pipedream_partition_arrays(lt, ct, M, arr, fits=narrow)
+            assert all(j - i <= 2 for i, j in c.bounds) and sum(c.replicas) == M
+            assert c.slowest >= b.slowest - 1e-12
         got = max(max(sum(lt[i:j]), sync(i, j, m) if m > 1 else 0.0) / m
                   for (i, j), m in zip(b.bounds, b.replicas, strict=True))
         assert got <= b.slowest + 1e-9
@@ -113,7 +119,7 @@ def test_uniform_transformer_stack_keeps_uniform_plans() -> None:
     gpt = transformer_profile("gpt2-1.3b", L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc)
     for prof, clu, gpus, batch in ((gpt, cl, 16, 64), (*_bert48(), 32, 256)):
         planner = Planner(prof, clu, TrainingRequest(global_batch=batch, gpus=gpus))
-        assert not [c for c in planner.configs(Counter()) if c.replication]
+        assert not planner.replicated_keys(planner.configs(Counter()))
         res = planner.search()
         assert res.candidates and res.candidates[0].config.replication is None
 
@@ -125,7 +131,7 @@ def test_uniform_stack_beats_replicated_plans_when_they_compete(monkeypatch: pyt
     monkeypatch.setattr(ReplicatedPlans, "can_differ", lambda self, t, D, b, rc: D >= 2)
     prof, cl = _bert48()
     planner = Planner(prof, cl, TrainingRequest(global_batch=256, gpus=32, top=200))
-    assert len([c for c in planner.configs(Counter()) if c.replication]) > 10
+    assert len(planner.replicated_keys(planner.configs(Counter()))) > 10
     res = planner.search()
     assert any(c.config.replication for c in res.candidates)
     assert res.candidates[0].config.replication is None
