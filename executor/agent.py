@@ -52,7 +52,10 @@ class Agent:
         self.name = name or f"{self.node}-{os.getpid()}"
         self.gpus, self.device_type = gpus, device_type
         self.run_command = run_command or default_run_command()
-        self.workdir = Path(workdir or Path("data") / "agent" / self.name)
+        # absolute: the run is started with cwd= its job directory, where a relative path would be looked up
+        # a second time (issue 13: every job from `make serve` failed reading data/agent/.../plan.json)
+        data = Path(os.environ.get("PIPEPLAN_DATA_DIR", "data"))  # where the API's SQLite database goes too
+        self.workdir = Path(workdir or data / "agent" / self.name).resolve()
         self.poll, self.heartbeat_interval = poll, heartbeat
         self.retry_for = retry_for
         self.client = httpx.Client(base_url=api.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
