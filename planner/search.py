@@ -31,6 +31,8 @@ import numpy as np
 
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form, stage_infos
+from planner.equivalence import collapse
+from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balanced_partition, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -59,6 +61,10 @@ class Candidate:
     state: list[float] = field(default_factory=list, repr=False)
     #: its bound was raised with its merged warm-up (:meth:`Planner.refine`)
     refined: bool = False
+    #: what the row is (:func:`planner.equivalence.describe`) and the labels of the configurations that
+    #: run the same thing (:func:`planner.equivalence.collapse`)
+    name: str = ""
+    alternatives: list[str] = field(default_factory=list)
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -68,6 +74,7 @@ class Candidate:
             "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
             "microbatches": self.microbatches, "global_batch": self.global_batch, "label": c.label(),
+            "name": self.name or c.label(), "alternatives": self.alternatives,
             "iteration_time": self.iteration_time, "throughput": self.throughput,
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
@@ -89,6 +96,8 @@ class PlanResult:
     evaluated: int
     simulated: int
     considered: int
+    #: what the user should know about the inputs (:func:`planner.mismatch.device_warnings`)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         return {
@@ -96,6 +105,7 @@ class PlanResult:
             "infeasible": [c.to_dict() for c in self.infeasible],
             "rejected": dict(sorted(self.rejected.items())),
             "evaluated": self.evaluated, "simulated": self.simulated, "considered": self.considered,
+            "warnings": self.warnings,
         }
 
 
@@ -751,6 +761,7 @@ class Planner:
                 rejected[_reason_key(cand.reason)] += 1
                 infeasible.append(cand)
         results.sort(key=lambda c: (c.iteration_time, c.config.label()))
+        results = collapse(results)
         infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
@@ -792,7 +803,9 @@ def _gib(x: float) -> str:
 
 def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
     """Rank every valid configuration (module docstring)."""
-    return Planner(profile, cluster, request).search()
+    res = Planner(profile, cluster, request).search()
+    res.warnings = device_warnings(profile, cluster)
+    return res
 
 
 def predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> Candidate:
