@@ -29,6 +29,8 @@ SEEDS: list[tuple[str, str | tuple[int, int, int, int, int, bool], str]] = [
 ]
 
 
+#: the cluster of ``make serve``'s local agent (``examples/clusters/local-cpu-4.json``)
+LOCAL_CLUSTER = "local-cpu-4"
 #: the measured local profile: (zoo model, micro-batch sizes)
 MEASURED = ("gpt-tiny", [1, 2, 4, 8])
 
@@ -59,17 +61,20 @@ def seed(url: str | None = None, measure: bool = True) -> dict[str, list[tuple[s
     out: dict[str, list[tuple[str, int, bool]]] = {"clusters": [], "profiles": []}
     try:
         with make_sessionmaker(engine).begin() as db:
-            for path in sorted((EXAMPLES / "clusters").glob("*.json")):
+            # the local agent's cluster and this CPU's profile first: ids 1 and 1 in a fresh database, the
+            # README's curl flow and the UI's default choice
+            paths = sorted((EXAMPLES / "clusters").glob("*.json"), key=lambda p: (p.stem != LOCAL_CLUSTER, p.name))
+            for path in paths:
                 row, created = crud.add_cluster(db, load_cluster(path), settings.max_cluster_gpus)
                 out["clusters"].append((row.name, row.id, created))
-            for prof in seed_profiles():
-                row, created = crud.add_profile(db, prof)
-                out["profiles"].append((f"{row.name} on {row.device}", row.id, created))
             if measure:
                 name = MEASURED[0]
                 rows = [r for r in crud.list_profiles(db, name, "cpu", 100, 0) if r.source == "measured"]
                 row, created = (rows[0], False) if rows else crud.add_profile(db, measured_cpu_profile())
                 out["profiles"].append((f"{row.name} on {row.device} (measured)", row.id, created))
+            for prof in seed_profiles():
+                row, created = crud.add_profile(db, prof)
+                out["profiles"].append((f"{row.name} on {row.device}", row.id, created))
     finally:
         engine.dispose()
     return out
