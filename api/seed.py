@@ -2,7 +2,7 @@
 profile of gpt-tiny measured on this machine's CPU for the local CPU cluster (``examples/clusters/local-cpu-4
 .json``, the cluster of ``make serve``'s agent), so that the first plan on the local cluster predicts this
 CPU's times (issue 13). It is measured as the executor runs (``executor/worker.py``: one torch thread per
-process, float32) and only when no measured gpt-tiny CPU profile is stored yet: timings differ from run to
+process, float32, as many processes at once as the cluster has devices) and only when no measured gpt-tiny CPU profile is stored yet: timings differ from run to
 run, so a second one would be a new profile each time."""
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ MEASURED = ("gpt-tiny", [1, 2, 4, 8])
 
 
 def measured_cpu_profile() -> ModelProfile:
-    """gpt-tiny on this CPU, as the executor runs it: ``torch.set_num_threads(1)`` and float32 (the
-    worker's defaults); a few seconds."""
-    from profiler.run import profile_model  # torch: only when seeding measures
+    """gpt-tiny on this CPU, as the executor runs it on the local cluster: one process per device at once
+    (:mod:`profiler.concurrent`: they share the cores as the run's processes do), each with
+    ``torch.set_num_threads(1)`` and float32 (the worker's defaults); a few seconds."""
+    from profiler.concurrent import profile_concurrently  # torch: only when seeding measures
 
     model, sizes = MEASURED
-    return profile_model(model, sizes, device="cpu", dtype="fp32", threads=1, repeats=5, warmup=2)
+    devices = load_cluster(EXAMPLES / "clusters" / f"{LOCAL_CLUSTER}.json").gpus
+    return profile_concurrently(model, sizes, devices, device="cpu", dtype="fp32", threads=1, repeats=5, warmup=2)
 
 
 def seed_profiles() -> list[ModelProfile]:

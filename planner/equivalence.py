@@ -73,14 +73,21 @@ def held(sched: Any, device: int, partition: Sequence[Sequence[int]]) -> list[tu
     return sorted((lo, hi) for _r, lo, hi in out)
 
 
+def _device_signature(cand: Any, device: int) -> tuple[Any, ...]:
+    """What ``device`` of ``cand`` holds and runs (canonical form)."""
+    sched, part = cand.costs.schedule, cand.partition
+    return tuple(held(sched, device, part)), tuple(canonical(sched.actions[device], part, sched.placement))
+
+
+def _comparable(cand: Any) -> bool:
+    return cand.costs is not None and cand.costs.schedule is not None and bool(cand.partition)
+
+
 def _signature(cand: Any) -> tuple[Any, ...] | None:
     """What runs and what is held, device by device; None when it cannot be told (not simulated)."""
-    sched = cand.costs.schedule if cand.costs is not None else None
-    if sched is None or not cand.partition:
+    if not _comparable(cand):
         return None
-    part = cand.partition
-    return tuple((tuple(held(sched, d, part)), tuple(canonical(acts, part, sched.placement)))
-                 for d, acts in enumerate(sched.actions))
+    return tuple(_device_signature(cand, d) for d in range(len(cand.costs.schedule.actions)))
 
 
 def _key(cand: Any) -> tuple[Any, ...]:
@@ -122,20 +129,27 @@ def _in_flight(steps: tuple[Any, Sequence[Step]]) -> int:
 
 def collapse(cands: list[Any]) -> list[Any]:
     """``cands`` (ranked, best first) with every candidate that runs the same thing as a better-ranked one
-    removed and its schedule's label added to that one's ``alternatives``; every kept candidate gets its ``name``.
-    Signatures are computed only for candidates that share t, D, W, b, N and recomputation."""
+    removed and its schedule's label added to that one's ``alternatives``; every kept candidate gets its
+    ``name``. Only candidates that share t, D, W, b, N and recomputation are compared, device by device from
+    the last (where schedules differ soonest), each device's form computed once."""
     kept: list[Any] = []
     groups: dict[tuple[Any, ...], list[Any]] = {}
-    sigs: dict[int, tuple[Any, ...] | None] = {}
+    forms: dict[tuple[int, int], tuple[Any, ...]] = {}
 
-    def sig(c: Any) -> tuple[Any, ...] | None:
-        if id(c) not in sigs:
-            sigs[id(c)] = _signature(c)
-        return sigs[id(c)]
+    def form(c: Any, d: int) -> tuple[Any, ...]:
+        if (id(c), d) not in forms:
+            forms[(id(c), d)] = _device_signature(c, d)
+        return forms[(id(c), d)]
+
+    def same(a: Any, b: Any) -> bool:
+        if not (_comparable(a) and _comparable(b)):
+            return False
+        n = len(a.costs.schedule.actions)
+        return n == len(b.costs.schedule.actions) and all(form(a, d) == form(b, d) for d in reversed(range(n)))
 
     for cand in cands:
         group = groups.setdefault(_key(cand), [])
-        twin = next((o for o in group if sig(cand) is not None and sig(o) == sig(cand)), None)
+        twin = next((o for o in group if same(o, cand)), None)
         if twin is not None:
             twin.alternatives.append(schedule_label(cand.config))
             continue
