@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,8 +34,8 @@ def default_run_command() -> list[str]:
     env = os.environ.get("PIPEPLAN_RUN_COMMAND")
     if env:
         return shlex.split(env)
-    exe = shutil.which("pipeplan")
-    return [exe, "run"] if exe else [sys.executable, "-m", "pipeplan.cli", "run"]
+    # the agent's own interpreter, hence its checkout: a `pipeplan` found on PATH may be another one's
+    return [sys.executable, "-m", "pipeplan.cli", "run"]
 
 
 class LeaseLost(RuntimeError):
