@@ -1,9 +1,10 @@
 """Example data: the example clusters, analytic profiles of a few presets (idempotent: content hashes), and a
-profile of gpt-tiny measured on this machine's CPU for the local CPU cluster (``examples/clusters/local-cpu-4
-.json``, the cluster of ``make serve``'s agent), so that the first plan on the local cluster predicts this
-CPU's times (issue 13). It is measured as the executor runs (``executor/worker.py``: one torch thread per
-process, float32, as many processes at once as the cluster has devices) and only when no measured gpt-tiny CPU profile is stored yet: timings differ from run to
-run, so a second one would be a new profile each time."""
+profile of gpt-tiny measured on this machine's CPU for the local CPU cluster (``examples/clusters/
+local-cpu-4.json``, the cluster of ``make serve``'s agent), so that the first plan on the local cluster
+predicts this CPU's times (issue 13). It is measured as the executor runs (``executor/worker.py``: one torch
+thread per process, float32, as many processes at once as the cluster has devices), and only when no
+measured gpt-tiny CPU profile is stored yet: timings differ from run to run, so a second one would be a new
+profile each time."""
 
 from __future__ import annotations
 
