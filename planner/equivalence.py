@@ -23,6 +23,8 @@ forward first and holds N micro-batches of activations: a different configuratio
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,33 +129,67 @@ def _in_flight(steps: tuple[Any, Sequence[Step]]) -> int:
     return peak
 
 
-def collapse(cands: list[Any]) -> list[Any]:
-    """``cands`` (ranked, best first) with every candidate that runs the same thing as a better-ranked one
-    removed and its schedule's label added to that one's ``alternatives``; every kept candidate gets its
-    ``name``. Only candidates that share t, D, W, b, N and recomputation are compared, device by device from
-    the last (where schedules differ soonest), each device's form computed once."""
-    kept: list[Any] = []
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    forms: dict[tuple[int, int], tuple[Any, ...]] = {}
+class Twins:
+    """Candidates sorted into classes that run the same thing, as they arrive: :meth:`add` returns the
+    class's first member. Only candidates that share t, D, W, b, N and recomputation are compared, device by
+    device from the last (where schedules differ soonest), each device's form computed once."""
 
-    def form(c: Any, d: int) -> tuple[Any, ...]:
-        if (id(c), d) not in forms:
-            forms[(id(c), d)] = _device_signature(c, d)
-        return forms[(id(c), d)]
+    def __init__(self, forms: dict[tuple[int, int], tuple[Any, ...]] | None = None) -> None:
+        self.groups: dict[tuple[Any, ...], list[Any]] = {}
+        self.forms: dict[tuple[int, int], tuple[Any, ...]] = forms if forms is not None else {}
 
-    def same(a: Any, b: Any) -> bool:
+    def _form(self, c: Any, d: int) -> tuple[Any, ...]:
+        f = self.forms.get((id(c), d))
+        if f is None:
+            f = self.forms[(id(c), d)] = _device_signature(c, d)
+        return f
+
+    def same(self, a: Any, b: Any) -> bool:
         if not (_comparable(a) and _comparable(b)):
             return False
         n = len(a.costs.schedule.actions)
-        return n == len(b.costs.schedule.actions) and all(form(a, d) == form(b, d) for d in reversed(range(n)))
+        return n == len(b.costs.schedule.actions) and all(
+            self._form(a, d) == self._form(b, d) for d in reversed(range(n)))
 
+    def add(self, cand: Any) -> Any:
+        group = self.groups.setdefault(_key(cand), [])
+        twin = next((o for o in group if self.same(o, cand)), None)
+        if twin is None:
+            group.append(cand)
+            return cand
+        return twin
+
+
+class TopDistinct:
+    """The search's pruning threshold counted over classes of twins: the k-th best time among the best
+    times of the classes (infinite until there are k), so that the k rows left after :func:`collapse` are
+    still the exact top k."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.twins = Twins()
+        self.best: dict[int, float] = {}  # id of the class's first member -> its best time
+        self.kth = math.inf
+
+    def add(self, cand: Any) -> None:
+        first = id(self.twins.add(cand))
+        if cand.iteration_time < self.best.get(first, math.inf):
+            self.best[first] = cand.iteration_time
+            if len(self.best) >= self.k:
+                self.kth = heapq.nsmallest(self.k, self.best.values())[-1]
+
+
+def collapse(cands: list[Any], twins: Twins | None = None) -> list[Any]:
+    """``cands`` (ranked, best first) with every candidate that runs the same thing as a better-ranked one
+    removed and its schedule's label added to that one's ``alternatives``; every kept candidate gets its
+    ``name``. ``twins``: the forms already computed (:class:`TopDistinct`'s)."""
+    twins = Twins(forms=twins.forms if twins is not None else None)
+    kept: list[Any] = []
     for cand in cands:
-        group = groups.setdefault(_key(cand), [])
-        twin = next((o for o in group if same(o, cand)), None)
-        if twin is not None:
-            twin.alternatives.append(schedule_label(cand.config))
+        first = twins.add(cand)
+        if first is not cand:
+            first.alternatives.append(schedule_label(cand.config))
             continue
-        group.append(cand)
         cand.name = describe(cand)
         kept.append(cand)
     return kept

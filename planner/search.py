@@ -31,7 +31,7 @@ import numpy as np
 
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form, stage_infos
-from planner.equivalence import collapse
+from planner.equivalence import TopDistinct, collapse
 from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balanced_partition, prefix_sums
 from planner.profile import ModelProfile
@@ -734,12 +734,12 @@ class Planner:
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
         # best time found, which only falls as the search goes on.
         heapq.heapify(prepared)
-        best: list[tuple[float, int]] = []  # max-heap of (-time, -index) of the k best fitting
+        top = TopDistinct(k)  # the k-th best time over configurations that differ (planner.equivalence)
         results: list[Candidate] = []
         simulated = 0
         while prepared:
             lb, i, cand, costs = heapq.heappop(prepared)
-            if prune and len(best) >= k and lb > -best[0][0]:
+            if prune and lb > top.kth:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
@@ -754,14 +754,12 @@ class Planner:
             simulated += 1
             if cand.fits:
                 results.append(cand)
-                heapq.heappush(best, (-cand.iteration_time, -i))
-                if len(best) > k:
-                    heapq.heappop(best)
+                top.add(cand)
             else:
                 rejected[_reason_key(cand.reason)] += 1
                 infeasible.append(cand)
         results.sort(key=lambda c: (c.iteration_time, c.config.label()))
-        results = collapse(results)
+        results = collapse(results, top.twins)
         infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
         for c in results[:k] + infeasible[:k]:
             self.explain(c)

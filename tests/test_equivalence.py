@@ -84,3 +84,17 @@ def test_nothing_is_lost(local) -> None:  # type: ignore[no-untyped-def]
     for c in res.candidates:
         c.alternatives = []
     assert len(collapse(list(res.candidates))) == len(res.candidates)
+
+
+@pytest.mark.parametrize("top", [3, 5, 10])
+def test_pruned_search_keeps_the_exact_top_k_of_distinct_rows(local, top: int) -> None:  # type: ignore[no-untyped-def]
+    """The bound counts configurations that differ: after collapsing, the pruned search's k rows are the k
+    best distinct ones of the full search."""
+    cl, prof = local
+    req = TrainingRequest(global_batch=8, top=top)
+    pruned = Planner(prof, cl, req).search().candidates
+    full = Planner(prof, cl, req.model_copy(update={"top": 10_000})).search(prune=False).candidates[:top]
+    assert any(c.alternatives for c in full), "the case has twins to collapse"
+    assert [(c.config.label(), c.iteration_time) for c in pruned] == [(c.config.label(), c.iteration_time) for c in full]
+    for p, f in zip(pruned, full, strict=True):  # a twin the bound skipped is not listed; none is made up
+        assert set(p.alternatives) <= set(f.alternatives)
