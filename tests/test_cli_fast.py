@@ -79,3 +79,13 @@ def test_help_lists_every_command() -> None:
         assert name in res.output
     ctx = click.Context(typer.main.get_command(app))
     assert ctx.command.list_commands(ctx) == list(COMMANDS)
+
+
+def test_a_command_missing_from_the_table_still_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pipeplan.cli as cli
+
+    table = dict(cli.COMMANDS)
+    del table["simulate"]
+    monkeypatch.setattr(cli, "COMMANDS", table)
+    res = typer.testing.CliRunner().invoke(app, ["simulate", "-s", "1f1b", "-D", "2", "-N", "2"])
+    assert res.exit_code == 0 and "makespan" in res.output, res.output
