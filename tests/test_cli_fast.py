@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 import typer
+from typer.testing import CliRunner
 
 from pipeplan.cli import COMMANDS, LazyGroup, app, load_module
 
@@ -68,12 +69,12 @@ def test_command_table_matches_the_modules() -> None:
 
 
 def test_unknown_command_is_refused() -> None:
-    res = typer.testing.CliRunner().invoke(app, ["no-such-command"])
+    res = CliRunner().invoke(app, ["no-such-command"])
     assert res.exit_code == 2 and "No such command" in res.output
 
 
 def test_help_lists_every_command() -> None:
-    res = typer.testing.CliRunner().invoke(app, ["--help"])
+    res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0
     for name in COMMANDS:
         assert name in res.output
@@ -87,5 +88,5 @@ def test_a_command_missing_from_the_table_still_runs(monkeypatch) -> None:  # ty
     table = dict(cli.COMMANDS)
     del table["simulate"]
     monkeypatch.setattr(cli, "COMMANDS", table)
-    res = typer.testing.CliRunner().invoke(app, ["simulate", "-s", "1f1b", "-D", "2", "-N", "2"])
+    res = CliRunner().invoke(app, ["simulate", "-s", "1f1b", "-D", "2", "-N", "2"])
     assert res.exit_code == 0 and "makespan" in res.output, res.output
