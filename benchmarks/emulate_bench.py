@@ -32,13 +32,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profile.json"
         save_profile(uniform_profile(4, fwd=0.004, bwd=0.008), path)
-        plans = [RunPlan.direct(s, 4, 4, emulate=str(path), iterations=args.iterations, warmup=1)
-                 for s in ("1f1b", "chimera")]
-        ratios: dict[str, list[float]] = {p.schedule_name: [] for p in plans}
+        names = ("1f1b", "chimera")
+        plans = [RunPlan.direct(s, 4, 4, emulate=str(path), iterations=args.iterations, warmup=1) for s in names]
+        ratios: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(args.repeats):
             res = launch(plans, 4, timeout=60)
-            for p, run in zip(plans, res["runs"], strict=True):
-                ratios[p.schedule_name].append(run["ratio"])
+            for name, run in zip(names, res["runs"], strict=True):
+                ratios[name].append(run["ratio"])
     for name, rs in ratios.items():
         print(f"{name:10s} measured/predicted: median {statistics.median(rs):.3f}  "
               f"(each: {', '.join(f'{r:.3f}' for r in rs)})")
