@@ -62,10 +62,14 @@ def test_command_table_matches_the_modules() -> None:
     for module in sorted({m for m, _ in COMMANDS.values()}):
         group = LazyGroup(name="t")
         load_module(group, module)
-        assert set(group.commands) == {n for n, (m, _) in COMMANDS.items() if m == module}, module
+        listed = {n for n, (m, _) in COMMANDS.items() if m == module}
+        assert set(group.commands) == listed, (
+            f"{module} registers {sorted(group.commands)}, pipeplan.cli.COMMANDS lists {sorted(listed)}: "
+            f"add each command there with its module and the first line of its docstring")
         commands.update(group.commands)
     for name, (_module, help_) in COMMANDS.items():
-        assert commands[name].get_short_help_str(1000) == help_, name
+        real = commands[name].get_short_help_str(1000)
+        assert real == help_, f"pipeplan.cli.COMMANDS[{name!r}] should read {real!r}"
 
 
 def test_unknown_command_is_refused() -> None:
