@@ -94,3 +94,15 @@ def test_a_command_missing_from_the_table_still_runs(monkeypatch) -> None:  # ty
     monkeypatch.setattr(cli, "COMMANDS", table)
     res = CliRunner().invoke(app, ["simulate", "-s", "1f1b", "-D", "2", "-N", "2"])
     assert res.exit_code == 0 and "makespan" in res.output, res.output
+
+
+def test_every_module_with_commands_is_in_the_table() -> None:
+    """A package's command module (one defining ``register(app)``) that ``COMMANDS`` does not name would never
+    be loaded: its commands would be missing from the CLI."""
+    found = set()
+    for pkg in ("pipeplan", "profiler", "executor", "api", "planner"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "def register(app" in path.read_text():
+                found.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    listed = {m for m, _ in COMMANDS.values()}
+    assert found <= listed, f"add the commands of {sorted(found - listed)} to pipeplan.cli.COMMANDS"
