@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.analytic import analytic_profile  # noqa: E402
+from planner.cluster import load_cluster  # noqa: E402
 from planner.device import device_for_cluster  # noqa: E402
 from planner.model import PRESETS  # noqa: E402
-from planner.cluster import load_cluster  # noqa: E402
 
 
 def _port() -> int:

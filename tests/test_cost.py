@@ -7,10 +7,10 @@ import math
 import pytest
 
 from planner.analytic import transformer_profile
-from planner.model import PRESETS
-from planner.operators import head_operators, layer_flops, layer_operators
 from planner.cluster import Cluster, Link
 from planner.cost import ConfigCosts, allreduce_time, rabenseifner, ring_allreduce
+from planner.model import PRESETS
+from planner.operators import head_operators, layer_flops, layer_operators
 from planner.request import Config, TrainingRequest
 from planner.schedules import build
 
