@@ -10,7 +10,7 @@ from planner.analytic import transformer_profile
 from planner.cluster import Cluster, Link
 from planner.cost import ConfigCosts, allreduce_time, rabenseifner, ring_allreduce
 from planner.model import PRESETS
-from planner.operators import head_operators, layer_flops, layer_operators
+from planner.operators import head_operators, layer_operators
 from planner.request import Config, TrainingRequest
 from planner.schedules import build
 
@@ -44,10 +44,12 @@ def test_megatron_flops_match_formula():
     """With recomputation, the four passes over all layers give 96 B s l h^2 (1 + s/6h + V/16lh)."""
     spec = PRESETS["gpt3-175b"]
     L, h, s, V = spec.layers, spec.hidden, spec.seq, spec.vocab
-    gemm = [op for op in layer_operators(spec, 1) if op.fwd[0].gemm is not None]
-    hgemm = [op for op in head_operators(spec, 1) if op.fwd[0].gemm is not None]
-    f, b = layer_flops(gemm)
-    hf, hb = layer_flops(hgemm)
+    def gemm_flops(ops, passes):
+        return sum(k.flops for op in ops for p in passes for k in getattr(op, p) if k.gemm is not None)
+
+    layer, head = layer_operators(spec, 1), head_operators(spec, 1)
+    f, b = gemm_flops(layer, ["fwd"]), gemm_flops(layer, ["bwd_i", "bwd_w"])
+    hf, hb = gemm_flops(head, ["fwd"]), gemm_flops(head, ["bwd_i", "bwd_w"])
     flops = L * (2 * f + b) + hf + hb
     expect = 96 * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     assert flops == pytest.approx(expect, rel=1e-6)
