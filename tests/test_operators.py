@@ -7,7 +7,7 @@ import pytest
 from planner.analytic import analytic_profile
 from planner.cluster import Cluster, Link
 from planner.cost import ConfigCosts, ring_allgather, ring_allreduce
-from planner.device import Curve, DeviceSpec, GemmPoint, device_for_cluster, get_device, shipped_devices
+from planner.device import Curve, GemmPoint, device_for_cluster, get_device, shipped_devices
 from planner.model import PRESETS, ModelSpec
 from planner.operators import OperatorOptions, layer_operators, time_operators
 from planner.profile import LayerProfile, ShardTimes
