@@ -165,12 +165,14 @@ class ConfigCosts(Costs):
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
         if "per_t" not in shared:
-            shared["per_t"] = t in profile.tensor_sizes
-        #: compute at this t from the profile's shard times (True) or t = 1 times / (t * efficiency)
-        self.per_t: bool = shared["per_t"]
+            have = [t in (lay.tensor_times or {}) for lay in profile.layers]
+            shared["per_t"] = (any(have), not all(have))
+        #: compute at this t from the profile's shard times (per layer, where it has them) or t = 1 times
+        #: divided by (t * tensor_efficiency); ``partial``: some layers lack times at this t
+        self.per_t, self.partial = shared["per_t"]
         self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
-        self._layer_sums: dict[tuple[str, float, int], list[float]] = layer_sums if layer_sums is not None else {}
+        self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
@@ -191,8 +193,9 @@ class ConfigCosts(Costs):
         """Where the compute times come from: ``"per-t measured"``, ``"per-t operators"`` (the profile's
         times at this t) or ``"t=1 / (t * tensor_efficiency)"`` (``"t=1"`` when t is 1)."""
         if self.per_t:
-            lay = self.profile.layers[0].tensor_times[self.t]  # type: ignore[index]
-            return f"per-t {lay.source}"
+            src = next(lay.tensor_times[self.t].source for lay in self.profile.layers
+                       if lay.tensor_times and self.t in lay.tensor_times)
+            return f"per-t {src}" + (" (other layers: t=1 / (t * tensor_efficiency))" if self.partial else "")
         return "t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)"
 
     def _tp_comm(self, stage: int, samples: float) -> float:
@@ -229,17 +232,20 @@ class ConfigCosts(Costs):
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
         model's layers, computed once per kind and size)."""
-        t = self.t if self.per_t else 1
-        sums = self._layer_sums.get((kind, samples, t))
+        t = self.t
+        key = (kind, samples, t, self.per_t)
+        sums = self._layer_sums.get(key)
         if sums is None:
             sums = [0.0]
+            split = kind in ("bwd_input", "bwd_weight")
             for lay in self.profile.layers:
-                v = lay.shard_time(kind, samples, t) if self.per_t else lay.time(kind, samples)  # type: ignore[arg-type]
-                sums.append(sums[-1] + float(v or 0.0))
-            self._layer_sums[(kind, samples, t)] = sums
+                v = lay.shard_time(kind, samples, t) if self.per_t else None
+                if v is None:  # no times at this t: the t = 1 time over t and the split efficiency
+                    v = lay.time("bwd" if split else kind, samples) * (0.5 if split else 1.0) / (t * self.eff)  # type: ignore[arg-type]
+                sums.append(sums[-1] + v)
+            self._layer_sums[key] = sums
         i, j = self.stages[stage].layers
-        v = sums[j] - sums[i]
-        return v if self.per_t else v / (self.t * self.eff)
+        return sums[j] - sums[i]
 
     def fwd(self, stage: int, span: int = 1) -> float:
         key = (stage, span)
