@@ -175,3 +175,18 @@ def test_costs_with_per_t_times_on_some_layers_only():
     full = _costs(prof, 4)
     assert c.fwd(0) - full.fwd(0) == pytest.approx(
         emb.time("fwd", 2) / (4 * 0.95) - prof.layers[0].shard_time("fwd", 2, 4))
+
+
+def test_measured_shard_times_are_used_and_named():
+    """What ``pipeplan profile --tensor`` writes (source "measured") takes the place of the operator model."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    doubled = []
+    for x in prof.layers:
+        st = x.tensor_times[2]
+        meas = st.model_copy(update={"source": "measured", "fwd_time": {b: 2 * v for b, v in st.fwd_time.items()}})
+        doubled.append(x.model_copy(update={"tensor_times": {1: x.tensor_times[1], 2: meas}}))
+    measured = prof.model_copy(update={"layers": doubled})
+    c, base = _costs(measured, 2), _costs(prof, 2)
+    assert c.compute_source == "per-t measured"
+    layers = prof.layers[c.stages[0].layers[0]:c.stages[0].layers[1]]
+    assert c.fwd(0) - base.fwd(0) == pytest.approx(sum(x.shard_time("fwd", 2, 2) for x in layers))
