@@ -79,3 +79,18 @@ def test_ranking_claims_of_figures_13_to_15():
         t16 = [s for c, s in times.items() if c[0] == 16]
         if t8 and t16:
             assert t16[0] > t8[0]
+
+
+def test_candidate_configs_follow_the_papers_rules():
+    """Interleaved where p > 1 with v dividing the layers per stage and m a multiple of p, 1F1B where p = 1;
+    a stated micro-batch size is the only one tried."""
+    from planner.fidelity import candidate_configs
+
+    t1 = table_runs(DATA, "table1")
+    one = candidate_configs(t1[0])  # p = 1, B/d = 16
+    assert {c.schedule for c in one} == {"1f1b"} and sorted(c.micro_batch for c in one) == [1, 2, 4, 8]
+    big = candidate_configs(t1[9])  # 128 layers on p = 64: 2 per stage, v = 2 only
+    assert {(c.schedule, c.chunks) for c in big} == {("interleaved", 2)}
+    t2 = candidate_configs(table_runs(DATA, "table2")[0])  # micro-batch 1 stated; 8 layers per stage
+    assert {c.micro_batch for c in t2} == {1} and {c.chunks for c in t2} == {2, 4}
+    assert all(c.recompute for c in one + big + t2)
