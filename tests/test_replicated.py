@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipedream_front import front_heavy_profile, request, small_memory_cluster
 
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
+from planner.device import device_for_cluster
+from planner.model import PRESETS
 from planner.partition import pipedream_partition, pipedream_partition_arrays
 from planner.replicated import ReplicatedPlans
 from planner.request import TrainingRequest
@@ -107,16 +109,14 @@ def test_vectorised_program_matches_the_loops() -> None:
 
 def _bert48():  # type: ignore[no-untyped-def]
     cl = load_cluster(EX / "piz-daint-p100-16gb.json")
-    L, h, a, s, V, enc = PRESETS["bert-48"]
-    return transformer_profile("bert-48", L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc), cl
+    return analytic_profile(PRESETS["bert-48"], device_for_cluster(cl), dtype="fp32"), cl
 
 
 def test_uniform_transformer_stack_keeps_uniform_plans() -> None:
     """GPT-2 1.3B on 16 A100s and BERT-48 on 32 P100s: blocks of equal cost balance for some pipeline depth,
     so no replicated plan is even enumerated and the best plan is uniform."""
     cl = load_cluster(EX / "dgx-a100-80gb.json")
-    L, h, a, s, V, enc = PRESETS["gpt2-1.3b"]
-    gpt = transformer_profile("gpt2-1.3b", L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc)
+    gpt = analytic_profile(PRESETS["gpt2-1.3b"], device_for_cluster(cl))
     for prof, clu, gpus, batch in ((gpt, cl, 16, 64), (*_bert48(), 32, 256)):
         planner = Planner(prof, clu, TrainingRequest(global_batch=batch, gpus=gpus))
         assert not planner.replicated_keys(planner.configs(Counter()))
