@@ -24,8 +24,8 @@ stages (``D'`` dividing ``D``, every stage ``D / D'`` times, which the search en
 those whose average model state fits a device) reach ``U(D') D' / D`` with ``U`` the balanced partition's slowest
 stage. When one of them is within :data:`BALANCED` of the ideal, replication cannot improve the compute balance and
 the program is not run (uniform transformer stacks: balanced for some ``D'``). Nor when the program on computation
-alone, with every replica holding its stage's state (:meth:`ReplicatedPlans.balance_with_memory`, run a few times
-per search: cached up to a common factor of the layer costs), comes within :data:`BALANCED` of the best uniform
+alone, with every replica holding its stage's state (:meth:`ReplicatedPlans.balance_with_memory`, run once per
+t and recomputation in a search), comes within :data:`BALANCED` of the best uniform
 plan (GPT-3 175B: a device holds few blocks, so replicas cannot take the extra blocks off the slowest stage); nor
 when its answer replicates every stage alike (that plan is a uniform one).
 
@@ -90,18 +90,19 @@ class ReplicatedPlans:
         return self.balance_with_memory(t, D, samples, recompute) * (1 + BALANCED) < uniform
 
     def balance_with_memory(self, t: int, D: int, samples: float, recompute: bool) -> float:
-        """A(L, D) of the program on computation alone, the stages whose state does not fit left out (a
-        lower bound of the slowest replica's work per micro-batch of any replicated plan); cached per (t, D)
-        and the layer costs up to a common factor (the same for every micro-batch size of a profile whose
-        times scale alike), so the search runs it a few times only."""
-        costs = np.asarray(self.layer_costs(samples, recompute), dtype=float)
-        total = float(costs.sum())
+        """A(L, D) of the program on computation alone, the stages whose state does not fit left out: the
+        slowest replica's work per micro-batch of the best-balanced replicated plan. A gate, so computed
+        once per (t, recomputation) on the layer costs of the first micro-batch size asked, as shares of
+        the model's total (how the layers' times compare barely moves with b), and scaled to ``samples``'
+        total; one run for the largest D answers every smaller D (the search asks the largest first)."""
+        total = sum(self.layer_costs(samples, recompute))
         if total <= 0:
             return 0.0
-        key = (t, tuple(np.round(costs / total, 9)))
+        key = (t, recompute)
         got = self._balance.get(key)
-        if got is None or len(got) <= D:  # one run answers every smaller D too (the search asks largest first)
-            got = self._balance[key] = pipedream_slowest(costs / total, [0.0] * len(costs), D, self._fits(t))
+        if got is None or len(got) <= D:
+            costs = np.asarray(self.layer_costs(samples, recompute), dtype=float) / total
+            got = self._balance[key] = pipedream_slowest(costs, [0.0] * len(costs), D, self._fits(t))
         return float(got[D]) * total
 
     def _fits(self, t: int) -> np.ndarray:
