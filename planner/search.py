@@ -82,10 +82,14 @@ class Planner:
         room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
         keys = list(dict.fromkeys((c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) for c in configs))
         keys = [k for k in keys if self.memory.total_state / (k[0] * k[1]) <= room]
-        # the largest D first: the program on computation alone for D answers every smaller D
-        differ = {k for k in sorted(keys, key=lambda k: -k[1])
-                  if self.replicated.can_differ(k[0], k[1], k[3], k[4])}
-        return [k for k in keys if k in differ]
+        # a gate, decided once per (t, D, recomputation) at the smallest b (how the layers' times compare
+        # barely moves with b), the largest D first (the program on computation alone for D answers every
+        # smaller D)
+        gate: dict[tuple[int, int, bool], bool] = {}
+        for t, D, _, b, rc in sorted(keys, key=lambda k: (-k[1], k[3])):
+            if (t, D, rc) not in gate:
+                gate[(t, D, rc)] = self.replicated.can_differ(t, D, b, rc)
+        return [k for k in keys if gate[(k[0], k[1], k[4])]]
 
     def replicated_bound(self, t: int, D: int, W: int, b: int, recompute: bool) -> float:
         """A time no replicated plan of (t, D, W, b) beats: the ``N`` micro-batches' computation and the
