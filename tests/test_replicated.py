@@ -147,3 +147,37 @@ def test_uneven_replication_wins_where_the_front_dominates() -> None:
     uniform = min(c.iteration_time for c in res.candidates if c.config.replication is None)
     assert best.iteration_time < 0.95 * uniform
     assert math.isfinite(best.iteration_time)
+
+
+# ---- the executor: replicated stages run and train as one process does -------------------------------
+TINY = {"layers": 4, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
+RR_PLANS = {
+    "2-1-1 gpt-tiny": {"replication": "2,1,1", "N": 8, "model": None},
+    "1-2-1 gpt-tiny": {"replication": "1,2,1", "N": 6, "model": None},
+    "1-3 small +rc": {"replication": "1,3", "N": 5, "model": TINY, "recompute": True},
+    "2-1-1 grouped small": {"replication": "2,1,1", "N": 4, "model": TINY, "p2p": "grouped"},
+}
+
+
+@pytest.fixture(scope="module")
+def rr_runs() -> dict:  # type: ignore[type-arg]
+    from executor.launch import launch
+    from executor.plan import RunPlan
+    out = {}
+    for policy in ("prefetch", "grouped"):
+        names = [n for n, p in RR_PLANS.items() if p.get("p2p", "prefetch") == policy]
+        plans = [RunPlan.direct("1f1b-rr", 4, RR_PLANS[n]["N"], replication=RR_PLANS[n]["replication"],
+                                recompute=bool(RR_PLANS[n].get("recompute")),
+                                **({"model_overrides": RR_PLANS[n]["model"]} if RR_PLANS[n]["model"] else {}))
+                 for n in names]
+        res = launch(plans, 4, check=True, timeout=120, p2p=policy)
+        out.update(dict(zip(names, res["runs"], strict=True)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RR_PLANS))
+def test_replicated_stages_equal_single_process(rr_runs, name) -> None:  # type: ignore[no-untyped-def]
+    """Synchronous 1F1B-RR (a flush): the parameters after the run equal single-process training's."""
+    check = rr_runs[name]["check"]
+    assert check["ok"], check["message"]
