@@ -436,8 +436,9 @@ class RankRuntime:
     def _allreduce(self, s: int) -> None:
         keys = [(r, ss) for r, ss in self.held if ss == s]
         group = self.groups.stage.get(s)
-        if self.emu is not None:
-            flat = torch.zeros(self.emu.allreduce_elements(s), dtype=torch.float32, device=self.tdev)
+        if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
+            n = self.emu.allreduce_elements(s) if group is not None else 0
+            flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
         else:
             flat = None
             for key in keys:
