@@ -21,7 +21,7 @@ from planner.model import PRESETS
 from planner.partition import pipedream_partition, pipedream_partition_arrays
 from planner.replicated import ReplicatedPlans
 from planner.request import TrainingRequest
-from planner.schedules import build
+from planner.schedules import build, inflight
 from planner.schedules.ir import ALLREDUCE, B, F, lower
 from planner.schedules.one_f_one_b_rr import parse_replication
 from planner.schedules.replay import replay_lowered
@@ -52,6 +52,15 @@ def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
     # one all-reduce per stage copy: every device all-reduces its one stage once
     for row in low.actions:
         assert Counter(a.kind for a in row)[ALLREDUCE] == 1
+    # the in-flight counts the planner bounds memory with are the lists' peaks, per stage copy
+    counts = inflight("1f1b-rr", D, N, replication=",".join(map(str, reps)))
+    for d, row in enumerate(sched.actions):
+        alive = peak = 0
+        for a in row:
+            alive += 1 if a.kind == F else -1
+            peak = max(peak, alive)
+        (r, s), = sched.stages_on(d)
+        assert counts[(r, s)] == peak
     # the fast replay times exactly the lowered lists
     costs = UnitCosts(comm=0.3, allreduce_time=0.5)
     assert simulate(sched, costs).makespan == pytest.approx(replay_lowered(low, costs).makespan)

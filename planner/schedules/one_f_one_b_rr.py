@@ -103,18 +103,18 @@ def _schedule(devices: int, microbatches: int, replication: str | Sequence[int],
                     params={"replication": replication_label(reps), "noam": math.ceil(devices / reps[0])})
 
 
-def shape(devices: int, microbatches: int, replication: str | Sequence[int]) -> Schedule:
+def shape(devices: int, microbatches: int, replication: str | Sequence[int] = "") -> Schedule:
     """The schedule without its action lists (what the planner needs before building them)."""
-    return _schedule(devices, microbatches, replication, None)
+    return _schedule(devices, microbatches, replication or (1,) * devices, None)
 
 
 
 
-def inflight(devices: int, microbatches: int, replication: str | Sequence[int]) -> dict[tuple[int, int], int]:
+def inflight(devices: int, microbatches: int, replication: str | Sequence[int] = "") -> dict[tuple[int, int], int]:
     """Per (route naming the stage replica, stage), the most micro-batches alive at once on it:
     ``min(c_s, its micro-batches)``."""
     check_positive(devices=devices, microbatches=microbatches)
-    reps = parse_replication(replication, devices)
+    reps = parse_replication(replication or (1,) * devices, devices)
     c = warmup_counts(reps)
     return {(k, s): min(c[s], len(_microbatches_of(r, k, microbatches)))
             for s, r in enumerate(reps) for k in range(r)}
