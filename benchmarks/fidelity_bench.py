@@ -26,8 +26,10 @@ sys.path.insert(0, str(ROOT))
 from planner.cluster import load_cluster  # noqa: E402
 from planner.device import get_device  # noqa: E402
 from planner.fidelity import (  # noqa: E402
+    korthikanti_runs,
     load_tables,
     median,
+    predict_fixed,
     predict_run,
     ranking_checks,
     table_runs,
@@ -88,6 +90,17 @@ def main() -> None:
         loo.append(abs(p.seconds * scale / p.run.measured_seconds() - 1))
     print(f"leave-one-out with one fitted time scale per cluster (calibration, not shipped): median |error| "
           f"{median(loo):.1%}, worst {max(loo):.1%}")
+    # second check: Korthikanti et al. 2022 Table 5 (stated configurations, full recomputation)
+    kdata = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
+    print("\nKorthikanti et al. 2022, Table 5 (full recomputation, configuration as stated):")
+    kerrs = []
+    for run, row in zip(korthikanti_runs(kdata), kdata["runs"], strict=True):
+        cand = predict_fixed(run, row["chunks"], base, dev, opts)
+        err = cand.iteration_time / row["seconds_full"] - 1
+        kerrs.append(abs(err))
+        print(f"  {row['name']:5s} t={run.t} p={run.p:2d} B={run.batch:3d} b={run.micro_batch} v={row['chunks']}: "
+              f"measured {row['seconds_full']:6.2f} s, predicted {cand.iteration_time:6.2f} s, error {err:+6.1%}")
+    print(f"  median |error| {median(kerrs):.1%}, worst {max(kerrs):.1%}")
     if args.no_rankings:
         return
     print("\nranking claims (figures 13-15; plain 1F1B, micro-batch 1, recomputation):")
