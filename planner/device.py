@@ -189,7 +189,8 @@ class DeviceSpec(BaseModel):
         the padded part of edge tiles is wasted, ``m n / (ceil(m/tm) tm ceil(n/tn) tn)``. Wave
         quantisation: with ``N`` tiles the last of ``ceil(N / sm_count)`` waves runs partly empty, so the
         GEMM takes ``ceil(N/S)`` wave times for ``N/S`` waves of work (the guide's example: 108 SMs of an
-        A100 and 256 x 128 tiles). The library picks its tile per shape; we take the best of ``tiles``.
+        A100 and 256 x 128 tiles). The library picks its tile per shape; we take the best of ``tiles`` (or
+        ``tile`` alone where it is set).
         The efficiency curve is the best-shape ceiling (a measured sweep's best shape fills its waves), so
         this factor is applied on top of it. 1.0 when the device has neither ``tile`` nor ``sm_count``."""
         if self.sm_count is None:
@@ -198,7 +199,7 @@ class DeviceSpec(BaseModel):
             tm, tn = self.tile
             return (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
         best = 0.0
-        for tm, tn in (self.tiles or ([self.tile] if self.tile else [(256, 128)])):
+        for tm, tn in ([self.tile] if self.tile else (self.tiles or [(256, 128)])):
             blocks = math.ceil(m / tm) * math.ceil(n / tn) * batch
             waves = blocks / self.sm_count
             best = max(best, (m * n * batch) / (blocks * tm * tn) * waves / math.ceil(waves))

@@ -226,9 +226,21 @@ def head_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions
     ops = [elementwise("final_norm", rows * h, el, reads=1, writes=1, flops_per=8.0, bwd_reads=2, bwd_writes=1,
                        saved_bytes=el * rows * h),
            gemm("logits", T, v_t, h, el, accumulate=acc),
-           elementwise("cross_entropy", T * v_t, 4, reads=1, writes=1, flops_per=5.0, bwd_reads=1, bwd_writes=1,
-                       saved_bytes=4 * T * v_t)]
+           cross_entropy(T * v_t, el)]
     return ops
+
+
+def cross_entropy(logits: float, el: int) -> Operator:
+    """Megatron-LM's vocabulary-parallel cross-entropy (``mpu/cross_entropy.py``, 2021-22) over ``logits``
+    elements of this rank's ``T x V/t`` shard, as the separate passes it runs: the 16-bit logits cast to
+    fp32 (``output.float()``, read ``el`` write 4 bytes), the row max (read 4), ``sub_`` of the max (read
+    4, write 4), ``exp`` (read 4, write 4), the row sum (read 4), ``div_`` to the softmax it saves (read 4,
+    write 4): ``el + 34`` bytes per logit forward; backward ``mul_`` by the loss gradient (read 4, write
+    4) and the cast back to 16 bits (read 4, write ``el``): ``12 + el``. (The one-hot subtraction and the
+    all-reduces of the row max and sum touch ``T`` elements only.)"""
+    fwd = Kernel("cross_entropy", 5.0 * logits, (el + 34.0) * logits)
+    bwd = Kernel("cross_entropy.bwd", 2.0 * logits, (12.0 + el) * logits)
+    return Operator("cross_entropy", (fwd,), (bwd,), (), 4.0 * logits)
 
 
 def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:
