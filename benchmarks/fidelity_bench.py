@@ -77,7 +77,8 @@ def main() -> None:
     print(f"goal (every row within {GOAL_ROW:.0%}, median within {GOAL_MEDIAN:.0%}): "
           + ("MET" if met else "NOT MET -- the predictions are uniformly fast (see the signed error). Modelled "
              "since the first version: wave/tile quantisation of each GEMM on 108 SMs, Megatron's fp32 "
-             "cross-entropy passes. The same model predicts Korthikanti et al. 2022 (the same machine and "
+             "cross-entropy passes, the bias add and bias-gradient kernels, the mixed-precision optimizer's "
+             "gradient passes. The same model predicts Korthikanti et al. 2022 (the same machine and "
              "code base a year later, configurations stated; below) within 1-10%, so what remains is specific "
              "to the 2021 runs or to our choice of b and v where the paper does not state them"))
     # leave-one-out: one cluster-wide scale fitted on the other rows (what calibration, item 5, would do)

@@ -1,11 +1,12 @@
 """Predicted against measured: Megatron-LM SC'21 Tables 1 and 2 and the ranking claims of figures 13-15.
 
 The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: the operator
-model on the shipped A100 description predicts every row 11-18% too fast (median |error| 13.1%, worst
-17.8%, measured with ``python benchmarks/fidelity_bench.py``; 14-20% / 17.5% before GEMM wave
-quantisation and the fp32 cross-entropy passes were modelled), uniformly so: one cluster-wide time scale
-fitted on the other rows brings each row within 5.5% (leave-one-out). The same model predicts Korthikanti
-et al. 2022 Table 5 (tests/data/korthikanti_table5.json) within 1.3-9.6%. The thresholds below are the
+model on the shipped A100 description predicts every row 10-17% too fast (median |error| 12.1%, worst
+17.1%, measured with ``python benchmarks/fidelity_bench.py``; 14-20% / 17.5% before GEMM wave
+quantisation, the fp32 cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient
+passes were modelled), uniformly so: one cluster-wide time scale fitted on the other rows brings each row
+within 5.7% (leave-one-out). The same model predicts Korthikanti et al. 2022 Table 5
+(tests/data/korthikanti_table5.json) within 1.0-6.9%. The thresholds below are the
 figures reached (regression guards), not the goal. No constant of the model is fitted to these rows.
 """
 
@@ -30,8 +31,8 @@ from planner.fidelity import (
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
 GOAL_ROW, GOAL_MEDIAN = 0.10, 0.05  # issue 11: not met yet
-GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.185, 0.135, 0.075, 0.06  # reached (module docstring)
-GUARD_K_ROW, GUARD_K_MEDIAN = 0.10, 0.05  # Korthikanti et al. 2022 Table 5: reached 9.6% worst, 4.3% median
+GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.175, 0.125, 0.075, 0.06  # reached (module docstring)
+GUARD_K_ROW, GUARD_K_MEDIAN = 0.075, 0.04  # Korthikanti et al. 2022 Table 5: reached 6.9% worst, 3.7% median
 #: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 512 predicts
 #: (t, p) = (4, 16) 0.7% faster than the measured best (8, 8) (the bubble is small at 512 micro-batches and
 #: the t = 4 GEMMs are larger; what made (8, 8) faster in the measured run is not in the model).
@@ -113,7 +114,7 @@ def test_candidate_configs_follow_the_papers_rules():
 @pytest.mark.slow
 def test_korthikanti_table5_within_reached_error():
     """The second published check, in its stated configurations: every full-recomputation row of
-    Korthikanti et al. 2022 Table 5 within 10% and the median within 5%, all predicted fast (the sign
+    Korthikanti et al. 2022 Table 5 within the reached error (the goal of 10% / 5% is met), all predicted fast (the sign
     says the model misses work; a row predicted slow would be a new kind of error)."""
     data = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
     base = load_cluster(ROOT / "examples" / "clusters" / f"{data['cluster']}.json")
