@@ -190,3 +190,14 @@ def test_replicated_stages_equal_single_process(rr_runs, name) -> None:  # type:
     """Synchronous 1F1B-RR (a flush): the parameters after the run equal single-process training's."""
     check = rr_runs[name]["check"]
     assert check["ok"], check["message"]
+
+
+def test_predict_a_named_replication() -> None:
+    """A replication the user names (not the program's) gets the partition balancing work per replica."""
+    from planner.request import Config
+    from planner.search import predict, weighted_partition
+    assert weighted_partition([4.0, 1.0, 1.0, 1.0, 1.0], (2, 1, 1)) == [(0, 1), (1, 3), (3, 5)]
+    cand = predict(front_heavy_profile(), small_memory_cluster(), request(),
+                   Config(tensor=1, pipeline=4, data=1, micro_batch=1, schedule="1f1b-rr", replication="1,2,1"))
+    assert cand.simulation is not None and len(cand.partition) == 3
+    assert "x2" in cand.label()
