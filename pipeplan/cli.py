@@ -93,7 +93,7 @@ def show_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
 
 # commands owned by other packages register themselves when their module is present
 for _mod in ("pipeplan.commands_export", "profiler.cli", "pipeplan.commands_plan", "executor.cli",
-             "api.cli"):
+             "api.cli", "pipeplan.commands_calibrate"):
     try:
         importlib.import_module(_mod).register(app)
     except ModuleNotFoundError as _e:  # the package is not built yet / not installed

@@ -143,3 +143,34 @@ def test_content_hash_unchanged_without_the_new_fields() -> None:
     legacy = {k: v for k, v in cl.model_dump(mode="json").items() if k not in ("executor", "calibration")}
     digest = hashlib.sha256(json.dumps(legacy, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert cl.content_hash() == digest
+
+
+def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.cluster import load_cluster, save_cluster
+    from planner.profile import save_profile
+
+    prof, cl = profile(), cluster()
+    save_profile(prof, tmp_path / "p.json")
+    save_cluster(cl, tmp_path / "c.json")
+    truth = with_calibration(cl, {"compute_scale": 1.4, "link_scale": 0.6, "action_overhead": 1e-4})
+    runs = []
+    for o in observations(prof):
+        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
+        runs.append({"profile": "p.json", "candidate": cand, "measured": predicted(o, truth)})
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json"), "--out", str(tmp_path / "out.json")])
+    assert r.exit_code == 0, r.output
+    assert "compute_scale 1.4" in r.output and "median |error|" in r.output
+    cal = load_cluster(tmp_path / "out.json").calibration
+    assert cal is not None and cal.link_scale == pytest.approx(0.6, rel=0.02)
+    runs[0]["measured"] = -1
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json")])
+    assert r.exit_code == 2 and "runs[0].measured" in r.output
