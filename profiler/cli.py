@@ -69,6 +69,7 @@ def profile(
     recompute: bool = typer.Option(False, help="also measure the backward with recomputation"),
     seq: int | None = typer.Option(None, help="override the preset's sequence length"),
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
+    tensor: str = typer.Option("", help="also time each layer's tensor-parallel shard at these t (1,2,4,8)"),
 ) -> None:
     """Profile a zoo model layer by layer and write a ModelProfile JSON."""
     from profiler.run import measured_layers, profile_model
@@ -102,6 +103,7 @@ def profile(
                 recompute=recompute,
                 progress=advance,
                 threads=threads,
+                tensor=_parse_ints(tensor, "--tensor") if tensor else None,
             )
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
