@@ -25,3 +25,13 @@ def test_per_kind_and_gaps() -> None:
     assert gap == pytest.approx(5e-6)
     steps = _fastest_rank_steps({"traceEvents": events + [_ev(1, 2, "STEP", "STEP", 2000, 7)]}, warmup=1)
     assert steps == [pytest.approx(51e-6), pytest.approx(7e-6)]
+
+
+@pytest.mark.slow  # launches the executor on 2 processes
+def test_measure_overhead_end_to_end() -> None:
+    from profiler.overhead import measure_overhead
+
+    ex, raw = measure_overhead(procs=2, microbatches=4, iterations=3, warmup=1)
+    assert ex.compute > 0 and ex.send > 0 and ex.recv > 0 and ex.step > 0
+    assert "gloo processes" in ex.source
+    assert raw["F"]["count"] == 3 * 2 * 4 and raw["B"]["count"] == 3 * 2 * 4
