@@ -9,7 +9,8 @@ and stores the result as a new :class:`db.models.ClusterRow` (``base_id`` the up
 the uncalibrated cluster and of the newest calibration.
 
 A job counts when it succeeded with a stored result and, unless ``include_emulated``, its compute was real
-(emulated runs sleep the profile's times: they say nothing about the device's efficiency).
+(emulated runs sleep the profile's times: they say nothing about the device's efficiency); the newest
+``MAX_JOBS`` count.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from planner.cluster import Cluster
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 
+#: the newest finished jobs a fit or an error report reads (each costs a few simulations in the API process)
+MAX_JOBS = 100
 CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
                  "pipelines", "concat")
 
@@ -69,7 +72,7 @@ def observations(db: Session, cluster_id: int, include_emulated: bool = False) -
          .join(PlanRequest, PlanRequest.id == Job.plan_id)
          .join(CandidateRow, (CandidateRow.plan_id == Job.plan_id) & (CandidateRow.rank == Job.candidate_index))
          .where(PlanRequest.cluster_id.in_(ids), Job.state == "succeeded")
-         .order_by(Job.id))
+         .order_by(Job.id.desc()).limit(MAX_JOBS))
     if not include_emulated:
         q = q.where(Result.emulated.is_(False))
     profiles: dict[int, ModelProfile] = {}
@@ -84,7 +87,7 @@ def observations(db: Session, cluster_id: int, include_emulated: bool = False) -
         config = Config(**{k: body[k] for k in CONFIG_FIELDS if body.get(k) is not None})
         out.append(Observation(profiles[plan.profile_id], TrainingRequest.model_validate(plan.request), config,
                                float(res.iteration_time), job.id))
-    return out
+    return out[::-1]
 
 
 def _errors(obs: list[Observation], before: Cluster, after: Cluster) -> list[dict[str, Any]]:
