@@ -145,6 +145,7 @@ def test_content_hash_unchanged_without_the_new_fields() -> None:
     assert cl.content_hash() == digest
 
 
+@pytest.mark.slow  # the CLI's imports and a dozen fits' simulations: several seconds
 def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
@@ -174,3 +175,44 @@ def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def
     r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
                                  str(tmp_path / "runs.json")])
     assert r.exit_code == 2 and "runs[0].measured" in r.output
+
+
+@pytest.mark.slow  # simulates every configuration
+def test_search_bounds_hold_with_overhead_and_calibration() -> None:
+    """The search prunes by lower bounds: with per-action overhead and calibration in the costs, no bound
+    may exceed the simulated time (every schedule, including the merged ones' warm-up bounds)."""
+    from collections import Counter
+    from pathlib import Path
+
+    from planner.analytic import analytic_profile
+    from planner.cluster import load_cluster
+    from planner.device import device_for_cluster
+    from planner.model import PRESETS
+    from planner.schedules import inflight_exact
+    from planner.search import Planner
+
+    base = load_cluster(Path(__file__).parent.parent / "examples" / "clusters" / "piz-daint-p100-16gb.json")
+    cl = base.model_copy(update={
+        "executor": ExecutorOverhead(compute=2e-3, send=1e-3, recv=1.5e-3, allreduce=3e-3, step=5e-3),
+        "calibration": Calibration(compute_scale=0.7, link_scale=1.6, action_overhead=1e-3)})
+    prof = analytic_profile(PRESETS["bert-48"], device_for_cluster(base), dtype="fp32")
+    planner = Planner(prof, cl, TrainingRequest(global_batch=64, gpus=8))
+    checked = 0
+    for cfg in planner.configs(Counter()):
+        cand, costs = planner.prepare(cfg)
+        if costs is None:
+            continue
+        warmup_bound = None
+        if not inflight_exact(cfg.schedule):
+            n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
+            rejected, warmup = planner.too_big_before_merge(cand, costs, n)
+            if not rejected and warmup is not None:
+                warmup_bound = planner.prefix_bound(cand, costs, warmup)
+        planner.evaluate(cand, costs)
+        if cand.simulation is None:
+            continue
+        checked += 1
+        assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+        if warmup_bound is not None:
+            assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+    assert checked > 20
