@@ -31,6 +31,18 @@ def test_profile_with_tensor_times() -> None:
             assert layer.tensor_times[4].fwd_time == layer.fwd_time
     assert prof.layers[0].shard_time("fwd", 1, 2) == prof.layers[0].time("fwd", 1)
 
+    # the planner uses the measured shard times at t = 2 and says so
+    from planner.cluster import Cluster, Link
+    from planner.request import Config, TrainingRequest
+    from planner.search import predict
+
+    link = Link(alpha=5e-5, beta=5e-10)
+    cl = Cluster(name="local", nodes=1, gpus_per_node=4, device="cpu", memory_bytes=2**34, peak_flops=1e11,
+                 intra=link, inter=link)
+    cand = predict(prof, cl, TrainingRequest(global_batch=2), Config(tensor=2, pipeline=1, data=1, micro_batch=2,
+                                                                       schedule="1f1b"))
+    assert cand.to_dict()["compute"] == "per-t measured"
+
 
 def test_tensor_sizes_must_split_the_heads() -> None:
     with pytest.raises(ValueError, match="--tensor: t=3"):
