@@ -14,8 +14,10 @@
   (:func:`planner.device.find_device`), else the best GEMM rate measured here (the curve then tops at 1,
   and ``sources`` says so).
 
-Timing (:func:`profiler.timing.time_op`): CUDA events on the GPU, ``perf_counter`` on the CPU; median of
-``repeats`` after ``warmup``. ``quick=True`` runs a handful of small shapes in a few seconds (CI on CPU).
+Timing (:func:`profiler.timing.time_op`): CUDA events on the GPU, ``perf_counter`` on the CPU; the fastest
+of ``repeats`` after ``warmup`` (other processes only add time: on a shared machine a long GEMM's median
+includes being descheduled, as in :mod:`profiler.links`). ``quick=True`` runs a handful of small shapes in a
+few seconds (CI on CPU).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
         a = torch.randn(batch, m, k, device=dev, dtype=torch_dtype)
         b = torch.randn(batch, k, n, device=dev, dtype=torch_dtype)
         timing = time_op(lambda: None, lambda _s, a=a, b=b: torch.matmul(a, b), dev, warmup=warmup, repeats=reps)
-        points.append(GemmPoint(m=m, n=n, k=k, batch=batch, dtype=dt_name, seconds=max(timing.median, 1e-9)))
+        points.append(GemmPoint(m=m, n=n, k=k, batch=batch, dtype=dt_name, seconds=max(min(timing.samples), 1e-9)))
         del a, b
 
     mem_sizes = [2**p for p in range(12, 25 if quick else 29, 2)]  # 4 KiB .. 16 MiB (quick) / 256 MiB
@@ -129,7 +131,7 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
         dst = torch.empty_like(src)
         timing = time_op(lambda: None, lambda _s, src=src, dst=dst: dst.copy_(src), dev, warmup=warmup,
                          repeats=reps)
-        mem_rates.append((2 * nbytes, 2 * nbytes / max(timing.median, 1e-12)))
+        mem_rates.append((2 * nbytes, 2 * nbytes / max(min(timing.samples), 1e-12)))
         del src, dst
     bandwidth = max(r for _, r in mem_rates)
 
@@ -157,7 +159,7 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
         gemm_efficiency={dt_name: curve}, gemm_points=points, memory_efficiency=mem_curve,
         kernel_overhead_s=overhead,
         sources={"peak_flops": peak_source,
-                 "gemm_efficiency": f"{len(points)} GEMMs (median of {reps}) measured by {where}",
+                 "gemm_efficiency": f"{len(points)} GEMMs (fastest of {reps}) measured by {where}",
                  "gemm_points": where, "memory_bandwidth": f"best dst.copy_(src) rate (read + write), {where}",
                  "memory_efficiency": f"dst.copy_(src) over {len(mem_sizes)} sizes, {where}",
                  "kernel_overhead_s": f"median add of one-element tensors, {where}",
