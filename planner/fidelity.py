@@ -106,10 +106,15 @@ def run_cluster(base: Cluster, gpus: int) -> Cluster:
 
 
 def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int, ...],
-                options: OperatorOptions | None = None) -> ModelProfile:
-    return analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
+                options: OperatorOptions | None = None, blocking_p2p: bool = True) -> ModelProfile:
+    """The operator-model profile of the run's model; ``blocking_p2p``: Megatron 2021's runtime waited for
+    its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p")."""
+    prof = analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
                             tensor_sizes=(1, run.t) if run.t > 1 else (1,),
                             options=options or OperatorOptions(attention="unfused", dropout=True))
+    if blocking_p2p:
+        prof = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
+    return prof
 
 
 def candidate_configs(run: PublishedRun, micro_batches: tuple[int, ...] = (1, 2, 4, 8),

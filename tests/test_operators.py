@@ -161,3 +161,32 @@ def test_costs_use_per_t_times_and_say_so():
     c_sp = _costs(sp, 4)
     assert c_sp.fwd(1) - shard == pytest.approx(
         2 * c4.stages[1].transformer_layers * 2 * ring_allgather(4, nbytes, c4.cluster.intra))
+
+
+def test_costs_with_per_t_times_on_some_layers_only():
+    """A measured profile may time only the transformer layers per t: the others are scaled, and the
+    candidate says so."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2, 4), tensor_sizes=(1, 4))
+    layers = [x if x.kind == "transformer" else x.model_copy(update={"tensor_times": None}) for x in prof.layers]
+    part = prof.model_copy(update={"layers": layers})
+    c = _costs(part, 4)
+    assert c.compute_source == "per-t operators (other layers: t=1 / (t * tensor_efficiency))"
+    emb = part.layers[0]
+    full = _costs(prof, 4)
+    assert c.fwd(0) - full.fwd(0) == pytest.approx(
+        emb.time("fwd", 2) / (4 * 0.95) - prof.layers[0].shard_time("fwd", 2, 4))
+
+
+def test_measured_shard_times_are_used_and_named():
+    """What ``pipeplan profile --tensor`` writes (source "measured") takes the place of the operator model."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    doubled = []
+    for x in prof.layers:
+        st = x.tensor_times[2]
+        meas = st.model_copy(update={"source": "measured", "fwd_time": {b: 2 * v for b, v in st.fwd_time.items()}})
+        doubled.append(x.model_copy(update={"tensor_times": {1: x.tensor_times[1], 2: meas}}))
+    measured = prof.model_copy(update={"layers": doubled})
+    c, base = _costs(measured, 2), _costs(prof, 2)
+    assert c.compute_source == "per-t measured"
+    layers = prof.layers[c.stages[0].layers[0]:c.stages[0].layers[1]]
+    assert c.fwd(0) - base.fwd(0) == pytest.approx(sum(x.shard_time("fwd", 2, 2) for x in layers))
