@@ -134,19 +134,21 @@ def _solve(J: np.ndarray, rhs: np.ndarray, y: np.ndarray,
         if np.linalg.cond(cols / norms) <= MAX_COND:
             free = trial
     new = dict(theta)
+    pinned: list[str] = []
     while True:
         fixed = [i for i in range(len(FACTORS)) if i not in free]
         b = rhs - J[:, fixed] @ np.array([new[FACTORS[i]] for i in fixed]) if fixed else rhs.copy()
         if not free:
-            return new, []
+            return new, pinned
         sol, *_ = np.linalg.lstsq(J[:, free] * w[:, None], b * w, rcond=None)
         out = [(i, float(v)) for i, v in zip(free, sol, strict=True) if v < LOWER[FACTORS[i]]]
         if not out:
             for i, v in zip(free, sol, strict=True):
                 new[FACTORS[i]] = float(v)
-            return new, [FACTORS[i] for i in free]
+            return new, [FACTORS[i] for i in free] + pinned
         i, _ = out[0]
         new[FACTORS[i]] = LOWER[FACTORS[i]]  # out of range: pin it at its bound, refit the rest
+        pinned.append(f"{FACTORS[i]} (at its bound)")
         free.remove(i)
 
 

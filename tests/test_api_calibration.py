@@ -34,6 +34,9 @@ def _finish(client: Any, plan: dict[str, Any], index: int, worker: int, seconds:
 def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyped-def]
     profile_id, cluster_id, plan = seed_plan(client)
     assert client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH).status_code == 409  # no jobs yet
+    empty = client.get(f"/clusters/{cluster_id}/calibration", headers=AUTH).json()
+    assert empty["jobs"] == [] and empty["median_abs_error_before"] is None and empty["newest_version"] == 1
+    assert client.get("/clusters/999/calibration", headers=AUTH).status_code == 404
     assert client.post("/clusters/999/calibrate", headers=AUTH).status_code == 404
     w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()["id"]
     truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)

@@ -216,3 +216,14 @@ def test_search_bounds_hold_with_overhead_and_calibration() -> None:
         if warmup_bound is not None:
             assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
     assert checked > 20
+
+
+def test_a_factor_past_its_bound_is_pinned_there_and_said() -> None:
+    prof, cl = profile(), cluster()
+    obs = observations(prof)
+    truth = with_calibration(cl, {"compute_scale": 1.1, "link_scale": 1e-5, "action_overhead": 0.0})
+    for o in obs:
+        o.measured = predicted(o, truth) * (0.97 if o.config.data > 1 else 1.0)  # less than no communication
+    cal = fit(cl, obs).calibration
+    assert cal.link_scale == pytest.approx(1e-3) and "link_scale (at its bound)" in cal.fitted
+    assert cal.compute_scale > 0.5
