@@ -92,3 +92,18 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
         predicted(Observation(prof, req, Config(**{k: first[k] for k in FIELDS if first.get(k) is not None}),
                               1.0), truth), rel=0.02)
     assert same[0]["iteration_time"] > first["iteration_time"] * 1.1
+
+
+def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    with live_server.client() as c:
+        cl = c.post("/clusters", json=tiny_cluster()).json()
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"]),
+                                 "--token", AUTH["Authorization"].split()[1]])
+    assert r.exit_code == 2 and "HTTP 409" in r.output and "no finished job" in r.output
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"]),
+                                 "--token", "wrong"])
+    assert r.exit_code == 2 and ("HTTP 401" in r.output or "HTTP 403" in r.output)
