@@ -90,8 +90,11 @@ def real() -> dict[str, float]:
     from executor.launch import launch
     from executor.models import get_config
     from executor.plan import RunPlan
+    from planner.cluster import load_cluster
     from profiler.run import profile_model
 
+    with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
+        cluster = load_cluster(measured_cluster(tmp, D_REAL, overhead=True))
     torch.set_num_threads(1)
     profile = profile_model(get_config(MODEL), micro_batches=[1, 2, 4], threads=1, repeats=7)
     cases = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}), ("chimera", {}),
@@ -101,14 +104,17 @@ def real() -> dict[str, float]:
     res = launch(plans, D_REAL, timeout=120)
     assert res is not None  # one node: rank 0 is here
     print(f"\n== real compute, {D_REAL} processes ({MODEL}, fp32, N={N_REAL}, b={B_REAL}) ==")
-    print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}")
+    print("predicted: the default local link; pred+ovh: link and executor overhead measured here")
+    print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}{'pred+ovh ms':>13}{'ratio':>8}")
     out = {}
     for (s, kw), plan, run in zip(cases, plans, res["runs"], strict=True):
         pred = Emulator(plan, plan.compute_schedule(), profile).predict()["iteration_time"]
+        with_ovh = Emulator(plan, plan.compute_schedule(), profile, cluster).predict()["iteration_time"]
         meas = run["measured"]["iteration_time"]
         out[s] = meas
         label = s + (f"({','.join(f'{k}={v}' for k, v in kw.items())})" if kw else "")
-        print(f"{label:<22}{pred * 1e3:>14.2f}{meas * 1e3:>14.2f}{meas / pred:>8.3f}")
+        print(f"{label:<22}{pred * 1e3:>14.2f}{meas * 1e3:>14.2f}{meas / pred:>8.3f}{with_ovh * 1e3:>13.2f}"
+              f"{meas / with_ovh:>8.3f}")
     return out
 
 
