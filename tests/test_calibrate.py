@@ -205,9 +205,9 @@ def test_search_bounds_hold_with_overhead_and_calibration() -> None:
         warmup_bound = None
         if not inflight_exact(cfg.schedule):
             n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
-            rejected, warmup = planner.too_big_before_merge(cand, costs, n)
+            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
-                warmup_bound = planner.prefix_bound(cand, costs, warmup)
+                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
         planner.evaluate(cand, costs)
         if cand.simulation is None:
             continue

@@ -32,6 +32,8 @@ def test_measure_overhead_end_to_end() -> None:
     from profiler.overhead import measure_overhead
 
     ex, raw = measure_overhead(procs=2, microbatches=4, iterations=3, warmup=1)
-    assert ex.compute > 0 and ex.send > 0 and ex.recv > 0 and ex.step > 0
+    # send/recv/step are record durations (> 0); compute is what the records exceed the profiled layers by,
+    # clamped at 0 (on a loaded machine the profile may come out slower than the run)
+    assert ex.send > 0 and ex.recv > 0 and ex.step > 0 and ex.compute >= 0
     assert "gloo processes" in ex.source
     assert raw["F"]["count"] == 3 * 2 * 4 and raw["B"]["count"] == 3 * 2 * 4
