@@ -110,8 +110,9 @@ def register(app: typer.Typer) -> None:
         token: TokenOpt = None,
         include_emulated: Annotated[bool, typer.Option(help="with --api: count emulated runs too")] = False,
     ) -> None:
-        """Fit compute scale, link scale and per-action overhead to finished runs (least squares over the
-        simulator's predictions) and store them with the cluster."""
+        """Fit compute scale, link scale and per-action overhead to finished runs; store them with the cluster.
+
+        Least squares over the simulator's predictions (planner.calibrate)."""
         if api is not None:
             if cluster_id is None:
                 fail("--api needs --cluster-id")

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from executor.models import get_config
 from planner.profile import ModelProfile, save_profile
 
 console = Console(stderr=True)
@@ -72,6 +71,7 @@ def profile(
     tensor: str = typer.Option("", help="also time each layer's tensor-parallel shard at these t (1,2,4,8)"),
 ) -> None:
     """Profile a zoo model layer by layer and write a ModelProfile JSON."""
+    from executor.models import get_config  # torch: only when a model is profiled
     from profiler.run import measured_layers, profile_model
 
     sizes = _parse_ints(micro_batches, "--micro-batches")
@@ -198,8 +198,9 @@ def profile_device_cmd(
     threads: int | None = typer.Option(None, min=1, help="torch.set_num_threads first (CPU)"),
     name: str | None = typer.Option(None, help="the device's name in the description (default: detected)"),
 ) -> None:
-    """Measure this machine's device description (GEMM and memory-copy sweeps, kernel overhead) with torch,
-    in planner.device's schema: a cluster's `device` may then name the file."""
+    """Measure this machine's device description with torch (GEMM and memory-copy sweeps).
+
+    Written in planner.device's schema (kernel overhead too): a cluster's `device` may then name the file."""
     import torch
 
     from planner.device import save_device
