@@ -49,6 +49,7 @@ from api import crud
 from api.deps import DB, Read
 from api.routers.common import IdPath
 from api.schemas import Message
+from planner.model import PRESETS
 from planner.request import ALL_SCHEDULES, ASYNC_SCHEDULES
 
 HERE = Path(__file__).resolve().parent.parent
@@ -195,7 +196,7 @@ def plans_page(request: Request) -> HTMLResponse:
 
 @pages.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(request: Request, plan_id: IdPath) -> HTMLResponse:
-    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id)
+    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id, models=sorted(PRESETS))
 
 
 @pages.get("/ui/jobs", response_class=HTMLResponse)
@@ -205,7 +206,7 @@ def jobs_page(request: Request) -> HTMLResponse:
 
 @pages.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: IdPath) -> HTMLResponse:
-    return _page(request, "job.html", f"Job {job_id}", job_id=job_id)
+    return _page(request, "job.html", f"Job {job_id}", job_id=job_id, models=sorted(PRESETS))
 
 
 @pages.get("/ui/workers", response_class=HTMLResponse)
