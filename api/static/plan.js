@@ -109,7 +109,7 @@ function renderWhyEmpty(plan) {
   const box = document.getElementById("why-empty");
   if (plan.status !== "done" || plan.candidates.length) { box.hidden = true; return; }
   const r = plan.request || {};
-  const gpus = r.gpus != null ? `${r.gpus} GPUs` : "the whole cluster";
+  const gpus = r.gpus != null ? `${r.gpus} GPU${r.gpus === 1 ? "" : "s"}` : "the whole cluster";
   const reasons = rejectionReasons(plan);
   const plural = (n) => `${n} configuration${n === 1 ? "" : "s"}`;
   const head = reasons.length ? `${reasons[0][0]} on ${gpus}: ${plural(reasons[0][1])}` :

@@ -379,9 +379,9 @@ const TL = (() => {
         ctx.globalAlpha = dim && !hl ? 0.22 : 1;
         ctx.fillStyle = this.color(L, i);
         ctx.fillRect(x, y, w, h);
-        if (w >= 3) {  // a separator, so neighbours never merge into a band
-          ctx.fillStyle = "rgba(255,255,255,0.9)";
-          ctx.fillRect(x + w - 0.75, y, 0.75, h);
+        if (w >= 3) {  // a one-pixel separator, so neighbours never merge into a band
+          ctx.fillStyle = "#ffffff";
+          ctx.fillRect(Math.round(x + w) - 1, y, 1, h);
         }
         if (hl) {
           ctx.globalAlpha = 1;

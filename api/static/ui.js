@@ -154,14 +154,16 @@ const PP = (() => {
     const P = await plotly();
     const parts = [["compute", "#1f77b4"], ["bubble", "#c7c7c7"], ["allreduce_exposed", "#8c564b"], ["step", "#7f7f7f"]];
     const names = cands.map((c) => "rank " + (c.rank + 1));
+    const longest = Math.max(0, ...cands.map((c) => parts.reduce((a, [k]) => a + ((c.breakdown || {})[k] || 0), 0)));
+    const u = TL.unitFor(longest);  // seconds for long iterations (not "30k ms")
     const traces = parts.map(([k, color]) => ({
       type: "bar", orientation: "h", name: k.replace("_", " "), y: names,
-      x: cands.map((c) => ((c.breakdown || {})[k] || 0) * 1e3), marker: { color },
-      hovertemplate: k + ": %{x:.4f} ms<extra>%{y}</extra>",
+      x: cands.map((c) => ((c.breakdown || {})[k] || 0) / u.div), marker: { color },
+      hovertemplate: k + ": %{x:.4g} " + u.name + "<extra>%{y}</extra>",
     }));
     const layout = {
       barmode: "stack", height: 80 + 40 * cands.length, margin: { l: 70, r: 10, t: 10, b: 40 },
-      xaxis: { title: { text: "ms" } }, yaxis: { autorange: "reversed" },
+      xaxis: { title: { text: u.name } }, yaxis: { autorange: "reversed" },
       legend: { orientation: "h", y: -0.35 },
     };
     await P.react(el, traces, layout, PLOT_CONFIG);
