@@ -3,9 +3,11 @@
 // communication (sends, all-reduce) on a thin lane under it.
 //
 // * Aggregated at low zoom: when the actions in view average under AGGREGATE_PX pixels each, every row is cut
-//   into BUCKET_PX-wide columns and each column shows the fraction of its time spent in forward, backward,
-//   weight-gradient and other work, stacked (idle time, the bubble, stays blank). Zoomed in, every action is
-//   drawn with its micro-batch number; consecutive micro-batches alternate shades so they never merge.
+//   into 3-pixel columns, written straight into the canvas's pixels, and each column shows the share of its
+//   time spent in forward, backward, input- and weight-gradient and other work, stacked (idle time, the
+//   bubble, stays blank). Zoomed in, every action is a block with its micro-batch number and a separator;
+//   consecutive micro-batches alternate shades, so they never merge into a band. Blocks are batched into one
+//   path per colour, so a redraw costs a few fills, not one per action.
 // * Time axis in s, ms or µs, chosen from the range in view (a 30 s iteration reads 0-30 s, not "30k ms").
 // * Zoom: drag across the chart to zoom to that range, ctrl+wheel (or pinch) zooms around the pointer, shift+
 //   wheel pans, the buttons zoom in / out / reset, double-click resets.
@@ -37,7 +39,7 @@ const TL = (() => {
   const CLASS_OF = [0, 1, 2, 3, 4, 4, 5, 6, 6];
   const CLASS_COLOR = ["#1f77b4", "#e6550d", "#d62728", "#756bb1", "#2ca02c", "#8c564b", "#9a9a9a"];
   const AGGREGATE_PX = 4;
-  const BUCKET_PX = 2;
+  const BUCKET_PX = 3;  // CSS pixels per column of the aggregated view
   const AXIS_H = 36;
 
   const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -110,6 +112,30 @@ const TL = (() => {
     const v = t / u.div;
     const d = v === 0 ? 0 : Math.abs(v) >= 100 ? 1 : Math.abs(v) >= 10 ? 2 : 3;
     return v.toFixed(d) + " " + u.name;
+  }
+
+  // rectangles grouped by colour: one path and one fill per colour
+  class Batch {
+    constructor() { this.paths = new Map(); this.all = []; }
+    rect(color, x, y, w, h) {
+      let p = this.paths.get(color);
+      if (!p) { p = new Path2D(); this.paths.set(color, p); }
+      p.rect(x, y, w, h);
+      this.all.push(x, y, w, h);
+    }
+    fill(ctx, alpha) {
+      ctx.globalAlpha = alpha;
+      for (const [color, p] of this.paths) { ctx.fillStyle = color; ctx.fill(p); }
+      ctx.globalAlpha = 1;
+    }
+    outline(ctx) {
+      ctx.strokeStyle = "#111";
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      const a = this.all;
+      for (let i = 0; i < a.length; i += 4) ctx.rect(a[i] + 0.75, a[i + 1] + 0.75, Math.max(0.5, a[i + 2] - 1.5), a[i + 3] - 1.5);
+      ctx.stroke();
+    }
   }
 
   // ---- the chart ------------------------------------------------------------------------------------------
@@ -294,7 +320,7 @@ const TL = (() => {
       const pxPerS = plotW / (this.x1 - this.x0);
       // mode: aggregate when the compute actions in view average under AGGREGATE_PX pixels
       let visible = 0;
-      for (const r of rows) visible += this.visibleRange(r.compute)[1] - this.visibleRange(r.compute)[0];
+      for (const r of rows) { const [lo, hi] = this.visibleRange(r.compute); visible += hi - lo; }
       const avgPx = visible ? (plotW * rows.length) / visible : Infinity;
       const mode = avgPx < AGGREGATE_PX ? "aggregate" : "detail";
       // rows: alternating backgrounds and labels
@@ -311,21 +337,35 @@ const TL = (() => {
       ctx.beginPath();
       ctx.rect(this.gutter, 0, plotW, rows.length * this.rowH);
       ctx.clip();
+      // shapes are collected into one path per colour and filled once each (a fill per shape is what
+      // makes tens of thousands of actions slow, on canvas as in SVG)
+      const batch = new Batch();
+      const lanes = [];
       for (let d = 0; d < rows.length; d++) {
         const y = d * this.rowH;
         const hC = Math.max(4, Math.round(this.rowH * 0.68)), yC = y + 2;
         const hM = Math.max(2, Math.round(this.rowH * 0.2)), yM = y + this.rowH - hM - 1;
-        if (mode === "aggregate") {
-          this.drawAggregate(ctx, rows[d].compute, yC, hC, pxPerS);
-          this.drawAggregate(ctx, rows[d].comm, yM, hM, pxPerS);
-        } else {
-          this.drawDetail(ctx, rows[d].compute, yC, hC, pxPerS, true);
-          this.drawDetail(ctx, rows[d].comm, yM, hM, pxPerS, false);
-        }
-        if (this.highlight != null && mode === "aggregate") {
-          this.drawHighlighted(ctx, rows[d].compute, yC, hC, pxPerS);
-          this.drawHighlighted(ctx, rows[d].comm, yM, hM, pxPerS);
-        }
+        lanes.push([rows[d].compute, yC, hC, true], [rows[d].comm, yM, hM, false]);
+      }
+      const dim = this.highlight != null;
+      if (mode === "aggregate") {
+        this.aggregateImage(ctx, lanes, plotW, dpr, pxPerS, dim);
+        const hl = new Batch();
+        for (const [L, y, h] of lanes) this.highlighted(hl, L, y, h, pxPerS);
+        hl.fill(ctx, 1);
+        hl.outline(ctx);
+      } else {
+        const labels = [];
+        for (const [L, y, h, withLabels] of lanes) this.detail(batch, L, y, h, pxPerS, withLabels ? labels : null);
+        batch.fill(ctx, dim ? 0.22 : 1);
+        const hl = new Batch();
+        for (const [L, y, h] of lanes) this.highlighted(hl, L, y, h, pxPerS);
+        hl.fill(ctx, 1);
+        hl.outline(ctx);
+        ctx.fillStyle = "#fff";
+        ctx.textAlign = "center";
+        ctx.textBaseline = "middle";
+        for (const [text, x, y] of labels) ctx.fillText(text, x, y);
       }
       ctx.restore();
       this.drawAxis(ctx, cssW, rows.length * this.rowH);
@@ -368,86 +408,80 @@ const TL = (() => {
       return this.highlight != null && L.mb0[i] <= this.highlight && this.highlight <= L.mb1[i];
     }
 
-    drawDetail(ctx, L, y, h, pxPerS, labels) {
+    // every action in view as a block; a one-pixel separator after each block wide enough, so neighbours
+    // never merge into a band; micro-batch numbers where they fit (collected in `labels`)
+    detail(batch, L, y, h, pxPerS, labels) {
       const [lo, hi] = this.visibleRange(L);
-      const dim = this.highlight != null;
       for (let i = lo; i < hi; i++) {
         if (L.e[i] < this.x0) continue;
         const x = this.gutter + (L.s[i] - this.x0) * pxPerS;
         const w = Math.max(0.75, (L.e[i] - L.s[i]) * pxPerS);
-        const hl = this.isHighlighted(L, i);
-        ctx.globalAlpha = dim && !hl ? 0.22 : 1;
-        ctx.fillStyle = this.color(L, i);
-        ctx.fillRect(x, y, w, h);
-        if (w >= 3) {  // a one-pixel separator, so neighbours never merge into a band
-          ctx.fillStyle = "#ffffff";
-          ctx.fillRect(Math.round(x + w) - 1, y, 1, h);
-        }
-        if (hl) {
-          ctx.globalAlpha = 1;
-          ctx.strokeStyle = "#111";
-          ctx.lineWidth = 1.5;
-          ctx.strokeRect(x + 0.75, y + 0.75, Math.max(0.5, w - 1.5), h - 1.5);
-        }
+        batch.rect(this.color(L, i), x, y, w, h);
+        if (w >= 3) batch.rect("#ffffff", Math.round(x + w) - 1, y, 1, h);
         if (labels && L.mb0[i] >= 0 && w > 14 && h >= 10) {
           const text = L.mb1[i] !== L.mb0[i] ? `${L.mb0[i]}-${L.mb1[i]}` : String(L.mb0[i]);
-          const tw = ctx.measureText(text).width;
-          if (tw + 4 <= w) {
-            ctx.fillStyle = "#fff";
-            ctx.textAlign = "center";
-            ctx.textBaseline = "middle";
-            ctx.fillText(text, x + w / 2, y + h / 2 + 0.5);
+          if (text.length * 6.5 + 4 <= w) labels.push([text, x + w / 2, y + h / 2 + 0.5]);
+        }
+      }
+    }
+
+    // Aggregated view, written pixel by pixel (putImageData): each device-pixel column of a lane shows the
+    // share of its time per class, stacked from the bottom of the lane; idle time stays background.
+    aggregateImage(ctx, lanes, plotW, dpr, pxPerS, dim) {
+      const W = Math.max(1, Math.round(plotW * dpr)), H = Math.max(1, Math.round(this.data.rows.length * this.rowH * dpr));
+      const img = ctx.createImageData(W, H);
+      const px = new Uint32Array(img.data.buffer);
+      const rgba = (r, g, b) => (255 << 24) | (b << 16) | (g << 8) | r;  // little-endian RGBA in one word
+      const hex = (c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16));
+      const fade = (v) => Math.round(dim ? 255 + (v - 255) * 0.3 : v);
+      const colors = CLASS_COLOR.map((c) => rgba(...hex(c).map(fade)));
+      const bg = [rgba(255, 255, 255), rgba(247, 248, 250)];
+      const rowPx = this.rowH * dpr;
+      for (let y = 0; y < H; y++) px.fill(bg[Math.floor(y / rowPx) % 2], y * W, (y + 1) * W);
+      const nc = CLASS_COLOR.length;
+      const bw = Math.max(1, Math.round(BUCKET_PX * dpr));  // device pixels per column
+      const nb = Math.ceil(W / bw);
+      const acc = new Float64Array(nb * nc);
+      const colT = bw / (pxPerS * dpr);  // seconds per column
+      for (const [L, y, h] of lanes) {
+        acc.fill(0);
+        const [lo, hi] = this.visibleRange(L);
+        for (let i = lo; i < hi; i++) {
+          const s = Math.max(L.s[i], this.x0), e = Math.min(L.e[i], this.x1);
+          if (e <= s) continue;
+          const cls = CLASS_OF[L.k[i]];
+          let b = Math.floor((s - this.x0) / colT);
+          const bEnd = Math.min(nb - 1, Math.floor((e - this.x0) / colT));
+          for (; b <= bEnd; b++) {
+            const bs = this.x0 + b * colT;
+            acc[b * nc + cls] += Math.min(e, bs + colT) - Math.max(s, bs);
+          }
+        }
+        const top = Math.round(y * dpr), hPx = Math.round(h * dpr), bottom = top + hPx;  // rows [top, bottom)
+        for (let b = 0; b < nb; b++) {
+          let yy = bottom, share = 0;
+          const x0 = b * bw, x1 = Math.min(W, x0 + bw);
+          for (let k = 0; k < nc; k++) {
+            const v = acc[b * nc + k];
+            if (v <= 0) continue;
+            share += v / colT;
+            const to = Math.max(top, bottom - Math.round(Math.min(1, share) * hPx));
+            for (; yy > to; yy--) px.fill(colors[k], (yy - 1) * W + x0, (yy - 1) * W + x1);
           }
         }
       }
-      ctx.globalAlpha = 1;
+      ctx.putImageData(img, Math.round(this.gutter * dpr), 0);
     }
 
-    drawAggregate(ctx, L, y, h, pxPerS) {
-      const plotW = this.cssW - this.gutter;
-      const nb = Math.ceil(plotW / BUCKET_PX);
-      const nc = CLASS_COLOR.length;
-      const acc = new Float64Array(nb * nc);
-      const bucketT = BUCKET_PX / pxPerS;
+    // the highlighted micro-batch's actions, at least 2 px wide, outlined
+    highlighted(batch, L, y, h, pxPerS) {
+      if (this.highlight == null) return;
       const [lo, hi] = this.visibleRange(L);
       for (let i = lo; i < hi; i++) {
-        const s = Math.max(L.s[i], this.x0), e = Math.min(L.e[i], this.x1);
-        if (e <= s) continue;
-        const cls = CLASS_OF[L.k[i]];
-        let b = Math.floor((s - this.x0) / bucketT);
-        const bEnd = Math.min(nb - 1, Math.floor((e - this.x0) / bucketT));
-        for (; b <= bEnd; b++) {
-          const bs = this.x0 + b * bucketT, be = bs + bucketT;
-          acc[b * nc + cls] += Math.min(e, be) - Math.max(s, bs);
-        }
-      }
-      ctx.globalAlpha = this.highlight != null ? 0.3 : 1;
-      for (let b = 0; b < nb; b++) {
-        let yy = y + h;
-        const x = this.gutter + b * BUCKET_PX;
-        for (let k = 0; k < nc; k++) {
-          const f = Math.min(1, acc[b * nc + k] / bucketT);
-          if (f <= 0) continue;
-          const hh = f * h;
-          ctx.fillStyle = CLASS_COLOR[k];
-          ctx.fillRect(x, yy - hh, BUCKET_PX, hh);
-          yy -= hh;
-        }
-      }
-      ctx.globalAlpha = 1;
-    }
-
-    drawHighlighted(ctx, L, y, h, pxPerS) {
-      const [lo, hi] = this.visibleRange(L);
-      for (let i = lo; i < hi; i++) {
-        if (!this.isHighlighted(L, i)) continue;
+        if (!this.isHighlighted(L, i) || L.e[i] < this.x0) continue;
         const x = this.gutter + (L.s[i] - this.x0) * pxPerS;
         const w = Math.max(2, (L.e[i] - L.s[i]) * pxPerS);
-        ctx.fillStyle = this.color(L, i);
-        ctx.fillRect(x, y, w, h);
-        ctx.strokeStyle = "#111";
-        ctx.lineWidth = 1;
-        ctx.strokeRect(x - 0.5, y - 0.5, w + 1, h + 1);
+        batch.rect(this.color(L, i), x, y, w, h);
       }
     }
 
