@@ -8,7 +8,7 @@ reachable as JSON, and every URL can be shared):
                         POST /plans, poll GET /plans/{id}, then go to the comparison page
 * ``/ui/plans``         plans (GET /plans)
 * ``/ui/plans/{id}``    comparison: ranked candidates (GET /plans/{id}) as a sortable, filterable table;
-                        2-4 selected side by side: timeline, memory per device, time breakdown; dispatch
+                        1-4 selected side by side: timeline, memory per device, time breakdown; dispatch
 * ``/ui/jobs``          jobs (GET /jobs)
 * ``/ui/jobs/{id}``     job: state, predicted vs measured (GET /jobs/{id}/comparison), predicted timeline
                         above the measured one (GET /jobs/{id}/timelines)
@@ -30,7 +30,8 @@ With ``PIPEPLAN_OPEN_READS=1`` the read-only pages work without a token; writes 
 cancel) need the admin token.
 
 Plotly.js is served from the installed ``plotly`` package (``/ui/vendor/plotly.min.js``), never a CDN, and
-loaded only when a chart is drawn, so the table pages stay light.
+loaded only when a chart is drawn, so the table pages stay light. Timelines are drawn on a canvas by
+``static/timeline.js`` (tens of thousands of actions: aggregated at low zoom, detail on zoom).
 """
 
 from __future__ import annotations

@@ -236,16 +236,22 @@ def _gpt3_plan(srv: LiveServer, tmp: Path) -> dict[str, Any]:
     return _plan(srv, pid, cid, global_batch=1536, gpus=1024, top=10)
 
 
-ROW_RUNS = """([el, y]) => {  // runs of block-coloured pixels along one line of the canvas (separators and idle
-  const c = el.querySelector("canvas"), ctx = c.getContext("2d"), k = c.width / c.clientWidth;  // are light)
-  const d = ctx.getImageData(0, Math.round(y * k), c.width, 1).data;
-  let runs = 0, inRun = false;
+ROW_BLOCKS = """([el, y]) => {  // blocks along one line of the canvas: a block starts where a dark pixel follows
+  const c = el.querySelector("canvas"), k = c.width / c.clientWidth;  // a pixel of another colour
+  const d = c.getContext("2d").getImageData(0, Math.round(y * k), c.width, 1).data;
+  let blocks = 0;
   for (let i = 0; i < c.width; i++) {
     const dark = Math.min(d[4 * i], d[4 * i + 1], d[4 * i + 2]) < 200;
-    if (dark && !inRun) runs++;
-    inRun = dark;
+    let diff = 999;
+    if (i) diff = [0, 1, 2].reduce((a, j) => a + Math.abs(d[4 * i + j] - d[4 * i - 4 + j]), 0);
+    if (dark && diff > 40) blocks++;
   }
-  return runs;
+  return blocks;
+}"""
+
+PIXEL = """([el, x, y]) => {  // [r, g, b] of the canvas at CSS pixel (x, y)
+  const c = el.querySelector("canvas"), k = c.width / c.clientWidth;
+  return Array.from(c.getContext("2d").getImageData(Math.round(x * k), Math.round(y * k), 1, 1).data.slice(0, 3));
 }"""
 
 
@@ -259,6 +265,7 @@ def test_large_timelines_draw_fast_in_seconds_zoom_and_highlight(server: LiveSer
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel={big[0]},{big[1]}")
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
     tls = [page.locator(f'[data-role="timeline"][data-rank="{r}"]') for r in big]
+    tls[0].scroll_into_view_if_needed()
     for r, tl in zip(big, tls, strict=True):
         assert tl.locator("canvas").count() == 1 and tl.locator("svg").count() == 0  # no shape per action
         assert tl.get_attribute("data-devices") == str(cands[r]["pipeline"])
@@ -266,6 +273,17 @@ def test_large_timelines_draw_fast_in_seconds_zoom_and_highlight(server: LiveSer
         assert tl.get_attribute("data-unit") == "s"  # a 30 s iteration reads in seconds, not "30k ms"
         ticks = [float(t) for t in tl.get_attribute("data-ticks").split(",")]
         assert max(ticks) >= 10 and max(ticks) <= cands[r]["iteration_time"] * 1.5
+    # aggregated, the bubble stays visible: the last device idles before its first forward, then is busy
+    with server.client() as c:
+        doc = c.get(f"/plans/{plan['id']}/candidates/{big[0]}/timeline").json()
+    tl, last = tls[0], doc["rows"][-1]
+    first = min(e[1] for e in last if "F" in e[0] and "SEND" not in e[0])
+    rowh = tl.evaluate("e => e.__timeline.rowH")
+    gutter, width = tl.evaluate("e => [e.__timeline.gutter, e.__timeline.cssW]")
+    ybar = (len(doc["rows"]) - 1) * rowh + rowh * 0.6  # inside the compute bar of the last row, near its foot
+    at = lambda t: gutter + t / float(tl.get_attribute("data-x1")) * (width - gutter)  # noqa: E731
+    assert min(page.evaluate(PIXEL, [tl.element_handle(), at(first / 2), ybar])) >= 220  # idle (grid line at most)
+    assert min(page.evaluate(PIXEL, [tl.element_handle(), at(doc["makespan"] / 2), ybar])) < 200  # busy
     draws = page.evaluate("window.__timelineDraws")
     print("timeline draws (ms, loaded 2-core machine):", draws)
     shot(page, "fix-04-gpt3-timelines-aggregated")
@@ -284,14 +302,12 @@ def test_large_timelines_draw_fast_in_seconds_zoom_and_highlight(server: LiveSer
     assert 0 < x1 - x0 < 0.06 * span
     assert tl.get_attribute("data-mode") == "detail"
     assert (tls[1].get_attribute("data-x0"), tls[1].get_attribute("data-x1")) == (str(x0), str(x1))  # synced
-    # blocks stay apart: along device 0's compute bar, one run of colour per action in view (no band)
-    with server.client() as c:
-        doc = c.get(f"/plans/{plan['id']}/candidates/{big[0]}/timeline").json()
+    # blocks stay apart: along device 0's compute bar, one block of colour per action in view (no band)
     row0 = [e for e in doc["rows"][0] if e[1] >= x0 and e[2] <= x1 and not any(
         k in e[0] for k in ("SEND", "RECV", "ALLREDUCE"))]
     assert len(row0) >= 5
-    runs = page.evaluate(ROW_RUNS, [tl.element_handle(), 10.0])
-    assert runs >= 0.8 * len(row0), (runs, len(row0))
+    blocks = page.evaluate(ROW_BLOCKS, [tl.element_handle(), 10.0])
+    assert blocks >= 0.8 * len(row0), (blocks, len(row0))
     # highlight: click an action of device 0 -> its micro-batch on every device, in both charts
     page.mouse.click(box["x"] + box["width"] * 0.5, y)
     mb = tl.get_attribute("data-highlight")
