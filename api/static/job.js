@@ -23,24 +23,12 @@ PP.start(async () => {
   }
 });
 
-// the line of a failed run's log that says what went wrong: a Python exception's last line, or the last line
-// that reads as an error ("error: ...", "RuntimeError: ...", "... failed ..."); null when none does
-function errorLine(log) {
-  const lines = String(log || "").split("\n").map((x) => x.trim()).filter(Boolean);
-  const strong = /^(?:[\w.]*(?:Error|Exception|Interrupt)\b|error\b|fatal\b)/i;
-  const weak = /\b(?:error|exception|failed|fatal|out of memory|killed)\b/i;
-  for (const re of [strong, weak]) {
-    for (let i = lines.length - 1; i >= 0; i--) if (re.test(lines[i]) && !/^Traceback\b/.test(lines[i])) return lines[i];
-  }
-  return null;
-}
-
 let cloneShown = false;
 
 function renderJob(job, cmp) {
   const last = (job.history || []).slice(-1)[0];
   const failed = job.state === "failed";
-  const detail = failed ? errorLine(job.log_tail) : null;
+  const detail = failed ? PP.errorLine(job.log_tail) : null;
   document.getElementById("job-info").innerHTML = `
     ${failed ? `<div id="job-error" class="job-error" role="alert"><strong>The run failed:</strong>
       <pre id="error-text">${PP.esc(detail || job.error || "no error text was reported")}</pre>

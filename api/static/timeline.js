@@ -524,7 +524,11 @@ const TL = (() => {
   function group() {
     const members = new Set();
     return {
-      add(t) { members.add(t); },
+      add(t) {  // one gutter for all, so their time axes line up
+        members.add(t);
+        const g = Math.max(...[...members].map((m) => m.gutter));
+        for (const m of members) if (m.gutter !== g) { m.gutter = g; m.draw(); }
+      },
       range(src, a, b) { for (const t of members) if (t !== src && t.el.isConnected) t.setRange(a, b, false); },
       highlight(src, mb) { for (const t of members) if (t !== src && t.el.isConnected) t.setHighlight(mb, false); },
     };

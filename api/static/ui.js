@@ -107,6 +107,17 @@ const PP = (() => {
     const p = ["chunks", "waves", "pipelines", "concat"].filter((k) => c[k] != null).map((k) => k + "=" + c[k]);
     return c.schedule + (p.length ? " (" + p.join(", ") + ")" : "");
   }
+  // the line of a failed run's log that says what went wrong: a Python exception's last line, or the last line
+  // that reads as an error ("error: ...", "RuntimeError: ...", "... failed ..."); null when none does
+  function errorLine(log) {
+    const lines = String(log || "").split("\n").map((x) => x.trim()).filter(Boolean);
+    const strong = /^(?:[\w.]*(?:Error|Exception|Interrupt)\b|error\b|fatal\b)/i;
+    const weak = /\b(?:error|exception|failed|fatal|out of memory|killed)\b/i;
+    for (const re of [strong, weak]) {
+      for (let i = lines.length - 1; i >= 0; i--) if (re.test(lines[i]) && !/^Traceback\b/.test(lines[i])) return lines[i];
+    }
+    return null;
+  }
   const stateBadge = (s) => `<span class="badge ${esc(s)}" data-state="${esc(s)}">${esc(s)}</span>`;
 
   // ---- plotly (served by the API from the plotly package; loaded on first chart) --------------
@@ -170,5 +181,5 @@ const PP = (() => {
   }
 
   return { api, get, notice, start, token, esc, num, fmtTime, fmtGiB, fmtPct, fmtNum, fmtErr, fmtDate, ago,
-           schedText, stateBadge, plotly, drawTimeline, drawMemory, drawBreakdown };
+           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown };
 })();

@@ -156,6 +156,13 @@ def test_failed_job_shows_the_error_and_offers_retry_and_clone(server: LiveServe
     assert page.locator("#log-box").evaluate("e => e.open")  # the log tail is open, not collapsed
     assert page.locator("#log-tail").evaluate("e => e.scrollWidth <= e.clientWidth + 1")
     shot(page, "fix-02-failed-job")
+    # the jobs list names the real error too
+    page.goto(f"{server.url}/ui/jobs")
+    row = page.locator(f'#jobs tr[data-job-id="{job["id"]}"] td.result')
+    row.wait_for()
+    assert row.inner_text().startswith(LONG_ERROR[:60])
+    page.goto(f"{server.url}/ui/jobs/{job['id']}")
+    page.wait_for_selector('body[data-state="failed"]')
 
     # retry: the same candidate and settings, as a new job
     n = len(_jobs(server))
