@@ -173,9 +173,9 @@ const PP = (() => {
       hovertemplate: k + ": %{x:.4g} " + u.name + "<extra>%{y}</extra>",
     }));
     const layout = {
-      barmode: "stack", height: 80 + 40 * cands.length, margin: { l: 70, r: 10, t: 10, b: 40 },
+      barmode: "stack", height: 100 + 40 * cands.length, margin: { l: 70, r: 10, t: 30, b: 40 },
       xaxis: { title: { text: u.name } }, yaxis: { autorange: "reversed" },
-      legend: { orientation: "h", y: -0.35 },
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
     };
     await P.react(el, traces, layout, PLOT_CONFIG);
   }
