@@ -16,8 +16,21 @@ PP.start(async () => {
     const match = p && [...csel.options].find((o) => o.dataset.device === p.device);
     if (match) csel.value = match.value;
   };
-  psel.addEventListener("change", syncCluster);
+  // a profile measured on another device than the cluster's predicts that device's times: say so up front
+  const deviceNote = () => {
+    const p = profiles.find((x) => String(x.id) === psel.value);
+    const c = clusters.find((x) => String(x.id) === csel.value);
+    const note = document.getElementById("device-note");
+    const differ = p && c && p.device !== c.device && !document.getElementById("profile-file").files.length;
+    note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
+      `the plan will predict ${p.device} times.` : "";
+    note.hidden = !differ;
+  };
+  psel.addEventListener("change", () => { syncCluster(); deviceNote(); });
+  csel.addEventListener("change", deviceNote);
+  document.getElementById("profile-file").addEventListener("change", deviceNote);
   syncCluster();
+  deviceNote();
   document.body.dataset.ready = "1";
 });
 

@@ -431,6 +431,17 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
             c["alternatives"] = ["t=1 D=1 W=4 b=4 gpipe", "t=1 D=1 W=4 b=4 hanayo(waves=1)"] if i == 0 else []
         route.fulfill(response=resp, json=body)
 
+    # before planning, the new-plan form says when the profile's device is not the cluster's
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    pid, _ = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    page.select_option("#profile", str(pid))
+    assert page.locator("#device-note").is_hidden()  # the first cluster of the profile's device is picked
+    _, v100 = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx1-v100-32gb")
+    page.select_option("#cluster", str(v100))
+    note = page.locator("#device-note")
+    assert note.is_visible() and "A100-SXM4-80GB" in note.inner_text() and "V100" in note.inner_text()
+
     page.route(lambda url: urlparse(url).path == f"/plans/{plan['id']}", with_fields)
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
