@@ -164,17 +164,23 @@ function visibleRows() {
   const terms = f ? f.split(/\s+/) : [];
   const key = SORTERS[S.sortKey];
   return S.rows.filter((c) => (inf || c.feasible) && (!sched || c.schedule === sched) &&
-    terms.every((t) => (c.label + " " + (c.reason || "") + " " + (c.alternatives || []).join(" ")).toLowerCase().includes(t)))
+    terms.every((t) => [c.label, c.name, c.reason, ...(c.alternatives || [])].join(" ").toLowerCase().includes(t)))
     .sort((a, b) => {
       const x = key(a), y = key(b);
       return (x < y ? -1 : x > y ? 1 : a.rank - b.rank) * (x === y ? 1 : S.sortDir);
     });
 }
 
-// identical configurations the planner collapsed into this row (candidate field `alternatives`)
-function sameAs(c) {
+// the row's name when the planner gives one that is not the schedule (e.g. "data parallel" for D = 1), and
+// the identical configurations it collapsed into this row (candidate field `alternatives`), if any
+function schedCell(c) {
+  const sched = PP.schedText(c);
+  const compact = sched.replace(/ \((.*)\)$/, "($1)").replace(/, /g, ",");
+  const named = c.name && c.name !== c.label && c.name !== compact && c.name !== sched;
   const alt = Array.isArray(c.alternatives) ? c.alternatives : [];
-  return alt.length ? `<span class="same-as" title="identical configurations, collapsed into this row">same as: ${PP.esc(alt.join(", "))}</span>` : "";
+  const notes = [named ? `runs as ${sched}` : "", alt.length ? `same as: ${alt.join(", ")}` : ""].filter(Boolean);
+  return PP.esc(named ? c.name : sched) + (notes.length ?
+    `<span class="same-as" title="identical configurations are collapsed into one row">${PP.esc(notes.join(" · "))}</span>` : "");
 }
 
 function renderTable() {
@@ -187,7 +193,7 @@ function renderTable() {
     html.push(`<tr data-rank="${c.rank}" class="${c.feasible ? "" : "infeasible"}${sel ? " selected" : ""}">` +
       `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
       `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
-      `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${PP.esc(PP.schedText(c))}${sameAs(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
+      `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
       `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +

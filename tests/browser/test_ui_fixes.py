@@ -416,6 +416,11 @@ def test_bad_inputs_are_refused_in_the_form(server: LiveServer, browser: Any, co
 
 # ---- warnings of the plan and collapsed alternatives of a candidate ---------------------------------------
 
+def PP_SCHED(c: dict[str, Any]) -> str:  # noqa: N802 - the page's PP.schedText
+    params = [f"{k}={c[k]}" for k in ("chunks", "waves", "pipelines", "concat") if c.get(k) is not None]
+    return c["schedule"] + (f" ({', '.join(params)})" if params else "")
+
+
 def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, browser: Any,
                                                             console: Console) -> None:
     plan = _small_plan(server)
@@ -427,8 +432,9 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
         resp = route.fetch()
         body = resp.json()
         body["warnings"] = [warning]
-        for i, c in enumerate(body["candidates"]):
-            c["alternatives"] = ["t=1 D=1 W=4 b=4 gpipe", "t=1 D=1 W=4 b=4 hanayo(waves=1)"] if i == 0 else []
+        for i, c in enumerate(body["candidates"]):  # (planner.equivalence on the cli branch)
+            c["alternatives"] = ["gpipe", "hanayo(waves=1)"] if i == 0 else []
+            c["name"] = "data parallel" if i == 0 else c["label"]
         route.fulfill(response=resp, json=body)
 
     # before planning, the new-plan form says when the profile's device is not the cluster's
@@ -448,8 +454,9 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
     w = page.locator("#plan-warnings")
     assert w.is_visible() and warning in w.inner_text()
     assert w.bounding_box()["y"] < page.locator("#cands").bounding_box()["y"]  # above the table
-    first = page.locator('#cands tbody tr[data-rank="0"] .same-as')
-    assert first.inner_text() == "same as: t=1 D=1 W=4 b=4 gpipe, t=1 D=1 W=4 b=4 hanayo(waves=1)"
+    first = page.locator('#cands tbody tr[data-rank="0"] td:nth-child(8)')
+    sched = PP_SCHED(plan["candidates"][0])
+    assert first.inner_text().splitlines() == ["data parallel", f"runs as {sched} · same as: gpipe, hanayo(waves=1)"]
     assert page.locator('#cands tbody tr[data-rank="1"] .same-as').count() == 0  # only when non-empty
     page.fill("#filter", "hanayo(waves=1)")  # the filter finds a row by its alternatives too
     assert page.locator('#cands tbody tr[data-rank="0"]').count() == 1
