@@ -7,7 +7,7 @@ import json
 
 from api_support import AUTH, WAUTH, seed_plan
 
-from api.routers.ui import TIMELINE_KEY, plotly_path, trace_timeline
+from api.routers.ui import TIMELINE_KEY, plan_limits, plotly_path, trace_timeline
 
 PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers"]
 
@@ -124,6 +124,10 @@ def test_inputs_the_form_used_to_change_silently_are_refused(client) -> None:  #
     assert r.status_code == 422 and r.json()["detail"].startswith("schedules:"), r.text
     assert "at least one schedule" in r.json()["detail"]
     r = client.post("/plans", json={**base, "top": "ten"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("top:"), r.text
+    top = plan_limits()["top"]  # the new-plan form refuses what the API refuses
+    assert f'data-max="{top}"' in client.get("/").text
+    r = client.post("/plans", json={**base, "top": top + 1}, headers=AUTH)
     assert r.status_code == 422 and r.json()["detail"].startswith("top:"), r.text
     assert len(client.get("/plans", headers=AUTH).json()) == n_plans
     r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tinyy"}, headers=AUTH)
