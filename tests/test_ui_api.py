@@ -7,7 +7,7 @@ import json
 
 from api_support import AUTH, WAUTH, seed_plan
 
-from api.routers.ui import TIMELINE_KEY, plan_limits, plotly_path, trace_timeline
+from api.routers.ui import TIMELINE_KEY, plotly_path, trace_timeline
 
 PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers"]
 
@@ -117,6 +117,8 @@ def test_job_timelines_predicted_and_measured(client) -> None:  # type: ignore[n
 def test_inputs_the_form_used_to_change_silently_are_refused(client) -> None:  # type: ignore[no-untyped-def]
     """No schedule (an empty list meant "all of them"), a non-numeric "top", an unknown model for a job:
     422 naming the field, and nothing stored."""
+    from api.routers.ui import plan_limits
+
     pid, cid, plan = seed_plan(client)
     n_plans = len(client.get("/plans", headers=AUTH).json())
     base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32}
