@@ -177,6 +177,8 @@ const TL = (() => {
         <div class="tl-status muted"></div>
         <div class="tl-canvas-wrap"><canvas></canvas><div class="tl-tip" hidden></div><div class="tl-brush" hidden></div></div>`;
       this.canvas = el.querySelector("canvas");
+      this.canvas.setAttribute("role", "img");
+      this.canvas.setAttribute("aria-label", `timeline of ${this.data.rows.length} devices over ${fmtTime(this.full[1])}`);
       this.tip = el.querySelector(".tl-tip");
       this.brush = el.querySelector(".tl-brush");
       this.status = el.querySelector(".tl-status");
