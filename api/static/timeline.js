@@ -54,7 +54,9 @@ const TL = (() => {
 
   // one lane of one row as columns sorted by start; maxDur bounds the backward walk of range queries
   function lane(events) {
-    events.sort((a, b) => a[1] - b[1]);
+    let sorted = true;
+    for (let i = 1; i < events.length && sorted; i++) sorted = events[i - 1][1] <= events[i][1];
+    if (!sorted) events.sort((a, b) => a[1] - b[1]);
     const n = events.length;
     const L = { n, s: new Float64Array(n), e: new Float64Array(n), k: new Uint8Array(n), rep: new Uint8Array(n),
       mb0: new Int32Array(n), mb1: new Int32Array(n), name: new Array(n), peer: new Int32Array(n), maxDur: 0 };
