@@ -21,7 +21,8 @@ PP.start(async () => {
     const p = profiles.find((x) => String(x.id) === psel.value);
     const c = clusters.find((x) => String(x.id) === csel.value);
     const note = document.getElementById("device-note");
-    const differ = p && c && p.device !== c.device && !document.getElementById("profile-file").files.length;
+    const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
+    const differ = p && c && norm(p.device) !== norm(c.device) && !document.getElementById("profile-file").files.length;
     note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
       `the plan will predict ${p.device} times.` : "";
     note.hidden = !differ;

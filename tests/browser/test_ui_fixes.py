@@ -437,6 +437,15 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
             c["name"] = "data parallel" if i == 0 else c["label"]
         route.fulfill(response=resp, json=body)
 
+    # a real plan of an A100 profile on the local CPU cluster carries the planner's device warning
+    pid, _ = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    _, local = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
+    real = _plan(server, pid, local, global_batch=8, top=5)
+    assert real["warnings"], "the planner gives no device warning"
+    page.goto(f"{server.url}/ui/plans/{real['id']}")
+    page.wait_for_selector('body[data-ready="1"]')
+    assert real["warnings"][0] in page.locator("#plan-warnings").inner_text()
+
     # before planning, the new-plan form says when the profile's device is not the cluster's
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
