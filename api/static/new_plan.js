@@ -78,7 +78,10 @@ function readForm() {
   } else if (!req.allow_async && checked.every((x) => x.dataset.async)) {
     errors.push([checks, "Schedules: only asynchronous ones are checked; tick “allow asynchronous schedules” too"]);
   } else {
-    req.schedules = checked.length === boxes.length ? null : checked.map((x) => x.value);
+    // every schedule the request allows anyway: leave the field out (the plan then reads "schedules all")
+    const allowed = boxes.filter((x) => req.allow_async || !x.dataset.async);
+    const all = allowed.every((x) => x.checked) && checked.every((x) => allowed.includes(x));
+    req.schedules = all ? null : checked.map((x) => x.value);
   }
   const mbEl = document.getElementById("micro-batches");
   const mbs = mbEl.value.trim();
