@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                       "(or with --local-procs N)."),
     "plan": ("pipeplan.commands_plan", "Rank every valid configuration by predicted throughput."),
     "predict": ("pipeplan.commands_plan", "Predict one configuration you name, with its time breakdown."),
-    "profile-analytic": ("pipeplan.commands_plan", "Write an analytical (FLOP-based) model profile."),
+    "profile-analytic": ("pipeplan.commands_plan", "Write an analytical profile: the operator-level model on the "
+                                                "device description, per (b, t)."),
     "run": ("executor.cli", "Run a plan with one process per device (D*W*t) on this machine or on --nnodes "
                             "machines, measure it, optionally --check it."),
     "db-upgrade": ("api.cli", "Upgrade the database schema to the latest migration."),

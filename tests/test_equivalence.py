@@ -86,7 +86,7 @@ def test_nothing_is_lost(local) -> None:  # type: ignore[no-untyped-def]
     assert len(collapse(list(res.candidates))) == len(res.candidates)
 
 
-@pytest.mark.parametrize("top", [3, 5, 10])
+@pytest.mark.parametrize("top", [5, 8, 10])  # the top 3 of this case have no twins under the operator model
 def test_pruned_search_keeps_the_exact_top_k_of_distinct_rows(local, top: int) -> None:  # type: ignore[no-untyped-def]
     """The bound counts configurations that differ: after collapsing, the pruned search's k rows are the k
     best distinct ones of the full search."""
