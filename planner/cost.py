@@ -34,7 +34,12 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   span nodes: reduce-scatter inside the node (``k`` replicas per node), Rabenseifner across the ``r/k``
   nodes on ``L/k``, all-gather inside the node. The simulator overlaps eager all-reduces (Chimera 3.2).
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
-  bandwidth.
+  bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
+  optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
+  Float16OptimizerWithFloat16Params, 2021-22): the 16-bit gradients copied into fp32 main gradients (read
+  2, write 4 bytes), unscaled and checked for inf/NaN in one pass (``_amp_foreach_non_finite_check_and_
+  unscale_``: read 4, write 4) and their norm taken for clipping (``multi_tensor_l2norm``: read 4):
+  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter.
 
 :func:`chimera_eq1` and :func:`megatron_closed_form` give the papers' closed forms beside the simulated
 time.
@@ -51,6 +56,10 @@ from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
 from planner.simulate import Costs
+
+#: bytes per parameter a 16-bit (mixed-precision) optimizer step moves over the gradients besides reading and
+#: writing the model state (module docstring, "Optimizer step")
+MIXED_PRECISION_GRAD_PASS_BYTES = 18.0
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8,
                "float64": 8}
@@ -160,7 +169,8 @@ class ConfigCosts(Costs):
         shared = shared if shared is not None else {}
         if "infos" not in shared:
             infos = stage_infos(profile, bounds, t)
-            scale = 2 * request.bytes_per_param / cluster.memory_bandwidth / t
+            grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
+            scale = (2 * request.bytes_per_param + grad_pass) / cluster.memory_bandwidth / t
             shared.update(infos=infos, fwd={}, bwd={}, step=[info.params * scale for info in infos])
         self.stages = shared["infos"]
         self._step_of: list[float] = shared["step"]
