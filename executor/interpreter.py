@@ -60,9 +60,10 @@ from executor.groups import Groups, Layout
 from executor.models import build_layers, takes_targets, tied_parameters
 from executor.models.blocks import Block
 from executor.models.data import synthetic_batch
+from executor.models.llama import LlamaBlock
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
-from executor.tensor_parallel import TensorParallelBlock
+from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
 from planner.schedules.ir import (
     ALLREDUCE,
     RECV_B,
@@ -258,10 +259,17 @@ class RankRuntime:
         a, b = self.bounds[stage]
         layers = build_layers(self.cfg, self.plan.seed, a, b)
         if self.layout.t > 1:
-            layers = [TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
-                      if isinstance(m, Block) else m for m in layers]
+            layers = [self._tensor_parallel(m) for m in layers]
         mod = StageModule(layers, a, self.rows, self.plan.recompute)
         return mod.to(device=self.tdev, dtype=self.dtype)
+
+    def _tensor_parallel(self, m: nn.Module) -> nn.Module:
+        """A block split over this rank's tensor-parallel group; embedding, head and norms stay replicated."""
+        if isinstance(m, Block):
+            return TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+        if isinstance(m, LlamaBlock):
+            return TensorParallelLlamaBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+        return m
 
     def _peer_rank(self, device: int) -> int:
         return self.layout.rank(device, self.data_copy, self.tp)
@@ -512,7 +520,7 @@ class RankRuntime:
             mod = self.modules[key]
             for li, layer in enumerate(mod.layers):
                 idx = mod.start + li
-                if isinstance(layer, TensorParallelBlock):
+                if isinstance(layer, TensorParallelBlock | TensorParallelLlamaBlock):
                     items = layer.full_state().items()
                 else:
                     items = ((n, p.detach().clone()) for n, p in layer.named_parameters())

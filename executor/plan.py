@@ -52,6 +52,7 @@ class RunPlan:
     params: dict[str, Any] = field(default_factory=dict)  # chunks / waves / pipelines / concat
     partition: list[list[int]] = field(default_factory=list)  # [start, end) per schedule stage
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change
+    model_spec: dict[str, Any] | None = None  # a ModelSpec (e.g. from --hf-config) instead of the preset `model`
     iterations: int = 1
     warmup: int = 0
     seed: int = 0
@@ -100,7 +101,7 @@ class RunPlan:
     # ---- derived -----------------------------------------------------------------------------------
     @property
     def config(self) -> ModelConfig:
-        cfg = get_config(self.model)
+        cfg = ModelConfig.model_validate(self.model_spec) if self.model_spec is not None else get_config(self.model)
         return cfg.with_(**self.model_overrides) if self.model_overrides else cfg
 
     @property
@@ -163,6 +164,7 @@ class RunPlan:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
         try:
             cfg = self.config
+            cfg.family  # noqa: B018 - a shape no zoo family builds is refused here
         except (ValueError, TypeError) as e:
             raise PlanError(f"model: {e}") from None
         if self.schedule_name not in ("gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "gems",

@@ -1,7 +1,8 @@
 """Plain single-process training on the same global batch: what every synchronous schedule must equal.
 
 The whole model (:func:`executor.models.build_layers`, same seed, same dtype), one optimizer step per
-iteration with the same SGD. GPT's loss is the mean over the whole global batch in one forward; for BERT
+iteration with the same SGD. A decoder's (GPT, Llama) loss is the mean over the whole global batch in one
+forward; for BERT
 (masked LM, losses averaged over the masked positions of each micro-batch) it is the mean of the
 micro-batch losses, the quantity the pipelined run computes.
 """
@@ -25,7 +26,7 @@ def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
     opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
     for step in range(steps):
         inputs, targets = synthetic_batch(cfg, plan.global_batch, plan.seed, step)
-        if cfg.family == "gpt":
+        if cfg.family != "bert":
             loss = model(inputs, targets)
         else:
             losses = [model(x, t) for x, t in zip(inputs.split(plan.rows), targets.split(plan.rows), strict=True)]
