@@ -110,6 +110,13 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         if rope_type != "default":
             notes.append(f"rope_scaling ({rope_type}) not modelled (it changes angles, not cost)")
     spec["source"] = "; ".join(notes)
+    kv = spec.get("kv_heads") or spec["heads"]
+    if isinstance(kv, int) and isinstance(spec["heads"], int) and kv > 0 and spec["heads"] % kv:
+        raise HFConfigError("num_key_value_heads", f"{kv} does not divide num_attention_heads ({spec['heads']})")
+    heads = spec["heads"]
+    if not spec.get("head_dim") and isinstance(heads, int) and heads > 0 and spec["hidden"] % heads:
+        raise HFConfigError(fields_of["hidden"], f"{spec['hidden']} is not divisible by the {spec['heads']} heads "
+                                                 "(and no head_dim is given)")
     try:
         return ModelSpec(**spec)
     except ValidationError as e:
@@ -128,18 +135,19 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         raise HFConfigError("model_type", "missing: a config.json names its model_type (e.g. llama)")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in data.items() if k != "model_type"}
-    try:
-        cfg = AutoConfig.for_model(model_type, **fields)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise HFConfigError("config", f"transformers cannot read it: {e}") from None
     for ours, theirs in (GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS).items():
         value = data.get(theirs)
         if ours in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq") and value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    try:
+        cfg = AutoConfig.for_model(model_type, **fields)
+    except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
+        raise HFConfigError(str(getattr(e, "field", None) or "config"),
+                            f"transformers cannot read it: {e}".replace("\n", " ")) from None
     return parse_hf_config(cfg, name, seq, source)
 
 

@@ -1,0 +1,86 @@
+"""Hugging Face config.json -> ModelSpec (profiler/hf_config.py): every shipped example, and bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profiler.hf_config import HFConfigError, read_hf_config, spec_from_hf_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "examples" / "models"
+
+# published sizes (examples/models/README.md has the sources): (billions, the figure's last digit's half)
+PUBLISHED = {
+    "llama-3.1-8b": (8.03, 0.005),
+    "llama-3.1-70b": (70.6, 0.05),
+    "llama-3.1-405b": (405.9, 0.05),
+    "qwen2.5-7b": (7.62, 0.005),
+    "mistral-7b": (7.24, 0.005),
+    "gpt2": (0.124, 0.0005),
+}
+
+
+def test_every_example_is_listed() -> None:
+    assert {p.parent.name for p in MODELS.glob("*/config.json")} == set(PUBLISHED)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_example_parses_to_the_published_size(name: str) -> None:
+    spec = read_hf_config(MODELS / name / "config.json")
+    assert spec.name == name
+    size, tol = PUBLISHED[name]
+    assert abs(spec.total_params() / 1e9 - size) <= tol, spec.total_params()
+
+
+def test_llama_405b_shape() -> None:
+    """Llama 3 paper (Dubey et al. 2024) Table 3: 126 layers, 16384 wide, FFN 53248, 128 heads, 8 KV heads."""
+    s = read_hf_config(MODELS / "llama-3.1-405b", seq=8192)
+    assert (s.layers, s.hidden, s.f, s.heads, s.k, s.d, s.vocab, s.seq) == (126, 16384, 53248, 128, 8, 128, 128256,
+                                                                            8192)
+    assert s.gated_mlp and s.norm == "rmsnorm" and s.position == "rotary" and not s.tied_embeddings
+    assert not s.bias and not s.qkv_bias and s.rope_theta == 500000.0 and s.activation == "silu"
+
+
+def test_family_details() -> None:
+    qwen = read_hf_config(MODELS / "qwen2.5-7b")
+    assert qwen.qkv_bias and not qwen.bias and qwen.k == 4 and qwen.seq == 131072
+    gpt2 = read_hf_config(MODELS / "gpt2" / "config.json")
+    assert gpt2.tied_embeddings and gpt2.bias and gpt2.position == "learned" and gpt2.norm == "layernorm"
+    assert (gpt2.layers, gpt2.hidden, gpt2.f, gpt2.seq, gpt2.vocab) == (12, 768, 3072, 1024, 50257)
+    mistral = read_hf_config(MODELS / "mistral-7b")
+    assert "sliding-window" in mistral.source and mistral.vocab == 32000
+
+
+def _llama(**changes: object) -> dict[str, object]:
+    data = json.loads((ROOT / "tests" / "fixtures" / "tiny-llama" / "config.json").read_text())
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"model_type": None}, "model_type"),
+    ({"model_type": "mixtral"}, "model_type"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"hidden_size": "wide"}, "hidden_size"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads are no multiple of 3
+    ({"hidden_act": "tanh"}, "hidden_act"),
+])
+def test_bad_config_names_the_field(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict(_llama(**changes))
+    assert err.value.field == field, str(err.value)
+
+
+def test_tiny_llama_and_files(tmp_path: Path) -> None:
+    spec = spec_from_hf_dict(_llama(), name="tiny")
+    assert (spec.layers, spec.hidden, spec.heads, spec.k, spec.vocab, spec.seq) == (6, 64, 4, 2, 512, 16)
+    assert read_hf_config(ROOT / "tests" / "fixtures" / "tiny-llama", seq=8).seq == 8
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(HFConfigError, match="not JSON"):
+        read_hf_config(bad)
+    with pytest.raises(HFConfigError, match="cannot read"):
+        read_hf_config(tmp_path / "missing.json")
