@@ -7,8 +7,10 @@ from pathlib import Path
 from api import crud
 from api.settings import Settings
 from db.session import make_engine, make_sessionmaker
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
+from planner.device import device_for_cluster
+from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -28,8 +30,13 @@ def seed_profiles() -> list[ModelProfile]:
     out = []
     for name, shape, cluster in SEEDS:
         cl = load_cluster(EXAMPLES / "clusters" / f"{cluster}.json")
-        L, h, a, s, V, enc = PRESETS[shape] if isinstance(shape, str) else shape
-        out.append(transformer_profile(name, L, h, a, s, V, cl.peak_flops, cl.device, encoder=enc))
+        if isinstance(shape, str):
+            spec = PRESETS[shape]
+        else:
+            L, h, a, s, V, enc = shape
+            spec = ModelSpec(name=name, layers=L, hidden=h, heads=a, seq=s, vocab=V,
+                             architecture="encoder" if enc else "decoder")
+        out.append(analytic_profile(spec, device_for_cluster(cl), name=name))
     return out
 
 

@@ -12,14 +12,17 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeplan.options import fail
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
 from planner.cluster import Cluster, load_cluster
+from planner.device import find_device
+from planner.model import PRESETS, ModelSpec
+from planner.operators import OperatorOptions
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
 from planner.search import Candidate, plan, predict
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-DEVICES = {  # --device of profile-analytic -> example cluster file (peak FLOP/s and device name)
+DEVICES = {  # --device of profile-analytic -> example cluster file (its device names the description)
     "a100-80gb": "dgx-a100-80gb", "h100-80gb": "dgx-h100-80gb", "v100-32gb": "dgx1-v100-32gb",
     "p100-16gb": "piz-daint-p100-16gb",
 }
@@ -142,29 +145,38 @@ def register(app: typer.Typer) -> None:
         heads: Annotated[int | None, typer.Option()] = None,
         seq: Annotated[int | None, typer.Option()] = None,
         vocab: Annotated[int | None, typer.Option()] = None,
-        device: Annotated[str, typer.Option(help=f"one of {', '.join(DEVICES)}")] = "a100-80gb",
+        device: Annotated[str, typer.Option(
+            help=f"one of {', '.join(DEVICES)}, a shipped device (planner/devices) or a device .json")] = "a100-80gb",
         dtype: Annotated[str, typer.Option()] = "bf16",
         name: Annotated[str | None, typer.Option()] = None,
         encoder: Annotated[bool, typer.Option(help="BERT-style encoder")] = False,
+        attention: Annotated[str, typer.Option(help="unfused (Megatron 2021) or flash")] = "unfused",
+        sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
     ) -> None:
-        """Write an analytical (FLOP-based) model profile."""
-        if device not in DEVICES:
-            fail(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
-        cl = load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json")
+        """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
+        dev = (find_device(load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json").device)
+               if device in DEVICES else find_device(device))
+        if dev is None:
+            fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
+        if attention not in ("unfused", "flash"):
+            fail(f"--attention must be unfused or flash, got {attention!r}")
         if preset is not None:
             if preset not in PRESETS:
                 fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-            L, h, a, s, V, enc = PRESETS[preset]
+            spec = PRESETS[preset]
         else:
             missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads),
                                       ("seq", seq), ("vocab", vocab)) if v is None]
             if missing:
                 fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
                       + ", ".join("--" + m for m in missing) + ")")
-            L, h, a, s, V, enc = layers, hidden, heads, seq, vocab, encoder  # type: ignore[assignment]
         try:
-            prof = transformer_profile(name or preset or f"transformer-{L}x{h}", L, h, a, s, V,
-                                       cl.peak_flops, cl.device, dtype=dtype, encoder=enc)
+            if preset is None:
+                spec = ModelSpec(name=name or f"transformer-{layers}x{hidden}", layers=layers, hidden=hidden,
+                                 heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
+            prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
+                                    options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
+                                                            sequence_parallel=sequence_parallel))
         except (ValueError, ValidationError) as e:
             fail(str(e))
             raise

@@ -8,11 +8,16 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   backward is the profile's ``recompute`` time (forward re-run + backward; 3x forward when only the
   forward was measured). Zero-bubble splits B into I (input gradient) and W (weight gradient), half each
   (their GEMMs have equal FLOPs); the recomputed forward goes to I.
-* **Tensor parallelism** (Megatron-LM 3.2, 2.3): compute divided by ``t`` and by ``tensor_efficiency``
-  (a t-way GEMM is smaller and runs below peak), plus per transformer layer 2 all-reduces in the forward
-  and 2 in the backward of ``b s h`` elements each among the ``t`` GPUs -- in total ``8 b s h (t-1)/t``
-  elements per layer and micro-batch with a ring all-reduce -- on the intra-node link (inter-node if ``t``
-  exceeds a node).
+* **Tensor parallelism** (Megatron-LM 3.2, 2.3): when the profile has compute at this ``t``
+  (``LayerProfile.tensor_times``: measured, or the operator model's sharded GEMMs, :mod:`planner.operators`)
+  those times are used; otherwise the t = 1 time divided by ``t`` and by ``tensor_efficiency`` (a t-way
+  GEMM is smaller and runs below peak). :attr:`ConfigCosts.compute_source` says which. Plus per
+  transformer layer 2 all-reduces in the forward and 2 in the backward of ``b s h`` elements each among
+  the ``t`` GPUs -- in total ``8 b s h (t-1)/t`` elements per layer and micro-batch with a ring
+  all-reduce -- or, with sequence parallelism (Korthikanti et al. 2022, 4.2.2), an all-gather and a
+  reduce-scatter in place of each all-reduce (the same bytes: ``(t-1)/t L`` each), on the intra-node link
+  (NVLink) when the ``t`` GPUs share a node, else on the inter-node link, which then bounds the ring.
+  A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute.
 * **Pipeline p2p** (Chimera 3.4, alpha-beta): ``alpha + beta * bytes`` of the boundary activation
   (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each tensor-parallel
   rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
@@ -59,6 +64,14 @@ def ring_allreduce(r: int, nbytes: float, link: Link) -> float:
     return 2 * (r - 1) * link.alpha + 2 * (r - 1) / r * link.beta * nbytes
 
 
+def ring_allgather(r: int, nbytes: float, link: Link) -> float:
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all: ``(r-1) alpha + (r-1)/r beta L``
+    (Thakur et al. 2005; NCCL's ring)."""
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    return (r - 1) * link.alpha + (r - 1) / r * link.beta * nbytes
+
+
 def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
     """All-reduce among global GPU ``ranks``; hierarchical when they span nodes."""
     r = len(ranks)
@@ -98,7 +111,10 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
         layers = profile.layers[i:j]
         stash = 0.0
         for lay in layers:
-            if lay.kind == "transformer" and shape is not None and tensor > 1:
+            shard = lay.tensor_times.get(tensor) if lay.tensor_times else None
+            if shard is not None and shard.stashed_bytes_per_sample is not None:
+                stash += shard.stashed_bytes_per_sample  # the operator list's (or measured) shard stash
+            elif lay.kind == "transformer" and shape is not None and tensor > 1:
                 # Korthikanti et al. 2022, eq. 2: s h (10 + 24/t + 5 a s/(h t)) of s h (34 + 5 a s/h)
                 a_s_h = 5 * shape.heads * shape.seq / shape.hidden
                 stash += lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
@@ -143,7 +159,12 @@ class ConfigCosts(Costs):
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-        self._layer_sums: dict[tuple[str, float], list[float]] = layer_sums if layer_sums is not None else {}
+        if "per_t" not in shared:
+            shared["per_t"] = t in profile.tensor_sizes
+        #: compute at this t from the profile's shard times (True) or t = 1 times / (t * efficiency)
+        self.per_t: bool = shared["per_t"]
+        self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
+        self._layer_sums: dict[tuple[str, float, int], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
@@ -159,32 +180,49 @@ class ConfigCosts(Costs):
         g = self.cluster.gpus_per_node
         return self.cluster.intra if self.rank(src) // g == self.rank(dst) // g else self.cluster.inter
 
+    @property
+    def compute_source(self) -> str:
+        """Where the compute times come from: ``"per-t measured"``, ``"per-t operators"`` (the profile's
+        times at this t) or ``"t=1 / (t * tensor_efficiency)"`` (``"t=1"`` when t is 1)."""
+        if self.per_t:
+            lay = self.profile.layers[0].tensor_times[self.t]  # type: ignore[index]
+            return f"per-t {lay.source}"
+        return "t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)"
+
     def _tp_comm(self, stage: int, samples: float) -> float:
-        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2)."""
+        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
+        sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
         shape = self.profile.shape
         if self.t == 1 or shape is None:
             return 0.0
         nbytes = samples * shape.seq * shape.hidden * self.el
-        return 2 * self.stages[stage].transformer_layers * ring_allreduce(self.t, nbytes, self.tp_link)
+        if self.sequence_parallel:
+            one = 2 * ring_allgather(self.t, nbytes, self.tp_link)
+        else:
+            one = ring_allreduce(self.t, nbytes, self.tp_link)
+        return 2 * self.stages[stage].transformer_layers * one
 
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
         model's layers, computed once per kind and size)."""
-        sums = self._layer_sums.get((kind, samples))
+        t = self.t if self.per_t else 1
+        sums = self._layer_sums.get((kind, samples, t))
         if sums is None:
             sums = [0.0]
             for lay in self.profile.layers:
-                sums.append(sums[-1] + lay.time(kind, samples))  # type: ignore[arg-type]
-            self._layer_sums[(kind, samples)] = sums
+                v = lay.shard_time(kind, samples, t) if self.per_t else lay.time(kind, samples)  # type: ignore[arg-type]
+                sums.append(sums[-1] + float(v or 0.0))
+            self._layer_sums[(kind, samples, t)] = sums
         i, j = self.stages[stage].layers
-        return sums[j] - sums[i]
+        v = sums[j] - sums[i]
+        return v if self.per_t else v / (self.t * self.eff)
 
     def fwd(self, stage: int, span: int = 1) -> float:
         key = (stage, span)
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            v = self._sum_time(stage, "fwd", samples) / (self.t * self.eff) + self._tp_comm(stage, samples)
+            v = self._sum_time(stage, "fwd", samples) + self._tp_comm(stage, samples)
             self._fwd[key] = v
         return v
 
@@ -192,7 +230,7 @@ class ConfigCosts(Costs):
         v = self._bwd.get(stage)
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
-            v = (self._sum_time(stage, kind, self.base_b) / (self.t * self.eff)
+            v = (self._sum_time(stage, kind, self.base_b)
                  + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1))
             self._bwd[stage] = v
         return v
@@ -200,7 +238,7 @@ class ConfigCosts(Costs):
     def recompute_extra(self, stage: int) -> float:
         if not self.config.recompute:
             return 0.0
-        plain = self._sum_time(stage, "bwd", self.base_b) / (self.t * self.eff) + self._tp_comm(stage, self.base_b)
+        plain = self._sum_time(stage, "bwd", self.base_b) + self._tp_comm(stage, self.base_b)
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------
@@ -209,6 +247,9 @@ class ConfigCosts(Costs):
             return self.fwd(stage, span)
         if kind == "B":
             return self.bwd(stage)
+        if self.per_t:  # the profile's own split: W is the weight-gradient GEMMs, I the rest
+            w = self._sum_time(stage, "bwd_weight", self.base_b)
+            return w if kind == "W" else self.bwd(stage) - w
         extra = self.recompute_extra(stage)
         half = (self.bwd(stage) - extra) / 2
         return half + extra if kind == "I" else half

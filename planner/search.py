@@ -74,6 +74,7 @@ class Candidate:
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
+            "compute": self.costs.compute_source if self.costs is not None else None,
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]
