@@ -84,3 +84,38 @@ def test_tiny_llama_and_files(tmp_path: Path) -> None:
         read_hf_config(bad)
     with pytest.raises(HFConfigError, match="cannot read"):
         read_hf_config(tmp_path / "missing.json")
+
+
+def test_llama_8b_flops_match_6n_plus_attention() -> None:
+    """The operator model's FLOPs of Llama 3.1 8B (one sequence of 8192, forward + backward) within 2% of
+    ``6 N s`` (N without the embedding table, whose lookup does no arithmetic) plus attention by hand:
+    ``q k^T`` and ``att v`` are ``2 s^2 (a d)`` each forward (unmasked), three times that with the backward."""
+    from planner.operators import embedding_operators, head_operators, layer_operators
+
+    spec = read_hf_config(MODELS / "llama-3.1-8b", seq=8192)
+    total = 0.0
+    for operators, count in ((embedding_operators, 1), (layer_operators, spec.layers), (head_operators, 1)):
+        total += count * sum(op.fwd_flops + op.bwd_flops for op in operators(spec, 1))
+    n = spec.total_params() - spec.vocab * spec.hidden
+    s, a_d = spec.seq, spec.heads * spec.d
+    by_hand = 6 * n * s + spec.layers * 3 * (2 * 2 * s * s * a_d)
+    assert abs(total / by_hand - 1) < 0.02, total / by_hand
+
+
+def test_profile_analytic_hf_config(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.profile import load_profile
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(MODELS / "qwen2.5-7b"), "--seq", "2048",
+                                   "--device", "h100-80gb", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    assert prof.name == "qwen2.5-7b" and len(prof.layers) == 30 and prof.shape is not None
+    assert prof.total_params == read_hf_config(MODELS / "qwen2.5-7b").total_params()
+    assert prof.shape.seq == 2048 and prof.shape.ffn_hidden == 18944
+    bad = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(tmp_path / "none.json"), "--out",
+                                   str(out)])
+    assert bad.exit_code != 0 and "cannot read" in bad.output
