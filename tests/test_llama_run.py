@@ -14,12 +14,17 @@ from executor.plan import RunPlan
 from pipeplan.cli import app
 from profiler.hf_config import read_hf_config
 
-TINY = Path(__file__).resolve().parent / "fixtures" / "tiny-llama" / "config.json"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TINY = FIXTURES / "tiny-llama" / "config.json"
 SPEC = read_hf_config(TINY, name="tiny-llama").model_dump()
+# the other families of examples/models, tiny: Qwen2 (biases on q, k, v; tied head) and GPT-2
+QWEN2 = read_hf_config(FIXTURES / "tiny-qwen2").model_dump()
+GPT2 = read_hf_config(FIXTURES / "tiny-gpt2").model_dump()
 
 
-def P(schedule: str, D: int, N: int, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
-    return RunPlan.direct(schedule, D, N, model=SPEC["name"], model_spec=SPEC, iterations=2, **kw)
+def P(schedule: str, D: int, N: int, spec: dict | None = None, **kw) -> RunPlan:  # type: ignore[no-untyped-def, type-arg]
+    spec = spec or SPEC
+    return RunPlan.direct(schedule, D, N, model=spec["name"], model_spec=spec, iterations=2, **kw)
 
 
 PLANS = {
@@ -31,6 +36,9 @@ PLANS = {
     "tensor t=2 (KV heads sharded)": P("1f1b", 1, 2, tensor=2),
     "tensor t=2 recompute, 1 KV head (replicated)": P("1f1b", 1, 2, tensor=2, recompute=True,
                                                       model_overrides={"kv_heads": 1}),
+    "qwen2 1f1b (tied head across stages)": P("1f1b", 2, 2, QWEN2),
+    "qwen2 tensor t=2 (q/k/v biases sharded)": P("1f1b", 1, 2, QWEN2, tensor=2),
+    "gpt2 (zoo GPT from its HF config) 1f1b": P("1f1b", 2, 2, GPT2),
 }
 
 
