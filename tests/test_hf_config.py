@@ -119,3 +119,25 @@ def test_profile_analytic_hf_config(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(tmp_path / "none.json"), "--out",
                                    str(out)])
     assert bad.exit_code != 0 and "cannot read" in bad.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_every_example_yields_a_plan_through_the_cli(name: str, tmp_path: Path) -> None:
+    """config.json -> profile-analytic -> plan, on DGX H100 nodes (enough of them to hold 405B's states)."""
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    prof = tmp_path / "p.json"
+    runner = CliRunner()
+    res = runner.invoke(app, ["profile-analytic", "--hf-config", str(MODELS / name), "--seq", "1024",
+                              "--device", "h100-80gb", "--out", str(prof)])
+    assert res.exit_code == 0, res.output
+    gpus = "512" if name == "llama-3.1-405b" else "64"
+    res = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
+                                                                              "dgx-h100-80gb.json"),
+                              "--global-batch", "256", "--gpus", gpus, "--top", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    cands = json.loads(res.output)["candidates"]
+    assert cands and cands[0]["fits"] and cands[0]["tensor"] <= 8, cands[:1]
