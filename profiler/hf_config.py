@@ -51,6 +51,11 @@ GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_
                "seq": "n_positions", "activation": "activation_function"}
 
 
+#: sanity bounds (far above every published model) so a bad upload cannot ask for a billion layers
+LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "ffn_hidden": 1 << 22,
+          "vocab": 1 << 24, "seq": 1 << 24}
+
+
 class HFConfigError(ValueError):
     """A config.json we cannot turn into a ModelSpec; ``field`` names the offending field of the file."""
 
@@ -137,9 +142,11 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
     for ours, theirs in (GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS).items():
         value = data.get(theirs)
-        if ours in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq") and value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
+        if ours in LIMITS and value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
+            if value > LIMITS[ours]:
+                raise HFConfigError(theirs, f"{value} is beyond any published model (at most {LIMITS[ours]})")
     from transformers import AutoConfig
 
     fields = {k: v for k, v in data.items() if k != "model_type"}

@@ -25,6 +25,8 @@ from planner.profile import TransformerShape
 from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, spec_from_hf_dict
 from profiler.layer_model import LayerModel
 
+MAX_DEFAULT_SEQ = 8192
+
 
 class _Embedding(nn.Module):
     def __init__(self, tok: nn.Module, pos: nn.Module | None) -> None:
@@ -74,6 +76,10 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = spec_from_hf_dict(data, name=name, seq=seq)
+    if seq is None and spec.seq > MAX_DEFAULT_SEQ:
+        raise HFConfigError("max_position_embeddings", f"{spec.seq}: the model supports that long a context, too "
+                            f"long to time by default (over {MAX_DEFAULT_SEQ}); give the sequence you train with "
+                            "(--seq)")
     if measure_layers < 1:
         raise HFConfigError("layers", f"measure at least one decoder layer, got {measure_layers}")
     built = min(measure_layers, spec.layers)

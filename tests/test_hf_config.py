@@ -67,6 +67,7 @@ def _llama(**changes: object) -> dict[str, object]:
     ({"hidden_size": "wide"}, "hidden_size"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads are no multiple of 3
     ({"hidden_act": "tanh"}, "hidden_act"),
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
 ])
 def test_bad_config_names_the_field(changes: dict[str, object], field: str) -> None:
     with pytest.raises(HFConfigError) as err:
