@@ -27,6 +27,7 @@ from typing import Any
 
 from executor.models import get_config
 from executor.models.config import ModelConfig
+from executor.models.source import ModuleSource, ZooSource
 from planner.schedules import build, parameters
 from planner.schedules.ir import Schedule, lower
 
@@ -53,6 +54,7 @@ class RunPlan:
     partition: list[list[int]] = field(default_factory=list)  # [start, end) per schedule stage
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change
     model_spec: dict[str, Any] | None = None  # a ModelSpec (e.g. from --hf-config) instead of the preset `model`
+    module: str | None = None  # a user's factory (pkg.mod:build or file.py:build) instead of a zoo model
     iterations: int = 1
     warmup: int = 0
     seed: int = 0
@@ -104,6 +106,12 @@ class RunPlan:
         cfg = ModelConfig.model_validate(self.model_spec) if self.model_spec is not None else get_config(self.model)
         return cfg.with_(**self.model_overrides) if self.model_overrides else cfg
 
+    def source(self) -> ZooSource | ModuleSource:
+        """Where the layers and batches come from (:mod:`executor.models.source`)."""
+        if self.module is not None:
+            return ModuleSource(self.module)
+        return ZooSource(self.config)
+
     @property
     def halving(self) -> bool:
         return self.params.get("concat") == "backward-halving"
@@ -149,6 +157,11 @@ class RunPlan:
                 return len(load_profile(self.emulate).layers)
             except Exception as e:  # noqa: BLE001 - any reading/validation error is a bad plan
                 raise PlanError(f"cannot read the emulation profile {self.emulate}: {e}") from None
+        if self.module is not None:
+            try:
+                return ModuleSource(self.module).num_layers
+            except Exception as e:  # noqa: BLE001 - the user's code: any error makes the plan unrunnable
+                raise PlanError(f"--module {self.module}: {type(e).__name__}: {e}") from None
         return self.config.num_profile_layers
 
     def bounds(self, stages: int, layers: int | None = None) -> list[tuple[int, int]]:
@@ -162,11 +175,15 @@ class RunPlan:
         for name in ("pipeline", "data", "tensor", "micro_batch", "microbatches", "iterations"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
-        try:
-            cfg = self.config
-            cfg.family  # noqa: B018 - a shape no zoo family builds is refused here
-        except (ValueError, TypeError) as e:
-            raise PlanError(f"model: {e}") from None
+        if self.module is not None:
+            if self.tensor > 1:
+                raise PlanError("--module: tensor parallelism needs the zoo's blocks; a user model runs with t = 1")
+        else:
+            try:
+                cfg = self.config
+                cfg.family  # noqa: B018 - a shape no zoo family builds is refused here
+            except (ValueError, TypeError) as e:
+                raise PlanError(f"model: {e}") from None
         if self.schedule_name not in ("gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "gems",
                                       "pipedream", "pipedream-2bw"):
             raise PlanError(f"unknown schedule {self.schedule_name!r}")
@@ -182,7 +199,7 @@ class RunPlan:
                             f"W*N*b = {self.data}*{self.microbatches}*{self.micro_batch}")
         if self.halving and self.micro_batch % 2:
             raise PlanError(f"backward halving needs an even micro-batch size, got b={self.micro_batch}")
-        if self.tensor > 1 and (cfg.heads % self.tensor or cfg.ffn_hidden % self.tensor):
+        if self.module is None and self.tensor > 1 and (cfg.heads % self.tensor or cfg.ffn_hidden % self.tensor):
             raise PlanError(f"tensor parallelism t={self.tensor} must divide heads ({cfg.heads}) and the "
                             f"MLP width ({cfg.ffn_hidden})")
         if not self.synchronous and (self.data > 1 or self.tensor > 1):
@@ -192,8 +209,8 @@ class RunPlan:
         sched = self.schedule()
         L = self.num_layers()
         if not self.partition and sched.stages > L:
-            raise PlanError(f"{sched.stages} stages but the model has only {L} layers "
-                            f"(embedding, {cfg.layers} blocks, head)")
+            raise PlanError(f"{sched.stages} stages but the model has only {L} layers" + (
+                "" if self.module else f" (embedding, {cfg.layers} blocks, head)"))
         check_partition(self.bounds(sched.stages, L), sched.stages, L)
         if not self.synchronous and self.recompute:
             raise PlanError(f"{self.schedule_name}: recomputation with weight stashing is not supported")

@@ -1,6 +1,8 @@
 """The executor on a tiny Llama (6 layers, hidden 64, 4 query heads, 2 key/value heads, vocabulary 512, from
 tests/fixtures/tiny-llama/config.json): every schedule asked for and tensor parallelism t=2 give, after the
-steps, the parameters of single-process training (gloo, float64). One launch runs the plans in sequence."""
+steps, the parameters of single-process training (gloo, float64); so do a tiny Qwen2 and GPT-2 from their HF
+configs, and a user's own model (``--module examples/custom_model.py:build``). One launch runs the plans in
+sequence."""
 
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ SPEC = read_hf_config(TINY, name="tiny-llama").model_dump()
 # the other families of examples/models, tiny: Qwen2 (biases on q, k, v; tied head) and GPT-2
 QWEN2 = read_hf_config(FIXTURES / "tiny-qwen2").model_dump()
 GPT2 = read_hf_config(FIXTURES / "tiny-gpt2").model_dump()
+MODULE = str(FIXTURES.parent.parent / "examples" / "custom_model.py") + ":build"
+
+
+def U(schedule: str, D: int, N: int, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
+    return RunPlan.direct(schedule, D, N, model="custom_model", module=MODULE, iterations=2, **kw)
 
 
 def P(schedule: str, D: int, N: int, spec: dict | None = None, **kw) -> RunPlan:  # type: ignore[no-untyped-def, type-arg]
@@ -39,6 +46,10 @@ PLANS = {
     "qwen2 1f1b (tied head across stages)": P("1f1b", 2, 2, QWEN2),
     "qwen2 tensor t=2 (q/k/v biases sharded)": P("1f1b", 1, 2, QWEN2, tensor=2),
     "gpt2 (zoo GPT from its HF config) 1f1b": P("1f1b", 2, 2, GPT2),
+    "--module 1f1b b=2": U("1f1b", 2, 4, micro_batch=2),
+    "--module interleaved v=2": U("interleaved", 2, 4, chunks=2),
+    "--module zb-h1 + recompute": U("zb-h1", 2, 4, recompute=True),
+    "--module data-parallel W=2": U("gpipe", 1, 2, data=2),
 }
 
 
@@ -64,3 +75,5 @@ def test_cli_run_hf_config_check() -> None:
     bad = CliRunner().invoke(app, ["run", "--hf-config", str(TINY.parent / "missing.json"), "-s", "1f1b",
                                    "-D", "2", "-N", "2"])
     assert bad.exit_code == 2 and "cannot read" in bad.output
+    tp = CliRunner().invoke(app, ["run", "--module", MODULE, "-s", "1f1b", "-D", "1", "-N", "2", "--tensor", "2"])
+    assert tp.exit_code == 2 and "t = 1" in tp.output
