@@ -34,7 +34,8 @@ from planner.operators import (
 from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-TENSOR_SIZES = (1, 2, 4, 8, 16, 32, 64)
+#: the t the search tries: divisors of the GPUs per node (up to 8 on the clusters we ship), then powers of two
+TENSOR_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
 
 
 def _times(builder, spec: ModelSpec, device: DeviceSpec, dtype: str, t: int, opts: OperatorOptions,
@@ -58,7 +59,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                      options: OperatorOptions | None = None, name: str | None = None) -> ModelProfile:
     """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
 
-    ``tensor_sizes`` default: the powers of two up to 64 that divide the heads. ``options`` default:
+    ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
     unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs)."""
     dev = device if isinstance(device, DeviceSpec) else get_device(device)
     if dtype.lower() not in DTYPE_BYTES:

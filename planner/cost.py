@@ -23,6 +23,11 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
   then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
   ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
+* **Blocking p2p** (only when the profile's ``environment["p2p"]`` is ``"blocking"``: a runtime that waits
+  for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
+  ``req.wait(); torch.cuda.synchronize()``, then all-gathers the scatter/gather chunks over NVLink): each
+  F and B also holds the compute stream for its send (and the ``t``-way all-gather of the boundary
+  tensor). Our executor posts sends without blocking, so by default they overlap compute.
 * **Gradient all-reduce** of a stage across its ``r`` replicas (the W data-parallel copies times the
   schedule's own replicas, Chimera's 2f): Rabenseifner ``2 log2(r) alpha + 2 (r-1)/r beta L``
   (Chimera 3.4) with ``L`` the stage's gradient bytes divided by ``t``; hierarchical when the replicas
@@ -160,11 +165,14 @@ class ConfigCosts(Costs):
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
         if "per_t" not in shared:
-            shared["per_t"] = t in profile.tensor_sizes
-        #: compute at this t from the profile's shard times (True) or t = 1 times / (t * efficiency)
-        self.per_t: bool = shared["per_t"]
+            have = [t in (lay.tensor_times or {}) for lay in profile.layers]
+            shared["per_t"] = (any(have), not all(have))
+        #: compute at this t from the profile's shard times (per layer, where it has them) or t = 1 times
+        #: divided by (t * tensor_efficiency); ``partial``: some layers lack times at this t
+        self.per_t, self.partial = shared["per_t"]
         self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
-        self._layer_sums: dict[tuple[str, float, int], list[float]] = layer_sums if layer_sums is not None else {}
+        self.blocking_p2p = profile.environment.get("p2p") == "blocking"
+        self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
@@ -185,8 +193,9 @@ class ConfigCosts(Costs):
         """Where the compute times come from: ``"per-t measured"``, ``"per-t operators"`` (the profile's
         times at this t) or ``"t=1 / (t * tensor_efficiency)"`` (``"t=1"`` when t is 1)."""
         if self.per_t:
-            lay = self.profile.layers[0].tensor_times[self.t]  # type: ignore[index]
-            return f"per-t {lay.source}"
+            src = next(lay.tensor_times[self.t].source for lay in self.profile.layers
+                       if lay.tensor_times and self.t in lay.tensor_times)
+            return f"per-t {src}" + (" (other layers: t=1 / (t * tensor_efficiency))" if self.partial else "")
         return "t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)"
 
     def _tp_comm(self, stage: int, samples: float) -> float:
@@ -196,26 +205,47 @@ class ConfigCosts(Costs):
         if self.t == 1 or shape is None:
             return 0.0
         nbytes = samples * shape.seq * shape.hidden * self.el
-        if self.sequence_parallel:
+        if self.t > self.cluster.gpus_per_node:
+            # t spans nodes (ranks 0..t-1, tensor innermost): NCCL's rings cross nodes on every GPU's own
+            # NIC, so the inter-node hop carries 1/k of the data per GPU -- the hierarchical form below
+            one = allreduce_time(self.cluster, list(range(self.t)), nbytes)
+        elif self.sequence_parallel:
             one = 2 * ring_allgather(self.t, nbytes, self.tp_link)
         else:
             one = ring_allreduce(self.t, nbytes, self.tp_link)
         return 2 * self.stages[stage].transformer_layers * one
 
+    def _blocking_send(self, stage: int, to: int, span: int) -> float:
+        """Seconds a blocking runtime holds the compute stream to send stage ``stage``'s boundary tensor to
+        stage ``to`` (0 when there is no such stage or both sit on one device) plus the all-gather of the
+        scatter/gather chunks (module docstring)."""
+        if not 0 <= to < self.schedule.stages:
+            return 0.0
+        row = self.schedule.placement[0]
+        src, dst = row[stage], row[to]
+        if src == dst:
+            return 0.0
+        boundary = stage if to > stage else to
+        full = self.stages[boundary].out_bytes * self.base_b * span
+        return self.link(src, dst).time(full / self.t) + ring_allgather(self.t, full, self.cluster.intra)
+
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
         model's layers, computed once per kind and size)."""
-        t = self.t if self.per_t else 1
-        sums = self._layer_sums.get((kind, samples, t))
+        t = self.t
+        key = (kind, samples, t, self.per_t)
+        sums = self._layer_sums.get(key)
         if sums is None:
             sums = [0.0]
+            split = kind in ("bwd_input", "bwd_weight")
             for lay in self.profile.layers:
-                v = lay.shard_time(kind, samples, t) if self.per_t else lay.time(kind, samples)  # type: ignore[arg-type]
-                sums.append(sums[-1] + float(v or 0.0))
-            self._layer_sums[(kind, samples, t)] = sums
+                v = lay.shard_time(kind, samples, t) if self.per_t else None
+                if v is None:  # no times at this t: the t = 1 time over t and the split efficiency
+                    v = lay.time("bwd" if split else kind, samples) * (0.5 if split else 1.0) / (t * self.eff)  # type: ignore[arg-type]
+                sums.append(sums[-1] + v)
+            self._layer_sums[key] = sums
         i, j = self.stages[stage].layers
-        v = sums[j] - sums[i]
-        return v if self.per_t else v / (self.t * self.eff)
+        return sums[j] - sums[i]
 
     def fwd(self, stage: int, span: int = 1) -> float:
         key = (stage, span)
@@ -223,6 +253,8 @@ class ConfigCosts(Costs):
         if v is None:
             samples = self.base_b * span
             v = self._sum_time(stage, "fwd", samples) + self._tp_comm(stage, samples)
+            if self.blocking_p2p:
+                v += self._blocking_send(stage, stage + 1, span)
             self._fwd[key] = v
         return v
 
@@ -232,6 +264,8 @@ class ConfigCosts(Costs):
             kind = "recompute" if self.config.recompute else "bwd"
             v = (self._sum_time(stage, kind, self.base_b)
                  + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1))
+            if self.blocking_p2p:
+                v += self._blocking_send(stage, stage - 1, 1)
             self._bwd[stage] = v
         return v
 

@@ -106,15 +106,20 @@ def run_cluster(base: Cluster, gpus: int) -> Cluster:
 
 
 def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int, ...],
-                options: OperatorOptions | None = None) -> ModelProfile:
-    return analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
+                options: OperatorOptions | None = None, blocking_p2p: bool = True) -> ModelProfile:
+    """The operator-model profile of the run's model; ``blocking_p2p``: Megatron 2021's runtime waited for
+    its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p")."""
+    prof = analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
                             tensor_sizes=(1, run.t) if run.t > 1 else (1,),
                             options=options or OperatorOptions(attention="unfused", dropout=True))
+    if blocking_p2p:
+        prof = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
+    return prof
 
 
 def candidate_configs(run: PublishedRun, micro_batches: tuple[int, ...] = (1, 2, 4, 8),
                       max_chunks: int = 4) -> list[Config]:
-    """The (b, schedule, v) choices of a run (module docstring)."""
+    """The (b, schedule, v) choices of a run (module docstring); ``max_chunks=1``: plain 1F1B only."""
     per_replica = run.batch // run.d
     bs = [run.micro_batch] if run.micro_batch else [b for b in micro_batches if per_replica % b == 0]
     out = []
@@ -157,6 +162,41 @@ def predict_run(run: PublishedRun, base: Cluster, device: DeviceSpec,
                          chunks=cfg.chunks, peak_memory=max(cand.memory, default=0.0), fits=cand.fits,
                          compute=cand.costs.compute_source if cand.costs is not None else None,
                          breakdown=dict(cand.breakdown))
+
+
+@dataclass
+class RankingResult:
+    figure: str
+    claim: str
+    batch: int
+    #: ((t, p, d), predicted seconds) in the order the figure lists them
+    predicted: list[tuple[tuple[int, int, int], float]]
+    expect: str
+    ok: bool
+
+
+def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[RankingResult]:
+    """Each ranking claim of ``data["rankings"]`` at each of its batch sizes: predict every (t, p, d) with
+    the stated micro-batch, plain 1F1B (the figures compare parallel sizes, not schedules) and
+    recomputation, and check the claim: ``"best"`` (the named configuration is predicted fastest) or
+    ``"order"`` (predicted time grows along the listed configurations)."""
+    out = []
+    for claim in data["rankings"]:
+        m = claim["model"]
+        for batch in claim["batches"]:
+            preds = []
+            for t, p, d in claim["configs"]:
+                run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} B={batch}", layers=m["layers"],
+                                   hidden=m["hidden"], heads=m["heads"], seq=data["seq"], vocab=data["vocab"], t=t,
+                                   p=p, gpus=t * p * d, batch=batch, tflops=0.0, micro_batch=claim["micro_batch"])
+                preds.append(((t, p, d), predict_run(run, base, device, max_chunks=1).seconds))
+            times = [x[1] for x in preds]
+            if claim["expect"] == "best":
+                ok = preds[times.index(min(times))][0] == tuple(claim["best"])
+            else:
+                ok = all(a < b for a, b in zip(times, times[1:], strict=False))
+            out.append(RankingResult(claim["figure"], claim["claim"], batch, preds, claim["expect"], ok))
+    return out
 
 
 def median(xs: list[float]) -> float:

@@ -194,8 +194,9 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         io = el * (2 * heads_b * s * d + 2 * b * k_t * s * d)  # read Q, K, V, write O
         fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b))
         bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b))
-        # saves Q, K, V, O and the row log-sum-exp (fp32)
-        ops.append(Operator("flash_attn", (fwd,), (bwd,), (), io + 4.0 * heads_b * s))
+        # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input
+        qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
+        ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + 4.0 * heads_b * s))
     ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -291,9 +292,13 @@ class ModelProfile(BaseModel):
         return sum(layer.params - layer.tied_params for layer in self.layers)
 
 
+_LEAF_OBJECT = re.compile(r"\{\n\s*([^{}\[\]]*?)\n\s*\}")
+
+
 def save_profile(profile: ModelProfile, path: str | Path) -> None:
-    """Write ``profile`` as indented JSON."""
-    Path(path).write_text(profile.model_dump_json(indent=2) + "\n")
+    """Write ``profile`` as indented JSON, each innermost object (a ``{b: seconds}`` table) on one line."""
+    text = _LEAF_OBJECT.sub(lambda m: "{" + " ".join(m.group(1).split()) + "}", profile.model_dump_json(indent=2))
+    Path(path).write_text(text + "\n")
 
 
 def load_profile(path: str | Path) -> ModelProfile:
