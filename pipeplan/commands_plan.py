@@ -162,13 +162,15 @@ def register(app: typer.Typer) -> None:
             fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
         if attention not in ("unfused", "flash"):
             fail(f"--attention must be unfused or flash, got {attention!r}")
+        dropout = OperatorOptions().dropout
         if hf_config is not None:
-            from profiler.hf_config import HFConfigError, read_hf_config
+            from profiler.hf_config import HFConfigError, read_hf_config, read_hf_json, trains_with_dropout
 
             if preset is not None:
                 fail("give --preset or --hf-config, not both")
             try:
                 spec = read_hf_config(hf_config, seq=seq, name=name)
+                dropout = trains_with_dropout(read_hf_json(hf_config))
             except HFConfigError as e:
                 fail(f"--hf-config {hf_config}: {e}")
         elif preset is not None:
@@ -187,7 +189,7 @@ def register(app: typer.Typer) -> None:
                                  heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
             prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
-                                                            sequence_parallel=sequence_parallel))
+                                                            sequence_parallel=sequence_parallel, dropout=dropout))
         except (ValueError, ValidationError) as e:
             fail(str(e))
             raise

@@ -158,17 +158,39 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     return parse_hf_config(cfg, name, seq, source)
 
 
+DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout")
+
+
+def trains_with_dropout(data: dict[str, Any]) -> bool:
+    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2: 0), the library's
+    defaults filled in; the operator model then counts the dropout masks (planner.operators.OperatorOptions)."""
+    from transformers import AutoConfig
+
+    model_type = data.get("model_type")
+    if model_type not in SUPPORTED:
+        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    cfg = AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+    return any(float(getattr(cfg, f, 0.0) or 0.0) > 0 for f in DROPOUT_FIELDS)
+
+
+def read_hf_json(path: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` at ``path`` (or in the directory ``path``)."""
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    try:
+        return json.loads(p.read_text())
+    except OSError as e:
+        raise HFConfigError("path", f"cannot read {p}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise HFConfigError("config", f"{p} is not JSON: {e}") from None
+
+
 def read_hf_config(path: str | Path, seq: int | None = None, name: str | None = None) -> ModelSpec:
     """Read a local ``config.json`` (or a directory holding one); the name defaults to the directory's name
     (``examples/models/llama-3.1-8b/config.json`` -> ``llama-3.1-8b``) or the file's stem."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise HFConfigError("path", f"cannot read {p}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise HFConfigError("config", f"{p} is not JSON: {e}") from None
+    data = read_hf_json(p)
     default = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
     return spec_from_hf_dict(data, name or default, seq, source=f"Hugging Face config {p}")

@@ -44,6 +44,14 @@ def test_llama_405b_shape() -> None:
     assert not s.bias and not s.qkv_bias and s.rope_theta == 500000.0 and s.activation == "silu"
 
 
+def test_dropout_as_trained() -> None:
+    from profiler.hf_config import read_hf_json, trains_with_dropout
+
+    assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b"):
+        assert not trains_with_dropout(read_hf_json(MODELS / name)), name
+
+
 def test_family_details() -> None:
     qwen = read_hf_config(MODELS / "qwen2.5-7b")
     assert qwen.qkv_bias and not qwen.bias and qwen.k == 4 and qwen.seq == 131072

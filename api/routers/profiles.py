@@ -51,7 +51,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     device. A config that cannot be read is a 422 naming its field (``config.<field>: ...``)."""
     from planner.analytic import analytic_profile
     from planner.device import device_for_cluster, shipped_devices
-    from profiler.hf_config import HFConfigError, spec_from_hf_dict
+    from planner.operators import OperatorOptions
+    from profiler.hf_config import HFConfigError, spec_from_hf_dict, trains_with_dropout
 
     if (body.cluster_id is None) == (body.device is None):
         raise crud.InputError("cluster_id, device: give exactly one")
@@ -65,7 +66,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     name = body.name or str(body.config.get("_name_or_path") or body.config.get("model_type") or "hf-model")
     try:
         spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
-        profile = analytic_profile(spec, dev, dtype=body.dtype, name=spec.name)
+        options = OperatorOptions(dropout=trains_with_dropout(body.config))
+        profile = analytic_profile(spec, dev, dtype=body.dtype, name=spec.name, options=options)
     except HFConfigError as e:
         raise crud.InputError(f"config.{e.field}: {e.message}") from None
     except ValueError as e:
