@@ -223,7 +223,7 @@ class RankRuntime:
         self.bounds = plan.bounds(self.S)
         self.rows = plan.rows
         self.N = schedule.microbatches
-        self.scale = 1.0 / (plan.data * self.N)
+        self.scale = 1.0 / (plan.spec.config.data * self.N)
         self.split = {(a.replica, a.stage) for a in self.actions if a.kind == W}
         self.update = schedule.params.get("update", "step")
         self.modules: dict[tuple[int, int], StageModule] = {}
@@ -259,7 +259,7 @@ class RankRuntime:
         layers = self.source.build(self.plan.seed, a, b)
         if self.layout.t > 1:
             layers = [self._tensor_parallel(m) for m in layers]
-        mod = StageModule(layers, a, self.rows, self.plan.recompute)
+        mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute)
         return mod.to(device=self.tdev, dtype=self.dtype)
 
     def _tensor_parallel(self, m: nn.Module) -> nn.Module:
@@ -282,7 +282,7 @@ class RankRuntime:
 
     # ---- data ----------------------------------------------------------------------------------------
     def load_batch(self, step: int) -> None:
-        inputs, targets = self.source.batch(self.plan.global_batch, self.plan.seed, step)
+        inputs, targets = self.source.batch(self.plan.spec.global_batch, self.plan.seed, step)
         per_copy = self.N * self.rows
         off = self.data_copy * per_copy
         self.inputs = inputs[off:off + per_copy].to(self.tdev)

@@ -24,7 +24,7 @@ def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
     model = Stage(layers)
     opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
     for step in range(steps):
-        inputs, targets = source.batch(plan.global_batch, plan.seed, step)
+        inputs, targets = source.batch(plan.spec.global_batch, plan.seed, step)
         inputs = inputs.to(DTYPES[plan.dtype]) if inputs.is_floating_point() else inputs
         if not source.mean_of_micro_batches:
             loss = model(inputs, targets)

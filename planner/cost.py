@@ -46,8 +46,9 @@ import math
 from dataclasses import dataclass
 
 from planner.cluster import Cluster, Link
-from planner.profile import ModelProfile
+from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
+from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
 from planner.simulate import Costs
 
@@ -109,29 +110,33 @@ class StageInfo:
     transformer_layers: int
 
 
+def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) -> float:
+    """Stashed activation bytes per sample of one layer's ``1/t`` shard: the profile's own figure at this
+    ``t`` (operator model or measured) when it has one, else Korthikanti et al. 2022 eq. 2 scaling of the
+    t = 1 figure for transformer layers (``s h (10 + 24/t + 5 a s/(h t))`` of ``s h (34 + 5 a s/h)``), else
+    the t = 1 figure over ``t``."""
+    shard = lay.tensor_times.get(tensor) if lay.tensor_times else None
+    if shard is not None and shard.stashed_bytes_per_sample is not None:
+        return float(shard.stashed_bytes_per_sample)
+    if lay.kind == "transformer" and shape is not None and tensor > 1:
+        a_s_h = 5 * shape.heads * shape.seq / shape.hidden
+        return lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
+    return lay.stashed_bytes_per_sample / tensor
+
+
 def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int) -> list[StageInfo]:
     out = []
     shape = profile.shape
     for i, j in bounds:
         layers = profile.layers[i:j]
-        stash = 0.0
-        for lay in layers:
-            shard = lay.tensor_times.get(tensor) if lay.tensor_times else None
-            if shard is not None and shard.stashed_bytes_per_sample is not None:
-                stash += shard.stashed_bytes_per_sample  # the operator list's (or measured) shard stash
-            elif lay.kind == "transformer" and shape is not None and tensor > 1:
-                # Korthikanti et al. 2022, eq. 2: s h (10 + 24/t + 5 a s/(h t)) of s h (34 + 5 a s/h)
-                a_s_h = 5 * shape.heads * shape.seq / shape.hidden
-                stash += lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
-            else:
-                stash += lay.stashed_bytes_per_sample / tensor
+        stashes = [layer_stash(lay, tensor, shape) for lay in layers]
         out.append(StageInfo(
             layers=(i, j), param_bytes=sum(x.param_bytes for x in layers),
             params=sum(x.params for x in layers),
             tied_params=sum(x.tied_params for x in layers),
-            out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=stash,
+            out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=sum(stashes),
             input_bytes=layers[0].input_bytes_per_sample / tensor,
-            max_layer_stash=max(x.stashed_bytes_per_sample for x in layers) / tensor,
+            max_layer_stash=max(stashes),
             transformer_layers=sum(1 for x in layers if x.kind == "transformer")))
     # a tied copy sharing the stage of its original is not a second copy
     return out
@@ -160,7 +165,7 @@ class ConfigCosts(Costs):
         self.stages = shared["infos"]
         self._step_of: list[float] = shared["step"]
         # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
-        self.base_b = config.micro_batch / 2 if config.concat == "backward-halving" else config.micro_batch
+        self.base_b = schedule_samples(config)
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter

@@ -190,3 +190,15 @@ def test_measured_shard_times_are_used_and_named():
     assert c.compute_source == "per-t measured"
     layers = prof.layers[c.stages[0].layers[0]:c.stages[0].layers[1]]
     assert c.fwd(0) - base.fwd(0) == pytest.approx(sum(x.shard_time("fwd", 2, 2) for x in layers))
+
+
+def test_stage_memory_uses_the_shard_stash():
+    """Stash and the recomputation working set (largest layer) of a stage come from the per-t shard."""
+    from planner.cost import stage_infos
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1,), tensor_sizes=(1, 4))
+    info = stage_infos(prof, [(1, 5)], 4)[0]
+    block = prof.layers[1].tensor_times[4].stashed_bytes_per_sample
+    assert info.stash_bytes == pytest.approx(4 * block) and info.max_layer_stash == pytest.approx(block)
+    s, h, a = 1024, 1024, 16
+    assert block == pytest.approx(s * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))  # eq. 2, bytes per sample

@@ -50,12 +50,12 @@ from api.deps import DB, Read
 from api.routers.common import IdPath
 from api.schemas import Message
 from planner.request import ALL_SCHEDULES, ASYNC_SCHEDULES
+from planner.schedules import SCHEDULE_PARAMETERS
 
 HERE = Path(__file__).resolve().parent.parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 TIMELINE_KEY = "simulated_timeline"
-CONFIG_KEYS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
-               "pipelines", "concat")
+CONFIG_KEYS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", *SCHEDULE_PARAMETERS)
 
 api_router = APIRouter(tags=["ui"])
 pages = APIRouter(include_in_schema=False)
