@@ -202,3 +202,18 @@ def test_stage_memory_uses_the_shard_stash():
     assert info.stash_bytes == pytest.approx(4 * block) and info.max_layer_stash == pytest.approx(block)
     s, h, a = 1024, 1024, 16
     assert block == pytest.approx(s * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))  # eq. 2, bytes per sample
+
+
+def test_tensor_parallel_across_nodes_is_hierarchical():
+    """t = 16 on 8-GPU nodes: reduce-scatter and all-gather over NVLink, the inter-node all-reduce on 1/8
+    of the bytes (NCCL's rings cross nodes on every GPU's own NIC), as the data-parallel reduction."""
+    from planner.cost import allreduce_time
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(2,), tensor_sizes=(1, 16))
+    c = _costs(prof, 16)
+    layers = prof.layers[c.stages[1].layers[0]:c.stages[1].layers[1]]
+    shard = sum(x.shard_time("fwd", 2, 16) for x in layers)
+    nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
+    one = allreduce_time(c.cluster, list(range(16)), nbytes)
+    assert c.fwd(1) == pytest.approx(shard + 2 * c.stages[1].transformer_layers * one)
+    assert one < ring_allreduce(16, nbytes, c.cluster.inter)
