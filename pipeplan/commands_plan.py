@@ -15,6 +15,8 @@ from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, WavesOpt, fail
 from planner.analytic import analytic_profile
 from planner.cluster import Cluster, load_cluster
 from planner.device import find_device
+from planner.equivalence import schedule_label
+from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
 from planner.operators import OperatorOptions
 from planner.profile import ModelProfile, load_profile, save_profile
@@ -49,17 +51,23 @@ def _request(**kw: object) -> TrainingRequest:
 
 def _table(cands: list[Candidate], title: str) -> Table:
     t = Table(title=title)
+    alternatives = any(c.alternatives for c in cands)
     for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
-                "peak mem (GiB)"):
-        t.add_column(col, justify="right" if col not in ("schedule",) else "left")
+                "peak mem (GiB)", *(["the same as"] if alternatives else [])):
+        t.add_column(col, justify="left" if col in ("schedule", "the same as") else "right")
     for i, c in enumerate(cands):
         cfg = c.config
-        extra = ",".join(f"{k}={v}" for k, v in cfg.schedule_params().items())
         t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data), str(cfg.micro_batch),
-                  str(c.microbatches), cfg.schedule + (f"({extra})" if extra else ""),
+                  str(c.microbatches), c.name or schedule_label(cfg),
                   "yes" if cfg.recompute else "", f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
-                  f"{c.bubble_ratio:.3f}", f"{max(c.memory, default=0) / 2**30:.1f}")
+                  f"{c.bubble_ratio:.3f}", f"{max(c.memory, default=0) / 2**30:.1f}",
+                  *([", ".join(c.alternatives)] if alternatives else []))
     return t
+
+
+def _warn(console: Console, warnings: list[str]) -> None:
+    for w in warnings:
+        console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -87,11 +95,12 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(res.to_dict()))
             return
-        console = Console(width=140)
+        console = Console(width=160)
         console.print(_table(res.candidates, f"{prof.name} on {req.gpus or cl.gpus} x {cl.device}, "
                                              f"B^={global_batch}"))
         console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                       + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
+        _warn(console, res.warnings)  # last: what the user reads first after the table
 
     @app.command("predict")
     def predict_cmd(
@@ -123,12 +132,15 @@ def register(app: typer.Typer) -> None:
         if tensor * pipeline * data > cl.gpus:
             fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {cl.gpus} GPUs")
         cand = predict(prof, cl, req, cfg)
+        warnings = device_warnings(prof, cl)
         if json_out:
-            typer.echo(json.dumps(cand.to_dict()))
+            typer.echo(json.dumps({**cand.to_dict(), "warnings": warnings}))
             return
+        for w in warnings:
+            typer.echo(f"warning: {w}", err=True)
         if cand.simulation is None:
             fail(cand.reason)
-        console = Console(width=140)
+        console = Console(width=160)
         console.print(_table([cand], cfg.label()))
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
         console.print("closed forms (s): " + ", ".join(

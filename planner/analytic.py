@@ -20,7 +20,7 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 
 from __future__ import annotations
 
-from planner.device import DeviceSpec, find_device, generic_device, get_device
+from planner.device import DeviceSpec, canonical_dtype, find_device, generic_device, get_device
 from planner.model import ModelSpec
 from planner.operators import (
     DTYPE_BYTES,
@@ -103,13 +103,17 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
 
 
 def transformer_profile(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int,
-                        peak_flops: float, device: str, dtype: str = "bf16", encoder: bool = False,
+                        peak_flops: float, device: str, dtype: str | None = None, encoder: bool = False,
                         micro_batches: tuple[int, ...] = MICRO_BATCHES) -> ModelProfile:
     """:func:`analytic_profile` of a GPT-2/3-shaped model (or BERT, ``encoder=True``) given by its sizes, on
     the shipped device named ``device`` or, when none matches, a generic device with ``peak_flops`` and the
-    A100's FLOP-to-byte ratio (:func:`planner.device.generic_device`)."""
+    A100's FLOP-to-byte ratio (:func:`planner.device.generic_device`). ``dtype`` defaults to bf16, or to the
+    device's only dtype where it has no 16-bit entry (the CPU: fp32)."""
     spec = ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
                      architecture="encoder" if encoder else "decoder")
-    dev = find_device(device) or generic_device(device, peak_flops, peak_flops * 2039e9 / 312e12, 80 * 2**30,
-                                                dtype=dtype)
+    found = find_device(device)
+    if dtype is None:
+        sixteen = found is None or any(canonical_dtype(k) in ("bf16", "fp16") for k in found.gemm_efficiency)
+        dtype = "bf16" if sixteen or found is None else sorted(found.gemm_efficiency)[0]
+    dev = found or generic_device(device, peak_flops, peak_flops * 2039e9 / 312e12, 80 * 2**30, dtype=dtype)
     return analytic_profile(spec, dev, dtype=dtype, micro_batches=micro_batches, name=name)

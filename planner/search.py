@@ -35,8 +35,10 @@ from planner.candidate import Candidate, PlanResult, gib, reason_key
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts
 from planner.enumeration import enumerate_configs, schedule_variants
+from planner.equivalence import TopDistinct, collapse
 from planner.explain import breakdown, closed_forms
 from planner.memory import MemoryModel
+from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -244,12 +246,12 @@ class Planner:
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
         # best time found, which only falls as the search goes on.
         heapq.heapify(prepared)
-        best: list[tuple[float, int]] = []  # max-heap of (-time, -index) of the k best fitting
+        top = TopDistinct(k)  # the k-th best time over configurations that differ (planner.equivalence)
         results: list[Candidate] = []
         simulated = 0
         while prepared:
             lb, i, cand, costs = heapq.heappop(prepared)
-            if prune and len(best) >= k and lb > -best[0][0]:
+            if prune and lb > top.kth:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
@@ -264,13 +266,12 @@ class Planner:
             simulated += 1
             if cand.fits:
                 results.append(cand)
-                heapq.heappush(best, (-cand.iteration_time, -i))
-                if len(best) > k:
-                    heapq.heappop(best)
+                top.add(cand)
             else:
                 rejected[reason_key(cand.reason)] += 1
                 infeasible.append(cand)
         results.sort(key=lambda c: (c.iteration_time, c.config.label()))
+        results = collapse(results, top.twins)
         infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
@@ -294,7 +295,9 @@ def _gc_paused() -> Iterator[None]:
 
 def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
     """Rank every valid configuration (module docstring)."""
-    return Planner(profile, cluster, request).search()
+    res = Planner(profile, cluster, request).search()
+    res.warnings = device_warnings(profile, cluster)
+    return res
 
 
 def predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> Candidate:

@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from executor.models import get_config
 from planner.profile import ModelProfile, save_profile
 
 console = Console(stderr=True)
@@ -80,6 +79,7 @@ def profile(
 ) -> None:
     """Profile a model layer by layer (a zoo preset, a Hugging Face config or your own module) and write a
     ModelProfile JSON."""
+    from executor.models import get_config  # torch: only when a model is profiled
     from profiler.run import measured_layers, profile_model
 
     sizes = _parse_ints(micro_batches, "--micro-batches")
