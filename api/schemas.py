@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from planner.request import TrainingRequest
 
@@ -70,6 +70,13 @@ class PlanCreate(TrainingRequest):
     memory_reserve_bytes: float = Field(default=2 * 2**30, ge=0, le=2**60, allow_inf_nan=False)
     top: int = Field(default=10, gt=0, le=1000)
 
+    @field_validator("schedules")
+    @classmethod
+    def _some_schedule(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:  # an empty list would silently mean "all of them"
+            raise ValueError("choose at least one schedule (leave the field out to allow all of them)")
+        return v
+
     def training_request(self) -> TrainingRequest:
         return TrainingRequest(**self.model_dump(exclude={"profile_id", "cluster_id"}))
 
@@ -111,10 +118,18 @@ class JobCreate(BaseModel):
 
     plan_id: Id
     candidate_index: int = Field(default=0, ge=0, le=1000)
-    model: Name = Field(description="model the executor builds (e.g. gpt-tiny)")
+    model: Name = Field(description="model the executor builds: a preset of planner.model (e.g. gpt-tiny)")
     iterations: int = Field(default=10, ge=1, le=1_000_000)
     emulate: bool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
     max_attempts: int | None = Field(default=None, ge=1, le=100, description="claims before giving up")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        from planner.model import get_model
+
+        get_model(v)  # ValueError naming the presets: refused here, not on the agent after a claim
+        return v
 
 
 class JobOut(BaseModel):

@@ -57,12 +57,12 @@ from torch.utils.checkpoint import checkpoint
 
 from executor.comm import P2P
 from executor.groups import Groups, Layout
-from executor.models import build_layers, takes_targets, tied_parameters
+from executor.models import takes_targets
 from executor.models.blocks import Block
-from executor.models.data import synthetic_batch
+from executor.models.llama import LlamaBlock
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
-from executor.tensor_parallel import TensorParallelBlock
+from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
 from planner.schedules.ir import (
     ALLREDUCE,
     RECV_B,
@@ -221,7 +221,7 @@ class RankRuntime:
         #: (PipeDream's replicated stages, whose micro-batches take routes through the stage replicas)
         self.copy = {s: r for r, s in self.held}
         self.S = schedule.stages
-        self.cfg = plan.model_config
+        self.source = plan.source()
         self.dtype = DTYPES[plan.dtype]
         self.bounds = plan.bounds(self.S)
         self.rows = plan.rows
@@ -241,7 +241,7 @@ class RankRuntime:
         # tied embedding copies on the first and last stages (names inside the StageModule)
         self.tied: dict[tuple[int, int], list[str]] = {}
         if self.S > 1 and emulator is None:
-            for group in tied_parameters(self.cfg):
+            for group in self.source.tied():
                 for layer, pname in group:
                     for r, s in self.held:
                         a, b = self.bounds[s]
@@ -259,12 +259,19 @@ class RankRuntime:
     # ---- construction --------------------------------------------------------------------------------
     def _build(self, stage: int) -> StageModule:
         a, b = self.bounds[stage]
-        layers = build_layers(self.cfg, self.plan.seed, a, b)
+        layers = self.source.build(self.plan.seed, a, b)
         if self.layout.t > 1:
-            layers = [TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
-                      if isinstance(m, Block) else m for m in layers]
+            layers = [self._tensor_parallel(m) for m in layers]
         mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute)
         return mod.to(device=self.tdev, dtype=self.dtype)
+
+    def _tensor_parallel(self, m: nn.Module) -> nn.Module:
+        """A block split over this rank's tensor-parallel group; embedding, head and norms stay replicated."""
+        if isinstance(m, Block):
+            return TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+        if isinstance(m, LlamaBlock):
+            return TensorParallelLlamaBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+        return m
 
     def _peer_rank(self, device: int) -> int:
         return self.layout.rank(device, self.data_copy, self.tp)
@@ -273,14 +280,17 @@ class RankRuntime:
         span = a.span if a.kind == RECV_F else 1
         if self.emu is not None:
             return (self.emu.message_bytes(a.kind, a.stage, span),), torch.uint8
-        return (self.rows * span, self.cfg.seq, self.cfg.hidden), self.dtype
+        a_, b_ = self.bounds[a.stage]
+        return self.source.message_shape(self.rows * span, a_ if a.kind == RECV_F else b_), self.dtype
 
     # ---- data ----------------------------------------------------------------------------------------
     def load_batch(self, step: int) -> None:
-        inputs, targets = synthetic_batch(self.cfg, self.plan.spec.global_batch, self.plan.seed, step)
+        inputs, targets = self.source.batch(self.plan.spec.global_batch, self.plan.seed, step)
         per_copy = self.N * self.rows
         off = self.data_copy * per_copy
         self.inputs = inputs[off:off + per_copy].to(self.tdev)
+        if self.inputs.is_floating_point():  # a user model's features (the zoo's inputs are token ids)
+            self.inputs = self.inputs.to(self.dtype)
         self.targets = targets[off:off + per_copy].to(self.tdev)
 
     def _rows(self, t: torch.Tensor, mb: int, span: int = 1) -> torch.Tensor:
@@ -518,7 +528,7 @@ class RankRuntime:
             mod = self.modules[key]
             for li, layer in enumerate(mod.layers):
                 idx = mod.start + li
-                if isinstance(layer, TensorParallelBlock):
+                if isinstance(layer, TensorParallelBlock | TensorParallelLlamaBlock):
                     items = layer.full_state().items()
                 else:
                     items = ((n, p.detach().clone()) for n, p in layer.named_parameters())
