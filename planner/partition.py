@@ -343,3 +343,25 @@ def pipedream_partition_arrays(layer_time: Sequence[float], comm_time: Sequence[
     bounds.reverse()
     reps.reverse()
     return PipeDreamPlan(bounds, reps, float(A[L, M]), math.ceil(M / reps[0]))
+
+
+def weighted_partition(costs: list[float], reps: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Contiguous ranges for stages of ``reps`` replicas minimising the largest per-replica work
+    ``sum(costs[i:j]) / r`` (a dynamic program over (stage, cut))."""
+    L, S = len(costs), len(reps)
+    pc = prefix_sums(costs)
+    best = np.full((S + 1, L + 1), np.inf)
+    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    span = pc[None, :] - pc[:, None]
+    span[np.tril_indices(L + 1)] = np.inf  # [i, j] with i < j only
+    for k in range(1, S + 1):
+        cand = np.maximum(best[k - 1][:, None], span / reps[k - 1])
+        arg[k] = cand.argmin(axis=0)
+        best[k] = cand.min(axis=0)
+    out, j = [], L
+    for k in range(S, 0, -1):
+        i = int(arg[k, j])
+        out.append((i, j))
+        j = i
+    return out[::-1]

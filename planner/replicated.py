@@ -30,7 +30,7 @@ plan (GPT-3 175B: a device holds few blocks, so replicas cannot take the extra b
 when its answer replicates every stage alike (that plan is a uniform one).
 
 The search puts each remaining (t, D, W, b, recomputation) in line under a bound of its own
-(:meth:`planner.search.Planner.replicated_bound`: computation and step spread evenly over the devices) and runs
+(:meth:`ReplicatedPlans.bound`: computation and step spread evenly over the devices) and runs
 the program only when its turn comes, so it is bounded like the rest."""
 
 from __future__ import annotations
@@ -49,9 +49,12 @@ from planner.partition import (
     pipedream_partition_arrays,
     pipedream_slowest,
     prefix_sums,
+    weighted_partition,
 )
 from planner.profile import ModelProfile
-from planner.request import TrainingRequest
+from planner.request import Config, TrainingRequest
+from planner.runspec import schedule_samples
+from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 
 #: how close to the ideal per-device compute a uniform plan must come for replication to be skipped
 BALANCED = 0.05
@@ -66,8 +69,63 @@ class ReplicatedPlans:
         self.profile, self.cluster, self.request = profile, cluster, request
         self.layer_costs, self.uniform_bottleneck = layer_costs, uniform_bottleneck
         self._plans: dict[tuple, PipeDreamPlan | None] = {}
+        self._bounds_of: dict[Config, list[tuple[int, int]]] = {}  # a 1f1b-rr configuration's layer ranges
         self._balance: dict[tuple, np.ndarray] = {}
         self._fit: dict[int, np.ndarray] = {}
+
+    # ---- what the search asks ---------------------------------------------------------------------
+    def keys(self, configs: list[Config], total_state: float) -> list[tuple[int, int, int, int, bool]]:
+        """The (t, D, W, b, recomputation) of ``configs`` for which PipeDream's replicated plan can differ
+        from the uniform ones (:meth:`can_differ`) and whose average model state (``total_state`` bytes)
+        fits: the search bounds each (:meth:`bound`) before running the program (:meth:`config`)."""
+        if "1f1b-rr" not in self.request.allowed():
+            return []
+        room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
+        keys = list(dict.fromkeys((c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) for c in configs))
+        keys = [k for k in keys if total_state / (k[0] * k[1]) <= room]
+        # a gate, decided once per (t, D, recomputation) at the smallest b (how the layers' times compare
+        # barely moves with b), the largest D first (the program on computation alone for D answers every
+        # smaller D)
+        gate: dict[tuple[int, int, bool], bool] = {}
+        for t, D, _, b, rc in sorted(keys, key=lambda k: (-k[1], k[3])):
+            if (t, D, rc) not in gate:
+                gate[(t, D, rc)] = self.can_differ(t, D, b, rc)
+        return [k for k in keys if gate[(k[0], k[1], k[4])]]
+
+    def bound(self, t: int, D: int, W: int, b: int, recompute: bool) -> float:
+        """A time no replicated plan of (t, D, W, b) beats: the ``N`` micro-batches' computation and the
+        optimizer step spread evenly over the ``D`` devices (the busiest device does at least the average;
+        the step as :meth:`planner.cost.ConfigCosts.step`: the model state read and written once)."""
+        N = self.request.global_batch // (W * b)
+        eff = 1.0 if t == 1 else self.request.tensor_efficiency
+        step = self.profile.total_params * 2 * self.request.bytes_per_param / self.cluster.memory_bandwidth
+        return (N * sum(self.layer_costs(b, recompute)) / eff + step) / (t * D)
+
+    def config(self, t: int, D: int, W: int, b: int, recompute: bool) -> Config | None:
+        """The ``1f1b-rr`` configuration of PipeDream's A(j, m) partition on ``D`` devices (None where it
+        cannot differ from a uniform plan); its layer ranges are kept for :meth:`partition`."""
+        N = self.request.global_batch // (W * b)
+        got = self.plan(t, D, W, b, recompute, N)
+        if got is None:
+            return None
+        cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=recompute,
+                     replication=replication_label(got.replicas))
+        self._bounds_of[cfg] = got.bounds
+        return cfg
+
+    def partition(self, config: Config) -> list[tuple[int, int]] | None:
+        """Layer ranges of a ``1f1b-rr`` configuration: PipeDream's when its replication is the program's
+        (also for one the user names, :func:`planner.search.predict`), else balanced across the stages by
+        compute per replica (:func:`planner.partition.weighted_partition`)."""
+        if config in self._bounds_of:
+            return self._bounds_of[config]
+        cfg = self.config(config.tensor, config.pipeline, config.data, config.micro_batch, config.recompute)
+        if cfg is not None and cfg.replication == config.replication:
+            return self._bounds_of[cfg]
+        reps = parse_replication(config.replication or "", config.pipeline)
+        if len(reps) > len(self.profile.layers):
+            return None
+        return weighted_partition(self.layer_costs(schedule_samples(config), config.recompute), reps)
 
     def can_differ(self, t: int, D: int, samples: float, recompute: bool) -> bool:
         """Whether some replicated plan can balance compute better than every uniform one whose average

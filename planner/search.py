@@ -39,14 +39,13 @@ from planner.equivalence import TopDistinct, collapse
 from planner.explain import breakdown, closed_forms
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
-from planner.partition import PartitionError, balance_by_cost, prefix_sums
+from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
-from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 from planner.shapes import ScheduleCache
 from planner.simulate import ScheduleError, simulate
 
@@ -66,51 +65,11 @@ class Planner:
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
         self.replicated = ReplicatedPlans(profile, cluster, request, self.layer_costs, self._bottleneck)
-        self._rr_bounds: dict[Config, list[tuple[int, int]]] = {}
 
     def configs(self, rejected: Counter[str]) -> list[Config]:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
-        on demand in the search: :meth:`replicated_keys`)."""
+        on demand in the search: :meth:`planner.replicated.ReplicatedPlans.keys`)."""
         return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
-
-    def replicated_keys(self, configs: list[Config]) -> list[tuple[int, int, int, int, bool]]:
-        """The (t, D, W, b, recomputation) of ``configs`` for which PipeDream's replicated plan can differ
-        from the uniform ones (:meth:`planner.replicated.ReplicatedPlans.can_differ`) and whose average
-        model state fits: the search bounds each before running the program (:meth:`replicated_bound`)."""
-        if "1f1b-rr" not in self.request.allowed():
-            return []
-        room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
-        keys = list(dict.fromkeys((c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) for c in configs))
-        keys = [k for k in keys if self.memory.total_state / (k[0] * k[1]) <= room]
-        # a gate, decided once per (t, D, recomputation) at the smallest b (how the layers' times compare
-        # barely moves with b), the largest D first (the program on computation alone for D answers every
-        # smaller D)
-        gate: dict[tuple[int, int, bool], bool] = {}
-        for t, D, _, b, rc in sorted(keys, key=lambda k: (-k[1], k[3])):
-            if (t, D, rc) not in gate:
-                gate[(t, D, rc)] = self.replicated.can_differ(t, D, b, rc)
-        return [k for k in keys if gate[(k[0], k[1], k[4])]]
-
-    def replicated_bound(self, t: int, D: int, W: int, b: int, recompute: bool) -> float:
-        """A time no replicated plan of (t, D, W, b) beats: the ``N`` micro-batches' computation and the
-        optimizer step spread evenly over the ``D`` devices (the busiest device does at least the average;
-        the step as :meth:`planner.cost.ConfigCosts.step`: the model state read and written once)."""
-        N = self.request.global_batch // (W * b)
-        eff = 1.0 if t == 1 else self.request.tensor_efficiency
-        step = self.profile.total_params * 2 * self.request.bytes_per_param / self.cluster.memory_bandwidth
-        return (N * sum(self.layer_costs(b, recompute)) / eff + step) / (t * D)
-
-    def replicated_config(self, t: int, D: int, W: int, b: int, recompute: bool) -> Config | None:
-        """The ``1f1b-rr`` configuration of PipeDream's A(j, m) partition on ``D`` devices (None where it
-        cannot differ from a uniform plan); its layer ranges are kept for :meth:`prepare`."""
-        N = self.request.global_batch // (W * b)
-        got = self.replicated.plan(t, D, W, b, recompute, N)
-        if got is None:
-            return None
-        cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=recompute,
-                     replication=replication_label(got.replicas))
-        self._rr_bounds[cfg] = got.bounds
-        return cfg
 
     def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
         bounds = self.partition(stages, samples, recompute)
@@ -171,7 +130,7 @@ class Planner:
             return cand, None
         samples = schedule_samples(config)
         if config.replication is not None:  # PipeDream's partition comes with its replication
-            bounds = self._rr_bounds.get(config) or self._rr_partition(config)
+            bounds = self.replicated.partition(config)
         else:
             bounds = self.partition(sched.stages, samples, config.recompute)
         if bounds is None:
@@ -191,18 +150,6 @@ class Planner:
                 return cand, None
         cand.lower_bound = self.bounds.lower_bound(sched, costs)
         return cand, costs
-
-    def _rr_partition(self, config: Config) -> list[tuple[int, int]] | None:
-        """Layer ranges for a ``1f1b-rr`` configuration the user names (:func:`predict`): PipeDream's when
-        its replication is the program's, else balanced across the stages by compute per replica."""
-        cfg = self.replicated_config(config.tensor, config.pipeline, config.data, config.micro_batch,
-                                     config.recompute)
-        if cfg is not None and cfg.replication == config.replication:
-            return self._rr_bounds[cfg]
-        reps = parse_replication(config.replication or "", config.pipeline)
-        if len(reps) > len(self.profile.layers):
-            return None
-        return weighted_partition(self.layer_costs(schedule_samples(config), config.recompute), reps)
 
     def _costs_fitting(self, cand: Candidate, sched: Schedule, bounds: list[tuple[int, int]],
                        ckey: tuple) -> ConfigCosts | None:
@@ -309,13 +256,13 @@ class Planner:
         considered = len(prepared)
         # PipeDream's replicated plans: in line under their bound; the program runs when one comes up
         pending: dict[int, tuple[int, int, int, int, bool]] = {}
-        for key in self.replicated_keys(configs):
+        for key in self.replicated.keys(configs, self.memory.total_state):
             i = len(configs) + len(pending)
             pending[i] = key
             t, D, W, b, rc = key
             cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=rc)
             cand = Candidate(cfg, self.request.global_batch // (W * b))
-            cand.lower_bound = self.replicated_bound(*key)
+            cand.lower_bound = self.replicated.bound(*key)
             prepared.append((cand.lower_bound, i, cand, None))
         # best first: the candidate with the smallest bound next; a merged schedule's bound is first
         # refined with its warm-up and the candidate goes back in line, so the costly merge is paid only
@@ -331,7 +278,7 @@ class Planner:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if maybe is None:  # a replicated plan's turn: run PipeDream's program, prepare, back in line
-                rr = self.replicated_config(*pending[i])
+                rr = self.replicated.config(*pending[i])
                 if rr is None:
                     rejected["1f1b-rr: replication cannot beat the uniform plans"] += 1
                     continue
@@ -368,28 +315,6 @@ class Planner:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs) + len(pending),
                           simulated=simulated, considered=considered)
-
-
-def weighted_partition(costs: list[float], reps: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Contiguous ranges for stages of ``reps`` replicas minimising the largest per-replica work
-    ``sum(costs[i:j]) / r`` (a dynamic program over (stage, cut))."""
-    L, S = len(costs), len(reps)
-    pc = prefix_sums(costs)
-    best = np.full((S + 1, L + 1), np.inf)
-    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    span = pc[None, :] - pc[:, None]
-    span[np.tril_indices(L + 1)] = np.inf  # [i, j] with i < j only
-    for k in range(1, S + 1):
-        cand = np.maximum(best[k - 1][:, None], span / reps[k - 1])
-        arg[k] = cand.argmin(axis=0)
-        best[k] = cand.min(axis=0)
-    out, j = [], L
-    for k in range(S, 0, -1):
-        i = int(arg[k, j])
-        out.append((i, j))
-        j = i
-    return out[::-1]
 
 
 @contextmanager

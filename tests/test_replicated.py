@@ -128,7 +128,7 @@ def test_uniform_transformer_stack_keeps_uniform_plans() -> None:
     gpt = analytic_profile(PRESETS["gpt2-1.3b"], device_for_cluster(cl))
     for prof, clu, gpus, batch in ((gpt, cl, 16, 64), (*_bert48(), 32, 256)):
         planner = Planner(prof, clu, TrainingRequest(global_batch=batch, gpus=gpus))
-        assert not planner.replicated_keys(planner.configs(Counter()))
+        assert not planner.replicated.keys(planner.configs(Counter()), planner.memory.total_state)
         res = planner.search()
         assert res.candidates and res.candidates[0].config.replication is None
 
@@ -140,7 +140,7 @@ def test_uniform_stack_beats_replicated_plans_when_they_compete(monkeypatch: pyt
     monkeypatch.setattr(ReplicatedPlans, "can_differ", lambda self, t, D, b, rc: D >= 2)
     prof, cl = _bert48()
     planner = Planner(prof, cl, TrainingRequest(global_batch=256, gpus=32, top=200))
-    assert len(planner.replicated_keys(planner.configs(Counter()))) > 10
+    assert len(planner.replicated.keys(planner.configs(Counter()), planner.memory.total_state)) > 10
     res = planner.search()
     assert any(c.config.replication for c in res.candidates)
     assert res.candidates[0].config.replication is None
@@ -194,8 +194,9 @@ def test_replicated_stages_equal_single_process(rr_runs, name) -> None:  # type:
 
 def test_predict_a_named_replication() -> None:
     """A replication the user names (not the program's) gets the partition balancing work per replica."""
+    from planner.partition import weighted_partition
     from planner.request import Config
-    from planner.search import predict, weighted_partition
+    from planner.search import predict
     assert weighted_partition([4.0, 1.0, 1.0, 1.0, 1.0], (2, 1, 1)) == [(0, 1), (1, 3), (3, 5)]
     cand = predict(front_heavy_profile(), small_memory_cluster(), request(),
                    Config(tensor=1, pipeline=4, data=1, micro_batch=1, schedule="1f1b-rr", replication="1,2,1"))
