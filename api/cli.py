@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
     @app.command("seed")
     def seed_cmd(url: Annotated[str | None, typer.Option(help="database URL")] = None,
                  measure: Annotated[bool, typer.Option(
-                     "--measure/--no-measure", help="also profile gpt-tiny on this CPU (seconds; once)")] = True,
+                     "--measure/--no-measure", help="also measure the local cluster (links, executor overhead) "
+                     "and profile gpt-tiny on this CPU (seconds; once)")] = True,
                  ) -> None:
         """Store the example clusters, analytic profiles of a few presets and a gpt-tiny profile measured on
         this CPU (idempotent)."""

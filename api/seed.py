@@ -1,10 +1,13 @@
-"""Example data: the example clusters, analytic profiles of a few presets (idempotent: content hashes), and a
+"""Example data: the example clusters (and the local one measured here, see below), analytic profiles of a
+few presets (idempotent: content hashes), and a
 profile of gpt-tiny measured on this machine's CPU for the local CPU cluster (``examples/clusters/
 local-cpu-4.json``, the cluster of ``make serve``'s agent), so that the first plan on the local cluster
 predicts this CPU's times (issue 13). It is measured as the executor runs (``executor/worker.py``: one torch
 thread per process, float32, as many processes at once as the cluster has devices), and only when no
 measured gpt-tiny CPU profile is stored yet: timings differ from run to run, so a second one would be a new
-profile each time."""
+profile each time. Likewise the local cluster itself is measured as its jobs run (links among that many
+gloo processes, the executor's per-action overhead: :mod:`profiler.local_cluster`) and stored first, so
+that a plan on cluster 1 costs this machine's communication and executor too."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from api import crud
 from api.settings import Settings
 from db.session import make_engine, make_sessionmaker
 from planner.analytic import analytic_profile
-from planner.cluster import load_cluster
+from planner.cluster import Cluster, load_cluster
 from planner.device import device_for_cluster
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile
@@ -49,6 +52,14 @@ def measured_cpu_profile() -> ModelProfile:
     return profile_concurrently(model, sizes, devices, device="cpu", dtype="fp32", threads=1, repeats=5, warmup=2)
 
 
+def measured_local_cluster() -> Cluster:
+    """``examples/clusters/local-cpu-4.json`` with links, all-reduce and executor overhead measured on as
+    many local gloo processes at once as it has devices (:mod:`profiler.local_cluster`); seconds."""
+    from profiler.local_cluster import measured_cluster  # torch: only when seeding measures
+
+    return measured_cluster(load_cluster(EXAMPLES / "clusters" / f"{LOCAL_CLUSTER}.json"))[0]
+
+
 def seed_profiles() -> list[ModelProfile]:
     out = []
     for name, shape, cluster in SEEDS:
@@ -73,6 +84,11 @@ def seed(url: str | None = None, measure: bool = True) -> dict[str, list[tuple[s
         with make_sessionmaker(engine).begin() as db:
             # the local agent's cluster and this CPU's profile first: ids 1 and 1 in a fresh database, the
             # README's curl flow and the UI's default choice
+            if measure:  # the measured local cluster first (id 1 in a fresh database), once
+                stored = [r for r in crud.list_clusters(db, LOCAL_CLUSTER, None, 100, 0) if r.body.get("executor")]
+                row, created = ((stored[0], False) if stored else
+                                crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus))
+                out["clusters"].append((f"{row.name} (measured)", row.id, created))
             paths = sorted((EXAMPLES / "clusters").glob("*.json"), key=lambda p: (p.stem != LOCAL_CLUSTER, p.name))
             for path in paths:
                 row, created = crud.add_cluster(db, load_cluster(path), settings.max_cluster_gpus)

@@ -39,6 +39,19 @@ class ExecutorOverhead(BaseModel):
     source: str = ""
 
 
+class AllReduceFit(BaseModel):
+    """A measured all-reduce of ``ranks`` processes as a whole: ``alpha + beta * L`` for the collective
+    (``pipeplan profile-links``' all-reduce fit, :mod:`profiler.links`). Where it applies (that many ranks,
+    one node) :func:`planner.cost.allreduce_time` uses it instead of Chimera 3.4's algorithm costs from
+    the p2p link: on a shared CPU a gloo collective's latency is not ``2 log2(r)`` p2p latencies
+    (issue 13: 3.4 ms measured with 4 processes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int = Field(ge=2)
+    link: Link
+
+
 class Calibration(BaseModel):
     """Correction factors fitted to a cluster's finished jobs (:mod:`planner.calibrate`): compute times
     (F/B/I/W, optimizer step) are multiplied by ``compute_scale``, communication times (p2p, all-reduce,
@@ -73,6 +86,7 @@ class Cluster(BaseModel):
     allreduce: Literal["rabenseifner", "ring"] = "rabenseifner"
     notes: str = ""
     executor: ExecutorOverhead | None = Field(default=None, description="measured per-action executor overhead")
+    allreduce_fit: AllReduceFit | None = Field(default=None, description="measured all-reduce of one node")
     calibration: Calibration | None = Field(default=None, description="factors fitted to finished jobs")
 
     @property
@@ -84,7 +98,7 @@ class Cluster(BaseModel):
         import json
 
         body = self.model_dump(mode="json")
-        for key in ("executor", "calibration"):  # absent = as before these fields existed: same hash
+        for key in ("executor", "calibration", "allreduce_fit"):  # absent = as before these fields existed: same hash
             if body.get(key) is None:
                 body.pop(key, None)
         data = json.dumps(body, sort_keys=True, separators=(",", ":"))

@@ -103,7 +103,8 @@ def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
     for g in ranks:
         per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
     if len(per_node) == 1:
-        return algo(r, nbytes, cluster.intra)
+        fit = cluster.allreduce_fit  # measured as a whole (planner.cluster.AllReduceFit)
+        return fit.link.time(nbytes) if fit is not None and fit.ranks == r else algo(r, nbytes, cluster.intra)
     k = max(per_node.values())
     nodes = len(per_node)
     inside = 0.0
