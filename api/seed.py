@@ -84,13 +84,15 @@ def seed(url: str | None = None, measure: bool = True) -> dict[str, list[tuple[s
         with make_sessionmaker(engine).begin() as db:
             # the local agent's cluster and this CPU's profile first: ids 1 and 1 in a fresh database, the
             # README's curl flow and the UI's default choice
-            if measure:  # the measured local cluster first (id 1 in a fresh database), once
+            if measure:  # measured once; a stored one (it has the executor field) is kept
                 stored = [r for r in crud.list_clusters(db, LOCAL_CLUSTER, None, 100, 0) if r.body.get("executor")]
                 row, created = ((stored[0], False) if stored else
                                 crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus))
                 out["clusters"].append((f"{row.name} (measured)", row.id, created))
             paths = sorted((EXAMPLES / "clusters").glob("*.json"), key=lambda p: (p.stem != LOCAL_CLUSTER, p.name))
             for path in paths:
+                if measure and path.stem == LOCAL_CLUSTER:  # measured above: one local cluster, not two
+                    continue
                 row, created = crud.add_cluster(db, load_cluster(path), settings.max_cluster_gpus)
                 out["clusters"].append((row.name, row.id, created))
             if measure:

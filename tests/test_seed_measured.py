@@ -3,9 +3,12 @@ measured it at once, stored once, first in a fresh database (with the local clus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from executor.emulate import uniform_profile
+from planner.cluster import AllReduceFit, Cluster, ExecutorOverhead, Link, load_cluster
 from planner.profile import ModelProfile
 from profiler.concurrent import combine
 
@@ -37,11 +40,32 @@ def test_seed_measures_once_and_puts_the_local_pair_first(tmp_path, monkeypatch)
         calls.append(1)
         return _timed(0.001).model_copy(update={"name": "gpt-tiny"})
 
+    def fake_cluster() -> Cluster:  # the real one runs gloo processes: tests/test_serve_e2e.py runs it
+        calls.append(2)
+        base = load_cluster(seed_mod.EXAMPLES / "clusters" / f"{seed_mod.LOCAL_CLUSTER}.json")
+        return base.model_copy(update={"intra": Link(alpha=1e-3, beta=1e-9),
+                                       "executor": ExecutorOverhead(compute=1e-4)})
+
     monkeypatch.setattr(seed_mod, "measured_cpu_profile", fake)
+    monkeypatch.setattr(seed_mod, "measured_local_cluster", fake_cluster)
     first = seed_mod.seed(url)
-    assert first["clusters"][0][:2] == (seed_mod.LOCAL_CLUSTER, 1)
+    assert first["clusters"][0][:2] == (f"{seed_mod.LOCAL_CLUSTER} (measured)", 1)
+    assert [n for n, _i, _c in first["clusters"]].count(seed_mod.LOCAL_CLUSTER) == 0, "the file's: not stored too"
     assert first["profiles"][0] == ("gpt-tiny on cpu (measured)", 1, True)
     again = seed_mod.seed(url)
-    assert calls == [1], "timings differ run to run: a stored measured profile is kept, not measured again"
+    assert calls == [2, 1], "timings differ run to run: what is stored measured is kept, not measured again"
     assert again["profiles"][0] == ("gpt-tiny on cpu (measured)", 1, False)
     assert not any(created for rows in again.values() for _n, _i, created in rows)
+
+
+def test_a_measured_allreduce_fit_replaces_the_algorithm_at_its_rank_count() -> None:
+    from planner.cost import allreduce_time, rabenseifner
+
+    base = load_cluster(Path(__file__).resolve().parent.parent / "examples" / "clusters" / "local-cpu-4.json")
+    fit = AllReduceFit(ranks=4, link=Link(alpha=3e-3, beta=4e-9))
+    cl = base.model_copy(update={"allreduce_fit": fit})
+    assert allreduce_time(cl, [0, 1, 2, 3], 1e6) == pytest.approx(3e-3 + 4e-9 * 1e6)
+    assert allreduce_time(cl, [0, 1], 1e6) == pytest.approx(rabenseifner(2, 1e6, base.intra)), "other counts: as before"
+    assert allreduce_time(base, [0, 1, 2, 3], 1e6) == pytest.approx(rabenseifner(4, 1e6, base.intra))
+    assert cl.content_hash() != base.content_hash()
+    assert base.model_copy(update={"allreduce_fit": None}).content_hash() == base.content_hash()

@@ -6,6 +6,7 @@ on the local CPU cluster with the seeded, measured CPU profile is dispatched to 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -63,6 +64,13 @@ def test_make_serve_runs_a_job_to_done(served: Any) -> None:
                 if p["source"] == "measured"]
     assert len(profiles) == 1, "make serve seeds one gpt-tiny profile measured on this CPU"
     (cluster,) = [cl for cl in c.get("/clusters").json() if cl["name"] == "local-cpu-4"]
+    # measured as its jobs run (api/seed.py, profiler/local_cluster.py): not the example file's links
+    body = c.get(f"/clusters/{cluster['id']}").json()
+    body = body.get("cluster", body)
+    file = json.loads((ROOT / "examples" / "clusters" / "local-cpu-4.json").read_text())
+    assert body["intra"] != file["intra"] and body["intra"]["alpha"] >= 0, body
+    assert body["executor"] and body["executor"]["compute"] > 0, body
+    assert body["allreduce_fit"]["ranks"] == 4, body
     r = c.post("/plans", json={"profile_id": profiles[0]["id"], "cluster_id": cluster["id"], "global_batch": 8})
     assert r.status_code in (200, 201, 202), r.text
     plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
