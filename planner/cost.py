@@ -104,7 +104,7 @@ def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
         per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
     if len(per_node) == 1:
         fit = cluster.allreduce_fit  # measured as a whole (planner.cluster.AllReduceFit)
-        return fit.link.time(nbytes) if fit is not None and fit.ranks == r else algo(r, nbytes, cluster.intra)
+        return fit.link.time(nbytes) if fit is not None and r <= fit.ranks else algo(r, nbytes, cluster.intra)
     k = max(per_node.values())
     nodes = len(per_node)
     inside = 0.0
@@ -236,6 +236,8 @@ class ConfigCosts(Costs):
             one = allreduce_time(self.cluster, list(range(self.t)), nbytes)
         elif self.sequence_parallel:
             one = 2 * ring_allgather(self.t, nbytes, self.tp_link)
+        elif self.cluster.allreduce_fit is not None:  # measured collectives (planner.cluster.AllReduceFit)
+            one = allreduce_time(self.cluster, list(range(self.t)), nbytes)
         else:
             one = ring_allreduce(self.t, nbytes, self.tp_link)
         return 2 * self.stages[stage].transformer_layers * one * self.cal.link_scale

@@ -58,14 +58,16 @@ def test_seed_measures_once_and_puts_the_local_pair_first(tmp_path, monkeypatch)
     assert not any(created for rows in again.values() for _n, _i, created in rows)
 
 
-def test_a_measured_allreduce_fit_replaces_the_algorithm_at_its_rank_count() -> None:
+def test_a_measured_allreduce_fit_replaces_the_algorithm_up_to_its_rank_count() -> None:
     from planner.cost import allreduce_time, rabenseifner
 
     base = load_cluster(Path(__file__).resolve().parent.parent / "examples" / "clusters" / "local-cpu-4.json")
     fit = AllReduceFit(ranks=4, link=Link(alpha=3e-3, beta=4e-9))
     cl = base.model_copy(update={"allreduce_fit": fit})
     assert allreduce_time(cl, [0, 1, 2, 3], 1e6) == pytest.approx(3e-3 + 4e-9 * 1e6)
-    assert allreduce_time(cl, [0, 1], 1e6) == pytest.approx(rabenseifner(2, 1e6, base.intra)), "other counts: as before"
+    assert allreduce_time(cl, [0, 1], 1e6) == pytest.approx(3e-3 + 4e-9 * 1e6), "a group running beside others"
+    wider = cl.model_copy(update={"allreduce_fit": AllReduceFit(ranks=2, link=fit.link)})
+    assert allreduce_time(wider, [0, 1, 2, 3], 1e6) == pytest.approx(rabenseifner(4, 1e6, base.intra)), "more ranks"
     assert allreduce_time(base, [0, 1, 2, 3], 1e6) == pytest.approx(rabenseifner(4, 1e6, base.intra))
     assert cl.content_hash() != base.content_hash()
     assert base.model_copy(update={"allreduce_fit": None}).content_hash() == base.content_hash()
