@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from db.models import CandidateRow, PlanRequest, finite, utcnow
@@ -81,10 +81,13 @@ def release_plan(db: Session, plan_id: int, runner: str) -> bool:
     return res.rowcount == 1
 
 
-def requeue_expired_plans(db: Session, now: datetime | None = None) -> list[int]:
-    """Running plans whose runner stopped renewing (its API died) go back to the queue."""
+def requeue_expired_plans(db: Session, now: datetime | None = None, keep: str | None = None) -> list[int]:
+    """Running plans whose runner stopped renewing (its API died) go back to the queue; those of runner
+    ``keep`` (the caller: it knows its own plans are running) stay."""
     now = now or utcnow()
     stale = or_(PlanRequest.lease_expires_at.is_(None), PlanRequest.lease_expires_at < now)
+    if keep is not None:
+        stale = and_(stale, or_(PlanRequest.runner.is_(None), PlanRequest.runner != keep))
     ids = list(db.scalars(select(PlanRequest.id).where(PlanRequest.status == "running", stale)))
     out = []
     for pid in ids:

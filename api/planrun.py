@@ -27,6 +27,7 @@ import resource
 import signal
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -127,6 +128,17 @@ def _child(conn: Any, task: str, args: tuple[Any, ...], memory: int) -> None:
         conn.close()
 
 
+def _warm_up() -> None:
+    """Start the forkserver (it imports the planner: seconds) before the first plan needs it."""
+    try:
+        from multiprocessing import forkserver
+
+        _context()
+        forkserver.ensure_running()
+    except Exception:  # noqa: BLE001 - the first plan starts it then
+        log.exception("could not start the forkserver ahead of time")
+
+
 class PlanRunner:
     def __init__(self, sessions: sessionmaker[Session], settings: Settings) -> None:
         self.sessions = sessions
@@ -140,6 +152,7 @@ class PlanRunner:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.children: set[Any] = set()
+        threading.Thread(target=_warm_up, name="forkserver", daemon=True).start()
 
     def submit(self, plan_id: int) -> Future[None]:
         with self.lock:
@@ -159,7 +172,7 @@ class PlanRunner:
         if self.stopping.is_set():
             return []
         with self.sessions.begin() as db:
-            expired = planqueue.requeue_expired_plans(db)
+            expired = planqueue.requeue_expired_plans(db, keep=self.name)
             queued = planqueue.queued_plans(db)
         if expired:
             log.info("plans %s: their runner's lease ran out; queued again", expired)
@@ -223,32 +236,31 @@ class PlanRunner:
         ctx = _context()
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_child, args=(child, task, args, self.settings.plan_memory_bytes), daemon=True)
+        proc.start()
         with self.lock:
-            if self.stopping.is_set():
-                return "stopped", None
-            proc.start()
             self.children.add(proc)
         child.close()
         try:
-            waited = since_renewal = 0.0
-            while waited < timeout:
+            start = last_renewal = time.monotonic()
+            if renew is not None and not renew():  # starting the forkserver may take seconds: renew at once
+                return "lost", None
+            while True:
                 if self.stopping.is_set():
                     return "stopped", None
+                now = time.monotonic()
+                if now - start >= timeout:
+                    return "error", f"planning took longer than {timeout:g} s and was stopped"
                 if parent.poll(0.2):
                     try:
                         return parent.recv()
                     except EOFError:
                         break
-                waited += 0.2
-                since_renewal += 0.2
-                if renew is not None and since_renewal >= renew_every:
-                    since_renewal = 0.0
+                if renew is not None and now - last_renewal >= renew_every:
+                    last_renewal = now
                     if not renew():
                         return "lost", None
                 if not proc.is_alive() and not parent.poll(0):
                     break
-            else:
-                return "error", f"planning took longer than {timeout:g} s and was stopped"
             if self.stopping.is_set():
                 return "stopped", None
             return "error", f"the planner process died (exit code {proc.exitcode})"

@@ -121,7 +121,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = _env({"DATABASE_URL": db_url, "PIPEPLAN_ADMIN_TOKEN": ADMIN, "PIPEPLAN_WORKER_TOKEN": WORKER,
                          "PIPEPLAN_REAPER_INTERVAL": "0.2", "PIPEPLAN_PLAN_WAIT_SECONDS": "2",
-                         "PIPEPLAN_PLAN_LEASE_SECONDS": "3", **settings})
+                         "PIPEPLAN_PLAN_LEASE_SECONDS": "5", **settings})
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
