@@ -44,6 +44,13 @@ def renew_plan(db: Session, plan_id: int, runner: str, lease_seconds: float) -> 
     return res.rowcount == 1
 
 
+def renew_runner(db: Session, runner: str, lease_seconds: float) -> int:
+    """Extend the lease of every plan ``runner`` holds (the runner is alive); how many."""
+    res = db.execute(update(PlanRequest).where(PlanRequest.status == "running", PlanRequest.runner == runner)
+                     .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
+    return res.rowcount or 0
+
+
 def finish_plan(db: Session, plan_id: int, result: dict[str, Any], runner: str | None = None) -> bool:
     """Store the candidates and mark the plan done, if ``runner`` still holds it (None: unconditionally,
     for tests and tools); False (nothing written) otherwise."""

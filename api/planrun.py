@@ -152,6 +152,7 @@ class PlanRunner:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.children: set[Any] = set()
+        self.renewed = 0.0
         threading.Thread(target=_warm_up, name="forkserver", daemon=True).start()
 
     def submit(self, plan_id: int) -> Future[None]:
@@ -167,11 +168,17 @@ class PlanRunner:
         return self.side.submit(self._task, "timeline", args, self.settings.timeline_timeout_seconds)
 
     def poll(self) -> list[int]:
-        """Requeue plans whose runner stopped renewing its lease, and take the queued ones not yet taken
-        here; the ids submitted."""
+        """Renew the leases of this runner's plans (also while a planner process is starting), requeue plans
+        whose runner stopped renewing its lease, and take the queued ones not yet taken here; the ids
+        submitted. Called every ``reaper_interval`` seconds."""
         if self.stopping.is_set():
             return []
+        lease = self.settings.plan_lease_seconds
         with self.sessions.begin() as db:
+            now = time.monotonic()
+            if now - self.renewed >= lease / 3:  # alive: every plan this runner holds stays its own
+                planqueue.renew_runner(db, self.name, lease)
+                self.renewed = now
             expired = planqueue.requeue_expired_plans(db, keep=self.name)
             queued = planqueue.queued_plans(db)
         if expired:
