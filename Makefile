@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench venv clean serve
+.PHONY: test test-quick lint bench venv clean serve
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: $(STAMP)
 	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_POSTGRES_URL" ]; then \
 	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
 	$(BIN)/python -m pytest tests
+
+# the quick subset for development: everything not marked slow (README, Tests)
+test-quick: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest tests -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

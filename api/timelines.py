@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from api import crud
 from api.errors import InputError
+from planner.schedules import SCHEDULE_PARAMETERS
 
 #: actions of one timeline document (about 40 bytes each in JSON): a few MB at most
 MAX_TIMELINE_ACTIONS = 200_000
-CONFIG_KEYS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
-               "pipelines", "concat")
+CONFIG_KEYS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", *SCHEDULE_PARAMETERS)
 
 
 def simulate_candidate(profile: dict[str, Any], cluster: dict[str, Any], request: dict[str, Any],

@@ -114,7 +114,7 @@ def torch_worker(kind: str, out: str) -> None:
 
     from executor.models import build_layers, get_config
     from executor.models.data import synthetic_batch
-    from executor.plan import balanced_partition
+    from executor.plan import even_layer_split
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -122,7 +122,7 @@ def torch_worker(kind: str, out: str) -> None:
     cfg = get_config(MODEL)
     chunks = 2 if kind == "interleaved" else 1
     S = world * chunks
-    bounds = balanced_partition(cfg.num_profile_layers, S)
+    bounds = even_layer_split(cfg.num_profile_layers, S)
 
     class Part(nn.Module):
         def __init__(self, a: int, b: int) -> None:

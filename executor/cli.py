@@ -28,6 +28,8 @@ from typing import Annotated, Any
 
 import typer
 
+from planner.schedules import SCHEDULE_PARAMETERS
+
 
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"error: {msg}", err=True)
@@ -43,10 +45,10 @@ def run(
     data_parallel: Annotated[int, typer.Option("--data-parallel", "-W", help="data-parallel copies")] = 1,
     tensor: Annotated[int, typer.Option("--tensor", "-t", help="tensor-parallel degree")] = 1,
     micro_batch: Annotated[int, typer.Option("--micro-batch", "-b", help="samples per micro-batch")] = 1,
-    chunks: Annotated[int | None, typer.Option(help="model chunks per device (interleaved)")] = None,
-    waves: Annotated[int | None, typer.Option(help="waves (hanayo)")] = None,
-    pipelines: Annotated[int | None, typer.Option(help="pipeline pairs f (chimera)")] = None,
-    concat: Annotated[str | None, typer.Option(help="direct, forward-doubling or backward-halving")] = None,
+    chunks: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["chunks"].help)] = None,
+    waves: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)] = None,
+    pipelines: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["pipelines"].help)] = None,
+    concat: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)] = None,
     recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
     model: Annotated[str, typer.Option(help="model of the zoo (preset name)")] = "gpt-tiny",
     iterations: Annotated[int, typer.Option(help="measured iterations")] = 3,
@@ -123,8 +125,9 @@ def run(
     chrome = result.pop("trace", None)
     m = result["measured"]
     tag = " (emulated compute)" if result["emulated"] else ""
-    typer.echo(f"{run_plan.schedule_name}: D={run_plan.pipeline} W={run_plan.data} t={run_plan.tensor} "
-               f"N={run_plan.microbatches} b={run_plan.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
+    c = run_plan.spec.config
+    typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor} "
+               f"N={run_plan.spec.microbatches} b={c.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
                f", bubble ratio {m['bubble_ratio']:.3f}")
     if "predicted" in result:
         typer.echo(f"predicted {result['predicted']['iteration_time'] * 1e3:.2f} ms, measured/predicted "

@@ -18,7 +18,7 @@ from typing import Any
 from planner.cluster import Cluster, Link, load_cluster
 from planner.cost import ConfigCosts
 from planner.profile import ModelProfile, load_profile
-from planner.request import Config, TrainingRequest
+from planner.request import TrainingRequest
 from planner.schedules.ir import RECV_F, Schedule
 from planner.simulate import simulate
 
@@ -35,9 +35,8 @@ class Emulator:
         self.cluster = load_cluster(cluster) if isinstance(cluster, str) else (cluster or LOCAL_CLUSTER)
         self.plan = plan
         self.schedule = compute_schedule
-        config = Config(tensor=plan.tensor, pipeline=plan.pipeline, data=plan.data, micro_batch=plan.micro_batch,
-                        schedule=plan.schedule_name, recompute=plan.recompute, **plan.params)
-        request = TrainingRequest(global_batch=plan.global_batch)
+        config = plan.spec.config
+        request = TrainingRequest(global_batch=plan.spec.global_batch)
         self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
         self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds)
         self.slept = 0.0
@@ -58,10 +57,10 @@ class Emulator:
         """Size of the message a RECV_F (activation into ``stage``) or RECV_B (gradient of ``stage``'s
         output) receives."""
         boundary = stage - 1 if kind == RECV_F else stage
-        return max(1, int(self.costs.stages[boundary].out_bytes * self.costs.base_b * span / self.plan.tensor))
+        return max(1, int(self.costs.stages[boundary].out_bytes * self.costs.base_b * span / self.costs.t))
 
     def allreduce_elements(self, stage: int) -> int:
-        return max(1, int(self.costs.stages[stage].param_bytes / self.plan.tensor / 4))
+        return max(1, int(self.costs.stages[stage].param_bytes / self.costs.t / 4))
 
     def predict(self) -> dict[str, Any]:
         res = simulate(self.schedule, self.costs)

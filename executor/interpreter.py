@@ -218,12 +218,12 @@ class RankRuntime:
         self.actions = schedule.actions[d]
         self.held = schedule.stages_on(d)
         self.S = schedule.stages
-        self.cfg = plan.config
+        self.cfg = plan.model_config
         self.dtype = DTYPES[plan.dtype]
         self.bounds = plan.bounds(self.S)
         self.rows = plan.rows
         self.N = schedule.microbatches
-        self.scale = 1.0 / (plan.data * self.N)
+        self.scale = 1.0 / (plan.spec.config.data * self.N)
         self.split = {(a.replica, a.stage) for a in self.actions if a.kind == W}
         self.update = schedule.params.get("update", "step")
         self.modules: dict[tuple[int, int], StageModule] = {}
@@ -260,7 +260,7 @@ class RankRuntime:
         if self.layout.t > 1:
             layers = [TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
                       if isinstance(m, Block) else m for m in layers]
-        mod = StageModule(layers, a, self.rows, self.plan.recompute)
+        mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute)
         return mod.to(device=self.tdev, dtype=self.dtype)
 
     def _peer_rank(self, device: int) -> int:
@@ -274,7 +274,7 @@ class RankRuntime:
 
     # ---- data ----------------------------------------------------------------------------------------
     def load_batch(self, step: int) -> None:
-        inputs, targets = synthetic_batch(self.cfg, self.plan.global_batch, self.plan.seed, step)
+        inputs, targets = synthetic_batch(self.cfg, self.plan.spec.global_batch, self.plan.seed, step)
         per_copy = self.N * self.rows
         off = self.data_copy * per_copy
         self.inputs = inputs[off:off + per_copy].to(self.tdev)

@@ -56,10 +56,11 @@ def check_p2p(plan: RunPlan, policy: str) -> None:
     tensor rank 0 -- every copy posts alike) and the cycle."""
     problem = check_schedule(plan.schedule(), policy, streams="rank")
     if problem is not None:
-        t = plan.tensor
+        c = plan.spec.config
+        t = c.tensor
         note = f" (ranks are pipeline devices; global rank = device * {t} for copy 0)" if t > 1 else ""
         raise PlanError(f"p2p policy {policy!r} would {'deadlock' if problem.kind == 'deadlock' else 'fail'} on "
-                        f"NCCL for {plan.schedule_name} D={plan.pipeline} N={plan.microbatches}{note}: {problem}")
+                        f"NCCL for {c.schedule} D={c.pipeline} N={plan.spec.microbatches}{note}: {problem}")
 
 
 def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
@@ -103,7 +104,7 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "torch.distributed.run", *placement,
-               "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.worker", str(spec_path)]
+               "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.rank", str(spec_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("OMP_NUM_THREADS", str(threads))

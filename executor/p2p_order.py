@@ -224,7 +224,7 @@ class Finish:
     label: str = "STEP"
 
 
-Step = Post | Wait | Finish
+ProgramOp = Post | Wait | Finish
 
 
 @dataclass
@@ -258,7 +258,7 @@ class Problem:
         return self.message
 
 
-def _pair_ops(programs: Sequence[Sequence[Step]]) -> tuple[dict[tuple[int, int, int], tuple[int, int, int]],
+def _pair_ops(programs: Sequence[Sequence[ProgramOp]]) -> tuple[dict[tuple[int, int, int], tuple[int, int, int]],
                                                            Problem | None]:
     """Partner of every op, ``(rank, group, index) -> (rank, group, index)``: the k-th send from a to b with the
     k-th receive on b from a. A problem when the keys or the counts disagree."""
@@ -292,7 +292,7 @@ def _pair_ops(programs: Sequence[Sequence[Step]]) -> tuple[dict[tuple[int, int, 
     return partner, None
 
 
-def check_programs(programs: Sequence[Sequence[Step]], streams: str = "pair") -> Problem | None:
+def check_programs(programs: Sequence[Sequence[ProgramOp]], streams: str = "pair") -> Problem | None:
     """Run ``programs`` (one per rank) under the NCCL semantics of the module docstring; None when every rank
     reaches its end, else the :class:`Problem` (for a deadlock: every blocked rank and a cycle of ranks
     waiting for each other)."""
@@ -367,7 +367,7 @@ def check_programs(programs: Sequence[Sequence[Step]], streams: str = "pair") ->
     return _deadlock(programs, ops, partner, done_op, started, posted, pc, queues, streams_of)
 
 
-def _deadlock(programs: Sequence[Sequence[Step]], ops: list[list[tuple[Op, ...]]],
+def _deadlock(programs: Sequence[Sequence[ProgramOp]], ops: list[list[tuple[Op, ...]]],
               partner: dict[tuple[int, int, int], tuple[int, int, int]], done_op: set[tuple[int, int, int]],
               started: list[list[bool]], posted: list[int], pc: list[int], queues: list[dict[int, deque[int]]],
               streams_of: object) -> Problem:
@@ -406,9 +406,9 @@ def _deadlock(programs: Sequence[Sequence[Step]], ops: list[list[tuple[Op, ...]]
     return Problem("deadlock", sorted(blocked), msg, [blocked[k] for k in sorted(blocked)], cycle)
 
 
-def programs(schedule: Schedule, policy: str) -> list[list[Step]]:
+def programs(schedule: Schedule, policy: str) -> list[list[ProgramOp]]:
     """Every device's iteration under ``policy`` as checker steps (the walk of :class:`executor.comm.P2P`)."""
-    out: list[list[Step]] = []
+    out: list[list[ProgramOp]] = []
     order = message_order(schedule) if policy == "grouped" else None
     for d, acts in enumerate(schedule.actions):
         plan = posting_plan(schedule, d, policy, order)
@@ -418,7 +418,7 @@ def programs(schedule: Schedule, policy: str) -> list[list[Step]]:
             by_at.setdefault(grp.at, []).append(g)
             for a in grp.ops:
                 group_of[a] = g
-        prog: list[Step] = []
+        prog: list[ProgramOp] = []
         for i, a in enumerate(acts):
             for g in by_at.get(i, ()):
                 prog.append(Post(tuple(Op(o.kind in _SENDS, o.peer, message_key(o), action_label(o))

@@ -1,56 +1,59 @@
-"""The executor's input: a plan (schedule IR + layer partition + B, W, D, t, schedule parameters) and a
-model of the zoo, loaded and checked *before* any process is launched.
+"""The executor's input: what to run (a :class:`planner.runspec.RunSpec`: configuration, micro-batches,
+partition) with the run-time options (model of the zoo, iterations, seed, dtype, emulation), loaded and
+checked *before* any process is launched.
 
 A :class:`RunPlan` comes from
 
-* a candidate of ``pipeplan plan --json`` (:meth:`RunPlan.from_candidate`; a file holding
-  ``{"candidates": [...]}`` or a bare candidate object, :func:`load_plan_file`), or
+* a candidate of ``pipeplan plan --json`` (:meth:`RunPlan.from_candidate`: its ``run_spec``, or the flat
+  fields of documents stored before it; a file holding ``{"candidates": [...]}`` or a bare candidate
+  object, :func:`load_plan_file`), or
 * the direct form of ``pipeplan run`` (:meth:`RunPlan.direct`): schedule, D, N, W, b, parameters; the
-  partition is then the balanced one (consecutive layers, as even as possible).
+  partition is then :func:`even_layer_split` (consecutive layers, as even as possible).
 
 Micro-batches: ``microbatches`` is N per pipeline group, as the planner writes it, and
-``global_batch = W * N * b``. Chimera's backward halving (Chimera 3.5) runs the same lists on ``2N``
-micro-batches of ``b/2`` samples; forward doubling runs ``N`` micro-batches of ``b`` whose forwards go two
-at a time (an ``F`` action with ``span = 2``). :attr:`RunPlan.schedule_microbatches` and
-:attr:`RunPlan.rows` are the schedule's view.
+``global_batch = W * N * b``; the schedule's own view (2N micro-batches of b/2 with Chimera's backward
+halving) is the RunSpec's (:mod:`planner.runspec`).
 
-:meth:`RunPlan.schedule` builds the compute-only schedule with the planner's builder and lowers it with
-:func:`planner.schedules.ir.lower`: the executor runs exactly the lists the simulator times.
+:meth:`RunPlan.schedule` is :meth:`planner.runspec.RunSpec.lowered`: the executor runs exactly the lists
+the simulator times.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from executor.models import get_config
 from executor.models.config import ModelConfig
-from planner.schedules import build, parameters
-from planner.schedules.ir import Schedule, lower
-
-SCHEDULE_PARAM_KEYS = ("chunks", "waves", "pipelines", "concat")
-ASYNC = ("pipedream", "pipedream-2bw")
+from planner.request import Config
+from planner.runspec import RunSpec
+from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
+from planner.schedules.ir import Schedule
 
 
 class PlanError(ValueError):
     """The plan cannot run (raised before anything is launched)."""
 
 
+def _spec(make: Any, *args: Any, **kw: Any) -> RunSpec:
+    """``make(*args, **kw)``, its validation errors as one PlanError naming the fields."""
+    try:
+        return make(*args, **kw)
+    except ValidationError as e:
+        msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise PlanError(f"plan: {msg}") from None
+    except KeyError as e:
+        raise PlanError(f"plan candidate lacks the field {e}") from None
+
+
 @dataclass
 class RunPlan:
+    spec: RunSpec
     model: str = "gpt-tiny"
-    schedule_name: str = "1f1b"
-    pipeline: int = 2  # D
-    data: int = 1  # W
-    tensor: int = 1  # t
-    micro_batch: int = 1  # b
-    microbatches: int = 2  # N per pipeline group
-    global_batch: int = 0  # W * N * b (0: derive)
-    recompute: bool = False
-    params: dict[str, Any] = field(default_factory=dict)  # chunks / waves / pipelines / concat
-    partition: list[list[int]] = field(default_factory=list)  # [start, end) per schedule stage
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change
     iterations: int = 1
     warmup: int = 0
@@ -60,84 +63,73 @@ class RunPlan:
     emulate: str | None = None  # profile JSON: emulated compute (executor.emulate)
     cluster: str | None = None  # cluster JSON for emulated durations
 
-    def __post_init__(self) -> None:
-        if not self.global_batch:
-            self.global_batch = self.data * self.microbatches * self.micro_batch
-
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
-    def from_candidate(cls, cand: dict[str, Any], **overrides: Any) -> RunPlan:
-        """A candidate of ``pipeplan plan --json`` (``Candidate.to_dict()``)."""
-        missing = [k for k in ("tensor", "pipeline", "data", "micro_batch", "schedule", "microbatches")
-                   if k not in cand]
-        if missing:
-            raise PlanError(f"plan candidate lacks the field(s) {', '.join(missing)}")
-        params = {k: cand[k] for k in SCHEDULE_PARAM_KEYS if cand.get(k) is not None}
-        plan = cls(schedule_name=str(cand["schedule"]), pipeline=int(cand["pipeline"]), data=int(cand["data"]),
-                   tensor=int(cand["tensor"]), micro_batch=int(cand["micro_batch"]),
-                   microbatches=int(cand["microbatches"]), global_batch=int(cand.get("global_batch") or 0),
-                   recompute=bool(cand.get("recompute", False)), params=params,
-                   partition=[list(map(int, p)) for p in cand.get("partition") or []])
-        for k, v in overrides.items():
-            if v is not None:
-                setattr(plan, k, v)
-        return plan
+    def from_candidate(cls, cand: dict[str, Any], **options: Any) -> RunPlan:
+        """A candidate of ``pipeplan plan --json`` (``Candidate.to_dict()``) and run-time options."""
+        if "run_spec" not in cand:
+            missing = [k for k in ("tensor", "pipeline", "data", "micro_batch", "schedule", "microbatches")
+                       if k not in cand]
+            if missing:
+                raise PlanError(f"plan candidate lacks the field(s) {', '.join(missing)}")
+        spec = _spec(RunSpec.from_document, cand)
+        _check_global_batch(spec, int(cand.get("global_batch") or 0))
+        return cls(spec, **{k: v for k, v in options.items() if v is not None})
 
     @classmethod
-    def direct(cls, schedule: str, devices: int, microbatches: int, **kw: Any) -> RunPlan:
-        params = {k: kw.pop(k) for k in SCHEDULE_PARAM_KEYS if kw.get(k) is not None}
-        for k in SCHEDULE_PARAM_KEYS:
-            kw.pop(k, None)
-        return cls(schedule_name=schedule, pipeline=devices, microbatches=microbatches, params=params, **kw)
+    def direct(cls, schedule: str, devices: int, microbatches: int, data: int = 1, tensor: int = 1,
+               micro_batch: int = 1, recompute: bool = False, partition: list[list[int]] | None = None,
+               global_batch: int = 0, **kw: Any) -> RunPlan:
+        """From the schedule's name, D, N and the configuration's other fields (schedule parameters
+        among ``kw``, by their :data:`planner.schedules.SCHEDULE_PARAMETERS` names); the rest of ``kw``
+        are run-time options."""
+        params = {k: kw.pop(k) for k in SCHEDULE_PARAMETERS if k in kw}
+        params = {k: v for k, v in params.items() if v is not None}
+        config = _spec(Config, tensor=tensor, pipeline=devices, data=data, micro_batch=micro_batch,
+                       schedule=schedule, recompute=recompute, **params)
+        spec = _spec(RunSpec, config=config, microbatches=microbatches,
+                     partition=[tuple(map(int, p)) for p in partition or []])
+        _check_global_batch(spec, global_batch)
+        return cls(spec, **kw)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["spec"] = self.spec.model_dump(mode="json")
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunPlan:
-        return cls(**data)
+        return cls(**{**data, "spec": RunSpec.model_validate(data["spec"])})
 
     # ---- derived -----------------------------------------------------------------------------------
     @property
-    def config(self) -> ModelConfig:
+    def model_config(self) -> ModelConfig:
         cfg = get_config(self.model)
         return cfg.with_(**self.model_overrides) if self.model_overrides else cfg
 
     @property
-    def halving(self) -> bool:
-        return self.params.get("concat") == "backward-halving"
-
-    @property
-    def schedule_microbatches(self) -> int:
-        """Micro-batches of the schedule's lists (2N for backward halving)."""
-        return 2 * self.microbatches if self.halving else self.microbatches
-
-    @property
     def rows(self) -> int:
-        """Samples of one schedule micro-batch (b/2 for backward halving)."""
-        return self.micro_batch // 2 if self.halving else self.micro_batch
+        """Samples of one schedule micro-batch (b/2 for backward halving; validated to be whole)."""
+        return int(self.spec.schedule_samples)
 
     @property
     def world_size(self) -> int:
-        return self.pipeline * self.data * self.tensor
+        c = self.spec.config
+        return c.pipeline * c.data * c.tensor
 
     @property
     def synchronous(self) -> bool:
-        return self.schedule_name not in ASYNC
+        return self.spec.config.schedule not in ASYNC_SCHEDULES
 
     def compute_schedule(self) -> Schedule:
         try:
-            return build(self.schedule_name, self.pipeline, self.schedule_microbatches, **self.params)
+            return self.spec.schedule()
         except ValueError as e:
             raise PlanError(f"schedule: {e}") from None
 
     def schedule(self) -> Schedule:
-        """The lowered schedule every rank walks (same lowering as the simulator)."""
-        sched = self.compute_schedule()
-        eager = sched.params.get("eager", "none")
-        if eager == "auto":
-            eager = "none"
-        return lower(sched, eager=eager)
+        """The lowered schedule every rank walks (the simulator's lowering, :meth:`RunSpec.lowered`)."""
+        return self.spec.lowered(self.compute_schedule())
 
     def num_layers(self) -> int:
         """Layers the partition covers: the model's, or the profile's in emulated mode."""
@@ -148,58 +140,63 @@ class RunPlan:
                 return len(load_profile(self.emulate).layers)
             except Exception as e:  # noqa: BLE001 - any reading/validation error is a bad plan
                 raise PlanError(f"cannot read the emulation profile {self.emulate}: {e}") from None
-        return self.config.num_profile_layers
+        return self.model_config.num_profile_layers
 
     def bounds(self, stages: int, layers: int | None = None) -> list[tuple[int, int]]:
-        if self.partition:
-            return [(int(a), int(b)) for a, b in self.partition]
-        return balanced_partition(layers if layers is not None else self.num_layers(), stages)
+        if self.spec.partition:
+            return [(int(a), int(b)) for a, b in self.spec.partition]
+        return even_layer_split(layers if layers is not None else self.num_layers(), stages)
 
     # ---- validation --------------------------------------------------------------------------------
     def validate(self, world_size: int | None = None) -> Schedule:
         """Check everything that can be checked without processes; return the lowered schedule."""
-        for name in ("pipeline", "data", "tensor", "micro_batch", "microbatches", "iterations"):
-            if getattr(self, name) < 1:
-                raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
+        c = self.spec.config
+        if self.iterations < 1:
+            raise PlanError(f"iterations must be >= 1, got {self.iterations}")
         try:
-            cfg = self.config
+            cfg = self.model_config
         except (ValueError, TypeError) as e:
             raise PlanError(f"model: {e}") from None
-        if self.schedule_name not in ("gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "gems",
-                                      "pipedream", "pipedream-2bw"):
-            raise PlanError(f"unknown schedule {self.schedule_name!r}")
-        allowed = parameters(self.schedule_name)
-        for k in self.params:
+        if c.schedule not in ALL_SCHEDULES:
+            raise PlanError(f"unknown schedule {c.schedule!r}")
+        allowed = parameters(c.schedule)
+        for k in c.schedule_params():
             if k not in allowed:
-                raise PlanError(f"schedule {self.schedule_name!r} does not take {k!r}")
+                raise PlanError(f"schedule {c.schedule!r} does not take {k!r}")
         if world_size is not None and world_size != self.world_size:
-            raise PlanError(f"the plan needs D*W*t = {self.pipeline}*{self.data}*{self.tensor} = "
+            raise PlanError(f"the plan needs D*W*t = {c.pipeline}*{c.data}*{c.tensor} = "
                             f"{self.world_size} processes (devices), but the world size is {world_size}")
-        if self.global_batch != self.data * self.microbatches * self.micro_batch:
-            raise PlanError(f"micro-batches do not divide the batch: global batch {self.global_batch} != "
-                            f"W*N*b = {self.data}*{self.microbatches}*{self.micro_batch}")
-        if self.halving and self.micro_batch % 2:
-            raise PlanError(f"backward halving needs an even micro-batch size, got b={self.micro_batch}")
-        if self.tensor > 1 and (cfg.heads % self.tensor or cfg.ffn_hidden % self.tensor):
-            raise PlanError(f"tensor parallelism t={self.tensor} must divide heads ({cfg.heads}) and the "
+        if self.spec.halves_backward and c.micro_batch % 2:
+            raise PlanError(f"backward halving needs an even micro-batch size, got b={c.micro_batch}")
+        if c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
+            raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the "
                             f"MLP width ({cfg.ffn_hidden})")
-        if not self.synchronous and (self.data > 1 or self.tensor > 1):
-            raise PlanError(f"{self.schedule_name}: the executor runs asynchronous schedules with W = t = 1 only")
+        if not self.synchronous and (c.data > 1 or c.tensor > 1):
+            raise PlanError(f"{c.schedule}: the executor runs asynchronous schedules with W = t = 1 only")
         if self.dtype not in ("float32", "float64"):
             raise PlanError(f"dtype must be float32 or float64, got {self.dtype!r}")
         sched = self.schedule()
         L = self.num_layers()
-        if not self.partition and sched.stages > L:
+        if not self.spec.partition and sched.stages > L:
             raise PlanError(f"{sched.stages} stages but the model has only {L} layers "
                             f"(embedding, {cfg.layers} blocks, head)")
         check_partition(self.bounds(sched.stages, L), sched.stages, L)
-        if not self.synchronous and self.recompute:
-            raise PlanError(f"{self.schedule_name}: recomputation with weight stashing is not supported")
+        if not self.synchronous and c.recompute:
+            raise PlanError(f"{c.schedule}: recomputation with weight stashing is not supported")
         return sched
 
 
-def balanced_partition(layers: int, stages: int) -> list[tuple[int, int]]:
-    """Consecutive ranges, as even as possible, earlier stages larger."""
+def _check_global_batch(spec: RunSpec, global_batch: int) -> None:
+    """A stated global batch (0: none) must be W N b."""
+    c = spec.config
+    if global_batch and global_batch != spec.global_batch:
+        raise PlanError(f"micro-batches do not divide the batch: global batch {global_batch} != "
+                        f"W*N*b = {c.data}*{spec.microbatches}*{c.micro_batch}")
+
+
+def even_layer_split(layers: int, stages: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of layers, as even in layer count as possible, earlier stages larger (the
+    direct form's partition; the planner's balances compute: :func:`planner.partition.balance_by_cost`)."""
     q, r = divmod(layers, stages)
     out, i = [], 0
     for s in range(stages):

@@ -19,12 +19,12 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
     """``"{layer}.{name}" -> tensor`` after ``steps`` single-process SGD steps."""
-    cfg = plan.config
+    cfg = plan.model_config
     layers = [m.to(DTYPES[plan.dtype]) for m in build_layers(cfg, plan.seed)]
     model = Stage(layers)
     opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
     for step in range(steps):
-        inputs, targets = synthetic_batch(cfg, plan.global_batch, plan.seed, step)
+        inputs, targets = synthetic_batch(cfg, plan.spec.global_batch, plan.seed, step)
         if cfg.family == "gpt":
             loss = model(inputs, targets)
         else:

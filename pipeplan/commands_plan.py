@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipeplan.options import fail
+from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, WavesOpt, fail
 from planner.analytic import PRESETS, transformer_profile
 from planner.cluster import Cluster, load_cluster
 from planner.profile import ModelProfile, load_profile, save_profile
@@ -101,10 +101,10 @@ def register(app: typer.Typer) -> None:
         micro_batch: Annotated[int, typer.Option(help="micro-batch size b")],
         schedule: Annotated[str, typer.Option(help="schedule name")],
         recompute: Annotated[bool, typer.Option(help="activation recomputation")] = False,
-        chunks: Annotated[int | None, typer.Option()] = None,
-        waves: Annotated[int | None, typer.Option()] = None,
-        pipelines: Annotated[int | None, typer.Option()] = None,
-        concat: Annotated[str | None, typer.Option()] = None,
+        chunks: ChunksOpt = None,
+        waves: WavesOpt = None,
+        pipelines: PipesOpt = None,
+        concat: ConcatOpt = None,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""

@@ -6,15 +6,16 @@ from typing import Annotated
 
 import typer
 
-from planner.schedules import BUILDERS, Schedule, build, parameters
+from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, Schedule, build, parameters
 
 ScheduleOpt = Annotated[str, typer.Option("--schedule", "-s", help=f"one of: {', '.join(sorted(BUILDERS))}")]
 DevicesOpt = Annotated[int, typer.Option("--devices", "-D", help="devices of one pipeline (D)")]
 MicroOpt = Annotated[int, typer.Option("--microbatches", "-N", help="micro-batches per iteration (N)")]
-ChunksOpt = Annotated[int | None, typer.Option(help="model chunks per device (interleaved)")]
-WavesOpt = Annotated[int | None, typer.Option(help="waves (hanayo)")]
-PipesOpt = Annotated[int | None, typer.Option(help="pipeline pairs f (chimera)")]
-ConcatOpt = Annotated[str | None, typer.Option(help="direct, forward-doubling or backward-halving (chimera)")]
+# the schedule parameters: declared beside the builders (planner.schedules.SCHEDULE_PARAMETERS)
+ChunksOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["chunks"].help)]
+WavesOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)]
+PipesOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["pipelines"].help)]
+ConcatOpt = Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)]
 
 
 def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,
@@ -22,6 +23,7 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
                           concat: str | None = None) -> Schedule:
     """Build a schedule from CLI options; an option the schedule does not take is a ValueError."""
     given = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat}
+    assert set(given) == set(SCHEDULE_PARAMETERS), "an option per declared schedule parameter"
     params = {k: v for k, v in given.items() if v is not None}
     if schedule in BUILDERS:
         allowed = parameters(schedule)

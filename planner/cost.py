@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from planner.cluster import Cluster, Link
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
+from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
 from planner.simulate import Costs
 
@@ -139,7 +140,7 @@ class ConfigCosts(Costs):
         self.stages = shared["infos"]
         self._step_of: list[float] = shared["step"]
         # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
-        self.base_b = config.micro_batch / 2 if config.concat == "backward-halving" else config.micro_batch
+        self.base_b = schedule_samples(config)
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter

@@ -19,7 +19,7 @@ Two partitioners:
   Our names: ``layer_time`` = T_l, ``comm_time`` = C_l, ``sync_time(i, j, m)`` = the time of
   sum W^m_l over the stage, ``machines`` = M.
 
-* :func:`balanced_partition` -- for synchronous schedules: ``S`` contiguous, non-empty stages (S = D,
+* :func:`balance_by_cost` -- for synchronous schedules: ``S`` contiguous, non-empty stages (S = D,
   D*v interleaved, 2*W*D Hanayo) minimising the slowest stage, subject to per-stage memory capacities.
   Exact: binary search over the candidate bottleneck values (the sums of contiguous layer ranges) with a
   feasibility test. Without memory the test is greedy (pack each stage as far as the bound allows; with
@@ -63,7 +63,7 @@ def prefix_sums(xs: Sequence[float]) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.asarray(xs, dtype=float))])
 
 
-def balanced_partition(cost: Sequence[float], stages: int,
+def balance_by_cost(cost: Sequence[float], stages: int,
                        memory: Sequence[float] | None = None,
                        capacity: Sequence[float] | float | None = None,
                        memory_scale: Sequence[float] | None = None,

@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "gems")
-ASYNC_SCHEDULES = ("pipedream", "pipedream-2bw")
-ALL_SCHEDULES = SYNC_SCHEDULES + ASYNC_SCHEDULES
+from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, SYNC_SCHEDULES
+
+__all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "TrainingRequest"]
 
 
 class TrainingRequest(BaseModel):
@@ -49,7 +49,8 @@ class TrainingRequest(BaseModel):
 
 
 class Config(BaseModel):
-    """One configuration: tensor t, pipeline D, data W, micro-batch b, schedule and its parameters."""
+    """One configuration: tensor t, pipeline D, data W, micro-batch b, schedule and its parameters (one
+    field per :data:`planner.schedules.SCHEDULE_PARAMETERS` entry; a test checks they agree)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,7 +67,7 @@ class Config(BaseModel):
 
     def schedule_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for k in ("chunks", "waves", "pipelines", "concat"):
+        for k in SCHEDULE_PARAMETERS:
             v = getattr(self, k)
             if v is not None:
                 out[k] = v

@@ -42,7 +42,7 @@ def _reset_postgres(url: str) -> None:
         eng.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def raw_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database (no schema)."""
     if request.param == "sqlite":

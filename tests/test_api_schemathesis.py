@@ -19,6 +19,7 @@ from db.migrate import upgrade
 
 EXAMPLES = int(os.environ.get("PIPEPLAN_SCHEMATHESIS_EXAMPLES", "8"))
 schema = schemathesis.openapi.from_dict(create_app(make_settings("sqlite://")).openapi())
+pytestmark = [pytest.mark.slow]  # a live server and every operation (about a minute)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

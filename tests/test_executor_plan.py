@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from executor.plan import PlanError, RunPlan, balanced_partition, load_plan_file
+from executor.plan import PlanError, RunPlan, even_layer_split, load_plan_file
 from pipeplan.cli import app
 
 SMALL = {"layers": 4, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
@@ -32,9 +32,8 @@ def test_partition_must_cover_model() -> None:
 
 
 def test_microbatches_must_divide_batch() -> None:
-    plan = RunPlan.direct("gpipe", 2, 4, micro_batch=2, global_batch=10)
     with pytest.raises(PlanError, match="micro-batches do not divide the batch"):
-        plan.validate()
+        RunPlan.direct("gpipe", 2, 4, micro_batch=2, global_batch=10)
     plan = RunPlan.direct("chimera", 2, 4, concat="backward-halving", micro_batch=3)
     with pytest.raises(PlanError, match="even micro-batch"):
         plan.validate()
@@ -49,8 +48,8 @@ def test_other_bad_plans() -> None:
         RunPlan.direct("hanayo", 2, 4, waves=2).validate()
 
 
-def test_balanced_partition() -> None:
-    assert balanced_partition(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+def test_even_layer_split() -> None:
+    assert even_layer_split(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
 
 
 def test_candidate_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -60,10 +59,10 @@ def test_candidate_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "bare.json").write_text(json.dumps(cand))
     (tmp_path / "plan.json").write_text(json.dumps({"candidates": [cand, {**cand, "schedule": "1f1b"}]}))
     p = load_plan_file(tmp_path / "bare.json")
-    assert p.schedule_microbatches == 8 and p.rows == 1 and p.world_size == 2
+    assert p.spec.schedule_microbatches == 8 and p.rows == 1 and p.world_size == 2
     sched = p.validate(2)
     assert sched.microbatches == 8 and sched.lowered
-    assert load_plan_file(tmp_path / "plan.json", 1).schedule_name == "1f1b"
+    assert load_plan_file(tmp_path / "plan.json", 1).spec.config.schedule == "1f1b"
     with pytest.raises(PlanError, match="out of range"):
         load_plan_file(tmp_path / "plan.json", 5)
 

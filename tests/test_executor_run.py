@@ -100,18 +100,21 @@ def runs_grouped() -> dict:  # type: ignore[type-arg]
     return dict(zip(PLANS_GROUPED, res["runs"], strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in PLANS_2 if n != "pipedream"])
 def test_equals_single_process_2(runs_2, name) -> None:  # type: ignore[no-untyped-def]
     check = runs_2[name]["check"]
     assert check["ok"], check["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS_4))
 def test_equals_single_process_4(runs_4, name) -> None:  # type: ignore[no-untyped-def]
     check = runs_4[name]["check"]
     assert check["ok"], check["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS_GROUPED))
 def test_grouped_policy_equals_single_process(runs_grouped, name) -> None:  # type: ignore[no-untyped-def]
     run = runs_grouped[name]
@@ -120,6 +123,7 @@ def test_grouped_policy_equals_single_process(runs_grouped, name) -> None:  # ty
     assert run["measured"]["peak_memory"] == [None] * 4  # CPU: no device memory figure
 
 
+@pytest.mark.slow
 def test_default_policy_is_recorded(runs_2) -> None:  # type: ignore[no-untyped-def]
     assert runs_2["1f1b"]["p2p"] == "prefetch"
 
@@ -148,6 +152,7 @@ def _two_nodes(plans: list[RunPlan], **kw: Any) -> list[Any]:
     return out
 
 
+@pytest.mark.slow
 def test_two_nodes_equal_single_process() -> None:
     """D=2 x W=2 over two 'nodes': p2p and the data-parallel all-reduce cross them; one node gets the result."""
     out = _two_nodes([P("1f1b", 2, 4, data=2)], check=True, timeout=60)
@@ -159,6 +164,7 @@ def test_two_nodes_equal_single_process() -> None:
     assert sorted(r["rank"] for r in run["measured"]["ranks"]) == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_two_nodes_dead_rank_fails_fast() -> None:
     t = time.monotonic()
     out = _two_nodes([P("1f1b", 2, 4, data=2)], timeout=60, fault_rank=3)
@@ -172,6 +178,7 @@ def test_forward_doubling_runs_double_forwards() -> None:
         assert any(a.span == 2 for row in plan.schedule().actions for a in row)
 
 
+@pytest.mark.slow
 def test_pipedream_weight_stashing(runs_2) -> None:  # type: ignore[no-untyped-def]
     run = runs_2["pipedream"]
     stale = 0
@@ -189,6 +196,7 @@ def test_pipedream_weight_stashing(runs_2) -> None:  # type: ignore[no-untyped-d
             assert n <= sched.weight_versions[stage]
 
 
+@pytest.mark.slow
 def test_measurement_and_trace(runs_2) -> None:  # type: ignore[no-untyped-def]
     run = runs_2["1f1b"]
     m = run["measured"]
@@ -201,6 +209,7 @@ def test_measurement_and_trace(runs_2) -> None:  # type: ignore[no-untyped-def]
     json.dumps(run["trace"])
 
 
+@pytest.mark.slow
 def test_emulated_run_matches_simulator(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from executor.emulate import uniform_profile
     from planner.profile import save_profile
@@ -216,6 +225,7 @@ def test_emulated_run_matches_simulator(tmp_path) -> None:  # type: ignore[no-un
         assert len(run["predicted"]["devices"]) == len(run["measured"]["devices"]) == 4
 
 
+@pytest.mark.slow
 def test_dead_rank_fails_fast_with_rank_named() -> None:
     t = time.monotonic()
     with pytest.raises(RunFailed, match="rank 1 failed: InjectedFault: injected fault on rank 1"):
@@ -223,6 +233,7 @@ def test_dead_rank_fails_fast_with_rank_named() -> None:
     assert time.monotonic() - t < 45
 
 
+@pytest.mark.slow
 def test_cli_check_out_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out, trace = tmp_path / "result.json", tmp_path / "trace.json"
     res = CliRunner().invoke(app, ["run", "--schedule", "chimera", "-D", "2", "-N", "4", "--check", "--iterations",

@@ -9,16 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.schedules import build, lower
+from planner.schedules.encoded import EncodedSchedule
 from planner.schedules.ir import Action, Schedule
-from planner.simulate import (
-    Costs,
-    ScheduleError,
-    UnitCosts,
-    _canonical_compute_only,
-    _ImpliedPlan,
-    _replay_lowered,
-    simulate,
-)
+from planner.schedules.replay import canonical_compute_only, replay_lowered
+from planner.simulate import Costs, ScheduleError, UnitCosts, simulate
 
 
 class Uneven(Costs):
@@ -66,9 +60,9 @@ def eager_of(s: Schedule):
 
 
 def assert_same(s: Schedule, costs: Costs) -> None:
-    assert _ImpliedPlan.encode(s, eager_of(s)) is not None, "the fast path should cover it"
+    assert EncodedSchedule.encode(s, eager_of(s)) is not None, "the fast path should cover it"
     fast = simulate(s, costs)
-    ref = _replay_lowered(lower(s, eager=eager_of(s)), costs)
+    ref = replay_lowered(lower(s, eager=eager_of(s)), costs)
     assert fast.makespan == ref.makespan
     assert fast.bubble_ratio == ref.bubble_ratio
     assert [d.to_dict() for d in fast.devices] == [d.to_dict() for d in ref.devices]
@@ -123,8 +117,8 @@ def test_deadlock_message_is_the_lowered_replays():
 def test_malformed_goes_through_the_lowered_replay():
     s = build("1f1b", 2, 2)
     s.actions[0].append(Action("F", 0, 0))  # a forward run twice: no plan, the lowered replay times it
-    assert _ImpliedPlan.encode(s, "none") is None
-    assert simulate(s).makespan == _replay_lowered(lower(s), UnitCosts()).makespan
+    assert EncodedSchedule.encode(s, "none") is None
+    assert simulate(s).makespan == replay_lowered(lower(s), UnitCosts()).makespan
 
 
 def test_result_pickles_and_compares_with_its_timeline():
@@ -134,7 +128,7 @@ def test_result_pickles_and_compares_with_its_timeline():
     res = simulate(s, UnitCosts(1, 2, comm=0.5))
     back = pickle.loads(pickle.dumps(res))
     assert back.timeline == res.timeline and back == res
-    assert res == _replay_lowered(lower(s, eager=eager_of(s)), UnitCosts(1, 2, comm=0.5))
+    assert res == replay_lowered(lower(s, eager=eager_of(s)), UnitCosts(1, 2, comm=0.5))
 
 
 LOWERED = [("1f1b", {}), ("chimera", {}), ("chimera", {"concat": "forward-doubling"}),
@@ -145,12 +139,12 @@ LOWERED = [("1f1b", {}), ("chimera", {}), ("chimera", {"concat": "forward-doubli
 def test_lowered_input_timed_like_the_lowered_replay(name, kw):
     costs = UnitCosts(1, 2, comm=0.3, allreduce_time=2, step_time=1)
     low = lower(build(name, 8, 16, **kw), eager="all")
-    assert _canonical_compute_only(low) is not None
-    assert simulate(low, costs) == _replay_lowered(low, costs)
+    assert canonical_compute_only(low) is not None
+    assert simulate(low, costs) == replay_lowered(low, costs)
     # an eager all-reduce moved to the end of its list is no lowering with eager="all": the explicit
     # replay times it
     row = low.actions[1]
     i = next(i for i, a in enumerate(row) if a.kind == "ALLREDUCE")
     row.insert(len(row) - 1, row.pop(i))
-    assert _canonical_compute_only(low) is None
-    assert simulate(low, costs) == _replay_lowered(low, costs)
+    assert canonical_compute_only(low) is None
+    assert simulate(low, costs) == replay_lowered(low, costs)

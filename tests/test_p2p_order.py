@@ -16,7 +16,7 @@ from executor.p2p_order import (
     Finish,
     Op,
     Post,
-    Step,
+    ProgramOp,
     Wait,
     action_label,
     check_programs,
@@ -45,8 +45,8 @@ def recv(peer: int, key: str) -> Op:
 
 def test_send_then_receive_deadlocks_ungrouped() -> None:
     """A posts [send s1 to B] then [recv r1 from B]; B posts [send r1 to A] then [recv s1 from A]."""
-    a: list[Step] = [Post((send(1, "s1"),)), Post((recv(1, "r1"),)), Wait(1, "consume r1"), Finish()]
-    b: list[Step] = [Post((send(0, "r1"),)), Post((recv(0, "s1"),)), Wait(1, "consume s1"), Finish()]
+    a: list[ProgramOp] = [Post((send(1, "s1"),)), Post((recv(1, "r1"),)), Wait(1, "consume r1"), Finish()]
+    b: list[ProgramOp] = [Post((send(0, "r1"),)), Post((recv(0, "s1"),)), Wait(1, "consume s1"), Finish()]
     for streams in ("pair", "rank"):
         problem = check_programs([a, b], streams)
         assert problem is not None and problem.kind == "deadlock"
@@ -57,19 +57,19 @@ def test_send_then_receive_deadlocks_ungrouped() -> None:
 
 
 def test_send_grouped_with_adjacent_receive_completes() -> None:
-    a: list[Step] = [Post((send(1, "s1"), recv(1, "r1"))), Wait(0, "consume r1"), Finish()]
-    b: list[Step] = [Post((send(0, "r1"), recv(0, "s1"))), Wait(0, "consume s1"), Finish()]
+    a: list[ProgramOp] = [Post((send(1, "s1"), recv(1, "r1"))), Wait(0, "consume r1"), Finish()]
+    b: list[ProgramOp] = [Post((send(0, "r1"), recv(0, "s1"))), Wait(0, "consume s1"), Finish()]
     assert check_programs([a, b], "pair") is None
     assert check_programs([a, b], "rank") is None
 
 
 def test_out_of_order_receives_are_a_mismatch() -> None:
     """NCCL ignores tags: the second receive would get the first message."""
-    a: list[Step] = [Post((send(1, "m1"), send(1, "m2"))), Finish()]
-    b: list[Step] = [Post((recv(0, "m2"), recv(0, "m1"))), Finish()]
+    a: list[ProgramOp] = [Post((send(1, "m1"), send(1, "m2"))), Finish()]
+    b: list[ProgramOp] = [Post((recv(0, "m2"), recv(0, "m1"))), Finish()]
     problem = check_programs([a, b])
     assert problem is not None and problem.kind == "mismatch" and problem.ranks == [0, 1]
-    lonely: list[Step] = [Post((send(1, "m1"),)), Finish()]
+    lonely: list[ProgramOp] = [Post((send(1, "m1"),)), Finish()]
     problem = check_programs([lonely, [Finish()]])
     assert problem is not None and problem.kind == "unmatched" and "send m1>1 has no counterpart" in problem.message
 
@@ -77,9 +77,9 @@ def test_out_of_order_receives_are_a_mismatch() -> None:
 def test_one_stream_per_rank_is_stricter_than_per_pair() -> None:
     """Rank 0's receive of y queues behind its send of x on a rank's single stream (what torch's batched NCCL
     p2p does), but rank 1 posts the receive of x only after a chain that needs y: 0 -> 1 -> 2 -> 0."""
-    r0: list[Step] = [Post((send(1, "x"),)), Post((recv(2, "y"),)), Wait(1, "y"), Post((send(2, "w"),)), Finish()]
-    r1: list[Step] = [Post((recv(2, "v"),)), Wait(0, "v"), Post((recv(0, "x"),)), Wait(1, "x"), Finish()]
-    r2: list[Step] = [Post((send(0, "y"),)), Post((recv(0, "w"),)), Wait(1, "w"), Post((send(1, "v"),)), Finish()]
+    r0: list[ProgramOp] = [Post((send(1, "x"),)), Post((recv(2, "y"),)), Wait(1, "y"), Post((send(2, "w"),)), Finish()]
+    r1: list[ProgramOp] = [Post((recv(2, "v"),)), Wait(0, "v"), Post((recv(0, "x"),)), Wait(1, "x"), Finish()]
+    r2: list[ProgramOp] = [Post((send(0, "y"),)), Post((recv(0, "w"),)), Wait(1, "w"), Post((send(1, "v"),)), Finish()]
     assert check_programs([r0, r1, r2], "pair") is None
     problem = check_programs([r0, r1, r2], "rank")
     assert problem is not None and problem.kind == "deadlock" and problem.cycle == [0, 1, 2]
@@ -88,12 +88,12 @@ def test_one_stream_per_rank_is_stricter_than_per_pair() -> None:
 
 # ---- the policies on real schedules ----------------------------------------------------------------------
 
-def _naive_runs(schedule: Schedule) -> list[list[Step]]:
+def _naive_runs(schedule: Schedule) -> list[list[ProgramOp]]:
     """Each run of consecutive sends/receives as one group in list order (grouped without the message-order
     cut): what the checker showed deadlocking, kept here as the reason for the cut."""
-    out: list[list[Step]] = []
+    out: list[list[ProgramOp]] = []
     for row in schedule.actions:
-        prog: list[Step] = []
+        prog: list[ProgramOp] = []
         g, i = 0, 0
         while i < len(row):
             if row[i].kind not in P2P_KINDS:
@@ -172,6 +172,7 @@ def schedules(draw: st.DrawFn, name: str) -> Schedule:
     return build(name, D, draw(st.integers(1, 16)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
@@ -202,9 +203,9 @@ def test_prefetch_plan_is_well_formed() -> None:
 def test_pair_warm_up_order_is_deadlock_free() -> None:
     """executor.comm.warm_up_pairs: every rank takes the pairs in one global order, one group per pair."""
     pairs = sorted({(min(a, b), max(a, b)) for a, b in [(0, 1), (1, 2), (2, 3), (0, 3), (1, 3), (0, 2)]})
-    programs: list[list[Step]] = []
+    programs: list[list[ProgramOp]] = []
     for r in range(4):
-        prog: list[Step] = []
+        prog: list[ProgramOp] = []
         for a, b in pairs:
             if r in (a, b):
                 peer = b if r == a else a

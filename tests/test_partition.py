@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.partition import PartitionError, balanced_partition, pipedream_partition
+from planner.partition import PartitionError, balance_by_cost, pipedream_partition
 
 
 def compositions(L: int, S: int):
@@ -38,7 +38,7 @@ costs = st.lists(st.integers(0, 20).map(float), min_size=1, max_size=9)
 @given(cost=costs, data=st.data())
 def test_balanced_equals_brute_force(cost, data):
     S = data.draw(st.integers(1, len(cost)))
-    got = balanced_partition(cost, S)
+    got = balance_by_cost(cost, S)
     assert got.stages == S
     assert all(j > i for i, j in got.bounds)
     assert got.bounds[0][0] == 0 and got.bounds[-1][1] == len(cost)
@@ -57,9 +57,9 @@ def test_balanced_with_memory_equals_brute_force(cost, data):
     expect = brute_balanced(cost, S, memory, caps, scale, fixed)
     if expect == math.inf:
         with pytest.raises(PartitionError, match="fits the memory"):
-            balanced_partition(cost, S, memory, caps, scale, fixed)
+            balance_by_cost(cost, S, memory, caps, scale, fixed)
     else:
-        got = balanced_partition(cost, S, memory, caps, scale, fixed)
+        got = balance_by_cost(cost, S, memory, caps, scale, fixed)
         assert got.bottleneck == pytest.approx(expect)
         for k, (i, j) in enumerate(got.bounds):
             assert fixed[k] + scale[k] * sum(memory[i:j]) <= caps[k]
@@ -68,16 +68,16 @@ def test_balanced_with_memory_equals_brute_force(cost, data):
 def test_heavy_ends_get_fewer_blocks():
     # embedding and LM head heavier than a block: first and last stages hold fewer layers
     cost = [6.0] + [2.0] * 12 + [6.0]
-    p = balanced_partition(cost, 4)
+    p = balance_by_cost(cost, 4)
     sizes = [j - i for i, j in p.bounds]
     assert sizes[0] < sizes[1] and sizes[-1] < sizes[1]
 
 
 def test_balanced_errors():
     with pytest.raises(PartitionError, match="non-empty stages"):
-        balanced_partition([1.0, 2.0], 3)
+        balance_by_cost([1.0, 2.0], 3)
     with pytest.raises(PartitionError, match="finite"):
-        balanced_partition([1.0, float("nan")], 1)
+        balance_by_cost([1.0, float("nan")], 1)
 
 
 def brute_pipedream(T, C, M, sync):
@@ -126,5 +126,5 @@ def test_heavy_layer_fits_only_a_later_stage():
     hold to a middle stage that cannot; the exact test must still find the partition."""
     cost = [0.0] * 8
     memory = [0.0] * 6 + [1.0, 0.0]
-    got = balanced_partition(cost, 3, memory, [0.0, 0.0, 1.0], [3.0, 2.0, 1.0], [0.0, 0.0, 0.0])
+    got = balance_by_cost(cost, 3, memory, [0.0, 0.0, 1.0], [3.0, 2.0, 1.0], [0.0, 0.0, 0.0])
     assert got.bounds[2][0] <= 6 < got.bounds[2][1]

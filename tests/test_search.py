@@ -28,6 +28,7 @@ def daint():
     return cl, profile_for("bert-48", cl, "fp32")
 
 
+@pytest.mark.slow
 def test_bert48_daint_one_f_one_b_uses_data_parallel_and_chimera_wins(daint):
     """Chimera 4.2.1 (Bert-48 on 32 Piz Daint nodes, B^ = 256): the best DAPPLE/GPipe configurations
     replicate the pipeline (W > 1), and at the same W and D (each with its best micro-batch size and
@@ -133,6 +134,7 @@ def test_cli_plan_json(tmp_path):
     assert r.exit_code == 2 and "global_batch" in r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpus,batch", [(8, 64), (16, 128)])
 def test_pruning_is_exact(daint, gpus, batch):
     """The bounds only skip what cannot reach the top k: the same ranking as simulating everything."""
@@ -150,6 +152,7 @@ def test_pruning_is_exact(daint, gpus, batch):
         assert c.lower_bound <= c.iteration_time * (1 + 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,cluster,gpus,batch", [
     ("bert-48", "piz-daint-p100-16gb.json", 16, 128),
     ("gpt2-1.3b", "dgx-a100-80gb.json", 16, 128),
@@ -170,13 +173,13 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
         cand, costs = planner.prepare(cfg)
         if costs is None:
             continue
-        floor = planner.floor(cfg, costs.schedule)
+        counts = planner.shapes.inflight(cfg, costs.schedule)
         warmup_bound = None
         if not inflight_exact(cfg.schedule):  # merged: the bound of its replayed warm-up too
             n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
-            rejected, warmup = planner.too_big_before_merge(cand, costs, n)
+            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
-                warmup_bound = planner.prefix_bound(cand, costs, warmup)
+                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
         planner.evaluate(cand, costs)
         if cand.simulation is None:
             continue
@@ -186,8 +189,8 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
             assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
             merged_checked += 1
         for d, dev in enumerate(cand.simulation.devices):
-            held = costs.held[d]
-            need = max((floor.get((r, s), 0) * costs.activation(s) for r, s in held), default=0.0)
+            pairs = costs.held[d]
+            need = max((counts.get((r, s), 0) * costs.activation(s) for r, s in pairs), default=0.0)
             assert need <= dev.peak_activations * (1 + 1e-9) + 1e-6, (cfg.label(), d)
     assert checked > 50 and merged_checked > 5
 

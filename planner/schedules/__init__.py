@@ -1,9 +1,14 @@
-"""Schedule builders and the IR. ``build(name, devices=..., microbatches=..., **params)``."""
+"""Schedule builders and the IR. ``build(name, devices=..., microbatches=..., **params)``.
+
+The schedule names (:data:`BUILDERS`, :data:`ASYNC_SCHEDULES`) and the schedule parameters a configuration
+may set (:data:`SCHEDULE_PARAMETERS`) are declared here, once, beside the builders: the request and
+candidate fields, the CLI options, the API schema and the exports read them from here."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from planner.schedules import (
@@ -19,17 +24,43 @@ from planner.schedules import (
 )
 from planner.schedules.ir import Action, Schedule, lower, parse_action
 
+#: every schedule by name, in the order the planner enumerates them (synchronous first)
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe.build,
     "1f1b": one_f_one_b.build,
+    "interleaved": interleaved.build,
     "chimera": chimera.build,
     "hanayo": hanayo.build,
-    "interleaved": interleaved.build,
     "zb-h1": zb_h1.build,
+    "gems": gems.build,
     "pipedream": pipedream.build,
     "pipedream-2bw": pipedream_2bw.build,
-    "gems": gems.build,
 }
+#: the asynchronous schedules (weight stashing or double buffering: they change the optimizer)
+ASYNC_SCHEDULES: tuple[str, ...] = ("pipedream", "pipedream-2bw")
+SYNC_SCHEDULES: tuple[str, ...] = tuple(n for n in BUILDERS if n not in ASYNC_SCHEDULES)
+ALL_SCHEDULES: tuple[str, ...] = tuple(BUILDERS)
+
+
+@dataclass(frozen=True)
+class ScheduleParameter:
+    """A schedule parameter a configuration may set: its type and a one-line help (CLI, API schema)."""
+
+    type: type
+    help: str
+    schedules: tuple[str, ...]
+
+
+#: the parameters a configuration may set, each named as the builders' keyword argument (Chimera's
+#: ``eager`` is the builder's own choice and not a configuration parameter)
+SCHEDULE_PARAMETERS: dict[str, ScheduleParameter] = {
+    "chunks": ScheduleParameter(int, "model chunks per device (interleaved)", ("interleaved",)),
+    "waves": ScheduleParameter(int, "waves (hanayo)", ("hanayo",)),
+    "pipelines": ScheduleParameter(int, "pipeline pairs f (chimera)", ("chimera",)),
+    "concat": ScheduleParameter(str, "direct, forward-doubling or backward-halving (chimera)", ("chimera",)),
+}
+#: Chimera's concatenation (Chimera 3.5) running 2N micro-batches of b/2 (:mod:`planner.runspec`)
+BACKWARD_HALVING = "backward-halving"
 
 
 def parameters(name: str) -> list[str]:
@@ -96,5 +127,6 @@ def splits_backward(name: str) -> bool:
     return bool(getattr(_module(name), "SPLIT_BACKWARD", False))
 
 
-__all__ = ["Action", "BUILDERS", "Schedule", "build", "inflight", "inflight_exact", "lower", "parameters",
-           "parse_action", "shape", "splits_backward"]
+__all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "Action", "BACKWARD_HALVING", "BUILDERS", "SCHEDULE_PARAMETERS",
+           "SYNC_SCHEDULES", "Schedule", "ScheduleParameter", "build", "inflight", "inflight_exact", "lower",
+           "parameters", "parse_action", "shape", "splits_backward"]

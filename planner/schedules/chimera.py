@@ -36,7 +36,7 @@ from typing import TypeVar
 from planner.schedules import merge
 from planner.schedules.common import check_positive
 from planner.schedules.ir import Action, B, F, Schedule
-from planner.schedules.merge import inflight_floor
+from planner.schedules.merge import inflight_lower_bound
 
 CONCAT_METHODS = ("direct", "forward-doubling", "backward-halving")
 T = TypeVar("T")
@@ -116,9 +116,9 @@ def shape(devices: int, microbatches: int, pipelines: int = 1, concat: str = "di
 def inflight(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
              eager: str = "auto") -> dict[tuple[int, int], int]:
     """Lower bounds of the in-flight micro-batches per (replica, stage), without merging
-    (:func:`planner.schedules.merge.inflight_floor`)."""
+    (:func:`planner.schedules.merge.inflight_lower_bound`)."""
     _, _, pipes = _plan(devices, microbatches, pipelines, concat)
-    return inflight_floor(devices, pipes)
+    return inflight_lower_bound(devices, pipes)
 
 
 def prefix(devices: int, microbatches: int, slots: int, pipelines: int = 1, concat: str = "direct",

@@ -26,7 +26,7 @@ from __future__ import annotations
 from planner.schedules import merge
 from planner.schedules.common import check_positive
 from planner.schedules.ir import Action, Schedule
-from planner.schedules.merge import inflight_floor
+from planner.schedules.merge import inflight_lower_bound
 
 
 def placement(devices: int, waves: int) -> list[list[int]]:
@@ -49,7 +49,7 @@ def shape(devices: int, microbatches: int, waves: int = 1) -> Schedule:
 def inflight(devices: int, microbatches: int, waves: int = 1) -> dict[tuple[int, int], int]:
     """Lower bounds of the in-flight micro-batches per stage, without merging."""
     check_positive(devices=devices, microbatches=microbatches, waves=waves)
-    return inflight_floor(2 * waves * devices, [(0, [[m] for m in range(microbatches)], 0.0)])
+    return inflight_lower_bound(2 * waves * devices, [(0, [[m] for m in range(microbatches)], 0.0)])
 
 
 def prefix(devices: int, microbatches: int, slots: int, waves: int = 1) -> list[list[Action]]:

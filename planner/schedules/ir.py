@@ -211,6 +211,16 @@ def _producer_stage(kind: str, stage: int) -> int:
     return stage + 1 if kind == F else stage - 1
 
 
+def builder_eager(schedule: Schedule) -> Iterable[int] | str:
+    """The eager all-reduces a compute-only schedule's builder chose (``params["eager"]``), as :func:`lower`
+    takes them: a collection of stages, ``"all"`` or ``"none"``. A schedule without the parameter, or with
+    an unresolved ``"auto"`` (Chimera resolves it when it builds, :mod:`planner.schedules.chimera`),
+    all-reduces at the end: ``"none"``. The one place this mapping is written (the simulator, the
+    validator and :meth:`planner.runspec.RunSpec.lowered` read it)."""
+    eager = schedule.params.get("eager", "none")
+    return "none" if eager == "auto" else eager
+
+
 def lower(schedule: Schedule, eager: Iterable[int] | str = "none") -> Schedule:
     """Add SEND/RECV, ALLREDUCE and STEP to a compute-only schedule.
 

@@ -87,14 +87,14 @@ def pipeline_slots(depth: int, groups: Sequence[Sequence[int]]) -> list[list[tup
 
 
 #: one action of a stage's template row: (unit slot, is backward, first local micro-batch, span)
-Step = tuple[int, bool, int, int]
+TemplateAction = tuple[int, bool, int, int]
 Pipelines = Sequence[tuple[int, Sequence[Sequence[int]], float]]
 
 
 @functools.lru_cache(maxsize=512)
-def template(depth: int, shape: tuple[int, ...]) -> list[list[Step]]:
+def template(depth: int, shape: tuple[int, ...]) -> list[list[TemplateAction]]:
     """The slots of :func:`pipeline_slots` for a pipeline of forward groups of sizes ``shape`` over local
-    micro-batches ``0..n-1``, as :data:`Step` rows per stage (shared by units, and by schedules, of the
+    micro-batches ``0..n-1``, as :data:`TemplateAction` rows per stage (shared by units, and by schedules, of the
     same shape; read-only)."""
     local, i = [], 0
     for n in shape:
@@ -155,7 +155,7 @@ class ListScheduler:
         # stage, replica, and the index of (stage s, micro-batch 0) in end_f / end_b (a micro-batch
         # belongs to one replica)
         SR = S * R
-        self.rows: list[list[Step]] = []
+        self.rows: list[list[TemplateAction]] = []
         self.flats: list[list[int]] = []
         self.base: list[int] = []
         self.pbase: list[int] = []
@@ -320,7 +320,7 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines:
     return [list(row) for row in out]
 
 
-def inflight_floor(depth: int, pipelines: Pipelines) -> dict[tuple[int, int], int]:
+def inflight_lower_bound(depth: int, pipelines: Pipelines) -> dict[tuple[int, int], int]:
     """Per (replica, stage), micro-batches whose activations are certainly alive at once in the merged
     schedule, known without merging: each (replica, stage, unit) list keeps its 1F1B order, in which
     ``min(depth-1-s, n) + 1`` forward groups precede the first backward, and forwards of other units

@@ -14,11 +14,11 @@
 4. in a lowered schedule, a send has no receive (or the reverse), or the peers do not match the
    placement; and replaying the lists -- receives block until their message has been sent, sends do
    not block (the executor posts them asynchronously), all-reduces are posted asynchronously and waited
-   for by STEP -- deadlocks. The replay is the simulator's (:func:`planner.simulate.simulate`), which
-   reports what each stuck device waits for.
+   for by STEP -- deadlocks. The replay is the simulator's (:func:`planner.schedules.replay.replay_lowered`),
+   which reports what each stuck device waits for.
 
 Compute-only schedules are checked as the executor will run them, lowered. They are first checked
-on the simulator's integer encoding of the schedule (:class:`planner.simulate._ImpliedPlan`) and its
+on the simulator's integer encoding of the schedule (:class:`planner.schedules.encoded.EncodedSchedule`) and its
 replay with the communication implied, which covers every rule above at a fraction of the cost; so is
 a lowered schedule whose lists are exactly :func:`lower`'s of its compute-only form. A schedule that
 fails there, or another lowered one, goes through the rule-by-rule checks, which name the error.
@@ -30,6 +30,7 @@ from collections import Counter
 
 import numpy as np
 
+from planner.schedules.encoded import EncodedSchedule, replay_encoded
 from planner.schedules.ir import (
     ALL_KINDS,
     ALLREDUCE,
@@ -44,16 +45,11 @@ from planner.schedules.ir import (
     I,
     Schedule,
     W,
+    builder_eager,
     lower,
 )
-from planner.simulate import (
-    ScheduleError,
-    UnitCosts,
-    _canonical_compute_only,
-    _ImpliedPlan,
-    _replay_implied,
-    simulate,
-)
+from planner.schedules.replay import canonical_compute_only, replay_lowered
+from planner.schedules.timing import ScheduleError, UnitCosts
 
 
 def validate(schedule: Schedule) -> None:
@@ -72,7 +68,7 @@ def validate(schedule: Schedule) -> None:
     if len(schedule.mb_replica) != N or any(not 0 <= r < R for r in schedule.mb_replica):
         raise ScheduleError(f"mb_replica must give a replica in 0..{R - 1} for each of the {N} micro-batches")
 
-    compute = _canonical_compute_only(schedule) if schedule.lowered else schedule
+    compute = canonical_compute_only(schedule) if schedule.lowered else schedule
     if compute is not None and _passes(compute):
         return  # (a valid compute-only schedule's lowering is valid: its messages match by construction)
     _check_rules(schedule)
@@ -150,10 +146,10 @@ def _check_rules(schedule: Schedule) -> None:
                 raise ScheduleError(f"device {d}: {schedule.actions[d][i]} at #{i} needs "
                                     f"{schedule.actions[d][j]}, which comes later (#{j}) on the same device")
 
-    lowered = schedule if schedule.lowered else lower(schedule, eager=_eager(schedule))
+    lowered = schedule if schedule.lowered else lower(schedule, eager=builder_eager(schedule))
     if schedule.lowered:
         _check_messages(lowered)
-    simulate(lowered, UnitCosts())  # raises ScheduleError on deadlock
+    replay_lowered(lowered, UnitCosts())  # raises ScheduleError on deadlock
 
 
 def _passes(schedule: Schedule) -> bool:
@@ -163,7 +159,7 @@ def _passes(schedule: Schedule) -> bool:
     I and one W per (stage, micro-batch) of the micro-batch's replica and nothing else, forward spans
     agree, same-device inputs come earlier in the list, and the replay with unit costs finishes."""
     try:
-        plan = _ImpliedPlan.encode(schedule, _eager(schedule))
+        plan = EncodedSchedule.encode(schedule, builder_eager(schedule))
     except ValueError:
         return False
     if plan is None or not plan.in_order:
@@ -180,12 +176,8 @@ def _passes(schedule: Schedule) -> bool:
                 prev = plan.acts[plan.producer[(r * S + s - 1) * N + m]]
                 if prev.mb != m or prev.span != span:
                     return False
-    return _replay_implied(plan, UnitCosts()) is not None
+    return replay_encoded(plan, UnitCosts()) is not None
 
-
-def _eager(schedule: Schedule) -> object:
-    e = schedule.params.get("eager", "none")
-    return "none" if e == "auto" else e
 
 
 def _check_peer(schedule: Schedule, d: int, i: int, a) -> None:  # type: ignore[no-untyped-def]

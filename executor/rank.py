@@ -1,4 +1,4 @@
-"""Per-rank entry point, started by torchrun (``python -m torch.distributed.run ... -m executor.worker
+"""Per-rank entry point, started by torchrun (``python -m torch.distributed.run ... -m executor.rank
 SPEC.json``; on several nodes the same module under torchrun's rendezvous).
 
 The spec names one or more plans, run in sequence on the same process group (the tests run several
@@ -59,13 +59,13 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     device = device or torch.device("cpu")
     cuda = device.type == "cuda"
     sched = plan.validate(world)
-    layout = Layout(plan.pipeline, plan.data, plan.tensor)
+    layout = Layout(plan.spec.config.pipeline, plan.spec.config.data, plan.spec.config.tensor)
     emulator = None
     if plan.emulate:
         from executor.emulate import Emulator
 
         emulator = Emulator(plan, plan.compute_schedule(), plan.emulate, plan.cluster)
-    tied = bool(tied_parameters(plan.config)) and emulator is None
+    tied = bool(tied_parameters(plan.model_config)) and emulator is None
     groups = make_groups(sched, layout, rank, tied)
     warm_up(rank, world, device)
     warm_up_pairs(rank, neighbour_pairs(sched, lambda d, p: [(layout.rank(d, w, k), layout.rank(p, w, k))
@@ -124,7 +124,7 @@ def check_against_reference(plan: RunPlan, gathered: list[dict[str, Any]]) -> di
     for p in sorted(gathered, key=lambda p: p["rank"]):
         for k, v in p["params"].items():
             merged.setdefault(k, []).extend(v)
-    if plan.schedule_name == "pipedream":
+    if plan.spec.config.schedule == "pipedream":
         # per-micro-batch updates on stashed weights: a different optimizer, nothing to compare with
         return {"ok": None, "message": "pipedream updates per micro-batch: not compared"}
     # 2BW: one window per iteration, drained before its update, is gradient accumulation over N

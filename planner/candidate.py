@@ -1,0 +1,92 @@
+"""What the search returns: one :class:`Candidate` per configuration and the :class:`PlanResult` around
+them, with their JSON documents (what the CLI prints and the API stores)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.cost import ConfigCosts
+from planner.request import Config
+from planner.runspec import RunSpec
+from planner.simulate import SimResult
+
+
+@dataclass
+class Candidate:
+    config: Config
+    microbatches: int
+    iteration_time: float = math.inf
+    throughput: float = 0.0
+    bubble_ratio: float = 1.0
+    memory: list[float] = field(default_factory=list)
+    memory_capacity: float = 0.0
+    fits: bool = False
+    reason: str = ""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    closed_forms: dict[str, float | None] = field(default_factory=dict)
+    partition: list[list[int]] = field(default_factory=list)
+    lower_bound: float = 0.0
+    global_batch: int = 0
+    #: per device, bytes of weights, gradients and optimizer state (:meth:`MemoryModel.device_state`)
+    state: list[float] = field(default_factory=list, repr=False)
+    #: its bound was raised with its merged warm-up (:meth:`planner.search.Planner.refine`)
+    refined: bool = False
+    simulation: SimResult | None = field(default=None, repr=False)
+    costs: ConfigCosts | None = field(default=None, repr=False)
+
+    @property
+    def run_spec(self) -> RunSpec:
+        """What the executor runs (:class:`planner.runspec.RunSpec`)."""
+        return RunSpec(config=self.config, microbatches=self.microbatches,
+                       partition=[(a, b) for a, b in self.partition])
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        """The candidate document: ``run_spec`` (what to run) and, flat beside it for reading, the
+        configuration's fields and the predicted figures."""
+        c = self.config
+        out: dict[str, Any] = {
+            "run_spec": self.run_spec.model_dump(mode="json"),
+            "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
+            "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
+            "microbatches": self.microbatches, "global_batch": self.global_batch, "label": c.label(),
+            "iteration_time": self.iteration_time, "throughput": self.throughput,
+            "bubble_ratio": self.bubble_ratio, "memory": self.memory,
+            "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
+            "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
+            "closed_forms": self.closed_forms, "partition": self.partition,
+            "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
+        }
+        if timeline and self.simulation is not None:
+            out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]
+                               for row in self.simulation.timeline]
+        return out
+
+
+@dataclass
+class PlanResult:
+    candidates: list[Candidate]
+    infeasible: list[Candidate]
+    rejected: Counter[str]
+    evaluated: int
+    simulated: int
+    considered: int
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        return {
+            "candidates": [c.to_dict(timeline) for c in self.candidates],
+            "infeasible": [c.to_dict() for c in self.infeasible],
+            "rejected": dict(sorted(self.rejected.items())),
+            "evaluated": self.evaluated, "simulated": self.simulated, "considered": self.considered,
+        }
+
+
+def reason_key(reason: str) -> str:
+    """The counter key of a rejection reason: its text before the first colon."""
+    return reason.split(":")[0] if reason else "unknown"
+
+
+def gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"

@@ -1,0 +1,96 @@
+"""Every configuration the search considers for a GPU budget (the search's module docstring says which):
+``t`` dividing the GPUs per node (up to ``max_tensor``), ``D`` and ``W`` with ``t D W = P``, micro-batch
+sizes ``b`` (powers of two dividing ``B^/W``), every allowed schedule with each parameter set valid for
+``D`` and ``N = B^/(W b)``, with and without recomputation. Enumeration only: nothing is evaluated."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from planner.cluster import Cluster
+from planner.request import Config, TrainingRequest
+from planner.schedules import BACKWARD_HALVING, BUILDERS
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def powers_of_two_dividing(n: int) -> list[int]:
+    out, b = [], 1
+    while n % b == 0:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute: bool) -> list[dict[str, Any]]:
+    """The parameter sets of schedule ``name`` that are valid for D, N (empty: none): interleaved chunks
+    ``v`` with ``N mod D = 0``; Chimera's ``f`` dividing ``D/2`` and, for ``N > D``, its three
+    concatenations (Chimera 3.5: direct; forward doubling with recomputation; backward halving without,
+    for even b); Hanayo's waves."""
+    if name == "interleaved":
+        if D < 2 or N % D:
+            return []
+        return [{"chunks": v} for v in (2, 4, 8) if D * v <= layers]
+    if name == "chimera":
+        if D % 2:
+            return []
+        out = []
+        for f in divisors(D // 2):
+            if N <= D:
+                out.append({"pipelines": f, "concat": "direct"})
+                continue
+            out.append({"pipelines": f, "concat": "direct"})
+            if recompute:
+                out.append({"pipelines": f, "concat": "forward-doubling"})
+            elif b % 2 == 0:
+                out.append({"pipelines": f, "concat": BACKWARD_HALVING})
+        return out
+    if name == "hanayo":
+        return [{"waves": w} for w in (1, 2, 4) if 2 * w * D <= layers]
+    if name == "gems" and D < 2:
+        return []
+    if name == "pipedream-2bw" and N < D:
+        return []
+    return [{}]
+
+
+def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
+                      rejected: Counter[str]) -> list[Config]:
+    """Every configuration for ``request`` on ``cluster`` of a model of ``layers`` layers, in a fixed
+    order; what is skipped is counted in ``rejected`` by reason."""
+    req, cl = request, cluster
+    P = req.gpus or cl.gpus
+    if P > cl.gpus:
+        raise ValueError(f"gpus: budget {P} exceeds the cluster's {cl.gpus} GPUs")
+    max_t = req.max_tensor or cl.gpus_per_node
+    names = [n for n in req.allowed() if n in BUILDERS]
+    out: list[Config] = []
+    for t in divisors(P):
+        if t > max_t or (t <= cl.gpus_per_node and cl.gpus_per_node % t):
+            continue
+        for D in divisors(P // t):
+            W = P // (t * D)
+            if D > layers:
+                rejected["more pipeline stages than layers"] += 1
+                continue
+            if req.global_batch % W:
+                rejected["global batch not divisible by W"] += 1
+                continue
+            sizes = req.micro_batches or powers_of_two_dividing(req.global_batch // W)
+            for b in sizes:
+                if (req.global_batch // W) % b:
+                    rejected["micro-batch does not divide B^/W"] += 1
+                    continue
+                N = req.global_batch // (W * b)
+                for rc in ((False, True) if req.allow_recompute else (False,)):
+                    for name in names:
+                        variants = schedule_variants(name, D, N, b, layers, rc)
+                        if not variants:
+                            rejected[f"{name}: not valid for this D and N"] += 1
+                        for params in variants:
+                            out.append(Config(tensor=t, pipeline=D, data=W, micro_batch=b,
+                                              schedule=name, recompute=rc, **params))
+    return out

@@ -1,0 +1,249 @@
+"""The memory model of the search: what a device holds, checked before anything is simulated.
+
+A device holds, for every (replica, stage) pair placed on it, the stage's weights, gradients and optimizer
+state (``bytes_per_param`` per parameter over t; ZeRO, Rajbhandari et al. 2020, 3.1), plus the extra weight
+versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering); the activations of
+its in-flight micro-batches (their stage input only with recomputation, plus one layer's working set);
+and the request's reserve. :meth:`MemoryModel.simulated_memory` counts exactly that from a simulation;
+the checks before it use the schedule's in-flight counts (exact, or a lower bound) or, for merged
+schedules, the replayed warm-up, and :meth:`MemoryModel.partition_fitting` finds a partition that fits
+when the time-balanced one does not."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from planner.candidate import Candidate, gib
+from planner.cluster import Cluster
+from planner.cost import ConfigCosts, stage_infos
+from planner.partition import PartitionError, balance_by_cost, prefix_sums
+from planner.profile import ModelProfile
+from planner.request import Config, TrainingRequest
+from planner.schedules import BUILDERS, inflight_exact
+from planner.schedules.ir import Action, Schedule
+from planner.shapes import ScheduleCache, schedule_key
+from planner.simulate import SimResult
+
+
+class MemoryModel:
+    """Per-device memory of the configurations of one (profile, cluster, request); caches by value."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
+                 shapes: ScheduleCache) -> None:
+        self.profile, self.cluster, self.request, self.shapes = profile, cluster, request, shapes
+        self.total_state = profile.total_params * request.bytes_per_param
+        self._stage_states: dict[tuple, list[float]] = {}
+        self._device_states: dict[tuple, list[float]] = {}
+        self._partitions: dict[tuple, list[tuple[int, int]] | None] = {}
+        self._single_layers: dict[int, list[Any]] = {}
+        self._layer_mem: dict[int, tuple[np.ndarray, ...]] = {}
+        self._list_inflight: dict[tuple, list[dict[int, float]]] = {}
+
+    # ---- model state ---------------------------------------------------------------------------
+    def stage_state(self, costs: ConfigCosts) -> list[float]:
+        """Weights, gradients and optimizer state of one replica of each stage, plus the extra weight versions
+        of asynchronous schedules, cached per (stage ranges, t, weight versions); a device holds the sum
+        over its stage replicas."""
+        sched = costs.schedule
+        versions = tuple(sched.weight_versions) if not sched.synchronous else ()
+        key = (tuple(info.layers for info in costs.stages), costs.t, versions)
+        got = self._stage_states.get(key)
+        if got is None:
+            got = []
+            for s, info in enumerate(costs.stages):
+                v = (info.params - self._tied_in_stage(info)) * self.request.bytes_per_param / costs.t
+                if versions:
+                    v += (versions[s] - 1) * info.param_bytes / costs.t
+                got.append(v)
+            self._stage_states[key] = got
+        return got
+
+    def _tied_in_stage(self, info: Any) -> float:
+        """A tied LM head in the same stage as the embedding it copies is not a second copy."""
+        i, j = info.layers
+        kinds = {lay.kind for lay in self.profile.layers[i:j]}
+        return info.tied_params if "embedding" in kinds else 0.0
+
+    def device_state(self, config: Config, sched: Schedule, costs: ConfigCosts, costs_key: tuple) -> list[float]:
+        """Per device of ``sched``, the model state of the stage replicas it holds; ``costs_key`` names what
+        ``costs``' figures depend on (t, stages, samples, recomputation, partition)."""
+        key = (schedule_key(config, sched.microbatches), *costs_key)
+        got = self._device_states.get(key)
+        if got is None:
+            lay = self.shapes.layout(config, sched)
+            got = self._device_states[key] = np.asarray(self.stage_state(costs))[lay.stage].sum(axis=1).tolist()
+        return got
+
+    # ---- checks before simulating --------------------------------------------------------------
+    def too_big(self, cand: Candidate, activations: list[float]) -> bool:
+        """Reject before simulating when a lower bound of some device's activations already overflows its
+        memory; the candidate keeps those lower bounds as its per-device memory."""
+        cap = self.cluster.memory_bytes
+        reserve = self.request.memory_reserve_bytes
+        need = [state + act + reserve for state, act in zip(cand.state, activations, strict=True)]
+        worst = max(range(len(need)), key=lambda d: need[d])
+        if need[worst] <= cap:
+            return False
+        cand.memory = need
+        cand.reason = (f"out of memory: device {worst} needs at least {gib(need[worst])}, "
+                       f"{gib(need[worst] - cap)} over {gib(cap)} (activations counted from the schedule, "
+                       "not simulated)")
+        return True
+
+    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int
+                             ) -> tuple[bool, list[list[Action]] | None]:
+        """Chimera and Hanayo (whose in-flight counts before merging are only lower bounds): reject on
+        memory with the merged warm-up before merging everything. Returns (rejected, the warm-up's
+        lists when it was merged)."""
+        cfg = cand.config
+        module = sys.modules[BUILDERS[cfg.schedule].__module__]
+        # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
+        # its peak is a lower bound of the device's peak) and reject what already does not fit; S, 2S, then
+        # 3S slots (the merge goes on from where it stopped, and the full build after it too)
+        prefix_fn = getattr(module, "prefix", None)
+        if prefix_fn is None:
+            return False, None
+        D, S = cfg.pipeline, costs.schedule.stages
+        act = [costs.activation(s) for s in range(S)]
+        alive, peaks, seen = [0.0] * D, [0.0] * D, [0] * D
+        lists: list[list[Action]] = []
+        for slots in (S, 2 * S, 3 * S):
+            lists = prefix_fn(D, n_sched, slots, **cfg.schedule_params())
+            for d, row in enumerate(lists):
+                a_d, p_d = alive[d], peaks[d]
+                for a in row[seen[d]:]:
+                    if a.kind == "F":
+                        a_d += a.span * act[a.stage]
+                        if a_d > p_d:
+                            p_d = a_d
+                    elif a.kind in ("B", "I"):
+                        a_d -= act[a.stage]
+                alive[d], peaks[d], seen[d] = a_d, p_d, len(row)
+            if self.too_big(cand, peaks):
+                return True, None
+        return False, lists
+
+    def list_inflight(self, config: Config, sched: Schedule) -> list[dict[int, float]]:
+        """Per device and stage of the full schedule ``sched``, the most micro-batches whose activations are
+        alive at once, counted in list order as the simulator counts them (a forward adds its
+        micro-batches, B or I frees one)."""
+        key = schedule_key(config, sched.microbatches)
+        got = self._list_inflight.get(key)
+        if got is None:
+            got = []
+            for row in sched.actions:
+                alive: dict[int, float] = {}
+                peak: dict[int, float] = {}
+                for a in row:
+                    if a.kind == "F":
+                        alive[a.stage] = alive.get(a.stage, 0) + a.span
+                        if alive[a.stage] > peak.get(a.stage, 0):
+                            peak[a.stage] = alive[a.stage]
+                    elif a.kind in ("B", "I"):
+                        alive[a.stage] = alive.get(a.stage, 0) - 1
+                got.append(peak)
+            self._list_inflight[key] = got
+        return got
+
+    def simulated_memory(self, cand: Candidate, costs: ConfigCosts, res: SimResult) -> list[float]:
+        """Per device, what it needs at its peak in simulation ``res``: model state, the peak of its
+        activations, the reserve, and -- recomputing -- one layer's activations materialised again."""
+        mem = []
+        for d in range(cand.config.pipeline):
+            m = cand.state[d] + res.devices[d].peak_activations + self.request.memory_reserve_bytes
+            if cand.config.recompute:  # recomputing a layer materialises its activations once
+                m += max(costs.stages[s].max_layer_stash for _, s in costs.held[d]) * costs.base_b
+            mem.append(m)
+        return mem
+
+    # ---- a partition that fits ------------------------------------------------------------------
+    def partition_fitting(self, config: Config, sched: Schedule, samples: float,
+                          layer_costs: list[float]) -> list[tuple[int, int]] | None:
+        """For schedules with one stage per device and exact in-flight counts (GPipe, 1F1B, ZB-H1,
+        PipeDream, 2BW): the partition balancing ``layer_costs`` among those whose every device fits its
+        memory (the module docstring's terms: what :meth:`simulated_memory` counts). None when none fits."""
+        if not (sched.replicas == 1 and sched.stages == sched.devices > 1 and inflight_exact(config.schedule)):
+            return None
+        counts = self.shapes.inflight(config, sched)
+        versions = sched.weight_versions if not sched.synchronous else []
+        t, S = config.tensor, sched.stages
+        # what the memory model depends on: configurations that differ only in N beyond D share it
+        key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute)
+        if key in self._partitions:
+            return self._partitions[key]
+        cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
+        state, weights, stash, first_input, biggest = self._layer_memory(t)
+        # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows
+        # (with recomputation counting the smallest stage input), covers the model. Memory only grows as a
+        # stage takes more layers, so the greedy packing is the most any partition can cover.
+        L, start = len(self.profile.layers), 0
+        min_input = float(first_input.min())
+        for k in range(S):
+            live = counts.get((0, k), 0) * samples
+            need = state[start:] - state[start] + (versions[k] - 1 if versions else 0) * (
+                weights[start:] - weights[start])
+            if config.recompute:
+                need = need + live * min_input + biggest[start, start:] * samples
+            else:
+                need = need + live * (stash[start:] - stash[start])
+            room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]  # leave a layer per later stage
+            if room.size == 0:
+                break
+            start += int(room[-1]) + 1
+        if start < L:
+            self._partitions[key] = None
+            return None
+
+        def fits(k: int) -> np.ndarray:
+            need = state[None, :] - state[:, None]
+            if versions:
+                need = need + (versions[k] - 1) * (weights[None, :] - weights[:, None])
+            live = counts.get((0, k), 0) * samples
+            if config.recompute:
+                need = need + live * first_input + biggest * samples
+            else:
+                need = need + live * (stash[None, :] - stash[:, None])
+            return need <= cap
+
+        try:
+            bounds = balance_by_cost(layer_costs, S, fits=fits).bounds
+        except PartitionError:
+            bounds = None
+        self._partitions[key] = bounds
+        return bounds
+
+    def _layer_memory(self, t: int) -> tuple[np.ndarray, ...]:
+        """Per-layer memory figures for :meth:`partition_fitting`, cached per t: running sums of model
+        state, weights and stashed activations per sample, each layer's input per sample (a column),
+        and the largest single-layer stash per sample of every layer range."""
+        got = self._layer_mem.get(t)
+        if got is None:
+            layers = self._layer_infos(t)
+            got = self._layer_mem[t] = (
+                prefix_sums([info.params * self.request.bytes_per_param / t for info in layers]),
+                prefix_sums([info.param_bytes / t for info in layers]),
+                prefix_sums([info.stash_bytes for info in layers]),
+                np.array([info.input_bytes for info in layers] + [0.0])[:, None],
+                _range_max([info.max_layer_stash for info in layers]))
+        return got
+
+    def _layer_infos(self, t: int) -> list[Any]:
+        """:func:`planner.cost.stage_infos` of every single layer (what a stage's figures are sums of)."""
+        got = self._single_layers.get(t)
+        if got is None:
+            got = self._single_layers[t] = stage_infos(self.profile, [(i, i + 1) for i in
+                                                                      range(len(self.profile.layers))], t)
+        return got
+
+
+def _range_max(xs: list[float]) -> np.ndarray:
+    """``out[i, j]``: the largest of ``xs[i:j]`` (0 where ``j <= i``)."""
+    n = len(xs)
+    out = np.zeros((n + 1, n + 1))
+    arr = np.asarray(xs, dtype=float)
+    for i in range(n):
+        out[i, i + 1:] = np.maximum.accumulate(arr[i:])
+    return out

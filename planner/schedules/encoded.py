@@ -1,0 +1,392 @@
+"""A compute-only schedule encoded as integer arrays (:class:`EncodedSchedule`) and its fast replay
+(:func:`replay_encoded`): the compute actions are replayed and the communication :func:`lower` would add
+is implied at the points where it would put it, giving the same times, figures and timeline as
+:func:`planner.schedules.replay.replay_lowered` of ``lower(schedule)`` (``tests/test_fast_replay.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from planner.schedules.ir import (
+    ALLREDUCE,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    STEP,
+    Action,
+    B,
+    F,
+    I,
+    Schedule,
+    W,
+    allreduce_points,
+    eager_stages,
+    lowered_row,
+)
+from planner.schedules.timing import (
+    AllReduces,
+    Costs,
+    DeviceStats,
+    SimResult,
+    memoised_durations,
+    plain_number,
+)
+
+_KIND_CODE = {F: 0, B: 1, I: 2, W: 3}
+
+
+@dataclass
+class EncodedSchedule:
+    """A compute-only schedule as integer arrays for :func:`replay_encoded`.
+
+    Compute actions are numbered globally (device 0's list first). The replay keeps, per action ``j``,
+    two times in one flat list: slot ``2j`` the end of ``j`` and slot ``2j + 1`` the arrival of the
+    message ``j`` sends (when its consumer sits on another device). An action waits for at most two
+    slots, ``dep_a[j]`` then ``dep_b[j]``, in the order the lowered replay checks its inputs (the first
+    strictly latest one is its binding predecessor on the critical path): a forward for the forward of
+    the previous stage (its end, or the arrival of its message), a backward for its own forward and
+    then the gradient from the next stage, a W for its I. A missing producer is the slot
+    ``2 * len(acts)``, never filled; no input is the slot ``2 * len(acts) + 1``, filled from the start.
+    """
+
+    schedule: Schedule
+    acts: list[Action]  # by global number
+    rows: list[list[int]]  # per device, the global numbers of its list
+    dep_a: list[int]
+    dep_b: list[int]
+    peer: list[int]  # device that action j sends its output to, or -1
+    eager_at: list[dict[int, list[tuple[int, int]]]]  # per device, as allreduce_points gives them
+    at_end: list[list[tuple[int, int]]]
+    #: producer[kind * R*S*N + (r * S + s) * N + m]: the action that computes (kind, r, s, m) (kinds in
+    #: the order F, B, I, W), -1 where none does
+    producer: np.ndarray
+    #: every input an action takes from its own device is produced earlier in the device's list
+    in_order: bool
+    #: per action, what its durations depend on: one number per distinct (device, kind, stage, replica,
+    #: span), and one action that has it (``first[signature[j]]``)
+    signature: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @classmethod
+    def encode(cls, schedule: Schedule, eager: Any) -> EncodedSchedule | None:
+        """The plan, or None where the schedule is malformed (an action off its placement or out of
+        range, a unit of work done twice, an unknown kind): the lowered replay reports those.
+        Vectorised: the actions' fields become numpy columns and every rule is an array expression."""
+        D, S, N, R = schedule.devices, schedule.stages, schedule.microbatches, schedule.replicas
+        place = schedule.placement
+        if len(schedule.actions) != D or any(len(row) != S or not all(0 <= d < D for d in row)
+                                            for row in place):
+            return None
+        eager_set = eager_stages(eager, S)
+        RSN = R * S * N
+        acts: list[Action] = [a for row in schedule.actions for a in row]
+        n = len(acts)
+        lens = [len(row) for row in schedule.actions]
+        starts = np.concatenate(([0], np.cumsum(lens)))
+        rows = [list(range(int(starts[d]), int(starts[d + 1]))) for d in range(D)]
+        if n:
+            kinds, st, mb, rep, spans, _ = zip(*acts, strict=True)
+            code = _KIND_CODE
+            kc = np.array([code.get(k, -1) for k in kinds], dtype=np.int64)
+            try:
+                s_ = np.array(st, dtype=np.int64)
+                m_ = np.array(mb, dtype=np.int64)
+                r_ = np.array(rep, dtype=np.int64)
+                span = np.array(spans, dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                return None
+        else:
+            kc = s_ = m_ = r_ = span = np.zeros(0, dtype=np.int64)
+        dev = np.repeat(np.arange(D, dtype=np.int64), lens)
+        j_ = np.arange(n, dtype=np.int64)
+        ok = (kc >= 0) & (r_ >= 0) & (r_ < R) & (s_ >= 0) & (s_ < S) & (m_ >= 0) & (span >= 1) & (m_ + span <= N)
+        if not ok.all():
+            return None
+        place_a = np.array(place, dtype=np.int64).reshape(R, S)
+        if (place_a[r_, s_] != dev).any() or ((span > 1) & (kc != 0)).any():
+            return None  # off its placement, or a multi-micro-batch action that is not a forward
+        rs = r_ * S + s_
+        x = rs * N + m_
+        # producer[kind * RSN + (r * S + s) * N + m]: the action that computes (kind, r, s, m); a forward
+        # of span k computes k consecutive micro-batches
+        owner = np.repeat(j_, span)
+        cell = np.repeat(kc * RSN + x, span) + (np.arange(len(owner)) - np.repeat(starts_of(span), span))
+        if len(np.unique(cell)) != len(cell):
+            return None  # a unit of work done twice
+        producer = np.full(4 * RSN, -1, dtype=np.int64)
+        producer[cell] = owner
+        missing = 2 * n
+        none = missing + 1
+
+        # per (r, s): the device of stage s-1 / s+1 when it is another device, else -1
+        prev_peer = np.full(R * S, -1, dtype=np.int64)
+        next_peer = np.full(R * S, -1, dtype=np.int64)
+        if S > 1:
+            cross = place_a[:, 1:] != place_a[:, :-1]
+            prev_peer.reshape(R, S)[:, 1:] = np.where(cross, place_a[:, :-1], -1)
+            next_peer.reshape(R, S)[:, :-1] = np.where(cross, place_a[:, 1:], -1)
+
+        dep_a = np.full(n, none, dtype=np.int64)
+        dep_b = np.full(n, none, dtype=np.int64)
+        peer = np.full(n, -1, dtype=np.int64)
+        in_order = True
+
+        def slot_of(p: np.ndarray, message: np.ndarray | bool) -> np.ndarray:
+            return np.where(p >= 0, 2 * p + message, missing)
+
+        # forwards: the forward of stage s-1 (its end on this device, else the arrival of its message)
+        fw = kc == 0
+        sel = np.nonzero(fw & (s_ > 0))[0]
+        if sel.size:
+            p = producer[x[sel] - N]
+            multi = sel[span[sel] > 1]
+            if multi.size:  # its micro-batches must come from one forward: spans agree
+                sp = span[multi]
+                cells = np.repeat(x[multi] - N, sp) + (np.arange(sp.sum()) - np.repeat(starts_of(sp), sp))
+                if (producer[cells] != np.repeat(producer[x[multi] - N], sp)).any():
+                    return None
+            local = prev_peer[rs[sel]] < 0
+            dep_a[sel] = slot_of(p, ~local)
+            in_order &= not (local & (p > sel)).any()
+        peer[fw] = next_peer[rs[fw]]
+        # weight-gradient passes: their I
+        sel = np.nonzero(kc == 3)[0]
+        if sel.size:
+            p = producer[2 * RSN + x[sel]]
+            dep_a[sel] = slot_of(p, False)
+            in_order &= not (p > sel).any()
+        # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
+        bi = (kc == 1) | (kc == 2)
+        sel = np.nonzero(bi)[0]
+        if sel.size:
+            if ((kc[sel] == 2) & (producer[RSN + x[sel]] >= 0)).any():
+                return None  # both B and I of one micro-batch
+            p = producer[x[sel]]
+            dep_a[sel] = slot_of(p, False)
+            in_order &= not (p > sel).any()
+            inner = sel[s_[sel] < S - 1]
+            if inner.size:
+                g = producer[RSN + x[inner] + N]
+                g = np.where(g < 0, producer[2 * RSN + x[inner] + N], g)
+                local = next_peer[rs[inner]] < 0
+                dep_b[inner] = slot_of(g, ~local)
+                in_order &= not (local & (g > inner)).any()
+            peer[sel] = prev_peer[rs[sel]]
+        eager_at: list[dict[int, list[tuple[int, int]]]] = []
+        at_end: list[list[tuple[int, int]]] = []
+        held = schedule.stages_by_device()
+        for d in range(D):
+            here, end = allreduce_points(schedule, d, eager_set, held[d])
+            eager_at.append(here)
+            at_end.append(end)
+        key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
+        _, first, signature = np.unique(key, return_index=True, return_inverse=True)
+        return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
+                   producer, bool(in_order), signature.reshape(-1), first)
+
+
+def starts_of(sizes: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums of ``sizes``: where each of the concatenated runs starts."""
+    return np.cumsum(sizes) - sizes
+
+
+def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
+    """Time a compute-only schedule as :func:`replay_lowered` times ``lower(schedule)``, with the
+    communication implied by the placement; None on a deadlock.
+
+    The rules are the module docstring's, at the points where :func:`lower` puts the communication:
+    after a compute action whose output goes to another device, its send runs on the device's
+    communication stream (in list order, from the end of the action or of the previous send, whichever
+    is later) and the consumer waits for the arrival; all-reduces are posted after the last backward of
+    an eager stage and at the end of the list, a stage's collective runs once every holder has posted
+    it, and STEP waits for the device's all-reduces. Devices are swept in the same order as in the
+    lowered replay, and each goes as far as it can, so collectives and ties come out in the same order.
+    """
+    sched = plan.schedule
+    D = sched.devices
+    acts, rows, peer, at_end = plan.acts, plan.rows, plan.peer, plan.at_end
+    dep_a, dep_b = plan.dep_a, plan.dep_b
+    n = len(acts)
+
+    cost = memoised_durations()
+
+    # per action: duration, duration of its send (-1: it sends nothing), change of alive activations;
+    # computed once per distinct signature (device, kind, stage, replica, span) and spread with numpy
+    dev_of = np.repeat(np.arange(D), [len(ids) for ids in rows])
+    m = len(plan.first)
+    u_dur, u_send, u_delta = np.zeros(m), np.full(m, -1.0), np.zeros(m)
+    weight: dict[int, float] = {}
+    for u, j in enumerate(plan.first.tolist()):
+        k, s, _, r, span, _ = acts[j]
+        d = int(dev_of[j])
+        u_dur[u] = cost((k, s, span, d), costs.compute, k, s, span, d)
+        if k != W:
+            w = weight.get(s)
+            if w is None:
+                w = weight[s] = float(costs.activation(s))
+            u_delta[u] = w * span if k == F else -w
+        p = peer[j]
+        if p >= 0:
+            sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
+            u_send[u] = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
+    sig = plan.signature
+    dur: list[float] = u_dur[sig].tolist()
+    send_dur: list[float] = u_send[sig].tolist()
+    delta: list[float] = u_delta[sig].tolist()
+    is_f = [a[0] == F for a in acts]
+    eager_after: dict[int, list[tuple[int, int]]] = {}  # global number -> all-reduces posted after it
+    for d, ids in enumerate(rows):
+        for i, keys in plan.eager_at[d].items():
+            eager_after[ids[i]] = keys
+
+    comm_busy = [0.0] * D
+    ars = AllReduces(sched.placement, D, lambda s_, r_, d_: cost((ALLREDUCE, s_, r_), costs.allreduce, s_, r_, d_),
+                      comm_busy)
+    ar_times: list[list[list[float]]] = [[] for _ in range(D)]  # per device, [start, end] in post order
+
+    def post(d: int, r: int, s: int, at: float) -> None:
+        """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``)."""
+        ar_times[d].append(ars.post(d, r, s, at))
+
+    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input
+    t: list[float | None] = [None] * (2 * n + 1) + [0.0]
+    never, now = 2 * n, 2 * n + 1
+    start = [0.0] * n
+    send_start = [0.0] * n
+    cause = [-1] * n  # the binding predecessor of each action, for the critical path (-1: none)
+    t_comp = [0.0] * D
+    t_comm = [0.0] * D
+    busy = [0.0] * D
+    alive = [0.0] * D
+    peak = [0.0] * D
+    last_on = [-1] * D  # last compute action run on each device
+    pos = [0] * D
+    posted_end = [False] * D
+    step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
+    comp_end = [0.0] * D
+    last_end, last_node = -1.0, -1
+    unfinished = D
+    waiting = [now] * D  # per device, the slot it waits for (a device skips its turn until it fills)
+
+    while unfinished:
+        progressed = False
+        for d in range(D):
+            if t[waiting[d]] is None:  # still waiting for that input (or finished)
+                continue
+            row = rows[d]
+            i = pos[d]
+            nd = len(row)
+            tc, tm, prev = t_comp[d], t_comm[d], last_on[d]
+            while i < nd:
+                j = row[i]
+                ready, bind = tc, prev
+                q = dep_a[j]
+                tq = t[q]
+                if tq is not None:
+                    if tq > ready:
+                        ready, bind = tq, q >> 1
+                    q = dep_b[j]
+                    tq = t[q]
+                if tq is not None:  # every input is there: run it
+                    if tq > ready:
+                        ready, bind = tq, q >> 1
+                    du = dur[j]
+                    end = ready + du
+                    t[2 * j] = end
+                    start[j] = ready
+                    cause[j] = bind
+                    tc, prev = end, j
+                    busy[d] += du
+                    dl = delta[j]
+                    if dl:
+                        alive[d] += dl
+                        if is_f[j] and alive[d] > peak[d]:
+                            peak[d] = alive[d]
+                    if end >= last_end:
+                        last_end, last_node = end, j
+                    sd = send_dur[j]
+                    if sd >= 0:
+                        ss = end if end > tm else tm
+                        tm = ss + sd
+                        send_start[j] = ss
+                        t[2 * j + 1] = tm
+                        comm_busy[d] += sd
+                    if j in eager_after:
+                        for r, s in eager_after[j]:
+                            post(d, r, s, max(tc, tm))
+                    i += 1
+                    progressed = True
+                    continue
+                waiting[d] = q  # an input is missing: the device waits for it
+                break
+            pos[d] = i
+            t_comp[d], t_comm[d], last_on[d] = tc, tm, prev
+            if i < nd:
+                continue
+            if not posted_end[d]:
+                posted_end[d] = True
+                progressed = True
+                for r, s in at_end[d]:
+                    post(d, r, s, max(tc, tm))
+            if not ars.open[d]:
+                ss = max(tc, ars.done_on[d], tm)
+                du = cost((STEP, d), costs.step, d)
+                comp_end[d] = tc
+                t_comp[d] = ss + du
+                busy[d] += du
+                step_at[d] = (ss, ss + du)
+                waiting[d] = never
+                unfinished -= 1
+                progressed = True
+        if not progressed:
+            return None
+
+    makespan = max(max(t_comp), max(t_comm), max(ars.free)) if D else 0.0
+    stats = [DeviceStats(busy[d], makespan - busy[d], plain_number(peak[d]), comm_busy[d], comp_end[d], step_at[d])
+             for d in range(D)]
+    bubble = 1.0 - sum(busy) / (D * makespan) if makespan > 0 else 0.0
+    cf = cb = 0
+    node = last_node
+    while node >= 0:  # walk the critical path back, as _critical_counts does
+        a = acts[node]
+        if a.kind == F:
+            cf += a.span
+        elif a.kind != W:
+            cb += 1
+        node = cause[node]
+
+    def timeline() -> list[list[tuple[Action, float, float]]]:
+        """The lowered lists (as :func:`lower` writes them) with the times of the replay."""
+        out = []
+        for d, ids in enumerate(rows):
+            ars = iter(ar_times[d])
+            ci = 0  # position in ``ids`` of the next compute action
+            line: list[tuple[Action, float, float]] = []
+            row = [acts[j] for j in ids]
+            for a in lowered_row(row, d, sched.stages, sched.placement, plan.eager_at[d], at_end[d]):
+                k = a.kind
+                if k == RECV_F or k == RECV_B:  # just before its consumer: the arrival it waits for
+                    j = ids[ci]
+                    q = dep_a[j] if dep_a[j] & 1 else dep_b[j]
+                    line.append((a, t[q], t[q]))  # type: ignore[arg-type]
+                elif k == SEND_F or k == SEND_B:  # just after its producer
+                    j = ids[ci - 1]
+                    line.append((a, send_start[j], t[2 * j + 1]))  # type: ignore[arg-type]
+                elif k == ALLREDUCE:
+                    ar = next(ars)
+                    line.append((a, ar[0], ar[1]))
+                elif k == STEP:
+                    line.append((a, *step_at[d]))
+                else:
+                    j = ids[ci]
+                    ci += 1
+                    line.append((a, start[j], t[2 * j]))  # type: ignore[arg-type]
+            out.append(line)
+        return out
+
+    return SimResult(makespan, bubble, stats, cf, cb, timeline)
+

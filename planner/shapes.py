@@ -1,0 +1,107 @@
+"""The schedules of one search and what is derived from their shapes, built once and cached by value:
+per (schedule, D, schedule micro-batches, parameters) -- t, W, b and recomputation do not change the
+lists -- the shape (placement and micro-batch assignment, :func:`planner.schedules.shape`), the full
+lists, their compiled form for the simulator, the (replica, stage) pairs each device holds, the
+builder's in-flight counts, and the :class:`Layout` the memory model and the bounds read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.request import Config
+from planner.schedules import build, inflight, shape
+from planner.schedules.ir import Schedule
+from planner.simulate import compile_schedule
+
+#: (schedule name, D, schedule micro-batches, sorted parameters): what a schedule's lists depend on
+ScheduleKey = tuple[str, int, int, tuple]
+
+
+def schedule_key(config: Config, microbatches: int) -> ScheduleKey:
+    """The cache key of ``config``'s schedule with ``microbatches`` schedule micro-batches."""
+    return (config.schedule, config.pipeline, microbatches, tuple(sorted(config.schedule_params().items())))
+
+
+@dataclass
+class Layout:
+    """Which (replica, stage) pairs each device of a schedule's shape holds, as ``(devices, h)`` arrays
+    (every builder gives each device the same number ``h`` of pairs), with the micro-batches per replica
+    and the in-flight counts per pair: what the per-device memory and time bounds are computed from."""
+
+    stage: np.ndarray
+    per_mb: np.ndarray  # micro-batches of each pair's replica
+    inflight: np.ndarray  # in-flight micro-batches of each pair (exact, or a lower bound)
+
+
+class ScheduleCache:
+    """Schedules and their shape-derived figures, keyed by :func:`schedule_key`."""
+
+    def __init__(self) -> None:
+        self._schedules: dict[ScheduleKey, Schedule] = {}
+        self._shapes: dict[ScheduleKey, Schedule] = {}
+        self._compiled: dict[ScheduleKey, Any] = {}
+        self._pairs: dict[ScheduleKey, list[list[tuple[int, int]]]] = {}
+        self._inflight: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
+        self._layouts: dict[ScheduleKey, Layout] = {}
+
+    def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
+        """The schedule of ``config`` with ``microbatches`` schedule micro-batches. ``full=False`` may leave
+        the action lists empty (placement and micro-batch assignment only, :func:`planner.schedules.shape`)."""
+        key = schedule_key(config, microbatches)
+        sched = self._schedules.get(key)
+        if sched is None and not full:
+            sched = self._shapes.get(key)
+            if sched is None:
+                sched = self._shapes[key] = shape(config.schedule, config.pipeline, microbatches,
+                                                  **config.schedule_params())
+        elif sched is None:
+            sched = self._schedules[key] = build(config.schedule, config.pipeline, microbatches,
+                                                 **config.schedule_params())
+        return sched
+
+    def compiled(self, config: Config, sched: Schedule) -> Any:
+        """:func:`planner.simulate.compile_schedule` of ``config``'s full schedule ``sched``."""
+        key = schedule_key(config, sched.microbatches)
+        got = self._compiled.get(key)
+        if got is None:
+            got = self._compiled[key] = compile_schedule(sched)
+        return got
+
+    def pairs(self, config: Config, sched: Schedule) -> list[list[tuple[int, int]]]:
+        """Per device of ``sched``'s shape, the (replica, stage) pairs it holds."""
+        key = schedule_key(config, sched.microbatches)
+        got = self._pairs.get(key)
+        if got is None:
+            got = self._pairs[key] = sched.stages_by_device()
+        return got
+
+    def inflight(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
+        """:func:`planner.schedules.inflight` of ``sched``'s shape: per (replica, stage), the micro-batches
+        alive at once (exact, or a lower bound: :func:`planner.schedules.inflight_exact`)."""
+        key = schedule_key(config, sched.microbatches)
+        got = self._inflight.get(key)
+        if got is None:
+            got = self._inflight[key] = inflight(config.schedule, sched.devices, sched.microbatches,
+                                                 **config.schedule_params()) or {}
+        return got
+
+    def layout(self, config: Config, sched: Schedule) -> Layout:
+        """:class:`Layout` of ``sched``'s shape."""
+        key = schedule_key(config, sched.microbatches)
+        got = self._layouts.get(key)
+        if got is None:
+            pairs = self.pairs(config, sched)
+            h = len(pairs[0])
+            if any(len(row) != h for row in pairs) or h == 0:
+                raise ValueError(f"{sched.name}: devices hold different numbers of stages")
+            counts = self.inflight(config, sched)
+            per_mb = Counter(sched.mb_replica)
+            got = self._layouts[key] = Layout(
+                np.array([[s for _, s in row] for row in pairs], dtype=np.int64),
+                np.array([[per_mb[r] for r, _ in row] for row in pairs], dtype=float),
+                np.array([[counts.get(pair, 0) for pair in row] for row in pairs], dtype=float))
+        return got
