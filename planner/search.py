@@ -236,6 +236,7 @@ class Planner:
                 rejected[reason_key(cand.reason)] += 1
                 if cand.memory:
                     infeasible.append(cand)
+                    _keep_best(infeasible, k)
                 continue
             prepared.append((cand.lower_bound, i, cand, costs))
         considered = len(prepared)
@@ -245,7 +246,7 @@ class Planner:
         # best time found, which only falls as the search goes on.
         heapq.heapify(prepared)
         best: list[tuple[float, int]] = []  # max-heap of (-time, -index) of the k best fitting
-        results: list[Candidate] = []
+        results: list[Candidate] = []  # the k best fitting and the k best infeasible, kept bounded below
         simulated = 0
         while prepared:
             lb, i, cand, costs = heapq.heappop(prepared)
@@ -270,12 +271,29 @@ class Planner:
             else:
                 rejected[reason_key(cand.reason)] += 1
                 infeasible.append(cand)
-        results.sort(key=lambda c: (c.iteration_time, c.config.label()))
-        infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
+            # memory that does not grow with the candidates seen: a simulated candidate holds its timeline
+            # and schedule, so only the k best of each list are kept (the same k the end returns)
+            _keep_best(results, k)
+            _keep_best(infeasible, k)
+        results.sort(key=_rank_key)
+        infeasible.sort(key=_rank_key)
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
                           simulated=simulated, considered=considered)
+
+
+def _rank_key(c: Candidate) -> tuple[float, str]:
+    return (c.iteration_time, c.config.label())
+
+
+def _keep_best(cands: list[Candidate], k: int) -> None:
+    """Trim ``cands`` to its ``k`` best by :func:`_rank_key`: the lists the search keeps hold at most ``k + 1``
+    candidates whatever the number of configurations (a sort of ``k + 1`` per simulated candidate, small
+    beside the simulation), and the ``k`` kept are the ones a full sort at the end would give."""
+    if len(cands) > k:
+        cands.sort(key=_rank_key)
+        del cands[k:]
 
 
 @contextmanager
