@@ -533,3 +533,36 @@ def test_a_repeated_result_after_success_is_answered_as_such(client) -> None:  #
     _, other = _worker(client, "other")
     r = client.post(f"/jobs/{job['id']}/result", json=body, headers=other)
     assert r.status_code == 409 and "already has a result" in r.json()["detail"]
+
+
+# ---- High: a search whose memory does not grow with the configurations it sees ------------------------------
+
+def test_search_keeps_a_bounded_number_of_full_schedules_and_candidates(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import planner.search as search
+    from planner.cluster import Cluster
+    from planner.profile import ModelProfile
+    from planner.request import TrainingRequest
+    from planner.shapes import FULL_SCHEDULES_KEPT
+
+    kept: list[int] = []
+    real = search._keep_best
+
+    def spy(cands: list[Any], k: int) -> None:
+        real(cands, k)
+        kept.append(len(cands))
+
+    monkeypatch.setattr(search, "_keep_best", spy)
+    prof = ModelProfile.model_validate(tiny_profile(layers=8))
+    cl = Cluster.model_validate(tiny_cluster(8, 2))
+    req = TrainingRequest(global_batch=512, top=3)
+    planner = search.Planner(prof, cl, req)
+    res = planner.search(prune=False)  # every configuration simulated: many (schedule, D, N) keys
+    assert res.simulated > 4 * FULL_SCHEDULES_KEPT
+    assert len(planner.shapes._schedules) <= FULL_SCHEDULES_KEPT
+    assert len(planner.shapes._compiled) <= FULL_SCHEDULES_KEPT
+    assert kept and max(kept) <= req.top  # the lists the search holds never pass k
+    # and the ranking is the one a search keeping everything gives
+    monkeypatch.setattr(search, "_keep_best", lambda cands, k: None)
+    full = search.Planner(prof, cl, req).search(prune=False)
+    assert [c.config.label() for c in res.candidates] == [c.config.label() for c in full.candidates]
+    assert [c.config.label() for c in res.infeasible] == [c.config.label() for c in full.infeasible]
