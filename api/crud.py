@@ -1,20 +1,20 @@
 """Database operations of the API (no HTTP here): create, list, get and delete of profiles, clusters, plans,
-jobs and workers, and the predicted-vs-measured comparison. The lease state machines are apart: jobs in
-:mod:`api.jobqueue`, plans in :mod:`api.planqueue`."""
+jobs and workers. Apart: the lease state machines (jobs :mod:`api.jobqueue`, plans :mod:`api.planqueue`),
+the predicted-vs-measured comparison (:mod:`api.comparison`), the gauges (:mod:`api.metrics`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import secrets
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from api.errors import Busy, Conflict, InputError, NotFound
-from api.jobqueue import _event, get_job
+from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
@@ -211,7 +211,7 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"],
               iterations=spec["iterations"], emulate=spec["emulate"], state="queued", attempts=0,
               max_attempts=spec.get("max_attempts") or default_attempts, history=[])
-    _event(job, "created")
+    record_event(job, "created")
     db.add(job)
     db.flush()
     return job
@@ -244,39 +244,6 @@ def job_candidate(db: Session, job: Job) -> dict[str, Any]:
     row = db.scalar(select(CandidateRow).where(CandidateRow.plan_id == job.plan_id,
                                                CandidateRow.rank == job.candidate_index))
     return row.body if row is not None else {}
-
-
-def _rel(pred: float | None, meas: float | None) -> float | None:
-    if pred is None or meas is None or pred == 0:
-        return None
-    return (meas - pred) / pred
-
-
-def comparison(db: Session, job_id: int) -> dict[str, Any]:
-    """Predicted vs measured, field by field, with relative errors (measured ones None until a result)."""
-    job = get_job(db, job_id)
-    cand = job_candidate(db, job)
-    res = db.scalar(select(Result).where(Result.job_id == job_id))
-    it_m = res.iteration_time if res else None
-    gb = cand.get("global_batch") or None
-    thr_m = gb / it_m if (gb and it_m) else None
-    rows = [("iteration_time", cand.get("iteration_time"), it_m),
-            ("throughput", cand.get("throughput"), thr_m),
-            ("bubble_ratio", cand.get("bubble_ratio"), res.bubble_ratio if res else None)]
-    devices = []
-    mem = cand.get("memory") or []
-    for d, dev in enumerate(res.devices if res else []):
-        entry = dict(dev)
-        peak = dev.get("peak_memory")
-        if d < len(mem) and isinstance(peak, int | float):
-            entry["predicted_peak_memory"] = mem[d]
-            entry["peak_memory_relative_error"] = _rel(mem[d], float(peak))
-        devices.append(entry)
-    return {"job_id": job.id, "plan_id": job.plan_id, "candidate_index": job.candidate_index,
-            "label": cand.get("label", ""), "state": job.state, "emulated": res.emulated if res else None,
-            "fields": [{"field": f, "predicted": p, "measured": m, "relative_error": _rel(p, m)}
-                       for f, p, m in rows],
-            "devices": devices}
 
 
 # ---- workers --------------------------------------------------------------------------------------------
@@ -338,16 +305,6 @@ def list_workers(db: Session, limit: int, offset: int) -> list[Worker]:
 def alive(worker: Worker, alive_seconds: float, now: datetime | None = None) -> bool:
     now = now or datetime.now(UTC)
     return (now - worker.last_heartbeat).total_seconds() <= alive_seconds
-
-
-def counts(db: Session, alive_seconds: float) -> dict[str, dict[str, int]]:
-    """Jobs by state, plans by status, workers alive: the /metrics gauges."""
-    jobs = {s: n for s, n in db.execute(select(Job.state, func.count()).group_by(Job.state))}
-    plans = {s: n for s, n in db.execute(select(PlanRequest.status, func.count()).group_by(PlanRequest.status))}
-    cutoff = utcnow() - timedelta(seconds=alive_seconds)
-    n_alive = db.scalar(select(func.count()).select_from(Worker).where(Worker.last_heartbeat >= cutoff)) or 0
-    n_all = db.scalar(select(func.count()).select_from(Worker)) or 0
-    return {"jobs": jobs, "plans": plans, "workers": {"alive": n_alive, "registered": n_all}}
 
 
 # ---- candidate timelines (stored apart from the candidates) ------------------------------------------

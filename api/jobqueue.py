@@ -23,7 +23,7 @@ from api.errors import Conflict
 from db.models import Job, Result, finite, utcnow
 
 
-def _event(job: Job, event: str, **kw: Any) -> None:
+def record_event(job: Job, event: str, **kw: Any) -> None:
     job.history = [*(job.history or []), {"at": utcnow().isoformat(), "event": event, **kw}]
 
 
@@ -45,7 +45,7 @@ def cancel_job(db: Session, job_id: int) -> Job:
     if res.rowcount != 1:
         raise Conflict(f"job {job_id} changed state meanwhile; retry")
     db.refresh(job)
-    _event(job, "cancelled")
+    record_event(job, "cancelled")
     return job
 
 
@@ -69,7 +69,7 @@ def expire_leases(db: Session, now: datetime | None = None) -> list[int]:
                                            Job.lease_expires_at == lease).values(**values))
         if res.rowcount == 1:
             db.refresh(job)
-            _event(job, "lease_expired", worker_id=worker, requeued=not give_up)
+            record_event(job, "lease_expired", worker_id=worker, requeued=not give_up)
             changed.append(job.id)
     return changed
 
@@ -99,7 +99,7 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float) -> Job | None:
             return None
         db.execute(update(Job).where(Job.id == job.id).values(**values))
         db.refresh(job)
-        _event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
+        record_event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
         return job
     for _ in range(100):  # bounded: each lost race means another claimer took a job
         ids = list(db.scalars(select(Job.id).where(Job.state == "queued").order_by(Job.id).limit(8)))
@@ -110,7 +110,7 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float) -> Job | None:
             if res.rowcount == 1:
                 job = get_job(db, jid)
                 db.refresh(job)
-                _event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
+                record_event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
                 return job
     return None
 
@@ -148,7 +148,7 @@ def release_job(db: Session, job_id: int, worker_id: int, reason: str = "release
     if res.rowcount != 1:
         raise Conflict(f"job {job_id} changed state meanwhile")
     db.refresh(job)
-    _event(job, "released", worker_id=worker_id, reason=reason)
+    record_event(job, "released", worker_id=worker_id, reason=reason)
     return job
 
 
@@ -156,7 +156,7 @@ def fail_job(db: Session, job_id: int, worker_id: int, error: str, log_tail: str
     job = _held(db, job_id, worker_id)
     job.state, job.error, job.log_tail = "failed", error, log_tail
     job.finished_at, job.lease_expires_at = utcnow(), None
-    _event(job, "failed", worker_id=worker_id)
+    record_event(job, "failed", worker_id=worker_id)
     return job
 
 
@@ -180,6 +180,6 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
     if done.rowcount != 1:
         raise Conflict(f"job {job_id} changed state meanwhile: the lease was lost")
     db.refresh(job)
-    _event(job, "succeeded", worker_id=worker_id)
+    record_event(job, "succeeded", worker_id=worker_id)
     db.flush()
     return res, True

@@ -4,11 +4,13 @@ its own (the planner is CPU-bound Python: in the API process it would hold the G
 Each planner process
 
 * comes from a forkserver that has the planner imported, so starting one is cheap;
-* has an address-space limit (``RLIMIT_AS``, ``PIPEPLAN_PLAN_MEMORY_BYTES`` on top of what it starts with):
-  a request that would take the host's memory fails with a message naming the setting, the API lives on;
+* has an address-space limit (``RLIMIT_AS``, ``PIPEPLAN_PLAN_MEMORY_BYTES``, which bounds its resident
+  memory too): a request that would take the host's memory fails with a message naming the setting, and
+  the API lives on;
 * dies with the API: ``PR_SET_PDEATHSIG`` kills it when its parent (the forkserver, which exits when the
   API process does, even on ``kill -9``) goes away; Ctrl-C and SIGTERM of the process group are ignored
   by it, the API stops it itself;
+* runs at a lower CPU priority (``nice`` 10) than the API, which answers first when the cores are busy;
 * is killed past its timeout.
 
 Durable: the plan row is the queue and its lease says who runs it (:mod:`api.planqueue`). The runner renews
@@ -43,6 +45,8 @@ log = logging.getLogger("pipeplan.api.plans")
 
 _CTX: Any = None
 PR_SET_PDEATHSIG = 1
+#: planner processes run at a lower CPU priority than the API process (``nice``)
+PLANNER_NICENESS = 10
 
 
 def _context() -> Any:
@@ -95,9 +99,10 @@ def address_space() -> int:
         return 0
 
 
-def limit_memory(extra: int) -> int:
-    """Limit this process's address space to what it has now plus ``extra`` bytes; the limit set."""
-    limit = address_space() + extra
+def limit_memory(total: int) -> int:
+    """Limit this process's address space to ``total`` bytes (at least 64 MiB more than it has now, so that
+    it can report a failure); the limit set. Resident memory never exceeds it."""
+    limit = max(total, address_space() + 64 * 2**20)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
@@ -109,6 +114,10 @@ def _child(conn: Any, task: str, args: tuple[Any, ...], memory: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C of the terminal: the API stops us itself
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.getppid()
+    try:
+        os.nice(PLANNER_NICENESS)  # the API process (and /health) go first when the cores are busy planning
+    except OSError:
+        pass
     die_with_parent()
     if os.getppid() != parent:  # the parent died before the death signal was armed
         os._exit(1)
@@ -117,7 +126,7 @@ def _child(conn: Any, task: str, args: tuple[Any, ...], memory: int) -> None:
             limit_memory(memory)
         conn.send(("ok", TASKS[task](*args)))
     except MemoryError:
-        conn.send(("error", f"the planner ran out of memory: a planner process may use {memory / 2**30:.1f} GiB "
+        conn.send(("error", f"the planner ran out of memory: a planner process may use {memory / 2**30:.2f} GiB "
                             "(PIPEPLAN_PLAN_MEMORY_BYTES); ask for fewer GPUs, a smaller global batch or fewer "
                             "micro-batch sizes"))
     except (ValueError, ArithmeticError) as e:  # the planner's way of saying "this request cannot be planned"

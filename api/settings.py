@@ -43,9 +43,9 @@ class Settings:
     max_cluster_gpus: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_CLUSTER_GPUS", 65536))
     #: GPUs one plan may use (the budget, or the whole cluster when no budget is given)
     max_plan_gpus: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_PLAN_GPUS", 16384))
-    #: address space a planner process may add to what it starts with (RLIMIT_AS); past it the plan fails
-    #: with a message naming this setting, and the API goes on
-    plan_memory_bytes: int = field(default_factory=lambda: _int("PIPEPLAN_PLAN_MEMORY_BYTES", 2 * 2**30))
+    #: address space of a planner process (RLIMIT_AS; it bounds its resident memory too; a process starts
+    #: with about 180 MiB); past it the plan fails with a message naming this setting, and the API goes on
+    plan_memory_bytes: int = field(default_factory=lambda: _int("PIPEPLAN_PLAN_MEMORY_BYTES", 1536 * 2**20))
     #: a running plan's lease: renewed while its planner process runs; an API that dies stops renewing,
     #: and another API (or the restarted one) runs the plan again once the lease is over
     plan_lease_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_LEASE_SECONDS", 30.0))

@@ -16,6 +16,7 @@ Figures only, no pass/fail: the machine it runs on (and its load) says what they
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -59,6 +61,19 @@ def rss_mb(pid: int) -> float:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def poll_health(url: str, seconds: float, out: Any) -> None:
+    """GET /health every 50 ms for ``seconds``; put the latencies (s) on ``out``."""
+    got = []
+    end = time.monotonic() + seconds
+    with httpx.Client(base_url=url, timeout=30) as hc:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            hc.get("/health")
+            got.append(time.perf_counter() - t0)
+            time.sleep(0.05)
+    out.put(got)
 
 
 def main() -> None:
@@ -100,13 +115,6 @@ def run(url: str, server_pid: int, clients: int, seconds: float) -> None:
     peak = {"planner_mb": 0.0, "api_mb": 0.0}
     lock = threading.Lock()
 
-    def poll_health() -> None:
-        with httpx.Client(base_url=url, timeout=30) as hc:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                hc.get("/health")
-                health.append(time.perf_counter() - t0)
-                time.sleep(0.05)
 
     def watch_memory() -> None:
         while not stop.is_set():
@@ -129,11 +137,17 @@ def run(url: str, server_pid: int, clients: int, seconds: float) -> None:
                     stop.wait(min(float(r.headers.get("Retry-After", "1")), 2.0))
                 n += 1
 
-    threads = [threading.Thread(target=poll_health), threading.Thread(target=watch_memory)]
+    # /health is timed from a process of its own: the client threads here would hold its GIL
+    prober = mp.get_context("spawn")
+    results = prober.Queue()
+    probe = prober.Process(target=poll_health, args=(url, seconds, results))
+    probe.start()
+    threads = [threading.Thread(target=watch_memory)]
     threads += [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for th in threads:
         th.start()
-    time.sleep(seconds)
+    health.extend(results.get(timeout=seconds + 120))
+    probe.join(30)
     stop.set()
     for th in threads:
         th.join(120)

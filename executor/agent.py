@@ -9,7 +9,8 @@ The API being briefly unreachable (restart) is retried, not fatal.
 
 Credentials: the token the agent starts with (``$PIPEPLAN_WORKER_TOKEN`` or a file) only registers it;
 the API answers with this worker's own credential, which every later request carries, and which is kept
-in ``<workdir>/credential`` (mode 0600) so that a restarted agent of the same name is the same worker.
+in ``<workdir>/credential`` (mode 0600, with the name it registered) so that a restarted agent is the same
+worker. A name registered to another credential is not taken over: the agent registers as ``NAME-xxxxxx``.
 No token reaches the run: its environment is the agent's without ``PIPEPLAN_*TOKEN*`` variables.
 
 The run dies with the agent: it starts under :mod:`executor.runguard`, which holds a pipe from the agent
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -89,13 +91,18 @@ class Agent:
 
     @property
     def credential_file(self) -> Path:
-        return self.workdir / "credential"
+        return self.workdir / "credential"  # (workdir is per name: a renamed agent keeps using this one)
 
     def register(self) -> int:
         """Register (with the saved credential of this name if there is one, else the registration token)
         and use the worker's own credential from then on."""
+        saved = None
+        try:
+            kept = json.loads(self.credential_file.read_text())
+            saved, self.name = kept["token"], kept.get("name") or self.name
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
         body = {"name": self.name, "node": self.node, "gpus": self.gpus, "device_type": self.device_type}
-        saved = self.credential_file.read_text().strip() if self.credential_file.is_file() else None
         r = None
         if saved:
             r = self._request("POST", "/workers", json=body, headers={"Authorization": f"Bearer {saved}"})
@@ -104,8 +111,11 @@ class Agent:
         if r is None:
             r = self._request("POST", "/workers", json=body,
                               headers={"Authorization": f"Bearer {self.registration_token}"})
-        if r.status_code == 409:
-            raise RuntimeError(f"cannot register as {self.name!r}: {r.json().get('detail', r.text)}")
+        if r.status_code == 409:  # the name belongs to a worker whose credential this agent lacks: a new name
+            taken, self.name = self.name, f"{self.name}-{secrets.token_hex(3)}"
+            log.warning("worker name %r is registered to another credential; registering as %r", taken, self.name)
+            r = self._request("POST", "/workers", json={**body, "name": self.name},
+                              headers={"Authorization": f"Bearer {self.registration_token}"})
         r.raise_for_status()
         data = r.json()
         credential = data.get("token") or saved
@@ -115,7 +125,7 @@ class Agent:
             self.workdir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.credential_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(credential + "\n")
+                json.dump({"name": self.name, "token": credential}, f)
         self.client.headers["Authorization"] = f"Bearer {credential}"
         self.worker_id = int(data["id"])
         log.info("registered as worker %d (%s)", self.worker_id, self.name)

@@ -114,8 +114,9 @@ def test_limits_are_in_the_openapi_schema_and_the_probes_request_is_refused(clie
 
 
 def test_planner_memory_limit_fails_the_plan_clearly_and_the_api_lives_on(db_url: str) -> None:
-    # a 1F1B schedule of 4 stages x 65536 micro-batches alone takes ~100 MB: over a 32 MiB allowance
-    with _app(db_url, plan_memory_bytes=32 * 2**20, plan_wait_seconds=60) as c:
+    # a planner process starts with ~180 MiB of address space; a 1F1B schedule of 4 stages x 65536
+    # micro-batches alone takes ~100 MB more: over a 256 MiB limit
+    with _app(db_url, plan_memory_bytes=256 * 2**20, plan_wait_seconds=60) as c:
         pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
         cid = c.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
         r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 65536,
@@ -566,3 +567,22 @@ def test_search_keeps_a_bounded_number_of_full_schedules_and_candidates(monkeypa
     full = search.Planner(prof, cl, req).search(prune=False)
     assert [c.config.label() for c in res.candidates] == [c.config.label() for c in full.candidates]
     assert [c.config.label() for c in res.infeasible] == [c.config.label() for c in full.infeasible]
+
+
+def test_a_restarted_agent_is_the_same_worker_and_a_taken_name_is_not_taken_over(client, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from executor.agent import Agent
+
+    def agent(name: str, workdir: Path) -> Agent:
+        a = Agent("http://testserver", "worker-secret-token", name=name, workdir=workdir)
+        a.client = client  # the TestClient speaks to the app in this process
+        a.client.headers.pop("Authorization", None)
+        return a
+
+    first = agent("node-1", tmp_path / "one")
+    wid = first.register()
+    kept = json.loads((tmp_path / "one" / "credential").read_text())
+    assert kept["name"] == "node-1" and kept["token"].startswith("pw_")
+    assert oct((tmp_path / "one" / "credential").stat().st_mode & 0o777) == "0o600"
+    assert agent("node-1", tmp_path / "one").register() == wid  # restarted: the same worker
+    other = agent("node-1", tmp_path / "two")  # another machine that says it is node-1
+    assert other.register() != wid and other.name.startswith("node-1-")

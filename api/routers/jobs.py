@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 
 from api import crud, jobqueue
+from api.comparison import comparison
 from api.deps import DB, Admin, Read, SettingsDep, WorkerAuth, as_worker
 from api.routers.common import IdPath, Limit, Offset, job_out, result_out
 from api.schemas import Comparison, FailureIn, JobCreate, JobOut, LeaseOut, Message, ResultIn, ResultOut, WorkerRef
@@ -86,7 +87,7 @@ def get_result(job_id: IdPath, db: DB):  # noqa: ANN201
 def get_comparison(job_id: IdPath, db: DB):  # noqa: ANN201
     """Predicted vs measured, field by field with relative errors; measured values are null until the job
     has a result."""
-    return crud.comparison(db, job_id)
+    return comparison(db, job_id)
 
 
 @router.get("/{job_id}/timelines", dependencies=[Read], responses=ERR)
