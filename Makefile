@@ -38,7 +38,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/simulate_bench.py
 
-# the API on 127.0.0.1:8000 (SQLite under data/) with one local CPU agent; dev tokens unless set
+# the API on 127.0.0.1:8000 (SQLite under data/) with one local CPU agent; dev tokens unless set;
+# another port: make serve PORT=8123
+PORT ?= 8000
 PIPEPLAN_ADMIN_TOKEN ?= dev-admin-token
 PIPEPLAN_WORKER_TOKEN ?= dev-worker-token
 PIPEPLAN_OPEN_READS ?= 1
@@ -47,7 +49,7 @@ serve: $(STAMP)
 	$(BIN)/python -m pipeplan.cli seed
 	@echo "admin token: $(PIPEPLAN_ADMIN_TOKEN)  worker token: $(PIPEPLAN_WORKER_TOKEN)"
 	PIPEPLAN_ADMIN_TOKEN=$(PIPEPLAN_ADMIN_TOKEN) PIPEPLAN_WORKER_TOKEN=$(PIPEPLAN_WORKER_TOKEN) \
-	PIPEPLAN_OPEN_READS=$(PIPEPLAN_OPEN_READS) $(BIN)/python -m pipeplan.cli serve --host 127.0.0.1 --port 8000 --agent
+	PIPEPLAN_OPEN_READS=$(PIPEPLAN_OPEN_READS) $(BIN)/python -m pipeplan.cli serve --host 127.0.0.1 --port $(PORT) --agent
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

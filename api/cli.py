@@ -28,11 +28,15 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"database {shown} at revision {rev}")
 
     @app.command("seed")
-    def seed_cmd(url: Annotated[str | None, typer.Option(help="database URL")] = None) -> None:
-        """Store the example clusters and analytic profiles of a few presets (idempotent)."""
+    def seed_cmd(url: Annotated[str | None, typer.Option(help="database URL")] = None,
+                 measure: Annotated[bool, typer.Option(
+                     "--measure/--no-measure", help="also profile gpt-tiny on this CPU (seconds; once)")] = True,
+                 ) -> None:
+        """Store the example clusters, analytic profiles of a few presets and a gpt-tiny profile measured on
+        this CPU (idempotent)."""
         from api.seed import seed
 
-        out = seed(url)
+        out = seed(url, measure=measure)
         for kind, rows in out.items():
             for name, rid, created in rows:
                 typer.echo(f"{kind[:-1]:8} {rid:4} {name}{'' if created else ' (already there)'}")
@@ -52,7 +56,7 @@ def register(app: typer.Typer) -> None:
         if upgrade_db:
             db_upgrade_cmd(None)
         if seed_db:
-            seed_cmd(None)
+            seed_cmd(None, True)
         base = f"http://{host}:{port}"
         typer.echo(f"pipeplan API on {base}  (OpenAPI: {base}/docs, metrics: {base}/metrics, health: {base}/health)")
         proc = None

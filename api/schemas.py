@@ -230,6 +230,7 @@ class PlanOut(PlanSummary):
     evaluated: int | None = None
     simulated: int | None = None
     considered: int | None = None
+    warnings: list[str] = Field(default_factory=list, description="e.g. the profile's device is not the cluster's")
 
 
 # ---- jobs and workers ------------------------------------------------------------------------------

@@ -31,8 +31,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.analytic import PRESETS, transformer_profile  # noqa: E402
+from planner.analytic import analytic_profile  # noqa: E402
 from planner.cluster import load_cluster  # noqa: E402
+from planner.device import device_for_cluster  # noqa: E402
+from planner.model import PRESETS  # noqa: E402
 
 
 def _port() -> int:
@@ -115,8 +117,7 @@ def main() -> None:
         proc, url = start_server(Path(tmp), a.token)
     try:
         cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-a100-80gb.json")
-        L, h, heads, s, V, enc = PRESETS["gpt2-1.3b"]
-        prof = transformer_profile("gpt2-1.3b", L, h, heads, s, V, cl.peak_flops, cl.device, encoder=enc)
+        prof = analytic_profile(PRESETS["gpt2-1.3b"], device_for_cluster(cl))
         H = {"Authorization": f"Bearer {a.token}"}
         pid = httpx.post(url + "/profiles", json=prof.model_dump(mode="json"), headers=H).json()["id"]
         cid = httpx.post(url + "/clusters", json=cl.model_dump(mode="json"), headers=H).json()["id"]

@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.api_bench import start_server  # noqa: E402
-from planner.analytic import PRESETS, transformer_profile  # noqa: E402
+from planner.analytic import analytic_profile  # noqa: E402
 from planner.cluster import load_cluster  # noqa: E402
+from planner.device import device_for_cluster  # noqa: E402
+from planner.model import PRESETS  # noqa: E402
 
 TOKEN = "bench-admin-token"
 
@@ -97,8 +99,7 @@ def run(url: str, server_pid: int, clients: int, seconds: float) -> None:
     h = {"Authorization": f"Bearer {TOKEN}"}
     c = httpx.Client(base_url=url, headers=h, timeout=60)
     cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-a100-80gb.json").model_copy(update={"nodes": 8192})
-    L, hid, a, s, V, enc = PRESETS["gpt2-1.3b"]
-    prof = transformer_profile("gpt2-1.3b", L, hid, a, s, V, cl.peak_flops, cl.device, encoder=enc)
+    prof = analytic_profile(PRESETS["gpt2-1.3b"], device_for_cluster(cl))
     pid = c.post("/profiles", json=prof.model_dump(mode="json")).json()["id"]
     r = c.post("/clusters", json=cl.model_dump(mode="json"))
     print(f"cluster of 8192 x 8 GPUs: {r.status_code}")

@@ -10,8 +10,10 @@ import argparse
 import time
 from pathlib import Path
 
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
+from planner.device import device_for_cluster
+from planner.model import PRESETS
 from planner.request import TrainingRequest
 from planner.search import plan
 
@@ -26,8 +28,7 @@ def main() -> None:
     ap.add_argument("--async", dest="allow_async", action="store_true", help="include PipeDream and 2BW")
     args = ap.parse_args()
     cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-a100-80gb.json")
-    L, h, a, s, V, _ = PRESETS["gpt3-175b"]
-    prof = transformer_profile("gpt3-175b", L, h, a, s, V, cl.peak_flops, cl.device)
+    prof = analytic_profile(PRESETS["gpt3-175b"], device_for_cluster(cl))
     req = TrainingRequest(global_batch=args.batch, gpus=args.gpus, top=args.top, allow_async=args.allow_async)
     t0 = time.perf_counter()
     res = plan(prof, cl, req)

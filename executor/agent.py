@@ -24,7 +24,6 @@ import logging
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -45,8 +44,8 @@ def default_run_command() -> list[str]:
     env = os.environ.get("PIPEPLAN_RUN_COMMAND")
     if env:
         return shlex.split(env)
-    exe = shutil.which("pipeplan")
-    return [exe, "run"] if exe else [sys.executable, "-m", "pipeplan.cli", "run"]
+    # the agent's own interpreter, hence its checkout: a `pipeplan` found on PATH may be another one's
+    return [sys.executable, "-m", "pipeplan.cli", "run"]
 
 
 class LeaseLost(RuntimeError):
@@ -62,7 +61,10 @@ class Agent:
         self.name = name or f"{self.node}-{os.getpid()}"
         self.gpus, self.device_type = gpus, device_type
         self.run_command = run_command or default_run_command()
-        self.workdir = Path(workdir or Path("data") / "agent" / self.name)
+        # absolute: the run is started with cwd= its job directory, where a relative path would be looked up
+        # a second time (issue 13: every job from `make serve` failed reading data/agent/.../plan.json)
+        data = Path(os.environ.get("PIPEPLAN_DATA_DIR", "data"))  # where the API's SQLite database goes too
+        self.workdir = Path(workdir or data / "agent" / self.name).resolve()
         self.poll, self.heartbeat_interval = poll, heartbeat
         self.retry_for = retry_for
         self.registration_token = token

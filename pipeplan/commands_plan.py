@@ -12,14 +12,19 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, WavesOpt, fail
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
 from planner.cluster import Cluster, load_cluster
+from planner.device import find_device
+from planner.equivalence import schedule_label
+from planner.mismatch import device_warnings
+from planner.model import PRESETS, ModelSpec
+from planner.operators import OperatorOptions
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
 from planner.search import Candidate, plan, predict
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-DEVICES = {  # --device of profile-analytic -> example cluster file (peak FLOP/s and device name)
+DEVICES = {  # --device of profile-analytic -> example cluster file (its device names the description)
     "a100-80gb": "dgx-a100-80gb", "h100-80gb": "dgx-h100-80gb", "v100-32gb": "dgx1-v100-32gb",
     "p100-16gb": "piz-daint-p100-16gb",
 }
@@ -46,17 +51,23 @@ def _request(**kw: object) -> TrainingRequest:
 
 def _table(cands: list[Candidate], title: str) -> Table:
     t = Table(title=title)
+    alternatives = any(c.alternatives for c in cands)
     for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
-                "peak mem (GiB)"):
-        t.add_column(col, justify="right" if col not in ("schedule",) else "left")
+                "peak mem (GiB)", *(["the same as"] if alternatives else [])):
+        t.add_column(col, justify="left" if col in ("schedule", "the same as") else "right")
     for i, c in enumerate(cands):
         cfg = c.config
-        extra = ",".join(f"{k}={v}" for k, v in cfg.schedule_params().items())
         t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data), str(cfg.micro_batch),
-                  str(c.microbatches), cfg.schedule + (f"({extra})" if extra else ""),
+                  str(c.microbatches), c.name or schedule_label(cfg),
                   "yes" if cfg.recompute else "", f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
-                  f"{c.bubble_ratio:.3f}", f"{max(c.memory, default=0) / 2**30:.1f}")
+                  f"{c.bubble_ratio:.3f}", f"{max(c.memory, default=0) / 2**30:.1f}",
+                  *([", ".join(c.alternatives)] if alternatives else []))
     return t
+
+
+def _warn(console: Console, warnings: list[str]) -> None:
+    for w in warnings:
+        console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -84,11 +95,12 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(res.to_dict()))
             return
-        console = Console(width=140)
+        console = Console(width=160)
         console.print(_table(res.candidates, f"{prof.name} on {req.gpus or cl.gpus} x {cl.device}, "
                                              f"B^={global_batch}"))
         console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                       + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
+        _warn(console, res.warnings)  # last: what the user reads first after the table
 
     @app.command("predict")
     def predict_cmd(
@@ -120,12 +132,15 @@ def register(app: typer.Typer) -> None:
         if tensor * pipeline * data > cl.gpus:
             fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {cl.gpus} GPUs")
         cand = predict(prof, cl, req, cfg)
+        warnings = device_warnings(prof, cl)
         if json_out:
-            typer.echo(json.dumps(cand.to_dict()))
+            typer.echo(json.dumps({**cand.to_dict(), "warnings": warnings}))
             return
+        for w in warnings:
+            typer.echo(f"warning: {w}", err=True)
         if cand.simulation is None:
             fail(cand.reason)
-        console = Console(width=140)
+        console = Console(width=160)
         console.print(_table([cand], cfg.label()))
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
         console.print("closed forms (s): " + ", ".join(
@@ -142,29 +157,38 @@ def register(app: typer.Typer) -> None:
         heads: Annotated[int | None, typer.Option()] = None,
         seq: Annotated[int | None, typer.Option()] = None,
         vocab: Annotated[int | None, typer.Option()] = None,
-        device: Annotated[str, typer.Option(help=f"one of {', '.join(DEVICES)}")] = "a100-80gb",
+        device: Annotated[str, typer.Option(
+            help=f"one of {', '.join(DEVICES)}, a shipped device (planner/devices) or a device .json")] = "a100-80gb",
         dtype: Annotated[str, typer.Option()] = "bf16",
         name: Annotated[str | None, typer.Option()] = None,
         encoder: Annotated[bool, typer.Option(help="BERT-style encoder")] = False,
+        attention: Annotated[str, typer.Option(help="unfused (Megatron 2021) or flash")] = "unfused",
+        sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
     ) -> None:
-        """Write an analytical (FLOP-based) model profile."""
-        if device not in DEVICES:
-            fail(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
-        cl = load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json")
+        """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
+        dev = (find_device(load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json").device)
+               if device in DEVICES else find_device(device))
+        if dev is None:
+            fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
+        if attention not in ("unfused", "flash"):
+            fail(f"--attention must be unfused or flash, got {attention!r}")
         if preset is not None:
             if preset not in PRESETS:
                 fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-            L, h, a, s, V, enc = PRESETS[preset]
+            spec = PRESETS[preset]
         else:
             missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads),
                                       ("seq", seq), ("vocab", vocab)) if v is None]
             if missing:
                 fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
                       + ", ".join("--" + m for m in missing) + ")")
-            L, h, a, s, V, enc = layers, hidden, heads, seq, vocab, encoder  # type: ignore[assignment]
         try:
-            prof = transformer_profile(name or preset or f"transformer-{L}x{h}", L, h, a, s, V,
-                                       cl.peak_flops, cl.device, dtype=dtype, encoder=enc)
+            if preset is None:
+                spec = ModelSpec(name=name or f"transformer-{layers}x{hidden}", layers=layers, hidden=hidden,
+                                 heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
+            prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
+                                    options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
+                                                            sequence_parallel=sequence_parallel))
         except (ValueError, ValidationError) as e:
             fail(str(e))
             raise

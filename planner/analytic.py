@@ -1,102 +1,119 @@
-"""Analytical model profiles from FLOP and byte counts, for when no measured profile exists.
+"""Analytical model profiles from the operator-level layer model, for when no measured profile exists.
 
-Per transformer layer and sample (sequence length ``s``, hidden ``h``, heads ``a``), with the GEMM
-counts of Megatron-LM (Narayanan et al. SC'21, appendix "Floating-point operations"):
+:func:`analytic_profile` turns a :class:`planner.model.ModelSpec` and a :class:`planner.device.DeviceSpec`
+into a :class:`planner.profile.ModelProfile`: per layer (embedding, each transformer block, the LM head with
+its final norm and loss) the times of the operator list of :mod:`planner.operators` at every micro-batch
+size ``b`` and, in ``tensor_times``, at every tensor-parallel size ``t`` (the ``1/t`` shard's kernels, so
+sharded GEMMs run at their own, lower, efficiency instead of the whole layer's time divided by ``t``).
+The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 
-* forward FLOPs ``24 s h^2 (1 + s/(6h))``, backward twice that; the LM head (logits, vocabulary ``V``)
-  ``2 s h V`` forward and ``4 s h V`` backward. With recomputation of every transformer layer, the four
-  passes give Megatron's ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` FLOPs per iteration of batch ``B``
-  (our split: forward : backward = 1 : 2, recomputation one more forward);
-* stashed activations per layer and sample ``s h (34 + 5 a s / h)`` bytes at 16-bit (Korthikanti et
-  al. 2022, "Reducing Activation Recomputation", eq. 1, no sequence parallelism), the layer output
-  ``2 s h`` bytes (what a stage boundary sends) and its input ``2 s h`` (all a recomputed layer keeps);
-* parameters ``12 h^2 + 13 h`` per layer; word embedding ``V h`` plus learned positions ``s h``; the LM
-  head shares the word embedding (tied, as GPT-2/3) and carries the final layer norm ``2 h``.
-
-Time = FLOPs / (peak FLOP/s * efficiency(b)), with ``efficiency(b) = max_efficiency * T / (T + T_half)``,
-``T = b s`` tokens per micro-batch and ``T_half`` the tokens at which half of ``max_efficiency`` is
-reached: GPUs run small GEMMs below peak, so time is not linear in b for small b. The defaults
-(``max_efficiency = 0.5``, ``T_half = 512``) are stated in every profile's notes.
+* FLOPs: the GEMMs of the operator list; for GPT shapes they sum to Megatron-LM's (Narayanan et al. SC'21,
+  appendix) ``24 s h^2 (1 + s/(6h))`` per layer and sample forward, twice that backward, ``2 s h V`` for
+  the LM head.
+* Stashed activations: the sum of what each operator saves (Korthikanti et al. 2022, eq. 1/2/4 for GPT
+  shapes: ``s h (34 + 5 a s / h)`` bytes per layer and sample at 16 bits, t = 1, unfused attention with
+  dropout); the layer output ``el s h`` (what a stage boundary sends) and its input ``el s h`` (all a
+  recomputed layer keeps).
+* Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
+  when the model ties them.
 """
 
 from __future__ import annotations
 
-from planner.profile import LayerProfile, ModelProfile, TransformerShape
+from planner.device import DeviceSpec, canonical_dtype, find_device, generic_device, get_device
+from planner.model import ModelSpec
+from planner.operators import (
+    DTYPE_BYTES,
+    OperatorOptions,
+    PassTimes,
+    embedding_operators,
+    head_operators,
+    layer_operators,
+    time_operators,
+)
+from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+#: the t the search tries: divisors of the GPUs per node (up to 8 on the clusters we ship), then powers of two
+TENSOR_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+
+
+def _times(builder, spec: ModelSpec, device: DeviceSpec, dtype: str, t: int, opts: OperatorOptions,
+           micro_batches: tuple[int, ...]) -> dict[int, PassTimes]:
+    return {b: time_operators(builder(spec, b, t, opts), device, dtype) for b in micro_batches}
+
+
+def _shard(times: dict[int, PassTimes]) -> ShardTimes:
+    return ShardTimes(
+        fwd_time={b: p.fwd for b, p in times.items()}, bwd_time={b: p.bwd for b, p in times.items()},
+        recompute_time={b: p.recompute for b, p in times.items()},
+        bwd_input_time={b: p.bwd_i for b, p in times.items()},
+        bwd_weight_time={b: p.bwd_w for b, p in times.items()},
+        stashed_bytes_per_sample=int(round(times[min(times)].saved_bytes / min(times))),
+        source="operators")
+
+
+def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf16",
+                     micro_batches: tuple[int, ...] = MICRO_BATCHES,
+                     tensor_sizes: tuple[int, ...] | None = None,
+                     options: OperatorOptions | None = None, name: str | None = None) -> ModelProfile:
+    """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
+
+    ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
+    unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs)."""
+    dev = device if isinstance(device, DeviceSpec) else get_device(device)
+    if dtype.lower() not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    dev.peak(dtype)  # fails early, naming the device and dtype, when the device has no such peak
+    opts = OperatorOptions(**{**(options.__dict__ if options else {}), "dtype": dtype})
+    sizes = tuple(tensor_sizes) if tensor_sizes else tuple(t for t in TENSOR_SIZES if spec.heads % t == 0)
+    if 1 not in sizes:
+        sizes = (1, *sizes)
+    for t in sizes:
+        if spec.heads % t:
+            raise ValueError(f"tensor_sizes: t = {t} must divide the {spec.heads} attention heads")
+    el = DTYPE_BYTES[dtype.lower()]
+    s, h, V = spec.seq, spec.hidden, spec.vocab
+
+    def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
+        per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches)) for t in sizes}
+        one = per_t[1]
+        return LayerProfile(
+            name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
+            recompute_time=one.recompute_time, output_bytes_per_sample=out_bytes,
+            stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0), input_bytes_per_sample=in_bytes,
+            params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t)
+
+    emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)
+    block = layer("block0", "transformer", layer_operators, spec.layer_params(), 0, el * s * h, el * s * h)
+    head = layer("lm_head", "lm_head", head_operators, spec.head_params(),
+                 V * h if spec.tied_embeddings else 0, 4, el * s * h)
+    layers = [emb] + [block.model_copy(update={"name": f"block{i}"}) for i in range(spec.layers)] + [head]
+    return ModelProfile(
+        name=name or spec.name, layers=layers, device=dev.name, dtype=dtype, source="analytical",
+        shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f),
+        environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
+                     "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
+                     "family": "bert" if spec.encoder else "gpt", "model": spec.name},
+        notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
+               f"({opts.attention} attention{', dropout' if opts.dropout else ''}); GEMM and memory efficiency "
+               "from the device description; compute per tensor-parallel size in tensor_times; "
+               "replace with a measured profile"),
+    )
 
 
 def transformer_profile(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int,
-                        peak_flops: float, device: str, dtype: str = "bf16",
-                        max_efficiency: float = 0.5, half_tokens: float = 512.0,
-                        micro_batches: tuple[int, ...] = MICRO_BATCHES,
-                        encoder: bool = False) -> ModelProfile:
-    """A GPT (decoder) or BERT (encoder, ``encoder=True``: same FLOPs and memory per layer) profile."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
-    if hidden % heads:
-        raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-    el = DTYPE_BYTES[dtype]
-    s, h, a, V = seq, hidden, heads, vocab
-
-    def seconds(flops_per_sample: float) -> dict[int, float]:
-        out = {}
-        for b in micro_batches:
-            tokens = b * s
-            eff = max_efficiency * tokens / (tokens + half_tokens)
-            out[b] = flops_per_sample * b / (peak_flops * eff)
-        return out
-
-    act_scale = el / 2  # the byte counts above are for 16-bit activations
-    block_fwd = 24 * s * h * h * (1 + s / (6 * h))
-    block = dict(
-        kind="transformer",
-        fwd_time=seconds(block_fwd), bwd_time=seconds(2 * block_fwd), recompute_time=seconds(3 * block_fwd),
-        output_bytes_per_sample=int(el * s * h),
-        stashed_bytes_per_sample=int(act_scale * s * h * (34 + 5 * a * s / h)),
-        input_bytes_per_sample=int(el * s * h),
-        params=12 * h * h + 13 * h, param_bytes=el * (12 * h * h + 13 * h),
-    )
-    emb_params = V * h + s * h
-    # the embedding is a gather: memory-bound, modelled as moving its output at 1/100 of a FLOP per byte
-    emb_time = seconds(100.0 * el * s * h)
-    layers_out = [LayerProfile(
-        name="embedding", kind="embedding", fwd_time=emb_time, bwd_time=emb_time,
-        output_bytes_per_sample=int(el * s * h), stashed_bytes_per_sample=int(8 * s),
-        input_bytes_per_sample=int(8 * s), params=emb_params, param_bytes=el * emb_params)]
-    for i in range(layers):
-        layers_out.append(LayerProfile(name=f"block{i}", **block))
-    head_fwd = 2 * s * h * V
-    layers_out.append(LayerProfile(
-        name="lm_head", kind="lm_head", fwd_time=seconds(head_fwd), bwd_time=seconds(2 * head_fwd),
-        recompute_time=seconds(3 * head_fwd),
-        output_bytes_per_sample=4, stashed_bytes_per_sample=int(act_scale * (2 * s * h + 4 * s * V)),
-        input_bytes_per_sample=int(el * s * h), params=V * h + 2 * h, param_bytes=el * (V * h + 2 * h),
-        tied_params=V * h))
-    return ModelProfile(
-        name=name, layers=layers_out, device=device, dtype=dtype, source="analytical",
-        shape=TransformerShape(hidden=h, seq=s, heads=a, vocab=V, layers=layers),
-        environment={"peak_flops": f"{peak_flops:g}", "max_efficiency": f"{max_efficiency:g}",
-                     "half_tokens": f"{half_tokens:g}", "family": "bert" if encoder else "gpt"},
-        notes=("analytical profile (planner.analytic): Megatron-LM FLOP counts at "
-               f"{max_efficiency:g} of peak for large micro-batches, half of that at {half_tokens:g} "
-               "tokens; activations from Korthikanti et al. 2022; replace with a measured profile"),
-    )
-
-
-#: the seed papers' models: (layers, hidden, heads, seq, vocab, encoder)
-PRESETS: dict[str, tuple[int, int, int, int, int, bool]] = {
-    # Chimera Table 4 / section 4: Bert-48 (seq 128) and GPT-2 1.3B (seq 632)
-    "bert-48": (48, 1024, 16, 128, 30522, True),
-    # Chimera's table of model shapes is lost from our copy of the text; 48 layers (it runs D = 32) of
-    # hidden 1536 give 1.36B parameters outside the embedding, the paper's "1.3B"
-    "gpt2-1.3b": (48, 1536, 16, 632, 50257, False),
-    # Megatron-LM Table 1: GPT-3 175B
-    "gpt3-175b": (96, 12288, 96, 2048, 51200, False),
-    "gpt2-medium": (24, 1024, 16, 1024, 50257, False),
-    # Hanayo section 5: "BERT-style: 64 layers, 64 heads, hidden 2560; GPT-style: 128 layers, 16 heads,
-    # hidden 1024" (sequence lengths not stated: 512 and 1024 assumed)
-    "hanayo-bert": (64, 2560, 64, 512, 30522, True),
-    "hanayo-gpt": (128, 1024, 16, 1024, 50257, False),
-}
+                        peak_flops: float, device: str, dtype: str | None = None, encoder: bool = False,
+                        micro_batches: tuple[int, ...] = MICRO_BATCHES) -> ModelProfile:
+    """:func:`analytic_profile` of a GPT-2/3-shaped model (or BERT, ``encoder=True``) given by its sizes, on
+    the shipped device named ``device`` or, when none matches, a generic device with ``peak_flops`` and the
+    A100's FLOP-to-byte ratio (:func:`planner.device.generic_device`). ``dtype`` defaults to bf16, or to the
+    device's only dtype where it has no 16-bit entry (the CPU: fp32)."""
+    spec = ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
+                     architecture="encoder" if encoder else "decoder")
+    found = find_device(device)
+    if dtype is None:
+        sixteen = found is None or any(canonical_dtype(k) in ("bf16", "fp16") for k in found.gemm_efficiency)
+        dtype = "bf16" if sixteen or found is None else sorted(found.gemm_efficiency)[0]
+    dev = found or generic_device(device, peak_flops, peak_flops * 2039e9 / 312e12, 80 * 2**30, dtype=dtype)
+    return analytic_profile(spec, dev, dtype=dtype, micro_batches=micro_batches, name=name)

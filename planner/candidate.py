@@ -34,6 +34,10 @@ class Candidate:
     state: list[float] = field(default_factory=list, repr=False)
     #: its bound was raised with its merged warm-up (:meth:`planner.search.Planner.refine`)
     refined: bool = False
+    #: what the row is (:func:`planner.equivalence.describe`) and the labels of the configurations that
+    #: run the same thing (:func:`planner.equivalence.collapse`)
+    name: str = ""
+    alternatives: list[str] = field(default_factory=list)
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -52,12 +56,14 @@ class Candidate:
             "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
             "microbatches": self.microbatches, "global_batch": self.global_batch, "label": c.label(),
+            "name": self.name or c.label(), "alternatives": self.alternatives,
             "iteration_time": self.iteration_time, "throughput": self.throughput,
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
+            "compute": self.costs.compute_source if self.costs is not None else None,
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]
@@ -73,6 +79,8 @@ class PlanResult:
     evaluated: int
     simulated: int
     considered: int
+    #: what the user should know about the inputs (:func:`planner.mismatch.device_warnings`)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         return {
@@ -80,6 +88,7 @@ class PlanResult:
             "infeasible": [c.to_dict() for c in self.infeasible],
             "rejected": dict(sorted(self.rejected.items())),
             "evaluated": self.evaluated, "simulated": self.simulated, "considered": self.considered,
+            "warnings": self.warnings,
         }
 
 

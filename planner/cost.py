@@ -8,16 +8,26 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   backward is the profile's ``recompute`` time (forward re-run + backward; 3x forward when only the
   forward was measured). Zero-bubble splits B into I (input gradient) and W (weight gradient), half each
   (their GEMMs have equal FLOPs); the recomputed forward goes to I.
-* **Tensor parallelism** (Megatron-LM 3.2, 2.3): compute divided by ``t`` and by ``tensor_efficiency``
-  (a t-way GEMM is smaller and runs below peak), plus per transformer layer 2 all-reduces in the forward
-  and 2 in the backward of ``b s h`` elements each among the ``t`` GPUs -- in total ``8 b s h (t-1)/t``
-  elements per layer and micro-batch with a ring all-reduce -- on the intra-node link (inter-node if ``t``
-  exceeds a node).
+* **Tensor parallelism** (Megatron-LM 3.2, 2.3): when the profile has compute at this ``t``
+  (``LayerProfile.tensor_times``: measured, or the operator model's sharded GEMMs, :mod:`planner.operators`)
+  those times are used; otherwise the t = 1 time divided by ``t`` and by ``tensor_efficiency`` (a t-way
+  GEMM is smaller and runs below peak). :attr:`ConfigCosts.compute_source` says which. Plus per
+  transformer layer 2 all-reduces in the forward and 2 in the backward of ``b s h`` elements each among
+  the ``t`` GPUs -- in total ``8 b s h (t-1)/t`` elements per layer and micro-batch with a ring
+  all-reduce -- or, with sequence parallelism (Korthikanti et al. 2022, 4.2.2), an all-gather and a
+  reduce-scatter in place of each all-reduce (the same bytes: ``(t-1)/t L`` each), on the intra-node link
+  (NVLink) when the ``t`` GPUs share a node, else on the inter-node link, which then bounds the ring.
+  A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute.
 * **Pipeline p2p** (Chimera 3.4, alpha-beta): ``alpha + beta * bytes`` of the boundary activation
   (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each tensor-parallel
   rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
   then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
   ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
+* **Blocking p2p** (only when the profile's ``environment["p2p"]`` is ``"blocking"``: a runtime that waits
+  for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
+  ``req.wait(); torch.cuda.synchronize()``, then all-gathers the scatter/gather chunks over NVLink): each
+  F and B also holds the compute stream for its send (and the ``t``-way all-gather of the boundary
+  tensor). Our executor posts sends without blocking, so by default they overlap compute.
 * **Gradient all-reduce** of a stage across its ``r`` replicas (the W data-parallel copies times the
   schedule's own replicas, Chimera's 2f): Rabenseifner ``2 log2(r) alpha + 2 (r-1)/r beta L``
   (Chimera 3.4) with ``L`` the stage's gradient bytes divided by ``t``; hierarchical when the replicas
@@ -36,7 +46,7 @@ import math
 from dataclasses import dataclass
 
 from planner.cluster import Cluster, Link
-from planner.profile import ModelProfile
+from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
@@ -58,6 +68,14 @@ def ring_allreduce(r: int, nbytes: float, link: Link) -> float:
     if r <= 1 or nbytes <= 0:
         return 0.0
     return 2 * (r - 1) * link.alpha + 2 * (r - 1) / r * link.beta * nbytes
+
+
+def ring_allgather(r: int, nbytes: float, link: Link) -> float:
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all: ``(r-1) alpha + (r-1)/r beta L``
+    (Thakur et al. 2005; NCCL's ring)."""
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    return (r - 1) * link.alpha + (r - 1) / r * link.beta * nbytes
 
 
 def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
@@ -92,26 +110,33 @@ class StageInfo:
     transformer_layers: int
 
 
+def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) -> float:
+    """Stashed activation bytes per sample of one layer's ``1/t`` shard: the profile's own figure at this
+    ``t`` (operator model or measured) when it has one, else Korthikanti et al. 2022 eq. 2 scaling of the
+    t = 1 figure for transformer layers (``s h (10 + 24/t + 5 a s/(h t))`` of ``s h (34 + 5 a s/h)``), else
+    the t = 1 figure over ``t``."""
+    shard = lay.tensor_times.get(tensor) if lay.tensor_times else None
+    if shard is not None and shard.stashed_bytes_per_sample is not None:
+        return float(shard.stashed_bytes_per_sample)
+    if lay.kind == "transformer" and shape is not None and tensor > 1:
+        a_s_h = 5 * shape.heads * shape.seq / shape.hidden
+        return lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
+    return lay.stashed_bytes_per_sample / tensor
+
+
 def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int) -> list[StageInfo]:
     out = []
     shape = profile.shape
     for i, j in bounds:
         layers = profile.layers[i:j]
-        stash = 0.0
-        for lay in layers:
-            if lay.kind == "transformer" and shape is not None and tensor > 1:
-                # Korthikanti et al. 2022, eq. 2: s h (10 + 24/t + 5 a s/(h t)) of s h (34 + 5 a s/h)
-                a_s_h = 5 * shape.heads * shape.seq / shape.hidden
-                stash += lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
-            else:
-                stash += lay.stashed_bytes_per_sample / tensor
+        stashes = [layer_stash(lay, tensor, shape) for lay in layers]
         out.append(StageInfo(
             layers=(i, j), param_bytes=sum(x.param_bytes for x in layers),
             params=sum(x.params for x in layers),
             tied_params=sum(x.tied_params for x in layers),
-            out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=stash,
+            out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=sum(stashes),
             input_bytes=layers[0].input_bytes_per_sample / tensor,
-            max_layer_stash=max(x.stashed_bytes_per_sample for x in layers) / tensor,
+            max_layer_stash=max(stashes),
             transformer_layers=sum(1 for x in layers if x.kind == "transformer")))
     # a tied copy sharing the stage of its original is not a second copy
     return out
@@ -144,7 +169,15 @@ class ConfigCosts(Costs):
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
         self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-        self._layer_sums: dict[tuple[str, float], list[float]] = layer_sums if layer_sums is not None else {}
+        if "per_t" not in shared:
+            have = [t in (lay.tensor_times or {}) for lay in profile.layers]
+            shared["per_t"] = (any(have), not all(have))
+        #: compute at this t from the profile's shard times (per layer, where it has them) or t = 1 times
+        #: divided by (t * tensor_efficiency); ``partial``: some layers lack times at this t
+        self.per_t, self.partial = shared["per_t"]
+        self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
+        self.blocking_p2p = profile.environment.get("p2p") == "blocking"
+        self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
@@ -160,23 +193,62 @@ class ConfigCosts(Costs):
         g = self.cluster.gpus_per_node
         return self.cluster.intra if self.rank(src) // g == self.rank(dst) // g else self.cluster.inter
 
+    @property
+    def compute_source(self) -> str:
+        """Where the compute times come from: ``"per-t measured"``, ``"per-t operators"`` (the profile's
+        times at this t) or ``"t=1 / (t * tensor_efficiency)"`` (``"t=1"`` when t is 1)."""
+        if self.per_t:
+            src = next(lay.tensor_times[self.t].source for lay in self.profile.layers
+                       if lay.tensor_times and self.t in lay.tensor_times)
+            return f"per-t {src}" + (" (other layers: t=1 / (t * tensor_efficiency))" if self.partial else "")
+        return "t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)"
+
     def _tp_comm(self, stage: int, samples: float) -> float:
-        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2)."""
+        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
+        sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
         shape = self.profile.shape
         if self.t == 1 or shape is None:
             return 0.0
         nbytes = samples * shape.seq * shape.hidden * self.el
-        return 2 * self.stages[stage].transformer_layers * ring_allreduce(self.t, nbytes, self.tp_link)
+        if self.t > self.cluster.gpus_per_node:
+            # t spans nodes (ranks 0..t-1, tensor innermost): NCCL's rings cross nodes on every GPU's own
+            # NIC, so the inter-node hop carries 1/k of the data per GPU -- the hierarchical form below
+            one = allreduce_time(self.cluster, list(range(self.t)), nbytes)
+        elif self.sequence_parallel:
+            one = 2 * ring_allgather(self.t, nbytes, self.tp_link)
+        else:
+            one = ring_allreduce(self.t, nbytes, self.tp_link)
+        return 2 * self.stages[stage].transformer_layers * one
+
+    def _blocking_send(self, stage: int, to: int, span: int) -> float:
+        """Seconds a blocking runtime holds the compute stream to send stage ``stage``'s boundary tensor to
+        stage ``to`` (0 when there is no such stage or both sit on one device) plus the all-gather of the
+        scatter/gather chunks (module docstring)."""
+        if not 0 <= to < self.schedule.stages:
+            return 0.0
+        row = self.schedule.placement[0]
+        src, dst = row[stage], row[to]
+        if src == dst:
+            return 0.0
+        boundary = stage if to > stage else to
+        full = self.stages[boundary].out_bytes * self.base_b * span
+        return self.link(src, dst).time(full / self.t) + ring_allgather(self.t, full, self.cluster.intra)
 
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
         model's layers, computed once per kind and size)."""
-        sums = self._layer_sums.get((kind, samples))
+        t = self.t
+        key = (kind, samples, t, self.per_t)
+        sums = self._layer_sums.get(key)
         if sums is None:
             sums = [0.0]
+            split = kind in ("bwd_input", "bwd_weight")
             for lay in self.profile.layers:
-                sums.append(sums[-1] + lay.time(kind, samples))  # type: ignore[arg-type]
-            self._layer_sums[(kind, samples)] = sums
+                v = lay.shard_time(kind, samples, t) if self.per_t else None
+                if v is None:  # no times at this t: the t = 1 time over t and the split efficiency
+                    v = lay.time("bwd" if split else kind, samples) * (0.5 if split else 1.0) / (t * self.eff)  # type: ignore[arg-type]
+                sums.append(sums[-1] + v)
+            self._layer_sums[key] = sums
         i, j = self.stages[stage].layers
         return sums[j] - sums[i]
 
@@ -185,7 +257,9 @@ class ConfigCosts(Costs):
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            v = self._sum_time(stage, "fwd", samples) / (self.t * self.eff) + self._tp_comm(stage, samples)
+            v = self._sum_time(stage, "fwd", samples) + self._tp_comm(stage, samples)
+            if self.blocking_p2p:
+                v += self._blocking_send(stage, stage + 1, span)
             self._fwd[key] = v
         return v
 
@@ -193,15 +267,17 @@ class ConfigCosts(Costs):
         v = self._bwd.get(stage)
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
-            v = (self._sum_time(stage, kind, self.base_b) / (self.t * self.eff)
+            v = (self._sum_time(stage, kind, self.base_b)
                  + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1))
+            if self.blocking_p2p:
+                v += self._blocking_send(stage, stage - 1, 1)
             self._bwd[stage] = v
         return v
 
     def recompute_extra(self, stage: int) -> float:
         if not self.config.recompute:
             return 0.0
-        plain = self._sum_time(stage, "bwd", self.base_b) / (self.t * self.eff) + self._tp_comm(stage, self.base_b)
+        plain = self._sum_time(stage, "bwd", self.base_b) + self._tp_comm(stage, self.base_b)
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------
@@ -210,6 +286,9 @@ class ConfigCosts(Costs):
             return self.fwd(stage, span)
         if kind == "B":
             return self.bwd(stage)
+        if self.per_t:  # the profile's own split: W is the weight-gradient GEMMs, I the rest
+            w = self._sum_time(stage, "bwd_weight", self.base_b)
+            return w if kind == "W" else self.bwd(stage) - w
         extra = self.recompute_extra(stage)
         half = (self.bwd(stage) - extra) / 2
         return half + extra if kind == "I" else half

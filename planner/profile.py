@@ -9,6 +9,14 @@ checkpointed stage keeps only its input activations).
 
 Times are seconds, sizes bytes; ``*_per_sample`` sizes are per sequence of the micro-batch.
 
+Compute per tensor-parallel size (optional, schema version 1 still): ``LayerProfile.tensor_times[t]`` is a
+:class:`ShardTimes`, the times of the layer's ``1/t`` shard on one device (Megatron-LM 3.2's column/row
+split: the GEMMs at their sharded shapes, the element-wise work each rank does), *without* the
+tensor-parallel communication, which the cost model adds from the cluster's links. It is written by the
+operator model (:mod:`planner.analytic`) or measured (``pipeplan profile --tensor 1,2,4,8``). A profile
+without it stays valid: the cost model then divides the t = 1 times by ``t`` and the request's
+``tensor_efficiency`` (and says so in each candidate).
+
 :meth:`LayerProfile.time` interpolates the measured times between micro-batch sizes (see its
 docstring). :meth:`ModelProfile.content_hash` is the sha256 of the canonical JSON: the API versions
 profiles by it.
@@ -19,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +49,54 @@ def _check_times(field: str, times: dict[int, float] | None, *, allow_empty: boo
             raise ValueError(f"{field}[{b}]: time {t} must be finite (no NaN or inf)")
         if t < 0:
             raise ValueError(f"{field}[{b}]: time {t} must be >= 0")
+
+
+class ShardTimes(BaseModel):
+    """One layer's tensor-parallel shard at one ``t``: micro-batch size -> seconds, compute only.
+
+    ``fwd_time``/``bwd_time``/``recompute_time`` as in :class:`LayerProfile` (recompute = forward re-run
+    plus backward). ``bwd_input_time``/``bwd_weight_time`` (optional, both or neither): the backward split
+    into the input-gradient and weight-gradient parts (zero-bubble pipelines, Qi et al. 2023: B = I + W);
+    when absent the cost model halves ``bwd_time``. ``stashed_bytes_per_sample`` (optional): the shard's
+    stashed activations (Korthikanti et al. 2022, eq. 2 for GPT shapes); ``sequence_parallel``: whether the
+    times and memory assume Megatron's sequence parallelism (norms and dropouts split along the sequence).
+    ``source``: "measured" or "operators" (the operator model).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    fwd_time: dict[int, float]
+    bwd_time: dict[int, float]
+    recompute_time: dict[int, float] | None = None
+    bwd_input_time: dict[int, float] | None = None
+    bwd_weight_time: dict[int, float] | None = None
+    stashed_bytes_per_sample: int | None = Field(default=None, ge=0)
+    sequence_parallel: bool = False
+    source: Literal["measured", "operators"] = "measured"
+
+    @model_validator(mode="after")
+    def _validate(self) -> ShardTimes:
+        for name in ("fwd_time", "bwd_time", "recompute_time", "bwd_input_time", "bwd_weight_time"):
+            _check_times(name, getattr(self, name))
+        if set(self.fwd_time) != set(self.bwd_time):
+            raise ValueError(f"fwd_time and bwd_time must cover the same micro-batch sizes "
+                             f"(fwd {sorted(self.fwd_time)}, bwd {sorted(self.bwd_time)})")
+        if (self.bwd_input_time is None) != (self.bwd_weight_time is None):
+            raise ValueError("bwd_input_time and bwd_weight_time: give both or neither")
+        return self
+
+    def time(self, kind: str, b: int | float) -> float:
+        """Seconds of ``kind`` ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight") at ``b`` samples,
+        interpolated as :meth:`LayerProfile.time`; recompute falls back to fwd + bwd, the split to halves."""
+        if kind == "recompute" and self.recompute_time is None:
+            return self.time("fwd", b) + self.time("bwd", b)
+        if kind in ("bwd_input", "bwd_weight") and self.bwd_input_time is None:
+            return self.time("bwd", b) / 2
+        table = {"fwd": self.fwd_time, "bwd": self.bwd_time, "recompute": self.recompute_time,
+                 "bwd_input": self.bwd_input_time, "bwd_weight": self.bwd_weight_time}.get(kind)
+        if table is None:
+            raise ValueError(f"kind must be fwd, bwd, recompute, bwd_input or bwd_weight, got {kind!r}")
+        return interpolate_time(table, float(b))
 
 
 class LayerProfile(BaseModel):
@@ -69,6 +126,8 @@ class LayerProfile(BaseModel):
     params: int = Field(ge=0)
     param_bytes: int = Field(ge=0)
     tied_params: int = Field(default=0, ge=0)
+    tensor_times: dict[int, ShardTimes] | None = Field(
+        default=None, description="t -> the 1/t shard's compute times (module docstring)")
 
     @model_validator(mode="after")
     def _validate(self) -> LayerProfile:
@@ -87,7 +146,16 @@ class LayerProfile(BaseModel):
             raise ValueError(f"{where}: recompute_time is empty; leave it None when not measured")
         if self.tied_params > self.params:
             raise ValueError(f"{where}: tied_params {self.tied_params} exceeds params {self.params}")
+        for t in self.tensor_times or {}:
+            if t < 1:
+                raise ValueError(f"{where}: tensor_times: tensor-parallel size {t} must be >= 1")
         return self
+
+    def shard_time(self, kind: str, b: int | float, t: int) -> float | None:
+        """Seconds of ``kind`` of the layer's ``1/t`` shard at ``b`` samples from ``tensor_times``, or None
+        when the profile has no times at this ``t``."""
+        st = self.tensor_times.get(t) if self.tensor_times else None
+        return None if st is None else st.time(kind, b)
 
     @property
     def micro_batch_sizes(self) -> list[int]:
@@ -197,8 +265,22 @@ class ModelProfile(BaseModel):
         return v
 
     def canonical_json(self) -> str:
-        """JSON with sorted keys and no whitespace: the input of :meth:`content_hash`."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """JSON with sorted keys and no whitespace: the input of :meth:`content_hash`. Fields added after
+        version 1 shipped (``tensor_times``) are left out when unset, so older profiles keep their hash."""
+        data = self.model_dump(mode="json")
+        for layer in data["layers"]:
+            if layer.get("tensor_times") is None:
+                layer.pop("tensor_times", None)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def tensor_sizes(self) -> list[int]:
+        """The ``t`` at which every layer has shard times (empty when any layer lacks them)."""
+        sizes: set[int] | None = None
+        for layer in self.layers:
+            have = set(layer.tensor_times or {})
+            sizes = have if sizes is None else sizes & have
+        return sorted(sizes or ())
 
     def content_hash(self) -> str:
         """sha256 hex digest of :meth:`canonical_json`."""
@@ -210,9 +292,13 @@ class ModelProfile(BaseModel):
         return sum(layer.params - layer.tied_params for layer in self.layers)
 
 
+_LEAF_OBJECT = re.compile(r"\{\n\s*([^{}\[\]]*?)\n\s*\}")
+
+
 def save_profile(profile: ModelProfile, path: str | Path) -> None:
-    """Write ``profile`` as indented JSON."""
-    Path(path).write_text(profile.model_dump_json(indent=2) + "\n")
+    """Write ``profile`` as indented JSON, each innermost object (a ``{b: seconds}`` table) on one line."""
+    text = _LEAF_OBJECT.sub(lambda m: "{" + " ".join(m.group(1).split()) + "}", profile.model_dump_json(indent=2))
+    Path(path).write_text(text + "\n")
 
 
 def load_profile(path: str | Path) -> ModelProfile:

@@ -35,8 +35,10 @@ from planner.candidate import Candidate, PlanResult, gib, reason_key
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts
 from planner.enumeration import enumerate_configs, schedule_variants
+from planner.equivalence import TopDistinct, collapse
 from planner.explain import breakdown, closed_forms
 from planner.memory import MemoryModel
+from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -245,12 +247,13 @@ class Planner:
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
         # best time found, which only falls as the search goes on.
         heapq.heapify(prepared)
-        best: list[tuple[float, int]] = []  # max-heap of (-time, -index) of the k best fitting
-        results: list[Candidate] = []  # the k best fitting and the k best infeasible, kept bounded below
+        top = TopDistinct(k)  # the k-th best time over configurations that differ (planner.equivalence)
+        results: list[Candidate] = []
+        timed: list[tuple[float, int, Candidate]] = []  # max-heap by time of the results holding a timeline
         simulated = 0
         while prepared:
             lb, i, cand, costs = heapq.heappop(prepared)
-            if prune and len(best) >= k and lb > -best[0][0]:
+            if prune and lb > top.kth:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
@@ -265,17 +268,20 @@ class Planner:
             simulated += 1
             if cand.fits:
                 results.append(cand)
-                heapq.heappush(best, (-cand.iteration_time, -i))
-                if len(best) > k:
-                    heapq.heappop(best)
+                top.add(cand)
             else:
                 rejected[reason_key(cand.reason)] += 1
                 infeasible.append(cand)
-            # memory that does not grow with the candidates seen: a simulated candidate holds its timeline
-            # and schedule, so only the k best of each list are kept (the same k the end returns)
-            _keep_best(results, k)
+            # memory that does not grow with the candidates simulated: a simulated timeline is kept only while
+            # its candidate can still be among the k returned (k-th best time over twins only falls), and
+            # only the k best infeasible candidates are kept
+            if cand.fits and cand.simulation is not None:
+                heapq.heappush(timed, (-cand.iteration_time, i, cand))
+            while timed and -timed[0][0] > top.kth:
+                heapq.heappop(timed)[2].simulation = None
             _keep_best(infeasible, k)
         results.sort(key=_rank_key)
+        results = collapse(results, top.twins)
         infeasible.sort(key=_rank_key)
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
@@ -288,9 +294,9 @@ def _rank_key(c: Candidate) -> tuple[float, str]:
 
 
 def _keep_best(cands: list[Candidate], k: int) -> None:
-    """Trim ``cands`` to its ``k`` best by :func:`_rank_key`: the lists the search keeps hold at most ``k + 1``
-    candidates whatever the number of configurations (a sort of ``k + 1`` per simulated candidate, small
-    beside the simulation), and the ``k`` kept are the ones a full sort at the end would give."""
+    """Trim ``cands`` to its ``k`` best by :func:`_rank_key`: the list holds at most ``k + 1`` candidates
+    whatever the number of configurations (a sort of ``k + 1`` per simulated candidate, small beside the
+    simulation), and the ``k`` kept are the ones a full sort at the end would give."""
     if len(cands) > k:
         cands.sort(key=_rank_key)
         del cands[k:]
@@ -312,7 +318,9 @@ def _gc_paused() -> Iterator[None]:
 
 def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
     """Rank every valid configuration (module docstring)."""
-    return Planner(profile, cluster, request).search()
+    res = Planner(profile, cluster, request).search()
+    res.warnings = device_warnings(profile, cluster)
+    return res
 
 
 def predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> Candidate:

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from executor.models import get_config
 from planner.profile import ModelProfile, save_profile
 
 console = Console(stderr=True)
@@ -71,6 +70,7 @@ def profile(
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
 ) -> None:
     """Profile a zoo model layer by layer and write a ModelProfile JSON."""
+    from executor.models import get_config  # torch: only when a model is profiled
     from profiler.run import measured_layers, profile_model
 
     sizes = _parse_ints(micro_batches, "--micro-batches")

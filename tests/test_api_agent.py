@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from api_support import REAL_RUN, LiveServer, seed_plan, start_agent, tiny_cluster, wait_for
 
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
+from planner.model import PRESETS
 
 pytestmark = [pytest.mark.slow]
-PROFILE_1_3B = transformer_profile("gpt2-1.3b", *PRESETS["gpt2-1.3b"][:5], 312e12, "A100-SXM4-80GB").model_dump(
+PROFILE_1_3B = analytic_profile(PRESETS["gpt2-1.3b"], "A100-SXM4-80GB").model_dump(
     mode="json")  # planning it on 64 GPUs takes seconds: it is still running when the API is killed
 
 

@@ -6,9 +6,11 @@ import math
 
 import pytest
 
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import transformer_profile
 from planner.cluster import Cluster, Link
 from planner.cost import ConfigCosts, allreduce_time, rabenseifner, ring_allreduce
+from planner.model import PRESETS
+from planner.operators import head_operators, layer_operators
 from planner.request import Config, TrainingRequest
 from planner.schedules import build
 
@@ -40,22 +42,29 @@ def test_allreduce_intra_vs_hierarchical():
 
 def test_megatron_flops_match_formula():
     """With recomputation, the four passes over all layers give 96 B s l h^2 (1 + s/6h + V/16lh)."""
-    L, h, a, s, V, _ = PRESETS["gpt3-175b"]
-    peak = 1e15
-    prof = transformer_profile("g", L, h, a, s, V, peak, "X", max_efficiency=1.0, half_tokens=1e-9,
-                               micro_batches=(1,))
-    blocks = [x for x in prof.layers if x.kind == "transformer"]
-    head = prof.layers[-1]
-    flops = (sum(x.time("recompute", 1) + x.time("fwd", 1) for x in blocks)
-             + head.time("fwd", 1) + head.time("bwd", 1)) * peak
+    spec = PRESETS["gpt3-175b"]
+    L, h, s, V = spec.layers, spec.hidden, spec.seq, spec.vocab
+    def gemm_flops(ops, passes):
+        return sum(k.flops for op in ops for p in passes for k in getattr(op, p) if k.gemm is not None)
+
+    layer, head = layer_operators(spec, 1), head_operators(spec, 1)
+    f, b = gemm_flops(layer, ["fwd"]), gemm_flops(layer, ["bwd_i", "bwd_w"])
+    hf, hb = gemm_flops(head, ["fwd"]), gemm_flops(head, ["bwd_i", "bwd_w"])
+    flops = L * (2 * f + b) + hf + hb
     expect = 96 * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     assert flops == pytest.approx(expect, rel=1e-6)
+    prof = transformer_profile("g", L, h, spec.heads, s, V, 1e15, "X", micro_batches=(1,))
     assert prof.total_params == pytest.approx(175e9, rel=0.01)
 
 
-def make_costs(t: int, D: int = 4, gpn: int = 8, schedule: str = "1f1b", **kw) -> ConfigCosts:
-    L, h, a, s, V, _ = PRESETS["gpt2-medium"]
-    prof = transformer_profile("m", L, h, a, s, V, 100e12, "X")
+def make_costs(t: int, D: int = 4, gpn: int = 8, schedule: str = "1f1b", per_t: bool = False,
+               **kw) -> ConfigCosts:
+    """gpt2-medium; ``per_t=False`` strips the profile's per-t times (the scaled t = 1 path)."""
+    spec = PRESETS["gpt2-medium"]
+    prof = transformer_profile("m", spec.layers, spec.hidden, spec.heads, spec.seq, spec.vocab, 100e12, "X")
+    if not per_t:
+        prof = prof.model_copy(update={"layers": [x.model_copy(update={"tensor_times": None})
+                                                  for x in prof.layers]})
     cfg = Config(tensor=t, pipeline=D, data=1, micro_batch=2, schedule=schedule, **kw)
     sched = build(schedule, D, 8)
     n = len(prof.layers)

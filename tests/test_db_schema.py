@@ -148,12 +148,12 @@ def test_cli_db_upgrade_and_seed(tmp_path) -> None:  # type: ignore[no-untyped-d
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     r = CliRunner().invoke(app, ["db-upgrade", "--url", url])
     assert r.exit_code == 0 and f"at revision {head()}" in r.output, r.output
-    r = CliRunner().invoke(app, ["seed", "--url", url])
+    r = CliRunner().invoke(app, ["seed", "--url", url, "--no-measure"])  # measuring: tests/test_seed_measured.py
     assert r.exit_code == 0 and "gpt2-medium on A100-SXM4-80GB" in r.output and "bert-48 on P100" in r.output
     from api.seed import EXAMPLES, SEEDS
 
     seeded = len(list((EXAMPLES / "clusters").glob("*.json"))) + len(SEEDS)
-    r = CliRunner().invoke(app, ["seed", "--url", url])
+    r = CliRunner().invoke(app, ["seed", "--url", url, "--no-measure"])
     assert r.exit_code == 0 and r.output.count("(already there)") == seeded, r.output
     for cmd in ("serve", "agent"):
         r = CliRunner().invoke(app, [cmd, "--help"])

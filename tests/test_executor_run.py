@@ -211,6 +211,11 @@ def test_measurement_and_trace(runs_2) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_emulated_run_matches_simulator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What is deterministic about an emulated run: each rank walks its schedule's list in order, every compute
+    action waits at least its predicted duration (so each device is busy at least as long as the simulator
+    says, and the iteration lasts at least as long as the busiest device), and the figures line up device by
+    device. The ratio of measured to predicted time depends on the machine's load: it is a benchmark figure
+    (``benchmarks/emulate_bench.py``), not a test."""
     from executor.emulate import uniform_profile
     from planner.profile import save_profile
 
@@ -218,11 +223,22 @@ def test_emulated_run_matches_simulator(tmp_path) -> None:  # type: ignore[no-un
     save_profile(uniform_profile(4, fwd=0.004, bwd=0.008), path)
     plans = [RunPlan.direct(s, 4, 4, emulate=str(path), iterations=2, warmup=1, **kw)
              for s, kw in (("1f1b", {}), ("chimera", {}))]
-    res = launch(plans, 4, timeout=60)
-    for run in res["runs"]:
+    res = launch(plans, 4, timeout=60, trace=True)
+    for plan, run in zip(plans, res["runs"], strict=True):
         assert run["emulated"] and run["measured"]["emulated"]
-        assert 0.8 < run["ratio"] < 1.35, run["ratio"]
-        assert len(run["predicted"]["devices"]) == len(run["measured"]["devices"]) == 4
+        pred, meas = run["predicted"], run["measured"]
+        assert len(pred["devices"]) == len(meas["devices"]) == 4
+        for p, m in zip(pred["devices"], meas["devices"], strict=True):
+            assert m["busy"] >= p["busy"] - 1e-6, (m, p)  # a sleep lasts at least its duration
+        assert meas["iteration_time"] >= max(p["busy"] for p in pred["devices"]) - 1e-6
+        assert run["ratio"] == meas["iteration_time"] / pred["iteration_time"]
+        sched = plan.schedule()
+        done: dict[int, list[str]] = {}
+        for e in run["trace"]["traceEvents"]:
+            if e["ph"] == "X" and e["cat"] in ("F", "B", "I", "W") and e["args"]["iteration"] == 0:
+                done.setdefault(e["tid"], []).append(e["name"])
+        for d in range(4):  # W = t = 1: rank d is device d
+            assert done[d] == [str(a) for a in sched.actions[d] if a.kind in ("F", "B", "I", "W")], d
 
 
 @pytest.mark.slow

@@ -40,12 +40,12 @@ from sqlalchemy import event
 
 from api.main import create_app
 from api.schemas import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_PLAN_GPUS, MAX_TOP
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
+from planner.model import PRESETS
 
 #: planning it on 256 GPUs at B^=2048 takes several seconds (8 s on the 2-core development machine): long
 #: enough to be stopped in the middle, short enough to be run again
-PROFILE_1_3B = transformer_profile("gpt2-1.3b", *PRESETS["gpt2-1.3b"][:5], 312e12, "A100-SXM4-80GB").model_dump(
-    mode="json")
+PROFILE_1_3B = analytic_profile(PRESETS["gpt2-1.3b"], "A100-SXM4-80GB").model_dump(mode="json")
 SLOW_PLAN = {"global_batch": 2048, "gpus": 256, "top": 10}
 
 
@@ -547,6 +547,9 @@ def test_search_keeps_a_bounded_number_of_full_schedules_and_candidates(monkeypa
 
     kept: list[int] = []
     real = search._keep_best
+    seen: list[Any] = []  # every fitting candidate simulated
+    add = search.TopDistinct.add
+    monkeypatch.setattr(search.TopDistinct, "add", lambda self, cand: (seen.append(cand), add(self, cand))[1])
 
     def spy(cands: list[Any], k: int) -> None:
         real(cands, k)
@@ -561,7 +564,11 @@ def test_search_keeps_a_bounded_number_of_full_schedules_and_candidates(monkeypa
     assert res.simulated > 4 * FULL_SCHEDULES_KEPT
     assert len(planner.shapes._schedules) <= FULL_SCHEDULES_KEPT
     assert len(planner.shapes._compiled) <= FULL_SCHEDULES_KEPT
-    assert kept and max(kept) <= req.top  # the lists the search holds never pass k
+    assert kept and max(kept) <= req.top  # the infeasible list never passes k
+    assert all(c.simulation is not None and c.breakdown for c in res.candidates)  # the k returned are whole
+    worst = max(c.iteration_time for c in res.candidates)
+    timed = [c for c in seen if c.simulation is not None]  # timelines still held at the end
+    assert len(timed) < len(seen) and all(c.iteration_time <= worst for c in timed)
     # and the ranking is the one a search keeping everything gives
     monkeypatch.setattr(search, "_keep_best", lambda cands, k: None)
     full = search.Planner(prof, cl, req).search(prune=False)

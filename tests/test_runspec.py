@@ -51,14 +51,15 @@ def test_candidate_document_round_trip_and_old_documents() -> None:
 
 
 def test_planner_candidate_carries_its_run_spec() -> None:
-    from planner.analytic import PRESETS, transformer_profile
+    from planner.analytic import analytic_profile
     from planner.cluster import load_cluster
+    from planner.device import device_for_cluster
+    from planner.model import PRESETS
     from planner.request import TrainingRequest
     from planner.search import predict
 
     cl = load_cluster("examples/clusters/dgx-a100-80gb.json")
-    L, h, a, s, V, _ = PRESETS["gpt3-175b"]
-    prof = transformer_profile("gpt3-175b", L, h, a, s, V, cl.peak_flops, cl.device)
+    prof = analytic_profile(PRESETS["gpt3-175b"], device_for_cluster(cl))
     cfg = Config(tensor=8, pipeline=16, data=2, micro_batch=2, schedule="chimera", pipelines=1,
                  concat="backward-halving")
     cand = predict(prof, cl, TrainingRequest(global_batch=512), cfg)

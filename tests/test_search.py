@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.analytic import PRESETS, transformer_profile
+from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
+from planner.device import device_for_cluster
+from planner.model import PRESETS
 from planner.request import Config, TrainingRequest
 from planner.search import plan, predict
 
@@ -17,9 +19,7 @@ EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 
 
 def profile_for(preset: str, cluster, dtype: str = "bf16"):
-    L, h, a, s, V, enc = PRESETS[preset]
-    return transformer_profile(preset, L, h, a, s, V, cluster.peak_flops, cluster.device, dtype=dtype,
-                               encoder=enc)
+    return analytic_profile(PRESETS[preset], device_for_cluster(cluster), dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,5 @@ def test_example_profiles_match_the_generator():
             if f.name == f"{preset}-{dev}-analytic.json":
                 device = load_cluster(root / "clusters" / f"{cluster_name}.json")
         assert device is not None, f.name
-        L, h, a, s, V, enc = PRESETS[preset]
-        again = transformer_profile(preset, L, h, a, s, V, device.peak_flops, device.device, dtype=shipped.dtype,
-                                    encoder=enc)
+        again = analytic_profile(PRESETS[preset], device_for_cluster(device), dtype=shipped.dtype)
         assert again.content_hash() == shipped.content_hash(), f.name

@@ -42,7 +42,7 @@ def plan_out(row: PlanRequest) -> dict[str, Any]:
     out = plan_summary(row, len(row.candidates))
     out["candidates"] = [c.body for c in row.candidates]
     out.update({k: v for k, v in (row.summary or {}).items()
-                if k in ("infeasible", "rejected", "evaluated", "simulated", "considered")})
+                if k in ("infeasible", "rejected", "evaluated", "simulated", "considered", "warnings")})
     return out
 
 

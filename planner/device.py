@@ -1,0 +1,273 @@
+"""Device descriptions as data: peak throughput, memory, and how efficiently each kind of kernel runs.
+
+A :class:`DeviceSpec` is what the operator-level cost model (:mod:`planner.operators`) needs to time one
+kernel on one device (Calculon, Isaev et al. SC'23, section 3: "matrix" and "vector" engines with an
+efficiency table each, a memory with an efficiency table by transfer size):
+
+* ``peak_flops[dtype]``: dense matrix-engine (tensor core) peak, FLOP/s, from the datasheet;
+* ``vector_flops[dtype]``: the non-matrix (CUDA core / SIMD) peak for element-wise work;
+* ``memory_bandwidth`` (bytes/s) and ``memory_bytes``;
+* ``gemm_efficiency``: achieved / peak of a GEMM as a function of its FLOPs, one :class:`Curve` per dtype
+  (piecewise-linear in ``log10(GFLOP)``, flat outside the table), optionally refined by measured GEMM
+  shapes (``gemm_points``, what ``pipeplan profile-device`` writes) and by tile quantisation
+  (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part);
+* ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
+* ``kernel_overhead_s``: fixed cost per kernel launch (a floor for tiny kernels; on CPU the framework's
+  per-op dispatch cost);
+* ``collective_efficiency``: achieved NCCL bus bandwidth / link peak by message size, for collectives
+  among these devices (nccl-tests ``busbw``).
+
+Each figure carries its source in ``sources`` (field name -> citation). The shipped devices live in
+``planner/devices/*.json``; :func:`get_device` finds one by name or alias (case-insensitive) or reads a
+JSON file path, so a cluster's ``device`` string (e.g. ``"A100-SXM4-80GB"``) names its description and
+old cluster files stay valid. A cluster whose device is unknown gets :func:`generic_device` built from its
+own ``peak_flops`` and ``memory_bandwidth`` with the A100 curves (stated in the device's ``notes``).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from planner.cluster import Cluster
+
+DEVICES_DIR = Path(__file__).parent / "devices"
+
+#: dtype spellings -> the canonical key used in ``peak_flops`` / ``gemm_efficiency``
+DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+                 "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "tf32", "fp8": "fp8",
+                 "fp64": "fp64", "float64": "fp64"}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """``"bfloat16"`` -> ``"bf16"`` etc.; unknown names are returned lower-cased."""
+    return DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+
+
+class Curve(BaseModel):
+    """An efficiency as a function of a size: ``points`` are ``(size, efficiency)`` pairs.
+
+    Evaluated piecewise-linearly in ``log10(size)`` between points and flat outside them (the first point's
+    efficiency below it, the last one's above it). Sizes are GFLOP for GEMM curves, MB (1e6 bytes) for
+    memory and collective curves.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    points: list[tuple[float, float]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Curve:
+        sizes = [p[0] for p in self.points]
+        if any(s <= 0 for s in sizes):
+            raise ValueError("points: sizes must be > 0 (the curve is interpolated in log size)")
+        if sizes != sorted(sizes) or len(set(sizes)) != len(sizes):
+            raise ValueError("points: sizes must be strictly increasing")
+        for s, e in self.points:
+            if not (0 < e <= 1):
+                raise ValueError(f"points: efficiency {e} at size {s} must be in (0, 1]")
+        return self
+
+    def __call__(self, size: float) -> float:
+        pts = self.points
+        if size <= pts[0][0]:
+            return pts[0][1]
+        if size >= pts[-1][0]:
+            return pts[-1][1]
+        x = math.log10(size)
+        for (s0, e0), (s1, e1) in zip(pts, pts[1:], strict=False):
+            if size <= s1:
+                x0, x1 = math.log10(s0), math.log10(s1)
+                return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+        return pts[-1][1]  # pragma: no cover
+
+
+class GemmPoint(BaseModel):
+    """One measured GEMM: ``batch`` products of (m x k) @ (k x n) in ``dtype`` took ``seconds``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    batch: int = Field(default=1, gt=0)
+    dtype: str
+    seconds: float = Field(gt=0, allow_inf_nan=False)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+
+class DeviceSpec(BaseModel):
+    """One accelerator (or CPU) as the cost model sees it (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    aliases: list[str] = Field(default_factory=list, description="other names a cluster may use")
+    kind: Literal["gpu", "cpu"] = "gpu"
+    peak_flops: dict[str, float] = Field(description="dtype -> dense matrix peak FLOP/s")
+    vector_flops: dict[str, float] = Field(default_factory=dict, description="dtype -> element-wise peak")
+    memory_bytes: int = Field(gt=0)
+    memory_bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s")
+    gemm_efficiency: dict[str, Curve] = Field(description="dtype -> efficiency by GEMM GFLOP")
+    gemm_points: list[GemmPoint] = Field(default_factory=list, description="measured GEMMs (profile-device)")
+    tile: tuple[int, int] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
+    memory_efficiency: Curve = Field(description="efficiency of memory-bound kernels by MB moved")
+    kernel_overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per kernel")
+    collective_efficiency: Curve | None = Field(
+        default=None, description="achieved bus bandwidth / link peak by message MB (NCCL)")
+    processing: Literal["roofline", "no_overlap"] = Field(
+        default="roofline", description="kernel time = max(compute, memory) or their sum (Calculon)")
+    sources: dict[str, str] = Field(default_factory=dict, description="field -> citation")
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> DeviceSpec:
+        if not self.peak_flops:
+            raise ValueError("peak_flops: needs at least one dtype")
+        for field, table in (("peak_flops", self.peak_flops), ("vector_flops", self.vector_flops)):
+            for dt, v in table.items():
+                if not (v > 0) or not math.isfinite(v):
+                    raise ValueError(f"{field}[{dt}]: must be a finite number > 0, got {v}")
+        if not self.gemm_efficiency:
+            raise ValueError("gemm_efficiency: needs at least one dtype")
+        return self
+
+    # ---- lookups ---------------------------------------------------------------------------------
+    def _dtype_key(self, table: dict, dtype: str, field: str) -> str:
+        key = canonical_dtype(dtype)
+        if key in table:
+            return key
+        # fp16 and bf16 run on the same tensor cores at the same rate on every device we ship
+        for alt in {"bf16": ("fp16",), "fp16": ("bf16",)}.get(key, ()):
+            if alt in table:
+                return alt
+        raise ValueError(f"{field}: device {self.name!r} has no entry for dtype {dtype!r} "
+                         f"(has {', '.join(sorted(table))})")
+
+    def peak(self, dtype: str) -> float:
+        """Dense matrix peak FLOP/s at ``dtype``."""
+        return self.peak_flops[self._dtype_key(self.peak_flops, dtype, "peak_flops")]
+
+    def vector_peak(self, dtype: str) -> float:
+        """Element-wise peak FLOP/s at ``dtype`` (the matrix peak / 4 when not given)."""
+        if self.vector_flops:
+            try:
+                return self.vector_flops[self._dtype_key(self.vector_flops, dtype, "vector_flops")]
+            except ValueError:
+                pass
+        return self.peak(dtype) / 4
+
+    def gemm_eff(self, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16") -> float:
+        """Achieved / peak of ``batch`` GEMMs (m x k) @ (k x n): a measured point of the same shape when
+        there is one, else the curve at the GEMM's GFLOP times the tile quantisation
+        ``(m n) / (ceil(m/tm) tm ceil(n/tn) tn)``."""
+        key = canonical_dtype(dtype)
+        for p in self.gemm_points:
+            if (p.m, p.n, p.k, p.batch) == (m, n, k, batch) and canonical_dtype(p.dtype) == key:
+                return min(1.0, p.flops / (p.seconds * self.peak(dtype)))
+        curve = self.gemm_efficiency[self._dtype_key(self.gemm_efficiency, dtype, "gemm_efficiency")]
+        eff = curve(2.0 * batch * m * n * k / 1e9)
+        if self.tile is not None:
+            tm, tn = self.tile
+            eff *= (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
+        return eff
+
+    def mem_eff(self, nbytes: float) -> float:
+        """Achieved / peak bandwidth of a memory-bound kernel moving ``nbytes``."""
+        return self.memory_efficiency(max(nbytes, 1.0) / 1e6)
+
+    def kernel_time(self, flops: float, nbytes: float, *, gemm: tuple[int, int, int, int] | None = None,
+                    dtype: str = "bf16") -> float:
+        """Seconds of one kernel: compute ``flops`` on the matrix engine (``gemm`` = (m, n, k, batch)) or
+        the vector engine (``gemm`` None), memory ``nbytes`` at the size-dependent bandwidth, combined by
+        ``processing``, plus ``kernel_overhead_s``."""
+        if gemm is not None:
+            m, n, k, batch = gemm
+            t_c = flops / (self.peak(dtype) * self.gemm_eff(m, n, k, batch, dtype)) if flops > 0 else 0.0
+        else:
+            t_c = flops / self.vector_peak(dtype) if flops > 0 else 0.0
+        t_m = nbytes / (self.memory_bandwidth * self.mem_eff(nbytes)) if nbytes > 0 else 0.0
+        body = max(t_c, t_m) if self.processing == "roofline" else t_c + t_m
+        return body + self.kernel_overhead_s
+
+    def coll_eff(self, nbytes: float) -> float:
+        """Achieved bus bandwidth / link peak of a collective of ``nbytes`` (1.0 when not described)."""
+        if self.collective_efficiency is None:
+            return 1.0
+        return self.collective_efficiency(max(nbytes, 1.0) / 1e6)
+
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` names this device (its name or an alias, case- and separator-insensitive)."""
+        want = _norm(name)
+        return want == _norm(self.name) or any(want == _norm(a) for a in self.aliases)
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def load_device(path: str | Path) -> DeviceSpec:
+    """Read and validate a device description (JSON)."""
+    return DeviceSpec.model_validate_json(Path(path).read_text())
+
+
+def save_device(device: DeviceSpec, path: str | Path) -> None:
+    """Write ``device`` as indented JSON."""
+    Path(path).write_text(device.model_dump_json(indent=2) + "\n")
+
+
+@lru_cache(maxsize=1)
+def shipped_devices() -> tuple[DeviceSpec, ...]:
+    """The devices in ``planner/devices/*.json`` (read once)."""
+    return tuple(load_device(p) for p in sorted(DEVICES_DIR.glob("*.json")))
+
+
+def find_device(name: str) -> DeviceSpec | None:
+    """A shipped device by name or alias, a device JSON file by path, or None."""
+    for dev in shipped_devices():
+        if dev.matches(name):
+            return dev
+    p = Path(name)
+    if p.suffix == ".json" and p.is_file():
+        return load_device(p)
+    return None
+
+
+def get_device(name: str) -> DeviceSpec:
+    """Like :func:`find_device`, but an unknown name is an error naming the known devices."""
+    dev = find_device(name)
+    if dev is None:
+        known = ", ".join(d.name for d in shipped_devices())
+        raise ValueError(f"device: unknown device {name!r}; shipped: {known} (or a path to a device .json)")
+    return dev
+
+
+def generic_device(name: str, peak_flops: float, memory_bandwidth: float, memory_bytes: int,
+                   dtype: str = "bf16") -> DeviceSpec:
+    """A device known only by its peaks: the A100's efficiency curves (Calculon) on these peaks."""
+    base = get_device("A100-SXM4-80GB")
+    key = canonical_dtype(dtype)
+    return DeviceSpec(
+        name=name, kind="gpu", peak_flops={key: peak_flops}, memory_bytes=memory_bytes,
+        memory_bandwidth=memory_bandwidth, gemm_efficiency={key: base.gemm_efficiency["fp16"]},
+        memory_efficiency=base.memory_efficiency, kernel_overhead_s=base.kernel_overhead_s,
+        collective_efficiency=base.collective_efficiency, processing=base.processing,
+        sources={"*": "peaks from the cluster file; curves copied from A100-SXM4-80GB"},
+        notes=f"generic description of {name!r}: no shipped device matched; curves are the A100's")
+
+
+def device_for_cluster(cluster: Cluster) -> DeviceSpec:
+    """The description of a cluster's device: its ``device`` string looked up with :func:`find_device`,
+    else :func:`generic_device` from the cluster's own peak FLOP/s, bandwidth and memory."""
+    dev = find_device(cluster.device)
+    if dev is not None:
+        return dev
+    return generic_device(cluster.device, cluster.peak_flops, cluster.memory_bandwidth, cluster.memory_bytes)

@@ -1,0 +1,205 @@
+"""Predictions of published, measured training runs (Megatron-LM SC'21 Tables 1 and 2, figures 13-15).
+
+A published run gives the model shape, (t, p, d), the global batch and the measured FLOP/s per GPU; with
+Megatron's FLOP count (Narayanan et al. SC'21, appendix: ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per
+iteration with activation recomputation) that is a measured time per iteration. :func:`predict_run` builds
+the operator-model profile of the model on the device (fp16, unfused attention with Megatron's fused
+softmax and dropout: what the 2021 runs did), a cluster of DGX A100 nodes of the run's size, and predicts
+the iteration with the simulator for the run's schedule: Megatron's interleaved 1F1B where p > 1 (section
+5.1: "we use the interleaved pipeline schedule with the scatter/gather optimization"), 1F1B where p = 1,
+full recomputation on. Where the paper does not state the micro-batch size b or the number of model chunks
+v, Megatron tuned them (Takeaway #3), so we take the fastest predicted among b in (1, 2, 4, 8) dividing
+the per-replica batch and v dividing the layers per stage, of those that fit in memory; the chosen b and v
+are reported.
+
+Nothing here is fitted to the tables: the device and cluster descriptions are the shipped ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.analytic import analytic_profile
+from planner.cluster import Cluster
+from planner.device import DeviceSpec
+from planner.model import ModelSpec
+from planner.operators import OperatorOptions
+from planner.profile import ModelProfile
+from planner.request import Config, TrainingRequest
+from planner.search import Candidate, predict
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One measured run: model shape, parallel sizes, global batch, measured TFLOP/s per GPU."""
+
+    label: str
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    t: int
+    p: int
+    gpus: int
+    batch: int
+    tflops: float
+    micro_batch: int | None = None
+
+    @property
+    def d(self) -> int:
+        return self.gpus // (self.t * self.p)
+
+    def flops(self) -> float:
+        """Megatron's FLOPs per iteration with recomputation (SC'21 appendix)."""
+        s, n, h, V, B = self.seq, self.layers, self.hidden, self.vocab, self.batch
+        return 96 * B * s * n * h * h * (1 + s / (6 * h) + V / (16 * n * h))
+
+    def measured_seconds(self) -> float:
+        return self.flops() / (self.gpus * self.tflops * 1e12)
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(name=self.label, layers=self.layers, hidden=self.hidden, heads=self.heads,
+                         seq=self.seq, vocab=self.vocab)
+
+
+@dataclass
+class RunPrediction:
+    run: PublishedRun
+    seconds: float
+    micro_batch: int
+    schedule: str
+    chunks: int | None
+    peak_memory: float
+    fits: bool
+    compute: str | None
+    breakdown: dict[str, float]
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured."""
+        return self.seconds / self.run.measured_seconds() - 1
+
+
+def load_tables(path: str | Path) -> dict:
+    """The JSON of tests/data/megatron_tables.json."""
+    return json.loads(Path(path).read_text())
+
+
+def table_runs(data: dict, table: str) -> list[PublishedRun]:
+    out = []
+    for i, row in enumerate(data[table]):
+        out.append(PublishedRun(
+            label=f"{table}[{i}] {row['params_b']:g}B g={row['gpus']}", layers=row["layers"], hidden=row["hidden"],
+            heads=row["heads"], seq=data["seq"], vocab=data["vocab"], t=row["t"], p=row["p"], gpus=row["gpus"],
+            batch=row["batch"], tflops=row["tflops"], micro_batch=row.get("micro_batch")))
+    return out
+
+
+def run_cluster(base: Cluster, gpus: int) -> Cluster:
+    """``base`` (a DGX cluster description) with enough nodes for ``gpus``."""
+    return base.model_copy(update={"nodes": max(1, math.ceil(gpus / base.gpus_per_node)),
+                                   "name": f"{base.name}-{gpus}"})
+
+
+def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int, ...],
+                options: OperatorOptions | None = None, blocking_p2p: bool = True) -> ModelProfile:
+    """The operator-model profile of the run's model; ``blocking_p2p``: Megatron 2021's runtime waited for
+    its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p")."""
+    prof = analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
+                            tensor_sizes=(1, run.t) if run.t > 1 else (1,),
+                            options=options or OperatorOptions(attention="unfused", dropout=True))
+    if blocking_p2p:
+        prof = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
+    return prof
+
+
+def candidate_configs(run: PublishedRun, micro_batches: tuple[int, ...] = (1, 2, 4, 8),
+                      max_chunks: int = 4) -> list[Config]:
+    """The (b, schedule, v) choices of a run (module docstring); ``max_chunks=1``: plain 1F1B only."""
+    per_replica = run.batch // run.d
+    bs = [run.micro_batch] if run.micro_batch else [b for b in micro_batches if per_replica % b == 0]
+    out = []
+    for b in bs:
+        if run.p == 1:
+            out.append(Config(tensor=run.t, pipeline=1, data=run.d, micro_batch=b, schedule="1f1b", recompute=True))
+            continue
+        m = per_replica // b
+        per_stage = run.layers // run.p if run.layers % run.p == 0 else 0
+        chunks = [v for v in range(2, max_chunks + 1) if per_stage and per_stage % v == 0 and m % run.p == 0]
+        if not chunks:
+            out.append(Config(tensor=run.t, pipeline=run.p, data=run.d, micro_batch=b, schedule="1f1b",
+                              recompute=True))
+        for v in chunks:
+            out.append(Config(tensor=run.t, pipeline=run.p, data=run.d, micro_batch=b, schedule="interleaved",
+                              recompute=True, chunks=v))
+    return out
+
+
+def predict_run(run: PublishedRun, base: Cluster, device: DeviceSpec,
+                micro_batches: tuple[int, ...] = (1, 2, 4, 8), max_chunks: int = 4,
+                options: OperatorOptions | None = None) -> RunPrediction:
+    """The fastest predicted configuration of ``run`` among :func:`candidate_configs` that fits."""
+    configs = candidate_configs(run, micro_batches, max_chunks)
+    prof = run_profile(run, device, tuple(sorted({c.micro_batch for c in configs})), options)
+    cl = run_cluster(base, run.gpus)
+    req = TrainingRequest(global_batch=run.batch, gpus=run.gpus, max_tensor=max(run.t, 1))
+    best: tuple[Candidate, Config] | None = None
+    for cfg in configs:
+        cand = predict(prof, cl, req, cfg)
+        if cand.simulation is None:
+            continue
+        key = (not cand.fits, cand.iteration_time)
+        if best is None or key < (not best[0].fits, best[0].iteration_time):
+            best = (cand, cfg)
+    if best is None:
+        raise ValueError(f"{run.label}: no configuration could be simulated")
+    cand, cfg = best
+    return RunPrediction(run=run, seconds=cand.iteration_time, micro_batch=cfg.micro_batch, schedule=cfg.schedule,
+                         chunks=cfg.chunks, peak_memory=max(cand.memory, default=0.0), fits=cand.fits,
+                         compute=cand.costs.compute_source if cand.costs is not None else None,
+                         breakdown=dict(cand.breakdown))
+
+
+@dataclass
+class RankingResult:
+    figure: str
+    claim: str
+    batch: int
+    #: ((t, p, d), predicted seconds) in the order the figure lists them
+    predicted: list[tuple[tuple[int, int, int], float]]
+    expect: str
+    ok: bool
+
+
+def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[RankingResult]:
+    """Each ranking claim of ``data["rankings"]`` at each of its batch sizes: predict every (t, p, d) with
+    the stated micro-batch, plain 1F1B (the figures compare parallel sizes, not schedules) and
+    recomputation, and check the claim: ``"best"`` (the named configuration is predicted fastest) or
+    ``"order"`` (predicted time grows along the listed configurations)."""
+    out = []
+    for claim in data["rankings"]:
+        m = claim["model"]
+        for batch in claim["batches"]:
+            preds = []
+            for t, p, d in claim["configs"]:
+                run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} B={batch}", layers=m["layers"],
+                                   hidden=m["hidden"], heads=m["heads"], seq=data["seq"], vocab=data["vocab"], t=t,
+                                   p=p, gpus=t * p * d, batch=batch, tflops=0.0, micro_batch=claim["micro_batch"])
+                preds.append(((t, p, d), predict_run(run, base, device, max_chunks=1).seconds))
+            times = [x[1] for x in preds]
+            if claim["expect"] == "best":
+                ok = preds[times.index(min(times))][0] == tuple(claim["best"])
+            else:
+                ok = all(a < b for a, b in zip(times, times[1:], strict=False))
+            out.append(RankingResult(claim["figure"], claim["claim"], batch, preds, claim["expect"], ok))
+    return out
+
+
+def median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2

@@ -1,0 +1,25 @@
+"""Warnings about the inputs of a plan: a profile timed on one device used for a cluster of another.
+
+A profile's times are its device's (``ModelProfile.device``: the GPU's name, or ``cpu``); the planner
+applies them to the cluster's devices (``Cluster.device``) as they are. When the two differ, every
+predicted time is the profile's device's, not the cluster's, and the user must be told (issue 13: an A100
+profile planned on the local CPU cluster predicted 2.6 ms where the run took a hundred times longer).
+"""
+
+from __future__ import annotations
+
+from planner.cluster import Cluster
+from planner.profile import ModelProfile
+
+
+def _norm(device: str) -> str:
+    return "".join(ch for ch in device.lower() if ch.isalnum())
+
+
+def device_warnings(profile: ModelProfile, cluster: Cluster) -> list[str]:
+    """One sentence per problem (empty: none)."""
+    if _norm(profile.device) == _norm(cluster.device):
+        return []
+    return [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
+            f"{cluster.device!r} devices: the predicted times are {profile.device}'s, not the cluster's "
+            f"(profile the model on {cluster.device}, or pick a profile of that device)"]

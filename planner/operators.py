@@ -1,0 +1,288 @@
+"""Operator-level model of a transformer layer: the kernels of one tensor-parallel shard, their FLOPs, bytes
+moved and GEMM shapes, and their times on a :class:`planner.device.DeviceSpec`.
+
+A layer (pre-norm GPT/Llama decoder or BERT encoder, :class:`planner.model.ModelSpec`) is the list
+(Megatron-LM, Narayanan et al. SC'21, section 3.2 and figure 5; Shoeybi et al. 2019, figure 3):
+
+``norm1 -> QKV projection -> attention -> output projection -> [all-reduce] -> dropout+residual ->
+norm2 -> MLP up (+ gate) -> activation -> MLP down -> [all-reduce] -> dropout+residual``
+
+Symbols: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` query heads, ``k`` key/value heads, ``d``
+head dimension, ``f`` MLP width, ``t`` tensor-parallel size, ``T = b s`` tokens, ``el`` bytes per element.
+
+**Tensor parallelism** (Megatron 3.2): QKV and MLP-up are split by columns (each rank ``a/t`` query
+heads, ``max(k/t, 1)`` key/value heads, ``f/t`` MLP columns), the output projection and MLP-down by rows,
+so the GEMMs are ``(m, n, k) = (T, (a d + 2 k d)/t, h)``, ``(T, h, a d/t)``, ``(T, f/t, h)`` (twice or one
+double-width GEMM when gated), ``(T, h, f/t)``; attention runs ``b a/t`` heads per rank. Norms, dropouts
+and residual adds run on the full ``T x h`` on every rank, or on ``T/t`` rows with sequence parallelism
+(Korthikanti et al. 2022, section 4.2.2). The collectives are not operators here: the cost model adds
+them from the cluster's links (:mod:`planner.cost`).
+
+**Attention**: ``"unfused"`` is what the 2021 Megatron runs did: a batched GEMM for the scores ``Q K^T``
+(``b a/t`` GEMMs of ``(s, s, d)``), one fused scale+mask+softmax kernel (Megatron 4.2, "custom kernels"),
+attention dropout, and a batched GEMM for ``P V`` (``(s, d, s)``). ``"flash"`` is one fused kernel
+(FlashAttention, Dao et al. 2022) whose forward has the two GEMMs' FLOPs, moves only Q, K, V, O, and
+whose backward recomputes the scores (2.5x the forward FLOPs: 5 GEMMs of the same size; FlashAttention-2
+section 3.1.2). ``causal=True`` halves the attention FLOPs of the flash kernel (it skips masked blocks);
+the unfused GEMMs compute the whole square, as Megatron's did.
+
+**Backward** of a GEMM ``Y = X W`` (X ``m x k``, W ``k x n``): the input gradient ``dX = dY W^T`` is a
+``(m, k, n)`` GEMM and the weight gradient ``dW = X^T dY`` a ``(k, n, m)`` GEMM, each with the forward's
+FLOPs; attention's GEMMs have no weights, so both of their gradient GEMMs are input-gradient work. An
+element-wise kernel's backward reads the output gradient and what it saved and writes the input gradient.
+The backward is kept as its input-gradient part I and weight-gradient part W (zero-bubble pipelines, Qi et
+al. 2023). **Recomputation** (full, per layer: Megatron 3.5) re-runs the forward list before the backward.
+
+**Time** of one kernel (Calculon, Isaev et al. SC'23, section 3):
+``max(FLOPs / (peak * gemm_efficiency(shape)), bytes / (bandwidth * memory_efficiency(bytes)))`` plus the
+per-kernel overhead (:meth:`planner.device.DeviceSpec.kernel_time`); element-wise FLOPs run at the vector
+peak.
+
+**Stashed activations** (what autograd keeps for the backward): each operator lists the tensors it saves;
+for GPT shapes (MHA, ``f = 4h``, LayerNorm, dropout, unfused attention) the sum is Korthikanti et al.
+2022's ``s b h (34 + 5 a s / h)`` bytes at 16-bit (eq. 1), ``s b h (10 + 24/t + 5 a s/(h t))`` with
+tensor parallelism (eq. 2) and ``s b h (34 + 5 a s/h) / t`` with sequence parallelism too (eq. 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from planner.device import DeviceSpec
+from planner.model import ModelSpec
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch: ``flops``, ``nbytes`` read + written, and its GEMM shape ``(m, n, k, batch)``
+    (None for element-wise / reduction kernels, which run on the vector engine)."""
+
+    name: str
+    flops: float
+    nbytes: float
+    gemm: tuple[int, int, int, int] | None = None
+
+    def time(self, device: DeviceSpec, dtype: str) -> float:
+        return device.kernel_time(self.flops, self.nbytes, gemm=self.gemm, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator of the layer: its forward kernels, its backward split into input-gradient (``bwd_i``)
+    and weight-gradient (``bwd_w``) kernels, and the bytes it stashes for the backward."""
+
+    name: str
+    fwd: tuple[Kernel, ...]
+    bwd_i: tuple[Kernel, ...]
+    bwd_w: tuple[Kernel, ...] = ()
+    saved_bytes: float = 0.0
+
+    @property
+    def fwd_flops(self) -> float:
+        return sum(k.flops for k in self.fwd)
+
+    @property
+    def bwd_flops(self) -> float:
+        return sum(k.flops for k in self.bwd_i + self.bwd_w)
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """Implementation choices of the layer (what the measured run did)."""
+
+    attention: Literal["unfused", "flash"] = "unfused"
+    causal: bool = False  # only the flash kernel skips masked blocks
+    dropout: bool = True  # GPT-2/3 and BERT train with dropout; Llama does not
+    sequence_parallel: bool = False
+    dtype: str = "bf16"
+    #: "separate": each weight gradient is added into the main-gradient buffer by its own kernel (Megatron's
+    #: DDP hook ``param.main_grad.add_(param.grad)``, 2021): read grad and main grad, write main grad, per
+    #: micro-batch; "fused": the weight-gradient GEMM accumulates in place (gradient-accumulation fusion)
+    grad_accumulation: Literal["separate", "fused"] = "separate"
+
+
+def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: bool = True,
+         save_input: bool = True, save_weight_side: float = 0.0, accumulate: bool = False) -> Operator:
+    """``batch`` GEMMs ``(m x k) @ (k x n)``: forward, input gradient ``(m, k, n)`` and, for a weight
+    (``weight=True``), weight gradient ``(k, n, m)``; a weightless (attention) GEMM's second operand is an
+    activation, so both gradients are input-gradient work. Saves its input ``m k`` (and
+    ``save_weight_side`` elements for a weightless GEMM's second operand). ``accumulate``: the weight
+    gradient is then added into the main-gradient buffer by a separate kernel (3 ``k n`` element moves)."""
+    flops = 2.0 * batch * m * n * k
+    fwd = Kernel(name, flops, el * batch * (m * k + k * n + m * n), (m, n, k, batch))
+    dgrad = Kernel(name + ".dgrad", flops, el * batch * (m * n + k * n + m * k), (m, k, n, batch))
+    wgrad = Kernel(name + ".wgrad", flops, el * batch * (m * k + m * n + k * n), (k, n, m, batch))
+    saved = el * batch * m * k * (1 if save_input else 0) + el * save_weight_side
+    if weight:
+        acc = (Kernel(name + ".grad_acc", float(k * n), 3.0 * el * k * n),) if accumulate else ()
+        return Operator(name, (fwd,), (dgrad,), (wgrad, *acc), saved)
+    return Operator(name, (fwd,), (dgrad, wgrad), (), saved)
+
+
+def elementwise(name: str, elements: float, el: int, *, reads: float, writes: float, flops_per: float,
+                bwd_reads: float, bwd_writes: float, saved_bytes: float, extra_bytes: float = 0.0,
+                bwd_extra_bytes: float = 0.0) -> Operator:
+    """An element-wise (or row-reduction) kernel over ``elements``: ``reads``/``writes`` tensors of that
+    size forward and ``bwd_reads``/``bwd_writes`` backward, plus ``extra_bytes`` (e.g. a dropout mask)."""
+    fwd = Kernel(name, flops_per * elements, el * elements * (reads + writes) + extra_bytes)
+    bwd = Kernel(name + ".bwd", flops_per * elements, el * elements * (bwd_reads + bwd_writes) + bwd_extra_bytes)
+    return Operator(name, (fwd,), (bwd,), (), saved_bytes)
+
+
+def _shard(total: int, t: int) -> int:
+    """Megatron's split of ``total`` heads (or columns) over ``t`` ranks (at least one per rank: key/value
+    heads fewer than ``t`` are replicated)."""
+    return max(total // t, 1)
+
+
+def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:
+    """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences."""
+    o = options or OperatorOptions()
+    el = DTYPE_BYTES.get(o.dtype.lower(), 2)
+    s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
+    if spec.heads % t:
+        raise ValueError(f"tensor: t = {t} must divide the {spec.heads} attention heads")
+    T = b * s
+    a_t = spec.heads // t
+    k_t = _shard(spec.k, t)
+    f_t = f // t if f % t == 0 else -(-f // t)
+    rows = T // t if (o.sequence_parallel and T % t == 0) else (T / t if o.sequence_parallel else T)
+    ln_el = rows * h  # elements of a norm / dropout-add (sequence-split with SP)
+    acc = o.grad_accumulation == "separate"
+    norm_flops = 8.0 if spec.norm == "layernorm" else 5.0
+    ops: list[Operator] = []
+
+    def norm(name: str) -> Operator:
+        # reads x (and weights), writes y; backward reads dy, x, writes dx; saves its input
+        return elementwise(name, ln_el, el, reads=1, writes=1, flops_per=norm_flops, bwd_reads=2, bwd_writes=1,
+                           saved_bytes=el * ln_el)
+
+    def dropout_add(name: str) -> Operator:
+        # Megatron's fused bias + dropout + residual add: reads x and the residual, writes the sum and a
+        # 1-byte mask; backward reads the gradient and the mask, writes the gradient of x. Saves the mask.
+        mask = ln_el if o.dropout else 0.0
+        return elementwise(name, ln_el, el, reads=2, writes=1, flops_per=3.0, bwd_reads=1, bwd_writes=1,
+                           saved_bytes=mask, extra_bytes=mask, bwd_extra_bytes=mask)
+
+    def gathered(op: Operator) -> Operator:
+        # with SP a column-parallel GEMM's input is all-gathered from T/t rows; only the local 1/t part is
+        # stashed and the all-gather redone in the backward (Korthikanti et al. 2022, section 4.2.2)
+        return replace(op, saved_bytes=el * ln_el) if o.sequence_parallel else op
+
+    ops.append(norm("norm1"))
+    ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc)))
+    heads_b = b * a_t
+    if o.attention == "unfused":
+        # scores S = Q K^T per head: saves Q and K (the GEMM's two operands)
+        ops.append(gemm("scores", s, s, d, el, heads_b, weight=False, save_input=True,
+                        save_weight_side=b * k_t * s * d))
+        E = heads_b * s * s
+        ops.append(elementwise("softmax", E, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
+                               saved_bytes=el * E))
+        if o.dropout:
+            ops.append(elementwise("attn_dropout", E, el, reads=1, writes=1, flops_per=2.0, bwd_reads=1,
+                                   bwd_writes=1, saved_bytes=E, extra_bytes=E, bwd_extra_bytes=E))
+        # P V per head: saves P (the dropout output) and V
+        ops.append(gemm("attn_v", s, d, s, el, heads_b, weight=False, save_input=o.dropout,
+                        save_weight_side=b * k_t * s * d))  # without dropout P is the softmax's saved output
+    else:
+        causal = 0.5 if o.causal else 1.0
+        fl = causal * 4.0 * heads_b * s * s * d
+        io = el * (2 * heads_b * s * d + 2 * b * k_t * s * d)  # read Q, K, V, write O
+        fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b))
+        bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b))
+        # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input
+        qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
+        ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + 4.0 * heads_b * s))
+    ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc))
+    ops.append(dropout_add("dropout_add1"))
+    ops.append(norm("norm2"))
+    if spec.gated_mlp:
+        ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc)))
+        ops.append(elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3,
+                               bwd_writes=2, saved_bytes=el * 2 * T * f_t))
+    else:
+        ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc)))
+        # fused bias + GeLU (Megatron 4.2); saves its input
+        ops.append(elementwise("act", T * f_t, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
+                               saved_bytes=el * T * f_t))
+    ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc))
+    ops.append(dropout_add("dropout_add2"))
+    return ops
+
+
+def head_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:
+    """Final norm, the vocabulary-parallel output projection ``(T, V/t, h)`` and the cross-entropy
+    (softmax over ``V/t`` logits in fp32, Megatron's vocab-parallel loss)."""
+    o = options or OperatorOptions()
+    el = DTYPE_BYTES.get(o.dtype.lower(), 2)
+    T, h = b * spec.seq, spec.hidden
+    v_t = -(-spec.vocab // t)
+    rows = T / t if o.sequence_parallel else T
+    acc = o.grad_accumulation == "separate"
+    ops = [elementwise("final_norm", rows * h, el, reads=1, writes=1, flops_per=8.0, bwd_reads=2, bwd_writes=1,
+                       saved_bytes=el * rows * h),
+           gemm("logits", T, v_t, h, el, accumulate=acc),
+           elementwise("cross_entropy", T * v_t, 4, reads=1, writes=1, flops_per=5.0, bwd_reads=1, bwd_writes=1,
+                       saved_bytes=4 * T * v_t)]
+    return ops
+
+
+def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:
+    """Word (vocab-parallel) and position embedding lookup: a gather of ``T x h``, plus the add and
+    dropout; backward scatters ``T x h`` gradients into the embedding's gradient."""
+    o = options or OperatorOptions()
+    el = DTYPE_BYTES.get(o.dtype.lower(), 2)
+    T, h = b * spec.seq, spec.hidden
+    lookup = elementwise("embedding", T * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1, bwd_writes=1,
+                         saved_bytes=8.0 * T)
+    w = Kernel("embedding.wgrad", 0.0, el * 2 * T * h)
+    lookup = Operator(lookup.name, lookup.fwd, (), (w,), lookup.saved_bytes)
+    mask = T * h if o.dropout else 0.0
+    drop = elementwise("embedding_dropout", T * h, el, reads=2, writes=1, flops_per=2.0, bwd_reads=1, bwd_writes=1,
+                       saved_bytes=mask, extra_bytes=mask, bwd_extra_bytes=mask)
+    return [lookup, drop]
+
+
+@dataclass
+class PassTimes:
+    """Seconds of one list of operators on one device: forward, backward input gradient (I), weight
+    gradient (W), and the bytes they stash."""
+
+    fwd: float = 0.0
+    bwd_i: float = 0.0
+    bwd_w: float = 0.0
+    saved_bytes: float = 0.0
+    per_op: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    @property
+    def bwd(self) -> float:
+        return self.bwd_i + self.bwd_w
+
+    @property
+    def recompute(self) -> float:
+        """Backward with full recomputation: the forward re-run plus the backward (Megatron 3.5)."""
+        return self.fwd + self.bwd
+
+
+def time_operators(ops: list[Operator], device: DeviceSpec, dtype: str) -> PassTimes:
+    """Forward, input-gradient and weight-gradient seconds of ``ops`` on ``device``."""
+    out = PassTimes()
+    for op in ops:
+        f = sum(k.time(device, dtype) for k in op.fwd)
+        i = sum(k.time(device, dtype) for k in op.bwd_i)
+        w = sum(k.time(device, dtype) for k in op.bwd_w)
+        out.fwd += f
+        out.bwd_i += i
+        out.bwd_w += w
+        out.saved_bytes += op.saved_bytes
+        out.per_op[op.name] = (f, i, w)
+    return out
+
+
+def layer_flops(ops: list[Operator]) -> tuple[float, float]:
+    """(forward, backward) FLOPs of an operator list."""
+    return sum(op.fwd_flops for op in ops), sum(op.bwd_flops for op in ops)

@@ -1,0 +1,219 @@
+"""The operator-level layer model, the device descriptions and the per-t compute in profiles and costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.analytic import analytic_profile
+from planner.cluster import Cluster, Link
+from planner.cost import ConfigCosts, ring_allgather, ring_allreduce
+from planner.device import Curve, GemmPoint, device_for_cluster, get_device, shipped_devices
+from planner.model import PRESETS, ModelSpec
+from planner.operators import OperatorOptions, layer_operators, time_operators
+from planner.profile import LayerProfile, ShardTimes
+from planner.request import Config, TrainingRequest
+from planner.schedules import build
+
+GPT = PRESETS["gpt3-175b"]
+A100 = get_device("A100-SXM4-80GB")
+
+
+def saved(spec: ModelSpec, b: int = 1, t: int = 1, **kw) -> float:
+    return sum(op.saved_bytes for op in layer_operators(spec, b, t, OperatorOptions(**kw)))
+
+
+def gemm_flops(ops) -> float:
+    return sum(k.flops for op in ops for k in op.fwd + op.bwd_i + op.bwd_w if k.gemm is not None)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_stash_is_korthikanti_for_gpt_shapes(t):
+    """Korthikanti et al. 2022: s b h (34 + 5as/h) at t = 1 (eq. 1), s b h (10 + 24/t + 5as/(ht)) with tensor
+    parallelism (eq. 2), s b h (34 + 5as/h)/t with sequence parallelism too (eq. 4); bytes at 16 bits."""
+    s, h, a = GPT.seq, GPT.hidden, GPT.heads
+    assert saved(GPT, 2, t) == pytest.approx(2 * s * h * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert saved(GPT, 2, t, sequence_parallel=True) == pytest.approx(2 * s * h * (34 + 5 * a * s / h) / t)
+
+
+def test_stash_of_gqa_and_swiglu_follows_the_shapes():
+    """Issue 12 item 5: a Llama-style layer (GQA, SwiGLU, RMSNorm, no dropout) stashes, per sample, the two
+    norm inputs and the two column-parallel GEMM inputs (h each), Q and the attention output (a d), K and V
+    (k d each, GQA), the gate and up outputs and their product (f each), and the softmax output (a s^2):
+    2 bytes each."""
+    spec = ModelSpec(layers=2, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, gated_mlp=True,
+                     activation="silu", norm="rmsnorm", position="rotary", bias=False, vocab=128256, seq=2048)
+    s, h, ad, kd, f, a = spec.seq, spec.hidden, spec.q_dim, spec.kv_dim, spec.f, spec.heads
+    expect = 2 * s * (4 * h + 2 * ad + 2 * kd + 3 * f) + 2 * a * s * s
+    assert saved(spec, dropout=False) == pytest.approx(expect)
+    mha = spec.with_(kv_heads=32)
+    assert saved(mha, dropout=False) - saved(spec, dropout=False) == pytest.approx(2 * s * 2 * (4096 - 1024))
+    # flash attention keeps no s^2 term: Q, K, V (O is the projection's input) and the fp32 log-sum-exp
+    flash = saved(spec, dropout=False, attention="flash")
+    assert flash == pytest.approx(expect - 2 * a * s * s + 4 * a * s)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_sharded_gemms_keep_the_flops_and_split_the_shapes(t):
+    ops1, opst = layer_operators(GPT, 1, 1), layer_operators(GPT, 1, t)
+    assert gemm_flops(opst) * t == pytest.approx(gemm_flops(ops1))
+    shapes = {op.name: op.fwd[0].gemm for op in opst}
+    T, h = GPT.seq, GPT.hidden
+    assert shapes["qkv"] == (T, 3 * h // t, h, 1)  # column parallel
+    assert shapes["proj"] == (T, h, h // t, 1)  # row parallel
+    assert shapes["mlp_up"] == (T, 4 * h // t, h, 1)
+    assert shapes["mlp_down"] == (T, h, 4 * h // t, 1)
+    assert shapes["scores"] == (GPT.seq, GPT.seq, GPT.d, GPT.heads // t)
+
+
+def test_backward_split_and_recompute_come_from_the_same_list():
+    pt = time_operators(layer_operators(GPT, 1, 8), A100, "fp16")
+    assert pt.bwd == pytest.approx(pt.bwd_i + pt.bwd_w)
+    assert pt.recompute == pytest.approx(pt.fwd + pt.bwd)
+    # the weight gradients are the four weight GEMMs (plus their accumulation), about a third of the backward
+    assert 0.3 < pt.bwd_w / pt.bwd < 0.5
+
+
+def test_small_and_sharded_gemms_run_below_the_large_ones():
+    """Per-sample time falls with b (bigger GEMMs run closer to peak), and a t-way shard takes more than
+    1/t of the whole layer (smaller GEMMs, replicated norms and dropouts): not one time divided by t."""
+    spec = PRESETS["gpt2-medium"]
+    one = time_operators(layer_operators(spec, 1), A100, "bf16").fwd
+    eight = time_operators(layer_operators(spec, 8), A100, "bf16").fwd
+    assert eight / 8 < one
+    shard = time_operators(layer_operators(spec, 8, 8), A100, "bf16").fwd
+    assert shard > eight / 8 * 1.05
+
+
+def test_curve_interpolates_in_log_size_and_clamps():
+    c = Curve(points=[(1, 0.5), (100, 0.9)])
+    assert c(0.01) == 0.5 and c(1e6) == 0.9
+    assert c(10) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        Curve(points=[(10, 0.5), (1, 0.9)])
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        Curve(points=[(1, 1.5)])
+
+
+def test_device_lookup_measured_points_and_tiles():
+    assert get_device("a100").name == "A100-SXM4-80GB" and get_device("NVIDIA H100 80GB HBM3").kind == "gpu"
+    with pytest.raises(ValueError, match="unknown device"):
+        get_device("TPUv9")
+    for dev in shipped_devices():
+        assert "peak_flops" in dev.sources and "gemm_efficiency" in dev.sources, dev.name
+    # a measured GEMM of the same shape wins over the curve
+    dev = A100.model_copy(update={"gemm_points": [GemmPoint(m=64, n=64, k=64, dtype="bf16", seconds=1e-5)]})
+    assert dev.gemm_eff(64, 64, 64, 1, "bf16") == pytest.approx(2 * 64**3 / 1e-5 / 312e12)
+    tiled = A100.model_copy(update={"tile": (128, 128)})
+    assert tiled.gemm_eff(129, 128, 4096) == pytest.approx(A100.gemm_eff(129, 128, 4096) * 129 / 256)
+    # a roofline kernel: memory-bound element-wise work takes bytes / achieved bandwidth
+    assert A100.kernel_time(0, 1e9) == pytest.approx(1e9 / (A100.memory_bandwidth * 0.9) + A100.kernel_overhead_s)
+
+
+def _cluster(device: str) -> Cluster:
+    return Cluster(name="c", nodes=2, gpus_per_node=8, device=device, memory_bytes=80 * 2**30, peak_flops=100e12,
+                   intra=Link(alpha=1e-6, beta=1e-11), inter=Link(alpha=1e-5, beta=1e-10))
+
+
+def test_cluster_names_its_device_or_gets_a_generic_one():
+    assert device_for_cluster(_cluster("A100-SXM4-80GB")) is get_device("A100-SXM4-80GB")
+    gen = device_for_cluster(_cluster("MysteryGPU"))
+    assert gen.peak("bf16") == 100e12 and "generic" in gen.notes
+
+
+def test_shard_times_schema():
+    with pytest.raises(ValueError, match="both or neither"):
+        ShardTimes(fwd_time={1: 1.0}, bwd_time={1: 2.0}, bwd_input_time={1: 1.0})
+    st = ShardTimes(fwd_time={1: 1.0, 2: 1.5}, bwd_time={1: 2.0, 2: 3.0})
+    assert st.time("bwd_weight", 2) == 1.5 and st.time("recompute", 1) == 3.0
+    old = LayerProfile(name="x", kind="transformer", fwd_time={1: 1.0}, bwd_time={1: 2.0},
+                       output_bytes_per_sample=1, stashed_bytes_per_sample=1, input_bytes_per_sample=1, params=1,
+                       param_bytes=2)
+    assert old.shard_time("fwd", 1, 2) is None
+    with pytest.raises(ValueError, match="tensor-parallel size"):
+        LayerProfile.model_validate({**old.model_dump(), "tensor_times": {0: st.model_dump()}})
+
+
+def _costs(prof, t: int, **kw) -> ConfigCosts:
+    cfg = Config(tensor=t, pipeline=2, data=1, micro_batch=2, schedule=kw.pop("schedule", "1f1b"), **kw)
+    n = len(prof.layers)
+    return ConfigCosts(prof, _cluster("A100-SXM4-80GB"), TrainingRequest(global_batch=8), cfg,
+                       build(cfg.schedule, 2, 4), [(0, n // 2), (n // 2, n)])
+
+
+def test_costs_use_per_t_times_and_say_so():
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2, 4), tensor_sizes=(1, 4))
+    c4 = _costs(prof, 4)
+    assert c4.compute_source == "per-t operators"
+    layers = prof.layers[c4.stages[1].layers[0]:c4.stages[1].layers[1]]
+    shard = sum(x.shard_time("fwd", 2, 4) for x in layers)
+    nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
+    comm = 2 * c4.stages[1].transformer_layers * ring_allreduce(4, nbytes, c4.cluster.intra)
+    assert c4.fwd(1) == pytest.approx(shard + comm)
+    # the zero-bubble split is the profile's: W = the weight-gradient kernels
+    zb = _costs(prof, 4, schedule="zb-h1")
+    w = sum(x.shard_time("bwd_weight", 2, 4) for x in layers)
+    assert zb.compute("W", 1, 1, 1) == pytest.approx(w)
+    assert zb.compute("I", 1, 1, 1) + zb.compute("W", 1, 1, 1) == pytest.approx(zb.bwd(1))
+    # no times at t = 2: the scaled t = 1 path, named as such
+    assert _costs(prof, 2).compute_source == "t=1 / (t * tensor_efficiency)"
+    # sequence parallelism: all-gather + reduce-scatter in place of each all-reduce
+    sp = prof.model_copy(update={"environment": {**prof.environment, "sequence_parallel": "true"}})
+    c_sp = _costs(sp, 4)
+    assert c_sp.fwd(1) - shard == pytest.approx(
+        2 * c4.stages[1].transformer_layers * 2 * ring_allgather(4, nbytes, c4.cluster.intra))
+
+
+def test_costs_with_per_t_times_on_some_layers_only():
+    """A measured profile may time only the transformer layers per t: the others are scaled, and the
+    candidate says so."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2, 4), tensor_sizes=(1, 4))
+    layers = [x if x.kind == "transformer" else x.model_copy(update={"tensor_times": None}) for x in prof.layers]
+    part = prof.model_copy(update={"layers": layers})
+    c = _costs(part, 4)
+    assert c.compute_source == "per-t operators (other layers: t=1 / (t * tensor_efficiency))"
+    emb = part.layers[0]
+    full = _costs(prof, 4)
+    assert c.fwd(0) - full.fwd(0) == pytest.approx(
+        emb.time("fwd", 2) / (4 * 0.95) - prof.layers[0].shard_time("fwd", 2, 4))
+
+
+def test_measured_shard_times_are_used_and_named():
+    """What ``pipeplan profile --tensor`` writes (source "measured") takes the place of the operator model."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    doubled = []
+    for x in prof.layers:
+        st = x.tensor_times[2]
+        meas = st.model_copy(update={"source": "measured", "fwd_time": {b: 2 * v for b, v in st.fwd_time.items()}})
+        doubled.append(x.model_copy(update={"tensor_times": {1: x.tensor_times[1], 2: meas}}))
+    measured = prof.model_copy(update={"layers": doubled})
+    c, base = _costs(measured, 2), _costs(prof, 2)
+    assert c.compute_source == "per-t measured"
+    layers = prof.layers[c.stages[0].layers[0]:c.stages[0].layers[1]]
+    assert c.fwd(0) - base.fwd(0) == pytest.approx(sum(x.shard_time("fwd", 2, 2) for x in layers))
+
+
+def test_stage_memory_uses_the_shard_stash():
+    """Stash and the recomputation working set (largest layer) of a stage come from the per-t shard."""
+    from planner.cost import stage_infos
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1,), tensor_sizes=(1, 4))
+    info = stage_infos(prof, [(1, 5)], 4)[0]
+    block = prof.layers[1].tensor_times[4].stashed_bytes_per_sample
+    assert info.stash_bytes == pytest.approx(4 * block) and info.max_layer_stash == pytest.approx(block)
+    s, h, a = 1024, 1024, 16
+    assert block == pytest.approx(s * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))  # eq. 2, bytes per sample
+
+
+def test_tensor_parallel_across_nodes_is_hierarchical():
+    """t = 16 on 8-GPU nodes: reduce-scatter and all-gather over NVLink, the inter-node all-reduce on 1/8
+    of the bytes (NCCL's rings cross nodes on every GPU's own NIC), as the data-parallel reduction."""
+    from planner.cost import allreduce_time
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(2,), tensor_sizes=(1, 16))
+    c = _costs(prof, 16)
+    layers = prof.layers[c.stages[1].layers[0]:c.stages[1].layers[1]]
+    shard = sum(x.shard_time("fwd", 2, 16) for x in layers)
+    nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
+    one = allreduce_time(c.cluster, list(range(16)), nbytes)
+    assert c.fwd(1) == pytest.approx(shard + 2 * c.stages[1].transformer_layers * one)
+    assert one < ring_allreduce(16, nbytes, c.cluster.inter)

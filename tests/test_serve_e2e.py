@@ -1,0 +1,83 @@
+"""``make serve`` as a newcomer runs it (issue 13 item 1): from the repository root, the Makefile's own recipe
+(``db-upgrade``, ``seed``, ``serve --agent``) with its defaults -- only the port (``PORT=``, 8000 may be in
+use) and the data directory (``PIPEPLAN_DATA_DIR``, so the developer's ``data/`` is left alone) differ. A plan
+on the local CPU cluster with the seeded, measured CPU profile is dispatched to the local agent and runs to
+``succeeded`` with measured figures beside the predicted ones."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api_support import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+H = {"Authorization": "Bearer dev-admin-token"}  # the Makefile's development token
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("make") is None or not (ROOT / ".venv" / "bin" / "python").exists(),
+                                 reason="needs make and the repository's .venv (make venv)")]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Any:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PIPEPLAN_", "MAKE", "MFLAGS")) and k != "DATABASE_URL"}
+    env["PIPEPLAN_DATA_DIR"] = str(tmp_path / "data")
+    log = (tmp_path / "serve.log").open("wb")
+    # -o: the installed venv counts as up to date (no pip run inside a test)
+    proc = subprocess.Popen(["make", "-o", ".venv/.installed", "serve", f"PORT={port}"], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                return httpx.get(url + "/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, timeout=240, every=0.5, what="make serve up")
+        yield url, tmp_path
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_make_serve_runs_a_job_to_done(served: Any) -> None:
+    url, tmp = served
+    c = httpx.Client(base_url=url, headers=H, timeout=30)
+    profiles = [p for p in c.get("/profiles", params={"name": "gpt-tiny", "device": "cpu"}).json()
+                if p["source"] == "measured"]
+    assert len(profiles) == 1, "make serve seeds one gpt-tiny profile measured on this CPU"
+    (cluster,) = [cl for cl in c.get("/clusters").json() if cl["name"] == "local-cpu-4"]
+    r = c.post("/plans", json={"profile_id": profiles[0]["id"], "cluster_id": cluster["id"], "global_batch": 8})
+    assert r.status_code in (200, 201, 202), r.text
+    plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+        c.get(f"/plans/{r.json()['id']}").json()), timeout=120, what="plan done")
+    assert plan["status"] == "done" and plan["candidates"], plan
+    assert plan["warnings"] == [], "a CPU profile on the CPU cluster: nothing to warn about"
+    r = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny", "iterations": 3})
+    assert r.status_code == 201, r.text
+    job = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed", "cancelled") else None)(
+        c.get(f"/jobs/{r.json()['id']}").json()), timeout=300, every=1.0, what="job finished")
+    assert job["state"] == "succeeded", (job.get("error"), job.get("log_tail"))
+    cmp = c.get(f"/jobs/{job['id']}/comparison").json()
+    it = {f["field"]: f for f in cmp["fields"]}["iteration_time"]
+    assert it["measured"] > 0 and it["predicted"] > 0
+    print(f"measured/predicted iteration time: {it['measured'] / it['predicted']:.2f} "
+          f"({it['measured'] * 1e3:.1f} ms / {it['predicted'] * 1e3:.1f} ms, {plan['candidates'][0]['label']})")
+    # the run's files went to the absolute work directory under the data directory
+    assert list((tmp / "data" / "agent").glob("*/job-*-attempt-1/result.json"))
