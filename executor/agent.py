@@ -89,7 +89,7 @@ class Agent:
                 raise RuntimeError(f"{method} {url} failed: {err}")
             log.warning("%s %s: %s; retrying in %.1f s", method, url, err, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 1.0)  # short: a held lease (renewed meanwhile by no one) must not run out
 
     @property
     def credential_file(self) -> Path:
