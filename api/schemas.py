@@ -173,6 +173,8 @@ class ClusterOut(BaseModel):
     device: str
     gpus: int
     created_at: datetime
+    version: int = 1
+    base_id: int | None = None
 
 
 class ClusterDetail(ClusterOut):

@@ -8,7 +8,11 @@
 3. **Ours vs torch** -- the same model, partition, micro-batches and processes under torch's
    ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` (goal: ratio <= 1).
 
-Run: ``PYTHONPATH=. python benchmarks/executor_bench.py`` (CPU, gloo; a few minutes).
+4. **Real compute, a wider GPT, 2 processes** -- measured / predicted without and with the executor's
+   per-action overhead measured here (``profile-links --executor-overhead``; goal: within 15%).
+
+Run: ``PYTHONPATH=. python benchmarks/executor_bench.py [emulated,real,wide,torch]`` (CPU, gloo; a few
+minutes; the argument picks sections, all by default).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -30,20 +35,25 @@ D_REAL, N_REAL, B_REAL = 2, 8, 2
 ITER, WARM = 5, 2
 
 
-def measured_cluster(tmp: str, procs: int = 8) -> str:
+def measured_cluster(tmp: str, procs: int = 8, overhead: bool = False) -> str:
     """A cluster file whose link is measured on ``procs`` local gloo processes (``pipeplan profile-links``):
-    on a small CPU machine a message costs far more than the emulated default link assumes."""
-    from planner.cluster import Cluster, Link, save_cluster
+    on a small CPU machine a message costs far more than the emulated default link assumes. ``overhead``:
+    also the executor's per-action overhead (``--executor-overhead``, :mod:`profiler.overhead`)."""
+    from planner.cluster import Cluster, ExecutorOverhead, Link, save_cluster
 
-    links = Path(tmp) / "links.json"
+    links = Path(tmp) / f"links-{procs}.json"
     subprocess.run([sys.executable, "-m", "pipeplan.cli", "profile-links", "--local-procs", str(procs),
-                    "--out", str(links)], check=True, capture_output=True, cwd=REPO)
-    fit = json.loads(links.read_text())["intra_node"]
+                    "--out", str(links)] + (["--executor-overhead"] if overhead else []),
+                   check=True, capture_output=True, cwd=REPO)
+    data = json.loads(links.read_text())
+    fit = data["intra_node"]
     link = Link(alpha=fit["alpha"], beta=fit["beta"])
-    path = Path(tmp) / "cluster.json"
+    ex = ExecutorOverhead.model_validate(data["executor_overhead"]) if overhead else None
+    path = Path(tmp) / f"cluster-{procs}{'-overhead' if overhead else ''}.json"
     save_cluster(Cluster(name=f"local-{procs}-procs", nodes=1, gpus_per_node=procs, device="cpu",
                          memory_bytes=2**40, peak_flops=1e12, memory_bandwidth=1e12, intra=link, inter=link,
-                         notes="link measured by pipeplan profile-links on this machine"), path)
+                         executor=ex, notes="link (and executor overhead) measured by pipeplan profile-links "
+                         "on this machine"), path)
     return str(path)
 
 
@@ -80,8 +90,11 @@ def real() -> dict[str, float]:
     from executor.launch import launch
     from executor.models import get_config
     from executor.plan import RunPlan
+    from planner.cluster import load_cluster
     from profiler.run import profile_model
 
+    with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
+        cluster = load_cluster(measured_cluster(tmp, D_REAL, overhead=True))
     torch.set_num_threads(1)
     profile = profile_model(get_config(MODEL), micro_batches=[1, 2, 4], threads=1, repeats=7)
     cases = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}), ("chimera", {}),
@@ -91,15 +104,77 @@ def real() -> dict[str, float]:
     res = launch(plans, D_REAL, timeout=120)
     assert res is not None  # one node: rank 0 is here
     print(f"\n== real compute, {D_REAL} processes ({MODEL}, fp32, N={N_REAL}, b={B_REAL}) ==")
-    print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}")
+    print("predicted: the default local link; pred+ovh: link and executor overhead measured here")
+    print(f"{'schedule':<22}{'predicted ms':>14}{'measured ms':>14}{'ratio':>8}{'pred+ovh ms':>13}{'ratio':>8}")
     out = {}
     for (s, kw), plan, run in zip(cases, plans, res["runs"], strict=True):
         pred = Emulator(plan, plan.compute_schedule(), profile).predict()["iteration_time"]
+        with_ovh = Emulator(plan, plan.compute_schedule(), profile, cluster).predict()["iteration_time"]
         meas = run["measured"]["iteration_time"]
         out[s] = meas
         label = s + (f"({','.join(f'{k}={v}' for k, v in kw.items())})" if kw else "")
-        print(f"{label:<22}{pred * 1e3:>14.2f}{meas * 1e3:>14.2f}{meas / pred:>8.3f}")
+        print(f"{label:<22}{pred * 1e3:>14.2f}{meas * 1e3:>14.2f}{meas / pred:>8.3f}{with_ovh * 1e3:>13.2f}"
+              f"{meas / with_ovh:>8.3f}")
     return out
+
+
+#: a GPT wider than gpt-tiny, so that compute is not all overhead (about 10 ms per block forward at b=2)
+WIDE = {"hidden": 256, "heads": 4, "seq": 64, "layers": 4, "vocab": 512}
+
+
+def real_wide() -> None:
+    """Real compute, a wider GPT, 2 processes: measured / predicted from a profile measured here, without
+    and with the executor's per-action overhead (and the link) measured by ``pipeplan profile-links
+    --local-procs 2 --executor-overhead``. Goal: within 15% with the overhead."""
+    import torch
+
+    from executor.emulate import Emulator
+    from executor.launch import launch
+    from executor.models import get_config
+    from executor.plan import RunPlan
+    from planner.cluster import load_cluster
+    from profiler.run import profile_model
+
+    with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
+        cluster = load_cluster(measured_cluster(tmp, D_REAL, overhead=True))
+    ex = cluster.executor.model_dump(exclude={"source"}) if cluster.executor else None
+    print(f"\nexecutor overhead measured here (s per action): {ex}")
+    print(f"link measured here: {cluster.intra}")
+    torch.set_num_threads(1)
+    cfg = get_config(MODEL).with_(**WIDE)
+    profile = profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=7)
+    cases = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}), ("chimera", {}),
+             ("hanayo", {"waves": 1}), ("zb-h1", {}), ("gems", {})]
+    plans = [RunPlan.direct(s, D_REAL, N_REAL, model=MODEL, model_overrides=WIDE, micro_batch=B_REAL,
+                            dtype="float32", iterations=ITER, warmup=WARM, **kw) for s, kw in cases]
+    res = launch(plans, D_REAL, timeout=300)
+    assert res is not None  # one node: rank 0 is here
+    best = fastest(profile, profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=7))  # after the runs
+    plain = cluster.model_copy(update={"executor": None})
+    print(f"\n== real compute, {D_REAL} processes (gpt {WIDE}, fp32, N={N_REAL}, b={B_REAL}) ==")
+    print("median iteration vs the profile taken before the runs; fastest iteration vs the faster of the two "
+          "profiles (before and after the runs: on a shared machine noise only adds time)")
+    print(f"{'schedule':<22}{'measured ms':>12}{'pred ms':>10}{'ratio':>8}{'pred+ovh ms':>13}{'ratio':>8}"
+          f"{'fastest ms':>12}{'pred+ovh ms':>13}{'ratio':>8}")
+    for (s, kw), plan, run in zip(cases, plans, res["runs"], strict=True):
+        meas = run["measured"]["iteration_time"]
+        low = min(run["measured"]["iteration_times"])
+        before = Emulator(plan, plan.compute_schedule(), profile, plain).predict()["iteration_time"]
+        after = Emulator(plan, plan.compute_schedule(), profile, cluster).predict()["iteration_time"]
+        after_best = Emulator(plan, plan.compute_schedule(), best, cluster).predict()["iteration_time"]
+        label = s + (f"({','.join(f'{k}={v}' for k, v in kw.items())})" if kw else "")
+        print(f"{label:<22}{meas * 1e3:>12.2f}{before * 1e3:>10.2f}{meas / before:>8.3f}{after * 1e3:>13.2f}"
+              f"{meas / after:>8.3f}{low * 1e3:>12.2f}{after_best * 1e3:>13.2f}{low / after_best:>8.3f}")
+
+
+def fastest(a: Any, b: Any) -> Any:
+    """Per layer and micro-batch size, the smaller time of two profiles of the same model."""
+    layers = []
+    for x, y in zip(a.layers, b.layers, strict=True):
+        upd = {k: {s: min(getattr(x, k)[s], getattr(y, k)[s]) for s in getattr(x, k)}
+               for k in ("fwd_time", "bwd_time")}
+        layers.append(x.model_copy(update=upd))
+    return a.model_copy(update={"layers": layers})
 
 
 def torch_worker(kind: str, out: str) -> None:
@@ -189,7 +264,13 @@ if __name__ == "__main__":
         torch_worker(sys.argv[2], sys.argv[3])
     else:
         t = time.time()
-        emulated()
-        ours = real()
-        versus_torch(ours)
+        sections = sys.argv[1].split(",") if len(sys.argv) > 1 else ["emulated", "real", "wide", "torch"]
+        if "emulated" in sections:
+            emulated()
+        if "real" in sections or "torch" in sections:
+            ours = real()
+            if "torch" in sections:
+                versus_torch(ours)
+        if "wide" in sections:
+            real_wide()
         print(f"\n(total {time.time() - t:.0f} s)")

@@ -103,6 +103,10 @@ class ClusterRow(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     body: Mapped[Any] = mapped_column(JSONText)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: versions (api/calibration.py): a calibrated cluster is version n > 1 of the uploaded one, ``base_id``
+    base_id: Mapped[int | None] = mapped_column(ForeignKey("clusters.id", ondelete="SET NULL"), nullable=True,
+                                                index=True)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class PlanRequest(Base):

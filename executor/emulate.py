@@ -48,10 +48,10 @@ class Emulator:
             self.slept += seconds
 
     def sleep_compute(self, kind: str, stage: int, span: int, device: int) -> None:
-        self._sleep(self.costs.compute(kind, stage, span, device))
+        self._sleep(self.costs.work(kind, stage, span))  # the executor's own overhead is real here
 
     def sleep_step(self, device: int) -> None:
-        self._sleep(self.costs.step(device))
+        self._sleep(self.costs.step_work(device))
 
     def message_bytes(self, kind: str, stage: int, span: int) -> int:
         """Size of the message a RECV_F (activation into ``stage``) or RECV_B (gradient of ``stage``'s

@@ -23,12 +23,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("profiler.cli", "Profile a zoo model layer by layer and write a ModelProfile JSON."),
     "profile-links": ("profiler.cli", "Measure point-to-point and all-reduce alpha/beta; run under torchrun "
                                       "(or with --local-procs N)."),
+    "profile-device": ("profiler.cli", "Measure this machine's device description with torch (GEMM and "
+                                       "memory-copy sweeps)."),
     "plan": ("pipeplan.commands_plan", "Rank every valid configuration by predicted throughput."),
     "predict": ("pipeplan.commands_plan", "Predict one configuration you name, with its time breakdown."),
     "profile-analytic": ("pipeplan.commands_plan", "Write an analytical profile: the operator-level model on the "
                                                 "device description, per (b, t)."),
     "run": ("executor.cli", "Run a plan with one process per device (D*W*t) on this machine or on --nnodes "
                             "machines, measure it, optionally --check it."),
+    "calibrate": ("pipeplan.commands_calibrate", "Fit compute scale, link scale and per-action overhead to "
+                                                 "finished runs; store them with the cluster."),
     "db-upgrade": ("api.cli", "Upgrade the database schema to the latest migration."),
     "seed": ("api.cli", "Store the example clusters, analytic profiles of a few presets and a gpt-tiny profile "
                         "measured on this CPU (idempotent)."),

@@ -23,6 +23,40 @@ class Link(BaseModel):
         return self.alpha + self.beta * nbytes if nbytes > 0 else 0.0
 
 
+class ExecutorOverhead(BaseModel):
+    """Host time our executor spends per action of each kind beyond the work itself (Python dispatch, the
+    posting of p2p groups, autograd bookkeeping), seconds. Measured by ``pipeplan profile-links`` on the
+    machine it runs on (:mod:`profiler.overhead`: actions that do nearly nothing, timed per kind); costed
+    per action by :mod:`planner.cost` so that real-compute runs are predicted too (issue 11 item 4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compute: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per F/B/I/W action")
+    send: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per SEND_F/SEND_B (posting)")
+    recv: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per RECV_F/RECV_B (posting, wait)")
+    allreduce: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per ALLREDUCE action")
+    step: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per STEP (the iteration's end)")
+    source: str = ""
+
+
+class Calibration(BaseModel):
+    """Correction factors fitted to a cluster's finished jobs (:mod:`planner.calibrate`): compute times
+    (F/B/I/W, optimizer step) are multiplied by ``compute_scale``, communication times (p2p, all-reduce,
+    tensor-parallel collectives) by ``link_scale``, and every action costs ``action_overhead`` seconds more.
+    The identity (1, 1, 0) changes nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compute_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    link_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    action_overhead: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="seconds per action")
+    jobs: int = Field(default=0, ge=0, description="finished jobs it was fitted to")
+    fitted: list[str] = Field(default_factory=list, description="the factors the jobs determined")
+    error_before: float | None = Field(default=None, description="median |relative error| before the fit")
+    error_after: float | None = Field(default=None, description="median |relative error| after the fit")
+    notes: str = ""
+
+
 class Cluster(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +72,8 @@ class Cluster(BaseModel):
                                     description="device memory bandwidth, bytes/s (optimizer step)")
     allreduce: Literal["rabenseifner", "ring"] = "rabenseifner"
     notes: str = ""
+    executor: ExecutorOverhead | None = Field(default=None, description="measured per-action executor overhead")
+    calibration: Calibration | None = Field(default=None, description="factors fitted to finished jobs")
 
     @property
     def gpus(self) -> int:
@@ -47,7 +83,11 @@ class Cluster(BaseModel):
         import hashlib
         import json
 
-        data = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        body = self.model_dump(mode="json")
+        for key in ("executor", "calibration"):  # absent = as before these fields existed: same hash
+            if body.get(key) is None:
+                body.pop(key, None)
+        data = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(data.encode()).hexdigest()
 
 

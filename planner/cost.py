@@ -34,7 +34,18 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   span nodes: reduce-scatter inside the node (``k`` replicas per node), Rabenseifner across the ``r/k``
   nodes on ``L/k``, all-gather inside the node. The simulator overlaps eager all-reduces (Chimera 3.2).
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
-  bandwidth.
+  bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
+  optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
+  Float16OptimizerWithFloat16Params, 2021-22): the 16-bit gradients copied into fp32 main gradients (read
+  2, write 4 bytes), unscaled and checked for inf/NaN in one pass (``_amp_foreach_non_finite_check_and_
+  unscale_``: read 4, write 4) and their norm taken for clipping (``multi_tensor_l2norm``: read 4):
+  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter.
+* **Calibration and executor overhead** (issue 11 items 4 and 5; the hook at the end of this file): a
+  cluster's fitted :class:`planner.cluster.Calibration` multiplies compute (F/B/I/W, step) by
+  ``compute_scale`` and communication (p2p, all-reduce, tensor-parallel collectives) by ``link_scale``;
+  every action of the lowered list the executor walks costs its measured
+  :class:`planner.cluster.ExecutorOverhead` plus the fitted ``action_overhead``, folded into the compute
+  action it belongs to (a RECV before it, a SEND after it) and into STEP (the ALLREDUCEs and STEP itself).
 
 :func:`chimera_eq1` and :func:`megatron_closed_form` give the papers' closed forms beside the simulated
 time.
@@ -45,12 +56,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.cluster import Cluster, Link
+from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
 from planner.simulate import Costs
+
+#: bytes per parameter a 16-bit (mixed-precision) optimizer step moves over the gradients besides reading and
+#: writing the model state (module docstring, "Optimizer step")
+MIXED_PRECISION_GRAD_PASS_BYTES = 18.0
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8,
                "float64": 8}
@@ -160,7 +175,9 @@ class ConfigCosts(Costs):
         shared = shared if shared is not None else {}
         if "infos" not in shared:
             infos = stage_infos(profile, bounds, t)
-            scale = 2 * request.bytes_per_param / cluster.memory_bandwidth / t
+            grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
+            scale = (2 * request.bytes_per_param + grad_pass) / cluster.memory_bandwidth / t
+            scale *= calibration(cluster).compute_scale
             shared.update(infos=infos, fwd={}, bwd={}, step=[info.params * scale for info in infos])
         self.stages = shared["infos"]
         self._step_of: list[float] = shared["step"]
@@ -182,6 +199,8 @@ class ConfigCosts(Costs):
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
+        self.cal = calibration(cluster)
+        self.overheads = ActionOverheads(cluster, self)
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -218,7 +237,7 @@ class ConfigCosts(Costs):
             one = 2 * ring_allgather(self.t, nbytes, self.tp_link)
         else:
             one = ring_allreduce(self.t, nbytes, self.tp_link)
-        return 2 * self.stages[stage].transformer_layers * one
+        return 2 * self.stages[stage].transformer_layers * one * self.cal.link_scale
 
     def _blocking_send(self, stage: int, to: int, span: int) -> float:
         """Seconds a blocking runtime holds the compute stream to send stage ``stage``'s boundary tensor to
@@ -232,7 +251,8 @@ class ConfigCosts(Costs):
             return 0.0
         boundary = stage if to > stage else to
         full = self.stages[boundary].out_bytes * self.base_b * span
-        return self.link(src, dst).time(full / self.t) + ring_allgather(self.t, full, self.cluster.intra)
+        return (self.link(src, dst).time(full / self.t)
+                + ring_allgather(self.t, full, self.cluster.intra)) * self.cal.link_scale
 
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
@@ -257,7 +277,7 @@ class ConfigCosts(Costs):
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            v = self._sum_time(stage, "fwd", samples) + self._tp_comm(stage, samples)
+            v = self._sum_time(stage, "fwd", samples) * self.cal.compute_scale + self._tp_comm(stage, samples)
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage + 1, span)
             self._fwd[key] = v
@@ -267,7 +287,7 @@ class ConfigCosts(Costs):
         v = self._bwd.get(stage)
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
-            v = (self._sum_time(stage, kind, self.base_b)
+            v = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
                  + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage - 1, 1)
@@ -277,17 +297,22 @@ class ConfigCosts(Costs):
     def recompute_extra(self, stage: int) -> float:
         if not self.config.recompute:
             return 0.0
-        plain = self._sum_time(stage, "bwd", self.base_b) + self._tp_comm(stage, self.base_b)
+        plain = (self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
+                 + self._tp_comm(stage, self.base_b))
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------
     def compute(self, kind: str, stage: int, span: int, device: int) -> float:
+        return self.work(kind, stage, span) + self.overheads.of(kind, stage, device)
+
+    def work(self, kind: str, stage: int, span: int) -> float:
+        """:meth:`compute` without the executor's per-action overhead (what emulated compute sleeps)."""
         if kind == "F":
             return self.fwd(stage, span)
         if kind == "B":
             return self.bwd(stage)
         if self.per_t:  # the profile's own split: W is the weight-gradient GEMMs, I the rest
-            w = self._sum_time(stage, "bwd_weight", self.base_b)
+            w = self._sum_time(stage, "bwd_weight", self.base_b) * self.cal.compute_scale
             return w if kind == "W" else self.bwd(stage) - w
         extra = self.recompute_extra(stage)
         half = (self.bwd(stage) - extra) / 2
@@ -296,20 +321,25 @@ class ConfigCosts(Costs):
     def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
         boundary = stage if kind == SEND_F else stage - 1
         nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.t
-        return self.link(src, dst).time(nbytes)
+        return self.link(src, dst).time(nbytes) * self.cal.link_scale
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:
         holders = sorted({row[stage] for row in self.schedule.placement})
         ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
         nbytes = self.stages[stage].param_bytes / self.t
-        return allreduce_time(self.cluster, ranks, nbytes)
+        return allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale
 
     def step_per_stage(self) -> list[float]:
         """:meth:`step` of one replica of each stage."""
         return self._step_of
 
     def step(self, device: int) -> float:
-        """Optimizer step of ``device``'s stages: read and write its model state once (memory bound)."""
+        """Optimizer step of ``device``'s stages: read and write its model state once (memory bound), plus
+        the executor's overhead of the device's ALLREDUCE and STEP actions."""
+        return self.step_work(device) + self.overheads.of("STEP", -1, device)
+
+    def step_work(self, device: int) -> float:
+        """:meth:`step` without the executor's per-action overhead."""
         per_stage = self._step_of
         return sum(per_stage[s] for _, s in self.held[device])
 
@@ -332,3 +362,68 @@ def megatron_closed_form(schedule: str, D: int, N: int, f_t: float, b_t: float, 
     if schedule == "interleaved":
         return (N + (D - 1) / chunks) * (f_t + b_t)
     return None
+
+
+# ---- calibration and executor-overhead hook (issue 11 items 4, 5; fitted by planner.calibrate) ---------------
+
+IDENTITY = Calibration()
+
+
+def calibration(cluster: Cluster) -> Calibration:
+    """The cluster's fitted factors, or the identity."""
+    return cluster.calibration or IDENTITY
+
+
+class ActionOverheads:
+    """Executor overhead per action, folded into the actions the simulator times.
+
+    The lowered list (:func:`planner.schedules.ir.lower`) puts a ``RECV`` before a compute action whose
+    input comes from another device and a ``SEND`` after one whose output goes to another device; each
+    device's list ends with one ``ALLREDUCE`` per stage replica it holds and one ``STEP``. The overhead of
+    those actions (:class:`planner.cluster.ExecutorOverhead`, per kind, plus the calibration's
+    ``action_overhead`` for every action) is added to the compute action they surround and to STEP.
+    Zero when the cluster has neither, so nothing changes for clusters without them.
+    """
+
+    def __init__(self, cluster: Cluster, costs: ConfigCosts) -> None:
+        self.ex = cluster.executor or ExecutorOverhead()
+        self.extra = calibration(cluster).action_overhead
+        self.costs = costs
+        self.zero = self.extra == 0 and not any(
+            (self.ex.compute, self.ex.send, self.ex.recv, self.ex.allreduce, self.ex.step))
+        self._cache: dict[tuple[str, int, int], float] = {}
+
+    def of(self, kind: str, stage: int, device: int) -> float:
+        """Seconds of overhead charged to the ``kind`` action of ``stage`` on ``device`` (``STEP``: the
+        device's all-reduces and step)."""
+        if self.zero:
+            return 0.0
+        key = (kind, stage, device)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._cache[key] = self._of(kind, stage, device)
+        return v
+
+    def _of(self, kind: str, stage: int, device: int) -> float:
+        ex, extra = self.ex, self.extra
+        held = self.costs.held[device] if device < len(self.costs.held) else []
+        if kind == "STEP":
+            return ex.step + extra + len(held) * (ex.allreduce + extra)
+        place = self.costs.schedule.placement
+        S = self.costs.schedule.stages
+        rows = [row for row in place if row[stage] == device] or place[:1]
+        row = rows[0]
+        device = row[stage]  # asked for a device that does not hold the stage (a bound): its holder's
+        before = after = False  # a message received before / sent after this action
+        if kind == "F":
+            before = stage > 0 and row[stage - 1] != device
+            after = stage < S - 1 and row[stage + 1] != device
+        elif kind in ("B", "I"):
+            before = stage < S - 1 and row[stage + 1] != device
+            after = stage > 0 and row[stage - 1] != device
+        out = ex.compute + extra
+        if before:
+            out += ex.recv + extra
+        if after:
+            out += ex.send + extra
+        return out

@@ -10,7 +10,8 @@ efficiency table each, a memory with an efficiency table by transfer size):
 * ``gemm_efficiency``: achieved / peak of a GEMM as a function of its FLOPs, one :class:`Curve` per dtype
   (piecewise-linear in ``log10(GFLOP)``, flat outside the table), optionally refined by measured GEMM
   shapes (``gemm_points``, what ``pipeplan profile-device`` writes) and by tile quantisation
-  (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part);
+  (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part) and wave
+  quantisation (``sm_count``, ``tiles``: see :meth:`DeviceSpec.quantisation`);
 * ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
 * ``kernel_overhead_s``: fixed cost per kernel launch (a floor for tiny kernels; on CPU the framework's
   per-op dispatch cost);
@@ -119,6 +120,9 @@ class DeviceSpec(BaseModel):
     gemm_efficiency: dict[str, Curve] = Field(description="dtype -> efficiency by GEMM GFLOP")
     gemm_points: list[GemmPoint] = Field(default_factory=list, description="measured GEMMs (profile-device)")
     tile: tuple[int, int] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
+    sm_count: int | None = Field(default=None, gt=0, description="streaming multiprocessors (wave quantisation)")
+    tiles: list[tuple[int, int]] = Field(
+        default_factory=list, description="(m, n) output tiles the GEMM library picks among (wave quantisation)")
     memory_efficiency: Curve = Field(description="efficiency of memory-bound kernels by MB moved")
     kernel_overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per kernel")
     collective_efficiency: Curve | None = Field(
@@ -174,11 +178,32 @@ class DeviceSpec(BaseModel):
             if (p.m, p.n, p.k, p.batch) == (m, n, k, batch) and canonical_dtype(p.dtype) == key:
                 return min(1.0, p.flops / (p.seconds * self.peak(dtype)))
         curve = self.gemm_efficiency[self._dtype_key(self.gemm_efficiency, dtype, "gemm_efficiency")]
-        eff = curve(2.0 * batch * m * n * k / 1e9)
-        if self.tile is not None:
+        return curve(2.0 * batch * m * n * k / 1e9) * self.quantisation(m, n, batch)
+
+    def quantisation(self, m: int, n: int, batch: int = 1) -> float:
+        """Fraction of a GEMM's tensor-core time spent on useful output: tile and wave quantisation
+        (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, sections 2.3 and 3).
+
+        A GEMM's ``m x n`` output (times ``batch``) is cut into ``tm x tn`` tiles, one thread block each;
+        the blocks run in waves of ``sm_count`` (one resident large-tile block per SM). Tile quantisation:
+        the padded part of edge tiles is wasted, ``m n / (ceil(m/tm) tm ceil(n/tn) tn)``. Wave
+        quantisation: with ``N`` tiles the last of ``ceil(N / sm_count)`` waves runs partly empty, so the
+        GEMM takes ``ceil(N/S)`` wave times for ``N/S`` waves of work (the guide's example: 108 SMs of an
+        A100 and 256 x 128 tiles). The library picks its tile per shape; we take the best of ``tiles`` (or
+        ``tile`` alone where it is set).
+        The efficiency curve is the best-shape ceiling (a measured sweep's best shape fills its waves), so
+        this factor is applied on top of it. 1.0 when the device has neither ``tile`` nor ``sm_count``."""
+        if self.sm_count is None:
+            if self.tile is None:
+                return 1.0
             tm, tn = self.tile
-            eff *= (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
-        return eff
+            return (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
+        best = 0.0
+        for tm, tn in ([self.tile] if self.tile else (self.tiles or [(256, 128)])):
+            blocks = math.ceil(m / tm) * math.ceil(n / tn) * batch
+            waves = blocks / self.sm_count
+            best = max(best, (m * n * batch) / (blocks * tm * tn) * waves / math.ceil(waves))
+        return best
 
     def mem_eff(self, nbytes: float) -> float:
         """Achieved / peak bandwidth of a memory-bound kernel moving ``nbytes``."""

@@ -105,12 +105,20 @@ class OperatorOptions:
 
 
 def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: bool = True,
-         save_input: bool = True, save_weight_side: float = 0.0, accumulate: bool = False) -> Operator:
+         save_input: bool = True, save_weight_side: float = 0.0, accumulate: bool = False,
+         bias_rows: float = 0.0, bias_add: bool = False) -> Operator:
     """``batch`` GEMMs ``(m x k) @ (k x n)``: forward, input gradient ``(m, k, n)`` and, for a weight
     (``weight=True``), weight gradient ``(k, n, m)``; a weightless (attention) GEMM's second operand is an
     activation, so both gradients are input-gradient work. Saves its input ``m k`` (and
     ``save_weight_side`` elements for a weightless GEMM's second operand). ``accumulate``: the weight
-    gradient is then added into the main-gradient buffer by a separate kernel (3 ``k n`` element moves)."""
+    gradient is then added into the main-gradient buffer by a separate kernel (3 ``k n`` element moves).
+
+    Bias (Megatron-LM's linear layers, 2021-22): ``bias_rows`` > 0 gives the weight-gradient part a
+    reduction kernel that sums the ``bias_rows x n`` output gradient into the bias gradient (autograd's
+    reduction over the broadcast bias, or ``grad_output.sum(0)``), reading it once; ``bias_add``: the
+    forward adds the bias by a separate element-wise kernel (Megatron's QKV projection: ``output =
+    matmul(input, weight.t()); output = output + bias``; the other three linears use ``skip_bias_add`` and
+    fuse their bias into the bias-GeLU or bias-dropout-add kernel)."""
     flops = 2.0 * batch * m * n * k
     fwd = Kernel(name, flops, el * batch * (m * k + k * n + m * n), (m, n, k, batch))
     dgrad = Kernel(name + ".dgrad", flops, el * batch * (m * n + k * n + m * k), (m, k, n, batch))
@@ -118,7 +126,9 @@ def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: 
     saved = el * batch * m * k * (1 if save_input else 0) + el * save_weight_side
     if weight:
         acc = (Kernel(name + ".grad_acc", float(k * n), 3.0 * el * k * n),) if accumulate else ()
-        return Operator(name, (fwd,), (dgrad,), (wgrad, *acc), saved)
+        bgrad = (Kernel(name + ".bgrad", bias_rows * n, el * (bias_rows * n + n)),) if bias_rows > 0 else ()
+        badd = (Kernel(name + ".bias", float(m * n), el * (2.0 * m * n + n)),) if bias_add else ()
+        return Operator(name, (fwd, *badd), (dgrad,), (wgrad, *acc, *bgrad), saved)
     return Operator(name, (fwd,), (dgrad, wgrad), (), saved)
 
 
@@ -152,6 +162,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     rows = T // t if (o.sequence_parallel and T % t == 0) else (T / t if o.sequence_parallel else T)
     ln_el = rows * h  # elements of a norm / dropout-add (sequence-split with SP)
     acc = o.grad_accumulation == "separate"
+    bias = spec.bias
     norm_flops = 8.0 if spec.norm == "layernorm" else 5.0
     ops: list[Operator] = []
 
@@ -173,7 +184,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         return replace(op, saved_bytes=el * ln_el) if o.sequence_parallel else op
 
     ops.append(norm("norm1"))
-    ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc)))
+    ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc, bias_rows=T if bias else 0,
+                             bias_add=bias)))
     heads_b = b * a_t
     if o.attention == "unfused":
         # scores S = Q K^T per head: saves Q and K (the GEMM's two operands)
@@ -197,19 +209,19 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input
         qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + 4.0 * heads_b * s))
-    ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc))
+    ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))
     if spec.gated_mlp:
-        ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc)))
+        ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         ops.append(elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3,
                                bwd_writes=2, saved_bytes=el * 2 * T * f_t))
     else:
-        ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc)))
+        ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         # fused bias + GeLU (Megatron 4.2); saves its input
         ops.append(elementwise("act", T * f_t, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * T * f_t))
-    ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc))
+    ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
     ops.append(dropout_add("dropout_add2"))
     return ops
 
@@ -226,9 +238,21 @@ def head_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions
     ops = [elementwise("final_norm", rows * h, el, reads=1, writes=1, flops_per=8.0, bwd_reads=2, bwd_writes=1,
                        saved_bytes=el * rows * h),
            gemm("logits", T, v_t, h, el, accumulate=acc),
-           elementwise("cross_entropy", T * v_t, 4, reads=1, writes=1, flops_per=5.0, bwd_reads=1, bwd_writes=1,
-                       saved_bytes=4 * T * v_t)]
+           cross_entropy(T * v_t, el)]
     return ops
+
+
+def cross_entropy(logits: float, el: int) -> Operator:
+    """Megatron-LM's vocabulary-parallel cross-entropy (``mpu/cross_entropy.py``, 2021-22) over ``logits``
+    elements of this rank's ``T x V/t`` shard, as the separate passes it runs: the 16-bit logits cast to
+    fp32 (``output.float()``, read ``el`` write 4 bytes), the row max (read 4), ``sub_`` of the max (read
+    4, write 4), ``exp`` (read 4, write 4), the row sum (read 4), ``div_`` to the softmax it saves (read 4,
+    write 4): ``el + 34`` bytes per logit forward; backward ``mul_`` by the loss gradient (read 4, write
+    4) and the cast back to 16 bits (read 4, write ``el``): ``12 + el``. (The one-hot subtraction and the
+    all-reduces of the row max and sum touch ``T`` elements only.)"""
+    fwd = Kernel("cross_entropy", 5.0 * logits, (el + 34.0) * logits)
+    bwd = Kernel("cross_entropy.bwd", 2.0 * logits, (12.0 + el) * logits)
+    return Operator("cross_entropy", (fwd,), (bwd,), (), 4.0 * logits)
 
 
 def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:

@@ -68,6 +68,7 @@ def profile(
     recompute: bool = typer.Option(False, help="also measure the backward with recomputation"),
     seq: int | None = typer.Option(None, help="override the preset's sequence length"),
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
+    tensor: str = typer.Option("", help="also time each layer's tensor-parallel shard at these t (1,2,4,8)"),
 ) -> None:
     """Profile a zoo model layer by layer and write a ModelProfile JSON."""
     from executor.models import get_config  # torch: only when a model is profiled
@@ -102,6 +103,7 @@ def profile(
                 recompute=recompute,
                 progress=advance,
                 threads=threads,
+                tensor=_parse_ints(tensor, "--tensor") if tensor else None,
             )
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
@@ -130,8 +132,13 @@ def profile_links(
     backend: str | None = typer.Option(None, help="gloo or nccl (default: nccl if CUDA, else gloo)"),
     timeout: float = typer.Option(60.0, help="seconds init_process_group waits for the peers"),
     local_procs: int = typer.Option(0, help="spawn this many local gloo processes instead of torchrun"),
+    executor_overhead: bool = typer.Option(
+        False, help="with --local-procs: also measure our executor's per-action overhead (profiler.overhead) "
+        "on that many processes; written as executor_overhead (a cluster's `executor` field)"),
 ) -> None:
     """Measure point-to-point and all-reduce alpha/beta; run under torchrun (or with --local-procs N)."""
+    if executor_overhead and not local_procs:
+        raise typer.BadParameter("--executor-overhead needs --local-procs N (it launches the executor itself)")
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -160,6 +167,14 @@ def profile_links(
             dist.destroy_process_group()
         if int(os.environ["RANK"]) != 0:
             return
+    if executor_overhead:
+        from profiler.overhead import measure_overhead
+
+        ex, raw = measure_overhead(procs=local_procs, timeout=timeout * 2)
+        result["executor_overhead"] = ex.model_dump(mode="json")
+        result["executor_overhead_raw"] = raw
+        console.print("executor overhead per action: " + ", ".join(
+            f"{k} {getattr(ex, k) * 1e6:.0f} us" for k in ("compute", "send", "recv", "allreduce", "step")))
     out.write_text(json.dumps(result, indent=2) + "\n")
     for key in ("intra_node", "inter_node", "allreduce"):
         if key in result:
@@ -171,10 +186,48 @@ def profile_links(
     typer.echo(f"wrote {out}")
 
 
+def profile_device_cmd(
+    out: Path = typer.Option(Path("device.json"), help="where to write the device description"),
+    device: str | None = typer.Option(None, help="cpu or cuda[:i] (default: cuda if present, else cpu)"),
+    dtype: str | None = typer.Option(None, help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU)"),
+    model: str | None = typer.Option(None, help="also the GEMM shapes of this preset's layers"),
+    micro_batches: str = typer.Option("", help="with --model: micro-batch sizes (default 1,2,4)"),
+    tensor: str = typer.Option("", help="with --model: tensor-parallel sizes (default 1,2,4,8)"),
+    quick: bool = typer.Option(False, help="a few small shapes: seconds (CI)"),
+    repeats: int | None = typer.Option(None, min=1, help="timed repeats per shape (default 7, quick 3)"),
+    threads: int | None = typer.Option(None, min=1, help="torch.set_num_threads first (CPU)"),
+    name: str | None = typer.Option(None, help="the device's name in the description (default: detected)"),
+) -> None:
+    """Measure this machine's device description with torch (GEMM and memory-copy sweeps).
+
+    Written in planner.device's schema (kernel overhead too): a cluster's `device` may then name the file."""
+    import torch
+
+    from planner.device import save_device
+    from profiler.device import profile_device
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        spec = profile_device(dev, dtype, model, _parse_ints(micro_batches, "--micro-batches") if micro_batches
+                              else None, _parse_ints(tensor, "--tensor") if tensor else None, quick, repeats,
+                              threads=threads, name=name)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    save_device(spec, out)
+    dt = next(iter(spec.peak_flops))
+    console.print(f"{spec.name} ({spec.kind}, {dt}): peak {spec.peak_flops[dt] / 1e9:.1f} GFLOP/s "
+                  f"({spec.sources['peak_flops']}), memory {spec.memory_bandwidth / 1e9:.1f} GB/s, "
+                  f"kernel overhead {spec.kernel_overhead_s * 1e6:.1f} us")
+    console.print("GEMM efficiency by GFLOP: " + ", ".join(
+        f"{g:.3g}: {e:.2f}" for g, e in spec.gemm_efficiency[dt].points))
+    typer.echo(f"wrote {out} ({len(spec.gemm_points)} GEMM shapes)")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``profile`` and ``profile-links`` to ``app``."""
+    """Add ``profile``, ``profile-links`` and ``profile-device`` to ``app``."""
     app.command("profile")(profile)
     app.command("profile-links")(profile_links)
+    app.command("profile-device")(profile_device_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual use: python -m profiler.cli profile --model gpt-tiny

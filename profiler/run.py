@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from executor.models import ModelConfig, build_layers, get_config, layer_kinds, layer_names
-from planner.profile import LayerProfile, ModelProfile, TransformerShape
+from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape
 from profiler.layers import LayerMeasurement, make_inputs, profile_layer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,7 +41,8 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: int) -> LayerProfile:
+def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: int,
+                      tensor_times: dict[int, ShardTimes] | None = None) -> LayerProfile:
     return LayerProfile(
         name=name,
         kind=kind,
@@ -56,6 +57,7 @@ def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: in
         params=m.params,
         param_bytes=m.param_bytes,
         tied_params=tied_params,
+        tensor_times=tensor_times,
     )
 
 
@@ -71,11 +73,14 @@ def profile_model(
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
+    tensor: list[int] | None = None,
 ) -> ModelProfile:
     """Profile a preset (by name) or a :class:`ModelConfig` on ``device`` in ``dtype`` (fp32/bf16/fp16).
 
     ``threads`` sets ``torch.set_num_threads`` first (CPU): on a loaded machine intra-op threads that wait
     for each other inflate the timings (the spreads show it); 1 thread gives stable CPU numbers.
+    ``tensor`` (e.g. ``[1, 2, 4, 8]``): also time each layer's tensor-parallel shard at every t
+    (:mod:`profiler.tensor`) into ``tensor_times``.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -90,7 +95,12 @@ def profile_model(
     names, kinds = layer_names(config), layer_kinds(config)
     n = config.num_profile_layers
 
+    if tensor:
+        from profiler.tensor import check_tensor_sizes, measure_shards, replicated
+
+        check_tensor_sizes(config, tensor)
     measured: dict[int, LayerMeasurement] = {}
+    shards: dict[int, dict[int, ShardTimes]] = {}
     for index in measured_layers(config, all_layers):
         layer = build_layers(config, seed, index, index + 1)[0].to(dev, torch_dtype)
         layer.train()
@@ -109,12 +119,18 @@ def profile_model(
             recompute=recompute,
             on_size_done=done,
         )
+        if tensor:
+            shards[index] = (measure_shards(layer, lambda b, i=index, lay=layer: make_inputs(
+                config, i, lay, b, dev, torch_dtype), sizes, tensor, dev, torch_dtype, measured[index],
+                warmup=warmup, repeats=repeats, recompute=recompute)
+                if kinds[index] == "transformer" else replicated(measured[index], tensor))
         del layer
 
     tied = config.vocab * config.hidden if config.tied_embeddings else 0
     layers = [
         _to_layer_profile(
-            names[i], kinds[i], measured.get(i, measured[1]), tied if i == n - 1 and n > 1 else 0
+            names[i], kinds[i], measured.get(i, measured[1]), tied if i == n - 1 and n > 1 else 0,
+            shards.get(i, shards.get(1)) if tensor else None,
         )
         for i in range(n)
     ]
@@ -133,6 +149,8 @@ def profile_model(
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "repeated_blocks": repeated,
     }
+    if tensor:
+        environment["tensor"] = ",".join(map(str, sorted(set(tensor))))
     if dev.type == "cuda":
         environment["peak_memory_bytes"] = json.dumps(
             {names[i]: m.peak_memory_bytes for i, m in measured.items()}, sort_keys=True
@@ -147,6 +165,10 @@ def profile_model(
         )
         + "The LM head includes the loss; with tied embeddings its params include a copy of the token "
         "embedding (tied_params). recompute_time, when present, is the backward of a checkpointed layer."
+        + (f" tensor_times: each block's rank-0 tensor-parallel shard timed alone at t = "
+           f"{', '.join(map(str, sorted(set(tensor))))} without its collectives (profiler.tensor); the "
+           "embedding and the head are replicated by our executor, so their times repeat at every t."
+           if tensor else "")
     )
     return ModelProfile(
         name=config.name,

@@ -103,8 +103,9 @@ def test_device_lookup_measured_points_and_tiles():
     # a measured GEMM of the same shape wins over the curve
     dev = A100.model_copy(update={"gemm_points": [GemmPoint(m=64, n=64, k=64, dtype="bf16", seconds=1e-5)]})
     assert dev.gemm_eff(64, 64, 64, 1, "bf16") == pytest.approx(2 * 64**3 / 1e-5 / 312e12)
-    tiled = A100.model_copy(update={"tile": (128, 128)})
-    assert tiled.gemm_eff(129, 128, 4096) == pytest.approx(A100.gemm_eff(129, 128, 4096) * 129 / 256)
+    no_waves = A100.model_copy(update={"sm_count": None})  # tile quantisation alone
+    tiled = no_waves.model_copy(update={"tile": (128, 128)})
+    assert tiled.gemm_eff(129, 128, 4096) == pytest.approx(no_waves.gemm_eff(129, 128, 4096) * 129 / 256)
     # a roofline kernel: memory-bound element-wise work takes bytes / achieved bandwidth
     assert A100.kernel_time(0, 1e9) == pytest.approx(1e9 / (A100.memory_bandwidth * 0.9) + A100.kernel_overhead_s)
 
@@ -217,3 +218,17 @@ def test_tensor_parallel_across_nodes_is_hierarchical():
     one = allreduce_time(c.cluster, list(range(16)), nbytes)
     assert c.fwd(1) == pytest.approx(shard + 2 * c.stages[1].transformer_layers * one)
     assert one < ring_allreduce(16, nbytes, c.cluster.inter)
+
+
+def test_wave_quantisation_on_the_a100():
+    """108 SMs, 256 x 128 tiles (NVIDIA Matrix Multiplication Background guide, 3.2): 108 full tiles fill
+    one wave exactly; one tile more needs a second, nearly empty wave; a partial edge tile wastes its pad."""
+    from planner.device import get_device
+
+    dev = get_device("A100-SXM4-80GB")
+    assert dev.quantisation(256 * 9, 128 * 12) == pytest.approx(1.0)
+    assert dev.quantisation(256 * 109, 128) == pytest.approx(109 / 216, rel=1e-6)
+    assert dev.quantisation(256 * 9, 128 * 12 - 64) < 1.0
+    base = dev.model_copy(update={"sm_count": None, "tile": None})
+    assert base.quantisation(256 * 109, 128) == 1.0
+    assert dev.gemm_eff(256 * 109, 128, 8192) < base.gemm_eff(256 * 109, 128, 8192)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated, Any
 
-from api import crud
+from fastapi import APIRouter, Query, Response, status
+from pydantic import BaseModel
+
+from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
 from api.routers.common import Filter, IdPath, Limit, Offset, cluster_out
 from api.schemas import ClusterDetail, ClusterOut, ClusterUpload, Message
@@ -37,3 +40,53 @@ def get_cluster(cluster_id: IdPath, db: DB):  # noqa: ANN201
 def delete_cluster(cluster_id: IdPath, db: DB) -> Response:
     crud.delete_cluster(db, cluster_id)
     return Response(status_code=204)
+
+
+IncludeEmulated = Annotated[bool, Query(description="count jobs whose compute was emulated (default: real only)")]
+
+
+class JobErrorOut(BaseModel):
+    job_id: int | None
+    label: str
+    measured: float
+    predicted_before: float
+    predicted_after: float
+    relative_error_before: float
+    relative_error_after: float
+
+
+class CalibrationOut(BaseModel):
+    cluster_id: int
+    base_id: int
+    version: int
+    calibration: dict[str, Any]
+    rounds: int
+    jobs: list[JobErrorOut]
+
+
+class CalibrationErrors(BaseModel):
+    cluster_id: int
+    base_id: int
+    newest_id: int
+    newest_version: int
+    versions: list[dict[str, int]]
+    calibration: dict[str, Any] | None
+    median_abs_error_before: float | None
+    median_abs_error_after: float | None
+    jobs: list[JobErrorOut]
+
+
+@router.post("/{cluster_id}/calibrate", response_model=CalibrationOut, status_code=201, dependencies=[Admin],
+             responses={404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}})
+def calibrate_cluster(cluster_id: IdPath, db: DB, include_emulated: IncludeEmulated = False):  # noqa: ANN201
+    """Fit compute scale, link scale and per-action overhead to the cluster's finished jobs (every version)
+    and store them as a new version of the cluster: later plans on any version use it, earlier plans keep
+    theirs. 409 when no job has a measured result yet."""
+    return calibration.calibrate(db, cluster_id, include_emulated)
+
+
+@router.get("/{cluster_id}/calibration", response_model=CalibrationErrors, dependencies=[Read],
+            responses={404: {"model": Message}, 422: {"model": Message}})
+def calibration_errors(cluster_id: IdPath, db: DB, include_emulated: IncludeEmulated = False):  # noqa: ANN201
+    """Prediction error of the cluster's finished jobs before calibration and with its newest version."""
+    return calibration.errors(db, cluster_id, include_emulated)

@@ -25,7 +25,8 @@ def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
 
 
 def cluster_out(row: ClusterRow, detail: bool = False) -> dict[str, Any]:
-    out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "gpus", "created_at")}
+    out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "gpus", "created_at", "version",
+                                         "base_id")}
     if detail:
         out["cluster"] = row.body
     return out

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from api import crud
+from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
 from api.routers.common import IdPath, Limit, Offset, plan_out, plan_summary
 from api.schemas import MAX_TOP, Message, PlanCreate, PlanOut, PlanSummary
@@ -30,7 +30,8 @@ def create_plan(body: PlanCreate, db: DB, request: Request, response: Response, 
         treq = body.training_request()
     except ValueError as e:
         raise crud.InputError(str(e)) from None
-    row, created = crud.create_plan(db, body.profile_id, body.cluster_id, treq.model_dump(mode="json"),
+    cluster_id = calibration.newest_version(db, body.cluster_id)  # a calibrated version, when there is one
+    row, created = crud.create_plan(db, body.profile_id, cluster_id, treq.model_dump(mode="json"),
                                     max_gpus=settings.max_plan_gpus, max_unfinished=settings.max_queued_plans)
     db.commit()
     if not created:

@@ -1,7 +1,7 @@
 """harden: worker credentials, plan leases, candidate timelines stored apart
 
-Revision ID: 0002_harden
-Revises: 0001
+Revision ID: 0003_harden
+Revises: 0002_fidmeasure_cluster_versions
 Create Date: 2026-11-22 18:40:00
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0002_harden'
-down_revision = '0001'
+revision = '0003_harden'
+down_revision = '0002_fidmeasure_cluster_versions'
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,150 @@
+"""Cluster calibration from finished jobs (issue 11 item 5): versions, the fit, prediction errors.
+
+A cluster as uploaded is version 1 of itself. ``calibrate`` fits :class:`planner.cluster.Calibration` to
+the finished jobs of every version (:func:`planner.calibrate.fit`, starting from the uncalibrated base)
+and stores the result as a new :class:`db.models.ClusterRow` (``base_id`` the uploaded cluster,
+``version`` one more than the newest): plans made before keep the version they used (their
+``cluster_id``), and a plan requested on any version of the cluster afterwards is made on the newest
+(:func:`newest_version`). ``errors`` reports each job's measured iteration time against the prediction of
+the uncalibrated cluster and of the newest calibration.
+
+A job counts when it succeeded with a stored result and, unless ``include_emulated``, its compute was real
+(emulated runs sleep the profile's times: they say nothing about the device's efficiency); the newest
+``MAX_JOBS`` count.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.crud import Conflict, InputError, get_cluster
+from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
+from planner.calibrate import Observation, fit, predicted, with_calibration
+from planner.cluster import Cluster
+from planner.profile import ModelProfile
+from planner.request import Config, TrainingRequest
+
+#: the newest finished jobs a fit or an error report reads (each costs a few simulations in the API process)
+MAX_JOBS = 100
+CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
+                 "pipelines", "concat")
+
+
+def base_of(db: Session, cluster_id: int) -> ClusterRow:
+    """The uploaded cluster (version 1) of ``cluster_id``'s lineage."""
+    row = get_cluster(db, cluster_id)
+    if row.base_id is not None:
+        base = db.get(ClusterRow, row.base_id)
+        if base is not None:
+            return base
+    return row
+
+
+def versions(db: Session, cluster_id: int) -> list[ClusterRow]:
+    """Every version of ``cluster_id``'s lineage, oldest first."""
+    base = base_of(db, cluster_id)
+    rows = list(db.scalars(select(ClusterRow).where(ClusterRow.base_id == base.id)))
+    return [base] + sorted(rows, key=lambda r: (r.version, r.id))
+
+
+def newest_version(db: Session, cluster_id: int) -> int:
+    """The id of the newest version of ``cluster_id``'s lineage (``cluster_id`` itself when never
+    calibrated); unknown ids are returned as they are (the caller reports them)."""
+    if db.get(ClusterRow, cluster_id) is None:
+        return cluster_id
+    return versions(db, cluster_id)[-1].id
+
+
+def _uncalibrated(row: ClusterRow) -> Cluster:
+    return with_calibration(Cluster.model_validate(row.body), None)
+
+
+def observations(db: Session, cluster_id: int, include_emulated: bool = False) -> list[Observation]:
+    """The finished jobs of every version of the cluster, as :class:`planner.calibrate.Observation`."""
+    ids = [r.id for r in versions(db, cluster_id)]
+    q = (select(Job, Result, PlanRequest, CandidateRow)
+         .join(Result, Result.job_id == Job.id)
+         .join(PlanRequest, PlanRequest.id == Job.plan_id)
+         .join(CandidateRow, (CandidateRow.plan_id == Job.plan_id) & (CandidateRow.rank == Job.candidate_index))
+         .where(PlanRequest.cluster_id.in_(ids), Job.state == "succeeded")
+         .order_by(Job.id.desc()).limit(MAX_JOBS))
+    if not include_emulated:
+        q = q.where(Result.emulated.is_(False))
+    profiles: dict[int, ModelProfile] = {}
+    out = []
+    for job, res, plan, cand in db.execute(q):
+        if plan.profile_id not in profiles:
+            prow = db.get(Profile, plan.profile_id)
+            if prow is None:  # pragma: no cover - profiles in use cannot be deleted
+                continue
+            profiles[plan.profile_id] = ModelProfile.model_validate(prow.body)
+        body = cand.body or {}
+        config = Config(**{k: body[k] for k in CONFIG_FIELDS if body.get(k) is not None})
+        out.append(Observation(profiles[plan.profile_id], TrainingRequest.model_validate(plan.request), config,
+                               float(res.iteration_time), job.id))
+    return out[::-1]
+
+
+def _errors(obs: list[Observation], before: Cluster, after: Cluster) -> list[dict[str, Any]]:
+    rows = []
+    for o in obs:
+        p0, p1 = predicted(o, before), predicted(o, after)
+        rows.append({"job_id": o.job_id, "label": o.config.label(), "measured": o.measured,
+                     "predicted_before": p0, "predicted_after": p1,
+                     "relative_error_before": (o.measured - p0) / p0, "relative_error_after": (o.measured - p1) / p1})
+    return rows
+
+
+def _summary(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [abs(r[key]) for r in rows if r[key] is not None and math.isfinite(r[key])]
+    return median(vals) if vals else None
+
+
+def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:
+    """Fit the factors to the lineage's finished jobs and store them as a new version (module docstring)."""
+    lineage = versions(db, cluster_id)
+    base = lineage[0]
+    obs = observations(db, cluster_id, include_emulated)
+    if not obs:
+        raise Conflict(f"cluster {cluster_id}: no finished job with a measured result to calibrate from"
+                       + ("" if include_emulated else " (emulated runs are left out; include_emulated=true "
+                          "takes them)"))
+    try:
+        res = fit(_uncalibrated(base), obs, notes=f"fitted by the API to {len(obs)} finished job(s) of cluster "
+                  f"{base.id} (versions {', '.join(str(r.version) for r in lineage)})")
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    cluster = with_calibration(_uncalibrated(base), res.calibration)
+    h = cluster.content_hash()
+    row = db.scalar(select(ClusterRow).where(ClusterRow.content_hash == h))
+    if row is None:
+        newest = db.scalar(select(func.max(ClusterRow.version)).where(ClusterRow.base_id == base.id)) or 1
+        row = ClusterRow(content_hash=h, name=base.name, device=base.device, gpus=base.gpus,
+                         body=cluster.model_dump(mode="json"), base_id=base.id, version=newest + 1)
+        db.add(row)
+        db.flush()
+    return {"cluster_id": row.id, "base_id": base.id, "version": row.version,
+            "calibration": res.calibration.model_dump(mode="json"), "rounds": res.rounds,
+            "jobs": [j.to_dict() for j in res.jobs]}
+
+
+def errors(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:
+    """Each finished job's error against the uncalibrated cluster and against the newest version."""
+    lineage = versions(db, cluster_id)
+    base, newest = lineage[0], lineage[-1]
+    obs = observations(db, cluster_id, include_emulated)
+    after = Cluster.model_validate(newest.body)
+    try:
+        rows = _errors(obs, _uncalibrated(base), after)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return {"cluster_id": cluster_id, "base_id": base.id, "newest_id": newest.id, "newest_version": newest.version,
+            "versions": [{"id": r.id, "version": r.version} for r in lineage],
+            "calibration": newest.body.get("calibration"),
+            "median_abs_error_before": _summary(rows, "relative_error_before"),
+            "median_abs_error_after": _summary(rows, "relative_error_after"), "jobs": rows}

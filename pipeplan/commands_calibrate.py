@@ -1,0 +1,123 @@
+"""``pipeplan calibrate``: fit a cluster's correction factors to finished runs (:mod:`planner.calibrate`).
+
+Against the service (the cluster's finished jobs, stored as a new version of the cluster)::
+
+    pipeplan calibrate --api http://127.0.0.1:8000 --cluster-id 3 --token dev-admin-token
+
+Offline, from runs listed in a JSON file (each entry: ``profile`` path, ``candidate`` as ``pipeplan plan
+--json`` prints it -- its configuration fields and ``global_batch`` -- and ``measured`` seconds per
+iteration, e.g. from ``pipeplan run --out result.json``)::
+
+    pipeplan calibrate --cluster cluster.json --runs runs.json --out calibrated.json
+
+No torch: this command only plans.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pipeplan.options import fail
+
+CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
+                 "pipelines", "concat")
+
+
+def _table(jobs: list[dict[str, Any]], cal: dict[str, Any]) -> None:
+    typer.echo(f"compute_scale {cal['compute_scale']:.4f}  link_scale {cal['link_scale']:.4f}  "
+               f"action_overhead {cal['action_overhead'] * 1e6:.1f} us  (fitted: {', '.join(cal['fitted']) or 'none'})")
+    typer.echo(f"{'job':>5}  {'configuration':<44}{'measured':>11}{'before':>11}{'err':>8}{'after':>11}{'err':>8}")
+    for j in jobs:
+        typer.echo(f"{j['job_id'] if j['job_id'] is not None else '-':>5}  {j['label'][:43]:<44}"
+                   f"{j['measured'] * 1e3:>9.2f}ms{j['predicted_before'] * 1e3:>9.2f}ms"
+                   f"{j['relative_error_before'] * 100:>7.1f}%{j['predicted_after'] * 1e3:>9.2f}ms"
+                   f"{j['relative_error_after'] * 100:>7.1f}%")
+    typer.echo(f"median |error|: before {cal['error_before'] * 100:.1f}%, after {cal['error_after'] * 100:.1f}%")
+
+
+def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
+    from planner.calibrate import Observation, fit
+    from planner.cluster import load_cluster, save_cluster
+    from planner.profile import load_profile
+    from planner.request import Config, TrainingRequest
+
+    try:
+        cluster = load_cluster(cluster_path)
+        entries = json.loads(Path(runs_path).read_text())
+        if not isinstance(entries, list):
+            raise ValueError("runs: expected a JSON list of {profile, candidate, measured}")
+        profiles: dict[str, Any] = {}
+        obs = []
+        for i, e in enumerate(entries):
+            for key in ("profile", "candidate", "measured"):
+                if key not in e:
+                    raise ValueError(f"runs[{i}]: missing field {key!r}")
+            path = str(Path(runs_path).parent / e["profile"])
+            if path not in profiles:
+                profiles[path] = load_profile(path)
+            cand = e["candidate"]
+            config = Config(**{k: cand[k] for k in CONFIG_FIELDS if cand.get(k) is not None})
+            measured = float(e["measured"])
+            if not math.isfinite(measured) or measured <= 0:
+                raise ValueError(f"runs[{i}].measured: {measured} must be a positive number of seconds")
+            obs.append(Observation(profiles[path], TrainingRequest(global_batch=int(cand["global_batch"])), config,
+                                   measured, i))
+        res = fit(cluster, obs)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"{type(e).__name__}: {e}")
+        raise  # unreachable
+    d = res.to_dict()
+    _table(d["jobs"], d["calibration"])  # type: ignore[arg-type]
+    if out:
+        save_cluster(cluster.model_copy(update={"calibration": res.calibration}), out)
+        typer.echo(f"wrote {out}")
+
+
+def _remote(api: str, cluster_id: int, token: str | None, include_emulated: bool) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.post(f"{api.rstrip('/')}/clusters/{cluster_id}/calibrate", headers=headers,
+                       params={"include_emulated": str(include_emulated).lower()}, timeout=600)
+    except httpx.HTTPError as e:
+        fail(f"could not reach {api}: {e}")
+        raise  # unreachable
+    if r.status_code != 201:
+        fail(f"HTTP {r.status_code}: {r.text[:500]}")
+    d = r.json()
+    typer.echo(f"cluster {d['base_id']}: version {d['version']} stored as cluster {d['cluster_id']} "
+               f"(later plans on any version use it)")
+    _table(d["jobs"], d["calibration"])
+
+
+TokenOpt = Annotated[str | None, typer.Option(envvar="PIPEPLAN_ADMIN_TOKEN", help="with --api: admin token")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("calibrate")
+    def calibrate_cmd(
+        cluster: Annotated[str | None, typer.Option(help="offline: the cluster JSON to calibrate")] = None,
+        runs: Annotated[str | None, typer.Option(help="offline: JSON list of {profile, candidate, measured}")] = None,
+        out: Annotated[str | None, typer.Option(help="offline: write the calibrated cluster here")] = None,
+        api: Annotated[str | None, typer.Option(help="service URL: calibrate a stored cluster from its jobs")] = None,
+        cluster_id: Annotated[int | None, typer.Option(help="with --api: the cluster's id (any version)")] = None,
+        token: TokenOpt = None,
+        include_emulated: Annotated[bool, typer.Option(help="with --api: count emulated runs too")] = False,
+    ) -> None:
+        """Fit compute scale, link scale and per-action overhead to finished runs; store them with the cluster.
+
+        Least squares over the simulator's predictions (planner.calibrate)."""
+        if api is not None:
+            if cluster_id is None:
+                fail("--api needs --cluster-id")
+            _remote(api, cluster_id, token, include_emulated)  # type: ignore[arg-type]
+        elif cluster is not None and runs is not None:
+            _offline(cluster, runs, out)
+        else:
+            fail("give --api URL --cluster-id ID, or --cluster FILE --runs FILE [--out FILE]")

@@ -1,0 +1,168 @@
+"""``pipeplan profile-device``: measure a :class:`planner.device.DeviceSpec` with torch on this machine.
+
+* **GEMM sweep**: ``torch.matmul`` of ``(batch, m, k) @ (batch, k, n)`` in the device's dtype (bf16 on
+  CUDA, fp32 on the CPU by default) over the shapes a transformer layer produces (:func:`model_shapes`:
+  QKV, attention scores and attention over values per head, output projection, MLP up/gate and down, at
+  the micro-batch sizes and tensor-parallel sizes asked for, Megatron-LM 3.2's column/row split) -- from a
+  :class:`planner.model.ModelSpec` preset with ``--model`` -- plus a square sweep. Each shape's median time
+  goes into ``gemm_points``; ``gemm_efficiency[dtype]`` is the curve of achieved / peak by GFLOP (median
+  efficiency per decade-spaced bin, :func:`efficiency_curve`).
+* **Memory sweep**: ``dst.copy_(src)`` over sizes; bytes moved = read + write. ``memory_bandwidth`` is the
+  best achieved rate and ``memory_efficiency`` the curve of achieved / that rate by MB moved.
+* **Kernel overhead**: the median time of an add of two one-element tensors (dispatch, launch).
+* **Peak**: the shipped description's datasheet peak when this device matches one
+  (:func:`planner.device.find_device`), else the best GEMM rate measured here (the curve then tops at 1,
+  and ``sources`` says so).
+
+Timing (:func:`profiler.timing.time_op`): CUDA events on the GPU, ``perf_counter`` on the CPU; the fastest
+of ``repeats`` after ``warmup`` (other processes only add time: on a shared machine a long GEMM's median
+includes being descheduled, as in :mod:`profiler.links`). ``quick=True`` runs a handful of small shapes in a
+few seconds (CI on CPU).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+from statistics import median
+from typing import Any
+
+from planner.device import Curve, DeviceSpec, GemmPoint, canonical_dtype, find_device
+from planner.model import ModelSpec
+
+Shape = tuple[int, int, int, int]  # m, n, k, batch
+
+
+def model_shapes(spec: ModelSpec, micro_batches: list[int], tensor: list[int]) -> list[Shape]:
+    """GEMM shapes ``(m, n, k, batch)`` of one transformer layer's forward for each micro-batch size
+    ``b`` and tensor-parallel size ``t`` (Megatron-LM 3.2: QKV and MLP-up column-split, so ``n / t``;
+    output projection and MLP-down row-split, so ``k / t``; attention per local head, ``a / t`` heads).
+    The backward's GEMMs are these shapes transposed (the same FLOPs); they are not repeated."""
+    out: set[Shape] = set()
+    s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
+    for b in micro_batches:
+        tokens = b * s
+        for t in tensor:
+            if spec.heads % t or spec.k % t or f % t:
+                continue
+            qkv = (spec.q_dim + 2 * spec.kv_dim) // t
+            out.add((tokens, qkv, h, 1))
+            out.add((s, s, d, b * spec.heads // t))  # scores Q K^T per head
+            out.add((s, d, s, b * spec.heads // t))  # attention over values
+            out.add((tokens, h, spec.q_dim // t, 1))  # output projection
+            out.add((tokens, (2 if spec.gated_mlp else 1) * f // t, h, 1))  # MLP up (and gate)
+            out.add((tokens, h, f // t, 1))  # MLP down
+    return sorted(out)
+
+
+def square_shapes(quick: bool) -> list[Shape]:
+    sizes = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048]
+    return [(n, n, n, 1) for n in sizes]
+
+
+def efficiency_curve(points: list[tuple[float, float]], bins_per_decade: int = 2) -> Curve:
+    """``(size, efficiency)`` samples -> a :class:`Curve`: median size and efficiency per log-spaced bin,
+    efficiencies clamped into (0, 1]."""
+    groups: dict[int, list[tuple[float, float]]] = {}
+    for size, eff in points:
+        if size > 0 and eff > 0:
+            groups.setdefault(math.floor(math.log10(size) * bins_per_decade), []).append((size, eff))
+    pts = []
+    for key in sorted(groups):
+        g = groups[key]
+        pts.append((median(x for x, _ in g), min(1.0, max(1e-6, median(e for _, e in g)))))
+    pts = [p for i, p in enumerate(pts) if i == 0 or p[0] > pts[i - 1][0]]
+    return Curve(points=pts)
+
+
+def _memory_bytes(dev: Any) -> int:
+    import torch
+
+    if dev.type == "cuda":
+        return int(torch.cuda.get_device_properties(dev).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def profile_device(device: str = "cpu", dtype: str | None = None, model: str | None = None,
+                   micro_batches: list[int] | None = None, tensor: list[int] | None = None, quick: bool = False,
+                   repeats: int | None = None, warmup: int = 2, threads: int | None = None,
+                   name: str | None = None) -> DeviceSpec:
+    """Measure this machine's ``device`` (module docstring)."""
+    import torch
+
+    from profiler.run import device_name
+    from profiler.timing import time_op
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    dt_name = canonical_dtype(dtype or ("bf16" if cuda else "fp32"))
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dt_name)
+    if torch_dtype is None:
+        raise ValueError(f"dtype: profile-device measures fp32, bf16 or fp16, got {dtype!r}")
+    reps = repeats or (3 if quick else 7)
+    shapes = square_shapes(quick)
+    if model is not None:
+        from planner.model import PRESETS
+
+        if model not in PRESETS:
+            raise ValueError(f"model: unknown preset {model!r}; known: {', '.join(sorted(PRESETS))}")
+        spec = PRESETS[model]
+        if quick:
+            spec = spec.with_(seq=min(spec.seq, 64))
+        shapes += model_shapes(spec, micro_batches or ([1] if quick else [1, 2, 4]), tensor or [1, 2, 4, 8])
+    shapes = sorted(set(shapes), key=lambda x: 2 * x[0] * x[1] * x[2] * x[3])
+
+    points: list[GemmPoint] = []
+    for m, n, k, batch in shapes:
+        a = torch.randn(batch, m, k, device=dev, dtype=torch_dtype)
+        b = torch.randn(batch, k, n, device=dev, dtype=torch_dtype)
+        timing = time_op(lambda: None, lambda _s, a=a, b=b: torch.matmul(a, b), dev, warmup=warmup, repeats=reps)
+        points.append(GemmPoint(m=m, n=n, k=k, batch=batch, dtype=dt_name, seconds=max(min(timing.samples), 1e-9)))
+        del a, b
+
+    mem_sizes = [2**p for p in range(12, 25 if quick else 29, 2)]  # 4 KiB .. 16 MiB (quick) / 256 MiB
+    mem_rates: list[tuple[float, float]] = []
+    for nbytes in mem_sizes:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
+        dst = torch.empty_like(src)
+        timing = time_op(lambda: None, lambda _s, src=src, dst=dst: dst.copy_(src), dev, warmup=warmup,
+                         repeats=reps)
+        mem_rates.append((2 * nbytes, 2 * nbytes / max(min(timing.samples), 1e-12)))
+        del src, dst
+    bandwidth = max(r for _, r in mem_rates)
+
+    x = torch.ones(1, device=dev, dtype=torch_dtype)
+    overhead = time_op(lambda: None, lambda _s: torch.add(x, x), dev, warmup=warmup, repeats=max(reps, 21)).median
+
+    label = name or device_name(dev)
+    shipped = find_device(label)
+    best = max(p.flops / p.seconds for p in points)
+    if shipped is not None:
+        try:
+            peak, peak_source = shipped.peak(dt_name), f"datasheet peak of the shipped description {shipped.name!r}"
+        except ValueError:
+            shipped = None
+    if shipped is None:
+        peak, peak_source = best, "the best GEMM rate measured here (no datasheet peak for this device)"
+    curve = efficiency_curve([(p.flops / 1e9, p.flops / (p.seconds * peak)) for p in points])
+    mem_curve = efficiency_curve([(nb / 1e6, rate / bandwidth) for nb, rate in mem_rates])
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    where = (f"pipeplan profile-device on {platform.node()} ({label}), torch {torch.__version__}, "
+             f"{torch.get_num_threads()} thread(s), {when}")
+    return DeviceSpec(
+        name=label, aliases=[] if shipped is None else [shipped.name], kind="gpu" if cuda else "cpu",
+        peak_flops={dt_name: peak}, memory_bytes=_memory_bytes(dev), memory_bandwidth=bandwidth,
+        gemm_efficiency={dt_name: curve}, gemm_points=points, memory_efficiency=mem_curve,
+        kernel_overhead_s=overhead,
+        sources={"peak_flops": peak_source,
+                 "gemm_efficiency": f"{len(points)} GEMMs (fastest of {reps}) measured by {where}",
+                 "gemm_points": where, "memory_bandwidth": f"best dst.copy_(src) rate (read + write), {where}",
+                 "memory_efficiency": f"dst.copy_(src) over {len(mem_sizes)} sizes, {where}",
+                 "kernel_overhead_s": f"median add of one-element tensors, {where}",
+                 "memory_bytes": "torch.cuda.get_device_properties" if cuda else "physical memory (sysconf)"},
+        notes=(f"measured{' (quick mode)' if quick else ''}; GEMM shapes: square sweep"
+               + (f" + the layers of {model}" if model else "")))

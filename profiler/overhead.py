@@ -1,0 +1,130 @@
+"""Per-action overhead of our executor (issue 11 item 4): what an action costs beyond the work it does.
+
+The executor (:mod:`executor.interpreter`) walks each rank's action list in Python: per action it posts
+the p2p groups due, dispatches on the kind, runs a stage module (a forward splits and concatenates
+micro-batches, a backward calls autograd with the stage's parameters), records two clock stamps. On a CPU
+with small layers this is a sizeable part of an iteration that the layer profile does not contain.
+
+We measure it with the executor itself on a model whose layers do nearly nothing (``NEARLY_NOTHING``: hidden
+8, sequence 1): ``pipeplan run``'s own trace of ``D`` gloo processes running 1F1B gives every action's
+duration, and the profiled times of the same tiny layers (measured in isolation, as any profile is) are
+subtracted from F and B, so what remains is the executor's share:
+
+* ``compute``: median over F and B actions of (duration - the stage's profiled layer time);
+* ``send`` / ``recv``: the median SEND duration and the 10th percentile of RECV durations (a receive also
+  waits for its message; its fastest cases are the overhead), each plus an equal share of the p2p posting
+  records (``POST``: the isend/irecv calls made before an action; their median times their count);
+* ``allreduce``: median ALLREDUCE duration (gradient flattening and issuing the collective);
+* ``step``: per iteration the shortest STEP over the ranks (the others wait there for the last one),
+  median over iterations: waiting on sends, the tied-embedding all-reduce, the optimizer's fixed cost
+  (its per-byte cost is the cluster's ``memory_bandwidth``'s), bookkeeping;
+* the loop's own time between records is spread evenly over the actions (added to each kind).
+
+Each figure is the median over the measured iterations and ranks; the result is a
+:class:`planner.cluster.ExecutorOverhead`.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from planner.cluster import ExecutorOverhead
+from planner.schedules.ir import parse_action
+
+NEARLY_NOTHING = {"hidden": 8, "heads": 1, "seq": 1, "vocab": 8, "ffn_hidden": 8}
+
+
+def _per_kind(trace: dict[str, Any], warmup: int) -> tuple[dict[str, list[tuple[str, float]]], float]:
+    """Durations (seconds) per record kind, with the action text, over the measured iterations; and the
+    median gap per action (time of a rank's iteration covered by no record, over its actions: records
+    other than POST and OPT)."""
+    kinds: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    by_rank_iter: dict[tuple[int, int], list[tuple[float, float, bool]]] = defaultdict(list)
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") != "X" or ev["args"]["iteration"] < warmup:
+            continue
+        kinds[ev["cat"]].append((ev["name"], ev["dur"] / 1e6))
+        by_rank_iter[(ev["tid"], ev["args"]["iteration"])].append((ev["ts"] / 1e6, ev["dur"] / 1e6,
+                                                                   ev["cat"] not in ("POST", "OPT")))
+    gaps = []
+    for recs in by_rank_iter.values():
+        recs.sort()
+        covered, end = 0.0, recs[0][0]  # OPT nests inside STEP: the union of the records is covered
+        for s, d, _ in recs:
+            if s + d <= end:
+                continue
+            covered += s + d - max(s, end)
+            end = s + d
+        span = end - recs[0][0]
+        gaps.append(max(span - covered, 0.0) / max(sum(1 for r in recs if r[2]), 1))  # per action
+    return kinds, float(np.median(gaps)) if gaps else 0.0
+
+
+def _fastest_rank_steps(trace: dict[str, Any], warmup: int) -> list[float]:
+    """Per measured iteration, the shortest STEP over the ranks: the others also wait there for the last
+    rank (the tied-embedding all-reduce), which is pipeline time, not overhead."""
+    per_iter: dict[int, float] = {}
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") == "X" and ev["cat"] == "STEP" and ev["args"]["iteration"] >= warmup:
+            it = ev["args"]["iteration"]
+            per_iter[it] = min(per_iter.get(it, float("inf")), ev["dur"] / 1e6)
+    return [per_iter[k] for k in sorted(per_iter)]
+
+
+def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 20, warmup: int = 3,
+                     timeout: float = 120.0) -> tuple[ExecutorOverhead, dict[str, Any]]:
+    """Run the executor on ``procs`` local gloo processes with the nearly-nothing model; return the
+    overhead and the raw figures (per kind: median seconds and count)."""
+    import torch
+
+    from executor.launch import launch
+    from executor.models import get_config
+    from executor.plan import RunPlan
+    from profiler.run import profile_model
+
+    layers = 2 * procs
+    overrides = {**NEARLY_NOTHING, "layers": layers}
+    plan = RunPlan.direct("1f1b", procs, microbatches, model="gpt-tiny", model_overrides=overrides, micro_batch=1,
+                          dtype="float32", iterations=iterations, warmup=warmup)
+    res = launch([plan], procs, trace=True, timeout=timeout)
+    assert res is not None  # one node: rank 0 is here
+    trace = res["runs"][0]["trace"]
+    torch.set_num_threads(1)
+    prof = profile_model(get_config("gpt-tiny").with_(**overrides), micro_batches=[1], threads=1, repeats=21,
+                         warmup=5)
+    bounds = plan.bounds(procs, len(prof.layers))
+    fwd = [sum(prof.layers[i].time("fwd", 1) for i in range(a, b)) for a, b in bounds]
+    bwd = [sum(prof.layers[i].time("bwd", 1) for i in range(a, b)) for a, b in bounds]
+
+    kinds, gap = _per_kind(trace, warmup)
+    compute = []
+    for kind, table in (("F", fwd), ("B", bwd)):
+        for name, dur in kinds.get(kind, []):
+            compute.append(dur - table[parse_action(name).stage])
+    sends = [d for k in ("SEND_F", "SEND_B") for _, d in kinds.get(k, [])]
+    recvs = [d for k in ("RECV_F", "RECV_B") for _, d in kinds.get(k, [])]
+    posts = [d for _, d in kinds.get("POST", [])]
+    # a typical posting record (median: on a shared machine a few are preempted), shared by the messages
+    post_share = statistics.median(posts) * len(posts) / max(len(sends) + len(recvs), 1) if posts else 0.0
+    opt = statistics.median([d for _, d in kinds["OPT"]]) if kinds.get("OPT") else 0.0
+    steps = _fastest_rank_steps(trace, warmup)
+    ars = [d for _, d in kinds.get("ALLREDUCE", [])]
+    med = statistics.median
+    ex = ExecutorOverhead(
+        compute=max(med(compute) + gap, 0.0) if compute else 0.0,
+        send=max(med(sends) + post_share + gap, 0.0) if sends else 0.0,
+        recv=max(float(np.percentile(recvs, 10)) + post_share + gap, 0.0) if recvs else 0.0,
+        allreduce=max(med(ars) + gap, 0.0) if ars else 0.0,
+        step=max(med(steps) + gap, 0.0) if steps else 0.0,
+        source=(f"pipeplan profile-links --executor-overhead: {procs} gloo processes on {platform.node()} "
+                f"({platform.processor() or platform.machine()}), 1F1B, N={microbatches}, {iterations} "
+                f"iterations, layers of hidden 8 / sequence 1; torch {torch.__version__}"))
+    raw = {"gap_per_action": gap, "post_share_per_message": post_share, "optimizer": opt, "step_fastest_rank": steps,
+           **{k: {"median": med([d for _, d in v]), "count": len(v)} for k, v in sorted(kinds.items())},
+           "profiled_fwd_per_stage": fwd, "profiled_bwd_per_stage": bwd}
+    return ex, raw

@@ -1,0 +1,109 @@
+"""Calibration over the API: finished jobs -> POST /clusters/{id}/calibrate -> a new cluster version that
+later plans use, earlier plans keep theirs; GET /clusters/{id}/calibration shows the errors before/after."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from api_support import AUTH, WAUTH, seed_plan, tiny_cluster, tiny_profile, wait_for
+
+from planner.calibrate import Observation, predicted, with_calibration
+from planner.cluster import Cluster
+from planner.profile import ModelProfile
+from planner.request import Config, TrainingRequest
+
+pytestmark = pytest.mark.slow  # database
+
+HIDDEN = {"compute_scale": 1.25, "link_scale": 1.0, "action_overhead": 0.0}
+FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves", "pipelines",
+          "concat")
+
+
+def _finish(client: Any, plan: dict[str, Any], index: int, worker: int, seconds: float, emulated: bool) -> int:
+    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
+                      headers=AUTH).json()
+    claim = client.post(f"/workers/{worker}/claim", headers=WAUTH)
+    assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
+    r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker, "iteration_time": seconds,
+                                                       "emulated": emulated, "devices": []}, headers=WAUTH)
+    assert r.status_code == 201, r.text
+    return job["id"]
+
+
+def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyped-def]
+    profile_id, cluster_id, plan = seed_plan(client)
+    assert client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH).status_code == 409  # no jobs yet
+    empty = client.get(f"/clusters/{cluster_id}/calibration", headers=AUTH).json()
+    assert empty["jobs"] == [] and empty["median_abs_error_before"] is None and empty["newest_version"] == 1
+    assert client.get("/clusters/999/calibration", headers=AUTH).status_code == 404
+    assert client.post("/clusters/999/calibrate", headers=AUTH).status_code == 404
+    w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()["id"]
+    truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)
+    prof = ModelProfile.model_validate(tiny_profile())
+    req = TrainingRequest.model_validate(plan["request"])
+    jobs = []
+    for i, cand in enumerate(plan["candidates"][:4]):
+        cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
+        measured = predicted(Observation(prof, req, cfg, 1.0), truth)
+        jobs.append(_finish(client, plan, i, w, measured, emulated=False))
+    _finish(client, plan, 0, w, 123.0, emulated=True)  # an emulated run is left out by default
+
+    r = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["version"] == 2 and cal["base_id"] == cluster_id and cal["cluster_id"] != cluster_id
+    assert cal["calibration"]["compute_scale"] == pytest.approx(1.25, rel=0.02)
+    assert [j["job_id"] for j in cal["jobs"]] == jobs
+    assert client.post(f"/clusters/{cluster_id}/calibrate", headers=WAUTH).status_code == 403
+
+    got = client.get(f"/clusters/{cal['cluster_id']}", headers=AUTH).json()
+    assert got["version"] == 2 and got["base_id"] == cluster_id
+    assert got["cluster"]["calibration"]["compute_scale"] == pytest.approx(1.25, rel=0.02)
+
+    err = client.get(f"/clusters/{cluster_id}/calibration", headers=AUTH).json()
+    assert err["newest_id"] == cal["cluster_id"] and err["newest_version"] == 2
+    assert 0.1 < err["median_abs_error_before"] <= 0.25  # compute is most of each iteration
+    assert err["median_abs_error_after"] < 0.01
+    assert len(err["jobs"]) == 4
+    both = client.get(f"/clusters/{cluster_id}/calibration?include_emulated=true", headers=AUTH).json()
+    assert len(both["jobs"]) == 5
+
+    # later plans use the newest version; the earlier plan keeps the one it used
+    r = client.post("/plans", json={"profile_id": profile_id, "cluster_id": cluster_id, "global_batch": 16},
+                    headers=AUTH)
+    assert r.status_code in (201, 202), r.text
+    new = r.json()
+    assert new["cluster_id"] == cal["cluster_id"]
+    assert client.get(f"/plans/{plan['id']}", headers=AUTH).json()["cluster_id"] == cluster_id
+    new = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+        client.get(f"/plans/{new['id']}", headers=AUTH).json()), what="plan done")
+    assert new["status"] == "done"
+    # the same request as the first plan, on the calibrated version: predictions are 1.25x slower
+    again = client.post("/plans", json={"profile_id": profile_id, "cluster_id": cluster_id,
+                                        **{k: v for k, v in plan["request"].items() if v is not None}},
+                        headers=AUTH)
+    assert again.status_code in (201, 202), again.text
+    done = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+        client.get(f"/plans/{again.json()['id']}", headers=AUTH).json()), what="plan done")
+    first = plan["candidates"][0]
+    same = [c for c in done["candidates"] if c["label"] == first["label"]]
+    assert same and same[0]["iteration_time"] == pytest.approx(
+        predicted(Observation(prof, req, Config(**{k: first[k] for k in FIELDS if first.get(k) is not None}),
+                              1.0), truth), rel=0.02)
+    assert same[0]["iteration_time"] > first["iteration_time"] * 1.1
+
+
+def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    with live_server.client() as c:
+        cl = c.post("/clusters", json=tiny_cluster()).json()
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"]),
+                                 "--token", AUTH["Authorization"].split()[1]])
+    assert r.exit_code == 2 and "HTTP 409" in r.output and "no finished job" in r.output
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"]),
+                                 "--token", "wrong"])
+    assert r.exit_code == 2 and ("HTTP 401" in r.output or "HTTP 403" in r.output)

@@ -1,0 +1,229 @@
+"""Calibration from finished jobs (planner.calibrate): hidden factors are recovered from generated results,
+and the cost-model hook applies them (and the measured executor overhead) as documented."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.calibrate import Observation, fit, predicted, with_calibration
+from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
+from planner.cost import ConfigCosts
+from planner.profile import LayerProfile, ModelProfile, TransformerShape
+from planner.request import Config, TrainingRequest
+from planner.schedules import build
+
+SIZES = (1, 2, 4, 8)
+
+
+def profile(layers: int = 8) -> ModelProfile:
+    """Transformer layers whose time is not proportional to b (a fixed part per micro-batch), so jobs with
+    different micro-batch sizes tell compute from per-action overhead."""
+    lays = [LayerProfile(name=f"block.{i}", kind="transformer",
+                         fwd_time={b: 2e-4 + 1e-3 * b for b in SIZES},
+                         bwd_time={b: 4e-4 + 2e-3 * b for b in SIZES},
+                         output_bytes_per_sample=2 * 512 * 1024, stashed_bytes_per_sample=8 * 512 * 1024,
+                         input_bytes_per_sample=2 * 512 * 1024, params=12 * 1024 * 1024,
+                         param_bytes=2 * 12 * 1024 * 1024) for i in range(layers)]
+    return ModelProfile(name="calib-test", layers=lays, device="test", dtype="bf16", source="analytical",
+                        shape=TransformerShape(hidden=1024, seq=512, heads=16, vocab=1000, layers=layers))
+
+
+def cluster(**kw: object) -> Cluster:
+    return Cluster(name="calib", nodes=2, gpus_per_node=4, device="test", memory_bytes=80 * 2**30,
+                   peak_flops=1e14, intra=Link(alpha=2e-5, beta=1 / 20e9), inter=Link(alpha=5e-5, beta=1 / 5e9),
+                   memory_bandwidth=1e12, **kw)
+
+
+def observations(prof: ModelProfile) -> list[Observation]:
+    cases = [  # (t, D, W, b, schedule, extra)
+        (1, 2, 1, 1, "1f1b", {}), (1, 2, 2, 2, "1f1b", {}), (1, 4, 2, 1, "gpipe", {}),
+        (2, 2, 2, 4, "1f1b", {}), (1, 4, 1, 2, "interleaved", {"chunks": 2}), (1, 8, 1, 1, "1f1b", {}),
+        (2, 4, 1, 1, "gpipe", {}), (1, 2, 4, 8, "gpipe", {}),
+    ]
+    out = []
+    for j, (t, D, W, b, s, extra) in enumerate(cases):
+        req = TrainingRequest(global_batch=32, gpus=t * D * W)
+        out.append(Observation(prof, req, Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=s,
+                                                 **extra), measured=0.0, job_id=j))
+    return out
+
+
+@pytest.mark.parametrize("hidden", [
+    {"compute_scale": 1.3, "link_scale": 0.7, "action_overhead": 2e-4},
+    {"compute_scale": 0.8, "link_scale": 2.5, "action_overhead": 5e-5},
+    {"compute_scale": 1.05, "link_scale": 1.0, "action_overhead": 0.0},
+])
+def test_hidden_factors_recovered_within_2_percent(hidden: dict[str, float]) -> None:
+    prof, cl = profile(), cluster()
+    obs = observations(prof)
+    truth = with_calibration(cl, hidden)
+    for o in obs:
+        o.measured = predicted(o, truth)
+    res = fit(cl, obs)
+    cal = res.calibration
+    assert cal.compute_scale == pytest.approx(hidden["compute_scale"], rel=0.02)
+    assert cal.link_scale == pytest.approx(hidden["link_scale"], rel=0.02)
+    assert cal.action_overhead == pytest.approx(hidden["action_overhead"], rel=0.02, abs=2e-6)
+    assert cal.jobs == len(obs)
+    assert cal.error_after is not None and cal.error_after < 1e-3
+    assert cal.error_before is not None and cal.error_before > 0.01
+    for j in res.jobs:
+        assert j.after == pytest.approx(j.measured, rel=1e-3)
+
+
+def test_noisy_results_fit_near_the_hidden_factors() -> None:
+    prof, cl = profile(), cluster()
+    obs = observations(prof)
+    truth = with_calibration(cl, {"compute_scale": 1.2, "link_scale": 1.5, "action_overhead": 1e-4})
+    noise = [1.01, 0.99, 1.0, 1.015, 0.985, 1.0, 1.005, 0.995]
+    for o, n in zip(obs, noise, strict=True):
+        o.measured = predicted(o, truth) * n
+    cal = fit(cl, obs).calibration
+    assert cal.compute_scale == pytest.approx(1.2, rel=0.1)
+    assert cal.error_after is not None and cal.error_after < 0.02
+
+
+def test_unidentifiable_factors_stay_at_their_prior() -> None:
+    """One job cannot separate three factors: only compute is fitted, the others keep (1, 0)."""
+    prof, cl = profile(), cluster()
+    obs = observations(prof)[:1]
+    obs[0].measured = predicted(obs[0], cl) * 1.25
+    cal = fit(cl, obs).calibration
+    assert cal.fitted == ["compute_scale"]
+    assert cal.link_scale == 1.0 and cal.action_overhead == 0.0
+    assert predicted(obs[0], with_calibration(cl, cal)) == pytest.approx(obs[0].measured, rel=1e-3)
+
+
+def test_bad_measurements_are_refused() -> None:
+    prof, cl = profile(), cluster()
+    obs = observations(prof)[:2]
+    obs[0].measured = 0.0
+    with pytest.raises(ValueError, match="measured"):
+        fit(cl, obs)
+    with pytest.raises(ValueError, match="observations"):
+        fit(cl, [])
+
+
+def _costs(cl: Cluster, schedule: str = "1f1b", D: int = 2) -> ConfigCosts:
+    prof = profile()
+    cfg = Config(tensor=1, pipeline=D, data=1, micro_batch=1, schedule=schedule)
+    sched = build(schedule, D, 4)
+    n = len(prof.layers) // D
+    return ConfigCosts(prof, cl, TrainingRequest(global_batch=4), cfg, sched,
+                       [(i * n, (i + 1) * n) for i in range(D)])
+
+
+def test_hook_scales_compute_and_links_and_adds_overhead() -> None:
+    plain = _costs(cluster())
+    cal = _costs(cluster(calibration=Calibration(compute_scale=2.0, link_scale=3.0, action_overhead=1e-3)))
+    assert cal.work("F", 0, 1) == pytest.approx(2 * plain.work("F", 0, 1))
+    assert cal.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(3 * plain.p2p("SEND_F", 0, 1, 0, 1))
+    # F of stage 0 is followed by a SEND_F: two actions; F of the last stage follows a RECV_F: two actions
+    assert cal.compute("F", 0, 1, 0) - cal.work("F", 0, 1) == pytest.approx(2e-3)
+    assert cal.compute("F", 1, 1, 1) - cal.work("F", 1, 1) == pytest.approx(2e-3)
+    # STEP: the device's one ALLREDUCE and the STEP itself
+    assert cal.step(0) - cal.step_work(0) == pytest.approx(2e-3)
+    assert cal.step_work(0) == pytest.approx(2 * plain.step_work(0))
+
+
+def test_executor_overhead_per_kind() -> None:
+    ex = ExecutorOverhead(compute=1e-4, send=2e-5, recv=3e-5, allreduce=4e-5, step=5e-5)
+    c = _costs(cluster(executor=ex))
+    assert c.compute("F", 0, 1, 0) - c.work("F", 0, 1) == pytest.approx(1e-4 + 2e-5)  # F, SEND_F
+    assert c.compute("B", 0, 1, 0) - c.work("B", 0, 1) == pytest.approx(1e-4 + 3e-5)  # RECV_B, B
+    assert c.compute("B", 1, 1, 1) - c.work("B", 1, 1) == pytest.approx(1e-4 + 2e-5)  # B, SEND_B
+    assert c.step(1) - c.step_work(1) == pytest.approx(4e-5 + 5e-5)
+
+
+def test_content_hash_unchanged_without_the_new_fields() -> None:
+    cl = cluster()
+    assert cl.content_hash() != cluster(calibration=Calibration(compute_scale=1.1)).content_hash()
+    import hashlib
+    import json
+    legacy = {k: v for k, v in cl.model_dump(mode="json").items() if k not in ("executor", "calibration")}
+    digest = hashlib.sha256(json.dumps(legacy, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert cl.content_hash() == digest
+
+
+@pytest.mark.slow  # the CLI's imports and a dozen fits' simulations: several seconds
+def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.cluster import load_cluster, save_cluster
+    from planner.profile import save_profile
+
+    prof, cl = profile(), cluster()
+    save_profile(prof, tmp_path / "p.json")
+    save_cluster(cl, tmp_path / "c.json")
+    truth = with_calibration(cl, {"compute_scale": 1.4, "link_scale": 0.6, "action_overhead": 1e-4})
+    runs = []
+    for o in observations(prof):
+        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
+        runs.append({"profile": "p.json", "candidate": cand, "measured": predicted(o, truth)})
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json"), "--out", str(tmp_path / "out.json")])
+    assert r.exit_code == 0, r.output
+    assert "compute_scale 1.4" in r.output and "median |error|" in r.output
+    cal = load_cluster(tmp_path / "out.json").calibration
+    assert cal is not None and cal.link_scale == pytest.approx(0.6, rel=0.02)
+    runs[0]["measured"] = -1
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json")])
+    assert r.exit_code == 2 and "runs[0].measured" in r.output
+
+
+@pytest.mark.slow  # simulates every configuration
+def test_search_bounds_hold_with_overhead_and_calibration() -> None:
+    """The search prunes by lower bounds: with per-action overhead and calibration in the costs, no bound
+    may exceed the simulated time (every schedule, including the merged ones' warm-up bounds)."""
+    from collections import Counter
+    from pathlib import Path
+
+    from planner.analytic import analytic_profile
+    from planner.cluster import load_cluster
+    from planner.device import device_for_cluster
+    from planner.model import PRESETS
+    from planner.schedules import inflight_exact
+    from planner.search import Planner
+
+    base = load_cluster(Path(__file__).parent.parent / "examples" / "clusters" / "piz-daint-p100-16gb.json")
+    cl = base.model_copy(update={
+        "executor": ExecutorOverhead(compute=2e-3, send=1e-3, recv=1.5e-3, allreduce=3e-3, step=5e-3),
+        "calibration": Calibration(compute_scale=0.7, link_scale=1.6, action_overhead=1e-3)})
+    prof = analytic_profile(PRESETS["bert-48"], device_for_cluster(base), dtype="fp32")
+    planner = Planner(prof, cl, TrainingRequest(global_batch=64, gpus=8))
+    checked = 0
+    for cfg in planner.configs(Counter()):
+        cand, costs = planner.prepare(cfg)
+        if costs is None:
+            continue
+        warmup_bound = None
+        if not inflight_exact(cfg.schedule):
+            n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
+            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
+            if not rejected and warmup is not None:
+                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
+        planner.evaluate(cand, costs)
+        if cand.simulation is None:
+            continue
+        checked += 1
+        assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+        if warmup_bound is not None:
+            assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+    assert checked > 20
+
+
+def test_a_factor_past_its_bound_is_pinned_there_and_said() -> None:
+    prof, cl = profile(), cluster()
+    obs = observations(prof)
+    truth = with_calibration(cl, {"compute_scale": 1.1, "link_scale": 1e-5, "action_overhead": 0.0})
+    for o in obs:
+        o.measured = predicted(o, truth) * (0.97 if o.config.data > 1 else 1.0)  # less than no communication
+    cal = fit(cl, obs).calibration
+    assert cal.link_scale == pytest.approx(1e-3) and "link_scale (at its bound)" in cal.fitted
+    assert cal.compute_scale > 0.5

@@ -1,0 +1,57 @@
+"""pipeplan profile-device: a device description measured with torch on this machine (quick mode, CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.device import DeviceSpec, find_device, load_device
+from planner.model import PRESETS
+from profiler.device import efficiency_curve, model_shapes
+
+
+def test_model_shapes_follow_megatron_split() -> None:
+    spec = PRESETS["gpt2-medium"]  # h 1024, a 16, s 1024, f 4096
+    shapes = model_shapes(spec, [2], [1, 4])
+    tokens = 2 * 1024
+    assert (tokens, 3 * 1024, 1024, 1) in shapes and (tokens, 3 * 1024 // 4, 1024, 1) in shapes  # QKV columns
+    assert (tokens, 1024, 4096 // 4, 1) in shapes  # MLP down: rows split, k / t
+    assert (1024, 1024, 64, 2 * 16 // 4) in shapes  # scores per local head
+    assert all(m > 0 and n > 0 and k > 0 and b > 0 for m, n, k, b in shapes)
+    # t that does not divide the heads is skipped
+    assert model_shapes(spec, [1], [3]) == []
+
+
+def test_efficiency_curve_bins_and_clamps() -> None:
+    curve = efficiency_curve([(0.001, 0.1), (0.0012, 0.2), (1.0, 0.9), (1.1, 1.3), (100.0, 0.95)])
+    sizes = [p[0] for p in curve.points]
+    assert sizes == sorted(sizes) and len(sizes) == 3
+    assert all(0 < e <= 1 for _, e in curve.points)
+
+
+def test_profile_device_quick_cpu(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    out = tmp_path / "dev.json"
+    r = CliRunner().invoke(app, ["profile-device", "--quick", "--device", "cpu", "--model", "gpt-tiny",
+                                 "--threads", "1", "--name", "test-cpu", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    dev = load_device(out)
+    assert isinstance(dev, DeviceSpec) and dev.kind == "cpu" and dev.name == "test-cpu"
+    assert set(dev.peak_flops) == {"fp32"} and dev.memory_bandwidth > 0 and dev.kernel_overhead_s > 0
+    tiny = PRESETS["gpt-tiny"]
+    want = model_shapes(tiny.with_(seq=min(tiny.seq, 64)), [1], [1, 2, 4, 8])
+    got = {(p.m, p.n, p.k, p.batch) for p in dev.gemm_points}
+    assert set(want) <= got
+    # a measured shape's efficiency comes from its own point, and none exceeds the peak
+    p = max(dev.gemm_points, key=lambda p: p.flops)
+    assert dev.gemm_eff(p.m, p.n, p.k, p.batch, "fp32") == pytest.approx(p.flops / (p.seconds * dev.peak("fp32")))
+    assert all(dev.gemm_eff(q.m, q.n, q.k, q.batch, "fp32") <= 1.0 for q in dev.gemm_points)
+    assert "profile-device" in dev.sources["gemm_efficiency"]
+    assert find_device(str(out)) is not None  # a cluster's device may name the file
+    bad = CliRunner().invoke(app, ["profile-device", "--quick", "--device", "cpu", "--model", "no-such",
+                                   "--out", str(tmp_path / "x.json")])
+    assert bad.exit_code == 2 and "no-such" in bad.output
