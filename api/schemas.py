@@ -204,6 +204,13 @@ class PlanCreate(TrainingRequest):
     allow_async: StrictBool = False
     allow_recompute: StrictBool = True
 
+    @field_validator("schedules")
+    @classmethod
+    def _some_schedule(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:  # an empty list would silently mean "all of them"
+            raise ValueError("choose at least one schedule (leave the field out to allow all of them)")
+        return v
+
     def training_request(self) -> TrainingRequest:
         return TrainingRequest(**self.model_dump(exclude={"profile_id", "cluster_id"}))
 
@@ -245,10 +252,18 @@ class JobCreate(BaseModel):
 
     plan_id: Id
     candidate_index: int = Field(default=0, ge=0, le=1000)
-    model: Name = Field(description="model the executor builds (e.g. gpt-tiny)")
+    model: Name = Field(description="model the executor builds: a preset of planner.model (e.g. gpt-tiny)")
     iterations: int = Field(default=10, ge=1, le=1_000_000)
     emulate: bool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
     max_attempts: int | None = Field(default=None, ge=1, le=100, description="claims before giving up")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        from planner.model import get_model
+
+        get_model(v)  # ValueError naming the presets: refused here, not on the agent after a claim
+        return v
 
 
 class JobOut(BaseModel):

@@ -5,8 +5,10 @@ Forms::
     pipeplan run --plan plan.json [--candidate 0] [--model gpt-tiny] [--iterations 10] [--backend gloo|nccl]
                  [--p2p prefetch|grouped] [--trace trace.json] [--out result.json] [--check]
                  [--emulate profile.json [--cluster c.json]]
-    pipeplan run --schedule chimera --devices 4 --microbatches 8 --model gpt-tiny [--data-parallel 2]
-                 [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat] [--recompute] [--check]
+    pipeplan run --schedule chimera --devices 4 --microbatches 8 (--model gpt-tiny | --hf-config cfg.json |
+                 --module pkg.mod:build) [-W 2]
+                 [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat/--replication]
+                 [--recompute] [--check]
     # several nodes: the same command on every node, with its --node-rank
     pipeplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 [--rdzv-id job7] [--nproc-per-node 4]
 
@@ -49,8 +51,14 @@ def run(
     waves: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)] = None,
     pipelines: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["pipelines"].help)] = None,
     concat: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)] = None,
+    replication: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["replication"].help)] = None,
     recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
     model: Annotated[str, typer.Option(help="model of the zoo (preset name)")] = "gpt-tiny",
+    hf_config: Annotated[str | None, typer.Option(
+        "--hf-config", help="a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2) instead of --model")] = None,
+    seq: Annotated[int | None, typer.Option(help="sequence length (default: the model's)")] = None,
+    module: Annotated[str | None, typer.Option(
+        "--module", help="your model: pkg.module:build or file.py:build returning (layers, sample, loss)")] = None,
     iterations: Annotated[int, typer.Option(help="measured iterations")] = 3,
     warmup: Annotated[int, typer.Option(help="warm-up iterations (not measured)")] = 1,
     backend: Annotated[str, typer.Option(help="gloo or nccl")] = "gloo",
@@ -76,7 +84,23 @@ def run(
     from executor.plan import PlanError, RunPlan, load_plan_file
     from executor.trace import write_json_atomic
 
-    common: dict[str, Any] = {"model": model, "iterations": iterations, "warmup": warmup, "seed": seed,
+    model_spec = None
+    if module is not None and hf_config is not None:
+        _fail("give --hf-config or --module, not both")
+    if hf_config is not None:
+        from profiler.hf_config import HFConfigError, read_hf_config
+
+        try:
+            spec = read_hf_config(hf_config, seq=seq)
+        except HFConfigError as e:
+            _fail(f"--hf-config {hf_config}: {e}")
+            return
+        model, model_spec = spec.name, spec.model_dump()
+    if module is not None:
+        model = module.partition(":")[0].rsplit("/", 1)[-1]
+    overrides = {"seq": seq} if seq is not None and model_spec is None else {}
+    common: dict[str, Any] = {"model": model, "model_spec": model_spec, "model_overrides": overrides, "module": module,
+                              "iterations": iterations, "warmup": warmup, "seed": seed,
                               "dtype": dtype or ("float64" if check else "float32"), "emulate": emulate,
                               "cluster": cluster}
     try:
@@ -90,7 +114,7 @@ def run(
             assert schedule is not None and devices is not None and microbatches is not None
             run_plan = RunPlan.direct(schedule, devices, microbatches, data=data_parallel, tensor=tensor,
                                       micro_batch=micro_batch, recompute=recompute, chunks=chunks, waves=waves,
-                                      pipelines=pipelines, concat=concat, **common)
+                                      pipelines=pipelines, concat=concat, replication=replication, **common)
         run_plan.validate()
     except PlanError as e:
         _fail(str(e))

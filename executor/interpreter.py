@@ -57,12 +57,12 @@ from torch.utils.checkpoint import checkpoint
 
 from executor.comm import P2P
 from executor.groups import Groups, Layout
-from executor.models import build_layers, takes_targets, tied_parameters
+from executor.models import takes_targets
 from executor.models.blocks import Block
-from executor.models.data import synthetic_batch
+from executor.models.llama import LlamaBlock
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
-from executor.tensor_parallel import TensorParallelBlock
+from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
 from planner.schedules.ir import (
     ALLREDUCE,
     RECV_B,
@@ -217,8 +217,11 @@ class RankRuntime:
         d = self.device
         self.actions = schedule.actions[d]
         self.held = schedule.stages_on(d)
+        #: per stage held, the replica naming its copy: replicas sharing a (stage, device) share its weights
+        #: (PipeDream's replicated stages, whose micro-batches take routes through the stage replicas)
+        self.copy = {s: r for r, s in self.held}
         self.S = schedule.stages
-        self.cfg = plan.model_config
+        self.source = plan.source()
         self.dtype = DTYPES[plan.dtype]
         self.bounds = plan.bounds(self.S)
         self.rows = plan.rows
@@ -238,7 +241,7 @@ class RankRuntime:
         # tied embedding copies on the first and last stages (names inside the StageModule)
         self.tied: dict[tuple[int, int], list[str]] = {}
         if self.S > 1 and emulator is None:
-            for group in tied_parameters(self.cfg):
+            for group in self.source.tied():
                 for layer, pname in group:
                     for r, s in self.held:
                         a, b = self.bounds[s]
@@ -256,12 +259,19 @@ class RankRuntime:
     # ---- construction --------------------------------------------------------------------------------
     def _build(self, stage: int) -> StageModule:
         a, b = self.bounds[stage]
-        layers = build_layers(self.cfg, self.plan.seed, a, b)
+        layers = self.source.build(self.plan.seed, a, b)
         if self.layout.t > 1:
-            layers = [TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
-                      if isinstance(m, Block) else m for m in layers]
+            layers = [self._tensor_parallel(m) for m in layers]
         mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute)
         return mod.to(device=self.tdev, dtype=self.dtype)
+
+    def _tensor_parallel(self, m: nn.Module) -> nn.Module:
+        """A block split over this rank's tensor-parallel group; embedding, head and norms stay replicated."""
+        if isinstance(m, Block):
+            return TensorParallelBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+        if isinstance(m, LlamaBlock):
+            return TensorParallelLlamaBlock.from_block(m, self.tp, self.layout.t, self.groups.tensor)
+        return m
 
     def _peer_rank(self, device: int) -> int:
         return self.layout.rank(device, self.data_copy, self.tp)
@@ -270,14 +280,17 @@ class RankRuntime:
         span = a.span if a.kind == RECV_F else 1
         if self.emu is not None:
             return (self.emu.message_bytes(a.kind, a.stage, span),), torch.uint8
-        return (self.rows * span, self.cfg.seq, self.cfg.hidden), self.dtype
+        a_, b_ = self.bounds[a.stage]
+        return self.source.message_shape(self.rows * span, a_ if a.kind == RECV_F else b_), self.dtype
 
     # ---- data ----------------------------------------------------------------------------------------
     def load_batch(self, step: int) -> None:
-        inputs, targets = synthetic_batch(self.cfg, self.plan.spec.global_batch, self.plan.seed, step)
+        inputs, targets = self.source.batch(self.plan.spec.global_batch, self.plan.seed, step)
         per_copy = self.N * self.rows
         off = self.data_copy * per_copy
         self.inputs = inputs[off:off + per_copy].to(self.tdev)
+        if self.inputs.is_floating_point():  # a user model's features (the zoo's inputs are token ids)
+            self.inputs = self.inputs.to(self.dtype)
         self.targets = targets[off:off + per_copy].to(self.tdev)
 
     def _rows(self, t: torch.Tensor, mb: int, span: int = 1) -> torch.Tensor:
@@ -336,15 +349,16 @@ class RankRuntime:
     # ---- compute -------------------------------------------------------------------------------------
     def _forward(self, a: Action) -> None:
         r, s = a.replica, a.stage
-        mod = self.modules[(r, s)]
+        key = (self.copy[s], s)
+        mod = self.modules[key]
         if s == 0:
             x = self._rows(self.inputs, a.mb, a.span)
         else:
             x = self.inbox.pop((RECV_F, r, s, a.mb)).requires_grad_(True)
         targets = [self._rows(self.targets, m) for m in a.mbs] if mod.has_head else None
         version, params = 0, None
-        if (r, s) in self.stash:
-            version, params = self.stash[(r, s)].acquire()
+        if key in self.stash:
+            version, params = self.stash[key].acquire()
             outs = functional_call(mod, params, (x, targets))
             self.version_log.append({"stage": s, "mb": a.mb, "event": "F", "version": version,
                                      "checksum": _checksum(params)})
@@ -373,7 +387,7 @@ class RankRuntime:
     def _params(self, r: int, s: int, rec: _Fwd) -> list[torch.Tensor]:
         if rec.params is not None:
             return list(rec.params.values())
-        return list(self.modules[(r, s)].parameters())
+        return list(self.modules[(self.copy[s], s)].parameters())
 
     def _backward(self, a: Action) -> None:
         r, s, m, k = a.replica, a.stage, a.mb, a.kind
@@ -398,7 +412,7 @@ class RankRuntime:
         if rec.params is not None:
             self.version_log.append({"stage": s, "mb": m, "event": "B", "version": rec.version,
                                      "checksum": _checksum(rec.params),
-                                     "live_version": self.stash[(r, s)].version})
+                                     "live_version": self.stash[(self.copy[s], s)].version})
         inputs = params + ([rec.x] if (k == B and want_dx) else [])
         torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
         if k == B:
@@ -411,7 +425,8 @@ class RankRuntime:
 
     def _async_update(self, r: int, s: int, rec: _Fwd) -> None:
         """Weight stashing: move the stashed version's gradients onto the live weights."""
-        mod, stash = self.modules[(r, s)], self.stash[(r, s)]
+        key = (self.copy[s], s)
+        mod, stash = self.modules[key], self.stash[key]
         assert rec.params is not None
         for (_, p), q in zip(mod.named_parameters(), rec.params.values(), strict=True):
             if q.grad is not None:
@@ -419,8 +434,8 @@ class RankRuntime:
                 q.grad = None
         stash.release(rec.version)
         if self.update == "per-microbatch" and rec.uses == 0:  # PipeDream: step after every backward
-            self.optims[(r, s)].step()
-            self.optims[(r, s)].zero_grad(set_to_none=True)
+            self.optims[key].step()
+            self.optims[key].zero_grad(set_to_none=True)
             stash.bump()
 
     # ---- gradient synchronisation and step -----------------------------------------------------------
@@ -431,8 +446,9 @@ class RankRuntime:
     def _allreduce(self, s: int) -> None:
         keys = [(r, ss) for r, ss in self.held if ss == s]
         group = self.groups.stage.get(s)
-        if self.emu is not None:
-            flat = torch.zeros(self.emu.allreduce_elements(s), dtype=torch.float32, device=self.tdev)
+        if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
+            n = self.emu.allreduce_elements(s) if group is not None else 0
+            flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
         else:
             flat = None
             for key in keys:
@@ -512,7 +528,7 @@ class RankRuntime:
             mod = self.modules[key]
             for li, layer in enumerate(mod.layers):
                 idx = mod.start + li
-                if isinstance(layer, TensorParallelBlock):
+                if isinstance(layer, TensorParallelBlock | TensorParallelLlamaBlock):
                     items = layer.full_state().items()
                 else:
                     items = ((n, p.detach().clone()) for n, p in layer.named_parameters())

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from executor.models import get_config
 from executor.models.config import ModelConfig
+from executor.models.source import ModuleSource, ZooSource
 from planner.request import Config
 from planner.runspec import RunSpec
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
@@ -55,6 +56,8 @@ class RunPlan:
     spec: RunSpec
     model: str = "gpt-tiny"
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change
+    model_spec: dict[str, Any] | None = None  # a ModelSpec (e.g. from --hf-config) instead of the preset `model`
+    module: str | None = None  # a user's factory (pkg.mod:build or file.py:build) instead of a zoo model
     iterations: int = 1
     warmup: int = 0
     seed: int = 0
@@ -104,8 +107,14 @@ class RunPlan:
     # ---- derived -----------------------------------------------------------------------------------
     @property
     def model_config(self) -> ModelConfig:
-        cfg = get_config(self.model)
+        cfg = ModelConfig.model_validate(self.model_spec) if self.model_spec is not None else get_config(self.model)
         return cfg.with_(**self.model_overrides) if self.model_overrides else cfg
+
+    def source(self) -> ZooSource | ModuleSource:
+        """Where the layers and batches come from (:mod:`executor.models.source`)."""
+        if self.module is not None:
+            return ModuleSource(self.module)
+        return ZooSource(self.model_config)
 
     @property
     def rows(self) -> int:
@@ -140,6 +149,11 @@ class RunPlan:
                 return len(load_profile(self.emulate).layers)
             except Exception as e:  # noqa: BLE001 - any reading/validation error is a bad plan
                 raise PlanError(f"cannot read the emulation profile {self.emulate}: {e}") from None
+        if self.module is not None:
+            try:
+                return ModuleSource(self.module).num_layers
+            except Exception as e:  # noqa: BLE001 - the user's code: any error makes the plan unrunnable
+                raise PlanError(f"--module {self.module}: {type(e).__name__}: {e}") from None
         return self.model_config.num_profile_layers
 
     def bounds(self, stages: int, layers: int | None = None) -> list[tuple[int, int]]:
@@ -153,10 +167,15 @@ class RunPlan:
         c = self.spec.config
         if self.iterations < 1:
             raise PlanError(f"iterations must be >= 1, got {self.iterations}")
-        try:
-            cfg = self.model_config
-        except (ValueError, TypeError) as e:
-            raise PlanError(f"model: {e}") from None
+        if self.module is not None:
+            if c.tensor > 1:
+                raise PlanError("--module: tensor parallelism needs the zoo's blocks; a user model runs with t = 1")
+        else:
+            try:
+                cfg = self.model_config
+                cfg.family  # noqa: B018 - a shape no zoo family builds is refused here
+            except (ValueError, TypeError) as e:
+                raise PlanError(f"model: {e}") from None
         if c.schedule not in ALL_SCHEDULES:
             raise PlanError(f"unknown schedule {c.schedule!r}")
         allowed = parameters(c.schedule)
@@ -168,7 +187,7 @@ class RunPlan:
                             f"{self.world_size} processes (devices), but the world size is {world_size}")
         if self.spec.halves_backward and c.micro_batch % 2:
             raise PlanError(f"backward halving needs an even micro-batch size, got b={c.micro_batch}")
-        if c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
+        if self.module is None and c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
             raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the "
                             f"MLP width ({cfg.ffn_hidden})")
         if not self.synchronous and (c.data > 1 or c.tensor > 1):
@@ -178,8 +197,8 @@ class RunPlan:
         sched = self.schedule()
         L = self.num_layers()
         if not self.spec.partition and sched.stages > L:
-            raise PlanError(f"{sched.stages} stages but the model has only {L} layers "
-                            f"(embedding, {cfg.layers} blocks, head)")
+            raise PlanError(f"{sched.stages} stages but the model has only {L} layers" + (
+                "" if self.module else f" (embedding, {cfg.layers} blocks, head)"))
         check_partition(self.bounds(sched.stages, L), sched.stages, L)
         if not self.synchronous and c.recompute:
             raise PlanError(f"{c.schedule}: recomputation with weight stashing is not supported")

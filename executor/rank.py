@@ -40,7 +40,6 @@ import torch.distributed as dist
 from executor.comm import neighbour_pairs, warm_up, warm_up_pairs
 from executor.groups import Layout, make_groups
 from executor.interpreter import RankRuntime
-from executor.models import tied_parameters
 from executor.p2p_order import default_policy
 from executor.plan import RunPlan
 from executor.trace import chrome_trace, summarize, write_json_atomic
@@ -65,7 +64,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         from executor.emulate import Emulator
 
         emulator = Emulator(plan, plan.compute_schedule(), plan.emulate, plan.cluster)
-    tied = bool(tied_parameters(plan.model_config)) and emulator is None
+    tied = emulator is None and bool(plan.source().tied())
     groups = make_groups(sched, layout, rank, tied)
     warm_up(rank, world, device)
     warm_up_pairs(rank, neighbour_pairs(sched, lambda d, p: [(layout.rank(d, w, k), layout.rank(p, w, k))

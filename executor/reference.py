@@ -1,7 +1,8 @@
 """Plain single-process training on the same global batch: what every synchronous schedule must equal.
 
 The whole model (:func:`executor.models.build_layers`, same seed, same dtype), one optimizer step per
-iteration with the same SGD. GPT's loss is the mean over the whole global batch in one forward; for BERT
+iteration with the same SGD. A decoder's (GPT, Llama) loss is the mean over the whole global batch in one
+forward; for BERT
 (masked LM, losses averaged over the masked positions of each micro-batch) it is the mean of the
 micro-batch losses, the quantity the pipelined run computes.
 """
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.models import Stage, build_layers
-from executor.models.data import synthetic_batch
+from executor.models import Stage
 from executor.plan import RunPlan
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -19,13 +19,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
     """``"{layer}.{name}" -> tensor`` after ``steps`` single-process SGD steps."""
-    cfg = plan.model_config
-    layers = [m.to(DTYPES[plan.dtype]) for m in build_layers(cfg, plan.seed)]
+    source = plan.source()
+    layers = [m.to(DTYPES[plan.dtype]) for m in source.build(plan.seed, 0)]
     model = Stage(layers)
     opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
     for step in range(steps):
-        inputs, targets = synthetic_batch(cfg, plan.spec.global_batch, plan.seed, step)
-        if cfg.family == "gpt":
+        inputs, targets = source.batch(plan.spec.global_batch, plan.seed, step)
+        inputs = inputs.to(DTYPES[plan.dtype]) if inputs.is_floating_point() else inputs
+        if not source.mean_of_micro_batches:
             loss = model(inputs, targets)
         else:
             losses = [model(x, t) for x, t in zip(inputs.split(plan.rows), targets.split(plan.rows), strict=True)]

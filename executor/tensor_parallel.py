@@ -172,3 +172,102 @@ class TensorParallelBlock(nn.Module):
         out["mlp.proj.weight"] = self._gather(self.mlp_proj.weight, 1)
         out["mlp.proj.bias"] = self.mlp_proj.bias.detach().clone()
         return out
+
+
+class TensorParallelLlamaBlock(nn.Module):
+    """A :class:`~executor.models.llama.LlamaBlock` split over a tensor-parallel group (Megatron-LM section 3,
+    with grouped-query attention as Megatron-Core shards it).
+
+    Query heads are split (``q`` column-parallel, ``o`` row-parallel); the key/value heads too when ``t``
+    divides their number ``k``: rank ``r`` holds query heads ``[r a/t, (r+1) a/t)`` and key/value heads
+    ``[r k/t, (r+1) k/t)``, which are exactly the ones its query heads read. When ``t`` does not divide ``k``,
+    ``k`` and ``v`` are replicated: every rank computes all key/value heads and uses those of its query heads;
+    their weights pass through ``f`` (identity forward, all-reduce of the gradient backward), so each rank ends
+    with the sum of every rank's contribution, the gradient of the full layer. The MLP is split as GPT's:
+    ``gate`` and ``up`` column-parallel, ``down`` row-parallel. Norms are replicated.
+    """
+
+    takes_targets = False
+
+    def __init__(self, block: nn.Module, rank: int, size: int, group: object) -> None:
+        super().__init__()
+        from executor.models.llama import attention
+
+        self._attention = attention
+        a, k, d = block.heads, block.kv_heads, block.head_dim
+        if a % size:
+            raise ValueError(f"tensor parallelism t={size} must divide the query heads ({a})")
+        self.size, self.rank, self.group, self.head_dim, self.theta = size, rank, group, d, block.theta
+        self.act, self.gated = block.act, block.gated
+        self.input_norm, self.post_norm = block.input_norm, block.post_norm
+        local = a // size
+        self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group)
+        self.kv_sharded = k % size == 0
+        if self.kv_sharded:
+            self.k = ColumnParallelLinear.from_linear(block.k, rank, size, group)
+            self.v = ColumnParallelLinear.from_linear(block.v, rank, size, group)
+            self.register_buffer("kv_index", None, persistent=False)
+        else:
+            self.k = _ShardedLinear(block.k.weight, block.k.bias, group)
+            self.v = _ShardedLinear(block.v.weight, block.v.bias, group)
+            per_kv = a // k  # query heads per key/value head
+            self.register_buffer("kv_index", torch.arange(rank * local, (rank + 1) * local) // per_kv,
+                                 persistent=False)
+        self.o = RowParallelLinear.from_linear(block.o, rank, size, group)
+        self.gate = ColumnParallelLinear.from_linear(block.gate, rank, size, group) if block.gate is not None else None
+        self.up = ColumnParallelLinear.from_linear(block.up, rank, size, group)
+        self.down = RowParallelLinear.from_linear(block.down, rank, size, group)
+
+    @classmethod
+    def from_block(cls, block: nn.Module, rank: int, size: int, group: object) -> TensorParallelLlamaBlock:
+        return cls(block, rank, size, group)
+
+    def _replicated(self, lin: _ShardedLinear, x: torch.Tensor) -> torch.Tensor:
+        w = CopyToTensorParallel.apply(lin.weight, self.group)
+        b = CopyToTensorParallel.apply(lin.bias, self.group) if lin.bias is not None else None
+        return F.linear(x, w, b)
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        d = self.head_dim
+        q = self.q(x).view(b, s, -1, d).transpose(1, 2)
+        if self.kv_sharded:
+            k = self.k(x).view(b, s, -1, d).transpose(1, 2)
+            v = self.v(x).view(b, s, -1, d).transpose(1, 2)
+        else:
+            xc = CopyToTensorParallel.apply(x, self.group)
+            k = self._replicated(self.k, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
+            v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
+        return self.o(self._attention(q, k, v, self.theta))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attend(self.input_norm(x))
+        h = self.post_norm(x)
+        inner = self.act(self.gate(h)) * self.up(h) if self.gate is not None else self.act(self.up(h))
+        return x + self.down(inner)
+
+    def _gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The parameters under the names of the full :class:`LlamaBlock` (a collective on the group)."""
+        out = {f"input_norm.{k}": v.detach().clone() for k, v in self.input_norm.named_parameters()}
+        out |= {f"post_norm.{k}": v.detach().clone() for k, v in self.post_norm.named_parameters()}
+        columns = [("q", self.q), ("gate", self.gate), ("up", self.up)]
+        if self.kv_sharded:
+            columns += [("k", self.k), ("v", self.v)]
+        else:
+            for name, lin in (("k", self.k), ("v", self.v)):
+                out |= {f"{name}.{k}": v.detach().clone() for k, v in lin.named_parameters()}
+        for name, lin in columns:
+            if lin is not None:
+                out[f"{name}.weight"] = self._gather(lin.weight, 0)
+                if lin.bias is not None:
+                    out[f"{name}.bias"] = self._gather(lin.bias, 0)
+        for name, lin in (("o", self.o), ("down", self.down)):
+            out[f"{name}.weight"] = self._gather(lin.weight, 1)
+            if lin.bias is not None:
+                out[f"{name}.bias"] = lin.bias.detach().clone()
+        return out

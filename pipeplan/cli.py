@@ -20,7 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("pipeplan.commands_schedule",
              "Draw the timeline: one row per device, one cell per time unit, micro-batch numbers in the cells."),
     "export": ("pipeplan.commands_export", "Build a schedule (compute-only form) and export it."),
-    "profile": ("profiler.cli", "Profile a zoo model layer by layer and write a ModelProfile JSON."),
+    "profile": ("profiler.cli", "Profile a model layer by layer (a zoo preset, a Hugging Face config or your own "
+                                "module) and write a ModelProfile JSON."),
     "profile-links": ("profiler.cli", "Measure point-to-point and all-reduce alpha/beta; run under torchrun "
                                       "(or with --local-procs N)."),
     "profile-device": ("profiler.cli", "Measure this machine's device description with torch (GEMM and "

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, WavesOpt, fail
+from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail
 from planner.analytic import analytic_profile
 from planner.cluster import Cluster, load_cluster
 from planner.device import find_device
@@ -117,6 +117,7 @@ def register(app: typer.Typer) -> None:
         waves: WavesOpt = None,
         pipelines: PipesOpt = None,
         concat: ConcatOpt = None,
+        replication: ReplicationOpt = None,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""
@@ -125,7 +126,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
-                         pipelines=pipelines, concat=concat)
+                         pipelines=pipelines, concat=concat, replication=replication)
         except ValidationError as e:
             fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
             raise
@@ -152,6 +153,8 @@ def register(app: typer.Typer) -> None:
     def profile_analytic_cmd(
         out: Annotated[Path, typer.Option(help="where to write the profile JSON")],
         preset: Annotated[str | None, typer.Option(help=f"one of {', '.join(PRESETS)}")] = None,
+        hf_config: Annotated[Path | None, typer.Option(
+            "--hf-config", help="a Hugging Face config.json (with --seq: the sequence trained with)")] = None,
         layers: Annotated[int | None, typer.Option()] = None,
         hidden: Annotated[int | None, typer.Option()] = None,
         heads: Annotated[int | None, typer.Option()] = None,
@@ -172,7 +175,18 @@ def register(app: typer.Typer) -> None:
             fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
         if attention not in ("unfused", "flash"):
             fail(f"--attention must be unfused or flash, got {attention!r}")
-        if preset is not None:
+        dropout = OperatorOptions().dropout
+        if hf_config is not None:
+            from profiler.hf_config import HFConfigError, read_hf_config, read_hf_json, trains_with_dropout
+
+            if preset is not None:
+                fail("give --preset or --hf-config, not both")
+            try:
+                spec = read_hf_config(hf_config, seq=seq, name=name)
+                dropout = trains_with_dropout(read_hf_json(hf_config))
+            except HFConfigError as e:
+                fail(f"--hf-config {hf_config}: {e}")
+        elif preset is not None:
             if preset not in PRESETS:
                 fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
             spec = PRESETS[preset]
@@ -183,12 +197,12 @@ def register(app: typer.Typer) -> None:
                 fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
                       + ", ".join("--" + m for m in missing) + ")")
         try:
-            if preset is None:
+            if preset is None and hf_config is None:
                 spec = ModelSpec(name=name or f"transformer-{layers}x{hidden}", layers=layers, hidden=hidden,
                                  heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
             prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
-                                                            sequence_parallel=sequence_parallel))
+                                                            sequence_parallel=sequence_parallel, dropout=dropout))
         except (ValueError, ValidationError) as e:
             fail(str(e))
             raise

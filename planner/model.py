@@ -12,7 +12,7 @@ Symbols (Megatron-LM SC'21 appendix; Llama 2/3 papers): ``l`` layers, ``h`` hidd
 Parameters per layer:
 
 * attention: ``h (a d) + 2 h (k d) + (a d) h`` weights (Q, K, V, output), plus ``a d + 2 k d + h`` biases
-  when the model has biases (GPT-2/3, BERT; Llama has none);
+  when the model has biases (GPT-2/3, BERT; Llama has none; Qwen2 has the ``a d + 2 k d`` of Q, K, V only);
 * MLP: ``2 h f`` weights (up, down), ``3 h f`` with a gated MLP (SwiGLU, Shazeer 2020: gate, up, down),
   plus ``f + h`` biases (up and down) when the model has biases;
 * norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm.
@@ -46,6 +46,9 @@ class ModelSpec(BaseModel):
     position: Literal["learned", "rotary", "none"] = "learned"
     tied_embeddings: bool = True
     bias: bool = Field(default=True, description="linear layers carry biases (GPT-2/3, BERT)")
+    qkv_bias: bool = Field(default=False, description="only the query/key/value projections carry biases "
+                                                      "(Qwen2); implied by bias")
+    rope_theta: float = Field(default=10000.0, gt=0, description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0)
     seq: int = Field(gt=0, description="sequence length trained with")
     source: str = Field(default="", description="where the figures come from")
@@ -95,7 +98,9 @@ class ModelSpec(BaseModel):
     def attention_params(self) -> int:
         h = self.hidden
         weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        return weights + ((self.q_dim + 2 * self.kv_dim + h) if self.bias else 0)
+        if self.bias:
+            return weights + self.q_dim + 2 * self.kv_dim + h
+        return weights + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
 
     def mlp_params(self) -> int:
         h, f = self.hidden, self.f
@@ -124,8 +129,9 @@ class ModelSpec(BaseModel):
         return self.embedding_params() + self.layers * self.layer_params() + head
 
     def with_(self, **changes: object) -> ModelSpec:
-        """A validated copy with some fields changed (e.g. fewer layers for profiling)."""
-        return ModelSpec.model_validate({**self.model_dump(), **changes})
+        """A validated copy with some fields changed (e.g. fewer layers for profiling); sizes that were derived
+        (``head_dim``, ``kv_heads``, ``ffn_hidden`` left unset) are derived again from the new shape."""
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), **changes})
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int, source: str,

@@ -1,6 +1,8 @@
 """CLI commands ``profile`` and ``profile-links``; the main CLI adds them with ``register(app)``.
 
-pipeplan profile gpt-tiny --micro-batches 1,2,4,8 --out profile.json [--upload http://host:port]
+pipeplan profile --model gpt-tiny --micro-batches 1,2,4,8 --out profile.json [--upload http://host:port]
+pipeplan profile --hf-config examples/models/llama-3.1-8b/config.json --seq 1024 --micro-batches 1,2 --out llama.json
+pipeplan profile --module my_pkg.my_model:build --micro-batches 1,2,4 --out mine.json   # or file.py:build
 torchrun --nproc-per-node 2 -m pipeplan profile-links --out cluster.json
 pipeplan profile-links --local-procs 2          # spawns 2 gloo processes itself (no torchrun)
 """
@@ -56,7 +58,13 @@ def _require_httpx() -> None:
 
 
 def profile(
-    model: str = typer.Option(..., "--model", help="preset name (gpt-tiny, gpt2-medium, bert-48, ...)"),
+    model: str | None = typer.Option(None, "--model", help="preset name (gpt-tiny, gpt2-medium, bert-48, ...)"),
+    hf_config: Path | None = typer.Option(None, "--hf-config", help="a Hugging Face config.json: the model is "
+                                          "built by transformers with random weights (nothing is downloaded)"),
+    hf_layers: int = typer.Option(1, "--hf-layers", min=1, help="decoder layers built and measured with "
+                                  "--hf-config (the others are identical and reuse the last)"),
+    module: str | None = typer.Option(None, "--module", help="your model: pkg.module:build or file.py:build "
+                                      "returning (layers, sample, loss); see the README"),
     micro_batches: str = typer.Option("1,2,4,8", help="comma-separated micro-batch sizes"),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N"),
     dtype: str = typer.Option("fp32", help="fp32, bf16 or fp16"),
@@ -70,19 +78,29 @@ def profile(
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
     tensor: str = typer.Option("", help="also time each layer's tensor-parallel shard at these t (1,2,4,8)"),
 ) -> None:
-    """Profile a zoo model layer by layer and write a ModelProfile JSON."""
+    """Profile a model layer by layer (a zoo preset, a Hugging Face config or your own module) and write a
+    ModelProfile JSON."""
     from executor.models import get_config  # torch: only when a model is profiled
     from profiler.run import measured_layers, profile_model
 
     sizes = _parse_ints(micro_batches, "--micro-batches")
+    given = [n for n, v in (("--model", model), ("--hf-config", hf_config), ("--module", module)) if v is not None]
+    if len(given) != 1:
+        got = ", ".join(given) or "none"
+        raise typer.BadParameter(f"give exactly one of --model, --hf-config, --module (got {got})")
+    if upload:
+        _require_httpx()
+    if model is None:
+        prof = _profile_layer_model(hf_config, hf_layers, module, seq, sizes, device, dtype, repeats, warmup,
+                                    recompute, threads)
+        _finish(prof, out, upload)
+        return
     try:
         config = get_config(model)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     if seq is not None:
         config = config.with_(seq=seq)
-    if upload:
-        _require_httpx()
     total = len(measured_layers(config, all_layers)) * len(sizes)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -107,12 +125,59 @@ def profile(
             )
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
+    _finish(prof, out, upload)
+
+
+def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | None, seq: int | None,
+                         sizes: list[int], device: str, dtype: str, repeats: int, warmup: int, recompute: bool,
+                         threads: int | None) -> ModelProfile:
+    """``--hf-config`` (transformers' model) or ``--module`` (the user's factory): a layer list, measured."""
+    import torch
+
+    from profiler.layer_model import from_factory, profile_layer_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        if hf_config is not None:
+            from profiler.hf_config import HFConfigError
+            from profiler.hf_model import read_hf_layer_model
+
+            try:
+                lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers)
+            except HFConfigError as err:
+                raise typer.BadParameter(f"--hf-config {hf_config}: {err}") from None
+            env = {"hf_config": str(hf_config), "model_spec": spec.model_dump_json(),
+                   "measured_decoder_layers": str(min(hf_layers, spec.layers))}
+            notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "
+                     f"of {spec.layers} decoder layers measured, the rest reuse the last.")
+        else:
+            assert module is not None
+            lm = from_factory(module)
+            env, notes = {"module": module}, f"User model from --module {module}."
+        total = len(set(lm.repeat)) * len(sizes)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(f"profiling {lm.name}", total=total)
+
+            def advance(layer: str, b: int) -> None:
+                bar.update(task, advance=1, description=f"{lm.name}: {layer} b={b}")
+
+            return profile_layer_model(lm, sizes, device=device, dtype=dtype, repeats=repeats, warmup=warmup,
+                                       recompute=recompute, progress=advance, notes=notes, environment=env)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _finish(prof: ModelProfile, out: Path, upload: str | None) -> None:
+    """Write the profile, print its first layers, upload it when asked."""
     save_profile(prof, out)
     table = Table(title=f"{prof.name} on {prof.device} ({prof.dtype})")
     for col in ("layer", "b", "fwd ms", "bwd ms", "stash KiB/sample"):
         table.add_column(col)
+    shown = {prof.layers[0].name, prof.layers[min(1, len(prof.layers) - 1)].name, prof.layers[-1].name}
     for layer in prof.layers:
-        if layer.name in ("embedding", "block.0", "head"):
+        if layer.name in shown:
             for b in layer.micro_batch_sizes:
                 fwd, bwd = layer.fwd_time[b] * 1e3, layer.bwd_time[b] * 1e3
                 stash = layer.stashed_bytes_per_sample / 1024

@@ -185,8 +185,22 @@ def test_token_file_loader(tmp_path: Path, suffix: str, dtype: type) -> None:
 
 def test_presets() -> None:
     assert {"gpt-tiny", "bert-tiny", "gpt2-medium", "gpt2-1.3b", "bert-48", "gpt3-175b"} <= set(PRESETS)
-    assert abs(model_params(PRESETS["gpt2-1.3b"]) / 1e9 - 1.3) < 0.05
+    # Chimera's GPT-2 "1.3B": 48 layers of hidden 1536 (planner.model), 1.36B parameters outside the embedding
+    big = PRESETS["gpt2-1.3b"]
+    assert (big.layers, big.hidden) == (48, 1536)
+    assert abs(big.layers * big.layer_params() / 1e9 - 1.36) < 0.01
     assert abs(model_params(PRESETS["gpt3-175b"]) / 1e9 - 175) < 2
     assert PRESETS["bert-48"].seq == 128 and PRESETS["gpt2-1.3b"].seq == 632
     with pytest.raises(ValueError, match="unknown model"):
         get_config("gpt-huge")
+
+
+def test_zoo_reads_the_one_registry() -> None:
+    """Every zoo preset is planner.model's preset (defined once), the executor adding only dropout."""
+    from planner.model import PRESETS as SPECS
+
+    assert set(PRESETS) == set(SPECS)
+    for name, spec in SPECS.items():
+        assert PRESETS[name].spec() == spec
+        assert get_config(spec) == PRESETS[name]
+    assert PRESETS["hanayo-gpt"].seq == 1024 and PRESETS["hanayo-gpt"].vocab == 50257

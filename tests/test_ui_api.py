@@ -26,7 +26,8 @@ def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-
     assert client.get("/ui/plans/0").status_code == 422
     r = client.get("/ui", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/"
-    for name in ("ui.js", "plan.js", "new_plan.js", "job.js", "lists.js", "ui.css"):
+    assert '<option value="gpt-tiny">' in client.get("/ui/plans/1").text  # the executor's models, for dispatch
+    for name in ("ui.js", "timeline.js", "plan.js", "new_plan.js", "job.js", "lists.js", "ui.css"):
         assert client.get(f"/ui/static/{name}").status_code == 200, name
 
 
@@ -114,3 +115,29 @@ def test_job_timelines_predicted_and_measured(client) -> None:  # type: ignore[n
     t = client.get(f"/jobs/{job['id']}/timelines", headers=AUTH).json()
     assert t["predicted"]["cached"] is True
     assert t["measured"]["devices"] == 2 and t["measured_note"] == ""
+
+
+def test_inputs_the_form_used_to_change_silently_are_refused(client) -> None:  # type: ignore[no-untyped-def]
+    """No schedule (an empty list meant "all of them"), a non-numeric "top", an unknown model for a job:
+    422 naming the field, and nothing stored."""
+    from api.routers.ui import plan_limits
+
+    pid, cid, plan = seed_plan(client)
+    n_plans = len(client.get("/plans", headers=AUTH).json())
+    base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32}
+    r = client.post("/plans", json={**base, "schedules": []}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("schedules:"), r.text
+    assert "at least one schedule" in r.json()["detail"]
+    r = client.post("/plans", json={**base, "top": "ten"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("top:"), r.text
+    top = plan_limits()["top"]  # the new-plan form refuses what the API refuses
+    assert f'data-max="{top}"' in client.get("/").text
+    r = client.post("/plans", json={**base, "top": top + 1}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("top:"), r.text
+    assert len(client.get("/plans", headers=AUTH).json()) == n_plans
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tinyy"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("model:"), r.text
+    assert "unknown model 'gpt-tinyy'" in r.json()["detail"] and "gpt-tiny" in r.json()["detail"]
+    assert client.get("/jobs", headers=AUTH).json() == []
+    ok = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny"}, headers=AUTH)
+    assert ok.status_code == 201, ok.text

@@ -153,9 +153,9 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
     for r in (first, second):
         tl = page.locator(f'[data-role="timeline"][data-rank="{r}"]')
-        assert tl.get_attribute("data-devices") == str(cands[r]["pipeline"])
-        assert tl.locator(".ytick").count() == cands[r]["pipeline"]  # one row per device
-        assert tl.locator(".legendtext").count() >= 2  # forward and backward (and communication)
+        assert tl.get_attribute("data-devices") == str(cands[r]["pipeline"])  # one row per device
+        assert tl.locator("canvas").count() == 1
+        assert tl.locator(".tl-key").count() >= 2  # forward and backward (and communication)
         assert page.locator(f'[data-role="memory"][data-rank="{r}"] .point').count() == cands[r]["pipeline"]
     assert page.locator("#compare article.card").count() == 2
     assert page.locator("#breakdown-chart .legendtext").count() == 4
@@ -201,17 +201,22 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     ctx.close()
 
 
-def test_500_candidates_load_under_a_second(server: LiveServer, browser: Any, console: Console) -> None:
+def test_largest_plan_loads_and_sorts(server: LiveServer, browser: Any, console: Console) -> None:
+    """As many candidates as POST /plans may keep (500 before the API's limit on ``top``), listed and sorted;
+    the load and sort times are printed, not asserted."""
+    from api.routers.ui import plan_limits
+
+    top = min(500, plan_limits()["top"])
     pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     with server.client() as c:
         r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 128, "gpus": 16,
-                                   "top": 500})
+                                   "top": top})
         assert r.status_code in (200, 201, 202), r.text
         plan_id = r.json()["id"]
         plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
             c.get(f"/plans/{plan_id}").json()), timeout=120, what="plan done")
         size = len(c.get(f"/plans/{plan_id}").content)
-    assert plan["status"] == "done" and plan["num_candidates"] == 500, plan.get("error")
+    assert plan["status"] == "done" and plan["num_candidates"] == top, plan.get("error")
 
     ctx = browser.new_context(viewport=VIEWPORT)
     ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
@@ -223,23 +228,21 @@ def test_500_candidates_load_under_a_second(server: LiveServer, browser: Any, co
         page.goto(url)
         page.wait_for_selector('body[data-ready="1"]')
         wall = time.perf_counter() - t0
-        assert page.locator("#cands tbody tr").count() == 500
+        assert page.locator("#cands tbody tr").count() == top
         in_page = page.evaluate("window.__tableRenderedAt") / 1000  # ms since navigation start
         timings.append({"wall_s": round(wall, 3), "navigation_to_table_s": round(in_page, 3)})
     t0 = time.perf_counter()
     page.click('#cands th[data-key="throughput"]')
     page.wait_for_selector('#cands th[data-key="throughput"][data-dir="desc"]')
     sort_s = time.perf_counter() - t0
-    shot(page, "09-500-candidates")
+    shot(page, f"09-{top}-candidates")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     report = {"plan_json_bytes": size, "loads": timings, "sort_s": round(sort_s, 3)}
     (ARTIFACTS / "load-times.json").write_text(json.dumps(report, indent=1))
-    print("500-candidate page:", report)
-    assert all(t["wall_s"] < 1.0 for t in timings), report
-    assert sort_s < 1.0, report
+    print(f"{top}-candidate page:", report)  # figures only: no wall-clock assertion (the developer guide's rule)
     # sanity: the JSON the page reads is the API's
     assert httpx.get(f"{server.url}/plans/{plan_id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
-        "num_candidates"] == 500
+        "num_candidates"] == top
     ctx.close()
 
 
@@ -260,8 +263,8 @@ def test_shared_link_opens_the_comparison_and_shows_why_rejected(server: LiveSer
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=60_000)
     assert page.locator("#compare article.card").count() == 2
     for r in (0, 1):
-        assert page.locator(f'[data-role="timeline"][data-rank="{r}"] .ytick').count() == \
-            plan["candidates"][r]["pipeline"]
+        assert page.locator(f'[data-role="timeline"][data-rank="{r}"]').get_attribute("data-devices") == \
+            str(plan["candidates"][r]["pipeline"])
     assert page.is_checked("#show-infeasible")
     assert page.locator("#cands tbody tr").count() == n + k
     bad = page.locator("#cands tbody tr.infeasible")

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response, status
+from pydantic import BaseModel, ConfigDict, Field
 
 from api import crud
 from api.deps import DB, Admin, Read
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
 from api.schemas import Message, ProfileDetail, ProfileOut, ProfileUpload
+from planner.cluster import Cluster
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
+
+
+class HFConfigUpload(BaseModel):
+    """A Hugging Face ``config.json`` and where it runs: the device of a stored cluster or a shipped device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any] = Field(description="the contents of config.json (Llama, Mistral, Qwen2, GPT-2)")
+    cluster_id: int | None = Field(default=None, ge=1, description="profile for this stored cluster's device")
+    device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")
+    seq: int | None = Field(default=None, ge=1, le=1_048_576, description="sequence trained with "
+                                                                          "(default: max_position_embeddings)")
+    name: str | None = Field(default=None, max_length=200)
+    dtype: str = Field(default="bf16", max_length=8)
 
 
 @router.post("", response_model=ProfileOut, status_code=201, dependencies=[Admin],
@@ -19,6 +37,41 @@ def upload_profile(profile: ProfileUpload, db: DB, response: Response):  # noqa:
     """Store a profile (validated as ``planner.profile.ModelProfile``,
     with the bounds of :class:`api.schemas.ProfileUpload`). Uploading the same content again
     returns the stored one with 200."""
+    row, created = crud.add_profile(db, profile)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return profile_out(row)
+
+
+@router.post("/hf-config", response_model=ProfileOut, status_code=201, dependencies=[Admin],
+             responses={200: {"model": ProfileOut, "description": "the same profile was stored before"},
+                        404: {"model": Message}, 422: {"model": Message}})
+def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa: ANN201
+    """Make and store the analytical profile of a Hugging Face model configuration on a cluster's (or a named)
+    device. A config that cannot be read is a 422 naming its field (``config.<field>: ...``)."""
+    from planner.analytic import analytic_profile
+    from planner.device import device_for_cluster, shipped_devices
+    from planner.operators import OperatorOptions
+    from profiler.hf_config import HFConfigError, spec_from_hf_dict, trains_with_dropout
+
+    if (body.cluster_id is None) == (body.device is None):
+        raise crud.InputError("cluster_id, device: give exactly one")
+    if body.cluster_id is not None:
+        dev = device_for_cluster(Cluster.model_validate(crud.get_cluster(db, body.cluster_id).body))
+    else:
+        dev = next((d for d in shipped_devices() if d.matches(body.device or "")), None)
+        if dev is None:
+            raise crud.InputError(f"device: unknown {body.device!r}; shipped: "
+                                  + ", ".join(d.name for d in shipped_devices()))
+    name = body.name or str(body.config.get("_name_or_path") or body.config.get("model_type") or "hf-model")
+    try:
+        spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
+        options = OperatorOptions(dropout=trains_with_dropout(body.config))
+        profile = analytic_profile(spec, dev, dtype=body.dtype, name=spec.name, options=options)
+    except HFConfigError as e:
+        raise crud.InputError(f"config.{e.field}: {e.message}") from None
+    except ValueError as e:
+        raise crud.InputError(str(e)) from None
     row, created = crud.add_profile(db, profile)
     if not created:
         response.status_code = status.HTTP_200_OK

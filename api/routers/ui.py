@@ -8,7 +8,7 @@ reachable as JSON, and every URL can be shared):
                         POST /plans, poll GET /plans/{id}, then go to the comparison page
 * ``/ui/plans``         plans (GET /plans)
 * ``/ui/plans/{id}``    comparison: ranked candidates (GET /plans/{id}) as a sortable, filterable table;
-                        2-4 selected side by side: timeline, memory per device, time breakdown; dispatch
+                        1-4 selected side by side: timeline, memory per device, time breakdown; dispatch
 * ``/ui/jobs``          jobs (GET /jobs)
 * ``/ui/jobs/{id}``     job: state, predicted vs measured (GET /jobs/{id}/comparison), predicted timeline
                         above the measured one (GET /jobs/{id}/timelines)
@@ -23,7 +23,8 @@ With ``PIPEPLAN_OPEN_READS=1`` the read-only pages work without a token; writes 
 cancel) need the admin token.
 
 Plotly.js is served from the installed ``plotly`` package (``/ui/vendor/plotly.min.js``), never a CDN, and
-loaded only when a chart is drawn, so the table pages stay light.
+loaded only when a chart is drawn, so the table pages stay light. Timelines are drawn on a canvas by
+``static/timeline.js`` (tens of thousands of actions: aggregated at low zoom, detail on zoom).
 """
 
 from __future__ import annotations
@@ -52,9 +53,30 @@ def _page(request: Request, name: str, title: str, **ctx: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, {"title": title, "open_reads": settings.open_reads, **ctx})
 
 
+def model_names() -> list[str]:
+    """The models a job may name (the executor builds them; POST /jobs refuses others): the dispatch forms'
+    suggestions."""
+    from planner.model import PRESETS
+
+    return sorted(PRESETS)
+
+
+def plan_limits() -> dict[str, int]:
+    """The largest value POST /plans accepts per numeric field of the new-plan form, read from
+    :class:`api.schemas.PlanCreate`, so the form refuses what the API would."""
+    from api.schemas import PlanCreate
+
+    out = {}
+    for name in ("global_batch", "gpus", "max_tensor", "top"):
+        les = [m.le for m in PlanCreate.model_fields[name].metadata if getattr(m, "le", None) is not None]
+        out[name] = int(min(les)) if les else 2**31 - 1
+    return out
+
+
 @pages.get("/", response_class=HTMLResponse)
 def new_plan_page(request: Request) -> HTMLResponse:
-    return _page(request, "new_plan.html", "New plan", schedules=ALL_SCHEDULES, async_schedules=ASYNC_SCHEDULES)
+    return _page(request, "new_plan.html", "New plan", schedules=ALL_SCHEDULES, async_schedules=ASYNC_SCHEDULES,
+                 limits=plan_limits())
 
 
 @pages.get("/ui", response_class=RedirectResponse)
@@ -69,7 +91,7 @@ def plans_page(request: Request) -> HTMLResponse:
 
 @pages.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(request: Request, plan_id: IdPath) -> HTMLResponse:
-    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id)
+    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id, models=model_names())
 
 
 @pages.get("/ui/jobs", response_class=HTMLResponse)
@@ -79,7 +101,7 @@ def jobs_page(request: Request) -> HTMLResponse:
 
 @pages.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: IdPath) -> HTMLResponse:
-    return _page(request, "job.html", f"Job {job_id}", job_id=job_id)
+    return _page(request, "job.html", f"Job {job_id}", job_id=job_id, models=model_names())
 
 
 @pages.get("/ui/workers", response_class=HTMLResponse)

@@ -6,8 +6,10 @@ const FIELD_FMT = { iteration_time: PP.fmtTime, throughput: (x) => PP.fmtNum(x) 
 let drawnFor = null;
 
 PP.start(async () => {
+  wireClone();
   for (;;) {
     const [job, cmp] = await Promise.all([PP.get(`/jobs/${jobId}`), PP.get(`/jobs/${jobId}/comparison`)]);
+    document.getElementById("clone-form").dataset.planId = String(job.plan_id);
     renderJob(job, cmp);
     renderComparison(cmp);
     const key = job.state + ":" + job.has_result;
@@ -21,9 +23,17 @@ PP.start(async () => {
   }
 });
 
+let cloneShown = false;
+
 function renderJob(job, cmp) {
   const last = (job.history || []).slice(-1)[0];
+  const failed = job.state === "failed";
+  const detail = failed ? PP.errorLine(job.log_tail) : null;
   document.getElementById("job-info").innerHTML = `
+    ${failed ? `<div id="job-error" class="job-error" role="alert"><strong>The run failed:</strong>
+      <pre id="error-text">${PP.esc(detail || job.error || "no error text was reported")}</pre>
+      ${detail && job.error ? `<div class="muted">${PP.esc(job.error)}${job.log_tail ? " · the whole log tail is below" : ""}</div>` : ""}</div>` :
+      (job.error ? `<div class="error">${PP.esc(job.error)}</div>` : "")}
     <div>${PP.stateBadge(job.state)} <a href="/ui/plans/${job.plan_id}?sel=${job.candidate_index}">plan ${job.plan_id}</a>,
       candidate #${job.candidate_index + 1}: <strong>${PP.esc(cmp.label)}</strong></div>
     <div class="muted">model ${PP.esc(job.model)} · ${job.iterations} iterations${job.emulate ? " (emulated profile)" : ""} ·
@@ -31,17 +41,75 @@ function renderJob(job, cmp) {
       claimed ${PP.fmtDate(job.claimed_at)} · finished ${PP.fmtDate(job.finished_at)}
       ${last ? " · last event: " + PP.esc(last.event) : ""} · <a href="/jobs/${job.id}">JSON</a> ·
       <a href="/jobs/${job.id}/comparison">comparison JSON</a></div>
-    ${job.error ? `<div class="error">${PP.esc(job.error)}</div>` : ""}
-    ${["queued", "running"].includes(job.state) ? '<button id="cancel-job" type="button">Cancel job</button>' : ""}`;
+    <div class="job-actions">
+      ${["queued", "running"].includes(job.state) ? '<button id="cancel-job" type="button">Cancel job</button>' : ""}
+      ${["failed", "cancelled", "succeeded"].includes(job.state) ? `<button id="retry-job" type="button" class="${failed ? "primary" : ""}"
+        title="dispatch the same candidate again with the same settings">Retry</button>
+        <button id="clone-job" type="button" title="dispatch again with other settings">Clone with changes</button>` : ""}
+      <span id="action-msg"></span>
+    </div>`;
   const btn = document.getElementById("cancel-job");
   if (btn) btn.addEventListener("click", async () => {
     btn.disabled = true;
     try { await PP.api("POST", `/jobs/${jobId}/cancel`); } catch (e) { PP.notice(e.message, "error"); }
   });
+  const retry = document.getElementById("retry-job");
+  if (retry) retry.addEventListener("click", () => dispatchJob({ plan_id: job.plan_id, candidate_index: job.candidate_index,
+    model: job.model, iterations: job.iterations, emulate: job.emulate }, retry));
+  const clone = document.getElementById("clone-job");
+  if (clone) clone.addEventListener("click", () => showClone(job));
   if (job.log_tail) {
-    document.getElementById("log-box").hidden = false;
+    const box = document.getElementById("log-box");
+    box.hidden = false;
+    if (failed) box.open = true;
     document.getElementById("log-tail").textContent = job.log_tail;
   }
+}
+
+function showClone(job) {
+  const form = document.getElementById("clone-form");
+  if (!cloneShown) {
+    document.getElementById("clone-candidate").value = String(job.candidate_index + 1);
+    document.getElementById("clone-model").value = job.model;
+    document.getElementById("clone-iterations").value = String(job.iterations);
+    document.getElementById("clone-emulate").checked = job.emulate;
+    cloneShown = true;
+  }
+  form.hidden = false;
+  document.getElementById("clone-model").focus();
+}
+
+async function dispatchJob(body, button) {
+  const msg = document.getElementById(button.id === "clone-submit" ? "clone-msg" : "action-msg");
+  button.disabled = true;
+  msg.textContent = "";
+  try {
+    const job = (await PP.api("POST", "/jobs", body)).data;
+    location.href = `/ui/jobs/${job.id}`;
+  } catch (e) {
+    msg.className = "error";
+    msg.textContent = e.message;
+    button.disabled = false;
+  }
+}
+
+function wireClone() {
+  const form = document.getElementById("clone-form");
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
+    const model = document.getElementById("clone-model").value.trim();
+    const cand = document.getElementById("clone-candidate").value.trim();
+    const it = document.getElementById("clone-iterations").value.trim();
+    const msg = document.getElementById("clone-msg");
+    msg.className = "error";
+    if (!/^\d+$/.test(cand) || +cand < 1) { msg.textContent = `Candidate: “${cand}” is not a rank (1, 2, …)`; return; }
+    if (!/^\d+$/.test(it) || +it < 1) { msg.textContent = `Iterations: “${it}” is not a whole number ≥ 1`; return; }
+    if (known.length && !known.includes(model)) { msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`; return; }
+    dispatchJob({ plan_id: +form.dataset.planId, candidate_index: +cand - 1, model, iterations: +it,
+      emulate: document.getElementById("clone-emulate").checked }, document.getElementById("clone-submit"));
+  });
+  document.getElementById("clone-cancel").addEventListener("click", () => { form.hidden = true; });
 }
 
 function renderComparison(cmp) {
@@ -60,13 +128,14 @@ function renderComparison(cmp) {
 async function drawTimelines() {
   const tl = await PP.get(`/jobs/${jobId}/timelines`);
   const xmax = Math.max(tl.predicted.makespan, tl.measured ? tl.measured.makespan : 0);
-  await PP.drawTimeline(document.getElementById("tl-predicted"), tl.predicted, { xmax });
+  const group = TL.group();
+  await PP.drawTimeline(document.getElementById("tl-predicted"), tl.predicted, { xmax, group });
   const el = document.getElementById("tl-measured");
   const note = document.getElementById("measured-note");
   if (tl.measured) {
     note.textContent = `iteration ${tl.measured.iteration} of the executor's trace, one row per rank`;
     el.hidden = false;
-    await PP.drawTimeline(el, tl.measured, { xmax, labels: tl.measured.labels });
+    await PP.drawTimeline(el, tl.measured, { xmax, group, labels: tl.measured.labels });
   } else {
     note.textContent = "No measured timeline: " + tl.measured_note + ".";
     el.hidden = true;

@@ -35,7 +35,8 @@ async function loadJobs() {
     <td>${PP.esc(j.model)}</td><td>${j.iterations}${j.emulate ? " (emulated)" : ""}</td>
     <td>${j.worker_id != null ? `<a href="/ui/workers">worker ${j.worker_id}</a>` : "–"}</td>
     <td>${j.attempts}/${j.max_attempts}</td><td>${PP.fmtDate(j.created_at)}</td><td>${PP.fmtDate(j.finished_at)}</td>
-    <td>${j.has_result ? "measured" : (PP.esc(j.error || "").slice(0, 80) || "–")}</td></tr>`).join("")
+    <td class="result">${j.has_result ? "measured" :
+      (PP.esc(((j.state === "failed" && PP.errorLine(j.log_tail)) || j.error || "").slice(0, 200)) || "–")}</td></tr>`).join("")
     || `<tr><td colspan="11" class="muted">no jobs: dispatch a candidate from a plan's comparison page</td></tr>`;
 }
 

@@ -16,15 +16,102 @@ PP.start(async () => {
     const match = p && [...csel.options].find((o) => o.dataset.device === p.device);
     if (match) csel.value = match.value;
   };
-  psel.addEventListener("change", syncCluster);
+  // a profile measured on another device than the cluster's predicts that device's times: say so up front
+  const deviceNote = () => {
+    const p = profiles.find((x) => String(x.id) === psel.value);
+    const c = clusters.find((x) => String(x.id) === csel.value);
+    const note = document.getElementById("device-note");
+    const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
+    const differ = p && c && norm(p.device) !== norm(c.device) && !document.getElementById("profile-file").files.length;
+    note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
+      `the plan will predict ${p.device} times.` : "";
+    note.hidden = !differ;
+  };
+  psel.addEventListener("change", () => { syncCluster(); deviceNote(); });
+  csel.addEventListener("change", deviceNote);
+  document.getElementById("profile-file").addEventListener("change", deviceNote);
   syncCluster();
-  document.getElementById("plan-form").addEventListener("submit", (ev) => { ev.preventDefault(); submit(); });
+  deviceNote();
   document.body.dataset.ready = "1";
 });
 
-function intOrNull(id) {
-  const v = document.getElementById(id).value.trim();
-  return v === "" ? null : parseInt(v, 10);
+// wired at once, token or not: Plan never submits the form natively (a reload would lose what was typed)
+document.getElementById("plan-form").addEventListener("submit", (ev) => { ev.preventDefault(); submit(); });
+document.addEventListener("pp-token", authNote);
+authNote();
+
+// ---- form checks: nothing is silently replaced by a default -----------------------------------------------
+// A whole number in [data-min, data-max]; empty gives null (the server's default) unless the field is required.
+function wholeNumber(id, errors) {
+  const el = document.getElementById(id);
+  const v = el.value.trim();
+  const { label, min, max } = { label: el.dataset.label, min: +el.dataset.min, max: +el.dataset.max };
+  if (v === "") {
+    if (el.required) errors.push([el, `${label}: required (a whole number from ${min} to ${max})`]);
+    return null;
+  }
+  if (!/^\d+$/.test(v) || +v < min || +v > max) {
+    errors.push([el, `${label}: “${v}” is not a whole number from ${min} to ${max}`]);
+    return null;
+  }
+  return +v;
+}
+
+function readForm() {
+  const errors = [];
+  const req = {
+    cluster_id: parseInt(document.getElementById("cluster").value, 10),
+    global_batch: wholeNumber("global-batch", errors),
+    gpus: wholeNumber("gpus", errors),
+    max_tensor: wholeNumber("max-tensor", errors),
+    top: wholeNumber("top", errors),
+    allow_async: document.getElementById("allow-async").checked,
+    allow_recompute: document.getElementById("allow-recompute").checked,
+    micro_batches: null,
+    schedules: null,
+  };
+  const boxes = [...document.querySelectorAll("input[name=schedule]")];
+  const checked = boxes.filter((x) => x.checked);
+  const checks = document.getElementById("schedules");
+  if (!checked.length) {
+    errors.push([checks, "Schedules: none is checked; check at least one (planning does not fall back to all of them)"]);
+  } else if (!req.allow_async && checked.every((x) => x.dataset.async)) {
+    errors.push([checks, "Schedules: only asynchronous ones are checked; tick “allow asynchronous schedules” too"]);
+  } else {
+    // every schedule the request allows anyway: leave the field out (the plan then reads "schedules all")
+    const allowed = boxes.filter((x) => req.allow_async || !x.dataset.async);
+    const all = allowed.every((x) => x.checked) && checked.every((x) => allowed.includes(x));
+    req.schedules = all ? null : checked.map((x) => x.value);
+  }
+  const mbEl = document.getElementById("micro-batches");
+  const mbs = mbEl.value.trim();
+  if (mbs) {
+    const parts = mbs.split(/[\s,]+/).filter(Boolean);
+    const bad = parts.filter((x) => !/^\d+$/.test(x) || +x < 1);
+    if (bad.length) errors.push([mbEl, `Micro-batch sizes: “${bad.join(", ")}” ${bad.length === 1 ? "is" : "are"} not a positive whole number`]);
+    else req.micro_batches = parts.map(Number);
+  }
+  return { req, errors };
+}
+
+function showErrors(errors) {
+  document.querySelectorAll("#plan-form .invalid").forEach((x) => x.classList.remove("invalid"));
+  document.querySelectorAll("#plan-form .field-error").forEach((x) => x.remove());
+  for (const [el, msg] of errors) {
+    el.classList.add("invalid");
+    const span = document.createElement("span");
+    span.className = "field-error";
+    span.textContent = msg;
+    el.insertAdjacentElement("afterend", span);
+  }
+  const err = document.getElementById("plan-error");
+  err.textContent = errors.map((e) => e[1]).join("\n");
+  err.hidden = !errors.length;
+  if (errors.length) errors[0][0].focus?.();
+}
+
+function authNote() {
+  document.getElementById("auth-note").hidden = !!PP.token();
 }
 
 async function submit() {
@@ -32,7 +119,15 @@ async function submit() {
   const progress = document.getElementById("progress");
   const text = document.getElementById("progress-text");
   const button = document.getElementById("submit-plan");
-  err.hidden = true;
+  const { req: fields, errors } = readForm();
+  showErrors(errors);
+  if (errors.length) return;
+  if (!PP.token()) {
+    err.textContent = "Planning needs the admin token: paste it into “API token” at the top right and press Save, then Plan again (the form stays as it is).";
+    err.hidden = false;
+    document.getElementById("token").focus();
+    return;
+  }
   button.disabled = true;
   progress.hidden = false;
   const t0 = performance.now();
@@ -45,20 +140,7 @@ async function submit() {
       try { body = JSON.parse(await file.text()); } catch (e) { throw new Error("the profile file is not JSON: " + e.message); }
       profileId = (await PP.api("POST", "/profiles", body)).data.id;
     }
-    const schedules = [...document.querySelectorAll("input[name=schedule]:checked")].map((x) => x.value);
-    const mbs = document.getElementById("micro-batches").value.trim();
-    const req = {
-      profile_id: profileId,
-      cluster_id: parseInt(document.getElementById("cluster").value, 10),
-      global_batch: intOrNull("global-batch"),
-      gpus: intOrNull("gpus"),
-      max_tensor: intOrNull("max-tensor"),
-      top: intOrNull("top") || 10,
-      schedules: schedules.length ? schedules : null,
-      allow_async: document.getElementById("allow-async").checked,
-      allow_recompute: document.getElementById("allow-recompute").checked,
-      micro_batches: mbs ? mbs.split(/[\s,]+/).filter(Boolean).map((x) => parseInt(x, 10)) : null,
-    };
+    const req = { profile_id: profileId, ...fields };
     text.textContent = "submitting…";
     let plan = (await PP.api("POST", "/plans", req)).data;
     while (plan.status === "queued" || plan.status === "running") {
@@ -70,7 +152,7 @@ async function submit() {
     text.textContent = `plan ${plan.id} done: ${plan.num_candidates} candidates`;
     location.href = `/ui/plans/${plan.id}`;
   } catch (e) {
-    err.textContent = e.message || String(e);
+    err.textContent = (e.status === 401 || e.status === 403 ? "Planning needs the admin token (top right): " : "") + (e.message || String(e));
     err.hidden = false;
     progress.hidden = true;
     button.disabled = false;

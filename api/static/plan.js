@@ -1,4 +1,4 @@
-// Comparison page: GET /plans/{id} as a sortable, filterable table; 2-4 selected candidates side by side
+// Comparison page: GET /plans/{id} as a sortable, filterable table; 1-4 selected candidates side by side
 // (GET /plans/{id}/candidates/{rank}/timeline); POST /jobs to dispatch one. Selection and sort live in the
 // URL (?sel=0,3&sort=throughput:desc) so the link can be shared.
 "use strict";
@@ -46,6 +46,11 @@ PP.start(async () => {
   S.rows = plan.candidates.map((c, i) => ({ ...c, rank: i, feasible: true }))
     .concat((plan.infeasible || []).map((c, i) => ({ ...c, rank: plan.candidates.length + i, feasible: false })));
   renderInfo(plan);
+  renderWhyEmpty(plan);
+  if (!S.rows.length) {  // nothing to list: the message above says why
+    document.querySelector("section.toolbar").hidden = true;
+    document.querySelector(".table-wrap").hidden = true;
+  }
   const scheds = [...new Set(S.rows.map((c) => c.schedule))].sort();
   document.getElementById("schedule-filter").innerHTML += scheds.map((s) => `<option>${PP.esc(s)}</option>`).join("");
   wire();
@@ -53,7 +58,7 @@ PP.start(async () => {
   window.__tableRenderedAt = performance.now();
   document.body.dataset.ready = "1";
   const sel = [...S.selected].filter((r) => r < plan.candidates.length);
-  if (sel.length >= 2) compare();
+  if (sel.length >= 1) compare();
   if (plan.status === "done") loadNames(plan);
 });
 
@@ -64,7 +69,8 @@ async function loadNames(plan) {
   if (p) {
     document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
     const model = document.getElementById("job-model");
-    if (!model.value) model.value = p.name;
+    const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
+    if (!model.value && known.includes(p.name)) model.value = p.name;
   }
   if (c) document.getElementById("info-cluster").textContent = `${c.name}, ${c.gpus} GPUs (#${c.id})`;
 }
@@ -81,7 +87,40 @@ function renderInfo(plan) {
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
       (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
       ${rej ? " · rejected: " + rej : ""} · <a href="/plans/${plan.id}">JSON</a>
-      ${plan.error ? `<div class="error">${PP.esc(plan.error)}</div>` : ""}</div>`;
+      ${plan.error ? `<div class="error">${PP.esc(plan.error)}</div>` : ""}</div>
+    ${renderWarnings(plan.warnings)}`;
+}
+
+// the planner's warnings (e.g. the profile was measured on another device than the cluster's): prominent
+function renderWarnings(warnings) {
+  if (!Array.isArray(warnings) || !warnings.length) return "";
+  return `<div id="plan-warnings" class="warning-box" role="alert"><strong>${warnings.length === 1 ? "Warning" : "Warnings"}:</strong>
+    ${warnings.length === 1 ? " " + PP.esc(warnings[0]) : `<ul>${warnings.map((w) => `<li>${PP.esc(w)}</li>`).join("")}</ul>`}</div>`;
+}
+
+// reasons the planner gave for rejecting configurations, most frequent first ("bound: cannot reach the top k"
+// is no reason a configuration cannot run, so it is left out)
+function rejectionReasons(plan) {
+  return Object.entries(plan.rejected || {}).filter(([k]) => !k.startsWith("bound:")).sort((a, b) => b[1] - a[1]);
+}
+
+// a done plan without candidates: why, as the page's main message
+function renderWhyEmpty(plan) {
+  const box = document.getElementById("why-empty");
+  if (plan.status !== "done" || plan.candidates.length) { box.hidden = true; return; }
+  const r = plan.request || {};
+  const gpus = r.gpus != null ? `${r.gpus} GPU${r.gpus === 1 ? "" : "s"}` : "the whole cluster";
+  const reasons = rejectionReasons(plan);
+  const plural = (n) => `${n} configuration${n === 1 ? "" : "s"}`;
+  const head = reasons.length ? `${reasons[0][0]} on ${gpus}: ${plural(reasons[0][1])}` :
+    `no configuration of ${gpus} matches this request (global batch ${r.global_batch})`;
+  const closest = (plan.infeasible || [])[0];
+  box.innerHTML = `<h2>No configuration fits</h2>
+    <p class="why-main"><strong>${PP.esc(head)}</strong>${plan.evaluated != null ? ` (of ${plural(plan.evaluated)} tried)` : ""}.</p>
+    ${reasons.length > 1 ? `<ul class="why-reasons">${reasons.slice(1).map(([k, v]) => `<li>${PP.esc(k)}: ${plural(v)}</li>`).join("")}</ul>` : ""}
+    ${closest ? `<p>Closest: ${PP.esc(closest.label)}: ${PP.esc(closest.reason)} (tick “show candidates that do not fit”).</p>` : ""}
+    <p class="muted">Try a larger GPU budget, activation recomputation, smaller micro-batches or another global batch: <a href="/">new plan</a>.</p>`;
+  box.hidden = false;
 }
 
 function wire() {
@@ -114,8 +153,8 @@ function wire() {
 function updateCompareButton() {
   const n = S.selected.size;
   const b = document.getElementById("compare-btn");
-  b.disabled = n < 2 || n > 4;
-  b.textContent = `Compare selected (${n})`;
+  b.disabled = n < 1 || n > 4;
+  b.textContent = n === 1 ? "Show selected (1)" : `Compare selected (${n})`;
 }
 
 function visibleRows() {
@@ -125,11 +164,23 @@ function visibleRows() {
   const terms = f ? f.split(/\s+/) : [];
   const key = SORTERS[S.sortKey];
   return S.rows.filter((c) => (inf || c.feasible) && (!sched || c.schedule === sched) &&
-    terms.every((t) => (c.label + " " + (c.reason || "")).toLowerCase().includes(t)))
+    terms.every((t) => [c.label, c.name, c.reason, ...(c.alternatives || [])].join(" ").toLowerCase().includes(t)))
     .sort((a, b) => {
       const x = key(a), y = key(b);
       return (x < y ? -1 : x > y ? 1 : a.rank - b.rank) * (x === y ? 1 : S.sortDir);
     });
+}
+
+// the row's name when the planner gives one that is not the schedule (e.g. "data parallel" for D = 1), and
+// the identical configurations it collapsed into this row (candidate field `alternatives`), if any
+function schedCell(c) {
+  const sched = PP.schedText(c);
+  const compact = sched.replace(/ \((.*)\)$/, "($1)").replace(/, /g, ",");
+  const named = c.name && c.name !== c.label && c.name !== compact && c.name !== sched;
+  const alt = Array.isArray(c.alternatives) ? c.alternatives : [];
+  const notes = [named ? `runs as ${sched}` : "", alt.length ? `same as: ${alt.join(", ")}` : ""].filter(Boolean);
+  return PP.esc(named ? c.name : sched) + (notes.length ?
+    `<span class="same-as" title="identical configurations are collapsed into one row">${PP.esc(notes.join(" · "))}</span>` : "");
 }
 
 function renderTable() {
@@ -142,7 +193,7 @@ function renderTable() {
     html.push(`<tr data-rank="${c.rank}" class="${c.feasible ? "" : "infeasible"}${sel ? " selected" : ""}">` +
       `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
       `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
-      `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${PP.esc(PP.schedText(c))}</td><td>${c.recompute ? "yes" : ""}</td>` +
+      `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
       `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +
@@ -164,8 +215,9 @@ async function timeline(rank) {
 
 async function compare() {
   const ranks = [...S.selected].filter((r) => r < S.plan.candidates.length).sort((a, b) => a - b);
-  if (ranks.length < 2) return;
+  if (ranks.length < 1) return;
   const section = document.getElementById("compare-section");
+  document.getElementById("compare-title").textContent = ranks.length === 1 ? "Selected candidate" : "Comparison";
   section.hidden = false;
   const box = document.getElementById("compare");
   box.dataset.count = String(ranks.length);
@@ -191,11 +243,12 @@ async function compare() {
   await PP.drawBreakdown(document.getElementById("breakdown-chart"), cands);
   const docs = await Promise.all(ranks.map((r) => timeline(r)));
   const xmax = Math.max(...docs.map((d) => d.makespan));
+  const group = TL.group();
   for (let i = 0; i < ranks.length; i++) {
     const card = box.querySelector(`article[data-rank="${ranks[i]}"]`);
     const el = card.querySelector("[data-role=timeline]");
     el.innerHTML = "";
-    await PP.drawTimeline(el, docs[i], { xmax });
+    await PP.drawTimeline(el, docs[i], { xmax, group });
     const d = docs[i];
     card.querySelector(".tl-note").textContent = `${d.devices} devices of one pipeline; ` +
       `${d.cached ? "stored" : "simulated now and stored"} ${PP.fmtDate(d.computed_at)}` +
@@ -208,17 +261,27 @@ async function compare() {
 async function dispatch(rank, button) {
   const msg = button.nextElementSibling;
   const model = document.getElementById("job-model").value.trim();
-  if (!model) { msg.textContent = "give the model the executor builds"; return; }
+  const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
+  const iterations = document.getElementById("job-iterations").value.trim();
+  msg.className = "dispatch-msg error";
+  if (!model) { msg.textContent = "Model: give the model the executor builds"; return; }
+  if (known.length && !known.includes(model)) {
+    msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`;
+    return;
+  }
+  if (!/^\d+$/.test(iterations) || +iterations < 1) { msg.textContent = `Iterations: “${iterations}” is not a whole number ≥ 1`; return; }
+  msg.className = "dispatch-msg";
   button.disabled = true;
   try {
     const job = (await PP.api("POST", "/jobs", {
       plan_id: planId, candidate_index: rank, model,
-      iterations: parseInt(document.getElementById("job-iterations").value, 10) || 10,
+      iterations: +iterations,
       emulate: document.getElementById("job-emulate").checked,
     })).data;
     msg.innerHTML = `<a href="/ui/jobs/${job.id}">job ${job.id}</a> queued`;
     location.href = `/ui/jobs/${job.id}`;
   } catch (e) {
+    msg.className = "dispatch-msg error";
     msg.textContent = e.message;
     button.disabled = false;
   }

@@ -37,12 +37,15 @@ const PP = (() => {
     el.textContent = msg || "";
   }
 
-  // run the page's loader only when reads can succeed (no request is sent that must fail with 401)
+  // run the page's loader only when reads can succeed (no request is sent that must fail with 401); without
+  // a token it waits, and saving one runs it then (the page is never reloaded: what is typed in stays)
+  let pending = null;
   function start(fn) {
     const run = () => {
       if (!token() && !openReads()) {
         notice("Enter the API token (top right) to see this page. Reads need no token when the server runs " +
                "with PIPEPLAN_OPEN_READS=1; creating plans and jobs needs the admin token.", "warn");
+        pending = fn;
         return;
       }
       Promise.resolve().then(fn).catch((e) => notice(String(e.message || e), "error"));
@@ -56,12 +59,21 @@ const PP = (() => {
     if (!form) return;
     const input = document.getElementById("token");
     const state = document.getElementById("token-state");
-    state.textContent = token() ? "token set" : (openReads() ? "reads open" : "no token");
+    const show = () => { state.textContent = token() ? "token set" : (openReads() ? "reads open" : "no token"); };
+    show();
     form.addEventListener("submit", (ev) => {
       ev.preventDefault();
       const v = input.value.trim();
       if (v) localStorage.setItem(TOKEN_KEY, v); else localStorage.removeItem(TOKEN_KEY);
-      location.reload();
+      input.value = "";
+      show();
+      document.dispatchEvent(new CustomEvent("pp-token", { detail: { set: !!v } }));
+      if (pending && token()) {
+        const fn = pending;
+        pending = null;
+        notice("");
+        Promise.resolve().then(fn).catch((e) => notice(String(e.message || e), "error"));
+      }
     });
   }
   document.addEventListener("DOMContentLoaded", initToken);
@@ -95,6 +107,17 @@ const PP = (() => {
     const p = ["chunks", "waves", "pipelines", "concat"].filter((k) => c[k] != null).map((k) => k + "=" + c[k]);
     return c.schedule + (p.length ? " (" + p.join(", ") + ")" : "");
   }
+  // the line of a failed run's log that says what went wrong: a Python exception's last line, or the last line
+  // that reads as an error ("error: ...", "RuntimeError: ...", "... failed ..."); null when none does
+  function errorLine(log) {
+    const lines = String(log || "").split("\n").map((x) => x.trim()).filter(Boolean);
+    const strong = /^(?:[\w.]*(?:Error|Exception|Interrupt)\b|error\b|fatal\b)/i;
+    const weak = /\b(?:error|exception|failed|fatal|out of memory|killed)\b/i;
+    for (const re of [strong, weak]) {
+      for (let i = lines.length - 1; i >= 0; i--) if (re.test(lines[i]) && !/^Traceback\b/.test(lines[i])) return lines[i];
+    }
+    return null;
+  }
   const stateBadge = (s) => `<span class="badge ${esc(s)}" data-state="${esc(s)}">${esc(s)}</span>`;
 
   // ---- plotly (served by the API from the plotly package; loaded on first chart) --------------
@@ -114,81 +137,9 @@ const PP = (() => {
   }
   const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
-  // ---- timelines ----------------------------------------------------------------------------------
-  const ACTION_RE = /^(?:r(\d+):)?(\d+)?(SEND_F|SEND_B|RECV_F|RECV_B|ALLREDUCE|STEP|OPT|F|B|I|W)(\d+)?(?:-(\d+))?$/;
-  const PALETTE = {
-    F: ["#1f77b4", "#6baed6", "#08519c", "#9ecae1", "#3182bd", "#c6dbef", "#084594", "#4292c6"],
-    B: ["#e6550d", "#fdae6b", "#a63603", "#fdd0a2", "#f16913", "#fee6ce", "#8c2d04", "#fd8d3c"],
-    I: ["#d62728", "#ff9896", "#a50f15", "#fcbba1", "#ef3b2c", "#fee0d2", "#67000d", "#fb6a4a"],
-    W: ["#756bb1", "#bcbddc", "#54278f", "#dadaeb", "#807dba", "#efedf5", "#3f007d", "#9e9ac8"],
-  };
-  const OTHER = { SEND_F: "#2ca02c", SEND_B: "#98df8a", ALLREDUCE: "#8c564b", STEP: "#7f7f7f", OPT: "#7f7f7f", other: "#bbbbbb" };
-
-  function parseAction(name) {
-    const m = ACTION_RE.exec(String(name).trim());
-    if (!m) return { kind: "other", replica: 0, mb: "" };
-    const mb = m[4] == null ? "" : (m[5] != null ? m[4] + "-" + m[5] : m[4]);
-    return { kind: m[3], replica: m[1] ? +m[1] : 0, stage: m[2] == null ? null : +m[2], mb };
-  }
-
-  // doc: {rows: [[[action, start, end(, peer)], ...] per device], labels?: [...]}; one row per device,
-  // compute blocks coloured by kind and replica (direction / wave) with their micro-batch numbers,
-  // communication (sends, all-reduce) on a thin lane under each row.
+  // ---- timelines: canvas (api/static/timeline.js) ------------------------------------------------------
   async function drawTimeline(el, doc, opts = {}) {
-    const P = await plotly();
-    const rows = doc.rows || [];
-    const n = rows.length;
-    const groups = new Map();
-    const comm = new Set(["SEND_F", "SEND_B", "ALLREDUCE"]);
-    rows.forEach((row, d) => {
-      for (const ev of row) {
-        const [name, s, e, peer] = ev;
-        if (!(e > s)) continue;
-        const a = parseAction(name);
-        const compute = PALETTE[a.kind] !== undefined;
-        const key = compute ? a.kind + (a.replica ? " r" + a.replica : "") : a.kind;
-        let g = groups.get(key);
-        if (!g) {
-          const color = compute ? PALETTE[a.kind][a.replica % 8] : (OTHER[a.kind] || OTHER.other);
-          g = { key, compute, lane: comm.has(a.kind) ? "comm" : "compute", color, y: [], base: [], x: [], text: [], hover: [] };
-          groups.set(key, g);
-        }
-        g.y.push(d);
-        g.base.push(s * 1e3);
-        g.x.push((e - s) * 1e3);
-        g.text.push(compute ? a.mb : "");
-        const to = peer != null && peer >= 0 ? " → P" + peer : "";
-        g.hover.push(`${esc(name)}${to} on ${opts.labels ? esc(opts.labels[d]) : "P" + d}: ${(s * 1e3).toFixed(3)}–${(e * 1e3).toFixed(3)} ms`);
-      }
-    });
-    const order = ["F", "B", "I", "W"];
-    const sorted = [...groups.values()].sort((a, b) => {
-      const ka = order.indexOf(a.key[0]) >= 0 && a.compute ? order.indexOf(a.key[0]) : 9;
-      const kb = order.indexOf(b.key[0]) >= 0 && b.compute ? order.indexOf(b.key[0]) : 9;
-      return ka - kb || a.key.localeCompare(b.key);
-    });
-    const traces = sorted.map((g) => ({
-      type: "bar", orientation: "h", name: g.key, y: g.y, base: g.base, x: g.x, text: g.text,
-      customdata: g.hover, hovertemplate: "%{customdata}<extra></extra>",
-      marker: { color: g.color, line: { color: "rgba(0,0,0,0.35)", width: g.compute ? 0.5 : 0 } },
-      width: g.lane === "comm" ? 0.18 : 0.62, offset: g.lane === "comm" ? 0.24 : -0.42,
-      textposition: "inside", insidetextanchor: "middle", textfont: { size: 10, color: "#111" },
-      cliponaxis: true,
-    }));
-    const labels = opts.labels || rows.map((_, d) => "P" + d);
-    const height = Math.max(150, 70 + 34 * n);
-    const layout = {
-      barmode: "overlay", height, margin: { l: opts.labels ? 185 : 40, r: 10, t: 24, b: 40 },
-      uniformtext: { mode: "hide", minsize: 8 },
-      xaxis: { title: { text: "time (ms)", standoff: 4 }, zeroline: false, rangemode: "tozero" },
-      yaxis: { tickvals: rows.map((_, d) => d), ticktext: labels, autorange: "reversed", range: [n - 0.5, -0.5], fixedrange: true },
-      legend: { orientation: "h", y: 1.02, yanchor: "bottom", x: 0, font: { size: 10 } },
-      showlegend: true,
-    };
-    if (opts.xmax) layout.xaxis.range = [0, opts.xmax * 1e3];
-    el.dataset.devices = String(n);
-    await P.react(el, traces, layout, PLOT_CONFIG);
-    el.dataset.drawn = "1";
+    return TL.draw(el, doc, opts);
   }
 
   async function drawMemory(el, cand) {
@@ -214,19 +165,21 @@ const PP = (() => {
     const P = await plotly();
     const parts = [["compute", "#1f77b4"], ["bubble", "#c7c7c7"], ["allreduce_exposed", "#8c564b"], ["step", "#7f7f7f"]];
     const names = cands.map((c) => "rank " + (c.rank + 1));
+    const longest = Math.max(0, ...cands.map((c) => parts.reduce((a, [k]) => a + ((c.breakdown || {})[k] || 0), 0)));
+    const u = TL.unitFor(longest);  // seconds for long iterations (not "30k ms")
     const traces = parts.map(([k, color]) => ({
       type: "bar", orientation: "h", name: k.replace("_", " "), y: names,
-      x: cands.map((c) => ((c.breakdown || {})[k] || 0) * 1e3), marker: { color },
-      hovertemplate: k + ": %{x:.4f} ms<extra>%{y}</extra>",
+      x: cands.map((c) => ((c.breakdown || {})[k] || 0) / u.div), marker: { color },
+      hovertemplate: k + ": %{x:.4g} " + u.name + "<extra>%{y}</extra>",
     }));
     const layout = {
-      barmode: "stack", height: 80 + 40 * cands.length, margin: { l: 70, r: 10, t: 10, b: 40 },
-      xaxis: { title: { text: "ms" } }, yaxis: { autorange: "reversed" },
-      legend: { orientation: "h", y: -0.35 },
+      barmode: "stack", height: 100 + 40 * cands.length, margin: { l: 70, r: 10, t: 30, b: 40 },
+      xaxis: { title: { text: u.name } }, yaxis: { autorange: "reversed" },
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
     };
     await P.react(el, traces, layout, PLOT_CONFIG);
   }
 
   return { api, get, notice, start, token, esc, num, fmtTime, fmtGiB, fmtPct, fmtNum, fmtErr, fmtDate, ago,
-           schedText, stateBadge, plotly, drawTimeline, drawMemory, drawBreakdown, parseAction };
+           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown };
 })();

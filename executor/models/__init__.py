@@ -1,4 +1,5 @@
-"""Model zoo: GPT and BERT as ordered lists of layers, cut into pipeline stages with :class:`Stage`.
+"""Model zoo: GPT, BERT and Llama-family decoders as ordered lists of layers, cut into pipeline stages with
+:class:`Stage`.
 
 ``build_layers(config, seed)`` returns ``[embedding, block_0, ..., block_{L-1}, head_with_loss]``, the
 same layers (and names, :func:`layer_names`) as the model profile. Every layer is initialised from its
@@ -16,9 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from executor.models import bert, gpt
+from executor.models import bert, gpt, llama
 from executor.models.config import PRESETS, ModelConfig, get_config
 from executor.models.stage import Stage, takes_targets
+from planner.model import ModelSpec
 
 __all__ = [
     "PRESETS",
@@ -33,7 +35,7 @@ __all__ = [
     "tied_parameters",
 ]
 
-_FAMILIES = {"gpt": gpt, "bert": bert}
+_FAMILIES = {"gpt": gpt, "bert": bert, "llama": llama}
 
 
 def layer_seed(seed: int, index: int) -> int:
@@ -52,7 +54,7 @@ def layer_kinds(config: ModelConfig) -> list[str]:
 
 
 def build_layers(
-    config: ModelConfig | str, seed: int = 0, start: int = 0, stop: int | None = None
+    config: ModelSpec | str, seed: int = 0, start: int = 0, stop: int | None = None
 ) -> list[nn.Module]:
     """Layers ``start:stop`` of the model, deterministically initialised from ``seed`` (fp32, CPU)."""
     config = get_config(config)
@@ -72,7 +74,7 @@ def build_layers(
     return layers
 
 
-def tied_parameters(config: ModelConfig | str) -> list[list[tuple[int, str]]]:
+def tied_parameters(config: ModelSpec | str) -> list[list[tuple[int, str]]]:
     """Groups of ``(layer index, parameter name)`` holding the same weight; their gradients are summed."""
     config = get_config(config)
     if not config.tied_embeddings:

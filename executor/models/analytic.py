@@ -33,19 +33,18 @@ LN_STAT_BYTES = 4  # LayerNorm saves mean and rstd in fp32
 
 
 def block_params(c: ModelConfig) -> int:
-    """Two LayerNorms, QKV + output projection, MLP; all with biases: ``4h^2 + 2 h f + 9h + f``."""
-    h, f = c.hidden, c.ffn_hidden
-    return 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+    """One block, :meth:`planner.model.ModelSpec.layer_params` (GPT/BERT: ``4h^2 + 2 h f + 9h + f``)."""
+    return c.layer_params()
 
 
 def embedding_params(c: ModelConfig) -> int:
-    """Token and position tables (plus the embedding LayerNorm for BERT)."""
-    return c.vocab * c.hidden + c.seq * c.hidden + (2 * c.hidden if c.family == "bert" else 0)
+    """Token (and learned position) tables, plus the embedding LayerNorm for BERT."""
+    return c.embedding_params() + (2 * c.hidden if c.family == "bert" else 0)
 
 
 def head_params(c: ModelConfig) -> int:
-    """Final LayerNorm + the (tied copy of the) vocabulary projection; BERT adds transform and bias."""
-    n = 2 * c.hidden + c.vocab * c.hidden
+    """Final norm + the (tied copy of the) vocabulary projection; BERT adds transform and bias."""
+    n = c.head_params()
     if c.family == "bert":
         n += c.hidden * c.hidden + c.hidden + 2 * c.hidden + c.vocab
     return n

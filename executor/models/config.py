@@ -1,60 +1,58 @@
-"""Model configurations and named presets of the model zoo.
+"""The executor's view of a model: :class:`planner.model.ModelSpec` plus what only training needs (dropout).
 
-Sources of the presets:
+There is one registry of named models, :data:`planner.model.PRESETS` (sources of every preset there);
+:data:`PRESETS` here is the same models as :class:`ModelConfig`, nothing is defined twice. A model read from a
+Hugging Face ``config.json`` (:mod:`profiler.hf_config`) is a ``ModelSpec`` too, and :func:`get_config` takes
+one as it is.
 
-* ``gpt2-medium``: GPT-2 medium (Radford et al. 2019): 24 layers, hidden 1024, 16 heads, context 1024.
-* ``gpt2-1.3b``: the GPT-2 model "with 1.3 billion parameters" of Chimera (Li & Hoefler, SC'21,
-  section 4: "the max sequence length of Bert-48 and GPT-2 are set to 128 and 632"). Chimera's Table 4
-  is not in our transcription; 24 layers x hidden 2048 gives 12*2048^2*24 + 50257*2048 ~ 1.31e9
-  parameters, which matches the stated size (a 64-layer x 1280 model would too).
-* ``bert-48``: Chimera section 4, Bert-48: 48 layers, hidden 1024, 16 heads, sequence length 128.
-* ``gpt3-175b``: GPT-3 (Brown et al. 2020, Table 2.1): 96 layers, hidden 12288, 96 heads, context 2048.
-* ``hanayo-bert`` / ``hanayo-gpt``: Hanayo (Liu et al., SC'23) section 5: "The BERT-style model consists
-  of 64 layers, 64 attention heads, and a hidden size of 2560, while the GPT-style model has 128 layers,
-  16 attention heads, and a hidden size of 1024". Sequence length and vocabulary are not given there;
-  we use BERT's 512 / 30522 and GPT-3's 2048 / 51200 (assumption).
-* ``gpt-tiny`` / ``bert-tiny``: small models for tests and CPU profiling.
+The family picks the zoo's layer code (:func:`family_of`):
+
+* ``gpt``: decoder, LayerNorm, learned positions, GELU MLP (nanoGPT / GPT-2; :mod:`executor.models.gpt`);
+* ``bert``: the same blocks bidirectional, masked-LM head (:mod:`executor.models.bert`);
+* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2: RMSNorm, GQA, SwiGLU, untied head;
+  :mod:`executor.models.llama`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-Family = Literal["gpt", "bert"]
+from pydantic import Field
+
+from planner.model import PRESETS as SPECS
+from planner.model import ModelSpec
+
+Family = Literal["gpt", "bert", "llama"]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of a transformer language model; ``ffn_hidden`` 0 means ``4 * hidden``."""
+def family_of(spec: ModelSpec) -> Family:
+    """The zoo family that builds ``spec``; a shape none of them builds is refused naming the field."""
+    if spec.encoder:
+        if spec.position != "learned" or spec.gated_mlp or spec.norm != "layernorm":
+            raise ValueError("encoder models: the zoo builds BERT only (learned positions, LayerNorm, GELU MLP)")
+        return "bert"
+    if spec.position == "rotary":
+        return "llama"
+    if spec.position == "learned" and not spec.gated_mlp and spec.norm == "layernorm":
+        if spec.kv_heads != spec.heads or spec.d * spec.heads != spec.hidden:
+            raise ValueError("GPT family (learned positions): kv_heads must equal heads and head_dim hidden/heads")
+        return "gpt"
+    raise ValueError(f"position={spec.position!r} with norm={spec.norm!r} and gated_mlp={spec.gated_mlp}: the zoo "
+                     "builds GPT (learned positions, LayerNorm, GELU MLP) or Llama-family (rotary) decoders")
 
-    family: Family
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    vocab: int
-    ffn_hidden: int = 0
-    tied_embeddings: bool = True
-    dropout: float = 0.0
-    name: str = field(default="custom", compare=False)
 
-    def __post_init__(self) -> None:
-        if self.family not in ("gpt", "bert"):
-            raise ValueError(f"family must be 'gpt' or 'bert', got {self.family!r}")
-        for attr in ("layers", "hidden", "heads", "seq", "vocab"):
-            if getattr(self, attr) < 1:
-                raise ValueError(f"{attr} must be >= 1, got {getattr(self, attr)}")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
-        if self.ffn_hidden == 0:
-            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+class ModelConfig(ModelSpec):
+    """A :class:`ModelSpec` the executor can build, with the training-only ``dropout``."""
+
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, **changes: Any) -> ModelConfig:
+        return cls.model_validate({**spec.model_dump(exclude_unset=True), **changes})
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def family(self) -> Family:
+        return family_of(self)
 
     @property
     def num_profile_layers(self) -> int:
@@ -62,35 +60,23 @@ class ModelConfig:
         return self.layers + 2
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
-    def with_(self, **changes: Any) -> ModelConfig:
-        """A copy with some fields changed (e.g. a shorter sequence for profiling)."""
-        return replace(self, **changes)
-
-
-_PRESET_TABLE: list[tuple[str, Family, int, int, int, int, int]] = [
-    # name,         family, layers, hidden, heads, seq,  vocab
-    ("gpt-tiny", "gpt", 4, 64, 4, 32, 256),
-    ("bert-tiny", "bert", 4, 64, 4, 32, 256),
-    ("gpt2-medium", "gpt", 24, 1024, 16, 1024, 50257),
-    ("gpt2-1.3b", "gpt", 24, 2048, 16, 632, 50257),
-    ("bert-48", "bert", 48, 1024, 16, 128, 30522),
-    ("gpt3-175b", "gpt", 96, 12288, 96, 2048, 51200),
-    ("hanayo-bert", "bert", 64, 2560, 64, 512, 30522),
-    ("hanayo-gpt", "gpt", 128, 1024, 16, 2048, 51200),
-]
-
-PRESETS: dict[str, ModelConfig] = {
-    name: ModelConfig(family, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=name)
-    for name, family, layers, hidden, heads, seq, vocab in _PRESET_TABLE
-}
+    def spec(self) -> ModelSpec:
+        """The plain model description (without ``dropout``)."""
+        return ModelSpec.model_validate(self.model_dump(exclude={"dropout"}, exclude_unset=True))
 
 
-def get_config(name_or_config: str | ModelConfig) -> ModelConfig:
-    """A preset by name (see :data:`PRESETS`), or the given config unchanged."""
+#: the presets of :data:`planner.model.PRESETS`, as executor configs (one registry)
+PRESETS: dict[str, ModelConfig] = {name: ModelConfig.from_spec(spec) for name, spec in SPECS.items()}
+
+
+def get_config(name_or_config: str | ModelSpec) -> ModelConfig:
+    """A preset by name (see :data:`PRESETS`), or the given spec as a :class:`ModelConfig`."""
     if isinstance(name_or_config, ModelConfig):
         return name_or_config
+    if isinstance(name_or_config, ModelSpec):
+        return ModelConfig.from_spec(name_or_config)
     try:
         return PRESETS[name_or_config]
     except KeyError:

@@ -6,7 +6,8 @@ travel between stages.
 
 Batches are ``(inputs, targets)`` int64 tensors of shape ``(batch, seq)``:
 
-* GPT (next-token prediction): a window of ``seq + 1`` tokens, ``inputs = w[:-1]``, ``targets = w[1:]``.
+* GPT and Llama (decoders, next-token prediction): a window of ``seq + 1`` tokens, ``inputs = w[:-1]``,
+  ``targets = w[1:]``.
 * BERT (masked LM, Devlin et al. 2019 section 3.1, simplified): ``mask_prob`` of the positions (at least
   one per sequence) are replaced by the ``[MASK]`` id ``vocab - 1`` in the inputs; targets hold the
   original token there and ``-100`` (ignored) elsewhere.
@@ -46,7 +47,7 @@ def synthetic_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of training step ``step``: uniform random tokens, deterministic in (seed, step)."""
     gen = _generator(seed, step)
-    if config.family == "gpt":
+    if config.family != "bert":
         window = torch.randint(0, config.vocab, (batch, config.seq + 1), generator=gen)
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
     tokens = torch.randint(0, config.vocab - 1, (batch, config.seq), generator=gen)

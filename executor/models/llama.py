@@ -1,0 +1,167 @@
+"""Llama-family decoders (Llama 2/3, Mistral, Qwen2) built from a :class:`~planner.model.ModelSpec`, as an ordered
+list of layers with the zoo's interface (:mod:`executor.models.stage`).
+
+Layers:
+
+0. :class:`LlamaEmbedding` ``ids (b, s) -> (b, s, h)``: token embedding only (positions are rotary, inside
+   attention).
+1..L. :class:`LlamaBlock`: pre-norm (RMSNorm, Zhang & Sennrich 2019, or LayerNorm as the spec says) attention with
+   rotary positions (Su et al., RoFormer, 2021, eq. 34, in the "rotate half" layout of the Hugging Face Llama
+   code) and grouped-query attention (Ainslie et al. 2023: ``k`` key/value heads, each shared by ``a/k`` query
+   heads), then a pre-norm gated MLP ``down(act(gate(x)) * up(x))`` (SwiGLU, Shazeer 2020) or ``down(act(up(x)))``.
+   The rotary angles are computed in every block from the positions ``0..s-1``, so a pipeline stage needs
+   nothing but the hidden states from its predecessor.
+L+1. :class:`LlamaHead` ``(x, targets) -> loss``: final norm, LM head (untied unless the spec ties it to the
+   token embedding), mean cross-entropy.
+
+Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
+it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
+:mod:`executor.models.blocks`. Initialisation: N(0, 0.02), the residual projections (``o``, ``down``)
+N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor.models.blocks import INIT_STD, init_linear
+from executor.models.config import ModelConfig
+from executor.models.gpt import init_token_embedding
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+NORM_EPS = 1e-5
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden, eps=NORM_EPS)
+    return nn.LayerNorm(config.hidden, eps=NORM_EPS)
+
+
+def rotary_cos_sin(seq: int, head_dim: int, theta: float, device: torch.device,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of the angles ``m theta^(-2i/d)`` for positions ``m < seq``, shape ``(seq, d)``
+    (each frequency twice, first half then second half: the rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float64, device=device), inv_freq)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``(b, heads, s, d)``: ``x cos + rotate_half(x) sin``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float) -> torch.Tensor:
+    """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions; ``a'`` a
+    multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads). Returns ``(b, s, a' d)``."""
+    b, heads, s, d = q.shape
+    cos, sin = rotary_cos_sin(s, d, theta, q.device, q.dtype)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    group = heads // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+    return (att @ v).transpose(1, 2).reshape(b, s, heads * d)
+
+
+class LlamaEmbedding(nn.Module):
+    """Token embedding (the weight is ``tok.weight``, as in the GPT zoo, for tying)."""
+
+    takes_targets = False
+
+    def __init__(self, config: ModelConfig, token_seed: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(config.vocab, config.hidden)
+        init_token_embedding(self.tok.weight, token_seed)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok(ids)
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm block: ``x + o(attn(rope(q), rope(k), v))`` then ``x + mlp(norm(x))`` (module docstring)."""
+
+    takes_targets = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, d = config.hidden, config.d
+        qkv_bias = config.bias or config.qkv_bias
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.k, d
+        self.theta = config.rope_theta
+        self.gated = config.gated_mlp
+        self.act = ACTIVATIONS[config.activation]
+        self.input_norm = make_norm(config)
+        self.q = nn.Linear(h, config.q_dim, bias=qkv_bias)
+        self.k = nn.Linear(h, config.kv_dim, bias=qkv_bias)
+        self.v = nn.Linear(h, config.kv_dim, bias=qkv_bias)
+        self.o = nn.Linear(config.q_dim, h, bias=config.bias)
+        self.post_norm = make_norm(config)
+        self.gate = nn.Linear(h, config.f, bias=config.bias) if config.gated_mlp else None
+        self.up = nn.Linear(h, config.f, bias=config.bias)
+        self.down = nn.Linear(config.f, h, bias=config.bias)
+        residual_std = INIT_STD / math.sqrt(2 * config.layers)
+        for lin in (self.q, self.k, self.v, self.gate, self.up):
+            if lin is not None:
+                init_linear(lin)
+        init_linear(self.o, residual_std)
+        init_linear(self.down, residual_std)
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        d = self.head_dim
+        q = self.q(x).view(b, s, -1, d).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, d).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, d).transpose(1, 2)
+        return self.o(attention(q, k, v, self.theta))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.up(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attend(self.input_norm(x))
+        return x + self.mlp(self.post_norm(x))
+
+
+class LlamaHead(nn.Module):
+    """Final norm, LM head without bias (``weight``, ``(V, h)``), mean cross-entropy over all positions."""
+
+    takes_targets = True
+
+    def __init__(self, config: ModelConfig, token_seed: int) -> None:
+        super().__init__()
+        self.norm = make_norm(config)
+        self.weight = nn.Parameter(torch.empty(config.vocab, config.hidden))
+        if config.tied_embeddings:
+            init_token_embedding(self.weight, token_seed)
+        else:
+            nn.init.normal_(self.weight, 0.0, INIT_STD)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(x), self.weight)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(x)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_layer(config: ModelConfig, index: int, token_seed: int) -> nn.Module:
+    """Layer ``index`` of ``range(config.layers + 2)``."""
+    if index == 0:
+        return LlamaEmbedding(config, token_seed)
+    if index <= config.layers:
+        return LlamaBlock(config)
+    return LlamaHead(config, token_seed)

@@ -1,0 +1,196 @@
+"""Hugging Face ``config.json`` -> :class:`planner.model.ModelSpec`, at the edge (``planner/`` stays free of
+transformers).
+
+The file is parsed by ``transformers.AutoConfig.for_model(model_type, **fields)``, which fills in each model type's
+defaults exactly as the library does when it loads the model; nothing is downloaded (the JSON is read from the
+local file, never from a hub). Field names (Hugging Face ``PretrainedConfig`` attribute names, GPT-2's ``n_*``
+names reached through its ``attribute_map``) map to our symbols:
+
+==========================  ===================================  =====================================
+ModelSpec                   Llama / Mistral / Qwen2              GPT-2
+==========================  ===================================  =====================================
+``layers``                  ``num_hidden_layers``                ``n_layer``
+``hidden``                  ``hidden_size``                      ``n_embd``
+``heads``                   ``num_attention_heads``              ``n_head``
+``kv_heads``                ``num_key_value_heads``              (= heads)
+``head_dim``                ``head_dim`` or hidden / heads       hidden / heads
+``ffn_hidden``              ``intermediate_size``                ``n_inner`` or 4 hidden
+``vocab``                   ``vocab_size``                       ``vocab_size``
+``seq``                     ``max_position_embeddings``          ``n_positions``
+``tied_embeddings``         ``tie_word_embeddings``              ``tie_word_embeddings`` (true)
+``rope_theta``              ``rope_theta`` (``rope_parameters``)  --
+==========================  ===================================  =====================================
+
+Llama-family models have a gated MLP (SwiGLU with ``hidden_act`` silu), RMSNorm and rotary positions; Qwen2 carries
+biases on the query/key/value projections only; GPT-2 has LayerNorm, learned positions, a GELU MLP and biases.
+``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
+Mistral's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source`` but not modelled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.model import ModelSpec
+
+#: model_type -> family of the mapping above
+LLAMA_TYPES = ("llama", "mistral", "qwen2")
+GPT2_TYPES = ("gpt2",)
+SUPPORTED = LLAMA_TYPES + GPT2_TYPES
+
+#: ModelSpec field -> the config.json field it comes from (for error messages)
+HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+             "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn_hidden": "intermediate_size",
+             "vocab": "vocab_size", "seq": "max_position_embeddings", "rope_theta": "rope_theta",
+             "activation": "hidden_act"}
+GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_hidden": "n_inner",
+               "seq": "n_positions", "activation": "activation_function"}
+
+
+#: sanity bounds (far above every published model) so a bad upload cannot ask for a billion layers
+LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "ffn_hidden": 1 << 22,
+          "vocab": 1 << 24, "seq": 1 << 24}
+
+
+class HFConfigError(ValueError):
+    """A config.json we cannot turn into a ModelSpec; ``field`` names the offending field of the file."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _activation(name: str | None, field: str) -> str:
+    name = (name or "").lower()
+    if name in ("silu", "swish"):
+        return "silu"
+    if name.startswith("gelu"):
+        return "gelu"
+    if name == "relu":
+        return "relu"
+    raise HFConfigError(field, f"activation {name!r} is not one of silu, gelu*, relu")
+
+
+def _rope_theta(cfg: Any) -> float:
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:  # transformers >= 5 keeps it in rope_parameters
+        params = getattr(cfg, "rope_parameters", None) or {}
+        theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta) if theta is not None else 10000.0
+
+
+def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "") -> ModelSpec:
+    """A ``transformers.PretrainedConfig`` as a :class:`ModelSpec` (``seq`` overrides the context length)."""
+    model_type = getattr(cfg, "model_type", "")
+    if model_type not in SUPPORTED:
+        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    fields_of = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
+    notes = [source] if source else []
+    common: dict[str, Any] = dict(
+        name=name, architecture="decoder", layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
+        heads=cfg.num_attention_heads, vocab=cfg.vocab_size, seq=seq or cfg.max_position_embeddings,
+        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", True)))
+    if model_type in GPT2_TYPES:
+        spec = dict(common, ffn_hidden=getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size,
+                    activation=_activation(getattr(cfg, "activation_function", "gelu"), "activation_function"),
+                    norm="layernorm", position="learned", bias=True)
+    else:
+        attention_bias = bool(getattr(cfg, "attention_bias", False))
+        mlp_bias = bool(getattr(cfg, "mlp_bias", False))
+        spec = dict(common, kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+                    head_dim=getattr(cfg, "head_dim", None), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
+                    activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
+                    position="rotary", bias=attention_bias and mlp_bias,
+                    qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg))
+        window = getattr(cfg, "sliding_window", None)
+        if window and model_type == "mistral":
+            notes.append(f"sliding-window attention ({window} tokens) not modelled: full causal attention counted")
+        scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+        if rope_type != "default":
+            notes.append(f"rope_scaling ({rope_type}) not modelled (it changes angles, not cost)")
+    spec["source"] = "; ".join(notes)
+    kv = spec.get("kv_heads") or spec["heads"]
+    if isinstance(kv, int) and isinstance(spec["heads"], int) and kv > 0 and spec["heads"] % kv:
+        raise HFConfigError("num_key_value_heads", f"{kv} does not divide num_attention_heads ({spec['heads']})")
+    heads = spec["heads"]
+    if not spec.get("head_dim") and isinstance(heads, int) and heads > 0 and spec["hidden"] % heads:
+        raise HFConfigError(fields_of["hidden"], f"{spec['hidden']} is not divisible by the {spec['heads']} heads "
+                                                 "(and no head_dim is given)")
+    try:
+        return ModelSpec(**spec)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = str(err["loc"][0]) if err["loc"] else "config"
+        raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
+
+
+def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | None = None,
+                      source: str = "") -> ModelSpec:
+    """The parsed JSON of a config.json as a :class:`ModelSpec` (through ``transformers.AutoConfig``)."""
+    if not isinstance(data, dict):
+        raise HFConfigError("config", "expected a JSON object (the contents of config.json)")
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise HFConfigError("model_type", "missing: a config.json names its model_type (e.g. llama)")
+    if model_type not in SUPPORTED:
+        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    for ours, theirs in (GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS).items():
+        value = data.get(theirs)
+        if ours in LIMITS and value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
+            if value > LIMITS[ours]:
+                raise HFConfigError(theirs, f"{value} is beyond any published model (at most {LIMITS[ours]})")
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    try:
+        cfg = AutoConfig.for_model(model_type, **fields)
+    except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
+        raise HFConfigError(str(getattr(e, "field", None) or "config"),
+                            f"transformers cannot read it: {e}".replace("\n", " ")) from None
+    return parse_hf_config(cfg, name, seq, source)
+
+
+DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout")
+
+
+def trains_with_dropout(data: dict[str, Any]) -> bool:
+    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2: 0), the library's
+    defaults filled in; the operator model then counts the dropout masks (planner.operators.OperatorOptions)."""
+    from transformers import AutoConfig
+
+    model_type = data.get("model_type")
+    if model_type not in SUPPORTED:
+        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    cfg = AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+    return any(float(getattr(cfg, f, 0.0) or 0.0) > 0 for f in DROPOUT_FIELDS)
+
+
+def read_hf_json(path: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` at ``path`` (or in the directory ``path``)."""
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    try:
+        return json.loads(p.read_text())
+    except OSError as e:
+        raise HFConfigError("path", f"cannot read {p}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise HFConfigError("config", f"{p} is not JSON: {e}") from None
+
+
+def read_hf_config(path: str | Path, seq: int | None = None, name: str | None = None) -> ModelSpec:
+    """Read a local ``config.json`` (or a directory holding one); the name defaults to the directory's name
+    (``examples/models/llama-3.1-8b/config.json`` -> ``llama-3.1-8b``) or the file's stem."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    data = read_hf_json(p)
+    default = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    return spec_from_hf_dict(data, name or default, seq, source=f"Hugging Face config {p}")

@@ -1,0 +1,132 @@
+"""A Hugging Face model built by ``transformers`` from its ``config.json`` with random weights (nothing is
+downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the decoder layers, the final norm with
+the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
+
+The decoder layers of the supported models (Llama, Mistral, Qwen2, GPT-2) are identical in shape, so only
+``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the model is made: the memory of a
+few layers, not of the model) and the profile's other blocks reuse the last one measured. Each layer is the
+library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary ``position_embeddings`` the
+model's ``rotary_emb`` makes (computed inside the layer wrapper, as a pipeline stage would), and no attention mask,
+so the library's SDPA path applies its causal mask itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.model import ModelSpec
+from planner.profile import TransformerShape
+from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, spec_from_hf_dict
+from profiler.layer_model import LayerModel
+
+MAX_DEFAULT_SEQ = 8192
+
+
+class _Embedding(nn.Module):
+    def __init__(self, tok: nn.Module, pos: nn.Module | None) -> None:
+        super().__init__()
+        self.tok, self.pos = tok, pos
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        return x
+
+
+class _Decoder(nn.Module):
+    """One of the library's decoder layers; rotary angles computed here from positions ``0..s-1``."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None) -> None:
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kwargs: dict[str, Any] = {}
+        if self.rotary is not None:
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            kwargs = {"position_ids": positions, "position_embeddings": self.rotary(x, positions)}
+        out = self.layer(x, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class _Head(nn.Module):
+    def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x))
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, measure_layers: int = 1,
+                   seed: int = 0) -> tuple[LayerModel, ModelSpec]:
+    """Build the model of a parsed ``config.json`` with ``measure_layers`` decoder layers; its
+    :class:`LayerModel` (all ``num_hidden_layers`` profile layers) and its :class:`ModelSpec`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = spec_from_hf_dict(data, name=name, seq=seq)
+    if seq is None and spec.seq > MAX_DEFAULT_SEQ:
+        raise HFConfigError("max_position_embeddings", f"{spec.seq}: the model supports that long a context, too "
+                            f"long to time by default (over {MAX_DEFAULT_SEQ}); give the sequence you train with "
+                            "(--seq)")
+    if measure_layers < 1:
+        raise HFConfigError("layers", f"measure at least one decoder layer, got {measure_layers}")
+    built = min(measure_layers, spec.layers)
+    model_type = data["model_type"]
+    assert model_type in SUPPORTED
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
+    fields[layer_key] = built
+    cfg = AutoConfig.for_model(model_type, **fields)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    if model_type in GPT2_TYPES:
+        body = model.transformer
+        embedding = _Embedding(body.wte, body.wpe)
+        decoders = [_Decoder(layer, None) for layer in body.h]
+        head = _Head(body.ln_f, model.lm_head)
+    else:
+        body = model.model
+        embedding = _Embedding(body.embed_tokens, None)
+        decoders = [_Decoder(layer, body.rotary_emb) for layer in body.layers]
+        head = _Head(body.norm, model.lm_head)
+    seq_len, vocab = spec.seq, spec.vocab
+
+    def sample(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(1000 + b)
+        window = torch.randint(0, vocab, (b, seq_len + 1), generator=gen)
+        return window[:, :-1], window[:, 1:]
+
+    L = spec.layers
+    repeat = [0, *[1 + min(i, built - 1) for i in range(L)], built + 1]
+    names = ["embedding", *(f"block.{i}" for i in range(L)), "head"]
+    kinds = ["embedding", *["transformer"] * L, "lm_head"]
+    shape = TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=L,
+                             ffn_hidden=spec.f)
+    tied = {L + 1: spec.vocab * spec.hidden} if spec.tied_embeddings else {}
+    lm = LayerModel([embedding, *decoders, head], sample, _loss, name=spec.name, names=names, kinds=kinds,
+                    repeat=repeat, shape=shape, tied_params=tied)
+    return lm, spec
+
+
+def read_hf_layer_model(path: str | Path, seq: int | None = None, measure_layers: int = 1,
+                        name: str | None = None) -> tuple[LayerModel, ModelSpec]:
+    """:func:`hf_layer_model` of a local ``config.json`` (or a directory holding one)."""
+    from profiler.hf_config import read_hf_config
+
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    spec = read_hf_config(p, seq=seq, name=name)  # checks the file, names the field on errors
+    return hf_layer_model(json.loads(p.read_text()), spec.name, seq, measure_layers)

@@ -1,0 +1,63 @@
+"""POST /profiles/hf-config: a Hugging Face config.json in, an analytical profile stored (and planned from); a bad
+config is a 422 naming its field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from api_support import AUTH, tiny_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "examples" / "models"
+
+
+def _config(name: str) -> dict:  # type: ignore[type-arg]
+    return json.loads((MODELS / name / "config.json").read_text())
+
+
+@pytest.mark.slow
+def test_upload_hf_config_makes_a_profile_and_a_plan(client) -> None:  # type: ignore[no-untyped-def]
+    cluster = client.post("/clusters", json=tiny_cluster(8, 2), headers=AUTH)
+    assert cluster.status_code == 201, cluster.text
+    cid = cluster.json()["id"]
+    r = client.post("/profiles/hf-config", json={"config": _config("llama-3.1-8b"), "cluster_id": cid,
+                                                 "seq": 4096, "name": "llama-3.1-8b"}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    prof = r.json()
+    assert prof["name"] == "llama-3.1-8b" and prof["num_layers"] == 34 and prof["device"] == "A100-SXM4-80GB"
+    assert abs(prof["total_params"] / 1e9 - 8.03) < 0.005
+    again = client.post("/profiles/hf-config", json={"config": _config("llama-3.1-8b"), "cluster_id": cid,
+                                                     "seq": 4096, "name": "llama-3.1-8b"}, headers=AUTH)
+    assert again.status_code == 200 and again.json()["id"] == prof["id"]
+    body = client.get(f"/profiles/{prof['id']}", headers=AUTH).json()["profile"]
+    assert body["shape"]["seq"] == 4096 and body["shape"]["ffn_hidden"] == 14336
+    plan = client.post("/plans", json={"profile_id": prof["id"], "cluster_id": cid, "global_batch": 64, "gpus": 16},
+                       headers=AUTH)
+    assert plan.status_code in (201, 202), plan.text
+    by_device = client.post("/profiles/hf-config", json={"config": _config("gpt2"), "device": "h100-sxm5-80gb"},
+                            headers=AUTH)
+    assert by_device.status_code == 201 and by_device.json()["device"] == "H100-SXM5-80GB", by_device.text
+
+
+def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[no-untyped-def]
+    good = _config("mistral-7b")
+    cases = [
+        ({"config": {**good, "num_key_value_heads": 5}, "device": "h100"}, "config.num_key_value_heads"),
+        ({"config": {**good, "model_type": "mixtral"}, "device": "h100"}, "config.model_type"),
+        ({"config": {k: v for k, v in good.items() if k != "model_type"}, "device": "h100"}, "config.model_type"),
+        ({"config": {**good, "hidden_size": -1}, "device": "h100"}, "config.hidden_size"),
+        ({"config": good}, "cluster_id, device"),
+        ({"config": good, "device": "tpu-v9"}, "device: unknown"),
+        ({"config": good, "device": "/etc/passwd.json"}, "device: unknown"),
+        ({"config": "llama", "device": "h100"}, "config"),
+    ]
+    for body, field in cases:
+        r = client.post("/profiles/hf-config", json=body, headers=AUTH)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["detail"].startswith(field), r.json()["detail"]
+    assert client.post("/profiles/hf-config", json={"config": good, "cluster_id": 999}, headers=AUTH).status_code \
+        == 404
+    assert client.post("/profiles/hf-config", json={"config": good, "device": "h100"}).status_code == 401
+    assert client.get("/profiles", headers=AUTH).json() == []  # nothing stored by the failures

@@ -1,0 +1,152 @@
+"""Hugging Face config.json -> ModelSpec (profiler/hf_config.py): every shipped example, and bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profiler.hf_config import HFConfigError, read_hf_config, spec_from_hf_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "examples" / "models"
+
+# published sizes (examples/models/README.md has the sources): (billions, the figure's last digit's half)
+PUBLISHED = {
+    "llama-3.1-8b": (8.03, 0.005),
+    "llama-3.1-70b": (70.6, 0.05),
+    "llama-3.1-405b": (405.9, 0.05),
+    "qwen2.5-7b": (7.62, 0.005),
+    "mistral-7b": (7.24, 0.005),
+    "gpt2": (0.124, 0.0005),
+}
+
+
+def test_every_example_is_listed() -> None:
+    assert {p.parent.name for p in MODELS.glob("*/config.json")} == set(PUBLISHED)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_example_parses_to_the_published_size(name: str) -> None:
+    spec = read_hf_config(MODELS / name / "config.json")
+    assert spec.name == name
+    size, tol = PUBLISHED[name]
+    assert abs(spec.total_params() / 1e9 - size) <= tol, spec.total_params()
+
+
+def test_llama_405b_shape() -> None:
+    """Llama 3 paper (Dubey et al. 2024) Table 3: 126 layers, 16384 wide, FFN 53248, 128 heads, 8 KV heads."""
+    s = read_hf_config(MODELS / "llama-3.1-405b", seq=8192)
+    assert (s.layers, s.hidden, s.f, s.heads, s.k, s.d, s.vocab, s.seq) == (126, 16384, 53248, 128, 8, 128, 128256,
+                                                                            8192)
+    assert s.gated_mlp and s.norm == "rmsnorm" and s.position == "rotary" and not s.tied_embeddings
+    assert not s.bias and not s.qkv_bias and s.rope_theta == 500000.0 and s.activation == "silu"
+
+
+def test_dropout_as_trained() -> None:
+    from profiler.hf_config import read_hf_json, trains_with_dropout
+
+    assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b"):
+        assert not trains_with_dropout(read_hf_json(MODELS / name)), name
+
+
+def test_family_details() -> None:
+    qwen = read_hf_config(MODELS / "qwen2.5-7b")
+    assert qwen.qkv_bias and not qwen.bias and qwen.k == 4 and qwen.seq == 131072
+    gpt2 = read_hf_config(MODELS / "gpt2" / "config.json")
+    assert gpt2.tied_embeddings and gpt2.bias and gpt2.position == "learned" and gpt2.norm == "layernorm"
+    assert (gpt2.layers, gpt2.hidden, gpt2.f, gpt2.seq, gpt2.vocab) == (12, 768, 3072, 1024, 50257)
+    mistral = read_hf_config(MODELS / "mistral-7b")
+    assert "sliding-window" in mistral.source and mistral.vocab == 32000
+
+
+def _llama(**changes: object) -> dict[str, object]:
+    data = json.loads((ROOT / "tests" / "fixtures" / "tiny-llama" / "config.json").read_text())
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"model_type": None}, "model_type"),
+    ({"model_type": "mixtral"}, "model_type"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"hidden_size": "wide"}, "hidden_size"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads are no multiple of 3
+    ({"hidden_act": "tanh"}, "hidden_act"),
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+])
+def test_bad_config_names_the_field(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict(_llama(**changes))
+    assert err.value.field == field, str(err.value)
+
+
+def test_tiny_llama_and_files(tmp_path: Path) -> None:
+    spec = spec_from_hf_dict(_llama(), name="tiny")
+    assert (spec.layers, spec.hidden, spec.heads, spec.k, spec.vocab, spec.seq) == (6, 64, 4, 2, 512, 16)
+    assert read_hf_config(ROOT / "tests" / "fixtures" / "tiny-llama", seq=8).seq == 8
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(HFConfigError, match="not JSON"):
+        read_hf_config(bad)
+    with pytest.raises(HFConfigError, match="cannot read"):
+        read_hf_config(tmp_path / "missing.json")
+
+
+def test_llama_8b_flops_match_6n_plus_attention() -> None:
+    """The operator model's FLOPs of Llama 3.1 8B (one sequence of 8192, forward + backward) within 2% of
+    ``6 N s`` (N without the embedding table, whose lookup does no arithmetic) plus attention by hand:
+    ``q k^T`` and ``att v`` are ``2 s^2 (a d)`` each forward (unmasked), three times that with the backward."""
+    from planner.operators import embedding_operators, head_operators, layer_operators
+
+    spec = read_hf_config(MODELS / "llama-3.1-8b", seq=8192)
+    total = 0.0
+    for operators, count in ((embedding_operators, 1), (layer_operators, spec.layers), (head_operators, 1)):
+        total += count * sum(op.fwd_flops + op.bwd_flops for op in operators(spec, 1))
+    n = spec.total_params() - spec.vocab * spec.hidden
+    s, a_d = spec.seq, spec.heads * spec.d
+    by_hand = 6 * n * s + spec.layers * 3 * (2 * 2 * s * s * a_d)
+    assert abs(total / by_hand - 1) < 0.02, total / by_hand
+
+
+def test_profile_analytic_hf_config(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.profile import load_profile
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(MODELS / "qwen2.5-7b"), "--seq", "2048",
+                                   "--device", "h100-80gb", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    assert prof.name == "qwen2.5-7b" and len(prof.layers) == 30 and prof.shape is not None
+    assert prof.total_params == read_hf_config(MODELS / "qwen2.5-7b").total_params()
+    assert prof.shape.seq == 2048 and prof.shape.ffn_hidden == 18944
+    bad = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(tmp_path / "none.json"), "--out",
+                                   str(out)])
+    assert bad.exit_code != 0 and "cannot read" in bad.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_every_example_yields_a_plan_through_the_cli(name: str, tmp_path: Path) -> None:
+    """config.json -> profile-analytic -> plan, on DGX H100 nodes (enough of them to hold 405B's states)."""
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    prof = tmp_path / "p.json"
+    runner = CliRunner()
+    res = runner.invoke(app, ["profile-analytic", "--hf-config", str(MODELS / name), "--seq", "1024",
+                              "--device", "h100-80gb", "--out", str(prof)])
+    assert res.exit_code == 0, res.output
+    gpus = "512" if name == "llama-3.1-405b" else "64"
+    res = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
+                                                                              "dgx-h100-80gb.json"),
+                              "--global-batch", "256", "--gpus", gpus, "--top", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    cands = json.loads(res.output)["candidates"]
+    assert cands and cands[0]["fits"] and cands[0]["tensor"] <= 8, cands[:1]

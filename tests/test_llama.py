@@ -1,0 +1,83 @@
+"""The zoo's Llama family (executor/models/llama.py): shapes, parameter counts, stages, and the same function as
+the Hugging Face implementation (transformers' LlamaForCausalLM) given the same weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from executor.models import Stage, build_layers, get_config, layer_kinds, tied_parameters
+from executor.models.analytic import layer_params, model_params
+from executor.models.data import synthetic_batch
+from executor.models.llama import LlamaBlock
+from profiler.hf_config import read_hf_config
+
+torch.set_num_threads(1)
+TINY = Path(__file__).resolve().parent / "fixtures" / "tiny-llama" / "config.json"
+
+
+def tiny(**changes: object):  # noqa: ANN201
+    return get_config(read_hf_config(TINY, name="tiny-llama").with_(**changes))
+
+
+def test_family_shapes_and_counts() -> None:
+    cfg = tiny()
+    assert cfg.family == "llama"
+    layers = build_layers(cfg, seed=1)
+    assert layer_kinds(cfg) == ["embedding", *["transformer"] * 6, "lm_head"]
+    assert [sum(p.numel() for p in m.parameters()) for m in layers] == layer_params(cfg)
+    assert sum(p.numel() for p in Stage(layers).parameters()) == model_params(cfg) == cfg.total_params()
+    block = layers[1]
+    assert isinstance(block, LlamaBlock)
+    assert block.k.weight.shape == (2 * 16, 64) and block.q.weight.shape == (64, 64)  # GQA: 2 KV heads of 16
+    assert block.gate.weight.shape == (128, 64) and block.q.bias is None
+    assert tied_parameters(cfg) == []  # untied head
+    ids, targets = synthetic_batch(cfg, 3)
+    loss = Stage(layers)(ids, targets)
+    assert abs(loss.item() - np.log(cfg.vocab)) < 1.0
+
+
+def test_stages_equal_whole_model() -> None:
+    cfg = tiny()
+    ids, targets = synthetic_batch(cfg, 2, seed=4)
+    whole = Stage(build_layers(cfg, seed=7))(ids, targets)
+    x = ids
+    for a, b in [(0, 3), (3, 5), (5, 8)]:
+        stage = Stage(build_layers(cfg, seed=7, start=a, stop=b))
+        x = stage(x, targets) if b == 8 else stage(x)
+    torch.testing.assert_close(x, whole)
+
+
+@pytest.mark.parametrize("changes", [{}, {"qkv_bias": True, "kv_heads": 4}, {"tied_embeddings": True}])
+def test_same_function_as_transformers(changes: dict[str, object]) -> None:
+    """Copy our weights into transformers' LlamaForCausalLM (eager attention, float64): same logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = tiny(**changes)
+    data = json.loads(TINY.read_text())
+    data.update(num_key_value_heads=cfg.k, attention_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tied_embeddings)
+    data.pop("model_type")
+    hf = LlamaForCausalLM(LlamaConfig(**data, attn_implementation="eager")).double().eval()
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
+        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
+            at, mlp = theirs.self_attn, theirs.mlp
+            for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj),
+                         (ours.gate, mlp.gate_proj), (ours.up, mlp.up_proj), (ours.down, mlp.down_proj)):
+                b.weight.copy_(a.weight)
+                if a.bias is not None:
+                    b.bias.copy_(a.bias)
+            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
+            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+        hf.lm_head.weight.copy_(layers[-1].weight)
+        ids, _ = synthetic_batch(cfg, 2, seed=3)
+        x = ids
+        for m in layers[:-1]:
+            x = m(x)
+        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)

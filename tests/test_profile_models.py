@@ -1,0 +1,96 @@
+"""The profiler on real model code: a tiny Hugging Face Llama built by transformers (CPU), and a user's own model
+through ``--module`` -- the README's worked example, profiled and planned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+from planner.profile import load_profile
+from profiler.hf_config import read_hf_config
+from profiler.hf_model import read_hf_layer_model
+from profiler.layer_model import LayerModel, from_factory, profile_layer_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "fixtures" / "tiny-llama" / "config.json"
+runner = CliRunner()
+
+
+@pytest.mark.slow
+def test_hf_tiny_llama_profile(tmp_path: Path) -> None:
+    out = tmp_path / "llama.json"
+    res = runner.invoke(app, ["profile", "--hf-config", str(TINY), "--hf-layers", "2", "--micro-batches", "1,2",
+                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    spec = read_hf_config(TINY)
+    assert [layer.name for layer in prof.layers] == ["embedding", *(f"block.{i}" for i in range(6)), "head"]
+    # the library's modules hold exactly the parameters ModelSpec counts
+    assert [layer.params for layer in prof.layers] == [spec.vocab * spec.hidden, *[spec.layer_params()] * 6,
+                                                       spec.head_params()]
+    assert prof.total_params == spec.total_params()
+    assert prof.environment["measured_decoder_layers"] == "2"
+    assert prof.shape is not None and prof.shape.layers == 6 and prof.shape.seq == 16
+    block = prof.layers[1]
+    assert all(block.fwd_time[b] > 0 and block.bwd_time[b] > 0 for b in (1, 2))
+    assert block.output_bytes_per_sample == 16 * 64 * 4  # (s, h) fp32
+    assert block.stashed_bytes_per_sample > block.output_bytes_per_sample
+    assert prof.layers[5].fwd_time == prof.layers[2].fwd_time  # blocks past the measured ones reuse the last
+
+
+@pytest.mark.slow
+def test_hf_gpt2_layers_and_tied_head() -> None:
+    lm, spec = read_hf_layer_model(ROOT / "examples" / "models" / "gpt2", seq=8)
+    assert len(lm.layers) == 3 and len(lm.repeat) == 14 and lm.tied_params == {13: spec.vocab * spec.hidden}
+    ids, targets = lm.sample(2)
+    x = ids
+    for layer in lm.layers:
+        x = layer(x)
+    assert x.shape == (2, 8, spec.vocab) and torch.isfinite(lm.loss(x, targets))
+
+
+def test_readme_module_example(tmp_path: Path) -> None:
+    """The README's worked example, command for command."""
+    prof_path, plan_path = tmp_path / "custom.json", tmp_path / "plan.json"
+    res = runner.invoke(app, ["profile", "--module", f"{ROOT}/examples/custom_model.py:build",
+                              "--micro-batches", "1,2,4", "--threads", "1", "--repeats", "2", "--out", str(prof_path)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(prof_path)
+    assert prof.name == "custom_model" and len(prof.layers) == 8
+    assert prof.layers[1].params == 2 * 256 + 2 * (256 * 1024) + 1024 + 256  # norm, 256 -> 1024 -> 256
+    assert prof.layers[-1].params == 2 * 256 + 256 * 10 + 10  # norm, classifier
+    cluster = str(ROOT / "examples" / "clusters" / "local-cpu-4.json")
+    res = runner.invoke(app, ["plan", "--profile", str(prof_path), "--cluster", cluster,
+                              "--global-batch", "16", "--max-tensor", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    plan_path.write_text(res.output)
+    cands = json.loads(res.output)["candidates"]
+    assert cands and all(c["tensor"] == 1 for c in cands)
+    assert all(sum(b - a for a, b in c["partition"]) == 8 for c in cands if c.get("partition"))
+
+
+def test_layer_model_contract_errors() -> None:
+    with pytest.raises(ValueError, match="pkg.module:build"):
+        from_factory("examples/custom_model.py")
+    with pytest.raises(ValueError, match="no callable"):
+        from_factory("examples/custom_model.py:nothing")
+    with pytest.raises(ValueError, match="cannot import"):
+        from_factory("no_such_package.model:build")
+    with pytest.raises(ValueError, match="non-empty list"):
+        LayerModel([], lambda b: (torch.zeros(b), torch.zeros(b)), torch.nn.functional.mse_loss)
+    res = runner.invoke(app, ["profile", "--model", "gpt-tiny", "--module", "x:y"])
+    assert res.exit_code != 0 and "exactly one" in res.output
+
+
+def test_profile_layer_model_measures_each_layer() -> None:
+    layers = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 32), torch.nn.Linear(32, 4)]
+    lm = LayerModel(layers, lambda b: (torch.randn(b, 8), torch.randint(0, 4, (b,))),
+                    torch.nn.functional.cross_entropy)
+    prof = profile_layer_model(lm, [1, 4], repeats=2, warmup=1)
+    assert [layer.params for layer in prof.layers] == [72, 288, 132]
+    assert [layer.output_bytes_per_sample for layer in prof.layers[:2]] == [8 * 4, 32 * 4]
