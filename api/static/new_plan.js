@@ -13,9 +13,14 @@ PP.start(async () => {
   const csel = document.getElementById("cluster");
   csel.innerHTML = clusters.map((c) =>
     `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)} (${c.gpus} × ${PP.esc(c.device)}, #${c.id})</option>`).join("");
-  document.getElementById("profile").addEventListener("change", () => { syncCluster(); deviceNote(); });
+  // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
+  document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
   csel.addEventListener("change", deviceNote);
-  document.getElementById("profile-file").addEventListener("change", deviceNote);
+  document.getElementById("profile-file").addEventListener("change", () => { clearHF(); deviceNote(); });
+  document.getElementById("hf-file").addEventListener("change", () => {
+    document.getElementById("profile-file").value = "";
+    deviceNote();
+  });
   syncCluster();
   deviceNote();
   document.body.dataset.ready = "1";
@@ -41,7 +46,9 @@ function deviceNote() {
   const c = clusters.find((x) => String(x.id) === document.getElementById("cluster").value);
   const note = document.getElementById("device-note");
   const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
-  const differ = p && c && norm(p.device) !== norm(c.device) && !document.getElementById("profile-file").files.length;
+  const fromFile = document.getElementById("profile-file").files.length ||
+    (document.getElementById("hf-file").files.length && hfKey() !== hfMade.key);  // not the selected profile
+  const differ = p && c && norm(p.device) !== norm(c.device) && !fromFile;
   note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
     `the plan will predict ${p.device} times.` : "";
   note.hidden = !differ;
@@ -147,6 +154,13 @@ async function submit() {
   try {
     let profileId = parseInt(document.getElementById("profile").value, 10);
     const file = document.getElementById("profile-file").files[0];
+    if (!file && document.getElementById("hf-file").files.length && hfKey() !== hfMade.key) {
+      // a config.json chosen but not made into a profile yet (or with other settings): make it first
+      text.textContent = "making the profile from config.json…";
+      const id = await makeHFProfile();
+      if (!id) { progress.hidden = true; button.disabled = false; return; }
+      profileId = id;
+    }
     if (file) {
       text.textContent = "uploading the profile…";
       let body;
@@ -180,6 +194,22 @@ function hfFieldFor(detail) {
   return { seq: "hf-seq", name: "hf-name", cluster_id: "cluster" }[field] || "hf-file";
 }
 
+// what the selected profile was made from (file, sequence, name, cluster), so Plan makes it only once
+let hfMade = { key: null, id: null };
+function hfKey() {
+  const f = document.getElementById("hf-file").files[0];
+  const v = (id) => document.getElementById(id).value.trim();
+  return f ? JSON.stringify([f.name, f.size, f.lastModified, v("hf-seq"), v("hf-name"), v("cluster")]) : null;
+}
+
+function clearHF() {
+  document.getElementById("hf-file").value = "";
+  document.getElementById("hf-status").textContent = "";
+  document.getElementById("hf-error").hidden = true;
+  hfMade = { key: null, id: null };
+}
+
+// returns the id of the profile made (and selected), or undefined when it was not made
 async function makeHFProfile() {
   const errEl = document.getElementById("hf-error");
   const status = document.getElementById("hf-status");
@@ -212,6 +242,7 @@ async function makeHFProfile() {
   try { config = JSON.parse(await file.text()); } catch (e) {
     return fail("hf-file", `config.json: ${file.name} is not JSON (${e.message})`);
   }
+  const key = hfKey();
   const body = { config, cluster_id: clusterId };
   if (seq !== null) body.seq = seq;
   const name = document.getElementById("hf-name").value.trim();
@@ -228,6 +259,8 @@ async function makeHFProfile() {
     deviceNote();
     status.textContent = `${r.status === 201 ? "made" : "already stored:"} profile #${p.id} ${p.name} on ${p.device} ` +
       `(${p.num_layers} layers), selected above`;
+    hfMade = { key, id: p.id };
+    return p.id;
   } catch (e) {
     if (e.status === 401 || e.status === 403) fail(null, "Making a profile needs the admin token (top right): " + e.message);
     else fail(hfFieldFor(e.message), e.message || String(e));

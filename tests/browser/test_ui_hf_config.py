@@ -88,6 +88,34 @@ def test_upload_llama_config_selects_the_profile_and_plans(server: LiveServer, b
     page.context.close()
 
 
+def test_plan_with_a_chosen_config_makes_its_profile_first(server: LiveServer, browser: Any,
+                                                           console: Console) -> None:
+    cid = _cluster_id(server, "dgx-a100-80gb")
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.set_input_files("#hf-file", str(MODELS / "mistral-7b" / "config.json"))
+    other = page.locator("#profile option").nth(1).get_attribute("value")
+    page.select_option("#profile", other)  # picking a profile in the list drops the chosen config.json
+    assert page.evaluate("document.getElementById('hf-file').files.length") == 0
+    page.set_input_files("#hf-file", str(MODELS / "mistral-7b" / "config.json"))
+    page.select_option("#cluster", str(cid))
+    page.fill("#hf-seq", "2048")
+    page.fill("#hf-name", "mistral-7b-ui")
+    page.fill("#global-batch", "32")
+    page.fill("#gpus", "8")
+    page.fill("#top", "5")
+    page.click("#submit-plan")  # no "Make profile" pressed: Plan makes it first
+    page.wait_for_url("**/ui/plans/*", timeout=240_000)
+    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    made = [p for p in _profiles(server) if p["name"] == "mistral-7b-ui"]
+    assert len(made) == 1 and made[0]["device"] == "A100-SXM4-80GB", made
+    with server.client() as c:
+        plan = c.get(f"/plans/{plan_id}").json()
+    assert plan["profile_id"] == made[0]["id"] and plan["cluster_id"] == cid and plan["num_candidates"] >= 1
+    page.context.close()
+
+
 def test_broken_config_shows_the_api_error_next_to_the_upload(server: LiveServer, browser: Any, console: Console,
                                                               tmp_path: Path) -> None:
     broken = json.loads((MODELS / "mistral-7b" / "config.json").read_text())
