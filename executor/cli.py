@@ -7,7 +7,8 @@ Forms::
                  [--emulate profile.json [--cluster c.json]]
     pipeplan run --schedule chimera --devices 4 --microbatches 8 (--model gpt-tiny | --hf-config cfg.json |
                  --module pkg.mod:build) [-W 2]
-                 [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat] [--recompute] [--check]
+                 [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat/--replication]
+                 [--recompute] [--check]
     # several nodes: the same command on every node, with its --node-rank
     pipeplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 [--rdzv-id job7] [--nproc-per-node 4]
 
@@ -50,6 +51,7 @@ def run(
     waves: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)] = None,
     pipelines: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["pipelines"].help)] = None,
     concat: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)] = None,
+    replication: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["replication"].help)] = None,
     recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
     model: Annotated[str, typer.Option(help="model of the zoo (preset name)")] = "gpt-tiny",
     hf_config: Annotated[str | None, typer.Option(
@@ -112,7 +114,7 @@ def run(
             assert schedule is not None and devices is not None and microbatches is not None
             run_plan = RunPlan.direct(schedule, devices, microbatches, data=data_parallel, tensor=tensor,
                                       micro_batch=micro_batch, recompute=recompute, chunks=chunks, waves=waves,
-                                      pipelines=pipelines, concat=concat, **common)
+                                      pipelines=pipelines, concat=concat, replication=replication, **common)
         run_plan.validate()
     except PlanError as e:
         _fail(str(e))

@@ -217,6 +217,9 @@ class RankRuntime:
         d = self.device
         self.actions = schedule.actions[d]
         self.held = schedule.stages_on(d)
+        #: per stage held, the replica naming its copy: replicas sharing a (stage, device) share its weights
+        #: (PipeDream's replicated stages, whose micro-batches take routes through the stage replicas)
+        self.copy = {s: r for r, s in self.held}
         self.S = schedule.stages
         self.source = plan.source()
         self.dtype = DTYPES[plan.dtype]
@@ -346,15 +349,16 @@ class RankRuntime:
     # ---- compute -------------------------------------------------------------------------------------
     def _forward(self, a: Action) -> None:
         r, s = a.replica, a.stage
-        mod = self.modules[(r, s)]
+        key = (self.copy[s], s)
+        mod = self.modules[key]
         if s == 0:
             x = self._rows(self.inputs, a.mb, a.span)
         else:
             x = self.inbox.pop((RECV_F, r, s, a.mb)).requires_grad_(True)
         targets = [self._rows(self.targets, m) for m in a.mbs] if mod.has_head else None
         version, params = 0, None
-        if (r, s) in self.stash:
-            version, params = self.stash[(r, s)].acquire()
+        if key in self.stash:
+            version, params = self.stash[key].acquire()
             outs = functional_call(mod, params, (x, targets))
             self.version_log.append({"stage": s, "mb": a.mb, "event": "F", "version": version,
                                      "checksum": _checksum(params)})
@@ -383,7 +387,7 @@ class RankRuntime:
     def _params(self, r: int, s: int, rec: _Fwd) -> list[torch.Tensor]:
         if rec.params is not None:
             return list(rec.params.values())
-        return list(self.modules[(r, s)].parameters())
+        return list(self.modules[(self.copy[s], s)].parameters())
 
     def _backward(self, a: Action) -> None:
         r, s, m, k = a.replica, a.stage, a.mb, a.kind
@@ -408,7 +412,7 @@ class RankRuntime:
         if rec.params is not None:
             self.version_log.append({"stage": s, "mb": m, "event": "B", "version": rec.version,
                                      "checksum": _checksum(rec.params),
-                                     "live_version": self.stash[(r, s)].version})
+                                     "live_version": self.stash[(self.copy[s], s)].version})
         inputs = params + ([rec.x] if (k == B and want_dx) else [])
         torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
         if k == B:
@@ -421,7 +425,8 @@ class RankRuntime:
 
     def _async_update(self, r: int, s: int, rec: _Fwd) -> None:
         """Weight stashing: move the stashed version's gradients onto the live weights."""
-        mod, stash = self.modules[(r, s)], self.stash[(r, s)]
+        key = (self.copy[s], s)
+        mod, stash = self.modules[key], self.stash[key]
         assert rec.params is not None
         for (_, p), q in zip(mod.named_parameters(), rec.params.values(), strict=True):
             if q.grad is not None:
@@ -429,8 +434,8 @@ class RankRuntime:
                 q.grad = None
         stash.release(rec.version)
         if self.update == "per-microbatch" and rec.uses == 0:  # PipeDream: step after every backward
-            self.optims[(r, s)].step()
-            self.optims[(r, s)].zero_grad(set_to_none=True)
+            self.optims[key].step()
+            self.optims[key].zero_grad(set_to_none=True)
             stash.bump()
 
     # ---- gradient synchronisation and step -----------------------------------------------------------
@@ -441,8 +446,9 @@ class RankRuntime:
     def _allreduce(self, s: int) -> None:
         keys = [(r, ss) for r, ss in self.held if ss == s]
         group = self.groups.stage.get(s)
-        if self.emu is not None:
-            flat = torch.zeros(self.emu.allreduce_elements(s), dtype=torch.float32, device=self.tdev)
+        if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
+            n = self.emu.allreduce_elements(s) if group is not None else 0
+            flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
         else:
             flat = None
             for key in keys:

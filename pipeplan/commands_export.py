@@ -22,6 +22,7 @@ from pipeplan.options import (
     DevicesOpt,
     MicroOpt,
     PipesOpt,
+    ReplicationOpt,
     ScheduleOpt,
     WavesOpt,
     fail,
@@ -46,11 +47,13 @@ def export(
     waves: WavesOpt = None,
     pipelines: PipesOpt = None,
     concat: ConcatOpt = None,
+    replication: ReplicationOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout")] = None,
 ) -> None:
     """Build a schedule (compute-only form) and export it."""
     try:
-        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat)
+        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat,
+                                      replication)
         if fmt is ExportFormat.torch_csv:
             text = export_torch_csv(sched)
         elif fmt is ExportFormat.json:

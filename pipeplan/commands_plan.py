@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, WavesOpt, fail
+from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail
 from planner.analytic import analytic_profile
 from planner.cluster import Cluster, load_cluster
 from planner.device import find_device
@@ -117,6 +117,7 @@ def register(app: typer.Typer) -> None:
         waves: WavesOpt = None,
         pipelines: PipesOpt = None,
         concat: ConcatOpt = None,
+        replication: ReplicationOpt = None,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""
@@ -125,7 +126,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
-                         pipelines=pipelines, concat=concat)
+                         pipelines=pipelines, concat=concat, replication=replication)
         except ValidationError as e:
             fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
             raise

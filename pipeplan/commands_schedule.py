@@ -15,6 +15,7 @@ from pipeplan.options import (
     DevicesOpt,
     MicroOpt,
     PipesOpt,
+    ReplicationOpt,
     ScheduleOpt,
     WavesOpt,
     fail,
@@ -29,9 +30,11 @@ CommOpt = Annotated[float, typer.Option(help="time of one point-to-point message
 
 
 def _run(schedule: str, devices: int, microbatches: int, chunks: int | None, waves: int | None,
-         pipelines: int | None, concat: str | None, fwd: float, bwd: float, comm: float) -> SimResult:
+         pipelines: int | None, concat: str | None, fwd: float, bwd: float, comm: float,
+         replication: str | None = None) -> SimResult:
     try:
-        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat)
+        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat,
+                                      replication)
         return simulate(sched, UnitCosts(fwd, bwd, comm))
     except (ValueError, ScheduleError) as e:
         fail(str(e))
@@ -41,9 +44,10 @@ def _run(schedule: str, devices: int, microbatches: int, chunks: int | None, wav
 def simulate_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
                  chunks: ChunksOpt = None, waves: WavesOpt = None, pipelines: PipesOpt = None,
                  concat: ConcatOpt = None, fwd: FwdOpt = 1.0, bwd: BwdOpt = 2.0, comm: CommOpt = 0.0,
-                 json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False) -> None:
+                 json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+                 replication: ReplicationOpt = None) -> None:
     """Simulate a schedule with stage times FWD/BWD and message time COMM; print its figures."""
-    res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm)
+    res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm, replication)
     if json_out:
         typer.echo(json.dumps(res.to_dict()))
         return
@@ -64,11 +68,12 @@ _STYLES = {("F", 0): "black on green", ("F", 1): "black on bright_cyan",
 def show_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
              chunks: ChunksOpt = None, waves: WavesOpt = None, pipelines: PipesOpt = None,
              concat: ConcatOpt = None, fwd: FwdOpt = 1.0, bwd: BwdOpt = 2.0, comm: CommOpt = 0.0,
-             color: Annotated[bool, typer.Option(help="colour the blocks")] = True) -> None:
+             color: Annotated[bool, typer.Option(help="colour the blocks")] = True,
+             replication: ReplicationOpt = None) -> None:
     """Draw the timeline: one row per device, one cell per time unit, micro-batch numbers in the cells.
     Forward F, backward B (split: I input-grad, W weight-grad); lower case for Chimera's up pipelines
     (and colours per direction); '.' is idle."""
-    res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm)
+    res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm, replication)
     unit = time_unit(res)
     rows = grid(res, unit)
     w = max((len(c.label()) for row in rows for c in row), default=1)

@@ -16,13 +16,15 @@ ChunksOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["chunks"
 WavesOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)]
 PipesOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["pipelines"].help)]
 ConcatOpt = Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)]
+ReplicationOpt = Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["replication"].help)]
 
 
 def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,
                           waves: int | None = None, pipelines: int | None = None,
-                          concat: str | None = None) -> Schedule:
+                          concat: str | None = None, replication: str | None = None) -> Schedule:
     """Build a schedule from CLI options; an option the schedule does not take is a ValueError."""
-    given = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat}
+    given = {"chunks": chunks, "waves": waves, "pipelines": pipelines, "concat": concat,
+             "replication": replication}
     assert set(given) == set(SCHEDULE_PARAMETERS), "an option per declared schedule parameter"
     params = {k: v for k, v in given.items() if v is not None}
     if schedule in BUILDERS:

@@ -47,6 +47,16 @@ class Candidate:
         return RunSpec(config=self.config, microbatches=self.microbatches,
                        partition=[(a, b) for a, b in self.partition])
 
+    def label(self) -> str:
+        """The configuration's label; a plan with replicated stages adds them, as PipeDream's partition
+        gives them (layer ranges and replicas: ``stages 0-11 x2, 12-23 x1``)."""
+        c = self.config
+        if not c.replication or not self.partition:
+            return c.label()
+        reps = [int(x) for x in c.replication.split(",")]
+        parts = ", ".join(f"{a}-{b - 1} x{r}" for (a, b), r in zip(self.partition, reps, strict=False))
+        return f"{c.label()} stages {parts}"
+
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """The candidate document: ``run_spec`` (what to run) and, flat beside it for reading, the
         configuration's fields and the predicted figures."""
@@ -55,8 +65,8 @@ class Candidate:
             "run_spec": self.run_spec.model_dump(mode="json"),
             "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
-            "microbatches": self.microbatches, "global_batch": self.global_batch, "label": c.label(),
-            "name": self.name or c.label(), "alternatives": self.alternatives,
+            "microbatches": self.microbatches, "global_batch": self.global_batch, "label": self.label(),
+            "name": self.name or self.label(), "alternatives": self.alternatives,
             "iteration_time": self.iteration_time, "throughput": self.throughput,
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),

@@ -10,7 +10,7 @@ from typing import Any
 
 from planner.cluster import Cluster
 from planner.request import Config, TrainingRequest
-from planner.schedules import BACKWARD_HALVING, BUILDERS
+from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
 
 
 def divisors(n: int) -> list[int]:
@@ -66,7 +66,8 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
     if P > cl.gpus:
         raise ValueError(f"gpus: budget {P} exceeds the cluster's {cl.gpus} GPUs")
     max_t = req.max_tensor or cl.gpus_per_node
-    names = [n for n in req.allowed() if n in BUILDERS]
+    # (PipeDream's replicated stages come from the profile: :meth:`planner.search.Planner.configs` adds them)
+    names = [n for n in req.allowed() if n in BUILDERS and n not in PROFILE_DRIVEN]
     out: list[Config] = []
     for t in divisors(P):
         if t > max_t or (t <= cl.gpus_per_node and cl.gpus_per_node % t):

@@ -240,3 +240,128 @@ def pipedream_partition(layer_time: Sequence[float], comm_time: Sequence[float],
     bounds.reverse()
     reps.reverse()
     return PipeDreamPlan(bounds, reps, A[L][m_best], math.ceil(M / reps[0]))
+
+
+def _program(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
+             sync_time: np.ndarray | None, fits: np.ndarray | None,
+             sync_adds: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tables of :func:`pipedream_partition_arrays`: ``A[j, m]`` and its choices."""
+    L, M = len(layer_time), machines
+    if L < 1 or M < 1:
+        raise PartitionError("need at least one layer and one machine")
+    pt = prefix_sums(layer_time)
+    INF = math.inf
+    fit = np.ones((L + 1, L + 1), dtype=bool) if fits is None else np.asarray(fits, dtype=bool)
+    # the last stage of layers [j - k, j) by its width k = 1..K, K the widest stage that fits
+    gap = np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None]  # [i, j]: j - i
+    K = int(np.where(fit & (gap > 0), gap, 0).max()) if fits is not None else L
+    K = max(K, 1)
+    jj = np.arange(L + 1)
+    first = jj[None, :] - np.arange(1, K + 1)[:, None]  # [k-1, j]: first layer of the last stage
+    ok = first >= 1  # (a stage after at least one layer)
+    Ic = np.clip(first, 0, L)
+    ms = np.arange(M + 1, dtype=float)
+    ms[0] = 1.0
+
+    def stage_time(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """T[m, ...] for stages [i, j) (arrays of one shape), INF where they do not fit."""
+        t = np.repeat((pt[j] - pt[i])[None], M + 1, axis=0)
+        if sync_time is not None:
+            sy = np.asarray(sync_time, dtype=float)[:, i, j]
+            if sync_adds:
+                t[1:] = t[1:] + sy[1:]
+            else:
+                t[2:] = np.maximum(t[2:], sy[2:])
+        t = t / ms.reshape((-1,) + (1,) * i.ndim)
+        return np.where(fit[i, j][None], t, INF)
+
+    T0 = stage_time(np.zeros(L + 1, dtype=np.int64), jj)  # [m, j]: one stage of layers [0, j)
+    Tb = np.transpose(stage_time(Ic, np.broadcast_to(jj, Ic.shape)), (1, 2, 0))  # [k-1, j, m]
+    A = np.full((L + 1, M + 1), INF)
+    arg_i = np.zeros((L + 1, M + 1), dtype=np.int64)  # 0: one stage
+    arg_m = np.zeros((L + 1, M + 1), dtype=np.int64)
+    two_c = np.full(L + 1, INF)
+    two_c[1:L] = 2 * np.asarray(comm_time, dtype=float)[:L - 1]  # boundary before layer i
+    edge = np.where(ok, two_c[Ic], INF)[:, :, None]  # [k-1, j, 1]
+    for m in range(1, M + 1):
+        A[1:, m] = T0[m, 1:]
+        if m == 1 or L == 1:
+            continue
+        mp = np.arange(1, m)
+        sub = A[Ic][:, :, m - mp]  # [k-1, j, m'-1]: A(j - k, m - m')
+        cand = np.maximum(np.maximum(sub, edge), Tb[:, :, 1:m])
+        flat = cand.transpose(1, 0, 2).reshape(L + 1, -1)  # [j, (k-1) * (m-1) + m'-1]
+        best = flat.argmin(axis=1)
+        val = flat[jj, best]
+        better = val < A[:, m]
+        A[better, m] = val[better]
+        arg_i[better, m] = jj[better] - (best[better] // (m - 1) + 1)
+        arg_m[better, m] = best[better] % (m - 1) + 1
+    return A, arg_i, arg_m
+
+
+def pipedream_slowest(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
+                      fits: np.ndarray | None = None) -> np.ndarray:
+    """``A(L, m)`` for every ``m = 0..machines`` (``inf`` where nothing fits; entry 0 unused): one run of
+    :func:`pipedream_partition_arrays`' program answers every smaller machine count too."""
+    A, _, _ = _program(layer_time, comm_time, machines, None, fits, False)
+    return A[len(layer_time)]
+
+
+def pipedream_partition_arrays(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
+                               sync_time: np.ndarray | None = None, fits: np.ndarray | None = None,
+                               sync_adds: bool = False) -> PipeDreamPlan:
+    """:func:`pipedream_partition`'s program, vectorised with numpy (the search runs it; the tests check that
+    both give the same ``slowest``). ``sync_time[m, i, j]``: the weight synchronisation time of layers
+    ``[i, j)`` replicated on ``m`` machines (shape ``(M + 1, L + 1, L + 1)``; default 0). ``fits[i, j]``
+    (optional): whether a stage of layers ``[i, j)`` fits a device's memory (PipeDream's program has no
+    memory; ours leaves out the stages whose model state does not fit). ``sync_adds``: the synchronisation
+    adds to the computation instead of overlapping it, ``T(i -> j, m) = (sum T_l + sync[m, i, j]) / m`` for
+    every ``m`` (a flush: the all-reduce and the step follow the last backward). Raises :class:`PartitionError`
+    when no partition fits.
+
+    For each ``m`` in turn, every ``A(j, m)`` at once: ``A(i, m - m')`` is known for every ``m' >= 1``, so
+    the candidates form an array over ``(i, j, m')``, reduced by ``min`` (ties go to the smallest ``i``,
+    then ``m'``, as in the loops)."""
+    L, M = len(layer_time), machines
+    A, arg_i, arg_m = _program(layer_time, comm_time, machines, sync_time, fits, sync_adds)
+    if not math.isfinite(A[L, M]):
+        raise PartitionError(f"no partition of {L} layers over {M} machines fits the memory")
+    bounds: list[tuple[int, int]] = []
+    reps: list[int] = []
+    j, m = L, M
+    while True:
+        i = int(arg_i[j, m])
+        if i == 0:
+            bounds.append((0, j))
+            reps.append(m)
+            break
+        mp = int(arg_m[j, m])
+        bounds.append((i, j))
+        reps.append(mp)
+        j, m = i, m - mp
+    bounds.reverse()
+    reps.reverse()
+    return PipeDreamPlan(bounds, reps, float(A[L, M]), math.ceil(M / reps[0]))
+
+
+def weighted_partition(costs: list[float], reps: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Contiguous ranges for stages of ``reps`` replicas minimising the largest per-replica work
+    ``sum(costs[i:j]) / r`` (a dynamic program over (stage, cut))."""
+    L, S = len(costs), len(reps)
+    pc = prefix_sums(costs)
+    best = np.full((S + 1, L + 1), np.inf)
+    arg = np.zeros((S + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    span = pc[None, :] - pc[:, None]
+    span[np.tril_indices(L + 1)] = np.inf  # [i, j] with i < j only
+    for k in range(1, S + 1):
+        cand = np.maximum(best[k - 1][:, None], span / reps[k - 1])
+        arg[k] = cand.argmin(axis=0)
+        best[k] = cand.min(axis=0)
+    out, j = [], L
+    for k in range(S, 0, -1):
+        i = int(arg[k, j])
+        out.append((i, j))
+        j = i
+    return out[::-1]

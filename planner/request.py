@@ -64,6 +64,7 @@ class Config(BaseModel):
     waves: int | None = None
     pipelines: int | None = None
     concat: str | None = None
+    replication: str | None = None
 
     def schedule_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -41,6 +41,7 @@ from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
+from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
@@ -63,10 +64,19 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
+        self.replicated = ReplicatedPlans(profile, cluster, request, self.layer_costs, self._bottleneck)
 
     def configs(self, rejected: Counter[str]) -> list[Config]:
-        """:func:`planner.enumeration.enumerate_configs` for this model."""
+        """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
+        on demand in the search: :meth:`planner.replicated.ReplicatedPlans.keys`)."""
         return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
+
+    def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
+        bounds = self.partition(stages, samples, recompute)
+        if bounds is None:
+            return None
+        pc = self.layer_costs(samples, recompute)
+        return max(sum(pc[i:j]) for i, j in bounds)
 
     # ---- the time-balanced partition --------------------------------------------------------------
     def layer_costs(self, samples: float, recompute: bool) -> list[float]:
@@ -119,7 +129,10 @@ class Planner:
                            f"average + reserve, {gib(over)} over {gib(self.cluster.memory_bytes)}")
             return cand, None
         samples = schedule_samples(config)
-        bounds = self.partition(sched.stages, samples, config.recompute)
+        if config.replication is not None:  # PipeDream's partition comes with its replication
+            bounds = self.replicated.partition(config)
+        else:
+            bounds = self.partition(sched.stages, samples, config.recompute)
         if bounds is None:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
             return cand, None
@@ -230,7 +243,7 @@ class Planner:
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
         k = self.request.top
-        prepared: list[tuple[float, int, Candidate, ConfigCosts]] = []
+        prepared: list[tuple[float, int, Candidate, ConfigCosts | None]] = []
         infeasible: list[Candidate] = []
         for i, cfg in enumerate(configs):
             cand, costs = self.prepare(cfg)
@@ -241,6 +254,16 @@ class Planner:
                 continue
             prepared.append((cand.lower_bound, i, cand, costs))
         considered = len(prepared)
+        # PipeDream's replicated plans: in line under their bound; the program runs when one comes up
+        pending: dict[int, tuple[int, int, int, int, bool]] = {}
+        for key in self.replicated.keys(configs, self.memory.total_state):
+            i = len(configs) + len(pending)
+            pending[i] = key
+            t, D, W, b, rc = key
+            cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=rc)
+            cand = Candidate(cfg, self.request.global_batch // (W * b))
+            cand.lower_bound = self.replicated.bound(*key)
+            prepared.append((cand.lower_bound, i, cand, None))
         # best first: the candidate with the smallest bound next; a merged schedule's bound is first
         # refined with its warm-up and the candidate goes back in line, so the costly merge is paid only
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
@@ -250,10 +273,25 @@ class Planner:
         results: list[Candidate] = []
         simulated = 0
         while prepared:
-            lb, i, cand, costs = heapq.heappop(prepared)
+            lb, i, cand, maybe = heapq.heappop(prepared)
             if prune and lb > top.kth:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
+            if maybe is None:  # a replicated plan's turn: run PipeDream's program, prepare, back in line
+                rr = self.replicated.config(*pending[i])
+                if rr is None:
+                    rejected["1f1b-rr: replication cannot beat the uniform plans"] += 1
+                    continue
+                cand, costs = self.prepare(rr)
+                if costs is None:
+                    rejected[reason_key(cand.reason)] += 1
+                    if cand.memory:
+                        infeasible.append(cand)
+                    continue
+                considered += 1
+                heapq.heappush(prepared, (cand.lower_bound, i, cand, costs))
+                continue
+            costs = maybe
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
                 if self.refine(cand, costs):
                     rejected[reason_key(cand.reason)] += 1
@@ -275,7 +313,7 @@ class Planner:
         infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
-        return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs),
+        return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs) + len(pending),
                           simulated=simulated, considered=considered)
 
 

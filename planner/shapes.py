@@ -99,9 +99,14 @@ class ScheduleCache:
             if any(len(row) != h for row in pairs) or h == 0:
                 raise ValueError(f"{sched.name}: devices hold different numbers of stages")
             counts = self.inflight(config, sched)
-            per_mb = Counter(sched.mb_replica)
+            per_route = Counter(sched.mb_replica)
+            # micro-batches through each stage copy: those of every replica (route) placing it there
+            per_copy: Counter[tuple[int, int]] = Counter()
+            for r, row in enumerate(sched.placement):
+                for s, d in enumerate(row):
+                    per_copy[(s, d)] += per_route[r]
             got = self._layouts[key] = Layout(
                 np.array([[s for _, s in row] for row in pairs], dtype=np.int64),
-                np.array([[per_mb[r] for r, _ in row] for row in pairs], dtype=float),
+                np.array([[per_copy[(s, d)] for _, s in row] for d, row in enumerate(pairs)], dtype=float),
                 np.array([[counts.get(pair, 0) for pair in row] for row in pairs], dtype=float))
         return got

@@ -53,7 +53,7 @@ def mutate(s: Schedule, how: str, d: int, i: int, j: int) -> None:
         row[i] = a._replace(replica=(a.replica + 1) % len(s.placement))
     elif how == "mb":
         row[i] = a._replace(mb=(a.mb + 1) % s.microbatches)
-    elif how == "kind":
+    elif how == "kind" and a.kind in ("F", "B", "I", "W"):  # an inserted STEP has no compute kind to swap
         row[i] = a._replace(kind={"F": "B", "B": "I", "I": "W", "W": "F"}[a.kind])
     elif how == "span":
         row[i] = a._replace(span=a.span + 1)

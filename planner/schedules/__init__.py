@@ -18,6 +18,7 @@ from planner.schedules import (
     hanayo,
     interleaved,
     one_f_one_b,
+    one_f_one_b_rr,
     pipedream,
     pipedream_2bw,
     zb_h1,
@@ -33,6 +34,7 @@ BUILDERS: dict[str, Callable[..., Schedule]] = {
     "hanayo": hanayo.build,
     "zb-h1": zb_h1.build,
     "gems": gems.build,
+    "1f1b-rr": one_f_one_b_rr.build,
     "pipedream": pipedream.build,
     "pipedream-2bw": pipedream_2bw.build,
 }
@@ -58,7 +60,11 @@ SCHEDULE_PARAMETERS: dict[str, ScheduleParameter] = {
     "waves": ScheduleParameter(int, "waves (hanayo)", ("hanayo",)),
     "pipelines": ScheduleParameter(int, "pipeline pairs f (chimera)", ("chimera",)),
     "concat": ScheduleParameter(str, "direct, forward-doubling or backward-halving (chimera)", ("chimera",)),
+    "replication": ScheduleParameter(str, "replicas per stage, e.g. 2,1,1 (1f1b-rr: PipeDream's partition)",
+                                     ("1f1b-rr",)),
 }
+#: schedules whose parameters come from the profile (PipeDream's A(j, m) partition), not from enumeration
+PROFILE_DRIVEN: tuple[str, ...] = ("1f1b-rr",)
 #: Chimera's concatenation (Chimera 3.5) running 2N micro-batches of b/2 (:mod:`planner.runspec`)
 BACKWARD_HALVING = "backward-halving"
 
@@ -127,6 +133,7 @@ def splits_backward(name: str) -> bool:
     return bool(getattr(_module(name), "SPLIT_BACKWARD", False))
 
 
-__all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "Action", "BACKWARD_HALVING", "BUILDERS", "SCHEDULE_PARAMETERS",
+__all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "Action", "BACKWARD_HALVING", "BUILDERS", "PROFILE_DRIVEN",
+           "SCHEDULE_PARAMETERS",
            "SYNC_SCHEDULES", "Schedule", "ScheduleParameter", "build", "inflight", "inflight_exact", "lower",
            "parameters", "parse_action", "shape", "splits_backward"]

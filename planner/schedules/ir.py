@@ -127,16 +127,36 @@ class Schedule:
         return self.placement[replica][stage]
 
     def stages_on(self, device: int) -> list[tuple[int, int]]:
-        """(replica, stage) pairs that ``device`` holds, in order."""
-        return [(r, s) for r, row in enumerate(self.placement) for s, d in enumerate(row) if d == device]
-
-    def stages_by_device(self) -> list[list[tuple[int, int]]]:
-        """:meth:`stages_on` of every device, in one pass over the placement."""
-        out: list[list[tuple[int, int]]] = [[] for _ in range(self.devices)]
+        """(replica, stage) pairs that ``device`` holds, in order: one per stage copy (weights), named by
+        the first replica placing the stage there (:meth:`stages_by_device`)."""
+        out: list[tuple[int, int]] = []
+        seen: set[int] = set()
         for r, row in enumerate(self.placement):
             for s, d in enumerate(row):
-                out[d].append((r, s))
+                if d == device and s not in seen:
+                    seen.add(s)
+                    out.append((r, s))
         return out
+
+    def stages_by_device(self) -> list[list[tuple[int, int]]]:
+        """:meth:`stages_on` of every device, in one pass over the placement. Weights belong to a (stage,
+        device): replicas that place the same stage on the same device share one copy of it (PipeDream's
+        replicated stages, :mod:`planner.schedules.one_f_one_b_rr`, whose micro-batches take routes through
+        the stage replicas), named by the first such replica; every other schedule places a stage at most
+        once per device."""
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.devices)]
+        seen: set[tuple[int, int]] = set()
+        for r, row in enumerate(self.placement):
+            for s, d in enumerate(row):
+                if (s, d) not in seen:
+                    seen.add((s, d))
+                    out[d].append((r, s))
+        return out
+
+    def copy_of(self, device: int) -> dict[int, int]:
+        """Per stage ``device`` holds, the replica naming its copy there (:meth:`stages_by_device`); an
+        action of another replica on the same (stage, device) uses that copy."""
+        return {s: r for r, s in self.stages_on(device)}
 
     def compute_only(self) -> Schedule:
         """The same schedule with only F/B/I/W actions."""
@@ -228,8 +248,9 @@ def lower(schedule: Schedule, eager: Iterable[int] | str = "none") -> Schedule:
       just before ``F(s+1, m)`` on that device: ``RECV_F(s+1, m) <- dev(s)``. Gradients likewise:
       after ``B``/``I`` of stage ``s`` a ``SEND_B`` to ``dev(s-1)``, and a ``RECV_B`` before the
       ``B``/``I`` of stage ``s-1``. A multi-micro-batch forward sends one message.
-    * One ``ALLREDUCE(replica, stage)`` for every stage replica the device holds (a replica that ran no
-      micro-batch contributes zero gradients, so all replicas end with the same weights): right after
+    * One ``ALLREDUCE(replica, stage)`` for every stage copy the device holds (:meth:`Schedule.stages_on`;
+      a replica that ran no micro-batch contributes zero gradients, so all replicas end with the same
+      weights): right after
       its last backward (``B``, or ``W`` when split) when the stage is in ``eager`` (Chimera 3.2, eager
       gradient synchronisation), otherwise at the end of the list in stage order. ``eager`` is
       ``"all"``, ``"none"`` or a collection of stage numbers; it is decided per stage, for all replicas
@@ -299,19 +320,20 @@ def allreduce_points(schedule: Schedule, device: int, eager_set: set[int],
     list, and ``at_end`` the pairs all-reduced at the end of the list, in that order. ``held``: the
     device's (replica, stage) pairs when the caller has them (:meth:`Schedule.stages_by_device`)."""
     row = schedule.actions[device]
-    # index of the last gradient-producing action per (replica, stage) on this device
+    if held is None:
+        held = schedule.stages_on(device)
+    copy = {s: r for r, s in held}  # replicas sharing a stage copy all-reduce it once, under its name
+    # index of the last gradient-producing action per (replica, stage) copy on this device
     last_grad: dict[tuple[int, int], int] = {}
     split = {(a.replica, a.stage) for a in row if a.kind == W}
     for i, a in enumerate(row):
         if a.kind == W or (a.kind in BACKWARD_KINDS and (a.replica, a.stage) not in split):
-            last_grad[(a.replica, a.stage)] = i
+            last_grad[(copy.get(a.stage, a.replica), a.stage)] = i
     eager_at: dict[int, list[tuple[int, int]]] = {}
     for key, i in last_grad.items():
         if key[1] in eager_set:
             eager_at.setdefault(i, []).append(key)
     done_eager = {key for keys in eager_at.values() for key in keys}
-    if held is None:
-        held = schedule.stages_on(device)
     at_end = [(r, s) for r, s in sorted(held, key=lambda rs: (rs[1], rs[0])) if (r, s) not in done_eager]
     return eager_at, at_end
 

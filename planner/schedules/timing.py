@@ -149,10 +149,9 @@ class AllReduces:
 
     def __init__(self, placement: list[list[int]], devices: int, duration: Callable[[int, int, int], float],
                  comm_busy: list[float]) -> None:
-        self.holders: dict[int, int] = {}  # stage -> how many devices post its all-reduce
-        for row in placement:
-            for st in range(len(row)):
-                self.holders[st] = self.holders.get(st, 0) + 1
+        self.holders: dict[int, int] = {}  # stage -> how many devices post its all-reduce (one per copy)
+        for st in range(len(placement[0]) if placement else 0):
+            self.holders[st] = len({row[st] for row in placement})
         self.posts: dict[int, list[tuple[int, float, list[float]]]] = {}  # stage -> (device, time, slot)
         self.open = [0] * devices  # all-reduces a device has posted that have not run yet
         self.done_on = [0.0] * devices  # when a device's last all-reduce ends
