@@ -66,10 +66,10 @@ def register(app: typer.Typer) -> None:
             if not token:
                 typer.echo("error: --agent needs PIPEPLAN_WORKER_TOKEN (or PIPEPLAN_ADMIN_TOKEN)", err=True)
                 raise typer.Exit(2)
-            cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", base, "--token", token,
-                   "--name", f"local-cpu-{port}"]
-            typer.echo("local agent: " + shlex.join([c if c != token else "***" for c in cmd]))
-            proc = subprocess.Popen(cmd)
+            # the token goes by environment, never on the command line (``ps`` shows every argv)
+            cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", base, "--name", f"local-cpu-{port}"]
+            typer.echo("local agent: " + shlex.join(cmd))
+            proc = subprocess.Popen(cmd, env={**os.environ, "PIPEPLAN_WORKER_TOKEN": token})
         try:
             uvicorn.run("api.main:app", host=host, port=port, log_level=log_level)
         finally:
@@ -83,7 +83,10 @@ def register(app: typer.Typer) -> None:
     @app.command("agent")
     def agent_cmd(
         api: Annotated[str, typer.Option(help="API base URL")] = "http://127.0.0.1:8000",
-        token: Annotated[str | None, typer.Option(help="worker token (default $PIPEPLAN_WORKER_TOKEN)")] = None,
+        token: Annotated[str | None, typer.Option(
+            help="registration token (default $PIPEPLAN_WORKER_TOKEN; prefer the variable or --token-file: "
+                 "a command line is visible to every user in `ps`)")] = None,
+        token_file: Annotated[str | None, typer.Option(help="file holding the registration token")] = None,
         gpus: Annotated[int, typer.Option(help="GPUs on this node")] = 0,
         name: Annotated[str | None, typer.Option(help="unique agent name (default host-pid)")] = None,
         node: Annotated[str | None, typer.Option(help="node name (default: host name)")] = None,
@@ -96,11 +99,11 @@ def register(app: typer.Typer) -> None:
         heartbeat: Annotated[float, typer.Option(help="seconds between heartbeats")] = 10.0,
     ) -> None:
         """Register with the API, claim jobs and run them with the executor until stopped (Ctrl-C)."""
-        from executor.agent import main
+        from executor.agent import main, read_token
 
-        token = token or os.environ.get("PIPEPLAN_WORKER_TOKEN")
+        token = read_token(token, token_file)
         if not token:
-            typer.echo("error: give --token or set PIPEPLAN_WORKER_TOKEN", err=True)
+            typer.echo("error: set PIPEPLAN_WORKER_TOKEN (or give --token-file / --token)", err=True)
             raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,30 +1,25 @@
-"""Database operations of the API (no HTTP here): create/list/get, the job state machine, claiming."""
+"""Database operations of the API (no HTTP here): create, list, get and delete of profiles, clusters, plans,
+jobs and workers. Apart: the lease state machines (jobs :mod:`api.jobqueue`, plans :mod:`api.planqueue`),
+the predicted-vs-measured comparison (:mod:`api.comparison`), the gauges (:mod:`api.metrics`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime, timedelta
+import secrets
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, defer
 
-from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result, Worker, finite, utcnow
+from api.errors import Busy, Conflict, InputError, NotFound
+from api.jobqueue import get_job, record_event
+from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
 
-
-class InputError(ValueError):
-    """Bad input found past schema validation: the API answers 422 with this message."""
-
-
-class Conflict(RuntimeError):
-    """The request does not fit the current state: the API answers 409."""
-
-
-class NotFound(LookupError):
-    """The API answers 404."""
+__all__ = ["Busy", "Conflict", "InputError", "NotFound", "get_job"]
 
 
 def check_text(value: str, field: str, max_length: int = 200) -> str:
@@ -37,10 +32,6 @@ def check_text(value: str, field: str, max_length: int = 200) -> str:
     except UnicodeEncodeError as e:
         raise InputError(f"{field}: not valid Unicode text ({e.reason})") from None
     return value
-
-
-def _event(job: Job, event: str, **kw: Any) -> None:
-    job.history = [*(job.history or []), {"at": utcnow().isoformat(), "event": event, **kw}]
 
 
 # ---- profiles and clusters ------------------------------------------------------------------------
@@ -63,8 +54,9 @@ def add_profile(db: Session, profile: ModelProfile) -> tuple[Profile, bool]:
 
 
 def _listed(db: Session, model: Any, name: str | None, device: str | None, limit: int, offset: int) -> list[Any]:
-    """Rows of a versioned input table (profiles, clusters) by id, filtered by name and device."""
-    q = select(model).order_by(model.id)
+    """Rows of a versioned input table (profiles, clusters) by id, filtered by name and device; the
+    documents are not loaded (a list shows summaries)."""
+    q = select(model).options(defer(model.body)).order_by(model.id)
     if name is not None:
         q = q.where(model.name == name)
     if device is not None:
@@ -135,8 +127,10 @@ def request_hash(profile_id: int, cluster_id: int, request: dict[str, Any]) -> s
     return hashlib.sha256(data.encode()).hexdigest()
 
 
-def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str, Any]) -> tuple[PlanRequest, bool]:
-    """A new queued plan request, or the stored one with the same inputs (not failed): (row, created)."""
+def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str, Any], *, max_gpus: int,
+                max_unfinished: int) -> tuple[PlanRequest, bool]:
+    """A new queued plan request, or the stored one with the same inputs (not failed): (row, created).
+    :class:`Busy` when ``max_unfinished`` plans are already queued or running."""
     if db.get(Profile, profile_id) is None:
         raise InputError(f"profile_id: profile {profile_id} not found")
     cluster = db.get(ClusterRow, cluster_id)
@@ -145,11 +139,20 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
     gpus = request.get("gpus")
     if gpus is not None and gpus > cluster.gpus:
         raise InputError(f"gpus: budget {gpus} exceeds the cluster's {cluster.gpus} GPUs")
+    if (gpus or cluster.gpus) > max_gpus:
+        raise InputError(f"gpus: a plan may use at most {max_gpus} GPUs; cluster {cluster_id} has {cluster.gpus}: "
+                         "give a smaller 'gpus' budget")
     h = request_hash(profile_id, cluster_id, request)
     existing = db.scalar(select(PlanRequest).where(PlanRequest.request_hash == h, PlanRequest.status != "failed")
                          .order_by(PlanRequest.id.desc()).limit(1))
     if existing is not None:
         return existing, False
+    from api.planqueue import unfinished_count
+
+    waiting = unfinished_count(db)
+    if waiting >= max_unfinished:
+        raise Busy(f"the plan queue is full ({waiting} plans queued or running, the limit is {max_unfinished} "
+                   "(PIPEPLAN_MAX_QUEUED_PLANS)): retry later", retry_after=10)
     row = PlanRequest(profile_id=profile_id, cluster_id=cluster_id, request=request, request_hash=h,
                       status="queued", attempts=0)
     db.add(row)
@@ -165,7 +168,7 @@ def get_plan(db: Session, plan_id: int) -> PlanRequest:
 
 
 def list_plans(db: Session, status: str | None, profile_id: int | None, limit: int, offset: int) -> list[PlanRequest]:
-    q = select(PlanRequest).order_by(PlanRequest.id)
+    q = select(PlanRequest).options(defer(PlanRequest.summary)).order_by(PlanRequest.id)
     if status is not None:
         q = q.where(PlanRequest.status == status)
     if profile_id is not None:
@@ -179,40 +182,6 @@ def count_candidates(db: Session, plan_ids: list[int]) -> dict[int, int]:
     rows = db.execute(select(CandidateRow.plan_id, func.count()).where(CandidateRow.plan_id.in_(plan_ids))
                       .group_by(CandidateRow.plan_id))
     return {pid: n for pid, n in rows}
-
-
-def start_plan(db: Session, plan_id: int) -> bool:
-    """queued -> running, atomically; False if another runner took it or it is not queued."""
-    res = db.execute(update(PlanRequest).where(PlanRequest.id == plan_id, PlanRequest.status == "queued")
-                     .values(status="running", started_at=utcnow(), attempts=PlanRequest.attempts + 1))
-    return res.rowcount == 1
-
-
-def finish_plan(db: Session, plan_id: int, result: dict[str, Any]) -> None:
-    row = get_plan(db, plan_id)
-    db.execute(delete(CandidateRow).where(CandidateRow.plan_id == plan_id))
-    for rank, cand in enumerate(result["candidates"]):
-        cand = finite(cand)
-        db.add(CandidateRow(plan_id=plan_id, rank=rank, label=str(cand.get("label", ""))[:400],
-                            iteration_time=cand.get("iteration_time"), throughput=cand.get("throughput"),
-                            body=cand))
-    row.summary = {k: v for k, v in result.items() if k != "candidates"}
-    row.status = "done"
-    row.error = None
-    row.finished_at = utcnow()
-
-
-def fail_plan(db: Session, plan_id: int, error: str) -> None:
-    row = get_plan(db, plan_id)
-    row.status = "failed"
-    row.error = error[:10_000]
-    row.finished_at = utcnow()
-
-
-def requeue_unfinished_plans(db: Session) -> list[int]:
-    """After a restart: plans left running go back to queued; return every queued plan id."""
-    db.execute(update(PlanRequest).where(PlanRequest.status == "running").values(status="queued"))
-    return list(db.scalars(select(PlanRequest.id).where(PlanRequest.status == "queued").order_by(PlanRequest.id)))
 
 
 def plan_inputs(db: Session, plan_id: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -242,17 +211,10 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"],
               iterations=spec["iterations"], emulate=spec["emulate"], state="queued", attempts=0,
               max_attempts=spec.get("max_attempts") or default_attempts, history=[])
-    _event(job, "created")
+    record_event(job, "created")
     db.add(job)
     db.flush()
     return job
-
-
-def get_job(db: Session, job_id: int) -> Job:
-    row = db.get(Job, job_id)
-    if row is None:
-        raise NotFound(f"job {job_id} not found")
-    return row
 
 
 def list_jobs(db: Session, state: str | None, plan_id: int | None, limit: int, offset: int) -> list[Job]:
@@ -270,138 +232,6 @@ def has_results(db: Session, job_ids: list[int]) -> set[int]:
     return set(db.scalars(select(Result.job_id).where(Result.job_id.in_(job_ids))))
 
 
-def cancel_job(db: Session, job_id: int) -> Job:
-    job = get_job(db, job_id)
-    if job.state in ("succeeded", "failed", "cancelled"):
-        raise Conflict(f"job {job_id} is already {job.state}")
-    res = db.execute(update(Job).where(Job.id == job_id, Job.state.in_(("queued", "running")))
-                     .values(state="cancelled", finished_at=utcnow(), lease_expires_at=None))
-    if res.rowcount != 1:
-        raise Conflict(f"job {job_id} changed state meanwhile; retry")
-    db.refresh(job)
-    _event(job, "cancelled")
-    return job
-
-
-def expire_leases(db: Session, now: datetime | None = None) -> list[int]:
-    """Running jobs whose lease has run out go back to queued, or to failed after ``max_attempts`` claims.
-    Each change is a compare-and-set on (state, lease), so a renewal that wins the race is kept."""
-    now = now or utcnow()
-    expired = list(db.scalars(select(Job).where(Job.state == "running", Job.lease_expires_at < now)))
-    changed = []
-    for job in expired:
-        lease, worker = job.lease_expires_at, job.worker_id
-        give_up = job.attempts >= job.max_attempts
-        values: dict[str, Any] = {"lease_expires_at": None, "worker_id": None}
-        if give_up:
-            values.update(state="failed", finished_at=now,
-                          error=f"lease expired on attempt {job.attempts} of {job.max_attempts} "
-                                f"(worker {worker} stopped renewing it); giving up")
-        else:
-            values.update(state="queued")
-        res = db.execute(update(Job).where(Job.id == job.id, Job.state == "running",
-                                           Job.lease_expires_at == lease).values(**values))
-        if res.rowcount == 1:
-            db.refresh(job)
-            _event(job, "lease_expired", worker_id=worker, requeued=not give_up)
-            changed.append(job.id)
-    return changed
-
-
-def claim_job(db: Session, worker_id: int, lease_seconds: float) -> Job | None:
-    """Give the oldest queued job to ``worker_id`` with a fresh lease; None if the queue is empty.
-
-    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows).
-    SQLite (one writer at a time): a compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count
-    says whether this claimer won; a loser moves on to the next job. Either way no job is claimed twice.
-    """
-    now = utcnow()
-    values = {"state": "running", "worker_id": worker_id, "claimed_at": now,
-              "lease_expires_at": now + timedelta(seconds=lease_seconds), "attempts": Job.attempts + 1}
-    if db.get_bind().dialect.name == "postgresql":
-        job = db.scalar(select(Job).where(Job.state == "queued").order_by(Job.id).limit(1)
-                        .with_for_update(skip_locked=True))
-        if job is None:
-            return None
-        db.execute(update(Job).where(Job.id == job.id).values(**values))
-        db.refresh(job)
-        _event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
-        return job
-    for _ in range(100):  # bounded: each lost race means another claimer took a job
-        ids = list(db.scalars(select(Job.id).where(Job.state == "queued").order_by(Job.id).limit(8)))
-        if not ids:
-            return None
-        for jid in ids:
-            res = db.execute(update(Job).where(Job.id == jid, Job.state == "queued").values(**values))
-            if res.rowcount == 1:
-                job = get_job(db, jid)
-                db.refresh(job)
-                _event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
-                return job
-    return None
-
-
-def _held(db: Session, job_id: int, worker_id: int) -> Job:
-    job = get_job(db, job_id)
-    if job.state != "running" or job.worker_id != worker_id:
-        holder = f"worker {job.worker_id}" if job.worker_id else "no worker"
-        raise Conflict(f"worker {worker_id} does not hold job {job_id} (it is {job.state}, held by {holder}): "
-                       "the lease was lost")
-    return job
-
-
-def renew_lease(db: Session, job_id: int, worker_id: int, lease_seconds: float) -> tuple[Job, bool]:
-    """Extend the lease; (job, cancel) where cancel says the job was cancelled and the run must stop."""
-    job = get_job(db, job_id)
-    if job.state == "cancelled" and job.worker_id == worker_id:
-        return job, True
-    expires = utcnow() + timedelta(seconds=lease_seconds)
-    res = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
-                     .values(lease_expires_at=expires))
-    if res.rowcount != 1:
-        db.refresh(job)
-        _held(db, job_id, worker_id)
-    db.refresh(job)
-    return job, False
-
-
-def release_job(db: Session, job_id: int, worker_id: int, reason: str = "released by the worker") -> Job:
-    """The worker gives the job back (it is stopping): queued again; the claim does not count."""
-    job = _held(db, job_id, worker_id)
-    res = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
-                     .values(state="queued", worker_id=None, lease_expires_at=None,
-                             attempts=Job.attempts - 1))
-    if res.rowcount != 1:
-        raise Conflict(f"job {job_id} changed state meanwhile")
-    db.refresh(job)
-    _event(job, "released", worker_id=worker_id, reason=reason)
-    return job
-
-
-def fail_job(db: Session, job_id: int, worker_id: int, error: str, log_tail: str | None) -> Job:
-    job = _held(db, job_id, worker_id)
-    job.state, job.error, job.log_tail = "failed", error, log_tail
-    job.finished_at, job.lease_expires_at = utcnow(), None
-    _event(job, "failed", worker_id=worker_id)
-    return job
-
-
-def store_result(db: Session, job_id: int, data: dict[str, Any]) -> Result:
-    worker_id = data["worker_id"]
-    job = _held(db, job_id, worker_id)
-    if db.scalar(select(Result).where(Result.job_id == job_id)) is not None:
-        raise Conflict(f"job {job_id} already has a result")
-    res = Result(job_id=job_id, worker_id=worker_id, iteration_time=data["iteration_time"],
-                 bubble_ratio=data.get("bubble_ratio"), emulated=bool(data.get("emulated")),
-                 devices=finite(data.get("devices") or []), trace=data.get("trace"),
-                 body=finite(data.get("raw") or {}))
-    db.add(res)
-    job.state, job.finished_at, job.lease_expires_at = "succeeded", utcnow(), None
-    _event(job, "succeeded", worker_id=worker_id)
-    db.flush()
-    return res
-
-
 def get_result(db: Session, job_id: int) -> Result:
     get_job(db, job_id)
     res = db.scalar(select(Result).where(Result.job_id == job_id))
@@ -416,53 +246,43 @@ def job_candidate(db: Session, job: Job) -> dict[str, Any]:
     return row.body if row is not None else {}
 
 
-def _rel(pred: float | None, meas: float | None) -> float | None:
-    if pred is None or meas is None or pred == 0:
-        return None
-    return (meas - pred) / pred
-
-
-def comparison(db: Session, job_id: int) -> dict[str, Any]:
-    """Predicted vs measured, field by field, with relative errors (measured ones None until a result)."""
-    job = get_job(db, job_id)
-    cand = job_candidate(db, job)
-    res = db.scalar(select(Result).where(Result.job_id == job_id))
-    it_m = res.iteration_time if res else None
-    gb = cand.get("global_batch") or None
-    thr_m = gb / it_m if (gb and it_m) else None
-    rows = [("iteration_time", cand.get("iteration_time"), it_m),
-            ("throughput", cand.get("throughput"), thr_m),
-            ("bubble_ratio", cand.get("bubble_ratio"), res.bubble_ratio if res else None)]
-    devices = []
-    mem = cand.get("memory") or []
-    for d, dev in enumerate(res.devices if res else []):
-        entry = dict(dev)
-        peak = dev.get("peak_memory")
-        if d < len(mem) and isinstance(peak, int | float):
-            entry["predicted_peak_memory"] = mem[d]
-            entry["peak_memory_relative_error"] = _rel(mem[d], float(peak))
-        devices.append(entry)
-    return {"job_id": job.id, "plan_id": job.plan_id, "candidate_index": job.candidate_index,
-            "label": cand.get("label", ""), "state": job.state, "emulated": res.emulated if res else None,
-            "fields": [{"field": f, "predicted": p, "measured": m, "relative_error": _rel(p, m)}
-                       for f, p, m in rows],
-            "devices": devices}
-
-
 # ---- workers --------------------------------------------------------------------------------------------
 
-def register_worker(db: Session, spec: dict[str, Any]) -> tuple[Worker, bool]:
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def register_worker(db: Session, spec: dict[str, Any], *, credential: str | None = None,
+                    admin: bool = False) -> tuple[Worker, bool, str | None]:
+    """Register an agent by its unique name: (row, created, new credential or None).
+
+    A new name gets a new worker and its own credential (returned once; only its hash is stored). A known
+    name is updated only by that worker itself (``credential`` is its own, which it keeps) or by the admin
+    (who gets the worker a fresh credential, cutting off the old one): the shared registration token alone
+    never hands over an existing identity (:class:`Conflict`)."""
     for f in ("name", "node", "device_type"):
         check_text(spec[f], f)
     row = db.scalar(select(Worker).where(Worker.name == spec["name"]))
-    created = row is None
+    created, issued = row is None, None
     if row is None:
         row = Worker(name=spec["name"])
         db.add(row)
+    elif row.token_hash is None or (credential is not None and row.token_hash == token_hash(credential)):
+        pass  # a row from before credentials existed, or the worker itself
+    elif not admin:
+        raise Conflict(f"name: worker {spec['name']!r} is registered (id {row.id}); re-registering it needs its own "
+                       "credential (or the admin token); choose another name")
+    if row.token_hash is None or (admin and not created and credential is None):
+        issued = "pw_" + secrets.token_urlsafe(32)
+        row.token_hash = token_hash(issued)
     row.node, row.gpus, row.device_type = spec["node"], spec["gpus"], spec["device_type"]
     row.last_heartbeat = utcnow()
     db.flush()
-    return row, created
+    return row, created, issued
+
+
+def worker_by_credential(db: Session, credential: str) -> Worker | None:
+    return db.scalar(select(Worker).where(Worker.token_hash == token_hash(credential)))
 
 
 def get_worker(db: Session, worker_id: int) -> Worker:
@@ -487,38 +307,25 @@ def alive(worker: Worker, alive_seconds: float, now: datetime | None = None) -> 
     return (now - worker.last_heartbeat).total_seconds() <= alive_seconds
 
 
-def counts(db: Session, alive_seconds: float) -> dict[str, dict[str, int]]:
-    """Jobs by state, plans by status, workers alive: the /metrics gauges."""
-    jobs = {s: n for s, n in db.execute(select(Job.state, func.count()).group_by(Job.state))}
-    plans = {s: n for s, n in db.execute(select(PlanRequest.status, func.count()).group_by(PlanRequest.status))}
-    cutoff = utcnow() - timedelta(seconds=alive_seconds)
-    n_alive = db.scalar(select(func.count()).select_from(Worker).where(Worker.last_heartbeat >= cutoff)) or 0
-    n_all = db.scalar(select(func.count()).select_from(Worker)) or 0
-    return {"jobs": jobs, "plans": plans, "workers": {"alive": n_alive, "registered": n_all}}
-
-
-def grace_running_leases(db: Session, lease_seconds: float) -> int:
-    """On API startup: agents could not renew while the API was down, so running jobs get one fresh lease
-    instead of being requeued at once (a dead agent still loses its job one lease later)."""
-    res = db.execute(update(Job).where(Job.state == "running")
-                     .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
-    return res.rowcount or 0
-
-
-# ---- UI read helpers (api/routers/ui.py) ------------------------------------------------------------
+# ---- candidate timelines (stored apart from the candidates) ------------------------------------------
 
 def get_candidate(db: Session, plan_id: int, rank: int) -> CandidateRow:
     """Candidate ``rank`` (0 = best) of a plan."""
     plan = get_plan(db, plan_id)
     row = db.scalar(select(CandidateRow).where(CandidateRow.plan_id == plan_id, CandidateRow.rank == rank))
     if row is None:
-        raise NotFound(f"plan {plan_id} has no candidate {rank} ({len(plan.candidates)} candidate(s), "
-                       f"status {plan.status})")
+        n = count_candidates(db, [plan_id]).get(plan_id, 0)
+        raise NotFound(f"plan {plan_id} has no candidate {rank} ({n} candidate(s), status {plan.status})")
     return row
 
 
-def store_candidate_field(db: Session, row: CandidateRow, key: str, value: Any) -> None:
-    """Add ``key`` to a stored candidate record (a new dict, so the JSON column sees the change)."""
-    row.body = {**(row.body or {}), key: value}
-    db.flush()
+def get_timeline(db: Session, plan_id: int, rank: int) -> dict[str, Any] | None:
+    return db.scalar(select(CandidateTimeline.body).where(CandidateTimeline.plan_id == plan_id,
+                                                           CandidateTimeline.rank == rank))
 
+
+def store_timeline(db: Session, plan_id: int, rank: int, body: dict[str, Any]) -> None:
+    """Keep a computed timeline (a concurrent request that stored it first wins; the two are equal)."""
+    if get_timeline(db, plan_id, rank) is None:
+        db.add(CandidateTimeline(plan_id=plan_id, rank=rank, body=body))
+        db.flush()

@@ -1,8 +1,10 @@
 """The FastAPI app: ``create_app(settings)``; ``api.main:app`` for uvicorn (settings from the environment).
 
 On startup it checks that the database schema is at the migrations' head (else it refuses to start and
-names ``pipeplan db-upgrade``), re-queues plans left unfinished by a previous run, and starts the lease
-reaper (running jobs whose lease ran out go back to the queue).
+names ``pipeplan db-upgrade``), warns when no admin token is set, takes the queued plans, and starts the
+reaper (running jobs whose lease ran out and plans whose runner died go back to the queue). On shutdown it
+stops its planner processes and puts their plans back in the queue. Request bodies above
+``PIPEPLAN_MAX_BODY_BYTES`` are refused with 413 before they are read whole.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, StatementError
 
-from api import crud
+from api import crud, jobqueue
+from api.bodylimit import BodyLimit
 from api.metrics import Metrics
 from api.planrun import PlanRunner
 from api.routers import clusters, health, jobs, plans, profiles, workers
@@ -62,15 +65,29 @@ class Reaper(threading.Thread):
         while not self.stop.wait(self.interval):
             try:
                 with self.app.state.sessions.begin() as db:
-                    changed = crud.expire_leases(db)
+                    changed = jobqueue.expire_leases(db)
                 if changed:
                     log.info("leases expired: jobs %s", changed)
+                self.app.state.runner.poll()
             except Exception:  # noqa: BLE001 - keep reaping after a transient database error
                 log.exception("lease reaper")
 
 
+def app_logging() -> None:
+    """The application's INFO logs (plans re-queued, leases expired) reach the server's log: uvicorn sets
+    up only its own loggers, and Python's fallback handler shows warnings and above only."""
+    root = logging.getLogger("pipeplan")
+    if root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    if not root.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    app_logging()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,9 +99,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         app.state.engine = engine
         app.state.sessions = make_sessionmaker(engine)
-        app.state.runner = PlanRunner(app.state.sessions, settings.plan_workers, settings.plan_timeout_seconds)
+        if not settings.admin_token:
+            log.warning("no admin token is set (PIPEPLAN_ADMIN_TOKEN): every write endpoint answers 401 until "
+                        "one is set")
+        app.state.runner = PlanRunner(app.state.sessions, settings)
         with app.state.sessions.begin() as db:
-            crud.grace_running_leases(db, settings.lease_seconds)
+            jobqueue.grace_running_leases(db, settings.lease_seconds)
         app.state.runner.recover()
         reaper = Reaper(app, settings.reaper_interval)
         reaper.start()
@@ -102,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics(app)
     app.middleware("http")(app.state.metrics.middleware)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -120,6 +141,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(crud.NotFound)
     async def _not_found(_: Request, exc: crud.NotFound) -> JSONResponse:
         return JSONResponse(status_code=404, content={"detail": str(exc.args[0])})
+
+    @app.exception_handler(crud.Busy)
+    async def _busy(_: Request, exc: crud.Busy) -> JSONResponse:
+        return JSONResponse(status_code=429, content={"detail": str(exc)},
+                            headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(crud.Conflict)
     async def _conflict(_: Request, exc: crud.Conflict) -> JSONResponse:
@@ -142,7 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for r in (profiles.router, clusters.router, plans.router, jobs.router, workers.router, health.router):
         app.include_router(r)
-    from api.routers import ui  # web UI: pages at / and /ui/..., /ui/static, 2 JSON endpoints
+    from api.routers import ui  # web UI: pages at / and /ui/..., /ui/static
     ui.install(app)
     return app
 

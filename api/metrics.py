@@ -6,17 +6,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import crud
-from db.models import JOB_STATES
+from db.models import JOB_STATES, Job, PlanRequest, Worker, utcnow
 
 PLAN_STATES = ("queued", "running", "done", "failed")
+
+
+def counts(db: Session, alive_seconds: float) -> dict[str, dict[str, int]]:
+    """Jobs by state, plans by status, workers alive: the /metrics gauges."""
+    jobs = {s: n for s, n in db.execute(select(Job.state, func.count()).group_by(Job.state))}
+    plans = {s: n for s, n in db.execute(select(PlanRequest.status, func.count()).group_by(PlanRequest.status))}
+    cutoff = utcnow() - timedelta(seconds=alive_seconds)
+    n_alive = db.scalar(select(func.count()).select_from(Worker).where(Worker.last_heartbeat >= cutoff)) or 0
+    n_all = db.scalar(select(func.count()).select_from(Worker)) or 0
+    return {"jobs": jobs, "plans": plans, "workers": {"alive": n_alive, "registered": n_all}}
 
 
 class StateCollector:
@@ -28,7 +40,7 @@ class StateCollector:
         if sessions is None:
             return
         with sessions() as db:
-            c = crud.counts(db, self.app.state.settings.worker_alive_seconds)
+            c = counts(db, self.app.state.settings.worker_alive_seconds)
         jobs = GaugeMetricFamily("pipeplan_jobs", "jobs by state", labels=["state"])
         for s in JOB_STATES:
             jobs.add_metric([s], c["jobs"].get(s, 0))

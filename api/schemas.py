@@ -6,13 +6,73 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
+from planner.cluster import Cluster, Link
+from planner.profile import LayerProfile, ModelProfile
 from planner.request import TrainingRequest
 
 MAX_ID = 2**31 - 1
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]*$")]
+
+
+def _plain_text(v: str) -> str:
+    bad = sorted({f"U+{ord(c):04X}" for c in v if ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"must not contain control characters (NUL, newline, tab...): found {', '.join(bad[:5])}")
+    return v
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_plain_text)]
+
+# ---- what one plan may ask for (issue 14: one request must not take the host down) ------------------
+#: layers of a profile: the largest published models have ~130 transformer blocks (Llama 3.1 405B: 126)
+MAX_LAYERS = 1024
+#: micro-batch sizes measured per layer
+MAX_SIZES = 64
+#: GPUs of a cluster (nodes * gpus_per_node; the server may set a lower limit, PIPEPLAN_MAX_CLUSTER_GPUS)
+MAX_NODES, MAX_GPUS_PER_NODE = 65536, 1024
+#: GPUs of one plan: each divisor of the budget is a (t, D, W) to try
+MAX_PLAN_GPUS = 16384
+#: samples per iteration: GPT-3 used 1536 sequences (Brown et al. 2020, table 2.1), Llama 3 405B 2048-4096
+#: (Llama 3 report, section 3.4.1); 65536 is far above them and keeps the micro-batch count bounded
+MAX_GLOBAL_BATCH = 65536
+#: candidates kept per plan (and handed to an agent with each claim)
+MAX_TOP = 100
+#: parameters of one layer, bytes of one tensor, FLOP/s: far above any device, far below float overflow
+MAX_COUNT = 2**53
+MAX_FLOPS = 1e21
+#: nesting of the free-form JSON documents (a result's ``raw``): deeper ones are refused, not recursed
+MAX_JSON_DEPTH = 32
+
+
+def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of a JSON value, counted without recursion and stopping past ``limit``."""
+    stack, deepest = [(value, 1)], 0
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _shallow(value: Any, field: str) -> Any:
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"{field}: nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 class Message(BaseModel):
@@ -20,6 +80,75 @@ class Message(BaseModel):
 
 
 # ---- profiles and clusters --------------------------------------------------------------------------
+
+Size = Annotated[int, Field(ge=1, le=2**20)]
+Seconds = float  # >= 0 and finite: the profile's own check names the layer; at most MAX_SECONDS: below
+MAX_SECONDS = 1e6
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
+class LayerUpload(LayerProfile):
+    """:class:`planner.profile.LayerProfile` with every number bounded (an upload cannot overflow a
+    column or a sum)."""
+
+    name: Name
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_plain_text)]
+    fwd_time: dict[Size, Seconds] = Field(max_length=MAX_SIZES)
+    bwd_time: dict[Size, Seconds] = Field(max_length=MAX_SIZES)
+    recompute_time: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
+    fwd_spread: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
+    bwd_spread: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
+    output_bytes_per_sample: Count
+    stashed_bytes_per_sample: Count
+    input_bytes_per_sample: Count
+    params: Count
+    param_bytes: Count
+    tied_params: Count = 0
+
+    @model_validator(mode="after")
+    def _bounded_times(self) -> LayerUpload:
+        for field in ("fwd_time", "bwd_time", "recompute_time"):
+            for b, t in (getattr(self, field) or {}).items():
+                if t > MAX_SECONDS:
+                    raise ValueError(f"layer {self.name!r}: {field}[{b}]: {t} s is more than {MAX_SECONDS:g} s")
+        return self
+
+
+class ProfileUpload(ModelProfile):
+    """A model profile as ``POST /profiles`` takes it: :class:`planner.profile.ModelProfile` with at most
+    ``MAX_LAYERS`` layers and bounded numbers and names."""
+
+    name: Name
+    device: Name
+    dtype: Annotated[str, StringConstraints(min_length=1, max_length=32), AfterValidator(_plain_text)]
+    layers: list[LayerUpload] = Field(min_length=1, max_length=MAX_LAYERS,
+                                      description=f"the model's layers in execution order (1..{MAX_LAYERS})")
+    environment: dict[str, Annotated[str, StringConstraints(max_length=2000)]] = Field(default_factory=dict,
+                                                                                       max_length=100)
+    notes: Annotated[str, StringConstraints(max_length=20_000)] = ""
+
+
+class LinkUpload(Link):
+    alpha: float = Field(ge=0, le=1e3, allow_inf_nan=False, description="latency, seconds")
+    beta: float = Field(ge=0, le=1e3, allow_inf_nan=False, description="seconds per byte")
+
+
+class ClusterUpload(Cluster):
+    """A cluster as ``POST /clusters`` takes it: :class:`planner.cluster.Cluster` with bounded sizes."""
+
+    name: Name
+    device: Name
+    nodes: StrictInt = Field(gt=0, le=MAX_NODES)
+    gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
+    memory_bytes: StrictInt = Field(gt=0, le=2**50, description="memory per GPU (at most 1 PiB)")
+    peak_flops: float = Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False,
+                              description="peak FLOP/s per GPU at the dtype used")
+    intra: LinkUpload
+    inter: LinkUpload
+    memory_bandwidth: float = Field(default=1.5e12, gt=0, le=1e16, allow_inf_nan=False,
+                                    description="device memory bandwidth, bytes/s (optimizer step)")
+    notes: Annotated[str, StringConstraints(max_length=20_000)] = ""
+
 
 class ProfileOut(BaseModel):
     id: int
@@ -59,16 +188,21 @@ class PlanCreate(TrainingRequest):
 
     profile_id: Id
     cluster_id: Id
-    global_batch: int = Field(gt=0, le=2**24, description="samples per iteration (B^)")
-    gpus: int | None = Field(default=None, gt=0, le=2**20, description="GPU budget (default: the cluster)")
-    max_tensor: int | None = Field(default=None, gt=0, le=4096, description="largest t")
-    micro_batches: list[Annotated[int, Field(ge=1, le=2**20)]] | None = Field(default=None, max_length=64)
+    global_batch: StrictInt = Field(gt=0, le=MAX_GLOBAL_BATCH, description="samples per iteration (B^)")
+    gpus: StrictInt | None = Field(default=None, gt=0, le=MAX_PLAN_GPUS,
+                                   description="GPU budget (default: the cluster, which must then have at "
+                                               f"most {MAX_PLAN_GPUS})")
+    max_tensor: StrictInt | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE, description="largest t")
+    micro_batches: list[Annotated[StrictInt, Field(ge=1, le=MAX_GLOBAL_BATCH)]] | None = Field(default=None,
+                                                                                             max_length=64)
     schedules: list[Annotated[str, StringConstraints(max_length=40)]] | None = Field(default=None,
                                                                                      max_length=16)
     bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False)
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
     memory_reserve_bytes: float = Field(default=2 * 2**30, ge=0, le=2**60, allow_inf_nan=False)
-    top: int = Field(default=10, gt=0, le=1000)
+    top: StrictInt = Field(default=10, gt=0, le=MAX_TOP, description="candidates to keep")
+    allow_async: StrictBool = False
+    allow_recompute: StrictBool = True
 
     @field_validator("schedules")
     @classmethod
@@ -173,10 +307,17 @@ class WorkerOut(BaseModel):
     alive: bool
 
 
+class WorkerRegistered(WorkerOut):
+    token: str | None = Field(description="this worker's own credential (send it as the bearer token of its "
+                                          "heartbeats, claims, leases and results); shown once, null when "
+                                          "the worker re-registered with its own credential")
+
+
 class WorkerRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    worker_id: Id
+    worker_id: Id | None = Field(default=None, description="optional: the credential names the worker; a "
+                                                           "different id here is refused (403)")
 
 
 class JobClaim(BaseModel):
@@ -196,6 +337,11 @@ class LeaseOut(BaseModel):
 class DeviceFigures(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shallow_extras(cls, v: Any) -> Any:
+        return _shallow(v, "devices[]")
+
     busy: float = Field(ge=0, allow_inf_nan=False)
     idle: float = Field(ge=0, allow_inf_nan=False)
 
@@ -203,19 +349,25 @@ class DeviceFigures(BaseModel):
 class ResultIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    worker_id: Id
+    worker_id: Id | None = Field(default=None, description="optional: must be the credential's worker")
     iteration_time: float = Field(gt=0, allow_inf_nan=False, description="measured seconds per iteration")
     bubble_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     devices: list[DeviceFigures] = Field(default_factory=list, max_length=65536)
     emulated: bool = False
     trace: str | None = Field(default=None, max_length=50_000_000, description="trace file contents")
-    raw: dict[str, Any] = Field(default_factory=dict, description="the executor's whole result.json")
+    raw: dict[str, Any] = Field(default_factory=dict, description="the executor's whole result.json "
+                                                                  f"(nested at most {MAX_JSON_DEPTH} deep)")
+
+    @field_validator("raw")
+    @classmethod
+    def _raw_shallow(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _shallow(v, "raw")
 
 
 class FailureIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    worker_id: Id
+    worker_id: Id | None = Field(default=None, description="optional: must be the credential's worker")
     error: Annotated[str, StringConstraints(max_length=10_000)]
     log_tail: Annotated[str, StringConstraints(max_length=200_000)] | None = None
 

@@ -41,3 +41,18 @@ class Settings:
     plan_timeout_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_TIMEOUT_SECONDS", 600.0))
     reaper_interval: float = field(default_factory=lambda: _float("PIPEPLAN_REAPER_INTERVAL", 1.0))
     max_cluster_gpus: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_CLUSTER_GPUS", 65536))
+    #: GPUs one plan may use (the budget, or the whole cluster when no budget is given)
+    max_plan_gpus: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_PLAN_GPUS", 16384))
+    #: address space of a planner process (RLIMIT_AS; it bounds its resident memory too; a process starts
+    #: with about 180 MiB); past it the plan fails with a message naming this setting, and the API goes on
+    plan_memory_bytes: int = field(default_factory=lambda: _int("PIPEPLAN_PLAN_MEMORY_BYTES", 1536 * 2**20))
+    #: a running plan's lease: renewed while its planner process runs; an API that dies stops renewing,
+    #: and another API (or the restarted one) runs the plan again once the lease is over
+    plan_lease_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_LEASE_SECONDS", 30.0))
+    #: plans queued or running at most; past it POST /plans answers 429 with Retry-After
+    max_queued_plans: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_QUEUED_PLANS", 64))
+    #: request bodies above this many bytes are refused with 413
+    max_body_bytes: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_BODY_BYTES", 24 * 2**20))
+    #: a candidate timeline is simulated in a planner process within this time
+    timeline_timeout_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_TIMELINE_TIMEOUT_SECONDS",
+                                                                           60.0))

@@ -126,6 +126,9 @@ class PlanRequest(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: the API process running the plan and until when it holds it (renewed while the planner runs)
+    runner: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     candidates: Mapped[list[CandidateRow]] = relationship(
         back_populates="plan", order_by="CandidateRow.rank", cascade="all, delete-orphan")
@@ -144,6 +147,20 @@ class CandidateRow(Base):
     body: Mapped[Any] = mapped_column(JSONText)
 
     plan: Mapped[PlanRequest] = relationship(back_populates="candidates")
+
+
+class CandidateTimeline(Base):
+    """A candidate's simulated per-device timeline, computed on first request and kept apart from the
+    candidate (a timeline can be thousands of times the size of its candidate record)."""
+
+    __tablename__ = "candidate_timelines"
+    __table_args__ = (UniqueConstraint("plan_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plan_requests.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    body: Mapped[Any] = mapped_column(JSONText)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -185,6 +202,8 @@ class Worker(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     device_type: Mapped[str] = mapped_column(String(200), default="cpu")
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: sha256 of the credential issued at registration (the credential itself is shown once)
+    token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
     last_heartbeat: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

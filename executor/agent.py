@@ -6,6 +6,15 @@ result.json [--emulate profile.json]``; the command is ``--run-command`` / ``$PI
 as a subprocess, renews the job's lease while it runs, and posts the result, or the error with the log
 tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
 The API being briefly unreachable (restart) is retried, not fatal.
+
+Credentials: the token the agent starts with (``$PIPEPLAN_WORKER_TOKEN`` or a file) only registers it;
+the API answers with this worker's own credential, which every later request carries, and which is kept
+in ``<workdir>/credential`` (mode 0600, with the name it registered) so that a restarted agent is the same
+worker. A name registered to another credential is not taken over: the agent registers as ``NAME-xxxxxx``.
+No token reaches the run: its environment is the agent's without ``PIPEPLAN_*TOKEN*`` variables.
+
+The run dies with the agent: it starts under :mod:`executor.runguard`, which holds a pipe from the agent
+and kills the run's whole process group when the pipe closes (the agent exited, even by ``kill -9``).
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -57,8 +67,8 @@ class Agent:
         self.workdir = Path(workdir or data / "agent" / self.name).resolve()
         self.poll, self.heartbeat_interval = poll, heartbeat
         self.retry_for = retry_for
-        self.client = httpx.Client(base_url=api.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
-                                   timeout=30.0)
+        self.registration_token = token
+        self.client = httpx.Client(base_url=api.rstrip("/"), timeout=30.0)
         self.stop = threading.Event()
         self.worker_id: int | None = None
         self.jobs_done = 0
@@ -79,13 +89,47 @@ class Agent:
                 raise RuntimeError(f"{method} {url} failed: {err}")
             log.warning("%s %s: %s; retrying in %.1f s", method, url, err, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 1.0)  # short: a held lease (renewed meanwhile by no one) must not run out
+
+    @property
+    def credential_file(self) -> Path:
+        return self.workdir / "credential"  # (workdir is per name: a renamed agent keeps using this one)
 
     def register(self) -> int:
-        r = self._request("POST", "/workers", json={"name": self.name, "node": self.node, "gpus": self.gpus,
-                                                     "device_type": self.device_type})
+        """Register (with the saved credential of this name if there is one, else the registration token)
+        and use the worker's own credential from then on."""
+        saved = None
+        try:
+            kept = json.loads(self.credential_file.read_text())
+            saved, self.name = kept["token"], kept.get("name") or self.name
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        body = {"name": self.name, "node": self.node, "gpus": self.gpus, "device_type": self.device_type}
+        r = None
+        if saved:
+            r = self._request("POST", "/workers", json=body, headers={"Authorization": f"Bearer {saved}"})
+            if r.status_code == 401:  # the API does not know it (a fresh database): register anew
+                r = None
+        if r is None:
+            r = self._request("POST", "/workers", json=body,
+                              headers={"Authorization": f"Bearer {self.registration_token}"})
+        if r.status_code == 409:  # the name belongs to a worker whose credential this agent lacks: a new name
+            taken, self.name = self.name, f"{self.name}-{secrets.token_hex(3)}"
+            log.warning("worker name %r is registered to another credential; registering as %r", taken, self.name)
+            r = self._request("POST", "/workers", json={**body, "name": self.name},
+                              headers={"Authorization": f"Bearer {self.registration_token}"})
         r.raise_for_status()
-        self.worker_id = int(r.json()["id"])
+        data = r.json()
+        credential = data.get("token") or saved
+        if not credential:
+            raise RuntimeError("the API issued no worker credential")
+        if data.get("token"):
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.credential_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"name": self.name, "token": credential}, f)
+        self.client.headers["Authorization"] = f"Bearer {credential}"
+        self.worker_id = int(data["id"])
         log.info("registered as worker %d (%s)", self.worker_id, self.name)
         return self.worker_id
 
@@ -128,7 +172,16 @@ class Agent:
         renew_every = max(0.2, float(claim["lease_seconds"]) / 3)
         log.info("job %d: %s", jid, shlex.join(cmd))
         with open(logfile, "wb") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True)
+            lifeline, keep = os.pipe()  # the run's guard reads `lifeline`; EOF means this agent is gone
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "executor.runguard", str(lifeline), "--", *cmd],
+                                        stdout=logf, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True,
+                                        pass_fds=(lifeline,), env=run_environment())
+            except BaseException:
+                os.close(keep)
+                raise
+            finally:
+                os.close(lifeline)
             outcome = None
             try:
                 while proc.poll() is None:
@@ -149,6 +202,7 @@ class Agent:
             finally:
                 if proc.poll() is None:
                     _terminate(proc)
+                os.close(keep)
         if outcome == "released":
             self._request("POST", f"/jobs/{jid}/release", json={"worker_id": self.worker_id})
             log.info("job %d: stopped, released", jid)
@@ -168,7 +222,7 @@ class Agent:
                         "bubble_ratio": measured.get("bubble_ratio"), "devices": measured.get("devices") or [],
                         "emulated": bool(raw.get("emulated", False)), "trace": _trace(out.parent), "raw": raw}
                 r = self._request("POST", f"/jobs/{jid}/result", json=body)
-                if r.status_code == 201:
+                if r.status_code in (200, 201):  # 200: a retried post whose first answer was lost
                     log.info("job %d: result posted (iteration %.4g s)", jid, measured["iteration_time"])
                     return "succeeded"
                 if r.status_code == 409:
@@ -211,6 +265,22 @@ class Agent:
             self.stop.set()
             self.client.close()
         return ran
+
+
+def run_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The run's environment: the agent's, without its secrets (``PIPEPLAN_*TOKEN*``, ``DATABASE_URL``)."""
+    env = dict(os.environ if environ is None else environ)
+    for k in list(env):
+        if (k.startswith("PIPEPLAN_") and "TOKEN" in k) or k == "DATABASE_URL":
+            del env[k]
+    return env
+
+
+def read_token(token: str | None, token_file: str | None) -> str | None:
+    """The registration token: ``token_file``'s first line, else ``token``, else ``$PIPEPLAN_WORKER_TOKEN``."""
+    if token_file:
+        return Path(token_file).read_text().strip() or None
+    return token or os.environ.get("PIPEPLAN_WORKER_TOKEN") or None
 
 
 def _terminate(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:

@@ -165,4 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from executor.runguard import die_with_parent
+
+    die_with_parent()  # torchrun starts each rank in a session of its own: the rank dies with torchrun
     sys.exit(main())

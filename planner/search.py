@@ -251,6 +251,7 @@ class Planner:
                 rejected[reason_key(cand.reason)] += 1
                 if cand.memory:
                     infeasible.append(cand)
+                    _keep_best(infeasible, k)
                 continue
             prepared.append((cand.lower_bound, i, cand, costs))
         considered = len(prepared)
@@ -271,6 +272,7 @@ class Planner:
         heapq.heapify(prepared)
         top = TopDistinct(k)  # the k-th best time over configurations that differ (planner.equivalence)
         results: list[Candidate] = []
+        timed: list[tuple[float, int, Candidate]] = []  # max-heap by time of the results holding a timeline
         simulated = 0
         while prepared:
             lb, i, cand, maybe = heapq.heappop(prepared)
@@ -308,13 +310,34 @@ class Planner:
             else:
                 rejected[reason_key(cand.reason)] += 1
                 infeasible.append(cand)
-        results.sort(key=lambda c: (c.iteration_time, c.config.label()))
+            # memory that does not grow with the candidates simulated: a simulated timeline is kept only while
+            # its candidate can still be among the k returned (k-th best time over twins only falls), and
+            # only the k best infeasible candidates are kept
+            if cand.fits and cand.simulation is not None:
+                heapq.heappush(timed, (-cand.iteration_time, i, cand))
+            while timed and -timed[0][0] > top.kth:
+                heapq.heappop(timed)[2].simulation = None
+            _keep_best(infeasible, k)
+        results.sort(key=_rank_key)
         results = collapse(results, top.twins)
-        infeasible.sort(key=lambda c: (c.iteration_time, c.config.label()))
+        infeasible.sort(key=_rank_key)
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs) + len(pending),
                           simulated=simulated, considered=considered)
+
+
+def _rank_key(c: Candidate) -> tuple[float, str]:
+    return (c.iteration_time, c.config.label())
+
+
+def _keep_best(cands: list[Candidate], k: int) -> None:
+    """Trim ``cands`` to its ``k`` best by :func:`_rank_key`: the list holds at most ``k + 1`` candidates
+    whatever the number of configurations (a sort of ``k + 1`` per simulated candidate, small beside the
+    simulation), and the ``k`` kept are the ones a full sort at the end would give."""
+    if len(cands) > k:
+        cands.sort(key=_rank_key)
+        del cands[k:]
 
 
 @contextmanager

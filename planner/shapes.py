@@ -6,7 +6,7 @@ builder's in-flight counts, and the :class:`Layout` the memory model and the bou
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +37,41 @@ class Layout:
     inflight: np.ndarray  # in-flight micro-batches of each pair (exact, or a lower bound)
 
 
+class _Recent(OrderedDict[ScheduleKey, Any]):
+    """A dict that keeps its ``size`` most recently used entries."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get(self, key: ScheduleKey, default: Any = None) -> Any:  # type: ignore[override]
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def __setitem__(self, key: ScheduleKey, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+#: full action lists (and their compiled form) kept at once: a list of D x N actions takes ~130 bytes per
+#: action (measured: 1F1B, D=26, N=32768: 222 MB), so the cache of a search over many micro-batch counts
+#: is bounded by entries, not grown with every (schedule, D, N) the search simulates
+FULL_SCHEDULES_KEPT = 8
+
+
 class ScheduleCache:
-    """Schedules and their shape-derived figures, keyed by :func:`schedule_key`."""
+    """Schedules and their shape-derived figures, keyed by :func:`schedule_key`. The shapes and the figures
+    derived from them are small and all kept; the full lists only for the ``FULL_SCHEDULES_KEPT`` most
+    recently used keys (a search visits candidates best bound first, and those share few keys)."""
 
     def __init__(self) -> None:
-        self._schedules: dict[ScheduleKey, Schedule] = {}
+        self._schedules: dict[ScheduleKey, Schedule] = _Recent(FULL_SCHEDULES_KEPT)
         self._shapes: dict[ScheduleKey, Schedule] = {}
-        self._compiled: dict[ScheduleKey, Any] = {}
+        self._compiled: dict[ScheduleKey, Any] = _Recent(FULL_SCHEDULES_KEPT)
         self._pairs: dict[ScheduleKey, list[list[tuple[int, int]]]] = {}
         self._inflight: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
         self._layouts: dict[ScheduleKey, Layout] = {}

@@ -120,7 +120,8 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = _env({"DATABASE_URL": db_url, "PIPEPLAN_ADMIN_TOKEN": ADMIN, "PIPEPLAN_WORKER_TOKEN": WORKER,
-                         "PIPEPLAN_REAPER_INTERVAL": "0.2", "PIPEPLAN_PLAN_WAIT_SECONDS": "2", **settings})
+                         "PIPEPLAN_REAPER_INTERVAL": "0.2", "PIPEPLAN_PLAN_WAIT_SECONDS": "2",
+                         "PIPEPLAN_PLAN_LEASE_SECONDS": "5", **settings})
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -129,7 +130,8 @@ class LiveServer:
         self.starts += 1
         log = open(self.workdir / f"server-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--log-level", "warning"],
+                                      "--port", str(self.port), "--log-level", "warning", "--timeout-graceful-shutdown",
+                                      "10"],
                                      cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -20,13 +20,16 @@ FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", 
           "concat")
 
 
-def _finish(client: Any, plan: dict[str, Any], index: int, worker: int, seconds: float, emulated: bool) -> int:
+def _finish(client: Any, plan: dict[str, Any], index: int, worker: dict[str, Any], seconds: float,
+            emulated: bool) -> int:
+    """A job run by ``worker`` (the registration answer: its id and its own credential)."""
+    mine = {"Authorization": f"Bearer {worker['token']}"}
     job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
                       headers=AUTH).json()
-    claim = client.post(f"/workers/{worker}/claim", headers=WAUTH)
+    claim = client.post(f"/workers/{worker['id']}/claim", headers=mine)
     assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
-    r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker, "iteration_time": seconds,
-                                                       "emulated": emulated, "devices": []}, headers=WAUTH)
+    r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker["id"], "iteration_time": seconds,
+                                                       "emulated": emulated, "devices": []}, headers=mine)
     assert r.status_code == 201, r.text
     return job["id"]
 
@@ -38,7 +41,7 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     assert empty["jobs"] == [] and empty["median_abs_error_before"] is None and empty["newest_version"] == 1
     assert client.get("/clusters/999/calibration", headers=AUTH).status_code == 404
     assert client.post("/clusters/999/calibrate", headers=AUTH).status_code == 404
-    w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()["id"]
+    w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()
     truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)
     prof = ModelProfile.model_validate(tiny_profile())
     req = TrainingRequest.model_validate(plan["request"])

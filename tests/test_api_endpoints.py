@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_health_and_openapi(client) -> None:  # type: ignore[no-untyped-def]
-    h = client.get("/health").json()
     from db.migrate import head
 
+    h = client.get("/health").json()
     assert h["status"] == "ok" and h["schema"] == head()
     spec = client.get("/openapi.json").json()
     for path in ("/profiles", "/clusters", "/plans", "/jobs", "/workers", "/jobs/{job_id}/comparison",
@@ -59,7 +59,7 @@ def test_malformed_profiles_are_422_naming_the_field(client) -> None:  # type: i
     r = client.post("/profiles", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 422 and "JSON" in r.json()["detail"]
     r = client.post("/profiles", json={**prof, "name": "x" * 300}, headers=AUTH)
-    assert r.status_code == 422 and "name: at most 200" in r.json()["detail"]
+    assert r.status_code == 422 and "name: String should have at most 200" in r.json()["detail"]
     r = client.post("/profiles", json={**prof, "name": "a\x00b"}, headers=AUTH)
     assert r.status_code == 422 and "NUL" in r.json()["detail"]
 
@@ -75,6 +75,8 @@ def test_clusters_same_treatment(client) -> None:  # type: ignore[no-untyped-def
     r = client.post("/clusters", json={**tiny_cluster(), "nodes": 0}, headers=AUTH)
     assert r.status_code == 422 and "nodes" in r.json()["detail"]
     r = client.post("/clusters", json={**tiny_cluster(), "nodes": 10**6}, headers=AUTH)
+    assert r.status_code == 422 and "nodes: Input should be less than or equal to 65536" in r.json()["detail"]
+    r = client.post("/clusters", json={**tiny_cluster(gpus_per_node=8), "nodes": 10**4}, headers=AUTH)
     assert r.status_code == 422 and "exceeds this server's limit" in r.json()["detail"]
 
 
@@ -159,29 +161,36 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
 
     w = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 2, "device_type": "cpu"},
                     headers=WAUTH).json()
-    again = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 4}, headers=WAUTH)
+    mine = {"Authorization": f"Bearer {w['token']}"}  # the worker's own credential
+    again = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 4}, headers=mine)
     assert again.status_code == 200 and again.json()["id"] == w["id"] and again.json()["gpus"] == 4
-    claim = client.post(f"/workers/{w['id']}/claim", headers=WAUTH)
+    assert again.json()["token"] is None  # it keeps its credential
+    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 403  # shared token: no
+    claim = client.post(f"/workers/{w['id']}/claim", headers=mine)
     assert claim.status_code == 200, claim.text
     cj = claim.json()
     assert cj["job"]["id"] == job["id"] and cj["job"]["state"] == "running" and cj["job"]["attempts"] == 1
     assert cj["plan"]["candidates"][0] == plan["candidates"][0] and cj["candidate"] == plan["candidates"][0]
-    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 204
-    lease = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": w["id"]}, headers=WAUTH)
+    assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 204
+    lease = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": w["id"]}, headers=mine)
     assert lease.status_code == 200 and lease.json()["cancel"] is False
     other = client.post("/workers", json={"name": "agent-2", "node": "n2"}, headers=WAUTH).json()
-    r = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": other["id"]}, headers=WAUTH)
+    theirs = {"Authorization": f"Bearer {other['token']}"}
+    r = client.post(f"/jobs/{job['id']}/lease", json={}, headers=theirs)
     assert r.status_code == 409 and "lease was lost" in r.json()["detail"]
     bad = client.post(f"/jobs/{job['id']}/result", json={"worker_id": w["id"], "iteration_time": -1},
-                      headers=WAUTH)
+                      headers=mine)
     assert bad.status_code == 422 and "iteration_time" in bad.json()["detail"]
     pred = plan["candidates"][0]
     measured = {"worker_id": w["id"], "iteration_time": pred["iteration_time"] * 1.2, "bubble_ratio": 0.1,
                 "devices": [{"busy": 1.0, "idle": 0.1, "peak_memory": pred["memory"][0]}], "emulated": True,
                 "trace": "{}", "raw": {"iteration_time": pred["iteration_time"] * 1.2}}
-    r = client.post(f"/jobs/{job['id']}/result", json=measured, headers=WAUTH)
+    r = client.post(f"/jobs/{job['id']}/result", json=measured, headers=mine)
     assert r.status_code == 201, r.text
-    assert client.post(f"/jobs/{job['id']}/result", json=measured, headers=WAUTH).status_code == 409
+    again = client.post(f"/jobs/{job['id']}/result", json=measured, headers=mine)  # a retried post
+    assert again.status_code == 200 and again.json()["iteration_time"] == measured["iteration_time"]
+    r = client.post(f"/jobs/{job['id']}/result", json={**measured, "worker_id": None}, headers=theirs)
+    assert r.status_code == 409 and "already has a result" in r.json()["detail"]
     got = client.get(f"/jobs/{job['id']}", headers=AUTH).json()
     assert got["state"] == "succeeded" and got["has_result"]
     comp = client.get(f"/jobs/{job['id']}/comparison", headers=AUTH).json()
@@ -194,8 +203,8 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
     j2 = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
     assert client.post(f"/jobs/{j2['id']}/cancel", headers=AUTH).json()["state"] == "cancelled"
     assert client.post(f"/jobs/{j2['id']}/cancel", headers=AUTH).status_code == 409
-    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 204
-    assert client.post("/workers/9999/claim", headers=WAUTH).status_code == 404
+    assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 204
+    assert client.post("/workers/9999/claim", headers=mine).status_code == 403
     states = {j["id"]: j["state"] for j in client.get("/jobs", headers=AUTH).json()}
     assert states == {job["id"]: "succeeded", j2["id"]: "cancelled"}
     text = client.get("/metrics").text
@@ -208,12 +217,13 @@ def test_cancel_running_job_tells_the_agent(client) -> None:  # type: ignore[no-
     _, _, plan = seed_plan(client)
     job = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
     w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()
-    assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 200
+    mine = {"Authorization": f"Bearer {w['token']}"}
+    assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 200
     assert client.post(f"/jobs/{job['id']}/cancel", headers=AUTH).json()["state"] == "cancelled"
-    r = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": w["id"]}, headers=WAUTH)
+    r = client.post(f"/jobs/{job['id']}/lease", json={"worker_id": w["id"]}, headers=mine)
     assert r.status_code == 200 and r.json()["cancel"] is True
     # failure report and release on a job not held -> 409
-    r = client.post(f"/jobs/{job['id']}/fail", json={"worker_id": w["id"], "error": "x"}, headers=WAUTH)
+    r = client.post(f"/jobs/{job['id']}/fail", json={"worker_id": w["id"], "error": "x"}, headers=mine)
     assert r.status_code == 409
 
 

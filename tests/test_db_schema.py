@@ -9,7 +9,7 @@ import pytest
 from api_support import make_settings
 from sqlalchemy import inspect
 
-from api import crud
+from api import crud, jobqueue, planqueue
 from db.migrate import SchemaBehind, check, current, head, upgrade
 from db.models import Job, PlanRequest, utcnow
 from db.session import make_engine, make_sessionmaker
@@ -62,7 +62,7 @@ def _plan_with_jobs(sessions, n: int) -> list[int]:  # type: ignore[no-untyped-d
                            status="done")
         db.add(plan)
         db.flush()
-        crud.finish_plan(db, plan.id, {"candidates": [{"label": "c0", "iteration_time": 1.0, "throughput": 8.0}]})
+        planqueue.finish_plan(db, plan.id, {"candidates": [{"label": "c0", "iteration_time": 1.0, "throughput": 8.0}]})
         ids = [crud.create_job(db, {"plan_id": plan.id, "candidate_index": 0, "model": "gpt-tiny",
                                     "iterations": 1, "emulate": False}, 3).id for _ in range(n)]
     return ids
@@ -86,7 +86,7 @@ def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
                 barrier.wait()
                 for _ in range(200):  # bounded
                     with sessions.begin() as db:
-                        job = crud.claim_job(db, w, 30)
+                        job = jobqueue.claim_job(db, w, 30)
                         if job is None:
                             return
                         claimed[w].append(job.id)
@@ -120,14 +120,14 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(db_url: str) -> No
             w = crud.register_worker(db, {"name": "w", "node": "n", "gpus": 0, "device_type": "cpu"})[0].id
         for attempt in (1, 2, 3):
             with sessions.begin() as db:
-                job = crud.claim_job(db, w, 30)
+                job = jobqueue.claim_job(db, w, 30)
                 assert job is not None and job.id == jid and job.attempts == attempt
                 # a renewal extends the lease
-                job2, cancel = crud.renew_lease(db, jid, w, 60)
+                job2, cancel = jobqueue.renew_lease(db, jid, w, 60)
                 assert not cancel and job2.lease_expires_at > utcnow() + timedelta(seconds=50)
             with sessions.begin() as db:
-                assert crud.expire_leases(db) == []  # not expired yet
-                assert crud.expire_leases(db, utcnow() + timedelta(seconds=120)) == [jid]
+                assert jobqueue.expire_leases(db) == []  # not expired yet
+                assert jobqueue.expire_leases(db, utcnow() + timedelta(seconds=120)) == [jid]
             with sessions() as db:
                 j = db.get(Job, jid)
                 assert j.state == ("queued" if attempt < 3 else "failed"), (attempt, j.state)
@@ -135,7 +135,7 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(db_url: str) -> No
             j = db.get(Job, jid)
             assert "lease expired" in j.error and [e["event"] for e in j.history].count("lease_expired") == 3
             with pytest.raises(crud.Conflict, match="lease was lost"):
-                crud.renew_lease(db, jid, w, 30)
+                jobqueue.renew_lease(db, jid, w, 30)
     finally:
         eng.dispose()
 

@@ -1,5 +1,6 @@
 """The UI's server side without a browser: pages render, plotly.js is served from the package, the
-candidate timeline endpoint re-simulates once and stores, job timelines read the executor's trace."""
+candidate timeline endpoint re-simulates once (in a planner process) and stores it apart from the
+candidate, job timelines read the executor's trace."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 
 from api_support import AUTH, WAUTH, seed_plan
 
-from api.routers.ui import TIMELINE_KEY, plotly_path, trace_timeline
+from api.routers.ui import plotly_path
+from api.timelines import trace_timeline
 
 PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers"]
 
@@ -61,7 +63,7 @@ def test_candidate_timeline_simulated_once_then_stored(client) -> None:  # type:
     again = client.get(f"/plans/{pid}/candidates/0/timeline", headers=AUTH).json()
     assert again["cached"] is True and again["computed_at"] == t["computed_at"] and again["rows"] == t["rows"]
     stored = client.get(f"/plans/{pid}", headers=AUTH).json()["candidates"]
-    assert TIMELINE_KEY in stored[0] and all(TIMELINE_KEY not in c for c in stored[1:])
+    assert stored == plan["candidates"]  # the timeline is stored apart: the plan document is unchanged
     r = client.get(f"/plans/{pid}/candidates/{len(stored)}/timeline", headers=AUTH)
     assert r.status_code == 404 and "has no candidate" in r.json()["detail"]
     assert client.get("/plans/999/candidates/0/timeline", headers=AUTH).status_code == 404
@@ -104,9 +106,10 @@ def test_job_timelines_predicted_and_measured(client) -> None:  # type: ignore[n
     assert t["measured"] is None and "no result yet (queued)" in t["measured_note"]
     assert t["predicted"]["rank"] == 1 and t["predicted"]["devices"] == plan["candidates"][1]["pipeline"]
     w = client.post("/workers", json={"name": "w1", "node": "n1"}, headers=WAUTH).json()
-    claim = client.post(f"/workers/{w['id']}/claim", headers=WAUTH)
+    mine = {"Authorization": f"Bearer {w['token']}"}
+    claim = client.post(f"/workers/{w['id']}/claim", headers=mine)
     assert claim.status_code == 200, claim.text
-    r = client.post(f"/jobs/{job['id']}/result", headers=WAUTH,
+    r = client.post(f"/jobs/{job['id']}/result", headers=mine,
                     json={"worker_id": w["id"], "iteration_time": 0.01, "trace": _chrome_trace()})
     assert r.status_code == 201, r.text
     t = client.get(f"/jobs/{job['id']}/timelines", headers=AUTH).json()

@@ -10,8 +10,7 @@ from pydantic import BaseModel
 from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
 from api.routers.common import Filter, IdPath, Limit, Offset, cluster_out
-from api.schemas import ClusterDetail, ClusterOut, Message
-from planner.cluster import Cluster
+from api.schemas import ClusterDetail, ClusterOut, ClusterUpload, Message
 
 router = APIRouter(prefix="/clusters", tags=["clusters"])
 
@@ -19,7 +18,7 @@ router = APIRouter(prefix="/clusters", tags=["clusters"])
 @router.post("", response_model=ClusterOut, status_code=201, dependencies=[Admin],
              responses={200: {"model": ClusterOut, "description": "the same cluster was stored before"},
                         422: {"model": Message}})
-def upload_cluster(cluster: Cluster, db: DB, response: Response, settings: SettingsDep):  # noqa: ANN201
+def upload_cluster(cluster: ClusterUpload, db: DB, response: Response, settings: SettingsDep):  # noqa: ANN201
     row, created = crud.add_cluster(db, cluster, settings.max_cluster_gpus)
     if not created:
         response.status_code = status.HTTP_200_OK

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
 
-from api import crud
-from api.deps import DB, Admin, Read, SettingsDep, WorkerAuth
+from api import crud, jobqueue
+from api.comparison import comparison
+from api.deps import DB, Admin, Read, SettingsDep, WorkerAuth, as_worker
 from api.routers.common import IdPath, Limit, Offset, job_out, result_out
 from api.schemas import Comparison, FailureIn, JobCreate, JobOut, LeaseOut, Message, ResultIn, ResultOut, WorkerRef
+from api.timelines import candidate_timeline, trace_timeline
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-ERR = {404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}}
+ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}}
 
 
 @router.post("", response_model=JobOut, status_code=201, dependencies=[Admin], responses=ERR)
@@ -40,35 +42,40 @@ def get_job(job_id: IdPath, db: DB):  # noqa: ANN201
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Admin], responses=ERR)
 def cancel_job(job_id: IdPath, db: DB):  # noqa: ANN201
     """Cancel a queued or running job (a running one stops at its agent's next lease renewal)."""
-    return job_out(crud.cancel_job(db, job_id))
+    return job_out(jobqueue.cancel_job(db, job_id))
 
 
-@router.post("/{job_id}/lease", response_model=LeaseOut, dependencies=[WorkerAuth], responses=ERR)
-def renew_lease(job_id: IdPath, body: WorkerRef, db: DB, settings: SettingsDep):  # noqa: ANN201
-    """Renew the lease of a claimed job (409: the lease was lost, stop working on it)."""
-    job, cancel = crud.renew_lease(db, job_id, body.worker_id, settings.lease_seconds)
+@router.post("/{job_id}/lease", response_model=LeaseOut, responses=ERR)
+def renew_lease(job_id: IdPath, body: WorkerRef, db: DB, settings: SettingsDep, who: WorkerAuth):  # noqa: ANN201
+    """Renew the lease of a claimed job (409: the lease was lost, stop working on it). Only the worker
+    holding the job (its credential) may."""
+    job, cancel = jobqueue.renew_lease(db, job_id, as_worker(who, body.worker_id), settings.lease_seconds)
     return {"job_id": job.id, "lease_expires_at": job.lease_expires_at, "cancel": cancel}
 
 
-@router.post("/{job_id}/release", response_model=JobOut, dependencies=[WorkerAuth], responses=ERR)
-def release_job(job_id: IdPath, body: WorkerRef, db: DB):  # noqa: ANN201
+@router.post("/{job_id}/release", response_model=JobOut, responses=ERR)
+def release_job(job_id: IdPath, body: WorkerRef, db: DB, who: WorkerAuth):  # noqa: ANN201
     """The agent stops (Ctrl-C, SIGTERM): the job goes back to the queue at once."""
-    return job_out(crud.release_job(db, job_id, body.worker_id))
+    return job_out(jobqueue.release_job(db, job_id, as_worker(who, body.worker_id)))
 
 
-@router.post("/{job_id}/fail", response_model=JobOut, dependencies=[WorkerAuth], responses=ERR)
-def fail_job(job_id: IdPath, body: FailureIn, db: DB):  # noqa: ANN201
+@router.post("/{job_id}/fail", response_model=JobOut, responses=ERR)
+def fail_job(job_id: IdPath, body: FailureIn, db: DB, who: WorkerAuth):  # noqa: ANN201
     """The run failed: store the error and the log tail."""
-    return job_out(crud.fail_job(db, job_id, body.worker_id, body.error, body.log_tail))
+    return job_out(jobqueue.fail_job(db, job_id, as_worker(who, body.worker_id), body.error, body.log_tail))
 
 
-@router.post("/{job_id}/result", response_model=ResultOut, status_code=201, dependencies=[WorkerAuth],
-             responses=ERR)
-def post_result(job_id: IdPath, body: ResultIn, db: DB):  # noqa: ANN201
-    """The measured figures of a run (the executor's result.json), stored beside the prediction."""
+@router.post("/{job_id}/result", response_model=ResultOut, status_code=201, responses={
+    200: {"model": ResultOut, "description": "this worker's result was stored before (a repeated post)"}, **ERR})
+def post_result(job_id: IdPath, body: ResultIn, db: DB, who: WorkerAuth, response: Response):  # noqa: ANN201
+    """The measured figures of a run (the executor's result.json), stored beside the prediction. Only
+    from the worker holding the job; the same worker posting again gets its stored result (200)."""
     data = body.model_dump()
     data["devices"] = [d.model_dump() for d in body.devices]
-    return result_out(crud.store_result(db, job_id, data))
+    row, created = jobqueue.store_result(db, job_id, as_worker(who, body.worker_id), data)
+    if not created:
+        response.status_code = 200
+    return result_out(row)
 
 
 @router.get("/{job_id}/result", response_model=ResultOut, dependencies=[Read], responses=ERR)
@@ -80,4 +87,21 @@ def get_result(job_id: IdPath, db: DB):  # noqa: ANN201
 def get_comparison(job_id: IdPath, db: DB):  # noqa: ANN201
     """Predicted vs measured, field by field with relative errors; measured values are null until the job
     has a result."""
-    return crud.comparison(db, job_id)
+    return comparison(db, job_id)
+
+
+@router.get("/{job_id}/timelines", dependencies=[Read], responses=ERR)
+def get_job_timelines(job_id: IdPath, db: DB, request: Request, settings: SettingsDep) -> dict[str, Any]:
+    """The predicted timeline of the job's candidate and the measured one (from the result's trace; null
+    with ``measured_note`` saying why when there is none yet)."""
+    job = crud.get_job(db, job_id)
+    try:
+        res = crud.get_result(db, job_id)
+    except crud.NotFound:
+        measured, note = None, f"job {job_id} has no result yet ({job.state})"
+    else:
+        measured, note = trace_timeline(res.trace)
+    predicted = candidate_timeline(db, request.app.state.runner, settings.timeline_timeout_seconds,
+                                   job.plan_id, job.candidate_index)
+    return {"job_id": job.id, "plan_id": job.plan_id, "candidate_index": job.candidate_index,
+            "predicted": predicted, "measured": measured, "measured_note": note}

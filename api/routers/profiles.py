@@ -10,9 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import crud
 from api.deps import DB, Admin, Read
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
-from api.schemas import Message, ProfileDetail, ProfileOut
+from api.schemas import Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
-from planner.profile import ModelProfile
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
 
@@ -34,8 +33,9 @@ class HFConfigUpload(BaseModel):
 @router.post("", response_model=ProfileOut, status_code=201, dependencies=[Admin],
              responses={200: {"model": ProfileOut, "description": "the same profile was stored before"},
                         422: {"model": Message}})
-def upload_profile(profile: ModelProfile, db: DB, response: Response):  # noqa: ANN201
-    """Store a profile (validated as ``planner.profile.ModelProfile``). Uploading the same content again
+def upload_profile(profile: ProfileUpload, db: DB, response: Response):  # noqa: ANN201
+    """Store a profile (validated as ``planner.profile.ModelProfile``,
+    with the bounds of :class:`api.schemas.ProfileUpload`). Uploading the same content again
     returns the stored one with 200."""
     row, created = crud.add_profile(db, profile)
     if not created:

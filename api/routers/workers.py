@@ -1,26 +1,30 @@
-"""/workers: agents register, heartbeat and claim jobs (worker or admin token)."""
+"""/workers: agents register (and get their own credential), heartbeat and claim jobs."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
-from api import crud
-from api.deps import DB, Read, SettingsDep, WorkerAuth
+from api import crud, jobqueue
+from api.deps import DB, Read, Registrar, SettingsDep, WorkerAuth, as_worker
 from api.routers.common import IdPath, Limit, Offset, job_out, worker_out
-from api.schemas import JobClaim, Message, WorkerOut, WorkerRegister
+from api.schemas import JobClaim, Message, WorkerOut, WorkerRegister, WorkerRegistered
 
 router = APIRouter(prefix="/workers", tags=["workers"])
-ERR = {404: {"model": Message}, 409: {"model": Message}}
+ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}}
 
 
-@router.post("", response_model=WorkerOut, status_code=201, dependencies=[WorkerAuth],
-             responses={200: {"model": WorkerOut, "description": "known name: updated"}})
-def register(body: WorkerRegister, db: DB, response: Response, settings: SettingsDep):  # noqa: ANN201
-    """Register an agent (by unique name; registering again updates it)."""
-    row, created = crud.register_worker(db, body.model_dump())
+@router.post("", response_model=WorkerRegistered, status_code=201,
+             responses={200: {"model": WorkerRegistered, "description": "known name: updated"}, **ERR})
+def register(body: WorkerRegister, db: DB, response: Response, settings: SettingsDep, who: Registrar):  # noqa: ANN201
+    """Register an agent by unique name (registration token). The answer's ``token`` is the worker's own
+    credential, shown once: the worker's heartbeats, claims, leases and results need it. A known name is
+    updated only with its own credential (the token stays) or the admin token (a new token is issued and
+    the old one stops working); with the registration token alone it is 409."""
+    row, created, issued = crud.register_worker(db, body.model_dump(), credential=who.token if who.role == "worker"
+                                                else None, admin=who.role == "admin")
     if not created:
         response.status_code = 200
-    return worker_out(row, settings.worker_alive_seconds)
+    return {**worker_out(row, settings.worker_alive_seconds), "token": issued}
 
 
 @router.get("", response_model=list[WorkerOut], dependencies=[Read])
@@ -33,20 +37,21 @@ def get_worker(worker_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN20
     return worker_out(crud.get_worker(db, worker_id), settings.worker_alive_seconds)
 
 
-@router.post("/{worker_id}/heartbeat", response_model=WorkerOut, dependencies=[WorkerAuth], responses=ERR)
-def heartbeat(worker_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN201
-    return worker_out(crud.heartbeat(db, worker_id), settings.worker_alive_seconds)
+@router.post("/{worker_id}/heartbeat", response_model=WorkerOut, responses=ERR)
+def heartbeat(worker_id: IdPath, db: DB, settings: SettingsDep, who: WorkerAuth):  # noqa: ANN201
+    return worker_out(crud.heartbeat(db, as_worker(who, worker_id)), settings.worker_alive_seconds)
 
 
-@router.post("/{worker_id}/claim", response_model=JobClaim, dependencies=[WorkerAuth],
+@router.post("/{worker_id}/claim", response_model=JobClaim,
              responses={204: {"description": "no job queued"}, **ERR})
-def claim(worker_id: IdPath, db: DB, settings: SettingsDep, request: Request):  # noqa: ANN201
+def claim(worker_id: IdPath, db: DB, settings: SettingsDep, who: WorkerAuth):  # noqa: ANN201
     """Claim the oldest queued job with a lease of ``lease_seconds``; renew it with POST /jobs/{id}/lease.
-    204 when the queue is empty."""
+    204 when the queue is empty. Only the worker itself (its credential) claims for it."""
+    worker_id = as_worker(who, worker_id)
     crud.heartbeat(db, worker_id)
-    crud.expire_leases(db)
+    jobqueue.expire_leases(db)
     db.commit()
-    job = crud.claim_job(db, worker_id, settings.lease_seconds)
+    job = jobqueue.claim_job(db, worker_id, settings.lease_seconds)
     if job is None:
         return Response(status_code=204)
     plan = crud.get_plan(db, job.plan_id)

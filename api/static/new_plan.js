@@ -1,42 +1,62 @@
 // New plan page: POST /plans (after POST /profiles for an uploaded file), poll GET /plans/{id}, then go
-// to the comparison page.
+// to the comparison page. "Make profile" sends a Hugging Face config.json to POST /profiles/hf-config for the
+// selected cluster and selects the profile it returns.
 "use strict";
 
+// what GET /profiles and GET /clusters gave (profiles made from a Hugging Face config are added to the list)
+let profiles = [];
+let clusters = [];
+
 PP.start(async () => {
-  const [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
-  const psel = document.getElementById("profile");
-  psel.innerHTML = profiles.map((p) =>
-    `<option value="${p.id}">${PP.esc(p.name)} on ${PP.esc(p.device)} (${p.num_layers} layers, #${p.id})</option>`).join("");
+  [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
+  renderProfiles();
   const csel = document.getElementById("cluster");
   csel.innerHTML = clusters.map((c) =>
     `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)} (${c.gpus} × ${PP.esc(c.device)}, #${c.id})</option>`).join("");
-  // pick the first cluster of the profile's device
-  const syncCluster = () => {
-    const p = profiles.find((x) => String(x.id) === psel.value);
-    const match = p && [...csel.options].find((o) => o.dataset.device === p.device);
-    if (match) csel.value = match.value;
-  };
-  // a profile measured on another device than the cluster's predicts that device's times: say so up front
-  const deviceNote = () => {
-    const p = profiles.find((x) => String(x.id) === psel.value);
-    const c = clusters.find((x) => String(x.id) === csel.value);
-    const note = document.getElementById("device-note");
-    const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
-    const differ = p && c && norm(p.device) !== norm(c.device) && !document.getElementById("profile-file").files.length;
-    note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
-      `the plan will predict ${p.device} times.` : "";
-    note.hidden = !differ;
-  };
-  psel.addEventListener("change", () => { syncCluster(); deviceNote(); });
+  // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
+  document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
   csel.addEventListener("change", deviceNote);
-  document.getElementById("profile-file").addEventListener("change", deviceNote);
+  document.getElementById("profile-file").addEventListener("change", () => { clearHF(); deviceNote(); });
+  document.getElementById("hf-file").addEventListener("change", () => {
+    document.getElementById("profile-file").value = "";
+    deviceNote();
+  });
   syncCluster();
   deviceNote();
   document.body.dataset.ready = "1";
 });
 
+function renderProfiles() {
+  document.getElementById("profile").innerHTML = profiles.map((p) =>
+    `<option value="${p.id}">${PP.esc(p.name)} on ${PP.esc(p.device)} (${p.num_layers} layers, #${p.id})</option>`).join("");
+}
+
+// pick the first cluster of the profile's device
+function syncCluster() {
+  const psel = document.getElementById("profile");
+  const csel = document.getElementById("cluster");
+  const p = profiles.find((x) => String(x.id) === psel.value);
+  const match = p && [...csel.options].find((o) => o.dataset.device === p.device);
+  if (match) csel.value = match.value;
+}
+
+// a profile measured on another device than the cluster's predicts that device's times: say so up front
+function deviceNote() {
+  const p = profiles.find((x) => String(x.id) === document.getElementById("profile").value);
+  const c = clusters.find((x) => String(x.id) === document.getElementById("cluster").value);
+  const note = document.getElementById("device-note");
+  const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
+  const fromFile = document.getElementById("profile-file").files.length ||
+    (document.getElementById("hf-file").files.length && hfKey() !== hfMade.key);  // not the selected profile
+  const differ = p && c && norm(p.device) !== norm(c.device) && !fromFile;
+  note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
+    `the plan will predict ${p.device} times.` : "";
+  note.hidden = !differ;
+}
+
 // wired at once, token or not: Plan never submits the form natively (a reload would lose what was typed)
 document.getElementById("plan-form").addEventListener("submit", (ev) => { ev.preventDefault(); submit(); });
+document.getElementById("hf-make").addEventListener("click", makeHFProfile);
 document.addEventListener("pp-token", authNote);
 authNote();
 
@@ -134,6 +154,13 @@ async function submit() {
   try {
     let profileId = parseInt(document.getElementById("profile").value, 10);
     const file = document.getElementById("profile-file").files[0];
+    if (!file && document.getElementById("hf-file").files.length && hfKey() !== hfMade.key) {
+      // a config.json chosen but not made into a profile yet (or with other settings): make it first
+      text.textContent = "making the profile from config.json…";
+      const id = await makeHFProfile();
+      if (!id) { progress.hidden = true; button.disabled = false; return; }
+      profileId = id;
+    }
     if (file) {
       text.textContent = "uploading the profile…";
       let body;
@@ -155,6 +182,89 @@ async function submit() {
     err.textContent = (e.status === 401 || e.status === 403 ? "Planning needs the admin token (top right): " : "") + (e.message || String(e));
     err.hidden = false;
     progress.hidden = true;
+    button.disabled = false;
+  }
+}
+
+// ---- a profile from a Hugging Face config.json (POST /profiles/hf-config) ---------------------------------
+// The API's 422 names the field ("config.num_key_value_heads: ...", "seq: ..."): shown under the control, and
+// the input it is about is outlined.
+function hfFieldFor(detail) {
+  const field = String(detail).split(/[:.,\s]/, 1)[0];
+  return { seq: "hf-seq", name: "hf-name", cluster_id: "cluster" }[field] || "hf-file";
+}
+
+// what the selected profile was made from (file, sequence, name, cluster), so Plan makes it only once
+let hfMade = { key: null, id: null };
+function hfKey() {
+  const f = document.getElementById("hf-file").files[0];
+  const v = (id) => document.getElementById(id).value.trim();
+  return f ? JSON.stringify([f.name, f.size, f.lastModified, v("hf-seq"), v("hf-name"), v("cluster")]) : null;
+}
+
+function clearHF() {
+  document.getElementById("hf-file").value = "";
+  document.getElementById("hf-status").textContent = "";
+  document.getElementById("hf-error").hidden = true;
+  hfMade = { key: null, id: null };
+}
+
+// returns the id of the profile made (and selected), or undefined when it was not made
+async function makeHFProfile() {
+  const errEl = document.getElementById("hf-error");
+  const status = document.getElementById("hf-status");
+  const button = document.getElementById("hf-make");
+  const fileEl = document.getElementById("hf-file");
+  const ids = ["hf-file", "hf-seq", "hf-name", "cluster"];
+  ids.forEach((id) => document.getElementById(id).classList.remove("invalid"));
+  errEl.hidden = true;
+  status.textContent = "";
+  const fail = (id, msg) => {
+    if (id) document.getElementById(id).classList.add("invalid");
+    errEl.textContent = msg;
+    errEl.hidden = false;
+    status.textContent = "";
+  };
+  const file = fileEl.files[0];
+  if (!file) return fail("hf-file", "config.json: choose a file first (e.g. examples/models/llama-3.1-8b/config.json)");
+  const errors = [];
+  const seq = wholeNumber("hf-seq", errors);
+  if (errors.length) return fail("hf-seq", errors[0][1]);
+  if (!PP.token()) {
+    fail(null, "Making a profile needs the admin token: paste it into “API token” at the top right and press Save, " +
+      "then Make profile again.");
+    document.getElementById("token").focus();
+    return;
+  }
+  const clusterId = parseInt(document.getElementById("cluster").value, 10);
+  if (!clusterId) return fail("cluster", "Cluster: none is selected (the profile is made for the cluster's device)");
+  let config;
+  try { config = JSON.parse(await file.text()); } catch (e) {
+    return fail("hf-file", `config.json: ${file.name} is not JSON (${e.message})`);
+  }
+  const key = hfKey();
+  const body = { config, cluster_id: clusterId };
+  if (seq !== null) body.seq = seq;
+  const name = document.getElementById("hf-name").value.trim();
+  if (name) body.name = name;
+  button.disabled = true;
+  status.textContent = "making the profile…";
+  try {
+    const r = await PP.api("POST", "/profiles/hf-config", body);
+    const p = r.data;
+    profiles = [p, ...profiles.filter((x) => x.id !== p.id)];
+    renderProfiles();
+    document.getElementById("profile").value = String(p.id);
+    document.getElementById("profile-file").value = "";  // the plan uses the selected profile, not a JSON file
+    deviceNote();
+    status.textContent = `${r.status === 201 ? "made" : "already stored:"} profile #${p.id} ${p.name} on ${p.device} ` +
+      `(${p.num_layers} layers), selected above`;
+    hfMade = { key, id: p.id };
+    return p.id;
+  } catch (e) {
+    if (e.status === 401 || e.status === 403) fail(null, "Making a profile needs the admin token (top right): " + e.message);
+    else fail(hfFieldFor(e.message), e.message || String(e));
+  } finally {
     button.disabled = false;
   }
 }

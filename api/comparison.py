@@ -1,0 +1,45 @@
+"""Predicted vs measured: a job's candidate (what the planner predicted) beside its result (what the agent
+measured), field by field with relative errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.crud import get_job, job_candidate
+from db.models import Result
+
+
+def _rel(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or pred == 0:
+        return None
+    return (meas - pred) / pred
+
+
+def comparison(db: Session, job_id: int) -> dict[str, Any]:
+    """Predicted vs measured, field by field, with relative errors (measured ones None until a result)."""
+    job = get_job(db, job_id)
+    cand = job_candidate(db, job)
+    res = db.scalar(select(Result).where(Result.job_id == job_id))
+    it_m = res.iteration_time if res else None
+    gb = cand.get("global_batch") or None
+    thr_m = gb / it_m if (gb and it_m) else None
+    rows = [("iteration_time", cand.get("iteration_time"), it_m),
+            ("throughput", cand.get("throughput"), thr_m),
+            ("bubble_ratio", cand.get("bubble_ratio"), res.bubble_ratio if res else None)]
+    devices = []
+    mem = cand.get("memory") or []
+    for d, dev in enumerate(res.devices if res else []):
+        entry = dict(dev)
+        peak = dev.get("peak_memory")
+        if d < len(mem) and isinstance(peak, int | float):
+            entry["predicted_peak_memory"] = mem[d]
+            entry["peak_memory_relative_error"] = _rel(mem[d], float(peak))
+        devices.append(entry)
+    return {"job_id": job.id, "plan_id": job.plan_id, "candidate_index": job.candidate_index,
+            "label": cand.get("label", ""), "state": job.state, "emulated": res.emulated if res else None,
+            "fields": [{"field": f, "predicted": p, "measured": m, "relative_error": _rel(p, m)}
+                       for f, p, m in rows],
+            "devices": devices}

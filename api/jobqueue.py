@@ -1,0 +1,185 @@
+"""The job queue: the lease state machine of dispatched candidates (no HTTP here).
+
+    queued --claim--> running --result--> succeeded
+                         |  \\--fail----> failed
+                         |   \\-cancel--> cancelled (the agent hears it at its next renewal)
+                         +--lease expired / released--> queued (failed after ``max_attempts`` claims)
+
+Every transition is a compare-and-set on the row (``UPDATE ... WHERE state = ... AND worker_id = ...``),
+so two claimers, a renewal racing the reaper, or a result racing a cancel never both win. Only the worker
+holding a running job may renew, release, fail it or post its result: the caller passes the worker id its
+credential proved (``api.deps``), never one read from the request body.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from api.errors import Conflict
+from db.models import Job, Result, finite, utcnow
+
+
+def record_event(job: Job, event: str, **kw: Any) -> None:
+    job.history = [*(job.history or []), {"at": utcnow().isoformat(), "event": event, **kw}]
+
+
+def get_job(db: Session, job_id: int) -> Job:
+    from api.errors import NotFound
+
+    row = db.get(Job, job_id)
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    return row
+
+
+def cancel_job(db: Session, job_id: int) -> Job:
+    job = get_job(db, job_id)
+    if job.state in ("succeeded", "failed", "cancelled"):
+        raise Conflict(f"job {job_id} is already {job.state}")
+    res = db.execute(update(Job).where(Job.id == job_id, Job.state.in_(("queued", "running")))
+                     .values(state="cancelled", finished_at=utcnow(), lease_expires_at=None))
+    if res.rowcount != 1:
+        raise Conflict(f"job {job_id} changed state meanwhile; retry")
+    db.refresh(job)
+    record_event(job, "cancelled")
+    return job
+
+
+def expire_leases(db: Session, now: datetime | None = None) -> list[int]:
+    """Running jobs whose lease has run out go back to queued, or to failed after ``max_attempts`` claims.
+    Each change is a compare-and-set on (state, lease), so a renewal that wins the race is kept."""
+    now = now or utcnow()
+    expired = list(db.scalars(select(Job).where(Job.state == "running", Job.lease_expires_at < now)))
+    changed = []
+    for job in expired:
+        lease, worker = job.lease_expires_at, job.worker_id
+        give_up = job.attempts >= job.max_attempts
+        values: dict[str, Any] = {"lease_expires_at": None, "worker_id": None}
+        if give_up:
+            values.update(state="failed", finished_at=now,
+                          error=f"lease expired on attempt {job.attempts} of {job.max_attempts} "
+                                f"(worker {worker} stopped renewing it); giving up")
+        else:
+            values.update(state="queued")
+        res = db.execute(update(Job).where(Job.id == job.id, Job.state == "running",
+                                           Job.lease_expires_at == lease).values(**values))
+        if res.rowcount == 1:
+            db.refresh(job)
+            record_event(job, "lease_expired", worker_id=worker, requeued=not give_up)
+            changed.append(job.id)
+    return changed
+
+
+def grace_running_leases(db: Session, lease_seconds: float) -> int:
+    """On API startup: agents could not renew while the API was down, so running jobs get one fresh lease
+    instead of being requeued at once (a dead agent still loses its job one lease later)."""
+    res = db.execute(update(Job).where(Job.state == "running")
+                     .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
+    return res.rowcount or 0
+
+
+def claim_job(db: Session, worker_id: int, lease_seconds: float) -> Job | None:
+    """Give the oldest queued job to ``worker_id`` with a fresh lease; None if the queue is empty.
+
+    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows).
+    SQLite (one writer at a time): a compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count
+    says whether this claimer won; a loser moves on to the next job. Either way no job is claimed twice.
+    """
+    now = utcnow()
+    values = {"state": "running", "worker_id": worker_id, "claimed_at": now,
+              "lease_expires_at": now + timedelta(seconds=lease_seconds), "attempts": Job.attempts + 1}
+    if db.get_bind().dialect.name == "postgresql":
+        job = db.scalar(select(Job).where(Job.state == "queued").order_by(Job.id).limit(1)
+                        .with_for_update(skip_locked=True))
+        if job is None:
+            return None
+        db.execute(update(Job).where(Job.id == job.id).values(**values))
+        db.refresh(job)
+        record_event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
+        return job
+    for _ in range(100):  # bounded: each lost race means another claimer took a job
+        ids = list(db.scalars(select(Job.id).where(Job.state == "queued").order_by(Job.id).limit(8)))
+        if not ids:
+            return None
+        for jid in ids:
+            res = db.execute(update(Job).where(Job.id == jid, Job.state == "queued").values(**values))
+            if res.rowcount == 1:
+                job = get_job(db, jid)
+                db.refresh(job)
+                record_event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
+                return job
+    return None
+
+
+def _held(db: Session, job_id: int, worker_id: int) -> Job:
+    job = get_job(db, job_id)
+    if job.state != "running" or job.worker_id != worker_id:
+        holder = f"worker {job.worker_id}" if job.worker_id else "no worker"
+        raise Conflict(f"worker {worker_id} does not hold job {job_id} (it is {job.state}, held by {holder}): "
+                       "the lease was lost")
+    return job
+
+
+def renew_lease(db: Session, job_id: int, worker_id: int, lease_seconds: float) -> tuple[Job, bool]:
+    """Extend the lease; (job, cancel) where cancel says the job was cancelled and the run must stop."""
+    job = get_job(db, job_id)
+    if job.state == "cancelled" and job.worker_id == worker_id:
+        return job, True
+    expires = utcnow() + timedelta(seconds=lease_seconds)
+    res = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
+                     .values(lease_expires_at=expires))
+    if res.rowcount != 1:
+        db.refresh(job)
+        _held(db, job_id, worker_id)
+    db.refresh(job)
+    return job, False
+
+
+def release_job(db: Session, job_id: int, worker_id: int, reason: str = "released by the worker") -> Job:
+    """The worker gives the job back (it is stopping): queued again; the claim does not count."""
+    job = _held(db, job_id, worker_id)
+    res = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
+                     .values(state="queued", worker_id=None, lease_expires_at=None,
+                             attempts=Job.attempts - 1))
+    if res.rowcount != 1:
+        raise Conflict(f"job {job_id} changed state meanwhile")
+    db.refresh(job)
+    record_event(job, "released", worker_id=worker_id, reason=reason)
+    return job
+
+
+def fail_job(db: Session, job_id: int, worker_id: int, error: str, log_tail: str | None) -> Job:
+    job = _held(db, job_id, worker_id)
+    job.state, job.error, job.log_tail = "failed", error, log_tail
+    job.finished_at, job.lease_expires_at = utcnow(), None
+    record_event(job, "failed", worker_id=worker_id)
+    return job
+
+
+def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any]) -> tuple[Result, bool]:
+    """Store the measured result of a job ``worker_id`` holds: (result, created). The same worker posting
+    again after its result was stored (a retry whose first answer was lost) gets the stored one back with
+    ``created`` False; anyone else gets :class:`Conflict` saying what happened."""
+    stored = db.scalar(select(Result).where(Result.job_id == job_id))
+    if stored is not None:
+        if stored.worker_id == worker_id:
+            return stored, False
+        raise Conflict(f"job {job_id} already has a result (from worker {stored.worker_id})")
+    job = _held(db, job_id, worker_id)
+    res = Result(job_id=job_id, worker_id=worker_id, iteration_time=data["iteration_time"],
+                 bubble_ratio=data.get("bubble_ratio"), emulated=bool(data.get("emulated")),
+                 devices=finite(data.get("devices") or []), trace=data.get("trace"),
+                 body=finite(data.get("raw") or {}))
+    db.add(res)
+    done = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
+                      .values(state="succeeded", finished_at=utcnow(), lease_expires_at=None))
+    if done.rowcount != 1:
+        raise Conflict(f"job {job_id} changed state meanwhile: the lease was lost")
+    db.refresh(job)
+    record_event(job, "succeeded", worker_id=worker_id)
+    db.flush()
+    return res, True
