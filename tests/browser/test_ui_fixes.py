@@ -77,17 +77,19 @@ def _failed_job(srv: LiveServer, plan_id: int, rank: int = 0) -> dict[str, Any]:
     with srv.client() as c:
         job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "model": "gpt-tiny",
                                     "iterations": 4}).json()
-        w = c.post("/workers", json={"name": "ui-fail-worker", "node": "n1"}, headers=WAUTH)
+        # each worker gets its own credential at registration (issue 14); one worker per failed job
+        w = c.post("/workers", json={"name": f"ui-fail-worker-{job['id']}", "node": "n1"}, headers=WAUTH)
         assert w.status_code in (200, 201), w.text
         wid = w.json()["id"]
+        own = {"Authorization": f"Bearer {w.json()['token']}"}
         while True:  # claim until ours comes (jobs of earlier tests may be queued before it)
-            r = c.post(f"/workers/{wid}/claim", headers=WAUTH)
+            r = c.post(f"/workers/{wid}/claim", headers=own)
             assert r.status_code == 200, f"job {job['id']} never claimed: {r.status_code}"
             got = r.json()["job"]["id"]
             log = ("launching 2 processes\n"
                    "Traceback (most recent call last):\n  File \"executor/worker.py\", line 88, in main\n"
                    f"{LONG_ERROR}\n") if got == job["id"] else "other"
-            f = c.post(f"/jobs/{got}/fail", headers=WAUTH,
+            f = c.post(f"/jobs/{got}/fail", headers=own,
                        json={"worker_id": wid, "error": "the run exited with code 2", "log_tail": log})
             assert f.status_code == 200, f.text
             if got == job["id"]:
