@@ -69,7 +69,10 @@ def test_make_serve_runs_a_job_to_done(served: Any) -> None:
     body = body.get("cluster", body)
     file = json.loads((ROOT / "examples" / "clusters" / "local-cpu-4.json").read_text())
     assert body["intra"] != file["intra"] and body["intra"]["alpha"] >= 0, body
-    assert body["executor"] and body["executor"]["compute"] > 0, body
+    # measured per-action overhead: every kind present and >= 0 (a compute overhead can measure as 0 once the
+    # profiled layer time is subtracted on a loaded machine), and the messages cost something
+    ex = body["executor"]
+    assert ex and all(v >= 0 for v in ex.values()) and ex["send"] > 0 and ex["recv"] > 0, body
     assert body["allreduce_fit"]["ranks"] == 4, body
     r = c.post("/plans", json={"profile_id": profiles[0]["id"], "cluster_id": cluster["id"], "global_batch": 8})
     assert r.status_code in (200, 201, 202), r.text
