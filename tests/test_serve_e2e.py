@@ -71,7 +71,7 @@ def test_make_serve_runs_a_job_to_done(served: Any) -> None:
     assert body["intra"] != file["intra"] and body["intra"]["alpha"] >= 0, body
     # measured per-action overhead: every kind present and >= 0 (a compute overhead can measure as 0 once the
     # profiled layer time is subtracted on a loaded machine), and the messages cost something
-    ex = body["executor"]
+    ex = {k: v for k, v in (body["executor"] or {}).items() if isinstance(v, int | float)}
     assert ex and all(v >= 0 for v in ex.values()) and ex["send"] > 0 and ex["recv"] > 0, body
     assert body["allreduce_fit"]["ranks"] == 4, body
     r = c.post("/plans", json={"profile_id": profiles[0]["id"], "cluster_id": cluster["id"], "global_batch": 8})
