@@ -10,6 +10,7 @@ from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
 from planner.cost import ConfigCosts
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
+from planner.runspec import schedule_microbatches
 from planner.schedules import build
 
 SIZES = (1, 2, 4, 8)
@@ -205,7 +206,7 @@ def test_search_bounds_hold_with_overhead_and_calibration() -> None:
             continue
         warmup_bound = None
         if not inflight_exact(cfg.schedule):
-            n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
+            n = schedule_microbatches(cfg, cand.microbatches)
             rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
                 warmup_bound = planner.bounds.prefix_bound(costs, warmup)

@@ -13,6 +13,7 @@ from planner.cluster import load_cluster
 from planner.device import device_for_cluster
 from planner.model import PRESETS
 from planner.request import Config, TrainingRequest
+from planner.runspec import schedule_microbatches
 from planner.search import plan, predict
 
 EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
@@ -176,7 +177,7 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
         counts = planner.shapes.inflight(cfg, costs.schedule)
         warmup_bound = None
         if not inflight_exact(cfg.schedule):  # merged: the bound of its replayed warm-up too
-            n = cand.microbatches * (2 if cfg.concat == "backward-halving" else 1)
+            n = schedule_microbatches(cfg, cand.microbatches)
             rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
                 warmup_bound = planner.bounds.prefix_bound(costs, warmup)
