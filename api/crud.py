@@ -208,10 +208,16 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     if spec["candidate_index"] >= n:
         raise InputError(f"candidate_index: plan {plan.id} has {n} candidate(s) (0..{n - 1}), "
                          f"got {spec['candidate_index']}")
+    from api.gang import make_slots, placement
+
+    candidate = plan.candidates[spec["candidate_index"]].body
+    where = placement(candidate, get_cluster(db, plan.cluster_id).body, bool(spec["emulate"]),
+                      spec.get("gpus_per_node"))
     job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"],
               iterations=spec["iterations"], emulate=spec["emulate"], state="queued", attempts=0,
-              max_attempts=spec.get("max_attempts") or default_attempts, history=[])
-    record_event(job, "created")
+              max_attempts=spec.get("max_attempts") or default_attempts, history=[], **where)
+    make_slots(job)
+    record_event(job, "created", **where)
     db.add(job)
     db.flush()
     return job
@@ -262,6 +268,8 @@ def register_worker(db: Session, spec: dict[str, Any], *, credential: str | None
     never hands over an existing identity (:class:`Conflict`)."""
     for f in ("name", "node", "device_type"):
         check_text(spec[f], f)
+    if spec.get("host") is not None:
+        check_text(spec["host"], "host")
     row = db.scalar(select(Worker).where(Worker.name == spec["name"]))
     created, issued = row is None, None
     if row is None:
@@ -276,6 +284,7 @@ def register_worker(db: Session, spec: dict[str, Any], *, credential: str | None
         issued = "pw_" + secrets.token_urlsafe(32)
         row.token_hash = token_hash(issued)
     row.node, row.gpus, row.device_type = spec["node"], spec["gpus"], spec["device_type"]
+    row.host = spec.get("host")
     row.last_heartbeat = utcnow()
     db.flush()
     return row, created, issued
@@ -292,9 +301,15 @@ def get_worker(db: Session, worker_id: int) -> Worker:
     return row
 
 
-def heartbeat(db: Session, worker_id: int) -> Worker:
+def heartbeat(db: Session, worker_id: int, declared: dict[str, Any] | None = None) -> Worker:
+    """The worker is alive; ``declared`` (GPUs, device type, host; each optional) updates what it has."""
     row = get_worker(db, worker_id)
     row.last_heartbeat = utcnow()
+    for k, v in (declared or {}).items():
+        if v is not None:
+            if isinstance(v, str):
+                check_text(v, k)
+            setattr(row, k, v)
     return row
 
 

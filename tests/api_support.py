@@ -88,6 +88,9 @@ def client(db_url: str) -> Iterator[Any]:
         yield c
 
 
+TINY_DEVICE = "A100-SXM4-80GB"  # tiny_cluster's device: an agent declares it to be offered its (real) jobs
+
+
 def tiny_cluster(gpus_per_node: int = 4, nodes: int = 1, name: str = "tiny-cluster") -> dict[str, Any]:
     return {"name": name, "nodes": nodes, "gpus_per_node": gpus_per_node, "device": "A100-SXM4-80GB",
             "memory_bytes": 80 * 2**30, "peak_flops": 312e12, "intra": {"alpha": 3e-6, "beta": 4e-12},
