@@ -147,10 +147,12 @@ def make_slots(job: Job) -> None:
 
 # ---- the gang state machine ----------------------------------------------------------------------------
 
-def _event(job: Job, event: str, **kw: Any) -> None:
+def _event(db: Session, job: Job, event: str, **kw: Any) -> None:
+    """Append to the job's history and write it now (a later ``refresh`` of the row would drop it)."""
     from api.jobqueue import record_event
 
     record_event(job, event, **kw)
+    db.flush()
 
 
 def _lock_forming(db: Session, job_id: int) -> bool:
@@ -188,7 +190,7 @@ def claim_slot(db: Session, job_id: int, worker: Worker, lease_seconds: float, r
     job = db.get(Job, job_id)
     assert job is not None
     db.refresh(job)
-    _event(job, "slot_claimed", worker_id=worker.id, node_rank=slot.node_rank)
+    _event(db, job, "slot_claimed", worker_id=worker.id, node_rank=slot.node_rank)
     _start_if_complete(db, job, lease_seconds)
     return slot
 
@@ -208,7 +210,7 @@ def _start_if_complete(db: Session, job: Job, lease_seconds: float) -> bool:
     db.refresh(job)
     for s in slots:
         db.refresh(s)
-    _event(job, "gang_started", attempt=job.attempts, workers=[s.worker_id for s in slots],
+    _event(db, job, "gang_started", attempt=job.attempts, workers=[s.worker_id for s in slots],
            endpoint=slots[0].endpoint)
     return True
 
@@ -253,11 +255,11 @@ def renew_slot(db: Session, job_id: int, node_rank: int, worker_id: int, lease_s
     if job.state == "cancelled":
         return out
     if job.state == "queued":
-        if slot.held_since is not None and (now - slot.held_since).total_seconds() > gang_wait_seconds:
+        waited = (now - slot.held_since).total_seconds() if slot.held_since is not None else 0.0
+        if waited > gang_wait_seconds:
             if _lock_forming(db, job.id) and _open_slot(db, slot.id, worker_id):
                 db.refresh(job)
-                _event(job, "slot_timed_out", worker_id=worker_id, node_rank=node_rank,
-                       waited=round((now - slot.held_since).total_seconds(), 1))
+                _event(db, job, "slot_timed_out", worker_id=worker_id, node_rank=node_rank, waited=round(waited, 1))
                 return {**out, "state": "released"}
         db.execute(update(JobSlot).where(JobSlot.id == slot.id, JobSlot.worker_id == worker_id)
                    .values(lease_expires_at=now + timedelta(seconds=lease_seconds)))
@@ -299,7 +301,7 @@ def stop_gang(db: Session, job: Job, reason: str, *, counted: bool = True, error
     db.execute(update(JobSlot).where(JobSlot.job_id == job.id)
                .values(worker_id=None, state="open", held_since=None, lease_expires_at=None, endpoint=None))
     db.refresh(job)
-    _event(job, "gang_stopped", reason=reason, requeued=not give_up, counted=counted)
+    _event(db, job, "gang_stopped", reason=reason, requeued=not give_up, counted=counted)
     return True
 
 
@@ -319,7 +321,7 @@ def fail_slot(db: Session, job_id: int, node_rank: int, worker_id: int, error: s
                          log_tail=log_tail):
             db.refresh(job)
     else:
-        _event(job, "slot_failed", worker_id=worker_id, node_rank=node_rank, error=error[:500])
+        _event(db, job, "slot_failed", worker_id=worker_id, node_rank=node_rank, error=error[:500])
     return job
 
 
@@ -329,7 +331,7 @@ def finish_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Job
     if slot.state != "done":
         db.execute(update(JobSlot).where(JobSlot.id == slot.id, JobSlot.worker_id == worker_id)
                    .values(state="done", lease_expires_at=None))
-        _event(job, "slot_done", worker_id=worker_id, node_rank=node_rank)
+        _event(db, job, "slot_done", worker_id=worker_id, node_rank=node_rank)
     return job
 
 
@@ -340,7 +342,7 @@ def release_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Jo
     if job.state == "queued":
         if _lock_forming(db, job.id) and _open_slot(db, slot.id, worker_id):
             db.refresh(job)
-            _event(job, "slot_released", worker_id=worker_id, node_rank=node_rank)
+            _event(db, job, "slot_released", worker_id=worker_id, node_rank=node_rank)
     elif job.state == "running":
         stop_gang(db, job, f"node {node_rank}'s agent (worker {worker_id}) stopped", counted=False)
     return job
@@ -362,13 +364,13 @@ def expire_slots(db: Session, now: datetime | None = None) -> list[int]:
                              JobSlot.state.in_(("held", "running")), Job.state.in_(("queued", "running")))).all()
     for slot_id, job_id, rank, worker_id, state in rows:
         job = db.get(Job, job_id)
-        if job is None:
+        if job is None or job_id in stopped:
             continue
         db.refresh(job)
         if state == "queued":
             if _lock_forming(db, job_id) and _open_slot(db, slot_id, worker_id):
                 db.refresh(job)
-                _event(job, "slot_lease_expired", worker_id=worker_id, node_rank=rank)
+                _event(db, job, "slot_lease_expired", worker_id=worker_id, node_rank=rank)
         elif stop_gang(db, job, f"node {rank}'s agent (worker {worker_id}) stopped renewing its lease", now=now):
             stopped.append(job_id)
     return stopped
