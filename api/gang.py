@@ -242,7 +242,7 @@ def renew_slot(db: Session, job_id: int, node_rank: int, worker_id: int, lease_s
     """A slot's agent checks in (every third of a lease): what it must do now.
 
     ``state``: ``waiting`` (the gang is forming: ``held`` of ``nodes`` slots), ``released`` (held alone past
-    ``gang_wait_seconds``: the slot was given back; claim again), ``start``/``running`` (the gang started: run,
+    ``gang_wait_seconds``: the slot was given back; claim again), ``start`` (the gang started: run,
     with ``nnodes``, ``node_rank``, ``procs_per_node``, ``rdzv_endpoint``, ``rdzv_id``), ``succeeded`` (the
     result is in: let the run end), ``cancelled`` (stop the run). :class:`Conflict` when the slot is not this
     worker's any more (the gang was stopped): stop the run."""
@@ -332,6 +332,9 @@ def finish_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Job
         db.execute(update(JobSlot).where(JobSlot.id == slot.id, JobSlot.worker_id == worker_id)
                    .values(state="done", lease_expires_at=None))
         _event(db, job, "slot_done", worker_id=worker_id, node_rank=node_rank)
+    if job.state == "running" and db.scalar(select(func.count()).select_from(JobSlot).where(
+            JobSlot.job_id == job.id, JobSlot.state != "done")) == 0:
+        stop_gang(db, job, "every node ended without posting the result", error="no node posted the result")
     return job
 
 
@@ -348,9 +351,10 @@ def release_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Jo
     return job
 
 
-def holds_running_slot(db: Session, job: Job, worker_id: int) -> bool:
-    return db.scalar(select(JobSlot.id).where(JobSlot.job_id == job.id, JobSlot.worker_id == worker_id,
-                                              JobSlot.state.in_(("running", "done")))) is not None
+def running_rank(db: Session, job: Job, worker_id: int) -> int | None:
+    """The node rank ``worker_id`` holds in running gang ``job`` (None: none)."""
+    return db.scalar(select(JobSlot.node_rank).where(JobSlot.job_id == job.id, JobSlot.worker_id == worker_id,
+                                                     JobSlot.state.in_(("running", "done"))))
 
 
 def expire_slots(db: Session, now: datetime | None = None) -> list[int]:

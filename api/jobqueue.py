@@ -11,8 +11,8 @@ holding a running job may renew, release, fail it or post its result: the caller
 credential proved (``api.deps``), never one read from the request body.
 
 A job is offered only to agents that fit it (device type and size, :func:`api.gang.eligible`); a job that spans
-several nodes is claimed slot by slot and runs as a gang (:mod:`api.gang`); its result comes from any node of
-the running gang (the one where global rank 0 ran), once.
+several nodes is claimed slot by slot and runs as a gang (:mod:`api.gang`); its one result comes from node
+rank 0 of the running gang (where global rank 0 runs).
 """
 
 from __future__ import annotations
@@ -198,9 +198,12 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
         raise Conflict(f"job {job_id} already has a result (from worker {stored.worker_id})")
     job = get_job(db, job_id)
     if job.nodes > 1:
-        if job.state != "running" or not gang.holds_running_slot(db, job, worker_id):
+        if job.state != "running" or gang.running_rank(db, job, worker_id) is None:
             raise Conflict(f"worker {worker_id} holds no node of running job {job_id} (it is {job.state}): "
                            "the gang was stopped")
+        if gang.running_rank(db, job, worker_id) != 0:
+            raise Conflict(f"job {job_id}: the result comes from node rank 0 (where global rank 0 runs), not from "
+                           f"worker {worker_id}'s node {gang.running_rank(db, job, worker_id)}")
     else:
         _held(db, job_id, worker_id)
     res = Result(job_id=job_id, worker_id=worker_id, iteration_time=data["iteration_time"],
