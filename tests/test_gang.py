@@ -384,7 +384,7 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 
 def _agents(url: str, tmp_path: Path, n: int = 4) -> list[subprocess.Popen[bytes]]:
     return [start_agent(url, tmp_path / f"node{k}", f"node{k}", None, "--gpus", "2", "--host", "127.0.0.1",
-                        run_command=f"{REAL_RUN} --check") for k in range(n)]
+                        run_command=f"{REAL_RUN} --check", device="cpu") for k in range(n)]
 
 
 @pytest.fixture
