@@ -115,13 +115,18 @@ def takes(worker: Worker, job: Job) -> bool:
     return job.nodes == 1
 
 
-def waiting_reason(db: Session, job: Job, alive_seconds: float) -> str | None:
+def alive_workers(db: Session, alive_seconds: float) -> list[Worker]:
+    since = utcnow() - timedelta(seconds=alive_seconds)
+    return list(db.scalars(select(Worker).where(Worker.last_heartbeat >= since)))
+
+
+def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Worker] | None = None) -> str | None:
     """Why a queued job is not running yet, in words (None when an agent that fits is idle or none is
-    known to be missing)."""
+    known to be missing). ``workers``: the alive ones, when the caller has them."""
     if job.state != "queued":
         return None
-    since = utcnow() - timedelta(seconds=alive_seconds)
-    workers = list(db.scalars(select(Worker).where(Worker.last_heartbeat >= since)))
+    if workers is None:
+        workers = alive_workers(db, alive_seconds)
     dev = job.device_type or "any"
     also = " (or a CPU agent: the job is emulated)" if job.emulate and dev.lower() != CPU else ""
     if not any(device_fits(w.device_type, job) for w in workers):

@@ -93,10 +93,11 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int 
     offers ``rdzv_port`` (it may get node rank 0 and host the rendezvous): the job is returned with the slot
     held (:func:`api.gang.claim_slot`; ``job.state`` says whether the gang started).
 
-    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows).
-    SQLite (one writer at a time): a compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count
-    says whether this claimer won; a loser moves on to the next job. Either way no job (or slot) is claimed
-    twice.
+    A compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count says whether this claimer won (a
+    loser moves on to the next job); on PostgreSQL a single-node job another claimer has locked is skipped
+    first (``SELECT ... FOR UPDATE SKIP LOCKED``), while a gang's row lock is waited for (it orders the slot
+    changes of one gang, :mod:`api.gang`). SQLite has one writer at a time. Either way no job (or slot) is
+    claimed twice.
     """
     worker = db.get(Worker, worker_id)
     if worker is None:
@@ -114,11 +115,16 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int 
     tried: list[int] = []
     for _ in range(100):  # bounded: each lost race means another claimer took a job or a slot
         q = queued.where(Job.id.not_in(tried)) if tried else queued
-        q = q.order_by(Job.id).limit(1)
-        row = db.execute(q.with_for_update(skip_locked=True, of=Job) if postgres else q).first()
+        row = db.execute(q.order_by(Job.id).limit(1)).first()
         if row is None:
             return None
         jid, nodes = row
+        if postgres and nodes == 1 and db.scalar(  # skip a job another claimer is taking (no waiting on it)
+                select(Job.id).where(Job.id == jid, Job.state == "queued").with_for_update(skip_locked=True)) is None:
+            tried.append(jid)
+            continue
+        # a gang's slot: wait for a concurrent claimer's row lock rather than skip the gang (a half-formed
+        # one elsewhere would hold this agent until the slot timeout)
         job = _claim_one(db, jid, nodes, worker, values, lease_seconds, rdzv_port)
         if job is not None:
             return job

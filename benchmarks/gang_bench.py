@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--kill-iterations", type=int, default=40)
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the finally below stops what it started
     check = "" if args.no_check else " --check"
     run = f"{sys.executable} -m pipeplan.cli run{check}"
     with tempfile.TemporaryDirectory(prefix="gang-bench-") as d:
@@ -116,7 +117,8 @@ def main() -> None:
                                        "schedules": ["1f1b"], "max_tensor": 1}).json()
             plan = wait(lambda: (lambda p: p if p["status"] == "done" else None)(c.get(f"/plans/{r['id']}").json()),
                         120, "plan")
-            idx = next(i for i, x in enumerate(plan["candidates"]) if x["pipeline"] * x["data"] * x["tensor"] == 4)
+            fours = [i for i, x in enumerate(plan["candidates"]) if x["pipeline"] * x["data"] * x["tensor"] == 4]
+            idx = next((i for i in fours if plan["candidates"][i]["pipeline"] > 1), fours[0])  # D > 1 if any
             cand = plan["candidates"][idx]
             print(f"candidate {idx}: {cand['label']} (t*D*W = 4 on 2 nodes x 2 processes){check}")
             (tmp / "plan.json").write_text(__import__("json").dumps({"candidates": plan["candidates"]}))

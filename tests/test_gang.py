@@ -42,7 +42,8 @@ def cpu_cluster(nodes: int = 2, gpus_per_node: int = 2, name: str = "cpu-2x2") -
 
 
 def four_process_plan(c: Any, cluster: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """A done plan of the tiny model on ``cluster`` and the index of a candidate with t*D*W = 4 (1F1B, t = 1)."""
+    """A done plan of the tiny model on ``cluster`` and the index of a candidate with t*D*W = 4 (1F1B, t = 1),
+    D > 1 when the plan has one."""
     p = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
     cl = c.post("/clusters", json=cluster, headers=AUTH).json()["id"]
     r = c.post("/plans", json={"profile_id": p, "cluster_id": cl, "global_batch": 8, "gpus": 4, "top": 20,
@@ -51,10 +52,10 @@ def four_process_plan(c: Any, cluster: dict[str, Any]) -> tuple[dict[str, Any], 
     plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
         c.get(f"/plans/{r.json()['id']}", headers=AUTH).json()), what="plan done")
     assert plan["status"] == "done", plan
-    for i, cand in enumerate(plan["candidates"]):
-        if cand["pipeline"] * cand["data"] * cand["tensor"] == 4:
-            return plan, i
-    raise AssertionError(f"no 4-process candidate in {[x['label'] for x in plan['candidates']]}")
+    fours = [i for i, x in enumerate(plan["candidates"]) if x["pipeline"] * x["data"] * x["tensor"] == 4]
+    assert fours, f"no 4-process candidate in {[x['label'] for x in plan['candidates']]}"
+    # a pipeline across the two nodes if there is one (p2p and the all-reduce then both cross them)
+    return plan, next((i for i in fours if plan["candidates"][i]["pipeline"] > 1), fours[0])
 
 
 def worker(c: Any, name: str, gpus: int = 2, device: str = "cpu") -> tuple[int, dict[str, str]]:
@@ -205,6 +206,24 @@ def test_a_gang_failing_every_attempt_fails_and_a_stopping_agent_does_not_count(
         assert claim(c, b, ba).json()["job"]["attempts"] == attempt
         r = c.post(f"/jobs/{jid}/slots/0/fail", json={"error": "boom"}, headers=aa)
     assert r.json()["state"] == "failed" and "gang attempt 2 of 2" in r.json()["error"] and "boom" in r.json()["error"]
+
+
+def test_a_cancelled_gang_tells_its_agents_and_nodes_done_without_a_result_requeue(gang_client: Any) -> None:
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid, kid = (c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                       headers=AUTH).json()["id"] for _ in range(2))
+    (a, aa), (b, ba) = worker(c, "a"), worker(c, "b")
+    claim(c, a, aa)
+    claim(c, b, ba)
+    assert c.post(f"/jobs/{jid}/cancel", headers=AUTH).json()["state"] == "cancelled"
+    assert _lease(c, jid, 0, aa).json()["state"] == "cancelled" and _lease(c, jid, 1, ba).json()["state"] == "cancelled"
+    # the next job: both nodes end well but neither posts the result -> queued again, attempt counted
+    claim(c, a, aa)
+    assert claim(c, b, ba).json()["job"]["id"] == kid
+    c.post(f"/jobs/{kid}/slots/0/done", json={}, headers=aa)
+    r = c.post(f"/jobs/{kid}/slots/1/done", json={}, headers=ba).json()
+    assert r["state"] == "queued" and r["attempts"] == 1 and "no node posted the result" in r["error"]
 
 
 def test_a_slot_held_alone_past_the_timeout_is_given_back(db_url: str) -> None:

@@ -43,7 +43,8 @@ def list_jobs(db: DB, settings: SettingsDep,  # noqa: ANN201
     rows = crud.list_jobs(db, state, plan_id, limit, offset)
     done = crud.has_results(db, [r.id for r in rows])
     alive = settings.worker_alive_seconds
-    return [job_out(r, r.id in done, gang.waiting_reason(db, r, alive)) for r in rows]
+    workers = gang.alive_workers(db, alive) if any(r.state == "queued" for r in rows) else []
+    return [job_out(r, r.id in done, gang.waiting_reason(db, r, alive, workers)) for r in rows]
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Read], responses=ERR)
