@@ -10,10 +10,13 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# torch first, pinned: any other spec pulls gigabytes of CUDA wheels (DEVELOPERS.md)
+# torch first, pinned: any other spec pulls gigabytes of CUDA wheels (DEVELOPERS.md); torchtitan (its config
+# loader checks the torchtitan export, tests/test_export_torchtitan.py) without its dependencies, so that it
+# cannot replace torch: the config loader needs only tyro (dev extras) and torch
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps torchtitan==0.2.2
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -68,7 +68,8 @@ def check(spec: RunSpec) -> None:
         choices = [("1f1b", {})]
     elif c.schedule == "hanayo":
         reason = _REASONS["hanayo"]
-        choices = [("interleaved", {"chunks": 2 * (c.waves or 1)}), ("interleaved", {"chunks": 2}), ("1f1b", {})]
+        choices = [("interleaved", {"chunks": 2 * (c.waves or 1)}), ("interleaved", {"chunks": 2})]
+        choices = [*(choices if c.pipeline > 1 else []), ("1f1b", {})]
     else:
         reason = _REASONS.get(c.schedule, "it has no such schedule")
         choices = [("1f1b", {})]
