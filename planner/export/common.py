@@ -233,4 +233,4 @@ def best_supported_note(title: str, check: object, candidates: list[dict[str, ob
     i, spec = found
     t = candidates[i].get("iteration_time")
     pred = f", predicted {t:.4g} s" if isinstance(t, int | float) else ""
-    return f"The plan's fastest candidate that {title} runs is {ref.format(i=i)} ({spec.config.label()}{pred})"
+    return f"The plan's fastest candidate that {title} runs is {ref.format(i=i, r=i + 1)} ({spec.config.label()}{pred})"
