@@ -86,11 +86,22 @@ def config(inp: ExportInput) -> dict[str, object]:
     return out
 
 
+def placement_note(inp: ExportInput) -> str | None:
+    """Where the framework's rank order differs from the planner's (tensor innermost, then pipeline, then
+    data): with D > 1 and W > 1 its pipeline neighbours sit t W ranks apart, ours t."""
+    c = inp.config
+    if c.pipeline > 1 and c.data > 1:
+        return (f"{TITLE} orders ranks pipe, data, model (pipeline outermost); the plan placed pipeline neighbours "
+                f"{c.tensor} rank(s) apart, {TITLE} places them {c.tensor * c.data} apart, so its point-to-point "
+                f"messages may cross slower links than predicted")
+    return None
+
+
 def export(inp: ExportInput) -> Export:
     """``ds_config.json``: :func:`config`, with a ``_pipeplan`` entry naming the candidate (DeepSpeed ignores
     keys it does not read)."""
     cfg = config(inp)
-    notes = []
+    notes = [n for n in [placement_note(inp)] if n]
     if inp.spec.partition:
         notes.append("pipeline.parts are the plan's stage boundaries over the profile's layers; "
                      "PipelineModule(partition_method='uniform') balances layer counts, which may differ")

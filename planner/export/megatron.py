@@ -14,6 +14,9 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   either, Megatron runs 1F1B (``forward_backward_pipelining_without_interleaving``, PipeDream-Flush);
 * activation recomputation (section 3.5) of every layer's input: ``--recompute-granularity full
   --recompute-method uniform --recompute-num-layers 1``;
+* ``--use-tp-pp-dp-mapping`` (with D > 1 and W > 1): Megatron's rank order becomes tp-cp-ep-pp-dp instead of
+  its default tp-cp-ep-dp-pp, i.e. tensor innermost, then pipeline, then data -- the placement the planner
+  costed (a candidate's ``placement``), so pipeline neighbours sit t ranks apart as predicted;
 * ``--sequence-parallel`` when the profile's tensor-parallel times assume it (Korthikanti et al. 2022);
 * uneven stages: ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the other
   stages split the rest evenly); other partitions are not expressible (a note says so).
@@ -139,9 +142,14 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     check(inp.spec)
     notes = notes if notes is not None else []
     c = inp.config
+    if c.schedule == "interleaved" and c.pipeline == 2:
+        notes.append("Megatron-LM releases before 2024 refuse a virtual pipeline with pipeline-model-parallel-size "
+                     "2 (they need > 2); current ones accept > 1")
     args = ["--tensor-model-parallel-size", str(c.tensor), "--pipeline-model-parallel-size", str(c.pipeline),
             *_layer_args(inp, notes),
             "--micro-batch-size", str(c.micro_batch), "--global-batch-size", str(inp.spec.global_batch)]
+    if c.pipeline > 1 and c.data > 1:
+        args += ["--use-tp-pp-dp-mapping"]
     if inp.sequence_parallel and c.tensor > 1:
         args += ["--sequence-parallel"]
     if c.recompute:

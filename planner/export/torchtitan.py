@@ -113,11 +113,23 @@ def _dtype(dtype: str) -> str:
     return "float32" if dtype.lower() in ("fp32", "float32") else "bfloat16"
 
 
+def placement_note(inp: ExportInput) -> str | None:
+    """Where the framework's rank order differs from the planner's (tensor innermost, then pipeline, then
+    data): with D > 1 and W > 1 its pipeline neighbours sit t W ranks apart, ours t."""
+    c = inp.config
+    if c.pipeline > 1 and c.data > 1:
+        return (f"{TITLE} orders ranks pp, dp_replicate, fsdp, tp (pipeline outermost); the plan placed "
+                f"pipeline neighbours "
+                f"{c.tensor} rank(s) apart, {TITLE} places them {c.tensor * c.data} apart, so its point-to-point "
+                f"messages may cross slower links than predicted")
+    return None
+
+
 def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     """The TOML job config (``job_config.toml``) and, for ZB-H1 and Hanayo, the CSV schedule it names
     (``csv_path``, relative to where torchtitan runs)."""
     check(inp.spec)
-    c, notes = inp.config, []
+    c, notes = inp.config, [n for n in [placement_note(inp)] if n]
     sections: dict[str, dict[str, object]] = {
         "job": {"description": f"pipeplan: {c.label()}, N={inp.spec.microbatches}"},
         "training": {"local_batch_size": inp.spec.microbatches * c.micro_batch,
