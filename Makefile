@@ -10,13 +10,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# torch first, pinned: any other spec pulls gigabytes of CUDA wheels (DEVELOPERS.md); torchtitan (its config
-# loader checks the torchtitan export, tests/test_export_torchtitan.py) without its dependencies, so that it
-# cannot replace torch: the config loader needs only tyro (dev extras) and torch
+# torch first, pinned: any other spec pulls gigabytes of CUDA wheels (DEVELOPERS.md). torchtitan and DeepSpeed
+# (their config loaders check the exports: tests/test_export_torchtitan.py, tests/test_export_deepspeed.py)
+# without their dependencies, so that they cannot replace torch; the small pure ones their config loaders
+# import are in the dev extras (tyro; psutil, hjson, py-cpuinfo, msgpack, einops). DeepSpeed is an sdist: built
+# against the installed torch (--no-build-isolation), no CUDA ops.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps torchtitan==0.2.2
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-deps --no-build-isolation deepspeed==0.19.8
 	touch $(STAMP)
 
 venv: $(STAMP)
