@@ -158,3 +158,16 @@ def test_candidate_out_of_range(app, tmp_path):
     _, args = _plan_file(tmp_path, ["1f1b"])
     r = run(app, *args, "--candidate", "99", "--format", "megatron")
     assert r.exit_code == 2 and "--candidate: 99 is out of range" in r.stderr
+
+
+def test_model_preset_without_a_profile_and_format_options(app, tmp_path):
+    _, args = _plan_file(tmp_path, ["1f1b"])
+    plan = ["--plan", str(tmp_path / "plan.json")]
+    r = run(app, *plan, "--format", "megatron", "--model", "gpt2-medium")
+    assert r.exit_code == 0 and "--num-layers 24" in r.stdout and "--hidden-size 1024" in r.stdout
+    r = run(app, *plan, "--format", "megatron")  # no model: the parallelism only, and a note saying so
+    assert r.exit_code == 0 and "    --num-layers" not in r.stdout and "no model shape known" in r.stderr
+    r = run(app, *plan, "--format", "megatron", "--model", "no-such-model")
+    assert r.exit_code == 2 and "unknown model 'no-such-model'" in r.stderr
+    r = run(app, *plan, "--format", "megatron", "--option", "partition")
+    assert r.exit_code == 2 and "--option: 'partition' is not KEY=VALUE" in r.stderr
