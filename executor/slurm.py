@@ -139,9 +139,13 @@ def slurm_script(run_command: Sequence[str], processes: int, options: SlurmOptio
                 '--rdzv-endpoint "$PIPEPLAN_RDZV_ENDPOINT" --rdzv-id "slurm-$SLURM_JOB_ID"')
     lines += [
         "set -euo pipefail",
-        "# the rendezvous: the first node of the allocation, at its address as Slurm knows it (NodeAddr)",
-        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "addr=$(scontrol show node \"$first\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)",
+        "# the rendezvous: the first node of the allocation, at its address as Slurm knows it (NodeAddr);",
+        "# no pipes into head (under pipefail a writer cut off by SIGPIPE would end the script)",
+        'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        "first=${nodes%%$'\\n'*}",
+        'info=$(scontrol show node "$first" 2>/dev/null || true)',
+        'addr=""',
+        'if [[ $info =~ NodeAddr=([^[:space:]]+) ]]; then addr=${BASH_REMATCH[1]}; fi',
         f'export PIPEPLAN_RDZV_ENDPOINT="${{addr:-$first}}:{port}"',
         'echo "pipeplan: Slurm job $SLURM_JOB_ID, $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), '
         'rendezvous $PIPEPLAN_RDZV_ENDPOINT"',
@@ -151,6 +155,62 @@ def slurm_script(run_command: Sequence[str], processes: int, options: SlurmOptio
         f"    {shlex.join(run_command)}",
         ""]
     return "\n".join(lines)
+
+
+#: ``pipeplan export --format slurm --option KEY=VALUE``: the keys and what they set
+EXPORT_OPTIONS: dict[str, str] = {
+    "partition": "#SBATCH --partition", "account": "#SBATCH --account", "time": "#SBATCH --time (e.g. 01:00:00)",
+    "nodes-max": "refuse plans needing more nodes", "gpus": "yes (default: #SBATCH --gpus-per-node) or no (CPU nodes)",
+    "backend": "pipeplan run --backend (default nccl with GPUs, gloo without)", "model": "pipeplan run --model",
+    "iterations": "pipeplan run --iterations (default 10)", "out": "pipeplan run --out (default result.json)",
+    "emulate": "pipeplan run --emulate PROFILE (emulated compute)", "run-command": "default: pipeplan run",
+    "rdzv-port": "rendezvous port (default 20000 + job id mod 20000)",
+}
+_YES, _NO = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
+
+
+def export_script(plan_path: str | Path, candidate: int, *, gpus_per_node: int,
+                  options: dict[str, str] | None = None) -> str:
+    """The script of :func:`slurm_script` for a user who submits by hand (``pipeplan export --format
+    slurm``): ``pipeplan run`` of candidate ``candidate`` of the plan file, settings from ``options``
+    (:data:`EXPORT_OPTIONS`)."""
+    import json
+
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - set(EXPORT_OPTIONS))
+    if unknown:
+        raise SlurmError(f"option {', '.join(unknown)}: not a slurm export option; known: {', '.join(EXPORT_OPTIONS)}")
+    path = Path(plan_path).resolve()
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SlurmError(f"plan: cannot read {plan_path}: {e}") from None
+    processes = candidate_processes(plan, candidate)
+    gpus = opts.get("gpus", "yes").lower()
+    if gpus not in _YES + _NO:
+        raise SlurmError(f"option gpus: yes or no, got {opts['gpus']!r}")
+    request_gpus = gpus in _YES
+
+    def integer(key: str) -> int | None:
+        if key not in opts:
+            return None
+        if not opts[key].isdigit() or int(opts[key]) < 1:
+            raise SlurmError(f"option {key}: a positive integer, got {opts[key]!r}")
+        return int(opts[key])
+
+    integer("iterations")
+    cmd = [*shlex.split(opts.get("run-command", "pipeplan run")), "--plan", str(path), "--candidate", str(candidate),
+           "--iterations", opts.get("iterations", "10"), "--backend",
+           opts.get("backend", "nccl" if request_gpus else "gloo"), "--out", opts.get("out", "result.json")]
+    if "model" in opts:
+        cmd += ["--model", opts["model"]]
+    if "emulate" in opts:
+        cmd += ["--emulate", str(Path(opts["emulate"]).resolve())]
+    sopts = SlurmOptions(partition=opts.get("partition"), account=opts.get("account"), gpus_per_node=gpus_per_node,
+                         request_gpus=request_gpus, nodes_max=integer("nodes-max"), time_limit=opts.get("time"),
+                         rdzv_port=integer("rdzv-port"))
+    name = re.sub(r"[^\w.-]", "_", f"pipeplan-{path.stem}-{candidate}")[:64]
+    return slurm_script(cmd, processes, sopts, job_name=name, description=f"candidate {candidate} of {path}")
 
 
 # ---- the driver ---------------------------------------------------------------------------------------

@@ -301,3 +301,65 @@ def test_slurm_job_dies_with_its_agent(slurm_server: LiveServer, tmp_path: Path)
         wait_for(lambda: _scontrol_state(slurm_id) in ("CANCELLED", ""), timeout=30, what="slurm job cancelled")
         wait_for(lambda: c.get(f"/jobs/{job['id']}").json()["state"] == "queued", timeout=30, what="requeued")
 
+
+
+# ---- pipeplan export --format slurm ----------------------------------------------------------------------
+
+def _plan_file(tmp_path: Path) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    prof = ModelProfile.model_validate(tiny_profile())
+    cluster = Cluster.model_validate(tiny_cluster(4, nodes=4))
+    doc = plan(prof, cluster, TrainingRequest(global_batch=32, top=5)).to_dict()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    return path, doc
+
+
+def _export(*args: str):  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    return CliRunner().invoke(app, ["export", *args])
+
+
+def test_export_prints_the_script_of_the_candidate(tmp_path: Path) -> None:
+    path, doc = _plan_file(tmp_path)
+    i = max(range(len(doc["candidates"])), key=lambda k: candidate_processes(doc, k))  # the widest
+    p = candidate_processes(doc, i)
+    res = _export("--plan", str(path), "--candidate", str(i), "--format", "slurm", "--gpus-per-node", "2",
+                  "--option", "partition=gpu", "--option", "account=proj1", "--option", "model=gpt-tiny")
+    assert res.exit_code == 0, res.output
+    nodes = -(-p // 2)
+    assert f"#SBATCH --nodes={nodes}\n" in res.stdout and f"#SBATCH --gpus-per-node={p // nodes}\n" in res.stdout
+    assert "#SBATCH --partition=gpu\n" in res.stdout and "#SBATCH --account=proj1\n" in res.stdout
+    run_line = res.stdout.rstrip().splitlines()[-1].split()
+    assert run_line[:2] == ["pipeplan", "run"] and run_line[run_line.index("--plan") + 1] == str(path.resolve())
+    assert run_line[run_line.index("--candidate") + 1] == str(i) and run_line[run_line.index("--backend") + 1] == "nccl"
+    # the same script as the one built from the library (what the agent submits, given the same command)
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(tiny_cluster(2)))
+    again = _export("--plan", str(path), "--candidate", str(i), "--format", "slurm", "--cluster", str(cluster),
+                    "--option", "partition=gpu", "--option", "account=proj1", "--option", "model=gpt-tiny")
+    assert again.stdout == res.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus-per-node", "2", "--option", "colour=blue"], "option colour: not a slurm export option"),
+    (["--gpus-per-node", "2", "--option", "partition"], "is not KEY=VALUE"),
+    ([], "needs --gpus-per-node G or --cluster"),
+    (["--gpus-per-node", "2", "--candidate", "99"], "candidate"),
+    (["--gpus-per-node", "1", "--option", "nodes-max=1"], "nodes_max = 1"),
+])
+def test_export_refusals(tmp_path: Path, args: list[str], message: str) -> None:
+    path, doc = _plan_file(tmp_path)
+    widest = max(range(len(doc["candidates"])), key=lambda k: candidate_processes(doc, k))
+    assert candidate_processes(doc, widest) > 1
+    if "--candidate" not in args:
+        args = [*args, "--candidate", str(widest)]
+    res = _export("--plan", str(path), "--format", "slurm", *args)
+    assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_export_slurm_needs_a_plan() -> None:
+    res = _export("--schedule", "1f1b", "-D", "2", "-N", "4", "--format", "slurm")
+    assert res.exit_code == 2 and "--format slurm exports a --plan candidate" in res.output
