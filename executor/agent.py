@@ -3,8 +3,9 @@
 It registers, heartbeats, claims jobs, writes the plan (and, for emulated runs, the profile) to disk,
 launches the executor (``pipeplan run --plan plan.json --candidate I --model M --iterations N --out
 result.json [--emulate profile.json]``; the command is ``--run-command`` / ``$PIPEPLAN_RUN_COMMAND``)
-as a subprocess, renews the job's lease while it runs, and posts the result, or the error with the log
-tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
+as a subprocess (or, through the launcher hook, :class:`Launcher`, as a Slurm batch job:
+:class:`executor.slurm.SlurmLauncher`), renews the job's lease while it runs, and posts the result, or the
+error with the log tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
 The API being briefly unreachable (restart) is retried, not fatal.
 
 Credentials: the token the agent starts with (``$PIPEPLAN_WORKER_TOKEN`` or a file) only registers it;
