@@ -124,6 +124,8 @@ def slurm_script(run_command: Sequence[str], processes: int, options: SlurmOptio
              _sbatch_line("--ntasks-per-node", 1)]
     if options.request_gpus:
         lines.append(_sbatch_line("--gpus-per-node", per_node))
+    else:  # CPU nodes (gloo): a core per process
+        lines.append(_sbatch_line("--cpus-per-task", per_node))
     for opt, val in (("--partition", options.partition), ("--account", options.account),
                      ("--time", options.time_limit), ("--chdir", workdir), ("--output", output)):
         if val is not None:
