@@ -63,7 +63,9 @@ class Launcher(Protocol):
     :class:`executor.slurm.SlurmLauncher` (a batch job). ``cancel`` is called once the run is over too: it
     stops the run if it still goes on and releases what ``start`` holds."""
 
-    def start(self, cmd: list[str], jobdir: Path, logfile: Path, claim: dict[str, Any]) -> Any: ...
+    def start(self, cmd: list[str], jobdir: Path, logfile: Path) -> Any:
+        """Start ``cmd`` for the job whose directory is ``jobdir`` (its output into ``logfile``); a handle."""
+        ...
 
     def poll(self, run: Any) -> int | None:
         """The run's exit status once it ended, else None."""
@@ -81,7 +83,7 @@ class LocalRun:
 class LocalLauncher:
     """The run as a subprocess of this agent, under :mod:`executor.runguard` (it dies with the agent)."""
 
-    def start(self, cmd: list[str], jobdir: Path, logfile: Path, claim: dict[str, Any]) -> LocalRun:
+    def start(self, cmd: list[str], jobdir: Path, logfile: Path) -> LocalRun:
         with open(logfile, "wb") as logf:
             lifeline, keep = os.pipe()  # the run's guard reads `lifeline`; EOF means this agent is gone
             try:
@@ -227,7 +229,7 @@ class Agent:
         renew_every = max(0.2, float(claim["lease_seconds"]) / 3)
         log.info("job %d: %s", jid, shlex.join(cmd))
         try:
-            run = self.launcher.start(cmd, jobdir, logfile, claim)
+            run = self.launcher.start(cmd, jobdir, logfile)
         except LaunchFailed as e:
             r = self._request("POST", f"/jobs/{jid}/fail", json={"worker_id": self.worker_id, "error": str(e),
                                                                  "log_tail": ""})

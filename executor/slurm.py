@@ -23,6 +23,7 @@ runs: a job whose lease then runs out is run again elsewhere, never twice at onc
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -86,15 +87,15 @@ def nodes_needed(processes: int, gpus_per_node: int) -> int:
 
 
 def layout(processes: int, options: SlurmOptions) -> tuple[int, int]:
-    """(nodes, processes per node) for P processes, or a :class:`SlurmError` naming the rule broken."""
+    """(nodes, processes per node) for P processes: the fewest nodes, at least ceil(P / G), over which P
+    divides evenly (``pipeplan run`` starts the same number on every node: 6 on 4-GPU nodes is 2 x 3, 5 is
+    5 x 1); a :class:`SlurmError` naming ``nodes_max`` when that is more."""
     nodes = nodes_needed(processes, options.gpus_per_node)
+    while processes % nodes:
+        nodes += 1
     if options.nodes_max is not None and nodes > options.nodes_max:
-        raise SlurmError(f"the plan needs {processes} processes = {nodes} node(s) of {options.gpus_per_node} "
-                         f"devices, more than nodes_max = {options.nodes_max}")
-    if processes % nodes:
-        raise SlurmError(f"the plan's {processes} processes do not divide evenly over {nodes} nodes "
-                         f"(ceil({processes}/{options.gpus_per_node})): `pipeplan run` runs the same number "
-                         f"of processes on every node")
+        raise SlurmError(f"the plan needs {processes} processes = {nodes} node(s) of at most "
+                         f"{options.gpus_per_node} devices, more than nodes_max = {options.nodes_max}")
     return nodes, processes // nodes
 
 
@@ -176,8 +177,6 @@ def export_script(plan_path: str | Path, candidate: int, *, gpus_per_node: int,
     """The script of :func:`slurm_script` for a user who submits by hand (``pipeplan export --format
     slurm``): ``pipeplan run`` of candidate ``candidate`` of the plan file, settings from ``options``
     (:data:`EXPORT_OPTIONS`)."""
-    import json
-
     opts = dict(options or {})
     unknown = sorted(set(opts) - set(EXPORT_OPTIONS))
     if unknown:
@@ -303,6 +302,18 @@ class SlurmRun:
     unknown_since: float | None = None
 
 
+def _option(cmd: Sequence[str], name: str, default: str | None = None) -> str:
+    """The value of option ``name`` in ``cmd`` (``--name value`` or ``--name=value``)."""
+    for i, arg in enumerate(cmd):
+        if arg == name and i + 1 < len(cmd):
+            return cmd[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    if default is None:
+        raise SlurmError(f"the run command has no {name}: {shlex.join(cmd)}")
+    return default
+
+
 class SlurmLauncher:
     """The agent's launcher for a Slurm cluster: ``start`` writes ``job.sbatch`` into the job's directory
     and submits it, ``poll`` follows it (``None`` until it ends, then its exit status), ``cancel`` runs
@@ -314,19 +325,24 @@ class SlurmLauncher:
         self.env = env
         self.unknown_grace = unknown_grace  # a job no command knows for this long has failed
 
-    def start(self, cmd: list[str], jobdir: Path, logfile: Path, claim: dict[str, Any]) -> SlurmRun:
+    def start(self, cmd: list[str], jobdir: Path, logfile: Path) -> SlurmRun:
+        """Submit ``cmd`` (``pipeplan run --plan P --candidate I ...``: the processes it needs are read from
+        the plan it names) as a batch job named after ``jobdir``."""
         from executor.agent import LaunchFailed
 
-        job = claim["job"]
         try:
-            processes = candidate_processes(claim["plan"], int(job["candidate_index"]))
-            script = slurm_script(cmd, processes, self.options, job_name=f"pipeplan-job-{job['id']}",
+            if "--nnodes" in cmd or "--node-rank" in cmd:
+                raise SlurmError("a Slurm agent runs whole jobs (its script gives each node its rank), not node "
+                                 "slots of a gang")
+            plan_path, candidate = _option(cmd, "--plan"), int(_option(cmd, "--candidate", "0"))
+            processes = candidate_processes(json.loads(Path(plan_path).read_text()), candidate)
+            script = slurm_script(cmd, processes, self.options, job_name=f"pipeplan-{jobdir.name}"[:64],
                                   workdir=jobdir, output=logfile,
-                                  description=f"job {job['id']}, candidate {job['candidate_index']}")
+                                  description=f"{jobdir.name}: candidate {candidate} of {plan_path}")
             path = jobdir / "job.sbatch"
             path.write_text(script)
             job_id = submit(path, env=self.env)
-        except (SlurmError, ValueError, KeyError) as e:
+        except (SlurmError, OSError, ValueError) as e:
             raise LaunchFailed(f"slurm: {e}") from None
         (jobdir / "slurm-job-id").write_text(job_id + "\n")
         lifeline, keep = os.pipe()

@@ -56,11 +56,15 @@ def test_nodes_needed_is_ceil(p: int, g: int, n: int) -> None:
 def test_layout_refusals_name_the_rule() -> None:
     with pytest.raises(SlurmError, match="nodes_max = 2"):
         layout(24, SlurmOptions(gpus_per_node=8, nodes_max=2))
-    with pytest.raises(SlurmError, match="do not divide evenly over 2 nodes"):
-        layout(9, SlurmOptions(gpus_per_node=8))
     with pytest.raises(SlurmError, match="gpus_per_node must be >= 1"):
         layout(4, SlurmOptions(gpus_per_node=0))
     assert layout(12, SlurmOptions(gpus_per_node=8)) == (2, 6)
+
+
+@pytest.mark.parametrize("p,g,layout_", [(9, 8, (3, 3)), (6, 4, (2, 3)), (5, 4, (5, 1)), (16, 8, (2, 8))])
+def test_layout_fewest_nodes_over_which_p_divides(p: int, g: int, layout_: tuple[int, int]) -> None:
+    """The same rule as the gang placement: ``pipeplan run`` starts the same number on every node."""
+    assert layout(p, SlurmOptions(gpus_per_node=g)) == layout_
 
 
 def test_candidate_processes_is_t_d_w_of_the_planned_candidate() -> None:
@@ -166,6 +170,75 @@ def test_exit_codes() -> None:
     assert _exit_code("FAILED", "3:0") == 3
     assert _exit_code("TIMEOUT", "0:0") == 1
     assert _exit_code("CANCELLED", "0:9") == 137
+
+
+# ---- the launcher against stand-ins for sbatch, squeue, scontrol and scancel ------------------------------
+
+def test_launcher_submits_follows_and_cancels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from executor.agent import LaunchFailed
+    from executor.slurm import SlurmLauncher
+
+    state = tmp_path / "state"
+    state.write_text("RUNNING")
+    cancelled = tmp_path / "cancelled"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _exe(bindir / "sbatch", f'#!/bin/bash\ncp "$2" {tmp_path}/submitted.sbatch; echo "4242;cluster"\n')
+    _exe(bindir / "squeue", f"#!/bin/bash\ncat {state}\n")
+    _exe(bindir / "sacct", "#!/bin/bash\nexit 1\n")
+    _exe(bindir / "scontrol", "#!/bin/bash\necho 'JobId=4242 JobState=FAILED ExitCode=7:0'\n")
+    _exe(bindir / "scancel", f"#!/bin/bash\necho $1 >> {cancelled}\n")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    path, doc = _plan_file(tmp_path)
+    widest = max(range(len(doc["candidates"])), key=lambda k: candidate_processes(doc, k))
+    p = candidate_processes(doc, widest)
+    jobdir = tmp_path / "job-3-attempt-1"
+    jobdir.mkdir()
+    launcher = SlurmLauncher(SlurmOptions(gpus_per_node=1, request_gpus=False))
+    cmd = ["pipeplan", "run", "--plan", str(path), "--candidate", str(widest), "--out", str(jobdir / "result.json")]
+    run = launcher.start(cmd, jobdir, jobdir / "run.log")
+    assert run.job_id == "4242" and (jobdir / "slurm-job-id").read_text() == "4242\n"
+    script = (tmp_path / "submitted.sbatch").read_text()
+    assert f"#SBATCH --nodes={p}\n" in script and "#SBATCH --job-name=pipeplan-job-3-attempt-1\n" in script
+    assert f"#SBATCH --output={jobdir / 'run.log'}\n" in script
+    assert launcher.poll(run) is None  # RUNNING
+    state.write_text("")  # gone from squeue: scontrol says FAILED, exit 7
+    assert launcher.poll(run) == 7
+    launcher.cancel(run)  # ended: no scancel; the watcher is stopped without cancelling
+    assert not cancelled.exists()
+    # a run still going is scancelled
+    state.write_text("PENDING")
+    run2 = launcher.start(cmd, jobdir, jobdir / "run.log")
+    assert launcher.poll(run2) is None
+    launcher.cancel(run2)
+    assert cancelled.read_text() == "4242\n"
+    # the agent gone (its end of the watcher's pipe closed, as by kill -9): the watcher scancels
+    cancelled.unlink()
+    run3 = launcher.start(cmd, jobdir, jobdir / "run.log")
+    assert run3.keep is not None and run3.watcher is not None
+    os.close(run3.keep)
+    run3.keep = None
+    run3.watcher.wait(30)
+    assert cancelled.read_text() == "4242\n"
+    # node slots of a gang are not for a Slurm agent; a command without --plan cannot be laid out
+    with pytest.raises(LaunchFailed, match="whole jobs"):
+        launcher.start([*cmd, "--nnodes", "2", "--node-rank", "1"], jobdir, jobdir / "run.log")
+    with pytest.raises(LaunchFailed, match="no --plan"):
+        launcher.start(["pipeplan", "run"], jobdir, jobdir / "run.log")
+
+
+def test_sbatch_refusal_is_a_launch_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from executor.agent import LaunchFailed
+    from executor.slurm import SlurmLauncher
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _exe(bindir / "sbatch", "#!/bin/bash\necho 'sbatch: error: invalid partition specified: nope' >&2; exit 1\n")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    path, _ = _plan_file(tmp_path)
+    with pytest.raises(LaunchFailed, match="invalid partition specified: nope"):
+        SlurmLauncher(SlurmOptions(partition="nope")).start(["pipeplan", "run", "--plan", str(path)], tmp_path,
+                                                            tmp_path / "run.log")
 
 
 # ---- end to end through Slurm (CI) -----------------------------------------------------------------------
