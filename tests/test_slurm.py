@@ -244,7 +244,7 @@ def test_sbatch_refusal_is_a_launch_failure(tmp_path: Path, monkeypatch: pytest.
 # ---- end to end through Slurm (CI) -----------------------------------------------------------------------
 
 def _slurm_partition() -> tuple[str | None, int]:
-    """(partition or None for the default, idle nodes in it); skips without PIPEPLAN_TEST_SLURM."""
+    """(partition or None for the default, nodes in service in it); skips without PIPEPLAN_TEST_SLURM."""
     value = os.environ.get(SLURM_ENV)
     if not value:
         pytest.skip(f"Slurm tests skipped: {SLURM_ENV} is not set (CI sets it from .ci/slurm.sh; locally, as "
@@ -254,9 +254,10 @@ def _slurm_partition() -> tuple[str | None, int]:
     part = None if value == "1" else value
     r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t", *(["-p", part] if part else [])], capture_output=True,
                        text=True, timeout=30)
-    idle = [ln for ln in r.stdout.splitlines() if ln.split()[-1:] == ["idle"]]
-    assert r.returncode == 0 and idle, f"no idle Slurm node: {r.stdout} {r.stderr}"
-    return part, len(idle)
+    usable = [ln for ln in r.stdout.splitlines() if ln.split()[-1:] and ln.split()[-1] in
+              ("idle", "alloc", "mix", "comp")]  # a job of the test before may still be completing
+    assert r.returncode == 0 and usable, f"no Slurm node in service: {r.stdout} {r.stderr}"
+    return part, len(usable)
 
 
 @pytest.fixture
@@ -298,8 +299,8 @@ def _scontrol_state(job_id: str) -> str:
 
 @pytest.mark.slow
 def test_slurm_agent_runs_a_job_to_done_with_measured_figures(slurm_server: LiveServer, tmp_path: Path) -> None:
-    part, idle = _slurm_partition()
-    nodes = min(2, idle)
+    part, up = _slurm_partition()
+    nodes = min(2, up)
     with slurm_server.client() as c:
         plan_ = _plan_of_two(c)
         idx = next((i for i, x in enumerate(plan_["candidates"]) if x["pipeline"] == 2), 0)
@@ -325,6 +326,8 @@ def test_slurm_agent_runs_a_job_to_done_with_measured_figures(slurm_server: Live
         script = (jobdir / "job.sbatch").read_text()
         assert f"#SBATCH --nodes={nodes}" in script
         assert f"{nodes} node(s)" in log, log
+        if nodes == 2:  # two `pipeplan run`s, one of them on the node without global rank 0
+            assert "global rank 0 ran on another node" in log, log
         slurm_id = (jobdir / "slurm-job-id").read_text().strip()
         assert _scontrol_state(slurm_id) in ("COMPLETED", "")  # "" once the controller forgot it
         r = subprocess.run(["scontrol", "show", "job", "-o", slurm_id], capture_output=True, text=True, timeout=30)
@@ -335,12 +338,12 @@ def test_slurm_agent_runs_a_job_to_done_with_measured_figures(slurm_server: Live
 
 @pytest.mark.slow
 def test_slurm_job_cancelled_through_the_api_is_scancelled(slurm_server: LiveServer, tmp_path: Path) -> None:
-    part, idle = _slurm_partition()
+    part, up = _slurm_partition()
     with slurm_server.client() as c:
         plan_ = _plan_of_two(c)
         job = c.post("/jobs", json={"plan_id": plan_["id"], "model": "gpt-tiny", "iterations": 1}).json()
         sleeper = f"{sys.executable} -c 'import time; time.sleep(300)'"
-        agent = _slurm_agent(slurm_server.url, tmp_path / "agent", min(2, idle), part, sleeper, "--once")
+        agent = _slurm_agent(slurm_server.url, tmp_path / "agent", min(2, up), part, sleeper, "--once")
         idfile = tmp_path / "agent" / f"job-{job['id']}-attempt-1" / "slurm-job-id"
         try:
             wait_for(idfile.exists, timeout=60, what="submitted")
@@ -359,12 +362,12 @@ def test_slurm_job_cancelled_through_the_api_is_scancelled(slurm_server: LiveSer
 def test_slurm_job_dies_with_its_agent(slurm_server: LiveServer, tmp_path: Path) -> None:
     """kill -9 of the agent: its watcher cancels the Slurm job (the lease then runs out and the job is queued
     again, never running twice at once)."""
-    part, idle = _slurm_partition()
+    part, up = _slurm_partition()
     with slurm_server.client() as c:
         plan_ = _plan_of_two(c)
         job = c.post("/jobs", json={"plan_id": plan_["id"], "model": "gpt-tiny", "iterations": 1}).json()
         sleeper = f"{sys.executable} -c 'import time; time.sleep(300)'"
-        agent = _slurm_agent(slurm_server.url, tmp_path / "agent", min(2, idle), part, sleeper)
+        agent = _slurm_agent(slurm_server.url, tmp_path / "agent", min(2, up), part, sleeper)
         idfile = tmp_path / "agent" / f"job-{job['id']}-attempt-1" / "slurm-job-id"
         try:
             wait_for(idfile.exists, timeout=60, what="submitted")
@@ -438,3 +441,26 @@ def test_export_refusals(tmp_path: Path, args: list[str], message: str) -> None:
 def test_export_slurm_needs_a_plan() -> None:
     res = _export("--schedule", "1f1b", "-D", "2", "-N", "4", "--format", "slurm")
     assert res.exit_code == 2 and "--format slurm exports a --plan candidate" in res.output
+
+
+@pytest.mark.slow
+def test_job_sbatch_refuses_fails_naming_the_reason(slurm_server: LiveServer, tmp_path: Path) -> None:
+    """No Slurm needed: a stand-in sbatch refuses; the agent fails the job with sbatch's message and goes on."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _exe(bindir / "sbatch", "#!/bin/bash\necho 'sbatch: error: invalid account or account/partition combination "
+                            "specified' >&2; exit 1\n")
+    with slurm_server.client() as c:
+        plan_ = _plan_of_two(c)
+        job = c.post("/jobs", json={"plan_id": plan_["id"], "model": "gpt-tiny", "iterations": 1}).json()
+        agent = start_agent(slurm_server.url, tmp_path / "agent", "slurm-login",
+                            {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, "--launcher", "slurm",
+                            "--gpus-per-node", "1", "--account", "nobody", "--once",
+                            run_command=f"{sys.executable} -m pipeplan.cli run")
+        try:
+            assert agent.wait(120) == 0, (tmp_path / "agent" / "agent.log").read_text()
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+        j = c.get(f"/jobs/{job['id']}").json()
+        assert j["state"] == "failed" and "invalid account" in j["error"] and j["error"].startswith("slurm: "), j
