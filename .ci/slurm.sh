@@ -31,7 +31,7 @@ if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
   exit 1
 fi
 
-HOST=$(hostname -s)
+HOST=$(hostname -s 2>/dev/null || cut -d. -f1 /proc/sys/kernel/hostname)
 CPUS=$(nproc)
 mkdir -p /etc/slurm /var/spool/slurmctld-pipeplan /var/log/slurm
 cat > "$CONF" <<EOF
@@ -67,7 +67,11 @@ NodeName=pp-node2 NodeAddr=127.0.0.1 NodeHostname=$HOST Port=17002 CPUs=$CPUS Re
 PartitionName=$PARTITION Nodes=pp-node[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
 
-# munge: the key comes with the package; the daemon runs as the munge user
+# munge: the key comes with the package (made here if it did not); the daemon runs as the munge user
+if [ ! -s /etc/munge/munge.key ]; then
+  dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
+  chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+fi
 mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
 if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
   runuser -u munge -- /usr/sbin/munged >&2
