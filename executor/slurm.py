@@ -24,6 +24,7 @@ runs: a job whose lease then runs out is run again elsewhere, never twice at onc
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -40,6 +41,7 @@ from typing import Any
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                           "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
 RDZV_PORT_BASE = 20000
+log = logging.getLogger("pipeplan.agent")
 
 
 class SlurmError(RuntimeError):
@@ -257,6 +259,14 @@ def _exit_code(state: str, text: str) -> int:
     return c or (128 + s if s else 1)
 
 
+def _optional(cmd: list[str]) -> subprocess.CompletedProcess[str] | None:
+    """``cmd``'s answer, or None when the command is missing or does not answer (ask the next one)."""
+    try:
+        return _run(cmd)
+    except SlurmError:
+        return None
+
+
 def job_status(job_id: str) -> JobStatus:
     """Where Slurm job ``job_id`` stands: ``squeue`` while the controller lists it, then ``sacct`` (the
     accounting database), then ``scontrol show job`` (the controller's memory, MinJobAge seconds)."""
@@ -264,16 +274,16 @@ def job_status(job_id: str) -> JobStatus:
     state = r.stdout.strip().splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else ""
     if state and state not in FINAL_STATES:
         return JobStatus(state, None, "squeue")
-    r = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
-    if r.returncode == 0 and r.stdout.strip():
+    r = _optional(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
+    if r is not None and r.returncode == 0 and r.stdout.strip():
         st, _, code = r.stdout.strip().splitlines()[0].partition("|")
         st = st.split()[0] if st.split() else st  # "CANCELLED by 0"
         if st in FINAL_STATES:
             return JobStatus(st, _exit_code(st, code), "sacct")
         if st:
             return JobStatus(st, None, "sacct")
-    r = _run(["scontrol", "show", "job", "-o", job_id])
-    m = re.search(r"\bJobState=(\S+)", r.stdout) if r.returncode == 0 else None
+    r = _optional(["scontrol", "show", "job", "-o", job_id])
+    m = re.search(r"\bJobState=(\S+)", r.stdout) if r is not None and r.returncode == 0 else None
     if m:
         st = m.group(1)
         code = re.search(r"\bExitCode=(\S+)", r.stdout)
@@ -375,7 +385,13 @@ class SlurmLauncher:
     def cancel(self, run: SlurmRun) -> None:
         try:
             if not run.status.final:
-                cancel(run.job_id)
+                for attempt in range(3):
+                    try:
+                        cancel(run.job_id)
+                        break
+                    except SlurmError as e:  # the controller briefly unreachable: not a reason to stop the agent
+                        log.warning("slurm job %s: %s%s", run.job_id, e, "; retrying" if attempt < 2 else "")
+                        time.sleep(1.0)
         finally:
             if run.watcher is not None and run.watcher.poll() is None:
                 run.watcher.terminate()

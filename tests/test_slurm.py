@@ -464,3 +464,13 @@ def test_job_sbatch_refuses_fails_naming_the_reason(slurm_server: LiveServer, tm
                 agent.kill()
         j = c.get(f"/jobs/{job['id']}").json()
         assert j["state"] == "failed" and "invalid account" in j["error"] and j["error"].startswith("slurm: "), j
+
+
+def test_status_without_sacct_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster with squeue and scontrol but no sacct binary: the job's end is still seen."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _exe(bindir / "squeue", "#!/bin/bash\nexit 1\n")
+    _exe(bindir / "scontrol", "#!/bin/bash\necho 'JobId=5 JobState=COMPLETED ExitCode=0:0'\n")
+    monkeypatch.setenv("PATH", str(bindir))  # nothing else: no sacct anywhere
+    assert job_status("5") == JobStatus("COMPLETED", 0, "scontrol")
