@@ -5,13 +5,15 @@ candidate (``--plan plan.json --candidate I``) in a training framework's own ter
 
     pipeplan export --schedule interleaved --devices 4 --microbatches 8 --chunks 2 --format torch-csv
     pipeplan export --plan plan.json --candidate 0 --format megatron --profile p.json --cluster c.json
+    pipeplan export --plan plan.json --candidate 0 --format slurm --gpus-per-node 8 --option partition=gpu
 
 Formats: :data:`SCHEDULE_FORMATS` (of a schedule, or of a candidate's schedule) and :data:`PLAN_FORMATS`,
-a registry of format name -> the module whose ``export(inp: planner.export.ExportInput) -> Export``
-writes it, imported only when that format is asked for (a format that needs more than the planner --
-a batch-system script -- lives in its own package and adds one line here). A schedule the framework
-lacks is refused naming the closest one it has, with the predicted cost of switching when ``--profile``
-and ``--cluster`` are given (``--closest`` exports that one instead).
+a registry of format name -> the function that writes a ``--plan`` candidate in it from the command's
+options (:class:`PlanArgs`), its module imported only when that format is asked for: the training
+frameworks (:mod:`planner.export`, one entry each) and Slurm's sbatch script
+(:mod:`pipeplan.commands_export_slurm`). A schedule a framework lacks is refused naming the closest one it
+has, with the predicted cost of switching when ``--profile`` and ``--cluster`` are given (``--closest``
+exports that one instead).
 
 Errors (unknown schedule or format, bad parameters, a schedule the format cannot express) print one line
 to stderr and exit with code 2.
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,12 +45,31 @@ from planner.schedules.torch_csv import export_torch_csv
 
 #: formats of a schedule's action lists
 SCHEDULE_FORMATS: tuple[str, ...] = ("torch-csv", "json", "text")
-#: formats of a planned candidate: name -> module with ``export(inp: ExportInput) -> Export``
-PLAN_FORMATS: dict[str, str] = {
+#: the training frameworks: format -> module with ``export(inp: ExportInput) -> Export`` (planner.export)
+FRAMEWORK_MODULES: dict[str, str] = {
     "megatron": "planner.export.megatron",
     "torchtitan": "planner.export.torchtitan",
     "deepspeed": "planner.export.deepspeed",
 }
+
+
+@dataclass
+class PlanArgs:
+    """The ``export`` options a ``--plan`` format reads."""
+
+    fmt: str
+    plan: Path
+    candidate: int = 0
+    profile: Path | None = None
+    cluster: Path | None = None
+    model: str | None = None
+    gpus_per_node: int | None = None
+    options: list[str] = field(default_factory=list)
+    closest: bool = False
+
+
+#: what a plan format returns: its files (name, text; the first is printed without --out) and notes
+Files = tuple[list[tuple[str, str]], list[str]]
 
 
 def schedule_text(sched: Schedule, fmt: str) -> str:
@@ -89,8 +112,30 @@ def _options(items: list[str]) -> dict[str, str]:
     return out
 
 
+def export_framework(a: PlanArgs) -> Files:
+    """A training framework's files for the candidate (:func:`export_plan`)."""
+    exported, notes = export_plan(a.fmt, a.plan, a.candidate, a.profile, a.cluster, a.model, a.options, a.closest,
+                                  a.gpus_per_node)
+    return [(f.name, f.content) for f in exported.files], [*notes, *exported.notes]
+
+
+def export_slurm(a: PlanArgs) -> Files:
+    """The sbatch script of the candidate (:mod:`pipeplan.commands_export_slurm`)."""
+    from pipeplan.commands_export_slurm import export_slurm as script
+
+    return [("job.sbatch", script(a.plan, a.candidate, a.gpus_per_node, a.cluster, a.options))], []
+
+
+#: formats of a planned candidate: name -> the function writing it
+PLAN_FORMATS: dict[str, Callable[[PlanArgs], Files]] = {
+    **dict.fromkeys(FRAMEWORK_MODULES, export_framework),
+    "slurm": export_slurm,
+}
+
+
 def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, cluster: Path | None,
-                model: str | None, options: list[str], closest: bool) -> tuple[Any, list[str]]:
+                model: str | None, options: list[str], closest: bool,
+                gpus_per_node: int | None = None) -> tuple[Any, list[str]]:
     """The :class:`planner.export.Export` of candidate ``candidate`` and the notes to print."""
     from planner.cluster import load_cluster
     from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note
@@ -108,10 +153,10 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     except FileNotFoundError as e:
         raise ValueError(f"no such file: {e.filename}") from None
     base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
-                                    gpus_per_node=cl.gpus_per_node if cl else None,
+                                    gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,
                                     options=_options(options))
-    module = importlib.import_module(PLAN_FORMATS[fmt])
+    module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
     try:
         return module.export(base), notes
@@ -144,6 +189,7 @@ def export(
     profile: Annotated[Path | None, typer.Option(help="the plan's profile: model shape, layer kinds, dtype; with "
                                                       "--cluster, the cost of a refused schedule's closest")] = None,
     cluster: Annotated[Path | None, typer.Option(help="the plan's cluster: GPUs per node, costs")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="devices per node (default: the --cluster's)")] = None,
     model: Annotated[str | None, typer.Option(help="a preset model (planner.model) when --profile names none")
                      ] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="KEY=VALUE for the format (repeat)")] = None,
@@ -166,13 +212,13 @@ def export(
                 files = [("schedule", schedule_text(RunSpec.from_document(load_candidate(plan, candidate))
                                                     .schedule(), fmt))]
             else:
-                exported, notes = export_plan(fmt, plan, candidate, profile, cluster, model, option or [], closest)
-                for n in [*notes, *exported.notes]:
+                files, notes = PLAN_FORMATS[fmt](PlanArgs(fmt, plan, candidate, profile, cluster, model,
+                                                          gpus_per_node, option or [], closest))
+                for n in notes:
                     typer.echo(f"note: {n}", err=True)
-                files = [(f.name, f.content) for f in exported.files]
         else:
             if fmt not in SCHEDULE_FORMATS:
-                raise ValueError(f"--format {fmt} exports a planned candidate: give --plan plan.json --candidate I")
+                raise ValueError(f"--format {fmt} exports a --plan candidate: give --plan plan.json --candidate I")
             missing = [n for n, v in (("--schedule", schedule), ("--devices", devices),
                                       ("--microbatches", microbatches)) if v is None]
             if missing:
