@@ -67,3 +67,6 @@ def test_unsupported_schedule_is_a_422_with_the_switch_cost(client) -> None:  # 
                       headers=AUTH).status_code == 422
     missing = client.get("/plans/999/candidates/0/export", params={"format": "megatron"}, headers=AUTH)
     assert missing.status_code == 404
+    schema = client.get("/openapi.json").json()["paths"]["/plans/{plan_id}/candidates/{rank}/export"]["get"]
+    fmt = next(p for p in schema["parameters"] if p["name"] == "format")
+    assert fmt["required"] and set(fmt["schema"]["enum"]) == {"megatron", "torchtitan", "deepspeed"}
