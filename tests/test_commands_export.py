@@ -171,3 +171,29 @@ def test_model_preset_without_a_profile_and_format_options(app, tmp_path):
     assert r.exit_code == 2 and "unknown model 'no-such-model'" in r.stderr
     r = run(app, *plan, "--format", "megatron", "--option", "partition")
     assert r.exit_code == 2 and "--option: 'partition' is not KEY=VALUE" in r.stderr
+
+
+def test_framework_exports_import_no_torch(tmp_path):
+    """``pipeplan export --format megatron|torchtitan|deepspeed`` runs without torch (issue 13's light CLI)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    _, args = _plan_file(tmp_path, ["chimera", "1f1b"])
+    code = textwrap.dedent(f"""
+        import sys
+        from typer.testing import CliRunner
+        from pipeplan.cli import app
+        for fmt in ("megatron", "torchtitan", "deepspeed"):
+            for i in (0, 1):
+                r = CliRunner().invoke(app, ["export", *{args!r}, "--candidate", str(i), "--format", fmt,
+                                             "--out", {str(tmp_path)!r} + f"/{{fmt}}{{i}}"])
+                assert r.exit_code in (0, 2), r.output
+        print("torch loaded:", "torch" in sys.modules)
+    """)
+    from pathlib import Path
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert res.returncode == 0, res.stderr
+    assert "torch loaded: False" in res.stdout
