@@ -235,6 +235,26 @@ class DeviceSpec(BaseModel):
         return want == _norm(self.name) or any(want == _norm(a) for a in self.aliases)
 
 
+def ceiling_for_measurement(device: DeviceSpec, m: int, n: int, k: int, tflops: float,
+                            dtype: str = "bf16") -> float:
+    """The top of ``device``'s GEMM efficiency curve at which its own kernel-time rule reproduces one measured
+    GEMM of ``(m x k) @ (k x n)`` running at ``tflops`` TFLOP/s (a large GEMM on the curve's flat top).
+
+    A measured ceiling such as a sweep's maximum achievable matmul FLOPS (MAMF) is a whole kernel's time:
+    tensor-core time, plus, under ``processing = "no_overlap"``, the time to stream the operands and the
+    output (``2 (m k + k n + m n)`` bytes at 16 bits) at the achieved bandwidth, plus the launch overhead.
+    Solving ``seconds = flops / (peak * top * quantisation) + memory + overhead`` for ``top`` keeps the
+    measurement and the rule that uses it consistent (a roofline device: the memory term is dropped)."""
+    flops = 2.0 * m * n * k
+    seconds = flops / (tflops * 1e12)
+    nbytes = 2.0 * (m * k + k * n + m * n)
+    memory = nbytes / (device.memory_bandwidth * device.mem_eff(nbytes)) if device.processing == "no_overlap" else 0.0
+    compute = seconds - memory - device.kernel_overhead_s
+    if compute <= 0:
+        raise ValueError(f"tflops: {tflops} TFLOP/s at {m}x{n}x{k} is faster than the memory time allows")
+    return flops / (device.peak(dtype) * device.quantisation(m, n) * compute)
+
+
 def _norm(name: str) -> str:
     return "".join(ch for ch in name.lower() if ch.isalnum())
 

@@ -232,3 +232,26 @@ def test_wave_quantisation_on_the_a100():
     base = dev.model_copy(update={"sm_count": None, "tile": None})
     assert base.quantisation(256 * 109, 128) == 1.0
     assert dev.gemm_eff(256 * 109, 128, 8192) < base.gemm_eff(256 * 109, 128, 8192)
+
+
+@pytest.mark.parametrize(("name", "shape", "tflops"), [
+    ("A100-SXM4-80GB", (6912, 16384, 2048), 267.9),  # MAMF table (stas00/ml-engineering), bf16, best shape
+    ("H100-SXM5-80GB", (6144, 17920, 2816), 792.1),
+])
+def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
+    """The shipped GEMM curves are anchored on a measured best-shape GEMM through the device's own kernel-time
+    rule (no_overlap: tensor-core time + operand/output streaming + launch): timing that GEMM with the
+    description gives the measured TFLOP/s back, and the derivation inverts the rule."""
+    from planner.device import ceiling_for_measurement
+
+    dev = get_device(name)
+    m, n, k = shape
+    flops = 2.0 * m * n * k
+    secs = dev.kernel_time(flops, 2.0 * (m * k + k * n + m * n), gemm=(m, n, k, 1), dtype="bf16")
+    assert flops / secs / 1e12 == pytest.approx(tflops, rel=2e-3)
+    assert dev.processing == "no_overlap"
+    top = dev.gemm_efficiency["bf16"].points[-1][1]
+    assert ceiling_for_measurement(dev, m, n, k, tflops) == pytest.approx(top, rel=1e-3)
+    # under a roofline rule the same measurement means a lower ceiling (no memory term to subtract)
+    roof = dev.model_copy(update={"processing": "roofline"})
+    assert ceiling_for_measurement(roof, m, n, k, tflops) < top
