@@ -38,7 +38,7 @@ from planner.model import ModelSpec
 from planner.operators import OperatorOptions
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
-from planner.search import Candidate, predict
+from planner.search import Candidate, Planner
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def predict_run(run: PublishedRun, base: Cluster, device: DeviceSpec,
     req = TrainingRequest(global_batch=run.batch, gpus=run.gpus, max_tensor=max(run.t, 1))
     best: tuple[Candidate, Config] | None = None
     for cfg in configs:
-        cand = predict(prof, cl, req, cfg)
+        cand = predict_megatron(prof, cl, req, cfg)
         if cand.simulation is None:
             continue
         key = (not cand.fits, cand.iteration_time)
@@ -243,7 +243,38 @@ def predict_fixed(run: PublishedRun, chunks: int, base: Cluster, device: DeviceS
     cfg = Config(tensor=run.t, pipeline=run.p, data=run.d, micro_batch=b, recompute=True,
                  schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks if chunks > 1 else None)
     req = TrainingRequest(global_batch=run.batch, gpus=run.gpus, max_tensor=max(run.t, 1))
-    cand = predict(prof, run_cluster(base, run.gpus), req, cfg)
+    cand = predict_megatron(prof, run_cluster(base, run.gpus), req, cfg)
     if cand.simulation is None:
         raise ValueError(f"{run.label}: the stated configuration could not be simulated")
     return cand
+
+
+def megatron_split(layers: int, stages: int) -> list[tuple[int, int]]:
+    """Megatron-LM's partition (``ParallelTransformer``, 2021-22: ``num_layers // pipeline size`` layers per
+    stage, or per model chunk with the interleaved schedule): ``layers`` transformer layers split evenly
+    over ``stages`` (model order), the embedding on the first stage and the LM head on the last, as bounds
+    over the profile's layers ``[embedding, block 0 .. block layers-1, lm_head]``."""
+    if layers % stages:
+        raise ValueError(f"stages: {layers} layers do not split evenly over {stages} stages (Megatron asserts so)")
+    per = layers // stages
+    cuts = [0] + [1 + k * per for k in range(1, stages)] + [layers + 2]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+class _MegatronSplit(Planner):
+    """The planner with Megatron's even layer split instead of a time-balanced partition (what the measured
+    runs did: the first stage also holds the embedding, the last the LM head and loss, so the last stage is
+    the slowest and the pipeline runs at its pace)."""
+
+    def partition(self, stages: int, samples: float, recompute: bool) -> list[tuple[int, int]] | None:
+        n = sum(1 for lay in self.profile.layers if lay.kind == "transformer")
+        return megatron_split(n, stages) if n % stages == 0 else None
+
+
+def predict_megatron(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> Candidate:
+    """:func:`planner.search.predict` with Megatron's even layer split (:func:`megatron_split`)."""
+    planner = _MegatronSplit(profile, cluster, request)
+    cand, costs = planner.prepare(config)
+    if costs is None:
+        return cand
+    return planner.explain(planner.evaluate(cand, costs))
