@@ -3,11 +3,12 @@
 The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: in the runs'
 own configurations (micro-batch size, model chunks and DDP implementation from the paper's reproduction
 scripts, NVIDIA/Megatron-LM examples/sc21; Megatron's even layer split) the operator model on the shipped
-A100 description predicts every row 8-17% too fast (median |error| 9.9%, worst 16.1%, measured with
-``python benchmarks/fidelity_bench.py``; 12.1% / 17.1% with the fastest predicted b and v and the roofline
-kernel rule, 14-20% / 17.5% before GEMM wave quantisation, the fp32 cross-entropy passes, the bias kernels
-and the mixed-precision optimizer's gradient passes). The same model predicts Korthikanti et al. 2022
-Table 5 (tests/data/korthikanti_table5.json) within 1.1-3.7%. The thresholds below are the figures reached
+A100 description predicts every row 9-17% too fast (median |error| 11.1%, worst 16.6%, measured with
+``python benchmarks/fidelity_bench.py``; 12.1% / 17.1% with the fastest predicted b and v, the roofline
+kernel rule and the LM head's forward counted twice under recomputation; 14-20% / 17.5% before GEMM wave
+quantisation, the fp32 cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient
+passes). The same model predicts Korthikanti et al. 2022 Table 5 (tests/data/korthikanti_table5.json)
+within 2.7-4.0%. The thresholds below are the figures reached
 (regression guards), not the goal. No constant of the model is fitted to these rows.
 """
 
@@ -32,13 +33,17 @@ from planner.fidelity import (
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
 GOAL_ROW, GOAL_MEDIAN = 0.10, 0.05  # issue 11: not met yet
-GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.165, 0.10, 0.08, 0.07  # reached (module docstring)
-GUARD_K_ROW, GUARD_K_MEDIAN = 0.04, 0.025  # Korthikanti et al. 2022 Table 5: reached 3.7% worst, 2.4% median
-#: ranking claims the model does not reproduce yet: (figure, batch). None since the runs are predicted with
-#: Megatron's even layer split (figure 14 at B = 32 was inverted by the time-balanced partition, which moved
-#: layers off the LM head's stage; the measured runs could not) and figure 13's batch sizes are the paper's
-#: (32 and 128: examples/sc21/run_figure_13.sh; a B = 512 claim had been added without a source).
-KNOWN_RANKING_DEVIATIONS: set[tuple[str, int]] = set()
+GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.17, 0.115, 0.08, 0.07  # reached (module docstring)
+GUARD_K_ROW, GUARD_K_MEDIAN = 0.045, 0.035  # Korthikanti et al. 2022 Table 5: reached 4.0% worst, 3.4% median
+#: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 128 predicts (t, p) =
+#: (4, 16) 0.3% faster than the measured best (8, 8) (28.08 s vs 28.17 s): a tie within the model's
+#: resolution, decided among others by the wave quantisation of the t = 8 QKV GEMM (480 tiles of 256 x 128
+#: on 108 SMs: 4.4 waves run as 5) against p = 16's larger bubble; it appeared when the LM head stopped being
+#: recomputed.
+#: Figure 14 at B = 32 holds since the runs are predicted with Megatron's even layer split (the time-balanced
+#: partition moved layers off the LM head's stage; the measured runs could not), and figure 13's batch sizes
+#: are the paper's (32 and 128: examples/sc21/run_figure_13.sh; a B = 512 claim had no source).
+KNOWN_RANKING_DEVIATIONS = {("13", 128)}
 
 
 @pytest.fixture(scope="module")

@@ -255,3 +255,16 @@ def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
     # under a roofline rule the same measurement means a lower ceiling (no memory term to subtract)
     roof = dev.model_copy(update={"processing": "roofline"})
     assert ceiling_for_measurement(roof, m, n, k, tflops) < top
+
+
+def test_full_recomputation_reruns_the_transformer_layers_only():
+    """Megatron's --checkpoint-activations wraps the transformer layers (ParallelTransformer's checkpointed
+    forward); the embedding and the LM head with its loss run once, so their recompute time is their backward."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    for lay in prof.layers:
+        for t in (1, 2):
+            st = lay.tensor_times[t]
+            want = {b: st.fwd_time[b] + st.bwd_time[b] for b in (1, 2)} if lay.kind == "transformer" \
+                else st.bwd_time
+            assert st.recompute_time == pytest.approx(want), (lay.name, t)
+    assert {lay.kind for lay in prof.layers} == {"embedding", "transformer", "lm_head"}
