@@ -27,7 +27,9 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
   ``req.wait(); torch.cuda.synchronize()``, then all-gathers the scatter/gather chunks over NVLink): each
   F and B also holds the compute stream for its send (and the ``t``-way all-gather of the boundary
-  tensor). Our executor posts sends without blocking, so by default they overlap compute.
+  tensor), and the message is at the receiver when that action ends (the p2p action takes no further
+  time: the transfer is not counted twice on the critical path). Our executor posts sends without
+  blocking, so by default they overlap compute.
 * **Gradient all-reduce** of a stage across its ``r`` replicas (the W data-parallel copies times the
   schedule's own replicas, Chimera's 2f): Rabenseifner ``2 log2(r) alpha + 2 (r-1)/r beta L``
   (Chimera 3.4) with ``L`` the stage's gradient bytes divided by ``t``; hierarchical when the replicas
@@ -322,6 +324,10 @@ class ConfigCosts(Costs):
         return half + extra if kind == "I" else half
 
     def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
+        if self.blocking_p2p:
+            # the sending action returned only once the transfer (and the scatter/gather all-gather) was
+            # done (:meth:`_blocking_send`): the message is there when it ends, not one transfer later
+            return 0.0
         boundary = stage if kind == SEND_F else stage - 1
         nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.t
         return self.link(src, dst).time(nbytes) * self.cal.link_scale

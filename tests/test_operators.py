@@ -268,3 +268,18 @@ def test_full_recomputation_reruns_the_transformer_layers_only():
                 else st.bwd_time
             assert st.recompute_time == pytest.approx(want), (lay.name, t)
     assert {lay.kind for lay in prof.layers} == {"embedding", "transformer", "lm_head"}
+
+
+def test_blocking_p2p_holds_the_sender_and_is_not_counted_twice():
+    """Megatron 2021's runtime (environment p2p = blocking) returns from a send only once the transfer and the
+    scatter/gather all-gather are done: F of stage 0 grows by that time and the message then takes no
+    further time; a non-blocking runtime sends in the background (F unchanged, the message takes the link)."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    blocking = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
+    plain, held = _costs(prof, 2), _costs(blocking, 2)
+    full = plain.stages[0].out_bytes * 2
+    send = plain.link(0, 1).time(full / 2) + ring_allgather(2, full, plain.cluster.intra)
+    assert held.fwd(0) - plain.fwd(0) == pytest.approx(send)
+    assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.link(0, 1).time(full / 2))
+    assert plain.p2p("SEND_F", 0, 1, 0, 1) > 0
+    assert held.p2p("SEND_F", 0, 1, 0, 1) == 0.0
