@@ -81,12 +81,12 @@ def main() -> None:
           + ("MET" if met else "NOT MET -- the predictions are uniformly fast (see the signed error). Modelled: "
              "wave/tile quantisation of each GEMM on 108 SMs, the no_overlap kernel rule with the GEMM ceiling "
              "taken from a measured MAMF through that rule, Megatron's fp32 cross-entropy passes, the bias "
-             "kernels, the mixed-precision optimizer's passes, blocking p2p, the runs' own b, v and even "
-             "layer split. The same model predicts Korthikanti et al. 2022 (the same machine and code base a "
-             "year later, configurations stated; below) within 1-4%, so what remains is specific to the 2021 "
-             "runs (container 20.12's cuBLAS, Megatron 2021's runtime); not modelled: torch DDP's overlap of "
-             "the gradient all-reduce with the backward (Table 1 rows with ddp=torch), the rendezvous of "
-             "Megatron's paired blocking send/recv"))
+             "kernels, the mixed-precision optimizer's passes, blocking p2p, torch DDP's overlapped "
+             "all-reduce, the runs' own b, v and even layer split. The same model predicts Korthikanti et al. "
+             "2022 (the same machine and code base a year later, configurations stated; below) within 3-4%, "
+             "so what remains is specific to the 2021 runs (container 20.12's cuBLAS, Megatron 2021's "
+             "runtime); not modelled: the rendezvous of Megatron's paired blocking send/recv, the "
+             "tied-embedding all-reduce between the first and last stage"))
     # leave-one-out: one cluster-wide scale fitted on the other rows (what calibration, item 5, would do)
     loo = []
     for i, p in enumerate(preds):

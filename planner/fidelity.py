@@ -125,9 +125,12 @@ def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int,
     prof = analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
                             tensor_sizes=(1, run.t) if run.t > 1 else (1,),
                             options=options or OperatorOptions(attention="unfused", dropout=True))
+    env = dict(prof.environment)
     if blocking_p2p:
-        prof = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
-    return prof
+        env["p2p"] = "blocking"
+    if run.ddp == "torch":  # PyTorch DDP overlaps the gradient all-reduce with the backward (planner.cost)
+        env["dp_allreduce"] = "overlapped"
+    return prof.model_copy(update={"environment": env})
 
 
 def candidate_configs(run: PublishedRun, micro_batches: tuple[int, ...] = (1, 2, 4, 8),

@@ -3,12 +3,14 @@
 The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: in the runs'
 own configurations (micro-batch size, model chunks and DDP implementation from the paper's reproduction
 scripts, NVIDIA/Megatron-LM examples/sc21; Megatron's even layer split) the operator model on the shipped
-A100 description predicts every row 9-17% too fast (median |error| 11.1%, worst 16.6%, measured with
-``python benchmarks/fidelity_bench.py``; 12.1% / 17.1% with the fastest predicted b and v, the roofline
-kernel rule and the LM head's forward counted twice under recomputation; 14-20% / 17.5% before GEMM wave
-quantisation, the fp32 cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient
-passes). The same model predicts Korthikanti et al. 2022 Table 5 (tests/data/korthikanti_table5.json)
-within 2.8-4.1%. The thresholds below are the figures reached
+A100 description predicts every row 9-17% too fast (median |error| 12.4%, worst 16.6%, measured with
+``python benchmarks/fidelity_bench.py``), uniformly so: one cluster-wide time scale fitted on the other rows
+would bring each row within 4.9% (leave-one-out). Earlier figures: 12.1% / 17.1% with the fastest
+predicted b and v, the roofline kernel rule, the LM head's forward counted twice under recomputation and
+torch DDP's all-reduce left after the backward; 14-20% / 17.5% before GEMM wave quantisation, the fp32
+cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient passes. The same model
+predicts Korthikanti et al. 2022 Table 5 (tests/data/korthikanti_table5.json, the same machine and code a
+year later) within 2.8-4.1%. The thresholds below are the figures reached
 (regression guards), not the goal. No constant of the model is fitted to these rows.
 """
 
@@ -33,7 +35,7 @@ from planner.fidelity import (
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
 GOAL_ROW, GOAL_MEDIAN = 0.10, 0.05  # issue 11: not met yet
-GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.17, 0.115, 0.08, 0.07  # reached (module docstring)
+GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.17, 0.125, 0.08, 0.05  # reached (module docstring)
 GUARD_K_ROW, GUARD_K_MEDIAN = 0.045, 0.035  # Korthikanti et al. 2022 Table 5: reached 4.1% worst, 3.5% median
 #: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 128 predicts (t, p) =
 #: (4, 16) 0.3% faster than the measured best (8, 8) (28.08 s vs 28.17 s): a tie within the model's

@@ -283,3 +283,27 @@ def test_blocking_p2p_holds_the_sender_and_is_not_counted_twice():
     assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.link(0, 1).time(full / 2))
     assert plain.p2p("SEND_F", 0, 1, 0, 1) > 0
     assert held.p2p("SEND_F", 0, 1, 0, 1) == 0.0
+
+
+def test_ddp_overlap_leaves_only_what_exceeds_the_last_backward():
+    """PyTorch DDP (environment dp_allreduce = overlapped) all-reduces its 25 MB buckets during the backward of
+    the synchronising micro-batch: a one-stage pipeline keeps max(last bucket, all-reduce - backward) after
+    it; Megatron's own DDP (the default) all-reduces after the backward, all of it exposed."""
+    from planner.cost import DDP_BUCKET_BYTES, allreduce_time
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1,))
+    cfg = Config(tensor=1, pipeline=1, data=16, micro_batch=2, schedule="1f1b", recompute=True)
+    n = len(prof.layers)
+
+    def costs(p):
+        return ConfigCosts(p, _cluster("A100-SXM4-80GB"), TrainingRequest(global_batch=64), cfg,
+                           build("1f1b", 1, 2), [(0, n)])
+
+    plain = costs(prof)
+    over = costs(prof.model_copy(update={"environment": {**prof.environment, "dp_allreduce": "overlapped"}}))
+    whole = plain.allreduce(0, 0, 0)
+    ranks = [plain.rank(0, w) for w in range(16)]
+    assert whole == pytest.approx(allreduce_time(plain.cluster, ranks, plain.stages[0].param_bytes))
+    bucket = allreduce_time(plain.cluster, ranks, DDP_BUCKET_BYTES)
+    assert over.allreduce(0, 0, 0) == pytest.approx(max(bucket, whole - over.bwd(0)))
+    assert over.allreduce(0, 0, 0) < whole
