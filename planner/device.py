@@ -13,6 +13,9 @@ efficiency table each, a memory with an efficiency table by transfer size):
   (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part) and wave
   quantisation (``sm_count``, ``tiles``: see :meth:`DeviceSpec.quantisation`);
 * ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
+* ``processing``: how a kernel's compute and memory times combine (``roofline``: the larger;
+  ``no_overlap``: their sum, Calculon's A100/H100 rule); a measured GEMM ceiling is turned into the top of
+  the GEMM curve through this rule (:func:`ceiling_for_measurement`), so the two stay consistent;
 * ``kernel_overhead_s``: fixed cost per kernel launch (a floor for tiny kernels; on CPU the framework's
   per-op dispatch cost);
 * ``collective_efficiency``: achieved NCCL bus bandwidth / link peak by message size, for collectives
