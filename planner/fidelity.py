@@ -13,7 +13,12 @@ are those of the paper's reproduction scripts (NVIDIA/Megatron-LM ``examples/sc2
 as ``--num-layers-per-virtual-pipeline-stage``); Table 2 states b = 1 and we take v from the scripts for the
 same model and (t, p) (``tests/data/megatron_tables.json``, ``schedule_note``). Only where a run states
 neither (none of the shipped rows) is the fastest predicted b in (1, 2, 4, 8) and v chosen, which biases a
-prediction fast: the reported b and v say which was used.
+prediction fast: the reported b and v say which was used. The runtime is Megatron 2021's: blocking
+pipeline sends (profile environment ``p2p = blocking``), the data-parallel all-reduce after the backward
+(``--DDP-impl local``) or, for the rows that ran PyTorch DDP (``--DDP-impl torch``: Table 1's p = 1 rows),
+overlapped with the last backward (``dp_allreduce = overlapped``; :mod:`planner.cost`), and Megatron's
+even layer split (:func:`megatron_split`: the first stage also holds the embedding, the last the LM head and
+loss) instead of the planner's time-balanced partition.
 
 A second, independent check (:func:`korthikanti_runs`, :func:`predict_fixed`): Korthikanti et al. 2022
 (arXiv 2205.05198) Table 5 measured iteration times of 22B/175B/530B/1T GPT models at t = 8 with full
