@@ -19,12 +19,15 @@ $(STAMP): $(BIN)/python pyproject.toml
 venv: $(STAMP)
 
 # under CI, PostgreSQL is installed and started (.ci/postgres.sh) so the database/API tests run on it too,
-# and Debian's Chromium is installed for the browser tests (.ci/chromium.sh)
+# Debian's Chromium is installed for the browser tests (.ci/chromium.sh), and Slurm (.ci/slurm.sh: two
+# slurmd "nodes" on this machine) for the Slurm launcher's end-to-end tests
 test: $(STAMP)
 	$(BIN)/ruff check .
 	if [ -n "$$CI" ]; then bash .ci/chromium.sh; fi
 	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_POSTGRES_URL" ]; then \
 	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
+	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_SLURM" ]; then \
+	  PIPEPLAN_TEST_SLURM=$$(bash .ci/slurm.sh) || exit 1; export PIPEPLAN_TEST_SLURM; fi; \
 	$(BIN)/python -m pytest tests
 
 # the quick subset for development: everything not marked slow (README, Tests)
