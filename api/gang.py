@@ -87,12 +87,15 @@ def placement(candidate: dict[str, Any], cluster: dict[str, Any], emulate: bool,
     return {"device_type": device, "nodes": nodes, "procs_per_node": procs}
 
 
-def eligible(worker: Worker) -> ColumnElement[bool]:
-    """The jobs ``worker`` may be offered (device type and size; see the module's docstring)."""
+def eligible(worker: Worker, whole: bool = False) -> ColumnElement[bool]:
+    """The jobs ``worker`` may be offered (device type and size; see the module's docstring). ``whole``: an
+    agent that places multi-node jobs itself (Slurm) takes any size, but no gang that is forming."""
     dev = (worker.device_type or CPU).lower()
     device = or_(Job.device_type.is_(None), func.lower(Job.device_type) == dev)
     if dev == CPU:
         device = or_(device, Job.emulate.is_(True))
+    if whole:
+        return and_(device, ~exists().where(JobSlot.job_id == Job.id, JobSlot.worker_id.is_not(None)))
     if worker.gpus > 0:
         size = or_(Job.procs_per_node.is_(None), Job.procs_per_node <= worker.gpus)
     else:
@@ -354,6 +357,12 @@ def release_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Jo
     elif job.state == "running":
         stop_gang(db, job, f"node {node_rank}'s agent (worker {worker_id}) stopped", counted=False)
     return job
+
+
+def runs_as_gang(db: Session, job: Job) -> bool:
+    """Whether ``job`` is claimed slot by slot (some slot held), not whole."""
+    return job.nodes > 1 and db.scalar(select(JobSlot.id).where(JobSlot.job_id == job.id,
+                                                               JobSlot.worker_id.is_not(None)).limit(1)) is not None
 
 
 def running_rank(db: Session, job: Job, worker_id: int) -> int | None:

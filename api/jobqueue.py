@@ -87,11 +87,13 @@ def grace_running_leases(db: Session, lease_seconds: float) -> int:
     return res.rowcount or 0
 
 
-def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int | None = None) -> Job | None:
+def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int | None = None, *,
+              whole: bool = False) -> Job | None:
     """Give the oldest queued job that fits ``worker_id`` (:func:`api.gang.eligible`) to it with a fresh
     lease; None if there is none. A multi-node job is claimed one node slot at a time, only by an agent that
     offers ``rdzv_port`` (it may get node rank 0 and host the rendezvous): the job is returned with the slot
-    held (:func:`api.gang.claim_slot`; ``job.state`` says whether the gang started).
+    held (:func:`api.gang.claim_slot`; ``job.state`` says whether the gang started). ``whole``: the worker
+    places multi-node jobs on nodes itself (Slurm) and claims them whole, as single-node ones.
 
     A compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count says whether this claimer won (a
     loser moves on to the next job); on PostgreSQL a single-node job another claimer has locked is skipped
@@ -107,8 +109,8 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int 
     now = utcnow()
     values = {"state": "running", "worker_id": worker_id, "claimed_at": now,
               "lease_expires_at": now + timedelta(seconds=lease_seconds), "attempts": Job.attempts + 1}
-    fits = gang.eligible(worker)
-    if rdzv_port is None:
+    fits = gang.eligible(worker, whole)
+    if rdzv_port is None and not whole:
         fits = fits & (Job.nodes == 1)
     queued = select(Job.id, Job.nodes).where(Job.state == "queued", fits, gang.not_holding(worker_id))
     postgres = db.get_bind().dialect.name == "postgresql"
@@ -119,6 +121,8 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int 
         if row is None:
             return None
         jid, nodes = row
+        if whole:
+            nodes = 1  # claimed as a single-node job
         if postgres and nodes == 1 and db.scalar(  # skip a job another claimer is taking (no waiting on it)
                 select(Job.id).where(Job.id == jid, Job.state == "queued").with_for_update(skip_locked=True)) is None:
             tried.append(jid)
@@ -150,6 +154,9 @@ def _claim_one(db: Session, jid: int, nodes: int, worker: Worker, values: dict[s
 
 def _held(db: Session, job_id: int, worker_id: int) -> Job:
     job = get_job(db, job_id)
+    if gang.runs_as_gang(db, job):
+        raise Conflict(f"job {job_id} runs as a gang of {job.nodes} nodes: use its node slot's endpoints "
+                       "(/jobs/{id}/slots/{rank}/...)")
     if job.state != "running" or job.worker_id != worker_id:
         holder = f"worker {job.worker_id}" if job.worker_id else "no worker"
         raise Conflict(f"worker {worker_id} does not hold job {job_id} (it is {job.state}, held by {holder}): "
@@ -162,6 +169,8 @@ def renew_lease(db: Session, job_id: int, worker_id: int, lease_seconds: float) 
     job = get_job(db, job_id)
     if job.state == "cancelled" and job.worker_id == worker_id:
         return job, True
+    if gang.runs_as_gang(db, job):
+        _held(db, job_id, worker_id)  # refused: a gang's nodes renew their slots
     expires = utcnow() + timedelta(seconds=lease_seconds)
     res = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
                      .values(lease_expires_at=expires))
@@ -203,13 +212,14 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
             return stored, False
         raise Conflict(f"job {job_id} already has a result (from worker {stored.worker_id})")
     job = get_job(db, job_id)
-    if job.nodes > 1:
-        if job.state != "running" or gang.running_rank(db, job, worker_id) is None:
+    if gang.runs_as_gang(db, job):
+        rank = gang.running_rank(db, job, worker_id)
+        if job.state != "running" or rank is None:
             raise Conflict(f"worker {worker_id} holds no node of running job {job_id} (it is {job.state}): "
                            "the gang was stopped")
-        if gang.running_rank(db, job, worker_id) != 0:
+        if rank != 0:
             raise Conflict(f"job {job_id}: the result comes from node rank 0 (where global rank 0 runs), not from "
-                           f"worker {worker_id}'s node {gang.running_rank(db, job, worker_id)}")
+                           f"worker {worker_id}'s node {rank}")
     else:
         _held(db, job_id, worker_id)
     res = Result(job_id=job_id, worker_id=worker_id, iteration_time=data["iteration_time"],
@@ -217,7 +227,7 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
                  devices=finite(data.get("devices") or []), trace=data.get("trace"),
                  body=finite(data.get("raw") or {}))
     db.add(res)
-    holder = Job.worker_id == worker_id if job.nodes == 1 else Job.worker_id.is_not(None)
+    holder = Job.worker_id.is_not(None) if gang.runs_as_gang(db, job) else Job.worker_id == worker_id
     done = db.execute(update(Job).where(Job.id == job_id, holder, Job.state == "running")
                       .values(state="succeeded", finished_at=utcnow(), lease_expires_at=None))
     if done.rowcount != 1:

@@ -337,6 +337,9 @@ class ClaimIn(BaseModel):
                                   description="a free port on this agent's host: with it the agent also takes "
                                               "node slots of multi-node jobs (node rank 0 hosts the rendezvous "
                                               "there)")
+    whole: bool = Field(default=False, description="this agent places multi-node jobs on nodes itself (a Slurm "
+                                                   "launcher): it is offered jobs of its device of any size, "
+                                                   "whole, instead of node slots")
 
 
 class WorkerOut(BaseModel):

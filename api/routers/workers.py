@@ -58,12 +58,13 @@ def claim(worker_id: IdPath, db: DB, settings: SettingsDep, who: WorkerAuth,  # 
     crud.heartbeat(db, worker_id)
     jobqueue.expire_leases(db)
     db.commit()
-    job = jobqueue.claim_job(db, worker_id, settings.lease_seconds, body.rdzv_port if body is not None else None)
+    job = jobqueue.claim_job(db, worker_id, settings.lease_seconds, body.rdzv_port if body is not None else None,
+                             whole=body is not None and body.whole)
     if job is None:
         return Response(status_code=204)
     plan = crud.get_plan(db, job.plan_id)
     profile = crud.get_profile(db, plan.profile_id).body if job.emulate else None
-    slot = next((s for s in job.slots if s.worker_id == worker_id), None) if job.nodes > 1 else None
+    slot = next((s for s in job.slots if s.worker_id == worker_id), None)
     db.commit()
     out = job_out(job)
     return {"job": out, "slot": next((s for s in out["slots"] if slot is not None and s["node_rank"] == slot.node_rank),
