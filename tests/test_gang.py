@@ -226,6 +226,24 @@ def test_a_cancelled_gang_tells_its_agents_and_nodes_done_without_a_result_reque
     assert r["state"] == "queued" and r["attempts"] == 1 and "no node posted the result" in r["error"]
 
 
+def test_a_launcher_that_places_nodes_itself_claims_a_multi_node_job_whole(gang_client: Any) -> None:
+    """A Slurm agent (``whole``) takes a 2-node job as one job; it leaves forming gangs alone."""
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid, kid = (c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                       headers=AUTH).json()["id"] for _ in range(2))
+    (a, aa), (s, sa), (b, ba) = worker(c, "a"), worker(c, "slurm", 0), worker(c, "b")
+    assert claim(c, a, aa).json()["job"]["id"] == jid  # job jid forms as a gang
+    got = c.post(f"/workers/{s}/claim", json={"whole": True}, headers=sa).json()
+    assert got["job"]["id"] == kid and got["slot"] is None and got["job"]["state"] == "running"  # not jid
+    assert got["job"]["worker_id"] == s
+    assert c.post(f"/jobs/{kid}/lease", json={}, headers=sa).status_code == 200
+    assert claim(c, b, ba).json()["job"]["id"] == jid  # b completes jid's gang; kid is not offered as slots
+    assert c.post(f"/jobs/{jid}/lease", json={}, headers=aa).status_code == 409  # a gang renews its slots
+    r = c.post(f"/jobs/{kid}/result", json={"iteration_time": 0.5}, headers=sa)
+    assert r.status_code == 201 and c.get(f"/jobs/{kid}", headers=AUTH).json()["state"] == "succeeded"
+
+
 def test_a_slot_held_alone_past_the_timeout_is_given_back(db_url: str) -> None:
     from api.main import create_app
 
