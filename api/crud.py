@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session, defer, selectinload
 
 from api.errors import Busy, Conflict, InputError, NotFound
 from api.jobqueue import get_job, record_event
@@ -224,7 +224,7 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
 
 
 def list_jobs(db: Session, state: str | None, plan_id: int | None, limit: int, offset: int) -> list[Job]:
-    q = select(Job).order_by(Job.id)
+    q = select(Job).options(selectinload(Job.slots)).order_by(Job.id)
     if state is not None:
         q = q.where(Job.state == state)
     if plan_id is not None:

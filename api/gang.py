@@ -147,6 +147,12 @@ def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Wo
     return f"forming: {held} of {job.nodes} node slots held"
 
 
+def could_form(db: Session, job_id: int, alive_seconds: float) -> bool:
+    """Whether as many alive agents fit gang ``job_id`` as it has nodes."""
+    job = db.get(Job, job_id)
+    return job is not None and sum(1 for w in alive_workers(db, alive_seconds) if takes(w, job)) >= job.nodes
+
+
 def make_slots(job: Job) -> None:
     """The open slots of a new multi-node job."""
     if job.nodes > 1:

@@ -88,12 +88,14 @@ def grace_running_leases(db: Session, lease_seconds: float) -> int:
 
 
 def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int | None = None, *,
-              whole: bool = False) -> Job | None:
+              whole: bool = False, alive_seconds: float = 60.0) -> Job | None:
     """Give the oldest queued job that fits ``worker_id`` (:func:`api.gang.eligible`) to it with a fresh
     lease; None if there is none. A multi-node job is claimed one node slot at a time, only by an agent that
     offers ``rdzv_port`` (it may get node rank 0 and host the rendezvous): the job is returned with the slot
     held (:func:`api.gang.claim_slot`; ``job.state`` says whether the gang started). ``whole``: the worker
-    places multi-node jobs on nodes itself (Slurm) and claims them whole, as single-node ones.
+    places multi-node jobs on nodes itself (Slurm) and claims them whole, as single-node ones. A gang is not
+    offered while fewer agents that fit it are alive (heartbeat within ``alive_seconds``) than it has nodes:
+    holding a slot of it would only keep this agent from other work.
 
     A compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count says whether this claimer won (a
     loser moves on to the next job); on PostgreSQL a single-node job another claimer has locked is skipped
@@ -125,6 +127,9 @@ def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int 
             nodes = 1  # claimed as a single-node job
         if postgres and nodes == 1 and db.scalar(  # skip a job another claimer is taking (no waiting on it)
                 select(Job.id).where(Job.id == jid, Job.state == "queued").with_for_update(skip_locked=True)) is None:
+            tried.append(jid)
+            continue
+        if nodes > 1 and not gang.could_form(db, jid, alive_seconds):
             tried.append(jid)
             continue
         # a gang's slot: wait for a concurrent claimer's row lock rather than skip the gang (a half-formed

@@ -127,6 +127,8 @@ def main() -> None:
                                   "gpt-tiny", "--iterations", str(args.iterations)], cwd=ROOT, env=_env(tmp),
                                  capture_output=True, text=True)
             print(f"one node, one `pipeplan run` (4 processes): {time.monotonic() - t0:.1f} s, exit {one.returncode}")
+            if one.returncode:
+                print("  its output: " + (one.stdout + one.stderr)[-1500:])
 
             agents = start_agents(url, tmp, run)
             wait(lambda: len(c.get("/workers").json()) == 4, 120, "4 agents")

@@ -252,6 +252,9 @@ def test_a_slot_held_alone_past_the_timeout_is_given_back(db_url: str) -> None:
         jid = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
                      headers=AUTH).json()["id"]
         a, aa = worker(c, "a")
+        assert claim(c, a, aa).status_code == 204  # one agent cannot form a gang of two: not offered
+        assert c.get(f"/jobs/{jid}", headers=AUTH).json()["waiting"].startswith("needs 2 agents with device cpu")
+        worker(c, "b")  # alive, but busy elsewhere: it does not claim
         assert claim(c, a, aa).json()["slot"]["node_rank"] == 0
         r = _lease(c, jid, 0, aa).json()
         assert r["state"] == "released"

@@ -59,7 +59,7 @@ def claim(worker_id: IdPath, db: DB, settings: SettingsDep, who: WorkerAuth,  # 
     jobqueue.expire_leases(db)
     db.commit()
     job = jobqueue.claim_job(db, worker_id, settings.lease_seconds, body.rdzv_port if body is not None else None,
-                             whole=body is not None and body.whole)
+                             whole=body is not None and body.whole, alive_seconds=settings.worker_alive_seconds)
     if job is None:
         return Response(status_code=204)
     plan = crud.get_plan(db, job.plan_id)
