@@ -34,10 +34,11 @@ reps_st = st.lists(st.integers(1, 4), min_size=1, max_size=5)
 
 
 @settings(max_examples=150, deadline=None)
-@given(reps=reps_st, N=st.integers(1, 14))
-def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
+@given(reps=reps_st, N=st.integers(1, 14), name=st.sampled_from(["1f1b-rr", "pipedream-rr"]))
+def test_replicated_stages_are_valid_ir(reps: list[int], N: int, name: str) -> None:
+    """Synchronous (1F1B-RR, a flush) and asynchronous (PipeDream-RR, weight stashing) replicated stages."""
     D = sum(reps)
-    sched = build("1f1b-rr", D, N, replication=",".join(map(str, reps)))
+    sched = build(name, D, N, replication=",".join(map(str, reps)))
     validate(sched)
     low = lower(sched)
     validate(low)
@@ -53,7 +54,8 @@ def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
     for row in low.actions:
         assert Counter(a.kind for a in row)[ALLREDUCE] == 1
     # the in-flight counts the planner bounds memory with are the lists' peaks, per stage copy
-    counts = inflight("1f1b-rr", D, N, replication=",".join(map(str, reps)))
+    counts = inflight(name, D, N, replication=",".join(map(str, reps)))
+    stage_peak = [0] * len(reps)
     for d, row in enumerate(sched.actions):
         alive = peak = 0
         for a in row:
@@ -61,6 +63,13 @@ def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
             peak = max(peak, alive)
         (r, s), = sched.stages_on(d)
         assert counts[(r, s)] == peak
+        stage_peak[s] = max(stage_peak[s], peak)
+    if name == "pipedream-rr":  # one stashed weight version per micro-batch in flight on a replica
+        assert not sched.synchronous and sched.params["update"] == "per-microbatch"
+        assert sched.weight_versions == stage_peak
+        assert sched.actions == build("1f1b-rr", D, N, replication=",".join(map(str, reps))).actions
+    else:
+        assert sched.synchronous and not sched.weight_versions
     # the fast replay times exactly the lowered lists
     costs = UnitCosts(comm=0.3, allreduce_time=0.5)
     assert simulate(sched, costs).makespan == pytest.approx(replay_lowered(low, costs).makespan)
@@ -156,6 +165,29 @@ def test_uneven_replication_wins_where_the_front_dominates() -> None:
     uniform = min(c.iteration_time for c in res.candidates if c.config.replication is None)
     assert best.iteration_time < 0.95 * uniform
     assert math.isfinite(best.iteration_time)
+
+
+def test_asynchronous_replicated_plans_only_under_allow_async() -> None:
+    """PipeDream's asynchronous variant (weight stashing, pipedream-rr) is enumerated only when allow_async is
+    set; it takes the same A(j, m) partition as 1F1B-RR, times the same lists, and costs one stashed weight
+    version per micro-batch in flight (beyond the live weights) in memory, which its row explains."""
+    prof, cl = front_heavy_profile(), small_memory_cluster()
+    sync_only = plan(prof, cl, request())
+    assert not any(c.config.schedule == "pipedream-rr" for c in sync_only.candidates + sync_only.infeasible)
+    res = plan(prof, cl, request().model_copy(update={"allow_async": True}))
+    by = {c.config.schedule: c for c in res.candidates if c.config.replication == "2,1,1"}
+    rr, pd = by["1f1b-rr"], by["pipedream-rr"]
+    assert pd.partition == rr.partition == [[0, 1], [1, 3], [3, 5]]
+    assert pd.iteration_time == pytest.approx(rr.iteration_time)
+    sched = build("pipedream-rr", 4, pd.microbatches, replication="2,1,1")
+    assert sched.weight_versions == [2, 2, 1]  # c_s of 2-1-1 with 4 micro-batches per replica of stage 0
+    for d, ((_r, s),) in enumerate(sched.stages_by_device()):
+        a, b = pd.partition[s]
+        extra = (sched.weight_versions[s] - 1) * sum(lay.param_bytes for lay in prof.layers[a:b])
+        assert pd.memory[d] == pytest.approx(rr.memory[d] + extra)
+    assert pd.memory[2] > rr.memory[2]  # stage 1 (layers 1-2, 40 M parameters) stashes a second version
+    assert "weight stashing (2,2,1 versions per stage)" in pd.to_dict()["label"]
+    assert "weight stashing" not in rr.to_dict()["label"]
 
 
 # ---- the executor: replicated stages run and train as one process does -------------------------------
