@@ -234,3 +234,38 @@ def test_predict_a_named_replication() -> None:
                    Config(tensor=1, pipeline=4, data=1, micro_batch=1, schedule="1f1b-rr", replication="1,2,1"))
     assert cand.simulation is not None and len(cand.partition) == 3
     assert "x2" in cand.label()
+
+
+@pytest.fixture(scope="module")
+def stash_run() -> dict:  # type: ignore[type-arg]
+    from executor.launch import launch
+    from executor.plan import RunPlan
+    plan_ = RunPlan.direct("pipedream-rr", 4, 8, replication="2,1,1", iterations=2)
+    return {"plan": plan_, "run": launch([plan_], 4, check=True, timeout=180)["runs"][0]}
+
+
+@pytest.mark.slow
+def test_asynchronous_replicated_stages_stash_weights(stash_run) -> None:  # type: ignore[no-untyped-def]
+    """PipeDream-RR 2-1-1 on gpt-tiny (4 gloo processes, two windows): every backward uses exactly the weights
+    its forward used (version and checksum), the parameters after the run equal PipeDream's weight stashing
+    computed in one process with explicit stashed versions (executor.stash_reference) and differ from the same
+    without stashing, and no replica keeps more weight versions than the planner costs."""
+    run, sched = stash_run["run"], stash_run["plan"].schedule()
+    check = run["check"]
+    assert check["ok"], check["message"]
+    assert check["differs_without_stash"]
+    stale = 0
+    for log in run["version_log"].values():
+        fwd: dict[tuple[int, int], dict] = {}  # type: ignore[type-arg]
+        for e in log:  # in order: a backward meets its own window's forward
+            if e["event"] == "F":
+                fwd[(e["stage"], e["mb"])] = e
+                continue
+            f = fwd.pop((e["stage"], e["mb"]))
+            assert e["version"] == f["version"] and e["checksum"] == f["checksum"]
+            stale += e["live_version"] != e["version"]
+    assert stale > 0  # the live weights moved on while micro-batches were in flight: the stash mattered
+    for per in run["weight_versions"].values():
+        for key, n in per.items():
+            stage = int(key.strip("()").split(",")[1])
+            assert n <= sched.weight_versions[stage]
