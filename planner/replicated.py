@@ -56,6 +56,7 @@ from planner.partition import (
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
+from planner.schedules.ir import Schedule
 from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 
 #: how close to the ideal per-device compute a uniform plan must come for replication to be skipped
@@ -233,3 +234,21 @@ class ReplicatedPlans:
             return pipedream_partition_arrays(layer_time, comm, D, sync, self._fits(t), sync_adds=True)
         except PartitionError:
             return None
+
+
+def replica_rows(schedule: Schedule) -> tuple[list[str], list[int]] | None:
+    """For a plan with replicated stages (``1f1b-rr``, ``pipedream-rr``): each device's row label, ``S{stage}
+    r{replica} · P{device}`` (``S{stage} · P{device}`` for a stage on one device), and the stage of each row,
+    so that a timeline shows one row per replica grouped by stage (devices are numbered stage by stage,
+    :mod:`planner.schedules.one_f_one_b_rr`); None for any other schedule."""
+    replication = schedule.params.get("replication")
+    if not replication:
+        return None
+    reps = parse_replication(str(replication), schedule.devices)
+    labels, stages = [], []
+    for s, r in enumerate(reps):
+        for k in range(r):
+            d = len(labels)
+            labels.append(f"S{s} r{k} · P{d}" if r > 1 else f"S{s} · P{d}")
+            stages.append(s)
+    return labels, stages

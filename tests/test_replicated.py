@@ -269,3 +269,12 @@ def test_asynchronous_replicated_stages_stash_weights(stash_run) -> None:  # typ
         for key, n in per.items():
             stage = int(key.strip("()").split(",")[1])
             assert n <= sched.weight_versions[stage]
+
+
+def test_replica_rows_name_each_replica_grouped_by_stage() -> None:
+    """The timeline's rows of a replicated plan (planner.replicated.replica_rows, read by api/static/timeline.js)."""
+    from planner.replicated import replica_rows
+    for name in ("1f1b-rr", "pipedream-rr"):
+        got = replica_rows(build(name, 5, 6, replication="1,3,1"))
+        assert got == (["S0 · P0", "S1 r0 · P1", "S1 r1 · P2", "S1 r2 · P3", "S2 · P4"], [0, 1, 1, 1, 2])
+    assert replica_rows(build("1f1b", 3, 3)) is None
