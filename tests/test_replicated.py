@@ -140,6 +140,10 @@ def test_uniform_transformer_stack_keeps_uniform_plans() -> None:
         assert not planner.replicated.keys(planner.configs(Counter()), planner.memory.total_state)
         res = planner.search()
         assert res.candidates and res.candidates[0].config.replication is None
+        # nor under allow_async (PipeDream's asynchronous variant takes the same gate)
+        asyn = Planner(prof, clu, TrainingRequest(global_batch=batch, gpus=gpus, allow_async=True))
+        assert asyn.replicated.variants() == ["1f1b-rr", "pipedream-rr"]
+        assert not asyn.replicated.keys(asyn.configs(Counter()), asyn.memory.total_state)
 
 
 @pytest.mark.slow
