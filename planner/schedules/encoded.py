@@ -205,6 +205,13 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     an eager stage and at the end of the list, a stage's collective runs once every holder has posted
     it, and STEP waits for the device's all-reduces. Devices are swept in the same order as in the
     lowered replay, and each goes as far as it can, so collectives and ties come out in the same order.
+
+    The sweep computes only what later actions wait for -- the end of every action and the arrival of
+    every message -- and what depends on the order of the sweep (all-reduce posts, the last action to
+    end); the rest follows from those times with numpy, with the same floating-point operations in the
+    same order: starts and binding predecessors (the first strictly latest of the previous action on the
+    device and the two inputs), busy time (running sums in list order), alive activations (running sums
+    in list order, the peak taken after forwards) and send starts.
     """
     sched = plan.schedule
     D = sched.devices
@@ -234,10 +241,10 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
             sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
             u_send[u] = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
     sig = plan.signature
-    dur: list[float] = u_dur[sig].tolist()
-    send_dur: list[float] = u_send[sig].tolist()
-    delta: list[float] = u_delta[sig].tolist()
-    is_f = [a[0] == F for a in acts]
+    dur_a = u_dur[sig]
+    send_a = u_send[sig]
+    dur: list[float] = dur_a.tolist()
+    send_dur: list[float] = send_a.tolist()
     eager_after: dict[int, list[tuple[int, int]]] = {}  # global number -> all-reduces posted after it
     for d, ids in enumerate(rows):
         for i, keys in plan.eager_at[d].items():
@@ -252,21 +259,16 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``)."""
         ar_times[d].append(ars.post(d, r, s, at))
 
-    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input
-    t: list[float | None] = [None] * (2 * n + 1) + [0.0]
+    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input.
+    # Times are >= 0: -1 marks a slot not filled yet
+    t: list[float] = [-1.0] * (2 * n + 1) + [0.0]
     never, now = 2 * n, 2 * n + 1
-    start = [0.0] * n
-    send_start = [0.0] * n
-    cause = [-1] * n  # the binding predecessor of each action, for the critical path (-1: none)
     t_comp = [0.0] * D
     t_comm = [0.0] * D
-    busy = [0.0] * D
-    alive = [0.0] * D
-    peak = [0.0] * D
-    last_on = [-1] * D  # last compute action run on each device
     pos = [0] * D
     posted_end = [False] * D
     step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
+    step_du = [0.0] * D
     comp_end = [0.0] * D
     last_end, last_node = -1.0, -1
     unfinished = D
@@ -275,56 +277,48 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     while unfinished:
         progressed = False
         for d in range(D):
-            if t[waiting[d]] is None:  # still waiting for that input (or finished)
+            if t[waiting[d]] < 0.0:  # still waiting for that input (or finished)
                 continue
             row = rows[d]
-            i = pos[d]
+            i0 = i = pos[d]
             nd = len(row)
-            tc, tm, prev = t_comp[d], t_comm[d], last_on[d]
+            tc, tm = t_comp[d], t_comm[d]
             while i < nd:
                 j = row[i]
-                ready, bind = tc, prev
                 q = dep_a[j]
-                tq = t[q]
-                if tq is not None:
-                    if tq > ready:
-                        ready, bind = tq, q >> 1
-                    q = dep_b[j]
-                    tq = t[q]
-                if tq is not None:  # every input is there: run it
-                    if tq > ready:
-                        ready, bind = tq, q >> 1
-                    du = dur[j]
-                    end = ready + du
-                    t[2 * j] = end
-                    start[j] = ready
-                    cause[j] = bind
-                    tc, prev = end, j
-                    busy[d] += du
-                    dl = delta[j]
-                    if dl:
-                        alive[d] += dl
-                        if is_f[j] and alive[d] > peak[d]:
-                            peak[d] = alive[d]
-                    if end >= last_end:
-                        last_end, last_node = end, j
-                    sd = send_dur[j]
-                    if sd >= 0:
-                        ss = end if end > tm else tm
-                        tm = ss + sd
-                        send_start[j] = ss
-                        t[2 * j + 1] = tm
-                        comm_busy[d] += sd
-                    if j in eager_after:
-                        for r, s in eager_after[j]:
-                            post(d, r, s, max(tc, tm))
-                    i += 1
-                    progressed = True
-                    continue
-                waiting[d] = q  # an input is missing: the device waits for it
-                break
+                ta = t[q]
+                if ta < 0.0:
+                    waiting[d] = q  # an input is missing: the device waits for it
+                    break
+                q = dep_b[j]
+                tb = t[q]
+                if tb < 0.0:
+                    waiting[d] = q
+                    break
+                # every input is there: run it
+                if ta > tc:
+                    tc = ta
+                if tb > tc:
+                    tc = tb
+                tc += dur[j]
+                t[2 * j] = tc
+                if tc >= last_end:
+                    last_end, last_node = tc, j
+                sd = send_dur[j]
+                if sd >= 0.0:
+                    if tc > tm:
+                        tm = tc
+                    tm += sd
+                    t[2 * j + 1] = tm
+                    comm_busy[d] += sd
+                if j in eager_after:
+                    for r, s in eager_after[j]:
+                        post(d, r, s, max(tc, tm))
+                i += 1
+            if i != i0:
+                progressed = True
             pos[d] = i
-            t_comp[d], t_comm[d], last_on[d] = tc, tm, prev
+            t_comp[d], t_comm[d] = tc, tm
             if i < nd:
                 continue
             if not posted_end[d]:
@@ -334,16 +328,52 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                     post(d, r, s, max(tc, tm))
             if not ars.open[d]:
                 ss = max(tc, ars.done_on[d], tm)
-                du = cost((STEP, d), costs.step, d)
+                du = step_du[d] = cost((STEP, d), costs.step, d)
                 comp_end[d] = tc
                 t_comp[d] = ss + du
-                busy[d] += du
                 step_at[d] = (ss, ss + du)
                 waiting[d] = never
                 unfinished -= 1
                 progressed = True
         if not progressed:
             return None
+
+    # what follows from the times, per action in global order (device 0's list first)
+    T = np.array(t)
+    j_ = np.arange(n)
+    end = T[0:2 * n:2]
+    first = np.zeros(n, dtype=bool)
+    row_start = np.array([ids[0] for ids in rows if ids], dtype=np.int64)
+    first[row_start] = True
+    prev_end = np.where(first, 0.0, np.concatenate(([0.0], end[:-1])))
+    qa, qb = np.array(dep_a, dtype=np.int64), np.array(dep_b, dtype=np.int64)
+    ta_, tb_ = T[qa], T[qb]
+    # the binding predecessor: the previous action, unless an input is strictly later (first one wins)
+    cause_a = np.where(first, -1, j_ - 1)
+    cause_a = np.where(ta_ > prev_end, qa >> 1, cause_a)
+    ready = np.maximum(prev_end, ta_)
+    cause_a = np.where(tb_ > ready, qb >> 1, cause_a)
+    start_a = np.maximum(ready, tb_)
+    sends = send_a >= 0.0
+    arrival = T[1:2 * n:2]
+    busy: list[float] = []
+    peak: list[float] = []
+    delta = u_delta[sig]
+    is_f = np.array([a[0] == F for a in acts], dtype=bool) if n else np.zeros(0, dtype=bool)
+    send_start_a = np.zeros(n)
+    for d, ids in enumerate(rows):
+        if not ids:
+            busy.append(step_du[d])
+            peak.append(0.0)
+            continue
+        lo, hi = ids[0], ids[-1] + 1
+        busy.append(float(np.cumsum(dur_a[lo:hi])[-1]) + step_du[d])
+        f_alive = np.cumsum(delta[lo:hi])[is_f[lo:hi]]
+        peak.append(max(0.0, float(f_alive.max())) if f_alive.size else 0.0)
+        sj = np.nonzero(sends[lo:hi])[0] + lo
+        if sj.size:  # a send starts at the end of its action or of the device's previous send
+            send_start_a[sj] = np.maximum(end[sj], np.concatenate(([0.0], arrival[sj[:-1]])))
+    cause: list[int] = cause_a.tolist()
 
     makespan = max(max(t_comp), max(t_comm), max(ars.free)) if D else 0.0
     stats = [DeviceStats(busy[d], makespan - busy[d], plain_number(peak[d]), comm_busy[d], comp_end[d], step_at[d])
@@ -361,6 +391,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
 
     def timeline() -> list[list[tuple[Action, float, float]]]:
         """The lowered lists (as :func:`lower` writes them) with the times of the replay."""
+        start, send_start = start_a.tolist(), send_start_a.tolist()
         out = []
         for d, ids in enumerate(rows):
             ars = iter(ar_times[d])
@@ -372,10 +403,10 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 if k == RECV_F or k == RECV_B:  # just before its consumer: the arrival it waits for
                     j = ids[ci]
                     q = dep_a[j] if dep_a[j] & 1 else dep_b[j]
-                    line.append((a, t[q], t[q]))  # type: ignore[arg-type]
+                    line.append((a, t[q], t[q]))
                 elif k == SEND_F or k == SEND_B:  # just after its producer
                     j = ids[ci - 1]
-                    line.append((a, send_start[j], t[2 * j + 1]))  # type: ignore[arg-type]
+                    line.append((a, send_start[j], t[2 * j + 1]))
                 elif k == ALLREDUCE:
                     ar = next(ars)
                     line.append((a, ar[0], ar[1]))
@@ -384,9 +415,8 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 else:
                     j = ids[ci]
                     ci += 1
-                    line.append((a, start[j], t[2 * j]))  # type: ignore[arg-type]
+                    line.append((a, start[j], t[2 * j]))
             out.append(line)
         return out
 
     return SimResult(makespan, bubble, stats, cf, cb, timeline)
-
