@@ -23,7 +23,6 @@ from planner.schedules.ir import (
     I,
     Schedule,
     W,
-    allreduce_points,
     eager_stages,
     lowered_row,
 )
@@ -90,8 +89,10 @@ class EncodedSchedule:
         rows = [list(range(int(starts[d]), int(starts[d + 1]))) for d in range(D)]
         if n:
             kinds, st, mb, rep, spans, _ = zip(*acts, strict=True)
-            code = _KIND_CODE
-            kc = np.array([code.get(k, -1) for k in kinds], dtype=np.int64)
+            if not _KIND_CODE.keys() >= set(kinds):
+                return None  # an unknown kind
+            # one letter per action: their bytes, through a table, are the kind codes
+            kc = _KIND_TABLE[np.frombuffer("".join(kinds).encode("ascii"), dtype=np.uint8)]
             try:
                 s_ = np.array(st, dtype=np.int64)
                 m_ = np.array(mb, dtype=np.int64)
@@ -115,7 +116,7 @@ class EncodedSchedule:
         # of span k computes k consecutive micro-batches
         owner = np.repeat(j_, span)
         cell = np.repeat(kc * RSN + x, span) + (np.arange(len(owner)) - np.repeat(starts_of(span), span))
-        if len(np.unique(cell)) != len(cell):
+        if len(cell) and np.bincount(cell, minlength=4 * RSN).max() > 1:
             return None  # a unit of work done twice
         producer = np.full(4 * RSN, -1, dtype=np.int64)
         producer[cell] = owner
@@ -176,17 +177,72 @@ class EncodedSchedule:
                 dep_b[inner] = slot_of(g, ~local)
                 in_order &= not (local & (g > inner)).any()
             peer[sel] = prev_peer[rs[sel]]
-        eager_at: list[dict[int, list[tuple[int, int]]]] = []
-        at_end: list[list[tuple[int, int]]] = []
-        held = schedule.stages_by_device()
-        for d in range(D):
-            here, end = allreduce_points(schedule, d, eager_set, held[d])
-            eager_at.append(here)
-            at_end.append(end)
+        eager_at, at_end = _allreduce_points(schedule, eager_set, kc, s_, r_, dev, starts)
         key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
-        _, first, signature = np.unique(key, return_index=True, return_inverse=True)
+        signature, first = _signatures(key)
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
-                   producer, bool(in_order), signature.reshape(-1), first)
+                   producer, bool(in_order), signature, first)
+
+
+#: byte of a kind's letter -> its code in :data:`_KIND_CODE` (-1: not a compute kind)
+_KIND_TABLE = np.full(256, -1, dtype=np.int64)
+for _kind, _code in _KIND_CODE.items():
+    _KIND_TABLE[ord(_kind)] = _code
+
+
+def _signatures(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numbers ``0..m-1`` for the distinct values of ``key`` (in increasing order of the value, as
+    ``np.unique(key, return_inverse=True)`` gives them) and one position holding each: through a table
+    over the values when they are few beside the actions (no sort), else ``np.unique``."""
+    n = len(key)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    size = int(key.max()) + 1
+    if size > 8 * n + 4096:
+        _, first, signature = np.unique(key, return_index=True, return_inverse=True)
+        return signature.reshape(-1), first
+    seen = np.zeros(size, dtype=bool)
+    seen[key] = True
+    rank = np.cumsum(seen) - 1
+    holder = np.empty(size, dtype=np.int64)
+    holder[key] = np.arange(n, dtype=np.int64)  # some position with that value (any one will do)
+    return rank[key], holder[np.nonzero(seen)[0]]
+
+
+def _allreduce_points(schedule: Schedule, eager_set: set[int], kc: np.ndarray, s_: np.ndarray, r_: np.ndarray,
+                      dev: np.ndarray, starts: np.ndarray
+                      ) -> tuple[list[dict[int, list[tuple[int, int]]]], list[list[tuple[int, int]]]]:
+    """:func:`planner.schedules.ir.allreduce_points` of every device, from the actions' columns (global
+    numbering, device 0's list first; ``starts[d]``: where device ``d``'s list begins): per device, the
+    (replica, stage) copies all-reduced right after their last gradient-producing action when the stage is
+    eager -- a W, or a B or I of a (replica, stage) whose backward is not split on that device -- named by
+    the replica whose copy the device holds, and the others at the end, by (stage, replica)."""
+    D, S, R = schedule.devices, schedule.stages, schedule.replicas
+    held = schedule.stages_by_device()
+    at_end: list[list[tuple[int, int]]] = []
+    eager_at: list[dict[int, list[tuple[int, int]]]] = [{} for _ in range(D)]
+    copy_r = np.full(D * S, -1, dtype=np.int64)
+    for d, pairs in enumerate(held):
+        for r, s in pairs:
+            copy_r[d * S + s] = r
+    done: set[tuple[int, int, int]] = set()
+    if eager_set and len(kc):
+        named = copy_r[dev * S + s_]
+        named = np.where(named >= 0, named, r_)
+        own = (dev * R + r_) * S + s_
+        split = np.zeros(D * R * S, dtype=bool)
+        split[own[kc == 3]] = True
+        grad = np.nonzero((kc == 3) | (((kc == 1) | (kc == 2)) & ~split[own]))[0]
+        grad = grad[np.isin(s_[grad], np.fromiter(eager_set, dtype=np.int64))]
+        last = np.full(D * R * S, -1, dtype=np.int64)
+        np.maximum.at(last, (dev[grad] * R + named[grad]) * S + s_[grad], grad)
+        for k in np.nonzero(last >= 0)[0].tolist():
+            d, r, s = k // (R * S), (k // S) % R, k % S
+            eager_at[d][int(last[k]) - int(starts[d])] = [(r, s)]
+            done.add((d, r, s))
+    for d, pairs in enumerate(held):
+        at_end.append([(r, s) for r, s in sorted(pairs, key=lambda rs: (rs[1], rs[0])) if (d, r, s) not in done])
+    return eager_at, at_end
 
 
 def starts_of(sizes: np.ndarray) -> np.ndarray:
