@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +65,11 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
-        self.replicated = ReplicatedPlans(profile, cluster, request, self.layer_costs, self._bottleneck)
+        # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
+        # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
+        me = weakref.proxy(self)
+        self.replicated = ReplicatedPlans(profile, cluster, request, lambda samples, rc: me.layer_costs(samples, rc),
+                                          lambda stages, samples, rc: me._bottleneck(stages, samples, rc))
 
     def configs(self, rejected: Counter[str]) -> list[Config]:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
@@ -355,8 +360,10 @@ def _gc_paused() -> Iterator[None]:
 
 
 def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
-    """Rank every valid configuration (module docstring)."""
-    res = Planner(profile, cluster, request).search()
+    """Rank every valid configuration (module docstring). The planner (its caches) is dropped before the
+    garbage collector resumes, so the collection that follows visits the results only."""
+    with _gc_paused():
+        res = Planner(profile, cluster, request).search()
     res.warnings = device_warnings(profile, cluster)
     return res
 
