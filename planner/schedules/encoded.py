@@ -42,9 +42,10 @@ _KIND_CODE = {F: 0, B: 1, I: 2, W: 3}
 class EncodedSchedule:
     """A compute-only schedule as integer arrays for :func:`replay_encoded`.
 
-    Compute actions are numbered globally (device 0's list first). The replay keeps, per action ``j``,
-    two times in one flat list: slot ``2j`` the end of ``j`` and slot ``2j + 1`` the arrival of the
-    message ``j`` sends (when its consumer sits on another device). An action waits for at most two
+    Compute actions are numbered globally (device 0's list first, each device's list a run of numbers).
+    The replay keeps, per action ``j``, two times in one flat list: slot ``j`` the end of ``j`` and slot
+    ``n + j`` the arrival of the message ``j`` sends (when its consumer sits on another device), with
+    ``n = len(acts)``. An action waits for at most two
     slots, ``dep_a[j]`` then ``dep_b[j]``, in the order the lowered replay checks its inputs (the first
     strictly latest one is its binding predecessor on the critical path): a forward for the forward of
     the previous stage (its end, or the arrival of its message), a backward for its own forward and
@@ -137,7 +138,7 @@ class EncodedSchedule:
         in_order = True
 
         def slot_of(p: np.ndarray, message: np.ndarray | bool) -> np.ndarray:
-            return np.where(p >= 0, 2 * p + message, missing)
+            return np.where(p >= 0, p + n * message, missing)
 
         # forwards: the forward of stage s-1 (its end on this device, else the arrival of its message)
         fw = kc == 0
@@ -315,13 +316,18 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``)."""
         ar_times[d].append(ars.post(d, r, s, at))
 
-    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input.
+    # slot j: the end of action j; n+j: the arrival of its message; 2n: never filled, 2n+1: no input.
     # Times are >= 0: -1 marks a slot not filled yet
     t: list[float] = [-1.0] * (2 * n + 1) + [0.0]
     never, now = 2 * n, 2 * n + 1
     t_comp = [0.0] * D
     t_comm = [0.0] * D
-    pos = [0] * D
+    # per device, the global numbers of its list run from pos[d] (the next to run) to hi[d]; eager[d]: the
+    # actions after which it posts all-reduces, in list order, and ev[d] the next of them
+    pos = [ids[0] if ids else 0 for ids in rows]
+    hi = [ids[-1] + 1 if ids else 0 for ids in rows]
+    eager = [sorted(ids[i] for i in plan.eager_at[d]) + [n] for d, ids in enumerate(rows)]
+    ev = [0] * D
     posted_end = [False] * D
     step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
     step_du = [0.0] * D
@@ -335,47 +341,54 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         for d in range(D):
             if t[waiting[d]] < 0.0:  # still waiting for that input (or finished)
                 continue
-            row = rows[d]
-            i0 = i = pos[d]
-            nd = len(row)
-            tc, tm = t_comp[d], t_comm[d]
-            while i < nd:
-                j = row[i]
-                q = dep_a[j]
-                ta = t[q]
-                if ta < 0.0:
-                    waiting[d] = q  # an input is missing: the device waits for it
-                    break
-                q = dep_b[j]
-                tb = t[q]
-                if tb < 0.0:
-                    waiting[d] = q
-                    break
-                # every input is there: run it
-                if ta > tc:
-                    tc = ta
-                if tb > tc:
-                    tc = tb
-                tc += dur[j]
-                t[2 * j] = tc
-                if tc >= last_end:
-                    last_end, last_node = tc, j
-                sd = send_dur[j]
-                if sd >= 0.0:
-                    if tc > tm:
-                        tm = tc
-                    tm += sd
-                    t[2 * j + 1] = tm
-                    comm_busy[d] += sd
-                if j in eager_after:
-                    for r, s in eager_after[j]:
-                        post(d, r, s, max(tc, tm))
-                i += 1
-            if i != i0:
+            j0 = j = pos[d]
+            top = hi[d]
+            tc, tm, cb = t_comp[d], t_comm[d], comm_busy[d]
+            while j < top:
+                stop = eager[d][ev[d]]  # run up to the next eager point (inclusive), then post there
+                last = stop if stop < top else top - 1
+                while j <= last:
+                    q = dep_a[j]
+                    ta = t[q]
+                    if ta < 0.0:
+                        waiting[d] = q  # an input is missing: the device waits for it
+                        break
+                    q = dep_b[j]
+                    tb = t[q]
+                    if tb < 0.0:
+                        waiting[d] = q
+                        break
+                    # every input is there: run it
+                    if ta > tc:
+                        tc = ta
+                    if tb > tc:
+                        tc = tb
+                    tc += dur[j]
+                    t[j] = tc
+                    if tc >= last_end:
+                        last_end, last_node = tc, j
+                    sd = send_dur[j]
+                    if sd >= 0.0:
+                        if tc > tm:
+                            tm = tc
+                        tm += sd
+                        t[n + j] = tm
+                        cb += sd
+                    j += 1
+                else:  # no break: the run is done
+                    if last == stop:
+                        ev[d] += 1
+                        comm_busy[d] = cb  # the all-reduce's time adds to the same running sum, in order
+                        for r, s in eager_after[stop]:
+                            post(d, r, s, max(tc, tm))
+                        cb = comm_busy[d]
+                    continue
+                break
+            if j != j0:
                 progressed = True
-            pos[d] = i
-            t_comp[d], t_comm[d] = tc, tm
-            if i < nd:
+            pos[d] = j
+            t_comp[d], t_comm[d], comm_busy[d] = tc, tm, cb
+            if j < top:
                 continue
             if not posted_end[d]:
                 posted_end[d] = True
@@ -397,7 +410,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     # what follows from the times, per action in global order (device 0's list first)
     T = np.array(t)
     j_ = np.arange(n)
-    end = T[0:2 * n:2]
+    end = T[:n]
     first = np.zeros(n, dtype=bool)
     row_start = np.array([ids[0] for ids in rows if ids], dtype=np.int64)
     first[row_start] = True
@@ -406,12 +419,13 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     ta_, tb_ = T[qa], T[qb]
     # the binding predecessor: the previous action, unless an input is strictly later (first one wins)
     cause_a = np.where(first, -1, j_ - 1)
-    cause_a = np.where(ta_ > prev_end, qa >> 1, cause_a)
+    nn = max(n, 1)  # (the slot of an arrival, n + j, names its action j too)
+    cause_a = np.where(ta_ > prev_end, qa % nn, cause_a)
     ready = np.maximum(prev_end, ta_)
-    cause_a = np.where(tb_ > ready, qb >> 1, cause_a)
+    cause_a = np.where(tb_ > ready, qb % nn, cause_a)
     start_a = np.maximum(ready, tb_)
     sends = send_a >= 0.0
-    arrival = T[1:2 * n:2]
+    arrival = T[n:2 * n]
     busy: list[float] = []
     peak: list[float] = []
     delta = u_delta[sig]
@@ -458,11 +472,11 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 k = a.kind
                 if k == RECV_F or k == RECV_B:  # just before its consumer: the arrival it waits for
                     j = ids[ci]
-                    q = dep_a[j] if dep_a[j] & 1 else dep_b[j]
+                    q = dep_a[j] if n <= dep_a[j] < 2 * n else dep_b[j]
                     line.append((a, t[q], t[q]))
                 elif k == SEND_F or k == SEND_B:  # just after its producer
                     j = ids[ci - 1]
-                    line.append((a, send_start[j], t[2 * j + 1]))
+                    line.append((a, send_start[j], t[n + j]))
                 elif k == ALLREDUCE:
                     ar = next(ars)
                     line.append((a, ar[0], ar[1]))
@@ -471,7 +485,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 else:
                     j = ids[ci]
                     ci += 1
-                    line.append((a, start[j], t[2 * j]))
+                    line.append((a, start[j], t[j]))
             out.append(line)
         return out
 
