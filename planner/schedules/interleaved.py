@@ -59,11 +59,13 @@ def device_order(device: int, devices: int, microbatches: int, chunks: int, kind
     def mb(k: int) -> int:
         return (k // (D * v)) * D + k % D
 
+    new = tuple.__new__  # Action(kind, stage, mb) without its keyword-handling constructor
+
     def fwd(k: int) -> Action:
-        return Action(F, ((k % (D * v)) // D) * D + device, mb(k))
+        return new(Action, (F, ((k % (D * v)) // D) * D + device, mb(k), 0, 1, -1))
 
     def bwd(k: int) -> Action:
-        return Action(kind_b, (v - 1 - (k % (D * v)) // D) * D + device, mb(k))
+        return new(Action, (kind_b, (v - 1 - (k % (D * v)) // D) * D + device, mb(k), 0, 1, -1))
 
     out = [fwd(k) for k in range(warm)]
     for i in range(total - warm):
