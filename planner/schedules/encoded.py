@@ -70,6 +70,8 @@ class EncodedSchedule:
     #: span), and one action that has it (``first[signature[j]]``)
     signature: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: per action, whether it is a forward
+    forward: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @classmethod
     def encode(cls, schedule: Schedule, eager: Any) -> EncodedSchedule | None:
@@ -182,7 +184,7 @@ class EncodedSchedule:
         key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
         signature, first = _signatures(key)
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
-                   producer, bool(in_order), signature, first)
+                   producer, bool(in_order), signature, first, kc == 0)
 
 
 #: byte of a kind's letter -> its code in :data:`_KIND_CODE` (-1: not a compute kind)
@@ -407,43 +409,23 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         if not progressed:
             return None
 
-    # what follows from the times, per action in global order (device 0's list first)
-    T = np.array(t)
-    j_ = np.arange(n)
-    end = T[:n]
-    first = np.zeros(n, dtype=bool)
-    row_start = np.array([ids[0] for ids in rows if ids], dtype=np.int64)
-    first[row_start] = True
-    prev_end = np.where(first, 0.0, np.concatenate(([0.0], end[:-1])))
-    qa, qb = np.array(dep_a, dtype=np.int64), np.array(dep_b, dtype=np.int64)
-    ta_, tb_ = T[qa], T[qb]
-    # the binding predecessor: the previous action, unless an input is strictly later (first one wins)
-    cause_a = np.where(first, -1, j_ - 1)
-    nn = max(n, 1)  # (the slot of an arrival, n + j, names its action j too)
-    cause_a = np.where(ta_ > prev_end, qa % nn, cause_a)
-    ready = np.maximum(prev_end, ta_)
-    cause_a = np.where(tb_ > ready, qb % nn, cause_a)
-    start_a = np.maximum(ready, tb_)
-    sends = send_a >= 0.0
-    arrival = T[n:2 * n]
+    # what follows from the times, per device (its actions are a run of global numbers): busy time and the
+    # peak of alive activations, running sums in list order (the peak taken after forwards)
     busy: list[float] = []
     peak: list[float] = []
     delta = u_delta[sig]
-    is_f = np.array([a[0] == F for a in acts], dtype=bool) if n else np.zeros(0, dtype=bool)
-    send_start_a = np.zeros(n)
+    is_f = plan.forward
     for d, ids in enumerate(rows):
         if not ids:
             busy.append(step_du[d])
             peak.append(0.0)
             continue
-        lo, hi = ids[0], ids[-1] + 1
-        busy.append(float(np.cumsum(dur_a[lo:hi])[-1]) + step_du[d])
-        f_alive = np.cumsum(delta[lo:hi])[is_f[lo:hi]]
+        lo, top = ids[0], ids[-1] + 1
+        busy.append(float(np.cumsum(dur_a[lo:top])[-1]) + step_du[d])
+        f_alive = np.cumsum(delta[lo:top])[is_f[lo:top]]
         peak.append(max(0.0, float(f_alive.max())) if f_alive.size else 0.0)
-        sj = np.nonzero(sends[lo:hi])[0] + lo
-        if sj.size:  # a send starts at the end of its action or of the device's previous send
-            send_start_a[sj] = np.maximum(end[sj], np.concatenate(([0.0], arrival[sj[:-1]])))
-    cause: list[int] = cause_a.tolist()
+    row_first = {ids[0] for ids in rows if ids}
+    nn = max(n, 1)  # the slot of an arrival, n + j, names its action j too
 
     makespan = max(max(t_comp), max(t_comm), max(ars.free)) if D else 0.0
     stats = [DeviceStats(busy[d], makespan - busy[d], plain_number(peak[d]), comm_busy[d], comp_end[d], step_at[d])
@@ -457,11 +439,38 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
             cf += a.span
         elif a.kind != W:
             cb += 1
-        node = cause[node]
+        # its binding predecessor: the previous action on the device, unless an input is strictly later
+        # (the first such one, in the order the inputs are checked)
+        if node in row_first:
+            ready, bind = 0.0, -1
+        else:
+            ready, bind = t[node - 1], node - 1
+        q = dep_a[node]
+        if t[q] > ready:
+            ready, bind = t[q], q % nn
+        q = dep_b[node]
+        if t[q] > ready:
+            bind = q % nn
+        node = bind
 
     def timeline() -> list[list[tuple[Action, float, float]]]:
-        """The lowered lists (as :func:`lower` writes them) with the times of the replay."""
-        start, send_start = start_a.tolist(), send_start_a.tolist()
+        """The lowered lists (as :func:`lower` writes them) with the times of the replay: an action
+        starts when the device is free and its inputs are there, a send at the end of its action or of
+        the device's previous send."""
+        start: list[float] = [0.0] * n
+        send_start: list[float] = [0.0] * n
+        for ids in rows:
+            free = sent = 0.0
+            for j in ids:
+                ready = free
+                for q in (dep_a[j], dep_b[j]):
+                    if t[q] > ready:
+                        ready = t[q]
+                start[j] = ready
+                free = t[j]
+                if send_dur[j] >= 0.0:
+                    send_start[j] = free if free > sent else sent
+                    sent = t[n + j]
         out = []
         for d, ids in enumerate(rows):
             ars = iter(ar_times[d])
