@@ -55,7 +55,7 @@ class EncodedSchedule:
 
     schedule: Schedule
     acts: list[Action]  # by global number
-    rows: list[list[int]]  # per device, the global numbers of its list
+    rows: list[range]  # per device, the global numbers of its list
     dep_a: list[int]
     dep_b: list[int]
     peer: list[int]  # device that action j sends its output to, or -1
@@ -89,7 +89,7 @@ class EncodedSchedule:
         n = len(acts)
         lens = [len(row) for row in schedule.actions]
         starts = np.concatenate(([0], np.cumsum(lens)))
-        rows = [list(range(int(starts[d]), int(starts[d + 1]))) for d in range(D)]
+        rows = [range(int(starts[d]), int(starts[d + 1])) for d in range(D)]
         if n:
             kinds, st, mb, rep, spans, _ = zip(*acts, strict=True)
             if not _KIND_CODE.keys() >= set(kinds):
