@@ -288,6 +288,7 @@ async function compare() {
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
       <div class="tl-note muted"></div>
       <div class="chart memory" data-role="memory" data-rank="${r}"></div>
+      <div class="replica-memory muted" hidden></div>
       <button type="button" class="dispatch" data-rank="${r}">Dispatch #${r + 1} to workers</button>
       <span class="dispatch-msg"></span>
     </article>`;
@@ -308,7 +309,14 @@ async function compare() {
     card.querySelector(".tl-note").textContent = `${d.devices} devices of one pipeline; ` +
       `${d.cached ? "stored" : "simulated now and stored"} ${PP.fmtDate(d.computed_at)}` +
       (d.matches_stored ? "" : " — re-simulation differs from the stored prediction");
-    await PP.drawMemory(card.querySelector("[data-role=memory]"), S.rows[ranks[i]]);
+    const c = S.rows[ranks[i]];
+    await PP.drawMemory(card.querySelector("[data-role=memory]"), c, d.row_labels);
+    if (d.row_labels && (c.memory || []).length === d.row_labels.length) {  // replicated stages: per replica
+      const box = card.querySelector(".replica-memory");
+      box.hidden = false;
+      box.innerHTML = "<strong>Memory per replica</strong> " + d.row_labels.map((l, j) =>
+        `<span class="replica" data-stage="${d.row_stages[j]}">${PP.esc(l)}: ${PP.fmtGiB(c.memory[j])}</span>`).join(" · ");
+    }
   }
   box.dataset.drawn = "1";
 }
