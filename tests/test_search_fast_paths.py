@@ -129,3 +129,24 @@ def test_pruned_search_ranks_as_simulating_everything(preset, cluster, gpus, bat
     assert [c.memory for c in pruned.candidates] == [c.memory for c in full.candidates]
     assert [c.alternatives for c in pruned.candidates] == [c.alternatives for c in full.candidates]
     assert pruned.simulated < full.simulated
+
+
+@pytest.mark.parametrize("argv,collects", [(["plan", "--help"], False), (["predict"], False), (["serve"], True),
+                                           ([], True)])
+def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv, collects):
+    """``plan`` and ``predict`` (compute, print, exit) run with the cyclic GC off; every other command, the
+    long-running ones above all, with it on."""
+    import gc
+
+    import pipeplan.cli as cli
+
+    seen: list[bool] = []
+    monkeypatch.setattr(cli, "app", lambda: seen.append(gc.isenabled()))
+    monkeypatch.setattr("sys.argv", ["pipeplan", *argv])
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        cli.main()
+    finally:
+        gc.enable() if was else gc.disable()
+    assert seen == [collects]
