@@ -148,7 +148,10 @@ def balance_by_cost(cost: Sequence[float], stages: int,
     check = greedy if pm is None and fits is None else dp
 
     # candidate bottlenecks: every contiguous sum; search over sorted unique values
-    sums = np.unique((pc[None, :] - pc[:, None])[np.triu_indices(L + 1, 1)])
+    # (sorted and deduplicated as np.unique does, without its first-call import of numpy.ma: ~15 ms of
+    # ``pipeplan plan``'s start)
+    sums = np.sort((pc[None, :] - pc[:, None])[np.triu_indices(L + 1, 1)])
+    sums = sums[np.concatenate(([True], sums[1:] != sums[:-1]))]
     lo, hi = bisect.bisect_left(sums.tolist(), max(cost) if cost else 0.0), len(sums) - 1
     best = check(float(sums[hi]))
     if best is None:
