@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import AllReduceFit, Cluster, Link
+from planner.cluster import AllReduceFit, Cluster, HostCpu, Link
 
 #: message sizes of the quick measurement: 1 KiB .. 4 MiB (gpt-tiny's activations are 128 KiB per sample,
 #: its gradients ~14 MB)
@@ -38,9 +38,76 @@ def measure_links(procs: int, sizes: list[int] | None = None, repeats: int = 5, 
         return json.loads(Path(out).read_text())
 
 
+def _loop(reps: int) -> float:
+    """Seconds per repetition of a small fixed compute (a 128-wide two-layer MLP's forward and backward,
+    one torch thread: the kind of work a CPU stage does), over ``reps`` repetitions after a warm-up."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    a, w1, w2 = (torch.randn(64, 128, generator=g), torch.randn(128, 512, generator=g, requires_grad=True),
+                 torch.randn(512, 128, generator=g, requires_grad=True))
+
+    def once() -> None:
+        (torch.nn.functional.gelu(a @ w1) @ w2).square().mean().backward()
+
+    for _ in range(max(reps // 5, 2)):
+        once()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        once()
+    return (time.perf_counter() - t0) / reps
+
+
+def _host_worker(barrier: Any, queue: Any, reps: int) -> None:
+    barrier.wait(timeout=120)
+    queue.put(_loop(reps))
+
+
+def measure_host(procs: int, reps: int = 400) -> HostCpu:
+    """The cores ``procs`` processes of this machine get at once (:class:`planner.cluster.HostCpu`): the same
+    compute loop alone, then in ``procs`` processes started together behind a barrier, then alone again;
+    ``slowdown`` = their mean time per repetition (wall clock: a process that waits for a core is slower)
+    over the faster alone figure, ``effective_cores = procs / slowdown`` (at most the cores, at least 1/procs
+    of one)."""
+    import multiprocessing as mp
+    import os
+    import platform
+
+    cores = os.cpu_count() or 1
+    ctx = mp.get_context("spawn")
+
+    def together(n: int) -> list[float]:
+        barrier, queue = ctx.Barrier(n), ctx.Queue()
+        ps = [ctx.Process(target=_host_worker, args=(barrier, queue, reps), daemon=True) for _ in range(n)]
+        for p in ps:
+            p.start()
+        try:
+            return [queue.get(timeout=300) for _ in ps]
+        finally:
+            for p in ps:
+                p.join(30)
+
+    alone = together(1)[0]
+    shared = sum(together(procs)) / procs
+    alone = min(alone, together(1)[0])
+    slowdown = max(shared / alone, 1e-9)
+    eff = min(float(cores), max(procs / slowdown, 1.0 / procs))
+    return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown,
+                   source=(f"profiler.local_cluster.measure_host on {platform.node()}: {procs} processes of one "
+                           f"torch thread at once took {slowdown:.2f}x the time per loop alone "
+                           f"({alone * 1e3:.2f} ms); a shared machine's load at that time is in the figure"))
+
+
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:
-    """``base`` with links, all-reduce fit and executor overhead measured on ``base.gpus`` local gloo
-    processes (one node: ``intra`` and ``inter`` both get the point-to-point fit); and the raw figures."""
+    """``base`` with links, all-reduce fit, the host's cores and executor overhead measured on ``base.gpus``
+    local gloo processes (one node: ``intra`` and ``inter`` both get the point-to-point fit); and the raw
+    figures. The executor overhead is measured on as many processes as there are cores (at least 2), so it
+    is the overhead of a process that has a core; sharing the cores is the host model's part
+    (:func:`planner.cost.host_share`)."""
+    import os
     import platform
 
     from profiler.overhead import measure_overhead
@@ -49,12 +116,14 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     links = measure_links(procs)
     p2p = Link(alpha=max(links["intra_node"]["alpha"], 0.0), beta=max(links["intra_node"]["beta"], 0.0))
     ar = Link(alpha=max(links["allreduce"]["alpha"], 0.0), beta=max(links["allreduce"]["beta"], 0.0))
-    ex, raw = measure_overhead(procs=procs, iterations=overhead_iterations, warmup=3)
+    host = measure_host(procs)
+    ex, raw = measure_overhead(procs=max(2, min(procs, os.cpu_count() or 1)), iterations=overhead_iterations,
+                               warmup=3)
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "
             f"GB/s; all-reduce of {procs} alpha {ar.alpha * 1e6:.0f} us, "
             f"{1 / ar.beta / 1e9 if ar.beta else float('inf'):.2f} GB/s; executor overhead per action; a shared "
             f"machine's load is in these figures. Peak FLOP/s and memory from the example file.")
     cluster = base.model_copy(update={"intra": p2p, "inter": p2p, "executor": ex, "notes": note,
-                                      "allreduce_fit": AllReduceFit(ranks=procs, link=ar)})
+                                      "allreduce_fit": AllReduceFit(ranks=procs, link=ar), "host": host})
     return Cluster.model_validate(cluster.model_dump()), {"links": links, "executor_raw": raw}
