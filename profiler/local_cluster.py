@@ -38,11 +38,9 @@ def measure_links(procs: int, sizes: list[int] | None = None, repeats: int = 5, 
         return json.loads(Path(out).read_text())
 
 
-def _loop(reps: int) -> float:
-    """Seconds per repetition of a small fixed compute (a 128-wide two-layer MLP's forward and backward,
-    one torch thread: the kind of work a CPU stage does), over ``reps`` repetitions after a warm-up."""
-    import time
-
+def _compute() -> Any:
+    """A small fixed compute (a 128-wide two-layer MLP's forward and backward on 64 rows, one torch thread:
+    the kind of work a CPU pipeline stage does), as a function to call."""
     import torch
 
     torch.set_num_threads(1)
@@ -53,52 +51,72 @@ def _loop(reps: int) -> float:
     def once() -> None:
         (torch.nn.functional.gelu(a @ w1) @ w2).square().mean().backward()
 
+    return once
+
+
+def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) -> None:
+    """Round ``r``: rank 0 runs the loop alone (the others wait at the barrier), then every rank runs it;
+    puts ``(rank, [(alone, together), ...])`` seconds per repetition (rank 0's alone figures)."""
+    import time
+
+    once = _compute()
     for _ in range(max(reps // 5, 2)):
         once()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        once()
-    return (time.perf_counter() - t0) / reps
+    out = []
+    for _ in range(rounds):
+        barrier.wait(timeout=300)
+        alone = 0.0
+        if rank == 0:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                once()
+            alone = (time.perf_counter() - t0) / reps
+        barrier.wait(timeout=300)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            once()
+        out.append((alone, (time.perf_counter() - t0) / reps))
+    queue.put((rank, out))
 
 
-def _host_worker(barrier: Any, queue: Any, reps: int) -> None:
-    barrier.wait(timeout=120)
-    queue.put(_loop(reps))
-
-
-def measure_host(procs: int, reps: int = 400) -> HostCpu:
-    """The cores ``procs`` processes of this machine get at once (:class:`planner.cluster.HostCpu`): the same
-    compute loop alone, then in ``procs`` processes started together behind a barrier, then alone again;
-    ``slowdown`` = their mean time per repetition (wall clock: a process that waits for a core is slower)
-    over the faster alone figure, ``effective_cores = procs / slowdown`` (at most the cores, at least 1/procs
-    of one)."""
+def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
+    """The cores ``procs`` processes of this machine get at once (:class:`planner.cluster.HostCpu`): ``procs``
+    processes are started once; in each of ``rounds`` rounds one of them runs a compute loop alone, then all
+    of them run it together (behind barriers, so alone and together are measured moments apart under the
+    same outside load). ``slowdown`` = the median over rounds of (mean time per repetition together, wall
+    clock: a process that waits for a core is slower) / (time alone); ``effective_cores = procs /
+    slowdown``, at most the cores and at least ``1/procs`` of one."""
     import multiprocessing as mp
     import os
     import platform
+    import statistics
 
     cores = os.cpu_count() or 1
     ctx = mp.get_context("spawn")
-
-    def together(n: int) -> list[float]:
-        barrier, queue = ctx.Barrier(n), ctx.Queue()
-        ps = [ctx.Process(target=_host_worker, args=(barrier, queue, reps), daemon=True) for _ in range(n)]
+    barrier, queue = ctx.Barrier(procs), ctx.Queue()
+    ps = [ctx.Process(target=_host_worker, args=(r, barrier, queue, rounds, reps), daemon=True)
+          for r in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        got = dict(queue.get(timeout=600) for _ in ps)
+    finally:
         for p in ps:
-            p.start()
-        try:
-            return [queue.get(timeout=300) for _ in ps]
-        finally:
-            for p in ps:
-                p.join(30)
-
-    alone = together(1)[0]
-    shared = sum(together(procs)) / procs
-    alone = min(alone, together(1)[0])
-    slowdown = max(shared / alone, 1e-9)
+            p.join(30)
+    ratios, alones = [], []
+    for i in range(rounds):
+        alone = got[0][i][0]
+        together = sum(got[r][i][1] for r in range(procs)) / procs
+        ratios.append(together / alone)
+        alones.append(alone)
+    slowdown = max(statistics.median(ratios), 1e-9)
     eff = min(float(cores), max(procs / slowdown, 1.0 / procs))
     return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown,
                    source=(f"profiler.local_cluster.measure_host on {platform.node()}: {procs} processes of one "
-                           f"torch thread at once took {slowdown:.2f}x the time per loop alone "
-                           f"({alone * 1e3:.2f} ms); a shared machine's load at that time is in the figure"))
+                           f"torch thread at once took {slowdown:.2f}x the time per loop alone (median of "
+                           f"{rounds} rounds: {', '.join(f'{r:.2f}' for r in ratios)}; alone "
+                           f"{statistics.median(alones) * 1e3:.2f} ms); a shared machine's load at that time is "
+                           f"in the figure"))
 
 
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:
