@@ -122,9 +122,11 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:
     """``base`` with links, all-reduce fit, the host's cores and executor overhead measured on ``base.gpus``
     local gloo processes (one node: ``intra`` and ``inter`` both get the point-to-point fit); and the raw
-    figures. The executor overhead is measured on as many processes as there are cores (at least 2), so it
-    is the overhead of a process that has a core; sharing the cores is the host model's part
-    (:func:`planner.cost.host_share`)."""
+    figures. The executor overhead is measured on as many processes as there are cores (at least 2); with
+    layers that do nearly nothing those processes run the executor's Python nearly all the time, so each had
+    ``min(1, effective_cores / n)`` of a core, and the figures are scaled by that to the overhead of a process
+    with a core of its own: sharing the cores is the host model's part (:func:`planner.cost.host_share`),
+    which would otherwise count it twice."""
     import os
     import platform
 
@@ -135,8 +137,13 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     p2p = Link(alpha=max(links["intra_node"]["alpha"], 0.0), beta=max(links["intra_node"]["beta"], 0.0))
     ar = Link(alpha=max(links["allreduce"]["alpha"], 0.0), beta=max(links["allreduce"]["beta"], 0.0))
     host = measure_host(procs)
-    ex, raw = measure_overhead(procs=max(2, min(procs, os.cpu_count() or 1)), iterations=overhead_iterations,
-                               warmup=3)
+    n_ovh = max(2, min(procs, os.cpu_count() or 1))
+    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
+    shared = max(1.0, n_ovh / host.effective_cores)
+    ex = ex.model_copy(update={**{k: getattr(ex, k) / shared for k in ("compute", "send", "recv", "allreduce", "step")},
+                               "source": f"{ex.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
+                                         f"processes at {host.effective_cores:.2f} effective cores"})
+    raw["overhead_core_share"] = shared
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "
             f"GB/s; all-reduce of {procs} alpha {ar.alpha * 1e6:.0f} us, "

@@ -76,3 +76,14 @@ def test_host_is_part_of_the_cluster_hash_only_when_set() -> None:
     assert b.model_copy(update={"host": None}).content_hash() == a.content_hash()
     with pytest.raises(ValueError, match="effective_cores"):
         HostCpu(cores=2, effective_cores=0)
+
+
+def test_a_concurrent_profile_on_a_host_cluster_is_warned_about() -> None:
+    from planner.mismatch import device_warnings
+
+    prof = uniform_profile(2, fwd=0.001, bwd=0.002).model_copy(update={"device": "cpu"})
+    assert device_warnings(prof, cpu(4, 2.0)) == []
+    shared = prof.model_copy(update={"environment": {"concurrent_processes": "4"}})
+    (w,) = device_warnings(shared, cpu(4, 2.0))
+    assert "4 processes at once" in w and "counted twice" in w
+    assert device_warnings(shared, cpu(4, None)) == [], "no host model: the concurrent profile is the way"
