@@ -64,6 +64,41 @@ def layouts(model: str, procs: int) -> list[tuple[int, int]]:
     return [(2, 2)] if model == "gpt-tiny" else [(4, 1)]
 
 
+KINDS = ("F", "B", "STEP")
+
+
+def per_kind_measured(trace: dict[str, Any]) -> dict[str, float]:
+    """Seconds per iteration and rank spent in each action kind (measured iterations; RECV: waiting)."""
+    sums: dict[str, float] = {}
+    ranks, iters = set(), set()
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") != "X" or ev["args"]["iteration"] < WARM:
+            continue
+        ranks.add(ev["tid"])
+        iters.add(ev["args"]["iteration"])
+        kind = "RECV" if ev["cat"].startswith("RECV") else ev["cat"]
+        sums[kind] = sums.get(kind, 0.0) + ev["dur"] / 1e6
+    n = max(len(ranks) * len(iters), 1)
+    return {k: v / n for k, v in sums.items()}
+
+
+def per_kind_predicted(em: Any) -> dict[str, float]:
+    """The same from the simulator's timeline (per device of one copy; the copies run alike)."""
+    from planner.simulate import simulate
+
+    tl = simulate(em.schedule, em.costs).timeline
+    sums: dict[str, float] = {}
+    for row_ in tl:
+        for a, start, end in row_:
+            sums[a.kind] = sums.get(a.kind, 0.0) + end - start
+    return {k: v / len(tl) for k, v in sums.items()}
+
+
+def breakdown(meas: dict[str, float], pred: dict[str, float]) -> str:
+    return "  ".join(f"{k} {meas.get(k, 0) * 1e3:.1f}/{pred.get(k, 0) * 1e3:.1f}" for k in KINDS) + \
+        f"  RECV wait {meas.get('RECV', 0) * 1e3:.1f}"
+
+
 def row(label: str, meas: float, pred: float, extra: str = "") -> None:
     print(f"{label:<44}{meas * 1e3:>11.1f}{pred * 1e3:>11.1f}{meas / pred:>8.2f}  {extra}")
 
@@ -105,7 +140,7 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                                                     micro_batch=B, dtype="float32", iterations=ITER, warmup=WARM,
                                                     **kw))
                         labels.append(f"{model} D={D} W={Wd} b={B} N={N} {s}")
-                real = launch(plans, procs, timeout=600)
+                real = launch(plans, procs, trace=True, timeout=600)
                 emu_plans = [RunPlan.from_dict({**p.to_dict(), "emulate": ppath, "cluster": cpath}) for p in plans]
                 emu = launch(emu_plans, procs, timeout=600)
                 assert real is not None and emu is not None
@@ -114,6 +149,8 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                     pred = em.predict()["iteration_time"]
                     meas = r["measured"]["iteration_time"]
                     row("real " + label, meas, pred, f"core share {em.costs.share:.2f}")
+                    print(f"{'':<6}per device and iteration, measured/predicted ms: "
+                          f"{breakdown(per_kind_measured(r['trace']), per_kind_predicted(em))}")
                     ratios.append(("real " + label, meas / pred))
                     row("emulated " + label, e["measured"]["iteration_time"], e["predicted"]["iteration_time"])
                     ratios.append(("emulated " + label, e["ratio"]))

@@ -46,6 +46,14 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   every action of the lowered list the executor walks costs its measured
   :class:`planner.cluster.ExecutorOverhead` plus the fitted ``action_overhead``, folded into the compute
   action it belongs to (a RECV before it, a SEND after it) and into STEP (the ALLREDUCEs and STEP itself).
+* **A shared CPU host** (issues 11 item 4 and 13; :func:`host_share`, the end of this file): when the
+  cluster's devices are processes on shared cores (``cluster.host``, :class:`planner.cluster.HostCpu`, measured
+  by ``pipeplan seed`` / :func:`profiler.local_cluster.measure_host`), the core time of an action -- its
+  compute, the executor's overhead, the optimizer step; only the overhead when compute is emulated -- is
+  stretched by the slowdown ``s`` at which ``k`` processes with work at once share ``C`` effective cores
+  (processor sharing: each runs at ``C / k``); ``k`` is the concurrency the core time sees in the simulated
+  schedule itself (with gloo's message and collective copies when communication does not overlap compute),
+  and ``s = max(1, k / C)`` its fixed point. GPU clusters have no ``host``: nothing changes for them.
 
 :func:`chimera_eq1` and :func:`megatron_closed_form` give the papers' closed forms beside the simulated
 time.

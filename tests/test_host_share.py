@@ -87,3 +87,15 @@ def test_a_concurrent_profile_on_a_host_cluster_is_warned_about() -> None:
     (w,) = device_warnings(shared, cpu(4, 2.0))
     assert "4 processes at once" in w and "counted twice" in w
     assert device_warnings(shared, cpu(4, None)) == [], "no host model: the concurrent profile is the way"
+
+
+@pytest.mark.slow  # spawns processes that import torch
+def test_measure_host_reports_a_slowdown_and_the_cores_it_implies() -> None:
+    import os
+
+    from profiler.local_cluster import measure_host
+
+    h = measure_host(2, rounds=2, reps=20)
+    assert h.cores == (os.cpu_count() or 1) and h.processes == 2 and h.slowdown > 0
+    assert h.effective_cores == pytest.approx(min(float(h.cores), max(2 / h.slowdown, 0.5)))
+    assert "2 processes" in h.source and "rounds" in h.source
