@@ -6,8 +6,9 @@ effective cores for that many processes, the executor's per-action overhead), ea
 process (:func:`profiler.run.profile_model`, one torch thread, float32: the time of a layer on a core of its
 own; sharing the cores is the cost model's part, :func:`planner.cost.host_share`), then
 
-* **real**: each configuration runs for real; predicted = the simulator with that profile and cluster
-  (``Emulator(..., emulated=False).predict()``: the same :class:`planner.cost.ConfigCosts` the planner uses);
+* **real**: each configuration runs for real; predicted = the simulator with that profile and cluster, the
+  host's effective cores measured again just before the runs (``Emulator(..., emulated=False).predict()``:
+  the same :class:`planner.cost.ConfigCosts` the planner uses), with the time per action kind beside it;
 * **emulated**: the same plans with compute replaced by waits (``--emulate``), predicted by the run itself;
 * **newcomer**: ``make serve``'s flow -- the planner's first candidate for gpt-tiny on the measured
   ``local-cpu-4`` cluster, global batch 8 -- run for real.
@@ -111,6 +112,7 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
     from executor.models import get_config
     from executor.plan import RunPlan
     from planner.profile import save_profile
+    from profiler.local_cluster import measure_host
     from profiler.run import profile_model
 
     torch.set_num_threads(1)
@@ -140,12 +142,17 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                                                     micro_batch=B, dtype="float32", iterations=ITER, warmup=WARM,
                                                     **kw))
                         labels.append(f"{model} D={D} W={Wd} b={B} N={N} {s}")
+                # the host's cores as they are now (a shared machine's load moves by the minute)
+                now = cluster.model_copy(update={"host": measure_host(procs)})
+                assert now.host is not None
+                print(f"{model}: host now {now.host.effective_cores:.2f} effective cores "
+                      f"(slowdown {now.host.slowdown:.2f}x), load {load()}")
                 real = launch(plans, procs, trace=True, timeout=600)
                 emu_plans = [RunPlan.from_dict({**p.to_dict(), "emulate": ppath, "cluster": cpath}) for p in plans]
                 emu = launch(emu_plans, procs, timeout=600)
                 assert real is not None and emu is not None
                 for label, plan, r, e in zip(labels, plans, real["runs"], emu["runs"], strict=True):
-                    em = Emulator(plan, plan.compute_schedule(), prof, cluster, emulated=False)
+                    em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
                     pred = em.predict()["iteration_time"]
                     meas = r["measured"]["iteration_time"]
                     row("real " + label, meas, pred, f"core share {em.costs.share:.2f}")
