@@ -3,8 +3,9 @@
 For 2 and 4 gloo processes the local cluster is measured first as its jobs run
 (:func:`profiler.local_cluster.measured_cluster`: links, the all-reduce of that many processes, the host's
 effective cores for that many processes, the executor's per-action overhead), each model is profiled in one
-process (:func:`profiler.run.profile_model`, one torch thread, float32: the time of a layer on a core of its
-own; sharing the cores is the cost model's part, :func:`planner.cost.host_share`), then
+process before and after its runs (:func:`profiler.run.profile_model`, one torch thread, float32: the time of
+a layer on a core of its own; sharing the cores is the cost model's part, :func:`planner.cost.host_share`;
+per layer the faster of the two, :func:`fastest`), then
 
 * **real**: each configuration runs for real; predicted = the simulator with that profile and cluster, the
   host's effective cores measured again just before the runs (``Emulator(..., emulated=False).predict()``:
@@ -66,6 +67,18 @@ def layouts(model: str, procs: int) -> list[tuple[int, int]]:
 
 
 KINDS = ("F", "B", "STEP")
+
+
+def fastest(a: Any, b: Any) -> Any:
+    """Per layer and micro-batch size, the smaller time of two profiles of the same model (before and after
+    the runs): on a shared machine a burst of someone else's work only adds time to a measurement, and one
+    burst during the single block the profile times (the others repeat it) would move every block."""
+    layers = []
+    for x, y in zip(a.layers, b.layers, strict=True):
+        upd = {k: {s: min(getattr(x, k)[s], getattr(y, k)[s]) for s in getattr(x, k)}
+               for k in ("fwd_time", "bwd_time")}
+        layers.append(x.model_copy(update=upd))
+    return a.model_copy(update={"layers": layers})
 
 
 def per_kind_measured(trace: dict[str, Any]) -> dict[str, float]:
@@ -130,7 +143,8 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
             print(f"{'configuration':<44}{'measured':>11}{'predicted':>11}{'ratio':>8}  (ms)")
             for model in models:
                 cfg = get_config("gpt-tiny").with_(**MODELS[model])
-                prof = profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=7)
+                before = profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=9)
+                prof = before
                 ppath = str(Path(tmp) / f"{model}.json")
                 save_profile(prof, ppath)
                 plans, labels = [], []
@@ -151,6 +165,7 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                 emu_plans = [RunPlan.from_dict({**p.to_dict(), "emulate": ppath, "cluster": cpath}) for p in plans]
                 emu = launch(emu_plans, procs, timeout=600)
                 assert real is not None and emu is not None
+                prof = fastest(before, profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=9))
                 for label, plan, r, e in zip(labels, plans, real["runs"], emu["runs"], strict=True):
                     em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
                     pred = em.predict()["iteration_time"]

@@ -223,10 +223,11 @@ def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -
     else:
         sched = (Schedule1F1B if kind == "1f1b" else ScheduleGPipe)(stages[0], N_REAL, loss_fn=loss_fn)
     opt = torch.optim.SGD([p for m in parts for p in m.parameters()], lr=0.1)
-    times = []
+    times, cpus = [], []
     for it in range(WARM + ITER):
         inputs, targets = synthetic_batch(cfg, N_REAL * B_REAL, 0, it)
         dist.barrier()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if rank == 0:
             sched.step(inputs)
@@ -237,12 +238,14 @@ def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -
         opt.step()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
+        c1 = time.process_time()
         both = [None] * world
-        dist.all_gather_object(both, (t0, t1))
+        dist.all_gather_object(both, (t0, t1, c1 - c0))
         if it >= WARM:
-            times.append(max(t for _, t in both) - min(t for t, _ in both))  # type: ignore[misc]
+            times.append(max(t[1] for t in both) - min(t[0] for t in both))  # type: ignore[index]
+            cpus.append(sum(t[2] for t in both))  # type: ignore[index]
     if rank == 0:
-        Path(out).write_text(json.dumps(statistics.median(times)))
+        Path(out).write_text(json.dumps([statistics.median(times), statistics.median(cpus)]))
     dist.destroy_process_group()
 
 
@@ -251,41 +254,51 @@ def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -
 VERSUS = {**WIDE, "layers": 8, "tied_embeddings": False}
 
 
-def torch_time(kind: str, overrides: dict[str, Any]) -> float:
+def torch_time(kind: str, overrides: dict[str, Any]) -> tuple[float, float]:
+    """torch's median iteration (wall) and its median CPU time of all ranks per iteration, seconds."""
     with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
         out = Path(tmp) / "t.json"
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc-per-node={D_REAL}", __file__, "--torch-worker", kind, str(out),
                         json.dumps(overrides)], env=env, check=True, capture_output=True, timeout=600)
-        return float(json.loads(out.read_text()))
+        wall, cpu = json.loads(out.read_text())
+        return float(wall), float(cpu)
 
 
 def versus_torch(overrides: dict[str, Any] | None = None, rounds: int = 3) -> None:
     """Ours and torch.distributed.pipelining on the same model, partition, micro-batches and processes, run
     alternately (``rounds`` times each, so both see the same machine load); the median of each side's
-    median iterations and of the per-round ratios."""
+    median iterations and of the per-round ratios, and the same for the CPU time of all ranks per iteration
+    (process time: the work each runtime costs the cores, which the machine's load does not lengthen)."""
     from executor.launch import launch
     from executor.plan import RunPlan
 
     overrides = VERSUS if overrides is None else overrides
     print(f"\n== ours vs torch.distributed.pipelining, {D_REAL} processes ({MODEL} {overrides}, fp32, N={N_REAL}, "
           f"b={B_REAL}), {rounds} alternating rounds; load {' '.join(f'{x:.2f}' for x in os.getloadavg())} ==")
-    print(f"{'schedule':<14}{'torch ms':>10}{'ours ms':>10}{'ours/torch':>12}   per round")
+    print(f"{'schedule':<14}{'torch ms':>10}{'ours ms':>10}{'ours/torch':>12}   per round"
+          f"{'':>14}{'CPU torch':>11}{'CPU ours':>10}{'ours/torch':>12}   per round")
     for kind in ("gpipe", "1f1b", "interleaved"):
         kw = {"chunks": 2} if kind == "interleaved" else {}
         plan = RunPlan.direct(kind, D_REAL, N_REAL, model=MODEL, model_overrides=overrides, micro_batch=B_REAL,
                               dtype="float32", iterations=ITER, warmup=WARM, **kw)
-        ours, theirs = [], []
+        ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
         for _ in range(rounds):
             res = launch([plan], D_REAL, timeout=600)
             assert res is not None
             ours.append(res["runs"][0]["measured"]["iteration_time"])
-            theirs.append(torch_time(kind, overrides))
+            ours_cpu.append(res["runs"][0]["measured"]["cpu_time"])
+            wall, cpu = torch_time(kind, overrides)
+            theirs.append(wall)
+            theirs_cpu.append(cpu)
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        cpu_ratios = [a / b for a, b in zip(ours_cpu, theirs_cpu, strict=True)]
         t, o = statistics.median(theirs), statistics.median(ours)
+        tc, oc = statistics.median(theirs_cpu), statistics.median(ours_cpu)
         print(f"{kind:<14}{t * 1e3:>10.2f}{o * 1e3:>10.2f}{statistics.median(ratios):>12.3f}   "
-              f"{' '.join(f'{r:.3f}' for r in ratios)}")
+              f"{' '.join(f'{r:.3f}' for r in ratios):<24}{tc * 1e3:>11.2f}{oc * 1e3:>10.2f}"
+              f"{statistics.median(cpu_ratios):>12.3f}   {' '.join(f'{r:.3f}' for r in cpu_ratios)}")
     print(f"(load at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
 
 
