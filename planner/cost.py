@@ -319,6 +319,8 @@ class ConfigCosts(Costs):
 
     # ---- Costs interface -------------------------------------------------------------------------
     def compute(self, kind: str, stage: int, span: int, device: int) -> float:
+        if self._share == 1.0:  # devices of their own (no shared host): as before
+            return self.work(kind, stage, span) + self.overheads.of(kind, stage, device)
         work, over = self.work(kind, stage, span), self.overheads.of(kind, stage, device)
         share = self.share
         return (work if self.emulated else work * share) + over * share
@@ -361,6 +363,8 @@ class ConfigCosts(Costs):
     def step(self, device: int) -> float:
         """Optimizer step of ``device``'s stages: read and write its model state once (memory bound), plus
         the executor's overhead of the device's ALLREDUCE and STEP actions."""
+        if self._share == 1.0:
+            return self.step_work(device) + self.overheads.of("STEP", -1, device)
         work, over = self.step_work(device), self.overheads.of("STEP", -1, device)
         share = self.share
         return (work if self.emulated else work * share) + over * share
