@@ -10,21 +10,30 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# torch first, pinned: any other spec pulls gigabytes of CUDA wheels (DEVELOPERS.md)
+# torch first, pinned: any other spec pulls gigabytes of CUDA wheels (DEVELOPERS.md). torchtitan and DeepSpeed
+# (their config loaders check the exports: tests/test_export_torchtitan.py, tests/test_export_deepspeed.py)
+# without their dependencies, so that they cannot replace torch; the small pure ones their config loaders
+# import are in the dev extras (tyro; psutil, hjson, py-cpuinfo, msgpack, einops). DeepSpeed is an sdist: built
+# against the installed torch (--no-build-isolation), no CUDA ops.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps torchtitan==0.2.2
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-deps --no-build-isolation deepspeed==0.19.8
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # under CI, PostgreSQL is installed and started (.ci/postgres.sh) so the database/API tests run on it too,
-# and Debian's Chromium is installed for the browser tests (.ci/chromium.sh)
+# Debian's Chromium is installed for the browser tests (.ci/chromium.sh), and Slurm (.ci/slurm.sh: two
+# slurmd "nodes" on this machine) for the Slurm launcher's end-to-end tests
 test: $(STAMP)
 	$(BIN)/ruff check .
 	if [ -n "$$CI" ]; then bash .ci/chromium.sh; fi
 	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_POSTGRES_URL" ]; then \
 	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
+	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_SLURM" ]; then \
+	  PIPEPLAN_TEST_SLURM=$$(bash .ci/slurm.sh) || exit 1; export PIPEPLAN_TEST_SLURM; fi; \
 	$(BIN)/python -m pytest tests
 
 # the quick subset for development: everything not marked slow (README, Tests)

@@ -97,18 +97,42 @@ def register(app: typer.Typer) -> None:
         workdir: Annotated[str | None, typer.Option(help="where plans, logs and results go")] = None,
         poll: Annotated[float, typer.Option(help="seconds between claims when the queue is empty")] = 2.0,
         heartbeat: Annotated[float, typer.Option(help="seconds between heartbeats")] = 10.0,
+        launcher: Annotated[str, typer.Option(
+            help="local (a subprocess on this node) or slurm (an sbatch job per claimed job; run this agent on "
+                 "a login node)")] = "local",
+        partition: Annotated[str | None, typer.Option(help="slurm: the partition (#SBATCH --partition)")] = None,
+        account: Annotated[str | None, typer.Option(help="slurm: the account (#SBATCH --account)")] = None,
+        nodes_max: Annotated[int | None, typer.Option(help="slurm: refuse jobs needing more nodes")] = None,
+        gpus_per_node: Annotated[int, typer.Option(
+            help="slurm: devices (processes) per node; a job of P = t*D*W processes gets ceil(P/G) nodes")] = 8,
+        request_gpus: Annotated[bool, typer.Option(
+            "--request-gpus/--no-request-gpus", help="slurm: ask for GPUs (#SBATCH --gpus-per-node); "
+            "--no-request-gpus for CPU nodes (gloo)")] = True,
+        time_limit: Annotated[str | None, typer.Option(help="slurm: #SBATCH --time, e.g. 01:00:00")] = None,
+        sbatch_option: Annotated[list[str] | None, typer.Option(
+            help="slurm: another #SBATCH option as --name=value (repeatable), e.g. --qos=high")] = None,
     ) -> None:
         """Register with the API, claim jobs and run them with the executor until stopped (Ctrl-C)."""
-        from executor.agent import main, read_token
+        from executor.agent import main, read_token, run_environment
 
         token = read_token(token, token_file)
         if not token:
             typer.echo("error: set PIPEPLAN_WORKER_TOKEN (or give --token-file / --token)", err=True)
+            raise typer.Exit(2)
+        job_launcher = None
+        if launcher == "slurm":
+            from executor.slurm import SlurmLauncher, SlurmOptions
+
+            job_launcher = SlurmLauncher(SlurmOptions(
+                partition=partition, account=account, gpus_per_node=gpus_per_node, request_gpus=request_gpus,
+                nodes_max=nodes_max, time_limit=time_limit, extra=tuple(sbatch_option or ())), env=run_environment())
+        elif launcher != "local":
+            typer.echo(f"error: --launcher must be local or slurm, got {launcher!r}", err=True)
             raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
         start = time.monotonic()
         n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
                  run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
-                 heartbeat=heartbeat)
+                 heartbeat=heartbeat, launcher=job_launcher)
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")

@@ -76,7 +76,14 @@ def _timeline(profile: dict[str, Any], cluster: dict[str, Any], request: dict[st
     return simulate_candidate(profile, cluster, request, cand)
 
 
-TASKS: dict[str, Callable[..., dict[str, Any]]] = {"plan": compute, "timeline": _timeline}
+def _switch_cost(*args: Any) -> dict[str, Any]:
+    from api.exports import switch_cost
+
+    return switch_cost(*args)
+
+
+TASKS: dict[str, Callable[..., dict[str, Any]]] = {"plan": compute, "timeline": _timeline,
+                                                   "switch_cost": _switch_cost}
 
 
 def die_with_parent() -> None:
@@ -175,6 +182,11 @@ class PlanRunner:
     def timeline(self, args: tuple[Any, ...]) -> Future[tuple[str, Any]]:
         """Simulate one candidate's timeline in a planner process: a future of (status, document or error)."""
         return self.side.submit(self._task, "timeline", args, self.settings.timeline_timeout_seconds)
+
+    def task(self, name: str, args: tuple[Any, ...], timeout: float) -> Future[tuple[str, Any]]:
+        """Run ``TASKS[name](*args)`` in a planner process (e.g. an export's switch cost): a future of
+        (status, result or error)."""
+        return self.side.submit(self._task, name, args, timeout)
 
     def poll(self) -> list[int]:
         """Renew the leases of this runner's plans (also while a planner process is starting), requeue plans

@@ -32,6 +32,7 @@ def simulate_candidate(profile: dict[str, Any], cluster: dict[str, Any], request
     Runs in a planner process; raises ``ValueError`` for a candidate that cannot be shown."""
     from planner.cluster import Cluster
     from planner.profile import ModelProfile
+    from planner.replicated import replica_rows
     from planner.request import Config, TrainingRequest
     from planner.search import predict
 
@@ -54,7 +55,11 @@ def simulate_candidate(profile: dict[str, Any], cluster: dict[str, Any], request
         rows.append(out)
     stored = cand.get("iteration_time")
     same = stored is not None and abs(got.iteration_time - stored) <= 1e-9 * max(1.0, abs(stored))
-    return {"label": config.label(), "devices": len(rows), "makespan": got.simulation.makespan,
+    extra: dict[str, Any] = {}
+    grouped = replica_rows(got.costs.schedule) if got.costs is not None and got.costs.schedule else None
+    if grouped is not None:  # replicated stages: one row per replica, grouped by stage (timeline.js)
+        extra = {"row_labels": grouped[0], "row_stages": grouped[1]}
+    return {**extra, "label": config.label(), "devices": len(rows), "makespan": got.simulation.makespan,
             "iteration_time": got.iteration_time, "stored_iteration_time": stored, "matches_stored": same,
             "rows": rows, "computed_at": datetime.now(UTC).isoformat(), "source": "planner.search.predict"}
 

@@ -3,8 +3,9 @@
 It registers, heartbeats, claims jobs, writes the plan (and, for emulated runs, the profile) to disk,
 launches the executor (``pipeplan run --plan plan.json --candidate I --model M --iterations N --out
 result.json [--emulate profile.json]``; the command is ``--run-command`` / ``$PIPEPLAN_RUN_COMMAND``)
-as a subprocess, renews the job's lease while it runs, and posts the result, or the error with the log
-tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
+as a subprocess (or, through the launcher hook, :class:`Launcher`, as a Slurm batch job:
+:class:`executor.slurm.SlurmLauncher`), renews the job's lease while it runs, and posts the result, or the
+error with the log tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
 The API being briefly unreachable (restart) is retried, not fatal.
 
 Credentials: the token the agent starts with (``$PIPEPLAN_WORKER_TOKEN`` or a file) only registers it;
@@ -30,8 +31,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -52,15 +54,70 @@ class LeaseLost(RuntimeError):
     pass
 
 
+class LaunchFailed(RuntimeError):
+    """The launcher could not start the run (e.g. ``sbatch`` refused it): the job fails with this message."""
+
+
+class Launcher(Protocol):
+    """How the agent runs a job's command: :class:`LocalLauncher` (a subprocess on this node) or
+    :class:`executor.slurm.SlurmLauncher` (a batch job). ``cancel`` is called once the run is over too: it
+    stops the run if it still goes on and releases what ``start`` holds."""
+
+    def start(self, cmd: list[str], jobdir: Path, logfile: Path) -> Any:
+        """Start ``cmd`` for the job whose directory is ``jobdir`` (its output into ``logfile``); a handle."""
+        ...
+
+    def poll(self, run: Any) -> int | None:
+        """The run's exit status once it ended, else None."""
+        ...
+
+    def cancel(self, run: Any) -> None: ...
+
+
+@dataclass
+class LocalRun:
+    proc: subprocess.Popen[bytes]
+    keep: int | None  # the write end of the guard's pipe
+
+
+class LocalLauncher:
+    """The run as a subprocess of this agent, under :mod:`executor.runguard` (it dies with the agent)."""
+
+    def start(self, cmd: list[str], jobdir: Path, logfile: Path) -> LocalRun:
+        with open(logfile, "wb") as logf:
+            lifeline, keep = os.pipe()  # the run's guard reads `lifeline`; EOF means this agent is gone
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "executor.runguard", str(lifeline), "--", *cmd],
+                                        stdout=logf, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True,
+                                        pass_fds=(lifeline,), env=run_environment())
+            except BaseException:
+                os.close(keep)
+                raise
+            finally:
+                os.close(lifeline)
+        return LocalRun(proc, keep)
+
+    def poll(self, run: LocalRun) -> int | None:
+        return run.proc.poll()
+
+    def cancel(self, run: LocalRun) -> None:
+        if run.proc.poll() is None:
+            _terminate(run.proc)
+        if run.keep is not None:
+            os.close(run.keep)
+            run.keep = None
+
+
 class Agent:
     def __init__(self, api: str, token: str, *, name: str | None = None, node: str | None = None, gpus: int = 0,
                  device_type: str = "cpu", run_command: list[str] | None = None, workdir: str | Path | None = None,
                  poll: float = 2.0, heartbeat: float = 10.0,
-                 retry_for: float = 600.0) -> None:
+                 retry_for: float = 600.0, launcher: Launcher | None = None) -> None:
         self.node = node or socket.gethostname()
         self.name = name or f"{self.node}-{os.getpid()}"
         self.gpus, self.device_type = gpus, device_type
         self.run_command = run_command or default_run_command()
+        self.launcher: Launcher = launcher or LocalLauncher()
         # absolute: the run is started with cwd= its job directory, where a relative path would be looked up
         # a second time (issue 13: every job from `make serve` failed reading data/agent/.../plan.json)
         data = Path(os.environ.get("PIPEPLAN_DATA_DIR", "data"))  # where the API's SQLite database goes too
@@ -171,38 +228,32 @@ class Agent:
         logfile = jobdir / "run.log"
         renew_every = max(0.2, float(claim["lease_seconds"]) / 3)
         log.info("job %d: %s", jid, shlex.join(cmd))
-        with open(logfile, "wb") as logf:
-            lifeline, keep = os.pipe()  # the run's guard reads `lifeline`; EOF means this agent is gone
-            try:
-                proc = subprocess.Popen([sys.executable, "-m", "executor.runguard", str(lifeline), "--", *cmd],
-                                        stdout=logf, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True,
-                                        pass_fds=(lifeline,), env=run_environment())
-            except BaseException:
-                os.close(keep)
-                raise
-            finally:
-                os.close(lifeline)
-            outcome = None
-            try:
-                while proc.poll() is None:
-                    if self.stop.wait(renew_every):
-                        outcome = "released"
-                        break
-                    try:
-                        r = self.client.post(f"/jobs/{jid}/lease", json={"worker_id": self.worker_id})
-                    except httpx.TransportError as e:
-                        log.warning("job %d: lease renewal failed (%s); the run goes on", jid, e)
-                        continue
-                    if r.status_code == 409:
-                        outcome = "lost"
-                        break
-                    if r.status_code == 200 and r.json().get("cancel"):
-                        outcome = "cancelled"
-                        break
-            finally:
-                if proc.poll() is None:
-                    _terminate(proc)
-                os.close(keep)
+        try:
+            run = self.launcher.start(cmd, jobdir, logfile)
+        except LaunchFailed as e:
+            r = self._request("POST", f"/jobs/{jid}/fail", json={"worker_id": self.worker_id, "error": str(e),
+                                                                 "log_tail": ""})
+            log.warning("job %d failed to start: %s", jid, e)
+            return "failed" if r.status_code == 200 else "lost"
+        outcome = code = None
+        try:
+            while (code := self.launcher.poll(run)) is None:
+                if self.stop.wait(renew_every):
+                    outcome = "released"
+                    break
+                try:
+                    r = self.client.post(f"/jobs/{jid}/lease", json={"worker_id": self.worker_id})
+                except httpx.TransportError as e:
+                    log.warning("job %d: lease renewal failed (%s); the run goes on", jid, e)
+                    continue
+                if r.status_code == 409:
+                    outcome = "lost"
+                    break
+                if r.status_code == 200 and r.json().get("cancel"):
+                    outcome = "cancelled"
+                    break
+        finally:
+            self.launcher.cancel(run)
         if outcome == "released":
             self._request("POST", f"/jobs/{jid}/release", json={"worker_id": self.worker_id})
             log.info("job %d: stopped, released", jid)
@@ -210,7 +261,7 @@ class Agent:
         if outcome is not None:
             log.warning("job %d: %s; run stopped", jid, outcome)
             return outcome
-        return self._report(jid, proc.returncode, jobdir / "result.json", logfile)
+        return self._report(jid, -1 if code is None else code, jobdir / "result.json", logfile)
 
     def _report(self, jid: int, code: int, out: Path, logfile: Path) -> str:
         tail = _tail(logfile)

@@ -29,7 +29,10 @@ with ``grouped``).
 Activation recomputation: the stage body runs under ``torch.utils.checkpoint`` (Chen et al. 2016;
 Megatron-LM section 3.5). Asynchronous schedules (``synchronous = False``): PipeDream (Harlap et al.,
 section 3.3) -- weight stashing: a forward runs on a snapshot of the newest weights (``functional_call``)
-that its backward reuses, and the optimizer steps after every backward; PipeDream-2BW (Narayanan et al.,
+that its backward reuses, and the optimizer steps after every backward (PipeDream-RR, replicated stages: each
+replica steps on its own micro-batches and adds the other replicas' updates of the window at its ALLREDUCE,
+:mod:`planner.schedules.pipedream_rr`; checked against :mod:`executor.stash_reference`); PipeDream-2BW
+(Narayanan et al.,
 ICML'21, section 3.1) -- double buffering: forwards use the current version, gradients accumulate onto
 the live weights and the update at ``STEP`` creates the next version; at most two versions are alive.
 
@@ -229,6 +232,11 @@ class RankRuntime:
         self.scale = 1.0 / (plan.spec.config.data * self.N)
         self.split = {(a.replica, a.stage) for a in self.actions if a.kind == W}
         self.update = schedule.params.get("update", "step")
+        #: PipeDream-RR (planner.schedules.pipedream_rr): the replicas of a stage step on their own micro-batches
+        #: and, at the window's ALLREDUCE, add the other replicas' updates of the window (the sum of the
+        #: gradients each applied, plain SGD); ``window_grads`` holds this replica's sum per stage copy
+        self.window_sync = self.update == "per-microbatch" and schedule.params.get("replica_sync") == "per-window"
+        self.window_grads: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.modules: dict[tuple[int, int], StageModule] = {}
         self.optims: dict[tuple[int, int], torch.optim.Optimizer] = {}
         self.stash: dict[tuple[int, int], _Stash] = {}
@@ -305,6 +313,7 @@ class RankRuntime:
         self.inbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
         self.pending_ar: list[tuple[Any, torch.Tensor, list[tuple[int, int]]]] = []
+        self.own_window: dict[int, torch.Tensor] = {}  # per stage: this replica's part of the window's sum
         self.alive = 0
         record: list[tuple[str, str, Any, Any]] = []
         self.records = record
@@ -435,6 +444,11 @@ class RankRuntime:
                 q.grad = None
         stash.release(rec.version)
         if self.update == "per-microbatch" and rec.uses == 0:  # PipeDream: step after every backward
+            if self.window_sync and self.groups.stage.get(s) is not None:
+                acc = self.window_grads.setdefault(key, {})
+                for n, p in mod.named_parameters():
+                    if p.grad is not None:
+                        acc[n] = p.grad.clone() if n not in acc else acc[n] + p.grad
             self.optims[key].step()
             self.optims[key].zero_grad(set_to_none=True)
             stash.bump()
@@ -452,6 +466,11 @@ class RankRuntime:
         if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
             n = self.emu.allreduce_elements(s) if group is not None else 0
             flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
+        elif self.window_sync:
+            if group is None:
+                return  # an unreplicated stage: its own per-micro-batch steps are all its updates
+            flat = torch.cat([self._window_flat(key) for key in keys])
+            self.own_window[s] = flat.clone()
         else:
             flat = None
             for key in keys:
@@ -463,6 +482,27 @@ class RankRuntime:
         work = dist.all_reduce(flat, group=group, async_op=True) if group is not None else None
         self.pending_ar.append((work, flat, keys))
 
+    def _window_flat(self, key: tuple[int, int]) -> torch.Tensor:
+        """This replica's applied gradients of the window (every parameter, tied ones too: under
+        per-micro-batch updates each stage's copy is its own), flat, in ``named_parameters`` order."""
+        acc = self.window_grads.get(key, {})
+        return torch.cat([acc.get(n, torch.zeros_like(p)).reshape(-1) for n, p in self.modules[key].named_parameters()])
+
+    def _window_update(self, flat: torch.Tensor, s: int, keys: list[tuple[int, int]]) -> None:
+        """PipeDream-RR: apply the other replicas' updates of the window (all-reduced sum minus this one's),
+        then start the next window with a new weight version."""
+        delta = flat - self.own_window.pop(s)
+        off = 0
+        for key in keys:
+            for p in self.modules[key].parameters():
+                n = p.numel()
+                p.grad = delta[off:off + n].view_as(p).clone()
+                off += n
+            self.optims[key].step()
+            self.optims[key].zero_grad(set_to_none=True)
+            self.stash[key].bump()
+            self.window_grads.pop(key, None)
+
     def _step(self) -> None:
         self.p2p.finish()
         for work, flat, keys in self.pending_ar:
@@ -471,6 +511,9 @@ class RankRuntime:
             if self.emu is not None:
                 if self.host_waits:
                     torch.cuda.synchronize(self.tdev)
+                continue
+            if self.window_sync:
+                self._window_update(flat, keys[0][1], keys)
                 continue
             for key in keys:  # views into the reduced buffer (copies when several replicas share it)
                 off = 0

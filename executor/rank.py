@@ -126,9 +126,16 @@ def check_against_reference(plan: RunPlan, gathered: list[dict[str, Any]]) -> di
     for p in sorted(gathered, key=lambda p: p["rank"]):
         for k, v in p["params"].items():
             merged.setdefault(k, []).extend(v)
-    if plan.spec.config.schedule == "pipedream":
-        # per-micro-batch updates on stashed weights: a different optimizer, nothing to compare with
-        return {"ok": None, "message": "pipedream updates per micro-batch: not compared"}
+    if plan.spec.config.schedule in ("pipedream", "pipedream-rr"):
+        # per-micro-batch updates on stashed weights: compared with PipeDream's weight stashing computed in one
+        # process with explicit weight versions, and with the same without stashing (which it must not equal)
+        from executor.stash_reference import train_stashed_reference
+
+        steps = plan.warmup + plan.iterations
+        msg = compare(merged, train_stashed_reference(plan, steps))
+        unstashed = compare(merged, train_stashed_reference(plan, steps, stash=False))
+        return {"ok": msg is None, "differs_without_stash": unstashed is not None,
+                "message": msg or "parameters equal weight stashing with explicit versions (one process)"}
     # 2BW: one window per iteration, drained before its update, is gradient accumulation over N
     ref = train_reference(plan, plan.warmup + plan.iterations)
     msg = compare(merged, ref)

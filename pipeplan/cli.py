@@ -19,7 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Simulate a schedule with stage times FWD/BWD and message time COMM; print its figures."),
     "show": ("pipeplan.commands_schedule",
              "Draw the timeline: one row per device, one cell per time unit, micro-batch numbers in the cells."),
-    "export": ("pipeplan.commands_export", "Build a schedule (compute-only form) and export it."),
+    "export": ("pipeplan.commands_export", "Export a schedule, or a planned candidate as Megatron-LM, torchtitan or "
+                                          "DeepSpeed settings."),
     "profile": ("profiler.cli", "Profile a model layer by layer (a zoo preset, a Hugging Face config or your own "
                                 "module) and write a ModelProfile JSON."),
     "profile-links": ("profiler.cli", "Measure point-to-point and all-reduce alpha/beta; run under torchrun "

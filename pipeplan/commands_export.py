@@ -1,72 +1,245 @@
-"""``pipeplan export``: build a schedule and write it as torch's compute-only CSV, JSON or text.
+"""``pipeplan export``: a schedule (``--schedule``, torch's compute-only CSV, JSON or text) or a planned
+candidate (``--plan plan.json --candidate I``) in a training framework's own terms.
 
 ``register(app)`` adds the command to a Typer application (the CLI module owns the application)::
 
     pipeplan export --schedule interleaved --devices 4 --microbatches 8 --chunks 2 --format torch-csv
+    pipeplan export --plan plan.json --candidate 0 --format megatron --profile p.json --cluster c.json
+    pipeplan export --plan plan.json --candidate 0 --format slurm --gpus-per-node 8 --option partition=gpu
 
-Errors (unknown schedule, bad parameters, a schedule torch cannot express) print one line to stderr and
-exit with code 2.
+Formats: :data:`SCHEDULE_FORMATS` (of a schedule, or of a candidate's schedule) and :data:`PLAN_FORMATS`,
+a registry of format name -> the function that writes a ``--plan`` candidate in it from the command's
+options (:class:`PlanArgs`), its module imported only when that format is asked for: the training
+frameworks (:mod:`planner.export`, one entry each) and Slurm's sbatch script
+(:mod:`pipeplan.commands_export_slurm`). A schedule a framework lacks is refused naming the closest one it
+has, with the predicted cost of switching when ``--profile`` and ``--cluster`` are given (``--closest``
+exports that one instead).
+
+Errors (unknown schedule or format, bad parameters, a schedule the format cannot express) print one line
+to stderr and exit with code 2.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from pipeplan.options import (
     ChunksOpt,
     ConcatOpt,
-    DevicesOpt,
-    MicroOpt,
     PipesOpt,
     ReplicationOpt,
-    ScheduleOpt,
     WavesOpt,
     fail,
     schedule_from_options,
 )
+from planner.schedules import BUILDERS
+from planner.schedules.ir import Schedule
 from planner.schedules.torch_csv import export_torch_csv
 
+#: formats of a schedule's action lists
+SCHEDULE_FORMATS: tuple[str, ...] = ("torch-csv", "json", "text")
+#: the training frameworks: format -> module with ``export(inp: ExportInput) -> Export`` (planner.export)
+FRAMEWORK_MODULES: dict[str, str] = {
+    "megatron": "planner.export.megatron",
+    "torchtitan": "planner.export.torchtitan",
+    "deepspeed": "planner.export.deepspeed",
+}
 
-class ExportFormat(StrEnum):
-    torch_csv = "torch-csv"
-    json = "json"
-    text = "text"
+
+@dataclass
+class PlanArgs:
+    """The ``export`` options a ``--plan`` format reads."""
+
+    fmt: str
+    plan: Path
+    candidate: int = 0
+    profile: Path | None = None
+    cluster: Path | None = None
+    model: str | None = None
+    gpus_per_node: int | None = None
+    options: list[str] = field(default_factory=list)
+    closest: bool = False
+
+
+#: what a plan format returns: its files (name, text; the first is printed without --out) and notes
+Files = tuple[list[tuple[str, str]], list[str]]
+
+
+def schedule_text(sched: Schedule, fmt: str) -> str:
+    if fmt == "torch-csv":
+        return export_torch_csv(sched)
+    if fmt == "json":
+        return sched.to_json(indent=1) + "\n"
+    return sched.to_text() + "\n"
+
+
+def load_candidate(plan: Path, index: int) -> dict[str, Any]:
+    """Candidate ``index`` of a ``pipeplan plan --json`` document (or of ``GET /plans/{id}``)."""
+    return load_candidates(plan, index)[index]
+
+
+def load_candidates(plan: Path, index: int) -> list[dict[str, Any]]:
+    """The candidates of a plan document, checking that ``index`` is one of them."""
+    try:
+        doc = json.loads(plan.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--plan: no such file: {plan}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--plan: {plan} is not JSON ({e})") from None
+    cands = doc.get("candidates") if isinstance(doc, dict) else doc
+    if not isinstance(cands, list) or not cands:
+        raise ValueError(f"--plan: {plan} has no candidates (write it with pipeplan plan --json)")
+    if not 0 <= index < len(cands):
+        raise ValueError(f"--candidate: {index} is out of range; the plan has {len(cands)} candidates "
+                         f"(0-{len(cands) - 1})")
+    return cands
+
+
+def _options(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--option: {item!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def export_framework(a: PlanArgs) -> Files:
+    """A training framework's files for the candidate (:func:`export_plan`)."""
+    exported, notes = export_plan(a.fmt, a.plan, a.candidate, a.profile, a.cluster, a.model, a.options, a.closest,
+                                  a.gpus_per_node)
+    return [(f.name, f.content) for f in exported.files], [*notes, *exported.notes]
+
+
+def export_slurm(a: PlanArgs) -> Files:
+    """The sbatch script of the candidate (:mod:`pipeplan.commands_export_slurm`)."""
+    from pipeplan.commands_export_slurm import export_slurm as script
+
+    return [("job.sbatch", script(a.plan, a.candidate, a.gpus_per_node, a.cluster, a.options))], []
+
+
+#: formats of a planned candidate: name -> the function writing it
+PLAN_FORMATS: dict[str, Callable[[PlanArgs], Files]] = {
+    **dict.fromkeys(FRAMEWORK_MODULES, export_framework),
+    "slurm": export_slurm,
+}
+
+
+def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, cluster: Path | None,
+                model: str | None, options: list[str], closest: bool,
+                gpus_per_node: int | None = None) -> tuple[Any, list[str]]:
+    """The :class:`planner.export.Export` of candidate ``candidate`` and the notes to print."""
+    from planner.cluster import load_cluster
+    from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note
+    from planner.export.switch import refusal
+    from planner.model import get_model
+    from planner.profile import load_profile
+    from planner.runspec import RunSpec
+
+    cands = load_candidates(plan, candidate)
+    doc = cands[candidate]
+    spec = RunSpec.from_document(doc)
+    try:
+        prof = load_profile(profile) if profile else None
+        cl = load_cluster(cluster) if cluster else None
+    except FileNotFoundError as e:
+        raise ValueError(f"no such file: {e.filename}") from None
+    base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
+                                    gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
+                                    predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,
+                                    options=_options(options))
+    module = importlib.import_module(FRAMEWORK_MODULES[fmt])
+    notes: list[str] = []
+    try:
+        return module.export(base), notes
+    except UnsupportedSchedule as err:
+        message = refusal(err, prof, cl) + " " + best_supported_note(module.TITLE, module.check, cands) + "."
+        if not closest:
+            raise ValueError(message + " --closest exports the closest configuration instead.") from None
+        notes.append(message + "; exporting it (--closest)")
+        inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
+                                       plan_path=str(plan), candidate=candidate, options=base.options)
+        return module.export(inp), notes
 
 
 def export(
-    schedule: ScheduleOpt,
-    devices: DevicesOpt,
-    microbatches: MicroOpt,
-    fmt: Annotated[ExportFormat, typer.Option("--format", help="torch-csv, json or text")] = (
-        ExportFormat.json),
+    fmt: Annotated[str, typer.Option("--format", help=f"of a schedule: {', '.join(SCHEDULE_FORMATS)}; of a "
+                                                      f"--plan candidate also: {', '.join(PLAN_FORMATS)}")] = "json",
+    schedule: Annotated[str | None, typer.Option("--schedule", "-s", help=f"one of: {', '.join(sorted(BUILDERS))}")
+                        ] = None,
+    devices: Annotated[int | None, typer.Option("--devices", "-D", help="devices of one pipeline (D)")] = None,
+    microbatches: Annotated[int | None, typer.Option("--microbatches", "-N", help="micro-batches per iteration (N)")
+                            ] = None,
     chunks: ChunksOpt = None,
     waves: WavesOpt = None,
     pipelines: PipesOpt = None,
     concat: ConcatOpt = None,
     replication: ReplicationOpt = None,
-    out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout")] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", help="a plan (pipeplan plan --json): export a candidate")
+                    ] = None,
+    candidate: Annotated[int, typer.Option("--candidate", help="which candidate of --plan (0 = best)")] = 0,
+    profile: Annotated[Path | None, typer.Option(help="the plan's profile: model shape, layer kinds, dtype; with "
+                                                      "--cluster, the cost of a refused schedule's closest")] = None,
+    cluster: Annotated[Path | None, typer.Option(help="the plan's cluster: GPUs per node, costs")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="devices per node (default: the --cluster's)")] = None,
+    model: Annotated[str | None, typer.Option(help="a preset model (planner.model) when --profile names none")
+                     ] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", help="KEY=VALUE for the format (repeat)")] = None,
+    closest: Annotated[bool, typer.Option(help="export the closest schedule the framework has instead of "
+                                               "refusing")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout (a directory when the "
+                                                           "export has several files)")] = None,
 ) -> None:
-    """Build a schedule (compute-only form) and export it."""
+    """Export a schedule, or a planned candidate as Megatron-LM, torchtitan or DeepSpeed settings."""
+    known = (*SCHEDULE_FORMATS, *PLAN_FORMATS)
+    if fmt not in known:
+        fail(f"--format: unknown format {fmt!r}; known: {', '.join(known)}")
     try:
-        sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat,
-                                      replication)
-        if fmt is ExportFormat.torch_csv:
-            text = export_torch_csv(sched)
-        elif fmt is ExportFormat.json:
-            text = sched.to_json(indent=1) + "\n"
+        if plan is not None:
+            if schedule is not None:
+                raise ValueError("give --plan or --schedule, not both")
+            if fmt in SCHEDULE_FORMATS:
+                from planner.runspec import RunSpec
+
+                files = [("schedule", schedule_text(RunSpec.from_document(load_candidate(plan, candidate))
+                                                    .schedule(), fmt))]
+            else:
+                files, notes = PLAN_FORMATS[fmt](PlanArgs(fmt, plan, candidate, profile, cluster, model,
+                                                          gpus_per_node, option or [], closest))
+                for n in notes:
+                    typer.echo(f"note: {n}", err=True)
         else:
-            text = sched.to_text() + "\n"
+            if fmt not in SCHEDULE_FORMATS:
+                raise ValueError(f"--format {fmt} exports a --plan candidate: give --plan plan.json --candidate I")
+            missing = [n for n, v in (("--schedule", schedule), ("--devices", devices),
+                                      ("--microbatches", microbatches)) if v is None]
+            if missing:
+                raise ValueError(f"give --plan, or {', '.join(missing)} to build a schedule")
+            sched = schedule_from_options(schedule, devices, microbatches, chunks, waves,  # type: ignore[arg-type]
+                                          pipelines, concat, replication)
+            files = [("schedule", schedule_text(sched, fmt))]
     except ValueError as exc:
         fail(str(exc))
         return
     if out is None:
-        typer.echo(text, nl=False)
+        typer.echo(files[0][1], nl=False)
+        if len(files) > 1:
+            typer.echo(f"note: also {', '.join(n for n, _ in files[1:])}: --out DIR writes every file", err=True)
+    elif len(files) == 1:
+        out.write_text(files[0][1])
     else:
-        out.write_text(text)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files:
+            (out / name).write_text(text)
+        typer.echo(f"wrote {', '.join(str(out / n) for n, _ in files)}", err=True)
 
 
 def register(app: typer.Typer) -> None:

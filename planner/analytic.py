@@ -14,6 +14,10 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   shapes: ``s h (34 + 5 a s / h)`` bytes per layer and sample at 16 bits, t = 1, unfused attention with
   dropout); the layer output ``el s h`` (what a stage boundary sends) and its input ``el s h`` (all a
   recomputed layer keeps).
+* Recomputation: full recomputation re-runs each transformer layer's forward before its backward
+  (Megatron-LM 2021-22 ``--checkpoint-activations``: ``ParallelTransformer._checkpointed_forward`` wraps the
+  layers only); the embedding and the LM head with its final norm and loss are not checkpointed, so their
+  ``recompute_time`` is their plain backward.
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -43,10 +47,11 @@ def _times(builder, spec: ModelSpec, device: DeviceSpec, dtype: str, t: int, opt
     return {b: time_operators(builder(spec, b, t, opts), device, dtype) for b in micro_batches}
 
 
-def _shard(times: dict[int, PassTimes]) -> ShardTimes:
+def _shard(times: dict[int, PassTimes], recomputed: bool = True) -> ShardTimes:
+    """``recomputed=False``: a layer full recomputation does not re-run (its backward is the plain one)."""
     return ShardTimes(
         fwd_time={b: p.fwd for b, p in times.items()}, bwd_time={b: p.bwd for b, p in times.items()},
-        recompute_time={b: p.recompute for b, p in times.items()},
+        recompute_time={b: (p.recompute if recomputed else p.bwd) for b, p in times.items()},
         bwd_input_time={b: p.bwd_i for b, p in times.items()},
         bwd_weight_time={b: p.bwd_w for b, p in times.items()},
         stashed_bytes_per_sample=int(round(times[min(times)].saved_bytes / min(times))),
@@ -76,7 +81,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     s, h, V = spec.seq, spec.hidden, spec.vocab
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
-        per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches)) for t in sizes}
+        recomputed = kind == "transformer"  # full recomputation checkpoints the transformer layers only
+        per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches), recomputed) for t in sizes}
         one = per_t[1]
         return LayerProfile(
             name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,

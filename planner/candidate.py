@@ -11,6 +11,7 @@ from typing import Any
 from planner.cost import ConfigCosts
 from planner.request import Config
 from planner.runspec import RunSpec
+from planner.schedules import pipedream_rr
 from planner.simulate import SimResult
 
 
@@ -49,12 +50,17 @@ class Candidate:
 
     def label(self) -> str:
         """The configuration's label; a plan with replicated stages adds them, as PipeDream's partition
-        gives them (layer ranges and replicas: ``stages 0-11 x2, 12-23 x1``)."""
+        gives them (layer ranges and replicas: ``stages 0-11 x2, 12-23 x1``), and for PipeDream's asynchronous
+        variant the weight versions a replica of each stage stashes (``weight stashing (2,2,1 versions per
+        stage)``, :mod:`planner.schedules.pipedream_rr`)."""
         c = self.config
         if not c.replication or not self.partition:
             return c.label()
         reps = [int(x) for x in c.replication.split(",")]
         parts = ", ".join(f"{a}-{b - 1} x{r}" for (a, b), r in zip(self.partition, reps, strict=False))
+        if c.schedule == "pipedream-rr":  # asynchronous: the weight versions each stage's replicas stash
+            versions = ",".join(map(str, pipedream_rr.weight_versions(reps, self.microbatches)))
+            return f"{c.label()} stages {parts}, weight stashing ({versions} versions per stage)"
         return f"{c.label()} stages {parts}"
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:

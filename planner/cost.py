@@ -27,12 +27,20 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
   ``req.wait(); torch.cuda.synchronize()``, then all-gathers the scatter/gather chunks over NVLink): each
   F and B also holds the compute stream for its send (and the ``t``-way all-gather of the boundary
-  tensor). Our executor posts sends without blocking, so by default they overlap compute.
+  tensor), and the message is at the receiver when that action ends (the p2p action takes no further
+  time: the transfer is not counted twice on the critical path). Our executor posts sends without
+  blocking, so by default they overlap compute.
 * **Gradient all-reduce** of a stage across its ``r`` replicas (the W data-parallel copies times the
   schedule's own replicas, Chimera's 2f): Rabenseifner ``2 log2(r) alpha + 2 (r-1)/r beta L``
   (Chimera 3.4) with ``L`` the stage's gradient bytes divided by ``t``; hierarchical when the replicas
   span nodes: reduce-scatter inside the node (``k`` replicas per node), Rabenseifner across the ``r/k``
   nodes on ``L/k``, all-gather inside the node. The simulator overlaps eager all-reduces (Chimera 3.2).
+  By default the all-reduce starts after the backward (Megatron-LM's own DDP, ``--DDP-impl local``, 2021:
+  ``allreduce_gradients`` after the whole backward). With ``environment["dp_allreduce"] = "overlapped"``
+  (PyTorch ``DistributedDataParallel``, ``--DDP-impl torch``, which Megatron 2021 ran without pipelining:
+  ``no_sync`` for all micro-batches but the last) the gradient buckets (25 MB, DDP's ``bucket_cap_mb``)
+  are all-reduced while the last backward runs, so of a one-stage pipeline's all-reduce only what exceeds
+  that backward, and at least the last bucket, is left after it.
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
   bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
   optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
@@ -70,6 +78,9 @@ from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
 from planner.simulate import Costs
+
+#: PyTorch DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)
+DDP_BUCKET_BYTES = 25 * 2**20
 
 #: bytes per parameter a 16-bit (mixed-precision) optimizer step moves over the gradients besides reading and
 #: writing the model state (module docstring, "Optimizer step")
@@ -205,6 +216,7 @@ class ConfigCosts(Costs):
         self.per_t, self.partial = shared["per_t"]
         self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
+        self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         self._bwd: dict[int, float] = shared["bwd"]
@@ -346,6 +358,10 @@ class ConfigCosts(Costs):
         return half + extra if kind == "I" else half
 
     def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
+        if self.blocking_p2p:
+            # the sending action returned only once the transfer (and the scatter/gather all-gather) was
+            # done (:meth:`_blocking_send`): the message is there when it ends, not one transfer later
+            return 0.0
         boundary = stage if kind == SEND_F else stage - 1
         nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.t
         return self.link(src, dst).time(nbytes) * self.cal.link_scale
@@ -354,7 +370,13 @@ class ConfigCosts(Costs):
         holders = sorted({row[stage] for row in self.schedule.placement})
         ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
         nbytes = self.stages[stage].param_bytes / self.t
-        return allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale
+        whole = allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale
+        if self.overlapped_dp and self.schedule.stages == 1:
+            # PyTorch DDP: buckets all-reduced while the synchronising backward runs; what is left after it
+            # is the all-reduce beyond that backward, at least the last bucket (module docstring)
+            bucket = allreduce_time(self.cluster, ranks, min(nbytes, DDP_BUCKET_BYTES)) * self.cal.link_scale
+            return max(bucket, whole - self.bwd(stage))
+        return whole
 
     def step_per_stage(self) -> list[float]:
         """:meth:`step` of one replica of each stage."""

@@ -13,6 +13,9 @@ efficiency table each, a memory with an efficiency table by transfer size):
   (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part) and wave
   quantisation (``sm_count``, ``tiles``: see :meth:`DeviceSpec.quantisation`);
 * ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
+* ``processing``: how a kernel's compute and memory times combine (``roofline``: the larger;
+  ``no_overlap``: their sum, Calculon's A100/H100 rule); a measured GEMM ceiling is turned into the top of
+  the GEMM curve through this rule (:func:`ceiling_for_measurement`), so the two stay consistent;
 * ``kernel_overhead_s``: fixed cost per kernel launch (a floor for tiny kernels; on CPU the framework's
   per-op dispatch cost);
 * ``collective_efficiency``: achieved NCCL bus bandwidth / link peak by message size, for collectives
@@ -233,6 +236,26 @@ class DeviceSpec(BaseModel):
         """Whether ``name`` names this device (its name or an alias, case- and separator-insensitive)."""
         want = _norm(name)
         return want == _norm(self.name) or any(want == _norm(a) for a in self.aliases)
+
+
+def ceiling_for_measurement(device: DeviceSpec, m: int, n: int, k: int, tflops: float,
+                            dtype: str = "bf16") -> float:
+    """The top of ``device``'s GEMM efficiency curve at which its own kernel-time rule reproduces one measured
+    GEMM of ``(m x k) @ (k x n)`` running at ``tflops`` TFLOP/s (a large GEMM on the curve's flat top).
+
+    A measured ceiling such as a sweep's maximum achievable matmul FLOPS (MAMF) is a whole kernel's time:
+    tensor-core time, plus, under ``processing = "no_overlap"``, the time to stream the operands and the
+    output (``2 (m k + k n + m n)`` bytes at 16 bits) at the achieved bandwidth, plus the launch overhead.
+    Solving ``seconds = flops / (peak * top * quantisation) + memory + overhead`` for ``top`` keeps the
+    measurement and the rule that uses it consistent (a roofline device: the memory term is dropped)."""
+    flops = 2.0 * m * n * k
+    seconds = flops / (tflops * 1e12)
+    nbytes = 2.0 * (m * k + k * n + m * n)
+    memory = nbytes / (device.memory_bandwidth * device.mem_eff(nbytes)) if device.processing == "no_overlap" else 0.0
+    compute = seconds - memory - device.kernel_overhead_s
+    if compute <= 0:
+        raise ValueError(f"tflops: {tflops} TFLOP/s at {m}x{n}x{k} is faster than the memory time allows")
+    return flops / (device.peak(dtype) * device.quantisation(m, n) * compute)
 
 
 def _norm(name: str) -> str:

@@ -33,10 +33,11 @@ element-wise kernel's backward reads the output gradient and what it saved and w
 The backward is kept as its input-gradient part I and weight-gradient part W (zero-bubble pipelines, Qi et
 al. 2023). **Recomputation** (full, per layer: Megatron 3.5) re-runs the forward list before the backward.
 
-**Time** of one kernel (Calculon, Isaev et al. SC'23, section 3):
-``max(FLOPs / (peak * gemm_efficiency(shape)), bytes / (bandwidth * memory_efficiency(bytes)))`` plus the
-per-kernel overhead (:meth:`planner.device.DeviceSpec.kernel_time`); element-wise FLOPs run at the vector
-peak.
+**Time** of one kernel (Calculon, Isaev et al. SC'23, section 3): compute
+``FLOPs / (peak * gemm_efficiency(shape))`` and memory ``bytes / (bandwidth * memory_efficiency(bytes))``
+combined by the device's rule -- their maximum (``roofline``) or their sum (``no_overlap``, Calculon's
+rule for the A100 and H100, which the shipped A100/H100 descriptions use) -- plus the per-kernel overhead
+(:meth:`planner.device.DeviceSpec.kernel_time`); element-wise FLOPs run at the vector peak.
 
 **Stashed activations** (what autograd keeps for the backward): each operator lists the tensors it saves;
 for GPT shapes (MHA, ``f = 4h``, LayerNorm, dropout, unfused attention) the sum is Korthikanti et al.

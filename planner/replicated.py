@@ -1,7 +1,9 @@
 """PipeDream's plans for the search: for a configuration's ``D`` devices per pipeline group (t, W, b and
 recomputation given), the A(j, m) partition (Harlap et al., SOSP'19, section 3.2;
 :func:`planner.partition.pipedream_partition_arrays`) with this cluster's costs, as a ``1f1b-rr``
-configuration (:mod:`planner.schedules.one_f_one_b_rr`) competing with the rest.
+configuration (:mod:`planner.schedules.one_f_one_b_rr`) competing with the rest, and under ``allow_async`` as
+its asynchronous twin ``pipedream-rr`` (weight stashing, :mod:`planner.schedules.pipedream_rr`; the same
+partition, its stashed weight versions costed in memory by :mod:`planner.memory`).
 
 The program's inputs, PipeDream's symbols mapped to ours:
 
@@ -54,6 +56,7 @@ from planner.partition import (
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
+from planner.schedules.ir import Schedule
 from planner.schedules.one_f_one_b_rr import parse_replication, replication_label
 
 #: how close to the ideal per-device compute a uniform plan must come for replication to be skipped
@@ -78,7 +81,7 @@ class ReplicatedPlans:
         """The (t, D, W, b, recomputation) of ``configs`` for which PipeDream's replicated plan can differ
         from the uniform ones (:meth:`can_differ`) and whose average model state (``total_state`` bytes)
         fits: the search bounds each (:meth:`bound`) before running the program (:meth:`config`)."""
-        if "1f1b-rr" not in self.request.allowed():
+        if not self.variants():
             return []
         room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
         keys = list(dict.fromkeys((c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) for c in configs))
@@ -100,6 +103,26 @@ class ReplicatedPlans:
         eff = 1.0 if t == 1 else self.request.tensor_efficiency
         step = self.profile.total_params * 2 * self.request.bytes_per_param / self.cluster.memory_bandwidth
         return (N * sum(self.layer_costs(b, recompute)) / eff + step) / (t * D)
+
+    def variants(self) -> list[str]:
+        """The replicated schedules the request allows: ``1f1b-rr`` (synchronous, a flush) and, under
+        ``allow_async``, ``pipedream-rr`` (weight stashing, :mod:`planner.schedules.pipedream_rr`); both take
+        the same A(j, m) partition (one weight synchronisation per iteration or window in either)."""
+        allowed = self.request.allowed()
+        return [n for n in ("1f1b-rr", "pipedream-rr") if n in allowed]
+
+    def configs(self, t: int, D: int, W: int, b: int, recompute: bool) -> list[Config]:
+        """:meth:`config` in every allowed variant (:meth:`variants`); empty where replication cannot
+        differ from a uniform plan."""
+        cfg = self.config(t, D, W, b, recompute)
+        if cfg is None:
+            return []
+        out = []
+        for name in self.variants():
+            c = cfg if name == cfg.schedule else cfg.model_copy(update={"schedule": name})
+            self._bounds_of[c] = self._bounds_of[cfg]
+            out.append(c)
+        return out
 
     def config(self, t: int, D: int, W: int, b: int, recompute: bool) -> Config | None:
         """The ``1f1b-rr`` configuration of PipeDream's A(j, m) partition on ``D`` devices (None where it
@@ -211,3 +234,21 @@ class ReplicatedPlans:
             return pipedream_partition_arrays(layer_time, comm, D, sync, self._fits(t), sync_adds=True)
         except PartitionError:
             return None
+
+
+def replica_rows(schedule: Schedule) -> tuple[list[str], list[int]] | None:
+    """For a plan with replicated stages (``1f1b-rr``, ``pipedream-rr``): each device's row label, ``S{stage}
+    r{replica} · P{device}`` (``S{stage} · P{device}`` for a stage on one device), and the stage of each row,
+    so that a timeline shows one row per replica grouped by stage (devices are numbered stage by stage,
+    :mod:`planner.schedules.one_f_one_b_rr`); None for any other schedule."""
+    replication = schedule.params.get("replication")
+    if not replication:
+        return None
+    reps = parse_replication(str(replication), schedule.devices)
+    labels, stages = [], []
+    for s, r in enumerate(reps):
+        for k in range(r):
+            d = len(labels)
+            labels.append(f"S{s} r{k} · P{d}" if r > 1 else f"S{s} · P{d}")
+            stages.append(s)
+    return labels, stages

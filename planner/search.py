@@ -270,6 +270,7 @@ class Planner:
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
         # best time found, which only falls as the search goes on.
         heapq.heapify(prepared)
+        ids = len(configs) + len(pending)  # (a replicated plan's variant j > 0 goes in line as i + j * ids)
         top = TopDistinct(k)  # the k-th best time over configurations that differ (planner.equivalence)
         results: list[Candidate] = []
         timed: list[tuple[float, int, Candidate]] = []  # max-heap by time of the results holding a timeline
@@ -280,18 +281,18 @@ class Planner:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if maybe is None:  # a replicated plan's turn: run PipeDream's program, prepare, back in line
-                rr = self.replicated.config(*pending[i])
-                if rr is None:
+                rrs = self.replicated.configs(*pending[i])  # 1f1b-rr, and pipedream-rr under allow_async
+                if not rrs:
                     rejected["1f1b-rr: replication cannot beat the uniform plans"] += 1
-                    continue
-                cand, costs = self.prepare(rr)
-                if costs is None:
-                    rejected[reason_key(cand.reason)] += 1
-                    if cand.memory:
-                        infeasible.append(cand)
-                    continue
-                considered += 1
-                heapq.heappush(prepared, (cand.lower_bound, i, cand, costs))
+                for j, rr in enumerate(rrs):
+                    cand, costs = self.prepare(rr)
+                    if costs is None:
+                        rejected[reason_key(cand.reason)] += 1
+                        if cand.memory:
+                            infeasible.append(cand)
+                        continue
+                    considered += 1
+                    heapq.heappush(prepared, (cand.lower_bound, i + j * ids, cand, costs))
                 continue
             costs = maybe
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):

@@ -73,3 +73,127 @@ def test_errors_exit_2(app, args, msg):
     res = run(app, *args)
     assert res.exit_code == 2
     assert msg in res.stderr
+
+
+# ---- a planned candidate in a framework's terms (--plan) ----------------------------------------------
+
+def _plan_file(tmp_path, schedules):
+    from planner.analytic import analytic_profile
+    from planner.cluster import load_cluster
+    from planner.model import PRESETS
+    from planner.profile import save_profile
+    from planner.request import TrainingRequest
+    from planner.search import plan
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], "A100-SXM4-80GB")
+    save_profile(prof, tmp_path / "p.json")
+    cluster = "examples/clusters/dgx-a100-80gb.json"
+    res = plan(prof, load_cluster(cluster), TrainingRequest(global_batch=64, gpus=16, top=20, schedules=schedules))
+    (tmp_path / "plan.json").write_text(json.dumps(res.to_dict()))
+    return res, ["--plan", str(tmp_path / "plan.json"), "--profile", str(tmp_path / "p.json"), "--cluster", cluster]
+
+
+def test_plan_candidate_to_megatron_and_back(app, tmp_path):
+    from planner.export import megatron
+
+    res, args = _plan_file(tmp_path, ["1f1b", "interleaved"])
+    for i, cand in enumerate(res.candidates[:5]):
+        r = run(app, *args, "--candidate", str(i), "--format", "megatron")
+        assert r.exit_code == 0, r.output
+        back = megatron.parse(r.stdout)
+        assert (back.config, back.microbatches) == (cand.config, cand.microbatches)
+        assert "--num-layers 24" in r.stdout and "torchrun --nnodes" in r.stdout
+
+
+def test_torchtitan_files_to_a_directory(app, tmp_path):
+    from planner.export import torchtitan
+
+    res, args = _plan_file(tmp_path, ["zb-h1"])
+    r = run(app, *args, "--format", "torchtitan", "--out", str(tmp_path / "tt"))
+    assert r.exit_code == 0, r.output
+    toml = (tmp_path / "tt" / "job_config.toml").read_text()
+    csv = (tmp_path / "tt" / "pipeline_schedule.csv").read_text()
+    back = torchtitan.parse(toml, csv)
+    assert back.config == res.candidates[0].config and back.config.schedule == "zb-h1"
+    r = run(app, *args, "--format", "torchtitan")  # stdout: the TOML, and which file it leaves out
+    assert r.exit_code == 0 and r.stdout == toml and "pipeline_schedule.csv" in r.stderr
+
+
+def test_refused_schedule_names_the_closest_and_its_cost(app, tmp_path):
+    from planner.export import deepspeed
+
+    res, args = _plan_file(tmp_path, ["chimera", "1f1b"])
+    i = next(k for k, c in enumerate(res.candidates) if c.config.schedule == "chimera")
+    r = run(app, *args, "--candidate", str(i), "--format", "deepspeed")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "DeepSpeed cannot run schedule 'chimera'" in r.stderr and "closest it has is '1f1b'" in r.stderr
+    assert "s per iteration against" in r.stderr and "fastest candidate that DeepSpeed runs is --candidate" in r.stderr
+    r = run(app, *args, "--candidate", str(i), "--format", "deepspeed", "--closest")
+    assert r.exit_code == 0, r.output
+    back = deepspeed.parse(r.stdout)
+    assert back.config.schedule == "1f1b" and back.config.pipeline == res.candidates[i].config.pipeline
+    # without the profile and cluster: the closest, and how to get the cost
+    r = run(app, "--plan", str(tmp_path / "plan.json"), "--candidate", str(i), "--format", "megatron")
+    assert r.exit_code == 2 and "give the profile and cluster to predict" in r.stderr
+
+
+def test_plan_candidate_schedule_as_torch_csv(app, tmp_path):
+    res, args = _plan_file(tmp_path, ["1f1b"])
+    r = run(app, "--plan", str(tmp_path / "plan.json"), "--format", "torch-csv")
+    assert r.exit_code == 0 and r.stdout == export_torch_csv(res.candidates[0].run_spec.schedule())
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--format", "megatron", "--schedule", "1f1b", "-D", "2", "-N", "2"], "give --plan plan.json"),
+    (["--format", "nope", "--schedule", "1f1b", "-D", "2", "-N", "2"], "unknown format 'nope'"),
+    (["--format", "json"], "give --plan, or --schedule, --devices, --microbatches"),
+    (["--format", "megatron", "--plan", "/no/such/plan.json"], "no such file"),
+])
+def test_plan_errors_exit_2(app, args, msg):
+    res = run(app, *args)
+    assert res.exit_code == 2 and msg in res.stderr, res.output
+
+
+def test_candidate_out_of_range(app, tmp_path):
+    _, args = _plan_file(tmp_path, ["1f1b"])
+    r = run(app, *args, "--candidate", "99", "--format", "megatron")
+    assert r.exit_code == 2 and "--candidate: 99 is out of range" in r.stderr
+
+
+def test_model_preset_without_a_profile_and_format_options(app, tmp_path):
+    _, args = _plan_file(tmp_path, ["1f1b"])
+    plan = ["--plan", str(tmp_path / "plan.json")]
+    r = run(app, *plan, "--format", "megatron", "--model", "gpt2-medium")
+    assert r.exit_code == 0 and "--num-layers 24" in r.stdout and "--hidden-size 1024" in r.stdout
+    r = run(app, *plan, "--format", "megatron")  # no model: the parallelism only, and a note saying so
+    assert r.exit_code == 0 and "    --num-layers" not in r.stdout and "no model shape known" in r.stderr
+    r = run(app, *plan, "--format", "megatron", "--model", "no-such-model")
+    assert r.exit_code == 2 and "unknown model 'no-such-model'" in r.stderr
+    r = run(app, *plan, "--format", "megatron", "--option", "partition")
+    assert r.exit_code == 2 and "--option: 'partition' is not KEY=VALUE" in r.stderr
+
+
+def test_framework_exports_import_no_torch(tmp_path):
+    """``pipeplan export --format megatron|torchtitan|deepspeed`` runs without torch (issue 13's light CLI)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    _, args = _plan_file(tmp_path, ["chimera", "1f1b"])
+    code = textwrap.dedent(f"""
+        import sys
+        from typer.testing import CliRunner
+        from pipeplan.cli import app
+        for fmt in ("megatron", "torchtitan", "deepspeed"):
+            for i in (0, 1):
+                r = CliRunner().invoke(app, ["export", *{args!r}, "--candidate", str(i), "--format", fmt,
+                                             "--out", {str(tmp_path)!r} + f"/{{fmt}}{{i}}"])
+                assert r.exit_code in (0, 2), r.output
+        print("torch loaded:", "torch" in sys.modules)
+    """)
+    from pathlib import Path
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert res.returncode == 0, res.stderr
+    assert "torch loaded: False" in res.stdout

@@ -1,13 +1,17 @@
 """Predicted against measured: Megatron-LM SC'21 Tables 1 and 2 and the ranking claims of figures 13-15.
 
-The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: the operator
-model on the shipped A100 description predicts every row 10-17% too fast (median |error| 12.1%, worst
-17.1%, measured with ``python benchmarks/fidelity_bench.py``; 14-20% / 17.5% before GEMM wave
-quantisation, the fp32 cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient
-passes were modelled), uniformly so: one cluster-wide time scale fitted on the other rows brings each row
-within 5.7% (leave-one-out). The same model predicts Korthikanti et al. 2022 Table 5
-(tests/data/korthikanti_table5.json) within 1.0-6.9%. The thresholds below are the
-figures reached (regression guards), not the goal. No constant of the model is fitted to these rows.
+The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: in the runs'
+own configurations (micro-batch size, model chunks and DDP implementation from the paper's reproduction
+scripts, NVIDIA/Megatron-LM examples/sc21; Megatron's even layer split) the operator model on the shipped
+A100 description predicts every row 9-17% too fast (median |error| 12.4%, worst 16.6%, measured with
+``python benchmarks/fidelity_bench.py``), uniformly so: one cluster-wide time scale fitted on the other rows
+would bring each row within 4.9% (leave-one-out). Earlier figures: 12.1% / 17.1% with the fastest
+predicted b and v, the roofline kernel rule, the LM head's forward counted twice under recomputation and
+torch DDP's all-reduce left after the backward; 14-20% / 17.5% before GEMM wave quantisation, the fp32
+cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient passes. The same model
+predicts Korthikanti et al. 2022 Table 5 (tests/data/korthikanti_table5.json, the same machine and code a
+year later) within 2.8-4.1%. The thresholds below are the figures reached
+(regression guards), not the goal. No constant of the model is fitted to these rows.
 """
 
 from __future__ import annotations
@@ -31,16 +35,17 @@ from planner.fidelity import (
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
 GOAL_ROW, GOAL_MEDIAN = 0.10, 0.05  # issue 11: not met yet
-GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.175, 0.125, 0.075, 0.06  # reached (module docstring)
-GUARD_K_ROW, GUARD_K_MEDIAN = 0.075, 0.04  # Korthikanti et al. 2022 Table 5: reached 6.9% worst, 3.7% median
-#: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 512 predicts
-#: (t, p) = (4, 16) 0.7% faster than the measured best (8, 8) (the bubble is small at 512 micro-batches and
-#: the t = 4 GEMMs are larger; what made (8, 8) faster in the measured run is not in the model).
-#: Figure 14 at B = 32 (4 micro-batches per replica at p = 8, d = 8): (p, d) = (16, 4) is predicted 1.3%
-#: faster than (8, 8) (0.936 s vs 0.948 s): its data-parallel all-reduce is half as large (0.076 s vs 0.145 s
-#: exposed) and the bubble grows less than that; this appeared when the LM head's fp32 cross-entropy passes
-#: were costed (the last stage grew, and with it both bubbles).
-KNOWN_RANKING_DEVIATIONS = {("13", 512), ("14", 32)}
+GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.17, 0.125, 0.08, 0.05  # reached (module docstring)
+GUARD_K_ROW, GUARD_K_MEDIAN = 0.045, 0.035  # Korthikanti et al. 2022 Table 5: reached 4.1% worst, 3.5% median
+#: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 128 predicts (t, p) =
+#: (4, 16) 0.3% faster than the measured best (8, 8) (28.08 s vs 28.17 s): a tie within the model's
+#: resolution, decided among others by the wave quantisation of the t = 8 QKV GEMM (480 tiles of 256 x 128
+#: on 108 SMs: 4.4 waves run as 5) against p = 16's larger bubble; it appeared when the LM head stopped being
+#: recomputed.
+#: Figure 14 at B = 32 holds since the runs are predicted with Megatron's even layer split (the time-balanced
+#: partition moved layers off the LM head's stage; the measured runs could not), and figure 13's batch sizes
+#: are the paper's (32 and 128: examples/sc21/run_figure_13.sh; a B = 512 claim had no source).
+KNOWN_RANKING_DEVIATIONS = {("13", 128)}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +89,7 @@ def test_one_cluster_scale_would_bring_rows_within_guard(predictions):
 def test_ranking_claims_of_figures_13_to_15():
     base = load_cluster(ROOT / "examples" / "clusters" / f"{DATA['cluster']}.json")
     results = ranking_checks(DATA, base, get_device(DATA["device"]))
-    assert len(results) == 8
+    assert len(results) == 7
     violated = {(r.figure, r.batch) for r in results if not r.ok}
     assert violated <= KNOWN_RANKING_DEVIATIONS, [(r.figure, r.batch, r.predicted) for r in results if not r.ok]
     # crossing a node with t is predicted slower, as measured (figures 13 and 15)
@@ -97,18 +102,33 @@ def test_ranking_claims_of_figures_13_to_15():
 
 
 def test_candidate_configs_follow_the_papers_rules():
-    """Interleaved where p > 1 with v dividing the layers per stage and m a multiple of p, 1F1B where p = 1;
-    a stated micro-batch size is the only one tried."""
+    """A run's stated b and v (Table 1: the reproduction scripts; Table 2: b = 1 stated, v from the scripts)
+    are the only configuration tried; for a run that states neither, interleaved where p > 1 with v dividing
+    the layers per stage and m a multiple of p, 1F1B where p = 1, every b dividing the per-replica batch."""
+    from dataclasses import replace
+
     from planner.fidelity import candidate_configs
 
     t1 = table_runs(DATA, "table1")
-    one = candidate_configs(t1[0])  # p = 1, B/d = 16
+    assert [(r.micro_batch, r.chunks) for r in t1] == [(16, 1), (16, 1), (16, 1), (8, 1), (4, 1), (2, 3), (2, 2),
+                                                       (1, 2), (1, 3), (1, 1)]
+    for run in t1 + table_runs(DATA, "table2"):
+        (cfg,) = candidate_configs(run)
+        assert cfg.micro_batch == run.micro_batch and cfg.recompute
+        assert (cfg.schedule, cfg.chunks) == (("interleaved", run.chunks) if run.chunks > 1 else ("1f1b", None))
+    one = candidate_configs(replace(t1[0], micro_batch=None, chunks=None))  # p = 1, B/d = 16
     assert {c.schedule for c in one} == {"1f1b"} and sorted(c.micro_batch for c in one) == [1, 2, 4, 8]
-    big = candidate_configs(t1[9])  # 128 layers on p = 64: 2 per stage, v = 2 only
+    big = candidate_configs(replace(t1[9], micro_batch=None, chunks=None))  # 128 layers on p = 64: v = 2 only
     assert {(c.schedule, c.chunks) for c in big} == {("interleaved", 2)}
-    t2 = candidate_configs(table_runs(DATA, "table2")[0])  # micro-batch 1 stated; 8 layers per stage
-    assert {c.micro_batch for c in t2} == {1} and {c.chunks for c in t2} == {2, 4}
-    assert all(c.recompute for c in one + big + t2)
+
+
+def test_megatron_split_is_even_with_embedding_first_and_head_last():
+    from planner.fidelity import megatron_split
+
+    assert megatron_split(4, 2) == [(0, 3), (3, 6)]  # [emb, b0, b1] [b2, b3, head]
+    assert megatron_split(96, 48)[0] == (0, 3) and megatron_split(96, 48)[-1] == (95, 98)
+    with pytest.raises(ValueError, match="evenly"):
+        megatron_split(10, 4)
 
 
 @pytest.mark.slow

@@ -232,3 +232,78 @@ def test_wave_quantisation_on_the_a100():
     base = dev.model_copy(update={"sm_count": None, "tile": None})
     assert base.quantisation(256 * 109, 128) == 1.0
     assert dev.gemm_eff(256 * 109, 128, 8192) < base.gemm_eff(256 * 109, 128, 8192)
+
+
+@pytest.mark.parametrize(("name", "shape", "tflops"), [
+    ("A100-SXM4-80GB", (6912, 16384, 2048), 267.9),  # MAMF table (stas00/ml-engineering), bf16, best shape
+    ("H100-SXM5-80GB", (6144, 17920, 2816), 792.1),
+])
+def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
+    """The shipped GEMM curves are anchored on a measured best-shape GEMM through the device's own kernel-time
+    rule (no_overlap: tensor-core time + operand/output streaming + launch): timing that GEMM with the
+    description gives the measured TFLOP/s back, and the derivation inverts the rule."""
+    from planner.device import ceiling_for_measurement
+
+    dev = get_device(name)
+    m, n, k = shape
+    flops = 2.0 * m * n * k
+    secs = dev.kernel_time(flops, 2.0 * (m * k + k * n + m * n), gemm=(m, n, k, 1), dtype="bf16")
+    assert flops / secs / 1e12 == pytest.approx(tflops, rel=2e-3)
+    assert dev.processing == "no_overlap"
+    top = dev.gemm_efficiency["bf16"].points[-1][1]
+    assert ceiling_for_measurement(dev, m, n, k, tflops) == pytest.approx(top, rel=1e-3)
+    # under a roofline rule the same measurement means a lower ceiling (no memory term to subtract)
+    roof = dev.model_copy(update={"processing": "roofline"})
+    assert ceiling_for_measurement(roof, m, n, k, tflops) < top
+
+
+def test_full_recomputation_reruns_the_transformer_layers_only():
+    """Megatron's --checkpoint-activations wraps the transformer layers (ParallelTransformer's checkpointed
+    forward); the embedding and the LM head with its loss run once, so their recompute time is their backward."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    for lay in prof.layers:
+        for t in (1, 2):
+            st = lay.tensor_times[t]
+            want = {b: st.fwd_time[b] + st.bwd_time[b] for b in (1, 2)} if lay.kind == "transformer" \
+                else st.bwd_time
+            assert st.recompute_time == pytest.approx(want), (lay.name, t)
+    assert {lay.kind for lay in prof.layers} == {"embedding", "transformer", "lm_head"}
+
+
+def test_blocking_p2p_holds_the_sender_and_is_not_counted_twice():
+    """Megatron 2021's runtime (environment p2p = blocking) returns from a send only once the transfer and the
+    scatter/gather all-gather are done: F of stage 0 grows by that time and the message then takes no
+    further time; a non-blocking runtime sends in the background (F unchanged, the message takes the link)."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    blocking = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
+    plain, held = _costs(prof, 2), _costs(blocking, 2)
+    full = plain.stages[0].out_bytes * 2
+    send = plain.link(0, 1).time(full / 2) + ring_allgather(2, full, plain.cluster.intra)
+    assert held.fwd(0) - plain.fwd(0) == pytest.approx(send)
+    assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.link(0, 1).time(full / 2))
+    assert plain.p2p("SEND_F", 0, 1, 0, 1) > 0
+    assert held.p2p("SEND_F", 0, 1, 0, 1) == 0.0
+
+
+def test_ddp_overlap_leaves_only_what_exceeds_the_last_backward():
+    """PyTorch DDP (environment dp_allreduce = overlapped) all-reduces its 25 MB buckets during the backward of
+    the synchronising micro-batch: a one-stage pipeline keeps max(last bucket, all-reduce - backward) after
+    it; Megatron's own DDP (the default) all-reduces after the backward, all of it exposed."""
+    from planner.cost import DDP_BUCKET_BYTES, allreduce_time
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1,))
+    cfg = Config(tensor=1, pipeline=1, data=16, micro_batch=2, schedule="1f1b", recompute=True)
+    n = len(prof.layers)
+
+    def costs(p):
+        return ConfigCosts(p, _cluster("A100-SXM4-80GB"), TrainingRequest(global_batch=64), cfg,
+                           build("1f1b", 1, 2), [(0, n)])
+
+    plain = costs(prof)
+    over = costs(prof.model_copy(update={"environment": {**prof.environment, "dp_allreduce": "overlapped"}}))
+    whole = plain.allreduce(0, 0, 0)
+    ranks = [plain.rank(0, w) for w in range(16)]
+    assert whole == pytest.approx(allreduce_time(plain.cluster, ranks, plain.stages[0].param_bytes))
+    bucket = allreduce_time(plain.cluster, ranks, DDP_BUCKET_BYTES)
+    assert over.allreduce(0, 0, 0) == pytest.approx(max(bucket, whole - over.bwd(0)))
+    assert over.allreduce(0, 0, 0) < whole

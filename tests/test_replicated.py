@@ -34,10 +34,11 @@ reps_st = st.lists(st.integers(1, 4), min_size=1, max_size=5)
 
 
 @settings(max_examples=150, deadline=None)
-@given(reps=reps_st, N=st.integers(1, 14))
-def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
+@given(reps=reps_st, N=st.integers(1, 14), name=st.sampled_from(["1f1b-rr", "pipedream-rr"]))
+def test_replicated_stages_are_valid_ir(reps: list[int], N: int, name: str) -> None:
+    """Synchronous (1F1B-RR, a flush) and asynchronous (PipeDream-RR, weight stashing) replicated stages."""
     D = sum(reps)
-    sched = build("1f1b-rr", D, N, replication=",".join(map(str, reps)))
+    sched = build(name, D, N, replication=",".join(map(str, reps)))
     validate(sched)
     low = lower(sched)
     validate(low)
@@ -53,7 +54,8 @@ def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
     for row in low.actions:
         assert Counter(a.kind for a in row)[ALLREDUCE] == 1
     # the in-flight counts the planner bounds memory with are the lists' peaks, per stage copy
-    counts = inflight("1f1b-rr", D, N, replication=",".join(map(str, reps)))
+    counts = inflight(name, D, N, replication=",".join(map(str, reps)))
+    stage_peak = [0] * len(reps)
     for d, row in enumerate(sched.actions):
         alive = peak = 0
         for a in row:
@@ -61,6 +63,13 @@ def test_replicated_stages_are_valid_ir(reps: list[int], N: int) -> None:
             peak = max(peak, alive)
         (r, s), = sched.stages_on(d)
         assert counts[(r, s)] == peak
+        stage_peak[s] = max(stage_peak[s], peak)
+    if name == "pipedream-rr":  # one stashed weight version per micro-batch in flight on a replica
+        assert not sched.synchronous and sched.params["update"] == "per-microbatch"
+        assert sched.weight_versions == stage_peak
+        assert sched.actions == build("1f1b-rr", D, N, replication=",".join(map(str, reps))).actions
+    else:
+        assert sched.synchronous and not sched.weight_versions
     # the fast replay times exactly the lowered lists
     costs = UnitCosts(comm=0.3, allreduce_time=0.5)
     assert simulate(sched, costs).makespan == pytest.approx(replay_lowered(low, costs).makespan)
@@ -131,6 +140,10 @@ def test_uniform_transformer_stack_keeps_uniform_plans() -> None:
         assert not planner.replicated.keys(planner.configs(Counter()), planner.memory.total_state)
         res = planner.search()
         assert res.candidates and res.candidates[0].config.replication is None
+        # nor under allow_async (PipeDream's asynchronous variant takes the same gate)
+        asyn = Planner(prof, clu, TrainingRequest(global_batch=batch, gpus=gpus, allow_async=True))
+        assert asyn.replicated.variants() == ["1f1b-rr", "pipedream-rr"]
+        assert not asyn.replicated.keys(asyn.configs(Counter()), asyn.memory.total_state)
 
 
 @pytest.mark.slow
@@ -156,6 +169,29 @@ def test_uneven_replication_wins_where_the_front_dominates() -> None:
     uniform = min(c.iteration_time for c in res.candidates if c.config.replication is None)
     assert best.iteration_time < 0.95 * uniform
     assert math.isfinite(best.iteration_time)
+
+
+def test_asynchronous_replicated_plans_only_under_allow_async() -> None:
+    """PipeDream's asynchronous variant (weight stashing, pipedream-rr) is enumerated only when allow_async is
+    set; it takes the same A(j, m) partition as 1F1B-RR, times the same lists, and costs one stashed weight
+    version per micro-batch in flight (beyond the live weights) in memory, which its row explains."""
+    prof, cl = front_heavy_profile(), small_memory_cluster()
+    sync_only = plan(prof, cl, request())
+    assert not any(c.config.schedule == "pipedream-rr" for c in sync_only.candidates + sync_only.infeasible)
+    res = plan(prof, cl, request().model_copy(update={"allow_async": True}))
+    by = {c.config.schedule: c for c in res.candidates if c.config.replication == "2,1,1"}
+    rr, pd = by["1f1b-rr"], by["pipedream-rr"]
+    assert pd.partition == rr.partition == [[0, 1], [1, 3], [3, 5]]
+    assert pd.iteration_time == pytest.approx(rr.iteration_time)
+    sched = build("pipedream-rr", 4, pd.microbatches, replication="2,1,1")
+    assert sched.weight_versions == [2, 2, 1]  # c_s of 2-1-1 with 4 micro-batches per replica of stage 0
+    for d, ((_r, s),) in enumerate(sched.stages_by_device()):
+        a, b = pd.partition[s]
+        extra = (sched.weight_versions[s] - 1) * sum(lay.param_bytes for lay in prof.layers[a:b])
+        assert pd.memory[d] == pytest.approx(rr.memory[d] + extra)
+    assert pd.memory[2] > rr.memory[2]  # stage 1 (layers 1-2, 40 M parameters) stashes a second version
+    assert "weight stashing (2,2,1 versions per stage)" in pd.to_dict()["label"]
+    assert "weight stashing" not in rr.to_dict()["label"]
 
 
 # ---- the executor: replicated stages run and train as one process does -------------------------------
@@ -202,3 +238,47 @@ def test_predict_a_named_replication() -> None:
                    Config(tensor=1, pipeline=4, data=1, micro_batch=1, schedule="1f1b-rr", replication="1,2,1"))
     assert cand.simulation is not None and len(cand.partition) == 3
     assert "x2" in cand.label()
+
+
+@pytest.fixture(scope="module")
+def stash_run() -> dict:  # type: ignore[type-arg]
+    from executor.launch import launch
+    from executor.plan import RunPlan
+    plan_ = RunPlan.direct("pipedream-rr", 4, 8, replication="2,1,1", iterations=2)
+    return {"plan": plan_, "run": launch([plan_], 4, check=True, timeout=180)["runs"][0]}
+
+
+@pytest.mark.slow
+def test_asynchronous_replicated_stages_stash_weights(stash_run) -> None:  # type: ignore[no-untyped-def]
+    """PipeDream-RR 2-1-1 on gpt-tiny (4 gloo processes, two windows): every backward uses exactly the weights
+    its forward used (version and checksum), the parameters after the run equal PipeDream's weight stashing
+    computed in one process with explicit stashed versions (executor.stash_reference) and differ from the same
+    without stashing, and no replica keeps more weight versions than the planner costs."""
+    run, sched = stash_run["run"], stash_run["plan"].schedule()
+    check = run["check"]
+    assert check["ok"], check["message"]
+    assert check["differs_without_stash"]
+    stale = 0
+    for log in run["version_log"].values():
+        fwd: dict[tuple[int, int], dict] = {}  # type: ignore[type-arg]
+        for e in log:  # in order: a backward meets its own window's forward
+            if e["event"] == "F":
+                fwd[(e["stage"], e["mb"])] = e
+                continue
+            f = fwd.pop((e["stage"], e["mb"]))
+            assert e["version"] == f["version"] and e["checksum"] == f["checksum"]
+            stale += e["live_version"] != e["version"]
+    assert stale > 0  # the live weights moved on while micro-batches were in flight: the stash mattered
+    for per in run["weight_versions"].values():
+        for key, n in per.items():
+            stage = int(key.strip("()").split(",")[1])
+            assert n <= sched.weight_versions[stage]
+
+
+def test_replica_rows_name_each_replica_grouped_by_stage() -> None:
+    """The timeline's rows of a replicated plan (planner.replicated.replica_rows, read by api/static/timeline.js)."""
+    from planner.replicated import replica_rows
+    for name in ("1f1b-rr", "pipedream-rr"):
+        got = replica_rows(build(name, 5, 6, replication="1,3,1"))
+        assert got == (["S0 · P0", "S1 r0 · P1", "S1 r1 · P2", "S1 r2 · P3", "S2 · P4"], [0, 1, 1, 1, 2])
+    assert replica_rows(build("1f1b", 3, 3)) is None

@@ -9,9 +9,11 @@ from fastapi import APIRouter, Path, Query, Request, Response
 
 from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
+from api.exports import candidate_export
 from api.routers.common import IdPath, Limit, Offset, plan_out, plan_summary
 from api.schemas import MAX_TOP, Message, PlanCreate, PlanOut, PlanSummary
 from api.timelines import candidate_timeline
+from planner.export import FRAMEWORKS
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -75,3 +77,19 @@ def get_candidate_timeline(plan_id: IdPath, rank: Annotated[int, Path(ge=0, le=M
     ``STEP``). Simulated once in a planner process (``PIPEPLAN_TIMELINE_TIMEOUT_SECONDS``), then stored
     apart from the candidate (``cached``, ``computed_at``)."""
     return candidate_timeline(db, request.app.state.runner, settings.timeline_timeout_seconds, plan_id, rank)
+
+
+ExportFormat = Literal[tuple(FRAMEWORKS)]  # type: ignore[valid-type]
+
+
+@router.get("/{plan_id}/candidates/{rank}/export", dependencies=[Read],
+            responses={404: {"model": Message}, 422: {"model": Message}})
+def get_candidate_export(plan_id: IdPath, rank: Annotated[int, Path(ge=0, le=MAX_TOP - 1)], db: DB,
+                         request: Request, settings: SettingsDep,
+                         format: Annotated[ExportFormat, Query(description="megatron, torchtitan or deepspeed")]
+                         ) -> dict[str, Any]:
+    """Candidate ``rank`` (0 = best) in a training framework's own terms: ``files`` (Megatron-LM's launch
+    script, torchtitan's TOML job config and its schedule CSV, DeepSpeed's JSON config), ``notes`` where
+    the framework's run differs from the prediction. A schedule the framework lacks: 422 naming the closest
+    it has, the predicted cost of switching to it and the plan's fastest candidate that it runs."""
+    return candidate_export(db, request.app.state.runner, settings.timeline_timeout_seconds, plan_id, rank, format)

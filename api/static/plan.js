@@ -148,6 +148,60 @@ function wire() {
   });
   document.getElementById("compare-btn").addEventListener("click", compare);
   updateCompareButton();
+  document.querySelector("#cands tbody").addEventListener("click", (ev) => {
+    const b = ev.target.closest("button.export-btn");
+    if (b) openExport(+b.dataset.rank);
+  });
+  document.getElementById("export-format").addEventListener("change", () => loadExport());
+  document.getElementById("export-close").addEventListener("click", () => document.getElementById("export-dialog").close());
+}
+
+// ---- export of one candidate to a training framework (GET /plans/{id}/candidates/{rank}/export) ----------
+const EX = { rank: null, urls: [] };
+
+function openExport(rank) {
+  EX.rank = rank;
+  const c = S.rows[rank];
+  document.getElementById("export-title").textContent = `Export #${rank + 1} ${c.label}`;
+  const dlg = document.getElementById("export-dialog");
+  if (!dlg.open) dlg.showModal();
+  loadExport();
+}
+
+async function loadExport() {
+  const fmt = document.getElementById("export-format").value;
+  const rank = EX.rank;
+  const msg = document.getElementById("export-msg");
+  const files = document.getElementById("export-files");
+  const notes = document.getElementById("export-notes");
+  EX.urls.forEach((u) => URL.revokeObjectURL(u));
+  EX.urls = [];
+  msg.className = "muted";
+  msg.textContent = "exporting…";
+  document.getElementById("export-dialog").dataset.state = "loading";
+  files.innerHTML = "";
+  notes.innerHTML = "";
+  let doc;
+  try {
+    doc = await PP.get(`/plans/${planId}/candidates/${rank}/export?format=${encodeURIComponent(fmt)}`);
+  } catch (e) {
+    if (EX.rank !== rank || document.getElementById("export-format").value !== fmt) return;
+    msg.className = "error";
+    msg.textContent = e.message;
+    document.getElementById("export-dialog").dataset.state = "refused";
+    return;
+  }
+  if (EX.rank !== rank || document.getElementById("export-format").value !== fmt) return;  // a newer request won
+  msg.textContent = `${doc.files.length} file${doc.files.length === 1 ? "" : "s"} for ${doc.label}`;
+  notes.innerHTML = doc.notes.map((n) => `<li>${PP.esc(n)}</li>`).join("");
+  files.innerHTML = doc.files.map((f, i) => {
+    const url = URL.createObjectURL(new Blob([f.content], { type: f.media_type }));
+    EX.urls.push(url);
+    return `<section class="export-file" data-name="${PP.esc(f.name)}">
+      <div><strong>${PP.esc(f.name)}</strong> <a class="download" href="${url}" download="${PP.esc(f.name)}">Download</a></div>
+      <pre class="export-text" data-index="${i}">${PP.esc(f.content)}</pre></section>`;
+  }).join("");
+  document.getElementById("export-dialog").dataset.state = "shown";
 }
 
 function updateCompareButton() {
@@ -198,7 +252,8 @@ function renderTable() {
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
       `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +
       `<td class="num${over ? " over" : ""}">${PP.fmtGiB(c.peak_memory)} / ${PP.fmtGiB(cap)}</td>` +
-      `<td class="reason">${c.fits ? "fits" : PP.esc(c.reason)}</td></tr>`);
+      `<td class="reason">${c.fits ? "fits" : PP.esc(c.reason)}</td>` +
+      `<td>${c.feasible ? `<button type="button" class="export-btn" data-rank="${c.rank}" title="as Megatron-LM, torchtitan or DeepSpeed settings">Export</button>` : ""}</td></tr>`);
   }
   document.querySelector("#cands tbody").innerHTML = html.join("");
   document.querySelectorAll("#cands th[data-key]").forEach((th) => {
@@ -233,6 +288,7 @@ async function compare() {
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
       <div class="tl-note muted"></div>
       <div class="chart memory" data-role="memory" data-rank="${r}"></div>
+      <div class="replica-memory muted" hidden></div>
       <button type="button" class="dispatch" data-rank="${r}">Dispatch #${r + 1} to workers</button>
       <span class="dispatch-msg"></span>
     </article>`;
@@ -253,7 +309,14 @@ async function compare() {
     card.querySelector(".tl-note").textContent = `${d.devices} devices of one pipeline; ` +
       `${d.cached ? "stored" : "simulated now and stored"} ${PP.fmtDate(d.computed_at)}` +
       (d.matches_stored ? "" : " — re-simulation differs from the stored prediction");
-    await PP.drawMemory(card.querySelector("[data-role=memory]"), S.rows[ranks[i]]);
+    const c = S.rows[ranks[i]];
+    await PP.drawMemory(card.querySelector("[data-role=memory]"), c, d.row_labels);
+    if (d.row_labels && (c.memory || []).length === d.row_labels.length) {  // replicated stages: per replica
+      const box = card.querySelector(".replica-memory");
+      box.hidden = false;
+      box.innerHTML = "<strong>Memory per replica</strong> " + d.row_labels.map((l, j) =>
+        `<span class="replica" data-stage="${d.row_stages[j]}">${PP.esc(l)}: ${PP.fmtGiB(c.memory[j])}</span>`).join(" · ");
+    }
   }
   box.dataset.drawn = "1";
 }

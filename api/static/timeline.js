@@ -1,5 +1,6 @@
 // Per-device timelines on a <canvas> (no SVG shape per action: a GPT-3 plan with 384 micro-batches has tens
-// of thousands of actions, which Plotly drew in 15-32 s). One row per device, compute on the row and
+// of thousands of actions, which Plotly drew in 15-32 s). One row per device (with replicated stages, one row
+// per replica, labelled and grouped by stage from the document's row_labels / row_stages), compute on the row and
 // communication (sends, all-reduce) on a thin lane under it.
 //
 // * Aggregated at low zoom: when the actions in view average under AGGREGATE_PX pixels each, every row is cut
@@ -147,7 +148,13 @@ const TL = (() => {
       this.el = el;
       this.opts = opts;
       this.data = prepare(doc);
-      this.labels = opts.labels || this.data.rows.map((_, d) => "P" + d);
+      // replicated stages (PipeDream's 1f1b-rr / pipedream-rr): the document names each row's replica and its
+      // stage (row_labels, row_stages); rows of one stage share a background and a rule separates the stages
+      const n = this.data.rows.length;
+      const named = Array.isArray(doc.row_labels) && doc.row_labels.length === n;
+      this.labels = opts.labels || (named ? doc.row_labels : this.data.rows.map((_, d) => "P" + d));
+      this.stages = Array.isArray(doc.row_stages) && doc.row_stages.length === n ? doc.row_stages : null;
+      this.shade = this.data.rows.map((_, d) => (this.stages ? this.stages[d] : d) % 2);
       this.full = [0, Math.max(opts.xmax || 0, this.data.makespan) || 1];
       this.x0 = this.full[0];
       this.x1 = this.full[1];
@@ -330,7 +337,7 @@ const TL = (() => {
       // rows: alternating backgrounds and labels
       for (let d = 0; d < rows.length; d++) {
         const y = d * this.rowH;
-        ctx.fillStyle = d % 2 ? "#f7f8fa" : "#ffffff";
+        ctx.fillStyle = this.shade[d] ? "#f0f2f6" : "#ffffff";
         ctx.fillRect(0, y, cssW, this.rowH);
         ctx.fillStyle = "#333";
         ctx.textBaseline = "middle";
@@ -372,9 +379,23 @@ const TL = (() => {
         for (const [text, x, y] of labels) ctx.fillText(text, x, y);
       }
       ctx.restore();
+      if (this.stages) {  // a rule between the stages' groups of replica rows
+        ctx.strokeStyle = "#8a94a6";
+        ctx.lineWidth = 1;
+        ctx.beginPath();
+        for (let d = 1; d < rows.length; d++) {
+          if (this.stages[d] === this.stages[d - 1]) continue;
+          const y = d * this.rowH + 0.5;
+          ctx.moveTo(0, y);
+          ctx.lineTo(cssW, y);
+        }
+        ctx.stroke();
+      }
       this.drawAxis(ctx, cssW, rows.length * this.rowH);
       const el = this.el;
       el.dataset.devices = String(rows.length);
+      el.dataset.rowLabels = this.labels.join("|");
+      if (this.stages) el.dataset.rowStages = this.stages.join(",");
       el.dataset.mode = mode;
       el.dataset.x0 = String(this.x0);
       el.dataset.x1 = String(this.x1);
@@ -439,9 +460,10 @@ const TL = (() => {
       const hex = (c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16));
       const fade = (v) => Math.round(dim ? 255 + (v - 255) * 0.3 : v);
       const colors = CLASS_COLOR.map((c) => rgba(...hex(c).map(fade)));
-      const bg = [rgba(255, 255, 255), rgba(247, 248, 250)];
+      const bg = [rgba(255, 255, 255), rgba(240, 242, 246)];
       const rowPx = this.rowH * dpr;
-      for (let y = 0; y < H; y++) px.fill(bg[Math.floor(y / rowPx) % 2], y * W, (y + 1) * W);
+      const last = this.shade.length - 1;
+      for (let y = 0; y < H; y++) px.fill(bg[this.shade[Math.min(last, Math.floor(y / rowPx))]], y * W, (y + 1) * W);
       const nc = CLASS_COLOR.length;
       const bw = Math.max(1, Math.round(BUCKET_PX * dpr));  // device pixels per column
       const nb = Math.ceil(W / bw);

@@ -142,13 +142,15 @@ const PP = (() => {
     return TL.draw(el, doc, opts);
   }
 
-  async function drawMemory(el, cand) {
+  // peak memory per device; `labels` name the rows (with replicated stages, each replica: "S0 r1 · P1")
+  async function drawMemory(el, cand, labels = null) {
     const P = await plotly();
     const mem = cand.memory || [];
     const cap = cand.memory_capacity;
     const gib = (b) => b / 2 ** 30;
+    const names = labels && labels.length === mem.length ? labels : mem.map((_, d) => "P" + d);
     const traces = [{
-      type: "bar", x: mem.map((_, d) => "P" + d), y: mem.map(gib), name: "peak memory",
+      type: "bar", x: names, y: mem.map(gib), name: "peak memory",
       marker: { color: mem.map((m) => (cap && m > cap ? "#d62728" : "#4c9a2a")) },
       hovertemplate: "%{x}: %{y:.2f} GiB<extra></extra>",
     }];

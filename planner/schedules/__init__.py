@@ -21,6 +21,7 @@ from planner.schedules import (
     one_f_one_b_rr,
     pipedream,
     pipedream_2bw,
+    pipedream_rr,
     zb_h1,
 )
 from planner.schedules.ir import Action, Schedule, lower, parse_action
@@ -37,9 +38,10 @@ BUILDERS: dict[str, Callable[..., Schedule]] = {
     "1f1b-rr": one_f_one_b_rr.build,
     "pipedream": pipedream.build,
     "pipedream-2bw": pipedream_2bw.build,
+    "pipedream-rr": pipedream_rr.build,
 }
 #: the asynchronous schedules (weight stashing or double buffering: they change the optimizer)
-ASYNC_SCHEDULES: tuple[str, ...] = ("pipedream", "pipedream-2bw")
+ASYNC_SCHEDULES: tuple[str, ...] = ("pipedream", "pipedream-2bw", "pipedream-rr")
 SYNC_SCHEDULES: tuple[str, ...] = tuple(n for n in BUILDERS if n not in ASYNC_SCHEDULES)
 ALL_SCHEDULES: tuple[str, ...] = tuple(BUILDERS)
 
@@ -60,11 +62,11 @@ SCHEDULE_PARAMETERS: dict[str, ScheduleParameter] = {
     "waves": ScheduleParameter(int, "waves (hanayo)", ("hanayo",)),
     "pipelines": ScheduleParameter(int, "pipeline pairs f (chimera)", ("chimera",)),
     "concat": ScheduleParameter(str, "direct, forward-doubling or backward-halving (chimera)", ("chimera",)),
-    "replication": ScheduleParameter(str, "replicas per stage, e.g. 2,1,1 (1f1b-rr: PipeDream's partition)",
-                                     ("1f1b-rr",)),
+    "replication": ScheduleParameter(str, "replicas per stage, e.g. 2,1,1 (1f1b-rr, pipedream-rr: PipeDream's "
+                                     "partition)", ("1f1b-rr", "pipedream-rr")),
 }
 #: schedules whose parameters come from the profile (PipeDream's A(j, m) partition), not from enumeration
-PROFILE_DRIVEN: tuple[str, ...] = ("1f1b-rr",)
+PROFILE_DRIVEN: tuple[str, ...] = ("1f1b-rr", "pipedream-rr")
 #: Chimera's concatenation (Chimera 3.5) running 2N micro-batches of b/2 (:mod:`planner.runspec`)
 BACKWARD_HALVING = "backward-halving"
 

@@ -103,11 +103,20 @@ def _schedule(devices: int, microbatches: int, replication: str | Sequence[int],
                     params={"replication": replication_label(reps), "noam": math.ceil(devices / reps[0])})
 
 
+def lists(devices: int, microbatches: int, reps: Sequence[int]) -> list[list[Action]]:
+    """Every device's compute-only list: replica ``k`` of stage ``s`` runs 1F1B over micro-batches
+    ``k, k + r_s, ...`` with ``c_s`` forwards first (:func:`replica_order`, :func:`warmup_counts`)."""
+    c, R, first = warmup_counts(reps), routes(reps), first_device(reps)
+    acts: list[list[Action]] = [[] for _ in range(devices)]
+    for s, r in enumerate(reps):
+        for k in range(r):
+            acts[first[s] + k] = replica_order(s, _microbatches_of(r, k, microbatches), c[s], R)
+    return acts
+
+
 def shape(devices: int, microbatches: int, replication: str | Sequence[int] = "") -> Schedule:
     """The schedule without its action lists (what the planner needs before building them)."""
     return _schedule(devices, microbatches, replication or (1,) * devices, None)
-
-
 
 
 def inflight(devices: int, microbatches: int, replication: str | Sequence[int] = "") -> dict[tuple[int, int], int]:
@@ -118,6 +127,13 @@ def inflight(devices: int, microbatches: int, replication: str | Sequence[int] =
     c = warmup_counts(reps)
     return {(k, s): min(c[s], len(_microbatches_of(r, k, microbatches)))
             for s, r in enumerate(reps) for k in range(r)}
+
+
+def stage_inflight(reps: Sequence[int], microbatches: int) -> list[int]:
+    """Per stage, the most micro-batches alive at once on any of its replicas (:func:`inflight`'s peak over
+    the stage's replicas): ``min(c_s, ceil(N / r_s))``, replica 0 having the most micro-batches."""
+    c = warmup_counts(reps)
+    return [min(c[s], len(_microbatches_of(r, 0, microbatches))) for s, r in enumerate(reps)]
 
 
 def replica_order(stage: int, mbs: Sequence[int], count: int, route_of: int) -> list[Action]:
@@ -136,9 +152,4 @@ def build(devices: int, microbatches: int, replication: str | Sequence[int] = ""
     if not replication:
         replication = (1,) * devices
     reps = parse_replication(replication, devices)
-    c, R, first = warmup_counts(reps), routes(reps), first_device(reps)
-    acts: list[list[Action]] = [[] for _ in range(devices)]
-    for s, r in enumerate(reps):
-        for k in range(r):
-            acts[first[s] + k] = replica_order(s, _microbatches_of(r, k, microbatches), c[s], R)
-    return _schedule(devices, microbatches, reps, acts)
+    return _schedule(devices, microbatches, reps, lists(devices, microbatches, reps))

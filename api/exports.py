@@ -1,0 +1,61 @@
+"""``GET /plans/{id}/candidates/{rank}/export?format=...``: a stored candidate in a training framework's
+terms (:mod:`planner.export`). A schedule the framework lacks is answered 422 with the closest it has,
+the predicted cost of switching to it -- both configurations predicted in a planner process, as
+timelines are (:mod:`api.planrun`) -- and the plan's fastest candidate that it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from api import crud
+from api.errors import InputError
+
+
+def switch_cost(profile: dict[str, Any], cluster: dict[str, Any], request: dict[str, Any],
+                framework: str, spec: dict[str, Any], closest: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The refusal's cost sentence (:func:`planner.export.switch.switch_cost`); runs in a planner process."""
+    from planner.cluster import Cluster
+    from planner.export.common import UnsupportedSchedule
+    from planner.export.switch import switch_cost as cost
+    from planner.profile import ModelProfile
+    from planner.request import TrainingRequest
+    from planner.runspec import RunSpec
+
+    err = UnsupportedSchedule(framework, RunSpec.model_validate(spec), RunSpec.model_validate(closest), reason)
+    return {"cost": cost(err, ModelProfile.model_validate(profile), Cluster.model_validate(cluster),
+                         TrainingRequest.model_validate(request))}
+
+
+def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, rank: int, fmt: str) -> dict[str, Any]:
+    """The export document: ``format``, ``files`` (``name``, ``content``, ``media_type``; the first is the
+    main one), ``notes``, ``label``."""
+    from planner.cluster import Cluster
+    from planner.export import ExportError, ExportInput, UnsupportedSchedule, framework
+    from planner.export.common import best_supported_note
+    from planner.profile import ModelProfile
+    from planner.runspec import RunSpec
+
+    row = crud.get_candidate(db, plan_id, rank)
+    profile, cluster, request = crud.plan_inputs(db, plan_id)
+    module = framework(fmt)
+    spec = RunSpec.from_document(row.body)
+    cl = Cluster.model_validate(cluster)
+    inp = ExportInput.from_profile(spec, ModelProfile.model_validate(profile), gpus_per_node=cl.gpus_per_node,
+                                   predicted=row.body.get("iteration_time"), candidate=rank)
+    try:
+        exported = module.export(inp)
+    except UnsupportedSchedule as err:
+        status, payload = runner.task("switch_cost", (profile, cluster, request, err.framework,
+                                                       err.spec.model_dump(mode="json"),
+                                                       err.closest.model_dump(mode="json"), err.reason),
+                                      timeout).result(timeout=timeout + 10)
+        cost = payload["cost"] if status == "ok" else f"its cost could not be predicted ({payload})"
+        cands = [c.body for c in crud.get_plan(db, plan_id).candidates]
+        raise InputError(err.describe(cost) + " " + best_supported_note(
+            module.TITLE, module.check, cands, ref="candidate {i} (rank {r})") + ".") from None
+    except ExportError as e:
+        raise InputError(str(e)) from None
+    return {"format": exported.format, "label": spec.config.label(), "notes": list(exported.notes),
+            "files": [{"name": f.name, "content": f.content, "media_type": f.media_type} for f in exported.files]}

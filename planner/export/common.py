@@ -1,0 +1,236 @@
+"""What every framework export shares: its input (:class:`ExportInput`: the candidate's
+:class:`~planner.runspec.RunSpec` and what is known of the model), its output (:class:`Export`: files and
+notes), what a parser reads back (:class:`Parsed`), and the refusal of a schedule a framework lacks
+(:class:`UnsupportedSchedule`, naming the closest configuration it has). Pure Python; no framework is
+imported (the tests load the outputs with the frameworks' own parsers where they can be installed).
+
+Symbols: ``t`` tensor-parallel size, ``D`` pipeline devices, ``W`` data-parallel width, ``b`` micro-batch
+size, ``N`` micro-batches per pipeline group and iteration (global batch ``W N b``), ``v`` model chunks per
+device (Megatron-LM's virtual pipeline size, our interleaved ``chunks``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.model import PRESETS, ModelSpec
+from planner.profile import ModelProfile
+from planner.request import Config
+from planner.runspec import RunSpec
+
+#: profile layer kinds (``executor.models.layer_kinds``, ``planner.analytic``, ``profiler.hf_model``)
+EMBEDDING, TRANSFORMER, HEAD = "embedding", "transformer", "lm_head"
+
+
+@dataclass(frozen=True)
+class ExportInput:
+    """One candidate to export. ``model``: the model's shape when known (a preset, or the profile's
+    shape); ``layer_kinds``: the kind of every profile layer (what the partition's ``[start, end)``
+    ranges index); ``dtype``: the profile's; ``sequence_parallel``: whether the profile's tensor-parallel
+    times assume Megatron's sequence parallelism; ``gpus_per_node``: the cluster's, for launch lines;
+    ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
+    ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
+    batch script, name them); ``options``: format-specific settings (``--option key=value``)."""
+
+    spec: RunSpec
+    model: ModelSpec | None = None
+    layer_kinds: tuple[str, ...] | None = None
+    dtype: str = "bf16"
+    sequence_parallel: bool = False
+    gpus_per_node: int | None = None
+    predicted: float | None = None
+    plan_path: str | None = None
+    candidate: int = 0
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> Config:
+        return self.spec.config
+
+    @property
+    def world_size(self) -> int:
+        c = self.config
+        return c.tensor * c.pipeline * c.data
+
+    def kinds(self) -> tuple[str, ...] | None:
+        """The profile layers' kinds: given, or -- with a partition and a known model -- the standard
+        layout ``embedding, transformer x L, lm_head`` when the partition covers ``L + 2`` layers."""
+        if self.layer_kinds is not None:
+            return self.layer_kinds
+        total = self.spec.partition[-1][1] if self.spec.partition else None
+        if self.model is not None and total == self.model.layers + 2:
+            return (EMBEDDING, *[TRANSFORMER] * self.model.layers, HEAD)
+        return None
+
+    def transformer_layers(self) -> int | None:
+        """L, the transformer layers of the model."""
+        if self.model is not None:
+            return self.model.layers
+        kinds = self.kinds()
+        return None if kinds is None else sum(k == TRANSFORMER for k in kinds)
+
+    def stage_layers(self) -> list[list[int]] | None:
+        """Per schedule stage (model order), the indices of the profile layers it holds; None without a
+        partition."""
+        if not self.spec.partition:
+            return None
+        return [list(range(a, b)) for a, b in self.spec.partition]
+
+    def transformer_counts(self) -> list[int] | None:
+        """Transformer layers per schedule stage, from the partition and the kinds (None when unknown)."""
+        kinds, stages = self.kinds(), self.stage_layers()
+        if kinds is None or stages is None:
+            return None
+        return [sum(kinds[i] == TRANSFORMER for i in st) for st in stages]
+
+    @classmethod
+    def from_profile(cls, spec: RunSpec, profile: ModelProfile | None, model: ModelSpec | None = None,
+                     **kw: object) -> ExportInput:
+        """The input for ``spec`` planned on ``profile``: its layer kinds, dtype, sequence parallelism at
+        the candidate's ``t``, and its model (``model`` when given, else the preset the profile names,
+        else one built from the profile's shape)."""
+        if profile is None:
+            return cls(spec=spec, model=model, **kw)  # type: ignore[arg-type]
+        t = spec.config.tensor
+        sp = any(bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
+                 for layer in profile.layers)
+        return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
+                   dtype=profile.dtype, sequence_parallel=sp, **kw)  # type: ignore[arg-type]
+
+
+def model_of(profile: ModelProfile) -> ModelSpec | None:
+    """The model a profile was made of: the preset its environment names when the shape agrees, else
+    a GPT-shaped :class:`ModelSpec` from its ``shape`` (None without one)."""
+    name = profile.environment.get("model") or profile.name
+    preset = PRESETS.get(name)
+    shape = profile.shape
+    if preset is not None and (shape is None or (preset.layers, preset.hidden) == (shape.layers, shape.hidden)):
+        return preset
+    if shape is None:
+        return None
+    return ModelSpec(name=profile.name, layers=shape.layers, hidden=shape.hidden, heads=shape.heads,
+                     ffn_hidden=shape.ffn_hidden, seq=shape.seq, vocab=shape.vocab,
+                     architecture="encoder" if profile.environment.get("family") == "bert" else "decoder")
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    """One file of an export: its name, its text and its media type."""
+
+    name: str
+    content: str
+    media_type: str = "text/plain"
+
+
+@dataclass(frozen=True)
+class Export:
+    """What an exporter returns: ``files`` (the first is the main one, printed by the CLI) and ``notes``
+    (where the framework's run differs from the prediction, in words)."""
+
+    format: str
+    files: tuple[ExportFile, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def main(self) -> ExportFile:
+        return self.files[0]
+
+    def file(self, name: str) -> ExportFile:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise KeyError(f"no file {name!r} in the {self.format} export ({', '.join(f.name for f in self.files)})")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a parser reads back from an export: the configuration, N, and -- where the format carries
+    it -- transformer layers per stage (``layer_counts``) or profile layers per stage (``partition``)."""
+
+    config: Config
+    microbatches: int
+    layer_counts: list[int] | None = None
+    partition: list[tuple[int, int]] | None = None
+
+
+class ExportError(ValueError):
+    """The candidate cannot be exported in this format (the message says why)."""
+
+
+class UnsupportedSchedule(ExportError):
+    """``framework`` has no such schedule. ``closest`` is the configuration it has that is nearest (same
+    t, D, W, b, N and recomputation; the schedule it has that is most alike), ``reason`` why it lacks it."""
+
+    def __init__(self, framework: str, spec: RunSpec, closest: RunSpec, reason: str) -> None:
+        self.framework, self.spec, self.closest, self.reason = framework, spec, closest, reason
+        super().__init__(self.describe())
+
+    def describe(self, cost: str = "") -> str:
+        c = self.spec.config
+        return (f"{self.framework} cannot run schedule {c.schedule!r} ({c.label()}): {self.reason}. The closest "
+                f"it has is {self.closest.config.schedule!r} ({self.closest.config.label()})"
+                + (f"; {cost}" if cost else "") + ".")
+
+
+def closest_spec(spec: RunSpec, schedule: str, **params: int) -> RunSpec | None:
+    """``spec`` with ``schedule`` (and its parameters) instead of its own, the other fields kept; its
+    partition is kept when the stage count stays the same, else left to the planner; None when that
+    schedule cannot be built for it (e.g. interleaved with N not a multiple of D)."""
+    c = spec.config
+    try:
+        cfg = Config(tensor=c.tensor, pipeline=c.pipeline, data=c.data, micro_batch=c.micro_batch,
+                     schedule=schedule, recompute=c.recompute, **params)
+        out = RunSpec(config=cfg, microbatches=spec.microbatches)
+        sched = out.schedule()
+    except ValueError:
+        return None
+    if spec.partition and len(spec.partition) == sched.stages:
+        out = out.model_copy(update={"partition": list(spec.partition)})
+    return out
+
+
+def first_closest(spec: RunSpec, choices: list[tuple[str, dict[str, int]]]) -> RunSpec:
+    """The first of ``choices`` (schedule, parameters) that can be built for ``spec``."""
+    for name, params in choices:
+        out = closest_spec(spec, name, **params)
+        if out is not None:
+            return out
+    raise ExportError(f"no schedule of {choices} can run {spec.config.label()}")
+
+
+def header(inp: ExportInput, framework: str, comment: str = "#") -> list[str]:
+    """Comment lines naming the candidate and its prediction."""
+    c = inp.config
+    pred = f"; predicted {inp.predicted:.4g} s per iteration" if inp.predicted is not None else ""
+    lines = [f"pipeplan export --format {framework}: {c.label()}, N={inp.spec.microbatches} micro-batches "
+             f"per pipeline, global batch {inp.spec.global_batch}{pred}",
+             f"world size t*D*W = {inp.world_size}"]
+    if inp.model is not None:
+        lines.append(f"model {inp.model.name}: {inp.model.layers} layers, hidden {inp.model.hidden}, "
+                     f"{inp.model.heads} heads, sequence {inp.model.seq}")
+    return [f"{comment} {x}" for x in lines]
+
+
+def first_supported(check: object, candidates: list[dict[str, object]]) -> tuple[int, RunSpec] | None:
+    """The first (fastest) of a plan's candidate documents whose schedule ``check`` (a format's
+    ``check(spec)``) accepts: its index and run spec."""
+    for i, doc in enumerate(candidates):
+        try:
+            spec = RunSpec.from_document(doc)  # type: ignore[arg-type]
+            check(spec)  # type: ignore[operator]
+        except ValueError:
+            continue
+        return i, spec
+    return None
+
+
+def best_supported_note(title: str, check: object, candidates: list[dict[str, object]],
+                        ref: str = "--candidate {i}") -> str:
+    """``the plan's fastest candidate that <title> runs is #i (<label>, predicted s)`` (or that none is)."""
+    found = first_supported(check, candidates)
+    if found is None:
+        return f"None of the plan's {len(candidates)} candidates runs on {title}"
+    i, spec = found
+    t = candidates[i].get("iteration_time")
+    pred = f", predicted {t:.4g} s" if isinstance(t, int | float) else ""
+    return f"The plan's fastest candidate that {title} runs is {ref.format(i=i, r=i + 1)} ({spec.config.label()}{pred})"

@@ -1,0 +1,266 @@
+"""Export to Megatron-LM: the ``torchrun ... pretrain_gpt.py`` command line of a candidate, and its parser.
+
+Megatron-LM's arguments (``megatron/training/arguments.py``; Narayanan et al., "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 and 3.5):
+
+* ``--tensor-model-parallel-size`` = t, ``--pipeline-model-parallel-size`` = D; data parallelism is not
+  an argument: Megatron takes ``world size / (t D)`` (so the launch line's process count carries W);
+* ``--micro-batch-size`` = b, ``--global-batch-size`` = W N b (Megatron derives N, its "number of
+  micro-batches", as global / (b W));
+* the interleaved schedule (section 2.2.2) is Megatron's *virtual pipeline*: with
+  ``--num-layers-per-virtual-pipeline-stage`` = L / (D v), Megatron computes
+  ``virtual_pipeline_model_parallel_size = (L / D) / that`` = v, our ``chunks``; where L / (D v) is not
+  whole (or L unknown), ``--num-virtual-stages-per-pipeline-rank`` = v says the same directly. Without
+  either, Megatron runs 1F1B (``forward_backward_pipelining_without_interleaving``, PipeDream-Flush);
+* activation recomputation (section 3.5) of every layer's input: ``--recompute-granularity full
+  --recompute-method uniform --recompute-num-layers 1``;
+* ``--use-tp-pp-dp-mapping`` (with D > 1 and W > 1): Megatron's rank order becomes tp-cp-ep-pp-dp instead of
+  its default tp-cp-ep-dp-pp, i.e. tensor innermost, then pipeline, then data -- the placement the planner
+  costed (a candidate's ``placement``), so pipeline neighbours sit t ranks apart as predicted;
+* ``--sequence-parallel`` when the profile's tensor-parallel times assume it (Korthikanti et al. 2022);
+* uneven stages: ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the other
+  stages split the rest evenly); other partitions are not expressible (a note says so).
+
+Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
+Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from planner.export.common import (
+    Export,
+    ExportError,
+    ExportFile,
+    ExportInput,
+    Parsed,
+    UnsupportedSchedule,
+    first_closest,
+    header,
+)
+from planner.request import Config
+from planner.runspec import RunSpec
+
+NAME = "megatron"
+TITLE = "Megatron-LM"
+SCHEDULES = ("1f1b", "interleaved")
+RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+
+_REASONS = {
+    "gpipe": "its pipeline schedules are 1F1B and interleaved 1F1B; GPipe's all-forwards-first order is not one",
+    "zb-h1": "it does not split the backward into input and weight gradients (zero-bubble)",
+    "chimera": "it runs one pipeline direction; Chimera's bidirectional pipelines hold two model replicas per device",
+    "hanayo": "its virtual pipeline places chunks in a loop, not Hanayo's waves",
+    "gems": "it holds one model replica per device; GEMS holds two, one per direction",
+    "1f1b-rr": "it gives every stage the same number of devices; 1F1B-RR replicates stages unevenly",
+    "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
+    "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+}
+
+
+def check(spec: RunSpec) -> None:
+    """Raise :class:`UnsupportedSchedule` when Megatron-LM cannot run ``spec``'s schedule."""
+    c = spec.config
+    if c.schedule == "1f1b":
+        return
+    if c.schedule == "interleaved" and c.pipeline > 1:
+        return
+    if c.schedule == "interleaved":
+        reason = "its virtual pipeline needs pipeline-model-parallel-size > 1"
+        choices = [("1f1b", {})]
+    elif c.schedule == "hanayo":
+        reason = _REASONS["hanayo"]
+        choices = [("interleaved", {"chunks": 2 * (c.waves or 1)}), ("interleaved", {"chunks": 2})]
+        choices = [*(choices if c.pipeline > 1 else []), ("1f1b", {})]
+    else:
+        reason = _REASONS.get(c.schedule, "it has no such schedule")
+        choices = [("1f1b", {})]
+    raise UnsupportedSchedule(TITLE, spec, first_closest(spec, choices), reason)
+
+
+def _layer_args(inp: ExportInput, notes: list[str]) -> list[str]:
+    """Virtual pipeline and uneven-stage arguments from the partition."""
+    c = inp.config
+    L = inp.transformer_layers()
+    v = (c.chunks or 1) if c.schedule == "interleaved" else 1
+    args: list[str] = []
+    if v > 1:
+        if L is not None and L % (c.pipeline * v) == 0:
+            args += ["--num-layers-per-virtual-pipeline-stage", str(L // (c.pipeline * v))]
+        else:
+            args += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    counts = inp.transformer_counts()
+    if counts is None or L is None or len(set(counts)) == 1:
+        return args
+    even_mid = len(set(counts[1:-1])) <= 1
+    if v == 1 and c.pipeline >= 2 and even_mid:
+        args += ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                 "--decoder-last-pipeline-num-layers", str(counts[-1])]
+    else:
+        notes.append(f"Megatron-LM splits the {L} transformer layers evenly over the {len(counts)} (virtual) "
+                     f"stages; the plan's partition gives them {counts} layers, which its arguments cannot say")
+    return args
+
+
+def _model_args(inp: ExportInput) -> list[str]:
+    m = inp.model
+    if m is None:
+        return []
+    args = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
+            "--ffn-hidden-size", str(m.f), "--seq-length", str(m.seq), "--max-position-embeddings", str(m.seq)]
+    if m.k != m.heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.k)]
+    if m.d * m.heads != m.hidden:
+        args += ["--kv-channels", str(m.d)]
+    if m.gated_mlp:
+        args += ["--swiglu"]
+    if m.norm == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if m.position == "rotary":
+        args += ["--position-embedding-type", "rope", "--rotary-base", f"{m.rope_theta:g}"]
+    if not m.tied_embeddings:
+        args += ["--untie-embeddings-and-output-weights"]
+    if not m.bias:
+        args += ["--disable-bias-linear"] + (["--add-qkv-bias"] if m.qkv_bias else [])
+    return args
+
+
+def launch(inp: ExportInput) -> tuple[int, int]:
+    """(nodes, processes per node) for ``t D W`` processes: the cluster's GPUs per node when they divide
+    the world size, else one node."""
+    p, g = inp.world_size, inp.gpus_per_node
+    if g and p % g == 0:
+        return p // g, g
+    if g and g % p == 0:
+        return 1, p
+    return 1, p
+
+
+def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
+    """Megatron-LM's arguments for ``inp`` (refusing schedules it lacks)."""
+    check(inp.spec)
+    notes = notes if notes is not None else []
+    c = inp.config
+    if c.schedule == "interleaved" and c.pipeline == 2:
+        notes.append("Megatron-LM releases before 2024 refuse a virtual pipeline with pipeline-model-parallel-size "
+                     "2 (they need > 2); current ones accept > 1")
+    args = ["--tensor-model-parallel-size", str(c.tensor), "--pipeline-model-parallel-size", str(c.pipeline),
+            *_layer_args(inp, notes),
+            "--micro-batch-size", str(c.micro_batch), "--global-batch-size", str(inp.spec.global_batch)]
+    if c.pipeline > 1 and c.data > 1:
+        args += ["--use-tp-pp-dp-mapping"]
+    if inp.sequence_parallel and c.tensor > 1:
+        args += ["--sequence-parallel"]
+    if c.recompute:
+        args += RECOMPUTE
+    args += _model_args(inp)
+    dtype = inp.dtype.lower()
+    if dtype in ("bf16", "bfloat16"):
+        args += ["--bf16"]
+    elif dtype in ("fp16", "float16", "half"):
+        args += ["--fp16"]
+    return args
+
+
+def export(inp: ExportInput) -> Export:
+    """The launch script: ``torchrun`` on t D W processes running ``pretrain_gpt.py`` (``pretrain_bert.py``
+    for an encoder) with :func:`arguments`; the user's data, tokenizer and optimizer arguments follow
+    (``"$@"``)."""
+    notes: list[str] = []
+    args = arguments(inp, notes)
+    if inp.model is None:
+        notes.append("no model shape known (give --profile or --model): add --num-layers, --hidden-size, "
+                     "--num-attention-heads, --seq-length yourself")
+    nodes, per_node = launch(inp)
+    script = "pretrain_bert.py" if inp.model is not None and inp.model.encoder else "pretrain_gpt.py"
+    lines = ["#!/usr/bin/env bash", *header(inp, NAME),
+             f"# Megatron-LM takes data parallelism as world size / (t * D): run on exactly {inp.world_size} "
+             f"processes ({nodes} node(s) x {per_node}).",
+             "# Run from a Megatron-LM checkout on every node with NODE_RANK set; add your data, tokenizer and "
+             "optimizer arguments after this script's name.",
+             *[f"# note: {n}" for n in notes],
+             "set -euo pipefail",
+             'MASTER_ADDR="${MASTER_ADDR:-localhost}"', 'MASTER_PORT="${MASTER_PORT:-29500}"',
+             f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank \"${{NODE_RANK:-0}}\" "
+             f"--rdzv-backend c10d --rdzv-endpoint \"$MASTER_ADDR:$MASTER_PORT\" {script} \\"]
+    pairs: list[str] = []
+    i = 0
+    while i < len(args):  # one option (with its value) per line
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            pairs.append(f"{args[i]} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            pairs.append(args[i])
+            i += 1
+    lines += [f"    {p} \\" for p in pairs] + ['    "$@"']
+    return Export(NAME, (ExportFile("megatron_launch.sh", "\n".join(lines) + "\n", "text/x-shellscript"),),
+                  tuple(notes))
+
+
+def _options(tokens: list[str]) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                out[tok] = tokens[i + 1]
+                i += 2
+                continue
+            out[tok] = True
+        i += 1
+    return out
+
+
+def parse(text: str) -> Parsed:
+    """Read a :func:`export` script back: t, D, W (world size / (t D)), b, N, the schedule (interleaved
+    with v chunks when a virtual pipeline is set, else 1F1B), recomputation, and the transformer layers per
+    (virtual) stage when ``--num-layers`` is given."""
+    logical = text.replace("\\\n", " ")
+    line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
+    if line is None:
+        raise ExportError("megatron script: no torchrun line")
+    tokens = shlex.split(line, comments=False)
+    try:
+        split = next(i for i, tok in enumerate(tokens) if tok.endswith(".py"))
+    except StopIteration:
+        raise ExportError("megatron script: no training script on the torchrun line") from None
+    run, args = _options(tokens[1:split]), _options(tokens[split + 1:])
+
+    def num(opts: dict[str, str | bool], key: str, default: int | None = None) -> int:
+        v = opts.get(key, default)
+        if v is None or isinstance(v, bool):
+            raise ExportError(f"megatron script: {key} is missing")
+        return int(v)
+
+    world = num(run, "--nnodes") * num(run, "--nproc-per-node")
+    t, D = num(args, "--tensor-model-parallel-size", 1), num(args, "--pipeline-model-parallel-size", 1)
+    b, gb = num(args, "--micro-batch-size"), num(args, "--global-batch-size")
+    if world % (t * D):
+        raise ExportError(f"megatron script: world size {world} is not a multiple of t*D = {t * D}")
+    W = world // (t * D)
+    if gb % (W * b):
+        raise ExportError(f"megatron script: global batch {gb} is not a multiple of W*b = {W * b}")
+    L = num(args, "--num-layers") if "--num-layers" in args else None
+    if "--num-layers-per-virtual-pipeline-stage" in args:
+        if L is None:
+            raise ExportError("megatron script: --num-layers-per-virtual-pipeline-stage needs --num-layers")
+        v = L // D // num(args, "--num-layers-per-virtual-pipeline-stage")
+    else:
+        v = num(args, "--num-virtual-stages-per-pipeline-rank", 1)
+    recompute = args.get("--recompute-granularity") == "full"
+    if recompute and (args.get("--recompute-method"), args.get("--recompute-num-layers")) != ("uniform", "1"):
+        raise ExportError("megatron script: only per-layer full recomputation (uniform, 1 layer) is ours")
+    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, recompute=recompute,
+                    schedule="interleaved" if v > 1 else "1f1b", chunks=v if v > 1 else None)
+    counts = None
+    if L is not None:
+        if "--decoder-first-pipeline-num-layers" in args:
+            first = num(args, "--decoder-first-pipeline-num-layers")
+            last = num(args, "--decoder-last-pipeline-num-layers")
+            mid = (L - first - last) // (D - 2) if D > 2 else 0
+            counts = [first, *[mid] * (D - 2), last]
+        else:
+            counts = [L // (D * v)] * (D * v)
+    return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts)

@@ -1,0 +1,45 @@
+"""The predicted cost of switching a candidate to the closest schedule a framework has: both
+configurations predicted by the planner's own path (:func:`planner.search.predict`: schedule, partition,
+memory check, simulation), so the difference is the model's, not a rule of thumb."""
+
+from __future__ import annotations
+
+import math
+
+from planner.cluster import Cluster
+from planner.export.common import UnsupportedSchedule
+from planner.profile import ModelProfile
+from planner.request import Config, TrainingRequest
+
+
+def _predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> tuple[float, str]:
+    from planner.search import predict
+
+    cand = predict(profile, cluster, request, config)
+    return cand.iteration_time, ("" if cand.fits else cand.reason)
+
+
+def switch_cost(err: UnsupportedSchedule, profile: ModelProfile, cluster: Cluster,
+                request: TrainingRequest | None = None) -> str:
+    """``predicted X s per iteration against Y s for <schedule> (+d s, +p%)``, with the reason when the
+    closest configuration does not fit in memory. ``request`` default: the candidate's global batch."""
+    req = request or TrainingRequest(global_batch=err.spec.global_batch)
+    req = req.model_copy(update={"global_batch": err.spec.global_batch})
+    ours, _ = _predict(profile, cluster, req, err.spec.config)
+    theirs, why = _predict(profile, cluster, req, err.closest.config)
+    name = err.spec.config.schedule
+    if not (math.isfinite(ours) and math.isfinite(theirs)):
+        return (f"predicted time {theirs:.4g} s per iteration against {ours:.4g} s for {name}"
+                + (f" ({why})" if why else ""))
+    diff = theirs - ours
+    out = (f"predicted {theirs:.4g} s per iteration against {ours:.4g} s for {name} "
+           f"({diff:+.4g} s, {100 * diff / ours:+.1f}%)")
+    return out + (f"; and it does not fit: {why}" if why else "")
+
+
+def refusal(err: UnsupportedSchedule, profile: ModelProfile | None, cluster: Cluster | None,
+            request: TrainingRequest | None = None) -> str:
+    """The refusal's message with the predicted cost of switching when profile and cluster are known."""
+    if profile is None or cluster is None:
+        return err.describe("give the profile and cluster to predict the cost of switching to it")
+    return err.describe(switch_cost(err, profile, cluster, request))

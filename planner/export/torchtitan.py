@@ -1,0 +1,233 @@
+"""Export to torchtitan: a TOML job config (torchtitan 0.2's ``JobConfig``, read by its ``ConfigManager``
+with ``--job.config_file``) and, for schedules torch names no class for, our action lists as a CSV for
+``parallelism.pipeline_parallel_schedule_csv``; with the parser that reads both back.
+
+torchtitan's fields (``torchtitan/config/job_config.py``, ``torchtitan/distributed/pipeline_parallel.py``):
+
+* ``parallelism.tensor_parallel_degree`` = t, ``pipeline_parallel_degree`` = D (ranks, not stages),
+  ``data_parallel_replicate_degree`` = W with ``data_parallel_shard_degree`` = 1 (DDP: whole gradients
+  all-reduced, as our cost model assumes; FSDP would shard them);
+* ``training.local_batch_size`` = N b (per data-parallel rank), ``training.global_batch_size`` = W N b,
+  ``parallelism.pipeline_parallel_microbatch_size`` = b: torchtitan runs ``local / b`` = N micro-batches;
+* ``parallelism.pipeline_parallel_schedule``: torch's class names -- ``GPipe``, ``1F1B``,
+  ``Interleaved1F1B`` (our interleaved: its order is torch's ``ScheduleInterleaved1F1B``'s, tested in
+  ``tests/test_torch_csv.py``), and ``ZBVZeroBubble`` / ``InterleavedZeroBubble`` / ``DualPipeV`` which
+  we do not plan. Our zero-bubble ZB-H1 (one stage per rank) and Hanayo with one wave (a "V": stage ``s``
+  and ``2D-1-s`` on one rank, torchtitan's "v" placement) go as a CSV of compute actions
+  (:mod:`planner.schedules.torch_csv`; torch's ``_PipelineScheduleRuntime._load_csv``), the schedule name
+  then only choosing torchtitan's stage placement (``1F1B``: one stage per rank; ``ZBVZeroBubble``: V);
+* ``parallelism.module_fqns_per_model_part``: the plan's partition, one list of module names per stage
+  (torchtitan's Llama names: ``tok_embeddings``, ``layers.i``, ``norm`` + ``output``), so chunks and
+  partition are the plan's;
+* ``activation_checkpoint.mode`` = ``full`` (every block recomputed) or ``none``.
+
+Hanayo with more than one wave needs a placement torchtitan has not ("loop" or a single "V"); Chimera,
+GEMS (two replicas), 1F1B-RR (uneven replication) and PipeDream's asynchronous schedules are refused.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+from planner.export.common import (
+    EMBEDDING,
+    HEAD,
+    TRANSFORMER,
+    Export,
+    ExportError,
+    ExportFile,
+    ExportInput,
+    Parsed,
+    UnsupportedSchedule,
+    first_closest,
+    header,
+)
+from planner.request import Config
+from planner.runspec import RunSpec
+from planner.schedules import build
+from planner.schedules.torch_csv import export_torch_csv, import_torch_csv
+
+NAME = "torchtitan"
+TITLE = "torchtitan"
+CSV_NAME = "pipeline_schedule.csv"
+#: our schedule -> torch's schedule class name (torchtitan's pipeline_parallel_schedule)
+NAMED = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+#: schedules exported as a CSV, with the class name that gives torchtitan their stage placement
+AS_CSV = {"zb-h1": "1F1B", "hanayo": "ZBVZeroBubble"}
+SCHEDULES = (*NAMED, *AS_CSV)
+
+_REASONS = {
+    "chimera": "torch places every stage on one rank; Chimera's bidirectional pipelines hold two replicas of it",
+    "gems": "torch places every stage on one rank; GEMS holds two model replicas",
+    "1f1b-rr": "its pipeline stages are one rank each; 1F1B-RR replicates stages unevenly",
+    "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
+    "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+}
+
+
+def check(spec: RunSpec) -> None:
+    """Raise :class:`UnsupportedSchedule` when torchtitan cannot run ``spec``'s schedule."""
+    c = spec.config
+    if c.schedule in NAMED or c.schedule == "zb-h1" or (c.schedule == "hanayo" and (c.waves or 1) == 1):
+        return
+    if c.schedule == "hanayo":
+        reason = (f"{c.waves} waves place {2 * (c.waves or 1)} stages per rank in a zigzag; torchtitan places "
+                  f"them in a loop or a single V")
+        choices = [("hanayo", {"waves": 1}), ("interleaved", {"chunks": 2 * (c.waves or 1)}), ("1f1b", {})]
+    else:
+        reason = _REASONS.get(c.schedule, "it has no such schedule")
+        choices = [("1f1b", {})]
+    raise UnsupportedSchedule(TITLE, spec, first_closest(spec, choices), reason)
+
+
+def _fqns(kinds: tuple[str, ...], stage_layers: list[list[int]]) -> list[list[str]]:
+    """torchtitan's module names of every stage (Llama's ``tok_embeddings``, ``layers.i``, ``norm``,
+    ``output``)."""
+    block = {}
+    for i, k in enumerate(kinds):
+        if k == TRANSFORMER:
+            block[i] = len(block)
+    out = []
+    for layers in stage_layers:
+        names: list[str] = []
+        for i in layers:
+            fixed = {EMBEDDING: ["tok_embeddings"], HEAD: ["norm", "output"]}
+            names += fixed.get(kinds[i], [f"layers.{block.get(i, i)}"])
+        out.append(names)
+    return out
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def _dtype(dtype: str) -> str:
+    return "float32" if dtype.lower() in ("fp32", "float32") else "bfloat16"
+
+
+def placement_note(inp: ExportInput) -> str | None:
+    """Where the framework's rank order differs from the planner's (tensor innermost, then pipeline, then
+    data): with D > 1 and W > 1 its pipeline neighbours sit t W ranks apart, ours t."""
+    c = inp.config
+    if c.pipeline > 1 and c.data > 1:
+        return (f"{TITLE} orders ranks pp, dp_replicate, fsdp, tp (pipeline outermost); the plan placed "
+                f"pipeline neighbours "
+                f"{c.tensor} rank(s) apart, {TITLE} places them {c.tensor * c.data} apart, so its point-to-point "
+                f"messages may cross slower links than predicted")
+    return None
+
+
+def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
+    """The TOML job config (``job_config.toml``) and, for ZB-H1 and Hanayo, the CSV schedule it names
+    (``csv_path``, relative to where torchtitan runs)."""
+    check(inp.spec)
+    c, notes = inp.config, [n for n in [placement_note(inp)] if n]
+    sections: dict[str, dict[str, object]] = {
+        "job": {"description": f"pipeplan: {c.label()}, N={inp.spec.microbatches}"},
+        "training": {"local_batch_size": inp.spec.microbatches * c.micro_batch,
+                     "global_batch_size": inp.spec.global_batch,
+                     "mixed_precision_param": _dtype(inp.dtype)},
+        "parallelism": {"data_parallel_replicate_degree": c.data, "data_parallel_shard_degree": 1,
+                        "tensor_parallel_degree": c.tensor, "pipeline_parallel_degree": c.pipeline,
+                        "pipeline_parallel_schedule": NAMED.get(c.schedule) or AS_CSV[c.schedule],
+                        "pipeline_parallel_microbatch_size": c.micro_batch},
+        "activation_checkpoint": {"mode": "full" if c.recompute else "none"},
+    }
+    if inp.model is not None:
+        sections["model"] = {"name": "llama3", "flavor": inp.model.name}
+        sections["training"]["seq_len"] = inp.model.seq
+        notes.append(f"[model] names torchtitan's llama3 with flavor {inp.model.name!r}: register a flavor of "
+                     f"these dimensions (dim {inp.model.hidden}, n_layers {inp.model.layers}, n_heads "
+                     f"{inp.model.heads}, n_kv_heads {inp.model.k}, vocab {inp.model.vocab}) or pick yours")
+    kinds, stage_layers = inp.kinds(), inp.stage_layers()
+    par = sections["parallelism"]
+    if kinds is not None and stage_layers is not None:
+        par["module_fqns_per_model_part"] = _fqns(kinds, stage_layers)  # type: ignore[assignment]
+    elif c.schedule == "interleaved":  # the chunks per rank are said by the module lists only
+        raise ExportError("torchtitan: an interleaved candidate needs its partition and the profile's layer "
+                          "kinds (give --profile) to say which modules each of its chunks holds")
+    else:
+        notes.append("no partition or layer kinds: torchtitan splits the layers itself "
+                     "(pipeline_parallel_first/last_stage_less_layers)")
+    files = []
+    if c.schedule in AS_CSV:
+        par["pipeline_parallel_schedule_csv"] = csv_path
+        files.append(ExportFile(csv_path, export_torch_csv(inp.spec.schedule()), "text/csv"))
+    lines = [*header(inp, NAME), "# torchtitan: run_train.sh / torchrun ... -m torchtitan.train "
+             f"--job.config_file job_config.toml on {inp.world_size} processes"]
+    if c.schedule in AS_CSV:
+        lines.append(f"# schedule: our {c.schedule} action lists in {csv_path} (torch's compute-only CSV); "
+                     f"pipeline_parallel_schedule only sets torchtitan's stage placement")
+    lines += [f"# note: {n}" for n in notes]
+    for name, fields in sections.items():
+        lines += ["", f"[{name}]", *[f"{k} = {_toml_value(v)}" for k, v in fields.items()]]
+    return Export(NAME, (ExportFile("job_config.toml", "\n".join(lines) + "\n", "application/toml"), *files),
+                  tuple(notes))
+
+
+def parse(toml_text: str, csv_text: str | None = None) -> Parsed:
+    """Read a :func:`export` back: t, D, W, b, N, the schedule (from the class name, or for a CSV from its
+    action lists, compared with our builders'), chunks (stages per rank, from the module lists),
+    recomputation and the partition as profile-layer ranges when module lists are given."""
+    doc = tomllib.loads(toml_text)
+    par, tr = doc.get("parallelism", {}), doc.get("training", {})
+    t, D = int(par.get("tensor_parallel_degree", 1)), int(par.get("pipeline_parallel_degree", 1))
+    W = int(par.get("data_parallel_replicate_degree", 1)) * max(1, int(par.get("data_parallel_shard_degree", 1)))
+    b = int(par.get("pipeline_parallel_microbatch_size", 1))
+    local = int(tr.get("local_batch_size", 8))
+    if local % b:
+        raise ExportError(f"torchtitan config: local_batch_size {local} is not a multiple of the micro-batch {b}")
+    N = local // b
+    parts = par.get("module_fqns_per_model_part")
+    stages = len(parts) if parts else None
+    recompute = doc.get("activation_checkpoint", {}).get("mode", "selective") == "full"
+    name = par.get("pipeline_parallel_schedule", "1F1B")
+    params: dict[str, int] = {}
+    if par.get("pipeline_parallel_schedule_csv"):
+        if csv_text is None:
+            raise ExportError("torchtitan config names a schedule CSV: give its text")
+        schedule, params = _identify(import_torch_csv(csv_text), D, N)
+    else:
+        ours = {v: k for k, v in NAMED.items()}
+        if name not in ours:
+            raise ExportError(f"torchtitan config: schedule {name!r} is not one of ours ({', '.join(ours)})")
+        schedule = ours[name]
+        if schedule == "interleaved":
+            if stages is None:
+                raise ExportError("torchtitan config: an Interleaved1F1B config without module lists")
+            params = {"chunks": stages // D}
+    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=schedule, recompute=recompute, **params)
+    return Parsed(config=config, microbatches=N, partition=_partition(parts) if parts else None)
+
+
+def _identify(sched: object, D: int, N: int) -> tuple[str, dict[str, int]]:
+    """Which of our CSV-exported schedules has exactly these action lists."""
+    from planner.schedules.ir import Schedule
+
+    assert isinstance(sched, Schedule)
+    for name, params in (("zb-h1", {}), ("hanayo", {"waves": 1})):
+        try:
+            ours = build(name, D, N, **params)
+        except ValueError:
+            continue
+        if ours.actions == sched.actions:
+            return name, params
+    raise ExportError(f"torchtitan CSV: its action lists are none of our schedules for D={D}, N={N}")
+
+
+def _partition(parts: list[list[str]]) -> list[tuple[int, int]]:
+    """Profile-layer ranges of the module lists (embedding, blocks, norm + output = one layer each)."""
+    out, start = [], 0
+    for names in parts:
+        n = sum(1 for x in names if x != "norm")  # norm and output are the profile's one lm_head layer
+        out.append((start, start + n))
+        start += n
+    return out

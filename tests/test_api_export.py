@@ -1,0 +1,72 @@
+"""GET /plans/{id}/candidates/{rank}/export: a stored candidate as Megatron-LM, torchtitan or DeepSpeed
+settings, read back by the formats' parsers; a schedule the framework lacks is a 422 naming the closest
+one, its predicted cost and the plan's fastest candidate that it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api_support import AUTH, tiny_cluster, tiny_profile, wait_for
+
+from planner.export import FRAMEWORKS, Export, ExportFile, parse
+from planner.runspec import RunSpec
+
+
+def plan_of(c: Any, schedules: list[str]) -> dict[str, Any]:
+    p = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()
+    cl = c.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()
+    r = c.post("/plans", json={"profile_id": p["id"], "cluster_id": cl["id"], "global_batch": 32, "top": 5,
+                               "schedules": schedules}, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan = r.json()
+    if plan["status"] not in ("done", "failed"):
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            c.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    assert plan["status"] == "done" and plan["candidates"], plan
+    return plan
+
+
+def as_export(doc: dict[str, Any]) -> Export:
+    return Export(doc["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in doc["files"]),
+                  tuple(doc["notes"]))
+
+
+def test_export_round_trips_through_the_api(client) -> None:  # type: ignore[no-untyped-def]
+    plan = plan_of(client, ["1f1b"])
+    pid = plan["id"]
+    assert client.get(f"/plans/{pid}/candidates/0/export?format=megatron").status_code == 401
+    for rank, cand in enumerate(plan["candidates"]):
+        spec = RunSpec.from_document(cand)
+        for fmt in FRAMEWORKS:
+            r = client.get(f"/plans/{pid}/candidates/{rank}/export", params={"format": fmt}, headers=AUTH)
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert doc["label"] == spec.config.label() and doc["files"][0]["content"]
+            back = parse(as_export(doc))
+            assert (back.config, back.microbatches) == (spec.config, spec.microbatches), fmt
+
+
+def test_unsupported_schedule_is_a_422_with_the_switch_cost(client) -> None:  # type: ignore[no-untyped-def]
+    plan = plan_of(client, ["chimera", "1f1b"])
+    ranks = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "chimera"]
+    assert ranks, [c["label"] for c in plan["candidates"]]
+    r = client.get(f"/plans/{plan['id']}/candidates/{ranks[0]}/export", params={"format": "deepspeed"},
+                   headers=AUTH)
+    assert r.status_code == 422, r.text
+    msg = r.json()["detail"]
+    assert "DeepSpeed cannot run schedule 'chimera'" in msg and "closest it has is '1f1b'" in msg
+    assert "predicted" in msg and "s per iteration against" in msg and "%" in msg
+    ones = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "1f1b"]
+    if ones:
+        assert f"fastest candidate that DeepSpeed runs is candidate {ones[0]}" in msg
+    bad = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "nope"}, headers=AUTH)
+    assert bad.status_code == 422 and "format" in bad.text
+    assert client.get(f"/plans/{plan['id']}/candidates/99/export", params={"format": "megatron"},
+                      headers=AUTH).status_code == 404
+    assert client.get(f"/plans/{plan['id']}/candidates/-1/export", params={"format": "megatron"},
+                      headers=AUTH).status_code == 422
+    missing = client.get("/plans/999/candidates/0/export", params={"format": "megatron"}, headers=AUTH)
+    assert missing.status_code == 404
+    schema = client.get("/openapi.json").json()["paths"]["/plans/{plan_id}/candidates/{rank}/export"]["get"]
+    fmt = next(p for p in schema["parameters"] if p["name"] == "format")
+    assert fmt["required"] and set(fmt["schema"]["enum"]) == {"megatron", "torchtitan", "deepspeed"}

@@ -1,0 +1,175 @@
+"""Every export of every schedule a framework runs reads back (its format's own parser) as the same t, D, W,
+b, N, schedule, chunks and recomputation -- and the partition, where the format can say it. Schedules the
+framework lacks are refused, naming a closest configuration that it runs. Over hypothesis-drawn candidates
+and over the candidates the planner really returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.analytic import analytic_profile
+from planner.cluster import load_cluster
+from planner.export import FRAMEWORKS, ExportError, ExportInput, UnsupportedSchedule, export, parse
+from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
+from planner.model import PRESETS, ModelSpec
+from planner.request import Config, TrainingRequest
+from planner.runspec import RunSpec
+from planner.search import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL = ["gpipe", "1f1b", "interleaved", "zb-h1", "hanayo", "chimera", "gems", "1f1b-rr", "pipedream",
+       "pipedream-2bw"]
+
+
+def check_round_trip(fmt: str, inp: ExportInput) -> None:
+    exported = export(fmt, inp)
+    back = parse(exported)
+    spec = inp.spec
+    assert back.config == spec.config, (fmt, back.config.label(), spec.config.label())
+    assert back.microbatches == spec.microbatches
+    if back.partition is not None:
+        assert back.partition == [tuple(p) for p in spec.partition]
+    counts = inp.transformer_counts()
+    if back.layer_counts is not None and counts is not None and not any("cannot say" in n for n in exported.notes):
+        assert back.layer_counts == counts
+
+
+@st.composite
+def candidates(draw: st.DrawFn) -> ExportInput:
+    """A candidate of any schedule: t, D, W, b, N, the schedule's parameters, recomputation, and a partition
+    of an L-layer model's profile (embedding, L blocks, head) into the schedule's stages."""
+    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1", "hanayo", "chimera", "gems"]))
+    D = draw(st.sampled_from([1, 2, 4, 8] if name not in ("chimera", "gems") else [2, 4, 8]))
+    params: dict[str, object] = {}
+    N = D * draw(st.integers(1, 4))
+    if name == "interleaved":
+        params["chunks"] = draw(st.sampled_from([2, 3, 4]))
+    if name == "hanayo":
+        params["waves"] = draw(st.sampled_from([1, 2]))
+    if name == "chimera":
+        params["pipelines"] = 1
+    config = Config(tensor=draw(st.sampled_from([1, 2, 4, 8])), pipeline=D, data=draw(st.sampled_from([1, 2, 3, 16])),
+                    micro_batch=draw(st.sampled_from([1, 2, 4])), schedule=name,
+                    recompute=draw(st.booleans()), **params)
+    spec = RunSpec(config=config, microbatches=N)
+    stages = spec.schedule().stages
+    L = draw(st.integers(max(stages, 2), 3 * stages + 4))
+    # stage boundaries over the L + 2 profile layers: strictly increasing cuts
+    cuts = sorted(draw(st.sets(st.integers(1, L + 1), min_size=stages - 1, max_size=stages - 1)))
+    bounds = [0, *cuts, L + 2]
+    partition = [(bounds[i], bounds[i + 1]) for i in range(stages)]
+    model = ModelSpec(name="m", layers=L, hidden=64 * config.tensor, heads=4 * config.tensor, seq=128, vocab=1000)
+    return ExportInput(spec=spec.model_copy(update={"partition": partition}), model=model,
+                       layer_kinds=(EMBEDDING, *[TRANSFORMER] * L, HEAD), dtype=draw(st.sampled_from(["bf16", "fp16"])),
+                       gpus_per_node=draw(st.sampled_from([None, 4, 8])))
+
+
+@pytest.mark.parametrize("fmt", list(FRAMEWORKS))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inp=candidates())
+def test_every_supported_export_round_trips(fmt: str, inp: ExportInput) -> None:
+    mod = FRAMEWORKS[fmt]
+    try:
+        mod.check(inp.spec)
+    except UnsupportedSchedule as err:
+        assert inp.config.schedule not in mod.SCHEDULES or inp.config.schedule == "hanayo" or (
+            inp.config.schedule == "interleaved" and inp.config.pipeline == 1)
+        mod.check(err.closest)  # the closest is one it runs
+        c, k = err.closest.config, inp.config
+        assert (c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) == (
+            k.tensor, k.pipeline, k.data, k.micro_batch, k.recompute)
+        assert err.closest.microbatches == inp.spec.microbatches
+        with pytest.raises(UnsupportedSchedule, match=f"cannot run schedule '{k.schedule}'.*closest it has is"):
+            export(fmt, inp)
+        check_round_trip(fmt, ExportInput(spec=err.closest, model=inp.model, layer_kinds=inp.layer_kinds))
+        return
+    assert inp.config.schedule in mod.SCHEDULES
+    check_round_trip(fmt, inp)
+
+
+@pytest.mark.parametrize("fmt,supported", [
+    ("megatron", {"1f1b", "interleaved"}),
+    ("torchtitan", {"gpipe", "1f1b", "interleaved", "zb-h1", "hanayo"}),
+    ("deepspeed", {"1f1b"}),
+])
+def test_which_schedules_each_framework_runs(fmt: str, supported: set[str]) -> None:
+    mod = FRAMEWORKS[fmt]
+    runs = set()
+    for name in ALL:
+        params = {"chimera": {"pipelines": 1}, "1f1b-rr": {"replication": "2,1,1"}}.get(name, {})
+        D = 4
+        config = Config(tensor=1, pipeline=D, data=1, micro_batch=1, schedule=name, **params)
+        try:
+            mod.check(RunSpec(config=config, microbatches=8))
+            runs.add(name)
+        except UnsupportedSchedule as err:
+            assert err.closest.config.schedule in mod.SCHEDULES
+    assert runs == supported
+
+
+@pytest.fixture(scope="module")
+def planned() -> tuple[list, object, object]:
+    prof = analytic_profile(PRESETS["gpt2-medium"], "A100-SXM4-80GB")
+    cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-a100-80gb.json")
+    res = plan(prof, cl, TrainingRequest(global_batch=64, gpus=16, top=100))
+    return res.candidates, prof, cl
+
+
+@pytest.mark.parametrize("fmt", list(FRAMEWORKS))
+def test_the_planners_candidates_round_trip(fmt: str, planned: tuple[list, object, object]) -> None:
+    cands, prof, cl = planned
+    assert len(cands) >= 50
+    mod, exported, refused = FRAMEWORKS[fmt], 0, 0
+    for cand in cands:
+        inp = ExportInput.from_profile(cand.run_spec, prof, gpus_per_node=cl.gpus_per_node)
+        try:
+            check_round_trip(fmt, inp)
+            exported += 1
+        except UnsupportedSchedule as err:
+            refused += 1
+            mod.check(err.closest)
+            check_round_trip(fmt, ExportInput.from_profile(err.closest, prof))
+        except ExportError as e:  # pragma: no cover - would be a bug: say which candidate
+            raise AssertionError(f"{fmt}: {cand.label()}: {e}") from e
+    assert exported > 0 and exported + refused == len(cands)
+
+
+def test_megatron_arguments_say_the_configuration() -> None:
+    spec = RunSpec(config=Config(tensor=8, pipeline=4, data=2, micro_batch=1, schedule="interleaved", chunks=3,
+                                 recompute=True), microbatches=8,
+                   partition=[(0, 9), *[(9 + 8 * i, 17 + 8 * i) for i in range(10)], (89, 98)])
+    text = export("megatron", ExportInput(spec=spec, model=PRESETS["gpt3-175b"], gpus_per_node=8)).main.content
+    for arg in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4",
+                "--num-layers-per-virtual-pipeline-stage 8", "--micro-batch-size 1", "--global-batch-size 16",
+                "--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1",
+                "--num-layers 96", "--hidden-size 12288", "--num-attention-heads 96", "--seq-length 2048"):
+        assert arg in text, arg
+    assert "torchrun --nnodes 8 --nproc-per-node 8" in text
+
+
+def test_megatron_uneven_first_and_last_stage() -> None:
+    # 24 blocks over D = 4: 5, 7, 7, 5 (first and last stages also hold the embedding and the head)
+    spec = RunSpec(config=Config(tensor=1, pipeline=4, data=1, micro_batch=2, schedule="1f1b"), microbatches=4,
+                   partition=[(0, 6), (6, 13), (13, 20), (20, 26)])
+    inp = ExportInput(spec=spec, model=PRESETS["gpt2-medium"])
+    ex = export("megatron", inp)
+    assert "--decoder-first-pipeline-num-layers 5" in ex.main.content
+    assert "--decoder-last-pipeline-num-layers 5" in ex.main.content
+    assert parse(ex).layer_counts == [5, 7, 7, 5] == inp.transformer_counts()
+
+
+def test_deepspeed_config_keys() -> None:
+    import json
+
+    spec = RunSpec(config=Config(tensor=2, pipeline=4, data=8, micro_batch=2, schedule="1f1b", recompute=True),
+                   microbatches=16)
+    doc = json.loads(export("deepspeed", ExportInput(spec=spec, dtype="bf16")).main.content)
+    assert doc["train_batch_size"] == 2 * 16 * 8 and doc["train_micro_batch_size_per_gpu"] == 2
+    assert doc["gradient_accumulation_steps"] == 16 and doc["bf16"]["enabled"] and not doc["fp16"]["enabled"]
+    assert doc["pipeline"]["stages"] == 4 and doc["pipeline"]["activation_checkpoint_interval"] == 1
+    assert doc["pipeline"]["topology"] == {"num_pp": 4, "num_mp": 2, "num_dp": 8}
+    assert doc["zero_optimization"] == {"stage": 0}
