@@ -87,10 +87,15 @@ def register(app: typer.Typer) -> None:
             help="registration token (default $PIPEPLAN_WORKER_TOKEN; prefer the variable or --token-file: "
                  "a command line is visible to every user in `ps`)")] = None,
         token_file: Annotated[str | None, typer.Option(help="file holding the registration token")] = None,
-        gpus: Annotated[int, typer.Option(help="GPUs on this node")] = 0,
+        gpus: Annotated[int, typer.Option(help="GPUs on this node (a CPU agent: the gloo processes it runs); > 0 "
+                                                "also takes node slots of multi-node jobs")] = 0,
+        host: Annotated[str | None, typer.Option(help="address other nodes reach this one at (default: the "
+                                                      "fully qualified host name)")] = None,
         name: Annotated[str | None, typer.Option(help="unique agent name (default host-pid)")] = None,
         node: Annotated[str | None, typer.Option(help="node name (default: host name)")] = None,
-        device_type: Annotated[str, typer.Option(help="device type, e.g. A100-SXM4-80GB")] = "cpu",
+        device_type: Annotated[str, typer.Option(help="device type, the planner's name as in a cluster JSON's "
+                                                      "'device' (e.g. A100-SXM4-80GB); cpu: CPU and emulated plans "
+                                                      "only")] = "cpu",
         once: Annotated[bool, typer.Option(help="run at most one job, then exit (also when none is queued)")] = False,
         run_command: Annotated[str | None, typer.Option(
             help="executor command (default $PIPEPLAN_RUN_COMMAND, else 'pipeplan run')")] = None,
@@ -134,5 +139,5 @@ def register(app: typer.Typer) -> None:
         start = time.monotonic()
         n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
                  run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
-                 heartbeat=heartbeat, launcher=job_launcher)
+                 heartbeat=heartbeat, host=host, launcher=job_launcher)
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")

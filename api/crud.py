@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session, defer, selectinload
 
 from api.errors import Busy, Conflict, InputError, NotFound
 from api.jobqueue import get_job, record_event
@@ -208,17 +208,23 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     if spec["candidate_index"] >= n:
         raise InputError(f"candidate_index: plan {plan.id} has {n} candidate(s) (0..{n - 1}), "
                          f"got {spec['candidate_index']}")
+    from api.gang import make_slots, placement
+
+    candidate = plan.candidates[spec["candidate_index"]].body
+    where = placement(candidate, get_cluster(db, plan.cluster_id).body, bool(spec["emulate"]),
+                      spec.get("gpus_per_node"))
     job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"],
               iterations=spec["iterations"], emulate=spec["emulate"], state="queued", attempts=0,
-              max_attempts=spec.get("max_attempts") or default_attempts, history=[])
-    record_event(job, "created")
+              max_attempts=spec.get("max_attempts") or default_attempts, history=[], **where)
+    make_slots(job)
+    record_event(job, "created", **where)
     db.add(job)
     db.flush()
     return job
 
 
 def list_jobs(db: Session, state: str | None, plan_id: int | None, limit: int, offset: int) -> list[Job]:
-    q = select(Job).order_by(Job.id)
+    q = select(Job).options(selectinload(Job.slots)).order_by(Job.id)
     if state is not None:
         q = q.where(Job.state == state)
     if plan_id is not None:
@@ -262,6 +268,8 @@ def register_worker(db: Session, spec: dict[str, Any], *, credential: str | None
     never hands over an existing identity (:class:`Conflict`)."""
     for f in ("name", "node", "device_type"):
         check_text(spec[f], f)
+    if spec.get("host") is not None:
+        check_text(spec["host"], "host")
     row = db.scalar(select(Worker).where(Worker.name == spec["name"]))
     created, issued = row is None, None
     if row is None:
@@ -276,6 +284,7 @@ def register_worker(db: Session, spec: dict[str, Any], *, credential: str | None
         issued = "pw_" + secrets.token_urlsafe(32)
         row.token_hash = token_hash(issued)
     row.node, row.gpus, row.device_type = spec["node"], spec["gpus"], spec["device_type"]
+    row.host = spec.get("host")
     row.last_heartbeat = utcnow()
     db.flush()
     return row, created, issued
@@ -292,9 +301,15 @@ def get_worker(db: Session, worker_id: int) -> Worker:
     return row
 
 
-def heartbeat(db: Session, worker_id: int) -> Worker:
+def heartbeat(db: Session, worker_id: int, declared: dict[str, Any] | None = None) -> Worker:
+    """The worker is alive; ``declared`` (GPUs, device type, host; each optional) updates what it has."""
     row = get_worker(db, worker_id)
     row.last_heartbeat = utcnow()
+    for k, v in (declared or {}).items():
+        if v is not None:
+            if isinstance(v, str):
+                check_text(v, k)
+            setattr(row, k, v)
     return row
 
 

@@ -9,6 +9,10 @@ Every transition is a compare-and-set on the row (``UPDATE ... WHERE state = ...
 so two claimers, a renewal racing the reaper, or a result racing a cancel never both win. Only the worker
 holding a running job may renew, release, fail it or post its result: the caller passes the worker id its
 credential proved (``api.deps``), never one read from the request body.
+
+A job is offered only to agents that fit it (device type and size, :func:`api.gang.eligible`); a job that spans
+several nodes is claimed slot by slot and runs as a gang (:mod:`api.gang`); its one result comes from node
+rank 0 of the running gang (where global rank 0 runs).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from api import gang
 from api.errors import Conflict
-from db.models import Job, Result, finite, utcnow
+from db.models import Job, Result, Worker, finite, utcnow
 
 
 def record_event(job: Job, event: str, **kw: Any) -> None:
@@ -53,8 +58,8 @@ def expire_leases(db: Session, now: datetime | None = None) -> list[int]:
     """Running jobs whose lease has run out go back to queued, or to failed after ``max_attempts`` claims.
     Each change is a compare-and-set on (state, lease), so a renewal that wins the race is kept."""
     now = now or utcnow()
+    changed = gang.expire_slots(db, now)
     expired = list(db.scalars(select(Job).where(Job.state == "running", Job.lease_expires_at < now)))
-    changed = []
     for job in expired:
         lease, worker = job.lease_expires_at, job.worker_id
         give_up = job.attempts >= job.max_attempts
@@ -82,41 +87,81 @@ def grace_running_leases(db: Session, lease_seconds: float) -> int:
     return res.rowcount or 0
 
 
-def claim_job(db: Session, worker_id: int, lease_seconds: float) -> Job | None:
-    """Give the oldest queued job to ``worker_id`` with a fresh lease; None if the queue is empty.
+def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int | None = None, *,
+              whole: bool = False, alive_seconds: float = 60.0) -> Job | None:
+    """Give the oldest queued job that fits ``worker_id`` (:func:`api.gang.eligible`) to it with a fresh
+    lease; None if there is none. A multi-node job is claimed one node slot at a time, only by an agent that
+    offers ``rdzv_port`` (it may get node rank 0 and host the rendezvous): the job is returned with the slot
+    held (:func:`api.gang.claim_slot`; ``job.state`` says whether the gang started). ``whole``: the worker
+    places multi-node jobs on nodes itself (Slurm) and claims them whole, as single-node ones. A gang is not
+    offered while fewer agents that fit it are alive (heartbeat within ``alive_seconds``) than it has nodes:
+    holding a slot of it would only keep this agent from other work.
 
-    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows).
-    SQLite (one writer at a time): a compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count
-    says whether this claimer won; a loser moves on to the next job. Either way no job is claimed twice.
+    A compare-and-set ``UPDATE ... WHERE state = 'queued'`` whose row count says whether this claimer won (a
+    loser moves on to the next job); on PostgreSQL a single-node job another claimer has locked is skipped
+    first (``SELECT ... FOR UPDATE SKIP LOCKED``), while a gang's row lock is waited for (it orders the slot
+    changes of one gang, :mod:`api.gang`). SQLite has one writer at a time. Either way no job (or slot) is
+    claimed twice.
     """
+    worker = db.get(Worker, worker_id)
+    if worker is None:
+        return None
+    for jid, rank in gang.forming_slots_of(db, worker_id):  # it claims: it is not waiting in those any more
+        gang.release_slot(db, jid, rank, worker_id)
     now = utcnow()
     values = {"state": "running", "worker_id": worker_id, "claimed_at": now,
               "lease_expires_at": now + timedelta(seconds=lease_seconds), "attempts": Job.attempts + 1}
-    if db.get_bind().dialect.name == "postgresql":
-        job = db.scalar(select(Job).where(Job.state == "queued").order_by(Job.id).limit(1)
-                        .with_for_update(skip_locked=True))
-        if job is None:
+    fits = gang.eligible(worker, whole)
+    if rdzv_port is None and not whole:
+        fits = fits & (Job.nodes == 1)
+    queued = select(Job.id, Job.nodes).where(Job.state == "queued", fits, gang.not_holding(worker_id))
+    postgres = db.get_bind().dialect.name == "postgresql"
+    tried: list[int] = []
+    for _ in range(100):  # bounded: each lost race means another claimer took a job or a slot
+        q = queued.where(Job.id.not_in(tried)) if tried else queued
+        row = db.execute(q.order_by(Job.id).limit(1)).first()
+        if row is None:
             return None
-        db.execute(update(Job).where(Job.id == job.id).values(**values))
-        db.refresh(job)
-        record_event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
-        return job
-    for _ in range(100):  # bounded: each lost race means another claimer took a job
-        ids = list(db.scalars(select(Job.id).where(Job.state == "queued").order_by(Job.id).limit(8)))
-        if not ids:
-            return None
-        for jid in ids:
-            res = db.execute(update(Job).where(Job.id == jid, Job.state == "queued").values(**values))
-            if res.rowcount == 1:
-                job = get_job(db, jid)
-                db.refresh(job)
-                record_event(job, "claimed", worker_id=worker_id, attempt=job.attempts)
-                return job
+        jid, nodes = row
+        if whole:
+            nodes = 1  # claimed as a single-node job
+        if postgres and nodes == 1 and db.scalar(  # skip a job another claimer is taking (no waiting on it)
+                select(Job.id).where(Job.id == jid, Job.state == "queued").with_for_update(skip_locked=True)) is None:
+            tried.append(jid)
+            continue
+        if nodes > 1 and not gang.could_form(db, jid, alive_seconds):
+            tried.append(jid)
+            continue
+        # a gang's slot: wait for a concurrent claimer's row lock rather than skip the gang (a half-formed
+        # one elsewhere would hold this agent until the slot timeout)
+        job = _claim_one(db, jid, nodes, worker, values, lease_seconds, rdzv_port)
+        if job is not None:
+            return job
+        tried.append(jid)
     return None
+
+
+def _claim_one(db: Session, jid: int, nodes: int, worker: Worker, values: dict[str, Any], lease_seconds: float,
+               rdzv_port: int | None) -> Job | None:
+    if nodes > 1:
+        assert rdzv_port is not None
+        if gang.claim_slot(db, jid, worker, lease_seconds, rdzv_port) is None:
+            return None
+        return get_job(db, jid)
+    res = db.execute(update(Job).where(Job.id == jid, Job.state == "queued").values(**values))
+    if res.rowcount != 1:
+        return None
+    job = get_job(db, jid)
+    db.refresh(job)
+    record_event(job, "claimed", worker_id=worker.id, attempt=job.attempts)
+    return job
 
 
 def _held(db: Session, job_id: int, worker_id: int) -> Job:
     job = get_job(db, job_id)
+    if gang.runs_as_gang(db, job):
+        raise Conflict(f"job {job_id} runs as a gang of {job.nodes} nodes: use its node slot's endpoints "
+                       "(/jobs/{id}/slots/{rank}/...)")
     if job.state != "running" or job.worker_id != worker_id:
         holder = f"worker {job.worker_id}" if job.worker_id else "no worker"
         raise Conflict(f"worker {worker_id} does not hold job {job_id} (it is {job.state}, held by {holder}): "
@@ -129,6 +174,8 @@ def renew_lease(db: Session, job_id: int, worker_id: int, lease_seconds: float) 
     job = get_job(db, job_id)
     if job.state == "cancelled" and job.worker_id == worker_id:
         return job, True
+    if gang.runs_as_gang(db, job):
+        _held(db, job_id, worker_id)  # refused: a gang's nodes renew their slots
     expires = utcnow() + timedelta(seconds=lease_seconds)
     res = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
                      .values(lease_expires_at=expires))
@@ -169,13 +216,24 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
         if stored.worker_id == worker_id:
             return stored, False
         raise Conflict(f"job {job_id} already has a result (from worker {stored.worker_id})")
-    job = _held(db, job_id, worker_id)
+    job = get_job(db, job_id)
+    if gang.runs_as_gang(db, job):
+        rank = gang.running_rank(db, job, worker_id)
+        if job.state != "running" or rank is None:
+            raise Conflict(f"worker {worker_id} holds no node of running job {job_id} (it is {job.state}): "
+                           "the gang was stopped")
+        if rank != 0:
+            raise Conflict(f"job {job_id}: the result comes from node rank 0 (where global rank 0 runs), not from "
+                           f"worker {worker_id}'s node {rank}")
+    else:
+        _held(db, job_id, worker_id)
     res = Result(job_id=job_id, worker_id=worker_id, iteration_time=data["iteration_time"],
                  bubble_ratio=data.get("bubble_ratio"), emulated=bool(data.get("emulated")),
                  devices=finite(data.get("devices") or []), trace=data.get("trace"),
                  body=finite(data.get("raw") or {}))
     db.add(res)
-    done = db.execute(update(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.state == "running")
+    holder = Job.worker_id.is_not(None) if gang.runs_as_gang(db, job) else Job.worker_id == worker_id
+    done = db.execute(update(Job).where(Job.id == job_id, holder, Job.state == "running")
                       .values(state="succeeded", finished_at=utcnow(), lease_expires_at=None))
     if done.rowcount != 1:
         raise Conflict(f"job {job_id} changed state meanwhile: the lease was lost")

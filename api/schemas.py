@@ -256,6 +256,10 @@ class JobCreate(BaseModel):
     iterations: int = Field(default=10, ge=1, le=1_000_000)
     emulate: bool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
     max_attempts: int | None = Field(default=None, ge=1, le=100, description="claims before giving up")
+    gpus_per_node: int | None = Field(default=None, ge=1, le=4096,
+                                      description="processes per node G: the job takes ceil(t*D*W / G) node slots "
+                                                  "(default: the plan's cluster's gpus_per_node; an emulated job: "
+                                                  "one node)")
 
     @field_validator("model")
     @classmethod
@@ -285,6 +289,21 @@ class JobOut(BaseModel):
     claimed_at: datetime | None
     finished_at: datetime | None
     has_result: bool = False
+    device_type: str | None = Field(default=None, description="the device an agent must have (the plan's "
+                                                              "cluster's; a CPU agent takes emulated jobs too)")
+    nodes: int = Field(default=1, description="node slots: agents that run it together (a gang when > 1)")
+    procs_per_node: int | None = Field(default=None, description="processes on each node (t*D*W / nodes)")
+    slots: list[SlotOut] = Field(default_factory=list, description="the node slots of a multi-node job")
+    waiting: str | None = Field(default=None, description="why a queued job is not running yet")
+
+
+class SlotOut(BaseModel):
+    node_rank: int
+    state: Literal["open", "held", "running", "done"]
+    worker_id: int | None
+    held_since: datetime | None
+    lease_expires_at: datetime | None
+    endpoint: str | None = Field(description="node rank 0: the rendezvous host:port its agent picked")
 
 
 class WorkerRegister(BaseModel):
@@ -292,14 +311,42 @@ class WorkerRegister(BaseModel):
 
     name: Name
     node: Name
-    gpus: int = Field(default=0, ge=0, le=4096)
-    device_type: Name = "cpu"
+    gpus: int = Field(default=0, ge=0, le=4096, description="GPUs of the node (a CPU agent: the gloo processes "
+                                                             "it runs); 0: undeclared, single-node jobs only")
+    device_type: Name = Field(default="cpu", description="the planner's device name, as a cluster JSON's "
+                                                         "'device' (e.g. A100-SXM4-80GB); 'cpu': a CPU-only agent "
+                                                         "(CPU and emulated plans)")
+    host: Name | None = Field(default=None, description="the address other nodes reach this one at (the "
+                                                        "rendezvous of gangs whose node rank 0 it runs)")
+
+
+class WorkerDeclared(BaseModel):
+    """What a heartbeat may update (each optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int | None = Field(default=None, ge=0, le=4096)
+    device_type: Name | None = None
+    host: Name | None = None
+
+
+class ClaimIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rdzv_port: int | None = Field(default=None, ge=1, le=65535,
+                                  description="a free port on this agent's host: with it the agent also takes "
+                                              "node slots of multi-node jobs (node rank 0 hosts the rendezvous "
+                                              "there)")
+    whole: bool = Field(default=False, description="this agent places multi-node jobs on nodes itself (a Slurm "
+                                                   "launcher): it is offered jobs of its device of any size, "
+                                                   "whole, instead of node slots")
 
 
 class WorkerOut(BaseModel):
     id: int
     name: str
     node: str
+    host: str | None = None
     gpus: int
     device_type: str
     registered_at: datetime
@@ -322,10 +369,27 @@ class WorkerRef(BaseModel):
 
 class JobClaim(BaseModel):
     job: JobOut
+    slot: SlotOut | None = Field(default=None, description="the node slot held (a multi-node job): renew it "
+                                                           "with POST /jobs/{id}/slots/{rank}/lease and start "
+                                                           "when it answers 'start'")
     lease_seconds: float
     plan: dict[str, Any] = Field(description="plan --json shaped: {'candidates': [...]} (all candidates)")
     candidate: dict[str, Any]
     profile: dict[str, Any] | None = Field(description="the plan's model profile when the job emulates it")
+
+
+class SlotLeaseOut(BaseModel):
+    job_id: int
+    node_rank: int
+    nodes: int
+    procs_per_node: int | None
+    state: str = Field(description="waiting (the gang forms), released (held alone too long: claim again), "
+                                   "start (run with the rendezvous below), succeeded (let the run end), "
+                                   "cancelled or failed (stop)")
+    held: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    attempt: int | None = None
 
 
 class LeaseOut(BaseModel):

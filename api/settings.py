@@ -35,6 +35,9 @@ class Settings:
     open_reads: bool = field(default_factory=lambda: _bool("PIPEPLAN_OPEN_READS", False))
     lease_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_LEASE_SECONDS", 30.0))
     max_attempts: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_ATTEMPTS", 3))
+    #: a node slot of a multi-node job held this long without the rest of its gang is given back
+    #: (api/gang.py: two half-formed gangs cannot hold each other's agents for ever)
+    gang_wait_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_GANG_WAIT_SECONDS", 60.0))
     worker_alive_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_WORKER_ALIVE_SECONDS", 60.0))
     plan_workers: int = field(default_factory=lambda: _int("PIPEPLAN_PLAN_WORKERS", 2))
     plan_wait_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_WAIT_SECONDS", 1.0))

@@ -191,6 +191,41 @@ class Job(Base):
     claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    #: placement (api/gang.py): the device an agent must have (the plan's cluster device; null: any agent,
+    #: jobs stored before agents declared theirs), ``nodes`` node slots of ``procs_per_node`` processes each
+    #: (null: any agent runs it on one node, as before)
+    device_type: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    procs_per_node: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: bumped by every change of a forming gang's slots: the compare-and-set that starts the gang
+    slots_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+    slots: Mapped[list[JobSlot]] = relationship(back_populates="job", order_by="JobSlot.node_rank",
+                                                cascade="all, delete-orphan")
+
+
+SLOT_STATES = ("open", "held", "running", "done")
+
+
+class JobSlot(Base):
+    """One node of a multi-node job (``Job.nodes`` > 1): open -> held (an agent waits in it) -> running
+    (every slot was held: the gang started) -> done (its run exited 0); a stopped gang puts every slot back
+    to open. An agent holds at most one slot of a job (the unique constraint)."""
+
+    __tablename__ = "job_slots"
+    __table_args__ = (UniqueConstraint("job_id", "node_rank"), UniqueConstraint("job_id", "worker_id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    node_rank: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="open")
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
+    held_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: node rank 0's rendezvous endpoint (host:port its agent picked)
+    endpoint: Mapped[str | None] = mapped_column(String(300), nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="slots")
 
 
 class Worker(Base):
@@ -201,6 +236,8 @@ class Worker(Base):
     node: Mapped[str] = mapped_column(String(200))
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     device_type: Mapped[str] = mapped_column(String(200), default="cpu")
+    #: the address other nodes reach this agent's node at (the rendezvous of a gang it leads)
+    host: Mapped[str | None] = mapped_column(String(200), nullable=True)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     #: sha256 of the credential issued at registration (the credential itself is shown once)
     token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)

@@ -16,6 +16,20 @@ No token reaches the run: its environment is the agent's without ``PIPEPLAN_*TOK
 
 The run dies with the agent: it starts under :mod:`executor.runguard`, which holds a pipe from the agent
 and kills the run's whole process group when the pipe closes (the agent exited, even by ``kill -9``).
+
+What it has: the agent declares its GPU count (``--gpus``; a CPU agent: the gloo processes it runs), its
+device type (the planner's device name, a cluster JSON's ``device``; ``cpu`` for a CPU-only agent, which is
+offered CPU and emulated plans only) and its host (``--host``: the address other nodes reach it at), at
+registration and with every heartbeat; the API offers it only the jobs that fit (:mod:`api.gang`).
+
+Several nodes (an agent with ``--gpus`` > 0): with each claim it offers a free port of its host; it may get a
+node slot of a multi-node job instead of a whole job. It then checks in on the slot (renewing its lease) until
+the API says the whole gang is held (``start``, with the rendezvous endpoint: node rank 0's host and the port
+its agent offered), runs ``pipeplan run ... --nnodes N --node-rank R --nproc-per-node G --rdzv-endpoint H:P
+--rdzv-id ID``, and goes on checking in while it runs: a 409 means the gang was stopped (another node's agent
+died or its run failed) and the run is killed at once. The node whose run wrote the result (where global rank 0
+ran) posts it; the others say their node is done; a failing run stops the whole gang (the API queues the job
+again). A slot that waits alone too long is given back by the API (``released``) and the agent claims again.
 """
 
 from __future__ import annotations
@@ -112,10 +126,11 @@ class Agent:
     def __init__(self, api: str, token: str, *, name: str | None = None, node: str | None = None, gpus: int = 0,
                  device_type: str = "cpu", run_command: list[str] | None = None, workdir: str | Path | None = None,
                  poll: float = 2.0, heartbeat: float = 10.0,
-                 retry_for: float = 600.0, launcher: Launcher | None = None) -> None:
+                 retry_for: float = 600.0, launcher: Launcher | None = None, host: str | None = None) -> None:
         self.node = node or socket.gethostname()
         self.name = name or f"{self.node}-{os.getpid()}"
         self.gpus, self.device_type = gpus, device_type
+        self.host = host or socket.getfqdn()
         self.run_command = run_command or default_run_command()
         self.launcher: Launcher = launcher or LocalLauncher()
         # absolute: the run is started with cwd= its job directory, where a relative path would be looked up
@@ -161,7 +176,8 @@ class Agent:
             saved, self.name = kept["token"], kept.get("name") or self.name
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        body = {"name": self.name, "node": self.node, "gpus": self.gpus, "device_type": self.device_type}
+        body = {"name": self.name, "node": self.node, "gpus": self.gpus, "device_type": self.device_type,
+                "host": self.host}
         r = None
         if saved:
             r = self._request("POST", "/workers", json=body, headers={"Authorization": f"Bearer {saved}"})
@@ -187,18 +203,34 @@ class Agent:
                 json.dump({"name": self.name, "token": credential}, f)
         self.client.headers["Authorization"] = f"Bearer {credential}"
         self.worker_id = int(data["id"])
-        log.info("registered as worker %d (%s)", self.worker_id, self.name)
+        log.info("registered as worker %d (%s): %s", self.worker_id, self.name, self.declaration())
         return self.worker_id
+
+    def declaration(self) -> str:
+        """What this agent takes, in words (logged at registration)."""
+        size = (f"{self.gpus} GPU(s) (processes) per node, also nodes of multi-node jobs" if self.gpus
+                else "GPUs undeclared: single-node jobs only")
+        if self.device_type.lower() == "cpu":
+            return f"CPU agent: CPU plans (device 'cpu') and emulated plans only; {size}; host {self.host}"
+        return f"device {self.device_type}; {size}; host {self.host}"
 
     def _heartbeats(self) -> None:
         while not self.stop.wait(self.heartbeat_interval):
             try:
-                self.client.post(f"/workers/{self.worker_id}/heartbeat")
+                self.client.post(f"/workers/{self.worker_id}/heartbeat",
+                                 json={"gpus": self.gpus, "device_type": self.device_type, "host": self.host})
             except Exception as e:  # noqa: BLE001 - a missed heartbeat is not fatal (the client may be closing)
                 log.warning("heartbeat failed: %s", e)
 
     def claim(self) -> dict[str, Any] | None:
-        r = self._request("POST", f"/workers/{self.worker_id}/claim")
+        """A job, or a node slot of a multi-node job (``claim["slot"]``; only with GPUs declared, offering a
+        free port of this host for the rendezvous should it get node rank 0). An agent whose launcher is not
+        the local one (Slurm) claims multi-node jobs whole: its launcher places them on nodes."""
+        if not isinstance(self.launcher, LocalLauncher):
+            body: dict[str, Any] | None = {"whole": True}  # e.g. Slurm: it allocates a job's nodes itself
+        else:
+            body = {"rdzv_port": free_port()} if self.gpus > 0 else None
+        r = self._request("POST", f"/workers/{self.worker_id}/claim", json=body)
         if r.status_code == 204:
             return None
         r.raise_for_status()
@@ -220,40 +252,23 @@ class Agent:
 
     def run_job(self, claim: dict[str, Any]) -> str:
         """Run one claimed job to its end; the outcome: succeeded, failed, cancelled, lost or released."""
+        if claim.get("slot") is not None:
+            return self.run_slot(claim)
         job = claim["job"]
         jid = job["id"]
         jobdir = self.workdir / f"job-{jid}-attempt-{job['attempts']}"
         jobdir.mkdir(parents=True, exist_ok=True)
         cmd = self.command(claim, jobdir)
-        logfile = jobdir / "run.log"
-        renew_every = max(0.2, float(claim["lease_seconds"]) / 3)
-        log.info("job %d: %s", jid, shlex.join(cmd))
-        try:
-            run = self.launcher.start(cmd, jobdir, logfile)
-        except LaunchFailed as e:
-            r = self._request("POST", f"/jobs/{jid}/fail", json={"worker_id": self.worker_id, "error": str(e),
-                                                                 "log_tail": ""})
-            log.warning("job %d failed to start: %s", jid, e)
-            return "failed" if r.status_code == 200 else "lost"
-        outcome = code = None
-        try:
-            while (code := self.launcher.poll(run)) is None:
-                if self.stop.wait(renew_every):
-                    outcome = "released"
-                    break
-                try:
-                    r = self.client.post(f"/jobs/{jid}/lease", json={"worker_id": self.worker_id})
-                except httpx.TransportError as e:
-                    log.warning("job %d: lease renewal failed (%s); the run goes on", jid, e)
-                    continue
-                if r.status_code == 409:
-                    outcome = "lost"
-                    break
-                if r.status_code == 200 and r.json().get("cancel"):
-                    outcome = "cancelled"
-                    break
-        finally:
-            self.launcher.cancel(run)
+
+        def renew() -> str | None:
+            r = self.client.post(f"/jobs/{jid}/lease", json={"worker_id": self.worker_id})
+            if r.status_code == 409:
+                return "lost"
+            if r.status_code == 200 and r.json().get("cancel"):
+                return "cancelled"
+            return None
+
+        outcome, code = self._supervise(jid, cmd, jobdir, float(claim["lease_seconds"]), renew, f"/jobs/{jid}/fail")
         if outcome == "released":
             self._request("POST", f"/jobs/{jid}/release", json={"worker_id": self.worker_id})
             log.info("job %d: stopped, released", jid)
@@ -261,9 +276,105 @@ class Agent:
         if outcome is not None:
             log.warning("job %d: %s; run stopped", jid, outcome)
             return outcome
-        return self._report(jid, -1 if code is None else code, jobdir / "result.json", logfile)
+        return self._report(jid, code, jobdir / "result.json", jobdir / "run.log")
 
-    def _report(self, jid: int, code: int, out: Path, logfile: Path) -> str:
+    def _supervise(self, jid: int, cmd: list[str], jobdir: Path, lease_seconds: float,
+                   renew: Any, fail_url: str) -> tuple[str | None, int]:
+        """Run ``cmd`` with the launcher in ``jobdir`` (log in run.log), calling ``renew`` every third of a
+        lease; (outcome, exit code): outcome None when the run ended by itself, else why it was stopped --
+        ``released`` (this agent stops), what ``renew`` answered, or ``failed`` (it could not start: posted
+        to ``fail_url``)."""
+        logfile = jobdir / "run.log"
+        renew_every = max(0.2, lease_seconds / 3)
+        log.info("job %d: %s", jid, shlex.join(cmd))
+        try:
+            run = self.launcher.start(cmd, jobdir, logfile)
+        except LaunchFailed as e:
+            r = self._request("POST", fail_url, json={"worker_id": self.worker_id, "error": str(e), "log_tail": ""})
+            log.warning("job %d failed to start: %s", jid, e)
+            return ("failed" if r.status_code == 200 else "lost"), -1
+        outcome = code = None
+        try:
+            while (code := self.launcher.poll(run)) is None:
+                if self.stop.wait(renew_every):
+                    outcome = "released"
+                    break
+                try:
+                    outcome = renew()
+                except httpx.TransportError as e:
+                    log.warning("job %d: lease renewal failed (%s); the run goes on", jid, e)
+                    continue
+                if outcome is not None:
+                    break
+        finally:
+            self.launcher.cancel(run)
+        return outcome, -1 if code is None else code
+
+    # ---- a node slot of a multi-node job (a gang) --------------------------------------------------------
+    def run_slot(self, claim: dict[str, Any]) -> str:
+        """Wait in a claimed node slot until the gang is held, run this node's part, report it. The outcome:
+        succeeded (this node posted the result), done (another node has it), failed, cancelled, lost
+        (the gang was stopped), released (this agent stops) or timed-out (the gang did not form in time)."""
+        job, slot = claim["job"], claim["slot"]
+        jid, rank = job["id"], slot["node_rank"]
+        url = f"/jobs/{jid}/slots/{rank}"
+        lease = float(claim["lease_seconds"])
+        log.info("job %d: holding node slot %d of %d; waiting for the gang", jid, rank, job["nodes"])
+        start = self._await_gang(jid, url, lease)
+        if not isinstance(start, dict):
+            return start
+        jobdir = self.workdir / f"job-{jid}-attempt-{start['attempt']}-node-{rank}"
+        jobdir.mkdir(parents=True, exist_ok=True)
+        cmd = [*self.command(claim, jobdir), "--nnodes", str(start["nodes"]), "--node-rank", str(rank),
+               "--nproc-per-node", str(start["procs_per_node"]), "--rdzv-endpoint", str(start["rdzv_endpoint"]),
+               "--rdzv-id", str(start["rdzv_id"])]
+
+        def renew() -> str | None:
+            r = self.client.post(f"{url}/lease", json={"worker_id": self.worker_id})
+            if r.status_code == 409:
+                return "lost"
+            if r.status_code == 200 and r.json().get("state") in ("cancelled", "failed"):
+                return r.json()["state"]
+            return None  # running, or succeeded (another node posted the result): let the run end
+
+        outcome, code = self._supervise(jid, cmd, jobdir, lease, renew, f"{url}/fail")
+        if outcome == "released":
+            self._request("POST", f"{url}/release", json={"worker_id": self.worker_id})
+            log.info("job %d: node %d stopped, the gang released", jid, rank)
+            return outcome
+        if outcome is not None:
+            log.warning("job %d: node %d: %s; run stopped", jid, rank, outcome)
+            return outcome
+        out, logfile = jobdir / "result.json", jobdir / "run.log"
+        if code == 0 and not out.exists():
+            r = self._request("POST", f"{url}/done", json={"worker_id": self.worker_id})
+            log.info("job %d: node %d done (the result is on the node of global rank 0)", jid, rank)
+            return "done" if r.status_code == 200 else "lost"
+        return self._report(jid, code, out, logfile, fail_url=f"{url}/fail")
+
+    def _await_gang(self, jid: int, url: str, lease: float) -> dict[str, Any] | str:
+        """Check in on the slot until the gang starts: the start answer, or why not (an outcome)."""
+        every = min(self.poll, max(0.2, lease / 3), 0.5)
+        while True:
+            if self.stop.is_set():
+                self._request("POST", f"{url}/release", json={"worker_id": self.worker_id})
+                return "released"
+            r = self._request("POST", f"{url}/lease", json={"worker_id": self.worker_id})
+            if r.status_code == 409:
+                log.warning("job %d: the slot was lost while waiting", jid)
+                return "lost"
+            r.raise_for_status()
+            state = r.json()["state"]
+            if state == "start":
+                return r.json()
+            if state == "released":
+                log.info("job %d: the gang did not form in time; slot given back", jid)
+                return "timed-out"
+            if state != "waiting":
+                return state  # cancelled, failed
+            self.stop.wait(every)
+
+    def _report(self, jid: int, code: int, out: Path, logfile: Path, fail_url: str | None = None) -> str:
         tail = _tail(logfile)
         if code == 0 and out.exists():
             try:
@@ -286,8 +397,8 @@ class Agent:
             error = f"the run exited 0 but wrote no result file ({out})"
         else:
             error = f"the run exited with code {code}"
-        r = self._request("POST", f"/jobs/{jid}/fail", json={"worker_id": self.worker_id, "error": error,
-                                                             "log_tail": tail})
+        r = self._request("POST", fail_url or f"/jobs/{jid}/fail", json={"worker_id": self.worker_id,
+                                                                         "error": error, "log_tail": tail})
         log.warning("job %d failed: %s", jid, error)
         return "failed" if r.status_code == 200 else "lost"
 
@@ -308,7 +419,8 @@ class Agent:
                         break
                     self.stop.wait(self.poll)
                     continue
-                self.run_job(claim)
+                if self.run_job(claim) == "timed-out":
+                    continue  # a slot given back before anything ran: claim again
                 ran += 1
                 if once or (max_jobs is not None and ran >= max_jobs):
                     break
@@ -347,6 +459,13 @@ def _terminate(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+def free_port() -> int:
+    """A port free on this host now (the kernel's pick; offered for a rendezvous this agent may host)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def _tail(path: Path, n: int = LOG_TAIL) -> str:

@@ -67,7 +67,8 @@ def run(
     nnodes: Annotated[int, typer.Option(help="nodes (one `pipeplan run` per node)")] = 1,
     node_rank: Annotated[int, typer.Option(help="this node's rank, 0..nnodes-1")] = 0,
     nproc_per_node: Annotated[int | None, typer.Option(help="processes on this node (default world/nnodes)")] = None,
-    rdzv_endpoint: Annotated[str | None, typer.Option(help="host:port of the c10d rendezvous (nnodes > 1)")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(
+        help="host:port of the rendezvous, on node rank 0's host (nnodes > 1)")] = None,
     rdzv_id: Annotated[str, typer.Option(help="rendezvous id, the same on every node")] = "pipeplan",
     dtype: Annotated[str | None, typer.Option(help="float32 or float64 (default: float64 with --check)")] = None,
     check: Annotated[bool, typer.Option("--check", help="compare with single-process training")] = False,

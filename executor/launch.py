@@ -1,5 +1,5 @@
 """Launching: ``torch.distributed.run`` (torchrun) with one process per device, on one node (``--standalone``)
-or on several (one launch per node, c10d rendezvous).
+or on several (one launch per node, torchrun's static rendezvous: node rank r is node r).
 
 :func:`launch` refuses, before starting anything, a plan whose point-to-point posting policy could deadlock
 under NCCL (:func:`check_p2p`, with ``backend="nccl"``), writes the spec into a fresh temporary work directory,
@@ -8,15 +8,17 @@ once, and the ranks of the other nodes fail on their next exchange with it: no h
 
 * on failure raises :class:`RunFailed` naming the *first* rank of this node that failed and its error (from
   the ``error-rank*.json`` files the ranks write, earliest first; torchrun's own report otherwise);
-* on success returns the result rank 0 wrote -- ``None`` on a node that does not host global rank 0 (the
-  c10d rendezvous assigns ranks to nodes). The caller's output files are written atomically
+* on success returns the result rank 0 wrote -- ``None`` on a node that does not host global rank 0 (node
+  rank 0 does). The caller's output files are written atomically
   (:func:`executor.trace.write_json_atomic`) and only then, so a failed run leaves no result behind.
 
 Several nodes (``nnodes > 1``): every node runs ``launch`` with the same plans, its ``node_rank`` and ``nproc``
 processes, and the same ``rdzv_endpoint`` (``host:port`` reachable from all nodes; the launch on that host
-serves the rendezvous store) and ``rdzv_id``; the world is ``nnodes * nproc`` ranks. ``--node-rank`` is passed
-on, but torchrun ignores it under c10d: nodes get their ranks in the order they join, so global rank 0 (and
-the result) may be on any node.
+serves the rendezvous store) and ``rdzv_id``; the world is ``nnodes * nproc`` ranks. The rendezvous is
+torchrun's ``static`` one: ``--node-rank`` is kept (global ranks ``node_rank * nproc ..``), node rank 0 serves
+the store at the endpoint (so the endpoint is on node rank 0's host) and writes the result. (Under ``c10d``
+torchrun would ignore ``--node-rank`` and order nodes by address and process id; a gang dispatched by the API,
+:mod:`api.gang`, counts on node rank 0 being the one that hosts the endpoint and stores the result.)
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def check_p2p(plan: RunPlan, policy: str) -> None:
 
 def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
                   rdzv_id: str = "pipeplan", join_timeout: float = 120.0) -> list[str]:
-    """torchrun's placement options: ``--standalone`` on one node, a c10d rendezvous on several."""
+    """torchrun's placement options: ``--standalone`` on one node, a static rendezvous on several (node rank 0
+    serves the store at ``rdzv_endpoint``; the others wait for it up to ``join_timeout`` seconds)."""
     if nnodes < 1 or nproc < 1:
         raise ValueError(f"nnodes and nproc must be >= 1, got {nnodes} and {nproc}")
     if nnodes == 1:
@@ -75,9 +78,9 @@ def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint
                          f"{rdzv_endpoint!r}")
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
-    return [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+    return [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", "--rdzv-backend=static",
             f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf=join_timeout={max(int(join_timeout), 1)}"]
+            f"--rdzv-conf=timeout={max(int(join_timeout), 1)}"]
 
 
 def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: str = "gloo",

@@ -7,7 +7,9 @@ loads torch. ``tests/test_cli_fast.py`` checks that the table matches what the m
 
 from __future__ import annotations
 
+import gc
 import importlib
+import sys
 from typing import Any
 
 import typer
@@ -91,7 +93,16 @@ def _root() -> None:
     """pipeplan: plan, simulate and run pipeline-parallel training."""
 
 
+#: commands that compute, print and exit: the process runs them with the cyclic garbage collector off. The
+#: search keeps ~0.5M small objects alive to the end (the action lists behind the returned timelines); a
+#: collection after it would visit every one (0.15 s on GPT-3 175B / 1024 GPUs) to free nothing that the
+#: exit does not free.
+SHORT_LIVED = frozenset({"plan", "predict"})
+
+
 def main() -> None:
+    if SHORT_LIVED.intersection(sys.argv[1:2]):
+        gc.disable()
     app()
 
 

@@ -1,4 +1,5 @@
-"""``pipeplan plan``, ``predict`` and ``profile-analytic``: the planner from the command line."""
+"""``pipeplan plan``, ``predict`` and ``profile-analytic``: the planner from the command line. The device and
+operator models load with ``profile-analytic`` only."""
 
 from __future__ import annotations
 
@@ -12,13 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail
-from planner.analytic import analytic_profile
 from planner.cluster import Cluster, load_cluster
-from planner.device import find_device
 from planner.equivalence import schedule_label
 from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
-from planner.operators import OperatorOptions
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
 from planner.search import Candidate, plan, predict
@@ -169,6 +167,11 @@ def register(app: typer.Typer) -> None:
         sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
     ) -> None:
         """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
+        # imported here: ``plan`` and ``predict`` need none of the device and operator models
+        from planner.analytic import analytic_profile
+        from planner.device import find_device
+        from planner.operators import OperatorOptions
+
         dev = (find_device(load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json").device)
                if device in DEVICES else find_device(device))
         if dev is None:

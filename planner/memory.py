@@ -151,9 +151,39 @@ class MemoryModel:
     def simulated_memory(self, cand: Candidate, costs: ConfigCosts, res: SimResult) -> list[float]:
         """Per device, what it needs at its peak in simulation ``res``: model state, the peak of its
         activations, the reserve, and -- recomputing -- one layer's activations materialised again."""
+        return self.peak_memory(cand, costs, [d.peak_activations for d in res.devices])
+
+    def list_peaks(self, sched: Schedule, costs: ConfigCosts) -> list[float]:
+        """Per device, the peak of its alive activations in the full lists of ``sched``, as the simulator
+        counts them (:func:`planner.schedules.encoded.replay_encoded`: in list order, a forward adds its
+        micro-batches times the stage's :meth:`activation`, a B or I takes one away, the peak is taken
+        after forwards; the same additions in the same order, so the same numbers). It depends on the
+        order of the lists only, not on any time: the simulated memory is known before simulating."""
+        weight: dict[int, float] = {}
+        out = []
+        for row in sched.actions:
+            alive = peak = 0.0
+            for a in row:
+                k = a.kind
+                if k == "W":
+                    continue
+                w = weight.get(a.stage)
+                if w is None:
+                    w = weight[a.stage] = float(costs.activation(a.stage))
+                if k == "F":
+                    alive += w * a.span
+                    if alive > peak:
+                        peak = alive
+                else:
+                    alive += -w
+            out.append(peak)
+        return out
+
+    def peak_memory(self, cand: Candidate, costs: ConfigCosts, peaks: list[float]) -> list[float]:
+        """:meth:`simulated_memory` from the per-device activation peaks (:meth:`list_peaks`)."""
         mem = []
         for d in range(cand.config.pipeline):
-            m = cand.state[d] + res.devices[d].peak_activations + self.request.memory_reserve_bytes
+            m = cand.state[d] + peaks[d] + self.request.memory_reserve_bytes
             if cand.config.recompute:  # recomputing a layer materialises its activations once
                 m += max(costs.stages[s].max_layer_stash for _, s in costs.held[d]) * costs.base_b
             mem.append(m)

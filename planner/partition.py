@@ -86,6 +86,7 @@ def balance_by_cost(cost: Sequence[float], stages: int,
     if any(c < 0 or not math.isfinite(c) for c in cost):
         raise PartitionError("layer costs must be finite and >= 0")
     pc = prefix_sums(cost)
+    pc_list = pc.tolist()  # (greedy bisects a list: a numpy search per stage costs more than the search)
     if memory is not None:
         pm = prefix_sums(memory)
         caps = [float(capacity)] * stages if isinstance(capacity, (int, float)) else (
@@ -107,7 +108,7 @@ def balance_by_cost(cost: Sequence[float], stages: int,
         for k in range(stages):
             if i == L:
                 break
-            j = int(np.searchsorted(pc, pc[i] + limit * (1 + 1e-12), side="right")) - 1
+            j = bisect.bisect_right(pc_list, pc_list[i] + limit * (1 + 1e-12)) - 1
             j = min(j, L - (stages - k - 1))  # leave at least one layer for each later stage
             if j <= i:
                 return None

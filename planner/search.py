@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +65,11 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
-        self.replicated = ReplicatedPlans(profile, cluster, request, self.layer_costs, self._bottleneck)
+        # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
+        # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
+        me = weakref.proxy(self)
+        self.replicated = ReplicatedPlans(profile, cluster, request, lambda samples, rc: me.layer_costs(samples, rc),
+                                          lambda stages, samples, rc: me._bottleneck(stages, samples, rc))
 
     def configs(self, rejected: Counter[str]) -> list[Config]:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
@@ -208,6 +213,8 @@ class Planner:
             if self.memory.too_big(cand, [max((c * costs.activation(s) for s, c in counts[d].items()),
                                               default=0.0) for d in range(cfg.pipeline)]):
                 return cand
+        if self.out_of_memory(cand, costs, sched, exact):
+            return cand
         try:
             res = simulate(sched, costs, compiled=self.shapes.compiled(cfg, sched))
         except ScheduleError as e:  # pragma: no cover - builders are validated by the tests
@@ -225,6 +232,35 @@ class Planner:
             cand.reason = (f"out of memory: device {worst} needs {gib(mem[worst])}, "
                            f"{gib(over)} over {gib(self.cluster.memory_bytes)}")
         return cand
+
+    def out_of_memory(self, cand: Candidate, costs: ConfigCosts, sched: Schedule, exact: bool) -> bool:
+        """Where a device holds several stages: reject, before simulating, what the simulation would find
+        out of memory. The simulated peak of a device's activations depends on its list's order alone
+        (:meth:`planner.memory.MemoryModel.list_peaks` counts it as the simulator does), so the candidate
+        gets the memory and the reason the simulation would give it (not its time). Counted only when the
+        sum of its stages' own peaks -- at least the device's peak -- does not already fit."""
+        lay = self.shapes.layout(cand.config, sched)
+        if lay.stage.shape[1] < 2:
+            return False  # one stage per device: the in-flight check before it is the simulated peak
+        if exact:
+            per_stage = lay.inflight
+        else:
+            counts = self.memory.list_inflight(cand.config, sched)
+            per_stage = np.array([[counts[d].get(s, 0) for s in row] for d, row in enumerate(lay.stage.tolist())],
+                                 dtype=float)
+        act = np.array([costs.activation(s) for s in range(sched.stages)])
+        upper = (per_stage * act[lay.stage]).sum(axis=1).tolist()
+        cap = self.cluster.memory_bytes
+        if max(self.memory.peak_memory(cand, costs, upper)) <= cap * (1 - 1e-9):
+            return False
+        mem = self.memory.peak_memory(cand, costs, self.memory.list_peaks(sched, costs))
+        worst = max(range(len(mem)), key=lambda d: mem[d])
+        if mem[worst] <= cap:
+            return False
+        cand.memory = mem
+        cand.reason = (f"out of memory: device {worst} needs {gib(mem[worst])}, "
+                       f"{gib(mem[worst] - cap)} over {gib(cap)}")
+        return True
 
     def explain(self, cand: Candidate) -> Candidate:
         """Time breakdown and the papers' closed forms of a simulated candidate (:mod:`planner.explain`)."""
@@ -356,8 +392,10 @@ def _gc_paused() -> Iterator[None]:
 
 
 def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
-    """Rank every valid configuration (module docstring)."""
-    res = Planner(profile, cluster, request).search()
+    """Rank every valid configuration (module docstring). The planner (its caches) is dropped before the
+    garbage collector resumes, so the collection that follows visits the results only."""
+    with _gc_paused():
+        res = Planner(profile, cluster, request).search()
     res.warnings = device_warnings(profile, cluster)
     return res
 

@@ -88,6 +88,9 @@ def client(db_url: str) -> Iterator[Any]:
         yield c
 
 
+TINY_DEVICE = "A100-SXM4-80GB"  # tiny_cluster's device: an agent declares it to be offered its (real) jobs
+
+
 def tiny_cluster(gpus_per_node: int = 4, nodes: int = 1, name: str = "tiny-cluster") -> dict[str, Any]:
     return {"name": name, "nodes": nodes, "gpus_per_node": gpus_per_node, "device": "A100-SXM4-80GB",
             "memory_bytes": 80 * 2**30, "peak_flops": 312e12, "intra": {"alpha": 3e-6, "beta": 4e-12},
@@ -172,12 +175,13 @@ def live_server(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
 
 
 def start_agent(url: str, workdir: Path, name: str, env: dict[str, str] | None = None,
-                *extra: str, run_command: str = CONTROLLED_RUN) -> subprocess.Popen[bytes]:
+                *extra: str, run_command: str = CONTROLLED_RUN, device: str = TINY_DEVICE) -> subprocess.Popen[bytes]:
     """A real agent (``pipeplan agent``) in a subprocess; its runs use ``run_command`` (the executor,
-    ``REAL_RUN``, or the controllable command of the fault tests)."""
+    ``REAL_RUN``, or the controllable command of the fault tests). It declares ``device`` (by default
+    :func:`tiny_cluster`'s, so that it is offered the jobs of plans on it; a CPU agent takes emulated ones)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", url, "--token", WORKER, "--name", name,
-           "--poll", "0.2", "--heartbeat", "1", "--workdir", str(workdir),
+           "--poll", "0.2", "--heartbeat", "1", "--workdir", str(workdir), "--device-type", device,
            "--run-command", run_command, *extra]
     log = open(workdir / "agent.log", "wb")  # noqa: SIM115
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(env or {}), stdout=log, stderr=subprocess.STDOUT)

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from api_support import AUTH, WAUTH, seed_plan, tiny_cluster, tiny_profile
+from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan, tiny_cluster, tiny_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,10 +159,11 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
     assert comp["fields"][0]["predicted"] == plan["candidates"][0]["iteration_time"]
     assert comp["fields"][0]["measured"] is None
 
-    w = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 2, "device_type": "cpu"},
+    w = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 2, "device_type": TINY_DEVICE},
                     headers=WAUTH).json()
     mine = {"Authorization": f"Bearer {w['token']}"}  # the worker's own credential
-    again = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 4}, headers=mine)
+    again = client.post("/workers", json={"name": "agent-1", "node": "n1", "gpus": 4,
+                                               "device_type": TINY_DEVICE}, headers=mine)
     assert again.status_code == 200 and again.json()["id"] == w["id"] and again.json()["gpus"] == 4
     assert again.json()["token"] is None  # it keeps its credential
     assert client.post(f"/workers/{w['id']}/claim", headers=WAUTH).status_code == 403  # shared token: no
@@ -216,7 +217,7 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
 def test_cancel_running_job_tells_the_agent(client) -> None:  # type: ignore[no-untyped-def]
     _, _, plan = seed_plan(client)
     job = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
-    w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
     mine = {"Authorization": f"Bearer {w['token']}"}
     assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 200
     assert client.post(f"/jobs/{job['id']}/cancel", headers=AUTH).json()["state"] == "cancelled"

@@ -52,6 +52,7 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "device": "tpu-v9"}, "device: unknown"),
         ({"config": good, "device": "/etc/passwd.json"}, "device: unknown"),
         ({"config": "llama", "device": "h100"}, "config"),
+        ({"config": good, "cluster_id": 2**70}, "cluster_id"),  # past any database's integer: 422, not 500
     ]
     for body, field in cases:
         r = client.post("/profiles/hf-config", json=body, headers=AUTH)

@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from api_support import make_settings
+from api_support import TINY_DEVICE, make_settings
 from sqlalchemy import inspect
 
 from api import crud, jobqueue, planqueue
@@ -76,7 +76,7 @@ def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
         jobs = _plan_with_jobs(sessions, 40)
         with sessions.begin() as db:
             workers = [crud.register_worker(db, {"name": f"w{i}", "node": "n", "gpus": 0,
-                                                 "device_type": "cpu"})[0].id for i in range(8)]
+                                                 "device_type": TINY_DEVICE})[0].id for i in range(8)]
         claimed: dict[int, list[int]] = {w: [] for w in workers}
         barrier = threading.Barrier(len(workers))
         errors: list[BaseException] = []
@@ -117,7 +117,7 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(db_url: str) -> No
     try:
         (jid,) = _plan_with_jobs(sessions, 1)
         with sessions.begin() as db:
-            w = crud.register_worker(db, {"name": "w", "node": "n", "gpus": 0, "device_type": "cpu"})[0].id
+            w = crud.register_worker(db, {"name": "w", "node": "n", "gpus": 0, "device_type": TINY_DEVICE})[0].id
         for attempt in (1, 2, 3):
             with sessions.begin() as db:
                 job = jobqueue.claim_job(db, w, 30)

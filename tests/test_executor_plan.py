@@ -96,7 +96,7 @@ def test_torchrun_placement() -> None:
 
     assert torchrun_args(4) == ["--standalone", "--nproc-per-node=4"]
     args = torchrun_args(2, 2, 1, "node0:29500", "job7", join_timeout=60)
-    assert "--nnodes=2" in args and "--node-rank=1" in args and "--rdzv-backend=c10d" in args
+    assert "--nnodes=2" in args and "--node-rank=1" in args and "--rdzv-backend=static" in args
     assert "--rdzv-endpoint=node0:29500" in args and "--rdzv-id=job7" in args and "--standalone" not in args
     with pytest.raises(ValueError, match="rendezvous endpoint"):
         torchrun_args(2, 2, 0, None)

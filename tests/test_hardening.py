@@ -25,6 +25,7 @@ from api_support import (
     ADMIN,
     AUTH,
     PG_ENV,
+    TINY_DEVICE,
     WAUTH,
     LiveServer,
     _reset_postgres,
@@ -50,7 +51,7 @@ SLOW_PLAN = {"global_batch": 2048, "gpus": 256, "top": 10}
 
 
 def _worker(c: Any, name: str, headers: dict[str, str] = WAUTH) -> tuple[int, dict[str, str]]:
-    r = c.post("/workers", json={"name": name, "node": "n"}, headers=headers)
+    r = c.post("/workers", json={"name": name, "node": "n", "device_type": TINY_DEVICE}, headers=headers)
     assert r.status_code in (200, 201), r.text
     return r.json()["id"], {"Authorization": f"Bearer {r.json()['token']}"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from api_support import AUTH, WAUTH, seed_plan
+from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan
 
 from api.routers.ui import plotly_path
 from api.timelines import trace_timeline
@@ -105,7 +105,7 @@ def test_job_timelines_predicted_and_measured(client) -> None:  # type: ignore[n
     t = client.get(f"/jobs/{job['id']}/timelines", headers=AUTH).json()
     assert t["measured"] is None and "no result yet (queued)" in t["measured_note"]
     assert t["predicted"]["rank"] == 1 and t["predicted"]["devices"] == plan["candidates"][1]["pipeline"]
-    w = client.post("/workers", json={"name": "w1", "node": "n1"}, headers=WAUTH).json()
+    w = client.post("/workers", json={"name": "w1", "node": "n1", "device_type": TINY_DEVICE}, headers=WAUTH).json()
     mine = {"Authorization": f"Bearer {w['token']}"}
     claim = client.post(f"/workers/{w['id']}/claim", headers=mine)
     assert claim.status_code == 200, claim.text

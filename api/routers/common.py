@@ -47,17 +47,21 @@ def plan_out(row: PlanRequest) -> dict[str, Any]:
     return out
 
 
-def job_out(row: Job, has_result: bool = False) -> dict[str, Any]:
+def job_out(row: Job, has_result: bool = False, waiting: str | None = None) -> dict[str, Any]:
     out = {k: getattr(row, k) for k in ("id", "plan_id", "candidate_index", "model", "iterations", "emulate",
                                          "state", "attempts", "max_attempts", "worker_id", "lease_expires_at",
-                                         "error", "log_tail", "created_at", "claimed_at", "finished_at")}
+                                         "error", "log_tail", "created_at", "claimed_at", "finished_at",
+                                         "device_type", "nodes", "procs_per_node")}
     out["history"] = row.history or []
     out["has_result"] = has_result
+    out["slots"] = [{k: getattr(s, k) for k in ("node_rank", "state", "worker_id", "held_since", "lease_expires_at",
+                                                 "endpoint")} for s in row.slots] if row.nodes > 1 else []
+    out["waiting"] = waiting
     return out
 
 
 def worker_out(row: Worker, alive_seconds: float) -> dict[str, Any]:
-    out = {k: getattr(row, k) for k in ("id", "name", "node", "gpus", "device_type", "registered_at",
+    out = {k: getattr(row, k) for k in ("id", "name", "node", "host", "gpus", "device_type", "registered_at",
                                          "last_heartbeat")}
     out["alive"] = crud.alive(row, alive_seconds)
     return out

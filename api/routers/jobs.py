@@ -4,16 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from api import crud, jobqueue
+from api import crud, gang, jobqueue
 from api.comparison import comparison
 from api.deps import DB, Admin, Read, SettingsDep, WorkerAuth, as_worker
 from api.routers.common import IdPath, Limit, Offset, job_out, result_out
-from api.schemas import Comparison, FailureIn, JobCreate, JobOut, LeaseOut, Message, ResultIn, ResultOut, WorkerRef
+from api.schemas import (
+    Comparison,
+    FailureIn,
+    JobCreate,
+    JobOut,
+    LeaseOut,
+    Message,
+    ResultIn,
+    ResultOut,
+    SlotLeaseOut,
+    WorkerRef,
+)
 from api.timelines import candidate_timeline, trace_timeline
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+RankPath = Annotated[int, Path(ge=0, le=65535, description="node rank of the slot")]
 ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}}
 
 
@@ -24,19 +36,23 @@ def create_job(body: JobCreate, db: DB, settings: SettingsDep):  # noqa: ANN201
 
 
 @router.get("", response_model=list[JobOut], dependencies=[Read])
-def list_jobs(db: DB,  # noqa: ANN201
+def list_jobs(db: DB, settings: SettingsDep,  # noqa: ANN201
               state: Annotated[Literal["queued", "running", "succeeded", "failed", "cancelled"] | None, Query()] = None,
               plan_id: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
               limit: Limit = 100, offset: Offset = 0):
     rows = crud.list_jobs(db, state, plan_id, limit, offset)
     done = crud.has_results(db, [r.id for r in rows])
-    return [job_out(r, r.id in done) for r in rows]
+    alive = settings.worker_alive_seconds
+    workers = gang.alive_workers(db, alive) if any(r.state == "queued" for r in rows) else []
+    return [job_out(r, r.id in done, gang.waiting_reason(db, r, alive, workers)) for r in rows]
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Read], responses=ERR)
-def get_job(job_id: IdPath, db: DB):  # noqa: ANN201
+def get_job(job_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN201
+    """A job; ``waiting`` says why a queued one is not running yet (e.g. no agent with its device)."""
     job = crud.get_job(db, job_id)
-    return job_out(job, job.id in crud.has_results(db, [job.id]))
+    return job_out(job, job.id in crud.has_results(db, [job.id]),
+                   gang.waiting_reason(db, job, settings.worker_alive_seconds))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Admin], responses=ERR)
@@ -63,6 +79,35 @@ def release_job(job_id: IdPath, body: WorkerRef, db: DB, who: WorkerAuth):  # no
 def fail_job(job_id: IdPath, body: FailureIn, db: DB, who: WorkerAuth):  # noqa: ANN201
     """The run failed: store the error and the log tail."""
     return job_out(jobqueue.fail_job(db, job_id, as_worker(who, body.worker_id), body.error, body.log_tail))
+
+
+@router.post("/{job_id}/slots/{node_rank}/lease", response_model=SlotLeaseOut, responses=ERR)
+def renew_slot(job_id: IdPath, node_rank: RankPath, body: WorkerRef, db: DB, settings: SettingsDep,  # noqa: ANN201
+               who: WorkerAuth):
+    """A multi-node job's node slot checks in: renews its lease and says what to do (wait for the gang,
+    start the run with the rendezvous, stop). 409: the slot is not this worker's any more (the gang was
+    stopped): kill the run."""
+    return gang.renew_slot(db, job_id, node_rank, as_worker(who, body.worker_id), settings.lease_seconds,
+                           settings.gang_wait_seconds)
+
+
+@router.post("/{job_id}/slots/{node_rank}/release", response_model=JobOut, responses=ERR)
+def release_slot(job_id: IdPath, node_rank: RankPath, body: WorkerRef, db: DB, who: WorkerAuth):  # noqa: ANN201
+    """The slot's agent stops: a forming gang's slot opens again; a running gang stops and is queued again
+    (the attempt does not count)."""
+    return job_out(gang.release_slot(db, job_id, node_rank, as_worker(who, body.worker_id)))
+
+
+@router.post("/{job_id}/slots/{node_rank}/fail", response_model=JobOut, responses=ERR)
+def fail_slot(job_id: IdPath, node_rank: RankPath, body: FailureIn, db: DB, who: WorkerAuth):  # noqa: ANN201
+    """This node's run failed: the whole gang stops and the job is queued again (failed after max_attempts)."""
+    return job_out(gang.fail_slot(db, job_id, node_rank, as_worker(who, body.worker_id), body.error, body.log_tail))
+
+
+@router.post("/{job_id}/slots/{node_rank}/done", response_model=JobOut, responses=ERR)
+def finish_slot(job_id: IdPath, node_rank: RankPath, body: WorkerRef, db: DB, who: WorkerAuth):  # noqa: ANN201
+    """This node's run ended well without the result (global rank 0 ran on another node)."""
+    return job_out(gang.finish_slot(db, job_id, node_rank, as_worker(who, body.worker_id)))
 
 
 @router.post("/{job_id}/result", response_model=ResultOut, status_code=201, responses={

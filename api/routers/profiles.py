@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import crud
 from api.deps import DB, Admin, Read
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
-from api.schemas import Message, ProfileDetail, ProfileOut, ProfileUpload
+from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
@@ -22,7 +22,8 @@ class HFConfigUpload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: dict[str, Any] = Field(description="the contents of config.json (Llama, Mistral, Qwen2, GPT-2)")
-    cluster_id: int | None = Field(default=None, ge=1, description="profile for this stored cluster's device")
+    cluster_id: int | None = Field(default=None, ge=1, le=MAX_ID,
+                                    description="profile for this stored cluster's device")
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")
     seq: int | None = Field(default=None, ge=1, le=1_048_576, description="sequence trained with "
                                                                           "(default: max_position_embeddings)")

@@ -25,6 +25,17 @@ PP.start(async () => {
 
 let cloneShown = false;
 
+// where the job runs: the device an agent must have, its node slots (a gang when > 1), why it waits
+function placement(job) {
+  const dev = job.device_type ? `device ${PP.esc(job.device_type)}${job.emulate ? " (or a CPU agent: emulated)" : ""}` : "any agent";
+  const size = job.nodes > 1 ? `${job.nodes} nodes × ${job.procs_per_node} processes (a gang)` :
+    (job.procs_per_node ? `one node, ${job.procs_per_node} processes` : "one node");
+  const slots = (job.slots || []).map((s) => `node ${s.node_rank}: ${PP.esc(s.state)}` +
+    (s.worker_id ? ` (worker ${s.worker_id}${s.endpoint ? ", rendezvous " + PP.esc(s.endpoint) : ""})` : "")).join(" · ");
+  return `<div id="job-placement" class="muted">runs on ${dev} · ${size}${slots ? " · " + slots : ""}</div>
+    ${job.waiting ? `<div id="job-waiting" class="notice" role="status">Waiting: ${PP.esc(job.waiting)}</div>` : ""}`;
+}
+
 function renderJob(job, cmp) {
   const last = (job.history || []).slice(-1)[0];
   const failed = job.state === "failed";
@@ -41,6 +52,7 @@ function renderJob(job, cmp) {
       claimed ${PP.fmtDate(job.claimed_at)} · finished ${PP.fmtDate(job.finished_at)}
       ${last ? " · last event: " + PP.esc(last.event) : ""} · <a href="/jobs/${job.id}">JSON</a> ·
       <a href="/jobs/${job.id}/comparison">comparison JSON</a></div>
+    ${placement(job)}
     <div class="job-actions">
       ${["queued", "running"].includes(job.state) ? '<button id="cancel-job" type="button">Cancel job</button>' : ""}
       ${["failed", "cancelled", "succeeded"].includes(job.state) ? `<button id="retry-job" type="button" class="${failed ? "primary" : ""}"

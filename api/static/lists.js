@@ -30,7 +30,7 @@ async function loadJobs() {
   const jobs = await PP.get("/jobs?limit=1000" + (state ? "&state=" + state : ""));
   jobs.sort((a, b) => b.id - a.id);
   document.querySelector("#jobs tbody").innerHTML = jobs.map((j) => `<tr data-job-id="${j.id}">
-    <td><a href="/ui/jobs/${j.id}">job ${j.id}</a></td><td>${PP.stateBadge(j.state)}</td>
+    <td><a href="/ui/jobs/${j.id}">job ${j.id}</a></td><td title="${PP.esc(j.waiting || "")}">${PP.stateBadge(j.state)}${j.nodes > 1 ? ` <span class="muted">${j.nodes} nodes</span>` : ""}${j.waiting ? ` <span class="muted">${PP.esc(j.waiting)}</span>` : ""}</td>
     <td><a href="/ui/plans/${j.plan_id}">plan ${j.plan_id}</a></td><td>#${j.candidate_index + 1}</td>
     <td>${PP.esc(j.model)}</td><td>${j.iterations}${j.emulate ? " (emulated)" : ""}</td>
     <td>${j.worker_id != null ? `<a href="/ui/workers">worker ${j.worker_id}</a>` : "–"}</td>
@@ -45,7 +45,7 @@ async function loadWorkers() {
   const current = {};
   for (const j of running) if (j.worker_id != null) current[j.worker_id] = j.id;
   document.querySelector("#workers tbody").innerHTML = workers.map((w) => `<tr data-worker-id="${w.id}">
-    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}</td><td>${w.gpus}</td>
+    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td>${w.gpus}</td>
     <td>${PP.esc(w.device_type)}</td><td>${w.alive ? '<span class="badge succeeded">alive</span>' : '<span class="badge failed">silent</span>'}</td>
     <td title="${PP.esc(w.last_heartbeat)}">${PP.ago(w.last_heartbeat)}</td>
     <td>${current[w.id] ? `<a href="/ui/jobs/${current[w.id]}">job ${current[w.id]}</a>` : "idle"}</td>

@@ -72,7 +72,24 @@ async function loadNames(plan) {
     const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
     if (!model.value && known.includes(p.name)) model.value = p.name;
   }
-  if (c) document.getElementById("info-cluster").textContent = `${c.name}, ${c.gpus} GPUs (#${c.id})`;
+  if (c) {
+    document.getElementById("info-cluster").textContent = `${c.name}, ${c.gpus} GPUs (#${c.id})`;
+    await preferEmulation(c.device);
+  }
+}
+
+// Jobs go only to agents of the plan's cluster device (a CPU agent takes emulated jobs): with no such agent
+// alive, emulation is preselected and the form says why.
+async function preferEmulation(device) {
+  if (!device || device.toLowerCase() === "cpu") return;
+  let workers = [];
+  try { workers = await PP.get("/workers?limit=1000"); } catch (e) { return; }
+  if (workers.some((w) => w.alive && w.device_type.toLowerCase() === device.toLowerCase())) return;
+  const box = document.getElementById("job-emulate");
+  box.checked = true;
+  box.parentElement.title = `no agent with device ${device} is registered: the job runs emulated on a CPU agent`;
+  const note = document.getElementById("job-emulate-note");
+  if (note) note.textContent = `(no ${device} agent registered: emulated on a CPU agent)`;
 }
 
 function renderInfo(plan) {

@@ -6,6 +6,7 @@ candidate fields, the CLI options, the API schema and the exports read them from
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,8 +74,15 @@ BACKWARD_HALVING = "backward-halving"
 
 def parameters(name: str) -> list[str]:
     """The schedule-specific parameters of builder ``name`` (beyond devices and microbatches)."""
+    return list(_parameters(name))
+
+
+@functools.cache
+def _parameters(name: str) -> tuple[str, ...]:
+    """:func:`parameters`, read from the builder's signature once per name (the planner checks the
+    parameters of every schedule it shapes: thousands of times per search)."""
     fn = _builder(name)
-    return [p for p in inspect.signature(fn).parameters if p not in ("devices", "microbatches")]
+    return tuple(p for p in inspect.signature(fn).parameters if p not in ("devices", "microbatches"))
 
 
 def _builder(name: str) -> Callable[..., Schedule]:
@@ -92,7 +100,7 @@ def build(name: str, devices: int, microbatches: int, **params: Any) -> Schedule
 
 
 def _check_params(name: str, params: dict[str, Any]) -> None:
-    allowed = parameters(name)
+    allowed = _parameters(name)
     for key in params:
         if key not in allowed:
             takes = ", ".join(allowed) if allowed else "no parameters"

@@ -30,6 +30,7 @@ and ``"none"`` force the choice.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -75,7 +76,17 @@ def units(microbatches: int, devices: int, concat: str) -> list[tuple[list[int],
 
 def _plan(devices: int, microbatches: int, pipelines: int, concat: str
           ) -> tuple[list[list[int]], list[int], list[tuple[int, list[list[int]], float]]]:
-    """Placement, micro-batch -> pipeline, and the pipelines (with unit offsets) to merge."""
+    """Placement, micro-batch -> pipeline, and the pipelines (with unit offsets) to merge: the placement
+    and the assignment are the caller's own copies, the pipelines are shared and read-only (the planner
+    asks for the shape, the in-flight counts, prefixes and the lists of one configuration in turn)."""
+    place, mb_replica, pipes = _plan_shared(devices, microbatches, pipelines, concat)
+    return [list(row) for row in place], list(mb_replica), pipes
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_shared(devices: int, microbatches: int, pipelines: int, concat: str
+                 ) -> tuple[list[list[int]], list[int], list[tuple[int, list[list[int]], float]]]:
+    """:func:`_plan`, computed once per arguments."""
     check_positive(devices=devices, microbatches=microbatches, pipelines=pipelines)
     D, N, f = devices, microbatches, pipelines
     if D % 2:

@@ -23,7 +23,6 @@ from planner.schedules.ir import (
     I,
     Schedule,
     W,
-    allreduce_points,
     eager_stages,
     lowered_row,
 )
@@ -43,9 +42,10 @@ _KIND_CODE = {F: 0, B: 1, I: 2, W: 3}
 class EncodedSchedule:
     """A compute-only schedule as integer arrays for :func:`replay_encoded`.
 
-    Compute actions are numbered globally (device 0's list first). The replay keeps, per action ``j``,
-    two times in one flat list: slot ``2j`` the end of ``j`` and slot ``2j + 1`` the arrival of the
-    message ``j`` sends (when its consumer sits on another device). An action waits for at most two
+    Compute actions are numbered globally (device 0's list first, each device's list a run of numbers).
+    The replay keeps, per action ``j``, two times in one flat list: slot ``j`` the end of ``j`` and slot
+    ``n + j`` the arrival of the message ``j`` sends (when its consumer sits on another device), with
+    ``n = len(acts)``. An action waits for at most two
     slots, ``dep_a[j]`` then ``dep_b[j]``, in the order the lowered replay checks its inputs (the first
     strictly latest one is its binding predecessor on the critical path): a forward for the forward of
     the previous stage (its end, or the arrival of its message), a backward for its own forward and
@@ -55,7 +55,7 @@ class EncodedSchedule:
 
     schedule: Schedule
     acts: list[Action]  # by global number
-    rows: list[list[int]]  # per device, the global numbers of its list
+    rows: list[range]  # per device, the global numbers of its list
     dep_a: list[int]
     dep_b: list[int]
     peer: list[int]  # device that action j sends its output to, or -1
@@ -70,6 +70,8 @@ class EncodedSchedule:
     #: span), and one action that has it (``first[signature[j]]``)
     signature: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: per action, whether it is a forward
+    forward: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @classmethod
     def encode(cls, schedule: Schedule, eager: Any) -> EncodedSchedule | None:
@@ -87,11 +89,13 @@ class EncodedSchedule:
         n = len(acts)
         lens = [len(row) for row in schedule.actions]
         starts = np.concatenate(([0], np.cumsum(lens)))
-        rows = [list(range(int(starts[d]), int(starts[d + 1]))) for d in range(D)]
+        rows = [range(int(starts[d]), int(starts[d + 1])) for d in range(D)]
         if n:
             kinds, st, mb, rep, spans, _ = zip(*acts, strict=True)
-            code = _KIND_CODE
-            kc = np.array([code.get(k, -1) for k in kinds], dtype=np.int64)
+            if not _KIND_CODE.keys() >= set(kinds):
+                return None  # an unknown kind
+            # one letter per action: their bytes, through a table, are the kind codes
+            kc = _KIND_TABLE[np.frombuffer("".join(kinds).encode("ascii"), dtype=np.uint8)]
             try:
                 s_ = np.array(st, dtype=np.int64)
                 m_ = np.array(mb, dtype=np.int64)
@@ -115,7 +119,7 @@ class EncodedSchedule:
         # of span k computes k consecutive micro-batches
         owner = np.repeat(j_, span)
         cell = np.repeat(kc * RSN + x, span) + (np.arange(len(owner)) - np.repeat(starts_of(span), span))
-        if len(np.unique(cell)) != len(cell):
+        if len(cell) and np.bincount(cell, minlength=4 * RSN).max() > 1:
             return None  # a unit of work done twice
         producer = np.full(4 * RSN, -1, dtype=np.int64)
         producer[cell] = owner
@@ -136,7 +140,7 @@ class EncodedSchedule:
         in_order = True
 
         def slot_of(p: np.ndarray, message: np.ndarray | bool) -> np.ndarray:
-            return np.where(p >= 0, 2 * p + message, missing)
+            return np.where(p >= 0, p + n * message, missing)
 
         # forwards: the forward of stage s-1 (its end on this device, else the arrival of its message)
         fw = kc == 0
@@ -176,17 +180,72 @@ class EncodedSchedule:
                 dep_b[inner] = slot_of(g, ~local)
                 in_order &= not (local & (g > inner)).any()
             peer[sel] = prev_peer[rs[sel]]
-        eager_at: list[dict[int, list[tuple[int, int]]]] = []
-        at_end: list[list[tuple[int, int]]] = []
-        held = schedule.stages_by_device()
-        for d in range(D):
-            here, end = allreduce_points(schedule, d, eager_set, held[d])
-            eager_at.append(here)
-            at_end.append(end)
+        eager_at, at_end = _allreduce_points(schedule, eager_set, kc, s_, r_, dev, starts)
         key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
-        _, first, signature = np.unique(key, return_index=True, return_inverse=True)
+        signature, first = _signatures(key)
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
-                   producer, bool(in_order), signature.reshape(-1), first)
+                   producer, bool(in_order), signature, first, kc == 0)
+
+
+#: byte of a kind's letter -> its code in :data:`_KIND_CODE` (-1: not a compute kind)
+_KIND_TABLE = np.full(256, -1, dtype=np.int64)
+for _kind, _code in _KIND_CODE.items():
+    _KIND_TABLE[ord(_kind)] = _code
+
+
+def _signatures(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numbers ``0..m-1`` for the distinct values of ``key`` (in increasing order of the value, as
+    ``np.unique(key, return_inverse=True)`` gives them) and one position holding each: through a table
+    over the values when they are few beside the actions (no sort), else ``np.unique``."""
+    n = len(key)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    size = int(key.max()) + 1
+    if size > 8 * n + 4096:
+        _, first, signature = np.unique(key, return_index=True, return_inverse=True)
+        return signature.reshape(-1), first
+    seen = np.zeros(size, dtype=bool)
+    seen[key] = True
+    rank = np.cumsum(seen) - 1
+    holder = np.empty(size, dtype=np.int64)
+    holder[key] = np.arange(n, dtype=np.int64)  # some position with that value (any one will do)
+    return rank[key], holder[np.nonzero(seen)[0]]
+
+
+def _allreduce_points(schedule: Schedule, eager_set: set[int], kc: np.ndarray, s_: np.ndarray, r_: np.ndarray,
+                      dev: np.ndarray, starts: np.ndarray
+                      ) -> tuple[list[dict[int, list[tuple[int, int]]]], list[list[tuple[int, int]]]]:
+    """:func:`planner.schedules.ir.allreduce_points` of every device, from the actions' columns (global
+    numbering, device 0's list first; ``starts[d]``: where device ``d``'s list begins): per device, the
+    (replica, stage) copies all-reduced right after their last gradient-producing action when the stage is
+    eager -- a W, or a B or I of a (replica, stage) whose backward is not split on that device -- named by
+    the replica whose copy the device holds, and the others at the end, by (stage, replica)."""
+    D, S, R = schedule.devices, schedule.stages, schedule.replicas
+    held = schedule.stages_by_device()
+    at_end: list[list[tuple[int, int]]] = []
+    eager_at: list[dict[int, list[tuple[int, int]]]] = [{} for _ in range(D)]
+    copy_r = np.full(D * S, -1, dtype=np.int64)
+    for d, pairs in enumerate(held):
+        for r, s in pairs:
+            copy_r[d * S + s] = r
+    done: set[tuple[int, int, int]] = set()
+    if eager_set and len(kc):
+        named = copy_r[dev * S + s_]
+        named = np.where(named >= 0, named, r_)
+        own = (dev * R + r_) * S + s_
+        split = np.zeros(D * R * S, dtype=bool)
+        split[own[kc == 3]] = True
+        grad = np.nonzero((kc == 3) | (((kc == 1) | (kc == 2)) & ~split[own]))[0]
+        grad = grad[np.isin(s_[grad], np.fromiter(eager_set, dtype=np.int64))]
+        last = np.full(D * R * S, -1, dtype=np.int64)
+        np.maximum.at(last, (dev[grad] * R + named[grad]) * S + s_[grad], grad)
+        for k in np.nonzero(last >= 0)[0].tolist():
+            d, r, s = k // (R * S), (k // S) % R, k % S
+            eager_at[d][int(last[k]) - int(starts[d])] = [(r, s)]
+            done.add((d, r, s))
+    for d, pairs in enumerate(held):
+        at_end.append([(r, s) for r, s in sorted(pairs, key=lambda rs: (rs[1], rs[0])) if (d, r, s) not in done])
+    return eager_at, at_end
 
 
 def starts_of(sizes: np.ndarray) -> np.ndarray:
@@ -205,6 +264,13 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     an eager stage and at the end of the list, a stage's collective runs once every holder has posted
     it, and STEP waits for the device's all-reduces. Devices are swept in the same order as in the
     lowered replay, and each goes as far as it can, so collectives and ties come out in the same order.
+
+    The sweep computes only what later actions wait for -- the end of every action and the arrival of
+    every message -- and what depends on the order of the sweep (all-reduce posts, the last action to
+    end); the rest follows from those times with numpy, with the same floating-point operations in the
+    same order: starts and binding predecessors (the first strictly latest of the previous action on the
+    device and the two inputs), busy time (running sums in list order), alive activations (running sums
+    in list order, the peak taken after forwards) and send starts.
     """
     sched = plan.schedule
     D = sched.devices
@@ -234,10 +300,10 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
             sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
             u_send[u] = cost((sk, s, sspan, d, p), costs.p2p, sk, s, sspan, d, p)
     sig = plan.signature
-    dur: list[float] = u_dur[sig].tolist()
-    send_dur: list[float] = u_send[sig].tolist()
-    delta: list[float] = u_delta[sig].tolist()
-    is_f = [a[0] == F for a in acts]
+    dur_a = u_dur[sig]
+    send_a = u_send[sig]
+    dur: list[float] = dur_a.tolist()
+    send_dur: list[float] = send_a.tolist()
     eager_after: dict[int, list[tuple[int, int]]] = {}  # global number -> all-reduces posted after it
     for d, ids in enumerate(rows):
         for i, keys in plan.eager_at[d].items():
@@ -252,21 +318,21 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``)."""
         ar_times[d].append(ars.post(d, r, s, at))
 
-    # slot 2j: the end of action j; 2j+1: the arrival of its message; 2n: never filled, 2n+1: no input
-    t: list[float | None] = [None] * (2 * n + 1) + [0.0]
+    # slot j: the end of action j; n+j: the arrival of its message; 2n: never filled, 2n+1: no input.
+    # Times are >= 0: -1 marks a slot not filled yet
+    t: list[float] = [-1.0] * (2 * n + 1) + [0.0]
     never, now = 2 * n, 2 * n + 1
-    start = [0.0] * n
-    send_start = [0.0] * n
-    cause = [-1] * n  # the binding predecessor of each action, for the critical path (-1: none)
     t_comp = [0.0] * D
     t_comm = [0.0] * D
-    busy = [0.0] * D
-    alive = [0.0] * D
-    peak = [0.0] * D
-    last_on = [-1] * D  # last compute action run on each device
-    pos = [0] * D
+    # per device, the global numbers of its list run from pos[d] (the next to run) to hi[d]; eager[d]: the
+    # actions after which it posts all-reduces, in list order, and ev[d] the next of them
+    pos = [ids[0] if ids else 0 for ids in rows]
+    hi = [ids[-1] + 1 if ids else 0 for ids in rows]
+    eager = [sorted(ids[i] for i in plan.eager_at[d]) + [n] for d, ids in enumerate(rows)]
+    ev = [0] * D
     posted_end = [False] * D
     step_at: list[tuple[float, float]] = [(0.0, 0.0)] * D
+    step_du = [0.0] * D
     comp_end = [0.0] * D
     last_end, last_node = -1.0, -1
     unfinished = D
@@ -275,57 +341,56 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     while unfinished:
         progressed = False
         for d in range(D):
-            if t[waiting[d]] is None:  # still waiting for that input (or finished)
+            if t[waiting[d]] < 0.0:  # still waiting for that input (or finished)
                 continue
-            row = rows[d]
-            i = pos[d]
-            nd = len(row)
-            tc, tm, prev = t_comp[d], t_comm[d], last_on[d]
-            while i < nd:
-                j = row[i]
-                ready, bind = tc, prev
-                q = dep_a[j]
-                tq = t[q]
-                if tq is not None:
-                    if tq > ready:
-                        ready, bind = tq, q >> 1
+            j0 = j = pos[d]
+            top = hi[d]
+            tc, tm, cb = t_comp[d], t_comm[d], comm_busy[d]
+            while j < top:
+                stop = eager[d][ev[d]]  # run up to the next eager point (inclusive), then post there
+                last = stop if stop < top else top - 1
+                while j <= last:
+                    q = dep_a[j]
+                    ta = t[q]
+                    if ta < 0.0:
+                        waiting[d] = q  # an input is missing: the device waits for it
+                        break
                     q = dep_b[j]
-                    tq = t[q]
-                if tq is not None:  # every input is there: run it
-                    if tq > ready:
-                        ready, bind = tq, q >> 1
-                    du = dur[j]
-                    end = ready + du
-                    t[2 * j] = end
-                    start[j] = ready
-                    cause[j] = bind
-                    tc, prev = end, j
-                    busy[d] += du
-                    dl = delta[j]
-                    if dl:
-                        alive[d] += dl
-                        if is_f[j] and alive[d] > peak[d]:
-                            peak[d] = alive[d]
-                    if end >= last_end:
-                        last_end, last_node = end, j
+                    tb = t[q]
+                    if tb < 0.0:
+                        waiting[d] = q
+                        break
+                    # every input is there: run it
+                    if ta > tc:
+                        tc = ta
+                    if tb > tc:
+                        tc = tb
+                    tc += dur[j]
+                    t[j] = tc
+                    if tc >= last_end:
+                        last_end, last_node = tc, j
                     sd = send_dur[j]
-                    if sd >= 0:
-                        ss = end if end > tm else tm
-                        tm = ss + sd
-                        send_start[j] = ss
-                        t[2 * j + 1] = tm
-                        comm_busy[d] += sd
-                    if j in eager_after:
-                        for r, s in eager_after[j]:
+                    if sd >= 0.0:
+                        if tc > tm:
+                            tm = tc
+                        tm += sd
+                        t[n + j] = tm
+                        cb += sd
+                    j += 1
+                else:  # no break: the run is done
+                    if last == stop:
+                        ev[d] += 1
+                        comm_busy[d] = cb  # the all-reduce's time adds to the same running sum, in order
+                        for r, s in eager_after[stop]:
                             post(d, r, s, max(tc, tm))
-                    i += 1
-                    progressed = True
+                        cb = comm_busy[d]
                     continue
-                waiting[d] = q  # an input is missing: the device waits for it
                 break
-            pos[d] = i
-            t_comp[d], t_comm[d], last_on[d] = tc, tm, prev
-            if i < nd:
+            if j != j0:
+                progressed = True
+            pos[d] = j
+            t_comp[d], t_comm[d], comm_busy[d] = tc, tm, cb
+            if j < top:
                 continue
             if not posted_end[d]:
                 posted_end[d] = True
@@ -334,16 +399,33 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                     post(d, r, s, max(tc, tm))
             if not ars.open[d]:
                 ss = max(tc, ars.done_on[d], tm)
-                du = cost((STEP, d), costs.step, d)
+                du = step_du[d] = cost((STEP, d), costs.step, d)
                 comp_end[d] = tc
                 t_comp[d] = ss + du
-                busy[d] += du
                 step_at[d] = (ss, ss + du)
                 waiting[d] = never
                 unfinished -= 1
                 progressed = True
         if not progressed:
             return None
+
+    # what follows from the times, per device (its actions are a run of global numbers): busy time and the
+    # peak of alive activations, running sums in list order (the peak taken after forwards)
+    busy: list[float] = []
+    peak: list[float] = []
+    delta = u_delta[sig]
+    is_f = plan.forward
+    for d, ids in enumerate(rows):
+        if not ids:
+            busy.append(step_du[d])
+            peak.append(0.0)
+            continue
+        lo, top = ids[0], ids[-1] + 1
+        busy.append(float(np.cumsum(dur_a[lo:top])[-1]) + step_du[d])
+        f_alive = np.cumsum(delta[lo:top])[is_f[lo:top]]
+        peak.append(max(0.0, float(f_alive.max())) if f_alive.size else 0.0)
+    row_first = {ids[0] for ids in rows if ids}
+    nn = max(n, 1)  # the slot of an arrival, n + j, names its action j too
 
     makespan = max(max(t_comp), max(t_comm), max(ars.free)) if D else 0.0
     stats = [DeviceStats(busy[d], makespan - busy[d], plain_number(peak[d]), comm_busy[d], comp_end[d], step_at[d])
@@ -357,10 +439,38 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
             cf += a.span
         elif a.kind != W:
             cb += 1
-        node = cause[node]
+        # its binding predecessor: the previous action on the device, unless an input is strictly later
+        # (the first such one, in the order the inputs are checked)
+        if node in row_first:
+            ready, bind = 0.0, -1
+        else:
+            ready, bind = t[node - 1], node - 1
+        q = dep_a[node]
+        if t[q] > ready:
+            ready, bind = t[q], q % nn
+        q = dep_b[node]
+        if t[q] > ready:
+            bind = q % nn
+        node = bind
 
     def timeline() -> list[list[tuple[Action, float, float]]]:
-        """The lowered lists (as :func:`lower` writes them) with the times of the replay."""
+        """The lowered lists (as :func:`lower` writes them) with the times of the replay: an action
+        starts when the device is free and its inputs are there, a send at the end of its action or of
+        the device's previous send."""
+        start: list[float] = [0.0] * n
+        send_start: list[float] = [0.0] * n
+        for ids in rows:
+            free = sent = 0.0
+            for j in ids:
+                ready = free
+                for q in (dep_a[j], dep_b[j]):
+                    if t[q] > ready:
+                        ready = t[q]
+                start[j] = ready
+                free = t[j]
+                if send_dur[j] >= 0.0:
+                    send_start[j] = free if free > sent else sent
+                    sent = t[n + j]
         out = []
         for d, ids in enumerate(rows):
             ars = iter(ar_times[d])
@@ -371,11 +481,11 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 k = a.kind
                 if k == RECV_F or k == RECV_B:  # just before its consumer: the arrival it waits for
                     j = ids[ci]
-                    q = dep_a[j] if dep_a[j] & 1 else dep_b[j]
-                    line.append((a, t[q], t[q]))  # type: ignore[arg-type]
+                    q = dep_a[j] if n <= dep_a[j] < 2 * n else dep_b[j]
+                    line.append((a, t[q], t[q]))
                 elif k == SEND_F or k == SEND_B:  # just after its producer
                     j = ids[ci - 1]
-                    line.append((a, send_start[j], t[2 * j + 1]))  # type: ignore[arg-type]
+                    line.append((a, send_start[j], t[n + j]))
                 elif k == ALLREDUCE:
                     ar = next(ars)
                     line.append((a, ar[0], ar[1]))
@@ -384,9 +494,8 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 else:
                     j = ids[ci]
                     ci += 1
-                    line.append((a, start[j], t[2 * j]))  # type: ignore[arg-type]
+                    line.append((a, start[j], t[j]))
             out.append(line)
         return out
 
     return SimResult(makespan, bubble, stats, cf, cb, timeline)
-

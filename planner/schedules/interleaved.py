@@ -59,11 +59,13 @@ def device_order(device: int, devices: int, microbatches: int, chunks: int, kind
     def mb(k: int) -> int:
         return (k // (D * v)) * D + k % D
 
+    new = tuple.__new__  # Action(kind, stage, mb) without its keyword-handling constructor
+
     def fwd(k: int) -> Action:
-        return Action(F, ((k % (D * v)) // D) * D + device, mb(k))
+        return new(Action, (F, ((k % (D * v)) // D) * D + device, mb(k), 0, 1, -1))
 
     def bwd(k: int) -> Action:
-        return Action(kind_b, (v - 1 - (k % (D * v)) // D) * D + device, mb(k))
+        return new(Action, (kind_b, (v - 1 - (k % (D * v)) // D) * D + device, mb(k), 0, 1, -1))
 
     out = [fwd(k) for k in range(warm)]
     for i in range(total - warm):
@@ -103,15 +105,16 @@ def inflight(devices: int, microbatches: int, chunks: int = 2) -> dict[tuple[int
         return stage_inflight(D, N)
     out: dict[tuple[int, int], int] = {}
     total = N * v
+    c = np.arange(v)[:, None]  # every chunk at once: rows of chunks, columns of steps
     for d in range(D):
         w = warmup_forwards(d, D, N, v)
-        i = np.arange(min(total - w, D * v))
-        for c in range(v):
-            peak = int(_steps_of_chunk(np.array(w), c, D, v))
-            if i.size:
-                alive = _steps_of_chunk(w + i + 1, c, D, v) - _steps_of_chunk(i, v - 1 - c, D, v)
-                peak = max(peak, int(alive.max()))
-            out[(0, c * D + d)] = peak
+        i = np.arange(min(total - w, D * v))[None, :]
+        peak = _steps_of_chunk(np.array(w), c[:, 0], D, v)
+        if i.size:
+            alive = _steps_of_chunk(w + i + 1, c, D, v) - _steps_of_chunk(i, v - 1 - c, D, v)
+            peak = np.maximum(peak, alive.max(axis=1))
+        for k, p in enumerate(peak.tolist()):
+            out[(0, k * D + d)] = int(p)
     return out
 
 

@@ -25,6 +25,8 @@ simulator gives exactly ``3N + (D-1)`` against 1F1B's ``3(N + D - 1)`` (tests ch
 
 from __future__ import annotations
 
+from collections import deque
+
 from planner.schedules.common import check_positive, linear_schedule, no_lists
 from planner.schedules.ir import Action, I, Schedule, W
 from planner.schedules.one_f_one_b import stage_inflight, stage_order
@@ -44,15 +46,16 @@ def shape(devices: int, microbatches: int) -> Schedule:
 def device_order(stage: int, devices: int, microbatches: int) -> list[Action]:
     """1F1B's F/I order with each W inserted ``d`` I's after its own I (the rest at the end)."""
     lag = stage
+    new = tuple.__new__  # Action(W, stage, mb) without its keyword-handling constructor
     out: list[Action] = []
-    pending: list[int] = []  # micro-batches whose I ran and whose W has not
+    pending: deque[int] = deque()  # micro-batches whose I ran and whose W has not
     for a in stage_order(stage, devices, microbatches, kind_b=I):
         out.append(a)
-        if a.kind == I:
-            pending.append(a.mb)
+        if a[0] == I:
+            pending.append(a[2])
             if len(pending) > lag:
-                out.append(Action(W, stage, pending.pop(0)))
-    out.extend(Action(W, stage, m) for m in pending)
+                out.append(new(Action, (W, stage, pending.popleft(), 0, 1, -1)))
+    out.extend(new(Action, (W, stage, m, 0, 1, -1)) for m in pending)
     return out
 
 

@@ -1,0 +1,519 @@
+"""Agents that declare what they have, and gang dispatch of jobs that span several nodes (api/gang.py).
+
+The protocol tests drive the API in process (TestClient) as several workers; the concurrency test claims from
+8 threads on SQLite and PostgreSQL; the end-to-end tests (slow) run four real agents as 2-"GPU" CPU nodes
+(2 gloo processes each) and the real executor on two of them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_support import (
+    AUTH,
+    REAL_RUN,
+    TINY_DEVICE,
+    WAUTH,
+    LiveServer,
+    make_settings,
+    start_agent,
+    tiny_cluster,
+    tiny_profile,
+    wait_for,
+)
+from fastapi.testclient import TestClient
+
+from api import crud, gang, jobqueue
+from db.models import Job, utcnow
+from db.session import make_engine, make_sessionmaker
+
+
+def cpu_cluster(nodes: int = 2, gpus_per_node: int = 2, name: str = "cpu-2x2") -> dict[str, Any]:
+    return {**tiny_cluster(gpus_per_node, nodes, name), "device": "cpu", "peak_flops": 50e9, "memory_bytes": 8 * 2**30}
+
+
+def four_process_plan(c: Any, cluster: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A done plan of the tiny model on ``cluster`` and the index of a candidate with t*D*W = 4 (1F1B, t = 1),
+    D > 1 when the plan has one."""
+    p = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cl = c.post("/clusters", json=cluster, headers=AUTH).json()["id"]
+    r = c.post("/plans", json={"profile_id": p, "cluster_id": cl, "global_batch": 8, "gpus": 4, "top": 20,
+                               "schedules": ["1f1b"], "max_tensor": 1}, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+        c.get(f"/plans/{r.json()['id']}", headers=AUTH).json()), what="plan done")
+    assert plan["status"] == "done", plan
+    fours = [i for i, x in enumerate(plan["candidates"]) if x["pipeline"] * x["data"] * x["tensor"] == 4]
+    assert fours, f"no 4-process candidate in {[x['label'] for x in plan['candidates']]}"
+    # a pipeline across the two nodes if there is one (p2p and the all-reduce then both cross them)
+    return plan, next((i for i in fours if plan["candidates"][i]["pipeline"] > 1), fours[0])
+
+
+def worker(c: Any, name: str, gpus: int = 2, device: str = "cpu") -> tuple[int, dict[str, str]]:
+    r = c.post("/workers", json={"name": name, "node": name, "gpus": gpus, "device_type": device, "host": "10.0.0.1"},
+               headers=WAUTH)
+    assert r.status_code == 201, r.text
+    return r.json()["id"], {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def claim(c: Any, w: int, auth: dict[str, str], port: int | None = 29400) -> Any:
+    return c.post(f"/workers/{w}/claim", json={"rdzv_port": port} if port else None, headers=auth)
+
+
+@pytest.fixture
+def gang_client(db_url: str) -> Iterator[Any]:
+    from api.main import create_app
+
+    with TestClient(create_app(make_settings(db_url, max_attempts=2, gang_wait_seconds=3600.0)),
+                    raise_server_exceptions=False) as c:
+        yield c
+
+
+# ---- placement and matching -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("world", "g", "layout"), [(4, 2, (2, 2)), (8, 8, (1, 8)), (64, 8, (8, 8)), (6, 4, (2, 3)),
+                                                   (5, 4, (5, 1)), (3, 8, (1, 3)), (12, 5, (3, 4))])
+def test_node_layout_is_the_fewest_even_nodes(world: int, g: int, layout: tuple[int, int]) -> None:
+    nodes, procs = gang.node_layout(world, g)
+    assert (nodes, procs) == layout and nodes * procs == world and procs <= g
+
+
+def test_placement_follows_the_cluster_and_emulation_runs_on_one_node() -> None:
+    cand = {"run_spec": {"config": {"tensor": 2, "pipeline": 8, "data": 4, "micro_batch": 1, "schedule": "1f1b"},
+                         "microbatches": 8}}
+    dgx = {"device": "A100-SXM4-80GB", "gpus_per_node": 8}
+    assert gang.placement(cand, dgx, emulate=False) == {"device_type": "A100-SXM4-80GB", "nodes": 8,
+                                                        "procs_per_node": 8}
+    assert gang.placement(cand, dgx, emulate=True)["nodes"] == 1  # emulated: one node unless told
+    assert gang.placement(cand, dgx, emulate=True, gpus_per_node=16) == {"device_type": "A100-SXM4-80GB",
+                                                                          "nodes": 4, "procs_per_node": 16}
+    assert gang.placement({"label": "c0"}, dgx, emulate=False)["procs_per_node"] is None  # no configuration
+
+
+def test_jobs_go_only_to_agents_of_their_device_and_say_why_they_wait(gang_client: Any) -> None:
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    job = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"}, headers=AUTH).json()
+    assert (job["device_type"], job["nodes"], job["procs_per_node"]) == ("cpu", 2, 2)
+    assert [s["state"] for s in job["slots"]] == ["open", "open"]
+    assert c.get(f"/jobs/{job['id']}", headers=AUTH).json()["waiting"] == "no agent with device cpu registered"
+    a100, a100_auth = worker(c, "gpu-node", 8, TINY_DEVICE)
+    assert claim(c, a100, a100_auth).status_code == 204  # another device: never offered
+    assert c.get(f"/jobs/{job['id']}", headers=AUTH).json()["waiting"] == "no agent with device cpu registered"
+    undeclared, u_auth = worker(c, "cpu-undeclared", 0)
+    assert claim(c, undeclared, u_auth, None).status_code == 204  # GPUs undeclared: single-node jobs only
+    assert "needs 2 agents with device cpu" in c.get(f"/jobs/{job['id']}", headers=AUTH).json()["waiting"]
+    # an emulated job of the A100 plan: the CPU agent takes it (one node); a real one it leaves to A100 agents
+    _, _, a_plan = _a100_plan(c)
+    real = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny"}, headers=AUTH).json()
+    emu = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny", "emulate": True}, headers=AUTH).json()
+    got = claim(c, undeclared, u_auth, None)
+    assert got.status_code == 200 and got.json()["job"]["id"] == emu["id"] and got.json()["slot"] is None
+    got = claim(c, a100, a100_auth)
+    assert got.status_code == 200 and got.json()["job"]["id"] == real["id"]
+    w = c.get(f"/workers/{a100}", headers=AUTH).json()
+    assert (w["gpus"], w["device_type"], w["host"]) == (8, TINY_DEVICE, "10.0.0.1")
+    # a heartbeat says what the agent has now
+    hb = c.post(f"/workers/{undeclared}/heartbeat", json={"gpus": 2, "host": "10.0.0.9"}, headers=u_auth).json()
+    assert (hb["gpus"], hb["device_type"], hb["host"]) == (2, "cpu", "10.0.0.9")
+
+
+def _a100_plan(c: Any) -> tuple[int, int, int]:
+    p = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cl = c.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    r = c.post("/plans", json={"profile_id": p, "cluster_id": cl, "global_batch": 8, "gpus": 1}, headers=AUTH)
+    plan = wait_for(lambda: (lambda j: j if j["status"] == "done" else None)(
+        c.get(f"/plans/{r.json()['id']}", headers=AUTH).json()), what="plan done")
+    return p, cl, plan["id"]
+
+
+# ---- the gang protocol ------------------------------------------------------------------------------------
+
+def _lease(c: Any, jid: int, rank: int, auth: dict[str, str]) -> Any:
+    return c.post(f"/jobs/{jid}/slots/{rank}/lease", json={}, headers=auth)
+
+
+def test_gang_starts_when_every_slot_is_held_and_stops_as_one(gang_client: Any) -> None:
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                 headers=AUTH).json()["id"]
+    (a, aa), (b, ba), (d, da) = worker(c, "a"), worker(c, "b"), worker(c, "d")
+    first = claim(c, a, aa, 29401).json()
+    assert first["slot"]["node_rank"] == 0 and first["slot"]["endpoint"] == "10.0.0.1:29401"
+    assert first["job"]["state"] == "queued"
+    again = claim(c, a, aa, 29405).json()  # a claiming again (restarted) gets its slot back, not a second one
+    assert again["slot"]["node_rank"] == 0 and again["slot"]["endpoint"] == "10.0.0.1:29405"
+    assert _slot_of(c, jid, a) == 0
+    assert _lease(c, jid, 0, aa).json()["state"] == "waiting"
+    assert _lease(c, jid, 0, aa).json()["held"] == 1
+    assert _lease(c, jid, 0, ba).status_code in (403, 409)  # not b's slot
+    second = claim(c, b, ba, 29402).json()
+    assert second["slot"]["node_rank"] == 1 and second["job"]["state"] == "running"
+    assert claim(c, d, da).status_code == 204  # nothing left for a third agent
+    start = _lease(c, jid, 1, ba).json()
+    assert start["state"] == "start" and start["rdzv_endpoint"] == "10.0.0.1:29405" and start["nodes"] == 2
+    assert start["procs_per_node"] == 2 and start["rdzv_id"] == f"pipeplan-job{jid}-attempt1"
+    # node 1's run fails: the whole gang stops, the job is queued again, node 0's agent hears it (409)
+    r = c.post(f"/jobs/{jid}/slots/1/fail", json={"error": "rank 3 failed: peer closed", "log_tail": "tail"},
+               headers=ba)
+    assert r.status_code == 200 and r.json()["state"] == "queued" and r.json()["attempts"] == 1, r.text
+    assert _lease(c, jid, 0, aa).status_code == 409
+    job = c.get(f"/jobs/{jid}", headers=AUTH).json()
+    assert [s["worker_id"] for s in job["slots"]] == [None, None] and "node 1" in job["error"]
+    # formed again (by b and d this time); a result from a node of the running gang finishes it, once
+    assert claim(c, b, ba, 29403).json()["slot"]["node_rank"] == 0
+    assert claim(c, d, da, 29404).json()["job"]["state"] == "running"
+    body = {"iteration_time": 0.5, "devices": [], "raw": {"node": 0}}
+    assert c.post(f"/jobs/{jid}/result", json=body, headers=aa).status_code == 409  # a is not in this gang
+    r = c.post(f"/jobs/{jid}/result", json=body, headers=da)  # node 1: the result comes from node rank 0
+    assert r.status_code == 409 and "node rank 0" in r.json()["detail"]
+    assert c.post(f"/jobs/{jid}/slots/1/done", json={}, headers=da).status_code == 200
+    assert c.post(f"/jobs/{jid}/result", json=body, headers=ba).status_code == 201
+    assert c.post(f"/jobs/{jid}/result", json=body, headers=ba).status_code == 200  # a retry: the stored one
+    job = c.get(f"/jobs/{jid}", headers=AUTH).json()
+    assert job["state"] == "succeeded" and job["attempts"] == 2
+    events = [e["event"] for e in job["history"]]
+    assert events.count("gang_started") == 2 and events.count("gang_stopped") == 1 and events[-1] == "succeeded"
+
+
+def _slot_of(c: Any, jid: int, w: int) -> int | None:
+    slots = c.get(f"/jobs/{jid}", headers=AUTH).json()["slots"]
+    return next((s["node_rank"] for s in slots if s["worker_id"] == w), None)
+
+
+def test_a_gang_failing_every_attempt_fails_and_a_stopping_agent_does_not_count(gang_client: Any) -> None:
+    c = gang_client  # max_attempts=2
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                 headers=AUTH).json()["id"]
+    (a, aa), (b, ba) = worker(c, "a"), worker(c, "b")
+    claim(c, a, aa)
+    claim(c, b, ba)
+    r = c.post(f"/jobs/{jid}/slots/1/release", json={}, headers=ba)  # b's agent stops (SIGTERM)
+    assert r.json()["state"] == "queued" and r.json()["attempts"] == 0, r.text
+    for attempt in (1, 2):
+        claim(c, a, aa)
+        assert claim(c, b, ba).json()["job"]["attempts"] == attempt
+        r = c.post(f"/jobs/{jid}/slots/0/fail", json={"error": "boom"}, headers=aa)
+    assert r.json()["state"] == "failed" and "gang attempt 2 of 2" in r.json()["error"] and "boom" in r.json()["error"]
+
+
+def test_a_cancelled_gang_tells_its_agents_and_nodes_done_without_a_result_requeue(gang_client: Any) -> None:
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid, kid = (c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                       headers=AUTH).json()["id"] for _ in range(2))
+    (a, aa), (b, ba) = worker(c, "a"), worker(c, "b")
+    claim(c, a, aa)
+    claim(c, b, ba)
+    assert c.post(f"/jobs/{jid}/cancel", headers=AUTH).json()["state"] == "cancelled"
+    assert _lease(c, jid, 0, aa).json()["state"] == "cancelled" and _lease(c, jid, 1, ba).json()["state"] == "cancelled"
+    # the next job: both nodes end well but neither posts the result -> queued again, attempt counted
+    claim(c, a, aa)
+    assert claim(c, b, ba).json()["job"]["id"] == kid
+    c.post(f"/jobs/{kid}/slots/0/done", json={}, headers=aa)
+    r = c.post(f"/jobs/{kid}/slots/1/done", json={}, headers=ba).json()
+    assert r["state"] == "queued" and r["attempts"] == 1 and "no node posted the result" in r["error"]
+
+
+def test_a_launcher_that_places_nodes_itself_claims_a_multi_node_job_whole(gang_client: Any) -> None:
+    """A Slurm agent (``whole``) takes a 2-node job as one job; it leaves forming gangs alone."""
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid, kid = (c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                       headers=AUTH).json()["id"] for _ in range(2))
+    (a, aa), (s, sa), (b, ba) = worker(c, "a"), worker(c, "slurm", 0), worker(c, "b")
+    assert claim(c, a, aa).json()["job"]["id"] == jid  # job jid forms as a gang
+    got = c.post(f"/workers/{s}/claim", json={"whole": True}, headers=sa).json()
+    assert got["job"]["id"] == kid and got["slot"] is None and got["job"]["state"] == "running"  # not jid
+    assert got["job"]["worker_id"] == s
+    assert c.post(f"/jobs/{kid}/lease", json={}, headers=sa).status_code == 200
+    assert claim(c, b, ba).json()["job"]["id"] == jid  # b completes jid's gang; kid is not offered as slots
+    assert c.post(f"/jobs/{jid}/lease", json={}, headers=aa).status_code == 409  # a gang renews its slots
+    r = c.post(f"/jobs/{kid}/result", json={"iteration_time": 0.5}, headers=sa)
+    assert r.status_code == 201 and c.get(f"/jobs/{kid}", headers=AUTH).json()["state"] == "succeeded"
+
+
+def test_a_slot_held_alone_past_the_timeout_is_given_back(db_url: str) -> None:
+    from api.main import create_app
+
+    with TestClient(create_app(make_settings(db_url, gang_wait_seconds=0.0))) as c:
+        plan, i = four_process_plan(c, cpu_cluster())
+        jid = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                     headers=AUTH).json()["id"]
+        a, aa = worker(c, "a")
+        assert claim(c, a, aa).status_code == 204  # one agent cannot form a gang of two: not offered
+        assert c.get(f"/jobs/{jid}", headers=AUTH).json()["waiting"].startswith("needs 2 agents with device cpu")
+        worker(c, "b")  # alive, but busy elsewhere: it does not claim
+        assert claim(c, a, aa).json()["slot"]["node_rank"] == 0
+        r = _lease(c, jid, 0, aa).json()
+        assert r["state"] == "released"
+        job = c.get(f"/jobs/{jid}", headers=AUTH).json()
+        assert job["state"] == "queued" and job["slots"][0]["worker_id"] is None
+        assert job["history"][-1]["event"] == "slot_timed_out"
+
+
+def test_two_gangs_and_two_agents_do_not_deadlock(gang_client: Any) -> None:
+    """Agents claim the oldest job first: two agents fill job A's two slots, not one slot each of A and B."""
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    ja, jb = (c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                     headers=AUTH).json()["id"] for _ in range(2))
+    (a, aa), (b, ba) = worker(c, "a"), worker(c, "b")
+    assert claim(c, a, aa).json()["job"]["id"] == ja
+    got = claim(c, b, ba).json()
+    assert got["job"]["id"] == ja and got["job"]["state"] == "running"
+    assert c.get(f"/jobs/{jb}", headers=AUTH).json()["state"] == "queued"
+
+
+def test_a_running_slot_whose_lease_runs_out_stops_the_gang(db_url: str) -> None:
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        jid = _gang_jobs(sessions, [2])[0]
+        with sessions.begin() as db:
+            ws = [_register(db, f"w{k}") for k in range(2)]
+        for w in ws:
+            with sessions.begin() as db:
+                assert jobqueue.claim_job(db, w, 30, rdzv_port=29500) is not None
+        with sessions.begin() as db:
+            assert db.get(Job, jid).state == "running"
+            assert jobqueue.expire_leases(db) == []
+            assert jobqueue.expire_leases(db, utcnow() + timedelta(seconds=60)) == [jid]
+        with sessions() as db:
+            job = db.get(Job, jid)
+            assert job.state == "queued" and job.attempts == 1 and job.history[-1]["event"] == "gang_stopped"
+            assert all(s.worker_id is None and s.state == "open" for s in job.slots)
+    finally:
+        eng.dispose()
+
+
+# ---- concurrency ----------------------------------------------------------------------------------------------
+
+def _register(db: Any, name: str, gpus: int = 4) -> int:
+    return crud.register_worker(db, {"name": name, "node": name, "gpus": gpus, "device_type": "cpu",
+                                     "host": "127.0.0.1"})[0].id
+
+
+def _gang_jobs(sessions: Any, sizes: list[int]) -> list[int]:
+    """Jobs of ``sizes`` node slots each (1: single-node), on a CPU cluster of 1-process nodes."""
+    from planner.cluster import Cluster
+    from planner.profile import ModelProfile
+
+    with sessions.begin() as db:
+        prof, _ = crud.add_profile(db, ModelProfile.model_validate(tiny_profile()))
+        cl, _ = crud.add_cluster(db, Cluster.model_validate(cpu_cluster(16, 1, "cpu-16x1")), 1024)
+        from api import planqueue
+        from db.models import PlanRequest
+
+        plan = PlanRequest(profile_id=prof.id, cluster_id=cl.id, request={"global_batch": 8}, request_hash="g",
+                           status="done")
+        db.add(plan)
+        db.flush()
+        cands = [{"label": f"D={n}", "iteration_time": 1.0, "throughput": 1.0, "run_spec": {
+            "config": {"tensor": 1, "pipeline": n, "data": 1, "micro_batch": 1, "schedule": "1f1b"},
+            "microbatches": 8}} for n in sorted(set(sizes))]
+        planqueue.finish_plan(db, plan.id, {"candidates": cands})
+        index = {n: k for k, n in enumerate(sorted(set(sizes)))}
+        return [crud.create_job(db, {"plan_id": plan.id, "candidate_index": index[n], "model": "gpt-tiny",
+                                     "iterations": 1, "emulate": False}, 3).id for n in sizes]
+
+
+def test_eight_concurrent_claimers_never_share_a_slot(db_url: str) -> None:
+    """8 threads, agents with their own sessions, claim as agents do (a held slot is waited in until its gang
+    starts, or given back after the slot timeout) until every job runs: every gang starts once, and every
+    (job, node rank) is told to start to exactly one agent, the one the database says holds it."""
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        sizes = [4, 2, 1, 4, 2, 1, 8, 2, 1, 4, 2, 1]  # 32 node slots
+        jobs = _gang_jobs(sessions, sizes)
+        with sessions.begin() as db:
+            workers = [_register(db, f"w{k}") for k in range(8)]
+        started: list[tuple[int, int, int]] = []  # (job, node rank, worker) told to start
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(len(workers))
+        total = sum(sizes)
+
+        def all_started() -> bool:
+            with lock:
+                return len(started) >= total
+
+        def run(w: int) -> None:
+            try:
+                barrier.wait()
+                for _ in range(3000):  # bounded
+                    if all_started():
+                        return
+                    with sessions.begin() as db:
+                        job = jobqueue.claim_job(db, w, 30, rdzv_port=29500 + w)
+                        got = None if job is None else (job.id, job.nodes, next(
+                            (s.node_rank for s in job.slots if s.worker_id == w), 0))
+                    if got is None:
+                        time.sleep(0.01)  # nothing for this agent now: poll again
+                        continue
+                    jid, nodes, rank = got
+                    if nodes == 1:
+                        with lock:
+                            started.append((jid, 0, w))
+                        continue
+                    for _ in range(3000):  # wait in the slot as an agent does
+                        with sessions.begin() as db:
+                            state = gang.renew_slot(db, jid, rank, w, 30, gang_wait_seconds=1.0)["state"]
+                        if state == "start":
+                            with lock:
+                                started.append((jid, rank, w))
+                            break
+                        if state == "released":
+                            break
+                        time.sleep(0.01)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors
+        slots = [(j, r) for j, r, _ in started]
+        assert len(slots) == len(set(slots)), "a slot was started by two agents"
+        assert len(slots) == total, f"{len(slots)} of {total} node slots started"
+        assert len({w for _, _, w in started}) >= 2, "several claimers took part"
+        with sessions() as db:
+            for jid, n in zip(jobs, sizes, strict=True):
+                job = db.get(Job, jid)
+                assert job.state == "running" and job.attempts == 1, (jid, job.state, job.attempts)
+                mine = {r: w for j, r, w in started if j == jid}
+                if n == 1:
+                    assert mine == {0: job.worker_id}
+                    continue
+                assert [e["event"] for e in job.history].count("gang_started") == 1
+                holders = {s.node_rank: s.worker_id for s in job.slots}
+                assert holders == mine and len(set(holders.values())) == n, (jid, holders, mine)
+    finally:
+        eng.dispose()
+
+
+# ---- end to end: four CPU agents of 2 gloo processes ---------------------------------------------------------
+
+def _job(c: Any, jid: int) -> dict[str, Any]:
+    return c.get(f"/jobs/{jid}").json()
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _agents(url: str, tmp_path: Path, n: int = 4) -> list[subprocess.Popen[bytes]]:
+    return [start_agent(url, tmp_path / f"node{k}", f"node{k}", None, "--gpus", "2", "--host", "127.0.0.1",
+                        run_command=f"{REAL_RUN} --check", device="cpu") for k in range(n)]
+
+
+@pytest.fixture
+def gang_server(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+    srv = LiveServer(db_url, tmp_path, PIPEPLAN_LEASE_SECONDS="6", PIPEPLAN_GANG_WAIT_SECONDS="60").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_four_cpu_agents_run_a_world_4_job_on_two_of_them(gang_server: LiveServer, tmp_path: Path) -> None:
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        with gang_server.client() as c:
+            plan, i = four_process_plan(c, cpu_cluster())
+            agents = _agents(gang_server.url, tmp_path)
+            t0 = time.monotonic()
+            job = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny",
+                                        "iterations": 2}).json()
+            assert job["nodes"] == 2 and job["procs_per_node"] == 2
+            done = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed") else None)(
+                _job(c, job["id"])), timeout=240, what="gang job done")
+            elapsed = time.monotonic() - t0
+            logs = {p.name: (p / "agent.log").read_text(errors="replace")[-2000:] for p in tmp_path.glob("node*")}
+            assert done["state"] == "succeeded", (done, logs)
+            assert done["attempts"] == 1
+            started = next(e for e in done["history"] if e["event"] == "gang_started")
+            assert len(set(started["workers"])) == 2
+            res = c.get(f"/jobs/{job['id']}/result").json()
+            assert res["raw"]["check"]["ok"] is True, res["raw"]["check"]  # == one process, to the tolerance
+            assert res["worker_id"] == started["workers"][0] and len(res["devices"]) >= 2  # from node rank 0
+            # each of the two nodes ran `pipeplan run` with its node rank and the same rendezvous
+            runs = sorted(tmp_path.glob(f"node*/job-{job['id']}-attempt-1-node-*/run.log"))
+            assert len(runs) == 2, runs
+            print(f"\n2x2 gang job (world 4, 2 iterations, --check): {elapsed:.1f} s from POST /jobs to "
+                  f"succeeded (4 agents, loaded 2-core machine)")
+    finally:
+        for a in agents:
+            _stop(a)
+
+
+@pytest.mark.slow
+def test_killing_one_agent_of_a_gang_requeues_the_job_and_another_pair_completes_it(
+        gang_server: LiveServer, tmp_path: Path) -> None:
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        with gang_server.client() as c:
+            plan, i = four_process_plan(c, cpu_cluster())
+            agents = _agents(gang_server.url, tmp_path)
+            workers = wait_for(lambda: (lambda ws: ws if len(ws) == 4 else None)(
+                {w["name"]: w["id"] for w in c.get("/workers").json()}), what="4 agents registered")
+            job = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny",
+                                        "iterations": 40}).json()
+            jid = job["id"]
+
+            def running_logs() -> list[Path]:  # both nodes' runs started (their logs exist)
+                j = _job(c, jid)
+                return j["state"] == "running" and sorted(tmp_path.glob(f"node*/job-{jid}-attempt-1-node-*/run.log"))
+
+            logs = wait_for(lambda: (lambda r: r if r and len(r) == 2 else None)(running_logs()), timeout=120,
+                            what="gang running")
+            victim_name = logs[0].parent.parent.name
+            victim = workers[victim_name]
+            t_kill = time.monotonic()
+            agents[int(victim_name[-1])].send_signal(signal.SIGKILL)  # the node dies: no release, no renewals
+            wait_for(lambda: any(e["event"] == "gang_stopped" for e in _job(c, jid)["history"]), timeout=60,
+                     what="gang stopped")
+            t_stopped = time.monotonic() - t_kill
+            done = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed") else None)(
+                _job(c, jid)), timeout=300, what="job done after requeue")
+            t_done = time.monotonic() - t_kill
+            agent_logs = {p.name: (p / "agent.log").read_text(errors="replace")[-2000:]
+                          for p in tmp_path.glob("node*")}
+            assert done["state"] == "succeeded", (done, agent_logs)
+            events = [e["event"] for e in done["history"]]
+            assert events.count("gang_started") == 2 and done["attempts"] == 2, events
+            stop = next(e for e in done["history"] if e["event"] == "gang_stopped")
+            assert stop["requeued"] is True
+            second = [e for e in done["history"] if e["event"] == "gang_started"][1]
+            assert victim not in second["workers"] and len(set(second["workers"])) == 2
+            res = c.get(f"/jobs/{jid}/result").json()
+            assert res["worker_id"] == second["workers"][0] and res["raw"]["check"]["ok"] is True
+            # the survivor's first run was killed or failed: no process of it is left
+            first_pids = [int(x) for x in os.popen(f"pgrep -f 'pipeplan-job{jid}-attempt[1]'").read().split()]
+            assert first_pids == [], first_pids
+            print(f"\nkill one agent of a 2x2 gang: gang stopped {t_stopped:.1f} s after SIGKILL, job succeeded "
+                  f"on a new gang {t_done:.1f} s after (40 iterations, --check; loaded 2-core machine)")
+    finally:
+        for a in agents:
+            _stop(a)
