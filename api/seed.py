@@ -2,8 +2,10 @@
 few presets (idempotent: content hashes), and a
 profile of gpt-tiny measured on this machine's CPU for the local CPU cluster (``examples/clusters/
 local-cpu-4.json``, the cluster of ``make serve``'s agent), so that the first plan on the local cluster
-predicts this CPU's times (issue 13). It is measured as the executor runs (``executor/worker.py``: one torch
-thread per process, float32, as many processes at once as the cluster has devices), and only when no
+predicts this CPU's times (issue 13). It is measured as the executor runs a layer (one torch thread per
+process, float32) in one process: a layer's time on a core of its own; the cluster's measured host
+(:class:`planner.cluster.HostCpu`) says how the job's processes share the cores, and the cost model stretches
+compute by that share (:func:`planner.cost.host_share`). It is measured only when no
 measured gpt-tiny CPU profile is stored yet: timings differ from run to run, so a second one would be a new
 profile each time. Likewise the local cluster itself is measured as its jobs run (links among that many
 gloo processes, the executor's per-action overhead: :mod:`profiler.local_cluster`) and stored first, so
@@ -42,14 +44,14 @@ MEASURED = ("gpt-tiny", [1, 2, 4, 8])
 
 
 def measured_cpu_profile() -> ModelProfile:
-    """gpt-tiny on this CPU, as the executor runs it on the local cluster: one process per device at once
-    (:mod:`profiler.concurrent`: they share the cores as the run's processes do), each with
-    ``torch.set_num_threads(1)`` and float32 (the worker's defaults); a few seconds."""
-    from profiler.concurrent import profile_concurrently  # torch: only when seeding measures
+    """gpt-tiny on this CPU as the executor runs a layer: ``torch.set_num_threads(1)`` and float32 (the
+    worker's defaults), in one process (the sharing of the cores among the job's processes is the measured
+    cluster's ``host``, costed by :func:`planner.cost.host_share`: measuring it here too would count it
+    twice); a few seconds."""
+    from profiler.run import profile_model  # torch: only when seeding measures
 
     model, sizes = MEASURED
-    devices = load_cluster(EXAMPLES / "clusters" / f"{LOCAL_CLUSTER}.json").gpus
-    return profile_concurrently(model, sizes, devices, device="cpu", dtype="fp32", threads=1, repeats=5, warmup=2)
+    return profile_model(model, sizes, device="cpu", dtype="fp32", threads=1, repeats=5, warmup=2)
 
 
 def measured_local_cluster() -> Cluster:

@@ -5,13 +5,14 @@
    with the same costs and the link measured first on the same 8 processes (goal: within 10%).
 2. **Real compute, 2 processes** -- gpt-tiny, fp32, one thread per process: measured / predicted from a
    profile measured here (:func:`profiler.run.profile_model`).
-3. **Ours vs torch** -- the same model, partition, micro-batches and processes under torch's
-   ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` (goal: ratio <= 1).
+3. **Ours vs torch** -- the same model (:data:`VERSUS`, a GPT where compute matters, untied embeddings;
+   ``torch-tiny``: gpt-tiny), partition, micro-batches and processes under torch's ``ScheduleGPipe`` /
+   ``Schedule1F1B`` / ``ScheduleInterleaved1F1B``, the two run alternately (goal: ratio <= 1).
 
 4. **Real compute, a wider GPT, 2 processes** -- measured / predicted without and with the executor's
    per-action overhead measured here (``profile-links --executor-overhead``; goal: within 15%).
 
-Run: ``PYTHONPATH=. python benchmarks/executor_bench.py [emulated,real,wide,torch]`` (CPU, gloo; a few
+Run: ``PYTHONPATH=. python benchmarks/executor_bench.py [emulated,real,wide,torch,torch-tiny]`` (CPU, gloo; a few
 minutes; the argument picks sections, all by default).
 """
 
@@ -177,7 +178,7 @@ def fastest(a: Any, b: Any) -> Any:
     return a.model_copy(update={"layers": layers})
 
 
-def torch_worker(kind: str, out: str) -> None:
+def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -> None:
     """Under torchrun: torch.distributed.pipelining on the same model, partition and micro-batches."""
     from datetime import timedelta
 
@@ -194,7 +195,7 @@ def torch_worker(kind: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = get_config(MODEL)
+    cfg = get_config(MODEL).with_(**(overrides or {}))
     chunks = 2 if kind == "interleaved" else 1
     S = world * chunks
     bounds = even_layer_split(cfg.num_profile_layers, S)
@@ -222,10 +223,11 @@ def torch_worker(kind: str, out: str) -> None:
     else:
         sched = (Schedule1F1B if kind == "1f1b" else ScheduleGPipe)(stages[0], N_REAL, loss_fn=loss_fn)
     opt = torch.optim.SGD([p for m in parts for p in m.parameters()], lr=0.1)
-    times = []
+    times, cpus = [], []
     for it in range(WARM + ITER):
         inputs, targets = synthetic_batch(cfg, N_REAL * B_REAL, 0, it)
         dist.barrier()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if rank == 0:
             sched.step(inputs)
@@ -236,41 +238,84 @@ def torch_worker(kind: str, out: str) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
+        c1 = time.process_time()
         both = [None] * world
-        dist.all_gather_object(both, (t0, t1))
+        dist.all_gather_object(both, (t0, t1, c1 - c0))
         if it >= WARM:
-            times.append(max(t for _, t in both) - min(t for t, _ in both))  # type: ignore[misc]
+            times.append(max(t[1] for t in both) - min(t[0] for t in both))  # type: ignore[index]
+            cpus.append(sum(t[2] for t in both))  # type: ignore[index]
     if rank == 0:
-        Path(out).write_text(json.dumps(statistics.median(times)))
+        Path(out).write_text(json.dumps([statistics.median(times), statistics.median(cpus)]))
     dist.destroy_process_group()
 
 
-def versus_torch(ours: dict[str, float]) -> None:
-    print(f"\n== ours vs torch.distributed.pipelining, {D_REAL} processes ({MODEL}, fp32, N={N_REAL}, b={B_REAL}) ==")
-    print(f"{'schedule':<14}{'torch ms':>10}{'ours ms':>10}{'ours/torch':>12}")
+#: the comparison with torch: a GPT where compute matters, embeddings untied (torch's stages would not
+#: all-reduce a tied copy; ours would: the same training on both sides needs an untied model)
+VERSUS = {**WIDE, "layers": 8, "tied_embeddings": False}
+
+
+def torch_time(kind: str, overrides: dict[str, Any]) -> tuple[float, float]:
+    """torch's median iteration (wall) and its median CPU time of all ranks per iteration, seconds."""
+    with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
+        out = Path(tmp) / "t.json"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={D_REAL}", __file__, "--torch-worker", kind, str(out),
+                        json.dumps(overrides)], env=env, check=True, capture_output=True, timeout=600)
+        wall, cpu = json.loads(out.read_text())
+        return float(wall), float(cpu)
+
+
+def versus_torch(overrides: dict[str, Any] | None = None, rounds: int = 3) -> None:
+    """Ours and torch.distributed.pipelining on the same model, partition, micro-batches and processes, run
+    alternately (``rounds`` times each, so both see the same machine load); the median of each side's
+    median iterations and of the per-round ratios, and the same for the CPU time of all ranks per iteration
+    (process time: the work each runtime costs the cores, which the machine's load does not lengthen)."""
+    from executor.launch import launch
+    from executor.plan import RunPlan
+
+    overrides = VERSUS if overrides is None else overrides
+    print(f"\n== ours vs torch.distributed.pipelining, {D_REAL} processes ({MODEL} {overrides}, fp32, N={N_REAL}, "
+          f"b={B_REAL}), {rounds} alternating rounds; load {' '.join(f'{x:.2f}' for x in os.getloadavg())} ==")
+    print(f"{'schedule':<14}{'torch ms':>10}{'ours ms':>10}{'ours/torch':>12}   per round"
+          f"{'':>14}{'CPU torch':>11}{'CPU ours':>10}{'ours/torch':>12}   per round")
     for kind in ("gpipe", "1f1b", "interleaved"):
-        with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
-            out = Path(tmp) / "t.json"
-            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={D_REAL}", __file__, "--torch-worker", kind, str(out)],
-                           env=env, check=True, capture_output=True, timeout=300)
-            t = json.loads(out.read_text())
-        print(f"{kind:<14}{t * 1e3:>10.2f}{ours[kind] * 1e3:>10.2f}{ours[kind] / t:>12.3f}")
+        kw = {"chunks": 2} if kind == "interleaved" else {}
+        plan = RunPlan.direct(kind, D_REAL, N_REAL, model=MODEL, model_overrides=overrides, micro_batch=B_REAL,
+                              dtype="float32", iterations=ITER, warmup=WARM, **kw)
+        ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
+        for _ in range(rounds):
+            res = launch([plan], D_REAL, timeout=600)
+            assert res is not None
+            ours.append(res["runs"][0]["measured"]["iteration_time"])
+            ours_cpu.append(res["runs"][0]["measured"]["cpu_time"])
+            wall, cpu = torch_time(kind, overrides)
+            theirs.append(wall)
+            theirs_cpu.append(cpu)
+        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        cpu_ratios = [a / b for a, b in zip(ours_cpu, theirs_cpu, strict=True)]
+        t, o = statistics.median(theirs), statistics.median(ours)
+        tc, oc = statistics.median(theirs_cpu), statistics.median(ours_cpu)
+        print(f"{kind:<14}{t * 1e3:>10.2f}{o * 1e3:>10.2f}{statistics.median(ratios):>12.3f}   "
+              f"{' '.join(f'{r:.3f}' for r in ratios):<24}{tc * 1e3:>11.2f}{oc * 1e3:>10.2f}"
+              f"{statistics.median(cpu_ratios):>12.3f}   {' '.join(f'{r:.3f}' for r in cpu_ratios)}")
+    print(f"(load at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
-        torch_worker(sys.argv[2], sys.argv[3])
+        torch_worker(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)
     else:
         t = time.time()
         sections = sys.argv[1].split(",") if len(sys.argv) > 1 else ["emulated", "real", "wide", "torch"]
         if "emulated" in sections:
             emulated()
-        if "real" in sections or "torch" in sections:
-            ours = real()
-            if "torch" in sections:
-                versus_torch(ours)
+        if "real" in sections:
+            real()
+        if "torch" in sections:
+            versus_torch()
+        if "torch-tiny" in sections:
+            versus_torch({})
         if "wide" in sections:
             real_wide()
         print(f"\n(total {time.time() - t:.0f} s)")

@@ -30,7 +30,9 @@ LOCAL_CLUSTER = Cluster(name="local-gloo", nodes=1, gpus_per_node=1024, device="
 
 class Emulator:
     def __init__(self, plan: Any, compute_schedule: Schedule, profile: ModelProfile | str,
-                 cluster: Cluster | str | None = None) -> None:
+                 cluster: Cluster | str | None = None, emulated: bool = True) -> None:
+        """``emulated`` false: the costs of the real run of ``plan`` (its compute takes core time on a
+        shared CPU host, ``cluster.host``), for :meth:`predict` only."""
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.cluster = load_cluster(cluster) if isinstance(cluster, str) else (cluster or LOCAL_CLUSTER)
         self.plan = plan
@@ -38,7 +40,8 @@ class Emulator:
         config = plan.spec.config
         request = TrainingRequest(global_batch=plan.spec.global_batch)
         self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
-        self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds)
+        self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds,
+                                 emulated=emulated)
         self.slept = 0.0
 
     def _sleep(self, seconds: float) -> None:

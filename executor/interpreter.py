@@ -379,8 +379,9 @@ class RankRuntime:
         rec = _Fwd(x, outs, uses, version=version, params=params)
         for j, m in enumerate(a.mbs):
             self.fwd[(r, s, m)] = (rec, j)
-        if s < self.S - 1:
-            self._deliver(SEND_F, r, s, a.mb, torch.cat([o.detach() for o in outs]))
+        if s < self.S - 1:  # one micro-batch: its output as it is (no copy); several: concatenated
+            y = outs[0].detach() if len(outs) == 1 else torch.cat([o.detach() for o in outs])
+            self._deliver(SEND_F, r, s, a.mb, y)
         self.alive += a.span
         self.peak_alive = max(self.peak_alive, self.alive)
 
@@ -414,7 +415,7 @@ class RankRuntime:
             rec.grads[j] = grad
             if want_dx:
                 dx = torch.autograd.grad(out, rec.x, grad, retain_graph=True)[0]
-                self._deliver(SEND_B, r, s, m, dx[sl].clone())
+                self._deliver(SEND_B, r, s, m, dx if len(rec.outs) == 1 else dx[sl].clone())
             self.alive -= 1
             return
         params = self._params(r, s, rec)
@@ -425,9 +426,9 @@ class RankRuntime:
         inputs = params + ([rec.x] if (k == B and want_dx) else [])
         torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
         if k == B:
-            if want_dx:
+            if want_dx:  # the whole input gradient when the forward ran one micro-batch (nothing else uses it)
                 assert rec.x.grad is not None
-                self._deliver(SEND_B, r, s, m, rec.x.grad[sl].clone())
+                self._deliver(SEND_B, r, s, m, rec.x.grad if len(rec.outs) == 1 else rec.x.grad[sl].clone())
             self.alive -= 1
         if rec.params is not None:
             self._async_update(r, s, rec)
@@ -460,6 +461,8 @@ class RankRuntime:
     def _allreduce(self, s: int) -> None:
         keys = [(r, ss) for r, ss in self.held if ss == s]
         group = self.groups.stage.get(s)
+        if group is None and len(keys) == 1:
+            return  # one copy of the stage in the whole job: its gradients are already the sum
         if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
             n = self.emu.allreduce_elements(s) if group is not None else 0
             flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
@@ -512,11 +515,12 @@ class RankRuntime:
             if self.window_sync:
                 self._window_update(flat, keys[0][1], keys)
                 continue
-            for key in keys:
+            for key in keys:  # views into the reduced buffer (copies when several replicas share it)
                 off = 0
                 for p in self._grad_params(key):
                     n = p.numel()
-                    p.grad = flat[off:off + n].view_as(p).clone()
+                    g = flat[off:off + n].view_as(p)
+                    p.grad = g if len(keys) == 1 else g.clone()
                     off += n
         self.pending_ar.clear()
         if self.emu is not None:

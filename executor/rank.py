@@ -73,6 +73,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     torch.manual_seed(plan.seed)
     rt = RankRuntime(plan, sched, rank, groups, emulator, policy, device)
     records = []
+    cpu: list[float] = []  # process CPU time per iteration (this rank's threads, gloo's included)
     peak: int | None = None
     for it in range(plan.warmup + plan.iterations):
         dist.barrier()
@@ -81,12 +82,14 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         measured = it >= plan.warmup
         if cuda and measured:
             torch.cuda.reset_peak_memory_stats(device)
+        cpu0 = time.process_time()
         records.append(rt.iteration(it))
+        cpu.append(time.process_time() - cpu0)
         if cuda and measured:
             peak = max(peak or 0, torch.cuda.max_memory_allocated(device))
     payload: dict[str, Any] = {
         "rank": rank, "host": socket.gethostname(), "device": rt.device, "data": rt.data_copy, "tensor": rt.tp,
-        "records": records,
+        "records": records, "cpu_times": cpu,
         "peak_alive": rt.peak_alive, "peak_memory": peak, "version_log": rt.version_log,
         "weight_versions": {str(k): v.max_alive for k, v in rt.stash.items()},
     }

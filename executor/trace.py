@@ -13,6 +13,10 @@ Busy time is compute: F/B/I/W and the optimizer's own update (not the waits insi
 simulator counts it; the bubble ratio is ``1 - sum(busy) / (D * iteration_time)`` over the D pipeline
 devices of data-parallel copy 0, tensor rank 0 (the devices the simulator times).
 
+CPU: ``cpu_time`` is the median over the measured iterations of the process CPU time of all ranks together
+(``time.process_time``, every thread of the process, gloo's included): the work an iteration costs the host's
+cores, which a shared machine's load does not lengthen as it does wall time.
+
 Memory: ``peak_memory`` per rank (``measured.peak_memory[rank]`` and in ``ranks``/``devices``) is the
 peak of ``torch.cuda.max_memory_allocated`` over the measured iterations on GPUs, ``None`` on the CPU.
 """
@@ -63,10 +67,14 @@ def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> di
                       "busy": busy, "idle": max(it_time - busy, 0.0), "peak_activations": p["peak_alive"],
                       "peak_memory": p.get("peak_memory")})
     devices = sorted((r for r in ranks if r["data"] == 0 and r["tensor"] == 0), key=lambda r: r["device"])
+    # CPU time of all ranks per iteration (process time: unlike wall time, not lengthened by waiting for a core)
+    cpu = [sum(p["cpu_times"][it] for p in payloads) for it in measured] if all(
+        len(p.get("cpu_times") or []) == n_iter for p in payloads) else []
     D = len(devices)
     bubble = 1.0 - sum(d["busy"] for d in devices) / (D * it_time) if it_time > 0 and D else 0.0
     return {"iteration_time": it_time, "iteration_times": times, "bubble_ratio": bubble,
             "devices": devices, "ranks": ranks, "peak_memory": [r["peak_memory"] for r in ranks],
+            "cpu_time": statistics.median(cpu) if cpu else None,
             "emulated": emulated}
 
 

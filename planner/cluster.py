@@ -55,6 +55,33 @@ class AllReduceFit(BaseModel):
     link: Link
 
 
+class HostCpu(BaseModel):
+    """A node whose devices are processes sharing the host's CPU cores (the local CPU cluster), as opposed to
+    devices of their own (GPUs). Used by :mod:`planner.cost` (``host_share``, issue 11 item 4, issue 13):
+
+    * the node's processes run their compute, the executor's Python and the optimizer on ``effective_cores``
+      cores: while ``k`` of them have work at once, each runs at ``min(1, effective_cores / k)`` of its own
+      speed (the kernel's fair share among runnable processes, Linux CFS; processor sharing, Kleinrock 1967);
+    * ``comm_overlaps_compute`` false: gloo moves messages with memory copies on those same cores, so a
+      process waiting in a collective or a message holds back no core but the copies themselves take core
+      time (their measured costs, :class:`AllReduceFit` and the links, are taken as they were measured).
+
+    ``effective_cores`` is measured (:func:`profiler.local_cluster.measure_host`): ``processes`` copies of
+    one compute loop run at once and alone; ``processes / slowdown`` cores' worth of compute is what they
+    got, which includes what else the machine was running then (a shared machine's load)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cores: int = Field(ge=1, description="CPU cores of the host (os.cpu_count())")
+    effective_cores: float = Field(gt=0, allow_inf_nan=False,
+                                   description="cores' worth of compute the node's processes get at once")
+    processes: int = Field(default=0, ge=0, description="processes the effective cores were measured with")
+    slowdown: float = Field(default=1.0, gt=0, allow_inf_nan=False,
+                            description="measured: time per loop with `processes` at once / alone")
+    comm_overlaps_compute: bool = False
+    source: str = ""
+
+
 class Calibration(BaseModel):
     """Correction factors fitted to a cluster's finished jobs (:mod:`planner.calibrate`): compute times
     (F/B/I/W, optimizer step) are multiplied by ``compute_scale``, communication times (p2p, all-reduce,
@@ -91,6 +118,7 @@ class Cluster(BaseModel):
     executor: ExecutorOverhead | None = Field(default=None, description="measured per-action executor overhead")
     allreduce_fit: AllReduceFit | None = Field(default=None, description="measured all-reduce of one node")
     calibration: Calibration | None = Field(default=None, description="factors fitted to finished jobs")
+    host: HostCpu | None = Field(default=None, description="devices are processes sharing these CPU cores")
 
     @property
     def gpus(self) -> int:
@@ -101,7 +129,8 @@ class Cluster(BaseModel):
         import json
 
         body = self.model_dump(mode="json")
-        for key in ("executor", "calibration", "allreduce_fit"):  # absent = as before these fields existed: same hash
+        # absent = as before these fields existed: same hash
+        for key in ("executor", "calibration", "allreduce_fit", "host"):
             if body.get(key) is None:
                 body.pop(key, None)
         data = json.dumps(body, sort_keys=True, separators=(",", ":"))

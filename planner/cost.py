@@ -54,6 +54,14 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   every action of the lowered list the executor walks costs its measured
   :class:`planner.cluster.ExecutorOverhead` plus the fitted ``action_overhead``, folded into the compute
   action it belongs to (a RECV before it, a SEND after it) and into STEP (the ALLREDUCEs and STEP itself).
+* **A shared CPU host** (issues 11 item 4 and 13; :func:`host_share`, the end of this file): when the
+  cluster's devices are processes on shared cores (``cluster.host``, :class:`planner.cluster.HostCpu`, measured
+  by ``pipeplan seed`` / :func:`profiler.local_cluster.measure_host`), the core time of an action -- its
+  compute, the executor's overhead, the optimizer step; only the overhead when compute is emulated -- is
+  stretched by the slowdown ``s`` at which ``k`` processes with work at once share ``C`` effective cores
+  (processor sharing: each runs at ``C / k``); ``k`` is the concurrency the core time sees in the simulated
+  schedule itself (with gloo's message and collective copies when communication does not overlap compute),
+  and ``s = max(1, k / C)`` its fixed point. GPU clusters have no ``host``: nothing changes for them.
 
 :func:`chimera_eq1` and :func:`megatron_closed_form` give the papers' closed forms beside the simulated
 time.
@@ -175,11 +183,13 @@ class ConfigCosts(Costs):
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config,
                  schedule: Schedule, bounds: list[tuple[int, int]],
                  held: list[list[tuple[int, int]]] | None = None, shared: dict | None = None,
-                 layer_sums: dict | None = None) -> None:
+                 layer_sums: dict | None = None, emulated: bool = False) -> None:
         """``shared`` (optional) is a dict reused by every configuration with the same t, partition,
         micro-batch size and recomputation: stage infos and F/B durations are computed once for all.
         ``layer_sums`` (optional) is a dict reused by every configuration of one profile: per (kind,
-        samples), the running sums of the layers' times."""
+        samples), the running sums of the layers' times. ``emulated``: compute waits instead of running
+        (:mod:`executor.emulate`), so on a shared host (``cluster.host``) only the executor's own
+        overhead takes core time."""
         self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
         self.schedule = schedule
         t = config.tensor
@@ -214,6 +224,9 @@ class ConfigCosts(Costs):
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
         self.overheads = ActionOverheads(cluster, self)
+        self.emulated = emulated
+        #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
+        self._share: float | None = None if cluster.host is not None else 1.0
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -318,7 +331,18 @@ class ConfigCosts(Costs):
 
     # ---- Costs interface -------------------------------------------------------------------------
     def compute(self, kind: str, stage: int, span: int, device: int) -> float:
-        return self.work(kind, stage, span) + self.overheads.of(kind, stage, device)
+        if self._share == 1.0:  # devices of their own (no shared host): as before
+            return self.work(kind, stage, span) + self.overheads.of(kind, stage, device)
+        work, over = self.work(kind, stage, span), self.overheads.of(kind, stage, device)
+        share = self.share
+        return (work if self.emulated else work * share) + over * share
+
+    @property
+    def share(self) -> float:
+        """Slowdown of core time on a shared CPU host (1 for devices of their own; :func:`host_share`)."""
+        if self._share is None:
+            self._share = host_share(self)
+        return self._share
 
     def work(self, kind: str, stage: int, span: int) -> float:
         """:meth:`compute` without the executor's per-action overhead (what emulated compute sleeps)."""
@@ -361,7 +385,11 @@ class ConfigCosts(Costs):
     def step(self, device: int) -> float:
         """Optimizer step of ``device``'s stages: read and write its model state once (memory bound), plus
         the executor's overhead of the device's ALLREDUCE and STEP actions."""
-        return self.step_work(device) + self.overheads.of("STEP", -1, device)
+        if self._share == 1.0:
+            return self.step_work(device) + self.overheads.of("STEP", -1, device)
+        work, over = self.step_work(device), self.overheads.of("STEP", -1, device)
+        share = self.share
+        return (work if self.emulated else work * share) + over * share
 
     def step_work(self, device: int) -> float:
         """:meth:`step` without the executor's per-action overhead."""
@@ -452,3 +480,80 @@ class ActionOverheads:
         if after:
             out += ex.send + extra
         return out
+
+
+# ---- a shared CPU host (issue 11 item 4, issue 13): processes sharing the cores -----------------------------
+
+
+def _cpu_fraction(costs: ConfigCosts, kind: str, stage: int, span: int, device: int) -> float:
+    """Part of a compute action (or STEP, ``stage`` -1) that takes core time: all of it when the work
+    runs, only the executor's overhead when compute is emulated (a sleeping process holds no core)."""
+    if not costs.emulated:
+        return 1.0
+    over = costs.overheads.of(kind, stage, device)
+    work = costs.step_work(device) if kind == "STEP" else costs.work(kind, stage, span)
+    return over / (work + over) if work + over > 0 else 0.0
+
+
+def experienced_concurrency(costs: ConfigCosts, timeline: list, copies: float) -> float:
+    """Processes with work at once, as the core time sees it: ``∫ k_cpu(t) k(t) dt / ∫ k_cpu(t) dt``, where
+    ``k_cpu`` counts the node's processes computing at ``t`` (each simulated device stands for ``copies``
+    processes in step with it: its data-parallel copies and tensor ranks on the node) and ``k`` adds the
+    messages and collectives being copied at ``t`` when communication does not overlap compute (gloo moves
+    them with memory copies on the same cores, :class:`planner.cluster.HostCpu`). 0 without compute."""
+    from planner.schedules.ir import ALLREDUCE as AR
+    from planner.schedules.ir import SEND_B as SB
+    from planner.schedules.ir import STEP as ST
+
+    host = costs.cluster.host
+    comm_counts = host is not None and not host.comm_overlaps_compute
+    events: list[tuple[float, float, float]] = []  # (time, d k_cpu, d k)
+    for d, row in enumerate(timeline):
+        for a, start, end in row:
+            if end <= start:
+                continue
+            if a.kind in ("F", "B", "I", "W") or a.kind == ST:
+                frac = _cpu_fraction(costs, a.kind, a.stage if a.kind != ST else -1, a.span, d) * copies
+                events += [(start, frac, frac), (end, -frac, -frac)]
+            elif comm_counts and a.kind in (SEND_F, SB, AR):
+                events += [(start, 0.0, copies), (end, 0.0, -copies)]
+    events.sort(key=lambda e: e[0])
+    num = den = k_cpu = k = 0.0
+    last = events[0][0] if events else 0.0
+    for at, dc, dk in events:
+        dt = at - last
+        num += k_cpu * k * dt
+        den += k_cpu * dt
+        k_cpu, k, last = k_cpu + dc, k + dk, at
+    return num / den if den > 0 else 0.0
+
+
+def host_share(costs: ConfigCosts, iterations: int = 12, tolerance: float = 1e-3) -> float:
+    """Slowdown of core time when the node's processes share ``cluster.host.effective_cores`` cores: the
+    fixed point of ``s = max(1, k(s) / C)`` with ``k(s)`` the concurrency core time experiences in the
+    schedule simulated with core time stretched by ``s`` (:func:`experienced_concurrency`; processor
+    sharing, Kleinrock 1967: ``k`` runnable processes on ``C < k`` cores each progress at ``C / k``). The
+    processes of the node are the job's ``D W t`` (or ``gpus_per_node``, if fewer); every simulated device
+    stands for the ``W t`` copies of it. Damped iteration (half steps), from ``s = 1``."""
+    from planner.simulate import simulate
+
+    host = costs.cluster.host
+    if host is None:
+        return 1.0
+    c = costs.config
+    procs = c.pipeline * c.data * c.tensor
+    per_node = min(procs, costs.cluster.gpus_per_node)
+    if per_node <= host.effective_cores:
+        return 1.0
+    copies = per_node / c.pipeline
+    s = 1.0
+    for _ in range(iterations):
+        costs._share = s
+        k = experienced_concurrency(costs, simulate(costs.schedule, costs).timeline, copies)
+        new = max(1.0, k / host.effective_cores)
+        if abs(new - s) <= tolerance * s:
+            s = new
+            break
+        s = 0.5 * (s + new)
+    costs._share = s
+    return s

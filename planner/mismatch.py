@@ -18,8 +18,14 @@ def _norm(device: str) -> str:
 
 def device_warnings(profile: ModelProfile, cluster: Cluster) -> list[str]:
     """One sentence per problem (empty: none)."""
+    out = []
+    shared = int(profile.environment.get("concurrent_processes", "1") or 1)
+    if cluster.host is not None and shared > 1:
+        out.append(f"profile {profile.name!r} was timed in {shared} processes at once and cluster {cluster.name!r} "
+                   f"costs the sharing of its host's cores itself (host.effective_cores): the sharing is counted "
+                   f"twice (profile the model in one process)")
     if _norm(profile.device) == _norm(cluster.device):
-        return []
-    return [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
+        return out
+    return out + [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
             f"{cluster.device!r} devices: the predicted times are {profile.device}'s, not the cluster's "
             f"(profile the model on {cluster.device}, or pick a profile of that device)"]

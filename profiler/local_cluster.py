@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import AllReduceFit, Cluster, Link
+from planner.cluster import AllReduceFit, Cluster, HostCpu, Link
 
 #: message sizes of the quick measurement: 1 KiB .. 4 MiB (gpt-tiny's activations are 128 KiB per sample,
 #: its gradients ~14 MB)
@@ -38,9 +38,96 @@ def measure_links(procs: int, sizes: list[int] | None = None, repeats: int = 5, 
         return json.loads(Path(out).read_text())
 
 
+def _compute() -> Any:
+    """A small fixed compute (a 128-wide two-layer MLP's forward and backward on 64 rows, one torch thread:
+    the kind of work a CPU pipeline stage does), as a function to call."""
+    import torch
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    a, w1, w2 = (torch.randn(64, 128, generator=g), torch.randn(128, 512, generator=g, requires_grad=True),
+                 torch.randn(512, 128, generator=g, requires_grad=True))
+
+    def once() -> None:
+        (torch.nn.functional.gelu(a @ w1) @ w2).square().mean().backward()
+
+    return once
+
+
+def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) -> None:
+    """Round ``r``: rank 0 runs the loop alone (the others wait at the barrier), then every rank runs it;
+    puts ``(rank, [(alone, together), ...])`` seconds per repetition (rank 0's alone figures)."""
+    import time
+
+    once = _compute()
+    for _ in range(max(reps // 5, 2)):
+        once()
+    out = []
+    for _ in range(rounds):
+        barrier.wait(timeout=300)
+        alone = 0.0
+        if rank == 0:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                once()
+            alone = (time.perf_counter() - t0) / reps
+        barrier.wait(timeout=300)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            once()
+        out.append((alone, (time.perf_counter() - t0) / reps))
+    queue.put((rank, out))
+
+
+def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
+    """The cores ``procs`` processes of this machine get at once (:class:`planner.cluster.HostCpu`): ``procs``
+    processes are started once; in each of ``rounds`` rounds one of them runs a compute loop alone, then all
+    of them run it together (behind barriers, so alone and together are measured moments apart under the
+    same outside load). ``slowdown`` = the median over rounds of (mean time per repetition together, wall
+    clock: a process that waits for a core is slower) / (time alone); ``effective_cores = procs /
+    slowdown``, at most the cores and at least ``1/procs`` of one."""
+    import multiprocessing as mp
+    import os
+    import platform
+    import statistics
+
+    cores = os.cpu_count() or 1
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(procs), ctx.Queue()
+    ps = [ctx.Process(target=_host_worker, args=(r, barrier, queue, rounds, reps), daemon=True)
+          for r in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        got = dict(queue.get(timeout=600) for _ in ps)
+    finally:
+        for p in ps:
+            p.join(30)
+    ratios, alones = [], []
+    for i in range(rounds):
+        alone = got[0][i][0]
+        together = sum(got[r][i][1] for r in range(procs)) / procs
+        ratios.append(together / alone)
+        alones.append(alone)
+    slowdown = max(statistics.median(ratios), 1e-9)
+    eff = min(float(cores), max(procs / slowdown, 1.0 / procs))
+    return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown,
+                   source=(f"profiler.local_cluster.measure_host on {platform.node()}: {procs} processes of one "
+                           f"torch thread at once took {slowdown:.2f}x the time per loop alone (median of "
+                           f"{rounds} rounds: {', '.join(f'{r:.2f}' for r in ratios)}; alone "
+                           f"{statistics.median(alones) * 1e3:.2f} ms); a shared machine's load at that time is "
+                           f"in the figure"))
+
+
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:
-    """``base`` with links, all-reduce fit and executor overhead measured on ``base.gpus`` local gloo
-    processes (one node: ``intra`` and ``inter`` both get the point-to-point fit); and the raw figures."""
+    """``base`` with links, all-reduce fit, the host's cores and executor overhead measured on ``base.gpus``
+    local gloo processes (one node: ``intra`` and ``inter`` both get the point-to-point fit); and the raw
+    figures. The executor overhead is measured on as many processes as there are cores (at least 2); with
+    layers that do nearly nothing those processes run the executor's Python nearly all the time, so each had
+    ``min(1, effective_cores / n)`` of a core, and the figures are scaled by that to the overhead of a process
+    with a core of its own: sharing the cores is the host model's part (:func:`planner.cost.host_share`),
+    which would otherwise count it twice."""
+    import os
     import platform
 
     from profiler.overhead import measure_overhead
@@ -49,12 +136,19 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     links = measure_links(procs)
     p2p = Link(alpha=max(links["intra_node"]["alpha"], 0.0), beta=max(links["intra_node"]["beta"], 0.0))
     ar = Link(alpha=max(links["allreduce"]["alpha"], 0.0), beta=max(links["allreduce"]["beta"], 0.0))
-    ex, raw = measure_overhead(procs=procs, iterations=overhead_iterations, warmup=3)
+    host = measure_host(procs)
+    n_ovh = max(2, min(procs, os.cpu_count() or 1))
+    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
+    shared = max(1.0, n_ovh / host.effective_cores)
+    ex = ex.model_copy(update={**{k: getattr(ex, k) / shared for k in ("compute", "send", "recv", "allreduce", "step")},
+                               "source": f"{ex.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
+                                         f"processes at {host.effective_cores:.2f} effective cores"})
+    raw["overhead_core_share"] = shared
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "
             f"GB/s; all-reduce of {procs} alpha {ar.alpha * 1e6:.0f} us, "
             f"{1 / ar.beta / 1e9 if ar.beta else float('inf'):.2f} GB/s; executor overhead per action; a shared "
             f"machine's load is in these figures. Peak FLOP/s and memory from the example file.")
     cluster = base.model_copy(update={"intra": p2p, "inter": p2p, "executor": ex, "notes": note,
-                                      "allreduce_fit": AllReduceFit(ranks=procs, link=ar)})
+                                      "allreduce_fit": AllReduceFit(ranks=procs, link=ar), "host": host})
     return Cluster.model_validate(cluster.model_dump()), {"links": links, "executor_raw": raw}

@@ -1,0 +1,223 @@
+"""Real-compute and emulated executor runs on this machine's CPU: measured against predicted (issues 11 and 13).
+
+For 2 and 4 gloo processes the local cluster is measured first as its jobs run
+(:func:`profiler.local_cluster.measured_cluster`: links, the all-reduce of that many processes, the host's
+effective cores for that many processes, the executor's per-action overhead), each model is profiled in one
+process before and after its runs (:func:`profiler.run.profile_model`, one torch thread, float32: the time of
+a layer on a core of its own; sharing the cores is the cost model's part, :func:`planner.cost.host_share`;
+per layer the faster of the two, :func:`fastest`), then
+
+* **real**: each configuration runs for real; predicted = the simulator with that profile and cluster, the
+  host's effective cores measured again just before the runs (``Emulator(..., emulated=False).predict()``:
+  the same :class:`planner.cost.ConfigCosts` the planner uses), with the time per action kind beside it;
+* **emulated**: the same plans with compute replaced by waits (``--emulate``), predicted by the run itself;
+* **newcomer**: ``make serve``'s flow -- the planner's first candidate for gpt-tiny on the measured
+  ``local-cpu-4`` cluster, global batch 8 -- run for real.
+
+Configurations: 2 processes (D=2) and 4 processes (gpt-tiny: D=2 W=2; gpt-small: D=4), GPipe, 1F1B and
+interleaved (2 chunks); gpt-tiny (hidden 64, seq 32: mostly per-op overhead) and a gpt-small-ish model
+(:data:`SMALL`: hidden 256, seq 64, 8 blocks, where compute matters). The figures are the median iteration
+over 5 measured iterations after 2 warm-up ones. The machine's load is printed at the start and the end:
+on a shared machine it moves every figure; the host's effective cores are measured under that load.
+
+Run: ``PYTHONPATH=. python benchmarks/cpu_run_bench.py [--quick]`` (a few minutes; ``--quick``: gpt-tiny only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+#: a GPT where compute is not all overhead (about 5 ms per block forward at b=2 on one core here)
+SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
+MODELS = {"gpt-tiny": {}, "gpt-small": SMALL}
+ITER, WARM, N, B = 5, 2, 8, 2
+SCHEDULES: list[tuple[str, dict[str, Any]]] = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2})]
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cluster_for(procs: int, tmp: str) -> tuple[Any, str]:
+    from planner.cluster import load_cluster, save_cluster
+    from profiler.local_cluster import measured_cluster
+
+    base = load_cluster(REPO / "examples" / "clusters" / "local-cpu-4.json")
+    base = base.model_copy(update={"name": f"local-cpu-{procs}", "gpus_per_node": procs})
+    cluster = measured_cluster(base)[0]
+    path = str(Path(tmp) / f"cluster-{procs}.json")
+    save_cluster(cluster, path)
+    return cluster, path
+
+
+def layouts(model: str, procs: int) -> list[tuple[int, int]]:
+    """(D, W) of the configurations run on ``procs`` processes."""
+    if procs == 2:
+        return [(2, 1)]
+    return [(2, 2)] if model == "gpt-tiny" else [(4, 1)]
+
+
+KINDS = ("F", "B", "STEP")
+
+
+def fastest(a: Any, b: Any) -> Any:
+    """Per layer and micro-batch size, the smaller time of two profiles of the same model (before and after
+    the runs): on a shared machine a burst of someone else's work only adds time to a measurement, and one
+    burst during the single block the profile times (the others repeat it) would move every block."""
+    layers = []
+    for x, y in zip(a.layers, b.layers, strict=True):
+        upd = {k: {s: min(getattr(x, k)[s], getattr(y, k)[s]) for s in getattr(x, k)}
+               for k in ("fwd_time", "bwd_time")}
+        layers.append(x.model_copy(update=upd))
+    return a.model_copy(update={"layers": layers})
+
+
+def per_kind_measured(trace: dict[str, Any]) -> dict[str, float]:
+    """Seconds per iteration and rank spent in each action kind (measured iterations; RECV: waiting)."""
+    sums: dict[str, float] = {}
+    ranks, iters = set(), set()
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") != "X" or ev["args"]["iteration"] < WARM:
+            continue
+        ranks.add(ev["tid"])
+        iters.add(ev["args"]["iteration"])
+        kind = "RECV" if ev["cat"].startswith("RECV") else ev["cat"]
+        sums[kind] = sums.get(kind, 0.0) + ev["dur"] / 1e6
+    n = max(len(ranks) * len(iters), 1)
+    return {k: v / n for k, v in sums.items()}
+
+
+def per_kind_predicted(em: Any) -> dict[str, float]:
+    """The same from the simulator's timeline (per device of one copy; the copies run alike)."""
+    from planner.simulate import simulate
+
+    tl = simulate(em.schedule, em.costs).timeline
+    sums: dict[str, float] = {}
+    for row_ in tl:
+        for a, start, end in row_:
+            sums[a.kind] = sums.get(a.kind, 0.0) + end - start
+    return {k: v / len(tl) for k, v in sums.items()}
+
+
+def breakdown(meas: dict[str, float], pred: dict[str, float]) -> str:
+    return "  ".join(f"{k} {meas.get(k, 0) * 1e3:.1f}/{pred.get(k, 0) * 1e3:.1f}" for k in KINDS) + \
+        f"  RECV wait {meas.get('RECV', 0) * 1e3:.1f}"
+
+
+def row(label: str, meas: float, pred: float, extra: str = "") -> None:
+    print(f"{label:<44}{meas * 1e3:>11.1f}{pred * 1e3:>11.1f}{meas / pred:>8.2f}  {extra}")
+
+
+def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
+    import torch
+
+    from executor.emulate import Emulator
+    from executor.launch import launch
+    from executor.models import get_config
+    from executor.plan import RunPlan
+    from planner.profile import save_profile
+    from profiler.local_cluster import measure_host
+    from profiler.run import profile_model
+
+    torch.set_num_threads(1)
+    ratios: list[tuple[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="pipeplan-cpu-bench-") as tmp:
+        for procs in procs_list:
+            cluster, cpath = cluster_for(procs, tmp)
+            h = cluster.host
+            assert h is not None and cluster.executor is not None
+            print(f"\n== {procs} processes: host {h.effective_cores:.2f} effective cores of {h.cores} "
+                  f"(slowdown {h.slowdown:.2f}x), all-reduce fit "
+                  f"{cluster.allreduce_fit.link if cluster.allreduce_fit else None}, "
+                  f"executor overhead compute {cluster.executor.compute * 1e6:.0f} us, step "
+                  f"{cluster.executor.step * 1e6:.0f} us; load {load()} ==")
+            print(f"{'configuration':<44}{'measured':>11}{'predicted':>11}{'ratio':>8}  (ms)")
+            for model in models:
+                cfg = get_config("gpt-tiny").with_(**MODELS[model])
+                before = profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=9)
+                prof = before
+                ppath = str(Path(tmp) / f"{model}.json")
+                save_profile(prof, ppath)
+                plans, labels = [], []
+                for D, Wd in layouts(model, procs):
+                    for s, kw in SCHEDULES:
+                        if s == "interleaved" and D * kw["chunks"] > len(prof.layers):
+                            continue
+                        plans.append(RunPlan.direct(s, D, N, data=Wd, model="gpt-tiny", model_overrides=MODELS[model],
+                                                    micro_batch=B, dtype="float32", iterations=ITER, warmup=WARM,
+                                                    **kw))
+                        labels.append(f"{model} D={D} W={Wd} b={B} N={N} {s}")
+                # the host's cores as they are now (a shared machine's load moves by the minute)
+                now = cluster.model_copy(update={"host": measure_host(procs)})
+                assert now.host is not None
+                print(f"{model}: host now {now.host.effective_cores:.2f} effective cores "
+                      f"(slowdown {now.host.slowdown:.2f}x), load {load()}")
+                real = launch(plans, procs, trace=True, timeout=600)
+                emu_plans = [RunPlan.from_dict({**p.to_dict(), "emulate": ppath, "cluster": cpath}) for p in plans]
+                emu = launch(emu_plans, procs, timeout=600)
+                assert real is not None and emu is not None
+                prof = fastest(before, profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=9))
+                for label, plan, r, e in zip(labels, plans, real["runs"], emu["runs"], strict=True):
+                    em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
+                    pred = em.predict()["iteration_time"]
+                    meas = r["measured"]["iteration_time"]
+                    row("real " + label, meas, pred, f"core share {em.costs.share:.2f}")
+                    print(f"{'':<6}per device and iteration, measured/predicted ms: "
+                          f"{breakdown(per_kind_measured(r['trace']), per_kind_predicted(em))}")
+                    ratios.append(("real " + label, meas / pred))
+                    row("emulated " + label, e["measured"]["iteration_time"], e["predicted"]["iteration_time"])
+                    ratios.append(("emulated " + label, e["ratio"]))
+            if procs == 4 and "gpt-tiny" in models:
+                ratios.append(newcomer(cluster, tmp))
+    return ratios
+
+
+def newcomer(cluster: Any, tmp: str) -> tuple[str, float]:
+    """``make serve``'s first job: the planner's top candidate for gpt-tiny on the measured local cluster."""
+    from executor.emulate import Emulator
+    from executor.launch import launch
+    from executor.plan import RunPlan
+    from planner.request import TrainingRequest
+    from planner.search import plan as plan_search
+    from profiler.run import profile_model
+
+    prof = profile_model("gpt-tiny", micro_batches=[1, 2, 4, 8], threads=1, repeats=5, warmup=2)
+    cand = plan_search(prof, cluster, TrainingRequest(global_batch=8)).candidates[0].to_dict()
+    plan = RunPlan.from_candidate(json.loads(json.dumps(cand, default=str)), model="gpt-tiny", iterations=ITER,
+                                  warmup=WARM, dtype="float32")
+    c = plan.spec.config
+    res = launch([plan], c.pipeline * c.data * c.tensor, timeout=600)
+    assert res is not None
+    meas = res["runs"][0]["measured"]["iteration_time"]
+    em = Emulator(plan, plan.compute_schedule(), prof, cluster, emulated=False)
+    label = f"newcomer: plan's first, {cand['label']}"
+    row(label, meas, cand["iteration_time"], f"(simulated again: {em.predict()['iteration_time'] * 1e3:.1f} ms)")
+    return label, meas / cand["iteration_time"]
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    t0 = time.time()
+    print(f"load at start (1, 5, 15 min): {load()}")
+    ratios = bench(["gpt-tiny"] if quick else ["gpt-tiny", "gpt-small"], [2, 4])
+    real = [r for n, r in ratios if not n.startswith("emulated")]
+    emu = [r for n, r in ratios if n.startswith("emulated")]
+    print(f"\nreal (and newcomer): {len(real)} runs, ratio min {min(real):.2f} "
+          f"median {sorted(real)[len(real) // 2]:.2f} "
+          f"max {max(real):.2f}; within 15%: {sum(abs(r - 1) <= 0.15 for r in real)}")
+    print(f"emulated: {len(emu)} runs, ratio min {min(emu):.2f} median {sorted(emu)[len(emu) // 2]:.2f} "
+          f"max {max(emu):.2f}; within 10%: {sum(abs(r - 1) <= 0.10 for r in emu)}")
+    print(f"load at end: {load()}  (total {time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
