@@ -62,3 +62,17 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         == 404
     assert client.post("/profiles/hf-config", json={"config": good, "device": "h100"}).status_code == 401
     assert client.get("/profiles", headers=AUTH).json() == []  # nothing stored by the failures
+
+
+def test_hf_config_on_a_cpu_device_defaults_to_its_dtype(client) -> None:  # type: ignore[no-untyped-def]
+    """The README's curl (and the new-plan page's "Make profile" on `make serve`'s default cluster, the local CPU
+    one) names no dtype: the CPU has only an fp32 GEMM curve, so the default is fp32 there, bf16 on a GPU."""
+    cfg = _config("llama-3.1-8b")
+    cpu = client.post("/profiles/hf-config", json={"config": cfg, "device": "cpu", "seq": 8192}, headers=AUTH)
+    assert cpu.status_code == 201, cpu.text
+    assert (cpu.json()["device"], cpu.json()["dtype"]) == ("cpu", "fp32")
+    gpu = client.post("/profiles/hf-config", json={"config": cfg, "device": "h100", "seq": 8192}, headers=AUTH)
+    assert gpu.status_code == 201 and gpu.json()["dtype"] == "bf16", gpu.text
+    forced = client.post("/profiles/hf-config", json={"config": cfg, "device": "cpu", "seq": 8192, "dtype": "bf16"},
+                         headers=AUTH)  # an explicit dtype the device lacks is still refused, naming the table
+    assert forced.status_code == 422 and forced.json()["detail"].startswith("gemm_efficiency"), forced.text

@@ -12,6 +12,7 @@ from api.deps import DB, Admin, Read
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
 from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
+from planner.device import DeviceSpec
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
 
@@ -28,7 +29,18 @@ class HFConfigUpload(BaseModel):
     seq: int | None = Field(default=None, ge=1, le=1_048_576, description="sequence trained with "
                                                                           "(default: max_position_embeddings)")
     name: str | None = Field(default=None, max_length=200)
-    dtype: str = Field(default="bf16", max_length=8)
+    dtype: str | None = Field(default=None, max_length=8,
+                              description="training dtype (default: bf16 where the device has a bf16/fp16 GEMM "
+                                          "curve, else its first of fp32, tf32; e.g. fp32 on the CPU)")
+
+
+def default_dtype(dev: DeviceSpec) -> str:
+    """bf16 (mixed precision, as the A100/H100 presets train) where the device has a half-precision GEMM curve;
+    otherwise the device's own: fp32 on the CPU (``planner/devices/cpu.json``), as the executor runs there."""
+    have = set(dev.gemm_efficiency)
+    if have & {"bf16", "fp16"}:
+        return "bf16"
+    return next((d for d in ("fp32", "tf32") if d in have), sorted(have)[0])
 
 
 @router.post("", response_model=ProfileOut, status_code=201, dependencies=[Admin],
@@ -68,7 +80,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     try:
         spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
         options = OperatorOptions(dropout=trains_with_dropout(body.config))
-        profile = analytic_profile(spec, dev, dtype=body.dtype, name=spec.name, options=options)
+        dtype = body.dtype or default_dtype(dev)
+        profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options)
     except HFConfigError as e:
         raise crud.InputError(f"config.{e.field}: {e.message}") from None
     except ValueError as e:
