@@ -125,7 +125,8 @@ def alive_workers(db: Session, alive_seconds: float) -> list[Worker]:
 
 def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Worker] | None = None) -> str | None:
     """Why a queued job is not running yet, in words (None when an agent that fits is idle or none is
-    known to be missing). ``workers``: the alive ones, when the caller has them."""
+    known to be missing; a single-node job whose fitting agents all run other jobs says so).
+    ``workers``: the alive ones, when the caller has them."""
     if job.state != "queued":
         return None
     if workers is None:
@@ -139,12 +140,30 @@ def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Wo
         if not fit:
             return (f"no agent with device {dev} and at least {job.procs_per_node} GPUs (processes) registered: "
                     f"the plan needs {job.procs_per_node} on one node")
-        return None
+        busy = busy_with(db, [w.id for w in fit])
+        if len(busy) < len(fit):
+            return None
+        ahead = db.scalar(select(func.count()).select_from(Job).where(Job.state == "queued", Job.id < job.id)) or 0
+        jobs = ", ".join(str(j) for j in sorted(set(busy.values())))
+        return (f"every agent that fits is busy ({len(fit)} alive with device {dev}: running job {jobs}); "
+                f"{ahead} queued job(s) ahead of it")
     held = sum(1 for s in job.slots if s.worker_id is not None)
     if len(fit) < job.nodes:
         return (f"needs {job.nodes} agents with device {dev} and at least {job.procs_per_node} GPUs (processes) "
                 f"each; {len(fit)} alive")
     return f"forming: {held} of {job.nodes} node slots held"
+
+
+def busy_with(db: Session, worker_ids: list[int]) -> dict[int, int]:
+    """Which of ``worker_ids`` are running a job or hold a node slot of a gang: worker id -> that job's id."""
+    if not worker_ids:
+        return {}
+    out = dict(db.execute(select(Job.worker_id, Job.id).where(Job.state == "running",
+                                                               Job.worker_id.in_(worker_ids))).all())
+    for wid, jid in db.execute(select(JobSlot.worker_id, JobSlot.job_id).join(Job, Job.id == JobSlot.job_id)
+                               .where(JobSlot.worker_id.in_(worker_ids), Job.state.in_(("queued", "running")))):
+        out.setdefault(wid, jid)
+    return out
 
 
 def could_form(db: Session, job_id: int, alive_seconds: float) -> bool:

@@ -127,6 +127,28 @@ def test_jobs_go_only_to_agents_of_their_device_and_say_why_they_wait(gang_clien
     assert (hb["gpus"], hb["device_type"], hb["host"]) == (2, "cpu", "10.0.0.9")
 
 
+def test_a_job_says_it_waits_from_its_creation_and_behind_a_busy_agent(gang_client: Any) -> None:
+    """`waiting` in POST /jobs' answer already, and for a single-node job whose only fitting agent runs another
+    job (`make serve`'s one local agent with two jobs queued), not null as if an agent were idle."""
+    c = gang_client
+    _, _, a_plan = _a100_plan(c)
+    first = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny", "emulate": True}, headers=AUTH).json()
+    assert first["waiting"] == "no agent with device A100-SXM4-80GB registered (or a CPU agent: the job is emulated)"
+    cpu, auth = worker(c, "cpu-local", 0)
+    assert c.get(f"/jobs/{first['id']}", headers=AUTH).json()["waiting"] is None  # an idle agent takes it next
+    got = claim(c, cpu, auth, None)
+    assert got.status_code == 200 and got.json()["job"]["id"] == first["id"]
+    second = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny", "emulate": True}, headers=AUTH).json()
+    want = (f"every agent that fits is busy (1 alive with device A100-SXM4-80GB: running job {first['id']}); "
+            "0 queued job(s) ahead of it")
+    assert second["waiting"] == want
+    assert c.get(f"/jobs/{second['id']}", headers=AUTH).json()["waiting"] == want
+    listed = {j["id"]: j["waiting"] for j in c.get("/jobs", headers=AUTH).json()}
+    assert listed == {first["id"]: None, second["id"]: want}  # running: not waiting
+    idle, idle_auth = worker(c, "cpu-idle", 0)  # a second agent, idle: nothing to wait for
+    assert c.get(f"/jobs/{second['id']}", headers=AUTH).json()["waiting"] is None
+
+
 def _a100_plan(c: Any) -> tuple[int, int, int]:
     p = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
     cl = c.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]

@@ -32,7 +32,8 @@ ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}
 @router.post("", response_model=JobOut, status_code=201, dependencies=[Admin], responses=ERR)
 def create_job(body: JobCreate, db: DB, settings: SettingsDep):  # noqa: ANN201
     """Queue candidate ``candidate_index`` of a done plan for the workers."""
-    return job_out(crud.create_job(db, body.model_dump(), settings.max_attempts))
+    job = crud.create_job(db, body.model_dump(), settings.max_attempts)
+    return job_out(job, waiting=gang.waiting_reason(db, job, settings.worker_alive_seconds))
 
 
 @router.get("", response_model=list[JobOut], dependencies=[Read])
