@@ -71,6 +71,9 @@ def register(app: typer.Typer) -> None:
             typer.echo("local agent: " + shlex.join(cmd))
             proc = subprocess.Popen(cmd, env={**os.environ, "PIPEPLAN_WORKER_TOKEN": token})
         try:
+            from api.accesslog import quiet_polls
+
+            quiet_polls()  # the agents' successful claims, heartbeats and lease renewals stay out of the log
             uvicorn.run("api.main:app", host=host, port=port, log_level=log_level)
         finally:
             if proc is not None:
