@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,8 +196,9 @@ def export(
     option: Annotated[list[str] | None, typer.Option("--option", help="KEY=VALUE for the format (repeat)")] = None,
     closest: Annotated[bool, typer.Option(help="export the closest schedule the framework has instead of "
                                                "refusing")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout (a directory when the "
-                                                           "export has several files)")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="write here instead of stdout (a directory when the "
+                                                          "export has several files, or when OUT ends in / or is "
+                                                          "one)")] = None,
 ) -> None:
     """Export a schedule, or a planned candidate as Megatron-LM, torchtitan or DeepSpeed settings."""
     known = (*SCHEDULE_FORMATS, *PLAN_FORMATS)
@@ -233,13 +235,18 @@ def export(
         typer.echo(files[0][1], nl=False)
         if len(files) > 1:
             typer.echo(f"note: also {', '.join(n for n, _ in files[1:])}: --out DIR writes every file", err=True)
-    elif len(files) == 1:
-        out.write_text(files[0][1])
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files:
-            (out / name).write_text(text)
-        typer.echo(f"wrote {', '.join(str(out / n) for n, _ in files)}", err=True)
+        return
+    # `--out tt/` is a directory even when the export is one file (Path() would drop the slash and write a file
+    # named tt); a one-file export to a plain path is that file
+    target = Path(out)
+    if len(files) == 1 and not (out.endswith(("/", os.sep)) or target.is_dir()):
+        target.write_text(files[0][1])
+        typer.echo(f"wrote {target}", err=True)
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in files:
+        (target / name).write_text(text)
+    typer.echo(f"wrote {', '.join(str(target / n) for n, _ in files)}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -119,6 +119,23 @@ def test_torchtitan_files_to_a_directory(app, tmp_path):
     assert r.exit_code == 0 and r.stdout == toml and "pipeline_schedule.csv" in r.stderr
 
 
+def test_one_file_export_to_a_directory_given_with_a_slash(app, tmp_path):
+    """The README's `--out tt/` on a 1F1B candidate (one TOML, no CSV) is the directory tt/, not a file named tt;
+    a plain path is the file itself."""
+    from planner.export import torchtitan
+
+    res, args = _plan_file(tmp_path, ["1f1b"])
+    r = run(app, *args, "--format", "torchtitan", "--out", str(tmp_path / "tt") + "/")
+    assert r.exit_code == 0, r.output
+    back = torchtitan.parse((tmp_path / "tt" / "job_config.toml").read_text(), None)
+    assert back.config == res.candidates[0].config and sorted(p.name for p in (tmp_path / "tt").iterdir()) == [
+        "job_config.toml"]
+    r = run(app, *args, "--format", "torchtitan", "--out", str(tmp_path / "tt"))  # an existing directory: into it
+    assert r.exit_code == 0 and (tmp_path / "tt").is_dir(), r.output
+    r = run(app, *args, "--format", "megatron", "--out", str(tmp_path / "launch.sh"))
+    assert r.exit_code == 0 and (tmp_path / "launch.sh").read_text().startswith("#!/usr/bin/env bash"), r.output
+
+
 def test_refused_schedule_names_the_closest_and_its_cost(app, tmp_path):
     from planner.export import deepspeed
 

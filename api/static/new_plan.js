@@ -11,8 +11,9 @@ PP.start(async () => {
   [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
   renderProfiles();
   const csel = document.getElementById("cluster");
+  // a calibrated cluster is a new version under the same name (POST /clusters/{id}/calibrate): say which
   csel.innerHTML = clusters.map((c) =>
-    `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)} (${c.gpus} × ${PP.esc(c.device)}, #${c.id})</option>`).join("");
+    `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)}${c.version > 1 ? ` v${c.version}` : ""} (${c.gpus} × ${PP.esc(c.device)}, #${c.id})</option>`).join("");
   // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
   document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
   csel.addEventListener("change", deviceNote);
