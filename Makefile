@@ -34,7 +34,7 @@ test: $(STAMP)
 	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
 	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_SLURM" ]; then \
 	  PIPEPLAN_TEST_SLURM=$$(bash .ci/slurm.sh) || exit 1; export PIPEPLAN_TEST_SLURM; fi; \
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=20
 
 # the quick subset for development: everything not marked slow (README, Tests)
 test-quick: $(STAMP)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from api_support import AUTH, WAUTH, seed_plan, tiny_cluster, tiny_profile, wait_for
+from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan, tiny_cluster, tiny_profile, wait_for
 
 from planner.calibrate import Observation, predicted, with_calibration
 from planner.cluster import Cluster
@@ -41,7 +41,7 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     assert empty["jobs"] == [] and empty["median_abs_error_before"] is None and empty["newest_version"] == 1
     assert client.get("/clusters/999/calibration", headers=AUTH).status_code == 404
     assert client.post("/clusters/999/calibrate", headers=AUTH).status_code == 404
-    w = client.post("/workers", json={"name": "a", "node": "n"}, headers=WAUTH).json()
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
     truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)
     prof = ModelProfile.model_validate(tiny_profile())
     req = TrainingRequest.model_validate(plan["request"])

@@ -78,7 +78,9 @@ def _failed_job(srv: LiveServer, plan_id: int, rank: int = 0) -> dict[str, Any]:
         job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "model": "gpt-tiny",
                                     "iterations": 4}).json()
         # each worker gets its own credential at registration (issue 14); one worker per failed job
-        w = c.post("/workers", json={"name": f"ui-fail-worker-{job['id']}", "node": "n1"}, headers=WAUTH)
+        # it declares the device the job asks for (agents are matched by device, issue 15)
+        w = c.post("/workers", json={"name": f"ui-fail-worker-{job['id']}", "node": "n1",
+                                     "device_type": job.get("device_type") or "cpu"}, headers=WAUTH)
         assert w.status_code in (200, 201), w.text
         wid = w.json()["id"]
         own = {"Authorization": f"Bearer {w.json()['token']}"}
