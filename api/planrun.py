@@ -22,6 +22,7 @@ none twice.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -97,6 +98,9 @@ def die_with_parent() -> None:
         return
 
 
+RESERVE_BYTES = 16 * 2**20  # what a planner process holds back to report running out of memory
+
+
 def address_space() -> int:
     """This process's virtual memory size in bytes (``/proc/self/statm``; 0 where unknown)."""
     try:
@@ -128,18 +132,35 @@ def _child(conn: Any, task: str, args: tuple[Any, ...], memory: int) -> None:
     die_with_parent()
     if os.getppid() != parent:  # the parent died before the death signal was armed
         os._exit(1)
+    reserve: list[bytearray] = []
+    out: tuple[str, Any] | None = None
     try:
         if memory > 0:
             limit_memory(memory)
-        conn.send(("ok", TASKS[task](*args)))
+            # address space kept back for reporting: at the limit, even pickling the error message can fail
+            reserve.append(bytearray(RESERVE_BYTES))
+        out = ("ok", TASKS[task](*args))
     except MemoryError:
-        conn.send(("error", f"the planner ran out of memory: a planner process may use {memory / 2**30:.2f} GiB "
-                            "(PIPEPLAN_PLAN_MEMORY_BYTES); ask for fewer GPUs, a smaller global batch or fewer "
-                            "micro-batch sizes"))
+        out = None  # reported below, once this handler's traceback (and the frames holding the memory) is gone
     except (ValueError, ArithmeticError) as e:  # the planner's way of saying "this request cannot be planned"
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        out = ("error", f"{type(e).__name__}: {e}")
     except BaseException as e:  # noqa: BLE001 - report anything to the parent, never hang it
-        conn.send(("error", f"planner crashed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"))
+        out = ("error", f"planner crashed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}")
+    try:
+        if out is None:
+            reserve.clear()
+            gc.collect()
+            out = ("error", f"the planner ran out of memory: a planner process may use {memory / 2**30:.2f} GiB "
+                            "(PIPEPLAN_PLAN_MEMORY_BYTES); ask for fewer GPUs, a smaller global batch or fewer "
+                            "micro-batch sizes")
+        try:
+            conn.send(out)
+        except MemoryError:  # the result itself too large to send under the limit
+            out = None
+            reserve.clear()
+            gc.collect()
+            conn.send(("error", f"the planner ran out of memory sending its result: a planner process may use "
+                                f"{memory / 2**30:.2f} GiB (PIPEPLAN_PLAN_MEMORY_BYTES)"))
     finally:
         conn.close()
 
