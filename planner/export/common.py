@@ -157,6 +157,13 @@ class ExportError(ValueError):
     """The candidate cannot be exported in this format (the message says why)."""
 
 
+#: why a framework with synchronous updates only refuses the asynchronous schedules (every framework we export to)
+SYNCHRONOUS_ONLY = {
+    "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
+    "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+}
+
+
 class UnsupportedSchedule(ExportError):
     """``framework`` has no such schedule. ``closest`` is the configuration it has that is nearest (same
     t, D, W, b, N and recomputation; the schedule it has that is most alike), ``reason`` why it lacks it."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 
 from planner.export.common import (
+    SYNCHRONOUS_ONLY,
     Export,
     ExportError,
     ExportFile,
@@ -49,8 +50,7 @@ _REASONS = {
     "hanayo": "its pipeline engine holds one stage per rank (no waves)",
     "gems": "its pipeline engine holds one model replica per rank",
     "1f1b-rr": "its topology gives every stage the same data-parallel width; 1F1B-RR replicates stages unevenly",
-    "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
-    "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+    **SYNCHRONOUS_ONLY,
 }
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import shlex
 
 from planner.export.common import (
+    SYNCHRONOUS_ONLY,
     Export,
     ExportError,
     ExportFile,
@@ -54,8 +55,7 @@ _REASONS = {
     "hanayo": "its virtual pipeline places chunks in a loop, not Hanayo's waves",
     "gems": "it holds one model replica per device; GEMS holds two, one per direction",
     "1f1b-rr": "it gives every stage the same number of devices; 1F1B-RR replicates stages unevenly",
-    "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
-    "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+    **SYNCHRONOUS_ONLY,
 }
 
 

@@ -32,6 +32,7 @@ import tomllib
 from planner.export.common import (
     EMBEDDING,
     HEAD,
+    SYNCHRONOUS_ONLY,
     TRANSFORMER,
     Export,
     ExportError,
@@ -60,8 +61,7 @@ _REASONS = {
     "chimera": "torch places every stage on one rank; Chimera's bidirectional pipelines hold two replicas of it",
     "gems": "torch places every stage on one rank; GEMS holds two model replicas",
     "1f1b-rr": "its pipeline stages are one rank each; 1F1B-RR replicates stages unevenly",
-    "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
-    "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+    **SYNCHRONOUS_ONLY,
 }
 
 
