@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from planner.request import Config
-from planner.schedules import BUILDERS, build, inflight, shape
+from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, inflight, shape
 from planner.schedules.ir import Action, B, F, I, Schedule
 from planner.simulate import compile_schedule
 
@@ -24,7 +24,13 @@ ScheduleKey = tuple[str, int, int, tuple]
 
 def schedule_key(config: Config, microbatches: int) -> ScheduleKey:
     """The cache key of ``config``'s schedule with ``microbatches`` schedule micro-batches."""
-    return (config.schedule, config.pipeline, microbatches, tuple(sorted(config.schedule_params().items())))
+    # (Config.schedule_params()'s items sorted by name, read directly: thousands of calls per search)
+    return (config.schedule, config.pipeline, microbatches,
+            tuple((k, v) for k in _PARAMETER_NAMES if (v := getattr(config, k)) is not None))
+
+
+#: the schedule parameters' names, sorted (:func:`schedule_key`)
+_PARAMETER_NAMES = tuple(sorted(SCHEDULE_PARAMETERS))
 
 
 @dataclass
@@ -52,23 +58,24 @@ class Warmup:
 
     def __init__(self, shape: Schedule, lists: list[list[Action]]) -> None:
         self.shape, self.lists = shape, lists
-        L = max((len(row) for row in lists), default=0)
-        D = len(lists)
+        lens = [len(row) for row in lists]
+        D, L, n = len(lists), max(lens, default=0), sum(lens)
         self.stage = np.zeros((D, L), dtype=np.int64)
         self.coef = np.zeros((D, L))
         self.forward = np.zeros((D, L), dtype=bool)
         backwards = 0
-        for d, row in enumerate(lists):
-            if not row:
-                continue
-            kinds, stages, _, _, spans, _ = zip(*row, strict=True)
-            n = len(row)
-            self.stage[d, :n] = stages
-            fwd = np.array([k == F for k in kinds])
-            bwd = np.array([k == B or k == I for k in kinds])
-            self.forward[d, :n] = fwd
-            self.coef[d, :n] = np.where(fwd, np.array(spans, dtype=float), np.where(bwd, -1.0, 0.0))
-            backwards += int(bwd.sum())
+        if n:
+            # every row at once: the actions' fields as flat columns, placed at (device, position in its list)
+            kinds, stages, _, _, spans, _ = zip(*(a for row in lists for a in row), strict=True)
+            code = np.frombuffer("".join(kinds).encode("ascii"), dtype=np.uint8)
+            if len(code) != n:
+                raise ValueError("a warm-up holds compute actions only (F, B, I, W)")
+            fwd, bwd = code == ord(F), (code == ord(B)) | (code == ord(I))
+            at = (np.repeat(np.arange(D), lens), np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens))
+            self.stage[at] = stages
+            self.forward[at] = fwd
+            self.coef[at] = np.where(fwd, np.array(spans, dtype=float), np.where(bwd, -1.0, 0.0))
+            backwards = int(bwd.sum())
         #: B and I actions in the lists (all of them: the prefix is the whole schedule)
         self.backwards = backwards
         self._compiled: Any = None
