@@ -11,6 +11,7 @@ when the time-balanced one does not."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,11 +93,12 @@ class MemoryModel:
                        "not simulated)")
         return True
 
-    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int
-                             ) -> tuple[bool, Warmup | None]:
+    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int,
+                             enough: Callable[[Warmup], bool] | None = None) -> tuple[bool, Warmup | None]:
         """Chimera and Hanayo (whose in-flight counts before merging are only lower bounds): reject on
-        memory with the merged warm-up before merging everything. Returns (rejected, the warm-up when it
-        was merged)."""
+        memory with the merged warm-up before merging everything. Returns (rejected, the last warm-up
+        merged). ``enough(warmup)``, asked after each round that fits, may end the rounds there (the
+        planner's time bound on that warm-up already excludes the candidate)."""
         cfg = cand.config
         # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
         # its peak is a lower bound of the device's peak) and reject what already does not fit; S, 2S, then
@@ -111,6 +113,8 @@ class MemoryModel:
                 return False, None
             if self.too_big(cand, warmup.peaks(act)):
                 return True, None
+            if enough is not None and enough(warmup):
+                break
         return False, warmup
 
     def list_inflight(self, config: Config, sched: Schedule) -> list[dict[int, float]]:

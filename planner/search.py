@@ -47,7 +47,7 @@ from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
-from planner.shapes import ScheduleCache
+from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import ScheduleError, simulate
 
 __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_variants"]
@@ -183,19 +183,39 @@ class Planner:
             return None
         return costs
 
-    def refine(self, cand: Candidate, costs: ConfigCosts) -> bool:
+    def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
         """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
-        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`TimeBounds.prefix_bound`)."""
+        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`TimeBounds.prefix_bound`).
+
+        The warm-up is merged in rounds of S unit slots (:meth:`MemoryModel.too_big_before_merge`); from the
+        second round on, once its bound already exceeds ``kth`` (the search's k-th best time so far) the
+        rounds stop there: the candidate cannot be among the k best whatever the rest of the merge holds
+        (the prefix of any round is closed under inputs, so its bound is a true one; a later round only
+        raises it). Exact for the top k; only a candidate that a later round would have rejected on memory
+        is then counted as pruned by its bound instead."""
         cand.refined = True
+        S = costs.schedule.stages
+        bounded: list[Warmup] = []
+
+        def enough(warmup: Warmup) -> bool:
+            if kth == float("inf") or warmup.slots < 2 * S:
+                return False
+            self._raise_bound(cand, costs, warmup)
+            bounded.append(warmup)
+            return cand.lower_bound > kth
+
         rejected, warmup = self.memory.too_big_before_merge(
-            cand, costs, schedule_microbatches(cand.config, cand.microbatches))
+            cand, costs, schedule_microbatches(cand.config, cand.microbatches), enough)
         if rejected:
             return True
-        if warmup is not None:
-            bound = self.bounds.prefix_bound(costs, warmup)
-            if bound is not None:
-                cand.lower_bound = max(cand.lower_bound, bound)
+        if warmup is not None and warmup not in bounded:
+            self._raise_bound(cand, costs, warmup)
         return False
+
+    def _raise_bound(self, cand: Candidate, costs: ConfigCosts, warmup: Warmup) -> None:
+        bound = self.bounds.prefix_bound(costs, warmup)
+        if bound is not None:
+            cand.lower_bound = max(cand.lower_bound, bound)
 
     def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
         """Simulate the full schedule and fill in time and memory (the breakdown comes with
@@ -332,7 +352,7 @@ class Planner:
                 continue
             costs = maybe
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
-                if self.refine(cand, costs):
+                if self.refine(cand, costs, top.kth):
                     rejected[reason_key(cand.reason)] += 1
                     infeasible.append(cand)
                     continue

@@ -56,8 +56,8 @@ class Warmup:
     end: the stage of each action, what it adds to the alive micro-batches (a forward its span, a B or I
     minus one, a W nothing), and whether it is a forward."""
 
-    def __init__(self, shape: Schedule, lists: list[list[Action]]) -> None:
-        self.shape, self.lists = shape, lists
+    def __init__(self, shape: Schedule, lists: list[list[Action]], slots: int) -> None:
+        self.shape, self.lists, self.slots = shape, lists, slots
         lens = [len(row) for row in lists]
         D, L, n = len(lists), max(lens, default=0), sum(lens)
         self.stage = np.zeros((D, L), dtype=np.int64)
@@ -171,7 +171,7 @@ class ScheduleCache:
         got = None
         if prefix is not None:
             got = Warmup(self.schedule(config, microbatches, full=False),
-                         prefix(config.pipeline, microbatches, slots, **config.schedule_params()))
+                         prefix(config.pipeline, microbatches, slots, **config.schedule_params()), slots)
         self._warmups[key] = got
         return got
 

@@ -227,3 +227,56 @@ def test_warmups_are_built_once_per_structure_and_are_the_builders_prefixes():
     full = chimera.build(8, 16, pipelines=2, concat="direct").actions
     assert all(full[d][:len(row)] == row for d, row in enumerate(first.lists))
     assert shapes.warmup(Config(tensor=1, pipeline=8, data=1, micro_batch=1, schedule="1f1b"), 16, 16) is None
+
+
+_BOUND_PLANNER: list[Planner] = []
+
+
+def _merged_candidates() -> tuple[Planner, list]:
+    """A small search's Chimera and Hanayo configurations that pass the checks before merging."""
+    if not _BOUND_PLANNER:
+        _BOUND_PLANNER.append(_planner("bert-48", "piz-daint-p100-16gb.json", 8, 64))
+    planner = _BOUND_PLANNER[0]
+    return planner, [cfg for cfg in planner.configs(Counter()) if not inflight_exact(cfg.schedule)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_every_warmup_round_bounds_the_simulated_time(data):
+    """The prefix bound of each round of the merged warm-up (S, 2S, 3S unit slots) is at most the simulated
+    iteration time of the full schedule: what lets the search stop merging once a round's bound exceeds the
+    k-th best time."""
+    planner, cfgs = _merged_candidates()
+    cfg = data.draw(st.sampled_from(cfgs))
+    cand, costs = planner.prepare(cfg)
+    if costs is None:
+        return
+    n = schedule_microbatches(cfg, cand.microbatches)
+    S = costs.schedule.stages
+    bounds = [planner.bounds.prefix_bound(costs, planner.shapes.warmup(cfg, n, r * S)) for r in (1, 2, 3, 5)]
+    planner.evaluate(cand, costs)
+    if cand.simulation is None:
+        return
+    for b in bounds:
+        assert b is None or b <= cand.iteration_time * (1 + 1e-12), (cfg.label(), bounds, cand.iteration_time)
+
+
+def test_refine_stops_merging_only_past_the_kth_time():
+    """With a k-th best time to beat, the warm-up's rounds stop early only for a candidate whose bound exceeds
+    it; without one (the exhaustive search), every round is merged and the bound is that of the last."""
+    planner, cfgs = _merged_candidates()
+    stopped = 0
+    for cfg in cfgs:
+        cand, costs = planner.prepare(cfg)
+        if costs is None:
+            continue
+        full, early = copy.copy(cand), copy.copy(cand)
+        if planner.refine(full, costs):
+            continue
+        kth = (cand.lower_bound + full.lower_bound) / 2
+        assert not planner.refine(early, costs, kth)
+        assert cand.lower_bound <= early.lower_bound
+        if early.lower_bound != full.lower_bound:
+            stopped += 1
+            assert early.lower_bound > kth
+    assert stopped > 0
