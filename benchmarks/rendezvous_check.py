@@ -19,8 +19,8 @@ own cost model (:class:`planner.cost.ConfigCosts`, without the blocking send it 
 rendezvous' cost. It is a transcription of Megatron's call order for this check only: the planner's
 schedules and replay (``planner/schedules``) stay the one description the simulator and executor share.
 
-Measured (2 shared CPU cores, loaded machine; seconds): 175B d=4 +0.10, d=16 +0.03; 530B d=2 +0.47,
-d=8 +0.12; figure 13 t4p16 +0.05, t8p8 +0.05 -- 0.1-0.25% of the iteration, not the 1.3-2.8 s per
+Measured (simulated seconds, deterministic): 175B d=4 +0.12, d=16 +0.03; 530B d=2 +0.50, d=8 +0.13;
+figure 13 t4p16 +0.05, t8p8 +0.05 -- 0.15-0.3% of the iteration, not the 1.3-2.9 s per
 iteration that Table 2's fit T(d) = A/d + C leaves unexplained, and the same for both sides of figure 13.
 """
 
