@@ -88,7 +88,7 @@ def main() -> None:
              "model predicts Korthikanti et al. 2022 (the same machine and code base a year later, "
              "configurations stated; below) within 2%, so what remains is specific to the 2021 runs. "
              "Computed and negligible here: the rendezvous of Megatron 2021's paired blocking send/recv "
-             "(+0.03..0.50 s, 0.15-0.3%: benchmarks/rendezvous_check.py, not in the replay), the "
+             "(+0.03..0.50 s, 0.15-0.3%: measured by a one-off replay of Megatron 2021's call order at commit 28c1d52, not in the replay), the "
              "tied-embedding all-reduce between the first and last stage "
              "(V h / t fp16 over IB: 7 ms at 175B, 12 ms at 530B per iteration), the DP buffer's scaling pass "
              "and Megatron's other optimizer passes (~16 bytes/param more than costed: ~15 ms). Missing: "
