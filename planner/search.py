@@ -11,8 +11,12 @@ is evaluated.
 Pruning, exact for the top ``k``: a configuration whose model state alone exceeds the device memory is
 rejected before anything else; every other one gets a lower bound on its iteration time (the busiest
 device's compute plus its optimizer step, no bubbles, no communication), is visited in the order of
-that bound, and is simulated only while the bound is below the k-th best simulated time. Stage costs and
-partitions are cached across configurations, by value. Deterministic: the same input gives the same output.
+that bound, and is simulated only while the bound is below the k-th best simulated time. A merged schedule
+(Chimera, Hanayo) first has its warm-up merged, in rounds of S unit slots, to check its memory and raise its
+bound (:meth:`Planner.refine`), and the rounds stop once that bound exceeds the k-th best time. Stage costs,
+partitions and the merged warm-ups (which depend on the schedule's structure only,
+:class:`planner.shapes.Warmup`) are cached across configurations, by value. Deterministic: the same input
+gives the same output.
 
 The jobs, one module each: enumeration (:mod:`planner.enumeration`), the schedules and their shapes
 (:mod:`planner.shapes`), the memory model (:mod:`planner.memory`), the bounds (:mod:`planner.bounds`),
@@ -189,9 +193,12 @@ class Planner:
 
         The warm-up is merged in rounds of S unit slots (:meth:`MemoryModel.too_big_before_merge`); from the
         second round on, once its bound already exceeds ``kth`` (the search's k-th best time so far) the
-        rounds stop there: the candidate cannot be among the k best whatever the rest of the merge holds
-        (the prefix of any round is closed under inputs, so its bound is a true one; a later round only
-        raises it). Exact for the top k; only a candidate that a later round would have rejected on memory
+        rounds stop there: the candidate cannot be among the k best whatever the rest of the merge holds.
+        The bound of any round is a true one: the merge runs an action only at a slot after its inputs have
+        ended (:class:`planner.schedules.merge.ListScheduler`), so the first ``u`` slots of every device
+        hold the inputs of everything in them -- a prefix closed under inputs, which is what
+        :meth:`TimeBounds.prefix_bound` needs; the bounds of the rounds computed are combined by max.
+        Exact for the top k; only a candidate that a later round would have rejected on memory
         is then counted as pruned by its bound instead."""
         cand.refined = True
         S = costs.schedule.stages
