@@ -37,7 +37,9 @@ def register(app: typer.Typer) -> None:
         this CPU (idempotent)."""
         from api.seed import seed
 
-        out = seed(url, measure=measure)
+        t0 = time.perf_counter()
+        out = seed(url, measure=measure, progress=lambda line: typer.echo(line, err=True))
+        typer.echo(f"seeded in {time.perf_counter() - t0:.1f} s:", err=True)
         for kind, rows in out.items():
             for name, rid, created in rows:
                 typer.echo(f"{kind[:-1]:8} {rid:4} {name}{'' if created else ' (already there)'}")
