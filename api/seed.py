@@ -115,7 +115,7 @@ def seed(url: str | None = None, measure: bool = True,
                         progress(f"seeding: cluster {LOCAL_CLUSTER}: measured before (#{row.id}), kept")
                 else:
                     with step(progress, f"measuring cluster {LOCAL_CLUSTER} on this machine (links, all-reduce and "
-                                        "executor overhead among its gloo processes; under a minute)"):
+                                        "executor overhead among its gloo processes; about a minute)"):
                         row, created = crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus)
                 out["clusters"].append((f"{row.name} (measured)", row.id, created))
             paths = sorted((EXAMPLES / "clusters").glob("*.json"), key=lambda p: (p.stem != LOCAL_CLUSTER, p.name))

@@ -46,7 +46,7 @@ async function loadWorkers() {
   const current = {};
   for (const j of running) if (j.worker_id != null) current[j.worker_id] = j.id;
   document.querySelector("#workers tbody").innerHTML = workers.map((w) => `<tr data-worker-id="${w.id}">
-    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td>${w.gpus ? PP.devices(w.device_type, w.gpus) : "undeclared"}</td>
+    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td>${w.gpus ? PP.devices(w.device_type, w.gpus) : "not declared (one-node jobs)"}</td>
     <td>${PP.esc(w.device_type)}</td><td>${w.alive ? '<span class="badge succeeded">alive</span>' : '<span class="badge failed">silent</span>'}</td>
     <td title="${PP.esc(w.last_heartbeat)}">${PP.ago(w.last_heartbeat)}</td>
     <td>${current[w.id] ? `<a href="/ui/jobs/${current[w.id]}">job ${current[w.id]}</a>` : "idle"}</td>
