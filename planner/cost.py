@@ -21,10 +21,17 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   The first stage's forward also all-reduces the vocabulary-parallel embedding's output and the last
   stage's backward the LM head's input gradient (one ``b s h`` all-reduce each; the cross-entropy adds
   three ``b s`` fp32 all-reduces forward): :meth:`ConfigCosts._tp_edges`.
-* **Pipeline p2p** (Chimera 3.4, alpha-beta): ``alpha + beta * bytes`` of the boundary activation
-  (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each tensor-parallel
-  rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
-  then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
+* **Collective times** (:func:`collective_time`): with the device's NCCL model
+  (:class:`planner.device.LinkCollectives`, per link class: the measured large-message bus bandwidth of each
+  collective as a fraction of the link peak ``1/beta``, NCCL's protocols LL/LL128/Simple with their latencies
+  from NCCL's own tuning model) a collective of ``L`` bytes among ``r`` ranks takes the fastest protocol's
+  ``base + steps hop + factor L / busbw`` (ring: ``2 (r-1)`` steps and factor ``2 (r-1)/r`` for an all-reduce,
+  ``r-1`` and ``(r-1)/r`` for a reduce-scatter or all-gather, one step of ``L`` for a send), so the achieved
+  bandwidth rises with the message size; without one, the alpha-beta formulas named below.
+* **Pipeline p2p** (Chimera 3.4, alpha-beta, or the NCCL model's send): ``alpha + beta * bytes`` of the
+  boundary activation (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each
+  tensor-parallel rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the
+  pipeline, then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
   ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
 * **Blocking p2p** (only when the profile's ``environment["p2p"]`` is ``"blocking"``: a runtime that waits
   for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
