@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.cluster import load_cluster  # noqa: E402
+from planner.cluster import Link, load_cluster  # noqa: E402
 from planner.device import get_device  # noqa: E402
 from planner.fidelity import (  # noqa: E402
     korthikanti_runs,
@@ -47,9 +47,16 @@ def main() -> None:
                     help="override the device's kernel-time rule (default: the device file's)")
     ap.add_argument("--attention", choices=["unfused", "flash"], default="unfused")
     ap.add_argument("--no-rankings", action="store_true")
+    ap.add_argument("--collectives", choices=["nccl", "flat"], default="nccl",
+                    help="nccl: the device's size-dependent NCCL model (default); flat: the alpha-beta links of "
+                         "before it (Calculon's 180 GB/s NVLink, 22 GB/s IB), for comparison")
     args = ap.parse_args()
     data = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
     base = load_cluster(ROOT / "examples" / "clusters" / f"{data['cluster']}.json")
+    if args.collectives == "flat":  # an unknown device string: planner.cost falls back to the alpha-beta links
+        base = base.model_copy(update={
+            "device": f"{base.device} (flat collectives)",
+            "intra": Link(alpha=3e-6, beta=1 / 180e9), "inter": Link(alpha=5e-6, beta=1 / 22e9)})
     dev = get_device(data["device"])
     if args.processing:
         dev = dev.model_copy(update={"processing": args.processing})
