@@ -64,6 +64,11 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         from executor.emulate import Emulator
 
         emulator = Emulator(plan, plan.compute_schedule(), plan.emulate, plan.cluster)
+        if emulator.comm == "emulated" and world > 1:  # time tokens need one clock: the ranks on one host
+            hosts: list[Any] = [None] * world
+            dist.all_gather_object(hosts, socket.gethostname())
+            if len(set(hosts)) > 1:
+                emulator.use_real_comm(f"ranks on {len(set(hosts))} hosts share no clock")
     tied = emulator is None and bool(plan.source().tied())
     groups = make_groups(sched, layout, rank, tied)
     warm_up(rank, world, device)
@@ -106,6 +111,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
                   "emulated": emulator is not None}
         if emulator is not None:
             result["predicted"] = emulator.predict()
+            result["communication"] = emulator.comm
             result["ratio"] = result["measured"]["iteration_time"] / result["predicted"]["iteration_time"]
         result["version_log"] = {p["rank"]: p["version_log"] for p in gathered if p["version_log"]}
         result["weight_versions"] = {p["rank"]: p["weight_versions"] for p in gathered if p["weight_versions"]}
