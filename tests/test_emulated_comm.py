@@ -96,3 +96,22 @@ def test_emulated_messages_wait_for_their_predicted_arrival(tmp_path: Path) -> N
         posted = max(end[(layout.rank(device, w), last_b)] for w in range(2))  # both copies of the stage
         assert start[(rank, "optimizer (emulated)")] >= posted + ar - 1e-4, rank
     assert checked == 8  # 4 micro-batches into stage 1 on each of its two copies
+
+
+def test_emulated_step_is_not_charged_the_real_step_overhead() -> None:
+    """The cluster's ``executor.step`` (the optimizer's fixed cost and the tied-embedding all-reduce, measured
+    on real runs) is charged to a real run's STEP, not to an emulated one's, which runs neither; the other
+    per-action overheads are charged to both."""
+    from planner.cluster import ExecutorOverhead
+
+    ex = ExecutorOverhead(compute=3e-4, send=1e-4, recv=1e-4, allreduce=2e-5, step=7e-3)
+    cl = SLOW.model_copy(update={"executor": ex})
+    prof = uniform_profile(4, fwd=0.001, bwd=0.002)
+    plan = _plan("p.json", None)
+    sched = plan.compute_schedule()
+    real = Emulator(plan, sched, prof, cl, emulated=False).costs
+    emu = Emulator(plan, sched, prof, cl).costs
+    for d in range(2):
+        assert real.overheads.of("STEP", -1, d) == pytest.approx(ex.step + ex.allreduce)  # one stage held
+        assert emu.overheads.of("STEP", -1, d) == pytest.approx(ex.allreduce)
+    assert emu.overheads.of("F", 0, 0) == real.overheads.of("F", 0, 0) == pytest.approx(ex.compute + ex.send)
