@@ -60,6 +60,19 @@ def prediction_line(result: dict[str, Any]) -> str:
             + f", measured/predicted {result['ratio']:.3f}")
 
 
+#: the order :func:`where_time_went` lists the kinds in (then any other kind)
+KIND_ORDER = ("F", "B", "I", "W", "RECV", "POST", "SEND", "ALLREDUCE", "STEP", "OPT", "other")
+
+
+def where_time_went(by_kind: dict[str, float]) -> str:
+    """One line from ``measured.time_by_kind`` (:func:`executor.trace.time_by_kind`): ms per rank and
+    iteration per action kind."""
+    names = {"RECV": "RECV (waiting)", "STEP": "STEP (waits)", "OPT": "optimizer"}
+    order = [k for k in KIND_ORDER if k in by_kind] + sorted(k for k in by_kind if k not in KIND_ORDER)
+    return "where the time went, ms per rank and iteration: " + ", ".join(
+        f"{names.get(k, k)} {by_kind[k] * 1e3:.2f}" for k in order)
+
+
 def run(
     plan: Annotated[str | None, typer.Option(help="plan JSON: `pipeplan plan --json` output or one candidate")] = None,
     candidate: Annotated[int, typer.Option(help="candidate index in the plan")] = 0,
@@ -176,6 +189,8 @@ def run(
     typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor} "
                f"N={run_plan.spec.microbatches} b={c.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
                f", bubble ratio {m['bubble_ratio']:.3f}")
+    if m.get("time_by_kind"):
+        typer.echo(where_time_went(m["time_by_kind"]))
     if plan is not None and "predicted" not in result:
         attach_plan_prediction(result, plan, candidate)
     if "predicted" in result:

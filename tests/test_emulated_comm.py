@@ -115,3 +115,25 @@ def test_emulated_step_is_not_charged_the_real_step_overhead() -> None:
         assert real.overheads.of("STEP", -1, d) == pytest.approx(ex.step + ex.allreduce)  # one stage held
         assert emu.overheads.of("STEP", -1, d) == pytest.approx(ex.allreduce)
     assert emu.overheads.of("F", 0, 0) == real.overheads.of("F", 0, 0) == pytest.approx(ex.compute + ex.send)
+
+
+def test_time_by_kind_adds_up_to_the_iteration() -> None:
+    """``measured.time_by_kind``: per rank and iteration, the optimizer taken out of STEP, receives counted as
+    waiting, and the rest of the iteration (gaps, start skew) as ``other``."""
+    from executor.cli import where_time_went
+    from executor.trace import summarize
+
+    def payload(rank: int, t0: float) -> dict:  # type: ignore[type-arg]
+        rec = [("0F0", "F", t0, t0 + 1.0), ("1RECV_B0", "RECV_B", t0 + 1.0, t0 + 1.5),
+               ("0B0", "B", t0 + 1.5, t0 + 3.5), ("optimizer", "OPT", t0 + 3.7, t0 + 3.9),
+               ("STEP", "STEP", t0 + 3.6, t0 + 4.0)]  # the walker appends STEP after the OPT inside it
+        return {"rank": rank, "device": rank, "data": 0, "tensor": 0, "records": [rec], "peak_alive": 1}
+
+    m = summarize([payload(0, 10.0), payload(1, 10.5)], warmup=0, emulated=False)
+    k = m["time_by_kind"]
+    assert k["F"] == 1.0 and k["B"] == 2.0 and k["RECV"] == 0.5 and k["OPT"] == pytest.approx(0.2)
+    assert k["STEP"] == pytest.approx(0.2)  # 0.4 minus the optimizer inside it
+    assert m["iteration_time"] == 4.5  # 10.0 .. 14.5
+    assert k["other"] == pytest.approx(4.5 - 3.9)  # the 0.1 gap and the other rank's 0.5 start skew, per rank
+    line = where_time_went(k)
+    assert line.index("F 1000.00") < line.index("B 2000.00") < line.index("RECV (waiting) 500.00")
