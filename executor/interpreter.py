@@ -343,16 +343,22 @@ class RankRuntime:
         self.records = record
         self.clock.begin()
         now = self.clock.stamp
+        cpu = time.thread_time
+        #: this thread's CPU seconds per action kind in the iteration (compute runs here with one torch
+        #: thread; gloo's own threads are not in it): beside the wall time, what the action cost a core
+        self.cpu_by_kind: dict[str, float] = {}
         for i, a in enumerate(self.actions):
-            start = now()
+            start, c0 = now(), cpu()
             posted = self.p2p.post(i, self._take_send)
             if posted:
                 names = " ".join(action_label(o) for g in posted for o in g.ops)
-                posted_at = now()
+                posted_at, c1 = now(), cpu()
                 record.append((f"post {names}", "POST", start, posted_at))
-                start = posted_at
+                self.cpu_by_kind["POST"] = self.cpu_by_kind.get("POST", 0.0) + c1 - c0
+                start, c0 = posted_at, c1
             self._run(i, a)
             record.append((str(a), a.kind, start, now()))
+            self.cpu_by_kind[a.kind] = self.cpu_by_kind.get(a.kind, 0.0) + cpu() - c0
         return self.clock.resolve(record)
 
     def _take_send(self, a: Action) -> torch.Tensor:

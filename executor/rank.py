@@ -79,6 +79,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     rt = RankRuntime(plan, sched, rank, groups, emulator, policy, device)
     records = []
     cpu: list[float] = []  # process CPU time per iteration (this rank's threads, gloo's included)
+    cpu_kinds: list[dict[str, float]] = []  # the walker thread's CPU time per action kind, per iteration
     peak: int | None = None
     for it in range(plan.warmup + plan.iterations):
         dist.barrier()
@@ -89,12 +90,13 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
             torch.cuda.reset_peak_memory_stats(device)
         cpu0 = time.process_time()
         records.append(rt.iteration(it))
+        cpu_kinds.append(rt.cpu_by_kind)
         cpu.append(time.process_time() - cpu0)
         if cuda and measured:
             peak = max(peak or 0, torch.cuda.max_memory_allocated(device))
     payload: dict[str, Any] = {
         "rank": rank, "host": socket.gethostname(), "device": rt.device, "data": rt.data_copy, "tensor": rt.tp,
-        "records": records, "cpu_times": cpu,
+        "records": records, "cpu_times": cpu, "cpu_by_kind": cpu_kinds,
         "peak_alive": rt.peak_alive, "peak_memory": peak, "version_log": rt.version_log,
         "weight_versions": {str(k): v.max_alive for k, v in rt.stash.items()},
     }

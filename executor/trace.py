@@ -76,7 +76,27 @@ def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> di
             "devices": devices, "ranks": ranks, "peak_memory": [r["peak_memory"] for r in ranks],
             "cpu_time": statistics.median(cpu) if cpu else None,
             "time_by_kind": time_by_kind(payloads, measured),
+            "cpu_by_kind": cpu_by_kind(payloads, measured),
             "emulated": emulated}
+
+
+def cpu_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[str, float] | None:
+    """The walker thread's CPU seconds per rank and iteration in each action kind (median over the measured
+    iterations of the mean over ranks; STEP includes its optimizer): against :func:`time_by_kind`, the
+    wall time an action took beyond the core time it used is waiting -- for a core (a shared host), a
+    message or a collective. None when the ranks did not record it."""
+    if not all(len(p.get("cpu_by_kind") or []) == len(p["records"]) for p in payloads):
+        return None
+    per_iter: dict[str, list[float]] = {}
+    for it in measured:
+        sums: dict[str, float] = {}
+        for p in payloads:
+            for k, v in p["cpu_by_kind"][it].items():
+                k = "RECV" if k.startswith("RECV") else "SEND" if k.startswith("SEND") else k
+                sums[k] = sums.get(k, 0.0) + v / len(payloads)
+        for k, v in sums.items():
+            per_iter.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in sorted(per_iter.items())}
 
 
 def time_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[str, float]:
