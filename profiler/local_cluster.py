@@ -80,6 +80,12 @@ def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) ->
     queue.put((rank, out))
 
 
+def round_slowdowns(got: dict[int, list[tuple[float, float, float]]], procs: int, rounds: int) -> list[float]:
+    """Per round, the mean over the processes of wall / CPU time of the loop run together
+    (:func:`_host_worker`'s figures by rank)."""
+    return [sum(got[r][i][1] / max(got[r][i][2], 1e-9) for r in range(procs)) / procs for i in range(rounds)]
+
+
 def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     """The cores ``procs`` processes of this machine get at once (:class:`planner.cluster.HostCpu`): ``procs``
     processes are started once; in each of ``rounds`` rounds one of them runs a compute loop alone, then all
@@ -108,11 +114,8 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     finally:
         for p in ps:
             p.join(30)
-    ratios, alones = [], []
-    for i in range(rounds):
-        alone = got[0][i][0]
-        ratios.append(sum(got[r][i][1] / max(got[r][i][2], 1e-9) for r in range(procs)) / procs)
-        alones.append(alone)
+    ratios = round_slowdowns(got, procs, rounds)
+    alones = [got[0][i][0] for i in range(rounds)]
     slowdown = max(statistics.median(ratios), 1e-9)
     eff = min(float(cores), max(procs / slowdown, 1.0 / procs))
     return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown,
