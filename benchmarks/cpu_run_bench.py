@@ -276,9 +276,21 @@ def interleaved(model: str, procs: int, repeats: int) -> None:
                     parts.append(f"{k} wall {w * 1e3:.1f} cpu {c * 1e3:.1f} | work {pk[k][0] * 1e3:.1f} "
                                  f"pred {pk[k][1] * 1e3:.1f}")
                 fig["RECV+other wall"] = (wall.get("RECV", 0.0) + wall.get("other", 0.0)) * 1e3
+                # the same prediction with the host's slowdown as the run itself had it (wall per CPU second
+                # of its F and B): what is left is the model's error apart from the load's change
+                seen = ((wall.get("F", 0.0) + wall.get("B", 0.0)) / (cpu.get("F", 0.0) + cpu.get("B", 0.0))
+                        if cpu.get("F") else 0.0)
+                if seen > 0:
+                    assert now.host is not None
+                    during = now.model_copy(update={"host": now.host.model_copy(update={
+                        "effective_cores": min(float(now.host.cores), procs / seen), "slowdown": seen})})
+                    em2 = Emulator(plan, plan.compute_schedule(), prof, during, emulated=False)
+                    fig["ratio at run load"] = m["iteration_time"] / em2.predict()["iteration_time"]
+                    fig["seen slowdown"] = seen
                 rows.setdefault(name, []).append(fig)
                 print(f"  {name:<12} measured {m['iteration_time'] * 1e3:.1f} predicted {pred * 1e3:.1f} ratio "
-                      f"{fig['ratio']:.2f} share {em.costs.share:.2f}; ms per device: " + "; ".join(parts)
+                      f"{fig['ratio']:.2f} share {em.costs.share:.2f} (ratio at the run's own load "
+                      f"{fig.get('ratio at run load', 0):.2f}); ms per device: " + "; ".join(parts)
                       + f"; RECV wait {wall.get('RECV', 0) * 1e3:.1f} other {wall.get('other', 0) * 1e3:.1f}")
     print(f"\nmedians over {repeats} repeats ({model}, {procs} processes; load at end {load()}):")
     for name, figs in rows.items():
