@@ -82,11 +82,18 @@ def main() -> None:
              "wave/tile quantisation of each GEMM on 108 SMs, the no_overlap kernel rule with the GEMM ceiling "
              "taken from a measured MAMF through that rule, Megatron's fp32 cross-entropy passes, the bias "
              "kernels, the mixed-precision optimizer's passes, blocking p2p, torch DDP's overlapped "
-             "all-reduce, the runs' own b, v and even layer split. The same model predicts Korthikanti et al. "
-             "2022 (the same machine and code base a year later, configurations stated; below) within 3-4%, "
-             "so what remains is specific to the 2021 runs (container 20.12's cuBLAS, Megatron 2021's "
-             "runtime); not modelled: the rendezvous of Megatron's paired blocking send/recv, the "
-             "tied-embedding all-reduce between the first and last stage"))
+             "all-reduce, the runs' own b, v and even layer split, the tensor-parallel collectives at "
+             "Calculon's achieved NVLink bandwidth (180 GB/s, examples/clusters/dgx-a100-80gb.json), the "
+             "embedding's and LM head's tensor-parallel all-reduces and the cross-entropy's. The same "
+             "model predicts Korthikanti et al. 2022 (the same machine and code base a year later, "
+             "configurations stated; below) within 2%, so what remains is specific to the 2021 runs. "
+             "Computed and negligible here: the rendezvous of Megatron 2021's paired blocking send/recv "
+             "(+0.03..0.50 s, 0.15-0.3%: measured by a one-off replay of Megatron 2021's call order at commit 28c1d52, not in the replay), the "
+             "tied-embedding all-reduce between the first and last stage "
+             "(V h / t fp16 over IB: 7 ms at 175B, 12 ms at 530B per iteration), the DP buffer's scaling pass "
+             "and Megatron's other optimizer passes (~16 bytes/param more than costed: ~15 ms). Missing: "
+             "Table 2's fit T(d) = A/d + C leaves ~1.3 s (175B) / ~2.9 s (530B) of C and 4% / 7% of A; "
+             "Table 1's t <= 4 rows are short in compute alone (no pipeline, no TP on t = 1)"))
     # leave-one-out: one cluster-wide scale fitted on the other rows (what calibration, item 5, would do)
     loo = []
     for i, p in enumerate(preds):

@@ -18,6 +18,9 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   reduce-scatter in place of each all-reduce (the same bytes: ``(t-1)/t L`` each), on the intra-node link
   (NVLink) when the ``t`` GPUs share a node, else on the inter-node link, which then bounds the ring.
   A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute.
+  The first stage's forward also all-reduces the vocabulary-parallel embedding's output and the last
+  stage's backward the LM head's input gradient (one ``b s h`` all-reduce each; the cross-entropy adds
+  three ``b s`` fp32 all-reduces forward): :meth:`ConfigCosts._tp_edges`.
 * **Pipeline p2p** (Chimera 3.4, alpha-beta): ``alpha + beta * bytes`` of the boundary activation
   (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each tensor-parallel
   rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
@@ -143,6 +146,9 @@ class StageInfo:
     input_bytes: float  # stage input per sample (what recomputation keeps)
     max_layer_stash: float  # largest single-layer stash per sample (recomputation working set)
     transformer_layers: int
+    #: the stage holds the (vocabulary-parallel) embedding / the LM head with its loss
+    has_embedding: bool = False
+    has_head: bool = False
 
 
 def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) -> float:
@@ -172,7 +178,9 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=sum(stashes),
             input_bytes=layers[0].input_bytes_per_sample / tensor,
             max_layer_stash=max(stashes),
-            transformer_layers=sum(1 for x in layers if x.kind == "transformer")))
+            transformer_layers=sum(1 for x in layers if x.kind == "transformer"),
+            has_embedding=any(x.kind == "embedding" for x in layers),
+            has_head=any(x.kind == "lm_head" for x in layers)))
     # a tied copy sharing the stage of its original is not a second copy
     return out
 
@@ -248,9 +256,9 @@ class ConfigCosts(Costs):
             return f"per-t {src}" + (" (other layers: t=1 / (t * tensor_efficiency))" if self.partial else "")
         return "t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)"
 
-    def _tp_comm(self, stage: int, samples: float) -> float:
-        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
-        sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
+    def _tp_one(self, samples: float) -> float:
+        """One tensor-parallel all-reduce of the ``b s h`` boundary tensor (with sequence parallelism: an
+        all-gather and a reduce-scatter of it), before the calibration's link scale."""
         shape = self.profile.shape
         if self.t == 1 or shape is None:
             return 0.0
@@ -258,14 +266,44 @@ class ConfigCosts(Costs):
         if self.t > self.cluster.gpus_per_node:
             # t spans nodes (ranks 0..t-1, tensor innermost): NCCL's rings cross nodes on every GPU's own
             # NIC, so the inter-node hop carries 1/k of the data per GPU -- the hierarchical form below
-            one = allreduce_time(self.cluster, list(range(self.t)), nbytes)
-        elif self.sequence_parallel:
-            one = 2 * ring_allgather(self.t, nbytes, self.tp_link)
-        elif self.cluster.allreduce_fit is not None:  # measured collectives (planner.cluster.AllReduceFit)
-            one = allreduce_time(self.cluster, list(range(self.t)), nbytes)
+            return allreduce_time(self.cluster, list(range(self.t)), nbytes)
+        if self.sequence_parallel:
+            return 2 * ring_allgather(self.t, nbytes, self.tp_link)
+        if self.cluster.allreduce_fit is not None:  # measured collectives (planner.cluster.AllReduceFit)
+            return allreduce_time(self.cluster, list(range(self.t)), nbytes)
+        return ring_allreduce(self.t, nbytes, self.tp_link)
+
+    def _tp_comm(self, stage: int, samples: float) -> float:
+        """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
+        sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
+        return 2 * self.stages[stage].transformer_layers * self._tp_one(samples) * self.cal.link_scale
+
+    def _tp_edges(self, stage: int, samples: float, backward: bool) -> float:
+        """The tensor-parallel collectives of the embedding and the LM head (Megatron-LM 2021-22, without
+        sequence parallelism): the vocabulary-parallel embedding sums its partial lookups with one
+        all-reduce of ``b s h`` in the forward (``VocabParallelEmbedding``: ``reduce_from_tensor_model_
+        parallel_region``); the LM head's input enters by ``copy_to_tensor_model_parallel_region``, whose
+        backward all-reduces the ``b s h`` input gradient; the vocabulary-parallel cross-entropy all-reduces
+        three ``b s`` fp32 vectors in the forward (row max, target logit, sum of exponentials). With
+        sequence parallelism the embedding's all-reduce is a reduce-scatter and the head's input an
+        all-gather forward and a reduce-scatter backward: half of :meth:`_tp_one` each."""
+        info = self.stages[stage]
+        shape = self.profile.shape
+        if self.t == 1 or shape is None or not (info.has_embedding or info.has_head):
+            return 0.0
+        one = self._tp_one(samples)
+        edge = one / 2 if self.sequence_parallel else one
+        out = 0.0
+        if backward:
+            out += edge if info.has_head else 0.0
         else:
-            one = ring_allreduce(self.t, nbytes, self.tp_link)
-        return 2 * self.stages[stage].transformer_layers * one * self.cal.link_scale
+            out += edge if info.has_embedding else 0.0
+            if info.has_head:
+                out += edge if self.sequence_parallel else 0.0
+                vec = samples * shape.seq * 4.0
+                out += 3 * (allreduce_time(self.cluster, list(range(self.t)), vec)
+                            if self.t > self.cluster.gpus_per_node else ring_allreduce(self.t, vec, self.tp_link))
+        return out * self.cal.link_scale
 
     def _blocking_send(self, stage: int, to: int, span: int) -> float:
         """Seconds a blocking runtime holds the compute stream to send stage ``stage``'s boundary tensor to
@@ -305,7 +343,8 @@ class ConfigCosts(Costs):
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            v = self._sum_time(stage, "fwd", samples) * self.cal.compute_scale + self._tp_comm(stage, samples)
+            v = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale + self._tp_comm(stage, samples)
+                 + self._tp_edges(stage, samples, backward=False))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage + 1, span)
             self._fwd[key] = v
@@ -316,7 +355,8 @@ class ConfigCosts(Costs):
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
             v = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
-                 + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1))
+                 + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
+                 + self._tp_edges(stage, self.base_b, backward=True))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage - 1, 1)
             self._bwd[stage] = v
@@ -326,7 +366,7 @@ class ConfigCosts(Costs):
         if not self.config.recompute:
             return 0.0
         plain = (self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
-                 + self._tp_comm(stage, self.base_b))
+                 + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True))
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------

@@ -3,14 +3,16 @@
 The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: in the runs'
 own configurations (micro-batch size, model chunks and DDP implementation from the paper's reproduction
 scripts, NVIDIA/Megatron-LM examples/sc21; Megatron's even layer split) the operator model on the shipped
-A100 description predicts every row 9-17% too fast (median |error| 12.4%, worst 16.6%, measured with
+A100 description predicts every row 5.2-12.6% too fast (median |error| 9.1%, worst 12.6%, measured with
 ``python benchmarks/fidelity_bench.py``), uniformly so: one cluster-wide time scale fitted on the other rows
-would bring each row within 4.9% (leave-one-out). Earlier figures: 12.1% / 17.1% with the fastest
+would bring each row within 4.4% (leave-one-out). Earlier figures: 9.5% / 12.8% without the embedding's and
+LM head's tensor-parallel all-reduces; 12.4% / 16.6% with NVLink collectives at an unsourced 250 GB/s (now
+Calculon's 180 GB/s, examples/clusters/dgx-a100-80gb.json); 12.1% / 17.1% with the fastest
 predicted b and v, the roofline kernel rule, the LM head's forward counted twice under recomputation and
 torch DDP's all-reduce left after the backward; 14-20% / 17.5% before GEMM wave quantisation, the fp32
 cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient passes. The same model
 predicts Korthikanti et al. 2022 Table 5 (tests/data/korthikanti_table5.json, the same machine and code a
-year later) within 2.8-4.1%. The thresholds below are the figures reached
+year later) within 1.7% (2.8-4.1%, all fast, at 250 GB/s NVLink). The thresholds below are the figures reached
 (regression guards), not the goal. No constant of the model is fitted to these rows.
 """
 
@@ -35,10 +37,11 @@ from planner.fidelity import (
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
 GOAL_ROW, GOAL_MEDIAN = 0.10, 0.05  # issue 11: not met yet
-GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.17, 0.125, 0.08, 0.05  # reached (module docstring)
-GUARD_K_ROW, GUARD_K_MEDIAN = 0.045, 0.035  # Korthikanti et al. 2022 Table 5: reached 4.1% worst, 3.5% median
+GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.13, 0.095, 0.08, 0.05  # reached (module docstring)
+GUARD_K_ROW, GUARD_K_MEDIAN = 0.02, 0.015  # Korthikanti et al. 2022 Table 5: reached 1.7% worst, 0.9% median
 #: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 128 predicts (t, p) =
-#: (4, 16) 0.3% faster than the measured best (8, 8) (28.08 s vs 28.17 s): a tie within the model's
+#: (4, 16) 1.8% faster than the measured best (8, 8) (28.52 s vs 29.04 s; 0.3% at the earlier, unsourced
+#: 250 GB/s NVLink, which favoured t = 8's larger share of tensor-parallel traffic): a near-tie within the model's
 #: resolution, decided among others by the wave quantisation of the t = 8 QKV GEMM (480 tiles of 256 x 128
 #: on 108 SMs: 4.4 waves run as 5) against p = 16's larger bubble; it appeared when the LM head stopped being
 #: recomputed.
@@ -134,8 +137,8 @@ def test_megatron_split_is_even_with_embedding_first_and_head_last():
 @pytest.mark.slow
 def test_korthikanti_table5_within_reached_error():
     """The second published check, in its stated configurations: every full-recomputation row of
-    Korthikanti et al. 2022 Table 5 within the reached error (the goal of 10% / 5% is met), all predicted fast (the sign
-    says the model misses work; a row predicted slow would be a new kind of error)."""
+    Korthikanti et al. 2022 Table 5 within the reached error (the goal of 10% / 5% is met; the errors,
+    -0.7% to +1.7%, no longer share a sign)."""
     data = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
     base = load_cluster(ROOT / "examples" / "clusters" / f"{data['cluster']}.json")
     dev = get_device(data["device"])
@@ -146,4 +149,3 @@ def test_korthikanti_table5_within_reached_error():
     assert len(errs) == 4
     assert max(abs(e) for e in errs) <= GUARD_K_ROW, errs
     assert median([abs(e) for e in errs]) <= GUARD_K_MEDIAN, errs
-    assert all(e < 0 for e in errs), errs

@@ -149,7 +149,8 @@ def test_costs_use_per_t_times_and_say_so():
     shard = sum(x.shard_time("fwd", 2, 4) for x in layers)
     nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
     comm = 2 * c4.stages[1].transformer_layers * ring_allreduce(4, nbytes, c4.cluster.intra)
-    assert c4.fwd(1) == pytest.approx(shard + comm)
+    loss = 3 * ring_allreduce(4, 2 * prof.shape.seq * 4.0, c4.cluster.intra)  # the last stage's cross-entropy
+    assert c4.fwd(1) == pytest.approx(shard + comm + loss)
     # the zero-bubble split is the profile's: W = the weight-gradient kernels
     zb = _costs(prof, 4, schedule="zb-h1")
     w = sum(x.shard_time("bwd_weight", 2, 4) for x in layers)
@@ -160,8 +161,31 @@ def test_costs_use_per_t_times_and_say_so():
     # sequence parallelism: all-gather + reduce-scatter in place of each all-reduce
     sp = prof.model_copy(update={"environment": {**prof.environment, "sequence_parallel": "true"}})
     c_sp = _costs(sp, 4)
-    assert c_sp.fwd(1) - shard == pytest.approx(
-        2 * c4.stages[1].transformer_layers * 2 * ring_allgather(4, nbytes, c4.cluster.intra))
+    gather = ring_allgather(4, nbytes, c4.cluster.intra)  # + the LM head's input all-gather
+    assert c_sp.fwd(1) - shard == pytest.approx(2 * c4.stages[1].transformer_layers * 2 * gather + gather + loss)
+
+
+def test_embedding_and_head_tensor_parallel_collectives():
+    """Megatron's vocabulary-parallel embedding all-reduces its output in the forward; the LM head's input
+    gradient is all-reduced in the backward, and the cross-entropy all-reduces three b s fp32 vectors in
+    the forward: the first stage's F and the last stage's B carry one b s h all-reduce more than their
+    transformer layers', and nothing changes at t = 1."""
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2, 4), tensor_sizes=(1, 4))
+    c4 = _costs(prof, 4)
+    nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
+    one = ring_allreduce(4, nbytes, c4.cluster.intra)
+    assert c4.stages[0].has_embedding and not c4.stages[0].has_head
+    assert c4.stages[1].has_head and not c4.stages[1].has_embedding
+    for stage in (0, 1):
+        layers = prof.layers[c4.stages[stage].layers[0]:c4.stages[stage].layers[1]]
+        shard_f = sum(x.shard_time("fwd", 2, 4) for x in layers)
+        shard_b = sum(x.shard_time("bwd", 2, 4) for x in layers)
+        body = 2 * c4.stages[stage].transformer_layers * one
+        loss = 3 * ring_allreduce(4, 2 * prof.shape.seq * 4.0, c4.cluster.intra)
+        assert c4.fwd(stage) == pytest.approx(shard_f + body + (one if stage == 0 else loss))
+        assert c4.bwd(stage) == pytest.approx(shard_b + body + (one if stage == 1 else 0.0))
+    c1 = _costs(prof, 1)
+    assert c1._tp_edges(0, 2, backward=False) == 0.0 and c1._tp_edges(1, 2, backward=True) == 0.0
 
 
 def test_costs_with_per_t_times_on_some_layers_only():
@@ -216,7 +240,8 @@ def test_tensor_parallel_across_nodes_is_hierarchical():
     shard = sum(x.shard_time("fwd", 2, 16) for x in layers)
     nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
     one = allreduce_time(c.cluster, list(range(16)), nbytes)
-    assert c.fwd(1) == pytest.approx(shard + 2 * c.stages[1].transformer_layers * one)
+    loss = 3 * allreduce_time(c.cluster, list(range(16)), 2 * prof.shape.seq * 4.0)  # the cross-entropy's
+    assert c.fwd(1) == pytest.approx(shard + 2 * c.stages[1].transformer_layers * one + loss)
     assert one < ring_allreduce(16, nbytes, c.cluster.inter)
 
 
