@@ -195,6 +195,10 @@ def run(
         attach_plan_prediction(result, plan, candidate)
     if "predicted" in result:
         typer.echo(prediction_line(result))
+    if result.get("overhead_costed") is False:
+        typer.echo("note: the cluster has no measured executor overhead (`executor`), so the prediction leaves "
+                   "out the executor's own time per action; measure it with `pipeplan profile-links --local-procs 2 "
+                   "--executor-overhead` and put `executor_overhead` into the cluster file as `executor`")
     if out:
         write_json_atomic(out, result)
     if trace and chrome is not None:

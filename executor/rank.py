@@ -114,6 +114,8 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         if emulator is not None:
             result["predicted"] = emulator.predict()
             result["communication"] = emulator.comm
+            #: whether the prediction costs the executor's own per-action overhead (the cluster's `executor`)
+            result["overhead_costed"] = emulator.cluster.executor is not None
             result["ratio"] = result["measured"]["iteration_time"] / result["predicted"]["iteration_time"]
         result["version_log"] = {p["rank"]: p["version_log"] for p in gathered if p["version_log"]}
         result["weight_versions"] = {p["rank"]: p["weight_versions"] for p in gathered if p["weight_versions"]}
