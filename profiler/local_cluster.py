@@ -95,9 +95,9 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     share the cores (processor sharing); ``effective_cores = procs / slowdown``, at most the cores (no
     floor: under a load of 10-17 on this 2-core machine 2 processes saw 2.3-6.7 wall seconds per CPU
     second, below the ``1/procs`` cores the earlier floor allowed). CPU time is the reference because
-    profiles on the CPU are core time (:mod:`profiler.timing`; issue 11: the earlier reference, the loop's wall time alone, already carried
-    the machine's load, which the profile's wall times carried a second time). The alone figure is
-    reported in ``source``."""
+    profiles on the CPU are core time (:mod:`profiler.timing`; issue 11: the earlier reference, the loop's
+    wall time alone, already carried the machine's load, which the profile's wall times carried a second
+    time). The alone figure is reported in ``source``."""
     import multiprocessing as mp
     import os
     import platform
