@@ -97,5 +97,5 @@ def test_measure_host_reports_a_slowdown_and_the_cores_it_implies() -> None:
 
     h = measure_host(2, rounds=2, reps=20)
     assert h.cores == (os.cpu_count() or 1) and h.processes == 2 and h.slowdown > 0
-    assert h.effective_cores == pytest.approx(min(float(h.cores), 2 / h.slowdown))  # no floor (issue 11)
+    assert h.effective_cores == pytest.approx(min(float(h.cores), max(2 / h.slowdown, 0.5)))
     assert "2 processes" in h.source and "rounds" in h.source
