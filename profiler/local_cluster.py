@@ -93,13 +93,13 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     processes of (wall time of the loop together) / (its CPU time, ``time.thread_time``): the wall seconds
     a process needs per second of core time while ``procs`` of them and whatever else the machine runs
     share the cores (processor sharing); ``effective_cores = procs / slowdown``, at most the cores and at
-    least ``1/procs`` of one. Known bias (issue 11, ``benchmarks/cpu_run_bench.py --interleave``, load 8-12):
-    this busy loop saw 4.4-8.3 wall seconds per CPU second with 2 processes where the pipeline runs
+    least ``1/procs`` of one. Known bias (issue 11, ``benchmarks/cpu_run_bench.py --interleave``, load
+    8-12): this busy loop saw 4.4-8.3 wall seconds per CPU second with 2 processes where the pipeline runs
     minutes later saw 2.2-3.1 (their processes block on messages between actions; the scheduler favours
     such sleepers); the floor bounds it, and removing it made predictions 2-4x too slow. CPU time is the
-    reference because profiles on the CPU are core time (:mod:`profiler.timing`; issue 11: the earlier reference, the loop's
-    wall time alone, already carried the machine's load, which the profile's wall times carried a second
-    time). The alone figure is reported in ``source``."""
+    reference because profiles on the CPU are core time (:mod:`profiler.timing`; issue 11: the earlier
+    reference, the loop's wall time alone, already carried the machine's load, which the profile's wall
+    times carried a second time). The alone figure is reported in ``source``."""
     import multiprocessing as mp
     import os
     import platform
