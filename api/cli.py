@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Annotated
 
@@ -37,7 +39,9 @@ def register(app: typer.Typer) -> None:
         this CPU (idempotent)."""
         from api.seed import seed
 
-        out = seed(url, measure=measure)
+        t0 = time.perf_counter()
+        out = seed(url, measure=measure, progress=lambda line: typer.echo(line, err=True))
+        typer.echo(f"seeded in {time.perf_counter() - t0:.1f} s:", err=True)
         for kind, rows in out.items():
             for name, rid, created in rows:
                 typer.echo(f"{kind[:-1]:8} {rid:4} {name}{'' if created else ' (already there)'}")
@@ -60,7 +64,7 @@ def register(app: typer.Typer) -> None:
             seed_cmd(None, True)
         base = f"http://{host}:{port}"
         typer.echo(f"pipeplan API on {base}  (OpenAPI: {base}/docs, metrics: {base}/metrics, health: {base}/health)")
-        proc = None
+        launcher = None
         if agent:
             token = os.environ.get("PIPEPLAN_WORKER_TOKEN") or os.environ.get("PIPEPLAN_ADMIN_TOKEN")
             if not token:
@@ -68,20 +72,18 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
             # the token goes by environment, never on the command line (``ps`` shows every argv)
             cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", base, "--name", f"local-cpu-{port}"]
-            typer.echo("local agent: " + shlex.join(cmd))
-            proc = subprocess.Popen(cmd, env={**os.environ, "PIPEPLAN_WORKER_TOKEN": token})
+            typer.echo("local agent (started once the API listens): " + shlex.join(cmd))
+            launcher = AgentLauncher(cmd, {**os.environ, "PIPEPLAN_WORKER_TOKEN": token},
+                                     "127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
+            launcher.start()
         try:
             from api.accesslog import quiet_polls
 
             quiet_polls()  # the agents' successful claims, heartbeats and lease renewals stay out of the log
             uvicorn.run("api.main:app", host=host, port=port, log_level=log_level)
         finally:
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            if launcher is not None:
+                launcher.stop()
 
     @app.command("agent")
     def agent_cmd(
@@ -144,3 +146,40 @@ def register(app: typer.Typer) -> None:
                  run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
                  heartbeat=heartbeat, host=host, launcher=job_launcher)
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")
+
+
+class AgentLauncher(threading.Thread):
+    """Starts ``serve --agent``'s local agent once the API accepts connections on ``host:port`` (else the
+    agent's first registrations fail with "connection refused" warnings a newcomer takes for an error), or
+    after ``wait`` seconds in any case (the agent retries); :meth:`stop` ends it with the server."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], host: str, port: int, wait: float = 120.0) -> None:
+        super().__init__(name="agent-launcher", daemon=True)
+        self.cmd, self.env, self.addr, self.wait = cmd, env, (host, port), wait
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        end = time.monotonic() + self.wait
+        while not self._stopping.is_set() and time.monotonic() < end:
+            try:
+                socket.create_connection(self.addr, timeout=1).close()
+                break
+            except OSError:
+                self._stopping.wait(0.2)
+        with self._lock:
+            if not self._stopping.is_set():
+                self.proc = subprocess.Popen(self.cmd, env=self.env)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping.set()
+            proc = self.proc
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+

@@ -18,6 +18,7 @@ from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
+from planner.units import devices
 
 __all__ = ["Busy", "Conflict", "InputError", "NotFound", "get_job"]
 
@@ -138,7 +139,7 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
         raise InputError(f"cluster_id: cluster {cluster_id} not found")
     gpus = request.get("gpus")
     if gpus is not None and gpus > cluster.gpus:
-        raise InputError(f"gpus: budget {gpus} exceeds the cluster's {cluster.gpus} GPUs")
+        raise InputError(f"gpus: budget {gpus} exceeds the cluster's {devices(cluster.device, cluster.gpus)}")
     if (gpus or cluster.gpus) > max_gpus:
         raise InputError(f"gpus: a plan may use at most {max_gpus} GPUs; cluster {cluster_id} has {cluster.gpus}: "
                          "give a smaller 'gpus' budget")

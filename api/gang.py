@@ -46,6 +46,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from api.errors import Conflict, NotFound
 from db.models import Job, JobSlot, Worker, utcnow
+from planner.units import device_noun
 
 CPU = "cpu"
 
@@ -136,9 +137,11 @@ def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Wo
     if not any(device_fits(w.device_type, job) for w in workers):
         return f"no agent with device {dev} registered{also}"
     fit = [w for w in workers if takes(w, job)]
+    # what a node's devices are: GPUs, CPU processes on a CPU cluster (either for an emulated job)
+    units = "GPUs (processes)" if job.emulate or dev == "any" else device_noun(dev, job.procs_per_node or 2)
     if job.nodes == 1:
         if not fit:
-            return (f"no agent with device {dev} and at least {job.procs_per_node} GPUs (processes) registered: "
+            return (f"no agent with device {dev} and at least {job.procs_per_node} {units} registered: "
                     f"the plan needs {job.procs_per_node} on one node")
         busy = busy_with(db, [w.id for w in fit])
         if len(busy) < len(fit):
@@ -149,7 +152,7 @@ def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Wo
                 f"{ahead} queued job(s) ahead of it")
     held = sum(1 for s in job.slots if s.worker_id is not None)
     if len(fit) < job.nodes:
-        return (f"needs {job.nodes} agents with device {dev} and at least {job.procs_per_node} GPUs (processes) "
+        return (f"needs {job.nodes} agents with device {dev} and at least {job.procs_per_node} {units} "
                 f"each; {len(fit)} alive")
     return f"forming: {held} of {job.nodes} node slots held"
 
@@ -188,6 +191,34 @@ def _event(db: Session, job: Job, event: str, **kw: Any) -> None:
     db.flush()
 
 
+#: the events of a forming gang, which repeat every ``gang_wait_seconds`` while a job waits for its nodes
+FORMING_EVENTS = ("slot_claimed", "slot_timed_out", "slot_released", "slot_lease_expired")
+
+
+def collapse_forming(history: list[dict[str, Any]], event: str, at: str, **kw: Any) -> list[dict[str, Any]]:
+    """``history`` with forming event ``event`` added, a repeat collapsed: when the same event of the same
+    worker and node rank is among the forming events since the last other event (a gang start, a stop), that
+    entry keeps its first ``at``, counts the repeat (``count``), takes ``last_at`` and the newest fields, and
+    moves to the end (the history stays in order of each entry's latest occurrence). A job that waits hours for
+    its nodes, one claim and one time-out every ``gang_wait_seconds``, keeps one entry of each per worker and
+    rank instead of two per wait."""
+    key = (event, kw.get("worker_id"), kw.get("node_rank"))
+    for i in range(len(history) - 1, -1, -1):
+        e = history[i]
+        if e.get("event") not in FORMING_EVENTS:
+            break
+        if (e["event"], e.get("worker_id"), e.get("node_rank")) == key:
+            merged = {**e, **kw, "count": int(e.get("count", 1)) + 1, "last_at": at}
+            return [*history[:i], *history[i + 1:], merged]
+    return [*history, {"at": at, "event": event, **kw}]
+
+
+def _forming_event(db: Session, job: Job, event: str, **kw: Any) -> None:
+    """:func:`_event` for a forming gang's event, repeats collapsed (:func:`collapse_forming`)."""
+    job.history = collapse_forming(list(job.history or []), event, utcnow().isoformat(), **kw)
+    db.flush()
+
+
 def _lock_forming(db: Session, job_id: int) -> bool:
     """Bump the version of a forming gang (compare-and-set on ``state = 'queued'``); False if it is not
     forming any more. On PostgreSQL the row stays locked until commit: slot changes of one job go one by one."""
@@ -223,7 +254,7 @@ def claim_slot(db: Session, job_id: int, worker: Worker, lease_seconds: float, r
     job = db.get(Job, job_id)
     assert job is not None
     db.refresh(job)
-    _event(db, job, "slot_claimed", worker_id=worker.id, node_rank=slot.node_rank)
+    _forming_event(db, job, "slot_claimed", worker_id=worker.id, node_rank=slot.node_rank)
     _start_if_complete(db, job, lease_seconds)
     return slot
 
@@ -292,7 +323,8 @@ def renew_slot(db: Session, job_id: int, node_rank: int, worker_id: int, lease_s
         if waited > gang_wait_seconds:
             if _lock_forming(db, job.id) and _open_slot(db, slot.id, worker_id):
                 db.refresh(job)
-                _event(db, job, "slot_timed_out", worker_id=worker_id, node_rank=node_rank, waited=round(waited, 1))
+                _forming_event(db, job, "slot_timed_out", worker_id=worker_id, node_rank=node_rank,
+                               waited=round(waited, 1))
                 return {**out, "state": "released"}
         db.execute(update(JobSlot).where(JobSlot.id == slot.id, JobSlot.worker_id == worker_id)
                    .values(lease_expires_at=now + timedelta(seconds=lease_seconds)))
@@ -378,7 +410,7 @@ def release_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Jo
     if job.state == "queued":
         if _lock_forming(db, job.id) and _open_slot(db, slot.id, worker_id):
             db.refresh(job)
-            _event(db, job, "slot_released", worker_id=worker_id, node_rank=node_rank)
+            _forming_event(db, job, "slot_released", worker_id=worker_id, node_rank=node_rank)
     elif job.state == "running":
         stop_gang(db, job, f"node {node_rank}'s agent (worker {worker_id}) stopped", counted=False)
     return job
@@ -413,7 +445,7 @@ def expire_slots(db: Session, now: datetime | None = None) -> list[int]:
         if state == "queued":
             if _lock_forming(db, job_id) and _open_slot(db, slot_id, worker_id):
                 db.refresh(job)
-                _event(db, job, "slot_lease_expired", worker_id=worker_id, node_rank=rank)
+                _forming_event(db, job, "slot_lease_expired", worker_id=worker_id, node_rank=rank)
         elif stop_gang(db, job, f"node {rank}'s agent (worker {worker_id}) stopped renewing its lease", now=now):
             stopped.append(job_id)
     return stopped

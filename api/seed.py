@@ -13,6 +13,9 @@ that a plan on cluster 1 costs this machine's communication and executor too."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from api import crud
@@ -76,9 +79,27 @@ def seed_profiles() -> list[ModelProfile]:
     return out
 
 
-def seed(url: str | None = None, measure: bool = True) -> dict[str, list[tuple[str, int, bool]]]:
+#: a progress line's sink (``make serve`` prints them as they come: the measuring takes tens of seconds)
+Progress = Callable[[str], None]
+
+
+@contextmanager
+def step(progress: Progress | None, what: str) -> Iterator[None]:
+    """Say ``what`` is being done before it starts and how long it took when it ends."""
+    if progress is None:
+        yield
+        return
+    progress(f"seeding: {what} ...")
+    t0 = time.perf_counter()
+    yield
+    progress(f"seeding: {what}: done in {time.perf_counter() - t0:.1f} s")
+
+
+def seed(url: str | None = None, measure: bool = True,
+         progress: Progress | None = None) -> dict[str, list[tuple[str, int, bool]]]:
     """Store the example clusters and profiles (``measure``: and the measured CPU profile, unless stored);
-    ``{"clusters": [(name, id, created)], "profiles": [...]}``."""
+    ``{"clusters": [(name, id, created)], "profiles": [...]}``. ``progress`` gets a line before and after each
+    step, with its time (what is measured, and when a stored measurement is kept instead)."""
     settings = Settings()
     engine = make_engine(url or settings.database_url)
     out: dict[str, list[tuple[str, int, bool]]] = {"clusters": [], "profiles": []}
@@ -88,23 +109,38 @@ def seed(url: str | None = None, measure: bool = True) -> dict[str, list[tuple[s
             # README's curl flow and the UI's default choice
             if measure:  # measured once; a stored one (it has the executor field) is kept
                 stored = [r for r in crud.list_clusters(db, LOCAL_CLUSTER, None, 100, 0) if r.body.get("executor")]
-                row, created = ((stored[0], False) if stored else
-                                crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus))
+                if stored:
+                    row, created = stored[0], False
+                    if progress:
+                        progress(f"seeding: cluster {LOCAL_CLUSTER}: measured before (#{row.id}), kept")
+                else:
+                    with step(progress, f"measuring cluster {LOCAL_CLUSTER} on this machine (links, all-reduce and "
+                                        "executor overhead among its gloo processes; about a minute)"):
+                        row, created = crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus)
                 out["clusters"].append((f"{row.name} (measured)", row.id, created))
             paths = sorted((EXAMPLES / "clusters").glob("*.json"), key=lambda p: (p.stem != LOCAL_CLUSTER, p.name))
-            for path in paths:
-                if measure and path.stem == LOCAL_CLUSTER:  # measured above: one local cluster, not two
-                    continue
-                row, created = crud.add_cluster(db, load_cluster(path), settings.max_cluster_gpus)
-                out["clusters"].append((row.name, row.id, created))
+            with step(progress, "example clusters (examples/clusters/)"):
+                for path in paths:
+                    if measure and path.stem == LOCAL_CLUSTER:  # measured above: one local cluster, not two
+                        continue
+                    row, created = crud.add_cluster(db, load_cluster(path), settings.max_cluster_gpus)
+                    out["clusters"].append((row.name, row.id, created))
             if measure:
                 name = MEASURED[0]
                 rows = [r for r in crud.list_profiles(db, name, "cpu", 100, 0) if r.source == "measured"]
-                row, created = (rows[0], False) if rows else crud.add_profile(db, measured_cpu_profile())
+                if rows:
+                    row, created = rows[0], False
+                    if progress:
+                        progress(f"seeding: profile {name} on cpu: measured before (#{row.id}), kept")
+                else:
+                    with step(progress, f"profiling {name} on this CPU (micro-batches "
+                                        f"{','.join(map(str, MEASURED[1]))}; seconds)"):
+                        row, created = crud.add_profile(db, measured_cpu_profile())
                 out["profiles"].append((f"{row.name} on {row.device} (measured)", row.id, created))
-            for prof in seed_profiles():
-                row, created = crud.add_profile(db, prof)
-                out["profiles"].append((f"{row.name} on {row.device}", row.id, created))
+            with step(progress, "analytic profiles of " + ", ".join(dict.fromkeys(n for n, _s, _c in SEEDS))):
+                for prof in seed_profiles():
+                    row, created = crud.add_profile(db, prof)
+                    out["profiles"].append((f"{row.name} on {row.device}", row.id, created))
     finally:
         engine.dispose()
     return out

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,36 +29,11 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.live_server import start_server  # noqa: E402
 from planner.analytic import analytic_profile  # noqa: E402
 from planner.cluster import load_cluster  # noqa: E402
 from planner.device import device_for_cluster  # noqa: E402
 from planner.model import PRESETS  # noqa: E402
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(tmp: Path, token: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPEPLAN_DATA_DIR=str(tmp), PIPEPLAN_ADMIN_TOKEN=token,
-               PIPEPLAN_OPEN_READS="1")
-    env.pop("DATABASE_URL", None)
-    subprocess.run([sys.executable, "-m", "pipeplan.cli", "db-upgrade"], env=env, check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not start")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -110,11 +83,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.clients * a.requests > 1000:
         raise SystemExit("at most 1000 requests in all")
-    proc = None
+    srv = None
     tmp = tempfile.mkdtemp(prefix="pipeplan-bench-")
     url = a.url
     if url is None:
-        proc, url = start_server(Path(tmp), a.token)
+        srv = start_server(Path(tmp), a.token)
+        url = srv.url
     try:
         cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-a100-80gb.json")
         prof = analytic_profile(PRESETS["gpt2-1.3b"], device_for_cluster(cl))
@@ -146,9 +120,8 @@ def main() -> None:
               f"({(len(ids) - len(pending)) / total:.2f} plans/s, {len(failed)} failed)")
         phase(url, a.token, bodies, "stored")
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+        if srv is not None:
+            srv.stop()
 
 
 if __name__ == "__main__":

@@ -13,9 +13,7 @@ Figures depend on the machine's load: say what it was when you quote them.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,43 +27,17 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.live_server import server_env, start_server  # noqa: E402
 from planner.analytic import transformer_profile  # noqa: E402
 
 ADMIN, WORKER = "bench-admin", "bench-worker"
+SETTINGS = {"PIPEPLAN_LEASE_SECONDS": "6", "PIPEPLAN_REAPER_INTERVAL": "0.2"}
 CLUSTER = {"name": "cpu-2x2", "nodes": 2, "gpus_per_node": 2, "device": "cpu", "memory_bytes": 8 * 2**30,
            "peak_flops": 50e9, "intra": {"alpha": 3e-6, "beta": 4e-12}, "inter": {"alpha": 5e-6, "beta": 4.5e-11}}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPEPLAN_DATA_DIR=str(tmp), PIPEPLAN_ADMIN_TOKEN=ADMIN,
-               PIPEPLAN_WORKER_TOKEN=WORKER, PIPEPLAN_OPEN_READS="1", PIPEPLAN_LEASE_SECONDS="6",
-               PIPEPLAN_REAPER_INTERVAL="0.2")
-    env.pop("DATABASE_URL", None)
-    return env
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port, env = _port(), _env(tmp)
-    subprocess.run([sys.executable, "-m", "pipeplan.cli", "db-upgrade"], env=env, check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the API did not start")
+    return server_env(tmp, ADMIN, WORKER, **SETTINGS)
 
 
 def start_agents(url: str, tmp: Path, run: str, n: int = 4) -> list[subprocess.Popen[bytes]]:
@@ -106,7 +78,8 @@ def main() -> None:
     run = f"{sys.executable} -m pipeplan.cli run{check}"
     with tempfile.TemporaryDirectory(prefix="gang-bench-") as d:
         tmp = Path(d)
-        server, url = start_server(tmp)
+        server = start_server(tmp, ADMIN, WORKER, **SETTINGS)
+        url = server.url
         agents: list[subprocess.Popen[bytes]] = []
         try:
             c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
@@ -176,8 +149,7 @@ def main() -> None:
                     a.wait(30)
                 except subprocess.TimeoutExpired:
                     a.kill()
-            server.send_signal(signal.SIGTERM)
-            server.wait(30)
+            server.stop()
 
 
 if __name__ == "__main__":

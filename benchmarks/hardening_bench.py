@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.api_bench import start_server  # noqa: E402
+from benchmarks.live_server import start_server  # noqa: E402
 from planner.analytic import analytic_profile  # noqa: E402
 from planner.cluster import load_cluster  # noqa: E402
 from planner.device import device_for_cluster  # noqa: E402
@@ -84,15 +83,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(Path(tmp), TOKEN)
+        srv = start_server(Path(tmp), TOKEN)
         try:
-            run(url, proc.pid, args.clients, args.seconds)
+            run(srv.url, srv.proc.pid, args.clients, args.seconds)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            srv.stop()
 
 
 def run(url: str, server_pid: int, clients: int, seconds: float) -> None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,37 +24,12 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.live_server import live_server  # noqa: E402
+
 TOKEN = "bench-admin-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    url_db = f"sqlite:///{tmp / 'pipeplan.db'}"
-    env = dict(os.environ, DATABASE_URL=url_db, PIPEPLAN_ADMIN_TOKEN=TOKEN, PIPEPLAN_WORKER_TOKEN="bench-worker",
-               PIPEPLAN_DATA_DIR=str(tmp), PYTHONPATH=str(ROOT))
-    for cmd in ("db-upgrade", "seed"):
-        subprocess.run([sys.executable, "-m", "pipeplan.cli", cmd], env=env, cwd=ROOT, check=True,
-                       capture_output=True)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], env=env, cwd=ROOT,
-                            stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not start: " + (tmp / "server.log").read_text())
 
 
 def gpt3_plan(url: str, tmp: Path) -> dict:
@@ -85,8 +58,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        proc, url = start_server(tmp)
-        try:
+        with live_server(tmp, TOKEN, seed=True) as srv:
+            url = srv.url
             plan = gpt3_plan(url, tmp)
             cands = plan["candidates"]
             ranks = [i for i, c in enumerate(cands) if c["microbatches"] >= 192][: args.candidates]
@@ -116,9 +89,6 @@ def main() -> None:
                     print(f"{r:>4} {c['label'][:44]:44} {c['microbatches']:>4} {c['pipeline']:>3} "
                           f"{draw['actions']:>7} {draw['ms']:>8.1f} {zoom:>8.1f} {mode:>9} {wall:>10.2f}")
                 b.close()
-        finally:
-            proc.terminate()
-            proc.wait(30)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
 from planner.search import Candidate, plan, predict
+from planner.units import devices, is_cpu
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEVICES = {  # --device of profile-analytic -> example cluster file (its device names the description)
@@ -94,8 +95,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(res.to_dict()))
             return
         console = Console(width=160)
-        console.print(_table(res.candidates, f"{prof.name} on {req.gpus or cl.gpus} x {cl.device}, "
-                                             f"B^={global_batch}"))
+        n = req.gpus or cl.gpus
+        on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+        console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
         console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                       + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
         _warn(console, res.warnings)  # last: what the user reads first after the table
@@ -129,7 +131,7 @@ def register(app: typer.Typer) -> None:
             fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
             raise
         if tensor * pipeline * data > cl.gpus:
-            fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {cl.gpus} GPUs")
+            fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {devices(cl.device, cl.gpus)}")
         cand = predict(prof, cl, req, cfg)
         warnings = device_warnings(prof, cl)
         if json_out:

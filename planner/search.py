@@ -130,7 +130,7 @@ class Planner:
         if avg + req.memory_reserve_bytes > self.cluster.memory_bytes:
             over = avg + req.memory_reserve_bytes - self.cluster.memory_bytes
             cand.reason = (f"weights, gradients and optimizer state do not fit: {sched.replicas} model "
-                           f"copies over {config.tensor * config.pipeline} GPUs need {gib(avg)} per device on "
+                           f"copies over {config.tensor * config.pipeline} device(s) need {gib(avg)} per device on "
                            f"average + reserve, {gib(over)} over {gib(self.cluster.memory_bytes)}")
             return cand, None
         samples = schedule_samples(config)

@@ -59,3 +59,29 @@ def test_measured_tiny_profile_is_accepted_by_the_planner(tmp_path):
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     assert data["candidates"] and data["candidates"][0]["fits"]
+
+
+def test_plan_table_says_cpu_processes_on_a_cpu_cluster(tmp_path):
+    """A CPU cluster's devices are processes sharing the host's cores: the table and the budget error say so;
+    a GPU cluster's still say GPUs (planner.units)."""
+    prof = tmp_path / "tiny.json"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt-tiny", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    cpu, gpu = str(EX / "local-cpu-4.json"), str(EX / "dgx-a100-80gb.json")
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", cpu, "--global-batch", "8", "--top", "2"])
+    assert r.exit_code == 0, r.output
+    assert "on 4 CPU processes" in r.output and "x cpu" not in r.output and "GPU" not in r.output
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", gpu, "--global-batch", "8", "--gpus", "8",
+                            "--top", "2"])
+    assert r.exit_code == 0 and "on 8 x A100" in r.output, r.output
+    r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", cpu, "--global-batch", "8", "--tensor",
+                            "1", "--pipeline", "8", "--data", "1", "--micro-batch", "1", "--schedule", "1f1b"])
+    assert r.exit_code != 0 and "exceeds the cluster's 4 CPU processes" in r.output, r.output
+
+
+@pytest.mark.parametrize(("device", "n", "words"), [("cpu", 4, "4 CPU processes"), ("CPU", 1, "1 CPU process"),
+                                                    ("A100-SXM4-80GB", 8, "8 GPUs"), ("h100", 1, "1 GPU")])
+def test_device_words(device: str, n: int, words: str) -> None:
+    from planner.units import devices
+
+    assert devices(device, n) == words

@@ -18,11 +18,11 @@ from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.model import PRESETS, ModelSpec
 from planner.request import Config, TrainingRequest
 from planner.runspec import RunSpec
+from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES
 from planner.search import plan
 
 ROOT = Path(__file__).resolve().parent.parent
-ALL = ["gpipe", "1f1b", "interleaved", "zb-h1", "hanayo", "chimera", "gems", "1f1b-rr", "pipedream",
-       "pipedream-2bw"]
+ALL = list(ALL_SCHEDULES)
 
 
 def check_round_trip(fmt: str, inp: ExportInput) -> None:
@@ -100,7 +100,7 @@ def test_which_schedules_each_framework_runs(fmt: str, supported: set[str]) -> N
     mod = FRAMEWORKS[fmt]
     runs = set()
     for name in ALL:
-        params = {"chimera": {"pipelines": 1}, "1f1b-rr": {"replication": "2,1,1"}}.get(name, {})
+        params = PARAMS.get(name, {})
         D = 4
         config = Config(tensor=1, pipeline=D, data=1, micro_batch=1, schedule=name, **params)
         try:
@@ -109,6 +109,28 @@ def test_which_schedules_each_framework_runs(fmt: str, supported: set[str]) -> N
         except UnsupportedSchedule as err:
             assert err.closest.config.schedule in mod.SCHEDULES
     assert runs == supported
+
+
+PARAMS: dict[str, dict[str, object]] = {"chimera": {"pipelines": 1}, "1f1b-rr": {"replication": "2,1,1"},
+                                        "pipedream-rr": {"replication": "2,1,1"}}
+
+
+@pytest.mark.parametrize("fmt", list(FRAMEWORKS))
+@pytest.mark.parametrize("name", ALL)
+def test_every_refusal_says_why(fmt: str, name: str) -> None:
+    """A schedule a framework lacks is refused with its own reason, never the generic fallback; the
+    asynchronous ones (weight stashing / double buffering) say that the framework's updates are synchronous."""
+    config = Config(tensor=1, pipeline=4, data=1, micro_batch=1, schedule=name, **PARAMS.get(name, {}))
+    try:
+        FRAMEWORKS[fmt].check(RunSpec(config=config, microbatches=8))
+    except UnsupportedSchedule as err:
+        message = str(err)
+        assert "no such schedule" not in message, message
+        assert f"cannot run schedule '{name}'" in message
+        if name in ASYNC_SCHEDULES:
+            assert "its updates are synchronous" in message and "asynchronous" in message, message
+        return
+    assert name not in ASYNC_SCHEDULES, f"{fmt} accepted the asynchronous {name}"
 
 
 @pytest.fixture(scope="module")

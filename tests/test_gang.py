@@ -285,6 +285,50 @@ def test_a_slot_held_alone_past_the_timeout_is_given_back(db_url: str) -> None:
         assert job["history"][-1]["event"] == "slot_timed_out"
 
 
+def test_a_gang_waiting_long_keeps_its_history_short(db_url: str) -> None:
+    """Each wait of gang_wait_seconds claims and times out a slot: the history keeps the first of each (per
+    worker and node rank) with a count and the last time, not two new events per wait; a start is new."""
+    from api.main import create_app
+
+    waits = 6
+    with TestClient(create_app(make_settings(db_url, gang_wait_seconds=0.0))) as c:
+        plan, i = four_process_plan(c, cpu_cluster())
+        jid = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                     headers=AUTH).json()["id"]
+        (a, aa), (b, ba) = worker(c, "a"), worker(c, "b")  # b is alive but does not claim yet
+        for _ in range(waits):
+            assert claim(c, a, aa).json()["slot"]["node_rank"] == 0
+            assert _lease(c, jid, 0, aa).json()["state"] == "released"
+        history = c.get(f"/jobs/{jid}", headers=AUTH).json()["history"]
+        forming = [e for e in history if e["event"] in gang.FORMING_EVENTS]
+        assert [(e["event"], e["worker_id"], e["node_rank"], e.get("count")) for e in forming] == [
+            ("slot_claimed", a, 0, waits), ("slot_timed_out", a, 0, waits)]
+        assert all(e["last_at"] > e["at"] for e in forming)  # first time kept, last time added
+        assert history[-1]["event"] == "slot_timed_out"  # the latest occurrence is last
+        # the gang forms: a claims again, b takes node 1 and it starts
+        assert claim(c, a, aa).json()["slot"]["node_rank"] == 0
+        assert claim(c, b, ba).json()["job"]["state"] == "running"
+        events = [(e["event"], e.get("worker_id"), e.get("count")) for e in
+                  c.get(f"/jobs/{jid}", headers=AUTH).json()["history"]]
+        assert events[-4:] == [("slot_timed_out", a, waits), ("slot_claimed", a, waits + 1), ("slot_claimed", b, None),
+                               ("gang_started", None, None)]
+
+
+def test_forming_events_collapse_per_worker_and_rank_until_another_event() -> None:
+    h: list[dict[str, Any]] = []
+    for t in range(3):
+        h = gang.collapse_forming(h, "slot_claimed", f"t{t}a", worker_id=1, node_rank=0)
+        h = gang.collapse_forming(h, "slot_claimed", f"t{t}b", worker_id=2, node_rank=1)
+        h = gang.collapse_forming(h, "slot_timed_out", f"t{t}c", worker_id=1, node_rank=0, waited=60.0 + t)
+    assert [(e["event"], e["worker_id"], e["count"], e["at"], e["last_at"]) for e in h] == [
+        ("slot_claimed", 1, 3, "t0a", "t2a"), ("slot_claimed", 2, 3, "t0b", "t2b"),
+        ("slot_timed_out", 1, 3, "t0c", "t2c")]
+    assert h[-1]["waited"] == 62.0  # the newest fields
+    h = [*h, {"at": "t3", "event": "gang_started"}]
+    h = gang.collapse_forming(h, "slot_claimed", "t4", worker_id=1, node_rank=0)
+    assert h[-1] == {"at": "t4", "event": "slot_claimed", "worker_id": 1, "node_rank": 0}  # after a start: new
+
+
 def test_two_gangs_and_two_agents_do_not_deadlock(gang_client: Any) -> None:
     """Agents claim the oldest job first: two agents fill job A's two slots, not one slot each of A and B."""
     c = gang_client

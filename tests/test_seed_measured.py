@@ -3,6 +3,7 @@ measured it at once, stored once, first in a fresh database (with the local clus
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,20 @@ def test_seed_measures_once_and_puts_the_local_pair_first(tmp_path, monkeypatch)
 
     monkeypatch.setattr(seed_mod, "measured_cpu_profile", fake)
     monkeypatch.setattr(seed_mod, "measured_local_cluster", fake_cluster)
-    first = seed_mod.seed(url)
+    lines: list[str] = []
+    first = seed_mod.seed(url, progress=lines.append)
+    # make serve prints what it seeds as it goes: a line before each step and one with its time after
+    starts = [x for x in lines if x.endswith(" ...")]
+    ends = [x for x in lines if re.search(r": done in \d+\.\d s$", x)]
+    assert len(starts) == len(ends) == 4 and len(lines) == 8, lines
+    assert lines.index(starts[0]) < lines.index(ends[0]) and "measuring cluster local-cpu-4" in starts[0]
+    assert any("profiling gpt-tiny on this CPU" in x for x in starts) and any("example clusters" in x for x in starts)
     assert first["clusters"][0][:2] == (f"{seed_mod.LOCAL_CLUSTER} (measured)", 1)
     assert [n for n, _i, _c in first["clusters"]].count(seed_mod.LOCAL_CLUSTER) == 0, "the file's: not stored too"
     assert first["profiles"][0] == ("gpt-tiny on cpu (measured)", 1, True)
-    again = seed_mod.seed(url)
+    lines.clear()
+    again = seed_mod.seed(url, progress=lines.append)
+    assert sum("measured before" in x and x.endswith("kept") for x in lines) == 2, lines  # said, not measured
     assert calls == [2, 1], "timings differ run to run: what is stored measured is kept, not measured again"
     assert again["profiles"][0] == ("gpt-tiny on cpu (measured)", 1, False)
     assert not any(created for rows in again.values() for _n, _i, created in rows)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -92,3 +93,9 @@ def test_make_serve_runs_a_job_to_done(served: Any) -> None:
           f"({it['measured'] * 1e3:.1f} ms / {it['predicted'] * 1e3:.1f} ms, {plan['candidates'][0]['label']})")
     # the run's files went to the absolute work directory under the data directory
     assert list((tmp / "data" / "agent").glob("*/job-*-attempt-1/result.json"))
+    # what a newcomer reads in the terminal: each seeding step as it starts and with its time when it ends;
+    # the agent starts once the API listens (no "connection refused" warnings)
+    log = (tmp / "serve.log").read_text()
+    assert "seeding: measuring cluster local-cpu-4" in log and re.search(r"local-cpu-4.*: done in \d+\.\d s", log)
+    assert log.index("seeding: measuring") < log.index("seeded in") < log.index("Uvicorn running")
+    assert "ConnectError" not in log and "Connection refused" not in log, log[-3000:]

@@ -17,11 +17,12 @@ async function loadPlans() {
     PP.get("/plans?limit=1000"), PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
   const pn = Object.fromEntries(profiles.map((p) => [p.id, `${p.name} on ${p.device}`]));
   const cn = Object.fromEntries(clusters.map((c) => [c.id, c.name]));
+  const dev = Object.fromEntries(clusters.map((c) => [c.id, c.device]));
   plans.sort((a, b) => b.id - a.id);
   document.querySelector("#plans tbody").innerHTML = plans.map((p) => `<tr>
     <td><a href="/ui/plans/${p.id}">plan ${p.id}</a></td><td>${PP.stateBadge(p.status)}</td>
     <td>${PP.esc(pn[p.profile_id] || p.profile_id)}</td><td>${PP.esc(cn[p.cluster_id] || p.cluster_id)}</td>
-    <td>${p.request.global_batch}</td><td>${p.request.gpus ?? "all"}</td><td>${p.num_candidates}</td>
+    <td>${p.request.global_batch}</td><td>${p.request.gpus != null ? PP.devices(dev[p.cluster_id], p.request.gpus) : "all"}</td><td>${p.num_candidates}</td>
     <td>${PP.fmtDate(p.created_at)}</td></tr>`).join("") || `<tr><td colspan="8" class="muted">no plans yet: <a href="/">make one</a></td></tr>`;
 }
 
@@ -45,7 +46,7 @@ async function loadWorkers() {
   const current = {};
   for (const j of running) if (j.worker_id != null) current[j.worker_id] = j.id;
   document.querySelector("#workers tbody").innerHTML = workers.map((w) => `<tr data-worker-id="${w.id}">
-    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td>${w.gpus}</td>
+    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td>${w.gpus ? PP.devices(w.device_type, w.gpus) : "not declared (one-node jobs)"}</td>
     <td>${PP.esc(w.device_type)}</td><td>${w.alive ? '<span class="badge succeeded">alive</span>' : '<span class="badge failed">silent</span>'}</td>
     <td title="${PP.esc(w.last_heartbeat)}">${PP.ago(w.last_heartbeat)}</td>
     <td>${current[w.id] ? `<a href="/ui/jobs/${current[w.id]}">job ${current[w.id]}</a>` : "idle"}</td>

@@ -13,10 +13,10 @@ PP.start(async () => {
   const csel = document.getElementById("cluster");
   // a calibrated cluster is a new version under the same name (POST /clusters/{id}/calibrate): say which
   csel.innerHTML = clusters.map((c) =>
-    `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)}${c.version > 1 ? ` v${c.version}` : ""} (${c.gpus} × ${PP.esc(c.device)}, #${c.id})</option>`).join("");
+    `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)}${c.version > 1 ? ` v${c.version}` : ""} (${PP.isCpu(c.device) ? PP.devices(c.device, c.gpus) : `${c.gpus} × ${PP.esc(c.device)}`}, #${c.id})</option>`).join("");
   // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
   document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
-  csel.addEventListener("change", deviceNote);
+  csel.addEventListener("change", () => { deviceNote(); budgetWords(); });
   document.getElementById("profile-file").addEventListener("change", () => { clearHF(); deviceNote(); });
   document.getElementById("hf-file").addEventListener("change", () => {
     document.getElementById("profile-file").value = "";
@@ -24,8 +24,19 @@ PP.start(async () => {
   });
   syncCluster();
   deviceNote();
+  budgetWords();
   document.body.dataset.ready = "1";
 });
+
+// the budget is of the selected cluster's devices: GPUs, or CPU processes on a CPU cluster
+function budgetWords() {
+  const c = clusters.find((x) => String(x.id) === document.getElementById("cluster").value);
+  const noun = PP.deviceNoun(c && c.device);
+  const label = `${noun.startsWith("CPU") ? "CPU process" : "GPU"} budget`;
+  document.getElementById("budget-label").textContent = label;
+  document.getElementById("gpus").dataset.label = label;
+  document.getElementById("max-tensor").placeholder = `${noun} per node`;
+}
 
 function renderProfiles() {
   document.getElementById("profile").innerHTML = profiles.map((p) =>
@@ -39,6 +50,7 @@ function syncCluster() {
   const p = profiles.find((x) => String(x.id) === psel.value);
   const match = p && [...csel.options].find((o) => o.dataset.device === p.device);
   if (match) csel.value = match.value;
+  if (document.getElementById("budget-label")) budgetWords();
 }
 
 // a profile measured on another device than the cluster's predicts that device's times: say so up front

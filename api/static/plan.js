@@ -4,7 +4,7 @@
 "use strict";
 
 const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
-const S = { plan: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {} };
+const S = { plan: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {} };
 
 const SORTERS = {
   rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
@@ -37,6 +37,8 @@ function writeUrl() {
 PP.start(async () => {
   readUrl();
   let plan = await PP.get(`/plans/${planId}`);
+  // the cluster's device names the budget: GPUs, or CPU processes on a CPU cluster
+  try { S.device = (await PP.get(`/clusters/${plan.cluster_id}`)).device; } catch (e) { S.device = null; }
   while (plan.status === "queued" || plan.status === "running") {
     renderInfo(plan);
     await new Promise((r) => setTimeout(r, 700));
@@ -73,7 +75,7 @@ async function loadNames(plan) {
     if (!model.value && known.includes(p.name)) model.value = p.name;
   }
   if (c) {
-    document.getElementById("info-cluster").textContent = `${c.name}, ${c.gpus} GPUs (#${c.id})`;
+    document.getElementById("info-cluster").textContent = `${c.name}, ${PP.devices(c.device, c.gpus)} (#${c.id})`;
     await preferEmulation(c.device);
   }
 }
@@ -99,7 +101,7 @@ function renderInfo(plan) {
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
       <span id="info-cluster">cluster #${plan.cluster_id}</span> · global batch ${r.global_batch} ·
-      GPUs ${r.gpus ?? "all"} · max t ${r.max_tensor ?? "node"} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
+      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? "node"} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}</div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
       (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
@@ -126,7 +128,7 @@ function renderWhyEmpty(plan) {
   const box = document.getElementById("why-empty");
   if (plan.status !== "done" || plan.candidates.length) { box.hidden = true; return; }
   const r = plan.request || {};
-  const gpus = r.gpus != null ? `${r.gpus} GPU${r.gpus === 1 ? "" : "s"}` : "the whole cluster";
+  const gpus = r.gpus != null ? PP.devices(S.device, r.gpus) : "the whole cluster";
   const reasons = rejectionReasons(plan);
   const plural = (n) => `${n} configuration${n === 1 ? "" : "s"}`;
   const head = reasons.length ? `${reasons[0][0]} on ${gpus}: ${plural(reasons[0][1])}` :
@@ -136,7 +138,7 @@ function renderWhyEmpty(plan) {
     <p class="why-main"><strong>${PP.esc(head)}</strong>${plan.evaluated != null ? ` (of ${plural(plan.evaluated)} tried)` : ""}.</p>
     ${reasons.length > 1 ? `<ul class="why-reasons">${reasons.slice(1).map(([k, v]) => `<li>${PP.esc(k)}: ${plural(v)}</li>`).join("")}</ul>` : ""}
     ${closest ? `<p>Closest: ${PP.esc(closest.label)}: ${PP.esc(closest.reason)} (tick “show candidates that do not fit”).</p>` : ""}
-    <p class="muted">Try a larger GPU budget, activation recomputation, smaller micro-batches or another global batch: <a href="/">new plan</a>.</p>`;
+    <p class="muted">Try a larger budget of ${PP.deviceNoun(S.device)}, activation recomputation, smaller micro-batches or another global batch: <a href="/">new plan</a>.</p>`;
   box.hidden = false;
 }
 

@@ -182,6 +182,12 @@ const PP = (() => {
     await P.react(el, traces, layout, PLOT_CONFIG);
   }
 
-  return { api, get, notice, start, token, esc, num, fmtTime, fmtGiB, fmtPct, fmtNum, fmtErr, fmtDate, ago,
+  // a cluster's devices in words: GPUs, or CPU processes where the device is a CPU (the local cluster's
+  // "devices" are gloo processes sharing the host's cores); the twin of planner/units.py
+  const isCpu = (device) => String(device || "").trim().toLowerCase().startsWith("cpu");
+  const deviceNoun = (device, n = 2) => (isCpu(device) ? (n === 1 ? "CPU process" : "CPU processes") : (n === 1 ? "GPU" : "GPUs"));
+  const devices = (device, n) => `${n} ${deviceNoun(device, n)}`;
+
+  return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtPct, fmtNum, fmtErr, fmtDate, ago,
            schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown };
 })();

@@ -161,6 +161,8 @@ class ExportError(ValueError):
 SYNCHRONOUS_ONLY = {
     "pipedream": "its updates are synchronous; PipeDream stashes weight versions (asynchronous)",
     "pipedream-2bw": "its updates are synchronous; PipeDream-2BW double-buffers weights (asynchronous)",
+    "pipedream-rr": "its updates are synchronous; PipeDream-RR stashes weight versions (asynchronous) on stages "
+                    "replicated unevenly",
 }
 
 

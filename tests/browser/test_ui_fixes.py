@@ -475,3 +475,45 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
     assert page.locator('#cands tbody tr[data-rank="0"]').count() == 1
     shot(page, "fix-08-warnings-alternatives")
     page.context.close()
+
+
+# ---- a CPU cluster's devices are CPU processes, not GPUs ---------------------------------------------------
+
+def test_cpu_clusters_say_processes_not_gpus(server: LiveServer, browser: Any, console: Console) -> None:
+    """The local CPU cluster's "devices" are gloo processes: the plan page, its no-candidates message and the
+    new-plan form call them CPU processes; a GPU cluster's are still GPUs."""
+    tiny, local = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
+    big, _ = _ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "local-cpu-4")
+    fits = _plan(server, tiny, local, global_batch=8, gpus=2, top=5)
+    empty = _plan(server, big, local, global_batch=8, gpus=1, top=5)  # 1.3B parameters x 16 B > 4 GiB
+    assert fits["num_candidates"] and not empty["num_candidates"]
+    page = _page(browser, console)
+    page.goto(f"{server.url}/ui/plans/{fits['id']}")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.wait_for_function("document.getElementById('info-cluster').textContent.includes('CPU processes')")
+    info = page.locator("#plan-info").inner_text()
+    assert "local-cpu-4, 4 CPU processes" in info and "2 CPU processes" in info and "GPU" not in info, info
+    page.goto(f"{server.url}/ui/plans/{empty['id']}")
+    page.wait_for_selector('body[data-ready="1"]')
+    why = page.locator("#why-empty").inner_text()
+    assert "on 1 CPU process:" in why and "budget of CPU processes" in why and "GPU" not in why, why
+    shot(page, "fix-09-cpu-processes")
+    gpu = _small_plan(server)  # gpt-tiny on 4 of the DGX A100's GPUs
+    page.goto(f"{server.url}/ui/plans/{gpu['id']}")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.wait_for_function("document.getElementById('info-cluster').textContent.includes('GPUs')")
+    assert "4 GPUs" in page.locator("#plan-info").inner_text()
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#cluster", str(local))
+    assert page.locator("#budget-label").inner_text() == "CPU process budget"
+    assert page.locator("#max-tensor").get_attribute("placeholder") == "CPU processes per node"
+    assert "4 CPU processes" in page.locator(f'#cluster option[value="{local}"]').inner_text()
+    _, dgx = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    page.select_option("#cluster", str(dgx))
+    assert page.locator("#budget-label").inner_text() == "GPU budget"
+    page.goto(server.url + "/ui/plans")
+    page.wait_for_selector("#plans tbody a")
+    assert page.locator(f'#plans tbody tr:has(a[href="/ui/plans/{fits["id"]}"]) td:nth-child(6)').inner_text() == \
+        "2 CPU processes"
+    page.context.close()
