@@ -548,7 +548,9 @@ class ActionOverheads:
     input comes from another device and a ``SEND`` after one whose output goes to another device; each
     device's list ends with one ``ALLREDUCE`` per stage replica it holds and one ``STEP``. The overhead of
     those actions (:class:`planner.cluster.ExecutorOverhead`, per kind, plus the calibration's
-    ``action_overhead`` for every action) is added to the compute action they surround and to STEP.
+    ``action_overhead`` for every action) is added to the compute action they surround and to STEP
+    (without ``step`` itself when compute is emulated: an emulated STEP runs no optimizer and no
+    tied-embedding all-reduce, which that figure measures).
     Zero when the cluster has neither, so nothing changes for clusters without them.
     """
 
@@ -575,7 +577,11 @@ class ActionOverheads:
         ex, extra = self.ex, self.extra
         held = self.costs.held[device] if device < len(self.costs.held) else []
         if kind == "STEP":
-            return ex.step + extra + len(held) * (ex.allreduce + extra)
+            # ``step`` is measured on real runs: the optimizer's fixed cost and the tied-embedding all-reduce
+            # (profiler.overhead); an emulated STEP runs neither (it waits its handles and sleeps the
+            # optimizer's predicted time, executor.interpreter), so it is not charged there
+            step = 0.0 if self.costs.emulated else ex.step
+            return step + extra + len(held) * (ex.allreduce + extra)
         place = self.costs.schedule.placement
         S = self.costs.schedule.stages
         rows = [row for row in place if row[stage] == device] or place[:1]
