@@ -16,8 +16,8 @@ import numpy as np
 from planner.cost import ConfigCosts
 from planner.partition import prefix_sums
 from planner.schedules import inflight_exact, splits_backward
-from planner.schedules.ir import Action, Schedule
-from planner.shapes import ScheduleCache
+from planner.schedules.ir import Schedule
+from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import simulate
 
 #: per stage, the least F + B of one micro-batch; the running sums of the forwards and of the backwards of
@@ -86,20 +86,18 @@ class TimeBounds:
         tail = np.zeros(len(steps)) if split else pre_b[lay.stage].min(axis=1)
         return work, np.maximum(steps, tail + steps.min())
 
-    def prefix_bound(self, costs: ConfigCosts, lists: list[list[Action]]) -> float | None:
-        """A lower bound of the iteration time from the merged warm-up ``lists`` (a prefix of every
-        device's list, closed under inputs): its actions take in the full schedule exactly the times
-        they take when the prefix alone is replayed (without eager all-reduces, which could only delay
-        them), so device ``d`` cannot finish before the prefix's end on it plus the computation left to it
-        (its total at least :meth:`lower_bound`'s) plus its step or the gradient's way down. None when
-        the prefix is the whole schedule (then simulating it is simulating the schedule)."""
+    def prefix_bound(self, costs: ConfigCosts, warmup: Warmup) -> float | None:
+        """A lower bound of the iteration time from the merged warm-up (a prefix of every device's list,
+        closed under inputs, :class:`planner.shapes.Warmup`): its actions take in the full schedule exactly
+        the times they take when the prefix alone is replayed (without eager all-reduces, which could only
+        delay them), so device ``d`` cannot finish before the prefix's end on it plus the computation left
+        to it (its total at least :meth:`lower_bound`'s) plus its step or the gradient's way down. None
+        when the prefix is the whole schedule (then simulating it is simulating the schedule)."""
         shape = costs.schedule
-        if sum(a.kind in ("B", "I") for row in lists for a in row) >= shape.microbatches * shape.stages:
+        if warmup.backwards >= shape.microbatches * shape.stages:
             return None
-        part = Schedule(shape.name, shape.devices, shape.stages, shape.microbatches, shape.placement, lists,
-                        shape.mb_replica, {**shape.params, "eager": "none"}, shape.weight_versions,
-                        shape.synchronous)
-        res = simulate(part, costs)
+        part, compiled = warmup.partial()
+        res = simulate(part, costs, compiled=compiled)
         work, after = self.device_terms(shape, costs)
         bound = 0.0
         for d, st in enumerate(res.devices):

@@ -11,7 +11,7 @@ when the time-balanced one does not."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,9 +22,9 @@ from planner.cost import ConfigCosts, stage_infos
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
-from planner.schedules import BUILDERS, inflight_exact
-from planner.schedules.ir import Action, Schedule
-from planner.shapes import ScheduleCache, schedule_key
+from planner.schedules import inflight_exact
+from planner.schedules.ir import Schedule
+from planner.shapes import ScheduleCache, Warmup, schedule_key
 from planner.simulate import SimResult
 
 
@@ -93,38 +93,29 @@ class MemoryModel:
                        "not simulated)")
         return True
 
-    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int
-                             ) -> tuple[bool, list[list[Action]] | None]:
+    def too_big_before_merge(self, cand: Candidate, costs: ConfigCosts, n_sched: int,
+                             enough: Callable[[Warmup], bool] | None = None) -> tuple[bool, Warmup | None]:
         """Chimera and Hanayo (whose in-flight counts before merging are only lower bounds): reject on
-        memory with the merged warm-up before merging everything. Returns (rejected, the warm-up's
-        lists when it was merged)."""
+        memory with the merged warm-up before merging everything. Returns (rejected, the last warm-up
+        merged). ``enough(warmup)``, asked after each round that fits, may end the rounds there (the
+        planner's time bound on that warm-up already excludes the candidate)."""
         cfg = cand.config
-        module = sys.modules[BUILDERS[cfg.schedule].__module__]
         # the warm-up holds the most activations: merge only its first slots (a prefix of the full lists, so
         # its peak is a lower bound of the device's peak) and reject what already does not fit; S, 2S, then
-        # 3S slots (the merge goes on from where it stopped, and the full build after it too)
-        prefix_fn = getattr(module, "prefix", None)
-        if prefix_fn is None:
-            return False, None
-        D, S = cfg.pipeline, costs.schedule.stages
-        act = [costs.activation(s) for s in range(S)]
-        alive, peaks, seen = [0.0] * D, [0.0] * D, [0] * D
-        lists: list[list[Action]] = []
+        # 3S slots (the merge goes on from where it stopped, and the full build after it too). The prefixes
+        # are the structure's, shared by the configurations with the same one (planner.shapes.Warmup)
+        S = costs.schedule.stages
+        act = np.array([costs.activation(s) for s in range(S)], dtype=float)
+        warmup: Warmup | None = None
         for slots in (S, 2 * S, 3 * S):
-            lists = prefix_fn(D, n_sched, slots, **cfg.schedule_params())
-            for d, row in enumerate(lists):
-                a_d, p_d = alive[d], peaks[d]
-                for a in row[seen[d]:]:
-                    if a.kind == "F":
-                        a_d += a.span * act[a.stage]
-                        if a_d > p_d:
-                            p_d = a_d
-                    elif a.kind in ("B", "I"):
-                        a_d -= act[a.stage]
-                alive[d], peaks[d], seen[d] = a_d, p_d, len(row)
-            if self.too_big(cand, peaks):
+            warmup = self.shapes.warmup(cfg, n_sched, slots)
+            if warmup is None:
+                return False, None
+            if self.too_big(cand, warmup.peaks(act)):
                 return True, None
-        return False, lists
+            if enough is not None and enough(warmup):
+                break
+        return False, warmup
 
     def list_inflight(self, config: Config, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage of the full schedule ``sched``, the most micro-batches whose activations are

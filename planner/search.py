@@ -11,8 +11,12 @@ is evaluated.
 Pruning, exact for the top ``k``: a configuration whose model state alone exceeds the device memory is
 rejected before anything else; every other one gets a lower bound on its iteration time (the busiest
 device's compute plus its optimizer step, no bubbles, no communication), is visited in the order of
-that bound, and is simulated only while the bound is below the k-th best simulated time. Stage costs and
-partitions are cached across configurations, by value. Deterministic: the same input gives the same output.
+that bound, and is simulated only while the bound is below the k-th best simulated time. A merged schedule
+(Chimera, Hanayo) first has its warm-up merged, in rounds of S unit slots, to check its memory and raise its
+bound (:meth:`Planner.refine`), and the rounds stop once that bound exceeds the k-th best time. Stage costs,
+partitions and the merged warm-ups (which depend on the schedule's structure only,
+:class:`planner.shapes.Warmup`) are cached across configurations, by value. Deterministic: the same input
+gives the same output.
 
 The jobs, one module each: enumeration (:mod:`planner.enumeration`), the schedules and their shapes
 (:mod:`planner.shapes`), the memory model (:mod:`planner.memory`), the bounds (:mod:`planner.bounds`),
@@ -47,7 +51,7 @@ from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
-from planner.shapes import ScheduleCache
+from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import ScheduleError, simulate
 
 __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_variants"]
@@ -183,19 +187,42 @@ class Planner:
             return None
         return costs
 
-    def refine(self, cand: Candidate, costs: ConfigCosts) -> bool:
+    def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
         """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
-        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`TimeBounds.prefix_bound`)."""
+        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`TimeBounds.prefix_bound`).
+
+        The warm-up is merged in rounds of S unit slots (:meth:`MemoryModel.too_big_before_merge`); from the
+        second round on, once its bound already exceeds ``kth`` (the search's k-th best time so far) the
+        rounds stop there: the candidate cannot be among the k best whatever the rest of the merge holds.
+        The bound of any round is a true one: the merge runs an action only at a slot after its inputs have
+        ended (:class:`planner.schedules.merge.ListScheduler`), so the first ``u`` slots of every device
+        hold the inputs of everything in them -- a prefix closed under inputs, which is what
+        :meth:`TimeBounds.prefix_bound` needs; the bounds of the rounds computed are combined by max.
+        Exact for the top k; only a candidate that a later round would have rejected on memory
+        is then counted as pruned by its bound instead."""
         cand.refined = True
+        S = costs.schedule.stages
+        bounded: list[Warmup] = []
+
+        def enough(warmup: Warmup) -> bool:
+            if kth == float("inf") or warmup.slots < 2 * S:
+                return False
+            self._raise_bound(cand, costs, warmup)
+            bounded.append(warmup)
+            return cand.lower_bound > kth
+
         rejected, warmup = self.memory.too_big_before_merge(
-            cand, costs, schedule_microbatches(cand.config, cand.microbatches))
+            cand, costs, schedule_microbatches(cand.config, cand.microbatches), enough)
         if rejected:
             return True
-        if warmup is not None:
-            bound = self.bounds.prefix_bound(costs, warmup)
-            if bound is not None:
-                cand.lower_bound = max(cand.lower_bound, bound)
+        if warmup is not None and warmup not in bounded:
+            self._raise_bound(cand, costs, warmup)
         return False
+
+    def _raise_bound(self, cand: Candidate, costs: ConfigCosts, warmup: Warmup) -> None:
+        bound = self.bounds.prefix_bound(costs, warmup)
+        if bound is not None:
+            cand.lower_bound = max(cand.lower_bound, bound)
 
     def evaluate(self, cand: Candidate, costs: ConfigCosts) -> Candidate:
         """Simulate the full schedule and fill in time and memory (the breakdown comes with
@@ -332,7 +359,7 @@ class Planner:
                 continue
             costs = maybe
             if prune and not cand.refined and not inflight_exact(cand.config.schedule):
-                if self.refine(cand, costs):
+                if self.refine(cand, costs, top.kth):
                     rejected[reason_key(cand.reason)] += 1
                     infeasible.append(cand)
                     continue

@@ -6,6 +6,7 @@ builder's in-flight counts, and the :class:`Layout` the memory model and the bou
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from planner.request import Config
-from planner.schedules import build, inflight, shape
-from planner.schedules.ir import Schedule
+from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, inflight, shape
+from planner.schedules.ir import Action, B, F, I, Schedule
 from planner.simulate import compile_schedule
 
 #: (schedule name, D, schedule micro-batches, sorted parameters): what a schedule's lists depend on
@@ -23,7 +24,13 @@ ScheduleKey = tuple[str, int, int, tuple]
 
 def schedule_key(config: Config, microbatches: int) -> ScheduleKey:
     """The cache key of ``config``'s schedule with ``microbatches`` schedule micro-batches."""
-    return (config.schedule, config.pipeline, microbatches, tuple(sorted(config.schedule_params().items())))
+    # (Config.schedule_params()'s items sorted by name, read directly: thousands of calls per search)
+    return (config.schedule, config.pipeline, microbatches,
+            tuple((k, v) for k in _PARAMETER_NAMES if (v := getattr(config, k)) is not None))
+
+
+#: the schedule parameters' names, sorted (:func:`schedule_key`)
+_PARAMETER_NAMES = tuple(sorted(SCHEDULE_PARAMETERS))
 
 
 @dataclass
@@ -35,6 +42,67 @@ class Layout:
     stage: np.ndarray
     per_mb: np.ndarray  # micro-batches of each pair's replica
     inflight: np.ndarray  # in-flight micro-batches of each pair (exact, or a lower bound)
+
+
+class Warmup:
+    """The first ``slots`` unit slots of a merged schedule's lists (Chimera, Hanayo: their builder's
+    ``prefix``), what the memory check before merging and :meth:`planner.bounds.TimeBounds.prefix_bound`
+    read. The lists depend on the schedule's structure alone -- (schedule, D, schedule micro-batches,
+    parameters, slots): the merge orders actions by unit slots, not by their costs
+    (:mod:`planner.schedules.merge`) -- so they are merged once per search and shared by every t, W, b and
+    recomputation with that structure; what depends on the costs is computed from these arrays.
+
+    ``stage``, ``coef`` and ``forward`` are ``(devices, longest list)`` arrays in list order, padded at the
+    end: the stage of each action, what it adds to the alive micro-batches (a forward its span, a B or I
+    minus one, a W nothing), and whether it is a forward."""
+
+    def __init__(self, shape: Schedule, lists: list[list[Action]], slots: int) -> None:
+        self.shape, self.lists, self.slots = shape, lists, slots
+        lens = [len(row) for row in lists]
+        D, L, n = len(lists), max(lens, default=0), sum(lens)
+        self.stage = np.zeros((D, L), dtype=np.int64)
+        self.coef = np.zeros((D, L))
+        self.forward = np.zeros((D, L), dtype=bool)
+        backwards = 0
+        if n:
+            # every row at once: the actions' fields as flat columns, placed at (device, position in its list)
+            kinds, stages, _, _, spans, _ = zip(*(a for row in lists for a in row), strict=True)
+            code = np.frombuffer("".join(kinds).encode("ascii"), dtype=np.uint8)
+            if len(code) != n:
+                raise ValueError("a warm-up holds compute actions only (F, B, I, W)")
+            fwd, bwd = code == ord(F), (code == ord(B)) | (code == ord(I))
+            at = (np.repeat(np.arange(D), lens), np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens))
+            self.stage[at] = stages
+            self.forward[at] = fwd
+            self.coef[at] = np.where(fwd, np.array(spans, dtype=float), np.where(bwd, -1.0, 0.0))
+            backwards = int(bwd.sum())
+        #: B and I actions in the lists (all of them: the prefix is the whole schedule)
+        self.backwards = backwards
+        self._compiled: Any = None
+        self._part: Schedule | None = None
+
+    def peaks(self, activation: np.ndarray) -> list[float]:
+        """Per device, the peak of its alive activations in these lists with ``activation[s]`` per
+        micro-batch of stage ``s``, counted as :meth:`planner.memory.MemoryModel.list_peaks` counts them
+        (in list order, a forward adds span times its stage's figure, B or I take one away, the peak
+        taken after forwards; the running sums are sequential, ``np.cumsum`` along each row, so the
+        same additions in the same order give the same numbers)."""
+        if not self.stage.shape[1]:
+            return [0.0] * len(self.lists)
+        alive = np.cumsum(self.coef * activation[self.stage], axis=1)
+        top = np.where(self.forward, alive, -np.inf).max(axis=1)
+        return np.maximum(top, 0.0).tolist()
+
+    def partial(self) -> tuple[Schedule, Any]:
+        """These lists as a schedule of their own (no eager all-reduces) and its compiled form for
+        :func:`planner.simulate.simulate` (built once)."""
+        if self._part is None:
+            shape = self.shape
+            self._part = Schedule(shape.name, shape.devices, shape.stages, shape.microbatches, shape.placement,
+                                  self.lists, shape.mb_replica, {**shape.params, "eager": "none"},
+                                  shape.weight_versions, shape.synchronous)
+            self._compiled = compile_schedule(self._part)
+        return self._part, self._compiled
 
 
 class _Recent(OrderedDict[ScheduleKey, Any]):
@@ -75,6 +143,7 @@ class ScheduleCache:
         self._pairs: dict[ScheduleKey, list[list[tuple[int, int]]]] = {}
         self._inflight: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
         self._layouts: dict[ScheduleKey, Layout] = {}
+        self._warmups: dict[tuple[ScheduleKey, int], Warmup | None] = {}
 
     def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
         """The schedule of ``config`` with ``microbatches`` schedule micro-batches. ``full=False`` may leave
@@ -90,6 +159,21 @@ class ScheduleCache:
             sched = self._schedules[key] = build(config.schedule, config.pipeline, microbatches,
                                                  **config.schedule_params())
         return sched
+
+    def warmup(self, config: Config, microbatches: int, slots: int) -> Warmup | None:
+        """The first ``slots`` unit slots of the merged lists of ``config``'s schedule with ``microbatches``
+        schedule micro-batches (:class:`Warmup`), or None where the builder merges nothing (no
+        ``prefix``). Kept for the whole search: a prefix of a few slots per device is small."""
+        key = (schedule_key(config, microbatches), slots)
+        if key in self._warmups:
+            return self._warmups[key]
+        prefix = getattr(sys.modules[BUILDERS[config.schedule].__module__], "prefix", None)
+        got = None
+        if prefix is not None:
+            got = Warmup(self.schedule(config, microbatches, full=False),
+                         prefix(config.pipeline, microbatches, slots, **config.schedule_params()), slots)
+        self._warmups[key] = got
+        return got
 
     def compiled(self, config: Config, sched: Schedule) -> Any:
         """:func:`planner.simulate.compile_schedule` of ``config``'s full schedule ``sched``."""

@@ -116,6 +116,7 @@ def test_memory_known_before_simulating_is_the_simulated_memory(preset, cluster,
     pytest.param("gpt2-1.3b", "dgx-a100-80gb.json", 8, 64, {}, marks=pytest.mark.slow),
     ("bert-48", "piz-daint-p100-16gb.json", 4, 64, {}),
     ("bert-48", "piz-daint-p100-16gb.json", 8, 64, {"allow_async": True}),
+    pytest.param("bert-48", "piz-daint-p100-16gb.json", 16, 128, {}, marks=pytest.mark.slow),  # Chimera wins
 ])
 def test_pruned_search_ranks_as_simulating_everything(preset, cluster, gpus, batch, kw):
     """Bounds, pruning, the memory known before simulating and the caches never change the ranking: the top
@@ -150,3 +151,132 @@ def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv
     finally:
         gc.enable() if was else gc.disable()
     assert seen == [collects]
+
+
+# ---- structural caches of the merged schedules (Chimera, Hanayo) ------------------------------------------
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 12), st.lists(st.integers(1, 3), min_size=1, max_size=24))
+def test_merge_template_is_the_1f1b_replay_of_one_pipeline(depth, sizes):
+    """The template rows (flat tables) are :func:`pipeline_slots`' replay of the 1F1B lists, slot for slot."""
+    from planner.schedules import merge
+
+    groups, i = [], 0
+    for n in sizes:
+        groups.append(list(range(i, i + n)))
+        i += n
+    want = [[(slot, a.kind != "F", a.mb, a.span) for slot, a in row] for row in merge.pipeline_slots(depth, groups)]
+    assert merge.template.__wrapped__(depth, tuple(sizes)) == want
+
+
+def _list_order_peaks(lists, act):
+    """The peak of alive activations per device, action by action (the count the warm-up arrays replace)."""
+    out = []
+    for row in lists:
+        alive = peak = 0.0
+        for a in row:
+            if a.kind == "F":
+                alive += a.span * act[a.stage]
+                peak = max(peak, alive)
+            elif a.kind in ("B", "I"):
+                alive -= act[a.stage]
+        out.append(peak)
+    return out
+
+
+_MERGED = [("chimera", 4, 4, {"pipelines": 1, "concat": "direct"}),
+           ("chimera", 8, 24, {"pipelines": 2, "concat": "direct"}),
+           ("chimera", 8, 32, {"pipelines": 4, "concat": "forward-doubling"}),
+           ("chimera", 6, 18, {"pipelines": 1, "concat": "backward-halving"}),
+           ("hanayo", 4, 12, {"waves": 2}),
+           ("hanayo", 8, 16, {"waves": 1})]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_MERGED), st.integers(1, 4), st.data())
+def test_warmup_peaks_are_the_list_order_count(case, rounds, data):
+    """:class:`planner.shapes.Warmup` counts the alive activations of a merged prefix as the lists' order
+    does, to the last bit, whatever the per-stage activation figures; its backwards are the lists' B and I."""
+    from planner.request import Config
+    from planner.shapes import ScheduleCache
+
+    name, D, N, params = case
+    cfg = Config(tensor=1, pipeline=D, data=1, micro_batch=1, schedule=name, **params)
+    shapes = ScheduleCache()
+    S = shapes.schedule(cfg, N, full=False).stages
+    warmup = shapes.warmup(cfg, N, rounds * S)
+    act = data.draw(st.lists(st.floats(0.0, 1e9, allow_nan=False), min_size=S, max_size=S))
+    assert warmup.peaks(np.array(act)) == _list_order_peaks(warmup.lists, act)
+    assert warmup.backwards == sum(a.kind in ("B", "I") for row in warmup.lists for a in row)
+
+
+def test_warmups_are_built_once_per_structure_and_are_the_builders_prefixes():
+    """Configurations that differ in t, W, b or recomputation but not in (schedule, D, N, parameters) share
+    one warm-up, and it is the builder's own prefix of the full lists."""
+    from planner.request import Config
+    from planner.schedules import chimera
+    from planner.shapes import ScheduleCache
+
+    shapes = ScheduleCache()
+    a = Config(tensor=1, pipeline=8, data=2, micro_batch=2, schedule="chimera", pipelines=2, concat="direct")
+    b = Config(tensor=4, pipeline=8, data=1, micro_batch=1, schedule="chimera", pipelines=2, concat="direct",
+               recompute=True)
+    first = shapes.warmup(a, 16, 16)
+    assert shapes.warmup(b, 16, 16) is first
+    assert shapes.warmup(b, 16, 24) is not first
+    assert first.lists == chimera.prefix(8, 16, 16, pipelines=2, concat="direct")
+    full = chimera.build(8, 16, pipelines=2, concat="direct").actions
+    assert all(full[d][:len(row)] == row for d, row in enumerate(first.lists))
+    assert shapes.warmup(Config(tensor=1, pipeline=8, data=1, micro_batch=1, schedule="1f1b"), 16, 16) is None
+
+
+_BOUND_PLANNER: list[Planner] = []
+
+
+def _merged_candidates() -> tuple[Planner, list]:
+    """A small search's Chimera and Hanayo configurations that pass the checks before merging."""
+    if not _BOUND_PLANNER:
+        _BOUND_PLANNER.append(_planner("bert-48", "piz-daint-p100-16gb.json", 8, 64))
+    planner = _BOUND_PLANNER[0]
+    return planner, [cfg for cfg in planner.configs(Counter()) if not inflight_exact(cfg.schedule)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_every_warmup_round_bounds_the_simulated_time(data):
+    """The prefix bound of each round of the merged warm-up (S, 2S, 3S unit slots) is at most the simulated
+    iteration time of the full schedule: what lets the search stop merging once a round's bound exceeds the
+    k-th best time."""
+    planner, cfgs = _merged_candidates()
+    cfg = data.draw(st.sampled_from(cfgs))
+    cand, costs = planner.prepare(cfg)
+    if costs is None:
+        return
+    n = schedule_microbatches(cfg, cand.microbatches)
+    S = costs.schedule.stages
+    bounds = [planner.bounds.prefix_bound(costs, planner.shapes.warmup(cfg, n, r * S)) for r in (1, 2, 3, 5)]
+    planner.evaluate(cand, costs)
+    if cand.simulation is None:
+        return
+    for b in bounds:
+        assert b is None or b <= cand.iteration_time * (1 + 1e-12), (cfg.label(), bounds, cand.iteration_time)
+
+
+def test_refine_stops_merging_only_past_the_kth_time():
+    """With a k-th best time to beat, the warm-up's rounds stop early only for a candidate whose bound exceeds
+    it; without one (the exhaustive search), every round is merged and the bound is that of the last."""
+    planner, cfgs = _merged_candidates()
+    stopped = 0
+    for cfg in cfgs:
+        cand, costs = planner.prepare(cfg)
+        if costs is None:
+            continue
+        full, early = copy.copy(cand), copy.copy(cand)
+        if planner.refine(full, costs):
+            continue
+        kth = (cand.lower_bound + full.lower_bound) / 2
+        assert not planner.refine(early, costs, kth)
+        assert cand.lower_bound <= early.lower_bound
+        if early.lower_bound != full.lower_bound:
+            stopped += 1
+            assert early.lower_bound > kth
+    assert stopped > 0

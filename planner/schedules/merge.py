@@ -95,12 +95,72 @@ Pipelines = Sequence[tuple[int, Sequence[Sequence[int]], float]]
 def template(depth: int, shape: tuple[int, ...]) -> list[list[TemplateAction]]:
     """The slots of :func:`pipeline_slots` for a pipeline of forward groups of sizes ``shape`` over local
     micro-batches ``0..n-1``, as :data:`TemplateAction` rows per stage (shared by units, and by schedules, of the
-    same shape; read-only)."""
-    local, i = [], 0
-    for n in shape:
-        local.append(list(range(i, i + n)))
-        i += n
-    return [[(slot, a.kind != F, a.mb, a.span) for slot, a in row] for row in pipeline_slots(depth, local)]
+    same shape; read-only). The same replay as :func:`pipeline_slots` -- each stage in turn runs what it can,
+    an action starting when its stage is free and its input has ended -- on flat integer tables instead of
+    :class:`Action` records (a replay's slots depend on the dependencies only, not on the order it visits
+    the stages in; ``tests/test_merge_events.py`` compares the two)."""
+    n, M = len(shape), sum(shape)
+    firsts, group_first = [], []
+    for size in shape:
+        first = len(group_first)
+        firsts.append(first)
+        group_first.extend([first] * size)
+    rows: list[list[tuple[bool, int, int]]] = []  # per stage, 1F1B order (one_f_one_b_groups): (is B, mb, span)
+    for s in range(depth):
+        warmup = min(depth - 1 - s, n)
+        row = [(False, firsts[g], shape[g]) for g in range(warmup)]
+        bi = 0
+        for g in range(warmup, n):
+            row.append((False, firsts[g], shape[g]))
+            for _ in range(shape[g]):
+                row.append((True, bi, 1))
+                bi += 1
+        row.extend((True, m, 1) for m in range(bi, M))
+        rows.append(row)
+    f_end = [-1] * (depth * M)  # end slot of the forward of (stage, first mb of its group); -1: not yet
+    b_end = [-1] * (depth * M)
+    free, pos = [0] * depth, [0] * depth
+    out: list[list[TemplateAction]] = [[] for _ in range(depth)]
+    remaining = sum(len(row) for row in rows)
+    last = depth - 1
+    while remaining:
+        progressed = False
+        for s in range(depth):
+            row, i, f, o, base = rows[s], pos[s], free[s], out[s], s * M
+            top = len(row)
+            while i < top:
+                isb, lm, span = row[i]
+                if isb:
+                    dep = f_end[base + group_first[lm]]
+                    if dep < 0:
+                        break
+                    if s < last:
+                        nxt = b_end[base + M + lm]
+                        if nxt < 0:
+                            break
+                        if nxt > dep:
+                            dep = nxt
+                elif s:
+                    dep = f_end[base - M + lm]
+                    if dep < 0:
+                        break
+                else:
+                    dep = 0
+                start = f if f > dep else dep
+                f = start + 1
+                if isb:
+                    b_end[base + lm] = f
+                else:
+                    f_end[base + lm] = f
+                o.append((start, isb, lm, span))
+                i += 1
+            if i != pos[s]:
+                progressed = True
+                remaining -= i - pos[s]
+                pos[s], free[s] = i, f
+        if not progressed:  # pragma: no cover - 1F1B lists of one pipeline cannot deadlock
+            raise RuntimeError("1F1B pipeline replay made no progress")
+    return out
 
 
 def stage_lists(depth: int, pipelines: Pipelines) -> StageLists:
@@ -245,8 +305,27 @@ class ListScheduler:
 
         if not self.started:
             self.started = True
+            # at slot 0 nothing has run: a list headed by a forward of stage 0 is a candidate, one headed by a
+            # forward of a later stage waits for the previous stage's forward of its first micro-batch
+            # (what examine() finds, without its general case)
             for k in range(L):
-                examine(k, 0)
+                row = rows[k]
+                if not row:
+                    continue
+                slot, isb, lm, _ = row[0]
+                if isb:
+                    examine(k, 0)
+                elif stage_of[k]:
+                    x = base[k] - M + flats[k][lm]
+                    got = wait_f.get(x)
+                    if got is None:
+                        wait_f[x] = [k]
+                    else:
+                        got.append(k)
+                else:
+                    d = dev[k]
+                    push(ready[d], (pbase[k] + slot * SR) * L + k)
+                    active.add(d)
         remaining, t = self.remaining, self.t
         while remaining and (until is None or t < until):
             for k in later.pop(t, ()):
