@@ -160,24 +160,23 @@ const PP = (() => {
     const gib = (b) => b / 2 ** 30;
     const names = labels && labels.length === mem.length ? labels : mem.map((_, d) => "P" + d);
     const reserve = num(cand.memory_reserve) ? cand.memory_reserve : 0;
-    // stacked: the model's own memory, then the reserve (the fit rule counts both against the capacity)
+    // one bar per device: the model's own memory standing on the reserve (a grey band from 0), since the fit
+    // rule counts both against the capacity
     const traces = [{
-      type: "bar", x: names, y: mem.map((m) => gib(Math.max(m - reserve, 0))), name: "model",
-      marker: { color: mem.map((m) => (cap && m > cap ? "#d62728" : "#4c9a2a")) },
-      hovertemplate: "%{x}: model %{y:.3f} GiB<extra></extra>",
+      type: "bar", x: names, y: mem.map((m) => gib(Math.max(m - reserve, 0))), base: mem.map(() => gib(reserve)),
+      name: "model", marker: { color: mem.map((m) => (cap && m > cap ? "#d62728" : "#4c9a2a")) },
+      customdata: mem.map(gib),
+      hovertemplate: `%{x}: model %{y:.3f} GiB + reserve ${gib(reserve).toFixed(2)} GiB = %{customdata:.2f} GiB<extra></extra>`,
     }];
-    if (reserve > 0) {
-      traces.push({
-        type: "bar", x: names, y: mem.map(() => gib(reserve)), name: "reserve",
-        marker: { color: "#c7c7c7" }, hovertemplate: "%{x}: reserve %{y:.2f} GiB<extra></extra>",
-      });
-    }
+    const band = reserve > 0 ? [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: 0, y1: gib(reserve), layer: "below",
+      fillcolor: "#d9d9d9", opacity: 0.6, line: { width: 0 } }] : [];
+    const bandNote = reserve > 0 ? [{ xref: "paper", x: 0, xanchor: "left", y: gib(reserve), yanchor: "top",
+      text: "reserve " + gib(reserve).toFixed(2) + " GiB", showarrow: false, font: { size: 10, color: "#555" } }] : [];
     const layout = {
-      height: 190, margin: { l: 50, r: 10, t: 10, b: 30 }, showlegend: reserve > 0, barmode: "stack",
-      legend: { orientation: "h", x: 0, y: 1.15, font: { size: 10 } },
+      height: 190, margin: { l: 50, r: 10, t: 10, b: 30 }, showlegend: false,
       yaxis: { title: { text: "GiB" }, rangemode: "tozero", range: [0, Math.max(gib(cap || 0), ...mem.map(gib)) * 1.08] },
-      shapes: cap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: gib(cap), y1: gib(cap), line: { color: "#d62728", dash: "dash", width: 1.5 } }] : [],
-      annotations: cap ? [{ xref: "paper", x: 1, xanchor: "right", y: gib(cap), yanchor: "bottom", text: "capacity " + gib(cap).toFixed(0) + " GiB", showarrow: false, font: { size: 10, color: "#d62728" } }] : [],
+      shapes: band.concat(cap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: gib(cap), y1: gib(cap), line: { color: "#d62728", dash: "dash", width: 1.5 } }] : []),
+      annotations: bandNote.concat(cap ? [{ xref: "paper", x: 1, xanchor: "right", y: gib(cap), yanchor: "bottom", text: "capacity " + gib(cap).toFixed(0) + " GiB", showarrow: false, font: { size: 10, color: "#d62728" } }] : []),
     };
     await P.react(el, traces, layout, PLOT_CONFIG);
   }

@@ -40,4 +40,10 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
     assert " MiB + 2.00 GiB reserve / 4.00 GiB" in text, text
     assert "reserve" in (cell.get_attribute("title") or "") and "fits when" in (cell.get_attribute("title") or "")
     assert "model + reserve" in page.locator('#cands th[data-key="peak_memory"]').inner_text()
+    # the selected candidate's chart: one bar per device standing on the reserve band, which is labelled
+    page.goto(f"{server.url}/ui/plans/{pid}?sel=0")
+    page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
+    chart = page.locator('[data-role="memory"][data-rank="0"]')
+    assert chart.locator(".point").count() == best["pipeline"]
+    assert "reserve 2.00 GiB" in chart.inner_text()
     ctx.close()
