@@ -27,6 +27,10 @@ venv: $(STAMP)
 # under CI, PostgreSQL is installed and started (.ci/postgres.sh) so the database/API tests run on it too,
 # Debian's Chromium is installed for the browser tests (.ci/chromium.sh), and Slurm (.ci/slurm.sh: two
 # slurmd "nodes" on this machine) for the Slurm launcher's end-to-end tests
+# the suite runs on TEST_WORKERS pytest-xdist workers (-n; 0: in this process), one test file per worker at a
+# time (--dist loadfile: a module's fixtures -- seeded servers, multi-process reference runs -- are made once);
+# each worker has its own PostgreSQL database (tests/conftest.py), temp dirs and free ports
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	if [ -n "$$CI" ]; then bash .ci/chromium.sh; fi
@@ -34,7 +38,7 @@ test: $(STAMP)
 	  PIPEPLAN_TEST_POSTGRES_URL=$$(bash .ci/postgres.sh) || exit 1; export PIPEPLAN_TEST_POSTGRES_URL; fi; \
 	if [ -n "$$CI" ] && [ -z "$$PIPEPLAN_TEST_SLURM" ]; then \
 	  PIPEPLAN_TEST_SLURM=$$(bash .ci/slurm.sh) || exit 1; export PIPEPLAN_TEST_SLURM; fi; \
-	$(BIN)/python -m pytest tests --durations=20
+	$(BIN)/python -m pytest tests --durations=20 -n $(TEST_WORKERS) --dist loadfile
 
 # the quick subset for development: everything not marked slow (README, Tests)
 test-quick: $(STAMP)

@@ -21,6 +21,8 @@ over 5 measured iterations after 2 warm-up ones. The machine's load is printed a
 on a shared machine it moves every figure; the host's effective cores are measured under that load.
 
 Run: ``PYTHONPATH=. python benchmarks/cpu_run_bench.py [--quick]`` (a few minutes; ``--quick``: gpt-tiny only).
+``--interleave R [--model gpt-small] [--procs 2]``: where the error comes from, per action kind, over ``R``
+repeats of (host, profile, runs) one after the other (:func:`interleaved`).
 """
 
 from __future__ import annotations
@@ -204,7 +206,106 @@ def newcomer(cluster: Any, tmp: str) -> tuple[str, float]:
     return label, meas / cand["iteration_time"]
 
 
+def predicted_by_kind(em: Any) -> dict[str, tuple[float, float]]:
+    """Per device and iteration, per compute kind (and STEP): (the profile's work alone, the simulator's
+    duration: work and the executor's overhead, stretched by the host's core share)."""
+    from planner.simulate import simulate
+
+    tl = simulate(em.schedule, em.costs).timeline
+    out: dict[str, list[float]] = {}
+    for d, row_ in enumerate(tl):
+        for a, start, end in row_:
+            if a.kind in ("F", "B", "I", "W", "STEP"):
+                work = em.costs.step_work(d) if a.kind == "STEP" else em.costs.work(a.kind, a.stage, a.span)
+                acc = out.setdefault(a.kind, [0.0, 0.0])
+                acc[0] += work
+                acc[1] += end - start
+    return {k: (v[0] / len(tl), v[1] / len(tl)) for k, v in out.items()}
+
+
+def interleaved(model: str, procs: int, repeats: int) -> None:
+    """Item 1 of issue 11: where the prediction error of real runs comes from, per action kind. The cluster
+    (links, all-reduce, executor overhead) is measured once; then ``repeats`` times, one after the other:
+    the host's cores (:func:`profiler.local_cluster.measure_host`), the model's profile (one process, one
+    thread), and a real run of each schedule with its prediction from those figures. Per kind it prints
+    the measured wall time and the walker's CPU time (``measured.time_by_kind`` / ``cpu_by_kind``) beside
+    the profile's work and the simulator's duration (work + overhead, times the core share), then the
+    medians over the repeats, with the load average of each repeat."""
+    import statistics
+
+    import torch
+
+    from executor.emulate import Emulator
+    from executor.launch import launch
+    from executor.models import get_config
+    from executor.plan import RunPlan
+    from profiler.local_cluster import measure_host
+    from profiler.run import profile_model
+
+    torch.set_num_threads(1)
+    cfg = get_config("gpt-tiny").with_(**MODELS[model])
+    rows: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="pipeplan-cpu-bench-") as tmp:
+        cluster, _ = cluster_for(procs, tmp)
+        ex = cluster.executor
+        assert ex is not None
+        print(f"{model}, {procs} processes: executor overhead compute {ex.compute * 1e6:.0f} us, send "
+              f"{ex.send * 1e6:.0f}, recv {ex.recv * 1e6:.0f}, step {ex.step * 1e6:.0f}; load {load()}")
+        D, Wd = layouts(model, procs)[0]
+        plans = {s: RunPlan.direct(s, D, N, data=Wd, model="gpt-tiny", model_overrides=MODELS[model], micro_batch=B,
+                                   dtype="float32", iterations=ITER, warmup=WARM, **kw) for s, kw in SCHEDULES
+                 if not (s == "interleaved" and D * kw.get("chunks", 1) > cfg.layers + 2)}
+        for rep in range(repeats):
+            host = measure_host(procs, rounds=3, reps=100)
+            prof = profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=5, warmup=2)
+            now = cluster.model_copy(update={"host": host})
+            res = launch(list(plans.values()), procs, timeout=600)
+            assert res is not None
+            print(f"repeat {rep + 1}: host {host.effective_cores:.2f} effective cores, load {load()}")
+            for (name, plan), run in zip(plans.items(), res["runs"], strict=True):
+                em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
+                pred = em.predict()["iteration_time"]
+                m = run["measured"]
+                wall, cpu, pk = m["time_by_kind"], m["cpu_by_kind"] or {}, predicted_by_kind(em)
+                fig = {"ratio": m["iteration_time"] / pred, "share": em.costs.share}
+                parts = []
+                for k in ("F", "B", "STEP"):
+                    w, c = wall.get(k, 0.0) + (wall.get("OPT", 0.0) if k == "STEP" else 0.0), cpu.get(k, 0.0)
+                    fig.update({f"{k} wall/pred": w / pk[k][1], f"{k} cpu/work": c / pk[k][0] if pk[k][0] else 0.0,
+                                f"{k} wall/cpu": w / c if c else 0.0})
+                    parts.append(f"{k} wall {w * 1e3:.1f} cpu {c * 1e3:.1f} | work {pk[k][0] * 1e3:.1f} "
+                                 f"pred {pk[k][1] * 1e3:.1f}")
+                fig["RECV+other wall"] = (wall.get("RECV", 0.0) + wall.get("other", 0.0)) * 1e3
+                # the same prediction with the host's slowdown as the run itself had it (wall per CPU second
+                # of its F and B): what is left is the model's error apart from the load's change
+                seen = ((wall.get("F", 0.0) + wall.get("B", 0.0)) / (cpu.get("F", 0.0) + cpu.get("B", 0.0))
+                        if cpu.get("F") else 0.0)
+                if seen > 0:
+                    assert now.host is not None
+                    during = now.model_copy(update={"host": now.host.model_copy(update={
+                        "effective_cores": min(float(now.host.cores), procs / seen), "slowdown": seen})})
+                    em2 = Emulator(plan, plan.compute_schedule(), prof, during, emulated=False)
+                    fig["ratio at run load"] = m["iteration_time"] / em2.predict()["iteration_time"]
+                    fig["seen slowdown"] = seen
+                rows.setdefault(name, []).append(fig)
+                print(f"  {name:<12} measured {m['iteration_time'] * 1e3:.1f} predicted {pred * 1e3:.1f} ratio "
+                      f"{fig['ratio']:.2f} share {em.costs.share:.2f} (ratio at the run's own load "
+                      f"{fig.get('ratio at run load', 0):.2f}); ms per device: " + "; ".join(parts)
+                      + f"; RECV wait {wall.get('RECV', 0) * 1e3:.1f} other {wall.get('other', 0) * 1e3:.1f}")
+    print(f"\nmedians over {repeats} repeats ({model}, {procs} processes; load at end {load()}):")
+    for name, figs in rows.items():
+        print(f"  {name:<12} " + "  ".join(f"{k} {statistics.median(f[k] for f in figs):.2f}" for k in figs[0]))
+
+
 def main() -> None:
+    if "--interleave" in sys.argv:
+        i = sys.argv.index("--interleave")
+        repeats = int(sys.argv[i + 1])
+        model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "gpt-small"
+        procs = int(sys.argv[sys.argv.index("--procs") + 1]) if "--procs" in sys.argv else 2
+        print(f"load at start (1, 5, 15 min): {load()}")
+        interleaved(model, procs, repeats)
+        return
     quick = "--quick" in sys.argv
     t0 = time.time()
     print(f"load at start (1, 5, 15 min): {load()}")

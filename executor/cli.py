@@ -38,6 +38,41 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def attach_plan_prediction(result: dict[str, Any], plan_path: str, candidate: int) -> None:
+    """A real run of a plan's candidate: the planner's prediction for it (``predicted.iteration_time``,
+    ``predicted.source``) and ``ratio`` = measured / predicted beside the measured figures, as the job page
+    shows them. Nothing when the candidate carries no prediction."""
+    from executor.plan import planned_iteration_time
+
+    pred = planned_iteration_time(plan_path, candidate)
+    if pred is None:
+        return
+    result["predicted"] = {"iteration_time": pred, "source": f"plan {plan_path} candidate {candidate}"}
+    result["ratio"] = result["measured"]["iteration_time"] / pred
+
+
+def prediction_line(result: dict[str, Any]) -> str:
+    """``measured X ms, predicted Y ms (source), measured/predicted R``."""
+    pred = result["predicted"]
+    src = pred.get("source") or ("simulator, the run's own costs" if result.get("emulated") else "")
+    return (f"measured {result['measured']['iteration_time'] * 1e3:.2f} ms, predicted "
+            f"{pred['iteration_time'] * 1e3:.2f} ms" + (f" ({src})" if src else "")
+            + f", measured/predicted {result['ratio']:.3f}")
+
+
+#: the order :func:`where_time_went` lists the kinds in (then any other kind)
+KIND_ORDER = ("F", "B", "I", "W", "RECV", "POST", "SEND", "ALLREDUCE", "STEP", "OPT", "other")
+
+
+def where_time_went(by_kind: dict[str, float]) -> str:
+    """One line from ``measured.time_by_kind`` (:func:`executor.trace.time_by_kind`): ms per rank and
+    iteration per action kind."""
+    names = {"RECV": "RECV (waiting)", "STEP": "STEP (waits)", "OPT": "optimizer"}
+    order = [k for k in KIND_ORDER if k in by_kind] + sorted(k for k in by_kind if k not in KIND_ORDER)
+    return "where the time went, ms per rank and iteration: " + ", ".join(
+        f"{names.get(k, k)} {by_kind[k] * 1e3:.2f}" for k in order)
+
+
 def run(
     plan: Annotated[str | None, typer.Option(help="plan JSON: `pipeplan plan --json` output or one candidate")] = None,
     candidate: Annotated[int, typer.Option(help="candidate index in the plan")] = 0,
@@ -154,9 +189,16 @@ def run(
     typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor} "
                f"N={run_plan.spec.microbatches} b={c.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
                f", bubble ratio {m['bubble_ratio']:.3f}")
+    if m.get("time_by_kind"):
+        typer.echo(where_time_went(m["time_by_kind"]))
+    if plan is not None and "predicted" not in result:
+        attach_plan_prediction(result, plan, candidate)
     if "predicted" in result:
-        typer.echo(f"predicted {result['predicted']['iteration_time'] * 1e3:.2f} ms, measured/predicted "
-                   f"{result['ratio']:.3f}")
+        typer.echo(prediction_line(result))
+    if result.get("overhead_costed") is False:
+        typer.echo("note: the cluster has no measured executor overhead (`executor`), so the prediction leaves "
+                   "out the executor's own time per action; measure it with `pipeplan profile-links --local-procs 2 "
+                   "--executor-overhead` and put `executor_overhead` into the cluster file as `executor`")
     if out:
         write_json_atomic(out, result)
     if trace and chrome is not None:

@@ -42,7 +42,9 @@ With NCCL each rank runs on ``cuda:LOCAL_RANK`` (model, batch, buffers) and acti
 (:class:`CudaClock`) -- this GPU path has not been run on a GPU yet (no GPU where it was written).
 
 Emulated compute (:mod:`executor.emulate`): compute actions wait for their predicted duration instead
-(``time.sleep``, clearly labelled) while every message and all-reduce is real, with the profile's sizes.
+(``time.sleep``, clearly labelled); messages and all-reduces are real, with the profile's sizes, when the
+cluster's links are this machine's, else tokens that wait for their predicted durations
+(``Emulator.comm``).
 """
 
 from __future__ import annotations
@@ -261,6 +263,10 @@ class RankRuntime:
             if a.kind == ALLREDUCE:
                 self.last_ar[a.stage] = i
         self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of, policy, self.tdev, blocking=self.host_waits)
+        #: the lowered SEND action of each produced message (emulated communication times it)
+        self.sends = {(a.kind, a.replica, a.stage, a.mb): a for a in self.actions if a.kind in (SEND_F, SEND_B)}
+        self.send_free = 0.0  # emulated communication: when this device's send stream is free
+        self.coll_free = 0.0  # ... and its collective stream
         self.version_log: list[dict[str, Any]] = []
         self.peak_alive = 0
 
@@ -286,10 +292,27 @@ class RankRuntime:
 
     def _shape_of(self, a: Action) -> tuple[tuple[int, ...], torch.dtype]:
         span = a.span if a.kind == RECV_F else 1
+        if self._comm_tokens:
+            return (1,), torch.float64
         if self.emu is not None:
             return (self.emu.message_bytes(a.kind, a.stage, span),), torch.uint8
         a_, b_ = self.bounds[a.stage]
         return self.source.message_shape(self.rows * span, a_ if a.kind == RECV_F else b_), self.dtype
+
+    @property
+    def _comm_tokens(self) -> bool:
+        """Emulated communication: messages and all-reduces are time tokens (:mod:`executor.emulate`)."""
+        return self.emu is not None and self.emu.comm == "emulated"
+
+    def _token_message(self, kind: str, r: int, s: int, mb: int) -> torch.Tensor:
+        """The token of the message stage ``s`` produced just now: its predicted arrival, the simulator's
+        send stream (starts at the later of now and the previous send's end, lasts ``costs.p2p``)."""
+        send = self.sends.get((kind, r, s, mb))
+        if send is None:  # consumed on this device: no message
+            return torch.zeros(1, dtype=torch.float64, device=self.tdev)
+        arrival = max(time.perf_counter(), self.send_free) + self.emu.p2p_time(send, self.device)
+        self.send_free = arrival
+        return torch.tensor([arrival], dtype=torch.float64, device=self.tdev)
 
     # ---- data ----------------------------------------------------------------------------------------
     def load_batch(self, step: int) -> None:
@@ -314,21 +337,28 @@ class RankRuntime:
         self.outbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
         self.pending_ar: list[tuple[Any, torch.Tensor, list[tuple[int, int]]]] = []
         self.own_window: dict[int, torch.Tensor] = {}  # per stage: this replica's part of the window's sum
+        self.send_free = self.coll_free = 0.0
         self.alive = 0
         record: list[tuple[str, str, Any, Any]] = []
         self.records = record
         self.clock.begin()
         now = self.clock.stamp
+        cpu = time.thread_time
+        #: this thread's CPU seconds per action kind in the iteration (compute runs here with one torch
+        #: thread; gloo's own threads are not in it): beside the wall time, what the action cost a core
+        self.cpu_by_kind: dict[str, float] = {}
         for i, a in enumerate(self.actions):
-            start = now()
+            start, c0 = now(), cpu()
             posted = self.p2p.post(i, self._take_send)
             if posted:
                 names = " ".join(action_label(o) for g in posted for o in g.ops)
-                posted_at = now()
+                posted_at, c1 = now(), cpu()
                 record.append((f"post {names}", "POST", start, posted_at))
-                start = posted_at
+                self.cpu_by_kind["POST"] = self.cpu_by_kind.get("POST", 0.0) + c1 - c0
+                start, c0 = posted_at, c1
             self._run(i, a)
             record.append((str(a), a.kind, start, now()))
+            self.cpu_by_kind[a.kind] = self.cpu_by_kind.get(a.kind, 0.0) + cpu() - c0
         return self.clock.resolve(record)
 
     def _take_send(self, a: Action) -> torch.Tensor:
@@ -338,7 +368,9 @@ class RankRuntime:
     def _run(self, i: int, a: Action) -> None:
         k = a.kind
         if k in (RECV_F, RECV_B):
-            self.inbox[(k, a.replica, a.stage, a.mb)] = self.p2p.wait_receive(a)
+            got = self.inbox[(k, a.replica, a.stage, a.mb)] = self.p2p.wait_receive(a)
+            if self._comm_tokens:
+                self.emu.wait_until(float(got[0]))  # the message's predicted arrival
         elif k in (SEND_F, SEND_B):
             pass  # posted with its group before this action (P2P.post)
         elif self.emu is not None:
@@ -463,6 +495,14 @@ class RankRuntime:
         group = self.groups.stage.get(s)
         if group is None and len(keys) == 1:
             return  # one copy of the stage in the whole job: its gradients are already the sum
+        if self._comm_tokens:  # the holders' post times, MAX-reduced: the collective starts after the last
+            flat = torch.tensor([max(time.perf_counter(), self.send_free)], dtype=torch.float64, device=self.tdev)
+            if group is not None:
+                self.pending_ar.append((dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group, async_op=True),
+                                        flat, keys))
+            else:
+                self.pending_ar.append((None, flat, keys))
+            return
         if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
             n = self.emu.allreduce_elements(s) if group is not None else 0
             flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
@@ -511,6 +551,10 @@ class RankRuntime:
             if self.emu is not None:
                 if self.host_waits:
                     torch.cuda.synchronize(self.tdev)
+                if self._comm_tokens:  # the collective stream: after the last post and the previous one
+                    r, s = keys[0]
+                    self.coll_free = (max(float(flat[0]), self.coll_free)
+                                      + self.emu.allreduce_time(s, r, self.device))
                 continue
             if self.window_sync:
                 self._window_update(flat, keys[0][1], keys)
@@ -524,6 +568,8 @@ class RankRuntime:
                     off += n
         self.pending_ar.clear()
         if self.emu is not None:
+            if self._comm_tokens:  # STEP after the device's last send and all-reduce (the simulator's rule)
+                self.emu.wait_until(max(self.send_free, self.coll_free))
             t = self.clock.stamp()
             self.emu.sleep_step(self.device)
             self.records.append(("optimizer (emulated)", "OPT", t, self.clock.stamp()))
@@ -556,10 +602,12 @@ class RankRuntime:
         if a.kind in (F, B, I, W):
             self.emu.sleep_compute(a.kind, a.stage, a.span, self.device)
             if a.kind == F and a.stage < self.S - 1:
-                self._deliver(SEND_F, a.replica, a.stage, a.mb, torch.empty(
+                self._deliver(SEND_F, a.replica, a.stage, a.mb, self._token_message(SEND_F, a.replica, a.stage, a.mb)
+                              if self._comm_tokens else torch.empty(
                     self.emu.message_bytes(RECV_F, a.stage + 1, a.span), dtype=torch.uint8, device=self.tdev))
             elif a.kind in (B, I) and a.stage > 0:
-                self._deliver(SEND_B, a.replica, a.stage, a.mb, torch.empty(
+                self._deliver(SEND_B, a.replica, a.stage, a.mb, self._token_message(SEND_B, a.replica, a.stage, a.mb)
+                              if self._comm_tokens else torch.empty(
                     self.emu.message_bytes(RECV_B, a.stage - 1, 1), dtype=torch.uint8, device=self.tdev))
         elif a.kind == ALLREDUCE:
             if self.last_ar[a.stage] == i:

@@ -239,8 +239,8 @@ def check_partition(bounds: list[tuple[int, int]], stages: int, layers: int) -> 
                         f"layers")
 
 
-def load_plan_file(path: str | Path, candidate: int = 0, **overrides: Any) -> RunPlan:
-    """``pipeplan plan --json`` output (``{"candidates": [...]}``) or a bare candidate object."""
+def _candidate_of(path: str | Path, candidate: int) -> dict[str, Any]:
+    """The ``candidate``-th candidate of a plan file (or the file's bare candidate object)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -252,4 +252,16 @@ def load_plan_file(path: str | Path, candidate: int = 0, **overrides: Any) -> Ru
         data = cands[candidate]
     if not isinstance(data, dict):
         raise PlanError(f"plan {path}: expected a candidate object or {{'candidates': [...]}}")
-    return RunPlan.from_candidate(data, **overrides)
+    return data
+
+
+def load_plan_file(path: str | Path, candidate: int = 0, **overrides: Any) -> RunPlan:
+    """``pipeplan plan --json`` output (``{"candidates": [...]}``) or a bare candidate object."""
+    return RunPlan.from_candidate(_candidate_of(path, candidate), **overrides)
+
+
+def planned_iteration_time(path: str | Path, candidate: int = 0) -> float | None:
+    """The iteration time the planner predicted for the candidate (its ``iteration_time``: the simulator
+    with the plan's profile and cluster), or None when the file has none (a hand-written candidate)."""
+    v = _candidate_of(path, candidate).get("iteration_time")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None

@@ -64,6 +64,11 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         from executor.emulate import Emulator
 
         emulator = Emulator(plan, plan.compute_schedule(), plan.emulate, plan.cluster)
+        if emulator.comm == "emulated" and world > 1:  # time tokens need one clock: the ranks on one host
+            hosts: list[Any] = [None] * world
+            dist.all_gather_object(hosts, socket.gethostname())
+            if len(set(hosts)) > 1:
+                emulator.use_real_comm(f"ranks on {len(set(hosts))} hosts share no clock")
     tied = emulator is None and bool(plan.source().tied())
     groups = make_groups(sched, layout, rank, tied)
     warm_up(rank, world, device)
@@ -74,6 +79,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     rt = RankRuntime(plan, sched, rank, groups, emulator, policy, device)
     records = []
     cpu: list[float] = []  # process CPU time per iteration (this rank's threads, gloo's included)
+    cpu_kinds: list[dict[str, float]] = []  # the walker thread's CPU time per action kind, per iteration
     peak: int | None = None
     for it in range(plan.warmup + plan.iterations):
         dist.barrier()
@@ -84,12 +90,13 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
             torch.cuda.reset_peak_memory_stats(device)
         cpu0 = time.process_time()
         records.append(rt.iteration(it))
+        cpu_kinds.append(rt.cpu_by_kind)
         cpu.append(time.process_time() - cpu0)
         if cuda and measured:
             peak = max(peak or 0, torch.cuda.max_memory_allocated(device))
     payload: dict[str, Any] = {
         "rank": rank, "host": socket.gethostname(), "device": rt.device, "data": rt.data_copy, "tensor": rt.tp,
-        "records": records, "cpu_times": cpu,
+        "records": records, "cpu_times": cpu, "cpu_by_kind": cpu_kinds,
         "peak_alive": rt.peak_alive, "peak_memory": peak, "version_log": rt.version_log,
         "weight_versions": {str(k): v.max_alive for k, v in rt.stash.items()},
     }
@@ -106,6 +113,9 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
                   "emulated": emulator is not None}
         if emulator is not None:
             result["predicted"] = emulator.predict()
+            result["communication"] = emulator.comm
+            #: whether the prediction costs the executor's own per-action overhead (the cluster's `executor`)
+            result["overhead_costed"] = emulator.cluster.executor is not None
             result["ratio"] = result["measured"]["iteration_time"] / result["predicted"]["iteration_time"]
         result["version_log"] = {p["rank"]: p["version_log"] for p in gathered if p["version_log"]}
         result["weight_versions"] = {p["rank"]: p["weight_versions"] for p in gathered if p["weight_versions"]}

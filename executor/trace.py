@@ -75,7 +75,54 @@ def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> di
     return {"iteration_time": it_time, "iteration_times": times, "bubble_ratio": bubble,
             "devices": devices, "ranks": ranks, "peak_memory": [r["peak_memory"] for r in ranks],
             "cpu_time": statistics.median(cpu) if cpu else None,
+            "time_by_kind": time_by_kind(payloads, measured),
+            "cpu_by_kind": cpu_by_kind(payloads, measured),
             "emulated": emulated}
+
+
+def cpu_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[str, float] | None:
+    """The walker thread's CPU seconds per rank and iteration in each action kind (median over the measured
+    iterations of the mean over ranks; STEP includes its optimizer): against :func:`time_by_kind`, the
+    wall time an action took beyond the core time it used is waiting -- for a core (a shared host), a
+    message or a collective. None when the ranks did not record it."""
+    if not all(len(p.get("cpu_by_kind") or []) == len(p["records"]) for p in payloads):
+        return None
+    per_iter: dict[str, list[float]] = {}
+    for it in measured:
+        sums: dict[str, float] = {}
+        for p in payloads:
+            for k, v in p["cpu_by_kind"][it].items():
+                k = "RECV" if k.startswith("RECV") else "SEND" if k.startswith("SEND") else k
+                sums[k] = sums.get(k, 0.0) + v / len(payloads)
+        for k, v in sums.items():
+            per_iter.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in sorted(per_iter.items())}
+
+
+def time_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[str, float]:
+    """Where the time went: seconds per rank and iteration in each record kind (the median over the measured
+    iterations of the mean over ranks). ``RECV`` is waiting for messages (RECV_F and RECV_B), ``POST`` the
+    posting of p2p groups, ``SEND`` what is left of a send at its action; ``OPT`` (the optimizer) runs
+    inside ``STEP``, so ``STEP`` is given without it (waiting for sends and all-reduces, the tied
+    all-reduce); ``other``: the rest of the iteration (between records, and from the iteration's start --
+    the earliest rank's -- to this rank's first record and from its last record to the iteration's end)."""
+    per_iter: dict[str, list[float]] = {}
+    for it in measured:
+        start = min(p["records"][it][0][2] for p in payloads)
+        end = max(p["records"][it][-1][3] for p in payloads)
+        sums: dict[str, float] = {}
+        for p in payloads:
+            for _, kind, s, e in p["records"][it]:
+                k = "RECV" if kind.startswith("RECV") else "SEND" if kind.startswith("SEND") else kind
+                sums[k] = sums.get(k, 0.0) + (e - s)
+        if "OPT" in sums and "STEP" in sums:
+            sums["STEP"] -= sums["OPT"]
+        n = len(payloads)
+        sums = {k: v / n for k, v in sums.items()}
+        sums["other"] = max(end - start - sum(sums.values()), 0.0)
+        for k, v in sums.items():
+            per_iter.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in sorted(per_iter.items())}
 
 
 def chrome_trace(payloads: list[dict[str, Any]], emulated: bool) -> dict[str, Any]:

@@ -67,8 +67,10 @@ class HostCpu(BaseModel):
       time (their measured costs, :class:`AllReduceFit` and the links, are taken as they were measured).
 
     ``effective_cores`` is measured (:func:`profiler.local_cluster.measure_host`): ``processes`` copies of
-    one compute loop run at once and alone; ``processes / slowdown`` cores' worth of compute is what they
-    got, which includes what else the machine was running then (a shared machine's load)."""
+    one compute loop run at once, ``slowdown`` their wall time per second of CPU time; ``processes /
+    slowdown`` cores' worth of compute is what they got, which includes what else the machine was running
+    then (a shared machine's load). The profile's times are core time on the CPU (:mod:`profiler.timing`),
+    so the load is counted here once."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -77,7 +79,7 @@ class HostCpu(BaseModel):
                                    description="cores' worth of compute the node's processes get at once")
     processes: int = Field(default=0, ge=0, description="processes the effective cores were measured with")
     slowdown: float = Field(default=1.0, gt=0, allow_inf_nan=False,
-                            description="measured: time per loop with `processes` at once / alone")
+                            description="measured: wall time per CPU second of a loop, `processes` at once")
     comm_overlaps_compute: bool = False
     source: str = ""
 

@@ -21,10 +21,17 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   The first stage's forward also all-reduces the vocabulary-parallel embedding's output and the last
   stage's backward the LM head's input gradient (one ``b s h`` all-reduce each; the cross-entropy adds
   three ``b s`` fp32 all-reduces forward): :meth:`ConfigCosts._tp_edges`.
-* **Pipeline p2p** (Chimera 3.4, alpha-beta): ``alpha + beta * bytes`` of the boundary activation
-  (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each tensor-parallel
-  rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the pipeline,
-  then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
+* **Collective times** (:func:`collective_time`): with the device's NCCL model
+  (:class:`planner.device.LinkCollectives`, per link class: the measured large-message bus bandwidth of each
+  collective as a fraction of the link peak ``1/beta``, NCCL's protocols LL/LL128/Simple with their latencies
+  from NCCL's own tuning model) a collective of ``L`` bytes among ``r`` ranks takes the fastest protocol's
+  ``base + steps hop + factor L / busbw`` (ring: ``2 (r-1)`` steps and factor ``2 (r-1)/r`` for an all-reduce,
+  ``r-1`` and ``(r-1)/r`` for a reduce-scatter or all-gather, one step of ``L`` for a send), so the achieved
+  bandwidth rises with the message size; without one, the alpha-beta formulas named below.
+* **Pipeline p2p** (Chimera 3.4, alpha-beta, or the NCCL model's send): ``alpha + beta * bytes`` of the
+  boundary activation (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each
+  tensor-parallel rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the
+  pipeline, then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
   ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
 * **Blocking p2p** (only when the profile's ``environment["p2p"]`` is ``"blocking"``: a runtime that waits
   for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
@@ -74,8 +81,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
+from planner.device import LinkCollectives, find_device
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
@@ -115,24 +124,78 @@ def ring_allgather(r: int, nbytes: float, link: Link) -> float:
     return (r - 1) * link.alpha + (r - 1) / r * link.beta * nbytes
 
 
+@lru_cache(maxsize=64)
+def _device_collectives(device: str) -> tuple[LinkCollectives | None, LinkCollectives | None]:
+    """(intra, inter) collective models of a cluster's device string (:mod:`planner.device`), read once."""
+    dev = find_device(device)
+    model = dev.collective_efficiency if dev is not None else None
+    return (model.intra, model.inter) if model is not None else (None, None)
+
+
+def link_collectives(cluster: Cluster, which: str) -> LinkCollectives | None:
+    """The device's NCCL model of link class ``which`` (``"intra"``/``"inter"``), or None (alpha-beta)."""
+    intra, inter = _device_collectives(cluster.device)
+    return intra if which == "intra" else inter
+
+
+def collective_time(cluster: Cluster, which: str, op: str, ranks: int, nbytes: float,
+                    steps: int | None = None) -> float:
+    """Seconds of one collective ``op`` (``all_reduce``, ``reduce_scatter``, ``all_gather``, ``p2p``) of
+    ``nbytes`` among ``ranks`` GPUs on link class ``which``.
+
+    With the device's collective model (:class:`planner.device.LinkCollectives`: NCCL's protocols with
+    their latencies, the measured large-message bus bandwidth of each collective as a fraction of the
+    link's peak ``1/beta``) the time is the fastest protocol's ``base + steps hop + factor L / busbw``, so
+    the achieved bandwidth depends on the message size and the collective. Without one, the cluster's
+    alpha-beta link: a ring all-reduce ``2 (r-1) alpha + 2 (r-1)/r beta L``, a ring reduce-scatter or
+    all-gather half of it, a send ``alpha + beta L``."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    link = cluster.intra if which == "intra" else cluster.inter
+    model = link_collectives(cluster, which)
+    if model is not None and link.beta > 0:
+        return model.time(op, ranks, nbytes, 1.0 / link.beta, steps)
+    if op == "all_reduce":
+        if steps is not None:  # a tree / recursive-halving count of steps: Rabenseifner
+            return rabenseifner(ranks, nbytes, link)
+        return ring_allreduce(ranks, nbytes, link)
+    if op in ("reduce_scatter", "all_gather"):
+        return ring_allgather(ranks, nbytes, link)
+    return link.time(nbytes)
+
+
 def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
-    """All-reduce among global GPU ``ranks``; hierarchical when they span nodes."""
+    """All-reduce among global GPU ``ranks``; hierarchical when they span nodes: reduce-scatter inside the
+    node (``k`` ranks per node), all-reduce across the nodes on ``L/k`` (each GPU on its own NIC), all-gather
+    inside the node. Across nodes ``cluster.allreduce = "rabenseifner"`` counts ``2 ceil(log2 n)`` latency
+    steps (Chimera 3.4; NCCL's tree, ``2 log2(nNodes)`` network hops), ``"ring"`` ``2 (n-1)``."""
     r = len(ranks)
     if r <= 1 or nbytes <= 0:
         return 0.0
-    algo = rabenseifner if cluster.allreduce == "rabenseifner" else ring_allreduce
     per_node: dict[int, int] = {}
     for g in ranks:
         per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
     if len(per_node) == 1:
         fit = cluster.allreduce_fit  # measured as a whole (planner.cluster.AllReduceFit)
-        return fit.link.time(nbytes) if fit is not None and r <= fit.ranks else algo(r, nbytes, cluster.intra)
+        if fit is not None and r <= fit.ranks:
+            return fit.link.time(nbytes)
+        if link_collectives(cluster, "intra") is None and cluster.allreduce == "rabenseifner":
+            return rabenseifner(r, nbytes, cluster.intra)
+        return collective_time(cluster, "intra", "all_reduce", r, nbytes)
     k = max(per_node.values())
     nodes = len(per_node)
     inside = 0.0
     if k > 1:  # reduce-scatter + all-gather inside the node: (k-1)/k of L each way
-        inside = 2 * (math.log2(k) * cluster.intra.alpha + (k - 1) / k * cluster.intra.beta * nbytes)
-    return inside + algo(nodes, nbytes / k, cluster.inter)
+        if link_collectives(cluster, "intra") is None:  # alpha-beta: as Chimera 3.4 (log2 k latency terms)
+            inside = 2 * (math.log2(k) * cluster.intra.alpha + (k - 1) / k * cluster.intra.beta * nbytes)
+        else:
+            inside = (collective_time(cluster, "intra", "reduce_scatter", k, nbytes)
+                      + collective_time(cluster, "intra", "all_gather", k, nbytes))
+    steps = 2 * math.ceil(math.log2(nodes)) if cluster.allreduce == "rabenseifner" else None
+    if link_collectives(cluster, "inter") is None:
+        algo = rabenseifner if cluster.allreduce == "rabenseifner" else ring_allreduce
+        return inside + algo(nodes, nbytes / k, cluster.inter)
+    return inside + collective_time(cluster, "inter", "all_reduce", nodes, nbytes / k, steps)
 
 
 @dataclass
@@ -243,8 +306,17 @@ class ConfigCosts(Costs):
         return (data_replica * self.config.pipeline + device) * self.t
 
     def link(self, src: int, dst: int) -> Link:
+        return self.cluster.intra if self.link_class(src, dst) == "intra" else self.cluster.inter
+
+    def link_class(self, src: int, dst: int) -> str:
+        """``"intra"`` when pipeline devices ``src`` and ``dst`` share a node, else ``"inter"``."""
         g = self.cluster.gpus_per_node
-        return self.cluster.intra if self.rank(src) // g == self.rank(dst) // g else self.cluster.inter
+        return "intra" if self.rank(src) // g == self.rank(dst) // g else "inter"
+
+    def send_time(self, src: int, dst: int, nbytes: float) -> float:
+        """One point-to-point message of ``nbytes`` from pipeline device ``src`` to ``dst``
+        (:func:`collective_time` ``p2p``: NCCL send/recv on the link between them)."""
+        return collective_time(self.cluster, self.link_class(src, dst), "p2p", 2, nbytes)
 
     @property
     def compute_source(self) -> str:
@@ -267,11 +339,12 @@ class ConfigCosts(Costs):
             # t spans nodes (ranks 0..t-1, tensor innermost): NCCL's rings cross nodes on every GPU's own
             # NIC, so the inter-node hop carries 1/k of the data per GPU -- the hierarchical form below
             return allreduce_time(self.cluster, list(range(self.t)), nbytes)
-        if self.sequence_parallel:
-            return 2 * ring_allgather(self.t, nbytes, self.tp_link)
+        if self.sequence_parallel:  # an all-gather and a reduce-scatter in place of the all-reduce
+            return (collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
+                    + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
         if self.cluster.allreduce_fit is not None:  # measured collectives (planner.cluster.AllReduceFit)
             return allreduce_time(self.cluster, list(range(self.t)), nbytes)
-        return ring_allreduce(self.t, nbytes, self.tp_link)
+        return collective_time(self.cluster, "intra", "all_reduce", self.t, nbytes)
 
     def _tp_comm(self, stage: int, samples: float) -> float:
         """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
@@ -302,7 +375,8 @@ class ConfigCosts(Costs):
                 out += edge if self.sequence_parallel else 0.0
                 vec = samples * shape.seq * 4.0
                 out += 3 * (allreduce_time(self.cluster, list(range(self.t)), vec)
-                            if self.t > self.cluster.gpus_per_node else ring_allreduce(self.t, vec, self.tp_link))
+                            if self.t > self.cluster.gpus_per_node
+                            else collective_time(self.cluster, "intra", "all_reduce", self.t, vec))
         return out * self.cal.link_scale
 
     def _blocking_send(self, stage: int, to: int, span: int) -> float:
@@ -317,8 +391,8 @@ class ConfigCosts(Costs):
             return 0.0
         boundary = stage if to > stage else to
         full = self.stages[boundary].out_bytes * self.base_b * span
-        return (self.link(src, dst).time(full / self.t)
-                + ring_allgather(self.t, full, self.cluster.intra)) * self.cal.link_scale
+        return (self.send_time(src, dst, full / self.t)
+                + collective_time(self.cluster, "intra", "all_gather", self.t, full)) * self.cal.link_scale
 
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
@@ -404,7 +478,7 @@ class ConfigCosts(Costs):
             return 0.0
         boundary = stage if kind == SEND_F else stage - 1
         nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.t
-        return self.link(src, dst).time(nbytes) * self.cal.link_scale
+        return self.send_time(src, dst, nbytes) * self.cal.link_scale
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:
         holders = sorted({row[stage] for row in self.schedule.placement})
@@ -474,7 +548,9 @@ class ActionOverheads:
     input comes from another device and a ``SEND`` after one whose output goes to another device; each
     device's list ends with one ``ALLREDUCE`` per stage replica it holds and one ``STEP``. The overhead of
     those actions (:class:`planner.cluster.ExecutorOverhead`, per kind, plus the calibration's
-    ``action_overhead`` for every action) is added to the compute action they surround and to STEP.
+    ``action_overhead`` for every action) is added to the compute action they surround and to STEP
+    (without ``step`` itself when compute is emulated: an emulated STEP runs no optimizer and no
+    tied-embedding all-reduce, which that figure measures).
     Zero when the cluster has neither, so nothing changes for clusters without them.
     """
 
@@ -501,7 +577,11 @@ class ActionOverheads:
         ex, extra = self.ex, self.extra
         held = self.costs.held[device] if device < len(self.costs.held) else []
         if kind == "STEP":
-            return ex.step + extra + len(held) * (ex.allreduce + extra)
+            # ``step`` is measured on real runs: the optimizer's fixed cost and the tied-embedding all-reduce
+            # (profiler.overhead); an emulated STEP runs neither (it waits its handles and sleeps the
+            # optimizer's predicted time, executor.interpreter), so it is not charged there
+            step = 0.0 if self.costs.emulated else ex.step
+            return step + extra + len(held) * (ex.allreduce + extra)
         place = self.costs.schedule.placement
         S = self.costs.schedule.stages
         rows = [row for row in place if row[stage] == device] or place[:1]

@@ -18,8 +18,11 @@ efficiency table each, a memory with an efficiency table by transfer size):
   the GEMM curve through this rule (:func:`ceiling_for_measurement`), so the two stay consistent;
 * ``kernel_overhead_s``: fixed cost per kernel launch (a floor for tiny kernels; on CPU the framework's
   per-op dispatch cost);
-* ``collective_efficiency``: achieved NCCL bus bandwidth / link peak by message size, for collectives
-  among these devices (nccl-tests ``busbw``).
+* ``collective_efficiency``: how NCCL's collectives among these devices use a link, per link class
+  (``intra``: NVLink inside a node, ``inter``: the node's network, per GPU): the large-message bus bandwidth
+  of each collective as a fraction of the link's peak (nccl-tests ``busbw``, measured) and NCCL's
+  protocols with their latencies (:class:`CollectiveModel`); the size-dependent efficiency
+  (:meth:`LinkCollectives.efficiency_at`) follows from them.
 
 Each figure carries its source in ``sources`` (field name -> citation). The shipped devices live in
 ``planner/devices/*.json``; :func:`get_device` finds one by name or alias (case-insensitive) or reads a
@@ -91,6 +94,105 @@ class Curve(BaseModel):
         return pts[-1][1]  # pragma: no cover
 
 
+#: the collectives the cost model times (nccl-tests ``all_reduce_perf``, ``reduce_scatter_perf``,
+#: ``all_gather_perf``, ``sendrecv_perf``)
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "p2p")
+
+
+def ring_steps(op: str, ranks: int) -> tuple[int, float]:
+    """NCCL's ring: ``(steps, bus factor)`` of a collective among ``ranks``: an all-reduce takes ``2 (r-1)``
+    steps and moves ``2 (r-1)/r`` of the message over each GPU's link, a reduce-scatter or all-gather
+    ``r-1`` steps and ``(r-1)/r`` (NVIDIA/nccl ``src/graph/tuning.cc``, ``nsteps``; nccl-tests
+    ``doc/PERFORMANCE.md``, bus bandwidth); a point-to-point send one step of the whole message."""
+    if op == "all_reduce":
+        return 2 * (ranks - 1), 2.0 * (ranks - 1) / ranks
+    if op in ("reduce_scatter", "all_gather"):
+        return ranks - 1, (ranks - 1) / ranks
+    if op == "p2p":
+        return 1, 1.0
+    raise ValueError(f"op: unknown collective {op!r} (one of {', '.join(COLLECTIVE_OPS)})")
+
+
+class Protocol(BaseModel):
+    """One NCCL protocol (LL, LL128, Simple) as NCCL's own tuning model times it (NVIDIA/nccl
+    ``src/graph/tuning.cc``, ``ncclTopoTuneModel``): a latency of ``base_s`` per collective plus ``hop_s``
+    per ring step on this link class (``baseLat``, ``hwLat``), and a bus bandwidth of ``bandwidth`` times
+    the link's large-message (Simple) bus bandwidth, at most ``max_busbw`` bytes/s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    base_s: float = Field(ge=0, allow_inf_nan=False)
+    hop_s: float = Field(ge=0, allow_inf_nan=False)
+    bandwidth: float = Field(default=1.0, gt=0, le=1)
+    max_busbw: float | None = Field(default=None, gt=0, description="bytes/s cap (NCCL llMaxBws)")
+
+
+class LinkCollectives(BaseModel):
+    """NCCL's collectives on one link class: ``busbw`` is the measured large-message bus bandwidth of each
+    collective (``COLLECTIVE_OPS``) as a fraction of the link's peak (the cluster's ``1/beta``);
+    ``protocols`` the latency/bandwidth pairs NCCL picks the fastest of by message size."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    busbw: dict[str, float] = Field(description="op -> large-message bus bandwidth / link peak")
+    protocols: list[Protocol] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> LinkCollectives:
+        for op, e in self.busbw.items():
+            if op not in COLLECTIVE_OPS:
+                raise ValueError(f"busbw: unknown collective {op!r} (one of {', '.join(COLLECTIVE_OPS)})")
+            if not (0 < e <= 1):
+                raise ValueError(f"busbw[{op}]: efficiency {e} must be in (0, 1]")
+        if "all_reduce" not in self.busbw:
+            raise ValueError("busbw: needs at least 'all_reduce'")
+        return self
+
+    def _eff(self, op: str) -> float:
+        if op in self.busbw:
+            return self.busbw[op]
+        if op in ("reduce_scatter", "all_gather") and "reduce_scatter" in self.busbw:
+            return self.busbw["reduce_scatter"]
+        return self.busbw["all_reduce"]
+
+    def time(self, op: str, ranks: int, nbytes: float, peak: float, steps: int | None = None) -> float:
+        """Seconds of ``op`` on ``nbytes`` among ``ranks`` over links of ``peak`` bytes/s per direction:
+        the fastest protocol's ``base + steps hop + factor L / busbw`` (``steps``: override the ring's count,
+        e.g. a tree's ``2 log2 r``)."""
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        n, factor = ring_steps(op, ranks)
+        if steps is not None:
+            n = steps
+        busbw = peak * self._eff(op)
+        best = math.inf
+        for p in self.protocols:
+            bw = busbw * p.bandwidth
+            if p.max_busbw is not None:
+                bw = min(bw, p.max_busbw)
+            best = min(best, p.base_s + n * p.hop_s + factor * nbytes / bw)
+        return best
+
+    def efficiency_at(self, op: str, ranks: int, nbytes: float, peak: float) -> float:
+        """Achieved bus bandwidth / link peak of ``op`` at ``nbytes`` (what nccl-tests would print as
+        ``busbw`` over the peak): the size-dependent collective efficiency."""
+        t = self.time(op, ranks, nbytes, peak)
+        if t <= 0:
+            return 0.0
+        return ring_steps(op, ranks)[1] * nbytes / t / peak
+
+
+class CollectiveModel(BaseModel):
+    """Collectives per link class: ``intra`` (NVLink/NVSwitch inside a node), ``inter`` (the network, one
+    NIC per GPU). A class left out falls back to the cluster's alpha-beta link."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    intra: LinkCollectives | None = None
+    inter: LinkCollectives | None = None
+
+
 class GemmPoint(BaseModel):
     """One measured GEMM: ``batch`` products of (m x k) @ (k x n) in ``dtype`` took ``seconds``."""
 
@@ -128,8 +230,8 @@ class DeviceSpec(BaseModel):
         default_factory=list, description="(m, n) output tiles the GEMM library picks among (wave quantisation)")
     memory_efficiency: Curve = Field(description="efficiency of memory-bound kernels by MB moved")
     kernel_overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per kernel")
-    collective_efficiency: Curve | None = Field(
-        default=None, description="achieved bus bandwidth / link peak by message MB (NCCL)")
+    collective_efficiency: CollectiveModel | None = Field(
+        default=None, description="NCCL collectives per link class (bus bandwidth by size)")
     processing: Literal["roofline", "no_overlap"] = Field(
         default="roofline", description="kernel time = max(compute, memory) or their sum (Calculon)")
     sources: dict[str, str] = Field(default_factory=dict, description="field -> citation")
@@ -226,11 +328,11 @@ class DeviceSpec(BaseModel):
         body = max(t_c, t_m) if self.processing == "roofline" else t_c + t_m
         return body + self.kernel_overhead_s
 
-    def coll_eff(self, nbytes: float) -> float:
-        """Achieved bus bandwidth / link peak of a collective of ``nbytes`` (1.0 when not described)."""
+    def collectives(self, link: str) -> LinkCollectives | None:
+        """The collective model of link class ``link`` (``"intra"``/``"inter"``), or None."""
         if self.collective_efficiency is None:
-            return 1.0
-        return self.collective_efficiency(max(nbytes, 1.0) / 1e6)
+            return None
+        return getattr(self.collective_efficiency, link)
 
     def matches(self, name: str) -> bool:
         """Whether ``name`` names this device (its name or an alias, case- and separator-insensitive)."""

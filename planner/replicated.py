@@ -10,8 +10,9 @@ The program's inputs, PipeDream's symbols mapped to ours:
 * ``T_l`` -- layer ``l``'s forward + backward at the micro-batch size (the profile, interpolated), over
   ``t`` and the tensor-parallel efficiency (its tensor-parallel all-reduces left out: they scale every
   transformer layer alike);
-* ``C_l`` -- the boundary activation after layer ``l`` (``b`` samples, ``1/t`` of it per tensor rank) on the
-  pipeline's link (intra-node when the group's ``D t`` GPUs fit in a node, else inter-node);
+* ``C_l`` -- the boundary activation after layer ``l`` (``b`` samples, ``1/t`` of it per tensor rank) sent on the
+  pipeline's link (intra-node when the group's ``D t`` GPUs fit in a node, else inter-node;
+  :func:`planner.cost.collective_time` ``p2p``);
 * memory -- a stage whose model state (``bytes_per_param`` per parameter over ``t``) and the reserve do not
   fit a device is left out of the program (PipeDream's has no memory term);
 * ``W^m`` -- the weight synchronisation of a stage replicated ``m`` times: with a flush it is one gradient
@@ -43,7 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.cluster import Cluster
-from planner.cost import allreduce_time
+from planner.cost import allreduce_time, collective_time
 from planner.enumeration import divisors
 from planner.partition import (
     PartitionError,
@@ -213,8 +214,8 @@ class ReplicatedPlans:
         cl, prof = self.cluster, self.profile
         eff = 1.0 if t == 1 else self.request.tensor_efficiency
         layer_time = [c / (t * eff) for c in self.layer_costs(b, recompute)]
-        link = cl.intra if D * t <= cl.gpus_per_node else cl.inter
-        comm = [link.time(lay.output_bytes_per_sample * b / t) for lay in prof.layers]
+        which = "intra" if D * t <= cl.gpus_per_node else "inter"
+        comm = [collective_time(cl, which, "p2p", 2, lay.output_bytes_per_sample * b / t) for lay in prof.layers]
         L = len(prof.layers)
         pw = prefix_sums([lay.param_bytes / t for lay in prof.layers])
         grad_bytes = pw[None, :] - pw[:, None]  # [i, j]

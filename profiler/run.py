@@ -82,6 +82,8 @@ def profile_model(
     ``tensor`` (e.g. ``[1, 2, 4, 8]``): also time each layer's tensor-parallel shard at every t
     (:mod:`profiler.tensor`) into ``tensor_times``.
     """
+    from profiler.timing import cpu_clock
+
     if threads is not None:
         torch.set_num_threads(threads)
     config = get_config(model)
@@ -148,6 +150,8 @@ def profile_model(
         "seed": str(seed),
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "repeated_blocks": repeated,
+        # what the times are: CUDA events, or on the CPU core time (one thread) or wall (profiler.timing)
+        "clock": "cuda events" if dev.type == "cuda" else cpu_clock()[0],
     }
     if tensor:
         environment["tensor"] = ",".join(map(str, sorted(set(tensor))))

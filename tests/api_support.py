@@ -8,6 +8,7 @@ sets it under CI from ``.ci/postgres.sh``). Every database is migrated with Alem
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +29,34 @@ WAUTH = {"Authorization": f"Bearer {WORKER}"}
 CONTROLLED_RUN = f"{sys.executable} {ROOT / 'tests' / 'fixtures' / 'controlled_run.py'}"
 REAL_RUN = f"{sys.executable} -m pipeplan.cli run"  # the executor
 PG_ENV = "PIPEPLAN_TEST_POSTGRES_URL"
+
+
+def worker_postgres(url: str, worker: str) -> str:
+    """The database of pytest-xdist worker ``worker`` beside ``url``'s (``<name>_gw0``, ...; created on first
+    use: the CI role has CREATEDB), so that two workers never empty each other's schema (tests/conftest.py
+    points ``$PIPEPLAN_TEST_POSTGRES_URL`` at it in each worker)."""
+    from sqlalchemy.engine import make_url
+
+    from db.session import database_url
+
+    base = make_url(database_url(url))
+    name = f"{base.database}_{worker}"
+    eng = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        for attempt in range(10):  # workers creating theirs at once: "template1 is being accessed by other users"
+            with eng.connect() as c:
+                if c.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first():
+                    break
+                try:
+                    c.execute(text(f'CREATE DATABASE "{name}"'))
+                    break
+                except Exception:
+                    if attempt == 9:
+                        raise
+            time.sleep(0.5)
+    finally:
+        eng.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
 
 
 def _reset_postgres(url: str) -> None:
@@ -163,6 +192,30 @@ class LiveServer:
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=AUTH, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def seeded_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated and seeded (``api.seed.seed``: the example clusters and profiles, and this
+    machine's measured CPU profile and local cluster) once per test session (per xdist worker): a template
+    that :func:`seeded_server` copies, so that each browser-test module gets a fresh seeded database without
+    measuring the CPU again (seeding measures for ~15 s; copying the file takes milliseconds)."""
+    from api.seed import seed
+    from db.migrate import upgrade
+
+    path = tmp_path_factory.mktemp("seeded-template") / "pipeplan.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    seed(url)
+    return path
+
+
+def seeded_server(template: Path, tmp_path_factory: pytest.TempPathFactory, **settings: str) -> LiveServer:
+    """A started :class:`LiveServer` on a fresh copy of the ``seeded_sqlite`` template, in a temp dir of its
+    own (the caller stops it)."""
+    tmp = tmp_path_factory.mktemp("ui-server")
+    shutil.copyfile(template, tmp / "pipeplan.db")
+    return LiveServer(f"sqlite:///{tmp / 'pipeplan.db'}", tmp, **settings).start()
 
 
 @pytest.fixture

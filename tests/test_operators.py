@@ -6,7 +6,7 @@ import pytest
 
 from planner.analytic import analytic_profile
 from planner.cluster import Cluster, Link
-from planner.cost import ConfigCosts, ring_allgather, ring_allreduce
+from planner.cost import ConfigCosts, collective_time, ring_allreduce
 from planner.device import Curve, GemmPoint, device_for_cluster, get_device, shipped_devices
 from planner.model import PRESETS, ModelSpec
 from planner.operators import OperatorOptions, layer_operators, time_operators
@@ -148,8 +148,9 @@ def test_costs_use_per_t_times_and_say_so():
     layers = prof.layers[c4.stages[1].layers[0]:c4.stages[1].layers[1]]
     shard = sum(x.shard_time("fwd", 2, 4) for x in layers)
     nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
-    comm = 2 * c4.stages[1].transformer_layers * ring_allreduce(4, nbytes, c4.cluster.intra)
-    loss = 3 * ring_allreduce(4, 2 * prof.shape.seq * 4.0, c4.cluster.intra)  # the last stage's cross-entropy
+    comm = 2 * c4.stages[1].transformer_layers * collective_time(c4.cluster, "intra", "all_reduce", 4, nbytes)
+    # the last stage's cross-entropy
+    loss = 3 * collective_time(c4.cluster, "intra", "all_reduce", 4, 2 * prof.shape.seq * 4.0)
     assert c4.fwd(1) == pytest.approx(shard + comm + loss)
     # the zero-bubble split is the profile's: W = the weight-gradient kernels
     zb = _costs(prof, 4, schedule="zb-h1")
@@ -161,7 +162,7 @@ def test_costs_use_per_t_times_and_say_so():
     # sequence parallelism: all-gather + reduce-scatter in place of each all-reduce
     sp = prof.model_copy(update={"environment": {**prof.environment, "sequence_parallel": "true"}})
     c_sp = _costs(sp, 4)
-    gather = ring_allgather(4, nbytes, c4.cluster.intra)  # + the LM head's input all-gather
+    gather = collective_time(c4.cluster, "intra", "all_gather", 4, nbytes)  # + the LM head's input all-gather
     assert c_sp.fwd(1) - shard == pytest.approx(2 * c4.stages[1].transformer_layers * 2 * gather + gather + loss)
 
 
@@ -173,7 +174,7 @@ def test_embedding_and_head_tensor_parallel_collectives():
     prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2, 4), tensor_sizes=(1, 4))
     c4 = _costs(prof, 4)
     nbytes = 2 * prof.shape.seq * prof.shape.hidden * 2
-    one = ring_allreduce(4, nbytes, c4.cluster.intra)
+    one = collective_time(c4.cluster, "intra", "all_reduce", 4, nbytes)
     assert c4.stages[0].has_embedding and not c4.stages[0].has_head
     assert c4.stages[1].has_head and not c4.stages[1].has_embedding
     for stage in (0, 1):
@@ -181,7 +182,7 @@ def test_embedding_and_head_tensor_parallel_collectives():
         shard_f = sum(x.shard_time("fwd", 2, 4) for x in layers)
         shard_b = sum(x.shard_time("bwd", 2, 4) for x in layers)
         body = 2 * c4.stages[stage].transformer_layers * one
-        loss = 3 * ring_allreduce(4, 2 * prof.shape.seq * 4.0, c4.cluster.intra)
+        loss = 3 * collective_time(c4.cluster, "intra", "all_reduce", 4, 2 * prof.shape.seq * 4.0)
         assert c4.fwd(stage) == pytest.approx(shard_f + body + (one if stage == 0 else loss))
         assert c4.bwd(stage) == pytest.approx(shard_b + body + (one if stage == 1 else 0.0))
     c1 = _costs(prof, 1)
@@ -303,9 +304,9 @@ def test_blocking_p2p_holds_the_sender_and_is_not_counted_twice():
     blocking = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
     plain, held = _costs(prof, 2), _costs(blocking, 2)
     full = plain.stages[0].out_bytes * 2
-    send = plain.link(0, 1).time(full / 2) + ring_allgather(2, full, plain.cluster.intra)
+    send = plain.send_time(0, 1, full / 2) + collective_time(plain.cluster, "intra", "all_gather", 2, full)
     assert held.fwd(0) - plain.fwd(0) == pytest.approx(send)
-    assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.link(0, 1).time(full / 2))
+    assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.send_time(0, 1, full / 2))
     assert plain.p2p("SEND_F", 0, 1, 0, 1) > 0
     assert held.p2p("SEND_F", 0, 1, 0, 1) == 0.0
 

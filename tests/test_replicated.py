@@ -204,19 +204,37 @@ RR_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def rr_runs() -> dict:  # type: ignore[type-arg]
-    from executor.launch import launch
+def _rr_plan(name: str):  # type: ignore[no-untyped-def]
     from executor.plan import RunPlan
-    out = {}
-    for policy in ("prefetch", "grouped"):
-        names = [n for n, p in RR_PLANS.items() if p.get("p2p", "prefetch") == policy]
-        plans = [RunPlan.direct("1f1b-rr", 4, RR_PLANS[n]["N"], replication=RR_PLANS[n]["replication"],
-                                recompute=bool(RR_PLANS[n].get("recompute")),
-                                **({"model_overrides": RR_PLANS[n]["model"]} if RR_PLANS[n]["model"] else {}))
-                 for n in names]
-        res = launch(plans, 4, check=True, timeout=120, p2p=policy)
-        out.update(dict(zip(names, res["runs"], strict=True)))
+    p = RR_PLANS[name]
+    return RunPlan.direct("1f1b-rr", 4, p["N"], replication=p["replication"], recompute=bool(p.get("recompute")),
+                          **({"model_overrides": p["model"]} if p["model"] else {}))
+
+
+def _stash_plan():  # type: ignore[no-untyped-def]
+    from executor.plan import RunPlan
+    return RunPlan.direct("pipedream-rr", 4, 8, replication="2,1,1", iterations=2)
+
+
+@pytest.fixture(scope="module")
+def prefetch_launch() -> dict:  # type: ignore[type-arg]
+    """One launch of 4 gloo processes (the default prefetch policy) for the synchronous RR plans and the
+    PipeDream-RR stash plan, in sequence on one process group (as tests/test_executor_run.py does): a launch
+    costs seconds of process start-up, the plans' runs a fraction of it."""
+    from executor.launch import launch
+    names = [n for n, p in RR_PLANS.items() if p.get("p2p", "prefetch") == "prefetch"]
+    stash = _stash_plan()
+    runs = launch([*(_rr_plan(n) for n in names), stash], 4, check=True, timeout=180, p2p="prefetch")["runs"]
+    return {"rr": dict(zip(names, runs[:-1], strict=True)), "stash": {"plan": stash, "run": runs[-1]}}
+
+
+@pytest.fixture(scope="module")
+def rr_runs(prefetch_launch: dict) -> dict:  # type: ignore[type-arg]
+    from executor.launch import launch
+    out = dict(prefetch_launch["rr"])
+    names = [n for n, p in RR_PLANS.items() if p.get("p2p", "prefetch") == "grouped"]
+    res = launch([_rr_plan(n) for n in names], 4, check=True, timeout=120, p2p="grouped")
+    out.update(dict(zip(names, res["runs"], strict=True)))
     return out
 
 
@@ -241,11 +259,8 @@ def test_predict_a_named_replication() -> None:
 
 
 @pytest.fixture(scope="module")
-def stash_run() -> dict:  # type: ignore[type-arg]
-    from executor.launch import launch
-    from executor.plan import RunPlan
-    plan_ = RunPlan.direct("pipedream-rr", 4, 8, replication="2,1,1", iterations=2)
-    return {"plan": plan_, "run": launch([plan_], 4, check=True, timeout=180)["runs"][0]}
+def stash_run(prefetch_launch: dict) -> dict:  # type: ignore[type-arg]
+    return prefetch_launch["stash"]
 
 
 @pytest.mark.slow

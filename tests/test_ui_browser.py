@@ -14,11 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import ADMIN, WORKER, LiveServer, wait_for
+from api_support import ADMIN, WORKER, LiveServer, seeded_server, wait_for
 from browser.support import (
     ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     VIEWPORT,
     Console,
     agent_process,
@@ -36,39 +34,14 @@ pytestmark = [needs_browser, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from api.seed import seed
-    from db.migrate import upgrade
-
-    tmp = tmp_path_factory.mktemp("ui-server")
-    url = f"sqlite:///{tmp / 'pipeplan.db'}"
-    upgrade(url)
-    seed(url)
+def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # plan wait 0: POST /plans answers 202 at once, so the new-plan page shows its progress and polls
-    srv = LiveServer(url, tmp, PIPEPLAN_LEASE_SECONDS="5", PIPEPLAN_PLAN_WAIT_SECONDS="0").start()
+    srv = seeded_server(seeded_sqlite, tmp_path_factory, PIPEPLAN_LEASE_SECONDS="5",
+                        PIPEPLAN_PLAN_WAIT_SECONDS="0")
     try:
         yield srv
     finally:
         srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def console() -> Iterator[Console]:
-    c = Console()
-    yield c
-    assert c.errors == [], "console/page errors:\n" + "\n".join(c.errors)
 
 
 def _profile_and_cluster(srv: LiveServer, profile: str, device: str, cluster: str) -> tuple[int, int]:

@@ -1,47 +1,21 @@
-"""Fixtures of the browser tests under tests/browser/: one seeded server per module (uvicorn, SQLite in a temp
-dir, a random port), Debian's Chromium through Playwright, and the console-error collector."""
+"""Fixtures of the browser tests under tests/browser/: one seeded server per module (uvicorn, a fresh copy of
+the session's seeded SQLite template in a temp dir, a random port). Chromium (``browser``, one per session) and
+the console-error collector (``console``) are in tests/browser/fixtures.py, shared with tests/test_ui_browser.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
-from api_support import LiveServer
-
-from browser.support import CHROMIUM, CHROMIUM_ARGS, Console
+from api_support import LiveServer, seeded_server
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from api.seed import seed
-    from db.migrate import upgrade
-
-    tmp = tmp_path_factory.mktemp("ui-server")
-    url = f"sqlite:///{tmp / 'pipeplan.db'}"
-    upgrade(url)
-    seed(url)
-    srv = LiveServer(url, tmp, PIPEPLAN_LEASE_SECONDS="30", PIPEPLAN_PLAN_WAIT_SECONDS="0").start()
+def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    srv = seeded_server(seeded_sqlite, tmp_path_factory, PIPEPLAN_LEASE_SECONDS="30",
+                        PIPEPLAN_PLAN_WAIT_SECONDS="0")
     try:
         yield srv
     finally:
         srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def console() -> Iterator[Console]:
-    c = Console()
-    yield c
-    assert c.errors == [], "console/page errors:\n" + "\n".join(c.errors)
