@@ -57,12 +57,13 @@ PORT ?= 8000
 PIPEPLAN_ADMIN_TOKEN ?= dev-admin-token
 PIPEPLAN_WORKER_TOKEN ?= dev-worker-token
 PIPEPLAN_OPEN_READS ?= 1
+# one command: it checks that the port is free before it upgrades and seeds the database (a minute on a
+# first start), and fails at once naming the port otherwise
 serve: $(STAMP)
-	$(BIN)/python -m pipeplan.cli db-upgrade
-	$(BIN)/python -m pipeplan.cli seed
 	@echo "admin token: $(PIPEPLAN_ADMIN_TOKEN)  worker token: $(PIPEPLAN_WORKER_TOKEN)"
 	PIPEPLAN_ADMIN_TOKEN=$(PIPEPLAN_ADMIN_TOKEN) PIPEPLAN_WORKER_TOKEN=$(PIPEPLAN_WORKER_TOKEN) \
-	PIPEPLAN_OPEN_READS=$(PIPEPLAN_OPEN_READS) $(BIN)/python -m pipeplan.cli serve --host 127.0.0.1 --port $(PORT) --agent
+	PIPEPLAN_OPEN_READS=$(PIPEPLAN_OPEN_READS) $(BIN)/python -m pipeplan.cli serve --upgrade --seed \
+	  --host 127.0.0.1 --port $(PORT) --agent
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

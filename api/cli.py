@@ -53,11 +53,19 @@ def register(app: typer.Typer) -> None:
         upgrade_db: Annotated[bool, typer.Option("--upgrade/--no-upgrade", help="migrate the database first")] = False,
         seed_db: Annotated[bool, typer.Option("--seed/--no-seed", help="store the example data first")] = False,
         agent: Annotated[bool, typer.Option("--agent/--no-agent", help="also run one local CPU agent")] = False,
+        warm: Annotated[bool, typer.Option(
+            "--warm/--no-warm", help="load transformers in the background once the API listens, so that the first "
+            "POST /profiles/hf-config does not wait for it (seconds)")] = True,
         log_level: Annotated[str, typer.Option()] = "info",
     ) -> None:
         """Run the API with uvicorn (settings from PIPEPLAN_* and DATABASE_URL)."""
         import uvicorn
 
+        busy = port_in_use(host, port)  # before the database upgrade and the seeding (a minute on a first start)
+        if busy:
+            typer.echo(f"error: port {port} on {host} is in use ({busy}); choose another port: "
+                       f"`make serve PORT=8123` or `pipeplan serve --port 8123`", err=True)
+            raise typer.Exit(2)
         if upgrade_db:
             db_upgrade_cmd(None)
         if seed_db:
@@ -76,6 +84,8 @@ def register(app: typer.Typer) -> None:
             launcher = AgentLauncher(cmd, {**os.environ, "PIPEPLAN_WORKER_TOKEN": token},
                                      "127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
             launcher.start()
+        if warm:
+            HFWarmer("127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port).start()
         try:
             from api.accesslog import quiet_polls
 
@@ -146,6 +156,62 @@ def register(app: typer.Typer) -> None:
                  run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
                  heartbeat=heartbeat, host=host, launcher=job_launcher)
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (the OS's words, e.g. "Address already in use"), else None.
+    Bound as uvicorn binds (``SO_REUSEADDR``: a port left in TIME_WAIT by a stopped server is free) and
+    released at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"cannot resolve {host!r}: {e.strerror}"
+    family, kind, proto, _name, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def wait_listening(addr: tuple[str, int], until: float, stopping: threading.Event | None = None) -> bool:
+    """Wait until ``addr`` accepts connections (True) or the monotonic time ``until`` passes (False)."""
+    while time.monotonic() < until and not (stopping is not None and stopping.is_set()):
+        try:
+            socket.create_connection(addr, timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+class HFWarmer(threading.Thread):
+    """Loads what ``POST /profiles/hf-config`` needs -- ``transformers`` (which imports torch) and each supported
+    model type's configuration class (:func:`profiler.hf_config.warm`) -- once the API listens, so that readiness
+    is not delayed and the first request does not wait for the import (measured on the 2-core machine: 15 s
+    for the first request before, 0.2 s after; README). A request that comes during the warm-up waits for the
+    import in progress (Python's import lock), no longer than it would have."""
+
+    def __init__(self, host: str, port: int, wait: float = 120.0) -> None:
+        super().__init__(name="hf-warm-up", daemon=True)
+        self.addr, self.wait = (host, port), wait
+
+    def run(self) -> None:
+        if not wait_listening(self.addr, time.monotonic() + self.wait):
+            return
+        log = logging.getLogger("pipeplan.warm")
+        t0 = time.perf_counter()
+        try:
+            from profiler.hf_config import warm
+
+            warm()
+        except Exception as e:  # noqa: BLE001 - a warm-up must never take the server down
+            log.warning("warm-up of transformers failed (the first hf-config request will load it): %s", e)
+            return
+        log.info("transformers loaded for /profiles/hf-config in %.1f s (background warm-up)",
+                    time.perf_counter() - t0)
 
 
 class AgentLauncher(threading.Thread):

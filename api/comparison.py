@@ -30,7 +30,9 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
             ("throughput", cand.get("throughput"), thr_m),
             ("bubble_ratio", cand.get("bubble_ratio"), res.bubble_ratio if res else None)]
     devices = []
-    mem = cand.get("memory") or []
+    # the measured peak is the allocator's (torch.cuda.max_memory_allocated: executor/rank.py), without the
+    # framework/workspace reserve the plan counts per device: compare it with the model's own memory
+    mem = cand.get("model_memory") or [m - float(cand.get("memory_reserve") or 0.0) for m in cand.get("memory") or []]
     for d, dev in enumerate(res.devices if res else []):
         entry = dict(dev)
         peak = dev.get("peak_memory")

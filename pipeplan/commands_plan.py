@@ -48,18 +48,24 @@ def _request(**kw: object) -> TrainingRequest:
     raise AssertionError  # unreachable
 
 
+def _memory_cell(c: Candidate) -> str:
+    """The fullest device's peak as the model's own bytes + the request's reserve (``--memory-reserve``, GiB): the
+    reserve alone (2 GiB by default) would otherwise read as the model's memory on a small model."""
+    return f"{max(c.model_memory, default=0) / 2**30:.3g} + {c.memory_reserve / 2**30:.2f}"
+
+
 def _table(cands: list[Candidate], title: str) -> Table:
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
     for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
-                "peak mem (GiB)", *(["the same as"] if alternatives else [])):
+                "peak mem GiB (model + reserve)", *(["the same as"] if alternatives else [])):
         t.add_column(col, justify="left" if col in ("schedule", "the same as") else "right")
     for i, c in enumerate(cands):
         cfg = c.config
         t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data), str(cfg.micro_batch),
                   str(c.microbatches), c.name or schedule_label(cfg),
                   "yes" if cfg.recompute else "", f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
-                  f"{c.bubble_ratio:.3f}", f"{max(c.memory, default=0) / 2**30:.1f}",
+                  f"{c.bubble_ratio:.3f}", _memory_cell(c),
                   *([", ".join(c.alternatives)] if alternatives else []))
     return t
 
@@ -80,12 +86,16 @@ def register(app: typer.Typer) -> None:
         schedules: Annotated[str | None, typer.Option(help="comma-separated allowed schedules")] = None,
         allow_async: Annotated[bool, typer.Option(help="include PipeDream and 2BW")] = False,
         max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
+        memory_reserve: Annotated[float | None, typer.Option(
+            help="GiB per device set aside for the framework and workspace (default 2), counted in each "
+                 "device's peak beside the model's own memory")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
     ) -> None:
         """Rank every valid configuration by predicted throughput."""
         prof, cl = _load(profile, cluster)
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
-                       max_tensor=max_tensor, schedules=schedules.split(",") if schedules else None)
+                       max_tensor=max_tensor, schedules=schedules.split(",") if schedules else None,
+                       memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
         try:
             res = plan(prof, cl, req)
         except ValueError as e:

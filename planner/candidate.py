@@ -22,8 +22,13 @@ class Candidate:
     iteration_time: float = math.inf
     throughput: float = 0.0
     bubble_ratio: float = 1.0
+    #: per device, bytes at its peak: model state + activations + ``memory_reserve`` (:mod:`planner.memory`);
+    #: a candidate fits when the largest is at most ``memory_capacity``
     memory: list[float] = field(default_factory=list)
     memory_capacity: float = 0.0
+    #: bytes per device set aside for the framework and workspace (the request's ``memory_reserve_bytes``),
+    #: part of ``memory``: ``model_memory`` is the model's own share
+    memory_reserve: float = 0.0
     fits: bool = False
     reason: str = ""
     breakdown: dict[str, float] = field(default_factory=dict)
@@ -41,6 +46,12 @@ class Candidate:
     alternatives: list[str] = field(default_factory=list)
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
+
+    @property
+    def model_memory(self) -> list[float]:
+        """Per device, the model's own bytes at its peak (weights, gradients, optimizer state, activations):
+        ``memory`` without the reserve."""
+        return [max(m - self.memory_reserve, 0.0) for m in self.memory]
 
     @property
     def run_spec(self) -> RunSpec:
@@ -76,6 +87,8 @@ class Candidate:
             "iteration_time": self.iteration_time, "throughput": self.throughput,
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
+            "memory_reserve": self.memory_reserve, "model_memory": self.model_memory,
+            "model_peak_memory": max(self.model_memory, default=0.0),
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",

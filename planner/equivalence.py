@@ -16,6 +16,10 @@ a canonical form per device:
 - the layers each device holds (every replica's: Chimera's and GEMS's second copy is memory too) are part
   of what runs.
 
+Candidates that do not fit are collapsed alike (their lists built from the run spec when they were
+rejected before simulation): with D = 2 and N = 1, 1F1B and GPipe run ``F0 B0`` on each device, one row
+whether it fits or not.
+
 With D = 1, for instance, 1F1B, GPipe, zero-bubble H1 and Hanayo with any number of waves all run
 ``F0 B0`` when N = 1: plain data parallelism, shown once as "data parallel". (With N > 1 GPipe runs every
 forward first and holds N micro-batches of activations: a different configuration, and a separate row.)
@@ -29,6 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.request import ASYNC_SCHEDULES
+from planner.runspec import schedule_microbatches
+from planner.schedules import inflight, inflight_exact, splits_backward
+from planner.schedules.ir import Schedule
 
 Step = tuple[str, int, int, int, int, int]  # kind, replica, first layer, end layer, micro-batch, span
 
@@ -75,21 +82,67 @@ def held(sched: Any, device: int, partition: Sequence[Sequence[int]]) -> list[tu
     return sorted((lo, hi) for _r, lo, hi in out)
 
 
-def _device_signature(cand: Any, device: int) -> tuple[Any, ...]:
-    """What ``device`` of ``cand`` holds and runs (canonical form)."""
-    sched, part = cand.costs.schedule, cand.partition
+def full_schedule(cand: Any) -> Schedule | None:
+    """The action lists ``cand`` runs: the simulated ones, or -- for a candidate rejected before it was
+    simulated, whose costs hold at most the schedule's shape (empty lists, :meth:`planner.shapes.ScheduleCache.
+    schedule` with ``full=False``) -- built from its run spec, as the executor builds them. None when there is
+    no partition (rejected before partitioning) or the schedule cannot be built."""
+    if not cand.partition:
+        return None
+    costs = getattr(cand, "costs", None)
+    sched = costs.schedule if costs is not None else None
+    if sched is not None and all(sched.actions):  # every device computes: empty lists are a shape only
+        return sched
+    try:
+        return cand.run_spec.schedule()
+    except ValueError:
+        return None
+
+
+def _simulated(cand: Any) -> bool:
+    costs = getattr(cand, "costs", None)
+    return costs is not None and costs.schedule is not None and all(costs.schedule.actions)
+
+
+def _same_figures(a: Any, b: Any) -> bool:
+    """Whether two rows read the same: predicted time and per-device memory. Twins that were not simulated
+    (rejected for memory before it) have the same figures -- the memory model counts what the lists hold and
+    keep in flight -- so rows whose figures differ need no lists built to be told apart."""
+    return a.iteration_time == b.iteration_time and len(a.memory) == len(b.memory) and all(
+        math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a.memory, b.memory, strict=True))
+
+
+def _same_inflight(a: Any, b: Any) -> bool:
+    """False when a split backward meets an unsplit one on two or more devices, or when the in-flight
+    micro-batches per (replica, stage) of the two schedules, known without their lists
+    (:func:`planner.schedules.inflight`), differ where both are exact: their lists differ too."""
+    ca, cb = a.config, b.config
+    # a split backward (I, then W) on two or more devices sends some stage's gradient upstream between its I
+    # and W: never a plain B (canonical), so a split and an unsplit schedule differ there
+    if ca.pipeline > 1 and splits_backward(ca.schedule) != splits_backward(cb.schedule):
+        return False
+    if not (inflight_exact(ca.schedule) and inflight_exact(cb.schedule)):
+        return True
+    n = schedule_microbatches(ca, a.microbatches)
+    try:
+        fa = inflight(ca.schedule, ca.pipeline, n, **ca.schedule_params())
+        fb = inflight(cb.schedule, cb.pipeline, schedule_microbatches(cb, b.microbatches), **cb.schedule_params())
+    except ValueError:
+        return True
+    return fa is None or fb is None or fa == fb
+
+
+def _device_signature(sched: Schedule, part: Sequence[Sequence[int]], device: int) -> tuple[Any, ...]:
+    """What ``device`` holds and runs under ``sched`` with stage partition ``part`` (canonical form)."""
     return tuple(held(sched, device, part)), tuple(canonical(sched.actions[device], part, sched.placement))
 
 
-def _comparable(cand: Any) -> bool:
-    return cand.costs is not None and cand.costs.schedule is not None and bool(cand.partition)
-
-
 def _signature(cand: Any) -> tuple[Any, ...] | None:
-    """What runs and what is held, device by device; None when it cannot be told (not simulated)."""
-    if not _comparable(cand):
+    """What runs and what is held, device by device; None when it cannot be told (no partition)."""
+    sched = full_schedule(cand)
+    if sched is None:
         return None
-    return tuple(_device_signature(cand, d) for d in range(len(cand.costs.schedule.actions)))
+    return tuple(_device_signature(sched, cand.partition, d) for d in range(len(sched.actions)))
 
 
 def _key(cand: Any) -> tuple[Any, ...]:
@@ -137,19 +190,29 @@ class Twins:
     def __init__(self, forms: dict[tuple[int, int], tuple[Any, ...]] | None = None) -> None:
         self.groups: dict[tuple[Any, ...], list[Any]] = {}
         self.forms: dict[tuple[int, int], tuple[Any, ...]] = forms if forms is not None else {}
+        self._schedules: dict[int, Schedule | None] = {}
+
+    def _schedule(self, c: Any) -> Schedule | None:
+        if id(c) not in self._schedules:
+            self._schedules[id(c)] = full_schedule(c)
+        return self._schedules[id(c)]
 
     def _form(self, c: Any, d: int) -> tuple[Any, ...]:
         f = self.forms.get((id(c), d))
         if f is None:
-            f = self.forms[(id(c), d)] = _device_signature(c, d)
+            sched = self._schedule(c)
+            assert sched is not None
+            f = self.forms[(id(c), d)] = _device_signature(sched, c.partition, d)
         return f
 
     def same(self, a: Any, b: Any) -> bool:
-        if not (_comparable(a) and _comparable(b)):
+        if not (_simulated(a) and _simulated(b)) and not (_same_figures(a, b) and _same_inflight(a, b)):
+            return False  # building lists is costly (D x N actions): only for rows that may be the same
+        sa, sb = self._schedule(a), self._schedule(b)
+        if sa is None or sb is None:
             return False
-        n = len(a.costs.schedule.actions)
-        return n == len(b.costs.schedule.actions) and all(
-            self._form(a, d) == self._form(b, d) for d in reversed(range(n)))
+        n = len(sa.actions)
+        return n == len(sb.actions) and all(self._form(a, d) == self._form(b, d) for d in reversed(range(n)))
 
     def add(self, cand: Any) -> Any:
         group = self.groups.setdefault(_key(cand), [])

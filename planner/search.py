@@ -119,7 +119,7 @@ class Planner:
         W, b = config.data, config.micro_batch
         N = req.global_batch // (W * b)
         cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes),
-                         global_batch=req.global_batch)
+                         memory_reserve=float(req.memory_reserve_bytes), global_batch=req.global_batch)
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
@@ -384,7 +384,7 @@ class Planner:
             _keep_best(infeasible, k)
         results.sort(key=_rank_key)
         results = collapse(results, top.twins)
-        infeasible.sort(key=_rank_key)
+        infeasible = collapse(sorted(infeasible, key=_rank_key))  # twins that do not fit are one row too
         for c in results[:k] + infeasible[:k]:
             self.explain(c)
         return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs) + len(pending),

@@ -30,6 +30,7 @@ Mistral's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,31 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
 
 
+_IMPORT = threading.Lock()
+_WARMED: list[Any] = []  # AutoConfig, once every supported type's configuration class is loaded
+
+
+def auto_config() -> Any:
+    """``transformers.AutoConfig`` with each supported model type's configuration class loaded (the import of
+    transformers, and torch with it: seconds), once, under a lock: transformers is a lazy module, and a thread
+    that reaches it while another is still loading it gets "cannot import name 'AutoConfig'" (seen with the
+    server's background warm-up and a request at once; two first requests at once likewise)."""
+    with _IMPORT:
+        if not _WARMED:
+            from transformers import AutoConfig
+
+            for model_type in SUPPORTED:
+                AutoConfig.for_model(model_type)
+            _WARMED.append(AutoConfig)
+        return _WARMED[0]
+
+
+def warm() -> None:
+    """What the first :func:`spec_from_hf_dict` would otherwise spend (:func:`auto_config`): ``pipeplan serve``
+    calls it in a background thread once the API listens (api/cli.py)."""
+    auto_config()
+
+
 def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | None = None,
                       source: str = "") -> ModelSpec:
     """The parsed JSON of a config.json as a :class:`ModelSpec` (through ``transformers.AutoConfig``)."""
@@ -147,7 +173,7 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
                 raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
             if value > LIMITS[ours]:
                 raise HFConfigError(theirs, f"{value} is beyond any published model (at most {LIMITS[ours]})")
-    from transformers import AutoConfig
+    AutoConfig = auto_config()
 
     fields = {k: v for k, v in data.items() if k != "model_type"}
     try:
@@ -164,7 +190,7 @@ DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop"
 def trains_with_dropout(data: dict[str, Any]) -> bool:
     """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2: 0), the library's
     defaults filled in; the operator model then counts the dropout masks (planner.operators.OperatorOptions)."""
-    from transformers import AutoConfig
+    AutoConfig = auto_config()
 
     model_type = data.get("model_type")
     if model_type not in SUPPORTED:

@@ -184,7 +184,8 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
     assert bad.status_code == 422 and "iteration_time" in bad.json()["detail"]
     pred = plan["candidates"][0]
     measured = {"worker_id": w["id"], "iteration_time": pred["iteration_time"] * 1.2, "bubble_ratio": 0.1,
-                "devices": [{"busy": 1.0, "idle": 0.1, "peak_memory": pred["memory"][0]}], "emulated": True,
+                # the allocator's peak (executor/rank.py): the model's own memory, the reserve not in it
+                "devices": [{"busy": 1.0, "idle": 0.1, "peak_memory": pred["model_memory"][0]}], "emulated": True,
                 "trace": "{}", "raw": {"iteration_time": pred["iteration_time"] * 1.2}}
     r = client.post(f"/jobs/{job['id']}/result", json=measured, headers=mine)
     assert r.status_code == 201, r.text

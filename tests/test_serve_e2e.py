@@ -1,5 +1,5 @@
 """``make serve`` as a newcomer runs it (issue 13 item 1): from the repository root, the Makefile's own recipe
-(``db-upgrade``, ``seed``, ``serve --agent``) with its defaults -- only the port (``PORT=``, 8000 may be in
+(``serve --upgrade --seed --agent``) with its defaults -- only the port (``PORT=``, 8000 may be in
 use) and the data directory (``PIPEPLAN_DATA_DIR``, so the developer's ``data/`` is left alone) differ. A plan
 on the local CPU cluster with the seeded, measured CPU profile is dispatched to the local agent and runs to
 ``succeeded`` with measured figures beside the predicted ones."""
@@ -11,7 +11,9 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,24 @@ def test_make_serve_runs_a_job_to_done(served: Any) -> None:
     assert "seeding: measuring cluster local-cpu-4" in log and re.search(r"local-cpu-4.*: done in \d+\.\d s", log)
     assert log.index("seeding: measuring") < log.index("seeded in") < log.index("Uvicorn running")
     assert "ConnectError" not in log and "Connection refused" not in log, log[-3000:]
+
+
+def test_make_serve_on_a_busy_port_fails_at_once(tmp_path: Path) -> None:
+    """A port already in use fails before the database is upgraded and seeded (a minute on a first start),
+    naming the port and how to choose another (the Makefile's ``PORT``)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PIPEPLAN_", "MAKE", "MFLAGS")) and k != "DATABASE_URL"}
+    env["PIPEPLAN_DATA_DIR"] = str(tmp_path / "data")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        out = subprocess.run(["make", "-o", ".venv/.installed", "serve", f"PORT={port}"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=240)
+    log = out.stdout + out.stderr
+    assert out.returncode != 0, log
+    assert f"port {port} on 127.0.0.1 is in use" in log and "PORT=" in log, log
+    # nothing was seeded or created before the check
+    assert "seeding:" not in log and not (tmp_path / "data" / "pipeplan.db").exists(), log
+    print(f"make serve on a busy port failed in {time.monotonic() - t0:.1f} s")

@@ -256,6 +256,12 @@ function schedCell(c) {
     `<span class="same-as" title="identical configurations are collapsed into one row">${PP.esc(notes.join(" · "))}</span>` : "");
 }
 
+// the fullest device's peak: "model + reserve" where the plan says them apart (PP.memorySplit)
+function memoryCell(c) {
+  const m = PP.memorySplit(c);
+  return m ? `${PP.fmtBytes(m.model)} + ${PP.fmtGiB(m.reserve)} reserve` : PP.fmtGiB(c.peak_memory);
+}
+
 function renderTable() {
   const rows = visibleRows();
   const html = [];
@@ -270,7 +276,7 @@ function renderTable() {
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
       `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +
-      `<td class="num${over ? " over" : ""}">${PP.fmtGiB(c.peak_memory)} / ${PP.fmtGiB(cap)}</td>` +
+      `<td class="num${over ? " over" : ""}" data-role="memory" title="${PP.esc(PP.MEMORY_TITLE)}">${memoryCell(c)} / ${PP.fmtGiB(cap)}</td>` +
       `<td class="reason">${c.fits ? "fits" : PP.esc(c.reason)}</td>` +
       `<td>${c.feasible ? `<button type="button" class="export-btn" data-rank="${c.rank}" title="as Megatron-LM, torchtitan or DeepSpeed settings">Export</button>` : ""}</td></tr>`);
   }
@@ -301,7 +307,7 @@ async function compare() {
     return `<article class="card" data-rank="${r}">
       <header><strong>#${r + 1}</strong> ${PP.esc(c.label)}</header>
       <div class="figures">iteration <b>${PP.fmtTime(c.iteration_time)}</b> · throughput <b>${PP.fmtNum(c.throughput)}</b>/s ·
-        bubble <b>${PP.fmtPct(c.bubble_ratio)}</b> · N=${c.microbatches} · peak ${PP.fmtGiB(c.peak_memory)} of ${PP.fmtGiB(c.memory_capacity)}<br>
+        bubble <b>${PP.fmtPct(c.bubble_ratio)}</b> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
         <span class="muted">compute ${PP.fmtTime(b.compute)} · bubble ${PP.fmtTime(b.bubble)} · exposed all-reduce ${PP.fmtTime(b.allreduce_exposed)} ·
         step ${PP.fmtTime(b.step)} · comm busy ${PP.fmtTime(b.comm_busy)}</span></div>
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>

@@ -88,6 +88,16 @@ const PP = (() => {
     return (s * 1e6).toPrecision(4) + " µs";
   }
   const fmtGiB = (b) => (num(b) ? (b / 2 ** 30).toFixed(2) + " GiB" : "–");
+  // bytes in MiB below 1 GiB (a small model's own memory would read "0.00 GiB")
+  const fmtBytes = (b) => (!num(b) ? "–" : b >= 2 ** 30 ? fmtGiB(b) : (b / 2 ** 20).toFixed(b >= 10 * 2 ** 20 ? 0 : 1) + " MiB");
+  // a candidate's peak split: the model's own (weights, gradients, optimizer state, activations) and the reserve
+  // set aside per device for the framework and workspace (the request's memory_reserve_bytes); plans stored
+  // before the split have only the total
+  const memorySplit = (c) => (num(c.memory_reserve) && num(c.model_peak_memory)
+    ? { model: c.model_peak_memory, reserve: c.memory_reserve } : null);
+  const MEMORY_TITLE = "the fullest device's peak: the model's own memory (weights, gradients, optimizer state, " +
+    "activations) + the reserve set aside per device for the framework and workspace (the request's " +
+    "memory_reserve_bytes, 2 GiB by default) / the device's capacity; a candidate fits when model + reserve is at most the capacity";
   const fmtPct = (x) => (num(x) ? (100 * x).toFixed(1) + " %" : "–");
   const fmtNum = (x, d = 1) => (num(x) ? x.toFixed(d) : "–");
   const fmtErr = (x) => (num(x) ? (x >= 0 ? "+" : "") + (100 * x).toFixed(1) + " %" : "–");
@@ -149,16 +159,24 @@ const PP = (() => {
     const cap = cand.memory_capacity;
     const gib = (b) => b / 2 ** 30;
     const names = labels && labels.length === mem.length ? labels : mem.map((_, d) => "P" + d);
+    const reserve = num(cand.memory_reserve) ? cand.memory_reserve : 0;
+    // one bar per device: the model's own memory standing on the reserve (a grey band from 0), since the fit
+    // rule counts both against the capacity
     const traces = [{
-      type: "bar", x: names, y: mem.map(gib), name: "peak memory",
-      marker: { color: mem.map((m) => (cap && m > cap ? "#d62728" : "#4c9a2a")) },
-      hovertemplate: "%{x}: %{y:.2f} GiB<extra></extra>",
+      type: "bar", x: names, y: mem.map((m) => gib(Math.max(m - reserve, 0))), base: mem.map(() => gib(reserve)),
+      name: "model", marker: { color: mem.map((m) => (cap && m > cap ? "#d62728" : "#4c9a2a")) },
+      customdata: mem.map(gib),
+      hovertemplate: `%{x}: model %{y:.3f} GiB + reserve ${gib(reserve).toFixed(2)} GiB = %{customdata:.2f} GiB<extra></extra>`,
     }];
+    const band = reserve > 0 ? [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: 0, y1: gib(reserve), layer: "below",
+      fillcolor: "#d9d9d9", opacity: 0.6, line: { width: 0 } }] : [];
+    const bandNote = reserve > 0 ? [{ xref: "paper", x: 0, xanchor: "left", y: gib(reserve), yanchor: "top",
+      text: "reserve " + gib(reserve).toFixed(2) + " GiB", showarrow: false, font: { size: 10, color: "#555" } }] : [];
     const layout = {
       height: 190, margin: { l: 50, r: 10, t: 10, b: 30 }, showlegend: false,
       yaxis: { title: { text: "GiB" }, rangemode: "tozero", range: [0, Math.max(gib(cap || 0), ...mem.map(gib)) * 1.08] },
-      shapes: cap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: gib(cap), y1: gib(cap), line: { color: "#d62728", dash: "dash", width: 1.5 } }] : [],
-      annotations: cap ? [{ xref: "paper", x: 1, xanchor: "right", y: gib(cap), yanchor: "bottom", text: "capacity " + gib(cap).toFixed(0) + " GiB", showarrow: false, font: { size: 10, color: "#d62728" } }] : [],
+      shapes: band.concat(cap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: gib(cap), y1: gib(cap), line: { color: "#d62728", dash: "dash", width: 1.5 } }] : []),
+      annotations: bandNote.concat(cap ? [{ xref: "paper", x: 1, xanchor: "right", y: gib(cap), yanchor: "bottom", text: "capacity " + gib(cap).toFixed(0) + " GiB", showarrow: false, font: { size: 10, color: "#d62728" } }] : []),
     };
     await P.react(el, traces, layout, PLOT_CONFIG);
   }
@@ -188,6 +206,6 @@ const PP = (() => {
   const deviceNoun = (device, n = 2) => (isCpu(device) ? (n === 1 ? "CPU process" : "CPU processes") : (n === 1 ? "GPU" : "GPUs"));
   const devices = (device, n) => `${n} ${deviceNoun(device, n)}`;
 
-  return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtPct, fmtNum, fmtErr, fmtDate, ago,
+  return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
            schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown };
 })();

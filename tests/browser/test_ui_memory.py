@@ -1,0 +1,49 @@
+"""The plan page shows the model's own peak memory and the reserve apart (newcomer pass: every candidate on the
+4 GiB local CPU cluster read "2.00 GiB", the request's default reserve), with a tooltip saying the fits rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_support import ADMIN, AUTH, LiveServer, tiny_profile, wait_for
+
+from browser.support import Console, needs_browser
+
+pytestmark = [needs_browser, pytest.mark.slow]
+CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu-4.json"
+
+
+def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: Any, console: Console) -> None:
+    with server.client() as c:
+        p = c.post("/profiles", json=tiny_profile(), headers=AUTH)
+        cl = c.post("/clusters", json=json.loads(CLUSTER.read_text()), headers=AUTH)
+        assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
+        r = c.post("/plans", json={"profile_id": p.json()["id"], "cluster_id": cl.json()["id"], "global_batch": 8,
+                                   "top": 3}, headers=AUTH)
+        assert r.status_code in (200, 201, 202), r.text
+        pid = r.json()["id"]
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            c.get(f"/plans/{pid}", headers=AUTH).json()), timeout=240, what="plan done")
+    assert plan["status"] == "done" and plan["candidates"]
+    best = plan["candidates"][0]
+    assert best["memory_reserve"] == 2 * 2**30 and best["model_peak_memory"] < 0.1 * 2**30
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.goto(f"{server.url}/ui/plans/{pid}")
+    cell = page.locator('#cands tbody tr[data-rank="0"] td[data-role="memory"]')
+    cell.wait_for()
+    text = cell.inner_text()
+    assert " MiB + 2.00 GiB reserve / 4.00 GiB" in text, text
+    assert "reserve" in (cell.get_attribute("title") or "") and "fits when" in (cell.get_attribute("title") or "")
+    assert "model + reserve" in page.locator('#cands th[data-key="peak_memory"]').inner_text()
+    # the selected candidate's chart: one bar per device standing on the reserve band, which is labelled
+    page.goto(f"{server.url}/ui/plans/{pid}?sel=0")
+    page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
+    chart = page.locator('[data-role="memory"][data-rank="0"]')
+    assert chart.locator(".point").count() == best["pipeline"]
+    assert "reserve 2.00 GiB" in chart.inner_text()
+    ctx.close()
