@@ -1,9 +1,10 @@
 """A local cluster description measured the way its jobs run (issue 13 item 2): links among as many gloo
 processes at once as the cluster has devices, and the executor's per-action overhead on that many.
 
-The example ``local-cpu-4`` file carries a link measured on a quiet machine with 2 processes (70 us, 5.7
+The example ``local-cpu-4`` file once carried a link measured on a quiet machine with 2 processes (70 us, 5.7
 GB/s); a job runs 4 processes sharing this machine's cores, where one message costs milliseconds
-(``pipeplan profile-links --local-procs 4``: all-reduce ~3.4 ms, 0.29 GB/s, issue 13). Here the same
+(``pipeplan profile-links --local-procs 4``: all-reduce ~3.4 ms, 0.29 GB/s, issue 13). The file now holds a
+snapshot of :func:`measured_cluster` (its ``notes`` give the command and the load). Here the same
 benchmark (:mod:`profiler.links`, Chimera 3.4's alpha-beta fit) and the same overhead measurement
 (:mod:`profiler.overhead`) run with the cluster's process count, and the result replaces the file's
 ``intra``/``inter`` links (point-to-point fit), sets ``allreduce_fit`` (the collective's own fit at that
