@@ -199,7 +199,9 @@ class PlanCreate(TrainingRequest):
                                                                                      max_length=16)
     bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False)
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
-    memory_reserve_bytes: float = Field(default=2 * 2**30, ge=0, le=2**60, allow_inf_nan=False)
+    memory_reserve_bytes: float | None = Field(default=None, ge=0, le=2**60, allow_inf_nan=False,
+                                               description="bytes per device (default: by the cluster's device "
+                                                           "kind, planner.reserve)")
     top: StrictInt = Field(default=10, gt=0, le=MAX_TOP, description="candidates to keep")
     allow_async: StrictBool = False
     allow_recompute: StrictBool = True

@@ -19,6 +19,7 @@ from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
+from planner.reserve import resolve_reserve
 from planner.search import Candidate, plan, predict
 from planner.units import devices, is_cpu
 
@@ -50,7 +51,8 @@ def _request(**kw: object) -> TrainingRequest:
 
 def _memory_cell(c: Candidate) -> str:
     """The fullest device's peak as the model's own bytes + the request's reserve (``--memory-reserve``, GiB): the
-    reserve alone (2 GiB by default) would otherwise read as the model's memory on a small model."""
+    reserve alone (2 GiB by default on GPUs, :mod:`planner.reserve`) would otherwise read as the model's memory
+    on a small model."""
     return f"{max(c.model_memory, default=0) / 2**30:.3g} + {c.memory_reserve / 2**30:.2f}"
 
 
@@ -87,8 +89,8 @@ def register(app: typer.Typer) -> None:
         allow_async: Annotated[bool, typer.Option(help="include PipeDream and 2BW")] = False,
         max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
         memory_reserve: Annotated[float | None, typer.Option(
-            help="GiB per device set aside for the framework and workspace (default 2), counted in each "
-                 "device's peak beside the model's own memory")] = None,
+            help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
+                 "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
     ) -> None:
         """Rank every valid configuration by predicted throughput."""
@@ -110,6 +112,9 @@ def register(app: typer.Typer) -> None:
         console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
         console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                       + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
+        resolved, source = resolve_reserve(req, cl)
+        console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
+                      f"({source})", highlight=False)
         _warn(console, res.warnings)  # last: what the user reads first after the table
 
     @app.command("predict")

@@ -29,6 +29,8 @@ class Candidate:
     #: bytes per device set aside for the framework and workspace (the request's ``memory_reserve_bytes``),
     #: part of ``memory``: ``model_memory`` is the model's own share
     memory_reserve: float = 0.0
+    #: which reserve applied: the request's value, or the default of the cluster's device kind (planner.reserve)
+    memory_reserve_source: str = ""
     fits: bool = False
     reason: str = ""
     breakdown: dict[str, float] = field(default_factory=dict)
@@ -87,7 +89,8 @@ class Candidate:
             "iteration_time": self.iteration_time, "throughput": self.throughput,
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
-            "memory_reserve": self.memory_reserve, "model_memory": self.model_memory,
+            "memory_reserve": self.memory_reserve, "memory_reserve_source": self.memory_reserve_source,
+            "model_memory": self.model_memory,
             "model_peak_memory": max(self.model_memory, default=0.0),
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,

@@ -28,7 +28,9 @@ class TrainingRequest(BaseModel):
     micro_batches: list[int] | None = Field(default=None, description="micro-batch sizes to try")
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1,
                                      description="compute efficiency of a t-way split GEMM vs t=1")
-    memory_reserve_bytes: float = Field(default=2 * 2**30, ge=0, description="framework/workspace reserve")
+    memory_reserve_bytes: float | None = Field(
+        default=None, ge=0, description="framework/workspace reserve per device, bytes (default: by the cluster's "
+                                        "device kind, planner.reserve: 2 GiB on GPUs, 320 MiB on CPUs)")
     top: int = Field(default=10, gt=0)
 
     @model_validator(mode="after")

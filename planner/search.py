@@ -48,6 +48,7 @@ from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
+from planner.reserve import resolve_reserve
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
@@ -61,6 +62,8 @@ class Planner:
     """Evaluates and ranks the configurations of one (profile, cluster, request); holds its caches."""
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> None:
+        # the reserve's default depends on the cluster's device kind (planner.reserve); resolved once here
+        request, self.reserve_source = resolve_reserve(request, cluster)
         self.profile, self.cluster, self.request = profile, cluster, request
         self.shapes = ScheduleCache()
         self.memory = MemoryModel(profile, cluster, request, self.shapes)
@@ -119,7 +122,8 @@ class Planner:
         W, b = config.data, config.micro_batch
         N = req.global_batch // (W * b)
         cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes),
-                         memory_reserve=float(req.memory_reserve_bytes), global_batch=req.global_batch)
+                         memory_reserve=float(req.memory_reserve_bytes or 0.0),
+                         memory_reserve_source=self.reserve_source, global_batch=req.global_batch)
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None

@@ -1,9 +1,10 @@
 """A local cluster description measured the way its jobs run (issue 13 item 2): links among as many gloo
 processes at once as the cluster has devices, and the executor's per-action overhead on that many.
 
-The example ``local-cpu-4`` file carries a link measured on a quiet machine with 2 processes (70 us, 5.7
+The example ``local-cpu-4`` file once carried a link measured on a quiet machine with 2 processes (70 us, 5.7
 GB/s); a job runs 4 processes sharing this machine's cores, where one message costs milliseconds
-(``pipeplan profile-links --local-procs 4``: all-reduce ~3.4 ms, 0.29 GB/s, issue 13). Here the same
+(``pipeplan profile-links --local-procs 4``: all-reduce ~3.4 ms, 0.29 GB/s, issue 13). The file now holds a
+snapshot of :func:`measured_cluster` (its ``notes`` give the command and the load). Here the same
 benchmark (:mod:`profiler.links`, Chimera 3.4's alpha-beta fit) and the same overhead measurement
 (:mod:`profiler.overhead`) run with the cluster's process count, and the result replaces the file's
 ``intra``/``inter`` links (point-to-point fit), sets ``allreduce_fit`` (the collective's own fit at that
@@ -162,3 +163,49 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     cluster = base.model_copy(update={"intra": p2p, "inter": p2p, "executor": ex, "notes": note,
                                       "allreduce_fit": AllReduceFit(ranks=procs, link=ar), "host": host})
     return Cluster.model_validate(cluster.model_dump()), {"links": links, "executor_raw": raw}
+
+
+def _reserve_worker(rank: int, procs: int, init: str, queue: Any) -> None:
+    """One executor process up to its first model: the executor's modules imported (torch, torch.distributed,
+    :mod:`executor.rank` and what it imports), one torch thread, the gloo process group built and used once;
+    then its resident and peak resident memory (``VmRSS``, ``VmHWM`` of ``/proc/self/status``, Linux)."""
+    import torch
+    import torch.distributed as dist
+
+    import executor.rank  # noqa: F401  (what a rank imports before it builds a model)
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=procs)
+    dist.all_reduce(torch.zeros(1))
+    dist.barrier()
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    queue.put((rank, int(status["VmRSS"].split()[0]) * 1024, int(status["VmHWM"].split()[0]) * 1024))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_reserve(procs: int = 4) -> dict[str, Any]:
+    """The memory a CPU executor process holds before any model (the CPU default of
+    :data:`planner.reserve.CPU_RESERVE_BYTES`): ``procs`` spawned processes each import what a rank of the
+    executor imports, build the gloo process group and use it once (:func:`_reserve_worker`); per rank the
+    resident set (``VmRSS``) and its peak (``VmHWM``), bytes. Linux only (``/proc``). Command::
+
+        .venv/bin/python -c "from profiler.local_cluster import measure_reserve; print(measure_reserve(4))"
+    """
+    import multiprocessing as mp
+
+    from profiler.links import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    ps = [ctx.Process(target=_reserve_worker, args=(r, procs, init, queue), daemon=True) for r in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        got = sorted(queue.get(timeout=300) for _ in ps)
+    finally:
+        for p in ps:
+            p.join(30)
+    return {"procs": procs, "rss": [g[1] for g in got], "peak_rss": [g[2] for g in got],
+            "max_peak_rss": max(g[2] for g in got)}

@@ -97,7 +97,7 @@ const PP = (() => {
     ? { model: c.model_peak_memory, reserve: c.memory_reserve } : null);
   const MEMORY_TITLE = "the fullest device's peak: the model's own memory (weights, gradients, optimizer state, " +
     "activations) + the reserve set aside per device for the framework and workspace (the request's " +
-    "memory_reserve_bytes, 2 GiB by default) / the device's capacity; a candidate fits when model + reserve is at most the capacity";
+    "memory_reserve_bytes; by default 2 GiB on GPUs, 320 MiB on CPU processes) / the device's capacity; a candidate fits when model + reserve is at most the capacity";
   const fmtPct = (x) => (num(x) ? (100 * x).toFixed(1) + " %" : "–");
   const fmtNum = (x, d = 1) => (num(x) ? x.toFixed(d) : "–");
   const fmtErr = (x) => (num(x) ? (x >= 0 ? "+" : "") + (100 * x).toFixed(1) + " %" : "–");

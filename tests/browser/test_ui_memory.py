@@ -1,5 +1,6 @@
 """The plan page shows the model's own peak memory and the reserve apart (newcomer pass: every candidate on the
-4 GiB local CPU cluster read "2.00 GiB", the request's default reserve), with a tooltip saying the fits rule."""
+4 GiB local CPU cluster read "2.00 GiB", the GPU reserve; the CPU default is 320 MiB, planner.reserve), with a
+tooltip saying the fits rule."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
             c.get(f"/plans/{pid}", headers=AUTH).json()), timeout=240, what="plan done")
     assert plan["status"] == "done" and plan["candidates"]
     best = plan["candidates"][0]
-    assert best["memory_reserve"] == 2 * 2**30 and best["model_peak_memory"] < 0.1 * 2**30
+    assert best["memory_reserve"] == 320 * 2**20 and best["model_peak_memory"] < 0.1 * 2**30
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
     page = console.attach(ctx.new_page())
@@ -37,7 +38,7 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
     cell = page.locator('#cands tbody tr[data-rank="0"] td[data-role="memory"]')
     cell.wait_for()
     text = cell.inner_text()
-    assert " MiB + 2.00 GiB reserve / 4.00 GiB" in text, text
+    assert " MiB + 0.31 GiB reserve / 4.00 GiB" in text, text
     assert "reserve" in (cell.get_attribute("title") or "") and "fits when" in (cell.get_attribute("title") or "")
     assert "model + reserve" in page.locator('#cands th[data-key="peak_memory"]').inner_text()
     # the selected candidate's chart: one bar per device standing on the reserve band, which is labelled
@@ -45,5 +46,5 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
     chart = page.locator('[data-role="memory"][data-rank="0"]')
     assert chart.locator(".point").count() == best["pipeline"]
-    assert "reserve 2.00 GiB" in chart.inner_text()
+    assert "reserve 0.31 GiB" in chart.inner_text()
     ctx.close()
