@@ -25,6 +25,23 @@ from planner.cluster import AllReduceFit, Cluster, HostCpu, Link
 QUICK_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22]
 
 
+def _spawn_ranks(target: Any, procs: int, args: Any, timeout: float) -> list[Any]:
+    """Run ``target(*args(rank, queue))`` in ``procs`` spawned processes and return what each put on the
+    queue (one item per process, in arrival order); the processes are joined whatever happens."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ps = [ctx.Process(target=target, args=args(r, queue), daemon=True) for r in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        return [queue.get(timeout=timeout) for _ in ps]
+    finally:
+        for p in ps:
+            p.join(30)
+
+
 def measure_links(procs: int, sizes: list[int] | None = None, repeats: int = 5, warmup: int = 2,
                   timeout: float = 60.0) -> dict[str, Any]:
     """:func:`profiler.links.benchmark_links` on ``procs`` spawned local gloo processes (rank 0's result)."""
@@ -107,17 +124,8 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     import statistics
 
     cores = os.cpu_count() or 1
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(procs), ctx.Queue()
-    ps = [ctx.Process(target=_host_worker, args=(r, barrier, queue, rounds, reps), daemon=True)
-          for r in range(procs)]
-    for p in ps:
-        p.start()
-    try:
-        got = dict(queue.get(timeout=600) for _ in ps)
-    finally:
-        for p in ps:
-            p.join(30)
+    barrier = mp.get_context("spawn").Barrier(procs)
+    got = dict(_spawn_ranks(_host_worker, procs, lambda r, queue: (r, barrier, queue, rounds, reps), 600))
     ratios = round_slowdowns(got, procs, rounds)
     alones = [got[0][i][0] for i in range(rounds)]
     slowdown = max(statistics.median(ratios), 1e-9)
@@ -192,20 +200,9 @@ def measure_reserve(procs: int = 4) -> dict[str, Any]:
 
         .venv/bin/python -c "from profiler.local_cluster import measure_reserve; print(measure_reserve(4))"
     """
-    import multiprocessing as mp
-
     from profiler.links import free_port
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     init = f"tcp://127.0.0.1:{free_port()}"
-    ps = [ctx.Process(target=_reserve_worker, args=(r, procs, init, queue), daemon=True) for r in range(procs)]
-    for p in ps:
-        p.start()
-    try:
-        got = sorted(queue.get(timeout=300) for _ in ps)
-    finally:
-        for p in ps:
-            p.join(30)
+    got = sorted(_spawn_ranks(_reserve_worker, procs, lambda r, queue: (r, procs, init, queue), 300))
     return {"procs": procs, "rss": [g[1] for g in got], "peak_rss": [g[2] for g in got],
             "max_peak_rss": max(g[2] for g in got)}
