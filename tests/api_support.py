@@ -8,6 +8,7 @@ sets it under CI from ``.ci/postgres.sh``). Every database is migrated with Alem
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -132,7 +133,26 @@ def tiny_profile(name: str = "gpt-tiny", layers: int = 4) -> dict[str, Any]:
     return transformer_profile(name, layers, 256, 4, 128, 1024, 312e12, "A100-SXM4-80GB").model_dump(mode="json")
 
 
+#: ports handed out for servers: below Linux's default ephemeral range (32768-60999,
+#: /proc/sys/net/ipv4/ip_local_port_range), which the kernel gives to outgoing connections
+_SERVER_PORTS = (20000, 32000)
+_random = random.SystemRandom()  # not the seeded module state: two xdist workers must not draw alike
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, drawn below the ephemeral range: a port from ``bind(0)`` is an
+    ephemeral one, and between this check and the server's bind the kernel could hand it to an outgoing
+    connection of another process (an httpx client, a gloo rank, the other xdist worker's tests) -- CI saw
+    "address already in use" that way. A port drawn here can still be taken by a concurrent test:
+    :meth:`LiveServer.start` retries a first start on another port."""
+    for _ in range(200):
+        port = _random.randint(*_SERVER_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -159,6 +179,20 @@ class LiveServer:
         self.starts = 0
 
     def start(self) -> LiveServer:
+        """Start the server and wait for ``/health``. A first start that loses its port to another process
+        ("address already in use") moves to another port, up to 5 times; a restart keeps its port, which
+        clients already hold."""
+        for attempt in range(5):
+            try:
+                return self._start()
+            except RuntimeError as e:
+                if self.starts > 1 + attempt or "address already in use" not in str(e) or attempt == 4:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start(self) -> LiveServer:
         self.starts += 1
         log = open(self.workdir / f"server-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1",
