@@ -84,7 +84,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
-from planner.device import LinkCollectives, find_device
+from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
@@ -125,17 +125,15 @@ def ring_allgather(r: int, nbytes: float, link: Link) -> float:
 
 
 @lru_cache(maxsize=64)
-def _device_collectives(device: str) -> tuple[LinkCollectives | None, LinkCollectives | None]:
-    """(intra, inter) collective models of a cluster's device string (:mod:`planner.device`), read once."""
-    dev = find_device(device)
-    model = dev.collective_efficiency if dev is not None else None
-    return (model.intra, model.inter) if model is not None else (None, None)
+def _device(device: str) -> DeviceSpec | None:
+    """The description of a cluster's device string (:func:`planner.device.find_device`), looked up once."""
+    return find_device(device)
 
 
 def link_collectives(cluster: Cluster, which: str) -> LinkCollectives | None:
     """The device's NCCL model of link class ``which`` (``"intra"``/``"inter"``), or None (alpha-beta)."""
-    intra, inter = _device_collectives(cluster.device)
-    return intra if which == "intra" else inter
+    dev = _device(cluster.device)
+    return dev.collectives(which) if dev is not None else None
 
 
 def collective_time(cluster: Cluster, which: str, op: str, ranks: int, nbytes: float,
@@ -191,10 +189,8 @@ def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
         else:
             inside = (collective_time(cluster, "intra", "reduce_scatter", k, nbytes)
                       + collective_time(cluster, "intra", "all_gather", k, nbytes))
+    # across the nodes: NCCL's model with a tree's step count, or (alpha-beta) Rabenseifner / the ring
     steps = 2 * math.ceil(math.log2(nodes)) if cluster.allreduce == "rabenseifner" else None
-    if link_collectives(cluster, "inter") is None:
-        algo = rabenseifner if cluster.allreduce == "rabenseifner" else ring_allreduce
-        return inside + algo(nodes, nbytes / k, cluster.inter)
     return inside + collective_time(cluster, "inter", "all_reduce", nodes, nbytes / k, steps)
 
 
