@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from api import crud
 from api.settings import Settings
@@ -95,6 +96,18 @@ def step(progress: Progress | None, what: str) -> Iterator[None]:
     progress(f"seeding: {what}: done in {time.perf_counter() - t0:.1f} s")
 
 
+def kept_or_measured(progress: Progress | None, stored: list[Any], name: str, measuring: str,
+                     measure: Callable[[], tuple[Any, bool]]) -> tuple[Any, bool]:
+    """``(row, created)``: the first stored measurement of ``name``, kept (and said so), or ``measure()``
+    run as the step ``measuring``."""
+    if stored:
+        if progress:
+            progress(f"seeding: {name}: measured before (#{stored[0].id}), kept")
+        return stored[0], False
+    with step(progress, measuring):
+        return measure()
+
+
 def seed(url: str | None = None, measure: bool = True,
          progress: Progress | None = None) -> dict[str, list[tuple[str, int, bool]]]:
     """Store the example clusters and profiles (``measure``: and the measured CPU profile, unless stored);
@@ -109,14 +122,11 @@ def seed(url: str | None = None, measure: bool = True,
             # README's curl flow and the UI's default choice
             if measure:  # measured once; a stored one (it has the executor field) is kept
                 stored = [r for r in crud.list_clusters(db, LOCAL_CLUSTER, None, 100, 0) if r.body.get("executor")]
-                if stored:
-                    row, created = stored[0], False
-                    if progress:
-                        progress(f"seeding: cluster {LOCAL_CLUSTER}: measured before (#{row.id}), kept")
-                else:
-                    with step(progress, f"measuring cluster {LOCAL_CLUSTER} on this machine (links, all-reduce and "
-                                        "executor overhead among its gloo processes; about a minute)"):
-                        row, created = crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus)
+                row, created = kept_or_measured(
+                    progress, stored, f"cluster {LOCAL_CLUSTER}",
+                    f"measuring cluster {LOCAL_CLUSTER} on this machine (links, all-reduce and executor overhead "
+                    "among its gloo processes; about a minute)",
+                    lambda: crud.add_cluster(db, measured_local_cluster(), settings.max_cluster_gpus))
                 out["clusters"].append((f"{row.name} (measured)", row.id, created))
             paths = sorted((EXAMPLES / "clusters").glob("*.json"), key=lambda p: (p.stem != LOCAL_CLUSTER, p.name))
             with step(progress, "example clusters (examples/clusters/)"):
@@ -128,14 +138,10 @@ def seed(url: str | None = None, measure: bool = True,
             if measure:
                 name = MEASURED[0]
                 rows = [r for r in crud.list_profiles(db, name, "cpu", 100, 0) if r.source == "measured"]
-                if rows:
-                    row, created = rows[0], False
-                    if progress:
-                        progress(f"seeding: profile {name} on cpu: measured before (#{row.id}), kept")
-                else:
-                    with step(progress, f"profiling {name} on this CPU (micro-batches "
-                                        f"{','.join(map(str, MEASURED[1]))}; seconds)"):
-                        row, created = crud.add_profile(db, measured_cpu_profile())
+                row, created = kept_or_measured(
+                    progress, rows, f"profile {name} on cpu",
+                    f"profiling {name} on this CPU (micro-batches {','.join(map(str, MEASURED[1]))}; seconds)",
+                    lambda: crud.add_profile(db, measured_cpu_profile()))
                 out["profiles"].append((f"{row.name} on {row.device} (measured)", row.id, created))
             with step(progress, "analytic profiles of " + ", ".join(dict.fromkeys(n for n, _s, _c in SEEDS))):
                 for prof in seed_profiles():
