@@ -99,24 +99,14 @@ def template(depth: int, shape: tuple[int, ...]) -> list[list[TemplateAction]]:
     an action starting when its stage is free and its input has ended -- on flat integer tables instead of
     :class:`Action` records (a replay's slots depend on the dependencies only, not on the order it visits
     the stages in; ``tests/test_merge_events.py`` compares the two)."""
-    n, M = len(shape), sum(shape)
-    firsts, group_first = [], []
+    M = sum(shape)
+    groups, group_first = [], []
     for size in shape:
         first = len(group_first)
-        firsts.append(first)
+        groups.append(range(first, first + size))
         group_first.extend([first] * size)
-    rows: list[list[tuple[bool, int, int]]] = []  # per stage, 1F1B order (one_f_one_b_groups): (is B, mb, span)
-    for s in range(depth):
-        warmup = min(depth - 1 - s, n)
-        row = [(False, firsts[g], shape[g]) for g in range(warmup)]
-        bi = 0
-        for g in range(warmup, n):
-            row.append((False, firsts[g], shape[g]))
-            for _ in range(shape[g]):
-                row.append((True, bi, 1))
-                bi += 1
-        row.extend((True, m, 1) for m in range(bi, M))
-        rows.append(row)
+    # per stage, the 1F1B order (one_f_one_b_groups) as (is B, mb, span)
+    rows = [[(a.kind != F, a.mb, a.span) for a in one_f_one_b_groups(s, depth, groups)] for s in range(depth)]
     f_end = [-1] * (depth * M)  # end slot of the forward of (stage, first mb of its group); -1: not yet
     b_end = [-1] * (depth * M)
     free, pos = [0] * depth, [0] * depth
