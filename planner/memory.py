@@ -149,26 +149,10 @@ class MemoryModel:
         counts them (:func:`planner.schedules.encoded.replay_encoded`: in list order, a forward adds its
         micro-batches times the stage's :meth:`activation`, a B or I takes one away, the peak is taken
         after forwards; the same additions in the same order, so the same numbers). It depends on the
-        order of the lists only, not on any time: the simulated memory is known before simulating."""
-        weight: dict[int, float] = {}
-        out = []
-        for row in sched.actions:
-            alive = peak = 0.0
-            for a in row:
-                k = a.kind
-                if k == "W":
-                    continue
-                w = weight.get(a.stage)
-                if w is None:
-                    w = weight[a.stage] = float(costs.activation(a.stage))
-                if k == "F":
-                    alive += w * a.span
-                    if alive > peak:
-                        peak = alive
-                else:
-                    alive += -w
-            out.append(peak)
-        return out
+        order of the lists only, not on any time: the simulated memory is known before simulating. The
+        count is :meth:`planner.shapes.Warmup.peaks`', on the whole lists (slots 0: not a prefix)."""
+        act = np.array([costs.activation(s) for s in range(sched.stages)], dtype=float)
+        return Warmup(sched, sched.actions, 0).peaks(act)
 
     def peak_memory(self, cand: Candidate, costs: ConfigCosts, peaks: list[float]) -> list[float]:
         """:meth:`simulated_memory` from the per-device activation peaks (:meth:`list_peaks`)."""

@@ -83,7 +83,8 @@ class Warmup:
 
     def peaks(self, activation: np.ndarray) -> list[float]:
         """Per device, the peak of its alive activations in these lists with ``activation[s]`` per
-        micro-batch of stage ``s``, counted as :meth:`planner.memory.MemoryModel.list_peaks` counts them
+        micro-batch of stage ``s``, counted as the simulator counts them (:func:`planner.schedules.encoded.
+        replay_encoded`; :meth:`planner.memory.MemoryModel.list_peaks` reads a full schedule's lists through it)
         (in list order, a forward adds span times its stage's figure, B or I take one away, the peak
         taken after forwards; the running sums are sequential, ``np.cumsum`` along each row, so the
         same additions in the same order give the same numbers)."""
