@@ -89,10 +89,8 @@ def full_schedule(cand: Any) -> Schedule | None:
     no partition (rejected before partitioning) or the schedule cannot be built."""
     if not cand.partition:
         return None
-    costs = getattr(cand, "costs", None)
-    sched = costs.schedule if costs is not None else None
-    if sched is not None and all(sched.actions):  # every device computes: empty lists are a shape only
-        return sched
+    if _simulated(cand):
+        return cand.costs.schedule
     try:
         return cand.run_spec.schedule()
     except ValueError:
@@ -100,6 +98,7 @@ def full_schedule(cand: Any) -> Schedule | None:
 
 
 def _simulated(cand: Any) -> bool:
+    """Whether ``cand``'s costs hold its full lists (every device computes: empty lists are a shape only)."""
     costs = getattr(cand, "costs", None)
     return costs is not None and costs.schedule is not None and all(costs.schedule.actions)
 
