@@ -80,6 +80,12 @@ def summarize(payloads: list[dict[str, Any]], warmup: int, emulated: bool) -> di
             "emulated": emulated}
 
 
+def _kind_group(kind: str) -> str:
+    """The kind a record counts under in :func:`time_by_kind` and :func:`cpu_by_kind`: RECV_F and RECV_B
+    as ``RECV``, SEND_F and SEND_B as ``SEND``, any other as itself."""
+    return "RECV" if kind.startswith("RECV") else "SEND" if kind.startswith("SEND") else kind
+
+
 def cpu_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[str, float] | None:
     """The walker thread's CPU seconds per rank and iteration in each action kind (median over the measured
     iterations of the mean over ranks; STEP includes its optimizer): against :func:`time_by_kind`, the
@@ -92,7 +98,7 @@ def cpu_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[str
         sums: dict[str, float] = {}
         for p in payloads:
             for k, v in p["cpu_by_kind"][it].items():
-                k = "RECV" if k.startswith("RECV") else "SEND" if k.startswith("SEND") else k
+                k = _kind_group(k)
                 sums[k] = sums.get(k, 0.0) + v / len(payloads)
         for k, v in sums.items():
             per_iter.setdefault(k, []).append(v)
@@ -113,7 +119,7 @@ def time_by_kind(payloads: list[dict[str, Any]], measured: list[int]) -> dict[st
         sums: dict[str, float] = {}
         for p in payloads:
             for _, kind, s, e in p["records"][it]:
-                k = "RECV" if kind.startswith("RECV") else "SEND" if kind.startswith("SEND") else kind
+                k = _kind_group(kind)
                 sums[k] = sums.get(k, 0.0) + (e - s)
         if "OPT" in sums and "STEP" in sums:
             sums["STEP"] -= sums["OPT"]
