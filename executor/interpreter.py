@@ -263,8 +263,6 @@ class RankRuntime:
             if a.kind == ALLREDUCE:
                 self.last_ar[a.stage] = i
         self.p2p = P2P(schedule, d, self._peer_rank, self._shape_of, policy, self.tdev, blocking=self.host_waits)
-        #: the lowered SEND action of each produced message (emulated communication times it)
-        self.sends = {(a.kind, a.replica, a.stage, a.mb): a for a in self.actions if a.kind in (SEND_F, SEND_B)}
         self.send_free = 0.0  # emulated communication: when this device's send stream is free
         self.coll_free = 0.0  # ... and its collective stream
         self.version_log: list[dict[str, Any]] = []
@@ -304,15 +302,10 @@ class RankRuntime:
         """Emulated communication: messages and all-reduces are time tokens (:mod:`executor.emulate`)."""
         return self.emu is not None and self.emu.comm == "emulated"
 
-    def _token_message(self, kind: str, r: int, s: int, mb: int) -> torch.Tensor:
-        """The token of the message stage ``s`` produced just now: its predicted arrival, the simulator's
-        send stream (starts at the later of now and the previous send's end, lasts ``costs.p2p``)."""
-        send = self.sends.get((kind, r, s, mb))
-        if send is None:  # consumed on this device: no message
-            return torch.zeros(1, dtype=torch.float64, device=self.tdev)
-        arrival = max(time.perf_counter(), self.send_free) + self.emu.p2p_time(send, self.device)
-        self.send_free = arrival
-        return torch.tensor([arrival], dtype=torch.float64, device=self.tdev)
+    def _token(self) -> torch.Tensor:
+        """An emulated message's token, stamped with its predicted arrival when its send is posted
+        (:meth:`_take_send`)."""
+        return torch.zeros(1, dtype=torch.float64, device=self.tdev)
 
     # ---- data ----------------------------------------------------------------------------------------
     def load_batch(self, step: int) -> None:
@@ -362,8 +355,14 @@ class RankRuntime:
         return self.clock.resolve(record)
 
     def _take_send(self, a: Action) -> torch.Tensor:
-        """The tensor a send moves, left in the outbox by its producer."""
-        return self.outbox.pop((a.kind, a.replica, a.stage, a.mb))
+        """The tensor a send moves, left in the outbox by its producer. Emulated communication stamps the
+        token with its predicted arrival here, as the send starts: the simulator's send stream, from the
+        later of now (after the producing action) and the previous send's end, for ``costs.p2p``."""
+        t = self.outbox.pop((a.kind, a.replica, a.stage, a.mb))
+        if self._comm_tokens:
+            self.send_free = max(time.perf_counter(), self.send_free) + self.emu.p2p_time(a, self.device)
+            t.fill_(self.send_free)
+        return t
 
     def _run(self, i: int, a: Action) -> None:
         k = a.kind
@@ -602,11 +601,11 @@ class RankRuntime:
         if a.kind in (F, B, I, W):
             self.emu.sleep_compute(a.kind, a.stage, a.span, self.device)
             if a.kind == F and a.stage < self.S - 1:
-                self._deliver(SEND_F, a.replica, a.stage, a.mb, self._token_message(SEND_F, a.replica, a.stage, a.mb)
+                self._deliver(SEND_F, a.replica, a.stage, a.mb, self._token()
                               if self._comm_tokens else torch.empty(
                     self.emu.message_bytes(RECV_F, a.stage + 1, a.span), dtype=torch.uint8, device=self.tdev))
             elif a.kind in (B, I) and a.stage > 0:
-                self._deliver(SEND_B, a.replica, a.stage, a.mb, self._token_message(SEND_B, a.replica, a.stage, a.mb)
+                self._deliver(SEND_B, a.replica, a.stage, a.mb, self._token()
                               if self._comm_tokens else torch.empty(
                     self.emu.message_bytes(RECV_B, a.stage - 1, 1), dtype=torch.uint8, device=self.tdev))
         elif a.kind == ALLREDUCE:
