@@ -74,8 +74,8 @@ def _compute() -> Any:
 
 def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) -> None:
     """Round ``r``: rank 0 runs the loop alone (the others wait at the barrier), then every rank runs it;
-    puts ``(rank, [(alone, together, together_cpu), ...])`` seconds per repetition (rank 0's alone figures;
-    ``together_cpu``: the thread's CPU time, the core time the loop used)."""
+    puts ``(rank, [(alone, together, together_cpu, alone_cpu), ...])`` seconds per repetition (rank 0's
+    alone figures, wall and CPU; ``together_cpu``: the thread's CPU time, the core time the loop used)."""
     import time
 
     once = _compute()
@@ -84,17 +84,17 @@ def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) ->
     out = []
     for _ in range(rounds):
         barrier.wait(timeout=300)
-        alone = 0.0
+        alone = alone_cpu = 0.0
         if rank == 0:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(reps):
                 once()
-            alone = (time.perf_counter() - t0) / reps
+            alone, alone_cpu = (time.perf_counter() - t0) / reps, (time.thread_time() - c0) / reps
         barrier.wait(timeout=300)
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(reps):
             once()
-        out.append((alone, (time.perf_counter() - t0) / reps, (time.thread_time() - c0) / reps))
+        out.append((alone, (time.perf_counter() - t0) / reps, (time.thread_time() - c0) / reps, alone_cpu))
     queue.put((rank, out))
 
 
@@ -102,6 +102,13 @@ def round_slowdowns(got: dict[int, list[tuple[float, float, float]]], procs: int
     """Per round, the mean over the processes of wall / CPU time of the loop run together
     (:func:`_host_worker`'s figures by rank)."""
     return [sum(got[r][i][1] / max(got[r][i][2], 1e-9) for r in range(procs)) / procs for i in range(rounds)]
+
+
+def round_inflations(got: dict[int, list[tuple[float, ...]]], procs: int, rounds: int) -> list[float]:
+    """Per round, the mean over the processes of the loop's CPU time run together over rank 0's CPU time
+    of it alone (:func:`_host_worker`'s figures by rank): the core time the same work costs more while the
+    processes take turns on the cores (:attr:`planner.cluster.HostCpu.cpu_inflation`)."""
+    return [sum(got[r][i][2] for r in range(procs)) / procs / max(got[0][i][3], 1e-9) for i in range(rounds)]
 
 
 def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
@@ -130,12 +137,15 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     alones = [got[0][i][0] for i in range(rounds)]
     slowdown = max(statistics.median(ratios), 1e-9)
     eff = min(float(cores), max(procs / slowdown, 1.0 / procs))
-    return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown,
+    infl = round_inflations(got, procs, rounds)
+    inflation = max(1.0, statistics.median(infl))
+    return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown, cpu_inflation=inflation,
                    source=(f"profiler.local_cluster.measure_host on {platform.node()}: {procs} processes of one "
                            f"torch thread at once took {slowdown:.2f}x their CPU time in wall time (median of "
                            f"{rounds} rounds: {', '.join(f'{r:.2f}' for r in ratios)}; alone "
-                           f"{statistics.median(alones) * 1e3:.2f} ms); a shared machine's load at that time is "
-                           f"in the figure"))
+                           f"{statistics.median(alones) * 1e3:.2f} ms) and {statistics.median(infl):.2f}x its CPU "
+                           f"time alone (rounds: {', '.join(f'{r:.2f}' for r in infl)}); a shared machine's load "
+                           f"at that time is in the figures"))
 
 
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:

@@ -1,0 +1,82 @@
+"""Processes taking turns on a CPU core cost more core time (planner.cluster.HostCpu.cpu_inflation,
+planner.cost.host_inflation, measured by profiler.local_cluster.measure_host), and the executor's own
+optimizer is costed as what it runs (executor.emulate.executor_request)."""
+
+from __future__ import annotations
+
+import pytest
+
+from executor.emulate import Emulator, executor_request, uniform_profile
+from executor.plan import RunPlan
+from planner.cluster import Cluster, HostCpu, Link
+from planner.cost import ConfigCosts, host_inflation
+from planner.request import Config, TrainingRequest
+from planner.schedules import build
+from profiler.local_cluster import round_inflations
+
+FAST = Link(alpha=0.0, beta=0.0)
+
+
+def cpu(procs: int, cores: float, inflation: float = 1.0, slowdown: float = 2.0) -> Cluster:
+    host = HostCpu(cores=2, effective_cores=cores, processes=procs, slowdown=slowdown, cpu_inflation=inflation)
+    return Cluster(name="cpu", nodes=1, gpus_per_node=procs, device="cpu", memory_bytes=2**40, peak_flops=1e12,
+                   memory_bandwidth=1e15, intra=FAST, inter=FAST, host=host)
+
+
+def costs(cluster: Cluster, D: int, W: int, schedule: str = "1f1b", N: int = 4) -> ConfigCosts:
+    prof = uniform_profile(8, fwd=0.001, bwd=0.002, param_bytes=4)
+    config = Config(tensor=1, pipeline=D, data=W, micro_batch=1, schedule=schedule)
+    bounds = [(i * 8 // D, (i + 1) * 8 // D) for i in range(D)]
+    return ConfigCosts(prof, cluster, TrainingRequest(global_batch=N * W), config, build(schedule, D, N), bounds)
+
+
+def test_inflation_is_taken_in_proportion_to_the_sharing() -> None:
+    host = HostCpu(cores=2, effective_cores=1.0, processes=4, slowdown=3.0, cpu_inflation=1.2)
+    assert host_inflation(host, 1.0) == 1.0  # a core of its own: no turns
+    assert host_inflation(host, 2.0) == pytest.approx(1.1)  # half way to the measured sharing
+    assert host_inflation(host, 3.0) == pytest.approx(1.2)
+    assert host_inflation(host, 5.0) == pytest.approx(1.2)  # not beyond what was measured
+    assert host_inflation(host.model_copy(update={"cpu_inflation": 1.0}), 3.0) == 1.0
+    assert host_inflation(None, 3.0) == 1.0
+
+
+def test_shared_cores_stretch_compute_by_share_and_inflation() -> None:
+    # D=1, W=4 on 2 cores: all four compute all along, share 2 = the measured slowdown -> the whole inflation
+    plain, turns = costs(cpu(4, 2.0), D=1, W=4), costs(cpu(4, 2.0, inflation=1.25), D=1, W=4)
+    assert plain.share == pytest.approx(2.0, rel=1e-2) and turns.share == pytest.approx(2.0, rel=1e-2)
+    assert turns.core_stretch == pytest.approx(2.0 * 1.25, rel=1e-2)
+    assert turns.compute("F", 0, 1, 0) == pytest.approx(1.25 * plain.compute("F", 0, 1, 0), rel=1e-2)
+    assert turns.step(0) == pytest.approx(1.25 * plain.step(0), rel=1e-2)
+
+
+def test_no_sharing_no_inflation() -> None:
+    c = costs(cpu(2, 2.0, inflation=1.5), D=2, W=1)
+    assert c.share == 1.0 and c.core_stretch == 1.0
+    assert c.compute("F", 0, 1, 0) == pytest.approx(c.work("F", 0, 1))
+
+
+def test_measured_inflation_is_cpu_together_over_cpu_alone() -> None:
+    # (alone wall, together wall, together CPU, alone CPU) per round, by rank; rank 0's alone figures
+    got = {0: [(1.0, 4.0, 1.2, 1.0), (1.0, 3.0, 1.0, 0.8)], 1: [(0.0, 2.0, 1.0, 0.0), (0.0, 3.0, 1.4, 0.0)]}
+    assert round_inflations(got, 2, 2) == [pytest.approx(1.1), pytest.approx(1.5)]
+
+
+def test_an_old_host_hashes_as_before() -> None:
+    c = cpu(4, 2.0)
+    assert "cpu_inflation" in c.model_dump()["host"]
+    old = c.model_dump(mode="json")
+    old["host"].pop("cpu_inflation")
+    assert Cluster.model_validate(old).content_hash() == c.content_hash()
+    assert cpu(4, 2.0, inflation=1.2).content_hash() != c.content_hash()
+
+
+def test_the_executor_run_costs_its_own_sgd_state() -> None:
+    plan = RunPlan.direct("1f1b", 2, 4, model="gpt-tiny", micro_batch=1, dtype="float32", iterations=1, warmup=0)
+    assert executor_request(plan).bytes_per_param == 8.0  # fp32 weight + gradient, no optimizer state
+    prof = uniform_profile(4, fwd=0.001, bwd=0.002, param_bytes=4000)
+    cl = cpu(2, 2.0).model_copy(update={"memory_bandwidth": 1e9})
+    em = Emulator(plan, plan.compute_schedule(), prof, cl, emulated=False)
+    params = sum(lay.params for lay in prof.layers[:2])
+    assert em.costs.step_work(0) == pytest.approx(params * 2 * 8.0 / 1e9)  # read + write 8 bytes each
+    f64 = RunPlan.direct("1f1b", 2, 4, model="gpt-tiny", micro_batch=1, dtype="float64", iterations=1, warmup=0)
+    assert executor_request(f64).bytes_per_param == 16.0
