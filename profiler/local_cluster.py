@@ -148,6 +148,36 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
                            f"at that time is in the figures"))
 
 
+def measure_step_bandwidth(params: int = 4_000_000, tensors: int = 16, repeats: int = 7) -> float:
+    """Bytes per second of our executor's optimizer step as :meth:`planner.cost.ConfigCosts.step` counts them
+    (reading and writing the model state, ``2 bytes_per_param`` per parameter: 16 for float32 SGD, a weight
+    and a gradient, :func:`executor.emulate.executor_request`): ``torch.optim.SGD.step`` over ``params``
+    float32 parameters in ``tensors`` tensors with their gradients, one torch thread, timed in thread CPU
+    time (core time, as profiles are: sharing the cores is the host model's part), median of ``repeats``.
+    The cluster file's ``memory_bandwidth`` is nominal; this is what the step gets on this machine."""
+    import statistics
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ps = [torch.nn.Parameter(torch.randn(params // tensors)) for _ in range(tensors)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.SGD(ps, lr=1e-6)
+        times = []
+        for i in range(repeats + 2):
+            c0 = time.thread_time()
+            opt.step()
+            if i >= 2:
+                times.append(time.thread_time() - c0)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * 8.0 * (params // tensors) * tensors / max(statistics.median(times), 1e-9)
+
+
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:
     """``base`` with links, all-reduce fit, the host's cores and executor overhead measured on ``base.gpus``
     local gloo processes (one node: ``intra`` and ``inter`` both get the point-to-point fit); and the raw
@@ -166,6 +196,7 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     p2p = Link(alpha=max(links["intra_node"]["alpha"], 0.0), beta=max(links["intra_node"]["beta"], 0.0))
     ar = Link(alpha=max(links["allreduce"]["alpha"], 0.0), beta=max(links["allreduce"]["beta"], 0.0))
     host = measure_host(procs)
+    bandwidth = measure_step_bandwidth()
     n_ovh = max(2, min(procs, os.cpu_count() or 1))
     ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
     shared = max(1.0, n_ovh / host.effective_cores)
@@ -176,9 +207,11 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "
             f"GB/s; all-reduce of {procs} alpha {ar.alpha * 1e6:.0f} us, "
-            f"{1 / ar.beta / 1e9 if ar.beta else float('inf'):.2f} GB/s; executor overhead per action; a shared "
-            f"machine's load is in these figures. Peak FLOP/s and memory from the example file.")
+            f"{1 / ar.beta / 1e9 if ar.beta else float('inf'):.2f} GB/s; executor overhead per action; memory "
+            f"bandwidth {bandwidth / 1e9:.1f} GB/s as the executor's optimizer step gets it (measure_step_bandwidth); "
+            f"a shared machine's load is in these figures. Peak FLOP/s and memory size from the example file.")
     cluster = base.model_copy(update={"intra": p2p, "inter": p2p, "executor": ex, "notes": note,
+                                      "memory_bandwidth": bandwidth,
                                       "allreduce_fit": AllReduceFit(ranks=procs, link=ar), "host": host})
     return Cluster.model_validate(cluster.model_dump()), {"links": links, "executor_raw": raw}
 

@@ -80,3 +80,27 @@ def test_the_executor_run_costs_its_own_sgd_state() -> None:
     assert em.costs.step_work(0) == pytest.approx(params * 2 * 8.0 / 1e9)  # read + write 8 bytes each
     f64 = RunPlan.direct("1f1b", 2, 4, model="gpt-tiny", micro_batch=1, dtype="float64", iterations=1, warmup=0)
     assert executor_request(f64).bytes_per_param == 16.0
+
+
+def test_the_measured_cluster_records_the_step_bandwidth_it_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    import profiler.local_cluster as lc
+    import profiler.overhead as ov
+    from planner.cluster import ExecutorOverhead
+
+    link = {"alpha": 1e-4, "beta": 1e-9}
+    monkeypatch.setattr(lc, "measure_links", lambda procs: {"intra_node": link, "allreduce": link})
+    monkeypatch.setattr(lc, "measure_host", lambda procs: HostCpu(cores=2, effective_cores=2.0, processes=procs,
+                                                                 cpu_inflation=1.1))
+    monkeypatch.setattr(ov, "measure_overhead", lambda **kw: (ExecutorOverhead(compute=1e-4), {}))
+    monkeypatch.setattr(lc, "measure_step_bandwidth", lambda: 12.5e9)
+    c, _ = lc.measured_cluster(cpu(2, 2.0).model_copy(update={"memory_bandwidth": 20e9, "host": None}))
+    assert c.memory_bandwidth == 12.5e9 and "12.5 GB/s" in c.notes
+    assert c.host is not None and c.host.cpu_inflation == 1.1
+
+
+def test_step_bandwidth_counts_the_bytes_the_cost_model_counts() -> None:
+    # 2 bytes_per_param per parameter, float32 SGD: 16 bytes a parameter in a positive, finite time
+    from profiler.local_cluster import measure_step_bandwidth
+
+    bw = measure_step_bandwidth(params=64_000, tensors=4, repeats=3)
+    assert 0 < bw < float("inf")
