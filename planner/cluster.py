@@ -36,6 +36,10 @@ class ExecutorOverhead(BaseModel):
     recv: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per RECV_F/RECV_B (posting, wait)")
     allreduce: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per ALLREDUCE action")
     step: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per STEP (the iteration's end)")
+    #: the same, measured with compute emulated (``pipeplan run --emulate``): an emulated action sleeps instead of
+    #: running the stage module and autograd, so its overhead is the sleep's overshoot and the walker's own
+    #: bookkeeping, not the real action's (:func:`profiler.overhead.measure_overhead` with ``emulated``)
+    emulated: ExecutorOverhead | None = None
     source: str = ""
 
 
@@ -144,6 +148,8 @@ class Cluster(BaseModel):
         for key in ("executor", "calibration", "allreduce_fit", "host"):
             if body.get(key) is None:
                 body.pop(key, None)
+        if body.get("executor") is not None and body["executor"].get("emulated") is None:
+            body["executor"].pop("emulated", None)  # measured before it existed: same hash
         if body.get("host") is not None and body["host"].get("cpu_inflation") == 1.0:
             body["host"].pop("cpu_inflation")  # a host measured before it existed: same hash
         data = json.dumps(body, sort_keys=True, separators=(",", ":"))

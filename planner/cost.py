@@ -292,8 +292,8 @@ class ConfigCosts(Costs):
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
-        self.overheads = ActionOverheads(cluster, self)
         self.emulated = emulated
+        self.overheads = ActionOverheads(cluster, self)
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
 
@@ -557,12 +557,16 @@ class ActionOverheads:
     those actions (:class:`planner.cluster.ExecutorOverhead`, per kind, plus the calibration's
     ``action_overhead`` for every action) is added to the compute action they surround and to STEP
     (without ``step`` itself when compute is emulated: an emulated STEP runs no optimizer and no
-    tied-embedding all-reduce, which that figure measures).
+    tied-embedding all-reduce, which that figure measures). With compute emulated, the overhead measured
+    on emulated runs where the cluster has it (:attr:`planner.cluster.ExecutorOverhead.emulated`: a sleep's
+    overshoot and the walker's bookkeeping, not the stage module and autograd the real figure holds).
     Zero when the cluster has neither, so nothing changes for clusters without them.
     """
 
     def __init__(self, cluster: Cluster, costs: ConfigCosts) -> None:
         self.ex = cluster.executor or ExecutorOverhead()
+        if costs.emulated and self.ex.emulated is not None:  # what an emulated action costs (measured so)
+            self.ex = self.ex.emulated
         self.extra = calibration(cluster).action_overhead
         self.costs = costs
         self.zero = self.extra == 0 and not any(

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import AllReduceFit, Cluster, HostCpu, Link
+from planner.cluster import AllReduceFit, Cluster, ExecutorOverhead, HostCpu, Link
 
 #: message sizes of the quick measurement: 1 KiB .. 4 MiB (gpt-tiny's activations are 128 KiB per sample,
 #: its gradients ~14 MB)
@@ -198,11 +198,17 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     host = measure_host(procs)
     bandwidth = measure_step_bandwidth()
     n_ovh = max(2, min(procs, os.cpu_count() or 1))
-    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
+    here = base.model_copy(update={"intra": p2p, "inter": p2p, "host": host, "gpus_per_node": n_ovh, "nodes": 1})
+    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3, emulated_on=here)
     shared = max(1.0, n_ovh / host.effective_cores)
-    ex = ex.model_copy(update={**{k: getattr(ex, k) / shared for k in ("compute", "send", "recv", "allreduce", "step")},
-                               "source": f"{ex.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
-                                         f"processes at {host.effective_cores:.2f} effective cores"})
+
+    def scaled(e: ExecutorOverhead) -> ExecutorOverhead:
+        return e.model_copy(update={**{k: getattr(e, k) / shared for k in ("compute", "send", "recv", "allreduce",
+                                                                             "step")},
+                                    "source": f"{e.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
+                                              f"processes at {host.effective_cores:.2f} effective cores"})
+
+    ex = scaled(ex).model_copy(update={"emulated": scaled(ex.emulated) if ex.emulated is not None else None})
     raw["overhead_core_share"] = shared
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "

@@ -104,3 +104,25 @@ def test_step_bandwidth_counts_the_bytes_the_cost_model_counts() -> None:
 
     bw = measure_step_bandwidth(params=64_000, tensors=4, repeats=3)
     assert 0 < bw < float("inf")
+
+
+def test_emulated_compute_is_charged_the_overhead_measured_emulated() -> None:
+    from planner.cluster import ExecutorOverhead
+
+    real = ExecutorOverhead(compute=3e-4, send=1e-4, recv=1e-4, step=2e-3,
+                            emulated=ExecutorOverhead(compute=5e-5, send=2e-5, recv=2e-5, step=1e-3))
+    cl = cpu(2, 2.0).model_copy(update={"executor": real})
+    config = Config(tensor=1, pipeline=2, data=1, micro_batch=1, schedule="1f1b")
+    prof = uniform_profile(8, fwd=0.001, bwd=0.002, param_bytes=4)
+    args = (prof, cl, TrainingRequest(global_batch=4), config, build("1f1b", 2, 4), [(0, 4), (4, 8)])
+    run, emu = ConfigCosts(*args), ConfigCosts(*args, emulated=True)
+    # stage 0's F: compute + its send; stage 1's F: its receive + compute
+    assert run.compute("F", 0, 1, 0) - run.work("F", 0, 1) == pytest.approx(3e-4 + 1e-4)
+    assert emu.compute("F", 0, 1, 0) - emu.work("F", 0, 1) == pytest.approx(5e-5 + 2e-5)
+    assert emu.compute("F", 1, 1, 1) - emu.work("F", 1, 1) == pytest.approx(2e-5 + 5e-5)
+    without = cl.model_copy(update={"executor": real.model_copy(update={"emulated": None})})
+    old = ConfigCosts(prof, without, *args[2:], emulated=True)
+    assert old.compute("F", 0, 1, 0) - old.work("F", 0, 1) == pytest.approx(3e-4 + 1e-4)  # as before
+    # a cluster measured before the field existed hashes as before
+    assert without.content_hash() == Cluster.model_validate_json(
+        without.model_dump_json(exclude={"executor": {"emulated"}})).content_hash()
