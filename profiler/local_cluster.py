@@ -185,11 +185,13 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     layers that do nearly nothing those processes run the executor's Python nearly all the time, so each had
     ``min(1, effective_cores / n)`` of a core, and the figures are scaled by that to the overhead of a process
     with a core of its own: sharing the cores is the host model's part (:func:`planner.cost.host_share`),
-    which would otherwise count it twice."""
+    which would otherwise count it twice. The overhead with compute emulated (``executor.emulated``) is
+    measured on all ``base.gpus`` processes at once, as emulated runs go (they sleep rather than compute:
+    :func:`profiler.overhead.measure_emulated_overhead`)."""
     import os
     import platform
 
-    from profiler.overhead import measure_overhead
+    from profiler.overhead import measure_emulated_overhead, measure_overhead
 
     procs = base.gpus
     links = measure_links(procs)
@@ -198,8 +200,7 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     host = measure_host(procs)
     bandwidth = measure_step_bandwidth()
     n_ovh = max(2, min(procs, os.cpu_count() or 1))
-    here = base.model_copy(update={"intra": p2p, "inter": p2p, "host": host, "gpus_per_node": n_ovh, "nodes": 1})
-    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3, emulated_on=here)
+    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
     shared = max(1.0, n_ovh / host.effective_cores)
 
     def scaled(e: ExecutorOverhead) -> ExecutorOverhead:
@@ -208,7 +209,10 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
                                     "source": f"{e.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
                                               f"processes at {host.effective_cores:.2f} effective cores"})
 
-    ex = scaled(ex).model_copy(update={"emulated": scaled(ex.emulated) if ex.emulated is not None else None})
+    # with compute emulated the processes sleep: measured on all of them at once, as the emulated runs go
+    here = base.model_copy(update={"intra": p2p, "inter": p2p, "host": host})
+    emu, raw["emulated"] = measure_emulated_overhead(procs, here, iterations=overhead_iterations, warmup=3)
+    ex = scaled(ex).model_copy(update={"emulated": emu})
     raw["overhead_core_share"] = shared
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "

@@ -92,10 +92,16 @@ def test_the_measured_cluster_records_the_step_bandwidth_it_measured(monkeypatch
     monkeypatch.setattr(lc, "measure_host", lambda procs: HostCpu(cores=2, effective_cores=2.0, processes=procs,
                                                                  cpu_inflation=1.1))
     monkeypatch.setattr(ov, "measure_overhead", lambda **kw: (ExecutorOverhead(compute=1e-4), {}))
+    seen = []
+    monkeypatch.setattr(ov, "measure_emulated_overhead", lambda procs, cluster, **kw: (
+        seen.append((procs, cluster.host)) or ExecutorOverhead(compute=3e-5), {}))
     monkeypatch.setattr(lc, "measure_step_bandwidth", lambda: 12.5e9)
-    c, _ = lc.measured_cluster(cpu(2, 2.0).model_copy(update={"memory_bandwidth": 20e9, "host": None}))
+    c, _ = lc.measured_cluster(cpu(4, 2.0).model_copy(update={"memory_bandwidth": 20e9, "host": None}))
     assert c.memory_bandwidth == 12.5e9 and "12.5 GB/s" in c.notes
     assert c.host is not None and c.host.cpu_inflation == 1.1
+    # the emulated overhead: measured on all 4 processes at once, on this host (real messages), not rescaled
+    assert c.executor is not None and c.executor.emulated is not None and c.executor.emulated.compute == 3e-5
+    assert seen == [(4, c.host)]
 
 
 def test_step_bandwidth_counts_the_bytes_the_cost_model_counts() -> None:
