@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
 from planner.reserve import resolve_reserve
-from planner.search import Candidate, plan, predict
+from planner.search import Candidate, PlanResult, plan, predict
 from planner.units import devices, is_cpu
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -87,6 +88,20 @@ def _warn(console: Console, warnings: list[str]) -> None:
         console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
 
 
+def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
+    """The table of ``pipeplan plan`` and the lines under it."""
+    console = Console(width=160)
+    n = req.gpus or cl.gpus
+    on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+    console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
+    console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
+                  + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
+    resolved, source = resolve_reserve(req, cl)
+    console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
+                  f"({source})", highlight=False)
+    _warn(console, res.warnings)  # last: what the user reads first after the table
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -109,28 +124,26 @@ def register(app: typer.Typer) -> None:
         """Rank every valid configuration by predicted throughput."""
         if processes is not None and processes < 1:
             fail(f"--processes must be at least 1, got {processes}")
+        stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
                        max_tensor=max_tensor, schedules=schedules.split(",") if schedules else None,
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
+        stamps.append(time.perf_counter())
         try:
             res = plan(prof, cl, req, processes=default_processes() if processes is None else processes)
         except ValueError as e:
             fail(str(e))
             raise
+        stamps.append(time.perf_counter())
         if json_out:
             typer.echo(json.dumps(res.to_dict()))
-            return
-        console = Console(width=160)
-        n = req.gpus or cl.gpus
-        on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
-        console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
-        console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
-                      + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
-        resolved, source = resolve_reserve(req, cl)
-        console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
-                      f"({source})", highlight=False)
-        _warn(console, res.warnings)  # last: what the user reads first after the table
+        else:
+            _print_plan(res, prof, cl, req, global_batch)
+        if os.environ.get("PIPEPLAN_TIMES"):  # benchmarks/plan_cli_bench.py --phases
+            stamps.append(time.perf_counter())
+            typer.echo("times: " + ", ".join(f"{name} {b - a:.4f}" for name, a, b in zip(
+                ("inputs", "search", "output"), stamps, stamps[1:], strict=False)), err=True)
 
     @app.command("predict")
     def predict_cmd(

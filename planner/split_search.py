@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 #: below this many configurations the fork, the second process's caches and the pickled result cost more
 #: than the second core saves (benchmarks/plan_cli_bench.py --split measures both sides)
-MIN_CONFIGS = 600
+MIN_CONFIGS = 1000
 
 
 def part_of(pipeline: int, microbatches: int) -> int:
