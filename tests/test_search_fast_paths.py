@@ -142,7 +142,9 @@ def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv
     import pipeplan.cli as cli
 
     seen: list[bool] = []
+    exits: list[object] = []
     monkeypatch.setattr(cli, "app", lambda: seen.append(gc.isenabled()))
+    monkeypatch.setattr(cli, "exit_now", exits.append)
     monkeypatch.setattr("sys.argv", ["pipeplan", *argv])
     was = gc.isenabled()
     try:
@@ -151,6 +153,22 @@ def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv
     finally:
         gc.enable() if was else gc.disable()
     assert seen == [collects]
+    assert exits == ([] if collects else [0])  # and they end without the interpreter's finalization
+
+
+@pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (2, 2), ("a message", 1)])
+def test_a_short_lived_command_exits_with_its_status_and_its_output_flushed(tmp_path, code, status):
+    """:func:`pipeplan.cli.exit_now` ends the process with the status ``SystemExit`` gives, and what was
+    printed (buffered, to a pipe) is all there."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from pipeplan.cli import exit_now; print('x' * 100000); "
+              f"print('err', file=sys.stderr); exit_now({code!r})")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == status
+    assert r.stdout == "x" * 100000 + "\n"
+    assert r.stderr.startswith("err\n") and (code != "a message" or "a message" in r.stderr)
 
 
 # ---- structural caches of the merged schedules (Chimera, Hanayo) ------------------------------------------
