@@ -7,12 +7,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail
 from planner.cluster import Cluster, load_cluster
@@ -24,6 +22,10 @@ from planner.request import Config, TrainingRequest
 from planner.reserve import resolve_reserve
 from planner.search import Candidate, PlanResult, plan, predict
 from planner.units import devices, is_cpu
+
+if TYPE_CHECKING:  # rich loads with the table: ``plan --json`` prints none
+    from rich.console import Console
+    from rich.table import Table
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEVICES = {  # --device of profile-analytic -> example cluster file (its device names the description)
@@ -68,6 +70,8 @@ def _memory_cell(c: Candidate) -> str:
 
 
 def _table(cands: list[Candidate], title: str) -> Table:
+    from rich.table import Table
+
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
     for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
@@ -90,6 +94,8 @@ def _warn(console: Console, warnings: list[str]) -> None:
 
 def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
     """The table of ``pipeplan plan`` and the lines under it."""
+    from rich.console import Console
+
     console = Console(width=160)
     n = req.gpus or cl.gpus
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
@@ -184,6 +190,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"warning: {w}", err=True)
         if cand.simulation is None:
             fail(cand.reason)
+        from rich.console import Console
+
         console = Console(width=160)
         console.print(_table([cand], cfg.label()))
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
