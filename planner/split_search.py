@@ -43,6 +43,7 @@ import math
 import mmap
 import os
 import pickle
+import signal
 import struct
 import threading
 from collections.abc import Callable
@@ -166,6 +167,13 @@ def search_split(planner: Any, configs: list[Config],
     os.close(write_end)
     try:
         own = rank(0)
+    except BaseException:  # (Ctrl-C, or a bug): the child is of no more use; nothing is left behind
+        os.close(read_end)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        board.close()
+        raise
+    try:
         theirs = _receive(read_end, pid)
     finally:
         board.close()

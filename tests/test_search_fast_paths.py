@@ -391,6 +391,35 @@ def test_a_failed_child_is_searched_again_by_the_parent(monkeypatch, how):
     _same_counts(two, one)
 
 
+def test_an_error_in_the_parent_leaves_no_child_behind(monkeypatch):
+    """The parent's own part failing (a bug, Ctrl-C) raises as in one process, and the child is gone."""
+    import os
+
+    parent = os.getpid()
+    rank = Planner._rank
+    children: list[int] = []
+    fork = os.fork
+
+    def spy_fork() -> int:
+        pid = fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    def failing(self, *a, **kw):  # type: ignore[no-untyped-def]
+        if os.getpid() == parent:
+            raise KeyboardInterrupt
+        return rank(self, *a, **kw)
+
+    monkeypatch.setattr(Planner, "_rank", failing)
+    monkeypatch.setattr(os, "fork", spy_fork)
+    with pytest.raises(KeyboardInterrupt):
+        _split_search(monkeypatch, _planner("bert-48", "piz-daint-p100-16gb.json", 8, 64))
+    assert len(children) == 1
+    with pytest.raises(ChildProcessError):  # reaped already
+        os.waitpid(children[0], os.WNOHANG)
+
+
 def test_split_search_runs_in_one_process_where_it_cannot_fork_or_should_not(monkeypatch):
     """No ``os.fork`` (Windows), another thread alive (the API server) or a small search: one process."""
     import os
