@@ -15,7 +15,7 @@ makes it print them on stderr), loading the inputs, the search, the printing; me
 The second core (``--split``): in this process, the search of several sizes -- gpt-tiny on the local CPU
 cluster up to GPT-3 175B on 1024 A100s -- with one process and with two (``processes=2``, the size
 threshold off), median wall of ``--runs`` each: where two are slower, the threshold
-(``planner.split_search.MIN_CONFIGS``) keeps one.
+(``planner.split_search.MIN_ACTIONS``) keeps one.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +103,7 @@ def split(runs: int) -> None:
     from planner.search import Planner
     from planner.units import is_cpu
 
-    split_search.MIN_CONFIGS = 0
+    split_search.MIN_ACTIONS = 0
     for preset, cluster, gpus, batch in SPLIT_CASES:
         cl = load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.json")
         prof = analytic_profile(PRESETS[preset], device_for_cluster(cl), dtype="fp32" if is_cpu(cl.device) else "bf16")
@@ -116,7 +117,9 @@ def split(runs: int) -> None:
                 walls[n].append(time.perf_counter() - t)
                 configs = res.evaluated
         one, two = statistics.median(walls[1]), statistics.median(walls[2])
-        print(f"{preset:12s} {cluster:20s} P={gpus:5d} B={batch:5d}: {configs:5d} configurations, one process "
+        size = split_search.work(Planner(prof, cl, req).configs(Counter()), batch)
+        print(f"{preset:12s} {cluster:20s} P={gpus:5d} B={batch:5d}: {configs:5d} configurations, "
+              f"{size:9d} actions (sum of D x N), one process "
               f"{one:.3f} s, two {two:.3f} s ({one / two:.2f}x)   load {os.getloadavg()[0]:.2f}")
 
 

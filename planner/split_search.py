@@ -27,7 +27,7 @@ reads values at least the current ones: a threshold computed from them is a safe
 aligned 8-byte store).
 
 Where: only where ``os.fork`` exists (not Windows; macOS forks, though its default for multiprocessing is
-spawn) and the search is large enough to gain from it (:data:`MIN_CONFIGS`, measured). The child inherits the
+spawn) and the search is large enough to gain from it (:data:`MIN_ACTIONS`, measured). The child inherits the
 planner and its caches, searches its part, sends its :class:`planner.search.Ranked` (the k best rows with
 their simulations, and the k best that do not fit) pickled once through a pipe, and exits with ``os._exit``
 (no atexit handlers, no buffers of the parent flushed twice). A child that fails, dies or sends something
@@ -57,9 +57,15 @@ if TYPE_CHECKING:
     from planner.request import Config
     from planner.search import Ranked
 
-#: below this many configurations the fork, the second process's caches and the pickled result cost more
-#: than the second core saves (benchmarks/plan_cli_bench.py --split measures both sides)
-MIN_CONFIGS = 1000
+#: below this much work -- the actions of every configuration's schedule, the sum of D x N -- the fork, the
+#: second process's caches and the pickled result cost more than the second core saves
+#: (``benchmarks/plan_cli_bench.py --split`` measures both sides, per size)
+MIN_ACTIONS = 100_000
+
+
+def work(configs: list[Config], global_batch: int) -> int:
+    """The search's size: the sum over ``configs`` of D x N (a schedule's compute actions per replica)."""
+    return sum(c.pipeline * (global_batch // (c.data * c.micro_batch)) for c in configs)
 
 
 def part_of(pipeline: int, microbatches: int) -> int:
@@ -132,7 +138,7 @@ def search_split(planner: Any, configs: list[Config],
                  rr_keys: list[tuple[int, int, int, int, bool]]) -> list[Ranked] | None:
     """The two parts of the search, one ranked by a forked child; None where not worth it or not possible
     (then the caller searches in one process)."""
-    if len(configs) < MIN_CONFIGS or not can_fork():
+    if work(configs, planner.request.global_batch) < MIN_ACTIONS or not can_fork():
         return None
     from planner.search import Planner
 

@@ -311,7 +311,7 @@ def _split_search(monkeypatch, planner: Planner):  # type: ignore[no-untyped-def
     parent searched it itself)."""
     from planner import split_search
 
-    monkeypatch.setattr(split_search, "MIN_CONFIGS", 0)
+    monkeypatch.setattr(split_search, "MIN_ACTIONS", 0)
     got: list[object] = []
     receive = split_search._receive
     monkeypatch.setattr(split_search, "_receive", lambda fd, pid: (got.append(receive(fd, pid)), got[-1])[1])
@@ -429,8 +429,8 @@ def test_split_search_runs_in_one_process_where_it_cannot_fork_or_should_not(mon
 
     planner = _planner("bert-48", "piz-daint-p100-16gb.json", 4, 64)
     configs = planner.configs(Counter())
-    assert split_search.search_split(planner, configs, []) is None  # below MIN_CONFIGS
-    monkeypatch.setattr(split_search, "MIN_CONFIGS", 0)
+    assert split_search.search_split(planner, configs, []) is None  # below MIN_ACTIONS
+    monkeypatch.setattr(split_search, "MIN_ACTIONS", 0)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
