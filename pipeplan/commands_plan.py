@@ -53,15 +53,6 @@ def _request(**kw: object) -> TrainingRequest:
     raise AssertionError  # unreachable
 
 
-def default_processes() -> int:
-    """2 where this process may run on two or more cores (its CPU affinity), else 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return 2 if cores >= 2 else 1
-
-
 def _memory_cell(c: Candidate) -> str:
     """The fullest device's peak as the model's own bytes + the request's reserve (``--memory-reserve``, GiB): the
     reserve alone (2 GiB by default on GPUs, :mod:`planner.reserve`) would otherwise read as the model's memory
@@ -124,8 +115,8 @@ def register(app: typer.Typer) -> None:
                  "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
         processes: Annotated[int | None, typer.Option(
-            help="processes searching (1 or 2; default 2 where this process may use two or more cores: a forked "
-                 "child searches half of a large search, the same result)")] = None,
+            help="processes searching: 1, or 2 (a forked child searches half of a large search; the same result); "
+                 "default: 2 where a core is idle (load average under the cores less a half), else 1")] = None,
     ) -> None:
         """Rank every valid configuration by predicted throughput."""
         if processes is not None and processes < 1:
@@ -137,7 +128,7 @@ def register(app: typer.Typer) -> None:
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
         stamps.append(time.perf_counter())
         try:
-            res = plan(prof, cl, req, processes=default_processes() if processes is None else processes)
+            res = plan(prof, cl, req, processes=processes)
         except ValueError as e:
             fail(str(e))
             raise

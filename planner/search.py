@@ -302,23 +302,24 @@ class Planner:
         return cand
 
     # ---- ranking ---------------------------------------------------------------------------------
-    def search(self, prune: bool = True, processes: int = 1) -> PlanResult:
+    def search(self, prune: bool = True, processes: int | None = 1) -> PlanResult:
         """Rank the configurations; ``prune=False`` simulates every one (the tests compare the two).
         ``processes=2`` searches on two cores where the search is large enough and ``os.fork`` exists
-        (:mod:`planner.split_search`: the same result, exact); the default is one process."""
+        (:mod:`planner.split_search`: the same result, exact); ``None``: so too where a core is idle
+        (:func:`planner.split_search.spare_core`); the default is one process."""
         with _gc_paused():
             return self._search(prune, processes)
 
-    def _search(self, prune: bool, processes: int = 1) -> PlanResult:
+    def _search(self, prune: bool, processes: int | None = 1) -> PlanResult:
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
         # PipeDream's replicated plans (t, D, W, b, recomputation): decided over every configuration at once
         rr_keys = self.replicated.keys(configs, self.memory.total_state)
         parts = None
-        if prune and processes > 1:
+        if prune and (processes is None or processes > 1):
             from planner.split_search import search_split
 
-            parts = search_split(self, configs, rr_keys)
+            parts = search_split(self, configs, rr_keys, auto=processes is None)
         if parts is None:
             parts = [self._rank(configs, rr_keys, prune)]
         return _merge(parts, rejected, self.request.top)
@@ -505,10 +506,11 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, processes: int = 1) -> PlanResult:
-    """Rank every valid configuration (module docstring); ``processes=2``: on two cores where it pays
-    (:meth:`Planner.search`). The planner (its caches) is dropped before the garbage collector resumes, so
-    the collection that follows visits the results only."""
+def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
+         processes: int | None = 1) -> PlanResult:
+    """Rank every valid configuration (module docstring); ``processes``: 2 or None (where a core is idle) to
+    search on two cores where the search is large enough (:meth:`Planner.search`). The planner (its caches)
+    is dropped before the garbage collector resumes, so the collection that follows visits the results only."""
     with _gc_paused():
         res = Planner(profile, cluster, request).search(processes=processes)
     res.warnings = device_warnings(profile, cluster)

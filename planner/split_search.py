@@ -27,7 +27,8 @@ reads values at least the current ones: a threshold computed from them is a safe
 aligned 8-byte store).
 
 Where: only where ``os.fork`` exists (not Windows; macOS forks, though its default for multiprocessing is
-spawn) and the search is large enough to gain from it (:data:`MIN_ACTIONS`, measured). The child inherits the
+spawn), the search is large enough to gain from it (:data:`MIN_ACTIONS`, measured) and a core is idle
+(:func:`spare_core`). The child inherits the
 planner and its caches, searches its part, sends its :class:`planner.search.Ranked` (the k best rows with
 their simulations, and the k best that do not fit) pickled once through a pipe, and exits with ``os._exit``
 (no atexit handlers, no buffers of the parent flushed twice). A child that fails, dies or sends something
@@ -57,10 +58,11 @@ if TYPE_CHECKING:
     from planner.request import Config
     from planner.search import Ranked
 
-#: below this much work -- the actions of every configuration's schedule, the sum of D x N -- the fork, the
-#: second process's caches and the pickled result cost more than the second core saves
-#: (``benchmarks/plan_cli_bench.py --split`` measures both sides, per size)
-MIN_ACTIONS = 100_000
+#: below this much work -- the actions of every configuration's schedule, the sum of D x N -- one process: the
+#: second saves next to nothing (measured in CPU seconds on the longer of the two processes, at load 5.9: 300
+#: actions, bert-tiny on 2 A100s, 0.034 -> 0.030; 1,682 actions, on 4, 0.065 -> 0.048; GPT-3 175B on 1024 A100s,
+#: 6.7M actions, 2.39 -> 1.39), and the fork's latency is not in those figures
+MIN_ACTIONS = 1000
 
 
 def work(configs: list[Config], global_batch: int) -> int:
@@ -128,17 +130,33 @@ class SharedTop(TopDistinct):
             self.board.publish(self.part, self._mine)
 
 
+def spare_core() -> bool:
+    """Whether a core is idle on average: the 1-minute load average (this process's search counts one) under
+    the cores this process may use less a half. On a busy machine a second process only competes with the
+    other work and adds its own (measured at load 4.5-5.8 on the 2-core machine: 0.7-1.1x the wall time of
+    one process, ``benchmarks/plan_cli_bench.py --split``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load figure: assume the cores are free
+        return cores >= 2
+    return cores >= 2 and load < cores - 0.5
+
+
 def can_fork() -> bool:
     """``os.fork`` exists and this process runs no other thread (a forked child inherits the locks others
     hold, and none of their work)."""
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
-def search_split(planner: Any, configs: list[Config],
-                 rr_keys: list[tuple[int, int, int, int, bool]]) -> list[Ranked] | None:
+def search_split(planner: Any, configs: list[Config], rr_keys: list[tuple[int, int, int, int, bool]],
+                 auto: bool = False) -> list[Ranked] | None:
     """The two parts of the search, one ranked by a forked child; None where not worth it or not possible
-    (then the caller searches in one process)."""
-    if work(configs, planner.request.global_batch) < MIN_ACTIONS or not can_fork():
+    (then the caller searches in one process). ``auto``: only where a core is idle (:func:`spare_core`)."""
+    if work(configs, planner.request.global_batch) < MIN_ACTIONS or not can_fork() or (auto and not spare_core()):
         return None
     from planner.search import Planner
 

@@ -312,6 +312,7 @@ def _split_search(monkeypatch, planner: Planner):  # type: ignore[no-untyped-def
     from planner import split_search
 
     monkeypatch.setattr(split_search, "MIN_ACTIONS", 0)
+    monkeypatch.setattr(split_search, "spare_core", lambda: True)  # (whatever else the machine runs)
     got: list[object] = []
     receive = split_search._receive
     monkeypatch.setattr(split_search, "_receive", lambda fd, pid: (got.append(receive(fd, pid)), got[-1])[1])
@@ -421,7 +422,8 @@ def test_an_error_in_the_parent_leaves_no_child_behind(monkeypatch):
 
 
 def test_split_search_runs_in_one_process_where_it_cannot_fork_or_should_not(monkeypatch):
-    """No ``os.fork`` (Windows), another thread alive (the API server) or a small search: one process."""
+    """No ``os.fork`` (Windows), another thread alive (the API server), a busy machine or a small search: one
+    process."""
     import os
     import threading
 
@@ -429,8 +431,20 @@ def test_split_search_runs_in_one_process_where_it_cannot_fork_or_should_not(mon
 
     planner = _planner("bert-48", "piz-daint-p100-16gb.json", 4, 64)
     configs = planner.configs(Counter())
+    monkeypatch.setattr(split_search, "MIN_ACTIONS", split_search.work(configs, 64) + 1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert split_search.spare_core()
     assert split_search.search_split(planner, configs, []) is None  # below MIN_ACTIONS
     monkeypatch.setattr(split_search, "MIN_ACTIONS", 0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 0.0, 0.0))
+    assert not split_search.spare_core()
+    assert split_search.search_split(planner, configs, [], auto=True) is None  # busy: 1.6 on 2 cores
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.4, 0.0, 0.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert not split_search.spare_core()  # one core to run on
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert split_search.spare_core()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
