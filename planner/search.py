@@ -21,7 +21,9 @@ gives the same output.
 The jobs, one module each: enumeration (:mod:`planner.enumeration`), the schedules and their shapes
 (:mod:`planner.shapes`), the memory model (:mod:`planner.memory`), the bounds (:mod:`planner.bounds`),
 simulation (:mod:`planner.simulate`), the explanation of a result (:mod:`planner.explain`) and the records
-returned (:mod:`planner.candidate`); this module evaluates and ranks.
+returned (:mod:`planner.candidate`); this module evaluates and ranks. On two cores a forked child ranks part of
+the configurations and the parts are merged, exactly (:mod:`planner.split_search`; the command line's
+default where a core is idle, one process elsewhere).
 """
 
 from __future__ import annotations
