@@ -8,9 +8,10 @@ Run: ``python benchmarks/plan_cli_bench.py [--runs 5]``. The profile is written 
 temporary directory. Issue 13 item 3's goal: plan under 1.0 s, ``--help`` under 0.3 s, on the 2-core
 development machine.
 
-The split of one run's time (``--phases``): the interpreter alone (``python -c pass``), the imports of the plan
-command (``pipeplan.cli`` and ``pipeplan.commands_plan``) and, from the command itself (``PIPEPLAN_TIMES=1``
-makes it print them on stderr), loading the inputs, the search, the printing; medians of ``--runs``.
+The split of one run's time (``--phases``, with one and two processes): the interpreter alone (``python -c
+pass``), the imports of the plan command (``pipeplan.cli`` and ``pipeplan.commands_plan``) and, from the command
+itself (``PIPEPLAN_TIMES=1`` makes it print them on stderr), loading the inputs, the search, the printing, and
+its own CPU seconds (a forked child's excluded: on an idle machine, about its wall time); medians of ``--runs``.
 
 The second core (``--split``): in this process, the search of several sizes -- gpt-tiny on the local CPU
 cluster up to GPT-3 175B on 1024 A100s -- with one process and with two (``processes=2``, the size
@@ -59,10 +60,11 @@ def report(name: str, cmd: list[str], runs: int) -> None:
           f"   (wall {', '.join(f'{w:.2f}' for w in walls)}; user {', '.join(f'{u:.2f}' for u in users)})")
 
 
-def phases(prof: Path, runs: int) -> None:
-    """Median seconds of each part of the plan command (module docstring)."""
+def phases(prof: Path, runs: int, processes: int) -> None:
+    """Median seconds of each part of the plan command (module docstring); ``own-cpu``: the command's own
+    CPU seconds from its start to its end (a forked child's not in them)."""
     cmd = [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER), "--global-batch", "1536",
-           "--gpus", "1024"]
+           "--gpus", "1024", "--processes", str(processes)]
     got: dict[str, list[float]] = {}
     for _ in range(runs):
         for name, argv in (("interpreter", [sys.executable, "-c", "pass"]),
@@ -77,7 +79,8 @@ def phases(prof: Path, runs: int) -> None:
         for part in r.stderr.split("times:")[-1].split(","):
             name, secs = part.split()[0], float(part.split()[1])
             got.setdefault(name, []).append(secs)
-    print("phases, median of", runs, "(s): " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in got.items()))
+    print(f"phases, --processes {processes}, median of {runs} (s): "
+          + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in got.items()))
 
 
 SPLIT_CASES = [  # (profile: a preset analysed for the cluster's device, cluster, GPUs, global batch)
@@ -153,7 +156,8 @@ def main() -> None:
             report(f"  --processes {n}", [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER),
                                           "--global-batch", "1536", "--gpus", "1024", "--processes", str(n)], args.runs)
         if args.phases:
-            phases(prof, args.runs)
+            for n in (1, 2):
+                phases(prof, args.runs, n)
         print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -139,8 +139,10 @@ def register(app: typer.Typer) -> None:
             _print_plan(res, prof, cl, req, global_batch)
         if os.environ.get("PIPEPLAN_TIMES"):  # benchmarks/plan_cli_bench.py --phases
             stamps.append(time.perf_counter())
+            # and this process's own CPU seconds since it started (a forked child's are not in them)
             typer.echo("times: " + ", ".join(f"{name} {b - a:.4f}" for name, a, b in zip(
-                ("inputs", "search", "output"), stamps, stamps[1:], strict=False)), err=True)
+                ("inputs", "search", "output"), stamps, stamps[1:], strict=False))
+                + f", own-cpu {time.process_time():.4f}", err=True)
 
     @app.command("predict")
     def predict_cmd(
