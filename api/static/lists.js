@@ -37,13 +37,20 @@ function shortDate(s) {
   return `<span title="${PP.esc(d.toLocaleString())}">${PP.esc(text)}</span>`;
 }
 
-// measured / predicted of a finished job, as on the job page (its error there: (measured - predicted) / predicted)
+// measured / predicted of a finished job, as on the job page (its error there: (measured - predicted) / predicted);
+// outside 0.5-2 (issue 13's bound for a meaningful first comparison) it is marked
 function ratioCell(j, attrs) {
   const r = j.measured_over_predicted;
   if (!PP.num(r)) return `<td${attrs} class="num ratio">–</td>`;
-  const far = r > 1.5 || r < 1 / 1.5;
+  const far = r > 2 || r < 0.5;
   return `<td${attrs} class="num ratio${far ? " far" : ""}" title="measured ${PP.fmtTime(j.measured_iteration_time)} / predicted ` +
     `${PP.fmtTime(j.predicted_iteration_time)}: error ${PP.fmtErr(r - 1)}">${PP.fmtRatio(r)}</td>`;
+}
+
+// what went wrong (a failed run's real error line) or why a queued job waits
+function note(j) {
+  const text = ((j.state === "failed" && PP.errorLine(j.log_tail)) || j.error || j.waiting || "").slice(0, 200);
+  return text ? `<span class="clamp" title="${PP.esc(text)}">${PP.esc(text)}</span>` : "–";
 }
 
 // The jobs table: one line of figures per job (measured, predicted, their ratio), compact enough for 800 px; below
@@ -66,7 +73,7 @@ async function loadJobs() {
     <td${L[6]} class="num predicted">${PP.fmtTime(j.predicted_iteration_time)}</td>
     <td${L[7]} class="num measured">${PP.fmtTime(j.measured_iteration_time)}</td>
     ${ratioCell(j, L[8])}
-    <td${L[9]} class="result">${PP.esc(((j.state === "failed" && PP.errorLine(j.log_tail)) || j.error || j.waiting || "").slice(0, 200)) || "–"}</td></tr>`).join("")
+    <td${L[9]} class="result">${note(j)}</td></tr>`).join("")
     || `<tr><td colspan="${JOB_COLUMNS.length}" class="muted">no jobs: dispatch a candidate from a plan's comparison page</td></tr>`;
 }
 
