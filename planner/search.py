@@ -187,24 +187,35 @@ class Planner:
         if act is None:
             act = shared["activation"] = np.array([costs.activation(s) for s in range(sched.stages)])
         lay = self.shapes.layout(config, sched)
-        if self.memory.too_big(cand, (lay.inflight * act[lay.stage]).max(axis=1).tolist()):
+        floor = (lay.inflight * act[lay.stage]).max(axis=1)
+        first = self.shapes.forwards_first(config, sched)
+        if first is not None:  # merged lists: the forwards every device runs before its first backward
+            floor = np.maximum(floor, first * act[lay.stage].min(axis=1))
+        if self.memory.too_big(cand, floor.tolist()):
             return None
         return costs
 
     def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
-        """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
-        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`TimeBounds.prefix_bound`).
+        """Raise ``cand.lower_bound`` before the candidate is simulated, cheapest first, and for merged
+        schedules (Chimera, Hanayo) reject on the warm-up's memory before the whole merge (True).
 
-        The warm-up is merged in rounds of S unit slots (:meth:`MemoryModel.too_big_before_merge`); from the
-        second round on, once its bound already exceeds ``kth`` (the search's k-th best time so far) the
+        First the bound with the all-reduces no device can overlap (:meth:`TimeBounds.lower_bound` with
+        ``allreduce``: a few cost-model calls per stage, paid only by the candidates the search reaches);
+        a candidate it puts past ``kth`` (the search's k-th best time so far) goes no further: no merge,
+        no memory check. Then, for merged schedules, the warm-up is merged in rounds of S unit slots
+        (:meth:`MemoryModel.too_big_before_merge`) and the bound raised to that of the replayed warm-up
+        (:meth:`TimeBounds.prefix_bound`); from the second round on, once that bound exceeds ``kth`` the
         rounds stop there: the candidate cannot be among the k best whatever the rest of the merge holds.
         The bound of any round is a true one: the merge runs an action only at a slot after its inputs have
         ended (:class:`planner.schedules.merge.ListScheduler`), so the first ``u`` slots of every device
         hold the inputs of everything in them -- a prefix closed under inputs, which is what
         :meth:`TimeBounds.prefix_bound` needs; the bounds of the rounds computed are combined by max.
-        Exact for the top k; only a candidate that a later round would have rejected on memory
-        is then counted as pruned by its bound instead."""
+        Exact for the top k; only a candidate that a later round (or the warm-up's memory) would have
+        rejected on memory is then counted as pruned by its bound instead."""
         cand.refined = True
+        cand.lower_bound = max(cand.lower_bound, self.bounds.release_bound(costs.schedule, costs))
+        if inflight_exact(cand.config.schedule) or cand.lower_bound > kth:
+            return False
         S = costs.schedule.stages
         bounded: list[Warmup] = []
 
@@ -224,7 +235,7 @@ class Planner:
         return False
 
     def _raise_bound(self, cand: Candidate, costs: ConfigCosts, warmup: Warmup) -> None:
-        bound = self.bounds.prefix_bound(costs, warmup)
+        bound = self.bounds.prefix_bound(costs, warmup, allreduce=True)
         if bound is not None:
             cand.lower_bound = max(cand.lower_bound, bound)
 
@@ -362,7 +373,7 @@ class Planner:
                     heapq.heappush(prepared, (cand.lower_bound, i + j * ids, cand, costs))
                 continue
             costs = maybe
-            if prune and not cand.refined and not inflight_exact(cand.config.schedule):
+            if prune and not cand.refined:
                 if self.refine(cand, costs, top.kth):
                     rejected[reason_key(cand.reason)] += 1
                     infeasible.append(cand)

@@ -145,6 +145,7 @@ class ScheduleCache:
         self._inflight: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
         self._layouts: dict[ScheduleKey, Layout] = {}
         self._warmups: dict[tuple[ScheduleKey, int], Warmup | None] = {}
+        self._forwards_first: dict[ScheduleKey, np.ndarray | None] = {}
 
     def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
         """The schedule of ``config`` with ``microbatches`` schedule micro-batches. ``full=False`` may leave
@@ -174,6 +175,19 @@ class ScheduleCache:
             got = Warmup(self.schedule(config, microbatches, full=False),
                          prefix(config.pipeline, microbatches, slots, **config.schedule_params()), slots)
         self._warmups[key] = got
+        return got
+
+    def forwards_first(self, config: Config, sched: Schedule) -> np.ndarray | None:
+        """Per device of ``sched``'s shape, the forwards its merged list certainly runs before its first
+        backward (the builder's ``forwards_first``, :func:`planner.schedules.merge.forwards_first`), or None
+        where the builder merges nothing."""
+        key = schedule_key(config, sched.microbatches)
+        if key in self._forwards_first:
+            return self._forwards_first[key]
+        fn = getattr(sys.modules[BUILDERS[config.schedule].__module__], "forwards_first", None)
+        got = None if fn is None else np.array(fn(config.pipeline, sched.microbatches, **config.schedule_params()),
+                                               dtype=float)
+        self._forwards_first[key] = got
         return got
 
     def compiled(self, config: Config, sched: Schedule) -> Any:
