@@ -181,15 +181,11 @@ class TimeBounds:
         terms = self.terms(costs)
         lay = self.shapes.layout(cfg, sched)
         st, n = lay.stage, lay.per_mb
-        own = np.asarray(costs.step_per_stage())[st].sum(axis=1) + self.allreduce_times(sched, costs)[st].min(axis=1)
-        last = own.min()  # the end of any micro-batch's chain: some device's all-reduce and step
-        own_c = own[:, None]
+        q_f, q_b, own_c = self._deliveries(sched, costs)
         early = n
         if inflight_exact(cfg.schedule) and cfg.schedule not in PROFILE_DRIVEN:
             early = np.minimum(n, lay.inflight)
         t1 = terms.window[st]
-        q_f = np.maximum(terms.drain[st] + last, terms.bwd[st] + own_c)
-        q_b = np.maximum(terms.down[st] + last, own_c)  # a split backward: its I (input gradient)
         release = [terms.head[st], t1, t1]
         tail = [q_f, q_f, q_b]
         work = [early * terms.fwd[st], (n - early) * terms.fwd[st], n * terms.bwd[st]]
@@ -199,15 +195,19 @@ class TimeBounds:
             tail.append(np.broadcast_to(own_c, st.shape))
             work[2] = n * (terms.bwd[st] - terms.weight[st])
             work.append(n * terms.weight[st])
-        release, tail, work = (np.concatenate(x, axis=1) for x in (release, tail, work))
-        keep = work > 0
-        release, tail = np.where(keep, release, np.inf), np.where(keep, tail, np.inf)
-        # sets: rho = release[:, a], kappa = tail[:, b]; member c when release[c] >= rho and tail[c] >= kappa
-        member = ((release[:, None, None, :] >= release[:, :, None, None])
-                  & (tail[:, None, None, :] >= tail[:, None, :, None]))
-        total = (member * work[:, None, None, :]).sum(axis=3)
-        value = np.where(total > 0, release[:, :, None] + total + tail[:, None, :], 0.0)
-        return max(base, float(np.nan_to_num(value, nan=0.0, posinf=0.0).max()))
+        return max(base, _single_machine(*(np.concatenate(x, axis=1) for x in (release, tail, work))))
+
+    def _deliveries(self, sched: Schedule, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (device, stage replica) of the layout, the delivery of a forward and of a backward (its I when
+        split) (:meth:`release_bound`), and per device (a column) its own all-reduce and step."""
+        terms = self.terms(costs)
+        st = self.shapes.layout(costs.config, sched).stage
+        own = np.asarray(costs.step_per_stage())[st].sum(axis=1) + self.allreduce_times(sched, costs)[st].min(axis=1)
+        last = own.min()  # the end of any micro-batch's chain: some device's all-reduce and step
+        own_c = own[:, None]
+        q_f = np.maximum(terms.drain[st] + last, terms.bwd[st] + own_c)
+        q_b = np.maximum(terms.down[st] + last, own_c)
+        return q_f, q_b, own_c
 
     def prefix_bound(self, costs: ConfigCosts, warmup: Warmup, allreduce: bool = False) -> float | None:
         """A lower bound of the iteration time from the merged warm-up (a prefix of every device's list,
@@ -226,7 +226,44 @@ class TimeBounds:
         work = (lay.per_mb * self.terms(costs).work[lay.stage]).sum(axis=1)
         _, after = self.device_terms(shape, costs, allreduce)
         bound = 0.0
+        ends = np.zeros(len(res.devices))
         for d, st in enumerate(res.devices):
             done = st.busy - (st.step[1] - st.step[0])
             bound = max(bound, st.compute_end + max(0.0, work[d] - done) + after[d])
-        return bound
+            ends[d] = st.compute_end
+        if not allreduce or splits_backward(cfg.schedule):
+            return bound
+        # what is left to each device after its prefix, all of it after the prefix's end there: the
+        # single-machine bound of release_bound on those forwards and backwards (released at the prefix's
+        # end at the earliest), per stage replica -- its micro-batches less the prefix's, counted per (device,
+        # stage) from the warm-up's arrays (a device holds a stage once: Chimera, Hanayo)
+        terms = self.terms(costs)
+        rows = np.repeat(np.arange(len(warmup.lists)), warmup.stage.shape[1]).reshape(warmup.stage.shape)
+        f_done = np.zeros((len(warmup.lists), shape.stages))
+        b_done = np.zeros_like(f_done)
+        np.add.at(f_done, (rows, warmup.stage), np.where(warmup.forward, warmup.coef, 0.0))
+        np.add.at(b_done, (rows, warmup.stage), warmup.coef == -1.0)
+        st, n = lay.stage, lay.per_mb
+        at = (np.arange(len(st))[:, None], st)
+        q_f, q_b, _ = self._deliveries(shape, costs)
+        floor = ends[:, None]
+        release = np.concatenate([np.maximum(terms.head[st], floor), np.maximum(terms.window[st], floor)], axis=1)
+        tail = np.concatenate([q_f, q_b], axis=1)
+        left = np.concatenate([np.maximum(n - f_done[at], 0.0) * terms.fwd[st],
+                               np.maximum(n - b_done[at], 0.0) * terms.bwd[st]], axis=1)
+        return max(bound, _single_machine(release, tail, left))
+
+
+def _single_machine(release: np.ndarray, tail: np.ndarray, work: np.ndarray) -> float:
+    """The largest ``min r + sum p + min q`` over the sets of a device's action classes with ``r >= rho`` and
+    ``q >= kappa``, for every (rho, kappa) among the classes' own, over devices (Carlier's bound,
+    :meth:`TimeBounds.release_bound`); ``(devices, classes)`` arrays: release, delivery, total duration of
+    each class (classes without work take no part)."""
+    keep = work > 0
+    release, tail = np.where(keep, release, np.inf), np.where(keep, tail, np.inf)
+    # sets: rho = release[:, a], kappa = tail[:, b]; member c when release[c] >= rho and tail[c] >= kappa
+    member = ((release[:, None, None, :] >= release[:, :, None, None])
+              & (tail[:, None, None, :] >= tail[:, None, :, None]))
+    total = (member * work[:, None, None, :]).sum(axis=3)
+    value = np.where(total > 0, release[:, :, None] + total + tail[:, None, :], 0.0)
+    return float(np.nan_to_num(value, nan=0.0, posinf=0.0).max())

@@ -189,8 +189,11 @@ class Planner:
         lay = self.shapes.layout(config, sched)
         floor = (lay.inflight * act[lay.stage]).max(axis=1)
         first = self.shapes.forwards_first(config, sched)
-        if first is not None:  # merged lists: the forwards every device runs before its first backward
-            floor = np.maximum(floor, first * act[lay.stage].min(axis=1))
+        if first is not None:  # the forwards every device's list runs before its first backward, all alive
+            if first.ndim == 1:  # a count of forwards of any of the device's stages (merged lists)
+                floor = np.maximum(floor, first * act[lay.stage].min(axis=1))
+            else:  # per stage it holds
+                floor = np.maximum(floor, (first * act[lay.stage]).sum(axis=1))
         if self.memory.too_big(cand, floor.tolist()):
             return None
         return costs

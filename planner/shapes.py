@@ -178,9 +178,10 @@ class ScheduleCache:
         return got
 
     def forwards_first(self, config: Config, sched: Schedule) -> np.ndarray | None:
-        """Per device of ``sched``'s shape, the forwards its merged list certainly runs before its first
-        backward (the builder's ``forwards_first``, :func:`planner.schedules.merge.forwards_first`), or None
-        where the builder merges nothing."""
+        """Per device of ``sched``'s shape, the forwards its list certainly runs before its first backward,
+        all alive when it starts (the builder's ``forwards_first``): a count per device where the stages are
+        not known (merged lists, :func:`planner.schedules.merge.forwards_first`), or per stage it holds, in
+        :class:`Layout` order (interleaved); None where the builder has no such function."""
         key = schedule_key(config, sched.microbatches)
         if key in self._forwards_first:
             return self._forwards_first[key]

@@ -169,3 +169,22 @@ def test_forwards_first_are_in_the_merged_lists(case, D, N):
             before += 1
         assert before >= first[d], (name, params, D, N, d, before, first[d])
     assert max(first) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 6), st.integers(1, 5))
+def test_interleaved_forwards_first_are_its_lists_warmup(D, groups, v):
+    """Per device and chunk, :func:`interleaved.forwards_first` counts exactly the forwards its list runs
+    before its first backward (the memory floor the search checks before building the lists)."""
+    from planner.schedules import interleaved
+
+    N = D * groups
+    first = interleaved.forwards_first(D, N, v)
+    sched = build("interleaved", D, N, chunks=v)
+    for d, row in enumerate(sched.actions):
+        count: Counter[int] = Counter()
+        for a in row:
+            if a.kind != "F":
+                break
+            count[a.stage] += 1
+        assert [count[c * D + d] for c in range(v)] == first[d]
