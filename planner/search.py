@@ -188,12 +188,13 @@ class Planner:
             act = shared["activation"] = np.array([costs.activation(s) for s in range(sched.stages)])
         lay = self.shapes.layout(config, sched)
         floor = (lay.inflight * act[lay.stage]).max(axis=1)
-        first = self.shapes.forwards_first(config, sched)
-        if first is not None:  # the forwards every device's list runs before its first backward, all alive
-            if first.ndim == 1:  # a count of forwards of any of the device's stages (merged lists)
-                floor = np.maximum(floor, first * act[lay.stage].min(axis=1))
+        got = self.shapes.forwards_first(config, sched)
+        if got is not None:  # the forwards every device's list runs before its first backward, all alive
+            first, span = got
+            if first.ndim == 1:  # a count of forwards in its first slots (merged lists)
+                floor = np.maximum(floor, span * self.memory.first_slots_floor(first, lay.stage, lay.per_mb, act))
             else:  # per stage it holds
-                floor = np.maximum(floor, (first * act[lay.stage]).sum(axis=1))
+                floor = np.maximum(floor, span * (first * act[lay.stage]).sum(axis=1))
         if self.memory.too_big(cand, floor.tolist()):
             return None
         return costs

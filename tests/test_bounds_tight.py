@@ -24,7 +24,7 @@ from planner.request import TrainingRequest
 from planner.runspec import schedule_microbatches
 from planner.schedules import build, chimera, hanayo, inflight_exact
 from planner.search import Planner
-from planner.shapes import ScheduleCache
+from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import simulate
 
 EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
@@ -188,3 +188,29 @@ def test_interleaved_forwards_first_are_its_lists_warmup(D, groups, v):
                 break
             count[a.stage] += 1
         assert [count[c * D + d] for c in range(v)] == first[d]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(_MERGED + [("chimera", {"pipelines": 1, "concat": "backward-halving"})]),
+       st.sampled_from([2, 4, 6, 8]), st.integers(1, 48), st.data())
+def test_merged_memory_floor_is_below_the_lists_peak(case, D, N, data):
+    """The activation floor the search checks before merging (the forwards of the first slots, each at least
+    the smallest activation of the stages that can have reached the device by then, times the fewest
+    micro-batches a forward runs) is at most the peak the built lists reach, whatever the stages' figures."""
+    from planner.memory import MemoryModel
+    from planner.request import Config
+
+    name, params = case
+    cfg = Config(tensor=1, pipeline=D, data=1, micro_batch=1, schedule=name, **params)
+    shapes = ScheduleCache()
+    try:
+        sched = shapes.schedule(cfg, N)
+    except ValueError:
+        return
+    act = np.array(data.draw(st.lists(st.floats(0.0, 1e9, allow_nan=False), min_size=sched.stages,
+                                      max_size=sched.stages)))
+    first, span = shapes.forwards_first(cfg, sched)
+    lay = shapes.layout(cfg, sched)
+    floor = span * MemoryModel.first_slots_floor(first, lay.stage, lay.per_mb, act)
+    peaks = Warmup(sched, sched.actions, 0).peaks(act)  # the full lists' peaks, counted as the simulator does
+    assert all(f <= p * (1 + 1e-9) + 1e-6 for f, p in zip(floor.tolist(), peaks, strict=True)), (floor, peaks)

@@ -422,8 +422,8 @@ def forwards_first(devices: int, placement: Sequence[Sequence[int]], pipelines: 
     before ``tau`` while it has a candidate (:class:`ListScheduler` runs, at every slot, one candidate on each
     device that has one): the forwards of stage 0 wait for nothing, and each (replica, stage 0, unit) list
     starts with ``min(S, n)`` of its ``n`` forward groups before its first backward
-    (:func:`one_f_one_b_groups`). A device holding stage 0 of some pipelines thus runs at least
-    ``min(tau, sum of those)`` forwards before any backward; others are counted as 0."""
+    (:func:`one_f_one_b_groups`). A device holding stage 0 of some pipelines thus runs a forward in each
+    of its first ``min(tau, sum of those)`` slots, before any backward; others are counted as 0."""
     S = len(placement[0])
     tau = [-1] * devices
     for row in placement:
@@ -436,3 +436,9 @@ def forwards_first(devices: int, placement: Sequence[Sequence[int]], pipelines: 
         if groups:
             ready[placement[r][0]] += min(S, len(groups))
     return [min(t, n) if t >= 0 else 0 for t, n in zip(tau, ready, strict=True)]
+
+
+def smallest_span(pipelines: Pipelines) -> int:
+    """The fewest micro-batches a forward of these pipelines runs (a forward group's size): what each forward
+    of :func:`forwards_first` adds at least to the alive activations, in micro-batches of its stage."""
+    return min((len(g) for _, groups, _ in pipelines for g in groups), default=1)
