@@ -9,11 +9,14 @@ without recomputation. Chimera's greedy rule (the largest b that fits) is not us
 is evaluated.
 
 Pruning, exact for the top ``k``: a configuration whose model state alone exceeds the device memory is
-rejected before anything else; every other one gets a lower bound on its iteration time (the busiest
-device's compute plus its optimizer step, no bubbles, no communication), is visited in the order of
-that bound, and is simulated only while the bound is below the k-th best simulated time. A merged schedule
-(Chimera, Hanayo) first has its warm-up merged, in rounds of S unit slots, to check its memory and raise its
-bound (:meth:`Planner.refine`), and the rounds stop once that bound exceeds the k-th best time. Stage costs,
+rejected before anything else, and one whose activations certainly overflow (in-flight counts, the forwards
+every list runs before its first backward) before its lists exist; every other one gets a lower bound on its
+iteration time (:mod:`planner.bounds`: per device its head, computation and backward windows, then its step),
+is visited in the order of that bound, and is simulated only while the bound is below the k-th best
+simulated time. When reached it first gets the tighter bound (:meth:`Planner.refine`: the all-reduces and
+the single-machine bound of every device, fill and drain included), and goes back in line if that raised it;
+a merged schedule (Chimera, Hanayo) then has its warm-up merged, in rounds of S unit slots, to check its
+memory and raise its bound, and the rounds stop once that bound exceeds the k-th best time. Stage costs,
 partitions and the merged warm-ups (which depend on the schedule's structure only,
 :class:`planner.shapes.Warmup`) are cached across configurations, by value. Deterministic: the same input
 gives the same output.
