@@ -31,14 +31,16 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
             ("bubble_ratio", cand.get("bubble_ratio"), res.bubble_ratio if res else None)]
     devices = []
     # the measured peak is the allocator's (torch.cuda.max_memory_allocated: executor/rank.py), without the
-    # framework/workspace reserve the plan counts per device: compare it with the model's own memory
+    # framework/workspace reserve the plan counts per device: compare it with the model's own memory. A CPU run
+    # measures none (None): the predicted peak is still given, without an error
     mem = cand.get("model_memory") or [m - float(cand.get("memory_reserve") or 0.0) for m in cand.get("memory") or []]
     for d, dev in enumerate(res.devices if res else []):
         entry = dict(dev)
         peak = dev.get("peak_memory")
-        if d < len(mem) and isinstance(peak, int | float):
+        if d < len(mem):
             entry["predicted_peak_memory"] = mem[d]
-            entry["peak_memory_relative_error"] = _rel(mem[d], float(peak))
+            if isinstance(peak, int | float):
+                entry["peak_memory_relative_error"] = _rel(mem[d], float(peak))
         devices.append(entry)
     return {"job_id": job.id, "plan_id": job.plan_id, "candidate_index": job.candidate_index,
             "label": cand.get("label", ""), "state": job.state, "emulated": res.emulated if res else None,

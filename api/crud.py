@@ -211,6 +211,8 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
                          f"got {spec['candidate_index']}")
     from api.gang import make_slots, placement
 
+    if not spec["emulate"]:
+        _model_fits_profile(db, plan, spec["model"])
     candidate = plan.candidates[spec["candidate_index"]].body
     where = placement(candidate, get_cluster(db, plan.cluster_id).body, bool(spec["emulate"]),
                       spec.get("gpus_per_node"))
@@ -222,6 +224,24 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     db.add(job)
     db.flush()
     return job
+
+
+def _model_fits_profile(db: Session, plan: PlanRequest, model: str) -> None:
+    """A real run builds ``model`` and cuts it by the plan's partition, which covers the plan's profile's
+    layers; a model of another layer count would fail on the agent after a claim ("partition does not cover
+    the model", executor/plan.py): refused here, naming the presets that fit or emulation (which runs the
+    profile's own layers with any model)."""
+    from planner.model import PRESETS, get_model
+
+    profile = get_profile(db, plan.profile_id)
+    have, want = get_model(model).profile_layers, profile.num_layers
+    if have == want:
+        return
+    fit = sorted(n for n, s in PRESETS.items() if s.profile_layers == want)
+    use = f"a model of {want} layers ({', '.join(fit)}) or " if fit else ""
+    raise InputError(f"model: {model} has {have} layers (embedding, {have - 2} blocks, head) but plan {plan.id}'s "
+                     f"profile {profile.name!r} has {want}: the run would fail; use {use}emulate the profile "
+                     f"(\"emulate\": true)")
 
 
 def list_jobs(db: Session, state: str | None, plan_id: int | None, limit: int, offset: int) -> list[Job]:

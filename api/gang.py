@@ -9,11 +9,12 @@ that spans several nodes.
 job, dispatched as before (:mod:`api.jobqueue`, the job row is its one slot).
 
 **Matching** (:func:`eligible`). A job is offered to an agent whose declared device type is the plan's cluster
-device (case-insensitive); a CPU agent (device type ``cpu``) takes emulated jobs of any device too, and nothing
-else. An agent declaring ``G > 0`` GPUs (a CPU agent: the gloo processes it runs) takes jobs of at most ``G``
-processes per node, and is the only kind that takes slots of multi-node jobs; ``G = 0`` (not declared) takes
-single-node jobs of any size, as agents did before they declared anything. Jobs stored before placement
-existed (no device) go to any agent.
+device (case-insensitive); a CPU agent (a device type :func:`planner.units.is_cpu` calls a CPU: ``cpu`` or a
+name starting ``cpu``, any case) takes emulated jobs of any device too, and nothing else. An agent declaring
+``G > 0`` GPUs (a CPU agent: the gloo processes it runs) takes jobs of at most ``G`` processes per node, and is
+the only kind that takes slots of multi-node jobs; ``G = 0`` (not declared) takes single-node jobs of any size,
+as agents did before they declared anything. Jobs stored before placement existed (no device) go to any
+agent.
 
 **Gang dispatch** (``nodes > 1``; the slots are :class:`db.models.JobSlot` rows)::
 
@@ -46,8 +47,9 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from api.errors import Conflict, NotFound
 from db.models import Job, JobSlot, Worker, utcnow
-from planner.units import device_noun
+from planner.units import device_noun, is_cpu
 
+#: an agent's device type when it declares none (the agent's own default)
 CPU = "cpu"
 
 
@@ -93,7 +95,7 @@ def eligible(worker: Worker, whole: bool = False) -> ColumnElement[bool]:
     agent that places multi-node jobs itself (Slurm) takes any size, but no gang that is forming."""
     dev = (worker.device_type or CPU).lower()
     device = or_(Job.device_type.is_(None), func.lower(Job.device_type) == dev)
-    if dev == CPU:
+    if is_cpu(dev):
         device = or_(device, Job.emulate.is_(True))
     if whole:
         return and_(device, ~exists().where(JobSlot.job_id == Job.id, JobSlot.worker_id.is_not(None)))
@@ -107,7 +109,7 @@ def eligible(worker: Worker, whole: bool = False) -> ColumnElement[bool]:
 def device_fits(device_type: str | None, job: Job) -> bool:
     """Whether an agent of ``device_type`` may run ``job`` by device (:func:`eligible`'s first half)."""
     dev = (device_type or CPU).lower()
-    return job.device_type is None or job.device_type.lower() == dev or (dev == CPU and bool(job.emulate))
+    return job.device_type is None or job.device_type.lower() == dev or (is_cpu(dev) and bool(job.emulate))
 
 
 def takes(worker: Worker, job: Job) -> bool:
@@ -133,7 +135,7 @@ def waiting_reason(db: Session, job: Job, alive_seconds: float, workers: list[Wo
     if workers is None:
         workers = alive_workers(db, alive_seconds)
     dev = job.device_type or "any"
-    also = " (or a CPU agent: the job is emulated)" if job.emulate and dev.lower() != CPU else ""
+    also = " (or a CPU agent: the job is emulated)" if job.emulate and not is_cpu(dev) else ""
     if not any(device_fits(w.device_type, job) for w in workers):
         return f"no agent with device {dev} registered{also}"
     fit = [w for w in workers if takes(w, job)]

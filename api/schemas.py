@@ -316,8 +316,9 @@ class WorkerRegister(BaseModel):
     gpus: int = Field(default=0, ge=0, le=4096, description="GPUs of the node (a CPU agent: the gloo processes "
                                                              "it runs); 0: undeclared, single-node jobs only")
     device_type: Name = Field(default="cpu", description="the planner's device name, as a cluster JSON's "
-                                                         "'device' (e.g. A100-SXM4-80GB); 'cpu': a CPU-only agent "
-                                                         "(CPU and emulated plans)")
+                                                         "'device' (e.g. A100-SXM4-80GB); 'cpu' (or a name "
+                                                         "starting 'cpu'): a CPU-only agent (CPU and emulated "
+                                                         "plans)")
     host: Name | None = Field(default=None, description="the address other nodes reach this one at (the "
                                                         "rendezvous of gangs whose node rank 0 it runs)")
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from api.readiness import wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = json.loads((ROOT / "examples" / "models" / "llama-3.1-8b" / "config.json").read_text())
 TOKEN = "bench-admin-token"
@@ -41,12 +43,7 @@ def run(warm: bool, wait_for_warm: bool) -> tuple[float, float]:
         url = f"http://127.0.0.1:{port}"
         try:
             end = time.monotonic() + 300
-            while time.monotonic() < end:
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.2)
+            wait_healthy(url, 300, alive=lambda: proc.poll() is None, every=0.2)
             while wait_for_warm and "transformers loaded" not in log.read_text() and time.monotonic() < end:
                 time.sleep(0.2)
             times = []

@@ -13,13 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from api.readiness import wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,14 +73,8 @@ def start_server(tmp: Path, admin: str, worker: str = "bench-worker", *, seed: b
                                  str(port), "--log-level", "warning"], env=env, cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT)
     srv = LiveServer(f"http://127.0.0.1:{port}", env, proc, log)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and proc.poll() is None:
-        try:
-            if httpx.get(srv.url + "/health", timeout=1).status_code == 200:
-                return srv
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+    if wait_healthy(srv.url, timeout, alive=lambda: proc.poll() is None):
+        return srv
     srv.stop()
     raise SystemExit("the API server did not start:\n" + log.read_text()[-3000:])
 

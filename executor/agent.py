@@ -51,6 +51,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from planner.units import is_cpu
+
 log = logging.getLogger("pipeplan.agent")
 TRACE_LIMIT = 20_000_000
 LOG_TAIL = 8000
@@ -210,8 +212,9 @@ class Agent:
         """What this agent takes, in words (logged at registration)."""
         size = (f"{self.gpus} GPU(s) (processes) per node, also nodes of multi-node jobs" if self.gpus
                 else "GPUs undeclared: single-node jobs only")
-        if self.device_type.lower() == "cpu":
-            return f"CPU agent: CPU plans (device 'cpu') and emulated plans only; {size}; host {self.host}"
+        if is_cpu(self.device_type):  # the API's rule for a CPU agent (api.gang)
+            return (f"CPU agent: plans on device {self.device_type!r} and emulated plans only; {size}; "
+                    f"host {self.host}")
         return f"device {self.device_type}; {size}; host {self.host}"
 
     def _heartbeats(self) -> None:

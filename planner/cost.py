@@ -331,14 +331,19 @@ class ConfigCosts(Costs):
         if self.t == 1 or shape is None:
             return 0.0
         nbytes = samples * shape.seq * shape.hidden * self.el
-        if self.t > self.cluster.gpus_per_node:
-            # t spans nodes (ranks 0..t-1, tensor innermost): NCCL's rings cross nodes on every GPU's own
-            # NIC, so the inter-node hop carries 1/k of the data per GPU -- the hierarchical form below
-            return allreduce_time(self.cluster, list(range(self.t)), nbytes)
-        if self.sequence_parallel:  # an all-gather and a reduce-scatter in place of the all-reduce
+        if self.sequence_parallel and self.t <= self.cluster.gpus_per_node:
+            # an all-gather and a reduce-scatter in place of the all-reduce
             return (collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
                     + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
-        if self.cluster.allreduce_fit is not None:  # measured collectives (planner.cluster.AllReduceFit)
+        return self._tp_allreduce(nbytes)
+
+    def _tp_allreduce(self, nbytes: float) -> float:
+        """One all-reduce of ``nbytes`` in a tensor-parallel group (ranks 0..t-1, tensor innermost), before
+        the calibration's link scale: when t spans nodes, the hierarchical :func:`allreduce_time` (NCCL's
+        rings cross nodes on every GPU's own NIC, so the inter-node hop carries 1/k of the data per GPU);
+        on a cluster with a measured all-reduce (:class:`planner.cluster.AllReduceFit`, CPU clusters) that
+        fit, through :func:`allreduce_time`; else the intra-node collective model."""
+        if self.t > self.cluster.gpus_per_node or self.cluster.allreduce_fit is not None:
             return allreduce_time(self.cluster, list(range(self.t)), nbytes)
         return collective_time(self.cluster, "intra", "all_reduce", self.t, nbytes)
 
@@ -369,10 +374,7 @@ class ConfigCosts(Costs):
             out += edge if info.has_embedding else 0.0
             if info.has_head:
                 out += edge if self.sequence_parallel else 0.0
-                vec = samples * shape.seq * 4.0
-                out += 3 * (allreduce_time(self.cluster, list(range(self.t)), vec)
-                            if self.t > self.cluster.gpus_per_node
-                            else collective_time(self.cluster, "intra", "all_reduce", self.t, vec))
+                out += 3 * self._tp_allreduce(samples * shape.seq * 4.0)
         return out * self.cal.link_scale
 
     def _blocking_send(self, stage: int, to: int, span: int) -> float:

@@ -128,6 +128,13 @@ class ModelSpec(BaseModel):
         head = self.norm_params() if self.tied_embeddings else self.head_params()
         return self.embedding_params() + self.layers * self.layer_params() + head
 
+    @property
+    def profile_layers(self) -> int:
+        """The units a profile lists, the planner cuts into pipeline stages and the executor builds: the
+        embedding, the ``layers`` blocks and the head (final norm, LM head and loss) -- ``layers + 2``
+        (:func:`planner.analytic.analytic_profile`, ``executor.models.build_layers``)."""
+        return self.layers + 2
+
     def with_(self, **changes: object) -> ModelSpec:
         """A validated copy with some fields changed (e.g. fewer layers for profiling); sizes that were derived
         (``head_dim``, ``kv_heads``, ``ffn_hidden`` left unset) are derived again from the new shape."""

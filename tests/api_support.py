@@ -23,6 +23,8 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
+from api.readiness import wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN, WORKER = "admin-secret-token", "worker-secret-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -199,16 +201,11 @@ class LiveServer:
                                       "--port", str(self.port), "--log-level", "warning", "--timeout-graceful-shutdown",
                                       "10"],
                                      cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        proc = self.proc
+        if wait_healthy(self.url, 60, alive=lambda: proc.poll() is None):
+            return self
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}: {self.log()}")
         raise RuntimeError("server did not start: " + self.log())
 
     def log(self) -> str:

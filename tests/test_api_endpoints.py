@@ -246,3 +246,37 @@ def test_writes_are_committed_before_the_response(client, monkeypatch) -> None: 
     monkeypatch.undo()
     names = [p["name"] for p in client.get("/profiles", headers=AUTH).json()]
     assert "kept" in names and "lost" not in names
+
+
+def test_a_model_of_other_layers_than_the_plans_profile_is_refused(client) -> None:  # type: ignore[no-untyped-def]
+    """The run would fail on the agent after a claim ("partition does not cover the model: it ends at layer 6,
+    the model has 26 layers"; seen in issue 13's newcomer audit): refused at POST /jobs naming both counts and
+    the presets that fit; an emulated job runs the profile's own layers and is taken with any preset."""
+    _, _, plan = seed_plan(client)  # tiny profile: embedding, 4 blocks, head
+    r = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt2-medium"}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    msg = r.json()["detail"]
+    assert "model: gpt2-medium has 26 layers" in msg and "has 6" in msg and "gpt-tiny" in msg and "emulate" in msg
+    assert client.get("/jobs", headers=AUTH).json() == []  # nothing stored
+    ok = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt2-medium", "emulate": True}, headers=AUTH)
+    assert ok.status_code == 201, ok.text
+    assert client.post("/jobs", json={"plan_id": plan["id"], "model": "bert-tiny"}, headers=AUTH).status_code == 201
+
+
+def test_the_comparison_gives_the_predicted_peak_where_none_was_measured(client) -> None:  # type: ignore[no-untyped-def]
+    """A CPU run measures no allocator peak (executor/rank.py: None); the job page's devices table still shows
+    the predicted peak (the model's own memory per device), with no error."""
+    _, _, plan = seed_plan(client)
+    job = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
+    w = client.post("/workers", json={"name": "cpu-1", "node": "n1", "device_type": TINY_DEVICE},
+                    headers=WAUTH).json()
+    mine = {"Authorization": f"Bearer {w['token']}"}
+    assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 200
+    pred = plan["candidates"][0]
+    devices = [{"busy": 1.0, "idle": 0.1, "peak_memory": None} for _ in pred["model_memory"]]
+    r = client.post(f"/jobs/{job['id']}/result", headers=mine,
+                    json={"worker_id": w["id"], "iteration_time": pred["iteration_time"], "devices": devices})
+    assert r.status_code == 201, r.text
+    comp = client.get(f"/jobs/{job['id']}/comparison", headers=AUTH).json()
+    assert [d["predicted_peak_memory"] for d in comp["devices"]] == pred["model_memory"]
+    assert all(d["peak_memory"] is None and d.get("peak_memory_relative_error") is None for d in comp["devices"])

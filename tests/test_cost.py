@@ -106,3 +106,32 @@ def test_zero_bubble_split_sums_to_backward():
     c = make_costs(1)
     assert c.compute("I", 1, 1, 1) + c.compute("W", 1, 1, 1) == pytest.approx(c.bwd(1))
     assert math.isclose(c.compute("I", 1, 1, 1), c.compute("W", 1, 1, 1))
+
+
+def test_tensor_parallel_allreduces_use_a_measured_fit_on_a_cpu_cluster():
+    """On a cluster with a measured all-reduce (planner.cluster.AllReduceFit: the local CPU cluster) every
+    tensor-parallel all-reduce at t > 1 is timed by that fit -- the layers' b s h all-reduces (_tp_one) and the
+    embedding's, the head's and the cross-entropy's three b s fp32 ones (_tp_edges) alike -- not by the
+    algorithm's cost from the p2p link."""
+    from pathlib import Path
+
+    from planner.cluster import AllReduceFit, load_cluster
+    from planner.cost import collective_time
+
+    root = Path(__file__).resolve().parent.parent
+    base = load_cluster(root / "examples" / "clusters" / "local-cpu-4.json")
+    fit = Link(alpha=2e-3, beta=5e-9)
+    cl = base.model_copy(update={"allreduce_fit": AllReduceFit(ranks=4, link=fit)})
+    prof = transformer_profile("tiny", 4, 256, 4, 128, 1024, 50e9, "cpu")
+    n, b = len(prof.layers), 2
+    costs = ConfigCosts(prof, cl, TrainingRequest(global_batch=8),
+                        Config(tensor=2, pipeline=2, data=1, micro_batch=b, schedule="1f1b"),
+                        build("1f1b", 2, 4), [(0, n // 2), (n // 2, n)])
+    assert not costs.sequence_parallel and costs.stages[0].has_embedding and costs.stages[1].has_head
+    s, h, scale = prof.shape.seq, prof.shape.hidden, costs.cal.link_scale
+    bsh, loss = b * s * h * costs.el, b * s * 4.0
+    assert costs._tp_one(b) == pytest.approx(fit.time(bsh))
+    assert costs._tp_edges(0, b, backward=False) == pytest.approx(fit.time(bsh) * scale)  # embedding
+    assert costs._tp_edges(1, b, backward=True) == pytest.approx(fit.time(bsh) * scale)  # head's input gradient
+    assert costs._tp_edges(1, b, backward=False) == pytest.approx(3 * fit.time(loss) * scale)  # cross-entropy
+    assert fit.time(loss) != pytest.approx(collective_time(cl, "intra", "all_reduce", 2, loss))  # can fail

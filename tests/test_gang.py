@@ -127,6 +127,34 @@ def test_jobs_go_only_to_agents_of_their_device_and_say_why_they_wait(gang_clien
     assert (hb["gpus"], hb["device_type"], hb["host"]) == (2, "cpu", "10.0.0.9")
 
 
+@pytest.mark.parametrize(("device", "cpu_agent"), [("cpu", True), ("CPU", True), ("cpu-x86_64", True),
+                                                   ("CPU-emulated", True), ("x86_64", False), (TINY_DEVICE, False)])
+def test_a_cpu_agent_is_one_is_cpu_calls_a_cpu(device: str, cpu_agent: bool) -> None:
+    """One rule for "a CPU agent" (planner.units.is_cpu, a prefix rule): an agent declaring ``cpu-x86_64`` takes
+    emulated jobs of an A100 plan as one declaring ``cpu`` does (before, only ``cpu`` in any case did), and
+    still only real jobs of its own device."""
+    emulated = Job(device_type="H100-SXM5-80GB", emulate=True, nodes=1)
+    real_gpu = Job(device_type="H100-SXM5-80GB", emulate=False, nodes=1)
+    own = Job(device_type=device.upper(), emulate=False, nodes=1)
+    assert gang.device_fits(device, emulated) is cpu_agent
+    assert gang.device_fits(device, real_gpu) is False
+    assert gang.device_fits(device, own) is True  # its own device, any case
+
+
+def test_an_agent_named_cpu_something_claims_an_emulated_gpu_job(gang_client: Any) -> None:
+    """The same rule in the claim's SQL (gang.eligible): a ``cpu-x86_64`` agent is offered the emulated job of
+    an A100 plan and not the real one."""
+    c = gang_client
+    _, _, a_plan = _a100_plan(c)
+    real = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny"}, headers=AUTH).json()
+    emu = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny", "emulate": True}, headers=AUTH).json()
+    w, auth = worker(c, "cpu-box", 0, "cpu-x86_64")
+    got = claim(c, w, auth, None)
+    assert got.status_code == 200 and got.json()["job"]["id"] == emu["id"]
+    assert claim(c, w, auth, None).status_code == 204  # the real A100 job is not offered
+    assert c.get(f"/jobs/{real['id']}", headers=AUTH).json()["state"] == "queued"
+
+
 def test_a_job_says_it_waits_from_its_creation_and_behind_a_busy_agent(gang_client: Any) -> None:
     """`waiting` in POST /jobs' answer already, and for a single-node job whose only fitting agent runs another
     job (`make serve`'s one local agent with two jobs queued), not null as if an agent were idle."""

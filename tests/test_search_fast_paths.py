@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ from planner.request import TrainingRequest
 from planner.runspec import schedule_microbatches
 from planner.schedules import build, inflight_exact
 from planner.schedules.encoded import EncodedSchedule, _signatures
-from planner.schedules.ir import Schedule, allreduce_points, eager_stages
+from planner.schedules.ir import Action, F, Schedule, allreduce_points, eager_stages
+from planner.schedules.merge import one_f_one_b_groups
 from planner.search import Planner
 from planner.simulate import simulate
 
@@ -158,17 +160,57 @@ def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv
 
 
 # ---- structural caches of the merged schedules (Chimera, Hanayo) ------------------------------------------
+def _pipeline_slots(depth: int, groups: Sequence[Sequence[int]]) -> list[list[tuple[int, Action]]]:
+    """Per stage, (slot, action) of one pipeline of ``depth`` stages run alone with 1F1B, every action one
+    slot long. Computed by a direct replay (each stage its own device, no communication)."""
+    lists = [one_f_one_b_groups(s, depth, groups) for s in range(depth)]
+    fdone: dict[tuple[int, int], int] = {}  # (stage, first mb of group) -> end slot
+    bdone: dict[tuple[int, int], int] = {}  # (stage, mb) -> end slot
+    group_of: dict[int, int] = {m: g[0] for g in groups for m in g}
+    pos = [0] * depth
+    free = [0] * depth
+    out: list[list[tuple[int, Action]]] = [[] for _ in range(depth)]
+    remaining = sum(len(x) for x in lists)
+    while remaining:
+        progressed = False
+        for s in range(depth):
+            row = lists[s]
+            while pos[s] < len(row):
+                a = row[pos[s]]
+                if a.kind == F:
+                    dep = fdone.get((s - 1, a.mb)) if s > 0 else 0
+                else:
+                    f_end = fdone.get((s, group_of[a.mb]))
+                    nxt = bdone.get((s + 1, a.mb)) if s < depth - 1 else 0
+                    dep = None if f_end is None or nxt is None else max(f_end, nxt)
+                if dep is None:
+                    break
+                start = max(free[s], dep)
+                free[s] = start + 1
+                if a.kind == F:
+                    fdone[(s, a.mb)] = start + 1
+                else:
+                    bdone[(s, a.mb)] = start + 1
+                out[s].append((start, a))
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - 1F1B lists of one pipeline cannot deadlock
+            raise RuntimeError("1F1B pipeline replay made no progress")
+    return out
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.integers(1, 12), st.lists(st.integers(1, 3), min_size=1, max_size=24))
 def test_merge_template_is_the_1f1b_replay_of_one_pipeline(depth, sizes):
-    """The template rows (flat tables) are :func:`pipeline_slots`' replay of the 1F1B lists, slot for slot."""
+    """The template rows (flat tables) are :func:`_pipeline_slots`' replay of the 1F1B lists, slot for slot."""
     from planner.schedules import merge
 
     groups, i = [], 0
     for n in sizes:
         groups.append(list(range(i, i + n)))
         i += n
-    want = [[(slot, a.kind != "F", a.mb, a.span) for slot, a in row] for row in merge.pipeline_slots(depth, groups)]
+    want = [[(slot, a.kind != "F", a.mb, a.span) for slot, a in row] for row in _pipeline_slots(depth, groups)]
     assert merge.template.__wrapped__(depth, tuple(sizes)) == want
 
 

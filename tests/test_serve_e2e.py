@@ -21,6 +21,8 @@ import httpx
 import pytest
 from api_support import free_port, wait_for
 
+from api.readiness import wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 H = {"Authorization": "Bearer dev-admin-token"}  # the Makefile's development token
 
@@ -41,14 +43,8 @@ def served(tmp_path: Path) -> Any:
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                return httpx.get(url + "/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(up, timeout=240, every=0.5, what="make serve up")
+        assert wait_healthy(url, 240, alive=lambda: proc.poll() is None, every=0.5), \
+            "make serve did not come up: " + (tmp_path / "serve.log").read_text()[-3000:]
         yield url, tmp_path
     finally:
         try:

@@ -16,6 +16,8 @@ import httpx
 import pytest
 from api_support import free_port, wait_for
 
+from api.readiness import wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = json.loads((ROOT / "examples" / "models" / "llama-3.1-8b" / "config.json").read_text())
 pytestmark = pytest.mark.slow
@@ -31,14 +33,8 @@ def test_serve_warms_transformers_after_it_listens(tmp_path: Path) -> None:
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                return httpx.get(url + "/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(up, timeout=180, every=0.2, what="serve up")
+        assert wait_healthy(url, 180, alive=lambda: proc.poll() is None), \
+            "serve did not come up: " + log.read_text()[-3000:]
         # at once: during the warm-up (or after it, on a fast machine); either way a profile, never a 500
         r = httpx.post(url + "/profiles/hf-config", json={"config": CONFIG, "device": "h100"}, timeout=300,
                        headers={"Authorization": f"Bearer {token}"})

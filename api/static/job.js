@@ -132,7 +132,9 @@ function renderComparison(cmp) {
   }).join("");
   document.querySelector("#devices tbody").innerHTML = cmp.devices.map((d, i) => `<tr>
     <td>P${d.device ?? i}</td><td class="num">${PP.fmtTime(d.busy)}</td><td class="num">${PP.fmtTime(d.idle)}</td>
-    <td class="num">${PP.fmtGiB(d.peak_memory)}</td><td class="num">${PP.fmtGiB(d.predicted_peak_memory)}</td>
+    <td class="num peak-measured">${d.peak_memory == null && PP.num(d.predicted_peak_memory)
+      ? `<span class="muted" title="the run reported no allocator peak: torch.cuda.max_memory_allocated exists on GPUs only (executor/rank.py)">not measured</span>`
+      : PP.fmtBytes(d.peak_memory)}</td><td class="num peak-predicted">${PP.fmtBytes(d.predicted_peak_memory)}</td>
     <td class="num">${PP.fmtErr(d.peak_memory_relative_error)}</td></tr>`).join("")
     || `<tr><td colspan="6" class="muted">no measured figures yet</td></tr>`;
 }

@@ -17,10 +17,10 @@ PP.start(async () => {
   // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
   document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
   csel.addEventListener("change", () => { deviceNote(); budgetWords(); });
-  document.getElementById("profile-file").addEventListener("change", () => { clearHF(); deviceNote(); });
+  document.getElementById("profile-file").addEventListener("change", () => { clearHF(); profileFile(); });
   document.getElementById("hf-file").addEventListener("change", () => {
     document.getElementById("profile-file").value = "";
-    deviceNote();
+    profileFile();
   });
   syncCluster();
   deviceNote();
@@ -53,14 +53,45 @@ function syncCluster() {
   if (document.getElementById("budget-label")) budgetWords();
 }
 
+// A chosen profile JSON file is what Plan uses (stored first, POST /profiles), not the profile in the list: the
+// list is disabled, and a note names the file's model and device (its cluster is picked) with a way back.
+let fileProfile = null;  // {name, device, layers} of the chosen file, once read
+async function profileFile() {
+  const el = document.getElementById("profile-file");
+  const note = document.getElementById("profile-file-note");
+  const file = el.files[0];
+  fileProfile = null;
+  document.getElementById("profile").disabled = !!file;
+  note.hidden = !file;
+  note.classList.remove("error");
+  if (file) {
+    try {
+      const body = JSON.parse(await file.text());
+      fileProfile = { name: String(body.name ?? "?"), device: String(body.device ?? "?"),
+        layers: Array.isArray(body.layers) ? body.layers.length : "?" };
+      note.innerHTML = `Plan uses <strong>${PP.esc(file.name)}</strong> (${PP.esc(fileProfile.name)} on ` +
+        `${PP.esc(fileProfile.device)}, ${fileProfile.layers} layers), not the profile in the list; it is stored ` +
+        `when you press Plan. <button type="button" id="profile-file-clear">use the list instead</button>`;
+      const match = [...document.getElementById("cluster").options].find((o) => o.dataset.device === fileProfile.device);
+      if (match) { document.getElementById("cluster").value = match.value; budgetWords(); }
+    } catch (e) {
+      note.classList.add("error");
+      note.innerHTML = `${PP.esc(file.name)} is not JSON (${PP.esc(e.message)}): choose a profile JSON ` +
+        `(e.g. from <code>pipeplan profile-analytic</code>). <button type="button" id="profile-file-clear">use the list instead</button>`;
+    }
+    document.getElementById("profile-file-clear").addEventListener("click", () => { el.value = ""; profileFile(); });
+  }
+  deviceNote();
+}
+
 // a profile measured on another device than the cluster's predicts that device's times: say so up front
 function deviceNote() {
-  const p = profiles.find((x) => String(x.id) === document.getElementById("profile").value);
+  const listed = profiles.find((x) => String(x.id) === document.getElementById("profile").value);
+  const p = document.getElementById("profile-file").files.length ? fileProfile : listed;
   const c = clusters.find((x) => String(x.id) === document.getElementById("cluster").value);
   const note = document.getElementById("device-note");
   const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
-  const fromFile = document.getElementById("profile-file").files.length ||
-    (document.getElementById("hf-file").files.length && hfKey() !== hfMade.key);  // not the selected profile
+  const fromFile = document.getElementById("hf-file").files.length && hfKey() !== hfMade.key;  // not the selected profile
   const differ = p && c && norm(p.device) !== norm(c.device) && !fromFile;
   note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
     `the plan will predict ${p.device} times.` : "";
@@ -269,7 +300,7 @@ async function makeHFProfile() {
     renderProfiles();
     document.getElementById("profile").value = String(p.id);
     document.getElementById("profile-file").value = "";  // the plan uses the selected profile, not a JSON file
-    deviceNote();
+    profileFile();
     status.textContent = `${r.status === 201 ? "made" : "already stored:"} profile #${p.id} ${p.name} on ${p.device} ` +
       `(${p.num_layers} layers), selected above`;
     hfMade = { key, id: p.id };

@@ -83,7 +83,7 @@ async function loadNames(plan) {
 // Jobs go only to agents of the plan's cluster device (a CPU agent takes emulated jobs): with no such agent
 // alive, emulation is preselected and the form says why.
 async function preferEmulation(device) {
-  if (!device || device.toLowerCase() === "cpu") return;
+  if (!device || PP.isCpu(device)) return;
   let workers = [];
   try { workers = await PP.get("/workers?limit=1000"); } catch (e) { return; }
   if (workers.some((w) => w.alive && w.device_type.toLowerCase() === device.toLowerCase())) return;
@@ -101,7 +101,7 @@ function renderInfo(plan) {
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
       <span id="info-cluster">cluster #${plan.cluster_id}</span> · global batch ${r.global_batch} ·
-      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? "node"} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
+      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}</div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
       (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
@@ -138,8 +138,30 @@ function renderWhyEmpty(plan) {
     <p class="why-main"><strong>${PP.esc(head)}</strong>${plan.evaluated != null ? ` (of ${plural(plan.evaluated)} tried)` : ""}.</p>
     ${reasons.length > 1 ? `<ul class="why-reasons">${reasons.slice(1).map(([k, v]) => `<li>${PP.esc(k)}: ${plural(v)}</li>`).join("")}</ul>` : ""}
     ${closest ? `<p>Closest: ${PP.esc(closest.label)}: ${PP.esc(closest.reason)} (tick “show candidates that do not fit”).</p>` : ""}
-    <p class="muted">Try a larger budget of ${PP.deviceNoun(S.device)}, activation recomputation, smaller micro-batches or another global batch: <a href="/">new plan</a>.</p>`;
+    <p class="muted why-hint">${PP.esc(emptyHint(plan, reasons))}: <a href="/">new plan</a>.</p>`;
   box.hidden = false;
+}
+
+// what may help, from the reasons: the weights, gradients and optimizer state alone not fitting is helped only
+// by more devices (more stages or tensor parallelism), not by recomputation or smaller micro-batches
+function emptyHint(plan, reasons) {
+  const r = plan.request || {};
+  const noun = PP.deviceNoun(S.device);
+  const has = (s) => reasons.some(([k]) => k.includes(s));
+  const staticMem = has("weights, gradients and optimizer state");
+  const hints = [];
+  if (r.gpus != null) hints.push(`a larger budget of ${noun}`);
+  else if (staticMem || has("out of memory")) hints.push(`a cluster with more ${noun} or more memory per device`);
+  if (staticMem && r.max_tensor != null) hints.push("a higher max tensor parallel");
+  if (has("out of memory")) {
+    if (!r.allow_recompute) hints.push("activation recomputation");
+    hints.push("smaller micro-batches");
+  }
+  if (!reasons.length || has("global batch") || has("divisible")) hints.push("another global batch");
+  const tryThis = "Try " + (hints.length ? hints.join(", ") : "other settings");
+  return staticMem && !has("out of memory")
+    ? `The model's weights, gradients and optimizer state alone exceed each device's memory, so recomputation or smaller micro-batches would not help. ${tryThis}`
+    : tryThis;
 }
 
 function wire() {

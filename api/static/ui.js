@@ -170,8 +170,10 @@ const PP = (() => {
     }];
     const band = reserve > 0 ? [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: 0, y1: gib(reserve), layer: "below",
       fillcolor: "#d9d9d9", opacity: 0.6, line: { width: 0 } }] : [];
-    const bandNote = reserve > 0 ? [{ xref: "paper", x: 0, xanchor: "left", y: gib(reserve), yanchor: "top",
-      text: "reserve " + gib(reserve).toFixed(2) + " GiB", showarrow: false, font: { size: 10, color: "#555" } }] : [];
+    // the label stands on the band (below it, a thin band's label ran over the device names under the axis)
+    const bandNote = reserve > 0 ? [{ xref: "paper", x: 0, xanchor: "left", y: gib(reserve), yanchor: "bottom",
+      text: "reserve " + gib(reserve).toFixed(2) + " GiB", showarrow: false, font: { size: 10, color: "#555" },
+      bgcolor: "rgba(255, 255, 255, 0.85)" }] : [];
     const layout = {
       height: 190, margin: { l: 50, r: 10, t: 10, b: 30 }, showlegend: false,
       yaxis: { title: { text: "GiB" }, rangemode: "tozero", range: [0, Math.max(gib(cap || 0), ...mem.map(gib)) * 1.08] },

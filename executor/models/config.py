@@ -57,7 +57,7 @@ class ModelConfig(ModelSpec):
     @property
     def num_profile_layers(self) -> int:
         """Layers of :func:`executor.models.build_layers`: embedding, the blocks, the head with the loss."""
-        return self.layers + 2
+        return self.profile_layers
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

@@ -46,46 +46,6 @@ def one_f_one_b_groups(stage: int, depth: int, groups: Sequence[Sequence[int]]) 
     return out
 
 
-def pipeline_slots(depth: int, groups: Sequence[Sequence[int]]) -> list[list[tuple[int, Action]]]:
-    """Per stage, (slot, action) of one pipeline of ``depth`` stages run alone with 1F1B, every action one
-    slot long. Computed by a direct replay (each stage its own device, no communication)."""
-    lists = [one_f_one_b_groups(s, depth, groups) for s in range(depth)]
-    fdone: dict[tuple[int, int], int] = {}  # (stage, first mb of group) -> end slot
-    bdone: dict[tuple[int, int], int] = {}  # (stage, mb) -> end slot
-    group_of: dict[int, int] = {m: g[0] for g in groups for m in g}
-    pos = [0] * depth
-    free = [0] * depth
-    out: list[list[tuple[int, Action]]] = [[] for _ in range(depth)]
-    remaining = sum(len(x) for x in lists)
-    while remaining:
-        progressed = False
-        for s in range(depth):
-            row = lists[s]
-            while pos[s] < len(row):
-                a = row[pos[s]]
-                if a.kind == F:
-                    dep = fdone.get((s - 1, a.mb)) if s > 0 else 0
-                else:
-                    f_end = fdone.get((s, group_of[a.mb]))
-                    nxt = bdone.get((s + 1, a.mb)) if s < depth - 1 else 0
-                    dep = None if f_end is None or nxt is None else max(f_end, nxt)
-                if dep is None:
-                    break
-                start = max(free[s], dep)
-                free[s] = start + 1
-                if a.kind == F:
-                    fdone[(s, a.mb)] = start + 1
-                else:
-                    bdone[(s, a.mb)] = start + 1
-                out[s].append((start, a))
-                pos[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - 1F1B lists of one pipeline cannot deadlock
-            raise RuntimeError("1F1B pipeline replay made no progress")
-    return out
-
-
 #: one action of a stage's template row: (unit slot, is backward, first local micro-batch, span)
 TemplateAction = tuple[int, bool, int, int]
 Pipelines = Sequence[tuple[int, Sequence[Sequence[int]], float]]
@@ -93,12 +53,12 @@ Pipelines = Sequence[tuple[int, Sequence[Sequence[int]], float]]
 
 @functools.lru_cache(maxsize=512)
 def template(depth: int, shape: tuple[int, ...]) -> list[list[TemplateAction]]:
-    """The slots of :func:`pipeline_slots` for a pipeline of forward groups of sizes ``shape`` over local
-    micro-batches ``0..n-1``, as :data:`TemplateAction` rows per stage (shared by units, and by schedules, of the
-    same shape; read-only). The same replay as :func:`pipeline_slots` -- each stage in turn runs what it can,
-    an action starting when its stage is free and its input has ended -- on flat integer tables instead of
-    :class:`Action` records (a replay's slots depend on the dependencies only, not on the order it visits
-    the stages in; ``tests/test_merge_events.py`` compares the two)."""
+    """Per stage, the slots of one pipeline of ``depth`` stages run alone with 1F1B, every action one slot long,
+    for forward groups of sizes ``shape`` over local micro-batches ``0..n-1``, as :data:`TemplateAction` rows
+    per stage (shared by units, and by schedules, of the same shape; read-only). A direct replay -- each stage
+    in turn runs what it can, an action starting when its stage is free and its input has ended -- on flat
+    integer tables (a replay's slots depend on the dependencies only, not on the order it visits the stages
+    in; ``tests/test_search_fast_paths.py`` compares it with a replay of :class:`Action` records)."""
     M = sum(shape)
     groups, group_first = [], []
     for size in shape:

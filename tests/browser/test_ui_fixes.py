@@ -361,11 +361,13 @@ def test_a_plan_without_candidates_says_why(server: LiveServer, browser: Any, co
 def test_no_page_overflows_at_narrow_widths(server: LiveServer, browser: Any, console: Console,
                                            width: int) -> None:
     plan = _small_plan(server)
-    _failed_job(server, plan["id"])  # the jobs table then has a long error in it
+    job = _failed_job(server, plan["id"])  # the jobs table then has a long error in it
     page = _page(browser, console, width=width)
+    # the job page too: at 400 px its two tables' grid column kept their full width (54 px past the window)
     for path, ready in [("/", 'body[data-ready="1"]'), ("/ui/plans", "#plans tbody a"),
                         ("/ui/jobs", "#jobs tbody tr[data-job-id]"), ("/ui/workers", "#workers tbody tr"),
-                        (f"/ui/plans/{plan['id']}?sel=0,1", '#compare[data-drawn="1"]')]:
+                        (f"/ui/plans/{plan['id']}?sel=0,1", '#compare[data-drawn="1"]'),
+                        (f"/ui/jobs/{job['id']}", 'body[data-state="failed"]')]:
         page.goto(server.url + path)
         page.wait_for_selector(ready)
         scroll, inner = _no_horizontal_overflow(page)
