@@ -17,14 +17,14 @@ are only longer, :meth:`ConfigCosts.compute`), so a bound computed with them hol
   - ``compute_end(d) >= head(d) + work(d)``: nothing runs before the first forward can reach one of its
     stages (``head``: the forward chain of one micro-batch up to that stage) and its computation is
     sequential (``work``: per micro-batch, the least F + B of each stage replica it holds);
-  - ``compute_end(d) >= tau + late(tau)`` for every ``tau = T1(p)`` of a (replica, stage) pair ``p`` it holds
-    (the backward window, "fill" of the pipeline): ``T1(p)``, the earliest start of any backward of ``p``'s
-    stage ``s``, is one micro-batch's forward through all ``S`` stages and its backward down to ``s + 1``
-    (PipeDream 3.2's round trip; the 1F1B bubble of Megatron-LM 2.2.1 is what it leaves idle before the
-    first backward), and ``late(tau)`` is the work of the pairs ``q`` with ``T1(q) >= tau`` that cannot start
-    before ``T1(q)``: all their backwards and, where the schedule's in-flight counts ``K_q`` are exact
-    (a list holds at most ``K_q`` forwards of ``q`` before its first backward), their last ``N_q - K_q``
-    forwards;
+  - with ``allreduce`` (the bound asked when a candidate is reached; prepare's skips this numpy work for the thousands
+    it never reaches): ``compute_end(d) >= tau + late(tau)`` for every ``tau = T1(p)`` of a (replica, stage) pair ``p``
+    it holds (the backward window, "fill" of the pipeline): ``T1(p)``, the earliest start of any backward of ``p``'s
+    stage ``s``, is one micro-batch's forward through all ``S`` stages and its backward down to ``s + 1`` (PipeDream
+    3.2's round trip; the 1F1B bubble of Megatron-LM 2.2.1 is what it leaves idle before the first backward), and
+    ``late(tau)`` is the work of the pairs ``q`` with ``T1(q) >= tau`` that cannot start before ``T1(q)``: all their
+    backwards and, where the schedule's in-flight counts ``K_q`` are exact (a list holds at most ``K_q`` forwards of
+    ``q`` before its first backward), their last ``N_q - K_q`` forwards;
   - ``after(d)``: its optimizer step plus the all-reduce of the stage whose gradient its last compute action
     completes (at least the smallest of its stages' all-reduces, with ``allreduce=True``), or -- unless
     backwards are split, when a weight-gradient pass may come last -- the gradient of its last backward
@@ -134,7 +134,8 @@ class TimeBounds:
     def device_terms(self, sched: Schedule, costs: ConfigCosts, allreduce: bool = False
                      ) -> tuple[np.ndarray, np.ndarray]:
         """Per device, a lower bound of the end of its last compute action (``compute_end``: its head and
-        work, and its backward windows) and of what must follow it (``after``), the module docstring's."""
+        work, and with ``allreduce`` its backward windows) and of what must follow it (``after``), the module
+        docstring's."""
         cfg = costs.config
         terms = self.terms(costs)
         split = splits_backward(cfg.schedule)
@@ -149,10 +150,11 @@ class TimeBounds:
         late = n * terms.bwd[st]
         if inflight_exact(cfg.schedule) and cfg.schedule not in PROFILE_DRIVEN:
             late = late + np.maximum(n - lay.inflight, 0.0) * terms.fwd[st]
-        t1 = terms.window[st]
-        after_t1 = (late[:, None, :] * (t1[:, None, :] >= t1[:, :, None])).sum(axis=2)
-        windows = np.where(after_t1 > 0, t1 + after_t1, 0.0).max(axis=1)
-        end = np.maximum(end, windows)
+        if allreduce:
+            t1 = terms.window[st]
+            after_t1 = (late[:, None, :] * (t1[:, None, :] >= t1[:, :, None])).sum(axis=2)
+            windows = np.where(after_t1 > 0, t1 + after_t1, 0.0).max(axis=1)
+            end = np.maximum(end, windows)
         own = np.asarray(costs.step_per_stage())[st].sum(axis=1)
         if allreduce:
             own = own + self.allreduce_times(sched, costs)[st].min(axis=1)

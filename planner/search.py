@@ -55,7 +55,7 @@ from planner.reserve import resolve_reserve
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
-from planner.shapes import ScheduleCache, Warmup
+from planner.shapes import ScheduleCache, Warmup, schedule_key
 from planner.simulate import ScheduleError, simulate
 
 __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_variants"]
@@ -189,16 +189,23 @@ class Planner:
         act = shared.get("activation")
         if act is None:
             act = shared["activation"] = np.array([costs.activation(s) for s in range(sched.stages)])
-        lay = self.shapes.layout(config, sched)
-        floor = (lay.inflight * act[lay.stage]).max(axis=1)
-        got = self.shapes.forwards_first(config, sched)
-        if got is not None:  # the forwards every device's list runs before its first backward, all alive
-            first, span = got
-            if first.ndim == 1:  # a count of forwards in its first slots (merged lists)
-                floor = np.maximum(floor, span * self.memory.first_slots_floor(first, lay.stage, lay.per_mb, act))
-            else:  # per stage it holds
-                floor = np.maximum(floor, span * (first * act[lay.stage]).sum(axis=1))
-        if self.memory.too_big(cand, floor.tolist()):
+        # per device, activations certainly alive at once (of the schedule's structure and these costs' figures)
+        floors = shared.setdefault("floors", {})
+        skey = schedule_key(config, sched.microbatches)
+        floor = floors.get(skey)
+        if floor is None:
+            lay = self.shapes.layout(config, sched)
+            floor = (lay.inflight * act[lay.stage]).max(axis=1)
+            got = self.shapes.forwards_first(config, sched)
+            if got is not None:  # the forwards every device's list runs before its first backward, all alive
+                first, span = got
+                if first.ndim == 1:  # a count of forwards in its first slots (merged lists)
+                    floor = np.maximum(floor, span * self.memory.first_slots_floor(first, lay.stage, lay.per_mb,
+                                                                                   act))
+                else:  # per stage it holds
+                    floor = np.maximum(floor, span * (first * act[lay.stage]).sum(axis=1))
+            floor = floors[skey] = floor.tolist()
+        if self.memory.too_big(cand, floor):
             return None
         return costs
 
