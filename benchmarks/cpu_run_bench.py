@@ -98,6 +98,41 @@ def per_kind_measured(trace: dict[str, Any]) -> dict[str, float]:
     return {k: v / n for k, v in sums.items()}
 
 
+def last_step_measured(trace: dict[str, Any]) -> float:
+    """Median over the measured iterations of the STEP (with its optimizer) of the rank that ends the iteration
+    last: the STEP on the critical path. The per-rank mean of STEP also holds the other ranks' waits there
+    (the last stage waits in the tied-embedding all-reduce for the first stage's last backward)."""
+    import statistics
+
+    ends: dict[int, dict[int, tuple[float, float]]] = {}
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") != "X" or ev["args"]["iteration"] < WARM:
+            continue
+        it, rank = ev["args"]["iteration"], ev["tid"]
+        end, step = ends.setdefault(it, {}).get(rank, (0.0, 0.0))
+        ends[it][rank] = (max(end, ev["ts"] + ev["dur"]), ev["dur"] if ev["cat"] == "STEP" else step)
+    return statistics.median(max(by_rank.values())[1] for by_rank in ends.values()) / 1e6 if ends else 0.0
+
+
+def last_step_predicted(em: Any) -> float:
+    """The simulator's STEP of the device that ends last."""
+    from planner.simulate import simulate
+
+    tl = simulate(em.schedule, em.costs).timeline
+    last = max(range(len(tl)), key=lambda d: max((e for _, _, e in tl[d]), default=0.0))
+    return sum(e - s for a, s, e in tl[last] if a.kind == "STEP")
+
+
+def without_inflation(plan: Any, prof: Any, cluster: Any) -> float:
+    """The prediction with the host's CPU-time inflation of taking turns on the cores left out (1): what the
+    model predicted before it had that term."""
+    from executor.emulate import Emulator
+
+    host = cluster.host.model_copy(update={"cpu_inflation": 1.0})
+    return Emulator(plan, plan.compute_schedule(), prof, cluster.model_copy(update={"host": host}),
+                    emulated=False).predict()["iteration_time"]
+
+
 def per_kind_predicted(em: Any) -> dict[str, float]:
     """The same from the simulator's timeline (per device of one copy; the copies run alike)."""
     from planner.simulate import simulate
@@ -162,7 +197,8 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                 now = cluster.model_copy(update={"host": measure_host(procs)})
                 assert now.host is not None
                 print(f"{model}: host now {now.host.effective_cores:.2f} effective cores "
-                      f"(slowdown {now.host.slowdown:.2f}x), load {load()}")
+                      f"(slowdown {now.host.slowdown:.2f}x, CPU time {now.host.cpu_inflation:.2f}x taking turns), "
+                      f"load {load()}")
                 real = launch(plans, procs, trace=True, timeout=600)
                 emu_plans = [RunPlan.from_dict({**p.to_dict(), "emulate": ppath, "cluster": cpath}) for p in plans]
                 emu = launch(emu_plans, procs, timeout=600)
@@ -172,9 +208,13 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                     em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
                     pred = em.predict()["iteration_time"]
                     meas = r["measured"]["iteration_time"]
-                    row("real " + label, meas, pred, f"core share {em.costs.share:.2f}")
+                    before = without_inflation(plan, prof, now)
+                    row("real " + label, meas, pred, f"core share {em.costs.share:.2f} x turns "
+                        f"{em.costs.core_stretch / em.costs.share:.2f}; without turns {before * 1e3:.1f} ms "
+                        f"({meas / before:.2f})")
                     print(f"{'':<6}per device and iteration, measured/predicted ms: "
-                          f"{breakdown(per_kind_measured(r['trace']), per_kind_predicted(em))}")
+                          f"{breakdown(per_kind_measured(r['trace']), per_kind_predicted(em))}  critical-path "
+                          f"STEP {last_step_measured(r['trace']) * 1e3:.1f}/{last_step_predicted(em) * 1e3:.1f}")
                     ratios.append(("real " + label, meas / pred))
                     row("emulated " + label, e["measured"]["iteration_time"], e["predicted"]["iteration_time"])
                     ratios.append(("emulated " + label, e["ratio"]))
@@ -259,15 +299,20 @@ def interleaved(model: str, procs: int, repeats: int) -> None:
             host = measure_host(procs, rounds=3, reps=100)
             prof = profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=5, warmup=2)
             now = cluster.model_copy(update={"host": host})
-            res = launch(list(plans.values()), procs, timeout=600)
+            res = launch(list(plans.values()), procs, trace=True, timeout=600)
             assert res is not None
-            print(f"repeat {rep + 1}: host {host.effective_cores:.2f} effective cores, load {load()}")
+            print(f"repeat {rep + 1}: host {host.effective_cores:.2f} effective cores, CPU time "
+                  f"{host.cpu_inflation:.2f}x taking turns, load {load()}")
             for (name, plan), run in zip(plans.items(), res["runs"], strict=True):
                 em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
                 pred = em.predict()["iteration_time"]
                 m = run["measured"]
                 wall, cpu, pk = m["time_by_kind"], m["cpu_by_kind"] or {}, predicted_by_kind(em)
-                fig = {"ratio": m["iteration_time"] / pred, "share": em.costs.share}
+                fig = {"ratio": m["iteration_time"] / pred,
+                       "ratio without turns": m["iteration_time"] / without_inflation(plan, prof, now),
+                       "share": em.costs.share, "turns": em.costs.core_stretch / em.costs.share,
+                       "crit STEP meas/pred": (last_step_measured(run["trace"]) / last_step_predicted(em)
+                                               if run.get("trace") else 0.0)}
                 parts = []
                 for k in ("F", "B", "STEP"):
                     w, c = wall.get(k, 0.0) + (wall.get("OPT", 0.0) if k == "STEP" else 0.0), cpu.get(k, 0.0)

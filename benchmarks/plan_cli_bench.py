@@ -7,6 +7,16 @@ Run: ``python benchmarks/plan_cli_bench.py [--runs 5]``. The profile is written 
 ``pipeplan profile-analytic --preset gpt3-175b --device a100-80gb`` (the README's command), into a
 temporary directory. Issue 13 item 3's goal: plan under 1.0 s, ``--help`` under 0.3 s, on the 2-core
 development machine.
+
+The split of one run's time (``--phases``, with one and two processes): the interpreter alone (``python -c
+pass``), the imports of the plan command (``pipeplan.cli`` and ``pipeplan.commands_plan``) and, from the command
+itself (``PIPEPLAN_TIMES=1`` makes it print them on stderr), loading the inputs, the search, the printing, and
+its own CPU seconds (a forked child's excluded: on an idle machine, about its wall time); medians of ``--runs``.
+
+The second core (``--split``): in this process, the search of several sizes -- gpt-tiny on the local CPU
+cluster up to GPT-3 175B on 1024 A100s -- with one process and with two (``processes=2``, the size
+threshold off), median wall of ``--runs`` each: where two are slower, the threshold
+(``planner.split_search.MIN_ACTIONS``) keeps one.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,14 +56,90 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 def report(name: str, cmd: list[str], runs: int) -> None:
     got = [timed(cmd) for _ in range(runs)]
     walls, users = [w for w, _ in got], [u for _, u in got]
-    print(f"{name:14s} median of {runs}: wall {statistics.median(walls):.2f} s, user {statistics.median(users):.2f} s"
+    print(f"{name:16s} median of {runs}: wall {statistics.median(walls):.2f} s, user {statistics.median(users):.2f} s"
           f"   (wall {', '.join(f'{w:.2f}' for w in walls)}; user {', '.join(f'{u:.2f}' for u in users)})")
+
+
+def phases(prof: Path, runs: int, processes: int) -> None:
+    """Median seconds of each part of the plan command (module docstring); ``own-cpu``: the command's own
+    CPU seconds from its start to its end (a forked child's not in them)."""
+    cmd = [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER), "--global-batch", "1536",
+           "--gpus", "1024", "--processes", str(processes)]
+    got: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for name, argv in (("interpreter", [sys.executable, "-c", "pass"]),
+                           ("imports", [sys.executable, "-c", "import pipeplan.cli, pipeplan.commands_plan"])):
+            t = time.perf_counter()
+            subprocess.run(argv, cwd=ROOT, check=True)
+            got.setdefault(name, []).append(time.perf_counter() - t)
+        t = time.perf_counter()
+        r = subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PIPEPLAN_TIMES": "1"})
+        got.setdefault("whole command", []).append(time.perf_counter() - t)
+        for part in r.stderr.split("times:")[-1].split(","):
+            name, secs = part.split()[0], float(part.split()[1])
+            got.setdefault(name, []).append(secs)
+    print(f"phases, --processes {processes}, median of {runs} (s): "
+          + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in got.items()))
+
+
+SPLIT_CASES = [  # (profile: a preset analysed for the cluster's device, cluster, GPUs, global batch)
+    ("gpt-tiny", "local-cpu-4", 2, 4),
+    ("gpt-tiny", "local-cpu-4", 4, 8),
+    ("gpt-tiny", "local-cpu-4", 4, 32),
+    ("bert-tiny", "dgx-a100-80gb", 8, 64),
+    ("bert-48", "piz-daint-p100-16gb", 4, 64),
+    ("bert-48", "piz-daint-p100-16gb", 16, 128),
+    ("gpt2-1.3b", "piz-daint-p100-16gb", 64, 512),
+    ("gpt2-medium", "dgx-a100-80gb", 64, 512),
+    ("gpt3-175b", "dgx-a100-80gb", 256, 1536),
+    ("gpt3-175b", "dgx-a100-80gb", 1024, 1536),
+]
+
+
+def split(runs: int) -> None:
+    """One process against two, per size (module docstring)."""
+    sys.path.insert(0, str(ROOT))
+    from planner import split_search
+    from planner.analytic import analytic_profile
+    from planner.cluster import load_cluster
+    from planner.device import device_for_cluster
+    from planner.model import PRESETS
+    from planner.request import TrainingRequest
+    from planner.search import Planner
+    from planner.units import is_cpu
+
+    split_search.MIN_ACTIONS = 0
+    split_search.spare_core = lambda: True  # two processes whatever the load (the figures say what it does)
+    for preset, cluster, gpus, batch in SPLIT_CASES:
+        cl = load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.json")
+        prof = analytic_profile(PRESETS[preset], device_for_cluster(cl), dtype="fp32" if is_cpu(cl.device) else "bf16")
+        req = TrainingRequest(global_batch=batch, gpus=gpus)
+        walls: dict[int, list[float]] = {1: [], 2: []}
+        configs = 0
+        for _ in range(runs):
+            for n in (1, 2):
+                t = time.perf_counter()
+                res = Planner(prof, cl, req).search(processes=n)
+                walls[n].append(time.perf_counter() - t)
+                configs = res.evaluated
+        one, two = statistics.median(walls[1]), statistics.median(walls[2])
+        size = split_search.work(Planner(prof, cl, req).configs(Counter()), batch)
+        print(f"{preset:12s} {cluster:20s} P={gpus:5d} B={batch:5d}: {configs:5d} configurations, "
+              f"{size:9d} actions (sum of D x N), one process "
+              f"{one:.3f} s, two {two:.3f} s ({one / two:.2f}x)   load {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--phases", action="store_true", help="also the split of one run's time")
+    ap.add_argument("--split", action="store_true", help="only: one process against two, per search size")
     args = ap.parse_args()
+    if args.split:
+        print(f"load average before: {', '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+        split(args.runs)
+        return
     if not Path("/usr/bin/time").exists() or shutil.which("/usr/bin/time") is None:
         raise SystemExit("needs /usr/bin/time (apt-get install time)")
     tmp = Path(tempfile.mkdtemp(prefix="plan_cli_bench_"))
@@ -64,6 +152,12 @@ def main() -> None:
         report("pipeplan --help", [*pipeplan(), "--help"], args.runs)
         report("pipeplan plan", [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER),
                                  "--global-batch", "1536", "--gpus", "1024"], args.runs)
+        for n in (1, 2):  # the default is 2 where a core is idle (planner.split_search.spare_core), else 1
+            report(f"  --processes {n}", [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER),
+                                          "--global-batch", "1536", "--gpus", "1024", "--processes", str(n)], args.runs)
+        if args.phases:
+            for n in (1, 2):
+                phases(prof, args.runs, n)
         print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

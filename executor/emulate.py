@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from planner.cluster import Cluster, Link, load_cluster
-from planner.cost import ConfigCosts
+from planner.cost import DTYPE_BYTES, ConfigCosts
 from planner.profile import ModelProfile, load_profile
 from planner.request import TrainingRequest
 from planner.schedules.ir import RECV_F, Schedule
@@ -42,6 +42,17 @@ from planner.simulate import simulate
 LOCAL_CLUSTER = Cluster(name="local-gloo", nodes=1, gpus_per_node=1024, device="cpu-emulated",
                         memory_bytes=2**40, peak_flops=1e12, intra=Link(alpha=5e-5, beta=5e-10),
                         inter=Link(alpha=5e-5, beta=5e-10), memory_bandwidth=1e12)
+
+
+def executor_request(plan: Any) -> TrainingRequest:
+    """The request the executor's own run of ``plan`` answers: its global batch, and the model state our
+    executor keeps per parameter -- a weight and a gradient in the run's dtype, no optimizer state (plain SGD,
+    :mod:`executor.interpreter`) -- where the planner's default is mixed-precision Adam's 16 bytes (ZeRO 3.1).
+    The optimizer step reads and writes that state once (:meth:`planner.cost.ConfigCosts.step`): 16 bytes
+    per parameter in float32 (``torch.optim.SGD``: the weight and gradient read, the weight written, 12),
+    where 16-byte Adam state would cost 32."""
+    el = DTYPE_BYTES.get(str(getattr(plan, "dtype", "float32")), 4)
+    return TrainingRequest(global_batch=plan.spec.global_batch, bytes_per_param=2.0 * el)
 
 
 class Emulator:
@@ -54,7 +65,7 @@ class Emulator:
         self.plan = plan
         self.schedule = compute_schedule
         config = plan.spec.config
-        request = TrainingRequest(global_batch=plan.spec.global_batch)
+        request = executor_request(plan)
         self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
         self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds,
                                  emulated=emulated)

@@ -4,13 +4,13 @@ operator models load with ``profile-analytic`` only."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail
 from planner.cluster import Cluster, load_cluster
@@ -20,8 +20,12 @@ from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, save_profile
 from planner.request import Config, TrainingRequest
 from planner.reserve import resolve_reserve
-from planner.search import Candidate, plan, predict
+from planner.search import Candidate, PlanResult, plan, predict
 from planner.units import devices, is_cpu
+
+if TYPE_CHECKING:  # rich loads with the table: ``plan --json`` prints none
+    from rich.console import Console
+    from rich.table import Table
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEVICES = {  # --device of profile-analytic -> example cluster file (its device names the description)
@@ -57,6 +61,8 @@ def _memory_cell(c: Candidate) -> str:
 
 
 def _table(cands: list[Candidate], title: str) -> Table:
+    from rich.table import Table
+
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
     for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
@@ -77,6 +83,22 @@ def _warn(console: Console, warnings: list[str]) -> None:
         console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
 
 
+def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
+    """The table of ``pipeplan plan`` and the lines under it."""
+    from rich.console import Console
+
+    console = Console(width=160)
+    n = req.gpus or cl.gpus
+    on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+    console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
+    console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
+                  + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
+    resolved, source = resolve_reserve(req, cl)
+    console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
+                  f"({source})", highlight=False)
+    _warn(console, res.warnings)  # last: what the user reads first after the table
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -92,30 +114,35 @@ def register(app: typer.Typer) -> None:
             help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
                  "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
+        processes: Annotated[int | None, typer.Option(
+            help="processes searching: 1, or 2 (a forked child searches half of a large search; the same result); "
+                 "default: 2 where a core is idle (load average under the cores less a half), else 1")] = None,
     ) -> None:
         """Rank every valid configuration by predicted throughput."""
+        if processes is not None and processes < 1:
+            fail(f"--processes must be at least 1, got {processes}")
+        stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
                        max_tensor=max_tensor, schedules=schedules.split(",") if schedules else None,
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
+        stamps.append(time.perf_counter())
         try:
-            res = plan(prof, cl, req)
+            res = plan(prof, cl, req, processes=processes)
         except ValueError as e:
             fail(str(e))
             raise
+        stamps.append(time.perf_counter())
         if json_out:
             typer.echo(json.dumps(res.to_dict()))
-            return
-        console = Console(width=160)
-        n = req.gpus or cl.gpus
-        on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
-        console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
-        console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
-                      + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
-        resolved, source = resolve_reserve(req, cl)
-        console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
-                      f"({source})", highlight=False)
-        _warn(console, res.warnings)  # last: what the user reads first after the table
+        else:
+            _print_plan(res, prof, cl, req, global_batch)
+        if os.environ.get("PIPEPLAN_TIMES"):  # benchmarks/plan_cli_bench.py --phases
+            stamps.append(time.perf_counter())
+            # and this process's own CPU seconds since it started (a forked child's are not in them)
+            typer.echo("times: " + ", ".join(f"{name} {b - a:.4f}" for name, a, b in zip(
+                ("inputs", "search", "output"), stamps, stamps[1:], strict=False))
+                + f", own-cpu {time.process_time():.4f}", err=True)
 
     @app.command("predict")
     def predict_cmd(
@@ -156,6 +183,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"warning: {w}", err=True)
         if cand.simulation is None:
             fail(cand.reason)
+        from rich.console import Console
+
         console = Console(width=160)
         console.print(_table([cand], cfg.label()))
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))

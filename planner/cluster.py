@@ -36,6 +36,10 @@ class ExecutorOverhead(BaseModel):
     recv: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per RECV_F/RECV_B (posting, wait)")
     allreduce: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per ALLREDUCE action")
     step: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per STEP (the iteration's end)")
+    #: the same, measured with compute emulated (``pipeplan run --emulate``): an emulated action sleeps instead of
+    #: running the stage module and autograd, so its overhead is the sleep's overshoot and the walker's own
+    #: bookkeeping, not the real action's (:func:`profiler.overhead.measure_overhead` with ``emulated``)
+    emulated: ExecutorOverhead | None = None
     source: str = ""
 
 
@@ -70,7 +74,13 @@ class HostCpu(BaseModel):
     one compute loop run at once, ``slowdown`` their wall time per second of CPU time; ``processes /
     slowdown`` cores' worth of compute is what they got, which includes what else the machine was running
     then (a shared machine's load). The profile's times are core time on the CPU (:mod:`profiler.timing`),
-    so the load is counted here once."""
+    so the load is counted here once.
+
+    ``cpu_inflation``: the same measurement's CPU time together over the loop's CPU time alone. Processes that
+    outnumber the cores take turns on them (a time slice of a few milliseconds, Linux CFS/EEVDF), and each turn
+    starts with the caches holding the other process's data, so the same work costs more core time (Mogul and
+    Borg, "The effect of context switches on cache performance", ASPLOS 1991). :mod:`planner.cost` stretches
+    core time by it in proportion to how far the sharing goes (``host_inflation``). 1 when not measured."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +90,9 @@ class HostCpu(BaseModel):
     processes: int = Field(default=0, ge=0, description="processes the effective cores were measured with")
     slowdown: float = Field(default=1.0, gt=0, allow_inf_nan=False,
                             description="measured: wall time per CPU second of a loop, `processes` at once")
+    cpu_inflation: float = Field(default=1.0, ge=1, allow_inf_nan=False,
+                                 description="measured: CPU time of that loop, `processes` at once, over its CPU "
+                                             "time alone (processes taking turns on a core refill its caches)")
     comm_overlaps_compute: bool = False
     source: str = ""
 
@@ -135,6 +148,10 @@ class Cluster(BaseModel):
         for key in ("executor", "calibration", "allreduce_fit", "host"):
             if body.get(key) is None:
                 body.pop(key, None)
+        if body.get("executor") is not None and body["executor"].get("emulated") is None:
+            body["executor"].pop("emulated", None)  # measured before it existed: same hash
+        if body.get("host") is not None and body["host"].get("cpu_inflation") == 1.0:
+            body["host"].pop("cpu_inflation")  # a host measured before it existed: same hash
         data = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(data.encode()).hexdigest()
 

@@ -71,7 +71,9 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   stretched by the slowdown ``s`` at which ``k`` processes with work at once share ``C`` effective cores
   (processor sharing: each runs at ``C / k``); ``k`` is the concurrency the core time sees in the simulated
   schedule itself (with gloo's message and collective copies when communication does not overlap compute),
-  and ``s = max(1, k / C)`` its fixed point. GPU clusters have no ``host``: nothing changes for them.
+  and ``s = max(1, k / C)`` its fixed point; and by the host's measured CPU-time inflation of processes taking
+  turns on a core (their caches refilled at each turn, :func:`host_inflation`) in proportion to ``s``. GPU
+  clusters have no ``host``: nothing changes for them.
 
 :func:`chimera_eq1` and :func:`megatron_closed_form` give the papers' closed forms beside the simulated
 time.
@@ -83,7 +85,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
+from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
@@ -290,10 +292,11 @@ class ConfigCosts(Costs):
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
-        self.overheads = ActionOverheads(cluster, self)
         self.emulated = emulated
+        self.overheads = ActionOverheads(cluster, self)
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
+        self._stretch: tuple[float, float] = (1.0, 1.0)  # (share, core_stretch at it)
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -446,8 +449,21 @@ class ConfigCosts(Costs):
         if self._share == 1.0:  # devices of their own (no shared host): as before
             return self.work(kind, stage, span) + self.overheads.of(kind, stage, device)
         work, over = self.work(kind, stage, span), self.overheads.of(kind, stage, device)
+        core = self.core_stretch
+        return (work if self.emulated else work * core) + over * core
+
+    @property
+    def core_stretch(self) -> float:
+        """Wall seconds per second of core time alone on a shared CPU host: the core share times the CPU
+        time it costs more to take turns on the cores (:func:`host_inflation`); 1 for devices of their own."""
         share = self.share
-        return (work if self.emulated else work * share) + over * share
+        if share == 1.0:
+            return 1.0
+        at, value = self._stretch
+        if at != share:  # computed once per share (host_share's fixed point moves it)
+            value = share * host_inflation(self.cluster.host, share)
+            self._stretch = (share, value)
+        return value
 
     @property
     def share(self) -> float:
@@ -500,8 +516,8 @@ class ConfigCosts(Costs):
         if self._share == 1.0:
             return self.step_work(device) + self.overheads.of("STEP", -1, device)
         work, over = self.step_work(device), self.overheads.of("STEP", -1, device)
-        share = self.share
-        return (work if self.emulated else work * share) + over * share
+        core = self.core_stretch
+        return (work if self.emulated else work * core) + over * core
 
     def step_work(self, device: int) -> float:
         """:meth:`step` without the executor's per-action overhead."""
@@ -548,12 +564,16 @@ class ActionOverheads:
     those actions (:class:`planner.cluster.ExecutorOverhead`, per kind, plus the calibration's
     ``action_overhead`` for every action) is added to the compute action they surround and to STEP
     (without ``step`` itself when compute is emulated: an emulated STEP runs no optimizer and no
-    tied-embedding all-reduce, which that figure measures).
+    tied-embedding all-reduce, which that figure measures). With compute emulated, the overhead measured
+    on emulated runs where the cluster has it (:attr:`planner.cluster.ExecutorOverhead.emulated`: a sleep's
+    overshoot and the walker's bookkeeping, not the stage module and autograd the real figure holds).
     Zero when the cluster has neither, so nothing changes for clusters without them.
     """
 
     def __init__(self, cluster: Cluster, costs: ConfigCosts) -> None:
         self.ex = cluster.executor or ExecutorOverhead()
+        if costs.emulated and self.ex.emulated is not None:  # what an emulated action costs (measured so)
+            self.ex = self.ex.emulated
         self.extra = calibration(cluster).action_overhead
         self.costs = costs
         self.zero = self.extra == 0 and not any(
@@ -644,6 +664,18 @@ def experienced_concurrency(costs: ConfigCosts, timeline: list, copies: float) -
         den += k_cpu * dt
         k_cpu, k, last = k_cpu + dc, k + dk, at
     return num / den if den > 0 else 0.0
+
+
+def host_inflation(host: HostCpu | None, share: float) -> float:
+    """Core time per core second of the same work alone when processes take turns on the cores at core share
+    ``share`` (:attr:`planner.cluster.HostCpu.cpu_inflation`, measured at the host's ``slowdown``): each turn
+    starts by refilling the caches the other processes evicted (Mogul and Borg, ASPLOS 1991), so the extra is
+    taken in proportion to how far the sharing goes, ``1 + (I - 1) min(1, (s - 1) / (S - 1))`` with ``I``
+    the measured inflation, ``S`` the measured slowdown and ``s`` this schedule's share; 1 without sharing."""
+    if host is None or share <= 1.0 or host.cpu_inflation <= 1.0:
+        return 1.0
+    part = 1.0 if host.slowdown <= 1.0 else min(1.0, (share - 1.0) / (host.slowdown - 1.0))
+    return 1.0 + (host.cpu_inflation - 1.0) * part
 
 
 def host_share(costs: ConfigCosts, iterations: int = 12, tolerance: float = 1e-3) -> float:

@@ -24,7 +24,9 @@ gives the same output.
 The jobs, one module each: enumeration (:mod:`planner.enumeration`), the schedules and their shapes
 (:mod:`planner.shapes`), the memory model (:mod:`planner.memory`), the bounds (:mod:`planner.bounds`),
 simulation (:mod:`planner.simulate`), the explanation of a result (:mod:`planner.explain`) and the records
-returned (:mod:`planner.candidate`); this module evaluates and ranks.
+returned (:mod:`planner.candidate`); this module evaluates and ranks. On two cores a forked child ranks part of
+the configurations and the parts are merged, exactly (:mod:`planner.split_search`; the command line's
+default where a core is idle, one process elsewhere).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import gc
 import heapq
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,7 +46,7 @@ from planner.candidate import Candidate, PlanResult, gib, reason_key
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts
 from planner.enumeration import enumerate_configs, schedule_variants
-from planner.equivalence import TopDistinct, collapse
+from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
 from planner.explain import breakdown, closed_forms
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
@@ -326,18 +329,42 @@ class Planner:
         return cand
 
     # ---- ranking ---------------------------------------------------------------------------------
-    def search(self, prune: bool = True) -> PlanResult:
-        """Rank the configurations; ``prune=False`` simulates every one (the tests compare the two)."""
+    def search(self, prune: bool = True, processes: int | None = 1) -> PlanResult:
+        """Rank the configurations; ``prune=False`` simulates every one (the tests compare the two).
+        ``processes=2`` searches on two cores where the search is large enough and ``os.fork`` exists
+        (:mod:`planner.split_search`: the same result, exact); ``None``: so too where a core is idle
+        (:func:`planner.split_search.spare_core`); the default is one process."""
         with _gc_paused():
-            return self._search(prune)
+            return self._search(prune, processes)
 
-    def _search(self, prune: bool) -> PlanResult:
+    def _search(self, prune: bool, processes: int | None = 1) -> PlanResult:
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
+        # PipeDream's replicated plans (t, D, W, b, recomputation): decided over every configuration at once
+        rr_keys = self.replicated.keys(configs, self.memory.total_state)
+        parts = None
+        if prune and (processes is None or processes > 1):
+            from planner.split_search import search_split
+
+            parts = search_split(self, configs, rr_keys, auto=processes is None)
+        if parts is None:
+            parts = [self._rank(configs, rr_keys, prune)]
+        return _merge(parts, rejected, self.request.top)
+
+    def _rank(self, configs: list[Config], rr_keys: list[tuple[int, int, int, int, bool]], prune: bool,
+              mine: Callable[[int, int], bool] | None = None,
+              top: TopDistinct | None = None) -> Ranked:
+        """The search over ``configs`` (and the replicated plans ``rr_keys``), or over the part of them whose
+        (D, N) ``mine`` accepts; ``top``: the pruning threshold (default: this part's own)."""
+        rejected: Counter[str] = Counter()
         k = self.request.top
         prepared: list[tuple[float, int, Candidate, ConfigCosts | None]] = []
         infeasible: list[Candidate] = []
+        evaluated = 0
         for i, cfg in enumerate(configs):
+            if mine is not None and not mine(cfg.pipeline, self.request.global_batch // (cfg.data * cfg.micro_batch)):
+                continue
+            evaluated += 1
             cand, costs = self.prepare(cfg)
             if costs is None:
                 rejected[reason_key(cand.reason)] += 1
@@ -349,10 +376,13 @@ class Planner:
         considered = len(prepared)
         # PipeDream's replicated plans: in line under their bound; the program runs when one comes up
         pending: dict[int, tuple[int, int, int, int, bool]] = {}
-        for key in self.replicated.keys(configs, self.memory.total_state):
-            i = len(configs) + len(pending)
-            pending[i] = key
+        for n, key in enumerate(rr_keys):
             t, D, W, b, rc = key
+            if mine is not None and not mine(D, self.request.global_batch // (W * b)):
+                continue
+            evaluated += 1
+            i = len(configs) + n
+            pending[i] = key
             cfg = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule="1f1b-rr", recompute=rc)
             cand = Candidate(cfg, self.request.global_batch // (W * b))
             cand.lower_bound = self.replicated.bound(*key)
@@ -362,8 +392,8 @@ class Planner:
         # once nothing with a smaller bound is left. Exact: whatever is skipped has a bound above the k-th
         # best time found, which only falls as the search goes on.
         heapq.heapify(prepared)
-        ids = len(configs) + len(pending)  # (a replicated plan's variant j > 0 goes in line as i + j * ids)
-        top = TopDistinct(k)  # the k-th best time over configurations that differ (planner.equivalence)
+        ids = len(configs) + len(rr_keys)  # (a replicated plan's variant j > 0 goes in line as i + j * ids)
+        top = top if top is not None else TopDistinct(k)  # k-th best time over configurations that differ
         results: list[Candidate] = []
         timed: list[tuple[float, int, Candidate]] = []  # max-heap by time of the results holding a timeline
         simulated = 0
@@ -412,12 +442,68 @@ class Planner:
                 heapq.heappop(timed)[2].simulation = None
             _keep_best(infeasible, k)
         results.sort(key=_rank_key)
-        results = collapse(results, top.twins)
-        infeasible = collapse(sorted(infeasible, key=_rank_key))  # twins that do not fit are one row too
-        for c in results[:k] + infeasible[:k]:
+        rows = collapse(results, top.twins)[:k]
+        infeasible.sort(key=_rank_key)
+        del infeasible[k:]
+        twin_of = _twin_indices(infeasible)  # twins that do not fit are one row too (collapsed in _merge)
+        for c in rows + [c for c, j in zip(infeasible, twin_of, strict=True) if j is None]:
             self.explain(c)
-        return PlanResult(results[:k], infeasible[:k], rejected, evaluated=len(configs) + len(pending),
-                          simulated=simulated, considered=considered)
+        return Ranked(rows, infeasible, twin_of, rejected, evaluated, simulated, considered)
+
+
+@dataclass
+class Ranked:
+    """What one search (or one part of a split search, :mod:`planner.split_search`) found: its ``k`` best
+    rows (twins collapsed, named, explained), its ``k`` best candidates that do not fit, best first, with
+    ``twin_of[j]``: the index of the earlier one that runs the same thing as ``infeasible[j]`` (None: a row
+    of its own, named), and its counts. Twins never cross parts (:func:`planner.split_search.part_of`)."""
+
+    rows: list[Candidate]
+    infeasible: list[Candidate]
+    twin_of: list[int | None]
+    rejected: Counter[str]
+    evaluated: int
+    simulated: int
+    considered: int
+
+
+def _twin_indices(cands: list[Candidate]) -> list[int | None]:
+    """For ``cands`` (ranked, best first): per candidate, the index of the first earlier one running the same
+    thing (:class:`planner.equivalence.Twins`), or None; those get their row's name (``describe``)."""
+    twins = Twins()
+    where: dict[int, int] = {}
+    out: list[int | None] = []
+    for j, cand in enumerate(cands):
+        first = twins.add(cand)
+        if first is cand:
+            where[id(cand)] = j
+            cand.name = describe(cand)
+            out.append(None)
+        else:
+            out.append(where[id(first)])
+    return out
+
+
+def _merge(parts: list[Ranked], rejected: Counter[str], k: int) -> PlanResult:
+    """The result of the whole search from its parts: the ``k`` best rows of all (exact when each part holds
+    every row of its own that can be among the k best overall, and twins never cross parts), and the rows
+    of the ``k`` best candidates that do not fit, their twins collapsed into the first (as
+    :func:`planner.equivalence.collapse` does). ``rejected``: what the enumeration rejected."""
+    rows = list(heapq.merge(*(p.rows for p in parts), key=_rank_key))[:k]
+    tagged = heapq.merge(*([(c, p, j) for j, c in enumerate(p.infeasible)] for p in parts),
+                         key=lambda x: _rank_key(x[0]))
+    infeasible: list[Candidate] = []
+    for c, p, j in list(tagged)[:k]:
+        first = p.twin_of[j]
+        if first is None:
+            infeasible.append(c)
+        else:
+            p.infeasible[first].alternatives.append(schedule_label(c.config))
+    total = Counter(rejected)
+    for p in parts:
+        total.update(p.rejected)
+    return PlanResult(rows, infeasible, total, evaluated=sum(p.evaluated for p in parts),
+                      simulated=sum(p.simulated for p in parts), considered=sum(p.considered for p in parts))
 
 
 def _rank_key(c: Candidate) -> tuple[float, str]:
@@ -447,11 +533,13 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> PlanResult:
-    """Rank every valid configuration (module docstring). The planner (its caches) is dropped before the
-    garbage collector resumes, so the collection that follows visits the results only."""
+def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
+         processes: int | None = 1) -> PlanResult:
+    """Rank every valid configuration (module docstring); ``processes``: 2 or None (where a core is idle) to
+    search on two cores where the search is large enough (:meth:`Planner.search`). The planner (its caches)
+    is dropped before the garbage collector resumes, so the collection that follows visits the results only."""
     with _gc_paused():
-        res = Planner(profile, cluster, request).search()
+        res = Planner(profile, cluster, request).search(processes=processes)
     res.warnings = device_warnings(profile, cluster)
     return res
 

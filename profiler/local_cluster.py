@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import AllReduceFit, Cluster, HostCpu, Link
+from planner.cluster import AllReduceFit, Cluster, ExecutorOverhead, HostCpu, Link
 
 #: message sizes of the quick measurement: 1 KiB .. 4 MiB (gpt-tiny's activations are 128 KiB per sample,
 #: its gradients ~14 MB)
@@ -74,8 +74,8 @@ def _compute() -> Any:
 
 def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) -> None:
     """Round ``r``: rank 0 runs the loop alone (the others wait at the barrier), then every rank runs it;
-    puts ``(rank, [(alone, together, together_cpu), ...])`` seconds per repetition (rank 0's alone figures;
-    ``together_cpu``: the thread's CPU time, the core time the loop used)."""
+    puts ``(rank, [(alone, together, together_cpu, alone_cpu), ...])`` seconds per repetition (rank 0's
+    alone figures, wall and CPU; ``together_cpu``: the thread's CPU time, the core time the loop used)."""
     import time
 
     once = _compute()
@@ -84,17 +84,17 @@ def _host_worker(rank: int, barrier: Any, queue: Any, rounds: int, reps: int) ->
     out = []
     for _ in range(rounds):
         barrier.wait(timeout=300)
-        alone = 0.0
+        alone = alone_cpu = 0.0
         if rank == 0:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(reps):
                 once()
-            alone = (time.perf_counter() - t0) / reps
+            alone, alone_cpu = (time.perf_counter() - t0) / reps, (time.thread_time() - c0) / reps
         barrier.wait(timeout=300)
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(reps):
             once()
-        out.append((alone, (time.perf_counter() - t0) / reps, (time.thread_time() - c0) / reps))
+        out.append((alone, (time.perf_counter() - t0) / reps, (time.thread_time() - c0) / reps, alone_cpu))
     queue.put((rank, out))
 
 
@@ -102,6 +102,13 @@ def round_slowdowns(got: dict[int, list[tuple[float, float, float]]], procs: int
     """Per round, the mean over the processes of wall / CPU time of the loop run together
     (:func:`_host_worker`'s figures by rank)."""
     return [sum(got[r][i][1] / max(got[r][i][2], 1e-9) for r in range(procs)) / procs for i in range(rounds)]
+
+
+def round_inflations(got: dict[int, list[tuple[float, ...]]], procs: int, rounds: int) -> list[float]:
+    """Per round, the mean over the processes of the loop's CPU time run together over rank 0's CPU time
+    of it alone (:func:`_host_worker`'s figures by rank): the core time the same work costs more while the
+    processes take turns on the cores (:attr:`planner.cluster.HostCpu.cpu_inflation`)."""
+    return [sum(got[r][i][2] for r in range(procs)) / procs / max(got[0][i][3], 1e-9) for i in range(rounds)]
 
 
 def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
@@ -130,12 +137,45 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
     alones = [got[0][i][0] for i in range(rounds)]
     slowdown = max(statistics.median(ratios), 1e-9)
     eff = min(float(cores), max(procs / slowdown, 1.0 / procs))
-    return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown,
+    infl = round_inflations(got, procs, rounds)
+    inflation = max(1.0, statistics.median(infl))
+    return HostCpu(cores=cores, effective_cores=eff, processes=procs, slowdown=slowdown, cpu_inflation=inflation,
                    source=(f"profiler.local_cluster.measure_host on {platform.node()}: {procs} processes of one "
                            f"torch thread at once took {slowdown:.2f}x their CPU time in wall time (median of "
                            f"{rounds} rounds: {', '.join(f'{r:.2f}' for r in ratios)}; alone "
-                           f"{statistics.median(alones) * 1e3:.2f} ms); a shared machine's load at that time is "
-                           f"in the figure"))
+                           f"{statistics.median(alones) * 1e3:.2f} ms) and {statistics.median(infl):.2f}x its CPU "
+                           f"time alone (rounds: {', '.join(f'{r:.2f}' for r in infl)}); a shared machine's load "
+                           f"at that time is in the figures"))
+
+
+def measure_step_bandwidth(params: int = 4_000_000, tensors: int = 16, repeats: int = 7) -> float:
+    """Bytes per second of our executor's optimizer step as :meth:`planner.cost.ConfigCosts.step` counts them
+    (reading and writing the model state, ``2 bytes_per_param`` per parameter: 16 for float32 SGD, a weight
+    and a gradient, :func:`executor.emulate.executor_request`): ``torch.optim.SGD.step`` over ``params``
+    float32 parameters in ``tensors`` tensors with their gradients, one torch thread, timed in thread CPU
+    time (core time, as profiles are: sharing the cores is the host model's part), median of ``repeats``.
+    The cluster file's ``memory_bandwidth`` is nominal; this is what the step gets on this machine."""
+    import statistics
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ps = [torch.nn.Parameter(torch.randn(params // tensors)) for _ in range(tensors)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.SGD(ps, lr=1e-6)
+        times = []
+        for i in range(repeats + 2):
+            c0 = time.thread_time()
+            opt.step()
+            if i >= 2:
+                times.append(time.thread_time() - c0)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * 8.0 * (params // tensors) * tensors / max(statistics.median(times), 1e-9)
 
 
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:
@@ -145,30 +185,43 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     layers that do nearly nothing those processes run the executor's Python nearly all the time, so each had
     ``min(1, effective_cores / n)`` of a core, and the figures are scaled by that to the overhead of a process
     with a core of its own: sharing the cores is the host model's part (:func:`planner.cost.host_share`),
-    which would otherwise count it twice."""
+    which would otherwise count it twice. The overhead with compute emulated (``executor.emulated``) is
+    measured on all ``base.gpus`` processes at once, as emulated runs go (they sleep rather than compute:
+    :func:`profiler.overhead.measure_emulated_overhead`)."""
     import os
     import platform
 
-    from profiler.overhead import measure_overhead
+    from profiler.overhead import measure_emulated_overhead, measure_overhead
 
     procs = base.gpus
     links = measure_links(procs)
     p2p = Link(alpha=max(links["intra_node"]["alpha"], 0.0), beta=max(links["intra_node"]["beta"], 0.0))
     ar = Link(alpha=max(links["allreduce"]["alpha"], 0.0), beta=max(links["allreduce"]["beta"], 0.0))
     host = measure_host(procs)
+    bandwidth = measure_step_bandwidth()
     n_ovh = max(2, min(procs, os.cpu_count() or 1))
     ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
     shared = max(1.0, n_ovh / host.effective_cores)
-    ex = ex.model_copy(update={**{k: getattr(ex, k) / shared for k in ("compute", "send", "recv", "allreduce", "step")},
-                               "source": f"{ex.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
-                                         f"processes at {host.effective_cores:.2f} effective cores"})
+
+    def scaled(e: ExecutorOverhead) -> ExecutorOverhead:
+        return e.model_copy(update={**{k: getattr(e, k) / shared for k in ("compute", "send", "recv", "allreduce",
+                                                                             "step")},
+                                    "source": f"{e.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
+                                              f"processes at {host.effective_cores:.2f} effective cores"})
+
+    # with compute emulated the processes sleep: measured on all of them at once, as the emulated runs go
+    here = base.model_copy(update={"intra": p2p, "inter": p2p, "host": host})
+    emu, raw["emulated"] = measure_emulated_overhead(procs, here, iterations=overhead_iterations, warmup=3)
+    ex = scaled(ex).model_copy(update={"emulated": emu})
     raw["overhead_core_share"] = shared
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "
             f"run): p2p alpha {p2p.alpha * 1e6:.0f} us, {1 / p2p.beta / 1e9 if p2p.beta else float('inf'):.2f} "
             f"GB/s; all-reduce of {procs} alpha {ar.alpha * 1e6:.0f} us, "
-            f"{1 / ar.beta / 1e9 if ar.beta else float('inf'):.2f} GB/s; executor overhead per action; a shared "
-            f"machine's load is in these figures. Peak FLOP/s and memory from the example file.")
+            f"{1 / ar.beta / 1e9 if ar.beta else float('inf'):.2f} GB/s; executor overhead per action; memory "
+            f"bandwidth {bandwidth / 1e9:.1f} GB/s as the executor's optimizer step gets it (measure_step_bandwidth); "
+            f"a shared machine's load is in these figures. Peak FLOP/s and memory size from the example file.")
     cluster = base.model_copy(update={"intra": p2p, "inter": p2p, "executor": ex, "notes": note,
+                                      "memory_bandwidth": bandwidth,
                                       "allreduce_fit": AllReduceFit(ranks=procs, link=ar), "host": host})
     return Cluster.model_validate(cluster.model_dump()), {"links": links, "executor_raw": raw}
 

@@ -76,31 +76,10 @@ def _fastest_rank_steps(trace: dict[str, Any], warmup: int) -> list[float]:
     return [per_iter[k] for k in sorted(per_iter)]
 
 
-def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 20, warmup: int = 3,
-                     timeout: float = 120.0) -> tuple[ExecutorOverhead, dict[str, Any]]:
-    """Run the executor on ``procs`` local gloo processes with the nearly-nothing model; return the
-    overhead and the raw figures (per kind: median seconds and count)."""
-    import torch
-
-    from executor.launch import launch
-    from executor.models import get_config
-    from executor.plan import RunPlan
-    from profiler.run import profile_model
-
-    layers = 2 * procs
-    overrides = {**NEARLY_NOTHING, "layers": layers}
-    plan = RunPlan.direct("1f1b", procs, microbatches, model="gpt-tiny", model_overrides=overrides, micro_batch=1,
-                          dtype="float32", iterations=iterations, warmup=warmup)
-    res = launch([plan], procs, trace=True, timeout=timeout)
-    assert res is not None  # one node: rank 0 is here
-    trace = res["runs"][0]["trace"]
-    torch.set_num_threads(1)
-    prof = profile_model(get_config("gpt-tiny").with_(**overrides), micro_batches=[1], threads=1, repeats=21,
-                         warmup=5)
-    bounds = plan.bounds(procs, len(prof.layers))
-    fwd = [sum(prof.layers[i].time("fwd", 1) for i in range(a, b)) for a, b in bounds]
-    bwd = [sum(prof.layers[i].time("bwd", 1) for i in range(a, b)) for a, b in bounds]
-
+def overhead_from_trace(trace: dict[str, Any], fwd: list[float], bwd: list[float], warmup: int,
+                        source: str) -> tuple[ExecutorOverhead, dict[str, Any]]:
+    """The per-kind overhead of a run's trace (module docstring), ``fwd``/``bwd`` the profiled (or, emulated,
+    slept) layer time of each stage; and the raw figures."""
     kinds, gap = _per_kind(trace, warmup)
     compute = []
     for kind, table in (("F", fwd), ("B", bwd)):
@@ -121,10 +100,90 @@ def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 2
         recv=max(float(np.percentile(recvs, 10)) + post_share + gap, 0.0) if recvs else 0.0,
         allreduce=max(med(ars) + gap, 0.0) if ars else 0.0,
         step=max(med(steps) + gap, 0.0) if steps else 0.0,
-        source=(f"pipeplan profile-links --executor-overhead: {procs} gloo processes on {platform.node()} "
-                f"({platform.processor() or platform.machine()}), 1F1B, N={microbatches}, {iterations} "
-                f"iterations, layers of hidden 8 / sequence 1; torch {torch.__version__}"))
+        source=source)
     raw = {"gap_per_action": gap, "post_share_per_message": post_share, "optimizer": opt, "step_fastest_rank": steps,
            **{k: {"median": med([d for _, d in v]), "count": len(v)} for k, v in sorted(kinds.items())},
            "profiled_fwd_per_stage": fwd, "profiled_bwd_per_stage": bwd}
+    return ex, raw
+
+
+def _nearly_nothing(procs: int, microbatches: int, iterations: int, warmup: int) -> tuple[dict[str, Any], Any,
+                                                                                          list[float], list[float]]:
+    """The run options of the nearly-nothing 1F1B plan on ``procs`` processes, its model's profile (one thread)
+    and the profiled forward and backward time of each stage."""
+    import torch
+
+    from executor.models import get_config
+    from executor.plan import RunPlan
+    from profiler.run import profile_model
+
+    overrides = {**NEARLY_NOTHING, "layers": 2 * procs}
+    kw: dict[str, Any] = {"model": "gpt-tiny", "model_overrides": overrides, "micro_batch": 1, "dtype": "float32",
+                          "iterations": iterations, "warmup": warmup}
+    torch.set_num_threads(1)
+    prof = profile_model(get_config("gpt-tiny").with_(**overrides), micro_batches=[1], threads=1, repeats=21,
+                         warmup=5)
+    bounds = RunPlan.direct("1f1b", procs, microbatches, **kw).bounds(procs, len(prof.layers))
+    fwd = [sum(prof.layers[i].time("fwd", 1) for i in range(a, b)) for a, b in bounds]
+    bwd = [sum(prof.layers[i].time("bwd", 1) for i in range(a, b)) for a, b in bounds]
+    return kw, prof, fwd, bwd
+
+
+def _what(procs: int, microbatches: int, iterations: int) -> str:
+    import torch
+
+    return (f"{procs} gloo processes on {platform.node()} ({platform.processor() or platform.machine()}), 1F1B, "
+            f"N={microbatches}, {iterations} iterations, layers of hidden 8 / sequence 1; torch {torch.__version__}")
+
+
+def measure_emulated_overhead(procs: int, cluster: Any, microbatches: int = 16, iterations: int = 20,
+                              warmup: int = 3, timeout: float = 120.0) -> tuple[ExecutorOverhead, dict[str, Any]]:
+    """The overhead of our executor with compute emulated (``--emulate``: every compute action sleeps its
+    profiled time, messages are real): the nearly-nothing plan on ``procs`` local gloo processes, emulated with
+    its own profile and ``cluster`` (this machine's, with its ``host``), measured as :func:`measure_overhead`
+    does with the slept time subtracted. Emulated processes sleep rather than compute, so they are measured
+    as many at once as the runs they predict (a sleep's overshoot and a wake-up's wait for a core grow with
+    them), not scaled to a core of their own."""
+    import tempfile
+    from pathlib import Path
+
+    from executor.launch import launch
+    from executor.plan import RunPlan
+    from planner.cluster import save_cluster
+    from planner.profile import save_profile
+
+    kw, prof, fwd, bwd = _nearly_nothing(procs, microbatches, iterations, warmup)
+    with tempfile.TemporaryDirectory() as tmp:
+        ppath, cpath = str(Path(tmp) / "profile.json"), str(Path(tmp) / "cluster.json")
+        save_profile(prof, ppath)
+        save_cluster(cluster.model_copy(update={"calibration": None, "gpus_per_node": max(cluster.gpus_per_node,
+                                                                                          procs)}), cpath)
+        plan = RunPlan.direct("1f1b", procs, microbatches, emulate=ppath, cluster=cpath, **kw)
+        res = launch([plan], procs, trace=True, timeout=timeout)
+    assert res is not None
+    return overhead_from_trace(res["runs"][0]["trace"], fwd, bwd, warmup,
+                               f"pipeplan's executor with compute emulated (sleeping the profiled time): "
+                               f"{_what(procs, microbatches, iterations)}")
+
+
+def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 20, warmup: int = 3,
+                     timeout: float = 120.0, emulated_on: Any = None) -> tuple[ExecutorOverhead, dict[str, Any]]:
+    """Run the executor on ``procs`` local gloo processes with the nearly-nothing model; return the
+    overhead and the raw figures (per kind: median seconds and count). ``emulated_on`` (a
+    :class:`planner.cluster.Cluster` of this machine, with its ``host``): also the overhead with compute
+    emulated on as many processes (:func:`measure_emulated_overhead`), into the result's ``emulated``."""
+    from executor.launch import launch
+    from executor.plan import RunPlan
+
+    kw, _, fwd, bwd = _nearly_nothing(procs, microbatches, iterations, warmup)
+    plan = RunPlan.direct("1f1b", procs, microbatches, **kw)
+    res = launch([plan], procs, trace=True, timeout=timeout)
+    assert res is not None  # one node: rank 0 is here
+    what = _what(procs, microbatches, iterations)
+    ex, raw = overhead_from_trace(res["runs"][0]["trace"], fwd, bwd, warmup,
+                                  f"pipeplan profile-links --executor-overhead: {what}")
+    if emulated_on is not None:
+        emu, eraw = measure_emulated_overhead(procs, emulated_on, microbatches, iterations, warmup, timeout)
+        ex = ex.model_copy(update={"emulated": emu})
+        raw["emulated"] = eraw
     return ex, raw

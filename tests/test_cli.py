@@ -85,3 +85,32 @@ def test_device_words(device: str, n: int, words: str) -> None:
     from planner.units import devices
 
     assert devices(device, n) == words
+
+
+def test_plan_on_two_processes_prints_what_one_process_prints(tmp_path, monkeypatch):
+    """``pipeplan plan`` on two cores (a forked child searching half, planner.split_search) prints the table
+    and the document of one process; only the counts line may differ (what each part skipped by its bound).
+    ``--processes`` below 1 is refused with the option named."""
+    from planner import split_search
+
+    monkeypatch.setattr(split_search, "can_fork", lambda: True)  # (the test runner may hold other threads)
+    monkeypatch.setattr(split_search, "spare_core", lambda: True)  # (whatever else the machine runs)
+    received: list[object] = []
+    receive = split_search._receive
+    monkeypatch.setattr(split_search, "_receive", lambda fd, pid: (received.append(receive(fd, pid)), received[-1])[1])
+    prof = tmp_path / "gpt2.json"
+    assert runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--out", str(prof)]).exit_code == 0
+    args = ["plan", "--profile", str(prof), "--cluster", str(EX / "dgx-a100-80gb.json"), "--global-batch", "512",
+            "--gpus", "64", "--top", "5"]
+    out = {n: runner.invoke(app, [*args, "--processes", str(n)]) for n in (1, 2)}
+    assert all(r.exit_code == 0 for r in out.values()), out
+    assert received and received[0] is not None, "the search must have been split"
+
+    def table(text: str) -> tuple[str, str]:  # (the table, the lines after the counts)
+        return text.split("\nevaluated ")[0], text[text.index("\nmemory reserve:"):]
+
+    assert table(out[2].output) == table(out[1].output)
+    docs = {n: json.loads(runner.invoke(app, [*args, "--processes", str(n), "--json"]).output) for n in (1, 2)}
+    assert docs[2]["candidates"] == docs[1]["candidates"] and docs[2]["evaluated"] == docs[1]["evaluated"]
+    r = runner.invoke(app, [*args, "--processes", "0"])
+    assert r.exit_code == 2 and "--processes must be at least 1" in r.output

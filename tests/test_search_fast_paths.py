@@ -148,7 +148,9 @@ def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv
     import pipeplan.cli as cli
 
     seen: list[bool] = []
+    exits: list[object] = []
     monkeypatch.setattr(cli, "app", lambda: seen.append(gc.isenabled()))
+    monkeypatch.setattr(cli, "exit_now", exits.append)
     monkeypatch.setattr("sys.argv", ["pipeplan", *argv])
     was = gc.isenabled()
     try:
@@ -157,6 +159,22 @@ def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv
     finally:
         gc.enable() if was else gc.disable()
     assert seen == [collects]
+    assert exits == ([] if collects else [0])  # and they end without the interpreter's finalization
+
+
+@pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (2, 2), ("a message", 1)])
+def test_a_short_lived_command_exits_with_its_status_and_its_output_flushed(tmp_path, code, status):
+    """:func:`pipeplan.cli.exit_now` ends the process with the status ``SystemExit`` gives, and what was
+    printed (buffered, to a pipe) is all there."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from pipeplan.cli import exit_now; print('x' * 100000); "
+              f"print('err', file=sys.stderr); exit_now({code!r})")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == status
+    assert r.stdout == "x" * 100000 + "\n"
+    assert r.stderr.startswith("err\n") and (code != "a message" or "a message" in r.stderr)
 
 
 # ---- structural caches of the merged schedules (Chimera, Hanayo) ------------------------------------------
@@ -352,3 +370,182 @@ def test_memory_floor_before_the_lists_rejects_only_what_does_not_fit(monkeypatc
         assert max(mem) > cap, cfg.label()
         checked += 1
     assert checked > 10
+
+
+# ---- the search on two cores (planner.split_search) -------------------------------------------------------
+def _rows(res):  # type: ignore[no-untyped-def]
+    return [(c.config, c.iteration_time, c.memory, c.name, c.alternatives, c.breakdown, c.closed_forms,
+             c.to_dict()) for c in res.candidates]
+
+
+def _split_search(monkeypatch, planner: Planner):  # type: ignore[no-untyped-def]
+    """``planner.search(processes=2)`` with the size threshold off; the child's part as received (None: the
+    parent searched it itself)."""
+    from planner import split_search
+
+    monkeypatch.setattr(split_search, "MIN_ACTIONS", 0)
+    monkeypatch.setattr(split_search, "spare_core", lambda: True)  # (whatever else the machine runs)
+    got: list[object] = []
+    receive = split_search._receive
+    monkeypatch.setattr(split_search, "_receive", lambda fd, pid: (got.append(receive(fd, pid)), got[-1])[1])
+    res = planner.search(processes=2)
+    return res, got
+
+
+@pytest.mark.parametrize("preset,cluster,gpus,batch,kw", [
+    ("bert-48", "piz-daint-p100-16gb.json", 4, 64, {}),
+    ("bert-48", "piz-daint-p100-16gb.json", 8, 64, {"allow_async": True}),  # PipeDream's replicated plans too
+    pytest.param("bert-48", "piz-daint-p100-16gb.json", 16, 128, {}, marks=pytest.mark.slow),  # Chimera wins
+])
+def test_split_search_ranks_as_one_process_and_as_simulating_everything(monkeypatch, preset, cluster, gpus, batch,
+                                                                        kw):
+    """Two processes, each searching its part of the configurations with the other's best times as they come,
+    return the rows of one process (configuration, order, time, memory, name, the rows they stand for, breakdown,
+    document) and of the exhaustive search; a row found by the child has the timeline one process gives. The
+    counts differ at most between the bound and what simulating found (module docstring of split_search)."""
+    one = _planner(preset, cluster, gpus, batch, **kw).search()
+    full = _planner(preset, cluster, gpus, batch, **kw).search(prune=False)
+    two, got = _split_search(monkeypatch, _planner(preset, cluster, gpus, batch, **kw))
+    assert got and got[0] is not None, "the child's part must have come through the pipe"
+    assert len(one.candidates) == len(two.candidates) == len(full.candidates) > 1
+    assert _rows(two) == _rows(one)
+    assert [c.config for c in two.candidates] == [c.config for c in full.candidates]
+    assert [c.iteration_time for c in two.candidates] == [c.iteration_time for c in full.candidates]
+    assert [c.memory for c in two.candidates] == [c.memory for c in full.candidates]
+    from_child = {id(c) for c in got[0].rows}  # type: ignore[attr-defined]
+    assert any(id(c) in from_child for c in two.candidates), "the case must take rows from both parts"
+    assert [c.simulation for c in two.candidates] == [c.simulation for c in one.candidates]  # timelines too
+    _same_counts(two, one)
+
+
+def _same_counts(two, one) -> None:  # type: ignore[no-untyped-def]
+    """The counts of a split search: the same configurations; what is rejected before the search's loop (the
+    enumeration, the model state, the activations known from the shape) the same; what the loop decides -- the
+    bound, what simulating finds out of memory, PipeDream's replicated plans prepared when they come up -- may
+    move between those (each part's threshold falls at its own pace)."""
+    assert two.evaluated == one.evaluated
+    loop = {"bound: cannot reach the top k", "out of memory"}
+    if not any(c.config.replication for c in one.candidates + one.infeasible + two.candidates + two.infeasible):
+        assert two.considered == one.considered
+        assert {k: v for k, v in two.rejected.items() if k not in loop} == \
+            {k: v for k, v in one.rejected.items() if k not in loop}
+    assert sum(two.rejected.values()) > 0
+
+
+@pytest.mark.parametrize("how", ["exit", "raise", "kill", "garbage"])
+def test_a_failed_child_is_searched_again_by_the_parent(monkeypatch, how):
+    """A child that exits, raises, is killed or sends something unreadable neither hangs the search nor drops
+    its candidates: the parent searches the child's part itself, and the rows are those of one process."""
+    import os
+    import signal
+
+    from planner import split_search
+
+    parent = os.getpid()
+    rank = Planner._rank
+
+    def failing(self, *a, **kw):  # type: ignore[no-untyped-def]
+        if os.getpid() != parent:
+            if how == "exit":
+                os._exit(3)
+            if how == "raise":
+                raise RuntimeError("a bug in the child")
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+        return rank(self, *a, **kw)
+
+    monkeypatch.setattr(Planner, "_rank", failing)
+    if how == "garbage":
+        monkeypatch.setattr(split_search.pickle, "dumps", lambda obj, protocol=None: b"not a pickle")
+    one = _planner("bert-48", "piz-daint-p100-16gb.json", 8, 64).search()
+    two, got = _split_search(monkeypatch, _planner("bert-48", "piz-daint-p100-16gb.json", 8, 64))
+    assert got == [None]
+    assert _rows(two) == _rows(one)
+    _same_counts(two, one)
+
+
+def test_an_error_in_the_parent_leaves_no_child_behind(monkeypatch):
+    """The parent's own part failing (a bug, Ctrl-C) raises as in one process, and the child is gone."""
+    import os
+
+    parent = os.getpid()
+    rank = Planner._rank
+    children: list[int] = []
+    fork = os.fork
+
+    def spy_fork() -> int:
+        pid = fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    def failing(self, *a, **kw):  # type: ignore[no-untyped-def]
+        if os.getpid() == parent:
+            raise KeyboardInterrupt
+        return rank(self, *a, **kw)
+
+    monkeypatch.setattr(Planner, "_rank", failing)
+    monkeypatch.setattr(os, "fork", spy_fork)
+    with pytest.raises(KeyboardInterrupt):
+        _split_search(monkeypatch, _planner("bert-48", "piz-daint-p100-16gb.json", 8, 64))
+    assert len(children) == 1
+    with pytest.raises(ChildProcessError):  # reaped already
+        os.waitpid(children[0], os.WNOHANG)
+
+
+def test_split_search_runs_in_one_process_where_it_cannot_fork_or_should_not(monkeypatch):
+    """No ``os.fork`` (Windows), another thread alive (the API server), a busy machine or a small search: one
+    process."""
+    import os
+    import threading
+
+    from planner import split_search
+
+    planner = _planner("bert-48", "piz-daint-p100-16gb.json", 4, 64)
+    configs = planner.configs(Counter())
+    monkeypatch.setattr(split_search, "MIN_ACTIONS", split_search.work(configs, 64) + 1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert split_search.spare_core()
+    assert split_search.search_split(planner, configs, []) is None  # below MIN_ACTIONS
+    monkeypatch.setattr(split_search, "MIN_ACTIONS", 0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 0.0, 0.0))
+    assert not split_search.spare_core()
+    assert split_search.search_split(planner, configs, [], auto=True) is None  # busy: 1.6 on 2 cores
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.4, 0.0, 0.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert not split_search.spare_core()  # one core to run on
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert split_search.spare_core()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert split_search.search_split(planner, configs, []) is None
+    finally:
+        stop.set()
+        other.join()
+    monkeypatch.delattr(os, "fork")
+    assert not split_search.can_fork()
+    one = _planner("bert-48", "piz-daint-p100-16gb.json", 4, 64).search()
+    assert _rows(planner.search(processes=2)) == _rows(one)
+
+
+def test_board_thresholds_are_never_below_the_whole_search_kth():
+    """The threshold a part reads is the k-th smallest of its own and the other part's published best times:
+    infinite until k classes are known, then falling."""
+    import math
+
+    from planner.split_search import Board, SharedTop
+
+    board = Board(3)
+    a, b = SharedTop(3, board, 0), SharedTop(3, board, 1)
+    assert a.kth == b.kth == math.inf
+    board.publish(1, [1.0, 5.0])
+    assert a.kth == math.inf  # two classes known
+    a._mine = [2.0]
+    assert a.kth == 5.0 and b.kth == math.inf  # b has not seen a's (unpublished) time
+    board.publish(0, [2.0])
+    b._mine = [1.0, 5.0]
+    assert b.kth == 5.0
+    board.close()
