@@ -1,10 +1,37 @@
 """Lower bounds of a configuration's iteration time, what the search prunes with (exact for the top k:
 a configuration is simulated only while its bound is below the k-th best simulated time).
 
-* :meth:`TimeBounds.lower_bound`, before any list is built: for every device, the first forward reaching
-  one of its stages, its own computation (per micro-batch, the least F + B of the stage replicas it
-  holds), then its optimizer step or the gradient travelling down the stages before it; and, where the
-  in-flight counts are exact, Little's law over the micro-batches' round trips.
+Every bound here is a property of the simulator's rules (:mod:`planner.simulate`), true of any action lists
+of the configuration's shape: a device runs its compute actions one at a time, an action starts no earlier
+than its inputs end (a forward of stage s after the forward of stage s-1 of its micro-batch, a backward --
+or a split backward's I -- of stage s after the forward of s and the backward (I) of s+1 of its micro-batch,
+a W after its I), communication takes no negative time, a stage's all-reduce is posted no earlier than the
+end of that stage's last gradient-producing action on the device, and STEP starts after the device's last
+compute action and its all-reduces. Durations are the cost model's work (:meth:`ConfigCosts.fwd`,
+``bwd``; with the executor's per-action overheads and a shared host's slowdown the simulated durations
+are only longer, :meth:`ConfigCosts.compute`), so a bound computed with them holds for the simulation.
+
+* :meth:`TimeBounds.lower_bound`, before any list is built, per device ``d`` (its end is at most the
+  makespan): ``compute_end(d) + after(d)`` with
+
+  - ``compute_end(d) >= head(d) + work(d)``: nothing runs before the first forward can reach one of its
+    stages (``head``: the forward chain of one micro-batch up to that stage) and its computation is
+    sequential (``work``: per micro-batch, the least F + B of each stage replica it holds);
+  - with ``allreduce`` (the bound asked when a candidate is reached; prepare's skips this numpy work for the thousands
+    it never reaches): ``compute_end(d) >= tau + late(tau)`` for every ``tau = T1(p)`` of a (replica, stage) pair ``p``
+    it holds (the backward window, "fill" of the pipeline): ``T1(p)``, the earliest start of any backward of ``p``'s
+    stage ``s``, is one micro-batch's forward through all ``S`` stages and its backward down to ``s + 1`` (PipeDream
+    3.2's round trip; the 1F1B bubble of Megatron-LM 2.2.1 is what it leaves idle before the first backward), and
+    ``late(tau)`` is the work of the pairs ``q`` with ``T1(q) >= tau`` that cannot start before ``T1(q)``: all their
+    backwards and, where the schedule's in-flight counts ``K_q`` are exact (a list holds at most ``K_q`` forwards of
+    ``q`` before its first backward), their last ``N_q - K_q`` forwards;
+  - ``after(d)``: its optimizer step plus the all-reduce of the stage whose gradient its last compute action
+    completes (at least the smallest of its stages' all-reduces, with ``allreduce=True``), or -- unless
+    backwards are split, when a weight-gradient pass may come last -- the gradient of its last backward
+    travelling down the stages before it, followed by the smallest all-reduce and step of any device,
+    whichever is longer;
+
+  and, where the in-flight counts are exact, Little's law over the micro-batches' round trips.
 * :meth:`TimeBounds.prefix_bound`, for merged schedules (Chimera, Hanayo): the replayed warm-up plus the
   computation left to each device.
 """
@@ -15,31 +42,59 @@ import numpy as np
 
 from planner.cost import ConfigCosts
 from planner.partition import prefix_sums
-from planner.schedules import inflight_exact, splits_backward
+from planner.schedules import PROFILE_DRIVEN, inflight_exact, splits_backward
 from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import simulate
 
-#: per stage, the least F + B of one micro-batch; the running sums of the forwards and of the backwards of
-#: the stages before it; a micro-batch's round trip
-StageTerms = tuple[np.ndarray, np.ndarray, np.ndarray, float]
+
+class StageTerms:
+    """Per-stage figures of one (partition, t, micro-batch size, recomputation, forward doubling, split
+    backward), the bounds' inputs: ``work`` the least F + B of one micro-batch (``fwd`` its F part, ``bwd``
+    its backward), ``head`` the forward chain of one micro-batch up to each stage, ``down`` the backward
+    chain below each stage, ``window`` the earliest start of a backward of each stage (:math:`T_1`), and
+    ``round_trip`` one micro-batch through every stage and back (with a split backward, forwards and
+    input-gradient passes: an I frees what its F stored)."""
+
+    __slots__ = ("bwd", "down", "drain", "fwd", "head", "round_trip", "weight", "window", "work")
+
+    def __init__(self, costs: ConfigCosts, doubled: bool, split: bool) -> None:
+        S = len(costs.stages)
+        # per micro-batch F (a doubled forward runs two in one action) and the F of one action on a chain
+        f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
+        chain_f = [min(costs.fwd(s, 1), costs.fwd(s, 2)) if doubled else f[s] for s in range(S)]
+        bw = [costs.bwd(s) for s in range(S)]
+        chain_b = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
+        self.fwd, self.bwd = np.asarray(f), np.asarray(bw)
+        self.work = self.fwd + self.bwd
+        self.head = prefix_sums(chain_f)[:-1]
+        self.down = prefix_sums(chain_b)[:-1]  # the backward (I) chain below each stage
+        # a split backward's W part (0 otherwise): its I is the rest
+        self.weight = self.bwd - np.asarray(chain_b) if split else np.zeros(S)
+        below = prefix_sums(chain_b)
+        # T1(s): forwards through all S stages, then backwards (I) of stages S-1 .. s+1
+        self.window = sum(chain_f) + (below[-1] - below[1:])
+        self.round_trip = sum(f) + sum(chain_b)
+        # after a forward of stage s ends: its micro-batch's forwards beyond s and backwards (I) down to 0
+        ahead = prefix_sums(chain_f)
+        self.drain = (ahead[-1] - ahead[1:]) + below[-1]
 
 
 class TimeBounds:
-    """The bounds of one search; the stage terms cached by value."""
+    """The bounds of one search; the stage terms and all-reduce times cached by value."""
 
     def __init__(self, shapes: ScheduleCache) -> None:
         self.shapes = shapes
         self._terms: dict[tuple, StageTerms] = {}
+        self._allreduce: dict[tuple, np.ndarray] = {}
 
-    def lower_bound(self, sched: Schedule, costs: ConfigCosts) -> float:
-        """A time no schedule of this configuration can beat: for every device, the first forward
-        reaching one of its stages (the forwards of the stages before it), its own computation, and then
-        its own optimizer step or -- unless backwards are split, when a weight-gradient pass may come
-        last -- the gradient of its last backward travelling down the stages before it followed by the
-        smallest step of any device, whichever is longer."""
+    def lower_bound(self, sched: Schedule, costs: ConfigCosts, allreduce: bool = False) -> float:
+        """A time no list of this configuration's shape can beat (the module docstring's terms); with
+        ``allreduce``, the all-reduces a device cannot overlap count too (computed once per stage
+        placement, t, W and partition: a few cost-model calls per stage, so the search asks for it only
+        for the candidates it reaches, :meth:`planner.search.Planner.refine`)."""
         cfg = costs.config
-        _, pre_f, _, round_trip = self.terms(costs)
+        terms = self.terms(costs)
         lb = 0.0
         if inflight_exact(cfg.schedule):
             # Little's law: a micro-batch is alive at least for its round trip through every stage, and the
@@ -48,45 +103,115 @@ class TimeBounds:
             counts = self.shapes.inflight(cfg, sched)
             k = sum(counts.get((r, 0), 0) for r in range(sched.replicas))
             if k > 0:
-                lb = sched.microbatches * round_trip / k
-        work, after = self.device_terms(sched, costs)
-        head = pre_f[self.shapes.layout(cfg, sched).stage].min(axis=1)
-        return max(lb, float((head + work + after).max()))
+                lb = sched.microbatches * terms.round_trip / k
+        end, after = self.device_terms(sched, costs, allreduce)
+        return max(lb, float((end + after).max()))
 
     def terms(self, costs: ConfigCosts) -> StageTerms:
-        """Per stage, the least F + B of one micro-batch, the forwards and the backwards of the stages before
-        it (running sums), and a micro-batch's round trip (with a split backward, forwards and
-        input-gradient passes: an I frees what its F stored); cached per (stage ranges, t, schedule
-        micro-batch size, recomputation, doubled forwards, split backward)."""
+        """:class:`StageTerms` of ``costs``, cached per (stage ranges, t, schedule micro-batch size,
+        recomputation, doubled forwards, split backward)."""
         cfg = costs.config
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
         split = splits_backward(cfg.schedule)
         key = (tuple(info.layers for info in costs.stages), costs.t, costs.base_b, cfg.recompute, doubled, split)
         got = self._terms.get(key)
         if got is None:
-            S = len(costs.stages)
-            f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
-            bw = [costs.bwd(s) for s in range(S)]
-            chain = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
-            got = self._terms[key] = (np.add(f, bw), prefix_sums(f)[:-1], prefix_sums(bw)[:-1],
-                                      sum(f) + sum(chain))
+            got = self._terms[key] = StageTerms(costs, doubled, split)
         return got
 
-    def device_terms(self, sched: Schedule, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray]:
-        """Per device, a lower bound of its computation (:meth:`lower_bound`'s per-micro-batch F + B of
-        the stage replicas it holds) and of what must follow its last computation: its optimizer step,
-        or -- unless backwards are split -- the gradient travelling down the stages before its stages
-        and then the smallest step of any device."""
+    def allreduce_times(self, sched: Schedule, costs: ConfigCosts) -> np.ndarray:
+        """Per stage, its gradient all-reduce (:meth:`ConfigCosts.allreduce`, which depends on the stage's
+        holders, t, W and the stage's parameters only), cached by those."""
         cfg = costs.config
-        work_of, _, pre_b, _ = self.terms(costs)
+        key = (cfg.schedule, cfg.pipeline, cfg.replication, cfg.waves, cfg.pipelines, cfg.chunks, costs.t,
+               cfg.data, tuple(info.layers for info in costs.stages), costs.base_b, cfg.recompute)
+        got = self._allreduce.get(key)
+        if got is None:
+            got = self._allreduce[key] = np.array([costs.allreduce(s, 0, sched.placement[0][s])
+                                                   for s in range(sched.stages)])
+        return got
+
+    def device_terms(self, sched: Schedule, costs: ConfigCosts, allreduce: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Per device, a lower bound of the end of its last compute action (``compute_end``: its head and
+        work, and with ``allreduce`` its backward windows) and of what must follow it (``after``), the module
+        docstring's."""
+        cfg = costs.config
+        terms = self.terms(costs)
         split = splits_backward(cfg.schedule)
         lay = self.shapes.layout(cfg, sched)
-        steps = np.asarray(costs.step_per_stage())[lay.stage].sum(axis=1)
-        work = (lay.per_mb * work_of[lay.stage]).sum(axis=1)
-        tail = np.zeros(len(steps)) if split else pre_b[lay.stage].min(axis=1)
-        return work, np.maximum(steps, tail + steps.min())
+        st, n = lay.stage, lay.per_mb
+        has = n > 0
+        head = np.where(has, terms.head[st], np.inf).min(axis=1)
+        head = np.where(np.isfinite(head), head, 0.0)
+        end = head + (n * terms.work[st]).sum(axis=1)
+        # the backward windows: every backward of pair q starts at T1(q) or later, and so do its forwards
+        # beyond the K_q a list can hold before its first backward (exact counts only)
+        late = n * terms.bwd[st]
+        if inflight_exact(cfg.schedule) and cfg.schedule not in PROFILE_DRIVEN:
+            late = late + np.maximum(n - lay.inflight, 0.0) * terms.fwd[st]
+        if allreduce:
+            t1 = terms.window[st]
+            after_t1 = (late[:, None, :] * (t1[:, None, :] >= t1[:, :, None])).sum(axis=2)
+            windows = np.where(after_t1 > 0, t1 + after_t1, 0.0).max(axis=1)
+            end = np.maximum(end, windows)
+        own = np.asarray(costs.step_per_stage())[st].sum(axis=1)
+        if allreduce:
+            own = own + self.allreduce_times(sched, costs)[st].min(axis=1)
+        if split:
+            return end, own
+        tail = terms.down[st].min(axis=1)
+        return end, np.maximum(own, tail + own.min())
 
-    def prefix_bound(self, costs: ConfigCosts, warmup: Warmup) -> float | None:
+    def release_bound(self, sched: Schedule, costs: ConfigCosts) -> float:
+        """:meth:`lower_bound` with the all-reduces, raised by the single-machine bound of every device
+        (Carlier 1982, the bound of 1|r_j, q_j|C_max; Jackson's rule): each action ``x`` on the device has a
+        release ``r_x`` (it cannot start earlier: the chains of the module docstring), a duration ``p_x``
+        and a delivery ``q_x`` (the least time from its end to the iteration's end: for a forward, its
+        micro-batch's forwards beyond it, every backward down to stage 0 and the smallest all-reduce and
+        step of any device, or its own backward and its device's all-reduce and step; for a backward, the
+        backward chain below it and that smallest end, or its device's all-reduce and step). The device runs
+        one action at a time, so for any set X of its actions the iteration takes at least
+        ``min r + sum p + min q`` over X. The sets tried are those of the actions with ``r >= rho`` and
+        ``q >= kappa`` for every (rho, kappa) among the actions' own; the actions come in classes per stage
+        replica (forwards before the first backward, forwards after it -- released with the backwards, where
+        the in-flight counts are exact --, backwards). With ``rho`` the head and ``kappa`` 0 this is
+        :meth:`lower_bound`'s work term; with the backwards only, its windows; with the forwards of the
+        last stage, the drain of a 1F1B pipeline (Megatron-LM 2.2.1's ``(p-1)(t_f+t_b)`` bubble)."""
+        base = self.lower_bound(sched, costs, allreduce=True)
+        cfg = costs.config
+        terms = self.terms(costs)
+        lay = self.shapes.layout(cfg, sched)
+        st, n = lay.stage, lay.per_mb
+        q_f, q_b, own_c = self._deliveries(sched, costs)
+        early = n
+        if inflight_exact(cfg.schedule) and cfg.schedule not in PROFILE_DRIVEN:
+            early = np.minimum(n, lay.inflight)
+        t1 = terms.window[st]
+        release = [terms.head[st], t1, t1]
+        tail = [q_f, q_f, q_b]
+        work = [early * terms.fwd[st], (n - early) * terms.fwd[st], n * terms.bwd[st]]
+        if splits_backward(cfg.schedule):  # and its W, after its I, followed by the device's own end only
+            q_b[:] = np.maximum(q_b, terms.weight[st] + own_c)
+            release.append(t1 + terms.bwd[st] - terms.weight[st])
+            tail.append(np.broadcast_to(own_c, st.shape))
+            work[2] = n * (terms.bwd[st] - terms.weight[st])
+            work.append(n * terms.weight[st])
+        return max(base, _single_machine(*(np.concatenate(x, axis=1) for x in (release, tail, work))))
+
+    def _deliveries(self, sched: Schedule, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (device, stage replica) of the layout, the delivery of a forward and of a backward (its I when
+        split) (:meth:`release_bound`), and per device (a column) its own all-reduce and step."""
+        terms = self.terms(costs)
+        st = self.shapes.layout(costs.config, sched).stage
+        own = np.asarray(costs.step_per_stage())[st].sum(axis=1) + self.allreduce_times(sched, costs)[st].min(axis=1)
+        last = own.min()  # the end of any micro-batch's chain: some device's all-reduce and step
+        own_c = own[:, None]
+        q_f = np.maximum(terms.drain[st] + last, terms.bwd[st] + own_c)
+        q_b = np.maximum(terms.down[st] + last, own_c)
+        return q_f, q_b, own_c
+
+    def prefix_bound(self, costs: ConfigCosts, warmup: Warmup, allreduce: bool = False) -> float | None:
         """A lower bound of the iteration time from the merged warm-up (a prefix of every device's list,
         closed under inputs, :class:`planner.shapes.Warmup`): its actions take in the full schedule exactly
         the times they take when the prefix alone is replayed (without eager all-reduces, which could only
@@ -98,9 +223,49 @@ class TimeBounds:
             return None
         part, compiled = warmup.partial()
         res = simulate(part, costs, compiled=compiled)
-        work, after = self.device_terms(shape, costs)
+        cfg = costs.config
+        lay = self.shapes.layout(cfg, shape)
+        work = (lay.per_mb * self.terms(costs).work[lay.stage]).sum(axis=1)
+        _, after = self.device_terms(shape, costs, allreduce)
         bound = 0.0
+        ends = np.zeros(len(res.devices))
         for d, st in enumerate(res.devices):
             done = st.busy - (st.step[1] - st.step[0])
             bound = max(bound, st.compute_end + max(0.0, work[d] - done) + after[d])
-        return bound
+            ends[d] = st.compute_end
+        if not allreduce or splits_backward(cfg.schedule):
+            return bound
+        # what is left to each device after its prefix, all of it after the prefix's end there: the
+        # single-machine bound of release_bound on those forwards and backwards (released at the prefix's
+        # end at the earliest), per stage replica -- its micro-batches less the prefix's, counted per (device,
+        # stage) from the warm-up's arrays (a device holds a stage once: Chimera, Hanayo)
+        terms = self.terms(costs)
+        rows = np.repeat(np.arange(len(warmup.lists)), warmup.stage.shape[1]).reshape(warmup.stage.shape)
+        f_done = np.zeros((len(warmup.lists), shape.stages))
+        b_done = np.zeros_like(f_done)
+        np.add.at(f_done, (rows, warmup.stage), np.where(warmup.forward, warmup.coef, 0.0))
+        np.add.at(b_done, (rows, warmup.stage), warmup.coef == -1.0)
+        st, n = lay.stage, lay.per_mb
+        at = (np.arange(len(st))[:, None], st)
+        q_f, q_b, _ = self._deliveries(shape, costs)
+        floor = ends[:, None]
+        release = np.concatenate([np.maximum(terms.head[st], floor), np.maximum(terms.window[st], floor)], axis=1)
+        tail = np.concatenate([q_f, q_b], axis=1)
+        left = np.concatenate([np.maximum(n - f_done[at], 0.0) * terms.fwd[st],
+                               np.maximum(n - b_done[at], 0.0) * terms.bwd[st]], axis=1)
+        return max(bound, _single_machine(release, tail, left))
+
+
+def _single_machine(release: np.ndarray, tail: np.ndarray, work: np.ndarray) -> float:
+    """The largest ``min r + sum p + min q`` over the sets of a device's action classes with ``r >= rho`` and
+    ``q >= kappa``, for every (rho, kappa) among the classes' own, over devices (Carlier's bound,
+    :meth:`TimeBounds.release_bound`); ``(devices, classes)`` arrays: release, delivery, total duration of
+    each class (classes without work take no part)."""
+    keep = work > 0
+    release, tail = np.where(keep, release, np.inf), np.where(keep, tail, np.inf)
+    # sets: rho = release[:, a], kappa = tail[:, b]; member c when release[c] >= rho and tail[c] >= kappa
+    member = ((release[:, None, None, :] >= release[:, :, None, None])
+              & (tail[:, None, None, :] >= tail[:, None, :, None]))
+    total = (member * work[:, None, None, :]).sum(axis=3)
+    value = np.where(total > 0, release[:, :, None] + total + tail[:, None, :], 0.0)
+    return float(np.nan_to_num(value, nan=0.0, posinf=0.0).max())

@@ -117,6 +117,23 @@ class MemoryModel:
                 break
         return False, warmup
 
+    @staticmethod
+    def first_slots_floor(first: np.ndarray, stage: np.ndarray, per_mb: np.ndarray, act: np.ndarray) -> np.ndarray:
+        """Per device, the activations alive after the ``first[d]`` forwards a merged list runs in its unit
+        slots ``0 .. first[d]-1``, one per slot, before any backward (:func:`planner.schedules.merge.
+        forwards_first`): the forward of slot ``j`` is one of a stage ``s <= j`` it holds (a forward of stage
+        ``s`` comes after ``s`` forwards of one slot each), so it adds at least the smallest activation of
+        those stages. ``stage``, ``per_mb``: the layout's (devices, pairs) arrays; pairs without
+        micro-batches run nothing."""
+        order = np.argsort(stage, axis=1, kind="stable")
+        arrive = np.take_along_axis(stage, order, axis=1).astype(float)
+        a = np.where(np.take_along_axis(per_mb, order, axis=1) > 0, act[np.take_along_axis(stage, order, axis=1)],
+                     np.inf)
+        low = np.minimum.accumulate(a, axis=1)  # the smallest activation among the stages arrived so far
+        upto = np.minimum(np.concatenate([arrive[:, 1:], np.full((len(stage), 1), np.inf)], axis=1), first[:, None])
+        slots = np.maximum(upto - arrive, 0.0)
+        return np.where(slots > 0, slots * np.where(np.isfinite(low), low, 0.0), 0.0).sum(axis=1)
+
     def list_inflight(self, config: Config, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage of the full schedule ``sched``, the most micro-batches whose activations are
         alive at once, counted in list order as the simulator counts them (a forward adds its

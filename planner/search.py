@@ -9,11 +9,14 @@ without recomputation. Chimera's greedy rule (the largest b that fits) is not us
 is evaluated.
 
 Pruning, exact for the top ``k``: a configuration whose model state alone exceeds the device memory is
-rejected before anything else; every other one gets a lower bound on its iteration time (the busiest
-device's compute plus its optimizer step, no bubbles, no communication), is visited in the order of
-that bound, and is simulated only while the bound is below the k-th best simulated time. A merged schedule
-(Chimera, Hanayo) first has its warm-up merged, in rounds of S unit slots, to check its memory and raise its
-bound (:meth:`Planner.refine`), and the rounds stop once that bound exceeds the k-th best time. Stage costs,
+rejected before anything else, and one whose activations certainly overflow (in-flight counts, the forwards
+every list runs before its first backward) before its lists exist; every other one gets a lower bound on its
+iteration time (:mod:`planner.bounds`: per device its head, computation and backward windows, then its step),
+is visited in the order of that bound, and is simulated only while the bound is below the k-th best
+simulated time. When reached it first gets the tighter bound (:meth:`Planner.refine`: the all-reduces and
+the single-machine bound of every device, fill and drain included), and goes back in line if that raised it;
+a merged schedule (Chimera, Hanayo) then has its warm-up merged, in rounds of S unit slots, to check its
+memory and raise its bound, and the rounds stop once that bound exceeds the k-th best time. Stage costs,
 partitions and the merged warm-ups (which depend on the schedule's structure only,
 :class:`planner.shapes.Warmup`) are cached across configurations, by value. Deterministic: the same input
 gives the same output.
@@ -55,7 +58,7 @@ from planner.reserve import resolve_reserve
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
-from planner.shapes import ScheduleCache, Warmup
+from planner.shapes import ScheduleCache, Warmup, schedule_key
 from planner.simulate import ScheduleError, simulate
 
 __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_variants"]
@@ -189,25 +192,47 @@ class Planner:
         act = shared.get("activation")
         if act is None:
             act = shared["activation"] = np.array([costs.activation(s) for s in range(sched.stages)])
-        lay = self.shapes.layout(config, sched)
-        if self.memory.too_big(cand, (lay.inflight * act[lay.stage]).max(axis=1).tolist()):
+        # per device, activations certainly alive at once (of the schedule's structure and these costs' figures)
+        floors = shared.setdefault("floors", {})
+        skey = schedule_key(config, sched.microbatches)
+        floor = floors.get(skey)
+        if floor is None:
+            lay = self.shapes.layout(config, sched)
+            floor = (lay.inflight * act[lay.stage]).max(axis=1)
+            got = self.shapes.forwards_first(config, sched)
+            if got is not None:  # the forwards every device's list runs before its first backward, all alive
+                first, span = got
+                if first.ndim == 1:  # a count of forwards in its first slots (merged lists)
+                    floor = np.maximum(floor, span * self.memory.first_slots_floor(first, lay.stage, lay.per_mb,
+                                                                                   act))
+                else:  # per stage it holds
+                    floor = np.maximum(floor, span * (first * act[lay.stage]).sum(axis=1))
+            floor = floors[skey] = floor.tolist()
+        if self.memory.too_big(cand, floor):
             return None
         return costs
 
     def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
-        """Merged schedules (Chimera, Hanayo), before the whole merge: reject on the warm-up's memory (True)
-        or raise ``cand.lower_bound`` to the bound of the replayed warm-up (:meth:`TimeBounds.prefix_bound`).
+        """Raise ``cand.lower_bound`` before the candidate is simulated, cheapest first, and for merged
+        schedules (Chimera, Hanayo) reject on the warm-up's memory before the whole merge (True).
 
-        The warm-up is merged in rounds of S unit slots (:meth:`MemoryModel.too_big_before_merge`); from the
-        second round on, once its bound already exceeds ``kth`` (the search's k-th best time so far) the
+        First the bound with the all-reduces no device can overlap (:meth:`TimeBounds.lower_bound` with
+        ``allreduce``: a few cost-model calls per stage, paid only by the candidates the search reaches);
+        a candidate it puts past ``kth`` (the search's k-th best time so far) goes no further: no merge,
+        no memory check. Then, for merged schedules, the warm-up is merged in rounds of S unit slots
+        (:meth:`MemoryModel.too_big_before_merge`) and the bound raised to that of the replayed warm-up
+        (:meth:`TimeBounds.prefix_bound`); from the second round on, once that bound exceeds ``kth`` the
         rounds stop there: the candidate cannot be among the k best whatever the rest of the merge holds.
         The bound of any round is a true one: the merge runs an action only at a slot after its inputs have
         ended (:class:`planner.schedules.merge.ListScheduler`), so the first ``u`` slots of every device
         hold the inputs of everything in them -- a prefix closed under inputs, which is what
         :meth:`TimeBounds.prefix_bound` needs; the bounds of the rounds computed are combined by max.
-        Exact for the top k; only a candidate that a later round would have rejected on memory
-        is then counted as pruned by its bound instead."""
+        Exact for the top k; only a candidate that a later round (or the warm-up's memory) would have
+        rejected on memory is then counted as pruned by its bound instead."""
         cand.refined = True
+        cand.lower_bound = max(cand.lower_bound, self.bounds.release_bound(costs.schedule, costs))
+        if inflight_exact(cand.config.schedule) or cand.lower_bound > kth:
+            return False
         S = costs.schedule.stages
         bounded: list[Warmup] = []
 
@@ -227,7 +252,7 @@ class Planner:
         return False
 
     def _raise_bound(self, cand: Candidate, costs: ConfigCosts, warmup: Warmup) -> None:
-        bound = self.bounds.prefix_bound(costs, warmup)
+        bound = self.bounds.prefix_bound(costs, warmup, allreduce=True)
         if bound is not None:
             cand.lower_bound = max(cand.lower_bound, bound)
 
@@ -392,7 +417,7 @@ class Planner:
                     heapq.heappush(prepared, (cand.lower_bound, i + j * ids, cand, costs))
                 continue
             costs = maybe
-            if prune and not cand.refined and not inflight_exact(cand.config.schedule):
+            if prune and not cand.refined:
                 if self.refine(cand, costs, top.kth):
                     rejected[reason_key(cand.reason)] += 1
                     infeasible.append(cand)

@@ -145,6 +145,7 @@ class ScheduleCache:
         self._inflight: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
         self._layouts: dict[ScheduleKey, Layout] = {}
         self._warmups: dict[tuple[ScheduleKey, int], Warmup | None] = {}
+        self._forwards_first: dict[ScheduleKey, tuple[np.ndarray, int] | None] = {}
 
     def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
         """The schedule of ``config`` with ``microbatches`` schedule micro-batches. ``full=False`` may leave
@@ -174,6 +175,25 @@ class ScheduleCache:
             got = Warmup(self.schedule(config, microbatches, full=False),
                          prefix(config.pipeline, microbatches, slots, **config.schedule_params()), slots)
         self._warmups[key] = got
+        return got
+
+    def forwards_first(self, config: Config, sched: Schedule) -> tuple[np.ndarray, int] | None:
+        """Per device of ``sched``'s shape, the forwards its list certainly runs before its first backward,
+        all alive when it starts (the builder's ``forwards_first``): a count of its first unit slots where the
+        stages are not known (merged lists, :func:`planner.schedules.merge.forwards_first`), or a count per
+        stage it holds, in :class:`Layout` order (interleaved); with the fewest micro-batches one forward runs
+        (the builder's ``forward_span``, else 1). None where the builder has no such function."""
+        key = schedule_key(config, sched.microbatches)
+        if key in self._forwards_first:
+            return self._forwards_first[key]
+        module = sys.modules[BUILDERS[config.schedule].__module__]
+        fn, span = getattr(module, "forwards_first", None), getattr(module, "forward_span", None)
+        got = None
+        if fn is not None:
+            params = config.schedule_params()
+            got = (np.array(fn(config.pipeline, sched.microbatches, **params), dtype=float),
+                   1 if span is None else span(config.pipeline, sched.microbatches, **params))
+        self._forwards_first[key] = got
         return got
 
     def compiled(self, config: Config, sched: Schedule) -> Any:

@@ -119,6 +119,10 @@ def test_memory_known_before_simulating_is_the_simulated_memory(preset, cluster,
     ("bert-48", "piz-daint-p100-16gb.json", 4, 64, {}),
     ("bert-48", "piz-daint-p100-16gb.json", 8, 64, {"allow_async": True}),
     pytest.param("bert-48", "piz-daint-p100-16gb.json", 16, 128, {}, marks=pytest.mark.slow),  # Chimera wins
+    # Chimera and interleaved among the best, merged and interleaved configurations rejected on the memory
+    # floor before their lists exist (34 and 3), 1F1B/ZB drains and all-reduces in the bounds
+    pytest.param("gpt2-1.3b", "dgx1-v100-32gb.json", 8, 64, {}, marks=pytest.mark.slow),
+    pytest.param("gpt2-1.3b", "dgx1-v100-32gb.json", 8, 32, {}, marks=pytest.mark.slow),
 ])
 def test_pruned_search_ranks_as_simulating_everything(preset, cluster, gpus, batch, kw):
     """Bounds, pruning, the memory known before simulating and the caches never change the ranking: the top
@@ -340,6 +344,32 @@ def test_refine_stops_merging_only_past_the_kth_time():
             stopped += 1
             assert early.lower_bound > kth
     assert stopped > 0
+
+
+def test_memory_floor_before_the_lists_rejects_only_what_does_not_fit(monkeypatch):
+    """Every Chimera, Hanayo or interleaved configuration rejected by the activation floor counted before its
+    lists exist (the forwards each device runs before its first backward) overflows its device's memory in
+    the built lists too: with the floor switched off, the lists' own peaks (the simulator's count) give the
+    same verdict."""
+    planner = _planner("gpt2-1.3b", "dgx1-v100-32gb.json", 8, 64)
+    floored = [cfg for cfg in planner.configs(Counter()) if cfg.schedule in ("chimera", "hanayo", "interleaved")
+               and (got := planner.prepare(cfg))[1] is None and got[0].reason.startswith("out of memory")]
+    assert len(floored) > 10
+    plain = _planner("gpt2-1.3b", "dgx1-v100-32gb.json", 8, 64)
+    monkeypatch.setattr(plain.shapes, "forwards_first", lambda config, sched: None)
+    cap = plain.cluster.memory_bytes
+    checked = 0
+    for cfg in floored:
+        cand, costs = plain.prepare(cfg)
+        if costs is None:  # the floor of the in-flight counts alone rejects it too
+            assert cand.reason.startswith("out of memory")
+            continue
+        sched = plain.shapes.schedule(cfg, schedule_microbatches(cfg, cand.microbatches))
+        costs.schedule = sched
+        mem = plain.memory.peak_memory(cand, costs, plain.memory.list_peaks(sched, costs))
+        assert max(mem) > cap, cfg.label()
+        checked += 1
+    assert checked > 10
 
 
 # ---- the search on two cores (planner.split_search) -------------------------------------------------------

@@ -132,6 +132,20 @@ def inflight(devices: int, microbatches: int, pipelines: int = 1, concat: str = 
     return inflight_lower_bound(devices, pipes)
 
 
+def forwards_first(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
+                   eager: str = "auto") -> list[int]:
+    """Per device, forwards certainly run before its first backward, without merging
+    (:func:`planner.schedules.merge.forwards_first`)."""
+    place, _, pipes = _plan(devices, microbatches, pipelines, concat)
+    return merge.forwards_first(devices, place, pipes)
+
+
+def forward_span(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
+                 eager: str = "auto") -> int:
+    """The fewest micro-batches one forward runs (2 where every unit doubles its forwards, section 3.5)."""
+    return merge.smallest_span(_plan(devices, microbatches, pipelines, concat)[2])
+
+
 def prefix(devices: int, microbatches: int, slots: int, pipelines: int = 1, concat: str = "direct",
            eager: str = "auto") -> list[list[Action]]:
     """The first ``slots`` unit slots of every device's list: a prefix of :func:`build`'s lists, enough

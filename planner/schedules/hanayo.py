@@ -52,6 +52,13 @@ def inflight(devices: int, microbatches: int, waves: int = 1) -> dict[tuple[int,
     return inflight_lower_bound(2 * waves * devices, [(0, [[m] for m in range(microbatches)], 0.0)])
 
 
+def forwards_first(devices: int, microbatches: int, waves: int = 1) -> list[int]:
+    """Per device, forwards certainly run before its first backward, without merging
+    (:func:`planner.schedules.merge.forwards_first`)."""
+    check_positive(devices=devices, microbatches=microbatches, waves=waves)
+    return merge.forwards_first(devices, placement(devices, waves), [(0, [[m] for m in range(microbatches)], 0.0)])
+
+
 def prefix(devices: int, microbatches: int, slots: int, waves: int = 1) -> list[list[Action]]:
     """The first ``slots`` unit slots of every device's list (see :func:`planner.schedules.chimera.prefix`)."""
     check_positive(devices=devices, microbatches=microbatches, waves=waves)

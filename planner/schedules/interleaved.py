@@ -92,6 +92,22 @@ def _steps_of_chunk(steps: np.ndarray, chunk: int, devices: int, chunks: int) ->
     return (steps // period) * devices + np.clip(steps % period - chunk * devices, 0, devices)
 
 
+def forwards_first(devices: int, microbatches: int, chunks: int = 2) -> list[list[int]]:
+    """Per device and chunk (its stages in order), the forwards of :func:`device_order` before its first
+    backward -- the warm-up and the first steady forward, all alive when that backward starts: a lower bound
+    of the device's activation peak the memory check reads without building the lists."""
+    shape(devices, microbatches, chunks)
+    D, N, v = devices, microbatches, chunks
+    out = []
+    for d in range(D):
+        first = min(warmup_forwards(d, D, N, v) + 1, N * v)
+        if v == 1:
+            out.append([first])
+            continue
+        out.append([int(_steps_of_chunk(np.array(first), c, D, v)) for c in range(v)])
+    return out
+
+
 def inflight(devices: int, microbatches: int, chunks: int = 2) -> dict[tuple[int, int], int]:
     """Per (replica, stage), the most micro-batches alive at once in :func:`device_order`, without
     building it. On device ``d`` with ``w`` warm-up forwards, the steady phase's ``i``-th forward

@@ -370,3 +370,35 @@ def inflight_lower_bound(depth: int, pipelines: Pipelines) -> dict[tuple[int, in
             if count > out.get((r, s), 0):
                 out[(r, s)] = count
     return out
+
+
+def forwards_first(devices: int, placement: Sequence[Sequence[int]], pipelines: Pipelines) -> list[int]:
+    """Per device, forwards certainly run before its first backward in the merged lists, known without
+    merging (a count the memory check multiplies by the smallest activation of the device's stages).
+
+    In unit slots no backward of stage ``s`` (of S) can run before slot ``2S - 1 - s``: its micro-batch's
+    forward through every stage and backward down to ``s + 1`` take one slot each. So a device runs only
+    forwards until ``tau``, the least of these slots over the stages it holds. And it runs one in every slot
+    before ``tau`` while it has a candidate (:class:`ListScheduler` runs, at every slot, one candidate on each
+    device that has one): the forwards of stage 0 wait for nothing, and each (replica, stage 0, unit) list
+    starts with ``min(S, n)`` of its ``n`` forward groups before its first backward
+    (:func:`one_f_one_b_groups`). A device holding stage 0 of some pipelines thus runs a forward in each
+    of its first ``min(tau, sum of those)`` slots, before any backward; others are counted as 0."""
+    S = len(placement[0])
+    tau = [-1] * devices
+    for row in placement:
+        for s, d in enumerate(row):
+            first_b = 2 * S - 1 - s
+            if tau[d] < 0 or first_b < tau[d]:
+                tau[d] = first_b
+    ready = [0] * devices
+    for r, groups, _ in pipelines:
+        if groups:
+            ready[placement[r][0]] += min(S, len(groups))
+    return [min(t, n) if t >= 0 else 0 for t, n in zip(tau, ready, strict=True)]
+
+
+def smallest_span(pipelines: Pipelines) -> int:
+    """The fewest micro-batches a forward of these pipelines runs (a forward group's size): what each forward
+    of :func:`forwards_first` adds at least to the alive activations, in micro-batches of its stage."""
+    return min((len(g) for _, groups, _ in pipelines for g in groups), default=1)
