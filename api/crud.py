@@ -253,10 +253,16 @@ def list_jobs(db: Session, state: str | None, plan_id: int | None, limit: int, o
     return list(db.scalars(q.limit(limit).offset(offset)))
 
 
-def has_results(db: Session, job_ids: list[int]) -> set[int]:
+def iteration_times(db: Session, job_ids: list[int]) -> dict[int, tuple[float | None, float | None]]:
+    """Each job's (predicted, measured) iteration time in seconds: its candidate's prediction and, once it has
+    a result, the measured one (None where there is none), in one query."""
     if not job_ids:
-        return set()
-    return set(db.scalars(select(Result.job_id).where(Result.job_id.in_(job_ids))))
+        return {}
+    q = (select(Job.id, CandidateRow.iteration_time, Result.iteration_time)
+         .outerjoin(CandidateRow, (CandidateRow.plan_id == Job.plan_id) & (CandidateRow.rank == Job.candidate_index))
+         .outerjoin(Result, Result.job_id == Job.id)
+         .where(Job.id.in_(job_ids)))
+    return {jid: (pred, meas) for jid, pred, meas in db.execute(q)}
 
 
 def get_result(db: Session, job_id: int) -> Result:

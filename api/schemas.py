@@ -175,6 +175,14 @@ class ClusterOut(BaseModel):
     created_at: datetime
     version: int = 1
     base_id: int | None = None
+    label: str = Field(default="", description="the name with its version and calibration, e.g. "
+                                               "'dgx-a100-80gb v2, calibrated from 3 jobs'")
+    calibration_jobs: int | None = Field(default=None, description="finished jobs its calibration was fitted to "
+                                                                   "(null: not calibrated)")
+    newest_id: int | None = Field(default=None, description="the newest version of this cluster (this id when "
+                                                            "none is newer): later plans on any version use it")
+    newest_version: int | None = None
+    newest_label: str | None = None
 
 
 class ClusterDetail(ClusterOut):
@@ -297,6 +305,10 @@ class JobOut(BaseModel):
     procs_per_node: int | None = Field(default=None, description="processes on each node (t*D*W / nodes)")
     slots: list[SlotOut] = Field(default_factory=list, description="the node slots of a multi-node job")
     waiting: str | None = Field(default=None, description="why a queued job is not running yet")
+    predicted_iteration_time: float | None = Field(default=None, description="seconds: the candidate's prediction")
+    measured_iteration_time: float | None = Field(default=None, description="seconds: the run's (null until it "
+                                                                            "has a result)")
+    measured_over_predicted: float | None = Field(default=None, description="measured / predicted iteration time")
 
 
 class SlotOut(BaseModel):

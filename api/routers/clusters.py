@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
-from api.routers.common import Filter, IdPath, Limit, Offset, cluster_out
+from api.routers.common import Filter, IdPath, Limit, Offset, clusters_out
 from api.schemas import ClusterDetail, ClusterOut, ClusterUpload, Message
 
 router = APIRouter(prefix="/clusters", tags=["clusters"])
@@ -22,17 +22,17 @@ def upload_cluster(cluster: ClusterUpload, db: DB, response: Response, settings:
     row, created = crud.add_cluster(db, cluster, settings.max_cluster_gpus)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return cluster_out(row)
+    return clusters_out(db, [row])[0]
 
 
 @router.get("", response_model=list[ClusterOut], dependencies=[Read])
 def list_clusters(db: DB, name: Filter = None, device: Filter = None, limit: Limit = 100, offset: Offset = 0):  # noqa: ANN201
-    return [cluster_out(r) for r in crud.list_clusters(db, name, device, limit, offset)]
+    return clusters_out(db, crud.list_clusters(db, name, device, limit, offset))
 
 
 @router.get("/{cluster_id}", response_model=ClusterDetail, dependencies=[Read], responses={404: {"model": Message}})
 def get_cluster(cluster_id: IdPath, db: DB):  # noqa: ANN201
-    return cluster_out(crud.get_cluster(db, cluster_id), detail=True)
+    return clusters_out(db, [crud.get_cluster(db, cluster_id)], detail=True)[0]
 
 
 @router.delete("/{cluster_id}", status_code=204, dependencies=[Admin],

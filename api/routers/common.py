@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Path, Query
+from sqlalchemy.orm import Session
 
 from api import crud
+from api.cluster_versions import describe, lineage_id, newest_versions
 from api.schemas import MAX_ID
 from db.models import ClusterRow, Job, PlanRequest, Profile, Result, Worker
 
@@ -24,12 +26,20 @@ def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
     return out
 
 
-def cluster_out(row: ClusterRow, detail: bool = False) -> dict[str, Any]:
+def cluster_out(row: ClusterRow, detail: bool = False, newest: ClusterRow | None = None) -> dict[str, Any]:
+    """A cluster answer; ``newest``: the newest version of its lineage (api/cluster_versions.py)."""
     out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "gpus", "created_at", "version",
                                          "base_id")}
+    out.update(describe(row, newest))
     if detail:
         out["cluster"] = row.body
     return out
+
+
+def clusters_out(db: Session, rows: list[ClusterRow], detail: bool = False) -> list[dict[str, Any]]:
+    """:func:`cluster_out` of each row, each with its lineage's newest version (one query for all)."""
+    newest = newest_versions(db, rows)
+    return [cluster_out(r, detail, newest.get(lineage_id(r))) for r in rows]
 
 
 def plan_summary(row: PlanRequest, n: int) -> dict[str, Any]:
@@ -47,7 +57,9 @@ def plan_out(row: PlanRequest) -> dict[str, Any]:
     return out
 
 
-def job_out(row: Job, has_result: bool = False, waiting: str | None = None) -> dict[str, Any]:
+def job_out(row: Job, has_result: bool = False, waiting: str | None = None,
+            times: tuple[float | None, float | None] | None = None) -> dict[str, Any]:
+    """A job answer; ``times``: (predicted, measured) iteration time (:func:`api.crud.iteration_times`)."""
     out = {k: getattr(row, k) for k in ("id", "plan_id", "candidate_index", "model", "iterations", "emulate",
                                          "state", "attempts", "max_attempts", "worker_id", "lease_expires_at",
                                          "error", "log_tail", "created_at", "claimed_at", "finished_at",
@@ -57,6 +69,10 @@ def job_out(row: Job, has_result: bool = False, waiting: str | None = None) -> d
     out["slots"] = [{k: getattr(s, k) for k in ("node_rank", "state", "worker_id", "held_since", "lease_expires_at",
                                                  "endpoint")} for s in row.slots] if row.nodes > 1 else []
     out["waiting"] = waiting
+    predicted, measured = times or (None, None)
+    out["predicted_iteration_time"] = predicted
+    out["measured_iteration_time"] = measured
+    out["measured_over_predicted"] = measured / predicted if measured is not None and predicted else None
     return out
 
 

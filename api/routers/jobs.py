@@ -41,19 +41,23 @@ def list_jobs(db: DB, settings: SettingsDep,  # noqa: ANN201
               state: Annotated[Literal["queued", "running", "succeeded", "failed", "cancelled"] | None, Query()] = None,
               plan_id: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
               limit: Limit = 100, offset: Offset = 0):
+    """Jobs, newest first; each with its predicted and (once finished) measured iteration time and their
+    ratio, measured / predicted."""
     rows = crud.list_jobs(db, state, plan_id, limit, offset)
-    done = crud.has_results(db, [r.id for r in rows])
+    times = crud.iteration_times(db, [r.id for r in rows])
     alive = settings.worker_alive_seconds
     workers = gang.alive_workers(db, alive) if any(r.state == "queued" for r in rows) else []
-    return [job_out(r, r.id in done, gang.waiting_reason(db, r, alive, workers)) for r in rows]
+    return [job_out(r, times.get(r.id, (None, None))[1] is not None, gang.waiting_reason(db, r, alive, workers),
+                    times.get(r.id)) for r in rows]
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Read], responses=ERR)
 def get_job(job_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN201
     """A job; ``waiting`` says why a queued one is not running yet (e.g. no agent with its device)."""
     job = crud.get_job(db, job_id)
-    return job_out(job, job.id in crud.has_results(db, [job.id]),
-                   gang.waiting_reason(db, job, settings.worker_alive_seconds))
+    times = crud.iteration_times(db, [job.id]).get(job.id)
+    return job_out(job, times is not None and times[1] is not None,
+                   gang.waiting_reason(db, job, settings.worker_alive_seconds), times)
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Admin], responses=ERR)

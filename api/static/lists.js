@@ -16,29 +16,65 @@ async function loadPlans() {
   const [plans, profiles, clusters] = await Promise.all([
     PP.get("/plans?limit=1000"), PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
   const pn = Object.fromEntries(profiles.map((p) => [p.id, `${p.name} on ${p.device}`]));
-  const cn = Object.fromEntries(clusters.map((c) => [c.id, c.name]));
+  const cl = Object.fromEntries(clusters.map((c) => [c.id, c]));
   const dev = Object.fromEntries(clusters.map((c) => [c.id, c.device]));
   plans.sort((a, b) => b.id - a.id);
   document.querySelector("#plans tbody").innerHTML = plans.map((p) => `<tr>
     <td><a href="/ui/plans/${p.id}">plan ${p.id}</a></td><td>${PP.stateBadge(p.status)}</td>
-    <td>${PP.esc(pn[p.profile_id] || p.profile_id)}</td><td>${PP.esc(cn[p.cluster_id] || p.cluster_id)}</td>
+    <td>${PP.esc(pn[p.profile_id] || p.profile_id)}</td><td class="cluster">${PP.clusterLink(cl[p.cluster_id], p.cluster_id)}</td>
     <td>${p.request.global_batch}</td><td>${p.request.gpus != null ? PP.devices(dev[p.cluster_id], p.request.gpus) : "all"}</td><td>${p.num_candidates}</td>
     <td>${PP.fmtDate(p.created_at)}</td></tr>`).join("") || `<tr><td colspan="8" class="muted">no plans yet: <a href="/">make one</a></td></tr>`;
 }
+
+// a date compactly: the time alone when it is today, else month, day and time (the full date in the title)
+function shortDate(s) {
+  if (!s) return "–";
+  const d = new Date(s);
+  if (isNaN(d)) return PP.esc(s);
+  const today = d.toDateString() === new Date().toDateString();
+  const text = today ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" })
+    : d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  return `<span title="${PP.esc(d.toLocaleString())}">${PP.esc(text)}</span>`;
+}
+
+// measured / predicted of a finished job, as on the job page (its error there: (measured - predicted) / predicted);
+// outside 0.5-2 (issue 13's bound for a meaningful first comparison) it is marked
+function ratioCell(j, attrs) {
+  const r = j.measured_over_predicted;
+  if (!PP.num(r)) return `<td${attrs} class="num ratio">–</td>`;
+  const far = r > 2 || r < 0.5;
+  return `<td${attrs} class="num ratio${far ? " far" : ""}" title="measured ${PP.fmtTime(j.measured_iteration_time)} / predicted ` +
+    `${PP.fmtTime(j.predicted_iteration_time)}: error ${PP.fmtErr(r - 1)}">${PP.fmtRatio(r)}</td>`;
+}
+
+// what went wrong (a failed run's real error line) or why a queued job waits
+function note(j) {
+  const text = ((j.state === "failed" && PP.errorLine(j.log_tail)) || j.error || j.waiting || "").slice(0, 200);
+  return text ? `<span class="clamp" title="${PP.esc(text)}">${PP.esc(text)}</span>` : "–";
+}
+
+// The jobs table: one line of figures per job (measured, predicted, their ratio), compact enough for 800 px; below
+// 600 px each row is a card of labelled lines (ui.css), so the table stays within the page.
+const JOB_COLUMNS = ["Job", "State", "Plan", "Model", "Worker", "Created / finished", "Predicted", "Measured",
+  "Measured / predicted", "Notes"];
 
 async function loadJobs() {
   const state = document.getElementById("state-filter").value;
   const jobs = await PP.get("/jobs?limit=1000" + (state ? "&state=" + state : ""));
   jobs.sort((a, b) => b.id - a.id);
+  const L = JOB_COLUMNS.map((c) => ` data-label="${PP.esc(c)}"`);
   document.querySelector("#jobs tbody").innerHTML = jobs.map((j) => `<tr data-job-id="${j.id}">
-    <td><a href="/ui/jobs/${j.id}">job ${j.id}</a></td><td title="${PP.esc(j.waiting || "")}">${PP.stateBadge(j.state)}${j.nodes > 1 ? ` <span class="muted">${j.nodes} nodes</span>` : ""}${j.waiting ? ` <span class="muted">${PP.esc(j.waiting)}</span>` : ""}</td>
-    <td><a href="/ui/plans/${j.plan_id}">plan ${j.plan_id}</a></td><td>#${j.candidate_index + 1}</td>
-    <td>${PP.esc(j.model)}</td><td>${j.iterations}${j.emulate ? " (emulated)" : ""}</td>
-    <td>${j.worker_id != null ? `<a href="/ui/workers">worker ${j.worker_id}</a>` : "–"}</td>
-    <td>${j.attempts}/${j.max_attempts}</td><td>${PP.fmtDate(j.created_at)}</td><td>${PP.fmtDate(j.finished_at)}</td>
-    <td class="result">${j.has_result ? "measured" :
-      (PP.esc(((j.state === "failed" && PP.errorLine(j.log_tail)) || j.error || "").slice(0, 200)) || "–")}</td></tr>`).join("")
-    || `<tr><td colspan="11" class="muted">no jobs: dispatch a candidate from a plan's comparison page</td></tr>`;
+    <td${L[0]}><a href="/ui/jobs/${j.id}">job ${j.id}</a></td>
+    <td${L[1]} title="${PP.esc(j.waiting || "")}">${PP.stateBadge(j.state)}${j.nodes > 1 ? ` <span class="muted">${j.nodes} nodes</span>` : ""}</td>
+    <td${L[2]}><a href="/ui/plans/${j.plan_id}?sel=${j.candidate_index}" title="plan ${j.plan_id}, candidate ranked ${j.candidate_index + 1}">plan ${j.plan_id} #${j.candidate_index + 1}</a></td>
+    <td${L[3]}>${PP.esc(j.model)}<span class="sub">${j.iterations} it.${j.emulate ? ", emulated" : ""}</span></td>
+    <td${L[4]}>${j.worker_id != null ? `<a href="/ui/workers">worker ${j.worker_id}</a>` : "–"}<span class="sub" title="attempts">attempt ${j.attempts}/${j.max_attempts}</span></td>
+    <td${L[5]}>${shortDate(j.created_at)}<span class="sub">${j.finished_at ? shortDate(j.finished_at) : "–"}</span></td>
+    <td${L[6]} class="num predicted">${PP.fmtTime(j.predicted_iteration_time)}</td>
+    <td${L[7]} class="num measured">${PP.fmtTime(j.measured_iteration_time)}</td>
+    ${ratioCell(j, L[8])}
+    <td${L[9]} class="result">${note(j)}</td></tr>`).join("")
+    || `<tr><td colspan="${JOB_COLUMNS.length}" class="muted">no jobs: dispatch a candidate from a plan's comparison page</td></tr>`;
 }
 
 async function loadWorkers() {

@@ -11,9 +11,10 @@ PP.start(async () => {
   [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
   renderProfiles();
   const csel = document.getElementById("cluster");
-  // a calibrated cluster is a new version under the same name (POST /clusters/{id}/calibrate): say which
+  // a calibrated cluster is a new version under the same name (POST /clusters/{id}/calibrate): its label says
+  // which ("dgx-a100-80gb v2, calibrated from 3 jobs"); a plan on an older version is made on the newest
   csel.innerHTML = clusters.map((c) =>
-    `<option value="${c.id}" data-device="${PP.esc(c.device)}">${PP.esc(c.name)}${c.version > 1 ? ` v${c.version}` : ""} (${PP.isCpu(c.device) ? PP.devices(c.device, c.gpus) : `${c.gpus} × ${PP.esc(c.device)}`}, #${c.id})</option>`).join("");
+    `<option value="${c.id}" data-device="${PP.esc(c.device)}"${c.newest_id != null && c.newest_id !== c.id ? ` title="plans are made on the newest version, #${c.newest_id}"` : ""}>${PP.esc(c.label || c.name)} (${PP.isCpu(c.device) ? PP.devices(c.device, c.gpus) : `${c.gpus} × ${PP.esc(c.device)}`}, #${c.id})</option>`).join("");
   // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
   document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
   csel.addEventListener("change", () => { deviceNote(); budgetWords(); });

@@ -4,7 +4,7 @@
 "use strict";
 
 const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
-const S = { plan: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {} };
+const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {} };
 
 const SORTERS = {
   rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
@@ -37,8 +37,13 @@ function writeUrl() {
 PP.start(async () => {
   readUrl();
   let plan = await PP.get(`/plans/${planId}`);
-  // the cluster's device names the budget: GPUs, or CPU processes on a CPU cluster
-  try { S.device = (await PP.get(`/clusters/${plan.cluster_id}`)).device; } catch (e) { S.device = null; }
+  // the cluster version the plan used (its label, whether a newer one exists); its device names the budget:
+  // GPUs, or CPU processes on a CPU cluster
+  try { S.cluster = await PP.get(`/clusters/${plan.cluster_id}`); } catch (e) { S.cluster = null; }
+  S.device = S.cluster ? S.cluster.device : null;
+  document.getElementById("plan-info").addEventListener("click", (ev) => {
+    if (ev.target && ev.target.id === "replan") replan(ev.target);
+  });
   while (plan.status === "queued" || plan.status === "running") {
     renderInfo(plan);
     await new Promise((r) => setTimeout(r, 700));
@@ -65,19 +70,16 @@ PP.start(async () => {
 });
 
 async function loadNames(plan) {
-  const [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
+  const profiles = await PP.get("/profiles?limit=1000");
   const p = profiles.find((x) => x.id === plan.profile_id);
-  const c = clusters.find((x) => x.id === plan.cluster_id);
+  const c = S.cluster;
   if (p) {
     document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
     const model = document.getElementById("job-model");
     const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
     if (!model.value && known.includes(p.name)) model.value = p.name;
   }
-  if (c) {
-    document.getElementById("info-cluster").textContent = `${c.name}, ${PP.devices(c.device, c.gpus)} (#${c.id})`;
-    await preferEmulation(c.device);
-  }
+  if (c) await preferEmulation(c.device);
 }
 
 // Jobs go only to agents of the plan's cluster device (a CPU agent takes emulated jobs): with no such agent
@@ -100,14 +102,51 @@ function renderInfo(plan) {
     .map(([k, v]) => `${PP.esc(k)}: ${v}`).join("; ");
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
-      <span id="info-cluster">cluster #${plan.cluster_id}</span> · global batch ${r.global_batch} ·
+      <span id="info-cluster">${PP.clusterLink(S.cluster, plan.cluster_id)}${S.cluster ? `, ${PP.devices(S.cluster.device, S.cluster.gpus)} (#${S.cluster.id})` : ""}</span> · global batch ${r.global_batch} ·
       <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}</div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
       (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
       ${rej ? " · rejected: " + rej : ""} · <a href="/plans/${plan.id}">JSON</a>
       ${plan.error ? `<div class="error">${PP.esc(plan.error)}</div>` : ""}</div>
+    ${versionNote()}
     ${renderWarnings(plan.warnings)}`;
+}
+
+// which version of the cluster the plan used and whether a newer (calibrated) one exists: a calibration stores a
+// new version (POST /clusters/{id}/calibrate) and later plans on any version are made on the newest
+function versionNote() {
+  const c = S.cluster;
+  if (!c) return "";
+  const whose = `version ${c.version} of cluster #${c.base_id ?? c.id}`;
+  const link = (id, text) => `<a href="/clusters/${id}">${PP.esc(text)}</a>`;
+  if (c.newest_id != null && c.newest_id !== c.id) {
+    return `<div id="cluster-version" class="warning-box version-note" role="status" data-newer="${c.newest_id}">
+      This plan used ${link(c.id, c.label)} (#${c.id}, ${whose}). A newer version exists:
+      ${link(c.newest_id, c.newest_label || "#" + c.newest_id)} (#${c.newest_id}); plans requested now are made on it.
+      <button id="replan" type="button" title="POST /plans: the same request on the newest version">Plan again on v${c.newest_version}</button>
+      <span id="replan-msg"></span></div>`;
+  }
+  if (c.version <= 1 && c.calibration_jobs == null) return "";  // never calibrated: nothing to tell apart
+  return `<div id="cluster-version" class="muted version-note" data-newer="">Planned on ${link(c.id, c.label)}
+    (#${c.id}, ${whose}), the newest version of the cluster.</div>`;
+}
+
+// the same request again on the cluster's newest version (the server plans on the newest one of any version)
+async function replan(btn) {
+  const plan = S.plan;
+  if (!plan || !S.cluster) return;
+  const body = { profile_id: plan.profile_id, cluster_id: S.cluster.newest_id };
+  for (const [k, v] of Object.entries(plan.request || {})) if (v != null) body[k] = v;
+  btn.disabled = true;
+  try {
+    const r = await PP.api("POST", "/plans", body);
+    location.href = `/ui/plans/${r.data.id}`;
+  } catch (e) {
+    const msg = document.getElementById("replan-msg");
+    if (msg) { msg.className = "error"; msg.textContent = e.message; }
+    btn.disabled = false;
+  }
 }
 
 // the planner's warnings (e.g. the profile was measured on another device than the cluster's): prominent

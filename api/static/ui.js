@@ -208,6 +208,17 @@ const PP = (() => {
   const deviceNoun = (device, n = 2) => (isCpu(device) ? (n === 1 ? "CPU process" : "CPU processes") : (n === 1 ? "GPU" : "GPUs"));
   const devices = (device, n) => `${n} ${deviceNoun(device, n)}`;
 
+  // a cluster version as what it is (GET /clusters gives its label: "dgx-a100-80gb v2, calibrated from 3
+  // jobs"), linked to that version; the title says whose version it is and whether a newer one exists
+  function clusterLink(c, id) {
+    if (!c) return `<a href="/clusters/${id}">cluster #${id}</a>`;
+    const whose = c.base_id != null ? `version ${c.version} of cluster #${c.base_id}` : `cluster #${c.id}, version ${c.version}`;
+    const newer = c.newest_id != null && c.newest_id !== c.id ? `; newer: ${c.newest_label} (#${c.newest_id})` : "";
+    return `<a class="cluster-version" href="/clusters/${c.id}" title="${esc(whose + newer)}">${esc(c.label || c.name)}</a>`;
+  }
+  // measured / predicted as a factor (1.25×: the run took 25 % longer than predicted)
+  const fmtRatio = (x) => (num(x) ? x.toFixed(x >= 10 ? 1 : 2) + "×" : "–");
+
   return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
-           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown };
+           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, fmtRatio };
 })();

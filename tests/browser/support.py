@@ -76,3 +76,27 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers: dict[str, str]) -> dict[str, Any]:
+    """A job of candidate ``rank`` that a worker (registered here, one per job, with the job's device) claimed
+    and finished with ``seconds`` measured per iteration. ``c``: an admin client of the server
+    (``LiveServer.client()``); ``worker_headers``: the shared worker token's, for registration. Jobs queued
+    before it are claimed and failed on the way (a test leaves none queued)."""
+    job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "model": "gpt-tiny",
+                                "iterations": 4}).json()
+    w = c.post("/workers", json={"name": f"ui-done-worker-{job['id']}", "node": "n1",
+                                 "device_type": job.get("device_type") or "cpu"}, headers=worker_headers)
+    assert w.status_code in (200, 201), w.text
+    wid, own = w.json()["id"], {"Authorization": f"Bearer {w.json()['token']}"}
+    while True:
+        r = c.post(f"/workers/{wid}/claim", headers=own)
+        assert r.status_code == 200, f"job {job['id']} never claimed: {r.status_code}"
+        got = r.json()["job"]["id"]
+        if got == job["id"]:
+            break
+        c.post(f"/jobs/{got}/fail", headers=own, json={"worker_id": wid, "error": "other", "log_tail": "other"})
+    r = c.post(f"/jobs/{job['id']}/result", headers=own,
+               json={"worker_id": wid, "iteration_time": seconds, "emulated": False, "devices": []})
+    assert r.status_code == 201, r.text
+    return c.get(f"/jobs/{job['id']}").json()

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import pytest
 from api_support import ADMIN, WAUTH, LiveServer, wait_for
 
-from browser.support import VIEWPORT, Console, needs_browser, shot
+from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -362,6 +362,8 @@ def test_no_page_overflows_at_narrow_widths(server: LiveServer, browser: Any, co
                                            width: int) -> None:
     plan = _small_plan(server)
     job = _failed_job(server, plan["id"])  # the jobs table then has a long error in it
+    with server.client() as c:  # and a finished job: predicted, measured and their ratio
+        done = finished_job(c, plan["id"], 1, plan["candidates"][1]["iteration_time"] * 1.25, WAUTH)
     page = _page(browser, console, width=width)
     # the job page too: at 400 px its two tables' grid column kept their full width (54 px past the window)
     for path, ready in [("/", 'body[data-ready="1"]'), ("/ui/plans", "#plans tbody a"),
@@ -373,7 +375,27 @@ def test_no_page_overflows_at_narrow_widths(server: LiveServer, browser: Any, co
         scroll, inner = _no_horizontal_overflow(page)
         shot(page, f"fix-06-{width}-{path.strip('/').replace('/', '-').split('?')[0] or 'new-plan'}", full_page=True)
         assert scroll <= inner, f"{path} at {width} px: page is {scroll} px wide"
+        if path == "/ui/jobs":
+            _jobs_table_within_the_page(page, done, width)
     page.context.close()
+
+
+def _jobs_table_within_the_page(page: Any, done: dict[str, Any], width: int) -> None:
+    """The jobs list's finished job shows measured, predicted and measured/predicted, and the table itself fits
+    (no scrolling inside its box either): at 800 px as a table, at 400 px as one card per job."""
+    row = page.locator(f'#jobs tr[data-job-id="{done["id"]}"]')
+    assert row.locator("td.ratio").inner_text().strip().endswith("1.25×")
+    for cls, seconds in (("predicted", done["predicted_iteration_time"]),
+                         ("measured", done["measured_iteration_time"])):
+        value, unit = row.locator(f"td.{cls}").inner_text().split()[-2:]
+        assert float(value) * {"s": 1, "ms": 1e-3, "µs": 1e-6}[unit] == pytest.approx(seconds, rel=1e-3), (cls, value)
+    table, box = page.locator("#jobs").bounding_box(), page.locator("#jobs").evaluate(
+        "t => [t.parentElement.scrollWidth, t.parentElement.clientWidth]")
+    assert table["x"] >= 0 and table["x"] + table["width"] <= width, f"jobs table {table} at {width} px"
+    assert box[0] <= box[1], f"the jobs table scrolls in its box at {width} px: {box}"
+    if width < 600:  # the cards say what each figure is
+        label = row.locator("td.ratio").evaluate("e => getComputedStyle(e, '::before').content")
+        assert label == '"Measured / predicted"', label
 
 
 # ---- 7. silently changed inputs are refused with a message --------------------------------------------------
