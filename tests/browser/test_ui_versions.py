@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, WAUTH, LiveServer, wait_for
+from api_support import ADMIN, WAUTH, LiveServer
 
-from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot
+from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot, wait_plan
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -31,13 +31,6 @@ def _page(browser: Any, console: Console) -> Any:
     return page
 
 
-def _done(c: Any, plan_id: int) -> dict[str, Any]:
-    plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-        c.get(f"/plans/{plan_id}").json()), timeout=240, what=f"plan {plan_id} done")
-    assert plan["status"] == "done", plan.get("error")
-    return plan
-
-
 def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
         server: LiveServer, browser: Any, console: Console) -> None:
     with server.client() as c:
@@ -46,7 +39,7 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
         cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == CLUSTER)
         r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 16, "gpus": 4, "top": 10})
         assert r.status_code in (200, 201, 202), r.text
-        plan = _done(c, r.json()["id"])
+        plan = wait_plan(c, r.json()["id"])
         jobs = [finished_job(c, plan["id"], i, plan["candidates"][i]["iteration_time"] * f, WAUTH)
                 for i, f in enumerate((1.2, 1.25, 1.3))]
         cal = c.post(f"/clusters/{cid}/calibrate")
@@ -124,7 +117,7 @@ def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer
                    if p["name"] == "gpt-tiny" and p["device"] == "A100-SXM4-80GB")
         r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 16, "gpus": 4, "top": 10})
         assert r.status_code in (200, 201, 202), r.text
-        plan = _done(c, r.json()["id"])
+        plan = wait_plan(c, r.json()["id"])
         first = finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"] * 1.2, WAUTH)
     assert first["cluster_id"] == cid
 
@@ -146,7 +139,7 @@ def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer
         again = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, **{
             k: v for k, v in plan["request"].items() if v is not None}})
         assert again.status_code in (200, 201, 202) and again.json()["cluster_id"] == v2, again.text
-        replanned = _done(c, again.json()["id"])
+        replanned = wait_plan(c, again.json()["id"])
         later = finished_job(c, replanned["id"], 0, replanned["candidates"][0]["iteration_time"], WAUTH)
     v2_label = f"{name} v2, calibrated from 3 jobs"
 
