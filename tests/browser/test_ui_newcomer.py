@@ -85,6 +85,8 @@ def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, bro
     assert page.locator("#profile-file").evaluate("e => e.files.length") == 0
     page.set_input_files("#profile-file", files=[{"name": "broken.json", "mimeType": "application/json",
                                                   "buffer": b"{not json"}])
+    # the page reads the file asynchronously (File.text()): wait for its verdict rather than racing it
+    page.locator("#profile-file-note", has_text="broken.json is not JSON").wait_for()
     assert "broken.json is not JSON" in note.inner_text()
     page.context.close()
 
