@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from api.cluster_versions import describe, newest_versions
 from api.crud import Conflict, InputError, get_cluster
 from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
 from planner.calibrate import Observation, fit, predicted, with_calibration
@@ -128,7 +129,8 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
                          body=cluster.model_dump(mode="json"), base_id=base.id, version=newest + 1)
         db.add(row)
         db.flush()
-    return {"cluster_id": row.id, "base_id": base.id, "version": row.version,
+    newest = newest_versions(db, [row]).get(base.id)
+    return {"cluster_id": row.id, "base_id": base.id, "version": row.version, **describe(row, newest),
             "calibration": res.calibration.model_dump(mode="json"), "rounds": res.rounds,
             "jobs": [j.to_dict() for j in res.jobs]}
 

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.models import ClusterRow
+from planner.cluster import calibrated_from
 
 
 def lineage_id(row: ClusterRow) -> int:
@@ -56,7 +57,7 @@ def label(row: ClusterRow, newest: ClusterRow | None = None) -> str:
     text = row.name + (f" v{row.version}" if several else "")
     jobs = calibration_jobs(row)
     if jobs is not None:
-        text += f", calibrated from {jobs} job{'' if jobs == 1 else 's'}" if jobs else ", calibrated"
+        text += ", " + calibrated_from(jobs)
     elif several:
         text += " (uncalibrated)"
     return text

@@ -265,6 +265,14 @@ def iteration_times(db: Session, job_ids: list[int]) -> dict[int, tuple[float | 
     return {jid: (pred, meas) for jid, pred, meas in db.execute(q)}
 
 
+def plan_clusters(db: Session, plan_ids: list[int]) -> dict[int, int]:
+    """Each plan's cluster id: the cluster version it was made on (api/cluster_versions.py), in one query."""
+    if not plan_ids:
+        return {}
+    q = select(PlanRequest.id, PlanRequest.cluster_id).where(PlanRequest.id.in_(set(plan_ids)))
+    return {pid: cid for pid, cid in db.execute(q)}
+
+
 def get_result(db: Session, job_id: int) -> Result:
     get_job(db, job_id)
     res = db.scalar(select(Result).where(Result.job_id == job_id))

@@ -309,6 +309,8 @@ class JobOut(BaseModel):
     measured_iteration_time: float | None = Field(default=None, description="seconds: the run's (null until it "
                                                                             "has a result)")
     measured_over_predicted: float | None = Field(default=None, description="measured / predicted iteration time")
+    cluster_id: int | None = Field(default=None, description="the cluster version the job's plan was made on "
+                                                          "(in GET answers; GET /clusters/{id} gives its label)")
 
 
 class SlotOut(BaseModel):

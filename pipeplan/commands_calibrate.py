@@ -42,7 +42,7 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any]) -> None:
 
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     from planner.calibrate import Observation, fit
-    from planner.cluster import load_cluster, save_cluster
+    from planner.cluster import calibrated_from, load_cluster, save_cluster
     from planner.profile import load_profile
     from planner.request import Config, TrainingRequest
 
@@ -73,9 +73,15 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         raise  # unreachable
     d = res.to_dict()
     _table(d["jobs"], d["calibration"])  # type: ignore[arg-type]
+    new = cluster.model_copy(update={"calibration": res.calibration})
+    label = f"{new.name}, {calibrated_from(res.calibration.jobs)}"
     if out:
-        save_cluster(cluster.model_copy(update={"calibration": res.calibration}), out)
-        typer.echo(f"wrote {out}")
+        save_cluster(new, out)
+        typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), written to {out}")
+        typer.echo(f"plans made from now on with --cluster {out} use it; {cluster_path} is unchanged")
+    else:
+        typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), not written: "
+                   f"give --out FILE to keep it and plan with --cluster FILE ({cluster_path} is unchanged)")
 
 
 def _remote(api: str, cluster_id: int, token: str | None, include_emulated: bool) -> None:
@@ -91,9 +97,23 @@ def _remote(api: str, cluster_id: int, token: str | None, include_emulated: bool
     if r.status_code != 201:
         fail(f"HTTP {r.status_code}: {r.text[:500]}")
     d = r.json()
-    typer.echo(f"cluster {d['base_id']}: version {d['version']} stored as cluster {d['cluster_id']} "
-               f"(later plans on any version use it)")
     _table(d["jobs"], d["calibration"])
+    typer.echo(_stored(d, cluster_id))
+
+
+def _stored(d: dict[str, Any], asked: int) -> str:
+    """What POST /clusters/{id}/calibrate stored (``d``, its answer) and which plans use it: the service plans
+    a request on any version of a cluster on the newest one (api/calibration.py)."""
+    new, base = d["cluster_id"], d["base_id"]
+    text = (f"calibrated version: {d.get('label') or d['version']}: cluster id {new} "
+            f"(version {d['version']} of cluster {base})\n")
+    ids = ", ".join(str(i) for i in dict.fromkeys((asked, base, new)))
+    newest = d.get("newest_id", new)
+    if newest == new:
+        return text + (f"plans made from now on with cluster id {ids} (any version of cluster {base}) use it; "
+                       f"plans made before keep the version they used")
+    return text + (f"a newer version exists, {d.get('newest_label')}: cluster id {newest}; plans made from now "
+                   f"on with cluster id {ids} (any version of cluster {base}) use that one")
 
 
 TokenOpt = Annotated[str | None, typer.Option(envvar="PIPEPLAN_ADMIN_TOKEN", help="with --api: admin token")]

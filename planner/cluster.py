@@ -115,6 +115,12 @@ class Calibration(BaseModel):
     notes: str = ""
 
 
+def calibrated_from(jobs: int) -> str:
+    """How a cluster's label names its calibration (api/cluster_versions.py, ``pipeplan calibrate``):
+    "calibrated from 3 jobs", or "calibrated" when the number of jobs is not known (0)."""
+    return f"calibrated from {jobs} job{'' if jobs == 1 else 's'}" if jobs else "calibrated"
+
+
 class Cluster(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

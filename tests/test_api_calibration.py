@@ -110,3 +110,23 @@ def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: igno
     r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"]),
                                  "--token", "wrong"])
     assert r.exit_code == 2 and ("HTTP 401" in r.output or "HTTP 403" in r.output)
+
+    # two finished jobs: the stored version is named, with its id, and plans asked for with either id use it
+    with live_server.client() as c:
+        _, cid, plan = seed_plan(c)
+        w = c.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
+        for i in (0, 1):
+            _finish(c, plan, i, w, plan["candidates"][i]["iteration_time"] * 1.2, emulated=False)
+    assert cid == cl["id"]
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cid),
+                                 "--token", AUTH["Authorization"].split()[1]])
+    assert r.exit_code == 0, r.output
+    with live_server.client() as c:
+        v2 = c.get("/clusters").json()[-1]
+        asked = c.post("/plans", json={"profile_id": plan["profile_id"], "cluster_id": cid, "global_batch": 8})
+    assert v2["version"] == 2 and v2["base_id"] == cid
+    assert (f"calibrated version: tiny-cluster v2, calibrated from 2 jobs: cluster id {v2['id']} (version 2 of "
+            f"cluster {cid})") in r.output
+    assert f"plans made from now on with cluster id {cid}, {v2['id']} (any version of cluster {cid}) use it" \
+        in r.output
+    assert asked.json()["cluster_id"] == v2["id"]  # what it says: a plan asked for with the first id uses it

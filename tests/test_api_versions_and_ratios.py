@@ -39,8 +39,8 @@ def test_cluster_versions_are_named_with_their_calibration(client) -> None:  # t
     assert (before["newest_id"], before["newest_version"]) == (cluster_id, 1)
 
     w = _worker(client)
-    for i, cand in enumerate(plan["candidates"][:3]):
-        _finish(client, plan, i, w, cand["iteration_time"] * (1.2 + 0.05 * i))
+    done = [_finish(client, plan, i, w, cand["iteration_time"] * (1.2 + 0.05 * i))
+            for i, cand in enumerate(plan["candidates"][:3])]
     cal = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
     assert cal.status_code == 201, cal.text
     new_id = cal.json()["cluster_id"]
@@ -71,6 +71,13 @@ def test_cluster_versions_are_named_with_their_calibration(client) -> None:  # t
     assert r.status_code in (201, 202), r.text
     used = client.get(f"/clusters/{r.json()['cluster_id']}", headers=AUTH).json()
     assert used["id"] == v3_id and used["label"] == "tiny-cluster v3, calibrated from 4 jobs"
+
+    # a job names the cluster version its plan was made on (the job page shows its label): a job of the first
+    # plan keeps the uploaded version, whose answer says a newer one exists
+    job = client.get(f"/jobs/{done[0]}", headers=AUTH).json()
+    assert job["cluster_id"] == cluster_id
+    assert {j["id"]: j["cluster_id"] for j in client.get("/jobs", headers=AUTH).json()}[done[0]] == cluster_id
+    assert client.get(f"/clusters/{job['cluster_id']}", headers=AUTH).json()["newest_id"] == v3_id
 
 
 def test_jobs_list_has_predicted_measured_and_their_ratio(client) -> None:  # type: ignore[no-untyped-def]

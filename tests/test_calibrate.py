@@ -170,8 +170,17 @@ def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def
                                  str(tmp_path / "runs.json"), "--out", str(tmp_path / "out.json")])
     assert r.exit_code == 0, r.output
     assert "compute_scale 1.4" in r.output and "median |error|" in r.output
-    cal = load_cluster(tmp_path / "out.json").calibration
+    stored = load_cluster(tmp_path / "out.json")
+    cal = stored.calibration
     assert cal is not None and cal.link_scale == pytest.approx(0.6, rel=0.02)
+    # the new version named as the service names it, its id (content hash) and which plans use it
+    assert (f"calibrated version: {cl.name}, calibrated from {len(runs)} jobs (content hash "
+            f"{stored.content_hash()[:12]}), written to {tmp_path / 'out.json'}") in r.output
+    assert f"plans made from now on with --cluster {tmp_path / 'out.json'} use it" in r.output
+    assert load_cluster(tmp_path / "c.json").calibration is None  # the input is unchanged
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json")])
+    assert r.exit_code == 0 and "not written: give --out FILE" in r.output, r.output
     runs[0]["measured"] = -1
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
@@ -229,3 +238,20 @@ def test_a_factor_past_its_bound_is_pinned_there_and_said() -> None:
     cal = fit(cl, obs).calibration
     assert cal.link_scale == pytest.approx(1e-3) and "link_scale (at its bound)" in cal.fitted
     assert cal.compute_scale > 0.5
+
+
+def test_cli_calibrate_says_which_version_later_plans_use() -> None:
+    """``pipeplan calibrate --api`` names the stored version and says that plans asked for with any version's
+    id use it, or, when the fit equals an older stored version, which newer one they use instead."""
+    from pipeplan.commands_calibrate import _stored
+
+    d = {"cluster_id": 7, "base_id": 1, "version": 2, "label": "dgx v2, calibrated from 3 jobs", "newest_id": 7,
+         "newest_label": "dgx v2, calibrated from 3 jobs"}
+    assert _stored(d, 1).splitlines() == [
+        "calibrated version: dgx v2, calibrated from 3 jobs: cluster id 7 (version 2 of cluster 1)",
+        "plans made from now on with cluster id 1, 7 (any version of cluster 1) use it; plans made before keep "
+        "the version they used"]
+    older = {**d, "newest_id": 9, "newest_label": "dgx v3, calibrated from 5 jobs"}
+    assert _stored(older, 7).splitlines()[1] == (
+        "a newer version exists, dgx v3, calibrated from 5 jobs: cluster id 9; plans made from now on with "
+        "cluster id 7, 1 (any version of cluster 1) use that one")

@@ -14,13 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import ADMIN, WORKER, LiveServer, seeded_server, wait_for
+from api_support import ADMIN, WORKER, LiveServer, seeded_server
 from browser.support import (
     ARTIFACTS,
     VIEWPORT,
     Console,
     agent_process,
+    done_plan,
     needs_browser,
+    seeded_ids,
     shot,
     stop,
 )
@@ -42,14 +44,6 @@ def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield srv
     finally:
         srv.stop()
-
-
-def _profile_and_cluster(srv: LiveServer, profile: str, device: str, cluster: str) -> tuple[int, int]:
-    with srv.client() as c:
-        p = [x for x in c.get("/profiles").json() if x["name"] == profile and x["device"] == device]
-        cl = [x for x in c.get("/clusters").json() if x["name"] == cluster]
-    assert p and cl, "seeded profile/cluster missing"
-    return p[0]["id"], cl[0]["id"]
 
 
 def test_plan_compare_dispatch_end_to_end(server: LiveServer, browser: Any, console: Console,
@@ -74,7 +68,7 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     page.click("#token-save")
     page.wait_for_selector('body[data-ready="1"]')
     assert page.locator("#token-state").inner_text() == "token set"
-    pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    pid, cid = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     page.select_option("#profile", str(pid))
     assert page.input_value("#cluster") == str(cid)  # the first cluster of the profile's device
     # upload the profile as a JSON file (the same content as the stored one: POST /profiles gives its id)
@@ -180,16 +174,12 @@ def test_largest_plan_loads_and_sorts(server: LiveServer, browser: Any, console:
     from api.routers.ui import plan_limits
 
     top = min(500, plan_limits()["top"])
-    pid, cid = _profile_and_cluster(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    pid, cid = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    plan = done_plan(server, pid, cid, global_batch=128, gpus=16, top=top)
+    plan_id = plan["id"]
     with server.client() as c:
-        r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 128, "gpus": 16,
-                                   "top": top})
-        assert r.status_code in (200, 201, 202), r.text
-        plan_id = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{plan_id}").json()), timeout=120, what="plan done")
         size = len(c.get(f"/plans/{plan_id}").content)
-    assert plan["status"] == "done" and plan["num_candidates"] == top, plan.get("error")
+    assert plan["num_candidates"] == top
 
     ctx = browser.new_context(viewport=VIEWPORT)
     ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
@@ -221,13 +211,10 @@ def test_largest_plan_loads_and_sorts(server: LiveServer, browser: Any, console:
 
 def test_shared_link_opens_the_comparison_and_shows_why_rejected(server: LiveServer, browser: Any,
                                                                  console: Console) -> None:
-    pid, cid = _profile_and_cluster(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
-    with server.client() as c:
-        r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 64, "gpus": 2, "top": 10})
-        plan_id = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{plan_id}").json()), timeout=120, what="plan done")
-    assert plan["status"] == "done" and plan["infeasible"], plan.get("error")
+    pid, cid = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
+    plan = done_plan(server, pid, cid, global_batch=64, gpus=2, top=10)
+    plan_id = plan["id"]
+    assert plan["infeasible"]
     n, k = plan["num_candidates"], len(plan["infeasible"])
     ctx = browser.new_context(viewport=VIEWPORT)
     ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
@@ -59,6 +59,12 @@ class CalibrationOut(BaseModel):
     cluster_id: int
     base_id: int
     version: int
+    label: str = Field(default="", description="the new version as GET /clusters names it, e.g. "
+                                               "'dgx-a100-80gb v2, calibrated from 3 jobs'")
+    newest_id: int | None = Field(default=None, description="the lineage's newest version: plans requested from "
+                                                            "now on with any version's id are made on it")
+    newest_version: int | None = None
+    newest_label: str | None = None
     calibration: dict[str, Any]
     rounds: int
     jobs: list[JobErrorOut]

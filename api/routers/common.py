@@ -58,8 +58,9 @@ def plan_out(row: PlanRequest) -> dict[str, Any]:
 
 
 def job_out(row: Job, has_result: bool = False, waiting: str | None = None,
-            times: tuple[float | None, float | None] | None = None) -> dict[str, Any]:
-    """A job answer; ``times``: (predicted, measured) iteration time (:func:`api.crud.iteration_times`)."""
+            times: tuple[float | None, float | None] | None = None, cluster_id: int | None = None) -> dict[str, Any]:
+    """A job answer; ``times``: (predicted, measured) iteration time (:func:`api.crud.iteration_times`);
+    ``cluster_id``: the cluster version its plan was made on (:func:`api.crud.plan_clusters`)."""
     out = {k: getattr(row, k) for k in ("id", "plan_id", "candidate_index", "model", "iterations", "emulate",
                                          "state", "attempts", "max_attempts", "worker_id", "lease_expires_at",
                                          "error", "log_tail", "created_at", "claimed_at", "finished_at",
@@ -69,6 +70,7 @@ def job_out(row: Job, has_result: bool = False, waiting: str | None = None,
     out["slots"] = [{k: getattr(s, k) for k in ("node_rank", "state", "worker_id", "held_since", "lease_expires_at",
                                                  "endpoint")} for s in row.slots] if row.nodes > 1 else []
     out["waiting"] = waiting
+    out["cluster_id"] = cluster_id
     predicted, measured = times or (None, None)
     out["predicted_iteration_time"] = predicted
     out["measured_iteration_time"] = measured

@@ -45,19 +45,22 @@ def list_jobs(db: DB, settings: SettingsDep,  # noqa: ANN201
     ratio, measured / predicted."""
     rows = crud.list_jobs(db, state, plan_id, limit, offset)
     times = crud.iteration_times(db, [r.id for r in rows])
+    clusters = crud.plan_clusters(db, [r.plan_id for r in rows])
     alive = settings.worker_alive_seconds
     workers = gang.alive_workers(db, alive) if any(r.state == "queued" for r in rows) else []
     return [job_out(r, times.get(r.id, (None, None))[1] is not None, gang.waiting_reason(db, r, alive, workers),
-                    times.get(r.id)) for r in rows]
+                    times.get(r.id), clusters.get(r.plan_id)) for r in rows]
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Read], responses=ERR)
 def get_job(job_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN201
-    """A job; ``waiting`` says why a queued one is not running yet (e.g. no agent with its device)."""
+    """A job; ``waiting`` says why a queued one is not running yet (e.g. no agent with its device);
+    ``cluster_id`` is the cluster version its plan was made on (GET /clusters/{id} names it)."""
     job = crud.get_job(db, job_id)
     times = crud.iteration_times(db, [job.id]).get(job.id)
     return job_out(job, times is not None and times[1] is not None,
-                   gang.waiting_reason(db, job, settings.worker_alive_seconds), times)
+                   gang.waiting_reason(db, job, settings.worker_alive_seconds), times,
+                   crud.plan_clusters(db, [job.plan_id]).get(job.plan_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Admin], responses=ERR)

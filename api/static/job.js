@@ -4,12 +4,14 @@
 const jobId = parseInt(document.getElementById("job-info").dataset.jobId, 10);
 const FIELD_FMT = { iteration_time: PP.fmtTime, throughput: (x) => PP.fmtNum(x) + " /s", bubble_ratio: PP.fmtPct };
 let drawnFor = null;
+let cluster;  // the cluster version the job's plan was made on (GET /clusters/{id}); null when unknown
 
 PP.start(async () => {
   wireClone();
   for (;;) {
     const [job, cmp] = await Promise.all([PP.get(`/jobs/${jobId}`), PP.get(`/jobs/${jobId}/comparison`)]);
     document.getElementById("clone-form").dataset.planId = String(job.plan_id);
+    if (cluster === undefined) cluster = job.cluster_id == null ? null : await PP.get(`/clusters/${job.cluster_id}`).catch(() => null);
     renderJob(job, cmp);
     renderComparison(cmp);
     const key = job.state + ":" + job.has_result;
@@ -46,7 +48,9 @@ function renderJob(job, cmp) {
       ${detail && job.error ? `<div class="muted">${PP.esc(job.error)}${job.log_tail ? " · the whole log tail is below" : ""}</div>` : ""}</div>` :
       (job.error ? `<div class="error">${PP.esc(job.error)}</div>` : "")}
     <div>${PP.stateBadge(job.state)} <a href="/ui/plans/${job.plan_id}?sel=${job.candidate_index}">plan ${job.plan_id}</a>,
-      candidate #${job.candidate_index + 1}: <strong>${PP.esc(cmp.label)}</strong></div>
+      candidate #${job.candidate_index + 1}: <strong>${PP.esc(cmp.label)}</strong>
+      ${job.cluster_id != null ? `· planned on <span id="job-cluster">${PP.clusterSized(cluster, job.cluster_id)}</span>` : ""}</div>
+    ${PP.versionNote(cluster, "This job's plan", cluster ? `<a id="replan-link" href="/ui/plans/${job.plan_id}#cluster-version">Plan again on v${cluster.newest_version}</a> from plan ${job.plan_id}'s page.` : "")}
     <div class="muted">model ${PP.esc(job.model)} · ${job.iterations} iterations${job.emulate ? " (emulated profile)" : ""} ·
       attempt ${job.attempts} of ${job.max_attempts} · worker ${job.worker_id ?? "–"} · created ${PP.fmtDate(job.created_at)} ·
       claimed ${PP.fmtDate(job.claimed_at)} · finished ${PP.fmtDate(job.finished_at)}

@@ -102,7 +102,7 @@ function renderInfo(plan) {
     .map(([k, v]) => `${PP.esc(k)}: ${v}`).join("; ");
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
-      <span id="info-cluster">${PP.clusterLink(S.cluster, plan.cluster_id)}${S.cluster ? `, ${PP.devices(S.cluster.device, S.cluster.gpus)} (#${S.cluster.id})` : ""}</span> · global batch ${r.global_batch} ·
+      <span id="info-cluster">${PP.clusterSized(S.cluster, plan.cluster_id)}</span> · global batch ${r.global_batch} ·
       <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}</div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
@@ -113,23 +113,11 @@ function renderInfo(plan) {
     ${renderWarnings(plan.warnings)}`;
 }
 
-// which version of the cluster the plan used and whether a newer (calibrated) one exists: a calibration stores a
-// new version (POST /clusters/{id}/calibrate) and later plans on any version are made on the newest
+// which version of the cluster the plan used and whether a newer one exists, with an offer to plan again on it
 function versionNote() {
   const c = S.cluster;
-  if (!c) return "";
-  const whose = `version ${c.version} of cluster #${c.base_id ?? c.id}`;
-  const link = (id, text) => `<a href="/clusters/${id}">${PP.esc(text)}</a>`;
-  if (c.newest_id != null && c.newest_id !== c.id) {
-    return `<div id="cluster-version" class="warning-box version-note" role="status" data-newer="${c.newest_id}">
-      This plan used ${link(c.id, c.label)} (#${c.id}, ${whose}). A newer version exists:
-      ${link(c.newest_id, c.newest_label || "#" + c.newest_id)} (#${c.newest_id}); plans requested now are made on it.
-      <button id="replan" type="button" title="POST /plans: the same request on the newest version">Plan again on v${c.newest_version}</button>
-      <span id="replan-msg"></span></div>`;
-  }
-  if (c.version <= 1 && c.calibration_jobs == null) return "";  // never calibrated: nothing to tell apart
-  return `<div id="cluster-version" class="muted version-note" data-newer="">Planned on ${link(c.id, c.label)}
-    (#${c.id}, ${whose}), the newest version of the cluster.</div>`;
+  return PP.versionNote(c, "This plan", c ? `<button id="replan" type="button" title="POST /plans: the same request on the newest version">Plan again on v${c.newest_version}</button>
+      <span id="replan-msg"></span>` : "");
 }
 
 // the same request again on the cluster's newest version (the server plans on the newest one of any version)

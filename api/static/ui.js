@@ -216,9 +216,29 @@ const PP = (() => {
     const newer = c.newest_id != null && c.newest_id !== c.id ? `; newer: ${c.newest_label} (#${c.newest_id})` : "";
     return `<a class="cluster-version" href="/clusters/${c.id}" title="${esc(whose + newer)}">${esc(c.label || c.name)}</a>`;
   }
+  // the same with the cluster's size and id: "dgx-a100-80gb v2, calibrated from 3 jobs, 8 GPUs (#7)"
+  const clusterSized = (c, id) => clusterLink(c, id) + (c ? `, ${devices(c.device, c.gpus)} (#${c.id})` : "");
+  // which version of a cluster a plan used and whether a newer (calibrated) one exists: a calibration stores a new
+  // version (POST /clusters/{id}/calibrate) and later plans on any version are made on the newest. ``subject``
+  // starts the sentence ("This plan", "This job's plan"); ``extra``: HTML after the newer-version sentence (an
+  // offer to plan again on it). Nothing for a cluster never calibrated: there is nothing to tell apart
+  function versionNote(c, subject, extra = "") {
+    if (!c) return "";
+    const whose = `version ${c.version} of cluster #${c.base_id ?? c.id}`;
+    const link = (id, text) => `<a href="/clusters/${id}">${esc(text)}</a>`;
+    if (c.newest_id != null && c.newest_id !== c.id) {
+      return `<div id="cluster-version" class="warning-box version-note" role="status" data-newer="${c.newest_id}">
+        ${subject} used ${link(c.id, c.label)} (#${c.id}, ${whose}). A newer version exists:
+        ${link(c.newest_id, c.newest_label || "#" + c.newest_id)} (#${c.newest_id}); plans requested now are made on it.
+        ${extra}</div>`;
+    }
+    if (c.version <= 1 && c.calibration_jobs == null) return "";
+    return `<div id="cluster-version" class="muted version-note" data-newer="">${subject} used ${link(c.id, c.label)}
+      (#${c.id}, ${whose}), the newest version of the cluster.</div>`;
+  }
   // measured / predicted as a factor (1.25×: the run took 25 % longer than predicted)
   const fmtRatio = (x) => (num(x) ? x.toFixed(x >= 10 ? 1 : 2) + "×" : "–");
 
   return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
-           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, fmtRatio };
+           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, fmtRatio };
 })();

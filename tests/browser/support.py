@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_support import LiveServer, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ARTIFACTS = ROOT / "artifacts" / "ui"
@@ -76,6 +77,32 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def seeded_ids(srv: LiveServer, profile: str, device: str, cluster: str) -> tuple[int, int]:
+    """The ids of a seeded profile (``profile`` measured on ``device``) and of the cluster named ``cluster``."""
+    with srv.client() as c:
+        p = [x["id"] for x in c.get("/profiles").json() if x["name"] == profile and x["device"] == device]
+        cl = [x["id"] for x in c.get("/clusters").json() if x["name"] == cluster]
+    assert p and cl, f"seeded {profile} on {device} / {cluster} missing"
+    return p[0], cl[0]
+
+
+def wait_plan(c: Any, plan_id: int, timeout: float = 240) -> dict[str, Any]:
+    """Plan ``plan_id`` once it is done (GET /plans/{id} polled; a failed plan fails the test with its error).
+    ``c``: a client of the server (``LiveServer.client()``)."""
+    plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+        c.get(f"/plans/{plan_id}").json()), timeout=timeout, what=f"plan {plan_id} done")
+    assert plan["status"] == "done", plan.get("error")
+    return plan
+
+
+def done_plan(srv: LiveServer, profile_id: int, cluster_id: int, **req: Any) -> dict[str, Any]:
+    """POST /plans for the profile and cluster with the request fields ``req``; the plan once it is done."""
+    with srv.client() as c:
+        r = c.post("/plans", json={"profile_id": profile_id, "cluster_id": cluster_id, **req})
+        assert r.status_code in (200, 201, 202), r.text
+        return wait_plan(c, r.json()["id"])
 
 
 def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers: dict[str, str]) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, LiveServer, wait_for
+from api_support import ADMIN, LiveServer
 
-from browser.support import VIEWPORT, Console, needs_browser, shot
+from browser.support import VIEWPORT, Console, done_plan, needs_browser, seeded_ids, shot
 from planner.export import deepspeed, megatron, torchtitan
 from planner.runspec import RunSpec
 
@@ -20,17 +20,9 @@ pytestmark = [needs_browser, pytest.mark.slow]
 
 
 def _plan(srv: LiveServer, schedules: list[str]) -> dict[str, Any]:
-    with srv.client() as c:
-        p = [x["id"] for x in c.get("/profiles").json() if x["name"] == "gpt2-medium"]
-        cl = [x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-a100-80gb"]
-        assert p and cl, "seeded gpt2-medium profile / dgx-a100-80gb cluster missing"
-        r = c.post("/plans", json={"profile_id": p[0], "cluster_id": cl[0], "global_batch": 64, "gpus": 16,
-                                   "top": 10, "schedules": schedules})
-        assert r.status_code in (200, 201, 202), r.text
-        pid = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{pid}").json()), timeout=240, what=f"plan {pid} done")
-    assert plan["status"] == "done" and plan["candidates"], plan.get("error")
+    pid, cid = seeded_ids(srv, "gpt2-medium", "A100-SXM4-80GB", "dgx-a100-80gb")
+    plan = done_plan(srv, pid, cid, global_batch=64, gpus=16, top=10, schedules=schedules)
+    assert plan["candidates"]
     return plan
 
 

@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from api_support import ADMIN, WAUTH, LiveServer, wait_for
+from api_support import ADMIN, WAUTH, LiveServer
 
-from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot
+from browser.support import VIEWPORT, Console, done_plan, finished_job, needs_browser, seeded_ids, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -23,28 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 # ---- helpers ---------------------------------------------------------------------------------------------
 
-def _ids(srv: LiveServer, profile: str, device: str, cluster: str) -> tuple[int, int]:
-    with srv.client() as c:
-        p = [x["id"] for x in c.get("/profiles").json() if x["name"] == profile and x["device"] == device]
-        cl = [x["id"] for x in c.get("/clusters").json() if x["name"] == cluster]
-    assert p and cl, f"seeded {profile} on {device} / {cluster} missing"
-    return p[0], cl[0]
-
-
-def _plan(srv: LiveServer, profile_id: int, cluster_id: int, **req: Any) -> dict[str, Any]:
-    with srv.client() as c:
-        r = c.post("/plans", json={"profile_id": profile_id, "cluster_id": cluster_id, **req})
-        assert r.status_code in (200, 201, 202), r.text
-        pid = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{pid}").json()), timeout=240, what=f"plan {pid} done")
-    assert plan["status"] == "done", plan.get("error")
-    return plan
-
-
 def _small_plan(srv: LiveServer) -> dict[str, Any]:
-    pid, cid = _ids(srv, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
-    return _plan(srv, pid, cid, global_batch=16, gpus=4, top=10)
+    pid, cid = seeded_ids(srv, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    return done_plan(srv, pid, cid, global_batch=16, gpus=4, top=10)
 
 
 def _page(browser: Any, console: Console, width: int = VIEWPORT["width"], token: bool = True) -> Any:
@@ -243,8 +224,8 @@ def _gpt3_plan(srv: LiveServer, tmp: Path) -> dict[str, Any]:
         r = c.post("/profiles", json=json.loads(out.read_text()))
         assert r.status_code in (200, 201), r.text
         pid = r.json()["id"]
-    _, cid = _ids(srv, "gpt2-medium", "A100-SXM4-80GB", "dgx-a100-80gb")
-    return _plan(srv, pid, cid, global_batch=1536, gpus=1024, top=10)
+    _, cid = seeded_ids(srv, "gpt2-medium", "A100-SXM4-80GB", "dgx-a100-80gb")
+    return done_plan(srv, pid, cid, global_batch=1536, gpus=1024, top=10)
 
 
 ROW_BLOCKS = """([el, y]) => {  // blocks along one line of the canvas: a block starts where a dark pixel follows
@@ -337,8 +318,8 @@ def test_large_timelines_draw_fast_in_seconds_zoom_and_highlight(server: LiveSer
 # ---- 5. a plan with no candidates says why -----------------------------------------------------------------
 
 def test_a_plan_without_candidates_says_why(server: LiveServer, browser: Any, console: Console) -> None:
-    pid, cid = _ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "piz-daint-p100-16gb")
-    plan = _plan(server, pid, cid, global_batch=8, gpus=1, top=10)  # 1.4B parameters x 16 B > 16 GB
+    pid, cid = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "piz-daint-p100-16gb")
+    plan = done_plan(server, pid, cid, global_batch=8, gpus=1, top=10)  # 1.4B parameters x 16 B > 16 GB
     assert plan["num_candidates"] == 0
     reason, count = max(((k, v) for k, v in plan["rejected"].items() if not k.startswith("bound")),
                         key=lambda kv: kv[1])
@@ -466,9 +447,9 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
         route.fulfill(response=resp, json=body)
 
     # a real plan of an A100 profile on the local CPU cluster carries the planner's device warning
-    pid, _ = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
-    _, local = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
-    real = _plan(server, pid, local, global_batch=8, top=5)
+    pid, _ = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    _, local = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
+    real = done_plan(server, pid, local, global_batch=8, top=5)
     assert real["warnings"], "the planner gives no device warning"
     page.goto(f"{server.url}/ui/plans/{real['id']}")
     page.wait_for_selector('body[data-ready="1"]')
@@ -477,10 +458,10 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
     # before planning, the new-plan form says when the profile's device is not the cluster's
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
-    pid, _ = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    pid, _ = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     page.select_option("#profile", str(pid))
     assert page.locator("#device-note").is_hidden()  # the first cluster of the profile's device is picked
-    _, v100 = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx1-v100-32gb")
+    _, v100 = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx1-v100-32gb")
     page.select_option("#cluster", str(v100))
     note = page.locator("#device-note")
     assert note.is_visible() and "A100-SXM4-80GB" in note.inner_text() and "V100" in note.inner_text()
@@ -506,10 +487,10 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
 def test_cpu_clusters_say_processes_not_gpus(server: LiveServer, browser: Any, console: Console) -> None:
     """The local CPU cluster's "devices" are gloo processes: the plan page, its no-candidates message and the
     new-plan form call them CPU processes; a GPU cluster's are still GPUs."""
-    tiny, local = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
-    big, _ = _ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "local-cpu-4")
-    fits = _plan(server, tiny, local, global_batch=8, gpus=2, top=5)
-    empty = _plan(server, big, local, global_batch=8, gpus=1, top=5)  # 1.3B parameters x 16 B > 4 GiB
+    tiny, local = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
+    big, _ = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "local-cpu-4")
+    fits = done_plan(server, tiny, local, global_batch=8, gpus=2, top=5)
+    empty = done_plan(server, big, local, global_batch=8, gpus=1, top=5)  # 1.3B parameters x 16 B > 4 GiB
     assert fits["num_candidates"] and not empty["num_candidates"]
     page = _page(browser, console)
     page.goto(f"{server.url}/ui/plans/{fits['id']}")
@@ -533,7 +514,7 @@ def test_cpu_clusters_say_processes_not_gpus(server: LiveServer, browser: Any, c
     assert page.locator("#budget-label").inner_text() == "CPU process budget"
     assert page.locator("#max-tensor").get_attribute("placeholder") == "CPU processes per node"
     assert "4 CPU processes" in page.locator(f'#cluster option[value="{local}"]').inner_text()
-    _, dgx = _ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    _, dgx = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     page.select_option("#cluster", str(dgx))
     assert page.locator("#budget-label").inner_text() == "GPU budget"
     page.goto(server.url + "/ui/plans")

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, AUTH, LiveServer, tiny_profile, wait_for
+from api_support import ADMIN, AUTH, LiveServer, tiny_profile
 
-from browser.support import Console, needs_browser
+from browser.support import Console, done_plan, needs_browser
 
 pytestmark = [needs_browser, pytest.mark.slow]
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu-4.json"
@@ -22,13 +22,9 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
         p = c.post("/profiles", json=tiny_profile(), headers=AUTH)
         cl = c.post("/clusters", json=json.loads(CLUSTER.read_text()), headers=AUTH)
         assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
-        r = c.post("/plans", json={"profile_id": p.json()["id"], "cluster_id": cl.json()["id"], "global_batch": 8,
-                                   "top": 3}, headers=AUTH)
-        assert r.status_code in (200, 201, 202), r.text
-        pid = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{pid}", headers=AUTH).json()), timeout=240, what="plan done")
-    assert plan["status"] == "done" and plan["candidates"]
+    plan = done_plan(server, p.json()["id"], cl.json()["id"], global_batch=8, top=3)
+    pid = plan["id"]
+    assert plan["candidates"]
     best = plan["candidates"][0]
     assert best["memory_reserve"] == 320 * 2**20 and best["model_peak_memory"] < 0.1 * 2**30
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})

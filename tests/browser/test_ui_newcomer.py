@@ -14,28 +14,9 @@ from typing import Any
 import pytest
 from api_support import ADMIN, WAUTH, LiveServer, wait_for
 
-from browser.support import VIEWPORT, Console, needs_browser, shot
+from browser.support import VIEWPORT, Console, done_plan, needs_browser, seeded_ids, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
-
-
-def _ids(srv: LiveServer, profile: str, device: str, cluster: str) -> tuple[int, int]:
-    with srv.client() as c:
-        p = [x["id"] for x in c.get("/profiles").json() if x["name"] == profile and x["device"] == device]
-        cl = [x["id"] for x in c.get("/clusters").json() if x["name"] == cluster]
-    assert p and cl, f"seeded {profile} on {device} / {cluster} missing"
-    return p[0], cl[0]
-
-
-def _plan(srv: LiveServer, profile_id: int, cluster_id: int, **req: Any) -> dict[str, Any]:
-    with srv.client() as c:
-        r = c.post("/plans", json={"profile_id": profile_id, "cluster_id": cluster_id, **req})
-        assert r.status_code in (200, 201, 202), r.text
-        pid = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{pid}").json()), timeout=240, what=f"plan {pid} done")
-    assert plan["status"] == "done", plan.get("error")
-    return plan
 
 
 def _page(browser: Any, console: Console, width: int = VIEWPORT["width"]) -> Any:
@@ -48,8 +29,8 @@ def _page(browser: Any, console: Console, width: int = VIEWPORT["width"]) -> Any
 
 def _local_plan(srv: LiveServer) -> dict[str, Any]:
     """The README's first plan: the measured gpt-tiny on the local CPU cluster, global batch 8."""
-    pid, cid = _ids(srv, "gpt-tiny", "cpu", "local-cpu-4")
-    return _plan(srv, pid, cid, global_batch=8, top=10)
+    pid, cid = seeded_ids(srv, "gpt-tiny", "cpu", "local-cpu-4")
+    return done_plan(srv, pid, cid, global_batch=8, top=10)
 
 
 def test_the_export_column_is_in_view_at_1280(server: LiveServer, browser: Any, console: Console) -> None:
@@ -57,8 +38,8 @@ def test_the_export_column_is_in_view_at_1280(server: LiveServer, browser: Any, 
     table's box, behind a scroll bar headless Chromium does not even draw), for a CPU plan and a GPU plan with
     the candidates that do not fit shown."""
     tiny_cpu = _local_plan(server)
-    pid, cid = _ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
-    gpu = _plan(server, pid, cid, global_batch=64, gpus=64, top=10)
+    pid, cid = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
+    gpu = done_plan(server, pid, cid, global_batch=64, gpus=64, top=10)
     page = _page(browser, console)
     for plan in (tiny_cpu, gpu):
         page.goto(f"{server.url}/ui/plans/{plan['id']}?infeasible=1")
@@ -80,7 +61,7 @@ def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, bro
     """Choosing a profile JSON left the Profile list showing another profile while Plan used the file: the list
     is now disabled, a note names the file's model and device (and its cluster is picked), "use the list
     instead" undoes it, and a file that is not JSON says so at once."""
-    pid, _ = _ids(server, "gpt2-medium", "A100-SXM4-80GB", "dgx-a100-80gb")
+    pid, _ = seeded_ids(server, "gpt2-medium", "A100-SXM4-80GB", "dgx-a100-80gb")
     with server.client() as c:
         body = c.get(f"/profiles/{pid}").json()["profile"]
     upload = tmp_path / "medium.json"
@@ -104,6 +85,8 @@ def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, bro
     assert page.locator("#profile-file").evaluate("e => e.files.length") == 0
     page.set_input_files("#profile-file", files=[{"name": "broken.json", "mimeType": "application/json",
                                                   "buffer": b"{not json"}])
+    # the page reads the file asynchronously (File.text()): wait for its verdict rather than racing it
+    page.locator("#profile-file-note", has_text="broken.json is not JSON").wait_for()
     assert "broken.json is not JSON" in note.inner_text()
     page.context.close()
 
@@ -113,8 +96,8 @@ def test_the_empty_plan_hint_does_not_suggest_what_cannot_help(server: LiveServe
     """When only the weights, gradients and optimizer state do not fit, recomputation and smaller micro-batches
     cannot help (the page suggested both, recomputation even where it was allowed): it says so and suggests
     more devices. The plan's line names max t's default in words ("max t node" before)."""
-    big, local = _ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "local-cpu-4")
-    empty = _plan(server, big, local, global_batch=8, gpus=2, top=5)
+    big, local = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "local-cpu-4")
+    empty = done_plan(server, big, local, global_batch=8, gpus=2, top=5)
     assert not empty["num_candidates"] and not any("out of memory" in k for k in empty["rejected"])
     page = _page(browser, console)
     page.goto(f"{server.url}/ui/plans/{empty['id']}")
@@ -130,8 +113,8 @@ def test_the_empty_plan_hint_does_not_suggest_what_cannot_help(server: LiveServe
 def test_the_reserve_label_stays_above_the_device_names(server: LiveServer, browser: Any, console: Console) -> None:
     """The memory chart's "reserve" label hung below a thin reserve band, over the device names under the axis
     (P0); it now stands on the band, inside the plot."""
-    pid, cid = _ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
-    plan = _plan(server, pid, cid, global_batch=64, gpus=64, top=3)
+    pid, cid = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
+    plan = done_plan(server, pid, cid, global_batch=64, gpus=64, top=3)
     page = _page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel=0")
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)

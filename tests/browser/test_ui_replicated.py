@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, AUTH, LiveServer, wait_for
+from api_support import ADMIN, AUTH, LiveServer
 
-from browser.support import Console, needs_browser, shot
+from browser.support import Console, done_plan, needs_browser, shot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipedream_front import front_heavy_profile, request, small_memory_cluster  # noqa: E402
@@ -26,15 +26,8 @@ def _replicated_plan(srv: LiveServer) -> dict[str, Any]:
         assert p.status_code in (200, 201), p.text
         cl = c.post("/clusters", json=small_memory_cluster().model_dump(mode="json"), headers=AUTH)
         assert cl.status_code in (200, 201), cl.text
-        req = request().model_dump(mode="json", exclude_none=True)
-        r = c.post("/plans", json={"profile_id": p.json()["id"], "cluster_id": cl.json()["id"], **req,
-                                   "allow_async": True}, headers=AUTH)
-        assert r.status_code in (200, 201, 202), r.text
-        pid = r.json()["id"]
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            c.get(f"/plans/{pid}", headers=AUTH).json()), timeout=240, what=f"plan {pid} done")
-    assert plan["status"] == "done", plan.get("error")
-    return plan
+    req = request().model_dump(mode="json", exclude_none=True)
+    return done_plan(srv, p.json()["id"], cl.json()["id"], **{**req, "allow_async": True})
 
 
 def test_replicated_candidate_shows_rows_per_replica(server: LiveServer, browser: Any, console: Console) -> None:

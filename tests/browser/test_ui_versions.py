@@ -9,16 +9,18 @@ cluster are made on). Screenshots go to ``artifacts/ui/``."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, WAUTH, LiveServer, wait_for
+from api_support import ADMIN, WAUTH, LiveServer
 
-from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot
+from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot, wait_plan
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
 CLUSTER = "dgx-a100-80gb"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _page(browser: Any, console: Console) -> Any:
@@ -29,13 +31,6 @@ def _page(browser: Any, console: Console) -> Any:
     return page
 
 
-def _done(c: Any, plan_id: int) -> dict[str, Any]:
-    plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-        c.get(f"/plans/{plan_id}").json()), timeout=240, what=f"plan {plan_id} done")
-    assert plan["status"] == "done", plan.get("error")
-    return plan
-
-
 def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
         server: LiveServer, browser: Any, console: Console) -> None:
     with server.client() as c:
@@ -44,7 +39,7 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
         cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == CLUSTER)
         r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 16, "gpus": 4, "top": 10})
         assert r.status_code in (200, 201, 202), r.text
-        plan = _done(c, r.json()["id"])
+        plan = wait_plan(c, r.json()["id"])
         jobs = [finished_job(c, plan["id"], i, plan["candidates"][i]["iteration_time"] * f, WAUTH)
                 for i, f in enumerate((1.2, 1.25, 1.3))]
         cal = c.post(f"/clusters/{cid}/calibrate")
@@ -103,4 +98,72 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
         assert ratio.inner_text().strip() == f"{factor:.2f}×"
         assert "error +" in ratio.get_attribute("title")
     shot(page, "versions-04-jobs")
+    page.context.close()
+
+
+def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer, browser: Any,
+                                                              console: Console) -> None:
+    """A job's page names the cluster version its plan was made on (label, linked to that version) and, once a
+    calibration made a newer version, says so and links to it and to planning again; a job of a plan made on
+    the newest version says it is the newest. A cluster of its own (an uploaded copy of the DGX A100 under
+    another name), so that the calibration of the test above does not matter."""
+    body = json.loads((ROOT / "examples" / "clusters" / f"{CLUSTER}.json").read_text())
+    name = "job-page-a100"
+    with server.client() as c:
+        up = c.post("/clusters", json={**body, "name": name})
+        assert up.status_code in (200, 201), up.text
+        cid = up.json()["id"]
+        pid = next(p["id"] for p in c.get("/profiles").json()
+                   if p["name"] == "gpt-tiny" and p["device"] == "A100-SXM4-80GB")
+        r = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 16, "gpus": 4, "top": 10})
+        assert r.status_code in (200, 201, 202), r.text
+        plan = wait_plan(c, r.json()["id"])
+        first = finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"] * 1.2, WAUTH)
+    assert first["cluster_id"] == cid
+
+    # one version, never calibrated: the plain name, linked, and no version note
+    page = _page(browser, console)
+    page.goto(f"{server.url}/ui/jobs/{first['id']}")
+    used = page.locator("#job-cluster a.cluster-version")
+    used.wait_for()
+    assert used.inner_text() == name and used.get_attribute("href") == f"/clusters/{cid}"
+    assert page.locator("#job-cluster").inner_text().endswith(f", {up.json()['gpus']} GPUs (#{cid})")  # its size
+    assert page.locator("#cluster-version").count() == 0
+
+    with server.client() as c:
+        for i, f in ((1, 1.25), (2, 1.3)):
+            finished_job(c, plan["id"], i, plan["candidates"][i]["iteration_time"] * f, WAUTH)
+        cal = c.post(f"/clusters/{cid}/calibrate")
+        assert cal.status_code == 201, cal.text
+        v2 = cal.json()["cluster_id"]
+        again = c.post("/plans", json={"profile_id": pid, "cluster_id": cid, **{
+            k: v for k, v in plan["request"].items() if v is not None}})
+        assert again.status_code in (200, 201, 202) and again.json()["cluster_id"] == v2, again.text
+        replanned = wait_plan(c, again.json()["id"])
+        later = finished_job(c, replanned["id"], 0, replanned["candidates"][0]["iteration_time"], WAUTH)
+    v2_label = f"{name} v2, calibrated from 3 jobs"
+
+    # the job of the older plan: v1, a newer version exists (linked), and where to plan again on it
+    page.goto(f"{server.url}/ui/jobs/{first['id']}")
+    used = page.locator("#job-cluster a.cluster-version")
+    used.wait_for()
+    assert used.inner_text() == f"{name} v1 (uncalibrated)" and used.get_attribute("href") == f"/clusters/{cid}"
+    note = page.locator("#cluster-version")
+    assert note.is_visible() and note.get_attribute("data-newer") == str(v2)
+    text = note.inner_text()
+    assert text.startswith("This job's plan used") and "A newer version exists" in text and v2_label in text
+    assert f"version 1 of cluster #{cid}" in text
+    assert note.locator(f'a[href="/clusters/{v2}"]').inner_text() == v2_label
+    assert note.locator("#replan-link").get_attribute("href") == f"/ui/plans/{plan['id']}#cluster-version"
+    shot(page, "versions-05-job-on-older-version")
+
+    # the job of the plan made after the calibration: v2, the newest
+    page.goto(f"{server.url}/ui/jobs/{later['id']}")
+    used = page.locator("#job-cluster a.cluster-version")
+    used.wait_for()
+    assert used.inner_text() == v2_label and used.get_attribute("href") == f"/clusters/{v2}"
+    text = page.locator("#cluster-version").inner_text()
+    assert f"version 2 of cluster #{cid}" in text and "the newest version" in text and "newer" not in text
+    assert page.locator("#replan-link").count() == 0
+    shot(page, "versions-06-job-on-newest-version")
     page.context.close()
