@@ -282,6 +282,21 @@ def wait_for(fn: Any, timeout: float = 60.0, every: float = 0.2, what: str = "co
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
+def finish_job(client: Any, plan: dict[str, Any], index: int, worker: dict[str, Any], seconds: float,
+               emulated: bool = False) -> int:
+    """Candidate ``index`` of ``plan`` dispatched as a gpt-tiny job, claimed by ``worker`` (the registration
+    answer: its id and its own credential) and finished with ``seconds`` measured; the job's id."""
+    mine = {"Authorization": f"Bearer {worker['token']}"}
+    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
+                      headers=AUTH).json()
+    claim = client.post(f"/workers/{worker['id']}/claim", headers=mine)
+    assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
+    r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker["id"], "iteration_time": seconds,
+                                                       "emulated": emulated, "devices": []}, headers=mine)
+    assert r.status_code == 201, r.text
+    return job["id"]
+
+
 def seed_plan(c: Any, gpus_per_node: int = 4, global_batch: int = 32) -> tuple[int, int, dict[str, Any]]:
     """Upload the tiny profile and cluster and plan them; (profile id, cluster id, done plan)."""
     p = c.post("/profiles", json=tiny_profile(), headers=AUTH)

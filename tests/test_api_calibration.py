@@ -3,10 +3,8 @@ later plans use, earlier plans keep theirs; GET /clusters/{id}/calibration shows
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan, tiny_cluster, tiny_profile, wait_for
+from api_support import AUTH, TINY_DEVICE, WAUTH, finish_job, seed_plan, tiny_cluster, tiny_profile, wait_for
 
 from planner.calibrate import Observation, predicted, with_calibration
 from planner.cluster import Cluster
@@ -18,20 +16,6 @@ pytestmark = pytest.mark.slow  # database
 HIDDEN = {"compute_scale": 1.25, "link_scale": 1.0, "action_overhead": 0.0}
 FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves", "pipelines",
           "concat")
-
-
-def _finish(client: Any, plan: dict[str, Any], index: int, worker: dict[str, Any], seconds: float,
-            emulated: bool) -> int:
-    """A job run by ``worker`` (the registration answer: its id and its own credential)."""
-    mine = {"Authorization": f"Bearer {worker['token']}"}
-    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
-                      headers=AUTH).json()
-    claim = client.post(f"/workers/{worker['id']}/claim", headers=mine)
-    assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
-    r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker["id"], "iteration_time": seconds,
-                                                       "emulated": emulated, "devices": []}, headers=mine)
-    assert r.status_code == 201, r.text
-    return job["id"]
 
 
 def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyped-def]
@@ -49,8 +33,8 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     for i, cand in enumerate(plan["candidates"][:4]):
         cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
         measured = predicted(Observation(prof, req, cfg, 1.0), truth)
-        jobs.append(_finish(client, plan, i, w, measured, emulated=False))
-    _finish(client, plan, 0, w, 123.0, emulated=True)  # an emulated run is left out by default
+        jobs.append(finish_job(client, plan, i, w, measured, emulated=False))
+    finish_job(client, plan, 0, w, 123.0, emulated=True)  # an emulated run is left out by default
 
     r = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
     assert r.status_code == 201, r.text
@@ -116,7 +100,7 @@ def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: igno
         _, cid, plan = seed_plan(c)
         w = c.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
         for i in (0, 1):
-            _finish(c, plan, i, w, plan["candidates"][i]["iteration_time"] * 1.2, emulated=False)
+            finish_job(c, plan, i, w, plan["candidates"][i]["iteration_time"] * 1.2, emulated=False)
     assert cid == cl["id"]
     r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cid),
                                  "--token", AUTH["Authorization"].split()[1]])

@@ -7,22 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan
+from api_support import AUTH, TINY_DEVICE, WAUTH, finish_job, seed_plan
 
 pytestmark = pytest.mark.slow  # database
-
-
-def _finish(client: Any, plan: dict[str, Any], index: int, worker: dict[str, Any], seconds: float) -> int:
-    """Candidate ``index`` dispatched, claimed by ``worker`` and finished with ``seconds`` measured."""
-    mine = {"Authorization": f"Bearer {worker['token']}"}
-    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
-                      headers=AUTH).json()
-    claim = client.post(f"/workers/{worker['id']}/claim", headers=mine)
-    assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
-    r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker["id"], "iteration_time": seconds,
-                                                       "emulated": False, "devices": []}, headers=mine)
-    assert r.status_code == 201, r.text
-    return job["id"]
 
 
 def _worker(client: Any) -> dict[str, Any]:
@@ -39,7 +26,7 @@ def test_cluster_versions_are_named_with_their_calibration(client) -> None:  # t
     assert (before["newest_id"], before["newest_version"]) == (cluster_id, 1)
 
     w = _worker(client)
-    done = [_finish(client, plan, i, w, cand["iteration_time"] * (1.2 + 0.05 * i))
+    done = [finish_job(client, plan, i, w, cand["iteration_time"] * (1.2 + 0.05 * i))
             for i, cand in enumerate(plan["candidates"][:3])]
     cal = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
     assert cal.status_code == 201, cal.text
@@ -58,7 +45,7 @@ def test_cluster_versions_are_named_with_their_calibration(client) -> None:  # t
     assert detail["newest_id"] == new_id and detail["label"] == base["label"]
 
     # a second calibration (one more job) is v3; both older versions point to it
-    _finish(client, plan, 3, w, plan["candidates"][3]["iteration_time"] * 1.4)
+    finish_job(client, plan, 3, w, plan["candidates"][3]["iteration_time"] * 1.4)
     v3_id = client.post(f"/clusters/{new_id}/calibrate", headers=AUTH).json()["cluster_id"]
     listed = {c["id"]: c for c in client.get("/clusters", headers=AUTH).json()}
     assert listed[v3_id]["label"] == "tiny-cluster v3, calibrated from 4 jobs"
@@ -84,7 +71,7 @@ def test_jobs_list_has_predicted_measured_and_their_ratio(client) -> None:  # ty
     _, _, plan = seed_plan(client)
     w = _worker(client)
     cands = plan["candidates"]
-    done = _finish(client, plan, 1, w, cands[1]["iteration_time"] * 1.25)
+    done = finish_job(client, plan, 1, w, cands[1]["iteration_time"] * 1.25)
     queued = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny"},
                          headers=AUTH).json()
     jobs = {j["id"]: j for j in client.get("/jobs", headers=AUTH).json()}
