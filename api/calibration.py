@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.cluster_versions import describe, newest_versions
+from api.cluster_versions import calibration_jobs_of, describe, newest_versions
 from api.crud import Conflict, InputError, get_cluster
 from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
 from planner.calibrate import Observation, fit, predicted, with_calibration
@@ -126,7 +126,8 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     if row is None:
         newest = db.scalar(select(func.max(ClusterRow.version)).where(ClusterRow.base_id == base.id)) or 1
         row = ClusterRow(content_hash=h, name=base.name, device=base.device, gpus=base.gpus,
-                         body=cluster.model_dump(mode="json"), base_id=base.id, version=newest + 1)
+                         body=cluster.model_dump(mode="json"), base_id=base.id, version=newest + 1,
+                         calibration_jobs=calibration_jobs_of(cluster))
         db.add(row)
         db.flush()
     newest = newest_versions(db, [row]).get(base.id)

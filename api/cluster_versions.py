@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from db.models import ClusterRow
-from planner.cluster import calibrated_from
+from planner.cluster import Cluster, calibrated_from
 
 
 def lineage_id(row: ClusterRow) -> int:
@@ -31,7 +31,8 @@ def newest_versions(db: Session, rows: Iterable[ClusterRow]) -> dict[int, Cluste
     bases = {lineage_id(r) for r in rows}
     if not bases:
         return {}
-    found = db.scalars(select(ClusterRow).where(ClusterRow.id.in_(bases) | ClusterRow.base_id.in_(bases)))
+    found = db.scalars(select(ClusterRow).options(defer(ClusterRow.body))
+                       .where(ClusterRow.id.in_(bases) | ClusterRow.base_id.in_(bases)))
     newest: dict[int, ClusterRow] = {}
     for r in found:
         key = lineage_id(r)
@@ -41,13 +42,16 @@ def newest_versions(db: Session, rows: Iterable[ClusterRow]) -> dict[int, Cluste
     return newest
 
 
+def calibration_jobs_of(cluster: Cluster) -> int | None:
+    """The finished jobs ``cluster``'s calibration was fitted to (0 when not known); None without one. Stored
+    as the row's ``calibration_jobs`` when the row is made (:mod:`api.crud`, :mod:`api.calibration`)."""
+    return None if cluster.calibration is None else cluster.calibration.jobs
+
+
 def calibration_jobs(row: ClusterRow) -> int | None:
-    """The finished jobs ``row``'s calibration was fitted to; None when it has no calibration."""
-    cal = (row.body or {}).get("calibration")
-    if not isinstance(cal, dict):
-        return None
-    jobs = cal.get("jobs")
-    return int(jobs) if isinstance(jobs, int) else 0
+    """The finished jobs ``row``'s calibration was fitted to; None when it has no calibration (the column,
+    not the body: a list answer loads no documents)."""
+    return row.calibration_jobs
 
 
 def label(row: ClusterRow, newest: ClusterRow | None = None) -> str:

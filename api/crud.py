@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer, selectinload
 
+from api.cluster_versions import calibration_jobs_of
 from api.errors import Busy, Conflict, InputError, NotFound
 from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
@@ -103,7 +104,7 @@ def add_cluster(db: Session, cluster: Cluster, max_gpus: int) -> tuple[ClusterRo
     if row is not None:
         return row, False
     row = ClusterRow(content_hash=h, name=cluster.name, device=cluster.device, gpus=cluster.gpus,
-                     body=cluster.model_dump(mode="json"))
+                     body=cluster.model_dump(mode="json"), calibration_jobs=calibration_jobs_of(cluster))
     db.add(row)
     db.flush()
     return row, True

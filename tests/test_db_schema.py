@@ -158,3 +158,28 @@ def test_cli_db_upgrade_and_seed(tmp_path) -> None:  # type: ignore[no-untyped-d
     for cmd in ("serve", "agent"):
         r = CliRunner().invoke(app, [cmd, "--help"])
         assert r.exit_code == 0
+
+
+def test_calibration_jobs_column_is_filled_from_stored_bodies(raw_db_url: str) -> None:
+    """0005 adds clusters.calibration_jobs (list answers label versions from it, not from bodies) and fills
+    it for the rows already stored: the jobs of a body's calibration, 0 when it names none, NULL without."""
+    import json
+
+    from sqlalchemy import text
+
+    upgrade(raw_db_url, "0004_gang_agents")
+    bodies = {1: {"name": "a"}, 2: {"name": "a", "calibration": {"jobs": 3, "compute_scale": 1.2}},
+              3: {"name": "a", "calibration": {"compute_scale": 1.1}}}
+    eng = make_engine(raw_db_url)
+    try:
+        with eng.begin() as conn:
+            for cid, body in bodies.items():
+                conn.execute(text("INSERT INTO clusters (id, content_hash, name, device, gpus, body, created_at, "
+                                  "version) VALUES (:id, :h, 'a', 'cpu', 4, :body, '2026-11-23 00:00:00', 1)"),
+                             {"id": cid, "h": f"h{cid}", "body": json.dumps(body)})
+        assert upgrade(raw_db_url) == head()
+        with eng.connect() as conn:
+            got = dict(conn.execute(text("SELECT id, calibration_jobs FROM clusters")).all())
+    finally:
+        eng.dispose()
+    assert got == {1: None, 2: 3, 3: 0}
