@@ -6,7 +6,8 @@ afterwards is made on the newest. An id alone ("#7") does not say that #7 is ver
 from how many jobs it was fitted: :func:`describe` gives every cluster answer (``ClusterOut``) its
 ``label``, the jobs its calibration was fitted to (``Calibration.jobs``, :mod:`planner.cluster`) and the
 newest version of its lineage, so a page that names a cluster can say which version it is and whether a
-newer one exists. No schema change: everything is read from the rows.
+newer one exists. The jobs count is the row's ``calibration_jobs`` column (set when the row is made, filled
+for older rows by migration 0005), so a list answer loads no cluster documents.
 """
 
 from __future__ import annotations
@@ -48,18 +49,12 @@ def calibration_jobs_of(cluster: Cluster) -> int | None:
     return None if cluster.calibration is None else cluster.calibration.jobs
 
 
-def calibration_jobs(row: ClusterRow) -> int | None:
-    """The finished jobs ``row``'s calibration was fitted to; None when it has no calibration (the column,
-    not the body: a list answer loads no documents)."""
-    return row.calibration_jobs
-
-
 def label(row: ClusterRow, newest: ClusterRow | None = None) -> str:
     """``name``, then ``vN`` when the lineage has more than one version, then what calibrated it:
     "dgx-a100-80gb", "dgx-a100-80gb v1 (uncalibrated)", "dgx-a100-80gb v2, calibrated from 3 jobs"."""
     several = row.version > 1 or (newest is not None and newest.id != row.id)
     text = row.name + (f" v{row.version}" if several else "")
-    jobs = calibration_jobs(row)
+    jobs = row.calibration_jobs
     if jobs is not None:
         text += ", " + calibrated_from(jobs)
     elif several:
@@ -70,5 +65,5 @@ def label(row: ClusterRow, newest: ClusterRow | None = None) -> str:
 def describe(row: ClusterRow, newest: ClusterRow | None) -> dict[str, Any]:
     """The version fields of a cluster answer (``api.schemas.ClusterOut``)."""
     newest = newest or row
-    return {"label": label(row, newest), "calibration_jobs": calibration_jobs(row),
+    return {"label": label(row, newest), "calibration_jobs": row.calibration_jobs,
             "newest_id": newest.id, "newest_version": newest.version, "newest_label": label(newest, newest)}
