@@ -296,7 +296,6 @@ class ConfigCosts(Costs):
         self.overheads = ActionOverheads(cluster, self)
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
-        self._stretch: tuple[float, float] = (1.0, 1.0)  # (share, core_stretch at it)
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -457,13 +456,7 @@ class ConfigCosts(Costs):
         """Wall seconds per second of core time alone on a shared CPU host: the core share times the CPU
         time it costs more to take turns on the cores (:func:`host_inflation`); 1 for devices of their own."""
         share = self.share
-        if share == 1.0:
-            return 1.0
-        at, value = self._stretch
-        if at != share:  # computed once per share (host_share's fixed point moves it)
-            value = share * host_inflation(self.cluster.host, share)
-            self._stretch = (share, value)
-        return value
+        return 1.0 if share == 1.0 else share * host_inflation(self.cluster.host, share)
 
     @property
     def share(self) -> float:
