@@ -149,6 +149,8 @@ def _measure_size(
     kept: deque[torch.Tensor] = deque()
 
     def inputs_among_alive() -> Inputs:
+        while len(kept) < alive:  # the window filled before the first timed forward (untimed)
+            kept.append(layer(*new_inputs()))
         while len(kept) > alive:  # the oldest freed before the timed forward, as its backward frees it
             kept.popleft()
         return new_inputs()

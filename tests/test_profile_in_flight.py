@@ -48,11 +48,12 @@ def test_forwards_are_timed_among_alive_ones_and_backwards_first_in_first_out() 
     layer = Counting()
     m = LayerMeasurement()
     _measure_size(layer, lambda: (torch.randn(2, 4),), 2, torch.device("cpu"), 1, 4, False, m, alive=3)
-    fwd_calls = layer.seen_alive[:5]  # warm-up 1 + repeats 4: the forward timings
-    assert fwd_calls == [0, 1, 2, 3, 3]  # from the first full window on: 3 earlier forwards alive
+    # the window is filled first (untimed: 0, 1, 2 alive), then every timed forward (warm-up 1 + repeats 4)
+    # runs with 3 earlier forwards alive
+    assert layer.seen_alive[:8] == [0, 1, 2, 3, 3, 3, 3, 3]
     # backward timings: each fills the window to 3 + 1 and backpropagates the oldest
     assert layer.backwarded == sorted(layer.backwarded)  # first in, first out
-    first_bwd_forward = 5
+    first_bwd_forward = 8
     assert layer.backwarded[0] == first_bwd_forward
     assert len(layer.backwarded) == 5 and m.fwd[2].median >= 0 and m.bwd[2].median >= 0
 

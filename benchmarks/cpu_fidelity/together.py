@@ -35,6 +35,17 @@ def make(kind):
             y = b(y)
         y.backward(torch.ones_like(y))
 
+    if kind == "fwd8":  # forwards only, 8 earlier ones alive (as a stage runs them)
+        alive = []
+
+        def fwd():
+            y = x.detach().requires_grad_()
+            for b in blocks:
+                y = b(y)
+            alive.append(y)
+            del alive[:-8]
+
+        return fwd
     return once
 
 
@@ -63,7 +74,7 @@ if __name__ == "__main__":
     R = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     print("load", os.getloadavg())
     ctx = mp.get_context("spawn")
-    for kind, reps in (("mlp", 150), ("block", 8)):
+    for kind, reps in [(k, {"mlp": 150, "block": 8, "fwd8": 24}[k]) for k in (sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "block"])]:
         q, bar = ctx.Queue(), ctx.Barrier(2)
         ps = [ctx.Process(target=worker, args=(r, kind, bar, q, R, reps)) for r in range(2)]
         [p.start() for p in ps]
