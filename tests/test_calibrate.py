@@ -255,3 +255,16 @@ def test_cli_calibrate_says_which_version_later_plans_use() -> None:
     assert _stored(older, 7).splitlines()[1] == (
         "a newer version exists, dgx v3, calibrated from 5 jobs: cluster id 9; plans made from now on with "
         "cluster id 7, 1 (any version of cluster 1) use that one")
+
+
+def test_cli_calibrate_says_when_nothing_changed() -> None:
+    """Calibrating again with no new job (the API answers ``unchanged``): the CLI says nothing was stored and
+    names the version plans keep using."""
+    from pipeplan.commands_calibrate import _stored
+
+    d = {"cluster_id": 7, "base_id": 1, "version": 2, "label": "dgx v2, calibrated from 3 jobs", "newest_id": 7,
+         "newest_label": "dgx v2, calibrated from 3 jobs", "unchanged": True}
+    lines = _stored(d, 1).splitlines()
+    assert lines[0] == ("no new finished job since dgx v2, calibrated from 3 jobs (cluster id 7, version 2 of "
+                        "cluster 1): the fit is the same, nothing stored")
+    assert lines[1].startswith("plans made from now on with cluster id 1, 7")
