@@ -10,7 +10,6 @@ from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
 from planner.cost import ConfigCosts
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
-from planner.runspec import schedule_microbatches
 from planner.schedules import build
 
 SIZES = (1, 2, 4, 8)
@@ -192,14 +191,14 @@ def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def
 def test_search_bounds_hold_with_overhead_and_calibration() -> None:
     """The search prunes by lower bounds: with per-action overhead and calibration in the costs, no bound
     may exceed the simulated time (every schedule, including the merged ones' warm-up bounds)."""
-    from collections import Counter
     from pathlib import Path
+
+    from search_support import simulated_with_bounds
 
     from planner.analytic import analytic_profile
     from planner.cluster import load_cluster
     from planner.device import device_for_cluster
     from planner.model import PRESETS
-    from planner.schedules import inflight_exact
     from planner.search import Planner
 
     base = load_cluster(Path(__file__).parent.parent / "examples" / "clusters" / "piz-daint-p100-16gb.json")
@@ -209,19 +208,7 @@ def test_search_bounds_hold_with_overhead_and_calibration() -> None:
     prof = analytic_profile(PRESETS["bert-48"], device_for_cluster(base), dtype="fp32")
     planner = Planner(prof, cl, TrainingRequest(global_batch=64, gpus=8))
     checked = 0
-    for cfg in planner.configs(Counter()):
-        cand, costs = planner.prepare(cfg)
-        if costs is None:
-            continue
-        warmup_bound = None
-        if not inflight_exact(cfg.schedule):
-            n = schedule_microbatches(cfg, cand.microbatches)
-            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
-            if not rejected and warmup is not None:
-                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
-        planner.evaluate(cand, costs)
-        if cand.simulation is None:
-            continue
+    for cfg, cand, _, warmup_bound in simulated_with_bounds(planner):
         checked += 1
         assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
         if warmup_bound is not None:
