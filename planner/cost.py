@@ -57,7 +57,10 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   Float16OptimizerWithFloat16Params, 2021-22): the 16-bit gradients copied into fp32 main gradients (read
   2, write 4 bytes), unscaled and checked for inf/NaN in one pass (``_amp_foreach_non_finite_check_and_
   unscale_``: read 4, write 4) and their norm taken for clipping (``multi_tensor_l2norm``: read 4):
-  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter.
+  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter. On a CPU cluster measured by
+  :func:`profiler.local_cluster.measured_cluster` the bandwidth is that of the executor's own step timed after a
+  backward (:func:`profiler.local_cluster.measure_step_bandwidth`). The devices holding the first or the last
+  stage also all-reduce the tied embedding's gradients before they step (:meth:`ConfigCosts.tied_allreduce`).
 * **Calibration and executor overhead** (issue 11 items 4 and 5; the hook at the end of this file): a
   cluster's fitted :class:`planner.cluster.Calibration` multiplies compute (F/B/I/W, step) by
   ``compute_scale`` and communication (p2p, all-reduce, tensor-parallel collectives) by ``link_scale``;
