@@ -202,6 +202,9 @@ class ListScheduler:
         self.remaining = sum(len(row) for row in self.rows)
         self.t = 0
         self.started = False
+        #: slot -> per device, the length of its list when :meth:`run` stopped before that slot: the prefix
+        #: ``run(until)`` gave, read again without merging from the start (:func:`merge_pipelines`)
+        self.marks: dict[int, list[int]] = {}
 
     def run(self, until: int | None = None) -> list[list[Action]]:
         """Schedule up to slot ``until`` (everything: None); returns the per-device lists so far (live:
@@ -316,6 +319,8 @@ class ListScheduler:
                 examine(k, t)
             t = end
         self.remaining, self.t = remaining, t
+        if until is not None:
+            self.marks[until] = [len(row) for row in out]
         return out
 
 
@@ -338,7 +343,13 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines:
     if kept is None:
         kept = _suspended.kept = OrderedDict()
     sched = kept.pop(key, None)
-    if sched is None or (until is not None and sched.t > until):
+    if sched is not None and until is not None and sched.t > until:
+        lengths = sched.marks.get(until)
+        if lengths is not None:  # a prefix it gave before (the same structure under another schedule key)
+            kept[key] = sched
+            return [row[:n] for row, n in zip(sched.out, lengths, strict=True)]
+        sched = None
+    if sched is None:
         sched = ListScheduler(devices, placement, pipelines)
     out = sched.run(until)
     if until is None:
