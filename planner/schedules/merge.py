@@ -225,27 +225,47 @@ class ListScheduler:
             if i >= len(row):
                 return
             slot, isb, lm, span = row[i]
-            at = 0
             if not isb:
+                at = 0
                 if stage_of[k]:
                     prev, flat = base[k] - M, flats[k]
-                    for j in range(lm, lm + span):
-                        end = end_f[prev + flat[j]]
-                        if end < 0:
-                            wait_f.setdefault(prev + flat[j], []).append(k)
+                    if span == 1:  # (the common case, without the loop)
+                        x = prev + flat[lm]
+                        at = end_f[x]
+                        if at < 0:
+                            got = wait_f.get(x)
+                            if got is None:
+                                wait_f[x] = [k]
+                            else:
+                                got.append(k)
                             return
-                        if end > at:
-                            at = end
+                    else:
+                        for j in range(lm, lm + span):
+                            end = end_f[prev + flat[j]]
+                            if end < 0:
+                                wait_f.setdefault(prev + flat[j], []).append(k)
+                                return
+                            if end > at:
+                                at = end
             else:
                 x = base[k] + flats[k][lm]
                 at = end_f[x]
                 if at < 0:
-                    wait_f.setdefault(x, []).append(k)
+                    got = wait_f.get(x)
+                    if got is None:
+                        wait_f[x] = [k]
+                    else:
+                        got.append(k)
                     return
                 if stage_of[k] < last:
-                    end = end_b[x + M]
+                    x += M
+                    end = end_b[x]
                     if end < 0:
-                        wait_b.setdefault(x + M, []).append(k)
+                        got = wait_b.get(x)
+                        if got is None:
+                            wait_b[x] = [k]
+                        else:
+                            got.append(k)
                         return
                     if end > at:
                         at = end
@@ -305,16 +325,18 @@ class ListScheduler:
                     out[d].append(new(Action, (B, s, m, replica_of[k], 1, -1)))
                     x = base[k] + m
                     end_b[x] = end
-                    if x in wait_b:
-                        for waiter in wait_b.pop(x):
+                    waiting = wait_b.pop(x, None)
+                    if waiting is not None:
+                        for waiter in waiting:
                             examine(waiter, t)
                 else:
                     out[d].append(new(Action, (F, s, flat[lm], replica_of[k], span, -1)))
                     for j in range(lm, lm + span):
                         x = base[k] + flat[j]
                         end_f[x] = end
-                        if x in wait_f:
-                            for waiter in wait_f.pop(x):
+                        waiting = wait_f.pop(x, None)
+                        if waiting is not None:
+                            for waiter in waiting:
                                 examine(waiter, t)
                 examine(k, t)
             t = end
