@@ -8,6 +8,9 @@ and stores the result as a new :class:`db.models.ClusterRow` (``base_id`` the up
 (:func:`newest_version`). ``errors`` reports each job's measured iteration time against the prediction of
 the uncalibrated cluster and of the newest calibration.
 
+Calibrating again when nothing changed (the same jobs give the same factors as the newest version's) stores
+nothing: the answer is the newest version with ``unchanged`` true (:func:`same_fit`).
+
 A job counts when it succeeded with a stored result and, unless ``include_emulated``, its compute was real
 (emulated runs sleep the profile's times: they say nothing about the device's efficiency); the newest
 ``MAX_JOBS`` count.
@@ -106,6 +109,26 @@ def _summary(rows: list[dict[str, Any]], key: str) -> float | None:
     return median(vals) if vals else None
 
 
+#: the fields of a stored calibration that say what was fitted (``notes`` only say how; they name the versions)
+FIT_FIELDS = ("compute_scale", "link_scale", "action_overhead", "jobs", "fitted")
+
+
+def same_fit(stored: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether a stored calibration (a cluster body's ``calibration``) has the factors, job count and fitted
+    names of ``new`` (floats to 1e-12 relative: a JSON round trip through PostgreSQL keeps them exactly, this
+    only guards the comparison)."""
+    if not stored:
+        return False
+    for k in FIT_FIELDS:
+        a, b = stored.get(k), new.get(k)
+        if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
+            if not math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
 def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:
     """Fit the factors to the lineage's finished jobs and store them as a new version (module docstring)."""
     lineage = versions(db, cluster_id)
@@ -120,9 +143,11 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
                   f"{base.id} (versions {', '.join(str(r.version) for r in lineage)})")
     except ValueError as e:
         raise InputError(str(e)) from None
+    fitted = res.calibration.model_dump(mode="json")
+    unchanged = lineage[-1].version > 1 and same_fit((lineage[-1].body or {}).get("calibration"), fitted)
     cluster = with_calibration(_uncalibrated(base), res.calibration)
     h = cluster.content_hash()
-    row = db.scalar(select(ClusterRow).where(ClusterRow.content_hash == h))
+    row = lineage[-1] if unchanged else db.scalar(select(ClusterRow).where(ClusterRow.content_hash == h))
     if row is None:
         newest = db.scalar(select(func.max(ClusterRow.version)).where(ClusterRow.base_id == base.id)) or 1
         row = ClusterRow(content_hash=h, name=base.name, device=base.device, gpus=base.gpus,
@@ -132,8 +157,8 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
         db.flush()
     newest = newest_versions(db, [row]).get(base.id)
     return {"cluster_id": row.id, "base_id": base.id, "version": row.version, **describe(row, newest),
-            "calibration": res.calibration.model_dump(mode="json"), "rounds": res.rounds,
-            "jobs": [j.to_dict() for j in res.jobs]}
+            "calibration": (row.body or {}).get("calibration") if unchanged else fitted, "unchanged": unchanged,
+            "rounds": res.rounds, "jobs": [j.to_dict() for j in res.jobs]}
 
 
 def errors(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:

@@ -105,8 +105,12 @@ def _stored(d: dict[str, Any], asked: int) -> str:
     """What POST /clusters/{id}/calibrate stored (``d``, its answer) and which plans use it: the service plans
     a request on any version of a cluster on the newest one (api/calibration.py)."""
     new, base = d["cluster_id"], d["base_id"]
-    text = (f"calibrated version: {d.get('label') or d['version']}: cluster id {new} "
-            f"(version {d['version']} of cluster {base})\n")
+    if d.get("unchanged"):
+        text = (f"no new finished job since {d.get('label') or d['version']} (cluster id {new}, version "
+                f"{d['version']} of cluster {base}): the fit is the same, nothing stored\n")
+    else:
+        text = (f"calibrated version: {d.get('label') or d['version']}: cluster id {new} "
+                f"(version {d['version']} of cluster {base})\n")
     ids = ", ".join(str(i) for i in dict.fromkeys((asked, base, new)))
     newest = d.get("newest_id", new)
     if newest == new:

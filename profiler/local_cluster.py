@@ -191,7 +191,7 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     import os
     import platform
 
-    from profiler.overhead import measure_emulated_overhead, measure_overhead
+    from profiler.overhead import measure_emulated_overhead, measure_overhead, nearly_nothing
 
     procs = base.gpus
     links = measure_links(procs)
@@ -200,7 +200,8 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
     host = measure_host(procs)
     bandwidth = measure_step_bandwidth()
     n_ovh = max(2, min(procs, os.cpu_count() or 1))
-    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3)
+    nearly = nearly_nothing(n_ovh, iterations=overhead_iterations, warmup=3)  # profiled once for both
+    ex, raw = measure_overhead(procs=n_ovh, iterations=overhead_iterations, warmup=3, nearly=nearly)
     shared = max(1.0, n_ovh / host.effective_cores)
 
     def scaled(e: ExecutorOverhead) -> ExecutorOverhead:
@@ -211,7 +212,8 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
 
     # with compute emulated the processes sleep: measured on all of them at once, as the emulated runs go
     here = base.model_copy(update={"intra": p2p, "inter": p2p, "host": host})
-    emu, raw["emulated"] = measure_emulated_overhead(procs, here, iterations=overhead_iterations, warmup=3)
+    emu, raw["emulated"] = measure_emulated_overhead(procs, here, iterations=overhead_iterations, warmup=3,
+                                                     nearly=nearly if procs == n_ovh else None)
     ex = scaled(ex).model_copy(update={"emulated": emu})
     raw["overhead_core_share"] = shared
     note = (f"measured by pipeplan seed on {platform.node()} with {procs} gloo processes at once (as the jobs "

@@ -107,10 +107,13 @@ def overhead_from_trace(trace: dict[str, Any], fwd: list[float], bwd: list[float
     return ex, raw
 
 
-def _nearly_nothing(procs: int, microbatches: int, iterations: int, warmup: int) -> tuple[dict[str, Any], Any,
-                                                                                          list[float], list[float]]:
+NearlyNothing = tuple[dict[str, Any], Any, list[float], list[float]]
+
+
+def nearly_nothing(procs: int, microbatches: int = 16, iterations: int = 20, warmup: int = 3) -> NearlyNothing:
     """The run options of the nearly-nothing 1F1B plan on ``procs`` processes, its model's profile (one thread)
-    and the profiled forward and backward time of each stage."""
+    and the profiled forward and backward time of each stage. A caller measuring both overheads on the same
+    number of processes profiles it once and hands it to both (``nearly``)."""
     import torch
 
     from executor.models import get_config
@@ -137,13 +140,15 @@ def _what(procs: int, microbatches: int, iterations: int) -> str:
 
 
 def measure_emulated_overhead(procs: int, cluster: Any, microbatches: int = 16, iterations: int = 20,
-                              warmup: int = 3, timeout: float = 120.0) -> tuple[ExecutorOverhead, dict[str, Any]]:
+                              warmup: int = 3, timeout: float = 120.0, nearly: NearlyNothing | None = None,
+                              ) -> tuple[ExecutorOverhead, dict[str, Any]]:
     """The overhead of our executor with compute emulated (``--emulate``: every compute action sleeps its
     profiled time, messages are real): the nearly-nothing plan on ``procs`` local gloo processes, emulated with
     its own profile and ``cluster`` (this machine's, with its ``host``), measured as :func:`measure_overhead`
     does with the slept time subtracted. Emulated processes sleep rather than compute, so they are measured
     as many at once as the runs they predict (a sleep's overshoot and a wake-up's wait for a core grow with
-    them), not scaled to a core of their own."""
+    them), not scaled to a core of their own. ``nearly``: :func:`nearly_nothing` of the same arguments, when
+    the caller has it."""
     import tempfile
     from pathlib import Path
 
@@ -152,7 +157,7 @@ def measure_emulated_overhead(procs: int, cluster: Any, microbatches: int = 16, 
     from planner.cluster import save_cluster
     from planner.profile import save_profile
 
-    kw, prof, fwd, bwd = _nearly_nothing(procs, microbatches, iterations, warmup)
+    kw, prof, fwd, bwd = nearly or nearly_nothing(procs, microbatches, iterations, warmup)
     with tempfile.TemporaryDirectory() as tmp:
         ppath, cpath = str(Path(tmp) / "profile.json"), str(Path(tmp) / "cluster.json")
         save_profile(prof, ppath)
@@ -167,23 +172,18 @@ def measure_emulated_overhead(procs: int, cluster: Any, microbatches: int = 16, 
 
 
 def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 20, warmup: int = 3,
-                     timeout: float = 120.0, emulated_on: Any = None) -> tuple[ExecutorOverhead, dict[str, Any]]:
+                     timeout: float = 120.0, nearly: NearlyNothing | None = None,
+                     ) -> tuple[ExecutorOverhead, dict[str, Any]]:
     """Run the executor on ``procs`` local gloo processes with the nearly-nothing model; return the
-    overhead and the raw figures (per kind: median seconds and count). ``emulated_on`` (a
-    :class:`planner.cluster.Cluster` of this machine, with its ``host``): also the overhead with compute
-    emulated on as many processes (:func:`measure_emulated_overhead`), into the result's ``emulated``."""
+    overhead and the raw figures (per kind: median seconds and count). ``nearly``: :func:`nearly_nothing` of
+    the same arguments, when the caller has it."""
     from executor.launch import launch
     from executor.plan import RunPlan
 
-    kw, _, fwd, bwd = _nearly_nothing(procs, microbatches, iterations, warmup)
+    kw, _, fwd, bwd = nearly or nearly_nothing(procs, microbatches, iterations, warmup)
     plan = RunPlan.direct("1f1b", procs, microbatches, **kw)
     res = launch([plan], procs, trace=True, timeout=timeout)
     assert res is not None  # one node: rank 0 is here
     what = _what(procs, microbatches, iterations)
-    ex, raw = overhead_from_trace(res["runs"][0]["trace"], fwd, bwd, warmup,
-                                  f"pipeplan profile-links --executor-overhead: {what}")
-    if emulated_on is not None:
-        emu, eraw = measure_emulated_overhead(procs, emulated_on, microbatches, iterations, warmup, timeout)
-        ex = ex.model_copy(update={"emulated": emu})
-        raw["emulated"] = eraw
-    return ex, raw
+    return overhead_from_trace(res["runs"][0]["trace"], fwd, bwd, warmup,
+                               f"pipeplan profile-links --executor-overhead: {what}")

@@ -43,6 +43,16 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     assert cal["calibration"]["compute_scale"] == pytest.approx(1.25, rel=0.02)
     assert [j["job_id"] for j in cal["jobs"]] == jobs
     assert client.post(f"/clusters/{cluster_id}/calibrate", headers=WAUTH).status_code == 403
+    # again with no new job: the same fit, nothing stored (no v3), the newest version answered
+    before = len(client.get("/clusters", headers=AUTH).json())
+    for asked in (cluster_id, cal["cluster_id"]):
+        r = client.post(f"/clusters/{asked}/calibrate", headers=AUTH)
+        assert r.status_code == 200, r.text
+        same = r.json()
+        assert same["unchanged"] is True and same["cluster_id"] == cal["cluster_id"] and same["version"] == 2
+        assert same["calibration"] == cal["calibration"]
+    assert len(client.get("/clusters", headers=AUTH).json()) == before
+    assert cal["unchanged"] is False
 
     got = client.get(f"/clusters/{cal['cluster_id']}", headers=AUTH).json()
     assert got["version"] == 2 and got["base_id"] == cluster_id

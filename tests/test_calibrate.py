@@ -10,7 +10,6 @@ from planner.cluster import Calibration, Cluster, ExecutorOverhead, Link
 from planner.cost import ConfigCosts
 from planner.profile import LayerProfile, ModelProfile, TransformerShape
 from planner.request import Config, TrainingRequest
-from planner.runspec import schedule_microbatches
 from planner.schedules import build
 
 SIZES = (1, 2, 4, 8)
@@ -192,14 +191,14 @@ def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def
 def test_search_bounds_hold_with_overhead_and_calibration() -> None:
     """The search prunes by lower bounds: with per-action overhead and calibration in the costs, no bound
     may exceed the simulated time (every schedule, including the merged ones' warm-up bounds)."""
-    from collections import Counter
     from pathlib import Path
+
+    from search_support import simulated_with_bounds
 
     from planner.analytic import analytic_profile
     from planner.cluster import load_cluster
     from planner.device import device_for_cluster
     from planner.model import PRESETS
-    from planner.schedules import inflight_exact
     from planner.search import Planner
 
     base = load_cluster(Path(__file__).parent.parent / "examples" / "clusters" / "piz-daint-p100-16gb.json")
@@ -209,19 +208,7 @@ def test_search_bounds_hold_with_overhead_and_calibration() -> None:
     prof = analytic_profile(PRESETS["bert-48"], device_for_cluster(base), dtype="fp32")
     planner = Planner(prof, cl, TrainingRequest(global_batch=64, gpus=8))
     checked = 0
-    for cfg in planner.configs(Counter()):
-        cand, costs = planner.prepare(cfg)
-        if costs is None:
-            continue
-        warmup_bound = None
-        if not inflight_exact(cfg.schedule):
-            n = schedule_microbatches(cfg, cand.microbatches)
-            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
-            if not rejected and warmup is not None:
-                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
-        planner.evaluate(cand, costs)
-        if cand.simulation is None:
-            continue
+    for cfg, cand, _, warmup_bound in simulated_with_bounds(planner):
         checked += 1
         assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
         if warmup_bound is not None:
@@ -255,3 +242,16 @@ def test_cli_calibrate_says_which_version_later_plans_use() -> None:
     assert _stored(older, 7).splitlines()[1] == (
         "a newer version exists, dgx v3, calibrated from 5 jobs: cluster id 9; plans made from now on with "
         "cluster id 7, 1 (any version of cluster 1) use that one")
+
+
+def test_cli_calibrate_says_when_nothing_changed() -> None:
+    """Calibrating again with no new job (the API answers ``unchanged``): the CLI says nothing was stored and
+    names the version plans keep using."""
+    from pipeplan.commands_calibrate import _stored
+
+    d = {"cluster_id": 7, "base_id": 1, "version": 2, "label": "dgx v2, calibrated from 3 jobs", "newest_id": 7,
+         "newest_label": "dgx v2, calibrated from 3 jobs", "unchanged": True}
+    lines = _stored(d, 1).splitlines()
+    assert lines[0] == ("no new finished job since dgx v2, calibrated from 3 jobs (cluster id 7, version 2 of "
+                        "cluster 1): the fit is the same, nothing stored")
+    assert lines[1].startswith("plans made from now on with cluster id 1, 7")

@@ -13,7 +13,6 @@ from planner.cluster import load_cluster
 from planner.device import device_for_cluster
 from planner.model import PRESETS
 from planner.request import Config, TrainingRequest
-from planner.runspec import schedule_microbatches
 from planner.search import plan, predict
 
 EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
@@ -162,28 +161,15 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
     """Pruning is only exact if no bound overshoots: for every configuration simulated, its lower bound
     is at most its simulated time, and the in-flight memory floor checked before building is at most the
     simulated peak (every schedule, t > 1, Chimera's concatenations with many micro-batches)."""
-    from collections import Counter
+    from search_support import simulated_with_bounds
 
-    from planner.schedules import inflight_exact
     from planner.search import Planner
 
     cl = load_cluster(EX / cluster)
     planner = Planner(profile_for(preset, cl), cl, TrainingRequest(global_batch=batch, gpus=gpus))
     checked = merged_checked = 0
-    for cfg in planner.configs(Counter()):
-        cand, costs = planner.prepare(cfg)
-        if costs is None:
-            continue
+    for cfg, cand, costs, warmup_bound in simulated_with_bounds(planner):
         counts = planner.shapes.inflight(cfg, costs.schedule)
-        warmup_bound = None
-        if not inflight_exact(cfg.schedule):  # merged: the bound of its replayed warm-up too
-            n = schedule_microbatches(cfg, cand.microbatches)
-            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
-            if not rejected and warmup is not None:
-                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
-        planner.evaluate(cand, costs)
-        if cand.simulation is None:
-            continue
         checked += 1
         assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
         if warmup_bound is not None:

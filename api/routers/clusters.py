@@ -66,6 +66,8 @@ class CalibrationOut(BaseModel):
     newest_version: int | None = None
     newest_label: str | None = None
     calibration: dict[str, Any]
+    unchanged: bool = Field(default=False, description="true when the fit equals the newest version's (no new "
+                                                         "finished job since): nothing was stored, status 200")
     rounds: int
     jobs: list[JobErrorOut]
 
@@ -84,11 +86,16 @@ class CalibrationErrors(BaseModel):
 
 @router.post("/{cluster_id}/calibrate", response_model=CalibrationOut, status_code=201, dependencies=[Admin],
              responses={404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}})
-def calibrate_cluster(cluster_id: IdPath, db: DB, include_emulated: IncludeEmulated = False):  # noqa: ANN201
+def calibrate_cluster(cluster_id: IdPath, db: DB, response: Response,  # noqa: ANN201
+                      include_emulated: IncludeEmulated = False):
     """Fit compute scale, link scale and per-action overhead to the cluster's finished jobs (every version)
     and store them as a new version of the cluster: later plans on any version use it, earlier plans keep
-    theirs. 409 when no job has a measured result yet."""
-    return calibration.calibrate(db, cluster_id, include_emulated)
+    theirs. 409 when no job has a measured result yet; 200 with ``unchanged`` true and the newest version
+    when the fit is the newest version's (no new finished job): nothing is stored."""
+    out = calibration.calibrate(db, cluster_id, include_emulated)
+    if out["unchanged"]:
+        response.status_code = 200
+    return out
 
 
 @router.get("/{cluster_id}/calibration", response_model=CalibrationErrors, dependencies=[Read],
