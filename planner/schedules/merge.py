@@ -65,8 +65,19 @@ def template(depth: int, shape: tuple[int, ...]) -> list[list[TemplateAction]]:
         first = len(group_first)
         groups.append(range(first, first + size))
         group_first.extend([first] * size)
-    # per stage, the 1F1B order (one_f_one_b_groups) as (is B, mb, span)
-    rows = [[(a.kind != F, a.mb, a.span) for a in one_f_one_b_groups(s, depth, groups)] for s in range(depth)]
+    # per stage, the 1F1B order of one_f_one_b_groups as (is B, mb, span), written without its actions: the
+    # groups are consecutive ranges from 0, so the backwards run the local micro-batches 0..M-1 in order
+    rows = []
+    for s in range(depth):
+        warm = min(depth - 1 - s, len(groups))
+        row = [(False, g.start, len(g)) for g in groups[:warm]]
+        bi = 0  # the next backward's micro-batch
+        for g in groups[warm:]:
+            row.append((False, g.start, len(g)))
+            row.extend([(True, m, 1) for m in range(bi, bi + len(g))])
+            bi += len(g)
+        row.extend([(True, m, 1) for m in range(bi, M)])
+        rows.append(row)
     f_end = [-1] * (depth * M)  # end slot of the forward of (stage, first mb of its group); -1: not yet
     b_end = [-1] * (depth * M)
     free, pos = [0] * depth, [0] * depth
