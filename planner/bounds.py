@@ -260,12 +260,20 @@ def _single_machine(release: np.ndarray, tail: np.ndarray, work: np.ndarray) -> 
     """The largest ``min r + sum p + min q`` over the sets of a device's action classes with ``r >= rho`` and
     ``q >= kappa``, for every (rho, kappa) among the classes' own, over devices (Carlier's bound,
     :meth:`TimeBounds.release_bound`); ``(devices, classes)`` arrays: release, delivery, total duration of
-    each class (classes without work take no part)."""
+    each class (classes without work take no part).
+
+    With the classes in order of release, latest first, the members of a set are among the first ``cnt(rho)``
+    of them (those released at ``rho`` or later, ties included): per kappa, a running sum of the work of the
+    classes delivering ``>= kappa`` in that order gives every rho's total at once -- (devices, C, C) arrays
+    where trying each set alone takes (devices, C, C, C)."""
     keep = work > 0
     release, tail = np.where(keep, release, np.inf), np.where(keep, tail, np.inf)
-    # sets: rho = release[:, a], kappa = tail[:, b]; member c when release[c] >= rho and tail[c] >= kappa
-    member = ((release[:, None, None, :] >= release[:, :, None, None])
-              & (tail[:, None, None, :] >= tail[:, None, :, None]))
-    total = (member * work[:, None, None, :]).sum(axis=3)
-    value = np.where(total > 0, release[:, :, None] + total + tail[:, None, :], 0.0)
+    order = np.argsort(-release, axis=1, kind="stable")
+    t_sorted = np.take_along_axis(tail, order, axis=1)
+    w_sorted = np.take_along_axis(np.where(keep, work, 0.0), order, axis=1)
+    # sums[d, b, j]: work of the first j+1 classes (latest release first) that deliver at tail[d, b] or later
+    sums = np.cumsum(np.where(t_sorted[:, None, :] >= tail[:, :, None], w_sorted[:, None, :], 0.0), axis=2)
+    cnt = (release[:, None, :] >= release[:, :, None]).sum(axis=2)  # cnt[d, a]: classes released at rho_a or later
+    total = np.take_along_axis(sums, np.broadcast_to((cnt - 1)[:, None, :], sums.shape), axis=2)  # [d, b, a]
+    value = np.where(total > 0, release[:, None, :] + total + tail[:, :, None], 0.0)
     return float(np.nan_to_num(value, nan=0.0, posinf=0.0).max())

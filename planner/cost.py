@@ -295,6 +295,8 @@ class ConfigCosts(Costs):
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
+        #: :meth:`send_time` per (link class, bytes), shared like the F/B durations (the cluster is the same)
+        self._sends: dict[tuple[str, float], float] = shared.setdefault("sends", {})
         self._bwd: dict[int, float] = shared["bwd"]
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
@@ -322,7 +324,11 @@ class ConfigCosts(Costs):
     def send_time(self, src: int, dst: int, nbytes: float) -> float:
         """One point-to-point message of ``nbytes`` from pipeline device ``src`` to ``dst``
         (:func:`collective_time` ``p2p``: NCCL send/recv on the link between them)."""
-        return collective_time(self.cluster, self.link_class(src, dst), "p2p", 2, nbytes)
+        key = (self.link_class(src, dst), nbytes)
+        v = self._sends.get(key)
+        if v is None:  # the same few (link, size) pairs for every send of a pipeline: computed once each
+            v = self._sends[key] = collective_time(self.cluster, key[0], "p2p", 2, nbytes)
+        return v
 
     @property
     def compute_source(self) -> str:

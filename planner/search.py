@@ -456,7 +456,7 @@ class Ranked:
     """What one search (or one part of a split search, :mod:`planner.split_search`) found: its ``k`` best
     rows (twins collapsed, named, explained), its ``k`` best candidates that do not fit, best first, with
     ``twin_of[j]``: the index of the earlier one that runs the same thing as ``infeasible[j]`` (None: a row
-    of its own, named), and its counts. Twins never cross parts (:func:`planner.split_search.part_of`)."""
+    of its own, named), and its counts. Twins never cross parts (:func:`planner.split_search.split_parts`)."""
 
     rows: list[Candidate]
     infeasible: list[Candidate]

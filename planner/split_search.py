@@ -1,7 +1,7 @@
 """The search on two cores: a forked child searches one part of the configurations, this process the other,
 and the two ranked parts are merged (:func:`planner.search._merge`) into the result a single process gives.
 
-Why it is exact. The configurations are split by (D, N) (:func:`part_of`): candidates that run the same
+Why it is exact. The configurations are split by (D, N) (:func:`split_parts`): candidates that run the same
 thing (twins, :mod:`planner.equivalence`) share those, so a class of twins never crosses parts.
 Each part searches its configurations best first, as the single process does, and skips a candidate only
 when its lower bound exceeds a threshold ``T`` that is never below the final k-th best time over classes of
@@ -70,12 +70,25 @@ def work(configs: list[Config], global_batch: int) -> int:
     return sum(c.pipeline * (global_batch // (c.data * c.micro_batch)) for c in configs)
 
 
-def part_of(pipeline: int, microbatches: int) -> int:
-    """The part (0 or 1) of a configuration: by its pipeline depth D and micro-batches N, which twins share,
-    and so do the schedules' shapes and merged warm-ups the search caches (:mod:`planner.shapes`: the costly
-    part of a merged schedule, computed once per part). Mixed so that neighbouring D and N fall into
-    different parts: on GPT-3 175B / 1024 GPUs the two parts' work measured 0.90 and 1.04 CPU seconds."""
-    return (pipeline.bit_length() + microbatches.bit_length()) % 2
+def split_parts(configs: list[Config], global_batch: int) -> dict[tuple[int, int], int]:
+    """The part (0 or 1) of each (D, N) of ``configs``: candidates that run the same thing (twins) share
+    those, and so do the schedules' shapes and merged warm-ups the search caches (:mod:`planner.shapes`: the
+    costly part of a merged schedule, computed once per part). The (D, N) groups go to the parts greedily,
+    largest first, each to the part with less work so far (Graham's LPT rule), work measured as :func:`work`
+    does (the sum of D x N of the group's configurations; ties by (D, N)). On GPT-3 175B / 1024 GPUs the
+    parts' search times, measured per group in one process (0.98 and 1.40 s with the earlier rule, D's and
+    N's bit lengths' parity), are 1.24 and 1.14 s."""
+    size: dict[tuple[int, int], int] = {}
+    for c in configs:
+        N = global_batch // (c.data * c.micro_batch)
+        size[(c.pipeline, N)] = size.get((c.pipeline, N), 0) + c.pipeline * N
+    load = [0, 0]
+    out: dict[tuple[int, int], int] = {}
+    for group in sorted(size, key=lambda g: (-size[g], g)):
+        part = 0 if load[0] <= load[1] else 1
+        out[group] = part
+        load[part] += size[group]
+    return out
 
 
 class Board:
@@ -163,8 +176,10 @@ def search_split(planner: Any, configs: list[Config], rr_keys: list[tuple[int, i
     k = planner.request.top
     board = Board(k)
 
+    part_of = split_parts(configs, planner.request.global_batch)
+
     def mine(part: int) -> Callable[[int, int], bool]:
-        return lambda D, N: part_of(D, N) == part
+        return lambda D, N: part_of.get((D, N), 0) == part
 
     def rank(part: int) -> Ranked:
         return planner._rank(configs, rr_keys, True, mine(part), SharedTop(k, board, part))

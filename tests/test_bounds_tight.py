@@ -214,3 +214,35 @@ def test_merged_memory_floor_is_below_the_lists_peak(case, D, N, data):
     floor = span * MemoryModel.first_slots_floor(first, lay.stage, lay.per_mb, act)
     peaks = Warmup(sched, sched.actions, 0).peaks(act)  # the full lists' peaks, counted as the simulator does
     assert all(f <= p * (1 + 1e-9) + 1e-6 for f, p in zip(floor.tolist(), peaks, strict=True)), (floor, peaks)
+
+
+def single_machine_by_sets(release: np.ndarray, tail: np.ndarray, work: np.ndarray) -> float:
+    """Carlier's bound as defined: every set {classes c: r_c >= rho, q_c >= kappa} tried alone, for every
+    (rho, kappa) among the classes' own (classes without work take no part)."""
+    best = 0.0
+    for r, q, w in zip(release.tolist(), tail.tolist(), work.tolist(), strict=True):
+        live = [(rc, qc, wc) for rc, qc, wc in zip(r, q, w, strict=True) if wc > 0]
+        for rho, _, _ in live:
+            for _, kappa, _ in live:
+                total = sum(wc for rc, qc, wc in live if rc >= rho and qc >= kappa)
+                if total > 0:
+                    best = max(best, rho + total + kappa)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 8), st.data())
+def test_single_machine_is_the_best_set(devices, classes, data):
+    """:func:`planner.bounds._single_machine` (running sums over the classes latest released first) gives the
+    largest ``min r + sum p + min q`` of the sets tried one by one, ties in releases and deliveries included."""
+    from planner.bounds import _single_machine
+
+    def grid(values: st.SearchStrategy) -> np.ndarray:
+        return np.array(data.draw(st.lists(st.lists(values, min_size=classes, max_size=classes),
+                                           min_size=devices, max_size=devices)), dtype=float)
+
+    times = st.one_of(st.sampled_from([0.0, 1.0, 2.5]), st.floats(0, 100, allow_nan=False))
+    release, tail = grid(times), grid(times)
+    work = grid(st.one_of(st.just(0.0), st.floats(0, 10, allow_nan=False)))
+    assert _single_machine(release, tail, work) == pytest.approx(single_machine_by_sets(release, tail, work),
+                                                                 rel=1e-12, abs=1e-12)

@@ -5,6 +5,7 @@ their definition."""
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import pytest
@@ -121,3 +122,21 @@ def eager_by_simulation(sched) -> list[int]:
 def test_chimera_eager_set_matches_definition(D, N, f, concat):
     sched = build("chimera", D, N, pipelines=f, concat=concat)
     assert sched.params["eager"] == eager_by_simulation(sched)
+
+
+@pytest.mark.parametrize("D,N,f,concat", [(8, 16, 1, "direct"), (8, 13, 2, "forward-doubling"), (16, 33, 4, "direct")])
+def test_prefix_asked_again_is_the_prefix(D, N, f, concat):
+    """A prefix asked for again after the merge went further (the same structure under another schedule
+    key: Chimera's concatenations coincide for N < 2D) is read from the scheduler's marks, not merged
+    again: it is the prefix a fresh scheduler gives, and the merge goes on from where it was."""
+    place, _, pipes = chimera._plan(D, N, f, concat)
+    key = (D, tuple(map(tuple, place)), tuple((r, tuple(map(tuple, g)), o) for r, g, o in pipes))
+    merge._suspended.kept = OrderedDict()
+    for until in (D, 2 * D):
+        merge.merge_pipelines(D, place, pipes, until=until)
+    sched = merge._suspended.kept[key]
+    again = merge.merge_pipelines(D, place, pipes, until=D)
+    assert merge._suspended.kept[key] is sched  # read from the marks: the same scheduler, not a new one
+    assert again == merge.ListScheduler(D, place, pipes).run(D)
+    assert merge.merge_pipelines(D, place, pipes, until=3 * D) == merge.ListScheduler(D, place, pipes).run(3 * D)
+    assert merge.merge_pipelines(D, place, pipes) == chimera.build(D, N, pipelines=f, concat=concat).actions

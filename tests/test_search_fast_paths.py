@@ -392,6 +392,28 @@ def _split_search(monkeypatch, planner: Planner):  # type: ignore[no-untyped-def
     return res, got
 
 
+@pytest.mark.parametrize("preset,cluster,gpus,batch", [
+    ("bert-48", "piz-daint-p100-16gb.json", 16, 128),
+    ("gpt3-175b", "dgx-a100-80gb.json", 1024, 1536),
+])
+def test_split_parts_balance_the_work_by_groups(preset, cluster, gpus, batch):
+    """:func:`planner.split_search.split_parts`: every (D, N) of the configurations in one part (twins, which
+    share D and N, never cross parts), the same split every time, and the parts' work (the sum of D x N)
+    apart by at most the largest group's (Graham's LPT rule)."""
+    from planner.split_search import split_parts
+
+    configs = _planner(preset, cluster, gpus, batch).configs(Counter())
+    parts = split_parts(configs, batch)
+    size: Counter[tuple[int, int]] = Counter()
+    for c in configs:
+        N = batch // (c.data * c.micro_batch)
+        size[(c.pipeline, N)] += c.pipeline * N
+    assert set(parts) == set(size) and set(parts.values()) == {0, 1}
+    assert split_parts(list(reversed(configs)), batch) == parts
+    load = [sum(v for g, v in size.items() if parts[g] == p) for p in (0, 1)]
+    assert abs(load[0] - load[1]) <= max(size.values())
+
+
 @pytest.mark.parametrize("preset,cluster,gpus,batch,kw", [
     ("bert-48", "piz-daint-p100-16gb.json", 4, 64, {}),
     ("bert-48", "piz-daint-p100-16gb.json", 8, 64, {"allow_async": True}),  # PipeDream's replicated plans too

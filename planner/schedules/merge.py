@@ -65,8 +65,19 @@ def template(depth: int, shape: tuple[int, ...]) -> list[list[TemplateAction]]:
         first = len(group_first)
         groups.append(range(first, first + size))
         group_first.extend([first] * size)
-    # per stage, the 1F1B order (one_f_one_b_groups) as (is B, mb, span)
-    rows = [[(a.kind != F, a.mb, a.span) for a in one_f_one_b_groups(s, depth, groups)] for s in range(depth)]
+    # per stage, the 1F1B order of one_f_one_b_groups as (is B, mb, span), written without its actions: the
+    # groups are consecutive ranges from 0, so the backwards run the local micro-batches 0..M-1 in order
+    rows = []
+    for s in range(depth):
+        warm = min(depth - 1 - s, len(groups))
+        row = [(False, g.start, len(g)) for g in groups[:warm]]
+        bi = 0  # the next backward's micro-batch
+        for g in groups[warm:]:
+            row.append((False, g.start, len(g)))
+            row.extend([(True, m, 1) for m in range(bi, bi + len(g))])
+            bi += len(g)
+        row.extend([(True, m, 1) for m in range(bi, M)])
+        rows.append(row)
     f_end = [-1] * (depth * M)  # end slot of the forward of (stage, first mb of its group); -1: not yet
     b_end = [-1] * (depth * M)
     free, pos = [0] * depth, [0] * depth
@@ -202,6 +213,9 @@ class ListScheduler:
         self.remaining = sum(len(row) for row in self.rows)
         self.t = 0
         self.started = False
+        #: slot -> per device, the length of its list when :meth:`run` stopped before that slot: the prefix
+        #: ``run(until)`` gave, read again without merging from the start (:func:`merge_pipelines`)
+        self.marks: dict[int, list[int]] = {}
 
     def run(self, until: int | None = None) -> list[list[Action]]:
         """Schedule up to slot ``until`` (everything: None); returns the per-device lists so far (live:
@@ -222,27 +236,47 @@ class ListScheduler:
             if i >= len(row):
                 return
             slot, isb, lm, span = row[i]
-            at = 0
             if not isb:
+                at = 0
                 if stage_of[k]:
                     prev, flat = base[k] - M, flats[k]
-                    for j in range(lm, lm + span):
-                        end = end_f[prev + flat[j]]
-                        if end < 0:
-                            wait_f.setdefault(prev + flat[j], []).append(k)
+                    if span == 1:  # (the common case, without the loop)
+                        x = prev + flat[lm]
+                        at = end_f[x]
+                        if at < 0:
+                            got = wait_f.get(x)
+                            if got is None:
+                                wait_f[x] = [k]
+                            else:
+                                got.append(k)
                             return
-                        if end > at:
-                            at = end
+                    else:
+                        for j in range(lm, lm + span):
+                            end = end_f[prev + flat[j]]
+                            if end < 0:
+                                wait_f.setdefault(prev + flat[j], []).append(k)
+                                return
+                            if end > at:
+                                at = end
             else:
                 x = base[k] + flats[k][lm]
                 at = end_f[x]
                 if at < 0:
-                    wait_f.setdefault(x, []).append(k)
+                    got = wait_f.get(x)
+                    if got is None:
+                        wait_f[x] = [k]
+                    else:
+                        got.append(k)
                     return
                 if stage_of[k] < last:
-                    end = end_b[x + M]
+                    x += M
+                    end = end_b[x]
                     if end < 0:
-                        wait_b.setdefault(x + M, []).append(k)
+                        got = wait_b.get(x)
+                        if got is None:
+                            wait_b[x] = [k]
+                        else:
+                            got.append(k)
                         return
                     if end > at:
                         at = end
@@ -302,20 +336,24 @@ class ListScheduler:
                     out[d].append(new(Action, (B, s, m, replica_of[k], 1, -1)))
                     x = base[k] + m
                     end_b[x] = end
-                    if x in wait_b:
-                        for waiter in wait_b.pop(x):
+                    waiting = wait_b.pop(x, None)
+                    if waiting is not None:
+                        for waiter in waiting:
                             examine(waiter, t)
                 else:
                     out[d].append(new(Action, (F, s, flat[lm], replica_of[k], span, -1)))
                     for j in range(lm, lm + span):
                         x = base[k] + flat[j]
                         end_f[x] = end
-                        if x in wait_f:
-                            for waiter in wait_f.pop(x):
+                        waiting = wait_f.pop(x, None)
+                        if waiting is not None:
+                            for waiter in waiting:
                                 examine(waiter, t)
                 examine(k, t)
             t = end
         self.remaining, self.t = remaining, t
+        if until is not None:
+            self.marks[until] = [len(row) for row in out]
         return out
 
 
@@ -338,7 +376,13 @@ def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines:
     if kept is None:
         kept = _suspended.kept = OrderedDict()
     sched = kept.pop(key, None)
-    if sched is None or (until is not None and sched.t > until):
+    if sched is not None and until is not None and sched.t > until:
+        lengths = sched.marks.get(until)
+        if lengths is not None:  # a prefix it gave before (the same structure under another schedule key)
+            kept[key] = sched
+            return [row[:n] for row, n in zip(sched.out, lengths, strict=True)]
+        sched = None
+    if sched is None:
         sched = ListScheduler(devices, placement, pipelines)
     out = sched.run(until)
     if until is None:
