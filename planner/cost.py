@@ -538,7 +538,9 @@ class ConfigCosts(Costs):
         model's tied embedding (:data:`OVERHEAD_TIED_BYTES`: its latency), so that time is subtracted there.
         Issue 11 (cpufid3): on the 2-core machine gpt-small's 512 KiB tied all-reduce between the two stages
         took 2.5-3.5 ms of the last stage's STEP, which the model did not cost. 0 for a device holding
-        neither end, one stage, or no tied parameters."""
+        neither end, one stage, or no tied parameters; and 0 on clusters without a measured executor
+        overhead (GPU clusters: Megatron-LM's own embedding all-reduce is not costed yet, and
+        :mod:`planner.bounds`' per-device step would have to carry it to stay tight)."""
         v = self._tied.get(device)
         if v is None:
             v = self._tied[device] = self._tied_allreduce(device)
@@ -547,7 +549,9 @@ class ConfigCosts(Costs):
     def _tied_allreduce(self, device: int) -> float:
         S = self.schedule.stages
         ends = {0, S - 1}
-        if S <= 1 or device >= len(self.held) or not any(s in ends for _, s in self.held[device]):
+        if self.cluster.executor is None or S <= 1 or device >= len(self.held):
+            return 0.0
+        if not any(s in ends for _, s in self.held[device]):
             return 0.0
         tied = max(self.stages[0].tied_params, self.stages[S - 1].tied_params)
         if tied <= 0:

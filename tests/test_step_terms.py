@@ -16,7 +16,7 @@ FIT = Link(alpha=5e-4, beta=2e-9)
 FAST = Link(alpha=0.0, beta=0.0)
 
 
-def cluster(executor: ExecutorOverhead | None = None) -> Cluster:
+def cluster(executor: ExecutorOverhead | None = ExecutorOverhead()) -> Cluster:
     return Cluster(name="cpu", nodes=1, gpus_per_node=4, device="cpu", memory_bytes=2**40, peak_flops=1e12,
                    memory_bandwidth=1e15, intra=FAST, inter=FAST, allreduce_fit=AllReduceFit(ranks=4, link=FIT),
                    executor=executor)
@@ -62,6 +62,11 @@ def test_tied_allreduce_spans_the_data_parallel_copies() -> None:
     assert c.tied_allreduce(0) == pytest.approx(FIT.alpha + FIT.beta * 4000)
     big = cluster().model_copy(update={"allreduce_fit": AllReduceFit(ranks=2, link=FIT)})
     assert costs(big, 2, tied=1000, W=2).tied_allreduce(0) != pytest.approx(FIT.alpha + FIT.beta * 4000)
+
+
+def test_no_tied_allreduce_on_clusters_without_our_executor() -> None:
+    # GPU clusters (no measured executor overhead): not costed (planner.cost.ConfigCosts.tied_allreduce)
+    assert costs(cluster(None), 4, tied=131072).tied_allreduce(0) == 0.0
 
 
 def test_overhead_tied_bytes_match_the_overhead_model() -> None:
