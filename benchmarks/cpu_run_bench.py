@@ -5,7 +5,8 @@ For 2 and 4 gloo processes the local cluster is measured first as its jobs run
 effective cores for that many processes, the executor's per-action overhead), each model is profiled in one
 process before and after its runs (:func:`profiler.run.profile_model`, one torch thread, float32: the time of
 a layer on a core of its own; sharing the cores is the cost model's part, :func:`planner.cost.host_share`;
-per layer the faster of the two, :func:`fastest`), then
+per layer the mean of the two, :func:`mean_profile`; the profile times a layer as a pipeline stage
+runs it, earlier micro-batches' activations alive, :mod:`profiler.layers`), then
 
 * **real**: each configuration runs for real; predicted = the simulator with that profile and cluster, the
   host's effective cores measured again just before the runs (``Emulator(..., emulated=False).predict()``:
@@ -71,13 +72,17 @@ def layouts(model: str, procs: int) -> list[tuple[int, int]]:
 KINDS = ("F", "B", "STEP")
 
 
-def fastest(a: Any, b: Any) -> Any:
-    """Per layer and micro-batch size, the smaller time of two profiles of the same model (before and after
-    the runs): on a shared machine a burst of someone else's work only adds time to a measurement, and one
-    burst during the single block the profile times (the others repeat it) would move every block."""
+def mean_profile(a: Any, b: Any) -> Any:
+    """Per layer and micro-batch size, the mean time of two profiles of the same model (before and after
+    the runs). The VM's speed drifts by tens of percent within a minute (issue 11, cpufid3: six profiles of
+    gpt-small taken back to back summed 20.0-27.0 ms forward, 40.3-50.6 ms backward at b=2; one block's
+    forward 2.4-3.6 ms from one round of 9 repeats to the next), so one profile is a snapshot of that
+    drift; the runs in between see its average. The smaller of the two, as taken before, is biased
+    low by about 0.56 of the drift's standard deviation (the expected minimum of two normal draws,
+    ``mu - sigma / sqrt(pi)``: 4-7% with the spreads above)."""
     layers = []
     for x, y in zip(a.layers, b.layers, strict=True):
-        upd = {k: {s: min(getattr(x, k)[s], getattr(y, k)[s]) for s in getattr(x, k)}
+        upd = {k: {s: (getattr(x, k)[s] + getattr(y, k)[s]) / 2 for s in getattr(x, k)}
                for k in ("fwd_time", "bwd_time")}
         layers.append(x.model_copy(update=upd))
     return a.model_copy(update={"layers": layers})
@@ -203,7 +208,7 @@ def bench(models: list[str], procs_list: list[int]) -> list[tuple[str, float]]:
                 emu_plans = [RunPlan.from_dict({**p.to_dict(), "emulate": ppath, "cluster": cpath}) for p in plans]
                 emu = launch(emu_plans, procs, timeout=600)
                 assert real is not None and emu is not None
-                prof = fastest(before, profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=9))
+                prof = mean_profile(before, profile_model(cfg, micro_batches=[1, 2, 4], threads=1, repeats=9))
                 for label, plan, r, e in zip(labels, plans, real["runs"], emu["runs"], strict=True):
                     em = Emulator(plan, plan.compute_schedule(), prof, now, emulated=False)
                     pred = em.predict()["iteration_time"]

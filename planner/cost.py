@@ -57,7 +57,10 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   Float16OptimizerWithFloat16Params, 2021-22): the 16-bit gradients copied into fp32 main gradients (read
   2, write 4 bytes), unscaled and checked for inf/NaN in one pass (``_amp_foreach_non_finite_check_and_
   unscale_``: read 4, write 4) and their norm taken for clipping (``multi_tensor_l2norm``: read 4):
-  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter.
+  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter. On a CPU cluster measured by
+  :func:`profiler.local_cluster.measured_cluster` the bandwidth is that of the executor's own step timed after a
+  backward (:func:`profiler.local_cluster.measure_step_bandwidth`). The devices holding the first or the last
+  stage also all-reduce the tied embedding's gradients before they step (:meth:`ConfigCosts.tied_allreduce`).
 * **Calibration and executor overhead** (issue 11 items 4 and 5; the hook at the end of this file): a
   cluster's fitted :class:`planner.cluster.Calibration` multiplies compute (F/B/I/W, step) by
   ``compute_scale`` and communication (p2p, all-reduce, tensor-parallel collectives) by ``link_scale``;
@@ -99,6 +102,10 @@ DDP_BUCKET_BYTES = 25 * 2**20
 #: bytes per parameter a 16-bit (mixed-precision) optimizer step moves over the gradients besides reading and
 #: writing the model state (module docstring, "Optimizer step")
 MIXED_PRECISION_GRAD_PASS_BYTES = 18.0
+
+#: bytes of the tied-embedding all-reduce inside the executor-overhead measurement's ``step``
+#: (:mod:`profiler.overhead`: ``NEARLY_NOTHING``, vocabulary 8 x hidden 8 in float32)
+OVERHEAD_TIED_BYTES = 8 * 8 * 4.0
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8,
                "float64": 8}
@@ -298,6 +305,7 @@ class ConfigCosts(Costs):
         self.overheads = ActionOverheads(cluster, self)
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
+        self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -511,12 +519,51 @@ class ConfigCosts(Costs):
 
     def step(self, device: int) -> float:
         """Optimizer step of ``device``'s stages: read and write its model state once (memory bound), plus
-        the executor's overhead of the device's ALLREDUCE and STEP actions."""
+        the executor's overhead of the device's ALLREDUCE and STEP actions, plus the tied-embedding
+        all-reduce's bytes (:meth:`tied_allreduce`; not with compute emulated, whose STEP runs none)."""
+        tied = 0.0 if self.emulated else self.tied_allreduce(device)
         if self._share == 1.0:
-            return self.step_work(device) + self.overheads.of("STEP", -1, device)
+            return self.step_work(device) + self.overheads.of("STEP", -1, device) + tied
         work, over = self.step_work(device), self.overheads.of("STEP", -1, device)
         core = self.core_stretch
-        return (work if self.emulated else work * core) + over * core
+        return (work if self.emulated else work * core) + over * core + tied
+
+    def tied_allreduce(self, device: int) -> float:
+        """Seconds of the tied-embedding all-reduce in ``device``'s STEP: the gradients of the word embedding
+        (first stage) and of the LM head's copy of it (last stage) are summed over the devices holding either
+        end and the data-parallel copies before the optimizer steps (Megatron-LM's embedding group; our
+        executor's ``groups.tied``, :meth:`executor.interpreter.RankRuntime._step`): ``tied_params`` elements
+        of ``el`` bytes over ``t``, timed by :func:`allreduce_time` among those ranks. A cluster with a measured
+        executor overhead already has, in its ``step`` figure, one such all-reduce of the nearly-nothing
+        model's tied embedding (:data:`OVERHEAD_TIED_BYTES`: its latency), so that time is subtracted there.
+        Issue 11 (cpufid3): on the 2-core machine gpt-small's 512 KiB tied all-reduce between the two stages
+        took 2.5-3.5 ms of the last stage's STEP, which the model did not cost. 0 for a device holding
+        neither end, one stage, or no tied parameters; and 0 on clusters without a measured executor
+        overhead (GPU clusters: Megatron-LM's own embedding all-reduce is not costed yet, and
+        :mod:`planner.bounds`' per-device step would have to carry it to stay tight)."""
+        v = self._tied.get(device)
+        if v is None:
+            v = self._tied[device] = self._tied_allreduce(device)
+        return v
+
+    def _tied_allreduce(self, device: int) -> float:
+        S = self.schedule.stages
+        ends = {0, S - 1}
+        if self.cluster.executor is None or S <= 1 or device >= len(self.held):
+            return 0.0
+        if not any(s in ends for _, s in self.held[device]):
+            return 0.0
+        tied = max(self.stages[0].tied_params, self.stages[S - 1].tied_params)
+        if tied <= 0:
+            return 0.0
+        holders = sorted({row[0] for row in self.schedule.placement} | {row[S - 1] for row in self.schedule.placement})
+        ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
+        if len(ranks) <= 1:
+            return 0.0
+        v = allreduce_time(self.cluster, ranks, tied * self.el / self.t)
+        if self.cluster.executor is not None and self.cluster.executor.step > 0:
+            v -= allreduce_time(self.cluster, ranks, OVERHEAD_TIED_BYTES)
+        return max(v, 0.0) * self.cal.link_scale
 
     def step_work(self, device: int) -> float:
         """:meth:`step` without the executor's per-action overhead."""

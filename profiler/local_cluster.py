@@ -148,12 +148,18 @@ def measure_host(procs: int, rounds: int = 5, reps: int = 150) -> HostCpu:
                            f"at that time is in the figures"))
 
 
-def measure_step_bandwidth(params: int = 4_000_000, tensors: int = 16, repeats: int = 7) -> float:
+def measure_step_bandwidth(params: int = 4_000_000, width: int = 512, rows: int = 64, repeats: int = 7) -> float:
     """Bytes per second of our executor's optimizer step as :meth:`planner.cost.ConfigCosts.step` counts them
     (reading and writing the model state, ``2 bytes_per_param`` per parameter: 16 for float32 SGD, a weight
-    and a gradient, :func:`executor.emulate.executor_request`): ``torch.optim.SGD.step`` over ``params``
-    float32 parameters in ``tensors`` tensors with their gradients, one torch thread, timed in thread CPU
-    time (core time, as profiles are: sharing the cores is the host model's part), median of ``repeats``.
+    and a gradient, :func:`executor.emulate.executor_request`), measured the way the executor steps
+    (:meth:`executor.interpreter.RankRuntime._step`): a chain of ``params / width^2`` ``Linear(width, width)``
+    layers runs a forward and a backward on ``rows`` rows (untimed), so the gradients are freshly allocated
+    and written by the backward and the caches hold what a backward leaves; then ``SGD.step`` and
+    ``zero_grad(set_to_none=True)`` are timed, one torch thread, thread CPU time (core time, as profiles are:
+    sharing the cores is the host model's part), median of ``repeats``. Issue 11 (cpufid3): the earlier probe
+    stepped the same 16 tensors with the same gradients again and again (caches hot): 33-36 GB/s on the
+    2-core development machine, where this measures 14-16 GB/s and a gpt-small stage's own step after its
+    backwards took 2.3-3.1 ms for 3.3 M parameters (12-15 GB/s), 3.4 ms against the 1.4 ms predicted before.
     The cluster file's ``memory_bandwidth`` is nominal; this is what the step gets on this machine."""
     import statistics
     import time
@@ -163,19 +169,21 @@ def measure_step_bandwidth(params: int = 4_000_000, tensors: int = 16, repeats: 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ps = [torch.nn.Parameter(torch.randn(params // tensors)) for _ in range(tensors)]
-        for p in ps:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.SGD(ps, lr=1e-6)
+        layers = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(max(1, params // (width * width)))])
+        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(0))
+        opt = torch.optim.SGD(layers.parameters(), lr=1e-6)
+        total = sum(p.numel() for p in layers.parameters())
         times = []
         for i in range(repeats + 2):
+            layers(x).square().mean().backward()
             c0 = time.thread_time()
             opt.step()
+            opt.zero_grad(set_to_none=True)
             if i >= 2:
                 times.append(time.thread_time() - c0)
     finally:
         torch.set_num_threads(before)
-    return 2 * 8.0 * (params // tensors) * tensors / max(statistics.median(times), 1e-9)
+    return 2 * 8.0 * total / max(statistics.median(times), 1e-9)
 
 
 def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Cluster, dict[str, Any]]:

@@ -108,8 +108,37 @@ def test_step_bandwidth_counts_the_bytes_the_cost_model_counts() -> None:
     # 2 bytes_per_param per parameter, float32 SGD: 16 bytes a parameter in a positive, finite time
     from profiler.local_cluster import measure_step_bandwidth
 
-    bw = measure_step_bandwidth(params=64_000, tensors=4, repeats=3)
+    bw = measure_step_bandwidth(params=64_000, width=128, repeats=3)
     assert 0 < bw < float("inf")
+
+
+def test_step_bandwidth_steps_after_a_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the step is timed as the executor runs it: gradients made by a backward just before, then SGD.step and
+    # zero_grad(set_to_none=True); the bytes counted are 16 per parameter of the Linear chain
+    import torch
+
+    from profiler.local_cluster import measure_step_bandwidth
+
+    calls: list[str] = []
+    real_step, real_zero = torch.optim.SGD.step, torch.optim.SGD.zero_grad
+
+    def step(self: torch.optim.SGD, *a: object, **kw: object) -> object:
+        assert all(p.grad is not None for g in self.param_groups for p in g["params"])  # fresh from a backward
+        calls.append("step")
+        return real_step(self, *a, **kw)
+
+    def zero(self: torch.optim.SGD, set_to_none: bool = True) -> None:
+        assert set_to_none
+        calls.append("zero")
+        real_zero(self, set_to_none=set_to_none)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    monkeypatch.setattr(torch.optim.SGD, "zero_grad", zero)
+    ticks = iter(range(1000))
+    monkeypatch.setattr("time.thread_time", lambda: float(next(ticks)))  # every timed step: 1 "second"
+    bw = measure_step_bandwidth(params=2 * 128 * 128, width=128, repeats=3)
+    assert calls == ["step", "zero"] * 5
+    assert bw == 16.0 * 2 * (128 * 128 + 128)  # two Linear(128, 128): weights and biases, 16 bytes each
 
 
 def test_emulated_compute_is_charged_the_overhead_measured_emulated() -> None:
