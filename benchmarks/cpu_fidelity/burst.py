@@ -12,12 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 torch.set_num_threads(1)
-from executor.models import build_layers, get_config
 
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
-cfg = get_config("gpt-tiny").with_(**SMALL)
-blk = build_layers(cfg, 0, 1, 2)[0].float().train()
-x = torch.randn(2, cfg.seq, cfg.hidden)
+from small import small_block
+
+cfg, blk, x = small_block()
 
 
 def t():

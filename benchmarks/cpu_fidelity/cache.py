@@ -15,9 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 torch.set_num_threads(1)
+from small import SMALL
+
 from executor.models import build_layers, get_config
 
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
 cfg = get_config("gpt-tiny").with_(**SMALL)
 blocks = [build_layers(cfg, 0, i, i + 1)[0].float().train() for i in range(1, 5)]
 x = torch.randn(2, cfg.seq, cfg.hidden)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
+from small import SMALL
 
 from executor.models import get_config
 from profiler.concurrent import profile_concurrently
 from profiler.run import profile_model
 
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
 if __name__ == "__main__":
     torch.set_num_threads(1)
     cfg = get_config("gpt-tiny").with_(**SMALL)

@@ -11,10 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 torch.set_num_threads(1)
+from small import SMALL
+
 from executor.models import get_config
 from profiler.run import profile_model
 
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
 cfg = get_config("gpt-tiny").with_(**SMALL)
 R = int(sys.argv[1]) if len(sys.argv) > 1 else 6
 rows = []

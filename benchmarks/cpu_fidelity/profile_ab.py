@@ -11,10 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 torch.set_num_threads(1)
+from small import SMALL
+
 from executor.models import build_layers, get_config
 from profiler.layers import IN_FLIGHT, LayerMeasurement, _measure_size, make_inputs
 
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
 cfg = get_config("gpt-tiny").with_(**SMALL)
 blk = build_layers(cfg, 0, 1, 2)[0].float().train()
 new = make_inputs(cfg, 1, blk, 2, torch.device("cpu"), torch.float32)

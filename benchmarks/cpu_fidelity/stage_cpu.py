@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import resource
 
 import torch
+from small import SMALL
 
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
 N, B_ = 8, 2
 
 

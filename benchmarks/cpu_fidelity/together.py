@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
+from small import SMALL
 
 
 def make(kind):
