@@ -75,11 +75,16 @@ def report(name: str, cmd: list[str], runs: int) -> None:
           f"   (wall {', '.join(f'{w:.2f}' for w in walls)}; user {', '.join(f'{u:.2f}' for u in users)})")
 
 
+def plan_cmd(prof: Path, *extra: str) -> list[str]:
+    """The timed command: GPT-3 175B (``prof``) on 1024 A100s, B = 1536, every schedule; ``extra`` options."""
+    return [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER), "--global-batch", "1536",
+            "--gpus", "1024", *extra]
+
+
 def phases(prof: Path, runs: int, processes: int) -> None:
     """Median seconds of each part of the plan command (module docstring); ``own-cpu``: the command's own
     CPU seconds from its start to its end (a forked child's not in them)."""
-    cmd = [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER), "--global-batch", "1536",
-           "--gpus", "1024", "--processes", str(processes)]
+    cmd = plan_cmd(prof, "--processes", str(processes))
     got: dict[str, list[float]] = {}
     for _ in range(runs):
         for name, argv in (("interpreter", [sys.executable, "-c", "pass"]),
@@ -169,11 +174,9 @@ def main() -> None:
               f"({os.cpu_count()} CPUs)")
         print("no bytecode written (--source)" if args.source else bytecode())
         report("pipeplan --help", [*pipeplan(), "--help"], args.runs)
-        report("pipeplan plan", [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER),
-                                 "--global-batch", "1536", "--gpus", "1024"], args.runs)
+        report("pipeplan plan", plan_cmd(prof), args.runs)
         for n in (1, 2):  # the default is 2 where a core is idle (planner.split_search.spare_core), else 1
-            report(f"  --processes {n}", [*pipeplan(), "plan", "--profile", str(prof), "--cluster", str(CLUSTER),
-                                          "--global-batch", "1536", "--gpus", "1024", "--processes", str(n)], args.runs)
+            report(f"  --processes {n}", plan_cmd(prof, "--processes", str(n)), args.runs)
         if args.phases:
             for n in (1, 2):
                 phases(prof, args.runs, n)
