@@ -561,7 +561,7 @@ class ConfigCosts(Costs):
         if len(ranks) <= 1:
             return 0.0
         v = allreduce_time(self.cluster, ranks, tied * self.el / self.t)
-        if self.cluster.executor is not None and self.cluster.executor.step > 0:
+        if self.cluster.executor.step > 0:  # (executor is not None: checked above)
             v -= allreduce_time(self.cluster, ranks, OVERHEAD_TIED_BYTES)
         return max(v, 0.0) * self.cal.link_scale
 
