@@ -20,7 +20,7 @@ from pydantic import (
 
 from planner.cluster import Cluster, Link
 from planner.profile import LayerProfile, ModelProfile
-from planner.request import TrainingRequest
+from planner.request import MAX_GLOBAL_BATCH, TrainingRequest
 
 MAX_ID = 2**31 - 1
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
@@ -44,9 +44,7 @@ MAX_SIZES = 64
 MAX_NODES, MAX_GPUS_PER_NODE = 65536, 1024
 #: GPUs of one plan: each divisor of the budget is a (t, D, W) to try
 MAX_PLAN_GPUS = 16384
-#: samples per iteration: GPT-3 used 1536 sequences (Brown et al. 2020, table 2.1), Llama 3 405B 2048-4096
-#: (Llama 3 report, section 3.4.1); 65536 is far above them and keeps the micro-batch count bounded
-MAX_GLOBAL_BATCH = 65536
+#: samples per iteration (planner.request.MAX_GLOBAL_BATCH, imported above: the command line holds to it too)
 #: candidates kept per plan (and handed to an agent with each claim)
 MAX_TOP = 100
 #: parameters of one layer, bytes of one tensor, FLOP/s: far above any device, far below float overflow

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 
-from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail
+from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail, validation_summary
 from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
 from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, save_profile
-from planner.request import Config, TrainingRequest
+from planner.request import MAX_GLOBAL_BATCH, Config, TrainingRequest
 from planner.reserve import resolve_reserve
 from planner.search import Candidate, PlanResult, plan, predict
 from planner.units import devices, is_cpu
@@ -35,16 +35,23 @@ DEVICES = {  # --device of profile-analytic -> example cluster file (its device 
 
 
 def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
-    try:
-        return load_profile(profile), load_cluster(cluster)
-    except FileNotFoundError as e:
-        fail(f"no such file: {e.filename}")
-    except (ValidationError, ValueError) as e:
-        fail(f"invalid input: {e}")
-    raise AssertionError  # unreachable
+    out: list[ModelProfile | Cluster] = []
+    for what, path, load in (("profile", profile, load_profile), ("cluster", cluster, load_cluster)):
+        try:
+            out.append(load(path))
+        except FileNotFoundError as e:
+            fail(f"no such file: {e.filename}")
+        except ValidationError as e:
+            fail(f"invalid {what} {path}: {validation_summary(e)}")
+        except ValueError as e:
+            fail(f"invalid {what} {path}: {e}")
+    return out[0], out[1]  # type: ignore[return-value]
 
 
 def _request(**kw: object) -> TrainingRequest:
+    batch = kw.get("global_batch")
+    if isinstance(batch, int) and batch > MAX_GLOBAL_BATCH:
+        fail(f"--global-batch: at most {MAX_GLOBAL_BATCH} samples per iteration (as the API), got {batch}")
     try:
         return TrainingRequest(**{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as e:
@@ -174,7 +181,11 @@ def register(app: typer.Typer) -> None:
             raise
         if tensor * pipeline * data > cl.gpus:
             fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {devices(cl.device, cl.gpus)}")
-        cand = predict(prof, cl, req, cfg)
+        try:
+            cand = predict(prof, cl, req, cfg)
+        except ValueError as e:
+            fail(f"{cfg.label()}: {e}")
+            raise
         warnings = device_warnings(prof, cl)
         if json_out:
             typer.echo(json.dumps({**cand.to_dict(), "warnings": warnings}))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, Schedule, build, parameters
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 ScheduleOpt = Annotated[str, typer.Option("--schedule", "-s", help=f"one of: {', '.join(sorted(BUILDERS))}")]
 DevicesOpt = Annotated[int, typer.Option("--devices", "-D", help="devices of one pipeline (D)")]
@@ -34,6 +37,15 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
                 raise ValueError(f"--{k} does not apply to schedule {schedule!r} "
                                  f"(it takes: {', '.join('--' + p for p in allowed) or 'no extra options'})")
     return build(schedule, devices, microbatches, **params)
+
+
+def validation_summary(error: ValidationError, most: int = 4) -> str:
+    """A pydantic error as the API words it (``field.path: message; ...``): one line, without pydantic's input
+    echo and documentation links; past ``most`` errors, how many more."""
+    errs = error.errors()
+    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'file'}: {e['msg']}" for e in errs[:most]]
+    more = f" (and {len(errs) - most} more)" if len(errs) > most else ""
+    return "; ".join(parts) + more
 
 
 def fail(message: str) -> None:

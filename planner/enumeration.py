@@ -11,6 +11,7 @@ from typing import Any
 from planner.cluster import Cluster
 from planner.request import Config, TrainingRequest
 from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
+from planner.units import devices
 
 
 def divisors(n: int) -> list[int]:
@@ -29,7 +30,7 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
     """The parameter sets of schedule ``name`` that are valid for D, N (empty: none): interleaved chunks
     ``v`` with ``N mod D = 0``; Chimera's ``f`` dividing ``D/2`` and, for ``N > D``, its three
     concatenations (Chimera 3.5: direct; forward doubling with recomputation; backward halving without,
-    for even b); Hanayo's waves."""
+    for even b); Hanayo's waves; GEMS on an even D."""
     if name == "interleaved":
         if D < 2 or N % D:
             return []
@@ -50,7 +51,9 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
         return out
     if name == "hanayo":
         return [{"waves": w} for w in (1, 2, 4) if 2 * w * D <= layers]
-    if name == "gems" and D < 2:
+    if name == "gems" and (D < 2 or D % 2):
+        # GEMS places its second replica reversed (stage s on device D-1-s) so that every device holds two
+        # stages (Chimera section 2); with an odd D the middle device would hold one stage copy for both
         return []
     if name == "pipedream-2bw" and N < D:
         return []
@@ -64,7 +67,7 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
     req, cl = request, cluster
     P = req.gpus or cl.gpus
     if P > cl.gpus:
-        raise ValueError(f"gpus: budget {P} exceeds the cluster's {cl.gpus} GPUs")
+        raise ValueError(f"gpus: budget {P} exceeds the cluster's {devices(cl.device, cl.gpus)}")
     max_t = req.max_tensor or cl.gpus_per_node
     # (PipeDream's replicated stages come from the profile: :meth:`planner.search.Planner.configs` adds them)
     names = [n for n in req.allowed() if n in BUILDERS and n not in PROFILE_DRIVEN]

@@ -11,6 +11,12 @@ from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETER
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "TrainingRequest"]
 
 
+#: samples per iteration that a plan may ask for: GPT-3 used 1536 sequences (Brown et al. 2020, table 2.1), Llama 3
+#: 405B 2048-4096 (Llama 3 report, section 3.4.1); 65536 is far above them and keeps the micro-batch count (up to
+#: B^ micro-batches of one sample) bounded. The API's schema and the command line hold requests to it.
+MAX_GLOBAL_BATCH = 65536
+
+
 class TrainingRequest(BaseModel):
     """A plan request. ``bytes_per_param`` is all model state per parameter: mixed-precision Adam keeps
     16 bytes (2 weights + 2 gradients + 12 optimizer: fp32 master, momentum, variance; ZeRO, Rajbhandari

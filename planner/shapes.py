@@ -230,7 +230,10 @@ class ScheduleCache:
             pairs = self.pairs(config, sched)
             h = len(pairs[0])
             if any(len(row) != h for row in pairs) or h == 0:
-                raise ValueError(f"{sched.name}: devices hold different numbers of stages")
+                held = ", ".join(f"device {d}: {len(row)}" for d, row in enumerate(pairs))
+                raise ValueError(f"{sched.name} on D={sched.devices}: devices hold different numbers of stage "
+                                 f"copies ({held}); the planner needs as many on every device"
+                                 + (" (gems: an even D)" if sched.name == "gems" else ""))
             counts = self.inflight(config, sched)
             per_route = Counter(sched.mb_replica)
             # micro-batches through each stage copy: those of every replica (route) placing it there

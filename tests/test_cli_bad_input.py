@@ -1,0 +1,88 @@
+"""Bad input on the command line, as a new user types it (issue 13, QA on a fresh clone): one ``error:`` line
+naming the option or field and the rule, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+from planner.request import MAX_GLOBAL_BATCH
+
+runner = CliRunner()
+EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"
+CPU4 = str(EX / "local-cpu-4.json")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prof = tmp_path_factory.mktemp("cli-bad") / "tiny.json"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt-tiny", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    return prof
+
+
+def _refused(args: list[str]) -> str:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert "Traceback" not in r.output and not isinstance(r.exception, (ValueError, OverflowError, MemoryError))
+    return r.output
+
+
+def test_gems_on_an_odd_pipeline_is_not_a_candidate(tiny: Path) -> None:
+    """A budget of 3 processes made every plan fail ('gems: devices hold different numbers of stages'): GEMS on
+    D=3 puts both replicas' middle stage on one device. The search skips it as not valid for that D."""
+    r = runner.invoke(app, ["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "6", "--gpus", "3",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["candidates"], data["rejected"]
+    assert all(not (c["schedule"] == "gems" and c["pipeline"] % 2) for c in data["candidates"])
+    assert data["rejected"].get("gems: not valid for this D and N", 0) > 0
+
+
+def test_predict_gems_on_an_odd_pipeline_says_why(tiny: Path) -> None:
+    out = _refused(["predict", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--tensor", "1",
+                    "--pipeline", "3", "--data", "1", "--micro-batch", "1", "--schedule", "gems"])
+    assert "gems on D=3" in out and "an even D" in out
+
+
+def test_huge_global_batch_is_refused_before_the_search(tiny: Path) -> None:
+    """99999999999999999999 was an OverflowError traceback, 10**12 a MemoryError, 2**20 a search running for
+    over ten minutes; the API holds requests to MAX_GLOBAL_BATCH, so does the command line."""
+    for big in (str(MAX_GLOBAL_BATCH + 1), "99999999999999999999"):
+        out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", big])
+        assert "--global-batch" in out and str(MAX_GLOBAL_BATCH) in out
+    out = _refused(["predict", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "1048576", "--tensor",
+                    "1", "--pipeline", "2", "--data", "1", "--micro-batch", "1", "--schedule", "1f1b"])
+    assert "--global-batch" in out
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"layers": [', "file: Invalid JSON"),
+    ("[1, 2]", "file: Input should be an object"),
+    ('{"name": "x", "layers": []}', "device: Field required"),
+])
+def test_malformed_profile_file_is_one_line_naming_the_field(tiny: Path, tmp_path: Path, text: str,
+                                                             words: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    out = _refused(["plan", "--profile", str(bad), "--cluster", CPU4, "--global-batch", "8"])
+    assert out.startswith(f"error: invalid profile {bad}: ") and words in out
+    assert "errors.pydantic.dev" not in out and len(out.strip().splitlines()) == 1
+
+
+def test_malformed_cluster_file_names_the_file_and_fields(tiny: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.json"
+    bad.write_text(json.dumps({"name": "c", "device": "A100-SXM4-80GB", "nodes": -1, "gpus_per_node": 8}))
+    out = _refused(["plan", "--profile", str(tiny), "--cluster", str(bad), "--global-batch", "8"])
+    assert out.startswith(f"error: invalid cluster {bad}: nodes: Input should be greater than 0")
+    assert "errors.pydantic.dev" not in out and len(out.strip().splitlines()) == 1
+
+
+def test_budget_over_a_cpu_cluster_says_cpu_processes(tiny: Path) -> None:
+    out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--gpus", "100"])
+    assert "exceeds the cluster's 4 CPU processes" in out and "GPUs" not in out
