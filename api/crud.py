@@ -207,6 +207,9 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
         raise Conflict(f"plan_id: plan {plan.id} is {plan.status}; jobs can be made from done plans only"
                        + (f" (error: {plan.error})" if plan.error else ""))
     n = len(plan.candidates)
+    if n == 0:
+        raise InputError(f"candidate_index: plan {plan.id} has no candidates (no configuration fits; its "
+                         f"'rejected' says why): nothing to run")
     if spec["candidate_index"] >= n:
         raise InputError(f"candidate_index: plan {plan.id} has {n} candidate(s) (0..{n - 1}), "
                          f"got {spec['candidate_index']}")

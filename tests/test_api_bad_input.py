@@ -1,0 +1,43 @@
+"""Bad input through the API as a new user sends it (issue 13, QA on a fresh clone): a clear 4xx naming the
+field and the rule, never a failed plan for a budget the schema accepts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from api_support import AUTH, tiny_cluster, tiny_profile, wait_for
+
+CPU4 = Path(__file__).resolve().parent.parent / "examples" / "clusters" / "local-cpu-4.json"
+
+
+def _plan(client, body: dict) -> dict:  # type: ignore[no-untyped-def]
+    r = client.post("/plans", json=body, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan = r.json()
+    if plan["status"] not in ("done", "failed"):
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            client.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    return plan
+
+
+def test_odd_budget_plans_and_skips_gems(client) -> None:  # type: ignore[no-untyped-def]
+    """A budget of 3 devices was a failed plan ('ValueError: gems: devices hold different numbers of stages')."""
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    r = client.post("/clusters", json=json.loads(CPU4.read_text()), headers=AUTH)
+    assert r.status_code in (200, 201), r.text
+    plan = _plan(client, {"profile_id": pid, "cluster_id": r.json()["id"], "global_batch": 8, "gpus": 3})
+    assert plan["status"] == "done", plan["error"]
+    assert plan["candidates"] and plan["rejected"].get("gems: not valid for this D and N", 0) > 0
+
+
+def test_job_of_a_plan_without_candidates_says_so(client) -> None:  # type: ignore[no-untyped-def]
+    """It said 'plan 2 has 0 candidate(s) (0..-1), got 0'."""
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    plan = _plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 8, "micro_batches": [3]})
+    assert plan["status"] == "done" and plan["num_candidates"] == 0, plan
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny"}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("candidate_index:") and "has no candidates" in detail and "-1" not in detail
