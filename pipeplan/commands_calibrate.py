@@ -94,7 +94,10 @@ def _remote(api: str, cluster_id: int, token: str | None, include_emulated: bool
     except httpx.HTTPError as e:
         fail(f"could not reach {api}: {e}")
         raise  # unreachable
-    if r.status_code != 201:
+    if r.status_code in (401, 403):
+        fail(f"HTTP {r.status_code}: {r.text[:300]}; calibrating needs the admin token: --token TOKEN or "
+             f"$PIPEPLAN_ADMIN_TOKEN" + ("" if token else " (none was given)"))
+    if r.status_code not in (200, 201):  # 200: no new finished job, the newest version as it is ("unchanged")
         fail(f"HTTP {r.status_code}: {r.text[:500]}")
     d = r.json()
     _table(d["jobs"], d["calibration"])

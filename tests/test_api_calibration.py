@@ -91,10 +91,12 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     assert same[0]["iteration_time"] > first["iteration_time"] * 1.1
 
 
-def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_cli_calibrate_against_a_live_server(live_server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
 
     from pipeplan.cli import app
+
+    monkeypatch.delenv("PIPEPLAN_ADMIN_TOKEN", raising=False)
 
     with live_server.client() as c:
         cl = c.post("/clusters", json=tiny_cluster()).json()
@@ -104,6 +106,9 @@ def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: igno
     r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"]),
                                  "--token", "wrong"])
     assert r.exit_code == 2 and ("HTTP 401" in r.output or "HTTP 403" in r.output)
+    assert "--token" in r.output and "PIPEPLAN_ADMIN_TOKEN" in r.output
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cl["id"])])
+    assert r.exit_code == 2 and "needs the admin token" in r.output and "(none was given)" in r.output, r.output
 
     # two finished jobs: the stored version is named, with its id, and plans asked for with either id use it
     with live_server.client() as c:
@@ -124,3 +129,8 @@ def test_cli_calibrate_against_a_live_server(live_server) -> None:  # type: igno
     assert f"plans made from now on with cluster id {cid}, {v2['id']} (any version of cluster {cid}) use it" \
         in r.output
     assert asked.json()["cluster_id"] == v2["id"]  # what it says: a plan asked for with the first id uses it
+    # again with no new finished job: the API answers 200 "unchanged" (it was "error: HTTP 200: ...", exit 2)
+    r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cid),
+                                 "--token", AUTH["Authorization"].split()[1]])
+    assert r.exit_code == 0, r.output
+    assert "no new finished job since tiny-cluster v2" in r.output and "nothing stored" in r.output
