@@ -26,6 +26,7 @@ PP.start(async () => {
 });
 
 let cloneShown = false;
+const MAX_ITERATIONS = 1000000;  // JobCreate.iterations (api/schemas.py)
 
 // where the job runs: the device an agent must have, its node slots (a gang when > 1), why it waits
 function placement(job) {
@@ -111,7 +112,8 @@ async function dispatchJob(body, button) {
 
 function wireClone() {
   const form = document.getElementById("clone-form");
-  form.addEventListener("submit", (ev) => {
+  let ranks;  // the plan's ranked candidates (GET /plans/{id}), fetched at the first dispatch
+  form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
     const model = document.getElementById("clone-model").value.trim();
@@ -121,7 +123,15 @@ function wireClone() {
     msg.className = "error";
     if (!/^\d+$/.test(cand) || +cand < 1) { msg.textContent = `Candidate: “${cand}” is not a rank (1, 2, …)`; return; }
     if (!/^\d+$/.test(it) || +it < 1) { msg.textContent = `Iterations: “${it}” is not a whole number ≥ 1`; return; }
+    if (+it > MAX_ITERATIONS) { msg.textContent = `Iterations: at most ${MAX_ITERATIONS}, got ${it}`; return; }
     if (known.length && !known.includes(model)) { msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`; return; }
+    // ranks count from 1 here, the API's candidate_index from 0: say the range in ranks
+    if (ranks === undefined) ranks = await PP.get(`/plans/${form.dataset.planId}`).then((p) => p.num_candidates, () => null);
+    if (ranks != null && +cand > ranks) {
+      msg.textContent = `Candidate: plan ${form.dataset.planId} has ${ranks} ranked candidate${ranks === 1 ? "" : "s"}` +
+        (ranks ? ` (ranks 1–${ranks})` : "") + `, got ${cand}`;
+      return;
+    }
     dispatchJob({ plan_id: +form.dataset.planId, candidate_index: +cand - 1, model, iterations: +it,
       emulate: document.getElementById("clone-emulate").checked }, document.getElementById("clone-submit"));
   });

@@ -168,6 +168,20 @@ def test_failed_job_shows_the_error_and_offers_retry_and_clone(server: LiveServe
     page.click("#clone-submit")
     assert "unknown model" in page.locator("#clone-msg").inner_text()
     assert len(_jobs(server)) == n + 1
+    # a rank past the plan's is refused in ranks (the API's 0-based "(0..9), got 98" read wrong here), and
+    # iterations past the API's limit in the form, before any request (a 422 also logged a console error)
+    page.fill("#clone-model", "gpt-tiny")
+    k = plan["num_candidates"]
+    page.fill("#clone-candidate", str(k + 89))
+    page.click("#clone-submit")
+    page.wait_for_function("document.getElementById('clone-msg').textContent.includes('ranked')")
+    assert page.locator("#clone-msg").inner_text() == \
+        f"Candidate: plan {plan['id']} has {k} ranked candidates (ranks 1–{k}), got {k + 89}"
+    page.fill("#clone-candidate", "1")
+    page.fill("#clone-iterations", "2000000")
+    page.click("#clone-submit")
+    assert page.locator("#clone-msg").inner_text() == "Iterations: at most 1000000, got 2000000"
+    assert len(_jobs(server)) == n + 1
     page.fill("#clone-model", "gpt-tiny")
     page.fill("#clone-candidate", "2")
     page.fill("#clone-iterations", "3")
