@@ -52,6 +52,10 @@ GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_
                "seq": "n_positions", "activation": "activation_function"}
 
 
+#: fields a config.json must state (ours; their names above): without them transformers fills in its defaults
+#: (a bare {"model_type": "llama"} is Llama 2 7B). Llama-family configs also: intermediate_size, vocab_size
+REQUIRED = ("layers", "hidden", "heads")
+
 #: sanity bounds (far above every published model) so a bad upload cannot ask for a billion layers
 LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "ffn_hidden": 1 << 22,
           "vocab": 1 << 24, "seq": 1 << 24}
@@ -166,7 +170,13 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         raise HFConfigError("model_type", "missing: a config.json names its model_type (e.g. llama)")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
-    for ours, theirs in (GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS).items():
+    names = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
+    for ours in REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab"):
+        theirs = names.get(ours, "vocab_size")
+        if data.get(theirs) is None:
+            raise HFConfigError(theirs, f"missing: the model's shape must be stated (transformers would fill in "
+                                        f"its {model_type} default, another model than yours)")
+    for ours, theirs in names.items():
         value = data.get(theirs)
         if ours in LIMITS and value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

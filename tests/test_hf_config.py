@@ -76,11 +76,27 @@ def _llama(**changes: object) -> dict[str, object]:
     ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads are no multiple of 3
     ({"hidden_act": "tanh"}, "hidden_act"),
     ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+    # the shape must be stated: {"model_type": "llama"} alone was Llama 2 7B, transformers' defaults (QA, issue 13)
+    ({"hidden_size": None}, "hidden_size"),
+    ({"num_hidden_layers": None}, "num_hidden_layers"),
+    ({"num_attention_heads": None}, "num_attention_heads"),
+    ({"intermediate_size": None}, "intermediate_size"),
+    ({"vocab_size": None}, "vocab_size"),
 ])
 def test_bad_config_names_the_field(changes: dict[str, object], field: str) -> None:
     with pytest.raises(HFConfigError) as err:
         spec_from_hf_dict(_llama(**changes))
     assert err.value.field == field, str(err.value)
+
+
+def test_a_bare_model_type_is_refused_not_filled_in() -> None:
+    with pytest.raises(HFConfigError, match="missing: the model's shape must be stated") as err:
+        spec_from_hf_dict({"model_type": "llama"})
+    assert err.value.field in ("num_hidden_layers", "hidden_size", "num_attention_heads")
+    gpt2 = json.loads((ROOT / "tests" / "fixtures" / "tiny-gpt2" / "config.json").read_text())
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict({k: v for k, v in gpt2.items() if k != "n_embd"})
+    assert err.value.field == "n_embd"
 
 
 def test_tiny_llama_and_files(tmp_path: Path) -> None:
