@@ -26,6 +26,7 @@ when the run succeeded. Torch is imported only when the command runs (``pipeplan
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -164,6 +165,8 @@ def run(
     if world % nnodes or nproc * nnodes != world:
         _fail(f"the plan needs D*W*t = {world} processes, which {nnodes} node(s) x {nproc} process(es) per node "
               f"do not make: --nnodes must divide {world} and --nproc-per-node be {world}/--nnodes")
+    if backend == "gloo":
+        _check_host_memory(nproc)
     if nnodes > 1 and not 0 <= node_rank < nnodes:
         _fail(f"--node-rank must be in 0..{nnodes - 1}, got {node_rank}")
     if nnodes > 1 and (not rdzv_endpoint or ":" not in rdzv_endpoint):
@@ -214,3 +217,30 @@ def register(app: typer.Typer) -> None:
     """Add ``run`` to the ``pipeplan`` app."""
     app.command("run")(run)
 
+
+
+def host_memory_available() -> int | None:
+    """Bytes this machine can still give processes (``MemAvailable`` of /proc/meminfo); None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_host_memory(nproc: int) -> None:
+    """Refuse, before starting any, ``nproc`` gloo processes that this machine's memory cannot hold: each takes
+    about :data:`planner.reserve.CPU_RESERVE_BYTES` before any model (torch and its process group, measured by
+    ``profiler.local_cluster.measure_reserve``). An emulated GPT-3 candidate of 1024 processes dispatched to a
+    CPU agent would otherwise start 1024 of them on one machine."""
+    from planner.reserve import CPU_RESERVE_BYTES
+
+    avail = host_memory_available()
+    need = nproc * CPU_RESERVE_BYTES
+    if avail is not None and need > avail:
+        _fail(f"the plan needs {nproc} processes on this machine, about {need / 2**30:.1f} GiB at "
+              f"{CPU_RESERVE_BYTES / 2**20:.0f} MiB each before any model (planner.reserve), but "
+              f"{avail / 2**30:.1f} GiB is available: choose a candidate with fewer processes (t*D*W), or spread it "
+              f"over nodes (--nnodes; in the API, a job's gpus_per_node)")

@@ -86,3 +86,22 @@ def test_malformed_cluster_file_names_the_file_and_fields(tiny: Path, tmp_path: 
 def test_budget_over_a_cpu_cluster_says_cpu_processes(tiny: Path) -> None:
     out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--gpus", "100"])
     assert "exceeds the cluster's 4 CPU processes" in out and "GPUs" not in out
+
+
+def test_run_refuses_more_processes_than_the_host_memory_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An emulated GPT-3 candidate (1024 processes) dispatched to the local CPU agent started 1024 gloo processes
+    on one 24 GiB machine: ``pipeplan run`` now refuses before launching any, saying why."""
+    import executor.cli
+    import executor.launch
+
+    def launched(*_a: object, **_k: object) -> None:
+        raise AssertionError("no process may start")
+
+    real = executor.cli.host_memory_available()  # /proc/meminfo's MemAvailable
+    assert real is None or real > 0
+    monkeypatch.setattr(executor.cli, "host_memory_available", lambda: 1 << 30)  # 1 GiB free
+    monkeypatch.setattr(executor.launch, "launch", launched)
+    out = _refused(["run", "--schedule", "1f1b", "-D", "4", "-N", "4", "--data-parallel", "4", "--model",
+                    "gpt-tiny"])
+    assert "needs 16 processes on this machine, about 5.0 GiB at 320 MiB each" in out
+    assert "1.0 GiB is available" in out
