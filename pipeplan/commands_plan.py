@@ -236,6 +236,15 @@ def register(app: typer.Typer) -> None:
         if attention not in ("unfused", "flash"):
             fail(f"--attention must be unfused or flash, got {attention!r}")
         dropout = OperatorOptions().dropout
+        shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab}
+        for opt, value in shape.items():
+            if value is not None and value < 1:
+                fail(f"--{opt} must be a positive integer, got {value}")
+        # a preset's or a config's shape is its own: an option beside it would be silently ignored
+        ignored = [f"--{k}" for k, v in shape.items() if v is not None and (preset is not None or k != "seq")]
+        if ignored and (preset is not None or hf_config is not None):
+            fail(f"{', '.join(ignored)}: not with --{'preset' if preset is not None else 'hf-config'}, whose shape "
+                 f"is its own" + ("" if preset is not None else " (--seq may change its sequence)"))
         if hf_config is not None:
             from profiler.hf_config import HFConfigError, read_hf_config, read_hf_json, trains_with_dropout
 
@@ -263,8 +272,14 @@ def register(app: typer.Typer) -> None:
             prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
                                                             sequence_parallel=sequence_parallel, dropout=dropout))
-        except (ValueError, ValidationError) as e:
+        except ValidationError as e:
+            fail(validation_summary(e))
+            raise
+        except ValueError as e:
             fail(str(e))
             raise
-        save_profile(prof, out)
+        try:
+            save_profile(prof, out)
+        except OSError as e:
+            fail(f"--out {out}: cannot write it: {e.strerror or e}")
         typer.echo(f"wrote {out} ({len(prof.layers)} layers, {prof.total_params / 1e9:.2f}B parameters)")

@@ -43,7 +43,11 @@ def validation_summary(error: ValidationError, most: int = 4) -> str:
     """A pydantic error as the API words it (``field.path: message; ...``): one line, without pydantic's input
     echo and documentation links; past ``most`` errors, how many more."""
     errs = error.errors()
-    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'file'}: {e['msg']}" for e in errs[:most]]
+    def one(e: dict) -> str:  # type: ignore[type-arg]
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        return f"{'.'.join(str(x) for x in e['loc'])}: {msg}" if e["loc"] else msg
+
+    parts = [one(e) for e in errs[:most]]
     more = f" (and {len(errs) - most} more)" if len(errs) > most else ""
     return "; ".join(parts) + more
 

@@ -62,8 +62,8 @@ def test_huge_global_batch_is_refused_before_the_search(tiny: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ('{"layers": [', "file: Invalid JSON"),
-    ("[1, 2]", "file: Input should be an object"),
+    ('{"layers": [', ": Invalid JSON: EOF"),
+    ("[1, 2]", ": Input should be an object"),
     ('{"name": "x", "layers": []}', "device: Field required"),
 ])
 def test_malformed_profile_file_is_one_line_naming_the_field(tiny: Path, tmp_path: Path, text: str,
@@ -105,3 +105,30 @@ def test_run_refuses_more_processes_than_the_host_memory_holds(monkeypatch: pyte
                     "gpt-tiny"])
     assert "needs 16 processes on this machine, about 5.0 GiB at 320 MiB each" in out
     assert "1.0 GiB is available" in out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    # --seq 0 was taken as no --seq (the config's own 1024): a silently changed input
+    (["--hf-config", "examples/models/gpt2/config.json", "--seq", "0"], "--seq must be a positive integer, got 0"),
+    (["--layers", "-4", "--hidden", "128", "--heads", "4", "--seq", "16", "--vocab", "100"],
+     "--layers must be a positive integer, got -4"),
+    # options a preset or a config overrides were silently ignored
+    (["--preset", "gpt-tiny", "--seq", "64"], "--seq: not with --preset"),
+    (["--hf-config", "examples/models/gpt2/config.json", "--layers", "3"], "--layers: not with --hf-config"),
+    # a pydantic error of several lines with its documentation link
+    (["--layers", "4", "--hidden", "100", "--heads", "3", "--seq", "16", "--vocab", "100"],
+     "error: hidden (100) must be divisible by heads (3)"),
+])
+def test_profile_analytic_refuses_what_it_would_ignore_or_misread(args: list[str], words: str,
+                                                                   tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    args = [str(root / a) if a.startswith("examples/") else a for a in args]
+    out = _refused(["profile-analytic", *args, "--out", str(tmp_path / "p.json")])
+    assert words in out and "errors.pydantic.dev" not in out
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_analytic_to_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    """It was a FileNotFoundError traceback."""
+    out = _refused(["profile-analytic", "--preset", "gpt-tiny", "--out", str(tmp_path / "no" / "p.json")])
+    assert "cannot write it: No such file or directory" in out
