@@ -119,6 +119,11 @@ def run(
     optionally --check it."""
     from executor.launch import RunFailed, launch
     from executor.plan import PlanError, RunPlan, load_plan_file
+    from planner.outpath import out_problem
+
+    for path, option in ((out, "--out"), (trace, "--trace")):
+        if problem := out_problem(path, option):
+            _fail(problem)
     from executor.trace import write_json_atomic
 
     model_spec = None

@@ -48,12 +48,18 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
 
     try:
         cluster = load_cluster(cluster_path)
-        entries = json.loads(Path(runs_path).read_text())
+        try:
+            entries = json.loads(Path(runs_path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--runs {runs_path} is not JSON: {e}") from None
         if not isinstance(entries, list):
             raise ValueError("runs: expected a JSON list of {profile, candidate, measured}")
         profiles: dict[str, Any] = {}
         obs = []
         for i, e in enumerate(entries):
+            if not isinstance(e, dict) or not isinstance(e.get("candidate", {}), dict):
+                raise ValueError(f"runs[{i}]: expected an object {{profile, candidate: {{...}}, measured}}, got "
+                                 f"{json.dumps(e)[:80]}")
             for key in ("profile", "candidate", "measured"):
                 if key not in e:
                     raise ValueError(f"runs[{i}]: missing field {key!r}")

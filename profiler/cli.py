@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from planner.outpath import out_problem
 from planner.profile import ModelProfile, save_profile
 
 console = Console(stderr=True)
@@ -80,6 +81,8 @@ def profile(
 ) -> None:
     """Profile a model layer by layer (a zoo preset, a Hugging Face config or your own module) and write a
     ModelProfile JSON."""
+    if problem := out_problem(out):
+        raise typer.BadParameter(problem)
     from executor.models import get_config  # torch: only when a model is profiled
     from profiler.run import measured_layers, profile_model
 
@@ -202,6 +205,8 @@ def profile_links(
         "on that many processes; written as executor_overhead (a cluster's `executor` field)"),
 ) -> None:
     """Measure point-to-point and all-reduce alpha/beta; run under torchrun (or with --local-procs N)."""
+    if problem := out_problem(out):
+        raise typer.BadParameter(problem)
     if executor_overhead and not local_procs:
         raise typer.BadParameter("--executor-overhead needs --local-procs N (it launches the executor itself)")
     import torch.distributed as dist
@@ -266,6 +271,8 @@ def profile_device_cmd(
     """Measure this machine's device description with torch (GEMM and memory-copy sweeps).
 
     Written in planner.device's schema (kernel overhead too): a cluster's `device` may then name the file."""
+    if problem := out_problem(out):
+        raise typer.BadParameter(problem)
     import torch
 
     from planner.device import save_device

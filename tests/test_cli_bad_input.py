@@ -132,3 +132,38 @@ def test_profile_analytic_to_a_missing_directory_is_one_line(tmp_path: Path) -> 
     """It was a FileNotFoundError traceback."""
     out = _refused(["profile-analytic", "--preset", "gpt-tiny", "--out", str(tmp_path / "no" / "p.json")])
     assert "cannot write it: No such file or directory" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["profile", "--model", "gpt-tiny", "--micro-batches", "1"],
+    ["profile-device", "--quick"],
+    ["profile-links", "--local-procs", "2"],
+    ["run", "--schedule", "1f1b", "-D", "2", "-N", "2", "--model", "gpt-tiny"],
+])
+def test_out_in_a_missing_folder_is_refused_before_the_work(args: list[str], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out`` in a folder that does not exist ended a profile (seconds to minutes) or a run in a
+    FileNotFoundError traceback after the work; now it is refused first, naming the folder."""
+    import executor.launch
+
+    def launched(*_a: object, **_k: object) -> None:
+        raise AssertionError("no run may start")
+
+    monkeypatch.setattr(executor.launch, "launch", launched)
+    missing = tmp_path / "no-such-folder"
+    r = runner.invoke(app, [*args, "--out", str(missing / "out.json")])
+    assert r.exit_code == 2, r.output
+    assert f"the folder {missing} does not exist" in r.output
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(("runs", "words"), [
+    ("[1, 2]", "runs[0]: expected an object"),  # was "TypeError: argument of type 'int' is not iterable"
+    ('[{"profile": "p.json", "candidate": 3, "measured": 1}]', "runs[0]: expected an object"),
+    ("[{", "is not JSON"),  # was "JSONDecodeError: Expecting ...", naming no file
+])
+def test_calibrate_runs_file_errors_name_the_entry(tmp_path: Path, runs: str, words: str) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text(runs)
+    out = _refused(["calibrate", "--cluster", CPU4, "--runs", str(path)])
+    assert words in out and "TypeError" not in out

@@ -1,0 +1,22 @@
+"""Whether a file a command writes at its end can be written there, checked before the work: a profile or a
+run that takes minutes must not end in a traceback because its ``--out`` folder is missing (issue 13, QA on a
+fresh clone). Pure Python (pathlib): the command lines of every package use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def out_problem(path: str | Path | None, option: str = "--out") -> str | None:
+    """Why ``path`` cannot be written (its folder is missing or is a file, or it is a folder), or None."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return f"{option} {p}: is a folder; give a file name"
+    parent = p.parent
+    if not parent.exists():
+        return f"{option} {p}: the folder {parent} does not exist"
+    if not parent.is_dir():
+        return f"{option} {p}: {parent} is not a folder"
+    return None
