@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
             help="slurm: another #SBATCH option as --name=value (repeatable), e.g. --qos=high")] = None,
     ) -> None:
         """Register with the API, claim jobs and run them with the executor until stopped (Ctrl-C)."""
-        from executor.agent import main, read_token, run_environment
+        from executor.agent import RegistrationFailed, main, read_token, run_environment
 
         token = read_token(token, token_file)
         if not token:
@@ -152,9 +152,13 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
         start = time.monotonic()
-        n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
-                 run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
-                 heartbeat=heartbeat, host=host, launcher=job_launcher)
+        try:
+            n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
+                     run_command=shlex.split(run_command) if run_command else None, workdir=workdir, poll=poll,
+                     heartbeat=heartbeat, host=host, launcher=job_launcher)
+        except RegistrationFailed as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")
 
 

@@ -124,6 +124,11 @@ class LocalLauncher:
             run.keep = None
 
 
+
+class RegistrationFailed(RuntimeError):
+    """The agent could not register with the API (unreachable, or the token refused): ``pipeplan agent`` says
+    so in one line."""
+
 class Agent:
     def __init__(self, api: str, token: str, *, name: str | None = None, node: str | None = None, gpus: int = 0,
                  device_type: str = "cpu", run_command: list[str] | None = None, workdir: str | Path | None = None,
@@ -142,7 +147,8 @@ class Agent:
         self.poll, self.heartbeat_interval = poll, heartbeat
         self.retry_for = retry_for
         self.registration_token = token
-        self.client = httpx.Client(base_url=api.rstrip("/"), timeout=30.0)
+        self.api = api.rstrip("/")
+        self.client = httpx.Client(base_url=self.api, timeout=30.0)
         self.stop = threading.Event()
         self.worker_id: int | None = None
         self.jobs_done = 0
@@ -171,7 +177,16 @@ class Agent:
 
     def register(self) -> int:
         """Register (with the saved credential of this name if there is one, else the registration token)
-        and use the worker's own credential from then on."""
+        and use the worker's own credential from then on. :class:`RegistrationFailed` says why it could not
+        (the API unreachable, the token refused)."""
+        try:
+            return self._register()
+        except RegistrationFailed:
+            raise
+        except RuntimeError as e:  # _request gave up: the API cannot be reached (or answers 5xx)
+            raise RegistrationFailed(f"cannot register with the API at {self.api}: {e}") from None
+
+    def _register(self) -> int:
         saved = None
         try:
             kept = json.loads(self.credential_file.read_text())
@@ -193,7 +208,13 @@ class Agent:
             log.warning("worker name %r is registered to another credential; registering as %r", taken, self.name)
             r = self._request("POST", "/workers", json={**body, "name": self.name},
                               headers={"Authorization": f"Bearer {self.registration_token}"})
-        r.raise_for_status()
+        if r.status_code in (401, 403):
+            raise RegistrationFailed(f"the API at {self.api} refused the registration token (HTTP {r.status_code}: "
+                                     f"{r.text[:200]}): give the API's PIPEPLAN_WORKER_TOKEN "
+                                     f"($PIPEPLAN_WORKER_TOKEN, --token-file or --token)")
+        if r.status_code >= 400:
+            raise RegistrationFailed(f"the API at {self.api} refused the registration: HTTP {r.status_code}: "
+                                     f"{r.text[:300]}")
         data = r.json()
         credential = data.get("token") or saved
         if not credential:

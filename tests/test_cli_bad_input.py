@@ -167,3 +167,22 @@ def test_calibrate_runs_file_errors_name_the_entry(tmp_path: Path, runs: str, wo
     path.write_text(runs)
     out = _refused(["calibrate", "--cluster", CPU4, "--runs", str(path)])
     assert words in out and "TypeError" not in out
+
+
+def test_agent_with_an_unreachable_api_fails_to_register_saying_so(tmp_path: Path) -> None:
+    """It was a RuntimeError traceback from the retry loop."""
+    from executor.agent import Agent, RegistrationFailed
+
+    agent = Agent("http://127.0.0.1:1", "token", name="a", workdir=tmp_path, retry_for=0.2)
+    with pytest.raises(RegistrationFailed, match=r"cannot register with the API at http://127.0.0.1:1: .*ConnectError"):
+        agent.register()
+
+
+@pytest.mark.slow
+def test_agent_with_a_wrong_token_says_so_in_one_line(live_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``pipeplan agent`` with a token the API refuses ended in an httpx.HTTPStatusError traceback."""
+    r = runner.invoke(app, ["agent", "--api", live_server.url, "--token", "wrong", "--name", "a", "--workdir",
+                            str(tmp_path), "--once"])
+    assert r.exit_code == 2, r.output
+    assert "refused the registration token (HTTP 401" in r.output and "PIPEPLAN_WORKER_TOKEN" in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
