@@ -18,6 +18,8 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   reduce-scatter in place of each all-reduce (the same bytes: ``(t-1)/t L`` each), on the intra-node link
   (NVLink) when the ``t`` GPUs share a node, else on the inter-node link, which then bounds the ring.
   A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute.
+  With sequence parallelism the backward also redoes the all-gather of each column-parallel GEMM's input
+  (two per layer, one for the LM head: :meth:`ConfigCosts._sp_regather`).
   The first stage's forward also all-reduces the vocabulary-parallel embedding's output and the last
   stage's backward the LM head's input gradient (one ``b s h`` all-reduce each; the cross-entropy adds
   three ``b s`` fp32 all-reduces forward): :meth:`ConfigCosts._tp_edges`.
@@ -368,6 +370,29 @@ class ConfigCosts(Costs):
         sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
         return 2 * self.stages[stage].transformer_layers * self._tp_one(samples) * self.cal.link_scale
 
+    def _sp_regather(self, stage: int, samples: float) -> float:
+        """With sequence parallelism, the all-gathers of the column-parallel GEMMs' inputs redone in the
+        backward: Megatron-LM stashes only the ``T/t``-row shard of the input of the QKV and MLP-up GEMMs
+        (and of the LM head's logits GEMM) and all-gathers it again for the weight gradient
+        (Korthikanti et al. 2022, section 4.2.2; ``LinearWithGradAccumulationAndAsyncCommunication.
+        backward``, 2022), whether or not the layer was recomputed (the recomputed forward stashes the
+        shard too): two ``b s h`` all-gathers per transformer layer, one for the head, per backward.
+        Megatron issues them asynchronously ahead of the input-gradient GEMM; like every tensor-parallel
+        collective here they are charged in full (no compute/communication overlap is modelled)."""
+        info = self.stages[stage]
+        shape = self.profile.shape
+        if not self.sequence_parallel or self.t == 1 or shape is None:
+            return 0.0
+        count = 2 * info.transformer_layers + (1 if info.has_head else 0)
+        if count == 0:
+            return 0.0
+        nbytes = samples * shape.seq * shape.hidden * self.el
+        if self.t <= self.cluster.gpus_per_node:
+            one = collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
+        else:  # as _tp_one across nodes: half of the all-reduce's traffic
+            one = self._tp_allreduce(nbytes) / 2
+        return count * one * self.cal.link_scale
+
     def _tp_edges(self, stage: int, samples: float, backward: bool) -> float:
         """The tensor-parallel collectives of the embedding and the LM head (Megatron-LM 2021-22, without
         sequence parallelism): the vocabulary-parallel embedding sums its partial lookups with one
@@ -444,7 +469,7 @@ class ConfigCosts(Costs):
             kind = "recompute" if self.config.recompute else "bwd"
             v = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
                  + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
-                 + self._tp_edges(stage, self.base_b, backward=True))
+                 + self._tp_edges(stage, self.base_b, backward=True) + self._sp_regather(stage, self.base_b))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage - 1, 1)
             self._bwd[stage] = v
@@ -454,7 +479,8 @@ class ConfigCosts(Costs):
         if not self.config.recompute:
             return 0.0
         plain = (self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
-                 + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True))
+                 + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True)
+                 + self._sp_regather(stage, self.base_b))
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------

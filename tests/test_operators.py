@@ -33,6 +33,38 @@ def test_stash_is_korthikanti_for_gpt_shapes(t):
     s, h, a = GPT.seq, GPT.hidden, GPT.heads
     assert saved(GPT, 2, t) == pytest.approx(2 * s * h * (10 + 24 / t + 5 * a * s / (h * t)))
     assert saved(GPT, 2, t, sequence_parallel=True) == pytest.approx(2 * s * h * (34 + 5 * a * s / h) / t)
+    # selective recomputation drops the 5as/h term (their section 5, Table 2): s b h (10 + 24/t), 34 s b h / t
+    assert saved(GPT, 2, t, recompute="selective") == pytest.approx(2 * s * h * (10 + 24 / t))
+    assert saved(GPT, 2, t, recompute="selective", sequence_parallel=True) == pytest.approx(2 * s * h * 34 / t)
+
+
+def test_selective_reruns_the_attention_core_in_the_input_gradient():
+    """Selective recomputation re-runs the four attention-core kernels' forward in the backward's I part
+    (never W); the forward, W and the other operators are unchanged; full recomputation of such a layer
+    re-runs the whole forward once (the core not a second time)."""
+    plain = time_operators(layer_operators(GPT, 1, 8), A100, "fp16")
+    sel = time_operators(layer_operators(GPT, 1, 8, OperatorOptions(recompute="selective")), A100, "fp16")
+    core = ("scores", "softmax", "attn_dropout", "attn_v")
+    rerun = sum(plain.per_op[n][0] for n in core)
+    assert rerun > 0 and sel.rerun == pytest.approx(rerun)
+    assert sel.fwd == pytest.approx(plain.fwd)
+    assert sel.bwd_w == pytest.approx(plain.bwd_w)
+    assert sel.bwd_i == pytest.approx(plain.bwd_i + rerun)
+    for name, (f, i, w) in sel.per_op.items():
+        assert (f, i - (f if name in core else 0.0), w) == pytest.approx(plain.per_op[name]), name
+    assert sel.recompute == pytest.approx(plain.recompute)  # full: forward once + plain backward
+    assert plain.rerun == 0.0
+
+
+def test_selective_changes_nothing_with_flash_attention():
+    """The flash kernel stashes no s x s tensor and its backward recomputes the scores already (Megatron-LM
+    skips the core's checkpoint for it): selective leaves the stash and the times as they are."""
+    for sp in (False, True):
+        kw = {"attention": "flash", "sequence_parallel": sp}
+        assert saved(GPT, 2, 8, recompute="selective", **kw) == pytest.approx(saved(GPT, 2, 8, **kw))
+        a = time_operators(layer_operators(GPT, 2, 8, OperatorOptions(**kw)), A100, "fp16")
+        b = time_operators(layer_operators(GPT, 2, 8, OperatorOptions(recompute="selective", **kw)), A100, "fp16")
+        assert (b.fwd, b.bwd_i, b.bwd_w, b.rerun) == pytest.approx((a.fwd, a.bwd_i, a.bwd_w, 0.0))
 
 
 def test_stash_of_gqa_and_swiglu_follows_the_shapes():
