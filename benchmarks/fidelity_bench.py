@@ -154,7 +154,8 @@ def print_korthikanti(base, dev, opts) -> None:
     for half in ("full", "seqsel"):
         print(f"  {half:6s}: median |error| {median(errs[half]):.1%}, worst {max(errs[half]):.1%}"
               + (" (goal: every row within 5%)" if half == "seqsel" else ""))
-    print("  activation memory per micro-batch (MiB): seqsel per layer and GPU, Table 2 vs our operator list; full recomputation per GPU, all its layers:")
+    print("  activation memory per micro-batch (MiB): seqsel per layer and GPU, Table 2 vs our operator list; "
+          "full recomputation per GPU, all its layers:")
     for run, row in mem_rows:
         spec, b, t = run.spec(), run.micro_batch or 1, run.t
         sbh = run.seq * b * run.hidden
