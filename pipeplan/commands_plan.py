@@ -90,6 +90,11 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     console = Console(width=160)
     n = req.gpus or cl.gpus
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+    if prof.environment.get("recompute_granularity") == "selective":
+        console.print("activation recomputation: rows with rc recompute every layer fully; the others re-run the "
+                      "attention core selectively (the profile's --recompute-granularity selective"
+                      + (", no effect with its flash attention" if prof.environment.get("attention") == "flash"
+                         else "") + ")", highlight=False)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
