@@ -91,8 +91,8 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     n = req.gpus or cl.gpus
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
     if prof.environment.get("recompute_granularity") == "selective":
-        console.print("activation recomputation: rows with rc recompute every layer fully; the others re-run the "
-                      "attention core selectively (the profile's --recompute-granularity selective"
+        console.print("recomputation: rows with rc re-run every layer; the others re-run the attention core "
+                      "selectively (profile: --recompute-granularity selective"
                       + (", no effect with its flash attention" if prof.environment.get("attention") == "flash"
                          else "") + ")", highlight=False)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
