@@ -26,7 +26,7 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   bytes (``34 s b h / t`` with sequence parallelism) instead of eq. 2/4; with full recomputation it re-runs
   its whole forward once, the core included, so ``recompute_time`` is the forward plus the backward
   without the core's re-run (:attr:`planner.operators.PassTimes.recompute`). The environment records it
-  (``recompute_granularity``: ``selective`` or ``none``).
+  (``recompute_granularity: selective``; absent otherwise, so profiles made without it are unchanged).
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -111,8 +111,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
         shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f),
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
-                     "recompute_granularity": opts.recompute,
-                     "family": "bert" if spec.encoder else "gpt", "model": spec.name},
+                     "family": "bert" if spec.encoder else "gpt", "model": spec.name,
+                     **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {})},
         notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
                f"({opts.attention} attention{', dropout' if opts.dropout else ''}"
                f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}); "
