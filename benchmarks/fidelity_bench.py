@@ -127,10 +127,11 @@ def print_korthikanti(base, dev, opts) -> None:
     """Korthikanti et al. 2022 Table 5, both halves in the stated t/p/b/v: full recomputation, and sequence
     parallelism + selective recomputation (``SEQSEL``, no full recomputation); then the activation memory per
     layer and GPU against their Table 2 (``34 s b h / t`` with sequence parallelism + selective; ``2 s b h``
-    per fully recomputed layer, which :mod:`planner.memory` charges only once per stage and over t: an
-    underestimate left as found) and the predicted peak memory per GPU (the paper states no measured per-GPU
-    memory for these runs)."""
+    per fully recomputed layer, which :mod:`planner.memory` charges per layer,
+    :func:`planner.cost.recompute_kept_bytes`) and the predicted peak memory per GPU (the paper states no
+    measured per-GPU memory for these runs)."""
     from planner.analytic import analytic_profile
+    from planner.cost import stage_infos
 
     kdata = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
     print("\nKorthikanti et al. 2022, Table 5 (configuration as stated; full: full recomputation; seqsel: "
@@ -164,10 +165,13 @@ def print_korthikanti(base, dev, opts) -> None:
         ours = block.tensor_times[t].stashed_bytes_per_sample * b
         per_stage = run.layers // run.p  # layers per GPU (all its model chunks)
         table2_full = 2 * sbh * per_stage  # each checkpointed layer's input, replicated over t without SP
-        charged = block.input_bytes_per_sample * b / t  # what planner.memory charges per in-flight micro-batch
+        # what planner.memory charges per in-flight micro-batch for a stage of those layers (the full rows' options)
+        full_prof = analytic_profile(spec, dev, dtype="fp16", micro_batches=(b,), tensor_sizes=(1, t), options=opts)
+        first = next(i for i, lay in enumerate(full_prof.layers) if lay.kind == "transformer")
+        charged = stage_infos(full_prof, [(first, first + per_stage)], t)[0].recompute_kept_bytes * b
         print(f"    {row['name']:5s} seqsel 34 s b h / t = {34 * sbh / t / 2**20:7.1f}, ours {ours / 2**20:7.1f};  "
               f"full recomputation, {per_stage} layers/GPU: Table 2 2 s b h each = {table2_full / 2**20:7.1f}, "
-              f"charged (stage input / t) {charged / 2**20:5.1f}")
+              f"charged {charged / 2**20:7.1f}")
 
 
 def print_collectives(cluster, preds) -> None:

@@ -44,7 +44,7 @@ from planner.operators import (
     layer_operators,
     time_operators,
 )
-from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape
+from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: the t the search tries: divisors of the GPUs per node (up to 8 on the clusters we ship), then powers of two
@@ -92,7 +92,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     s, h, V = spec.seq, spec.hidden, spec.vocab
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
-        recomputed = kind == "transformer"  # full recomputation checkpoints the transformer layers only
+        recomputed = checkpointed(kind)  # full recomputation checkpoints the transformer layers only
         per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches), recomputed) for t in sizes}
         one = per_t[1]
         return LayerProfile(

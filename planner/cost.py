@@ -92,7 +92,7 @@ from functools import lru_cache
 
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.device import DeviceSpec, LinkCollectives, find_device
-from planner.profile import LayerProfile, ModelProfile, TransformerShape
+from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
@@ -213,8 +213,12 @@ class StageInfo:
     tied_params: float  # parameters that copy another stage's (tied embedding)
     out_bytes: float  # boundary activation per sample after the stage
     stash_bytes: float  # stashed activations per sample, no recomputation
-    input_bytes: float  # stage input per sample (what recomputation keeps)
-    max_layer_stash: float  # largest single-layer stash per sample (recomputation working set)
+    #: per sample, what the stage keeps of a micro-batch in flight under full recomputation
+    #: (:func:`recompute_kept_bytes`: each checkpointed layer's input, the others' whole stash)
+    recompute_kept_bytes: float
+    #: the largest stash per sample of one checkpointed layer: materialised again while that layer is
+    #: recomputed (the recomputation working set; 0 when the stage has no checkpointed layer)
+    recompute_working_bytes: float
     transformer_layers: int
     #: the stage holds the (vocabulary-parallel) embedding / the LM head with its loss
     has_embedding: bool = False
@@ -235,9 +239,25 @@ def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) 
     return lay.stashed_bytes_per_sample / tensor
 
 
+def recompute_kept_bytes(lay: LayerProfile, stash: float, tensor: int, sequence_parallel: bool) -> float:
+    """Bytes per sample layer ``lay`` keeps of a micro-batch in flight under full recomputation
+    (:mod:`planner.profile`'s rule, :func:`planner.profile.checkpointed`): a checkpointed layer its input --
+    replicated on every tensor-parallel rank, so divided by ``t`` only with sequence parallelism (Korthikanti
+    et al. 2022, section 5 and Table 2, "full activation recomputation": ``2 s b h L`` bytes for ``L``
+    layers at 16 bits, ``2 s b h L / t`` with sequence parallelism); a layer that is not checkpointed (the
+    embedding, the LM head with its loss) its whole stash ``stash`` (:func:`layer_stash`)."""
+    if not checkpointed(lay.kind):
+        return stash
+    return lay.input_bytes_per_sample / (tensor if sequence_parallel else 1)
+
+
 def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int) -> list[StageInfo]:
+    """Per stage ``[i, j)`` of ``bounds``, its sizes at tensor-parallel size ``tensor``. Under full
+    recomputation a micro-batch in flight keeps the sum of :func:`recompute_kept_bytes` over the stage's
+    layers, and the backward re-materialises one checkpointed layer's stash at a time."""
     out = []
     shape = profile.shape
+    sp = profile.environment.get("sequence_parallel") == "true"
     for i, j in bounds:
         layers = profile.layers[i:j]
         stashes = [layer_stash(lay, tensor, shape) for lay in layers]
@@ -246,8 +266,10 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             params=sum(x.params for x in layers),
             tied_params=sum(x.tied_params for x in layers),
             out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=sum(stashes),
-            input_bytes=layers[0].input_bytes_per_sample / tensor,
-            max_layer_stash=max(stashes),
+            recompute_kept_bytes=sum(recompute_kept_bytes(lay, st, tensor, sp)
+                                     for lay, st in zip(layers, stashes, strict=True)),
+            recompute_working_bytes=max((st for lay, st in zip(layers, stashes, strict=True)
+                                         if checkpointed(lay.kind)), default=0.0),
             transformer_layers=sum(1 for x in layers if x.kind == "transformer"),
             has_embedding=any(x.kind == "embedding" for x in layers),
             has_head=any(x.kind == "lm_head" for x in layers)))
@@ -602,8 +624,10 @@ class ConfigCosts(Costs):
         return sum(per_stage[s] for _, s in self.held[device])
 
     def activation(self, stage: int) -> float:
+        """Bytes stage ``stage`` keeps per micro-batch in flight: its stash, or under full recomputation
+        what its layers keep (:func:`recompute_kept_bytes`); per stage, from the shared :func:`stage_infos`."""
         info = self.stages[stage]
-        per_sample = info.input_bytes if self.config.recompute else info.stash_bytes
+        per_sample = info.recompute_kept_bytes if self.config.recompute else info.stash_bytes
         return per_sample * self.base_b
 
 

@@ -304,7 +304,7 @@ def test_stage_memory_uses_the_shard_stash():
     prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1,), tensor_sizes=(1, 4))
     info = stage_infos(prof, [(1, 5)], 4)[0]
     block = prof.layers[1].tensor_times[4].stashed_bytes_per_sample
-    assert info.stash_bytes == pytest.approx(4 * block) and info.max_layer_stash == pytest.approx(block)
+    assert info.stash_bytes == pytest.approx(4 * block) and info.recompute_working_bytes == pytest.approx(block)
     s, h, a = 1024, 1024, 16
     assert block == pytest.approx(s * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))  # eq. 2, bytes per sample
 
