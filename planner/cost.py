@@ -6,8 +6,10 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
 * **Compute** (Chimera 3.4): F and B of a stage are the sums over its layers of the profile's times at
   the micro-batch size (interpolated, :meth:`planner.profile.LayerProfile.time`). With recomputation the
   backward is the profile's ``recompute`` time (forward re-run + backward; 3x forward when only the
-  forward was measured). Zero-bubble splits B into I (input gradient) and W (weight gradient), half each
-  (their GEMMs have equal FLOPs); the recomputed forward goes to I.
+  forward was measured) of each checkpointed layer, the plain backward of the embedding and the LM head
+  (:func:`planner.profile.checkpointed`; their memory: :func:`recompute_kept_bytes`). Zero-bubble splits
+  B into I (input gradient) and W (weight gradient), half each (their GEMMs have equal FLOPs); the
+  recomputed forward goes to I.
 * **Tensor parallelism** (Megatron-LM 3.2, 2.3): when the profile has compute at this ``t``
   (``LayerProfile.tensor_times``: measured, or the operator model's sharded GEMMs, :mod:`planner.operators`)
   those times are used; otherwise the t = 1 time divided by ``t`` and by ``tensor_efficiency`` (a t-way
