@@ -92,7 +92,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     s, h, V = spec.seq, spec.hidden, spec.vocab
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
-        recomputed = checkpointed(kind)  # full recomputation checkpoints the transformer layers only
+        recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
         per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches), recomputed) for t in sizes}
         one = per_t[1]
         return LayerProfile(
