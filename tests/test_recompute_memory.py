@@ -152,3 +152,21 @@ def test_gpt3_plan_rows_with_recomputation_carry_every_layer_input() -> None:
         inflight = min(D, cand.microbatches)
         activations = cand.memory[0] - cand.state[0] - cand.memory_reserve
         assert activations == pytest.approx(inflight * per_mb + working, rel=1e-9)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_partition_fitting_sums_what_stage_infos_charges(sp: bool) -> None:
+    """:meth:`planner.memory.MemoryModel.partition_fitting`'s running sums give, for any layer range, the
+    same recomputation figures as :func:`planner.cost.stage_infos` of that range (kept bytes, working set)."""
+    from planner.memory import MemoryModel
+    from planner.shapes import ScheduleCache
+
+    prof = _g3(sp)
+    mem = MemoryModel(prof, load_cluster(DGX), TrainingRequest(global_batch=8), ScheduleCache())
+    _, _, stash, kept, biggest = mem._layer_memory(8)
+    n = len(prof.layers)
+    for i, j in [(0, 1), (0, 7), (1, 13), (40, 60), (90, n), (0, n)]:
+        info = stage_infos(prof, [(i, j)], 8)[0]
+        assert kept[j] - kept[i] == pytest.approx(info.recompute_kept_bytes)
+        assert stash[j] - stash[i] == pytest.approx(info.stash_bytes)
+        assert biggest[i, j] == pytest.approx(info.recompute_working_bytes)
