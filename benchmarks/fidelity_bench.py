@@ -12,7 +12,8 @@ peak memory per GPU (the paper states no per-GPU memory for these rows: it is sh
 the device). Then the median and worst absolute error against the goal (every row within 10%, median
 within 5%), a leave-one-out calibration figure (what one cluster-wide time scale fitted on the other rows
 would give: the calibration of issue 11 item 5, not a shipped constant), and the ranking claims of the
-paper's figures 13-15.
+paper's figures 13-15; and Korthikanti et al. 2022 Table 5, both halves (full recomputation; sequence
+parallelism + selective recomputation), with activation memory per layer against their Table 2.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from planner.cluster import Link, load_cluster  # noqa: E402
 from planner.device import get_device  # noqa: E402
 from planner.fidelity import (  # noqa: E402
+    SEQSEL,
     korthikanti_runs,
     load_tables,
     median,
@@ -110,17 +112,8 @@ def main() -> None:
         loo.append(abs(p.seconds * scale / p.run.measured_seconds() - 1))
     print(f"leave-one-out with one fitted time scale per cluster (calibration, not shipped): median |error| "
           f"{median(loo):.1%}, worst {max(loo):.1%}")
-    # second check: Korthikanti et al. 2022 Table 5 (stated configurations, full recomputation)
-    kdata = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
-    print("\nKorthikanti et al. 2022, Table 5 (full recomputation, configuration as stated):")
-    kerrs = []
-    for run, row in zip(korthikanti_runs(kdata), kdata["runs"], strict=True):
-        cand = predict_fixed(run, row["chunks"], base, dev, opts)
-        err = cand.iteration_time / row["seconds_full"] - 1
-        kerrs.append(abs(err))
-        print(f"  {row['name']:5s} t={run.t} p={run.p:2d} B={run.batch:3d} b={run.micro_batch} v={row['chunks']}: "
-              f"measured {row['seconds_full']:6.2f} s, predicted {cand.iteration_time:6.2f} s, error {err:+6.1%}")
-    print(f"  median |error| {median(kerrs):.1%}, worst {max(kerrs):.1%}")
+    # second check: Korthikanti et al. 2022 Table 5, both halves (stated configurations)
+    print_korthikanti(base, dev, opts)
     print_collectives(base, preds)
     if args.no_rankings:
         return
@@ -128,6 +121,57 @@ def main() -> None:
     for r in ranking_checks(data, base, dev):
         cells = ", ".join(f"t{c[0]}p{c[1]}d{c[2]} {s:.2f}s" for c, s in r.predicted)
         print(f"  fig {r.figure} B={r.batch:4d} [{r.expect}] {'ok' if r.ok else 'VIOLATED'}: {cells}")
+
+
+def print_korthikanti(base, dev, opts) -> None:
+    """Korthikanti et al. 2022 Table 5, both halves in the stated t/p/b/v: full recomputation, and sequence
+    parallelism + selective recomputation (``SEQSEL``, no full recomputation); then the activation memory per
+    layer and GPU against their Table 2 (``34 s b h / t`` with sequence parallelism + selective; ``2 s b h``
+    per fully recomputed layer, which :mod:`planner.memory` charges per layer,
+    :func:`planner.cost.recompute_kept_bytes`) and the predicted peak memory per GPU (the paper states no
+    measured per-GPU memory for these runs)."""
+    from planner.analytic import analytic_profile
+    from planner.cost import stage_infos
+
+    kdata = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
+    print("\nKorthikanti et al. 2022, Table 5 (configuration as stated; full: full recomputation; seqsel: "
+          "sequence parallelism + selective recomputation, recompute off):")
+    print(f"  {'run':5s} {'t':>2s} {'p':>3s} {'B':>4s} {'b':>2s} {'v':>2s} | {'full meas':>9s} {'pred':>7s} "
+          f"{'error':>7s} {'mem GiB':>7s} | {'seqsel meas':>11s} {'pred':>7s} {'error':>7s} {'mem GiB':>7s}")
+    errs: dict[str, list[float]] = {"full": [], "seqsel": []}
+    mem_rows = []
+    for run, row in zip(korthikanti_runs(kdata), kdata["runs"], strict=True):
+        full = predict_fixed(run, row["chunks"], base, dev, opts)
+        sel = predict_fixed(run, row["chunks"], base, dev, SEQSEL, recompute=False)
+        ef = full.iteration_time / row["seconds_full"] - 1
+        es = sel.iteration_time / row["seconds_seqsel"] - 1
+        errs["full"].append(abs(ef))
+        errs["seqsel"].append(abs(es))
+        print(f"  {row['name']:5s} {run.t:2d} {run.p:3d} {run.batch:4d} {run.micro_batch:2d} {row['chunks']:2d} | "
+              f"{row['seconds_full']:9.2f} {full.iteration_time:7.2f} {ef:+7.1%} {max(full.memory) / 2**30:7.1f} | "
+              f"{row['seconds_seqsel']:11.2f} {sel.iteration_time:7.2f} {es:+7.1%} {max(sel.memory) / 2**30:7.1f}"
+              + ("" if full.fits and sel.fits else " (does not fit)"))
+        mem_rows.append((run, row))
+    for half in ("full", "seqsel"):
+        print(f"  {half:6s}: median |error| {median(errs[half]):.1%}, worst {max(errs[half]):.1%}"
+              + (" (goal: every row within 5%)" if half == "seqsel" else ""))
+    print("  activation memory per micro-batch (MiB): seqsel per layer and GPU, Table 2 vs our operator list; "
+          "full recomputation per GPU, all its layers:")
+    for run, row in mem_rows:
+        spec, b, t = run.spec(), run.micro_batch or 1, run.t
+        sbh = run.seq * b * run.hidden
+        prof = analytic_profile(spec, dev, dtype="fp16", micro_batches=(b,), tensor_sizes=(1, t), options=SEQSEL)
+        block = next(lay for lay in prof.layers if lay.kind == "transformer")
+        ours = block.tensor_times[t].stashed_bytes_per_sample * b
+        per_stage = run.layers // run.p  # layers per GPU (all its model chunks)
+        table2_full = 2 * sbh * per_stage  # each checkpointed layer's input, replicated over t without SP
+        # what planner.memory charges per in-flight micro-batch for a stage of those layers (the full rows' options)
+        full_prof = analytic_profile(spec, dev, dtype="fp16", micro_batches=(b,), tensor_sizes=(1, t), options=opts)
+        first = next(i for i, lay in enumerate(full_prof.layers) if lay.kind == "transformer")
+        charged = stage_infos(full_prof, [(first, first + per_stage)], t)[0].recompute_kept_bytes * b
+        print(f"    {row['name']:5s} seqsel 34 s b h / t = {34 * sbh / t / 2**20:7.1f}, ours {ours / 2**20:7.1f};  "
+              f"full recomputation, {per_stage} layers/GPU: Table 2 2 s b h each = {table2_full / 2**20:7.1f}, "
+              f"charged {charged / 2**20:7.1f}")
 
 
 def print_collectives(cluster, preds) -> None:

@@ -26,8 +26,10 @@ with ``grouped``).
 * ``STEP`` -- wait for sends and all-reduces, all-reduce the tied embedding copies (Megatron-LM), step the
   optimizer (plain SGD, so pipelined and single-process training can be compared exactly).
 
-Activation recomputation: the stage body runs under ``torch.utils.checkpoint`` (Chen et al. 2016;
-Megatron-LM section 3.5). Asynchronous schedules (``synchronous = False``): PipeDream (Harlap et al.,
+Activation recomputation: each transformer layer runs under its own ``torch.utils.checkpoint`` (Chen et al.
+2016; Megatron-LM section 3.5, ``--recompute-method uniform --recompute-num-layers 1``); the embedding and the
+LM head are not checkpointed (:class:`StageModule`, :func:`planner.profile.checkpointed`).
+Asynchronous schedules (``synchronous = False``): PipeDream (Harlap et al.,
 section 3.3) -- weight stashing: a forward runs on a snapshot of the newest weights (``functional_call``)
 that its backward reuses, and the optimizer steps after every backward (PipeDream-RR, replicated stages: each
 replica steps on its own micro-batches and adds the other replicas' updates of the window at its ALLREDUCE,
@@ -68,6 +70,7 @@ from executor.models.llama import LlamaBlock
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
 from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
+from planner.profile import checkpointed
 from planner.schedules.ir import (
     ALLREDUCE,
     RECV_B,
@@ -132,31 +135,35 @@ class CudaClock:
 
 class StageModule(nn.Module):
     """Layers ``[start, stop)`` of the model as one stage: ``forward(x, targets) -> list`` of per-micro-batch
-    outputs (the losses on the last stage), the body checkpointed when recomputing."""
+    outputs (the losses on the last stage). When recomputing, each layer whose kind full recomputation
+    checkpoints (``kinds``; :func:`planner.profile.checkpointed`: the transformer blocks, not the embedding nor
+    the LM head) runs under its own non-reentrant ``torch.utils.checkpoint``: a micro-batch in flight keeps
+    each such layer's input and the other layers' stash, and the backward re-runs one layer at a time."""
 
-    def __init__(self, layers: list[nn.Module], start: int, rows: int, recompute: bool) -> None:
+    def __init__(self, layers: list[nn.Module], start: int, rows: int, recompute: bool,
+                 kinds: list[str] | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.start, self.rows, self.recompute = start, rows, recompute
+        kinds = kinds if kinds is not None else ["layer"] * len(layers)
+        if len(kinds) != len(layers):
+            raise ValueError(f"kinds: one per layer ({len(layers)}), got {len(kinds)}")
+        #: per layer, whether it runs checkpointed
+        self.checkpointed = [recompute and checkpointed(k) for k in kinds]
         self.has_head = takes_targets(layers[-1])
         self.body_layers = list(range(len(layers) - 1 if self.has_head else len(layers)))
 
-    def _body(self, x: torch.Tensor) -> torch.Tensor:
-        for i in self.body_layers:
-            x = self.layers[i](x)
-        return x
-
     def forward(self, x: torch.Tensor, targets: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        if self.body_layers:
-            y = checkpoint(self._body, x, use_reentrant=False) if self.recompute else self._body(x)
-        else:
-            y = x
+        y = x
+        for i in self.body_layers:
+            layer = self.layers[i]
+            y = checkpoint(layer, y, use_reentrant=False) if self.checkpointed[i] else layer(y)
         chunks = list(y.split(self.rows))
         if not self.has_head:
             return chunks
         assert targets is not None
         head = self.layers[-1]
-        if self.recompute:
+        if self.checkpointed[-1]:
             return [checkpoint(head, c, t, use_reentrant=False) for c, t in zip(chunks, targets, strict=True)]
         return [head(c, t) for c, t in zip(chunks, targets, strict=True)]
 
@@ -274,7 +281,7 @@ class RankRuntime:
         layers = self.source.build(self.plan.seed, a, b)
         if self.layout.t > 1:
             layers = [self._tensor_parallel(m) for m in layers]
-        mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute)
+        mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute, self.source.kinds(a, b))
         return mod.to(device=self.tdev, dtype=self.dtype)
 
     def _tensor_parallel(self, m: nn.Module) -> nn.Module:

@@ -97,6 +97,11 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     console = Console(width=160)
     n = req.gpus or cl.gpus
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+    if prof.environment.get("recompute_granularity") == "selective":
+        console.print("recomputation: rows with rc re-run every layer; the others re-run the attention core "
+                      "selectively (profile: --recompute-granularity selective"
+                      + (", no effect with its flash attention" if prof.environment.get("attention") == "flash"
+                         else "") + ")", highlight=False)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
@@ -222,6 +227,11 @@ def register(app: typer.Typer) -> None:
         encoder: Annotated[bool, typer.Option(help="BERT-style encoder")] = False,
         attention: Annotated[str, typer.Option(help="unfused (Megatron 2021) or flash")] = "unfused",
         sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
+        recompute_granularity: Annotated[str, typer.Option(
+            help="none, or selective (Megatron's --recompute-granularity selective, Korthikanti et al. 2022: "
+                 "layers not fully recomputed re-run the unfused attention core in the backward instead of "
+                 "stashing it; no effect with flash attention). Full recomputation stays the planner's "
+                 "per-candidate choice (the rc column)")] = "none",
     ) -> None:
         """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
         # imported here: ``plan`` and ``predict`` need none of the device and operator models
@@ -235,6 +245,9 @@ def register(app: typer.Typer) -> None:
             fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
         if attention not in ("unfused", "flash"):
             fail(f"--attention must be unfused or flash, got {attention!r}")
+        if recompute_granularity not in ("none", "selective"):
+            fail(f"--recompute-granularity must be none or selective, got {recompute_granularity!r} (full "
+                 "recomputation is chosen per candidate by the planner)")
         dropout = OperatorOptions().dropout
         shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab}
         for opt, value in shape.items():
@@ -271,7 +284,8 @@ def register(app: typer.Typer) -> None:
                                  heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
             prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
-                                                            sequence_parallel=sequence_parallel, dropout=dropout))
+                                                            sequence_parallel=sequence_parallel, dropout=dropout,
+                                                            recompute=recompute_granularity))  # type: ignore[arg-type]
         except ValidationError as e:
             fail(validation_summary(e))
             raise

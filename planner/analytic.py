@@ -18,6 +18,15 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   (Megatron-LM 2021-22 ``--checkpoint-activations``: ``ParallelTransformer._checkpointed_forward`` wraps the
   layers only); the embedding and the LM head with its final norm and loss are not checkpointed, so their
   ``recompute_time`` is their plain backward.
+* Selective recomputation (``OperatorOptions.recompute = "selective"``, Megatron-LM's
+  ``--recompute-granularity selective``; Korthikanti et al. 2022, section 5): a property of the profile,
+  like the attention kernel, not a choice of the search (whose space is unchanged: each candidate still
+  recomputes fully or not, its ``rc`` column). Without full recomputation a layer re-runs its unfused
+  attention core in the backward (in ``bwd_time`` and ``bwd_input_time``) and stashes ``s b h (10 + 24/t)``
+  bytes (``34 s b h / t`` with sequence parallelism) instead of eq. 2/4; with full recomputation it re-runs
+  its whole forward once, the core included, so ``recompute_time`` is the forward plus the backward
+  without the core's re-run (:attr:`planner.operators.PassTimes.recompute`). The environment records it
+  (``recompute_granularity: selective``; absent otherwise, so profiles made without it are unchanged).
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -35,7 +44,7 @@ from planner.operators import (
     layer_operators,
     time_operators,
 )
-from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape
+from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: the t the search tries: divisors of the GPUs per node (up to 8 on the clusters we ship), then powers of two
@@ -48,7 +57,9 @@ def _times(builder, spec: ModelSpec, device: DeviceSpec, dtype: str, t: int, opt
 
 
 def _shard(times: dict[int, PassTimes], recomputed: bool = True) -> ShardTimes:
-    """``recomputed=False``: a layer full recomputation does not re-run (its backward is the plain one)."""
+    """``recomputed=False``: a layer full recomputation does not re-run (its backward is the plain one).
+    ``bwd_time`` includes a selective re-run of the attention core where the options ask for one; the
+    full-recomputation time does not pay it twice (:attr:`PassTimes.recompute`)."""
     return ShardTimes(
         fwd_time={b: p.fwd for b, p in times.items()}, bwd_time={b: p.bwd for b, p in times.items()},
         recompute_time={b: (p.recompute if recomputed else p.bwd) for b, p in times.items()},
@@ -81,7 +92,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     s, h, V = spec.seq, spec.hidden, spec.vocab
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
-        recomputed = kind == "transformer"  # full recomputation checkpoints the transformer layers only
+        recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
         per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches), recomputed) for t in sizes}
         one = per_t[1]
         return LayerProfile(
@@ -100,12 +111,24 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
         shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f),
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
-                     "family": "bert" if spec.encoder else "gpt", "model": spec.name},
+                     "family": "bert" if spec.encoder else "gpt", "model": spec.name,
+                     **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {})},
         notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
-               f"({opts.attention} attention{', dropout' if opts.dropout else ''}); GEMM and memory efficiency "
+               f"({opts.attention} attention{', dropout' if opts.dropout else ''}"
+               f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}); "
+               "GEMM and memory efficiency "
                "from the device description; compute per tensor-parallel size in tensor_times; "
                "replace with a measured profile"),
     )
+
+
+def _selective_note(opts: OperatorOptions) -> str:
+    if opts.recompute != "selective":
+        return ""
+    if opts.attention == "flash":
+        return ", selective recomputation (no effect with flash attention: its kernel already recomputes)"
+    return (", selective recomputation: layers not fully recomputed re-run the attention core in the "
+            "backward and stash no s x s tensors")
 
 
 def transformer_profile(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int,

@@ -76,6 +76,17 @@ class Candidate:
             return f"{c.label()} stages {parts}, weight stashing ({versions} versions per stage)"
         return f"{c.label()} stages {parts}"
 
+    @property
+    def recompute_granularity(self) -> str | None:
+        """Megatron-LM's name for what this candidate recomputes: ``"full"`` (``recompute``: every layer's
+        forward again), ``"selective"`` (the profile's layers re-run their attention core: Korthikanti et al.
+        2022 section 5, a property of the profile), ``"none"``; None when not costed."""
+        if self.config.recompute:
+            return "full"
+        if self.costs is None:
+            return None
+        return "selective" if self.costs.selective else "none"
+
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """The candidate document: ``run_spec`` (what to run) and, flat beside it for reading, the
         configuration's fields and the predicted figures."""
@@ -96,6 +107,7 @@ class Candidate:
             "closed_forms": self.closed_forms, "partition": self.partition,
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
             "compute": self.costs.compute_source if self.costs is not None else None,
+            "recompute_granularity": self.recompute_granularity,
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]

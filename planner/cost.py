@@ -6,8 +6,10 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
 * **Compute** (Chimera 3.4): F and B of a stage are the sums over its layers of the profile's times at
   the micro-batch size (interpolated, :meth:`planner.profile.LayerProfile.time`). With recomputation the
   backward is the profile's ``recompute`` time (forward re-run + backward; 3x forward when only the
-  forward was measured). Zero-bubble splits B into I (input gradient) and W (weight gradient), half each
-  (their GEMMs have equal FLOPs); the recomputed forward goes to I.
+  forward was measured) of each checkpointed layer, the plain backward of the embedding and the LM head
+  (:func:`planner.profile.checkpointed`; their memory: :func:`recompute_kept_bytes`). Zero-bubble splits
+  B into I (input gradient) and W (weight gradient), half each (their GEMMs have equal FLOPs); the
+  recomputed forward goes to I.
 * **Tensor parallelism** (Megatron-LM 3.2, 2.3): when the profile has compute at this ``t``
   (``LayerProfile.tensor_times``: measured, or the operator model's sharded GEMMs, :mod:`planner.operators`)
   those times are used; otherwise the t = 1 time divided by ``t`` and by ``tensor_efficiency`` (a t-way
@@ -18,6 +20,8 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   reduce-scatter in place of each all-reduce (the same bytes: ``(t-1)/t L`` each), on the intra-node link
   (NVLink) when the ``t`` GPUs share a node, else on the inter-node link, which then bounds the ring.
   A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute.
+  With sequence parallelism the backward also redoes the all-gather of each column-parallel GEMM's input
+  (two per layer, one for the LM head: :meth:`ConfigCosts._sp_regather`).
   The first stage's forward also all-reduces the vocabulary-parallel embedding's output and the last
   stage's backward the LM head's input gradient (one ``b s h`` all-reduce each; the cross-entropy adds
   three ``b s`` fp32 all-reduces forward): :meth:`ConfigCosts._tp_edges`.
@@ -90,7 +94,7 @@ from functools import lru_cache
 
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.device import DeviceSpec, LinkCollectives, find_device
-from planner.profile import LayerProfile, ModelProfile, TransformerShape
+from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
@@ -211,8 +215,12 @@ class StageInfo:
     tied_params: float  # parameters that copy another stage's (tied embedding)
     out_bytes: float  # boundary activation per sample after the stage
     stash_bytes: float  # stashed activations per sample, no recomputation
-    input_bytes: float  # stage input per sample (what recomputation keeps)
-    max_layer_stash: float  # largest single-layer stash per sample (recomputation working set)
+    #: per sample, what the stage keeps of a micro-batch in flight under full recomputation
+    #: (:func:`recompute_kept_bytes`: each checkpointed layer's input, the others' whole stash)
+    recompute_kept_bytes: float
+    #: the largest stash per sample of one checkpointed layer: materialised again while that layer is
+    #: recomputed (the recomputation working set; 0 when the stage has no checkpointed layer)
+    recompute_working_bytes: float
     transformer_layers: int
     #: the stage holds the (vocabulary-parallel) embedding / the LM head with its loss
     has_embedding: bool = False
@@ -233,9 +241,25 @@ def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) 
     return lay.stashed_bytes_per_sample / tensor
 
 
+def recompute_kept_bytes(lay: LayerProfile, stash: float, tensor: int, sequence_parallel: bool) -> float:
+    """Bytes per sample layer ``lay`` keeps of a micro-batch in flight under full recomputation
+    (:mod:`planner.profile`'s rule, :func:`planner.profile.checkpointed`): a checkpointed layer its input --
+    replicated on every tensor-parallel rank, so divided by ``t`` only with sequence parallelism (Korthikanti
+    et al. 2022, section 5 and Table 2, "full activation recomputation": ``2 s b h L`` bytes for ``L``
+    layers at 16 bits, ``2 s b h L / t`` with sequence parallelism); a layer that is not checkpointed (the
+    embedding, the LM head with its loss) its whole stash ``stash`` (:func:`layer_stash`)."""
+    if not checkpointed(lay.kind):
+        return stash
+    return lay.input_bytes_per_sample / (tensor if sequence_parallel else 1)
+
+
 def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int) -> list[StageInfo]:
+    """Per stage ``[i, j)`` of ``bounds``, its sizes at tensor-parallel size ``tensor``. Under full
+    recomputation a micro-batch in flight keeps the sum of :func:`recompute_kept_bytes` over the stage's
+    layers, and the backward re-materialises one checkpointed layer's stash at a time."""
     out = []
     shape = profile.shape
+    sp = profile.environment.get("sequence_parallel") == "true"
     for i, j in bounds:
         layers = profile.layers[i:j]
         stashes = [layer_stash(lay, tensor, shape) for lay in layers]
@@ -244,8 +268,10 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             params=sum(x.params for x in layers),
             tied_params=sum(x.tied_params for x in layers),
             out_bytes=layers[-1].output_bytes_per_sample, stash_bytes=sum(stashes),
-            input_bytes=layers[0].input_bytes_per_sample / tensor,
-            max_layer_stash=max(stashes),
+            recompute_kept_bytes=sum(recompute_kept_bytes(lay, st, tensor, sp)
+                                     for lay, st in zip(layers, stashes, strict=True)),
+            recompute_working_bytes=max((st for lay, st in zip(layers, stashes, strict=True)
+                                         if checkpointed(lay.kind)), default=0.0),
             transformer_layers=sum(1 for x in layers if x.kind == "transformer"),
             has_embedding=any(x.kind == "embedding" for x in layers),
             has_head=any(x.kind == "lm_head" for x in layers)))
@@ -291,6 +317,11 @@ class ConfigCosts(Costs):
         #: divided by (t * tensor_efficiency); ``partial``: some layers lack times at this t
         self.per_t, self.partial = shared["per_t"]
         self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
+        #: the profile's layers re-run their unfused attention core in the backward where the candidate does
+        #: not recompute fully (Korthikanti et al. 2022 section 5; :mod:`planner.operators`): already in the
+        #: profile's times and stash, recorded here for the candidate's output
+        self.selective = (profile.environment.get("recompute_granularity") == "selective"
+                          and profile.environment.get("attention") != "flash")
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
@@ -368,6 +399,29 @@ class ConfigCosts(Costs):
         sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
         return 2 * self.stages[stage].transformer_layers * self._tp_one(samples) * self.cal.link_scale
 
+    def _sp_regather(self, stage: int, samples: float) -> float:
+        """With sequence parallelism, the all-gathers of the column-parallel GEMMs' inputs redone in the
+        backward: Megatron-LM stashes only the ``T/t``-row shard of the input of the QKV and MLP-up GEMMs
+        (and of the LM head's logits GEMM) and all-gathers it again for the weight gradient
+        (Korthikanti et al. 2022, section 4.2.2; ``LinearWithGradAccumulationAndAsyncCommunication.
+        backward``, 2022), whether or not the layer was recomputed (the recomputed forward stashes the
+        shard too): two ``b s h`` all-gathers per transformer layer, one for the head, per backward.
+        Megatron issues them asynchronously ahead of the input-gradient GEMM; like every tensor-parallel
+        collective here they are charged in full (no compute/communication overlap is modelled)."""
+        info = self.stages[stage]
+        shape = self.profile.shape
+        if not self.sequence_parallel or self.t == 1 or shape is None:
+            return 0.0
+        count = 2 * info.transformer_layers + (1 if info.has_head else 0)
+        if count == 0:
+            return 0.0
+        nbytes = samples * shape.seq * shape.hidden * self.el
+        if self.t <= self.cluster.gpus_per_node:
+            one = collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
+        else:  # as _tp_one across nodes: half of the all-reduce's traffic
+            one = self._tp_allreduce(nbytes) / 2
+        return count * one * self.cal.link_scale
+
     def _tp_edges(self, stage: int, samples: float, backward: bool) -> float:
         """The tensor-parallel collectives of the embedding and the LM head (Megatron-LM 2021-22, without
         sequence parallelism): the vocabulary-parallel embedding sums its partial lookups with one
@@ -444,7 +498,7 @@ class ConfigCosts(Costs):
             kind = "recompute" if self.config.recompute else "bwd"
             v = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
                  + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
-                 + self._tp_edges(stage, self.base_b, backward=True))
+                 + self._tp_edges(stage, self.base_b, backward=True) + self._sp_regather(stage, self.base_b))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage - 1, 1)
             self._bwd[stage] = v
@@ -454,7 +508,8 @@ class ConfigCosts(Costs):
         if not self.config.recompute:
             return 0.0
         plain = (self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
-                 + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True))
+                 + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True)
+                 + self._sp_regather(stage, self.base_b))
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------
@@ -571,8 +626,10 @@ class ConfigCosts(Costs):
         return sum(per_stage[s] for _, s in self.held[device])
 
     def activation(self, stage: int) -> float:
+        """Bytes stage ``stage`` keeps per micro-batch in flight: its stash, or under full recomputation
+        what its layers keep (:func:`recompute_kept_bytes`); per stage, from the shared :func:`stage_infos`."""
         info = self.stages[stage]
-        per_sample = info.input_bytes if self.config.recompute else info.stash_bytes
+        per_sample = info.recompute_kept_bytes if self.config.recompute else info.stash_bytes
         return per_sample * self.base_b
 
 

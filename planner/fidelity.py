@@ -26,6 +26,12 @@ recomputation, on the same machine a year later, with the parallel configuration
 by us). Its 22B row is one pipeline stage, one micro-batch of 4 and no data parallelism: a direct check of
 the layer model (48 layers, forward + recomputed forward + backward) plus the LM head and the optimizer.
 
+The second half of the same Table 5 (``seconds_seqsel``: sequence parallelism + selective activation
+recomputation, the paper's own method, same t/p/b/v) is predicted with :data:`SEQSEL` options (the profile
+re-runs the unfused attention core in the backward and shards norms/dropouts over ``T/t`` rows, the
+backward re-gathers the column-parallel GEMMs' inputs: :meth:`planner.cost.ConfigCosts._sp_regather`) and
+``recompute=False`` in the planner's configuration (:func:`predict_fixed`).
+
 Nothing here is fitted to the tables: the device and cluster descriptions are the shipped ones.
 """
 
@@ -234,21 +240,28 @@ def median(xs: list[float]) -> float:
 
 
 def korthikanti_runs(data: dict) -> list[PublishedRun]:
-    """The full-recomputation rows of tests/data/korthikanti_table5.json as runs (``tflops`` left 0: the
-    measured seconds are ``data["runs"][i]["seconds_full"]``)."""
+    """The rows of tests/data/korthikanti_table5.json as runs (``tflops`` left 0: the measured seconds are
+    ``data["runs"][i]["seconds_full"]`` with full recomputation and ``["seconds_seqsel"]`` with sequence
+    parallelism + selective recomputation, the same t/p/b/v)."""
     return [PublishedRun(label=f"korthikanti {r['name']} g={r['gpus']}", layers=r["layers"], hidden=r["hidden"],
                          heads=r["heads"], seq=data["seq"], vocab=data["vocab"], t=r["t"], p=r["p"], gpus=r["gpus"],
                          batch=r["batch"], tflops=0.0, micro_batch=r["micro_batch"])
             for r in data["runs"]]
 
 
+#: Korthikanti et al. 2022's own method (Table 5, ``seconds_seqsel``): sequence parallelism and selective
+#: recomputation of the unfused attention core, fp16 with dropout (Megatron-LM of 2022)
+SEQSEL = OperatorOptions(attention="unfused", dropout=True, sequence_parallel=True, recompute="selective")
+
+
 def predict_fixed(run: PublishedRun, chunks: int, base: Cluster, device: DeviceSpec,
-                  options: OperatorOptions | None = None) -> Candidate:
+                  options: OperatorOptions | None = None, recompute: bool = True) -> Candidate:
     """The prediction of ``run`` in its stated configuration: micro-batch ``run.micro_batch``, interleaved
-    with ``chunks`` model chunks where ``chunks > 1`` (else 1F1B), full recomputation, blocking p2p."""
+    with ``chunks`` model chunks where ``chunks > 1`` (else 1F1B), blocking p2p, full recomputation unless
+    ``recompute=False`` (Table 5's ``seqsel`` rows: ``options=SEQSEL``, ``recompute=False``)."""
     b = run.micro_batch or 1
     prof = run_profile(run, device, (b,), options)
-    cfg = Config(tensor=run.t, pipeline=run.p, data=run.d, micro_batch=b, recompute=True,
+    cfg = Config(tensor=run.t, pipeline=run.p, data=run.d, micro_batch=b, recompute=recompute,
                  schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks if chunks > 1 else None)
     req = TrainingRequest(global_batch=run.batch, gpus=run.gpus, max_tensor=max(run.t, 1))
     cand = predict_megatron(prof, run_cluster(base, run.gpus), req, cfg)

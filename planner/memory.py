@@ -3,10 +3,12 @@
 A device holds, for every (replica, stage) pair placed on it, the stage's weights, gradients and optimizer
 state (``bytes_per_param`` per parameter over t; ZeRO, Rajbhandari et al. 2020, 3.1), plus the extra weight
 versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering); the activations of
-its in-flight micro-batches (their stage input only with recomputation, plus one layer's working set);
-and the request's reserve. :meth:`MemoryModel.simulated_memory` counts exactly that from a simulation;
-the checks before it use the schedule's in-flight counts (exact, or a lower bound) or, for merged
-schedules, the replayed warm-up, and :meth:`MemoryModel.partition_fitting` finds a partition that fits
+its in-flight micro-batches -- their whole stash, or with full recomputation what each checkpointed
+layer keeps (its input) plus the stash of the layers that are not checkpointed (the embedding, the LM head),
+:func:`planner.cost.recompute_kept_bytes` -- plus, recomputing, once the largest checkpointed layer's stash
+(the layer being recomputed); and the request's reserve. :meth:`MemoryModel.simulated_memory` counts exactly
+that from a simulation; the checks before it use the schedule's in-flight counts (exact, or a lower bound)
+or, for merged schedules, the replayed warm-up, and :meth:`MemoryModel.partition_fitting` finds a partition that fits
 when the time-balanced one does not."""
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class MemoryModel:
 
     def simulated_memory(self, cand: Candidate, costs: ConfigCosts, res: SimResult) -> list[float]:
         """Per device, what it needs at its peak in simulation ``res``: model state, the peak of its
-        activations, the reserve, and -- recomputing -- one layer's activations materialised again."""
+        activations, the reserve, and -- recomputing -- one checkpointed layer's stash materialised again."""
         return self.peak_memory(cand, costs, [d.peak_activations for d in res.devices])
 
     def list_peaks(self, sched: Schedule, costs: ConfigCosts) -> list[float]:
@@ -176,8 +178,8 @@ class MemoryModel:
         mem = []
         for d in range(cand.config.pipeline):
             m = cand.state[d] + peaks[d] + self.request.memory_reserve_bytes
-            if cand.config.recompute:  # recomputing a layer materialises its activations once
-                m += max(costs.stages[s].max_layer_stash for _, s in costs.held[d]) * costs.base_b
+            if cand.config.recompute:  # recomputing a layer materialises its stash once
+                m += max(costs.stages[s].recompute_working_bytes for _, s in costs.held[d]) * costs.base_b
             mem.append(m)
         return mem
 
@@ -197,20 +199,20 @@ class MemoryModel:
         if key in self._partitions:
             return self._partitions[key]
         cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
-        state, weights, stash, first_input, biggest = self._layer_memory(t)
-        # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows
-        # (with recomputation counting the smallest stage input), covers the model. Memory only grows as a
-        # stage takes more layers, so the greedy packing is the most any partition can cover.
+        state, weights, stash, kept, biggest = self._layer_memory(t)
+        # per sample and micro-batch in flight, running sums of what a stage keeps (stash_bytes or
+        # recompute_kept_bytes of planner.cost.stage_infos, summed layer by layer)
+        per_mb = kept if config.recompute else stash
+        # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows, covers
+        # the model. Memory only grows as a stage takes more layers, so the greedy packing is the most any
+        # partition can cover.
         L, start = len(self.profile.layers), 0
-        min_input = float(first_input.min())
         for k in range(S):
             live = counts.get((0, k), 0) * samples
             need = state[start:] - state[start] + (versions[k] - 1 if versions else 0) * (
-                weights[start:] - weights[start])
+                weights[start:] - weights[start]) + live * (per_mb[start:] - per_mb[start])
             if config.recompute:
-                need = need + live * min_input + biggest[start, start:] * samples
-            else:
-                need = need + live * (stash[start:] - stash[start])
+                need = need + biggest[start, start:] * samples
             room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]  # leave a layer per later stage
             if room.size == 0:
                 break
@@ -224,10 +226,9 @@ class MemoryModel:
             if versions:
                 need = need + (versions[k] - 1) * (weights[None, :] - weights[:, None])
             live = counts.get((0, k), 0) * samples
+            need = need + live * (per_mb[None, :] - per_mb[:, None])
             if config.recompute:
-                need = need + live * first_input + biggest * samples
-            else:
-                need = need + live * (stash[None, :] - stash[:, None])
+                need = need + biggest * samples
             return need <= cap
 
         try:
@@ -239,8 +240,9 @@ class MemoryModel:
 
     def _layer_memory(self, t: int) -> tuple[np.ndarray, ...]:
         """Per-layer memory figures for :meth:`partition_fitting`, cached per t: running sums of model
-        state, weights and stashed activations per sample, each layer's input per sample (a column),
-        and the largest single-layer stash per sample of every layer range."""
+        state, weights, stashed activations per sample and what full recomputation keeps per sample
+        (:func:`planner.cost.recompute_kept_bytes`), and the recomputation working set (the largest
+        checkpointed layer's stash per sample) of every layer range."""
         got = self._layer_mem.get(t)
         if got is None:
             layers = self._layer_infos(t)
@@ -248,8 +250,8 @@ class MemoryModel:
                 prefix_sums([info.params * self.request.bytes_per_param / t for info in layers]),
                 prefix_sums([info.param_bytes / t for info in layers]),
                 prefix_sums([info.stash_bytes for info in layers]),
-                np.array([info.input_bytes for info in layers] + [0.0])[:, None],
-                _range_max([info.max_layer_stash for info in layers]))
+                prefix_sums([info.recompute_kept_bytes for info in layers]),
+                _range_max([info.recompute_working_bytes for info in layers]))
         return got
 
     def _layer_infos(self, t: int) -> list[Any]:

@@ -33,6 +33,20 @@ element-wise kernel's backward reads the output gradient and what it saved and w
 The backward is kept as its input-gradient part I and weight-gradient part W (zero-bubble pipelines, Qi et
 al. 2023). **Recomputation** (full, per layer: Megatron 3.5) re-runs the forward list before the backward.
 
+**Selective recomputation** (Korthikanti et al. 2022, section 5, Table 2; Megatron-LM's
+``--recompute-granularity selective``, ``OperatorOptions.recompute = "selective"``): the attention core
+(``Q K^T`` scores, softmax, attention dropout, attention over ``V``: the ``5 a s / h`` term of their eq. 1)
+stashes nothing of its own beyond its inputs ``Q``, ``K``, ``V`` (already counted as the scores' and
+attention-over-values' saved operands) and the RNG state of its dropout, and its forward kernels are
+re-run at the start of the layer's backward (Megatron's ``_checkpointed_attention_forward`` re-runs the
+whole ``CoreAttention``, the last ``P V`` GEMM included): they count in the input-gradient part I
+(:attr:`Operator.recomputed`, :attr:`PassTimes.rerun`), never in W. Full recomputation of such a layer
+re-runs its whole forward once, the core included, so it does not pay the core's re-run a second time
+(:attr:`PassTimes.recompute`). With ``attention="flash"`` selective changes nothing: the flash kernel keeps
+no ``s x s`` tensor and its backward already recomputes the scores, and Megatron-LM skips the core's
+checkpoint for it (``ParallelAttention.forward``: ``if not self.use_flash_attn: if
+self.checkpoint_core_attention: ...``).
+
 **Time** of one kernel (Calculon, Isaev et al. SC'23, section 3): compute
 ``FLOPs / (peak * gemm_efficiency(shape))`` and memory ``bytes / (bandwidth * memory_efficiency(bytes))``
 combined by the device's rule -- their maximum (``roofline``) or their sum (``no_overlap``, Calculon's
@@ -42,7 +56,9 @@ rule for the A100 and H100, which the shipped A100/H100 descriptions use) -- plu
 **Stashed activations** (what autograd keeps for the backward): each operator lists the tensors it saves;
 for GPT shapes (MHA, ``f = 4h``, LayerNorm, dropout, unfused attention) the sum is Korthikanti et al.
 2022's ``s b h (34 + 5 a s / h)`` bytes at 16-bit (eq. 1), ``s b h (10 + 24/t + 5 a s/(h t))`` with
-tensor parallelism (eq. 2) and ``s b h (34 + 5 a s/h) / t`` with sequence parallelism too (eq. 4).
+tensor parallelism (eq. 2) and ``s b h (34 + 5 a s/h) / t`` with sequence parallelism too (eq. 4);
+with selective recomputation the ``5 a s / h`` term goes: ``s b h (10 + 24/t)`` (tensor parallel) and
+``34 s b h / t`` (+ sequence parallel), their Table 2.
 """
 
 from __future__ import annotations
@@ -80,6 +96,8 @@ class Operator:
     bwd_i: tuple[Kernel, ...]
     bwd_w: tuple[Kernel, ...] = ()
     saved_bytes: float = 0.0
+    #: selective recomputation: the forward kernels are re-run before the backward (counted in I)
+    recomputed: bool = False
 
     @property
     def fwd_flops(self) -> float:
@@ -103,6 +121,12 @@ class OperatorOptions:
     #: DDP hook ``param.main_grad.add_(param.grad)``, 2021): read grad and main grad, write main grad, per
     #: micro-batch; "fused": the weight-gradient GEMM accumulates in place (gradient-accumulation fusion)
     grad_accumulation: Literal["separate", "fused"] = "separate"
+    #: activation recomputation inside the layer, a property of the run like the attention kernel
+    #: (Megatron-LM's ``--recompute-granularity selective``): "selective" re-runs the unfused attention
+    #: core in the backward instead of stashing its ``s x s`` tensors (module docstring; no effect with
+    #: flash attention). Full recomputation is the planner's per-candidate choice (``Config.recompute``),
+    #: not an option here.
+    recompute: Literal["none", "selective"] = "none"
 
 
 def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: bool = True,
@@ -189,18 +213,23 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
                              bias_add=bias)))
     heads_b = b * a_t
     if o.attention == "unfused":
-        # scores S = Q K^T per head: saves Q and K (the GEMM's two operands)
-        ops.append(gemm("scores", s, s, d, el, heads_b, weight=False, save_input=True,
-                        save_weight_side=b * k_t * s * d))
+        sel = o.recompute == "selective"
+        # scores S = Q K^T per head: saves Q and K (the GEMM's two operands; selective: what the re-run
+        # starts from)
+        ops.append(replace(gemm("scores", s, s, d, el, heads_b, weight=False, save_input=True,
+                                save_weight_side=b * k_t * s * d), recomputed=sel))
         E = heads_b * s * s
-        ops.append(elementwise("softmax", E, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
-                               saved_bytes=el * E))
+        ops.append(replace(elementwise("softmax", E, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2,
+                                       bwd_writes=1, saved_bytes=0.0 if sel else el * E), recomputed=sel))
         if o.dropout:
-            ops.append(elementwise("attn_dropout", E, el, reads=1, writes=1, flops_per=2.0, bwd_reads=1,
-                                   bwd_writes=1, saved_bytes=E, extra_bytes=E, bwd_extra_bytes=E))
-        # P V per head: saves P (the dropout output) and V
-        ops.append(gemm("attn_v", s, d, s, el, heads_b, weight=False, save_input=o.dropout,
-                        save_weight_side=b * k_t * s * d))  # without dropout P is the softmax's saved output
+            # selective: the mask is regenerated from the saved RNG state (Megatron's CudaRNGStatesTracker)
+            ops.append(replace(elementwise("attn_dropout", E, el, reads=1, writes=1, flops_per=2.0, bwd_reads=1,
+                                           bwd_writes=1, saved_bytes=0.0 if sel else E, extra_bytes=E,
+                                           bwd_extra_bytes=E), recomputed=sel))
+        # P V per head: saves P (the dropout output) and V; without dropout P is the softmax's saved output;
+        # selective: V only (P is recomputed)
+        ops.append(replace(gemm("attn_v", s, d, s, el, heads_b, weight=False, save_input=o.dropout and not sel,
+                                save_weight_side=b * k_t * s * d), recomputed=sel))
     else:
         causal = 0.5 if o.causal else 1.0
         fl = causal * 4.0 * heads_b * s * s * d
@@ -274,13 +303,15 @@ def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOp
 
 @dataclass
 class PassTimes:
-    """Seconds of one list of operators on one device: forward, backward input gradient (I), weight
-    gradient (W), and the bytes they stash."""
+    """Seconds of one list of operators on one device: forward, backward input gradient (I, including the
+    selective re-run ``rerun``), weight gradient (W), and the bytes they stash."""
 
     fwd: float = 0.0
     bwd_i: float = 0.0
     bwd_w: float = 0.0
     saved_bytes: float = 0.0
+    #: seconds of the forward kernels selective recomputation re-runs in the backward (part of ``bwd_i``)
+    rerun: float = 0.0
     per_op: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
@@ -289,8 +320,10 @@ class PassTimes:
 
     @property
     def recompute(self) -> float:
-        """Backward with full recomputation: the forward re-run plus the backward (Megatron 3.5)."""
-        return self.fwd + self.bwd
+        """Backward with full recomputation: the forward re-run plus the backward (Megatron 3.5). The
+        full re-run already recomputes what selective recomputation would re-run, so that is not paid
+        twice."""
+        return self.fwd + self.bwd - self.rerun
 
 
 def time_operators(ops: list[Operator], device: DeviceSpec, dtype: str) -> PassTimes:
@@ -301,6 +334,9 @@ def time_operators(ops: list[Operator], device: DeviceSpec, dtype: str) -> PassT
         i = sum(k.time(device, dtype) for k in op.bwd_i)
         w = sum(k.time(device, dtype) for k in op.bwd_w)
         out.fwd += f
+        if op.recomputed:  # selective: the forward kernels again, before this operator's backward
+            i += f
+            out.rerun += f
         out.bwd_i += i
         out.bwd_w += w
         out.saved_bytes += op.saved_bytes

@@ -4,8 +4,15 @@ A profile lists the model's layers in execution order. Per layer it holds what P
 records (PipeDream section 3.1: compute time ``T_l``, output activation size ``a_l``, parameter size
 ``w_l``), split into forward and backward, measured for several micro-batch sizes ``b``, plus the memory
 that autograd stashes for the backward pass and the layer input that must be kept when the layer's
-activations are recomputed (Megatron-LM section 3.5 / the PTD-P notes, "Activation Recomputation": a
-checkpointed stage keeps only its input activations).
+activations are recomputed (Megatron-LM section 3.5 / the PTD-P notes, "Activation Recomputation").
+
+Full activation recomputation checkpoints **each transformer layer** (Megatron-LM ``--recompute-method uniform
+--recompute-num-layers 1``, ``ParallelTransformer._checkpointed_forward``; torchtitan's ``full`` activation
+checkpointing): a checkpointed layer keeps only its input until its backward, which re-runs its forward first.
+The embedding and the LM head with its loss are not checkpointed: they keep their stash and their backward is
+the plain one. :func:`checkpointed` says which kinds are; the executor (:class:`executor.interpreter.
+StageModule`), the profiler, the operator model and the memory model (:func:`planner.cost.stage_infos`) all
+ask it.
 
 Times are seconds, sizes bytes; ``*_per_sample`` sizes are per sequence of the micro-batch.
 
@@ -34,6 +41,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
+
+#: layer kinds full recomputation does not checkpoint (module docstring): the embedding and the LM head
+NOT_CHECKPOINTED = frozenset({"embedding", "lm_head"})
+
+
+def checkpointed(kind: str) -> bool:
+    """Whether full activation recomputation checkpoints a layer of ``kind`` (module docstring): every kind but
+    the embedding and the LM head (a transformer block, or a user's generic ``layer``)."""
+    return kind not in NOT_CHECKPOINTED
 
 
 def _check_times(field: str, times: dict[int, float] | None, *, allow_empty: bool = False) -> None:
@@ -155,6 +171,8 @@ class LayerProfile(BaseModel):
         """Seconds of ``kind`` of the layer's ``1/t`` shard at ``b`` samples from ``tensor_times``, or None
         when the profile has no times at this ``t``."""
         st = self.tensor_times.get(t) if self.tensor_times else None
+        if st is not None and kind == "recompute" and not checkpointed(self.kind):
+            kind = "bwd"  # not checkpointed: its backward under recomputation is the plain one
         return None if st is None else st.time(kind, b)
 
     @property
@@ -177,10 +195,13 @@ class LayerProfile(BaseModel):
           ``[t_1 b / b_1, t_1]`` (one point: ``t_1``).
 
         If the measured times do not decrease with ``b``, the result does not either, and it is continuous.
-        ``recompute`` falls back to ``fwd + bwd`` (forward re-run plus backward) when not measured.
+        ``recompute`` falls back to ``fwd + bwd`` (forward re-run plus backward) when not measured; it is the
+        plain ``bwd`` for a kind full recomputation does not checkpoint (:func:`checkpointed`).
         """
         if not (b > 0) or not math.isfinite(b):
             raise ValueError(f"micro-batch size must be a finite number > 0, got {b}")
+        if kind == "recompute" and not checkpointed(self.kind):
+            kind = "bwd"
         if kind == "recompute" and self.recompute_time is None:
             return self.time("fwd", b) + self.time("bwd", b)
         table = {"fwd": self.fwd_time, "bwd": self.bwd_time, "recompute": self.recompute_time}.get(kind)

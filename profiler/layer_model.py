@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.profile import ModelProfile, TransformerShape
+from planner.profile import ModelProfile, TransformerShape, checkpointed
 from profiler.layers import Inputs, LayerMeasurement, profile_layer
 
 Sample = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -165,7 +165,8 @@ def profile_layer_model(model: LayerModel, micro_batches: list[int], device: str
                 progress(name, b)
 
         measured[i] = profile_layer(unit, _inputs_for(model, i, dev, torch_dtype), sizes, dev, warmup=warmup,
-                                    repeats=repeats, recompute=recompute, on_size_done=done)
+                                    repeats=repeats, recompute=recompute, on_size_done=done,
+                                    checkpointed=checkpointed(model.kinds[model.repeat.index(i)]))
     out = [_to_layer_profile(model.names[j], model.kinds[j], measured[m], model.tied_params.get(j, 0))
            for j, m in enumerate(model.repeat)]
     reused = [model.names[j] for j, m in enumerate(model.repeat) if model.repeat.index(m) != j]

@@ -4,7 +4,10 @@
 * backward: ``out.backward(grad)`` after an untimed forward (``loss.backward()`` for the loss layer);
 * recompute (optional): the backward pass of the layer wrapped in non-reentrant
   ``torch.utils.checkpoint`` (forward re-run + backward), i.e. the backward of a recomputed layer
-  (Chen et al. 2016; Megatron-LM 3.5).
+  (Chen et al. 2016; Megatron-LM 3.5) -- for a layer full recomputation checkpoints
+  (:func:`planner.profile.checkpointed`: not the embedding nor the LM head, whose backward under
+  recomputation is their plain backward, recorded as such; the executor's :class:`executor.interpreter.
+  StageModule` runs the same rule).
 
 **In flight, on the CPU** (issue 11, cpufid3): a pipeline stage keeps each micro-batch's activations from its
 forward to its backward, so its forward writes them into memory other micro-batches' activations have not just
@@ -110,8 +113,11 @@ def profile_layer(
     repeats: int = 5,
     recompute: bool = False,
     on_size_done: Callable[[int], None] | None = None,
+    checkpointed: bool = True,
 ) -> LayerMeasurement:
-    """Measure ``layer`` (on ``device``) at every micro-batch size; ``inputs_for(b)`` makes its inputs."""
+    """Measure ``layer`` (on ``device``) at every micro-batch size; ``inputs_for(b)`` makes its inputs.
+    ``checkpointed=False`` (the embedding, the LM head): with ``recompute`` its recompute time is its plain
+    backward (full recomputation does not checkpoint it)."""
     m = LayerMeasurement()
     m.params, m.param_bytes = param_counts(layer)
     saved: dict[int, int] = {}
@@ -120,8 +126,10 @@ def profile_layer(
     for b in micro_batches:
         sizes = _measure_bytes(layer, inputs_for(b))
         inputs_bytes[b], saved[b], outputs[b] = sizes
-        _measure_size(layer, inputs_for(b), b, device, warmup, repeats, recompute, m,
+        _measure_size(layer, inputs_for(b), b, device, warmup, repeats, recompute and checkpointed, m,
                       in_flight(device, sizes[1] + sizes[2]))
+        if recompute and not checkpointed:
+            m.recompute[b] = m.bwd[b]
         if device.type == "cuda" and b == max(micro_batches):
             m.peak_memory_bytes = _peak_memory(layer, inputs_for(b), device)
         if on_size_done is not None:

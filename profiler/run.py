@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from executor.models import ModelConfig, build_layers, get_config, layer_kinds, layer_names
-from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape
+from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
 from profiler.layers import LayerMeasurement, make_inputs, profile_layer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,6 +120,7 @@ def profile_model(
             repeats=repeats,
             recompute=recompute,
             on_size_done=done,
+            checkpointed=checkpointed(kinds[index]),
         )
         if tensor:
             shards[index] = (measure_shards(layer, lambda b, i=index, lay=layer: make_inputs(
@@ -168,7 +169,8 @@ def profile_model(
             else "Every layer was measured. "
         )
         + "The LM head includes the loss; with tied embeddings its params include a copy of the token "
-        "embedding (tied_params). recompute_time, when present, is the backward of a checkpointed layer."
+        "embedding (tied_params). recompute_time, when present, is the backward of a checkpointed block "
+        "(the embedding's and the head's: their plain backward; full recomputation does not checkpoint them)."
         + (f" tensor_times: each block's rank-0 tensor-parallel shard timed alone at t = "
            f"{', '.join(map(str, sorted(set(tensor))))} without its collectives (profiler.tensor); the "
            "embedding and the head are replicated by our executor, so their times repeat at every t."

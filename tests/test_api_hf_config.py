@@ -53,6 +53,7 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "device": "/etc/passwd.json"}, "device: unknown"),
         ({"config": "llama", "device": "h100"}, "config"),
         ({"config": good, "cluster_id": 2**70}, "cluster_id"),  # past any database's integer: 422, not 500
+        ({"config": good, "device": "h100", "recompute_granularity": "full"}, "recompute_granularity"),
     ]
     for body, field in cases:
         r = client.post("/profiles/hf-config", json=body, headers=AUTH)
@@ -76,3 +77,18 @@ def test_hf_config_on_a_cpu_device_defaults_to_its_dtype(client) -> None:  # typ
     forced = client.post("/profiles/hf-config", json={"config": cfg, "device": "cpu", "seq": 8192, "dtype": "bf16"},
                          headers=AUTH)  # an explicit dtype the device lacks is still refused, naming the table
     assert forced.status_code == 422 and forced.json()["detail"].startswith("gemm_efficiency"), forced.text
+
+
+def test_hf_config_with_selective_recomputation(client) -> None:  # type: ignore[no-untyped-def]
+    """recompute_granularity = selective (Megatron's flag) is recorded in the stored profile's environment and
+    drops the attention core's s x s stash of its layers (planner.operators; GPT-2 trains with dropout)."""
+    cfg = _config("gpt2")
+    plain = client.post("/profiles/hf-config", json={"config": cfg, "device": "a100"}, headers=AUTH)
+    sel = client.post("/profiles/hf-config", json={"config": cfg, "device": "a100",
+                                                   "recompute_granularity": "selective"}, headers=AUTH)
+    assert plain.status_code == 201 and sel.status_code == 201, sel.text
+    bodies = [client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"] for r in (plain, sel)]
+    assert [b["environment"].get("recompute_granularity") for b in bodies] == [None, "selective"]
+    stash = [next(x for x in b["layers"] if x["kind"] == "transformer")["stashed_bytes_per_sample"] for b in bodies]
+    s, a = cfg["n_positions"], cfg["n_head"]
+    assert stash[0] - stash[1] == 5 * a * s * s  # Korthikanti eq. 1's 5 a s^2 b bytes, b = 1

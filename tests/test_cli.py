@@ -114,3 +114,25 @@ def test_plan_on_two_processes_prints_what_one_process_prints(tmp_path, monkeypa
     assert docs[2]["candidates"] == docs[1]["candidates"] and docs[2]["evaluated"] == docs[1]["evaluated"]
     r = runner.invoke(app, [*args, "--processes", "0"])
     assert r.exit_code == 2 and "--processes must be at least 1" in r.output
+
+
+def test_profile_analytic_selective_recomputation(tmp_path):
+    """--recompute-granularity selective (Megatron's name) is recorded in the profile, the plan's header says
+    what the rows without rc recompute, and the candidate JSON names it; a bad value is refused by name."""
+    prof = tmp_path / "sel.json"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--recompute-granularity", "selective",
+                            "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(prof.read_text())
+    assert doc["environment"]["recompute_granularity"] == "selective" and "selective recomputation" in doc["notes"]
+    gpu = str(EX / "dgx-a100-80gb.json")
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", gpu, "--global-batch", "64", "--gpus", "8",
+                            "--top", "2"])
+    assert r.exit_code == 0 and "re-run the attention core selectively" in r.output, r.output
+    base = ["predict", "--profile", str(prof), "--cluster", gpu, "--global-batch", "64", "--tensor", "2",
+            "--pipeline", "2", "--data", "2", "--micro-batch", "2", "--schedule", "1f1b", "--json"]
+    assert json.loads(runner.invoke(app, base).output)["recompute_granularity"] == "selective"
+    assert json.loads(runner.invoke(app, [*base, "--recompute"]).output)["recompute_granularity"] == "full"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--recompute-granularity", "full",
+                            "--out", str(tmp_path / "x.json")])
+    assert r.exit_code != 0 and "--recompute-granularity must be none or selective" in r.output, r.output

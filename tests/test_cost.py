@@ -98,7 +98,9 @@ def test_recompute_backward_costs_a_forward_more():
     plain = make_costs(1)
     rc = make_costs(1, recompute=True)
     assert rc.bwd(1) == pytest.approx(plain.bwd(1) + plain.fwd(1))
-    # recomputation keeps only the stage input
+    # recomputation keeps each transformer layer's input (2 s h per sample at 16 bits), not its whole stash
+    info = rc.stages[1]
+    assert rc.activation(1) == pytest.approx(info.transformer_layers * 2 * 1024 * 1024 * rc.base_b)  # s = h = 1024
     assert rc.activation(1) < plain.activation(1) / 10
 
 

@@ -16,6 +16,7 @@ from planner.cluster import load_cluster
 from planner.export import FRAMEWORKS, ExportError, ExportInput, UnsupportedSchedule, export, parse
 from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.model import PRESETS, ModelSpec
+from planner.operators import OperatorOptions
 from planner.request import Config, TrainingRequest
 from planner.runspec import RunSpec
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES
@@ -171,6 +172,26 @@ def test_megatron_arguments_say_the_configuration() -> None:
                 "--num-layers 96", "--hidden-size 12288", "--num-attention-heads 96", "--seq-length 2048"):
         assert arg in text, arg
     assert "torchrun --nnodes 8 --nproc-per-node 8" in text
+
+
+def test_megatron_selective_recomputation_follows_the_profile() -> None:
+    """A profile made with selective recomputation (Megatron's --recompute-granularity selective) exports that
+    flag where the candidate does not recompute fully, the full-recomputation flags where it does, and
+    nothing with flash attention (selective changes nothing there); the round trip keeps recompute off."""
+    spec = PRESETS["gpt2-medium"]
+
+    def inp(recompute: bool, **kw: object) -> ExportInput:
+        prof = analytic_profile(spec, "A100-SXM4-80GB", micro_batches=(1,), tensor_sizes=(1, 2),
+                                options=OperatorOptions(recompute="selective", **kw))  # type: ignore[arg-type]
+        run = RunSpec(config=Config(tensor=2, pipeline=1, data=1, micro_batch=1, schedule="1f1b",
+                                    recompute=recompute), microbatches=4)
+        return ExportInput.from_profile(run, prof, gpus_per_node=8)
+    plain = export("megatron", inp(False)).main.content
+    assert "--recompute-granularity selective" in plain and "--recompute-method" not in plain
+    assert parse(export("megatron", inp(False))).config.recompute is False
+    full = export("megatron", inp(True)).main.content
+    assert "--recompute-granularity full" in full and "selective" not in full
+    assert "--recompute-granularity" not in export("megatron", inp(False, attention="flash")).main.content
 
 
 def test_megatron_uneven_first_and_last_stage() -> None:

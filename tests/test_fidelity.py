@@ -17,7 +17,10 @@ torch DDP's all-reduce left after the backward; 14-20% / 17.5% before GEMM wave 
 cross-entropy passes, the bias kernels and the mixed-precision optimizer's gradient passes. The same model
 predicts Korthikanti et al. 2022 Table 5 (tests/data/korthikanti_table5.json, the same machine and code a
 year later) within 2.8% (1.5-2.8%, all fast; 1.7% at 180 GB/s, 2.8-4.1% at 250 GB/s NVLink). The
-thresholds below are the figures reached
+second half of Table 5 (sequence parallelism + selective recomputation, no full recomputation: the paper's
+method) is predicted within 2.2% (-2.2%, -0.5%, -2.0%, +0.4%; goal 5%), with the backward's re-gather of
+the sequence-parallel GEMM inputs costed (without it -5.8% to -1.3%). The thresholds below are the figures
+reached
 (regression guards), not the goal. No constant of the model is fitted to these rows.
 """
 
@@ -30,6 +33,7 @@ import pytest
 from planner.cluster import load_cluster
 from planner.device import get_device
 from planner.fidelity import (
+    SEQSEL,
     korthikanti_runs,
     load_tables,
     median,
@@ -44,6 +48,10 @@ DATA = load_tables(ROOT / "tests" / "data" / "megatron_tables.json")
 GOAL_ROW, GOAL_MEDIAN = 0.10, 0.05  # issue 11: not met yet
 GUARD_ROW, GUARD_MEDIAN, GUARD_SPREAD, GUARD_LOO = 0.16, 0.12, 0.08, 0.05  # reached (module docstring)
 GUARD_K_ROW, GUARD_K_MEDIAN = 0.03, 0.025  # Korthikanti et al. 2022 Table 5: reached 2.8% worst, 2.0% median
+#: the sequence-parallel + selective half of Table 5 (goal: every row within 5%): reached -2.2%, -0.5%, -2.0%,
+#: +0.4% (worst 2.2%, median 1.3%); without the backward's re-gather of the column-parallel inputs
+#: (``ConfigCosts._sp_regather``) -5.8% to -1.3%
+GUARD_SEQSEL_ROW, GUARD_SEQSEL_MEDIAN = 0.03, 0.02
 #: ranking claims the model does not reproduce yet: (figure, batch). Figure 13 at B = 128 predicts (t, p) =
 #: (4, 16) 0.8% faster than the measured best (8, 8) (28.24 s vs 28.47 s with NCCL's size-dependent collectives;
 #: 1.8% at Calculon's flat 180 GB/s NVLink, 0.3% at the earlier, unsourced 250 GB/s, which favoured t = 8's
@@ -155,3 +163,24 @@ def test_korthikanti_table5_within_reached_error():
     assert len(errs) == 4
     assert max(abs(e) for e in errs) <= GUARD_K_ROW, errs
     assert median([abs(e) for e in errs]) <= GUARD_K_MEDIAN, errs
+
+
+@pytest.mark.slow
+def test_korthikanti_table5_seqsel_within_reached_error():
+    """The other half of Table 5: sequence parallelism + selective recomputation (the paper's method), the
+    same t/p/b/v, no full recomputation. Goal: every row within 5%; the bound is the error reached plus a
+    small margin (GUARD_SEQSEL_*). And the physics the half exercises: selective beats full recomputation on
+    every row, as measured (1.42 -> 1.10 s ... 94.42 -> 71.49 s)."""
+    data = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
+    base = load_cluster(ROOT / "examples" / "clusters" / f"{data['cluster']}.json")
+    dev = get_device(data["device"])
+    errs = []
+    for run, row in zip(korthikanti_runs(data), data["runs"], strict=True):
+        sel = predict_fixed(run, row["chunks"], base, dev, SEQSEL, recompute=False)
+        assert sel.fits, row["name"]
+        errs.append(sel.iteration_time / row["seconds_seqsel"] - 1)
+        full = predict_fixed(run, row["chunks"], base, dev)
+        assert sel.iteration_time < full.iteration_time, row["name"]
+    assert len(errs) == 4
+    assert max(abs(e) for e in errs) <= GUARD_SEQSEL_ROW, errs
+    assert median([abs(e) for e in errs]) <= GUARD_SEQSEL_MEDIAN, errs

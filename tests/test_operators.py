@@ -33,6 +33,61 @@ def test_stash_is_korthikanti_for_gpt_shapes(t):
     s, h, a = GPT.seq, GPT.hidden, GPT.heads
     assert saved(GPT, 2, t) == pytest.approx(2 * s * h * (10 + 24 / t + 5 * a * s / (h * t)))
     assert saved(GPT, 2, t, sequence_parallel=True) == pytest.approx(2 * s * h * (34 + 5 * a * s / h) / t)
+    # selective recomputation drops the 5as/h term (their section 5, Table 2): s b h (10 + 24/t), 34 s b h / t
+    assert saved(GPT, 2, t, recompute="selective") == pytest.approx(2 * s * h * (10 + 24 / t))
+    assert saved(GPT, 2, t, recompute="selective", sequence_parallel=True) == pytest.approx(2 * s * h * 34 / t)
+
+
+def test_selective_reruns_the_attention_core_in_the_input_gradient():
+    """Selective recomputation re-runs the four attention-core kernels' forward in the backward's I part
+    (never W); the forward, W and the other operators are unchanged; full recomputation of such a layer
+    re-runs the whole forward once (the core not a second time)."""
+    plain = time_operators(layer_operators(GPT, 1, 8), A100, "fp16")
+    sel = time_operators(layer_operators(GPT, 1, 8, OperatorOptions(recompute="selective")), A100, "fp16")
+    core = ("scores", "softmax", "attn_dropout", "attn_v")
+    rerun = sum(plain.per_op[n][0] for n in core)
+    assert rerun > 0 and sel.rerun == pytest.approx(rerun)
+    assert sel.fwd == pytest.approx(plain.fwd)
+    assert sel.bwd_w == pytest.approx(plain.bwd_w)
+    assert sel.bwd_i == pytest.approx(plain.bwd_i + rerun)
+    for name, (f, i, w) in sel.per_op.items():
+        assert (f, i - (f if name in core else 0.0), w) == pytest.approx(plain.per_op[name]), name
+    assert sel.recompute == pytest.approx(plain.recompute)  # full: forward once + plain backward
+    assert plain.rerun == 0.0
+
+
+def test_selective_profile_records_it_and_pays_the_core_once():
+    """In the analytic profile: the environment says so, the transformer layers' backward (and its I part)
+    carries the core's re-run, their full-recomputation time is the plain profile's (forward once + plain
+    backward), and the stash drops the 5 a s^2 term; the embedding and head are untouched."""
+    spec = PRESETS["gpt2-medium"]
+    plain = analytic_profile(spec, A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    sel = analytic_profile(spec, A100, micro_batches=(1, 2), tensor_sizes=(1, 2),
+                           options=OperatorOptions(recompute="selective"))
+    assert "recompute_granularity" not in plain.environment
+    assert sel.environment["recompute_granularity"] == "selective"
+    for lp, ls in zip(plain.layers, sel.layers, strict=True):
+        for t in (1, 2):
+            p, q = lp.tensor_times[t], ls.tensor_times[t]
+            assert q.recompute_time == pytest.approx(p.recompute_time), (lp.name, t)
+            assert q.bwd_weight_time == pytest.approx(p.bwd_weight_time)
+            if lp.kind == "transformer":
+                assert all(q.bwd_time[b] > p.bwd_time[b] for b in (1, 2))
+                assert q.stashed_bytes_per_sample == pytest.approx(
+                    p.stashed_bytes_per_sample - 5 * spec.heads * spec.seq ** 2 / t, abs=1)
+            else:
+                assert q.bwd_time == pytest.approx(p.bwd_time)
+
+
+def test_selective_changes_nothing_with_flash_attention():
+    """The flash kernel stashes no s x s tensor and its backward recomputes the scores already (Megatron-LM
+    skips the core's checkpoint for it): selective leaves the stash and the times as they are."""
+    for sp in (False, True):
+        kw = {"attention": "flash", "sequence_parallel": sp}
+        assert saved(GPT, 2, 8, recompute="selective", **kw) == pytest.approx(saved(GPT, 2, 8, **kw))
+        a = time_operators(layer_operators(GPT, 2, 8, OperatorOptions(**kw)), A100, "fp16")
+        b = time_operators(layer_operators(GPT, 2, 8, OperatorOptions(recompute="selective", **kw)), A100, "fp16")
+        assert (b.fwd, b.bwd_i, b.bwd_w, b.rerun) == pytest.approx((a.fwd, a.bwd_i, a.bwd_w, 0.0))
 
 
 def test_stash_of_gqa_and_swiglu_follows_the_shapes():
@@ -189,6 +244,30 @@ def test_embedding_and_head_tensor_parallel_collectives():
     assert c1._tp_edges(0, 2, backward=False) == 0.0 and c1._tp_edges(1, 2, backward=True) == 0.0
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_sequence_parallel_backward_regathers_the_column_parallel_inputs(recompute):
+    """With sequence parallelism Megatron stashes the T/t-row shard of the QKV and MLP-up (and LM head) GEMM
+    inputs and all-gathers it again for the weight gradient (Korthikanti et al. 2022, 4.2.2), with or without
+    full recomputation: per backward two b s h all-gathers per transformer layer and one for the head; the
+    forward is unchanged and the full-recomputation extra is the re-run forward alone."""
+    opts = OperatorOptions(sequence_parallel=True)
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(2,), tensor_sizes=(1, 4), options=opts)
+    c4 = _costs(prof, 4, recompute=recompute)
+    ag = collective_time(c4.cluster, "intra", "all_gather", 4, 2 * prof.shape.seq * prof.shape.hidden * 2)
+    for stage in (0, 1):
+        info = c4.stages[stage]
+        want = (2 * info.transformer_layers + (1 if info.has_head else 0)) * ag
+        assert c4._sp_regather(stage, 2) == pytest.approx(want)
+        layers = prof.layers[info.layers[0]:info.layers[1]]
+        kind = "recompute" if recompute else "bwd"
+        comm = c4._tp_comm(stage, 2) * (2 if recompute else 1) + c4._tp_edges(stage, 2, backward=True)
+        assert c4.bwd(stage) == pytest.approx(sum(x.shard_time(kind, 2, 4) for x in layers) + comm + want)
+        extra = sum(x.shard_time("fwd", 2, 4) for x in layers if x.kind == "transformer") + c4._tp_comm(stage, 2)
+        assert c4.recompute_extra(stage) == pytest.approx(extra if recompute else 0.0)
+    plain = _costs(analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(2,), tensor_sizes=(1, 4)), 4)
+    assert plain._sp_regather(1, 2) == 0.0
+
+
 def test_costs_with_per_t_times_on_some_layers_only():
     """A measured profile may time only the transformer layers per t: the others are scaled, and the
     candidate says so."""
@@ -225,7 +304,7 @@ def test_stage_memory_uses_the_shard_stash():
     prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1,), tensor_sizes=(1, 4))
     info = stage_infos(prof, [(1, 5)], 4)[0]
     block = prof.layers[1].tensor_times[4].stashed_bytes_per_sample
-    assert info.stash_bytes == pytest.approx(4 * block) and info.max_layer_stash == pytest.approx(block)
+    assert info.stash_bytes == pytest.approx(4 * block) and info.recompute_working_bytes == pytest.approx(block)
     s, h, a = 1024, 1024, 16
     assert block == pytest.approx(s * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))  # eq. 2, bytes per sample
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +32,10 @@ class HFConfigUpload(BaseModel):
     dtype: str | None = Field(default=None, max_length=8,
                               description="training dtype (default: bf16 where the device has a bf16/fp16 GEMM "
                                           "curve, else its first of fp32, tf32; e.g. fp32 on the CPU)")
+    recompute_granularity: Literal["none", "selective"] = Field(
+        default="none", description="selective: Megatron's --recompute-granularity selective (Korthikanti et al. "
+                                    "2022): the attention core is re-run in the backward instead of stashed where a "
+                                    "plan does not recompute fully (planner.operators)")
 
 
 def default_dtype(dev: DeviceSpec) -> str:
@@ -79,7 +83,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     name = body.name or str(body.config.get("_name_or_path") or body.config.get("model_type") or "hf-model")
     try:
         spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
-        options = OperatorOptions(dropout=trains_with_dropout(body.config))
+        options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity)
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options)
     except HFConfigError as e:

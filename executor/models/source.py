@@ -14,6 +14,9 @@ The executor (:mod:`executor.interpreter`, :mod:`executor.reference`, :mod:`exec
 * ``message_shape(rows, layer)``: the shape of the activation entering ``layer`` for ``rows`` samples (a user
   model's boundary shapes are found by running one sample through the layers);
 * ``tied()``: groups of parameters holding one weight (zoo embeddings only);
+* ``kinds(start, stop)``: the profile kinds of layers ``start:stop`` (``embedding``, ``transformer``,
+  ``lm_head``; a user's :class:`profiler.layer_model.LayerModel` kinds, ``layer`` otherwise), which say what full
+  recomputation checkpoints (:func:`planner.profile.checkpointed`);
 * ``mean_of_micro_batches``: whether the loss of a batch is the mean of its micro-batches' losses (BERT's
   masked LM; a user's loss too, as its reduction is unknown) rather than one forward over the batch.
 """
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from executor.models import build_layers, tied_parameters
+from executor.models import build_layers, layer_kinds, tied_parameters
 from executor.models.config import ModelConfig
 from executor.models.data import synthetic_batch
 
@@ -57,6 +60,9 @@ class ZooSource:
     def tied(self) -> list[list[tuple[int, str]]]:
         return tied_parameters(self.config)
 
+    def kinds(self, start: int, stop: int) -> list[str]:
+        return layer_kinds(self.config)[start:stop]
+
 
 class _WithLoss(nn.Module):
     """The user's last layer and loss, ``(x, targets) -> loss``."""
@@ -80,6 +86,7 @@ class ModuleSource:
     def __init__(self, target: str) -> None:
         self.target = target
         self._sample: Any = None
+        self._kinds: list[str] | None = None
 
     def _built(self, seed: int) -> tuple[list[nn.Module], Any, Any]:
         from profiler.layer_model import LayerModel, load_factory
@@ -90,6 +97,8 @@ class ModuleSource:
             built = factory()
         if isinstance(built, LayerModel):
             self._sample = built.sample
+            # the kind of each layer built: that of the first profile layer it stands for
+            self._kinds = [built.kinds[built.repeat.index(m)] for m in range(len(built.layers))]
             return built.layers, built.sample, built.loss
         if not isinstance(built, tuple | list) or len(built) != 3:
             raise ValueError("the --module factory must return (layers, sample, loss)")
@@ -134,6 +143,10 @@ class ModuleSource:
 
     def message_shape(self, rows: int, layer: int) -> tuple[int, ...]:
         return (rows, *self._probe[1][layer])
+
+    def kinds(self, start: int, stop: int) -> list[str]:
+        n = self.num_layers  # builds the factory once (its kinds, when it returns a LayerModel)
+        return (self._kinds or ["layer"] * n)[start:stop]
 
     def tied(self) -> list[list[tuple[int, str]]]:
         return []

@@ -27,7 +27,10 @@ class ExportInput:
     """One candidate to export. ``model``: the model's shape when known (a preset, or the profile's
     shape); ``layer_kinds``: the kind of every profile layer (what the partition's ``[start, end)``
     ranges index); ``dtype``: the profile's; ``sequence_parallel``: whether the profile's tensor-parallel
-    times assume Megatron's sequence parallelism; ``gpus_per_node``: the cluster's, for launch lines;
+    times assume Megatron's sequence parallelism; ``recompute_granularity``: ``"selective"`` when the
+    profile re-runs the unfused attention core in the backward (its environment's ``recompute_granularity``;
+    ``"none"`` with flash attention, where selective changes nothing); ``gpus_per_node``: the cluster's,
+    for launch lines;
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
     batch script, name them); ``options``: format-specific settings (``--option key=value``)."""
@@ -37,6 +40,7 @@ class ExportInput:
     layer_kinds: tuple[str, ...] | None = None
     dtype: str = "bf16"
     sequence_parallel: bool = False
+    recompute_granularity: str = "none"
     gpus_per_node: int | None = None
     predicted: float | None = None
     plan_path: str | None = None
@@ -94,8 +98,11 @@ class ExportInput:
         t = spec.config.tensor
         sp = any(bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
                  for layer in profile.layers)
+        env = profile.environment
+        selective = env.get("recompute_granularity") == "selective" and env.get("attention") != "flash"
         return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
-                   dtype=profile.dtype, sequence_parallel=sp, **kw)  # type: ignore[arg-type]
+                   dtype=profile.dtype, sequence_parallel=sp,
+                   recompute_granularity="selective" if selective else "none", **kw)  # type: ignore[arg-type]
 
 
 def model_of(profile: ModelProfile) -> ModelSpec | None:

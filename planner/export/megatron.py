@@ -13,7 +13,9 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   whole (or L unknown), ``--num-virtual-stages-per-pipeline-rank`` = v says the same directly. Without
   either, Megatron runs 1F1B (``forward_backward_pipelining_without_interleaving``, PipeDream-Flush);
 * activation recomputation (section 3.5) of every layer's input: ``--recompute-granularity full
-  --recompute-method uniform --recompute-num-layers 1``;
+  --recompute-method uniform --recompute-num-layers 1``; without it, ``--recompute-granularity selective``
+  where the profile was made with selective recomputation (Korthikanti et al. 2022 section 5: the
+  attention core re-run in the backward; :attr:`ExportInput.recompute_granularity`);
 * ``--use-tp-pp-dp-mapping`` (with D > 1 and W > 1): Megatron's rank order becomes tp-cp-ep-pp-dp instead of
   its default tp-cp-ep-dp-pp, i.e. tensor innermost, then pipeline, then data -- the placement the planner
   costed (a candidate's ``placement``), so pipeline neighbours sit t ranks apart as predicted;
@@ -47,6 +49,9 @@ NAME = "megatron"
 TITLE = "Megatron-LM"
 SCHEDULES = ("1f1b", "interleaved")
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+#: Korthikanti et al. 2022 section 5: re-run only the attention core (a property of the profile, not of the
+#: candidate: emitted when the candidate does not recompute fully)
+SELECTIVE = ["--recompute-granularity", "selective"]
 
 _REASONS = {
     "gpipe": "its pipeline schedules are 1F1B and interleaved 1F1B; GPipe's all-forwards-first order is not one",
@@ -154,6 +159,8 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         args += ["--sequence-parallel"]
     if c.recompute:
         args += RECOMPUTE
+    elif inp.recompute_granularity == "selective":  # the profile's layers re-run their attention core
+        args += SELECTIVE
     args += _model_args(inp)
     dtype = inp.dtype.lower()
     if dtype in ("bf16", "bfloat16"):
