@@ -153,6 +153,11 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         cl = load_cluster(cluster) if cluster else None
     except FileNotFoundError as e:
         raise ValueError(f"no such file: {e.filename}") from None
+    planned = max((end for _, end in spec.partition), default=None)
+    if prof is not None and planned is not None and planned != len(prof.layers):
+        # the stage boundaries index the planning profile's layers: another profile's would be cut wrongly
+        raise ValueError(f"--profile {profile}: {prof.name} has {len(prof.layers)} layers, but candidate {candidate} "
+                         f"of {plan} partitions {planned}: give the profile the plan was made with")
     base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,

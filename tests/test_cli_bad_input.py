@@ -186,3 +186,22 @@ def test_agent_with_a_wrong_token_says_so_in_one_line(live_server, tmp_path: Pat
     assert r.exit_code == 2, r.output
     assert "refused the registration token (HTTP 401" in r.output and "PIPEPLAN_WORKER_TOKEN" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed", "torchtitan"])
+def test_export_with_another_profile_than_the_plans_is_refused(tiny: Path, tmp_path: Path, fmt: str) -> None:
+    """The stage boundaries index the planning profile's layers: Megatron's export of a GPT-3 plan with gpt-tiny's
+    profile was an IndexError traceback, DeepSpeed's wrote GPT-3's boundaries (0..98) for a 6-layer model."""
+    plan = tmp_path / "plan.json"
+    r = runner.invoke(app, ["plan", "--profile", str(tiny), "--cluster", str(EX / "dgx-a100-80gb.json"),
+                            "--global-batch", "16", "--gpus", "8", "--schedules", "1f1b", "--json"])
+    assert r.exit_code == 0, r.output
+    plan.write_text(r.output)
+    other = tmp_path / "gpt2-medium.json"
+    assert runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--out", str(other)]).exit_code == 0
+    out = _refused(["export", "--plan", str(plan), "--candidate", "0", "--format", fmt, "--profile", str(other),
+                    "--out", str(tmp_path / "out")])
+    assert "gpt2-medium has 26 layers, but candidate 0" in out and "partitions 6" in out
+    r = runner.invoke(app, ["export", "--plan", str(plan), "--candidate", "0", "--format", fmt, "--profile",
+                            str(tiny), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output  # the plan's own profile exports
