@@ -55,8 +55,7 @@ def _request(**kw: object) -> TrainingRequest:
     try:
         return TrainingRequest(**{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as e:
-        fail(f"invalid request: {e.errors()[0]['loc'][0] if e.errors()[0]['loc'] else ''}: "
-              f"{e.errors()[0]['msg']}")
+        fail(f"invalid request: {validation_summary(e, most=1)}")
     raise AssertionError  # unreachable
 
 
@@ -135,8 +134,12 @@ def register(app: typer.Typer) -> None:
             fail(f"--processes must be at least 1, got {processes}")
         stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
+        names = None if schedules is None else [n.strip() for n in schedules.split(",")]
+        if names is not None and not all(names):
+            fail(f"--schedules: an empty name in {schedules!r}; give comma-separated names, e.g. 1f1b,interleaved "
+                 f"(leave the option out to allow all of them)")
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
-                       max_tensor=max_tensor, schedules=schedules.split(",") if schedules else None,
+                       max_tensor=max_tensor, schedules=names,
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
         stamps.append(time.perf_counter())
         try:

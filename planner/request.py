@@ -47,6 +47,10 @@ class TrainingRequest(BaseModel):
         for b in self.micro_batches or []:
             if b < 1:
                 raise ValueError(f"micro_batches: sizes must be >= 1, got {b}")
+        if self.schedules and not self.allow_async and all(s in ASYNC_SCHEDULES for s in self.schedules):
+            # allowed() would leave none of them: an empty plan that says nothing (the UI refuses it too)
+            raise ValueError(f"schedules: only asynchronous ones are named ({', '.join(self.schedules)}); set "
+                             f"allow_async (pipeplan plan --allow-async) to plan them")
         return self
 
     def allowed(self) -> list[str]:

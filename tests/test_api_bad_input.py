@@ -41,3 +41,15 @@ def test_job_of_a_plan_without_candidates_says_so(client) -> None:  # type: igno
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert detail.startswith("candidate_index:") and "has no candidates" in detail and "-1" not in detail
+
+
+def test_only_asynchronous_schedules_without_allow_async_is_422(client) -> None:  # type: ignore[no-untyped-def]
+    """It planned nothing and said nothing ('rejected' empty): every named schedule was filtered out."""
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    body = {"profile_id": pid, "cluster_id": cid, "global_batch": 8, "schedules": ["pipedream", "pipedream-2bw"]}
+    r = client.post("/plans", json=body, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert "only asynchronous ones are named (pipedream, pipedream-2bw); set allow_async" in r.json()["detail"]
+    plan = _plan(client, {**body, "allow_async": True})
+    assert plan["status"] == "done" and plan["candidates"]

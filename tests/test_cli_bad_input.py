@@ -205,3 +205,14 @@ def test_export_with_another_profile_than_the_plans_is_refused(tiny: Path, tmp_p
     r = runner.invoke(app, ["export", "--plan", str(plan), "--candidate", "0", "--format", fmt, "--profile",
                             str(tiny), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output  # the plan's own profile exports
+
+
+@pytest.mark.parametrize(("names", "words"), [
+    ("", "--schedules: an empty name in ''"),  # was: every schedule, silently
+    ("1f1b,", "--schedules: an empty name in '1f1b,'"),
+    ("pipedream", "only asynchronous ones are named (pipedream); set allow_async"),  # was: an empty table
+    ("bogus", "invalid request: schedules: unknown schedule 'bogus'"),  # was ": Value error, schedules: ..."
+])
+def test_plan_schedules_option_refuses_what_would_plan_all_or_nothing(tiny: Path, names: str, words: str) -> None:
+    out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--schedules", names])
+    assert words in out and "Value error" not in out
