@@ -380,9 +380,17 @@ class ConfigCosts(Costs):
         nbytes = samples * shape.seq * shape.hidden * self.el
         if self.sequence_parallel and self.t <= self.cluster.gpus_per_node:
             # an all-gather and a reduce-scatter in place of the all-reduce
-            return (collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
+            return (self._tp_all_gather(nbytes)
                     + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
         return self._tp_allreduce(nbytes)
+
+    def _tp_all_gather(self, nbytes: float) -> float:
+        """One all-gather of ``nbytes`` in a tensor-parallel group, before the calibration's link scale: the
+        intra-node collective model, or, when t spans nodes, half of :meth:`_tp_allreduce` (an all-reduce is a
+        reduce-scatter and an all-gather of the same bytes)."""
+        if self.t <= self.cluster.gpus_per_node:
+            return collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
+        return self._tp_allreduce(nbytes) / 2
 
     def _tp_allreduce(self, nbytes: float) -> float:
         """One all-reduce of ``nbytes`` in a tensor-parallel group (ranks 0..t-1, tensor innermost), before
@@ -415,12 +423,7 @@ class ConfigCosts(Costs):
         count = 2 * info.transformer_layers + (1 if info.has_head else 0)
         if count == 0:
             return 0.0
-        nbytes = samples * shape.seq * shape.hidden * self.el
-        if self.t <= self.cluster.gpus_per_node:
-            one = collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
-        else:  # as _tp_one across nodes: half of the all-reduce's traffic
-            one = self._tp_allreduce(nbytes) / 2
-        return count * one * self.cal.link_scale
+        return count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el) * self.cal.link_scale
 
     def _tp_edges(self, stage: int, samples: float, backward: bool) -> float:
         """The tensor-parallel collectives of the embedding and the LM head (Megatron-LM 2021-22, without
