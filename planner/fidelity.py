@@ -299,3 +299,75 @@ def predict_megatron(profile: ModelProfile, cluster: Cluster, request: TrainingR
     if costs is None:
         return cand
     return planner.explain(planner.evaluate(cand, costs))
+
+
+@dataclass(frozen=True)
+class YearApart:
+    """One model run twice on the same machine (Selene, DGX A100 80GB) with the same pipeline -- the same t,
+    p, model chunks v and micro-batch b -- a year apart: by Megatron-LM of 2021 (SC'21 Table 1 or 2) and of
+    2022 (Korthikanti et al. Table 5, full recomputation, as the 2021 runs). Only the data-parallel width d
+    and the number of micro-batches per pipeline N differ (the pairs are found by :func:`year_apart`).
+
+    ``per_microbatch_*``: the measured iteration time over ``N + (p - 1) / v``, the micro-batch slots of an
+    interleaved (v > 1) or 1F1B (v = 1) pipeline with its bubble (Narayanan et al. SC'21, sections 2.2.1-
+    2.2.2: bubble fraction ``(p - 1) / (v N)``): the time one micro-batch occupies a device. ``dp_*``: the
+    predicted exposed data-parallel all-reduce and optimizer step of that run (what d adds beyond the
+    pipeline), so ``ratio_net`` compares the pipelines without them."""
+
+    label: str
+    old: PublishedRun
+    new: PublishedRun
+    new_seconds: float
+    chunks: int
+    dp_old: float
+    dp_new: float
+
+    @staticmethod
+    def slots(run: PublishedRun, chunks: int) -> float:
+        n = run.batch / (run.d * (run.micro_batch or 1))
+        return n + (run.p - 1) / chunks
+
+    @property
+    def per_microbatch_old(self) -> float:
+        return self.old.measured_seconds() / self.slots(self.old, self.chunks)
+
+    @property
+    def per_microbatch_new(self) -> float:
+        return self.new_seconds / self.slots(self.new, self.chunks)
+
+    @property
+    def ratio(self) -> float:
+        """How much longer a micro-batch took in 2021 than in 2022 (measured, bubble accounted)."""
+        return self.per_microbatch_old / self.per_microbatch_new
+
+    @property
+    def ratio_net(self) -> float:
+        """:attr:`ratio` with each run's predicted exposed data-parallel all-reduce and step taken out."""
+        old = (self.old.measured_seconds() - self.dp_old) / self.slots(self.old, self.chunks)
+        new = (self.new_seconds - self.dp_new) / self.slots(self.new, self.chunks)
+        return old / new
+
+
+def year_apart(tables: dict, korthikanti: dict, base: Cluster, device: DeviceSpec,
+               options: OperatorOptions | None = None) -> list[YearApart]:
+    """Every (SC'21 Table 1/2 row, Korthikanti Table 5 row) pair of the same model shape, t, p, v and b
+    (:class:`YearApart`): 530B at t = 8, p = 35, v = 3, b = 1 (Table 2, three d) and 1T at t = 8, p = 64,
+    v = 1, b = 1 (Table 1). A physics model of one software stack cannot be within a few percent of both
+    halves of a pair whose measured per-micro-batch times differ by more than that."""
+    out = []
+    news = list(zip(korthikanti_runs(korthikanti), korthikanti["runs"], strict=True))
+    for table in ("table1", "table2"):
+        for run, row in zip(table_runs(tables, table), tables[table], strict=True):
+            for new, krow in news:
+                same = ((run.layers, run.hidden, run.heads, run.t, run.p, run.micro_batch, row.get("chunks"))
+                        == (new.layers, new.hidden, new.heads, new.t, new.p, new.micro_batch, krow["chunks"]))
+                if not same:
+                    continue
+                old_pred = predict_run(run, base, device, options=options)
+                new_pred = predict_fixed(new, krow["chunks"], base, device, options)
+                dp_old = old_pred.breakdown.get("allreduce_exposed", 0.0) + old_pred.breakdown.get("step", 0.0)
+                dp_new = (new_pred.breakdown.get("allreduce_exposed", 0.0)
+                          + new_pred.breakdown.get("step", 0.0))
+                out.append(YearApart(f"{krow['name']} t={run.t} p={run.p} v={krow['chunks']} b={run.micro_batch}",
+                                     run, new, krow["seconds_full"], krow["chunks"], dp_old, dp_new))
+    return out
