@@ -137,6 +137,18 @@ def bound_warning(name: str, bound: float) -> str:
             f"planning with this calibration")
 
 
+def warnings_of(calibration: Calibration | dict[str, object] | None) -> list[str]:
+    """:func:`bound_warning` for each factor of a calibration (or its stored JSON) at a bound."""
+    if calibration is None:
+        return []
+    if isinstance(calibration, Calibration):
+        at: dict[str, float] = calibration.at_bound
+    else:
+        raw = calibration.get("at_bound")
+        at = {str(n): float(b) for n, b in raw.items()} if isinstance(raw, dict) else {}
+    return [bound_warning(n, b) for n, b in at.items()]
+
+
 @dataclass
 class CalibrationFit:
     calibration: Calibration
@@ -146,7 +158,7 @@ class CalibrationFit:
     @property
     def warnings(self) -> list[str]:
         """One line per factor the fit left at a bound of its physical range (:func:`bound_warning`)."""
-        return [bound_warning(n, b) for n, b in self.calibration.at_bound.items()]
+        return warnings_of(self.calibration)
 
     def to_dict(self) -> dict[str, object]:
         return {"calibration": self.calibration.model_dump(mode="json"), "rounds": self.rounds,

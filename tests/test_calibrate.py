@@ -190,6 +190,33 @@ def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def
     assert r.exit_code == 2 and "runs[0].measured" in r.output
 
 
+@pytest.mark.slow  # the CLI's imports
+def test_cli_offline_calibrate_notes_a_factor_at_its_bound(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.cluster import save_cluster
+    from planner.profile import save_profile
+
+    prof, cl = profile(), cluster()
+    save_profile(prof, tmp_path / "p.json")
+    save_cluster(cl, tmp_path / "c.json")
+    truth = with_calibration(cl, {"compute_scale": 1.1, "link_scale": 1e-5, "action_overhead": 0.0})
+    runs = []
+    for o in observations(prof):
+        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
+        runs.append({"profile": "p.json", "candidate": cand,
+                     "measured": predicted(o, truth) * (0.97 if o.config.data > 1 else 1.0)})
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json")])
+    assert r.exit_code == 0, r.output
+    assert "link_scale 0.2500" in r.output
+    assert "note: link_scale stopped at its lower bound 0.25 of [0.25, 4]" in r.output
+
+
 @pytest.mark.slow  # simulates every configuration
 def test_search_bounds_hold_with_overhead_and_calibration() -> None:
     """The search prunes by lower bounds: with per-action overhead and calibration in the costs, no bound
