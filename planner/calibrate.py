@@ -46,7 +46,11 @@ near the prior along that direction. The spread ``s`` is estimated from the fit'
 (``s^2 = RSS / (n - dof)``, ``dof`` the trace of the ridge's hat matrix; an empirical-Bayes step, Bishop
 3.5), starting from and never below :data:`NOISE_FLOOR`: jobs the model explains exactly keep a prior too
 weak to bias what they determine, jobs it explains only to 20% keep the factors they cannot separate near
-the prior. The bounded problem of each step is solved exactly (every face of the box, :func:`_box_lstsq`).
+the prior. The spread is not capped at a timing noise: on this 2-core machine the same configuration's
+measured iteration time varied by 10-30% between runs minutes apart (``benchmarks/calibration_bench.py``,
+three runs, 2026-11-27), and a spread capped at 5% let that noise push ``link_scale`` to a bound in 3 of 10
+noisy synthetic job sets (20% noise) where the estimated spread kept it within 0.75-1.25 in all ten. The
+bounded problem of each step is solved exactly (every face of the box, :func:`_box_lstsq`).
 
 Factors the jobs cannot tell apart at all are not fitted but kept at their prior (1, 1, 0): a factor whose
 column adds nothing the others do not explain (the scaled system's condition number would pass
