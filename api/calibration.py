@@ -6,7 +6,9 @@ and stores the result as a new :class:`db.models.ClusterRow` (``base_id`` the up
 ``version`` one more than the newest): plans made before keep the version they used (their
 ``cluster_id``), and a plan requested on any version of the cluster afterwards is made on the newest
 (:func:`newest_version`). ``errors`` reports each job's measured iteration time against the prediction of
-the uncalibrated cluster and of the newest calibration.
+the uncalibrated cluster and of the newest calibration. Both answers carry ``warnings``: a line for each
+factor the fit left at a bound of its physical range (:func:`planner.calibrate.bound_warning`), which says
+that the model and the measurements disagree for a reason the factors do not describe.
 
 Calibrating again when nothing changed (the same jobs give the same factors as the newest version's) stores
 nothing: the answer is the newest version with ``unchanged`` true (:func:`same_fit`).
@@ -28,7 +30,7 @@ from sqlalchemy.orm import Session
 from api.cluster_versions import calibration_jobs_of, describe, newest_versions
 from api.crud import Conflict, InputError, get_cluster
 from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
-from planner.calibrate import Observation, fit, predicted, with_calibration
+from planner.calibrate import Observation, fit, predicted, warnings_of, with_calibration
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
@@ -156,8 +158,9 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
         db.add(row)
         db.flush()
     newest = newest_versions(db, [row]).get(base.id)
+    stored = (row.body or {}).get("calibration") if unchanged else fitted
     return {"cluster_id": row.id, "base_id": base.id, "version": row.version, **describe(row, newest),
-            "calibration": (row.body or {}).get("calibration") if unchanged else fitted, "unchanged": unchanged,
+            "calibration": stored, "unchanged": unchanged, "warnings": warnings_of(stored),
             "rounds": res.rounds, "jobs": [j.to_dict() for j in res.jobs]}
 
 
@@ -173,6 +176,6 @@ def errors(db: Session, cluster_id: int, include_emulated: bool = False) -> dict
         raise InputError(str(e)) from None
     return {"cluster_id": cluster_id, "base_id": base.id, "newest_id": newest.id, "newest_version": newest.version,
             "versions": [{"id": r.id, "version": r.version} for r in lineage],
-            "calibration": newest.body.get("calibration"),
+            "calibration": newest.body.get("calibration"), "warnings": warnings_of(newest.body.get("calibration")),
             "median_abs_error_before": _summary(rows, "relative_error_before"),
             "median_abs_error_after": _summary(rows, "relative_error_after"), "jobs": rows}

@@ -75,6 +75,8 @@ def main() -> None:
     cal = whole.calibration
     print(f"fitted on all: compute_scale {cal.compute_scale:.3f}, link_scale {cal.link_scale:.3f}, "
           f"action_overhead {cal.action_overhead * 1e6:.0f} us (fitted: {', '.join(cal.fitted)})")
+    for w in whole.warnings:
+        print(f"note: {w}")
     print(f"{'configuration':<48}{'measured ms':>12}{'before':>9}{'in-sample':>11}{'left out':>10}")
     for j, e in zip(whole.jobs, loo, strict=True):
         print(f"{j.label[:47]:<48}{j.measured * 1e3:>12.1f}{j.measured / j.before - 1:>+9.1%}"

@@ -10,6 +10,10 @@ iteration, e.g. from ``pipeplan run --out result.json``)::
 
     pipeplan calibrate --cluster cluster.json --runs runs.json --out calibrated.json
 
+A factor the fit left at a bound of its physical range (``compute_scale`` or ``link_scale`` at 1/4 or 4,
+``action_overhead`` at 0 or at a job's whole time per action) is printed as a ``note:`` line: the model and
+the measurements disagree for a reason the factors do not describe (:mod:`planner.calibrate`).
+
 No torch: this command only plans.
 """
 
@@ -28,7 +32,8 @@ CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recom
                  "pipelines", "concat")
 
 
-def _table(jobs: list[dict[str, Any]], cal: dict[str, Any]) -> None:
+def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] | None = None) -> None:
+    """The factors, each job's error before and after, and a note per factor at a bound of its range."""
     typer.echo(f"compute_scale {cal['compute_scale']:.4f}  link_scale {cal['link_scale']:.4f}  "
                f"action_overhead {cal['action_overhead'] * 1e6:.1f} us  (fitted: {', '.join(cal['fitted']) or 'none'})")
     typer.echo(f"{'job':>5}  {'configuration':<44}{'measured':>11}{'before':>11}{'err':>8}{'after':>11}{'err':>8}")
@@ -38,6 +43,8 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any]) -> None:
                    f"{j['relative_error_before'] * 100:>7.1f}%{j['predicted_after'] * 1e3:>9.2f}ms"
                    f"{j['relative_error_after'] * 100:>7.1f}%")
     typer.echo(f"median |error|: before {cal['error_before'] * 100:.1f}%, after {cal['error_after'] * 100:.1f}%")
+    for w in warnings or []:
+        typer.echo(f"note: {w}")
 
 
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
@@ -78,7 +85,7 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         fail(f"{type(e).__name__}: {e}")
         raise  # unreachable
     d = res.to_dict()
-    _table(d["jobs"], d["calibration"])  # type: ignore[arg-type]
+    _table(d["jobs"], d["calibration"], res.warnings)  # type: ignore[arg-type]
     new = cluster.model_copy(update={"calibration": res.calibration})
     label = f"{new.name}, {calibrated_from(res.calibration.jobs)}"
     if out:
@@ -106,7 +113,7 @@ def _remote(api: str, cluster_id: int, token: str | None, include_emulated: bool
     if r.status_code not in (200, 201):  # 200: no new finished job, the newest version as it is ("unchanged")
         fail(f"HTTP {r.status_code}: {r.text[:500]}")
     d = r.json()
-    _table(d["jobs"], d["calibration"])
+    _table(d["jobs"], d["calibration"], d.get("warnings"))
     typer.echo(_stored(d, cluster_id))
 
 
@@ -145,7 +152,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fit compute scale, link scale and per-action overhead to finished runs; store them with the cluster.
 
-        Least squares over the simulator's predictions (planner.calibrate)."""
+        Least squares over the simulator's predictions with a prior toward the uncalibrated model, within
+        physical ranges (scales in [1/4, 4]); a factor left at a bound is printed as a note (planner.calibrate)."""
         if api is not None:
             if cluster_id is None:
                 fail("--api needs --cluster-id")

@@ -110,6 +110,10 @@ class Calibration(BaseModel):
     action_overhead: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="seconds per action")
     jobs: int = Field(default=0, ge=0, description="finished jobs it was fitted to")
     fitted: list[str] = Field(default_factory=list, description="the factors the jobs determined")
+    at_bound: dict[str, float] = Field(
+        default_factory=dict, description="the factors the fit left at a bound of their physical range, with "
+        "that bound (planner.calibrate): the jobs asked for more, so the model and the measurements disagree for "
+        "a reason these factors do not describe")
     error_before: float | None = Field(default=None, description="median |relative error| before the fit")
     error_after: float | None = Field(default=None, description="median |relative error| after the fit")
     notes: str = ""
@@ -156,6 +160,8 @@ class Cluster(BaseModel):
                 body.pop(key, None)
         if body.get("executor") is not None and body["executor"].get("emulated") is None:
             body["executor"].pop("emulated", None)  # measured before it existed: same hash
+        if body.get("calibration") is not None and not body["calibration"].get("at_bound"):
+            body["calibration"].pop("at_bound", None)  # calibrated before it existed, or nothing at a bound
         if body.get("host") is not None and body["host"].get("cpu_inflation") == 1.0:
             body["host"].pop("cpu_inflation")  # a host measured before it existed: same hash
         data = json.dumps(body, sort_keys=True, separators=(",", ":"))

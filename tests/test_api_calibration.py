@@ -41,6 +41,7 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     cal = r.json()
     assert cal["version"] == 2 and cal["base_id"] == cluster_id and cal["cluster_id"] != cluster_id
     assert cal["calibration"]["compute_scale"] == pytest.approx(1.25, rel=0.02)
+    assert cal["calibration"]["at_bound"] == {} and cal["warnings"] == []
     assert [j["job_id"] for j in cal["jobs"]] == jobs
     assert client.post(f"/clusters/{cluster_id}/calibrate", headers=WAUTH).status_code == 403
     # again with no new job: the same fit, nothing stored (no v3), the newest version answered
@@ -91,6 +92,28 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     assert same[0]["iteration_time"] > first["iteration_time"] * 1.1
 
 
+def test_a_factor_at_its_bound_is_said(client) -> None:  # type: ignore[no-untyped-def]
+    """Jobs 6x slower than the profile says (the wrong profile): compute_scale stops at its bound 4, and both the
+    fit's answer and the error report say so (``calibration.at_bound``, ``warnings``)."""
+    _, cluster_id, plan = seed_plan(client)
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
+    truth = with_calibration(Cluster.model_validate(tiny_cluster()),
+                             {"compute_scale": 6.0, "link_scale": 1.0, "action_overhead": 0.0})
+    prof = ModelProfile.model_validate(tiny_profile())
+    req = TrainingRequest.model_validate(plan["request"])
+    for i, cand in enumerate(plan["candidates"][:4]):
+        cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
+        finish_job(client, plan, i, w, predicted(Observation(prof, req, cfg, 1.0), truth), emulated=False)
+    r = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["calibration"]["compute_scale"] == pytest.approx(4.0)
+    assert cal["calibration"]["at_bound"] == {"compute_scale": pytest.approx(4.0)}
+    assert len(cal["warnings"]) == 1 and cal["warnings"][0].startswith("compute_scale stopped at its upper bound 4")
+    err = client.get(f"/clusters/{cluster_id}/calibration", headers=AUTH).json()
+    assert err["warnings"] == cal["warnings"]
+
+
 def test_cli_calibrate_against_a_live_server(live_server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
 
@@ -120,6 +143,7 @@ def test_cli_calibrate_against_a_live_server(live_server, monkeypatch) -> None: 
     r = CliRunner().invoke(app, ["calibrate", "--api", live_server.url, "--cluster-id", str(cid),
                                  "--token", AUTH["Authorization"].split()[1]])
     assert r.exit_code == 0, r.output
+    assert "note:" not in r.output  # 1.2x: nothing at a bound
     with live_server.client() as c:
         v2 = c.get("/clusters").json()[-1]
         asked = c.post("/plans", json={"profile_id": plan["profile_id"], "cluster_id": cid, "global_batch": 8})

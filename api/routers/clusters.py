@@ -68,6 +68,9 @@ class CalibrationOut(BaseModel):
     calibration: dict[str, Any]
     unchanged: bool = Field(default=False, description="true when the fit equals the newest version's (no new "
                                                          "finished job since): nothing was stored, status 200")
+    warnings: list[str] = Field(default_factory=list, description="a line for each factor the fit left at a "
+                                "bound of its physical range (calibration.at_bound): the model and the measurements "
+                                "disagree for a reason the factors do not describe")
     rounds: int
     jobs: list[JobErrorOut]
 
@@ -79,6 +82,8 @@ class CalibrationErrors(BaseModel):
     newest_version: int
     versions: list[dict[str, int]]
     calibration: dict[str, Any] | None
+    warnings: list[str] = Field(default_factory=list, description="the newest calibration's factors at a bound "
+                                                                  "of their physical range, a line each")
     median_abs_error_before: float | None
     median_abs_error_after: float | None
     jobs: list[JobErrorOut]
