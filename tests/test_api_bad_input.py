@@ -53,3 +53,23 @@ def test_only_asynchronous_schedules_without_allow_async_is_422(client) -> None:
     assert "only asynchronous ones are named (pipedream, pipedream-2bw); set allow_async" in r.json()["detail"]
     plan = _plan(client, {**body, "allow_async": True})
     assert plan["status"] == "done" and plan["candidates"]
+
+
+def test_validation_errors_name_the_field_without_pydantic_words(client) -> None:  # type: ignore[no-untyped-def]
+    """QA of issue 13 on a fresh clone: the README's curl flow with an unknown schedule or model answered
+    'body: Value error, schedules: unknown schedule ...' (pydantic's words and the body's location before a
+    message that names its field itself)."""
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 8, "schedules": ["foo"]},
+                    headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("schedules: unknown schedule 'foo'; known: gpipe, 1f1b"), r.json()["detail"]
+    assert "Value error" not in r.text  # nor in the structured errors beside it
+    plan = _plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "nope"}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("model: unknown model 'nope'; presets: "), r.json()["detail"]
+    r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": "x"}, headers=AUTH)
+    assert r.json()["detail"] == "global_batch: Input should be a valid integer"  # field errors as they were
+
