@@ -536,3 +536,44 @@ def test_cpu_clusters_say_processes_not_gpus(server: LiveServer, browser: Any, c
     assert page.locator(f'#plans tbody tr:has(a[href="/ui/plans/{fits["id"]}"]) td:nth-child(6)').inner_text() == \
         "2 CPU processes"
     page.context.close()
+
+
+# ---- new-user QA of issue 13: the plans and workers lists fit narrow windows, jobs say "Status" -------------
+
+def _worker(srv: LiveServer, name: str, gpus: int = 0) -> None:
+    with srv.client() as c:
+        r = c.post("/workers", json={"name": name, "node": "node-with-a-long-name-17", "gpus": gpus,
+                                     "host": "node17.cluster.example.org", "device_type": "A100-SXM4-80GB"},
+                   headers=WAUTH)
+        assert r.status_code in (200, 201), r.text
+
+
+@pytest.mark.parametrize("width", [800, 400])
+def test_plans_and_workers_lists_fit_narrow_windows(server: LiveServer, browser: Any, console: Console,
+                                                    width: int) -> None:
+    """The jobs list fitted; the plans list at 800 px (927 px wide: Created out of view) and the workers list at
+    800 and 400 px (1001 px) scrolled sideways inside their box. Now both fit, and below 600 px a row is a card of
+    labelled lines, as a job is."""
+    _small_plan(server)
+    _worker(server, f"qa-worker-with-a-long-name-{width}", gpus=8)
+    _worker(server, f"qa-worker-undeclared-{width}")
+    page = _page(browser, console, width=width)
+    lists = [("/ui/plans", "#plans", "#plans tbody a", "Cluster"),
+             ("/ui/workers", "#workers", "#workers tbody tr[data-worker-id]", "Last heartbeat")]
+    for path, table, ready, label in lists:
+        page.goto(server.url + path)
+        page.wait_for_selector(ready)
+        shot(page, f"qa9-{width}-{path.rsplit('/', 1)[1]}", full_page=True)
+        scroll, inner = _no_horizontal_overflow(page)
+        assert scroll <= inner, f"{path} at {width} px: page is {scroll} px wide"
+        box = page.locator(table).evaluate("t => [t.parentElement.scrollWidth, t.parentElement.clientWidth]")
+        assert box[0] <= box[1], f"{table} scrolls in its box at {width} px: {box}"
+        rect = page.locator(table).bounding_box()
+        assert rect["x"] >= 0 and rect["x"] + rect["width"] <= width, f"{table} {rect} at {width} px"
+        if width < 600:  # cards: each line says what it is
+            cells = page.locator(f"{table} tbody tr").first.locator("td")
+            labels = cells.evaluate_all("tds => tds.map(td => getComputedStyle(td, '::before').content)")
+            assert f'"{label}"' in labels, labels
+            assert page.locator(f"{table} thead").is_hidden()
+    page.context.close()
+
