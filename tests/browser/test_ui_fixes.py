@@ -577,3 +577,28 @@ def test_plans_and_workers_lists_fit_narrow_windows(server: LiveServer, browser:
             assert page.locator(f"{table} thead").is_hidden()
     page.context.close()
 
+
+def test_jobs_and_plans_lists_both_say_status(server: LiveServer, browser: Any, console: Console) -> None:
+    """The jobs list said "State" where the plans list says "Status" for the same kind of badge (the API's fields
+    stay state and status)."""
+    plan = _small_plan(server)
+    with server.client() as c:
+        finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"], WAUTH)
+    page = _page(browser, console)
+    page.goto(server.url + "/ui/plans")
+    page.wait_for_selector("#plans tbody a")
+    assert page.locator("#plans thead th").nth(1).inner_text() == "Status"
+    page.goto(server.url + "/ui/jobs")
+    page.wait_for_selector("#jobs tbody tr[data-job-id]")
+    assert page.locator("#jobs thead th").nth(1).inner_text() == "Status"
+    assert page.locator("label:has(#state-filter)").inner_text().startswith("Status")
+    assert "State" not in page.locator("#jobs thead").inner_text() + page.locator(".toolbar").inner_text()
+    page.context.close()
+    page = _page(browser, console, width=400)
+    page.goto(server.url + "/ui/jobs")
+    page.wait_for_selector("#jobs tbody tr[data-job-id]")
+    label = page.locator("#jobs tbody tr[data-job-id] td").nth(1).evaluate(
+        "e => getComputedStyle(e, '::before').content")
+    assert label == '"Status"', label
+    page.context.close()
+
