@@ -602,3 +602,25 @@ def test_jobs_and_plans_lists_both_say_status(server: LiveServer, browser: Any, 
     assert label == '"Status"', label
     page.context.close()
 
+
+def test_a_budget_past_the_cluster_is_refused_in_the_form(server: LiveServer, browser: Any,
+                                                          console: Console) -> None:
+    """A budget of 5000 on the local cluster of 4 CPU processes went to the API: its 422 named the field "gpus"
+    (not the form's "CPU process budget") and the failed request was a console error."""
+    _, local = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#cluster", str(local))
+    before = len(_plans(server))
+    page.fill("#global-batch", "8")
+    page.fill("#gpus", "5000")
+    page.click("#submit-plan")
+    assert page.locator("#plan-error").inner_text() == \
+        "CPU process budget: “5000” is more than the cluster's 4 CPU processes"
+    assert page.locator("#gpus.invalid").count() == 1
+    assert len(_plans(server)) == before  # nothing was sent
+    page.fill("#gpus", "4")  # the whole cluster is a budget
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*")
+    page.context.close()
