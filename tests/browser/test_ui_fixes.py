@@ -624,3 +624,24 @@ def test_a_budget_past_the_cluster_is_refused_in_the_form(server: LiveServer, br
     page.click("#submit-plan")
     page.wait_for_url("**/ui/plans/*")
     page.context.close()
+
+
+def test_the_job_page_tables_fit_at_400(server: LiveServer, browser: Any, console: Console) -> None:
+    """At 400 px the job page's devices table (Busy, Idle, Peak memory, Predicted peak, Error on one line each)
+    was 444-502 px wide and scrolled sideways in its box: the predicted peak and its error out of view."""
+    plan = _small_plan(server)
+    failed = _failed_job(server, plan["id"])
+    devices = [{"device": d, "rank": d, "busy": 0.003983 - d * 1e-4, "idle": 0.01469 + d * 1e-4,
+                "peak_memory": None} for d in range(4)]
+    with server.client() as c:
+        done = finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"] * 1.1, WAUTH, devices)
+    page = _page(browser, console, width=400)
+    for job, state in ((failed, "failed"), (done, "succeeded")):
+        page.goto(f"{server.url}/ui/jobs/{job['id']}")
+        page.wait_for_selector(f'body[data-state="{state}"]')
+        shot(page, f"qa9-400-job-{state}", full_page=True)
+        for table in ("#comparison", "#devices"):
+            box = page.locator(table).evaluate("t => [t.parentElement.scrollWidth, t.parentElement.clientWidth]")
+            assert box[0] <= box[1], f"{table} of a {state} job scrolls in its box at 400 px: {box}"
+    assert page.locator("#devices tbody tr").count() == 4
+    page.context.close()
