@@ -10,6 +10,7 @@ stops its planner processes and puts their plans back in the queue. Request bodi
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,9 +40,21 @@ def _loc(loc: Any) -> str:
     return ".".join(parts) or "body"
 
 
+# a message that names its field itself, as a model validator's do ("schedules: unknown schedule 'foo'")
+_NAMES_FIELD = re.compile(r"^[A-Za-z_][\w.]*: ")
+
+
+def _msg(e: dict[str, Any]) -> str:
+    """One error as 'field.path: message', without pydantic's 'Value error, ' before a validator's message and
+    without 'body: ' before a message of the whole body that names its field."""
+    msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    loc = _loc(e.get("loc", ()))
+    return msg if loc == "body" and _NAMES_FIELD.match(msg) else f"{loc}: {msg}"
+
+
 def validation_message(errors: list[dict[str, Any]]) -> str:
     """'field.path: message; ...' for the first few errors."""
-    msgs = [f"{_loc(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:5]]
+    msgs = [_msg(e) for e in errors[:5]]
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(msgs) + more
 
@@ -50,6 +63,8 @@ def _clean_errors(errors: Any) -> list[dict[str, Any]]:
     out = []
     for e in errors:
         e = {k: v for k, v in dict(e).items() if k in ("type", "loc", "msg")}
+        if isinstance(e.get("msg"), str):
+            e["msg"] = e["msg"].removeprefix("Value error, ")
         out.append(finite(jsonable_encoder(e)))
     return out
 

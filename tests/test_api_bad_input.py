@@ -53,3 +53,42 @@ def test_only_asynchronous_schedules_without_allow_async_is_422(client) -> None:
     assert "only asynchronous ones are named (pipedream, pipedream-2bw); set allow_async" in r.json()["detail"]
     plan = _plan(client, {**body, "allow_async": True})
     assert plan["status"] == "done" and plan["candidates"]
+
+
+def test_validation_errors_name_the_field_without_pydantic_words(client) -> None:  # type: ignore[no-untyped-def]
+    """QA of issue 13 on a fresh clone: the README's curl flow with an unknown schedule or model answered
+    'body: Value error, schedules: unknown schedule ...' (pydantic's words and the body's location before a
+    message that names its field itself)."""
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 8, "schedules": ["foo"]},
+                    headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("schedules: unknown schedule 'foo'; known: gpipe, 1f1b"), r.json()["detail"]
+    assert "Value error" not in r.text  # nor in the structured errors beside it
+    plan = _plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "nope"}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("model: unknown model 'nope'; presets: "), r.json()["detail"]
+    r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": "x"}, headers=AUTH)
+    assert r.json()["detail"] == "global_batch: Input should be a valid integer"  # field errors as they were
+
+
+def test_a_new_job_answers_with_its_prediction_and_cluster(client) -> None:  # type: ignore[no-untyped-def]
+    """POST /jobs answered predicted_iteration_time and cluster_id null (GET /jobs/{id} gave both): the README's
+    curl flow showed no prediction for the job it had just dispatched."""
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    plan = _plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 1, "model": "gpt-tiny"}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["predicted_iteration_time"] == plan["candidates"][1]["iteration_time"]
+    assert job["cluster_id"] == plan["cluster_id"]
+    assert job["measured_iteration_time"] is None and job["measured_over_predicted"] is None
+    got = client.get(f"/jobs/{job['id']}", headers=AUTH).json()
+    assert {k: got[k] for k in ("predicted_iteration_time", "cluster_id")} == \
+        {k: job[k] for k in ("predicted_iteration_time", "cluster_id")}
+    cancelled = client.post(f"/jobs/{job['id']}/cancel", headers=AUTH).json()
+    assert cancelled["state"] == "cancelled"
+    assert cancelled["predicted_iteration_time"] == job["predicted_iteration_time"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
+from sqlalchemy.orm import Session
 
 from api import crud, gang, jobqueue
 from api.comparison import comparison
@@ -22,7 +23,9 @@ from api.schemas import (
     SlotLeaseOut,
     WorkerRef,
 )
+from api.settings import Settings
 from api.timelines import candidate_timeline, trace_timeline
+from db.models import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 RankPath = Annotated[int, Path(ge=0, le=65535, description="node rank of the slot")]
@@ -33,7 +36,16 @@ ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}
 def create_job(body: JobCreate, db: DB, settings: SettingsDep):  # noqa: ANN201
     """Queue candidate ``candidate_index`` of a done plan for the workers."""
     job = crud.create_job(db, body.model_dump(), settings.max_attempts)
-    return job_out(job, waiting=gang.waiting_reason(db, job, settings.worker_alive_seconds))
+    return _job_answer(db, job, settings)
+
+
+def _job_answer(db: Session, job: Job, settings: Settings) -> dict[str, Any]:
+    """A job with what GET /jobs/{id} gives: why it waits, its predicted (and measured) iteration time, and the
+    cluster version its plan used (POST /jobs and cancel answered these null)."""
+    times = crud.iteration_times(db, [job.id]).get(job.id)
+    return job_out(job, times is not None and times[1] is not None,
+                   gang.waiting_reason(db, job, settings.worker_alive_seconds), times,
+                   crud.plan_clusters(db, [job.plan_id]).get(job.plan_id))
 
 
 @router.get("", response_model=list[JobOut], dependencies=[Read])
@@ -56,17 +68,13 @@ def list_jobs(db: DB, settings: SettingsDep,  # noqa: ANN201
 def get_job(job_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN201
     """A job; ``waiting`` says why a queued one is not running yet (e.g. no agent with its device);
     ``cluster_id`` is the cluster version its plan was made on (GET /clusters/{id} names it)."""
-    job = crud.get_job(db, job_id)
-    times = crud.iteration_times(db, [job.id]).get(job.id)
-    return job_out(job, times is not None and times[1] is not None,
-                   gang.waiting_reason(db, job, settings.worker_alive_seconds), times,
-                   crud.plan_clusters(db, [job.plan_id]).get(job.plan_id))
+    return _job_answer(db, crud.get_job(db, job_id), settings)
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Admin], responses=ERR)
-def cancel_job(job_id: IdPath, db: DB):  # noqa: ANN201
+def cancel_job(job_id: IdPath, db: DB, settings: SettingsDep):  # noqa: ANN201
     """Cancel a queued or running job (a running one stops at its agent's next lease renewal)."""
-    return job_out(jobqueue.cancel_job(db, job_id))
+    return _job_answer(db, jobqueue.cancel_job(db, job_id), settings)
 
 
 @router.post("/{job_id}/lease", response_model=LeaseOut, responses=ERR)

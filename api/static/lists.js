@@ -19,11 +19,18 @@ async function loadPlans() {
   const cl = Object.fromEntries(clusters.map((c) => [c.id, c]));
   const dev = Object.fromEntries(clusters.map((c) => [c.id, c.device]));
   plans.sort((a, b) => b.id - a.id);
-  document.querySelector("#plans tbody").innerHTML = plans.map((p) => `<tr>
-    <td><a href="/ui/plans/${p.id}">plan ${p.id}</a></td><td>${PP.stateBadge(p.status)}</td>
-    <td>${PP.esc(pn[p.profile_id] || p.profile_id)}</td><td class="cluster">${PP.clusterLink(cl[p.cluster_id], p.cluster_id)}</td>
-    <td>${p.request.global_batch}</td><td>${p.request.gpus != null ? PP.devices(dev[p.cluster_id], p.request.gpus) : "all"}</td><td>${p.num_candidates}</td>
-    <td>${PP.fmtDate(p.created_at)}</td></tr>`).join("") || `<tr><td colspan="8" class="muted">no plans yet: <a href="/">make one</a></td></tr>`;
+  const L = labels("plans");
+  document.querySelector("#plans tbody").innerHTML = plans.map((p) => `<tr data-plan-id="${p.id}">
+    <td${L[0]}><a href="/ui/plans/${p.id}">plan ${p.id}</a></td><td${L[1]}>${PP.stateBadge(p.status)}</td>
+    <td${L[2]}>${PP.esc(pn[p.profile_id] || p.profile_id)}</td><td${L[3]} class="cluster">${PP.clusterLink(cl[p.cluster_id], p.cluster_id)}</td>
+    <td${L[4]}>${p.request.global_batch}</td><td${L[5]}>${p.request.gpus != null ? PP.devices(dev[p.cluster_id], p.request.gpus) : "all"}</td><td${L[6]}>${p.num_candidates}</td>
+    <td${L[7]}>${shortDate(p.created_at)}</td></tr>`).join("") || `<tr><td colspan="${L.length}" class="muted">no plans yet: <a href="/">make one</a></td></tr>`;
+}
+
+// each cell's column name (its header's text), which the list shows as the cell's label below 600 px wide, where
+// a row is a card of labelled lines (ui.css, table.cards) and the table stays within the page
+function labels(id) {
+  return [...document.querySelectorAll(`#${id} thead th`)].map((th) => ` data-label="${PP.esc(th.textContent.trim())}"`);
 }
 
 // a date compactly: the time alone when it is today, else month, day and time (the full date in the title)
@@ -55,14 +62,12 @@ function note(j) {
 
 // The jobs table: one line of figures per job (measured, predicted, their ratio), compact enough for 800 px; below
 // 600 px each row is a card of labelled lines (ui.css), so the table stays within the page.
-const JOB_COLUMNS = ["Job", "State", "Plan", "Model", "Worker", "Created / finished", "Predicted", "Measured",
-  "Measured / predicted", "Notes"];
 
 async function loadJobs() {
   const state = document.getElementById("state-filter").value;
   const jobs = await PP.get("/jobs?limit=1000" + (state ? "&state=" + state : ""));
   jobs.sort((a, b) => b.id - a.id);
-  const L = JOB_COLUMNS.map((c) => ` data-label="${PP.esc(c)}"`);
+  const L = labels("jobs");
   document.querySelector("#jobs tbody").innerHTML = jobs.map((j) => `<tr data-job-id="${j.id}">
     <td${L[0]}><a href="/ui/jobs/${j.id}">job ${j.id}</a></td>
     <td${L[1]} title="${PP.esc(j.waiting || "")}">${PP.stateBadge(j.state)}${j.nodes > 1 ? ` <span class="muted">${j.nodes} nodes</span>` : ""}</td>
@@ -74,20 +79,21 @@ async function loadJobs() {
     <td${L[7]} class="num measured">${PP.fmtTime(j.measured_iteration_time)}</td>
     ${ratioCell(j, L[8])}
     <td${L[9]} class="result">${note(j)}</td></tr>`).join("")
-    || `<tr><td colspan="${JOB_COLUMNS.length}" class="muted">no jobs: dispatch a candidate from a plan's comparison page</td></tr>`;
+    || `<tr><td colspan="${L.length}" class="muted">no jobs: dispatch a candidate from a plan's comparison page</td></tr>`;
 }
 
 async function loadWorkers() {
   const [workers, running] = await Promise.all([PP.get("/workers?limit=1000"), PP.get("/jobs?state=running&limit=1000")]);
   const current = {};
   for (const j of running) if (j.worker_id != null) current[j.worker_id] = j.id;
+  const L = labels("workers");
   document.querySelector("#workers tbody").innerHTML = workers.map((w) => `<tr data-worker-id="${w.id}">
-    <td>worker ${w.id}</td><td>${PP.esc(w.name)}</td><td>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td>${w.gpus ? PP.devices(w.device_type, w.gpus) : "not declared (one-node jobs)"}</td>
-    <td>${PP.esc(w.device_type)}</td><td>${w.alive ? '<span class="badge succeeded">alive</span>' : '<span class="badge failed">silent</span>'}</td>
-    <td title="${PP.esc(w.last_heartbeat)}">${PP.ago(w.last_heartbeat)}</td>
-    <td>${current[w.id] ? `<a href="/ui/jobs/${current[w.id]}">job ${current[w.id]}</a>` : "idle"}</td>
-    <td>${PP.fmtDate(w.registered_at)}</td></tr>`).join("")
-    || `<tr><td colspan="9" class="muted">no workers: start one with <code>pipeplan agent --api URL --token T</code></td></tr>`;
+    <td${L[0]}>worker ${w.id}</td><td${L[1]}>${PP.esc(w.name)}</td><td${L[2]}>${PP.esc(w.node)}${w.host ? " (" + PP.esc(w.host) + ")" : ""}</td><td${L[3]}>${w.gpus ? PP.devices(w.device_type, w.gpus) : "not declared (one-node jobs)"}</td>
+    <td${L[4]}>${PP.esc(w.device_type)}</td><td${L[5]}>${w.alive ? '<span class="badge succeeded">alive</span>' : '<span class="badge failed">silent</span>'}</td>
+    <td${L[6]} title="${PP.esc(w.last_heartbeat)}">${PP.ago(w.last_heartbeat)}</td>
+    <td${L[7]}>${current[w.id] ? `<a href="/ui/jobs/${current[w.id]}">job ${current[w.id]}</a>` : "idle"}</td>
+    <td${L[8]}>${shortDate(w.registered_at)}</td></tr>`).join("")
+    || `<tr><td colspan="${L.length}" class="muted">no workers: start one with <code>pipeplan agent --api URL --token T</code></td></tr>`;
 }
 
 PP.start(() => {

@@ -135,6 +135,13 @@ function readForm() {
     micro_batches: null,
     schedules: null,
   };
+  // a budget past the selected cluster's size is refused here, in the form's words (the API's 422 named its field
+  // "gpus" and logged a failed request in the console)
+  const c = clusters.find((x) => x.id === req.cluster_id);
+  const gpusEl = document.getElementById("gpus");
+  if (req.gpus != null && c && Number.isInteger(c.gpus) && req.gpus > c.gpus) {
+    errors.push([gpusEl, `${gpusEl.dataset.label}: “${req.gpus}” is more than the cluster's ${PP.devices(c.device, c.gpus)}`]);
+  }
   const boxes = [...document.querySelectorAll("input[name=schedule]")];
   const checked = boxes.filter((x) => x.checked);
   const checks = document.getElementById("schedules");

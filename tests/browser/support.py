@@ -105,11 +105,12 @@ def done_plan(srv: LiveServer, profile_id: int, cluster_id: int, **req: Any) -> 
         return wait_plan(c, r.json()["id"])
 
 
-def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers: dict[str, str]) -> dict[str, Any]:
+def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers: dict[str, str],
+                 devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A job of candidate ``rank`` that a worker (registered here, one per job, with the job's device) claimed
-    and finished with ``seconds`` measured per iteration. ``c``: an admin client of the server
-    (``LiveServer.client()``); ``worker_headers``: the shared worker token's, for registration. Jobs queued
-    before it are claimed and failed on the way (a test leaves none queued)."""
+    and finished with ``seconds`` measured per iteration (and ``devices``, the result's figures per device).
+    ``c``: an admin client of the server (``LiveServer.client()``); ``worker_headers``: the shared worker token's,
+    for registration. Jobs queued before it are claimed and failed on the way (a test leaves none queued)."""
     job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "model": "gpt-tiny",
                                 "iterations": 4}).json()
     w = c.post("/workers", json={"name": f"ui-done-worker-{job['id']}", "node": "n1",
@@ -124,6 +125,6 @@ def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers
             break
         c.post(f"/jobs/{got}/fail", headers=own, json={"worker_id": wid, "error": "other", "log_tail": "other"})
     r = c.post(f"/jobs/{job['id']}/result", headers=own,
-               json={"worker_id": wid, "iteration_time": seconds, "emulated": False, "devices": []})
+               json={"worker_id": wid, "iteration_time": seconds, "emulated": False, "devices": devices or []})
     assert r.status_code == 201, r.text
     return c.get(f"/jobs/{job['id']}").json()

@@ -536,3 +536,112 @@ def test_cpu_clusters_say_processes_not_gpus(server: LiveServer, browser: Any, c
     assert page.locator(f'#plans tbody tr:has(a[href="/ui/plans/{fits["id"]}"]) td:nth-child(6)').inner_text() == \
         "2 CPU processes"
     page.context.close()
+
+
+# ---- new-user QA of issue 13: the plans and workers lists fit narrow windows, jobs say "Status" -------------
+
+def _worker(srv: LiveServer, name: str, gpus: int = 0) -> None:
+    with srv.client() as c:
+        r = c.post("/workers", json={"name": name, "node": "node-with-a-long-name-17", "gpus": gpus,
+                                     "host": "node17.cluster.example.org", "device_type": "A100-SXM4-80GB"},
+                   headers=WAUTH)
+        assert r.status_code in (200, 201), r.text
+
+
+@pytest.mark.parametrize("width", [800, 400])
+def test_plans_and_workers_lists_fit_narrow_windows(server: LiveServer, browser: Any, console: Console,
+                                                    width: int) -> None:
+    """The jobs list fitted; the plans list at 800 px (927 px wide: Created out of view) and the workers list at
+    800 and 400 px (1001 px) scrolled sideways inside their box. Now both fit, and below 600 px a row is a card of
+    labelled lines, as a job is."""
+    _small_plan(server)
+    _worker(server, f"qa-worker-with-a-long-name-{width}", gpus=8)
+    _worker(server, f"qa-worker-undeclared-{width}")
+    page = _page(browser, console, width=width)
+    lists = [("/ui/plans", "#plans", "#plans tbody a", "Cluster"),
+             ("/ui/workers", "#workers", "#workers tbody tr[data-worker-id]", "Last heartbeat")]
+    for path, table, ready, label in lists:
+        page.goto(server.url + path)
+        page.wait_for_selector(ready)
+        shot(page, f"qa9-{width}-{path.rsplit('/', 1)[1]}", full_page=True)
+        scroll, inner = _no_horizontal_overflow(page)
+        assert scroll <= inner, f"{path} at {width} px: page is {scroll} px wide"
+        box = page.locator(table).evaluate("t => [t.parentElement.scrollWidth, t.parentElement.clientWidth]")
+        assert box[0] <= box[1], f"{table} scrolls in its box at {width} px: {box}"
+        rect = page.locator(table).bounding_box()
+        assert rect["x"] >= 0 and rect["x"] + rect["width"] <= width, f"{table} {rect} at {width} px"
+        if width < 600:  # cards: each line says what it is
+            cells = page.locator(f"{table} tbody tr").first.locator("td")
+            labels = cells.evaluate_all("tds => tds.map(td => getComputedStyle(td, '::before').content)")
+            assert f'"{label}"' in labels, labels
+            assert page.locator(f"{table} thead").is_hidden()
+    page.context.close()
+
+
+def test_jobs_and_plans_lists_both_say_status(server: LiveServer, browser: Any, console: Console) -> None:
+    """The jobs list said "State" where the plans list says "Status" for the same kind of badge (the API's fields
+    stay state and status)."""
+    plan = _small_plan(server)
+    with server.client() as c:
+        finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"], WAUTH)
+    page = _page(browser, console)
+    page.goto(server.url + "/ui/plans")
+    page.wait_for_selector("#plans tbody a")
+    assert page.locator("#plans thead th").nth(1).inner_text() == "Status"
+    page.goto(server.url + "/ui/jobs")
+    page.wait_for_selector("#jobs tbody tr[data-job-id]")
+    assert page.locator("#jobs thead th").nth(1).inner_text() == "Status"
+    assert page.locator("label:has(#state-filter)").inner_text().startswith("Status")
+    assert "State" not in page.locator("#jobs thead").inner_text() + page.locator(".toolbar").inner_text()
+    page.context.close()
+    page = _page(browser, console, width=400)
+    page.goto(server.url + "/ui/jobs")
+    page.wait_for_selector("#jobs tbody tr[data-job-id]")
+    label = page.locator("#jobs tbody tr[data-job-id] td").nth(1).evaluate(
+        "e => getComputedStyle(e, '::before').content")
+    assert label == '"Status"', label
+    page.context.close()
+
+
+def test_a_budget_past_the_cluster_is_refused_in_the_form(server: LiveServer, browser: Any,
+                                                          console: Console) -> None:
+    """A budget of 5000 on the local cluster of 4 CPU processes went to the API: its 422 named the field "gpus"
+    (not the form's "CPU process budget") and the failed request was a console error."""
+    _, local = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#cluster", str(local))
+    before = len(_plans(server))
+    page.fill("#global-batch", "8")
+    page.fill("#gpus", "5000")
+    page.click("#submit-plan")
+    assert page.locator("#plan-error").inner_text() == \
+        "CPU process budget: “5000” is more than the cluster's 4 CPU processes"
+    assert page.locator("#gpus.invalid").count() == 1
+    assert len(_plans(server)) == before  # nothing was sent
+    page.fill("#gpus", "4")  # the whole cluster is a budget
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*")
+    page.context.close()
+
+
+def test_the_job_page_tables_fit_at_400(server: LiveServer, browser: Any, console: Console) -> None:
+    """At 400 px the job page's devices table (Busy, Idle, Peak memory, Predicted peak, Error on one line each)
+    was 444-502 px wide and scrolled sideways in its box: the predicted peak and its error out of view."""
+    plan = _small_plan(server)
+    failed = _failed_job(server, plan["id"])
+    devices = [{"device": d, "rank": d, "busy": 0.003983 - d * 1e-4, "idle": 0.01469 + d * 1e-4,
+                "peak_memory": None} for d in range(4)]
+    with server.client() as c:
+        done = finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"] * 1.1, WAUTH, devices)
+    page = _page(browser, console, width=400)
+    for job, state in ((failed, "failed"), (done, "succeeded")):
+        page.goto(f"{server.url}/ui/jobs/{job['id']}")
+        page.wait_for_selector(f'body[data-state="{state}"]')
+        shot(page, f"qa9-400-job-{state}", full_page=True)
+        for table in ("#comparison", "#devices"):
+            box = page.locator(table).evaluate("t => [t.parentElement.scrollWidth, t.parentElement.clientWidth]")
+            assert box[0] <= box[1], f"{table} of a {state} job scrolls in its box at 400 px: {box}"
+    assert page.locator("#devices tbody tr").count() == 4
+    page.context.close()
