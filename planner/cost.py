@@ -19,9 +19,7 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   all-reduce -- or, with sequence parallelism (Korthikanti et al. 2022, 4.2.2), an all-gather and a
   reduce-scatter in place of each all-reduce (the same bytes: ``(t-1)/t L`` each), on the intra-node link
   (NVLink) when the ``t`` GPUs share a node, else on the inter-node link, which then bounds the ring.
-  A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute;
-  Megatron-Core with Transformer Engine's ``--tp-comm-overlap`` does (profile environment
-  ``tp_comm_overlap = "true"``: only what exceeds the layers' compute is left, :meth:`ConfigCosts._tp_exposed`).
+  A recomputed layer repeats its forward collectives. Megatron-LM does not overlap them with compute.
   With sequence parallelism the backward also redoes the all-gather of each column-parallel GEMM's input
   (two per layer, one for the LM head: :meth:`ConfigCosts._sp_regather`).
   The first stage's forward also all-reduces the vocabulary-parallel embedding's output and the last
@@ -326,9 +324,6 @@ class ConfigCosts(Costs):
                           and profile.environment.get("attention") != "flash")
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
-        #: the transformer layers' tensor-parallel collectives run concurrently with the layers' own GEMMs
-        #: (Transformer Engine's userbuffers, Megatron-Core ``--tp-comm-overlap``): :meth:`_tp_exposed`
-        self.tp_overlap = profile.environment.get("tp_comm_overlap") == "true"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         self._fwd: dict[tuple[int, int], float] = shared["fwd"]
         #: :meth:`send_time` per (link class, bytes), shared like the F/B durations (the cluster is the same)
@@ -412,29 +407,6 @@ class ConfigCosts(Costs):
         sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
         return 2 * self.stages[stage].transformer_layers * self._tp_one(samples) * self.cal.link_scale
 
-    def _tp_exposed(self, comm: float, work: float) -> float:
-        """The part of a pass's tensor-parallel collectives ``comm`` left on the critical path of its compute
-        ``work``: all of it (Megatron-LM runs them between the GEMMs), or, with ``environment
-        ["tp_comm_overlap"] = "true"`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine's userbuffers:
-        the sequence-parallel all-gather split into ring-exchange steps each overlapped with the GEMM on the
-        chunk already there, the reduce-scatter pipelined with the GEMM's chunks, and in the backward the
-        re-gather and the input-gradient reduce-scatter overlapped with the weight-gradient GEMMs, "bulk"),
-        only what exceeds the compute it hides under: ``max(0, comm - work)``. That is the ideal limit: the
-        first/last chunk that cannot overlap and the SMs the communication kernels take from the GEMMs (the
-        pipelined method runs on 20-24 of the 132 SMs) are not costed. The embedding's and LM head's
-        collectives (:meth:`_tp_edges`) stay exposed."""
-        return max(0.0, comm - work) if self.tp_overlap else comm
-
-    def _backward_total(self, stage: int, work: float, tp: float) -> float:
-        """A backward of compute ``work`` with the layers' collectives ``tp``, the edges' and the sequence-
-        parallel re-gathers (summed in the order of before :meth:`_tp_exposed`, so that figures without the
-        overlap stay bit-identical)."""
-        edges = self._tp_edges(stage, self.base_b, backward=True)
-        regather = self._sp_regather(stage, self.base_b)
-        if not self.tp_overlap:
-            return work + tp + edges + regather
-        return work + self._tp_exposed(tp + regather, work) + edges
-
     def _sp_regather(self, stage: int, samples: float) -> float:
         """With sequence parallelism, the all-gathers of the column-parallel GEMMs' inputs redone in the
         backward: Megatron-LM stashes only the ``T/t``-row shard of the input of the QKV and MLP-up GEMMs
@@ -516,8 +488,7 @@ class ConfigCosts(Costs):
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            work = self._sum_time(stage, "fwd", samples) * self.cal.compute_scale
-            v = (work + self._tp_exposed(self._tp_comm(stage, samples), work)
+            v = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale + self._tp_comm(stage, samples)
                  + self._tp_edges(stage, samples, backward=False))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage + 1, span)
@@ -528,9 +499,9 @@ class ConfigCosts(Costs):
         v = self._bwd.get(stage)
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
-            work = self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
-            tp = self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
-            v = self._backward_total(stage, work, tp)
+            v = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
+                 + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
+                 + self._tp_edges(stage, self.base_b, backward=True) + self._sp_regather(stage, self.base_b))
             if self.blocking_p2p:
                 v += self._blocking_send(stage, stage - 1, 1)
             self._bwd[stage] = v
@@ -539,8 +510,9 @@ class ConfigCosts(Costs):
     def recompute_extra(self, stage: int) -> float:
         if not self.config.recompute:
             return 0.0
-        work = self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
-        plain = self._backward_total(stage, work, self._tp_comm(stage, self.base_b))
+        plain = (self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
+                 + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True)
+                 + self._sp_regather(stage, self.base_b))
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------

@@ -376,17 +376,14 @@ class PublicRun:
                                grad_accumulation="fused" if r.get("gradient_accumulation_fusion") else "separate",
                                recompute="selective" if r["recompute"] == "selective" else "none")
 
-    def environment(self, tp_comm_overlap: bool | None = None) -> dict[str, str]:
-        """The runtime of the recipe for :mod:`planner.cost`: non-blocking pipeline sends (Megatron-Core),
+    def environment(self) -> dict[str, str]:
+        """The runtime of the recipe for :mod:`planner.cost`: non-blocking pipeline sends (Megatron-Core) and
         the data-parallel gradient reduction overlapped with the backward (the distributed optimizer's
         ``overlap_grad_sync``: ``dp_allreduce = overlapped``, which the cost model applies to one-stage
-        pipelines only) and, where the recipe turns it on (or ``tp_comm_overlap`` says so), the tensor-parallel
-        collectives overlapped with the GEMMs (``tp_comm_overlap``, :meth:`planner.cost.ConfigCosts._tp_exposed`)."""
-        env = {"dp_allreduce": "overlapped"}
-        on = bool(self.recipe.get("tp_comm_overlap")) if tp_comm_overlap is None else tp_comm_overlap
-        if on:
-            env["tp_comm_overlap"] = "true"
-        return env
+        pipelines only). The recipe's tensor-parallel communication overlap (``recipe["tp_comm_overlap"]``,
+        Transformer Engine's userbuffers) is not modelled: every tensor-parallel collective is costed on the
+        critical path, as Megatron-LM runs them (:func:`tp_collective_seconds` says how much that is)."""
+        return {"dp_allreduce": "overlapped"}
 
     def bytes_per_param(self) -> float:
         """Model state per parameter: bf16 weights and gradients (4 bytes) and the fp32 master weights and
@@ -412,14 +409,38 @@ def public_runs(data: dict) -> list[PublicRun]:
     return out
 
 
-def predict_public(run: PublicRun, base: Cluster, device: DeviceSpec, tp_comm_overlap: bool | None = None,
-                   options: OperatorOptions | None = None, environment: dict[str, str] | None = None) -> Candidate:
+def predict_public(run: PublicRun, base: Cluster, device: DeviceSpec, options: OperatorOptions | None = None,
+                   environment: dict[str, str] | None = None) -> Candidate:
     """The prediction of ``run`` in its stated configuration (t, p, VP chunks, MBS, the recipe's kernels and
     runtime: :meth:`PublicRun.options`, :meth:`PublicRun.environment`) on DGX H100 nodes, no full
     recomputation, Megatron's even layer split; timed even where the memory model says it does not fit
     (the run did: compare ``max(candidate.memory)`` with the device's memory). ``environment``: entries
     that replace the recipe's runtime (what-if analyses, e.g. ``{"p2p": "blocking"}``)."""
     prof = spec_profile(run.spec, device, (run.micro_batch,), run.t, "bf16", options or run.options(),
-                        {**run.environment(tp_comm_overlap), **(environment or {})})
+                        {**run.environment(), **(environment or {})})
     return predict_stated(prof, run.t, run.p, run.gpus, run.batch, run.micro_batch, run.chunks, False, base,
                           label=run.label, bytes_per_param=run.bytes_per_param(), check_memory=False)
+
+
+def tp_collective_seconds(cand: Candidate) -> float:
+    """Seconds per iteration the tensor-parallel collectives add to the compute stream of the pipeline device
+    that has the most of them, as the cost model charges them (:class:`planner.cost.ConfigCosts`, all on the
+    critical path): per micro-batch and stage it holds, the transformer layers' collectives of the forward
+    (``_tp_comm``) and of the backward (twice with full recomputation), the embedding's and the LM head's
+    (``_tp_edges``) and the sequence-parallel re-gathers of the backward (``_sp_regather``), times the
+    micro-batches per replica. An upper bound on what an overlap of those collectives with the GEMMs (the
+    recipes' ``tp_comm_overlap``) could take off the iteration."""
+    costs = cand.costs
+    if costs is None:
+        raise ValueError("tp_collective_seconds: the candidate was not costed")
+    b = costs.base_b
+    rc = 2 if costs.config.recompute else 1
+    most = 0.0
+    for d in range(costs.schedule.devices):
+        per = 0.0
+        for _replica, s in costs.schedule.stages_on(d):
+            layers = costs._tp_comm(s, b)
+            per += (layers + costs._tp_edges(s, b, backward=False)
+                    + rc * layers + costs._tp_edges(s, b, backward=True) + costs._sp_regather(s, b))
+        most = max(most, per)
+    return most * cand.microbatches
