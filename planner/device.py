@@ -12,6 +12,15 @@ efficiency table each, a memory with an efficiency table by transfer size):
   shapes (``gemm_points``, what ``pipeplan profile-device`` writes) and by tile quantisation
   (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part) and wave
   quantisation (``sm_count``, ``tiles``: see :meth:`DeviceSpec.quantisation`);
+* ``gemm_ceiling_flops[dtype]``: the measured maximum achievable matmul FLOP/s (MAMF: the fastest shape of a
+  GEMM sweep, stas00/ml-engineering's ``mamf-finder.py``; or the best GEMM of ``pipeplan profile-device``),
+  where one is published. A sweep's maximum is by definition the fastest any GEMM ran, so no GEMM kernel
+  may be timed faster: its whole kernel time (tensor-core time after tile and wave quantisation, plus under
+  ``no_overlap`` the operands' streaming, plus the launch) is at least ``flops / ceiling``
+  (:meth:`DeviceSpec.kernel_time`). The curve top is derived from the same measurement
+  (:func:`ceiling_for_measurement`), so at the measured shape both rules give the measured time, and the
+  cap binds only where the curve and the memory rule would run a GEMM faster than any measured one (large
+  ``k``: little memory time per FLOP, e.g. ~890 TFLOP/s on the H100 before the cap);
 * ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
 * ``processing``: how a kernel's compute and memory times combine (``roofline``: the larger;
   ``no_overlap``: their sum, Calculon's A100/H100 rule); a measured GEMM ceiling is turned into the top of
@@ -224,6 +233,9 @@ class DeviceSpec(BaseModel):
     memory_bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s")
     gemm_efficiency: dict[str, Curve] = Field(description="dtype -> efficiency by GEMM GFLOP")
     gemm_points: list[GemmPoint] = Field(default_factory=list, description="measured GEMMs (profile-device)")
+    gemm_ceiling_flops: dict[str, float] = Field(
+        default_factory=dict, description="dtype -> measured maximum achievable matmul FLOP/s (MAMF): no GEMM "
+                                          "kernel is timed faster")
     tile: tuple[int, int] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
     sm_count: int | None = Field(default=None, gt=0, description="streaming multiprocessors (wave quantisation)")
     tiles: list[tuple[int, int]] = Field(
@@ -247,6 +259,15 @@ class DeviceSpec(BaseModel):
                     raise ValueError(f"{field}[{dt}]: must be a finite number > 0, got {v}")
         if not self.gemm_efficiency:
             raise ValueError("gemm_efficiency: needs at least one dtype")
+        for dt, v in self.gemm_ceiling_flops.items():
+            if not (v > 0) or not math.isfinite(v):
+                raise ValueError(f"gemm_ceiling_flops[{dt}]: must be a finite number > 0, got {v}")
+            try:
+                peak = self.peak(dt)
+            except ValueError:
+                raise ValueError(f"gemm_ceiling_flops[{dt}]: the device has no peak for dtype {dt!r}") from None
+            if v > peak * (1 + 1e-9):
+                raise ValueError(f"gemm_ceiling_flops[{dt}]: {v:g} FLOP/s is above the {dt} peak {peak:g}")
         return self
 
     # ---- lookups ---------------------------------------------------------------------------------
@@ -264,6 +285,16 @@ class DeviceSpec(BaseModel):
     def peak(self, dtype: str) -> float:
         """Dense matrix peak FLOP/s at ``dtype``."""
         return self.peak_flops[self._dtype_key(self.peak_flops, dtype, "peak_flops")]
+
+    def gemm_ceiling(self, dtype: str) -> float | None:
+        """The measured maximum achievable matmul FLOP/s at ``dtype`` (``gemm_ceiling_flops``; bf16 and fp16
+        stand for each other), or None where the device has none."""
+        if not self.gemm_ceiling_flops:
+            return None
+        try:
+            return self.gemm_ceiling_flops[self._dtype_key(self.gemm_ceiling_flops, dtype, "gemm_ceiling_flops")]
+        except ValueError:
+            return None
 
     def vector_peak(self, dtype: str) -> float:
         """Element-wise peak FLOP/s at ``dtype`` (the matrix peak / 4 when not given)."""
@@ -318,7 +349,8 @@ class DeviceSpec(BaseModel):
                     dtype: str = "bf16") -> float:
         """Seconds of one kernel: compute ``flops`` on the matrix engine (``gemm`` = (m, n, k, batch)) or
         the vector engine (``gemm`` None), memory ``nbytes`` at the size-dependent bandwidth, combined by
-        ``processing``, plus ``kernel_overhead_s``."""
+        ``processing``, plus ``kernel_overhead_s``. A GEMM takes at least ``flops / gemm_ceiling(dtype)``
+        in all (module docstring: the measured MAMF is a whole kernel's time at the sweep's best shape)."""
         if gemm is not None:
             m, n, k, batch = gemm
             t_c = flops / (self.peak(dtype) * self.gemm_eff(m, n, k, batch, dtype)) if flops > 0 else 0.0
@@ -326,7 +358,12 @@ class DeviceSpec(BaseModel):
             t_c = flops / self.vector_peak(dtype) if flops > 0 else 0.0
         t_m = nbytes / (self.memory_bandwidth * self.mem_eff(nbytes)) if nbytes > 0 else 0.0
         body = max(t_c, t_m) if self.processing == "roofline" else t_c + t_m
-        return body + self.kernel_overhead_s
+        total = body + self.kernel_overhead_s
+        if gemm is not None and flops > 0:
+            ceiling = self.gemm_ceiling(dtype)
+            if ceiling is not None:
+                return max(total, flops / ceiling)
+        return total
 
     def collectives(self, link: str) -> LinkCollectives | None:
         """The collective model of link class ``link`` (``"intra"``/``"inter"``), or None."""
@@ -349,7 +386,9 @@ def ceiling_for_measurement(device: DeviceSpec, m: int, n: int, k: int, tflops: 
     tensor-core time, plus, under ``processing = "no_overlap"``, the time to stream the operands and the
     output (``2 (m k + k n + m n)`` bytes at 16 bits) at the achieved bandwidth, plus the launch overhead.
     Solving ``seconds = flops / (peak * top * quantisation) + memory + overhead`` for ``top`` keeps the
-    measurement and the rule that uses it consistent (a roofline device: the memory term is dropped)."""
+    measurement and the rule that uses it consistent (a roofline device: the memory term is dropped). The same
+    measurement, as ``gemm_ceiling_flops``, caps every GEMM (:meth:`DeviceSpec.kernel_time`): at the measured
+    shape the curve's rule and the cap agree, elsewhere the cap binds only where the rule would be faster."""
     flops = 2.0 * m * n * k
     seconds = flops / (tflops * 1e12)
     nbytes = 2.0 * (m * k + k * n + m * n)

@@ -362,6 +362,43 @@ def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
     assert ceiling_for_measurement(roof, m, n, k, tflops) < top
 
 
+@pytest.mark.parametrize(("name", "tflops"), [("A100-SXM4-80GB", 267.9), ("H100-SXM5-80GB", 792.1)])
+def test_no_gemm_is_timed_faster_than_the_measured_mamf(name, tflops):
+    """A sweep's maximum achievable matmul FLOPS is the fastest any GEMM ran: every GEMM kernel of the shipped
+    A100/H100 takes at least flops / MAMF (fp16 shares bf16's figure), the rule is max(curve rule, cap), and
+    the cap binds on some large shapes (the no_overlap rule's memory term is small per FLOP at large k)."""
+    import itertools
+
+    dev = get_device(name)
+    cap = tflops * 1e12
+    assert dev.gemm_ceiling("bf16") == dev.gemm_ceiling("fp16") == pytest.approx(cap)
+    assert "MAMF" in dev.sources["gemm_ceiling_flops"]
+    uncapped = dev.model_copy(update={"gemm_ceiling_flops": {}})
+    assert uncapped.gemm_ceiling("bf16") is None
+    binds = 0
+    for m, n, k in itertools.product((512, 2048, 8192, 32768), repeat=3):
+        flops, nbytes = 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n)
+        t = dev.kernel_time(flops, nbytes, gemm=(m, n, k, 1), dtype="fp16")
+        free = uncapped.kernel_time(flops, nbytes, gemm=(m, n, k, 1), dtype="fp16")
+        assert flops / t <= cap * (1 + 1e-12)
+        assert t == pytest.approx(max(free, flops / cap), rel=1e-12)
+        binds += free < flops / cap
+    assert binds > 0
+    # element-wise kernels and devices without a published MAMF are not capped
+    assert dev.kernel_time(1e9, 1e6) == uncapped.kernel_time(1e9, 1e6)
+    assert get_device("V100-SXM2-32GB").gemm_ceiling("fp16") is None
+
+
+def test_gemm_ceiling_must_be_a_figure_of_the_device():
+    from planner.device import DeviceSpec
+
+    a100 = get_device("A100-SXM4-80GB").model_dump()
+    with pytest.raises(ValueError, match="above the bf16 peak"):
+        DeviceSpec(**{**a100, "gemm_ceiling_flops": {"bf16": 400e12}})
+    with pytest.raises(ValueError, match="no peak for dtype"):
+        DeviceSpec(**{**a100, "gemm_ceiling_flops": {"fp8": 100e12}})
+
+
 def test_full_recomputation_reruns_the_transformer_layers_only():
     """Megatron's --checkpoint-activations wraps the transformer layers (ParallelTransformer's checkpointed
     forward); the embedding and the LM head with its loss run once, so their recompute time is their backward."""
