@@ -12,15 +12,21 @@ Each row is predicted in its stated configuration with the shipped H100 descript
 (examples/clusters/dgx-h100-80gb.json; nothing fitted to these rows): bf16, the flash kernel (causal),
 sequence parallelism, the recipe's dropout and selective recomputation, gradient-accumulation fusion, the
 distributed optimizer's sharded state (4 + 12/d bytes per parameter), non-blocking pipeline sends and
-Megatron's even layer split. Every tensor-parallel collective is costed on the critical path: the recipes
-of GPT-3 175B and Nemotron-4 15B overlap them with the GEMMs (Transformer Engine's userbuffers,
-``tp_comm_overlap``), which is not modelled (its cost in SMs is unknown to the model, and its ideal limit,
-``max(0, comm - compute)``, made every row faster than measured). Printed per row: measured and predicted
-seconds, error, the tensor-parallel collectives' seconds per iteration on the pipeline device with the most
-of them and their share of the predicted time (:func:`planner.fidelity.tp_collective_seconds`: an upper
-bound on what the recipe's overlap could take off), model memory against 80 GiB. Then (unless
-``--no-analysis``) the gap per term on the first row of each model, as counterfactual predictions (none of
-them shipped).
+Megatron's even layer split; every GEMM capped at the H100's measured MAMF (792.1 TFLOP/s) and the flash
+kernel at the measured rate of the recipe's implementation (``attention_impl``: FlashAttention-2 for
+GPT-3 175B, whose recipe sets ``NVTE_FUSED_ATTN=0``; cuDNN's fused attention for Nemotron-4, which
+Transformer Engine prefers on Hopper; FlashAttention-3 paper figures 5 and 6).
+
+Every tensor-parallel collective is costed on the critical path: the recipes of GPT-3 175B and Nemotron-4
+15B overlap them with the GEMMs (Transformer Engine's userbuffers, ``tp_comm_overlap``), which is not
+modelled (its cost in SMs is unknown to the model, and its ideal limit, ``max(0, comm - compute)``, made
+every row faster than measured). Printed per row: measured and predicted seconds, error, the
+tensor-parallel collectives' seconds per iteration on the pipeline device with the most of them and their
+share of the predicted time (:func:`planner.fidelity.tp_collective_seconds`: an upper bound on what the
+recipe's overlap could take off), model memory against 80 GiB. Then (unless ``--no-analysis``) the gap per
+term on the first row of each model, as counterfactual predictions: the TP collectives taken off, the DP
+reduction hidden, blocking sends, the model without the MAMF cap or without the attention figures, the
+other attention implementations.
 """
 
 from __future__ import annotations
@@ -28,13 +34,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.cluster import load_cluster  # noqa: E402
-from planner.device import get_device  # noqa: E402
+from planner.device import ATTENTION_IMPLS, get_device  # noqa: E402
 from planner.fidelity import load_tables, median, predict_public, public_runs, tp_collective_seconds  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "h100_public_runs.json"
@@ -88,8 +95,17 @@ def analysis(runs, base, dev) -> None:
         cfg = predict_public(run, base, dev)
         br = cfg.breakdown
         tp = tp_collective_seconds(cfg)
+        impl = run.options().attention_impl
+        others = [(f"flash kernel as {x} instead of {impl}",
+                   predict_public(run, base, dev, options=replace(run.options(), attention_impl=x)).iteration_time)
+                  for x in ATTENTION_IMPLS if x != impl]
         rows = [("as configured (TP collectives exposed)", cfg.iteration_time),
                 ("TP collectives taken off (ideal overlap bound)", cfg.iteration_time - tp),
+                ("without the MAMF cap on GEMMs",
+                 predict_public(run, base, dev.model_copy(update={"gemm_ceiling_flops": {}})).iteration_time),
+                ("flash kernel on the GEMM curve (no attention figures)",
+                 predict_public(run, base, dev.model_copy(update={"attention_efficiency": {}})).iteration_time),
+                *others,
                 ("DP reduction fully hidden (minus allreduce_exposed)",
                  cfg.iteration_time - br.get("allreduce_exposed", 0.0)),
                 ("blocking pipeline sends (p2p = blocking)",
@@ -98,7 +114,7 @@ def analysis(runs, base, dev) -> None:
               f"DP exposed {br.get('allreduce_exposed', 0.0):.3f} s, optimizer step {br.get('step', 0.0):.3f} s, "
               f"TP collectives {tp:.3f} s = {tp / cfg.iteration_time:.1%} of the prediction):")
         for name, s in rows:
-            print(f"    {name:52s} {s:7.3f} s  {s / meas - 1:+7.1%}")
+            print(f"    {name:54s} {s:7.3f} s  {s / meas - 1:+7.1%}")
         extra = (f"; Megatron-Core's selective re-run of the flash forward +{selective_flash_rerun(run, dev):.3f} s"
                  if run.recipe["recompute"] == "selective" else "")
         print(f"    estimates: DP reduction in fp32 instead of bf16 +{br.get('allreduce_exposed', 0.0):.3f} s exposed "

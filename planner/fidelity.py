@@ -368,10 +368,13 @@ class PublicRun:
         return self.batch * self.spec.seq / self.tokens_per_s
 
     def options(self) -> OperatorOptions:
-        """The operator options of the recipe: bf16, the flash kernel (causal), dropout as trained,
-        sequence parallelism, Megatron's gradient-accumulation fusion, selective recomputation as stated."""
+        """The operator options of the recipe: bf16, the flash kernel (causal) of the stated implementation
+        (``attention_impl``: FlashAttention-2 where the recipe turns cuDNN's off, cuDNN's fused attention where
+        Transformer Engine picks it), dropout as trained, sequence parallelism, Megatron's gradient-accumulation
+        fusion, selective recomputation as stated."""
         r = self.recipe
-        return OperatorOptions(attention=r["attention"], causal=True, dropout=bool(r["dropout"]),
+        return OperatorOptions(attention=r["attention"], attention_impl=r.get("attention_impl", "flash2"),
+                               causal=True, dropout=bool(r["dropout"]),
                                sequence_parallel=bool(r["sequence_parallel"]), dtype="bf16",
                                grad_accumulation="fused" if r.get("gradient_accumulation_fusion") else "separate",
                                recompute="selective" if r["recompute"] == "selective" else "none")
