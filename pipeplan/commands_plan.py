@@ -229,6 +229,10 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str | None, typer.Option()] = None,
         encoder: Annotated[bool, typer.Option(help="BERT-style encoder")] = False,
         attention: Annotated[str, typer.Option(help="unfused (Megatron 2021) or flash")] = "unfused",
+        attention_impl: Annotated[str, typer.Option(
+            help="the flash kernel's implementation, timed at its published rate on the device: flash2 "
+                 "(FlashAttention-2, what Megatron-LM's --use-flash-attn runs), flash3 (FlashAttention-3, "
+                 "Hopper) or cudnn (cuDNN's fused attention, Transformer Engine's choice on Hopper)")] = "flash2",
         sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
         recompute_granularity: Annotated[str, typer.Option(
             help="none, or selective (Megatron's --recompute-granularity selective, Korthikanti et al. 2022: "
@@ -248,6 +252,8 @@ def register(app: typer.Typer) -> None:
             fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
         if attention not in ("unfused", "flash"):
             fail(f"--attention must be unfused or flash, got {attention!r}")
+        if attention_impl not in ("flash2", "flash3", "cudnn"):
+            fail(f"--attention-impl must be flash2, flash3 or cudnn, got {attention_impl!r}")
         if recompute_granularity not in ("none", "selective"):
             fail(f"--recompute-granularity must be none or selective, got {recompute_granularity!r} (full "
                  "recomputation is chosen per candidate by the planner)")
@@ -287,6 +293,7 @@ def register(app: typer.Typer) -> None:
                                  heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
             prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
+                                                            attention_impl=attention_impl,  # type: ignore[arg-type]
                                                             sequence_parallel=sequence_parallel, dropout=dropout,
                                                             recompute=recompute_granularity))  # type: ignore[arg-type]
         except ValidationError as e:

@@ -27,6 +27,9 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   its whole forward once, the core included, so ``recompute_time`` is the forward plus the backward
   without the core's re-run (:attr:`planner.operators.PassTimes.recompute`). The environment records it
   (``recompute_granularity: selective``; absent otherwise, so profiles made without it are unchanged).
+* Attention: the profile's environment records the kernel (``attention``: unfused or flash) and, for the
+  flash kernel, its implementation (``attention_impl``: flash2, flash3 or cudnn, timed at its published
+  rate on the device where the device has one: :mod:`planner.operators`).
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -112,9 +115,11 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
                      "family": "bert" if spec.encoder else "gpt", "model": spec.name,
+                     **({"attention_impl": opts.attention_impl} if opts.attention == "flash" else {}),
                      **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {})},
         notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
-               f"({opts.attention} attention{', dropout' if opts.dropout else ''}"
+               f"({opts.attention}{f' ({opts.attention_impl})' if opts.attention == 'flash' else ''} attention"
+               f"{', dropout' if opts.dropout else ''}"
                f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}); "
                "GEMM and memory efficiency "
                "from the device description; compute per tensor-parallel size in tensor_times; "

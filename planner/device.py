@@ -12,6 +12,23 @@ efficiency table each, a memory with an efficiency table by transfer size):
   shapes (``gemm_points``, what ``pipeplan profile-device`` writes) and by tile quantisation
   (``tile``: a GEMM whose ``m`` or ``n`` is not a multiple of the tile wastes the padded part) and wave
   quantisation (``sm_count``, ``tiles``: see :meth:`DeviceSpec.quantisation`);
+* ``gemm_ceiling_flops[dtype]``: the measured maximum achievable matmul FLOP/s (MAMF: the fastest shape of a
+  GEMM sweep, stas00/ml-engineering's ``mamf-finder.py``; or the best GEMM of ``pipeplan profile-device``),
+  where one is published. A sweep's maximum is by definition the fastest any GEMM ran, so no GEMM kernel
+  may be timed faster: its whole kernel time (tensor-core time after tile and wave quantisation, plus under
+  ``no_overlap`` the operands' streaming, plus the launch) is at least ``flops / ceiling``
+  (:meth:`DeviceSpec.kernel_time`). The curve top is derived from the same measurement
+  (:func:`ceiling_for_measurement`), so at the measured shape both rules give the measured time, and the
+  cap binds only where the curve and the memory rule would run a GEMM faster than any measured one (large
+  ``k``: little memory time per FLOP, e.g. ~890 TFLOP/s on the H100 before the cap);
+* ``attention_efficiency[implementation]``: a fused attention kernel (``"flash2"``: FlashAttention-2,
+  ``"flash3"``: FlashAttention-3, ``"cudnn"``: cuDNN's fused attention, what Transformer Engine runs on
+  Hopper unless ``NVTE_FUSED_ATTN=0``) as its papers measured it, achieved / peak by sequence length, forward
+  and backward, with and without a causal mask (:class:`AttentionEfficiency`). The flash kernel's FLOPs
+  run at this rate instead of the GEMM curve (:meth:`DeviceSpec.attention_time`): a fused attention kernel
+  is not a GEMM (its softmax, masking and online rescaling share the SMs with the two or five matmuls; FA2
+  reaches 35% of the H100's peak where a GEMM reaches 80%); an implementation the device has no figures
+  for falls back to the GEMM curve;
 * ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
 * ``processing``: how a kernel's compute and memory times combine (``roofline``: the larger;
   ``no_overlap``: their sum, Calculon's A100/H100 rule); a measured GEMM ceiling is turned into the top of
@@ -210,6 +227,38 @@ class GemmPoint(BaseModel):
         return 2.0 * self.batch * self.m * self.n * self.k
 
 
+#: fused attention implementations a profile may assume (``OperatorOptions.attention_impl``)
+ATTENTION_IMPLS = ("flash2", "flash3", "cudnn")
+
+
+class AttentionEfficiency(BaseModel):
+    """One fused attention implementation on one device, as measured in its papers: achieved / dense 16-bit
+    peak of the kernel by sequence length (``Curve`` sizes are tokens per sequence), for the forward and the
+    backward, without and with a causal mask, at ``head_dim``.
+
+    The FLOPs are the papers' (FlashAttention-2, Dao 2023, section 4.1; FlashAttention-3, Shah et al. 2024,
+    section 4.1): forward ``4 s^2 d`` per head, halved with a causal mask, backward 2.5 times the forward
+    (5 matmuls against 2) -- exactly the flash kernel's FLOPs in :mod:`planner.operators` -- so a kernel's
+    time is ``flops / (peak * efficiency)``: the measured rate is a whole kernel's (its memory traffic and
+    launch included). Where a causal figure is not published the non-causal one is used (stated in the
+    device's ``sources``: a causal kernel runs the same or slower, so this errs fast)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    head_dim: int = Field(gt=0, description="the head dimension of the published figures")
+    fwd: Curve
+    bwd: Curve
+    fwd_causal: Curve | None = None
+    bwd_causal: Curve | None = None
+
+    def efficiency(self, seq: int, *, backward: bool, causal: bool) -> float:
+        """Achieved / peak at sequence length ``seq``."""
+        curve = (self.bwd_causal if backward else self.fwd_causal) if causal else None
+        if curve is None:
+            curve = self.bwd if backward else self.fwd
+        return curve(seq)
+
+
 class DeviceSpec(BaseModel):
     """One accelerator (or CPU) as the cost model sees it (module docstring)."""
 
@@ -224,10 +273,15 @@ class DeviceSpec(BaseModel):
     memory_bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s")
     gemm_efficiency: dict[str, Curve] = Field(description="dtype -> efficiency by GEMM GFLOP")
     gemm_points: list[GemmPoint] = Field(default_factory=list, description="measured GEMMs (profile-device)")
+    gemm_ceiling_flops: dict[str, float] = Field(
+        default_factory=dict, description="dtype -> measured maximum achievable matmul FLOP/s (MAMF): no GEMM "
+                                          "kernel is timed faster")
     tile: tuple[int, int] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
     sm_count: int | None = Field(default=None, gt=0, description="streaming multiprocessors (wave quantisation)")
     tiles: list[tuple[int, int]] = Field(
         default_factory=list, description="(m, n) output tiles the GEMM library picks among (wave quantisation)")
+    attention_efficiency: dict[str, AttentionEfficiency] = Field(
+        default_factory=dict, description="fused attention implementation -> its measured efficiency")
     memory_efficiency: Curve = Field(description="efficiency of memory-bound kernels by MB moved")
     kernel_overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per kernel")
     collective_efficiency: CollectiveModel | None = Field(
@@ -247,6 +301,19 @@ class DeviceSpec(BaseModel):
                     raise ValueError(f"{field}[{dt}]: must be a finite number > 0, got {v}")
         if not self.gemm_efficiency:
             raise ValueError("gemm_efficiency: needs at least one dtype")
+        for impl in self.attention_efficiency:
+            if impl not in ATTENTION_IMPLS:
+                raise ValueError(f"attention_efficiency: unknown implementation {impl!r} "
+                                 f"(one of {', '.join(ATTENTION_IMPLS)})")
+        for dt, v in self.gemm_ceiling_flops.items():
+            if not (v > 0) or not math.isfinite(v):
+                raise ValueError(f"gemm_ceiling_flops[{dt}]: must be a finite number > 0, got {v}")
+            try:
+                peak = self.peak(dt)
+            except ValueError:
+                raise ValueError(f"gemm_ceiling_flops[{dt}]: the device has no peak for dtype {dt!r}") from None
+            if v > peak * (1 + 1e-9):
+                raise ValueError(f"gemm_ceiling_flops[{dt}]: {v:g} FLOP/s is above the {dt} peak {peak:g}")
         return self
 
     # ---- lookups ---------------------------------------------------------------------------------
@@ -264,6 +331,16 @@ class DeviceSpec(BaseModel):
     def peak(self, dtype: str) -> float:
         """Dense matrix peak FLOP/s at ``dtype``."""
         return self.peak_flops[self._dtype_key(self.peak_flops, dtype, "peak_flops")]
+
+    def gemm_ceiling(self, dtype: str) -> float | None:
+        """The measured maximum achievable matmul FLOP/s at ``dtype`` (``gemm_ceiling_flops``; bf16 and fp16
+        stand for each other), or None where the device has none."""
+        if not self.gemm_ceiling_flops:
+            return None
+        try:
+            return self.gemm_ceiling_flops[self._dtype_key(self.gemm_ceiling_flops, dtype, "gemm_ceiling_flops")]
+        except ValueError:
+            return None
 
     def vector_peak(self, dtype: str) -> float:
         """Element-wise peak FLOP/s at ``dtype`` (the matrix peak / 4 when not given)."""
@@ -318,7 +395,8 @@ class DeviceSpec(BaseModel):
                     dtype: str = "bf16") -> float:
         """Seconds of one kernel: compute ``flops`` on the matrix engine (``gemm`` = (m, n, k, batch)) or
         the vector engine (``gemm`` None), memory ``nbytes`` at the size-dependent bandwidth, combined by
-        ``processing``, plus ``kernel_overhead_s``."""
+        ``processing``, plus ``kernel_overhead_s``. A GEMM takes at least ``flops / gemm_ceiling(dtype)``
+        in all (module docstring: the measured MAMF is a whole kernel's time at the sweep's best shape)."""
         if gemm is not None:
             m, n, k, batch = gemm
             t_c = flops / (self.peak(dtype) * self.gemm_eff(m, n, k, batch, dtype)) if flops > 0 else 0.0
@@ -326,7 +404,26 @@ class DeviceSpec(BaseModel):
             t_c = flops / self.vector_peak(dtype) if flops > 0 else 0.0
         t_m = nbytes / (self.memory_bandwidth * self.mem_eff(nbytes)) if nbytes > 0 else 0.0
         body = max(t_c, t_m) if self.processing == "roofline" else t_c + t_m
-        return body + self.kernel_overhead_s
+        total = body + self.kernel_overhead_s
+        if gemm is not None and flops > 0:
+            ceiling = self.gemm_ceiling(dtype)
+            if ceiling is not None:
+                return max(total, flops / ceiling)
+        return total
+
+    def attention_time(self, flops: float, implementation: str, seq: int, *, backward: bool, causal: bool,
+                       dtype: str = "bf16") -> float | None:
+        """Seconds of one fused attention kernel of ``flops`` (the papers' count: :class:`AttentionEfficiency`)
+        by ``implementation`` at sequence length ``seq``: ``flops / (peak * efficiency)``, at least the launch
+        overhead; None where the device has no figures for the implementation or ``dtype`` is not 16-bit
+        (the figures are fp16/bf16), so the caller falls back to the GEMM curve."""
+        table = self.attention_efficiency.get(implementation)
+        if table is None or canonical_dtype(dtype) not in ("bf16", "fp16"):
+            return None
+        if flops <= 0:
+            return self.kernel_overhead_s
+        eff = table.efficiency(seq, backward=backward, causal=causal)
+        return max(flops / (self.peak(dtype) * eff), self.kernel_overhead_s)
 
     def collectives(self, link: str) -> LinkCollectives | None:
         """The collective model of link class ``link`` (``"intra"``/``"inter"``), or None."""
@@ -349,7 +446,9 @@ def ceiling_for_measurement(device: DeviceSpec, m: int, n: int, k: int, tflops: 
     tensor-core time, plus, under ``processing = "no_overlap"``, the time to stream the operands and the
     output (``2 (m k + k n + m n)`` bytes at 16 bits) at the achieved bandwidth, plus the launch overhead.
     Solving ``seconds = flops / (peak * top * quantisation) + memory + overhead`` for ``top`` keeps the
-    measurement and the rule that uses it consistent (a roofline device: the memory term is dropped)."""
+    measurement and the rule that uses it consistent (a roofline device: the memory term is dropped). The same
+    measurement, as ``gemm_ceiling_flops``, caps every GEMM (:meth:`DeviceSpec.kernel_time`): at the measured
+    shape the curve's rule and the cap agree, elsewhere the cap binds only where the rule would be faster."""
     flops = 2.0 * m * n * k
     seconds = flops / (tflops * 1e12)
     nbytes = 2.0 * (m * k + k * n + m * n)

@@ -133,15 +133,25 @@ def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int,
                 options: OperatorOptions | None = None, blocking_p2p: bool = True) -> ModelProfile:
     """The operator-model profile of the run's model; ``blocking_p2p``: Megatron 2021's runtime waited for
     its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p")."""
-    prof = analytic_profile(run.spec(), device, dtype="fp16", micro_batches=micro_batches,
-                            tensor_sizes=(1, run.t) if run.t > 1 else (1,),
-                            options=options or OperatorOptions(attention="unfused", dropout=True))
-    env = dict(prof.environment)
+    env: dict[str, str] = {}
     if blocking_p2p:
         env["p2p"] = "blocking"
     if run.ddp == "torch":  # PyTorch DDP overlaps the gradient all-reduce with the backward (planner.cost)
         env["dp_allreduce"] = "overlapped"
-    return prof.model_copy(update={"environment": env})
+    return spec_profile(run.spec(), device, micro_batches, run.t, dtype="fp16",
+                        options=options or OperatorOptions(attention="unfused", dropout=True), environment=env)
+
+
+def spec_profile(spec: ModelSpec, device: DeviceSpec, micro_batches: tuple[int, ...], t: int, dtype: str,
+                 options: OperatorOptions, environment: dict[str, str] | None = None) -> ModelProfile:
+    """The operator-model profile of any :class:`ModelSpec` (GPT or Llama-shaped) at tensor-parallel size
+    ``t`` (and 1), with ``environment`` entries of the runtime added to the profile's (``p2p``,
+    ``dp_allreduce``, ...: :mod:`planner.cost`)."""
+    prof = analytic_profile(spec, device, dtype=dtype, micro_batches=micro_batches,
+                            tensor_sizes=(1, t) if t > 1 else (1,), options=options)
+    if not environment:
+        return prof
+    return prof.model_copy(update={"environment": {**prof.environment, **environment}})
 
 
 def candidate_configs(run: PublishedRun, micro_batches: tuple[int, ...] = (1, 2, 4, 8),
@@ -261,12 +271,31 @@ def predict_fixed(run: PublishedRun, chunks: int, base: Cluster, device: DeviceS
     ``recompute=False`` (Table 5's ``seqsel`` rows: ``options=SEQSEL``, ``recompute=False``)."""
     b = run.micro_batch or 1
     prof = run_profile(run, device, (b,), options)
-    cfg = Config(tensor=run.t, pipeline=run.p, data=run.d, micro_batch=b, recompute=recompute,
+    return predict_stated(prof, run.t, run.p, run.gpus, run.batch, b, chunks, recompute, base, label=run.label)
+
+
+def predict_stated(profile: ModelProfile, t: int, p: int, gpus: int, batch: int, micro_batch: int, chunks: int,
+                   recompute: bool, base: Cluster, label: str = "run",
+                   bytes_per_param: float | None = None, check_memory: bool = True) -> Candidate:
+    """The prediction of a run in its stated configuration on ``gpus`` GPUs of ``base`` (enough DGX nodes):
+    ``t``, ``p``, ``d = gpus / (t p)``, micro-batch ``micro_batch``, interleaved with ``chunks`` model
+    chunks where ``chunks > 1`` (else 1F1B), full recomputation or not, Megatron's even layer split
+    (:func:`predict_megatron`); the runtime is the profile's environment. ``bytes_per_param``: the model
+    state per parameter of the request (default the request's 16: mixed-precision Adam unsharded; a
+    distributed optimizer keeps ``4 + 12/d``, which also shrinks the optimizer step to its shard).
+    ``check_memory=False``: time the run even where the memory model says it does not fit (a published run
+    did fit; the candidate's ``memory`` is still the model's figure, to compare with the device's)."""
+    d = gpus // (t * p)
+    cfg = Config(tensor=t, pipeline=p, data=d, micro_batch=micro_batch, recompute=recompute,
                  schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks if chunks > 1 else None)
-    req = TrainingRequest(global_batch=run.batch, gpus=run.gpus, max_tensor=max(run.t, 1))
-    cand = predict_megatron(prof, run_cluster(base, run.gpus), req, cfg)
+    req = TrainingRequest(global_batch=batch, gpus=gpus, max_tensor=max(t, 1),
+                          **({"bytes_per_param": bytes_per_param} if bytes_per_param else {}))
+    cluster = run_cluster(base, gpus)
+    if not check_memory:
+        cluster = cluster.model_copy(update={"memory_bytes": 1 << 50})
+    cand = predict_megatron(profile, cluster, req, cfg)
     if cand.simulation is None:
-        raise ValueError(f"{run.label}: the stated configuration could not be simulated")
+        raise ValueError(f"{label}: the stated configuration could not be simulated ({cand.reason})")
     return cand
 
 
@@ -299,6 +328,125 @@ def predict_megatron(profile: ModelProfile, cluster: Cluster, request: TrainingR
     if costs is None:
         return cand
     return planner.explain(planner.evaluate(cand, costs))
+
+
+# ---- measured DGX H100 runs (NVIDIA's published BF16 recipes; tests/data/h100_public_runs.json) ----------------
+
+
+@dataclass(frozen=True)
+class PublicRun:
+    """One published measured run of a dense model on DGX H100 (tests/data/h100_public_runs.json): the model's
+    shape and recipe (sequence parallelism, attention kernel, recomputation, TP overlap, distributed
+    optimizer) and one row of the table (GPUs, GBS, MBS, TP, PP, VP, measured step time and throughput)."""
+
+    model: str
+    spec: ModelSpec
+    recipe: dict
+    gpus: int
+    batch: int
+    micro_batch: int
+    t: int
+    p: int
+    chunks: int
+    step_time_s: float
+    tokens_per_s: float
+    mfu_percent: float
+    model_flops_per_sample: float
+    url: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} g={self.gpus}"
+
+    @property
+    def d(self) -> int:
+        return self.gpus // (self.t * self.p)
+
+    def measured_seconds(self) -> float:
+        """Iteration time from the published throughput: ``GBS s / (tokens/s/GPU * GPUs)`` (the tables give
+        tokens/s over all GPUs, so that is ``GBS s / tokens_per_s``)."""
+        return self.batch * self.spec.seq / self.tokens_per_s
+
+    def options(self) -> OperatorOptions:
+        """The operator options of the recipe: bf16, the flash kernel (causal) of the stated implementation
+        (``attention_impl``: FlashAttention-2 where the recipe turns cuDNN's off, cuDNN's fused attention where
+        Transformer Engine picks it), dropout as trained, sequence parallelism, Megatron's gradient-accumulation
+        fusion, selective recomputation as stated."""
+        r = self.recipe
+        return OperatorOptions(attention=r["attention"], attention_impl=r.get("attention_impl", "flash2"),
+                               causal=True, dropout=bool(r["dropout"]),
+                               sequence_parallel=bool(r["sequence_parallel"]), dtype="bf16",
+                               grad_accumulation="fused" if r.get("gradient_accumulation_fusion") else "separate",
+                               recompute="selective" if r["recompute"] == "selective" else "none")
+
+    def environment(self) -> dict[str, str]:
+        """The runtime of the recipe for :mod:`planner.cost`: non-blocking pipeline sends (Megatron-Core) and
+        the data-parallel gradient reduction overlapped with the backward (the distributed optimizer's
+        ``overlap_grad_sync``: ``dp_allreduce = overlapped``, which the cost model applies to one-stage
+        pipelines only). The recipe's tensor-parallel communication overlap (``recipe["tp_comm_overlap"]``,
+        Transformer Engine's userbuffers) is not modelled: every tensor-parallel collective is costed on the
+        critical path, as Megatron-LM runs them (:func:`tp_collective_seconds` says how much that is)."""
+        return {"dp_allreduce": "overlapped"}
+
+    def bytes_per_param(self) -> float:
+        """Model state per parameter: bf16 weights and gradients (4 bytes) and the fp32 master weights and
+        Adam moments (12 bytes) sharded over the ``d`` data-parallel ranks by the distributed optimizer."""
+        return 4.0 + 12.0 / self.d if self.recipe.get("distributed_optimizer") else 16.0
+
+
+def public_runs(data: dict) -> list[PublicRun]:
+    """The rows of tests/data/h100_public_runs.json as :class:`PublicRun` (CP = 1, no FSDP, no EP: the file
+    holds only such rows; a row that is not is refused)."""
+    out = []
+    for key, m in data["models"].items():
+        shape = {k: v for k, v in m["shape"].items() if not k.endswith("_note")}
+        spec = ModelSpec(name=key, source=m["url"], **shape)
+        for r in m["rows"]:
+            if r.get("cp", 1) != 1 or r.get("fsdp", 0) or r.get("ep", 1) != 1:
+                raise ValueError(f"{key} g={r['gpus']}: CP/FSDP/EP rows cannot be expressed by the planner")
+            out.append(PublicRun(model=key, spec=spec, recipe=m["recipe"], gpus=r["gpus"], batch=r["gbs"],
+                                 micro_batch=r["mbs"], t=r["tp"], p=r["pp"], chunks=r.get("vp", 1),
+                                 step_time_s=r["step_time_s"], tokens_per_s=r["tokens_per_s"],
+                                 mfu_percent=r["mfu_percent"], model_flops_per_sample=m["model_flops_per_sample"],
+                                 url=m["url"]))
+    return out
+
+
+def predict_public(run: PublicRun, base: Cluster, device: DeviceSpec, options: OperatorOptions | None = None,
+                   environment: dict[str, str] | None = None) -> Candidate:
+    """The prediction of ``run`` in its stated configuration (t, p, VP chunks, MBS, the recipe's kernels and
+    runtime: :meth:`PublicRun.options`, :meth:`PublicRun.environment`) on DGX H100 nodes, no full
+    recomputation, Megatron's even layer split; timed even where the memory model says it does not fit
+    (the run did: compare ``max(candidate.memory)`` with the device's memory). ``environment``: entries
+    that replace the recipe's runtime (what-if analyses, e.g. ``{"p2p": "blocking"}``)."""
+    prof = spec_profile(run.spec, device, (run.micro_batch,), run.t, "bf16", options or run.options(),
+                        {**run.environment(), **(environment or {})})
+    return predict_stated(prof, run.t, run.p, run.gpus, run.batch, run.micro_batch, run.chunks, False, base,
+                          label=run.label, bytes_per_param=run.bytes_per_param(), check_memory=False)
+
+
+def tp_collective_seconds(cand: Candidate) -> float:
+    """Seconds per iteration the tensor-parallel collectives add to the compute stream of the pipeline device
+    that has the most of them, as the cost model charges them (:class:`planner.cost.ConfigCosts`, all on the
+    critical path): per micro-batch and stage it holds, the transformer layers' collectives of the forward
+    (``_tp_comm``) and of the backward (twice with full recomputation), the embedding's and the LM head's
+    (``_tp_edges``) and the sequence-parallel re-gathers of the backward (``_sp_regather``), times the
+    micro-batches per replica. An upper bound on what an overlap of those collectives with the GEMMs (the
+    recipes' ``tp_comm_overlap``) could take off the iteration."""
+    costs = cand.costs
+    if costs is None:
+        raise ValueError("tp_collective_seconds: the candidate was not costed")
+    b = costs.base_b
+    rc = 2 if costs.config.recompute else 1
+    most = 0.0
+    for d in range(costs.schedule.devices):
+        per = 0.0
+        for _replica, s in costs.schedule.stages_on(d):
+            layers = costs._tp_comm(s, b)
+            per += (layers + costs._tp_edges(s, b, backward=False)
+                    + rc * layers + costs._tp_edges(s, b, backward=True) + costs._sp_regather(s, b))
+        most = max(most, per)
+    return most * cand.microbatches
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,14 @@ attention dropout, and a batched GEMM for ``P V`` (``(s, d, s)``). ``"flash"`` i
 (FlashAttention, Dao et al. 2022) whose forward has the two GEMMs' FLOPs, moves only Q, K, V, O, and
 whose backward recomputes the scores (2.5x the forward FLOPs: 5 GEMMs of the same size; FlashAttention-2
 section 3.1.2). ``causal=True`` halves the attention FLOPs of the flash kernel (it skips masked blocks);
-the unfused GEMMs compute the whole square, as Megatron's did.
+the unfused GEMMs compute the whole square, as Megatron's did. The flash kernel is not timed as a GEMM: its
+FLOPs run at the measured rate of the implementation the run used (``OperatorOptions.attention_impl``:
+``"flash2"`` FlashAttention-2, the default -- what Megatron-LM's ``--use-flash-attn`` and Transformer Engine's
+flash-attn backend run, on A100 and H100 alike -- ``"flash3"`` FlashAttention-3 (Hopper only) or ``"cudnn"``,
+cuDNN's fused attention, which Transformer Engine prefers on Hopper unless ``NVTE_FUSED_ATTN=0``), from the
+device's ``attention_efficiency`` (:meth:`planner.device.DeviceSpec.attention_time`: FlashAttention-2 paper
+section 4.1 on the A100; FlashAttention-3 paper figures 5 and 6 on the H100); a device without figures for it
+times the kernel on its GEMM curve (``gemm`` shape ``(s, s, d, b a/t)``).
 
 **Backward** of a GEMM ``Y = X W`` (X ``m x k``, W ``k x n``): the input gradient ``dX = dY W^T`` is a
 ``(m, k, n)`` GEMM and the weight gradient ``dW = X^T dY`` a ``(k, n, m)`` GEMM, each with the forward's
@@ -81,8 +88,16 @@ class Kernel:
     flops: float
     nbytes: float
     gemm: tuple[int, int, int, int] | None = None
+    #: a fused attention kernel: (implementation, causal, backward); timed at the device's measured rate for
+    #: the implementation (:meth:`DeviceSpec.attention_time`) where it has one, else on the GEMM curve
+    attention: tuple[str, bool, bool] | None = None
 
     def time(self, device: DeviceSpec, dtype: str) -> float:
+        if self.attention is not None and self.gemm is not None:
+            impl, causal, backward = self.attention
+            t = device.attention_time(self.flops, impl, self.gemm[0], backward=backward, causal=causal, dtype=dtype)
+            if t is not None:
+                return t
         return device.kernel_time(self.flops, self.nbytes, gemm=self.gemm, dtype=dtype)
 
 
@@ -113,6 +128,9 @@ class OperatorOptions:
     """Implementation choices of the layer (what the measured run did)."""
 
     attention: Literal["unfused", "flash"] = "unfused"
+    #: which fused attention kernel ``attention="flash"`` is (module docstring): "flash2" (FlashAttention-2,
+    #: the default), "flash3" (FlashAttention-3) or "cudnn" (cuDNN's fused attention); unused when unfused
+    attention_impl: Literal["flash2", "flash3", "cudnn"] = "flash2"
     causal: bool = False  # only the flash kernel skips masked blocks
     dropout: bool = True  # GPT-2/3 and BERT train with dropout; Llama does not
     sequence_parallel: bool = False
@@ -234,8 +252,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         causal = 0.5 if o.causal else 1.0
         fl = causal * 4.0 * heads_b * s * s * d
         io = el * (2 * heads_b * s * d + 2 * b * k_t * s * d)  # read Q, K, V, write O
-        fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b))
-        bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b))
+        fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b), (o.attention_impl, o.causal, False))
+        bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b), (o.attention_impl, o.causal, True))
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input
         qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + 4.0 * heads_b * s))

@@ -6,7 +6,8 @@
   the micro-batch sizes and tensor-parallel sizes asked for, Megatron-LM 3.2's column/row split) -- from a
   :class:`planner.model.ModelSpec` preset with ``--model`` -- plus a square sweep. Each shape's median time
   goes into ``gemm_points``; ``gemm_efficiency[dtype]`` is the curve of achieved / peak by GFLOP (median
-  efficiency per decade-spaced bin, :func:`efficiency_curve`).
+  efficiency per decade-spaced bin, :func:`efficiency_curve`); the fastest of them is the device's
+  ``gemm_ceiling_flops`` (a sweep's maximum achievable matmul FLOP/s: no GEMM is timed faster).
 * **Memory sweep**: ``dst.copy_(src)`` over sizes; bytes moved = read + write. ``memory_bandwidth`` is the
   best achieved rate and ``memory_efficiency`` the curve of achieved / that rate by MB moved.
 * **Kernel overhead**: the median time of an add of two one-element tensors (dispatch, launch).
@@ -156,11 +157,15 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     return DeviceSpec(
         name=label, aliases=[] if shipped is None else [shipped.name], kind="gpu" if cuda else "cpu",
         peak_flops={dt_name: peak}, memory_bytes=_memory_bytes(dev), memory_bandwidth=bandwidth,
-        gemm_efficiency={dt_name: curve}, gemm_points=points, memory_efficiency=mem_curve,
+        gemm_efficiency={dt_name: curve}, gemm_points=points, gemm_ceiling_flops={dt_name: min(best, peak)},
+        memory_efficiency=mem_curve,
         kernel_overhead_s=overhead,
         sources={"peak_flops": peak_source,
                  "gemm_efficiency": f"{len(points)} GEMMs (fastest of {reps}) measured by {where}",
-                 "gemm_points": where, "memory_bandwidth": f"best dst.copy_(src) rate (read + write), {where}",
+                 "gemm_points": where,
+                 "gemm_ceiling_flops": f"the fastest GEMM of the sweep (this machine's maximum achievable matmul "
+                                       f"FLOP/s over the shapes measured), {where}",
+                 "memory_bandwidth": f"best dst.copy_(src) rate (read + write), {where}",
                  "memory_efficiency": f"dst.copy_(src) over {len(mem_sizes)} sizes, {where}",
                  "kernel_overhead_s": f"median add of one-element tensors, {where}",
                  "memory_bytes": "torch.cuda.get_device_properties" if cuda else "physical memory (sysconf)"},

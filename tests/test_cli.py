@@ -136,3 +136,21 @@ def test_profile_analytic_selective_recomputation(tmp_path):
     r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--recompute-granularity", "full",
                             "--out", str(tmp_path / "x.json")])
     assert r.exit_code != 0 and "--recompute-granularity must be none or selective" in r.output, r.output
+
+
+def test_profile_analytic_attention_implementation(tmp_path):
+    """--attention flash --attention-impl names the flash kernel's implementation (default flash2), recorded in
+    the profile; on the H100 cuDNN's kernel is the faster one by its published rate; a bad name is refused."""
+    docs = {}
+    for impl in ("flash2", "cudnn"):
+        out = tmp_path / f"{impl}.json"
+        r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--device", "h100-80gb",
+                                "--attention", "flash", "--attention-impl", impl, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        docs[impl] = json.loads(out.read_text())
+        assert docs[impl]["environment"]["attention_impl"] == impl and f"({impl})" in docs[impl]["notes"]
+    fwd = {k: d["layers"][1]["fwd_time"]["1"] for k, d in docs.items()}
+    assert fwd["cudnn"] < fwd["flash2"]
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--attention", "flash",
+                            "--attention-impl", "flash4", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code != 0 and "--attention-impl must be flash2, flash3 or cudnn" in r.output, r.output

@@ -362,6 +362,113 @@ def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
     assert ceiling_for_measurement(roof, m, n, k, tflops) < top
 
 
+@pytest.mark.parametrize(("name", "tflops"), [("A100-SXM4-80GB", 267.9), ("H100-SXM5-80GB", 792.1)])
+def test_no_gemm_is_timed_faster_than_the_measured_mamf(name, tflops):
+    """A sweep's maximum achievable matmul FLOPS is the fastest any GEMM ran: every GEMM kernel of the shipped
+    A100/H100 takes at least flops / MAMF (fp16 shares bf16's figure), the rule is max(curve rule, cap), and
+    the cap binds on some large shapes (the no_overlap rule's memory term is small per FLOP at large k)."""
+    import itertools
+
+    dev = get_device(name)
+    cap = tflops * 1e12
+    assert dev.gemm_ceiling("bf16") == dev.gemm_ceiling("fp16") == pytest.approx(cap)
+    assert "MAMF" in dev.sources["gemm_ceiling_flops"]
+    uncapped = dev.model_copy(update={"gemm_ceiling_flops": {}})
+    assert uncapped.gemm_ceiling("bf16") is None
+    binds = 0
+    for m, n, k in itertools.product((512, 2048, 8192, 32768), repeat=3):
+        flops, nbytes = 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n)
+        t = dev.kernel_time(flops, nbytes, gemm=(m, n, k, 1), dtype="fp16")
+        free = uncapped.kernel_time(flops, nbytes, gemm=(m, n, k, 1), dtype="fp16")
+        assert flops / t <= cap * (1 + 1e-12)
+        assert t == pytest.approx(max(free, flops / cap), rel=1e-12)
+        binds += free < flops / cap
+    assert binds > 0
+    # element-wise kernels and devices without a published MAMF are not capped
+    assert dev.kernel_time(1e9, 1e6) == uncapped.kernel_time(1e9, 1e6)
+    assert get_device("V100-SXM2-32GB").gemm_ceiling("fp16") is None
+
+
+def test_gemm_ceiling_must_be_a_figure_of_the_device():
+    from planner.device import DeviceSpec
+
+    a100 = get_device("A100-SXM4-80GB").model_dump()
+    with pytest.raises(ValueError, match="above the bf16 peak"):
+        DeviceSpec(**{**a100, "gemm_ceiling_flops": {"bf16": 400e12}})
+    with pytest.raises(ValueError, match="no peak for dtype"):
+        DeviceSpec(**{**a100, "gemm_ceiling_flops": {"fp8": 100e12}})
+
+
+def _flash(spec: ModelSpec, b: int, t: int, **opts):
+    ops = layer_operators(spec, b, t, OperatorOptions(attention="flash", **opts))
+    (op,) = [o for o in ops if o.name == "flash_attn"]
+    return op.fwd[0], op.bwd_i[0]
+
+
+def test_flash_kernel_runs_at_the_published_rate_of_its_implementation():
+    """GPT-3 175B's flash kernel at t = 4 (24 heads of d = 128, s = 2048) on the H100 runs at FlashAttention-3
+    paper figure 5's bar for its implementation (causal forward at 2k: FA2 298, FA3 521, cuDNN 484 TFLOP/s;
+    unmasked FA2 362) and figure 6's backward (FA2 291: no causal backward published, the unmasked one is
+    used); before, on the GEMM curve, it ran at 520 / 592 TFLOP/s. FLOPs as the papers count them."""
+    h100 = get_device("H100-SXM5-80GB")
+    spec = PRESETS["gpt3-175b"]
+    fwd, bwd = _flash(spec, 1, 4, causal=True)
+    assert fwd.flops == pytest.approx(0.5 * 4 * 24 * 2048**2 * 128) and bwd.flops == pytest.approx(2.5 * fwd.flops)
+    assert fwd.attention == ("flash2", True, False) and bwd.attention == ("flash2", True, True)
+    rate = {k.name: k.flops / k.time(h100, "bf16") / 1e12 for k in (fwd, bwd)}
+    assert rate["flash_attn"] == pytest.approx(298, rel=1e-3)
+    assert rate["flash_attn.bwd"] == pytest.approx(291, rel=1e-3)
+    for impl, want in (("flash3", 521), ("cudnn", 484)):
+        f, _ = _flash(spec, 1, 4, causal=True, attention_impl=impl)
+        assert f.flops / f.time(h100, "bf16") / 1e12 == pytest.approx(want, rel=1e-3), impl
+    f, _ = _flash(spec, 1, 4, causal=False)
+    assert f.flops / f.time(h100, "bf16") / 1e12 == pytest.approx(362, rel=1e-3)
+    # flat outside the published lengths; the GEMM rule (what the kernel was timed by before) is faster
+    assert h100.attention_efficiency["flash2"].efficiency(65536, backward=False, causal=False) == pytest.approx(
+        370 / 989.4, abs=1e-4)
+    assert fwd.time(h100, "bf16") > h100.kernel_time(fwd.flops, fwd.nbytes, gemm=fwd.gemm)
+    # the A100: FlashAttention-2's stated maxima, 73% forward and 63% backward of 312 TFLOP/s
+    a100 = get_device("A100-SXM4-80GB")
+    assert fwd.flops / fwd.time(a100, "bf16") == pytest.approx(0.73 * 312e12, rel=1e-6)
+    assert bwd.flops / bwd.time(a100, "bf16") == pytest.approx(0.63 * 312e12, rel=1e-6)
+
+
+def test_flash_kernel_without_published_figures_falls_back_to_the_gemm_curve():
+    """An implementation the device has no figures for (FlashAttention-3 on the Ampere A100, any on the V100),
+    or a dtype the figures are not for (fp32), is timed on the GEMM curve as before."""
+    spec = PRESETS["gpt2-medium"]
+    for name, impl, dtype in (("A100-SXM4-80GB", "flash3", "bf16"), ("V100-SXM2-32GB", "flash2", "fp16")):
+        dev = get_device(name)
+        fwd, _ = _flash(spec, 2, 1, causal=True, attention_impl=impl)
+        assert dev.attention_time(fwd.flops, impl, 1024, backward=False, causal=True, dtype=dtype) is None
+        assert fwd.time(dev, dtype) == dev.kernel_time(fwd.flops, fwd.nbytes, gemm=fwd.gemm, dtype=dtype)
+    assert get_device("H100-SXM5-80GB").attention_time(1e9, "flash2", 1024, backward=False, causal=True,
+                                                        dtype="fp32") is None
+
+
+def test_attention_implementation_is_stated_in_the_profile():
+    """A flash profile records its implementation (default FlashAttention-2); an unfused one does not."""
+    flash = analytic_profile(PRESETS["gpt2-medium"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1,),
+                             options=OperatorOptions(attention="flash", causal=True))
+    assert flash.environment["attention_impl"] == "flash2" and "(flash2)" in flash.notes
+    cudnn = analytic_profile(PRESETS["gpt2-medium"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1,),
+                             options=OperatorOptions(attention="flash", causal=True, attention_impl="cudnn"))
+    assert cudnn.environment["attention_impl"] == "cudnn"
+    assert cudnn.layers[1].fwd_time[1] < flash.layers[1].fwd_time[1]  # cuDNN's is the faster kernel on H100
+    unfused = analytic_profile(PRESETS["gpt2-medium"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1,))
+    assert "attention_impl" not in unfused.environment
+
+
+def test_attention_figures_name_a_known_implementation():
+    from planner.device import DeviceSpec
+
+    h100 = get_device("H100-SXM5-80GB").model_dump()
+    with pytest.raises(ValueError, match="unknown implementation 'flash4'"):
+        DeviceSpec(**{**h100, "attention_efficiency": {"flash4": h100["attention_efficiency"]["flash2"]}})
+    assert "FlashAttention-3" in get_device("H100-SXM5-80GB").sources["attention_efficiency"]
+    assert "FlashAttention-2" in get_device("A100-SXM4-80GB").sources["attention_efficiency"]
+
+
 def test_full_recomputation_reruns_the_transformer_layers_only():
     """Megatron's --checkpoint-activations wraps the transformer layers (ParallelTransformer's checkpointed
     forward); the embedding and the LM head with its loss run once, so their recompute time is their backward."""
