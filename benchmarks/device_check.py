@@ -1,0 +1,767 @@
+"""Issue 11's GPU check in one call: device table, per-t profile of gpt2-medium, predicted vs measured layers.
+
+Shell entry (device machine, repo root; installs the carried wheels first, see benchmarks/DEVICE_CHECK.md):
+
+    bash benchmarks/device_check.sh run "$OUT"        # = python3 benchmarks/device_check.py --out "$OUT"
+
+Here, on the CPU, in seconds (what tests/test_device_check.py runs):
+
+    python benchmarks/device_check.py --out /tmp/dc --quick
+
+On whatever device it finds (cuda if present, else cpu), within ``--budget-s`` seconds (default 330), each
+phase writing its files under ``--out`` as soon as it ends (a run killed at its limit still returns them):
+
+1. ``machine.json``: torch, CUDA, cuDNN, device properties, ``nvidia-smi -q -d CLOCK,POWER,TEMPERATURE,
+   PERFORMANCE`` (before, and again right after the sustained GEMM run), the phases' times and errors.
+2. ``device.json``: :func:`profiler.device.profile_device` in bf16 (fp32 on the CPU) with the GEMM shapes of
+   the model's layers at t = 1, 2, 4, 8 -- the project's own ``pipeplan profile-device``.
+3. ``<model>-<dtype>.json``: :func:`profiler.run.profile_model` with ``tensor=[1, 2, 4, 8]`` -- ``pipeplan
+   profile --model gpt2-medium --tensor 1,2,4,8 --dtype bf16 --device cuda --micro-batches 1,2,4,8``.
+4. ``layer_check.json`` and ``summary.txt``: the operator model's profile of the same model
+   (:func:`planner.analytic.analytic_profile`) with the shipped description of the detected device (an H100
+   maps to ``planner/devices/h100-sxm5-80gb.json`` by :func:`planner.device.find_device`) and with the
+   just-measured ``device.json``, against the measured profile per layer kind, t and micro-batch: forward and
+   backward seconds, errors, median |error| per column; the GEMMs of ``device.json`` against the shipped
+   description's kernel times; a ``torch.profiler`` kernel table of one block next to the model's per-operator
+   times.
+5. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
+   measurement, then after an idle pause continuously for ``--sustain-s`` seconds (shortened to what the
+   budget leaves): TFLOP/s per second of the run, first vs last 10 s, with ``nvidia-smi --query-gpu=clocks.sm,
+   power.draw,temperature.gpu`` sampled once a second alongside -- does power or clock throttling under
+   sustained load make GEMMs slower than a short measurement (issue 11's leading hypothesis for predictions
+   ~11% fast on the published A100 and H100 runs)? It runs last because the layer check is the issue's goal;
+   the GPU is then warm, which is the state training runs in.
+
+The operator options are those the profiled model really runs, read from the code (:func:`run_options`): the
+zoo's attention is written out (``q @ k^T``, scale, ``masked_fill``, softmax, ``@ v``: unfused, no SDPA
+kernel) and its dropout is the preset's ``ModelConfig.dropout`` (0.0: ``F.dropout`` returns its input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SMI_QUERY = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu")
+SMI_REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
+
+
+# ----------------------------------------------------------------------------------------------- bookkeeping
+@dataclass
+class Run:
+    """What the run has so far; written out after every phase."""
+
+    out: Path
+    budget_s: float
+    t0: float = field(default_factory=time.monotonic)
+    machine: dict[str, Any] = field(default_factory=dict)
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    check: dict[str, Any] | None = None
+    sustained: dict[str, Any] | None = None
+    table: str = ""
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
+
+    def phase(self, name: str, fn, *args: Any) -> Any:
+        start = time.monotonic()
+        self.log(f"phase {name}: start ({self.left():.0f} s of budget left)")
+        rec: dict[str, Any] = {"phase": name}
+        try:
+            result = fn(*args)
+            rec["status"] = "done"
+        except Exception as err:  # one phase's failure must not cost the others
+            result = None
+            rec["status"] = "failed"
+            rec["error"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+        rec["seconds"] = round(time.monotonic() - start, 2)
+        self.phases.append(rec)
+        self.log(f"phase {name}: {rec['status']} in {rec['seconds']:.1f} s")
+        self.save()
+        return result
+
+    def skip(self, name: str, why: str) -> None:
+        self.phases.append({"phase": name, "status": "skipped", "why": why, "seconds": 0.0})
+        self.log(f"phase {name}: skipped ({why})")
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.out / "machine.json", {**self.machine, "phases": self.phases,
+                                               "elapsed_s": round(self.elapsed(), 1)})
+        (self.out / "summary.txt").write_text(summary_text(self))
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def sh(cmd: list[str], timeout: float = 20.0) -> tuple[int, str]:
+    """Run ``cmd``; (return code, stdout + stderr); (-1, why) where it cannot run."""
+    if shutil.which(cmd[0]) is None:
+        return -1, f"{cmd[0]}: not found"
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as err:
+        return -1, f"{type(err).__name__}: {err}"
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+# ---------------------------------------------------------------------------------------------- 1. machine
+def machine_info(torch: Any, dev: Any) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "platform": platform.platform(), "node": platform.node(),
+        "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": getattr(torch.version, "cuda", None),
+        "device_type": dev.type, "torch_threads": torch.get_num_threads(),
+    }
+    for key, get in (("cudnn", lambda: torch.backends.cudnn.version()),
+                     ("bf16_reduced_precision_reduction",
+                      lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+                     ("tf32_matmul", lambda: torch.backends.cuda.matmul.allow_tf32)):
+        try:
+            info[key] = get()
+        except Exception as err:  # noqa: BLE001 - recorded, never fatal
+            info[key] = f"unavailable: {err}"
+    if dev.type == "cuda":
+        try:
+            props = torch.cuda.get_device_properties(dev)
+            info["device_name"] = torch.cuda.get_device_name(dev)
+            info["sm_count"] = props.multi_processor_count
+            info["memory_bytes"] = props.total_memory
+            info["capability"] = f"{props.major}.{props.minor}"
+            info["l2_bytes"] = getattr(props, "L2_cache_size", None)
+        except Exception as err:  # noqa: BLE001
+            info["device_props_error"] = str(err)
+    else:
+        info["device_name"] = platform.processor() or platform.machine() or "cpu"
+    info["nvidia_smi_before"] = sh(["nvidia-smi", "-q", "-d", "CLOCK,POWER,TEMPERATURE,PERFORMANCE"])[1]
+    info["nvidia_smi_gpu"] = sh(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm,"
+                                 "clocks.max.mem,clocks.applications.graphics", "--format=csv"])[1]
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- 2. device
+def measure_device(run: Run, args: argparse.Namespace, dev: Any) -> Any:
+    from planner.device import save_device
+    from profiler.device import profile_device
+
+    spec = profile_device(dev.type if dev.type != "cuda" else str(dev), args.dtype, args.model,
+                          args.micro_batches, args.tensor, quick=args.quick, repeats=args.repeats,
+                          threads=args.threads)
+    save_device(spec, run.out / "device.json")
+    dt = next(iter(spec.peak_flops))
+    run.log(f"device.json: {spec.name}, {len(spec.gemm_points)} GEMMs, best "
+            f"{spec.gemm_ceiling_flops[dt] / 1e12:.1f} TFLOP/s, memory {spec.memory_bandwidth / 1e9:.0f} GB/s, "
+            f"kernel overhead {spec.kernel_overhead_s * 1e6:.1f} us")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------- 3. profile
+def model_config(args: argparse.Namespace) -> Any:
+    from executor.models import get_config
+
+    config = get_config(args.model)
+    if args.quick:  # seconds on two CPU cores: the preset's heads and layout, narrower and shorter
+        config = config.with_(seq=min(config.seq, 64), hidden=min(config.hidden, 256),
+                              vocab=min(config.vocab, 4096))
+    return config
+
+
+def measure_profile(run: Run, args: argparse.Namespace, dev: Any, config: Any) -> Any:
+    from planner.profile import save_profile
+    from profiler.run import profile_model
+
+    repeats = args.repeats or (20 if dev.type == "cuda" else 10)
+    prof = profile_model(config, args.micro_batches, device=str(dev), dtype=args.dtype, repeats=repeats,
+                         warmup=args.warmup, threads=args.threads, tensor=args.tensor)
+    save_profile(prof, run.out / f"{args.model}-{args.dtype}.json")
+    return prof
+
+
+# ---------------------------------------------------------------------------------------------- 4. check
+def run_options(config: Any, dtype: str) -> tuple[Any, dict[str, str]]:
+    """The operator options the zoo's model really runs with, read from its code and config."""
+    from executor.models.blocks import SelfAttention
+    from planner.operators import OperatorOptions
+
+    source = inspect.getsource(SelfAttention.forward)
+    fused = "scaled_dot_product_attention" in source
+    dropout = float(getattr(config, "dropout", 0.0))
+    opts = OperatorOptions(attention="flash" if fused else "unfused", causal=True, dropout=dropout > 0,
+                           sequence_parallel=False, dtype=dtype, grad_accumulation="separate")
+    said = {
+        "attention": ("flash (F.scaled_dot_product_attention)" if fused else
+                      "unfused: the zoo writes attention out (q @ k^T, scale, masked_fill, softmax, @ v; "
+                      "no SDPA/flash kernel) -- the operator model's unfused attention is Megatron's one fused "
+                      "scale+mask+softmax kernel, the zoo runs three element-wise kernels there"),
+        "dropout": f"p = {dropout} (ModelConfig.dropout){': F.dropout returns its input' if dropout == 0 else ''}",
+        "dtype": dtype,
+        "grad_accumulation": "separate (the profiler's repeated backwards add into .grad: AccumulateGrad)",
+        "sequence_parallel": "false",
+        "head": "torch's cross_entropy on the logits in the run's dtype (the model: Megatron's fp32 passes); "
+                "embedding and head are replicated by the executor, so they are compared at t = 1 only",
+        "bias": "nn.Linear adds its bias inside the GEMM (addmm); the model counts Megatron's separate QKV "
+                "bias add",
+    }
+    return opts, said
+
+
+def shipped_description(name: str, args: argparse.Namespace) -> tuple[Any, str]:
+    from planner.device import find_device, get_device
+
+    if args.shipped:
+        return get_device(args.shipped), f"--shipped {args.shipped}"
+    found = find_device(name)
+    if found is not None:
+        return found, f"find_device({name!r})"
+    low = name.lower()
+    if "h100" in low or "h200" in low:  # same GH100 compute; H200's memory is faster (stated in the summary)
+        return get_device("H100-SXM5-80GB"), f"no shipped description matches {name!r}: the H100-SXM5-80GB one"
+    if args.device_type == "cpu":
+        return get_device("cpu"), f"no shipped description matches {name!r}: the shipped 'cpu' one"
+    raise ValueError(f"no shipped device description matches {name!r}; pass --shipped NAME")
+
+
+def layer_check(run: Run, args: argparse.Namespace, config: Any, measured: Any, device_spec: Any) -> dict:
+    from planner.analytic import analytic_profile
+    from planner.device import load_device
+
+    opts, said = run_options(config, args.dtype)
+    spec = config.spec()
+    sizes = tuple(sorted(set(args.micro_batches)))
+    shipped, how = shipped_description(measured.environment.get("device_name", measured.device), args)
+    predicted: dict[str, Any] = {"shipped": analytic_profile(spec, shipped, args.dtype, sizes, tuple(args.tensor),
+                                                             opts)}
+    descs = {"shipped": f"{shipped.name} ({how})"}
+    dev_path = run.out / "device.json"
+    if device_spec is not None and dev_path.exists():
+        predicted["measured_desc"] = analytic_profile(spec, load_device(dev_path), args.dtype, sizes,
+                                                      tuple(args.tensor), opts)
+        descs["measured_desc"] = f"{dev_path.name} (measured just now; its GEMM points are the forward shapes)"
+    rows = compare_layers(measured, predicted, args.tensor, sizes)
+    medians = {f"{label}_{p}": median_abs([r[f"{label}_{p}_err"] for r in rows])
+               for label in predicted for p in ("fwd", "bwd")}
+    block_medians = {f"{label}_{p}": median_abs([r[f"{label}_{p}_err"] for r in rows if r["kind"] == "transformer"])
+                     for label in predicted for p in ("fwd", "bwd")}
+    check = {"model": config.name, "dtype": args.dtype, "device": measured.environment.get("device_name"),
+             "descriptions": descs, "options": said, "rows": rows, "median_abs_error": medians,
+             "median_abs_error_blocks": block_medians,
+             "gemms": gemm_check(device_spec, shipped, args.dtype) if device_spec is not None else None}
+    try:
+        check["kernels"] = kernel_table(args, config, shipped, opts)
+    except Exception as err:  # noqa: BLE001 - a diagnostic, never fatal
+        check["kernels"] = {"error": f"{type(err).__name__}: {err}"}
+    write_json(run.out / "layer_check.json", check)
+    run.check = check
+    return check
+
+
+def compare_layers(measured: Any, predicted: dict[str, Any], tensor: list[int], sizes: tuple[int, ...]) -> list[dict]:
+    """One row per (layer kind, t, b): measured and predicted forward/backward seconds, errors pred/meas - 1."""
+    rows = []
+    for kind in ("embedding", "transformer", "lm_head"):
+        m_layer = next((lay for lay in measured.layers if lay.kind == kind), None)
+        if m_layer is None:
+            continue
+        for t in (sorted(set(tensor)) if kind == "transformer" else [1]):
+            m_times = m_layer.tensor_times.get(t) if m_layer.tensor_times else None
+            m_times = m_times or (m_layer if t == 1 else None)
+            if m_times is None:
+                continue
+            for b in sizes:
+                row: dict[str, Any] = {"kind": kind, "t": t, "b": b, "meas_fwd": m_times.fwd_time[b],
+                                       "meas_bwd": m_times.bwd_time[b]}
+                for label, prof in predicted.items():
+                    p_layer = next(lay for lay in prof.layers if lay.kind == kind)
+                    p_times = p_layer.tensor_times[t] if p_layer.tensor_times and t in p_layer.tensor_times \
+                        else p_layer
+                    for p in ("fwd", "bwd"):
+                        pred = getattr(p_times, f"{p}_time")[b]
+                        row[f"{label}_{p}"] = pred
+                        row[f"{label}_{p}_err"] = pred / row[f"meas_{p}"] - 1.0
+                rows.append(row)
+    return rows
+
+
+def median_abs(values: list[float]) -> float | None:
+    vals = [abs(v) for v in values if math.isfinite(v)]
+    return statistics.median(vals) if vals else None
+
+
+def gemm_check(measured_dev: Any, shipped: Any, dtype: str) -> dict:
+    """The measured GEMMs against the shipped description's kernel time for the same shapes."""
+    from planner.operators import DTYPE_BYTES
+
+    el = DTYPE_BYTES.get(dtype, 2)
+    rows = []
+    for p in measured_dev.gemm_points:
+        nbytes = el * p.batch * (p.m * p.k + p.k * p.n + p.m * p.n)
+        pred = shipped.kernel_time(p.flops, nbytes, gemm=(p.m, p.n, p.k, p.batch), dtype=dtype)
+        rows.append({"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "gflop": p.flops / 1e9,
+                     "meas_s": p.seconds, "meas_tflops": p.flops / p.seconds / 1e12, "pred_s": pred,
+                     "err": pred / p.seconds - 1.0})
+    big = [r for r in rows if r["gflop"] >= 10]
+    return {"rows": rows, "median_abs_error": median_abs([r["err"] for r in rows]),
+            "median_abs_error_ge_10_gflop": median_abs([r["err"] for r in big])}
+
+
+def kernel_table(args: argparse.Namespace, config: Any, shipped: Any, opts: Any, top: int = 15) -> dict:
+    """``torch.profiler`` of one block's forward and backward (largest b, t = 1 and the largest t) beside the
+    operator model's per-operator times: where a block's error comes from."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from executor.models import build_layers
+    from executor.tensor_parallel import TensorParallelBlock
+    from planner.operators import layer_operators, time_operators
+    from profiler.layers import make_inputs
+    from profiler.run import DTYPES
+    from profiler.tensor import without_collectives
+
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    b = max(args.micro_batches)
+    out: dict[str, Any] = {}
+    for t in sorted({1, max(args.tensor)}):
+        block = build_layers(config, 0, 1, 2)[0].to(dev, DTYPES[args.dtype])
+        with without_collectives():
+            layer = block if t == 1 else TensorParallelBlock.from_block(block, 0, t, None).to(dev, DTYPES[args.dtype])
+            layer.train()
+            inputs = make_inputs(config, 1, layer, b, dev, DTYPES[args.dtype])
+            for _ in range(2):
+                layer(*inputs()).backward(torch.ones(b, config.seq, config.hidden, device=dev,
+                                                     dtype=DTYPES[args.dtype]))
+            if cuda:
+                torch.cuda.synchronize(dev)
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            reps = 3
+            with profile(activities=acts) as prof:
+                for _ in range(reps):
+                    y = layer(*inputs())
+                    y.backward(torch.ones_like(y))
+                if cuda:
+                    torch.cuda.synchronize(dev)
+        events = prof.key_averages()
+        kernels = []
+        for e in events:
+            dev_us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0) \
+                if cuda else e.self_cpu_time_total
+            if dev_us > 0 and (not cuda or getattr(e, "device_type", None) is None
+                               or "CUDA" in str(getattr(e, "device_type", ""))):
+                kernels.append({"name": e.key[:90], "count_per_iter": e.count / reps,
+                                "ms_per_iter": dev_us / reps / 1e3})
+        kernels.sort(key=lambda k: -k["ms_per_iter"])
+        if not cuda:  # CPU: self time of the aten ops (the top-level ops double-count their children otherwise)
+            kernels = [k for k in kernels if k["name"].startswith("aten::")]
+        pred = time_operators(layer_operators(config.spec(), b, t, opts), shipped, args.dtype)
+        out[f"t{t}_b{b}"] = {
+            "measured_total_ms_per_iter": sum(k["ms_per_iter"] for k in kernels),
+            "measured_top": kernels[:top],
+            "predicted_shipped_ms": {name: {"fwd": f * 1e3, "bwd_i": i * 1e3, "bwd_w": w * 1e3}
+                                     for name, (f, i, w) in pred.per_op.items()},
+            "predicted_total_ms": (pred.fwd + pred.bwd) * 1e3,
+        }
+        del layer, block
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 5. sustained
+class SmiSampler:
+    """``nvidia-smi --query-gpu=...`` once a second in a thread (nothing where there is no nvidia-smi)."""
+
+    def __init__(self, period: float = 1.0) -> None:
+        self.period, self.samples, self.fields = period, [], list(SMI_QUERY)
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self.available = shutil.which("nvidia-smi") is not None
+        if self.available:  # a field this driver does not know fails the whole query: keep the known ones
+
+            def known(fields: list[str]) -> bool:
+                return sh(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], 10)[0] == 0
+
+            if not known(self.fields):
+                self.fields = [f for f in self.fields if known([f])]
+            self.fields += next(([r] for r in SMI_REASONS if known([r])), [])
+            self.available = bool(self.fields)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> SmiSampler:
+        self.t0 = time.monotonic()
+        if self.available:
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        query = ["nvidia-smi", f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits"]
+        while not self._stop.is_set():
+            at = time.monotonic() - self.t0
+            rc, text = sh(query, 5)
+            if rc == 0 and text:
+                values = [v.strip() for v in text.splitlines()[0].split(",")]
+                self.samples.append({"t": round(at, 2), **dict(zip(self.fields, values, strict=False))})
+            self._stop.wait(max(0.0, self.period - (time.monotonic() - self.t0 - at)))
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        return self.samples
+
+
+def _num(text: Any) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def sustained_gemm(run: Run, args: argparse.Namespace, dev: Any, seconds: float, cool: float) -> dict:
+    import torch
+
+    from profiler.run import DTYPES
+
+    cuda = dev.type == "cuda"
+    n = args.gemm_n
+    dt = DTYPES[args.dtype]
+    a = torch.randn(n, n, device=dev, dtype=dt)
+    b = torch.randn(n, n, device=dev, dtype=dt)
+    c = torch.empty(n, n, device=dev, dtype=dt)
+    flops = 2.0 * n ** 3
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    def timed(k: int) -> float:
+        """Seconds of ``k`` back-to-back GEMMs (events on CUDA, wall on the CPU)."""
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(k):
+                torch.matmul(a, b, out=c)
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) / 1e3
+        t = time.perf_counter()
+        for _ in range(k):
+            torch.matmul(a, b, out=c)
+        return time.perf_counter() - t
+
+    for _ in range(3):
+        torch.matmul(a, b, out=c)
+    sync()
+    short = timed(10)  # the MAMF-finder / KINDS.md way: mean of 10 after 3 warm-ups
+    result: dict[str, Any] = {"n": n, "dtype": args.dtype, "flops_per_gemm": flops,
+                              "short_10_tflops": flops * 10 / short / 1e12, "cool_s": cool, "seconds": seconds}
+    per_chunk = max(1, int(round(args.chunk_s / (short / 10))))
+    result["gemms_per_chunk"] = per_chunk
+    sampler = SmiSampler().start()
+    time.sleep(cool)  # idle first: the burst starts from a GPU that has rested (clocks, temperature)
+    idle_samples = len(sampler.samples)
+    run_start = time.monotonic() - sampler.t0
+    chunks: list[tuple[float, int]] = []
+    last_write = time.monotonic()
+    pending: deque = deque()
+    t_end = time.monotonic() + seconds
+
+    def collect(item: Any) -> None:
+        if cuda:
+            s, e, k = item
+            e.synchronize()
+            chunks.append((s.elapsed_time(e) / 1e3, k))
+        else:
+            chunks.append(item)
+
+    while time.monotonic() < t_end:
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(per_chunk):
+                torch.matmul(a, b, out=c)
+            e.record()
+            pending.append((s, e, per_chunk))
+            while len(pending) > 2:  # keep the GPU's queue full, the CPU at most ~2 chunks ahead
+                collect(pending.popleft())
+        else:
+            collect((timed(per_chunk), per_chunk))
+        if time.monotonic() - last_write > 10:
+            result.update(summarise_chunks(chunks, flops))
+            write_json(run.out / "sustained_gemm.json", {**result, "partial": True})
+            last_write = time.monotonic()
+    while pending:
+        collect(pending.popleft())
+    samples = sampler.stop()
+    result.update(summarise_chunks(chunks, flops))
+    result["smi_fields"] = sampler.fields
+    result["smi_samples"] = samples
+    result["smi_run_start_s"] = round(run_start, 2)
+    result.update(smi_summary(samples[:idle_samples], samples[idle_samples:]))
+    result["nvidia_smi_after"] = sh(["nvidia-smi", "-q", "-d", "CLOCK,POWER,TEMPERATURE,PERFORMANCE"])[1]
+    write_json(run.out / "sustained_gemm.json", result)
+    run.sustained = result
+    return result
+
+
+def summarise_chunks(chunks: list[tuple[float, int]], flops: float) -> dict:
+    """Per-second TFLOP/s on the device's own timeline (cumulative chunk time: the queue never ran dry)."""
+    bins: dict[int, list[float]] = {}
+    at = 0.0
+    for secs, k in chunks:
+        bins.setdefault(int(at + secs / 2), [0.0, 0.0])
+        bins[int(at + secs / 2)][0] += secs
+        bins[int(at + secs / 2)][1] += k * flops
+        at += secs
+    per_second = [{"second": s, "tflops": f / t / 1e12} for s, (t, f) in sorted(bins.items()) if t > 0]
+
+    def window(lo: float, hi: float) -> float | None:
+        sel = [(t, f) for s, (t, f) in bins.items() if lo <= s < hi and t > 0]
+        return sum(f for _, f in sel) / sum(t for t, _ in sel) / 1e12 if sel else None
+
+    total = at
+    span = min(10.0, total / 3) if total > 0 else 0.0
+    first, last = window(0, max(span, 1)), window(total - span, total + 1) if total >= 2 else None
+    return {"run_s": total, "gemms": sum(k for _, k in chunks), "per_second": per_second,
+            "burst_first_1s_tflops": window(0, 1), "first_window_tflops": first, "last_window_tflops": last,
+            "window_s": span, "last_over_first": (last / first) if first and last else None,
+            "mean_tflops": sum(k for _, k in chunks) * flops / total / 1e12 if total > 0 else None}
+
+
+def smi_summary(idle: list[dict], busy: list[dict]) -> dict:
+    def stats(samples: list[dict], key: str) -> dict | None:
+        vals = [v for v in (_num(s.get(key)) for s in samples) if v is not None]
+        return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)} if vals else None
+
+    out = {}
+    for key in ("clocks.sm", "power.draw", "temperature.gpu"):
+        out[f"idle_{key}"] = stats(idle, key)
+        out[f"busy_{key}"] = stats(busy, key)
+        head, tail = busy[:10], busy[-10:]
+        out[f"busy_first10_{key}"] = stats(head, key)
+        out[f"busy_last10_{key}"] = stats(tail, key)
+    reasons = {s.get(k) for s in busy for k in SMI_REASONS if s.get(k)}
+    out["busy_clock_event_reasons"] = sorted(reasons)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def fmt_ms(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.3f}"
+
+
+def fmt_err(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 100:+.1f}%"
+
+
+def layer_table(check: dict) -> str:
+    labels = list(check["descriptions"])
+    head = f"{'layer':<12}{'t':>3}{'b':>4}{'meas fwd ms':>13}{'meas bwd ms':>13}"
+    for label in labels:
+        head += f" | {label + ' fwd':>19}{'err':>8}{label + ' bwd':>19}{'err':>8}"
+    lines = [head, "-" * len(head)]
+    for r in check["rows"]:
+        line = f"{r['kind']:<12}{r['t']:>3}{r['b']:>4}{fmt_ms(r['meas_fwd']):>13}{fmt_ms(r['meas_bwd']):>13}"
+        for label in labels:
+            line += (f" | {fmt_ms(r[f'{label}_fwd']):>19}{fmt_err(r[f'{label}_fwd_err']):>8}"
+                     f"{fmt_ms(r[f'{label}_bwd']):>19}{fmt_err(r[f'{label}_bwd_err']):>8}")
+        lines.append(line)
+    for title, med in (("median |error|, all rows", check["median_abs_error"]),
+                       ("median |error|, blocks  ", check["median_abs_error_blocks"])):
+        line = f"{title:<45}"
+        for label in labels:
+            line += (f" | {'':>19}{fmt_err(med[f'{label}_fwd']).lstrip('+'):>8}"
+                     f"{'':>19}{fmt_err(med[f'{label}_bwd']).lstrip('+'):>8}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def summary_text(run: Run) -> str:
+    m = run.machine
+    out = [f"pipeplan device check (benchmarks/device_check.py), {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+           f"device: {m.get('device_name')} ({m.get('device_type')}), torch {m.get('torch')}, CUDA {m.get('cuda')}, "
+           f"cuDNN {m.get('cudnn')}, python {m.get('python')}, {m.get('cpus')} CPUs"
+           f"{', QUICK (CPU test mode: shrunk model, few repeats)' if m.get('quick') else ''}",
+           f"elapsed {run.elapsed():.1f} s of a {run.budget_s:.0f} s budget; phases: " + ", ".join(
+               f"{p['phase']} {p['status']} {p['seconds']:.1f}s" + (f" ({p.get('error') or p.get('why')})"
+                                                                    if p["status"] != "done" else "")
+               for p in run.phases), ""]
+    c = run.check
+    if c:
+        out += [f"PREDICTED vs MEASURED layer times: {c['model']} in {c['dtype']} on {c['device']}",
+                "err = predicted / measured - 1; measured: profiler.run.profile_model (median of the repeats, "
+                "CUDA events on the GPU; t > 1: the rank-0 shard without its collectives)"]
+        out += [f"  {label}: {desc}" for label, desc in c["descriptions"].items()]
+        out += ["operator options, as the profiled model runs:"] + [f"  {k}: {v}" for k, v in c["options"].items()]
+        out += ["", layer_table(c), ""]
+        g = c.get("gemms")
+        if g:
+            out += [f"GEMMs of device.json against the shipped description's kernel time: median |error| "
+                    f"{fmt_err(g['median_abs_error']).lstrip('+')} over {len(g['rows'])} shapes, "
+                    f"{fmt_err(g['median_abs_error_ge_10_gflop']).lstrip('+')} over those of >= 10 GFLOP",
+                    f"  {'m':>6}{'n':>6}{'k':>6}{'batch':>6}{'GFLOP':>9}{'meas TFLOP/s':>14}{'meas ms':>10}"
+                    f"{'pred ms':>10}{'err':>8}"]
+            for r in sorted(g["rows"], key=lambda r: -r["gflop"])[:12]:
+                out.append(f"  {r['m']:>6}{r['n']:>6}{r['k']:>6}{r['batch']:>6}{r['gflop']:>9.2f}"
+                           f"{r['meas_tflops']:>14.4g}{fmt_ms(r['meas_s']):>10}{fmt_ms(r['pred_s']):>10}"
+                           f"{fmt_err(r['err']):>8}")
+            out.append("")
+        k = c.get("kernels") or {}
+        if "error" in k:
+            out += [f"kernel table: failed ({k['error']})", ""]
+        for key, v in k.items():
+            if key == "error":
+                continue
+            out.append(f"kernels of one block fwd+bwd ({key}): measured {v['measured_total_ms_per_iter']:.3f} ms "
+                       f"(sum of self device time), predicted (shipped) {v['predicted_total_ms']:.3f} ms")
+            out += [f"  {x['ms_per_iter']:9.3f} ms x{x['count_per_iter']:<5g} {x['name']}" for x in v["measured_top"]]
+            out.append("  predicted per operator (fwd / bwd input / bwd weight, ms): " + "; ".join(
+                f"{n} {p['fwd']:.3f}/{p['bwd_i']:.3f}/{p['bwd_w']:.3f}" for n, p in v["predicted_shipped_ms"].items()))
+            out.append("")
+    s = run.sustained
+    if s:
+        out += [f"SUSTAINED vs BURST GEMM: {s['n']}^3 {s['dtype']}, {s.get('gemms')} GEMMs over "
+                f"{s.get('run_s', 0):.1f} s after {s['cool_s']:.0f} s idle",
+                f"  TFLOP/s: short (10 after 3 warm-ups) {_f(s['short_10_tflops'])}; burst (first 1 s) "
+                f"{_f(s.get('burst_first_1s_tflops'))}; first {s.get('window_s', 0):.3g} s "
+                f"{_f(s.get('first_window_tflops'))}; last {s.get('window_s', 0):.3g} s "
+                f"{_f(s.get('last_window_tflops'))}; last/first {_f(s.get('last_over_first'))}; "
+                f"mean {_f(s.get('mean_tflops'))}",
+                "  TFLOP/s per second: " + " ".join(f"{p['tflops']:.4g}" for p in s.get("per_second", []))]
+        for key in ("clocks.sm", "power.draw", "temperature.gpu"):
+            idle, first, last = (s.get(f"{w}_{key}") for w in ("idle", "busy_first10", "busy_last10"))
+            if idle or first or last:
+                out.append(f"  {key}: idle {_stat(idle)}, first 10 samples {_stat(first)}, "
+                           f"last 10 samples {_stat(last)}")
+        if s.get("busy_clock_event_reasons"):
+            out.append(f"  clock event reasons while busy: {', '.join(s['busy_clock_event_reasons'])}")
+        out.append("")
+    out.append(f"files: {', '.join(sorted(p.name for p in run.out.iterdir() if p.is_file() and p.suffix != '.tmp'))}")
+    return "\n".join(out) + "\n"
+
+
+def _f(x: float | None, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _stat(st: dict | None) -> str:
+    return "-" if not st else f"{st['median']:g} (min {st['min']:g}, max {st['max']:g})"
+
+
+# ---------------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for the results ($OUT on the device machine)")
+    p.add_argument("--quick", action="store_true", help="seconds on the CPU: shrunk model, few repeats (the test)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    p.add_argument("--dtype", default=None, help="default bf16 on CUDA, fp32 on the CPU")
+    p.add_argument("--model", default="gpt2-medium")
+    p.add_argument("--tensor", default="1,2,4,8")
+    p.add_argument("--micro-batches", default=None, help="default 1,2,4,8 (quick: 1,2)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats (default: profile 20 on CUDA, else 10; device 7; quick 3)")
+    p.add_argument("--warmup", type=int, default=None, help="default 3 (quick 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on the CPU)")
+    p.add_argument("--budget-s", type=float, default=330.0, help="total seconds; later phases shrink or skip")
+    p.add_argument("--sustain-s", type=float, default=None, help="sustained GEMM run (default 45; quick 1.5)")
+    p.add_argument("--cool-s", type=float, default=None, help="idle seconds before it (default 8; quick 0)")
+    p.add_argument("--gemm-n", type=int, default=None, help="its GEMM size (default 8192; quick / CPU 256)")
+    p.add_argument("--chunk-s", type=float, default=0.1, help="GEMMs timed per event pair, in seconds")
+    p.add_argument("--shipped", default=None, help="the shipped description to predict with (default: by name)")
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = Run(out=args.out, budget_s=args.budget_s)
+    import torch
+
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+    args.device, args.device_type = str(dev), dev.type
+    args.dtype = args.dtype or ("bf16" if cuda else "fp32")
+    args.tensor = [int(x) for x in args.tensor.split(",") if x.strip()]
+    args.micro_batches = ([int(x) for x in args.micro_batches.split(",") if x.strip()] if args.micro_batches
+                          else ([1, 2] if args.quick else [1, 2, 4, 8]))
+    if args.quick:
+        args.tensor = [t for t in args.tensor if t <= 2] or [1]
+        args.repeats = args.repeats or 3
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    if not cuda and args.threads is None:
+        args.threads = 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sustain = args.sustain_s if args.sustain_s is not None else (1.5 if args.quick or not cuda else 45.0)
+    cool = args.cool_s if args.cool_s is not None else (8.0 if cuda and not args.quick else 0.0)
+    args.gemm_n = args.gemm_n or (8192 if cuda and not args.quick else 256)
+
+    run.machine = run.phase("machine", machine_info, torch, dev) or {}
+    run.machine.update({"quick": args.quick, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                       for k, v in vars(args).items()}})
+    run.save()
+    config = model_config(args)
+    # rough seconds per phase on an H100 (benchmarks/DEVICE_CHECK.md); a phase that does not fit is skipped
+    need = {"device": 40, "profile": 100, "check": 20} if cuda and not args.quick else {"device": 1, "profile": 1,
+                                                                                      "check": 1}
+    device_spec = None
+    if run.left() > need["device"]:
+        device_spec = run.phase("device", measure_device, run, args, dev)
+    else:
+        run.skip("device", f"{run.left():.0f} s left")
+    if cuda:
+        torch.cuda.empty_cache()
+    measured = None
+    if run.left() < need["profile"] and len(args.micro_batches) > 2:
+        args.micro_batches = args.micro_batches[:2]  # a shorter profile rather than none
+        run.log(f"profile shortened to micro-batches {args.micro_batches}: {run.left():.0f} s left")
+    if run.left() > need["profile"] / 3:
+        measured = run.phase("profile", measure_profile, run, args, dev, config)
+    else:
+        run.skip("profile", f"{run.left():.0f} s left")
+    if cuda:
+        torch.cuda.empty_cache()
+    if measured is not None:
+        run.phase("check", layer_check, run, args, config, measured, device_spec)
+    else:
+        run.skip("check", "no measured profile")
+    if run.check:
+        print(layer_table(run.check), flush=True)
+    seconds = min(sustain, run.left() - cool - 15.0) if cuda and not args.quick else sustain
+    if seconds >= min(10.0, sustain):
+        run.phase("sustained", sustained_gemm, run, args, dev, seconds, cool)
+    else:
+        run.skip("sustained", f"{run.left():.0f} s left")
+    run.save()
+    print(summary_text(run), flush=True)
+    return 0 if all(p["status"] != "failed" for p in run.phases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
