@@ -1,0 +1,135 @@
+"""benchmarks/device_check.py, issue 11's one-call GPU check, run here in its --quick CPU mode (seconds)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "device_check.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("device_check", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for name in ("machine.json", "device.json", "gpt2-medium-fp32.json", "layer_check.json", "summary.txt",
+                 "sustained_gemm.json"):
+        assert (out / name).is_file(), name
+    assert len(list(out.iterdir())) <= 7  # the device tool returns at most 8 files from $OUT (log.txt is one)
+
+    machine = json.loads((out / "machine.json").read_text())
+    assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "sustained"]
+    assert all(p["status"] == "done" for p in machine["phases"])
+
+    check = json.loads((out / "layer_check.json").read_text())
+    assert set(check["descriptions"]) == {"shipped", "measured_desc"}
+    assert check["options"]["attention"].startswith("unfused")  # the zoo writes its attention out
+    kinds = {(r["kind"], r["t"]) for r in check["rows"]}
+    assert kinds == {("embedding", 1), ("transformer", 1), ("transformer", 2), ("lm_head", 1)}
+    for row in check["rows"]:
+        for key, value in row.items():
+            if key not in ("kind", "t", "b"):
+                assert math.isfinite(value) and (key.endswith("_err") or value > 0), (key, value)
+    assert all(math.isfinite(v) for v in check["median_abs_error"].values())
+
+    summary = (out / "summary.txt").read_text()
+    assert "PREDICTED vs MEASURED" in summary and "SUSTAINED vs BURST" in summary
+    lines = summary.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("layer") and "meas fwd ms" in line)
+    assert "shipped fwd" in lines[head] and "measured_desc bwd" in lines[head]
+    rows = lines[head + 2:head + 2 + len(check["rows"])]
+    assert [line.split()[0] for line in rows] == [r["kind"] for r in check["rows"]]
+    for line in rows:
+        numbers = [float(x.rstrip("%")) for x in re.findall(r"[-+]?\d+\.\d+%?", line)]
+        assert len(numbers) == 2 + 4 * 2 and all(math.isfinite(x) for x in numbers), line
+    assert lines[head + 2 + len(check["rows"])].startswith("median |error|")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_shell_entry_skips_what_the_budget_does_not_allow(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_check.sh"), "run", str(out), "--quick",
+                        "--device", "cpu", "--budget-s", "0", "--sustain-s", "0.2"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phases = {p["phase"]: p["status"] for p in json.loads((out / "machine.json").read_text())["phases"]}
+    assert phases == {"machine": "done", "device": "skipped", "profile": "skipped", "check": "skipped",
+                      "sustained": "done"}
+    assert "phase device: skipped" in (out / "log.txt").read_text()
+    assert "SUSTAINED vs BURST" in (out / "summary.txt").read_text()
+
+
+def test_sustained_rates_per_second_and_windows() -> None:
+    dc = _load()
+    flops = 1e12
+    # 30 s of 0.1 s chunks of one 1-TFLOP GEMM: 10 TFLOP/s for 15 s, then 8 TFLOP/s (a throttled GPU)
+    chunks = [(0.1, 1)] * 150 + [(0.125, 1)] * 120
+    s = dc.summarise_chunks(chunks, flops)
+    assert s["gemms"] == 270 and s["run_s"] == pytest.approx(30.0)
+    assert s["burst_first_1s_tflops"] == pytest.approx(10.0)
+    assert s["first_window_tflops"] == pytest.approx(10.0) and s["last_window_tflops"] == pytest.approx(8.0)
+    assert s["last_over_first"] == pytest.approx(0.8)
+    assert [round(p["tflops"], 6) for p in s["per_second"]][:15] == [10.0] * 15
+    assert s["per_second"][-1]["tflops"] == pytest.approx(8.0)
+
+
+FAKE_SMI = r"""#!/usr/bin/env bash
+# a fake nvidia-smi: knows the new clock-event field, not the old throttle one nor power.draw
+case "$1" in
+  --query-gpu=*)
+    fields=${1#--query-gpu=}
+    case "$fields" in *power.draw*|*clocks_throttle_reasons*) echo "Field is not a valid field to query."; exit 2;; esac
+    out=""
+    IFS=, read -ra names <<< "$fields"
+    for n in "${names[@]}"; do
+      case "$n" in
+        timestamp) v="2026/11/27 03:02:11.123";; clocks.sm) v=1980;; clocks.mem) v=2619;;
+        temperature.gpu) v=51;; clocks_event_reasons.active) v=0x0000000000000004;; *) v=0;;
+      esac
+      out="${out:+$out, }$v"
+    done
+    echo "$out";;
+  *) echo "fake nvidia-smi -q";;
+esac
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_smi_sampler_keeps_the_fields_the_driver_knows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    dc = _load()
+    sampler = dc.SmiSampler(period=0.2)
+    assert sampler.available
+    assert sampler.fields == ["timestamp", "clocks.sm", "clocks.mem", "temperature.gpu", "clocks_event_reasons.active"]
+    sampler.start()
+    import time
+
+    time.sleep(0.7)
+    samples = sampler.stop()
+    assert len(samples) >= 2 and samples[0]["clocks.sm"] == "1980"
+    summary = dc.smi_summary(samples[:1], samples[1:])
+    assert summary["busy_clocks.sm"]["median"] == 1980 and summary["busy_power.draw"] is None
+    assert summary["busy_clock_event_reasons"] == ["0x0000000000000004"]
