@@ -236,9 +236,12 @@ const PP = (() => {
     return `<div id="cluster-version" class="muted version-note" data-newer="">${subject} used ${link(c.id, c.label)}
       (#${c.id}, ${whose}), the newest version of the cluster.</div>`;
   }
+  // how a cluster version names its calibration: "calibrated from 3 jobs", or "calibrated" when the number of jobs
+  // is not known (0); the twin of planner.cluster.calibrated_from
+  const calibratedFrom = (jobs) => (jobs ? `calibrated from ${jobs} job${jobs === 1 ? "" : "s"}` : "calibrated");
   // measured / predicted as a factor (1.25×: the run took 25 % longer than predicted)
   const fmtRatio = (x) => (num(x) ? x.toFixed(x >= 10 ? 1 : 2) + "×" : "–");
 
   return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
-           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, fmtRatio };
+           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, calibratedFrom, fmtRatio };
 })();
