@@ -209,12 +209,13 @@ const PP = (() => {
   const devices = (device, n) => `${n} ${deviceNoun(device, n)}`;
 
   // a cluster version as what it is (GET /clusters gives its label: "dgx-a100-80gb v2, calibrated from 3
-  // jobs"), linked to that version; the title says whose version it is and whether a newer one exists
+  // jobs"), linked to that version's page (/ui/clusters/{id}); the title says whose version it is and whether a
+  // newer one exists
   function clusterLink(c, id) {
-    if (!c) return `<a href="/clusters/${id}">cluster #${id}</a>`;
+    if (!c) return `<a href="/ui/clusters/${id}">cluster #${id}</a>`;
     const whose = c.base_id != null ? `version ${c.version} of cluster #${c.base_id}` : `cluster #${c.id}, version ${c.version}`;
     const newer = c.newest_id != null && c.newest_id !== c.id ? `; newer: ${c.newest_label} (#${c.newest_id})` : "";
-    return `<a class="cluster-version" href="/clusters/${c.id}" title="${esc(whose + newer)}">${esc(c.label || c.name)}</a>`;
+    return `<a class="cluster-version" href="/ui/clusters/${c.id}" title="${esc(whose + newer)}">${esc(c.label || c.name)}</a>`;
   }
   // the same with the cluster's size and id: "dgx-a100-80gb v2, calibrated from 3 jobs, 8 GPUs (#7)"
   const clusterSized = (c, id) => clusterLink(c, id) + (c ? `, ${devices(c.device, c.gpus)} (#${c.id})` : "");
@@ -225,7 +226,7 @@ const PP = (() => {
   function versionNote(c, subject, extra = "") {
     if (!c) return "";
     const whose = `version ${c.version} of cluster #${c.base_id ?? c.id}`;
-    const link = (id, text) => `<a href="/clusters/${id}">${esc(text)}</a>`;
+    const link = (id, text) => `<a href="/ui/clusters/${id}">${esc(text)}</a>`;
     if (c.newest_id != null && c.newest_id !== c.id) {
       return `<div id="cluster-version" class="warning-box version-note" role="status" data-newer="${c.newest_id}">
         ${subject} used ${link(c.id, c.label)} (#${c.id}, ${whose}). A newer version exists:
