@@ -11,7 +11,7 @@ from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan
 from api.routers.ui import plotly_path
 from api.timelines import trace_timeline
 
-PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers"]
+PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers", "/ui/clusters", "/ui/clusters/1"]
 
 
 def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-def]
@@ -27,7 +27,7 @@ def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-
     r = client.get("/ui", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/"
     assert '<option value="gpt-tiny">' in client.get("/ui/plans/1").text  # the executor's models, for dispatch
-    for name in ("ui.js", "timeline.js", "plan.js", "new_plan.js", "job.js", "lists.js", "ui.css"):
+    for name in ("ui.js", "timeline.js", "plan.js", "new_plan.js", "job.js", "lists.js", "cluster.js", "ui.css"):
         assert client.get(f"/ui/static/{name}").status_code == 200, name
 
 

@@ -13,6 +13,10 @@ reachable as JSON, and every URL can be shared):
 * ``/ui/jobs/{id}``     job: state, predicted vs measured (GET /jobs/{id}/comparison), predicted timeline
                         above the measured one (GET /jobs/{id}/timelines)
 * ``/ui/workers``       workers, last heartbeat, current job (GET /workers, GET /jobs?state=running)
+* ``/ui/clusters``      clusters with their versions (GET /clusters)
+* ``/ui/clusters/{id}`` cluster: its versions, the newest calibration's factors and warnings, each finished
+                        job's prediction error before and after calibration (GET /clusters/{id}/calibration);
+                        calibrate (POST /clusters/{id}/calibrate)
 
 Timelines (``GET /plans/{id}/candidates/{rank}/timeline``, ``GET /jobs/{id}/timelines``): computed in a
 planner process on first request and stored apart from the candidates (:mod:`api.timelines`).
@@ -20,7 +24,7 @@ planner process on first request and stored apart from the candidates (:mod:`api
 Auth: the HTML pages are open (they hold no data); their scripts send ``Authorization: Bearer <token>``
 with the token typed into the page header (kept in the browser's localStorage under ``pipeplan.token``).
 With ``PIPEPLAN_OPEN_READS=1`` the read-only pages work without a token; writes (new plan, dispatch,
-cancel) need the admin token.
+cancel, calibrate) need the admin token.
 
 Plotly.js is served from the installed ``plotly`` package (``/ui/vendor/plotly.min.js``), never a CDN, and
 loaded only when a chart is drawn, so the table pages stay light. Timelines are drawn on a canvas by
@@ -107,6 +111,16 @@ def job_page(request: Request, job_id: IdPath) -> HTMLResponse:
 @pages.get("/ui/workers", response_class=HTMLResponse)
 def workers_page(request: Request) -> HTMLResponse:
     return _page(request, "workers.html", "Workers")
+
+
+@pages.get("/ui/clusters", response_class=HTMLResponse)
+def clusters_page(request: Request) -> HTMLResponse:
+    return _page(request, "clusters.html", "Clusters")
+
+
+@pages.get("/ui/clusters/{cluster_id}", response_class=HTMLResponse)
+def cluster_page(request: Request, cluster_id: IdPath) -> HTMLResponse:
+    return _page(request, "cluster.html", f"Cluster {cluster_id}", cluster_id=cluster_id)
 
 
 def plotly_path() -> Path:

@@ -1,4 +1,4 @@
-// Plans, jobs and workers lists (GET /plans, /jobs, /workers), refreshed while the page is open.
+// Plans, jobs, workers and clusters lists (GET /plans, /jobs, /workers, /clusters), refreshed while the page is open.
 "use strict";
 
 function every(ms, fn) {
@@ -96,6 +96,30 @@ async function loadWorkers() {
     || `<tr><td colspan="${L.length}" class="muted">no workers: start one with <code>pipeplan agent --api URL --token T</code></td></tr>`;
 }
 
+// The clusters list: one row per cluster as uploaded, with every version of it (a calibration stores a new one,
+// POST /clusters/{id}/calibrate), each linked to its page; the name links to the newest version's page.
+async function loadClusters() {
+  const clusters = await PP.get("/clusters?limit=1000");
+  const lineages = new Map();
+  for (const c of clusters.sort((a, b) => a.version - b.version || a.id - b.id)) {
+    const key = c.base_id ?? c.id;
+    if (!lineages.has(key)) lineages.set(key, []);
+    lineages.get(key).push(c);
+  }
+  const L = labels("clusters");
+  document.querySelector("#clusters tbody").innerHTML = [...lineages.entries()].sort((a, b) => a[0] - b[0]).map(([key, vs]) => {
+    const newest = vs[vs.length - 1];
+    const versions = vs.map((v) => `<span class="version-line" data-version="${v.version}"><a href="/ui/clusters/${v.id}" title="${PP.esc(v.label)} (#${v.id})">v${v.version}</a>
+      ${v.calibration_jobs != null ? PP.calibratedFrom(v.calibration_jobs) : "as uploaded"}${vs.length > 1 && v === newest ? ' <span class="muted">· newest</span>' : ""}</span>`).join("");
+    return `<tr data-cluster-id="${key}">
+      <td${L[0]}><a class="cluster-name" href="/ui/clusters/${newest.id}">${PP.esc(newest.name)}</a><span class="sub">#${key}</span></td>
+      <td${L[1]}>${PP.esc(newest.device)}</td><td${L[2]}>${PP.devices(newest.device, newest.gpus)}</td>
+      <td${L[3]} class="versions">${versions}</td>
+      <td${L[4]} class="calibrated">${newest.calibration_jobs != null ? "yes, " + PP.calibratedFrom(newest.calibration_jobs) : "no"}</td>
+      <td${L[5]}>${shortDate(vs[0].created_at)}</td></tr>`;
+  }).join("") || `<tr><td colspan="${L.length}" class="muted">no clusters: upload one with <code>POST /clusters</code> (examples/clusters/*.json)</td></tr>`;
+}
+
 PP.start(() => {
   if (document.getElementById("plans")) every(5000, loadPlans);
   if (document.getElementById("jobs")) {
@@ -103,4 +127,5 @@ PP.start(() => {
     document.getElementById("state-filter").addEventListener("change", () => loadJobs().catch(() => {}));
   }
   if (document.getElementById("workers")) every(3000, loadWorkers);
+  if (document.getElementById("clusters")) every(10000, loadClusters);
 });

@@ -17,17 +17,38 @@ PP.start(async () => {
     `<option value="${c.id}" data-device="${PP.esc(c.device)}"${c.newest_id != null && c.newest_id !== c.id ? ` title="plans are made on the newest version, #${c.newest_id}"` : ""}>${PP.esc(c.label || c.name)} (${PP.isCpu(c.device) ? PP.devices(c.device, c.gpus) : `${c.gpus} × ${PP.esc(c.device)}`}, #${c.id})</option>`).join("");
   // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
   document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
-  csel.addEventListener("change", () => { deviceNote(); budgetWords(); });
+  csel.addEventListener("change", () => { deviceNote(); budgetWords(); clusterPage(); });
   document.getElementById("profile-file").addEventListener("change", () => { clearHF(); profileFile(); });
   document.getElementById("hf-file").addEventListener("change", () => {
     document.getElementById("profile-file").value = "";
     profileFile();
   });
   syncCluster();
+  askedCluster();
   deviceNote();
   budgetWords();
+  clusterPage();
   document.body.dataset.ready = "1";
 });
+
+// ?cluster=ID (the cluster page's "New plan on it"): that cluster, and a profile of its device unless the selected
+// one is
+function askedCluster() {
+  const asked = new URLSearchParams(location.search).get("cluster");
+  const c = clusters.find((x) => String(x.id) === asked);
+  if (!c) return;
+  document.getElementById("cluster").value = String(c.id);
+  const psel = document.getElementById("profile");
+  const p = profiles.find((x) => String(x.id) === psel.value);
+  const same = profiles.find((x) => x.device === c.device);
+  if ((!p || p.device !== c.device) && same) psel.value = String(same.id);
+}
+
+// the selected cluster's page: its versions, its jobs' prediction errors, calibration
+function clusterPage() {
+  const id = document.getElementById("cluster").value;
+  document.getElementById("cluster-page").href = id ? `/ui/clusters/${id}` : "/ui/clusters";
+}
 
 // the budget is of the selected cluster's devices: GPUs, or CPU processes on a CPU cluster
 function budgetWords() {

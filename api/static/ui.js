@@ -209,12 +209,13 @@ const PP = (() => {
   const devices = (device, n) => `${n} ${deviceNoun(device, n)}`;
 
   // a cluster version as what it is (GET /clusters gives its label: "dgx-a100-80gb v2, calibrated from 3
-  // jobs"), linked to that version; the title says whose version it is and whether a newer one exists
+  // jobs"), linked to that version's page (/ui/clusters/{id}); the title says whose version it is and whether a
+  // newer one exists
   function clusterLink(c, id) {
-    if (!c) return `<a href="/clusters/${id}">cluster #${id}</a>`;
+    if (!c) return `<a href="/ui/clusters/${id}">cluster #${id}</a>`;
     const whose = c.base_id != null ? `version ${c.version} of cluster #${c.base_id}` : `cluster #${c.id}, version ${c.version}`;
     const newer = c.newest_id != null && c.newest_id !== c.id ? `; newer: ${c.newest_label} (#${c.newest_id})` : "";
-    return `<a class="cluster-version" href="/clusters/${c.id}" title="${esc(whose + newer)}">${esc(c.label || c.name)}</a>`;
+    return `<a class="cluster-version" href="/ui/clusters/${c.id}" title="${esc(whose + newer)}">${esc(c.label || c.name)}</a>`;
   }
   // the same with the cluster's size and id: "dgx-a100-80gb v2, calibrated from 3 jobs, 8 GPUs (#7)"
   const clusterSized = (c, id) => clusterLink(c, id) + (c ? `, ${devices(c.device, c.gpus)} (#${c.id})` : "");
@@ -225,7 +226,7 @@ const PP = (() => {
   function versionNote(c, subject, extra = "") {
     if (!c) return "";
     const whose = `version ${c.version} of cluster #${c.base_id ?? c.id}`;
-    const link = (id, text) => `<a href="/clusters/${id}">${esc(text)}</a>`;
+    const link = (id, text) => `<a href="/ui/clusters/${id}">${esc(text)}</a>`;
     if (c.newest_id != null && c.newest_id !== c.id) {
       return `<div id="cluster-version" class="warning-box version-note" role="status" data-newer="${c.newest_id}">
         ${subject} used ${link(c.id, c.label)} (#${c.id}, ${whose}). A newer version exists:
@@ -236,9 +237,12 @@ const PP = (() => {
     return `<div id="cluster-version" class="muted version-note" data-newer="">${subject} used ${link(c.id, c.label)}
       (#${c.id}, ${whose}), the newest version of the cluster.</div>`;
   }
+  // how a cluster version names its calibration: "calibrated from 3 jobs", or "calibrated" when the number of jobs
+  // is not known (0); the twin of planner.cluster.calibrated_from
+  const calibratedFrom = (jobs) => (jobs ? `calibrated from ${jobs} job${jobs === 1 ? "" : "s"}` : "calibrated");
   // measured / predicted as a factor (1.25×: the run took 25 % longer than predicted)
   const fmtRatio = (x) => (num(x) ? x.toFixed(x >= 10 ? 1 : 2) + "×" : "–");
 
   return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
-           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, fmtRatio };
+           schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, calibratedFrom, fmtRatio };
 })();

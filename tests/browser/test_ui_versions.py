@@ -52,12 +52,12 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     used = page.locator("#info-cluster a.cluster-version")
-    assert used.inner_text() == f"{CLUSTER} v1 (uncalibrated)" and used.get_attribute("href") == f"/clusters/{cid}"
+    assert used.inner_text() == f"{CLUSTER} v1 (uncalibrated)" and used.get_attribute("href") == f"/ui/clusters/{cid}"
     note = page.locator("#cluster-version")
     assert note.is_visible() and note.get_attribute("data-newer") == str(v2)
     text = note.inner_text()
     assert "A newer version exists" in text and v2_label in text and f"version 1 of cluster #{cid}" in text
-    assert note.locator(f'a[href="/clusters/{v2}"]').count() == 1
+    assert note.locator(f'a[href="/ui/clusters/{v2}"]').count() == 1
     shot(page, "versions-01-older-plan")
     page.click("#replan")
     page.wait_for_url(lambda url: "/ui/plans/" in url and not url.rstrip("/").endswith(f"/{plan['id']}"))
@@ -67,7 +67,7 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
         new = c.get(f"/plans/{new_id}").json()
     assert new["cluster_id"] == v2 and new["request"] == plan["request"]  # the same request, on v2
     used = page.locator("#info-cluster a.cluster-version")
-    assert used.inner_text() == v2_label and used.get_attribute("href") == f"/clusters/{v2}"
+    assert used.inner_text() == v2_label and used.get_attribute("href") == f"/ui/clusters/{v2}"
     text = page.locator("#cluster-version").inner_text()
     assert f"version 2 of cluster #{cid}" in text and "the newest version" in text and "newer" not in text
     assert page.locator("#replan").count() == 0
@@ -78,7 +78,7 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
     page.wait_for_selector(f'#plans a[href="/ui/plans/{new_id}"]')
     row = page.locator("#plans tbody tr", has=page.locator(f'a[href="/ui/plans/{new_id}"]'))
     assert row.locator("td.cluster a").inner_text() == v2_label
-    assert row.locator("td.cluster a").get_attribute("href") == f"/clusters/{v2}"
+    assert row.locator("td.cluster a").get_attribute("href") == f"/ui/clusters/{v2}"
     old = page.locator("#plans tbody tr", has=page.locator(f'a[href="/ui/plans/{plan["id"]}"]'))
     assert old.locator("td.cluster a").inner_text() == f"{CLUSTER} v1 (uncalibrated)"
     shot(page, "versions-03-plans")
@@ -126,7 +126,7 @@ def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer
     page.goto(f"{server.url}/ui/jobs/{first['id']}")
     used = page.locator("#job-cluster a.cluster-version")
     used.wait_for()
-    assert used.inner_text() == name and used.get_attribute("href") == f"/clusters/{cid}"
+    assert used.inner_text() == name and used.get_attribute("href") == f"/ui/clusters/{cid}"
     assert page.locator("#job-cluster").inner_text().endswith(f", {up.json()['gpus']} GPUs (#{cid})")  # its size
     assert page.locator("#cluster-version").count() == 0
 
@@ -147,13 +147,13 @@ def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer
     page.goto(f"{server.url}/ui/jobs/{first['id']}")
     used = page.locator("#job-cluster a.cluster-version")
     used.wait_for()
-    assert used.inner_text() == f"{name} v1 (uncalibrated)" and used.get_attribute("href") == f"/clusters/{cid}"
+    assert used.inner_text() == f"{name} v1 (uncalibrated)" and used.get_attribute("href") == f"/ui/clusters/{cid}"
     note = page.locator("#cluster-version")
     assert note.is_visible() and note.get_attribute("data-newer") == str(v2)
     text = note.inner_text()
     assert text.startswith("This job's plan used") and "A newer version exists" in text and v2_label in text
     assert f"version 1 of cluster #{cid}" in text
-    assert note.locator(f'a[href="/clusters/{v2}"]').inner_text() == v2_label
+    assert note.locator(f'a[href="/ui/clusters/{v2}"]').inner_text() == v2_label
     assert note.locator("#replan-link").get_attribute("href") == f"/ui/plans/{plan['id']}#cluster-version"
     shot(page, "versions-05-job-on-older-version")
 
@@ -161,7 +161,7 @@ def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer
     page.goto(f"{server.url}/ui/jobs/{later['id']}")
     used = page.locator("#job-cluster a.cluster-version")
     used.wait_for()
-    assert used.inner_text() == v2_label and used.get_attribute("href") == f"/clusters/{v2}"
+    assert used.inner_text() == v2_label and used.get_attribute("href") == f"/ui/clusters/{v2}"
     text = page.locator("#cluster-version").inner_text()
     assert f"version 2 of cluster #{cid}" in text and "the newest version" in text and "newer" not in text
     assert page.locator("#replan-link").count() == 0
