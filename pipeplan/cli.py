@@ -13,8 +13,12 @@ import os
 import sys
 from typing import Any
 
-import typer
-from typer.core import TyperGroup
+from planner import cpuidle
+
+cpuidle.mark()  # before the heavy imports: how busy the cores are while they run (planner.split_search)
+
+import typer  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
 
 #: command -> (module whose ``register(app)`` adds it, its one-line help: the docstring's first sentence)
 COMMANDS: dict[str, tuple[str, str]] = {

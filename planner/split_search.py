@@ -51,6 +51,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from planner import cpuidle
 from planner.equivalence import TopDistinct
 
 if TYPE_CHECKING:
@@ -144,19 +145,27 @@ class SharedTop(TopDistinct):
 
 
 def spare_core() -> bool:
-    """Whether a core is idle on average: the 1-minute load average (this process's search counts one) under
-    the cores this process may use less a half. On a busy machine a second process only competes with the
-    other work and adds its own (measured at load 4.5-5.8 on the 2-core machine: 0.7-1.1x the wall time of
-    one process, ``benchmarks/plan_cli_bench.py --split``)."""
+    """Whether a core is idle: where the command marked the CPU counters at its start
+    (:func:`planner.cpuidle.mark`), at least half a core sat idle since then (this process keeps one busy);
+    else the 1-minute load average (this process's search counts one) under the cores this process may use
+    less a half. On a busy machine a second process only competes with the other work and adds its own
+    (measured at load 4.5-5.8 on the 2-core machine: 0.7-1.1x the wall time of one process,
+    ``benchmarks/plan_cli_bench.py --split``); the sample answers for now, where the load average lags by
+    tens of seconds (:mod:`planner.cpuidle`)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    if cores < 2:
+        return False
+    idle = cpuidle.idle_cores(os.cpu_count() or cores)
+    if idle is not None:
+        return idle >= 0.5
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load figure: assume the cores are free
-        return cores >= 2
-    return cores >= 2 and load < cores - 0.5
+        return True
+    return load < cores - 0.5
 
 
 def can_fork() -> bool:
