@@ -459,14 +459,19 @@ def sustained_gemm(run: Run, args: argparse.Namespace, dev: Any, seconds: float,
         if cuda:
             torch.cuda.synchronize(dev)
 
+    def queued(k: int) -> tuple[Any, Any]:
+        """``k`` back-to-back GEMMs queued on the GPU between two timing events (not waited for)."""
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(k):
+            torch.matmul(a, b, out=c)
+        e.record()
+        return s, e
+
     def timed(k: int) -> float:
         """Seconds of ``k`` back-to-back GEMMs (events on CUDA, wall on the CPU)."""
         if cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(k):
-                torch.matmul(a, b, out=c)
-            e.record()
+            s, e = queued(k)
             e.synchronize()
             return s.elapsed_time(e) / 1e3
         t = time.perf_counter()
@@ -501,12 +506,7 @@ def sustained_gemm(run: Run, args: argparse.Namespace, dev: Any, seconds: float,
 
     while time.monotonic() < t_end:
         if cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(per_chunk):
-                torch.matmul(a, b, out=c)
-            e.record()
-            pending.append((s, e, per_chunk))
+            pending.append((*queued(per_chunk), per_chunk))
             while len(pending) > 2:  # keep the GPU's queue full, the CPU at most ~2 chunks ahead
                 collect(pending.popleft())
         else:
