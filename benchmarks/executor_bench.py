@@ -214,6 +214,24 @@ def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -
     mine = [s for s in range(S) if s % world == rank]
     parts = [Part(*bounds[s]) for s in mine]
     stages = [PipelineStage(p, s, S, torch.device("cpu")) for p, s in zip(parts, mine, strict=True)]
+    probe: dict[str, list[float]] = {}  # PIPEPLAN_PROBE: per "F<stage>"/"B<stage>", [wall s, thread CPU s]
+    if os.environ.get("PIPEPLAN_PROBE"):
+        def timed(name: str, fn: Any) -> Any:
+            def run(*a: Any, **k: Any) -> Any:
+                w0, c0 = time.perf_counter(), time.thread_time()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    acc = probe.setdefault(name, [0.0, 0.0])
+                    acc[0] += time.perf_counter() - w0
+                    acc[1] += time.thread_time() - c0
+            return run
+        for p, s, st in zip(parts, mine, stages, strict=True):
+            p.forward = timed(f"F{s}", p.forward)  # type: ignore[method-assign]
+            st.backward_one_chunk = timed(f"B{s}", st.backward_one_chunk)  # type: ignore[method-assign]
+        import torch.distributed.pipelining.schedules as tsched
+        tsched._batch_p2p = timed("POST", tsched._batch_p2p)  # posting the step's sends and receives
+        tsched._wait_batch_p2p = timed("WAIT", tsched._wait_batch_p2p)  # waiting for them
 
     def loss_fn(out: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out.flatten(0, 1), tgt.flatten())
@@ -241,9 +259,13 @@ def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -
         c1 = time.process_time()
         both = [None] * world
         dist.all_gather_object(both, (t0, t1, c1 - c0))
+        if it == WARM - 1:
+            probe.clear()
         if it >= WARM:
             times.append(max(t[1] for t in both) - min(t[0] for t in both))  # type: ignore[index]
             cpus.append(sum(t[2] for t in both))  # type: ignore[index]
+    if probe:
+        Path(f"{out}.probe{rank}").write_text(json.dumps({k: [v[0] / ITER, v[1] / ITER] for k, v in probe.items()}))
     if rank == 0:
         Path(out).write_text(json.dumps([statistics.median(times), statistics.median(cpus)]))
     dist.destroy_process_group()

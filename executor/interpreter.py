@@ -274,6 +274,7 @@ class RankRuntime:
         self.coll_free = 0.0  # ... and its collective stream
         self.version_log: list[dict[str, Any]] = []
         self.peak_alive = 0
+        self._post_names: dict[int, str] = {}  # per action index, the label of the groups posted before it
 
     # ---- construction --------------------------------------------------------------------------------
     def _build(self, stage: int) -> StageModule:
@@ -351,7 +352,9 @@ class RankRuntime:
             start, c0 = now(), cpu()
             posted = self.p2p.post(i, self._take_send)
             if posted:
-                names = " ".join(action_label(o) for g in posted for o in g.ops)
+                names = self._post_names.get(i)
+                if names is None:
+                    names = self._post_names[i] = " ".join(action_label(o) for g in posted for o in g.ops)
                 posted_at, c1 = now(), cpu()
                 record.append((f"post {names}", "POST", start, posted_at))
                 self.cpu_by_kind["POST"] = self.cpu_by_kind.get("POST", 0.0) + c1 - c0
