@@ -276,23 +276,33 @@ def torch_worker(kind: str, out: str, overrides: dict[str, Any] | None = None) -
 VERSUS = {**WIDE, "layers": 8, "tied_embeddings": False}
 
 
-def torch_time(kind: str, overrides: dict[str, Any]) -> tuple[float, float]:
-    """torch's median iteration (wall) and its median CPU time of all ranks per iteration, seconds."""
+def torch_time(kind: str, overrides: dict[str, Any]) -> tuple[float, float, float]:
+    """torch's median iteration (wall), its median CPU time of all ranks per iteration, and its compute per
+    rank and iteration (the stage modules' forwards and ``backward_one_chunk`` calls, ``PIPEPLAN_PROBE``; the
+    mean over ranks), seconds."""
     with tempfile.TemporaryDirectory(prefix="pipeplan-bench-") as tmp:
         out = Path(tmp) / "t.json"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PIPEPLAN_PROBE": "1"}
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc-per-node={D_REAL}", __file__, "--torch-worker", kind, str(out),
                         json.dumps(overrides)], env=env, check=True, capture_output=True, timeout=600)
         wall, cpu = json.loads(out.read_text())
-        return float(wall), float(cpu)
+        compute = statistics.mean(
+            sum(v[0] for k, v in json.loads(Path(f"{out}.probe{r}").read_text()).items() if k[0] in "FB")
+            for r in range(D_REAL))
+        return float(wall), float(cpu), float(compute)
 
 
 def versus_torch(overrides: dict[str, Any] | None = None, rounds: int = 3) -> None:
     """Ours and torch.distributed.pipelining on the same model, partition, micro-batches and processes, run
-    alternately (``rounds`` times each, so both see the same machine load); the median of each side's
-    median iterations and of the per-round ratios, and the same for the CPU time of all ranks per iteration
-    (process time: the work each runtime costs the cores, which the machine's load does not lengthen)."""
+    alternately (``rounds`` times each, ours first in even rounds and torch first in odd ones, so both see
+    the same machine load and neither always takes the same phase of it); the median of each side's
+    median iterations and of the per-round ratios, the same for the CPU time of all ranks per iteration
+    (process time: the work each runtime costs the cores, which the machine's load does not lengthen), and
+    the per-round ratio of iteration / compute (forward and backward time per rank, mean over ranks; ours
+    from ``time_by_kind``, torch's from its stage modules' forwards -- the loss outside them -- and
+    ``backward_one_chunk``): the same kernels run up to 10% slower or faster from one minute to the next
+    on this VM, which this ratio divides out, leaving what each runtime adds around its compute."""
     from executor.launch import launch
     from executor.plan import RunPlan
 
@@ -300,27 +310,36 @@ def versus_torch(overrides: dict[str, Any] | None = None, rounds: int = 3) -> No
     print(f"\n== ours vs torch.distributed.pipelining, {D_REAL} processes ({MODEL} {overrides}, fp32, N={N_REAL}, "
           f"b={B_REAL}), {rounds} alternating rounds; load {' '.join(f'{x:.2f}' for x in os.getloadavg())} ==")
     print(f"{'schedule':<14}{'torch ms':>10}{'ours ms':>10}{'ours/torch':>12}   per round"
-          f"{'':>14}{'CPU torch':>11}{'CPU ours':>10}{'ours/torch':>12}   per round")
+          f"{'':>14}{'CPU torch':>11}{'CPU ours':>10}{'ours/torch':>12}   per round"
+          f"{'':>14}{'iter/compute ours/torch':>25}   per round")
     for kind in ("gpipe", "1f1b", "interleaved"):
         kw = {"chunks": 2} if kind == "interleaved" else {}
         plan = RunPlan.direct(kind, D_REAL, N_REAL, model=MODEL, model_overrides=overrides, micro_batch=B_REAL,
                               dtype="float32", iterations=ITER, warmup=WARM, **kw)
-        ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
-        for _ in range(rounds):
-            res = launch([plan], D_REAL, timeout=600)
-            assert res is not None
-            ours.append(res["runs"][0]["measured"]["iteration_time"])
-            ours_cpu.append(res["runs"][0]["measured"]["cpu_time"])
-            wall, cpu = torch_time(kind, overrides)
-            theirs.append(wall)
-            theirs_cpu.append(cpu)
+        ours, theirs, ours_cpu, theirs_cpu, norm = [], [], [], [], []
+        for r in range(rounds):
+            got: dict[str, tuple[float, float, float]] = {}
+            for side in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+                if side == "torch":
+                    got[side] = torch_time(kind, overrides)
+                else:
+                    res = launch([plan], D_REAL, timeout=600)
+                    assert res is not None
+                    m = res["runs"][0]["measured"]
+                    got[side] = (m["iteration_time"], m["cpu_time"], m["time_by_kind"]["F"] + m["time_by_kind"]["B"])
+            ours.append(got["ours"][0])
+            ours_cpu.append(got["ours"][1])
+            theirs.append(got["torch"][0])
+            theirs_cpu.append(got["torch"][1])
+            norm.append((got["ours"][0] / got["ours"][2]) / (got["torch"][0] / got["torch"][2]))
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
         cpu_ratios = [a / b for a, b in zip(ours_cpu, theirs_cpu, strict=True)]
         t, o = statistics.median(theirs), statistics.median(ours)
         tc, oc = statistics.median(theirs_cpu), statistics.median(ours_cpu)
         print(f"{kind:<14}{t * 1e3:>10.2f}{o * 1e3:>10.2f}{statistics.median(ratios):>12.3f}   "
               f"{' '.join(f'{r:.3f}' for r in ratios):<24}{tc * 1e3:>11.2f}{oc * 1e3:>10.2f}"
-              f"{statistics.median(cpu_ratios):>12.3f}   {' '.join(f'{r:.3f}' for r in cpu_ratios)}")
+              f"{statistics.median(cpu_ratios):>12.3f}   {' '.join(f'{r:.3f}' for r in cpu_ratios):<24}"
+              f"{statistics.median(norm):>25.3f}   {' '.join(f'{r:.3f}' for r in norm)}")
     print(f"(load at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
 
 
