@@ -146,7 +146,8 @@ class SharedTop(TopDistinct):
 
 def spare_core() -> bool:
     """Whether a core is idle: where the command marked the CPU counters at its start
-    (:func:`planner.cpuidle.mark`), at least half a core sat idle since then (this process keeps one busy);
+    (:func:`planner.cpuidle.mark`), at least :data:`planner.cpuidle.SPARE_CORE` of a core sat idle since then
+    (this process keeps one busy);
     else the 1-minute load average (this process's search counts one) under the cores this process may use
     less a half. On a busy machine a second process only competes with the other work and adds its own
     (measured at load 4.5-5.8 on the 2-core machine: 0.7-1.1x the wall time of one process,
@@ -160,7 +161,7 @@ def spare_core() -> bool:
         return False
     idle = cpuidle.idle_cores(os.cpu_count() or cores)
     if idle is not None:
-        return idle >= 0.5
+        return idle >= cpuidle.SPARE_CORE
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load figure: assume the cores are free
