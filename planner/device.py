@@ -295,7 +295,8 @@ class DeviceSpec(BaseModel):
     def _check(self) -> DeviceSpec:
         if not self.peak_flops:
             raise ValueError("peak_flops: needs at least one dtype")
-        for field, table in (("peak_flops", self.peak_flops), ("vector_flops", self.vector_flops)):
+        for field, table in (("peak_flops", self.peak_flops), ("vector_flops", self.vector_flops),
+                             ("gemm_ceiling_flops", self.gemm_ceiling_flops)):
             for dt, v in table.items():
                 if not (v > 0) or not math.isfinite(v):
                     raise ValueError(f"{field}[{dt}]: must be a finite number > 0, got {v}")
@@ -306,8 +307,6 @@ class DeviceSpec(BaseModel):
                 raise ValueError(f"attention_efficiency: unknown implementation {impl!r} "
                                  f"(one of {', '.join(ATTENTION_IMPLS)})")
         for dt, v in self.gemm_ceiling_flops.items():
-            if not (v > 0) or not math.isfinite(v):
-                raise ValueError(f"gemm_ceiling_flops[{dt}]: must be a finite number > 0, got {v}")
             try:
                 peak = self.peak(dt)
             except ValueError:

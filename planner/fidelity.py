@@ -470,18 +470,18 @@ class YearApart:
     dp_old: float
     dp_new: float
 
-    @staticmethod
-    def slots(run: PublishedRun, chunks: int) -> float:
+    def _per_slot(self, run: PublishedRun, seconds: float) -> float:
+        """``seconds`` over ``run``'s micro-batch slots ``N + (p - 1) / v``."""
         n = run.batch / (run.d * (run.micro_batch or 1))
-        return n + (run.p - 1) / chunks
+        return seconds / (n + (run.p - 1) / self.chunks)
 
     @property
     def per_microbatch_old(self) -> float:
-        return self.old.measured_seconds() / self.slots(self.old, self.chunks)
+        return self._per_slot(self.old, self.old.measured_seconds())
 
     @property
     def per_microbatch_new(self) -> float:
-        return self.new_seconds / self.slots(self.new, self.chunks)
+        return self._per_slot(self.new, self.new_seconds)
 
     @property
     def ratio(self) -> float:
@@ -491,9 +491,13 @@ class YearApart:
     @property
     def ratio_net(self) -> float:
         """:attr:`ratio` with each run's predicted exposed data-parallel all-reduce and step taken out."""
-        old = (self.old.measured_seconds() - self.dp_old) / self.slots(self.old, self.chunks)
-        new = (self.new_seconds - self.dp_new) / self.slots(self.new, self.chunks)
-        return old / new
+        return (self._per_slot(self.old, self.old.measured_seconds() - self.dp_old)
+                / self._per_slot(self.new, self.new_seconds - self.dp_new))
+
+
+def _dp_and_step(breakdown: dict[str, float]) -> float:
+    """The predicted exposed data-parallel all-reduce and optimizer step of a candidate's breakdown."""
+    return breakdown.get("allreduce_exposed", 0.0) + breakdown.get("step", 0.0)
 
 
 def year_apart(tables: dict, korthikanti: dict, base: Cluster, device: DeviceSpec,
@@ -504,18 +508,18 @@ def year_apart(tables: dict, korthikanti: dict, base: Cluster, device: DeviceSpe
     halves of a pair whose measured per-micro-batch times differ by more than that."""
     out = []
     news = list(zip(korthikanti_runs(korthikanti), korthikanti["runs"], strict=True))
+    dp_new: dict[int, float] = {}  # per 2022 run, predicted once however many 2021 rows share its pipeline
     for table in ("table1", "table2"):
         for run, row in zip(table_runs(tables, table), tables[table], strict=True):
-            for new, krow in news:
+            for i, (new, krow) in enumerate(news):
                 same = ((run.layers, run.hidden, run.heads, run.t, run.p, run.micro_batch, row.get("chunks"))
                         == (new.layers, new.hidden, new.heads, new.t, new.p, new.micro_batch, krow["chunks"]))
                 if not same:
                     continue
+                if i not in dp_new:
+                    dp_new[i] = _dp_and_step(dict(predict_fixed(new, krow["chunks"], base, device, options).breakdown))
                 old_pred = predict_run(run, base, device, options=options)
-                new_pred = predict_fixed(new, krow["chunks"], base, device, options)
-                dp_old = old_pred.breakdown.get("allreduce_exposed", 0.0) + old_pred.breakdown.get("step", 0.0)
-                dp_new = (new_pred.breakdown.get("allreduce_exposed", 0.0)
-                          + new_pred.breakdown.get("step", 0.0))
                 out.append(YearApart(f"{krow['name']} t={run.t} p={run.p} v={krow['chunks']} b={run.micro_batch}",
-                                     run, new, krow["seconds_full"], krow["chunks"], dp_old, dp_new))
+                                     run, new, krow["seconds_full"], krow["chunks"], _dp_and_step(old_pred.breakdown),
+                                     dp_new[i]))
     return out
