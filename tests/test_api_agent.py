@@ -142,10 +142,13 @@ def test_api_restarted_mid_flow_loses_nothing(db_url: str, tmp_path: Path) -> No
             agent = start_agent(srv.url, tmp_path / "a", "survivor", {"CONTROLLED_RUN_SLEEP": "4"})
             wait_for(lambda: _job(c, job["id"])["state"] == "running", what="claimed")
             big = c.post("/profiles", json=PROFILE_1_3B).json()["id"]
-            cid64 = c.post("/clusters", json=tiny_cluster(8, 8, "64-gpus")).json()["id"]
-            r = c.post("/plans", json={"profile_id": big, "cluster_id": cid64, "global_batch": 512})
+            cid256 = c.post("/clusters", json=tiny_cluster(8, 32, "256-gpus")).json()["id"]
+            r = c.post("/plans", json={"profile_id": big, "cluster_id": cid256, "global_batch": 2048})
             assert r.status_code == 202, r.text
             pending = r.json()["id"]
+            # in progress when the API dies: claimed by a planner (its first attempt), not still queued -- a
+            # kill before the claim left a plan that ran once after the restart (attempts 1, seen in CI)
+            wait_for(lambda: c.get(f"/plans/{pending}").json()["status"] == "running", what="plan running")
         srv.stop(kill=True)
         srv.start()
         with srv.client() as c:
