@@ -9,13 +9,14 @@ over 16-2048 GPUs; CP = 1, no FSDP, no experts. (The Megatron-Bridge and NeMo pe
 dense DGX-H100 rows in FP8 only: see the file's ``sources_without_bf16_dense_h100_rows``.)
 
 Each row is predicted in its stated configuration with the shipped H100 description and the DGX H100 cluster
-(examples/clusters/dgx-h100-80gb.json; nothing fitted to these rows): bf16, the flash kernel (causal),
-sequence parallelism, the recipe's dropout and selective recomputation, gradient-accumulation fusion, the
-distributed optimizer's sharded state (4 + 12/d bytes per parameter), non-blocking pipeline sends and
-Megatron's even layer split; every GEMM capped at the H100's measured MAMF (792.1 TFLOP/s) and the flash
-kernel at the measured rate of the recipe's implementation (``attention_impl``: FlashAttention-2 for
-GPT-3 175B, whose recipe sets ``NVTE_FUSED_ATTN=0``; cuDNN's fused attention for Nemotron-4, which
-Transformer Engine prefers on Hopper; FlashAttention-3 paper figures 5 and 6).
+(examples/clusters/dgx-h100-80gb.json; nothing fitted to these rows): bf16, the flash kernel (causal), sequence
+parallelism, the recipe's dropout and selective recomputation, gradient-accumulation fusion, the distributed
+optimizer's sharded state (4 + 12/d bytes per parameter), the pipeline sends as the recipe posts them (blocking
+where it batches them without ``overlap_p2p_comm``: Nemotron-4 340B; non-blocking where it overlaps them: GPT-3
+175B; :meth:`planner.fidelity.PublicRun.environment`) and Megatron's even layer split; every GEMM capped at the
+H100's measured MAMF (792.1 TFLOP/s) and the flash kernel at the measured rate of the recipe's implementation
+(``attention_impl``: FlashAttention-2 for GPT-3 175B, whose recipe sets ``NVTE_FUSED_ATTN=0``; cuDNN's fused
+attention for Nemotron-4, which Transformer Engine prefers on Hopper; FlashAttention-3 paper figures 5 and 6).
 
 Every tensor-parallel collective is costed on the critical path: the recipes of GPT-3 175B and Nemotron-4
 15B overlap them with the GEMMs (Transformer Engine's userbuffers, ``tp_comm_overlap``), which is not
@@ -25,8 +26,8 @@ tensor-parallel collectives' seconds per iteration on the pipeline device with t
 share of the predicted time (:func:`planner.fidelity.tp_collective_seconds`: an upper bound on what the
 recipe's overlap could take off), model memory against 80 GiB. Then (unless ``--no-analysis``) the gap per
 term on the first row of each model, as counterfactual predictions: the TP collectives taken off, the DP
-reduction hidden, blocking sends, the model without the MAMF cap or without the attention figures, the
-other attention implementations.
+reduction hidden, the pipeline sends the other way (blocking / non-blocking), the model without the MAMF cap
+or without the attention figures, the other attention implementations.
 """
 
 from __future__ import annotations
@@ -108,8 +109,11 @@ def analysis(runs, base, dev) -> None:
                 *others,
                 ("DP reduction fully hidden (minus allreduce_exposed)",
                  cfg.iteration_time - br.get("allreduce_exposed", 0.0)),
-                ("blocking pipeline sends (p2p = blocking)",
-                 predict_public(run, base, dev, environment={"p2p": "blocking"}).iteration_time)]
+                *([("non-blocking pipeline sends (p2p overlapped)",
+                    predict_public(run, base, dev, environment={"p2p": "overlapped"}).iteration_time)]
+                  if run.environment().get("p2p") == "blocking" else
+                  [("blocking pipeline sends (p2p = blocking)",
+                    predict_public(run, base, dev, environment={"p2p": "blocking"}).iteration_time)])]
         print(f"  {run.label} (measured {meas:.3f} s; simulated bubble {br.get('bubble', 0.0):.3f} s, "
               f"DP exposed {br.get('allreduce_exposed', 0.0):.3f} s, optimizer step {br.get('step', 0.0):.3f} s, "
               f"TP collectives {tp:.3f} s = {tp / cfg.iteration_time:.1%} of the prediction):")

@@ -380,13 +380,22 @@ class PublicRun:
                                recompute="selective" if r["recompute"] == "selective" else "none")
 
     def environment(self) -> dict[str, str]:
-        """The runtime of the recipe for :mod:`planner.cost`: non-blocking pipeline sends (Megatron-Core) and
-        the data-parallel gradient reduction overlapped with the backward (the distributed optimizer's
-        ``overlap_grad_sync``: ``dp_allreduce = overlapped``, which the cost model applies to one-stage
-        pipelines only). The recipe's tensor-parallel communication overlap (``recipe["tp_comm_overlap"]``,
-        Transformer Engine's userbuffers) is not modelled: every tensor-parallel collective is costed on the
-        critical path, as Megatron-LM runs them (:func:`tp_collective_seconds` says how much that is)."""
-        return {"dp_allreduce": "overlapped"}
+        """The runtime of the recipe for :mod:`planner.cost`: the data-parallel gradient reduction overlapped
+        with the backward (the distributed optimizer's ``overlap_grad_sync``: ``dp_allreduce = overlapped``,
+        which the cost model applies to one-stage pipelines only) and the pipeline sends as the recipe posts
+        them. With ``batch_p2p_comm`` and without ``overlap_p2p_comm`` Megatron-Core's
+        ``p2p_communication._communicate`` waits on the batched requests (``if config.batch_p2p_comm: assert
+        wait_on_reqs``; ``req.wait()``) and then synchronizes the device (``batch_p2p_sync``, default True:
+        ``torch.cuda.synchronize()``): ``p2p = blocking``, as Megatron-LM 2021 ran. With ``overlap_p2p_comm``
+        (the interleaved schedule's default) the sends are posted and waited on only before the compute
+        that needs them: non-blocking. The recipe's tensor-parallel communication overlap
+        (``recipe["tp_comm_overlap"]``, Transformer Engine's userbuffers) is not modelled: every
+        tensor-parallel collective is costed on the critical path, as Megatron-LM runs them
+        (:func:`tp_collective_seconds` says how much that is)."""
+        env = {"dp_allreduce": "overlapped"}
+        if self.recipe.get("batch_p2p_comm") and not self.recipe.get("overlap_p2p_comm"):
+            env["p2p"] = "blocking"
+        return env
 
     def bytes_per_param(self) -> float:
         """Model state per parameter: bf16 weights and gradients (4 bytes) and the fp32 master weights and
