@@ -24,7 +24,16 @@ phase writing its files under ``--out`` as soon as it ends (a run killed at its 
    backward seconds, errors, median |error| per column; the GEMMs of ``device.json`` against the shipped
    description's kernel times; a ``torch.profiler`` kernel table of one block next to the model's per-operator
    times.
-5. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
+5. ``chunks`` (in ``machine.json`` and ``summary.txt``): the GEMMs of the H100 public runs' layers
+   (tests/data/h100_public_runs.json: GPT-3 175B at t 4, b 1, s 2048; Nemotron-4 15B at t 4, b 4, s 4096) whole
+   and cut as Transformer Engine's tensor-parallel comm-GEMM overlap cuts them (``ring_exchange``: ``t`` GEMMs
+   of ``M/t`` rows; ``pipeline``: ``num_splits = 4`` of ``M/4`` rows; TE ``module/base.py initialize_ub`` and
+   NeMo's ``userbuffers_bf16_h100_h12288_tp4_mbs1_seqlen2048``), measured against the shipped description's
+   kernel time. 175B's chunks have 512 rows, where the wave quantisation of the shipped model (132 SMs, 256 x
+   128 tiles) puts them at 55-73% of the whole GEMM's rate; 15B's have 4096. If the measured chunks are that
+   slow, the overlap the 175B recipe turns on costs about what it hides, which would explain why 175B is
+   predicted 12% fast and 15B 4-8% (:func:`chunk_shapes`).
+6. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
    measurement, then after an idle pause continuously for ``--sustain-s`` seconds (shortened to what the
    budget leaves): TFLOP/s per second of the run, first vs last 10 s, with ``nvidia-smi --query-gpu=clocks.sm,
    power.draw,temperature.gpu`` sampled once a second alongside -- does power or clock throttling under
@@ -77,6 +86,7 @@ class Run:
     phases: list[dict[str, Any]] = field(default_factory=list)
     check: dict[str, Any] | None = None
     sustained: dict[str, Any] | None = None
+    chunks: list[dict[str, Any]] | None = None
     table: str = ""
 
     def elapsed(self) -> float:
@@ -112,7 +122,7 @@ class Run:
         self.save()
 
     def save(self) -> None:
-        write_json(self.out / "machine.json", {**self.machine, "phases": self.phases,
+        write_json(self.out / "machine.json", {**self.machine, "phases": self.phases, "chunks": self.chunks,
                                                "elapsed_s": round(self.elapsed(), 1)})
         (self.out / "summary.txt").write_text(summary_text(self))
 
@@ -392,7 +402,59 @@ def kernel_table(args: argparse.Namespace, config: Any, shipped: Any, opts: Any,
     return out
 
 
-# ---------------------------------------------------------------------------------------------- 5. sustained
+# ---------------------------------------------------------------------------------------------- 5. chunks
+def chunk_shapes() -> list[tuple[str, int, int, int, int]]:
+    """(label, m, n, k, chunks) of the forward GEMMs of the H100 public runs that overlap their tensor-parallel
+    collectives (module docstring, item 5): each GEMM whole (``chunks = 1``) and cut into the ``M/chunks``-row
+    GEMMs Transformer Engine runs (``t`` for ring exchange, 4 for the pipelined reduce-scatter). ``M = b s``
+    tokens, ``n``/``k`` the 1/t shard (QKV ``(a + 2 k_v) d / t``, MLP ``f / t``)."""
+    runs = {"175b": (12288, 96, 96, 49152, 1, 2048, 4), "15b": (6144, 48, 8, 24576, 4, 4096, 4)}
+    out = []
+    for name, (h, a, kv, f, b, seq, t) in runs.items():
+        d, m = h // a, b * seq
+        gemms = {"qkv": (m, (a + 2 * kv) * d // t, h, t), "proj": (m, h, a * d // t, 4),
+                 "fc1": (m, f // t, h, t), "fc2": (m, h, f // t, t)}
+        for op, (mm, n, k, c) in gemms.items():
+            for chunks in (1, c):
+                out.append((f"{name} {op}", mm // chunks, n, k, chunks))
+    return out
+
+
+def chunk_check(run: Run, args: argparse.Namespace, dev: Any, shipped: Any) -> list[dict]:
+    """Each :func:`chunk_shapes` GEMM timed (CUDA events, median of the repeats; ``chunks`` of them back to back
+    for a cut GEMM) against ``chunks`` times the shipped description's kernel time of one chunk."""
+    import torch
+
+    from planner.operators import DTYPE_BYTES
+    from profiler.run import DTYPES
+    from profiler.timing import time_op
+
+    dt, el = DTYPES[args.dtype], DTYPE_BYTES.get(args.dtype, 2)
+    scale = 1 if dev.type == "cuda" and not args.quick else 16  # the CPU test shrinks every dimension
+    rows = []
+    for label, m, n, k, chunks in chunk_shapes():
+        m, n, k = max(1, m // scale), max(1, n // scale), max(1, k // scale)
+        a = torch.randn(m * chunks, k, device=dev, dtype=dt)
+        w = torch.randn(k, n, device=dev, dtype=dt)
+        parts = list(a.split(m))
+
+        def op(_: Any, parts: list = parts, w: Any = w) -> None:
+            for x in parts:
+                torch.matmul(x, w)
+
+        tm = time_op(lambda: None, op, dev, warmup=args.warmup, repeats=args.repeats or 7)
+        flops = 2.0 * m * n * k
+        pred = chunks * shipped.kernel_time(flops, el * (m * k + k * n + m * n), gemm=(m, n, k, 1),
+                                            dtype=args.dtype)
+        rows.append({"label": label, "m": m, "n": n, "k": k, "chunks": chunks, "meas_s": tm.median,
+                     "meas_tflops": chunks * flops / tm.median / 1e12, "pred_s": pred,
+                     "err": pred / tm.median - 1.0})
+        del a, w, parts
+    run.chunks = rows
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- 6. sustained
 class SmiSampler:
     """``nvidia-smi --query-gpu=...`` once a second in a thread (nothing where there is no nvidia-smi)."""
 
@@ -643,6 +705,14 @@ def summary_text(run: Run) -> str:
             out.append("  predicted per operator (fwd / bwd input / bwd weight, ms): " + "; ".join(
                 f"{n} {p['fwd']:.3f}/{p['bwd_i']:.3f}/{p['bwd_w']:.3f}" for n, p in v["predicted_shipped_ms"].items()))
             out.append("")
+    if run.chunks:
+        out += ["GEMMs WHOLE and CUT as Transformer Engine's TP comm-GEMM overlap cuts them (H100 public runs' "
+                "shapes; time of all chunks, against chunks x the shipped kernel time of one):",
+                f"  {'gemm':<12}{'m':>6}{'n':>7}{'k':>7}{'chunks':>7}{'meas TFLOP/s':>14}{'meas ms':>10}"
+                f"{'pred ms':>10}{'err':>8}"]
+        out += [f"  {r['label']:<12}{r['m']:>6}{r['n']:>7}{r['k']:>7}{r['chunks']:>7}{r['meas_tflops']:>14.4g}"
+                f"{fmt_ms(r['meas_s']):>10}{fmt_ms(r['pred_s']):>10}{fmt_err(r['err']):>8}" for r in run.chunks]
+        out.append("")
     s = run.sustained
     if s:
         out += [f"SUSTAINED vs BURST GEMM: {s['n']}^3 {s['dtype']}, {s.get('gemms')} GEMMs over "
@@ -753,6 +823,11 @@ def main(argv: list[str] | None = None) -> int:
         run.skip("check", "no measured profile")
     if run.check:
         print(layer_table(run.check), flush=True)
+    if run.left() > (10 if cuda and not args.quick else 1):
+        shipped = shipped_description(torch.cuda.get_device_name(dev) if cuda else "cpu", args)[0]
+        run.phase("chunks", chunk_check, run, args, dev, shipped)
+    else:
+        run.skip("chunks", f"{run.left():.0f} s left")
     seconds = min(sustain, run.left() - cool - 15.0) if cuda and not args.quick else sustain
     if seconds >= min(10.0, sustain):
         run.phase("sustained", sustained_gemm, run, args, dev, seconds, cool)

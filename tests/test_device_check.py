@@ -37,8 +37,16 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
     assert len(list(out.iterdir())) <= 7  # the device tool returns at most 8 files from $OUT (log.txt is one)
 
     machine = json.loads((out / "machine.json").read_text())
-    assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "sustained"]
+    assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "chunks",
+                                                        "sustained"]
     assert all(p["status"] == "done" for p in machine["phases"])
+    # the public runs' GEMMs whole and in Transformer Engine's overlap chunks: one row per (GEMM, cut), the cut
+    # one as many rows fewer as it has chunks, every time measured and predicted
+    chunks = machine["chunks"]
+    assert len(chunks) == 16 and {r["chunks"] for r in chunks} == {1, 4}
+    for whole, cut in zip(chunks[::2], chunks[1::2], strict=True):
+        assert whole["label"] == cut["label"] and whole["m"] == cut["m"] * cut["chunks"]
+        assert whole["meas_s"] > 0 and cut["pred_s"] > 0 and math.isfinite(cut["err"])
 
     check = json.loads((out / "layer_check.json").read_text())
     assert set(check["descriptions"]) == {"shipped", "measured_desc"}
@@ -52,7 +60,7 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
     assert all(math.isfinite(v) for v in check["median_abs_error"].values())
 
     summary = (out / "summary.txt").read_text()
-    assert "PREDICTED vs MEASURED" in summary and "SUSTAINED vs BURST" in summary
+    assert "PREDICTED vs MEASURED" in summary and "SUSTAINED vs BURST" in summary and "GEMMs WHOLE and CUT" in summary
     lines = summary.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("layer") and "meas fwd ms" in line)
     assert "shipped fwd" in lines[head] and "measured_desc bwd" in lines[head]
@@ -74,7 +82,7 @@ def test_shell_entry_skips_what_the_budget_does_not_allow(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     phases = {p["phase"]: p["status"] for p in json.loads((out / "machine.json").read_text())["phases"]}
     assert phases == {"machine": "done", "device": "skipped", "profile": "skipped", "check": "skipped",
-                      "sustained": "done"}
+                      "chunks": "skipped", "sustained": "done"}
     assert "phase device: skipped" in (out / "log.txt").read_text()
     assert "SUSTAINED vs BURST" in (out / "summary.txt").read_text()
 
