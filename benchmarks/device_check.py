@@ -31,8 +31,10 @@ phase writing its files under ``--out`` as soon as it ends (a run killed at its 
    NeMo's ``userbuffers_bf16_h100_h12288_tp4_mbs1_seqlen2048``), measured against the shipped description's
    kernel time. 175B's chunks have 512 rows, where the wave quantisation of the shipped model (132 SMs, 256 x
    128 tiles) puts them at 55-73% of the whole GEMM's rate; 15B's have 4096. If the measured chunks are that
-   slow, the overlap the 175B recipe turns on costs about what it hides, which would explain why 175B is
-   predicted 12% fast and 15B 4-8% (:func:`chunk_shapes`).
+   slow, the overlap the 175B recipe turns on costs more than it hides (by the shipped model about +2.6 ms of
+   chunking against 1.2 ms of collectives per layer and micro-batch: +1.0 s of 175B's 8.9 s, its gap); 15B's
+   would hide its collectives at no chunking cost, unless its chunk transfers outlast its chunk GEMMs, which
+   one GPU cannot measure (:func:`chunk_shapes`).
 6. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
    measurement, then after an idle pause continuously for ``--sustain-s`` seconds (shortened to what the
    budget leaves): TFLOP/s per second of the run, first vs last 10 s, with ``nvidia-smi --query-gpu=clocks.sm,
