@@ -131,7 +131,7 @@ def print_year_apart(data, base, dev, opts, preds) -> None:
     """The same pipeline measured a year apart (:func:`planner.fidelity.year_apart`): what one micro-batch took
     in 2021 against 2022, and what that means for any single model of both."""
     kdata = load_tables(ROOT / "tests" / "data" / "korthikanti_table5.json")
-    pairs = year_apart(data, kdata, base, dev, opts)
+    pairs = year_apart(data, kdata, base, dev, opts, predicted={p.run.label: p for p in preds})
     err = {p.run.label: p.error for p in preds}
     print("\nthe same pipeline a year apart (same model, t, p, v, b; SC'21 2021 vs Korthikanti 2022 full "
           "recomputation; per micro-batch = measured time / (N + (p-1)/v); net: predicted exposed DP all-reduce "

@@ -510,11 +510,14 @@ def _dp_and_step(breakdown: dict[str, float]) -> float:
 
 
 def year_apart(tables: dict, korthikanti: dict, base: Cluster, device: DeviceSpec,
-               options: OperatorOptions | None = None) -> list[YearApart]:
+               options: OperatorOptions | None = None,
+               predicted: dict[str, RunPrediction] | None = None) -> list[YearApart]:
     """Every (SC'21 Table 1/2 row, Korthikanti Table 5 row) pair of the same model shape, t, p, v and b
     (:class:`YearApart`): 530B at t = 8, p = 35, v = 3, b = 1 (Table 2, three d) and 1T at t = 8, p = 64,
     v = 1, b = 1 (Table 1). A physics model of one software stack cannot be within a few percent of both
-    halves of a pair whose measured per-micro-batch times differ by more than that."""
+    halves of a pair whose measured per-micro-batch times differ by more than that. ``predicted``: the 2021
+    rows' :func:`predict_run` results by run label, where the caller has them already (with the same
+    ``base``, ``device`` and ``options``); a row not in it is predicted here."""
     out = []
     news = list(zip(korthikanti_runs(korthikanti), korthikanti["runs"], strict=True))
     dp_new: dict[int, float] = {}  # per 2022 run, predicted once however many 2021 rows share its pipeline
@@ -527,7 +530,7 @@ def year_apart(tables: dict, korthikanti: dict, base: Cluster, device: DeviceSpe
                     continue
                 if i not in dp_new:
                     dp_new[i] = _dp_and_step(dict(predict_fixed(new, krow["chunks"], base, device, options).breakdown))
-                old_pred = predict_run(run, base, device, options=options)
+                old_pred = (predicted or {}).get(run.label) or predict_run(run, base, device, options=options)
                 out.append(YearApart(f"{krow['name']} t={run.t} p={run.p} v={krow['chunks']} b={run.micro_batch}",
                                      run, new, krow["seconds_full"], krow["chunks"], _dp_and_step(old_pred.breakdown),
                                      dp_new[i]))
