@@ -239,6 +239,16 @@ def register(app: typer.Typer) -> None:
                  "layers not fully recomputed re-run the unfused attention core in the backward instead of "
                  "stashing it; no effect with flash attention). Full recomputation stays the planner's "
                  "per-candidate choice (the rc column)")] = "none",
+        p2p: Annotated[str, typer.Option(
+            help="how the runtime you will train with posts its pipeline sends: overlapped (they overlap "
+                 "compute: pipeplan's executor, Megatron-Core with --overlap-p2p-communication) or blocking "
+                 "(the sender waits and synchronizes the device: Megatron-LM 2021-22, Megatron-Core's "
+                 "default batched sends)")] = "overlapped",
+        dp_allreduce: Annotated[str, typer.Option(
+            "--dp-allreduce",
+            help="when it all-reduces the data-parallel gradients: after-backward (pipeplan's executor, "
+                 "Megatron-LM's local DDP) or overlapped (in buckets during the last backward of a one-stage "
+                 "pipeline: PyTorch DDP, Megatron-Core's --overlap-grad-reduce)")] = "after-backward",
     ) -> None:
         """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
         # imported here: ``plan`` and ``predict`` need none of the device and operator models
@@ -257,6 +267,13 @@ def register(app: typer.Typer) -> None:
         if recompute_granularity not in ("none", "selective"):
             fail(f"--recompute-granularity must be none or selective, got {recompute_granularity!r} (full "
                  "recomputation is chosen per candidate by the planner)")
+        from planner.analytic import runtime_environment
+
+        try:
+            runtime_environment(p2p, dp_allreduce)
+        except ValueError as e:  # "p2p must be ..." / "dp_allreduce must be ...": named as the options are
+            field, rest = str(e).split(" ", 1)
+            fail(f"--{field.replace('_', '-')} {rest}")
         dropout = OperatorOptions().dropout
         shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab}
         for opt, value in shape.items():
@@ -295,7 +312,8 @@ def register(app: typer.Typer) -> None:
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
                                                             attention_impl=attention_impl,  # type: ignore[arg-type]
                                                             sequence_parallel=sequence_parallel, dropout=dropout,
-                                                            recompute=recompute_granularity))  # type: ignore[arg-type]
+                                                            recompute=recompute_granularity),  # type: ignore[arg-type]
+                                    p2p=p2p, dp_allreduce=dp_allreduce)
         except ValidationError as e:
             fail(validation_summary(e))
             raise

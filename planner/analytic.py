@@ -72,14 +72,44 @@ def _shard(times: dict[int, PassTimes], recomputed: bool = True) -> ShardTimes:
         source="operators")
 
 
+#: how the training runtime the profile is for posts its pipeline sends (``environment["p2p"]``, read by
+#: :mod:`planner.cost`, "Blocking p2p"): "overlapped" -- posted without waiting, so they overlap compute
+#: (pipeplan's executor; Megatron-Core with ``overlap_p2p_comm``, the interleaved schedule's default) -- or
+#: "blocking" -- the sender waits for its sends and synchronizes the device (Megatron-LM 2021-22
+#: ``p2p_communication``: ``req.wait(); torch.cuda.synchronize()``; Megatron-Core with ``batch_p2p_comm``, its
+#: default for non-interleaved pipelines: it waits on the batched requests, then ``batch_p2p_sync``)
+P2P_RUNTIMES = ("overlapped", "blocking")
+#: when the runtime all-reduces the data-parallel gradients (``environment["dp_allreduce"]``, read by
+#: :mod:`planner.cost`, "Gradient all-reduce"): "after-backward" -- once a stage's backward is done (pipeplan's
+#: executor; Megatron-LM's local DDP, 2021) -- or "overlapped" -- in buckets during the last backward of a
+#: one-stage pipeline (PyTorch DDP; Megatron-Core's ``overlap_grad_reduce``)
+DP_ALLREDUCE_RUNTIMES = ("after-backward", "overlapped")
+
+
+def runtime_environment(p2p: str = "overlapped", dp_allreduce: str = "after-backward") -> dict[str, str]:
+    """The profile environment entries of a training runtime (:data:`P2P_RUNTIMES`,
+    :data:`DP_ALLREDUCE_RUNTIMES`): only what differs from the defaults, so profiles made without them are
+    unchanged. A ``ValueError`` names the field and its choices."""
+    if p2p not in P2P_RUNTIMES:
+        raise ValueError(f"p2p must be one of {', '.join(P2P_RUNTIMES)}, got {p2p!r}")
+    if dp_allreduce not in DP_ALLREDUCE_RUNTIMES:
+        raise ValueError(f"dp_allreduce must be one of {', '.join(DP_ALLREDUCE_RUNTIMES)}, got {dp_allreduce!r}")
+    return {**({"p2p": "blocking"} if p2p == "blocking" else {}),
+            **({"dp_allreduce": "overlapped"} if dp_allreduce == "overlapped" else {})}
+
+
 def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf16",
                      micro_batches: tuple[int, ...] = MICRO_BATCHES,
                      tensor_sizes: tuple[int, ...] | None = None,
-                     options: OperatorOptions | None = None, name: str | None = None) -> ModelProfile:
+                     options: OperatorOptions | None = None, name: str | None = None,
+                     p2p: str = "overlapped", dp_allreduce: str = "after-backward") -> ModelProfile:
     """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
 
     ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
-    unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs)."""
+    unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs). ``p2p`` and
+    ``dp_allreduce``: the runtime the profile is for (:func:`runtime_environment`; default pipeplan's
+    executor)."""
+    runtime = runtime_environment(p2p, dp_allreduce)
     dev = device if isinstance(device, DeviceSpec) else get_device(device)
     if dtype.lower() not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
@@ -116,11 +146,14 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
                      "family": "bert" if spec.encoder else "gpt", "model": spec.name,
                      **({"attention_impl": opts.attention_impl} if opts.attention == "flash" else {}),
-                     **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {})},
+                     **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {}),
+                     **runtime},
         notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
                f"({opts.attention}{f' ({opts.attention_impl})' if opts.attention == 'flash' else ''} attention"
                f"{', dropout' if opts.dropout else ''}"
-               f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}); "
+               f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}"
+               f"{', blocking pipeline sends' if 'p2p' in runtime else ''}"
+               f"{', data-parallel all-reduce overlapped with the backward' if 'dp_allreduce' in runtime else ''}); "
                "GEMM and memory efficiency "
                "from the device description; compute per tensor-parallel size in tensor_times; "
                "replace with a measured profile"),

@@ -24,6 +24,14 @@ def device_warnings(profile: ModelProfile, cluster: Cluster) -> list[str]:
         out.append(f"profile {profile.name!r} was timed in {shared} processes at once and cluster {cluster.name!r} "
                    f"costs the sharing of its host's cores itself (host.effective_cores): the sharing is counted "
                    f"twice (profile the model in one process)")
+    runtime = [what for key, value, what in (
+        ("p2p", "blocking", "blocking pipeline sends"),
+        ("dp_allreduce", "overlapped", "the data-parallel all-reduce overlapped with the backward"))
+        if profile.environment.get(key) == value]
+    if runtime:  # planner.analytic.runtime_environment: a runtime other than pipeplan's executor
+        out.append(f"profile {profile.name!r} describes a training runtime with {' and '.join(runtime)}: the "
+                   f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, "
+                   f"all-reduce after each stage's backward) is timed differently")
     if _norm(profile.device) == _norm(cluster.device):
         return out
     return out + [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "

@@ -54,6 +54,8 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": "llama", "device": "h100"}, "config"),
         ({"config": good, "cluster_id": 2**70}, "cluster_id"),  # past any database's integer: 422, not 500
         ({"config": good, "device": "h100", "recompute_granularity": "full"}, "recompute_granularity"),
+        ({"config": good, "device": "h100", "p2p": "blocked"}, "p2p"),
+        ({"config": good, "device": "h100", "dp_allreduce": "before"}, "dp_allreduce"),
     ]
     for body, field in cases:
         r = client.post("/profiles/hf-config", json=body, headers=AUTH)
@@ -92,3 +94,12 @@ def test_hf_config_with_selective_recomputation(client) -> None:  # type: ignore
     stash = [next(x for x in b["layers"] if x["kind"] == "transformer")["stashed_bytes_per_sample"] for b in bodies]
     s, a = cfg["n_positions"], cfg["n_head"]
     assert stash[0] - stash[1] == 5 * a * s * s  # Korthikanti eq. 1's 5 a s^2 b bytes, b = 1
+
+
+def test_hf_config_runtime_is_recorded(client) -> None:  # type: ignore[no-untyped-def]
+    """p2p / dp_allreduce: the training runtime the profile is for, in its environment (planner.analytic)."""
+    body = {"config": _config("gpt2"), "device": "h100", "p2p": "blocking", "dp_allreduce": "overlapped"}
+    r = client.post("/profiles/hf-config", json=body, headers=AUTH)
+    assert r.status_code == 201, r.text
+    env = client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"]["environment"]
+    assert (env["p2p"], env["dp_allreduce"]) == ("blocking", "overlapped")

@@ -138,6 +138,40 @@ def test_profile_analytic_selective_recomputation(tmp_path):
     assert r.exit_code != 0 and "--recompute-granularity must be none or selective" in r.output, r.output
 
 
+def test_profile_analytic_runtime(tmp_path):
+    """--p2p blocking / --dp-allreduce overlapped describe the runtime a plan is for (Megatron-LM's blocking
+    sends, DDP's overlapped all-reduce): recorded in the profile (defaults leave it as it was), the same
+    pipelined configuration predicted slower with blocking sends, the plan warned that pipeplan's executor
+    runs otherwise; bad values are refused by the option's name."""
+    docs = {}
+    for tag, extra in (("default", []), ("megatron", ["--p2p", "blocking", "--dp-allreduce", "overlapped"])):
+        out = tmp_path / f"{tag}.json"
+        r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        docs[tag] = out
+    env = {k: json.loads(v.read_text())["environment"] for k, v in docs.items()}
+    assert "p2p" not in env["default"] and "dp_allreduce" not in env["default"]
+    assert (env["megatron"]["p2p"], env["megatron"]["dp_allreduce"]) == ("blocking", "overlapped")
+    gpu = str(EX / "dgx-a100-80gb.json")
+    times = {}
+    for tag, prof in docs.items():
+        r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", gpu, "--global-batch", "64",
+                                "--tensor", "1", "--pipeline", "4", "--data", "2", "--micro-batch", "2",
+                                "--schedule", "1f1b", "--json"])
+        assert r.exit_code == 0, r.output
+        times[tag] = json.loads(r.output)["iteration_time"]
+    assert times["megatron"] > times["default"], times
+    r = runner.invoke(app, ["plan", "--profile", str(docs["megatron"]), "--cluster", gpu, "--global-batch", "64",
+                            "--gpus", "8", "--top", "2"])
+    assert r.exit_code == 0 and "blocking pipeline sends" in r.output and "pipeplan's executor" in r.output, r.output
+    for opt, bad, msg in (("--p2p", "blocked", "--p2p must be one of overlapped, blocking, got 'blocked'"),
+                          ("--dp-allreduce", "x_y", "--dp-allreduce must be one of after-backward, overlapped, "
+                                                    "got 'x_y'")):
+        r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", opt, bad, "--out",
+                                str(tmp_path / "x.json")])
+        assert r.exit_code != 0 and msg in r.output, r.output
+
+
 def test_profile_analytic_attention_implementation(tmp_path):
     """--attention flash --attention-impl names the flash kernel's implementation (default flash2), recorded in
     the profile; on the H100 cuDNN's kernel is the faster one by its published rate; a bad name is refused."""

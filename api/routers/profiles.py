@@ -36,6 +36,15 @@ class HFConfigUpload(BaseModel):
         default="none", description="selective: Megatron's --recompute-granularity selective (Korthikanti et al. "
                                     "2022): the attention core is re-run in the backward instead of stashed where a "
                                     "plan does not recompute fully (planner.operators)")
+    p2p: Literal["overlapped", "blocking"] = Field(
+        default="overlapped", description="how the training runtime posts its pipeline sends: overlapped "
+                                          "(pipeplan's executor) or blocking (Megatron-LM 2021-22, Megatron-Core's "
+                                          "batched sends; planner.analytic.P2P_RUNTIMES)")
+    dp_allreduce: Literal["after-backward", "overlapped"] = Field(
+        default="after-backward", description="when it all-reduces the data-parallel gradients: after-backward "
+                                              "(pipeplan's executor) or overlapped with the last backward of a "
+                                              "one-stage pipeline (PyTorch DDP; planner.analytic."
+                                              "DP_ALLREDUCE_RUNTIMES)")
 
 
 def default_dtype(dev: DeviceSpec) -> str:
@@ -85,7 +94,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
         options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity)
         dtype = body.dtype or default_dtype(dev)
-        profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options)
+        profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
+                                   dp_allreduce=body.dp_allreduce)
     except HFConfigError as e:
         raise crud.InputError(f"config.{e.field}: {e.message}") from None
     except ValueError as e:
