@@ -271,6 +271,9 @@ def test_two_api_processes_on_one_postgres_run_each_plan_once(tmp_path: Path) ->
                 ids.append(r.json()["id"])
             before = {pid: _plan_status(cb, pid) for pid in [*ids, slow]}
             a.stop(kill=True)
+            # read once A is dead: nothing of A's moves any more, so this says whether A finished the slow plan
+            # (between the snapshot above and the kill, as it may on a loaded machine) or died holding it
+            slow_at_kill = _plan_status(cb, slow)
             for pid in [*ids, slow]:
                 p = _ended(cb, pid)
                 assert p["status"] == "done" and len(p["candidates"]) == p["num_candidates"] > 0, p
@@ -279,8 +282,10 @@ def test_two_api_processes_on_one_postgres_run_each_plan_once(tmp_path: Path) ->
                     assert p["attempts"] == 1 and p["finished_at"] == was["finished_at"], (was, p)
                 else:  # queued or running: at most once on A (if A had it when killed) and once on B
                     assert p["attempts"] <= 2, (was, p)
-            if before[slow]["status"] == "running":  # A died holding it: B ran it again, once
+            if slow_at_kill["status"] == "running":  # A died holding it: B ran it again, once
                 assert _plan_status(cb, slow)["attempts"] == 2
+            else:  # A finished it before it died: untouched
+                assert slow_at_kill["status"] == "done" and _plan_status(cb, slow)["attempts"] == 1, slow_at_kill
     finally:
         a.stop()
         b.stop()
