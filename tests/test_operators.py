@@ -341,6 +341,7 @@ def test_wave_quantisation_on_the_a100():
 
 @pytest.mark.parametrize(("name", "shape", "tflops"), [
     ("A100-SXM4-80GB", (6912, 16384, 2048), 267.9),  # MAMF table (stas00/ml-engineering), bf16, best shape
+    ("A100-SXM4-40GB", (6912, 16384, 2048), 267.9),  # the same chip and clocks: the 80 GB part's figure
     ("H100-SXM5-80GB", (6144, 17920, 2816), 792.1),
 ])
 def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
