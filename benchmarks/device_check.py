@@ -35,7 +35,16 @@ phase writing its files under ``--out`` as soon as it ends (a run killed at its 
    chunking against 1.2 ms of collectives per layer and micro-batch: +1.0 s of 175B's 8.9 s, its gap); 15B's
    would hide its collectives at no chunking cost, unless its chunk transfers outlast its chunk GEMMs, which
    one GPU cannot measure (:func:`chunk_shapes`).
-6. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
+6. ``layers`` (in ``machine.json`` and ``summary.txt``): one transformer layer's 1/t shard of each H100 public run
+   (GPT-3 175B at t 4, b 1, s 2048, dropout; Nemotron-4 15B at t 4, b 4, s 4096; Nemotron-4 340B at t 8, b 1, s
+   4096; their recipes' shapes and kernels from tests/data/h100_public_runs.json) written out in torch -- norm,
+   QKV, ``scaled_dot_product_attention`` (causal), projection, dropout + residual, norm, MLP -- timed forward
+   and forward + backward with CUDA events, with the attention on torch's FlashAttention-2 backend and, where
+   torch has it, on cuDNN's, against the shipped description's operator model of the same layer
+   (:func:`planner.operators.layer_operators`, sequence parallelism off: one GPU runs no collectives). The
+   operator model puts these layers' GEMMs at 670-790 TFLOP/s; the public runs are predicted 2-13% fast: is
+   the compute of these layers already slower than the model says (:func:`public_layer_specs`)?
+7. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
    measurement, then after an idle pause continuously for ``--sustain-s`` seconds (shortened to what the
    budget leaves): TFLOP/s per second of the run, first vs last 10 s, with ``nvidia-smi --query-gpu=clocks.sm,
    power.draw,temperature.gpu`` sampled once a second alongside -- does power or clock throttling under
@@ -89,6 +98,7 @@ class Run:
     check: dict[str, Any] | None = None
     sustained: dict[str, Any] | None = None
     chunks: list[dict[str, Any]] | None = None
+    layers: list[dict[str, Any]] | None = None
     table: str = ""
 
     def elapsed(self) -> float:
@@ -125,6 +135,7 @@ class Run:
 
     def save(self) -> None:
         write_json(self.out / "machine.json", {**self.machine, "phases": self.phases, "chunks": self.chunks,
+                                               "public_layers": self.layers,
                                                "elapsed_s": round(self.elapsed(), 1)})
         (self.out / "summary.txt").write_text(summary_text(self))
 
@@ -456,7 +467,149 @@ def chunk_check(run: Run, args: argparse.Namespace, dev: Any, shipped: Any) -> l
     return rows
 
 
-# ---------------------------------------------------------------------------------------------- 6. sustained
+# ---------------------------------------------------------------------------------------------- 6. layers
+def public_layer_specs(args: argparse.Namespace) -> list[tuple[str, Any, int, int, Any]]:
+    """(label, ModelSpec, micro-batch, t, OperatorOptions) of one layer of each H100 public run (the first row of
+    each model in tests/data/h100_public_runs.json, its recipe's options with sequence parallelism off); in
+    ``--quick`` mode or on the CPU a small stand-in of the same structure (GQA, squared ReLU, no bias)."""
+    from dataclasses import replace
+
+    from planner.fidelity import load_tables, public_runs
+    from planner.model import ModelSpec
+    from planner.operators import OperatorOptions
+
+    if args.quick or args.device_type != "cuda":
+        spec = ModelSpec(name="stand-in", layers=1, hidden=256, heads=4, kv_heads=2, ffn_hidden=1024, seq=128,
+                         vocab=512, activation="relu", bias=False)
+        return [("stand-in", spec, 1, 2, OperatorOptions(attention="flash", causal=True, dropout=False,
+                                                         dtype=args.dtype, grad_accumulation="fused"))]
+    first: dict[str, Any] = {}
+    for r in public_runs(load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")):
+        first.setdefault(r.model, r)
+    return [(m, r.spec, r.micro_batch, r.t, replace(r.options(), sequence_parallel=False, dtype=args.dtype))
+            for m, r in first.items()]
+
+
+def layer_shard(spec: Any, b: int, t: int, dropout: bool, dev: Any, dt: Any) -> tuple[Any, Any, list[Any]]:
+    """One layer's 1/t shard in plain torch (Megatron's column/row split, no collectives): ``(forward, input,
+    parameters)``; ``forward(x, backend)`` runs it with ``scaled_dot_product_attention`` on ``backend``."""
+    import torch
+    import torch.nn.functional as F
+
+    h, d, s = spec.hidden, spec.d, spec.seq
+    a_t, k_t, f_t = spec.heads // t, max(spec.k // t, 1), -(-spec.f // t)
+    p = 0.1 if dropout else 0.0
+
+    def param(*shape: int, fill: float | None = None) -> Any:
+        w = torch.full(shape, fill, device=dev, dtype=dt) if fill is not None else \
+            torch.randn(*shape, device=dev, dtype=dt) * 0.02
+        return w.requires_grad_()
+
+    bias = spec.bias
+    w = {"n1": param(h, fill=1.0), "n1b": param(h, fill=0.0), "n2": param(h, fill=1.0), "n2b": param(h, fill=0.0),
+         "qkv": param((a_t + 2 * k_t) * d, h), "proj": param(h, a_t * d), "fc1": param(f_t, h), "fc2": param(h, f_t)}
+    if bias:
+        w.update(qkv_b=param((a_t + 2 * k_t) * d, fill=0.0), proj_b=param(h, fill=0.0), fc1_b=param(f_t, fill=0.0),
+                 fc2_b=param(h, fill=0.0))
+
+    def norm(x: Any, g: str) -> Any:
+        if spec.norm == "layernorm":
+            return F.layer_norm(x, (h,), w[g], w[g + "b"])
+        return F.rms_norm(x, (h,), w[g])
+
+    def attend(q: Any, k: Any, v: Any, backend: Any) -> Any:
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(backend):
+            if k_t == a_t:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            try:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
+            except (TypeError, RuntimeError):  # a backend without GQA: the key/value heads repeated
+                rep = a_t // k_t
+                return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                                      dropout_p=p, is_causal=True)
+
+    def forward(x: Any, backend: Any) -> Any:
+        qkv = F.linear(norm(x, "n1"), w["qkv"], w.get("qkv_b"))
+        q, k, v = qkv.split([a_t * d, k_t * d, k_t * d], dim=-1)
+        q, k, v = (z.reshape(b, s, -1, d).transpose(1, 2) for z in (q, k, v))
+        o = attend(q, k, v, backend).transpose(1, 2).reshape(b * s, a_t * d)
+        x = x + F.dropout(F.linear(o, w["proj"], w.get("proj_b")), p)
+        u = F.linear(norm(x, "n2"), w["fc1"], w.get("fc1_b"))
+        u = F.gelu(u, approximate="tanh") if spec.activation == "gelu" else \
+            (F.silu(u) if spec.activation == "silu" else torch.square(F.relu(u)))
+        return x + F.dropout(F.linear(u, w["fc2"], w.get("fc2_b")), p)
+
+    x = torch.randn(b * s, h, device=dev, dtype=dt, requires_grad=True)
+    return forward, x, list(w.values())
+
+
+def public_layer_check(run: Run, args: argparse.Namespace, dev: Any, shipped: Any) -> list[dict]:
+    """Each :func:`public_layer_specs` layer timed forward and forward + backward (median of the repeats) per
+    attention backend, against the shipped operator model (forward; backward = input + weight gradient) with
+    the implementation that backend runs (FlashAttention-2: ``flash2``; cuDNN: ``cudnn``)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    cuda = dev.type == "cuda"
+    backends = [("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None))] \
+        if cuda else [("math", SDPBackend.MATH)]
+    rows = []
+    for label, spec, b, t, opts in public_layer_specs(args):
+        for row in _time_layer(run, args, dev, shipped, label, spec, b, t, opts, backends):
+            rows.append(row)
+        if cuda:
+            torch.cuda.empty_cache()
+    run.layers = rows
+    return rows
+
+
+def _time_layer(run: Run, args: argparse.Namespace, dev: Any, shipped: Any, label: str, spec: Any, b: int, t: int,
+                opts: Any, backends: list[tuple[str, Any]]) -> list[dict]:
+    """:func:`public_layer_check`'s rows of one layer, one per attention backend."""
+    from dataclasses import replace
+
+    import torch
+
+    from planner.operators import layer_operators, time_operators
+    from profiler.run import DTYPES
+    from profiler.timing import time_op
+
+    forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
+    gy = torch.randn_like(x)
+
+    def zero() -> None:
+        for q in (*params, x):
+            q.grad = None
+
+    rows = []
+    for impl, backend in backends:
+        if backend is None:
+            continue
+        row: dict[str, Any] = {"label": label, "t": t, "b": b, "seq": spec.seq, "attention": impl}
+        try:
+            f = time_op(lambda: None, lambda _, k=backend: forward(x, k), dev, warmup=args.warmup,
+                        repeats=args.repeats or 10)
+            fb = time_op(zero, lambda _, k=backend: forward(x, k).backward(gy), dev, warmup=args.warmup,
+                         repeats=args.repeats or 10)
+            o = replace(opts, attention_impl=impl) if dev.type == "cuda" else opts
+            pt = time_operators(layer_operators(spec, b, t, o), shipped, args.dtype)
+            row.update(meas_fwd_s=f.median, meas_bwd_s=max(fb.median - f.median, 0.0), pred_fwd_s=pt.fwd,
+                       pred_bwd_s=pt.bwd)
+            row["fwd_err"] = pt.fwd / f.median - 1.0
+            row["bwd_err"] = pt.bwd / row["meas_bwd_s"] - 1.0 if row["meas_bwd_s"] > 0 else None
+            row["fwd_bwd_err"] = (pt.fwd + pt.bwd) / fb.median - 1.0
+        except Exception as err:  # one backend's failure (unsupported shape, no cuDNN) keeps the others
+            row["error"] = f"{type(err).__name__}: {err}"[:300]
+        rows.append(row)
+        run.log(f"layer {label} ({impl}): " + (row.get("error") or
+                f"fwd {row['meas_fwd_s'] * 1e3:.3f} ms (pred {row['pred_fwd_s'] * 1e3:.3f}), fwd+bwd "
+                f"{(row['meas_fwd_s'] + row['meas_bwd_s']) * 1e3:.3f} ms ({fmt_err(row['fwd_bwd_err'])})"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- 7. sustained
 class SmiSampler:
     """``nvidia-smi --query-gpu=...`` once a second in a thread (nothing where there is no nvidia-smi)."""
 
@@ -715,6 +868,20 @@ def summary_text(run: Run) -> str:
         out += [f"  {r['label']:<12}{r['m']:>6}{r['n']:>7}{r['k']:>7}{r['chunks']:>7}{r['meas_tflops']:>14.4g}"
                 f"{fmt_ms(r['meas_s']):>10}{fmt_ms(r['pred_s']):>10}{fmt_err(r['err']):>8}" for r in run.chunks]
         out.append("")
+    if run.layers:
+        out += ["PUBLIC-RUN LAYERS: one layer's 1/t shard of each H100 public run in torch (no collectives), "
+                "measured against the shipped operator model (err = predicted / measured - 1):",
+                f"  {'layer':<16}{'t':>3}{'b':>3}{'seq':>6} {'attention':<9}{'meas fwd':>10}{'pred fwd':>10}{'err':>8}"
+                f"{'meas bwd':>10}{'pred bwd':>10}{'err':>8}{'fwd+bwd err':>13}"]
+        for r in run.layers:
+            head = f"  {r['label']:<16}{r['t']:>3}{r['b']:>3}{r['seq']:>6} {r['attention']:<9}"
+            if "error" in r:
+                out.append(head + f"failed: {r['error']}")
+                continue
+            out.append(head + f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
+                       f"{fmt_ms(r['meas_bwd_s']):>10}{fmt_ms(r['pred_bwd_s']):>10}{fmt_err(r['bwd_err']):>8}"
+                       f"{fmt_err(r['fwd_bwd_err']):>13}")
+        out.append("")
     s = run.sustained
     if s:
         out += [f"SUSTAINED vs BURST GEMM: {s['n']}^3 {s['dtype']}, {s.get('gemms')} GEMMs over "
@@ -830,6 +997,13 @@ def main(argv: list[str] | None = None) -> int:
         run.phase("chunks", chunk_check, run, args, dev, shipped)
     else:
         run.skip("chunks", f"{run.left():.0f} s left")
+    if run.left() > (30 if cuda and not args.quick else 1):
+        shipped = shipped_description(torch.cuda.get_device_name(dev) if cuda else "cpu", args)[0]
+        run.phase("layers", public_layer_check, run, args, dev, shipped)
+        if cuda:
+            torch.cuda.empty_cache()
+    else:
+        run.skip("layers", f"{run.left():.0f} s left")
     seconds = min(sustain, run.left() - cool - 15.0) if cuda and not args.quick else sustain
     if seconds >= min(10.0, sustain):
         run.phase("sustained", sustained_gemm, run, args, dev, seconds, cool)

@@ -37,7 +37,7 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
     assert len(list(out.iterdir())) <= 7  # the device tool returns at most 8 files from $OUT (log.txt is one)
 
     machine = json.loads((out / "machine.json").read_text())
-    assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "chunks",
+    assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "chunks", "layers",
                                                         "sustained"]
     assert all(p["status"] == "done" for p in machine["phases"])
     # the public runs' GEMMs whole and in Transformer Engine's overlap chunks: one row per (GEMM, cut), the cut
@@ -82,7 +82,7 @@ def test_shell_entry_skips_what_the_budget_does_not_allow(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     phases = {p["phase"]: p["status"] for p in json.loads((out / "machine.json").read_text())["phases"]}
     assert phases == {"machine": "done", "device": "skipped", "profile": "skipped", "check": "skipped",
-                      "chunks": "skipped", "sustained": "done"}
+                      "chunks": "skipped", "layers": "skipped", "sustained": "done"}
     assert "phase device: skipped" in (out / "log.txt").read_text()
     assert "SUSTAINED vs BURST" in (out / "summary.txt").read_text()
 
@@ -141,3 +141,46 @@ def test_smi_sampler_keeps_the_fields_the_driver_knows(tmp_path: Path, monkeypat
     summary = dc.smi_summary(samples[:1], samples[1:])
     assert summary["busy_clocks.sm"]["median"] == 1980 and summary["busy_power.draw"] is None
     assert summary["busy_clock_event_reasons"] == ["0x0000000000000004"]
+
+
+def test_public_layer_specs_and_shards() -> None:
+    """The layers the GPU check times are the H100 public runs' (t, b, seq, kernels; sequence parallelism off: one
+    GPU runs no collectives), and the torch shard holds the 1/t share of a layer's weights the operator model
+    counts, with GQA, squared ReLU and biases as the recipes have them; it runs forward and backward."""
+    import argparse
+
+    import torch
+
+    dc = _load()
+    args = argparse.Namespace(quick=False, device_type="cuda", dtype="bf16")
+    specs = {label: (b, t, spec, opts) for label, spec, b, t, opts in dc.public_layer_specs(args)}
+    assert {k: (b, t, spec.seq) for k, (b, t, spec, _o) in specs.items()} == {
+        "gpt3-175b": (1, 4, 2048), "nemotron4-15b": (4, 4, 4096), "nemotron4-340b": (1, 8, 4096)}
+    assert all(not o.sequence_parallel and o.attention == "flash" for _b, _t, _s, o in specs.values())
+    assert specs["gpt3-175b"][3].dropout and not specs["nemotron4-15b"][3].dropout
+    for label, (_b, t, spec, opts) in specs.items():  # each shrunk 16x, 2 query heads per rank, GQA kept
+        small = spec.with_(hidden=spec.hidden // 16, heads=2 * t, kv_heads=t if spec.k < spec.heads else 2 * t,
+                           seq=64, head_dim=None, ffn_hidden=spec.f // 16)
+        forward, x, params = dc.layer_shard(small, 1, t, opts.dropout, torch.device("cpu"), torch.float32)
+        from torch.nn.attention import SDPBackend
+
+        y = forward(x, SDPBackend.MATH)
+        assert y.shape == x.shape, label
+        y.sum().backward()
+        assert all(p.grad is not None for p in params) and x.grad is not None, label
+        norms = 4 * small.hidden if small.norm == "layernorm" else 2 * small.hidden
+        got = sum(p.numel() for p in params) - norms
+        assert got == pytest.approx((small.layer_params() - norms) / t, rel=0.02), label
+
+
+def test_quick_layers_phase_rows(tmp_path: Path) -> None:
+    """The layers phase's CPU stand-in row: measured and predicted forward and backward, finite."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--device", "cpu",
+                        "--sustain-s", "0.2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads((out / "machine.json").read_text())["public_layers"]
+    assert [(x["label"], x["attention"]) for x in rows] == [("stand-in", "math")]
+    assert all(math.isfinite(rows[0][k]) and rows[0][k] > 0 for k in ("meas_fwd_s", "meas_bwd_s", "pred_fwd_s",
+                                                                       "pred_bwd_s"))
+    assert "PUBLIC-RUN LAYERS" in (out / "summary.txt").read_text()
