@@ -490,9 +490,12 @@ def public_layer_specs(args: argparse.Namespace) -> list[tuple[str, Any, int, in
             for m, r in first.items()]
 
 
-def layer_shard(spec: Any, b: int, t: int, dropout: bool, dev: Any, dt: Any) -> tuple[Any, Any, list[Any]]:
+def layer_shard(spec: Any, b: int, t: int, dropout: bool, dev: Any, dt: Any,
+                notes: dict[str, Any] | None = None) -> tuple[Any, Any, list[Any]]:
     """One layer's 1/t shard in plain torch (Megatron's column/row split, no collectives): ``(forward, input,
-    parameters)``; ``forward(x, backend)`` runs it with ``scaled_dot_product_attention`` on ``backend``."""
+    parameters)``; ``forward(x, backend)`` runs it with ``scaled_dot_product_attention`` on ``backend``.
+    ``notes["gqa_repeated"]`` is set where the backend took no grouped key/value heads and they were repeated
+    (extra copies the operator model does not have)."""
     import torch
     import torch.nn.functional as F
 
@@ -526,6 +529,8 @@ def layer_shard(spec: Any, b: int, t: int, dropout: bool, dev: Any, dt: Any) -> 
             try:
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
             except (TypeError, RuntimeError):  # a backend without GQA: the key/value heads repeated
+                if notes is not None:
+                    notes["gqa_repeated"] = True
                 rep = a_t // k_t
                 return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                                       dropout_p=p, is_causal=True)
@@ -576,7 +581,8 @@ def _time_layer(run: Run, args: argparse.Namespace, dev: Any, shipped: Any, labe
     from profiler.run import DTYPES
     from profiler.timing import time_op
 
-    forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
+    notes: dict[str, Any] = {}
+    forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype], notes)
     gy = torch.randn_like(x)
 
     def zero() -> None:
@@ -602,6 +608,7 @@ def _time_layer(run: Run, args: argparse.Namespace, dev: Any, shipped: Any, labe
             row["fwd_bwd_err"] = (pt.fwd + pt.bwd) / fb.median - 1.0
         except Exception as err:  # one backend's failure (unsupported shape, no cuDNN) keeps the others
             row["error"] = f"{type(err).__name__}: {err}"[:300]
+        row["gqa_repeated"] = notes.pop("gqa_repeated", False)
         rows.append(row)
         run.log(f"layer {label} ({impl}): " + (row.get("error") or
                 f"fwd {row['meas_fwd_s'] * 1e3:.3f} ms (pred {row['pred_fwd_s'] * 1e3:.3f}), fwd+bwd "
@@ -880,7 +887,8 @@ def summary_text(run: Run) -> str:
                 continue
             out.append(head + f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
                        f"{fmt_ms(r['meas_bwd_s']):>10}{fmt_ms(r['pred_bwd_s']):>10}{fmt_err(r['bwd_err']):>8}"
-                       f"{fmt_err(r['fwd_bwd_err']):>13}")
+                       f"{fmt_err(r['fwd_bwd_err']):>13}"
+                       + ("  (GQA heads repeated: the backend took no grouped heads)" if r.get("gqa_repeated") else ""))
         out.append("")
     s = run.sustained
     if s:
