@@ -119,23 +119,8 @@ def analysis(runs, base, dev) -> None:
               f"TP collectives {tp:.3f} s = {tp / cfg.iteration_time:.1%} of the prediction):")
         for name, s in rows:
             print(f"    {name:54s} {s:7.3f} s  {s / meas - 1:+7.1%}")
-        extra = (f"; Megatron-Core's selective re-run of the flash forward +{selective_flash_rerun(run, dev):.3f} s"
-                 if run.recipe["recompute"] == "selective" else "")
         print(f"    estimates: DP reduction in fp32 instead of bf16 +{br.get('allreduce_exposed', 0.0):.3f} s exposed "
-              f"at most{extra}")
-
-
-def selective_flash_rerun(run, dev) -> float:
-    """Seconds per iteration per device of re-running the flash kernel's forward in the backward, as
-    Megatron-Core's selective recomputation does (``CheckpointWithoutOutput`` of the core attention, also
-    with Transformer Engine's fused kernel), which the operator model does not cost with flash attention:
-    the flash forward of one layer times the layers per device times the micro-batches per replica."""
-    from planner.operators import layer_operators
-
-    ops = layer_operators(run.spec, run.micro_batch, run.t, run.options())
-    flash = sum(k.time(dev, "bf16") for op in ops if op.name == "flash_attn" for k in op.fwd)
-    micro_batches = run.batch // (run.d * run.micro_batch)
-    return flash * (run.spec.layers // run.p) * micro_batches
+              "at most")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     if prof.environment.get("recompute_granularity") == "selective":
         console.print("recomputation: rows with rc re-run every layer; the others re-run the attention core "
                       "selectively (profile: --recompute-granularity selective"
-                      + (", no effect with its flash attention" if prof.environment.get("attention") == "flash"
+                      + (": the flash kernel's forward" if prof.environment.get("attention") == "flash"
                          else "") + ")", highlight=False)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
@@ -236,9 +236,9 @@ def register(app: typer.Typer) -> None:
         sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
         recompute_granularity: Annotated[str, typer.Option(
             help="none, or selective (Megatron's --recompute-granularity selective, Korthikanti et al. 2022: "
-                 "layers not fully recomputed re-run the unfused attention core in the backward instead of "
-                 "stashing it; no effect with flash attention). Full recomputation stays the planner's "
-                 "per-candidate choice (the rc column)")] = "none",
+                 "layers not fully recomputed re-run the attention core in the backward instead of stashing "
+                 "it -- with flash attention its forward, as Megatron-Core checkpoints it). Full recomputation "
+                 "stays the planner's per-candidate choice (the rc column)")] = "none",
         p2p: Annotated[str, typer.Option(
             help="how the runtime you will train with posts its pipeline sends: overlapped (they overlap "
                  "compute: pipeplan's executor, Megatron-Core with --overlap-p2p-communication) or blocking "

@@ -164,7 +164,8 @@ def _selective_note(opts: OperatorOptions) -> str:
     if opts.recompute != "selective":
         return ""
     if opts.attention == "flash":
-        return ", selective recomputation (no effect with flash attention: its kernel already recomputes)"
+        return (", selective recomputation: layers not fully recomputed re-run the flash kernel's forward in the "
+                "backward (Megatron-Core checkpoints the core attention whatever its kernel)")
     return (", selective recomputation: layers not fully recomputed re-run the attention core in the "
             "backward and stash no s x s tensors")
 

@@ -49,10 +49,13 @@ re-run at the start of the layer's backward (Megatron's ``_checkpointed_attentio
 whole ``CoreAttention``, the last ``P V`` GEMM included): they count in the input-gradient part I
 (:attr:`Operator.recomputed`, :attr:`PassTimes.rerun`), never in W. Full recomputation of such a layer
 re-runs its whole forward once, the core included, so it does not pay the core's re-run a second time
-(:attr:`PassTimes.recompute`). With ``attention="flash"`` selective changes nothing: the flash kernel keeps
-no ``s x s`` tensor and its backward already recomputes the scores, and Megatron-LM skips the core's
-checkpoint for it (``ParallelAttention.forward``: ``if not self.use_flash_attn: if
-self.checkpoint_core_attention: ...``).
+(:attr:`PassTimes.recompute`). With ``attention="flash"`` the core is the flash kernel, and Megatron-Core
+checkpoints it all the same (``megatron/core/transformer/attention.py``: ``if self.checkpoint_core_attention
+and self.training: core_attn_out = self._checkpointed_attention_forward(...)``, whatever the kernel --
+Transformer Engine's flash or fused attention): its forward is re-run before its backward, and it stashes
+Q, K and V only, not its row log-sum-exp. (Megatron-LM's legacy ``ParallelAttention`` skipped the
+checkpoint for flash attention: ``if not self.use_flash_attn: if self.checkpoint_core_attention: ...``; the
+runs that stack measured used unfused attention.)
 
 **Time** of one kernel (Calculon, Isaev et al. SC'23, section 3): compute
 ``FLOPs / (peak * gemm_efficiency(shape))`` and memory ``bytes / (bandwidth * memory_efficiency(bytes))``
@@ -140,10 +143,10 @@ class OperatorOptions:
     #: micro-batch; "fused": the weight-gradient GEMM accumulates in place (gradient-accumulation fusion)
     grad_accumulation: Literal["separate", "fused"] = "separate"
     #: activation recomputation inside the layer, a property of the run like the attention kernel
-    #: (Megatron-LM's ``--recompute-granularity selective``): "selective" re-runs the unfused attention
-    #: core in the backward instead of stashing its ``s x s`` tensors (module docstring; no effect with
-    #: flash attention). Full recomputation is the planner's per-candidate choice (``Config.recompute``),
-    #: not an option here.
+    #: (Megatron's ``--recompute-granularity selective``): "selective" re-runs the attention core in the
+    #: backward instead of stashing its tensors -- the unfused core's ``s x s`` ones, or the flash kernel's
+    #: forward, as Megatron-Core checkpoints it too (module docstring). Full recomputation is the planner's
+    #: per-candidate choice (``Config.recompute``), not an option here.
     recompute: Literal["none", "selective"] = "none"
 
 
@@ -254,9 +257,12 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         io = el * (2 * heads_b * s * d + 2 * b * k_t * s * d)  # read Q, K, V, write O
         fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b), (o.attention_impl, o.causal, False))
         bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b), (o.attention_impl, o.causal, True))
-        # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input
+        # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
+        # (Megatron-Core): checkpointed, the forward re-run before the backward, Q, K, V kept, not the LSE
         qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
-        ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + 4.0 * heads_b * s))
+        sel = o.recompute == "selective"
+        ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + (0.0 if sel else 4.0 * heads_b * s),
+                            recomputed=sel))
     ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))

@@ -176,8 +176,8 @@ def test_megatron_arguments_say_the_configuration() -> None:
 
 def test_megatron_selective_recomputation_follows_the_profile() -> None:
     """A profile made with selective recomputation (Megatron's --recompute-granularity selective) exports that
-    flag where the candidate does not recompute fully, the full-recomputation flags where it does, and
-    nothing with flash attention (selective changes nothing there); the round trip keeps recompute off."""
+    flag where the candidate does not recompute fully, the full-recomputation flags where it does, with flash
+    attention too (Megatron-Core checkpoints the flash kernel as well); the round trip keeps recompute off."""
     spec = PRESETS["gpt2-medium"]
 
     def inp(recompute: bool, **kw: object) -> ExportInput:
@@ -191,7 +191,7 @@ def test_megatron_selective_recomputation_follows_the_profile() -> None:
     assert parse(export("megatron", inp(False))).config.recompute is False
     full = export("megatron", inp(True)).main.content
     assert "--recompute-granularity full" in full and "selective" not in full
-    assert "--recompute-granularity" not in export("megatron", inp(False, attention="flash")).main.content
+    assert "--recompute-granularity selective" in export("megatron", inp(False, attention="flash")).main.content
 
 
 def test_megatron_uneven_first_and_last_stage() -> None:

@@ -11,9 +11,10 @@ Reached with the shipped H100 description and DGX H100 cluster, each row in its 
 H100's measured maximum achievable matmul FLOPS (792.1 TFLOP/s), the flash kernel at the published rate of
 the recipe's implementation (FlashAttention-2 for 175B, cuDNN's fused attention for Nemotron-4: the
 FlashAttention-3 paper's figures 5 and 6), the pipeline sends blocking where the recipe batches them without
-overlapping them (340B: Megatron-Core waits on the batched requests and synchronizes the device). Median
-|error| 5.9%, worst 13.4% (175B -12.4..-13.4%, 15B -3.8..-8.3%, 340B +0.9..+3.0%; with non-blocking sends
-340B read -2.1..-4.0%). Before: 8.2% / 14.7% with the flash kernel on the GEMM
+overlapping them (340B: Megatron-Core waits on the batched requests and synchronizes the device), 340B's
+selective recomputation re-running the flash forward (Megatron-Core checkpoints the core attention whatever its
+kernel). Median |error| 5.9%, worst 13.4% (175B -12.4..-13.4%, 15B -3.8..-8.3%, 340B +1.5..+3.6%; with
+non-blocking sends and no re-run 340B read -2.1..-4.0%). Before: 8.2% / 14.7% with the flash kernel on the GEMM
 curve (at 520-830 TFLOP/s), 10.8% / 14.7% also without the MAMF cap. The TP collectives are 12% (175B),
 20% (15B) and 17% (340B) of the predicted time (:func:`planner.fidelity.tp_collective_seconds`).
 

@@ -79,15 +79,22 @@ def test_selective_profile_records_it_and_pays_the_core_once():
                 assert q.bwd_time == pytest.approx(p.bwd_time)
 
 
-def test_selective_changes_nothing_with_flash_attention():
-    """The flash kernel stashes no s x s tensor and its backward recomputes the scores already (Megatron-LM
-    skips the core's checkpoint for it): selective leaves the stash and the times as they are."""
+def test_selective_re_runs_the_flash_forward():
+    """Megatron-Core checkpoints the core attention whatever its kernel: with flash attention, selective
+    re-runs the flash kernel's forward before its backward (in I, never W) and stashes Q, K, V without the
+    kernel's fp32 row log-sum-exp; full recomputation does not pay that re-run twice."""
+    b, t = 2, 8
     for sp in (False, True):
         kw = {"attention": "flash", "sequence_parallel": sp}
-        assert saved(GPT, 2, 8, recompute="selective", **kw) == pytest.approx(saved(GPT, 2, 8, **kw))
-        a = time_operators(layer_operators(GPT, 2, 8, OperatorOptions(**kw)), A100, "fp16")
-        b = time_operators(layer_operators(GPT, 2, 8, OperatorOptions(recompute="selective", **kw)), A100, "fp16")
-        assert (b.fwd, b.bwd_i, b.bwd_w, b.rerun) == pytest.approx((a.fwd, a.bwd_i, a.bwd_w, 0.0))
+        ops = layer_operators(GPT, b, t, OperatorOptions(**kw))
+        flash_fwd = sum(k.time(A100, "fp16") for op in ops if op.name == "flash_attn" for k in op.fwd)
+        lse = 4.0 * b * (GPT.heads // t) * GPT.seq
+        assert saved(GPT, b, t, recompute="selective", **kw) == pytest.approx(saved(GPT, b, t, **kw) - lse)
+        a = time_operators(ops, A100, "fp16")
+        s = time_operators(layer_operators(GPT, b, t, OperatorOptions(recompute="selective", **kw)), A100, "fp16")
+        assert (s.fwd, s.bwd_w, s.rerun) == pytest.approx((a.fwd, a.bwd_w, flash_fwd))
+        assert s.bwd_i == pytest.approx(a.bwd_i + flash_fwd)
+        assert s.recompute == pytest.approx(a.recompute)
 
 
 def test_stash_of_gqa_and_swiglu_follows_the_shapes():

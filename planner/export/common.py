@@ -28,8 +28,9 @@ class ExportInput:
     shape); ``layer_kinds``: the kind of every profile layer (what the partition's ``[start, end)``
     ranges index); ``dtype``: the profile's; ``sequence_parallel``: whether the profile's tensor-parallel
     times assume Megatron's sequence parallelism; ``recompute_granularity``: ``"selective"`` when the
-    profile re-runs the unfused attention core in the backward (its environment's ``recompute_granularity``;
-    ``"none"`` with flash attention, where selective changes nothing); ``gpus_per_node``: the cluster's,
+    profile re-runs the attention core in the backward (its environment's ``recompute_granularity``: the
+    unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it); ``gpus_per_node``: the
+    cluster's,
     for launch lines;
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
@@ -99,7 +100,7 @@ class ExportInput:
         sp = any(bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
                  for layer in profile.layers)
         env = profile.environment
-        selective = env.get("recompute_granularity") == "selective" and env.get("attention") != "flash"
+        selective = env.get("recompute_granularity") == "selective"
         return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
                    dtype=profile.dtype, sequence_parallel=sp,
                    recompute_granularity="selective" if selective else "none", **kw)  # type: ignore[arg-type]
