@@ -391,18 +391,7 @@ def kernel_table(args: argparse.Namespace, config: Any, shipped: Any, opts: Any,
                     y.backward(torch.ones_like(y))
                 if cuda:
                     torch.cuda.synchronize(dev)
-        events = prof.key_averages()
-        kernels = []
-        for e in events:
-            dev_us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0) \
-                if cuda else e.self_cpu_time_total
-            if dev_us > 0 and (not cuda or getattr(e, "device_type", None) is None
-                               or "CUDA" in str(getattr(e, "device_type", ""))):
-                kernels.append({"name": e.key[:90], "count_per_iter": e.count / reps,
-                                "ms_per_iter": dev_us / reps / 1e3})
-        kernels.sort(key=lambda k: -k["ms_per_iter"])
-        if not cuda:  # CPU: self time of the aten ops (the top-level ops double-count their children otherwise)
-            kernels = [k for k in kernels if k["name"].startswith("aten::")]
+        kernels = kernel_rows(prof, reps, cuda)
         pred = time_operators(layer_operators(config.spec(), b, t, opts), shipped, args.dtype)
         out[f"t{t}_b{b}"] = {
             "measured_total_ms_per_iter": sum(k["ms_per_iter"] for k in kernels),
@@ -413,6 +402,22 @@ def kernel_table(args: argparse.Namespace, config: Any, shipped: Any, opts: Any,
         }
         del layer, block
     return out
+
+
+def kernel_rows(prof: Any, reps: int, cuda: bool) -> list[dict]:
+    """A finished ``torch.profiler`` run of ``reps`` iterations as kernels: name, launches and device
+    milliseconds per iteration (on the CPU: the aten ops' self time), the longest first."""
+    kernels = []
+    for e in prof.key_averages():
+        dev_us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0) \
+            if cuda else e.self_cpu_time_total
+        if dev_us > 0 and (not cuda or getattr(e, "device_type", None) is None
+                           or "CUDA" in str(getattr(e, "device_type", ""))):
+            kernels.append({"name": e.key[:90], "count_per_iter": e.count / reps, "ms_per_iter": dev_us / reps / 1e3})
+    kernels.sort(key=lambda k: -k["ms_per_iter"])
+    if not cuda:  # CPU: self time of the aten ops (the top-level ops double-count their children otherwise)
+        kernels = [k for k in kernels if k["name"].startswith("aten::")]
+    return kernels
 
 
 # ---------------------------------------------------------------------------------------------- 5. chunks
@@ -570,6 +575,21 @@ def public_layer_check(run: Run, args: argparse.Namespace, dev: Any, shipped: An
     return rows
 
 
+def _layer_kernels(forward: Any, x: Any, gy: Any, zero: Any, backend: Any, dev: Any, reps: int = 3) -> list[dict]:
+    """``torch.profiler`` kernels of ``reps`` forward + backward passes of a :func:`layer_shard` layer."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = dev.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(reps):
+            zero()
+            forward(x, backend).backward(gy)
+        if cuda:
+            torch.cuda.synchronize(dev)
+    return kernel_rows(prof, reps, cuda)
+
+
 def _time_layer(run: Run, args: argparse.Namespace, dev: Any, shipped: Any, label: str, spec: Any, b: int, t: int,
                 opts: Any, backends: list[tuple[str, Any]]) -> list[dict]:
     """:func:`public_layer_check`'s rows of one layer, one per attention backend."""
@@ -606,6 +626,9 @@ def _time_layer(run: Run, args: argparse.Namespace, dev: Any, shipped: Any, labe
             row["fwd_err"] = pt.fwd / f.median - 1.0
             row["bwd_err"] = pt.bwd / row["meas_bwd_s"] - 1.0 if row["meas_bwd_s"] > 0 else None
             row["fwd_bwd_err"] = (pt.fwd + pt.bwd) / fb.median - 1.0
+            if impl == backends[0][0]:  # where the time goes, kernel by kernel, beside the model's operators
+                row["kernels"] = _layer_kernels(forward, x, gy, zero, backend, dev)[:12]
+                row["pred_per_op_ms"] = {n: [round(v * 1e3, 4) for v in fiw] for n, fiw in pt.per_op.items()}
         except Exception as err:  # one backend's failure (unsupported shape, no cuDNN) keeps the others
             row["error"] = f"{type(err).__name__}: {err}"[:300]
         row["gqa_repeated"] = notes.pop("gqa_repeated", False)
@@ -889,6 +912,12 @@ def summary_text(run: Run) -> str:
                        f"{fmt_ms(r['meas_bwd_s']):>10}{fmt_ms(r['pred_bwd_s']):>10}{fmt_err(r['bwd_err']):>8}"
                        f"{fmt_err(r['fwd_bwd_err']):>13}"
                        + ("  (GQA heads repeated: the backend took no grouped heads)" if r.get("gqa_repeated") else ""))
+        for r in run.layers:
+            if r.get("kernels"):
+                out.append(f"  kernels of {r['label']} ({r['attention']}), fwd+bwd, ms per iteration (x launches):")
+                out += [f"    {k['ms_per_iter']:9.3f} x{k['count_per_iter']:<5g} {k['name']}" for k in r["kernels"]]
+                out.append("    predicted per operator (fwd / bwd input / bwd weight, ms): " + "; ".join(
+                    f"{n} {f:.3f}/{i:.3f}/{w:.3f}" for n, (f, i, w) in r["pred_per_op_ms"].items()))
         out.append("")
     s = run.sustained
     if s:

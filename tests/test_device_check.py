@@ -183,4 +183,5 @@ def test_quick_layers_phase_rows(tmp_path: Path) -> None:
     assert [(x["label"], x["attention"]) for x in rows] == [("stand-in", "math")]
     assert all(math.isfinite(rows[0][k]) and rows[0][k] > 0 for k in ("meas_fwd_s", "meas_bwd_s", "pred_fwd_s",
                                                                        "pred_bwd_s"))
+    assert rows[0]["kernels"] and set(rows[0]["pred_per_op_ms"]) >= {"qkv", "flash_attn", "mlp_up", "mlp_down"}
     assert "PUBLIC-RUN LAYERS" in (out / "summary.txt").read_text()
