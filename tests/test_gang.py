@@ -603,14 +603,21 @@ def test_killing_one_agent_of_a_gang_requeues_the_job_and_another_pair_completes
             agent_logs = {p.name: (p / "agent.log").read_text(errors="replace")[-2000:]
                           for p in tmp_path.glob("node*")}
             assert done["state"] == "succeeded", (done, agent_logs)
-            events = [e["event"] for e in done["history"]]
-            assert events.count("gang_started") == 2 and done["attempts"] == 2, events
-            stop = next(e for e in done["history"] if e["event"] == "gang_stopped")
-            assert stop["requeued"] is True
-            second = [e for e in done["history"] if e["event"] == "gang_started"][1]
-            assert victim not in second["workers"] and len(set(second["workers"])) == 2
+            starts = [e for e in done["history"] if e["event"] == "gang_started"]
+            stops = [e for e in done["history"] if e["event"] == "gang_stopped"]
+            # the victim's gang stopped and was requeued; the pair that finished the job is without the victim.
+            # On a loaded machine (CI: two test workers on two cores beside these four agents and their runs) a
+            # later gang may be stopped too -- a 6 s lease missed -- and the job started once more; every stop
+            # is requeued, and every start but the last is stopped
+            assert len(starts) >= 2 and len(stops) == len(starts) - 1 and 2 <= done["attempts"] <= len(starts), \
+                (done["history"], agent_logs)
+            assert all(e["requeued"] is True for e in stops) and victim in starts[0]["workers"], done["history"]
+            last = starts[-1]
+            assert victim not in last["workers"] and len(set(last["workers"])) == 2
+            if len(starts) > 2:
+                print(f"\n{len(starts)} gang starts on this run (a later gang stopped too): {done['history']}")
             res = c.get(f"/jobs/{jid}/result").json()
-            assert res["worker_id"] == second["workers"][0] and res["raw"]["check"]["ok"] is True
+            assert res["worker_id"] == last["workers"][0] and res["raw"]["check"]["ok"] is True
             # the survivor's first run was killed or failed: no process of it is left (of this test's agents:
             # the runs' working directories are under tmp_path; another xdist worker's job may have the same id)
             first_pids = [int(x) for x in os.popen(f"pgrep -f 'pipeplan-job{jid}-attempt[1]'").read().split()]
