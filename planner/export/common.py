@@ -30,8 +30,7 @@ class ExportInput:
     times assume Megatron's sequence parallelism; ``recompute_granularity``: ``"selective"`` when the
     profile re-runs the attention core in the backward (its environment's ``recompute_granularity``: the
     unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it); ``gpus_per_node``: the
-    cluster's,
-    for launch lines;
+    cluster's, for launch lines;
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
     batch script, name them); ``options``: format-specific settings (``--option key=value``)."""
