@@ -272,6 +272,14 @@ def shipped_description(name: str, args: argparse.Namespace) -> tuple[Any, str]:
     raise ValueError(f"no shipped device description matches {name!r}; pass --shipped NAME")
 
 
+def shipped_for(dev: Any, args: argparse.Namespace) -> Any:
+    """The shipped description of the torch device the phases run on (:func:`shipped_description`); looked up
+    inside a phase, so a device without one fails that phase, not the run."""
+    import torch
+
+    return shipped_description(torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", args)[0]
+
+
 def layer_check(run: Run, args: argparse.Namespace, config: Any, measured: Any, device_spec: Any) -> dict:
     from planner.analytic import analytic_profile
     from planner.device import load_device
@@ -438,9 +446,10 @@ def chunk_shapes() -> list[tuple[str, int, int, int, int]]:
     return out
 
 
-def chunk_check(run: Run, args: argparse.Namespace, dev: Any, shipped: Any) -> list[dict]:
+def chunk_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
     """Each :func:`chunk_shapes` GEMM timed (CUDA events, median of the repeats; ``chunks`` of them back to back
     for a cut GEMM) against ``chunks`` times the shipped description's kernel time of one chunk."""
+    shipped = shipped_for(dev, args)
     import torch
 
     from planner.operators import DTYPE_BYTES
@@ -555,10 +564,11 @@ def layer_shard(spec: Any, b: int, t: int, dropout: bool, dev: Any, dt: Any,
     return forward, x, list(w.values())
 
 
-def public_layer_check(run: Run, args: argparse.Namespace, dev: Any, shipped: Any) -> list[dict]:
+def public_layer_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
     """Each :func:`public_layer_specs` layer timed forward and forward + backward (median of the repeats) per
     attention backend, against the shipped operator model (forward; backward = input + weight gradient) with
     the implementation that backend runs (FlashAttention-2: ``flash2``; cuDNN: ``cudnn``)."""
+    shipped = shipped_for(dev, args)
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -1030,13 +1040,11 @@ def main(argv: list[str] | None = None) -> int:
     if run.check:
         print(layer_table(run.check), flush=True)
     if run.left() > (10 if cuda and not args.quick else 1):
-        shipped = shipped_description(torch.cuda.get_device_name(dev) if cuda else "cpu", args)[0]
-        run.phase("chunks", chunk_check, run, args, dev, shipped)
+        run.phase("chunks", chunk_check, run, args, dev)
     else:
         run.skip("chunks", f"{run.left():.0f} s left")
     if run.left() > (30 if cuda and not args.quick else 1):
-        shipped = shipped_description(torch.cuda.get_device_name(dev) if cuda else "cpu", args)[0]
-        run.phase("layers", public_layer_check, run, args, dev, shipped)
+        run.phase("layers", public_layer_check, run, args, dev)
         if cuda:
             torch.cuda.empty_cache()
     else:
