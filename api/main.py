@@ -45,15 +45,15 @@ _NAMES_FIELD = re.compile(r"^[A-Za-z_][\w.]*: ")
 
 
 def _msg(e: dict[str, Any]) -> str:
-    """One error as 'field.path: message', without pydantic's 'Value error, ' before a validator's message and
+    """One error of :func:`_clean_errors` (pydantic's 'Value error, ' taken off there) as 'field.path: message',
     without 'body: ' before a message of the whole body that names its field."""
-    msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    msg = str(e.get("msg", "invalid"))
     loc = _loc(e.get("loc", ()))
     return msg if loc == "body" and _NAMES_FIELD.match(msg) else f"{loc}: {msg}"
 
 
 def validation_message(errors: list[dict[str, Any]]) -> str:
-    """'field.path: message; ...' for the first few errors."""
+    """'field.path: message; ...' for the first few errors (as :func:`_clean_errors` leaves them)."""
     msgs = [_msg(e) for e in errors[:5]]
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(msgs) + more
