@@ -253,7 +253,7 @@ def register(app: typer.Typer) -> None:
         """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
         # imported here: ``plan`` and ``predict`` need none of the device and operator models
         from planner.analytic import analytic_profile
-        from planner.device import find_device
+        from planner.device import ATTENTION_IMPLS, find_device
         from planner.operators import OperatorOptions
 
         dev = (find_device(load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json").device)
@@ -262,8 +262,9 @@ def register(app: typer.Typer) -> None:
             fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
         if attention not in ("unfused", "flash"):
             fail(f"--attention must be unfused or flash, got {attention!r}")
-        if attention_impl not in ("flash2", "flash3", "cudnn"):
-            fail(f"--attention-impl must be flash2, flash3 or cudnn, got {attention_impl!r}")
+        if attention_impl not in ATTENTION_IMPLS:
+            fail(f"--attention-impl must be {', '.join(ATTENTION_IMPLS[:-1])} or {ATTENTION_IMPLS[-1]}, "
+                 f"got {attention_impl!r}")
         if recompute_granularity not in ("none", "selective"):
             fail(f"--recompute-granularity must be none or selective, got {recompute_granularity!r} (full "
                  "recomputation is chosen per candidate by the planner)")
