@@ -233,8 +233,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc, bias_rows=T if bias else 0,
                              bias_add=bias)))
     heads_b = b * a_t
+    sel = o.recompute == "selective"  # the attention core re-run in the backward (module docstring)
     if o.attention == "unfused":
-        sel = o.recompute == "selective"
         # scores S = Q K^T per head: saves Q and K (the GEMM's two operands; selective: what the re-run
         # starts from)
         ops.append(replace(gemm("scores", s, s, d, el, heads_b, weight=False, save_input=True,
@@ -260,7 +260,6 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
         # (Megatron-Core): checkpointed, the forward re-run before the backward, Q, K, V kept, not the LSE
         qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
-        sel = o.recompute == "selective"
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + (0.0 if sel else 4.0 * heads_b * s),
                             recomputed=sel))
     ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
