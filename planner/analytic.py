@@ -106,7 +106,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
 
     ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
-    unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs). ``p2p`` and
+    unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs); their ``causal`` is
+    replaced by the architecture's (a decoder's flash kernel is causal, an encoder's is not). ``p2p`` and
     ``dp_allreduce``: the runtime the profile is for (:func:`runtime_environment`; default pipeplan's
     executor)."""
     runtime = runtime_environment(p2p, dp_allreduce)
@@ -114,7 +115,9 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     if dtype.lower() not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     dev.peak(dtype)  # fails early, naming the device and dtype, when the device has no such peak
-    opts = OperatorOptions(**{**(options.__dict__ if options else {}), "dtype": dtype})
+    # the mask is the model's, not a choice: a decoder's flash kernel is the causal one (it skips the masked
+    # blocks, planner.operators), an encoder's is not; the unfused core computes all s x s scores either way
+    opts = OperatorOptions(**{**(options.__dict__ if options else {}), "dtype": dtype, "causal": not spec.encoder})
     sizes = tuple(tensor_sizes) if tensor_sizes else tuple(t for t in TENSOR_SIZES if spec.heads % t == 0)
     if 1 not in sizes:
         sizes = (1, *sizes)

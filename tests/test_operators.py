@@ -527,3 +527,20 @@ def test_ddp_overlap_leaves_only_what_exceeds_the_last_backward():
     bucket = allreduce_time(plain.cluster, ranks, DDP_BUCKET_BYTES)
     assert over.allreduce(0, 0, 0) == pytest.approx(max(bucket, whole - over.bwd(0)))
     assert over.allreduce(0, 0, 0) < whole
+
+
+def test_flash_mask_follows_the_architecture():
+    """A decoder's flash kernel is the causal one whatever the options say (the CLI's and the API's
+    ``--attention flash`` name no mask): half the attention FLOPs of an encoder's of the same shape."""
+    h100 = get_device("H100-SXM5-80GB")
+    dec = PRESETS["gpt2-medium"].model_copy(update={"seq": 8192})
+    enc = dec.model_copy(update={"architecture": "encoder"})
+
+    def attn_fwd(spec: ModelSpec, causal: bool) -> float:
+        prof = analytic_profile(spec, h100, micro_batches=(1,), tensor_sizes=(1,),
+                                options=OperatorOptions(attention="flash", causal=causal))
+        return prof.layers[1].fwd_time[1]
+
+    assert attn_fwd(dec, False) == attn_fwd(dec, True)  # the option cannot make a decoder's mask full
+    assert attn_fwd(enc, True) == attn_fwd(enc, False)
+    assert attn_fwd(enc, False) > attn_fwd(dec, False) * 1.1  # s = 8192: the s^2 kernel is a large share
