@@ -56,6 +56,10 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "device": "h100", "recompute_granularity": "full"}, "recompute_granularity"),
         ({"config": good, "device": "h100", "p2p": "blocked"}, "p2p"),
         ({"config": good, "device": "h100", "dp_allreduce": "before"}, "dp_allreduce"),
+        ({"config": good, "device": "h100", "attention": "fused"}, "attention"),
+        ({"config": good, "device": "h100", "attention": "flash", "attention_impl": "flash4"}, "attention_impl"),
+        ({"config": good, "device": "h100", "attention_impl": "cudnn"}, "attention_impl: only with attention"),
+        ({"config": good, "device": "h100", "sequence_parallel": "sometimes"}, "sequence_parallel"),
     ]
     for body, field in cases:
         r = client.post("/profiles/hf-config", json=body, headers=AUTH)
@@ -103,3 +107,24 @@ def test_hf_config_runtime_is_recorded(client) -> None:  # type: ignore[no-untyp
     assert r.status_code == 201, r.text
     env = client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"]["environment"]
     assert (env["p2p"], env["dp_allreduce"]) == ("blocking", "overlapped")
+
+
+def test_hf_config_with_flash_attention_and_sequence_parallelism(client) -> None:  # type: ignore[no-untyped-def]
+    """attention / attention_impl / sequence_parallel: the kernels the run uses, as profile-analytic's options.
+    Llama trains without dropout; at s = 8192 the causal flash kernel is far cheaper than the unfused core, and
+    stashes no s x s tensors; sequence parallelism splits the layer's replicated stash over t."""
+    cfg = _config("llama-3.1-8b")
+    common = {"config": cfg, "device": "h100", "seq": 8192}
+    unfused = client.post("/profiles/hf-config", json=common, headers=AUTH)
+    flash = client.post("/profiles/hf-config", json={**common, "attention": "flash", "attention_impl": "cudnn",
+                                                     "sequence_parallel": True}, headers=AUTH)
+    assert unfused.status_code == 201 and flash.status_code == 201, flash.text
+    bodies = [client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"] for r in (unfused, flash)]
+    env = bodies[1]["environment"]
+    assert (env["attention"], env["attention_impl"], env["sequence_parallel"]) == ("flash", "cudnn", "true")
+    assert bodies[0]["environment"]["attention"] == "unfused" and "attention_impl" not in bodies[0]["environment"]
+    blocks = [next(x for x in b["layers"] if x["kind"] == "transformer") for b in bodies]
+    assert blocks[1]["fwd_time"]["1"] < 0.8 * blocks[0]["fwd_time"]["1"]
+    assert blocks[1]["stashed_bytes_per_sample"] < 0.5 * blocks[0]["stashed_bytes_per_sample"]
+    t8 = [b["tensor_times"]["8"]["stashed_bytes_per_sample"] for b in blocks]
+    assert t8[1] < blocks[1]["stashed_bytes_per_sample"] / 7  # sequence parallel: nearly all of it split over t

@@ -12,7 +12,7 @@ from api.deps import DB, Admin, Read
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
 from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
-from planner.device import DeviceSpec
+from planner.device import ATTENTION_IMPLS, DeviceSpec
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
 
@@ -32,6 +32,17 @@ class HFConfigUpload(BaseModel):
     dtype: str | None = Field(default=None, max_length=8,
                               description="training dtype (default: bf16 where the device has a bf16/fp16 GEMM "
                                           "curve, else its first of fp32, tf32; e.g. fp32 on the CPU)")
+    attention: Literal["unfused", "flash"] = Field(
+        default="unfused", description="the attention core: unfused (scores, softmax, dropout and the product "
+                                       "apart, as pipeplan's executor and Megatron-LM 2021 run it) or flash (one "
+                                       "fused kernel, causal for a decoder; planner.operators)")
+    attention_impl: Literal[ATTENTION_IMPLS] = Field(  # type: ignore[valid-type]
+        default="flash2", description="the flash kernel, timed at its published rate on the device: flash2 "
+                                      "(FlashAttention-2), flash3 (FlashAttention-3, Hopper) or cudnn (cuDNN's "
+                                      "fused attention, Transformer Engine's on Hopper); only with attention = "
+                                      "flash")
+    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism (Korthikanti et "
+                                                               "al. 2022) where tensor parallelism is used")
     recompute_granularity: Literal["none", "selective"] = Field(
         default="none", description="selective: Megatron's --recompute-granularity selective (Korthikanti et al. "
                                     "2022): the attention core is re-run in the backward instead of stashed where a "
@@ -89,10 +100,14 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         if dev is None:
             raise crud.InputError(f"device: unknown {body.device!r}; shipped: "
                                   + ", ".join(d.name for d in shipped_devices()))
+    if "attention_impl" in body.model_fields_set and body.attention != "flash":
+        raise crud.InputError("attention_impl: only with attention = flash (the unfused core has no fused kernel)")
     name = body.name or str(body.config.get("_name_or_path") or body.config.get("model_type") or "hf-model")
     try:
         spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
-        options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity)
+        options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity,
+                                  attention=body.attention, attention_impl=body.attention_impl,
+                                  sequence_parallel=body.sequence_parallel)
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
                                    dp_allreduce=body.dp_allreduce)

@@ -264,15 +264,54 @@ async function submit() {
 // the input it is about is outlined.
 function hfFieldFor(detail) {
   const field = String(detail).split(/[:.,\s]/, 1)[0];
-  return { seq: "hf-seq", name: "hf-name", cluster_id: "cluster" }[field] || "hf-file";
+  return { seq: "hf-seq", name: "hf-name", cluster_id: "cluster", attention: "hf-attention",
+    attention_impl: "hf-attention", sequence_parallel: "hf-sp", recompute_granularity: "hf-recompute",
+    p2p: "hf-p2p", dp_allreduce: "hf-dp", dtype: "hf-dtype", gemm_efficiency: "hf-dtype" }[field] || "hf-file";
 }
+
+// "Kernels and runtime": what the run will use (POST /profiles/hf-config's attention, attention_impl,
+// sequence_parallel, recompute_granularity, p2p, dp_allreduce, dtype); the defaults are pipeplan's executor
+const HF_RUNTIME = ["hf-attention", "hf-recompute", "hf-p2p", "hf-dp", "hf-dtype", "hf-sp"];
+function hfRuntime() {
+  const v = (id) => document.getElementById(id).value;
+  const attention = v("hf-attention");
+  const body = {
+    attention: attention === "unfused" ? "unfused" : "flash",
+    sequence_parallel: document.getElementById("hf-sp").checked,
+    recompute_granularity: v("hf-recompute"), p2p: v("hf-p2p"), dp_allreduce: v("hf-dp"),
+  };
+  if (attention !== "unfused") body.attention_impl = attention;
+  if (v("hf-dtype")) body.dtype = v("hf-dtype");
+  return body;
+}
+
+// the choices that differ from pipeplan's executor, in words (the summary line and the status after Make)
+function hfRuntimeWords() {
+  const r = hfRuntime();
+  const impl = { flash2: "FlashAttention-2", flash3: "FlashAttention-3", cudnn: "cuDNN fused attention" };
+  const words = [
+    r.attention_impl ? impl[r.attention_impl] : "",
+    r.sequence_parallel ? "sequence parallel" : "",
+    r.recompute_granularity === "selective" ? "selective recomputation" : "",
+    r.p2p === "blocking" ? "blocking pipeline sends" : "",
+    r.dp_allreduce === "overlapped" ? "all-reduce overlapped with the backward" : "",
+    r.dtype || "",
+  ].filter(Boolean);
+  return words.join(", ");
+}
+
+function showRuntimeWords() {
+  document.getElementById("hf-runtime-words").textContent = hfRuntimeWords() || "pipeplan's executor";
+}
+HF_RUNTIME.forEach((id) => document.getElementById(id).addEventListener("change", showRuntimeWords));
 
 // what the selected profile was made from (file, sequence, name, cluster), so Plan makes it only once
 let hfMade = { key: null, id: null };
 function hfKey() {
   const f = document.getElementById("hf-file").files[0];
   const v = (id) => document.getElementById(id).value.trim();
-  return f ? JSON.stringify([f.name, f.size, f.lastModified, v("hf-seq"), v("hf-name"), v("cluster")]) : null;
+  return f ? JSON.stringify([f.name, f.size, f.lastModified, v("hf-seq"), v("hf-name"), v("cluster"),
+    hfRuntime()]) : null;
 }
 
 function clearHF() {
@@ -288,12 +327,13 @@ async function makeHFProfile() {
   const status = document.getElementById("hf-status");
   const button = document.getElementById("hf-make");
   const fileEl = document.getElementById("hf-file");
-  const ids = ["hf-file", "hf-seq", "hf-name", "cluster"];
+  const ids = ["hf-file", "hf-seq", "hf-name", "cluster", ...HF_RUNTIME];
   ids.forEach((id) => document.getElementById(id).classList.remove("invalid"));
   errEl.hidden = true;
   status.textContent = "";
   const fail = (id, msg) => {
     if (id) document.getElementById(id).classList.add("invalid");
+    if (HF_RUNTIME.includes(id)) document.getElementById("hf-runtime").open = true;  // show the control meant
     errEl.textContent = msg;
     errEl.hidden = false;
     status.textContent = "";
@@ -316,7 +356,7 @@ async function makeHFProfile() {
     return fail("hf-file", `config.json: ${file.name} is not JSON (${e.message})`);
   }
   const key = hfKey();
-  const body = { config, cluster_id: clusterId };
+  const body = { config, cluster_id: clusterId, ...hfRuntime() };
   if (seq !== null) body.seq = seq;
   const name = document.getElementById("hf-name").value.trim();
   if (name) body.name = name;
@@ -330,8 +370,9 @@ async function makeHFProfile() {
     document.getElementById("profile").value = String(p.id);
     document.getElementById("profile-file").value = "";  // the plan uses the selected profile, not a JSON file
     profileFile();
+    const runtime = hfRuntimeWords();
     status.textContent = `${r.status === 201 ? "made" : "already stored:"} profile #${p.id} ${p.name} on ${p.device} ` +
-      `(${p.num_layers} layers), selected above`;
+      `(${p.num_layers} layers${runtime ? `; ${runtime}` : ""}), selected above`;
     hfMade = { key, id: p.id };
     return p.id;
   } catch (e) {

@@ -169,3 +169,81 @@ def test_broken_config_shows_the_api_error_next_to_the_upload(server: LiveServer
     assert len(expected) == 1, console.errors
     console.errors.remove(expected[0])
     page.context.close()
+
+
+def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, browser: Any,
+                                                             console: Console) -> None:
+    """"Kernels and runtime" (closed by default: pipeplan's executor) sends attention, sequence parallelism,
+    selective recomputation, the pipeline sends, the all-reduce and the precision with the config; the stored
+    profile records them, the summary and the status name them, and changing one makes a new profile (Plan
+    does not reuse the one made with the old choices). A value the device cannot run is the API's 422 under
+    the upload, with the control outlined and the section opened."""
+    cid = _cluster_id(server, "dgx-h100-80gb")
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    assert page.locator("#hf-attention").is_hidden()  # closed: a newcomer sees only file, sequence and name
+    assert page.inner_text("#hf-runtime-words") == "pipeplan's executor"
+    page.select_option("#cluster", str(cid))
+    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
+    page.fill("#hf-seq", "8192")
+    page.fill("#hf-name", "llama-3.1-8b-megatron")
+    page.click("#hf-runtime summary")
+    page.select_option("#hf-attention", "cudnn")
+    page.check("#hf-sp")
+    page.select_option("#hf-recompute", "selective")
+    page.select_option("#hf-p2p", "blocking")
+    page.select_option("#hf-dp", "overlapped")
+    words = page.inner_text("#hf-runtime-words")
+    assert words == ("cuDNN fused attention, sequence parallel, selective recomputation, blocking pipeline sends, "
+                     "all-reduce overlapped with the backward"), words
+    shot(page, "hf-04-runtime")
+    page.click("#hf-make")
+    status = page.locator("#hf-status")
+    status.filter(has_text="profile #").wait_for()
+    made = [p for p in _profiles(server) if p["name"] == "llama-3.1-8b-megatron"]
+    assert len(made) == 1, made
+    assert f"(34 layers; {words}), selected above" in status.inner_text()
+    with server.client() as c:
+        env = c.get(f"/profiles/{made[0]['id']}").json()["profile"]["environment"]
+    assert {k: env.get(k) for k in ("attention", "attention_impl", "sequence_parallel", "recompute_granularity",
+                                    "p2p", "dp_allreduce")} == {
+        "attention": "flash", "attention_impl": "cudnn", "sequence_parallel": "true",
+        "recompute_granularity": "selective", "p2p": "blocking", "dp_allreduce": "overlapped"}
+    assert made[0]["dtype"] == "bf16"
+    # another choice, then Plan without pressing Make: the profile is made again with it, not reused
+    page.select_option("#hf-p2p", "overlapped")
+    page.fill("#global-batch", "64")
+    page.fill("#gpus", "16")
+    page.fill("#top", "5")
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*", timeout=240_000)
+    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    made = [p for p in _profiles(server) if p["name"] == "llama-3.1-8b-megatron"]
+    assert len(made) == 2, made
+    with server.client() as c:
+        plan = c.get(f"/plans/{plan_id}").json()
+        newest = max(made, key=lambda p: p["id"])
+        env = c.get(f"/profiles/{newest['id']}").json()["profile"]["environment"]
+    assert plan["profile_id"] == newest["id"] and "p2p" not in env and env["attention_impl"] == "cudnn"
+    page.context.close()
+
+    # a precision the device has no figures for: the API's 422 under the upload, the precision outlined
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#cluster", str(_cluster_id(server, "local-cpu-4")))
+    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
+    page.fill("#hf-seq", "512")
+    page.click("#hf-runtime summary")
+    page.select_option("#hf-dtype", "bf16")
+    page.click("#hf-runtime summary")  # closed again: the error opens it
+    page.click("#hf-make")
+    err = page.locator("#hf-error")
+    err.filter(has_text="gemm_efficiency").wait_for()
+    assert "invalid" in (page.get_attribute("#hf-dtype", "class") or "")
+    assert page.locator("#hf-dtype").is_visible()
+    expected = [e for e in console.errors if "status of 422" in e]
+    assert len(expected) == 1, console.errors
+    console.errors.remove(expected[0])
+    page.context.close()
