@@ -204,6 +204,12 @@ class PlanCreate(TrainingRequest):
     schedules: list[Annotated[str, StringConstraints(max_length=40)]] | None = Field(default=None,
                                                                                      max_length=16)
     bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False)
+    optimizer_bytes_per_param: float | None = Field(
+        default=None, ge=0, le=1e6, allow_inf_nan=False,
+        description="of bytes_per_param, the optimizer's state (default: Adam's 12, at most bytes_per_param)")
+    shard_optimizer: StrictBool = Field(default=False, description="the optimizer state split over the W "
+                                                                   "data-parallel replicas (ZeRO-1, Megatron's "
+                                                                   "--use-distributed-optimizer)")
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
     memory_reserve_bytes: float | None = Field(default=None, ge=0, le=2**60, allow_inf_nan=False,
                                                description="bytes per device (default: by the cluster's device "

@@ -107,6 +107,10 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     resolved, source = resolve_reserve(req, cl)
     console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
                   f"({source})", highlight=False)
+    if req.shard_optimizer:
+        console.print(f"model state: {req.bytes_per_param:g} bytes per parameter, the optimizer's "
+                      f"{req.optimizer_bytes():g} of them split over the W replicas (--shard-optimizer)",
+                      highlight=False)
     _warn(console, res.warnings)  # last: what the user reads first after the table
 
 
@@ -124,6 +128,10 @@ def register(app: typer.Typer) -> None:
         memory_reserve: Annotated[float | None, typer.Option(
             help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
                  "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
+        shard_optimizer: Annotated[bool, typer.Option(
+            help="the optimizer state (Adam's 12 of the 16 bytes per parameter) is split over the W data-parallel "
+                 "replicas: ZeRO-1, Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and "
+                 "the optimizer step count a device's share (exports carry it)")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
         processes: Annotated[int | None, typer.Option(
             help="processes searching: 1, or 2 (a forked child searches half of a large search; the same result); "
@@ -139,7 +147,7 @@ def register(app: typer.Typer) -> None:
             fail(f"--schedules: an empty name in {schedules!r}; give comma-separated names, e.g. 1f1b,interleaved "
                  f"(leave the option out to allow all of them)")
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
-                       max_tensor=max_tensor, schedules=names,
+                       max_tensor=max_tensor, schedules=names, shard_optimizer=shard_optimizer,
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
         stamps.append(time.perf_counter())
         try:
@@ -175,11 +183,15 @@ def register(app: typer.Typer) -> None:
         pipelines: PipesOpt = None,
         concat: ConcatOpt = None,
         replication: ReplicationOpt = None,
+        shard_optimizer: Annotated[bool, typer.Option(
+            help="the optimizer state (Adam's 12 of the 16 bytes per parameter) is split over the W data-parallel "
+                 "replicas: ZeRO-1, Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and "
+                 "the optimizer step count a device's share (exports carry it)")] = False,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""
         prof, cl = _load(profile, cluster)
-        req = _request(global_batch=global_batch)
+        req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer)
         try:
             cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,

@@ -38,6 +38,10 @@ class Candidate:
     partition: list[list[int]] = field(default_factory=list)
     lower_bound: float = 0.0
     global_batch: int = 0
+    #: model state per parameter a device holds (the request's ``bytes_per_param``, less the optimizer's share
+    #: spread over the W replicas where ``shard_optimizer``: ZeRO-1, Megatron's distributed optimizer)
+    state_bytes_per_param: float = 0.0
+    shard_optimizer: bool = False
     #: per device, bytes of weights, gradients and optimizer state (:meth:`MemoryModel.device_state`)
     state: list[float] = field(default_factory=list, repr=False)
     #: its bound was raised with its merged warm-up (:meth:`planner.search.Planner.refine`)
@@ -101,7 +105,8 @@ class Candidate:
             "bubble_ratio": self.bubble_ratio, "memory": self.memory,
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
             "memory_reserve": self.memory_reserve, "memory_reserve_source": self.memory_reserve_source,
-            "model_memory": self.model_memory,
+            "model_memory": self.model_memory, "state_bytes_per_param": self.state_bytes_per_param,
+            "shard_optimizer": self.shard_optimizer,
             "model_peak_memory": max(self.model_memory, default=0.0),
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,

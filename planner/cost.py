@@ -61,7 +61,11 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   Float16OptimizerWithFloat16Params, 2021-22): the 16-bit gradients copied into fp32 main gradients (read
   2, write 4 bytes), unscaled and checked for inf/NaN in one pass (``_amp_foreach_non_finite_check_and_
   unscale_``: read 4, write 4) and their norm taken for clipping (``multi_tensor_l2norm``: read 4):
-  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter. On a CPU cluster measured by
+  :data:`MIXED_PRECISION_GRAD_PASS_BYTES` = 18 bytes per parameter. With a sharded optimizer (the request's
+  ``shard_optimizer``: ZeRO-1, Megatron-LM's distributed optimizer) a device updates only its ``1/W`` of the
+  optimizer state and makes these gradient passes over its ``1/W`` of the gradients (Megatron-LM
+  ``optimizer/distrib_optimizer.py``: the main gradients and the clipping norm are the shard's); the
+  bytes it reads and writes are then ``2 state_bytes_per_param(W) + 18 / W``. On a CPU cluster measured by
   :func:`profiler.local_cluster.measured_cluster` the bandwidth is that of the executor's own step timed after a
   backward (:func:`profiler.local_cluster.measure_step_bandwidth`). The devices holding the first or the last
   stage also all-reduce the tied embedding's gradients before they step (:meth:`ConfigCosts.tied_allreduce`).
@@ -298,13 +302,17 @@ class ConfigCosts(Costs):
         self.t = t
         shared = shared if shared is not None else {}
         if "infos" not in shared:
-            infos = stage_infos(profile, bounds, t)
-            grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
-            scale = (2 * request.bytes_per_param + grad_pass) / cluster.memory_bandwidth / t
-            scale *= calibration(cluster).compute_scale
-            shared.update(infos=infos, fwd={}, bwd={}, step=[info.params * scale for info in infos])
+            shared.update(infos=stage_infos(profile, bounds, t), fwd={}, bwd={}, steps={})
         self.stages = shared["infos"]
-        self._step_of: list[float] = shared["step"]
+        # the step per stage, by the model state it reads and writes (W-dependent with a sharded optimizer)
+        shard = config.data if request.shard_optimizer else 1
+        step_key = (request.state_bytes_per_param(config.data), shard)
+        if step_key not in shared["steps"]:
+            grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
+            scale = (2 * step_key[0] + grad_pass / shard) / cluster.memory_bandwidth / t
+            scale *= calibration(cluster).compute_scale
+            shared["steps"][step_key] = [info.params * scale for info in self.stages]
+        self._step_of: list[float] = shared["steps"][step_key]
         # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
         self.base_b = schedule_samples(config)
         self.eff = 1.0 if t == 1 else request.tensor_efficiency

@@ -276,20 +276,19 @@ def predict_fixed(run: PublishedRun, chunks: int, base: Cluster, device: DeviceS
 
 def predict_stated(profile: ModelProfile, t: int, p: int, gpus: int, batch: int, micro_batch: int, chunks: int,
                    recompute: bool, base: Cluster, label: str = "run",
-                   bytes_per_param: float | None = None, check_memory: bool = True) -> Candidate:
+                   shard_optimizer: bool = False, check_memory: bool = True) -> Candidate:
     """The prediction of a run in its stated configuration on ``gpus`` GPUs of ``base`` (enough DGX nodes):
     ``t``, ``p``, ``d = gpus / (t p)``, micro-batch ``micro_batch``, interleaved with ``chunks`` model
     chunks where ``chunks > 1`` (else 1F1B), full recomputation or not, Megatron's even layer split
-    (:func:`predict_megatron`); the runtime is the profile's environment. ``bytes_per_param``: the model
-    state per parameter of the request (default the request's 16: mixed-precision Adam unsharded; a
-    distributed optimizer keeps ``4 + 12/d``, which also shrinks the optimizer step to its shard).
+    (:func:`predict_megatron`); the runtime is the profile's environment. ``shard_optimizer``: the request's
+    (a distributed optimizer keeps ``4 + 12/d`` bytes per parameter instead of mixed-precision Adam's 16 and
+    steps its shard: :meth:`planner.request.TrainingRequest.state_bytes_per_param`).
     ``check_memory=False``: time the run even where the memory model says it does not fit (a published run
     did fit; the candidate's ``memory`` is still the model's figure, to compare with the device's)."""
     d = gpus // (t * p)
     cfg = Config(tensor=t, pipeline=p, data=d, micro_batch=micro_batch, recompute=recompute,
                  schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks if chunks > 1 else None)
-    req = TrainingRequest(global_batch=batch, gpus=gpus, max_tensor=max(t, 1),
-                          **({"bytes_per_param": bytes_per_param} if bytes_per_param else {}))
+    req = TrainingRequest(global_batch=batch, gpus=gpus, max_tensor=max(t, 1), shard_optimizer=shard_optimizer)
     cluster = run_cluster(base, gpus)
     if not check_memory:
         cluster = cluster.model_copy(update={"memory_bytes": 1 << 50})
@@ -397,10 +396,10 @@ class PublicRun:
             env["p2p"] = "blocking"
         return env
 
-    def bytes_per_param(self) -> float:
-        """Model state per parameter: bf16 weights and gradients (4 bytes) and the fp32 master weights and
-        Adam moments (12 bytes) sharded over the ``d`` data-parallel ranks by the distributed optimizer."""
-        return 4.0 + 12.0 / self.d if self.recipe.get("distributed_optimizer") else 16.0
+    def shards_optimizer(self) -> bool:
+        """Whether the recipe's distributed optimizer shards the fp32 master weights and Adam moments over the
+        ``d`` data-parallel ranks (the request's ``shard_optimizer``: ``4 + 12/d`` bytes per parameter)."""
+        return bool(self.recipe.get("distributed_optimizer"))
 
 
 def public_runs(data: dict) -> list[PublicRun]:
@@ -431,7 +430,7 @@ def predict_public(run: PublicRun, base: Cluster, device: DeviceSpec, options: O
     prof = spec_profile(run.spec, device, (run.micro_batch,), run.t, "bf16", options or run.options(),
                         {**run.environment(), **(environment or {})})
     return predict_stated(prof, run.t, run.p, run.gpus, run.batch, run.micro_batch, run.chunks, False, base,
-                          label=run.label, bytes_per_param=run.bytes_per_param(), check_memory=False)
+                          label=run.label, shard_optimizer=run.shards_optimizer(), check_memory=False)
 
 
 def tp_collective_seconds(cand: Candidate) -> float:

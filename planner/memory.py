@@ -1,7 +1,10 @@
 """The memory model of the search: what a device holds, checked before anything is simulated.
 
 A device holds, for every (replica, stage) pair placed on it, the stage's weights, gradients and optimizer
-state (``bytes_per_param`` per parameter over t; ZeRO, Rajbhandari et al. 2020, 3.1), plus the extra weight
+state (``bytes_per_param`` per parameter over t; ZeRO, Rajbhandari et al. 2020, 3.1; with ``shard_optimizer``
+the optimizer's share over the W replicas too: :meth:`planner.request.TrainingRequest.state_bytes_per_param`; a
+replicated stage of PipeDream's plans is counted as sharded over the W groups only, an upper bound), plus the
+extra weight
 versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering); the activations of
 its in-flight micro-batches -- their whole stash, or with full recomputation what each checkpointed
 layer keeps (its input) plus the stash of the layers that are not checkpointed (the embedding, the LM head),
@@ -36,27 +39,32 @@ class MemoryModel:
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
                  shapes: ScheduleCache) -> None:
         self.profile, self.cluster, self.request, self.shapes = profile, cluster, request, shapes
-        self.total_state = profile.total_params * request.bytes_per_param
+        self.total_params = profile.total_params
         self._stage_states: dict[tuple, list[float]] = {}
         self._device_states: dict[tuple, list[float]] = {}
         self._partitions: dict[tuple, list[tuple[int, int]] | None] = {}
         self._single_layers: dict[int, list[Any]] = {}
-        self._layer_mem: dict[int, tuple[np.ndarray, ...]] = {}
+        self._layer_mem: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
         self._list_inflight: dict[tuple, list[dict[int, float]]] = {}
 
     # ---- model state ---------------------------------------------------------------------------
+    def total_state(self, data: int) -> float:
+        """All model state of one model copy with ``data`` (W) data-parallel replicas, bytes."""
+        return self.total_params * self.request.state_bytes_per_param(data)
+
     def stage_state(self, costs: ConfigCosts) -> list[float]:
         """Weights, gradients and optimizer state of one replica of each stage, plus the extra weight versions
         of asynchronous schedules, cached per (stage ranges, t, weight versions); a device holds the sum
         over its stage replicas."""
         sched = costs.schedule
         versions = tuple(sched.weight_versions) if not sched.synchronous else ()
-        key = (tuple(info.layers for info in costs.stages), costs.t, versions)
+        per_param = self.request.state_bytes_per_param(costs.config.data)
+        key = (tuple(info.layers for info in costs.stages), costs.t, versions, per_param)
         got = self._stage_states.get(key)
         if got is None:
             got = []
             for s, info in enumerate(costs.stages):
-                v = (info.params - self._tied_in_stage(info)) * self.request.bytes_per_param / costs.t
+                v = (info.params - self._tied_in_stage(info)) * per_param / costs.t
                 if versions:
                     v += (versions[s] - 1) * info.param_bytes / costs.t
                 got.append(v)
@@ -72,7 +80,7 @@ class MemoryModel:
     def device_state(self, config: Config, sched: Schedule, costs: ConfigCosts, costs_key: tuple) -> list[float]:
         """Per device of ``sched``, the model state of the stage replicas it holds; ``costs_key`` names what
         ``costs``' figures depend on (t, stages, samples, recomputation, partition)."""
-        key = (schedule_key(config, sched.microbatches), *costs_key)
+        key = (schedule_key(config, sched.microbatches), self.request.state_bytes_per_param(config.data), *costs_key)
         got = self._device_states.get(key)
         if got is None:
             lay = self.shapes.layout(config, sched)
@@ -194,12 +202,14 @@ class MemoryModel:
         counts = self.shapes.inflight(config, sched)
         versions = sched.weight_versions if not sched.synchronous else []
         t, S = config.tensor, sched.stages
+        per_param = self.request.state_bytes_per_param(config.data)
         # what the memory model depends on: configurations that differ only in N beyond D share it
-        key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute)
+        key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute,
+               per_param)
         if key in self._partitions:
             return self._partitions[key]
         cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
-        state, weights, stash, kept, biggest = self._layer_memory(t)
+        state, weights, stash, kept, biggest = self._layer_memory(t, per_param)
         # per sample and micro-batch in flight, running sums of what a stage keeps (stash_bytes or
         # recompute_kept_bytes of planner.cost.stage_infos, summed layer by layer)
         per_mb = kept if config.recompute else stash
@@ -238,16 +248,16 @@ class MemoryModel:
         self._partitions[key] = bounds
         return bounds
 
-    def _layer_memory(self, t: int) -> tuple[np.ndarray, ...]:
-        """Per-layer memory figures for :meth:`partition_fitting`, cached per t: running sums of model
-        state, weights, stashed activations per sample and what full recomputation keeps per sample
-        (:func:`planner.cost.recompute_kept_bytes`), and the recomputation working set (the largest
-        checkpointed layer's stash per sample) of every layer range."""
-        got = self._layer_mem.get(t)
+    def _layer_memory(self, t: int, per_param: float) -> tuple[np.ndarray, ...]:
+        """Per-layer memory figures for :meth:`partition_fitting`, cached per (t, model state per parameter):
+        running sums of model state, weights, stashed activations per sample and what full recomputation
+        keeps per sample (:func:`planner.cost.recompute_kept_bytes`), and the recomputation working set (the
+        largest checkpointed layer's stash per sample) of every layer range."""
+        got = self._layer_mem.get((t, per_param))
         if got is None:
             layers = self._layer_infos(t)
-            got = self._layer_mem[t] = (
-                prefix_sums([info.params * self.request.bytes_per_param / t for info in layers]),
+            got = self._layer_mem[(t, per_param)] = (
+                prefix_sums([info.params * per_param / t for info in layers]),
                 prefix_sums([info.param_bytes / t for info in layers]),
                 prefix_sums([info.stash_bytes for info in layers]),
                 prefix_sums([info.recompute_kept_bytes for info in layers]),

@@ -14,7 +14,9 @@ The program's inputs, PipeDream's symbols mapped to ours:
   pipeline's link (intra-node when the group's ``D t`` GPUs fit in a node, else inter-node;
   :func:`planner.cost.collective_time` ``p2p``);
 * memory -- a stage whose model state (``bytes_per_param`` per parameter over ``t``) and the reserve do not
-  fit a device is left out of the program (PipeDream's has no memory term);
+  fit a device is left out of the program (PipeDream's has no memory term); with a sharded optimizer
+  (``shard_optimizer``) the gates on computation alone (:meth:`ReplicatedPlans.can_differ`) keep the whole
+  state, the program and the bound shard it over the W groups (not over a stage's m replicas: an upper bound);
 * ``W^m`` -- the weight synchronisation of a stage replicated ``m`` times: with a flush it is one gradient
   all-reduce per iteration among the ``m W`` copies (:func:`planner.cost.allreduce_time`, on the ranks the
   placement gives: the stage's ``m`` devices in each of the W groups) and the optimizer step, once per
@@ -78,15 +80,16 @@ class ReplicatedPlans:
         self._fit: dict[int, np.ndarray] = {}
 
     # ---- what the search asks ---------------------------------------------------------------------
-    def keys(self, configs: list[Config], total_state: float) -> list[tuple[int, int, int, int, bool]]:
+    def keys(self, configs: list[Config], total_state: Callable[[int], float]) -> list[tuple[int, int, int, int, bool]]:
         """The (t, D, W, b, recomputation) of ``configs`` for which PipeDream's replicated plan can differ
-        from the uniform ones (:meth:`can_differ`) and whose average model state (``total_state`` bytes)
-        fits: the search bounds each (:meth:`bound`) before running the program (:meth:`config`)."""
+        from the uniform ones (:meth:`can_differ`) and whose average model state (``total_state(W)`` bytes:
+        :meth:`planner.memory.MemoryModel.total_state`) fits: the search bounds each (:meth:`bound`) before
+        running the program (:meth:`config`)."""
         if not self.variants():
             return []
         room = self.cluster.memory_bytes - self.request.memory_reserve_bytes
         keys = list(dict.fromkeys((c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) for c in configs))
-        keys = [k for k in keys if total_state / (k[0] * k[1]) <= room]
+        keys = [k for k in keys if total_state(k[2]) / (k[0] * k[1]) <= room]
         # a gate, decided once per (t, D, recomputation) at the smallest b (how the layers' times compare
         # barely moves with b), the largest D first (the program on computation alone for D answers every
         # smaller D)
@@ -102,7 +105,7 @@ class ReplicatedPlans:
         the step as :meth:`planner.cost.ConfigCosts.step`: the model state read and written once)."""
         N = self.request.global_batch // (W * b)
         eff = 1.0 if t == 1 else self.request.tensor_efficiency
-        step = self.profile.total_params * 2 * self.request.bytes_per_param / self.cluster.memory_bandwidth
+        step = self.profile.total_params * 2 * self.request.state_bytes_per_param(W) / self.cluster.memory_bandwidth
         return (N * sum(self.layer_costs(b, recompute)) / eff + step) / (t * D)
 
     def variants(self) -> list[str]:
@@ -223,7 +226,7 @@ class ReplicatedPlans:
         # (model state read and written at the memory bandwidth, as planner.cost's step); per micro-batch
         # of the stage (T's m in the denominator) that is m (AR + step) / N
         pp = prefix_sums([lay.params / t for lay in prof.layers])
-        step = (pp[None, :] - pp[:, None]) * 2 * self.request.bytes_per_param / cl.memory_bandwidth
+        step = (pp[None, :] - pp[:, None]) * 2 * self.request.state_bytes_per_param(W) / cl.memory_bandwidth
         sync = np.zeros((D + 1, L + 1, L + 1))
         for m in range(1, D + 1):
             ranks = [(w * D + d) * t for w in range(W) for d in range(m)]

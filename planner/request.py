@@ -15,18 +15,31 @@ __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "Trai
 #: 405B 2048-4096 (Llama 3 report, section 3.4.1); 65536 is far above them and keeps the micro-batch count (up to
 #: B^ micro-batches of one sample) bounded. The API's schema and the command line hold requests to it.
 MAX_GLOBAL_BATCH = 65536
+#: mixed-precision Adam's optimizer state per parameter: fp32 master weight, momentum and variance (ZeRO 3.1's K)
+ADAM_OPTIMIZER_BYTES = 12.0
 
 
 class TrainingRequest(BaseModel):
     """A plan request. ``bytes_per_param`` is all model state per parameter: mixed-precision Adam keeps
     16 bytes (2 weights + 2 gradients + 12 optimizer: fp32 master, momentum, variance; ZeRO, Rajbhandari
-    et al. 2020, section 3.1)."""
+    et al. 2020, section 3.1), ``optimizer_bytes_per_param`` of them the optimizer's (12, ``K Psi`` with
+    ``K = 12`` there). ``shard_optimizer``: the optimizer state is split over the ``W`` data-parallel replicas
+    (ZeRO stage 1, ``P_os``, section 5.1: ``4 Psi + K Psi / N_d``; Megatron-LM's
+    ``--use-distributed-optimizer``; DeepSpeed's ``zero_optimization.stage = 1``):
+    :meth:`state_bytes_per_param`. Its gradient reduce-scatter and parameter all-gather move what the
+    all-reduce moved (section 7.2.1), so only memory and the optimizer step change. pipeplan's executor runs
+    plain SGD (no optimizer state): the request describes the training the plan is for."""
 
     model_config = ConfigDict(extra="forbid")
 
     global_batch: int = Field(gt=0, description="samples per iteration (B^)")
     gpus: int | None = Field(default=None, gt=0, description="GPU budget P (default: the whole cluster)")
     bytes_per_param: float = Field(default=16.0, gt=0)
+    optimizer_bytes_per_param: float | None = Field(
+        default=None, ge=0, description="of bytes_per_param, the optimizer's state (what shard_optimizer splits; "
+                                        "default: Adam's 12, at most bytes_per_param)")
+    shard_optimizer: bool = Field(default=False, description="split the optimizer state over the data-parallel "
+                                                             "replicas (ZeRO-1, Megatron's distributed optimizer)")
     schedules: list[str] | None = Field(default=None, description="allowed schedules (default: all)")
     allow_async: bool = Field(default=False, description="show PipeDream/2BW (they change the optimizer)")
     allow_recompute: bool = True
@@ -41,6 +54,9 @@ class TrainingRequest(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingRequest:
+        if self.optimizer_bytes_per_param is not None and self.optimizer_bytes_per_param > self.bytes_per_param:
+            raise ValueError(f"optimizer_bytes_per_param: {self.optimizer_bytes_per_param:g} is more than "
+                             f"bytes_per_param ({self.bytes_per_param:g}), the model state it is part of")
         for s in self.schedules or []:
             if s not in ALL_SCHEDULES:
                 raise ValueError(f"schedules: unknown schedule {s!r}; known: {', '.join(ALL_SCHEDULES)}")
@@ -52,6 +68,19 @@ class TrainingRequest(BaseModel):
             raise ValueError(f"schedules: only asynchronous ones are named ({', '.join(self.schedules)}); set "
                              f"allow_async (pipeplan plan --allow-async) to plan them")
         return self
+
+    def state_bytes_per_param(self, data: int) -> float:
+        """Model state a device keeps per parameter it holds, with ``data`` (W) data-parallel replicas:
+        ``bytes_per_param``, or with ``shard_optimizer`` the optimizer's share of it divided by ``data``."""
+        if not self.shard_optimizer or data <= 1:
+            return self.bytes_per_param
+        return self.bytes_per_param - self.optimizer_bytes() * (1.0 - 1.0 / data)
+
+    def optimizer_bytes(self) -> float:
+        """``optimizer_bytes_per_param``, by default Adam's 12 (at most ``bytes_per_param``)."""
+        if self.optimizer_bytes_per_param is not None:
+            return self.optimizer_bytes_per_param
+        return min(ADAM_OPTIMIZER_BYTES, self.bytes_per_param)
 
     def allowed(self) -> list[str]:
         names = list(self.schedules) if self.schedules else list(ALL_SCHEDULES)

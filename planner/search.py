@@ -129,7 +129,8 @@ class Planner:
         N = req.global_batch // (W * b)
         cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes),
                          memory_reserve=float(req.memory_reserve_bytes or 0.0),
-                         memory_reserve_source=self.reserve_source, global_batch=req.global_batch)
+                         memory_reserve_source=self.reserve_source, global_batch=req.global_batch,
+                         state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.shard_optimizer)
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
@@ -140,7 +141,7 @@ class Planner:
             cand.reason = f"schedule: {e}"
             return cand, None
         # the busiest device holds at least the average model state: reject before partitioning
-        avg = self.memory.total_state * sched.replicas / (config.tensor * config.pipeline)
+        avg = self.memory.total_state(W) * sched.replicas / (config.tensor * config.pipeline)
         if avg + req.memory_reserve_bytes > self.cluster.memory_bytes:
             over = avg + req.memory_reserve_bytes - self.cluster.memory_bytes
             cand.reason = (f"weights, gradients and optimizer state do not fit: {sched.replicas} model "
@@ -341,7 +342,7 @@ class Planner:
         rejected: Counter[str] = Counter()
         configs = self.configs(rejected)
         # PipeDream's replicated plans (t, D, W, b, recomputation): decided over every configuration at once
-        rr_keys = self.replicated.keys(configs, self.memory.total_state)
+        rr_keys = self.replicated.keys(configs, self.memory.total_state)  # (per W: the optimizer may be sharded)
         parts = None
         if prune and (processes is None or processes > 1):
             from planner.split_search import search_split

@@ -153,6 +153,7 @@ function readForm() {
     top: wholeNumber("top", errors),
     allow_async: document.getElementById("allow-async").checked,
     allow_recompute: document.getElementById("allow-recompute").checked,
+    shard_optimizer: document.getElementById("shard-optimizer").checked,
     micro_batches: null,
     schedules: null,
   };

@@ -31,6 +31,9 @@ class ExportInput:
     profile re-runs the attention core in the backward (its environment's ``recompute_granularity``: the
     unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it); ``gpus_per_node``: the
     cluster's, for launch lines;
+    ``shard_optimizer``: the plan's request split the optimizer state over the W replicas (its memory counts
+    ``4 + 12/W`` bytes per parameter: ZeRO-1, Megatron-LM's ``--use-distributed-optimizer``; the candidate
+    document's ``shard_optimizer``);
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
     batch script, name them); ``options``: format-specific settings (``--option key=value``)."""
@@ -42,6 +45,7 @@ class ExportInput:
     sequence_parallel: bool = False
     recompute_granularity: str = "none"
     gpus_per_node: int | None = None
+    shard_optimizer: bool = False
     predicted: float | None = None
     plan_path: str | None = None
     candidate: int = 0

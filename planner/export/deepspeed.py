@@ -12,8 +12,9 @@ DeepSpeed's config (``deepspeed/runtime/config.py``; the pipeline tutorial, deep
   recomputation (every layer checkpointed) else 0, and ``topology`` = the keyword arguments of
   ``PipeModelDataParallelTopology(num_pp=D, num_mp=t, num_dp=W)`` (tensor parallelism comes from the
   model's own layers, Megatron-DeepSpeed style), ``parts``: the plan's stage boundaries;
-* ``zero_optimization.stage`` 0 (the plan keeps whole optimizer state per device; the pipeline engine
-  allows ZeRO-1 at most), ``bf16``/``fp16`` from the profile's dtype.
+* ``zero_optimization.stage`` 0 (the plan keeps whole optimizer state per device), or 1 where the plan's
+  request shards the optimizer state over the W replicas (``shard_optimizer``; the pipeline engine allows
+  ZeRO-1 at most), ``bf16``/``fp16`` from the profile's dtype.
 
 DeepSpeed's pipeline engine has one schedule, ``TrainSchedule``: 1F1B with a flush (PipeDream-Flush;
 ``deepspeed/runtime/pipe/schedule.py``). Every other schedule is refused, naming 1F1B.
@@ -71,7 +72,7 @@ def config(inp: ExportInput) -> dict[str, object]:
         "train_batch_size": inp.spec.global_batch,
         "train_micro_batch_size_per_gpu": c.micro_batch,
         "gradient_accumulation_steps": inp.spec.microbatches,
-        "zero_optimization": {"stage": 0},
+        "zero_optimization": {"stage": 1 if inp.shard_optimizer and c.data > 1 else 0},
         "bf16": {"enabled": dtype in ("bf16", "bfloat16")},
         "fp16": {"enabled": dtype in ("fp16", "float16", "half")},
         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,

@@ -157,6 +157,8 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         args += ["--use-tp-pp-dp-mapping"]
     if inp.sequence_parallel and c.tensor > 1:
         args += ["--sequence-parallel"]
+    if inp.shard_optimizer and c.data > 1:  # the plan's memory counts the optimizer state split over W
+        args += ["--use-distributed-optimizer"]
     if c.recompute:
         args += RECOMPUTE
     elif inp.recompute_granularity == "selective":  # the profile's layers re-run their attention core

@@ -6,7 +6,9 @@ torchtitan's fields (``torchtitan/config/job_config.py``, ``torchtitan/distribut
 
 * ``parallelism.tensor_parallel_degree`` = t, ``pipeline_parallel_degree`` = D (ranks, not stages),
   ``data_parallel_replicate_degree`` = W with ``data_parallel_shard_degree`` = 1 (DDP: whole gradients
-  all-reduced, as our cost model assumes; FSDP would shard them);
+  all-reduced, as our cost model assumes; FSDP would shard them); where the plan's request shards the
+  optimizer state (``shard_optimizer``) torchtitan has no ZeRO-1, so ``data_parallel_shard_degree`` = W
+  (FSDP: weights and gradients sharded too, said in a note);
 * ``training.local_batch_size`` = N b (per data-parallel rank), ``training.global_batch_size`` = W N b,
   ``parallelism.pipeline_parallel_microbatch_size`` = b: torchtitan runs ``local / b`` = N micro-batches;
 * ``parallelism.pipeline_parallel_schedule``: torch's class names -- ``GPipe``, ``1F1B``,
@@ -130,12 +132,19 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     (``csv_path``, relative to where torchtitan runs)."""
     check(inp.spec)
     c, notes = inp.config, [n for n in [placement_note(inp)] if n]
+    fsdp = inp.shard_optimizer and c.data > 1
+    if fsdp:
+        notes.append(f"the plan shards the optimizer state over the {c.data} data-parallel replicas (ZeRO-1); "
+                     "torchtitan has no ZeRO-1, so this is FSDP (data_parallel_shard_degree): it shards weights "
+                     "and gradients too, so it needs less memory than planned, and it all-gathers the weights "
+                     "in every forward and backward, which the plan did not cost")
     sections: dict[str, dict[str, object]] = {
         "job": {"description": f"pipeplan: {c.label()}, N={inp.spec.microbatches}"},
         "training": {"local_batch_size": inp.spec.microbatches * c.micro_batch,
                      "global_batch_size": inp.spec.global_batch,
                      "mixed_precision_param": _dtype(inp.dtype)},
-        "parallelism": {"data_parallel_replicate_degree": c.data, "data_parallel_shard_degree": 1,
+        "parallelism": {"data_parallel_replicate_degree": 1 if fsdp else c.data,
+                        "data_parallel_shard_degree": c.data if fsdp else 1,
                         "tensor_parallel_degree": c.tensor, "pipeline_parallel_degree": c.pipeline,
                         "pipeline_parallel_schedule": NAMED.get(c.schedule) or AS_CSV[c.schedule],
                         "pipeline_parallel_microbatch_size": c.micro_batch},

@@ -44,3 +44,42 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
     assert chart.locator(".point").count() == best["pipeline"]
     assert "reserve 0.31 GiB" in chart.inner_text()
     ctx.close()
+
+
+def test_sharded_optimizer_is_asked_for_and_shown(server: LiveServer, browser: Any, console: Console) -> None:
+    """"shard the optimizer state over data parallel (ZeRO-1)" on the new-plan page goes into the request; the
+    plan page says so, and every candidate holds 4 + 12/W bytes per parameter (GPT-3 175B on 256 H100s)."""
+    from planner.analytic import analytic_profile
+    from planner.model import PRESETS
+
+    prof = analytic_profile(PRESETS["gpt3-175b"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 4, 8),
+                            name="gpt3-175b-zero1-ui")
+    with server.client() as c:
+        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
+        assert p.status_code in (200, 201), p.text
+        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(60_000)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#profile", str(p.json()["id"]))
+    page.select_option("#cluster", str(cid))
+    page.fill("#global-batch", "512")
+    page.fill("#gpus", "256")
+    page.fill("#micro-batches", "1")
+    page.fill("#top", "5")
+    assert not page.is_checked("#shard-optimizer")  # off by default: the planner's 16 bytes per parameter
+    page.check("#shard-optimizer")
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*", timeout=240_000)
+    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    page.wait_for_selector('body[data-ready="1"]')
+    assert "optimizer sharded over data parallel (ZeRO-1)" in page.inner_text("#info-optimizer")
+    with server.client() as c:
+        plan = c.get(f"/plans/{plan_id}").json()
+    assert plan["request"]["shard_optimizer"] is True and plan["candidates"]
+    for cand in plan["candidates"]:
+        assert cand["shard_optimizer"] and cand["state_bytes_per_param"] == 4 + 12 / cand["data"]
+    ctx.close()

@@ -1,0 +1,148 @@
+"""The request's ``shard_optimizer`` (ZeRO-1, Rajbhandari et al. 2020 section 5.1; Megatron-LM's
+``--use-distributed-optimizer``; DeepSpeed ZeRO stage 1): a device keeps ``4 + 12/W`` bytes of model state per
+parameter instead of mixed-precision Adam's 16 and steps its shard; the search, the CLI, the API and the exports
+carry it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from api_support import AUTH, tiny_cluster, tiny_profile, wait_for
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+from planner.analytic import analytic_profile
+from planner.cluster import load_cluster
+from planner.model import PRESETS
+from planner.request import Config, TrainingRequest
+from planner.search import plan, predict
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "examples" / "clusters" / "dgx-h100-80gb.json"
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    cl = load_cluster(H100)
+    return analytic_profile(PRESETS["gpt3-175b"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 4, 8)), cl
+
+
+def test_state_per_parameter_is_zero_1s():
+    """ZeRO 5.1's ``4 Psi + K Psi / N_d`` with K = 12: 16, 10, 7, 5.5 bytes at W = 1, 2, 4, 8; unchanged without
+    sharding; the optimizer's share can be stated and cannot exceed the whole state."""
+    sharded = TrainingRequest(global_batch=8, shard_optimizer=True)
+    assert [sharded.state_bytes_per_param(w) for w in (1, 2, 4, 8)] == [16.0, 10.0, 7.0, 5.5]
+    assert TrainingRequest(global_batch=8).state_bytes_per_param(8) == 16.0
+    # an SGD-like state of 8 bytes: Adam's default share is capped at the state
+    assert TrainingRequest(global_batch=8, bytes_per_param=8, shard_optimizer=True).state_bytes_per_param(4) == 2.0
+    stated = TrainingRequest(global_batch=8, bytes_per_param=18, optimizer_bytes_per_param=12, shard_optimizer=True)
+    assert stated.state_bytes_per_param(4) == 9.0  # Megatron's bf16 weights + fp32 gradients: 6 + 12/d
+    with pytest.raises(ValidationError, match="optimizer_bytes_per_param: 20 is more than bytes_per_param"):
+        TrainingRequest(global_batch=8, optimizer_bytes_per_param=20)
+
+
+def test_a_sharded_optimizer_shrinks_each_devices_state_and_its_step(gpt3):
+    """The same configuration: every device's model state is (4 + 12/W) / 16 of the unsharded one and its
+    optimizer step shorter; the pipeline's compute is the same."""
+    prof, cl = gpt3
+    cfg = Config(tensor=8, pipeline=16, data=8, micro_batch=1, schedule="1f1b")
+    plain = predict(prof, cl, TrainingRequest(global_batch=512), cfg)
+    zero1 = predict(prof, cl, TrainingRequest(global_batch=512, shard_optimizer=True), cfg)
+    assert plain.simulation is not None and zero1.simulation is not None
+    ratio = (4 + 12 / 8) / 16
+    assert zero1.state == pytest.approx([s * ratio for s in plain.state], rel=1e-9)
+    assert max(zero1.memory) < max(plain.memory) - 0.5 * max(plain.state)
+    assert zero1.breakdown["step"] < plain.breakdown["step"] / 2
+    assert zero1.iteration_time < plain.iteration_time
+    assert zero1.breakdown["compute"] == pytest.approx(plain.breakdown["compute"])
+    doc = zero1.to_dict()
+    assert doc["shard_optimizer"] is True and doc["state_bytes_per_param"] == pytest.approx(5.5)
+    assert plain.to_dict()["shard_optimizer"] is False and plain.to_dict()["state_bytes_per_param"] == 16.0
+
+
+def test_the_search_finds_plans_that_fit_only_sharded(gpt3):
+    """GPT-3 175B on 256 H100s: configurations whose whole Adam state does not fit do with a sharded one, and
+    the search ranks them (the best sharded plan is at least as fast as the best unsharded one)."""
+    prof, cl = gpt3
+    base = dict(global_batch=512, gpus=256, top=5, micro_batches=[1], schedules=["1f1b", "interleaved"])
+    plain = plan(prof, cl, TrainingRequest(**base))
+    zero1 = plan(prof, cl, TrainingRequest(**base, shard_optimizer=True))
+    state_key = "weights, gradients and optimizer state do not fit"
+    assert zero1.rejected[state_key] < plain.rejected[state_key]
+    assert zero1.candidates and zero1.candidates[0].iteration_time <= plain.candidates[0].iteration_time
+    labels = {c.config.label() for c in plain.candidates}
+    assert any(c.config.label() not in labels for c in zero1.candidates)
+    assert all(c.shard_optimizer for c in zero1.candidates)
+
+
+def test_cli_plan_and_predict_take_it(tmp_path):
+    prof = tmp_path / "gpt3.json"
+    runner = CliRunner()
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt3-175b", "--device", "h100", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    args = ["--profile", str(prof), "--cluster", str(H100), "--global-batch", "512", "--gpus", "256", "--top", "3",
+            "--schedules", "1f1b"]
+    r = runner.invoke(app, ["plan", *args, "--shard-optimizer", "--processes", "1"])
+    assert r.exit_code == 0, r.output
+    assert "the optimizer's 12 of them split over the W replicas (--shard-optimizer)" in r.output
+    r = runner.invoke(app, ["plan", *args, "--shard-optimizer", "--processes", "1", "--json"])
+    doc = json.loads(r.stdout)
+    assert all(c["shard_optimizer"] and c["state_bytes_per_param"] < 16 for c in doc["candidates"])
+    one = ["predict", "--profile", str(prof), "--cluster", str(H100), "--global-batch", "512", "--tensor", "8",
+           "--pipeline", "16", "--data", "2", "--micro-batch", "1", "--schedule", "1f1b", "--json"]
+    a, b = (json.loads(runner.invoke(app, one + extra).stdout) for extra in ([], ["--shard-optimizer"]))
+    assert b["state_bytes_per_param"] == 10.0 and max(b["memory"]) < max(a["memory"])
+
+
+def test_exports_carry_it():
+    """Megatron-LM gets ``--use-distributed-optimizer``, DeepSpeed ZeRO stage 1, torchtitan FSDP (it has no
+    ZeRO-1: said in a note); nothing where W = 1 or the plan does not shard."""
+    from planner.export import deepspeed, megatron, torchtitan
+    from planner.export.common import ExportInput
+    from planner.runspec import RunSpec
+
+    def inp(W: int, shard: bool) -> ExportInput:
+        cfg = Config(tensor=2, pipeline=2, data=W, micro_batch=1, schedule="1f1b")
+        return ExportInput(spec=RunSpec(config=cfg, microbatches=4, partition=[(0, 3), (3, 6)]),
+                           model=PRESETS["gpt-tiny"], shard_optimizer=shard)
+
+    assert "--use-distributed-optimizer" in megatron.arguments(inp(4, True))
+    assert "--use-distributed-optimizer" not in megatron.arguments(inp(4, False))
+    assert "--use-distributed-optimizer" not in megatron.arguments(inp(1, True))
+    assert deepspeed.config(inp(4, True))["zero_optimization"] == {"stage": 1}
+    assert deepspeed.config(inp(4, False))["zero_optimization"] == {"stage": 0}
+    sharded = torchtitan.export(inp(4, True))
+    assert "data_parallel_shard_degree = 4" in sharded.files[0].content
+    assert "data_parallel_replicate_degree = 1" in sharded.files[0].content
+    assert any("torchtitan has no ZeRO-1" in n for n in sharded.notes)
+    for fmt in (megatron, deepspeed, torchtitan):  # read back: the same configuration
+        back = fmt.parse(fmt.export(inp(4, True)).files[0].content)
+        assert back.config.data == 4 and back.config.tensor == 2
+
+
+def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyped-def]
+    p = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()
+    cl = client.post("/clusters", json=tiny_cluster(4, 2), headers=AUTH).json()
+    body = {"profile_id": p["id"], "cluster_id": cl["id"], "global_batch": 32, "top": 5, "schedules": ["1f1b"],
+            "shard_optimizer": True}
+    for bad, field in (({"shard_optimizer": "yes"}, "shard_optimizer"),
+                       ({"optimizer_bytes_per_param": 17}, "optimizer_bytes_per_param"),
+                       ({"optimizer_bytes_per_param": -1}, "optimizer_bytes_per_param")):
+        r = client.post("/plans", json={**body, **bad}, headers=AUTH)
+        assert r.status_code == 422 and field in r.json()["detail"], r.text
+    r = client.post("/plans", json=body, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan_doc = r.json()
+    if plan_doc["status"] not in ("done", "failed"):
+        plan_doc = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            client.get(f"/plans/{plan_doc['id']}", headers=AUTH).json()), what="plan done")
+    assert plan_doc["status"] == "done" and plan_doc["candidates"], plan_doc
+    cands = plan_doc["candidates"]
+    assert all(c["shard_optimizer"] for c in cands)
+    rank = next(i for i, c in enumerate(cands) if c["data"] > 1)
+    r = client.get(f"/plans/{plan_doc['id']}/candidates/{rank}/export", params={"format": "megatron"},
+                   headers=AUTH)
+    assert r.status_code == 200 and "--use-distributed-optimizer" in r.json()["files"][0]["content"], r.text
