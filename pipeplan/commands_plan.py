@@ -107,10 +107,10 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     resolved, source = resolve_reserve(req, cl)
     console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
                   f"({source})", highlight=False)
-    if req.shard_optimizer:
-        console.print(f"model state: {req.bytes_per_param:g} bytes per parameter, the optimizer's "
-                      f"{req.optimizer_bytes():g} of them split over the W replicas (--shard-optimizer)",
-                      highlight=False)
+    if req.shard_optimizer or "bytes_per_param" in req.model_fields_set:
+        console.print(f"model state: {req.bytes_per_param:g} bytes per parameter"
+                      + (f", the optimizer's {req.optimizer_bytes():g} of them split over the W replicas "
+                         "(--shard-optimizer)" if req.shard_optimizer else " (--bytes-per-param)"), highlight=False)
     _warn(console, res.warnings)  # last: what the user reads first after the table
 
 
@@ -128,8 +128,11 @@ def register(app: typer.Typer) -> None:
         memory_reserve: Annotated[float | None, typer.Option(
             help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
                  "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
+        bytes_per_param: Annotated[float | None, typer.Option(
+            help="model state per parameter (default 16: mixed-precision Adam's bf16 weights and gradients and "
+                 "fp32 master weights and moments; Megatron-LM's bf16 runs keep fp32 gradients: 18)")] = None,
         shard_optimizer: Annotated[bool, typer.Option(
-            help="the optimizer state (Adam's 12 of the 16 bytes per parameter) is split over the W data-parallel "
+            help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel "
                  "replicas: ZeRO-1, Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and "
                  "the optimizer step count a device's share (exports carry it)")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
@@ -148,6 +151,7 @@ def register(app: typer.Typer) -> None:
                  f"(leave the option out to allow all of them)")
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
                        max_tensor=max_tensor, schedules=names, shard_optimizer=shard_optimizer,
+                       bytes_per_param=bytes_per_param,
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
         stamps.append(time.perf_counter())
         try:
@@ -183,15 +187,18 @@ def register(app: typer.Typer) -> None:
         pipelines: PipesOpt = None,
         concat: ConcatOpt = None,
         replication: ReplicationOpt = None,
+        bytes_per_param: Annotated[float | None, typer.Option(
+            help="model state per parameter (default 16: mixed-precision Adam's bf16 weights and gradients and "
+                 "fp32 master weights and moments; Megatron-LM's bf16 runs keep fp32 gradients: 18)")] = None,
         shard_optimizer: Annotated[bool, typer.Option(
-            help="the optimizer state (Adam's 12 of the 16 bytes per parameter) is split over the W data-parallel "
+            help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel "
                  "replicas: ZeRO-1, Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and "
                  "the optimizer step count a device's share (exports carry it)")] = False,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""
         prof, cl = _load(profile, cluster)
-        req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer)
+        req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, bytes_per_param=bytes_per_param)
         try:
             cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,

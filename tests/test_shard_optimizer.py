@@ -146,3 +146,21 @@ def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyp
     r = client.get(f"/plans/{plan_doc['id']}/candidates/{rank}/export", params={"format": "megatron"},
                    headers=AUTH)
     assert r.status_code == 200 and "--use-distributed-optimizer" in r.json()["files"][0]["content"], r.text
+
+
+def test_cli_bytes_per_param(tmp_path):
+    """``--bytes-per-param`` states the model state (Megatron-LM's bf16 runs: 18, fp32 gradients); with
+    ``--shard-optimizer`` Adam's 12 of them are split: Megatron's ``6 + 12/d``. A bad value names the field."""
+    prof = tmp_path / "gpt3.json"
+    runner = CliRunner()
+    assert runner.invoke(app, ["profile-analytic", "--preset", "gpt3-175b", "--device", "h100", "--out",
+                               str(prof)]).exit_code == 0
+    one = ["predict", "--profile", str(prof), "--cluster", str(H100), "--global-batch", "512", "--tensor", "8",
+           "--pipeline", "16", "--data", "4", "--micro-batch", "1", "--schedule", "1f1b", "--json"]
+    docs = [json.loads(runner.invoke(app, one + extra).stdout) for extra in
+            ([], ["--bytes-per-param", "18"], ["--bytes-per-param", "18", "--shard-optimizer"])]
+    assert [d["state_bytes_per_param"] for d in docs] == [16.0, 18.0, 9.0]
+    assert max(docs[1]["memory"]) > max(docs[0]["memory"]) > max(docs[2]["memory"])
+    for bad, msg in (("0", "greater than 0"), ("inf", "finite number")):
+        r = runner.invoke(app, [*one[:-1], "--bytes-per-param", bad])
+        assert r.exit_code == 2 and "bytes_per_param" in r.output and msg in r.output, r.output
