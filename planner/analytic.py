@@ -148,6 +148,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
                      "family": "bert" if spec.encoder else "gpt", "model": spec.name,
+                     # the whole shape (GQA, gated MLP, norm, positions, ...): what exports write out
+                     "model_spec": spec.model_dump_json(exclude={"source"}),
                      **({"attention_impl": opts.attention_impl} if opts.attention == "flash" else {}),
                      **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {}),
                      **runtime},

@@ -36,8 +36,9 @@ class TrainingRequest(BaseModel):
     gpus: int | None = Field(default=None, gt=0, description="GPU budget P (default: the whole cluster)")
     bytes_per_param: float = Field(default=16.0, gt=0, allow_inf_nan=False)
     optimizer_bytes_per_param: float | None = Field(
-        default=None, ge=0, allow_inf_nan=False, description="of bytes_per_param, the optimizer's state (what shard_optimizer splits; "
-                                        "default: Adam's 12, at most bytes_per_param)")
+        default=None, ge=0, allow_inf_nan=False,
+        description="of bytes_per_param, the optimizer's state (what shard_optimizer splits; default: Adam's 12, at "
+                    "most bytes_per_param)")
     shard_optimizer: bool = Field(default=False, description="split the optimizer state over the data-parallel "
                                                              "replicas (ZeRO-1, Megatron's distributed optimizer)")
     schedules: list[str] | None = Field(default=None, description="allowed schedules (default: all)")

@@ -216,3 +216,40 @@ def test_deepspeed_config_keys() -> None:
     assert doc["pipeline"]["stages"] == 4 and doc["pipeline"]["activation_checkpoint_interval"] == 1
     assert doc["pipeline"]["topology"] == {"num_pp": 4, "num_mp": 2, "num_dp": 8}
     assert doc["zero_optimization"] == {"stage": 0}
+
+
+def test_a_hugging_face_profile_exports_its_architecture_kernels_and_runtime() -> None:
+    """An analytical profile of a Llama config.json exports as Llama (GQA, SwiGLU, RMSNorm, rotary, untied, no
+    biases: the profile's ``model_spec``), with Megatron's dropout turned off as the model trains, sequence
+    parallelism as the profile's times assume it, the overlapped gradient reduction of its runtime, and the
+    kernels and runtime the prediction assumes written in every format's header. Before, the profile exported
+    as a GPT of the same width (dropout 0.1, no --sequence-parallel)."""
+    from profiler.hf_config import read_hf_config
+
+    spec = read_hf_config(ROOT / "examples" / "models" / "llama-3.1-8b" / "config.json", seq=8192)
+    prof = analytic_profile(spec, "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 2),
+                            options=OperatorOptions(attention="flash", attention_impl="cudnn", dropout=False,
+                                                    sequence_parallel=True), dp_allreduce="overlapped")
+    run = RunSpec(config=Config(tensor=2, pipeline=2, data=2, micro_batch=1, schedule="1f1b"), microbatches=4,
+                  partition=[(0, 17), (17, 34)])
+    inp = ExportInput.from_profile(run, prof)
+    assert inp.model == spec.model_copy(update={"source": ""}) and inp.sequence_parallel and inp.dropout is False
+    text = export("megatron", inp).main.content
+    for arg in ("--group-query-attention", "--num-query-groups 8", "--swiglu", "--normalization RMSNorm",
+                "--position-embedding-type rope", "--rotary-base 500000", "--untie-embeddings-and-output-weights",
+                "--disable-bias-linear", "--ffn-hidden-size 14336", "--sequence-parallel",
+                "--attention-dropout 0.0", "--hidden-dropout 0.0", "--overlap-grad-reduce"):
+        assert arg in text, arg
+    assert "--attention-backend fused" in text  # cuDNN's kernel named in a note
+    assumed = ("the prediction assumes cuDNN's fused attention, no dropout, sequence parallelism, overlapped "
+               "pipeline sends, the data-parallel all-reduce overlapped with the backward")
+    for fmt in FRAMEWORKS:
+        assert assumed in "\n".join(f.content for f in export(fmt, inp).files), fmt
+    assert parse(export("megatron", inp)).config == run.config
+    # a GPT preset's default profile: dropout on (Megatron's default, no flag), unfused, nothing overlapped
+    gpt_run = run.model_copy(update={"partition": [(0, 13), (13, 26)]})
+    gpt = ExportInput.from_profile(gpt_run, analytic_profile(PRESETS["gpt2-medium"], "A100-SXM4-80GB",
+                                                             micro_batches=(1,), tensor_sizes=(1, 2)))
+    text = export("megatron", gpt).main.content
+    assert "dropout" in text and "--attention-dropout" not in text and "--overlap-grad-reduce" not in text
+    assert "--sequence-parallel" not in text and "the unfused attention core" in text

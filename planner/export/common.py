@@ -34,6 +34,9 @@ class ExportInput:
     ``shard_optimizer``: the plan's request split the optimizer state over the W replicas (its memory counts
     ``4 + 12/W`` bytes per parameter: ZeRO-1, Megatron-LM's ``--use-distributed-optimizer``; the candidate
     document's ``shard_optimizer``);
+    ``dropout``, ``attention``, ``attention_impl``, ``p2p``, ``dp_allreduce``: the kernels and the runtime the
+    profile's times assume (its environment; None where the profile does not say), written in headers
+    (:func:`runtime_line`) and, where the framework has the option, set;
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
     batch script, name them); ``options``: format-specific settings (``--option key=value``)."""
@@ -46,6 +49,11 @@ class ExportInput:
     recompute_granularity: str = "none"
     gpus_per_node: int | None = None
     shard_optimizer: bool = False
+    dropout: bool | None = None
+    attention: str | None = None
+    attention_impl: str | None = None
+    p2p: str | None = None
+    dp_allreduce: str | None = None
     predicted: float | None = None
     plan_path: str | None = None
     candidate: int = 0
@@ -100,18 +108,32 @@ class ExportInput:
         if profile is None:
             return cls(spec=spec, model=model, **kw)  # type: ignore[arg-type]
         t = spec.config.tensor
-        sp = any(bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
-                 for layer in profile.layers)
         env = profile.environment
+        # the cost model's switch (planner.cost), or shard times measured with it
+        sp = env.get("sequence_parallel") == "true" or any(
+            bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
+            for layer in profile.layers)
         selective = env.get("recompute_granularity") == "selective"
+        analytic = profile.source == "analytical"  # the runtime entries are the operator model's (planner.analytic)
         return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
                    dtype=profile.dtype, sequence_parallel=sp,
-                   recompute_granularity="selective" if selective else "none", **kw)  # type: ignore[arg-type]
+                   recompute_granularity="selective" if selective else "none",
+                   dropout={"true": True, "false": False}.get(env.get("dropout", "")),
+                   attention=env.get("attention"), attention_impl=env.get("attention_impl"),
+                   p2p=env.get("p2p", "overlapped") if analytic else env.get("p2p"),
+                   dp_allreduce=env.get("dp_allreduce", "after-backward") if analytic else env.get("dp_allreduce"),
+                   **kw)  # type: ignore[arg-type]
 
 
 def model_of(profile: ModelProfile) -> ModelSpec | None:
-    """The model a profile was made of: the preset its environment names when the shape agrees, else
-    a GPT-shaped :class:`ModelSpec` from its ``shape`` (None without one)."""
+    """The model a profile was made of: the one its environment spells out (``model_spec``: analytical
+    profiles, and measured ones of a Hugging Face config), else the preset it names when the shape agrees,
+    else a GPT-shaped :class:`ModelSpec` from its ``shape`` (None without one)."""
+    if "model_spec" in profile.environment:
+        try:
+            return ModelSpec.model_validate_json(profile.environment["model_spec"])
+        except ValueError:
+            pass  # (an environment edited by hand: fall back to what the shape says)
     name = profile.environment.get("model") or profile.name
     preset = PRESETS.get(name)
     shape = profile.shape
@@ -218,8 +240,36 @@ def first_closest(spec: RunSpec, choices: list[tuple[str, dict[str, int]]]) -> R
     raise ExportError(f"no schedule of {choices} can run {spec.config.label()}")
 
 
+#: the flash kernels by their names (planner.device.ATTENTION_IMPLS)
+ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "cudnn": "cuDNN's fused attention"}
+
+
+def runtime_line(inp: ExportInput) -> str | None:
+    """What the prediction assumes of the kernels and the runtime, in words (None where the profile says
+    nothing of them): the same must run for the measured time to match the predicted one."""
+    parts = []
+    if inp.attention == "flash":
+        parts.append(ATTENTION_WORDS.get(inp.attention_impl or "flash2", str(inp.attention_impl)))
+    elif inp.attention == "unfused":
+        parts.append("the unfused attention core (scores, softmax, dropout and the product apart)")
+    if inp.dropout is not None:
+        parts.append("dropout" if inp.dropout else "no dropout")
+    if inp.sequence_parallel:
+        parts.append("sequence parallelism")
+    if inp.recompute_granularity == "selective" and not inp.config.recompute:  # (full recomputation re-runs all)
+        parts.append("selective recomputation of the attention core")
+    if inp.p2p is not None:
+        parts.append(f"{'blocking' if inp.p2p == 'blocking' else 'overlapped'} pipeline sends")
+    if inp.dp_allreduce is not None:
+        parts.append("the data-parallel all-reduce " + ("overlapped with the backward" if inp.dp_allreduce ==
+                                                        "overlapped" else "after the backward"))
+    if inp.shard_optimizer and inp.config.data > 1:
+        parts.append(f"the optimizer state sharded over the {inp.config.data} data-parallel replicas")
+    return "the prediction assumes " + ", ".join(parts) if parts else None
+
+
 def header(inp: ExportInput, framework: str, comment: str = "#") -> list[str]:
-    """Comment lines naming the candidate and its prediction."""
+    """Comment lines naming the candidate, its prediction and what the prediction assumes."""
     c = inp.config
     pred = f"; predicted {inp.predicted:.4g} s per iteration" if inp.predicted is not None else ""
     lines = [f"pipeplan export --format {framework}: {c.label()}, N={inp.spec.microbatches} micro-batches "
@@ -228,6 +278,9 @@ def header(inp: ExportInput, framework: str, comment: str = "#") -> list[str]:
     if inp.model is not None:
         lines.append(f"model {inp.model.name}: {inp.model.layers} layers, hidden {inp.model.hidden}, "
                      f"{inp.model.heads} heads, sequence {inp.model.seq}")
+    assumed = runtime_line(inp)
+    if assumed:
+        lines.append(assumed)
     return [f"{comment} {x}" for x in lines]
 
 

@@ -20,6 +20,11 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   its default tp-cp-ep-dp-pp, i.e. tensor innermost, then pipeline, then data -- the placement the planner
   costed (a candidate's ``placement``), so pipeline neighbours sit t ranks apart as predicted;
 * ``--sequence-parallel`` when the profile's tensor-parallel times assume it (Korthikanti et al. 2022);
+* ``--use-distributed-optimizer`` where the plan's request shards the optimizer state (W > 1);
+  ``--attention-dropout 0.0 --hidden-dropout 0.0`` where the profile's model trains without dropout (Megatron's
+  defaults are 0.1); ``--overlap-grad-reduce`` where the profile's runtime overlaps the data-parallel
+  all-reduce with the backward; the flash kernel the profile assumes is named in a note (its option depends on
+  the release: ``--attention-backend``, before it ``--use-flash-attn``);
 * uneven stages: ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the other
   stages split the rest evenly); other partitions are not expressible (a note says so).
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 import shlex
 
 from planner.export.common import (
+    ATTENTION_WORDS,
     SYNCHRONOUS_ONLY,
     Export,
     ExportError,
@@ -159,6 +165,15 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         args += ["--sequence-parallel"]
     if inp.shard_optimizer and c.data > 1:  # the plan's memory counts the optimizer state split over W
         args += ["--use-distributed-optimizer"]
+    if inp.dropout is False:  # Megatron's defaults are 0.1; the profile's model trains without (Llama)
+        args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    if inp.dp_allreduce == "overlapped":  # the profile's runtime reduces gradient buckets during the backward
+        args += ["--overlap-grad-reduce"]
+    if inp.attention == "flash":
+        backend = "fused" if inp.attention_impl == "cudnn" else "flash"
+        notes.append(f"the plan's times assume {ATTENTION_WORDS.get(inp.attention_impl or 'flash2')}: with "
+                     f"Transformer Engine, --attention-backend {backend} (releases before it: --use-flash-attn "
+                     "for the flash-attn package)")
     if c.recompute:
         args += RECOMPUTE
     elif inp.recompute_granularity == "selective":  # the profile's layers re-run their attention core
