@@ -184,7 +184,8 @@ class TensorParallelLlamaBlock(nn.Module):
     ``k`` and ``v`` are replicated: every rank computes all key/value heads and uses those of its query heads;
     their weights pass through ``f`` (identity forward, all-reduce of the gradient backward), so each rank ends
     with the sum of every rank's contribution, the gradient of the full layer. The MLP is split as GPT's:
-    ``gate`` and ``up`` column-parallel, ``down`` row-parallel. Norms are replicated.
+    ``gate`` and ``up`` column-parallel, ``down`` row-parallel. Norms are replicated; the query and key norms
+    (``qk_norm``, Qwen3) see only this rank's heads, so their weights pass through ``f`` too.
     """
 
     takes_targets = False
@@ -200,6 +201,7 @@ class TensorParallelLlamaBlock(nn.Module):
         self.size, self.rank, self.group, self.head_dim, self.theta = size, rank, group, d, block.theta
         self.act, self.gated = block.act, block.gated
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
+        self.q_norm, self.k_norm = block.q_norm, block.k_norm
         local = a // size
         self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group)
         self.kv_sharded = k % size == 0
@@ -227,16 +229,23 @@ class TensorParallelLlamaBlock(nn.Module):
         b = CopyToTensorParallel.apply(lin.bias, self.group) if lin.bias is not None else None
         return F.linear(x, w, b)
 
+    def _head_norm(self, norm: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
+        """``norm`` over each head of ``x (b, s, heads, d)``, its weight's gradient summed over the group."""
+        if norm is None:
+            return x
+        return F.rms_norm(x, (self.head_dim,), CopyToTensorParallel.apply(norm.weight, self.group), norm.eps)
+
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.head_dim
-        q = self.q(x).view(b, s, -1, d).transpose(1, 2)
+        q = self._head_norm(self.q_norm, self.q(x).view(b, s, -1, d)).transpose(1, 2)
         if self.kv_sharded:
-            k = self.k(x).view(b, s, -1, d).transpose(1, 2)
+            k = self._head_norm(self.k_norm, self.k(x).view(b, s, -1, d)).transpose(1, 2)
             v = self.v(x).view(b, s, -1, d).transpose(1, 2)
         else:
             xc = CopyToTensorParallel.apply(x, self.group)
-            k = self._replicated(self.k, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
+            k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
+            k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
         return self.o(self._attention(q, k, v, self.theta))
 
@@ -255,6 +264,9 @@ class TensorParallelLlamaBlock(nn.Module):
         """The parameters under the names of the full :class:`LlamaBlock` (a collective on the group)."""
         out = {f"input_norm.{k}": v.detach().clone() for k, v in self.input_norm.named_parameters()}
         out |= {f"post_norm.{k}": v.detach().clone() for k, v in self.post_norm.named_parameters()}
+        for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+            if norm is not None:
+                out |= {f"{name}.{k}": v.detach().clone() for k, v in norm.named_parameters()}
         columns = [("q", self.q), ("gate", self.gate), ("up", self.up)]
         if self.kv_sharded:
             columns += [("k", self.k), ("v", self.v)]

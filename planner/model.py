@@ -15,7 +15,8 @@ Parameters per layer:
   when the model has biases (GPT-2/3, BERT; Llama has none; Qwen2 has the ``a d + 2 k d`` of Q, K, V only);
 * MLP: ``2 h f`` weights (up, down), ``3 h f`` with a gated MLP (SwiGLU, Shazeer 2020: gate, up, down),
   plus ``f + h`` biases (up and down) when the model has biases;
-* norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm.
+* norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm; with ``qk_norm``
+  (Qwen3: an RMSNorm over each head's query and key, before the rotary) ``2d`` more, one ``d`` weight each.
 
 With GPT-2 shapes (``k = a``, ``d = h/a``, ``f = 4h``, biases, LayerNorm) that is ``12 h^2 + 13 h``.
 """
@@ -48,6 +49,8 @@ class ModelSpec(BaseModel):
     bias: bool = Field(default=True, description="linear layers carry biases (GPT-2/3, BERT)")
     qkv_bias: bool = Field(default=False, description="only the query/key/value projections carry biases "
                                                       "(Qwen2); implied by bias")
+    qk_norm: bool = Field(default=False, description="an RMSNorm over each head's query and key before the "
+                                                     "rotary, one weight of d for all heads (Qwen3)")
     rope_theta: float = Field(default=10000.0, gt=0, description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0)
     seq: int = Field(gt=0, description="sequence length trained with")
@@ -112,8 +115,9 @@ class ModelSpec(BaseModel):
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (two norms)."""
-        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+        """Parameters of one transformer layer (two norms, and the query and key norms with ``qk_norm``)."""
+        return self.attention_params() + self.mlp_params() + 2 * self.norm_params() + (2 * self.d if self.qk_norm
+                                                                                       else 0)
 
     def embedding_params(self) -> int:
         """Word embedding ``V h`` plus learned positions ``s h``."""

@@ -232,6 +232,16 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     ops.append(norm("norm1"))
     ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc, bias_rows=T if bias else 0,
                              bias_add=bias)))
+    qk_el = T * (a_t + k_t) * d  # the query and key elements of this rank's heads
+    if spec.qk_norm:
+        # Qwen3: RMSNorm over each head's query and key (as norm1: saves its input)
+        ops.append(elementwise("qk_norm", qk_el, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
+                               saved_bytes=el * qk_el))
+    if spec.position == "rotary":
+        # rotary positions on the queries and keys (Su et al. 2021; Transformer Engine's fused RoPE kernel):
+        # read and write them, the cos/sin table is small; the backward rotates the gradients back; saves nothing
+        ops.append(elementwise("rope", qk_el, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1, bwd_writes=1,
+                               saved_bytes=0.0))
     heads_b = b * a_t
     sel = o.recompute == "selective"  # the attention core re-run in the backward (module docstring)
     if o.attention == "unfused":

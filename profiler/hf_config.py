@@ -7,7 +7,7 @@ local file, never from a hub). Field names (Hugging Face ``PretrainedConfig`` at
 names reached through its ``attribute_map``) map to our symbols:
 
 ==========================  ===================================  =====================================
-ModelSpec                   Llama / Mistral / Qwen2              GPT-2
+ModelSpec                   Llama / Mistral / Qwen2 / Qwen3      GPT-2
 ==========================  ===================================  =====================================
 ``layers``                  ``num_hidden_layers``                ``n_layer``
 ``hidden``                  ``hidden_size``                      ``n_embd``
@@ -22,7 +22,9 @@ ModelSpec                   Llama / Mistral / Qwen2              GPT-2
 ==========================  ===================================  =====================================
 
 Llama-family models have a gated MLP (SwiGLU with ``hidden_act`` silu), RMSNorm and rotary positions; Qwen2 carries
-biases on the query/key/value projections only; GPT-2 has LayerNorm, learned positions, a GELU MLP and biases.
+biases on the query/key/value projections only; Qwen3 has none (unless ``attention_bias``) and normalises each head's
+query and key (``qk_norm``: ``q_norm``/``k_norm`` in its modeling code); GPT-2 has LayerNorm, learned positions, a
+GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
 Mistral's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source`` but not modelled.
 """
@@ -39,7 +41,7 @@ from pydantic import ValidationError
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above
-LLAMA_TYPES = ("llama", "mistral", "qwen2")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
@@ -111,7 +113,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     head_dim=getattr(cfg, "head_dim", None), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
-                    qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg))
+                    qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg),
+                    qk_norm=model_type == "qwen3")
         window = getattr(cfg, "sliding_window", None)
         if window and model_type == "mistral":
             notes.append(f"sliding-window attention ({window} tokens) not modelled: full causal attention counted")
@@ -198,7 +201,7 @@ DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop"
 
 
 def trains_with_dropout(data: dict[str, Any]) -> bool:
-    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2: 0), the library's
+    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2, Qwen3: 0), the library's
     defaults filled in; the operator model then counts the dropout masks (planner.operators.OperatorOptions)."""
     AutoConfig = auto_config()
 

@@ -18,6 +18,7 @@ PUBLISHED = {
     "llama-3.1-70b": (70.6, 0.05),
     "llama-3.1-405b": (405.9, 0.05),
     "qwen2.5-7b": (7.62, 0.005),
+    "qwen3-8b": (8.19, 0.005),
     "mistral-7b": (7.24, 0.005),
     "gpt2": (0.124, 0.0005),
 }
@@ -48,7 +49,7 @@ def test_dropout_as_trained() -> None:
     from profiler.hf_config import read_hf_json, trains_with_dropout
 
     assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
-    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b"):
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"):
         assert not trains_with_dropout(read_hf_json(MODELS / name)), name
 
 
@@ -60,6 +61,11 @@ def test_family_details() -> None:
     assert (gpt2.layers, gpt2.hidden, gpt2.f, gpt2.seq, gpt2.vocab) == (12, 768, 3072, 1024, 50257)
     mistral = read_hf_config(MODELS / "mistral-7b")
     assert "sliding-window" in mistral.source and mistral.vocab == 32000
+    qwen3 = read_hf_config(MODELS / "qwen3-8b")  # per-head query/key norms, no biases, head_dim stated
+    assert qwen3.qk_norm and not qwen3.qkv_bias and not qwen3.bias and (qwen3.d, qwen3.k) == (128, 8)
+    assert not qwen.qk_norm and not mistral.qk_norm and not gpt2.qk_norm
+    # Qwen3-8B's model card: 8.2B parameters, 6.95B of them not embeddings (the untied embedding and LM head)
+    assert abs((qwen3.total_params() - 2 * qwen3.vocab * qwen3.hidden) / 1e9 - 6.95) < 0.005
 
 
 def _llama(**changes: object) -> dict[str, object]:

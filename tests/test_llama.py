@@ -81,3 +81,38 @@ def test_same_function_as_transformers(changes: dict[str, object]) -> None:
         for m in layers[:-1]:
             x = m(x)
         torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+
+
+def test_qwen3_same_function_as_transformers() -> None:
+    """Qwen3 (per-head query/key RMSNorm, head_dim 32 with h / a = 16, untied head): our weights copied into
+    transformers' Qwen3ForCausalLM give the same logits; the parameter count is its own."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = TINY.parent.parent / "tiny-qwen3" / "config.json"
+    spec = read_hf_config(path, name="tiny-qwen3")
+    assert spec.qk_norm and spec.d == 32 and not spec.qkv_bias
+    cfg = get_config(spec)
+    data = json.loads(path.read_text())
+    data.pop("model_type")
+    hf = Qwen3ForCausalLM(Qwen3Config(**data, attn_implementation="eager")).double().eval()
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
+        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
+            ours.q_norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
+            ours.k_norm.weight.uniform_(0.5, 1.5)
+            at, mlp = theirs.self_attn, theirs.mlp
+            for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj),
+                         (ours.gate, mlp.gate_proj), (ours.up, mlp.up_proj), (ours.down, mlp.down_proj),
+                         (ours.q_norm, at.q_norm), (ours.k_norm, at.k_norm)):
+                b.weight.copy_(a.weight)
+            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
+            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+        hf.lm_head.weight.copy_(layers[-1].weight)
+        ids, _ = synthetic_batch(cfg, 2, seed=3)
+        x = ids
+        for m in layers[:-1]:
+            x = m(x)
+        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.analytic import analytic_profile
@@ -544,3 +546,23 @@ def test_flash_mask_follows_the_architecture():
     assert attn_fwd(dec, False) == attn_fwd(dec, True)  # the option cannot make a decoder's mask full
     assert attn_fwd(enc, True) == attn_fwd(enc, False)
     assert attn_fwd(enc, False) > attn_fwd(dec, False) * 1.1  # s = 8192: the s^2 kernel is a large share
+
+
+def test_rotary_and_query_key_norms_are_operators():
+    """A rotary model rotates its queries and keys (a memory-bound kernel over this rank's ``(a + k) d`` columns,
+    saving nothing); Qwen3's per-head query/key RMSNorm is another, saving its input; a learned-position GPT has
+    neither. The layer's parameters count the norms' two ``d`` weights."""
+    from profiler.hf_config import read_hf_config
+
+    models = Path(__file__).resolve().parent.parent / "examples" / "models"
+    qwen3 = read_hf_config(models / "qwen3-8b", seq=4096)
+    llama = read_hf_config(models / "llama-3.1-8b", seq=4096)
+    b, t = 1, 2
+    ops = {op.name: op for op in layer_operators(qwen3, b, t)}
+    elements = b * qwen3.seq * (qwen3.heads // t + qwen3.k // t) * qwen3.d
+    assert ops["rope"].saved_bytes == 0 and ops["rope"].fwd[0].nbytes == 2 * 2 * elements
+    assert ops["qk_norm"].saved_bytes == 2 * elements
+    assert "qk_norm" not in {op.name for op in layer_operators(llama, b, t)}
+    assert "rope" in {op.name for op in layer_operators(llama, b, t)}
+    assert not {"rope", "qk_norm"} & {op.name for op in layer_operators(GPT, b, t)}
+    assert qwen3.layer_params() - qwen3.model_copy(update={"qk_norm": False}).layer_params() == 2 * qwen3.d

@@ -1,5 +1,5 @@
-"""Llama-family decoders (Llama 2/3, Mistral, Qwen2) built from a :class:`~planner.model.ModelSpec`, as an ordered
-list of layers with the zoo's interface (:mod:`executor.models.stage`).
+"""Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3) built from a :class:`~planner.model.ModelSpec`, as an
+ordered list of layers with the zoo's interface (:mod:`executor.models.stage`).
 
 Layers:
 
@@ -9,6 +9,8 @@ Layers:
    rotary positions (Su et al., RoFormer, 2021, eq. 34, in the "rotate half" layout of the Hugging Face Llama
    code) and grouped-query attention (Ainslie et al. 2023: ``k`` key/value heads, each shared by ``a/k`` query
    heads), then a pre-norm gated MLP ``down(act(gate(x)) * up(x))`` (SwiGLU, Shazeer 2020) or ``down(act(up(x)))``.
+   With ``qk_norm`` (Qwen3) each head's query and key go through an RMSNorm of width ``d`` (one weight for all
+   heads) before the rotary, as Qwen3's modeling code does (``q_norm``/``k_norm``).
    The rotary angles are computed in every block from the positions ``0..s-1``, so a pipeline stage needs
    nothing but the hidden states from its predecessor.
 L+1. :class:`LlamaHead` ``(x, targets) -> loss``: final norm, LM head (untied unless the spec ties it to the
@@ -103,6 +105,8 @@ class LlamaBlock(nn.Module):
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
         self.input_norm = make_norm(config)
+        self.q_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
         self.q = nn.Linear(h, config.q_dim, bias=qkv_bias)
         self.k = nn.Linear(h, config.kv_dim, bias=qkv_bias)
         self.v = nn.Linear(h, config.kv_dim, bias=qkv_bias)
@@ -121,10 +125,11 @@ class LlamaBlock(nn.Module):
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.head_dim
-        q = self.q(x).view(b, s, -1, d).transpose(1, 2)
-        k = self.k(x).view(b, s, -1, d).transpose(1, 2)
+        q, k = self.q(x).view(b, s, -1, d), self.k(x).view(b, s, -1, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
-        return self.o(attention(q, k, v, self.theta))
+        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:

@@ -130,6 +130,8 @@ def _model_args(inp: ExportInput) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if m.position == "rotary":
         args += ["--position-embedding-type", "rope", "--rotary-base", f"{m.rope_theta:g}"]
+    if m.qk_norm:
+        args += ["--qk-layernorm"]  # (with RMSNorm normalization: RMSNorm over each head's query and key)
     if not m.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
     if not m.bias:
