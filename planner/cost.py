@@ -54,7 +54,10 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   (PyTorch ``DistributedDataParallel``, ``--DDP-impl torch``, which Megatron 2021 ran without pipelining:
   ``no_sync`` for all micro-batches but the last) the gradient buckets (25 MB, DDP's ``bucket_cap_mb``)
   are all-reduced while the last backward runs, so of a one-stage pipeline's all-reduce only what exceeds
-  that backward, and at least the last bucket, is left after it.
+  that backward, and at least the last bucket, is left after it. With a sharded optimizer (the request's
+  ``shard_optimizer``) the all-reduce is a reduce-scatter of the gradients and an all-gather of the updated
+  weights, NCCL's rings over all the replicas (:func:`sharded_collective_time`; overlapped: the all-gather
+  under the next first forward).
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
   bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
   optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
@@ -209,6 +212,24 @@ def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
     # across the nodes: NCCL's model with a tree's step count, or (alpha-beta) Rabenseifner / the ring
     steps = 2 * math.ceil(math.log2(nodes)) if cluster.allreduce == "rabenseifner" else None
     return inside + collective_time(cluster, "inter", "all_reduce", nodes, nbytes / k, steps)
+
+
+def sharded_collective_time(cluster: Cluster, ranks: list[int], nbytes: float, op: str) -> float:
+    """One ``reduce_scatter`` or ``all_gather`` of a ``nbytes`` buffer among global GPU ``ranks``, as a sharded
+    optimizer issues them (ZeRO-1, Rajbhandari et al. 2020 section 5.1 and 7.2.1; Megatron-LM's distributed
+    optimizer): NCCL runs both as rings over all the ranks (no tree), ``r - 1`` steps each paying the slowest
+    hop's latency -- the network's when the ranks span nodes; the bytes cross the network through every GPU's own
+    NIC, the ``k`` ranks of a node carrying ``1/k`` of them each (NCCL's channels), the same bus bandwidth as
+    :func:`allreduce_time`'s hierarchical all-reduce, of which the pair moves the bytes."""
+    r = len(ranks)
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    per_node: dict[int, int] = {}
+    for g in ranks:
+        per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
+    if len(per_node) == 1:
+        return collective_time(cluster, "intra", op, r, nbytes)
+    return collective_time(cluster, "inter", op, r, nbytes / max(per_node.values()))
 
 
 @dataclass
@@ -571,6 +592,8 @@ class ConfigCosts(Costs):
         holders = sorted({row[stage] for row in self.schedule.placement})
         ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
         nbytes = self.stages[stage].param_bytes / self.t
+        if self.request.shard_optimizer:
+            return self._sharded_sync(stage, ranks, nbytes)
         whole = allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale
         if self.overlapped_dp and self.schedule.stages == 1:
             # PyTorch DDP: buckets all-reduced while the synchronising backward runs; what is left after it
@@ -578,6 +601,20 @@ class ConfigCosts(Costs):
             bucket = allreduce_time(self.cluster, ranks, min(nbytes, DDP_BUCKET_BYTES)) * self.cal.link_scale
             return max(bucket, whole - self.bwd(stage))
         return whole
+
+    def _sharded_sync(self, stage: int, ranks: list[int], nbytes: float) -> float:
+        """A sharded optimizer's gradient reduce-scatter and, after its step, the all-gather of the updated
+        weights (:func:`sharded_collective_time`). With ``dp_allreduce = overlapped`` on a one-stage pipeline
+        the reduce-scatter runs in buckets under the synchronising backward and the all-gather under the next
+        iteration's first forward (Megatron-Core's ``--overlap-grad-reduce --overlap-param-gather``): of each
+        what exceeds that compute, at least one bucket, is left."""
+        rs = sharded_collective_time(self.cluster, ranks, nbytes, "reduce_scatter")
+        ag = sharded_collective_time(self.cluster, ranks, nbytes, "all_gather")
+        if self.overlapped_dp and self.schedule.stages == 1:
+            bucket = min(nbytes, DDP_BUCKET_BYTES)
+            rs = max(sharded_collective_time(self.cluster, ranks, bucket, "reduce_scatter"), rs - self.bwd(stage))
+            ag = max(sharded_collective_time(self.cluster, ranks, bucket, "all_gather"), ag - self.fwd(stage))
+        return (rs + ag) * self.cal.link_scale
 
     def step_per_stage(self) -> list[float]:
         """:meth:`step` of one replica of each stage."""

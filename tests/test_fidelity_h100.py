@@ -13,12 +13,13 @@ the recipe's implementation (FlashAttention-2 for 175B, cuDNN's fused attention 
 FlashAttention-3 paper's figures 5 and 6), the pipeline sends blocking where the recipe batches them without
 overlapping them (340B: Megatron-Core waits on the batched requests and synchronizes the device), 340B's
 selective recomputation re-running the flash forward (Megatron-Core checkpoints the core attention whatever its
-kernel), the distributed optimizer stepping its shard only (the request's ``shard_optimizer``: the mixed-precision
-gradient passes too, as Megatron-Core's and Apex's distributed optimizers make them over the shard), the
-rotary kernel on Nemotron-4's queries and keys. Median |error| 6.2%, worst 13.7% (175B -12.7..-13.7%, 15B
--4.0..-8.6%, 340B +1.0..+3.2%; with the gradient passes over the whole model and no rotary kernel 5.9% / 13.4%;
-with non-blocking sends and no re-run 340B read -2.1..-4.0%). Before: 8.2% /
-14.7% with the flash kernel on the GEMM curve (at 520-830 TFLOP/s), 10.8% / 14.7% also without the MAMF cap.
+kernel), the distributed optimizer (the request's ``shard_optimizer``) stepping its shard only (the
+mixed-precision gradient passes too, as Megatron-Core's and Apex's distributed optimizers make them over the
+shard) and synchronising by a gradient reduce-scatter and a weight all-gather (NCCL's rings), the rotary kernel on
+Nemotron-4's queries and keys. Median |error| 6.2%, worst 13.7% (175B -12.6..-13.7%, 15B -4.0..-8.5%, 340B
++1.2..+3.2%; with the gradient passes over the whole model, an all-reduce and no rotary kernel 5.9% / 13.4%; with
+non-blocking sends and no re-run 340B read -2.1..-4.0%). Before: 8.2% / 14.7% with the flash kernel on the GEMM
+curve (at 520-830 TFLOP/s), 10.8% / 14.7% also without the MAMF cap.
 The TP collectives are 12% (175B), 20% (15B) and 17% (340B) of the predicted time
 (:func:`planner.fidelity.tp_collective_seconds`).
 

@@ -164,3 +164,34 @@ def test_cli_bytes_per_param(tmp_path):
     for bad, msg in (("0", "greater than 0"), ("inf", "finite number")):
         r = runner.invoke(app, [*one[:-1], "--bytes-per-param", bad])
         assert r.exit_code == 2 and "bytes_per_param" in r.output and msg in r.output, r.output
+
+
+def test_a_sharded_optimizer_synchronises_by_reduce_scatter_and_all_gather(gpt3):
+    """ZeRO-1's gradient sync is a reduce-scatter and, after the step, an all-gather (section 7.2.1: the bytes
+    of an all-reduce): NCCL rings over all the data-parallel ranks, whose latency grows with W where the
+    all-reduce's tree grows with log W. On a one-stage pipeline overlapping them (dp_allreduce overlapped), at
+    least one bucket of each is left."""
+    from planner.cost import allreduce_time, sharded_collective_time
+
+    _, cl = gpt3
+    cl = cl.model_copy(update={"gpus": 8 * 512})
+    nbytes = 2e9
+    for W in (8, 64, 512):
+        ranks = [8 * i for i in range(W)]  # one per node
+        pair = sum(sharded_collective_time(cl, ranks, nbytes, op) for op in ("reduce_scatter", "all_gather"))
+        ar = allreduce_time(cl, ranks, nbytes)
+        assert 0.9 < pair / ar < 1.25, (W, pair, ar)  # the same bytes
+    small = [8 * i for i in range(512)]
+    assert sharded_collective_time(cl, small, 1e6, "reduce_scatter") > 3 * allreduce_time(cl, small, 1e6) / 2
+    # one stage, overlapped: the exposed sync is at least a bucket of each and less than the whole pair
+    from planner.analytic import analytic_profile
+    from planner.model import PRESETS
+
+    prof = analytic_profile(PRESETS["gpt2-1.3b"], "H100-SXM5-80GB", micro_batches=(4,), tensor_sizes=(1,),
+                            dp_allreduce="overlapped")
+    cfg = Config(tensor=1, pipeline=1, data=64, micro_batch=4, schedule="1f1b")
+    zero1 = predict(prof, cl, TrainingRequest(global_batch=64 * 16, shard_optimizer=True), cfg)
+    plain = predict(prof, cl, TrainingRequest(global_batch=64 * 16), cfg)
+    assert zero1.simulation is not None and plain.simulation is not None
+    assert 0 < zero1.breakdown["allreduce_exposed"] < 0.05 * zero1.iteration_time
+    assert zero1.breakdown["allreduce_exposed"] > plain.breakdown["allreduce_exposed"]
