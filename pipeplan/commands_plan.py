@@ -213,7 +213,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             fail(f"{cfg.label()}: {e}")
             raise
-        warnings = device_warnings(prof, cl)
+        warnings = device_warnings(prof, cl, req)
         if json_out:
             typer.echo(json.dumps({**cand.to_dict(), "warnings": warnings}))
             return

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
+from planner.request import TrainingRequest
 
 
 def _norm(device: str) -> str:
     return "".join(ch for ch in device.lower() if ch.isalnum())
 
 
-def device_warnings(profile: ModelProfile, cluster: Cluster) -> list[str]:
-    """One sentence per problem (empty: none)."""
+def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRequest | None = None) -> list[str]:
+    """One sentence per problem (empty: none); ``request``: the plan's (its optimizer)."""
     out = []
+    if request is not None and request.shard_optimizer:
+        out.append("the plan shards the optimizer state over the data-parallel replicas (ZeRO-1): the predictions "
+                   "are for a runtime that does (the exports set it); pipeplan's executor runs plain SGD on whole "
+                   "gradients, so a job it runs is timed and sized differently")
     shared = int(profile.environment.get("concurrent_processes", "1") or 1)
     if cluster.host is not None and shared > 1:
         out.append(f"profile {profile.name!r} was timed in {shared} processes at once and cluster {cluster.name!r} "

@@ -541,7 +541,7 @@ def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
     is dropped before the garbage collector resumes, so the collection that follows visits the results only."""
     with _gc_paused():
         res = Planner(profile, cluster, request).search(processes=processes)
-    res.warnings = device_warnings(profile, cluster)
+    res.warnings = device_warnings(profile, cluster, request)
     return res
 
 

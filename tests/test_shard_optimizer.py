@@ -195,3 +195,11 @@ def test_a_sharded_optimizer_synchronises_by_reduce_scatter_and_all_gather(gpt3)
     assert zero1.simulation is not None and plain.simulation is not None
     assert 0 < zero1.breakdown["allreduce_exposed"] < 0.05 * zero1.iteration_time
     assert zero1.breakdown["allreduce_exposed"] > plain.breakdown["allreduce_exposed"]
+
+
+def test_a_sharded_plan_says_pipeplans_executor_does_not_shard(gpt3):
+    prof, cl = gpt3
+    base = dict(global_batch=512, gpus=256, top=1, micro_batches=[1], schedules=["1f1b"])
+    assert not any("ZeRO-1" in w for w in plan(prof, cl, TrainingRequest(**base)).warnings)
+    (w,) = [w for w in plan(prof, cl, TrainingRequest(**base, shard_optimizer=True)).warnings if "ZeRO-1" in w]
+    assert "pipeplan's executor runs plain SGD" in w
