@@ -246,6 +246,8 @@ def test_a_hugging_face_profile_exports_its_architecture_kernels_and_runtime() -
     for fmt in FRAMEWORKS:
         assert assumed in "\n".join(f.content for f in export(fmt, inp).files), fmt
     assert parse(export("megatron", inp)).config == run.config
+    t1 = ExportInput.from_profile(run.model_copy(update={"config": run.config.model_copy(update={"tensor": 1})}), prof)
+    assert "sequence parallelism" not in export("megatron", t1).main.content  # nothing to split at t = 1
     assert "--qk-layernorm" not in text
     qwen3 = read_hf_config(ROOT / "examples" / "models" / "qwen3-8b" / "config.json", seq=4096)
     q_run = run.model_copy(update={"partition": [(0, 19), (19, 38)]})

@@ -254,7 +254,7 @@ def runtime_line(inp: ExportInput) -> str | None:
         parts.append("the unfused attention core (scores, softmax, dropout and the product apart)")
     if inp.dropout is not None:
         parts.append("dropout" if inp.dropout else "no dropout")
-    if inp.sequence_parallel:
+    if inp.sequence_parallel and inp.config.tensor > 1:  # (nothing to split the sequence over at t = 1)
         parts.append("sequence parallelism")
     if inp.recompute_granularity == "selective" and not inp.config.recompute:  # (full recomputation re-runs all)
         parts.append("selective recomputation of the attention core")
