@@ -254,6 +254,9 @@ def test_a_hugging_face_profile_exports_its_architecture_kernels_and_runtime() -
     q_text = export("megatron", ExportInput.from_profile(q_run, analytic_profile(
         qwen3, "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 2)))).main.content
     assert "--qk-layernorm" in q_text and "--kv-channels" not in q_text and "--num-query-groups 8" in q_text
+    q_titan = export("torchtitan", ExportInput.from_profile(q_run, analytic_profile(
+        qwen3, "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 2)))).main.content
+    assert 'name = "qwen3"' in q_titan and 'name = "llama3"' in export("torchtitan", inp).main.content
     # a GPT preset's default profile: dropout on (Megatron's default, no flag), unfused, nothing overlapped
     gpt_run = run.model_copy(update={"partition": [(0, 13), (13, 26)]})
     gpt = ExportInput.from_profile(gpt_run, analytic_profile(PRESETS["gpt2-medium"], "A100-SXM4-80GB",

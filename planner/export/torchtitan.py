@@ -151,9 +151,11 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         "activation_checkpoint": {"mode": "full" if c.recompute else "none"},
     }
     if inp.model is not None:
-        sections["model"] = {"name": "llama3", "flavor": inp.model.name}
+        # torchtitan's llama3 has no query/key norms; its qwen3 model has them (Qwen3's q_norm / k_norm)
+        family = "qwen3" if inp.model.qk_norm else "llama3"
+        sections["model"] = {"name": family, "flavor": inp.model.name}
         sections["training"]["seq_len"] = inp.model.seq
-        notes.append(f"[model] names torchtitan's llama3 with flavor {inp.model.name!r}: register a flavor of "
+        notes.append(f"[model] names torchtitan's {family} with flavor {inp.model.name!r}: register a flavor of "
                      f"these dimensions (dim {inp.model.hidden}, n_layers {inp.model.layers}, n_heads "
                      f"{inp.model.heads}, n_kv_heads {inp.model.k}, vocab {inp.model.vocab}) or pick yours")
     kinds, stage_layers = inp.kinds(), inp.stage_layers()
