@@ -92,7 +92,7 @@ def run(
     model: Annotated[str, typer.Option(help="model of the zoo (preset name)")] = "gpt-tiny",
     hf_config: Annotated[str | None, typer.Option(
         "--hf-config",
-        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, GPT-2) instead of --model")] = None,
+        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2) instead of --model")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length (default: the model's)")] = None,
     module: Annotated[str | None, typer.Option(
         "--module", help="your model: pkg.module:build or file.py:build returning (layers, sample, loss)")] = None,

@@ -7,7 +7,7 @@ local file, never from a hub). Field names (Hugging Face ``PretrainedConfig`` at
 names reached through its ``attribute_map``) map to our symbols:
 
 ==========================  ===================================  =====================================
-ModelSpec                   Llama / Mistral / Qwen2 / Qwen3      GPT-2
+ModelSpec                   Llama, Mistral, Qwen2/3, Phi-3       GPT-2
 ==========================  ===================================  =====================================
 ``layers``                  ``num_hidden_layers``                ``n_layer``
 ``hidden``                  ``hidden_size``                      ``n_embd``
@@ -23,10 +23,12 @@ ModelSpec                   Llama / Mistral / Qwen2 / Qwen3      GPT-2
 
 Llama-family models have a gated MLP (SwiGLU with ``hidden_act`` silu), RMSNorm and rotary positions; Qwen2 carries
 biases on the query/key/value projections only; Qwen3 has none (unless ``attention_bias``) and normalises each head's
-query and key (``qk_norm``: ``q_norm``/``k_norm`` in its modeling code); GPT-2 has LayerNorm, learned positions, a
-GELU MLP and biases.
+query and key (``qk_norm``: ``q_norm``/``k_norm`` in its modeling code); Phi-3 is Llama's computation with the
+query/key/value and the gate/up projections stored fused (``qkv_proj``, ``gate_up_proj``: the same parameters), and
+a ``partial_rotary_factor`` other than 1 is refused; GPT-2 has LayerNorm, learned positions, a GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
-Mistral's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source`` but not modelled.
+Mistral's and Phi-3's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source`` but not
+modelled.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic import ValidationError
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
@@ -91,6 +93,15 @@ def _rope_theta(cfg: Any) -> float:
     return float(theta) if theta is not None else 10000.0
 
 
+def _partial_rotary(cfg: Any) -> float:
+    """The share of each head the rotary positions turn (Phi-3's ``partial_rotary_factor``; 1 elsewhere)."""
+    factor = getattr(cfg, "partial_rotary_factor", None)
+    if factor is None:  # transformers >= 5 keeps it in rope_parameters
+        params = getattr(cfg, "rope_parameters", None) or {}
+        factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    return float(factor) if factor is not None else 1.0
+
+
 def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "") -> ModelSpec:
     """A ``transformers.PretrainedConfig`` as a :class:`ModelSpec` (``seq`` overrides the context length)."""
     model_type = getattr(cfg, "model_type", "")
@@ -115,8 +126,12 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     position="rotary", bias=attention_bias and mlp_bias,
                     qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg),
                     qk_norm=model_type == "qwen3")
+        rotary = _partial_rotary(cfg)
+        if rotary != 1.0:
+            raise HFConfigError("partial_rotary_factor", f"{rotary:g}: rotary positions on part of each head are not "
+                                                          "supported (the executor's attention rotates all of it)")
         window = getattr(cfg, "sliding_window", None)
-        if window and model_type == "mistral":
+        if window and model_type in ("mistral", "phi3"):
             notes.append(f"sliding-window attention ({window} tokens) not modelled: full causal attention counted")
         scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
@@ -201,7 +216,7 @@ DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop"
 
 
 def trains_with_dropout(data: dict[str, Any]) -> bool:
-    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2, Qwen3: 0), the library's
+    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2, Qwen3, Phi-3: 0), the library's
     defaults filled in; the operator model then counts the dropout masks (planner.operators.OperatorOptions)."""
     AutoConfig = auto_config()
 

@@ -2,7 +2,7 @@
 downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the decoder layers, the final norm with
 the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
 
-The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, GPT-2) are identical in shape, so only
+The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2) are identical in shape, so only
 ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the model is made: the memory of a
 few layers, not of the model) and the profile's other blocks reuse the last one measured. Each layer is the
 library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary ``position_embeddings`` the

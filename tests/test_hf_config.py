@@ -19,6 +19,7 @@ PUBLISHED = {
     "llama-3.1-405b": (405.9, 0.05),
     "qwen2.5-7b": (7.62, 0.005),
     "qwen3-8b": (8.19, 0.005),
+    "phi-3-medium-4k": (14.0, 0.05),
     "mistral-7b": (7.24, 0.005),
     "gpt2": (0.124, 0.0005),
 }
@@ -49,7 +50,7 @@ def test_dropout_as_trained() -> None:
     from profiler.hf_config import read_hf_json, trains_with_dropout
 
     assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
-    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"):
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "phi-3-medium-4k"):
         assert not trains_with_dropout(read_hf_json(MODELS / name)), name
 
 
@@ -66,6 +67,11 @@ def test_family_details() -> None:
     assert not qwen.qk_norm and not mistral.qk_norm and not gpt2.qk_norm
     # Qwen3-8B's model card: 8.2B parameters, 6.95B of them not embeddings (the untied embedding and LM head)
     assert abs((qwen3.total_params() - 2 * qwen3.vocab * qwen3.hidden) / 1e9 - 6.95) < 0.005
+    phi3 = read_hf_config(MODELS / "phi-3-medium-4k")  # Llama's computation, fused weights; a 2047-token window
+    assert (phi3.k, phi3.d, phi3.f) == (10, 128, 17920) and not phi3.qk_norm and "sliding-window" in phi3.source
+    part = json.loads((MODELS / "phi-3-medium-4k" / "config.json").read_text())
+    with pytest.raises(HFConfigError, match="partial_rotary_factor: 0.75: rotary positions on part"):
+        spec_from_hf_dict({**part, "partial_rotary_factor": 0.75}, "phi-4-mini-like")
 
 
 def _llama(**changes: object) -> dict[str, object]:

@@ -116,3 +116,33 @@ def test_qwen3_same_function_as_transformers() -> None:
         for m in layers[:-1]:
             x = m(x)
         torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+
+
+def test_phi3_same_function_as_transformers() -> None:
+    """Phi-3 is Llama's computation with fused weights: ours copied into transformers' Phi3ForCausalLM
+    (``qkv_proj`` = q, k, v stacked; ``gate_up_proj`` = gate, up) give the same logits and parameter count."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    path = TINY.parent.parent / "tiny-phi3" / "config.json"
+    cfg = get_config(read_hf_config(path, name="tiny-phi3"))
+    data = json.loads(path.read_text())
+    data.pop("model_type")
+    hf = Phi3ForCausalLM(Phi3Config(**data, attn_implementation="eager")).double().eval()
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
+        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
+            theirs.self_attn.qkv_proj.weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
+            theirs.self_attn.o_proj.weight.copy_(ours.o.weight)
+            theirs.mlp.gate_up_proj.weight.copy_(torch.cat([ours.gate.weight, ours.up.weight]))
+            theirs.mlp.down_proj.weight.copy_(ours.down.weight)
+            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
+            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+        hf.lm_head.weight.copy_(layers[-1].weight)
+        ids, _ = synthetic_batch(cfg, 2, seed=3)
+        x = ids
+        for m in layers[:-1]:
+            x = m(x)
+        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)

@@ -22,7 +22,8 @@ class HFConfigUpload(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    config: dict[str, Any] = Field(description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, GPT-2)")
+    config: dict[str, Any] = Field(
+        description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2)")
     cluster_id: int | None = Field(default=None, ge=1, le=MAX_ID,
                                     description="profile for this stored cluster's device")
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")

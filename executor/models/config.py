@@ -9,7 +9,7 @@ The family picks the zoo's layer code (:func:`family_of`):
 
 * ``gpt``: decoder, LayerNorm, learned positions, GELU MLP (nanoGPT / GPT-2; :mod:`executor.models.gpt`);
 * ``bert``: the same blocks bidirectional, masked-LM head (:mod:`executor.models.bert`);
-* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3: RMSNorm, GQA, SwiGLU, untied head;
+* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3, Phi-3: RMSNorm, GQA, SwiGLU, untied head;
   Qwen3's per-head query/key norms; :mod:`executor.models.llama`).
 """
 
