@@ -12,7 +12,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 
-from pipeplan.options import ChunksOpt, ConcatOpt, PipesOpt, ReplicationOpt, WavesOpt, fail, validation_summary
+from pipeplan.options import (
+    BytesPerParamOpt,
+    ChunksOpt,
+    ConcatOpt,
+    PipesOpt,
+    ReplicationOpt,
+    ShardOptimizerOpt,
+    WavesOpt,
+    fail,
+    validation_summary,
+)
 from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
 from planner.mismatch import device_warnings
@@ -128,13 +138,8 @@ def register(app: typer.Typer) -> None:
         memory_reserve: Annotated[float | None, typer.Option(
             help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
                  "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
-        bytes_per_param: Annotated[float | None, typer.Option(
-            help="model state per parameter (default 16: mixed-precision Adam's bf16 weights and gradients and "
-                 "fp32 master weights and moments; Megatron-LM's bf16 runs keep fp32 gradients: 18)")] = None,
-        shard_optimizer: Annotated[bool, typer.Option(
-            help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel "
-                 "replicas: ZeRO-1, Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and "
-                 "the optimizer step count a device's share (exports carry it)")] = False,
+        bytes_per_param: BytesPerParamOpt = None,
+        shard_optimizer: ShardOptimizerOpt = False,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
         processes: Annotated[int | None, typer.Option(
             help="processes searching: 1, or 2 (a forked child searches half of a large search; the same result); "
@@ -187,13 +192,8 @@ def register(app: typer.Typer) -> None:
         pipelines: PipesOpt = None,
         concat: ConcatOpt = None,
         replication: ReplicationOpt = None,
-        bytes_per_param: Annotated[float | None, typer.Option(
-            help="model state per parameter (default 16: mixed-precision Adam's bf16 weights and gradients and "
-                 "fp32 master weights and moments; Megatron-LM's bf16 runs keep fp32 gradients: 18)")] = None,
-        shard_optimizer: Annotated[bool, typer.Option(
-            help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel "
-                 "replicas: ZeRO-1, Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and "
-                 "the optimizer step count a device's share (exports carry it)")] = False,
+        bytes_per_param: BytesPerParamOpt = None,
+        shard_optimizer: ShardOptimizerOpt = False,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""

@@ -1,4 +1,5 @@
-"""Command-line options shared by the commands that build a schedule (simulate, show, export, run)."""
+"""Command-line options shared by the commands that build a schedule (simulate, show, export, run) or plan one
+(plan, predict)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ WavesOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].
 PipesOpt = Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["pipelines"].help)]
 ConcatOpt = Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)]
 ReplicationOpt = Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["replication"].help)]
+# the model state of the run planned for (planner.request.TrainingRequest): plan and predict
+BytesPerParamOpt = Annotated[float | None, typer.Option(
+    help="model state per parameter (default 16: mixed-precision Adam's bf16 weights and gradients and fp32 master "
+         "weights and moments; Megatron-LM's bf16 runs keep fp32 gradients: 18)")]
+ShardOptimizerOpt = Annotated[bool, typer.Option(
+    help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel replicas: ZeRO-1, "
+         "Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and the optimizer step count a "
+         "device's share (exports carry it)")]
 
 
 def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,

@@ -182,6 +182,14 @@ def collective_time(cluster: Cluster, which: str, op: str, ranks: int, nbytes: f
     return link.time(nbytes)
 
 
+def ranks_per_node(cluster: Cluster, ranks: list[int]) -> dict[int, int]:
+    """Node -> how many of the global GPU ``ranks`` it holds (``gpus_per_node`` consecutive ranks a node)."""
+    per_node: dict[int, int] = {}
+    for g in ranks:
+        per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
+    return per_node
+
+
 def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
     """All-reduce among global GPU ``ranks``; hierarchical when they span nodes: reduce-scatter inside the
     node (``k`` ranks per node), all-reduce across the nodes on ``L/k`` (each GPU on its own NIC), all-gather
@@ -190,9 +198,7 @@ def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
     r = len(ranks)
     if r <= 1 or nbytes <= 0:
         return 0.0
-    per_node: dict[int, int] = {}
-    for g in ranks:
-        per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
+    per_node = ranks_per_node(cluster, ranks)
     if len(per_node) == 1:
         fit = cluster.allreduce_fit  # measured as a whole (planner.cluster.AllReduceFit)
         if fit is not None and r <= fit.ranks:
@@ -224,9 +230,7 @@ def sharded_collective_time(cluster: Cluster, ranks: list[int], nbytes: float, o
     r = len(ranks)
     if r <= 1 or nbytes <= 0:
         return 0.0
-    per_node: dict[int, int] = {}
-    for g in ranks:
-        per_node[g // cluster.gpus_per_node] = per_node.get(g // cluster.gpus_per_node, 0) + 1
+    per_node = ranks_per_node(cluster, ranks)
     if len(per_node) == 1:
         return collective_time(cluster, "intra", op, r, nbytes)
     return collective_time(cluster, "inter", op, r, nbytes / max(per_node.values()))

@@ -85,21 +85,22 @@ def _activation(name: str | None, field: str) -> str:
     raise HFConfigError(field, f"activation {name!r} is not one of silu, gelu*, relu")
 
 
-def _rope_theta(cfg: Any) -> float:
-    theta = getattr(cfg, "rope_theta", None)
-    if theta is None:  # transformers >= 5 keeps it in rope_parameters
+def _rope_field(cfg: Any, name: str, default: float) -> float:
+    """A rotary setting of ``cfg``: its attribute, or (transformers >= 5) its entry in ``rope_parameters``."""
+    value = getattr(cfg, name, None)
+    if value is None:
         params = getattr(cfg, "rope_parameters", None) or {}
-        theta = params.get("rope_theta") if isinstance(params, dict) else None
-    return float(theta) if theta is not None else 10000.0
+        value = params.get(name) if isinstance(params, dict) else None
+    return float(value) if value is not None else default
+
+
+def _rope_theta(cfg: Any) -> float:
+    return _rope_field(cfg, "rope_theta", 10000.0)
 
 
 def _partial_rotary(cfg: Any) -> float:
     """The share of each head the rotary positions turn (Phi-3's ``partial_rotary_factor``; 1 elsewhere)."""
-    factor = getattr(cfg, "partial_rotary_factor", None)
-    if factor is None:  # transformers >= 5 keeps it in rope_parameters
-        params = getattr(cfg, "rope_parameters", None) or {}
-        factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
-    return float(factor) if factor is not None else 1.0
+    return _rope_field(cfg, "partial_rotary_factor", 1.0)
 
 
 def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "") -> ModelSpec:

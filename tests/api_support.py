@@ -282,6 +282,17 @@ def wait_for(fn: Any, timeout: float = 60.0, every: float = 0.2, what: str = "co
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
+def post_plan(client: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """POST /plans with the admin token and wait until the plan is done or failed: its document."""
+    r = client.post("/plans", json=body, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan = r.json()
+    if plan["status"] not in ("done", "failed"):
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            client.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    return plan
+
+
 def finish_job(client: Any, plan: dict[str, Any], index: int, worker: dict[str, Any], seconds: float,
                emulated: bool = False) -> int:
     """Candidate ``index`` of ``plan`` dispatched as a gpt-tiny job, claimed by ``worker`` (the registration

@@ -6,19 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from api_support import AUTH, tiny_cluster, tiny_profile, wait_for
+from api_support import AUTH, post_plan, tiny_cluster, tiny_profile
 
 CPU4 = Path(__file__).resolve().parent.parent / "examples" / "clusters" / "local-cpu-4.json"
 
 
 def _plan(client, body: dict) -> dict:  # type: ignore[no-untyped-def]
-    r = client.post("/plans", json=body, headers=AUTH)
-    assert r.status_code in (200, 201, 202), r.text
-    plan = r.json()
-    if plan["status"] not in ("done", "failed"):
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            client.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
-    return plan
+    return post_plan(client, body)
 
 
 def test_odd_budget_plans_and_skips_gems(client) -> None:  # type: ignore[no-untyped-def]

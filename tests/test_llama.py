@@ -52,6 +52,33 @@ def test_stages_equal_whole_model() -> None:
     torch.testing.assert_close(x, whole)
 
 
+def _same_logits(cfg, layers, hf, copy_block) -> None:  # type: ignore[no-untyped-def]
+    """Copy our embedding, final norm and head into transformers' model ``hf`` and each block with
+    ``copy_block(ours, theirs)`` (which copies its projections), then compare the logits of one batch."""
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
+        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
+            copy_block(ours, theirs)
+            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
+            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+        hf.lm_head.weight.copy_(layers[-1].weight)
+        ids, _ = synthetic_batch(cfg, 2, seed=3)
+        x = ids
+        for m in layers[:-1]:
+            x = m(x)
+        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+
+
+def _copy_projections(ours, theirs) -> None:  # type: ignore[no-untyped-def]
+    at, mlp = theirs.self_attn, theirs.mlp
+    for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj),
+                 (ours.gate, mlp.gate_proj), (ours.up, mlp.up_proj), (ours.down, mlp.down_proj)):
+        b.weight.copy_(a.weight)
+        if a.bias is not None:
+            b.bias.copy_(a.bias)
+
+
 @pytest.mark.parametrize("changes", [{}, {"qkv_bias": True, "kv_heads": 4}, {"tied_embeddings": True}])
 def test_same_function_as_transformers(changes: dict[str, object]) -> None:
     """Copy our weights into transformers' LlamaForCausalLM (eager attention, float64): same logits."""
@@ -62,25 +89,7 @@ def test_same_function_as_transformers(changes: dict[str, object]) -> None:
     data.update(num_key_value_heads=cfg.k, attention_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tied_embeddings)
     data.pop("model_type")
     hf = LlamaForCausalLM(LlamaConfig(**data, attn_implementation="eager")).double().eval()
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            at, mlp = theirs.self_attn, theirs.mlp
-            for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj),
-                         (ours.gate, mlp.gate_proj), (ours.up, mlp.up_proj), (ours.down, mlp.down_proj)):
-                b.weight.copy_(a.weight)
-                if a.bias is not None:
-                    b.bias.copy_(a.bias)
-            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
-            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-        ids, _ = synthetic_batch(cfg, 2, seed=3)
-        x = ids
-        for m in layers[:-1]:
-            x = m(x)
-        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+    _same_logits(cfg, [m.double().eval() for m in build_layers(cfg, seed=2)], hf, _copy_projections)
 
 
 def test_qwen3_same_function_as_transformers() -> None:
@@ -97,25 +106,14 @@ def test_qwen3_same_function_as_transformers() -> None:
     hf = Qwen3ForCausalLM(Qwen3Config(**data, attn_implementation="eager")).double().eval()
     layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
     assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            ours.q_norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
-            ours.k_norm.weight.uniform_(0.5, 1.5)
-            at, mlp = theirs.self_attn, theirs.mlp
-            for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj),
-                         (ours.gate, mlp.gate_proj), (ours.up, mlp.up_proj), (ours.down, mlp.down_proj),
-                         (ours.q_norm, at.q_norm), (ours.k_norm, at.k_norm)):
-                b.weight.copy_(a.weight)
-            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
-            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-        ids, _ = synthetic_batch(cfg, 2, seed=3)
-        x = ids
-        for m in layers[:-1]:
-            x = m(x)
-        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+
+    def copy_block(ours, theirs) -> None:  # type: ignore[no-untyped-def]
+        _copy_projections(ours, theirs)
+        for norm, target in ((ours.q_norm, theirs.self_attn.q_norm), (ours.k_norm, theirs.self_attn.k_norm)):
+            norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
+            target.weight.copy_(norm.weight)
+
+    _same_logits(cfg, layers, hf, copy_block)
 
 
 def test_phi3_same_function_as_transformers() -> None:
@@ -130,19 +128,11 @@ def test_phi3_same_function_as_transformers() -> None:
     hf = Phi3ForCausalLM(Phi3Config(**data, attn_implementation="eager")).double().eval()
     layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
     assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            theirs.self_attn.qkv_proj.weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
-            theirs.self_attn.o_proj.weight.copy_(ours.o.weight)
-            theirs.mlp.gate_up_proj.weight.copy_(torch.cat([ours.gate.weight, ours.up.weight]))
-            theirs.mlp.down_proj.weight.copy_(ours.down.weight)
-            theirs.input_layernorm.weight.copy_(ours.input_norm.weight)
-            theirs.post_attention_layernorm.weight.copy_(ours.post_norm.weight)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-        ids, _ = synthetic_batch(cfg, 2, seed=3)
-        x = ids
-        for m in layers[:-1]:
-            x = m(x)
-        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+
+    def copy_block(ours, theirs) -> None:  # type: ignore[no-untyped-def]
+        theirs.self_attn.qkv_proj.weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
+        theirs.self_attn.o_proj.weight.copy_(ours.o.weight)
+        theirs.mlp.gate_up_proj.weight.copy_(torch.cat([ours.gate.weight, ours.up.weight]))
+        theirs.mlp.down_proj.weight.copy_(ours.down.weight)
+
+    _same_logits(cfg, layers, hf, copy_block)

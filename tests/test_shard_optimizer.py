@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from api_support import AUTH, tiny_cluster, tiny_profile, wait_for
+from api_support import AUTH, post_plan, tiny_cluster, tiny_profile
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -133,12 +133,7 @@ def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyp
                        ({"optimizer_bytes_per_param": -1}, "optimizer_bytes_per_param")):
         r = client.post("/plans", json={**body, **bad}, headers=AUTH)
         assert r.status_code == 422 and field in r.json()["detail"], r.text
-    r = client.post("/plans", json=body, headers=AUTH)
-    assert r.status_code in (200, 201, 202), r.text
-    plan_doc = r.json()
-    if plan_doc["status"] not in ("done", "failed"):
-        plan_doc = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            client.get(f"/plans/{plan_doc['id']}", headers=AUTH).json()), what="plan done")
+    plan_doc = post_plan(client, body)
     assert plan_doc["status"] == "done" and plan_doc["candidates"], plan_doc
     cands = plan_doc["candidates"]
     assert all(c["shard_optimizer"] for c in cands)
