@@ -118,6 +118,12 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     # the mask is the model's, not a choice: a decoder's flash kernel is the causal one (it skips the masked
     # blocks, planner.operators), an encoder's is not; the unfused core computes all s x s scores either way
     opts = OperatorOptions(**{**(options.__dict__ if options else {}), "dtype": dtype, "causal": not spec.encoder})
+    have = dev.attention_efficiency
+    if opts.attention == "flash" and have and opts.attention_impl not in have:
+        # a GPU with published kernel figures but none of this kernel: it does not run there (FlashAttention-3
+        # is Hopper's); a device without any figures (CPU, V100, P100) times the kernel on its GEMM curve
+        raise ValueError(f"attention_impl: {dev.name} has no figures for {opts.attention_impl} (it does not run "
+                         f"there); it has {', '.join(sorted(have))}")
     sizes = tuple(tensor_sizes) if tensor_sizes else tuple(t for t in TENSOR_SIZES if spec.heads % t == 0)
     if 1 not in sizes:
         sizes = (1, *sizes)

@@ -62,6 +62,8 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "device": "h100", "attention": "fused"}, "attention"),
         ({"config": good, "device": "h100", "attention": "flash", "attention_impl": "flash4"}, "attention_impl"),
         ({"config": good, "device": "h100", "attention_impl": "cudnn"}, "attention_impl: only with attention"),
+        ({"config": good, "device": "a100", "attention": "flash", "attention_impl": "flash3"},
+         "attention_impl: A100-SXM4-80GB has no figures for flash3"),
         ({"config": good, "device": "h100", "sequence_parallel": "sometimes"}, "sequence_parallel"),
     ]
     for body, field in cases:

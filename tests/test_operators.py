@@ -566,3 +566,14 @@ def test_rotary_and_query_key_norms_are_operators():
     assert "rope" in {op.name for op in layer_operators(llama, b, t)}
     assert not {"rope", "qk_norm"} & {op.name for op in layer_operators(GPT, b, t)}
     assert qwen3.layer_params() - qwen3.model_copy(update={"qk_norm": False}).layer_params() == 2 * qwen3.d
+
+
+def test_a_flash_kernel_the_device_does_not_run_is_refused():
+    """FlashAttention-3 is Hopper's: an A100 profile asking for it is refused, naming the field and what the device
+    has; a device without kernel figures (V100) times any flash kernel on its GEMM curve."""
+    with pytest.raises(ValueError, match="attention_impl: A100-SXM4-80GB has no figures for flash3.*has flash2"):
+        analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1,), tensor_sizes=(1,),
+                         options=OperatorOptions(attention="flash", attention_impl="flash3"))
+    v100 = analytic_profile(PRESETS["gpt2-medium"], "V100-SXM2-32GB", dtype="fp16", micro_batches=(1,),
+                            tensor_sizes=(1,), options=OperatorOptions(attention="flash", attention_impl="flash3"))
+    assert v100.environment["attention_impl"] == "flash3"
