@@ -198,3 +198,18 @@ def test_a_sharded_plan_says_pipeplans_executor_does_not_shard(gpt3):
     assert not any("ZeRO-1" in w for w in plan(prof, cl, TrainingRequest(**base)).warnings)
     (w,) = [w for w in plan(prof, cl, TrainingRequest(**base, shard_optimizer=True)).warnings if "ZeRO-1" in w]
     assert "pipeplan's executor runs plain SGD" in w
+
+
+def test_the_pruned_search_is_exact_with_a_sharded_optimizer():
+    """The bounds (planner.bounds, the replicated plans' own) use the same W-dependent step and sync as the
+    simulated candidates: the pruned search returns what the exhaustive one does."""
+    from planner.profile import load_profile
+    from planner.search import Planner
+
+    prof = load_profile(ROOT / "examples" / "profiles" / "gpt2-medium-a100-80gb-analytic.json")
+    cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-a100-80gb.json")
+    req = TrainingRequest(global_batch=64, gpus=16, top=8, shard_optimizer=True, allow_async=True)
+    pruned, full = (Planner(prof, cl, req).search(prune=p) for p in (True, False))
+    assert [(c.config.label(), c.iteration_time) for c in pruned.candidates] == \
+        [(c.config.label(), c.iteration_time) for c in full.candidates]
+    assert pruned.simulated < full.simulated
