@@ -44,7 +44,13 @@ phase writing its files under ``--out`` as soon as it ends (a run killed at its 
    (:func:`planner.operators.layer_operators`, sequence parallelism off: one GPU runs no collectives). The
    operator model puts these layers' GEMMs at 670-790 TFLOP/s; the public runs are predicted 2-13% fast: is
    the compute of these layers already slower than the model says (:func:`public_layer_specs`)?
-7. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
+7. ``fp8`` (in ``machine.json`` and ``summary.txt``): the GEMMs of the FP8 rows NVIDIA publishes for DGX H100
+   (Llama 3 70B at t 4, b 1, s 8192; the NeMo / Megatron-Bridge performance summaries list their dense H100 runs
+   in FP8 only) and of 175B at t 4, in bf16 (``torch.matmul``) and in FP8 (``torch._scaled_mm``, e4m3 inputs with
+   per-tensor scales, bf16 out: Transformer Engine's delayed-scaling GEMM), with and without the cast of the
+   activation to FP8 each time: TFLOP/s of each and the FP8 / bf16 speed-up per shape -- the GEMM rates an FP8
+   device description would need (none is measured or published with a source; FP8 is not modelled).
+8. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
    measurement, then after an idle pause continuously for ``--sustain-s`` seconds (shortened to what the
    budget leaves): TFLOP/s per second of the run, first vs last 10 s, with ``nvidia-smi --query-gpu=clocks.sm,
    power.draw,temperature.gpu`` sampled once a second alongside -- does power or clock throttling under
@@ -99,6 +105,7 @@ class Run:
     sustained: dict[str, Any] | None = None
     chunks: list[dict[str, Any]] | None = None
     layers: list[dict[str, Any]] | None = None
+    fp8: list[dict[str, Any]] | None = None
     table: str = ""
 
     def elapsed(self) -> float:
@@ -135,7 +142,7 @@ class Run:
 
     def save(self) -> None:
         write_json(self.out / "machine.json", {**self.machine, "phases": self.phases, "chunks": self.chunks,
-                                               "public_layers": self.layers,
+                                               "public_layers": self.layers, "fp8": self.fp8,
                                                "elapsed_s": round(self.elapsed(), 1)})
         (self.out / "summary.txt").write_text(summary_text(self))
 
@@ -478,6 +485,51 @@ def chunk_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
                      "err": pred / tm.median - 1.0})
         del a, w, parts
     run.chunks = rows
+    return rows
+
+
+def fp8_shapes() -> list[tuple[str, int, int, int]]:
+    """(label, m, n, k) of the 1/t-shard forward GEMMs of Llama 3 70B at t 4, b 1, s 8192 (h 8192, 64 query and
+    8 key/value heads of 128, f 28672; gate and up in one GEMM) and of GPT-3 175B's MLP at t 4, b 1, s 2048."""
+    m = 8192
+    return [("70b qkv", m, (64 + 16) * 128 // 4, 8192), ("70b proj", m, 8192, 64 * 128 // 4),
+            ("70b fc1", m, 2 * 28672 // 4, 8192), ("70b fc2", m, 8192, 28672 // 4),
+            ("175b fc1", 2048, 49152 // 4, 12288)]
+
+
+def fp8_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
+    """Each :func:`fp8_shapes` GEMM in bf16 and in FP8 (module docstring, item 7), CUDA events, median."""
+    import torch
+
+    from profiler.timing import time_op
+
+    scale = 1 if dev.type == "cuda" and not args.quick else 32  # the CPU test shrinks every dimension
+    one = torch.tensor(1.0, device=dev)
+    rows = []
+    for label, m, n, k in fp8_shapes():
+        m, n, k = max(16, m // scale // 16 * 16), max(16, n // scale // 16 * 16), max(16, k // scale // 16 * 16)
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)  # (out, in), as a Linear's weight
+        a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+
+        def bf16(_: Any, a: Any = a, w: Any = w) -> None:
+            torch.matmul(a, w.t())
+
+        def fp8(_: Any, a8: Any = a8, w8: Any = w8) -> None:
+            torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+        def fp8_cast(_: Any, a: Any = a, w8: Any = w8) -> None:
+            torch._scaled_mm(a.to(torch.float8_e4m3fn), w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+        flops = 2.0 * m * n * k
+        times = {name: time_op(lambda: None, fn, dev, warmup=args.warmup, repeats=args.repeats or 7).median
+                 for name, fn in (("bf16", bf16), ("fp8", fp8), ("fp8_cast", fp8_cast))}
+        rows.append({"label": label, "m": m, "n": n, "k": k,
+                     **{f"{name}_s": t for name, t in times.items()},
+                     **{f"{name}_tflops": flops / t / 1e12 for name, t in times.items()},
+                     "speedup": times["bf16"] / times["fp8"], "speedup_cast": times["bf16"] / times["fp8_cast"]})
+        del a, w, a8, w8
+    run.fp8 = rows
     return rows
 
 
@@ -908,6 +960,13 @@ def summary_text(run: Run) -> str:
         out += [f"  {r['label']:<12}{r['m']:>6}{r['n']:>7}{r['k']:>7}{r['chunks']:>7}{r['meas_tflops']:>14.4g}"
                 f"{fmt_ms(r['meas_s']):>10}{fmt_ms(r['pred_s']):>10}{fmt_err(r['err']):>8}" for r in run.chunks]
         out.append("")
+    if run.fp8:
+        out += ["FP8 vs BF16 GEMMs (Llama 3 70B at t 4 and 175B's fc1; torch._scaled_mm, e4m3, per-tensor scales; "
+                "+cast: the activation cast to FP8 each time):",
+                f"  {'gemm':<10}{'m':>6}{'n':>7}{'k':>7}{'bf16 TF/s':>11}{'fp8 TF/s':>10}{'+cast':>8}{'x':>7}"]
+        out += [f"  {r['label']:<10}{r['m']:>6}{r['n']:>7}{r['k']:>7}{r['bf16_tflops']:>11.4g}{r['fp8_tflops']:>10.4g}"
+                f"{r['fp8_cast_tflops']:>8.4g}{r['speedup']:>7.3g}" for r in run.fp8]
+        out.append("")
     if run.layers:
         out += ["PUBLIC-RUN LAYERS: one layer's 1/t shard of each H100 public run in torch (no collectives), "
                 "measured against the shipped operator model (err = predicted / measured - 1):",
@@ -1049,6 +1108,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     else:
         run.skip("layers", f"{run.left():.0f} s left")
+    if run.left() > (10 if cuda and not args.quick else 1):
+        run.phase("fp8", fp8_check, run, args, dev)
+    else:
+        run.skip("fp8", f"{run.left():.0f} s left")
     seconds = min(sustain, run.left() - cool - 15.0) if cuda and not args.quick else sustain
     if seconds >= min(10.0, sustain):
         run.phase("sustained", sustained_gemm, run, args, dev, seconds, cool)
