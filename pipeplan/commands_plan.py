@@ -27,7 +27,7 @@ from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
 from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
-from planner.profile import ModelProfile, load_profile, save_profile
+from planner.profile import ModelProfile, load_profile, runtime_words, save_profile
 from planner.request import MAX_GLOBAL_BATCH, Config, TrainingRequest
 from planner.reserve import resolve_reserve
 from planner.search import Candidate, PlanResult, plan, predict
@@ -106,6 +106,9 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     console = Console(width=160)
     n = req.gpus or cl.gpus
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+    assumed = runtime_words(prof.environment, runtime_defaults=prof.source == "analytical")
+    if assumed:
+        console.print("the profile's times assume " + ", ".join(assumed), highlight=False)
     if prof.environment.get("recompute_granularity") == "selective":
         console.print("recomputation: rows with rc re-run every layer; the others re-run the attention core "
                       "selectively (profile: --recompute-granularity selective"

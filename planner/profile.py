@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -311,6 +312,40 @@ class ModelProfile(BaseModel):
     def total_params(self) -> int:
         """Parameters of the model, tied copies counted once."""
         return sum(layer.params - layer.tied_params for layer in self.layers)
+
+
+#: the flash kernels by their names (planner.device.ATTENTION_IMPLS)
+ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "cudnn": "cuDNN's fused attention"}
+
+
+def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, tensor: int | None = None,
+                  recompute: bool = False) -> list[str]:
+    """What times made under the profile environment ``env`` assume of the kernels and the training runtime,
+    in words (the keys :mod:`planner.analytic` writes; a key ``env`` lacks is not named).
+    ``runtime_defaults``: an analytical profile, which records the pipeline sends and the data-parallel
+    all-reduce only where they differ from pipeplan's executor's (overlapped, after the backward).
+    ``tensor``/``recompute``: of one configuration -- sequence parallelism only where t > 1, the selective
+    re-run of the attention core only where the layers are not recomputed fully."""
+    words = []
+    if env.get("attention") == "flash":
+        impl = env.get("attention_impl") or "flash2"
+        words.append(ATTENTION_WORDS.get(impl, impl))
+    elif env.get("attention") == "unfused":
+        words.append("the unfused attention core (scores, softmax, dropout and the product apart)")
+    if env.get("dropout") in ("true", "false"):
+        words.append("dropout" if env["dropout"] == "true" else "no dropout")
+    if env.get("sequence_parallel") == "true" and (tensor is None or tensor > 1):
+        words.append("sequence parallelism")
+    if env.get("recompute_granularity") == "selective" and not recompute:
+        words.append("selective recomputation of the attention core")
+    p2p = env.get("p2p", "overlapped" if runtime_defaults else None)
+    if p2p is not None:
+        words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")
+    dp = env.get("dp_allreduce", "after-backward" if runtime_defaults else None)
+    if dp is not None:
+        words.append("the data-parallel all-reduce " + ("overlapped with the backward" if dp == "overlapped"
+                                                        else "after the backward"))
+    return words
 
 
 _LEAF_OBJECT = re.compile(r"\{\n\s*([^{}\[\]]*?)\n\s*\}")

@@ -127,6 +127,12 @@ def test_hf_config_with_flash_attention_and_sequence_parallelism(client) -> None
     bodies = [client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"] for r in (unfused, flash)]
     env = bodies[1]["environment"]
     assert (env["attention"], env["attention_impl"], env["sequence_parallel"]) == ("flash", "cudnn", "true")
+    # the listing says what each profile's times assume (the new-plan page's tooltips, the plan page's line)
+    listed = {p["id"]: p["assumes"] for p in client.get("/profiles", headers=AUTH).json()}
+    assert listed[flash.json()["id"]] == [
+        "cuDNN's fused attention", "no dropout", "sequence parallelism", "overlapped pipeline sends",
+        "the data-parallel all-reduce after the backward"]
+    assert listed[unfused.json()["id"]][0].startswith("the unfused attention core")
     assert bodies[0]["environment"]["attention"] == "unfused" and "attention_impl" not in bodies[0]["environment"]
     blocks = [next(x for x in b["layers"] if x["kind"] == "transformer") for b in bodies]
     assert blocks[1]["fwd_time"]["1"] < 0.8 * blocks[0]["fwd_time"]["1"]

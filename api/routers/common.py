@@ -19,8 +19,12 @@ Filter = Annotated[str | None, Query(max_length=200)]
 
 
 def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
+    from planner.profile import runtime_words
+
     out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "dtype", "source", "num_layers",
                                          "total_params", "created_at")}
+    env = (row.body or {}).get("environment") or {}
+    out["assumes"] = runtime_words(env, runtime_defaults=row.source == "analytical") if isinstance(env, dict) else []
     if detail:
         out["profile"] = row.body
     return out

@@ -60,9 +60,12 @@ function budgetWords() {
   document.getElementById("max-tensor").placeholder = `${noun} per node`;
 }
 
+// each option's tooltip says what its times assume (GET /profiles' "assumes"): two profiles of one model made for
+// different kernels or runtimes differ there
 function renderProfiles() {
   document.getElementById("profile").innerHTML = profiles.map((p) =>
-    `<option value="${p.id}">${PP.esc(p.name)} on ${PP.esc(p.device)} (${p.num_layers} layers, #${p.id})</option>`).join("");
+    `<option value="${p.id}"${(p.assumes || []).length ? ` title="assumes ${PP.esc(p.assumes.join(", "))}"` : ""}>` +
+    `${PP.esc(p.name)} on ${PP.esc(p.device)} (${p.num_layers} layers, #${p.id})</option>`).join("");
 }
 
 // pick the first cluster of the profile's device

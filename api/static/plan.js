@@ -75,6 +75,9 @@ async function loadNames(plan) {
   const c = S.cluster;
   if (p) {
     document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
+    const assumes = document.getElementById("info-assumes");
+    assumes.textContent = (p.assumes || []).length ? `The profile's times assume ${p.assumes.join(", ")}.` : "";
+    assumes.hidden = !(p.assumes || []).length;
     const model = document.getElementById("job-model");
     const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
     if (!model.value && known.includes(p.name)) model.value = p.name;
@@ -105,6 +108,7 @@ function renderInfo(plan) {
       <span id="info-cluster">${PP.clusterSized(S.cluster, plan.cluster_id)}</span> · global batch ${r.global_batch} ·
       <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
+    <div id="info-assumes" class="muted" hidden></div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
       (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
       ${rej ? " · rejected: " + rej : ""} · <a href="/plans/${plan.id}">JSON</a>

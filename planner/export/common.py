@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.model import PRESETS, ModelSpec
-from planner.profile import ModelProfile
+from planner.profile import ModelProfile, runtime_words
 from planner.request import Config
 from planner.runspec import RunSpec
 
@@ -240,29 +240,16 @@ def first_closest(spec: RunSpec, choices: list[tuple[str, dict[str, int]]]) -> R
     raise ExportError(f"no schedule of {choices} can run {spec.config.label()}")
 
 
-#: the flash kernels by their names (planner.device.ATTENTION_IMPLS)
-ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "cudnn": "cuDNN's fused attention"}
-
-
 def runtime_line(inp: ExportInput) -> str | None:
-    """What the prediction assumes of the kernels and the runtime, in words (None where the profile says
-    nothing of them): the same must run for the measured time to match the predicted one."""
-    parts = []
-    if inp.attention == "flash":
-        parts.append(ATTENTION_WORDS.get(inp.attention_impl or "flash2", str(inp.attention_impl)))
-    elif inp.attention == "unfused":
-        parts.append("the unfused attention core (scores, softmax, dropout and the product apart)")
-    if inp.dropout is not None:
-        parts.append("dropout" if inp.dropout else "no dropout")
-    if inp.sequence_parallel and inp.config.tensor > 1:  # (nothing to split the sequence over at t = 1)
-        parts.append("sequence parallelism")
-    if inp.recompute_granularity == "selective" and not inp.config.recompute:  # (full recomputation re-runs all)
-        parts.append("selective recomputation of the attention core")
-    if inp.p2p is not None:
-        parts.append(f"{'blocking' if inp.p2p == 'blocking' else 'overlapped'} pipeline sends")
-    if inp.dp_allreduce is not None:
-        parts.append("the data-parallel all-reduce " + ("overlapped with the backward" if inp.dp_allreduce ==
-                                                        "overlapped" else "after the backward"))
+    """What the prediction assumes of the kernels and the runtime, in words (:func:`planner.profile.
+    runtime_words` at the candidate's t and recomputation; None where the profile says nothing of them): the
+    same must run for the measured time to match the predicted one."""
+    env = {"attention": inp.attention, "attention_impl": inp.attention_impl,
+           "dropout": None if inp.dropout is None else str(inp.dropout).lower(),
+           "sequence_parallel": "true" if inp.sequence_parallel else None,
+           "recompute_granularity": inp.recompute_granularity, "p2p": inp.p2p, "dp_allreduce": inp.dp_allreduce}
+    parts = runtime_words({k: v for k, v in env.items() if v is not None}, tensor=inp.config.tensor,
+                          recompute=inp.config.recompute)
     if inp.shard_optimizer and inp.config.data > 1:
         parts.append(f"the optimizer state sharded over the {inp.config.data} data-parallel replicas")
     return "the prediction assumes " + ", ".join(parts) if parts else None

@@ -37,7 +37,6 @@ from __future__ import annotations
 import shlex
 
 from planner.export.common import (
-    ATTENTION_WORDS,
     SYNCHRONOUS_ONLY,
     Export,
     ExportError,
@@ -48,6 +47,7 @@ from planner.export.common import (
     first_closest,
     header,
 )
+from planner.profile import ATTENTION_WORDS
 from planner.request import Config
 from planner.runspec import RunSpec
 

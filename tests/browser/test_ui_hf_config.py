@@ -226,6 +226,11 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
         newest = max(made, key=lambda p: p["id"])
         env = c.get(f"/profiles/{newest['id']}").json()["profile"]["environment"]
     assert plan["profile_id"] == newest["id"] and "p2p" not in env and env["attention_impl"] == "cudnn"
+    page.wait_for_selector('body[data-ready="1"]')
+    line = page.locator("#info-assumes")
+    line.filter(has_text="assume").wait_for()  # the plan page says what the profile's times assume
+    assert "cuDNN's fused attention, no dropout, sequence parallelism, selective recomputation" in line.inner_text()
+    assert "overlapped pipeline sends" in line.inner_text()
     page.context.close()
 
     # a precision the device has no figures for: the API's 422 under the upload, the precision outlined
