@@ -158,13 +158,13 @@ class ProfileOut(BaseModel):
     num_layers: int
     total_params: float
     created_at: datetime
-    assumes: list[str] = Field(default_factory=list, description="what the profile's times assume of the kernels "
-                                                                 "and the training runtime, in words "
-                                                                 "(planner.profile.runtime_words)")
 
 
 class ProfileDetail(ProfileOut):
     profile: dict[str, Any]
+    assumes: list[str] = Field(default_factory=list, description="what the profile's times assume of the kernels "
+                                                                 "and the training runtime, in words "
+                                                                 "(planner.profile.runtime_words)")
 
 
 class ClusterOut(BaseModel):

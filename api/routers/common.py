@@ -19,14 +19,17 @@ Filter = Annotated[str | None, Query(max_length=200)]
 
 
 def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
-    from planner.profile import runtime_words
-
+    """A profile answer; ``detail``: with its document and what its times assume (the listing loads neither:
+    the document is deferred, tests/test_hardening.py)."""
     out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "dtype", "source", "num_layers",
                                          "total_params", "created_at")}
-    env = (row.body or {}).get("environment") or {}
-    out["assumes"] = runtime_words(env, runtime_defaults=row.source == "analytical") if isinstance(env, dict) else []
     if detail:
+        from planner.profile import runtime_words
+
         out["profile"] = row.body
+        env = (row.body or {}).get("environment") or {}
+        out["assumes"] = runtime_words(env, runtime_defaults=row.source == "analytical") if isinstance(env, dict) \
+            else []
     return out
 
 

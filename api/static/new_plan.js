@@ -16,7 +16,9 @@ PP.start(async () => {
   csel.innerHTML = clusters.map((c) =>
     `<option value="${c.id}" data-device="${PP.esc(c.device)}"${c.newest_id != null && c.newest_id !== c.id ? ` title="plans are made on the newest version, #${c.newest_id}"` : ""}>${PP.esc(c.label || c.name)} (${PP.isCpu(c.device) ? PP.devices(c.device, c.gpus) : `${c.gpus} × ${PP.esc(c.device)}`}, #${c.id})</option>`).join("");
   // a profile picked in the list, a profile JSON file, a config.json: choosing one drops the others
-  document.getElementById("profile").addEventListener("change", () => { clearHF(); syncCluster(); deviceNote(); });
+  document.getElementById("profile").addEventListener("change", () => {
+    clearHF(); syncCluster(); deviceNote(); profileAssumes();
+  });
   csel.addEventListener("change", () => { deviceNote(); budgetWords(); clusterPage(); });
   document.getElementById("profile-file").addEventListener("change", () => { clearHF(); profileFile(); });
   document.getElementById("hf-file").addEventListener("change", () => {
@@ -41,7 +43,10 @@ function askedCluster() {
   const psel = document.getElementById("profile");
   const p = profiles.find((x) => String(x.id) === psel.value);
   const same = profiles.find((x) => x.device === c.device);
-  if ((!p || p.device !== c.device) && same) psel.value = String(same.id);
+  if ((!p || p.device !== c.device) && same) {
+    psel.value = String(same.id);
+    profileAssumes();
+  }
 }
 
 // the selected cluster's page: its versions, its jobs' prediction errors, calibration
@@ -60,12 +65,26 @@ function budgetWords() {
   document.getElementById("max-tensor").placeholder = `${noun} per node`;
 }
 
-// each option's tooltip says what its times assume (GET /profiles' "assumes"): two profiles of one model made for
-// different kernels or runtimes differ there
 function renderProfiles() {
   document.getElementById("profile").innerHTML = profiles.map((p) =>
-    `<option value="${p.id}"${(p.assumes || []).length ? ` title="assumes ${PP.esc(p.assumes.join(", "))}"` : ""}>` +
-    `${PP.esc(p.name)} on ${PP.esc(p.device)} (${p.num_layers} layers, #${p.id})</option>`).join("");
+    `<option value="${p.id}">${PP.esc(p.name)} on ${PP.esc(p.device)} (${p.num_layers} layers, #${p.id})</option>`).join("");
+  profileAssumes();
+}
+
+// under the list, what the selected profile's times assume (GET /profiles/{id}'s "assumes"): two profiles of one
+// model made for different kernels or runtimes differ there
+let assumesAsked = 0;
+async function profileAssumes() {
+  const el = document.getElementById("profile-assumes");
+  const id = parseInt(document.getElementById("profile").value, 10);
+  const ask = ++assumesAsked;
+  el.hidden = true;
+  if (!id) return;
+  let words = [];
+  try { words = (await PP.get(`/profiles/${id}`)).assumes || []; } catch (e) { return; }
+  if (ask !== assumesAsked) return;  // another profile was selected meanwhile
+  el.textContent = words.length ? `its times assume ${words.join(", ")}` : "";
+  el.hidden = !words.length;
 }
 
 // pick the first cluster of the profile's device
@@ -372,6 +391,7 @@ async function makeHFProfile() {
     profiles = [p, ...profiles.filter((x) => x.id !== p.id)];
     renderProfiles();
     document.getElementById("profile").value = String(p.id);
+    profileAssumes();
     document.getElementById("profile-file").value = "";  // the plan uses the selected profile, not a JSON file
     profileFile();
     const runtime = hfRuntimeWords();

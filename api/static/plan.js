@@ -75,9 +75,11 @@ async function loadNames(plan) {
   const c = S.cluster;
   if (p) {
     document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
+    let words = [];
+    try { words = (await PP.get(`/profiles/${p.id}`)).assumes || []; } catch (e) { words = []; }
     const assumes = document.getElementById("info-assumes");
-    assumes.textContent = (p.assumes || []).length ? `The profile's times assume ${p.assumes.join(", ")}.` : "";
-    assumes.hidden = !(p.assumes || []).length;
+    assumes.textContent = words.length ? `The profile's times assume ${words.join(", ")}.` : "";
+    assumes.hidden = !words.length;
     const model = document.getElementById("job-model");
     const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
     if (!model.value && known.includes(p.name)) model.value = p.name;

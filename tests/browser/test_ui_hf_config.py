@@ -211,6 +211,7 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
         "attention": "flash", "attention_impl": "cudnn", "sequence_parallel": "true",
         "recompute_granularity": "selective", "p2p": "blocking", "dp_allreduce": "overlapped"}
     assert made[0]["dtype"] == "bf16"
+    page.locator("#profile-assumes").filter(has_text="cuDNN's fused attention").wait_for()  # under the list
     # another choice, then Plan without pressing Make: the profile is made again with it, not reused
     page.select_option("#hf-p2p", "overlapped")
     page.fill("#global-batch", "64")
