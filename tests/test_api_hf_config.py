@@ -131,6 +131,9 @@ def test_hf_config_with_flash_attention_and_sequence_parallelism(client) -> None
     # the listing does not (it loads no document)
     listed = {r.json()["id"]: client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["assumes"]
               for r in (unfused, flash)}
+    for pid, words in listed.items():  # the pages ask for the words alone, without the document
+        assert client.get(f"/profiles/{pid}/assumes", headers=AUTH).json() == {"id": pid, "assumes": words}
+    assert client.get("/profiles/999/assumes", headers=AUTH).status_code == 404
     assert "assumes" not in client.get("/profiles", headers=AUTH).json()[0]
     assert listed[flash.json()["id"]] == [
         "cuDNN's fused attention", "no dropout", "sequence parallelism", "overlapped pipeline sends",

@@ -133,6 +133,21 @@ def get_profile(profile_id: IdPath, db: DB):  # noqa: ANN201
     return profile_out(crud.get_profile(db, profile_id), detail=True)
 
 
+class ProfileAssumes(BaseModel):
+    id: int
+    assumes: list[str] = Field(description="what the profile's times assume of the kernels and the training "
+                                           "runtime, in words (planner.profile.runtime_words)")
+
+
+@router.get("/{profile_id}/assumes", response_model=ProfileAssumes, dependencies=[Read],
+            responses={404: {"model": Message}})
+def get_profile_assumes(profile_id: IdPath, db: DB):  # noqa: ANN201
+    """Only :func:`get_profile`'s ``assumes``: what the new-plan and plan pages show, without the document (a
+    GPT-3 175B analytical profile is about 1 MB)."""
+    out = profile_out(crud.get_profile(db, profile_id), detail=True)
+    return {"id": out["id"], "assumes": out["assumes"]}
+
+
 @router.delete("/{profile_id}", status_code=204, dependencies=[Admin],
                responses={404: {"model": Message}, 409: {"model": Message}})
 def delete_profile(profile_id: IdPath, db: DB) -> Response:

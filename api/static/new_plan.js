@@ -81,7 +81,7 @@ async function profileAssumes() {
   el.hidden = true;
   if (!id) return;
   let words = [];
-  try { words = (await PP.get(`/profiles/${id}`)).assumes || []; } catch (e) { return; }
+  try { words = (await PP.get(`/profiles/${id}/assumes`)).assumes || []; } catch (e) { return; }
   if (ask !== assumesAsked) return;  // another profile was selected meanwhile
   el.textContent = words.length ? `its times assume ${words.join(", ")}` : "";
   el.hidden = !words.length;

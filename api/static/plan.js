@@ -76,7 +76,7 @@ async function loadNames(plan) {
   if (p) {
     document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
     let words = [];
-    try { words = (await PP.get(`/profiles/${p.id}`)).assumes || []; } catch (e) { words = []; }
+    try { words = (await PP.get(`/profiles/${p.id}/assumes`)).assumes || []; } catch (e) { words = []; }
     const assumes = document.getElementById("info-assumes");
     assumes.textContent = words.length ? `The profile's times assume ${words.join(", ")}.` : "";
     assumes.hidden = !words.length;
