@@ -9,7 +9,7 @@ profile planned on the local CPU cluster predicted 2.6 ms where the run took a h
 from __future__ import annotations
 
 from planner.cluster import Cluster
-from planner.profile import ModelProfile
+from planner.profile import ModelProfile, runtime_words
 from planner.request import TrainingRequest
 
 
@@ -29,10 +29,11 @@ def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRe
         out.append(f"profile {profile.name!r} was timed in {shared} processes at once and cluster {cluster.name!r} "
                    f"costs the sharing of its host's cores itself (host.effective_cores): the sharing is counted "
                    f"twice (profile the model in one process)")
-    runtime = [what for key, value, what in (
-        ("p2p", "blocking", "blocking pipeline sends"),
-        ("dp_allreduce", "overlapped", "the data-parallel all-reduce overlapped with the backward"))
-        if profile.environment.get(key) == value]
+    # the entries of planner.analytic.runtime_environment that are not pipeplan's executor's, in the words every
+    # other place says them with
+    other = {k: v for k, v in profile.environment.items() if (k, v) in (("p2p", "blocking"),
+                                                                          ("dp_allreduce", "overlapped"))}
+    runtime = runtime_words(other)
     if runtime:  # planner.analytic.runtime_environment: a runtime other than pipeplan's executor
         out.append(f"profile {profile.name!r} describes a training runtime with {' and '.join(runtime)}: the "
                    f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, "
