@@ -26,9 +26,10 @@ class TrainingRequest(BaseModel):
     ``K = 12`` there). ``shard_optimizer``: the optimizer state is split over the ``W`` data-parallel replicas
     (ZeRO stage 1, ``P_os``, section 5.1: ``4 Psi + K Psi / N_d``; Megatron-LM's
     ``--use-distributed-optimizer``; DeepSpeed's ``zero_optimization.stage = 1``):
-    :meth:`state_bytes_per_param`. Its gradient reduce-scatter and parameter all-gather move what the
-    all-reduce moved (section 7.2.1), so only memory and the optimizer step change. pipeplan's executor runs
-    plain SGD (no optimizer state): the request describes the training the plan is for."""
+    :meth:`state_bytes_per_param`. Its gradient reduce-scatter and parameter all-gather move the bytes the
+    all-reduce moved (section 7.2.1); the cost model times them as NCCL's rings
+    (:func:`planner.cost.sharded_collective_time`) and steps only the shard. pipeplan's executor runs plain SGD
+    (no optimizer state): the request describes the training the plan is for."""
 
     model_config = ConfigDict(extra="forbid")
 
