@@ -36,6 +36,16 @@ def _cluster_id(srv: LiveServer, name: str) -> int:
     return ids[0]
 
 
+def _plan_from_form(page: Any, batch: int, gpus: int, top: int) -> int:
+    """Fill the request, press Plan, wait for the comparison page: the plan's id."""
+    page.fill("#global-batch", str(batch))
+    page.fill("#gpus", str(gpus))
+    page.fill("#top", str(top))
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*", timeout=240_000)
+    return int(page.url.rsplit("/", 1)[1].split("?")[0])
+
+
 def _profiles(srv: LiveServer) -> list[dict[str, Any]]:
     with srv.client() as c:
         return c.get("/profiles?limit=1000").json()
@@ -71,12 +81,7 @@ def test_upload_llama_config_selects_the_profile_and_plans(server: LiveServer, b
     status.filter(has_text="already stored").wait_for()
     assert len([p for p in _profiles(server) if p["name"] == "llama-3.1-8b-ui"]) == 1
     # plan right away
-    page.fill("#global-batch", "64")
-    page.fill("#gpus", "16")
-    page.fill("#top", "10")
-    page.click("#submit-plan")
-    page.wait_for_url("**/ui/plans/*", timeout=240_000)
-    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    plan_id = _plan_from_form(page, 64, 16, 10)
     page.wait_for_selector('body[data-ready="1"]')
     rows = page.locator("#cands tbody tr[data-rank]")
     assert rows.count() >= 1
@@ -102,12 +107,7 @@ def test_plan_with_a_chosen_config_makes_its_profile_first(server: LiveServer, b
     page.select_option("#cluster", str(cid))
     page.fill("#hf-seq", "2048")
     page.fill("#hf-name", "mistral-7b-ui")
-    page.fill("#global-batch", "32")
-    page.fill("#gpus", "8")
-    page.fill("#top", "5")
-    page.click("#submit-plan")  # no "Make profile" pressed: Plan makes it first
-    page.wait_for_url("**/ui/plans/*", timeout=240_000)
-    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    plan_id = _plan_from_form(page, 32, 8, 5)  # no "Make profile" pressed: Plan makes it first
     made = [p for p in _profiles(server) if p["name"] == "mistral-7b-ui"]
     assert len(made) == 1 and made[0]["device"] == "A100-SXM4-80GB", made
     with server.client() as c:
@@ -214,12 +214,7 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     page.locator("#profile-assumes").filter(has_text="cuDNN's fused attention").wait_for()  # under the list
     # another choice, then Plan without pressing Make: the profile is made again with it, not reused
     page.select_option("#hf-p2p", "overlapped")
-    page.fill("#global-batch", "64")
-    page.fill("#gpus", "16")
-    page.fill("#top", "5")
-    page.click("#submit-plan")
-    page.wait_for_url("**/ui/plans/*", timeout=240_000)
-    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    plan_id = _plan_from_form(page, 64, 16, 5)
     made = [p for p in _profiles(server) if p["name"] == "llama-3.1-8b-megatron"]
     assert len(made) == 2, made
     with server.client() as c:
