@@ -57,7 +57,8 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   that backward, and at least the last bucket, is left after it. With a sharded optimizer (the request's
   ``shard_optimizer``) the all-reduce is a reduce-scatter of the gradients and an all-gather of the updated
   weights, NCCL's rings over all the replicas (:func:`sharded_collective_time`; overlapped: the all-gather
-  under the next first forward).
+  under the next first forward, and the bucket left after the backward is Megatron-Core's, which grows with
+  the replicas: :func:`megatron_core_bucket_bytes`).
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
   bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
   optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
@@ -109,6 +110,16 @@ from planner.simulate import Costs
 
 #: PyTorch DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)
 DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def megatron_core_bucket_bytes(replicas: int, el: int) -> float:
+    """Bytes of one gradient bucket of Megatron-Core's ``DistributedDataParallel`` (what its distributed
+    optimizer reduce-scatters and all-gathers bucket by bucket under ``--overlap-grad-reduce``): by default
+    ``max(40000000, 1000000 * data_parallel_world_size)`` parameters ("if using very large dp_sizes, make
+    buckets larger to ensure that chunks used in NCCL ring-reduce implementations are large enough to remain
+    bandwidth-bound rather than latency-bound": megatron/core/distributed/distributed_data_parallel.py,
+    ``ddp_config.bucket_size``), of ``el`` bytes each (the gradient buffer in the parameters' dtype)."""
+    return max(40_000_000, 1_000_000 * replicas) * float(el)
 
 #: bytes per parameter a 16-bit (mixed-precision) optimizer step moves over the gradients besides reading and
 #: writing the model state (module docstring, "Optimizer step")
@@ -611,11 +622,12 @@ class ConfigCosts(Costs):
         weights (:func:`sharded_collective_time`). With ``dp_allreduce = overlapped`` on a one-stage pipeline
         the reduce-scatter runs in buckets under the synchronising backward and the all-gather under the next
         iteration's first forward (Megatron-Core's ``--overlap-grad-reduce --overlap-param-gather``): of each
-        what exceeds that compute, at least one bucket, is left."""
+        what exceeds that compute, at least one bucket (:func:`megatron_core_bucket_bytes`: it grows with the
+        replicas), is left."""
         rs = sharded_collective_time(self.cluster, ranks, nbytes, "reduce_scatter")
         ag = sharded_collective_time(self.cluster, ranks, nbytes, "all_gather")
         if self.overlapped_dp and self.schedule.stages == 1:
-            bucket = min(nbytes, DDP_BUCKET_BYTES)
+            bucket = min(nbytes, megatron_core_bucket_bytes(len(ranks), self.el))
             rs = max(sharded_collective_time(self.cluster, ranks, bucket, "reduce_scatter"), rs - self.bwd(stage))
             ag = max(sharded_collective_time(self.cluster, ranks, bucket, "all_gather"), ag - self.fwd(stage))
         return (rs + ag) * self.cal.link_scale

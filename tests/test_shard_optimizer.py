@@ -213,3 +213,31 @@ def test_the_pruned_search_is_exact_with_a_sharded_optimizer():
     assert [(c.config.label(), c.iteration_time) for c in pruned.candidates] == \
         [(c.config.label(), c.iteration_time) for c in full.candidates]
     assert pruned.simulated < full.simulated
+
+
+def test_the_exposed_sharded_bucket_is_megatron_cores_and_grows_with_the_replicas(gpt3):
+    """Megatron-Core sizes its gradient buckets max(40M, 1M x DP) parameters: at 512 replicas a 512M-parameter
+    bucket, where PyTorch DDP's is 25 MB. What a one-stage pipeline has left after its backward is at least
+    that bucket's reduce-scatter and all-gather (it failed with the 25 MB bucket)."""
+    from planner.cost import ConfigCosts, megatron_core_bucket_bytes, sharded_collective_time
+    from planner.schedules import build
+
+    assert megatron_core_bucket_bytes(8, 2) == 80e6
+    assert megatron_core_bucket_bytes(512, 2) == 1024e6
+    _, cl = gpt3
+    cl = cl.model_copy(update={"gpus": 8 * 512})
+    prof = analytic_profile(PRESETS["gpt2-1.3b"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1,),
+                            dp_allreduce="overlapped")
+    n = len(prof.layers)
+    for W in (8, 512):
+        cfg = Config(tensor=1, pipeline=1, data=W, micro_batch=1, schedule="1f1b")
+        costs = ConfigCosts(prof, cl, TrainingRequest(global_batch=W, shard_optimizer=True), cfg,
+                            build("1f1b", 1, 1), [(0, n)])
+        ranks = [costs.rank(0, w) for w in range(W)]
+        nbytes = costs.stages[0].param_bytes
+        bucket = min(nbytes, megatron_core_bucket_bytes(W, 2))
+        floor = sum(sharded_collective_time(cl, ranks, bucket, op) for op in ("reduce_scatter", "all_gather"))
+        assert costs.allreduce(0, 0, 0) >= floor * (1 - 1e-9)
+        if W == 512:
+            assert bucket > 30 * 2**20 and costs.allreduce(0, 0, 0) > sum(
+                sharded_collective_time(cl, ranks, 25 * 2**20, op) for op in ("reduce_scatter", "all_gather"))
