@@ -400,6 +400,9 @@ class JobClaim(BaseModel):
     plan: dict[str, Any] = Field(description="plan --json shaped: {'candidates': [...]} (all candidates)")
     candidate: dict[str, Any]
     profile: dict[str, Any] | None = Field(description="the plan's model profile when the job emulates it")
+    cluster: dict[str, Any] | None = Field(
+        default=None, description="the plan's cluster (the version it was made on) when the job emulates it: "
+                                  "the links whose predicted times an emulated run's messages take")
 
 
 class SlotLeaseOut(BaseModel):

@@ -2,7 +2,8 @@
 
 It registers, heartbeats, claims jobs, writes the plan (and, for emulated runs, the profile) to disk,
 launches the executor (``pipeplan run --plan plan.json --candidate I --model M --iterations N --out
-result.json [--emulate profile.json]``; the command is ``--run-command`` / ``$PIPEPLAN_RUN_COMMAND``)
+result.json [--emulate profile.json --cluster cluster.json]``: an emulated run gets the plan's profile and
+cluster; the command is ``--run-command`` / ``$PIPEPLAN_RUN_COMMAND``)
 as a subprocess (or, through the launcher hook, :class:`Launcher`, as a Slurm batch job:
 :class:`executor.slurm.SlurmLauncher`), renews the job's lease while it runs, and posts the result, or the
 error with the log tail. SIGINT/SIGTERM stop the run and give the job back (release), so another agent takes it at once.
@@ -272,6 +273,12 @@ class Agent:
             prof = jobdir / "profile.json"
             prof.write_text(json.dumps(claim["profile"], indent=1))
             cmd += ["--emulate", str(prof)]
+            if claim.get("cluster") is not None:
+                # the plan's cluster: on a fictional one (an H100 plan emulated here) messages are tokens that
+                # take its links' predicted times; without it the run sent real tensors over this machine's gloo
+                cl = jobdir / "cluster.json"
+                cl.write_text(json.dumps(claim["cluster"], indent=1))
+                cmd += ["--cluster", str(cl)]
         return cmd
 
     def run_job(self, claim: dict[str, Any]) -> str:

@@ -151,6 +151,9 @@ def test_an_agent_named_cpu_something_claims_an_emulated_gpu_job(gang_client: An
     w, auth = worker(c, "cpu-box", 0, "cpu-x86_64")
     got = claim(c, w, auth, None)
     assert got.status_code == 200 and got.json()["job"]["id"] == emu["id"]
+    # the plan's cluster comes with it: the run's messages take the A100 links' predicted times (without it the
+    # emulated run sent real tensors over this machine's gloo: 2-5x the prediction)
+    assert got.json()["cluster"]["device"] == "A100-SXM4-80GB" and got.json()["profile"] is not None
     assert claim(c, w, auth, None).status_code == 204  # the real A100 job is not offered
     assert c.get(f"/jobs/{real['id']}", headers=AUTH).json()["state"] == "queued"
 

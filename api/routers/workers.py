@@ -64,10 +64,11 @@ def claim(worker_id: IdPath, db: DB, settings: SettingsDep, who: WorkerAuth,  # 
         return Response(status_code=204)
     plan = crud.get_plan(db, job.plan_id)
     profile = crud.get_profile(db, plan.profile_id).body if job.emulate else None
+    cluster = crud.get_cluster(db, plan.cluster_id).body if job.emulate else None
     slot = next((s for s in job.slots if s.worker_id == worker_id), None)
     db.commit()
     out = job_out(job)
     return {"job": out, "slot": next((s for s in out["slots"] if slot is not None and s["node_rank"] == slot.node_rank),
                                      None),
             "lease_seconds": settings.lease_seconds, "plan": crud.plan_document(plan),
-            "candidate": crud.job_candidate(db, job), "profile": profile}
+            "candidate": crud.job_candidate(db, job), "profile": profile, "cluster": cluster}
