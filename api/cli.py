@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -90,6 +91,8 @@ def register(app: typer.Typer) -> None:
             from api.accesslog import quiet_polls
 
             quiet_polls()  # the agents' successful claims, heartbeats and lease renewals stay out of the log
+            if launcher is not None:
+                stop_on_sigterm()
             uvicorn.run("api.main:app", host=host, port=port, log_level=log_level)
         finally:
             if launcher is not None:
@@ -216,6 +219,19 @@ class HFWarmer(threading.Thread):
             return
         log.info("transformers loaded for /profiles/hf-config in %.1f s (background warm-up)",
                     time.perf_counter() - t0)
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM end ``serve`` by ``SystemExit``, so that its ``finally`` stops the local agent. uvicorn
+    shuts down gracefully on SIGTERM and then raises the signal again under the handler that was there before
+    it ran (``Server.capture_signals``): with the default one the process died right there, and the agent
+    ``make serve`` started lived on, retrying a server that was gone (a new user's ``kill``; Docker and
+    systemd stop a service by SIGTERM to its main process)."""
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
 
 
 class AgentLauncher(threading.Thread):

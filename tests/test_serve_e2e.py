@@ -6,6 +6,7 @@ on the local CPU cluster with the seeded, measured CPU profile is dispatched to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -118,3 +119,44 @@ def test_make_serve_on_a_busy_port_fails_at_once(tmp_path: Path) -> None:
     # nothing was seeded or created before the check
     assert "seeding:" not in log and not (tmp_path / "data" / "pipeplan.db").exists(), log
     print(f"make serve on a busy port failed in {time.monotonic() - t0:.1f} s")
+
+
+def test_sigterm_to_serve_stops_its_local_agent(tmp_path: Path) -> None:
+    """``kill <serve pid>`` (SIGTERM to the main process only, as Docker and systemd stop a service) stops the
+    local agent ``serve --agent`` started, not only the server: before, uvicorn re-raised the signal after its
+    graceful shutdown, the process died before its ``finally``, and the agent lived on, retrying a server
+    that was gone."""
+    psutil = pytest.importorskip("psutil")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEPLAN_") and k != "DATABASE_URL"}
+    env.update(PIPEPLAN_DATA_DIR=str(tmp_path / "data"), PIPEPLAN_ADMIN_TOKEN="a-token",
+               PIPEPLAN_WORKER_TOKEN="w-token")
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-m", "pipeplan.cli", "serve", "--upgrade",
+                             "--agent", "--no-warm", "--port", str(port)], cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    agents: list[Any] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_healthy(url, 120, alive=lambda: proc.poll() is None, every=0.5), \
+            (tmp_path / "serve.log").read_text()[-3000:]
+
+        def agent_started() -> bool:
+            agents[:] = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                         if "agent" in p.cmdline()]
+            return bool(agents)
+
+        assert wait_for(agent_started, 60), (tmp_path / "serve.log").read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)  # the serve process alone, not its group
+        proc.wait(60)
+        _, alive = psutil.wait_procs(agents, timeout=30)
+        assert not alive, (f"agent {[p.pid for p in alive]} outlived serve: "
+                           + (tmp_path / "serve.log").read_text()[-2000:])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in agents:
+            with contextlib.suppress(Exception):
+                p.kill()
+        proc.wait()
+        log.close()
