@@ -205,6 +205,28 @@ def test_megatron_uneven_first_and_last_stage() -> None:
     assert parse(ex).layer_counts == [5, 7, 7, 5] == inp.transformer_counts()
 
 
+def test_megatron_partitions_its_split_cannot_say_go_as_a_layout() -> None:
+    """A virtual pipeline whose 8 stages do not divide 36 layers (a new user's plan: D = 2, v = 4) was written as
+    --num-virtual-stages-per-pipeline-rank 4, which Megatron cannot split, with a note claiming it splits them
+    evenly; it is now the plan's own partition as --pipeline-model-parallel-layout, and so is an uneven middle."""
+    model = ModelSpec(name="m", layers=36, hidden=256, heads=4, seq=128, vocab=1000)
+    kinds = (EMBEDDING, *[TRANSFORMER] * 36, HEAD)
+    cuts = [0, 6, 10, 15, 19, 24, 28, 33, 38]  # E+5 | 4 | 5 | 4 | 5 | 4 | 5 | 4+L
+    spec = RunSpec(config=Config(tensor=1, pipeline=2, data=1, micro_batch=1, schedule="interleaved", chunks=4),
+                   microbatches=4, partition=[(cuts[i], cuts[i + 1]) for i in range(8)])
+    ex = export("megatron", ExportInput(spec=spec, model=model, layer_kinds=kinds))
+    assert "--pipeline-model-parallel-layout Et*5|t*4|t*5|t*4|t*5|t*4|t*5|t*4L" in ex.main.content.replace("'", "")
+    assert "--num-virtual-stages-per-pipeline-rank" not in ex.main.content
+    back = parse(ex)
+    assert back.config == spec.config and back.layer_counts == [5, 4, 5, 4, 5, 4, 5, 4]
+    uneven = RunSpec(config=Config(tensor=1, pipeline=4, data=1, micro_batch=1, schedule="1f1b"), microbatches=4,
+                     partition=[(0, 9), (9, 20), (20, 29), (29, 38)])  # 8, 11, 9, 8 + L
+    ex = export("megatron", ExportInput(spec=uneven, model=model, layer_kinds=kinds))
+    assert "--pipeline-model-parallel-layout Et*8|t*11|t*9|t*8L" in ex.main.content.replace("'", "")
+    assert "--decoder-first-pipeline-num-layers" not in ex.main.content
+    assert parse(ex).layer_counts == [8, 11, 9, 8]
+
+
 def test_deepspeed_config_keys() -> None:
     import json
 

@@ -26,7 +26,9 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   all-reduce with the backward; the flash kernel the profile assumes is named in a note (its option depends on
   the release: ``--attention-backend``, before it ``--use-flash-attn``);
 * uneven stages: ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the other
-  stages split the rest evenly); other partitions are not expressible (a note says so).
+  stages split the rest evenly); any other partition, and a virtual pipeline whose stages do not divide the
+  layers, as ``--pipeline-model-parallel-layout`` (Megatron-Core, 2025 on: each stage's ``E``, ``t*k``, ``L``;
+  :func:`layout`).
 
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
@@ -34,10 +36,14 @@ Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from planner.export.common import (
+    EMBEDDING,
+    HEAD,
     SYNCHRONOUS_ONLY,
+    TRANSFORMER,
     Export,
     ExportError,
     ExportFile,
@@ -90,28 +96,48 @@ def check(spec: RunSpec) -> None:
     raise UnsupportedSchedule(TITLE, spec, first_closest(spec, choices), reason)
 
 
+def layout(kinds: tuple[str, ...], stage_layers: list[list[int]]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` of a partition: the (virtual) stages in order,
+    separated by ``|``, each its embedding ``E``, its transformer layers ``t`` (``t*k`` for k of them) and the
+    loss ``L`` (the LM head with its loss: our HEAD layer). Stage ``i`` is pipeline rank ``i mod D``'s model
+    chunk ``i div D`` (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``PipelineParallelLayerLayout``:
+    ``layout[vpp_rank * pp + pp_rank]``), our interleaved schedule's placement (stage ``s`` on device ``s mod D``)."""
+    stages = []
+    for layers in stage_layers:
+        k = sum(kinds[i] == TRANSFORMER for i in layers)
+        body = "" if k == 0 else "t" if k == 1 else f"t*{k}"
+        stages.append(("E" if any(kinds[i] == EMBEDDING for i in layers) else "") + body
+                      + ("L" if any(kinds[i] == HEAD for i in layers) else ""))
+    return "|".join(stages)
+
+
 def _layer_args(inp: ExportInput, notes: list[str]) -> list[str]:
-    """Virtual pipeline and uneven-stage arguments from the partition."""
+    """Virtual pipeline and uneven-stage arguments from the partition: the even split's arguments where
+    Megatron's own split is the plan's; otherwise the plan's partition as ``--pipeline-model-parallel-layout``
+    (Megatron-Core releases from 2025 on), where before, a virtual pipeline whose stages do not divide the layers was
+    written as ``--num-virtual-stages-per-pipeline-rank``, which Megatron cannot split."""
     c = inp.config
     L = inp.transformer_layers()
     v = (c.chunks or 1) if c.schedule == "interleaved" else 1
-    args: list[str] = []
-    if v > 1:
-        if L is not None and L % (c.pipeline * v) == 0:
-            args += ["--num-layers-per-virtual-pipeline-stage", str(L // (c.pipeline * v))]
-        else:
-            args += ["--num-virtual-stages-per-pipeline-rank", str(v)]
     counts = inp.transformer_counts()
-    if counts is None or L is None or len(set(counts)) == 1:
-        return args
-    even_mid = len(set(counts[1:-1])) <= 1
-    if v == 1 and c.pipeline >= 2 and even_mid:
-        args += ["--decoder-first-pipeline-num-layers", str(counts[0]),
-                 "--decoder-last-pipeline-num-layers", str(counts[-1])]
-    else:
-        notes.append(f"Megatron-LM splits the {L} transformer layers evenly over the {len(counts)} (virtual) "
-                     f"stages; the plan's partition gives them {counts} layers, which its arguments cannot say")
-    return args
+    kinds, stages = inp.kinds(), inp.stage_layers()
+    even = counts is not None and L is not None and len(set(counts)) == 1 and L % (c.pipeline * v) == 0
+    if counts is None or L is None or even:
+        if v == 1:
+            return []
+        if L is not None and L % (c.pipeline * v) == 0:
+            return ["--num-layers-per-virtual-pipeline-stage", str(L // (c.pipeline * v))]
+        notes.append(f"the {c.pipeline * v} virtual stages' layers are not known (no partition or layer kinds): "
+                     "Megatron-LM needs the transformer layers to divide by them")
+        return ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    if v == 1 and c.pipeline >= 2 and len(set(counts[1:-1])) <= 1:  # the other stages split the rest evenly
+        return ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                "--decoder-last-pipeline-num-layers", str(counts[-1])]
+    assert kinds is not None and stages is not None  # counts came from them
+    notes.append(f"the plan's partition ({counts} transformer layers per {'virtual ' if v > 1 else ''}stage) is "
+                 "written as --pipeline-model-parallel-layout (Megatron-Core releases from 2025 on; earlier ones split "
+                 "the layers evenly and cannot say it)")
+    return ["--pipeline-model-parallel-layout", layout(kinds, stages)]
 
 
 def _model_args(inp: ExportInput) -> list[str]:
@@ -239,6 +265,19 @@ def _options(tokens: list[str]) -> dict[str, str | bool]:
     return out
 
 
+def parse_layout(text: str) -> list[int]:
+    """Transformer layers per stage of a ``--pipeline-model-parallel-layout`` string, unrolled as Megatron-Core
+    does (``PipelineParallelLayerLayout.parse_str_to_list``: commas dropped, ``(...)*n`` then ``x*n`` repeated)."""
+    flat = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        flat = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), flat)
+    bad = set(flat) - set("ELtm|")
+    if bad:
+        raise ExportError(f"megatron script: --pipeline-model-parallel-layout has unknown layer characters "
+                          f"{sorted(bad)}")
+    return [stage.count("t") for stage in flat.split("|")]
+
+
 def parse(text: str) -> Parsed:
     """Read a :func:`export` script back: t, D, W (world size / (t D)), b, N, the schedule (interleaved
     with v chunks when a virtual pipeline is set, else 1F1B), recomputation, and the transformer layers per
@@ -269,7 +308,14 @@ def parse(text: str) -> Parsed:
     if gb % (W * b):
         raise ExportError(f"megatron script: global batch {gb} is not a multiple of W*b = {W * b}")
     L = num(args, "--num-layers") if "--num-layers" in args else None
-    if "--num-layers-per-virtual-pipeline-stage" in args:
+    staged = args.get("--pipeline-model-parallel-layout")
+    layout_counts = parse_layout(staged) if isinstance(staged, str) else None
+    if layout_counts is not None:
+        if len(layout_counts) % D:
+            raise ExportError(f"megatron script: --pipeline-model-parallel-layout has {len(layout_counts)} stages, "
+                              f"not a multiple of --pipeline-model-parallel-size {D}")
+        v = len(layout_counts) // D
+    elif "--num-layers-per-virtual-pipeline-stage" in args:
         if L is None:
             raise ExportError("megatron script: --num-layers-per-virtual-pipeline-stage needs --num-layers")
         v = L // D // num(args, "--num-layers-per-virtual-pipeline-stage")
@@ -280,8 +326,8 @@ def parse(text: str) -> Parsed:
         raise ExportError("megatron script: only per-layer full recomputation (uniform, 1 layer) is ours")
     config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, recompute=recompute,
                     schedule="interleaved" if v > 1 else "1f1b", chunks=v if v > 1 else None)
-    counts = None
-    if L is not None:
+    counts = layout_counts
+    if L is not None and counts is None:
         if "--decoder-first-pipeline-num-layers" in args:
             first = num(args, "--decoder-first-pipeline-num-layers")
             last = num(args, "--decoder-last-pipeline-num-layers")
