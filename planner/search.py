@@ -489,7 +489,8 @@ def _merge(parts: list[Ranked], rejected: Counter[str], k: int) -> PlanResult:
     """The result of the whole search from its parts: the ``k`` best rows of all (exact when each part holds
     every row of its own that can be among the k best overall, and twins never cross parts), and the rows
     of the ``k`` best candidates that do not fit, their twins collapsed into the first (as
-    :func:`planner.equivalence.collapse` does). ``rejected``: what the enumeration rejected."""
+    :func:`planner.equivalence.collapse` does). ``rejected``: what the enumeration rejected (counted in
+    ``evaluated`` too, with the configurations the parts evaluated)."""
     rows = list(heapq.merge(*(p.rows for p in parts), key=_rank_key))[:k]
     tagged = heapq.merge(*([(c, p, j) for j, c in enumerate(p.infeasible)] for p in parts),
                          key=lambda x: _rank_key(x[0]))
@@ -503,7 +504,9 @@ def _merge(parts: list[Ranked], rejected: Counter[str], k: int) -> PlanResult:
     total = Counter(rejected)
     for p in parts:
         total.update(p.rejected)
-    return PlanResult(rows, infeasible, total, evaluated=sum(p.evaluated for p in parts),
+    # the combinations the enumeration rejected count as tried: a plan whose every (t, D, b) is rejected there
+    # has "6 rejected of 6 tried", not "of 0"
+    return PlanResult(rows, infeasible, total, evaluated=sum(p.evaluated for p in parts) + sum(rejected.values()),
                       simulated=sum(p.simulated for p in parts), considered=sum(p.considered for p in parts))
 
 

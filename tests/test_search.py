@@ -92,6 +92,15 @@ def test_deterministic_and_ranked(daint):
     assert a["evaluated"] >= a["simulated"] > 0 and a["rejected"]
 
 
+def test_what_the_enumeration_rejects_counts_as_tried(daint):
+    """A request whose every micro-batch size is rejected before the search (B^ = 8, sizes 3) said "6
+    configurations (of 0 tried)" on the plan page: the enumeration's rejections count in ``evaluated``."""
+    cl, prof = daint
+    res = plan(prof, cl, TrainingRequest(global_batch=8, gpus=8, micro_batches=[3])).to_dict()
+    assert not res["candidates"] and res["rejected"]["micro-batch does not divide B^/W"] > 0
+    assert res["evaluated"] >= sum(res["rejected"].values()) > 0
+
+
 def test_out_of_memory_is_reported_not_dropped():
     cl = load_cluster(EX / "dgx-a100-80gb.json")
     prof = profile_for("gpt3-175b", cl)

@@ -363,7 +363,7 @@ async function compare() {
     return `<article class="card" data-rank="${r}">
       <header><strong>#${r + 1}</strong> ${PP.esc(c.label)}</header>
       <div class="figures">iteration <b>${PP.fmtTime(c.iteration_time)}</b> · throughput <b>${PP.fmtNum(c.throughput)}</b>/s ·
-        bubble <b>${PP.fmtPct(c.bubble_ratio)}</b> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
+        <span title="the devices' idle share: bubble and exposed communication">idle <b>${PP.fmtPct(c.bubble_ratio)}</b></span> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
         <span class="muted">compute ${PP.fmtTime(b.compute)} · bubble ${PP.fmtTime(b.bubble)} · exposed all-reduce ${PP.fmtTime(b.allreduce_exposed)} ·
         step ${PP.fmtTime(b.step)} · comm busy ${PP.fmtTime(b.comm_busy)}</span></div>
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
