@@ -81,7 +81,7 @@ def _table(cands: list[Candidate], title: str) -> Table:
 
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
-    for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "bubble",
+    for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "idle",
                 "peak mem GiB (model + reserve)", *(["the same as"] if alternatives else [])):
         t.add_column(col, justify="left" if col in ("schedule", "the same as") else "right")
     for i, c in enumerate(cands):
