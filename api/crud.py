@@ -220,7 +220,8 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     candidate = plan.candidates[spec["candidate_index"]].body
     where = placement(candidate, get_cluster(db, plan.cluster_id).body, bool(spec["emulate"]),
                       spec.get("gpus_per_node"))
-    job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"],
+    # an emulated job builds no model (JobCreate): stored as "", the column holds a name or nothing
+    job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"] or "",
               iterations=spec["iterations"], emulate=spec["emulate"], state="queued", attempts=0,
               max_attempts=spec.get("max_attempts") or default_attempts, history=[], **where)
     make_slots(job)

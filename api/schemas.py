@@ -269,7 +269,9 @@ class JobCreate(BaseModel):
 
     plan_id: Id
     candidate_index: int = Field(default=0, ge=0, le=1000)
-    model: Name = Field(description="model the executor builds: a preset of planner.model (e.g. gpt-tiny)")
+    model: Name | None = Field(default=None, description="model the executor builds: a preset of planner.model "
+                                                         "(e.g. gpt-tiny); a real-compute job needs it, an emulated "
+                                                         "one builds none (its messages are sized by the profile)")
     iterations: int = Field(default=10, ge=1, le=1_000_000)
     emulate: bool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
     max_attempts: int | None = Field(default=None, ge=1, le=100, description="claims before giving up")
@@ -280,18 +282,26 @@ class JobCreate(BaseModel):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, v: str) -> str:
+    def _known_model(cls, v: str | None) -> str | None:
         from planner.model import get_model
 
-        get_model(v)  # ValueError naming the presets: refused here, not on the agent after a claim
+        if v is not None:
+            get_model(v)  # ValueError naming the presets: refused here, not on the agent after a claim
         return v
+
+    @model_validator(mode="after")
+    def _model_for_real_compute(self) -> JobCreate:
+        if self.model is None and not self.emulate:
+            raise ValueError("model: a real-compute job builds a model: give a preset of planner.model (e.g. "
+                             "gpt-tiny), or set emulate")
+        return self
 
 
 class JobOut(BaseModel):
     id: int
     plan_id: int
     candidate_index: int
-    model: str
+    model: str = Field(description="the model the executor builds; empty for an emulated job that named none")
     iterations: int
     emulate: bool
     state: JobState

@@ -267,8 +267,8 @@ class Agent:
         plan_path, out = jobdir / "plan.json", jobdir / "result.json"
         plan_path.write_text(json.dumps(claim["plan"], indent=1))
         cmd = [*self.run_command, "--plan", str(plan_path), "--candidate", str(job["candidate_index"]),
-               "--model", job["model"], "--iterations", str(job["iterations"]), "--out", str(out),
-               "--trace", str(jobdir / "trace.json")]
+               *(["--model", job["model"]] if job.get("model") else []),  # (an emulated job may build none)
+               "--iterations", str(job["iterations"]), "--out", str(out), "--trace", str(jobdir / "trace.json")]
         if job["emulate"] and claim.get("profile") is not None:
             prof = jobdir / "profile.json"
             prof.write_text(json.dumps(claim["profile"], indent=1))

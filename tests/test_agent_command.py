@@ -25,6 +25,9 @@ def test_an_emulated_job_runs_with_the_plans_cluster(tmp_path: Path) -> None:
         assert cmd[cmd.index("--emulate") + 1] == str(tmp_path / "profile.json")
         path = Path(cmd[cmd.index("--cluster") + 1])
         assert path == tmp_path / "cluster.json" and json.loads(path.read_text())["device"] == "H100-SXM5-80GB"
+        bare = _claim(True)
+        bare["job"]["model"] = ""  # an emulated job that named no model: the run's default, nothing built
+        assert "--model" not in a.command(bare, tmp_path)
         (tmp_path / "r").mkdir()
         real = a.command(_claim(False), tmp_path / "r")
         assert "--emulate" not in real and "--cluster" not in real  # a real run is on this machine's own links

@@ -64,6 +64,11 @@ def test_validation_errors_name_the_field_without_pydantic_words(client) -> None
     r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "nope"}, headers=AUTH)
     assert r.status_code == 422, r.text
     assert r.json()["detail"].startswith("model: unknown model 'nope'; presets: "), r.json()["detail"]
+    # a real-compute job builds a model; an emulated one builds none (a new user's Qwen3 plan has no preset)
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("model: a real-compute job builds a model"), r.text
+    r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "emulate": True}, headers=AUTH)
+    assert r.status_code == 201 and r.json()["model"] == "", r.text
     r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": "x"}, headers=AUTH)
     assert r.json()["detail"] == "global_batch: Input should be a valid integer"  # field errors as they were
 

@@ -52,7 +52,7 @@ function renderJob(job, cmp) {
       candidate #${job.candidate_index + 1}: <strong>${PP.esc(cmp.label)}</strong>
       ${job.cluster_id != null ? `· planned on <span id="job-cluster">${PP.clusterSized(cluster, job.cluster_id)}</span>` : ""}</div>
     ${PP.versionNote(cluster, "This job's plan", cluster ? `<a id="replan-link" href="/ui/plans/${job.plan_id}#cluster-version">Plan again on v${cluster.newest_version}</a> from plan ${job.plan_id}'s page.` : "")}
-    <div class="muted">model ${PP.esc(job.model)} · ${job.iterations} iterations${job.emulate ? " (emulated profile)" : ""} ·
+    <div class="muted">model ${job.model ? PP.esc(job.model) : "none built"} · ${job.iterations} iterations${job.emulate ? " (emulated profile)" : ""} ·
       attempt ${job.attempts} of ${job.max_attempts} · worker ${job.worker_id ?? "–"} · created ${PP.fmtDate(job.created_at)} ·
       claimed ${PP.fmtDate(job.claimed_at)} · finished ${PP.fmtDate(job.finished_at)}
       ${last ? " · last event: " + PP.esc(last.event) : ""} · <a href="/jobs/${job.id}">JSON</a> ·
@@ -72,7 +72,7 @@ function renderJob(job, cmp) {
   });
   const retry = document.getElementById("retry-job");
   if (retry) retry.addEventListener("click", () => dispatchJob({ plan_id: job.plan_id, candidate_index: job.candidate_index,
-    model: job.model, iterations: job.iterations, emulate: job.emulate }, retry));
+    model: job.model || null, iterations: job.iterations, emulate: job.emulate }, retry));
   const clone = document.getElementById("clone-job");
   if (clone) clone.addEventListener("click", () => showClone(job));
   if (job.log_tail) {
@@ -124,7 +124,9 @@ function wireClone() {
     if (!/^\d+$/.test(cand) || +cand < 1) { msg.textContent = `Candidate: “${cand}” is not a rank (1, 2, …)`; return; }
     if (!/^\d+$/.test(it) || +it < 1) { msg.textContent = `Iterations: “${it}” is not a whole number ≥ 1`; return; }
     if (+it > MAX_ITERATIONS) { msg.textContent = `Iterations: at most ${MAX_ITERATIONS}, got ${it}`; return; }
-    if (known.length && !known.includes(model)) { msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`; return; }
+    const emulate = document.getElementById("clone-emulate").checked;
+    if (!model && !emulate) { msg.textContent = "Model: give the model the executor builds (an emulated job needs none)"; return; }
+    if (model && known.length && !known.includes(model)) { msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`; return; }
     // ranks count from 1 here, the API's candidate_index from 0: say the range in ranks
     if (ranks === undefined) ranks = await PP.get(`/plans/${form.dataset.planId}`).then((p) => p.num_candidates, () => null);
     if (ranks != null && +cand > ranks) {
@@ -132,8 +134,8 @@ function wireClone() {
         (ranks ? ` (ranks 1–${ranks})` : "") + `, got ${cand}`;
       return;
     }
-    dispatchJob({ plan_id: +form.dataset.planId, candidate_index: +cand - 1, model, iterations: +it,
-      emulate: document.getElementById("clone-emulate").checked }, document.getElementById("clone-submit"));
+    dispatchJob({ plan_id: +form.dataset.planId, candidate_index: +cand - 1, model: model || null, iterations: +it,
+      emulate }, document.getElementById("clone-submit"));
   });
   document.getElementById("clone-cancel").addEventListener("click", () => { form.hidden = true; });
 }

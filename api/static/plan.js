@@ -407,9 +407,10 @@ async function dispatch(rank, button) {
   const model = document.getElementById("job-model").value.trim();
   const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
   const iterations = document.getElementById("job-iterations").value.trim();
+  const emulate = document.getElementById("job-emulate").checked;
   msg.className = "dispatch-msg error";
-  if (!model) { msg.textContent = "Model: give the model the executor builds"; return; }
-  if (known.length && !known.includes(model)) {
+  if (!model && !emulate) { msg.textContent = "Model: give the model the executor builds (an emulated job needs none)"; return; }
+  if (model && known.length && !known.includes(model)) {
     msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`;
     return;
   }
@@ -418,9 +419,8 @@ async function dispatch(rank, button) {
   button.disabled = true;
   try {
     const job = (await PP.api("POST", "/jobs", {
-      plan_id: planId, candidate_index: rank, model,
-      iterations: +iterations,
-      emulate: document.getElementById("job-emulate").checked,
+      plan_id: planId, candidate_index: rank, model: model || null,
+      iterations: +iterations, emulate,
     })).data;
     msg.innerHTML = `<a href="/ui/jobs/${job.id}">job ${job.id}</a> queued`;
     location.href = `/ui/jobs/${job.id}`;
