@@ -109,11 +109,15 @@ class TimeBounds:
 
     def terms(self, costs: ConfigCosts) -> StageTerms:
         """:class:`StageTerms` of ``costs``, cached per (stage ranges, t, schedule micro-batch size,
-        recomputation, doubled forwards, split backward)."""
+        recomputation, doubled forwards, split backward), and where a blocking runtime's F and B hold their
+        sends, per placement (schedule, D, W and the schedule's parameters)."""
         cfg = costs.config
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
         split = splits_backward(cfg.schedule)
-        key = (tuple(info.layers for info in costs.stages), costs.t, costs.base_b, cfg.recompute, doubled, split)
+        key: tuple = (tuple(info.layers for info in costs.stages), costs.t, costs.base_b, cfg.recompute, doubled,
+                      split)
+        if costs.blocking_p2p:  # the sends each F and B holds are of the configuration's placement too
+            key += (cfg.schedule, cfg.pipeline, cfg.data, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
         got = self._terms.get(key)
         if got is None:
             got = self._terms[key] = StageTerms(costs, doubled, split)

@@ -373,6 +373,11 @@ class ConfigCosts(Costs):
         #: :meth:`send_time` per (link class, bytes), shared like the F/B durations (the cluster is the same)
         self._sends: dict[tuple[str, float], float] = shared.setdefault("sends", {})
         self._bwd: dict[int, float] = shared["bwd"]
+        #: a blocking runtime's send held by each F (stage, span) / B (stage): of this configuration's placement
+        #: (which device, hence which link, the neighbour stage sits on), never shared with the configurations
+        #: that share the compute above (an interleaved pipeline of D = 2 and a 1F1B one of D = 8 have the same
+        #: 8 stages, and Chimera's two pipelines run their stages in opposite directions)
+        self._held_send: dict[tuple[str, int, int], float] = {}
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
@@ -532,23 +537,31 @@ class ConfigCosts(Costs):
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            v = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale + self._tp_comm(stage, samples)
-                 + self._tp_edges(stage, samples, backward=False))
-            if self.blocking_p2p:
-                v += self._blocking_send(stage, stage + 1, span)
-            self._fwd[key] = v
+            v = self._fwd[key] = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale
+                                  + self._tp_comm(stage, samples) + self._tp_edges(stage, samples, backward=False))
+        if self.blocking_p2p:
+            return v + self._held("F", stage, span)
         return v
 
     def bwd(self, stage: int) -> float:
         v = self._bwd.get(stage)
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
-            v = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
-                 + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
-                 + self._tp_edges(stage, self.base_b, backward=True) + self._sp_regather(stage, self.base_b))
-            if self.blocking_p2p:
-                v += self._blocking_send(stage, stage - 1, 1)
-            self._bwd[stage] = v
+            v = self._bwd[stage] = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
+                                    + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
+                                    + self._tp_edges(stage, self.base_b, backward=True)
+                                    + self._sp_regather(stage, self.base_b))
+        if self.blocking_p2p:
+            return v + self._held("B", stage, 1)
+        return v
+
+    def _held(self, kind: str, stage: int, span: int) -> float:
+        """:meth:`_blocking_send` of an F (to the next stage) or a B (to the previous one), once per
+        configuration (``_held_send``)."""
+        key = (kind, stage, span)
+        v = self._held_send.get(key)
+        if v is None:
+            v = self._held_send[key] = self._blocking_send(stage, stage + 1 if kind == "F" else stage - 1, span)
         return v
 
     def recompute_extra(self, stage: int) -> float:
