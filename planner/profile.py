@@ -37,7 +37,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -271,6 +271,17 @@ class ModelProfile(BaseModel):
     environment: dict[str, str] = Field(default_factory=dict)
     notes: str = ""
     schema_version: int = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_hf_config(cls, data: Any) -> Any:
+        """A Hugging Face ``config.json`` given where a profile goes is said to be one (not a list of some 26
+        missing and unknown fields), with how to make a profile of it."""
+        if isinstance(data, dict) and "layers" not in data and ("model_type" in data or "architectures" in data):
+            raise ValueError("this is a Hugging Face config.json, not a model profile: make a profile of it with "
+                             "`pipeplan profile-analytic --hf-config FILE --out profile.json`, "
+                             "POST /profiles/hf-config or the new-plan page's Make profile")
+        return data
 
     @field_validator("layers")
     @classmethod

@@ -64,6 +64,9 @@ def test_validation_errors_name_the_field_without_pydantic_words(client) -> None
     r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "nope"}, headers=AUTH)
     assert r.status_code == 422, r.text
     assert r.json()["detail"].startswith("model: unknown model 'nope'; presets: "), r.json()["detail"]
+    r = client.post("/profiles", json={"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, headers=AUTH)
+    assert r.status_code == 422 and "this is a Hugging Face config.json, not a model profile" in r.json()["detail"]
+    assert "/profiles/hf-config" in r.json()["detail"] and "Field required" not in r.json()["detail"], r.text
     # a real-compute job builds a model; an emulated one builds none (a new user's Qwen3 plan has no preset)
     r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0}, headers=AUTH)
     assert r.status_code == 422 and r.json()["detail"].startswith("model: a real-compute job builds a model"), r.text

@@ -65,6 +65,9 @@ def test_huge_global_batch_is_refused_before_the_search(tiny: Path) -> None:
     ('{"layers": [', ": Invalid JSON: EOF"),
     ("[1, 2]", ": Input should be an object"),
     ('{"name": "x", "layers": []}', "device: Field required"),
+    # a Hugging Face config.json where the profile goes: said to be one, with how to make a profile of it
+    ('{"model_type": "qwen3", "hidden_size": 64}', "this is a Hugging Face config.json, not a model profile: "
+                                                   "make a profile of it with `pipeplan profile-analytic --hf-config"),
 ])
 def test_malformed_profile_file_is_one_line_naming_the_field(tiny: Path, tmp_path: Path, text: str,
                                                              words: str) -> None:

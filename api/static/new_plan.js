@@ -111,6 +111,20 @@ async function profileFile() {
   if (file) {
     try {
       const body = JSON.parse(await file.text());
+      const hf = body && typeof body === "object" && !Array.isArray(body) && !("layers" in body) &&
+        ("model_type" in body || "architectures" in body);
+      const shapeless = !body || typeof body !== "object" || Array.isArray(body) || !Array.isArray(body.layers);
+      if (hf || shapeless) {  // said now, not as pydantic's field list when Plan is pressed
+        note.classList.add("error");
+        note.innerHTML = (hf ? `${PP.esc(file.name)} is a Hugging Face config.json, not a profile: make a profile from ` +
+          `it below: its <strong>config.json</strong> file, then <strong>Make profile</strong>.`
+          : `${PP.esc(file.name)} is not a profile (no list of layers): choose a profile JSON (e.g. from ` +
+          `<code>pipeplan profile-analytic</code>).`) + ` <button type="button" id="profile-file-clear">use the list instead</button>`;
+        document.getElementById("profile-file-clear").addEventListener("click", () => { el.value = ""; profileFile(); });
+        fileProfile = { bad: true, name: "?", device: "?", layers: "?" };
+        deviceNote();
+        return;
+      }
       fileProfile = { name: String(body.name ?? "?"), device: String(body.device ?? "?"),
         layers: Array.isArray(body.layers) ? body.layers.length : "?" };
       note.innerHTML = `Plan uses <strong>${PP.esc(file.name)}</strong> (${PP.esc(fileProfile.name)} on ` +

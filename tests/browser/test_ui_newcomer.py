@@ -88,6 +88,16 @@ def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, bro
     # the page reads the file asynchronously (File.text()): wait for its verdict rather than racing it
     page.locator("#profile-file-note", has_text="broken.json is not JSON").wait_for()
     assert "broken.json is not JSON" in note.inner_text()
+    # a Hugging Face config.json there is said to be one at once, pointing at Make profile (it was "name: Field
+    # required; layers: Field required; ... (and 24 more)" when Plan was pressed)
+    cfg = (Path(__file__).resolve().parents[2] / "examples" / "models" / "qwen3-8b" / "config.json").read_bytes()
+    page.set_input_files("#profile-file", files=[{"name": "config.json", "mimeType": "application/json",
+                                                  "buffer": cfg}])
+    page.locator("#profile-file-note", has_text="is a Hugging Face config.json, not a profile").wait_for()
+    assert "Make profile" in note.inner_text()
+    page.set_input_files("#profile-file", files=[{"name": "list.json", "mimeType": "application/json",
+                                                  "buffer": b"[1, 2, 3]"}])
+    page.locator("#profile-file-note", has_text="list.json is not a profile (no list of layers)").wait_for()
     page.context.close()
 
 
