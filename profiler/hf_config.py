@@ -34,6 +34,7 @@ modelled.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -208,8 +209,12 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     try:
         cfg = AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
+        # its validators wrap the reason ("Class validation error for validator 'validate_architecture':
+        # ValueError: The hidden size (4096) is not a multiple of ..."): the reason is what the user can act on
+        text = " ".join(str(e).split())
+        reason = re.search(r"(?:ValueError|TypeError): (.+)$", text)
         raise HFConfigError(str(getattr(e, "field", None) or "config"),
-                            f"transformers cannot read it: {e}".replace("\n", " ")) from None
+                            f"transformers cannot read it: {reason.group(1) if reason else text}") from None
     return parse_hf_config(cfg, name, seq, source)
 
 

@@ -65,11 +65,15 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "device": "a100", "attention": "flash", "attention_impl": "flash3"},
          "attention_impl: A100-SXM4-80GB has no figures for flash3"),
         ({"config": good, "device": "h100", "sequence_parallel": "sometimes"}, "sequence_parallel"),
+        # transformers refusing the file: its reason, once prefixed (was "config.config: ... Class validation
+        # error for validator 'validate_architecture': ValueError: ...")
+        ({"config": {**good, "num_attention_heads": 7}, "device": "h100"}, "config: transformers cannot read it: "),
     ]
     for body, field in cases:
         r = client.post("/profiles/hf-config", json=body, headers=AUTH)
         assert r.status_code == 422, (body, r.text)
         assert r.json()["detail"].startswith(field), r.json()["detail"]
+        assert "Error:" not in r.json()["detail"] and "validator" not in r.json()["detail"], r.json()["detail"]
     assert client.post("/profiles/hf-config", json={"config": good, "cluster_id": 999}, headers=AUTH).status_code \
         == 404
     assert client.post("/profiles/hf-config", json={"config": good, "device": "h100"}).status_code == 401

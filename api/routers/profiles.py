@@ -113,7 +113,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
                                    dp_allreduce=body.dp_allreduce)
     except HFConfigError as e:
-        raise crud.InputError(f"config.{e.field}: {e.message}") from None
+        # a field of the file as config.<field>; the file as a whole (transformers refusing it) as config
+        raise crud.InputError(f"{'config' if e.field == 'config' else 'config.' + e.field}: {e.message}") from None
     except ValueError as e:
         raise crud.InputError(str(e)) from None
     row, created = crud.add_profile(db, profile)
