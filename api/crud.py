@@ -243,10 +243,10 @@ def _model_fits_profile(db: Session, plan: PlanRequest, model: str) -> None:
     if have == want:
         return
     fit = sorted(n for n, s in PRESETS.items() if s.profile_layers == want)
-    use = f"a model of {want} layers ({', '.join(fit)}) or " if fit else ""
+    use = f"use a model of {want} layers ({', '.join(fit)}), or " if fit else ""
     raise InputError(f"model: {model} has {have} layers (embedding, {have - 2} blocks, head) but plan {plan.id}'s "
-                     f"profile {profile.name!r} has {want}: the run would fail; use {use}emulate the profile "
-                     f"(\"emulate\": true)")
+                     f"profile {profile.name!r} has {want}: the run would fail; {use}emulate the profile "
+                     f"(\"emulate\": true, no model needed)")
 
 
 def list_jobs(db: Session, state: str | None, plan_id: int | None, limit: int, offset: int) -> list[Job]:

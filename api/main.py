@@ -48,6 +48,9 @@ def _msg(e: dict[str, Any]) -> str:
     """One error of :func:`_clean_errors` (pydantic's 'Value error, ' taken off there) as 'field.path: message',
     without 'body: ' before a message of the whole body that names its field."""
     msg = str(e.get("msg", "invalid"))
+    if e.get("type") == "json_invalid":  # loc ("body", <character offset>): say what the number is
+        where = [p for p in e.get("loc", ()) if p != "body"]
+        return f"body: not valid JSON{f' at character {where[0]}' if where else ''}"
     loc = _loc(e.get("loc", ()))
     return msg if loc == "body" and _NAMES_FIELD.match(msg) else f"{loc}: {msg}"
 

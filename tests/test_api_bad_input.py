@@ -76,6 +76,13 @@ def test_validation_errors_name_the_field_without_pydantic_words(client) -> None
     assert r.json()["detail"] == "global_batch: Input should be a valid integer"  # field errors as they were
 
 
+def test_a_body_that_is_not_json_says_so_with_where(client) -> None:  # type: ignore[no-untyped-def]
+    """A malformed body said "16: JSON decode error": the 16 is the character where parsing stopped."""
+    r = client.post("/plans", content=b'{"profile_id": , "cluster_id": 1}',
+                    headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"] == "body: not valid JSON at character 15", r.text
+
+
 def test_a_new_job_answers_with_its_prediction_and_cluster(client) -> None:  # type: ignore[no-untyped-def]
     """POST /jobs answered predicted_iteration_time and cluster_id null (GET /jobs/{id} gave both): the README's
     curl flow showed no prediction for the job it had just dispatched."""

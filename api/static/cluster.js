@@ -43,7 +43,7 @@ function renderInfo(c, errs) {
       <span id="cluster-size">${PP.devices(c.device, c.gpus)}</span>${body.nodes ? ` (${body.nodes} × ${body.gpus_per_node})` : ""} ·
       version ${c.version} of cluster #${errs.base_id} · <a href="/?cluster=${errs.newest_id}">New plan on it</a> ·
       <a href="/clusters/${c.id}">JSON</a> · <a href="/clusters/${c.id}/calibration${query()}">calibration JSON</a></div>
-    <div class="muted">peak ${PP.fmtNum((body.peak_flops || 0) / 1e12, 0)} TFLOP/s and ${PP.fmtGiB(body.memory_bytes)} per device ·
+    <div class="muted">peak ${PP.fmtNum((body.peak_flops || 0) / 1e12, (body.peak_flops || 0) < 1e13 ? 2 : 0)} TFLOP/s and ${PP.fmtGiB(body.memory_bytes)} per device ·
       links: within a node ${link(body.intra)}, between nodes ${link(body.inter)}</div>
     ${newest ? `<div id="newer-version" class="notice version-note" role="status" data-newer="${errs.newest_id}">This is version ${c.version}.
       The newest version is <a href="/ui/clusters/${errs.newest_id}">v${errs.newest_version}</a> (#${errs.newest_id}): plans requested

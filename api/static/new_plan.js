@@ -218,7 +218,10 @@ function readForm() {
   if (mbs) {
     const parts = mbs.split(/[\s,]+/).filter(Boolean);
     const bad = parts.filter((x) => !/^\d+$/.test(x) || +x < 1);
+    const big = parts.filter((x) => /^\d+$/.test(x) && +x > req.global_batch && Number.isInteger(req.global_batch));
     if (bad.length) errors.push([mbEl, `Micro-batch sizes: “${bad.join(", ")}” ${bad.length === 1 ? "is" : "are"} not a positive whole number`]);
+    // a micro-batch holds at most the global batch (the API caps sizes at its largest global batch, 65536)
+    else if (big.length) errors.push([mbEl, `Micro-batch sizes: “${big.join(", ")}” ${big.length === 1 ? "is" : "are"} more than the global batch (${req.global_batch})`]);
     else req.micro_batches = parts.map(Number);
   }
   return { req, errors };

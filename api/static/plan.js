@@ -112,7 +112,7 @@ function renderInfo(plan) {
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
     <div id="info-assumes" class="muted" hidden></div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
-      (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} shown that do not fit
+      (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} that do not fit (tick “show candidates that do not fit”)
       ${rej ? " · rejected: " + rej : ""} · <a href="/plans/${plan.id}">JSON</a>
       ${plan.error ? `<div class="error">${PP.esc(plan.error)}</div>` : ""}</div>
     ${versionNote()}
@@ -387,7 +387,7 @@ async function compare() {
     el.innerHTML = "";
     await PP.drawTimeline(el, docs[i], { xmax, group });
     const d = docs[i];
-    card.querySelector(".tl-note").textContent = `${d.devices} devices of one pipeline; ` +
+    card.querySelector(".tl-note").textContent = `${d.devices} device${d.devices === 1 ? "" : "s"} of one pipeline; ` +
       `${d.cached ? "stored" : "simulated now and stored"} ${PP.fmtDate(d.computed_at)}` +
       (d.matches_stored ? "" : " — re-simulation differs from the stored prediction");
     const c = S.rows[ranks[i]];

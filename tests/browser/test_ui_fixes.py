@@ -418,6 +418,10 @@ def test_bad_inputs_are_refused_in_the_form(server: LiveServer, browser: Any, co
     page.fill("#micro-batches", "1, two")
     page.click("#submit-plan")
     assert "Micro-batch sizes: “two”" in page.locator("#plan-error").inner_text()
+    page.fill("#micro-batches", "1, 1000000000")  # passed the form before; the API's message named micro_batches.0
+    page.click("#submit-plan")
+    assert "Micro-batch sizes: “1000000000” is more than the global batch" in page.locator("#plan-error").inner_text()
+    assert page.locator("#micro-batches.invalid").count() == 1
     shot(page, "fix-07-refused-inputs")
     assert len(_plans(server)) == before  # nothing was sent
     # an unknown model for a job is refused before it reaches an agent
