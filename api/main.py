@@ -14,12 +14,13 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html import escape
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.exc import DataError, IntegrityError, StatementError
 
 from api import crud, jobqueue
@@ -143,8 +144,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         errors = _clean_errors(exc.errors())
+        if request.url.path.startswith("/ui/"):  # a page's address with a bad id: a page, not the API's JSON
+            page = escape(request.url.path)
+            return HTMLResponse(status_code=404, content=(
+                f"<!doctype html><title>pipeplan: not found</title><p>No page at <code>{page}</code>: "
+                f"{escape(validation_message(errors))}.</p><p><a href=\"/\">New plan</a> · "
+                f"<a href=\"/ui/plans\">Plans</a> · <a href=\"/ui/jobs\">Jobs</a></p>"))
         return JSONResponse(status_code=422, content={"detail": validation_message(errors), "errors": errors})
 
     @app.exception_handler(HTTPException)

@@ -23,7 +23,11 @@ def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-
         assert "cdn" not in r.text.lower()
     assert 'value="chimera"' in client.get("/").text
     assert 'data-plan-id="1"' in client.get("/ui/plans/1").text
-    assert client.get("/ui/plans/0").status_code == 422
+    # a page address with a bad id is a page saying so (it was the API's 422 JSON)
+    for bad in ("/ui/plans/0", "/ui/plans/abc", "/ui/jobs/x"):
+        r = client.get(bad)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), (bad, r.text)
+        assert f"No page at <code>{bad}</code>" in r.text and '<a href="/ui/plans">' in r.text
     r = client.get("/ui", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/"
     assert '<option value="gpt-tiny">' in client.get("/ui/plans/1").text  # the executor's models, for dispatch
