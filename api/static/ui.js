@@ -160,6 +160,24 @@ const PP = (() => {
     const gib = (b) => b / 2 ** 30;
     const names = labels && labels.length === mem.length ? labels : mem.map((_, d) => "P" + d);
     const reserve = num(cand.memory_reserve) ? cand.memory_reserve : 0;
+    const own = mem.map((m) => Math.max(m - reserve, 0));
+    if (cap && own.length && Math.max(...own) < 0.1 * cap) {
+      // the model's own memory far below the capacity (a small model on a CPU process): on a 0-to-capacity axis
+      // its bars were invisible; drawn alone on its own scale, the reserve and the capacity named
+      const top = Math.max(...own);
+      const [div, unit] = top < 2 ** 30 ? [2 ** 20, "MiB"] : [2 ** 30, "GiB"];
+      const traces = [{ type: "bar", x: names, y: own.map((m) => m / div), name: "model", marker: { color: "#4c9a2a" },
+        customdata: mem.map(gib),
+        hovertemplate: `%{x}: model %{y:.3f} ${unit} + reserve ${gib(reserve).toFixed(2)} GiB = %{customdata:.2f} GiB<extra></extra>` }];
+      const note = `model only; + reserve ${gib(reserve).toFixed(2)} GiB per device; capacity ${gib(cap).toFixed(gib(cap) < 10 ? 1 : 0)} GiB (off this scale)`;
+      await P.react(el, traces, {
+        height: 190, margin: { l: 50, r: 10, t: 18, b: 30 }, showlegend: false,
+        yaxis: { title: { text: unit }, rangemode: "tozero", range: [0, (top / div) * 1.2 || 1] },
+        annotations: [{ xref: "paper", x: 1, xanchor: "right", yref: "paper", y: 1, yanchor: "bottom", text: note,
+          showarrow: false, font: { size: 10, color: "#555" } }],
+      }, PLOT_CONFIG);
+      return;
+    }
     // one bar per device: the model's own memory standing on the reserve (a grey band from 0), since the fit
     // rule counts both against the capacity
     const traces = [{

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from api_support import ADMIN, AUTH, LiveServer, tiny_profile
 
-from browser.support import Console, done_plan, needs_browser
+from browser.support import Console, done_plan, needs_browser, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu-4.json"
@@ -43,6 +43,10 @@ def test_peak_memory_cell_shows_model_plus_reserve(server: LiveServer, browser: 
     chart = page.locator('[data-role="memory"][data-rank="0"]')
     assert chart.locator(".point").count() == best["pipeline"]
     assert "reserve 0.31 GiB" in chart.inner_text()
+    # a few MiB against 4 GiB: drawn on their own scale, the capacity named (the bars were invisible before)
+    assert "model only" in chart.inner_text() and "capacity 4.0 GiB (off this scale)" in chart.inner_text()
+    chart.scroll_into_view_if_needed()
+    shot(page, "memory-small-model-own-scale")
     ctx.close()
 
 
