@@ -149,8 +149,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if request.url.path.startswith("/ui/"):  # a page's address with a bad id: a page, not the API's JSON
             page = escape(request.url.path)
             return HTMLResponse(status_code=404, content=(
-                f"<!doctype html><title>pipeplan: not found</title><p>No page at <code>{page}</code>: "
-                f"{escape(validation_message(errors))}.</p><p><a href=\"/\">New plan</a> · "
+                f"<!doctype html><title>pipeplan: not found</title><p>No page at <code>{page}</code>: a plan, job "
+                f"or cluster is named by its number (1, 2, ...).</p><p><a href=\"/\">New plan</a> · "
                 f"<a href=\"/ui/plans\">Plans</a> · <a href=\"/ui/jobs\">Jobs</a></p>"))
         return JSONResponse(status_code=422, content={"detail": validation_message(errors), "errors": errors})
 

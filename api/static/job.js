@@ -52,7 +52,7 @@ function renderJob(job, cmp) {
       candidate #${job.candidate_index + 1}: <strong>${PP.esc(cmp.label)}</strong>
       ${job.cluster_id != null ? `· planned on <span id="job-cluster">${PP.clusterSized(cluster, job.cluster_id)}</span>` : ""}</div>
     ${PP.versionNote(cluster, "This job's plan", cluster ? `<a id="replan-link" href="/ui/plans/${job.plan_id}#cluster-version">Plan again on v${cluster.newest_version}</a> from plan ${job.plan_id}'s page.` : "")}
-    <div class="muted">model ${job.model ? PP.esc(job.model) : "none built"} · ${job.iterations} iterations${job.emulate ? " (emulated profile)" : ""} ·
+    <div class="muted">model ${job.model ? PP.esc(job.model) : "none (emulated: nothing built)"} · ${job.iterations} iterations${job.emulate ? " (emulated profile)" : ""} ·
       attempt ${job.attempts} of ${job.max_attempts} · worker ${job.worker_id ?? "–"} · created ${PP.fmtDate(job.created_at)} ·
       claimed ${PP.fmtDate(job.claimed_at)} · finished ${PP.fmtDate(job.finished_at)}
       ${last ? " · last event: " + PP.esc(last.event) : ""} · <a href="/jobs/${job.id}">JSON</a> ·

@@ -116,10 +116,10 @@ async function profileFile() {
       const shapeless = !body || typeof body !== "object" || Array.isArray(body) || !Array.isArray(body.layers);
       if (hf || shapeless) {  // said now, not as pydantic's field list when Plan is pressed
         note.classList.add("error");
-        note.innerHTML = (hf ? `${PP.esc(file.name)} is a Hugging Face config.json, not a profile: make a profile from ` +
-          `it below: its <strong>config.json</strong> file, then <strong>Make profile</strong>.`
+        note.innerHTML = "<span>" + (hf ? `${PP.esc(file.name)} is a Hugging Face config.json, not a profile: make a ` +
+          `profile from it below: its <strong>config.json</strong> file, then <strong>Make profile</strong>.`
           : `${PP.esc(file.name)} is not a profile (no list of layers): choose a profile JSON (e.g. from ` +
-          `<code>pipeplan profile-analytic</code>).`) + ` <button type="button" id="profile-file-clear">use the list instead</button>`;
+          `<code>pipeplan profile-analytic</code>).`) + `</span> <button type="button" id="profile-file-clear">use the list instead</button>`;
         document.getElementById("profile-file-clear").addEventListener("click", () => { el.value = ""; profileFile(); });
         fileProfile = { bad: true, name: "?", device: "?", layers: "?" };
         deviceNote();
@@ -150,7 +150,7 @@ function deviceNote() {
   const note = document.getElementById("device-note");
   const norm = (d) => String(d).toLowerCase().replace(/[^a-z0-9]/g, "");  // as planner/mismatch.py compares
   const fromFile = document.getElementById("hf-file").files.length && hfKey() !== hfMade.key;  // not the selected profile
-  const differ = p && c && norm(p.device) !== norm(c.device) && !fromFile;
+  const differ = p && !p.bad && c && norm(p.device) !== norm(c.device) && !fromFile;  // (no device: not a profile)
   note.textContent = differ ? `The profile was measured on ${p.device}, the cluster's devices are ${c.device}: ` +
     `the plan will predict ${p.device} times.` : "";
   note.hidden = !differ;
