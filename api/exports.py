@@ -55,7 +55,7 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
         cost = payload["cost"] if status == "ok" else f"its cost could not be predicted ({payload})"
         cands = [c.body for c in crud.get_plan(db, plan_id).candidates]
         raise InputError(err.describe(cost) + " " + best_supported_note(
-            module.TITLE, module.check, cands, ref="candidate {i} (rank {r})") + ".") from None
+            module.TITLE, module.check, cands, ref="rank {r} (candidate_index {i})") + ".") from None
     except ExportError as e:
         raise InputError(str(e)) from None
     return {"format": exported.format, "label": spec.config.label(), "notes": list(exported.notes),

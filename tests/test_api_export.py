@@ -58,7 +58,7 @@ def test_unsupported_schedule_is_a_422_with_the_switch_cost(client) -> None:  # 
     assert "predicted" in msg and "s per iteration against" in msg and "%" in msg
     ones = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "1f1b"]
     if ones:
-        assert f"fastest candidate that DeepSpeed runs is candidate {ones[0]}" in msg
+        assert f"fastest candidate that DeepSpeed runs is rank {ones[0] + 1} (candidate_index {ones[0]})" in msg
     bad = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "nope"}, headers=AUTH)
     assert bad.status_code == 422 and "format" in bad.text
     assert client.get(f"/plans/{plan['id']}/candidates/99/export", params={"format": "megatron"},

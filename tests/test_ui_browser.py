@@ -151,6 +151,10 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     with server.client() as c:
         cmp = c.get(f"/jobs/{job_id}/comparison").json()
     assert cmp["state"] == "succeeded" and cmp["fields"][0]["measured"] is not None
+    # a share is compared in percentage points, not as a relative error of a small number
+    bubble = {f["field"]: f for f in cmp["fields"]}["bubble_ratio"]
+    cell = page.locator('#comparison tr[data-field="bubble_ratio"] td').nth(3).inner_text()
+    assert cell == f"{100 * (bubble['measured'] - bubble['predicted']):+.1f} pts", cell
     shot(page, "05-job-done", full_page=True)
 
     # 6. jobs and workers lists

@@ -140,11 +140,21 @@ function wireClone() {
   document.getElementById("clone-cancel").addEventListener("click", () => { form.hidden = true; });
 }
 
+// a share (the bubble ratio) is compared in percentage points: 2.1 % predicted against 5.0 % measured read
+// "+138.2 %" as a relative error
+function errorCell(f) {
+  if (f.field.endsWith("_ratio") && PP.num(f.predicted) && PP.num(f.measured)) {
+    const pts = 100 * (f.measured - f.predicted);
+    return `<span title="measured - predicted, in percentage points">${pts >= 0 ? "+" : ""}${pts.toFixed(1)} pts</span>`;
+  }
+  return PP.fmtErr(f.relative_error);
+}
+
 function renderComparison(cmp) {
   document.querySelector("#comparison tbody").innerHTML = cmp.fields.map((f) => {
     const fmt = FIELD_FMT[f.field] || ((x) => PP.fmtNum(x, 4));
     return `<tr data-field="${PP.esc(f.field)}"><td>${PP.esc(f.field.replace("_", " "))}</td><td class="num">${fmt(f.predicted)}</td>
-      <td class="num measured">${f.measured == null ? "–" : fmt(f.measured)}</td><td class="num">${PP.fmtErr(f.relative_error)}</td></tr>`;
+      <td class="num measured">${f.measured == null ? "–" : fmt(f.measured)}</td><td class="num">${errorCell(f)}</td></tr>`;
   }).join("");
   document.querySelector("#devices tbody").innerHTML = cmp.devices.map((d, i) => `<tr>
     <td>P${d.device ?? i}</td><td class="num">${PP.fmtTime(d.busy)}</td><td class="num">${PP.fmtTime(d.idle)}</td>

@@ -204,11 +204,12 @@ const PP = (() => {
   async function drawBreakdown(el, cands) {
     const P = await plotly();
     const parts = [["compute", "#1f77b4"], ["bubble", "#c7c7c7"], ["allreduce_exposed", "#8c564b"], ["step", "#7f7f7f"]];
-    const names = cands.map((c) => "rank " + (c.rank + 1));
+    const words = { allreduce_exposed: "exposed all-reduce", step: "optimizer step" };  // as the cards say them
+    const names = cands.map((c) => "#" + (c.rank + 1));
     const longest = Math.max(0, ...cands.map((c) => parts.reduce((a, [k]) => a + ((c.breakdown || {})[k] || 0), 0)));
     const u = TL.unitFor(longest);  // seconds for long iterations (not "30k ms")
     const traces = parts.map(([k, color]) => ({
-      type: "bar", orientation: "h", name: k.replace("_", " "), y: names,
+      type: "bar", orientation: "h", name: words[k] || k, y: names,
       x: cands.map((c) => ((c.breakdown || {})[k] || 0) / u.div), marker: { color },
       hovertemplate: k + ": %{x:.4g} " + u.name + "<extra>%{y}</extra>",
     }));
