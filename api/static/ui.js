@@ -48,7 +48,16 @@ const PP = (() => {
         pending = fn;
         return;
       }
-      Promise.resolve().then(fn).catch((e) => notice(String(e.message || e), "error"));
+      Promise.resolve().then(fn).catch((e) => {
+        notice(String(e.message || e), "error");
+        // the page's own thing does not exist (/ui/plans/999999): its empty frame (tables, forms) goes
+        if (e && e.status === 404) {
+          for (const el of document.querySelectorAll("main > *")) {
+            if (el.tagName !== "H1" && el.id !== "notice") el.hidden = true;
+          }
+          document.body.dataset.missing = "1";
+        }
+      });
     };
     if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", run);
     else run();
@@ -72,7 +81,16 @@ const PP = (() => {
         const fn = pending;
         pending = null;
         notice("");
-        Promise.resolve().then(fn).catch((e) => notice(String(e.message || e), "error"));
+        Promise.resolve().then(fn).catch((e) => {
+        notice(String(e.message || e), "error");
+        // the page's own thing does not exist (/ui/plans/999999): its empty frame (tables, forms) goes
+        if (e && e.status === 404) {
+          for (const el of document.querySelectorAll("main > *")) {
+            if (el.tagName !== "H1" && el.id !== "notice") el.hidden = true;
+          }
+          document.body.dataset.missing = "1";
+        }
+      });
       }
     });
   }

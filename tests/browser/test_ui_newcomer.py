@@ -185,3 +185,18 @@ def test_a_model_of_other_layers_is_refused_at_dispatch_and_a_cpu_run_shows_its_
     assert "MiB" in row.locator(".peak-predicted").inner_text()  # gpt-tiny's own memory: MiB, not "0.00 GiB"
     shot(page, "newcomer-cpu-job-peak")
     page.context.close()
+
+
+def test_a_page_of_something_that_does_not_exist_shows_only_that(server: LiveServer, browser: Any,
+                                                                  console: Console) -> None:
+    """/ui/plans/999999 showed "plan 999999 not found" above the plan page's empty frame (table headers,
+    dispatch form); the frame goes, the heading and the message stay."""
+    page = _page(browser, console)
+    page.goto(server.url + "/ui/plans/999999")
+    page.wait_for_selector('body[data-missing="1"]')
+    assert "not found" in page.locator("#notice").inner_text()
+    assert page.locator("#cands").is_hidden() and page.locator("h1").is_visible()
+    expected = [e for e in console.errors if "status of 404" in e]  # the page's own GET: the browser logs it
+    assert len(expected) == 1, console.errors
+    console.errors.remove(expected[0])
+    page.context.close()
