@@ -121,6 +121,7 @@ def megatron_core_bucket_bytes(replicas: int, el: int) -> float:
     ``ddp_config.bucket_size``), of ``el`` bytes each (the gradient buffer in the parameters' dtype)."""
     return max(40_000_000, 1_000_000 * replicas) * float(el)
 
+
 #: bytes per parameter a 16-bit (mixed-precision) optimizer step moves over the gradients besides reading and
 #: writing the model state (module docstring, "Optimizer step")
 MIXED_PRECISION_GRAD_PASS_BYTES = 18.0
