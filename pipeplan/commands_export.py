@@ -140,7 +140,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     """The :class:`planner.export.Export` of candidate ``candidate`` and the notes to print."""
     from planner.cluster import load_cluster
     from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note
-    from planner.export.switch import refusal
+    from planner.export.switch import refusal, request_of
     from planner.model import get_model
     from planner.profile import load_profile
     from planner.runspec import RunSpec
@@ -167,10 +167,12 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     try:
         return module.export(base), notes
     except UnsupportedSchedule as err:
-        message = refusal(err, prof, cl) + " " + best_supported_note(module.TITLE, module.check, cands) + "."
+        # the candidate's own request (sharded optimizer, state, reserve): both times as the plan costed them
+        message = (refusal(err, prof, cl, request_of(doc, spec.global_batch)) + " "
+                   + best_supported_note(module.TITLE, module.check, cands) + ".")
         if not closest:
             raise ValueError(message + " --closest exports the closest configuration instead.") from None
-        notes.append(message + "; exporting it (--closest)")
+        notes.append(message.rstrip(".") + "; exporting it (--closest)")
         inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
                                        plan_path=str(plan), candidate=candidate, options=base.options,
                                        shard_optimizer=base.shard_optimizer)

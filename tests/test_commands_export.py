@@ -77,7 +77,7 @@ def test_errors_exit_2(app, args, msg):
 
 # ---- a planned candidate in a framework's terms (--plan) ----------------------------------------------
 
-def _plan_file(tmp_path, schedules):
+def _plan_file(tmp_path, schedules, **request):
     from planner.analytic import analytic_profile
     from planner.cluster import load_cluster
     from planner.model import PRESETS
@@ -88,7 +88,8 @@ def _plan_file(tmp_path, schedules):
     prof = analytic_profile(PRESETS["gpt2-medium"], "A100-SXM4-80GB")
     save_profile(prof, tmp_path / "p.json")
     cluster = "examples/clusters/dgx-a100-80gb.json"
-    res = plan(prof, load_cluster(cluster), TrainingRequest(global_batch=64, gpus=16, top=20, schedules=schedules))
+    res = plan(prof, load_cluster(cluster), TrainingRequest(global_batch=64, gpus=16, top=20, schedules=schedules,
+                                                            **request))
     (tmp_path / "plan.json").write_text(json.dumps(res.to_dict()))
     return res, ["--plan", str(tmp_path / "plan.json"), "--profile", str(tmp_path / "p.json"), "--cluster", cluster]
 
@@ -134,6 +135,27 @@ def test_one_file_export_to_a_directory_given_with_a_slash(app, tmp_path):
     assert r.exit_code == 0 and (tmp_path / "tt").is_dir(), r.output
     r = run(app, *args, "--format", "megatron", "--out", str(tmp_path / "launch.sh"))
     assert r.exit_code == 0 and (tmp_path / "launch.sh").read_text().startswith("#!/usr/bin/env bash"), r.output
+
+
+def test_a_refusal_costs_both_under_the_plans_own_request(app, tmp_path):
+    """A plan made with --shard-optimizer: the refusal quoted the candidate and the closest at their unsharded
+    times (11.32 s against the plan's 11.30 s in a new user's Llama plan); it now predicts both under the
+    candidate's own request (sharded optimizer, state per parameter, reserve)."""
+    from planner.cluster import load_cluster
+    from planner.profile import load_profile
+    from planner.request import TrainingRequest
+    from planner.search import predict
+
+    res, args = _plan_file(tmp_path, ["chimera", "1f1b"], shard_optimizer=True, memory_reserve_bytes=3 * 2**30)
+    i = next(k for k, c in enumerate(res.candidates) if c.config.schedule == "chimera" and c.config.data > 1)
+    cand = res.candidates[i]
+    r = run(app, *args, "--candidate", str(i), "--format", "deepspeed")
+    assert r.exit_code == 2, r.output
+    assert f"against {cand.iteration_time:.4g} s for chimera" in r.stderr, (cand.iteration_time, r.stderr)
+    prof, cl = load_profile(tmp_path / "p.json"), load_cluster("examples/clusters/dgx-a100-80gb.json")
+    closest = cand.config.model_copy(update={"schedule": "1f1b", "pipelines": None, "concat": None})
+    sharded = predict(prof, cl, TrainingRequest(global_batch=64, shard_optimizer=True), closest).iteration_time
+    assert f"predicted {sharded:.4g} s per iteration" in r.stderr, (sharded, r.stderr)
 
 
 def test_refused_schedule_names_the_closest_and_its_cost(app, tmp_path):

@@ -19,6 +19,25 @@ def _predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, 
     return cand.iteration_time, ("" if cand.fits else cand.reason)
 
 
+def request_of(doc: dict, global_batch: int) -> TrainingRequest:
+    """The request a stored candidate (``plan --json``'s, which carries no request) was planned under, as far as
+    its cost depends on it: the sharded optimizer and the model state per parameter it held
+    (``state_bytes_per_param`` at its W: Adam's 12 optimizer bytes of them split over W when sharded), and the
+    memory reserve it was checked with."""
+    shard = bool(doc.get("shard_optimizer"))
+    W = int(doc.get("data") or 1)
+    state = doc.get("state_bytes_per_param")
+    kw: dict = {"global_batch": global_batch, "shard_optimizer": shard}
+    if isinstance(state, int | float) and state > 0:
+        total = state + (12.0 * (1 - 1 / W) if shard and W > 1 else 0.0)
+        if not shard or total >= 12.0:  # (a state under Adam's 12 bytes: a custom optimizer, left at the default)
+            kw["bytes_per_param"] = total
+    reserve = doc.get("memory_reserve")
+    if isinstance(reserve, int | float) and reserve >= 0:
+        kw["memory_reserve_bytes"] = float(reserve)
+    return TrainingRequest(**kw)
+
+
 def switch_cost(err: UnsupportedSchedule, profile: ModelProfile, cluster: Cluster,
                 request: TrainingRequest | None = None) -> str:
     """``predicted X s per iteration against Y s for <schedule> (+d s, +p%)``, with the reason when the
