@@ -115,6 +115,11 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
                       + (": the flash kernel's forward" if prof.environment.get("attention") == "flash"
                          else "") + ")", highlight=False)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
+    if not res.candidates:  # an empty table alone read as a success
+        top = max(res.rejected.items(), key=lambda kv: kv[1], default=None)
+        shape = prof.shape
+        console.print("no configuration fits" + (f": most were rejected for '{top[0]}' ({top[1]})" if top else "")
+                      + (f"; the profile's sequence is {shape.seq}" if shape is not None else ""), highlight=False)
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
     resolved, source = resolve_reserve(req, cl)
@@ -347,4 +352,6 @@ def register(app: typer.Typer) -> None:
             save_profile(prof, out)
         except OSError as e:
             fail(f"--out {out}: cannot write it: {e.strerror or e}")
-        typer.echo(f"wrote {out} ({len(prof.layers)} layers, {prof.total_params / 1e9:.2f}B parameters)")
+        where = (": the config's longest, --seq to choose" if hf_config is not None and seq is None else "")
+        typer.echo(f"wrote {out} ({len(prof.layers)} layers, {prof.total_params / 1e9:.2f}B parameters, "
+                   f"sequence {prof.shape.seq if prof.shape is not None else spec.seq}{where})")

@@ -213,3 +213,16 @@ def test_profile_analytic_attention_implementation(tmp_path):
     r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--attention", "flash",
                             "--attention-impl", "flash4", "--out", str(tmp_path / "x.json")])
     assert r.exit_code != 0 and "--attention-impl must be flash2, flash3 or cudnn" in r.output, r.output
+
+
+def test_an_hf_profile_says_its_sequence_and_an_empty_plan_says_nothing_fits(tmp_path):
+    """Without --seq a Hugging Face config is profiled at its longest sequence (Llama 3.1: 131072) and every
+    configuration then ran out of memory: `plan` printed an empty table. Both now say it."""
+    prof = tmp_path / "l8.json"
+    r = runner.invoke(app, ["profile-analytic", "--hf-config", "examples/models/llama-3.1-8b/config.json",
+                            "--device", "h100-80gb", "--out", str(prof)])
+    assert r.exit_code == 0 and "sequence 131072: the config's longest, --seq to choose" in r.output, r.output
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", "examples/clusters/dgx-h100-80gb.json",
+                            "--global-batch", "64", "--gpus", "8", "--schedules", "1f1b"])
+    assert r.exit_code == 0 and "no configuration fits: most were rejected for 'out of memory'" in r.output, r.output
+    assert "the profile's sequence is 131072" in r.output

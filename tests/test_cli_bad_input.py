@@ -219,3 +219,10 @@ def test_export_with_another_profile_than_the_plans_is_refused(tiny: Path, tmp_p
 def test_plan_schedules_option_refuses_what_would_plan_all_or_nothing(tiny: Path, names: str, words: str) -> None:
     out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--schedules", names])
     assert words in out and "Value error" not in out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine with CUDA runs nccl")
+def test_nccl_without_cuda_is_one_line() -> None:
+    """`run --backend nccl` here died in every rank's torch.cuda.set_device: 114 lines of tracebacks, exit 1."""
+    out = _refused(["run", "--schedule", "1f1b", "--devices", "2", "--microbatches", "2", "--backend", "nccl"])
+    assert out.startswith("error: --backend nccl needs CUDA GPUs") and len(out.strip().splitlines()) == 1, out
