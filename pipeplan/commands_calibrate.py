@@ -81,6 +81,10 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
             obs.append(Observation(profiles[path], TrainingRequest(global_batch=int(cand["global_batch"])), config,
                                    measured, i))
         res = fit(cluster, obs)
+    except FileNotFoundError as e:  # the cluster, the runs or a profile they name
+        fail(f"no such file: {e.filename}" + (f" (--runs {runs_path})" if e.filename == runs_path else "")
+             + (f" (--cluster {cluster_path})" if e.filename == cluster_path else ""))
+        raise  # unreachable
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail(f"{type(e).__name__}: {e}")
         raise  # unreachable

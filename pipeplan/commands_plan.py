@@ -49,8 +49,8 @@ def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
     for what, path, load in (("profile", profile, load_profile), ("cluster", cluster, load_cluster)):
         try:
             out.append(load(path))
-        except FileNotFoundError as e:
-            fail(f"no such file: {e.filename}")
+        except FileNotFoundError:
+            fail(f"--{what} {path}: no such file")
         except ValidationError as e:
             fail(f"invalid {what} {path}: {validation_summary(e)}")
         except ValueError as e:
@@ -65,7 +65,7 @@ def _request(**kw: object) -> TrainingRequest:
     try:
         return TrainingRequest(**{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as e:
-        fail(f"invalid request: {validation_summary(e, most=1)}")
+        fail(validation_summary(e, most=1, options=True))
     raise AssertionError  # unreachable
 
 
@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
                          pipelines=pipelines, concat=concat, replication=replication)
         except ValidationError as e:
-            fail(f"invalid configuration: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
+            fail(validation_summary(e, most=1, options=True))
             raise
         if tensor * pipeline * data > cl.gpus:
             fail(f"t*D*W = {tensor * pipeline * data} exceeds the cluster's {devices(cl.device, cl.gpus)}")

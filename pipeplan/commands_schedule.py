@@ -85,7 +85,7 @@ def show_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
             line.append(c.label().rjust(w), style=style)
             line.append(" ")
         console.print(line)
-    console.print(f"one cell = {unit:g} time units; makespan {res.makespan:g}, "
+    console.print(f"one cell = {unit:g} time unit{'' if unit == 1 else 's'}; makespan {res.makespan:g}, "
                   f"bubble ratio {res.bubble_ratio:.4f}")
 
 

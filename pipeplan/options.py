@@ -48,13 +48,20 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
     return build(schedule, devices, microbatches, **params)
 
 
-def validation_summary(error: ValidationError, most: int = 4) -> str:
+def validation_summary(error: ValidationError, most: int = 4, options: bool = False) -> str:
     """A pydantic error as the API words it (``field.path: message; ...``): one line, without pydantic's input
-    echo and documentation links; past ``most`` errors, how many more."""
+    echo and documentation links; past ``most`` errors, how many more. ``options``: the fields are the
+    command's own options (``global_batch`` -> ``--global-batch``), as the user typed them."""
     errs = error.errors()
     def one(e: dict) -> str:  # type: ignore[type-arg]
         msg = str(e["msg"]).removeprefix("Value error, ")
-        return f"{'.'.join(str(x) for x in e['loc'])}: {msg}" if e["loc"] else msg
+        if options and msg.split(":")[0].isidentifier() and ": " in msg:  # a validator naming its field itself
+            head, rest = msg.split(": ", 1)
+            return f"--{head.replace('_', '-')}: {rest}"
+        loc = ".".join(str(x) for x in e["loc"])
+        if options and loc:
+            loc = "--" + loc.replace("_", "-")
+        return f"{loc}: {msg}" if loc else msg
 
     parts = [one(e) for e in errs[:most]]
     more = f" (and {len(errs) - most} more)" if len(errs) > most else ""

@@ -214,7 +214,7 @@ def test_export_with_another_profile_than_the_plans_is_refused(tiny: Path, tmp_p
     ("", "--schedules: an empty name in ''"),  # was: every schedule, silently
     ("1f1b,", "--schedules: an empty name in '1f1b,'"),
     ("pipedream", "only asynchronous ones are named (pipedream); set allow_async"),  # was: an empty table
-    ("bogus", "invalid request: schedules: unknown schedule 'bogus'"),  # was ": Value error, schedules: ..."
+    ("bogus", "error: --schedules: unknown schedule 'bogus'"),  # was ": Value error, schedules: ..."
 ])
 def test_plan_schedules_option_refuses_what_would_plan_all_or_nothing(tiny: Path, names: str, words: str) -> None:
     out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--schedules", names])
@@ -226,3 +226,20 @@ def test_nccl_without_cuda_is_one_line() -> None:
     """`run --backend nccl` here died in every rank's torch.cuda.set_device: 114 lines of tracebacks, exit 1."""
     out = _refused(["run", "--schedule", "1f1b", "--devices", "2", "--microbatches", "2", "--backend", "nccl"])
     assert out.startswith("error: --backend nccl needs CUDA GPUs") and len(out.strip().splitlines()) == 1, out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    # the command's own options, as typed (were "invalid request: global_batch: ..." and "('micro_batch',): ...")
+    (["--global-batch", "0"], "error: --global-batch: Input should be greater than 0"),
+    (["--global-batch", "8", "--micro-batch", "0"], "error: --micro-batch: Input should be greater than 0"),
+])
+def test_predict_errors_name_the_option(tiny: Path, args: list[str], words: str) -> None:
+    base = ["predict", "--profile", str(tiny), "--cluster", CPU4, "--tensor", "1", "--pipeline", "2", "--data", "1",
+            "--schedule", "1f1b"]
+    out = _refused(base + (args if "--micro-batch" in args else [*args, "--micro-batch", "1"]))
+    assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
+
+
+def test_a_missing_input_file_names_its_option(tiny: Path) -> None:
+    out = _refused(["plan", "--profile", "nope.json", "--cluster", CPU4, "--global-batch", "8"])
+    assert out.strip() == "error: --profile nope.json: no such file", out
