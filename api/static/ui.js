@@ -40,6 +40,17 @@ const PP = (() => {
   // run the page's loader only when reads can succeed (no request is sent that must fail with 401); without
   // a token it waits, and saving one runs it then (the page is never reloaded: what is typed in stays)
   let pending = null;
+  // a page's loader failed: say why; where the page's own thing does not exist (/ui/plans/999999) its empty
+  // frame (tables, forms) goes too
+  function loadFailed(e) {
+    notice(String(e.message || e), "error");
+    if (e && e.status === 404) {
+      for (const el of document.querySelectorAll("main > *")) {
+        if (el.tagName !== "H1" && el.id !== "notice") el.hidden = true;
+      }
+      document.body.dataset.missing = "1";
+    }
+  }
   function start(fn) {
     const run = () => {
       if (!token() && !openReads()) {
@@ -48,16 +59,7 @@ const PP = (() => {
         pending = fn;
         return;
       }
-      Promise.resolve().then(fn).catch((e) => {
-        notice(String(e.message || e), "error");
-        // the page's own thing does not exist (/ui/plans/999999): its empty frame (tables, forms) goes
-        if (e && e.status === 404) {
-          for (const el of document.querySelectorAll("main > *")) {
-            if (el.tagName !== "H1" && el.id !== "notice") el.hidden = true;
-          }
-          document.body.dataset.missing = "1";
-        }
-      });
+      Promise.resolve().then(fn).catch(loadFailed);
     };
     if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", run);
     else run();
@@ -81,16 +83,7 @@ const PP = (() => {
         const fn = pending;
         pending = null;
         notice("");
-        Promise.resolve().then(fn).catch((e) => {
-        notice(String(e.message || e), "error");
-        // the page's own thing does not exist (/ui/plans/999999): its empty frame (tables, forms) goes
-        if (e && e.status === 404) {
-          for (const el of document.querySelectorAll("main > *")) {
-            if (el.tagName !== "H1" && el.id !== "notice") el.hidden = true;
-          }
-          document.body.dataset.missing = "1";
-        }
-      });
+        Promise.resolve().then(fn).catch(loadFailed);
       }
     });
   }
