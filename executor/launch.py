@@ -98,6 +98,11 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
     if backend == "nccl":
         for plan in plans:
             check_p2p(plan, policy)
+        import torch
+
+        if not torch.cuda.is_available():  # (each rank died in torch.cuda.set_device: 114 lines of tracebacks)
+            raise PlanError("--backend nccl needs CUDA GPUs and this machine has none: use --backend gloo (the "
+                            "default)")
     placement = torchrun_args(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id, join_timeout=timeout)
     workdir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
     try:

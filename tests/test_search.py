@@ -140,7 +140,7 @@ def test_cli_plan_json(tmp_path):
     assert "rejected" in data and "evaluated" in data
     r = runner.invoke(app, ["plan", "--profile", str(out), "--cluster", str(EX / "piz-daint-p100-16gb.json"),
                             "--global-batch", "0"])
-    assert r.exit_code == 2 and "global_batch" in r.output
+    assert r.exit_code == 2 and "--global-batch" in r.output
 
 
 @pytest.mark.slow

@@ -158,7 +158,7 @@ def test_cli_bytes_per_param(tmp_path):
     assert max(docs[1]["memory"]) > max(docs[0]["memory"]) > max(docs[2]["memory"])
     for bad, msg in (("0", "greater than 0"), ("inf", "finite number")):
         r = runner.invoke(app, [*one[:-1], "--bytes-per-param", bad])
-        assert r.exit_code == 2 and "bytes_per_param" in r.output and msg in r.output, r.output
+        assert r.exit_code == 2 and "--bytes-per-param" in r.output and msg in r.output, r.output
 
 
 def test_a_sharded_optimizer_synchronises_by_reduce_scatter_and_all_gather(gpt3):
