@@ -52,6 +52,24 @@ def attach_plan_prediction(result: dict[str, Any], plan_path: str, candidate: in
     result["ratio"] = result["measured"]["iteration_time"] / pred
 
 
+def planned_note(result: dict[str, Any], plan_path: str, candidate: int, cluster: str | None) -> str:
+    """An emulated run of a plan's candidate is compared with the simulator on its own costs (the profile and
+    ``--cluster``, or this machine); where the plan's own prediction differs, say both and why (a new user saw
+    12.56 ms against the plan's 24.03 ms with nothing saying they came from different clusters)."""
+    from executor.plan import planned_iteration_time
+
+    planned = planned_iteration_time(plan_path, candidate)
+    own = result["predicted"]["iteration_time"]
+    if planned is None or abs(planned - own) <= 0.01 * planned:
+        return "the plan predicted the same for this candidate" if planned is not None else \
+            "the plan file carries no prediction for this candidate"
+    where = (f"the links of --cluster {cluster}" if cluster else
+             "this machine's links (no --cluster given: the plan's cluster file emulates its links)")
+    return (f"note: the plan predicted {planned * 1e3:.2f} ms for this candidate; this emulated run is compared "
+            f"with {own * 1e3:.2f} ms, the simulator on its own terms: {where}, and emulated compute waits instead "
+            "of sharing the cores (a CPU plan's prediction counts processes sharing them)")
+
+
 def prediction_line(result: dict[str, Any]) -> str:
     """``measured X ms, predicted Y ms (source), measured/predicted R``."""
     pred = result["predicted"]
@@ -204,6 +222,8 @@ def run(
         attach_plan_prediction(result, plan, candidate)
     if "predicted" in result:
         typer.echo(prediction_line(result))
+        if plan is not None and result.get("emulated"):
+            typer.echo(planned_note(result, plan, candidate, cluster))
     if result.get("overhead_costed") is False:
         typer.echo("note: the cluster has no measured executor overhead (`executor`), so the prediction leaves "
                    "out the executor's own time per action; measure it with `pipeplan profile-links --local-procs 2 "
