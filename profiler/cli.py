@@ -26,13 +26,20 @@ from planner.profile import ModelProfile, save_profile
 console = Console(stderr=True)
 
 
+def _bad(message: str) -> typer.Exit:
+    """One line, ``error: ...``, exit status 2, as the other commands refuse bad options (typer's BadParameter
+    printed its three-line usage box); raised by the caller: ``raise _bad(...)``."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
 def _parse_ints(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}") from None
+        raise _bad(f"{what} must be comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
-        raise typer.BadParameter(f"{what} must be positive integers, got {text!r}")
+        raise _bad(f"{what} must be positive integers, got {text!r}")
     return values
 
 
@@ -82,7 +89,7 @@ def profile(
     """Profile a model layer by layer (a zoo preset, a Hugging Face config or your own module) and write a
     ModelProfile JSON."""
     if problem := out_problem(out):
-        raise typer.BadParameter(problem)
+        raise _bad(problem)
     from executor.models import get_config  # torch: only when a model is profiled
     from profiler.run import measured_layers, profile_model
 
@@ -90,7 +97,7 @@ def profile(
     given = [n for n, v in (("--model", model), ("--hf-config", hf_config), ("--module", module)) if v is not None]
     if len(given) != 1:
         got = ", ".join(given) or "none"
-        raise typer.BadParameter(f"give exactly one of --model, --hf-config, --module (got {got})")
+        raise _bad(f"give exactly one of --model, --hf-config, --module (got {got})")
     if upload:
         _require_httpx()
     if model is None:
@@ -101,7 +108,7 @@ def profile(
     try:
         config = get_config(model)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+        raise _bad(str(err)) from None
     if seq is not None:
         config = config.with_(seq=seq)
     total = len(measured_layers(config, all_layers)) * len(sizes)
@@ -127,7 +134,7 @@ def profile(
                 tensor=_parse_ints(tensor, "--tensor") if tensor else None,
             )
         except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
+            raise _bad(str(err)) from None
     _finish(prof, out, upload)
 
 
@@ -149,7 +156,7 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
             try:
                 lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers)
             except HFConfigError as err:
-                raise typer.BadParameter(f"--hf-config {hf_config}: {err}") from None
+                raise _bad(f"--hf-config {hf_config}: {err}") from None
             env = {"hf_config": str(hf_config), "model_spec": spec.model_dump_json(),
                    "measured_decoder_layers": str(min(hf_layers, spec.layers))}
             notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "
@@ -169,7 +176,7 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
             return profile_layer_model(lm, sizes, device=device, dtype=dtype, repeats=repeats, warmup=warmup,
                                        recompute=recompute, progress=advance, notes=notes, environment=env)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+        raise _bad(str(err)) from None
 
 
 def _finish(prof: ModelProfile, out: Path, upload: str | None) -> None:
@@ -206,9 +213,9 @@ def profile_links(
 ) -> None:
     """Measure point-to-point and all-reduce alpha/beta; run under torchrun (or with --local-procs N)."""
     if problem := out_problem(out):
-        raise typer.BadParameter(problem)
+        raise _bad(problem)
     if executor_overhead and not local_procs:
-        raise typer.BadParameter("--executor-overhead needs --local-procs N (it launches the executor itself)")
+        raise _bad("--executor-overhead needs --local-procs N (it launches the executor itself)")
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -217,7 +224,7 @@ def profile_links(
     message_sizes = _parse_ints(sizes, "--sizes") if sizes else None
     if local_procs:
         if local_procs < 2:
-            raise typer.BadParameter("--local-procs needs at least 2 processes")
+            raise _bad("--local-procs needs at least 2 processes")
         with tempfile.TemporaryDirectory() as tmp:
             tmp_out = str(Path(tmp) / "links.json")
             init = f"tcp://127.0.0.1:{free_port()}"
@@ -272,7 +279,7 @@ def profile_device_cmd(
 
     Written in planner.device's schema (kernel overhead too): a cluster's `device` may then name the file."""
     if problem := out_problem(out):
-        raise typer.BadParameter(problem)
+        raise _bad(problem)
     import torch
 
     from planner.device import save_device
@@ -284,7 +291,7 @@ def profile_device_cmd(
                               else None, _parse_ints(tensor, "--tensor") if tensor else None, quick, repeats,
                               threads=threads, name=name)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+        raise _bad(str(err)) from None
     save_device(spec, out)
     dt = next(iter(spec.peak_flops))
     console.print(f"{spec.name} ({spec.kind}, {dt}): peak {spec.peak_flops[dt] / 1e9:.1f} GFLOP/s "

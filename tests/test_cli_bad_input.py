@@ -243,3 +243,13 @@ def test_predict_errors_name_the_option(tiny: Path, args: list[str], words: str)
 def test_a_missing_input_file_names_its_option(tiny: Path) -> None:
     out = _refused(["plan", "--profile", "nope.json", "--cluster", CPU4, "--global-batch", "8"])
     assert out.strip() == "error: --profile nope.json: no such file", out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--model", "nope"], "error: unknown model 'nope'; presets: "),
+    (["--model", "gpt-tiny", "--micro-batches", "1,x"], "error: --micro-batches must be comma-separated integers"),
+])
+def test_profile_refusals_are_one_line(tmp_path: Path, args: list[str], words: str) -> None:
+    """`profile` refused with typer's three-line usage box; the other commands give one line."""
+    out = _refused(["profile", *args, "--out", str(tmp_path / "p.json")])
+    assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
