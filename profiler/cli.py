@@ -294,9 +294,11 @@ def profile_device_cmd(
         raise _bad(str(err)) from None
     save_device(spec, out)
     dt = next(iter(spec.peak_flops))
+    big = spec.memory_bandwidth * spec.mem_eff(512e6)  # a copy of 512 MB: past any cache
     console.print(f"{spec.name} ({spec.kind}, {dt}): peak {spec.peak_flops[dt] / 1e9:.1f} GFLOP/s "
-                  f"({spec.sources['peak_flops']}), memory {spec.memory_bandwidth / 1e9:.1f} GB/s, "
-                  f"kernel overhead {spec.kernel_overhead_s * 1e6:.1f} us")
+                  f"({spec.sources['peak_flops']}), memory {spec.memory_bandwidth / 1e9:.1f} GB/s at best "
+                  f"({big / 1e9:.1f} GB/s for 512 MB copies: the efficiency curve below the best), "
+                  f"kernel overhead {spec.kernel_overhead_s * 1e6:.1f} us", highlight=False)
     console.print("GEMM efficiency by GFLOP: " + ", ".join(
         f"{g:.3g}: {e:.2f}" for g, e in spec.gemm_efficiency[dt].points))
     typer.echo(f"wrote {out} ({len(spec.gemm_points)} GEMM shapes)")

@@ -148,7 +148,7 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
         except ValueError:
             shipped = None
     if shipped is None:
-        peak, peak_source = best, "the best GEMM rate measured here (no datasheet peak for this device)"
+        peak, peak_source = best, "the best GEMM rate measured here: no datasheet peak for this device"
     curve = efficiency_curve([(p.flops / 1e9, p.flops / (p.seconds * peak)) for p in points])
     mem_curve = efficiency_curve([(nb / 1e6, rate / bandwidth) for nb, rate in mem_rates])
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
