@@ -115,7 +115,6 @@ function wireClone() {
   let ranks;  // the plan's ranked candidates (GET /plans/{id}), fetched at the first dispatch
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
     const model = document.getElementById("clone-model").value.trim();
     const cand = document.getElementById("clone-candidate").value.trim();
     const it = document.getElementById("clone-iterations").value.trim();
@@ -125,8 +124,8 @@ function wireClone() {
     if (!/^\d+$/.test(it) || +it < 1) { msg.textContent = `Iterations: “${it}” is not a whole number ≥ 1`; return; }
     if (+it > MAX_ITERATIONS) { msg.textContent = `Iterations: at most ${MAX_ITERATIONS}, got ${it}`; return; }
     const emulate = document.getElementById("clone-emulate").checked;
-    if (!model && !emulate) { msg.textContent = "Model: give the model the executor builds (an emulated job needs none)"; return; }
-    if (model && known.length && !known.includes(model)) { msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`; return; }
+    const problem = PP.modelProblem(model, emulate);
+    if (problem) { msg.textContent = problem; return; }
     // ranks count from 1 here, the API's candidate_index from 0: say the range in ranks
     if (ranks === undefined) ranks = await PP.get(`/plans/${form.dataset.planId}`).then((p) => p.num_candidates, () => null);
     if (ranks != null && +cand > ranks) {

@@ -405,15 +405,11 @@ async function compare() {
 async function dispatch(rank, button) {
   const msg = button.nextElementSibling;
   const model = document.getElementById("job-model").value.trim();
-  const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
   const iterations = document.getElementById("job-iterations").value.trim();
   const emulate = document.getElementById("job-emulate").checked;
   msg.className = "dispatch-msg error";
-  if (!model && !emulate) { msg.textContent = "Model: give the model the executor builds (an emulated job needs none)"; return; }
-  if (model && known.length && !known.includes(model)) {
-    msg.textContent = `Model: unknown model “${model}”; known: ${known.join(", ")}`;
-    return;
-  }
+  const problem = PP.modelProblem(model, emulate);
+  if (problem) { msg.textContent = problem; return; }
   if (!/^\d+$/.test(iterations) || +iterations < 1) { msg.textContent = `Iterations: “${iterations}” is not a whole number ≥ 1`; return; }
   msg.className = "dispatch-msg";
   button.disabled = true;

@@ -109,6 +109,14 @@ const PP = (() => {
   const MEMORY_TITLE = "the fullest device's peak: the model's own memory (weights, gradients, optimizer state, " +
     "activations) + the reserve set aside per device for the framework and workspace (the request's " +
     "memory_reserve_bytes; by default 2 GiB on GPUs, 320 MiB on CPU processes) / the device's capacity; a candidate fits when model + reserve is at most the capacity";
+  // the dispatch forms' model field (the plan page's and the job page's "dispatch again"): what is wrong with it,
+  // or null. A real-compute job builds a model of the page's presets list; an emulated one builds none
+  function modelProblem(model, emulate) {
+    const known = [...document.querySelectorAll("#model-presets option")].map((o) => o.value);
+    if (!model && !emulate) return "Model: give the model the executor builds (an emulated job needs none)";
+    if (model && known.length && !known.includes(model)) return `Model: unknown model “${model}”; known: ${known.join(", ")}`;
+    return null;
+  }
   const fmtPct = (x) => (num(x) ? (100 * x).toFixed(1) + " %" : "–");
   const fmtNum = (x, d = 1) => (num(x) ? x.toFixed(d) : "–");
   const fmtErr = (x) => (num(x) ? (x >= 0 ? "+" : "") + (100 * x).toFixed(1) + " %" : "–");
@@ -273,6 +281,6 @@ const PP = (() => {
   // measured / predicted as a factor (1.25×: the run took 25 % longer than predicted)
   const fmtRatio = (x) => (num(x) ? x.toFixed(x >= 10 ? 1 : 2) + "×" : "–");
 
-  return { api, get, notice, start, token, esc, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
+  return { api, get, notice, start, token, esc, modelProblem, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
            schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, calibratedFrom, fmtRatio };
 })();
