@@ -44,7 +44,8 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
     cl = Cluster.model_validate(cluster)
     inp = ExportInput.from_profile(spec, ModelProfile.model_validate(profile), gpus_per_node=cl.gpus_per_node,
                                    predicted=row.body.get("iteration_time"), candidate=rank,
-                                   shard_optimizer=bool(row.body.get("shard_optimizer")))
+                                   shard_optimizer=bool(row.body.get("shard_optimizer")),
+                                   shard_parameters=bool(row.body.get("shard_parameters")))
     try:
         exported = module.export(inp)
     except UnsupportedSchedule as err:

@@ -213,6 +213,9 @@ class PlanCreate(TrainingRequest):
     shard_optimizer: StrictBool = Field(default=False, description="the optimizer state split over the W "
                                                                    "data-parallel replicas (ZeRO-1, Megatron's "
                                                                    "--use-distributed-optimizer)")
+    shard_parameters: StrictBool = Field(default=False, description="the weights and gradients split over the W "
+                                                                    "replicas too (ZeRO-3, FSDP as torchtitan "
+                                                                    "runs it)")
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
     memory_reserve_bytes: float | None = Field(default=None, ge=0, le=2**60, allow_inf_nan=False,
                                                description="bytes per device (default: by the cluster's device "

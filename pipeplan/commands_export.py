@@ -161,7 +161,8 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,
-                                    shard_optimizer=bool(doc.get("shard_optimizer")), options=_options(options))
+                                    shard_optimizer=bool(doc.get("shard_optimizer")),
+                                    shard_parameters=bool(doc.get("shard_parameters")), options=_options(options))
     module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
     try:
@@ -175,7 +176,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         notes.append(message.rstrip(".") + "; exporting it (--closest)")
         inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
                                        plan_path=str(plan), candidate=candidate, options=base.options,
-                                       shard_optimizer=base.shard_optimizer)
+                                       shard_optimizer=base.shard_optimizer, shard_parameters=base.shard_parameters)
         return module.export(inp), notes
 
 

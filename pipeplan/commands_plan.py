@@ -19,6 +19,7 @@ from pipeplan.options import (
     PipesOpt,
     ReplicationOpt,
     ShardOptimizerOpt,
+    ShardParametersOpt,
     WavesOpt,
     fail,
     validation_summary,
@@ -125,7 +126,10 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     resolved, source = resolve_reserve(req, cl)
     console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
                   f"({source})", highlight=False)
-    if req.shard_optimizer or "bytes_per_param" in req.model_fields_set:
+    if req.shard_parameters:
+        console.print(f"model state: {req.bytes_per_param:g} bytes per parameter, all split over the W replicas, "
+                      "weights gathered where they compute (--shard-parameters: FSDP)", highlight=False)
+    elif req.shard_optimizer or "bytes_per_param" in req.model_fields_set:
         console.print(f"model state: {req.bytes_per_param:g} bytes per parameter"
                       + (f", the optimizer's {req.optimizer_bytes():g} of them split over the W replicas "
                          "(--shard-optimizer)" if req.shard_optimizer else " (--bytes-per-param)"), highlight=False)
@@ -148,6 +152,7 @@ def register(app: typer.Typer) -> None:
                  "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
         bytes_per_param: BytesPerParamOpt = None,
         shard_optimizer: ShardOptimizerOpt = False,
+        shard_parameters: ShardParametersOpt = False,
         json_out: Annotated[bool, typer.Option("--json", help="JSON for machines")] = False,
         processes: Annotated[int | None, typer.Option(
             help="processes searching: 1, or 2 (a forked child searches half of a large search; the same result); "
@@ -164,7 +169,7 @@ def register(app: typer.Typer) -> None:
                  f"(leave the option out to allow all of them)")
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
                        max_tensor=max_tensor, schedules=names, shard_optimizer=shard_optimizer,
-                       bytes_per_param=bytes_per_param,
+                       shard_parameters=shard_parameters, bytes_per_param=bytes_per_param,
                        memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
         stamps.append(time.perf_counter())
         try:
@@ -202,11 +207,13 @@ def register(app: typer.Typer) -> None:
         replication: ReplicationOpt = None,
         bytes_per_param: BytesPerParamOpt = None,
         shard_optimizer: ShardOptimizerOpt = False,
+        shard_parameters: ShardParametersOpt = False,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Predict one configuration you name, with its time breakdown."""
         prof, cl = _load(profile, cluster)
-        req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, bytes_per_param=bytes_per_param)
+        req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, shard_parameters=shard_parameters,
+                       bytes_per_param=bytes_per_param)
         try:
             cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,

@@ -29,6 +29,11 @@ ShardOptimizerOpt = Annotated[bool, typer.Option(
     help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel replicas: ZeRO-1, "
          "Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and the optimizer step count a "
          "device's share (exports carry it)")]
+ShardParametersOpt = Annotated[bool, typer.Option(
+    help="the weights and gradients are split over the W data-parallel replicas too: ZeRO-3, PyTorch FSDP2 as "
+         "torchtitan runs it (data_parallel_shard_degree = W); each layer's weights are all-gathered where it "
+         "computes and its gradients reduce-scattered, costed per micro-batch without a pipeline and once per "
+         "iteration with one (planner.fsdp); Chimera, GEMS and PipeDream's schedules are left out")]
 
 
 def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,

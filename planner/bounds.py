@@ -110,7 +110,8 @@ class TimeBounds:
     def terms(self, costs: ConfigCosts) -> StageTerms:
         """:class:`StageTerms` of ``costs``, cached per (stage ranges, t, schedule micro-batch size,
         recomputation, doubled forwards, split backward), and where a blocking runtime's F and B hold their
-        sends, per placement (schedule, D, W and the schedule's parameters)."""
+        sends, per placement (schedule, D, W and the schedule's parameters); where every F and B gathers its
+        sharded weights (:mod:`planner.fsdp`), per D and W."""
         cfg = costs.config
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
         split = splits_backward(cfg.schedule)
@@ -118,6 +119,8 @@ class TimeBounds:
                       split)
         if costs.blocking_p2p:  # the sends each F and B holds are of the configuration's placement too
             key += (cfg.schedule, cfg.pipeline, cfg.data, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
+        elif costs.fsdp_per_microbatch:  # each F and B gathers its weights among the W replicas (planner.fsdp)
+            key += (cfg.pipeline, cfg.data)
         got = self._terms.get(key)
         if got is None:
             got = self._terms[key] = StageTerms(costs, doubled, split)

@@ -42,6 +42,9 @@ class Candidate:
     #: spread over the W replicas where ``shard_optimizer``: ZeRO-1, Megatron's distributed optimizer)
     state_bytes_per_param: float = 0.0
     shard_optimizer: bool = False
+    #: the weights and gradients are sharded too (ZeRO-3, FSDP: :mod:`planner.fsdp`); ``state_bytes_per_param``
+    #: is then the shards' and ``state`` adds the gathered copies
+    shard_parameters: bool = False
     #: per device, bytes of weights, gradients and optimizer state (:meth:`MemoryModel.device_state`)
     state: list[float] = field(default_factory=list, repr=False)
     #: its bound was raised with its merged warm-up (:meth:`planner.search.Planner.refine`)
@@ -106,7 +109,7 @@ class Candidate:
             "memory_capacity": self.memory_capacity, "peak_memory": max(self.memory, default=0.0),
             "memory_reserve": self.memory_reserve, "memory_reserve_source": self.memory_reserve_source,
             "model_memory": self.model_memory, "state_bytes_per_param": self.state_bytes_per_param,
-            "shard_optimizer": self.shard_optimizer,
+            "shard_optimizer": self.shard_optimizer, "shard_parameters": self.shard_parameters,
             "model_peak_memory": max(self.model_memory, default=0.0),
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,

@@ -59,6 +59,11 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   weights, NCCL's rings over all the replicas (:func:`sharded_collective_time`; overlapped: the all-gather
   under the next first forward, and the bucket left after the backward is Megatron-Core's, which grows with
   the replicas: :func:`megatron_core_bucket_bytes`).
+* **Sharded weights** (the request's ``shard_parameters``: ZeRO-3, PyTorch FSDP2 as torchtitan runs it;
+  :mod:`planner.fsdp`): each layer's weights all-gathered and its gradients reduce-scattered among the stage's
+  W replicas (:meth:`ConfigCosts.fsdp_layers`); without a pipeline in every micro-batch's F and B, prefetched
+  under their compute (:func:`planner.fsdp.forward_time`, :func:`planner.fsdp.backward_time`), pipelined once
+  per iteration in the stage's ALLREDUCE (:meth:`ConfigCosts._fsdp_sync`).
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
   bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
   optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
@@ -100,6 +105,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed
@@ -342,7 +348,7 @@ class ConfigCosts(Costs):
             shared.update(infos=stage_infos(profile, bounds, t), fwd={}, bwd={}, steps={})
         self.stages = shared["infos"]
         # the step per stage, by the model state it reads and writes (W-dependent with a sharded optimizer)
-        shard = config.data if request.shard_optimizer else 1
+        shard = config.data if request.sharded_state else 1
         step_key = (request.state_bytes_per_param(config.data), shard)
         if step_key not in shared["steps"]:
             grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
@@ -387,6 +393,11 @@ class ConfigCosts(Costs):
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
         self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
+        #: weights sharded over the W replicas (:mod:`planner.fsdp`), and gathered again for every micro-batch
+        #: (no pipeline: torchtitan's reshard policy) rather than once per iteration
+        self.fsdp = request.shard_parameters and config.data > 1
+        self.fsdp_per_microbatch = self.fsdp and fsdp.reshards_after_forward(schedule.devices)
+        self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -540,6 +551,8 @@ class ConfigCosts(Costs):
             samples = self.base_b * span
             v = self._fwd[key] = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale
                                   + self._tp_comm(stage, samples) + self._tp_edges(stage, samples, backward=False))
+        if self.fsdp_per_microbatch:
+            v = fsdp.forward_time(v, self.fsdp_layers(stage)[0])
         if self.blocking_p2p:
             return v + self._held("F", stage, span)
         return v
@@ -552,9 +565,32 @@ class ConfigCosts(Costs):
                                     + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
                                     + self._tp_edges(stage, self.base_b, backward=True)
                                     + self._sp_regather(stage, self.base_b))
+        if self.fsdp_per_microbatch:
+            v = fsdp.backward_time(v, *self.fsdp_layers(stage))
         if self.blocking_p2p:
             return v + self._held("B", stage, 1)
         return v
+
+    def fsdp_layers(self, stage: int) -> tuple[list[float], list[float]]:
+        """Per layer of ``stage``, in order, the all-gather of its weights (``el`` bytes per parameter over t)
+        and the reduce-scatter of its gradients (:data:`planner.fsdp.REDUCE_BYTES` per parameter over t) among
+        the stage's W data-parallel replicas (:func:`sharded_collective_time`), with the calibration's link
+        scale; once per configuration."""
+        got = self._fsdp_layers.get(stage)
+        if got is None:
+            holders = sorted({row[stage] for row in self.schedule.placement})
+            ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
+            info = self.stages[stage]
+            i, j = info.layers
+            # a tied LM head in the stage of the embedding it copies is that parameter, gathered once
+            params = [lay.params - (lay.tied_params if info.has_embedding else 0) for lay in self.profile.layers[i:j]]
+            scale = self.cal.link_scale
+            got = self._fsdp_layers[stage] = (
+                [sharded_collective_time(self.cluster, ranks, p * self.el / self.t, "all_gather") * scale
+                 for p in params],
+                [sharded_collective_time(self.cluster, ranks, p * fsdp.REDUCE_BYTES / self.t, "reduce_scatter")
+                 * scale for p in params])
+        return got
 
     def _held(self, kind: str, stage: int, span: int) -> float:
         """:meth:`_blocking_send` of an F (to the next stage) or a B (to the previous one), once per
@@ -621,6 +657,8 @@ class ConfigCosts(Costs):
         holders = sorted({row[stage] for row in self.schedule.placement})
         ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
         nbytes = self.stages[stage].param_bytes / self.t
+        if self.fsdp:
+            return self._fsdp_sync(stage)
         if self.request.shard_optimizer:
             return self._sharded_sync(stage, ranks, nbytes)
         whole = allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale
@@ -645,6 +683,16 @@ class ConfigCosts(Costs):
             rs = max(sharded_collective_time(self.cluster, ranks, bucket, "reduce_scatter"), rs - self.bwd(stage))
             ag = max(sharded_collective_time(self.cluster, ranks, bucket, "all_gather"), ag - self.fwd(stage))
         return (rs + ag) * self.cal.link_scale
+
+    def _fsdp_sync(self, stage: int) -> float:
+        """Sharded weights (:mod:`planner.fsdp`): nothing when every micro-batch gathers and reduce-scatters its
+        own (in its F and B); pipelined, the stage's gradients reduce-scattered layer by layer after its last
+        backward and what its weights' all-gather leaves after the first forward
+        (:func:`planner.fsdp.gather_exposed`)."""
+        if self.fsdp_per_microbatch:
+            return 0.0
+        gathers, scatters = self.fsdp_layers(stage)
+        return sum(scatters) + fsdp.gather_exposed(self.fwd(stage), gathers)
 
     def step_per_stage(self) -> list[float]:
         """:meth:`step` of one replica of each stage."""

@@ -157,11 +157,13 @@ def schedule_label(config: Any) -> str:
 
 
 def describe(cand: Any) -> str:
-    """The row's name: what a configuration without a pipeline is (D = 1), else its schedule."""
+    """The row's name: what a configuration without a pipeline is (D = 1; "fully sharded" where the weights are,
+    :mod:`planner.fsdp`), else its schedule."""
     c = cand.config
     if c.pipeline > 1:
         return schedule_label(c)
-    parts = [p for p, on in (("tensor parallel", c.tensor > 1), ("data parallel", c.data > 1)) if on]
+    data = "fully sharded data parallel" if getattr(cand, "shard_parameters", False) else "data parallel"
+    parts = [p for p, on in (("tensor parallel", c.tensor > 1), (data, c.data > 1)) if on]
     name = " + ".join(parts) or "single device"
     sig = _signature(cand)
     if sig is not None and any(_in_flight(dev) > 1 for dev in sig):

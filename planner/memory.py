@@ -2,7 +2,9 @@
 
 A device holds, for every (replica, stage) pair placed on it, the stage's weights, gradients and optimizer
 state (``bytes_per_param`` per parameter over t; ZeRO, Rajbhandari et al. 2020, 3.1; with ``shard_optimizer``
-the optimizer's share over the W replicas too: :meth:`planner.request.TrainingRequest.state_bytes_per_param`; a
+the optimizer's share over the W replicas too: :meth:`planner.request.TrainingRequest.state_bytes_per_param`;
+with ``shard_parameters`` all of it, plus the gathered weights and gradients :func:`planner.fsdp.unsharded_bytes`
+counts; a
 replicated stage of PipeDream's plans is counted as sharded over the W groups only, an upper bound), plus the
 extra weight
 versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering); the activations of
@@ -21,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from planner import fsdp
 from planner.candidate import Candidate, gib
 from planner.cluster import Cluster
-from planner.cost import ConfigCosts, stage_infos
+from planner.cost import DTYPE_BYTES, ConfigCosts, stage_infos
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
@@ -59,14 +62,23 @@ class MemoryModel:
         sched = costs.schedule
         versions = tuple(sched.weight_versions) if not sched.synchronous else ()
         per_param = self.request.state_bytes_per_param(costs.config.data)
-        key = (tuple(info.layers for info in costs.stages), costs.t, versions, per_param)
+        # sharded weights: the gathered copies beside the shards depend on whether a pipeline keeps them
+        gathered = (fsdp.reshards_after_forward(sched.devices),) if costs.fsdp else ()
+        key = (tuple(info.layers for info in costs.stages), costs.t, versions, per_param, gathered)
         got = self._stage_states.get(key)
         if got is None:
             got = []
             for s, info in enumerate(costs.stages):
-                v = (info.params - self._tied_in_stage(info)) * per_param / costs.t
+                own = info.params - self._tied_in_stage(info)
+                v = own * per_param / costs.t
                 if versions:
                     v += (versions[s] - 1) * info.param_bytes / costs.t
+                if gathered:
+                    i, j = info.layers
+                    sizes = [lay.params for lay in self.profile.layers[i:j]]
+                    if self._tied_in_stage(info):  # the tied head is the embedding's parameter
+                        sizes = [p - lay.tied_params for p, lay in zip(sizes, self.profile.layers[i:j], strict=True)]
+                    v += fsdp.unsharded_bytes(sizes, costs.el, costs.t, sched.devices)
                 got.append(v)
             self._stage_states[key] = got
         return got
@@ -203,6 +215,8 @@ class MemoryModel:
         versions = sched.weight_versions if not sched.synchronous else []
         t, S = config.tensor, sched.stages
         per_param = self.request.state_bytes_per_param(config.data)
+        if self.request.shard_parameters and config.data > 1:  # pipelined: gathered weights, whole gradients
+            per_param += 2 * DTYPE_BYTES.get(self.profile.dtype.lower(), 2)
         # what the memory model depends on: configurations that differ only in N beyond D share it
         key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute,
                per_param)

@@ -20,7 +20,11 @@ def _norm(device: str) -> str:
 def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRequest | None = None) -> list[str]:
     """One sentence per problem (empty: none); ``request``: the plan's (its optimizer)."""
     out = []
-    if request is not None and request.shard_optimizer:
+    if request is not None and request.shard_parameters:
+        out.append("the plan shards the weights, gradients and optimizer state over the data-parallel replicas (FSDP): "
+                   "the predictions are for a runtime that does (torchtitan; the exports set it); pipeplan's executor "
+                   "runs plain SGD on whole weights and gradients, so a job it runs is timed and sized differently")
+    elif request is not None and request.shard_optimizer:
         out.append("the plan shards the optimizer state over the data-parallel replicas (ZeRO-1): the predictions "
                    "are for a runtime that does (the exports set it); pipeplan's executor runs plain SGD on whole "
                    "gradients, so a job it runs is timed and sized differently")

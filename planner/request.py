@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, SYNC_SCHEDULES
 
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "TrainingRequest"]
@@ -29,7 +30,10 @@ class TrainingRequest(BaseModel):
     :meth:`state_bytes_per_param`. Its gradient reduce-scatter and parameter all-gather move the bytes the
     all-reduce moved (section 7.2.1); the cost model times them as NCCL's rings
     (:func:`planner.cost.sharded_collective_time`) and steps only the shard. pipeplan's executor runs plain SGD
-    (no optimizer state): the request describes the training the plan is for."""
+    (no optimizer state): the request describes the training the plan is for. ``shard_parameters``: the
+    weights and gradients are split over the ``W`` replicas too (ZeRO stage 3, PyTorch FSDP2 as torchtitan runs
+    it: :mod:`planner.fsdp`), all the state then ``bytes_per_param / W`` per parameter beside the gathered
+    copies the memory model adds."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +46,8 @@ class TrainingRequest(BaseModel):
                     "most bytes_per_param)")
     shard_optimizer: bool = Field(default=False, description="split the optimizer state over the data-parallel "
                                                              "replicas (ZeRO-1, Megatron's distributed optimizer)")
+    shard_parameters: bool = Field(default=False, description="split the weights and gradients over the data-parallel "
+                                   "replicas too (ZeRO-3, PyTorch FSDP2 as torchtitan runs it: planner.fsdp)")
     schedules: list[str] | None = Field(default=None, description="allowed schedules (default: all)")
     allow_async: bool = Field(default=False, description="show PipeDream/2BW (they change the optimizer)")
     allow_recompute: bool = True
@@ -65,6 +71,9 @@ class TrainingRequest(BaseModel):
         for b in self.micro_batches or []:
             if b < 1:
                 raise ValueError(f"micro_batches: sizes must be >= 1, got {b}")
+        if self.shard_parameters and self.schedules and all(s in FSDP_INCOMPATIBLE for s in self.schedules):
+            raise ValueError(f"schedules: none of {', '.join(self.schedules)} can shard its weights "
+                             f"(shard_parameters): they keep two copies or versions of a stage; name another")
         if self.schedules and not self.allow_async and all(s in ASYNC_SCHEDULES for s in self.schedules):
             # allowed() would leave none of them: an empty plan that says nothing (the UI refuses it too)
             raise ValueError(f"schedules: only asynchronous ones are named ({', '.join(self.schedules)}); set "
@@ -73,10 +82,19 @@ class TrainingRequest(BaseModel):
 
     def state_bytes_per_param(self, data: int) -> float:
         """Model state a device keeps per parameter it holds, with ``data`` (W) data-parallel replicas:
-        ``bytes_per_param``, or with ``shard_optimizer`` the optimizer's share of it divided by ``data``."""
+        ``bytes_per_param``, or with ``shard_optimizer`` the optimizer's share of it divided by ``data``, or with
+        ``shard_parameters`` all of it divided by ``data``."""
+        if self.shard_parameters and data > 1:
+            return self.bytes_per_param / data
         if not self.shard_optimizer or data <= 1:
             return self.bytes_per_param
         return self.bytes_per_param - self.optimizer_bytes() * (1.0 - 1.0 / data)
+
+    @property
+    def sharded_state(self) -> bool:
+        """The optimizer state is split over the replicas (``shard_optimizer`` or ``shard_parameters``): each
+        steps only its shard."""
+        return self.shard_optimizer or self.shard_parameters
 
     def optimizer_bytes(self) -> float:
         """``optimizer_bytes_per_param``, by default Adam's 12 (at most ``bytes_per_param``)."""
@@ -88,6 +106,8 @@ class TrainingRequest(BaseModel):
         names = list(self.schedules) if self.schedules else list(ALL_SCHEDULES)
         if not self.allow_async:
             names = [n for n in names if n not in ASYNC_SCHEDULES]
+        if self.shard_parameters:  # they keep two copies or versions of a stage (planner.fsdp)
+            names = [n for n in names if n not in FSDP_INCOMPATIBLE]
         return names
 
 

@@ -48,6 +48,7 @@ from planner.cost import ConfigCosts
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
 from planner.explain import breakdown, closed_forms
+from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balance_by_cost
@@ -130,7 +131,12 @@ class Planner:
         cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes),
                          memory_reserve=float(req.memory_reserve_bytes or 0.0),
                          memory_reserve_source=self.reserve_source, global_batch=req.global_batch,
-                         state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.shard_optimizer)
+                         state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.shard_optimizer,
+                         shard_parameters=req.shard_parameters)
+        if req.shard_parameters and config.schedule in FSDP_INCOMPATIBLE:
+            cand.reason = (f"schedule: {config.schedule} keeps two copies or versions of a stage in a pipeline group; "
+                           "its weights cannot be sharded over the data-parallel replicas (shard_parameters)")
+            return cand, None
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None

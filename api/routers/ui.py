@@ -42,6 +42,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from api.routers.common import IdPath
+from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.request import ALL_SCHEDULES, ASYNC_SCHEDULES
 
 HERE = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def plan_limits() -> dict[str, int]:
 @pages.get("/", response_class=HTMLResponse)
 def new_plan_page(request: Request) -> HTMLResponse:
     return _page(request, "new_plan.html", "New plan", schedules=ALL_SCHEDULES, async_schedules=ASYNC_SCHEDULES,
-                 limits=plan_limits())
+                 unsharded_schedules=FSDP_INCOMPATIBLE, limits=plan_limits())
 
 
 @pages.get("/ui", response_class=RedirectResponse)

@@ -190,6 +190,7 @@ function readForm() {
     allow_async: document.getElementById("allow-async").checked,
     allow_recompute: document.getElementById("allow-recompute").checked,
     shard_optimizer: document.getElementById("shard-optimizer").checked,
+    shard_parameters: document.getElementById("shard-parameters").checked,
     micro_batches: null,
     schedules: null,
   };
@@ -212,6 +213,11 @@ function readForm() {
     const allowed = boxes.filter((x) => req.allow_async || !x.dataset.async);
     const all = allowed.every((x) => x.checked) && checked.every((x) => allowed.includes(x));
     req.schedules = all ? null : checked.map((x) => x.value);
+    // sharded weights leave out the schedules that keep two copies or versions of a stage (planner.fsdp, marked
+    // data-unsharded by the page)
+    if (req.shard_parameters && checked.every((x) => x.dataset.unsharded)) {
+      errors.push([checks, `Schedules: ${checked.map((x) => x.value).join(", ")} cannot shard the weights (they keep two copies or versions of a stage); check another or untick “shard the weights too”`]);
+    }
   }
   const mbEl = document.getElementById("micro-batches");
   const mbs = mbEl.value.trim();

@@ -109,7 +109,7 @@ function renderInfo(plan) {
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
       <span id="info-cluster">${PP.clusterSized(S.cluster, plan.cluster_id)}</span> · global batch ${r.global_batch} ·
       <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
-      ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
+      ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_parameters ? " · weights, gradients and optimizer sharded over data parallel (FSDP)" : r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
     <div id="info-assumes" class="muted" hidden></div>
     <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
       (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} that do not fit (tick “show candidates that do not fit”)
@@ -186,7 +186,8 @@ function emptyHint(plan, reasons) {
   if (r.gpus != null) hints.push(`a larger budget of ${noun}`);
   else if (staticMem || has("out of memory")) hints.push(`a cluster with more ${noun} or more memory per device`);
   if (staticMem && r.max_tensor != null) hints.push("a higher max tensor parallel");
-  if (staticMem && !r.shard_optimizer) hints.push("sharding the optimizer state over data parallel (ZeRO-1)");
+  if (staticMem && !r.shard_optimizer && !r.shard_parameters) hints.push("sharding the optimizer state over data parallel (ZeRO-1)");
+  if (staticMem && !r.shard_parameters) hints.push("sharding the weights too (FSDP)");
   if (has("out of memory")) {
     if (!r.allow_recompute) hints.push("activation recomputation");
     hints.push("smaller micro-batches");

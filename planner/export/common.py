@@ -33,7 +33,8 @@ class ExportInput:
     cluster's, for launch lines;
     ``shard_optimizer``: the plan's request split the optimizer state over the W replicas (its memory counts
     ``4 + 12/W`` bytes per parameter: ZeRO-1, Megatron-LM's ``--use-distributed-optimizer``; the candidate
-    document's ``shard_optimizer``);
+    document's ``shard_optimizer``); ``shard_parameters``: the weights and gradients too (ZeRO-3, FSDP as
+    torchtitan runs it: :mod:`planner.fsdp`; the candidate document's ``shard_parameters``);
     ``dropout``, ``attention``, ``attention_impl``, ``p2p``, ``dp_allreduce``: the kernels and the runtime the
     profile's times assume (its environment; None where the profile does not say), written in headers
     (:func:`runtime_line`) and, where the framework has the option, set;
@@ -49,6 +50,7 @@ class ExportInput:
     recompute_granularity: str = "none"
     gpus_per_node: int | None = None
     shard_optimizer: bool = False
+    shard_parameters: bool = False
     dropout: bool | None = None
     attention: str | None = None
     attention_impl: str | None = None
@@ -98,6 +100,11 @@ class ExportInput:
         if kinds is None or stages is None:
             return None
         return [sum(kinds[i] == TRANSFORMER for i in st) for st in stages]
+
+    @property
+    def fsdp(self) -> bool:
+        """The plan shards the weights over more than one replica (``shard_parameters`` with W > 1)."""
+        return self.shard_parameters and self.config.data > 1
 
     @classmethod
     def from_profile(cls, spec: RunSpec, profile: ModelProfile | None, model: ModelSpec | None = None,
@@ -250,7 +257,11 @@ def runtime_line(inp: ExportInput) -> str | None:
            "recompute_granularity": inp.recompute_granularity, "p2p": inp.p2p, "dp_allreduce": inp.dp_allreduce}
     parts = runtime_words({k: v for k, v in env.items() if v is not None}, tensor=inp.config.tensor,
                           recompute=inp.config.recompute)
-    if inp.shard_optimizer and inp.config.data > 1:
+    if inp.fsdp:
+        parts.append(f"the weights, gradients and optimizer state sharded over the {inp.config.data} data-parallel "
+                     f"replicas (FSDP: weights gathered "
+                     + ("per micro-batch" if inp.config.pipeline == 1 else "once per iteration") + ")")
+    elif inp.shard_optimizer and inp.config.data > 1:
         parts.append(f"the optimizer state sharded over the {inp.config.data} data-parallel replicas")
     return "the prediction assumes " + ", ".join(parts) if parts else None
 

@@ -14,7 +14,9 @@ DeepSpeed's config (``deepspeed/runtime/config.py``; the pipeline tutorial, deep
   model's own layers, Megatron-DeepSpeed style), ``parts``: the plan's stage boundaries;
 * ``zero_optimization.stage`` 0 (the plan keeps whole optimizer state per device), or 1 where the plan's
   request shards the optimizer state over the W replicas (``shard_optimizer``; the pipeline engine allows
-  ZeRO-1 at most), ``bf16``/``fp16`` from the profile's dtype.
+  ZeRO-1 at most), or 3 where it shards the weights too (``shard_parameters``) without a pipeline (D = 1: the
+  model under ``deepspeed.initialize`` without ``PipelineModule``; with one it is refused), ``bf16``/``fp16``
+  from the profile's dtype.
 
 DeepSpeed's pipeline engine has one schedule, ``TrainSchedule``: 1F1B with a flush (PipeDream-Flush;
 ``deepspeed/runtime/pipe/schedule.py``). Every other schedule is refused, naming 1F1B.
@@ -67,12 +69,16 @@ def config(inp: ExportInput) -> dict[str, object]:
     """DeepSpeed's config dictionary for ``inp``."""
     check(inp.spec)
     c = inp.config
+    if inp.fsdp and c.pipeline > 1:
+        raise ExportError("deepspeed: the plan shards the weights over the data-parallel replicas (ZeRO-3) in a "
+                          f"{c.pipeline}-stage pipeline; DeepSpeed's pipeline engine allows ZeRO stage 1 at most "
+                          "(plan with --shard-optimizer, or export a D = 1 candidate)")
     dtype = inp.dtype.lower()
     out: dict[str, object] = {
         "train_batch_size": inp.spec.global_batch,
         "train_micro_batch_size_per_gpu": c.micro_batch,
         "gradient_accumulation_steps": inp.spec.microbatches,
-        "zero_optimization": {"stage": 1 if inp.shard_optimizer and c.data > 1 else 0},
+        "zero_optimization": {"stage": 3 if inp.fsdp else 1 if inp.shard_optimizer and c.data > 1 else 0},
         "bf16": {"enabled": dtype in ("bf16", "bfloat16")},
         "fp16": {"enabled": dtype in ("fp16", "float16", "half")},
         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,

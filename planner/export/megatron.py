@@ -20,7 +20,9 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   its default tp-cp-ep-dp-pp, i.e. tensor innermost, then pipeline, then data -- the placement the planner
   costed (a candidate's ``placement``), so pipeline neighbours sit t ranks apart as predicted;
 * ``--sequence-parallel`` when the profile's tensor-parallel times assume it (Korthikanti et al. 2022);
-* ``--use-distributed-optimizer`` where the plan's request shards the optimizer state (W > 1);
+* ``--use-distributed-optimizer`` where the plan's request shards the optimizer state (W > 1); where it shards
+  the weights too (``shard_parameters``), PyTorch FSDP2 (``--use-torch-fsdp2 --no-gradient-accumulation-fusion
+  --ckpt-format torch_dist``, Megatron-LM's FSDP2 recipe), without a pipeline only;
   ``--attention-dropout 0.0 --hidden-dropout 0.0`` where the profile's model trains without dropout (Megatron's
   defaults are 0.1); ``--overlap-grad-reduce`` where the profile's runtime overlaps the data-parallel
   all-reduce with the backward; the flash kernel the profile assumes is named in a note (its option depends on
@@ -181,6 +183,11 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     check(inp.spec)
     notes = notes if notes is not None else []
     c = inp.config
+    if inp.fsdp and c.pipeline > 1:
+        raise ExportError("megatron: the plan shards the weights over the data-parallel replicas (FSDP) in a "
+                          f"{c.pipeline}-stage pipeline; Megatron-LM's --use-torch-fsdp2 runs without pipeline "
+                          "parallelism (plan with --shard-optimizer for its distributed optimizer, or export a D = 1 "
+                          "candidate)")
     if c.schedule == "interleaved" and c.pipeline == 2:
         notes.append("Megatron-LM releases before 2024 refuse a virtual pipeline with pipeline-model-parallel-size "
                      "2 (they need > 2); current ones accept > 1")
@@ -191,7 +198,11 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         args += ["--use-tp-pp-dp-mapping"]
     if inp.sequence_parallel and c.tensor > 1:
         args += ["--sequence-parallel"]
-    if inp.shard_optimizer and c.data > 1:  # the plan's memory counts the optimizer state split over W
+    if inp.fsdp:  # PyTorch FSDP2 under Megatron-LM (megatron/training/arguments.py), without a pipeline only
+        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
+        notes.append("the plan shards the weights (FSDP): --use-torch-fsdp2 reshards after forward, as costed; "
+                     "the prediction assumes torchtitan's fp32 gradient reduce-scatter")
+    elif inp.shard_optimizer and c.data > 1:  # the plan's memory counts the optimizer state split over W
         args += ["--use-distributed-optimizer"]
     if inp.dropout is False:  # Megatron's defaults are 0.1; the profile's model trains without (Llama)
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]

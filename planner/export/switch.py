@@ -21,14 +21,17 @@ def _predict(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, 
 
 def request_of(doc: dict, global_batch: int) -> TrainingRequest:
     """The request a stored candidate (``plan --json``'s, which carries no request) was planned under, as far as
-    its cost depends on it: the sharded optimizer and the model state per parameter it held
+    its cost depends on it: the sharded optimizer (or all the state sharded) and the model state per parameter it held
     (``state_bytes_per_param`` at its W, the inverse of :meth:`TrainingRequest.state_bytes_per_param`: Adam's
     12 optimizer bytes of them split over W when sharded), and the memory reserve it was checked with."""
     shard = bool(doc.get("shard_optimizer"))
+    whole = bool(doc.get("shard_parameters"))  # all the state sharded (planner.fsdp)
     W = int(doc.get("data") or 1)
     state = doc.get("state_bytes_per_param")
-    kw: dict = {"global_batch": global_batch, "shard_optimizer": shard}
-    if isinstance(state, int | float) and state > 0:
+    kw: dict = {"global_batch": global_batch, "shard_optimizer": shard, "shard_parameters": whole}
+    if isinstance(state, int | float) and state > 0 and whole:
+        kw["bytes_per_param"] = state * W
+    elif isinstance(state, int | float) and state > 0:
         total = state + (ADAM_OPTIMIZER_BYTES * (1 - 1 / W) if shard and W > 1 else 0.0)
         if not shard or total >= ADAM_OPTIMIZER_BYTES:  # (under Adam's 12 bytes: a custom optimizer, left default)
             kw["bytes_per_param"] = total

@@ -8,7 +8,9 @@ torchtitan's fields (``torchtitan/config/job_config.py``, ``torchtitan/distribut
   ``data_parallel_replicate_degree`` = W with ``data_parallel_shard_degree`` = 1 (DDP: whole gradients
   all-reduced, as our cost model assumes; FSDP would shard them); where the plan's request shards the
   optimizer state (``shard_optimizer``) torchtitan has no ZeRO-1, so ``data_parallel_shard_degree`` = W
-  (FSDP: weights and gradients sharded too, said in a note);
+  (FSDP: weights and gradients sharded too, said in a note); where it shards the weights
+  (``shard_parameters``) that is what the plan costed (:mod:`planner.fsdp`: torchtitan's default reshard policy
+  and fp32 gradient reduction);
 * ``training.local_batch_size`` = N b (per data-parallel rank), ``training.global_batch_size`` = W N b,
   ``parallelism.pipeline_parallel_microbatch_size`` = b: torchtitan runs ``local / b`` = N micro-batches;
 * ``parallelism.pipeline_parallel_schedule``: torch's class names -- ``GPipe``, ``1F1B``,
@@ -132,8 +134,8 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     (``csv_path``, relative to where torchtitan runs)."""
     check(inp.spec)
     c, notes = inp.config, [n for n in [placement_note(inp)] if n]
-    fsdp = inp.shard_optimizer and c.data > 1
-    if fsdp:
+    fsdp = (inp.shard_optimizer or inp.shard_parameters) and c.data > 1
+    if fsdp and not inp.shard_parameters:
         notes.append(f"the plan shards the optimizer state over the {c.data} data-parallel replicas (ZeRO-1); "
                      "torchtitan has no ZeRO-1, so this is FSDP (data_parallel_shard_degree): it shards weights "
                      "and gradients too, so it needs less memory than planned, and it all-gathers the weights "

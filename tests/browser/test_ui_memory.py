@@ -87,3 +87,55 @@ def test_sharded_optimizer_is_asked_for_and_shown(server: LiveServer, browser: A
     for cand in plan["candidates"]:
         assert cand["shard_optimizer"] and cand["state_bytes_per_param"] == 4 + 12 / cand["data"]
     ctx.close()
+
+
+def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  # type: ignore[no-untyped-def]
+    """The new-plan page's "shard the weights too (FSDP, ZeRO-3)": with only schedules that cannot shard (Chimera,
+    GEMS) the form says so before sending; with the defaults the plan is made with ``shard_parameters``, the plan
+    page says so, and every candidate holds 16/W bytes per parameter in a schedule FSDP can run."""
+    from planner.analytic import analytic_profile
+    from planner.model import PRESETS
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], "H100-SXM5-80GB", micro_batches=(1, 2), tensor_sizes=(1, 2),
+                            name="gpt2-medium-fsdp-ui")
+    with server.client() as c:
+        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
+        assert p.status_code in (200, 201), p.text
+        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(60_000)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#profile", str(p.json()["id"]))
+    page.select_option("#cluster", str(cid))
+    page.fill("#global-batch", "64")
+    page.fill("#gpus", "16")
+    page.fill("#top", "5")
+    assert not page.is_checked("#shard-parameters")
+    page.check("#shard-parameters")
+    for box in page.query_selector_all("input[name=schedule]"):
+        if box.get_attribute("value") not in ("chimera", "gems"):
+            box.uncheck()
+        else:
+            box.check()
+    page.click("#submit-plan")
+    page.wait_for_selector("#plan-error:not([hidden])")
+    assert "cannot shard the weights" in page.inner_text("#plan-error")
+    assert page.url.rstrip("/") == server.url  # nothing sent
+    for box in page.query_selector_all("input[name=schedule]"):
+        if not box.get_attribute("data-async"):
+            box.check()
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*", timeout=240_000)
+    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    page.wait_for_selector('body[data-ready="1"]')
+    assert "weights, gradients and optimizer sharded over data parallel (FSDP)" in page.inner_text("#info-optimizer")
+    with server.client() as c:
+        plan = c.get(f"/plans/{plan_id}").json()
+    assert plan["request"]["shard_parameters"] is True and plan["candidates"]
+    for cand in plan["candidates"]:
+        assert cand["shard_parameters"] and cand["schedule"] not in ("chimera", "gems")
+        assert cand["state_bytes_per_param"] == 16 / cand["data"]
+    ctx.close()

@@ -1,0 +1,94 @@
+"""Fully sharded data parallelism (ZeRO stage 3, PyTorch FSDP2): what the request's ``shard_parameters`` moves
+and holds, as torchtitan runs it.
+
+ZeRO (Rajbhandari et al. 2020, section 5.3, ``P_os+g+p``) splits the weights, the gradients and the optimizer
+state of every stage over its ``W`` data-parallel replicas: a device keeps ``bytes_per_param / W`` of the model
+state per parameter (``(2 + 2 + K) Psi / N_d``; :meth:`planner.request.TrainingRequest.state_bytes_per_param`).
+A layer's weights are all-gathered before it computes and its gradients reduce-scattered after its backward
+(section 7.2.2: 1.5x the all-reduce's bytes). PyTorch's ``fully_shard`` (FSDP2) does it per module: torchtitan
+wraps the embedding, every transformer block and the final norm with the output layer (our profile's layers,
+one unit each), keeps the sharded weights and gradients in fp32 (16 bytes per parameter with Adam's state:
+our default ``bytes_per_param``), all-gathers them in the compute dtype (``MixedPrecisionPolicy.param_dtype``,
+the profile's ``el`` bytes) and reduce-scatters the gradients in fp32 (torchtitan's
+``training.mixed_precision_reduce = "float32"``: :data:`REDUCE_BYTES`).
+
+When it gathers (:func:`reshards_after_forward`; torchtitan's ``parallelism.fsdp_reshard_after_forward =
+"default"``: "for PP, by default do not reshard after forward to avoid per-microbatch all-gathers", else
+reshard):
+
+* **No pipeline (D = 1)**: every micro-batch's forward all-gathers each layer, its backward all-gathers them
+  again (not the last layer, which stays gathered: torchtitan does not reshard the last block) and
+  reduce-scatters each layer's gradient (FSDP2 syncs gradients in every backward by default). FSDP2 issues the
+  next layer's all-gather while the current one computes (implicit prefetching), so a forward takes
+  ``AG_0 + max(F, AG_rest)`` (:func:`forward_time`) and a backward ``max(B, AG_rest + RS_rest) + RS_0``
+  (:func:`backward_time`: the all-gathers and reduce-scatters share the link, the first layer's
+  reduce-scatter is left after the last backward compute). A device holds, besides its shards, the gathered
+  weights of two layers (the one computing, the one prefetched) and one layer's gradient in ``el`` and in
+  the reduce dtype (:func:`unsharded_bytes`).
+* **Pipelined (D > 1)**: torch's pipeline schedules turn gradient sync off for all micro-batches but the last
+  (``_PipelineStageBase.backward_maybe_with_nosync``) and the weights stay gathered: one all-gather of each
+  stage's weights per iteration, prefetched under its first forward (what exceeds that forward is left,
+  at least the largest layer's), and one reduce-scatter of its gradients after its last backward, which
+  the simulator overlaps with the device's later work as it does an all-reduce
+  (:meth:`planner.cost.ConfigCosts.allreduce`). The gathered weights and the gradients accumulated over
+  the micro-batches stay whole for the iteration: ``2 el`` bytes per parameter beside the shards.
+
+FSDP shards a stage over its ``W`` data-parallel copies only: schedules that keep two copies of a stage in a
+pipeline group (Chimera, GEMS, PipeDream's replicated stages) or several weight versions (PipeDream, 2BW) are
+not planned with it (:data:`INCOMPATIBLE`). Collective times: NCCL's rings over the ``W`` ranks
+(:func:`planner.cost.sharded_collective_time`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: bytes per element of the gradient reduce-scatter: torchtitan reduces in fp32 (module docstring)
+REDUCE_BYTES = 4.0
+
+#: schedules that keep more than one copy (or version) of a stage per pipeline group (module docstring)
+INCOMPATIBLE = ("chimera", "gems", "1f1b-rr", "pipedream", "pipedream-rr", "pipedream-2bw")
+
+
+def reshards_after_forward(devices: int) -> bool:
+    """torchtitan's default policy: reshard after forward (gather again per micro-batch) only without a
+    pipeline (``devices`` = D = 1)."""
+    return devices == 1
+
+
+def forward_time(fwd: float, gathers: Sequence[float]) -> float:
+    """A forward of compute ``fwd`` whose layers are all-gathered in order (``gathers``, seconds each) with the
+    next one prefetched while the current one computes: the first gather, then the longer of the compute and
+    the other gathers."""
+    if not gathers:
+        return fwd
+    return gathers[0] + max(fwd, sum(gathers[1:]))
+
+
+def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float]) -> float:
+    """A backward of compute ``bwd`` over layers in forward order (``gathers`` and ``scatters`` per layer):
+    the last layer is still gathered, the others are gathered again while the layer after them computes and
+    each gradient is reduce-scattered after its layer; the first layer's reduce-scatter comes after all the
+    compute."""
+    if not gathers:
+        return bwd
+    return max(bwd, sum(gathers[:-1]) + sum(scatters[1:])) + scatters[0]
+
+
+def gather_exposed(fwd: float, gathers: Sequence[float]) -> float:
+    """Pipelined: what is left of one iteration's all-gather of a stage after its first forward: the stage's
+    gathers beyond that forward, at least its largest layer's (the first one cannot hide)."""
+    if not gathers:
+        return 0.0
+    return max(max(gathers), sum(gathers) - fwd)
+
+
+def unsharded_bytes(layer_params: Sequence[float], el: float, tensor: int, devices: int) -> float:
+    """Bytes a device holds of one stage beside its shards (module docstring): pipelined, the stage's
+    gathered weights and whole gradients (``2 el`` per parameter); without a pipeline two layers' weights and
+    one layer's gradient in ``el`` and in :data:`REDUCE_BYTES`, of the largest layer; over ``tensor``."""
+    if not layer_params:
+        return 0.0
+    if reshards_after_forward(devices):
+        return max(layer_params) * (3 * el + REDUCE_BYTES) / tensor
+    return sum(layer_params) * 2 * el / tensor
