@@ -571,6 +571,21 @@ class ConfigCosts(Costs):
             return v + self._held("B", stage, 1)
         return v
 
+    def fsdp_extra(self, kind: str, stage: int, span: int = 1) -> float:
+        """Of an F, B or I action, the seconds its sharded weights' collectives add to its compute (what the
+        layers' compute does not hide: :func:`planner.fsdp.forward_time`, :func:`planner.fsdp.backward_time`);
+        0 unless every micro-batch gathers them (:attr:`fsdp_per_microbatch`)."""
+        if not self.fsdp_per_microbatch or kind not in ("F", "B", "I"):
+            return 0.0
+        gathers, scatters = self.fsdp_layers(stage)
+        if kind == "F":
+            self.fwd(stage, span)  # (fills the shared cache of the plain forward)
+            plain = self._fwd[(stage, span)]
+            return fsdp.forward_time(plain, gathers) - plain
+        self.bwd(stage)
+        plain = self._bwd[stage]
+        return fsdp.backward_time(plain, gathers, scatters) - plain
+
     def fsdp_layers(self, stage: int) -> tuple[list[float], list[float]]:
         """Per layer of ``stage``, in order, the all-gather of its weights (``el`` bytes per parameter over t)
         and the reduce-scatter of its gradients (:data:`planner.fsdp.REDUCE_BYTES` per parameter over t) among

@@ -7,19 +7,24 @@ from planner.cost import ConfigCosts, chimera_eq1, megatron_closed_form
 from planner.simulate import SimResult
 
 
-def breakdown(res: SimResult) -> dict[str, float]:
+def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, float]:
     """Where the time of the device that finishes last goes: its compute, its exposed all-reduce
     (between its last computation and its optimizer step), the step, and bubble (the rest:
     waiting for inputs, exposed p2p included). ``comm_busy`` is the busy time of its communication
-    streams (sends and all-reduces), mostly overlapped."""
+    streams (sends and all-reduces), mostly overlapped. Where every micro-batch gathers its sharded weights
+    (:mod:`planner.fsdp`, no pipeline), ``fsdp_in_compute``: the part of ``compute`` that is those
+    collectives beyond what the layers' compute hides (:meth:`ConfigCosts.fsdp_extra`)."""
     d = max(range(len(res.devices)), key=lambda i: res.devices[i].step[1])
     st = res.devices[d]
     step_start, step_end = st.step
     compute = st.busy - (step_end - step_start)
     exposed_ar = max(0.0, step_start - st.compute_end)
-    return {"compute": compute, "allreduce_exposed": exposed_ar, "step": step_end - step_start,
-            "bubble": max(0.0, res.makespan - compute - exposed_ar - (step_end - step_start)),
-            "comm_busy": st.comm}
+    out = {"compute": compute, "allreduce_exposed": exposed_ar, "step": step_end - step_start,
+           "bubble": max(0.0, res.makespan - compute - exposed_ar - (step_end - step_start)),
+           "comm_busy": st.comm}
+    if costs is not None and costs.fsdp_per_microbatch:
+        out["fsdp_in_compute"] = sum(costs.fsdp_extra(a.kind, a.stage, a.span) for a, _, _ in res.timeline[d])
+    return out
 
 
 def closed_forms(res: SimResult, costs: ConfigCosts, N: int) -> dict[str, float | None]:

@@ -331,7 +331,7 @@ class Planner:
     def explain(self, cand: Candidate) -> Candidate:
         """Time breakdown and the papers' closed forms of a simulated candidate (:mod:`planner.explain`)."""
         if cand.simulation is not None and cand.costs is not None and not cand.breakdown:
-            cand.breakdown = breakdown(cand.simulation)
+            cand.breakdown = breakdown(cand.simulation, cand.costs)
             cand.closed_forms = closed_forms(cand.simulation, cand.costs, cand.microbatches)
         return cand
 

@@ -83,6 +83,14 @@ def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     assert costs.fwd(0) == pytest.approx(fsdp.forward_time(plain.fwd(0), gathers))
     assert costs.bwd(0) == pytest.approx(fsdp.backward_time(plain.bwd(0), gathers, scatters))
     assert costs.allreduce(0, 0, 0) == 0.0
+    # the breakdown says how much of the compute is the collectives the layers do not hide
+    cand, ref = predict(prof, cl, req, cfg), predict(prof, cl, TrainingRequest(global_batch=256, shard_optimizer=True),
+                                                     cfg)
+    extra = costs.fsdp_extra("F", 0) + costs.fsdp_extra("B", 0)
+    assert extra == pytest.approx(costs.fwd(0) + costs.bwd(0) - plain.fwd(0) - plain.bwd(0)) and extra > 0
+    assert cand.breakdown["fsdp_in_compute"] == pytest.approx(4 * extra)
+    assert cand.breakdown["compute"] - cand.breakdown["fsdp_in_compute"] == pytest.approx(ref.breakdown["compute"])
+    assert "fsdp_in_compute" not in ref.breakdown
     # a network 1000x slower: the link bounds the iteration
     slow = cl.model_copy(update={"inter": cl.inter.model_copy(update={"beta": cl.inter.beta * 1000})})
     c = predict(prof, slow, req, cfg)

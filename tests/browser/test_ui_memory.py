@@ -138,4 +138,12 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     for cand in plan["candidates"]:
         assert cand["shard_parameters"] and cand["schedule"] not in ("chimera", "gems")
         assert cand["state_bytes_per_param"] == 16 / cand["data"]
+    # a candidate without a pipeline: its card says how much of its compute is FSDP's collectives
+    rank = next(i for i, c in enumerate(plan["candidates"]) if c["pipeline"] == 1 and c["data"] > 1)
+    page.goto(f"{server.url}/ui/plans/{plan_id}?sel={rank}")
+    card = f'#compare article[data-rank="{rank}"]'
+    page.wait_for_selector(card)
+    assert "of it FSDP gathers and reduce-scatters not hidden" in page.inner_text(card)
+    page.locator(card).scroll_into_view_if_needed()
+    shot(page, "fsdp-candidate-card")
     ctx.close()
