@@ -58,31 +58,12 @@ def test_sharded_optimizer_is_asked_for_and_shown(server: LiveServer, browser: A
 
     prof = analytic_profile(PRESETS["gpt3-175b"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 4, 8),
                             name="gpt3-175b-zero1-ui")
-    with server.client() as c:
-        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
-        assert p.status_code in (200, 201), p.text
-        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#profile", str(p.json()["id"]))
-    page.select_option("#cluster", str(cid))
-    page.fill("#global-batch", "512")
-    page.fill("#gpus", "256")
-    page.fill("#micro-batches", "1")
-    page.fill("#top", "5")
+    ctx, page = _new_plan_form(server, browser, console, prof,
+                               {"global-batch": "512", "gpus": "256", "micro-batches": "1", "top": "5"})
     assert not page.is_checked("#shard-optimizer")  # off by default: the planner's 16 bytes per parameter
     page.check("#shard-optimizer")
-    page.click("#submit-plan")
-    page.wait_for_url("**/ui/plans/*", timeout=240_000)
-    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
-    page.wait_for_selector('body[data-ready="1"]')
+    plan = _submitted_plan(server, page)
     assert "optimizer sharded over data parallel (ZeRO-1)" in page.inner_text("#info-optimizer")
-    with server.client() as c:
-        plan = c.get(f"/plans/{plan_id}").json()
     assert plan["request"]["shard_optimizer"] is True and plan["candidates"]
     for cand in plan["candidates"]:
         assert cand["shard_optimizer"] and cand["state_bytes_per_param"] == 4 + 12 / cand["data"]
@@ -98,21 +79,7 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
 
     prof = analytic_profile(PRESETS["gpt2-medium"], "H100-SXM5-80GB", micro_batches=(1, 2), tensor_sizes=(1, 2),
                             name="gpt2-medium-fsdp-ui")
-    with server.client() as c:
-        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
-        assert p.status_code in (200, 201), p.text
-        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#profile", str(p.json()["id"]))
-    page.select_option("#cluster", str(cid))
-    page.fill("#global-batch", "64")
-    page.fill("#gpus", "16")
-    page.fill("#top", "5")
+    ctx, page = _new_plan_form(server, browser, console, prof, {"global-batch": "64", "gpus": "16", "top": "5"})
     assert not page.is_checked("#shard-parameters")
     page.check("#shard-parameters")
     for box in page.query_selector_all("input[name=schedule]"):
@@ -127,13 +94,9 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     for box in page.query_selector_all("input[name=schedule]"):
         if not box.get_attribute("data-async"):
             box.check()
-    page.click("#submit-plan")
-    page.wait_for_url("**/ui/plans/*", timeout=240_000)
-    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
-    page.wait_for_selector('body[data-ready="1"]')
+    plan = _submitted_plan(server, page)
+    plan_id = plan["id"]
     assert "weights, gradients and optimizer sharded over data parallel (FSDP)" in page.inner_text("#info-optimizer")
-    with server.client() as c:
-        plan = c.get(f"/plans/{plan_id}").json()
     assert plan["request"]["shard_parameters"] is True and plan["candidates"]
     for cand in plan["candidates"]:
         assert cand["shard_parameters"] and cand["schedule"] not in ("chimera", "gems")
@@ -147,3 +110,34 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     page.locator(card).scroll_into_view_if_needed()
     shot(page, "fsdp-candidate-card")
     ctx.close()
+
+
+def _new_plan_form(server: LiveServer, browser: Any, console: Console, prof: Any, fields: dict[str, str]
+                   ) -> tuple[Any, Any]:
+    """Store ``prof``, open the new-plan page (as the admin) and fill in the profile, the dgx-h100-80gb cluster and
+    ``fields`` (element id -> value); returns (context, page)."""
+    with server.client() as c:
+        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
+        assert p.status_code in (200, 201), p.text
+        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(60_000)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#profile", str(p.json()["id"]))
+    page.select_option("#cluster", str(cid))
+    for key, value in fields.items():
+        page.fill(f"#{key}", value)
+    return ctx, page
+
+
+def _submitted_plan(server: LiveServer, page: Any) -> dict[str, Any]:
+    """Submit the new-plan form, wait for the plan page, and return the plan's document from the API."""
+    page.click("#submit-plan")
+    page.wait_for_url("**/ui/plans/*", timeout=240_000)
+    plan_id = int(page.url.rsplit("/", 1)[1].split("?")[0])
+    page.wait_for_selector('body[data-ready="1"]')
+    with server.client() as c:
+        return c.get(f"/plans/{plan_id}").json()
