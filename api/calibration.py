@@ -91,8 +91,11 @@ def observations(db: Session, cluster_id: int, include_emulated: bool = False) -
             profiles[plan.profile_id] = ModelProfile.model_validate(prow.body)
         body = cand.body or {}
         config = Config(**{k: body[k] for k in CONFIG_FIELDS if body.get(k) is not None})
-        out.append(Observation(profiles[plan.profile_id], TrainingRequest.model_validate(plan.request), config,
-                               float(res.iteration_time), job.id))
+        # what the job ran: pipeplan's executor keeps whole weights and optimizer state and all-reduces the
+        # gradients whatever the plan shards (planner.mismatch), so its time is predicted unsharded
+        request = TrainingRequest.model_validate(plan.request).model_copy(
+            update={"shard_optimizer": False, "shard_parameters": False})
+        out.append(Observation(profiles[plan.profile_id], request, config, float(res.iteration_time), job.id))
     return out[::-1]
 
 

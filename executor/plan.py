@@ -260,6 +260,20 @@ def load_plan_file(path: str | Path, candidate: int = 0, **overrides: Any) -> Ru
     return RunPlan.from_candidate(_candidate_of(path, candidate), **overrides)
 
 
+def planned_sharding(path: str | Path, candidate: int = 0) -> str | None:
+    """What the candidate's plan shards over its data-parallel replicas that this executor does not (it keeps
+    whole weights and optimizer state and all-reduces the gradients): ``"the weights, gradients and optimizer
+    state (FSDP)"``, ``"the optimizer state (ZeRO-1)"``, or None."""
+    doc = _candidate_of(path, candidate)
+    if int(doc.get("data") or 1) <= 1:
+        return None
+    if doc.get("shard_parameters"):
+        return "the weights, gradients and optimizer state (FSDP)"
+    if doc.get("shard_optimizer"):
+        return "the optimizer state (ZeRO-1)"
+    return None
+
+
 def planned_iteration_time(path: str | Path, candidate: int = 0) -> float | None:
     """The iteration time the planner predicted for the candidate (its ``iteration_time``: the simulator
     with the plan's profile and cluster), or None when the file has none (a hand-written candidate)."""

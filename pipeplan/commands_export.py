@@ -249,12 +249,21 @@ def export(
     # named tt); a one-file export to a plain path is that file
     target = Path(out)
     if len(files) == 1 and not (out.endswith(("/", os.sep)) or target.is_dir()):
-        target.write_text(files[0][1])
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(files[0][1])
+        except OSError as exc:
+            fail(f"--out {out}: cannot write it ({exc.strerror or exc})")
+            return
         typer.echo(f"wrote {target}", err=True)
         return
-    target.mkdir(parents=True, exist_ok=True)
-    for name, text in files:
-        (target / name).write_text(text)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in files:
+            (target / name).write_text(text)
+    except OSError as exc:
+        fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
+        return
     typer.echo(f"wrote {', '.join(str(target / n) for n, _ in files)}", err=True)
 
 

@@ -41,7 +41,7 @@ class Candidate:
     #: model state per parameter a device holds (the request's ``bytes_per_param``, less the optimizer's share
     #: spread over the W replicas where ``shard_optimizer``: ZeRO-1, Megatron's distributed optimizer)
     state_bytes_per_param: float = 0.0
-    shard_optimizer: bool = False
+    shard_optimizer: bool = False  # (true with shard_parameters too: the optimizer state is sharded then as well)
     #: the weights and gradients are sharded too (ZeRO-3, FSDP: :mod:`planner.fsdp`); ``state_bytes_per_param``
     #: is then the shards' and ``state`` adds the gathered copies
     shard_parameters: bool = False

@@ -397,6 +397,8 @@ class ConfigCosts(Costs):
         #: (no pipeline: torchtitan's reshard policy) rather than once per iteration
         self.fsdp = request.shard_parameters and config.data > 1
         self.fsdp_per_microbatch = self.fsdp and fsdp.reshards_after_forward(schedule.devices)
+        #: the gathers run beside the compute (not on a shared CPU host whose collectives take its cores)
+        self.fsdp_overlap = cluster.host is None or cluster.host.comm_overlaps_compute
         self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -552,7 +554,7 @@ class ConfigCosts(Costs):
             v = self._fwd[key] = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale
                                   + self._tp_comm(stage, samples) + self._tp_edges(stage, samples, backward=False))
         if self.fsdp_per_microbatch:
-            v = fsdp.forward_time(v, self.fsdp_layers(stage)[0])
+            v = fsdp.forward_time(v, self.fsdp_layers(stage)[0], self.fsdp_overlap)
         if self.blocking_p2p:
             return v + self._held("F", stage, span)
         return v
@@ -566,7 +568,7 @@ class ConfigCosts(Costs):
                                     + self._tp_edges(stage, self.base_b, backward=True)
                                     + self._sp_regather(stage, self.base_b))
         if self.fsdp_per_microbatch:
-            v = fsdp.backward_time(v, *self.fsdp_layers(stage))
+            v = fsdp.backward_time(v, *self.fsdp_layers(stage), overlap=self.fsdp_overlap)
         if self.blocking_p2p:
             return v + self._held("B", stage, 1)
         return v
@@ -581,16 +583,36 @@ class ConfigCosts(Costs):
         if kind == "F":
             self.fwd(stage, span)  # (fills the shared cache of the plain forward)
             plain = self._fwd[(stage, span)]
-            return fsdp.forward_time(plain, gathers) - plain
+            return fsdp.forward_time(plain, gathers, self.fsdp_overlap) - plain
         self.bwd(stage)
         plain = self._bwd[stage]
-        return fsdp.backward_time(plain, gathers, scatters) - plain
+        return fsdp.backward_time(plain, gathers, scatters, self.fsdp_overlap) - plain
+
+    def _fsdp_collective(self, ranks: list[int], nbytes: float, op: str) -> float:
+        """One all-gather or reduce-scatter of a layer among ``ranks``: NCCL's ring
+        (:func:`sharded_collective_time`), or on a cluster with a measured all-reduce of that many ranks on a
+        node (:class:`planner.cluster.AllReduceFit`: gloo on a shared CPU, as :func:`allreduce_time` uses it) the
+        fit's latency and half its bandwidth term (an all-reduce is a reduce-scatter and an all-gather of the same
+        bytes)."""
+        fit = self.cluster.allreduce_fit
+        if fit is not None and 1 < len(ranks) <= fit.ranks and len(ranks_per_node(self.cluster, ranks)) == 1:
+            return fit.link.alpha + fit.link.beta * nbytes / 2
+        return sharded_collective_time(self.cluster, ranks, nbytes, op)
+
+    def fsdp_link(self, kind: str, stage: int) -> float:
+        """Of an F, B or I action, the seconds its sharded weights' collectives take on the link, hidden or not
+        (an F gathers every layer; a B every layer but the last and reduce-scatters every gradient); 0 unless
+        every micro-batch gathers them."""
+        if not self.fsdp_per_microbatch or kind not in ("F", "B", "I"):
+            return 0.0
+        gathers, scatters = self.fsdp_layers(stage)
+        return sum(gathers) if kind == "F" else sum(gathers[:-1]) + sum(scatters)
 
     def fsdp_layers(self, stage: int) -> tuple[list[float], list[float]]:
         """Per layer of ``stage``, in order, the all-gather of its weights (``el`` bytes per parameter over t)
         and the reduce-scatter of its gradients (:data:`planner.fsdp.REDUCE_BYTES` per parameter over t) among
-        the stage's W data-parallel replicas (:func:`sharded_collective_time`), with the calibration's link
-        scale; once per configuration."""
+        the stage's W data-parallel replicas (:meth:`_fsdp_collective`), with the calibration's link scale; once
+        per configuration."""
         got = self._fsdp_layers.get(stage)
         if got is None:
             holders = sorted({row[stage] for row in self.schedule.placement})
@@ -601,10 +623,9 @@ class ConfigCosts(Costs):
             params = [lay.params - (lay.tied_params if info.has_embedding else 0) for lay in self.profile.layers[i:j]]
             scale = self.cal.link_scale
             got = self._fsdp_layers[stage] = (
-                [sharded_collective_time(self.cluster, ranks, p * self.el / self.t, "all_gather") * scale
-                 for p in params],
-                [sharded_collective_time(self.cluster, ranks, p * fsdp.REDUCE_BYTES / self.t, "reduce_scatter")
-                 * scale for p in params])
+                [self._fsdp_collective(ranks, p * self.el / self.t, "all_gather") * scale for p in params],
+                [self._fsdp_collective(ranks, p * fsdp.REDUCE_BYTES / self.t, "reduce_scatter") * scale
+                 for p in params])
         return got
 
     def _held(self, kind: str, stage: int, span: int) -> float:

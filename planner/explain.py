@@ -13,7 +13,8 @@ def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, flo
     waiting for inputs, exposed p2p included). ``comm_busy`` is the busy time of its communication
     streams (sends and all-reduces), mostly overlapped. Where every micro-batch gathers its sharded weights
     (:mod:`planner.fsdp`, no pipeline), ``fsdp_in_compute``: the part of ``compute`` that is those
-    collectives beyond what the layers' compute hides (:meth:`ConfigCosts.fsdp_extra`)."""
+    collectives beyond what the layers' compute hides (:meth:`ConfigCosts.fsdp_extra`), and ``fsdp_comm_busy``
+    the time they keep the link busy, hidden or not (:meth:`ConfigCosts.fsdp_link`)."""
     d = max(range(len(res.devices)), key=lambda i: res.devices[i].step[1])
     st = res.devices[d]
     step_start, step_end = st.step
@@ -24,6 +25,7 @@ def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, flo
            "comm_busy": st.comm}
     if costs is not None and costs.fsdp_per_microbatch:
         out["fsdp_in_compute"] = sum(costs.fsdp_extra(a.kind, a.stage, a.span) for a, _, _ in res.timeline[d])
+        out["fsdp_comm_busy"] = sum(costs.fsdp_link(a.kind, a.stage) for a, _, _ in res.timeline[d])
     return out
 
 

@@ -31,7 +31,9 @@ reshard):
   at least the largest layer's), and one reduce-scatter of its gradients after its last backward, which
   the simulator overlaps with the device's later work as it does an all-reduce
   (:meth:`planner.cost.ConfigCosts.allreduce`). The gathered weights and the gradients accumulated over
-  the micro-batches stay whole for the iteration: ``2 el`` bytes per parameter beside the shards.
+  the micro-batches stay whole for the iteration: ``el`` bytes per parameter beside the shards for the weights
+  and :data:`REDUCE_BYTES` for the gradients (FSDP2 accumulates them in the reduce dtype while sync is off,
+  ``FSDPParam.to_accumulated_grad_if_needed``).
   An approximation: the all-gather's exposed part is charged with the reduce-scatter, after the stage's last
   backward (where the simulator's action lists have a per-stage synchronisation action), as if every device
   gathered its stages at once (torch's multi-stage runtime issues ``UNSHARD`` actions ahead of use); torch's
@@ -63,22 +65,27 @@ def reshards_after_forward(devices: int) -> bool:
     return devices == 1
 
 
-def forward_time(fwd: float, gathers: Sequence[float]) -> float:
+def forward_time(fwd: float, gathers: Sequence[float], overlap: bool = True) -> float:
     """A forward of compute ``fwd`` whose layers are all-gathered in order (``gathers``, seconds each) with the
     next one prefetched while the current one computes: the first gather, then the longer of the compute and
-    the other gathers."""
+    the other gathers. ``overlap`` False (a host whose communication takes the cores compute runs on,
+    :attr:`planner.cluster.HostCpu.comm_overlaps_compute`): the compute and every gather, one after another."""
     if not gathers:
         return fwd
+    if not overlap:
+        return fwd + sum(gathers)
     return gathers[0] + max(fwd, sum(gathers[1:]))
 
 
-def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float]) -> float:
+def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float], overlap: bool = True) -> float:
     """A backward of compute ``bwd`` over layers in forward order (``gathers`` and ``scatters`` per layer):
     the last layer is still gathered, the others are gathered again while the layer after them computes and
     each gradient is reduce-scattered after its layer; the first layer's reduce-scatter comes after all the
-    compute."""
+    compute. ``overlap`` False: all of them after one another."""
     if not gathers:
         return bwd
+    if not overlap:
+        return bwd + sum(gathers[:-1]) + sum(scatters)
     return max(bwd, sum(gathers[:-1]) + sum(scatters[1:])) + scatters[0]
 
 
@@ -90,12 +97,20 @@ def gather_exposed(fwd: float, gathers: Sequence[float]) -> float:
     return max(max(gathers), sum(gathers) - fwd)
 
 
+def gathered_bytes_per_param(el: float) -> float:
+    """Pipelined: bytes per parameter a device keeps whole for the iteration beside its shards: the gathered
+    weights (``el``) and the gradients accumulated over the micro-batches, which FSDP2 keeps in the reduce dtype
+    when gradient sync is off (``FSDPParam.to_accumulated_grad_if_needed``: :data:`REDUCE_BYTES`)."""
+    return el + REDUCE_BYTES
+
+
 def unsharded_bytes(layer_params: Sequence[float], el: float, tensor: int, devices: int) -> float:
     """Bytes a device holds of one stage beside its shards (module docstring): pipelined, the stage's
-    gathered weights and whole gradients (``2 el`` per parameter); without a pipeline two layers' weights and
-    one layer's gradient in ``el`` and in :data:`REDUCE_BYTES`, of the largest layer; over ``tensor``."""
+    gathered weights and accumulated gradients (:func:`gathered_bytes_per_param`); without a pipeline two
+    layers' weights and one layer's gradient in ``el`` and in :data:`REDUCE_BYTES`, of the largest layer;
+    over ``tensor``."""
     if not layer_params:
         return 0.0
     if reshards_after_forward(devices):
         return max(layer_params) * (3 * el + REDUCE_BYTES) / tensor
-    return sum(layer_params) * 2 * el / tensor
+    return sum(layer_params) * gathered_bytes_per_param(el) / tensor

@@ -216,7 +216,7 @@ class MemoryModel:
         t, S = config.tensor, sched.stages
         per_param = self.request.state_bytes_per_param(config.data)
         if self.request.shard_parameters and config.data > 1:  # pipelined: gathered weights, whole gradients
-            per_param += 2 * DTYPE_BYTES.get(self.profile.dtype.lower(), 2)
+            per_param += fsdp.gathered_bytes_per_param(DTYPE_BYTES.get(self.profile.dtype.lower(), 2))
         # what the memory model depends on: configurations that differ only in N beyond D share it
         key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute,
                per_param)

@@ -131,7 +131,7 @@ class Planner:
         cand = Candidate(config, N, memory_capacity=float(self.cluster.memory_bytes),
                          memory_reserve=float(req.memory_reserve_bytes or 0.0),
                          memory_reserve_source=self.reserve_source, global_batch=req.global_batch,
-                         state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.shard_optimizer,
+                         state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.sharded_state,
                          shard_parameters=req.shard_parameters)
         if req.shard_parameters and config.schedule in FSDP_INCOMPATIBLE:
             cand.reason = (f"schedule: {config.schedule} keeps two copies or versions of a stage in a pipeline group; "
@@ -145,6 +145,11 @@ class Planner:
             sched = self.shapes.schedule(config, n_sched, full=False)
         except ValueError as e:
             cand.reason = f"schedule: {e}"
+            return cand, None
+        if req.shard_parameters and W > 1 and sched.devices == 1 and sched.stages > 1:
+            cand.reason = (f"{config.schedule} at D = 1 with sharded weights: {sched.stages} stages on the one device "
+                           "would each gather their layers apart, which no framework runs (D = 1 is plain FSDP: the "
+                           "1f1b row)")
             return cand, None
         # the busiest device holds at least the average model state: reject before partitioning
         avg = self.memory.total_state(W) * sched.replicas / (config.tensor * config.pipeline)

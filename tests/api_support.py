@@ -308,14 +308,16 @@ def finish_job(client: Any, plan: dict[str, Any], index: int, worker: dict[str, 
     return job["id"]
 
 
-def seed_plan(c: Any, gpus_per_node: int = 4, global_batch: int = 32) -> tuple[int, int, dict[str, Any]]:
-    """Upload the tiny profile and cluster and plan them; (profile id, cluster id, done plan)."""
+def seed_plan(c: Any, gpus_per_node: int = 4, global_batch: int = 32,
+              **request: Any) -> tuple[int, int, dict[str, Any]]:
+    """Upload the tiny profile and cluster and plan them (``request``: more fields of the plan request); (profile
+    id, cluster id, done plan)."""
     p = c.post("/profiles", json=tiny_profile(), headers=AUTH)
     assert p.status_code in (200, 201), p.text
     cl = c.post("/clusters", json=tiny_cluster(gpus_per_node), headers=AUTH)
     assert cl.status_code in (200, 201), cl.text
     r = c.post("/plans", json={"profile_id": p.json()["id"], "cluster_id": cl.json()["id"],
-                               "global_batch": global_batch, "top": 5}, headers=AUTH)
+                               "global_batch": global_batch, "top": 5, **request}, headers=AUTH)
     assert r.status_code in (200, 201, 202), r.text
     plan = r.json()
     if plan["status"] not in ("done", "failed"):

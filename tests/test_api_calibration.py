@@ -92,6 +92,29 @@ def test_calibrate_versions_and_errors(client) -> None:  # type: ignore[no-untyp
     assert same[0]["iteration_time"] > first["iteration_time"] * 1.1
 
 
+def test_jobs_of_sharded_plans_are_fitted_as_the_executor_ran_them(client) -> None:  # type: ignore[no-untyped-def]
+    """pipeplan's executor keeps whole weights and optimizer state whatever the plan shards: the jobs of an FSDP
+    plan measured plain data parallelism, and calibration predicts them so (the hidden factor is recovered; fitted
+    against the FSDP predictions it would not be)."""
+    _, cluster_id, plan = seed_plan(client, shard_parameters=True)
+    assert plan["request"]["shard_parameters"] is True
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
+    truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)
+    prof = ModelProfile.model_validate(tiny_profile())
+    plain = TrainingRequest.model_validate({**plan["request"], "shard_parameters": False})
+    sharded = [i for i, c in enumerate(plan["candidates"]) if c["data"] > 1][:4]
+    assert sharded
+    for i in sharded:
+        cand = plan["candidates"][i]
+        cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
+        finish_job(client, plan, i, w, predicted(Observation(prof, plain, cfg, 1.0), truth), emulated=False)
+    r = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
+    assert r.status_code == 201, r.text
+    assert r.json()["calibration"]["compute_scale"] == pytest.approx(1.25, rel=0.02)
+    err = client.get(f"/clusters/{cluster_id}/calibration", headers=AUTH).json()
+    assert err["median_abs_error_after"] < 0.01
+
+
 def test_a_factor_at_its_bound_is_said(client) -> None:  # type: ignore[no-untyped-def]
     """Jobs 6x slower than the profile says (the wrong profile): compute_scale stops at its bound 4, and both the
     fit's answer and the error report say so (``calibration.at_bound``, ``warnings``)."""

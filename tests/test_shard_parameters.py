@@ -91,6 +91,7 @@ def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     assert cand.breakdown["fsdp_in_compute"] == pytest.approx(4 * extra)
     assert cand.breakdown["compute"] - cand.breakdown["fsdp_in_compute"] == pytest.approx(ref.breakdown["compute"])
     assert "fsdp_in_compute" not in ref.breakdown
+    assert cand.breakdown["fsdp_comm_busy"] == pytest.approx(4 * (2 * sum(gathers) - gathers[-1] + sum(scatters)))
     # a network 1000x slower: the link bounds the iteration
     slow = cl.model_copy(update={"inter": cl.inter.model_copy(update={"beta": cl.inter.beta * 1000})})
     c = predict(prof, slow, req, cfg)
@@ -100,10 +101,37 @@ def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     assert c.iteration_time > 3 * predict(prof, slow, TrainingRequest(global_batch=256), cfg).iteration_time / 4
 
 
+def test_a_shared_cpu_host_gathers_with_its_measured_collective_and_without_overlap():
+    """On the local CPU cluster (gloo, collectives on the cores compute runs on: ``host.comm_overlaps_compute``
+    false) each layer's gather and reduce-scatter costs the measured all-reduce fit's latency and half its
+    bandwidth term, and they add to the compute instead of hiding under it."""
+    from api_support import tiny_profile
+
+    from planner.cluster import Cluster
+    from planner.profile import ModelProfile
+
+    cl = load_cluster(ROOT / "examples" / "clusters" / "local-cpu-4.json")
+    assert cl.host is not None and not cl.host.comm_overlaps_compute and cl.allreduce_fit is not None
+    prof = ModelProfile.model_validate(tiny_profile())
+    cfg = Config(tensor=1, pipeline=1, data=4, micro_batch=1, schedule="1f1b")
+    req = TrainingRequest(global_batch=8, shard_parameters=True)
+    costs = _costs(prof, cl, cfg, req)
+    plain = _costs(prof, cl, cfg, TrainingRequest(global_batch=8))
+    gathers, scatters = costs.fsdp_layers(0)
+    fit = cl.allreduce_fit.link
+    assert gathers[0] == pytest.approx(fit.alpha + fit.beta * prof.layers[0].params * costs.el / 2)
+    assert scatters[0] == pytest.approx(fit.alpha + fit.beta * prof.layers[0].params * 4.0 / 2)
+    assert costs.fwd(0) == pytest.approx(plain.fwd(0) + sum(gathers))
+    assert costs.bwd(0) == pytest.approx(plain.bwd(0) + sum(gathers[:-1]) + sum(scatters))
+    # a GPU-like host whose communication overlaps: prefetched as on GPUs
+    overlapped = cl.model_copy(update={"host": cl.host.model_copy(update={"comm_overlaps_compute": True})})
+    assert _costs(prof, Cluster.model_validate(overlapped.model_dump()), cfg, req).fwd(0) < costs.fwd(0)
+
+
 def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
     """D > 1: F and B are the unsharded pipeline's; each stage's ALLREDUCE is its fp32 reduce-scatter plus what
     its first forward leaves of the all-gather; a device holds 16/W bytes per parameter of its stage plus the
-    gathered weights and whole gradients (2 el)."""
+    gathered weights (el) and the gradients accumulated in fp32 (FSDP2's reduce dtype)."""
     prof, cl = gpt2
     cfg = Config(tensor=2, pipeline=4, data=8, micro_batch=1, schedule="1f1b")
     req = TrainingRequest(global_batch=256, shard_parameters=True)
@@ -115,11 +143,11 @@ def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
         assert costs.allreduce(s, 0, s) == pytest.approx(sum(scatters) + fsdp.gather_exposed(costs.fwd(s), gathers))
     cand = predict(prof, cl, req, cfg)
     ref = predict(prof, cl, TrainingRequest(global_batch=256), cfg)
-    assert cand.fits and cand.to_dict()["shard_parameters"] is True
+    assert cand.fits and cand.to_dict()["shard_parameters"] is True and cand.to_dict()["shard_optimizer"] is True
     for d, (i, j) in enumerate(cand.partition):
         own = sum(lay.params - (lay.tied_params if i == 0 and lay.kind == "lm_head" else 0)
                   for lay in prof.layers[i:j])
-        assert cand.state[d] == pytest.approx(own * (16 / 8 + 2 * 2) / 2, rel=1e-9)
+        assert cand.state[d] == pytest.approx(own * (16 / 8 + 2 + 4) / 2, rel=1e-9)  # bf16 weights, fp32 grads
         assert cand.state[d] < ref.state[d]
 
 
@@ -187,7 +215,7 @@ def test_exports_carry_it():
         cfg = Config(tensor=2, pipeline=D, data=W, micro_batch=1, schedule="1f1b")
         part = [(0, 6)] if D == 1 else [(0, 3), (3, 6)]
         return ExportInput(spec=RunSpec(config=cfg, microbatches=4, partition=part), model=PRESETS["gpt-tiny"],
-                           shard_parameters=True)
+                           shard_parameters=True, dp_allreduce="after-backward")
 
     sharded = torchtitan.export(inp(2, 4))
     assert "data_parallel_shard_degree = 4" in sharded.files[0].content
@@ -200,7 +228,9 @@ def test_exports_carry_it():
     assert "--use-torch-fsdp2" in args and "--use-distributed-optimizer" not in args
     with pytest.raises(ExportError, match="without pipeline parallelism"):
         megatron.arguments(inp(2, 4))
-    assert any("FSDP" in line for line in sharded.files[0].content.splitlines() if line.startswith("#"))
+    head = [line for line in sharded.files[0].content.splitlines() if line.startswith("#")]
+    assert any("FSDP" in line for line in head) and not any("all-reduce" in line for line in head)
+    assert deepspeed.config(inp(1, 4))["communication_data_type"] == "fp32"
 
 
 def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyped-def]
@@ -220,3 +250,16 @@ def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyp
                    headers=AUTH)
     assert r.status_code == 200, r.text
     assert f"data_parallel_shard_degree = {cands[rank]['data']}" in r.text
+
+
+def test_a_run_of_a_sharded_plan_says_the_executor_does_not_shard(tmp_path):
+    """``pipeplan run --plan`` of a candidate whose plan shards (FSDP or ZeRO-1, W > 1) says that pipeplan's
+    executor runs it unsharded (what it measured and compared); nothing for W = 1 or an unsharded plan."""
+    from executor.plan import planned_sharding
+
+    path = tmp_path / "plan.json"
+    docs = [{"data": 4, "shard_parameters": True, "shard_optimizer": True}, {"data": 4, "shard_optimizer": True},
+            {"data": 1, "shard_parameters": True}, {"data": 4}]
+    path.write_text(json.dumps({"candidates": docs}))
+    assert [planned_sharding(path, i) for i in range(4)] == [
+        "the weights, gradients and optimizer state (FSDP)", "the optimizer state (ZeRO-1)", None, None]

@@ -158,6 +158,22 @@ function deviceNote() {
 
 // wired at once, token or not: Plan never submits the form natively (a reload would lose what was typed)
 document.getElementById("plan-form").addEventListener("submit", (ev) => { ev.preventDefault(); submit(); });
+// sharded weights leave out the schedules that keep two copies or versions of a stage (planner.fsdp; the page marks
+// them data-unsharded): their boxes are unticked and disabled while the box is ticked, and given back after
+document.getElementById("shard-parameters").addEventListener("change", (ev) => {
+  for (const box of document.querySelectorAll("input[name=schedule][data-unsharded]")) {
+    if (ev.target.checked) {
+      box.dataset.was = box.checked ? "1" : "";
+      box.checked = false;
+      box.disabled = true;
+      box.parentElement.title = "its weights cannot be sharded: it keeps two copies or versions of a stage";
+    } else {
+      box.disabled = false;
+      box.checked = box.dataset.was === "1";
+      box.parentElement.title = "";
+    }
+  }
+});
 document.getElementById("hf-make").addEventListener("click", makeHFProfile);
 document.addEventListener("pp-token", authNote);
 authNote();
@@ -213,11 +229,6 @@ function readForm() {
     const allowed = boxes.filter((x) => req.allow_async || !x.dataset.async);
     const all = allowed.every((x) => x.checked) && checked.every((x) => allowed.includes(x));
     req.schedules = all ? null : checked.map((x) => x.value);
-    // sharded weights leave out the schedules that keep two copies or versions of a stage (planner.fsdp, marked
-    // data-unsharded by the page)
-    if (req.shard_parameters && checked.every((x) => x.dataset.unsharded)) {
-      errors.push([checks, `Schedules: ${checked.map((x) => x.value).join(", ")} cannot shard the weights (they keep two copies or versions of a stage); check another or untick “shard the weights too”`]);
-    }
   }
   const mbEl = document.getElementById("micro-batches");
   const mbs = mbEl.value.trim();

@@ -15,8 +15,8 @@ DeepSpeed's config (``deepspeed/runtime/config.py``; the pipeline tutorial, deep
 * ``zero_optimization.stage`` 0 (the plan keeps whole optimizer state per device), or 1 where the plan's
   request shards the optimizer state over the W replicas (``shard_optimizer``; the pipeline engine allows
   ZeRO-1 at most), or 3 where it shards the weights too (``shard_parameters``) without a pipeline (D = 1: the
-  model under ``deepspeed.initialize`` without ``PipelineModule``; with one it is refused), ``bf16``/``fp16``
-  from the profile's dtype.
+  model under ``deepspeed.initialize`` without ``PipelineModule``; with one it is refused; and
+  ``communication_data_type`` fp32, the plan's gradient reduction), ``bf16``/``fp16`` from the profile's dtype.
 
 DeepSpeed's pipeline engine has one schedule, ``TrainSchedule``: 1F1B with a flush (PipeDream-Flush;
 ``deepspeed/runtime/pipe/schedule.py``). Every other schedule is refused, naming 1F1B.
@@ -67,12 +67,12 @@ def check(spec: RunSpec) -> None:
 
 def config(inp: ExportInput) -> dict[str, object]:
     """DeepSpeed's config dictionary for ``inp``."""
-    check(inp.spec)
     c = inp.config
-    if inp.fsdp and c.pipeline > 1:
+    if inp.fsdp and c.pipeline > 1:  # before the schedule: no schedule of this pipeline would do
         raise ExportError("deepspeed: the plan shards the weights over the data-parallel replicas (ZeRO-3) in a "
                           f"{c.pipeline}-stage pipeline; DeepSpeed's pipeline engine allows ZeRO stage 1 at most "
                           "(plan with --shard-optimizer, or export a D = 1 candidate)")
+    check(inp.spec)
     dtype = inp.dtype.lower()
     out: dict[str, object] = {
         "train_batch_size": inp.spec.global_batch,
@@ -90,6 +90,8 @@ def config(inp: ExportInput) -> dict[str, object]:
     if inp.spec.partition:
         parts = [a for a, _ in inp.spec.partition] + [inp.spec.partition[-1][1]]
         out["pipeline"]["parts"] = parts  # type: ignore[index]
+    if inp.fsdp:  # the plan's gradients are reduce-scattered in fp32 (planner.fsdp.REDUCE_BYTES)
+        out["communication_data_type"] = "fp32"
     return out
 
 
@@ -115,6 +117,10 @@ def export(inp: ExportInput) -> Export:
     if inp.config.tensor > 1:
         notes.append(f"t = {inp.config.tensor}: DeepSpeed's pipeline engine takes tensor parallelism from the "
                      "model (PipeModelDataParallelTopology(**pipeline.topology) and Megatron-style layers)")
+    if inp.fsdp:
+        notes.append("ZeRO stage 3: run the model under deepspeed.initialize without PipelineModule (the pipeline "
+                     "engine allows stage 1 at most; the pipeline section is not read then); communication_data_type "
+                     "fp32 reduces the gradients in fp32 as the plan costed")
     doc = {"_pipeplan": [h.lstrip("# ") for h in header(inp, NAME)] + notes, **cfg}
     return Export(NAME, (ExportFile("ds_config.json", json.dumps(doc, indent=2) + "\n", "application/json"),),
                   tuple(notes))

@@ -180,14 +180,14 @@ def launch(inp: ExportInput) -> tuple[int, int]:
 
 def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     """Megatron-LM's arguments for ``inp`` (refusing schedules it lacks)."""
-    check(inp.spec)
     notes = notes if notes is not None else []
     c = inp.config
-    if inp.fsdp and c.pipeline > 1:
+    if inp.fsdp and c.pipeline > 1:  # before the schedule: no schedule of this pipeline would do
         raise ExportError("megatron: the plan shards the weights over the data-parallel replicas (FSDP) in a "
                           f"{c.pipeline}-stage pipeline; Megatron-LM's --use-torch-fsdp2 runs without pipeline "
                           "parallelism (plan with --shard-optimizer for its distributed optimizer, or export a D = 1 "
                           "candidate)")
+    check(inp.spec)
     if c.schedule == "interleaved" and c.pipeline == 2:
         notes.append("Megatron-LM releases before 2024 refuse a virtual pipeline with pipeline-model-parallel-size "
                      "2 (they need > 2); current ones accept > 1")
