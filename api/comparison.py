@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from api.crud import get_job, job_candidate
 from db.models import Result
+from planner.mismatch import unsharded_run_note
 
 
 def _rel(pred: float | None, meas: float | None) -> float | None:
@@ -46,4 +47,6 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
             "label": cand.get("label", ""), "state": job.state, "emulated": res.emulated if res else None,
             "fields": [{"field": f, "predicted": p, "measured": m, "relative_error": _rel(p, m)}
                        for f, p, m in rows],
-            "devices": devices}
+            "devices": devices,
+            # the executor runs a sharded plan unsharded: the prediction is not of what was measured
+            "note": unsharded_run_note(cand)}

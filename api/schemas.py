@@ -504,3 +504,5 @@ class Comparison(BaseModel):
     emulated: bool | None
     fields: list[FieldComparison]
     devices: list[dict[str, Any]]
+    #: where what ran is not what was predicted (a sharded plan run unsharded by pipeplan's executor)
+    note: str | None = None

@@ -229,9 +229,7 @@ def run(
 
             sharded = planned_sharding(plan, candidate)
             if sharded:
-                typer.echo(f"note: the plan shards {sharded} over the data-parallel replicas; this executor does not "
-                           "(whole weights, gradients all-reduced after each stage's backward): the run and the "
-                           "comparison above are of that, not of the plan's sharded runtime")
+                typer.echo(f"note: {sharded}; the comparison above is of the run as it ran")
     if result.get("overhead_costed") is False:
         typer.echo("note: the cluster has no measured executor overhead (`executor`), so the prediction leaves "
                    "out the executor's own time per action; measure it with `pipeplan profile-links --local-procs 2 "

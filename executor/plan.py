@@ -261,17 +261,11 @@ def load_plan_file(path: str | Path, candidate: int = 0, **overrides: Any) -> Ru
 
 
 def planned_sharding(path: str | Path, candidate: int = 0) -> str | None:
-    """What the candidate's plan shards over its data-parallel replicas that this executor does not (it keeps
-    whole weights and optimizer state and all-reduces the gradients): ``"the weights, gradients and optimizer
-    state (FSDP)"``, ``"the optimizer state (ZeRO-1)"``, or None."""
-    doc = _candidate_of(path, candidate)
-    if int(doc.get("data") or 1) <= 1:
-        return None
-    if doc.get("shard_parameters"):
-        return "the weights, gradients and optimizer state (FSDP)"
-    if doc.get("shard_optimizer"):
-        return "the optimizer state (ZeRO-1)"
-    return None
+    """:func:`planner.mismatch.unsharded_run_note` of the plan file's candidate: what its plan shards that this
+    executor does not, or None."""
+    from planner.mismatch import unsharded_run_note
+
+    return unsharded_run_note(_candidate_of(path, candidate))
 
 
 def planned_iteration_time(path: str | Path, candidate: int = 0) -> float | None:

@@ -47,3 +47,28 @@ def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRe
     return out + [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
             f"{cluster.device!r} devices: the predicted times are {profile.device}'s, not the cluster's "
             f"(profile the model on {cluster.device}, or pick a profile of that device)"]
+
+
+def sharded_words(candidate: dict) -> str | None:
+    """What a candidate document's plan shards over its data-parallel replicas that pipeplan's executor does not
+    (it keeps whole weights and optimizer state and all-reduces the gradients): ``"the weights, gradients and
+    optimizer state (FSDP)"``, ``"the optimizer state (ZeRO-1)"``, or None (W = 1, or nothing sharded)."""
+    if int(candidate.get("data") or 1) <= 1:
+        return None
+    if candidate.get("shard_parameters"):
+        return "the weights, gradients and optimizer state (FSDP)"
+    if candidate.get("shard_optimizer"):
+        return "the optimizer state (ZeRO-1)"
+    return None
+
+
+def unsharded_run_note(candidate: dict) -> str | None:
+    """The note a job or run of ``candidate`` by pipeplan's executor needs when its plan shards (:func:`sharded_words`):
+    what ran is unsharded."""
+    words = sharded_words(candidate)
+    if words is None:
+        return None
+    return (f"the plan shards {words} over the data-parallel replicas; pipeplan's executor does not (whole weights, "
+            "gradients all-reduced after each stage's backward), so the measured run is of that, not of the plan's "
+            "sharded runtime")
+

@@ -250,6 +250,12 @@ def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyp
                    headers=AUTH)
     assert r.status_code == 200, r.text
     assert f"data_parallel_shard_degree = {cands[rank]['data']}" in r.text
+    # a job of it: its comparison says the executor runs it unsharded (an unsharded W = 1 one says nothing)
+    job = client.post("/jobs", json={"plan_id": plan_doc["id"], "candidate_index": rank, "emulate": True},
+                      headers=AUTH)
+    assert job.status_code in (200, 201), job.text
+    note = client.get(f"/jobs/{job.json()['id']}/comparison", headers=AUTH).json()["note"]
+    assert "shards the weights, gradients and optimizer state (FSDP)" in note and "executor does not" in note
 
 
 def test_a_run_of_a_sharded_plan_says_the_executor_does_not_shard(tmp_path):
@@ -261,5 +267,7 @@ def test_a_run_of_a_sharded_plan_says_the_executor_does_not_shard(tmp_path):
     docs = [{"data": 4, "shard_parameters": True, "shard_optimizer": True}, {"data": 4, "shard_optimizer": True},
             {"data": 1, "shard_parameters": True}, {"data": 4}]
     path.write_text(json.dumps({"candidates": docs}))
-    assert [planned_sharding(path, i) for i in range(4)] == [
-        "the weights, gradients and optimizer state (FSDP)", "the optimizer state (ZeRO-1)", None, None]
+    got = [planned_sharding(path, i) for i in range(4)]
+    assert "shards the weights, gradients and optimizer state (FSDP)" in got[0]
+    assert "shards the optimizer state (ZeRO-1)" in got[1] and got[2:] == [None, None]
+    assert "pipeplan's executor does not" in got[0]

@@ -150,6 +150,9 @@ function errorCell(f) {
 }
 
 function renderComparison(cmp) {
+  const note = document.getElementById("comparison-note");
+  note.hidden = !cmp.note;
+  note.textContent = cmp.note ? "Note: " + cmp.note + "." : "";
   document.querySelector("#comparison tbody").innerHTML = cmp.fields.map((f) => {
     const fmt = FIELD_FMT[f.field] || ((x) => PP.fmtNum(x, 4));
     return `<tr data-field="${PP.esc(f.field)}"><td>${PP.esc(f.field.replace("_", " "))}</td><td class="num">${fmt(f.predicted)}</td>

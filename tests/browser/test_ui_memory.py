@@ -106,6 +106,13 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     assert "of it FSDP gathers and reduce-scatters not hidden" in page.inner_text(card)
     page.locator(card).scroll_into_view_if_needed()
     shot(page, "fsdp-candidate-card")
+    # a job of it: the job page says pipeplan's executor runs it unsharded
+    with server.client() as c:
+        job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "emulate": True}, headers=AUTH)
+        assert job.status_code in (200, 201), job.text
+    page.goto(f"{server.url}/ui/jobs/{job.json()['id']}")
+    page.wait_for_selector("#comparison-note:not([hidden])")
+    assert "executor does not" in page.inner_text("#comparison-note")
     ctx.close()
 
 
