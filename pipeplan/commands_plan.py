@@ -232,10 +232,10 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps({**cand.to_dict(), "warnings": warnings}))
             return
+        if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction)
+            fail(cand.reason)
         for w in warnings:
             typer.echo(f"warning: {w}", err=True)
-        if cand.simulation is None:
-            fail(cand.reason)
         from rich.console import Console
 
         console = Console(width=160)
