@@ -63,7 +63,8 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   :mod:`planner.fsdp`): each layer's weights all-gathered and its gradients reduce-scattered among the stage's
   W replicas (:meth:`ConfigCosts.fsdp_layers`); without a pipeline in every micro-batch's F and B, prefetched
   under their compute (:func:`planner.fsdp.forward_time`, :func:`planner.fsdp.backward_time`), pipelined once
-  per iteration in the stage's ALLREDUCE (:meth:`ConfigCosts._fsdp_sync`).
+  per iteration in the stage's ALLREDUCE (:meth:`ConfigCosts._fsdp_sync`); its optimizer step makes the gradient
+  passes of :func:`planner.fsdp.step_grad_pass_bytes` instead of the mixed-precision optimizer's.
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
   bandwidth (``2 bytes_per_param`` per parameter), plus, for 16-bit training, the passes a mixed-precision
   optimizer makes over the gradients before the update (Megatron-LM ``optimizer/optimizer.py``,
@@ -349,9 +350,12 @@ class ConfigCosts(Costs):
         self.stages = shared["infos"]
         # the step per stage, by the model state it reads and writes (W-dependent with a sharded optimizer)
         shard = config.data if request.sharded_state else 1
-        step_key = (request.state_bytes_per_param(config.data), shard)
+        whole = request.shard_parameters and config.data > 1  # (self.fsdp, set below)
+        step_key = (request.state_bytes_per_param(config.data), shard, whole)
         if step_key not in shared["steps"]:
             grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
+            if whole:  # the gradients arrive reduce-scattered in fp32 (planner.fsdp)
+                grad_pass = fsdp.step_grad_pass_bytes(profile.dtype)
             scale = (2 * step_key[0] + grad_pass / shard) / cluster.memory_bandwidth / t
             scale *= calibration(cluster).compute_scale
             shared["steps"][step_key] = [info.params * scale for info in self.stages]

@@ -59,6 +59,15 @@ REDUCE_BYTES = 4.0
 INCOMPATIBLE = ("chimera", "gems", "1f1b-rr", "pipedream", "pipedream-rr", "pipedream-2bw")
 
 
+def step_grad_pass_bytes(dtype: str) -> float:
+    """Bytes per parameter the optimizer step of sharded weights moves over the gradients besides reading and
+    writing the state: they arrive reduce-scattered in fp32 into the shard, so there is no copy into fp32 main
+    gradients as Megatron's mixed-precision optimizer makes (:data:`planner.cost.MIXED_PRECISION_GRAD_PASS_BYTES`);
+    clipping reads them once for their norm (torchtitan clips, ``max_norm`` 1.0): 4; fp16 adds the gradient
+    scaler's unscale and inf check (``ShardedGradScaler``: read and write, 8)."""
+    return 4.0 + (8.0 if dtype.lower() in ("fp16", "float16", "half") else 0.0)
+
+
 def reshards_after_forward(devices: int) -> bool:
     """torchtitan's default policy: reshard after forward (gather again per micro-batch) only without a
     pipeline (``devices`` = D = 1)."""

@@ -139,6 +139,10 @@ def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
     plain = _costs(prof, cl, cfg, TrainingRequest(global_batch=256))
     for s in range(4):
         assert costs.fwd(s) == plain.fwd(s) and costs.bwd(s) == plain.bwd(s)
+        # the step reads and writes the stage's shard of the state, and reads its fp32 gradients for their norm
+        # (no copy into fp32 main gradients: planner.fsdp.step_grad_pass_bytes)
+        assert costs.step_per_stage()[s] == pytest.approx(
+            costs.stages[s].params * (2 * 16 / 8 + 4 / 8) / cl.memory_bandwidth / 2)
         gathers, scatters = costs.fsdp_layers(s)
         assert costs.allreduce(s, 0, s) == pytest.approx(sum(scatters) + fsdp.gather_exposed(costs.fwd(s), gathers))
     cand = predict(prof, cl, req, cfg)
