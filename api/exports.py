@@ -33,7 +33,7 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
     main one), ``notes``, ``label``."""
     from planner.cluster import Cluster
     from planner.export import ExportError, ExportInput, UnsupportedSchedule, framework
-    from planner.export.common import best_supported_note
+    from planner.export.common import best_supported_note, export_same_run
     from planner.profile import ModelProfile
     from planner.runspec import RunSpec
 
@@ -47,7 +47,7 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
                                    shard_optimizer=bool(row.body.get("shard_optimizer")),
                                    shard_parameters=bool(row.body.get("shard_parameters")))
     try:
-        exported = module.export(inp)
+        exported = export_same_run(module, inp, row.body.get("alternatives") or ())
     except UnsupportedSchedule as err:
         status, payload = runner.task("switch_cost", (profile, cluster, request, err.framework,
                                                        err.spec.model_dump(mode="json"),

@@ -139,7 +139,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
                 gpus_per_node: int | None = None) -> tuple[Any, list[str]]:
     """The :class:`planner.export.Export` of candidate ``candidate`` and the notes to print."""
     from planner.cluster import load_cluster
-    from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note
+    from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note, export_same_run
     from planner.export.switch import refusal, request_of
     from planner.model import get_model
     from planner.profile import load_profile
@@ -166,7 +166,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
     try:
-        return module.export(base), notes
+        return export_same_run(module, base, doc.get("alternatives") or ()), notes
     except UnsupportedSchedule as err:
         # the candidate's own request (sharded optimizer, state, reserve): both times as the plan costed them
         message = (refusal(err, prof, cl, request_of(doc, spec.global_batch)) + " "

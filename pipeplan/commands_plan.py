@@ -4,6 +4,7 @@ operator models load with ``profile-analytic`` only."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -59,6 +60,21 @@ def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
     return out[0], out[1]  # type: ignore[return-value]
 
 
+def strict_json(doc: object) -> str:
+    """``doc`` as strict JSON: a time or figure that is not finite (a configuration that was not simulated) is
+    ``null``, not Python's ``Infinity``, which JSON parsers other than Python's refuse."""
+    def clean(x: object) -> object:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(doc), allow_nan=False)
+
+
 def _request(**kw: object) -> TrainingRequest:
     batch = kw.get("global_batch")
     if isinstance(batch, int) and batch > MAX_GLOBAL_BATCH:
@@ -107,7 +123,8 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     console = Console(width=160)
     n = req.gpus or cl.gpus
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
-    assumed = runtime_words(prof.environment, runtime_defaults=prof.source == "analytical")
+    assumed = runtime_words(prof.environment, runtime_defaults=prof.source == "analytical",
+                            sharded_weights=req.shard_parameters)
     if assumed:
         console.print("the profile's times assume " + ", ".join(assumed), highlight=False)
     if prof.environment.get("recompute_granularity") == "selective":
@@ -179,7 +196,7 @@ def register(app: typer.Typer) -> None:
             raise
         stamps.append(time.perf_counter())
         if json_out:
-            typer.echo(json.dumps(res.to_dict()))
+            typer.echo(strict_json(res.to_dict()))
         else:
             _print_plan(res, prof, cl, req, global_batch)
         if os.environ.get("PIPEPLAN_TIMES"):  # benchmarks/plan_cli_bench.py --phases
@@ -228,12 +245,12 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             fail(f"{cfg.label()}: {e}")
             raise
-        warnings = device_warnings(prof, cl, req)
-        if json_out:
-            typer.echo(json.dumps({**cand.to_dict(), "warnings": warnings}))
+        if json_out:  # refused or not fitting too: "fits": false, the reason, and null for what was not predicted
+            typer.echo(strict_json({**cand.to_dict(), "warnings": device_warnings(prof, cl, req)}))
             return
-        if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction)
+        if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction), exit 2
             fail(cand.reason)
+        warnings = device_warnings(prof, cl, req)
         for w in warnings:
             typer.echo(f"warning: {w}", err=True)
         from rich.console import Console

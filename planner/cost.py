@@ -664,6 +664,14 @@ class ConfigCosts(Costs):
         share = self.share
         return 1.0 if share == 1.0 else share * host_inflation(self.cluster.host, share)
 
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Time ``schedule`` from now on (the full lists of a merged schedule, built once the candidate is
+        reached): what was derived from the lists before -- a shared host's slowdown, found by simulating
+        them (:func:`host_share`) -- is found again from these."""
+        if schedule is not self.schedule and self.cluster.host is not None:
+            self._share = None
+        self.schedule = schedule
+
     @property
     def share(self) -> float:
         """Slowdown of core time on a shared CPU host (1 for devices of their own; :func:`host_share`)."""

@@ -330,13 +330,14 @@ ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "
 
 
 def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, tensor: int | None = None,
-                  recompute: bool = False) -> list[str]:
+                  recompute: bool = False, sharded_weights: bool = False) -> list[str]:
     """What times made under the profile environment ``env`` assume of the kernels and the training runtime,
     in words (the keys :mod:`planner.analytic` writes; a key ``env`` lacks is not named).
     ``runtime_defaults``: an analytical profile, which records the pipeline sends and the data-parallel
     all-reduce only where they differ from pipeplan's executor's (overlapped, after the backward).
     ``tensor``/``recompute``: of one configuration -- sequence parallelism only where t > 1, the selective
-    re-run of the attention core only where the layers are not recomputed fully."""
+    re-run of the attention core only where the layers are not recomputed fully. ``sharded_weights``: a plan
+    with sharded weights (:mod:`planner.fsdp`) has no data-parallel all-reduce to name."""
     words = []
     if env.get("attention") == "flash":
         impl = env.get("attention_impl") or "flash2"
@@ -353,7 +354,7 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")
     dp = env.get("dp_allreduce", "after-backward" if runtime_defaults else None)
-    if dp is not None:
+    if dp is not None and not sharded_weights:
         words.append("the data-parallel all-reduce " + ("overlapped with the backward" if dp == "overlapped"
                                                         else "after the backward"))
     return words

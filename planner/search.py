@@ -276,7 +276,8 @@ class Planner:
         exact = inflight_exact(cfg.schedule)
         if not exact and not cand.refined and self.refine(cand, costs):
             return cand
-        sched = costs.schedule = self.shapes.schedule(cfg, schedule_microbatches(cfg, cand.microbatches))
+        sched = self.shapes.schedule(cfg, schedule_microbatches(cfg, cand.microbatches))
+        costs.use_schedule(sched)
         if not exact:
             # activations before simulating: the in-flight counts depend on the list order alone, so the
             # largest single stage's peak is a lower bound of the device's peak (exact with one stage)

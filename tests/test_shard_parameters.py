@@ -196,6 +196,7 @@ def test_cli_plan_and_predict_take_it(tmp_path):
     r = runner.invoke(app, ["plan", *args, "--shard-parameters", "--processes", "1"])
     assert r.exit_code == 0, r.output
     assert "all split over the W replicas, weights gathered where they compute (--shard-parameters: FSDP)" in r.output
+    assert "data-parallel all-reduce" not in r.output  # (the profile's runtime words: no all-reduce under FSDP)
     r = runner.invoke(app, ["plan", *args, "--shard-parameters", "--processes", "1", "--json"])
     doc = json.loads(r.stdout)
     assert doc["candidates"] and all(c["shard_parameters"] and c["schedule"] not in fsdp.INCOMPATIBLE
@@ -275,3 +276,40 @@ def test_a_run_of_a_sharded_plan_says_the_executor_does_not_shard(tmp_path):
     assert "shards the weights, gradients and optimizer state (FSDP)" in got[0]
     assert "shards the optimizer state (ZeRO-1)" in got[1] and got[2:] == [None, None]
     assert "pipeplan's executor does not" in got[0]
+
+
+def test_a_merged_schedule_on_a_shared_host_takes_its_core_share_from_its_full_lists():
+    """On the local CPU cluster a Hanayo candidate's core-sharing slowdown (planner.cost.host_share, a fixed point
+    over the simulated schedule) is that of the lists it is timed with, not of the partial lists the search
+    refined its bound with (a new user saw FSDP Hanayo rows predicted faster than unsharded: 3.24 against 3.97)."""
+    from api_support import tiny_profile
+
+    from planner.cost import host_share
+    from planner.profile import ModelProfile
+
+    cl = load_cluster(ROOT / "examples" / "clusters" / "local-cpu-4.json")
+    prof = ModelProfile.model_validate(tiny_profile())
+    cfg = Config(tensor=1, pipeline=2, data=2, micro_batch=1, schedule="hanayo", waves=1)
+    for req in (TrainingRequest(global_batch=8), TrainingRequest(global_batch=8, shard_parameters=True)):
+        cand = predict(prof, cl, req, cfg)
+        assert cand.costs is not None and cand.refined
+        stored = cand.costs.share
+        assert host_share(cand.costs) == pytest.approx(stored, rel=2e-3)
+
+
+def test_an_export_runs_the_same_schedule_the_framework_has():
+    """A D = 1 ZB-H1 row is 1F1B's forward and backward per micro-batch (its alternatives say so): Megatron-LM and
+    DeepSpeed, which have no ZB-H1, export it as 1F1B with a note; with no such alternative the refusal stands."""
+    from planner.export import deepspeed, megatron
+    from planner.export.common import ExportInput, UnsupportedSchedule, export_same_run
+    from planner.runspec import RunSpec
+
+    cfg = Config(tensor=2, pipeline=1, data=4, micro_batch=1, schedule="zb-h1")
+    inp = ExportInput(spec=RunSpec(config=cfg, microbatches=4, partition=[(0, 6)]), model=PRESETS["gpt-tiny"],
+                      shard_parameters=True)
+    for module in (megatron, deepspeed):
+        out = export_same_run(module, inp, ["1f1b"])
+        assert out.notes[0].startswith("t=2 D=1 W=4 b=1 zb-h1 runs the same as 1f1b")
+        assert module.parse(out.files[0].content).config.schedule == "1f1b"
+        with pytest.raises(UnsupportedSchedule):
+            export_same_run(module, inp, ["gpipe(order)", "zb-h1"])

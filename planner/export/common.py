@@ -11,12 +11,14 @@ device (Megatron-LM's virtual pipeline size, our interleaved ``chunks``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, runtime_words
-from planner.request import Config
+from planner.request import ALL_SCHEDULES, Config
 from planner.runspec import RunSpec
+from planner.schedules import SCHEDULE_PARAMETERS
 
 #: profile layer kinds (``executor.models.layer_kinds``, ``planner.analytic``, ``profiler.hf_model``)
 EMBEDDING, TRANSFORMER, HEAD = "embedding", "transformer", "lm_head"
@@ -307,3 +309,26 @@ def best_supported_note(title: str, check: object, candidates: list[dict[str, ob
     t = candidates[i].get("iteration_time")
     pred = f", predicted {t:.4g} s" if isinstance(t, int | float) else ""
     return f"The plan's fastest candidate that {title} runs is {ref.format(i=i, r=i + 1)} ({spec.config.label()}{pred})"
+
+
+def export_same_run(module: Any, inp: ExportInput, alternatives: list[str] | tuple[str, ...] = ()) -> Export:
+    """``module.export(inp)``; where the framework lacks the candidate's schedule but has one of the schedules the
+    candidate runs the same as (its ``alternatives``, :func:`planner.equivalence.collapse`: a D = 1 ZB-H1 is
+    1F1B's plain forward and backward per micro-batch), the export of that one, said in a note. Only bare
+    schedule names are tried (the same t, D, W, b, N, recomputation and partition); otherwise the framework's
+    :class:`UnsupportedSchedule` stands."""
+    try:
+        return module.export(inp)
+    except UnsupportedSchedule as err:
+        for alt in alternatives:
+            if alt not in ALL_SCHEDULES or alt == inp.config.schedule:
+                continue
+            cfg = inp.config.model_copy(update={"schedule": alt, **{k: None for k in SCHEDULE_PARAMETERS}})
+            try:
+                out = module.export(replace(inp, spec=inp.spec.model_copy(update={"config": cfg})))
+            except UnsupportedSchedule:
+                continue
+            note = (f"{inp.config.label()} runs the same as {alt} (the plan's alternatives): exported as {alt}, "
+                    f"which {module.TITLE} has")
+            return Export(out.format, out.files, (note, *out.notes))
+        raise err

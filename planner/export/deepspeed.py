@@ -111,10 +111,13 @@ def export(inp: ExportInput) -> Export:
     keys it does not read)."""
     cfg = config(inp)
     notes = [n for n in [placement_note(inp)] if n]
-    if inp.spec.partition:
+    if inp.spec.partition and not inp.fsdp:
         notes.append("pipeline.parts are the plan's stage boundaries over the profile's layers; "
                      "PipelineModule(partition_method='uniform') balances layer counts, which may differ")
-    if inp.config.tensor > 1:
+    if inp.config.tensor > 1 and inp.fsdp:
+        notes.append(f"t = {inp.config.tensor}: tensor parallelism comes from the model's own Megatron-style layers "
+                     "(Megatron-DeepSpeed), its data-parallel group the W ranks ZeRO-3 shards over")
+    elif inp.config.tensor > 1:
         notes.append(f"t = {inp.config.tensor}: DeepSpeed's pipeline engine takes tensor parallelism from the "
                      "model (PipeModelDataParallelTopology(**pipeline.topology) and Megatron-style layers)")
     if inp.fsdp:
