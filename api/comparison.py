@@ -48,5 +48,23 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
             "fields": [{"field": f, "predicted": p, "measured": m, "relative_error": _rel(p, m)}
                        for f, p, m in rows],
             "devices": devices,
-            # the executor runs a sharded plan unsharded: the prediction is not of what was measured
-            "note": unsharded_run_note(cand)}
+            # where what ran is not what the plan predicted: a sharded plan run unsharded, an emulated run
+            "note": "; ".join(n for n in (unsharded_run_note(cand), _emulated_note(res, cand)) if n) or None}
+
+
+def _emulated_note(res: Result | None, cand: dict[str, Any]) -> str | None:
+    """An emulated run's compute waits instead of running (it takes no core): the run compared itself with the
+    simulator on its own terms (``pipeplan run``'s ``predicted``, in the result it reported), which differs
+    from the plan's figure where the plan counted processes sharing a CPU host's cores or other links; say both
+    when they differ by more than 1%."""
+    if res is None or not res.emulated:
+        return None
+    own = ((res.body or {}).get("predicted") or {}).get("iteration_time")
+    planned = cand.get("iteration_time")
+    if not isinstance(own, int | float) or not isinstance(planned, int | float) or own <= 0 or planned <= 0:
+        return None
+    if abs(own - planned) <= 0.01 * planned:
+        return None
+    return (f"this run was emulated: its compute waited instead of running, and it compared itself with "
+            f"{own * 1e3:.2f} ms, the simulator on its own terms (emulated compute shares no cores), against the "
+            f"plan's {planned * 1e3:.2f} ms (measured/that: {res.iteration_time / own:.3f})")

@@ -294,16 +294,18 @@ def post_plan(client: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def finish_job(client: Any, plan: dict[str, Any], index: int, worker: dict[str, Any], seconds: float,
-               emulated: bool = False) -> int:
+               emulated: bool = False, raw: dict[str, Any] | None = None) -> int:
     """Candidate ``index`` of ``plan`` dispatched as a gpt-tiny job, claimed by ``worker`` (the registration
-    answer: its id and its own credential) and finished with ``seconds`` measured; the job's id."""
+    answer: its id and its own credential) and finished with ``seconds`` measured (``raw``: the run's own result
+    document, as the agent reports it); the job's id."""
     mine = {"Authorization": f"Bearer {worker['token']}"}
     job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
                       headers=AUTH).json()
     claim = client.post(f"/workers/{worker['id']}/claim", headers=mine)
     assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
     r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker["id"], "iteration_time": seconds,
-                                                       "emulated": emulated, "devices": []}, headers=mine)
+                                                       "emulated": emulated, "devices": [],
+                                                       **({"raw": raw} if raw is not None else {})}, headers=mine)
     assert r.status_code == 201, r.text
     return job["id"]
 

@@ -280,3 +280,23 @@ def test_the_comparison_gives_the_predicted_peak_where_none_was_measured(client)
     comp = client.get(f"/jobs/{job['id']}/comparison", headers=AUTH).json()
     assert [d["predicted_peak_memory"] for d in comp["devices"]] == pred["model_memory"]
     assert all(d["peak_memory"] is None and d.get("peak_memory_relative_error") is None for d in comp["devices"])
+
+
+def test_an_emulated_runs_comparison_says_what_it_compared_itself_with(client) -> None:  # type: ignore[no-untyped-def]
+    """An emulated run (compute waits, sharing no cores) compares itself with the simulator on its own terms; where
+    that differs from the plan's figure (a CPU plan counts processes sharing the cores), the comparison's note
+    gives both and the ratio to the run's own (a new user read -44% against the plan's with nothing saying why).
+    A real run, or an emulated one whose own figure is the plan's, has no note."""
+    from api_support import finish_job
+
+    _, _, plan = seed_plan(client)
+    w = client.post("/workers", json={"name": "cpu-e", "node": "n1", "device_type": TINY_DEVICE},
+                    headers=WAUTH).json()
+    planned = plan["candidates"][0]["iteration_time"]
+    notes = []
+    for emulated, own in ((True, planned / 2), (True, planned), (False, planned / 2)):
+        jid = finish_job(client, plan, 0, w, own * 1.05, emulated=emulated,
+                         raw={"emulated": emulated, "predicted": {"iteration_time": own}})
+        notes.append(client.get(f"/jobs/{jid}/comparison", headers=AUTH).json()["note"])
+    assert notes[0].startswith("this run was emulated") and "measured/that: 1.050" in notes[0]
+    assert f"{planned * 1e3:.2f} ms" in notes[0] and notes[1:] == [None, None]
