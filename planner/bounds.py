@@ -64,7 +64,8 @@ class StageTerms:
         f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
         chain_f = [min(costs.fwd(s, 1), costs.fwd(s, 2)) if doubled else f[s] for s in range(S)]
         bw = [costs.bwd(s) for s in range(S)]
-        chain_b = [costs.compute("I", s, 1, 0) for s in range(S)] if split else bw
+        # (the work, as F and B: a shared host's core share is the configuration's own, not these cached terms')
+        chain_b = [costs.work("I", s, 1) for s in range(S)] if split else bw
         self.fwd, self.bwd = np.asarray(f), np.asarray(bw)
         self.work = self.fwd + self.bwd
         self.head = prefix_sums(chain_f)[:-1]

@@ -225,6 +225,18 @@ class Planner:
         return costs
 
     def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
+        """:meth:`_refine`. On a shared CPU host the bounds are of the work alone (core share 1): the share is a
+        fixed point over the lists the candidate is timed with (:meth:`ConfigCosts.use_schedule`), which the
+        partial lists bounded here are not, and every share is at least 1, so such bounds hold whatever it is."""
+        if costs.cluster.host is None:
+            return self._refine(cand, costs, kth)
+        saved, costs._share = costs._share, 1.0
+        try:
+            return self._refine(cand, costs, kth)
+        finally:
+            costs._share = saved
+
+    def _refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
         """Raise ``cand.lower_bound`` before the candidate is simulated, cheapest first, and for merged
         schedules (Chimera, Hanayo) reject on the warm-up's memory before the whole merge (True).
 
