@@ -173,7 +173,9 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
                    + best_supported_note(module.TITLE, module.check, cands) + ".")
         if not closest:
             raise ValueError(message + " --closest exports the closest configuration instead.") from None
-        notes.append(message.rstrip(".") + "; exporting it (--closest)")
+        # (the message ends naming the fastest candidate the framework can run: "it" would read as that one)
+        notes.append(message.rstrip(".") + f"; exporting the closest configuration, {err.closest.config.label()} "
+                     "(--closest)")
         inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
                                        plan_path=str(plan), candidate=candidate, options=base.options,
                                        shard_optimizer=base.shard_optimizer, shard_parameters=base.shard_parameters)
