@@ -8,7 +8,6 @@ PostgreSQL's ``jsonb`` would refuse.
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,20 +25,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from planner.jsondoc import finite  # (re-exported: the api's queues import it from here)
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def finite(value: Any) -> Any:
-    """``value`` with non-finite floats replaced by None (JSON has no inf/NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
 
 
 class JSONText(TypeDecorator[Any]):

@@ -4,7 +4,6 @@ operator models load with ``profile-analytic`` only."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pipeplan.options import (
 )
 from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
+from planner.jsondoc import finite
 from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, runtime_words, save_profile
@@ -61,18 +61,9 @@ def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
 
 
 def strict_json(doc: object) -> str:
-    """``doc`` as strict JSON: a time or figure that is not finite (a configuration that was not simulated) is
-    ``null``, not Python's ``Infinity``, which JSON parsers other than Python's refuse."""
-    def clean(x: object) -> object:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [clean(v) for v in x]
-        return x
-
-    return json.dumps(clean(doc), allow_nan=False)
+    """``doc`` as strict JSON (:func:`planner.jsondoc.finite`): a time or figure that is not finite is ``null``,
+    not Python's ``Infinity``, which JSON parsers other than Python's refuse."""
+    return json.dumps(finite(doc), allow_nan=False)
 
 
 def _request(**kw: object) -> TrainingRequest:
