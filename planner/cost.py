@@ -275,6 +275,13 @@ class StageInfo:
     has_head: bool = False
 
 
+def own_layer_params(profile: ModelProfile, info: StageInfo) -> list[float]:
+    """Per layer of a stage, the parameters it holds of its own: a tied LM head in the stage of the embedding it
+    copies is that parameter (one copy, gathered once; :mod:`planner.fsdp`), so its tied part is not its own."""
+    i, j = info.layers
+    return [float(lay.params - (lay.tied_params if info.has_embedding else 0)) for lay in profile.layers[i:j]]
+
+
 def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) -> float:
     """Stashed activation bytes per sample of one layer's ``1/t`` shard: the profile's own figure at this
     ``t`` (operator model or measured) when it has one, else Korthikanti et al. 2022 eq. 2 scaling of the
@@ -349,12 +356,18 @@ class ConfigCosts(Costs):
             shared.update(infos=stage_infos(profile, bounds, t), fwd={}, bwd={}, steps={})
         self.stages = shared["infos"]
         # the step per stage, by the model state it reads and writes (W-dependent with a sharded optimizer)
+        #: weights sharded over the W replicas (:mod:`planner.fsdp`), and gathered again for every micro-batch
+        #: (no pipeline: torchtitan's reshard policy) rather than once per iteration
+        self.fsdp = request.shard_parameters and config.data > 1
+        self.fsdp_per_microbatch = self.fsdp and fsdp.reshards_after_forward(schedule.devices)
+        #: the gathers run beside the compute (not on a shared CPU host whose collectives take its cores)
+        self.fsdp_overlap = cluster.host is None or cluster.host.comm_overlaps_compute
+        self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
         shard = config.data if request.sharded_state else 1
-        whole = request.shard_parameters and config.data > 1  # (self.fsdp, set below)
-        step_key = (request.state_bytes_per_param(config.data), shard, whole)
+        step_key = (request.state_bytes_per_param(config.data), shard, self.fsdp)
         if step_key not in shared["steps"]:
             grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
-            if whole:  # the gradients arrive reduce-scattered in fp32 (planner.fsdp)
+            if self.fsdp:  # the gradients arrive reduce-scattered in fp32 (planner.fsdp)
                 grad_pass = fsdp.step_grad_pass_bytes(profile.dtype)
             scale = (2 * step_key[0] + grad_pass / shard) / cluster.memory_bandwidth / t
             scale *= calibration(cluster).compute_scale
@@ -397,13 +410,6 @@ class ConfigCosts(Costs):
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
         self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
-        #: weights sharded over the W replicas (:mod:`planner.fsdp`), and gathered again for every micro-batch
-        #: (no pipeline: torchtitan's reshard policy) rather than once per iteration
-        self.fsdp = request.shard_parameters and config.data > 1
-        self.fsdp_per_microbatch = self.fsdp and fsdp.reshards_after_forward(schedule.devices)
-        #: the gathers run beside the compute (not on a shared CPU host whose collectives take its cores)
-        self.fsdp_overlap = cluster.host is None or cluster.host.comm_overlaps_compute
-        self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -551,19 +557,34 @@ class ConfigCosts(Costs):
         return sums[j] - sums[i]
 
     def fwd(self, stage: int, span: int = 1) -> float:
+        v = self._plain_fwd(stage, span)
+        if self.fsdp_per_microbatch:
+            v += self.fsdp_extra("F", stage, span)
+        if self.blocking_p2p:
+            return v + self._held("F", stage, span)
+        return v
+
+    def bwd(self, stage: int) -> float:
+        v = self._plain_bwd(stage)
+        if self.fsdp_per_microbatch:
+            v += self.fsdp_extra("B", stage)
+        if self.blocking_p2p:
+            return v + self._held("B", stage, 1)
+        return v
+
+    def _plain_fwd(self, stage: int, span: int) -> float:
+        """An F's compute and tensor-parallel collectives, shared by the configurations of these stages (what
+        this configuration's placement or data-parallel width adds is not in it)."""
         key = (stage, span)
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
             v = self._fwd[key] = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale
                                   + self._tp_comm(stage, samples) + self._tp_edges(stage, samples, backward=False))
-        if self.fsdp_per_microbatch:
-            v = fsdp.forward_time(v, self.fsdp_layers(stage)[0], self.fsdp_overlap)
-        if self.blocking_p2p:
-            return v + self._held("F", stage, span)
         return v
 
-    def bwd(self, stage: int) -> float:
+    def _plain_bwd(self, stage: int) -> float:
+        """A B's compute and tensor-parallel collectives, shared as :meth:`_plain_fwd`."""
         v = self._bwd.get(stage)
         if v is None:
             kind = "recompute" if self.config.recompute else "bwd"
@@ -571,10 +592,6 @@ class ConfigCosts(Costs):
                                     + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
                                     + self._tp_edges(stage, self.base_b, backward=True)
                                     + self._sp_regather(stage, self.base_b))
-        if self.fsdp_per_microbatch:
-            v = fsdp.backward_time(v, *self.fsdp_layers(stage), overlap=self.fsdp_overlap)
-        if self.blocking_p2p:
-            return v + self._held("B", stage, 1)
         return v
 
     def fsdp_extra(self, kind: str, stage: int, span: int = 1) -> float:
@@ -585,11 +602,9 @@ class ConfigCosts(Costs):
             return 0.0
         gathers, scatters = self.fsdp_layers(stage)
         if kind == "F":
-            self.fwd(stage, span)  # (fills the shared cache of the plain forward)
-            plain = self._fwd[(stage, span)]
+            plain = self._plain_fwd(stage, span)
             return fsdp.forward_time(plain, gathers, self.fsdp_overlap) - plain
-        self.bwd(stage)
-        plain = self._bwd[stage]
+        plain = self._plain_bwd(stage)
         return fsdp.backward_time(plain, gathers, scatters, self.fsdp_overlap) - plain
 
     def _fsdp_collective(self, ranks: list[int], nbytes: float, op: str) -> float:
@@ -621,10 +636,7 @@ class ConfigCosts(Costs):
         if got is None:
             holders = sorted({row[stage] for row in self.schedule.placement})
             ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
-            info = self.stages[stage]
-            i, j = info.layers
-            # a tied LM head in the stage of the embedding it copies is that parameter, gathered once
-            params = [lay.params - (lay.tied_params if info.has_embedding else 0) for lay in self.profile.layers[i:j]]
+            params = own_layer_params(self.profile, self.stages[stage])
             scale = self.cal.link_scale
             got = self._fsdp_layers[stage] = (
                 [self._fsdp_collective(ranks, p * self.el / self.t, "all_gather") * scale for p in params],

@@ -26,7 +26,7 @@ import numpy as np
 from planner import fsdp
 from planner.candidate import Candidate, gib
 from planner.cluster import Cluster
-from planner.cost import DTYPE_BYTES, ConfigCosts, stage_infos
+from planner.cost import DTYPE_BYTES, ConfigCosts, own_layer_params, stage_infos
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
@@ -69,16 +69,11 @@ class MemoryModel:
         if got is None:
             got = []
             for s, info in enumerate(costs.stages):
-                own = info.params - self._tied_in_stage(info)
-                v = own * per_param / costs.t
+                v = (info.params - self._tied_in_stage(info)) * per_param / costs.t
                 if versions:
                     v += (versions[s] - 1) * info.param_bytes / costs.t
                 if gathered:
-                    i, j = info.layers
-                    sizes = [lay.params for lay in self.profile.layers[i:j]]
-                    if self._tied_in_stage(info):  # the tied head is the embedding's parameter
-                        sizes = [p - lay.tied_params for p, lay in zip(sizes, self.profile.layers[i:j], strict=True)]
-                    v += fsdp.unsharded_bytes(sizes, costs.el, costs.t, sched.devices)
+                    v += fsdp.unsharded_bytes(own_layer_params(self.profile, info), costs.el, costs.t, sched.devices)
                 got.append(v)
             self._stage_states[key] = got
         return got
