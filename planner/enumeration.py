@@ -9,8 +9,7 @@ from collections import Counter
 from typing import Any
 
 from planner.cluster import Cluster
-from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
-from planner.request import ALL_SCHEDULES, ASYNC_SCHEDULES, Config, TrainingRequest
+from planner.request import Config, TrainingRequest
 from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
 from planner.units import devices
 
@@ -73,9 +72,7 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
     # (PipeDream's replicated stages come from the profile: :meth:`planner.search.Planner.configs` adds them)
     names = [n for n in req.allowed() if n in BUILDERS and n not in PROFILE_DRIVEN]
     # sharded weights leave out the schedules with two copies or versions of a stage (planner.fsdp): counted
-    unsharded = [n for n in (req.schedules or ALL_SCHEDULES) if n in FSDP_INCOMPATIBLE and n in BUILDERS
-                 and n not in PROFILE_DRIVEN and (req.allow_async or n not in ASYNC_SCHEDULES)
-                 ] if req.shard_parameters else []
+    unsharded = [n for n in req.unshardable() if n in BUILDERS and n not in PROFILE_DRIVEN]
     out: list[Config] = []
     for t in divisors(P):
         if t > max_t or (t <= cl.gpus_per_node and cl.gpus_per_node % t):

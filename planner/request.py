@@ -103,12 +103,19 @@ class TrainingRequest(BaseModel):
         return min(ADAM_OPTIMIZER_BYTES, self.bytes_per_param)
 
     def allowed(self) -> list[str]:
+        """The schedules the search plans: those named (default: all), the asynchronous ones only with
+        ``allow_async``, less :meth:`unshardable`."""
+        left_out = set(self.unshardable())
+        return [n for n in self._named() if n not in left_out]
+
+    def unshardable(self) -> list[str]:
+        """Of the schedules otherwise allowed, those that cannot shard their weights (``shard_parameters``: they
+        keep two copies or versions of a stage, :data:`planner.fsdp.INCOMPATIBLE`); empty without it."""
+        return [n for n in self._named() if n in FSDP_INCOMPATIBLE] if self.shard_parameters else []
+
+    def _named(self) -> list[str]:
         names = list(self.schedules) if self.schedules else list(ALL_SCHEDULES)
-        if not self.allow_async:
-            names = [n for n in names if n not in ASYNC_SCHEDULES]
-        if self.shard_parameters:  # they keep two copies or versions of a stage (planner.fsdp)
-            names = [n for n in names if n not in FSDP_INCOMPATIBLE]
-        return names
+        return names if self.allow_async else [n for n in names if n not in ASYNC_SCHEDULES]
 
 
 class Config(BaseModel):
