@@ -248,6 +248,15 @@ def test_api_plans_and_exports_with_it(client) -> None:  # type: ignore[no-untyp
         assert r.status_code == 422 and field in r.json()["detail"], r.text
     plan_doc = post_plan(client, body)
     assert plan_doc["status"] == "done" and plan_doc["candidates"], plan_doc
+    # what the profile's times assume, for the plan page: no data-parallel all-reduce under sharded weights
+    from planner.analytic import analytic_profile
+
+    gpt = analytic_profile(PRESETS["gpt-tiny"], "A100-SXM4-80GB", micro_batches=(1,), tensor_sizes=(1,))
+    gid = client.post("/profiles", json=gpt.model_dump(mode="json"), headers=AUTH).json()["id"]
+    words = client.get(f"/profiles/{gid}/assumes", headers=AUTH).json()["assumes"]
+    fsdp_words = client.get(f"/profiles/{gid}/assumes?sharded_weights=true", headers=AUTH).json()["assumes"]
+    assert "the data-parallel all-reduce after the backward" in words
+    assert fsdp_words == [w for w in words if not w.startswith("the data-parallel all-reduce")]
     cands = plan_doc["candidates"]
     assert all(c["shard_parameters"] and c["schedule"] not in fsdp.INCOMPATIBLE for c in cands)
     rank = next(i for i, c in enumerate(cands) if c["data"] > 1)

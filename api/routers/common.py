@@ -18,9 +18,10 @@ Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 Filter = Annotated[str | None, Query(max_length=200)]
 
 
-def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
+def profile_out(row: Profile, detail: bool = False, sharded_weights: bool = False) -> dict[str, Any]:
     """A profile answer; ``detail``: with its document and what its times assume (the listing loads neither:
-    the document is deferred, tests/test_hardening.py)."""
+    the document is deferred, tests/test_hardening.py), for a plan that shards its weights where
+    ``sharded_weights`` (:func:`planner.profile.runtime_words`)."""
     out = {k: getattr(row, k) for k in ("id", "content_hash", "name", "device", "dtype", "source", "num_layers",
                                          "total_params", "created_at")}
     if detail:
@@ -28,8 +29,8 @@ def profile_out(row: Profile, detail: bool = False) -> dict[str, Any]:
 
         out["profile"] = row.body
         env = (row.body or {}).get("environment") or {}
-        out["assumes"] = runtime_words(env, runtime_defaults=row.source == "analytical") if isinstance(env, dict) \
-            else []
+        out["assumes"] = runtime_words(env, runtime_defaults=row.source == "analytical",
+                                       sharded_weights=sharded_weights) if isinstance(env, dict) else []
     return out
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import crud
@@ -142,10 +142,13 @@ class ProfileAssumes(BaseModel):
 
 @router.get("/{profile_id}/assumes", response_model=ProfileAssumes, dependencies=[Read],
             responses={404: {"model": Message}})
-def get_profile_assumes(profile_id: IdPath, db: DB):  # noqa: ANN201
+def get_profile_assumes(profile_id: IdPath, db: DB,  # noqa: ANN201
+                        sharded_weights: Annotated[bool, Query(description="for a plan that shards its weights "
+                                                                           "(FSDP): no data-parallel all-reduce "
+                                                                           "to name")] = False):
     """Only :func:`get_profile`'s ``assumes``: what the new-plan and plan pages show, without the document (a
     GPT-3 175B analytical profile is about 1 MB)."""
-    out = profile_out(crud.get_profile(db, profile_id), detail=True)
+    out = profile_out(crud.get_profile(db, profile_id), detail=True, sharded_weights=sharded_weights)
     return {"id": out["id"], "assumes": out["assumes"]}
 
 

@@ -76,9 +76,9 @@ async function loadNames(plan) {
   if (p) {
     document.getElementById("info-profile").textContent = `${p.name} on ${p.device} (#${p.id})`;
     let words = [];
-    try { words = (await PP.get(`/profiles/${p.id}/assumes`)).assumes || []; } catch (e) { words = []; }
-    // sharded weights have no data-parallel all-reduce (planner.profile.runtime_words' sharded_weights)
-    if (plan.request && plan.request.shard_parameters) words = words.filter((w) => !w.startsWith("the data-parallel all-reduce"));
+    // sharded weights have no data-parallel all-reduce to name (planner.profile.runtime_words' sharded_weights)
+    const sharded = plan.request && plan.request.shard_parameters ? "?sharded_weights=true" : "";
+    try { words = (await PP.get(`/profiles/${p.id}/assumes${sharded}`)).assumes || []; } catch (e) { words = []; }
     const assumes = document.getElementById("info-assumes");
     assumes.textContent = words.length ? `The profile's times assume ${words.join(", ")}.` : "";
     assumes.hidden = !words.length;

@@ -256,11 +256,10 @@ def runtime_line(inp: ExportInput) -> str | None:
     env = {"attention": inp.attention, "attention_impl": inp.attention_impl,
            "dropout": None if inp.dropout is None else str(inp.dropout).lower(),
            "sequence_parallel": "true" if inp.sequence_parallel else None,
-           "recompute_granularity": inp.recompute_granularity, "p2p": inp.p2p,
-           # sharded weights have no data-parallel all-reduce: their collectives are said below
-           "dp_allreduce": None if inp.fsdp else inp.dp_allreduce}
+           "recompute_granularity": inp.recompute_granularity, "p2p": inp.p2p, "dp_allreduce": inp.dp_allreduce}
+    # (sharded weights have no data-parallel all-reduce: their collectives are said below)
     parts = runtime_words({k: v for k, v in env.items() if v is not None}, tensor=inp.config.tensor,
-                          recompute=inp.config.recompute)
+                          recompute=inp.config.recompute, sharded_weights=inp.fsdp)
     if inp.fsdp:
         parts.append(f"the weights, gradients and optimizer state sharded over the {inp.config.data} data-parallel "
                      f"replicas (FSDP: weights gathered "

@@ -94,6 +94,9 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     plan = _submitted_plan(server, page)
     plan_id = plan["id"]
     assert "weights, gradients and optimizer sharded over data parallel (FSDP)" in page.inner_text("#info-optimizer")
+    page.wait_for_selector("#info-assumes:not([hidden])")  # the profile's words, without a data-parallel all-reduce
+    assert "pipeline sends" in page.inner_text("#info-assumes")
+    assert "data-parallel all-reduce" not in page.inner_text("#info-assumes")
     assert plan["request"]["shard_parameters"] is True and plan["candidates"]
     for cand in plan["candidates"]:
         assert cand["shard_parameters"] and cand["schedule"] not in ("chimera", "gems")
