@@ -103,6 +103,8 @@ time.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -675,6 +677,16 @@ class ConfigCosts(Costs):
         time it costs more to take turns on the cores (:func:`host_inflation`); 1 for devices of their own."""
         share = self.share
         return 1.0 if share == 1.0 else share * host_inflation(self.cluster.host, share)
+
+    @contextmanager
+    def unit_share(self) -> Iterator[None]:
+        """Inside, a shared host's core share is 1 (durations are the work and the executor's overhead): what
+        a bound may use whatever share the candidate is finally timed with (every share is at least 1)."""
+        saved, self._share = self._share, 1.0
+        try:
+            yield
+        finally:
+            self._share = saved
 
     def use_schedule(self, schedule: Schedule) -> None:
         """Time ``schedule`` from now on (the full lists of a merged schedule, built once the candidate is

@@ -230,11 +230,8 @@ class Planner:
         partial lists bounded here are not, and every share is at least 1, so such bounds hold whatever it is."""
         if costs.cluster.host is None:
             return self._refine(cand, costs, kth)
-        saved, costs._share = costs._share, 1.0
-        try:
+        with costs.unit_share():
             return self._refine(cand, costs, kth)
-        finally:
-            costs._share = saved
 
     def _refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
         """Raise ``cand.lower_bound`` before the candidate is simulated, cheapest first, and for merged
