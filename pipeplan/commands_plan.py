@@ -123,6 +123,10 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
                       "selectively (profile: --recompute-granularity selective"
                       + (": the flash kernel's forward" if prof.environment.get("attention") == "flash"
                          else "") + ")", highlight=False)
+    elif prof.environment.get("recompute_granularity") == "op":
+        console.print("recomputation: rows with rc re-run every layer; the others re-run every other GEMM and the "
+                      "element-wise ops (profile: --recompute-granularity op, torchtitan's selective op "
+                      "checkpointing)", highlight=False)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
     if not res.candidates:  # an empty table alone read as a success
         top = max(res.rejected.items(), key=lambda kv: kv[1], default=None)
@@ -277,10 +281,16 @@ def register(app: typer.Typer) -> None:
                  "Hopper) or cudnn (cuDNN's fused attention, Transformer Engine's choice on Hopper)")] = "flash2",
         sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
         recompute_granularity: Annotated[str, typer.Option(
-            help="none, or selective (Megatron's --recompute-granularity selective, Korthikanti et al. 2022: "
+            help="none, selective (Megatron's --recompute-granularity selective, Korthikanti et al. 2022: "
                  "layers not fully recomputed re-run the attention core in the backward instead of stashing "
-                 "it -- with flash attention its forward, as Megatron-Core checkpoints it). Full recomputation "
-                 "stays the planner's per-candidate choice (the rc column)")] = "none",
+                 "it -- with flash attention its forward, as Megatron-Core checkpoints it) or op (torchtitan's "
+                 "selective op checkpointing: they keep every other GEMM's output and the attention kernel's "
+                 "and re-run the rest). Full recomputation stays the planner's per-candidate choice (the rc "
+                 "column)")] = "none",
+        kernels: Annotated[str, typer.Option(
+            help="fused (Megatron-LM / Transformer Engine: one kernel per norm, rotary embedding, activation "
+                 "and residual add) or eager (PyTorch without torch.compile, as torchtitan and Hugging Face "
+                 "code run: each of those as separate ops, RMSNorm in fp32)")] = "fused",
         p2p: Annotated[str, typer.Option(
             help="how the runtime you will train with posts its pipeline sends: overlapped (they overlap "
                  "compute: pipeplan's executor, Megatron-Core with --overlap-p2p-communication) or blocking "
@@ -307,9 +317,11 @@ def register(app: typer.Typer) -> None:
         if attention_impl not in ATTENTION_IMPLS:
             fail(f"--attention-impl must be {', '.join(ATTENTION_IMPLS[:-1])} or {ATTENTION_IMPLS[-1]}, "
                  f"got {attention_impl!r}")
-        if recompute_granularity not in ("none", "selective"):
-            fail(f"--recompute-granularity must be none or selective, got {recompute_granularity!r} (full "
+        if recompute_granularity not in ("none", "selective", "op"):
+            fail(f"--recompute-granularity must be none, selective or op, got {recompute_granularity!r} (full "
                  "recomputation is chosen per candidate by the planner)")
+        if kernels not in ("fused", "eager"):
+            fail(f"--kernels must be fused or eager, got {kernels!r}")
         from planner.analytic import runtime_environment
 
         try:
@@ -355,7 +367,8 @@ def register(app: typer.Typer) -> None:
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
                                                             attention_impl=attention_impl,  # type: ignore[arg-type]
                                                             sequence_parallel=sequence_parallel, dropout=dropout,
-                                                            recompute=recompute_granularity),  # type: ignore[arg-type]
+                                                            recompute=recompute_granularity,  # type: ignore[arg-type]
+                                                            kernels=kernels),  # type: ignore[arg-type]
                                     p2p=p2p, dp_allreduce=dp_allreduce)
         except ValidationError as e:
             fail(validation_summary(e))

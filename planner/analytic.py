@@ -27,6 +27,14 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   its whole forward once, the core included, so ``recompute_time`` is the forward plus the backward
   without the core's re-run (:attr:`planner.operators.PassTimes.recompute`). The environment records it
   (``recompute_granularity: selective``; absent otherwise, so profiles made without it are unchanged).
+  torchtitan's selective op checkpointing (``OperatorOptions.recompute = "op"``, ``[activation_checkpoint]
+  mode = "selective"``, ``selective_ac_option = "op"``) is the same kind of property: each layer keeps the
+  output of every other GEMM and of the attention kernel and re-runs the rest in the backward
+  (:func:`planner.operators.checkpoint_ops`); the environment records ``recompute_granularity: op``.
+* Kernels (``OperatorOptions.kernels``): Megatron-LM's and Transformer Engine's fused kernels (the default,
+  absent from the environment) or eager PyTorch's (``kernels: eager``: torchtitan and Hugging Face code
+  without ``torch.compile``, each norm, rotary embedding, activation and residual add as separate ATen
+  kernels: :mod:`planner.operators`, "Kernels").
 * Attention: the profile's environment records the kernel (``attention``: unfused or flash) and, for the
   flash kernel, its implementation (``attention_impl``: flash2, flash3 or cudnn, timed at its published
   rate on the device where the device has one: :mod:`planner.operators`).
@@ -157,12 +165,14 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                      # the whole shape (GQA, gated MLP, norm, positions, ...): what exports write out
                      "model_spec": spec.model_dump_json(exclude={"source"}),
                      **({"attention_impl": opts.attention_impl} if opts.attention == "flash" else {}),
-                     **({"recompute_granularity": "selective"} if opts.recompute == "selective" else {}),
+                     **({"recompute_granularity": opts.recompute} if opts.recompute != "none" else {}),
+                     **({"kernels": "eager"} if opts.kernels == "eager" else {}),
                      **runtime},
         notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
                f"({opts.attention}{f' ({opts.attention_impl})' if opts.attention == 'flash' else ''} attention"
                f"{', dropout' if opts.dropout else ''}"
                f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}"
+               f"{EAGER_NOTE if opts.kernels == 'eager' else ''}"
                f"{', blocking pipeline sends' if 'p2p' in runtime else ''}"
                f"{', data-parallel all-reduce overlapped with the backward' if 'dp_allreduce' in runtime else ''}); "
                "GEMM and memory efficiency "
@@ -171,7 +181,13 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     )
 
 
+EAGER_NOTE = ", eager PyTorch kernels (norms, rotary embeddings, activations, residual adds apart)"
+
+
 def _selective_note(opts: OperatorOptions) -> str:
+    if opts.recompute == "op":
+        return (", selective op checkpointing (torchtitan): layers not fully recomputed keep every other GEMM's "
+                "output and the attention kernel's, and re-run the rest in the backward")
     if opts.recompute != "selective":
         return ""
     if opts.attention == "flash":

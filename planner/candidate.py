@@ -87,12 +87,13 @@ class Candidate:
     def recompute_granularity(self) -> str | None:
         """Megatron-LM's name for what this candidate recomputes: ``"full"`` (``recompute``: every layer's
         forward again), ``"selective"`` (the profile's layers re-run their attention core: Korthikanti et al.
-        2022 section 5, a property of the profile), ``"none"``; None when not costed."""
+        2022 section 5, a property of the profile), ``"op"`` (what torchtitan's selective op checkpointing
+        re-runs, also the profile's), ``"none"``; None when not costed."""
         if self.config.recompute:
             return "full"
         if self.costs is None:
             return None
-        return "selective" if self.costs.selective else "none"
+        return self.costs.granularity
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """The candidate document: ``run_spec`` (what to run) and, flat beside it for reading, the

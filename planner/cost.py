@@ -387,11 +387,13 @@ class ConfigCosts(Costs):
         #: divided by (t * tensor_efficiency); ``partial``: some layers lack times at this t
         self.per_t, self.partial = shared["per_t"]
         self.sequence_parallel = profile.environment.get("sequence_parallel") == "true"
-        #: the profile's layers re-run their attention core (the unfused one, or the flash kernel's forward as
-        #: Megatron-Core does) in the backward where the candidate does not recompute fully (Korthikanti et al.
-        #: 2022 section 5; :mod:`planner.operators`): already in the profile's times and stash, recorded here
-        #: for the candidate's output
-        self.selective = profile.environment.get("recompute_granularity") == "selective"
+        #: what the profile's layers re-run in the backward where the candidate does not recompute fully:
+        #: "selective", their attention core (the unfused one, or the flash kernel's forward as Megatron-Core
+        #: does; Korthikanti et al. 2022 section 5), "op", what torchtitan's selective op checkpointing re-runs,
+        #: or "none" (:mod:`planner.operators`): already in the profile's times and stash, recorded here for the
+        #: candidate's output
+        granularity = profile.environment.get("recompute_granularity", "none")
+        self.granularity = granularity if granularity in ("selective", "op") else "none"
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}

@@ -57,6 +57,22 @@ Q, K and V only, not its row log-sum-exp. (Megatron-LM's legacy ``ParallelAttent
 checkpoint for flash attention: ``if not self.use_flash_attn: if self.checkpoint_core_attention: ...``; the
 runs that stack measured used unfused attention.)
 
+**Kernels** (``OperatorOptions.kernels``): ``"fused"`` times the kernels Megatron-LM and Transformer Engine
+run -- one fused kernel per norm, rotary embedding, activation (bias-GeLU, SwiGLU) and bias-dropout-add, the
+Q, K and V projections as one GEMM. ``"eager"`` times what eager PyTorch runs for torchtitan's and Hugging
+Face's model code without ``torch.compile``, one ATen kernel per op, each with its own bytes: RMSNorm computed
+in fp32 as eight kernels forward and fourteen backward (:func:`eager_rms_norm`; LayerNorm is one ATen kernel
+either way), rotary embeddings as fp32 complex products (:func:`eager_rope`), grouped-query keys and values
+copied to every query head (:func:`eager_repeat_kv`), SwiGLU as ``silu`` and a product
+(:func:`eager_swiglu`), each residual add and dropout apart with autograd's sum of the residual stream's two
+gradients (:func:`eager_residual`), the Llama family's separate q/k/v and gate/up projections with the sums
+of their input's gradients (:func:`eager_grad_sum`), and the loss over fp32 logits
+(:func:`eager_cross_entropy`). The GEMMs and the attention kernel are the same either way.
+
+**Op checkpointing** (``OperatorOptions.recompute = "op"``, torchtitan's selective op activation
+checkpointing, :func:`checkpoint_ops`): each layer keeps the outputs of its odd-numbered weight GEMMs and of
+the attention kernel, and re-runs every other operator's forward in the backward.
+
 **Time** of one kernel (Calculon, Isaev et al. SC'23, section 3): compute
 ``FLOPs / (peak * gemm_efficiency(shape))`` and memory ``bytes / (bandwidth * memory_efficiency(bytes))``
 combined by the device's rule -- their maximum (``roofline``) or their sum (``no_overlap``, Calculon's
@@ -116,6 +132,10 @@ class Operator:
     saved_bytes: float = 0.0
     #: selective recomputation: the forward kernels are re-run before the backward (counted in I)
     recomputed: bool = False
+    #: bytes of the operator's output (what torchtitan's selective op checkpointing keeps of a saved operator)
+    out_bytes: float = 0.0
+    #: a weight GEMM (``aten.mm`` under eager PyTorch: what the op-checkpointing policy counts)
+    mm: bool = False
 
     @property
     def fwd_flops(self) -> float:
@@ -147,7 +167,12 @@ class OperatorOptions:
     #: backward instead of stashing its tensors -- the unfused core's ``s x s`` ones, or the flash kernel's
     #: forward, as Megatron-Core checkpoints it too (module docstring). Full recomputation is the planner's
     #: per-candidate choice (``Config.recompute``), not an option here.
-    recompute: Literal["none", "selective"] = "none"
+    recompute: Literal["none", "selective", "op"] = "none"
+    #: how the layer's memory-bound operators run (module docstring, "Kernels"): "fused" -- Megatron-LM's and
+    #: Transformer Engine's fused kernels, one per norm, rotary embedding, activation and bias-dropout-add,
+    #: Q/K/V one GEMM -- or "eager" -- PyTorch eager ops as torchtitan's and Hugging Face's Llama code runs them
+    #: without ``torch.compile``: each norm, rotary embedding, activation and residual add as separate kernels
+    kernels: Literal["fused", "eager"] = "fused"
 
 
 def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: bool = True,
@@ -174,8 +199,9 @@ def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: 
         acc = (Kernel(name + ".grad_acc", float(k * n), 3.0 * el * k * n),) if accumulate else ()
         bgrad = (Kernel(name + ".bgrad", bias_rows * n, el * (bias_rows * n + n)),) if bias_rows > 0 else ()
         badd = (Kernel(name + ".bias", float(m * n), el * (2.0 * m * n + n)),) if bias_add else ()
-        return Operator(name, (fwd, *badd), (dgrad,), (wgrad, *acc, *bgrad), saved)
-    return Operator(name, (fwd,), (dgrad, wgrad), (), saved)
+        return Operator(name, (fwd, *badd), (dgrad,), (wgrad, *acc, *bgrad), saved, out_bytes=el * batch * m * n,
+                        mm=True)
+    return Operator(name, (fwd,), (dgrad, wgrad), (), saved, out_bytes=el * batch * m * n)
 
 
 def elementwise(name: str, elements: float, el: int, *, reads: float, writes: float, flops_per: float,
@@ -186,6 +212,116 @@ def elementwise(name: str, elements: float, el: int, *, reads: float, writes: fl
     fwd = Kernel(name, flops_per * elements, el * elements * (reads + writes) + extra_bytes)
     bwd = Kernel(name + ".bwd", flops_per * elements, el * elements * (bwd_reads + bwd_writes) + bwd_extra_bytes)
     return Operator(name, (fwd,), (bwd,), (), saved_bytes)
+
+
+def _passes(name: str, fwd: list[tuple[str, float]], bwd: list[tuple[str, float]], flops: float,
+            saved_bytes: float) -> Operator:
+    """An operator that eager PyTorch runs as one kernel per ATen op: ``fwd``/``bwd`` list each kernel's
+    (name, bytes read + written); ``flops`` per kernel (element-wise work: a few per element, vector rate)."""
+    return Operator(name, tuple(Kernel(f"{name}.{k}", flops, nb) for k, nb in fwd),
+                    tuple(Kernel(f"{name}.bwd.{k}", flops, nb) for k, nb in bwd), (), saved_bytes)
+
+
+def eager_rms_norm(name: str, rows: float, width: int, el: int) -> Operator:
+    """RMSNorm as eager PyTorch runs torchtitan's ``RMSNorm`` (``torchtitan/models/norms.py``, 2024:
+    ``output = self._norm(x.float()).type_as(x); return output * self.weight`` with ``_norm(x) = x *
+    torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``; Hugging Face's ``LlamaRMSNorm`` is the same ops) over
+    ``rows x width`` elements ``N``. Forward, one kernel each: the cast up (read ``el``, write 4 bytes per
+    element), ``pow`` (4 + 4), ``mean`` (read 4), ``+ eps`` and ``rsqrt`` (per row), ``x * r`` (4 + 4), the cast
+    down (4 + ``el``), ``* weight`` (``el`` + ``el``): ``28 + 4 el`` bytes per element. Backward (autograd's
+    formulas, ``tools/autograd/derivatives.yaml``): ``* weight``: the input gradient (2 ``el``), the weight
+    gradient's product (3 ``el``) and row sum (``el``); the cast's backward up (``el`` + 4); ``x * r``: the
+    gradient of ``x`` (8) and of ``r`` (product 12, row sum 4); ``mean``'s expand-and-divide (write 4); ``pow``'s
+    ``grad * (2 * x.pow(1))`` (copy 8, scale 8, product 12); the sum of ``x``'s two gradients (12); the cast
+    back (4 + ``el``): ``76 + 8 el``. Saves the fp32 input, the per-row ``r`` and the cast-down output
+    (``(4 + el) N`` bytes) where the fused kernel saves its input only."""
+    n, r = rows * width, rows
+    fwd = [("cast_up", (el + 4) * n), ("pow", 8 * n), ("mean", 4 * n + 4 * r), ("add_eps", 8 * r),
+           ("rsqrt", 8 * r), ("mul_r", 8 * n + 4 * r), ("cast_down", (4 + el) * n), ("mul_weight", 2 * el * n)]
+    bwd = [("mul_weight", 2 * el * n), ("weight_grad", 3 * el * n), ("weight_grad_sum", el * n),
+           ("cast_down", (el + 4) * n), ("mul_r", 8 * n + 4 * r), ("r_grad", 12 * n), ("r_grad_sum", 4 * n + 4 * r),
+           ("rsqrt", 16 * r), ("mean", 4 * n + 4 * r), ("pow_copy", 8 * n), ("pow_scale", 8 * n),
+           ("pow_mul", 12 * n), ("grad_sum", 12 * n), ("cast_up", (4 + el) * n)]
+    return _passes(name, fwd, bwd, n, (4 + el) * n + 4 * r)
+
+
+def eager_rope(name: str, tensors: tuple[float, ...], el: int) -> Operator:
+    """Rotary embeddings as torchtitan's ``apply_rotary_emb`` runs them (``torchtitan/models/llama/model.py``,
+    2024: ``torch.view_as_complex(xq.float().reshape(...))``, a complex multiply by ``freqs_cis``,
+    ``view_as_real(...).flatten(3)``, ``type_as(xq)``), on each of ``tensors`` (the query and key elements):
+    forward the cast up (``el`` + 4 bytes per element), the complex product (4 + 4) and the cast down (4 +
+    ``el``); backward the same three in reverse (the product by the conjugate). Saves nothing of its own (the
+    frequency table is a buffer). Hugging Face's ``rotate_half`` form moves about as much (five ``el``-byte
+    kernels, ~19 bytes per element forward at 16 bits)."""
+    fwd: list[tuple[str, float]] = []
+    bwd: list[tuple[str, float]] = []
+    for i, e in enumerate(tensors):
+        fwd += [(f"cast_up{i}", (el + 4) * e), (f"mul{i}", 8 * e), (f"cast_down{i}", (4 + el) * e)]
+        bwd += [(f"cast_up{i}", (el + 4) * e), (f"mul{i}", 8 * e), (f"cast_down{i}", (4 + el) * e)]
+    return _passes(name, fwd, bwd, sum(tensors), 0.0)
+
+
+def eager_repeat_kv(name: str, kv: float, q: float, el: int) -> Operator:
+    """torchtitan's and Hugging Face's ``repeat_kv`` for grouped-query attention: ``expand`` + ``reshape``
+    copies the keys and the values (``kv`` elements each) to every query head (``q`` elements each); the
+    backward sums them back over the repeats."""
+    copy = el * (kv + q)
+    return _passes(name, [("keys", copy), ("values", copy)], [("keys", copy), ("values", copy)], q, 0.0)
+
+
+def eager_swiglu(name: str, elements: float, el: int) -> Operator:
+    """``F.silu(w1(x)) * w3(x)`` in eager PyTorch over ``elements`` (``T x f/t``): forward ``silu`` (read and
+    write ``el``) and the product (read 2, write 1); backward the product's two gradients (read 2, write 1
+    each) and ``silu_backward`` (read 2, write 1). Saves the gate's output, the ``silu`` output and the up
+    projection's output (3 ``el`` per element; the fused kernel saves its two inputs)."""
+    e = el * elements
+    return _passes(name, [("silu", 2 * e), ("mul", 3 * e)],
+                   [("mul_grad_a", 3 * e), ("mul_grad_b", 3 * e), ("silu", 3 * e)], 4.0 * elements, 3 * e)
+
+
+def eager_residual(name: str, elements: float, el: int, dropout: bool) -> Operator:
+    """``x + dropout(y)`` in eager PyTorch over ``elements``: the dropout kernel where the model trains with
+    one (read ``el``, write ``el`` and a 1-byte mask; backward read the gradient and the mask), the add (read 2,
+    write 1). Backward, the residual stream's input is read by the add and by the next norm, so autograd sums
+    its two gradients (read 2, write 1). Saves the mask."""
+    e = el * elements
+    fwd = ([("dropout", 2 * e + elements)] if dropout else []) + [("add", 3 * e)]
+    bwd = ([("dropout", 2 * e + elements)] if dropout else []) + [("grad_sum", 3 * e)]
+    return _passes(name, fwd, bwd, elements, float(elements) if dropout else 0.0)
+
+
+def eager_grad_sum(name: str, elements: float, el: int, extra_uses: int) -> Operator:
+    """Backward only: autograd's sums of the gradients of one tensor that ``1 + extra_uses`` operators read
+    (the norm's output that the separate Q, K and V projections, or the gate and up projections, multiply):
+    one add per extra use (read 2, write 1)."""
+    return _passes(name, [], [(f"add{i}", 3 * el * elements) for i in range(extra_uses)], elements, 0.0)
+
+
+def checkpoint_ops(ops: list[Operator], input_bytes: float) -> list[Operator]:
+    """torchtitan's selective op activation checkpointing (``selective_ac_option = "op"``,
+    ``torchtitan/models/llama/parallelize_llama.py``, 2024: ``_save_list`` and the custom policy "Saves output of
+    all compute ops, except every second mm") applied to one block: the weight GEMMs (``aten.mm``) are counted in
+    call order and the odd ones keep their output, as the flash kernel does (output and row log-sum-exp); every
+    other operator -- the even GEMMs, norms, rotary embeddings, activations, batched attention GEMMs -- is re-run
+    in the backward (``torch.utils.checkpoint``'s recomputation, before the block's backward) and stashes
+    nothing. The block keeps its input (``input_bytes``). The trailing operators whose backward needs nothing
+    saved (the last residual add without dropout) are not re-run: recomputation stops once the backward has
+    what it needs (``torch.utils.checkpoint``'s early stop)."""
+    out: list[Operator] = []
+    count = 0
+    last_needed = max(i for i, op in enumerate(ops) if op.mm or op.saved_bytes > 0)
+    for i, op in enumerate(ops):
+        if op.mm:
+            count += 1
+            keep = count % 2 == 1
+        else:
+            keep = op.name == "flash_attn"
+        if keep:
+            out.append(replace(op, recomputed=False, saved_bytes=op.out_bytes))
+        else:
+            out.append(replace(op, recomputed=i <= last_needed and bool(op.fwd), saved_bytes=0.0))
+    out[0] = replace(out[0], saved_bytes=out[0].saved_bytes + input_bytes)
+    return out
 
 
 def _shard(total: int, t: int) -> int:
@@ -210,14 +346,24 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     acc = o.grad_accumulation == "separate"
     bias = spec.bias
     norm_flops = 8.0 if spec.norm == "layernorm" else 5.0
+    # eager PyTorch (module docstring, "Kernels"): RMSNorm as separate ops (LayerNorm is one ATen kernel either
+    # way), Llama-family projections as separate GEMMs (q/k/v and gate/up: torchtitan's and Hugging Face's
+    # Llama, Mistral and Qwen code; GPT-2's c_attn stays one GEMM), the bias in the GEMM (``addmm``)
+    eager = o.kernels == "eager"
+    eager_norm = eager and spec.norm == "rmsnorm"
+    split = eager and spec.gated_mlp
     ops: list[Operator] = []
 
     def norm(name: str) -> Operator:
+        if eager_norm:
+            return eager_rms_norm(name, rows, h, el)
         # reads x (and weights), writes y; backward reads dy, x, writes dx; saves its input
         return elementwise(name, ln_el, el, reads=1, writes=1, flops_per=norm_flops, bwd_reads=2, bwd_writes=1,
                            saved_bytes=el * ln_el)
 
     def dropout_add(name: str) -> Operator:
+        if eager:
+            return eager_residual(name, ln_el, el, o.dropout)
         # Megatron's fused bias + dropout + residual add: reads x and the residual, writes the sum and a
         # 1-byte mask; backward reads the gradient and the mask, writes the gradient of x. Saves the mask.
         mask = ln_el if o.dropout else 0.0
@@ -230,25 +376,40 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         return replace(op, saved_bytes=el * ln_el) if o.sequence_parallel else op
 
     ops.append(norm("norm1"))
-    ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc, bias_rows=T if bias else 0,
-                             bias_add=bias)))
+    if split:
+        # three GEMMs reading one input (saved once) and autograd's two sums of its gradients
+        for i, (gname, cols) in enumerate((("wq", a_t * d), ("wk", k_t * d), ("wv", k_t * d))):
+            ops.append(gathered(gemm(gname, T, cols, h, el, accumulate=acc, bias_rows=T if bias else 0,
+                                     save_input=i == 0)) if i == 0 else
+                       gemm(gname, T, cols, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
+        ops.append(eager_grad_sum("qkv_grad_sum", T * h, el, 2))
+    else:
+        ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc, bias_rows=T if bias else 0,
+                                 bias_add=bias and not eager)))
     qk_el = T * (a_t + k_t) * d  # the query and key elements of this rank's heads
     if spec.qk_norm:
         # Qwen3: RMSNorm over each head's query and key (as norm1: saves its input)
-        ops.append(elementwise("qk_norm", qk_el, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
+        ops.append(eager_rms_norm("qk_norm", T * (a_t + k_t), d, el) if eager else
+                   elementwise("qk_norm", qk_el, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * qk_el))
-    if spec.position == "rotary":
+    if spec.position == "rotary" and eager:
+        ops.append(eager_rope("rope", (T * a_t * d, T * k_t * d), el))
+    elif spec.position == "rotary":
         # rotary positions on the queries and keys (Su et al. 2021; Transformer Engine's fused RoPE kernel):
         # read and write them, the cos/sin table is small; the backward rotates the gradients back; saves nothing
         ops.append(elementwise("rope", qk_el, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1, bwd_writes=1,
                                saved_bytes=0.0))
     heads_b = b * a_t
     sel = o.recompute == "selective"  # the attention core re-run in the backward (module docstring)
+    repeated = eager and a_t > k_t  # grouped-query attention: eager code copies K and V to every query head
+    if repeated:
+        ops.append(eager_repeat_kv("repeat_kv", T * k_t * d, T * a_t * d, el))
+    kv_heads = a_t if repeated else k_t  # the key/value heads the attention kernel reads
     if o.attention == "unfused":
         # scores S = Q K^T per head: saves Q and K (the GEMM's two operands; selective: what the re-run
         # starts from)
         ops.append(replace(gemm("scores", s, s, d, el, heads_b, weight=False, save_input=True,
-                                save_weight_side=b * k_t * s * d), recomputed=sel))
+                                save_weight_side=b * kv_heads * s * d), recomputed=sel))
         E = heads_b * s * s
         ops.append(replace(elementwise("softmax", E, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2,
                                        bwd_writes=1, saved_bytes=0.0 if sel else el * E), recomputed=sel))
@@ -260,22 +421,27 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # P V per head: saves P (the dropout output) and V; without dropout P is the softmax's saved output;
         # selective: V only (P is recomputed)
         ops.append(replace(gemm("attn_v", s, d, s, el, heads_b, weight=False, save_input=o.dropout and not sel,
-                                save_weight_side=b * k_t * s * d), recomputed=sel))
+                                save_weight_side=b * kv_heads * s * d), recomputed=sel))
     else:
         causal = 0.5 if o.causal else 1.0
         fl = causal * 4.0 * heads_b * s * s * d
-        io = el * (2 * heads_b * s * d + 2 * b * k_t * s * d)  # read Q, K, V, write O
+        io = el * (2 * heads_b * s * d + 2 * b * kv_heads * s * d)  # read Q, K, V, write O
         fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b), (o.attention_impl, o.causal, False))
         bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b), (o.attention_impl, o.causal, True))
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
         # (Megatron-Core): checkpointed, the forward re-run before the backward, Q, K, V kept, not the LSE
-        qkv_saved = el * (heads_b * s * d + 2 * b * k_t * s * d)
+        qkv_saved = el * (heads_b * s * d + 2 * b * kv_heads * s * d)
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + (0.0 if sel else 4.0 * heads_b * s),
-                            recomputed=sel))
+                            recomputed=sel, out_bytes=el * heads_b * s * d + 4.0 * heads_b * s))
     ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))
-    if spec.gated_mlp:
+    if split:
+        ops.append(gathered(gemm("w1", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+        ops.append(gemm("w3", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
+        ops.append(eager_grad_sum("mlp_grad_sum", T * h, el, 1))
+        ops.append(eager_swiglu("act_mul", T * f_t, el))
+    elif spec.gated_mlp:
         ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         ops.append(elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3,
                                bwd_writes=2, saved_bytes=el * 2 * T * f_t))
@@ -286,6 +452,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
                                saved_bytes=el * T * f_t))
     ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
     ops.append(dropout_add("dropout_add2"))
+    if o.recompute == "op":
+        return checkpoint_ops(ops, el * ln_el)
     return ops
 
 
@@ -298,11 +466,12 @@ def head_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions
     v_t = -(-spec.vocab // t)
     rows = T / t if o.sequence_parallel else T
     acc = o.grad_accumulation == "separate"
-    ops = [elementwise("final_norm", rows * h, el, reads=1, writes=1, flops_per=8.0, bwd_reads=2, bwd_writes=1,
-                       saved_bytes=el * rows * h),
-           gemm("logits", T, v_t, h, el, accumulate=acc),
-           cross_entropy(T * v_t, el)]
-    return ops
+    eager = o.kernels == "eager"
+    final_norm = (eager_rms_norm("final_norm", rows, h, el) if eager and spec.norm == "rmsnorm" else
+                  elementwise("final_norm", rows * h, el, reads=1, writes=1, flops_per=8.0, bwd_reads=2,
+                              bwd_writes=1, saved_bytes=el * rows * h))
+    return [final_norm, gemm("logits", T, v_t, h, el, accumulate=acc),
+            eager_cross_entropy(T * v_t, el) if eager else cross_entropy(T * v_t, el)]
 
 
 def cross_entropy(logits: float, el: int) -> Operator:
@@ -316,6 +485,18 @@ def cross_entropy(logits: float, el: int) -> Operator:
     fwd = Kernel("cross_entropy", 5.0 * logits, (el + 34.0) * logits)
     bwd = Kernel("cross_entropy.bwd", 2.0 * logits, (12.0 + el) * logits)
     return Operator("cross_entropy", (fwd,), (bwd,), (), 4.0 * logits)
+
+
+def eager_cross_entropy(logits: float, el: int) -> Operator:
+    """The loss as torchtitan runs it in eager PyTorch (``F.cross_entropy(pred.flatten(0, 1).float(), labels)``,
+    ``torchtitan/train.py``, 2024; Hugging Face's ``ForCausalLMLoss`` upcasts the logits the same way) over
+    ``logits`` elements: forward the cast to fp32 (read ``el``, write 4 bytes), ``log_softmax`` (read 4, write
+    4; ATen's one kernel) and the NLL gather (per row); backward the NLL gradient (a zero fill and a scatter:
+    write 4), ``log_softmax``'s backward (read 8, write 4) and the cast back (read 4, write ``el``). Saves the
+    ``log_softmax`` output (4 bytes per logit)."""
+    return _passes("cross_entropy", [("cast_up", (el + 4.0) * logits), ("log_softmax", 8.0 * logits)],
+                   [("nll", 4.0 * logits), ("log_softmax", 12.0 * logits), ("cast_down", (4.0 + el) * logits)],
+                   3.0 * logits, 4.0 * logits)
 
 
 def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:

@@ -348,8 +348,12 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
         words.append("dropout" if env["dropout"] == "true" else "no dropout")
     if env.get("sequence_parallel") == "true" and (tensor is None or tensor > 1):
         words.append("sequence parallelism")
+    if env.get("kernels") == "eager":
+        words.append("eager PyTorch kernels (norms, rotary embeddings and activations as separate ops)")
     if env.get("recompute_granularity") == "selective" and not recompute:
         words.append("selective recomputation of the attention core")
+    if env.get("recompute_granularity") == "op" and not recompute:
+        words.append("selective op checkpointing (torchtitan: every other GEMM and the element-wise ops re-run)")
     p2p = env.get("p2p", "overlapped" if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")

@@ -58,6 +58,7 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "cluster_id": 2**70}, "cluster_id"),  # past any database's integer: 422, not 500
         ({"config": good, "device": "h100", "recompute_granularity": "full"}, "recompute_granularity"),
         ({"config": good, "device": "h100", "p2p": "blocked"}, "p2p"),
+        ({"config": good, "device": "h100", "kernels": "compiled"}, "kernels"),
         ({"config": good, "device": "h100", "dp_allreduce": "before"}, "dp_allreduce"),
         ({"config": good, "device": "h100", "attention": "fused"}, "attention"),
         ({"config": good, "device": "h100", "attention": "flash", "attention_impl": "flash4"}, "attention_impl"),
@@ -149,3 +150,20 @@ def test_hf_config_with_flash_attention_and_sequence_parallelism(client) -> None
     assert blocks[1]["stashed_bytes_per_sample"] < 0.5 * blocks[0]["stashed_bytes_per_sample"]
     t8 = [b["tensor_times"]["8"]["stashed_bytes_per_sample"] for b in blocks]
     assert t8[1] < blocks[1]["stashed_bytes_per_sample"] / 7  # sequence parallel: nearly all of it split over t
+
+
+def test_hf_config_with_eager_kernels_and_op_checkpointing(client) -> None:  # type: ignore[no-untyped-def]
+    """kernels = eager and recompute_granularity = op (torchtitan's stack) are recorded in the stored profile's
+    environment; its layers take longer than the fused kernels' and stash less (every other GEMM re-run)."""
+    cfg = _config("llama-3.1-8b")
+    fused = client.post("/profiles/hf-config", json={"config": cfg, "device": "a100", "seq": 4096,
+                                                     "attention": "flash"}, headers=AUTH)
+    eager = client.post("/profiles/hf-config", json={"config": cfg, "device": "a100", "seq": 4096, "attention": "flash",
+                                                     "kernels": "eager", "recompute_granularity": "op"}, headers=AUTH)
+    assert fused.status_code == 201 and eager.status_code == 201, eager.text
+    bodies = [client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"] for r in (fused, eager)]
+    assert [(b["environment"].get("kernels"), b["environment"].get("recompute_granularity")) for b in bodies] == [
+        (None, None), ("eager", "op")]
+    blocks = [next(x for x in b["layers"] if x["kind"] == "transformer") for b in bodies]
+    assert blocks[1]["bwd_time"]["1"] > blocks[0]["bwd_time"]["1"]
+    assert blocks[1]["stashed_bytes_per_sample"] < blocks[0]["stashed_bytes_per_sample"]

@@ -44,10 +44,17 @@ class HFConfigUpload(BaseModel):
                                       "flash")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism (Korthikanti et "
                                                                "al. 2022) where tensor parallelism is used")
-    recompute_granularity: Literal["none", "selective"] = Field(
+    recompute_granularity: Literal["none", "selective", "op"] = Field(
         default="none", description="selective: Megatron's --recompute-granularity selective (Korthikanti et al. "
                                     "2022): the attention core is re-run in the backward instead of stashed where a "
-                                    "plan does not recompute fully (planner.operators)")
+                                    "plan does not recompute fully; op: torchtitan's selective op checkpointing "
+                                    "(every other GEMM's output and the attention kernel's kept, the rest re-run; "
+                                    "planner.operators)")
+    kernels: Literal["fused", "eager"] = Field(
+        default="fused", description="how the memory-bound operators run: fused (Megatron-LM / Transformer "
+                                     "Engine kernels) or eager (PyTorch without torch.compile, as torchtitan and "
+                                     "Hugging Face code run: norms, rotary embeddings, activations and residual "
+                                     "adds as separate ops; planner.operators)")
     p2p: Literal["overlapped", "blocking"] = Field(
         default="overlapped", description="how the training runtime posts its pipeline sends: overlapped "
                                           "(pipeplan's executor) or blocking (Megatron-LM 2021-22, Megatron-Core's "
@@ -108,7 +115,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
         options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity,
                                   attention=body.attention, attention_impl=body.attention_impl,
-                                  sequence_parallel=body.sequence_parallel)
+                                  sequence_parallel=body.sequence_parallel, kernels=body.kernels)
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
                                    dp_allreduce=body.dp_allreduce)

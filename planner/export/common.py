@@ -31,7 +31,11 @@ class ExportInput:
     ranges index); ``dtype``: the profile's; ``sequence_parallel``: whether the profile's tensor-parallel
     times assume Megatron's sequence parallelism; ``recompute_granularity``: ``"selective"`` when the
     profile re-runs the attention core in the backward (its environment's ``recompute_granularity``: the
-    unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it); ``gpus_per_node``: the
+    unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it), ``"op"`` when it re-runs
+    what torchtitan's selective op checkpointing does (:func:`planner.operators.checkpoint_ops`);
+    ``kernels``: ``"eager"`` when the profile times eager PyTorch's separate norm, rotary, activation and
+    residual kernels (torchtitan and Hugging Face code without ``torch.compile``), ``"fused"`` otherwise
+    (Megatron-LM / Transformer Engine); ``gpus_per_node``: the
     cluster's, for launch lines;
     ``shard_optimizer``: the plan's request split the optimizer state over the W replicas (its memory counts
     ``4 + 12/W`` bytes per parameter: ZeRO-1, Megatron-LM's ``--use-distributed-optimizer``; the candidate
@@ -50,6 +54,7 @@ class ExportInput:
     dtype: str = "bf16"
     sequence_parallel: bool = False
     recompute_granularity: str = "none"
+    kernels: str = "fused"
     gpus_per_node: int | None = None
     shard_optimizer: bool = False
     shard_parameters: bool = False
@@ -122,11 +127,12 @@ class ExportInput:
         sp = env.get("sequence_parallel") == "true" or any(
             bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
             for layer in profile.layers)
-        selective = env.get("recompute_granularity") == "selective"
+        granularity = env.get("recompute_granularity", "none")
         analytic = profile.source == "analytical"  # the runtime entries are the operator model's (planner.analytic)
         return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
                    dtype=profile.dtype, sequence_parallel=sp,
-                   recompute_granularity="selective" if selective else "none",
+                   recompute_granularity=granularity if granularity in ("selective", "op") else "none",
+                   kernels="eager" if env.get("kernels") == "eager" else "fused",
                    dropout={"true": True, "false": False}.get(env.get("dropout", "")),
                    attention=env.get("attention"), attention_impl=env.get("attention_impl"),
                    p2p=env.get("p2p", "overlapped") if analytic else env.get("p2p"),
@@ -256,7 +262,8 @@ def runtime_line(inp: ExportInput) -> str | None:
     env = {"attention": inp.attention, "attention_impl": inp.attention_impl,
            "dropout": None if inp.dropout is None else str(inp.dropout).lower(),
            "sequence_parallel": "true" if inp.sequence_parallel else None,
-           "recompute_granularity": inp.recompute_granularity, "p2p": inp.p2p, "dp_allreduce": inp.dp_allreduce}
+           "recompute_granularity": inp.recompute_granularity, "p2p": inp.p2p, "dp_allreduce": inp.dp_allreduce,
+           "kernels": inp.kernels}
     # (sharded weights have no data-parallel all-reduce: their collectives are said below)
     parts = runtime_words({k: v for k, v in env.items() if v is not None}, tensor=inp.config.tensor,
                           recompute=inp.config.recompute, sharded_weights=inp.fsdp)

@@ -217,6 +217,13 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         args += RECOMPUTE
     elif inp.recompute_granularity == "selective":  # the profile's layers re-run their attention core
         args += SELECTIVE
+    elif inp.recompute_granularity == "op":
+        notes.append("the plan's times re-run every other GEMM and the element-wise ops of each layer (torchtitan's "
+                     "selective op checkpointing); Megatron-LM has no such policy, so this runs without it: less "
+                     "time and more activation memory than planned")
+    if inp.kernels == "eager":
+        notes.append("the plan's times assume eager PyTorch kernels (norms, rotary embeddings, activations and "
+                     "residual adds apart); Megatron-LM runs fused ones, so expect less time than planned")
     args += _model_args(inp)
     dtype = inp.dtype.lower()
     if dtype in ("bf16", "bfloat16"):

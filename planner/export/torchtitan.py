@@ -150,8 +150,18 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
                         "tensor_parallel_degree": c.tensor, "pipeline_parallel_degree": c.pipeline,
                         "pipeline_parallel_schedule": NAMED.get(c.schedule) or AS_CSV[c.schedule],
                         "pipeline_parallel_microbatch_size": c.micro_batch},
-        "activation_checkpoint": {"mode": "full" if c.recompute else "none"},
+        "activation_checkpoint": ({"mode": "full"} if c.recompute else
+                                  {"mode": "selective", "selective_ac_option": "op"}
+                                  if inp.recompute_granularity == "op" else {"mode": "none"}),
     }
+    if inp.recompute_granularity == "selective" and not c.recompute:
+        notes.append("the plan's times re-run each layer's attention core in the backward (Megatron's selective "
+                     "recomputation); torchtitan has no such policy, so this runs without it: less time and more "
+                     "activation memory than planned (profile with --recompute-granularity op for torchtitan's)")
+    if inp.kernels != "eager":
+        notes.append("the plan's times assume fused norm, rotary, activation and residual kernels (Megatron-LM / "
+                     "Transformer Engine); torchtitan runs them as separate eager ops unless compiled ([compile] "
+                     "enable = true), slower than planned (profile with --kernels eager for its eager times)")
     if inp.model is not None:
         # torchtitan's llama3 has no query/key norms; its qwen3 model has them (Qwen3's q_norm / k_norm)
         family = "qwen3" if inp.model.qk_norm else "llama3"

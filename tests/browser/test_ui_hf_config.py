@@ -229,6 +229,29 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     assert "overlapped pipeline sends" in line.inner_text()
     page.context.close()
 
+    # torchtitan's stack: eager PyTorch kernels and selective op checkpointing
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#cluster", str(cid))
+    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
+    page.fill("#hf-seq", "4096")
+    page.fill("#hf-name", "llama-3.1-8b-torchtitan")
+    page.click("#hf-runtime summary")
+    page.select_option("#hf-attention", "flash2")
+    page.select_option("#hf-recompute", "op")
+    page.select_option("#hf-kernels", "eager")
+    words = page.inner_text("#hf-runtime-words")
+    assert words == "FlashAttention-2, op checkpointing, eager PyTorch kernels", words
+    page.click("#hf-make")
+    page.locator("#hf-status").filter(has_text="profile #").wait_for()
+    made = [p for p in _profiles(server) if p["name"] == "llama-3.1-8b-torchtitan"]
+    with server.client() as c:
+        env = c.get(f"/profiles/{made[0]['id']}").json()["profile"]["environment"]
+    assert (env.get("kernels"), env.get("recompute_granularity")) == ("eager", "op"), env
+    page.locator("#profile-assumes").filter(has_text="eager PyTorch kernels").wait_for()
+    page.context.close()
+
     # a precision the device has no figures for: the API's 422 under the upload, the precision outlined
     page = _page(browser, console)
     page.goto(server.url + "/")
