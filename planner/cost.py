@@ -605,11 +605,12 @@ class ConfigCosts(Costs):
         if not self.fsdp_per_microbatch or kind not in ("F", "B", "I"):
             return 0.0
         gathers, scatters = self.fsdp_layers(stage)
+        copies = self.fsdp_copies(stage)
         if kind == "F":
             plain = self._plain_fwd(stage, span)
-            return fsdp.forward_time(plain, gathers, self.fsdp_overlap) - plain
+            return fsdp.forward_time(plain, gathers, self.fsdp_overlap, copies) - plain
         plain = self._plain_bwd(stage)
-        return fsdp.backward_time(plain, gathers, scatters, self.fsdp_overlap) - plain
+        return fsdp.backward_time(plain, gathers, scatters, self.fsdp_overlap, copies) - plain
 
     def _fsdp_collective(self, ranks: list[int], nbytes: float, op: str) -> float:
         """One all-gather or reduce-scatter of a layer among ``ranks``: NCCL's ring
@@ -631,21 +632,30 @@ class ConfigCosts(Costs):
         gathers, scatters = self.fsdp_layers(stage)
         return sum(gathers) if kind == "F" else sum(gathers[:-1]) + sum(scatters)
 
+    def fsdp_copies(self, stage: int) -> list[float]:
+        """Per layer of ``stage``, the compute-stream seconds of FSDP2's copy-out of its gathered weights
+        (:data:`planner.fsdp.COPY_OUT_BYTES` x ``el`` per parameter over t, at the cluster's memory bandwidth,
+        with the calibration's compute scale)."""
+        scale = fsdp.COPY_OUT_BYTES * self.el / self.t / self.cluster.memory_bandwidth * self.cal.compute_scale
+        return [p * scale for p in own_layer_params(self.profile, self.stages[stage])]
+
     def fsdp_layers(self, stage: int) -> tuple[list[float], list[float]]:
         """Per layer of ``stage``, in order, the all-gather of its weights (``el`` bytes per parameter over t)
         and the reduce-scatter of its gradients (:data:`planner.fsdp.REDUCE_BYTES` per parameter over t) among
-        the stage's W data-parallel replicas (:meth:`_fsdp_collective`), with the calibration's link scale; once
-        per configuration."""
+        the stage's W data-parallel replicas (:meth:`_fsdp_collective`), with the calibration's link scale, the
+        reduce-scatter after its copy-in on the same stream (:func:`planner.fsdp.copy_in_bytes` per parameter over
+        t at the cluster's memory bandwidth); once per configuration."""
         got = self._fsdp_layers.get(stage)
         if got is None:
             holders = sorted({row[stage] for row in self.schedule.placement})
             ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
             params = own_layer_params(self.profile, self.stages[stage])
             scale = self.cal.link_scale
+            copy_in = fsdp.copy_in_bytes(self.el) / self.t / self.cluster.memory_bandwidth
             got = self._fsdp_layers[stage] = (
                 [self._fsdp_collective(ranks, p * self.el / self.t, "all_gather") * scale for p in params],
                 [self._fsdp_collective(ranks, p * fsdp.REDUCE_BYTES / self.t, "reduce_scatter") * scale
-                 for p in params])
+                 + p * copy_in for p in params])
         return got
 
     def _held(self, kind: str, stage: int, span: int) -> float:
@@ -762,11 +772,12 @@ class ConfigCosts(Costs):
         """Sharded weights (:mod:`planner.fsdp`): nothing when every micro-batch gathers and reduce-scatters its
         own (in its F and B); pipelined, the stage's gradients reduce-scattered layer by layer after its last
         backward and what its weights' all-gather leaves after the first forward
-        (:func:`planner.fsdp.gather_exposed`)."""
+        (:func:`planner.fsdp.gather_exposed`), with the gathered weights' copy-out (:meth:`fsdp_copies`, charged
+        here with the exposed gather)."""
         if self.fsdp_per_microbatch:
             return 0.0
         gathers, scatters = self.fsdp_layers(stage)
-        return sum(scatters) + fsdp.gather_exposed(self.fwd(stage), gathers)
+        return sum(scatters) + fsdp.gather_exposed(self.fwd(stage), gathers) + sum(self.fsdp_copies(stage))
 
     def step_per_stage(self) -> list[float]:
         """:meth:`step` of one replica of each stage."""

@@ -42,6 +42,14 @@ reshard):
   Llama 3.1 8B at t = 1, D = 8, W = 8 on DGX A100s, 0.19 s summed over the 8 stages where this charges the
   slowest device's 0.04 s, of a 10.1 s iteration.
 
+**Copies** (FSDP2's ``_fsdp_collectives.py``): each all-gather lands in one flat buffer that
+``foreach_all_gather_copy_out`` splits into the layer's unsharded weights (``torch.split_with_sizes_copy``) on
+the compute stream before the layer runs: it reads and writes ``el`` bytes per parameter
+(:data:`COPY_OUT_BYTES`), compute-stream time per gather. Before each reduce-scatter,
+``foreach_reduce_scatter_copy_in`` (``torch._chunk_cat``) copies the unsharded ``el``-byte gradients into the
+reduce-scatter's fp32 input on the reduce-scatter stream (:func:`copy_in_bytes`), link-side time before the
+collective. Both at the device's memory bandwidth (:meth:`planner.cost.ConfigCosts.fsdp_layers`).
+
 FSDP shards a stage over its ``W`` data-parallel copies only: schedules that keep two copies of a stage in a
 pipeline group (Chimera, GEMS, PipeDream's replicated stages) or several weight versions (PipeDream, 2BW) are
 not planned with it (:data:`INCOMPATIBLE`). Collective times: NCCL's rings over the ``W`` ranks
@@ -54,6 +62,17 @@ from collections.abc import Sequence
 
 #: bytes per element of the gradient reduce-scatter: torchtitan reduces in fp32 (module docstring)
 REDUCE_BYTES = 4.0
+
+#: bytes per parameter FSDP2's all-gather copy-out moves on the compute stream, per ``el`` (read the gathered
+#: buffer, write the unsharded weight: module docstring, "Copies")
+COPY_OUT_BYTES = 2.0
+
+
+def copy_in_bytes(el: float) -> float:
+    """Bytes per parameter of FSDP2's reduce-scatter copy-in: read the ``el``-byte gradient, write it in the
+    reduce dtype (module docstring, "Copies")."""
+    return el + REDUCE_BYTES
+
 
 #: schedules that keep more than one copy (or version) of a stage per pipeline group (module docstring)
 INCOMPATIBLE = ("chimera", "gems", "1f1b-rr", "pipedream", "pipedream-rr", "pipedream-2bw")
@@ -74,25 +93,31 @@ def reshards_after_forward(devices: int) -> bool:
     return devices == 1
 
 
-def forward_time(fwd: float, gathers: Sequence[float], overlap: bool = True) -> float:
+def forward_time(fwd: float, gathers: Sequence[float], overlap: bool = True,
+                 copies: Sequence[float] = ()) -> float:
     """A forward of compute ``fwd`` whose layers are all-gathered in order (``gathers``, seconds each) with the
-    next one prefetched while the current one computes: the first gather, then the longer of the compute and
-    the other gathers. ``overlap`` False (a host whose communication takes the cores compute runs on,
-    :attr:`planner.cluster.HostCpu.comm_overlaps_compute`): the compute and every gather, one after another."""
+    next one prefetched while the current one computes: the first gather, then the longer of the compute (with
+    each gather's copy-out, ``copies``, on the compute stream) and the other gathers. ``overlap`` False (a host
+    whose communication takes the cores compute runs on, :attr:`planner.cluster.HostCpu.comm_overlaps_compute`):
+    the compute and every gather, one after another."""
     if not gathers:
         return fwd
+    fwd += sum(copies)
     if not overlap:
         return fwd + sum(gathers)
     return gathers[0] + max(fwd, sum(gathers[1:]))
 
 
-def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float], overlap: bool = True) -> float:
+def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float], overlap: bool = True,
+                  copies: Sequence[float] = ()) -> float:
     """A backward of compute ``bwd`` over layers in forward order (``gathers`` and ``scatters`` per layer):
-    the last layer is still gathered, the others are gathered again while the layer after them computes and
-    each gradient is reduce-scattered after its layer; the first layer's reduce-scatter comes after all the
-    compute. ``overlap`` False: all of them after one another."""
+    the last layer is still gathered, the others are gathered again (their copy-outs, ``copies``, on the
+    compute stream) while the layer after them computes and each gradient is reduce-scattered after its layer;
+    the first layer's reduce-scatter comes after all the compute. ``overlap`` False: all of them after one
+    another."""
     if not gathers:
         return bwd
+    bwd += sum(copies[:-1])
     if not overlap:
         return bwd + sum(gathers[:-1]) + sum(scatters)
     return max(bwd, sum(gathers[:-1]) + sum(scatters[1:])) + scatters[0]

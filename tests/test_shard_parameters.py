@@ -56,6 +56,9 @@ def test_prefetch_rules():
     assert fsdp.gather_exposed(10.0, [1.0, 2.0, 1.0]) == 2.0
     assert fsdp.gather_exposed(1.0, [1.0, 2.0, 1.0]) == 3.0
     assert fsdp.forward_time(5.0, []) == 5.0 and fsdp.gather_exposed(5.0, []) == 0.0
+    # copy-outs run on the compute stream: every gather's forward, all but the last layer's backward
+    assert fsdp.forward_time(10.0, [1.0, 2.0, 1.0], copies=[0.5, 0.5, 0.5]) == 1.0 + 11.5
+    assert fsdp.backward_time(1.0, [2.0, 2.0, 2.0], [3.0, 3.0, 3.0], copies=[6.0, 6.0, 6.0]) == 13.0 + 3.0
 
 
 def _costs(prof, cl, cfg: Config, req: TrainingRequest) -> ConfigCosts:
@@ -79,9 +82,14 @@ def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     ranks = [costs.rank(0, w) for w in range(64)]
     lay = prof.layers[1]
     assert gathers[1] == pytest.approx(sharded_collective_time(cl, ranks, lay.params * 2, "all_gather"))
-    assert scatters[1] == pytest.approx(sharded_collective_time(cl, ranks, lay.params * 4.0, "reduce_scatter"))
-    assert costs.fwd(0) == pytest.approx(fsdp.forward_time(plain.fwd(0), gathers))
-    assert costs.bwd(0) == pytest.approx(fsdp.backward_time(plain.bwd(0), gathers, scatters))
+    # FSDP2's copies: the reduce-scatter's fp32 copy-in on its stream (read 2, write 4 bytes per parameter), the
+    # gathered weights' copy-out on the compute stream (read and write 2 bytes per parameter)
+    assert scatters[1] == pytest.approx(sharded_collective_time(cl, ranks, lay.params * 4.0, "reduce_scatter")
+                                        + lay.params * 6.0 / cl.memory_bandwidth)
+    copies = costs.fsdp_copies(0)
+    assert copies[1] == pytest.approx(lay.params * 4.0 / cl.memory_bandwidth) and len(copies) == len(gathers)
+    assert costs.fwd(0) == pytest.approx(fsdp.forward_time(plain.fwd(0), gathers, copies=copies))
+    assert costs.bwd(0) == pytest.approx(fsdp.backward_time(plain.bwd(0), gathers, scatters, copies=copies))
     assert costs.allreduce(0, 0, 0) == 0.0
     # the breakdown says how much of the compute is the collectives the layers do not hide
     cand, ref = predict(prof, cl, req, cfg), predict(prof, cl, TrainingRequest(global_batch=256, shard_optimizer=True),
@@ -120,9 +128,11 @@ def test_a_shared_cpu_host_gathers_with_its_measured_collective_and_without_over
     gathers, scatters = costs.fsdp_layers(0)
     fit = cl.allreduce_fit.link
     assert gathers[0] == pytest.approx(fit.alpha + fit.beta * prof.layers[0].params * costs.el / 2)
-    assert scatters[0] == pytest.approx(fit.alpha + fit.beta * prof.layers[0].params * 4.0 / 2)
-    assert costs.fwd(0) == pytest.approx(plain.fwd(0) + sum(gathers))
-    assert costs.bwd(0) == pytest.approx(plain.bwd(0) + sum(gathers[:-1]) + sum(scatters))
+    assert scatters[0] == pytest.approx(fit.alpha + fit.beta * prof.layers[0].params * 4.0 / 2
+                                        + prof.layers[0].params * (costs.el + 4.0) / cl.memory_bandwidth)
+    copies = costs.fsdp_copies(0)
+    assert costs.fwd(0) == pytest.approx(plain.fwd(0) + sum(copies) + sum(gathers))
+    assert costs.bwd(0) == pytest.approx(plain.bwd(0) + sum(copies[:-1]) + sum(gathers[:-1]) + sum(scatters))
     # a GPU-like host whose communication overlaps: prefetched as on GPUs
     overlapped = cl.model_copy(update={"host": cl.host.model_copy(update={"comm_overlaps_compute": True})})
     assert _costs(prof, Cluster.model_validate(overlapped.model_dump()), cfg, req).fwd(0) < costs.fwd(0)
@@ -144,7 +154,8 @@ def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
         assert costs.step_per_stage()[s] == pytest.approx(
             costs.stages[s].params * (2 * 16 / 8 + 4 / 8) / cl.memory_bandwidth / 2)
         gathers, scatters = costs.fsdp_layers(s)
-        assert costs.allreduce(s, 0, s) == pytest.approx(sum(scatters) + fsdp.gather_exposed(costs.fwd(s), gathers))
+        assert costs.allreduce(s, 0, s) == pytest.approx(sum(scatters) + fsdp.gather_exposed(costs.fwd(s), gathers)
+                                                         + sum(costs.fsdp_copies(s)))
     cand = predict(prof, cl, req, cfg)
     ref = predict(prof, cl, TrainingRequest(global_batch=256), cfg)
     assert cand.fits and cand.to_dict()["shard_parameters"] is True and cand.to_dict()["shard_optimizer"] is True
