@@ -1,0 +1,111 @@
+"""Predictions of torchtitan's published FSDP2 runs (``tests/data/torchtitan_runs.json``): Llama 2 and 3 on 64
+A100 80GB GPUs, 1D parallelism (every GPU one FSDP rank, ``t = 1, D = 1, W = 64``), eager PyTorch.
+
+A row states the model, the local batch (one micro-batch per GPU per iteration: global batch = local batch x
+64), the activation checkpointing and the measured tokens per second per GPU (WPS); the iteration time is
+``local_batch x seq / WPS``. :func:`predict_row` predicts it as the planner would for a user who profiles with
+the row's stack: :func:`planner.analytic.analytic_profile` with the flash kernel (torch's SDPA runs
+FlashAttention-2 on the A100), no dropout, the stated kernels (``"eager"``: torchtitan's code without
+``torch.compile``, :mod:`planner.operators` "Kernels"; ``"fused"``: the Megatron / Transformer Engine kernels
+the operator model timed before, for comparison) and checkpointing, with sharded weights
+(``shard_parameters``: :mod:`planner.fsdp`, torchtitan's FSDP2 defaults) on ``examples/clusters/dgx-a100-80gb.json``.
+
+Checkpointing (torchtitan's ``[activation_checkpoint]``): ``"none"``; ``"full"`` -- every block re-runs its
+forward (the planner's ``Config.recompute``); ``"selective op"`` -- the operator model's ``recompute = "op"``
+(:func:`planner.operators.checkpoint_ops`); ``"selective layer"`` (``selective_ac_option = "2"``: every second
+block fully checkpointed) is not a configuration the planner searches (it recomputes every layer or none), so
+:func:`predict_row` gives it as the mean of the ``"none"`` and ``"full"`` predictions, which is what it is
+when the layers' times add up (one stage, one micro-batch, the collectives hidden), and says so.
+
+Each row is timed whatever the memory model says (``check_memory=False``: the run fitted on 80 GB); the
+predicted peak is reported beside it. Nothing here is fitted to the rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.analytic import analytic_profile
+from planner.cluster import Cluster, load_cluster
+from planner.model import ModelSpec
+from planner.operators import OperatorOptions
+from planner.request import Config, TrainingRequest
+from planner.search import predict
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "examples" / "clusters" / "dgx-a100-80gb.json"
+GPUS = 64
+#: torchtitan's activation checkpointing as the operator model's selective option and the planner's full flag
+AC = {"none": ("none", False), "full": ("none", True), "selective op": ("op", False)}
+
+
+@dataclass(frozen=True)
+class TorchtitanRun:
+    """One row: the model (Llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention where
+    ``kv_heads`` < ``heads``, untied head, no biases), the local batch, the checkpointing and the measured
+    WPS and MFU."""
+
+    model: str
+    spec: ModelSpec
+    local_batch: int
+    ac: str
+    wps: float
+    mfu_percent: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} b={self.local_batch} {self.ac}"
+
+    def measured_seconds(self) -> float:
+        return self.local_batch * self.spec.seq / self.wps
+
+    def model_flops_per_token(self) -> float:
+        """torchtitan's MFU numerator per token: ``6 N + 12 l h s`` with ``N`` all parameters."""
+        s = self.spec
+        return 6 * s.total_params() + 12 * s.layers * s.hidden * s.seq
+
+
+def torchtitan_runs(data: dict) -> list[TorchtitanRun]:
+    out = []
+    for r in data["rows"]:
+        shape = data["models"][r["model"]]["shape"]
+        spec = ModelSpec(name=r["model"], gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
+                         tied_embeddings=False, bias=False, **shape)
+        out.append(TorchtitanRun(model=r["model"], spec=spec, local_batch=r["local_batch"], ac=r["ac"],
+                                 wps=r["wps"], mfu_percent=r["mfu_percent"]))
+    return out
+
+
+@dataclass(frozen=True)
+class RowPrediction:
+    seconds: float
+    memory_gib: float
+    #: how the row was predicted, where it is not one configuration ("selective layer")
+    note: str = ""
+
+
+def predict_row(run: TorchtitanRun, kernels: str = "eager", cluster: Cluster | None = None) -> RowPrediction:
+    """The predicted iteration time and peak memory of ``run`` with ``kernels`` (module docstring)."""
+    base = cluster or load_cluster(CLUSTER)
+    base = base.model_copy(update={"memory_bytes": 1 << 50})  # timed even where it would not fit
+    if run.ac == "selective layer":
+        none = predict_row(_with_ac(run, "none"), kernels, cluster)
+        full = predict_row(_with_ac(run, "full"), kernels, cluster)
+        return RowPrediction((none.seconds + full.seconds) / 2, (none.memory_gib + full.memory_gib) / 2,
+                             "every second block recomputed: the mean of none and full")
+    if run.ac not in AC:
+        raise ValueError(f"ac: {run.ac!r} is not one of {', '.join([*AC, 'selective layer'])}")
+    selective, full = AC[run.ac]
+    b = run.local_batch
+    prof = analytic_profile(run.spec, "A100-SXM4-80GB", micro_batches=(b,), tensor_sizes=(1,),
+                            options=OperatorOptions(attention="flash", dropout=False, recompute=selective,  # type: ignore[arg-type]
+                                                    kernels=kernels),  # type: ignore[arg-type]
+                            dp_allreduce="overlapped")
+    cand = predict(prof, base, TrainingRequest(global_batch=GPUS * b, shard_parameters=True),
+                   Config(tensor=1, pipeline=1, data=GPUS, micro_batch=b, schedule="1f1b", recompute=full))
+    return RowPrediction(cand.iteration_time, max(cand.memory) / 2**30)
+
+
+def _with_ac(run: TorchtitanRun, ac: str) -> TorchtitanRun:
+    return TorchtitanRun(run.model, run.spec, run.local_batch, ac, run.wps, run.mfu_percent)
