@@ -108,3 +108,21 @@ def test_torchtitan_loads_the_export(tmp_path: Path, name: str, D: int, N: int, 
         expected = {"gpipe": torch_schedules.ScheduleGPipe, "1f1b": torch_schedules.Schedule1F1B}.get(name)
         if expected is not None:
             assert cls is expected
+
+
+def test_torchtitan_loads_op_checkpointing(tmp_path: Path) -> None:
+    """A profile made with torchtitan's selective op checkpointing (``recompute_granularity`` op) exports
+    ``mode = "selective"`` with ``selective_ac_option = "op"``, which torchtitan's JobConfig reads back; a
+    candidate that recomputes fully still exports full."""
+    manager = _config_manager()
+    base = _input("1f1b", 1, 4, {}, False)
+    for inp, mode in ((base, "selective"),
+                      (ExportInput(spec=_input("1f1b", 1, 4, {}, True).spec, model=base.model,
+                                   layer_kinds=base.layer_kinds), "full")):
+        inp = ExportInput(**{**inp.__dict__, "recompute_granularity": "op", "kernels": "eager"})
+        for f in export("torchtitan", inp).files:
+            (tmp_path / f.name).write_text(f.content)
+        cfg = manager().parse_args(["--job.config_file", str(tmp_path / "job_config.toml")])
+        assert cfg.activation_checkpoint.mode == mode
+        if mode == "selective":
+            assert cfg.activation_checkpoint.selective_ac_option == "op"
