@@ -44,6 +44,11 @@ phase writing its files under ``--out`` as soon as it ends (a run killed at its 
    (:func:`planner.operators.layer_operators`, sequence parallelism off: one GPU runs no collectives). The
    operator model puts these layers' GEMMs at 670-790 TFLOP/s; the public runs are predicted 2-13% fast: is
    the compute of these layers already slower than the model says (:func:`public_layer_specs`)?
+6b. ``eager`` (in ``machine.json`` and ``summary.txt``): a Llama 3 8B block (sequence 4096, b 1) as torchtitan's
+   eager model code runs it -- fp32 RMSNorm ops, separate q/k/v, complex-number RoPE, ``repeat_kv``, SDPA, SwiGLU
+   -- forward and forward + backward, plain and under torchtitan's selective op checkpointing, and its RMSNorm
+   and SwiGLU alone, against the shipped operator model with ``kernels="eager"`` (:func:`eager_check`):
+   torchtitan's published A100 rows are predicted ~15% fast with eager kernels.
 7. ``fp8`` (in ``machine.json`` and ``summary.txt``): the GEMMs of the FP8 rows NVIDIA publishes for DGX H100
    (Llama 3 70B at t 4, b 1, s 8192; the NeMo / Megatron-Bridge performance summaries list their dense H100 runs
    in FP8 only) and of 175B at t 4, in bf16 (``torch.matmul``) and in FP8 (``torch._scaled_mm``, e4m3 inputs with
@@ -105,6 +110,7 @@ class Run:
     sustained: dict[str, Any] | None = None
     chunks: list[dict[str, Any]] | None = None
     layers: list[dict[str, Any]] | None = None
+    eager: list[dict[str, Any]] | None = None
     fp8: list[dict[str, Any]] | None = None
     table: str = ""
 
@@ -142,7 +148,7 @@ class Run:
 
     def save(self) -> None:
         write_json(self.out / "machine.json", {**self.machine, "phases": self.phases, "chunks": self.chunks,
-                                               "public_layers": self.layers, "fp8": self.fp8,
+                                               "public_layers": self.layers, "eager": self.eager, "fp8": self.fp8,
                                                "elapsed_s": round(self.elapsed(), 1)})
         (self.out / "summary.txt").write_text(summary_text(self))
 
@@ -701,6 +707,177 @@ def _time_layer(run: Run, args: argparse.Namespace, dev: Any, shipped: Any, labe
     return rows
 
 
+# ------------------------------------------------------------------------------------------ 6b. eager layer
+def eager_spec(args: argparse.Namespace) -> tuple[Any, int]:
+    """(ModelSpec, micro-batch) of the eager check: Llama 3 8B's layer (GQA 32/8, SwiGLU 14336) at sequence
+    4096, b 1 -- torchtitan's published A100 rows are this layer at 8192 (tests/data/torchtitan_runs.json); on
+    the CPU or ``--quick`` a small stand-in of the same structure."""
+    from planner.model import ModelSpec
+
+    llama = {"gated_mlp": True, "activation": "silu", "norm": "rmsnorm", "position": "rotary", "bias": False,
+             "tied_embeddings": False}
+    if args.quick or args.device_type != "cuda":
+        return ModelSpec(name="stand-in", layers=1, hidden=256, heads=4, kv_heads=2, ffn_hidden=688, seq=128,
+                         vocab=512, **llama), 1
+    return ModelSpec(name="llama3-8b", layers=1, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, seq=4096,
+                     vocab=128256, **llama), 1
+
+
+def eager_layer(spec: Any, b: int, dev: Any, dt: Any) -> tuple[Any, Any, list[Any]]:
+    """One Llama block as torchtitan's model code writes it (``torchtitan/models/llama/model.py`` and
+    ``norms.py``, 2024), eager: ``RMSNorm`` as ``(x.float() * rsqrt(pow(2).mean + eps)).type_as(x) * weight``,
+    separate wq/wk/wv, the complex-number rotary embedding, ``repeat_kv``, SDPA (causal), wo, the residual add,
+    SwiGLU as ``w2(silu(w1(x)) * w3(x))``. ``(forward, input, parameters)``."""
+    import torch
+    import torch.nn.functional as F
+
+    h, d, s, a, k, f = spec.hidden, spec.d, spec.seq, spec.heads, spec.k, spec.f
+
+    def param(*shape: int, fill: float | None = None) -> Any:
+        w = torch.full(shape, fill, device=dev, dtype=dt) if fill is not None else \
+            torch.randn(*shape, device=dev, dtype=dt) * 0.02
+        return w.requires_grad_()
+
+    w = {"n1": param(h, fill=1.0), "n2": param(h, fill=1.0), "wq": param(a * d, h), "wk": param(k * d, h),
+         "wv": param(k * d, h), "wo": param(h, a * d), "w1": param(f, h), "w3": param(f, h), "w2": param(h, f)}
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=dev)[: d // 2].float() / d))
+    cis = torch.polar(torch.ones(s, d // 2, device=dev), torch.outer(torch.arange(s, device=dev).float(), freqs))
+
+    def norm(x: Any, g: str) -> Any:
+        y = x.float()
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * w[g]
+
+    def rope(x: Any) -> Any:
+        c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(c * cis.view(1, s, 1, d // 2)).flatten(3).type_as(x)
+
+    def repeat(x: Any) -> Any:
+        n = a // k
+        return x if n == 1 else x.unsqueeze(3).expand(b, s, k, n, d).reshape(b, s, a, d)
+
+    def forward(x: Any) -> Any:
+        hn = norm(x, "n1")
+        q, kk, v = F.linear(hn, w["wq"]), F.linear(hn, w["wk"]), F.linear(hn, w["wv"])
+        q, kk, v = q.view(b, s, -1, d), kk.view(b, s, -1, d), v.view(b, s, -1, d)
+        q, kk = rope(q), rope(kk)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), repeat(kk).transpose(1, 2),
+                                           repeat(v).transpose(1, 2), is_causal=True)
+        x = x + F.linear(o.transpose(1, 2).contiguous().view(b, s, -1), w["wo"])
+        hn = norm(x, "n2")
+        return x + F.linear(F.silu(F.linear(hn, w["w1"])) * F.linear(hn, w["w3"]), w["w2"])
+
+    x = torch.randn(b, s, h, device=dev, dtype=dt, requires_grad=True)
+    return forward, x, list(w.values())
+
+
+def op_checkpointed(forward: Any) -> Any:
+    """``forward`` under torchtitan's selective op checkpointing (``_save_list``: mm and the SDPA kernels; every
+    second mm recomputed), as ``torch.utils.checkpoint`` with ``create_selective_checkpoint_contexts``."""
+    from collections import defaultdict
+    from functools import partial
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
+            torch.ops.aten._scaled_dot_product_efficient_attention.default}
+    cudnn = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
+    if cudnn is not None:
+        save.add(cudnn.default)
+
+    def policy(meta: dict, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == torch.ops.aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context() -> Any:
+        return create_selective_checkpoint_contexts(partial(policy, defaultdict(int)))
+
+    return lambda x: checkpoint(forward, x, use_reentrant=False, context_fn=context)
+
+
+def eager_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
+    """:func:`eager_layer` timed forward and forward + backward, plain and under :func:`op_checkpointed`, and
+    its RMSNorm and SwiGLU alone, against the shipped operator model with ``kernels="eager"`` (and ``"fused"``
+    beside it, what the model said before eager kernels were modelled); torchtitan's rows are predicted
+    15% fast with eager kernels (benchmarks/torchtitan_bench.py): is this layer already slower than the
+    model says?"""
+    import torch
+    import torch.nn.functional as F
+
+    from planner.operators import (
+        DTYPE_BYTES,
+        OperatorOptions,
+        eager_rms_norm,
+        eager_swiglu,
+        layer_operators,
+        time_operators,
+    )
+    from profiler.run import DTYPES
+    from profiler.timing import time_op
+
+    shipped = shipped_for(dev, args)
+    spec, b = eager_spec(args)
+    dt, el = DTYPES[args.dtype], DTYPE_BYTES[args.dtype]
+    reps = args.repeats or 10
+    rows: list[dict] = []
+
+    def measure(label: str, fwd: Any, x: Any, params: list[Any], pred: Any, fused: Any = None) -> None:
+        gy = torch.randn_like(x)
+
+        def zero() -> None:
+            for q in (*params, x):
+                q.grad = None
+
+        row: dict[str, Any] = {"label": label, "seq": spec.seq, "b": b}
+        try:
+            f = time_op(lambda: None, lambda _: fwd(x), dev, warmup=args.warmup, repeats=reps)
+            fb = time_op(zero, lambda _: fwd(x).backward(gy), dev, warmup=args.warmup, repeats=reps)
+            row.update(meas_fwd_s=f.median, meas_fwd_bwd_s=fb.median, pred_fwd_s=pred[0],
+                       pred_fwd_bwd_s=pred[0] + pred[1], fwd_err=pred[0] / f.median - 1.0,
+                       fwd_bwd_err=(pred[0] + pred[1]) / fb.median - 1.0)
+            if fused is not None:
+                row.update(fused_fwd_bwd_s=fused[0] + fused[1], fused_err=(fused[0] + fused[1]) / fb.median - 1.0)
+        except Exception as err:  # one case's failure (memory, an op the torch lacks) keeps the others
+            row["error"] = f"{type(err).__name__}: {err}"[:300]
+        rows.append(row)
+        said = row.get("error") or (f"fwd+bwd {row['meas_fwd_bwd_s'] * 1e3:.3f} ms, predicted "
+                                    f"{row['pred_fwd_bwd_s'] * 1e3:.3f} ({fmt_err(row['fwd_bwd_err'])})")
+        run.log(f"eager {label}: {said}")
+
+    def layer_pred(**kw: Any) -> tuple[float, float]:
+        o = OperatorOptions(attention="flash", causal=True, dropout=False, dtype=args.dtype, **kw)
+        pt = time_operators(layer_operators(spec, b, 1, o), shipped, args.dtype)
+        return pt.fwd, pt.bwd
+
+    forward, x, params = eager_layer(spec, b, dev, dt)
+    measure("layer", forward, x, params, layer_pred(kernels="eager"), layer_pred())
+    measure("layer, op checkpointing", op_checkpointed(forward), x, params, layer_pred(kernels="eager", recompute="op"),
+            layer_pred(recompute="op"))
+    del forward, x, params
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    rows_n, h, f = b * spec.seq, spec.hidden, spec.f
+    xn = torch.randn(rows_n, h, device=dev, dtype=dt, requires_grad=True)
+    g = torch.ones(h, device=dev, dtype=dt, requires_grad=True)
+
+    def rms(z: Any) -> Any:
+        y = z.float()
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(z) * g
+
+    op = eager_rms_norm("rms", rows_n, h, el)
+    pt = time_operators([op], shipped, args.dtype)
+    measure("RMSNorm", rms, xn, [g], (pt.fwd, pt.bwd))
+    u = torch.randn(rows_n, f, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(rows_n, f, device=dev, dtype=dt, requires_grad=True)
+    pt = time_operators([eager_swiglu("swiglu", rows_n * f, el)], shipped, args.dtype)
+    measure("SwiGLU", lambda z: F.silu(z) * v, u, [v], (pt.fwd, pt.bwd))
+    run.eager = rows
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- 7. sustained
 class SmiSampler:
     """``nvidia-smi --query-gpu=...`` once a second in a thread (nothing where there is no nvidia-smi)."""
@@ -988,6 +1165,21 @@ def summary_text(run: Run) -> str:
                 out.append("    predicted per operator (fwd / bwd input / bwd weight, ms): " + "; ".join(
                     f"{n} {f:.3f}/{i:.3f}/{w:.3f}" for n, (f, i, w) in r["pred_per_op_ms"].items()))
         out.append("")
+    if run.eager:
+        out += ["EAGER LAYER: a Llama block as torchtitan's eager code runs it (and its RMSNorm and SwiGLU alone), "
+                "measured against the shipped operator model with kernels=eager (fused: the model's fused kernels; "
+                "err = predicted / measured - 1):",
+                f"  {'case':<26}{'seq':>6}{'meas fwd':>10}{'pred fwd':>10}{'err':>8}{'meas f+b':>10}{'pred f+b':>10}"
+                f"{'err':>8}{'fused err':>11}"]
+        for r in run.eager:
+            head = f"  {r['label']:<26}{r['seq']:>6}"
+            if "error" in r:
+                out.append(head + f"failed: {r['error']}")
+                continue
+            out.append(head + f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
+                       f"{fmt_ms(r['meas_fwd_bwd_s']):>10}{fmt_ms(r['pred_fwd_bwd_s']):>10}"
+                       f"{fmt_err(r['fwd_bwd_err']):>8}{fmt_err(r.get('fused_err')):>11}")
+        out.append("")
     s = run.sustained
     if s:
         out += [f"SUSTAINED vs BURST GEMM: {s['n']}^3 {s['dtype']}, {s.get('gemms')} GEMMs over "
@@ -1108,6 +1300,12 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     else:
         run.skip("layers", f"{run.left():.0f} s left")
+    if run.left() > (20 if cuda and not args.quick else 1):
+        run.phase("eager", eager_check, run, args, dev)
+        if cuda:
+            torch.cuda.empty_cache()
+    else:
+        run.skip("eager", f"{run.left():.0f} s left")
     if run.left() > (10 if cuda and not args.quick else 1):
         run.phase("fp8", fp8_check, run, args, dev)
     else:

@@ -38,7 +38,7 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
 
     machine = json.loads((out / "machine.json").read_text())
     assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "chunks", "layers",
-                                                        "fp8", "sustained"]
+                                                        "eager", "fp8", "sustained"]
     assert all(p["status"] == "done" for p in machine["phases"])
     # the public runs' GEMMs whole and in Transformer Engine's overlap chunks: one row per (GEMM, cut), the cut
     # one as many rows fewer as it has chunks, every time measured and predicted
@@ -47,6 +47,16 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
     for whole, cut in zip(chunks[::2], chunks[1::2], strict=True):
         assert whole["label"] == cut["label"] and whole["m"] == cut["m"] * cut["chunks"]
         assert whole["meas_s"] > 0 and cut["pred_s"] > 0 and math.isfinite(cut["err"])
+
+    # torchtitan's eager Llama block (plain and op-checkpointed) and its RMSNorm and SwiGLU, each measured and
+    # predicted with eager kernels
+    eager = machine["eager"]
+    assert [r["label"] for r in eager] == ["layer", "layer, op checkpointing", "RMSNorm", "SwiGLU"]
+    for r in eager:
+        assert "error" not in r, r
+        assert r["meas_fwd_bwd_s"] > r["meas_fwd_s"] > 0 and math.isfinite(r["fwd_bwd_err"]), r
+    assert eager[1]["pred_fwd_bwd_s"] > eager[0]["pred_fwd_bwd_s"]  # the re-run
+    assert "EAGER LAYER" in (out / "summary.txt").read_text()
 
     # FP8 against bf16 on the published FP8 runs' GEMMs (shrunk on the CPU): every rate measured
     fp8 = machine["fp8"]
@@ -88,7 +98,8 @@ def test_shell_entry_skips_what_the_budget_does_not_allow(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     phases = {p["phase"]: p["status"] for p in json.loads((out / "machine.json").read_text())["phases"]}
     assert phases == {"machine": "done", "device": "skipped", "profile": "skipped", "check": "skipped",
-                      "chunks": "skipped", "layers": "skipped", "fp8": "skipped", "sustained": "done"}
+                      "chunks": "skipped", "layers": "skipped", "eager": "skipped", "fp8": "skipped",
+                      "sustained": "done"}
     assert "phase device: skipped" in (out / "log.txt").read_text()
     assert "SUSTAINED vs BURST" in (out / "summary.txt").read_text()
 
