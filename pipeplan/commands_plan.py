@@ -289,8 +289,8 @@ def register(app: typer.Typer) -> None:
                  "column)")] = "none",
         kernels: Annotated[str, typer.Option(
             help="fused (Megatron-LM / Transformer Engine: one kernel per norm, rotary embedding, activation "
-                 "and residual add) or eager (PyTorch without torch.compile, as torchtitan and Hugging Face "
-                 "code run: each of those as separate ops, RMSNorm in fp32)")] = "fused",
+                 "and residual add; torch.compile'd code comes close) or eager (PyTorch without torch.compile, "
+                 "as torchtitan and Hugging Face code run: each of those as separate ops, RMSNorm in fp32)")] = "fused",
         p2p: Annotated[str, typer.Option(
             help="how the runtime you will train with posts its pipeline sends: overlapped (they overlap "
                  "compute: pipeplan's executor, Megatron-Core with --overlap-p2p-communication) or blocking "
