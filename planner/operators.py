@@ -165,8 +165,9 @@ class OperatorOptions:
     #: activation recomputation inside the layer, a property of the run like the attention kernel
     #: (Megatron's ``--recompute-granularity selective``): "selective" re-runs the attention core in the
     #: backward instead of stashing its tensors -- the unfused core's ``s x s`` ones, or the flash kernel's
-    #: forward, as Megatron-Core checkpoints it too (module docstring). Full recomputation is the planner's
-    #: per-candidate choice (``Config.recompute``), not an option here.
+    #: forward, as Megatron-Core checkpoints it too (module docstring); "op": torchtitan's selective op
+    #: checkpointing, every other weight GEMM and every element-wise operator re-run (:func:`checkpoint_ops`).
+    #: Full recomputation is the planner's per-candidate choice (``Config.recompute``), not an option here.
     recompute: Literal["none", "selective", "op"] = "none"
     #: how the layer's memory-bound operators run (module docstring, "Kernels"): "fused" -- Megatron-LM's and
     #: Transformer Engine's fused kernels, one per norm, rotary embedding, activation and bias-dropout-add,
