@@ -78,6 +78,9 @@ def main() -> None:
               f"{100 * max(abs(x) for x in e):.1f}%, median signed {100 * statistics.median(e):+.1f}%")
     for n in sorted(notes - {""}):
         print(f"  * {n}")
+    for oom in torchtitan_runs(data, "out_of_memory"):
+        print(f"stated out of memory: {oom.label}: predicted {predict_row(oom, 'eager').memory_gib:.1f} GiB "
+              "(eager) of 80")
     pair = data["h100_compile_pair"]
     spec = runs[0].spec.model_copy(update={"name": "llama3.1-8b"})
     measured = pair["compiled_wps"] / pair["eager_wps"]

@@ -43,3 +43,13 @@ def test_torchtitan_rows_regression_guard():
     assert pred["llama3-8b b=1 selective op"] < pred["llama3-8b b=1 selective layer"]
     assert pred["llama2-13b b=2 none"] < min(pred["llama2-13b b=2 selective op"],
                                             pred["llama2-13b b=2 selective layer"])
+
+
+def test_the_stated_out_of_memory_configuration_does_not_fit():
+    """torchtitan's footnote: Llama 2 70B at local batch 2 with op checkpointing ran out of memory, so the table
+    gives local batch 1; the eager prediction puts the first over 80 GiB and the second under it."""
+    data = json.loads((ROOT / "tests" / "data" / "torchtitan_runs.json").read_text())
+    (oom,) = torchtitan_runs(data, "out_of_memory")
+    assert predict_row(oom, "eager").memory_gib > 80
+    ran = next(r for r in RUNS if (r.model, r.ac) == (oom.model, oom.ac))
+    assert ran.local_batch == 1 and predict_row(ran, "eager").memory_gib < 80
