@@ -57,7 +57,10 @@ def main() -> None:
     t0 = time.perf_counter()
     data = json.loads(DATA.read_text())
     runs = torchtitan_runs(data)
-    print("torchtitan FSDP2 on 64 A100 80GB (t 1, D 1, W 64), flash SDPA, fp32 reduce-scatter; dgx-a100-80gb")
+    print("torchtitan FSDP2 on 64 A100 80GB (t 1, D 1, W 64), flash SDPA, fp32 reduce-scatter; dgx-a100-80gb;\n"
+          "meas s = local batch x sequence (8192 Llama 3, 4096 Llama 2) / the published tokens/s/GPU; error = "
+          "predicted / measured - 1 (negative: predicted too fast); eager: --kernels eager, fused: the same with "
+          "--kernels fused")
     print(f"{'row':<34} {'meas s':>7} {'eager s':>8} {'error':>7} {'fused s':>8} {'error':>7} {'mem GiB':>8}")
     errors = {"eager": [], "fused": []}
     notes = set()
@@ -87,7 +90,7 @@ def main() -> None:
     print(f"\nH100 pair (Llama 3.1 8B, 8 GPUs, b 2, op checkpointing): measured compiled / eager throughput "
           f"{measured:.3f}; predicted fused / eager {h100_pair(spec, None):.3f} (shipped H100, 3.35 TB/s), "
           f"{h100_pair(spec, 2.4e12):.3f} (at their 2.4 TB/s)")
-    print(f"({time.perf_counter() - t0:.1f} s)")
+    print(f"(benchmark ran in {time.perf_counter() - t0:.1f} s)")
 
 
 if __name__ == "__main__":

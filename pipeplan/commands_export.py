@@ -158,11 +158,14 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         # the stage boundaries index the planning profile's layers: another profile's would be cut wrongly
         raise ValueError(f"--profile {profile}: {prof.name} has {len(prof.layers)} layers, but candidate {candidate} "
                          f"of {plan} partitions {planned}: give the profile the plan was made with")
+    # without the profile, what the candidate document says of it (the checkpointing and kernels its times assume)
+    from_doc = ExportInput.document_fields(doc) if prof is None else {}
     base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,
                                     shard_optimizer=bool(doc.get("shard_optimizer")),
-                                    shard_parameters=bool(doc.get("shard_parameters")), options=_options(options))
+                                    shard_parameters=bool(doc.get("shard_parameters")), options=_options(options),
+                                    **from_doc)
     module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
     try:
@@ -178,7 +181,8 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
                      "(--closest)")
         inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
                                        plan_path=str(plan), candidate=candidate, options=base.options,
-                                       shard_optimizer=base.shard_optimizer, shard_parameters=base.shard_parameters)
+                                       shard_optimizer=base.shard_optimizer, shard_parameters=base.shard_parameters,
+                                       **from_doc)
         return module.export(inp), notes
 
 

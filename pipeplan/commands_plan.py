@@ -107,13 +107,9 @@ def _warn(console: Console, warnings: list[str]) -> None:
         console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
 
 
-def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
-    """The table of ``pipeplan plan`` and the lines under it."""
-    from rich.console import Console
-
-    console = Console(width=160)
-    n = req.gpus or cl.gpus
-    on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+def _print_assumed(console, prof: ModelProfile, req: TrainingRequest) -> None:  # noqa: ANN001
+    """What the profile's times assume (kernels, runtime) and what rows without full recomputation re-run:
+    the lines above ``plan``'s table and ``predict``'s row."""
     assumed = runtime_words(prof.environment, runtime_defaults=prof.source == "analytical",
                             sharded_weights=req.shard_parameters)
     if assumed:
@@ -127,6 +123,16 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
         console.print("recomputation: rows with rc re-run every layer; the others re-run every other GEMM and the "
                       "element-wise ops (profile: --recompute-granularity op, torchtitan's selective op "
                       "checkpointing)", highlight=False)
+
+
+def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
+    """The table of ``pipeplan plan`` and the lines under it."""
+    from rich.console import Console
+
+    console = Console(width=160)
+    n = req.gpus or cl.gpus
+    on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
+    _print_assumed(console, prof, req)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
     if not res.candidates:  # an empty table alone read as a success
         top = max(res.rejected.items(), key=lambda kv: kv[1], default=None)
@@ -251,6 +257,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         console = Console(width=160)
+        _print_assumed(console, prof, req)
         console.print(_table([cand], cfg.label()))
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
         console.print("closed forms (s): " + ", ".join(

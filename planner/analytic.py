@@ -55,7 +55,7 @@ from planner.operators import (
     layer_operators,
     time_operators,
 )
-from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
+from planner.profile import EAGER_WORDS, LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: the t the search tries: divisors of the GPUs per node (up to 8 on the clusters we ship), then powers of two
@@ -181,13 +181,14 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     )
 
 
-EAGER_NOTE = ", eager PyTorch kernels (norms, rotary embeddings, activations, residual adds apart)"
+EAGER_NOTE = ", " + EAGER_WORDS
 
 
 def _selective_note(opts: OperatorOptions) -> str:
     if opts.recompute == "op":
         return (", selective op checkpointing (torchtitan): layers not fully recomputed keep every other GEMM's "
-                "output and the attention kernel's, and re-run the rest in the backward")
+                "output" + (" and the flash kernel's" if opts.attention == "flash" else "")
+                + ", and re-run the rest in the backward")
     if opts.recompute != "selective":
         return ""
     if opts.attention == "flash":

@@ -95,6 +95,12 @@ class Candidate:
             return None
         return self.costs.granularity
 
+    @property
+    def kernels(self) -> str | None:
+        """The kernels the profile's times assume: ``"eager"`` (PyTorch eager ops) or ``"fused"``
+        (:mod:`planner.operators`, "Kernels"); None when not costed."""
+        return self.costs.kernels if self.costs is not None else None
+
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """The candidate document: ``run_spec`` (what to run) and, flat beside it for reading, the
         configuration's fields and the predicted figures."""
@@ -116,7 +122,7 @@ class Candidate:
             "closed_forms": self.closed_forms, "partition": self.partition,
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
             "compute": self.costs.compute_source if self.costs is not None else None,
-            "recompute_granularity": self.recompute_granularity,
+            "recompute_granularity": self.recompute_granularity, "kernels": self.kernels,
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]

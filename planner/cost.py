@@ -394,6 +394,8 @@ class ConfigCosts(Costs):
         #: candidate's output
         granularity = profile.environment.get("recompute_granularity", "none")
         self.granularity = granularity if granularity in ("selective", "op") else "none"
+        #: the kernels the profile's times assume: "eager" (PyTorch eager ops) or "fused" (planner.operators)
+        self.kernels = "eager" if profile.environment.get("kernels") == "eager" else "fused"
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}

@@ -325,6 +325,13 @@ class ModelProfile(BaseModel):
         return sum(layer.params - layer.tied_params for layer in self.layers)
 
 
+#: what eager kernels (``environment["kernels"] = "eager"``, :mod:`planner.operators` "Kernels") are, in words
+EAGER_WORDS = ("eager PyTorch kernels (the element-wise ops as separate kernels, as torchtitan's and Hugging Face's "
+               "code runs them)")
+#: the operator model's default kernels (an analytical profile without ``environment["kernels"]``), in words
+FUSED_WORDS = "fused kernels (Megatron-LM / Transformer Engine: one per norm, activation and residual add)"
+#: what torchtitan's selective op checkpointing (``recompute_granularity = "op"``) re-runs, in words
+OP_WORDS = "selective op checkpointing (torchtitan: every other GEMM and the element-wise ops re-run)"
 #: the flash kernels by their names (planner.device.ATTENTION_IMPLS)
 ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "cudnn": "cuDNN's fused attention"}
 
@@ -333,8 +340,8 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
                   recompute: bool = False, sharded_weights: bool = False) -> list[str]:
     """What times made under the profile environment ``env`` assume of the kernels and the training runtime,
     in words (the keys :mod:`planner.analytic` writes; a key ``env`` lacks is not named).
-    ``runtime_defaults``: an analytical profile, which records the pipeline sends and the data-parallel
-    all-reduce only where they differ from pipeplan's executor's (overlapped, after the backward).
+    ``runtime_defaults``: an analytical profile, which records the pipeline sends, the data-parallel
+    all-reduce and the kernels only where they differ from the defaults (overlapped, after the backward, fused).
     ``tensor``/``recompute``: of one configuration -- sequence parallelism only where t > 1, the selective
     re-run of the attention core only where the layers are not recomputed fully. ``sharded_weights``: a plan
     with sharded weights (:mod:`planner.fsdp`) has no data-parallel all-reduce to name."""
@@ -348,12 +355,13 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
         words.append("dropout" if env["dropout"] == "true" else "no dropout")
     if env.get("sequence_parallel") == "true" and (tensor is None or tensor > 1):
         words.append("sequence parallelism")
-    if env.get("kernels") == "eager":
-        words.append("eager PyTorch kernels (norms, rotary embeddings and activations as separate ops)")
     if env.get("recompute_granularity") == "selective" and not recompute:
         words.append("selective recomputation of the attention core")
     if env.get("recompute_granularity") == "op" and not recompute:
-        words.append("selective op checkpointing (torchtitan: every other GEMM and the element-wise ops re-run)")
+        words.append(OP_WORDS)
+    kernels = env.get("kernels", "fused" if runtime_defaults else None)
+    if kernels is not None:
+        words.append(EAGER_WORDS if kernels == "eager" else FUSED_WORDS)
     p2p = env.get("p2p", "overlapped" if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from api_support import AUTH, tiny_cluster
 
+from planner.profile import FUSED_WORDS
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "models"
 
@@ -141,7 +143,7 @@ def test_hf_config_with_flash_attention_and_sequence_parallelism(client) -> None
     assert client.get("/profiles/999/assumes", headers=AUTH).status_code == 404
     assert "assumes" not in client.get("/profiles", headers=AUTH).json()[0]
     assert listed[flash.json()["id"]] == [
-        "cuDNN's fused attention", "no dropout", "sequence parallelism", "overlapped pipeline sends",
+        "cuDNN's fused attention", "no dropout", "sequence parallelism", FUSED_WORDS, "overlapped pipeline sends",
         "the data-parallel all-reduce after the backward"]
     assert listed[unfused.json()["id"]][0].startswith("the unfused attention core")
     assert bodies[0]["environment"]["attention"] == "unfused" and "attention_impl" not in bodies[0]["environment"]

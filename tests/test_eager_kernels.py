@@ -106,6 +106,21 @@ def test_op_checkpointing_saves_every_other_gemm_and_the_attention_kernel():
     assert to.saved_bytes < tp.saved_bytes / 2
 
 
+def test_op_checkpointing_counts_torchtitans_gemms_with_fused_kernels_too():
+    """torchtitan's model code calls wq, wk, wv and w1, w3 apart (compiled too), so op checkpointing with fused
+    kernels counts the same seven GEMMs (saving wq, wv, w1, w2) without the eager kernels' gradient sums."""
+    ops = _ops(LLAMA, recompute="op")
+    names = [o.name for o in ops]
+    assert [n for n in names if n in ("wq", "wk", "wv", "proj", "w1", "w3", "mlp_down")] == [
+        "wq", "wk", "wv", "proj", "w1", "w3", "mlp_down"]
+    assert "qkv_grad_sum" not in names and "repeat_kv" not in names
+    assert {o.name for o in ops if o.mm and not o.recomputed} == {"wq", "wv", "w1", "mlp_down"}
+    eager = _ops(LLAMA, kernels="eager", recompute="op")
+    assert sum(o.saved_bytes for o in ops) == pytest.approx(sum(o.saved_bytes for o in eager))
+    fused_plain = _ops(LLAMA)
+    assert _gemm_flops(ops) == pytest.approx(_gemm_flops(fused_plain))
+
+
 def test_profile_records_kernels_and_op_checkpointing():
     """The analytic profile's environment and notes say what the times assume, and runtime_words names it."""
     base = analytic_profile(LLAMA, A100, micro_batches=(1,), tensor_sizes=(1,),
@@ -150,8 +165,40 @@ def test_exports_say_or_set_the_kernels_and_checkpointing():
     op = export("torchtitan", ExportInput(spec=spec, recompute_granularity="op", kernels="eager"))
     assert 'mode = "selective"' in op.main.content and 'selective_ac_option = "op"' in op.main.content
     assert not any("unless compiled" in n for n in op.notes)
-    fused = export("torchtitan", ExportInput(spec=spec))
+    fused = export("torchtitan", ExportInput(spec=spec, kernels="fused"))
     assert 'mode = "none"' in fused.main.content and any("unless compiled" in n for n in fused.notes)
+    assert not any("unless compiled" in n for n in export("torchtitan", ExportInput(spec=spec)).notes)  # unknown
+    tp = RunSpec(config=Config(tensor=2, pipeline=1, data=4, micro_batch=1, schedule="1f1b"), microbatches=1)
+    assert any("sequence-parallel" in n for n in export("torchtitan", ExportInput(spec=tp, kernels="eager")).notes)
+    assert not any("sequence-parallel" in n for n in export("torchtitan", ExportInput(
+        spec=tp, kernels="eager", sequence_parallel=True)).notes)
     meg = export("megatron", ExportInput(spec=spec, kernels="eager", model=PRESETS["gpt2-medium"]))
     assert any("Megatron-LM runs fused ones" in n for n in meg.notes)
     assert "eager PyTorch kernels" in meg.main.content  # the header's runtime line
+
+
+def test_export_without_the_profile_reads_the_candidate_document(tmp_path):
+    """A plan's candidate says what checkpointing and kernels its times assume, so an export given the plan
+    alone (no --profile) still writes torchtitan's op checkpointing and the eager header, not "none"."""
+    prof = tmp_path / "p.json"
+    r = runner.invoke(app, ["profile-analytic", "--hf-config", str(ROOT / "examples" / "models" / "llama-3.1-8b"),
+                            "--seq", "2048", "--device", "a100-80gb", "--attention", "flash", "--kernels", "eager",
+                            "--recompute-granularity", "op", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    plan = tmp_path / "plan.json"
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
+                                                                             "dgx-a100-80gb.json"),
+                            "--global-batch", "64", "--gpus", "64", "--shard-parameters", "--top", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    plan.write_text(r.output)
+    doc = json.loads(r.output)["candidates"][0]
+    assert (doc["kernels"], doc["recompute_granularity"]) == ("eager", "op") and not doc["recompute"]
+    r = runner.invoke(app, ["export", "--plan", str(plan), "--candidate", "0", "--format", "torchtitan"])
+    assert r.exit_code == 0, r.output
+    assert 'selective_ac_option = "op"' in r.output and "eager PyTorch kernels" in r.output
+    assert "unless compiled" not in r.output
+    r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
+                                                                                "dgx-a100-80gb.json"),
+                            "--global-batch", "64", "--tensor", "1", "--pipeline", "1", "--data", "64",
+                            "--micro-batch", "1", "--schedule", "1f1b", "--shard-parameters"])
+    assert r.exit_code == 0 and "the profile's times assume" in r.output and "every other GEMM" in r.output, r.output

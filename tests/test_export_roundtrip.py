@@ -17,6 +17,7 @@ from planner.export import FRAMEWORKS, ExportError, ExportInput, UnsupportedSche
 from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.model import PRESETS, ModelSpec
 from planner.operators import OperatorOptions
+from planner.profile import FUSED_WORDS
 from planner.request import Config, TrainingRequest
 from planner.runspec import RunSpec
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES
@@ -263,8 +264,8 @@ def test_a_hugging_face_profile_exports_its_architecture_kernels_and_runtime() -
                 "--attention-dropout 0.0", "--hidden-dropout 0.0", "--overlap-grad-reduce"):
         assert arg in text, arg
     assert "--attention-backend fused" in text  # cuDNN's kernel named in a note
-    assumed = ("the prediction assumes cuDNN's fused attention, no dropout, sequence parallelism, overlapped "
-               "pipeline sends, the data-parallel all-reduce overlapped with the backward")
+    assumed = (f"the prediction assumes cuDNN's fused attention, no dropout, sequence parallelism, {FUSED_WORDS}, "
+               "overlapped pipeline sends, the data-parallel all-reduce overlapped with the backward")
     for fmt in FRAMEWORKS:
         assert assumed in "\n".join(f.content for f in export(fmt, inp).files), fmt
     assert parse(export("megatron", inp)).config == run.config

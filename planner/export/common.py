@@ -34,8 +34,9 @@ class ExportInput:
     unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it), ``"op"`` when it re-runs
     what torchtitan's selective op checkpointing does (:func:`planner.operators.checkpoint_ops`);
     ``kernels``: ``"eager"`` when the profile times eager PyTorch's separate norm, rotary, activation and
-    residual kernels (torchtitan and Hugging Face code without ``torch.compile``), ``"fused"`` otherwise
-    (Megatron-LM / Transformer Engine); ``gpus_per_node``: the
+    residual kernels (torchtitan and Hugging Face code without ``torch.compile``), ``"fused"`` for Megatron-LM's
+    / Transformer Engine's, None where unknown (no profile, a candidate document that does not say: use
+    :meth:`document_fields`); ``gpus_per_node``: the
     cluster's, for launch lines;
     ``shard_optimizer``: the plan's request split the optimizer state over the W replicas (its memory counts
     ``4 + 12/W`` bytes per parameter: ZeRO-1, Megatron-LM's ``--use-distributed-optimizer``; the candidate
@@ -54,7 +55,7 @@ class ExportInput:
     dtype: str = "bf16"
     sequence_parallel: bool = False
     recompute_granularity: str = "none"
-    kernels: str = "fused"
+    kernels: str | None = None
     gpus_per_node: int | None = None
     shard_optimizer: bool = False
     shard_parameters: bool = False
@@ -113,6 +114,18 @@ class ExportInput:
         """The plan shards the weights over more than one replica (``shard_parameters`` with W > 1)."""
         return self.shard_parameters and self.config.data > 1
 
+    @staticmethod
+    def document_fields(doc: dict) -> dict[str, str]:
+        """What a candidate document (``Candidate.to_dict()``) says of the profile it was planned on, for an
+        export made without that profile: ``recompute_granularity`` (selective or op; a candidate that recomputes
+        fully says "full", which is its configuration's) and ``kernels``."""
+        out = {}
+        if doc.get("recompute_granularity") in ("selective", "op"):
+            out["recompute_granularity"] = doc["recompute_granularity"]
+        if doc.get("kernels") in ("fused", "eager"):
+            out["kernels"] = doc["kernels"]
+        return out
+
     @classmethod
     def from_profile(cls, spec: RunSpec, profile: ModelProfile | None, model: ModelSpec | None = None,
                      **kw: object) -> ExportInput:
@@ -132,7 +145,7 @@ class ExportInput:
         return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
                    dtype=profile.dtype, sequence_parallel=sp,
                    recompute_granularity=granularity if granularity in ("selective", "op") else "none",
-                   kernels="eager" if env.get("kernels") == "eager" else "fused",
+                   kernels="eager" if env.get("kernels") == "eager" else ("fused" if analytic else None),
                    dropout={"true": True, "false": False}.get(env.get("dropout", "")),
                    attention=env.get("attention"), attention_impl=env.get("attention_impl"),
                    p2p=env.get("p2p", "overlapped") if analytic else env.get("p2p"),

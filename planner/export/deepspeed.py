@@ -37,6 +37,7 @@ from planner.export.common import (
     first_closest,
     header,
 )
+from planner.profile import OP_WORDS
 from planner.request import Config
 from planner.runspec import RunSpec
 
@@ -124,6 +125,9 @@ def export(inp: ExportInput) -> Export:
         notes.append("ZeRO stage 3: run the model under deepspeed.initialize without PipelineModule (the pipeline "
                      "engine allows stage 1 at most; the pipeline section is not read then); communication_data_type "
                      "fp32 reduces the gradients in fp32 as the plan costed")
+    if inp.recompute_granularity == "op" and not inp.config.recompute:
+        notes.append(f"the plan's times assume {OP_WORDS}; DeepSpeed checkpoints whole layers or none, so this runs "
+                     "without it: less time and more activation memory than planned")
     doc = {"_pipeplan": [h.lstrip("# ") for h in header(inp, NAME)] + notes, **cfg}
     return Export(NAME, (ExportFile("ds_config.json", json.dumps(doc, indent=2) + "\n", "application/json"),),
                   tuple(notes))

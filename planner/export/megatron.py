@@ -55,7 +55,7 @@ from planner.export.common import (
     first_closest,
     header,
 )
-from planner.profile import ATTENTION_WORDS
+from planner.profile import ATTENTION_WORDS, EAGER_WORDS, OP_WORDS
 from planner.request import Config
 from planner.runspec import RunSpec
 
@@ -218,12 +218,11 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     elif inp.recompute_granularity == "selective":  # the profile's layers re-run their attention core
         args += SELECTIVE
     elif inp.recompute_granularity == "op":
-        notes.append("the plan's times re-run every other GEMM and the element-wise ops of each layer (torchtitan's "
-                     "selective op checkpointing); Megatron-LM has no such policy, so this runs without it: less "
-                     "time and more activation memory than planned")
+        notes.append(f"the plan's times assume {OP_WORDS}; Megatron-LM has no such policy, so this runs without "
+                     "it: less time and more activation memory than planned")
     if inp.kernels == "eager":
-        notes.append("the plan's times assume eager PyTorch kernels (norms, rotary embeddings, activations and "
-                     "residual adds apart); Megatron-LM runs fused ones, so expect less time than planned")
+        notes.append(f"the plan's times assume {EAGER_WORDS}; Megatron-LM runs fused ones, so expect less time than "
+                     "planned")
     args += _model_args(inp)
     dtype = inp.dtype.lower()
     if dtype in ("bf16", "bfloat16"):

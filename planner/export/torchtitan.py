@@ -158,7 +158,11 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         notes.append("the plan's times re-run each layer's attention core in the backward (Megatron's selective "
                      "recomputation); torchtitan has no such policy, so this runs without it: less time and more "
                      "activation memory than planned (profile with --recompute-granularity op for torchtitan's)")
-    if inp.kernels != "eager":
+    if c.tensor > 1 and not inp.sequence_parallel:
+        notes.append("torchtitan's tensor parallelism is sequence-parallel (norms and element-wise ops on T/t rows "
+                     "per rank); the plan's times replicate them on every rank, more than torchtitan runs (profile "
+                     "with --sequence-parallel)")
+    if inp.kernels == "fused":
         notes.append("the plan's times assume fused norm, rotary, activation and residual kernels (Megatron-LM / "
                      "Transformer Engine); torchtitan runs them as separate eager ops unless compiled ([compile] "
                      "enable = true), slower than planned (profile with --kernels eager for its eager times)")
