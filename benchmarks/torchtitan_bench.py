@@ -62,7 +62,7 @@ def main() -> None:
           "predicted / measured - 1 (negative: predicted too fast); eager: --kernels eager, fused: the same with "
           "--kernels fused")
     print(f"{'row':<34} {'meas s':>7} {'eager s':>8} {'error':>7} {'fused s':>8} {'error':>7} {'mem GiB':>8}")
-    errors = {"eager": [], "fused": []}
+    errors: dict[str, list[float]] = {"eager": [], "fused": []}
     notes = set()
     for run in runs:
         meas = run.measured_seconds()
@@ -81,6 +81,12 @@ def main() -> None:
               f"{100 * max(abs(x) for x in e):.1f}%, median signed {100 * statistics.median(e):+.1f}%")
     for n in sorted(notes - {""}):
         print(f"  * {n}")
+    # leave-one-out: one time scale fitted on the other rows (what calibrating the cluster on measured runs of
+    # this stack, `pipeplan calibrate --runs`, would do; fidelity_bench.py prints the same for Megatron's rows)
+    ratios = [1 / (1 + e) for e in errors["eager"]]  # measured / predicted
+    loo = [abs((1 + e) * statistics.median(ratios[:i] + ratios[i + 1:]) - 1) for i, e in enumerate(errors["eager"])]
+    print(f"leave-one-out with one fitted time scale (eager; calibration, not shipped): median |error| "
+          f"{100 * statistics.median(loo):.1f}%, worst {100 * max(loo):.1f}%")
     for oom in torchtitan_runs(data, "out_of_memory"):
         print(f"stated out of memory: {oom.label}: predicted {predict_row(oom, 'eager').memory_gib:.1f} GiB "
               "(eager) of 80")
