@@ -18,9 +18,10 @@ block fully checkpointed) is not a configuration the planner searches (it recomp
 when the layers' times add up (one stage, one micro-batch, the collectives hidden), and says so.
 
 Each row is timed whatever the memory model says (the run fitted on 80 GB); the predicted peak is reported
-beside it: every row's is under 80 GiB but Llama 2 13B's without checkpointing (80.6 GiB with eager kernels,
-where the run fit: the eager stash of each layer, 1.78 GiB, is what autograd keeps for torchtitan's ops, so the
-over-count is elsewhere or the published row is not what it says). The source's one stated failure, Llama 2
+beside it (with the 2 GiB reserve for the CUDA context, NCCL and the allocator): every row's is under 80 GiB
+but Llama 2 13B's without checkpointing, 0.6 GiB over where the run fit (78.6 GiB of model memory with eager
+kernels, 71 GiB of it the 40 layers' stash of 1.78 GiB each, what autograd keeps for torchtitan's ops: within
+the reserve's own uncertainty). The source's one stated failure, Llama 2
 70B at local batch 2 with op checkpointing out of memory (``out_of_memory`` in the data), is predicted at 104
 GiB, and the local batch 1 it ran instead at 65 GiB. Nothing here is fitted to the rows.
 """
