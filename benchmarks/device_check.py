@@ -1061,6 +1061,11 @@ def fmt_ms(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.3f}"
 
 
+def _rows(rows: list[dict], head: Any, body: Any) -> list[str]:
+    """Summary lines of measured rows: ``head(row)`` then ``body(row)``, or the row's error where it failed."""
+    return [head(r) + (f"failed: {r['error']}" if "error" in r else body(r)) for r in rows]
+
+
 def fmt_err(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x * 100:+.1f}%"
 
@@ -1149,15 +1154,11 @@ def summary_text(run: Run) -> str:
                 "measured against the shipped operator model (err = predicted / measured - 1):",
                 f"  {'layer':<16}{'t':>3}{'b':>3}{'seq':>6} {'attention':<9}{'meas fwd':>10}{'pred fwd':>10}{'err':>8}"
                 f"{'meas bwd':>10}{'pred bwd':>10}{'err':>8}{'fwd+bwd err':>13}"]
-        for r in run.layers:
-            head = f"  {r['label']:<16}{r['t']:>3}{r['b']:>3}{r['seq']:>6} {r['attention']:<9}"
-            if "error" in r:
-                out.append(head + f"failed: {r['error']}")
-                continue
-            out.append(head + f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
-                       f"{fmt_ms(r['meas_bwd_s']):>10}{fmt_ms(r['pred_bwd_s']):>10}{fmt_err(r['bwd_err']):>8}"
-                       f"{fmt_err(r['fwd_bwd_err']):>13}"
-                       + ("  (GQA heads repeated: the backend took no grouped heads)" if r.get("gqa_repeated") else ""))
+        out += _rows(run.layers, lambda r: f"  {r['label']:<16}{r['t']:>3}{r['b']:>3}{r['seq']:>6} {r['attention']:<9}",
+                     lambda r: f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
+                     f"{fmt_ms(r['meas_bwd_s']):>10}{fmt_ms(r['pred_bwd_s']):>10}{fmt_err(r['bwd_err']):>8}"
+                     f"{fmt_err(r['fwd_bwd_err']):>13}"
+                     + ("  (GQA heads repeated: the backend took no grouped heads)" if r.get("gqa_repeated") else ""))
         for r in run.layers:
             if r.get("kernels"):
                 out.append(f"  kernels of {r['label']} ({r['attention']}), fwd+bwd, ms per iteration (x launches):")
@@ -1171,14 +1172,10 @@ def summary_text(run: Run) -> str:
                 "err = predicted / measured - 1):",
                 f"  {'case':<26}{'seq':>6}{'meas fwd':>10}{'pred fwd':>10}{'err':>8}{'meas f+b':>10}{'pred f+b':>10}"
                 f"{'err':>8}{'fused err':>11}"]
-        for r in run.eager:
-            head = f"  {r['label']:<26}{r['seq']:>6}"
-            if "error" in r:
-                out.append(head + f"failed: {r['error']}")
-                continue
-            out.append(head + f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
-                       f"{fmt_ms(r['meas_fwd_bwd_s']):>10}{fmt_ms(r['pred_fwd_bwd_s']):>10}"
-                       f"{fmt_err(r['fwd_bwd_err']):>8}{fmt_err(r.get('fused_err')):>11}")
+        out += _rows(run.eager, lambda r: f"  {r['label']:<26}{r['seq']:>6}",
+                     lambda r: f"{fmt_ms(r['meas_fwd_s']):>10}{fmt_ms(r['pred_fwd_s']):>10}{fmt_err(r['fwd_err']):>8}"
+                     f"{fmt_ms(r['meas_fwd_bwd_s']):>10}{fmt_ms(r['pred_fwd_bwd_s']):>10}"
+                     f"{fmt_err(r['fwd_bwd_err']):>8}{fmt_err(r.get('fused_err')):>11}")
         out.append("")
     s = run.sustained
     if s:
@@ -1290,26 +1287,15 @@ def main(argv: list[str] | None = None) -> int:
         run.skip("check", "no measured profile")
     if run.check:
         print(layer_table(run.check), flush=True)
-    if run.left() > (10 if cuda and not args.quick else 1):
-        run.phase("chunks", chunk_check, run, args, dev)
-    else:
-        run.skip("chunks", f"{run.left():.0f} s left")
-    if run.left() > (30 if cuda and not args.quick else 1):
-        run.phase("layers", public_layer_check, run, args, dev)
-        if cuda:
-            torch.cuda.empty_cache()
-    else:
-        run.skip("layers", f"{run.left():.0f} s left")
-    if run.left() > (20 if cuda and not args.quick else 1):
-        run.phase("eager", eager_check, run, args, dev)
-        if cuda:
-            torch.cuda.empty_cache()
-    else:
-        run.skip("eager", f"{run.left():.0f} s left")
-    if run.left() > (10 if cuda and not args.quick else 1):
-        run.phase("fp8", fp8_check, run, args, dev)
-    else:
-        run.skip("fp8", f"{run.left():.0f} s left")
+    # the GPU checks, each with the seconds it needs on an H100 (else skipped)
+    for name, fn, need in (("chunks", chunk_check, 10), ("layers", public_layer_check, 30), ("eager", eager_check, 20),
+                           ("fp8", fp8_check, 10)):
+        if run.left() > (need if cuda and not args.quick else 1):
+            run.phase(name, fn, run, args, dev)
+            if cuda:
+                torch.cuda.empty_cache()
+        else:
+            run.skip(name, f"{run.left():.0f} s left")
     seconds = min(sustain, run.left() - cool - 15.0) if cuda and not args.quick else sustain
     if seconds >= min(10.0, sustain):
         run.phase("sustained", sustained_gemm, run, args, dev, seconds, cool)

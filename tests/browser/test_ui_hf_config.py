@@ -46,6 +46,24 @@ def _plan_from_form(page: Any, batch: int, gpus: int, top: int) -> int:
     return int(page.url.rsplit("/", 1)[1].split("?")[0])
 
 
+def _runtime_form(browser: Any, console: Console, server: LiveServer, cid: int, seq: str, name: str,
+                  check_closed: bool = False) -> Any:
+    """A new page with Llama 3.1 8B's config chosen on cluster ``cid`` at ``seq``, named ``name``, and "Kernels
+    and runtime" opened (``check_closed``: first check it starts closed, naming pipeplan's executor)."""
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    if check_closed:
+        assert page.locator("#hf-attention").is_hidden()  # closed: a newcomer sees only file, sequence and name
+        assert page.inner_text("#hf-runtime-words") == "pipeplan's executor"
+    page.select_option("#cluster", str(cid))
+    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
+    page.fill("#hf-seq", seq)
+    page.fill("#hf-name", name)
+    page.click("#hf-runtime summary")
+    return page
+
+
 def _profiles(srv: LiveServer) -> list[dict[str, Any]]:
     with srv.client() as c:
         return c.get("/profiles?limit=1000").json()
@@ -179,16 +197,7 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     does not reuse the one made with the old choices). A value the device cannot run is the API's 422 under
     the upload, with the control outlined and the section opened."""
     cid = _cluster_id(server, "dgx-h100-80gb")
-    page = _page(browser, console)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    assert page.locator("#hf-attention").is_hidden()  # closed: a newcomer sees only file, sequence and name
-    assert page.inner_text("#hf-runtime-words") == "pipeplan's executor"
-    page.select_option("#cluster", str(cid))
-    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
-    page.fill("#hf-seq", "8192")
-    page.fill("#hf-name", "llama-3.1-8b-megatron")
-    page.click("#hf-runtime summary")
+    page = _runtime_form(browser, console, server, cid, "8192", "llama-3.1-8b-megatron", check_closed=True)
     page.select_option("#hf-attention", "cudnn")
     page.check("#hf-sp")
     page.select_option("#hf-recompute", "selective")
@@ -230,14 +239,7 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     page.context.close()
 
     # torchtitan's stack: eager PyTorch kernels and selective op checkpointing
-    page = _page(browser, console)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#cluster", str(cid))
-    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
-    page.fill("#hf-seq", "4096")
-    page.fill("#hf-name", "llama-3.1-8b-torchtitan")
-    page.click("#hf-runtime summary")
+    page = _runtime_form(browser, console, server, cid, "4096", "llama-3.1-8b-torchtitan")
     page.select_option("#hf-attention", "flash2")
     page.select_option("#hf-recompute", "op")
     page.select_option("#hf-kernels", "eager")
