@@ -98,6 +98,7 @@ class LayerUpload(LayerProfile):
     bwd_spread: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
     output_bytes_per_sample: Count
     stashed_bytes_per_sample: Count
+    transient_bytes_per_sample: Count | None = Field(default=None, exclude_if=lambda v: v is None)
     input_bytes_per_sample: Count
     params: Count
     param_bytes: Count

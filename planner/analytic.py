@@ -77,7 +77,13 @@ def _shard(times: dict[int, PassTimes], recomputed: bool = True) -> ShardTimes:
         bwd_input_time={b: p.bwd_i for b, p in times.items()},
         bwd_weight_time={b: p.bwd_w for b, p in times.items()},
         stashed_bytes_per_sample=int(round(times[min(times)].saved_bytes / min(times))),
-        source="operators")
+        transient_bytes_per_sample=_transient(times), source="operators")
+
+
+def _transient(times: dict[int, PassTimes]) -> int | None:
+    """Transient bytes per sample of a list of operators (None where none of them holds any)."""
+    b = min(times)
+    return int(round(times[b].transient_bytes / b)) if times[b].transient_bytes > 0 else None
 
 
 #: how the training runtime the profile is for posts its pipeline sends (``environment["p2p"]``, read by
@@ -148,7 +154,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
         return LayerProfile(
             name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
             recompute_time=one.recompute_time, output_bytes_per_sample=out_bytes,
-            stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0), input_bytes_per_sample=in_bytes,
+            stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0),
+            transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
             params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t)
 
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)

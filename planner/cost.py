@@ -272,6 +272,9 @@ class StageInfo:
     #: recomputed (the recomputation working set; 0 when the stage has no checkpointed layer)
     recompute_working_bytes: float
     transformer_layers: int
+    #: the largest transient per sample of one of its layers (:func:`layer_transient`): held beside the
+    #: stashed activations while that layer runs
+    transient_bytes: float = 0.0
     #: the stage holds the (vocabulary-parallel) embedding / the LM head with its loss
     has_embedding: bool = False
     has_head: bool = False
@@ -296,6 +299,16 @@ def layer_stash(lay: LayerProfile, tensor: int, shape: TransformerShape | None) 
         a_s_h = 5 * shape.heads * shape.seq / shape.hidden
         return lay.stashed_bytes_per_sample * (10 + 24 / tensor + a_s_h / tensor) / (34 + a_s_h)
     return lay.stashed_bytes_per_sample / tensor
+
+
+def layer_transient(lay: LayerProfile, tensor: int) -> float:
+    """Transient bytes per sample of one layer's ``1/t`` shard (:class:`planner.profile.LayerProfile`'s
+    ``transient_bytes_per_sample``): the profile's figure at this ``t`` when it has one, else the t = 1 figure
+    over ``t`` (the vocabulary-parallel loss holds ``1/t`` of the logits), 0 where the profile has none."""
+    shard = lay.tensor_times.get(tensor) if lay.tensor_times else None
+    if shard is not None and shard.transient_bytes_per_sample is not None:
+        return float(shard.transient_bytes_per_sample)
+    return (lay.transient_bytes_per_sample or 0) / tensor
 
 
 def recompute_kept_bytes(lay: LayerProfile, stash: float, tensor: int, sequence_parallel: bool) -> float:
@@ -330,6 +343,7 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             recompute_working_bytes=max((st for lay, st in zip(layers, stashes, strict=True)
                                          if checkpointed(lay.kind)), default=0.0),
             transformer_layers=sum(1 for x in layers if x.kind == "transformer"),
+            transient_bytes=max(layer_transient(lay, tensor) for lay in layers),
             has_embedding=any(x.kind == "embedding" for x in layers),
             has_head=any(x.kind == "lm_head" for x in layers)))
     # a tied copy sharing the stage of its original is not a second copy

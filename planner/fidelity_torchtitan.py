@@ -18,12 +18,15 @@ block fully checkpointed) is not a configuration the planner searches (it recomp
 when the layers' times add up (one stage, one micro-batch, the collectives hidden), and says so.
 
 Each row is timed whatever the memory model says (the run fitted on 80 GB); the predicted peak is reported
-beside it (with the 2 GiB reserve for the CUDA context, NCCL and the allocator): every row's is under 80 GiB
-but Llama 2 13B's without checkpointing, 0.6 GiB over where the run fit (78.6 GiB of model memory with eager
-kernels, 71 GiB of it the 40 layers' stash of 1.78 GiB each, what autograd keeps for torchtitan's ops: within
-the reserve's own uncertainty). The source's one stated failure, Llama 2
-70B at local batch 2 with op checkpointing out of memory (``out_of_memory`` in the data), is predicted at 104
-GiB, and the local batch 1 it ran instead at 65 GiB. Nothing here is fitted to the rows.
+beside it (with the 2 GiB reserve for the CUDA context, NCCL and the allocator, and the loss's fp32 logits and
+gradients held while it runs: :func:`planner.cost.layer_transient`): every row's is under 80 GiB but Llama 2
+13B's without checkpointing, 2.5 GiB over where the run fit (80.5 GiB of model memory with eager kernels, 71 GiB
+of it the 40 layers' stash of 1.78 GiB each, what autograd keeps for torchtitan's ops, 2 GiB the loss's
+transient). The source's one stated failure, Llama 2 70B at local batch 2 with op checkpointing out of memory
+(``out_of_memory`` in the data), is predicted at 106 GiB, and the local batch 1 it ran instead at 66 GiB.
+:func:`h100_memory`: torchtitan's two H100 FSDP rows' peak memory (8 and 128 GPUs, the allocator's maximum
+reserved, 82.4 and 67.0 GiB) are predicted at 76.9 and 62.9 GiB (61 and 47 without the loss's transient).
+Nothing here is fitted to the rows.
 """
 
 from __future__ import annotations
@@ -112,6 +115,23 @@ def predict_row(run: TorchtitanRun, kernels: str = "eager", cluster: Cluster | N
     cand = predict(prof, base, TrainingRequest(global_batch=GPUS * b, shard_parameters=True),
                    Config(tensor=1, pipeline=1, data=GPUS, micro_batch=b, schedule="1f1b", recompute=full))
     return RowPrediction(cand.iteration_time, max(cand.memory) / 2**30)
+
+
+def h100_memory(gpus: int) -> float:
+    """Predicted peak memory (GiB, with the 2 GiB reserve) of torchtitan's H100 FSDP row of Llama 3.1 8B on
+    ``gpus`` GPUs (``h100_fsdp_memory`` in the data: local batch 2, sequence 8192, eager kernels, op
+    checkpointing), on the shipped DGX H100 cluster (memory does not depend on the devices' speed)."""
+    spec = ModelSpec(name="llama3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                     vocab=128256, seq=8192, gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
+                     tied_embeddings=False, bias=False)
+    cluster = load_cluster(ROOT / "examples" / "clusters" / "dgx-h100-80gb.json")
+    cluster = cluster.model_copy(update={"memory_bytes": 1 << 50, "gpus": max(cluster.gpus, gpus)})
+    prof = analytic_profile(spec, "H100-SXM5-80GB", micro_batches=(2,), tensor_sizes=(1,),
+                            options=OperatorOptions(attention="flash", dropout=False, recompute="op", kernels="eager"),
+                            dp_allreduce="overlapped")
+    cand = predict(prof, cluster, TrainingRequest(global_batch=2 * gpus, shard_parameters=True),
+                   Config(tensor=1, pipeline=1, data=gpus, micro_batch=2, schedule="1f1b"))
+    return max(cand.memory) / 2**30
 
 
 def _with_ac(run: TorchtitanRun, ac: str) -> TorchtitanRun:

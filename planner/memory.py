@@ -10,8 +10,10 @@ extra weight
 versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering); the activations of
 its in-flight micro-batches -- their whole stash, or with full recomputation what each checkpointed
 layer keeps (its input) plus the stash of the layers that are not checkpointed (the embedding, the LM head),
-:func:`planner.cost.recompute_kept_bytes` -- plus, recomputing, once the largest checkpointed layer's stash
-(the layer being recomputed); and the request's reserve. :meth:`MemoryModel.simulated_memory` counts exactly
+:func:`planner.cost.recompute_kept_bytes` -- plus the largest working set of one layer at a time: recomputing,
+the largest checkpointed layer's stash (the layer being recomputed), or what a layer holds beside its stash while
+it runs (the loss's fp32 logits and gradients, :func:`planner.cost.layer_transient`), whichever is larger; and
+the request's reserve. :meth:`MemoryModel.simulated_memory` counts exactly
 that from a simulation; the checks before it use the schedule's in-flight counts (exact, or a lower bound)
 or, for merged schedules, the replayed warm-up, and :meth:`MemoryModel.partition_fitting` finds a partition that fits
 when the time-balanced one does not."""
@@ -189,13 +191,17 @@ class MemoryModel:
         return Warmup(sched, sched.actions, 0).peaks(act)
 
     def peak_memory(self, cand: Candidate, costs: ConfigCosts, peaks: list[float]) -> list[float]:
-        """:meth:`simulated_memory` from the per-device activation peaks (:meth:`list_peaks`)."""
+        """:meth:`simulated_memory` from the per-device activation peaks (:meth:`list_peaks`), plus the largest
+        working set of one layer at a time: a recomputed layer's stash materialised again, or what a layer
+        holds beside the stash while it runs (the loss's logits and gradients: :func:`planner.cost.
+        layer_transient`), the larger of the two (they are not held at once)."""
         mem = []
         for d in range(cand.config.pipeline):
             m = cand.state[d] + peaks[d] + self.request.memory_reserve_bytes
+            work = max(costs.stages[s].transient_bytes for _, s in costs.held[d])
             if cand.config.recompute:  # recomputing a layer materialises its stash once
-                m += max(costs.stages[s].recompute_working_bytes for _, s in costs.held[d]) * costs.base_b
-            mem.append(m)
+                work = max(work, max(costs.stages[s].recompute_working_bytes for _, s in costs.held[d]))
+            mem.append(m + work * costs.base_b)
         return mem
 
     # ---- a partition that fits ------------------------------------------------------------------
@@ -218,7 +224,8 @@ class MemoryModel:
         if key in self._partitions:
             return self._partitions[key]
         cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
-        state, weights, stash, kept, biggest = self._layer_memory(t, per_param)
+        state, weights, stash, kept, biggest, transient = self._layer_memory(t, per_param)
+        work = np.maximum(biggest, transient) if config.recompute else transient
         # per sample and micro-batch in flight, running sums of what a stage keeps (stash_bytes or
         # recompute_kept_bytes of planner.cost.stage_infos, summed layer by layer)
         per_mb = kept if config.recompute else stash
@@ -230,8 +237,7 @@ class MemoryModel:
             live = counts.get((0, k), 0) * samples
             need = state[start:] - state[start] + (versions[k] - 1 if versions else 0) * (
                 weights[start:] - weights[start]) + live * (per_mb[start:] - per_mb[start])
-            if config.recompute:
-                need = need + biggest[start, start:] * samples
+            need = need + work[start, start:] * samples
             room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]  # leave a layer per later stage
             if room.size == 0:
                 break
@@ -246,9 +252,7 @@ class MemoryModel:
                 need = need + (versions[k] - 1) * (weights[None, :] - weights[:, None])
             live = counts.get((0, k), 0) * samples
             need = need + live * (per_mb[None, :] - per_mb[:, None])
-            if config.recompute:
-                need = need + biggest * samples
-            return need <= cap
+            return need + work * samples <= cap
 
         try:
             bounds = balance_by_cost(layer_costs, S, fits=fits).bounds
@@ -260,8 +264,9 @@ class MemoryModel:
     def _layer_memory(self, t: int, per_param: float) -> tuple[np.ndarray, ...]:
         """Per-layer memory figures for :meth:`partition_fitting`, cached per (t, model state per parameter):
         running sums of model state, weights, stashed activations per sample and what full recomputation
-        keeps per sample (:func:`planner.cost.recompute_kept_bytes`), and the recomputation working set (the
-        largest checkpointed layer's stash per sample) of every layer range."""
+        keeps per sample (:func:`planner.cost.recompute_kept_bytes`), the recomputation working set (the
+        largest checkpointed layer's stash per sample) and the largest transient per sample
+        (:func:`planner.cost.layer_transient`) of every layer range."""
         got = self._layer_mem.get((t, per_param))
         if got is None:
             layers = self._layer_infos(t)
@@ -270,7 +275,8 @@ class MemoryModel:
                 prefix_sums([info.param_bytes / t for info in layers]),
                 prefix_sums([info.stash_bytes for info in layers]),
                 prefix_sums([info.recompute_kept_bytes for info in layers]),
-                _range_max([info.recompute_working_bytes for info in layers]))
+                _range_max([info.recompute_working_bytes for info in layers]),
+                _range_max([info.transient_bytes for info in layers]))
         return got
 
     def _layer_infos(self, t: int) -> list[Any]:

@@ -141,6 +141,9 @@ class Operator:
     out_bytes: float = 0.0
     #: a weight GEMM (``aten.mm`` under eager PyTorch: what the op-checkpointing policy counts)
     mm: bool = False
+    #: bytes the operator holds beyond what it stashes while its forward or backward runs, freed when it ends
+    #: (the loss's copies of the logits and their gradients: :func:`cross_entropy`, :func:`eager_cross_entropy`)
+    transient_bytes: float = 0.0
 
     @property
     def fwd_flops(self) -> float:
@@ -497,7 +500,10 @@ def cross_entropy(logits: float, el: int) -> Operator:
     all-reduces of the row max and sum touch ``T`` elements only.)"""
     fwd = Kernel("cross_entropy", 5.0 * logits, (el + 34.0) * logits)
     bwd = Kernel("cross_entropy.bwd", 2.0 * logits, (12.0 + el) * logits)
-    return Operator("cross_entropy", (fwd,), (bwd,), (), 4.0 * logits)
+    # transient: the forward holds the 16-bit logits beside their fp32 copy, which the in-place passes turn
+    # into the saved softmax; the backward turns that softmax into the gradient in place (``grad_input =
+    # softmax``, ``sub_``, ``mul_``) and casts it back to 16 bits beside it: ``el`` per logit either way
+    return Operator("cross_entropy", (fwd,), (bwd,), (), 4.0 * logits, transient_bytes=el * logits)
 
 
 def eager_cross_entropy(logits: float, el: int) -> Operator:
@@ -506,10 +512,14 @@ def eager_cross_entropy(logits: float, el: int) -> Operator:
     ``logits`` elements: forward the cast to fp32 (read ``el``, write 4 bytes), ``log_softmax`` (read 4, write
     4; ATen's one kernel) and the NLL gather (per row); backward the NLL gradient (a zero fill and a scatter:
     write 4), ``log_softmax``'s backward (read 8, write 4) and the cast back (read 4, write ``el``). Saves the
-    ``log_softmax`` output (4 bytes per logit)."""
-    return _passes("cross_entropy", [("cast_up", (el + 4.0) * logits), ("log_softmax", 8.0 * logits)],
-                   [("nll", 4.0 * logits), ("log_softmax", 12.0 * logits), ("cast_down", (4.0 + el) * logits)],
-                   3.0 * logits, 4.0 * logits)
+    ``log_softmax`` output (4 bytes per logit). Transient (beyond that stash): the forward holds the 16-bit
+    logits and their fp32 copy (``el + 4`` per logit); torchtitan frees the logits before the backward (``del
+    pred``: "need to free to before bwd to avoid peaking memory"), whose NLL gradient and ``log_softmax``
+    gradient are fp32 (8), then the latter beside its 16-bit cast (``4 + el``): the largest of the three."""
+    op = _passes("cross_entropy", [("cast_up", (el + 4.0) * logits), ("log_softmax", 8.0 * logits)],
+                 [("nll", 4.0 * logits), ("log_softmax", 12.0 * logits), ("cast_down", (4.0 + el) * logits)],
+                 3.0 * logits, 4.0 * logits)
+    return replace(op, transient_bytes=max(el + 4.0, 8.0) * logits)
 
 
 def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:
@@ -537,6 +547,8 @@ class PassTimes:
     bwd_i: float = 0.0
     bwd_w: float = 0.0
     saved_bytes: float = 0.0
+    #: the largest :attr:`Operator.transient_bytes` of the list (held beside the stash while that operator runs)
+    transient_bytes: float = 0.0
     #: seconds of the forward kernels selective recomputation re-runs in the backward (part of ``bwd_i``)
     rerun: float = 0.0
     per_op: dict[str, tuple[float, float, float]] = field(default_factory=dict)
@@ -567,6 +579,7 @@ def time_operators(ops: list[Operator], device: DeviceSpec, dtype: str) -> PassT
         out.bwd_i += i
         out.bwd_w += w
         out.saved_bytes += op.saved_bytes
+        out.transient_bytes = max(out.transient_bytes, op.transient_bytes)
         out.per_op[op.name] = (f, i, w)
     return out
 

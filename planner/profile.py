@@ -75,7 +75,8 @@ class ShardTimes(BaseModel):
     plus backward). ``bwd_input_time``/``bwd_weight_time`` (optional, both or neither): the backward split
     into the input-gradient and weight-gradient parts (zero-bubble pipelines, Qi et al. 2023: B = I + W);
     when absent the cost model halves ``bwd_time``. ``stashed_bytes_per_sample`` (optional): the shard's
-    stashed activations (Korthikanti et al. 2022, eq. 2 for GPT shapes); ``sequence_parallel``: whether the
+    stashed activations (Korthikanti et al. 2022, eq. 2 for GPT shapes); ``transient_bytes_per_sample``
+    (optional): as :class:`LayerProfile`'s, of the shard; ``sequence_parallel``: whether the
     times and memory assume Megatron's sequence parallelism (norms and dropouts split along the sequence).
     ``source``: "measured" or "operators" (the operator model).
     """
@@ -88,6 +89,8 @@ class ShardTimes(BaseModel):
     bwd_input_time: dict[int, float] | None = None
     bwd_weight_time: dict[int, float] | None = None
     stashed_bytes_per_sample: int | None = Field(default=None, ge=0)
+    # (absent when unknown, so profiles made before it read and hash as they did)
+    transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
     sequence_parallel: bool = False
     source: Literal["measured", "operators"] = "measured"
 
@@ -125,7 +128,10 @@ class LayerProfile(BaseModel):
     ``bwd_time`` for a recomputed layer. ``fwd_spread``/``bwd_spread``: interquartile range of the repeats
     divided by their median. ``tied_params``: how many of ``params`` are a copy of another layer's
     parameters (a tied LM head holds a copy of the word embedding, Megatron-style; subtract it when the two
-    layers share a stage).
+    layers share a stage). ``transient_bytes_per_sample`` (optional): bytes per sample the layer holds beside
+    its stash while its forward or backward runs and frees after (the loss's fp32 copies of the logits and
+    their gradient: :func:`planner.operators.eager_cross_entropy`), what a device needs on top of its
+    stashed activations while the layer runs; None where not known (a measured profile).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -139,6 +145,7 @@ class LayerProfile(BaseModel):
     bwd_spread: dict[int, float] | None = None
     output_bytes_per_sample: int = Field(ge=0)
     stashed_bytes_per_sample: int = Field(ge=0)
+    transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
     input_bytes_per_sample: int = Field(ge=0)
     params: int = Field(ge=0)
     param_bytes: int = Field(ge=0)

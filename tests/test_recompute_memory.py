@@ -163,10 +163,12 @@ def test_partition_fitting_sums_what_stage_infos_charges(sp: bool) -> None:
 
     prof = _g3(sp)
     mem = MemoryModel(prof, load_cluster(DGX), TrainingRequest(global_batch=8), ScheduleCache())
-    _, _, stash, kept, biggest = mem._layer_memory(8, 16.0)
+    _, _, stash, kept, biggest, transient = mem._layer_memory(8, 16.0)
     n = len(prof.layers)
     for i, j in [(0, 1), (0, 7), (1, 13), (40, 60), (90, n), (0, n)]:
         info = stage_infos(prof, [(i, j)], 8)[0]
         assert kept[j] - kept[i] == pytest.approx(info.recompute_kept_bytes)
         assert stash[j] - stash[i] == pytest.approx(info.stash_bytes)
         assert biggest[i, j] == pytest.approx(info.recompute_working_bytes)
+        assert transient[i, j] == pytest.approx(info.transient_bytes)
+    assert transient[n - 1, n] > 0 and transient[0, n - 1] == 0  # the loss, in the LM head only
