@@ -41,6 +41,20 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def transient_per_sample(m: LayerMeasurement) -> int | None:
+    """What a layer held beside its stash while it ran, per sample, from its measured CUDA peak (one forward +
+    backward at the largest micro-batch ``b``, :func:`profiler.layers._peak_memory`): the peak less its
+    parameter gradients, and less ``b`` times its stash, output and input gradient; None where no peak was
+    measured (the CPU) or nothing is left (:class:`planner.profile.LayerProfile`'s
+    ``transient_bytes_per_sample``)."""
+    if m.peak_memory_bytes is None or not m.fwd:
+        return None
+    b = max(m.fwd)
+    per_sample = m.stashed_bytes_per_sample + m.output_bytes_per_sample + m.input_bytes_per_sample
+    left = m.peak_memory_bytes - m.param_bytes - b * per_sample
+    return int(left // b) if left > 0 else None
+
+
 def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: int,
                       tensor_times: dict[int, ShardTimes] | None = None) -> LayerProfile:
     return LayerProfile(
@@ -53,6 +67,7 @@ def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: in
         bwd_spread={b: t.spread for b, t in m.bwd.items()},
         output_bytes_per_sample=m.output_bytes_per_sample,
         stashed_bytes_per_sample=m.stashed_bytes_per_sample,
+        transient_bytes_per_sample=transient_per_sample(m),
         input_bytes_per_sample=m.input_bytes_per_sample,
         params=m.params,
         param_bytes=m.param_bytes,

@@ -167,3 +167,20 @@ def test_cli_profile_links_local_procs(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     cluster = json.loads(out.read_text())
     assert set(cluster) >= {"intra_node", "allreduce", "backend", "world_size"}
+
+
+def test_transient_from_the_measured_cuda_peak() -> None:
+    """A measured CUDA peak of one forward + backward at the largest b, less the parameter gradients and b times
+    the stash, output and input gradient, is what the layer held beside them (per sample); none on the CPU
+    (no peak) or where nothing is left."""
+    from profiler.layers import LayerMeasurement
+    from profiler.run import transient_per_sample
+    from profiler.timing import Timing
+
+    m = LayerMeasurement(fwd={1: Timing(1.0, 0.0, (1.0,)), 4: Timing(4.0, 0.0, (4.0,))}, stashed_bytes_per_sample=100,
+                         output_bytes_per_sample=10, input_bytes_per_sample=10, param_bytes=1000)
+    assert transient_per_sample(m) is None  # no peak measured (CPU)
+    m.peak_memory_bytes = 1000 + 4 * 120 + 4 * 300  # the head's loss: 300 bytes per sample beside the rest
+    assert transient_per_sample(m) == 300
+    m.peak_memory_bytes = 1000 + 4 * 120
+    assert transient_per_sample(m) is None
