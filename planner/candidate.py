@@ -96,6 +96,14 @@ class Candidate:
         return self.costs.granularity
 
     @property
+    def sequence_parallel(self) -> bool | None:
+        """Whether the profile's times at this candidate's t assume Megatron's sequence parallelism (False at
+        t = 1); None when not costed."""
+        if self.costs is None:
+            return None
+        return bool(self.costs.sequence_parallel and self.config.tensor > 1)
+
+    @property
     def kernels(self) -> str | None:
         """The kernels the profile's times assume: ``"eager"`` (PyTorch eager ops) or ``"fused"``
         (:mod:`planner.operators`, "Kernels"); None when not costed."""
@@ -123,6 +131,7 @@ class Candidate:
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
             "compute": self.costs.compute_source if self.costs is not None else None,
             "recompute_granularity": self.recompute_granularity, "kernels": self.kernels,
+            "sequence_parallel": self.sequence_parallel,
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]

@@ -169,7 +169,9 @@ def test_exports_say_or_set_the_kernels_and_checkpointing():
     assert 'mode = "none"' in fused.main.content and any("unless compiled" in n for n in fused.notes)
     assert not any("unless compiled" in n for n in export("torchtitan", ExportInput(spec=spec)).notes)  # unknown
     tp = RunSpec(config=Config(tensor=2, pipeline=1, data=4, micro_batch=1, schedule="1f1b"), microbatches=1)
-    assert any("sequence-parallel" in n for n in export("torchtitan", ExportInput(spec=tp, kernels="eager")).notes)
+    assert any("sequence-parallel" in n for n in export("torchtitan", ExportInput(
+        spec=tp, kernels="eager", sequence_parallel=False)).notes)
+    assert not any("sequence-parallel" in n for n in export("torchtitan", ExportInput(spec=tp)).notes)  # unknown
     assert not any("sequence-parallel" in n for n in export("torchtitan", ExportInput(
         spec=tp, kernels="eager", sequence_parallel=True)).notes)
     meg = export("megatron", ExportInput(spec=spec, kernels="eager", model=PRESETS["gpt2-medium"]))
@@ -202,3 +204,28 @@ def test_export_without_the_profile_reads_the_candidate_document(tmp_path):
                             "--global-batch", "64", "--tensor", "1", "--pipeline", "1", "--data", "64",
                             "--micro-batch", "1", "--schedule", "1f1b", "--shard-parameters"])
     assert r.exit_code == 0 and "the profile's times assume" in r.output and "every other GEMM" in r.output, r.output
+
+
+def test_export_without_the_profile_knows_sequence_parallelism_from_the_candidate(tmp_path):
+    """A --sequence-parallel profile's t > 1 candidate exported from the plan alone: the candidate document says
+    its times assume sequence parallelism, so torchtitan's export does not tell the user to profile with it;
+    a plan without the profile or the cluster also says where the Megatron launch line puts the processes."""
+    prof = tmp_path / "p.json"
+    r = runner.invoke(app, ["profile-analytic", "--hf-config", str(ROOT / "examples" / "models" / "llama-3.1-8b"),
+                            "--seq", "2048", "--device", "a100-80gb", "--attention", "flash", "--kernels", "eager",
+                            "--recompute-granularity", "op", "--sequence-parallel", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
+                                                                             "dgx-a100-80gb.json"),
+                            "--global-batch", "64", "--gpus", "16", "--schedules", "1f1b", "--top", "20", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = tmp_path / "plan.json"
+    plan.write_text(r.output)
+    cands = json.loads(r.output)["candidates"]
+    k = next(i for i, c in enumerate(cands) if c["tensor"] > 1)
+    assert cands[k]["sequence_parallel"] is True
+    assert all(c["sequence_parallel"] is False for c in cands if c["tensor"] == 1)
+    r = runner.invoke(app, ["export", "--plan", str(plan), "--candidate", str(k), "--format", "torchtitan"])
+    assert r.exit_code == 0 and "sequence-parallel" not in r.output and "sequence parallelism" in r.output, r.output
+    r = runner.invoke(app, ["export", "--plan", str(plan), "--candidate", str(k), "--format", "megatron"])
+    assert r.exit_code == 0 and "no GPUs per node known" in r.output, r.output

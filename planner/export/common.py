@@ -29,10 +29,11 @@ class ExportInput:
     """One candidate to export. ``model``: the model's shape when known (a preset, or the profile's
     shape); ``layer_kinds``: the kind of every profile layer (what the partition's ``[start, end)``
     ranges index); ``dtype``: the profile's; ``sequence_parallel``: whether the profile's tensor-parallel
-    times assume Megatron's sequence parallelism; ``recompute_granularity``: ``"selective"`` when the
-    profile re-runs the attention core in the backward (its environment's ``recompute_granularity``: the
-    unfused core, or the flash kernel's forward, as Megatron-Core checkpoints it), ``"op"`` when it re-runs
-    what torchtitan's selective op checkpointing does (:func:`planner.operators.checkpoint_ops`);
+    times assume Megatron's sequence parallelism (None: not known, no profile); ``recompute_granularity``:
+    ``"selective"`` when the profile re-runs the attention core in the backward (its environment's
+    ``recompute_granularity``: the unfused core, or the flash kernel's forward, as Megatron-Core checkpoints
+    it), ``"op"`` when it re-runs what torchtitan's selective op checkpointing does
+    (:func:`planner.operators.checkpoint_ops`);
     ``kernels``: ``"eager"`` when the profile times eager PyTorch's separate norm, rotary, activation and
     residual kernels (torchtitan and Hugging Face code without ``torch.compile``), ``"fused"`` for Megatron-LM's
     / Transformer Engine's, None where unknown (no profile, a candidate document that does not say: use
@@ -53,7 +54,7 @@ class ExportInput:
     model: ModelSpec | None = None
     layer_kinds: tuple[str, ...] | None = None
     dtype: str = "bf16"
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = None
     recompute_granularity: str = "none"
     kernels: str | None = None
     gpus_per_node: int | None = None
@@ -118,8 +119,10 @@ class ExportInput:
     def document_fields(doc: dict) -> dict[str, str]:
         """What a candidate document (``Candidate.to_dict()``) says of the profile it was planned on, for an
         export made without that profile: ``recompute_granularity`` (selective or op; a candidate that recomputes
-        fully says "full", which is its configuration's) and ``kernels``."""
-        out = {}
+        fully says "full", which is its configuration's), ``kernels`` and ``sequence_parallel``."""
+        out: dict = {}
+        if isinstance(doc.get("sequence_parallel"), bool):
+            out["sequence_parallel"] = doc["sequence_parallel"]
         if doc.get("recompute_granularity") in ("selective", "op"):
             out["recompute_granularity"] = doc["recompute_granularity"]
         if doc.get("kernels") in ("fused", "eager"):

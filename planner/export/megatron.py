@@ -242,6 +242,10 @@ def export(inp: ExportInput) -> Export:
         notes.append("no model shape known (give --profile or --model): add --num-layers, --hidden-size, "
                      "--num-attention-heads, --seq-length yourself")
     nodes, per_node = launch(inp)
+    if not inp.gpus_per_node and inp.world_size > 1:
+        notes.append(f"no GPUs per node known (give --gpus-per-node G or --cluster): the launch line puts all "
+                     f"{inp.world_size} processes on one node; with G per node use --nnodes {inp.world_size}/G "
+                     "--nproc-per-node G")
     script = "pretrain_bert.py" if inp.model is not None and inp.model.encoder else "pretrain_gpt.py"
     lines = ["#!/usr/bin/env bash", *header(inp, NAME),
              f"# Megatron-LM takes data parallelism as world size / (t * D): run on exactly {inp.world_size} "

@@ -158,7 +158,7 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         notes.append("the plan's times re-run each layer's attention core in the backward (Megatron's selective "
                      "recomputation); torchtitan has no such policy, so this runs without it: less time and more "
                      "activation memory than planned (profile with --recompute-granularity op for torchtitan's)")
-    if c.tensor > 1 and not inp.sequence_parallel:
+    if c.tensor > 1 and inp.sequence_parallel is False:
         notes.append("torchtitan's tensor parallelism is sequence-parallel (norms and element-wise ops on T/t rows "
                      "per rank); the plan's times replicate them on every rank, more than torchtitan runs (profile "
                      "with --sequence-parallel)")
