@@ -388,11 +388,10 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
 
     ops.append(norm("norm1"))
     if split:
-        # three GEMMs reading one input (saved once) and autograd's two sums of its gradients
+        # three GEMMs reading one input (saved once, by the first) and autograd's two sums of its gradients
         for i, (gname, cols) in enumerate((("wq", a_t * d), ("wk", k_t * d), ("wv", k_t * d))):
-            ops.append(gathered(gemm(gname, T, cols, h, el, accumulate=acc, bias_rows=T if bias else 0,
-                                     save_input=i == 0)) if i == 0 else
-                       gemm(gname, T, cols, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
+            op = gemm(gname, T, cols, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=i == 0)
+            ops.append(gathered(op) if i == 0 else op)
         if eager:
             ops.append(eager_grad_sum("qkv_grad_sum", T * h, el, 2))
     else:
@@ -448,19 +447,18 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))
-    if split:
-        ops.append(gathered(gemm("w1", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
-        ops.append(gemm("w3", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
-        if eager:
-            ops.append(eager_grad_sum("mlp_grad_sum", T * h, el, 1))
-            ops.append(eager_swiglu("act_mul", T * f_t, el))
+    if spec.gated_mlp:
+        if split:  # gate and up apart, reading one input (saved once, by the gate)
+            ops.append(gathered(gemm("w1", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            ops.append(gemm("w3", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
+            if eager:
+                ops.append(eager_grad_sum("mlp_grad_sum", T * h, el, 1))
         else:
-            ops.append(elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3,
-                                   bwd_writes=2, saved_bytes=el * 2 * T * f_t))
-    elif spec.gated_mlp:
-        ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
-        ops.append(elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3,
-                               bwd_writes=2, saved_bytes=el * 2 * T * f_t))
+            ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc,
+                                     bias_rows=T if bias else 0)))
+        ops.append(eager_swiglu("act_mul", T * f_t, el) if eager else
+                   elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3, bwd_writes=2,
+                               saved_bytes=el * 2 * T * f_t))
     else:
         ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         # fused bias + GeLU (Megatron 4.2); saves its input
