@@ -111,7 +111,7 @@ from functools import lru_cache
 from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.device import DeviceSpec, LinkCollectives, find_device
-from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed
+from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed, recompute_granularity
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
@@ -406,8 +406,7 @@ class ConfigCosts(Costs):
         #: does; Korthikanti et al. 2022 section 5), "op", what torchtitan's selective op checkpointing re-runs,
         #: or "none" (:mod:`planner.operators`): already in the profile's times and stash, recorded here for the
         #: candidate's output
-        granularity = profile.environment.get("recompute_granularity", "none")
-        self.granularity = granularity if granularity in ("selective", "op") else "none"
+        self.granularity = recompute_granularity(profile.environment.get("recompute_granularity"))
         #: the kernels the profile's times assume: "eager" (PyTorch eager ops) or "fused" (planner.operators)
         self.kernels = "eager" if profile.environment.get("kernels") == "eager" else "fused"
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"

@@ -131,7 +131,8 @@ class LayerProfile(BaseModel):
     layers share a stage). ``transient_bytes_per_sample`` (optional): bytes per sample the layer holds beside
     its stash while its forward or backward runs and frees after (the loss's fp32 copies of the logits and
     their gradient: :func:`planner.operators.eager_cross_entropy`), what a device needs on top of its
-    stashed activations while the layer runs; None where not known (a measured profile).
+    stashed activations while the layer runs; None where not known (a profile measured on the CPU, or made
+    before the field existed).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -339,6 +340,18 @@ EAGER_WORDS = ("eager PyTorch kernels (the element-wise ops as separate kernels,
 FUSED_WORDS = "fused kernels (Megatron-LM / Transformer Engine: one per norm, activation and residual add)"
 #: what torchtitan's selective op checkpointing (``recompute_granularity = "op"``) re-runs, in words
 OP_WORDS = "selective op checkpointing (torchtitan: every other GEMM and the element-wise ops re-run)"
+#: what a profile's layers may re-run in the backward besides full recomputation (:func:`recompute_granularity`)
+RECOMPUTE_GRANULARITIES = ("selective", "op")
+
+
+def recompute_granularity(value: str | None) -> str:
+    """What a profile's layers re-run in the backward when a candidate does not recompute them fully, from an
+    environment's (or a candidate document's) ``recompute_granularity``: "selective" (Megatron's attention
+    core), "op" (torchtitan's op checkpointing) or "none" (anything else, "full" included: that is a
+    candidate's configuration, not the profile's)."""
+    return value if value in RECOMPUTE_GRANULARITIES else "none"
+
+
 #: the flash kernels by their names (planner.device.ATTENTION_IMPLS)
 ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "cudnn": "cuDNN's fused attention"}
 

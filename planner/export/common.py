@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.model import PRESETS, ModelSpec
-from planner.profile import ModelProfile, runtime_words
+from planner.profile import ModelProfile, recompute_granularity, runtime_words
 from planner.request import ALL_SCHEDULES, Config
 from planner.runspec import RunSpec
 from planner.schedules import SCHEDULE_PARAMETERS
@@ -116,14 +116,14 @@ class ExportInput:
         return self.shard_parameters and self.config.data > 1
 
     @staticmethod
-    def document_fields(doc: dict) -> dict[str, str]:
+    def document_fields(doc: dict) -> dict[str, object]:
         """What a candidate document (``Candidate.to_dict()``) says of the profile it was planned on, for an
         export made without that profile: ``recompute_granularity`` (selective or op; a candidate that recomputes
         fully says "full", which is its configuration's), ``kernels`` and ``sequence_parallel``."""
-        out: dict = {}
+        out: dict[str, object] = {}
         if isinstance(doc.get("sequence_parallel"), bool):
             out["sequence_parallel"] = doc["sequence_parallel"]
-        if doc.get("recompute_granularity") in ("selective", "op"):
+        if recompute_granularity(doc.get("recompute_granularity")) != "none":
             out["recompute_granularity"] = doc["recompute_granularity"]
         if doc.get("kernels") in ("fused", "eager"):
             out["kernels"] = doc["kernels"]
@@ -143,11 +143,10 @@ class ExportInput:
         sp = env.get("sequence_parallel") == "true" or any(
             bool(layer.tensor_times and t in layer.tensor_times and layer.tensor_times[t].sequence_parallel)
             for layer in profile.layers)
-        granularity = env.get("recompute_granularity", "none")
         analytic = profile.source == "analytical"  # the runtime entries are the operator model's (planner.analytic)
         return cls(spec=spec, model=model or model_of(profile), layer_kinds=tuple(la.kind for la in profile.layers),
                    dtype=profile.dtype, sequence_parallel=sp,
-                   recompute_granularity=granularity if granularity in ("selective", "op") else "none",
+                   recompute_granularity=recompute_granularity(env.get("recompute_granularity")),
                    kernels="eager" if env.get("kernels") == "eager" else ("fused" if analytic else None),
                    dropout={"true": True, "false": False}.get(env.get("dropout", "")),
                    attention=env.get("attention"), attention_impl=env.get("attention_impl"),
@@ -269,6 +268,13 @@ def first_closest(spec: RunSpec, choices: list[tuple[str, dict[str, int]]]) -> R
         if out is not None:
             return out
     raise ExportError(f"no schedule of {choices} can run {spec.config.label()}")
+
+
+def unplanned_policy_note(assumed: str, lacks: str) -> str:
+    """An export's note where the plan's times assume a recomputation policy (``assumed``, in words) the
+    framework cannot run (``lacks``, why): it runs without it."""
+    return (f"the plan's times assume {assumed}; {lacks}, so this runs without it: less time and more activation "
+            "memory than planned")
 
 
 def runtime_line(inp: ExportInput) -> str | None:

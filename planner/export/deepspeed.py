@@ -36,6 +36,7 @@ from planner.export.common import (
     UnsupportedSchedule,
     first_closest,
     header,
+    unplanned_policy_note,
 )
 from planner.profile import OP_WORDS
 from planner.request import Config
@@ -126,8 +127,7 @@ def export(inp: ExportInput) -> Export:
                      "engine allows stage 1 at most; the pipeline section is not read then); communication_data_type "
                      "fp32 reduces the gradients in fp32 as the plan costed")
     if inp.recompute_granularity == "op" and not inp.config.recompute:
-        notes.append(f"the plan's times assume {OP_WORDS}; DeepSpeed checkpoints whole layers or none, so this runs "
-                     "without it: less time and more activation memory than planned")
+        notes.append(unplanned_policy_note(OP_WORDS, "DeepSpeed checkpoints whole layers or none"))
     doc = {"_pipeplan": [h.lstrip("# ") for h in header(inp, NAME)] + notes, **cfg}
     return Export(NAME, (ExportFile("ds_config.json", json.dumps(doc, indent=2) + "\n", "application/json"),),
                   tuple(notes))

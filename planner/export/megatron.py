@@ -54,6 +54,7 @@ from planner.export.common import (
     UnsupportedSchedule,
     first_closest,
     header,
+    unplanned_policy_note,
 )
 from planner.profile import ATTENTION_WORDS, EAGER_WORDS, OP_WORDS
 from planner.request import Config
@@ -218,8 +219,7 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     elif inp.recompute_granularity == "selective":  # the profile's layers re-run their attention core
         args += SELECTIVE
     elif inp.recompute_granularity == "op":
-        notes.append(f"the plan's times assume {OP_WORDS}; Megatron-LM has no such policy, so this runs without "
-                     "it: less time and more activation memory than planned")
+        notes.append(unplanned_policy_note(OP_WORDS, "Megatron-LM has no such policy"))
     if inp.kernels == "eager":
         notes.append(f"the plan's times assume {EAGER_WORDS}; Megatron-LM runs fused ones, so expect less time than "
                      "planned")
