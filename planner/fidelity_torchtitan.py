@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.analytic import analytic_profile
+from planner.candidate import Candidate
 from planner.cluster import Cluster, load_cluster
+from planner.device import DeviceSpec
 from planner.model import ModelSpec
 from planner.operators import OperatorOptions
 from planner.request import Config, TrainingRequest
@@ -107,31 +109,42 @@ def predict_row(run: TorchtitanRun, kernels: str = "eager", cluster: Cluster | N
     if run.ac not in AC:
         raise ValueError(f"ac: {run.ac!r} is not one of {', '.join([*AC, 'selective layer'])}")
     selective, full = AC[run.ac]
-    b = run.local_batch
-    prof = analytic_profile(run.spec, "A100-SXM4-80GB", micro_batches=(b,), tensor_sizes=(1,),
-                            options=OperatorOptions(attention="flash", dropout=False, recompute=selective,  # type: ignore[arg-type]
-                                                    kernels=kernels),  # type: ignore[arg-type]
-                            dp_allreduce="overlapped")
-    cand = predict(prof, base, TrainingRequest(global_batch=GPUS * b, shard_parameters=True),
-                   Config(tensor=1, pipeline=1, data=GPUS, micro_batch=b, schedule="1f1b", recompute=full))
+    cand = predict_fsdp(run.spec, "A100-SXM4-80GB", base, GPUS, run.local_batch, kernels, selective, full)
     return RowPrediction(cand.iteration_time, max(cand.memory) / 2**30)
 
 
-def h100_memory(gpus: int) -> float:
-    """Predicted peak memory (GiB, with the 2 GiB reserve) of torchtitan's H100 FSDP row of Llama 3.1 8B on
-    ``gpus`` GPUs (``h100_fsdp_memory`` in the data: local batch 2, sequence 8192, eager kernels, op
-    checkpointing), on the shipped DGX H100 cluster (memory does not depend on the devices' speed)."""
-    spec = ModelSpec(name="llama3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
-                     vocab=128256, seq=8192, gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
-                     tied_embeddings=False, bias=False)
+def predict_fsdp(spec: ModelSpec, device: DeviceSpec | str, cluster: Cluster, gpus: int, b: int, kernels: str,
+                 selective: str = "none", full: bool = False) -> Candidate:
+    """A torchtitan run as the planner predicts it: the operator model's profile of ``spec`` on ``device`` (flash
+    kernel, no dropout, ``kernels``, the ``selective`` option, torch DDP's overlapped reduction) planned as
+    FSDP over ``gpus`` (``t = 1, D = 1``), one micro-batch of ``b`` per GPU, fully recomputed or not."""
+    prof = analytic_profile(spec, device, micro_batches=(b,), tensor_sizes=(1,),
+                            options=OperatorOptions(attention="flash", dropout=False, recompute=selective,  # type: ignore[arg-type]
+                                                    kernels=kernels),  # type: ignore[arg-type]
+                            dp_allreduce="overlapped")
+    return predict(prof, cluster, TrainingRequest(global_batch=gpus * b, shard_parameters=True),
+                   Config(tensor=1, pipeline=1, data=gpus, micro_batch=b, schedule="1f1b", recompute=full))
+
+
+#: Llama 3.1 8B, the model of torchtitan's H100 tables (Llama 3 8B's shape), at their sequence 8192
+LLAMA31_8B = ModelSpec(name="llama3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                       vocab=128256, seq=8192, gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
+                       tied_embeddings=False, bias=False)
+
+
+def predict_h100(gpus: int, kernels: str = "eager", device: DeviceSpec | str = "H100-SXM5-80GB") -> Candidate:
+    """torchtitan's H100 FSDP row of Llama 3.1 8B on ``gpus`` GPUs (local batch 2, op checkpointing) on the
+    shipped DGX H100 cluster, timed whatever the memory model says (``device``: another description, e.g. with
+    their memory bandwidth)."""
     cluster = load_cluster(ROOT / "examples" / "clusters" / "dgx-h100-80gb.json")
     cluster = cluster.model_copy(update={"memory_bytes": 1 << 50, "gpus": max(cluster.gpus, gpus)})
-    prof = analytic_profile(spec, "H100-SXM5-80GB", micro_batches=(2,), tensor_sizes=(1,),
-                            options=OperatorOptions(attention="flash", dropout=False, recompute="op", kernels="eager"),
-                            dp_allreduce="overlapped")
-    cand = predict(prof, cluster, TrainingRequest(global_batch=2 * gpus, shard_parameters=True),
-                   Config(tensor=1, pipeline=1, data=gpus, micro_batch=2, schedule="1f1b"))
-    return max(cand.memory) / 2**30
+    return predict_fsdp(LLAMA31_8B, device, cluster, gpus, 2, kernels, "op")
+
+
+def h100_memory(gpus: int) -> float:
+    """Predicted peak memory (GiB, with the 2 GiB reserve) of :func:`predict_h100` with eager kernels
+    (``h100_fsdp_memory`` in the data; memory does not depend on the devices' speed)."""
+    return max(predict_h100(gpus).memory) / 2**30
 
 
 def _with_ac(run: TorchtitanRun, ac: str) -> TorchtitanRun:
