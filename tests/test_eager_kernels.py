@@ -22,6 +22,7 @@ from planner.operators import (
 from planner.profile import runtime_words
 
 ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "examples" / "clusters" / "dgx-a100-80gb.json"
 A100 = get_device("A100-SXM4-80GB")
 LLAMA = ModelSpec(name="llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, gated_mlp=True,
                   activation="silu", norm="rmsnorm", position="rotary", tied_embeddings=False, bias=False,
@@ -144,9 +145,8 @@ def test_cli_profile_analytic_kernels_and_op(tmp_path):
     assert r.exit_code == 0, r.output
     env = json.loads(out.read_text())["environment"]
     assert env["kernels"] == "eager" and env["recompute_granularity"] == "op"
-    r = runner.invoke(app, ["plan", "--profile", str(out), "--cluster", str(ROOT / "examples" / "clusters" /
-                                                                              "dgx-a100-80gb.json"),
-                            "--global-batch", "64", "--gpus", "8", "--top", "2"])
+    r = runner.invoke(app, ["plan", "--profile", str(out), "--cluster", str(CLUSTER), "--global-batch", "64",
+                            "--gpus", "8", "--top", "2"])
     assert r.exit_code == 0 and "eager PyTorch kernels" in r.output and "every other GEMM" in r.output, r.output
     r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-medium", "--kernels", "compiled",
                             "--out", str(tmp_path / "x.json")])
@@ -179,30 +179,34 @@ def test_exports_say_or_set_the_kernels_and_checkpointing():
     assert "eager PyTorch kernels" in meg.main.content  # the header's runtime line
 
 
+def _torchtitan_plan(tmp_path, profile_args: list[str], plan_args: list[str]) -> tuple[Path, Path, list[dict]]:
+    """Llama 3.1 8B at sequence 2048 profiled for torchtitan's stack (flash, eager kernels, op checkpointing,
+    plus ``profile_args``) and planned on DGX A100s with ``plan_args``: (profile, plan file, candidates)."""
+    prof, plan = tmp_path / "p.json", tmp_path / "plan.json"
+    r = runner.invoke(app, ["profile-analytic", "--hf-config", str(ROOT / "examples" / "models" / "llama-3.1-8b"),
+                            "--seq", "2048", "--device", "a100-80gb", "--attention", "flash", "--kernels", "eager",
+                            "--recompute-granularity", "op", *profile_args, "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(CLUSTER), "--global-batch", "64",
+                            *plan_args, "--json"])
+    assert r.exit_code == 0, r.output
+    plan.write_text(r.output)
+    return prof, plan, json.loads(r.output)["candidates"]
+
+
 def test_export_without_the_profile_reads_the_candidate_document(tmp_path):
     """A plan's candidate says what checkpointing and kernels its times assume, so an export given the plan
     alone (no --profile) still writes torchtitan's op checkpointing and the eager header, not "none"."""
-    prof = tmp_path / "p.json"
-    r = runner.invoke(app, ["profile-analytic", "--hf-config", str(ROOT / "examples" / "models" / "llama-3.1-8b"),
-                            "--seq", "2048", "--device", "a100-80gb", "--attention", "flash", "--kernels", "eager",
-                            "--recompute-granularity", "op", "--out", str(prof)])
-    assert r.exit_code == 0, r.output
-    plan = tmp_path / "plan.json"
-    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
-                                                                             "dgx-a100-80gb.json"),
-                            "--global-batch", "64", "--gpus", "64", "--shard-parameters", "--top", "2", "--json"])
-    assert r.exit_code == 0, r.output
-    plan.write_text(r.output)
-    doc = json.loads(r.output)["candidates"][0]
+    prof, plan, cands = _torchtitan_plan(tmp_path, [], ["--gpus", "64", "--shard-parameters", "--top", "2"])
+    doc = cands[0]
     assert (doc["kernels"], doc["recompute_granularity"]) == ("eager", "op") and not doc["recompute"]
     r = runner.invoke(app, ["export", "--plan", str(plan), "--candidate", "0", "--format", "torchtitan"])
     assert r.exit_code == 0, r.output
     assert 'selective_ac_option = "op"' in r.output and "eager PyTorch kernels" in r.output
     assert "unless compiled" not in r.output
-    r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
-                                                                                "dgx-a100-80gb.json"),
-                            "--global-batch", "64", "--tensor", "1", "--pipeline", "1", "--data", "64",
-                            "--micro-batch", "1", "--schedule", "1f1b", "--shard-parameters"])
+    r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", str(CLUSTER), "--global-batch", "64",
+                            "--tensor", "1", "--pipeline", "1", "--data", "64", "--micro-batch", "1", "--schedule",
+                            "1f1b", "--shard-parameters"])
     assert r.exit_code == 0 and "the profile's times assume" in r.output and "every other GEMM" in r.output, r.output
 
 
@@ -210,18 +214,8 @@ def test_export_without_the_profile_knows_sequence_parallelism_from_the_candidat
     """A --sequence-parallel profile's t > 1 candidate exported from the plan alone: the candidate document says
     its times assume sequence parallelism, so torchtitan's export does not tell the user to profile with it;
     a plan without the profile or the cluster also says where the Megatron launch line puts the processes."""
-    prof = tmp_path / "p.json"
-    r = runner.invoke(app, ["profile-analytic", "--hf-config", str(ROOT / "examples" / "models" / "llama-3.1-8b"),
-                            "--seq", "2048", "--device", "a100-80gb", "--attention", "flash", "--kernels", "eager",
-                            "--recompute-granularity", "op", "--sequence-parallel", "--out", str(prof)])
-    assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
-                                                                             "dgx-a100-80gb.json"),
-                            "--global-batch", "64", "--gpus", "16", "--schedules", "1f1b", "--top", "20", "--json"])
-    assert r.exit_code == 0, r.output
-    plan = tmp_path / "plan.json"
-    plan.write_text(r.output)
-    cands = json.loads(r.output)["candidates"]
+    _, plan, cands = _torchtitan_plan(tmp_path, ["--sequence-parallel"],
+                                      ["--gpus", "16", "--schedules", "1f1b", "--top", "20"])
     k = next(i for i, c in enumerate(cands) if c["tensor"] > 1)
     assert cands[k]["sequence_parallel"] is True
     assert all(c["sequence_parallel"] is False for c in cands if c["tensor"] == 1)
