@@ -110,6 +110,7 @@ from functools import lru_cache
 
 from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
+from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed, recompute_granularity
 from planner.request import Config, TrainingRequest
@@ -378,6 +379,9 @@ class ConfigCosts(Costs):
         self.fsdp_per_microbatch = self.fsdp and fsdp.reshards_after_forward(schedule.devices)
         #: the gathers run beside the compute (not on a shared CPU host whose collectives take its cores)
         self.fsdp_overlap = cluster.host is None or cluster.host.comm_overlaps_compute
+        #: of the compute throughput, what a collective overlapped with it holds while it runs
+        #: (:func:`planner.contention.collective_share`: its NCCL channels' SMs)
+        self.comm_share = collective_share(_device(cluster.device))
         self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
         shard = config.data if request.sharded_state else 1
         step_key = (request.state_bytes_per_param(config.data), shard, self.fsdp)
@@ -623,9 +627,9 @@ class ConfigCosts(Costs):
         copies = self.fsdp_copies(stage)
         if kind == "F":
             plain = self._plain_fwd(stage, span)
-            return fsdp.forward_time(plain, gathers, self.fsdp_overlap, copies) - plain
+            return fsdp.forward_time(plain, gathers, self.fsdp_overlap, copies, self.comm_share) - plain
         plain = self._plain_bwd(stage)
-        return fsdp.backward_time(plain, gathers, scatters, self.fsdp_overlap, copies) - plain
+        return fsdp.backward_time(plain, gathers, scatters, self.fsdp_overlap, copies, self.comm_share) - plain
 
     def _fsdp_collective(self, ranks: list[int], nbytes: float, op: str) -> float:
         """One all-gather or reduce-scatter of a layer among ``ranks``: NCCL's ring
@@ -765,8 +769,15 @@ class ConfigCosts(Costs):
             # PyTorch DDP: buckets all-reduced while the synchronising backward runs; what is left after it
             # is the all-reduce beyond that backward, at least the last bucket (module docstring)
             bucket = allreduce_time(self.cluster, ranks, min(nbytes, DDP_BUCKET_BYTES)) * self.cal.link_scale
-            return max(bucket, whole - self.bwd(stage))
+            return self._left_after(self.bwd(stage), whole, bucket)
         return whole
+
+    def _left_after(self, compute: float, comm: float, last: float) -> float:
+        """Of a collective of ``comm`` seconds run in buckets beside ``compute`` (its last bucket, ``last``
+        seconds, after it), what is left once the compute ends: the buckets beside the compute hold
+        :attr:`comm_share` of it while they run (:func:`planner.contention.overlapped`), then the last bucket;
+        without a share, what exceeds the compute, at least the last bucket."""
+        return overlapped(compute, comm - last, self.comm_share) - compute + last
 
     def _sharded_sync(self, stage: int, ranks: list[int], nbytes: float) -> float:
         """A sharded optimizer's gradient reduce-scatter and, after its step, the all-gather of the updated
@@ -779,8 +790,10 @@ class ConfigCosts(Costs):
         ag = sharded_collective_time(self.cluster, ranks, nbytes, "all_gather")
         if self.overlapped_dp and self.schedule.stages == 1:
             bucket = min(nbytes, megatron_core_bucket_bytes(len(ranks), self.el))
-            rs = max(sharded_collective_time(self.cluster, ranks, bucket, "reduce_scatter"), rs - self.bwd(stage))
-            ag = max(sharded_collective_time(self.cluster, ranks, bucket, "all_gather"), ag - self.fwd(stage))
+            rs = self._left_after(self.bwd(stage), rs,
+                                  sharded_collective_time(self.cluster, ranks, bucket, "reduce_scatter"))
+            ag = self._left_after(self.fwd(stage), ag,
+                                  sharded_collective_time(self.cluster, ranks, bucket, "all_gather"))
         return (rs + ag) * self.cal.link_scale
 
     def _fsdp_sync(self, stage: int) -> float:
@@ -792,7 +805,8 @@ class ConfigCosts(Costs):
         if self.fsdp_per_microbatch:
             return 0.0
         gathers, scatters = self.fsdp_layers(stage)
-        return sum(scatters) + fsdp.gather_exposed(self.fwd(stage), gathers) + sum(self.fsdp_copies(stage))
+        return (sum(scatters) + fsdp.gather_exposed(self.fwd(stage), gathers, self.comm_share)
+                + sum(self.fsdp_copies(stage)))
 
     def step_per_stage(self) -> list[float]:
         """:meth:`step` of one replica of each stage."""

@@ -39,7 +39,8 @@ efficiency table each, a memory with an efficiency table by transfer size):
   (``intra``: NVLink inside a node, ``inter``: the node's network, per GPU): the large-message bus bandwidth
   of each collective as a fraction of the link's peak (nccl-tests ``busbw``, measured) and NCCL's
   protocols with their latencies (:class:`CollectiveModel`); the size-dependent efficiency
-  (:meth:`LinkCollectives.efficiency_at`) follows from them.
+  (:meth:`LinkCollectives.efficiency_at`) follows from them; ``channels``, the thread blocks a collective keeps
+  on the SMs while it runs (:mod:`planner.contention`: what an overlapped collective takes from compute).
 
 Each figure carries its source in ``sources`` (field name -> citation). The shipped devices live in
 ``planner/devices/*.json``; :func:`get_device` finds one by name or alias (case-insensitive) or reads a
@@ -208,6 +209,10 @@ class CollectiveModel(BaseModel):
 
     intra: LinkCollectives | None = None
     inter: LinkCollectives | None = None
+    channels: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="NCCL channels of a collective, one resident thread block (SM) each while it runs "
+                    "(planner.contention)")
 
 
 class GemmPoint(BaseModel):

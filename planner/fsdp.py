@@ -22,9 +22,10 @@ reshard):
   next layer's all-gather while the current one computes (implicit prefetching), so a forward takes
   ``AG_0 + max(F, AG_rest)`` (:func:`forward_time`) and a backward ``max(B, AG_rest + RS_rest) + RS_0``
   (:func:`backward_time`: the all-gathers and reduce-scatters share the link, the first layer's
-  reduce-scatter is left after the last backward compute). A device holds, besides its shards, the gathered
-  weights of two layers (the one computing, the one prefetched) and one layer's gradient in ``el`` and in
-  the reduce dtype (:func:`unsharded_bytes`).
+  reduce-scatter is left after the last backward compute), each ``max`` the overlap of compute and a
+  collective whose kernel holds part of the SMs while it runs (:func:`planner.contention.overlapped`). A
+  device holds, besides its shards, the gathered weights of two layers (the one computing, the one
+  prefetched) and one layer's gradient in ``el`` and in the reduce dtype (:func:`unsharded_bytes`).
 * **Pipelined (D > 1)**: torch's pipeline schedules turn gradient sync off for all micro-batches but the last
   (``_PipelineStageBase.backward_maybe_with_nosync``) and the weights stay gathered: one all-gather of each
   stage's weights per iteration, prefetched under its first forward (what exceeds that forward is left,
@@ -60,6 +61,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from planner.contention import overlapped
+
 #: bytes per element of the gradient reduce-scatter: torchtitan reduces in fp32 (module docstring)
 REDUCE_BYTES = 4.0
 
@@ -94,41 +97,43 @@ def reshards_after_forward(devices: int) -> bool:
 
 
 def forward_time(fwd: float, gathers: Sequence[float], overlap: bool = True,
-                 copies: Sequence[float] = ()) -> float:
+                 copies: Sequence[float] = (), share: float = 0.0) -> float:
     """A forward of compute ``fwd`` whose layers are all-gathered in order (``gathers``, seconds each) with the
-    next one prefetched while the current one computes: the first gather, then the longer of the compute (with
-    each gather's copy-out, ``copies``, on the compute stream) and the other gathers. ``overlap`` False (a host
-    whose communication takes the cores compute runs on, :attr:`planner.cluster.HostCpu.comm_overlaps_compute`):
+    next one prefetched while the current one computes: the first gather, then the compute (with each gather's
+    copy-out, ``copies``, on the compute stream) beside the other gathers, which hold ``share`` of its
+    throughput while they run (:func:`planner.contention.overlapped`). ``overlap`` False (a host whose
+    communication takes the cores compute runs on, :attr:`planner.cluster.HostCpu.comm_overlaps_compute`):
     the compute and every gather, one after another."""
     if not gathers:
         return fwd
     fwd += sum(copies)
     if not overlap:
         return fwd + sum(gathers)
-    return gathers[0] + max(fwd, sum(gathers[1:]))
+    return gathers[0] + overlapped(fwd, sum(gathers[1:]), share)
 
 
 def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float], overlap: bool = True,
-                  copies: Sequence[float] = ()) -> float:
+                  copies: Sequence[float] = (), share: float = 0.0) -> float:
     """A backward of compute ``bwd`` over layers in forward order (``gathers`` and ``scatters`` per layer):
     the last layer is still gathered, the others are gathered again (their copy-outs, ``copies``, on the
-    compute stream) while the layer after them computes and each gradient is reduce-scattered after its layer;
-    the first layer's reduce-scatter comes after all the compute. ``overlap`` False: all of them after one
-    another."""
+    compute stream) while the layer after them computes and each gradient is reduce-scattered after its layer
+    (the collectives holding ``share`` of the compute while they run, as in :func:`forward_time`); the first
+    layer's reduce-scatter comes after all the compute. ``overlap`` False: all of them after one another."""
     if not gathers:
         return bwd
     bwd += sum(copies[:-1])
     if not overlap:
         return bwd + sum(gathers[:-1]) + sum(scatters)
-    return max(bwd, sum(gathers[:-1]) + sum(scatters[1:])) + scatters[0]
+    return overlapped(bwd, sum(gathers[:-1]) + sum(scatters[1:]), share) + scatters[0]
 
 
-def gather_exposed(fwd: float, gathers: Sequence[float]) -> float:
+def gather_exposed(fwd: float, gathers: Sequence[float], share: float = 0.0) -> float:
     """Pipelined: what is left of one iteration's all-gather of a stage after its first forward: the stage's
-    gathers beyond that forward, at least its largest layer's (the first one cannot hide)."""
+    gathers beside that forward (holding ``share`` of its compute: :func:`planner.contention.overlapped`)
+    beyond it, at least its largest layer's (the first one cannot hide)."""
     if not gathers:
         return 0.0
-    return max(max(gathers), sum(gathers) - fwd)
+    return max(max(gathers), overlapped(fwd, sum(gathers), share) - fwd)
 
 
 def gathered_bytes_per_param(el: float) -> float:

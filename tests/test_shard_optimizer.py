@@ -189,7 +189,13 @@ def test_a_sharded_optimizer_synchronises_by_reduce_scatter_and_all_gather(gpt3)
     plain = predict(prof, cl, TrainingRequest(global_batch=64 * 16), cfg)
     assert zero1.simulation is not None and plain.simulation is not None
     assert 0 < zero1.breakdown["allreduce_exposed"] < 0.05 * zero1.iteration_time
-    assert zero1.breakdown["allreduce_exposed"] > plain.breakdown["allreduce_exposed"]
+    # at least one Megatron-Core bucket of each is left after the compute (its bucket grows with the replicas)
+    from planner.cost import megatron_core_bucket_bytes
+
+    ranks = list(range(64))
+    bucket = megatron_core_bucket_bytes(64, 2)
+    left = sum(sharded_collective_time(cl, ranks, bucket, op) for op in ("reduce_scatter", "all_gather"))
+    assert zero1.breakdown["allreduce_exposed"] > left > 0
 
 
 def test_a_sharded_plan_says_pipeplans_executor_does_not_shard(gpt3):

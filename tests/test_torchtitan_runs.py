@@ -24,7 +24,9 @@ def test_torchtitan_rows_reproduce_the_published_mfu():
         assert r.wps * r.model_flops_per_token() / 312e12 * 100 == pytest.approx(r.mfu_percent, abs=0.06), r.label
 
 
-GUARD_ROW, GUARD_MEDIAN = 0.24, 0.17  # reached 22.2% / 15.1% (benchmarks/torchtitan_bench.py); not goals
+#: reached 15.6% / 11.9% (benchmarks/torchtitan_bench.py; 22.2% / 15.1% before FSDP's overlapped collectives were
+#: charged what their channels take from the compute: planner.contention); not goals
+GUARD_ROW, GUARD_MEDIAN = 0.17, 0.13
 
 
 def test_torchtitan_rows_regression_guard():
