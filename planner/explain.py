@@ -13,7 +13,8 @@ def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, flo
     waiting for inputs, exposed p2p included). ``comm_busy`` is the busy time of its communication
     streams (sends and all-reduces), mostly overlapped. Where every micro-batch gathers its sharded weights
     (:mod:`planner.fsdp`, no pipeline), ``fsdp_in_compute``: the part of ``compute`` that is those
-    collectives beyond what the layers' compute hides (:meth:`ConfigCosts.fsdp_extra`), and ``fsdp_comm_busy``
+    collectives beyond what the layers' compute hides, and what the hidden ones take from that compute
+    (:meth:`ConfigCosts.fsdp_extra`, :mod:`planner.contention`), and ``fsdp_comm_busy``
     the time they keep the link busy, hidden or not (:meth:`ConfigCosts.fsdp_link`)."""
     d = max(range(len(res.devices)), key=lambda i: res.devices[i].step[1])
     st = res.devices[d]

@@ -367,7 +367,7 @@ async function compare() {
       <header><strong>#${r + 1}</strong> ${PP.esc(c.label)}</header>
       <div class="figures">iteration <b>${PP.fmtTime(c.iteration_time)}</b> · throughput <b>${PP.fmtNum(c.throughput)}</b>/s ·
         <span title="the devices' idle share: bubble and exposed communication">idle <b>${PP.fmtPct(c.bubble_ratio)}</b></span> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
-        <span class="muted">compute ${PP.fmtTime(b.compute)}${b.fsdp_in_compute != null ? ` (of it FSDP gathers and reduce-scatters not hidden: ${PP.fmtTime(b.fsdp_in_compute)} of ${PP.fmtTime(b.fsdp_comm_busy)} on the link)` : ""} · bubble ${PP.fmtTime(b.bubble)} · ${c.shard_parameters ? "exposed reduce-scatter + all-gather (FSDP)" : "exposed all-reduce"} ${PP.fmtTime(b.allreduce_exposed)} ·
+        <span class="muted">compute ${PP.fmtTime(b.compute)}${b.fsdp_in_compute != null ? ` (of it what FSDP's gathers and reduce-scatters add, not hidden or slowing the compute beside them: ${PP.fmtTime(b.fsdp_in_compute)}, with ${PP.fmtTime(b.fsdp_comm_busy)} on the link)` : ""} · bubble ${PP.fmtTime(b.bubble)} · ${c.shard_parameters ? "exposed reduce-scatter + all-gather (FSDP)" : "exposed all-reduce"} ${PP.fmtTime(b.allreduce_exposed)} ·
         step ${PP.fmtTime(b.step)} · <span title="the busy time of the communication streams${b.fsdp_comm_busy != null ? ", FSDP's gathers and reduce-scatters included" : ""}">comm busy ${PP.fmtTime((b.comm_busy || 0) + (b.fsdp_comm_busy || 0))}</span></span></div>
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
       <div class="tl-note muted"></div>
