@@ -180,6 +180,13 @@ def warm() -> None:
     auto_config()
 
 
+def default_name(data: dict[str, Any], params: int) -> str:
+    """A name for a config.json that carries none (no ``_name_or_path``, no file name to go by, as an upload
+    through the API): its ``model_type`` and parameter count, e.g. ``llama-8.0b``, ``gpt2-355m``."""
+    size = f"{params / 1e9:.1f}b" if params >= 1e9 else f"{params / 1e6:.0f}m"
+    return f"{data.get('model_type') or 'hf-model'}-{size}"
+
+
 def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | None = None,
                       source: str = "") -> ModelSpec:
     """The parsed JSON of a config.json as a :class:`ModelSpec` (through ``transformers.AutoConfig``)."""

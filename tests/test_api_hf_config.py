@@ -41,6 +41,7 @@ def test_upload_hf_config_makes_a_profile_and_a_plan(client) -> None:  # type: i
     qwen3 = client.post("/profiles/hf-config", json={"config": _config("qwen3-8b"), "device": "h100", "seq": 4096},
                         headers=AUTH)
     assert qwen3.status_code == 201 and abs(qwen3.json()["total_params"] / 1e9 - 8.19) < 0.005, qwen3.text
+    assert qwen3.json()["name"] == "qwen3-8.2b"  # no name given: the config's model_type and size
     by_device = client.post("/profiles/hf-config", json={"config": _config("gpt2"), "device": "h100-sxm5-80gb"},
                             headers=AUTH)
     assert by_device.status_code == 201 and by_device.json()["device"] == "H100-SXM5-80GB", by_device.text

@@ -97,7 +97,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     from planner.analytic import analytic_profile
     from planner.device import device_for_cluster, shipped_devices
     from planner.operators import OperatorOptions
-    from profiler.hf_config import HFConfigError, spec_from_hf_dict, trains_with_dropout
+    from profiler.hf_config import HFConfigError, default_name, spec_from_hf_dict, trains_with_dropout
 
     if (body.cluster_id is None) == (body.device is None):
         raise crud.InputError("cluster_id, device: give exactly one")
@@ -110,9 +110,12 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
                                   + ", ".join(d.name for d in shipped_devices()))
     if "attention_impl" in body.model_fields_set and body.attention != "flash":
         raise crud.InputError("attention_impl: only with attention = flash (the unfused core has no fused kernel)")
-    name = body.name or str(body.config.get("_name_or_path") or body.config.get("model_type") or "hf-model")
+    name = body.name or str(body.config.get("_name_or_path") or "")
     try:
-        spec = spec_from_hf_dict(body.config, name=name[:200], seq=body.seq, source="uploaded Hugging Face config")
+        spec = spec_from_hf_dict(body.config, name=name[:200] or "hf-model", seq=body.seq,
+                                 source="uploaded Hugging Face config")
+        if not name:  # a bare config.json: its model_type and size (the CLI names it after its folder)
+            spec = spec.model_copy(update={"name": default_name(body.config, spec.total_params())})
         options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity,
                                   attention=body.attention, attention_impl=body.attention_impl,
                                   sequence_parallel=body.sequence_parallel, kernels=body.kernels)
