@@ -55,6 +55,14 @@ phase writing its files under ``--out`` as soon as it ends (a run killed at its 
    per-tensor scales, bf16 out: Transformer Engine's delayed-scaling GEMM), with and without the cast of the
    activation to FP8 each time: TFLOP/s of each and the FP8 / bf16 speed-up per shape -- the GEMM rates an FP8
    device description would need (none is measured or published with a source; FP8 is not modelled).
+7b. ``contention`` (in ``machine.json`` and ``summary.txt``): what a collective overlapped with compute takes from
+   it (:mod:`planner.contention`: NCCL's 24 channels, one resident block each, hold 24 of the SMs while it runs,
+   so compute beside it runs at ``1 - 24 / SMs``). One GPU runs no NCCL collective, so 24 blocks of 512 threads
+   (NCCL's thread count) stand in for it, launched on a second stream and kept running while the GEMMs of MPT
+   13B's layer (b 2, s 2048) and an element-wise add run on the first: blocks that only spin (the SMs held)
+   and blocks that copy a buffer (the SMs and HBM traffic, as a collective moves its bytes). Each op's time
+   beside them over its time alone, against the model's ``1 / (1 - share)`` (:func:`contention_check`; Triton
+   kernels, so the phase needs Triton, which torch's CUDA wheels install).
 8. ``sustained_gemm.json``: one large GEMM (8192^3 bf16) timed with CUDA events, a short MAMF-style
    measurement, then after an idle pause continuously for ``--sustain-s`` seconds (shortened to what the
    budget leaves): TFLOP/s per second of the run, first vs last 10 s, with ``nvidia-smi --query-gpu=clocks.sm,
@@ -112,6 +120,7 @@ class Run:
     layers: list[dict[str, Any]] | None = None
     eager: list[dict[str, Any]] | None = None
     fp8: list[dict[str, Any]] | None = None
+    contention: list[dict[str, Any]] | None = None
     table: str = ""
 
     def elapsed(self) -> float:
@@ -149,6 +158,7 @@ class Run:
     def save(self) -> None:
         write_json(self.out / "machine.json", {**self.machine, "phases": self.phases, "chunks": self.chunks,
                                                "public_layers": self.layers, "eager": self.eager, "fp8": self.fp8,
+                                               "contention": self.contention,
                                                "elapsed_s": round(self.elapsed(), 1)})
         (self.out / "summary.txt").write_text(summary_text(self))
 
@@ -536,6 +546,149 @@ def fp8_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
                      "speedup": times["bf16"] / times["fp8"], "speedup_cast": times["bf16"] / times["fp8_cast"]})
         del a, w, a8, w8
     run.fp8 = rows
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ 7b. contention
+#: blocks and threads per block of the stand-in for a collective (NCCL's channels: planner/devices/*.json
+#: ``collective_efficiency.channels``; NCCL runs 512 threads per channel block, NCCL_NTHREADS' default)
+CONTENTION_BLOCKS, CONTENTION_WARPS = 24, 16
+
+
+def contention_ops() -> list[tuple[str, int, int, int]]:
+    """(label, m, n, k) of MPT 13B's layer GEMMs at b 2, s 2048 (h 5120; FSDP, t 1: torchtitan's and MosaicML's
+    runs overlap their gathers with these), and an element-wise add of the layer's activations (n = k = 0:
+    ``m`` elements)."""
+    m, h = 2 * 2048, 5120
+    return [("qkv", m, 3 * h, h), ("fc1", m, 4 * h, h), ("fc2", m, h, 4 * h), ("add", m * h, 0, 0)]
+
+
+def contention_rows(times: dict[tuple[str, str], float], sm_count: int | None,
+                    blocks: int = CONTENTION_BLOCKS) -> list[dict]:
+    """Rows of the contention table from the measured seconds per (op, beside) (``beside``: ``alone``, ``spin``,
+    ``copy``): each op's time beside the stand-in over its time alone, and the model's ratio ``1 / (1 - share)``
+    with ``share = blocks / sm_count`` (:func:`planner.contention.collective_share`)."""
+    share = blocks / sm_count if sm_count else None
+    rows = []
+    for label in dict.fromkeys(op for op, _ in times):
+        alone = times.get((label, "alone"))
+        row: dict[str, Any] = {"label": label, "alone_s": alone, "share": share,
+                               "predicted_ratio": 1.0 / (1.0 - share) if share is not None else None}
+        for beside in ("spin", "copy"):
+            t = times.get((label, beside))
+            row[f"{beside}_s"] = t
+            row[f"{beside}_ratio"] = t / alone if t and alone else None
+        rows.append(row)
+    return rows
+
+
+def _contention_kernels() -> tuple[Any, Any]:
+    """The stand-in's two Triton kernels: ``spin`` keeps its blocks busy on arithmetic for ``iters`` rounds
+    (the SMs held, no memory traffic); ``copy`` copies ``src`` to ``dst`` ``passes`` times, each block a strided
+    share of it (the SMs and the HBM bytes a collective moves)."""
+    import triton
+    import triton.language
+
+    # Triton resolves the names a kernel uses in its function's globals (this module's), not in this closure
+    globals()["tl"] = tl = triton.language
+
+    @triton.jit
+    def spin(out_ptr, iters):  # noqa: ANN001, ANN202
+        x = tl.program_id(0).to(tl.float32) + tl.arange(0, 512).to(tl.float32)
+        for _ in range(iters):
+            x = x * 0.9999999 + 1e-7
+        tl.store(out_ptr + tl.program_id(0) * 512 + tl.arange(0, 512), x)
+
+    @triton.jit
+    def copy(src, dst, n, passes, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr):  # noqa: ANN001, ANN202, N803
+        pid = tl.program_id(0)
+        for _ in range(passes):
+            for start in range(pid * BLOCK, n, PROGRAMS * BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                mask = offs < n
+                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+    return spin, copy
+
+
+def contention_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
+    """Module docstring, item 7b: each :func:`contention_ops` op timed alone and beside
+    :data:`CONTENTION_BLOCKS` blocks that spin or copy on a second stream (CUDA events around ``reps`` ops; the
+    stand-in sized to outlast them), against the shipped description's share."""
+    import torch
+
+    if dev.type != "cuda":
+        raise RuntimeError("needs a CUDA device (the stand-in is two Triton kernels)")
+    spin, copy = _contention_kernels()
+    side = torch.cuda.Stream(device=dev)
+    scratch = torch.empty(CONTENTION_BLOCKS * 512, device=dev)
+    src = torch.randn(64 * 2**20, device=dev, dtype=torch.bfloat16)  # 128 MiB, beyond L2
+    dst = torch.empty_like(src)
+    reps = 20
+
+    def loop(fn: Any) -> tuple[float, Any, Any]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps, start, end
+
+    def stand_in(kind: str, scale: int) -> Any:
+        """Launch the stand-in on the side stream; the event recorded after it."""
+        done = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(side):
+            if kind == "spin":
+                spin[(CONTENTION_BLOCKS,)](scratch, scale, num_warps=CONTENTION_WARPS)
+            else:
+                copy[(CONTENTION_BLOCKS,)](src, dst, src.numel(), scale, BLOCK=4096, PROGRAMS=CONTENTION_BLOCKS,
+                                           num_warps=CONTENTION_WARPS)
+            done.record()
+        return done
+
+    def stand_in_seconds(kind: str, scale: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        stand_in(kind, scale)
+        side.synchronize()
+        return time.perf_counter() - t0
+
+    times: dict[tuple[str, str], float] = {}
+    short: list[str] = []  # (op, stand-in) whose stand-in ended before the op's loop did
+    for label, m, n, k in contention_ops():
+        if n:
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+
+            def op(a: Any = a, w: Any = w) -> None:
+                torch.matmul(a, w.t())
+        else:
+            x, y = (torch.randn(m, device=dev, dtype=torch.bfloat16) for _ in range(2))
+
+            def op(x: Any = x, y: Any = y) -> None:
+                torch.add(x, y)
+        for _ in range(3):
+            op()
+        times[(label, "alone")] = alone = loop(op)[0]
+        for kind, unit in (("spin", 200_000), ("copy", 4)):  # ~ms each on an H100
+            stand_in_seconds(kind, unit)  # compile and warm
+            per_unit = stand_in_seconds(kind, unit) / unit
+            scale = max(unit, int(3 * (reps * alone + 0.002) / max(per_unit, 1e-12)))  # outlast the loop 3x
+            torch.cuda.synchronize()
+            done = stand_in(kind, scale)
+            torch.cuda._sleep(2_000_000)  # let the stand-in's blocks take their SMs first
+            times[(label, kind)], start, end = loop(op)
+            side.synchronize()
+            if start.elapsed_time(done) < start.elapsed_time(end):
+                short.append(f"{label}/{kind}")
+        run.log(f"contention {label}: alone {alone * 1e3:.3f} ms, beside spin {times[(label, 'spin')] * 1e3:.3f}, "
+                f"beside copy {times[(label, 'copy')] * 1e3:.3f}")
+    shipped = shipped_for(dev, args)
+    rows = contention_rows(times, shipped.sm_count if shipped is not None else None)
+    for r in rows:
+        r["stand_in_ended_first"] = [x.split("/")[1] for x in short if x.split("/")[0] == r["label"]]
+    run.contention = rows
     return rows
 
 
@@ -1177,6 +1330,17 @@ def summary_text(run: Run) -> str:
                      f"{fmt_ms(r['meas_fwd_bwd_s']):>10}{fmt_ms(r['pred_fwd_bwd_s']):>10}"
                      f"{fmt_err(r['fwd_bwd_err']):>8}{fmt_err(r.get('fused_err')):>11}")
         out.append("")
+    if run.contention:
+        out += [f"CONTENTION: each op beside {CONTENTION_BLOCKS} blocks of {32 * CONTENTION_WARPS} threads (a stand-in "
+                "for NCCL's channels) over the op alone; predicted 1 / (1 - share), share = blocks / SMs "
+                "(planner/contention.py):",
+                f"  {'op':<6}{'alone':>10}{'spin':>10}{'x':>7}{'copy':>10}{'x':>7}{'predicted x':>13}"]
+        out += [f"  {r['label']:<6}{fmt_ms(r['alone_s']):>10}{fmt_ms(r['spin_s']):>10}{_f(r['spin_ratio'], '.3f'):>7}"
+                f"{fmt_ms(r['copy_s']):>10}{_f(r['copy_ratio'], '.3f'):>7}{_f(r['predicted_ratio'], '.3f'):>13}"
+                + (f"  (the stand-in ended first: {', '.join(r['stand_in_ended_first'])})"
+                   if r.get("stand_in_ended_first") else "")
+                for r in run.contention]
+        out.append("")
     s = run.sustained
     if s:
         out += [f"SUSTAINED vs BURST GEMM: {s['n']}^3 {s['dtype']}, {s.get('gemms')} GEMMs over "
@@ -1289,8 +1453,10 @@ def main(argv: list[str] | None = None) -> int:
         print(layer_table(run.check), flush=True)
     # the GPU checks, each with the seconds it needs on an H100 (else skipped)
     for name, fn, need in (("chunks", chunk_check, 10), ("layers", public_layer_check, 30), ("eager", eager_check, 20),
-                           ("fp8", fp8_check, 10)):
-        if run.left() > (need if cuda and not args.quick else 1):
+                           ("fp8", fp8_check, 10), ("contention", contention_check, 15)):
+        if name == "contention" and not cuda:
+            run.skip(name, "needs a CUDA device")
+        elif run.left() > (need if cuda and not args.quick else 1):
             run.phase(name, fn, run, args, dev)
             if cuda:
                 torch.cuda.empty_cache()

@@ -38,8 +38,11 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
 
     machine = json.loads((out / "machine.json").read_text())
     assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "chunks", "layers",
-                                                        "eager", "fp8", "sustained"]
-    assert all(p["status"] == "done" for p in machine["phases"])
+                                                        "eager", "fp8", "contention", "sustained"]
+    # the contention stand-in is two Triton kernels on a second CUDA stream: skipped on the CPU, saying why
+    assert all(p["status"] == "done" for p in machine["phases"] if p["phase"] != "contention")
+    (cont,) = [p for p in machine["phases"] if p["phase"] == "contention"]
+    assert cont["status"] == "skipped" and "CUDA" in cont["why"]
     # the public runs' GEMMs whole and in Transformer Engine's overlap chunks: one row per (GEMM, cut), the cut
     # one as many rows fewer as it has chunks, every time measured and predicted
     chunks = machine["chunks"]
@@ -99,7 +102,7 @@ def test_shell_entry_skips_what_the_budget_does_not_allow(tmp_path: Path) -> Non
     phases = {p["phase"]: p["status"] for p in json.loads((out / "machine.json").read_text())["phases"]}
     assert phases == {"machine": "done", "device": "skipped", "profile": "skipped", "check": "skipped",
                       "chunks": "skipped", "layers": "skipped", "eager": "skipped", "fp8": "skipped",
-                      "sustained": "done"}
+                      "contention": "skipped", "sustained": "done"}
     assert "phase device: skipped" in (out / "log.txt").read_text()
     assert "SUSTAINED vs BURST" in (out / "summary.txt").read_text()
 
@@ -202,3 +205,23 @@ def test_quick_layers_phase_rows(tmp_path: Path) -> None:
                                                                        "pred_bwd_s"))
     assert rows[0]["kernels"] and set(rows[0]["pred_per_op_ms"]) >= {"qkv", "flash_attn", "mlp_up", "mlp_down"}
     assert "PUBLIC-RUN LAYERS" in (out / "summary.txt").read_text()
+
+
+def test_contention_rows_and_their_table(tmp_path: Path) -> None:
+    """The contention phase's rows (GPU only, so built here from given times): each op beside the stand-in over
+    alone, and the model's 1 / (1 - 24 / SMs); the summary prints them and says when a stand-in ended first."""
+    dc = _load()
+    assert [op[0] for op in dc.contention_ops()] == ["qkv", "fc1", "fc2", "add"]
+    times = {("qkv", "alone"): 1.0e-3, ("qkv", "spin"): 1.2e-3, ("qkv", "copy"): 1.3e-3,
+             ("add", "alone"): 2.0e-4, ("add", "spin"): 2.0e-4, ("add", "copy"): 3.0e-4}
+    rows = dc.contention_rows(times, 132)
+    assert [r["label"] for r in rows] == ["qkv", "add"]
+    assert rows[0]["spin_ratio"] == pytest.approx(1.2) and rows[0]["copy_ratio"] == pytest.approx(1.3)
+    assert rows[0]["predicted_ratio"] == pytest.approx(1 / (1 - 24 / 132))
+    assert dc.contention_rows(times, None)[0]["predicted_ratio"] is None
+    run = dc.Run(out=tmp_path, budget_s=1.0)
+    rows[1]["stand_in_ended_first"] = ["copy"]
+    run.contention = rows
+    text = dc.summary_text(run)
+    assert "CONTENTION: each op beside 24 blocks of 512 threads" in text
+    assert "1.200" in text and "1.222" in text and "(the stand-in ended first: copy)" in text
