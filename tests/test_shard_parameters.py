@@ -56,6 +56,11 @@ def test_prefetch_rules():
     assert fsdp.gather_exposed(10.0, [1.0, 2.0, 1.0]) == 2.0
     assert fsdp.gather_exposed(1.0, [1.0, 2.0, 1.0]) == 3.0
     assert fsdp.forward_time(5.0, []) == 5.0 and fsdp.gather_exposed(5.0, []) == 0.0
+    # gathers beside the forward hold a share of its compute (planner.contention): what they leave grows by it
+    assert fsdp.gather_exposed(10.0, [1.0, 2.0, 1.0], share=0.25) == 2.0  # still at least the largest gather
+    assert fsdp.gather_exposed(2.0, [1.0, 2.0, 1.0], share=0.25) == pytest.approx(2.0)  # link-bound: 4 - 2
+    assert fsdp.gather_exposed(8.0, [3.0, 3.0, 3.0], share=0.5) == pytest.approx(4.5)  # 8 + 0.5 x 9 - 8 > 3
+    assert fsdp.forward_time(10.0, [1.0, 1.0, 1.0], share=0.5) == pytest.approx(1.0 + 10.0 + 0.5 * 2.0)
     # copy-outs run on the compute stream: every gather's forward, all but the last layer's backward
     assert fsdp.forward_time(10.0, [1.0, 2.0, 1.0], copies=[0.5, 0.5, 0.5]) == 1.0 + 11.5
     assert fsdp.backward_time(1.0, [2.0, 2.0, 2.0], [3.0, 3.0, 3.0], copies=[6.0, 6.0, 6.0]) == 13.0 + 3.0
@@ -158,8 +163,8 @@ def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
         assert costs.step_per_stage()[s] == pytest.approx(
             costs.stages[s].params * (2 * 16 / 8 + 4 / 8) / cl.memory_bandwidth / 2)
         gathers, scatters = costs.fsdp_layers(s)
-        assert costs.allreduce(s, 0, s) == pytest.approx(sum(scatters) + fsdp.gather_exposed(costs.fwd(s), gathers)
-                                                         + sum(costs.fsdp_copies(s)))
+        assert costs.allreduce(s, 0, s) == pytest.approx(
+            sum(scatters) + fsdp.gather_exposed(costs.fwd(s), gathers, costs.comm_share) + sum(costs.fsdp_copies(s)))
     cand = predict(prof, cl, req, cfg)
     ref = predict(prof, cl, TrainingRequest(global_batch=256), cfg)
     assert cand.fits and cand.to_dict()["shard_parameters"] is True and cand.to_dict()["shard_optimizer"] is True
