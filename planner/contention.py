@@ -27,9 +27,14 @@ Figures (sources in the device files' ``sources``):
   0.22 / 0.18 on these devices: of the measured average's size, without the wave effect of a single GEMM
   (the planner times a layer's GEMMs together, not each one's waves beside the collective).
 
-Not modelled: the collective's own HBM traffic slowing memory-bound kernels beside it, and the slowdown of the
-collective itself; a device without a channel count (``collective_efficiency.channels``: CPUs, and the
-V100/P100 files, whose NVLink topologies set other counts) is charged no share.
+Where it applies: the collectives the cost model itself overlaps with compute (:meth:`planner.cost.ConfigCosts`:
+FSDP's per-layer gathers and scatters, a one-stage pipeline's overlapped DDP all-reduce or sharded optimizer
+sync, a pipelined FSDP stage's gather under its first forward). Not modelled: the collectives the simulator
+overlaps with later compute on its collective and send streams (an eager all-reduce, Chimera 3.2's; pipeline
+sends), whose compute is timed before the collective's start is known; the collective's own HBM traffic slowing
+memory-bound kernels beside it; the slowdown of the collective itself. A device without a channel count
+(``collective_efficiency.channels``: CPUs, the V100/P100 files, whose NVLink topologies set other counts, and
+a measured ``profile-device`` description) is charged no share.
 """
 
 from __future__ import annotations

@@ -58,11 +58,13 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   ``shard_optimizer``) the all-reduce is a reduce-scatter of the gradients and an all-gather of the updated
   weights, NCCL's rings over all the replicas (:func:`sharded_collective_time`; overlapped: the all-gather
   under the next first forward, and the bucket left after the backward is Megatron-Core's, which grows with
-  the replicas: :func:`megatron_core_bucket_bytes`).
+  the replicas: :func:`megatron_core_bucket_bytes`). The buckets that run beside the backward (or forward) slow it:
+  their NCCL channels hold part of the SMs while they run (:mod:`planner.contention`).
 * **Sharded weights** (the request's ``shard_parameters``: ZeRO-3, PyTorch FSDP2 as torchtitan runs it;
   :mod:`planner.fsdp`): each layer's weights all-gathered and its gradients reduce-scattered among the stage's
   W replicas (:meth:`ConfigCosts.fsdp_layers`); without a pipeline in every micro-batch's F and B, prefetched
-  under their compute (:func:`planner.fsdp.forward_time`, :func:`planner.fsdp.backward_time`), pipelined once
+  under their compute and slowing it by their channels' share of the SMs (:func:`planner.fsdp.forward_time`,
+  :func:`planner.fsdp.backward_time`, :mod:`planner.contention`), pipelined once
   per iteration in the stage's ALLREDUCE (:meth:`ConfigCosts._fsdp_sync`); its optimizer step makes the gradient
   passes of :func:`planner.fsdp.step_grad_pass_bytes` instead of the mixed-precision optimizer's.
 * **Optimizer step**: reading and writing the model state of the stages a device holds at the memory
