@@ -71,8 +71,11 @@ def main() -> None:
     t0 = time.perf_counter()
     clusters = {dev: load_cluster(path) for dev, path in CLUSTERS.items()}
     profiles: dict[tuple[str, str, int, str], object] = {}
+    print("b: micro-batch size, N: gradient accumulation (micro-batches per iteration), pred s: predicted seconds "
+          "per iteration, meas: measured tokens/s/GPU, FSDP adds: what FSDP's collectives add to the compute (not "
+          "hidden, and the slowdown of the compute they overlap: planner/contention.py), mem: predicted peak")
     print(f"{'row':<29} {'b':>3} {'N':>2} {'pred s':>8} {'pred tok/s/GPU':>15} {'meas':>7} {'meas/pred':>9} "
-          f"{'FSDP not hidden':>15} {'mem GiB':>8}")
+          f"{'FSDP adds':>12} {'mem GiB':>8}")
     results = []
     eager_ratios: dict[str, list[float]] = {dev: [] for dev in CLUSTERS}
     for dev, name, seq, gpus, b, accum, measured in ROWS:
@@ -91,10 +94,10 @@ def main() -> None:
         eager_ratios[dev].append(measured / (b * accum * seq / eager.iteration_time))
         tokens = b * accum * seq / cand.iteration_time
         results.append((dev, name, gpus, tokens, measured))
-        hidden = cand.breakdown.get("fsdp_in_compute", 0.0)
+        adds = cand.breakdown.get("fsdp_in_compute", 0.0)
         label = f"{dev[:4]} {name} s={seq} g={gpus}"
         print(f"{label:<29} {b:>3} {accum:>2} {cand.iteration_time:>8.3f} {tokens:>15.0f} "
-              f"{measured:>7} {measured / tokens:>9.3f} {hidden * 1e3:>12.1f} ms {max(cand.memory) / 2**30:>8.1f}")
+              f"{measured:>7} {measured / tokens:>9.3f} {adds * 1e3:>9.1f} ms {max(cand.memory) / 2**30:>8.1f}")
     print()
     for dev in CLUSTERS:
         ratios = [m / p for d, _, _, p, m in results if d == dev]

@@ -17,15 +17,18 @@ Figures (sources in the device files' ``sources``):
 
 * channels: NCCL's ``INFO`` line at communicator set-up on 8-GPU NVSwitch nodes (DGX A100, DGX H100, AWS
   p5.48xlarge) reads ``24 coll channels`` (NCCL 2.18-2.27): 24 blocks per collective on a DGX A100's 108
-  SMs (share 0.22) and on an H100's 132 (share 0.18);
+  SMs (share 0.22) and on an H100's 132 (share 0.18). Those logs are of one-node communicators; the same
+  count is taken for collectives whose rings also cross nodes (an assumption: NCCL sizes a multi-node
+  communicator's channels by its NICs and NVLinks, and its kernels' blocks stay resident all the same);
 * the effect, measured: an H100 GEMM of 132 blocks beside a 24-block ``ncclAllGather`` (FSDP's prefetch)
   fell from ~80% to ~47% MFU, its blocks pushed into a second wave (NVIDIA developer forum, "Compute-
-  Communication Overlap Causes Severe GEMM Performance Degradation because of Tail Effect", 2025); across
-  GPT and Llama training layers on 4 A100s and 4 H100s, computation overlapped with communication was
-  18.9% slower on average (40% at most) than alone (Agrawal et al., "Characterizing Compute-Communication
-  Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114, 2025). The SM share gives
-  0.22 / 0.18 on these devices: of the measured average's size, without the wave effect of a single GEMM
-  (the planner times a layer's GEMMs together, not each one's waves beside the collective).
+  Communication Overlap Causes Severe GEMM Performance Degradation because of Tail Effect", 2025); for GPT
+  and Llama models on 4 A100s, H100s, MI250s and MI210s, computation overlapped with communication was
+  18.9% slower on average, 40% at most, than alone (Lee et al., "Characterizing Compute-Communication
+  Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power Implications", arXiv
+  2507.03114, 2025). The share slows compute that a collective overlaps throughout by ``1 / (1 - share) - 1``:
+  29% on an A100, 22% on an H100 -- above that average, below its maximum -- and without the wave effect of
+  a single GEMM (the planner times a layer's GEMMs together, not each one's waves beside the collective).
 
 Where it applies: the collectives the cost model itself overlaps with compute (:meth:`planner.cost.ConfigCosts`:
 FSDP's per-layer gathers and scatters, a one-stage pipeline's overlapped DDP all-reduce or sharded optimizer

@@ -128,12 +128,12 @@ def backward_time(bwd: float, gathers: Sequence[float], scatters: Sequence[float
 
 
 def gather_exposed(fwd: float, gathers: Sequence[float], share: float = 0.0) -> float:
-    """Pipelined: what is left of one iteration's all-gather of a stage after its first forward: the stage's
-    gathers beside that forward (holding ``share`` of its compute: :func:`planner.contention.overlapped`)
-    beyond it, at least its largest layer's (the first one cannot hide)."""
+    """Pipelined: what is left of one iteration's all-gather of a stage after its first forward, as
+    :func:`forward_time` has it: the first layer's gather, then the others beside that forward (holding ``share``
+    of its compute: :func:`planner.contention.overlapped`) beyond it; at least the stage's largest layer's."""
     if not gathers:
         return 0.0
-    return max(max(gathers), overlapped(fwd, sum(gathers), share) - fwd)
+    return max(max(gathers), gathers[0] + overlapped(fwd, sum(gathers[1:]), share) - fwd)
 
 
 def gathered_bytes_per_param(el: float) -> float:

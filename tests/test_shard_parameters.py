@@ -58,8 +58,11 @@ def test_prefetch_rules():
     assert fsdp.forward_time(5.0, []) == 5.0 and fsdp.gather_exposed(5.0, []) == 0.0
     # gathers beside the forward hold a share of its compute (planner.contention): what they leave grows by it
     assert fsdp.gather_exposed(10.0, [1.0, 2.0, 1.0], share=0.25) == 2.0  # still at least the largest gather
-    assert fsdp.gather_exposed(2.0, [1.0, 2.0, 1.0], share=0.25) == pytest.approx(2.0)  # link-bound: 4 - 2
-    assert fsdp.gather_exposed(8.0, [3.0, 3.0, 3.0], share=0.5) == pytest.approx(4.5)  # 8 + 0.5 x 9 - 8 > 3
+    assert fsdp.gather_exposed(2.0, [1.0, 2.0, 1.0], share=0.25) == pytest.approx(2.0)  # link-bound: 1 + 3 - 2
+    # the first gather, then 6 s of gathers beside 8 s of forward: 3 + (8 + 0.5 x 6) - 8, as forward_time has it
+    assert fsdp.gather_exposed(8.0, [3.0, 3.0, 3.0], share=0.5) == pytest.approx(6.0)
+    assert fsdp.gather_exposed(8.0, [3.0, 3.0, 3.0], share=0.5) == pytest.approx(
+        fsdp.forward_time(8.0, [3.0, 3.0, 3.0], share=0.5) - 8.0)
     assert fsdp.forward_time(10.0, [1.0, 1.0, 1.0], share=0.5) == pytest.approx(1.0 + 10.0 + 0.5 * 2.0)
     # copy-outs run on the compute stream: every gather's forward, all but the last layer's backward
     assert fsdp.forward_time(10.0, [1.0, 2.0, 1.0], copies=[0.5, 0.5, 0.5]) == 1.0 + 11.5

@@ -29,7 +29,9 @@ class HFConfigUpload(BaseModel):
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")
     seq: int | None = Field(default=None, ge=1, le=1_048_576, description="sequence trained with "
                                                                           "(default: max_position_embeddings)")
-    name: str | None = Field(default=None, max_length=200)
+    name: str | None = Field(default=None, max_length=200,
+                             description="the profile's name; default: the config's _name_or_path, else its "
+                                         "model_type and size (e.g. qwen3-8.2b)")
     dtype: str | None = Field(default=None, max_length=8,
                               description="training dtype (default: bf16 where the device has a bf16/fp16 GEMM "
                                           "curve, else its first of fp32, tf32; e.g. fp32 on the CPU)")

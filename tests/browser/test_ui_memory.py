@@ -106,8 +106,8 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     page.goto(f"{server.url}/ui/plans/{plan_id}?sel={rank}")
     card = f'#compare article[data-rank="{rank}"]'
     page.wait_for_selector(card)
-    assert ("of it what FSDP's gathers and reduce-scatters add, not hidden or slowing the compute"
-            in page.inner_text(card))
+    assert ("added by FSDP's gathers and reduce-scatters: the part not hidden, plus the slowdown of the compute "
+            "they overlap" in page.inner_text(card))
     page.locator(card).scroll_into_view_if_needed()
     shot(page, "fsdp-candidate-card")
     # a job of it: the job page says pipeplan's executor runs it unsharded
