@@ -32,10 +32,13 @@ Figures (sources in the device files' ``sources``):
 
 Where it applies: the collectives the cost model itself overlaps with compute (:meth:`planner.cost.ConfigCosts`:
 FSDP's per-layer gathers and scatters, a one-stage pipeline's overlapped DDP all-reduce or sharded optimizer
-sync, a pipelined FSDP stage's gather under its first forward). Not modelled: the collectives the simulator
-overlaps with later compute on its collective and send streams (an eager all-reduce, Chimera 3.2's; pipeline
-sends), whose compute is timed before the collective's start is known; the collective's own HBM traffic slowing
-memory-bound kernels beside it; the slowdown of the collective itself. A device without a channel count
+sync, a pipelined FSDP stage's gather under its first forward), and an all-reduce the simulator posts in the
+middle of a device's list (an eager one, Chimera 3.2's): the replays delay the device's compute after the post
+by ``share`` x the all-reduce, or x the compute left if that is shorter
+(:func:`planner.schedules.timing.contention_debt`: the delay shows as idle time before the next action). Not
+modelled: pipeline sends (NCCL's point-to-point kernels hold fewer blocks, briefly); the collective's own HBM
+traffic slowing memory-bound kernels beside it; the slowdown of the collective itself. A device without a
+channel count
 (``collective_efficiency.channels``: CPUs, the V100/P100 files, whose NVLink topologies set other counts, and
 a measured ``profile-device`` description) is charged no share.
 """

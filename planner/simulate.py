@@ -11,8 +11,10 @@ Each device runs its action list in order on three resources:
   once every device holding the stage has posted it and their collective streams are free.
 
 So point-to-point communication overlaps computation on both sides, and an ALLREDUCE placed early in
-the list (eager, Chimera 3.2) overlaps the computation that follows it. STEP waits for all of its
-device's all-reduces. What is not overlapped is what the figures show.
+the list (eager, Chimera 3.2) overlaps the computation that follows it -- and slows it: the costs'
+``comm_share`` of the all-reduce (or of the compute left, if shorter) delays the device's compute after
+the post (:func:`planner.schedules.timing.contention_debt`, :mod:`planner.contention`). STEP waits for all
+of its device's all-reduces. What is not overlapped is what the figures show.
 
 Outputs (:class:`SimResult`): makespan, per-device busy/idle time, bubble ratio
 ``1 - sum(busy) / (devices * makespan)``, per-device peak count of micro-batches whose activations are

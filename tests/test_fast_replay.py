@@ -76,8 +76,9 @@ def _chimera_ok(d: int, f: int) -> bool:
 
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.sampled_from([0.0, 0.25, 0.5, 1.5]), st.sampled_from([0.0, 0.5, 3.0]),
-       st.sampled_from([0.0, 0.5]), st.booleans(), st.sampled_from([None, False, True]))
-def test_implied_equals_lowered(data, comm, ar, step, uneven, split):
+       st.sampled_from([0.0, 0.5]), st.booleans(), st.sampled_from([None, False, True]),
+       st.sampled_from([0.0, 0.25]))
+def test_implied_equals_lowered(data, comm, ar, step, uneven, split, share):
     name = data.draw(st.sampled_from(["gpipe", "1f1b", "chimera", "hanayo"]))
     if name == "chimera":
         d = data.draw(st.sampled_from([2, 4, 8]))
@@ -94,6 +95,7 @@ def test_implied_equals_lowered(data, comm, ar, step, uneven, split):
         s = split_backward(s, defer=split)
     costs = Uneven(comm, ar, step) if uneven else UnitCosts(1, 2, comm=comm, allreduce_time=ar,
                                                             step_time=step)
+    costs.comm_share = share  # what all-reduces take from the compute beside them (planner.contention)
     assert_same(s, costs)
 
 
@@ -101,6 +103,9 @@ def test_implied_equals_lowered(data, comm, ar, step, uneven, split):
                                      ("chimera", {"concat": "forward-doubling"}), ("hanayo", {"waves": 2})])
 def test_implied_equals_lowered_larger(name, kw):
     assert_same(build(name, 8, 32, **kw), UnitCosts(1, 2, comm=0.3, allreduce_time=2, step_time=1))
+    shared = UnitCosts(1, 2, comm=0.3, allreduce_time=2, step_time=1)
+    shared.comm_share = 0.25
+    assert_same(build(name, 8, 32, **kw), shared)
 
 
 def test_deadlock_message_is_the_lowered_replays():

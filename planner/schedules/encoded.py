@@ -31,6 +31,7 @@ from planner.schedules.timing import (
     Costs,
     DeviceStats,
     SimResult,
+    contention_debt,
     memoised_durations,
     plain_number,
 )
@@ -279,6 +280,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     n = len(acts)
 
     cost = memoised_durations()
+    share = float(getattr(costs, "comm_share", 0.0))
 
     # per action: duration, duration of its send (-1: it sends nothing), change of alive activations;
     # computed once per distinct signature (device, kind, stage, replica, span) and spread with numpy
@@ -313,6 +315,9 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     ars = AllReduces(sched.placement, D, lambda s_, r_, d_: cost((ALLREDUCE, s_, r_), costs.allreduce, s_, r_, d_),
                       comm_busy)
     ar_times: list[list[list[float]]] = [[] for _ in range(D)]  # per device, [start, end] in post order
+    #: action -> when its device's compute stream is free after it, where an eager all-reduce posted after it
+    #: delays what follows (contention_debt); else the action's end
+    free_after: dict[int, float] = {}
 
     def post(d: int, r: int, s: int, at: float) -> None:
         """Device ``d`` posts the all-reduce of stage ``s`` (replica ``r``)."""
@@ -383,6 +388,9 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                         comm_busy[d] = cb  # the all-reduce's time adds to the same running sum, in order
                         for r, s in eager_after[stop]:
                             post(d, r, s, max(tc, tm))
+                            if share > 0.0:  # what it takes from the compute after it (contention_debt)
+                                tc += contention_debt(share, ars.duration(s, r, d), sum(dur[stop + 1:top]))
+                                free_after[stop] = tc
                         cb = comm_busy[d]
                     continue
                 break
@@ -444,7 +452,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         if node in row_first:
             ready, bind = 0.0, -1
         else:
-            ready, bind = t[node - 1], node - 1
+            ready, bind = free_after.get(node - 1, t[node - 1]), node - 1
         q = dep_a[node]
         if t[q] > ready:
             ready, bind = t[q], q % nn
@@ -467,10 +475,11 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                     if t[q] > ready:
                         ready = t[q]
                 start[j] = ready
-                free = t[j]
+                end = t[j]
                 if send_dur[j] >= 0.0:
-                    send_start[j] = free if free > sent else sent
+                    send_start[j] = end if end > sent else sent
                     sent = t[n + j]
+                free = free_after.get(j, end)
         out = []
         for d, ids in enumerate(rows):
             ars = iter(ar_times[d])

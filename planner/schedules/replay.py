@@ -26,6 +26,7 @@ from planner.schedules.timing import (
     DeviceStats,
     ScheduleError,
     SimResult,
+    contention_debt,
     memoised_durations,
     plain_number,
 )
@@ -53,6 +54,7 @@ def replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
     place = schedule.placement
 
     dur = memoised_durations()
+    share = float(getattr(costs, "comm_share", 0.0))
 
     # end time of compute results: (kind, replica, stage, mb) -> (end, device, index)
     done: dict[tuple[str, int, int, int], float] = {}
@@ -194,6 +196,10 @@ def replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
                 elif k == ALLREDUCE:
                     ar_slots.append((d, len(timeline[d]), ars.post(d, r, s, max(t_comp[d], t_comm[d]))))
                     timeline[d].append((a, 0.0, 0.0))  # filled in once the collective has run
+                    if share > 0.0:  # what it takes from the compute after it (contention_debt)
+                        rest = sum([dur((b.kind, b.stage, b.span, d), costs.compute, b.kind, b.stage, b.span, d)
+                                    for b in row[i + 1:] if b.kind in (F, B, I, W)])
+                        t_comp[d] += contention_debt(share, ars.duration(s, r, d), rest)
                 elif k == STEP:
                     if ars.open[d]:
                         break

@@ -29,7 +29,13 @@ class Costs:
     send of activations (SEND_F, the output of ``stage``) or gradients (SEND_B, the input gradient of
     ``stage``); ``allreduce(stage, replica, device)`` for a stage's gradient all-reduce; ``step(device)``.
     Results are cached per distinct argument tuple within one simulation.
+
+    ``comm_share``: of the compute throughput, what a collective running beside it holds (its NCCL channels'
+    SMs, :mod:`planner.contention`); the replays charge it to the compute that follows an eager all-reduce on
+    its device (:func:`contention_debt`). 0: collectives cost compute nothing.
     """
+
+    comm_share: float = 0.0
 
     def compute(self, kind: str, stage: int, span: int, device: int) -> float:
         raise NotImplementedError
@@ -173,6 +179,17 @@ class AllReduces:
                 self.done_on[dd] = max(self.done_on[dd], begin + du)
                 sl[0], sl[1] = begin, begin + du
         return slot
+
+
+def contention_debt(share: float, allreduce: float, remaining: float) -> float:
+    """What an all-reduce of ``allreduce`` seconds posted in the middle of a device's list (an eager one,
+    Chimera 3.2) takes from the compute the device runs beside it: ``share`` (:attr:`Costs.comm_share`) of
+    the overlap, taken as the all-reduce or the ``remaining`` compute seconds of the list, whichever is
+    shorter. Both replays add it to the device's compute stream at the post, so what follows starts so much
+    later; an all-reduce posted after the last compute (not eager) costs nothing."""
+    if share <= 0.0 or remaining <= 0.0:
+        return 0.0
+    return share * min(allreduce, remaining)
 
 
 def memoised_durations() -> Callable[..., float]:
