@@ -212,7 +212,8 @@ const TL = (() => {
         this.setHighlight(v === "" || isNaN(+v) ? null : +v, true);
       });
       this.wire();
-      this.resizer = new ResizeObserver(() => { if (this.canvas.clientWidth !== this.cssW) this.draw(); });
+      // the canvas keeps the width it was drawn at: redraw when the chart's box no longer has that width
+      this.resizer = new ResizeObserver(() => { if (Math.max(200, el.clientWidth || 0) !== this.cssW) this.draw(); });
       this.resizer.observe(el);
     }
 

@@ -326,6 +326,10 @@ def test_large_timelines_draw_fast_in_seconds_zoom_and_highlight(server: LiveSer
     assert tl.get_attribute("data-highlight") == "5"
     tl.locator('button[data-act="reset"]').click()
     assert float(tl.get_attribute("data-x0")) == 0.0 and tl.get_attribute("data-mode") == "aggregate"
+    # a narrower window redraws the charts to its width (they kept the width they were first drawn at)
+    page.set_viewport_size({"width": 400, "height": 900})
+    page.wait_for_function("""() => [...document.querySelectorAll('[data-role="timeline"] canvas')].every(
+        (c) => c.getBoundingClientRect().width <= document.documentElement.clientWidth)""", timeout=10_000)
     page.context.close()
 
 
