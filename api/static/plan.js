@@ -303,15 +303,21 @@ function visibleRows() {
     });
 }
 
-// the row's name when the planner gives one that is not the schedule (e.g. "data parallel" for D = 1), and
-// the identical configurations it collapsed into this row (candidate field `alternatives`), if any
-function schedCell(c) {
+// the row's name when the planner gives one that is not the schedule (e.g. "data parallel" for D = 1), or ""
+function rowName(c) {
   const sched = PP.schedText(c);
   const compact = sched.replace(/ \((.*)\)$/, "($1)").replace(/, /g, ",");
-  const named = c.name && c.name !== c.label && c.name !== compact && c.name !== sched;
+  return c.name && c.name !== c.label && c.name !== compact && c.name !== sched ? c.name : "";
+}
+
+// the schedule cell: the row's name (rowName) or its schedule, and the identical configurations it collapsed
+// into this row (candidate field `alternatives`), if any
+function schedCell(c) {
+  const sched = PP.schedText(c);
+  const named = rowName(c);
   const alt = Array.isArray(c.alternatives) ? c.alternatives : [];
   const notes = [named ? `runs as ${sched}` : "", alt.length ? `same as: ${alt.join(", ")}` : ""].filter(Boolean);
-  return PP.esc(named ? c.name : sched) + (notes.length ?
+  return PP.esc(named || sched) + (notes.length ?
     `<span class="same-as" title="identical configurations are collapsed into one row">${PP.esc(notes.join(" · "))}</span>` : "");
 }
 
@@ -364,7 +370,7 @@ async function compare() {
     const c = S.rows[r];
     const b = c.breakdown || {};
     return `<article class="card" data-rank="${r}">
-      <header><strong>#${r + 1}</strong> ${PP.esc(c.label)}</header>
+      <header><strong>#${r + 1}</strong> ${PP.esc(c.label)}${rowName(c) ? ` · ${PP.esc(rowName(c))}` : ""}</header>
       <div class="figures">iteration <b>${PP.fmtTime(c.iteration_time)}</b> · throughput <b>${PP.fmtNum(c.throughput)}</b>/s ·
         <span title="the devices' idle share: bubble and exposed communication">idle <b>${PP.fmtPct(c.bubble_ratio)}</b></span> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
         <span class="muted">compute ${PP.fmtTime(b.compute)}${b.fsdp_in_compute != null ? ` (of it ${PP.fmtTime(b.fsdp_in_compute)} added by FSDP's gathers and reduce-scatters: the part not hidden, plus the slowdown of the compute they overlap; ${PP.fmtTime(b.fsdp_comm_busy)} on the link)` : ""} · bubble ${PP.fmtTime(b.bubble)} · ${c.shard_parameters ? "exposed reduce-scatter + all-gather (FSDP)" : "exposed all-reduce"} ${PP.fmtTime(b.allreduce_exposed)} ·

@@ -108,6 +108,7 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     page.wait_for_selector(card)
     assert ("added by FSDP's gathers and reduce-scatters: the part not hidden, plus the slowdown of the compute "
             "they overlap" in page.inner_text(card))
+    assert "fully sharded data parallel" in page.inner_text(f"{card} header")  # the row's name, as in the table
     page.locator(card).scroll_into_view_if_needed()
     shot(page, "fsdp-candidate-card")
     # a job of it: the job page says pipeplan's executor runs it unsharded
