@@ -38,9 +38,8 @@ by ``share`` x the all-reduce, or x the compute left if that is shorter
 (:func:`planner.schedules.timing.contention_debt`: the delay shows as idle time before the next action). Not
 modelled: pipeline sends (NCCL's point-to-point kernels hold fewer blocks, briefly); the collective's own HBM
 traffic slowing memory-bound kernels beside it; the slowdown of the collective itself. A device without a
-channel count
-(``collective_efficiency.channels``: CPUs, the V100/P100 files, whose NVLink topologies set other counts, and
-a measured ``profile-device`` description) is charged no share.
+channel count (``collective_efficiency.channels``: CPUs, the V100/P100 files, whose NVLink topologies set other
+counts, and a measured ``profile-device`` description) is charged no share.
 """
 
 from __future__ import annotations

@@ -263,8 +263,10 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     communication stream (in list order, from the end of the action or of the previous send, whichever
     is later) and the consumer waits for the arrival; all-reduces are posted after the last backward of
     an eager stage and at the end of the list, a stage's collective runs once every holder has posted
-    it, and STEP waits for the device's all-reduces. Devices are swept in the same order as in the
-    lowered replay, and each goes as far as it can, so collectives and ties come out in the same order.
+    it, and STEP waits for the device's all-reduces; an eager all-reduce delays the device's compute after
+    it by the costs' ``comm_share`` of it (:func:`planner.schedules.timing.contention_debt`, at the post, as
+    the lowered replay does). Devices are swept in the same order as in the lowered replay, and each goes as
+    far as it can, so collectives and ties come out in the same order.
 
     The sweep computes only what later actions wait for -- the end of every action and the arrival of
     every message -- and what depends on the order of the sweep (all-reduce posts, the last action to
