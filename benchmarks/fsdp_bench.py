@@ -19,8 +19,9 @@ Each row is predicted as ``t = 1, D = 1, W = GPUs`` on ``examples/clusters/dgx-h
   communication it adds, where it is hidden, and what the hidden part takes from the compute beside it:
   :mod:`planner.contention`).
 
-The same code on the two devices: the A100 rows (the older table, Composer before torch 2.0) reach a larger
-part of the operator model than the H100 rows, so part of the H100 gap is the H100 software of 2023.
+The same code on the two devices: the A100 rows reach a larger part of the operator model than the H100 rows
+(the README's tables do not say which Composer and torch each ran), so part of the H100 gap is the H100 software
+of 2023 rather than the model.
 
 Run: ``python benchmarks/fsdp_bench.py`` (a few seconds). Prints figures; asserts nothing.
 """
