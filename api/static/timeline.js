@@ -213,9 +213,12 @@ const TL = (() => {
       });
       this.wire();
       // the canvas keeps the width it was drawn at: redraw when the chart's box no longer has that width
-      this.resizer = new ResizeObserver(() => { if (Math.max(200, el.clientWidth || 0) !== this.cssW) this.draw(); });
+      this.resizer = new ResizeObserver(() => { if (this.boxWidth() !== this.cssW) this.draw(); });
       this.resizer.observe(el);
     }
+
+    // the CSS width the chart is drawn at: its box's (at least 200 px; 600 before it is laid out)
+    boxWidth() { return Math.max(200, this.el.clientWidth || this.canvas.parentElement.clientWidth || 600); }
 
     // ---- interaction ----
     xToT(x) { return this.x0 + ((x - this.gutter) / (this.cssW - this.gutter)) * (this.x1 - this.x0); }
@@ -317,7 +320,7 @@ const TL = (() => {
       const t0 = performance.now();
       const c = this.canvas;
       const dpr = window.devicePixelRatio || 1;
-      const cssW = Math.max(200, this.el.clientWidth || c.parentElement.clientWidth || 600);
+      const cssW = this.boxWidth();
       this.cssW = cssW;
       c.style.width = cssW + "px";
       c.style.height = this.height + "px";
