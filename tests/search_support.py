@@ -1,4 +1,5 @@
-"""Shared by the tests that check the search's pruning against simulation (test_search.py, test_calibrate.py)."""
+"""Shared by the tests that check the search's pruning against simulation (test_search.py, test_calibrate.py), and
+the cost model of one configuration (:func:`config_costs`: test_shard_parameters.py, test_contention.py)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,10 @@ def simulated_with_bounds(planner: Planner) -> Iterator[tuple[Any, Any, Any, flo
         planner.evaluate(cand, costs)
         if cand.simulation is not None:
             yield cfg, cand, costs, warmup_bound
+
+
+def config_costs(profile: Any, cluster: Any, config: Any, request: Any) -> Any:
+    """The :class:`planner.cost.ConfigCosts` the search prices ``config`` with (it must fit)."""
+    cand, costs = Planner(profile, cluster, request).prepare(config)
+    assert costs is not None, cand.reason
+    return costs

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from search_support import config_costs
 
 from planner import fsdp
 from planner.analytic import analytic_profile
@@ -19,7 +20,7 @@ from planner.cost import DDP_BUCKET_BYTES, allreduce_time
 from planner.device import DeviceSpec, get_device
 from planner.model import PRESETS
 from planner.request import Config, TrainingRequest
-from planner.search import Planner, predict
+from planner.search import predict
 
 ROOT = Path(__file__).resolve().parent.parent
 A100 = ROOT / "examples" / "clusters" / "dgx-a100-80gb.json"
@@ -71,12 +72,6 @@ def gpt2():
                             dp_allreduce="overlapped")
 
 
-def _costs(prof, cl, cfg, req):
-    cand, costs = Planner(prof, cl, req).prepare(cfg)
-    assert costs is not None, cand.reason
-    return costs
-
-
 def test_fsdp_compute_pays_for_the_gathers_it_hides(gpt2, tmp_path):
     """Without a pipeline each F hides all gathers but the first: compute-bound, it is stretched by exactly
     share x those gathers (and the B by share x its gathers and scatters); the same cluster whose device has no
@@ -85,7 +80,7 @@ def test_fsdp_compute_pays_for_the_gathers_it_hides(gpt2, tmp_path):
     bare = cl.model_copy(update={"device": str(_without_channels(tmp_path))})
     cfg = Config(tensor=1, pipeline=1, data=8, micro_batch=4, schedule="1f1b")
     req = TrainingRequest(global_batch=64, shard_parameters=True)
-    with_share, ideal = _costs(gpt2, cl, cfg, req), _costs(gpt2, bare, cfg, req)
+    with_share, ideal = config_costs(gpt2, cl, cfg, req), config_costs(gpt2, bare, cfg, req)
     assert with_share.comm_share == pytest.approx(24 / 108) and ideal.comm_share == 0.0
     gathers, scatters = with_share.fsdp_layers(0)
     assert ideal.fsdp_layers(0) == (gathers, scatters)  # the collectives themselves do not change
@@ -95,7 +90,7 @@ def test_fsdp_compute_pays_for_the_gathers_it_hides(gpt2, tmp_path):
     assert with_share.fwd(0) - ideal.fwd(0) == pytest.approx(24 / 108 * hidden_f)
     assert with_share.bwd(0) - ideal.bwd(0) == pytest.approx(24 / 108 * hidden_b)
     assert with_share.fwd(0) == pytest.approx(
-        fsdp.forward_time(_costs(gpt2, cl, cfg, TrainingRequest(global_batch=64)).fwd(0), gathers,
+        fsdp.forward_time(config_costs(gpt2, cl, cfg, TrainingRequest(global_batch=64)).fwd(0), gathers,
                           copies=with_share.fsdp_copies(0), share=24 / 108))
     slow, fast = predict(gpt2, cl, req, cfg), predict(gpt2, bare, req, cfg)
     assert slow.iteration_time > fast.iteration_time
@@ -109,7 +104,7 @@ def test_ddps_overlapped_all_reduce_slows_the_backward_it_hides_under(gpt2, tmp_
     bare = cl.model_copy(update={"device": str(_without_channels(tmp_path))})
     cfg = Config(tensor=1, pipeline=1, data=16, micro_batch=4, schedule="1f1b")
     req = TrainingRequest(global_batch=64)
-    with_share, ideal = _costs(gpt2, cl, cfg, req), _costs(gpt2, bare, cfg, req)
+    with_share, ideal = config_costs(gpt2, cl, cfg, req), config_costs(gpt2, bare, cfg, req)
     ranks = [with_share.rank(0, w) for w in range(16)]
     nbytes = with_share.stages[0].param_bytes
     whole = allreduce_time(cl, ranks, nbytes)

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from api_support import AUTH, post_plan, tiny_cluster, tiny_profile
 from pydantic import ValidationError
+from search_support import config_costs
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
 from planner import fsdp
 from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
-from planner.cost import ConfigCosts, sharded_collective_time
+from planner.cost import sharded_collective_time
 from planner.model import PRESETS
 from planner.request import Config, TrainingRequest
 from planner.search import Planner, plan, predict
@@ -69,13 +70,6 @@ def test_prefetch_rules():
     assert fsdp.backward_time(1.0, [2.0, 2.0, 2.0], [3.0, 3.0, 3.0], copies=[6.0, 6.0, 6.0]) == 13.0 + 3.0
 
 
-def _costs(prof, cl, cfg: Config, req: TrainingRequest) -> ConfigCosts:
-    planner = Planner(prof, cl, req)
-    cand, costs = planner.prepare(cfg)
-    assert costs is not None, cand.reason
-    return costs
-
-
 def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     """D = 1: each F and B carries its layers' collectives (prefetched), the ALLREDUCE nothing; on a slow link
     the iteration is at least the collectives' time: N micro-batches each gather every layer twice (less the last
@@ -83,8 +77,8 @@ def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     prof, cl = gpt2
     cfg = Config(tensor=1, pipeline=1, data=64, micro_batch=1, schedule="1f1b")
     req = TrainingRequest(global_batch=256, shard_parameters=True)
-    costs = _costs(prof, cl, cfg, req)
-    plain = _costs(prof, cl, cfg, TrainingRequest(global_batch=256))
+    costs = config_costs(prof, cl, cfg, req)
+    plain = config_costs(prof, cl, cfg, TrainingRequest(global_batch=256))
     gathers, scatters = costs.fsdp_layers(0)
     assert len(gathers) == len(prof.layers)
     ranks = [costs.rank(0, w) for w in range(64)]
@@ -115,7 +109,7 @@ def test_without_a_pipeline_every_microbatch_gathers_and_scatters(gpt2):
     # a network 1000x slower: the link bounds the iteration
     slow = cl.model_copy(update={"inter": cl.inter.model_copy(update={"beta": cl.inter.beta * 1000})})
     c = predict(prof, slow, req, cfg)
-    g, s = _costs(prof, slow, cfg, req).fsdp_layers(0)
+    g, s = config_costs(prof, slow, cfg, req).fsdp_layers(0)
     N = 256 // 64
     assert c.iteration_time >= N * (sum(g) + sum(g[:-1]) + sum(s))
     assert c.iteration_time > 3 * predict(prof, slow, TrainingRequest(global_batch=256), cfg).iteration_time / 4
@@ -135,8 +129,8 @@ def test_a_shared_cpu_host_gathers_with_its_measured_collective_and_without_over
     prof = ModelProfile.model_validate(tiny_profile())
     cfg = Config(tensor=1, pipeline=1, data=4, micro_batch=1, schedule="1f1b")
     req = TrainingRequest(global_batch=8, shard_parameters=True)
-    costs = _costs(prof, cl, cfg, req)
-    plain = _costs(prof, cl, cfg, TrainingRequest(global_batch=8))
+    costs = config_costs(prof, cl, cfg, req)
+    plain = config_costs(prof, cl, cfg, TrainingRequest(global_batch=8))
     gathers, scatters = costs.fsdp_layers(0)
     fit = cl.allreduce_fit.link
     assert gathers[0] == pytest.approx(fit.alpha + fit.beta * prof.layers[0].params * costs.el / 2)
@@ -147,7 +141,7 @@ def test_a_shared_cpu_host_gathers_with_its_measured_collective_and_without_over
     assert costs.bwd(0) == pytest.approx(plain.bwd(0) + sum(copies[:-1]) + sum(gathers[:-1]) + sum(scatters))
     # a GPU-like host whose communication overlaps: prefetched as on GPUs
     overlapped = cl.model_copy(update={"host": cl.host.model_copy(update={"comm_overlaps_compute": True})})
-    assert _costs(prof, Cluster.model_validate(overlapped.model_dump()), cfg, req).fwd(0) < costs.fwd(0)
+    assert config_costs(prof, Cluster.model_validate(overlapped.model_dump()), cfg, req).fwd(0) < costs.fwd(0)
 
 
 def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
@@ -157,8 +151,8 @@ def test_pipelined_stages_gather_once_and_keep_the_gathered_weights(gpt2):
     prof, cl = gpt2
     cfg = Config(tensor=2, pipeline=4, data=8, micro_batch=1, schedule="1f1b")
     req = TrainingRequest(global_batch=256, shard_parameters=True)
-    costs = _costs(prof, cl, cfg, req)
-    plain = _costs(prof, cl, cfg, TrainingRequest(global_batch=256))
+    costs = config_costs(prof, cl, cfg, req)
+    plain = config_costs(prof, cl, cfg, TrainingRequest(global_batch=256))
     for s in range(4):
         assert costs.fwd(s) == plain.fwd(s) and costs.bwd(s) == plain.bwd(s)
         # the step reads and writes the stage's shard of the state, and reads its fp32 gradients for their norm
