@@ -9,15 +9,25 @@
   efficiency per decade-spaced bin, :func:`efficiency_curve`); the fastest of them is the device's
   ``gemm_ceiling_flops`` (a sweep's maximum achievable matmul FLOP/s: no GEMM is timed faster).
 * **Memory sweep**: ``dst.copy_(src)`` over sizes; bytes moved = read + write. ``memory_bandwidth`` is the
-  best achieved rate and ``memory_efficiency`` the curve of achieved / that rate by MB moved.
-* **Kernel overhead**: the median time of an add of two one-element tensors (dispatch, launch).
+  best achieved rate of the copies at least twice the GPU's L2 cache (of all of them on the CPU) and
+  ``memory_efficiency`` the curve of achieved / that rate by MB moved (at most 1: an L2-resident copy runs
+  faster than the main memory).
+* **Kernel overhead**: the time of an add of two one-element tensors: on the CPU the median call (the
+  framework's dispatch); on CUDA the GPU's time per add with the adds queued back to back (the launch gap the
+  GPU sees between kernels), the host's time to issue one stated in ``sources`` (the floor of a launch-bound
+  layer; not modelled).
 * **Peak**: the shipped description's datasheet peak when this device matches one
   (:func:`planner.device.find_device`), else the best GEMM rate measured here (the curve then tops at 1,
   and ``sources`` says so).
 
-Timing (:func:`profiler.timing.time_op`): CUDA events on the GPU, ``perf_counter`` on the CPU; the fastest
-of ``repeats`` after ``warmup`` (other processes only add time: on a shared machine a long GEMM's median
-includes being descheduled, as in :mod:`profiler.links`). ``quick=True`` runs a handful of small shapes in a
+Timing: on the CPU :func:`profiler.timing.time_op` (``perf_counter``), the fastest of ``repeats`` after
+``warmup`` (other processes only add time: on a shared machine a long GEMM's median includes being
+descheduled, as in :mod:`profiler.links`). On CUDA :func:`profiler.timing.time_queued`: calls issued while a
+sleep kernel holds the GPU, timed by events after it, so each GEMM and copy is its kernel alone; timed one
+call after a synchronise instead, every GEMM on a lent H100 took >= 31 us, the host's dispatch
+(benchmarks/DEVICE_CHECK.md, 'Runs'). These are burst rates (the GPU rests during the sleep kernel): a GPU
+at its power limit under a training run's load runs slower (``DeviceSpec.sustained_rate``, not measured
+here). ``quick=True`` runs a handful of small shapes in a
 few seconds (CI on CPU).
 """
 
@@ -94,12 +104,18 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     import torch
 
     from profiler.run import device_name
-    from profiler.timing import time_op
+    from profiler.timing import time_op, time_queued
 
     if threads is not None:
         torch.set_num_threads(threads)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
+
+    def seconds(op: Any) -> float:
+        """One call's time: queued kernels on CUDA, the fastest synchronous call on the CPU."""
+        if cuda:
+            return time_queued(op, dev, calls=10, tries=reps).gpu_s
+        return min(time_op(lambda: None, lambda _s: op(), dev, warmup=warmup, repeats=reps).samples)
     dt_name = canonical_dtype(dtype or ("bf16" if cuda else "fp32"))
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dt_name)
     if torch_dtype is None:
@@ -121,8 +137,8 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     for m, n, k, batch in shapes:
         a = torch.randn(batch, m, k, device=dev, dtype=torch_dtype)
         b = torch.randn(batch, k, n, device=dev, dtype=torch_dtype)
-        timing = time_op(lambda: None, lambda _s, a=a, b=b: torch.matmul(a, b), dev, warmup=warmup, repeats=reps)
-        points.append(GemmPoint(m=m, n=n, k=k, batch=batch, dtype=dt_name, seconds=max(min(timing.samples), 1e-9)))
+        secs = seconds(lambda a=a, b=b: torch.matmul(a, b))
+        points.append(GemmPoint(m=m, n=n, k=k, batch=batch, dtype=dt_name, seconds=max(secs, 1e-9)))
         del a, b
 
     mem_sizes = [2**p for p in range(12, 25 if quick else 29, 2)]  # 4 KiB .. 16 MiB (quick) / 256 MiB
@@ -130,14 +146,25 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     for nbytes in mem_sizes:
         src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
         dst = torch.empty_like(src)
-        timing = time_op(lambda: None, lambda _s, src=src, dst=dst: dst.copy_(src), dev, warmup=warmup,
-                         repeats=reps)
-        mem_rates.append((2 * nbytes, 2 * nbytes / max(min(timing.samples), 1e-12)))
+        mem_rates.append((2 * nbytes, 2 * nbytes / max(seconds(lambda src=src, dst=dst: dst.copy_(src)), 1e-12)))
         del src, dst
-    bandwidth = max(r for _, r in mem_rates)
+    # the main memory's rate: copies too large for the GPU's L2 cache (queued copies that fit in it run above
+    # the HBM datasheet: 3.85 TB/s for 16 MiB on a lent H100, against 2.9-3.0 for 128-256 MiB); on the CPU, or
+    # where no copy outgrows the cache, the best of all
+    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)) if cuda else 0
+    big = [r for nb, r in mem_rates if nb // 2 >= 2 * l2] if l2 else []
+    bandwidth = max(big or [r for _, r in mem_rates])
 
     x = torch.ones(1, device=dev, dtype=torch_dtype)
-    overhead = time_op(lambda: None, lambda _s: torch.add(x, x), dev, warmup=warmup, repeats=max(reps, 21)).median
+    if cuda:
+        queued = time_queued(lambda: torch.add(x, x), dev, calls=50, tries=max(reps, 5))
+        overhead = queued.gpu_s
+        overhead_source = (f"GPU time per add of one-element tensors queued back to back (the launch gap between "
+                           f"kernels); the host took {queued.host_s * 1e6:.1f} us to issue each (not modelled)")
+    else:
+        overhead = time_op(lambda: None, lambda _s: torch.add(x, x), dev, warmup=warmup,
+                           repeats=max(reps, 21)).median
+        overhead_source = "median add of one-element tensors"
 
     label = name or device_name(dev)
     shipped = find_device(label)
@@ -150,7 +177,7 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     if shipped is None:
         peak, peak_source = best, "the best GEMM rate measured here: no datasheet peak for this device"
     curve = efficiency_curve([(p.flops / 1e9, p.flops / (p.seconds * peak)) for p in points])
-    mem_curve = efficiency_curve([(nb / 1e6, rate / bandwidth) for nb, rate in mem_rates])
+    mem_curve = efficiency_curve([(nb / 1e6, min(rate / bandwidth, 1.0)) for nb, rate in mem_rates])
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     where = (f"pipeplan profile-device on {platform.node()} ({label}), torch {torch.__version__}, "
              f"{torch.get_num_threads()} thread(s), {when}")
@@ -165,9 +192,10 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
                  "gemm_points": where,
                  "gemm_ceiling_flops": f"the fastest GEMM of the sweep (this machine's maximum achievable matmul "
                                        f"FLOP/s over the shapes measured), {where}",
-                 "memory_bandwidth": f"best dst.copy_(src) rate (read + write), {where}",
+                 "memory_bandwidth": f"best dst.copy_(src) rate (read + write)"
+                                     f"{' of copies at least twice the L2 cache' if big else ''}, {where}",
                  "memory_efficiency": f"dst.copy_(src) over {len(mem_sizes)} sizes, {where}",
-                 "kernel_overhead_s": f"median add of one-element tensors, {where}",
+                 "kernel_overhead_s": f"{overhead_source}, {where}",
                  "memory_bytes": "torch.cuda.get_device_properties" if cuda else "physical memory (sysconf)"},
         notes=(f"measured{' (quick mode)' if quick else ''}; GEMM shapes: square sweep"
                + (f" + the layers of {model}" if model else "")))

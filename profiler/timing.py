@@ -79,3 +79,66 @@ def time_op(
         if i >= warmup:
             samples.append(elapsed)
     return summarize(samples)
+
+
+#: cycles of the sleep kernel :func:`time_queued` holds the GPU with while the host issues the timed calls
+#: (``torch.cuda._sleep``: ~3 ms at an H100's 1980 MHz, more at lower clocks)
+BLOCKER_CYCLES = 6_000_000
+
+
+@dataclass(frozen=True)
+class Queued:
+    """:func:`time_queued`'s result: GPU seconds per call (the kernels alone), the host's seconds to issue
+    one call, and whether every call was issued before the sleep kernel ended (else the GPU waited for the
+    host and ``gpu_s`` includes dispatch)."""
+
+    gpu_s: float
+    host_s: float
+    valid: bool
+
+
+def time_queued(op: Callable[[], Any], device: torch.device, calls: int = 10, tries: int = 3,
+                blocker_cycles: int = BLOCKER_CYCLES) -> Queued:
+    """Seconds of ``op``'s kernels alone: on CUDA, ``calls`` calls issued while a sleep kernel holds the GPU,
+    between two events recorded after the sleep, so the events see only the kernels back to back and none of
+    the host's dispatch (:func:`time_op` synchronises first, so a call shorter than its own dispatch is timed
+    as the dispatch: on a lent H100 every GEMM took >= 31 us that way, a 64^3 one too; benchmarks/
+    DEVICE_CHECK.md, 'Runs'). The median of ``tries``; a blocker too short for the host is doubled and the
+    try repeated (up to 4 times). On the CPU the op runs where it is issued: the wall time per call, for
+    both figures."""
+    if calls < 1 or tries < 1:
+        raise ValueError("calls and tries must be >= 1")
+    op()  # warm-up: first-call set-up (kernel selection, allocator) is not the op's time
+    if device.type != "cuda":
+        runs = []
+        for _ in range(tries):
+            t = time.perf_counter()
+            for _ in range(calls):
+                op()
+            runs.append((time.perf_counter() - t) / calls)
+        per = float(np.median(runs))
+        return Queued(gpu_s=per, host_s=per, valid=True)
+    gpu, host, valid = [], [], True
+    cycles = blocker_cycles
+    for _ in range(tries):
+        for _attempt in range(5):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            torch.cuda.synchronize(device)
+            ev[0].record()
+            torch.cuda._sleep(cycles)
+            ev[1].record()
+            t = time.perf_counter()
+            ev[2].record()
+            for _ in range(calls):
+                op()
+            ev[3].record()
+            issued = time.perf_counter() - t
+            ev[3].synchronize()
+            if issued < ev[0].elapsed_time(ev[1]) / 1e3:
+                break
+            cycles *= 2  # the host outran the blocker: hold the GPU longer and try again
+        else:
+            valid = False
+        gpu.append(ev[2].elapsed_time(ev[3]) / 1e3 / calls)
+        host.append(issued / calls)
+    return Queued(gpu_s=float(np.median(gpu)), host_s=float(np.median(host)), valid=valid)

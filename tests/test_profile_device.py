@@ -55,3 +55,20 @@ def test_profile_device_quick_cpu(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["profile-device", "--quick", "--device", "cpu", "--model", "no-such",
                                    "--out", str(tmp_path / "x.json")])
     assert bad.exit_code == 2 and "no-such" in bad.output
+
+
+def test_time_queued_on_the_cpu_is_the_wall_time_per_call():
+    """:func:`profiler.timing.time_queued` (CUDA: the kernels alone, queued behind a sleep kernel) on the CPU:
+    the op runs where it is issued, so both figures are the wall time per call; bad counts are refused."""
+    import time
+
+    import pytest
+    import torch
+
+    from profiler.timing import time_queued
+
+    q = time_queued(lambda: time.sleep(0.002), torch.device("cpu"), calls=3, tries=2)
+    assert q.valid and q.gpu_s == q.host_s
+    assert 0.002 <= q.gpu_s < 0.05
+    with pytest.raises(ValueError, match="calls and tries"):
+        time_queued(lambda: None, torch.device("cpu"), calls=0)
