@@ -121,6 +121,7 @@ class Run:
     eager: list[dict[str, Any]] | None = None
     fp8: list[dict[str, Any]] | None = None
     contention: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # benchmarks/device_probes.py's phases
     table: str = ""
 
     def elapsed(self) -> float:
@@ -158,7 +159,7 @@ class Run:
     def save(self) -> None:
         write_json(self.out / "machine.json", {**self.machine, "phases": self.phases, "chunks": self.chunks,
                                                "public_layers": self.layers, "eager": self.eager, "fp8": self.fp8,
-                                               "contention": self.contention,
+                                               "contention": self.contention, "probes": self.extra,
                                                "elapsed_s": round(self.elapsed(), 1)})
         (self.out / "summary.txt").write_text(summary_text(self))
 
@@ -1359,6 +1360,10 @@ def summary_text(run: Run) -> str:
         if s.get("busy_clock_event_reasons"):
             out.append(f"  clock event reasons while busy: {', '.join(s['busy_clock_event_reasons'])}")
         out.append("")
+    if run.extra:
+        from benchmarks.device_probes import probes_summary
+
+        out += probes_summary(run.extra)
     out.append(f"files: {', '.join(sorted(p.name for p in run.out.iterdir() if p.is_file() and p.suffix != '.tmp'))}")
     return "\n".join(out) + "\n"
 
@@ -1390,6 +1395,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cool-s", type=float, default=None, help="idle seconds before it (default 8; quick 0)")
     p.add_argument("--gemm-n", type=int, default=None, help="its GEMM size (default 8192; quick / CPU 256)")
     p.add_argument("--chunk-s", type=float, default=0.1, help="GEMMs timed per event pair, in seconds")
+    p.add_argument("--phases", default=None,
+                   help="comma-separated phases to run (default all): machine is always run; device, profile, "
+                        "check, chunks, layers, eager, fp8, contention, sustained, and benchmarks/device_probes.py's "
+                        "queued, dispatch, attention, sustained_layer")
+    p.add_argument("--sustain-layer-s", type=float, default=None,
+                   help="sustained_layer: seconds per layer (default 20; quick / CPU 1)")
     p.add_argument("--shipped", default=None, help="the shipped description to predict with (default: by name)")
     args = p.parse_args(argv)
     return args
@@ -1425,11 +1436,18 @@ def main(argv: list[str] | None = None) -> int:
                                                        for k, v in vars(args).items()}})
     run.save()
     config = model_config(args)
+    chosen = None if not args.phases else {x.strip() for x in args.phases.split(",") if x.strip()}
+
+    def want(name: str) -> bool:
+        return chosen is None or name in chosen
+
     # rough seconds per phase on an H100 (benchmarks/DEVICE_CHECK.md); a phase that does not fit is skipped
     need = {"device": 40, "profile": 100, "check": 20} if cuda and not args.quick else {"device": 1, "profile": 1,
                                                                                       "check": 1}
     device_spec = None
-    if run.left() > need["device"]:
+    if not want("device"):
+        pass
+    elif run.left() > need["device"]:
         device_spec = run.phase("device", measure_device, run, args, dev)
     else:
         run.skip("device", f"{run.left():.0f} s left")
@@ -1439,21 +1457,29 @@ def main(argv: list[str] | None = None) -> int:
     if run.left() < need["profile"] and len(args.micro_batches) > 2:
         args.micro_batches = args.micro_batches[:2]  # a shorter profile rather than none
         run.log(f"profile shortened to micro-batches {args.micro_batches}: {run.left():.0f} s left")
-    if run.left() > need["profile"] / 3:
+    if not want("profile"):
+        pass
+    elif run.left() > need["profile"] / 3:
         measured = run.phase("profile", measure_profile, run, args, dev, config)
     else:
         run.skip("profile", f"{run.left():.0f} s left")
     if cuda:
         torch.cuda.empty_cache()
-    if measured is not None:
+    if not want("check"):
+        pass
+    elif measured is not None:
         run.phase("check", layer_check, run, args, config, measured, device_spec)
     else:
         run.skip("check", "no measured profile")
     if run.check:
         print(layer_table(run.check), flush=True)
     # the GPU checks, each with the seconds it needs on an H100 (else skipped)
+    from benchmarks.device_probes import PROBES
+
     for name, fn, need in (("chunks", chunk_check, 10), ("layers", public_layer_check, 30), ("eager", eager_check, 20),
-                           ("fp8", fp8_check, 10), ("contention", contention_check, 15)):
+                           ("fp8", fp8_check, 10), ("contention", contention_check, 15), *PROBES):
+        if not want(name):
+            continue
         if name == "contention" and not cuda:
             run.skip(name, "needs a CUDA device")
         elif run.left() > (need if cuda and not args.quick else 1):
@@ -1463,7 +1489,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run.skip(name, f"{run.left():.0f} s left")
     seconds = min(sustain, run.left() - cool - 15.0) if cuda and not args.quick else sustain
-    if seconds >= min(10.0, sustain):
+    if not want("sustained"):
+        pass
+    elif seconds >= min(10.0, sustain):
         run.phase("sustained", sustained_gemm, run, args, dev, seconds, cool)
     else:
         run.skip("sustained", f"{run.left():.0f} s left")

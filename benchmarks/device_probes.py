@@ -1,0 +1,409 @@
+"""The device check's second set of phases (issue 11): what the first GPU run (2026-11-27, H100) left open.
+
+That run (benchmarks/DEVICE_CHECK.md, "First run") found four things these phases measure apart:
+
+1. ``queued``: every GEMM of ``profile-device``'s sweep below ~17 GFLOP took >= 31 us, a 64^3 GEMM too:
+   :func:`profiler.timing.time_op` brackets one op with events after a synchronise, so the GPU waits for the
+   host to issue the op and the time includes the host's dispatch. Here each GEMM is also timed *queued*:
+   ``k`` of them issued while a ``torch.cuda._sleep`` blocker holds the GPU, so the events see only the
+   kernels (the host's issue time is checked to be shorter than the blocker, i.e. the queue never ran dry).
+   The same for one gpt2-medium block forward + backward at t 1 and 8, b 1 and 8: kernel time against the
+   operator model, beside the sync-bracketed time the profile records and the host's issue time.
+2. ``dispatch``: host seconds to issue one op (one-element add, 64^3 matmul, ``F.linear`` with autograd,
+   layer norm) with the GPU blocked: the floor under a launch-bound layer.
+3. ``attention``: ``scaled_dot_product_attention`` alone (causal) at the H100 public runs' per-GPU shapes and at
+   the FlashAttention-3 paper's benchmark shape (batch x sequence = 16k tokens, 16 heads of 128), queued,
+   forward and forward + backward, on the flash and cuDNN backends, against the shipped attention curves. The
+   first run's GPT-3 175B layer spent 0.19 ms in torch's flash forward where the model says 0.087.
+4. ``sustained_layer``: the H100 public-run layers (GPT-3 175B, Nemotron-4 15B and 340B) (1/t shard, forward + backward)
+   run back to back for ``--sustain-layer-s`` seconds after an idle pause, timed in ~0.1 s chunks with
+   ``nvidia-smi`` sampled alongside. The first run's sustained 8192^3 GEMM fell from 780 TFLOP/s (10 GEMMs) to
+   670-687 (SM clock 1980 -> ~1330 MHz at the 700 W cap) within the first second; a training step mixes
+   GEMMs with memory-bound kernels, so how much of that throttling does a real layer see?
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+
+def queued_time(dev: Any, issue: Any, k: int, tries: int = 3) -> dict[str, Any]:
+    """:func:`profiler.timing.time_queued` as a row: GPU seconds per call with the calls queued behind a sleep
+    kernel, the host's seconds to issue one, and whether the queue never ran dry."""
+    from profiler.timing import time_queued
+
+    q = time_queued(issue, dev, calls=k, tries=tries)
+    return {"gpu_s": q.gpu_s, "host_s": q.host_s, "valid": q.valid}
+
+
+def synced_time(dev: Any, issue: Any, reps: int = 5) -> float:
+    """What :func:`profiler.timing.time_op` records: synchronise, event, one call, event; the median."""
+    from profiler.timing import time_op
+
+    return time_op(lambda: None, lambda _s: issue(), dev, warmup=2, repeats=reps).median
+
+
+# ------------------------------------------------------------------------------------------------ 1. queued
+def queued_check(run: Any, args: argparse.Namespace, dev: Any) -> dict:
+    import torch
+
+    from planner.model import PRESETS
+    from profiler.device import model_shapes, square_shapes
+    from profiler.run import DTYPES
+
+    shipped = _shipped(dev, args)
+    dt = DTYPES[args.dtype]
+    shapes = sorted(set(square_shapes(args.quick) + model_shapes(
+        PRESETS[args.model].with_(seq=min(PRESETS[args.model].seq, 64)) if args.quick else PRESETS[args.model],
+        args.micro_batches, args.tensor)), key=lambda s: s[0] * s[1] * s[2] * s[3])
+    gemms = []
+    for m, n, kk, batch in shapes:
+        a = torch.randn(batch, m, kk, device=dev, dtype=dt)
+        b = torch.randn(batch, kk, n, device=dev, dtype=dt)
+        flops = 2.0 * m * n * kk * batch
+        q = queued_time(dev, lambda a=a, b=b: torch.matmul(a, b), 20 if not args.quick else 3)
+        s = synced_time(dev, lambda a=a, b=b: torch.matmul(a, b), 5 if not args.quick else 2)
+        pred = shipped.kernel_time(flops, _gemm_bytes(m, n, kk, batch, args.dtype), gemm=(m, n, kk, batch),
+                                   dtype=args.dtype)
+        gemms.append({"m": m, "n": n, "k": kk, "batch": batch, "gflop": flops / 1e9, "queued_s": q["gpu_s"],
+                      "host_s": q["host_s"], "valid": q["valid"], "synced_s": s, "pred_s": pred,
+                      "queued_tflops": flops / q["gpu_s"] / 1e12, "err_queued": pred / q["gpu_s"] - 1.0})
+        del a, b
+    out = {"gemms": gemms, "blocks": _block_rows(run, args, dev, shipped)}
+    run.extra["queued"] = out
+    return out
+
+
+def _gemm_bytes(m: int, n: int, k: int, batch: int, dtype: str) -> float:
+    from planner.operators import DTYPE_BYTES
+
+    return float(batch * (m * k + k * n + m * n) * DTYPE_BYTES[dtype])
+
+
+def _shipped(dev: Any, args: argparse.Namespace) -> Any:
+    from benchmarks.device_check import shipped_for
+
+    return shipped_for(dev, args)
+
+
+def _block_rows(run: Any, args: argparse.Namespace, dev: Any, shipped: Any) -> list[dict]:
+    """One gpt2-medium block (the zoo's, as ``profile`` times it) at t 1 / max t and b 1 / max b: forward +
+    backward queued (kernels only), synchronised (as the profile records it), and the host's issue time."""
+    import torch
+
+    from benchmarks.device_check import model_config, run_options
+    from executor.models import build_layers
+    from executor.tensor_parallel import TensorParallelBlock
+    from planner.operators import layer_operators, time_operators
+    from profiler.layers import make_inputs
+    from profiler.run import DTYPES
+    from profiler.tensor import without_collectives
+
+    config = model_config(args)
+    opts, _ = run_options(config, args.dtype)
+    dt = DTYPES[args.dtype]
+    rows = []
+    for t in sorted({1, max(args.tensor)}):
+        for b in sorted({min(args.micro_batches), max(args.micro_batches)}):
+            block = build_layers(config, 0, 1, 2)[0].to(dev, dt)
+            with without_collectives():
+                layer = block if t == 1 else TensorParallelBlock.from_block(block, 0, t, None).to(dev, dt)
+                layer.train()
+                x = make_inputs(config, 1, layer, b, dev, dt)()
+                gy = torch.ones(b, config.seq, config.hidden, device=dev, dtype=dt)
+
+                def fwd(layer=layer, x=x) -> Any:
+                    return layer(*x)
+
+                def fwd_bwd(layer=layer, x=x, gy=gy) -> None:
+                    layer(*x).backward(gy)
+
+                for _ in range(2):
+                    fwd_bwd()
+                qf, qfb = queued_time(dev, fwd, 5), queued_time(dev, fwd_bwd, 5)
+                sf, sfb = synced_time(dev, fwd), synced_time(dev, fwd_bwd)
+            pred = time_operators(layer_operators(config.spec(), b, t, opts), shipped, args.dtype)
+            rows.append({"t": t, "b": b, "queued_fwd_s": qf["gpu_s"], "queued_fwd_bwd_s": qfb["gpu_s"],
+                         "host_fwd_s": qf["host_s"], "host_fwd_bwd_s": qfb["host_s"],
+                         "valid": qf["valid"] and qfb["valid"], "synced_fwd_s": sf, "synced_fwd_bwd_s": sfb,
+                         "pred_fwd_s": pred.fwd, "pred_fwd_bwd_s": pred.fwd + pred.bwd,
+                         "err_fwd": pred.fwd / qf["gpu_s"] - 1.0,
+                         "err_fwd_bwd": (pred.fwd + pred.bwd) / qfb["gpu_s"] - 1.0})
+            run.log(f"block t{t} b{b}: queued fwd+bwd {qfb['gpu_s'] * 1e3:.3f} ms, synced {sfb * 1e3:.3f} ms, "
+                    f"host {qfb['host_s'] * 1e3:.3f} ms, predicted {(pred.fwd + pred.bwd) * 1e3:.3f} ms")
+            del layer, block
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- 2. dispatch
+def dispatch_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from profiler.run import DTYPES
+
+    dt = DTYPES[args.dtype]
+    one = torch.ones(1, device=dev, dtype=dt)
+    a = torch.randn(64, 64, device=dev, dtype=dt)
+    x = torch.randn(8, 1024, device=dev, dtype=dt)
+    w = torch.randn(1024, 1024, device=dev, dtype=dt, requires_grad=True)
+    g = torch.ones(1024, device=dev, dtype=dt)
+    ops = {"add (1 element)": lambda: torch.add(one, one), "matmul 64^3": lambda: torch.matmul(a, a),
+           "linear 8x1024x1024, autograd": lambda: F.linear(x, w),
+           "layer_norm 8x1024": lambda: F.layer_norm(x, (1024,), g)}
+    rows = []
+    for name, op in ops.items():
+        op()
+        q = queued_time(dev, op, 200 if not args.quick else 20)
+        rows.append({"op": name, "host_s": q["host_s"], "gpu_s": q["gpu_s"], "valid": q["valid"],
+                     "synced_s": synced_time(dev, op, 21)})
+    run.extra["dispatch"] = rows
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- 3. attention
+def attention_shapes(args: argparse.Namespace) -> list[tuple[str, int, int, int, int, int]]:
+    """(label, batch, query heads, key/value heads, sequence, head dim) per GPU."""
+    if args.quick or args.device_type != "cuda":
+        return [("stand-in", 1, 4, 4, 128, 64)]
+    from benchmarks.device_check import public_layer_specs
+
+    rows = [("fa3 paper 2k", 8, 16, 16, 2048, 128), ("fa3 paper 4k", 4, 16, 16, 4096, 128)]
+    for label, spec, b, t, _ in public_layer_specs(args):
+        rows.append((label, b, spec.heads // t, max(spec.k // t, 1), spec.seq, spec.d))
+    return rows
+
+
+def attention_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from profiler.run import DTYPES
+
+    shipped = _shipped(dev, args)
+    dt = DTYPES[args.dtype]
+    cuda = dev.type == "cuda"
+    backends = [("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None))] \
+        if cuda else [("math", SDPBackend.MATH)]
+    rows = []
+    for label, b, h, kv, s, d in attention_shapes(args):
+        q = torch.randn(b, h, s, d, device=dev, dtype=dt, requires_grad=True)
+        k = torch.randn(b, kv, s, d, device=dev, dtype=dt, requires_grad=True)
+        v = torch.randn(b, kv, s, d, device=dev, dtype=dt, requires_grad=True)
+        gy = torch.randn(b, h, s, d, device=dev, dtype=dt)
+        fwd_flops = 4.0 * b * h * s * s * d / 2  # causal: half the score matrix (the shipped curves' convention)
+        for impl, backend in backends:
+            if backend is None:
+                continue
+            row: dict[str, Any] = {"label": label, "b": b, "heads": h, "kv_heads": kv, "seq": s, "d": d,
+                                   "impl": impl}
+            try:
+                def f(backend=backend, q=q, k=k, v=v, gqa=kv != h) -> Any:
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+                def fb(f=f, gy=gy) -> None:
+                    f().backward(gy)
+
+                f()
+                fb()
+                tf, tfb = queued_time(dev, f, 5), queued_time(dev, fb, 5)
+                row.update(fwd_s=tf["gpu_s"], bwd_s=tfb["gpu_s"] - tf["gpu_s"], valid=tf["valid"] and tfb["valid"],
+                           fwd_tflops=fwd_flops / tf["gpu_s"] / 1e12,
+                           bwd_tflops=2.5 * fwd_flops / max(tfb["gpu_s"] - tf["gpu_s"], 1e-12) / 1e12)
+                if cuda:
+                    pf = shipped.attention_time(fwd_flops, impl, s, backward=False, causal=True, dtype=args.dtype)
+                    pb = shipped.attention_time(2.5 * fwd_flops, impl, s, backward=True, causal=True,
+                                                dtype=args.dtype)
+                    if pf is not None and pb is not None:
+                        row.update(pred_fwd_s=pf, pred_bwd_s=pb, err_fwd=pf / row["fwd_s"] - 1.0,
+                                   err_bwd=pb / row["bwd_s"] - 1.0 if row["bwd_s"] > 0 else None)
+            except Exception as err:  # an unsupported shape or backend keeps the other rows
+                row["error"] = f"{type(err).__name__}: {err}"[:300]
+            rows.append(row)
+        del q, k, v, gy
+    run.extra["attention"] = rows
+    return rows
+
+
+# --------------------------------------------------------------------------------------- 4. sustained layer
+def sustained_layer_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
+    import torch
+
+    from benchmarks.device_check import SmiSampler, layer_shard, public_layer_specs, smi_summary
+    from profiler.run import DTYPES
+
+    cuda = dev.type == "cuda"
+    seconds = args.sustain_layer_s if args.sustain_layer_s is not None else (20.0 if cuda and not args.quick
+                                                                               else 1.0)
+    cool = 4.0 if cuda and not args.quick else 0.0
+    from torch.nn.attention import SDPBackend
+
+    backend = getattr(SDPBackend, "CUDNN_ATTENTION", None) if cuda else SDPBackend.MATH
+    rows = []
+    for label, spec, b, t, opts in public_layer_specs(args):
+        forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
+        gy = torch.randn_like(x)
+
+        use = [backend]
+
+        def step(forward=forward, x=x, params=params, gy=gy, use=use) -> None:
+            for p in (*params, x):
+                p.grad = None
+            forward(x, use[0]).backward(gy)
+
+        try:
+            step()
+        except Exception:  # no cuDNN attention for this shape: torch's flash
+            use[0] = SDPBackend.FLASH_ATTENTION if cuda else SDPBackend.MATH
+            step()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        one = queued_time(dev, step, 3, tries=1)["gpu_s"]
+        per_chunk = max(1, int(round(0.1 / max(one, 1e-6))))
+        sampler = SmiSampler().start()
+        time.sleep(cool)
+        idle = len(sampler.samples)
+        chunks: list[tuple[float, int]] = []
+        pending: list[Any] = []
+        end = time.monotonic() + seconds
+
+        def collect(item: Any, chunks: list = chunks) -> None:
+            s, e, k = item
+            e.synchronize()
+            chunks.append((s.elapsed_time(e) / 1e3, k))
+
+        while time.monotonic() < end:
+            if cuda:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(per_chunk):
+                    step()
+                e.record()
+                pending.append((s, e, per_chunk))
+                while len(pending) > 2:
+                    collect(pending.pop(0))
+            else:
+                t0 = time.perf_counter()
+                for _ in range(per_chunk):
+                    step()
+                chunks.append((time.perf_counter() - t0, per_chunk))
+        for item in pending:
+            collect(item)
+        samples = sampler.stop()
+        row = {"label": label, "t": t, "b": b, "seq": spec.seq, "attention": str(use[0]).split(".")[-1],
+               "iters_per_chunk": per_chunk, "before_s": one, **chunk_stats(chunks),
+               "smi": smi_summary(samples[:idle], samples[idle:]), "smi_samples": samples}
+        rows.append(row)
+        run.log(f"sustained {label}: first chunk {row['first_chunk_ms']:.3f} ms/iter, first 1 s "
+                f"{row['first_1s_ms']:.3f}, last window {row['last_ms']:.3f} ms/iter (last/first chunk "
+                f"{row['last_over_first_chunk']:.3f})")
+        del forward, x, params, gy
+        if cuda:
+            torch.cuda.empty_cache()
+    run.extra["sustained_layer"] = rows
+    return rows
+
+
+def chunk_stats(chunks: list[tuple[float, int]]) -> dict[str, Any]:
+    """Milliseconds per iteration: first chunk (the burst after the idle pause), first second, last window
+    (the last third, at most 5 s) on the device's own timeline; per-second means."""
+    at, per_second, timeline = 0.0, {}, []
+    for secs, k in chunks:
+        timeline.append((at, secs, k))
+        sec = int(at + secs / 2)
+        tot = per_second.setdefault(sec, [0.0, 0])
+        tot[0] += secs
+        tot[1] += k
+        at += secs
+
+    def window(lo: float, hi: float) -> float:
+        sel = [(s, k) for a, s, k in timeline if lo <= a < hi]
+        return 1e3 * sum(s for s, _ in sel) / max(sum(k for _, k in sel), 1) if sel else float("nan")
+
+    span = min(5.0, at / 3)
+    first = timeline[0][1] / timeline[0][2] * 1e3 if timeline else float("nan")
+    last = window(at - span, at + 1)
+    return {"run_s": at, "iters": sum(k for _, k in chunks), "first_chunk_ms": first, "first_1s_ms": window(0, 1),
+            "last_ms": last, "last_window_s": span, "last_over_first_chunk": last / first if first else float("nan"),
+            "per_second_ms": [round(1e3 * s / k, 4) for _, (s, k) in sorted(per_second.items()) if k]}
+
+
+# ------------------------------------------------------------------------------------------------- summary
+PROBES = (("queued", queued_check, 15), ("dispatch", dispatch_check, 5), ("attention", attention_check, 15),
+          ("sustained_layer", sustained_layer_check, 60))
+
+
+def probes_summary(extra: dict[str, Any]) -> list[str]:
+    def ms(x: Any) -> str:
+        return "-" if x is None else f"{x * 1e3:.4f}"
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x * 100:+.1f}%"
+
+    out: list[str] = []
+    q = extra.get("queued")
+    if q:
+        out += ["QUEUED GEMMs (k issued behind a sleep kernel: kernel time only) vs SYNCED (one op after a "
+                "synchronise, as profile-device times it), against the shipped kernel time:",
+                f"  {'m':>6} {'n':>6} {'k':>6} {'batch':>5} {'GFLOP':>8} {'queued ms':>10} {'TFLOP/s':>8} "
+                f"{'synced ms':>10} {'host ms':>8} {'pred ms':>8} {'err':>7} ok"]
+        for g in q["gemms"]:
+            out.append(f"  {g['m']:>6} {g['n']:>6} {g['k']:>6} {g['batch']:>5} {g['gflop']:>8.3f} "
+                       f"{ms(g['queued_s']):>10} {g['queued_tflops']:>8.1f} {ms(g['synced_s']):>10} "
+                       f"{ms(g['host_s']):>8} {ms(g['pred_s']):>8} {pct(g['err_queued']):>7} "
+                       f"{'y' if g['valid'] else 'n'}")
+        errs = sorted(abs(g["err_queued"]) for g in q["gemms"] if g["valid"])
+        big = sorted(abs(g["err_queued"]) for g in q["gemms"] if g["valid"] and g["gflop"] >= 10)
+        if errs:
+            out.append(f"  median |err| queued: {statistics.median(errs) * 100:.1f}% over {len(errs)}; "
+                       f">= 10 GFLOP: {statistics.median(big) * 100 if big else float('nan'):.1f}% over {len(big)}")
+        out += ["", "gpt2-medium BLOCK fwd / fwd+bwd: queued (kernels), synced (as the profile records), host issue "
+                "time, operator model (shipped):",
+                f"  {'t':>2} {'b':>2} {'queued f':>9} {'queued fb':>9} {'synced f':>9} {'synced fb':>9} "
+                f"{'host f':>8} {'host fb':>8} {'pred f':>8} {'pred fb':>8} {'err f':>7} {'err fb':>7} ok"]
+        for r in q["blocks"]:
+            out.append(f"  {r['t']:>2} {r['b']:>2} {ms(r['queued_fwd_s']):>9} {ms(r['queued_fwd_bwd_s']):>9} "
+                       f"{ms(r['synced_fwd_s']):>9} {ms(r['synced_fwd_bwd_s']):>9} {ms(r['host_fwd_s']):>8} "
+                       f"{ms(r['host_fwd_bwd_s']):>8} {ms(r['pred_fwd_s']):>8} {ms(r['pred_fwd_bwd_s']):>8} "
+                       f"{pct(r['err_fwd']):>7} {pct(r['err_fwd_bwd']):>7} {'y' if r['valid'] else 'n'}")
+        out.append("")
+    d = extra.get("dispatch")
+    if d:
+        out += ["DISPATCH: host seconds to issue one op with the GPU blocked; synced: one op after a synchronise:"]
+        out += [f"  {r['op']:<32} host {r['host_s'] * 1e6:8.1f} us  gpu {r['gpu_s'] * 1e6:8.1f} us  synced "
+                f"{r['synced_s'] * 1e6:8.1f} us  {'ok' if r['valid'] else 'queue ran dry'}" for r in d]
+        out.append("")
+    a = extra.get("attention")
+    if a:
+        out += ["ATTENTION alone (causal SDPA, queued), against the shipped curves:",
+                f"  {'shape':<16} {'b':>2} {'h':>3} {'kv':>3} {'seq':>6} {'impl':<7} {'fwd ms':>8} {'TF/s':>6} "
+                f"{'pred':>8} {'err':>7} {'bwd ms':>8} {'TF/s':>6} {'pred':>8} {'err':>7}"]
+        for r in a:
+            if "error" in r:
+                out.append(f"  {r['label']:<16} {r['impl']:<7} {r['error']}")
+                continue
+            out.append(f"  {r['label']:<16} {r['b']:>2} {r['heads']:>3} {r['kv_heads']:>3} {r['seq']:>6} "
+                       f"{r['impl']:<7} {ms(r['fwd_s']):>8} {r['fwd_tflops']:>6.0f} {ms(r.get('pred_fwd_s')):>8} "
+                       f"{pct(r.get('err_fwd')):>7} {ms(r['bwd_s']):>8} {r['bwd_tflops']:>6.0f} "
+                       f"{ms(r.get('pred_bwd_s')):>8} {pct(r.get('err_bwd')):>7}")
+        out.append("")
+    s = extra.get("sustained_layer")
+    if s:
+        out += ["SUSTAINED LAYER: a public-run layer's fwd+bwd back to back, ms per iteration:"]
+        for r in s:
+            smi = r.get("smi") or {}
+            out.append(f"  {r['label']} t{r['t']} b{r['b']} s{r['seq']} ({r['attention']}): before "
+                       f"{r['before_s'] * 1e3:.3f}, first chunk {r['first_chunk_ms']:.3f}, first 1 s "
+                       f"{r['first_1s_ms']:.3f}, last {r['last_window_s']:.0f} s {r['last_ms']:.3f}; last/first "
+                       f"chunk {r['last_over_first_chunk']:.3f}; {r['iters']} iterations in {r['run_s']:.1f} s")
+            out.append(f"    per second: {' '.join(f'{v:.3f}' for v in r['per_second_ms'])}")
+            for key, st in smi.items():
+                if st:
+                    out.append(f"    {key}: {st}")
+        out.append("")
+    return out
