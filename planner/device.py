@@ -35,6 +35,13 @@ efficiency table each, a memory with an efficiency table by transfer size):
   the GEMM curve through this rule (:func:`ceiling_for_measurement`), so the two stay consistent;
 * ``kernel_overhead_s``: fixed cost per kernel launch (a floor for tiny kernels; on CPU the framework's
   per-op dispatch cost);
+* ``sustained_rate``: the fraction of its burst matrix-engine rate a GPU holds at its power limit under a
+  training run's continuous load. The GEMM ceiling (a MAMF sweep) and the attention figures are burst
+  measurements; an H100 SXM at 700 W lowers its SM clock from 1980 to ~1400 MHz within a second of GEMM-heavy
+  work, and a lone 8192^3 GEMM then runs at 0.86 of its burst rate (measured on a lent H100, the device file's
+  ``sources``). GEMM and fused-attention kernels run at this fraction (:meth:`DeviceSpec.kernel_time`,
+  :meth:`DeviceSpec.attention_time`); memory-bound kernels do not (the HBM clock is not lowered). 1.0 where it
+  is not measured;
 * ``collective_efficiency``: how NCCL's collectives among these devices use a link, per link class
   (``intra``: NVLink inside a node, ``inter``: the node's network, per GPU): the large-message bus bandwidth
   of each collective as a fraction of the link's peak (nccl-tests ``busbw``, measured) and NCCL's
@@ -289,6 +296,10 @@ class DeviceSpec(BaseModel):
         default_factory=dict, description="fused attention implementation -> its measured efficiency")
     memory_efficiency: Curve = Field(description="efficiency of memory-bound kernels by MB moved")
     kernel_overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per kernel")
+    sustained_rate: float = Field(
+        default=1.0, gt=0, le=1, allow_inf_nan=False,
+        description="matrix-engine rate held at the power limit under a training run's continuous load, as a "
+                    "fraction of the burst rate the GEMM and attention figures describe")
     collective_efficiency: CollectiveModel | None = Field(
         default=None, description="NCCL collectives per link class (bus bandwidth by size)")
     processing: Literal["roofline", "no_overlap"] = Field(
@@ -403,7 +414,8 @@ class DeviceSpec(BaseModel):
         in all (module docstring: the measured MAMF is a whole kernel's time at the sweep's best shape)."""
         if gemm is not None:
             m, n, k, batch = gemm
-            t_c = flops / (self.peak(dtype) * self.gemm_eff(m, n, k, batch, dtype)) if flops > 0 else 0.0
+            t_c = flops / (self.peak(dtype) * self.gemm_eff(m, n, k, batch, dtype) * self.sustained_rate) \
+                if flops > 0 else 0.0
         else:
             t_c = flops / self.vector_peak(dtype) if flops > 0 else 0.0
         t_m = nbytes / (self.memory_bandwidth * self.mem_eff(nbytes)) if nbytes > 0 else 0.0
@@ -412,7 +424,7 @@ class DeviceSpec(BaseModel):
         if gemm is not None and flops > 0:
             ceiling = self.gemm_ceiling(dtype)
             if ceiling is not None:
-                return max(total, flops / ceiling)
+                return max(total, flops / (ceiling * self.sustained_rate))
         return total
 
     def attention_time(self, flops: float, implementation: str, seq: int, *, backward: bool, causal: bool,
@@ -427,7 +439,7 @@ class DeviceSpec(BaseModel):
         if flops <= 0:
             return self.kernel_overhead_s
         eff = table.efficiency(seq, backward=backward, causal=causal)
-        return max(flops / (self.peak(dtype) * eff), self.kernel_overhead_s)
+        return max(flops / (self.peak(dtype) * eff * self.sustained_rate), self.kernel_overhead_s)
 
     def collectives(self, link: str) -> LinkCollectives | None:
         """The collective model of link class ``link`` (``"intra"``/``"inter"``), or None."""
