@@ -1398,7 +1398,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default=None,
                    help="comma-separated phases to run (default all): machine is always run; device, profile, "
                         "check, chunks, layers, eager, fp8, contention, sustained, and benchmarks/device_probes.py's "
-                        "queued, dispatch, attention, sustained_layer")
+                        "queued, dispatch, attention, sustained_layer, duty_cycle")
+    p.add_argument("--duty-s", type=float, default=None,
+                   help="duty_cycle: seconds per pattern (default 12; quick / CPU 0.5)")
     p.add_argument("--sustain-layer-s", type=float, default=None,
                    help="sustained_layer: seconds per layer (default 20; quick / CPU 1)")
     p.add_argument("--shipped", default=None, help="the shipped description to predict with (default: by name)")

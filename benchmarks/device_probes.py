@@ -20,6 +20,9 @@ That run (benchmarks/DEVICE_CHECK.md, "First run") found four things these phase
    ``nvidia-smi`` sampled alongside. The first run's sustained 8192^3 GEMM fell from 780 TFLOP/s (10 GEMMs) to
    670-687 (SM clock 1980 -> ~1330 MHz at the 700 W cap) within the first second; a training step mixes
    GEMMs with memory-bound kernels, so how much of that throttling does a real layer see?
+5. ``duty_cycle``: GPT-3 175B's layer in bursts with the GPU idle between them (a step's bubble and exposed
+   communication): does the clock recover in the gaps, so that a run with an idle share holds more than the
+   busy sustained rate?
 """
 
 from __future__ import annotations
@@ -333,9 +336,86 @@ def chunk_stats(chunks: list[tuple[float, int]]) -> dict[str, Any]:
             "per_second_ms": [round(1e3 * s / k, 4) for _, (s, k) in sorted(per_second.items()) if k]}
 
 
+# ------------------------------------------------------------------------------------------------ 5. duty
+#: (label, iterations per burst, idle milliseconds after each burst): the idle share of a training step (pipeline
+#: bubble, exposed collectives) at two granularities
+DUTY_PATTERNS = (("busy", 10, 0.0), ("10 it + 20 ms idle", 10, 20.0), ("10 it + 45 ms idle", 10, 45.0),
+                 ("2 it + 4 ms idle", 2, 4.0))
+
+
+def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
+    """GPT-3 175B's public-run layer (forward + backward) in bursts with the GPU idle between them: the layer's
+    time per iteration over the last half of ``--duty-s`` seconds per pattern, against the same layer right
+    after a rest. Does a step's idle share (bubble, exposed communication) let the clock recover, so that a
+    run with gaps holds more than the busy ``sustained_rate``?"""
+    import torch
+
+    from benchmarks.device_check import SmiSampler, layer_shard, public_layer_specs, smi_summary
+    from profiler.run import DTYPES
+
+    cuda = dev.type == "cuda"
+    seconds = args.duty_s if args.duty_s is not None else (12.0 if cuda and not args.quick else 0.5)
+    from torch.nn.attention import SDPBackend
+
+    label, spec, b, t, opts = public_layer_specs(args)[0]
+    forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
+    gy = torch.randn_like(x)
+    backend = [getattr(SDPBackend, "CUDNN_ATTENTION", None) if cuda else SDPBackend.MATH]
+
+    def step() -> None:
+        for p in (*params, x):
+            p.grad = None
+        forward(x, backend[0]).backward(gy)
+
+    try:
+        step()
+    except Exception:  # no cuDNN attention for this shape: torch's flash
+        backend[0] = SDPBackend.FLASH_ATTENTION if cuda else SDPBackend.MATH
+        step()
+    rows = []
+    for name, burst, idle_ms in DUTY_PATTERNS:
+        if cuda:
+            torch.cuda.synchronize(dev)
+        time.sleep(3.0 if cuda and not args.quick else 0.0)  # rest: each pattern starts from a cool GPU
+        rested = queued_time(dev, step, 3, tries=1)["gpu_s"]
+        sampler = SmiSampler().start()
+        samples: list[tuple[float, float, int]] = []  # (start on the wall clock, busy seconds, iterations)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            at = time.monotonic() - t0
+            if cuda:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(burst):
+                    step()
+                e.record()
+                e.synchronize()
+                busy = s.elapsed_time(e) / 1e3
+            else:
+                t1 = time.perf_counter()
+                for _ in range(burst):
+                    step()
+                busy = time.perf_counter() - t1
+            samples.append((at, busy, burst))
+            if idle_ms > 0:
+                time.sleep(idle_ms / 1e3)
+        smi = sampler.stop()
+        late = [(bs, k) for at, bs, k in samples if at >= seconds / 2] or [(bs, k) for _, bs, k in samples]
+        per_iter = sum(bs for bs, _ in late) / sum(k for _, k in late)
+        wall = time.monotonic() - t0
+        duty = sum(bs for _, bs, _ in samples) / wall if wall > 0 else float("nan")
+        rows.append({"pattern": name, "burst_iters": burst, "idle_ms": idle_ms, "rested_ms": rested * 1e3,
+                     "late_ms": per_iter * 1e3, "late_over_rested": per_iter / rested if rested else None,
+                     "busy_share": duty, "smi": smi_summary([], smi)})
+        run.log(f"duty {name}: rested {rested * 1e3:.3f} ms, second half {per_iter * 1e3:.3f} ms per iteration "
+                f"(x{per_iter / rested:.3f}), busy {duty:.0%}")
+    run.extra["duty_cycle"] = rows
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------- summary
 PROBES = (("queued", queued_check, 15), ("dispatch", dispatch_check, 5), ("attention", attention_check, 15),
-          ("sustained_layer", sustained_layer_check, 60))
+          ("sustained_layer", sustained_layer_check, 60), ("duty_cycle", duty_cycle_check, 60))
 
 
 def probes_summary(extra: dict[str, Any]) -> list[str]:
@@ -391,6 +471,18 @@ def probes_summary(extra: dict[str, Any]) -> list[str]:
                        f"{r['impl']:<7} {ms(r['fwd_s']):>8} {r['fwd_tflops']:>6.0f} {ms(r.get('pred_fwd_s')):>8} "
                        f"{pct(r.get('err_fwd')):>7} {ms(r['bwd_s']):>8} {r['bwd_tflops']:>6.0f} "
                        f"{ms(r.get('pred_bwd_s')):>8} {pct(r.get('err_bwd')):>7}")
+        out.append("")
+    dc = extra.get("duty_cycle")
+    if dc:
+        out += ["DUTY CYCLE: GPT-3 175B's layer in bursts with the GPU idle between them (ms per iteration, second "
+                "half of each pattern, against the layer after a rest):"]
+        for r in dc:
+            clk = (r.get("smi") or {}).get("busy_clocks.sm")
+            pw = (r.get("smi") or {}).get("busy_power.draw")
+            out.append(f"  {r['pattern']:<20} rested {r['rested_ms']:.3f}  late {r['late_ms']:.3f}  x"
+                       f"{r['late_over_rested']:.3f}  busy {r['busy_share']:.0%}"
+                       + (f"  SM clock median {clk['median']:g}" if clk else "")
+                       + (f"  power median {pw['median']:g}" if pw else ""))
         out.append("")
     s = extra.get("sustained_layer")
     if s:

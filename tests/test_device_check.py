@@ -39,7 +39,8 @@ def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) ->
     machine = json.loads((out / "machine.json").read_text())
     assert [p["phase"] for p in machine["phases"]] == ["machine", "device", "profile", "check", "chunks", "layers",
                                                         "eager", "fp8", "contention", "queued", "dispatch",
-                                                        "attention", "sustained_layer", "sustained"]
+                                                        "attention", "sustained_layer", "duty_cycle",
+                                                        "sustained"]
     # the contention stand-in is two Triton kernels on a second CUDA stream: skipped on the CPU, saying why
     assert all(p["status"] == "done" for p in machine["phases"] if p["phase"] != "contention")
     (cont,) = [p for p in machine["phases"] if p["phase"] == "contention"]
@@ -104,7 +105,8 @@ def test_shell_entry_skips_what_the_budget_does_not_allow(tmp_path: Path) -> Non
     assert phases == {"machine": "done", "device": "skipped", "profile": "skipped", "check": "skipped",
                       "chunks": "skipped", "layers": "skipped", "eager": "skipped", "fp8": "skipped",
                       "contention": "skipped", "queued": "skipped", "dispatch": "skipped",
-                      "attention": "skipped", "sustained_layer": "skipped", "sustained": "done"}
+                      "attention": "skipped", "sustained_layer": "skipped", "duty_cycle": "skipped",
+                      "sustained": "done"}
     assert "phase device: skipped" in (out / "log.txt").read_text()
     assert "SUSTAINED vs BURST" in (out / "summary.txt").read_text()
 
