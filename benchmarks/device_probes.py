@@ -233,37 +233,66 @@ def attention_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
     return rows
 
 
+def events_seconds(dev: Any, fn: Any, k: int) -> float:
+    """Seconds of ``k`` calls of ``fn`` back to back: between two CUDA events (waited for), or the wall clock
+    on the CPU."""
+    import torch
+
+    if dev.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(k):
+            fn()
+        return time.perf_counter() - t
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(k):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def layer_step(args: argparse.Namespace, dev: Any, spec: Any, b: int, t: int, opts: Any) -> tuple[Any, str]:
+    """One public-run layer's forward + backward as a call (``device_check.layer_shard``; gradients cleared
+    each time), on cuDNN's attention where it takes the shape, else torch's flash (math on the CPU): (the
+    call, the backend's name)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from benchmarks.device_check import layer_shard
+    from profiler.run import DTYPES
+
+    cuda = dev.type == "cuda"
+    forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
+    gy = torch.randn_like(x)
+    use = [getattr(SDPBackend, "CUDNN_ATTENTION", None) if cuda else SDPBackend.MATH]
+
+    def step() -> None:
+        for p in (*params, x):
+            p.grad = None
+        forward(x, use[0]).backward(gy)
+
+    try:
+        step()
+    except Exception:  # no cuDNN attention for this shape: torch's flash
+        use[0] = SDPBackend.FLASH_ATTENTION if cuda else SDPBackend.MATH
+        step()
+    return step, str(use[0]).split(".")[-1]
+
+
 # --------------------------------------------------------------------------------------- 4. sustained layer
 def sustained_layer_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
     import torch
 
-    from benchmarks.device_check import SmiSampler, layer_shard, public_layer_specs, smi_summary
-    from profiler.run import DTYPES
+    from benchmarks.device_check import SmiSampler, public_layer_specs, smi_summary
 
     cuda = dev.type == "cuda"
     seconds = args.sustain_layer_s if args.sustain_layer_s is not None else (20.0 if cuda and not args.quick
                                                                                else 1.0)
     cool = 4.0 if cuda and not args.quick else 0.0
-    from torch.nn.attention import SDPBackend
-
-    backend = getattr(SDPBackend, "CUDNN_ATTENTION", None) if cuda else SDPBackend.MATH
     rows = []
     for label, spec, b, t, opts in public_layer_specs(args):
-        forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
-        gy = torch.randn_like(x)
-
-        use = [backend]
-
-        def step(forward=forward, x=x, params=params, gy=gy, use=use) -> None:
-            for p in (*params, x):
-                p.grad = None
-            forward(x, use[0]).backward(gy)
-
-        try:
-            step()
-        except Exception:  # no cuDNN attention for this shape: torch's flash
-            use[0] = SDPBackend.FLASH_ATTENTION if cuda else SDPBackend.MATH
-            step()
+        step, backend_name = layer_step(args, dev, spec, b, t, opts)
         if cuda:
             torch.cuda.synchronize(dev)
         one = queued_time(dev, step, 3, tries=1)["gpu_s"]
@@ -298,14 +327,14 @@ def sustained_layer_check(run: Any, args: argparse.Namespace, dev: Any) -> list[
         for item in pending:
             collect(item)
         samples = sampler.stop()
-        row = {"label": label, "t": t, "b": b, "seq": spec.seq, "attention": str(use[0]).split(".")[-1],
+        row = {"label": label, "t": t, "b": b, "seq": spec.seq, "attention": backend_name,
                "iters_per_chunk": per_chunk, "before_s": one, **chunk_stats(chunks),
                "smi": smi_summary(samples[:idle], samples[idle:]), "smi_samples": samples}
         rows.append(row)
         run.log(f"sustained {label}: first chunk {row['first_chunk_ms']:.3f} ms/iter, first 1 s "
                 f"{row['first_1s_ms']:.3f}, last window {row['last_ms']:.3f} ms/iter (last/first chunk "
                 f"{row['last_over_first_chunk']:.3f})")
-        del forward, x, params, gy
+        del step
         if cuda:
             torch.cuda.empty_cache()
     run.extra["sustained_layer"] = rows
@@ -350,28 +379,12 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
     run with gaps holds more than the busy ``sustained_rate``?"""
     import torch
 
-    from benchmarks.device_check import SmiSampler, layer_shard, public_layer_specs, smi_summary
-    from profiler.run import DTYPES
+    from benchmarks.device_check import SmiSampler, public_layer_specs, smi_summary
 
     cuda = dev.type == "cuda"
     seconds = args.duty_s if args.duty_s is not None else (12.0 if cuda and not args.quick else 0.5)
-    from torch.nn.attention import SDPBackend
-
     label, spec, b, t, opts = public_layer_specs(args)[0]
-    forward, x, params = layer_shard(spec, b, t, opts.dropout, dev, DTYPES[args.dtype])
-    gy = torch.randn_like(x)
-    backend = [getattr(SDPBackend, "CUDNN_ATTENTION", None) if cuda else SDPBackend.MATH]
-
-    def step() -> None:
-        for p in (*params, x):
-            p.grad = None
-        forward(x, backend[0]).backward(gy)
-
-    try:
-        step()
-    except Exception:  # no cuDNN attention for this shape: torch's flash
-        backend[0] = SDPBackend.FLASH_ATTENTION if cuda else SDPBackend.MATH
-        step()
+    step, _ = layer_step(args, dev, spec, b, t, opts)
     rows = []
     for name, burst, idle_ms in DUTY_PATTERNS:
         if cuda:
@@ -383,19 +396,7 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             at = time.monotonic() - t0
-            if cuda:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(burst):
-                    step()
-                e.record()
-                e.synchronize()
-                busy = s.elapsed_time(e) / 1e3
-            else:
-                t1 = time.perf_counter()
-                for _ in range(burst):
-                    step()
-                busy = time.perf_counter() - t1
+            busy = events_seconds(dev, step, burst)
             samples.append((at, busy, burst))
             if idle_ms > 0:
                 time.sleep(idle_ms / 1e3)
@@ -404,7 +405,7 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
         per_iter = sum(bs for bs, _ in late) / sum(k for _, k in late)
         wall = time.monotonic() - t0
         duty = sum(bs for _, bs, _ in samples) / wall if wall > 0 else float("nan")
-        rows.append({"pattern": name, "burst_iters": burst, "idle_ms": idle_ms, "rested_ms": rested * 1e3,
+        rows.append({"layer": label, "pattern": name, "burst_iters": burst, "idle_ms": idle_ms, "rested_ms": rested * 1e3,
                      "late_ms": per_iter * 1e3, "late_over_rested": per_iter / rested if rested else None,
                      "busy_share": duty, "smi": smi_summary([], smi)})
         run.log(f"duty {name}: rested {rested * 1e3:.3f} ms, second half {per_iter * 1e3:.3f} ms per iteration "
@@ -474,8 +475,8 @@ def probes_summary(extra: dict[str, Any]) -> list[str]:
         out.append("")
     dc = extra.get("duty_cycle")
     if dc:
-        out += ["DUTY CYCLE: GPT-3 175B's layer in bursts with the GPU idle between them (ms per iteration, second "
-                "half of each pattern, against the layer after a rest):"]
+        out += [f"DUTY CYCLE: the {dc[0]['layer']} layer in bursts with the GPU idle between them (ms per iteration, "
+                "second half of each pattern, against the layer after a rest):"]
         for r in dc:
             clk = (r.get("smi") or {}).get("busy_clocks.sm")
             pw = (r.get("smi") or {}).get("busy_power.draw")
