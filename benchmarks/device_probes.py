@@ -405,7 +405,8 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
         per_iter = sum(bs for bs, _ in late) / sum(k for _, k in late)
         wall = time.monotonic() - t0
         duty = sum(bs for _, bs, _ in samples) / wall if wall > 0 else float("nan")
-        rows.append({"layer": label, "pattern": name, "burst_iters": burst, "idle_ms": idle_ms, "rested_ms": rested * 1e3,
+        rows.append({"layer": label, "pattern": name, "burst_iters": burst, "idle_ms": idle_ms,
+                     "rested_ms": rested * 1e3,
                      "late_ms": per_iter * 1e3, "late_over_rested": per_iter / rested if rested else None,
                      "busy_share": duty, "smi": smi_summary([], smi)})
         run.log(f"duty {name}: rested {rested * 1e3:.3f} ms, second half {per_iter * 1e3:.3f} ms per iteration "
