@@ -366,10 +366,12 @@ def chunk_stats(chunks: list[tuple[float, int]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ 5. duty
-#: (label, iterations per burst, idle milliseconds after each burst): the idle share of a training step (pipeline
-#: bubble, exposed collectives) at two granularities
-DUTY_PATTERNS = (("busy", 10, 0.0), ("10 it + 20 ms idle", 10, 20.0), ("10 it + 45 ms idle", 10, 45.0),
-                 ("2 it + 4 ms idle", 2, 4.0))
+#: (label, iterations per burst, milliseconds of gap after each burst, what fills the gap): the idle share of a
+#: training step (pipeline bubble) at two granularities, and gaps filled by a collective's stand-in (24 blocks
+#: copying 128 MiB buffers: an exposed collective's SMs and memory traffic, what NCCL draws power for)
+DUTY_PATTERNS = (("busy", 10, 0.0, "idle"), ("10 it + 20 ms idle", 10, 20.0, "idle"),
+                 ("10 it + 45 ms idle", 10, 45.0, "idle"), ("2 it + 4 ms idle", 2, 4.0, "idle"),
+                 ("10 it + 20 ms copy", 10, 20.0, "copy"), ("10 it + 45 ms copy", 10, 45.0, "copy"))
 
 
 def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
@@ -385,8 +387,11 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
     seconds = args.duty_s if args.duty_s is not None else (12.0 if cuda and not args.quick else 0.5)
     label, spec, b, t, opts = public_layer_specs(args)[0]
     step, _ = layer_step(args, dev, spec, b, t, opts)
+    gap_copy = _copy_gap(dev) if cuda else None
     rows = []
-    for name, burst, idle_ms in DUTY_PATTERNS:
+    for name, burst, idle_ms, fill in DUTY_PATTERNS:
+        if fill == "copy" and gap_copy is None:
+            continue
         if cuda:
             torch.cuda.synchronize(dev)
         time.sleep(3.0 if cuda and not args.quick else 0.0)  # rest: each pattern starts from a cool GPU
@@ -398,7 +403,9 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
             at = time.monotonic() - t0
             busy = events_seconds(dev, step, burst)
             samples.append((at, busy, burst))
-            if idle_ms > 0:
+            if idle_ms > 0 and fill == "copy":
+                gap_copy(idle_ms / 1e3)
+            elif idle_ms > 0:
                 time.sleep(idle_ms / 1e3)
         smi = sampler.stop()
         late = [(bs, k) for at, bs, k in samples if at >= seconds / 2] or [(bs, k) for _, bs, k in samples]
@@ -413,6 +420,35 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
                 f"(x{per_iter / rested:.3f}), busy {duty:.0%}")
     run.extra["duty_cycle"] = rows
     return rows
+
+
+def _copy_gap(dev: Any) -> Any:
+    """A call that keeps 24 blocks copying a 128 MiB buffer for about ``seconds`` and waits for them
+    (device_check's contention stand-in), or None where Triton is missing."""
+    import torch
+
+    try:
+        from benchmarks.device_check import CONTENTION_BLOCKS, CONTENTION_WARPS, _contention_kernels
+
+        _, copy = _contention_kernels()
+    except Exception:
+        return None
+    src = torch.randn(64 * 2**20, device=dev, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+
+    def launch(passes: int) -> None:
+        copy[(CONTENTION_BLOCKS,)](src, dst, src.numel(), passes, BLOCK=4096, PROGRAMS=CONTENTION_BLOCKS,
+                                   num_warps=CONTENTION_WARPS)
+
+    launch(1)
+    torch.cuda.synchronize(dev)
+    one = events_seconds(dev, lambda: launch(1), 1)
+
+    def gap(seconds: float) -> None:
+        launch(max(1, round(seconds / max(one, 1e-6))))
+        torch.cuda.synchronize(dev)
+
+    return gap
 
 
 # ------------------------------------------------------------------------------------------------- summary
