@@ -297,11 +297,12 @@ def shipped_description(name: str, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def shipped_for(dev: Any, args: argparse.Namespace) -> Any:
-    """The shipped description of the torch device the phases run on (:func:`shipped_description`); looked up
-    inside a phase, so a device without one fails that phase, not the run."""
+    """The shipped description of the torch device the phases run on (:func:`shipped_description`) at its burst
+    rate (:func:`at_burst`: every phase compares short or queued measurements); looked up inside a phase, so a
+    device without one fails that phase, not the run."""
     import torch
 
-    return shipped_description(torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", args)[0]
+    return at_burst(shipped_description(torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", args)[0])
 
 
 def at_burst(shipped: Any) -> Any:
@@ -318,6 +319,7 @@ def layer_check(run: Run, args: argparse.Namespace, config: Any, measured: Any, 
     spec = config.spec()
     sizes = tuple(sorted(set(args.micro_batches)))
     shipped, how = shipped_description(measured.environment.get("device_name", measured.device), args)
+    shipped = at_burst(shipped)  # the profile's layers are short runs
     predicted: dict[str, Any] = {"shipped": analytic_profile(spec, shipped, args.dtype, sizes, tuple(args.tensor),
                                                              opts)}
     descs = {"shipped": f"{shipped.name} ({how})"}
@@ -334,7 +336,7 @@ def layer_check(run: Run, args: argparse.Namespace, config: Any, measured: Any, 
     check = {"model": config.name, "dtype": args.dtype, "device": measured.environment.get("device_name"),
              "descriptions": descs, "options": said, "rows": rows, "median_abs_error": medians,
              "median_abs_error_blocks": block_medians,
-             "gemms": gemm_check(device_spec, at_burst(shipped), args.dtype) if device_spec is not None else None}
+             "gemms": gemm_check(device_spec, shipped, args.dtype) if device_spec is not None else None}
     try:
         check["kernels"] = kernel_table(args, config, shipped, opts)
     except Exception as err:  # noqa: BLE001 - a diagnostic, never fatal
@@ -481,7 +483,7 @@ def chunk_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
     ``chunks`` of them back to back for a cut GEMM) against ``chunks`` times the shipped description's kernel
     time of one chunk at its burst rate. (The first run, 2026-11-27, timed one call after a synchronise, which
     adds the host's ~30 us dispatch: 10% of 175B's 0.22 ms projection.)"""
-    shipped = at_burst(shipped_for(dev, args))
+    shipped = shipped_for(dev, args)
     import torch
 
     from planner.operators import DTYPE_BYTES

@@ -88,9 +88,9 @@ def _gemm_bytes(m: int, n: int, k: int, batch: int, dtype: str) -> float:
 
 def _shipped(dev: Any, args: argparse.Namespace) -> Any:
     """The shipped description at its burst rate: these phases time kernels queued after a rest."""
-    from benchmarks.device_check import at_burst, shipped_for
+    from benchmarks.device_check import shipped_for
 
-    return at_burst(shipped_for(dev, args))
+    return shipped_for(dev, args)
 
 
 def _block_rows(run: Any, args: argparse.Namespace, dev: Any, shipped: Any) -> list[dict]:
