@@ -30,8 +30,9 @@ reduction hidden, the pipeline sends the other way (blocking / non-blocking), th
 or without the attention figures, the other attention implementations, the burst rate (no power limit:
 ``sustained_rate`` 1) and an estimate of a rate that depends on the busy share (:func:`duty_rate`, from the
 lent H100's duty-cycle rows; not the model: the bubble and the optimizer step count as idle, the exposed
-collectives as half idle, :func:`duty_estimate`). Reached 2026-11-27: median |error| 6.6%, worst 14.1%; the
-estimate moves the first rows to 175B -5.9%, 15B +5.0%, 340B +4.4%.
+collectives as half idle, :func:`duty_estimate`). Reached 2026-11-27 with the H100's measured GEMM curve and power
+limit: median |error| 5.4%, worst 11.9%; the estimate moves the first rows to 175B -9.7%, 15B +2.7%, 340B +2.0%
+(from -5.4%, +6.5%, +10.4%).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ Each row is predicted as ``t = 1, D = 1, W = GPUs`` on ``examples/clusters/dgx-h
 
 The same code on the two devices: the A100 rows reach a larger part of the operator model than the H100 rows
 (the README's tables do not say which Composer and torch each ran), so part of the H100 gap is the H100 software
-of 2023 rather than the model. Measured / predicted medians (2026-11-27): A100 0.815; H100 0.785 with the H100's
-power limit (``sustained_rate`` 0.86, measured on a lent H100), 0.701 at the burst rate before it.
+of 2023 rather than the model. Measured / predicted medians (2026-11-27): A100 0.815; H100 0.798 with the H100's
+measured GEMM curve and power limit (``sustained_rate`` 0.86, measured on a lent H100), 0.785 with the power limit
+on the old GEMM rule, 0.701 before either.
 
 Run: ``python benchmarks/fsdp_bench.py`` (a few seconds). Prints figures; asserts nothing.
 """

@@ -290,6 +290,9 @@ class DeviceSpec(BaseModel):
                                           "kernel is timed faster")
     tile: tuple[int, int] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
     sm_count: int | None = Field(default=None, gt=0, description="streaming multiprocessors (wave quantisation)")
+    wave_quantisation: bool = Field(
+        default=True, description="whether GEMMs lose the empty part of their last wave of tiles (False where "
+                                  "the measured GEMM library shows none: the curve is then measured whole kernels)")
     tiles: list[tuple[int, int]] = Field(
         default_factory=list, description="(m, n) output tiles the GEMM library picks among (wave quantisation)")
     attention_efficiency: dict[str, AttentionEfficiency] = Field(
@@ -389,8 +392,11 @@ class DeviceSpec(BaseModel):
         A100 and 256 x 128 tiles). The library picks its tile per shape; we take the best of ``tiles`` (or
         ``tile`` alone where it is set).
         The efficiency curve is the best-shape ceiling (a measured sweep's best shape fills its waves), so
-        this factor is applied on top of it. 1.0 when the device has neither ``tile`` nor ``sm_count``."""
-        if self.sm_count is None:
+        this factor is applied on top of it. 1.0 when the device has neither ``tile`` nor ``sm_count``; only tile
+        quantisation (``tile``) when ``wave_quantisation`` is off (the H100: cuBLAS's Hopper kernels ran 2048 x 9216
+        GEMMs, 4.4 waves of 256 x 128 tiles, at the rate of full-wave ones, and 512-row cuts of them at 0.9 of it,
+        where the wave rule says 0.87 and 0.55; benchmarks/DEVICE_CHECK.md, 'Runs')."""
+        if self.sm_count is None or not self.wave_quantisation:
             if self.tile is None:
                 return 1.0
             tm, tn = self.tile

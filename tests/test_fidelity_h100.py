@@ -17,13 +17,16 @@ batched requests and synchronizes the device), 340B's selective recomputation re
 distributed optimizers make them over the shard) and synchronising by a gradient reduce-scatter and a weight
 all-gather (NCCL's rings), the rotary kernel on Nemotron-4's queries and keys, and what the distributed optimizer's
 overlapped reduce-scatter and all-gather take from the compute beside them (:mod:`planner.contention`), and the
-H100's power limit: GEMM and attention kernels at ``sustained_rate`` 0.86 of their burst rate, with the causal
-attention backward measured on an H100 (the device file's sources; tests/test_h100_layers.py checks the layers
-themselves against a real H100, within 6%). Median |error| 6.6%, worst 14.1% (175B -1.9..-3.1%, 15B +4.7..+8.8%,
-340B +11.8..+14.1%). Before the power limit: 5.1% / 13.7% (175B -12.6..-13.7%, 15B -3.1..-6.7%, 340B +1.2..+3.2%):
-the layers were 15-17% fast against the measured ones, and the errors of the multi-GPU terms hid it (15B's recipe
-overlaps its TP collectives, 18% of its prediction, which is not modelled; 340B's remaining +12% lies in its
-pipeline or TP terms, not in its layer, which is within 2%). 6.1% median before the contention
+H100 measured on a lent H100 (the device file's sources; tests/test_h100_layers.py checks the GEMMs and the layers
+themselves against it): its GEMM curve from GEMMs timed there (roofline, no wave quantisation), its power limit
+(GEMM and attention kernels at ``sustained_rate`` 0.86 of their burst rate) and its causal attention backward.
+Median |error| 5.4%, worst 11.9% (175B -5.2..-6.3%, 15B +2.6..+6.5%, 340B +9.7..+11.9%). With the power limit on
+the old GEMM rule (Calculon's curve scaled to the MAMF, no_overlap, wave quantisation): 6.6% / 14.1% (175B
+-1.9..-3.1%, 15B +4.7..+8.8%, 340B +11.8..+14.1%). Before the power limit: 5.1% / 13.7% (175B -12.6..-13.7%, 15B
+-3.1..-6.7%, 340B +1.2..+3.2%): the layers were 15-17% fast against the measured ones, and the errors of the
+multi-GPU terms hid it (15B's recipe overlaps its TP collectives, 18% of its prediction, which is not modelled;
+340B, 70-80% busy, holds a higher clock than a GPU busy throughout: benchmarks/fidelity_h100_bench.py estimates it).
+6.1% median before the contention
 (15B -4.0..-7.7%); with the gradient passes over the whole model, an all-reduce and no rotary kernel 5.9% / 13.4%;
 with non-blocking sends and no re-run 340B read -2.1..-4.0%). Before: 8.2% / 14.7% with the flash kernel on the GEMM
 curve (at 520-830 TFLOP/s), 10.8% / 14.7% also without the MAMF cap. The TP collectives are 12% (175B), 20% (15B)
@@ -44,7 +47,7 @@ from planner.fidelity import load_tables, median, predict_public, public_runs, t
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")
-GUARD_ROW, GUARD_MEDIAN, GUARD_175B = 0.145, 0.07, 0.04  # reached 14.1% / 6.6%, 175B 3.1% (module docstring)
+GUARD_ROW, GUARD_MEDIAN, GUARD_175B = 0.125, 0.06, 0.07  # reached 11.9% / 5.4%, 175B 6.3% (module docstring)
 
 
 def test_rows_reproduce_the_published_throughput():
@@ -106,8 +109,8 @@ def test_h100_rows_within_the_reached_error():
     errs = [predict_public(r, base, dev).iteration_time / r.measured_seconds() - 1 for r in runs]
     assert max(abs(e) for e in errs) <= GUARD_ROW, errs
     assert median([abs(e) for e in errs]) <= GUARD_MEDIAN, errs
-    # 175B within a few percent (it was 13% fast before the power limit); 15B (TP overlap not modelled) and 340B
-    # predicted slow (module docstring)
+    # 175B within 7% (it was 13% fast before the power limit); 15B (TP overlap not modelled) and 340B predicted
+    # slow (module docstring)
     assert all(abs(e) <= GUARD_175B for r, e in zip(runs, errs, strict=True) if r.model == "gpt3-175b"), errs
     assert all((e > 0) == (r.model != "gpt3-175b") for r, e in zip(runs, errs, strict=True)), errs
 

@@ -4,8 +4,11 @@ Each H100 public run's layer (its 1/t shard, forward + backward, cuDNN attention
 for 20 s on a lent H100 SXM5 at its 700 W power limit. Sustained, each took 10-17% longer per iteration than in a
 short run: the board holds 700 W by lowering the SM clock from 1980 to ~1400-1500 MHz. The shipped H100 description
 states that as ``sustained_rate`` 0.86, taken from a different measurement (a lone 8192^3 GEMM: 670 TFLOP/s
-sustained against 780 in a burst; its ``sources``), not from these layers. With it the model is within 6% of every
-sustained layer (reached -5.8% on 175B, -1.6% on 15B, -1.8% on 340B); at the burst rate it was 15-17% fast.
+sustained against 780 in a burst; its ``sources``), not from these layers, on top of its GEMM curve measured on the
+same H100 (tests/data/h100_gemms_measured.json). The layers are written out in plain torch, so they are predicted
+with PyTorch's eager kernels. The model is within 8.5% of every sustained layer (reached -8.2% on 175B, -1.1% on
+15B, -3.1% on 340B; 175B's 24 heads per GPU run its attention slower than the curves, not modelled); at the burst
+rate it is 13-20% fast against them (and 4-6% fast against the short runs).
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ from planner.operators import layer_operators, time_operators
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = json.loads((ROOT / "tests" / "data" / "h100_layers_measured.json").read_text())
-GUARD = 0.06  # reached 5.8% (module docstring)
+GUARD = 0.085  # reached 8.2% (module docstring)
 
 
 def _layer_ms(row: dict, dev) -> float:
     runs = {r.model: r for r in reversed(public_runs(load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")))}
     run = runs[row["model"]]  # the model's first row, as the device check took it
     assert (run.t, run.micro_batch, run.spec.seq) == (row["t"], row["micro_batch"], row["seq"])
-    opts = replace(run.options(), sequence_parallel=False, dtype="bf16", attention_impl=row["attention_impl"])
+    # the measured layer is written out in plain torch: its norms, activation, dropouts and residual adds run as
+    # PyTorch's eager kernels, not the recipe's fused ones
+    opts = replace(run.options(), sequence_parallel=False, dtype="bf16", attention_impl=row["attention_impl"],
+                   kernels="eager")
     timed = time_operators(layer_operators(run.spec, run.micro_batch, run.t, opts), dev, "bf16")
     return (timed.fwd + timed.bwd) * 1e3
 
@@ -66,14 +72,53 @@ def test_sustained_rate_slows_matrix_kernels_only():
     flops, nbytes = 2.0 * 8192 ** 3, 3 * 2.0 * 8192 ** 2
     t_b, t_s = burst.kernel_time(flops, nbytes, gemm=gemm), dev.kernel_time(flops, nbytes, gemm=gemm)
     assert t_s > t_b * 1.1
-    # the tensor-core part and the MAMF cap are slowed, the operands' streaming and the launch are not
+    # the tensor-core part and the ceiling are slowed, the operands' streaming and the launch are not
     t_c = flops / (dev.peak("bf16") * dev.gemm_eff(*gemm))
     t_m = nbytes / (dev.memory_bandwidth * dev.mem_eff(nbytes))
-    assert t_s == pytest.approx(max(t_c / 0.86 + t_m + dev.kernel_overhead_s,
+    assert dev.processing == "roofline"
+    assert t_s == pytest.approx(max(max(t_c / 0.86, t_m) + dev.kernel_overhead_s,
                                     flops / (dev.gemm_ceiling("bf16") * 0.86)), rel=1e-9)
+    # a memory-bound GEMM (k = 16) keeps its streaming time: the rate does not reach it
+    small = (8192, 8192, 16, 1)
+    f2, b2 = 2.0 * 8192 * 8192 * 16, 2.0 * (2 * 8192 * 16 + 8192 * 8192)
+    assert dev.kernel_time(f2, b2, gemm=small) == pytest.approx(burst.kernel_time(f2, b2, gemm=small), rel=1e-9)
     a_b = burst.attention_time(1e12, "cudnn", 4096, backward=True, causal=True)
     assert dev.attention_time(1e12, "cudnn", 4096, backward=True, causal=True) == pytest.approx(a_b / 0.86)
     assert dev.kernel_time(0, 1e9) == burst.kernel_time(0, 1e9)
     for bad in (0.0, 1.5):
         with pytest.raises(ValidationError, match="sustained_rate"):
             type(dev).model_validate({**dev.model_dump(), "sustained_rate": bad})
+
+
+GEMMS = json.loads((ROOT / "tests" / "data" / "h100_gemms_measured.json").read_text())
+
+
+def _gemm_errors(dev) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in GEMMS["rows"]:
+        m, n, k, b = r["m"], r["n"], r["k"], r["batch"]
+        t = dev.kernel_time(2.0 * m * n * k * b, 2.0 * b * (m * k + k * n + m * n), gemm=(m, n, k, b))
+        out.setdefault(r["set"] if b == 1 else "batched", []).append(t / r["seconds"] - 1)
+    return out
+
+
+def test_gemm_curve_reproduces_the_measured_h100_gemms():
+    """The shipped H100 GEMM description, at its burst rate, against the GEMMs it was measured from (queued on a
+    lent H100): the sweep's median within 5% (reached 4.0%), each of the public runs' GEMMs, whole or cut into
+    TE's 512- and 4096-row chunks, within 7% (reached 4.9% / 6.1%). The rule it replaced (Calculon's curve scaled to
+    the MAMF, no_overlap, wave quantisation) missed the cut GEMMs by 39% (median) and up to 96%;
+    the wave rule alone puts 175B's cuts 35-76% slow."""
+    import statistics
+
+    dev = get_device("H100-SXM5-80GB")
+    assert not dev.wave_quantisation and dev.processing == "roofline"
+    errs = _gemm_errors(dev.model_copy(update={"sustained_rate": 1.0}))
+    assert statistics.median(abs(e) for e in errs["sweep"]) <= 0.05, errs["sweep"]
+    for part in ("public-run whole", "public-run cut"):
+        assert max(abs(e) for e in errs[part]) <= 0.07, (part, errs[part])
+    # with the wave rule back on, 175B's 512-row cuts (144 tiles of 256 x 128 on 132 SMs) are timed 35-76% slow
+    waves = dev.model_copy(update={"sustained_rate": 1.0, "wave_quantisation": True})
+    cut = [e for e, r in zip(_gemm_errors(waves)["public-run cut"],
+                             [r for r in GEMMS["rows"] if r["set"] == "public-run cut"], strict=True)
+           if r["label"].startswith("175b")]
+    assert min(cut) > 0.3, cut

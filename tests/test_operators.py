@@ -351,7 +351,7 @@ def test_wave_quantisation_on_the_a100():
 @pytest.mark.parametrize(("name", "shape", "tflops"), [
     ("A100-SXM4-80GB", (6912, 16384, 2048), 267.9),  # MAMF table (stas00/ml-engineering), bf16, best shape
     ("A100-SXM4-40GB", (6912, 16384, 2048), 267.9),  # the same chip and clocks: the 80 GB part's figure
-    ("H100-SXM5-80GB", (6144, 17920, 2816), 792.1),
+    # the H100's curve is measured whole kernels instead (tests/test_h100_layers.py checks it against them)
 ])
 def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
     """The shipped GEMM curves are anchored on a measured best-shape GEMM through the device's own kernel-time
@@ -377,17 +377,18 @@ def test_shipped_gemm_ceiling_reproduces_the_measured_mamf(name, shape, tflops):
     assert ceiling_for_measurement(roof, m, n, k, tflops) < top
 
 
-@pytest.mark.parametrize(("name", "tflops"), [("A100-SXM4-80GB", 267.9), ("H100-SXM5-80GB", 792.1)])
+@pytest.mark.parametrize(("name", "tflops"), [("A100-SXM4-80GB", 267.9), ("H100-SXM5-80GB", 814.87)])
 def test_no_gemm_is_timed_faster_than_the_measured_mamf(name, tflops):
     """A sweep's maximum achievable matmul FLOPS is the fastest any GEMM ran: every GEMM kernel of the shipped
-    A100/H100 takes at least flops / MAMF (fp16 shares bf16's figure), the rule is max(curve rule, cap), and
-    the cap binds on some large shapes (the no_overlap rule's memory term is small per FLOP at large k)."""
+    A100 takes at least flops / MAMF, the H100's at least flops / its fastest measured GEMM (fp16 shares bf16's
+    figure), at the device's sustained rate; the rule is max(curve rule, cap), and on the A100 the cap binds on
+    some large shapes (the no_overlap rule's memory term is small per FLOP at large k)."""
     import itertools
 
     dev = get_device(name)
     assert dev.gemm_ceiling("bf16") == dev.gemm_ceiling("fp16") == pytest.approx(tflops * 1e12)
     cap = tflops * 1e12 * dev.sustained_rate  # the burst MAMF at the power-limited rate the device states
-    assert "MAMF" in dev.sources["gemm_ceiling_flops"]
+    assert "MAMF" in dev.sources["gemm_ceiling_flops"]  # the H100's cites it for comparison
     uncapped = dev.model_copy(update={"gemm_ceiling_flops": {}})
     assert uncapped.gemm_ceiling("bf16") is None
     binds = 0
@@ -398,7 +399,9 @@ def test_no_gemm_is_timed_faster_than_the_measured_mamf(name, tflops):
         assert flops / t <= cap * (1 + 1e-12)
         assert t == pytest.approx(max(free, flops / cap), rel=1e-12)
         binds += free < flops / cap
-    assert binds > 0
+    # the cap binds on some large shapes under the no_overlap rule (the A100's); the H100's measured curve tops at
+    # 0.81-0.83 of its peak, at or just under its fastest measured GEMM, so it seldom does
+    assert binds > 0 or dev.processing == "roofline"
     # element-wise kernels and devices without a published MAMF are not capped
     assert dev.kernel_time(1e9, 1e6) == uncapped.kernel_time(1e9, 1e6)
     assert get_device("V100-SXM2-32GB").gemm_ceiling("fp16") is None
