@@ -380,13 +380,11 @@ def median_abs(values: list[float]) -> float | None:
 
 def gemm_check(measured_dev: Any, shipped: Any, dtype: str) -> dict:
     """The measured GEMMs against the shipped description's kernel time for the same shapes."""
-    from planner.operators import DTYPE_BYTES
+    from planner.operators import gemm_seconds
 
-    el = DTYPE_BYTES.get(dtype, 2)
     rows = []
     for p in measured_dev.gemm_points:
-        nbytes = el * p.batch * (p.m * p.k + p.k * p.n + p.m * p.n)
-        pred = shipped.kernel_time(p.flops, nbytes, gemm=(p.m, p.n, p.k, p.batch), dtype=dtype)
+        pred = gemm_seconds(shipped, p.m, p.n, p.k, p.batch, dtype)
         rows.append({"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "gflop": p.flops / 1e9,
                      "meas_s": p.seconds, "meas_tflops": p.flops / p.seconds / 1e12, "pred_s": pred,
                      "err": pred / p.seconds - 1.0})
@@ -486,11 +484,11 @@ def chunk_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
     shipped = shipped_for(dev, args)
     import torch
 
-    from planner.operators import DTYPE_BYTES
+    from planner.operators import gemm_seconds
     from profiler.run import DTYPES
     from profiler.timing import time_queued
 
-    dt, el = DTYPES[args.dtype], DTYPE_BYTES.get(args.dtype, 2)
+    dt = DTYPES[args.dtype]
     scale = 1 if dev.type == "cuda" and not args.quick else 16  # the CPU test shrinks every dimension
     rows = []
     for label, m, n, k, chunks in chunk_shapes():
@@ -505,8 +503,7 @@ def chunk_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
 
         meas = time_queued(op, dev, calls=5, tries=args.repeats or 5).gpu_s
         flops = 2.0 * m * n * k
-        pred = chunks * shipped.kernel_time(flops, el * (m * k + k * n + m * n), gemm=(m, n, k, 1),
-                                            dtype=args.dtype)
+        pred = chunks * gemm_seconds(shipped, m, n, k, 1, args.dtype)
         rows.append({"label": label, "m": m, "n": n, "k": k, "chunks": chunks, "meas_s": meas,
                      "meas_tflops": chunks * flops / meas / 1e12, "pred_s": pred, "err": pred / meas - 1.0})
         del a, w, parts
@@ -1091,12 +1088,67 @@ def _num(text: Any) -> float | None:
         return None
 
 
+def events_seconds(dev: Any, fn: Any, k: int) -> float:
+    """Seconds of ``k`` calls of ``fn`` back to back: between two CUDA events (waited for), or the wall clock
+    on the CPU."""
+    import torch
+
+    if dev.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(k):
+            fn()
+        return time.perf_counter() - t
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(k):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def back_to_back(dev: Any, fn: Any, per_chunk: int, seconds: float,
+                 progress: Any = None) -> list[tuple[float, int]]:
+    """``fn`` called back to back for ``seconds``, timed in chunks of ``per_chunk`` calls: (seconds, calls) per
+    chunk on the device's own timeline. On CUDA each chunk is bracketed by events and the host runs at most two
+    chunks ahead, so the GPU's queue never runs dry; on the CPU the wall clock. ``progress(chunks)`` is called
+    every 10 s (partial results written while a long run goes on)."""
+    import torch
+
+    chunks: list[tuple[float, int]] = []
+    pending: deque = deque()
+    end = last = time.monotonic()
+    end += seconds
+
+    def collect(start: Any, stop: Any, k: int) -> None:
+        stop.synchronize()
+        chunks.append((start.elapsed_time(stop) / 1e3, k))
+
+    while time.monotonic() < end:
+        if dev.type == "cuda":
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(per_chunk):
+                fn()
+            stop.record()
+            pending.append((start, stop, per_chunk))
+            while len(pending) > 2:
+                collect(*pending.popleft())
+        else:
+            chunks.append((events_seconds(dev, fn, per_chunk), per_chunk))
+        if progress is not None and time.monotonic() - last > 10:
+            progress(chunks)
+            last = time.monotonic()
+    while pending:
+        collect(*pending.popleft())
+    return chunks
+
+
 def sustained_gemm(run: Run, args: argparse.Namespace, dev: Any, seconds: float, cool: float) -> dict:
     import torch
 
     from profiler.run import DTYPES
 
-    cuda = dev.type == "cuda"
     n = args.gemm_n
     dt = DTYPES[args.dtype]
     a = torch.randn(n, n, device=dev, dtype=dt)
@@ -1104,34 +1156,14 @@ def sustained_gemm(run: Run, args: argparse.Namespace, dev: Any, seconds: float,
     c = torch.empty(n, n, device=dev, dtype=dt)
     flops = 2.0 * n ** 3
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(dev)
-
-    def queued(k: int) -> tuple[Any, Any]:
-        """``k`` back-to-back GEMMs queued on the GPU between two timing events (not waited for)."""
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(k):
-            torch.matmul(a, b, out=c)
-        e.record()
-        return s, e
-
-    def timed(k: int) -> float:
-        """Seconds of ``k`` back-to-back GEMMs (events on CUDA, wall on the CPU)."""
-        if cuda:
-            s, e = queued(k)
-            e.synchronize()
-            return s.elapsed_time(e) / 1e3
-        t = time.perf_counter()
-        for _ in range(k):
-            torch.matmul(a, b, out=c)
-        return time.perf_counter() - t
+    def gemm() -> None:
+        torch.matmul(a, b, out=c)
 
     for _ in range(3):
-        torch.matmul(a, b, out=c)
-    sync()
-    short = timed(10)  # the MAMF-finder / KINDS.md way: mean of 10 after 3 warm-ups
+        gemm()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    short = events_seconds(dev, gemm, 10)  # the MAMF-finder / KINDS.md way: mean of 10 after 3 warm-ups
     result: dict[str, Any] = {"n": n, "dtype": args.dtype, "flops_per_gemm": flops,
                               "short_10_tflops": flops * 10 / short / 1e12, "cool_s": cool, "seconds": seconds}
     per_chunk = max(1, int(round(args.chunk_s / (short / 10))))
@@ -1140,32 +1172,11 @@ def sustained_gemm(run: Run, args: argparse.Namespace, dev: Any, seconds: float,
     time.sleep(cool)  # idle first: the burst starts from a GPU that has rested (clocks, temperature)
     idle_samples = len(sampler.samples)
     run_start = time.monotonic() - sampler.t0
-    chunks: list[tuple[float, int]] = []
-    last_write = time.monotonic()
-    pending: deque = deque()
-    t_end = time.monotonic() + seconds
 
-    def collect(item: Any) -> None:
-        if cuda:
-            s, e, k = item
-            e.synchronize()
-            chunks.append((s.elapsed_time(e) / 1e3, k))
-        else:
-            chunks.append(item)
+    def partial(chunks: list[tuple[float, int]]) -> None:
+        write_json(run.out / "sustained_gemm.json", {**result, **summarise_chunks(chunks, flops), "partial": True})
 
-    while time.monotonic() < t_end:
-        if cuda:
-            pending.append((*queued(per_chunk), per_chunk))
-            while len(pending) > 2:  # keep the GPU's queue full, the CPU at most ~2 chunks ahead
-                collect(pending.popleft())
-        else:
-            collect((timed(per_chunk), per_chunk))
-        if time.monotonic() - last_write > 10:
-            result.update(summarise_chunks(chunks, flops))
-            write_json(run.out / "sustained_gemm.json", {**result, "partial": True})
-            last_write = time.monotonic()
-    while pending:
-        collect(pending.popleft())
+    chunks = back_to_back(dev, gemm, per_chunk, seconds, partial)
     samples = sampler.stop()
     result.update(summarise_chunks(chunks, flops))
     result["smi_fields"] = sampler.fields

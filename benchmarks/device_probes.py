@@ -33,15 +33,6 @@ import time
 from typing import Any
 
 
-def queued_time(dev: Any, issue: Any, k: int, tries: int = 3) -> dict[str, Any]:
-    """:func:`profiler.timing.time_queued` as a row: GPU seconds per call with the calls queued behind a sleep
-    kernel, the host's seconds to issue one, and whether the queue never ran dry."""
-    from profiler.timing import time_queued
-
-    q = time_queued(issue, dev, calls=k, tries=tries)
-    return {"gpu_s": q.gpu_s, "host_s": q.host_s, "valid": q.valid}
-
-
 def synced_time(dev: Any, issue: Any, reps: int = 5) -> float:
     """What :func:`profiler.timing.time_op` records: synchronise, event, one call, event; the median."""
     from profiler.timing import time_op
@@ -54,8 +45,10 @@ def queued_check(run: Any, args: argparse.Namespace, dev: Any) -> dict:
     import torch
 
     from planner.model import PRESETS
+    from planner.operators import gemm_seconds
     from profiler.device import model_shapes, square_shapes
     from profiler.run import DTYPES
+    from profiler.timing import time_queued
 
     shipped = _shipped(dev, args)
     dt = DTYPES[args.dtype]
@@ -67,23 +60,16 @@ def queued_check(run: Any, args: argparse.Namespace, dev: Any) -> dict:
         a = torch.randn(batch, m, kk, device=dev, dtype=dt)
         b = torch.randn(batch, kk, n, device=dev, dtype=dt)
         flops = 2.0 * m * n * kk * batch
-        q = queued_time(dev, lambda a=a, b=b: torch.matmul(a, b), 20 if not args.quick else 3)
+        q = time_queued(lambda a=a, b=b: torch.matmul(a, b), dev, calls=20 if not args.quick else 3)
         s = synced_time(dev, lambda a=a, b=b: torch.matmul(a, b), 5 if not args.quick else 2)
-        pred = shipped.kernel_time(flops, _gemm_bytes(m, n, kk, batch, args.dtype), gemm=(m, n, kk, batch),
-                                   dtype=args.dtype)
-        gemms.append({"m": m, "n": n, "k": kk, "batch": batch, "gflop": flops / 1e9, "queued_s": q["gpu_s"],
-                      "host_s": q["host_s"], "valid": q["valid"], "synced_s": s, "pred_s": pred,
-                      "queued_tflops": flops / q["gpu_s"] / 1e12, "err_queued": pred / q["gpu_s"] - 1.0})
+        pred = gemm_seconds(shipped, m, n, kk, batch, args.dtype)
+        gemms.append({"m": m, "n": n, "k": kk, "batch": batch, "gflop": flops / 1e9, "queued_s": q.gpu_s,
+                      "host_s": q.host_s, "valid": q.valid, "synced_s": s, "pred_s": pred,
+                      "queued_tflops": flops / q.gpu_s / 1e12, "err_queued": pred / q.gpu_s - 1.0})
         del a, b
     out = {"gemms": gemms, "blocks": _block_rows(run, args, dev, shipped)}
     run.extra["queued"] = out
     return out
-
-
-def _gemm_bytes(m: int, n: int, k: int, batch: int, dtype: str) -> float:
-    from planner.operators import DTYPE_BYTES
-
-    return float(batch * (m * k + k * n + m * n) * DTYPE_BYTES[dtype])
 
 
 def _shipped(dev: Any, args: argparse.Namespace) -> Any:
@@ -105,6 +91,7 @@ def _block_rows(run: Any, args: argparse.Namespace, dev: Any, shipped: Any) -> l
     from profiler.layers import make_inputs
     from profiler.run import DTYPES
     from profiler.tensor import without_collectives
+    from profiler.timing import time_queued
 
     config = model_config(args)
     opts, _ = run_options(config, args.dtype)
@@ -125,19 +112,18 @@ def _block_rows(run: Any, args: argparse.Namespace, dev: Any, shipped: Any) -> l
                 def fwd_bwd(layer=layer, x=x, gy=gy) -> None:
                     layer(*x).backward(gy)
 
-                for _ in range(2):
-                    fwd_bwd()
-                qf, qfb = queued_time(dev, fwd, 5), queued_time(dev, fwd_bwd, 5)
+                fwd_bwd()  # the backward's first-call set-up; time_queued warms each timed call itself
+                qf, qfb = time_queued(fwd, dev, calls=5), time_queued(fwd_bwd, dev, calls=5)
                 sf, sfb = synced_time(dev, fwd), synced_time(dev, fwd_bwd)
             pred = time_operators(layer_operators(config.spec(), b, t, opts), shipped, args.dtype)
-            rows.append({"t": t, "b": b, "queued_fwd_s": qf["gpu_s"], "queued_fwd_bwd_s": qfb["gpu_s"],
-                         "host_fwd_s": qf["host_s"], "host_fwd_bwd_s": qfb["host_s"],
-                         "valid": qf["valid"] and qfb["valid"], "synced_fwd_s": sf, "synced_fwd_bwd_s": sfb,
+            rows.append({"t": t, "b": b, "queued_fwd_s": qf.gpu_s, "queued_fwd_bwd_s": qfb.gpu_s,
+                         "host_fwd_s": qf.host_s, "host_fwd_bwd_s": qfb.host_s,
+                         "valid": qf.valid and qfb.valid, "synced_fwd_s": sf, "synced_fwd_bwd_s": sfb,
                          "pred_fwd_s": pred.fwd, "pred_fwd_bwd_s": pred.fwd + pred.bwd,
-                         "err_fwd": pred.fwd / qf["gpu_s"] - 1.0,
-                         "err_fwd_bwd": (pred.fwd + pred.bwd) / qfb["gpu_s"] - 1.0})
-            run.log(f"block t{t} b{b}: queued fwd+bwd {qfb['gpu_s'] * 1e3:.3f} ms, synced {sfb * 1e3:.3f} ms, "
-                    f"host {qfb['host_s'] * 1e3:.3f} ms, predicted {(pred.fwd + pred.bwd) * 1e3:.3f} ms")
+                         "err_fwd": pred.fwd / qf.gpu_s - 1.0,
+                         "err_fwd_bwd": (pred.fwd + pred.bwd) / qfb.gpu_s - 1.0})
+            run.log(f"block t{t} b{b}: queued fwd+bwd {qfb.gpu_s * 1e3:.3f} ms, synced {sfb * 1e3:.3f} ms, "
+                    f"host {qfb.host_s * 1e3:.3f} ms, predicted {(pred.fwd + pred.bwd) * 1e3:.3f} ms")
             del layer, block
     return rows
 
@@ -148,6 +134,7 @@ def dispatch_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
     import torch.nn.functional as F
 
     from profiler.run import DTYPES
+    from profiler.timing import time_queued
 
     dt = DTYPES[args.dtype]
     one = torch.ones(1, device=dev, dtype=dt)
@@ -160,9 +147,8 @@ def dispatch_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
            "layer_norm 8x1024": lambda: F.layer_norm(x, (1024,), g)}
     rows = []
     for name, op in ops.items():
-        op()
-        q = queued_time(dev, op, 200 if not args.quick else 20)
-        rows.append({"op": name, "host_s": q["host_s"], "gpu_s": q["gpu_s"], "valid": q["valid"],
+        q = time_queued(op, dev, calls=200 if not args.quick else 20)
+        rows.append({"op": name, "host_s": q.host_s, "gpu_s": q.gpu_s, "valid": q.valid,
                      "synced_s": synced_time(dev, op, 21)})
     run.extra["dispatch"] = rows
     return rows
@@ -187,6 +173,7 @@ def attention_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from profiler.run import DTYPES
+    from profiler.timing import time_queued
 
     shipped = _shipped(dev, args)
     dt = DTYPES[args.dtype]
@@ -213,12 +200,10 @@ def attention_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
                 def fb(f=f, gy=gy) -> None:
                     f().backward(gy)
 
-                f()
-                fb()
-                tf, tfb = queued_time(dev, f, 5), queued_time(dev, fb, 5)
-                row.update(fwd_s=tf["gpu_s"], bwd_s=tfb["gpu_s"] - tf["gpu_s"], valid=tf["valid"] and tfb["valid"],
-                           fwd_tflops=fwd_flops / tf["gpu_s"] / 1e12,
-                           bwd_tflops=2.5 * fwd_flops / max(tfb["gpu_s"] - tf["gpu_s"], 1e-12) / 1e12)
+                tf, tfb = time_queued(f, dev, calls=5), time_queued(fb, dev, calls=5)
+                row.update(fwd_s=tf.gpu_s, bwd_s=tfb.gpu_s - tf.gpu_s, valid=tf.valid and tfb.valid,
+                           fwd_tflops=fwd_flops / tf.gpu_s / 1e12,
+                           bwd_tflops=2.5 * fwd_flops / max(tfb.gpu_s - tf.gpu_s, 1e-12) / 1e12)
                 if cuda:
                     pf = shipped.attention_time(fwd_flops, impl, s, backward=False, causal=True, dtype=args.dtype)
                     pb = shipped.attention_time(2.5 * fwd_flops, impl, s, backward=True, causal=True,
@@ -232,25 +217,6 @@ def attention_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
         del q, k, v, gy
     run.extra["attention"] = rows
     return rows
-
-
-def events_seconds(dev: Any, fn: Any, k: int) -> float:
-    """Seconds of ``k`` calls of ``fn`` back to back: between two CUDA events (waited for), or the wall clock
-    on the CPU."""
-    import torch
-
-    if dev.type != "cuda":
-        t = time.perf_counter()
-        for _ in range(k):
-            fn()
-        return time.perf_counter() - t
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(k):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def layer_step(args: argparse.Namespace, dev: Any, spec: Any, b: int, t: int, opts: Any) -> tuple[Any, str]:
@@ -285,7 +251,8 @@ def layer_step(args: argparse.Namespace, dev: Any, spec: Any, b: int, t: int, op
 def sustained_layer_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
     import torch
 
-    from benchmarks.device_check import SmiSampler, public_layer_specs, smi_summary
+    from benchmarks.device_check import SmiSampler, back_to_back, public_layer_specs, smi_summary
+    from profiler.timing import time_queued
 
     cuda = dev.type == "cuda"
     seconds = args.sustain_layer_s if args.sustain_layer_s is not None else (20.0 if cuda and not args.quick
@@ -294,39 +261,12 @@ def sustained_layer_check(run: Any, args: argparse.Namespace, dev: Any) -> list[
     rows = []
     for label, spec, b, t, opts in public_layer_specs(args):
         step, backend_name = layer_step(args, dev, spec, b, t, opts)
-        if cuda:
-            torch.cuda.synchronize(dev)
-        one = queued_time(dev, step, 3, tries=1)["gpu_s"]
+        one = time_queued(step, dev, calls=3, tries=1).gpu_s
         per_chunk = max(1, int(round(0.1 / max(one, 1e-6))))
         sampler = SmiSampler().start()
         time.sleep(cool)
         idle = len(sampler.samples)
-        chunks: list[tuple[float, int]] = []
-        pending: list[Any] = []
-        end = time.monotonic() + seconds
-
-        def collect(item: Any, chunks: list = chunks) -> None:
-            s, e, k = item
-            e.synchronize()
-            chunks.append((s.elapsed_time(e) / 1e3, k))
-
-        while time.monotonic() < end:
-            if cuda:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(per_chunk):
-                    step()
-                e.record()
-                pending.append((s, e, per_chunk))
-                while len(pending) > 2:
-                    collect(pending.pop(0))
-            else:
-                t0 = time.perf_counter()
-                for _ in range(per_chunk):
-                    step()
-                chunks.append((time.perf_counter() - t0, per_chunk))
-        for item in pending:
-            collect(item)
+        chunks = back_to_back(dev, step, per_chunk, seconds)
         samples = sampler.stop()
         row = {"label": label, "t": t, "b": b, "seq": spec.seq, "attention": backend_name,
                "iters_per_chunk": per_chunk, "before_s": one, **chunk_stats(chunks),
@@ -380,9 +320,9 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
     time per iteration over the last half of ``--duty-s`` seconds per pattern, against the same layer right
     after a rest. Does a step's idle share (bubble, exposed communication) let the clock recover, so that a
     run with gaps holds more than the busy ``sustained_rate``?"""
-    import torch
 
-    from benchmarks.device_check import SmiSampler, public_layer_specs, smi_summary
+    from benchmarks.device_check import SmiSampler, events_seconds, public_layer_specs, smi_summary
+    from profiler.timing import time_queued
 
     cuda = dev.type == "cuda"
     seconds = args.duty_s if args.duty_s is not None else (12.0 if cuda and not args.quick else 0.5)
@@ -393,10 +333,8 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
     for name, burst, idle_ms, fill in DUTY_PATTERNS:
         if fill == "copy" and gap_copy is None:
             continue
-        if cuda:
-            torch.cuda.synchronize(dev)
         time.sleep(3.0 if cuda and not args.quick else 0.0)  # rest: each pattern starts from a cool GPU
-        rested = queued_time(dev, step, 3, tries=1)["gpu_s"]
+        rested = time_queued(step, dev, calls=3, tries=1).gpu_s
         sampler = SmiSampler().start()
         samples: list[tuple[float, float, int]] = []  # (start on the wall clock, busy seconds, iterations)
         t0 = time.monotonic()
@@ -429,7 +367,7 @@ def _copy_gap(dev: Any) -> Any:
     import torch
 
     try:
-        from benchmarks.device_check import CONTENTION_BLOCKS, CONTENTION_WARPS, _contention_kernels
+        from benchmarks.device_check import CONTENTION_BLOCKS, CONTENTION_WARPS, _contention_kernels, events_seconds
 
         _, copy = _contention_kernels()
     except Exception:

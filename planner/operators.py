@@ -125,6 +125,13 @@ class Kernel:
         return device.kernel_time(self.flops, self.nbytes, gemm=self.gemm, dtype=dtype)
 
 
+def gemm_seconds(device: DeviceSpec, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16") -> float:
+    """One GEMM kernel ``(batch, m, k) @ (batch, k, n)`` on ``device``: the forward kernel of :func:`gemm`
+    (its operands and output streamed once), timed by the device's kernel-time rule. What a measured GEMM is
+    compared with."""
+    return gemm("gemm", m, n, k, DTYPE_BYTES.get(dtype, 2), batch).fwd[0].time(device, dtype)
+
+
 @dataclass(frozen=True)
 class Operator:
     """One operator of the layer: its forward kernels, its backward split into input-gradient (``bwd_i``)

@@ -21,16 +21,17 @@ import pytest
 
 from planner.device import get_device
 from planner.fidelity import load_tables, public_runs
-from planner.operators import layer_operators, time_operators
+from planner.operators import gemm_seconds, layer_operators, time_operators
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = json.loads((ROOT / "tests" / "data" / "h100_layers_measured.json").read_text())
+#: each model's first row, as the device check took it
+RUNS = {r.model: r for r in reversed(public_runs(load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")))}
 GUARD = 0.085  # reached 8.2% (module docstring)
 
 
 def _layer_ms(row: dict, dev) -> float:
-    runs = {r.model: r for r in reversed(public_runs(load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")))}
-    run = runs[row["model"]]  # the model's first row, as the device check took it
+    run = RUNS[row["model"]]
     assert (run.t, run.micro_batch, run.spec.seq) == (row["t"], row["micro_batch"], row["seq"])
     # the measured layer is written out in plain torch: its norms, activation, dropouts and residual adds run as
     # PyTorch's eager kernels, not the recipe's fused ones
@@ -96,9 +97,8 @@ GEMMS = json.loads((ROOT / "tests" / "data" / "h100_gemms_measured.json").read_t
 def _gemm_errors(dev) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for r in GEMMS["rows"]:
-        m, n, k, b = r["m"], r["n"], r["k"], r["batch"]
-        t = dev.kernel_time(2.0 * m * n * k * b, 2.0 * b * (m * k + k * n + m * n), gemm=(m, n, k, b))
-        out.setdefault(r["set"] if b == 1 else "batched", []).append(t / r["seconds"] - 1)
+        t = gemm_seconds(dev, r["m"], r["n"], r["k"], r["batch"])
+        out.setdefault(r["set"] if r["batch"] == 1 else "batched", []).append(t / r["seconds"] - 1)
     return out
 
 
