@@ -205,9 +205,10 @@ def attention_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]:
                            fwd_tflops=fwd_flops / tf.gpu_s / 1e12,
                            bwd_tflops=2.5 * fwd_flops / max(tfb.gpu_s - tf.gpu_s, 1e-12) / 1e12)
                 if cuda:
-                    pf = shipped.attention_time(fwd_flops, impl, s, backward=False, causal=True, dtype=args.dtype)
+                    pf = shipped.attention_time(fwd_flops, impl, s, backward=False, causal=True, dtype=args.dtype,
+                                                heads=b * h)
                     pb = shipped.attention_time(2.5 * fwd_flops, impl, s, backward=True, causal=True,
-                                                dtype=args.dtype)
+                                                dtype=args.dtype, heads=b * h)
                     if pf is not None and pb is not None:
                         row.update(pred_fwd_s=pf, pred_bwd_s=pb, err_fwd=pf / row["fwd_s"] - 1.0,
                                    err_bwd=pb / row["bwd_s"] - 1.0 if row["bwd_s"] > 0 else None)

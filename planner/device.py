@@ -27,8 +27,10 @@ efficiency table each, a memory with an efficiency table by transfer size):
   and backward, with and without a causal mask (:class:`AttentionEfficiency`). The flash kernel's FLOPs
   run at this rate instead of the GEMM curve (:meth:`DeviceSpec.attention_time`): a fused attention kernel
   is not a GEMM (its softmax, masking and online rescaling share the SMs with the two or five matmuls; FA2
-  reaches 35% of the H100's peak where a GEMM reaches 80%); an implementation the device has no figures
-  for falls back to the GEMM curve;
+  reaches 35% of the H100's peak where a GEMM reaches 80%), scaled by how evenly the kernel's thread blocks
+  fill the SMs at the kernel's shape against the papers' shape (:mod:`planner.attention_waves`: a few heads
+  per GPU at micro-batch 1 leave SMs idle); an implementation the device has no figures for falls back to
+  the GEMM curve;
 * ``memory_efficiency``: achieved / peak bandwidth of a memory-bound kernel by the bytes it moves;
 * ``processing``: how a kernel's compute and memory times combine (``roofline``: the larger;
   ``no_overlap``: their sum, Calculon's A100/H100 rule); a measured GEMM ceiling is turned into the top of
@@ -59,11 +61,13 @@ own ``peak_flops`` and ``memory_bandwidth`` with the A100 curves (stated in the 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.attention_waves import balance
 
 if TYPE_CHECKING:
     from planner.cluster import Cluster
@@ -258,6 +262,11 @@ class AttentionEfficiency(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     head_dim: int = Field(gt=0, description="the head dimension of the published figures")
+    reference_heads: int = Field(default=16, gt=0, description="heads of the measured shape (hidden / head_dim)")
+    reference_tokens: int = Field(default=16384, gt=0,
+                                  description="batch x sequence of the measured shape (batch = tokens / seq)")
+    block: int = Field(default=128, gt=0, description="rows per thread block of the kernel's grid "
+                                                      "(planner.attention_waves)")
     fwd: Curve
     bwd: Curve
     fwd_causal: Curve | None = None
@@ -269,6 +278,10 @@ class AttentionEfficiency(BaseModel):
         if curve is None:
             curve = self.bwd if backward else self.fwd
         return curve(seq)
+
+    def reference_heads_at(self, seq: int) -> int:
+        """Batch x heads of the measured shape at sequence length ``seq`` (at least one sequence)."""
+        return self.reference_heads * max(1, self.reference_tokens // seq)
 
 
 class DeviceSpec(BaseModel):
@@ -434,17 +447,23 @@ class DeviceSpec(BaseModel):
         return total
 
     def attention_time(self, flops: float, implementation: str, seq: int, *, backward: bool, causal: bool,
-                       dtype: str = "bf16") -> float | None:
+                       dtype: str = "bf16", heads: int | None = None) -> float | None:
         """Seconds of one fused attention kernel of ``flops`` (the papers' count: :class:`AttentionEfficiency`)
-        by ``implementation`` at sequence length ``seq``: ``flops / (peak * efficiency)``, at least the launch
-        overhead; None where the device has no figures for the implementation or ``dtype`` is not 16-bit
-        (the figures are fp16/bf16), so the caller falls back to the GEMM curve."""
+        by ``implementation`` at sequence length ``seq`` over ``heads`` (batch x heads on this GPU):
+        ``flops / (peak * efficiency)``, at least the launch overhead; None where the device has no figures for
+        the implementation or ``dtype`` is not 16-bit (the figures are fp16/bf16), so the caller falls back to
+        the GEMM curve. Where ``heads`` and ``sm_count`` are known the efficiency is scaled by how evenly the
+        kernel's thread blocks fill the SMs at this shape over how evenly they did at the measured one
+        (:func:`planner.attention_waves.balance`: few heads of one sequence leave SMs idle)."""
         table = self.attention_efficiency.get(implementation)
         if table is None or canonical_dtype(dtype) not in ("bf16", "fp16"):
             return None
         if flops <= 0:
             return self.kernel_overhead_s
         eff = table.efficiency(seq, backward=backward, causal=causal)
+        if heads is not None and self.sm_count is not None:
+            fill = partial(balance, seq=seq, block=table.block, sms=self.sm_count, causal=causal, backward=backward)
+            eff = min(1.0, eff * fill(heads) / fill(table.reference_heads_at(seq)))
         return max(flops / (self.peak(dtype) * eff * self.sustained_rate), self.kernel_overhead_s)
 
     def collectives(self, link: str) -> LinkCollectives | None:

@@ -119,7 +119,8 @@ class Kernel:
     def time(self, device: DeviceSpec, dtype: str) -> float:
         if self.attention is not None and self.gemm is not None:
             impl, causal, backward = self.attention
-            t = device.attention_time(self.flops, impl, self.gemm[0], backward=backward, causal=causal, dtype=dtype)
+            t = device.attention_time(self.flops, impl, self.gemm[0], backward=backward, causal=causal, dtype=dtype,
+                                      heads=self.gemm[3])
             if t is not None:
                 return t
         return device.kernel_time(self.flops, self.nbytes, gemm=self.gemm, dtype=dtype)

@@ -19,8 +19,11 @@ all-gather (NCCL's rings), the rotary kernel on Nemotron-4's queries and keys, a
 overlapped reduce-scatter and all-gather take from the compute beside them (:mod:`planner.contention`), and the
 H100 measured on a lent H100 (the device file's sources; tests/test_h100_layers.py checks the GEMMs and the layers
 themselves against it): its GEMM curve from GEMMs timed there (roofline, no wave quantisation), its power limit
-(GEMM and attention kernels at ``sustained_rate`` 0.86 of their burst rate) and its causal attention backward.
-Median |error| 5.4%, worst 11.9% (175B -5.2..-6.3%, 15B +2.6..+6.5%, 340B +9.7..+11.9%). With the power limit on
+(GEMM and attention kernels at ``sustained_rate`` 0.86 of their burst rate), its causal attention backward and the
+flash kernel's load balance over the SMs at a few heads per GPU (:mod:`planner.attention_waves`; 175B's 24 heads
+of one sequence run at 0.76-0.78 of the papers' shape's rate, 340B's 12 at 0.76-0.79, as measured there).
+Median |error| 5.0%, worst 12.9% (175B -4.0..-5.1%, 15B +2.8..+6.7%, 340B +10.7..+12.9%); before the load
+balance 5.4% / 11.9% (175B -5.2..-6.3%, 15B +2.6..+6.5%, 340B +9.7..+11.9%). With the power limit on
 the old GEMM rule (Calculon's curve scaled to the MAMF, no_overlap, wave quantisation): 6.6% / 14.1% (175B
 -1.9..-3.1%, 15B +4.7..+8.8%, 340B +11.8..+14.1%). Before the power limit: 5.1% / 13.7% (175B -12.6..-13.7%, 15B
 -3.1..-6.7%, 340B +1.2..+3.2%): the layers were 15-17% fast against the measured ones, and the errors of the
@@ -47,7 +50,7 @@ from planner.fidelity import load_tables, median, predict_public, public_runs, t
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")
-GUARD_ROW, GUARD_MEDIAN, GUARD_175B = 0.125, 0.06, 0.07  # reached 11.9% / 5.4%, 175B 6.3% (module docstring)
+GUARD_ROW, GUARD_MEDIAN, GUARD_175B = 0.135, 0.055, 0.06  # reached 12.9% / 5.0%, 175B 5.1% (module docstring)
 
 
 def test_rows_reproduce_the_published_throughput():
