@@ -28,11 +28,11 @@ recipe's overlap could take off), model memory against 80 GiB. Then (unless ``--
 term on the first row of each model, as counterfactual predictions: the TP collectives taken off, the DP
 reduction hidden, the pipeline sends the other way (blocking / non-blocking), the model without the MAMF cap
 or without the attention figures, the other attention implementations, the burst rate (no power limit:
-``sustained_rate`` 1) and an estimate of a rate that depends on the busy share (:func:`duty_rate`, from the
-lent H100's duty-cycle rows; not the model: the bubble and the optimizer step count as idle, the exposed
-collectives as half idle, :func:`duty_estimate`). Reached 2026-11-27 with the H100's measured GEMM curve and power
-limit: median |error| 5.4%, worst 11.9%; the estimate moves the first rows to 175B -9.7%, 15B +2.7%, 340B +2.0%
-(from -5.4%, +6.5%, +10.4%).
+``sustained_rate`` 1) and the busy-throughout rate (the power limit without the clock a step's idle share lets
+the GPU hold: ``power`` off, :mod:`planner.power`). Printed per row too: the matrix-engine rate the step holds
+(``held``, a fraction of the burst rate). Reached 2026-11-27 (session 17) with the held clock and the flash
+kernel's load balance: median |error| 3.2%, worst 9.2% (175B -8.1..-9.2%, 15B -0.8..+3.0%, 340B +2.5..+4.6%);
+with the busy-throughout rate 5.0% / 12.9%; session 16's 5.4% / 11.9%.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main() -> None:
           f"(@ {data['source']['commit'][:10]}), stated t/p/VP/MBS, every TP collective exposed, "
           "no full recomputation")
     print(f"{'row':22s} {'t':>2s} {'p':>2s} {'v':>2s} {'d':>4s} {'GBS':>5s} {'b':>2s} {'TPovl':>5s} {'meas s':>7s} "
-          f"{'pred s':>7s} {'error':>7s} {'TP s':>6s} {'TP %':>5s} {'mem GiB':>7s}")
+          f"{'pred s':>7s} {'error':>7s} {'TP s':>6s} {'TP %':>5s} {'held':>5s} {'mem GiB':>7s}")
     t0 = time.perf_counter()
     errs, cands = [], {}
     for run in runs:
@@ -80,43 +80,13 @@ def main() -> None:
         over = " (over 80 GiB: the run fit)" if max(cand.memory) > base.memory_bytes else ""
         print(f"{run.label:22s} {run.t:2d} {run.p:2d} {run.chunks:2d} {run.d:4d} {run.batch:5d} {run.micro_batch:2d} "
               f"{'yes' if run.recipe.get('tp_comm_overlap') else 'no':>5s} {meas:7.3f} {cand.iteration_time:7.3f} "
-              f"{e:+7.1%} {tp:6.3f} {tp / cand.iteration_time:5.1%} {mem:7.1f}{over}")
+              f"{e:+7.1%} {tp:6.3f} {tp / cand.iteration_time:5.1%} {cand.held_rate or 1.0:5.3f} {mem:7.1f}{over}")
     print(f"{len(errs)} rows: median |error| {median([abs(x) for x in errs]):.1%}, worst "
           f"{max(abs(x) for x in errs):.1%}, median signed {median(errs):+.1%} "
           "(TPovl: the recipe overlaps its TP collectives, not modelled)")
     print(f"({time.perf_counter() - t0:.1f} s)")
     if not args.no_analysis:
         analysis(runs, cands, base, dev)
-
-
-#: the duty-cycle estimate's figures (benchmarks/DEVICE_CHECK.md, 'Runs': the lent H100's power limit, its idle
-#: draw, and the power 175B's layer would draw unthrottled, from its 82%- and 80%-busy rows: 911-928 W)
-POWER_CAP_W, IDLE_W, BURST_W = 700.0, 120.0, 920.0
-
-
-def duty_rate(busy: float, busy_rate: float) -> float:
-    """The matrix rate a GPU holds when it is busy ``busy`` of the time and idle otherwise (an estimate, not the
-    model): the power limit bounds the average, so the busy part may draw ``(cap - (1 - busy) idle) / busy``;
-    the rate rises linearly from ``busy_rate`` (busy throughout, at the cap) to 1 (the unthrottled draw)."""
-    allowed = (POWER_CAP_W - (1 - busy) * IDLE_W) / max(busy, 1e-9)
-    return min(1.0, busy_rate + (1 - busy_rate) * (allowed - POWER_CAP_W) / (BURST_W - POWER_CAP_W))
-
-
-def duty_estimate(run, base, dev, cand) -> tuple[float, float]:
-    """(busy share, iteration seconds) with :func:`duty_rate` in place of the busy ``sustained_rate``: the
-    busy share is what is left of the step after the simulated bubble and the optimizer step (idle) and half of
-    the exposed DP reduction and TP collectives (on the lent H100 a gap filled by a collective's stand-in, 24
-    blocks copying, recovered about half what an idle gap did: x1.100 against x1.075 at 82% busy, x1.127 busy
-    throughout), iterated to a fixed point (three passes)."""
-    busy, t = 1.0, cand.iteration_time
-    for _ in range(3):
-        br = cand.breakdown
-        idle = br.get("bubble", 0.0) + br.get("step", 0.0) + 0.5 * (br.get("allreduce_exposed", 0.0) +
-                                                                     tp_collective_seconds(cand))
-        busy = max(0.0, min(1.0, 1 - idle / cand.iteration_time))
-        cand = predict_public(run, base, dev.model_copy(update={"sustained_rate": duty_rate(busy, dev.sustained_rate)}))
-        t = cand.iteration_time
-    return busy, t
 
 
 def analysis(runs, cands, base, dev) -> None:
@@ -137,11 +107,11 @@ def analysis(runs, cands, base, dev) -> None:
         others = [(f"flash kernel as {x} instead of {impl}",
                    predict_public(run, base, dev, options=replace(run.options(), attention_impl=x)).iteration_time)
                   for x in ATTENTION_IMPLS if x != impl]
-        busy, duty_t = duty_estimate(run, base, dev, cfg)
         rows = [("as configured (TP collectives exposed)", cfg.iteration_time),
                 ("at the burst rate (sustained_rate 1: no power limit)",
                  predict_public(run, base, dev.model_copy(update={"sustained_rate": 1.0})).iteration_time),
-                (f"rate by busy share ({busy:.0%} busy; estimate, not modelled)", duty_t),
+                ("busy-throughout rate (power limit, no held clock)",
+                 predict_public(run, base, dev.model_copy(update={"power": None})).iteration_time),
                 ("TP collectives taken off (ideal overlap bound)", cfg.iteration_time - tp),
                 ("without the MAMF cap on GEMMs",
                  predict_public(run, base, dev.model_copy(update={"gemm_ceiling_flops": {}})).iteration_time),

@@ -67,11 +67,23 @@ def _times(builder, spec: ModelSpec, device: DeviceSpec, dtype: str, t: int, opt
     return {b: time_operators(builder(spec, b, t, opts), device, dtype) for b in micro_batches}
 
 
-def _shard(times: dict[int, PassTimes], recomputed: bool = True) -> ShardTimes:
+def _matrix_share(held: dict[int, PassTimes], burst: dict[int, PassTimes], rate: float) -> dict[int, float]:
+    """Per micro-batch size, the share of the forward + backward time at the held ``rate`` that the matrix
+    engines' rate divides: with ``T = R + M / r``, ``M / (r T) = (T(r) - T(1)) / (T(r) (1 - r))``."""
+    out = {}
+    for b, p in held.items():
+        t_r, t_1 = p.fwd + p.bwd, burst[b].fwd + burst[b].bwd
+        out[b] = min(1.0, max(0.0, (t_r - t_1) / (t_r * (1.0 - rate)))) if t_r > 0 else 0.0
+    return out
+
+
+def _shard(times: dict[int, PassTimes], recomputed: bool = True,
+           matrix_share: dict[int, float] | None = None) -> ShardTimes:
     """``recomputed=False``: a layer full recomputation does not re-run (its backward is the plain one).
     ``bwd_time`` includes a selective re-run of the attention core where the options ask for one; the
-    full-recomputation time does not pay it twice (:attr:`PassTimes.recompute`)."""
-    return ShardTimes(
+    full-recomputation time does not pay it twice (:attr:`PassTimes.recompute`). ``matrix_share``: where the
+    device has a power limit (:func:`_matrix_share`)."""
+    return ShardTimes(matrix_share=matrix_share,
         fwd_time={b: p.fwd for b, p in times.items()}, bwd_time={b: p.bwd for b, p in times.items()},
         recompute_time={b: (p.recompute if recomputed else p.bwd) for b, p in times.items()},
         bwd_input_time={b: p.bwd_i for b, p in times.items()},
@@ -146,10 +158,18 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
             raise ValueError(f"tensor_sizes: t = {t} must divide the {spec.heads} attention heads")
     el = DTYPE_BYTES[dtype.lower()]
     s, h, V = spec.seq, spec.hidden, spec.vocab
+    # a power-limited device: the same operators at the burst rate tell each shard's matrix share (planner.power)
+    burst = dev.model_copy(update={"sustained_rate": 1.0}) if dev.power is not None and dev.sustained_rate < 1 \
+        else None
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
         recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
-        per_t = {t: _shard(_times(builder, spec, dev, dtype, t, opts, micro_batches), recomputed) for t in sizes}
+        per_t = {}
+        for t in sizes:
+            held = _times(builder, spec, dev, dtype, t, opts, micro_batches)
+            share = _matrix_share(held, _times(builder, spec, burst, dtype, t, opts, micro_batches),
+                                  dev.sustained_rate) if burst is not None else None
+            per_t[t] = _shard(held, recomputed, share)
         one = per_t[1]
         return LayerProfile(
             name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,

@@ -53,6 +53,9 @@ class Candidate:
     #: run the same thing (:func:`planner.equivalence.collapse`)
     name: str = ""
     alternatives: list[str] = field(default_factory=list)
+    #: the matrix-engine rate, a fraction of the burst rate, a power-limited GPU holds in this step
+    #: (:mod:`planner.power`); None where the device or profile has no power limit
+    held_rate: float | None = None
     simulation: SimResult | None = field(default=None, repr=False)
     costs: ConfigCosts | None = field(default=None, repr=False)
 
@@ -131,7 +134,7 @@ class Candidate:
             "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
             "compute": self.costs.compute_source if self.costs is not None else None,
             "recompute_granularity": self.recompute_granularity, "kernels": self.kernels,
-            "sequence_parallel": self.sequence_parallel,
+            "sequence_parallel": self.sequence_parallel, "held_rate": self.held_rate,
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]

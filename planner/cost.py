@@ -114,11 +114,12 @@ from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
+from planner.power import PowerLimit, busy_share
 from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed, recompute_granularity
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules.ir import SEND_F, Schedule
-from planner.simulate import Costs
+from planner.simulate import Costs, SimResult
 
 #: PyTorch DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -172,6 +173,29 @@ def ring_allgather(r: int, nbytes: float, link: Link) -> float:
 def _device(device: str) -> DeviceSpec | None:
     """The description of a cluster's device string (:func:`planner.device.find_device`), looked up once."""
     return find_device(device)
+
+
+def power_of(profile: ModelProfile) -> tuple[PowerLimit, float] | None:
+    """(power limit, busy-throughout rate) of the profile's device where it has a power limit below its burst
+    rate and the profile's shards carry their matrix share (operator-model profiles: :mod:`planner.power`);
+    None otherwise (measured times are what they are)."""
+    dev = _device(profile.device)
+    if dev is None or dev.power is None or dev.sustained_rate >= 1.0:
+        return None
+    if not any(st.matrix_share for lay in profile.layers for st in (lay.tensor_times or {}).values()):
+        return None
+    return dev.power, dev.sustained_rate
+
+
+def held_floor(profile: ModelProfile) -> float:
+    """The least factor the held clock (:mod:`planner.power`) can shorten any duration of ``profile`` by:
+    ``1 - m (1 - sustained_rate)`` with ``m`` the largest matrix share of its shards (1 without a power limit)."""
+    power = power_of(profile)
+    if power is None:
+        return 1.0
+    most = max(max(st.matrix_share.values()) for lay in profile.layers for st in (lay.tensor_times or {}).values()
+               if st.matrix_share)
+    return 1.0 - most * (1.0 - power[1])
 
 
 def link_collectives(cluster: Cluster, which: str) -> LinkCollectives | None:
@@ -418,10 +442,11 @@ class ConfigCosts(Costs):
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
-        self._fwd: dict[tuple[int, int], float] = shared["fwd"]
+        #: F (stage, span) / B (stage) durations at the busy-throughout rate and their matrix part
+        self._fwd: dict[tuple[int, int], tuple[float, float]] = shared["fwd"]
         #: :meth:`send_time` per (link class, bytes), shared like the F/B durations (the cluster is the same)
         self._sends: dict[tuple[str, float], float] = shared.setdefault("sends", {})
-        self._bwd: dict[int, float] = shared["bwd"]
+        self._bwd: dict[int, tuple[float, float]] = shared["bwd"]
         #: a blocking runtime's send held by each F (stage, span) / B (stage): of this configuration's placement
         #: (which device, hence which link, the neighbour stage sits on), never shared with the configurations
         #: that share the compute above (an interleaved pipeline of D = 2 and a 1F1B one of D = 8 have the same
@@ -435,6 +460,13 @@ class ConfigCosts(Costs):
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
         self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
+        if "power" not in shared:
+            shared["power"] = power_of(profile) if self.per_t else None
+        #: the profile's device's power limit and busy-throughout rate (:mod:`planner.power`) where the profile's
+        #: shards carry their matrix share, else None; ``relief``: ``1 - sustained_rate / held rate``, the part of
+        #: the matrix time a clock held above the busy-throughout one saves (0 until the search sets it)
+        self.power: tuple[PowerLimit, float] | None = shared["power"]
+        self.relief = 0.0
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
@@ -548,6 +580,31 @@ class ConfigCosts(Costs):
                 out += 3 * self._tp_allreduce(samples * shape.seq * 4.0)
         return out * self.cal.link_scale
 
+    def tp_seconds(self, device: int) -> float:
+        """Seconds per micro-batch of the tensor-parallel collectives on ``device``'s compute stream, as the F
+        and B durations charge them: per stage it holds, the transformer layers' collectives of the forward
+        (:meth:`_tp_comm`) and of the backward (twice with full recomputation), the embedding's and the LM
+        head's (:meth:`_tp_edges`) and the sequence-parallel re-gathers of the backward (:meth:`_sp_regather`)."""
+        b = self.base_b
+        rc = 2 if self.config.recompute else 1
+        per = 0.0
+        for _replica, s in self.held[device]:
+            layers = self._tp_comm(s, b)
+            per += (layers + self._tp_edges(s, b, backward=False)
+                    + rc * layers + self._tp_edges(s, b, backward=True) + self._sp_regather(s, b))
+        return per
+
+    def busy_share(self, res: SimResult, microbatches: int) -> float:
+        """The pipeline's mean busy share of the simulated step ``res`` (:func:`planner.power.busy_share`): per
+        device its compute (the step's time taken out), the tensor-parallel collectives inside it (``N`` micro-
+        batches over the schedule's replicas of each stage) and its exposed data-parallel reduction."""
+        per = []
+        for d, st in enumerate(res.devices):
+            step = st.step[1] - st.step[0]
+            inside = self.tp_seconds(d) * microbatches / max(1, self.schedule.replicas)
+            per.append((st.busy - step, inside, max(0.0, st.step[0] - st.compute_end)))
+        return busy_share(res.makespan, per)
+
     def _blocking_send(self, stage: int, to: int, span: int) -> float:
         """Seconds a blocking runtime holds the compute stream to send stage ``stage``'s boundary tensor to
         stage ``to`` (0 when there is no such stage or both sit on one device) plus the all-gather of the
@@ -581,6 +638,34 @@ class ConfigCosts(Costs):
         i, j = self.stages[stage].layers
         return sums[j] - sums[i]
 
+    def _matrix_sum(self, stage: int, kind: str, samples: float) -> float:
+        """The part of :meth:`_sum_time` that runs on the matrix engines at the held rate (the shards'
+        ``matrix_share``; 0 for layers without one)."""
+        if self.power is None:
+            return 0.0
+        t = self.t
+        key = ("matrix " + kind, samples, t, self.per_t)
+        sums = self._layer_sums.get(key)
+        if sums is None:
+            sums = [0.0]
+            for lay in self.profile.layers:
+                st = lay.tensor_times.get(t) if lay.tensor_times else None
+                v = lay.shard_time(kind, samples, t) if st is not None and st.matrix_share else None
+                sums.append(sums[-1] + (v * st.matrix_share_at(samples) if v is not None else 0.0))
+            self._layer_sums[key] = sums
+        i, j = self.stages[stage].layers
+        return sums[j] - sums[i]
+
+    def _compute_parts(self, stage: int, kind: str, samples: float) -> tuple[float, float]:
+        """(the layers' compute at the busy-throughout rate, its matrix part), calibrated."""
+        scale = self.cal.compute_scale
+        return self._sum_time(stage, kind, samples) * scale, self._matrix_sum(stage, kind, samples) * scale
+
+    def _compute(self, stage: int, kind: str, samples: float) -> float:
+        """The layers' compute at the held clock: :meth:`_compute_parts` less ``relief`` of its matrix part."""
+        total, matrix = self._compute_parts(stage, kind, samples)
+        return total - self.relief * matrix
+
     def fwd(self, stage: int, span: int = 1) -> float:
         v = self._plain_fwd(stage, span)
         if self.fsdp_per_microbatch:
@@ -604,20 +689,20 @@ class ConfigCosts(Costs):
         v = self._fwd.get(key)
         if v is None:
             samples = self.base_b * span
-            v = self._fwd[key] = (self._sum_time(stage, "fwd", samples) * self.cal.compute_scale
-                                  + self._tp_comm(stage, samples) + self._tp_edges(stage, samples, backward=False))
-        return v
+            compute, matrix = self._compute_parts(stage, "fwd", samples)
+            v = self._fwd[key] = (compute + self._tp_comm(stage, samples)
+                                  + self._tp_edges(stage, samples, backward=False), matrix)
+        return v[0] - self.relief * v[1]
 
     def _plain_bwd(self, stage: int) -> float:
         """A B's compute and tensor-parallel collectives, shared as :meth:`_plain_fwd`."""
         v = self._bwd.get(stage)
         if v is None:
-            kind = "recompute" if self.config.recompute else "bwd"
-            v = self._bwd[stage] = (self._sum_time(stage, kind, self.base_b) * self.cal.compute_scale
-                                    + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
+            compute, matrix = self._compute_parts(stage, "recompute" if self.config.recompute else "bwd", self.base_b)
+            v = self._bwd[stage] = (compute + self._tp_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
                                     + self._tp_edges(stage, self.base_b, backward=True)
-                                    + self._sp_regather(stage, self.base_b))
-        return v
+                                    + self._sp_regather(stage, self.base_b), matrix)
+        return v[0] - self.relief * v[1]
 
     def fsdp_extra(self, kind: str, stage: int, span: int = 1) -> float:
         """Of an F, B or I action, the seconds its sharded weights' collectives add to its compute (what the
@@ -691,7 +776,7 @@ class ConfigCosts(Costs):
     def recompute_extra(self, stage: int) -> float:
         if not self.config.recompute:
             return 0.0
-        plain = (self._sum_time(stage, "bwd", self.base_b) * self.cal.compute_scale
+        plain = (self._compute(stage, "bwd", self.base_b)
                  + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True)
                  + self._sp_regather(stage, self.base_b))
         return max(self.bwd(stage) - plain, 0.0)
@@ -743,7 +828,7 @@ class ConfigCosts(Costs):
         if kind == "B":
             return self.bwd(stage)
         if self.per_t:  # the profile's own split: W is the weight-gradient GEMMs, I the rest
-            w = self._sum_time(stage, "bwd_weight", self.base_b) * self.cal.compute_scale
+            w = self._compute(stage, "bwd_weight", self.base_b)
             return w if kind == "W" else self.bwd(stage) - w
         extra = self.recompute_extra(stage)
         half = (self.bwd(stage) - extra) / 2

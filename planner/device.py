@@ -43,7 +43,9 @@ efficiency table each, a memory with an efficiency table by transfer size):
   work, and a lone 8192^3 GEMM then runs at 0.86 of its burst rate (measured on a lent H100, the device file's
   ``sources``). GEMM and fused-attention kernels run at this fraction (:meth:`DeviceSpec.kernel_time`,
   :meth:`DeviceSpec.attention_time`); memory-bound kernels do not (the HBM clock is not lowered). 1.0 where it
-  is not measured;
+  is not measured. It is the rate of a GPU busy throughout; ``power`` (:class:`planner.power.PowerLimit`: the
+  board's limit, idle and burst draw) gives the rate a step that leaves the GPU idle part of the time holds
+  (:func:`planner.power.held_rate`), which the search finds per candidate;
 * ``collective_efficiency``: how NCCL's collectives among these devices use a link, per link class
   (``intra``: NVLink inside a node, ``inter``: the node's network, per GPU): the large-message bus bandwidth
   of each collective as a fraction of the link's peak (nccl-tests ``busbw``, measured) and NCCL's
@@ -68,6 +70,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.attention_waves import balance
+from planner.power import PowerLimit
 
 if TYPE_CHECKING:
     from planner.cluster import Cluster
@@ -316,6 +319,9 @@ class DeviceSpec(BaseModel):
         default=1.0, gt=0, le=1, allow_inf_nan=False,
         description="matrix-engine rate held at the power limit under a training run's continuous load, as a "
                     "fraction of the burst rate the GEMM and attention figures describe")
+    power: PowerLimit | None = Field(
+        default=None, description="board power limit, idle and burst draw: the clock held by busy share "
+                                  "(planner.power); None: sustained_rate whatever the busy share")
     collective_efficiency: CollectiveModel | None = Field(
         default=None, description="NCCL collectives per link class (bus bandwidth by size)")
     processing: Literal["roofline", "no_overlap"] = Field(

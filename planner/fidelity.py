@@ -444,17 +444,7 @@ def tp_collective_seconds(cand: Candidate) -> float:
     costs = cand.costs
     if costs is None:
         raise ValueError("tp_collective_seconds: the candidate was not costed")
-    b = costs.base_b
-    rc = 2 if costs.config.recompute else 1
-    most = 0.0
-    for d in range(costs.schedule.devices):
-        per = 0.0
-        for _replica, s in costs.schedule.stages_on(d):
-            layers = costs._tp_comm(s, b)
-            per += (layers + costs._tp_edges(s, b, backward=False)
-                    + rc * layers + costs._tp_edges(s, b, backward=True) + costs._sp_regather(s, b))
-        most = max(most, per)
-    return most * cand.microbatches
+    return max(costs.tp_seconds(d) for d in range(costs.schedule.devices)) * cand.microbatches
 
 
 @dataclass(frozen=True)

@@ -93,11 +93,18 @@ class ShardTimes(BaseModel):
     transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
     sequence_parallel: bool = False
     source: Literal["measured", "operators"] = "measured"
+    #: (operator-model shards on a device with a power limit) per micro-batch size, the share of the times that
+    #: runs on the matrix engines at the device's held rate (GEMM and fused attention kernels): what a higher
+    #: clock than ``sustained_rate`` shortens (:mod:`planner.power`); absent otherwise
+    matrix_share: dict[int, float] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _validate(self) -> ShardTimes:
         for name in ("fwd_time", "bwd_time", "recompute_time", "bwd_input_time", "bwd_weight_time"):
             _check_times(name, getattr(self, name))
+        for b, share in (self.matrix_share or {}).items():
+            if b < 1 or not 0.0 <= share <= 1.0:
+                raise ValueError(f"matrix_share[{b}]: a share in [0, 1] at a micro-batch size >= 1, got {share}")
         if set(self.fwd_time) != set(self.bwd_time):
             raise ValueError(f"fwd_time and bwd_time must cover the same micro-batch sizes "
                              f"(fwd {sorted(self.fwd_time)}, bwd {sorted(self.bwd_time)})")
@@ -117,6 +124,18 @@ class ShardTimes(BaseModel):
         if table is None:
             raise ValueError(f"kind must be fwd, bwd, recompute, bwd_input or bwd_weight, got {kind!r}")
         return interpolate_time(table, float(b))
+
+    def matrix_share_at(self, b: int | float) -> float:
+        """:attr:`matrix_share` at ``b`` samples: piecewise-linear between the sizes, flat outside; 0 without."""
+        if not self.matrix_share:
+            return 0.0
+        xs = sorted(self.matrix_share)
+        if b <= xs[0]:
+            return self.matrix_share[xs[0]]
+        for lo, hi in zip(xs, xs[1:], strict=False):
+            if b <= hi:
+                return self.matrix_share[lo] + (b - lo) / (hi - lo) * (self.matrix_share[hi] - self.matrix_share[lo])
+        return self.matrix_share[xs[-1]]
 
 
 class LayerProfile(BaseModel):

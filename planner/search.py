@@ -44,7 +44,7 @@ import numpy as np
 from planner.bounds import TimeBounds
 from planner.candidate import Candidate, PlanResult, gib, reason_key
 from planner.cluster import Cluster
-from planner.cost import ConfigCosts
+from planner.cost import ConfigCosts, held_floor
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
 from planner.explain import breakdown, closed_forms
@@ -52,6 +52,7 @@ from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balance_by_cost
+from planner.power import MAX_PASSES, RATE_TOLERANCE, held_rate
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -60,7 +61,7 @@ from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache, Warmup, schedule_key
-from planner.simulate import ScheduleError, simulate
+from planner.simulate import ScheduleError, SimResult, simulate
 
 __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_variants"]
 
@@ -79,6 +80,10 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
+        #: the bounds are of the durations at a power-limited GPU's busy-throughout rate; the clock a candidate
+        #: holds (:mod:`planner.power`, :meth:`evaluate`) shortens each by at most this factor, so a bound times
+        #: it stays below the candidate's time (1 without a power limit)
+        self.bound_scale = held_floor(profile)
         # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
         # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
         me = weakref.proxy(self)
@@ -298,6 +303,8 @@ class Planner:
             return cand
         try:
             res = simulate(sched, costs, compiled=self.shapes.compiled(cfg, sched))
+            if costs.power is not None:
+                res = self._held_clock(cand, costs, sched, res)
         except ScheduleError as e:  # pragma: no cover - builders are validated by the tests
             cand.reason = f"schedule error: {e}"
             return cand
@@ -313,6 +320,23 @@ class Planner:
             cand.reason = (f"out of memory: device {worst} needs {gib(mem[worst])}, "
                            f"{gib(over)} over {gib(self.cluster.memory_bytes)}")
         return cand
+
+    def _held_clock(self, cand: Candidate, costs: ConfigCosts, sched: Schedule, res: SimResult) -> SimResult:
+        """The step at the clock a power-limited GPU holds (:mod:`planner.power`): a fixed point of the rate and
+        the busy share -- simulate, read the busy share, set the held rate (``costs.relief``), simulate again --
+        until the rate moves less than :data:`planner.power.RATE_TOLERANCE` (at most
+        :data:`planner.power.MAX_PASSES` more simulations). The candidate keeps the last simulation's timeline,
+        so its times are those of the lists at that clock."""
+        assert costs.power is not None
+        power, sustained = costs.power
+        for _ in range(MAX_PASSES):
+            rate = held_rate(power, sustained, costs.busy_share(res, cand.microbatches))
+            if abs(rate - sustained / (1.0 - costs.relief)) < RATE_TOLERANCE:
+                break
+            costs.relief = 1.0 - sustained / rate
+            res = simulate(sched, costs, compiled=self.shapes.compiled(cand.config, sched))
+        cand.held_rate = sustained / (1.0 - costs.relief)
+        return res
 
     def out_of_memory(self, cand: Candidate, costs: ConfigCosts, sched: Schedule, exact: bool) -> bool:
         """Where a device holds several stages: reject, before simulating, what the simulation would find
@@ -421,7 +445,7 @@ class Planner:
         simulated = 0
         while prepared:
             lb, i, cand, maybe = heapq.heappop(prepared)
-            if prune and lb > top.kth:
+            if prune and lb * self.bound_scale > top.kth:
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if maybe is None:  # a replicated plan's turn: run PipeDream's program, prepare, back in line
@@ -440,7 +464,7 @@ class Planner:
                 continue
             costs = maybe
             if prune and not cand.refined:
-                if self.refine(cand, costs, top.kth):
+                if self.refine(cand, costs, top.kth / self.bound_scale):
                     rejected[reason_key(cand.reason)] += 1
                     infeasible.append(cand)
                     continue
