@@ -125,6 +125,14 @@ def _print_assumed(console, prof: ModelProfile, req: TrainingRequest) -> None:  
                       "checkpointing)", highlight=False)
 
 
+def _print_clock(console, cands: list) -> None:  # noqa: ANN001
+    """The matrix rate the rows' steps hold under the device's power limit (planner.power), where it has one."""
+    held = [c.held_rate for c in cands if c.held_rate is not None]
+    if held:
+        console.print(f"clock: each row at the matrix rate its busy share holds under the power limit, "
+                      f"{min(held):.2f}-{max(held):.2f} of the burst rate (planner/power.py)", highlight=False)
+
+
 def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
     """The table of ``pipeplan plan`` and the lines under it."""
     from rich.console import Console
@@ -144,6 +152,7 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     resolved, source = resolve_reserve(req, cl)
     console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
                   f"({source})", highlight=False)
+    _print_clock(console, res.candidates)
     if req.shard_parameters:
         console.print(f"model state: {req.bytes_per_param:g} bytes per parameter, all split over the W replicas, "
                       "weights gathered where they compute (--shard-parameters: FSDP)", highlight=False)
@@ -262,6 +271,7 @@ def register(app: typer.Typer) -> None:
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
         console.print("closed forms (s): " + ", ".join(
             f"{k} {v:.4g}" for k, v in cand.closed_forms.items() if v is not None))
+        _print_clock(console, [cand])
         if not cand.fits:
             console.print(f"[red]{cand.reason}[/red]")
 

@@ -99,3 +99,23 @@ def test_search_with_held_clock_is_exact():
     assert [c.label() for c in pruned.candidates] == [c.label() for c in full.candidates]
     assert [c.iteration_time for c in pruned.candidates] == pytest.approx([c.iteration_time for c in full.candidates])
     assert all(0.86 < c.held_rate < 0.9 for c in pruned.candidates)
+
+
+def test_cli_says_the_clock_each_row_holds(tmp_path):
+    """``pipeplan predict`` on an H100 operator-model profile prints the held rate; on the A100 (no power
+    figures) it prints no clock line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    runner = CliRunner()
+    args = ["--cluster", str(ROOT / "examples" / "clusters" / "dgx-h100-80gb.json"), "--global-batch", "64",
+            "--tensor", "8", "--pipeline", "8", "--data", "1", "--micro-batch", "1", "--schedule", "1f1b"]
+    for dev, clock in ((H100, True), (get_device("A100-SXM4-80GB"), False)):
+        path = tmp_path / f"{dev.name}.json"
+        path.write_text(json.dumps(_profile(dev).model_dump(mode="json")))
+        r = runner.invoke(app, ["predict", "--profile", str(path), *args])
+        assert r.exit_code == 0, r.output
+        assert ("clock: each row at the matrix rate" in r.output) == clock, r.output
