@@ -596,12 +596,15 @@ class ConfigCosts(Costs):
 
     def busy_share(self, res: SimResult, microbatches: int) -> float:
         """The pipeline's mean busy share of the simulated step ``res`` (:func:`planner.power.busy_share`): per
-        device its compute (the step's time taken out), the tensor-parallel collectives inside it (``N`` micro-
-        batches over the schedule's replicas of each stage) and its exposed data-parallel reduction."""
+        device its compute (the step's time taken out), the communication inside it -- the tensor-parallel
+        collectives and, with a blocking runtime, the sends each F and B waits for -- (``N`` micro-batches over
+        the schedule's replicas of each stage) and its exposed data-parallel reduction."""
         per = []
         for d, st in enumerate(res.devices):
             step = st.step[1] - st.step[0]
-            inside = self.tp_seconds(d) * microbatches / max(1, self.schedule.replicas)
+            sends = sum(self._held("F", s, 1) + self._held("B", s, 1) for _r, s in self.held[d]) \
+                if self.blocking_p2p else 0.0
+            inside = (self.tp_seconds(d) + sends) * microbatches / max(1, self.schedule.replicas)
             per.append((st.busy - step, inside, max(0.0, st.step[0] - st.compute_end)))
         return busy_share(res.makespan, per)
 

@@ -17,11 +17,12 @@ The rule (:func:`held_rate`): a GPU busy a share ``u`` of the step, idle (drawin
 held down). With the H100's figures (:class:`PowerLimit`) it gives 0.94 at 82% busy, 0.95 at 80% and 1.0 at
 67%, against 0.93-0.94, 0.94-0.96 and 0.94-1.0 measured.
 
-:func:`busy_share` reads ``u`` off a simulated step: per device, its compute (the tensor-parallel
-collectives inside it count half, as the stand-in's gaps did) and its exposed data-parallel reduction at half,
-over the makespan; the pipeline's mean. The cost model applies the rate as a relief of the matrix part of each
-layer's time (:attr:`planner.cost.ConfigCosts.relief`), and the search finds it as a fixed point: simulate,
-read the busy share, set the rate, simulate again (:meth:`planner.search.Planner.evaluate`).
+:func:`busy_share` reads ``u`` off a simulated step: per device, its compute (the communication inside it --
+tensor-parallel collectives, a blocking runtime's sends -- counts half, as the stand-in's gaps did) and its
+exposed data-parallel reduction at half, over the makespan; the pipeline's mean. The cost model applies the rate
+as a relief of the matrix part of each layer's time (:attr:`planner.cost.ConfigCosts.relief`), and the search
+finds it as a fixed point: simulate, read the busy share, set the rate, simulate again
+(:meth:`planner.search.Planner.evaluate`).
 """
 
 from __future__ import annotations
