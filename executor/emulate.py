@@ -69,6 +69,9 @@ class Emulator:
         self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
         self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds,
                                  emulated=emulated)
+        if self.costs.power is not None:  # a power-limited GPU: compute at the clock the step holds, as planned
+            self.costs.hold_clock(simulate(compute_schedule, self.costs),
+                                  lambda: simulate(compute_schedule, self.costs))
         self.slept = 0.0
         #: "real" or "emulated" communication (module docstring)
         self.comm = "real" if cluster is None or self.cluster.host is not None else "emulated"

@@ -105,7 +105,7 @@ time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -114,7 +114,7 @@ from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
-from planner.power import PowerLimit, busy_share
+from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, held_rate
 from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed, recompute_granularity
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
@@ -594,11 +594,12 @@ class ConfigCosts(Costs):
                     + rc * layers + self._tp_edges(s, b, backward=True) + self._sp_regather(s, b))
         return per
 
-    def busy_share(self, res: SimResult, microbatches: int) -> float:
+    def busy_share(self, res: SimResult) -> float:
         """The pipeline's mean busy share of the simulated step ``res`` (:func:`planner.power.busy_share`): per
         device its compute (the step's time taken out), the communication inside it -- the tensor-parallel
-        collectives and, with a blocking runtime, the sends each F and B waits for -- (``N`` micro-batches over
-        the schedule's replicas of each stage) and its exposed data-parallel reduction."""
+        collectives and, with a blocking runtime, the sends each F and B waits for -- (the schedule's micro-
+        batches over its replicas of each stage) and its exposed data-parallel reduction."""
+        microbatches = self.schedule.microbatches
         per = []
         for d, st in enumerate(res.devices):
             step = st.step[1] - st.step[0]
@@ -607,6 +608,29 @@ class ConfigCosts(Costs):
             inside = (self.tp_seconds(d) + sends) * microbatches / max(1, self.schedule.replicas)
             per.append((st.busy - step, inside, max(0.0, st.step[0] - st.compute_end)))
         return busy_share(res.makespan, per)
+
+    @property
+    def held_rate(self) -> float | None:
+        """The matrix rate (of the burst rate) the durations assume under a power limit; None without one."""
+        return None if self.power is None else self.power[1] / (1.0 - self.relief)
+
+    def hold_clock(self, res: SimResult, resimulate: Callable[[], SimResult]) -> SimResult:
+        """The step at the clock a power-limited GPU holds (:mod:`planner.power`): a fixed point of the rate and
+        the busy share -- from the simulated step ``res``, read the busy share, set the held rate
+        (:attr:`relief`), ``resimulate`` -- until the rate moves less than
+        :data:`planner.power.RATE_TOLERANCE` (at most :data:`planner.power.MAX_PASSES` more simulations). The
+        last simulation is returned: its times are those of the lists at that clock. ``res`` as it is without a
+        power limit."""
+        if self.power is None:
+            return res
+        power, sustained = self.power
+        for _ in range(MAX_PASSES):
+            rate = held_rate(power, sustained, self.busy_share(res))
+            if abs(rate - sustained / (1.0 - self.relief)) < RATE_TOLERANCE:
+                break
+            self.relief = 1.0 - sustained / rate
+            res = resimulate()
+        return res
 
     def _blocking_send(self, stage: int, to: int, span: int) -> float:
         """Seconds a blocking runtime holds the compute stream to send stage ``stage``'s boundary tensor to

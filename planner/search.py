@@ -52,7 +52,6 @@ from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
 from planner.partition import PartitionError, balance_by_cost
-from planner.power import MAX_PASSES, RATE_TOLERANCE, held_rate
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -61,7 +60,7 @@ from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache, Warmup, schedule_key
-from planner.simulate import ScheduleError, SimResult, simulate
+from planner.simulate import ScheduleError, simulate
 
 __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_variants"]
 
@@ -302,9 +301,10 @@ class Planner:
         if self.out_of_memory(cand, costs, sched, exact):
             return cand
         try:
-            res = simulate(sched, costs, compiled=self.shapes.compiled(cfg, sched))
-            if costs.power is not None:
-                res = self._held_clock(cand, costs, sched, res)
+            compiled = self.shapes.compiled(cfg, sched)
+            res = costs.hold_clock(simulate(sched, costs, compiled=compiled),
+                                   lambda: simulate(sched, costs, compiled=compiled))
+            cand.held_rate = costs.held_rate
         except ScheduleError as e:  # pragma: no cover - builders are validated by the tests
             cand.reason = f"schedule error: {e}"
             return cand
@@ -320,23 +320,6 @@ class Planner:
             cand.reason = (f"out of memory: device {worst} needs {gib(mem[worst])}, "
                            f"{gib(over)} over {gib(self.cluster.memory_bytes)}")
         return cand
-
-    def _held_clock(self, cand: Candidate, costs: ConfigCosts, sched: Schedule, res: SimResult) -> SimResult:
-        """The step at the clock a power-limited GPU holds (:mod:`planner.power`): a fixed point of the rate and
-        the busy share -- simulate, read the busy share, set the held rate (``costs.relief``), simulate again --
-        until the rate moves less than :data:`planner.power.RATE_TOLERANCE` (at most
-        :data:`planner.power.MAX_PASSES` more simulations). The candidate keeps the last simulation's timeline,
-        so its times are those of the lists at that clock."""
-        assert costs.power is not None
-        power, sustained = costs.power
-        for _ in range(MAX_PASSES):
-            rate = held_rate(power, sustained, costs.busy_share(res, cand.microbatches))
-            if abs(rate - sustained / (1.0 - costs.relief)) < RATE_TOLERANCE:
-                break
-            costs.relief = 1.0 - sustained / rate
-            res = simulate(sched, costs, compiled=self.shapes.compiled(cand.config, sched))
-        cand.held_rate = sustained / (1.0 - costs.relief)
-        return res
 
     def out_of_memory(self, cand: Candidate, costs: ConfigCosts, sched: Schedule, exact: bool) -> bool:
         """Where a device holds several stages: reject, before simulating, what the simulation would find

@@ -14,6 +14,7 @@ from planner.operators import OperatorOptions
 from planner.power import PowerLimit, busy_share, held_rate
 from planner.request import Config, TrainingRequest
 from planner.search import Planner, plan, predict
+from planner.simulate import simulate
 from tests.test_fidelity_h100 import ROOT
 
 H100 = get_device("H100-SXM5-80GB")
@@ -78,7 +79,7 @@ def test_a_step_with_idle_share_holds_a_higher_clock_and_is_timed_at_it():
     cfg = Config(tensor=8, pipeline=8, data=1, micro_batch=1, schedule="1f1b", recompute=False)
     cand = predict(prof, cluster, _request(), cfg)
     assert cand.held_rate is not None and 0.86 < cand.held_rate < 1.0
-    u = cand.costs.busy_share(cand.simulation, cand.microbatches)
+    u = cand.costs.busy_share(cand.simulation)
     assert held_rate(H100.power, 0.86, u) == pytest.approx(cand.held_rate, abs=3e-3)
     assert cand.simulation.makespan == pytest.approx(cand.iteration_time)
     busy = predict(_profile(H100.model_copy(update={"power": None})), cluster, _request(), cfg)
@@ -119,3 +120,22 @@ def test_cli_says_the_clock_each_row_holds(tmp_path):
         r = runner.invoke(app, ["predict", "--profile", str(path), *args])
         assert r.exit_code == 0, r.output
         assert ("clock: each row at the matrix rate" in r.output) == clock, r.output
+
+
+def test_emulated_run_sleeps_the_held_clock_s_durations():
+    """The executor's emulated mode times a power-limited GPU's compute at the clock the step holds (the planner's
+    fixed point), so what it sleeps and predicts is the plan's prediction, faster than at the busy-throughout
+    rate."""
+    from executor.emulate import Emulator
+    from executor.plan import RunPlan
+
+    cluster = CLUSTER.model_copy(update={"nodes": 1})
+    plan = RunPlan.direct("1f1b", 4, 8, data=1, emulate="p.json", iterations=1, warmup=1)
+    sched = plan.compute_schedule()
+    held = Emulator(plan, sched, _profile(preset="gpt2-1.3b"), cluster)
+    busy = Emulator(plan, sched, _profile(H100.model_copy(update={"power": None}), preset="gpt2-1.3b"), cluster)
+    assert held.costs.held_rate is not None and 0.86 < held.costs.held_rate <= 1.0 and busy.costs.held_rate is None
+    u = held.costs.busy_share(simulate(sched, held.costs))
+    assert held_rate(H100.power, 0.86, u) == pytest.approx(held.costs.held_rate, abs=3e-3)
+    assert held.predict()["iteration_time"] < busy.predict()["iteration_time"]
+    assert held.costs.work("F", 0, 1) < busy.costs.work("F", 0, 1)
