@@ -94,12 +94,13 @@ def test_search_with_held_clock_is_exact():
     simulating every configuration does."""
     prof = _profile(preset="gpt2-1.3b")
     cluster = CLUSTER.model_copy(update={"nodes": 1})
-    req = TrainingRequest(global_batch=256, top=5, memory_reserve_bytes=0)
+    req = TrainingRequest(global_batch=128, top=5, memory_reserve_bytes=0,
+                          schedules=["1f1b", "interleaved", "zb-h1", "gpipe", "chimera"])
     pruned, full = plan(prof, cluster, req), Planner(prof, cluster, req).search(prune=False)
     assert len(pruned.candidates) == 5 and pruned.simulated < full.simulated
     assert [c.label() for c in pruned.candidates] == [c.label() for c in full.candidates]
     assert [c.iteration_time for c in pruned.candidates] == pytest.approx([c.iteration_time for c in full.candidates])
-    assert all(0.86 < c.held_rate < 0.9 for c in pruned.candidates)
+    assert all(0.86 < c.held_rate < 0.95 for c in pruned.candidates)
 
 
 def test_cli_says_the_clock_each_row_holds(tmp_path):
