@@ -325,7 +325,7 @@ def layer_check(run: Run, args: argparse.Namespace, config: Any, measured: Any, 
     descs = {"shipped": f"{shipped.name} ({how})"}
     dev_path = run.out / "device.json"
     if device_spec is not None and dev_path.exists():
-        predicted["measured_desc"] = analytic_profile(spec, load_device(dev_path), args.dtype, sizes,
+        predicted["measured_desc"] = analytic_profile(spec, at_burst(load_device(dev_path)), args.dtype, sizes,
                                                       tuple(args.tensor), opts)
         descs["measured_desc"] = f"{dev_path.name} (measured just now; its GEMM points are the forward shapes)"
     rows = compare_layers(measured, predicted, args.tensor, sizes)

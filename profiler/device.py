@@ -26,9 +26,13 @@ descheduled, as in :mod:`profiler.links`). On CUDA :func:`profiler.timing.time_q
 sleep kernel holds the GPU, timed by events after it, so each GEMM and copy is its kernel alone; timed one
 call after a synchronise instead, every GEMM on a lent H100 took >= 31 us, the host's dispatch
 (benchmarks/DEVICE_CHECK.md, 'Runs'). These are burst rates (the GPU rests during the sleep kernel): a GPU
-at its power limit under a training run's load runs slower (``DeviceSpec.sustained_rate``, not measured
-here). ``quick=True`` runs a handful of small shapes in a
+at its power limit under a training run's load runs slower. ``quick=True`` runs a handful of small shapes in a
 few seconds (CI on CPU).
+
+What the sweep does not measure -- the rate at the power limit and the power figures, the fused attention
+kernels, NCCL's collectives, the SM count the flash kernel's load balance needs (:data:`CARRIED`) -- is carried
+over from the shipped description where this device matches one (:func:`unmeasured`), its sources saying so:
+a measured H100 is then planned at its power-limited clock as the shipped one is, not at the burst rate.
 """
 
 from __future__ import annotations
@@ -86,6 +90,24 @@ def efficiency_curve(points: list[tuple[float, float]], bins_per_decade: int = 2
         pts.append((median(x for x, _ in g), min(1.0, max(1e-6, median(e for _, e in g)))))
     pts = [p for i, p in enumerate(pts) if i == 0 or p[0] > pts[i - 1][0]]
     return Curve(points=pts)
+
+
+#: the shipped description's fields a GEMM and copy sweep does not measure (module docstring)
+CARRIED = ("sustained_rate", "power", "attention_efficiency", "collective_efficiency", "sm_count")
+
+
+def unmeasured(shipped: DeviceSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """(fields, sources) of ``shipped`` that :data:`CARRIED` names and it sets. With ``sm_count`` the GEMMs
+    lose no wave quantisation on top of the measured curve (``wave_quantisation`` off: the curve is of whole
+    kernels, as the shipped H100's is)."""
+    default = DeviceSpec.model_fields
+    fields = {k: getattr(shipped, k) for k in CARRIED if getattr(shipped, k) != default[k].get_default(
+        call_default_factory=True)}
+    if "sm_count" in fields:
+        fields["wave_quantisation"] = False
+    sources = {k: f"not measured by profile-device: the shipped description {shipped.name!r}'s"
+                  + (f" ({shipped.sources[k]})" if k in shipped.sources else "") for k in fields}
+    return fields, sources
 
 
 def _memory_bytes(dev: Any) -> int:
@@ -176,6 +198,7 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
             shipped = None
     if shipped is None:
         peak, peak_source = best, "the best GEMM rate measured here: no datasheet peak for this device"
+    carried, carried_sources = unmeasured(shipped) if shipped is not None else ({}, {})
     curve = efficiency_curve([(p.flops / 1e9, p.flops / (p.seconds * peak)) for p in points])
     mem_curve = efficiency_curve([(nb / 1e6, min(rate / bandwidth, 1.0)) for nb, rate in mem_rates])
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -186,8 +209,8 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
         peak_flops={dt_name: peak}, memory_bytes=_memory_bytes(dev), memory_bandwidth=bandwidth,
         gemm_efficiency={dt_name: curve}, gemm_points=points, gemm_ceiling_flops={dt_name: min(best, peak)},
         memory_efficiency=mem_curve,
-        kernel_overhead_s=overhead,
-        sources={"peak_flops": peak_source,
+        kernel_overhead_s=overhead, **carried,
+        sources={**carried_sources, "peak_flops": peak_source,
                  "gemm_efficiency": f"{len(points)} GEMMs (fastest of {reps}) measured by {where}",
                  "gemm_points": where,
                  "gemm_ceiling_flops": f"the fastest GEMM of the sweep (this machine's maximum achievable matmul "

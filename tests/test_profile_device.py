@@ -72,3 +72,21 @@ def test_time_queued_on_the_cpu_is_the_wall_time_per_call():
     assert 0.002 <= q.gpu_s < 0.05
     with pytest.raises(ValueError, match="calls and tries"):
         time_queued(lambda: None, torch.device("cpu"), calls=0)
+
+
+def test_what_the_sweep_does_not_measure_comes_from_the_shipped_description():
+    """A measured H100 keeps the shipped H100's power-limited rate and power figures, attention figures,
+    collectives and SM count (without wave quantisation on its measured whole-kernel curve), each source
+    naming where it came from; the CPU's description carries nothing (it sets none of them)."""
+    from profiler.device import CARRIED, unmeasured
+
+    h100 = find_device("H100-SXM5-80GB")
+    fields, sources = unmeasured(h100)
+    assert set(fields) == {*CARRIED, "wave_quantisation"} and fields["wave_quantisation"] is False
+    assert fields["sustained_rate"] == 0.86 and fields["power"] == h100.power and fields["sm_count"] == 132
+    assert all("not measured by profile-device" in sources[k] for k in fields)
+    spec = DeviceSpec(**{**h100.model_dump(exclude=set(fields)), **fields})
+    assert spec.power == h100.power
+    a100_fields, _ = unmeasured(find_device("A100-SXM4-80GB"))
+    assert "sustained_rate" not in a100_fields and "power" not in a100_fields and a100_fields["sm_count"] == 108
+    assert unmeasured(find_device("cpu")) == ({}, {})
