@@ -100,7 +100,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SMI_QUERY = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu")
+SMI_QUERY = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "power.draw.instant", "temperature.gpu")
 SMI_REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
 
 
@@ -1219,7 +1219,7 @@ def smi_summary(idle: list[dict], busy: list[dict]) -> dict:
         return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)} if vals else None
 
     out = {}
-    for key in ("clocks.sm", "power.draw", "temperature.gpu"):
+    for key in ("clocks.sm", "power.draw", "power.draw.instant", "temperature.gpu"):
         out[f"idle_{key}"] = stats(idle, key)
         out[f"busy_{key}"] = stats(busy, key)
         head, tail = busy[:10], busy[-10:]
@@ -1372,7 +1372,7 @@ def summary_text(run: Run) -> str:
                 f"{_f(s.get('last_window_tflops'))}; last/first {_f(s.get('last_over_first'))}; "
                 f"mean {_f(s.get('mean_tflops'))}",
                 "  TFLOP/s per second: " + " ".join(f"{p['tflops']:.4g}" for p in s.get("per_second", []))]
-        for key in ("clocks.sm", "power.draw", "temperature.gpu"):
+        for key in ("clocks.sm", "power.draw", "power.draw.instant", "temperature.gpu"):
             idle, first, last = (s.get(f"{w}_{key}") for w in ("idle", "busy_first10", "busy_last10"))
             if idle or first or last:
                 out.append(f"  {key}: idle {_stat(idle)}, first 10 samples {_stat(first)}, "

@@ -311,8 +311,9 @@ def chunk_stats(chunks: list[tuple[float, int]]) -> dict[str, Any]:
 #: (label, iterations per burst, milliseconds of gap after each burst, what fills the gap): the idle share of a
 #: training step (pipeline bubble) at two granularities, and gaps filled by a collective's stand-in (24 blocks
 #: copying 128 MiB buffers: an exposed collective's SMs and memory traffic, what NCCL draws power for)
-DUTY_PATTERNS = (("busy", 10, 0.0, "idle"), ("10 it + 20 ms idle", 10, 20.0, "idle"),
-                 ("10 it + 45 ms idle", 10, 45.0, "idle"), ("2 it + 4 ms idle", 2, 4.0, "idle"),
+DUTY_PATTERNS = (("busy", 10, 0.0, "idle"), ("10 it + 10 ms idle", 10, 10.0, "idle"),
+                 ("10 it + 20 ms idle", 10, 20.0, "idle"), ("10 it + 45 ms idle", 10, 45.0, "idle"),
+                 ("10 it + 90 ms idle", 10, 90.0, "idle"), ("2 it + 4 ms idle", 2, 4.0, "idle"),
                  ("10 it + 20 ms copy", 10, 20.0, "copy"), ("10 it + 45 ms copy", 10, 45.0, "copy"))
 
 
@@ -320,7 +321,9 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
     """GPT-3 175B's public-run layer (forward + backward) in bursts with the GPU idle between them: the layer's
     time per iteration over the last half of ``--duty-s`` seconds per pattern, against the same layer right
     after a rest. Does a step's idle share (bubble, exposed communication) let the clock recover, so that a
-    run with gaps holds more than the busy ``sustained_rate``?"""
+    run with gaps holds more than the busy ``sustained_rate``? (:mod:`planner.power` models it: the patterns
+    span 50-100% busy to check its rule, and ``nvidia-smi`` sampled in the rest before each pattern gives the
+    board's idle draw, ``idle_w``, which the model's H100 figures estimate.)"""
 
     from benchmarks.device_check import SmiSampler, events_seconds, public_layer_specs, smi_summary
     from profiler.timing import time_queued
@@ -334,9 +337,10 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
     for name, burst, idle_ms, fill in DUTY_PATTERNS:
         if fill == "copy" and gap_copy is None:
             continue
-        time.sleep(3.0 if cuda and not args.quick else 0.0)  # rest: each pattern starts from a cool GPU
-        rested = time_queued(step, dev, calls=3, tries=1).gpu_s
         sampler = SmiSampler().start()
+        time.sleep(3.0 if cuda and not args.quick else 0.0)  # rest: each pattern starts from a cool GPU
+        resting = len(sampler.samples)  # the board's draw idle (the first second: right after the last load)
+        rested = time_queued(step, dev, calls=3, tries=1).gpu_s
         samples: list[tuple[float, float, int]] = []  # (start on the wall clock, busy seconds, iterations)
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
@@ -348,6 +352,7 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
             elif idle_ms > 0:
                 time.sleep(idle_ms / 1e3)
         smi = sampler.stop()
+        rest, smi = smi[:resting], smi[resting:]
         late = [(bs, k) for at, bs, k in samples if at >= seconds / 2] or [(bs, k) for _, bs, k in samples]
         per_iter = sum(bs for bs, _ in late) / sum(k for _, k in late)
         wall = time.monotonic() - t0
@@ -355,7 +360,7 @@ def duty_cycle_check(run: Any, args: argparse.Namespace, dev: Any) -> list[dict]
         rows.append({"layer": label, "pattern": name, "burst_iters": burst, "idle_ms": idle_ms,
                      "rested_ms": rested * 1e3,
                      "late_ms": per_iter * 1e3, "late_over_rested": per_iter / rested if rested else None,
-                     "busy_share": duty, "smi": smi_summary([], smi)})
+                     "busy_share": duty, "smi": smi_summary(rest, smi)})
         run.log(f"duty {name}: rested {rested * 1e3:.3f} ms, second half {per_iter * 1e3:.3f} ms per iteration "
                 f"(x{per_iter / rested:.3f}), busy {duty:.0%}")
     run.extra["duty_cycle"] = rows
@@ -457,10 +462,12 @@ def probes_summary(extra: dict[str, Any]) -> list[str]:
         for r in dc:
             clk = (r.get("smi") or {}).get("busy_clocks.sm")
             pw = (r.get("smi") or {}).get("busy_power.draw")
+            rest = (r.get("smi") or {}).get("idle_power.draw")
             out.append(f"  {r['pattern']:<20} rested {r['rested_ms']:.3f}  late {r['late_ms']:.3f}  x"
                        f"{r['late_over_rested']:.3f}  busy {r['busy_share']:.0%}"
                        + (f"  SM clock median {clk['median']:g}" if clk else "")
-                       + (f"  power median {pw['median']:g}" if pw else ""))
+                       + (f"  power median {pw['median']:g}" if pw else "")
+                       + (f"  resting before: {rest['min']:g}-{rest['max']:g} W" if rest else ""))
         out.append("")
     s = extra.get("sustained_layer")
     if s:
