@@ -164,6 +164,10 @@ def attention_shapes(args: argparse.Namespace) -> list[tuple[str, int, int, int,
     rows = [("fa3 paper 2k", 8, 16, 16, 2048, 128), ("fa3 paper 4k", 4, 16, 16, 4096, 128)]
     for label, spec, b, t, _ in public_layer_specs(args):
         rows.append((label, b, spec.heads // t, max(spec.k // t, 1), spec.seq, spec.d))
+    # the flash kernel's load balance (planner.attention_waves) at other head counts of one sequence: 8 heads
+    # (Llama 70B at t = 8) at 4k and 8k, 32 at 2k, 64 at 1k, against the papers' shape's rate at that length
+    rows += [("waves 8h 4k", 1, 8, 8, 4096, 128), ("waves 8h 8k", 1, 8, 8, 8192, 128),
+             ("waves 32h 2k", 1, 32, 32, 2048, 128), ("waves 64h 1k", 1, 64, 64, 1024, 128)]
     return rows
 
 
