@@ -626,7 +626,7 @@ class ConfigCosts(Costs):
         power, sustained = self.power
         for _ in range(MAX_PASSES):
             rate = held_rate(power, sustained, self.busy_share(res))
-            if abs(rate - sustained / (1.0 - self.relief)) < RATE_TOLERANCE:
+            if abs(rate - (self.held_rate or 1.0)) < RATE_TOLERANCE:
                 break
             self.relief = 1.0 - sustained / rate
             res = resimulate()
