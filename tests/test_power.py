@@ -3,6 +3,8 @@ search's bounds under it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planner.analytic import analytic_profile
@@ -106,8 +108,6 @@ def test_search_with_held_clock_is_exact():
 def test_cli_says_the_clock_each_row_holds(tmp_path):
     """``pipeplan predict`` on an H100 operator-model profile prints the held rate; on the A100 (no power
     figures) it prints no clock line."""
-    import json
-
     from typer.testing import CliRunner
 
     from pipeplan.cli import app
@@ -140,3 +140,29 @@ def test_emulated_run_sleeps_the_held_clock_s_durations():
     assert held_rate(H100.power, 0.86, u) == pytest.approx(held.costs.held_rate, abs=3e-3)
     assert held.predict()["iteration_time"] < busy.predict()["iteration_time"]
     assert held.costs.work("F", 0, 1) < busy.costs.work("F", 0, 1)
+
+
+def test_api_stores_the_matrix_share_and_plans_at_the_held_clock(client):  # type: ignore[no-untyped-def]
+    """Through the API on a real database: an H100 operator-model profile keeps its shards' matrix share when
+    stored (uploading it again is the same profile), and its plan's candidates carry the clock they hold; a
+    matrix share outside [0, 1] is a 422 naming the field."""
+    from api_support import AUTH, post_plan
+
+    prof = _profile(preset="gpt2-1.3b").model_dump(mode="json")
+    r = client.post("/profiles", json=prof, headers=AUTH)
+    assert r.status_code == 201, r.text
+    pid = r.json()["id"]
+    stored = client.get(f"/profiles/{pid}", headers=AUTH).json()
+    assert stored["profile"]["layers"][1]["tensor_times"]["4"]["matrix_share"] == \
+        prof["layers"][1]["tensor_times"]["4"]["matrix_share"]
+    assert client.post("/profiles", json=prof, headers=AUTH).status_code == 200
+    cluster = json.loads((ROOT / "examples" / "clusters" / "dgx-h100-80gb.json").read_text())
+    r = client.post("/clusters", json={**cluster, "nodes": 1}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    plan = post_plan(client, {"profile_id": pid, "cluster_id": r.json()["id"], "global_batch": 64, "top": 3})
+    assert plan["status"] == "done" and plan["candidates"]
+    assert all(0.86 < c["held_rate"] <= 1.0 for c in plan["candidates"])
+    bad = json.loads(json.dumps(prof))
+    bad["layers"][1]["tensor_times"]["4"]["matrix_share"]["1"] = 1.5
+    r = client.post("/profiles", json=bad, headers=AUTH)
+    assert r.status_code == 422 and "matrix_share" in r.text, r.text
