@@ -159,8 +159,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     el = DTYPE_BYTES[dtype.lower()]
     s, h, V = spec.seq, spec.hidden, spec.vocab
     # a power-limited device: the same operators at the burst rate tell each shard's matrix share (planner.power)
-    burst = dev.model_copy(update={"sustained_rate": 1.0}) if dev.power is not None and dev.sustained_rate < 1 \
-        else None
+    burst = dev.model_copy(update={"sustained_rate": 1.0}) if dev.power_limited else None
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
         recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head

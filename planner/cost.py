@@ -180,10 +180,11 @@ def power_of(profile: ModelProfile) -> tuple[PowerLimit, float] | None:
     rate and the profile's shards carry their matrix share (operator-model profiles: :mod:`planner.power`);
     None otherwise (measured times are what they are)."""
     dev = _device(profile.device)
-    if dev is None or dev.power is None or dev.sustained_rate >= 1.0:
+    if dev is None or not dev.power_limited:
         return None
     if not any(st.matrix_share for lay in profile.layers for st in (lay.tensor_times or {}).values()):
         return None
+    assert dev.power is not None  # power_limited
     return dev.power, dev.sustained_rate
 
 

@@ -472,6 +472,12 @@ class DeviceSpec(BaseModel):
             eff = min(1.0, eff * fill(heads) / fill(table.reference_heads_at(seq)))
         return max(flops / (self.peak(dtype) * eff * self.sustained_rate), self.kernel_overhead_s)
 
+    @property
+    def power_limited(self) -> bool:
+        """Whether the device holds its matrix rate below the burst rate by its power limit (``power`` and a
+        ``sustained_rate`` below 1): the held clock of :mod:`planner.power` applies."""
+        return self.power is not None and self.sustained_rate < 1.0
+
     def collectives(self, link: str) -> LinkCollectives | None:
         """The collective model of link class ``link`` (``"intra"``/``"inter"``), or None."""
         if self.collective_efficiency is None:

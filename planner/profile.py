@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
@@ -130,12 +131,7 @@ class ShardTimes(BaseModel):
         if not self.matrix_share:
             return 0.0
         xs = sorted(self.matrix_share)
-        if b <= xs[0]:
-            return self.matrix_share[xs[0]]
-        for lo, hi in zip(xs, xs[1:], strict=False):
-            if b <= hi:
-                return self.matrix_share[lo] + (b - lo) / (hi - lo) * (self.matrix_share[hi] - self.matrix_share[lo])
-        return self.matrix_share[xs[-1]]
+        return float(np.interp(b, xs, [self.matrix_share[x] for x in xs]))
 
 
 class LayerProfile(BaseModel):
