@@ -15,8 +15,9 @@ runs it, earlier micro-batches' activations alive, :mod:`profiler.layers`), then
 * **newcomer**: ``make serve``'s flow -- the planner's first candidate for gpt-tiny on the measured
   ``local-cpu-4`` cluster, global batch 8 -- run for real.
 
-Configurations: 2 processes (D=2) and 4 processes (gpt-tiny: D=2 W=2; gpt-small: D=4), GPipe, 1F1B and
-interleaved (2 chunks); gpt-tiny (hidden 64, seq 32: mostly per-op overhead) and a gpt-small-ish model
+Configurations: 2 processes (D=2) and 4 processes (gpt-tiny: D=2 W=2; gpt-small: D=4), GPipe, 1F1B,
+interleaved (2 chunks) and ZB-H1 (zero-bubble's split backward: I and W); gpt-tiny (hidden 64, seq 32:
+mostly per-op overhead) and a gpt-small-ish model
 (:data:`SMALL`: hidden 256, seq 64, 8 blocks, where compute matters). The figures are the median iteration
 over 5 measured iterations after 2 warm-up ones. The machine's load is printed at the start and the end:
 on a shared machine it moves every figure; the host's effective cores are measured under that load.
@@ -43,7 +44,8 @@ sys.path.insert(0, str(REPO))
 SMALL = {"hidden": 256, "heads": 4, "seq": 64, "layers": 8, "vocab": 512}
 MODELS = {"gpt-tiny": {}, "gpt-small": SMALL}
 ITER, WARM, N, B = 5, 2, 8, 2
-SCHEDULES: list[tuple[str, dict[str, Any]]] = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2})]
+SCHEDULES: list[tuple[str, dict[str, Any]]] = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}),
+                                               ("zb-h1", {})]
 
 
 def load() -> str:
@@ -69,7 +71,7 @@ def layouts(model: str, procs: int) -> list[tuple[int, int]]:
     return [(2, 2)] if model == "gpt-tiny" else [(4, 1)]
 
 
-KINDS = ("F", "B", "STEP")
+KINDS = ("F", "B", "I", "W", "STEP")
 
 
 def mean_profile(a: Any, b: Any) -> Any:

@@ -15,8 +15,8 @@ with ``grouped``).
   output; the graph is kept until the last one).
 * ``B`` -- full backward: parameter gradients accumulate, the input gradient is kept for ``SEND_B``.
 * ``I``/``W`` -- zero-bubble's split backward (Qi et al., ICLR'24, section 2): ``I`` computes the input
-  gradient only, ``torch.autograd.grad(out, x, retain_graph=True)``; ``W`` later the parameter
-  gradients, ``torch.autograd.backward(out, inputs=params)``.
+  gradient only and keeps the gradient arriving where each weight's branch joins the graph; ``W`` later
+  runs only those branches (:mod:`executor.split_backward`).
 * ``SEND_F``/``SEND_B`` -- nothing left to do: the send went out with its group (:meth:`executor.comm.P2P.post`),
   which takes the tensor the producer left in the outbox.
 * ``ALLREDUCE`` -- the stage's gradients (summed over the replicas of the stage the rank holds) are
@@ -69,6 +69,7 @@ from executor.models.blocks import Block
 from executor.models.llama import LlamaBlock
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
+from executor.split_backward import Split, split_input
 from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
 from planner.profile import checkpointed
 from planner.schedules.ir import (
@@ -153,11 +154,20 @@ class StageModule(nn.Module):
         self.has_head = takes_targets(layers[-1])
         self.body_layers = list(range(len(layers) - 1 if self.has_head else len(layers)))
 
-    def forward(self, x: torch.Tensor, targets: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def forward(self, x: torch.Tensor, targets: list[torch.Tensor] | None = None,
+                cut: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[torch.Tensor]:
+        """``cut`` (a list): when the stage's input needs no gradient (the first stage reads token ids), the
+        first layer's output continues as a new leaf and ``(output, leaf)`` is appended to ``cut``: the rest of
+        the stage's graph then starts from a tensor with a gradient, which zero-bubble's ``I`` computes
+        (:mod:`executor.split_backward`), and ``W`` carries it on into the first layer's weights."""
         y = x
         for i in self.body_layers:
             layer = self.layers[i]
             y = checkpoint(layer, y, use_reentrant=False) if self.checkpointed[i] else layer(y)
+            if cut is not None and i == 0 and not x.requires_grad and y.requires_grad:
+                leaf = y.detach().requires_grad_(True)
+                cut.append((y, leaf))
+                y = leaf
         chunks = list(y.split(self.rows))
         if not self.has_head:
             return chunks
@@ -175,9 +185,13 @@ class _Fwd:
     x: torch.Tensor
     outs: list[torch.Tensor]
     uses: int  # graph traversals left (backwards, or I + W each)
-    grads: dict[int, torch.Tensor | None] = field(default_factory=dict)  # saved by I for W
+    #: saved by I for W: the output gradient and what I kept for the weights' branches (None: W does all)
+    grads: dict[int, tuple[torch.Tensor | None, Split | None]] = field(default_factory=dict)
     version: int = 0
     params: dict[str, torch.Tensor] | None = None  # stashed weights (asynchronous schedules)
+    #: the first stage's graph cut after its first layer (StageModule.forward): (that layer's output, the leaf
+    #: the rest of the stage ran from)
+    cut: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class _Stash:
@@ -407,17 +421,23 @@ class RankRuntime:
             x = self.inbox.pop((RECV_F, r, s, a.mb)).requires_grad_(True)
         targets = [self._rows(self.targets, m) for m in a.mbs] if mod.has_head else None
         version, params = 0, None
+        cut: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         if key in self.stash:
             version, params = self.stash[key].acquire()
             outs = functional_call(mod, params, (x, targets))
             self.version_log.append({"stage": s, "mb": a.mb, "event": "F", "version": version,
                                      "checksum": _checksum(params)})
         else:
-            outs = mod(x, targets)
+            # a stage whose backward zero-bubble splits, of the first stage and without checkpoints, cuts its
+            # graph after the embedding so that I has an input gradient to compute (StageModule.forward)
+            cut = [] if (r, s) in self.split and s == 0 and not any(mod.checkpointed) else None
+            outs = mod(x, targets, cut)
         if mod.has_head:
             outs = [loss * self.scale for loss in outs]
         uses = a.span * (2 if (r, s) in self.split else 1)
         rec = _Fwd(x, outs, uses, version=version, params=params)
+        if cut:
+            rec.cut = cut[0]
         for j, m in enumerate(a.mbs):
             self.fwd[(r, s, m)] = (rec, j)
         if s < self.S - 1:  # one micro-batch: its output as it is (no copy); several: concatenated
@@ -445,27 +465,42 @@ class RankRuntime:
         key = (r, s, m)
         rec, j = self.fwd[key] if k == I else self.fwd.pop(key)
         out = rec.outs[j]
+        split: Split | None = None
         if k == W:
-            grad = rec.grads.pop(j)
+            grad, split = rec.grads.pop(j)
         else:
             grad = self.inbox.pop((RECV_B, r, s, m)) if s < self.S - 1 else None
         rec.uses -= 1
         want_dx = s > 0 and rec.x.requires_grad
         sl = slice(j * self.rows, (j + 1) * self.rows)
+        params = self._params(r, s, rec)
         if k == I:
-            rec.grads[j] = grad
-            if want_dx:
-                dx = torch.autograd.grad(out, rec.x, grad, retain_graph=True)[0]
+            # the input gradient alone; W later runs only the weights' branches from what I kept
+            # (executor.split_backward: asking autograd for the weights from the output again would redo
+            # every input gradient on the way)
+            if rec.cut is not None:  # the first stage: the gradient at its cut, carried on by W
+                split = split_input(out, grad, rec.cut[1], params, tail=rec.cut[0])[1]
+            elif want_dx:
+                if any(self.modules[(self.copy[s], s)].checkpointed):
+                    # a checkpointed layer recomputes its forward in every backward call (non-reentrant
+                    # checkpoints keep recomputed tensors per graph task): one whole backward in W is cheaper
+                    # than a call per join (executor.split_backward)
+                    dx = torch.autograd.grad(out, rec.x, grad, retain_graph=True)[0]
+                else:
+                    dx, split = split_input(out, grad, rec.x, params)
                 self._deliver(SEND_B, r, s, m, dx if len(rec.outs) == 1 else dx[sl].clone())
+            rec.grads[j] = (grad, split)
             self.alive -= 1
             return
-        params = self._params(r, s, rec)
         if rec.params is not None:
             self.version_log.append({"stage": s, "mb": m, "event": "B", "version": rec.version,
                                      "checksum": _checksum(rec.params),
                                      "live_version": self.stash[(self.copy[s], s)].version})
-        inputs = params + ([rec.x] if (k == B and want_dx) else [])
-        torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
+        if split is not None:
+            split.weights(out, grad, retain_graph=rec.uses > 0)
+        else:
+            inputs = params + ([rec.x] if (k == B and want_dx) else [])
+            torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
         if k == B:
             if want_dx:  # the whole input gradient when the forward ran one micro-batch (nothing else uses it)
                 assert rec.x.grad is not None
