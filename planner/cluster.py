@@ -36,6 +36,12 @@ class ExecutorOverhead(BaseModel):
     recv: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per RECV_F/RECV_B (posting, wait)")
     allreduce: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per ALLREDUCE action")
     step: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per STEP (the iteration's end)")
+    #: zero-bubble's split backward (:mod:`executor.split_backward`), per layer of a stage it splits: the graph
+    #: walk its ``I`` makes and the backward call per join its ``W`` makes, beyond ``compute``
+    split_input: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+                               description="per layer of the stage, added to an I action (split backward)")
+    split_weight: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+                                description="per layer of the stage, added to a W action (split backward)")
     #: the same, measured with compute emulated (``pipeplan run --emulate``): an emulated action sleeps instead of
     #: running the stage module and autograd, so its overhead is the sleep's overshoot and the walker's own
     #: bookkeeping, not the real action's (:func:`profiler.overhead.measure_overhead` with ``emulated``)

@@ -9,7 +9,9 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   forward was measured) of each checkpointed layer, the plain backward of the embedding and the LM head
   (:func:`planner.profile.checkpointed`; their memory: :func:`recompute_kept_bytes`). Zero-bubble splits
   B into I (input gradient) and W (weight gradient), half each (their GEMMs have equal FLOPs); the
-  recomputed forward goes to I.
+  recomputed forward goes to I. That is what our executor runs (:mod:`executor.split_backward`) except on a
+  stage with checkpointed layers, which it does not split: there W is one whole backward for the weights
+  (:meth:`ConfigCosts.split_backward`).
 * **Tensor parallelism** (Megatron-LM 3.2, 2.3): when the profile has compute at this ``t``
   (``LayerProfile.tensor_times``: measured, or the operator model's sharded GEMMs, :mod:`planner.operators`)
   those times are used; otherwise the t = 1 time divided by ``t`` and by ``tensor_efficiency`` (a t-way
@@ -849,12 +851,26 @@ class ConfigCosts(Costs):
             self._share = host_share(self)
         return self._share
 
+    def split_backward(self, stage: int) -> bool:
+        """Whether the executor splits ``stage``'s backward into I and W as zero-bubble means it
+        (:mod:`executor.split_backward`): not where recomputation checkpoints one of its layers
+        (:func:`planner.profile.checkpointed`), whose every backward call recomputes the layer."""
+        if not self.config.recompute:
+            return True
+        i, j = self.stages[stage].layers
+        return not any(checkpointed(lay.kind) for lay in self.profile.layers[i:j])
+
     def work(self, kind: str, stage: int, span: int) -> float:
         """:meth:`compute` without the executor's per-action overhead (what emulated compute sleeps)."""
         if kind == "F":
             return self.fwd(stage, span)
         if kind == "B":
             return self.bwd(stage)
+        if kind == "W" and not self.split_backward(stage):
+            # a stage with checkpointed layers is not split by the executor (executor.split_backward: each
+            # backward call recomputes the layers): its W is one whole backward for the weights, which walks the
+            # layers again -- recomputed forward, input gradients and weight gradients (I + W = 1.64 B measured)
+            return self._plain_bwd(stage)
         if self.per_t:  # the profile's own split: W is the weight-gradient GEMMs, I the rest
             w = self._compute(stage, "bwd_weight", self.base_b)
             return w if kind == "W" else self.bwd(stage) - w
@@ -1025,7 +1041,9 @@ class ActionOverheads:
     tied-embedding all-reduce, which that figure measures). With compute emulated, the overhead measured
     on emulated runs where the cluster has it (:attr:`planner.cluster.ExecutorOverhead.emulated`: a sleep's
     overshoot and the walker's bookkeeping, not the stage module and autograd the real figure holds).
-    Zero when the cluster has neither, so nothing changes for clusters without them.
+    An ``I`` or ``W`` of a stage the executor splits also pays the split backward's own cost per layer of the
+    stage (``split_input`` / ``split_weight``). Zero when the cluster has neither, so nothing changes for
+    clusters without them.
     """
 
     def __init__(self, cluster: Cluster, costs: ConfigCosts) -> None:
@@ -1035,7 +1053,8 @@ class ActionOverheads:
         self.extra = calibration(cluster).action_overhead
         self.costs = costs
         self.zero = self.extra == 0 and not any(
-            (self.ex.compute, self.ex.send, self.ex.recv, self.ex.allreduce, self.ex.step))
+            (self.ex.compute, self.ex.send, self.ex.recv, self.ex.allreduce, self.ex.step, self.ex.split_input,
+             self.ex.split_weight))
         self._cache: dict[tuple[str, int, int], float] = {}
 
     def of(self, kind: str, stage: int, device: int) -> float:
@@ -1071,6 +1090,11 @@ class ActionOverheads:
             before = stage < S - 1 and row[stage + 1] != device
             after = stage > 0 and row[stage - 1] != device
         out = ex.compute + extra
+        if kind in ("I", "W") and self.costs.split_backward(stage):
+            # the split backward's own cost, per layer of the stage (executor.split_backward; a stage with
+            # checkpointed layers is not split: ConfigCosts.work)
+            i, j = self.costs.stages[stage].layers
+            out += (ex.split_input if kind == "I" else ex.split_weight) * (j - i)
         if before:
             out += ex.recv + extra
         if after:

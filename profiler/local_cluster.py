@@ -214,7 +214,7 @@ def measured_cluster(base: Cluster, overhead_iterations: int = 10) -> tuple[Clus
 
     def scaled(e: ExecutorOverhead) -> ExecutorOverhead:
         return e.model_copy(update={**{k: getattr(e, k) / shared for k in ("compute", "send", "recv", "allreduce",
-                                                                             "step")},
+                                                                             "step", "split_input", "split_weight")},
                                     "source": f"{e.source}; divided by {shared:.2f}, the core share of its {n_ovh} "
                                               f"processes at {host.effective_cores:.2f} effective cores"})
 

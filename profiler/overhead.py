@@ -18,7 +18,11 @@ subtracted from F and B, so what remains is the executor's share:
 * ``step``: per iteration the shortest STEP over the ranks (the others wait there for the last one),
   median over iterations: waiting on sends, the tied-embedding all-reduce, the optimizer's fixed cost
   (its per-byte cost is the cluster's ``memory_bandwidth``'s), bookkeeping;
-* the loop's own time between records is spread evenly over the actions (added to each kind).
+* the loop's own time between records is spread evenly over the actions (added to each kind);
+* ``split_input`` / ``split_weight``: a second run of the same model under ZB-H1, whose backward is split
+  (:mod:`executor.split_backward`): per layer of the stage, the median over I (W) actions of the duration less
+  half the stage's profiled backward (what the cost model charges each) and ``compute``, over the stage's
+  layers -- the graph walk I makes and the backward call per join W makes.
 
 Each figure is the median over the measured iterations and ranks; the result is a
 :class:`planner.cluster.ExecutorOverhead`.
@@ -180,10 +184,30 @@ def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 2
     from executor.launch import launch
     from executor.plan import RunPlan
 
-    kw, _, fwd, bwd = nearly or nearly_nothing(procs, microbatches, iterations, warmup)
-    plan = RunPlan.direct("1f1b", procs, microbatches, **kw)
-    res = launch([plan], procs, trace=True, timeout=timeout)
+    kw, prof, fwd, bwd = nearly or nearly_nothing(procs, microbatches, iterations, warmup)
+    plans = [RunPlan.direct("1f1b", procs, microbatches, **kw), RunPlan.direct("zb-h1", procs, microbatches, **kw)]
+    res = launch(plans, procs, trace=True, timeout=timeout)
     assert res is not None  # one node: rank 0 is here
     what = _what(procs, microbatches, iterations)
-    return overhead_from_trace(res["runs"][0]["trace"], fwd, bwd, warmup,
-                               f"pipeplan profile-links --executor-overhead: {what}")
+    ex, raw = overhead_from_trace(res["runs"][0]["trace"], fwd, bwd, warmup,
+                                  f"pipeplan profile-links --executor-overhead: {what}; the split backward "
+                                  f"from ZB-H1 on the same")
+    layers = [b - a for a, b in plans[1].bounds(procs, len(prof.layers))]
+    split, raw["split"] = split_from_trace(res["runs"][1]["trace"], bwd, layers, ex.compute, warmup)
+    return ex.model_copy(update=split), raw
+
+
+def split_from_trace(trace: dict[str, Any], bwd: list[float], layers: list[int], compute: float,
+                     warmup: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """``split_input`` and ``split_weight`` (module docstring) from a ZB-H1 run's trace: per I (W) action its
+    duration less half its stage's profiled backward ``bwd`` and ``compute``, over the stage's ``layers``;
+    the median of each, floored at 0; and the raw per-layer figures."""
+    kinds, gap = _per_kind(trace, warmup)
+    out: dict[str, float] = {}
+    raw: dict[str, Any] = {}
+    for kind, name in (("I", "split_input"), ("W", "split_weight")):
+        per = [(dur + gap - bwd[parse_action(a).stage] / 2 - compute) / max(layers[parse_action(a).stage], 1)
+               for a, dur in kinds.get(kind, [])]
+        raw[name] = per
+        out[name] = max(statistics.median(per), 0.0) if per else 0.0
+    return out, raw

@@ -137,3 +137,38 @@ def test_tensor_parallel_allreduces_use_a_measured_fit_on_a_cpu_cluster():
     assert costs._tp_edges(1, b, backward=True) == pytest.approx(fit.time(bsh) * scale)  # head's input gradient
     assert costs._tp_edges(1, b, backward=False) == pytest.approx(3 * fit.time(loss) * scale)  # cross-entropy
     assert fit.time(loss) != pytest.approx(collective_time(cl, "intra", "all_reduce", 2, loss))  # can fail
+
+
+def test_zero_bubble_w_of_a_checkpointed_stage_is_a_whole_backward():
+    """With full recomputation the executor does not split a stage with checkpointed layers
+    (executor.split_backward): its W is one backward for the weights -- recomputed forward, input and weight
+    gradients -- while I stays the recomputation and the input gradient. Both profile paths."""
+    for per_t in (False, True):
+        c = make_costs(1, schedule="zb-h1", recompute=True, per_t=per_t)
+        assert c.stages[1].transformer_layers > 0
+        assert c.work("W", 1, 1) == pytest.approx(c._plain_bwd(1))
+        assert c.work("I", 1, 1) > c.recompute_extra(1) > 0
+        plain = make_costs(1, schedule="zb-h1", per_t=per_t)
+        assert plain.work("I", 1, 1) + plain.work("W", 1, 1) == pytest.approx(plain.bwd(1))
+
+
+def test_split_backward_overhead_per_layer_of_a_split_stage():
+    """The executor's measured split-backward overhead (ExecutorOverhead.split_input / split_weight) is charged
+    per layer of the stage to its I and W, not to F or B, and not where the stage is not split."""
+    from planner.cluster import ExecutorOverhead
+
+    ex = ExecutorOverhead(compute=1e-4, split_input=2e-4, split_weight=3e-4)
+    c = make_costs(1, schedule="zb-h1")
+    c.cluster = c.cluster.model_copy(update={"executor": ex})
+    from planner.cost import ActionOverheads
+
+    ov = ActionOverheads(c.cluster, c)
+    i, j = c.stages[1].layers
+    dev = c.schedule.placement[0][1]
+    f = ov.of("F", 1, dev)
+    assert ov.of("I", 1, dev) - ov.of("B", 1, dev) == pytest.approx(2e-4 * (j - i))
+    assert ov.of("W", 1, dev) == pytest.approx(1e-4 + 3e-4 * (j - i))
+    assert f < ov.of("I", 1, dev)
+    rc = make_costs(1, schedule="zb-h1", recompute=True)
+    rc.cluster = rc.cluster.model_copy(update={"executor": ex})
+    assert ActionOverheads(rc.cluster, rc).of("W", 1, dev) == pytest.approx(1e-4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.overhead import _fastest_rank_steps, _per_kind
+from profiler.overhead import _fastest_rank_steps, _per_kind, split_from_trace
 
 
 def _ev(tid: int, it: int, name: str, cat: str, ts_us: float, dur_us: float) -> dict:
@@ -37,3 +37,24 @@ def test_measure_overhead_end_to_end() -> None:
     assert ex.send > 0 and ex.recv > 0 and ex.step > 0 and ex.compute >= 0
     assert "gloo processes" in ex.source
     assert raw["F"]["count"] == 3 * 2 * 4 and raw["B"]["count"] == 3 * 2 * 4
+    # the split backward, from the ZB-H1 run: one figure per I and per W action, floored at 0
+    assert len(raw["split"]["split_input"]) == len(raw["split"]["split_weight"]) == 3 * 2 * 4
+    assert ex.split_input >= 0 and ex.split_weight >= 0
+
+
+def test_split_from_trace() -> None:
+    """Per I (W) action: duration less half the stage's profiled backward and ``compute``, over the stage's
+    layers; the median over the actions."""
+    events = []
+    for it in range(2):
+        b = it * 1000.0
+        # stage 0 (2 layers, profiled backward 40 us): I 60 us, W 50 us; stage 1 (3 layers, 90 us): I 120, W 75
+        events += [_ev(0, it, "0I0", "I", b, 60), _ev(0, it, "0W0", "W", b + 60, 50),
+                   _ev(1, it, "1I0", "I", b, 120), _ev(1, it, "1W0", "W", b + 120, 75)]
+    split, raw = split_from_trace({"traceEvents": events}, [40e-6, 90e-6], [2, 3], 10e-6, warmup=0)
+    # no gaps (each rank's records abut); per layer: I (60-20-10)/2 = 15, (120-45-10)/3 = 21.7; W 10, 6.7
+    assert raw["split_input"] == [pytest.approx(15e-6), pytest.approx(65e-6 / 3)] * 2
+    assert split["split_input"] == pytest.approx((15e-6 + 65e-6 / 3) / 2)
+    assert split["split_weight"] == pytest.approx((10e-6 + 20e-6 / 3) / 2)
+    assert split_from_trace({"traceEvents": []}, [0.0], [1], 0.0, warmup=0)[0] == {"split_input": 0.0,
+                                                                                  "split_weight": 0.0}
