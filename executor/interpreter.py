@@ -489,8 +489,7 @@ class RankRuntime:
                 else:
                     dx, split = split_input(out, grad, rec.x, params)
                 self._deliver(SEND_B, r, s, m, dx if len(rec.outs) == 1 else dx[sl].clone())
-            rec.grads[j] = (grad, split)
-            self.alive -= 1
+            rec.grads[j] = (grad, split)  # the activations stay for W (it frees them)
             return
         if rec.params is not None:
             self.version_log.append({"stage": s, "mb": m, "event": "B", "version": rec.version,
@@ -501,11 +500,10 @@ class RankRuntime:
         else:
             inputs = params + ([rec.x] if (k == B and want_dx) else [])
             torch.autograd.backward(out, grad, retain_graph=rec.uses > 0, inputs=inputs)
-        if k == B:
-            if want_dx:  # the whole input gradient when the forward ran one micro-batch (nothing else uses it)
-                assert rec.x.grad is not None
-                self._deliver(SEND_B, r, s, m, rec.x.grad if len(rec.outs) == 1 else rec.x.grad[sl].clone())
-            self.alive -= 1
+        if k == B and want_dx:  # the whole input gradient when the forward ran one micro-batch
+            assert rec.x.grad is not None
+            self._deliver(SEND_B, r, s, m, rec.x.grad if len(rec.outs) == 1 else rec.x.grad[sl].clone())
+        self.alive -= 1  # B, or W: what the forward stored is freed
         if rec.params is not None:
             self._async_update(r, s, rec)
 

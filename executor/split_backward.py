@@ -33,6 +33,10 @@ first stage too. With activation recomputation (non-reentrant ``torch.utils.chec
 ``W`` unpacks GEMM inputs that the checkpoint recomputes once per backward call (a whole layer's forward
 per join: measured 94 ms for ``W`` against a 41 ms backward on the blocks above), so a checkpointed stage
 is not split: ``I`` the input gradient and ``W`` one backward for the weights, as before.
+
+Memory: from ``I`` to ``W`` a micro-batch keeps its graph (what the forward saved) and the gradients kept at
+the joins (on the blocks above 7.3 MB against 21.5 MB of saved tensors); ``W`` frees them. The planner counts
+a micro-batch's activations alive until its ``W`` (:mod:`planner.schedules.zb_h1`), as the paper does.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class StageTerms:
     its backward), ``head`` the forward chain of one micro-batch up to each stage, ``down`` the backward
     chain below each stage, ``window`` the earliest start of a backward of each stage (:math:`T_1`), and
     ``round_trip`` one micro-batch through every stage and back (with a split backward, forwards and
-    input-gradient passes: an I frees what its F stored)."""
+    input-gradient passes: a micro-batch stays alive until its W, at least that long)."""
 
     __slots__ = ("bwd", "down", "drain", "fwd", "head", "round_trip", "weight", "window", "work")
 
@@ -63,7 +63,9 @@ class StageTerms:
         # per micro-batch F (a doubled forward runs two in one action) and the F of one action on a chain
         f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
         chain_f = [min(costs.fwd(s, 1), costs.fwd(s, 2)) if doubled else f[s] for s in range(S)]
-        bw = [costs.bwd(s) for s in range(S)]
+        # a split backward: I + W, at least B (a stage the executor does not split pays a whole backward in W:
+        # planner.cost.ConfigCosts.split_backward)
+        bw = [costs.work("I", s, 1) + costs.work("W", s, 1) if split else costs.bwd(s) for s in range(S)]
         # (the work, as F and B: a shared host's core share is the configuration's own, not these cached terms')
         chain_b = [costs.work("I", s, 1) for s in range(S)] if split else bw
         self.fwd, self.bwd = np.asarray(f), np.asarray(bw)

@@ -156,7 +156,7 @@ class MemoryModel:
     def list_inflight(self, config: Config, sched: Schedule) -> list[dict[int, float]]:
         """Per device and stage of the full schedule ``sched``, the most micro-batches whose activations are
         alive at once, counted in list order as the simulator counts them (a forward adds its
-        micro-batches, B or I frees one)."""
+        micro-batches, B or W frees one: a split backward's W still needs them)."""
         key = schedule_key(config, sched.microbatches)
         got = self._list_inflight.get(key)
         if got is None:
@@ -169,7 +169,7 @@ class MemoryModel:
                         alive[a.stage] = alive.get(a.stage, 0) + a.span
                         if alive[a.stage] > peak.get(a.stage, 0):
                             peak[a.stage] = alive[a.stage]
-                    elif a.kind in ("B", "I"):
+                    elif a.kind in ("B", "W"):
                         alive[a.stage] = alive.get(a.stage, 0) - 1
                 got.append(peak)
             self._list_inflight[key] = got
@@ -183,7 +183,7 @@ class MemoryModel:
     def list_peaks(self, sched: Schedule, costs: ConfigCosts) -> list[float]:
         """Per device, the peak of its alive activations in the full lists of ``sched``, as the simulator
         counts them (:func:`planner.schedules.encoded.replay_encoded`: in list order, a forward adds its
-        micro-batches times the stage's :meth:`activation`, a B or I takes one away, the peak is taken
+        micro-batches times the stage's :meth:`activation`, a B or W takes one away, the peak is taken
         after forwards; the same additions in the same order, so the same numbers). It depends on the
         order of the lists only, not on any time: the simulated memory is known before simulating. The
         count is :meth:`planner.shapes.Warmup.peaks`', on the whole lists (slots 0: not a prefix)."""

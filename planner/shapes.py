@@ -15,7 +15,7 @@ import numpy as np
 
 from planner.request import Config
 from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, inflight, shape
-from planner.schedules.ir import Action, B, F, I, Schedule
+from planner.schedules.ir import Action, B, F, I, Schedule, W
 from planner.simulate import compile_schedule
 
 #: (schedule name, D, schedule micro-batches, sorted parameters): what a schedule's lists depend on
@@ -53,8 +53,9 @@ class Warmup:
     recomputation with that structure; what depends on the costs is computed from these arrays.
 
     ``stage``, ``coef`` and ``forward`` are ``(devices, longest list)`` arrays in list order, padded at the
-    end: the stage of each action, what it adds to the alive micro-batches (a forward its span, a B or I
-    minus one, a W nothing), and whether it is a forward."""
+    end: the stage of each action, what it adds to the alive micro-batches (a forward its span, a B or W
+    minus one -- a split backward's activations stay until its W --, an I nothing), and whether it is a
+    forward."""
 
     def __init__(self, shape: Schedule, lists: list[list[Action]], slots: int) -> None:
         self.shape, self.lists, self.slots = shape, lists, slots
@@ -71,10 +72,11 @@ class Warmup:
             if len(code) != n:
                 raise ValueError("a warm-up holds compute actions only (F, B, I, W)")
             fwd, bwd = code == ord(F), (code == ord(B)) | (code == ord(I))
+            frees = (code == ord(B)) | (code == ord(W))  # a split backward's activations stay until its W
             at = (np.repeat(np.arange(D), lens), np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens))
             self.stage[at] = stages
             self.forward[at] = fwd
-            self.coef[at] = np.where(fwd, np.array(spans, dtype=float), np.where(bwd, -1.0, 0.0))
+            self.coef[at] = np.where(fwd, np.array(spans, dtype=float), np.where(frees, -1.0, 0.0))
             backwards = int(bwd.sum())
         #: B and I actions in the lists (all of them: the prefix is the whole schedule)
         self.backwards = backwards
@@ -85,7 +87,7 @@ class Warmup:
         """Per device, the peak of its alive activations in these lists with ``activation[s]`` per
         micro-batch of stage ``s``, counted as the simulator counts them (:func:`planner.schedules.encoded.
         replay_encoded`; :meth:`planner.memory.MemoryModel.list_peaks` reads a full schedule's lists through it)
-        (in list order, a forward adds span times its stage's figure, B or I take one away, the peak
+        (in list order, a forward adds span times its stage's figure, B or W take one away, the peak
         taken after forwards; the running sums are sequential, ``np.cumsum`` along each row, so the
         same additions in the same order give the same numbers)."""
         if not self.stage.shape[1]:

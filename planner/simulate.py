@@ -18,9 +18,9 @@ of its device's all-reduces. What is not overlapped is what the figures show.
 
 Outputs (:class:`SimResult`): makespan, per-device busy/idle time, bubble ratio
 ``1 - sum(busy) / (devices * makespan)``, per-device peak count of micro-batches whose activations are
-alive (a forward adds the micro-batches it runs, B or I of the same stage frees one), the critical-path
-counts Cf and Cb of Chimera section 3.4 (forward and backward passes on the chain of actions that
-determines the makespan), and the (start, end) of every action.
+alive (a forward adds the micro-batches it runs, B -- or a split backward's W -- of the same stage frees
+one), the critical-path counts Cf and Cb of Chimera section 3.4 (forward and backward passes on the chain
+of actions that determines the makespan), and the (start, end) of every action.
 
 Two replays apply these rules, below this module in :mod:`planner.schedules` (the validator uses them
 too): :func:`~planner.schedules.replay.replay_lowered` runs explicit lowered lists, action by action.

@@ -14,7 +14,7 @@ small = settings(max_examples=60, deadline=None)
 
 def counted(s: Schedule) -> dict[tuple[int, int], int]:
     """Per (replica, stage), the most micro-batches alive at once in the lists, counted as the simulator
-    counts them: a forward adds its micro-batches, a B or I frees one."""
+    counts them: a forward adds its micro-batches, a B -- or a split backward's W -- frees one."""
     alive: dict[tuple[int, int], int] = {}
     peak: dict[tuple[int, int], int] = {}
     for row in s.actions:
@@ -23,7 +23,7 @@ def counted(s: Schedule) -> dict[tuple[int, int], int]:
             if a.kind == "F":
                 alive[key] = alive.get(key, 0) + a.span
                 peak[key] = max(peak.get(key, 0), alive[key])
-            elif a.kind in ("B", "I"):
+            elif a.kind in ("B", "W"):
                 alive[key] = alive.get(key, 0) - 1
     return peak
 

@@ -294,7 +294,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
         k, s, _, r, span, _ = acts[j]
         d = int(dev_of[j])
         u_dur[u] = cost((k, s, span, d), costs.compute, k, s, span, d)
-        if k != W:
+        if k != I:  # a split backward's activations stay until its W (planner.schedules.zb_h1)
             w = weight.get(s)
             if w is None:
                 w = weight[s] = float(costs.activation(s))

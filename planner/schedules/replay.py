@@ -148,7 +148,7 @@ def replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
                     for mm in range(m, m + a.span):
                         done[(k, r, s, mm)] = end
                         where[(k, r, s, mm)] = (d, i)
-                    if k == F or k == B or k == I:
+                    if k == F or k == B or k == W:  # a split backward frees at its W
                         w = act_w.get(s)
                         if w is None:
                             w = act_w[s] = float(costs.activation(s))

@@ -9,9 +9,12 @@ Rules (section 3.1):
 
 * **Same warm-up as 1F1B**: stage ``d`` runs ``min(D-d-1, N)`` forwards first, then alternates one
   ``F`` and one ``I`` in 1F1B order and drains the remaining ``I``; the ``F``/``I`` order is exactly
-  1F1B's with ``B`` replaced by ``I``, so the number of micro-batches whose activations are alive (an
-  ``F`` adds one, its ``I`` frees it -- the simulator's count) peaks at 1F1B's ``min(D-d, N)``.
-  (The paper also counts the memory a pending ``W`` keeps; ZB-H1 keeps it within the same ``D`` bound.)
+  1F1B's with ``B`` replaced by ``I``.
+* **Memory**: a micro-batch's activations stay until its ``W`` -- the weight gradients need each GEMM's
+  input and the gradient that reached its output (section 2; the paper counts the memory a pending ``W``
+  keeps) -- so an ``F`` adds one and its ``W`` frees it (the simulator's count). With the deferral below
+  every stage then peaks at ``min(D, N)``, 1F1B's peak at stage 0: "ZB-H1 ... the same peak memory as
+  1F1B", where 1F1B's later stages hold fewer (``min(D-d, N)``).
 * **W deferred into the bubbles**: stage ``d`` runs the ``W`` of a micro-batch ``d`` ``I`` s after that
   micro-batch's own ``I`` (the rest at the end). Stage 0 runs each ``W`` right after its ``I`` -- in
   the cool-down its ``I`` s arrive with gaps that the ``W`` s fill; the last stage defers ``D-1`` of
@@ -29,9 +32,9 @@ from collections import deque
 
 from planner.schedules.common import check_positive, linear_schedule, no_lists
 from planner.schedules.ir import Action, I, Schedule, W
-from planner.schedules.one_f_one_b import stage_inflight, stage_order
+from planner.schedules.one_f_one_b import stage_order
 
-#: :func:`inflight` (1F1B's ``min(D-s, N)``: an ``I`` frees what its ``F`` stored) is exact
+#: :func:`inflight` (``min(D, N)`` on every stage: a ``W`` frees what its ``F`` stored) is exact
 INFLIGHT_EXACT = True
 #: the backward is split into I and W: a weight-gradient pass, not a gradient travelling down, may end a list
 SPLIT_BACKWARD = True
@@ -60,8 +63,10 @@ def device_order(stage: int, devices: int, microbatches: int) -> list[Action]:
 
 
 def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
-    """Per (replica, stage), the most micro-batches alive at once: 1F1B's ``min(D-s, N)``."""
-    return stage_inflight(devices, microbatches)
+    """Per (replica, stage), the most micro-batches alive at once (until their ``W``): ``min(D, N)``, each
+    stage's 1F1B count ``min(D-s, N)`` plus the ``s`` whose ``W`` it defers."""
+    check_positive(devices=devices, microbatches=microbatches)
+    return {(0, s): min(devices, microbatches) for s in range(devices)}
 
 
 def build(devices: int, microbatches: int) -> Schedule:
