@@ -67,6 +67,8 @@ class Split:
         """``W``: accumulate every parameter's gradient into ``.grad``, each join's branch from the gradient
         ``I`` kept there, the rest by a backward from ``out`` (seeded with ``grad``) limited to them."""
         calls = [(i, node, params) for i, (node, params) in enumerate(self.joins) if i in self.captured]
+        # a join I did not run (none should: each lies on a path to the input) is left to the whole backward
+        self.rest += [p for i, (_, params) in enumerate(self.joins) if i not in self.captured for p in params]
         for n, (i, node, params) in enumerate(calls):
             grads = self.captured.pop(i)
             edges = [GradientEdge(node, k) for k, g in enumerate(grads) if g is not None]

@@ -117,3 +117,21 @@ def test_a_weight_used_twice_is_left_to_a_whole_backward() -> None:
     split.weights(out, None, retain_graph=False)
     for got, want in zip((p.grad for p in params), ref, strict=True):
         assert got is not None and torch.allclose(got, want, rtol=0, atol=1e-14)
+
+
+def test_a_join_without_its_gradient_falls_back_to_a_whole_backward() -> None:
+    """Should I not have reached a join, W still gives every weight its gradient (by the whole backward)."""
+    layers = _stage(3)
+    params = list(layers.parameters())
+    x0 = torch.randn(2, 5, 16, dtype=torch.float64)
+    g = torch.randn(2, 5, 16, dtype=torch.float64)
+    ref, _ = _reference(layers, x0, g)
+    for p in params:
+        p.grad = None
+    x = x0.clone().requires_grad_(True)
+    out = _run(layers, x)
+    _, split = split_input(out, g, x, params)
+    split.captured.pop(0)
+    split.weights(out, g, retain_graph=False)
+    for got, want in zip((p.grad for p in params), ref, strict=True):
+        assert got is not None and torch.allclose(got, want, rtol=0, atol=1e-12)
