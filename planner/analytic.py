@@ -89,7 +89,8 @@ def _shard(times: dict[int, PassTimes], recomputed: bool = True,
         bwd_input_time={b: p.bwd_i for b, p in times.items()},
         bwd_weight_time={b: p.bwd_w for b, p in times.items()},
         stashed_bytes_per_sample=int(round(times[min(times)].saved_bytes / min(times))),
-        transient_bytes_per_sample=_transient(times), source="operators")
+        transient_bytes_per_sample=_transient(times),
+        held_grad_bytes_per_sample=int(round(times[min(times)].held_grad_bytes / min(times))), source="operators")
 
 
 def _transient(times: dict[int, PassTimes]) -> int | None:
@@ -175,6 +176,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
             recompute_time=one.recompute_time, output_bytes_per_sample=out_bytes,
             stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0),
             transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
+            held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
             params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t)
 
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)

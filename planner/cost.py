@@ -120,6 +120,7 @@ from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, he
 from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed, recompute_granularity
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
+from planner.schedules import splits_backward
 from planner.schedules.ir import SEND_F, Schedule
 from planner.simulate import Costs, SimResult
 
@@ -308,6 +309,8 @@ class StageInfo:
     #: the stage holds the (vocabulary-parallel) embedding / the LM head with its loss
     has_embedding: bool = False
     has_head: bool = False
+    #: per sample, the output gradients a split backward's I keeps for its W (:func:`layer_held_grads`)
+    held_grad_bytes: float = 0.0
 
 
 def own_layer_params(profile: ModelProfile, info: StageInfo) -> list[float]:
@@ -339,6 +342,16 @@ def layer_transient(lay: LayerProfile, tensor: int) -> float:
     if shard is not None and shard.transient_bytes_per_sample is not None:
         return float(shard.transient_bytes_per_sample)
     return (lay.transient_bytes_per_sample or 0) / tensor
+
+
+def layer_held_grads(lay: LayerProfile, tensor: int) -> float:
+    """Bytes per sample of the output gradients one layer's ``1/t`` shard keeps from a split backward's I to
+    its W (:attr:`planner.profile.ShardTimes.held_grad_bytes_per_sample`): the profile's figure at this ``t``,
+    else the t = 1 figure over ``t``, 0 where the profile has none (a measured profile)."""
+    shard = lay.tensor_times.get(tensor) if lay.tensor_times else None
+    if shard is not None and shard.held_grad_bytes_per_sample is not None:
+        return float(shard.held_grad_bytes_per_sample)
+    return (lay.held_grad_bytes_per_sample or 0) / tensor
 
 
 def recompute_kept_bytes(lay: LayerProfile, stash: float, tensor: int, sequence_parallel: bool) -> float:
@@ -375,7 +388,8 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             transformer_layers=sum(1 for x in layers if x.kind == "transformer"),
             transient_bytes=max(layer_transient(lay, tensor) for lay in layers),
             has_embedding=any(x.kind == "embedding" for x in layers),
-            has_head=any(x.kind == "lm_head" for x in layers)))
+            has_head=any(x.kind == "lm_head" for x in layers),
+            held_grad_bytes=sum(layer_held_grads(lay, tensor) for lay in layers)))
     # a tied copy sharing the stage of its original is not a second copy
     return out
 
@@ -1002,6 +1016,15 @@ class ConfigCosts(Costs):
         info = self.stages[stage]
         per_sample = info.recompute_kept_bytes if self.config.recompute else info.stash_bytes
         return per_sample * self.base_b
+
+    def held_grads(self, stage: int) -> float:
+        """Bytes a split backward's I adds per micro-batch and its W frees with the activations: the output
+        gradients of the stage's weight GEMMs, which W needs (``dW = dY^T X``; zero-bubble, Qi et al. 2024,
+        section 2). 0 where the backward is not split (other schedules; a stage the executor does not split,
+        :meth:`split_backward`) or the profile does not know them."""
+        if not splits_backward(self.config.schedule) or not self.split_backward(stage):
+            return 0.0
+        return self.stages[stage].held_grad_bytes * self.base_b
 
 
 def chimera_eq1(f_t: float, b_t: float, comm_p2p: float, c_f: int, c_b: int, unoverlapped: float) -> float:

@@ -183,12 +183,14 @@ class MemoryModel:
     def list_peaks(self, sched: Schedule, costs: ConfigCosts) -> list[float]:
         """Per device, the peak of its alive activations in the full lists of ``sched``, as the simulator
         counts them (:func:`planner.schedules.encoded.replay_encoded`: in list order, a forward adds its
-        micro-batches times the stage's :meth:`activation`, a B or W takes one away, the peak is taken
-        after forwards; the same additions in the same order, so the same numbers). It depends on the
+        micro-batches times the stage's :meth:`activation`, a B takes one away, a split backward's I adds the
+        stage's :meth:`planner.cost.ConfigCosts.held_grads` and its W takes both away, the peak is taken after
+        forwards and I's; the same additions in the same order, so the same numbers). It depends on the
         order of the lists only, not on any time: the simulated memory is known before simulating. The
         count is :meth:`planner.shapes.Warmup.peaks`', on the whole lists (slots 0: not a prefix)."""
         act = np.array([costs.activation(s) for s in range(sched.stages)], dtype=float)
-        return Warmup(sched, sched.actions, 0).peaks(act)
+        held = np.array([costs.held_grads(s) for s in range(sched.stages)], dtype=float)
+        return Warmup(sched, sched.actions, 0).peaks(act, held)
 
     def peak_memory(self, cand: Candidate, costs: ConfigCosts, peaks: list[float]) -> list[float]:
         """:meth:`simulated_memory` from the per-device activation peaks (:meth:`list_peaks`), plus the largest

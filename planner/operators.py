@@ -557,6 +557,9 @@ class PassTimes:
     transient_bytes: float = 0.0
     #: seconds of the forward kernels selective recomputation re-runs in the backward (part of ``bwd_i``)
     rerun: float = 0.0
+    #: bytes of the output gradients of the operators with weight-gradient kernels: what a split backward's
+    #: ``I`` keeps for its ``W`` (``dW = dY^T X`` needs ``dY``; zero-bubble, Qi et al. 2024, section 2)
+    held_grad_bytes: float = 0.0
     per_op: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
@@ -585,6 +588,8 @@ def time_operators(ops: list[Operator], device: DeviceSpec, dtype: str) -> PassT
         out.bwd_i += i
         out.bwd_w += w
         out.saved_bytes += op.saved_bytes
+        if op.bwd_w:
+            out.held_grad_bytes += op.out_bytes
         out.transient_bytes = max(out.transient_bytes, op.transient_bytes)
         out.per_op[op.name] = (f, i, w)
     return out

@@ -92,6 +92,9 @@ class ShardTimes(BaseModel):
     stashed_bytes_per_sample: int | None = Field(default=None, ge=0)
     # (absent when unknown, so profiles made before it read and hash as they did)
     transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
+    #: bytes per sample of the output gradients a split backward's I keeps for its W (the weight GEMMs'
+    #: ``dY``; :attr:`planner.operators.PassTimes.held_grad_bytes`); absent when unknown (counted as 0)
+    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
     sequence_parallel: bool = False
     source: Literal["measured", "operators"] = "measured"
     #: (operator-model shards on a device with a power limit) per micro-batch size, the share of the times that
@@ -162,6 +165,8 @@ class LayerProfile(BaseModel):
     output_bytes_per_sample: int = Field(ge=0)
     stashed_bytes_per_sample: int = Field(ge=0)
     transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
+    #: as :class:`ShardTimes`' (the t = 1 figure)
+    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
     input_bytes_per_sample: int = Field(ge=0)
     params: int = Field(ge=0)
     param_bytes: int = Field(ge=0)

@@ -64,6 +64,9 @@ class Warmup:
         self.stage = np.zeros((D, L), dtype=np.int64)
         self.coef = np.zeros((D, L))
         self.forward = np.zeros((D, L), dtype=bool)
+        #: where the I and W actions are (a split backward's I adds the output gradients its W frees)
+        self.input_grad = np.zeros((D, L), dtype=bool)
+        self.weight_grad = np.zeros((D, L), dtype=bool)
         backwards = 0
         if n:
             # every row at once: the actions' fields as flat columns, placed at (device, position in its list)
@@ -74,6 +77,8 @@ class Warmup:
             fwd, bwd = code == ord(F), (code == ord(B)) | (code == ord(I))
             frees = (code == ord(B)) | (code == ord(W))  # a split backward's activations stay until its W
             at = (np.repeat(np.arange(D), lens), np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens))
+            self.input_grad[at] = code == ord(I)
+            self.weight_grad[at] = code == ord(W)
             self.stage[at] = stages
             self.forward[at] = fwd
             self.coef[at] = np.where(fwd, np.array(spans, dtype=float), np.where(frees, -1.0, 0.0))
@@ -83,17 +88,23 @@ class Warmup:
         self._compiled: Any = None
         self._part: Schedule | None = None
 
-    def peaks(self, activation: np.ndarray) -> list[float]:
+    def peaks(self, activation: np.ndarray, held: np.ndarray | None = None) -> list[float]:
         """Per device, the peak of its alive activations in these lists with ``activation[s]`` per
         micro-batch of stage ``s``, counted as the simulator counts them (:func:`planner.schedules.encoded.
         replay_encoded`; :meth:`planner.memory.MemoryModel.list_peaks` reads a full schedule's lists through it)
-        (in list order, a forward adds span times its stage's figure, B or W take one away, the peak
-        taken after forwards; the running sums are sequential, ``np.cumsum`` along each row, so the
-        same additions in the same order give the same numbers)."""
+        (in list order, a forward adds span times its stage's figure, B takes one away, a split backward's I
+        adds ``held[s]`` -- the output gradients its W needs -- and its W takes both away; the peak taken after
+        forwards and I's; the running sums are sequential, ``np.cumsum`` along each row, so the same additions
+        in the same order give the same numbers). ``held`` None: none kept (the additions of an I are 0)."""
         if not self.stage.shape[1]:
             return [0.0] * len(self.lists)
-        alive = np.cumsum(self.coef * activation[self.stage], axis=1)
-        top = np.where(self.forward, alive, -np.inf).max(axis=1)
+        if held is None or not np.any(held):
+            alive = np.cumsum(self.coef * activation[self.stage], axis=1)
+        else:
+            act, kept = activation[self.stage], held[self.stage]
+            alive = np.cumsum(np.where(self.input_grad, kept,
+                                       np.where(self.weight_grad, -(act + kept), self.coef * act)), axis=1)
+        top = np.where(self.forward | self.input_grad, alive, -np.inf).max(axis=1)
         return np.maximum(top, 0.0).tolist()
 
     def partial(self) -> tuple[Schedule, Any]:

@@ -142,3 +142,30 @@ def test_gems_at_most_two_in_flight():
                 lo_hi[0], lo_hi[1] = min(lo_hi[0], st), max(lo_hi[1], en)
     for t in sorted({x for v in span.values() for x in v}):
         assert sum(1 for lo, hi in span.values() if lo <= t < hi) <= 2
+
+
+class _HeldCosts(UnitCosts):
+    """ZB_COSTS whose I keeps half a micro-batch's activations of output gradients until its W."""
+
+    def held_grads(self, stage: int) -> float:
+        return 0.5
+
+
+@pytest.mark.parametrize("D,N", [(2, 5), (4, 8), (8, 24)])
+def test_zb_h1_keeps_the_output_gradients_from_i_to_w(D, N):
+    """A split backward's I adds the output gradients its W needs (``dW = dY^T X``): stage s holds, besides its
+    D micro-batches' activations, those of the s micro-batches whose W it defers and of the one just past its
+    I. The encoded replay, the lowered one and the list count (Warmup.peaks, what the search reads before
+    simulating) agree."""
+    from planner.schedules import lower
+    from planner.schedules.replay import replay_lowered
+    from planner.shapes import Warmup
+
+    costs = _HeldCosts(1, 2, input_grad=1, weight_grad=1)
+    sched = build("zb-h1", D, N)
+    got = peaks(simulate(sched, costs))
+    assert got == [D + 0.5 * (s + 1) for s in range(D)]
+    assert peaks(replay_lowered(lower(sched), costs)) == got
+    import numpy as np
+    assert Warmup(sched, sched.actions, 0).peaks(np.ones(D), np.full(D, 0.5)) == got
+    assert peaks(simulate(sched, ZB_COSTS)) == [min(D, N)] * D  # without held gradients (UnitCosts has none)

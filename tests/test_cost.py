@@ -172,3 +172,36 @@ def test_split_backward_overhead_per_layer_of_a_split_stage():
     rc = make_costs(1, schedule="zb-h1", recompute=True)
     rc.cluster = rc.cluster.model_copy(update={"executor": ex})
     assert ActionOverheads(rc.cluster, rc).of("W", 1, dev) == pytest.approx(1e-4)
+
+
+def test_held_output_gradients_of_a_split_backward():
+    """The operator model's output gradients of the weight GEMMs (what a split backward's I keeps for its W):
+    a GPT block keeps QKV (3h/t), the projection (h), MLP up (4h/t) and down (h) per token; the LM head its
+    logits (V/t). Charged per micro-batch to zero-bubble stages only, and not where the executor does not
+    split (full recomputation)."""
+    from planner.analytic import analytic_profile
+    from planner.device import get_device
+
+    spec = PRESETS["gpt2-medium"]
+    prof = analytic_profile(spec, get_device("A100-SXM4-80GB"), dtype="fp16", micro_batches=(1, 2),
+                            tensor_sizes=(1, 4))
+    s, h = spec.seq, spec.hidden
+    block, head = prof.layers[1], prof.layers[-1]
+    assert block.held_grad_bytes_per_sample == 2 * s * 9 * h
+    assert block.tensor_times is not None
+    assert block.tensor_times[4].held_grad_bytes_per_sample == 2 * s * (3 + 4) * h / 4 + 2 * 2 * s * h
+    assert head.held_grad_bytes_per_sample == 2 * s * spec.vocab
+    D = 4
+    n = len(prof.layers)
+    bounds = [(k * n // D, (k + 1) * n // D) for k in range(D)]
+    cl = cluster()
+
+    def costs(schedule: str, recompute: bool = False) -> ConfigCosts:
+        cfg = Config(tensor=4, pipeline=D, data=1, micro_batch=2, schedule=schedule, recompute=recompute)
+        return ConfigCosts(prof, cl, TrainingRequest(global_batch=16), cfg, build(schedule, D, 8), bounds)
+
+    zb = costs("zb-h1")
+    i, j = zb.stages[1].layers
+    assert zb.held_grads(1) == pytest.approx(2 * (j - i) * (2 * s * 7 * h / 4 + 2 * 2 * s * h))
+    assert costs("1f1b").held_grads(1) == 0.0
+    assert costs("zb-h1", recompute=True).held_grads(1) == 0.0

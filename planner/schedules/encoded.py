@@ -71,7 +71,8 @@ class EncodedSchedule:
     #: span), and one action that has it (``first[signature[j]]``)
     signature: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    #: per action, whether it is a forward
+    #: per action, whether the peak of alive activations is taken after it: a forward, or an I (it adds the
+    #: output gradients its W needs)
     forward: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @classmethod
@@ -185,7 +186,7 @@ class EncodedSchedule:
         key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
         signature, first = _signatures(key)
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
-                   producer, bool(in_order), signature, first, kc == 0)
+                   producer, bool(in_order), signature, first, (kc == 0) | (kc == 2))
 
 
 #: byte of a kind's letter -> its code in :data:`_KIND_CODE` (-1: not a compute kind)
@@ -273,7 +274,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     end); the rest follows from those times with numpy, with the same floating-point operations in the
     same order: starts and binding predecessors (the first strictly latest of the previous action on the
     device and the two inputs), busy time (running sums in list order), alive activations (running sums
-    in list order, the peak taken after forwards) and send starts.
+    in list order, the peak taken after forwards and I's) and send starts.
     """
     sched = plan.schedule
     D = sched.devices
@@ -290,15 +291,26 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     m = len(plan.first)
     u_dur, u_send, u_delta = np.zeros(m), np.full(m, -1.0), np.zeros(m)
     weight: dict[int, float] = {}
+    held: dict[int, float] = {}
+    held_grads = getattr(costs, "held_grads", None)
     for u, j in enumerate(plan.first.tolist()):
         k, s, _, r, span, _ = acts[j]
         d = int(dev_of[j])
         u_dur[u] = cost((k, s, span, d), costs.compute, k, s, span, d)
-        if k != I:  # a split backward's activations stay until its W (planner.schedules.zb_h1)
-            w = weight.get(s)
-            if w is None:
-                w = weight[s] = float(costs.activation(s))
-            u_delta[u] = w * span if k == F else -w
+        # a split backward's activations stay until its W (planner.schedules.zb_h1), and its I adds the output
+        # gradients that W needs (the costs' held_grads, 0 for costs without them)
+        w = weight.get(s)
+        if w is None:
+            w = weight[s] = float(costs.activation(s))
+            held[s] = float(held_grads(s)) if held_grads is not None else 0.0
+        if k == F:
+            u_delta[u] = w * span
+        elif k == B:
+            u_delta[u] = -w
+        elif k == I:
+            u_delta[u] = held[s]
+        else:
+            u_delta[u] = -(w + held[s])
         p = peer[j]
         if p >= 0:
             sk, sspan = (SEND_F, span) if k == F else (SEND_B, 1)
@@ -420,7 +432,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
             return None
 
     # what follows from the times, per device (its actions are a run of global numbers): busy time and the
-    # peak of alive activations, running sums in list order (the peak taken after forwards)
+    # peak of alive activations, running sums in list order (the peak taken after forwards and I's)
     busy: list[float] = []
     peak: list[float] = []
     delta = u_delta[sig]

@@ -69,6 +69,8 @@ def replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
     alive = [0.0] * D
     peak = [0.0] * D
     act_w: dict[int, float] = {}
+    held: dict[int, float] = {}  # a split backward's output gradients kept from I to W (the costs' held_grads)
+    held_grads = getattr(costs, "held_grads", None)
     ars = AllReduces(place, D, lambda s_, r_, d_: dur((ALLREDUCE, s_, r_), costs.allreduce, s_, r_, d_), comm_busy)
     ar_slots: list[tuple[int, int, list[float]]] = []  # (device, timeline index, [start, end]) to fill in
     pos = [0] * D
@@ -148,16 +150,17 @@ def replay_lowered(schedule: Schedule, costs: Costs) -> SimResult:
                     for mm in range(m, m + a.span):
                         done[(k, r, s, mm)] = end
                         where[(k, r, s, mm)] = (d, i)
-                    if k == F or k == B or k == W:  # a split backward frees at its W
+                    if k == F or k == B or k == I or k == W:
                         w = act_w.get(s)
                         if w is None:
                             w = act_w[s] = float(costs.activation(s))
-                        if k == F:
-                            alive[d] += w * a.span
+                            held[s] = float(held_grads(s)) if held_grads is not None else 0.0
+                        if k == F or k == I:  # a split backward's I keeps the output gradients for its W
+                            alive[d] += w * a.span if k == F else held[s]
                             if alive[d] > peak[d]:
                                 peak[d] = alive[d]
-                        else:
-                            alive[d] -= w
+                        else:  # B, or W: a split backward's activations stay until its W
+                            alive[d] -= w if k == B else (w + held[s])
                     cause[(d, i)] = binding
                     last_on[d] = (d, i)
                     if end >= last_end:
