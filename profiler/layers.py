@@ -70,6 +70,8 @@ class LayerMeasurement:
     output_bytes_per_sample: int = 0
     stashed_bytes_per_sample: int = 0
     input_bytes_per_sample: int = 0
+    #: the output gradients a split backward's I keeps for its W (:func:`_held_grad_bytes`), per sample
+    held_grad_bytes_per_sample: int = 0
     params: int = 0
     param_bytes: int = 0
     peak_memory_bytes: int | None = None
@@ -123,9 +125,11 @@ def profile_layer(
     saved: dict[int, int] = {}
     outputs: dict[int, int] = {}
     inputs_bytes: dict[int, int] = {}
+    held: dict[int, int] = {}
     for b in micro_batches:
         sizes = _measure_bytes(layer, inputs_for(b))
         inputs_bytes[b], saved[b], outputs[b] = sizes
+        held[b] = _held_grad_bytes(layer, inputs_for(b))
         _measure_size(layer, inputs_for(b), b, device, warmup, repeats, recompute and checkpointed, m,
                       in_flight(device, sizes[1] + sizes[2]))
         if recompute and not checkpointed:
@@ -138,6 +142,7 @@ def profile_layer(
     m.stashed_bytes_per_sample = _per_sample(saved)
     m.output_bytes_per_sample = _per_sample(outputs)
     m.input_bytes_per_sample = _per_sample(inputs_bytes)
+    m.held_grad_bytes_per_sample = _per_sample(held)
     return m
 
 
@@ -196,6 +201,24 @@ def _measure_bytes(layer: nn.Module, new_inputs: Callable[[], Inputs]) -> tuple[
     with torch.no_grad():
         out = layer(*new_inputs())
     return input_bytes, stashed, 0 if out.dim() == 0 else out.numel() * out.element_size()
+
+
+def _held_grad_bytes(layer: nn.Module, new_inputs: Callable[[], Inputs]) -> int:
+    """Bytes of the gradients zero-bubble's split backward keeps from I to W for one forward of ``layer``
+    (:mod:`executor.split_backward`: at each node where a weight's branch joins the graph), the way the executor
+    splits it; 0 for a layer whose input needs no gradient (the embedding: the executor cuts after it and keeps
+    only its output's gradient, counted with the next layer's input)."""
+    from executor.split_backward import split_input
+
+    inputs = new_inputs()
+    x = inputs[0]
+    out = layer(*inputs)
+    if not x.requires_grad or out.grad_fn is None:
+        return 0
+    params = [p for p in layer.parameters() if p.requires_grad]
+    _, split = split_input(out, None if out.dim() == 0 else torch.ones_like(out), x, params)
+    layer.zero_grad(set_to_none=True)
+    return sum(g.numel() * g.element_size() for grads in split.captured.values() for g in grads if g is not None)
 
 
 def _peak_memory(layer: nn.Module, new_inputs: Callable[[], Inputs], device: torch.device) -> int:

@@ -69,6 +69,7 @@ def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: in
         stashed_bytes_per_sample=m.stashed_bytes_per_sample,
         transient_bytes_per_sample=transient_per_sample(m),
         input_bytes_per_sample=m.input_bytes_per_sample,
+        held_grad_bytes_per_sample=m.held_grad_bytes_per_sample or None,
         params=m.params,
         param_bytes=m.param_bytes,
         tied_params=tied_params,

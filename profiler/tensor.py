@@ -52,7 +52,9 @@ def shard_times(m: LayerMeasurement, source: str = "measured") -> ShardTimes:
     return ShardTimes(fwd_time={b: x.median for b, x in m.fwd.items()},
                       bwd_time={b: x.median for b, x in m.bwd.items()},
                       recompute_time={b: x.median for b, x in m.recompute.items()} or None,
-                      stashed_bytes_per_sample=m.stashed_bytes_per_sample, source=source)  # type: ignore[arg-type]
+                      stashed_bytes_per_sample=m.stashed_bytes_per_sample,
+                      held_grad_bytes_per_sample=m.held_grad_bytes_per_sample or None,
+                      source=source)  # type: ignore[arg-type]
 
 
 def measure_shards(layer: torch.nn.Module, inputs_for: Callable[[int], Any], sizes: list[int], tensor: list[int],
