@@ -47,8 +47,11 @@ def _reference(layers: nn.ModuleList, x0: torch.Tensor, g: torch.Tensor) -> tupl
     return [p.grad.clone() for p in layers.parameters()], x.grad.clone()
 
 
-def test_split_equals_one_backward_and_walks_the_activations_once() -> None:
-    layers = _stage()
+def _forward(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor,
+                                torch.Tensor]:
+    """A stage's parameters, their reference gradients and input gradient (one whole backward), and a fresh
+    forward (no gradients yet): ``params, ref, ref_dx, x, out, g``."""
+    layers = _stage(seed)
     params = list(layers.parameters())
     x0 = torch.randn(2, 5, 16, dtype=torch.float64)
     g = torch.randn(2, 5, 16, dtype=torch.float64)
@@ -56,7 +59,11 @@ def test_split_equals_one_backward_and_walks_the_activations_once() -> None:
     for p in params:
         p.grad = None
     x = x0.clone().requires_grad_(True)
-    out = _run(layers, x)
+    return params, ref, ref_dx, x, _run(layers, x), g
+
+
+def test_split_equals_one_backward_and_walks_the_activations_once() -> None:
+    params, ref, ref_dx, x, out, g = _forward(0)
     Spy.calls = 0
     dx, split = split_input(out, g, x, params)
     assert Spy.calls == 3  # I: once through each layer's output
@@ -121,15 +128,7 @@ def test_a_weight_used_twice_is_left_to_a_whole_backward() -> None:
 
 def test_a_join_without_its_gradient_falls_back_to_a_whole_backward() -> None:
     """Should I not have reached a join, W still gives every weight its gradient (by the whole backward)."""
-    layers = _stage(3)
-    params = list(layers.parameters())
-    x0 = torch.randn(2, 5, 16, dtype=torch.float64)
-    g = torch.randn(2, 5, 16, dtype=torch.float64)
-    ref, _ = _reference(layers, x0, g)
-    for p in params:
-        p.grad = None
-    x = x0.clone().requires_grad_(True)
-    out = _run(layers, x)
+    params, ref, _, x, out, g = _forward(3)
     _, split = split_input(out, g, x, params)
     split.captured.pop(0)
     split.weights(out, g, retain_graph=False)
