@@ -537,7 +537,8 @@ def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOp
     lookup = elementwise("embedding", T * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1, bwd_writes=1,
                          saved_bytes=8.0 * T)
     w = Kernel("embedding.wgrad", 0.0, el * 2 * T * h)
-    lookup = Operator(lookup.name, lookup.fwd, (), (w,), lookup.saved_bytes)
+    # its weight gradient scatters the output gradient: what a split backward keeps for W (out_bytes)
+    lookup = Operator(lookup.name, lookup.fwd, (), (w,), lookup.saved_bytes, out_bytes=el * T * h)
     mask = T * h if o.dropout else 0.0
     drop = elementwise("embedding_dropout", T * h, el, reads=2, writes=1, flops_per=2.0, bwd_reads=1, bwd_writes=1,
                        saved_bytes=mask, extra_bytes=mask, bwd_extra_bytes=mask)

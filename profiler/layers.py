@@ -206,15 +206,17 @@ def _measure_bytes(layer: nn.Module, new_inputs: Callable[[], Inputs]) -> tuple[
 def _held_grad_bytes(layer: nn.Module, new_inputs: Callable[[], Inputs]) -> int:
     """Bytes of the gradients zero-bubble's split backward keeps from I to W for one forward of ``layer``
     (:mod:`executor.split_backward`: at each node where a weight's branch joins the graph), the way the executor
-    splits it; 0 for a layer whose input needs no gradient (the embedding: the executor cuts after it and keeps
-    only its output's gradient, counted with the next layer's input)."""
+    splits it; for a layer whose input needs no gradient (the embedding, whose input is token ids) the gradient of
+    its output, which the executor keeps at its cut after that layer for W."""
     from executor.split_backward import split_input
 
     inputs = new_inputs()
     x = inputs[0]
     out = layer(*inputs)
-    if not x.requires_grad or out.grad_fn is None:
+    if out.grad_fn is None:
         return 0
+    if not x.requires_grad:
+        return 0 if out.dim() == 0 else out.numel() * out.element_size()
     params = [p for p in layer.parameters() if p.requires_grad]
     _, split = split_input(out, None if out.dim() == 0 else torch.ones_like(out), x, params)
     layer.zero_grad(set_to_none=True)

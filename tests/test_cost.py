@@ -191,6 +191,7 @@ def test_held_output_gradients_of_a_split_backward():
     assert block.tensor_times is not None
     assert block.tensor_times[4].held_grad_bytes_per_sample == 2 * s * (3 + 4) * h / 4 + 2 * 2 * s * h
     assert head.held_grad_bytes_per_sample == 2 * s * spec.vocab
+    assert prof.layers[0].held_grad_bytes_per_sample == 2 * s * h  # the embedding's output gradient
     D = 4
     n = len(prof.layers)
     bounds = [(k * n // D, (k + 1) * n // D) for k in range(D)]
