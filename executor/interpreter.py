@@ -71,7 +71,7 @@ from executor.p2p_order import action_label
 from executor.plan import RunPlan
 from executor.split_backward import Split, split_input
 from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
-from planner.profile import checkpointed
+from planner.profile import checkpointed, stage_splits_backward
 from planner.schedules.ir import (
     ALLREDUCE,
     RECV_B,
@@ -151,6 +151,8 @@ class StageModule(nn.Module):
             raise ValueError(f"kinds: one per layer ({len(layers)}), got {len(kinds)}")
         #: per layer, whether it runs checkpointed
         self.checkpointed = [recompute and checkpointed(k) for k in kinds]
+        #: whether zero-bubble's I/W split is made on this stage (planner.profile.stage_splits_backward)
+        self.splits_backward = stage_splits_backward(kinds, recompute)
         self.has_head = takes_targets(layers[-1])
         self.body_layers = list(range(len(layers) - 1 if self.has_head else len(layers)))
 
@@ -430,7 +432,7 @@ class RankRuntime:
         else:
             # a stage whose backward zero-bubble splits, of the first stage and without checkpoints, cuts its
             # graph after the embedding so that I has an input gradient to compute (StageModule.forward)
-            cut = [] if (r, s) in self.split and s == 0 and not any(mod.checkpointed) else None
+            cut = [] if (r, s) in self.split and s == 0 and mod.splits_backward else None
             outs = mod(x, targets, cut)
         if mod.has_head:
             outs = [loss * self.scale for loss in outs]
@@ -481,13 +483,13 @@ class RankRuntime:
             if rec.cut is not None:  # the first stage: the gradient at its cut, carried on by W
                 split = split_input(out, grad, rec.cut[1], params, tail=rec.cut[0])[1]
             elif want_dx:
-                if any(self.modules[(self.copy[s], s)].checkpointed):
+                if self.modules[(self.copy[s], s)].splits_backward:
+                    dx, split = split_input(out, grad, rec.x, params)
+                else:
                     # a checkpointed layer recomputes its forward in every backward call (non-reentrant
                     # checkpoints keep recomputed tensors per graph task): one whole backward in W is cheaper
                     # than a call per join (executor.split_backward)
                     dx = torch.autograd.grad(out, rec.x, grad, retain_graph=True)[0]
-                else:
-                    dx, split = split_input(out, grad, rec.x, params)
                 self._deliver(SEND_B, r, s, m, dx if len(rec.outs) == 1 else dx[sl].clone())
             rec.grads[j] = (grad, split)  # the activations stay for W (it frees them)
             return

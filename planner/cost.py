@@ -117,7 +117,14 @@ from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Lin
 from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, held_rate
-from planner.profile import LayerProfile, ModelProfile, TransformerShape, checkpointed, recompute_granularity
+from planner.profile import (
+    LayerProfile,
+    ModelProfile,
+    TransformerShape,
+    checkpointed,
+    recompute_granularity,
+    stage_splits_backward,
+)
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
 from planner.schedules import splits_backward
@@ -867,12 +874,9 @@ class ConfigCosts(Costs):
 
     def split_backward(self, stage: int) -> bool:
         """Whether the executor splits ``stage``'s backward into I and W as zero-bubble means it
-        (:mod:`executor.split_backward`): not where recomputation checkpoints one of its layers
-        (:func:`planner.profile.checkpointed`), whose every backward call recomputes the layer."""
-        if not self.config.recompute:
-            return True
+        (:func:`planner.profile.stage_splits_backward`)."""
         i, j = self.stages[stage].layers
-        return not any(checkpointed(lay.kind) for lay in self.profile.layers[i:j])
+        return stage_splits_backward((lay.kind for lay in self.profile.layers[i:j]), self.config.recompute)
 
     def work(self, kind: str, stage: int, span: int) -> float:
         """:meth:`compute` without the executor's per-action overhead (what emulated compute sleeps)."""

@@ -35,7 +35,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +52,14 @@ def checkpointed(kind: str) -> bool:
     """Whether full activation recomputation checkpoints a layer of ``kind`` (module docstring): every kind but
     the embedding and the LM head (a transformer block, or a user's generic ``layer``)."""
     return kind not in NOT_CHECKPOINTED
+
+
+def stage_splits_backward(kinds: Iterable[str], recompute: bool) -> bool:
+    """Whether zero-bubble's I/W split is made on a stage whose layers have ``kinds`` (:mod:`executor.
+    split_backward`, which the executor runs and :mod:`planner.cost` times): not under full recomputation when
+    one of its layers is checkpointed (:func:`checkpointed`), since such a layer recomputes its forward in every
+    backward call; there W is one whole backward for the weights."""
+    return not (recompute and any(checkpointed(k) for k in kinds))
 
 
 def _check_times(field: str, times: dict[int, float] | None, *, allow_empty: bool = False) -> None:
