@@ -183,6 +183,8 @@ class Planner:
             if costs is None:  # (the memory model said it fits: the check below it is the same)
                 cand.reason, cand.memory = reason, memory
                 return cand, None
+            # it fits with this partition: the time-balanced one's rejection is not this candidate's reason
+            cand.reason, cand.memory = "", []
         cand.lower_bound = self.bounds.lower_bound(sched, costs)
         return cand, costs
 
@@ -322,25 +324,29 @@ class Planner:
         return cand
 
     def out_of_memory(self, cand: Candidate, costs: ConfigCosts, sched: Schedule, exact: bool) -> bool:
-        """Where a device holds several stages: reject, before simulating, what the simulation would find
-        out of memory. The simulated peak of a device's activations depends on its list's order alone
-        (:meth:`planner.memory.MemoryModel.list_peaks` counts it as the simulator does), so the candidate
-        gets the memory and the reason the simulation would give it (not its time). Counted only when the
-        sum of its stages' own peaks -- at least the device's peak -- does not already fit."""
+        """Reject, before simulating, what the simulation would find out of memory, where the checks before
+        it may not have seen it: a device that holds several stages, or a split backward's I holding output
+        gradients until W (zero-bubble; not in the in-flight counts). The simulated peak of a device's
+        activations depends on its list's order alone (:meth:`planner.memory.MemoryModel.list_peaks` counts
+        it as the simulator does), so the candidate gets the memory and the reason the simulation would give
+        it (not its time). Without held gradients, counted only when the sum of its stages' own peaks -- at
+        least the device's peak -- does not already fit."""
         lay = self.shapes.layout(cand.config, sched)
-        if lay.stage.shape[1] < 2:
-            return False  # one stage per device: the in-flight check before it is the simulated peak
-        if exact:
-            per_stage = lay.inflight
-        else:
-            counts = self.memory.list_inflight(cand.config, sched)
-            per_stage = np.array([[counts[d].get(s, 0) for s in row] for d, row in enumerate(lay.stage.tolist())],
-                                 dtype=float)
-        act = np.array([costs.activation(s) for s in range(sched.stages)])
-        upper = (per_stage * act[lay.stage]).sum(axis=1).tolist()
+        held = any(costs.held_grads(s) for s in range(sched.stages))
         cap = self.cluster.memory_bytes
-        if max(self.memory.peak_memory(cand, costs, upper)) <= cap * (1 - 1e-9):
-            return False
+        if not held:
+            if lay.stage.shape[1] < 2:
+                return False  # one stage per device: the in-flight check before it is the simulated peak
+            if exact:
+                per_stage = lay.inflight
+            else:
+                counts = self.memory.list_inflight(cand.config, sched)
+                per_stage = np.array([[counts[d].get(s, 0) for s in row] for d, row in enumerate(lay.stage.tolist())],
+                                     dtype=float)
+            act = np.array([costs.activation(s) for s in range(sched.stages)])
+            upper = (per_stage * act[lay.stage]).sum(axis=1).tolist()
+            if max(self.memory.peak_memory(cand, costs, upper)) <= cap * (1 - 1e-9):
+                return False
         mem = self.memory.peak_memory(cand, costs, self.memory.list_peaks(sched, costs))
         worst = max(range(len(mem)), key=lambda d: mem[d])
         if mem[worst] <= cap:

@@ -19,7 +19,7 @@ from planner.candidate import gib
 from planner.cluster import load_cluster
 from planner.device import device_for_cluster
 from planner.model import PRESETS
-from planner.request import TrainingRequest
+from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_microbatches
 from planner.schedules import build, inflight_exact
 from planner.schedules.encoded import EncodedSchedule, _signatures
@@ -112,6 +112,36 @@ def test_memory_known_before_simulating_is_the_simulated_memory(preset, cluster,
         else:
             assert early.reason == cand.reason
     assert multi > 10 and rejected_early > 0
+
+
+def test_zero_bubble_held_gradients_are_counted_before_simulating():
+    """ZB-H1 holds one stage per device, so its in-flight activations are exact before simulating; but its I
+    also holds the weight GEMMs' output gradients until W. GPT-3 175B at t=8, D=16 fits on the activations
+    alone and not with them: the search rejects it before simulating, with the simulated memory."""
+    planner = _planner("gpt3-175b", "dgx-a100-80gb.json", 1024, 1536)
+    cfg = Config(tensor=8, pipeline=16, data=8, micro_batch=1, schedule="zb-h1")
+    cand, costs = planner.prepare(cfg)
+    assert costs is not None and not cand.reason  # the checks before the lists exist let it through
+    sched = costs.schedule = planner.shapes.schedule(cfg, schedule_microbatches(cfg, cand.microbatches))
+    assert planner.shapes.layout(cfg, sched).stage.shape[1] == 1
+    res = simulate(sched, costs, compiled=planner.shapes.compiled(cfg, sched))
+    mem = planner.memory.simulated_memory(cand, costs, res)
+    assert max(mem) > planner.cluster.memory_bytes
+    early = copy.copy(cand)
+    assert planner.out_of_memory(early, costs, sched, inflight_exact(cfg.schedule))
+    assert early.memory == mem and early.reason.startswith("out of memory: device 15 needs")
+
+
+def test_a_configuration_fitting_with_the_memory_partition_keeps_no_rejection_reason():
+    """GPT-3 175B 1F1B at t=8, D=8: the time-balanced partition does not fit, the memory-balanced one does; the
+    candidate is ranked, and the first partition's "out of memory" is not its reason."""
+    planner = _planner("gpt3-175b", "dgx-a100-80gb.json", 1024, 1536)
+    cfg = Config(tensor=8, pipeline=8, data=16, micro_batch=1, schedule="1f1b")
+    cand, costs = planner.prepare(cfg)
+    assert costs is not None
+    assert cand.partition != [list(b) for b in planner.partition(8, 1, False)]
+    planner.evaluate(cand, costs)
+    assert cand.fits and cand.reason == ""
 
 
 @pytest.mark.parametrize("preset,cluster,gpus,batch,kw", [
