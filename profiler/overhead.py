@@ -10,21 +10,29 @@ We measure it with the executor itself on a model whose layers do nearly nothing
 duration, and the profiled times of the same tiny layers (measured in isolation, as any profile is) are
 subtracted from F and B, so what remains is the executor's share:
 
-* ``compute``: median over F and B actions of (duration - the stage's profiled layer time);
-* ``send`` / ``recv``: the median SEND duration and the 10th percentile of RECV durations (a receive also
+* ``compute``: mean over F and B actions of (duration - the stage's profiled layer time);
+* ``send`` / ``recv``: the mean SEND duration and the 10th percentile of RECV durations (a receive also
   waits for its message; its fastest cases are the overhead), each plus an equal share of the p2p posting
-  records (``POST``: the isend/irecv calls made before an action; their median times their count);
-* ``allreduce``: median ALLREDUCE duration (gradient flattening and issuing the collective);
+  records (``POST``: the isend/irecv calls made before an action; their mean times their count);
+* ``allreduce``: mean ALLREDUCE duration (gradient flattening and issuing the collective);
 * ``step``: per iteration the shortest STEP over the ranks (the others wait there for the last one),
-  median over iterations: waiting on sends, the tied-embedding all-reduce, the optimizer's fixed cost
+  mean over iterations: waiting on sends, the tied-embedding all-reduce, the optimizer's fixed cost
   (its per-byte cost is the cluster's ``memory_bandwidth``'s), bookkeeping;
-* the loop's own time between records is spread evenly over the actions (added to each kind);
+* the loop's own time between records is spread evenly over the actions (added to each kind; the mean over
+  ranks and iterations);
 * ``split_input`` / ``split_weight``: a second run of the same model under ZB-H1, whose backward is split
-  (:mod:`executor.split_backward`): per layer of the stage, the median over I (W) actions of the duration less
+  (:mod:`executor.split_backward`): per layer of the stage, the mean over I (W) actions of the duration less
   half the stage's profiled backward (what the cost model charges each) and ``compute``, over the stage's
   layers -- the graph walk I makes and the backward call per join W makes.
 
-Each figure is the median over the measured iterations and ranks; the result is a
+Each figure is a **mean** over the measured actions, iterations and ranks, not a median: a prediction of an
+iteration adds the actions' costs, so each must be its expected cost, and on a host the per-action costs
+have a long tail that every iteration pays (a process preempted when the peer its send wakes takes its core,
+gloo's threads, a wake-up from a blocking wait). Measured on the 2-core development machine, 1F1B of this
+model, N=16, 20 iterations (the raw figures give both, per kind): the posting records had median 107 us,
+mean 317 us on 2 processes and 125 / 487 us on 4; F's overhead 278 / 366 and 341 / 506 us; B's 126 / 252
+and 216 / 448 us. Taking the medians left every real run on this machine
+slower than predicted (17 runs, measured/predicted 1.04-1.55, median 1.13). The result is a
 :class:`planner.cluster.ExecutorOverhead`.
 """
 
@@ -45,7 +53,7 @@ NEARLY_NOTHING = {"hidden": 8, "heads": 1, "seq": 1, "vocab": 8, "ffn_hidden": 8
 
 def _per_kind(trace: dict[str, Any], warmup: int) -> tuple[dict[str, list[tuple[str, float]]], float]:
     """Durations (seconds) per record kind, with the action text, over the measured iterations; and the
-    median gap per action (time of a rank's iteration covered by no record, over its actions: records
+    mean gap per action (time of a rank's iteration covered by no record, over its actions: records
     other than POST and OPT)."""
     kinds: dict[str, list[tuple[str, float]]] = defaultdict(list)
     by_rank_iter: dict[tuple[int, int], list[tuple[float, float, bool]]] = defaultdict(list)
@@ -66,7 +74,7 @@ def _per_kind(trace: dict[str, Any], warmup: int) -> tuple[dict[str, list[tuple[
             end = s + d
         span = end - recs[0][0]
         gaps.append(max(span - covered, 0.0) / max(sum(1 for r in recs if r[2]), 1))  # per action
-    return kinds, float(np.median(gaps)) if gaps else 0.0
+    return kinds, statistics.fmean(gaps) if gaps else 0.0
 
 
 def _fastest_rank_steps(trace: dict[str, Any], warmup: int) -> list[float]:
@@ -92,21 +100,23 @@ def overhead_from_trace(trace: dict[str, Any], fwd: list[float], bwd: list[float
     sends = [d for k in ("SEND_F", "SEND_B") for _, d in kinds.get(k, [])]
     recvs = [d for k in ("RECV_F", "RECV_B") for _, d in kinds.get(k, [])]
     posts = [d for _, d in kinds.get("POST", [])]
-    # a typical posting record (median: on a shared machine a few are preempted), shared by the messages
-    post_share = statistics.median(posts) * len(posts) / max(len(sends) + len(recvs), 1) if posts else 0.0
-    opt = statistics.median([d for _, d in kinds["OPT"]]) if kinds.get("OPT") else 0.0
+    # the posting records (the expected one: a few are preempted, and that is paid too), shared by the messages
+    post_share = sum(posts) / max(len(sends) + len(recvs), 1)
+    mean = statistics.fmean
+    opt = mean([d for _, d in kinds["OPT"]]) if kinds.get("OPT") else 0.0
     steps = _fastest_rank_steps(trace, warmup)
     ars = [d for _, d in kinds.get("ALLREDUCE", [])]
-    med = statistics.median
     ex = ExecutorOverhead(
-        compute=max(med(compute) + gap, 0.0) if compute else 0.0,
-        send=max(med(sends) + post_share + gap, 0.0) if sends else 0.0,
+        compute=max(mean(compute) + gap, 0.0) if compute else 0.0,
+        send=max(mean(sends) + post_share + gap, 0.0) if sends else 0.0,
         recv=max(float(np.percentile(recvs, 10)) + post_share + gap, 0.0) if recvs else 0.0,
-        allreduce=max(med(ars) + gap, 0.0) if ars else 0.0,
-        step=max(med(steps) + gap, 0.0) if steps else 0.0,
+        allreduce=max(mean(ars) + gap, 0.0) if ars else 0.0,
+        step=max(mean(steps) + gap, 0.0) if steps else 0.0,
         source=source)
+    med = statistics.median
     raw = {"gap_per_action": gap, "post_share_per_message": post_share, "optimizer": opt, "step_fastest_rank": steps,
-           **{k: {"median": med([d for _, d in v]), "count": len(v)} for k, v in sorted(kinds.items())},
+           **{k: {"median": med([d for _, d in v]), "mean": mean([d for _, d in v]), "count": len(v)}
+              for k, v in sorted(kinds.items())},
            "profiled_fwd_per_stage": fwd, "profiled_bwd_per_stage": bwd}
     return ex, raw
 
@@ -179,7 +189,7 @@ def measure_overhead(procs: int = 2, microbatches: int = 16, iterations: int = 2
                      timeout: float = 120.0, nearly: NearlyNothing | None = None,
                      ) -> tuple[ExecutorOverhead, dict[str, Any]]:
     """Run the executor on ``procs`` local gloo processes with the nearly-nothing model; return the
-    overhead and the raw figures (per kind: median seconds and count). ``nearly``: :func:`nearly_nothing` of
+    overhead and the raw figures (per kind: median and mean seconds, count). ``nearly``: :func:`nearly_nothing` of
     the same arguments, when the caller has it."""
     from executor.launch import launch
     from executor.plan import RunPlan
@@ -201,7 +211,7 @@ def split_from_trace(trace: dict[str, Any], bwd: list[float], layers: list[int],
                      warmup: int) -> tuple[dict[str, float], dict[str, Any]]:
     """``split_input`` and ``split_weight`` (module docstring) from a ZB-H1 run's trace: per I (W) action its
     duration less half its stage's profiled backward ``bwd`` and ``compute``, over the stage's ``layers``;
-    the median of each, floored at 0; and the raw per-layer figures."""
+    the mean of each, floored at 0; and the raw per-layer figures."""
     kinds, gap = _per_kind(trace, warmup)
     out: dict[str, float] = {}
     raw: dict[str, Any] = {}
@@ -209,5 +219,5 @@ def split_from_trace(trace: dict[str, Any], bwd: list[float], layers: list[int],
         per = [(dur + gap - bwd[parse_action(a).stage] / 2 - compute) / max(layers[parse_action(a).stage], 1)
                for a, dur in kinds.get(kind, [])]
         raw[name] = per
-        out[name] = max(statistics.median(per), 0.0) if per else 0.0
+        out[name] = max(statistics.fmean(per), 0.0) if per else 0.0
     return out, raw

@@ -58,3 +58,23 @@ def test_split_from_trace() -> None:
     assert split["split_weight"] == pytest.approx((10e-6 + 20e-6 / 3) / 2)
     assert split_from_trace({"traceEvents": []}, [0.0], [1], 0.0, warmup=0)[0] == {"split_input": 0.0,
                                                                                   "split_weight": 0.0}
+
+
+def test_overhead_is_the_expected_cost_not_the_typical_one() -> None:
+    """Each figure is a mean: one F in four preempted (400 us over its profiled 100) makes the compute
+    overhead 25 + 400/4 = 125 us, where a median would say 25; the posting records likewise (one of four
+    10x longer)."""
+    from profiler.overhead import overhead_from_trace
+
+    events = []
+    for it in range(4):
+        b = it * 10_000.0
+        slow = 400 if it == 3 else 0
+        events += [_ev(0, it, "0F0", "F", b, 125 + slow), _ev(0, it, "post 0SEND_F0>1", "POST", b + 125 + slow,
+                                                                    100 if it == 2 else 10),
+                   _ev(0, it, "0SEND_F0", "SEND_F", b + 135 + slow + (90 if it == 2 else 0), 5)]
+    ex, raw = overhead_from_trace({"traceEvents": events}, [100e-6], [100e-6], warmup=0, source="synthetic")
+    assert ex.compute == pytest.approx(125e-6)  # (25 + 25 + 25 + 425) / 4, no gaps between the records
+    assert raw["post_share_per_message"] == pytest.approx((10 + 10 + 100 + 10) / 4 * 1e-6)
+    assert ex.send == pytest.approx(5e-6 + 32.5e-6)
+    assert raw["F"]["median"] == pytest.approx(125e-6) and raw["F"]["mean"] == pytest.approx(225e-6)
