@@ -373,14 +373,22 @@ def recompute_kept_bytes(lay: LayerProfile, stash: float, tensor: int, sequence_
     return lay.input_bytes_per_sample / (tensor if sequence_parallel else 1)
 
 
-def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int) -> list[StageInfo]:
+def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: int,
+                cache: dict[tuple[int, int, int], StageInfo] | None = None) -> list[StageInfo]:
     """Per stage ``[i, j)`` of ``bounds``, its sizes at tensor-parallel size ``tensor``. Under full
     recomputation a micro-batch in flight keeps the sum of :func:`recompute_kept_bytes` over the stage's
-    layers, and the backward re-materialises one checkpointed layer's stash at a time."""
+    layers, and the backward re-materialises one checkpointed layer's stash at a time. ``cache`` (optional,
+    one per profile): the infos already computed, by ``(i, j, tensor)`` (read-only: partitions of a search
+    share most of their stages)."""
     out = []
     shape = profile.shape
     sp = profile.environment.get("sequence_parallel") == "true"
     for i, j in bounds:
+        if cache is not None:
+            got = cache.get((i, j, tensor))
+            if got is not None:
+                out.append(got)
+                continue
         layers = profile.layers[i:j]
         stashes = [layer_stash(lay, tensor, shape) for lay in layers]
         out.append(StageInfo(
@@ -397,6 +405,8 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             has_embedding=any(x.kind == "embedding" for x in layers),
             has_head=any(x.kind == "lm_head" for x in layers),
             held_grad_bytes=sum(layer_held_grads(lay, tensor) for lay in layers)))
+        if cache is not None:
+            cache[(i, j, tensor)] = out[-1]
     # a tied copy sharing the stage of its original is not a second copy
     return out
 
@@ -407,11 +417,13 @@ class ConfigCosts(Costs):
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config,
                  schedule: Schedule, bounds: list[tuple[int, int]],
                  held: list[list[tuple[int, int]]] | None = None, shared: dict | None = None,
-                 layer_sums: dict | None = None, emulated: bool = False) -> None:
+                 layer_sums: dict | None = None, emulated: bool = False,
+                 stage_cache: dict[tuple[int, int, int], StageInfo] | None = None) -> None:
         """``shared`` (optional) is a dict reused by every configuration with the same t, partition,
         micro-batch size and recomputation: stage infos and F/B durations are computed once for all.
         ``layer_sums`` (optional) is a dict reused by every configuration of one profile: per (kind,
-        samples), the running sums of the layers' times. ``emulated``: compute waits instead of running
+        samples), the running sums of the layers' times; ``stage_cache`` (optional), one too: the stage infos
+        by (first layer, end, t) (:func:`stage_infos`). ``emulated``: compute waits instead of running
         (:mod:`executor.emulate`), so on a shared host (``cluster.host``) only the executor's own
         overhead takes core time."""
         self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
@@ -420,7 +432,7 @@ class ConfigCosts(Costs):
         self.t = t
         shared = shared if shared is not None else {}
         if "infos" not in shared:
-            shared.update(infos=stage_infos(profile, bounds, t), fwd={}, bwd={}, steps={})
+            shared.update(infos=stage_infos(profile, bounds, t, stage_cache), fwd={}, bwd={}, steps={})
         self.stages = shared["infos"]
         # the step per stage, by the model state it reads and writes (W-dependent with a sharded optimizer)
         #: weights sharded over the W replicas (:mod:`planner.fsdp`), and gathered again for every micro-batch

@@ -44,7 +44,7 @@ import numpy as np
 from planner.bounds import TimeBounds
 from planner.candidate import Candidate, PlanResult, gib, reason_key
 from planner.cluster import Cluster
-from planner.cost import ConfigCosts, held_floor
+from planner.cost import ConfigCosts, StageInfo, held_floor
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
 from planner.explain import breakdown, closed_forms
@@ -78,6 +78,7 @@ class Planner:
         self._partitions: dict[tuple[int, float, bool], list[tuple[int, int]] | None] = {}
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
+        self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
         #: the bounds are of the durations at a power-limited GPU's busy-throughout rate; the clock a candidate
         #: holds (:mod:`planner.power`, :meth:`evaluate`) shortens each by at most this factor, so a bound times
@@ -197,7 +198,8 @@ class Planner:
         cand.partition = [list(x) for x in bounds]
         shared = self._shared.setdefault(ckey, {})
         costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds,
-                            held=self.shapes.pairs(config, sched), shared=shared, layer_sums=self._layer_sums)
+                            held=self.shapes.pairs(config, sched), shared=shared, layer_sums=self._layer_sums,
+                            stage_cache=self._stage_infos)
         state = cand.state = self.memory.device_state(config, sched, costs, ckey)
         worst = max(range(len(state)), key=lambda d: state[d])
         if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
