@@ -31,9 +31,10 @@ have a long tail that every iteration pays (a process preempted when the peer it
 gloo's threads, a wake-up from a blocking wait). Measured on the 2-core development machine, 1F1B of this
 model, N=16, 20 iterations (the raw figures give both, per kind): the posting records had median 107 us,
 mean 317 us on 2 processes and 125 / 487 us on 4; F's overhead 278 / 366 and 341 / 506 us; B's 126 / 252
-and 216 / 448 us. Taking the medians left every real run on this machine
-slower than predicted (17 runs, measured/predicted 1.04-1.55, median 1.13). The result is a
-:class:`planner.cluster.ExecutorOverhead`.
+and 216 / 448 us. With the medians all 17 real runs of ``benchmarks/cpu_run_bench.py`` were slower than
+predicted (measured/predicted 1.04-1.55, median 1.13); with the means, two runs: median 1.03 and 1.04. A mean
+is the noisier figure: five measurements of ``compute`` on the same machine within minutes gave 273-607 us
+(the medians of those actions: 100-200 us). The result is a :class:`planner.cluster.ExecutorOverhead`.
 """
 
 from __future__ import annotations
