@@ -34,7 +34,8 @@ mean 317 us on 2 processes and 125 / 487 us on 4; F's overhead 278 / 366 and 341
 and 216 / 448 us. With the medians all 17 real runs of ``benchmarks/cpu_run_bench.py`` were slower than
 predicted (measured/predicted 1.04-1.55, median 1.13); with the means, two runs: median 1.03 and 1.04. A mean
 is the noisier figure: five measurements of ``compute`` on the same machine within minutes gave 273-607 us
-(three other runs of 10 iterations: medians 103-193 us, means 198-300 us). The result is a :class:`planner.cluster.ExecutorOverhead`.
+(three other runs of 10 iterations: medians 103-193 us, means 198-300 us). The result is a
+:class:`planner.cluster.ExecutorOverhead`.
 """
 
 from __future__ import annotations
