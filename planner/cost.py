@@ -483,6 +483,8 @@ class ConfigCosts(Costs):
         #: :meth:`send_time` per (link class, bytes), shared like the F/B durations (the cluster is the same)
         self._sends: dict[tuple[str, float], float] = shared.setdefault("sends", {})
         self._bwd: dict[int, tuple[float, float]] = shared["bwd"]
+        #: :meth:`_tp_one` per micro-batch size, shared like the F/B durations (of t and the cluster only)
+        self._tp_ones: dict[float, float] = shared.setdefault("tp_one", {})
         #: a blocking runtime's send held by each F (stage, span) / B (stage): of this configuration's placement
         #: (which device, hence which link, the neighbour stage sits on), never shared with the configurations
         #: that share the compute above (an interleaved pipeline of D = 2 and a 1F1B one of D = 8 have the same
@@ -543,12 +545,17 @@ class ConfigCosts(Costs):
         shape = self.profile.shape
         if self.t == 1 or shape is None:
             return 0.0
-        nbytes = samples * shape.seq * shape.hidden * self.el
-        if self.sequence_parallel and self.t <= self.cluster.gpus_per_node:
-            # an all-gather and a reduce-scatter in place of the all-reduce
-            return (self._tp_all_gather(nbytes)
-                    + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
-        return self._tp_allreduce(nbytes)
+        got = self._tp_ones.get(samples)  # (the same for every stage: once per size)
+        if got is None:
+            nbytes = samples * shape.seq * shape.hidden * self.el
+            if self.sequence_parallel and self.t <= self.cluster.gpus_per_node:
+                # an all-gather and a reduce-scatter in place of the all-reduce
+                got = (self._tp_all_gather(nbytes)
+                       + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
+            else:
+                got = self._tp_allreduce(nbytes)
+            self._tp_ones[samples] = got
+        return got
 
     def _tp_all_gather(self, nbytes: float) -> float:
         """One all-gather of ``nbytes`` in a tensor-parallel group, before the calibration's link scale: the

@@ -248,13 +248,21 @@ class MemoryModel:
             self._partitions[key] = None
             return None
 
+        # the stage-independent terms once (the same additions in the same order as per stage: same figures)
+        state_span, weight_span = state[None, :] - state[:, None], weights[None, :] - weights[:, None]
+        per_mb_span, working = per_mb[None, :] - per_mb[:, None], work * samples
+        seen: dict[tuple[float, float], np.ndarray] = {}  # stages of equal terms fit alike
+
         def fits(k: int) -> np.ndarray:
-            need = state[None, :] - state[:, None]
-            if versions:
-                need = need + (versions[k] - 1) * (weights[None, :] - weights[:, None])
-            live = counts.get((0, k), 0) * samples
-            need = need + live * (per_mb[None, :] - per_mb[:, None])
-            return need + work * samples <= cap
+            live, extra = counts.get((0, k), 0) * samples, (versions[k] - 1 if versions else 0)
+            got = seen.get((live, extra))
+            if got is None:
+                need = state_span
+                if versions:
+                    need = need + extra * weight_span
+                need = need + live * per_mb_span
+                got = seen[(live, extra)] = need + working <= cap
+            return got
 
         try:
             bounds = balance_by_cost(layer_costs, S, fits=fits).bounds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,6 +64,27 @@ def test_balanced_with_memory_equals_brute_force(cost, data):
         assert got.bottleneck == pytest.approx(expect)
         for k, (i, j) in enumerate(got.bounds):
             assert fixed[k] + scale[k] * sum(memory[i:j]) <= caps[k]
+
+
+@settings(max_examples=150, deadline=None)
+@given(cost=costs, data=st.data())
+def test_balanced_with_any_fits_table_equals_brute_force(cost, data):
+    """``fits`` tables of any shape (not only memory that grows with the layers): the one-pass optimum the
+    search with memory uses finds the brute force's bottleneck, and its partition is one that fits."""
+    L = len(cost)
+    S = data.draw(st.integers(1, L))
+    tables = [[[data.draw(st.booleans()) for _ in range(L + 1)] for _ in range(L + 1)] for _ in range(S)]
+    best = math.inf
+    for bounds in compositions(L, S):
+        if all(tables[k][i][j] for k, (i, j) in enumerate(bounds)):
+            best = min(best, max(sum(cost[i:j]) for i, j in bounds))
+    if best == math.inf:
+        with pytest.raises(PartitionError, match="fits the memory"):
+            balance_by_cost(cost, S, fits=lambda k: np.array(tables[k]))
+    else:
+        got = balance_by_cost(cost, S, fits=lambda k: np.array(tables[k]))
+        assert got.bottleneck == best
+        assert all(tables[k][i][j] for k, (i, j) in enumerate(got.bounds))
 
 
 def test_heavy_ends_get_fewer_blocks():
