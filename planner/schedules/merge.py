@@ -360,7 +360,7 @@ class ListScheduler:
 #: the schedulers the last prefixes were merged with, per thread, so that a later full merge of the same
 #: pipelines (the planner's pattern: bound the warm-up, later build) goes on instead of starting over
 _suspended = threading.local()
-_SUSPENDED_KEPT = 16
+_SUSPENDED_KEPT = 64
 
 
 def merge_pipelines(devices: int, placement: Sequence[Sequence[int]], pipelines: Pipelines,
