@@ -270,8 +270,9 @@ def pipedream_partition(layer_time: Sequence[float], comm_time: Sequence[float],
 
 def _program(layer_time: Sequence[float], comm_time: Sequence[float], machines: int,
              sync_time: np.ndarray | None, fits: np.ndarray | None,
-             sync_adds: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The tables of :func:`pipedream_partition_arrays`: ``A[j, m]`` and its choices."""
+             sync_adds: bool, choices: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tables of :func:`pipedream_partition_arrays`: ``A[j, m]`` and its choices (``choices=False``: the
+    values alone, the choice tables left at 0 -- :func:`pipedream_slowest`, the same minima)."""
     L, M = len(layer_time), machines
     if L < 1 or M < 1:
         raise PartitionError("need at least one layer and one machine")
@@ -316,6 +317,9 @@ def _program(layer_time: Sequence[float], comm_time: Sequence[float], machines: 
         mp = np.arange(1, m)
         sub = A[Ic][:, :, m - mp]  # [k-1, j, m'-1]: A(j - k, m - m')
         cand = np.maximum(np.maximum(sub, edge), Tb[:, :, 1:m])
+        if not choices:
+            np.minimum(A[:, m], cand.min(axis=(0, 2)), out=A[:, m])
+            continue
         flat = cand.transpose(1, 0, 2).reshape(L + 1, -1)  # [j, (k-1) * (m-1) + m'-1]
         best = flat.argmin(axis=1)
         val = flat[jj, best]
@@ -330,7 +334,7 @@ def pipedream_slowest(layer_time: Sequence[float], comm_time: Sequence[float], m
                       fits: np.ndarray | None = None) -> np.ndarray:
     """``A(L, m)`` for every ``m = 0..machines`` (``inf`` where nothing fits; entry 0 unused): one run of
     :func:`pipedream_partition_arrays`' program answers every smaller machine count too."""
-    A, _, _ = _program(layer_time, comm_time, machines, None, fits, False)
+    A, _, _ = _program(layer_time, comm_time, machines, None, fits, False, choices=False)
     return A[len(layer_time)]
 
 

@@ -18,7 +18,7 @@ from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
 from planner.device import device_for_cluster
 from planner.model import PRESETS
-from planner.partition import pipedream_partition, pipedream_partition_arrays
+from planner.partition import _program, pipedream_partition, pipedream_partition_arrays, pipedream_slowest
 from planner.replicated import ReplicatedPlans
 from planner.request import TrainingRequest
 from planner.schedules import build, inflight
@@ -123,6 +123,20 @@ def test_vectorised_program_matches_the_loops() -> None:
         got = max(max(sum(lt[i:j]), sync(i, j, m) if m > 1 else 0.0) / m
                   for (i, j), m in zip(b.bounds, b.replicas, strict=True))
         assert got <= b.slowest + 1e-9
+
+
+def test_slowest_alone_equals_the_program_with_its_choices() -> None:
+    """:func:`pipedream_slowest` (the search's gate: the values of A(L, m) without the choice tables) gives
+    exactly the full program's A(L, m) for every m, with and without a memory limit."""
+    rng = random.Random(11)
+    for _ in range(100):
+        L, M = rng.randint(1, 12), rng.randint(1, 9)
+        lt = [rng.choice([rng.random(), 1.0, 0.5]) for _ in range(L)]
+        ct = [rng.random() * 0.3 for _ in range(L)]
+        fits = None if rng.random() < 0.3 else (
+            np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None] <= rng.randint(1, L))
+        full, _, _ = _program(lt, ct, M, None, fits, False)
+        assert pipedream_slowest(lt, ct, M, fits).tolist() == full[L].tolist()
 
 
 def _bert48():  # type: ignore[no-untyped-def]
