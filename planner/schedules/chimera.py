@@ -86,7 +86,8 @@ def _plan(devices: int, microbatches: int, pipelines: int, concat: str
 @functools.lru_cache(maxsize=256)
 def _plan_shared(devices: int, microbatches: int, pipelines: int, concat: str
                  ) -> tuple[list[list[int]], list[int], list[tuple[int, list[list[int]], float]]]:
-    """:func:`_plan`, computed once per arguments."""
+    """:func:`_plan`, computed once per arguments: shared and read-only (what only reads it -- the in-flight
+    counts, the warm-up prefix -- takes it directly, without the copies)."""
     check_positive(devices=devices, microbatches=microbatches, pipelines=pipelines)
     D, N, f = devices, microbatches, pipelines
     if D % 2:
@@ -128,7 +129,7 @@ def inflight(devices: int, microbatches: int, pipelines: int = 1, concat: str = 
              eager: str = "auto") -> dict[tuple[int, int], int]:
     """Lower bounds of the in-flight micro-batches per (replica, stage), without merging
     (:func:`planner.schedules.merge.inflight_lower_bound`)."""
-    _, _, pipes = _plan(devices, microbatches, pipelines, concat)
+    _, _, pipes = _plan_shared(devices, microbatches, pipelines, concat)
     return inflight_lower_bound(devices, pipes)
 
 
@@ -136,21 +137,21 @@ def forwards_first(devices: int, microbatches: int, pipelines: int = 1, concat: 
                    eager: str = "auto") -> list[int]:
     """Per device, forwards certainly run before its first backward, without merging
     (:func:`planner.schedules.merge.forwards_first`)."""
-    place, _, pipes = _plan(devices, microbatches, pipelines, concat)
+    place, _, pipes = _plan_shared(devices, microbatches, pipelines, concat)
     return merge.forwards_first(devices, place, pipes)
 
 
 def forward_span(devices: int, microbatches: int, pipelines: int = 1, concat: str = "direct",
                  eager: str = "auto") -> int:
     """The fewest micro-batches one forward runs (2 where every unit doubles its forwards, section 3.5)."""
-    return merge.smallest_span(_plan(devices, microbatches, pipelines, concat)[2])
+    return merge.smallest_span(_plan_shared(devices, microbatches, pipelines, concat)[2])
 
 
 def prefix(devices: int, microbatches: int, slots: int, pipelines: int = 1, concat: str = "direct",
            eager: str = "auto") -> list[list[Action]]:
     """The first ``slots`` unit slots of every device's list: a prefix of :func:`build`'s lists, enough
     to bound the activation memory of the warm-up without merging everything."""
-    place, _, pipes = _plan(devices, microbatches, pipelines, concat)
+    place, _, pipes = _plan_shared(devices, microbatches, pipelines, concat)
     return merge.merge_pipelines(devices, place, pipes, until=slots)
 
 

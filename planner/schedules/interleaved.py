@@ -119,19 +119,17 @@ def inflight(devices: int, microbatches: int, chunks: int = 2) -> dict[tuple[int
     D, N, v = devices, microbatches, chunks
     if v == 1:
         return stage_inflight(D, N)
-    out: dict[tuple[int, int], int] = {}
     total = N * v
-    c = np.arange(v)[:, None]  # every chunk at once: rows of chunks, columns of steps
-    for d in range(D):
-        w = warmup_forwards(d, D, N, v)
-        i = np.arange(min(total - w, D * v))[None, :]
-        peak = _steps_of_chunk(np.array(w), c[:, 0], D, v)
-        if i.size:
-            alive = _steps_of_chunk(w + i + 1, c, D, v) - _steps_of_chunk(i, v - 1 - c, D, v)
-            peak = np.maximum(peak, alive.max(axis=1))
-        for k, p in enumerate(peak.tolist()):
-            out[(0, k * D + d)] = int(p)
-    return out
+    # every device, chunk and step at once: axes (device, chunk, step); device d's steady phase has
+    # min(total - w_d, D*v) steps of the one period that gives its peak
+    w = np.array([warmup_forwards(d, D, N, v) for d in range(D)])[:, None, None]
+    c = np.arange(v)[None, :, None]
+    i = np.arange(D * v)[None, None, :]
+    peak = _steps_of_chunk(w[:, :, 0], c[:, :, 0], D, v)  # (device, chunk): the warm-up's forwards
+    alive = _steps_of_chunk(w + i + 1, c, D, v) - _steps_of_chunk(i, v - 1 - c, D, v)
+    steady = np.where(i < np.minimum(total - w, D * v), alive, np.iinfo(np.int64).min).max(axis=2)
+    peak = np.maximum(peak, steady).tolist()
+    return {(0, k * D + d): int(peak[d][k]) for d in range(D) for k in range(v)}
 
 
 def build(devices: int, microbatches: int, chunks: int = 2) -> Schedule:
