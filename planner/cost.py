@@ -485,6 +485,8 @@ class ConfigCosts(Costs):
         self._bwd: dict[int, tuple[float, float]] = shared["bwd"]
         #: :meth:`_tp_one` per micro-batch size, shared like the F/B durations (of t and the cluster only)
         self._tp_ones: dict[float, float] = shared.setdefault("tp_one", {})
+        #: :meth:`_dp_allreduce`, shared like :attr:`_tp_ones`
+        self._allreduces: dict[tuple[tuple[int, ...], int, int, float], float] = shared.setdefault("allreduce", {})
         #: a blocking runtime's send held by each F (stage, span) / B (stage): of this configuration's placement
         #: (which device, hence which link, the neighbour stage sits on), never shared with the configurations
         #: that share the compute above (an interleaved pipeline of D = 2 and a 1F1B one of D = 8 have the same
@@ -925,20 +927,33 @@ class ConfigCosts(Costs):
         return self.send_time(src, dst, nbytes) * self.cal.link_scale
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:
-        holders = sorted({row[stage] for row in self.schedule.placement})
-        ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
+        holders = tuple(sorted({row[stage] for row in self.schedule.placement}))
         nbytes = self.stages[stage].param_bytes / self.t
         if self.fsdp:
             return self._fsdp_sync(stage)
         if self.request.shard_optimizer:
-            return self._sharded_sync(stage, ranks, nbytes)
-        whole = allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale
+            return self._sharded_sync(stage, self._dp_ranks(holders), nbytes)
+        whole = self._dp_allreduce(holders, nbytes) * self.cal.link_scale
         if self.overlapped_dp and self.schedule.stages == 1:
             # PyTorch DDP: buckets all-reduced while the synchronising backward runs; what is left after it
             # is the all-reduce beyond that backward, at least the last bucket (module docstring)
-            bucket = allreduce_time(self.cluster, ranks, min(nbytes, DDP_BUCKET_BYTES)) * self.cal.link_scale
+            bucket = self._dp_allreduce(holders, min(nbytes, DDP_BUCKET_BYTES)) * self.cal.link_scale
             return self._left_after(self.bwd(stage), whole, bucket)
         return whole
+
+    def _dp_ranks(self, holders: tuple[int, ...]) -> list[int]:
+        """The global GPUs (tensor rank 0) holding a stage: its pipeline devices ``holders`` in every replica."""
+        return [self.rank(d, w) for w in range(self.config.data) for d in holders]
+
+    def _dp_allreduce(self, holders: tuple[int, ...], nbytes: float) -> float:
+        """:func:`allreduce_time` among :meth:`_dp_ranks`, before the link scale; shared like the F/B durations
+        (of t and the cluster), by (holders, W, D, bytes): at W in the thousands, the ranks' list and their
+        count per node cost more than the rest of the cost model's calls."""
+        key = (holders, self.config.data, self.config.pipeline, nbytes)
+        got = self._allreduces.get(key)
+        if got is None:
+            got = self._allreduces[key] = allreduce_time(self.cluster, self._dp_ranks(holders), nbytes)
+        return got
 
     def _left_after(self, compute: float, comm: float, last: float) -> float:
         """Of a collective of ``comm`` seconds run in buckets beside ``compute`` (its last bucket, ``last``
