@@ -15,7 +15,17 @@ from planner.units import devices
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in ascending order (pairs ``d``, ``n/d`` up to the square root: 16,384 GPUs take
+    128 steps, not 16,384)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def powers_of_two_dividing(n: int) -> list[int]:
