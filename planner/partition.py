@@ -26,7 +26,10 @@ Two partitioners:
   non-negative costs that never leaves a longer remainder than a feasible partition does). With memory
   the capacities differ per stage (1F1B keeps D-s micro-batches on stage s), and greedy is no longer
   exact (a heavy layer may fit only a later stage), so the test is a dynamic program over (stage, cut)
-  in numpy: ``reach[k+1][j'] = OR_j reach[k][j] AND stage k fits on layers [j, j')``.
+  in numpy: ``reach[k+1][j'] = OR_j reach[k][j] AND stage k fits on layers [j, j')``. That test passes at a
+  bound exactly when the least bottleneck over the partitions that fit -- one min-max pass of the same program,
+  ``best[k+1][j'] = min_j max(best[k][j], cost of [j, j'))`` -- is within it, so the search's answer is read
+  from that optimum and the test runs once, for the partition at that bound.
   Non-uniform layers (embedding, LM head) are just layers with other costs, so a transformer's first
   and last stages come out with fewer blocks.
 """
