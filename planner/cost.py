@@ -107,7 +107,7 @@ time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -825,8 +825,7 @@ class ConfigCosts(Costs):
         t at the cluster's memory bandwidth); once per configuration."""
         got = self._fsdp_layers.get(stage)
         if got is None:
-            holders = sorted({row[stage] for row in self.schedule.placement})
-            ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
+            ranks = self._dp_ranks(sorted({row[stage] for row in self.schedule.placement}))
             params = own_layer_params(self.profile, self.stages[stage])
             scale = self.cal.link_scale
             copy_in = fsdp.copy_in_bytes(self.el) / self.t / self.cluster.memory_bandwidth
@@ -941,8 +940,9 @@ class ConfigCosts(Costs):
             return self._left_after(self.bwd(stage), whole, bucket)
         return whole
 
-    def _dp_ranks(self, holders: tuple[int, ...]) -> list[int]:
-        """The global GPUs (tensor rank 0) holding a stage: its pipeline devices ``holders`` in every replica."""
+    def _dp_ranks(self, holders: Sequence[int]) -> list[int]:
+        """The global GPUs (tensor rank 0) of pipeline devices ``holders`` (those holding a stage) in every
+        data-parallel replica."""
         return [self.rank(d, w) for w in range(self.config.data) for d in holders]
 
     def _dp_allreduce(self, holders: tuple[int, ...], nbytes: float) -> float:
@@ -1034,8 +1034,8 @@ class ConfigCosts(Costs):
         tied = max(self.stages[0].tied_params, self.stages[S - 1].tied_params)
         if tied <= 0:
             return 0.0
-        holders = sorted({row[0] for row in self.schedule.placement} | {row[S - 1] for row in self.schedule.placement})
-        ranks = [self.rank(d, w) for w in range(self.config.data) for d in holders]
+        ranks = self._dp_ranks(sorted({row[0] for row in self.schedule.placement}
+                                      | {row[S - 1] for row in self.schedule.placement}))
         if len(ranks) <= 1:
             return 0.0
         v = allreduce_time(self.cluster, ranks, tied * self.el / self.t)

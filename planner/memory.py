@@ -249,7 +249,8 @@ class MemoryModel:
             return None
 
         # the stage-independent terms once (the same additions in the same order as per stage: same figures)
-        state_span, weight_span = state[None, :] - state[:, None], weights[None, :] - weights[:, None]
+        state_span = state[None, :] - state[:, None]
+        weight_span = weights[None, :] - weights[:, None] if versions else None
         per_mb_span, working = per_mb[None, :] - per_mb[:, None], work * samples
         seen: dict[tuple[float, float], np.ndarray] = {}  # stages of equal terms fit alike
 
@@ -258,7 +259,7 @@ class MemoryModel:
             got = seen.get((live, extra))
             if got is None:
                 need = state_span
-                if versions:
+                if weight_span is not None:
                     need = need + extra * weight_span
                 need = need + live * per_mb_span
                 got = seen[(live, extra)] = need + working <= cap
