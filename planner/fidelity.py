@@ -1,4 +1,4 @@
-"""Predictions of published, measured training runs (Megatron-LM SC'21 Tables 1 and 2, figures 13-15;
+"""Predictions of published, measured training runs (Megatron-LM SC'21 Tables 1 and 2, figures 11-16;
 Korthikanti et al. 2022, Table 5).
 
 A published run gives the model shape, (t, p, d), the global batch and the measured FLOP/s per GPU; with
@@ -213,33 +213,57 @@ class RankingResult:
     figure: str
     claim: str
     batch: int
-    #: ((t, p, d), predicted seconds) in the order the figure lists them
-    predicted: list[tuple[tuple[int, int, int], float]]
+    #: ((t, p, d, b, v), predicted seconds) in the order the figure lists them: each (t, p, d) of the claim with
+    #: each of its (micro-batch b, model chunks v) variants (v = 1: plain 1F1B)
+    predicted: list[tuple[tuple[int, int, int, int, int], float]]
     expect: str
     ok: bool
+    #: ``trend`` claims: the last configuration's time over the first's, less 1 (what the first gains)
+    gain: float | None = None
 
 
 def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[RankingResult]:
-    """Each ranking claim of ``data["rankings"]`` at each of its batch sizes: predict every (t, p, d) with
-    the stated micro-batch, plain 1F1B (the figures compare parallel sizes, not schedules) and
-    recomputation, and check the claim: ``"best"`` (the named configuration is predicted fastest) or
-    ``"order"`` (predicted time grows along the listed configurations)."""
+    """Each ranking claim of ``data["rankings"]`` at each of its batch sizes: predict every (t, p, d) of the
+    claim with each of its ``variants`` -- (micro-batch, model chunks) pairs, default the stated micro-batch
+    with plain 1F1B (figures 11 and 13-15 compare parallel sizes, not schedules) -- with recomputation and
+    Megatron's even split, and check the claim:
+
+    * ``"best"``: the configuration ``best`` names (a prefix of (t, p, d, b, v)) is predicted fastest;
+    * ``"order"``: predicted time grows along the listed configurations. Where the model gives
+      ``layers_per_stage`` instead of ``layers`` (figure 11's weak scaling), it has that many layers per
+      pipeline stage and every GPU the same work: time growing is throughput per GPU falling;
+    * ``"trend": "gap_closes"``, beside either: the first configuration's gain over the last must shrink from
+      each batch size to the next (figure 12: interleaving gains less as the batch grows; figure 11: the
+      larger batch scales better); a batch where it does not is a violation too."""
     out = []
     for claim in data["rankings"]:
         m = claim["model"]
+        variants = claim.get("variants", [[claim["micro_batch"], 1]])
+        rows = []
         for batch in claim["batches"]:
             preds = []
             for t, p, d in claim["configs"]:
-                run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} B={batch}", layers=m["layers"],
-                                   hidden=m["hidden"], heads=m["heads"], seq=data["seq"], vocab=data["vocab"], t=t,
-                                   p=p, gpus=t * p * d, batch=batch, tflops=0.0, micro_batch=claim["micro_batch"])
-                preds.append(((t, p, d), predict_run(run, base, device, max_chunks=1).seconds))
+                for b, v in variants:
+                    # weak scaling (figure 11): the model grows with the pipeline, ``layers_per_stage`` per stage
+                    layers = m["layers"] if "layers" in m else m["layers_per_stage"] * p
+                    run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} b={b} v={v} B={batch}",
+                                       layers=layers, hidden=m["hidden"], heads=m["heads"], seq=data["seq"],
+                                       vocab=data["vocab"], t=t, p=p, gpus=t * p * d, batch=batch, tflops=0.0,
+                                       micro_batch=b, chunks=v)
+                    preds.append(((t, p, d, b, v), predict_run(run, base, device).seconds))
             times = [x[1] for x in preds]
             if claim["expect"] == "best":
-                ok = preds[times.index(min(times))][0] == tuple(claim["best"])
+                best = tuple(claim["best"])
+                ok = preds[times.index(min(times))][0][:len(best)] == best
             else:
                 ok = all(a < b for a, b in zip(times, times[1:], strict=False))
-            out.append(RankingResult(claim["figure"], claim["claim"], batch, preds, claim["expect"], ok))
+            gain = times[-1] / times[0] - 1 if claim.get("trend") == "gap_closes" else None
+            rows.append(RankingResult(claim["figure"], claim["claim"], batch, preds, claim["expect"], ok, gain))
+        if claim.get("trend") == "gap_closes":
+            for prev, row in zip(rows, rows[1:], strict=False):
+                assert prev.gain is not None and row.gain is not None
+                row.ok = row.ok and row.gain < prev.gain
+        out.extend(rows)
     return out
 
 
