@@ -35,15 +35,20 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   ``r-1`` and ``(r-1)/r`` for a reduce-scatter or all-gather, one step of ``L`` for a send), so the achieved
   bandwidth rises with the message size; without one, the alpha-beta formulas named below.
 * **Pipeline p2p** (Chimera 3.4, alpha-beta, or the NCCL model's send): ``alpha + beta * bytes`` of the
-  boundary activation (forward) or gradient (backward), divided by ``t`` (Megatron 4.1, scatter/gather: each
-  tensor-parallel rank sends its ``1/t`` share). Link by placement: ranks are laid out ``t`` innermost, then the
-  pipeline, then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a pipeline are GPUs
-  ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
+  boundary activation (forward) or gradient (backward) that each tensor-parallel rank sends to its peer. Without
+  sequence parallelism the boundary tensor is whole on every one of the ``t`` ranks, and each sends all of it
+  (pipeplan's executor: ``executor.comm`` pairs every tensor rank with its peer; Megatron-Core). With
+  sequence parallelism each rank holds, and sends, ``1/t`` of it. Megatron-LM's scatter/gather (Narayanan et al.
+  SC'21 section 4.1, ``--scatter-gather-tensors-in-pipeline``, its default in 2021-22; the profile's
+  ``environment["p2p_scatter_gather"] = "on"``): each rank sends a ``1/t`` share and the receivers all-gather
+  it over NVLink (charged where the runtime blocks, below). Link by placement: ranks are laid out ``t``
+  innermost, then the pipeline, then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a
+  pipeline are GPUs ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
 * **Blocking p2p** (only when the profile's ``environment["p2p"]`` is ``"blocking"``: a runtime that waits
   for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
   ``req.wait(); torch.cuda.synchronize()``, then all-gathers the scatter/gather chunks over NVLink): each
-  F and B also holds the compute stream for its send (and the ``t``-way all-gather of the boundary
-  tensor), and the message is at the receiver when that action ends (the p2p action takes no further
+  F and B also holds the compute stream for its send (and, with scatter/gather, the ``t``-way all-gather of
+  the boundary tensor), and the message is at the receiver when that action ends (the p2p action takes no further
   time: the transfer is not counted twice on the critical path). Our executor posts sends without
   blocking, so by default they overlap compute.
 * **Gradient all-reduce** of a stage across its ``r`` replicas (the W data-parallel copies times the
@@ -476,6 +481,12 @@ class ConfigCosts(Costs):
         #: the kernels the profile's times assume: "eager" (PyTorch eager ops) or "fused" (planner.operators)
         self.kernels = "eager" if profile.environment.get("kernels") == "eager" else "fused"
         self.blocking_p2p = profile.environment.get("p2p") == "blocking"
+        #: Megatron-LM's scatter/gather (module docstring, "Pipeline p2p"; ``environment["p2p_scatter_gather"]``
+        #: ``"on"``): each tensor-parallel rank sends a 1/t share of the boundary tensor and the receivers
+        #: all-gather it. Otherwise every rank sends the whole tensor (pipeplan's executor, Megatron-Core), except
+        #: under sequence parallelism, where each rank's boundary tensor is its 1/t of the sequence anyway
+        self.scatter_gather = profile.environment.get("p2p_scatter_gather") == "on" and not self.sequence_parallel
+        self.p2p_share = self.t if self.scatter_gather or self.sequence_parallel else 1
         self.overlapped_dp = profile.environment.get("dp_allreduce") == "overlapped"
         self._layer_sums: dict[tuple[str, float, int, bool], list[float]] = layer_sums if layer_sums is not None else {}
         #: F (stage, span) / B (stage) durations at the busy-throughout rate and their matrix part
@@ -689,6 +700,8 @@ class ConfigCosts(Costs):
             return 0.0
         boundary = stage if to > stage else to
         full = self.stages[boundary].out_bytes * self.base_b * span
+        if not self.scatter_gather:
+            return self.send_time(src, dst, full / self.p2p_share) * self.cal.link_scale
         return (self.send_time(src, dst, full / self.t)
                 + collective_time(self.cluster, "intra", "all_gather", self.t, full)) * self.cal.link_scale
 
@@ -922,7 +935,7 @@ class ConfigCosts(Costs):
             # done (:meth:`_blocking_send`): the message is there when it ends, not one transfer later
             return 0.0
         boundary = stage if kind == SEND_F else stage - 1
-        nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.t
+        nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.p2p_share
         return self.send_time(src, dst, nbytes) * self.cal.link_scale
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:

@@ -132,8 +132,10 @@ def run_cluster(base: Cluster, gpus: int) -> Cluster:
 def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int, ...],
                 options: OperatorOptions | None = None, blocking_p2p: bool = True) -> ModelProfile:
     """The operator-model profile of the run's model; ``blocking_p2p``: Megatron 2021's runtime waited for
-    its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p")."""
-    env: dict[str, str] = {}
+    its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p"). Megatron-LM 2021-22 sent
+    its boundary tensors with the scatter/gather optimization (section 4.1; on by default:
+    ``--scatter-gather-tensors-in-pipeline``, off under sequence parallelism)."""
+    env: dict[str, str] = {"p2p_scatter_gather": "on"}
     if blocking_p2p:
         env["p2p"] = "blocking"
     if run.ddp == "torch":  # PyTorch DDP overlaps the gradient all-reduce with the backward (planner.cost)

@@ -24,7 +24,10 @@ flash kernel's load balance over the SMs at a few heads per GPU (:mod:`planner.a
 of one sequence run at 0.76-0.78 of the papers' shape's rate, 340B's 12 at 0.76-0.79, as measured there), and
 the clock each step holds under the power limit by its busy share (:mod:`planner.power`: 175B and 15B hold
 0.90-0.91 of the burst rate, 340B, about 70% busy, 0.98-0.99).
-Median |error| 2.3%, worst 9.2% (175B -8.1..-9.2%, 15B -0.8..+3.0%, 340B +1.0..+3.1%); at the busy-throughout
+Median |error| 1.5%, worst 9.2% (175B -8.1..-9.2%, 15B -0.8..+3.0%, 340B -1.7..+0.3%) since 340B's blocking
+sends gather nothing (its sequence parallelism sends each rank's 1/t of the sequence, which the next stage takes
+as it is: :class:`planner.cost.ConfigCosts`, ``scatter_gather``); with an all-gather of the whole boundary tensor
+charged per send it was 2.3% / 9.2% (340B +1.0..+3.1%). At the busy-throughout
 rate (no held clock) 5.0% / 12.9% (175B -4.0..-5.1%, 15B +2.8..+6.7%, 340B +10.7..+12.9%); before the load
 balance 5.4% / 11.9% (175B -5.2..-6.3%, 15B +2.6..+6.5%, 340B +9.7..+11.9%). With the power limit on
 the old GEMM rule (Calculon's curve scaled to the MAMF, no_overlap, wave quantisation): 6.6% / 14.1% (175B
@@ -53,7 +56,7 @@ from planner.fidelity import load_tables, median, predict_public, public_runs, t
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = load_tables(ROOT / "tests" / "data" / "h100_public_runs.json")
-GUARD_ROW, GUARD_MEDIAN, GUARD_15B = 0.10, 0.03, 0.035  # reached 9.2% / 2.3%, 15B 3.0% (module docstring)
+GUARD_ROW, GUARD_MEDIAN, GUARD_15B, GUARD_340B = 0.10, 0.025, 0.035, 0.025  # reached 9.2% / 1.5%, 15B 3.0%, 340B 1.7%
 
 
 def test_rows_reproduce_the_published_throughput():
@@ -115,11 +118,11 @@ def test_h100_rows_within_the_reached_error():
     errs = [predict_public(r, base, dev).iteration_time / r.measured_seconds() - 1 for r in runs]
     assert max(abs(e) for e in errs) <= GUARD_ROW, errs
     assert median([abs(e) for e in errs]) <= GUARD_MEDIAN, errs
-    # 15B within 3.5% (its recipe overlaps its TP collectives, not modelled); 175B predicted fast, 340B slow
-    # (module docstring)
+    # 15B within 3.5% (its recipe overlaps its TP collectives, not modelled), 340B within 2.5%; 175B predicted
+    # fast (module docstring)
     assert all(abs(e) <= GUARD_15B for r, e in zip(runs, errs, strict=True) if r.model == "nemotron4-15b"), errs
-    assert all((e < 0) == (r.model == "gpt3-175b") for r, e in zip(runs, errs, strict=True)
-               if r.model != "nemotron4-15b"), errs
+    assert all(abs(e) <= GUARD_340B for r, e in zip(runs, errs, strict=True) if r.model == "nemotron4-340b"), errs
+    assert all(e < 0 for r, e in zip(runs, errs, strict=True) if r.model == "gpt3-175b"), errs
 
 
 def test_tp_collective_seconds_is_what_the_passes_charge():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -520,18 +521,43 @@ def test_full_recomputation_reruns_the_transformer_layers_only():
 
 
 def test_blocking_p2p_holds_the_sender_and_is_not_counted_twice():
-    """Megatron 2021's runtime (environment p2p = blocking) returns from a send only once the transfer and the
-    scatter/gather all-gather are done: F of stage 0 grows by that time and the message then takes no
-    further time; a non-blocking runtime sends in the background (F unchanged, the message takes the link)."""
+    """Megatron 2021's runtime (environment p2p = blocking, p2p_scatter_gather = on) returns from a send only
+    once the transfer of its 1/t share and the scatter/gather all-gather are done: F of stage 0 grows by that
+    time and the message then takes no further time; a non-blocking runtime sends in the background (F
+    unchanged, the message takes the link)."""
     prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
-    blocking = prof.model_copy(update={"environment": {**prof.environment, "p2p": "blocking"}})
-    plain, held = _costs(prof, 2), _costs(blocking, 2)
+    sg = {**prof.environment, "p2p_scatter_gather": "on"}
+    plain = _costs(prof.model_copy(update={"environment": sg}), 2)
+    held = _costs(prof.model_copy(update={"environment": {**sg, "p2p": "blocking"}}), 2)
     full = plain.stages[0].out_bytes * 2
     send = plain.send_time(0, 1, full / 2) + collective_time(plain.cluster, "intra", "all_gather", 2, full)
     assert held.fwd(0) - plain.fwd(0) == pytest.approx(send)
     assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.send_time(0, 1, full / 2))
     assert plain.p2p("SEND_F", 0, 1, 0, 1) > 0
     assert held.p2p("SEND_F", 0, 1, 0, 1) == 0.0
+
+
+def test_each_tensor_rank_sends_the_whole_boundary_tensor_without_sequence_parallelism():
+    """Without scatter/gather (pipeplan's executor, Megatron-Core) every one of the t ranks sends the whole
+    boundary tensor it holds, and a blocking send gathers nothing; under sequence parallelism each rank holds
+    and sends its 1/t of the sequence, gathering nothing either (Megatron-LM 2022 turns scatter/gather off
+    there). The emulated executor moves messages of that size."""
+    from executor.emulate import Emulator
+
+    prof = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2))
+    sp = analytic_profile(PRESETS["gpt2-medium"], A100, micro_batches=(1, 2), tensor_sizes=(1, 2),
+                          options=OperatorOptions(sequence_parallel=True))
+    for p, share in ((prof, 1), (sp, 2)):
+        plain = _costs(p, 2)
+        held = _costs(p.model_copy(update={"environment": {**p.environment, "p2p": "blocking"}}), 2)
+        full = plain.stages[0].out_bytes * 2
+        assert plain.p2p_share == share
+        assert plain.p2p("SEND_F", 0, 1, 0, 1) == pytest.approx(plain.send_time(0, 1, full / share))
+        assert held.fwd(0) - plain.fwd(0) == pytest.approx(plain.send_time(0, 1, full / share))
+        assert Emulator.message_bytes(SimpleNamespace(costs=plain), "RECV_F", 1, 1) == int(full / share)
+    whole = _costs(prof, 2)
+    with_sg = _costs(prof.model_copy(update={"environment": {**prof.environment, "p2p_scatter_gather": "on"}}), 2)
+    assert whole.p2p("SEND_F", 0, 1, 0, 1) > with_sg.p2p("SEND_F", 0, 1, 0, 1)
 
 
 def test_ddp_overlap_leaves_only_what_exceeds_the_last_backward():
