@@ -318,6 +318,11 @@ def register(app: typer.Typer) -> None:
             help="when it all-reduces the data-parallel gradients: after-backward (pipeplan's executor, "
                  "Megatron-LM's local DDP) or overlapped (in buckets during the last backward of a one-stage "
                  "pipeline: PyTorch DDP, Megatron-Core's --overlap-grad-reduce)")] = "after-backward",
+        p2p_scatter_gather: Annotated[bool, typer.Option(
+            help="the runtime sends each pipeline boundary tensor by Megatron-LM's scatter/gather (its default "
+                 "in 2021-22, --scatter-gather-tensors-in-pipeline): each tensor-parallel rank sends 1/t of it "
+                 "and the receivers all-gather it; without it every rank sends the whole tensor (pipeplan's "
+                 "executor, Megatron-Core), or its 1/t of the sequence under --sequence-parallel")] = False,
     ) -> None:
         """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
         # imported here: ``plan`` and ``predict`` need none of the device and operator models
@@ -386,7 +391,7 @@ def register(app: typer.Typer) -> None:
                                                             sequence_parallel=sequence_parallel, dropout=dropout,
                                                             recompute=recompute_granularity,  # type: ignore[arg-type]
                                                             kernels=kernels),  # type: ignore[arg-type]
-                                    p2p=p2p, dp_allreduce=dp_allreduce)
+                                    p2p=p2p, dp_allreduce=dp_allreduce, p2p_scatter_gather=p2p_scatter_gather)
         except ValidationError as e:
             fail(validation_summary(e))
             raise

@@ -113,31 +113,37 @@ P2P_RUNTIMES = ("overlapped", "blocking")
 DP_ALLREDUCE_RUNTIMES = ("after-backward", "overlapped")
 
 
-def runtime_environment(p2p: str = "overlapped", dp_allreduce: str = "after-backward") -> dict[str, str]:
+def runtime_environment(p2p: str = "overlapped", dp_allreduce: str = "after-backward",
+                        p2p_scatter_gather: bool = False) -> dict[str, str]:
     """The profile environment entries of a training runtime (:data:`P2P_RUNTIMES`,
-    :data:`DP_ALLREDUCE_RUNTIMES`): only what differs from the defaults, so profiles made without them are
-    unchanged. A ``ValueError`` names the field and its choices."""
+    :data:`DP_ALLREDUCE_RUNTIMES`; ``p2p_scatter_gather``: Megatron-LM's scatter/gather of the pipeline sends,
+    SC'21 section 4.1, its default in 2021-22 -- each tensor-parallel rank sends 1/t of the boundary tensor and
+    the receivers all-gather it, where pipeplan's executor and Megatron-Core send it whole: :mod:`planner.cost`,
+    "Pipeline p2p"): only what differs from the defaults, so profiles made without them are unchanged. A
+    ``ValueError`` names the field and its choices."""
     if p2p not in P2P_RUNTIMES:
         raise ValueError(f"p2p must be one of {', '.join(P2P_RUNTIMES)}, got {p2p!r}")
     if dp_allreduce not in DP_ALLREDUCE_RUNTIMES:
         raise ValueError(f"dp_allreduce must be one of {', '.join(DP_ALLREDUCE_RUNTIMES)}, got {dp_allreduce!r}")
     return {**({"p2p": "blocking"} if p2p == "blocking" else {}),
-            **({"dp_allreduce": "overlapped"} if dp_allreduce == "overlapped" else {})}
+            **({"dp_allreduce": "overlapped"} if dp_allreduce == "overlapped" else {}),
+            **({"p2p_scatter_gather": "on"} if p2p_scatter_gather else {})}
 
 
 def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf16",
                      micro_batches: tuple[int, ...] = MICRO_BATCHES,
                      tensor_sizes: tuple[int, ...] | None = None,
                      options: OperatorOptions | None = None, name: str | None = None,
-                     p2p: str = "overlapped", dp_allreduce: str = "after-backward") -> ModelProfile:
+                     p2p: str = "overlapped", dp_allreduce: str = "after-backward",
+                     p2p_scatter_gather: bool = False) -> ModelProfile:
     """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
 
     ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
     unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs); their ``causal`` is
     replaced by the architecture's (a decoder's flash kernel is causal, an encoder's is not). ``p2p`` and
-    ``dp_allreduce``: the runtime the profile is for (:func:`runtime_environment`; default pipeplan's
-    executor)."""
-    runtime = runtime_environment(p2p, dp_allreduce)
+    ``dp_allreduce`` (and ``p2p_scatter_gather``): the runtime the profile is for (:func:`runtime_environment`;
+    default pipeplan's executor)."""
+    runtime = runtime_environment(p2p, dp_allreduce, p2p_scatter_gather)
     dev = device if isinstance(device, DeviceSpec) else get_device(device)
     if dtype.lower() not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
@@ -202,6 +208,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                f"{', sequence parallel' if opts.sequence_parallel else ''}{_selective_note(opts)}"
                f"{EAGER_NOTE if opts.kernels == 'eager' else ''}"
                f"{', blocking pipeline sends' if 'p2p' in runtime else ''}"
+               f"{', scatter/gather pipeline sends' if 'p2p_scatter_gather' in runtime else ''}"
                f"{', data-parallel all-reduce overlapped with the backward' if 'dp_allreduce' in runtime else ''}); "
                "GEMM and memory efficiency "
                "from the device description; compute per tensor-parallel size in tensor_times; "

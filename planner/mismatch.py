@@ -36,12 +36,13 @@ def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRe
     # the entries of planner.analytic.runtime_environment that are not pipeplan's executor's, in the words every
     # other place says them with
     other = {k: v for k, v in profile.environment.items() if (k, v) in (("p2p", "blocking"),
-                                                                          ("dp_allreduce", "overlapped"))}
+                                                                          ("dp_allreduce", "overlapped"),
+                                                                          ("p2p_scatter_gather", "on"))}
     runtime = runtime_words(other)
     if runtime:  # planner.analytic.runtime_environment: a runtime other than pipeplan's executor
         out.append(f"profile {profile.name!r} describes a training runtime with {' and '.join(runtime)}: the "
-                   f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, "
-                   f"all-reduce after each stage's backward) is timed differently")
+                   f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, whole "
+                   f"on every tensor-parallel rank; all-reduce after each stage's backward) is timed differently")
     if _norm(profile.device) == _norm(cluster.device):
         return out
     return out + [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "

@@ -413,6 +413,9 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
     p2p = env.get("p2p", "overlapped" if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")
+    if env.get("p2p_scatter_gather") == "on":
+        words.append("Megatron-LM's scatter/gather of the pipeline sends (1/t of the tensor per rank, then "
+                     "gathered)")
     dp = env.get("dp_allreduce", "after-backward" if runtime_defaults else None)
     if dp is not None and not sharded_weights:
         words.append("the data-parallel all-reduce " + ("overlapped with the backward" if dp == "overlapped"

@@ -115,11 +115,14 @@ def test_hf_config_with_selective_recomputation(client) -> None:  # type: ignore
 
 def test_hf_config_runtime_is_recorded(client) -> None:  # type: ignore[no-untyped-def]
     """p2p / dp_allreduce: the training runtime the profile is for, in its environment (planner.analytic)."""
-    body = {"config": _config("gpt2"), "device": "h100", "p2p": "blocking", "dp_allreduce": "overlapped"}
+    body = {"config": _config("gpt2"), "device": "h100", "p2p": "blocking", "dp_allreduce": "overlapped",
+            "p2p_scatter_gather": True}
     r = client.post("/profiles/hf-config", json=body, headers=AUTH)
     assert r.status_code == 201, r.text
     env = client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"]["environment"]
-    assert (env["p2p"], env["dp_allreduce"]) == ("blocking", "overlapped")
+    assert (env["p2p"], env["dp_allreduce"], env["p2p_scatter_gather"]) == ("blocking", "overlapped", "on")
+    bad = client.post("/profiles/hf-config", json={**body, "p2p_scatter_gather": "maybe"}, headers=AUTH)
+    assert bad.status_code == 422 and "p2p_scatter_gather" in bad.text, bad.text
 
 
 def test_hf_config_with_flash_attention_and_sequence_parallelism(client) -> None:  # type: ignore[no-untyped-def]

@@ -199,6 +199,33 @@ def test_profile_analytic_runtime(tmp_path):
         assert r.exit_code != 0 and msg in r.output, r.output
 
 
+def test_profile_analytic_scatter_gather(tmp_path):
+    """--p2p-scatter-gather: Megatron-LM's 2021-22 pipeline sends (1/t of the boundary tensor per tensor rank,
+    then gathered) -- recorded in the profile, named by the plan beside the executor's difference, and a
+    tensor-parallel pipeline whose sends cross nodes predicted no slower than with whole tensors (pipeplan's
+    executor, the default)."""
+    docs = {}
+    for tag, extra in (("whole", []), ("sg", ["--p2p-scatter-gather"])):
+        out = tmp_path / f"{tag}.json"
+        r = runner.invoke(app, ["profile-analytic", "--preset", "gpt2-1.3b", *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        docs[tag] = out
+    env = {k: json.loads(v.read_text())["environment"] for k, v in docs.items()}
+    assert "p2p_scatter_gather" not in env["whole"] and env["sg"]["p2p_scatter_gather"] == "on"
+    gpu = str(EX / "dgx-a100-80gb.json")
+    times = {}
+    for tag, prof in docs.items():  # t = 8 D = 4: every send crosses a node
+        r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", gpu, "--global-batch", "64",
+                                "--tensor", "8", "--pipeline", "4", "--data", "1", "--micro-batch", "1",
+                                "--schedule", "gpipe", "--json"])
+        assert r.exit_code == 0, r.output
+        times[tag] = json.loads(r.output)["iteration_time"]
+    assert times["sg"] < times["whole"], times
+    r = runner.invoke(app, ["plan", "--profile", str(docs["sg"]), "--cluster", gpu, "--global-batch", "64",
+                            "--gpus", "32", "--top", "2"])
+    assert r.exit_code == 0 and "scatter/gather" in r.output and "pipeplan's executor" in r.output, r.output
+
+
 def test_profile_analytic_attention_implementation(tmp_path):
     """--attention flash --attention-impl names the flash kernel's implementation (default flash2), recorded in
     the profile; on the H100 cuDNN's kernel is the faster one by its published rate; a bad name is refused."""

@@ -66,6 +66,11 @@ class HFConfigUpload(BaseModel):
                                               "(pipeplan's executor) or overlapped with the last backward of a "
                                               "one-stage pipeline (PyTorch DDP; planner.analytic."
                                               "DP_ALLREDUCE_RUNTIMES)")
+    p2p_scatter_gather: bool = Field(
+        default=False, description="whether the runtime sends each pipeline boundary tensor by Megatron-LM's "
+                                   "scatter/gather (2021-22): 1/t of it per tensor-parallel rank, then gathered; "
+                                   "otherwise every rank sends it whole (pipeplan's executor, Megatron-Core), or "
+                                   "its 1/t of the sequence under sequence parallelism (planner.cost)")
 
 
 def default_dtype(dev: DeviceSpec) -> str:
@@ -123,7 +128,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
                                   sequence_parallel=body.sequence_parallel, kernels=body.kernels)
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
-                                   dp_allreduce=body.dp_allreduce)
+                                   dp_allreduce=body.dp_allreduce, p2p_scatter_gather=body.p2p_scatter_gather)
     except HFConfigError as e:
         # a field of the file as config.<field>; the file as a whole (transformers refusing it) as config
         raise crud.InputError(f"{'config' if e.field == 'config' else 'config.' + e.field}: {e.message}") from None
