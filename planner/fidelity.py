@@ -1,4 +1,4 @@
-"""Predictions of published, measured training runs (Megatron-LM SC'21 Tables 1 and 2, figures 11-16;
+"""Predictions of published, measured training runs (Megatron-LM SC'21 Tables 1 and 2, figures 11-16 and 18;
 Korthikanti et al. 2022, Table 5).
 
 A published run gives the model shape, (t, p, d), the global batch and the measured FLOP/s per GPU; with
@@ -71,6 +71,8 @@ class PublishedRun:
     #: model chunks per device (1: plain 1F1B; None: not stated) and Megatron's ``--DDP-impl`` of the run
     chunks: int | None = None
     ddp: str | None = None
+    #: whether the run sent its pipeline tensors by scatter/gather (Megatron-LM's default; figure 18 turns it off)
+    scatter_gather: bool = True
 
     @property
     def d(self) -> int:
@@ -134,8 +136,8 @@ def run_profile(run: PublishedRun, device: DeviceSpec, micro_batches: tuple[int,
     """The operator-model profile of the run's model; ``blocking_p2p``: Megatron 2021's runtime waited for
     its pipeline sends and synchronized the device (``planner.cost``, "Blocking p2p"). Megatron-LM 2021-22 sent
     its boundary tensors with the scatter/gather optimization (section 4.1; on by default:
-    ``--scatter-gather-tensors-in-pipeline``, off under sequence parallelism)."""
-    env: dict[str, str] = {"p2p_scatter_gather": "on"}
+    ``--scatter-gather-tensors-in-pipeline``, off under sequence parallelism), unless the run turned it off."""
+    env: dict[str, str] = {"p2p_scatter_gather": "on"} if run.scatter_gather else {}
     if blocking_p2p:
         env["p2p"] = "blocking"
     if run.ddp == "torch":  # PyTorch DDP overlaps the gradient all-reduce with the backward (planner.cost)
@@ -215,9 +217,9 @@ class RankingResult:
     figure: str
     claim: str
     batch: int
-    #: ((t, p, d, b, v), predicted seconds) in the order the figure lists them: each (t, p, d) of the claim with
-    #: each of its (micro-batch b, model chunks v) variants (v = 1: plain 1F1B)
-    predicted: list[tuple[tuple[int, int, int, int, int], float]]
+    #: ((t, p, d, b, v, sg), predicted seconds) in the order the figure lists them: each (t, p, d) of the claim
+    #: with each of its (micro-batch b, model chunks v, scatter/gather sg) variants (v = 1: plain 1F1B)
+    predicted: list[tuple[tuple[int, int, int, int, int, bool], float]]
     expect: str
     ok: bool
     #: ``trend`` claims: the last configuration's time over the first's, less 1 (what the first gains)
@@ -226,9 +228,10 @@ class RankingResult:
 
 def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[RankingResult]:
     """Each ranking claim of ``data["rankings"]`` at each of its batch sizes: predict every (t, p, d) of the
-    claim with each of its ``variants`` -- (micro-batch, model chunks) pairs, default the stated micro-batch
-    with plain 1F1B (figures 11 and 13-15 compare parallel sizes, not schedules) -- with recomputation and
-    Megatron's even split, and check the claim:
+    claim with each of its ``variants`` -- (micro-batch, model chunks) pairs, or (micro-batch, model chunks,
+    scatter/gather) where a claim turns that off (figure 18), default the stated micro-batch with plain 1F1B
+    (figures 11 and 13-15 compare parallel sizes, not schedules) -- with recomputation and Megatron's even
+    split, and check the claim:
 
     * ``"best"``: the configuration ``best`` names (a prefix of (t, p, d, b, v)) is predicted fastest;
     * ``"order"``: predicted time grows along the listed configurations. Where the model gives
@@ -240,19 +243,19 @@ def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[Rankin
     out = []
     for claim in data["rankings"]:
         m = claim["model"]
-        variants = claim.get("variants", [[claim["micro_batch"], 1]])
+        variants = [(*x, True)[:3] for x in claim.get("variants", [[claim["micro_batch"], 1]])]
         rows = []
         for batch in claim["batches"]:
             preds = []
             for t, p, d in claim["configs"]:
-                for b, v in variants:
+                for b, v, sg in variants:
                     # weak scaling (figure 11): the model grows with the pipeline, ``layers_per_stage`` per stage
                     layers = m["layers"] if "layers" in m else m["layers_per_stage"] * p
-                    run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} b={b} v={v} B={batch}",
+                    run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} b={b} v={v} sg={sg} B={batch}",
                                        layers=layers, hidden=m["hidden"], heads=m["heads"], seq=data["seq"],
                                        vocab=data["vocab"], t=t, p=p, gpus=t * p * d, batch=batch, tflops=0.0,
-                                       micro_batch=b, chunks=v)
-                    preds.append(((t, p, d, b, v), predict_run(run, base, device).seconds))
+                                       micro_batch=b, chunks=v, scatter_gather=bool(sg))
+                    preds.append(((t, p, d, b, v, bool(sg)), predict_run(run, base, device).seconds))
             times = [x[1] for x in preds]
             if claim["expect"] == "best":
                 best = tuple(claim["best"])

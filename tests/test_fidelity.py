@@ -1,4 +1,4 @@
-"""Predicted against measured: Megatron-LM SC'21 Tables 1 and 2 and the ranking claims of figures 11-16.
+"""Predicted against measured: Megatron-LM SC'21 Tables 1 and 2 and the ranking claims of figures 11-16 and 18.
 
 The goal of issue 11 is every row within 10% and the median within 5%. IT IS NOT MET YET: in the runs' own
 configurations (micro-batch size, model chunks and DDP implementation from the paper's reproduction scripts,
@@ -109,10 +109,10 @@ def test_one_cluster_scale_would_bring_rows_within_guard(predictions):
 
 
 @pytest.mark.slow
-def test_ranking_claims_of_figures_11_to_16():
+def test_ranking_claims_of_figures_11_to_16_and_18():
     base = load_cluster(ROOT / "examples" / "clusters" / f"{DATA['cluster']}.json")
     results = ranking_checks(DATA, base, get_device(DATA["device"]))
-    assert len(results) == 16
+    assert len(results) == 21
     violated = {(r.figure, r.batch) for r in results if not r.ok}
     assert violated <= KNOWN_RANKING_DEVIATIONS, [(r.figure, r.batch, r.predicted) for r in results if not r.ok]
     # crossing a node with t is predicted slower, as measured (figures 13 and 15)
@@ -131,6 +131,11 @@ def test_ranking_claims_of_figures_11_to_16():
     for r in results:
         if r.figure == "16":
             assert min(r.predicted, key=lambda x: x[1])[0][3] == 2
+    # figure 18: the scatter/gather sends (1/t over each rank's IB link, then gathered) beat whole ones at every
+    # batch size; the measured gain is "up to 11%", the model's 6.7% throughout (blocking sends: every F and B
+    # holds its send, the bubble's too)
+    gains = [r.predicted[1][1] / r.predicted[0][1] - 1 for r in results if r.figure == "18"]
+    assert len(gains) == 5 and all(0.03 < g < 0.11 for g in gains), gains
 
 
 def test_a_ranking_claim_fails_when_the_prediction_breaks_it():
