@@ -202,10 +202,11 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     page.check("#hf-sp")
     page.select_option("#hf-recompute", "selective")
     page.select_option("#hf-p2p", "blocking")
+    page.check("#hf-sg")
     page.select_option("#hf-dp", "overlapped")
     words = page.inner_text("#hf-runtime-words")
     assert words == ("cuDNN fused attention, sequence parallel, selective recomputation, blocking pipeline sends, "
-                     "all-reduce overlapped with the backward"), words
+                     "scatter/gather sends, all-reduce overlapped with the backward"), words
     shot(page, "hf-04-runtime")
     page.click("#hf-make")
     status = page.locator("#hf-status")
@@ -216,9 +217,10 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     with server.client() as c:
         env = c.get(f"/profiles/{made[0]['id']}").json()["profile"]["environment"]
     assert {k: env.get(k) for k in ("attention", "attention_impl", "sequence_parallel", "recompute_granularity",
-                                    "p2p", "dp_allreduce")} == {
+                                    "p2p", "dp_allreduce", "p2p_scatter_gather")} == {
         "attention": "flash", "attention_impl": "cudnn", "sequence_parallel": "true",
-        "recompute_granularity": "selective", "p2p": "blocking", "dp_allreduce": "overlapped"}
+        "recompute_granularity": "selective", "p2p": "blocking", "dp_allreduce": "overlapped",
+        "p2p_scatter_gather": "on"}
     assert made[0]["dtype"] == "bf16"
     page.locator("#profile-assumes").filter(has_text="cuDNN's fused attention").wait_for()  # under the list
     # another choice, then Plan without pressing Make: the profile is made again with it, not reused
