@@ -107,10 +107,8 @@ class Emulator:
 
     def message_bytes(self, kind: str, stage: int, span: int) -> int:
         """Size of the message a RECV_F (activation into ``stage``) or RECV_B (gradient of ``stage``'s
-        output) receives: what each tensor-parallel rank sends (``costs.p2p_share``: the whole tensor, or 1/t of
-        it under sequence parallelism or scatter/gather; :mod:`planner.cost`, "Pipeline p2p")."""
-        boundary = stage - 1 if kind == RECV_F else stage
-        return max(1, int(self.costs.stages[boundary].out_bytes * self.costs.base_b * span / self.costs.p2p_share))
+        output) receives: what each tensor-parallel rank sends (:meth:`planner.cost.ConfigCosts.p2p_bytes`)."""
+        return max(1, int(self.costs.p2p_bytes(stage - 1 if kind == RECV_F else stage, span)))
 
     def allreduce_elements(self, stage: int) -> int:
         return max(1, int(self.costs.stages[stage].param_bytes / self.costs.t / 4))

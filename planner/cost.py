@@ -699,11 +699,11 @@ class ConfigCosts(Costs):
         if src == dst:
             return 0.0
         boundary = stage if to > stage else to
-        full = self.stages[boundary].out_bytes * self.base_b * span
-        if not self.scatter_gather:
-            return self.send_time(src, dst, full / self.p2p_share) * self.cal.link_scale
-        return (self.send_time(src, dst, full / self.t)
-                + collective_time(self.cluster, "intra", "all_gather", self.t, full)) * self.cal.link_scale
+        seconds = self.send_time(src, dst, self.p2p_bytes(boundary, span))
+        if self.scatter_gather:  # the receivers all-gather the 1/t chunks into the whole tensor
+            full = self.stages[boundary].out_bytes * self.base_b * span
+            seconds += collective_time(self.cluster, "intra", "all_gather", self.t, full)
+        return seconds * self.cal.link_scale
 
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
@@ -935,8 +935,13 @@ class ConfigCosts(Costs):
             # done (:meth:`_blocking_send`): the message is there when it ends, not one transfer later
             return 0.0
         boundary = stage if kind == SEND_F else stage - 1
-        nbytes = self.stages[boundary].out_bytes * self.base_b * span / self.p2p_share
-        return self.send_time(src, dst, nbytes) * self.cal.link_scale
+        return self.send_time(src, dst, self.p2p_bytes(boundary, span)) * self.cal.link_scale
+
+    def p2p_bytes(self, boundary: int, span: int) -> float:
+        """Bytes each tensor-parallel rank sends across the boundary after stage ``boundary`` for ``span``
+        micro-batches (module docstring, "Pipeline p2p"): the whole tensor, or ``1/t`` of it under sequence
+        parallelism or scatter/gather (``p2p_share``). What the emulated executor moves too."""
+        return self.stages[boundary].out_bytes * self.base_b * span / self.p2p_share
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:
         holders = tuple(sorted({row[stage] for row in self.schedule.placement}))

@@ -222,8 +222,10 @@ class RankingResult:
     predicted: list[tuple[tuple[int, int, int, int, int, bool], float]]
     expect: str
     ok: bool
-    #: ``trend`` claims: the last configuration's time over the first's, less 1 (what the first gains)
-    gain: float | None = None
+    #: the last configuration's time over the first's, less 1 (what the first gains over the last)
+    gain: float
+    #: the claim's ``trend`` ("gap_closes": ``gain`` must shrink from each batch size to the next), or None
+    trend: str | None = None
 
 
 def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[RankingResult]:
@@ -243,7 +245,10 @@ def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[Rankin
     out = []
     for claim in data["rankings"]:
         m = claim["model"]
-        variants = [(*x, True)[:3] for x in claim.get("variants", [[claim["micro_batch"], 1]])]
+        # (micro-batch, chunks[, scatter/gather]): scatter/gather on unless the variant turns it off
+        variants = [(x[0], x[1], x[2] if len(x) > 2 else True)
+                    for x in claim.get("variants", [[claim["micro_batch"], 1]])]
+        trend = claim.get("trend")
         rows = []
         for batch in claim["batches"]:
             preds = []
@@ -254,19 +259,18 @@ def ranking_checks(data: dict, base: Cluster, device: DeviceSpec) -> list[Rankin
                     run = PublishedRun(label=f"fig{claim['figure']} t={t} p={p} d={d} b={b} v={v} sg={sg} B={batch}",
                                        layers=layers, hidden=m["hidden"], heads=m["heads"], seq=data["seq"],
                                        vocab=data["vocab"], t=t, p=p, gpus=t * p * d, batch=batch, tflops=0.0,
-                                       micro_batch=b, chunks=v, scatter_gather=bool(sg))
-                    preds.append(((t, p, d, b, v, bool(sg)), predict_run(run, base, device).seconds))
+                                       micro_batch=b, chunks=v, scatter_gather=sg)
+                    preds.append(((t, p, d, b, v, sg), predict_run(run, base, device).seconds))
             times = [x[1] for x in preds]
             if claim["expect"] == "best":
                 best = tuple(claim["best"])
                 ok = preds[times.index(min(times))][0][:len(best)] == best
             else:
                 ok = all(a < b for a, b in zip(times, times[1:], strict=False))
-            gain = times[-1] / times[0] - 1 if claim.get("trend") == "gap_closes" else None
-            rows.append(RankingResult(claim["figure"], claim["claim"], batch, preds, claim["expect"], ok, gain))
-        if claim.get("trend") == "gap_closes":
+            rows.append(RankingResult(claim["figure"], claim["claim"], batch, preds, claim["expect"], ok,
+                                      times[-1] / times[0] - 1, trend))
+        if trend == "gap_closes":
             for prev, row in zip(rows, rows[1:], strict=False):
-                assert prev.gain is not None and row.gain is not None
                 row.ok = row.ok and row.gain < prev.gain
         out.extend(rows)
     return out
