@@ -507,7 +507,9 @@ class ConfigCosts(Costs):
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
         self.emulated = emulated
-        self.overheads = ActionOverheads(cluster, self)
+        #: (holds no reference back to these costs: a cycle would keep every candidate's costs, and the
+        #: schedule they time, alive until the garbage collector runs -- which the search pauses)
+        self.overheads = ActionOverheads(cluster, emulated)
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
         self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
@@ -868,8 +870,8 @@ class ConfigCosts(Costs):
     # ---- Costs interface -------------------------------------------------------------------------
     def compute(self, kind: str, stage: int, span: int, device: int) -> float:
         if self._share == 1.0:  # devices of their own (no shared host): as before
-            return self.work(kind, stage, span) + self.overheads.of(kind, stage, device)
-        work, over = self.work(kind, stage, span), self.overheads.of(kind, stage, device)
+            return self.work(kind, stage, span) + self.overheads.of(self, kind, stage, device)
+        work, over = self.work(kind, stage, span), self.overheads.of(self, kind, stage, device)
         core = self.core_stretch
         return (work if self.emulated else work * core) + over * core
 
@@ -1019,8 +1021,8 @@ class ConfigCosts(Costs):
         all-reduce's bytes (:meth:`tied_allreduce`; not with compute emulated, whose STEP runs none)."""
         tied = 0.0 if self.emulated else self.tied_allreduce(device)
         if self._share == 1.0:
-            return self.step_work(device) + self.overheads.of("STEP", -1, device) + tied
-        work, over = self.step_work(device), self.overheads.of("STEP", -1, device)
+            return self.step_work(device) + self.overheads.of(self, "STEP", -1, device) + tied
+        work, over = self.step_work(device), self.overheads.of(self, "STEP", -1, device)
         core = self.core_stretch
         return (work if self.emulated else work * core) + over * core + tied
 
@@ -1125,39 +1127,38 @@ class ActionOverheads:
     clusters without them.
     """
 
-    def __init__(self, cluster: Cluster, costs: ConfigCosts) -> None:
+    def __init__(self, cluster: Cluster, emulated: bool = False) -> None:
         self.ex = cluster.executor or ExecutorOverhead()
-        if costs.emulated and self.ex.emulated is not None:  # what an emulated action costs (measured so)
+        if emulated and self.ex.emulated is not None:  # what an emulated action costs (measured so)
             self.ex = self.ex.emulated
         self.extra = calibration(cluster).action_overhead
-        self.costs = costs
         self.zero = self.extra == 0 and not any(
             (self.ex.compute, self.ex.send, self.ex.recv, self.ex.allreduce, self.ex.step, self.ex.split_input,
              self.ex.split_weight))
         self._cache: dict[tuple[str, int, int], float] = {}
 
-    def of(self, kind: str, stage: int, device: int) -> float:
+    def of(self, costs: ConfigCosts, kind: str, stage: int, device: int) -> float:
         """Seconds of overhead charged to the ``kind`` action of ``stage`` on ``device`` (``STEP``: the
-        device's all-reduces and step)."""
+        device's all-reduces and step) of ``costs`` (those that own these overheads: the figures are cached)."""
         if self.zero:
             return 0.0
         key = (kind, stage, device)
         v = self._cache.get(key)
         if v is None:
-            v = self._cache[key] = self._of(kind, stage, device)
+            v = self._cache[key] = self._of(costs, kind, stage, device)
         return v
 
-    def _of(self, kind: str, stage: int, device: int) -> float:
+    def _of(self, costs: ConfigCosts, kind: str, stage: int, device: int) -> float:
         ex, extra = self.ex, self.extra
-        held = self.costs.held[device] if device < len(self.costs.held) else []
+        held = costs.held[device] if device < len(costs.held) else []
         if kind == "STEP":
             # ``step`` is measured on real runs: the optimizer's fixed cost and the tied-embedding all-reduce
             # (profiler.overhead); an emulated STEP runs neither (it waits its handles and sleeps the
             # optimizer's predicted time, executor.interpreter), so it is not charged there
-            step = 0.0 if self.costs.emulated else ex.step
+            step = 0.0 if costs.emulated else ex.step
             return step + extra + len(held) * (ex.allreduce + extra)
-        place = self.costs.schedule.placement
-        S = self.costs.schedule.stages
+        place = costs.schedule.placement
+        S = costs.schedule.stages
         rows = [row for row in place if row[stage] == device] or place[:1]
         row = rows[0]
         device = row[stage]  # asked for a device that does not hold the stage (a bound): its holder's
@@ -1169,10 +1170,10 @@ class ActionOverheads:
             before = stage < S - 1 and row[stage + 1] != device
             after = stage > 0 and row[stage - 1] != device
         out = ex.compute + extra
-        if kind in ("I", "W") and self.costs.split_backward(stage):
+        if kind in ("I", "W") and costs.split_backward(stage):
             # the split backward's own cost, per layer of the stage (executor.split_backward; a stage with
             # checkpointed layers is not split: ConfigCosts.work)
-            i, j = self.costs.stages[stage].layers
+            i, j = costs.stages[stage].layers
             out += (ex.split_input if kind == "I" else ex.split_weight) * (j - i)
         if before:
             out += ex.recv + extra
@@ -1189,7 +1190,7 @@ def _cpu_fraction(costs: ConfigCosts, kind: str, stage: int, span: int, device: 
     runs, only the executor's overhead when compute is emulated (a sleeping process holds no core)."""
     if not costs.emulated:
         return 1.0
-    over = costs.overheads.of(kind, stage, device)
+    over = costs.overheads.of(costs, kind, stage, device)
     work = costs.step_work(device) if kind == "STEP" else costs.work(kind, stage, span)
     return over / (work + over) if work + over > 0 else 0.0
 

@@ -163,16 +163,16 @@ def test_split_backward_overhead_per_layer_of_a_split_stage():
     c.cluster = c.cluster.model_copy(update={"executor": ex})
     from planner.cost import ActionOverheads
 
-    ov = ActionOverheads(c.cluster, c)
+    ov = ActionOverheads(c.cluster, c.emulated)
     i, j = c.stages[1].layers
     dev = c.schedule.placement[0][1]
-    f = ov.of("F", 1, dev)
-    assert ov.of("I", 1, dev) - ov.of("B", 1, dev) == pytest.approx(2e-4 * (j - i))
-    assert ov.of("W", 1, dev) == pytest.approx(1e-4 + 3e-4 * (j - i))
-    assert f < ov.of("I", 1, dev)
+    f = ov.of(c, "F", 1, dev)
+    assert ov.of(c, "I", 1, dev) - ov.of(c, "B", 1, dev) == pytest.approx(2e-4 * (j - i))
+    assert ov.of(c, "W", 1, dev) == pytest.approx(1e-4 + 3e-4 * (j - i))
+    assert f < ov.of(c, "I", 1, dev)
     rc = make_costs(1, schedule="zb-h1", recompute=True)
     rc.cluster = rc.cluster.model_copy(update={"executor": ex})
-    assert ActionOverheads(rc.cluster, rc).of("W", 1, dev) == pytest.approx(1e-4)
+    assert ActionOverheads(rc.cluster, rc.emulated).of(rc, "W", 1, dev) == pytest.approx(1e-4)
 
 
 def test_held_output_gradients_of_a_split_backward():

@@ -112,9 +112,9 @@ def test_emulated_step_is_not_charged_the_real_step_overhead() -> None:
     real = Emulator(plan, sched, prof, cl, emulated=False).costs
     emu = Emulator(plan, sched, prof, cl).costs
     for d in range(2):
-        assert real.overheads.of("STEP", -1, d) == pytest.approx(ex.step + ex.allreduce)  # one stage held
-        assert emu.overheads.of("STEP", -1, d) == pytest.approx(ex.allreduce)
-    assert emu.overheads.of("F", 0, 0) == real.overheads.of("F", 0, 0) == pytest.approx(ex.compute + ex.send)
+        assert real.overheads.of(real, "STEP", -1, d) == pytest.approx(ex.step + ex.allreduce)  # one stage held
+        assert emu.overheads.of(emu, "STEP", -1, d) == pytest.approx(ex.allreduce)
+    assert emu.overheads.of(emu, "F", 0, 0) == real.overheads.of(real, "F", 0, 0) == pytest.approx(ex.compute + ex.send)
 
 
 def test_time_by_kind_adds_up_to_the_iteration() -> None:

@@ -659,3 +659,30 @@ def test_cpuidle_reads_this_machines_proc_stat():
         assert got is not None and 0.0 <= got <= (os.cpu_count() or 1) - 0.5
     finally:
         cpuidle.reset()
+
+
+@pytest.mark.parametrize("cluster,preset,gpus,batch,dtype", [
+    ("dgx-a100-80gb.json", "gpt2-1.3b", 64, 512, "bf16"), ("local-cpu-4.json", "gpt-tiny", 4, 16, "fp32")])
+def test_the_search_makes_no_reference_cycles(cluster, preset, gpus, batch, dtype):
+    """The search pauses the cyclic garbage collector (:func:`planner.search._gc_paused`), so whatever it drops
+    must be freed by reference counting: a cycle through a candidate's costs (as the executor overheads'
+    back-reference to their ConfigCosts was) kept every dropped candidate's costs and schedule alive until the
+    collector ran, after the search, on the plan command's critical path."""
+    import gc
+
+    from planner.search import plan
+
+    cl = load_cluster(Path(__file__).resolve().parent.parent / "examples" / "clusters" / cluster)
+    prof = analytic_profile(PRESETS[preset], device_for_cluster(cl), dtype=dtype)
+    req = TrainingRequest(global_batch=batch, gpus=gpus, top=5, allow_async=True)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        res = plan(prof, cl, req)
+        found = gc.collect()
+    finally:
+        if was:
+            gc.enable()
+    assert res.candidates
+    assert found == 0
