@@ -10,7 +10,10 @@ extra weight
 versions of asynchronous schedules (PipeDream weight stashing, 2BW double buffering); the activations of
 its in-flight micro-batches -- their whole stash, or with full recomputation what each checkpointed
 layer keeps (its input) plus the stash of the layers that are not checkpointed (the embedding, the LM head),
-:func:`planner.cost.recompute_kept_bytes` -- plus the largest working set of one layer at a time: recomputing,
+:func:`planner.cost.recompute_kept_bytes` --, and a split backward's held output gradients (ZB-H1: from each I to
+its W, :meth:`planner.cost.ConfigCosts.held_grads`; known before the lists exist where the builder says how many
+are held where the activations peak, :func:`planner.schedules.held_at_peak`) -- plus the largest working set of
+one layer at a time: recomputing,
 the largest checkpointed layer's stash (the layer being recomputed), or what a layer holds beside its stash while
 it runs (the loss's fp32 logits and gradients, :func:`planner.cost.layer_transient`), whichever is larger; and
 the request's reserve. :meth:`MemoryModel.simulated_memory` counts exactly
@@ -28,11 +31,11 @@ import numpy as np
 from planner import fsdp
 from planner.candidate import Candidate, gib
 from planner.cluster import Cluster
-from planner.cost import DTYPE_BYTES, ConfigCosts, own_layer_params, stage_infos
+from planner.cost import DTYPE_BYTES, ConfigCosts, layer_held_grads, own_layer_params, stage_infos
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
-from planner.profile import ModelProfile
+from planner.profile import ModelProfile, checkpointed
 from planner.request import Config, TrainingRequest
-from planner.schedules import inflight_exact
+from planner.schedules import held_at_peak, inflight_exact, splits_backward
 from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache, Warmup, schedule_key
 from planner.simulate import SimResult
@@ -50,6 +53,7 @@ class MemoryModel:
         self._partitions: dict[tuple, list[tuple[int, int]] | None] = {}
         self._single_layers: dict[int, list[Any]] = {}
         self._layer_mem: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
+        self._held_spans: dict[tuple[int, bool], np.ndarray] = {}
         self._list_inflight: dict[tuple, list[dict[int, float]]] = {}
 
     # ---- model state ---------------------------------------------------------------------------
@@ -211,7 +215,8 @@ class MemoryModel:
                           layer_costs: list[float]) -> list[tuple[int, int]] | None:
         """For schedules with one stage per device and exact in-flight counts (GPipe, 1F1B, ZB-H1,
         PipeDream, 2BW): the partition balancing ``layer_costs`` among those whose every device fits its
-        memory (the module docstring's terms: what :meth:`simulated_memory` counts). None when none fits."""
+        memory (the module docstring's terms: what :meth:`simulated_memory` counts, ZB-H1's held output
+        gradients included). None when none fits."""
         if not (sched.replicas == 1 and sched.stages == sched.devices > 1 and inflight_exact(config.schedule)):
             return None
         counts = self.shapes.inflight(config, sched)
@@ -221,8 +226,12 @@ class MemoryModel:
         if self.request.shard_parameters and config.data > 1:  # pipelined: gathered weights, whole gradients
             per_param += fsdp.gathered_bytes_per_param(DTYPE_BYTES.get(self.profile.dtype.lower(), 2))
         # what the memory model depends on: configurations that differ only in N beyond D share it
+        # a split backward's I's hold output gradients where the activations peak (ZB-H1), on a stage that splits
+        holds = (held_at_peak(config.schedule, sched.devices, sched.microbatches, **config.schedule_params())
+                 if splits_backward(config.schedule) else None) or {}
+        held = tuple(holds.get((0, k), 0) for k in range(S))
         key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute,
-               per_param)
+               per_param, held)
         if key in self._partitions:
             return self._partitions[key]
         cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
@@ -231,6 +240,8 @@ class MemoryModel:
         # per sample and micro-batch in flight, running sums of what a stage keeps (stash_bytes or
         # recompute_kept_bytes of planner.cost.stage_infos, summed layer by layer)
         per_mb = kept if config.recompute else stash
+        # per sample and held I, what a stage of layers [i, j) holds for its W (0 where it does not split)
+        grads = self._held_grads(t, config.recompute) if any(held) else None
         # necessary (and cheap): packing the layers greedily, each stage as far as its memory allows, covers
         # the model. Memory only grows as a stage takes more layers, so the greedy packing is the most any
         # partition can cover.
@@ -240,6 +251,8 @@ class MemoryModel:
             need = state[start:] - state[start] + (versions[k] - 1 if versions else 0) * (
                 weights[start:] - weights[start]) + live * (per_mb[start:] - per_mb[start])
             need = need + work[start, start:] * samples
+            if grads is not None:
+                need = need + held[k] * samples * grads[start, start:]
             room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]  # leave a layer per later stage
             if room.size == 0:
                 break
@@ -252,17 +265,19 @@ class MemoryModel:
         state_span = state[None, :] - state[:, None]
         weight_span = weights[None, :] - weights[:, None] if versions else None
         per_mb_span, working = per_mb[None, :] - per_mb[:, None], work * samples
-        seen: dict[tuple[float, float], np.ndarray] = {}  # stages of equal terms fit alike
+        seen: dict[tuple[float, float, int], np.ndarray] = {}  # stages of equal terms fit alike
 
         def fits(k: int) -> np.ndarray:
             live, extra = counts.get((0, k), 0) * samples, (versions[k] - 1 if versions else 0)
-            got = seen.get((live, extra))
+            got = seen.get((live, extra, held[k]))
             if got is None:
                 need = state_span
                 if weight_span is not None:
                     need = need + extra * weight_span
                 need = need + live * per_mb_span
-                got = seen[(live, extra)] = need + working <= cap
+                if grads is not None and held[k]:
+                    need = need + held[k] * samples * grads
+                got = seen[(live, extra, held[k])] = need + working <= cap
             return got
 
         try:
@@ -288,6 +303,22 @@ class MemoryModel:
                 prefix_sums([info.recompute_kept_bytes for info in layers]),
                 _range_max([info.recompute_working_bytes for info in layers]),
                 _range_max([info.transient_bytes for info in layers]))
+        return got
+
+    def _held_grads(self, t: int, recompute: bool) -> np.ndarray:
+        """``[i, j]``: per sample, the output gradients a stage of layers ``[i, j)`` holds per I until its W
+        (:func:`planner.cost.layer_held_grads`, summed), 0 where the stage does not split its backward
+        (:func:`planner.profile.stage_splits_backward`: under full recomputation, a checkpointed layer in it)."""
+        key = (t, recompute)
+        got = self._held_spans.get(key)
+        if got is None:
+            layers = self.profile.layers
+            sums = prefix_sums([layer_held_grads(lay, t) for lay in layers])
+            got = sums[None, :] - sums[:, None]
+            if recompute:
+                marks = prefix_sums([float(checkpointed(lay.kind)) for lay in layers])
+                got = np.where(marks[None, :] - marks[:, None] > 0, 0.0, got)
+            got = self._held_spans[key] = got
         return got
 
     def _layer_infos(self, t: int) -> list[Any]:

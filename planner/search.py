@@ -218,7 +218,10 @@ class Planner:
         floor = floors.get(skey)
         if floor is None:
             lay = self.shapes.layout(config, sched)
-            floor = (lay.inflight * act[lay.stage]).max(axis=1)
+            alive = lay.inflight * act[lay.stage]
+            if lay.held is not None:  # a split backward's I's hold output gradients too, where they peak
+                alive = alive + lay.held * np.array([costs.held_grads(s) for s in range(sched.stages)])[lay.stage]
+            floor = alive.max(axis=1)
             got = self.shapes.forwards_first(config, sched)
             if got is not None:  # the forwards every device's list runs before its first backward, all alive
                 first, span = got

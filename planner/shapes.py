@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from planner.request import Config
-from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, inflight, shape
+from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, held_at_peak, inflight, shape
 from planner.schedules.ir import Action, B, F, I, Schedule, W
 from planner.simulate import compile_schedule
 
@@ -42,6 +42,9 @@ class Layout:
     stage: np.ndarray
     per_mb: np.ndarray  # micro-batches of each pair's replica
     inflight: np.ndarray  # in-flight micro-batches of each pair (exact, or a lower bound)
+    #: of a split backward, the output gradients each pair holds where its activations peak (zeros where the
+    #: schedule holds none, or the builder does not say: :func:`planner.schedules.held_at_peak`)
+    held: np.ndarray | None = None
 
 
 class Warmup:
@@ -254,8 +257,10 @@ class ScheduleCache:
             for r, row in enumerate(sched.placement):
                 for s, d in enumerate(row):
                     per_copy[(s, d)] += per_route[r]
+            holds = held_at_peak(config.schedule, sched.devices, sched.microbatches, **config.schedule_params())
             got = self._layouts[key] = Layout(
                 np.array([[s for _, s in row] for row in pairs], dtype=np.int64),
                 np.array([[per_copy[(s, d)] for _, s in row] for d, row in enumerate(pairs)], dtype=float),
-                np.array([[counts.get(pair, 0) for pair in row] for row in pairs], dtype=float))
+                np.array([[counts.get(pair, 0) for pair in row] for row in pairs], dtype=float),
+                None if not holds else np.array([[holds.get(pair, 0) for pair in row] for row in pairs], dtype=float))
         return got

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from planner.schedules import build
 from planner.schedules.validate import validate
@@ -169,3 +171,23 @@ def test_zb_h1_keeps_the_output_gradients_from_i_to_w(D, N):
     import numpy as np
     assert Warmup(sched, sched.actions, 0).peaks(np.ones(D), np.full(D, 0.5)) == got
     assert peaks(simulate(sched, ZB_COSTS)) == [min(D, N)] * D  # without held gradients (UnitCosts has none)
+
+
+@settings(max_examples=150, deadline=None)
+@given(hst.integers(1, 10), hst.integers(1, 30), hst.data())
+def test_zb_h1_peak_is_known_before_its_lists(D, N, data):
+    """Each stage's activation peak counted in the built lists (what the simulator counts) is ``inflight *
+    activation + held_at_peak * held_grads`` for any per-stage sizes: the most alive micro-batches and the most
+    held output gradients come at one point of the list (:func:`planner.schedules.zb_h1.held_at_peak`)."""
+    import numpy as np
+
+    from planner.schedules import held_at_peak, inflight
+    from planner.shapes import Warmup
+
+    sizes = hst.floats(0.0, 10.0, allow_nan=False)
+    act = np.array(data.draw(hst.lists(sizes, min_size=D, max_size=D)))
+    held = np.array(data.draw(hst.lists(sizes, min_size=D, max_size=D)))
+    sched = build("zb-h1", D, N)
+    alive, kept = inflight("zb-h1", D, N), held_at_peak("zb-h1", D, N)
+    want = [alive[(0, s)] * act[s] + kept[(0, s)] * held[s] for s in range(D)]
+    assert Warmup(sched, sched.actions, 0).peaks(act, held) == pytest.approx(want, rel=1e-12, abs=1e-12)

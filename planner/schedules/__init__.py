@@ -132,6 +132,19 @@ def inflight(name: str, devices: int, microbatches: int, **params: Any) -> dict[
     return fn(devices, microbatches, **params)
 
 
+def held_at_peak(name: str, devices: int, microbatches: int, **params: Any) -> dict[tuple[int, int], int] | None:
+    """For a schedule that splits the backward (:func:`splits_backward`): per (replica, stage), the I's whose
+    output gradients are held (until their W) at the point where the stage's alive activations peak -- a point
+    where both are at their largest, so the stage's peak is exactly ``inflight * activation + held *
+    held_grads`` (:func:`planner.schedules.zb_h1.held_at_peak`) --, computed without building the lists; None
+    where the builder has no such function (nothing held, or not known before the lists exist)."""
+    fn = getattr(_module(name), "held_at_peak", None)
+    if fn is None:
+        return None
+    _check_params(name, params)
+    return fn(devices, microbatches, **params)
+
+
 def inflight_exact(name: str) -> bool:
     """Whether :func:`inflight` of ``name`` is the exact peak (else a lower bound: Chimera, Hanayo)."""
     return bool(getattr(_module(name), "INFLIGHT_EXACT", False))
@@ -145,5 +158,5 @@ def splits_backward(name: str) -> bool:
 
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "Action", "BACKWARD_HALVING", "BUILDERS", "PROFILE_DRIVEN",
            "SCHEDULE_PARAMETERS",
-           "SYNC_SCHEDULES", "Schedule", "ScheduleParameter", "build", "inflight", "inflight_exact", "lower",
-           "parameters", "parse_action", "shape", "splits_backward"]
+           "SYNC_SCHEDULES", "Schedule", "ScheduleParameter", "build", "held_at_peak", "inflight", "inflight_exact",
+           "lower", "parameters", "parse_action", "shape", "splits_backward"]

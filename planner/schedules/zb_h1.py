@@ -69,6 +69,19 @@ def inflight(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
     return {(0, s): min(devices, microbatches) for s in range(devices)}
 
 
+def held_at_peak(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
+    """Per (replica, stage), the I's whose output gradients stage ``s`` holds (until their W) where its alive
+    activations peak: ``min(s + 1, N)``. Counted in list order as the simulator counts (an F adds an activation,
+    an I a held gradient, a W frees one of each; the peak taken after F's and I's), every list position's
+    (activations, held) pair is at most (``min(D, N)``, ``min(s + 1, N)``), and some position has both at once:
+    in the steady state the I after an F finds the ``D - s`` micro-batches of 1F1B's count and the ``s`` whose W
+    it defers alive, and the ``s`` deferred I's and its own held. So the stage's peak is exactly
+    ``min(D, N) * activation + min(s + 1, N) * held_grads``, whatever the two sizes, known before the lists
+    are built (``tests/test_zb_h1.py`` checks it against the built lists)."""
+    check_positive(devices=devices, microbatches=microbatches)
+    return {(0, s): min(s + 1, microbatches) for s in range(devices)}
+
+
 def build(devices: int, microbatches: int) -> Schedule:
     sched = shape(devices, microbatches)
     sched.actions = [device_order(d, devices, microbatches) for d in range(devices)]
