@@ -55,7 +55,15 @@ from planner.operators import (
     layer_operators,
     time_operators,
 )
-from planner.profile import EAGER_WORDS, LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
+from planner.profile import (
+    EAGER_WORDS,
+    LayerProfile,
+    ModelProfile,
+    ShardTimes,
+    TransformerShape,
+    checkpointed,
+    other_runtime,
+)
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: the t the search tries: divisors of the GPUs per node (up to 8 on the clusters we ship), then powers of two
@@ -125,9 +133,8 @@ def runtime_environment(p2p: str = "overlapped", dp_allreduce: str = "after-back
         raise ValueError(f"p2p must be one of {', '.join(P2P_RUNTIMES)}, got {p2p!r}")
     if dp_allreduce not in DP_ALLREDUCE_RUNTIMES:
         raise ValueError(f"dp_allreduce must be one of {', '.join(DP_ALLREDUCE_RUNTIMES)}, got {dp_allreduce!r}")
-    return {**({"p2p": "blocking"} if p2p == "blocking" else {}),
-            **({"dp_allreduce": "overlapped"} if dp_allreduce == "overlapped" else {}),
-            **({"p2p_scatter_gather": "on"} if p2p_scatter_gather else {})}
+    return other_runtime({"p2p": p2p, "dp_allreduce": dp_allreduce,
+                          "p2p_scatter_gather": "on" if p2p_scatter_gather else "off"})
 
 
 def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf16",

@@ -9,7 +9,7 @@ profile planned on the local CPU cluster predicted 2.6 ms where the run took a h
 from __future__ import annotations
 
 from planner.cluster import Cluster
-from planner.profile import ModelProfile, runtime_words
+from planner.profile import ModelProfile, other_runtime, runtime_words
 from planner.request import TrainingRequest
 
 
@@ -35,10 +35,7 @@ def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRe
                    f"twice (profile the model in one process)")
     # the entries of planner.analytic.runtime_environment that are not pipeplan's executor's, in the words every
     # other place says them with
-    other = {k: v for k, v in profile.environment.items() if (k, v) in (("p2p", "blocking"),
-                                                                          ("dp_allreduce", "overlapped"),
-                                                                          ("p2p_scatter_gather", "on"))}
-    runtime = runtime_words(other)
+    runtime = runtime_words(other_runtime(profile.environment))
     if runtime:  # planner.analytic.runtime_environment: a runtime other than pipeplan's executor
         out.append(f"profile {profile.name!r} describes a training runtime with {' and '.join(runtime)}: the "
                    f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, whole "

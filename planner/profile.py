@@ -384,6 +384,19 @@ def recompute_granularity(value: str | None) -> str:
 ATTENTION_WORDS = {"flash2": "FlashAttention-2", "flash3": "FlashAttention-3", "cudnn": "cuDNN's fused attention"}
 
 
+#: pipeplan's executor's training runtime, in the profile environment's words: what an analytical profile means
+#: where it names none of these (:func:`planner.analytic.runtime_environment` records only what differs; the
+#: choices: :data:`planner.analytic.P2P_RUNTIMES`, :data:`planner.analytic.DP_ALLREDUCE_RUNTIMES`, and
+#: Megatron-LM's scatter/gather of the pipeline sends "on")
+EXECUTOR_RUNTIME: dict[str, str] = {"p2p": "overlapped", "dp_allreduce": "after-backward", "p2p_scatter_gather": "off"}
+
+
+def other_runtime(env: Mapping[str, str]) -> dict[str, str]:
+    """The entries of the profile environment ``env`` that describe a training runtime other than pipeplan's
+    executor (:data:`EXECUTOR_RUNTIME`)."""
+    return {k: v for k, v in env.items() if k in EXECUTOR_RUNTIME and v != EXECUTOR_RUNTIME[k]}
+
+
 def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, tensor: int | None = None,
                   recompute: bool = False, sharded_weights: bool = False) -> list[str]:
     """What times made under the profile environment ``env`` assume of the kernels and the training runtime,
@@ -410,13 +423,13 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
     kernels = env.get("kernels", "fused" if runtime_defaults else None)
     if kernels is not None:
         words.append(EAGER_WORDS if kernels == "eager" else FUSED_WORDS)
-    p2p = env.get("p2p", "overlapped" if runtime_defaults else None)
+    p2p = env.get("p2p", EXECUTOR_RUNTIME["p2p"] if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")
     if env.get("p2p_scatter_gather") == "on":
         words.append("Megatron-LM's scatter/gather of the pipeline sends (1/t of the tensor per rank, then "
                      "gathered)")
-    dp = env.get("dp_allreduce", "after-backward" if runtime_defaults else None)
+    dp = env.get("dp_allreduce", EXECUTOR_RUNTIME["dp_allreduce"] if runtime_defaults else None)
     if dp is not None and not sharded_weights:
         words.append("the data-parallel all-reduce " + ("overlapped with the backward" if dp == "overlapped"
                                                         else "after the backward"))

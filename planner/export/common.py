@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.model import PRESETS, ModelSpec
-from planner.profile import ModelProfile, recompute_granularity, runtime_words
+from planner.profile import EXECUTOR_RUNTIME, ModelProfile, recompute_granularity, runtime_words
 from planner.request import ALL_SCHEDULES, Config
 from planner.runspec import RunSpec
 from planner.schedules import SCHEDULE_PARAMETERS
@@ -150,8 +150,9 @@ class ExportInput:
                    kernels="eager" if env.get("kernels") == "eager" else ("fused" if analytic else None),
                    dropout={"true": True, "false": False}.get(env.get("dropout", "")),
                    attention=env.get("attention"), attention_impl=env.get("attention_impl"),
-                   p2p=env.get("p2p", "overlapped") if analytic else env.get("p2p"),
-                   dp_allreduce=env.get("dp_allreduce", "after-backward") if analytic else env.get("dp_allreduce"),
+                   p2p=env.get("p2p", EXECUTOR_RUNTIME["p2p"]) if analytic else env.get("p2p"),
+                   dp_allreduce=(env.get("dp_allreduce", EXECUTOR_RUNTIME["dp_allreduce"]) if analytic
+                                 else env.get("dp_allreduce")),
                    **kw)  # type: ignore[arg-type]
 
 
