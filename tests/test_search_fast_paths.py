@@ -175,6 +175,9 @@ def test_a_configuration_fitting_with_the_memory_partition_keeps_no_rejection_re
     pytest.param("gpt2-1.3b", "dgx-a100-80gb.json", 8, 64, {}, marks=pytest.mark.slow),
     ("bert-48", "piz-daint-p100-16gb.json", 4, 64, {}),
     ("bert-48", "piz-daint-p100-16gb.json", 8, 64, {"allow_async": True}),
+    # GPipe and 1F1B at D = 1 are twins with the 5th time; the bound of the one named first (1F1B) exceeds that
+    # time by rounding: pruned, the row was named GPipe
+    ("gpt2-medium", "dgx1-v100-32gb.json", 4, 16, {"shard_optimizer": True, "top": 5}),
     pytest.param("bert-48", "piz-daint-p100-16gb.json", 16, 128, {}, marks=pytest.mark.slow),  # Chimera wins
     # Chimera and interleaved among the best, merged and interleaved configurations rejected on the memory
     # floor before their lists exist (34 and 3), 1F1B/ZB drains and all-reduces in the bounds
