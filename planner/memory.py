@@ -251,7 +251,9 @@ class MemoryModel:
             need = state[start:] - state[start] + (versions[k] - 1 if versions else 0) * (
                 weights[start:] - weights[start]) + live * (per_mb[start:] - per_mb[start])
             need = need + work[start, start:] * samples
-            if grads is not None:
+            # (the held gradients only without recomputation: with it a checkpointed layer stops the split, so they
+            # do not grow with the stage; left out, the check stays a necessary one)
+            if grads is not None and not config.recompute:
                 need = need + held[k] * samples * grads[start, start:]
             room = np.nonzero(need[1:L - start - (S - k - 1) + 1] <= cap)[0]  # leave a layer per later stage
             if room.size == 0:

@@ -42,7 +42,7 @@ class Layout:
     stage: np.ndarray
     per_mb: np.ndarray  # micro-batches of each pair's replica
     inflight: np.ndarray  # in-flight micro-batches of each pair (exact, or a lower bound)
-    #: of a split backward, the output gradients each pair holds where its activations peak (zeros where the
+    #: of a split backward, the output gradients each pair holds where its activations peak (None where the
     #: schedule holds none, or the builder does not say: :func:`planner.schedules.held_at_peak`)
     held: np.ndarray | None = None
 

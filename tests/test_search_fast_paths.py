@@ -716,3 +716,41 @@ def test_the_search_makes_no_reference_cycles(cluster, preset, gpus, batch, dtyp
             gc.enable()
     assert res.candidates
     assert found == 0
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_zero_bubble_memory_partition_is_the_brute_force_one(recompute):
+    """For ZB-H1 on 3 devices (gpt-tiny's 6 layers: every one of the 10 partitions) and memory capacities between
+    the least and the most any partition needs, the partition balancing memory fits when its lists are simulated,
+    and it is None only where no partition fits -- with full recomputation too, where a stage of the LM head alone
+    splits its backward and holds the logits' gradients while a stage with a transformer block does not."""
+    from itertools import combinations
+
+    from planner.candidate import Candidate
+    from planner.cost import ConfigCosts
+    from planner.runspec import schedule_samples
+
+    cl = load_cluster(EX / "local-cpu-4.json")
+    prof = analytic_profile(PRESETS["gpt-tiny"], device_for_cluster(cl), dtype="fp32")
+    cfg = Config(tensor=1, pipeline=3, data=1, micro_batch=2, schedule="zb-h1", recompute=recompute)
+    req = TrainingRequest(global_batch=16, gpus=3, memory_reserve_bytes=0.0)
+    base = Planner(prof, cl, req)
+    sched = base.shapes.schedule(cfg, 8)
+    L = len(prof.layers)
+    need = {}
+    for cut in combinations(range(1, L), 2):
+        bounds = list(zip((0, *cut), (*cut, L), strict=True))
+        costs = ConfigCosts(prof, cl, base.request, cfg, sched, bounds)
+        cand = Candidate(cfg, 8)
+        cand.state = base.memory.device_state(cfg, sched, costs, ("brute", tuple(bounds)))
+        need[tuple(bounds)] = max(base.memory.simulated_memory(cand, costs, simulate(sched, costs)))
+    assert any(costs.held_grads(s) > 0 for s in range(3))
+    caps = sorted(need.values())
+    for cap in [caps[0] * 0.99, *caps, *((a + b) / 2 for a, b in zip(caps, caps[1:], strict=False))]:
+        planner = Planner(prof, cl.model_copy(update={"memory_bytes": cap}), req)
+        shape = planner.shapes.schedule(cfg, 8, full=False)
+        got = planner.memory_partition(cfg, shape, schedule_samples(cfg))
+        if got is None:
+            assert min(need.values()) > cap, cap
+        else:
+            assert need[tuple(tuple(b) for b in got)] <= cap * (1 + 1e-9), (cap, got)
