@@ -77,7 +77,7 @@ def held_at_peak(devices: int, microbatches: int) -> dict[tuple[int, int], int]:
     in the steady state the I after an F finds the ``D - s`` micro-batches of 1F1B's count and the ``s`` whose W
     it defers alive, and the ``s`` deferred I's and its own held. So the stage's peak is exactly
     ``min(D, N) * activation + min(s + 1, N) * held_grads``, whatever the two sizes, known before the lists
-    are built (``tests/test_zb_h1.py`` checks it against the built lists)."""
+    are built (``tests/test_builders_more.py`` checks it against the built lists)."""
     check_positive(devices=devices, microbatches=microbatches)
     return {(0, s): min(s + 1, microbatches) for s in range(devices)}
 
