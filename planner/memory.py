@@ -35,7 +35,7 @@ from planner.cost import DTYPE_BYTES, ConfigCosts, layer_held_grads, own_layer_p
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile, checkpointed
 from planner.request import Config, TrainingRequest
-from planner.schedules import held_at_peak, inflight_exact, splits_backward
+from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache, Warmup, schedule_key
 from planner.simulate import SimResult
@@ -227,8 +227,7 @@ class MemoryModel:
             per_param += fsdp.gathered_bytes_per_param(DTYPE_BYTES.get(self.profile.dtype.lower(), 2))
         # what the memory model depends on: configurations that differ only in N beyond D share it
         # a split backward's I's hold output gradients where the activations peak (ZB-H1), on a stage that splits
-        holds = (held_at_peak(config.schedule, sched.devices, sched.microbatches, **config.schedule_params())
-                 if splits_backward(config.schedule) else None) or {}
+        holds = self.shapes.held(config, sched)
         held = tuple(holds.get((0, k), 0) for k in range(S))
         key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute,
                per_param, held)

@@ -159,6 +159,7 @@ class ScheduleCache:
         self._compiled: dict[ScheduleKey, Any] = _Recent(FULL_SCHEDULES_KEPT)
         self._pairs: dict[ScheduleKey, list[list[tuple[int, int]]]] = {}
         self._inflight: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
+        self._held: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
         self._layouts: dict[ScheduleKey, Layout] = {}
         self._warmups: dict[tuple[ScheduleKey, int], Warmup | None] = {}
         self._forwards_first: dict[ScheduleKey, tuple[np.ndarray, int] | None] = {}
@@ -238,6 +239,16 @@ class ScheduleCache:
                                                  **config.schedule_params()) or {}
         return got
 
+    def held(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
+        """:func:`planner.schedules.held_at_peak` of ``sched``'s shape: per (replica, stage), a split backward's
+        held output gradients where its activations peak (empty where the schedule holds none)."""
+        key = schedule_key(config, sched.microbatches)
+        got = self._held.get(key)
+        if got is None:
+            got = self._held[key] = held_at_peak(config.schedule, sched.devices, sched.microbatches,
+                                                 **config.schedule_params()) or {}
+        return got
+
     def layout(self, config: Config, sched: Schedule) -> Layout:
         """:class:`Layout` of ``sched``'s shape."""
         key = schedule_key(config, sched.microbatches)
@@ -257,7 +268,7 @@ class ScheduleCache:
             for r, row in enumerate(sched.placement):
                 for s, d in enumerate(row):
                     per_copy[(s, d)] += per_route[r]
-            holds = held_at_peak(config.schedule, sched.devices, sched.microbatches, **config.schedule_params())
+            holds = self.held(config, sched)
             got = self._layouts[key] = Layout(
                 np.array([[s for _, s in row] for row in pairs], dtype=np.int64),
                 np.array([[per_copy[(s, d)] for _, s in row] for d, row in enumerate(pairs)], dtype=float),
