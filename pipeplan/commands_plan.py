@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # rich loads with the table: ``plan --json`` prints none
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEVICES = {  # --device of profile-analytic -> example cluster file (its device names the description)
     "a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "h100-80gb": "dgx-h100-80gb",
-    "v100-32gb": "dgx1-v100-32gb", "p100-16gb": "piz-daint-p100-16gb",
+    "h200-141gb": "dgx-h200-141gb", "v100-32gb": "dgx1-v100-32gb", "p100-16gb": "piz-daint-p100-16gb",
 }
 
 

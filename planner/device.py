@@ -62,6 +62,7 @@ own ``peak_flops`` and ``memory_bandwidth`` with the A100 curves (stated in the 
 
 from __future__ import annotations
 
+import json
 import math
 from functools import lru_cache, partial
 from pathlib import Path
@@ -517,8 +518,38 @@ def _norm(name: str) -> str:
 
 
 def load_device(path: str | Path) -> DeviceSpec:
-    """Read and validate a device description (JSON)."""
-    return DeviceSpec.model_validate_json(Path(path).read_text())
+    """Read and validate a device description (JSON).
+
+    A description may start from another one: ``"like": "<a shipped device's name>"`` takes every field of
+    that device that this file does not set (its aliases excepted), each inherited source prefixed with where
+    it came from. The H200 is written so (the H100's die with another memory): one copy of the measured H100
+    figures, which the H200 follows when they are measured again."""
+    path = Path(path)
+    text = path.read_text()
+    if '"like"' not in text:
+        return DeviceSpec.model_validate_json(text)
+    raw = json.loads(text)
+    like = raw.pop("like", None)
+    if like is None:
+        return DeviceSpec.model_validate_json(text)
+    base = _shipped_base(like, path)
+    inherited = json.loads(base.model_dump_json())
+    own_sources = raw.get("sources", {})
+    sources = {k: f"as the {base.name} (\"like\"): {v}" for k, v in inherited["sources"].items()
+               if k not in own_sources}
+    merged = {**inherited, "aliases": [], **raw, "sources": {**sources, **own_sources}}
+    return DeviceSpec.model_validate_json(json.dumps(merged))
+
+
+def _shipped_base(name: str, path: Path) -> DeviceSpec:
+    """The shipped description ``name`` that the description at ``path`` is ``like`` (not itself)."""
+    for other in sorted(DEVICES_DIR.glob("*.json")):
+        if other.resolve() == path.resolve():
+            continue
+        dev = load_device(other)
+        if dev.matches(name):
+            return dev
+    raise ValueError(f"{path}: like: {name!r} is not a shipped device (planner/devices)")
 
 
 def save_device(device: DeviceSpec, path: str | Path) -> None:
