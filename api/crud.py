@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, defer, selectinload
 
 from api.cluster_versions import calibration_jobs_of
 from api.errors import Busy, Conflict, InputError, NotFound
+from api.gang import canonical_device
 from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
 from planner.cluster import Cluster
@@ -323,7 +324,7 @@ def register_worker(db: Session, spec: dict[str, Any], *, credential: str | None
     if row.token_hash is None or (admin and not created and credential is None):
         issued = "pw_" + secrets.token_urlsafe(32)
         row.token_hash = token_hash(issued)
-    row.node, row.gpus, row.device_type = spec["node"], spec["gpus"], spec["device_type"]
+    row.node, row.gpus, row.device_type = spec["node"], spec["gpus"], canonical_device(spec["device_type"])
     row.host = spec.get("host")
     row.last_heartbeat = utcnow()
     db.flush()
@@ -349,7 +350,7 @@ def heartbeat(db: Session, worker_id: int, declared: dict[str, Any] | None = Non
         if v is not None:
             if isinstance(v, str):
                 check_text(v, k)
-            setattr(row, k, v)
+            setattr(row, k, canonical_device(v) if k == "device_type" else v)
     return row
 
 

@@ -9,12 +9,13 @@ that spans several nodes.
 job, dispatched as before (:mod:`api.jobqueue`, the job row is its one slot).
 
 **Matching** (:func:`eligible`). A job is offered to an agent whose declared device type is the plan's cluster
-device (case-insensitive); a CPU agent (a device type :func:`planner.units.is_cpu` calls a CPU: ``cpu`` or a
-name starting ``cpu``, any case) takes emulated jobs of any device too, and nothing else. An agent declaring
-``G > 0`` GPUs (a CPU agent: the gloo processes it runs) takes jobs of at most ``G`` processes per node, and is
-the only kind that takes slots of multi-node jobs; ``G = 0`` (not declared) takes single-node jobs of any size,
-as agents did before they declared anything. Jobs stored before placement existed (no device) go to any
-agent.
+device (case-insensitive; both stored under the shipped description's name where one matches,
+:func:`canonical_device`: an agent declaring ``NVIDIA H200``, what torch calls the GPU, or ``h200`` takes a job on
+``H200-SXM-141GB``); a CPU agent (a device type :func:`planner.units.is_cpu` calls a CPU: ``cpu`` or a name starting
+``cpu``, any case) takes emulated jobs of any device too, and nothing else. An agent declaring ``G > 0`` GPUs (a CPU
+agent: the gloo processes it runs) takes jobs of at most ``G`` processes per node, and is the only kind that takes
+slots of multi-node jobs; ``G = 0`` (not declared) takes single-node jobs of any size, as agents did before they
+declared anything. Jobs stored before placement existed (no device) go to any agent.
 
 **Gang dispatch** (``nodes > 1``; the slots are :class:`db.models.JobSlot` rows)::
 
@@ -78,10 +79,21 @@ def world_size(candidate: dict[str, Any]) -> int | None:
     return c.tensor * c.pipeline * c.data
 
 
+def canonical_device(name: str | None) -> str | None:
+    """``name`` as the shipped device description it names (its name or an alias, any case:
+    :meth:`planner.device.DeviceSpec.matches`), else as given. Only shipped descriptions: a declared name is never
+    read as a file path."""
+    if not name:
+        return name
+    from planner.device import shipped_devices
+
+    return next((d.name for d in shipped_devices() if d.matches(name)), name)
+
+
 def placement(candidate: dict[str, Any], cluster: dict[str, Any], emulate: bool,
               gpus_per_node: int | None = None) -> dict[str, Any]:
     """``device_type``, ``nodes`` and ``procs_per_node`` of a job (see the module's docstring)."""
-    device = str(cluster.get("device") or "") or None
+    device = canonical_device(str(cluster.get("device") or "") or None)
     world = world_size(candidate)
     if world is None:
         return {"device_type": device, "nodes": 1, "procs_per_node": None}

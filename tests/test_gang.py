@@ -141,6 +141,32 @@ def test_a_cpu_agent_is_one_is_cpu_calls_a_cpu(device: str, cpu_agent: bool) -> 
     assert gang.device_fits(device, own) is True  # its own device, any case
 
 
+@pytest.mark.parametrize(("declared", "stored"), [
+    ("NVIDIA H200", "H200-SXM-141GB"), ("h200", "H200-SXM-141GB"), ("nvidia a100-sxm4-80gb", "A100-SXM4-80GB"),
+    ("H100-SXM5-80GB", "H100-SXM5-80GB"), ("cpu", "cpu"), ("cpu-x86_64", "cpu-x86_64"), ("TPU v5p", "TPU v5p"),
+    ("planner/devices/h100-sxm5-80gb.json", "planner/devices/h100-sxm5-80gb.json"), (None, None), ("", "")])
+def test_a_device_is_stored_by_the_shipped_descriptions_name(declared: str | None, stored: str | None) -> None:
+    """What torch calls a GPU (``NVIDIA H200``) or an alias names the shipped description it matches; anything
+    else stays as declared, and a declared name is never read as a file."""
+    assert gang.canonical_device(declared) == stored
+
+
+def test_an_agent_declaring_torchs_name_for_its_gpu_claims_the_plans_jobs(gang_client: Any) -> None:
+    """An agent declaring ``NVIDIA A100-SXM4-80GB`` (torch.cuda.get_device_name's words) is stored as
+    ``A100-SXM4-80GB``, the plan's cluster device, and is offered its real job (before: never, the names
+    differed); a heartbeat's alias is stored the same way."""
+    c = gang_client
+    _, _, a_plan = _a100_plan(c)
+    real = c.post("/jobs", json={"plan_id": a_plan, "model": "gpt-tiny"}, headers=AUTH).json()
+    assert real["device_type"] == TINY_DEVICE
+    w, auth = worker(c, "gpu-box", 8, "NVIDIA A100-SXM4-80GB")
+    assert c.get(f"/workers/{w}", headers=AUTH).json()["device_type"] == TINY_DEVICE
+    got = claim(c, w, auth)
+    assert got.status_code == 200 and got.json()["job"]["id"] == real["id"]
+    hb = c.post(f"/workers/{w}/heartbeat", json={"device_type": "a100-80gb"}, headers=auth).json()
+    assert hb["device_type"] == TINY_DEVICE
+
+
 def test_an_agent_named_cpu_something_claims_an_emulated_gpu_job(gang_client: Any) -> None:
     """The same rule in the claim's SQL (gang.eligible): a ``cpu-x86_64`` agent is offered the emulated job of
     an A100 plan and not the real one."""
