@@ -112,8 +112,8 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str | None, typer.Option(help="unique agent name (default host-pid)")] = None,
         node: Annotated[str | None, typer.Option(help="node name (default: host name)")] = None,
         device_type: Annotated[str, typer.Option(help="device type, the planner's name as in a cluster JSON's "
-                                                      "'device' (e.g. A100-SXM4-80GB); cpu: CPU and emulated plans "
-                                                      "only")] = "cpu",
+                                                      "'device' (e.g. A100-SXM4-80GB) or an alias ('NVIDIA H200', "
+                                                      "torch's name); cpu: CPU and emulated plans only")] = "cpu",
         once: Annotated[bool, typer.Option(help="run at most one job, then exit (also when none is queued)")] = False,
         run_command: Annotated[str | None, typer.Option(
             help="executor command (default $PIPEPLAN_RUN_COMMAND, else 'pipeplan run')")] = None,
