@@ -17,6 +17,17 @@ def _norm(device: str) -> str:
     return "".join(ch for ch in device.lower() if ch.isalnum())
 
 
+def same_device(a: str, b: str) -> bool:
+    """Whether two device names are one device: the same but for case and separators, or both names of one
+    shipped description (:meth:`planner.device.DeviceSpec.matches`: a profile measured on a GPU carries torch's
+    name for it, ``NVIDIA H100 80GB HBM3``, where the cluster says ``H100-SXM5-80GB``)."""
+    if _norm(a) == _norm(b):
+        return True
+    from planner.device import shipped_devices
+
+    return any(d.matches(a) and d.matches(b) for d in shipped_devices())
+
+
 def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRequest | None = None) -> list[str]:
     """One sentence per problem (empty: none); ``request``: the plan's (its optimizer)."""
     out = []
@@ -40,7 +51,7 @@ def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRe
         out.append(f"profile {profile.name!r} describes a training runtime with {' and '.join(runtime)}: the "
                    f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, whole "
                    f"on every tensor-parallel rank; all-reduce after each stage's backward) is timed differently")
-    if _norm(profile.device) == _norm(cluster.device):
+    if same_device(profile.device, cluster.device):
         return out
     return out + [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
             f"{cluster.device!r} devices: the predicted times are {profile.device}'s, not the cluster's "

@@ -37,6 +37,19 @@ def test_warning_only_when_devices_differ() -> None:
     assert plan(_profile("cpu"), cpu, TrainingRequest(global_batch=8, top=3)).to_dict()["warnings"] == []
 
 
+@pytest.mark.parametrize(("measured_on", "cluster", "warned"), [
+    ("NVIDIA H100 80GB HBM3", "dgx-h100-80gb", False), ("NVIDIA A100-SXM4-80GB", "dgx-a100-80gb", False),
+    ("NVIDIA H200", "dgx-h200-141gb", False), ("Tesla V100-SXM2-32GB", "dgx1-v100-32gb", False),
+    ("NVIDIA H200", "dgx-h100-80gb", True), ("NVIDIA A100-SXM4-40GB", "dgx-a100-80gb", True),
+    ("NVIDIA H100 80GB HBM3", "local-cpu-4", True)])
+def test_a_gpus_own_name_is_its_clusters_device(measured_on: str, cluster: str, warned: bool) -> None:
+    """A profile measured on a GPU carries torch's name for it (profiler.run.device_name); the example cluster
+    of that GPU names the shipped description: no warning (before, every measured GPU profile was warned
+    about on its own cluster). Another GPU -- an H200 for H100s, the 40 GB A100 for the 80 GB one -- still is."""
+    got = device_warnings(_profile(measured_on), load_cluster(EX / f"{cluster}.json"))
+    assert bool(got) is warned, got
+
+
 def test_cli_plan_and_predict_print_it(tmp_path: Path) -> None:
     prof = tmp_path / "p.json"
     save_profile(_profile("A100-SXM4-80GB"), prof)
