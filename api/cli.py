@@ -80,7 +80,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo("error: --agent needs PIPEPLAN_WORKER_TOKEN (or PIPEPLAN_ADMIN_TOKEN)", err=True)
                 raise typer.Exit(2)
             # the token goes by environment, never on the command line (``ps`` shows every argv)
-            cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", base, "--name", f"local-cpu-{port}"]
+            cmd = [sys.executable, "-m", "pipeplan.cli", "agent", "--api", base, "--name", f"local-cpu-{port}",
+                   "--device-type", "cpu"]  # a CPU agent on a GPU machine too (not --device-type auto)
             typer.echo("local agent (started once the API listens): " + shlex.join(cmd))
             launcher = AgentLauncher(cmd, {**os.environ, "PIPEPLAN_WORKER_TOKEN": token},
                                      "127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
@@ -105,15 +106,18 @@ def register(app: typer.Typer) -> None:
             help="registration token (default $PIPEPLAN_WORKER_TOKEN; prefer the variable or --token-file: "
                  "a command line is visible to every user in `ps`)")] = None,
         token_file: Annotated[str | None, typer.Option(help="file holding the registration token")] = None,
-        gpus: Annotated[int, typer.Option(help="GPUs on this node (a CPU agent: the gloo processes it runs); > 0 "
-                                                "also takes node slots of multi-node jobs")] = 0,
+        gpus: Annotated[int | None, typer.Option(help="GPUs on this node (a CPU agent: the gloo processes it "
+                                                       "runs); > 0 also takes node slots of multi-node jobs "
+                                                       "(default: what --device-type auto finds, else 0)")] = None,
         host: Annotated[str | None, typer.Option(help="address other nodes reach this one at (default: the "
                                                       "fully qualified host name)")] = None,
         name: Annotated[str | None, typer.Option(help="unique agent name (default host-pid)")] = None,
         node: Annotated[str | None, typer.Option(help="node name (default: host name)")] = None,
         device_type: Annotated[str, typer.Option(help="device type, the planner's name as in a cluster JSON's "
                                                       "'device' (e.g. A100-SXM4-80GB) or an alias ('NVIDIA H200', "
-                                                      "torch's name); cpu: CPU and emulated plans only")] = "cpu",
+                                                      "torch's name); cpu: CPU and emulated plans only; auto: "
+                                                      "this node's GPUs as nvidia-smi lists them, else cpu (with "
+                                                      "--launcher slurm: cpu)")] = "auto",
         once: Annotated[bool, typer.Option(help="run at most one job, then exit (also when none is queued)")] = False,
         run_command: Annotated[str | None, typer.Option(
             help="executor command (default $PIPEPLAN_RUN_COMMAND, else 'pipeplan run')")] = None,
@@ -154,6 +158,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        device_type, gpus = agent_device(device_type, gpus, launcher)
         start = time.monotonic()
         try:
             n = main(api, token, gpus=gpus, name=name, node=node, device_type=device_type, once=once,
@@ -163,6 +168,22 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"agent: {n} job(s) in {time.monotonic() - start:.1f} s")
+
+
+def agent_device(device_type: str, gpus: int | None, launcher: str) -> tuple[str, int]:
+    """The device type and GPU count an agent declares: as given, except ``auto`` -- this node's GPUs
+    (:func:`executor.agent.detect_gpus`: nvidia-smi's name of the first and their count; ``cpu`` and 0 without
+    any), where ``--gpus`` not given takes the count found. With the Slurm launcher the agent runs on a login
+    node whose GPUs, if any, are not the compute nodes': ``auto`` is ``cpu`` there, as before it existed."""
+    if device_type != "auto":
+        return device_type, gpus or 0
+    if launcher == "slurm":
+        return "cpu", gpus or 0
+    from executor.agent import detect_gpus
+
+    found = detect_gpus()
+    logging.getLogger("pipeplan.agent").info("--device-type auto: %s", found.note)
+    return found.device_type, found.gpus if gpus is None else gpus
 
 
 def port_in_use(host: str, port: int) -> str | None:

@@ -18,10 +18,11 @@ No token reaches the run: its environment is the agent's without ``PIPEPLAN_*TOK
 The run dies with the agent: it starts under :mod:`executor.runguard`, which holds a pipe from the agent
 and kills the run's whole process group when the pipe closes (the agent exited, even by ``kill -9``).
 
-What it has: the agent declares its GPU count (``--gpus``; a CPU agent: the gloo processes it runs), its
-device type (the planner's device name, a cluster JSON's ``device``; ``cpu`` for a CPU-only agent, which is
-offered CPU and emulated plans only) and its host (``--host``: the address other nodes reach it at), at
-registration and with every heartbeat; the API offers it only the jobs that fit (:mod:`api.gang`).
+What it has: the agent declares its GPU count (``--gpus``; a CPU agent: the gloo processes it runs), its device type
+(the planner's device name, a cluster JSON's ``device``, or an alias; ``cpu`` for a CPU-only agent, which is offered
+CPU and emulated plans only; by default what ``nvidia-smi`` lists, :func:`detect_gpus`) and its host (``--host``:
+the address other nodes reach it at), at registration and with every heartbeat; the API offers it only the jobs that
+fit (:mod:`api.gang`).
 
 Several nodes (an agent with ``--gpus`` > 0): with each claim it offers a free port of its host; it may get a
 node slot of a multi-node job instead of a whole job. It then checks in on the slot (renewing its lease) until
@@ -468,6 +469,40 @@ def run_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
         if (k.startswith("PIPEPLAN_") and "TOKEN" in k) or k == "DATABASE_URL":
             del env[k]
     return env
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What ``nvidia-smi`` says this node has: the device type and GPU count an agent declares by default."""
+
+    device_type: str
+    gpus: int
+    note: str
+
+
+def detect_gpus(environ: dict[str, str] | None = None, timeout: float = 15.0) -> Detected:
+    """This node's GPUs as ``nvidia-smi --query-gpu=name --format=csv,noheader`` lists them (one name a line):
+    the first one's name -- what torch calls it too, e.g. ``NVIDIA H200``, which the API stores as the shipped
+    description's name (:func:`api.gang.canonical_device`) -- and how many, or as many as ``CUDA_VISIBLE_DEVICES``
+    leaves visible; ``cpu`` and 0 where there is no ``nvidia-smi``, it fails, lists none, or
+    ``CUDA_VISIBLE_DEVICES`` is empty. The note says what was found, for the agent's log."""
+    env = dict(os.environ if environ is None else environ)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=timeout, env=env)
+    except (OSError, subprocess.SubprocessError) as e:
+        return Detected("cpu", 0, f"no GPU found (nvidia-smi: {type(e).__name__}): a CPU agent")
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not names:
+        return Detected("cpu", 0, f"no GPU found (nvidia-smi exited {out.returncode}, {len(names)} GPUs): a CPU agent")
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    count = len(names)
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+        if count == 0:
+            return Detected("cpu", 0, "CUDA_VISIBLE_DEVICES hides every GPU: a CPU agent")
+    mixed = f"; the node mixes {sorted(set(names))}: declared as the first" if len(set(names)) > 1 else ""
+    return Detected(names[0], count, f"{count} x {names[0]} (nvidia-smi){mixed}")
 
 
 def read_token(token: str | None, token_file: str | None) -> str | None:
