@@ -228,6 +228,9 @@ class Agent:
                 json.dump({"name": self.name, "token": credential}, f)
         self.client.headers["Authorization"] = f"Bearer {credential}"
         self.worker_id = int(data["id"])
+        # the API stores a device under the shipped description's name it matches (api.gang.canonical_device):
+        # that name is what jobs are matched by, and what the log says
+        self.device_type = str(data.get("device_type") or self.device_type)
         log.info("registered as worker %d (%s): %s", self.worker_id, self.name, self.declaration())
         return self.worker_id
 

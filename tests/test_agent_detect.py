@@ -63,3 +63,30 @@ def test_what_the_agent_declares(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert agent_device("auto", None, "slurm") == ("cpu", 0)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert agent_device("auto", None, "local") == ("cpu", 0)
+
+
+def test_the_agent_goes_by_the_name_the_api_stored(tmp_path: Path) -> None:
+    """Registered as ``NVIDIA H200``, the agent logs and heartbeats the name the API stored and matches jobs by
+    (``H200-SXM-141GB``), not its own spelling."""
+    import json
+
+    import httpx
+
+    from executor.agent import Agent
+
+    seen: list[dict] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        return httpx.Response(201, json={"id": 7, "token": "pw_x", **body,
+                                         "device_type": canonical_device(body["device_type"])})
+
+    a = Agent("http://api", "t", name="n", workdir=tmp_path, gpus=8, device_type="NVIDIA H200")
+    a.client = httpx.Client(base_url="http://api", transport=httpx.MockTransport(api))
+    try:
+        assert a.register() == 7
+        assert seen[0]["device_type"] == "NVIDIA H200"
+        assert a.device_type == "H200-SXM-141GB" and "device H200-SXM-141GB" in a.declaration()
+    finally:
+        a.client.close()
