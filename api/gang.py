@@ -85,9 +85,10 @@ def canonical_device(name: str | None) -> str | None:
     read as a file path."""
     if not name:
         return name
-    from planner.device import shipped_devices
+    from planner.device import shipped_device
 
-    return next((d.name for d in shipped_devices() if d.matches(name)), name)
+    dev = shipped_device(name)
+    return name if dev is None else dev.name
 
 
 def placement(candidate: dict[str, Any], cluster: dict[str, Any], emulate: bool,

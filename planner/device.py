@@ -563,11 +563,17 @@ def shipped_devices() -> tuple[DeviceSpec, ...]:
     return tuple(load_device(p) for p in sorted(DEVICES_DIR.glob("*.json")))
 
 
+def shipped_device(name: str) -> DeviceSpec | None:
+    """The shipped device ``name`` names (its name or an alias, case- and separator-insensitive:
+    :meth:`DeviceSpec.matches`), or None; never a file (a name declared over the API is not a path to read)."""
+    return next((dev for dev in shipped_devices() if dev.matches(name)), None)
+
+
 def find_device(name: str) -> DeviceSpec | None:
     """A shipped device by name or alias, a device JSON file by path, or None."""
-    for dev in shipped_devices():
-        if dev.matches(name):
-            return dev
+    dev = shipped_device(name)
+    if dev is not None:
+        return dev
     p = Path(name)
     if p.suffix == ".json" and p.is_file():
         return load_device(p)

@@ -23,9 +23,10 @@ def same_device(a: str, b: str) -> bool:
     name for it, ``NVIDIA H100 80GB HBM3``, where the cluster says ``H100-SXM5-80GB``)."""
     if _norm(a) == _norm(b):
         return True
-    from planner.device import shipped_devices
+    from planner.device import shipped_device
 
-    return any(d.matches(a) and d.matches(b) for d in shipped_devices())
+    dev = shipped_device(a)
+    return dev is not None and dev.matches(b)
 
 
 def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRequest | None = None) -> list[str]:

@@ -102,7 +102,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     """Make and store the analytical profile of a Hugging Face model configuration on a cluster's (or a named)
     device. A config that cannot be read is a 422 naming its field (``config.<field>: ...``)."""
     from planner.analytic import analytic_profile
-    from planner.device import device_for_cluster, shipped_devices
+    from planner.device import device_for_cluster, shipped_device, shipped_devices
     from planner.operators import OperatorOptions
     from profiler.hf_config import HFConfigError, default_name, spec_from_hf_dict, trains_with_dropout
 
@@ -111,7 +111,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     if body.cluster_id is not None:
         dev = device_for_cluster(Cluster.model_validate(crud.get_cluster(db, body.cluster_id).body))
     else:
-        dev = next((d for d in shipped_devices() if d.matches(body.device or "")), None)
+        dev = shipped_device(body.device or "")
         if dev is None:
             raise crud.InputError(f"device: unknown {body.device!r}; shipped: "
                                   + ", ".join(d.name for d in shipped_devices()))
