@@ -487,8 +487,8 @@ class DeviceSpec(BaseModel):
 
     def matches(self, name: str) -> bool:
         """Whether ``name`` names this device (its name or an alias, case- and separator-insensitive)."""
-        want = _norm(name)
-        return want == _norm(self.name) or any(want == _norm(a) for a in self.aliases)
+        want = name_key(name)
+        return want == name_key(self.name) or any(want == name_key(a) for a in self.aliases)
 
 
 def ceiling_for_measurement(device: DeviceSpec, m: int, n: int, k: int, tflops: float,
@@ -513,17 +513,20 @@ def ceiling_for_measurement(device: DeviceSpec, m: int, n: int, k: int, tflops: 
     return flops / (device.peak(dtype) * device.quantisation(m, n) * compute)
 
 
-def _norm(name: str) -> str:
+def name_key(name: str) -> str:
+    """A device name without case and separators (``H100-SXM5-80GB`` and ``h100 sxm5 80gb`` are one name):
+    how names are compared here and in :func:`planner.mismatch.same_device`."""
     return "".join(ch for ch in name.lower() if ch.isalnum())
 
 
-def load_device(path: str | Path) -> DeviceSpec:
+def load_device(path: str | Path, bases: tuple[DeviceSpec, ...] | None = None) -> DeviceSpec:
     """Read and validate a device description (JSON).
 
     A description may start from another one: ``"like": "<a shipped device's name>"`` takes every field of
     that device that this file does not set (its aliases excepted), each inherited source prefixed with where
     it came from. The H200 is written so (the H100's die with another memory): one copy of the measured H100
-    figures, which the H200 follows when they are measured again."""
+    figures, which the H200 follows when they are measured again. ``bases``: the shipped descriptions to look
+    the base up in (default: read from ``planner/devices``; :func:`shipped_devices` passes those it has read)."""
     path = Path(path)
     text = path.read_text()
     if '"like"' not in text:
@@ -532,7 +535,7 @@ def load_device(path: str | Path) -> DeviceSpec:
     like = raw.pop("like", None)
     if like is None:
         return DeviceSpec.model_validate_json(text)
-    base = _shipped_base(like, path)
+    base = _shipped_base(like, path, bases)
     inherited = json.loads(base.model_dump_json())
     own_sources = raw.get("sources", {})
     sources = {k: f"as the {base.name} (\"like\"): {v}" for k, v in inherited["sources"].items()
@@ -541,14 +544,20 @@ def load_device(path: str | Path) -> DeviceSpec:
     return DeviceSpec.model_validate_json(json.dumps(merged))
 
 
-def _shipped_base(name: str, path: Path) -> DeviceSpec:
-    """The shipped description ``name`` that the description at ``path`` is ``like`` (not itself)."""
-    for other in sorted(DEVICES_DIR.glob("*.json")):
-        if other.resolve() == path.resolve():
-            continue
-        dev = load_device(other)
-        if dev.matches(name):
-            return dev
+def _shipped_base(name: str, path: Path, bases: tuple[DeviceSpec, ...] | None) -> DeviceSpec:
+    """The shipped description ``name`` that the description at ``path`` is ``like`` (not itself), among
+    ``bases`` where given, else read from ``planner/devices``."""
+    if bases is not None:
+        got = next((dev for dev in bases if dev.matches(name)), None)
+        if got is not None:
+            return got
+    else:
+        for other in sorted(DEVICES_DIR.glob("*.json")):
+            if other.resolve() == path.resolve():
+                continue
+            dev = load_device(other)
+            if dev.matches(name):
+                return dev
     raise ValueError(f"{path}: like: {name!r} is not a shipped device (planner/devices)")
 
 
@@ -559,8 +568,13 @@ def save_device(device: DeviceSpec, path: str | Path) -> None:
 
 @lru_cache(maxsize=1)
 def shipped_devices() -> tuple[DeviceSpec, ...]:
-    """The devices in ``planner/devices/*.json`` (read once)."""
-    return tuple(load_device(p) for p in sorted(DEVICES_DIR.glob("*.json")))
+    """The devices in ``planner/devices/*.json`` (read once, in file-name order): those that stand alone first,
+    then those ``like`` one of them (:func:`load_device`), each file read once."""
+    paths = sorted(DEVICES_DIR.glob("*.json"))
+    texts = {p: p.read_text() for p in paths}
+    plain = {p: DeviceSpec.model_validate_json(t) for p, t in texts.items() if '"like"' not in t}
+    bases = tuple(plain.values())
+    return tuple(plain[p] if p in plain else load_device(p, bases) for p in paths)
 
 
 def shipped_device(name: str) -> DeviceSpec | None:

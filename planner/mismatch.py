@@ -9,22 +9,17 @@ profile planned on the local CPU cluster predicted 2.6 ms where the run took a h
 from __future__ import annotations
 
 from planner.cluster import Cluster
+from planner.device import name_key, shipped_device
 from planner.profile import ModelProfile, other_runtime, runtime_words
 from planner.request import TrainingRequest
-
-
-def _norm(device: str) -> str:
-    return "".join(ch for ch in device.lower() if ch.isalnum())
 
 
 def same_device(a: str, b: str) -> bool:
     """Whether two device names are one device: the same but for case and separators, or both names of one
     shipped description (:meth:`planner.device.DeviceSpec.matches`: a profile measured on a GPU carries torch's
     name for it, ``NVIDIA H100 80GB HBM3``, where the cluster says ``H100-SXM5-80GB``)."""
-    if _norm(a) == _norm(b):
+    if name_key(a) == name_key(b):
         return True
-    from planner.device import shipped_device
-
     dev = shipped_device(a)
     return dev is not None and dev.matches(b)
 

@@ -80,3 +80,22 @@ def test_the_h200s_memory_holds_what_the_h100s_cannot():
     assert "out of memory" in h100.reason or "do not fit" in h100.reason
     assert h200.reason == "" and 80 * 2**30 < max(h200.memory) < 143771 * 2**20
     assert h200.iteration_time > 0
+
+
+def test_shipped_devices_read_as_each_file_alone_and_like_looks_up_the_bases_given(tmp_path):
+    """``shipped_devices`` reads each file once and resolves ``like`` against the stand-alone descriptions it
+    has read: the same descriptions as loading each file by itself. ``load_device(..., bases)`` takes the base
+    from ``bases`` (a changed H100 there is what a ``like`` file inherits)."""
+    from planner.device import DEVICES_DIR, shipped_devices
+
+    paths = sorted(DEVICES_DIR.glob("*.json"))
+    assert list(shipped_devices()) == [load_device(p) for p in paths]
+    h100 = get_device("H100-SXM5-80GB")
+    changed = h100.model_copy(update={"kernel_overhead_s": 7e-6})
+    path = tmp_path / "like.json"
+    path.write_text(json.dumps({"like": "h100", "name": "Like-H100"}))
+    assert load_device(path, (changed,)).kernel_overhead_s == 7e-6
+    assert load_device(path).kernel_overhead_s == h100.kernel_overhead_s
+    path.write_text(json.dumps({"like": "v100", "name": "x"}))
+    with pytest.raises(ValueError, match="like: 'v100' is not a shipped device"):
+        load_device(path, (changed,))  # only the bases given are looked in
