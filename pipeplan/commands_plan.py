@@ -4,6 +4,7 @@ operator models load with ``profile-analytic`` only."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -150,6 +151,8 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
     resolved, source = resolve_reserve(req, cl)
+    if "memory_reserve_bytes" in req.model_fields_set:  # the command's option, as the user typed it
+        source = "--memory-reserve"
     console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
                   f"({source})", highlight=False)
     _print_clock(console, res.candidates)
@@ -188,6 +191,8 @@ def register(app: typer.Typer) -> None:
         """Rank every valid configuration by predicted throughput."""
         if processes is not None and processes < 1:
             fail(f"--processes must be at least 1, got {processes}")
+        if memory_reserve is not None and not (math.isfinite(memory_reserve) and memory_reserve >= 0):
+            fail(f"--memory-reserve: GiB per device, a finite number at least 0, got {memory_reserve:g}")
         stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
         names = None if schedules is None else [n.strip() for n in schedules.split(",")]

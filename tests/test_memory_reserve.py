@@ -72,7 +72,13 @@ def test_cli_table_shows_model_plus_reserve(tmp_path: Path) -> None:
     assert "memory reserve: 0.31 GiB per device (default for CPU devices" in r.output, r.output
     r = CliRunner().invoke(app, [*args, "--memory-reserve", "0.5"])
     assert r.exit_code == 0 and " + 0.50" in r.output and " + 0.31" not in r.output, r.output
-    assert "memory reserve: 0.50 GiB per device (the request's memory_reserve_bytes)" in r.output, r.output
+    assert "memory reserve: 0.50 GiB per device (--memory-reserve)" in r.output, r.output
+    # a reserve that is no size is named by the option the user typed, in its unit (not the request's field)
+    for bad in ("-1", "nan", "inf"):
+        r = CliRunner().invoke(app, [*args, "--memory-reserve", bad])
+        assert r.exit_code == 2, r.output
+        assert "--memory-reserve: GiB per device, a finite number at least 0" in r.output, r.output
+        assert "bytes" not in r.output, r.output
 
 
 def test_gpu_cluster_keeps_2_gib_and_an_explicit_value_wins() -> None:
