@@ -3,6 +3,7 @@ measured), field by field with relative errors."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sqlalchemy import select
@@ -17,6 +18,18 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
     if pred is None or meas is None or pred == 0:
         return None
     return (meas - pred) / pred
+
+
+def _number(value: Any) -> float | None:
+    """A stored figure as a finite float, or None (results stored before their fields were checked may hold
+    anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def comparison(db: Session, job_id: int) -> dict[str, Any]:
@@ -40,8 +53,9 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
         peak = dev.get("peak_memory")
         if d < len(mem):
             entry["predicted_peak_memory"] = mem[d]
-            if isinstance(peak, int | float):
-                entry["peak_memory_relative_error"] = _rel(mem[d], float(peak))
+            measured = _number(peak)
+            if measured is not None:
+                entry["peak_memory_relative_error"] = _rel(mem[d], measured)
         devices.append(entry)
     return {"job_id": job.id, "plan_id": job.plan_id, "candidate_index": job.candidate_index,
             "label": cand.get("label", ""), "state": job.state, "emulated": res.emulated if res else None,
@@ -59,7 +73,8 @@ def _emulated_note(res: Result | None, cand: dict[str, Any]) -> str | None:
     when they differ by more than 1%."""
     if res is None or not res.emulated:
         return None
-    own = ((res.body or {}).get("predicted") or {}).get("iteration_time")
+    predicted = (res.body or {}).get("predicted")
+    own = predicted.get("iteration_time") if isinstance(predicted, dict) else None
     planned = cand.get("iteration_time")
     if not isinstance(own, int | float) or not isinstance(planned, int | float) or own <= 0 or planned <= 0:
         return None

@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, selectinload
 
 from api.cluster_versions import calibration_jobs_of
@@ -38,6 +40,22 @@ def check_text(value: str, field: str, max_length: int = 200) -> str:
 
 
 # ---- profiles and clusters ------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def stored_once(db: Session, add: Callable[[], tuple[T, bool]]) -> tuple[T, bool]:
+    """``add()`` -- :func:`add_profile` or :func:`add_cluster` of an upload: a look-up by content hash, then an
+    insert -- where identical uploads may arrive at once: one that committed between this request's look-up and
+    its insert fails the insert on the unique hash; the request's transaction (it holds nothing but that insert)
+    is rolled back and the look-up finds the stored row (200, as for an upload sent after it). Not for a
+    session with other work in it (the seeding): the rollback would drop that too."""
+    try:
+        return add()
+    except IntegrityError:
+        db.rollback()
+        return add()
+
 
 def add_profile(db: Session, profile: ModelProfile) -> tuple[Profile, bool]:
     """Store ``profile`` unless one with the same content hash exists; return (row, created)."""

@@ -449,16 +449,19 @@ class DeviceFigures(BaseModel):
 
     busy: float = Field(ge=0, allow_inf_nan=False)
     idle: float = Field(ge=0, allow_inf_nan=False)
+    peak_memory: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                      description="bytes the device's allocator held at most (None: not measured)")
 
 
 class ResultIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    worker_id: Id | None = Field(default=None, description="optional: must be the credential's worker")
-    iteration_time: float = Field(gt=0, allow_inf_nan=False, description="measured seconds per iteration")
-    bubble_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    # strict: a number is a JSON number (not true, not "1"), as in PlanCreate
+    worker_id: Id | None = Field(default=None, strict=True, description="optional: must be the credential's worker")
+    iteration_time: float = Field(gt=0, allow_inf_nan=False, strict=True, description="measured seconds per iteration")
+    bubble_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False, strict=True)
     devices: list[DeviceFigures] = Field(default_factory=list, max_length=65536)
-    emulated: bool = False
+    emulated: bool = Field(default=False, strict=True)
     trace: str | None = Field(default=None, max_length=50_000_000, description="trace file contents")
     raw: dict[str, Any] = Field(default_factory=dict, description="the executor's whole result.json "
                                                                   f"(nested at most {MAX_JSON_DEPTH} deep)")

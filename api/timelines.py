@@ -11,6 +11,7 @@ are refused (422) rather than sent.
 from __future__ import annotations
 
 import json
+import math
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime
 from typing import Any
@@ -87,13 +88,15 @@ def candidate_timeline(db: Session, runner: Any, timeout: float, plan_id: int, r
 def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
     """The measured timeline from a Chrome trace (``pipeplan run --trace``): complete ("X") events, one row
     per track (rank), of the last traced iteration, times in seconds from that iteration's first start.
-    (None, why) when there is nothing to show."""
+    (None, why) when there is nothing to show. A worker stores the trace as it wrote it, so what is not of the
+    format's shape is not read: an event whose time is not a finite number, or whose ``pid`` or ``tid`` is not a
+    number or a string, is left out; ``args`` that are not an object are taken as none."""
     if not trace:
         return None, "the result has no trace"
     try:
         data = json.loads(trace)
-    except ValueError as e:
-        return None, f"the trace is not JSON: {e}"
+    except (ValueError, RecursionError) as e:
+        return None, f"the trace is not JSON: {type(e).__name__}: {str(e)[:200]}"
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         return None, "the trace has no traceEvents list"
@@ -102,19 +105,27 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
     for ev in events:
         if not isinstance(ev, dict):
             continue
-        tid = (ev.get("pid", 0), ev.get("tid", 0))
+        pid, tid_ = _track_id(ev.get("pid", 0)), _track_id(ev.get("tid", 0))
+        if pid is None or tid_ is None:
+            continue
+        tid = (pid, tid_)
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
-            names[tid] = str((ev.get("args") or {}).get("name", ""))
-        elif ev.get("ph") == "X" and isinstance(ev.get("ts"), int | float):
-            it = (ev.get("args") or {}).get("iteration", 0)
-            ts, dur = float(ev["ts"]) / 1e6, float(ev.get("dur") or 0.0) / 1e6
-            spans.append((tid, it if isinstance(it, int) else 0, str(ev.get("name", "")), ts, ts + dur))
+            names[tid] = str(args.get("name", ""))
+        elif ev.get("ph") == "X":
+            ts, dur = _finite(ev.get("ts")), _finite(ev.get("dur") or 0.0)
+            if ts is None or dur is None or not math.isfinite(ts + dur):
+                continue
+            it = args.get("iteration", 0)
+            spans.append((tid, it if isinstance(it, int) and not isinstance(it, bool) else 0,
+                          str(ev.get("name", "")), ts / 1e6, (ts + dur) / 1e6))
     if not spans:
         return None, "the trace has no timed events"
     last = max(s[1] for s in spans)
     spans = [s for s in spans if s[1] == last]
     t0 = min(s[3] for s in spans)
-    tracks = sorted({s[0] for s in spans}, key=lambda t: (t[0], t[1] if isinstance(t[1], int) else 0, str(t[1])))
+    tracks = sorted({s[0] for s in spans}, key=lambda t: (_order(t[0]), _order(t[1])))
     rows: list[list[list[Any]]] = [[] for _ in tracks]
     index = {t: i for i, t in enumerate(tracks)}
     for tid, _, name, s, e in spans:
@@ -124,3 +135,26 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
     labels = [names.get(t) or f"track {t[1]}" for t in tracks]
     return {"iteration": last, "devices": len(rows), "labels": labels, "rows": rows,
             "makespan": max(s[4] for s in spans) - t0}, ""
+
+
+def _track_id(value: Any) -> int | str | None:
+    """A trace event's ``pid`` or ``tid``: an integer or a string (None: neither, the event is left out)."""
+    if isinstance(value, bool):
+        return None
+    return value if isinstance(value, int | str) else None
+
+
+def _order(value: int | str) -> tuple[int, int, str]:
+    """Numbers first, in order, then strings: a sort key for ids of both kinds."""
+    return (0, value, "") if isinstance(value, int) else (1, 0, value)
+
+
+def _finite(value: Any) -> float | None:
+    """A trace time (microseconds) as a float, or None where it is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None

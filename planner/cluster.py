@@ -8,7 +8,7 @@ The alpha-beta (latency-bandwidth) model of a message of L bytes is ``alpha + be
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -114,14 +114,17 @@ class Calibration(BaseModel):
     compute_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     link_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     action_overhead: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="seconds per action")
-    jobs: int = Field(default=0, ge=0, description="finished jobs it was fitted to")
+    jobs: int = Field(default=0, ge=0, le=2**31 - 1, description="finished jobs it was fitted to (a 32-bit count: "
+                                                                 "the database stores it as one)")
     fitted: list[str] = Field(default_factory=list, description="the factors the jobs determined")
-    at_bound: dict[str, float] = Field(
+    at_bound: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
         default_factory=dict, description="the factors the fit left at a bound of their physical range, with "
         "that bound (planner.calibrate): the jobs asked for more, so the model and the measurements disagree for "
         "a reason these factors do not describe")
-    error_before: float | None = Field(default=None, description="median |relative error| before the fit")
-    error_after: float | None = Field(default=None, description="median |relative error| after the fit")
+    error_before: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                       description="median |relative error| before the fit")
+    error_after: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                      description="median |relative error| after the fit")
     notes: str = ""
 
 

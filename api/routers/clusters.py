@@ -19,7 +19,7 @@ router = APIRouter(prefix="/clusters", tags=["clusters"])
              responses={200: {"model": ClusterOut, "description": "the same cluster was stored before"},
                         422: {"model": Message}})
 def upload_cluster(cluster: ClusterUpload, db: DB, response: Response, settings: SettingsDep):  # noqa: ANN201
-    row, created = crud.add_cluster(db, cluster, settings.max_cluster_gpus)
+    row, created = crud.stored_once(db, lambda: crud.add_cluster(db, cluster, settings.max_cluster_gpus))
     if not created:
         response.status_code = status.HTTP_200_OK
     return clusters_out(db, [row])[0]

@@ -132,7 +132,7 @@ def post_result(job_id: IdPath, body: ResultIn, db: DB, who: WorkerAuth, respons
     """The measured figures of a run (the executor's result.json), stored beside the prediction. Only
     from the worker holding the job; the same worker posting again gets its stored result (200)."""
     data = body.model_dump()
-    data["devices"] = [d.model_dump() for d in body.devices]
+    data["devices"] = [d.model_dump(exclude_unset=True) for d in body.devices]  # no peak_memory: not measured
     row, created = jobqueue.store_result(db, job_id, as_worker(who, body.worker_id), data)
     if not created:
         response.status_code = 200
