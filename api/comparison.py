@@ -3,7 +3,6 @@ measured), field by field with relative errors."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from sqlalchemy import select
@@ -11,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from api.crud import get_job, job_candidate
 from db.models import Result
+from planner.jsondoc import number
 from planner.mismatch import unsharded_run_note
 
 
@@ -18,18 +18,6 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
     if pred is None or meas is None or pred == 0:
         return None
     return (meas - pred) / pred
-
-
-def _number(value: Any) -> float | None:
-    """A stored figure as a finite float, or None (results stored before their fields were checked may hold
-    anything)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        x = float(value)
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None
 
 
 def comparison(db: Session, job_id: int) -> dict[str, Any]:
@@ -53,7 +41,7 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
         peak = dev.get("peak_memory")
         if d < len(mem):
             entry["predicted_peak_memory"] = mem[d]
-            measured = _number(peak)
+            measured = number(peak)
             if measured is not None:
                 entry["peak_memory_relative_error"] = _rel(mem[d], measured)
         devices.append(entry)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from api import crud
 from api.errors import InputError
+from planner.jsondoc import number
 from planner.schedules import SCHEDULE_PARAMETERS
 
 #: actions of one timeline document (about 40 bytes each in JSON): a few MB at most
@@ -114,7 +115,7 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
             names[tid] = str(args.get("name", ""))
         elif ev.get("ph") == "X":
-            ts, dur = _finite(ev.get("ts")), _finite(ev.get("dur") or 0.0)
+            ts, dur = number(ev.get("ts")), number(ev.get("dur") or 0.0)
             if ts is None or dur is None or not math.isfinite(ts + dur):
                 continue
             it = args.get("iteration", 0)
@@ -147,14 +148,3 @@ def _track_id(value: Any) -> int | str | None:
 def _order(value: int | str) -> tuple[int, int, str]:
     """Numbers first, in order, then strings: a sort key for ids of both kinds."""
     return (0, value, "") if isinstance(value, int) else (1, 0, value)
-
-
-def _finite(value: Any) -> float | None:
-    """A trace time (microseconds) as a float, or None where it is not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        x = float(value)
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None

@@ -17,3 +17,16 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+def number(value: Any) -> float | None:
+    """A figure read from a stored document as a finite float, or None where it is not one: not a number (a
+    bool is not), or a JSON integer no float holds (``float(10**400)`` raises), or not finite. For documents
+    stored as their writer sent them (a worker's trace and result)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
