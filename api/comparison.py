@@ -62,9 +62,9 @@ def _emulated_note(res: Result | None, cand: dict[str, Any]) -> str | None:
     if res is None or not res.emulated:
         return None
     predicted = (res.body or {}).get("predicted")
-    own = predicted.get("iteration_time") if isinstance(predicted, dict) else None
-    planned = cand.get("iteration_time")
-    if not isinstance(own, int | float) or not isinstance(planned, int | float) or own <= 0 or planned <= 0:
+    own = number(predicted.get("iteration_time")) if isinstance(predicted, dict) else None
+    planned = number(cand.get("iteration_time"))
+    if own is None or planned is None or own <= 0 or planned <= 0:
         return None
     if abs(own - planned) <= 0.01 * planned:
         return None

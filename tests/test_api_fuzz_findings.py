@@ -94,6 +94,18 @@ def test_timelines_and_comparison_of_odd_results_are_not_server_errors(client) -
         assert got.status_code == 200, (path, got.text)
 
 
+def test_an_emulated_runs_own_prediction_no_float_holds_is_left_out(client) -> None:  # type: ignore[no-untyped-def]
+    """``raw.predicted.iteration_time`` of 10**400 passed the number check and overflowed in the note's
+    arithmetic (0.5 / 10**400 raises): the note is left out, as for a figure that is not a number."""
+    w, mine, job_id = _job(client)
+    r = client.post(f"/jobs/{job_id}/result", content=json.dumps({
+        "worker_id": w["id"], "iteration_time": 0.5, "emulated": True,
+        "raw": {"predicted": {"iteration_time": BIG}}}), headers={**mine, "content-type": "application/json"})
+    assert r.status_code == 201, r.text
+    got = client.get(f"/jobs/{job_id}/comparison", headers=AUTH)
+    assert got.status_code == 200 and "emulated" not in (got.json()["note"] or ""), got.text
+
+
 def test_a_stored_peak_memory_no_float_holds_is_read_as_unmeasured(client) -> None:  # type: ignore[no-untyped-def]
     """Results stored before ``peak_memory`` was checked may hold anything: the comparison leaves it out."""
     from db.models import Result
