@@ -528,7 +528,11 @@ def load_device(path: str | Path, bases: tuple[DeviceSpec, ...] | None = None) -
     figures, which the H200 follows when they are measured again. ``bases``: the shipped descriptions to look
     the base up in (default: read from ``planner/devices``; :func:`shipped_devices` passes those it has read)."""
     path = Path(path)
-    text = path.read_text()
+    return _device_from_text(path.read_text(), path, bases)
+
+
+def _device_from_text(text: str, path: Path, bases: tuple[DeviceSpec, ...] | None) -> DeviceSpec:
+    """:func:`load_device` of the file at ``path`` whose contents are ``text``."""
     if '"like"' not in text:
         return DeviceSpec.model_validate_json(text)
     raw = json.loads(text)
@@ -572,9 +576,9 @@ def shipped_devices() -> tuple[DeviceSpec, ...]:
     then those ``like`` one of them (:func:`load_device`), each file read once."""
     paths = sorted(DEVICES_DIR.glob("*.json"))
     texts = {p: p.read_text() for p in paths}
-    plain = {p: DeviceSpec.model_validate_json(t) for p, t in texts.items() if '"like"' not in t}
+    plain = {p: _device_from_text(t, p, None) for p, t in texts.items() if '"like"' not in t}
     bases = tuple(plain.values())
-    return tuple(plain[p] if p in plain else load_device(p, bases) for p in paths)
+    return tuple(plain[p] if p in plain else _device_from_text(texts[p], p, bases) for p in paths)
 
 
 def shipped_device(name: str) -> DeviceSpec | None:
