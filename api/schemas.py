@@ -18,9 +18,16 @@ from pydantic import (
     model_validator,
 )
 
-from planner.cluster import Cluster, Link
+from planner.cluster import Cluster
+from planner.limits import (
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS_PER_NODE,
+    MAX_LAYERS,
+    MAX_PLAN_GPUS,
+    MAX_TOP,
+)
 from planner.profile import LayerProfile, ModelProfile
-from planner.request import MAX_GLOBAL_BATCH, TrainingRequest
+from planner.request import TrainingRequest
 
 MAX_ID = 2**31 - 1
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
@@ -35,21 +42,8 @@ def _plain_text(v: str) -> str:
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_plain_text)]
 
-# ---- what one plan may ask for (issue 14: one request must not take the host down) ------------------
-#: layers of a profile: the largest published models have ~130 transformer blocks (Llama 3.1 405B: 126)
-MAX_LAYERS = 1024
-#: micro-batch sizes measured per layer
-MAX_SIZES = 64
-#: GPUs of a cluster (nodes * gpus_per_node; the server may set a lower limit, PIPEPLAN_MAX_CLUSTER_GPUS)
-MAX_NODES, MAX_GPUS_PER_NODE = 65536, 1024
-#: GPUs of one plan: each divisor of the budget is a (t, D, W) to try
-MAX_PLAN_GPUS = 16384
-#: samples per iteration (planner.request.MAX_GLOBAL_BATCH, imported above: the command line holds to it too)
-#: candidates kept per plan (and handed to an agent with each claim)
-MAX_TOP = 100
-#: parameters of one layer, bytes of one tensor, FLOP/s: far above any device, far below float overflow
-MAX_COUNT = 2**53
-MAX_FLOPS = 1e21
+# ---- what one plan may ask for (issue 14: one request must not take the host down): planner.limits, the bounds
+# the command line's files hold to as well; the profile and cluster models carry them (planner.profile, .cluster)
 #: nesting of the free-form JSON documents (a result's ``raw``): deeper ones are refused, not recursed
 MAX_JSON_DEPTH = 32
 
@@ -79,38 +73,11 @@ class Message(BaseModel):
 
 # ---- profiles and clusters --------------------------------------------------------------------------
 
-Size = Annotated[int, Field(ge=1, le=2**20)]
-Seconds = float  # >= 0 and finite: the profile's own check names the layer; at most MAX_SECONDS: below
-MAX_SECONDS = 1e6
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-
-
 class LayerUpload(LayerProfile):
-    """:class:`planner.profile.LayerProfile` with every number bounded (an upload cannot overflow a
-    column or a sum)."""
+    """:class:`planner.profile.LayerProfile` with its names bounded (its numbers are: :mod:`planner.limits`)."""
 
     name: Name
     kind: Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_plain_text)]
-    fwd_time: dict[Size, Seconds] = Field(max_length=MAX_SIZES)
-    bwd_time: dict[Size, Seconds] = Field(max_length=MAX_SIZES)
-    recompute_time: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
-    fwd_spread: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
-    bwd_spread: dict[Size, Seconds] | None = Field(default=None, max_length=MAX_SIZES)
-    output_bytes_per_sample: Count
-    stashed_bytes_per_sample: Count
-    transient_bytes_per_sample: Count | None = Field(default=None, exclude_if=lambda v: v is None)
-    input_bytes_per_sample: Count
-    params: Count
-    param_bytes: Count
-    tied_params: Count = 0
-
-    @model_validator(mode="after")
-    def _bounded_times(self) -> LayerUpload:
-        for field in ("fwd_time", "bwd_time", "recompute_time"):
-            for b, t in (getattr(self, field) or {}).items():
-                if t > MAX_SECONDS:
-                    raise ValueError(f"layer {self.name!r}: {field}[{b}]: {t} s is more than {MAX_SECONDS:g} s")
-        return self
 
 
 class ProfileUpload(ModelProfile):
@@ -127,25 +94,12 @@ class ProfileUpload(ModelProfile):
     notes: Annotated[str, StringConstraints(max_length=20_000)] = ""
 
 
-class LinkUpload(Link):
-    alpha: float = Field(ge=0, le=1e3, allow_inf_nan=False, description="latency, seconds")
-    beta: float = Field(ge=0, le=1e3, allow_inf_nan=False, description="seconds per byte")
-
-
 class ClusterUpload(Cluster):
-    """A cluster as ``POST /clusters`` takes it: :class:`planner.cluster.Cluster` with bounded sizes."""
+    """A cluster as ``POST /clusters`` takes it: :class:`planner.cluster.Cluster` with its names and notes bounded
+    (its numbers are: :mod:`planner.limits`)."""
 
     name: Name
     device: Name
-    nodes: StrictInt = Field(gt=0, le=MAX_NODES)
-    gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
-    memory_bytes: StrictInt = Field(gt=0, le=2**50, description="memory per GPU (at most 1 PiB)")
-    peak_flops: float = Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False,
-                              description="peak FLOP/s per GPU at the dtype used")
-    intra: LinkUpload
-    inter: LinkUpload
-    memory_bandwidth: float = Field(default=1.5e12, gt=0, le=1e16, allow_inf_nan=False,
-                                    description="device memory bandwidth, bytes/s (optimizer step)")
     notes: Annotated[str, StringConstraints(max_length=20_000)] = ""
 
 

@@ -20,13 +20,12 @@ No torch: this command only plans.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from pipeplan.options import fail
+from pipeplan.options import fail, load_input, read_problem, validation_summary
 
 CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
                  "pipelines", "concat")
@@ -48,46 +47,57 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] 
 
 
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
+    from pydantic import ValidationError
+
     from planner.calibrate import Observation, fit
     from planner.cluster import calibrated_from, load_cluster, save_cluster
+    from planner.jsondoc import number
+    from planner.limits import MAX_SECONDS
+    from planner.outpath import out_problem
     from planner.profile import load_profile
     from planner.request import Config, TrainingRequest
 
+    problem = out_problem(out)
+    if problem:
+        fail(problem)
+    cluster = load_input("--cluster", cluster_path, load_cluster)
     try:
-        cluster = load_cluster(cluster_path)
+        entries = json.loads(Path(runs_path).read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        fail(read_problem(e, "--runs", runs_path))
+    except (json.JSONDecodeError, RecursionError) as e:
+        fail(f"--runs {runs_path} is not JSON: {e}")
+    if not isinstance(entries, list):
+        fail(f"--runs {runs_path}: expected a JSON list of {{profile, candidate, measured}}")
+    profiles: dict[str, Any] = {}
+    obs = []
+    for i, e in enumerate(entries):
+        where = f"--runs {runs_path}: runs[{i}]"
+        if not isinstance(e, dict) or not isinstance(e.get("candidate", {}), dict):
+            fail(f"{where}: expected an object {{profile, candidate: {{...}}, measured}}, got {json.dumps(e)[:80]}")
+        for key in ("profile", "candidate", "measured"):
+            if key not in e:
+                fail(f"{where}: missing field {key!r}")
+        if not isinstance(e["profile"], str):
+            fail(f"{where}.profile: a path to the run's profile JSON, got {json.dumps(e['profile'])[:40]}")
+        path = str(Path(runs_path).parent / e["profile"])
+        if path not in profiles:
+            profiles[path] = load_input(f"{where}.profile", path, load_profile, "profile")
+        cand = e["candidate"]
+        measured = number(e["measured"])
+        if measured is None or not 0 < measured <= MAX_SECONDS:
+            fail(f"{where}.measured: seconds per iteration, a number above 0 and at most {MAX_SECONDS:g}, got "
+                 f"{json.dumps(e['measured'])[:40]}")
         try:
-            entries = json.loads(Path(runs_path).read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--runs {runs_path} is not JSON: {e}") from None
-        if not isinstance(entries, list):
-            raise ValueError("runs: expected a JSON list of {profile, candidate, measured}")
-        profiles: dict[str, Any] = {}
-        obs = []
-        for i, e in enumerate(entries):
-            if not isinstance(e, dict) or not isinstance(e.get("candidate", {}), dict):
-                raise ValueError(f"runs[{i}]: expected an object {{profile, candidate: {{...}}, measured}}, got "
-                                 f"{json.dumps(e)[:80]}")
-            for key in ("profile", "candidate", "measured"):
-                if key not in e:
-                    raise ValueError(f"runs[{i}]: missing field {key!r}")
-            path = str(Path(runs_path).parent / e["profile"])
-            if path not in profiles:
-                profiles[path] = load_profile(path)
-            cand = e["candidate"]
             config = Config(**{k: cand[k] for k in CONFIG_FIELDS if cand.get(k) is not None})
-            measured = float(e["measured"])
-            if not math.isfinite(measured) or measured <= 0:
-                raise ValueError(f"runs[{i}].measured: {measured} must be a positive number of seconds")
-            obs.append(Observation(profiles[path], TrainingRequest(global_batch=int(cand["global_batch"])), config,
-                                   measured, i))
+            request = TrainingRequest(global_batch=cand.get("global_batch"))
+        except ValidationError as err:
+            fail(f"{where}.candidate: {validation_summary(err)}")
+        obs.append(Observation(profiles[path], request, config, measured, i))
+    try:
         res = fit(cluster, obs)
-    except FileNotFoundError as e:  # the cluster, the runs or a profile they name
-        fail(f"no such file: {e.filename}" + (f" (--runs {runs_path})" if e.filename == runs_path else "")
-             + (f" (--cluster {cluster_path})" if e.filename == cluster_path else ""))
-        raise  # unreachable
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail(f"{type(e).__name__}: {e}")
-        raise  # unreachable
+    except ValueError as err:  # the fit's own checks (no runs, a configuration that does not fit the cluster)
+        fail(str(err))
     d = res.to_dict()
     _table(d["jobs"], d["calibration"], res.warnings)  # type: ignore[arg-type]
     new = cluster.model_copy(update={"calibration": res.calibration})

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from pipeplan.options import (
     ChunksOpt,
@@ -38,8 +39,12 @@ from pipeplan.options import (
     ReplicationOpt,
     WavesOpt,
     fail,
+    load_input,
+    read_problem,
     schedule_from_options,
+    validation_summary,
 )
+from planner.limits import MAX_GPUS_PER_NODE
 from planner.schedules import BUILDERS
 from planner.schedules.ir import Schedule
 from planner.schedules.torch_csv import export_torch_csv
@@ -90,32 +95,31 @@ def load_candidates(plan: Path, index: int) -> list[dict[str, Any]]:
     """The candidates of a plan document, checking that ``index`` is one of them."""
     try:
         doc = json.loads(plan.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"--plan: no such file: {plan}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(read_problem(e, "--plan", plan)) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--plan: {plan} is not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"--plan: {plan} is nested too deep to be a plan") from None
     cands = doc.get("candidates") if isinstance(doc, dict) else doc
     if not isinstance(cands, list) or not cands:
         raise ValueError(f"--plan: {plan} has no candidates (write it with pipeplan plan --json)")
     if not 0 <= index < len(cands):
         raise ValueError(f"--candidate: {index} is out of range; the plan has {len(cands)} candidates "
                          f"(0-{len(cands) - 1})")
+    bad = next((i for i, c in enumerate(cands) if not isinstance(c, dict)), None)
+    if bad is not None:
+        raise ValueError(f"--plan: {plan}: candidates[{bad}] is {json.dumps(cands[bad])[:40]}, not a candidate "
+                         "object (write the plan with pipeplan plan --json)")
     return cands
 
 
-def _options(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ValueError(f"--option: {item!r} is not KEY=VALUE")
-        out[key] = value
-    return out
-
-
 def export_framework(a: PlanArgs) -> Files:
-    """A training framework's files for the candidate (:func:`export_plan`)."""
-    exported, notes = export_plan(a.fmt, a.plan, a.candidate, a.profile, a.cluster, a.model, a.options, a.closest,
+    """A training framework's files for the candidate (:func:`export_plan`); a framework takes no ``--option``."""
+    if a.options:
+        raise ValueError(f"--option: --format {a.fmt} takes none (--option KEY=VALUE sets --format slurm's "
+                         f"sbatch settings), got {a.options[0]!r}")
+    exported, notes = export_plan(a.fmt, a.plan, a.candidate, a.profile, a.cluster, a.model, a.closest,
                                   a.gpus_per_node)
     return [(f.name, f.content) for f in exported.files], [*notes, *exported.notes]
 
@@ -135,7 +139,7 @@ PLAN_FORMATS: dict[str, Callable[[PlanArgs], Files]] = {
 
 
 def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, cluster: Path | None,
-                model: str | None, options: list[str], closest: bool,
+                model: str | None, closest: bool,
                 gpus_per_node: int | None = None) -> tuple[Any, list[str]]:
     """The :class:`planner.export.Export` of candidate ``candidate`` and the notes to print."""
     from planner.cluster import load_cluster
@@ -148,11 +152,8 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     cands = load_candidates(plan, candidate)
     doc = cands[candidate]
     spec = RunSpec.from_document(doc)
-    try:
-        prof = load_profile(profile) if profile else None
-        cl = load_cluster(cluster) if cluster else None
-    except FileNotFoundError as e:
-        raise ValueError(f"no such file: {e.filename}") from None
+    prof = load_input("--profile", profile, load_profile) if profile else None
+    cl = load_input("--cluster", cluster, load_cluster) if cluster else None
     planned = max((end for _, end in spec.partition), default=None)
     if prof is not None and planned is not None and planned != len(prof.layers):
         # the stage boundaries index the planning profile's layers: another profile's would be cut wrongly
@@ -164,7 +165,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,
                                     shard_optimizer=bool(doc.get("shard_optimizer")),
-                                    shard_parameters=bool(doc.get("shard_parameters")), options=_options(options),
+                                    shard_parameters=bool(doc.get("shard_parameters")),
                                     **from_doc)
     module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
@@ -180,7 +181,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         notes.append(message.rstrip(".") + f"; exporting the closest configuration, {err.closest.config.label()} "
                      "(--closest)")
         inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
-                                       plan_path=str(plan), candidate=candidate, options=base.options,
+                                       plan_path=str(plan), candidate=candidate,
                                        shard_optimizer=base.shard_optimizer, shard_parameters=base.shard_parameters,
                                        **from_doc)
         return module.export(inp), notes
@@ -219,6 +220,8 @@ def export(
     known = (*SCHEDULE_FORMATS, *PLAN_FORMATS)
     if fmt not in known:
         fail(f"--format: unknown format {fmt!r}; known: {', '.join(known)}")
+    if gpus_per_node is not None and not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        fail(f"--gpus-per-node: devices per node, 1 to {MAX_GPUS_PER_NODE}, got {gpus_per_node}")
     try:
         if plan is not None:
             if schedule is not None:
@@ -243,6 +246,9 @@ def export(
             sched = schedule_from_options(schedule, devices, microbatches, chunks, waves,  # type: ignore[arg-type]
                                           pipelines, concat, replication)
             files = [("schedule", schedule_text(sched, fmt))]
+    except ValidationError as exc:  # a candidate of --plan that is not a configuration
+        fail(f"--plan {plan}: candidate {candidate}: {validation_summary(exc)}")
+        return
     except ValueError as exc:
         fail(str(exc))
         return

@@ -36,12 +36,10 @@ def export_slurm(plan: Path, candidate: int, gpus_per_node: int | None, cluster:
         if cluster is None:
             raise ValueError("--format slurm needs --gpus-per-node G or --cluster c.json (devices per node: a plan "
                              "of P processes runs on ceil(P/G) nodes)")
+        from pipeplan.options import load_input
         from planner.cluster import load_cluster
 
-        try:
-            gpus_per_node = load_cluster(cluster).gpus_per_node
-        except (OSError, ValueError) as e:
-            raise ValueError(f"--cluster {cluster}: {e}") from None
+        gpus_per_node = load_input("--cluster", cluster, load_cluster).gpus_per_node
     try:
         return export_script(plan, candidate, gpus_per_node=gpus_per_node, options=parse_options(options))
     except SlurmError as e:

@@ -4,7 +4,6 @@ operator models load with ``profile-analytic`` only."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -23,15 +22,17 @@ from pipeplan.options import (
     ShardParametersOpt,
     WavesOpt,
     fail,
+    load_input,
     validation_summary,
 )
 from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
 from planner.jsondoc import finite
+from planner.limits import MAX_GLOBAL_BATCH
 from planner.mismatch import device_warnings
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, runtime_words, save_profile
-from planner.request import MAX_GLOBAL_BATCH, Config, TrainingRequest
+from planner.request import Config, TrainingRequest
 from planner.reserve import resolve_reserve
 from planner.search import Candidate, PlanResult, plan, predict
 from planner.units import devices, is_cpu
@@ -48,17 +49,7 @@ DEVICES = {  # --device of profile-analytic -> example cluster file (its device 
 
 
 def _load(profile: Path, cluster: Path) -> tuple[ModelProfile, Cluster]:
-    out: list[ModelProfile | Cluster] = []
-    for what, path, load in (("profile", profile, load_profile), ("cluster", cluster, load_cluster)):
-        try:
-            out.append(load(path))
-        except FileNotFoundError:
-            fail(f"--{what} {path}: no such file")
-        except ValidationError as e:
-            fail(f"invalid {what} {path}: {validation_summary(e)}")
-        except ValueError as e:
-            fail(f"invalid {what} {path}: {e}")
-    return out[0], out[1]  # type: ignore[return-value]
+    return load_input("--profile", profile, load_profile), load_input("--cluster", cluster, load_cluster)
 
 
 def strict_json(doc: object) -> str:
@@ -189,10 +180,10 @@ def register(app: typer.Typer) -> None:
                  "default: 2 where a core is idle (load average under the cores less a half), else 1")] = None,
     ) -> None:
         """Rank every valid configuration by predicted throughput."""
-        if processes is not None and processes < 1:
-            fail(f"--processes must be at least 1, got {processes}")
-        if memory_reserve is not None and not (math.isfinite(memory_reserve) and memory_reserve >= 0):
-            fail(f"--memory-reserve: GiB per device, a finite number at least 0, got {memory_reserve:g}")
+        if processes is not None and processes not in (1, 2):
+            fail(f"--processes: 1 or 2 (the search splits in two at most), got {processes}")
+        if memory_reserve is not None and not 0 <= memory_reserve <= 2**30:  # TrainingRequest's 2**60 bytes
+            fail(f"--memory-reserve: GiB per device, a finite number from 0 to {2**30}, got {memory_reserve:g}")
         stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
         names = None if schedules is None else [n.strip() for n in schedules.split(",")]
@@ -336,7 +327,7 @@ def register(app: typer.Typer) -> None:
         from planner.operators import OperatorOptions
 
         dev = (find_device(load_cluster(EXAMPLES / "clusters" / f"{DEVICES[device]}.json").device)
-               if device in DEVICES else find_device(device))
+               if device in DEVICES else load_input("--device", device, find_device, "device description"))
         if dev is None:
             fail(f"--device must be one of {', '.join(DEVICES)}, a shipped device or a device .json, got {device!r}")
         if attention not in ("unfused", "flash"):
@@ -386,10 +377,13 @@ def register(app: typer.Typer) -> None:
             if missing:
                 fail("give --preset or all of --layers --hidden --heads --seq --vocab (missing: "
                       + ", ".join("--" + m for m in missing) + ")")
-        try:
-            if preset is None and hf_config is None:
+        if preset is None and hf_config is None:
+            try:
                 spec = ModelSpec(name=name or f"transformer-{layers}x{hidden}", layers=layers, hidden=hidden,
                                  heads=heads, seq=seq, vocab=vocab, architecture="encoder" if encoder else "decoder")
+            except ValidationError as e:  # the shape's own options: --hidden, --layers, ...
+                fail(validation_summary(e, options=True))
+        try:
             prof = analytic_profile(spec, dev, dtype=dtype, name=name or spec.name,  # type: ignore[arg-type]
                                     options=OperatorOptions(attention=attention,  # type: ignore[arg-type]
                                                             attention_impl=attention_impl,  # type: ignore[arg-type]

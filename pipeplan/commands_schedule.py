@@ -21,6 +21,7 @@ from pipeplan.options import (
     fail,
     schedule_from_options,
 )
+from planner.limits import MAX_SECONDS
 from planner.render import grid, time_unit
 from planner.simulate import ScheduleError, SimResult, UnitCosts, simulate
 
@@ -32,6 +33,9 @@ CommOpt = Annotated[float, typer.Option(help="time of one point-to-point message
 def _run(schedule: str, devices: int, microbatches: int, chunks: int | None, waves: int | None,
          pipelines: int | None, concat: str | None, fwd: float, bwd: float, comm: float,
          replication: str | None = None) -> SimResult:
+    for option, value in (("--fwd", fwd), ("--bwd", bwd), ("--comm", comm)):
+        if not 0 <= value <= MAX_SECONDS:  # (NaN compares false: refused too)
+            fail(f"{option}: a time from 0 to {MAX_SECONDS:g}, got {value:g}")
     try:
         sched = schedule_from_options(schedule, devices, microbatches, chunks, waves, pipelines, concat,
                                       replication)

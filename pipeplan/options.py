@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, Schedule, build, parameters
+from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, Schedule, build, check_size, parameters
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
+
+T = TypeVar("T")
+P = TypeVar("P", str, Path)
 
 ScheduleOpt = Annotated[str, typer.Option("--schedule", "-s", help=f"one of: {', '.join(sorted(BUILDERS))}")]
 DevicesOpt = Annotated[int, typer.Option("--devices", "-D", help="devices of one pipeline (D)")]
@@ -44,6 +49,7 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
              "replication": replication}
     assert set(given) == set(SCHEDULE_PARAMETERS), "an option per declared schedule parameter"
     params = {k: v for k, v in given.items() if v is not None}
+    check_size(devices, microbatches, chunks, waves)
     if schedule in BUILDERS:
         allowed = parameters(schedule)
         for k in params:
@@ -77,3 +83,34 @@ def fail(message: str) -> None:
     """One line on stderr, exit code 2."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
+
+
+def read_problem(exc: OSError | UnicodeDecodeError, option: str, path: str | Path) -> str:
+    """Why the file ``path`` given as ``option`` could not be read, in one line naming both."""
+    if isinstance(exc, FileNotFoundError):
+        return f"{option} {path}: no such file"
+    if isinstance(exc, IsADirectoryError):
+        return f"{option} {path}: is a folder; give a file"
+    if isinstance(exc, PermissionError):
+        return f"{option} {path}: not readable (permission denied)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{option} {path}: not a text file (UTF-8)"
+    return f"{option} {path}: cannot read it ({exc.strerror or exc})"
+
+
+def load_input(option: str, path: P, load: Callable[[P], T], what: str | None = None) -> T:
+    """``load(path)`` for the file given as ``option`` (``--profile``), or one ``error:`` line and exit 2: the file
+    cannot be read (missing, a folder, not readable, not text), or it is not a valid ``what`` (pydantic's errors
+    as :func:`validation_summary` words them, with the limits of :mod:`planner.limits`)."""
+    from pydantic import ValidationError
+
+    what = what or option.lstrip("-")
+    try:
+        return load(path)
+    except (OSError, UnicodeDecodeError) as e:
+        fail(read_problem(e, option, path))
+    except ValidationError as e:
+        fail(f"invalid {what} {path}: {validation_summary(e)}")
+    except (ValueError, RecursionError) as e:  # the loader's own checks; JSON nested past Python's recursion
+        fail(f"invalid {what} {path}: {e}")
+    raise AssertionError  # unreachable: fail exits

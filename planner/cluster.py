@@ -12,12 +12,26 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.limits import (
+    MAX_BANDWIDTH,
+    MAX_COUNT,
+    MAX_FLOPS,
+    MAX_GPUS_PER_NODE,
+    MAX_LINK_SECONDS,
+    MAX_MEMORY_BYTES,
+    MAX_NODES,
+    MAX_SECONDS,
+)
+
+#: a time in seconds: finite, at least 0, at most MAX_SECONDS
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
 
 class Link(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    alpha: float = Field(ge=0, allow_inf_nan=False, description="latency, seconds")
-    beta: float = Field(ge=0, allow_inf_nan=False, description="seconds per byte")
+    alpha: float = Field(ge=0, le=MAX_LINK_SECONDS, allow_inf_nan=False, description="latency, seconds")
+    beta: float = Field(ge=0, le=MAX_LINK_SECONDS, allow_inf_nan=False, description="seconds per byte")
 
     def time(self, nbytes: float) -> float:
         return self.alpha + self.beta * nbytes if nbytes > 0 else 0.0
@@ -31,16 +45,16 @@ class ExecutorOverhead(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    compute: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per F/B/I/W action")
-    send: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per SEND_F/SEND_B (posting)")
-    recv: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per RECV_F/RECV_B (posting, wait)")
-    allreduce: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per ALLREDUCE action")
-    step: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per STEP (the iteration's end)")
+    compute: Seconds = Field(default=0.0, description="per F/B/I/W action")
+    send: Seconds = Field(default=0.0, description="per SEND_F/SEND_B (posting)")
+    recv: Seconds = Field(default=0.0, description="per RECV_F/RECV_B (posting, wait)")
+    allreduce: Seconds = Field(default=0.0, description="per ALLREDUCE action")
+    step: Seconds = Field(default=0.0, description="per STEP (the iteration's end)")
     #: zero-bubble's split backward (:mod:`executor.split_backward`), per layer of a stage it splits: the graph
     #: walk its ``I`` makes and the backward call per join its ``W`` makes, beyond ``compute``
-    split_input: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+    split_input: Seconds = Field(default=0.0,
                                description="per layer of the stage, added to an I action (split backward)")
-    split_weight: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+    split_weight: Seconds = Field(default=0.0,
                                 description="per layer of the stage, added to a W action (split backward)")
     #: the same, measured with compute emulated (``pipeplan run --emulate``): an emulated action sleeps instead of
     #: running the stage module and autograd, so its overhead is the sleep's overshoot and the walker's own
@@ -61,7 +75,7 @@ class AllReduceFit(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ranks: int = Field(ge=2)
+    ranks: int = Field(ge=2, le=MAX_NODES * MAX_GPUS_PER_NODE)
     link: Link
 
 
@@ -90,10 +104,11 @@ class HostCpu(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cores: int = Field(ge=1, description="CPU cores of the host (os.cpu_count())")
+    cores: int = Field(ge=1, le=MAX_COUNT, description="CPU cores of the host (os.cpu_count())")
     effective_cores: float = Field(gt=0, allow_inf_nan=False,
                                    description="cores' worth of compute the node's processes get at once")
-    processes: int = Field(default=0, ge=0, description="processes the effective cores were measured with")
+    processes: int = Field(default=0, ge=0, le=MAX_COUNT,
+                           description="processes the effective cores were measured with")
     slowdown: float = Field(default=1.0, gt=0, allow_inf_nan=False,
                             description="measured: wall time per CPU second of a loop, `processes` at once")
     cpu_inflation: float = Field(default=1.0, ge=1, allow_inf_nan=False,
@@ -113,7 +128,7 @@ class Calibration(BaseModel):
 
     compute_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     link_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    action_overhead: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="seconds per action")
+    action_overhead: Seconds = Field(default=0.0, description="seconds per action")
     jobs: int = Field(default=0, ge=0, le=2**31 - 1, description="finished jobs it was fitted to (a 32-bit count: "
                                                                  "the database stores it as one)")
     fitted: list[str] = Field(default_factory=list, description="the factors the jobs determined")
@@ -138,14 +153,16 @@ class Cluster(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    nodes: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
+    # strict: ``true`` or ``"8"`` is not a count (JSON's booleans and strings are not taken as numbers here)
+    nodes: int = Field(gt=0, le=MAX_NODES, strict=True)
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE, strict=True)
     device: str = Field(description="device name, e.g. 'A100-SXM4-80GB'")
-    memory_bytes: int = Field(gt=0, description="memory per GPU")
-    peak_flops: float = Field(gt=0, allow_inf_nan=False, description="peak FLOP/s per GPU at the dtype used")
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, strict=True, description="memory per GPU (at most 1 PiB)")
+    peak_flops: float = Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False,
+                              description="peak FLOP/s per GPU at the dtype used")
     intra: Link
     inter: Link
-    memory_bandwidth: float = Field(default=1.5e12, gt=0, allow_inf_nan=False,
+    memory_bandwidth: float = Field(default=1.5e12, gt=0, le=MAX_BANDWIDTH, allow_inf_nan=False,
                                     description="device memory bandwidth, bytes/s (optimizer step)")
     allreduce: Literal["rabenseifner", "ring"] = "rabenseifner"
     notes: str = ""

@@ -66,11 +66,12 @@ import json
 import math
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.attention_waves import balance
+from planner.limits import MAX_BANDWIDTH, MAX_COUNT, MAX_FLOPS, MAX_MEMORY_BYTES
 from planner.power import PowerLimit
 
 if TYPE_CHECKING:
@@ -89,6 +90,12 @@ def canonical_dtype(dtype: str) -> str:
     return DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
 
 
+#: a peak rate, FLOP/s: finite, above 0, at most MAX_FLOPS (planner.limits)
+Flops = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]
+#: a side of a GEMM tile, elements (a thread block's output rows or columns: 64-256 on NVIDIA's libraries)
+TileSide = Annotated[int, Field(gt=0, le=2**16)]
+
+
 class Curve(BaseModel):
     """An efficiency as a function of a size: ``points`` are ``(size, efficiency)`` pairs.
 
@@ -104,8 +111,8 @@ class Curve(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> Curve:
         sizes = [p[0] for p in self.points]
-        if any(s <= 0 for s in sizes):
-            raise ValueError("points: sizes must be > 0 (the curve is interpolated in log size)")
+        if any(not 0 < s < math.inf for s in sizes):
+            raise ValueError("points: sizes must be finite and > 0 (the curve is interpolated in log size)")
         if sizes != sorted(sizes) or len(set(sizes)) != len(sizes):
             raise ValueError("points: sizes must be strictly increasing")
         for s, e in self.points:
@@ -296,21 +303,22 @@ class DeviceSpec(BaseModel):
     name: str
     aliases: list[str] = Field(default_factory=list, description="other names a cluster may use")
     kind: Literal["gpu", "cpu"] = "gpu"
-    peak_flops: dict[str, float] = Field(description="dtype -> dense matrix peak FLOP/s")
-    vector_flops: dict[str, float] = Field(default_factory=dict, description="dtype -> element-wise peak")
-    memory_bytes: int = Field(gt=0)
-    memory_bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s")
+    peak_flops: dict[str, Flops] = Field(description="dtype -> dense matrix peak FLOP/s")
+    vector_flops: dict[str, Flops] = Field(default_factory=dict, description="dtype -> element-wise peak")
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
+    memory_bandwidth: float = Field(gt=0, le=MAX_BANDWIDTH, allow_inf_nan=False, description="bytes/s")
     gemm_efficiency: dict[str, Curve] = Field(description="dtype -> efficiency by GEMM GFLOP")
     gemm_points: list[GemmPoint] = Field(default_factory=list, description="measured GEMMs (profile-device)")
     gemm_ceiling_flops: dict[str, float] = Field(
         default_factory=dict, description="dtype -> measured maximum achievable matmul FLOP/s (MAMF): no GEMM "
                                           "kernel is timed faster")
-    tile: tuple[int, int] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
-    sm_count: int | None = Field(default=None, gt=0, description="streaming multiprocessors (wave quantisation)")
+    tile: tuple[TileSide, TileSide] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
+    sm_count: int | None = Field(default=None, gt=0, le=MAX_COUNT,
+                                 description="streaming multiprocessors (wave quantisation)")
     wave_quantisation: bool = Field(
         default=True, description="whether GEMMs lose the empty part of their last wave of tiles (False where "
                                   "the measured GEMM library shows none: the curve is then measured whole kernels)")
-    tiles: list[tuple[int, int]] = Field(
+    tiles: list[tuple[TileSide, TileSide]] = Field(
         default_factory=list, description="(m, n) output tiles the GEMM library picks among (wave quantisation)")
     attention_efficiency: dict[str, AttentionEfficiency] = Field(
         default_factory=dict, description="fused attention implementation -> its measured efficiency")

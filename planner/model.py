@@ -27,6 +27,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.limits import SHAPE_LIMITS
+
 
 class ModelSpec(BaseModel):
     """Shape of a transformer language model (decoder, GPT/Llama-style, or encoder, BERT-style)."""
@@ -35,12 +37,16 @@ class ModelSpec(BaseModel):
 
     name: str = "custom"
     architecture: Literal["decoder", "encoder"] = "decoder"
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    heads: int = Field(gt=0, description="query heads")
-    kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); default: heads")
-    head_dim: int | None = Field(default=None, gt=0, description="default: hidden / heads")
-    ffn_hidden: int | None = Field(default=None, gt=0, description="MLP intermediate size; default: 4 hidden")
+    # bounded (planner.limits.SHAPE_LIMITS): far above every published model, far below any overflow
+    layers: int = Field(gt=0, le=SHAPE_LIMITS["layers"])
+    hidden: int = Field(gt=0, le=SHAPE_LIMITS["hidden"])
+    heads: int = Field(gt=0, le=SHAPE_LIMITS["heads"], description="query heads")
+    kv_heads: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["kv_heads"],
+                                 description="key/value heads (GQA); default: heads")
+    head_dim: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["head_dim"],
+                                 description="default: hidden / heads")
+    ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"],
+                                   description="MLP intermediate size; default: 4 hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style gate, up and down projections")
     activation: Literal["gelu", "silu", "relu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -51,9 +57,10 @@ class ModelSpec(BaseModel):
                                                       "(Qwen2); implied by bias")
     qk_norm: bool = Field(default=False, description="an RMSNorm over each head's query and key before the "
                                                      "rotary, one weight of d for all heads (Qwen3)")
-    rope_theta: float = Field(default=10000.0, gt=0, description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
-    vocab: int = Field(gt=0)
-    seq: int = Field(gt=0, description="sequence length trained with")
+    rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
+                              description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
+    vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
+    seq: int = Field(gt=0, le=SHAPE_LIMITS["seq"], description="sequence length trained with")
     source: str = Field(default="", description="where the figures come from")
 
     @model_validator(mode="after")

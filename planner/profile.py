@@ -42,6 +42,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.limits import MAX_COUNT, MAX_LAYERS, MAX_SECONDS, MAX_SIZE, MAX_SIZES, SHAPE_LIMITS
+
 TimeKind = Literal["fwd", "bwd", "recompute"]
 
 #: layer kinds full recomputation does not checkpoint (module docstring): the embedding and the LM head
@@ -63,18 +65,25 @@ def stage_splits_backward(kinds: Iterable[str], recompute: bool) -> bool:
 
 
 def _check_times(field: str, times: dict[int, float] | None, *, allow_empty: bool = False) -> None:
-    """Raise ``ValueError`` naming ``field`` if a size is not a positive int or a time is not finite >= 0."""
+    """Raise ``ValueError`` naming ``field`` if a size is not an int in 1..``MAX_SIZE`` or a time is not finite
+    and in 0..``MAX_SECONDS`` (:mod:`planner.limits`), or if there are more than ``MAX_SIZES`` sizes."""
     if times is None:
         return
     if not times and not allow_empty:
         raise ValueError(f"{field}: needs at least one micro-batch size")
+    if len(times) > MAX_SIZES:
+        raise ValueError(f"{field}: at most {MAX_SIZES} micro-batch sizes, got {len(times)}")
     for b, t in times.items():
         if b < 1:
             raise ValueError(f"{field}: micro-batch size {b} must be >= 1")
+        if b > MAX_SIZE:
+            raise ValueError(f"{field}: micro-batch size {b} must be at most {MAX_SIZE}")
         if not math.isfinite(t):
             raise ValueError(f"{field}[{b}]: time {t} must be finite (no NaN or inf)")
         if t < 0:
             raise ValueError(f"{field}[{b}]: time {t} must be >= 0")
+        if t > MAX_SECONDS:
+            raise ValueError(f"{field}[{b}]: time {t} s must be at most {MAX_SECONDS:g} s")
 
 
 class ShardTimes(BaseModel):
@@ -97,12 +106,12 @@ class ShardTimes(BaseModel):
     recompute_time: dict[int, float] | None = None
     bwd_input_time: dict[int, float] | None = None
     bwd_weight_time: dict[int, float] | None = None
-    stashed_bytes_per_sample: int | None = Field(default=None, ge=0)
+    stashed_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     # (absent when unknown, so profiles made before it read and hash as they did)
-    transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
+    transient_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
     #: bytes per sample of the output gradients a split backward's I keeps for its W (the weight GEMMs'
     #: ``dY``; :attr:`planner.operators.PassTimes.held_grad_bytes`); absent when unknown (counted as 0)
-    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
+    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
     sequence_parallel: bool = False
     source: Literal["measured", "operators"] = "measured"
     #: (operator-model shards on a device with a power limit) per micro-batch size, the share of the times that
@@ -170,17 +179,17 @@ class LayerProfile(BaseModel):
     recompute_time: dict[int, float] | None = None
     fwd_spread: dict[int, float] | None = None
     bwd_spread: dict[int, float] | None = None
-    output_bytes_per_sample: int = Field(ge=0)
-    stashed_bytes_per_sample: int = Field(ge=0)
-    transient_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
+    output_bytes_per_sample: int = Field(ge=0, le=MAX_COUNT)
+    stashed_bytes_per_sample: int = Field(ge=0, le=MAX_COUNT)
+    transient_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
     #: as :class:`ShardTimes`' (the t = 1 figure)
-    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
-    input_bytes_per_sample: int = Field(ge=0)
-    params: int = Field(ge=0)
-    param_bytes: int = Field(ge=0)
-    tied_params: int = Field(default=0, ge=0)
+    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
+    input_bytes_per_sample: int = Field(ge=0, le=MAX_COUNT)
+    params: int = Field(ge=0, le=MAX_COUNT)
+    param_bytes: int = Field(ge=0, le=MAX_COUNT)
+    tied_params: int = Field(default=0, ge=0, le=MAX_COUNT)
     tensor_times: dict[int, ShardTimes] | None = Field(
-        default=None, description="t -> the 1/t shard's compute times (module docstring)")
+        default=None, max_length=MAX_SIZES, description="t -> the 1/t shard's compute times (module docstring)")
 
     @model_validator(mode="after")
     def _validate(self) -> LayerProfile:
@@ -200,8 +209,8 @@ class LayerProfile(BaseModel):
         if self.tied_params > self.params:
             raise ValueError(f"{where}: tied_params {self.tied_params} exceeds params {self.params}")
         for t in self.tensor_times or {}:
-            if t < 1:
-                raise ValueError(f"{where}: tensor_times: tensor-parallel size {t} must be >= 1")
+            if not 1 <= t <= MAX_SIZE:
+                raise ValueError(f"{where}: tensor_times: tensor-parallel size {t} must be between 1 and {MAX_SIZE}")
         return self
 
     def shard_time(self, kind: str, b: int | float, t: int) -> float | None:
@@ -277,12 +286,12 @@ class TransformerShape(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hidden: int = Field(gt=0)
-    seq: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    vocab: int = Field(gt=0)
-    layers: int = Field(gt=0)
-    ffn_hidden: int | None = Field(default=None, gt=0)
+    hidden: int = Field(gt=0, le=SHAPE_LIMITS["hidden"])
+    seq: int = Field(gt=0, le=SHAPE_LIMITS["seq"])
+    heads: int = Field(gt=0, le=SHAPE_LIMITS["heads"])
+    vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
+    layers: int = Field(gt=0, le=SHAPE_LIMITS["layers"])
+    ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"])
 
     @model_validator(mode="after")
     def _defaults(self) -> TransformerShape:
@@ -299,7 +308,7 @@ class ModelProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    layers: list[LayerProfile]
+    layers: list[LayerProfile] = Field(max_length=MAX_LAYERS)
     device: str
     dtype: str
     shape: TransformerShape | None = None

@@ -7,15 +7,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
-from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, SYNC_SCHEDULES
+from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_KEPT, MAX_SIZES, MAX_STAGES
+from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, SYNC_SCHEDULES, check_size
 
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "TrainingRequest"]
 
 
-#: samples per iteration that a plan may ask for: GPT-3 used 1536 sequences (Brown et al. 2020, table 2.1), Llama 3
-#: 405B 2048-4096 (Llama 3 report, section 3.4.1); 65536 is far above them and keeps the micro-batch count (up to
-#: B^ micro-batches of one sample) bounded. The API's schema and the command line hold requests to it.
-MAX_GLOBAL_BATCH = 65536
 #: mixed-precision Adam's optimizer state per parameter: fp32 master weight, momentum and variance (ZeRO 3.1's K)
 ADAM_OPTIMIZER_BYTES = 12.0
 
@@ -37,11 +34,12 @@ class TrainingRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    global_batch: int = Field(gt=0, description="samples per iteration (B^)")
-    gpus: int | None = Field(default=None, gt=0, description="GPU budget P (default: the whole cluster)")
-    bytes_per_param: float = Field(default=16.0, gt=0, allow_inf_nan=False)
+    # bounded (planner.limits), as the API's PlanCreate: what one plan may ask for
+    global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH, description="samples per iteration (B^)")
+    gpus: int | None = Field(default=None, gt=0, le=MAX_GPUS, description="GPU budget P (default: the whole cluster)")
+    bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False)
     optimizer_bytes_per_param: float | None = Field(
-        default=None, ge=0, allow_inf_nan=False,
+        default=None, ge=0, le=1e6, allow_inf_nan=False,
         description="of bytes_per_param, the optimizer's state (what shard_optimizer splits; default: Adam's 12, at "
                     "most bytes_per_param)")
     shard_optimizer: bool = Field(default=False, description="split the optimizer state over the data-parallel "
@@ -51,14 +49,16 @@ class TrainingRequest(BaseModel):
     schedules: list[str] | None = Field(default=None, description="allowed schedules (default: all)")
     allow_async: bool = Field(default=False, description="show PipeDream/2BW (they change the optimizer)")
     allow_recompute: bool = True
-    max_tensor: int | None = Field(default=None, gt=0, description="largest t (default: GPUs per node)")
-    micro_batches: list[int] | None = Field(default=None, description="micro-batch sizes to try")
-    tensor_efficiency: float = Field(default=0.95, gt=0, le=1,
+    max_tensor: int | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE,
+                                   description="largest t (default: GPUs per node)")
+    micro_batches: list[int] | None = Field(default=None, max_length=MAX_SIZES, description="micro-batch sizes to try")
+    tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False,
                                      description="compute efficiency of a t-way split GEMM vs t=1")
     memory_reserve_bytes: float | None = Field(
-        default=None, ge=0, description="framework/workspace reserve per device, bytes (default: by the cluster's "
-                                        "device kind, planner.reserve: 2 GiB on GPUs, 320 MiB on CPUs)")
-    top: int = Field(default=10, gt=0)
+        default=None, ge=0, le=2**60, allow_inf_nan=False,
+        description="framework/workspace reserve per device, bytes (default: by the cluster's device kind, "
+                    "planner.reserve: 2 GiB on GPUs, 320 MiB on CPUs)")
+    top: int = Field(default=10, gt=0, le=MAX_KEPT)
 
     @model_validator(mode="after")
     def _check(self) -> TrainingRequest:
@@ -69,8 +69,8 @@ class TrainingRequest(BaseModel):
             if s not in ALL_SCHEDULES:
                 raise ValueError(f"schedules: unknown schedule {s!r}; known: {', '.join(ALL_SCHEDULES)}")
         for b in self.micro_batches or []:
-            if b < 1:
-                raise ValueError(f"micro_batches: sizes must be >= 1, got {b}")
+            if not 1 <= b <= MAX_GLOBAL_BATCH:
+                raise ValueError(f"micro_batches: sizes must be between 1 and {MAX_GLOBAL_BATCH}, got {b}")
         if self.shard_parameters and self.schedules and all(s in FSDP_INCOMPATIBLE for s in self.schedules):
             raise ValueError(f"schedules: none of {', '.join(self.schedules)} can shard its weights "
                              f"(shard_parameters): they keep two copies or versions of a stage; name another")
@@ -124,17 +124,29 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tensor: int = Field(gt=0)
-    pipeline: int = Field(gt=0)
-    data: int = Field(gt=0)
-    micro_batch: int = Field(gt=0)
-    schedule: str
+    # bounded (planner.limits): a configuration read from a file or a request holds no size past any cluster's
+    tensor: int = Field(gt=0, le=MAX_GPUS)
+    pipeline: int = Field(gt=0, le=MAX_STAGES)
+    data: int = Field(gt=0, le=MAX_GPUS)
+    micro_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH)
+    schedule: str = Field(max_length=64)
     recompute: bool = False
-    chunks: int | None = None
-    waves: int | None = None
-    pipelines: int | None = None
-    concat: str | None = None
-    replication: str | None = None
+    chunks: int | None = Field(default=None, ge=1, le=MAX_STAGES)
+    waves: int | None = Field(default=None, ge=1, le=MAX_STAGES)
+    pipelines: int | None = Field(default=None, ge=1, le=MAX_STAGES)
+    concat: str | None = Field(default=None, max_length=64)
+    replication: str | None = Field(default=None, max_length=8 * MAX_STAGES)
+
+    @model_validator(mode="after")
+    def _stages(self) -> Config:
+        """At most ``MAX_STAGES`` pipeline stages (D x chunks, or x 2 waves): :func:`planner.schedules.check_size`'s
+        rule, worded with the fields."""
+        try:
+            check_size(self.pipeline, 1, self.chunks, self.waves)
+        except ValueError as e:
+            raise ValueError(str(e).replace("--devices", "pipeline").replace("--chunks", "chunks")
+                             .replace("--waves", "waves")) from None
+        return self
 
     def schedule_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

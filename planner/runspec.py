@@ -15,10 +15,11 @@ Two rules planner and executor must agree on are written here and nowhere else:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_STAGES
 from planner.request import Config
 from planner.schedules import BACKWARD_HALVING, build
 from planner.schedules.ir import Schedule, builder_eager, lower
@@ -40,6 +41,10 @@ def schedule_samples(config: Config) -> float:
     return config.micro_batch / 2 if halves_backward(config) else config.micro_batch
 
 
+#: a layer boundary of a partition: 0..MAX_LAYERS
+LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+
+
 class RunSpec(BaseModel):
     """One configuration to run: ``config`` (t, D, W, b, schedule and its parameters, recomputation),
     ``microbatches`` N per pipeline group (``global_batch = W N b``) and ``partition``, the ``[start, end)``
@@ -48,9 +53,17 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     config: Config
-    microbatches: int = Field(gt=0, description="micro-batches per pipeline group (N)")
-    partition: list[tuple[int, int]] = Field(default_factory=list,
-                                             description="[start, end) layers of every schedule stage")
+    microbatches: int = Field(gt=0, le=MAX_GLOBAL_BATCH, description="micro-batches per pipeline group (N)")
+    partition: list[tuple[LayerIndex, LayerIndex]] = Field(default_factory=list, max_length=MAX_STAGES,
+                                                           description="[start, end) layers of every schedule stage")
+
+    @model_validator(mode="after")
+    def _global_batch(self) -> RunSpec:
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ValueError(f"data {self.config.data} x microbatches {self.microbatches} x micro_batch "
+                             f"{self.config.micro_batch}: {self.global_batch} samples per iteration, at most "
+                             f"{MAX_GLOBAL_BATCH}")
+        return self
 
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> RunSpec:
@@ -59,7 +72,8 @@ class RunSpec(BaseModel):
         if "run_spec" in doc:
             return cls.model_validate(doc["run_spec"])
         config = Config.model_validate({k: doc[k] for k in Config.model_fields if doc.get(k) is not None})
-        return cls(config=config, microbatches=doc["microbatches"], partition=doc.get("partition") or [])
+        return cls.model_validate({"config": config, "partition": doc.get("partition") or [],
+                                   **({"microbatches": doc["microbatches"]} if "microbatches" in doc else {})})
 
     @property
     def global_batch(self) -> int:

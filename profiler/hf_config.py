@@ -41,6 +41,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from planner import jsondoc
+from planner.limits import SHAPE_LIMITS
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above
@@ -61,9 +63,9 @@ GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_
 #: (a bare {"model_type": "llama"} is Llama 2 7B). Llama-family configs also: intermediate_size, vocab_size
 REQUIRED = ("layers", "hidden", "heads")
 
-#: sanity bounds (far above every published model) so a bad upload cannot ask for a billion layers
-LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "ffn_hidden": 1 << 22,
-          "vocab": 1 << 24, "seq": 1 << 24}
+#: sanity bounds (far above every published model) so a bad upload cannot ask for a billion layers: the shape
+#: limits every model spec holds to (planner.limits)
+LIMITS = SHAPE_LIMITS
 
 
 class HFConfigError(ValueError):
@@ -92,7 +94,12 @@ def _rope_field(cfg: Any, name: str, default: float) -> float:
     if value is None:
         params = getattr(cfg, "rope_parameters", None) or {}
         value = params.get(name) if isinstance(params, dict) else None
-    return float(value) if value is not None else default
+    if value is None:
+        return default
+    number = jsondoc.number(value)
+    if number is None or number <= 0:
+        raise HFConfigError(name, f"a number above 0, got {value!r:.40}")
+    return number
 
 
 def _rope_theta(cfg: Any) -> float:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
-from planner.request import MAX_GLOBAL_BATCH
+from planner.limits import MAX_GLOBAL_BATCH
 
 runner = CliRunner()
 EX = Path(__file__).resolve().parent.parent / "examples" / "clusters"

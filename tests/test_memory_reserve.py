@@ -74,10 +74,10 @@ def test_cli_table_shows_model_plus_reserve(tmp_path: Path) -> None:
     assert r.exit_code == 0 and " + 0.50" in r.output and " + 0.31" not in r.output, r.output
     assert "memory reserve: 0.50 GiB per device (--memory-reserve)" in r.output, r.output
     # a reserve that is no size is named by the option the user typed, in its unit (not the request's field)
-    for bad in ("-1", "nan", "inf"):
+    for bad in ("-1", "nan", "inf", "1e308"):  # (1e308 GiB is no float's number of bytes)
         r = CliRunner().invoke(app, [*args, "--memory-reserve", bad])
         assert r.exit_code == 2, r.output
-        assert "--memory-reserve: GiB per device, a finite number at least 0" in r.output, r.output
+        assert "--memory-reserve: GiB per device, a finite number from 0 to 1073741824" in r.output, r.output
         assert "bytes" not in r.output, r.output
 
 

@@ -11,7 +11,7 @@ device (Megatron-LM's virtual pipeline size, our interleaved ``chunks``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.model import PRESETS, ModelSpec
@@ -48,7 +48,7 @@ class ExportInput:
     (:func:`runtime_line`) and, where the framework has the option, set;
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
-    batch script, name them); ``options``: format-specific settings (``--option key=value``)."""
+    batch script, name them)."""
 
     spec: RunSpec
     model: ModelSpec | None = None
@@ -68,7 +68,6 @@ class ExportInput:
     predicted: float | None = None
     plan_path: str | None = None
     candidate: int = 0
-    options: dict[str, str] = field(default_factory=dict)
 
     @property
     def config(self) -> Config:

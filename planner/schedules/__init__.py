@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from planner.limits import MAX_LAYERS, MAX_SCHEDULE_UNITS, MAX_STAGES
 from planner.schedules import (
     chimera,
     gems,
@@ -132,6 +133,27 @@ def inflight(name: str, devices: int, microbatches: int, **params: Any) -> dict[
     return fn(devices, microbatches, **params)
 
 
+def check_size(devices: int, microbatches: int, chunks: int | None = None, waves: int | None = None,
+               units: int = MAX_SCHEDULE_UNITS) -> None:
+    """Raise ValueError, naming the options, when a schedule of ``devices`` x ``microbatches`` would be too large
+    to build (:mod:`planner.limits`): its pipeline of more than ``MAX_STAGES`` stages (``devices`` x ``chunks``,
+    or x 2 ``waves``), or more than ``units`` stages x micro-batches. Arithmetic only, so sizes past any float
+    are refused too. The command line checks what it is asked to build with it before building."""
+    def n(v: int) -> str:  # an integer as typed, or its order of magnitude when it is long
+        return str(v) if abs(v) < 10**15 else f"about 10**{len(str(abs(v))) - 1}"
+
+    per_device = chunks or (2 * waves if waves else 1)
+    stages = devices * per_device
+    if stages > MAX_STAGES:
+        how = (f" x --chunks {n(chunks)}" if chunks else f" x 2 x --waves {n(waves)}") if per_device > 1 else ""
+        raise ValueError(f"--devices {n(devices)}{how}: {n(stages)} pipeline stages; at most {MAX_STAGES} (each "
+                         f"stage holds at least one layer of a model of at most {MAX_LAYERS})")
+    if stages * microbatches > units:
+        raise ValueError(f"--microbatches {n(microbatches)} on {n(stages)} pipeline stages: "
+                         f"{n(stages * microbatches)} stage passes, at most {units} (2**{units.bit_length() - 1}) "
+                         "to build here")
+
+
 def held_at_peak(name: str, devices: int, microbatches: int, **params: Any) -> dict[tuple[int, int], int] | None:
     """For a schedule that splits the backward (:func:`splits_backward`): per (replica, stage), the I's whose
     output gradients are held (until their W) at the point where the stage's alive activations peak -- a point
@@ -157,6 +179,6 @@ def splits_backward(name: str) -> bool:
 
 
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "Action", "BACKWARD_HALVING", "BUILDERS", "PROFILE_DRIVEN",
-           "SCHEDULE_PARAMETERS",
-           "SYNC_SCHEDULES", "Schedule", "ScheduleParameter", "build", "held_at_peak", "inflight", "inflight_exact",
-           "lower", "parameters", "parse_action", "shape", "splits_backward"]
+           "SCHEDULE_PARAMETERS", "SYNC_SCHEDULES", "Schedule", "ScheduleParameter", "build", "check_size",
+           "held_at_peak", "inflight", "inflight_exact", "lower", "parameters", "parse_action", "shape",
+           "splits_backward"]
