@@ -42,7 +42,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner import jsondoc
-from planner.limits import SHAPE_LIMITS
+from planner.limits import MAX_LAYERS, SHAPE_LIMITS
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above
@@ -216,7 +216,9 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
             if value > LIMITS[ours]:
-                raise HFConfigError(theirs, f"{value} is beyond any published model (at most {LIMITS[ours]})")
+                why = (f" transformer layers: a profile holds at most {MAX_LAYERS} layers, the blocks, the embedding "
+                       "and the head" if ours == "layers" else "")
+                raise HFConfigError(theirs, f"{value} is beyond any published model (at most {LIMITS[ours]}{why})")
     AutoConfig = auto_config()
 
     fields = {k: v for k, v in data.items() if k != "model_type"}

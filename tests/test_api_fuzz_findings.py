@@ -155,7 +155,8 @@ def test_an_hf_config_of_more_layers_than_a_profile_holds_is_refused(client) -> 
     config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
               "num_key_value_heads": 4, "num_hidden_layers": 4096, "vocab_size": 1000}
     r = client.post("/profiles/hf-config", json={"config": config, "seq": 128, "device": "a100-80gb"}, headers=AUTH)
-    assert r.status_code == 422 and "config.num_hidden_layers: at most 1022" in r.text, r.text
+    assert r.status_code == 422 and "config.num_hidden_layers: 4096 is beyond any published model (at most 1022 " \
+        "transformer layers: a profile holds at most 1024 layers" in r.text, r.text
     assert client.get("/profiles", headers=AUTH).json() == []
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import crud
 from api.deps import DB, Admin, Read
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
-from api.schemas import MAX_ID, MAX_LAYERS, Message, ProfileDetail, ProfileOut, ProfileUpload
+from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
 from planner.device import ATTENTION_IMPLS, DeviceSpec
 
@@ -121,12 +121,6 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     try:
         spec = spec_from_hf_dict(body.config, name=name[:200] or "hf-model", seq=body.seq,
                                  source="uploaded Hugging Face config")
-        if spec.layers + 2 > MAX_LAYERS:  # its blocks, the embedding and the head: what a stored profile may hold
-            field = next((f for f in ("num_hidden_layers", "n_layer", "num_layers") if f in body.config),
-                         "num_hidden_layers")
-            raise crud.InputError(f"config.{field}: at most {MAX_LAYERS - 2} transformer layers (a stored profile "
-                                  f"holds at most {MAX_LAYERS} layers: the blocks, the embedding and the head), "
-                                  f"got {spec.layers}")
         if not name:  # a bare config.json: its model_type and size (the CLI names it after its folder)
             spec = spec.model_copy(update={"name": default_name(body.config, spec.total_params())})
         options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity,
@@ -140,8 +134,6 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         raise crud.InputError(f"{'config' if e.field == 'config' else 'config.' + e.field}: {e.message}") from None
     except ValueError as e:
         raise crud.InputError(str(e)) from None
-    if len(profile.layers) > MAX_LAYERS:
-        raise crud.InputError(f"config: the profile would hold {len(profile.layers)} layers, at most {MAX_LAYERS}")
     row, created = crud.stored_once(db, lambda: crud.add_profile(db, profile))
     if not created:
         response.status_code = status.HTTP_200_OK
