@@ -49,7 +49,7 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
              "replication": replication}
     assert set(given) == set(SCHEDULE_PARAMETERS), "an option per declared schedule parameter"
     params = {k: v for k, v in given.items() if v is not None}
-    check_size(devices, microbatches, chunks, waves)
+    check_size(devices, microbatches, chunks, waves, pipelines=pipelines)
     if schedule in BUILDERS:
         allowed = parameters(schedule)
         for k in params:

@@ -30,9 +30,11 @@ column or the host's memory:
   layer of the model, so at most ``MAX_LAYERS``. (A Hanayo template's build grows with the square of its stages:
   4 devices x 1024 waves took 42 s here.)
 * ``MAX_SCHEDULE_UNITS``: a schedule of given stage times that ``simulate`` and ``show`` build, as stages x
-  micro-batches (each a forward and a backward): 2**20 units took 14-36 s and 1.2-1.4 GB to build and simulate
-  here (1F1B at 1024 x 1024, interleaved 8 x 128 chunks x 1024, Hanayo 8 x 32 waves x 2048; ``pipeplan
-  simulate``). A plan's schedules are held to ``MAX_GLOBAL_BATCH`` micro-batches and ``MAX_STAGES`` instead.
+  micro-batches (each a forward and a backward), Chimera's stage replicas (devices x 2 pipelines) counted as
+  stages: 2**18 units took 4-19 s and 0.3-0.9 GB to build and simulate here (``pipeplan simulate``: 1F1B at 512 x
+  512 4.1 s, GEMS 512 x 512 13 s, Chimera 512 x 512 12 s, Hanayo 4 x 128 waves x 512 19 s); 2**20 took over a
+  minute for Chimera and GEMS, and Chimera's 512 x 512 with 256 pipeline pairs held 5.7 GB. A plan's schedules
+  are held to ``MAX_GLOBAL_BATCH`` micro-batches and ``MAX_STAGES`` stages instead.
 """
 
 from __future__ import annotations
@@ -59,4 +61,4 @@ MAX_LINK_SECONDS = 1e3
 SHAPE_LIMITS = {"layers": MAX_LAYERS - 2, "hidden": 2**20, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**20,
                 "ffn_hidden": 2**22, "vocab": 2**24, "seq": 2**24}
 MAX_STAGES = MAX_LAYERS
-MAX_SCHEDULE_UNITS = 2**20
+MAX_SCHEDULE_UNITS = 2**18

@@ -126,6 +126,12 @@ def test_schedules_too_large_to_build_are_refused_before_building() -> None:
     _refused(["simulate", "-s", "hanayo", "-D", "4", "-N", "8", "--waves", "1000"], "--waves 1000",
              "8000 pipeline stages")
     _refused(["export", "-s", "interleaved", "-D", "4", "-N", "8", "--chunks", "1000000000"], "--chunks 1000000000")
+    # Chimera's and GEMS's lists cost more per unit: 1024 x 1024 ran past a minute, with 512 pipeline pairs
+    # growing past 0.6 GB; show printed 4 MB (second pass)
+    _refused(["simulate", "-s", "gems", "-D", "1024", "-N", "1024"], f"at most {MAX_SCHEDULE_UNITS}")
+    _refused(["simulate", "-s", "chimera", "-D", "1024", "-N", "1024", "--pipelines", "512"],
+             "x 2 x --pipelines 512", "Chimera's stage replicas")
+    _refused(["show", "-s", "1f1b", "-D", "1024", "-N", "1024"], f"at most {MAX_SCHEDULE_UNITS}")
     # the largest allowed still builds
     r = runner.invoke(app, ["simulate", "-s", "hanayo", "-D", "4", "-N", "4", "--waves", str(MAX_STAGES // 8)])
     assert r.exit_code == 0, r.output
