@@ -260,7 +260,12 @@ def export(
     # `--out tt/` is a directory even when the export is one file (Path() would drop the slash and write a file
     # named tt); a one-file export to a plain path is that file
     target = Path(out)
-    if len(files) == 1 and not (out.endswith(("/", os.sep)) or target.is_dir()):
+    try:
+        as_folder = out.endswith(("/", os.sep)) or target.is_dir()
+    except OSError as exc:  # a name too long for the file system
+        fail(f"--out {out[:80]}{'...' if len(out) > 80 else ''}: {exc.strerror or exc}")
+        return
+    if len(files) == 1 and not as_folder:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(files[0][1])

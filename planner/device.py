@@ -544,12 +544,16 @@ def _device_from_text(text: str, path: Path, bases: tuple[DeviceSpec, ...] | Non
     if '"like"' not in text:
         return DeviceSpec.model_validate_json(text)
     raw = json.loads(text)
-    like = raw.pop("like", None)
-    if like is None:
+    like = raw.pop("like", None) if isinstance(raw, dict) else None
+    if like is None:  # (or not an object: pydantic says so)
         return DeviceSpec.model_validate_json(text)
+    if not isinstance(like, str):
+        raise ValueError(f"{path}: like: the name of a shipped device, got {json.dumps(like)[:40]}")
     base = _shipped_base(like, path, bases)
     inherited = json.loads(base.model_dump_json())
     own_sources = raw.get("sources", {})
+    if not isinstance(own_sources, dict):
+        raise ValueError(f"{path}: sources: an object of field -> where its figure comes from")
     sources = {k: f"as the {base.name} (\"like\"): {v}" for k, v in inherited["sources"].items()
                if k not in own_sources}
     merged = {**inherited, "aliases": [], **raw, "sources": {**sources, **own_sources}}

@@ -12,11 +12,14 @@ def out_problem(path: str | Path | None, option: str = "--out") -> str | None:
     if path is None:
         return None
     p = Path(path)
-    if p.is_dir():
-        return f"{option} {p}: is a folder; give a file name"
-    parent = p.parent
-    if not parent.exists():
-        return f"{option} {p}: the folder {parent} does not exist"
-    if not parent.is_dir():
-        return f"{option} {p}: {parent} is not a folder"
+    try:
+        if p.is_dir():
+            return f"{option} {p}: is a folder; give a file name"
+        parent = p.parent
+        if not parent.exists():
+            return f"{option} {p}: the folder {parent} does not exist"
+        if not parent.is_dir():
+            return f"{option} {p}: {parent} is not a folder"
+    except OSError as e:  # a name too long for the file system, a loop of links
+        return f"{option} {str(p)[:80]}{'...' if len(str(p)) > 80 else ''}: {e.strerror or e}"
     return None

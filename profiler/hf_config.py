@@ -257,8 +257,12 @@ def read_hf_json(path: str | Path) -> dict[str, Any]:
         return json.loads(p.read_text())
     except OSError as e:
         raise HFConfigError("path", f"cannot read {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise HFConfigError("config", f"{p} is not a text file (UTF-8)") from None
     except json.JSONDecodeError as e:
         raise HFConfigError("config", f"{p} is not JSON: {e}") from None
+    except RecursionError:
+        raise HFConfigError("config", f"{p} is nested too deep to be a config.json") from None
 
 
 def read_hf_config(path: str | Path, seq: int | None = None, name: str | None = None) -> ModelSpec:

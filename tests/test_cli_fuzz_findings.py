@@ -214,3 +214,21 @@ def test_device_and_model_descriptions(files: dict[str, Path]) -> None:
     hf = d / "config.json"
     hf.write_text(json.dumps(cfg))  # a ValueError traceback from float("x")
     _refused(["profile-analytic", "--hf-config", hf, "--out", d / "o.json"], "rope_theta: a number above 0")
+
+
+def test_second_pass_files_and_names(files: dict[str, Path]) -> None:
+    """Found by a second pass over the fixes above: tracebacks from a name too long for the file system, a config
+    that is not UTF-8 or nested past Python's recursion limit, a device description whose ``like`` is no name."""
+    d = files["dir"]
+    _refused(["export", "-s", "1f1b", "-D", "2", "-N", "2", "--out", "a" * 300], "--out", "File name too long")
+    _refused(["calibrate", "--cluster", CPU4, "--runs", files["plan"], "--out", "b" * 300], "File name too long")
+    hf = d / "binary.json"
+    hf.write_bytes(b"\xff\xfe\x00garbage")
+    _refused(["profile-analytic", "--hf-config", hf, "--out", d / "o.json"], "not a text file (UTF-8)")
+    hf = d / "deep.json"
+    hf.write_text("[" * 100_000 + "]" * 100_000)
+    _refused(["profile-analytic", "--hf-config", hf, "--out", d / "o.json"], "nested too deep")
+    dev = d / "like-int.json"
+    dev.write_text(json.dumps({"name": "X", "like": 5}))
+    _refused(["profile-analytic", "--preset", "gpt-tiny", "--device", dev, "--out", d / "o.json"],
+             "like: the name of a shipped device, got 5")
