@@ -103,7 +103,10 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     new = cluster.model_copy(update={"calibration": res.calibration})
     label = f"{new.name}, {calibrated_from(res.calibration.jobs)}"
     if out:
-        save_cluster(new, out)
+        try:
+            save_cluster(new, out)
+        except OSError as err:  # a full disk, a device that takes no file
+            fail(f"--out {out}: cannot write it ({err.strerror or err})")
         typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), written to {out}")
         typer.echo(f"plans made from now on with --cluster {out} use it; {cluster_path} is unchanged")
     else:

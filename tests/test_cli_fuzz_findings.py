@@ -222,6 +222,12 @@ def test_second_pass_files_and_names(files: dict[str, Path]) -> None:
     d = files["dir"]
     _refused(["export", "-s", "1f1b", "-D", "2", "-N", "2", "--out", "a" * 300], "--out", "File name too long")
     _refused(["calibrate", "--cluster", CPU4, "--runs", files["plan"], "--out", "b" * 300], "File name too long")
+    cand = {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 1, "schedule": "1f1b", "global_batch": 8}
+    runs = d / "runs-full.json"
+    runs.write_text(json.dumps([{"profile": str(files["profile"]), "candidate": cand, "measured": 1.0}]))
+    if Path("/dev/full").exists():  # a write that fails after the fit (ENOSPC)
+        _refused(["calibrate", "--cluster", CPU4, "--runs", runs, "--out", "/dev/full"],
+                 "--out /dev/full: cannot write")
     hf = d / "binary.json"
     hf.write_bytes(b"\xff\xfe\x00garbage")
     _refused(["profile-analytic", "--hf-config", hf, "--out", d / "o.json"], "not a text file (UTF-8)")
