@@ -145,6 +145,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     from planner.cluster import load_cluster
     from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note, export_same_run
     from planner.export.switch import refusal, request_of
+    from planner.jsondoc import number
     from planner.model import get_model
     from planner.profile import load_profile
     from planner.runspec import RunSpec
@@ -163,7 +164,8 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     from_doc = ExportInput.document_fields(doc) if prof is None else {}
     base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
-                                    predicted=doc.get("iteration_time"), plan_path=str(plan), candidate=candidate,
+                                    predicted=number(doc.get("iteration_time")), plan_path=str(plan),
+                                    candidate=candidate,
                                     shard_optimizer=bool(doc.get("shard_optimizer")),
                                     shard_parameters=bool(doc.get("shard_parameters")),
                                     **from_doc)

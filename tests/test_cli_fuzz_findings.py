@@ -173,6 +173,12 @@ def test_hand_edited_plans_and_export_options(files: dict[str, Path]) -> None:
         doc["candidates"][0]["run_spec"]["microbatches"] = 10**9  # built a billion micro-batches' lists
     p = _edited(plan, d / "plan-n.json", microbatches)
     _refused(["export", "--plan", p, "--format", "json"], "microbatches", str(MAX_GLOBAL_BATCH))
+    for bad in ({}, [1], "fast"):  # a predicted time that is no number was a TypeError in the header's format
+        def predicted(doc: dict[str, Any], bad: object = bad) -> None:
+            doc["candidates"][0]["iteration_time"] = bad
+        p = _edited(plan, d / "plan-t.json", predicted)
+        r = runner.invoke(app, ["export", "--plan", str(p), "--format", "megatron"])
+        assert r.exit_code == 0 and "# pipeplan export" in r.output and "predicted" not in r.output, r.output
     _refused(["export", "--plan", plan, "--format", "slurm", "--gpus-per-node", "-4"],
              "--gpus-per-node: devices per node, 1 to")
     # --option was accepted and dropped by the framework formats: only slurm's script takes options
