@@ -108,7 +108,9 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         except OSError as err:  # a full disk, a device that takes no file
             fail(f"--out {out}: cannot write it ({err.strerror or err})")
         typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), written to {out}")
-        typer.echo(f"plans made from now on with --cluster {out} use it; {cluster_path} is unchanged")
+        same = Path(out).resolve() == Path(cluster_path).resolve()  # written over the cluster it calibrated
+        typer.echo(f"plans made from now on with --cluster {out} use it; "
+                   + (f"it replaced the uncalibrated {cluster_path}" if same else f"{cluster_path} is unchanged"))
     else:
         typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), not written: "
                    f"give --out FILE to keep it and plan with --cluster FILE ({cluster_path} is unchanged)")

@@ -244,3 +244,17 @@ def test_second_pass_files_and_names(files: dict[str, Path]) -> None:
     dev.write_text(json.dumps({"name": "X", "like": 5}))
     _refused(["profile-analytic", "--preset", "gpt-tiny", "--device", dev, "--out", d / "o.json"],
              "like: the name of a shipped device, got 5")
+
+
+def test_calibrate_out_over_its_own_cluster_says_so(files: dict[str, Path]) -> None:
+    """--out naming the --cluster file wrote over it and then said the file was unchanged (second pass)."""
+    d = files["dir"]
+    cl = d / "own.json"
+    cl.write_text(CPU4.read_text())
+    cand = {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 1, "schedule": "1f1b", "global_batch": 8}
+    runs = d / "runs-own.json"
+    runs.write_text(json.dumps([{"profile": str(files["profile"]), "candidate": cand, "measured": 1.0}]))
+    r = runner.invoke(app, ["calibrate", "--cluster", str(cl), "--runs", str(runs), "--out", str(cl)])
+    assert r.exit_code == 0, r.output
+    assert f"it replaced the uncalibrated {cl}" in r.output and "is unchanged" not in r.output, r.output
+    assert json.loads(cl.read_text())["calibration"]["jobs"] == 1
