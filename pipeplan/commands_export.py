@@ -45,6 +45,7 @@ from pipeplan.options import (
     validation_summary,
 )
 from planner.limits import MAX_GPUS_PER_NODE
+from planner.outpath import shown
 from planner.schedules import BUILDERS
 from planner.schedules.ir import Schedule
 from planner.schedules.torch_csv import export_torch_csv
@@ -265,7 +266,7 @@ def export(
     try:
         as_folder = out.endswith(("/", os.sep)) or target.is_dir()
     except OSError as exc:  # a name too long for the file system
-        fail(f"--out {out[:80]}{'...' if len(out) > 80 else ''}: {exc.strerror or exc}")
+        fail(f"--out {shown(out)}: {exc.strerror or exc}")
         return
     if len(files) == 1 and not as_folder:
         try:

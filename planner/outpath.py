@@ -7,6 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def shown(path: str | Path, most: int = 80) -> str:
+    """``path`` as a message shows it: its first ``most`` characters, and "..." when it is longer."""
+    text = str(path)
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def out_problem(path: str | Path | None, option: str = "--out") -> str | None:
     """Why ``path`` cannot be written (its folder is missing or is a file, or it is a folder), or None."""
     if path is None:
@@ -21,5 +27,5 @@ def out_problem(path: str | Path | None, option: str = "--out") -> str | None:
         if not parent.is_dir():
             return f"{option} {p}: {parent} is not a folder"
     except OSError as e:  # a name too long for the file system, a loop of links
-        return f"{option} {str(p)[:80]}{'...' if len(str(p)) > 80 else ''}: {e.strerror or e}"
+        return f"{option} {shown(p)}: {e.strerror or e}"
     return None

@@ -141,11 +141,8 @@ class Config(BaseModel):
     def _stages(self) -> Config:
         """At most ``MAX_STAGES`` pipeline stages (D x chunks, or x 2 waves): :func:`planner.schedules.check_size`'s
         rule, worded with the fields."""
-        try:
-            check_size(self.pipeline, 1, self.chunks, self.waves)
-        except ValueError as e:
-            raise ValueError(str(e).replace("--devices", "pipeline").replace("--chunks", "chunks")
-                             .replace("--waves", "waves")) from None
+        check_size(self.pipeline, 1, self.chunks, self.waves,
+                   names={"devices": "pipeline", "chunks": "chunks", "waves": "waves"})
         return self
 
     def schedule_params(self) -> dict[str, Any]:

@@ -63,10 +63,6 @@ GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_
 #: (a bare {"model_type": "llama"} is Llama 2 7B). Llama-family configs also: intermediate_size, vocab_size
 REQUIRED = ("layers", "hidden", "heads")
 
-#: sanity bounds (far above every published model) so a bad upload cannot ask for a billion layers: the shape
-#: limits every model spec holds to (planner.limits)
-LIMITS = SHAPE_LIMITS
-
 
 class HFConfigError(ValueError):
     """A config.json we cannot turn into a ModelSpec; ``field`` names the offending field of the file."""
@@ -212,13 +208,14 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
                                         f"its {model_type} default, another model than yours)")
     for ours, theirs in names.items():
         value = data.get(theirs)
-        if ours in LIMITS and value is not None:
+        if ours in SHAPE_LIMITS and value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
-            if value > LIMITS[ours]:
+            if value > SHAPE_LIMITS[ours]:
                 why = (f" transformer layers: a profile holds at most {MAX_LAYERS} layers, the blocks, the embedding "
                        "and the head" if ours == "layers" else "")
-                raise HFConfigError(theirs, f"{value} is beyond any published model (at most {LIMITS[ours]}{why})")
+                raise HFConfigError(theirs, f"{value} is beyond any published model "
+                                            f"(at most {SHAPE_LIMITS[ours]}{why})")
     AutoConfig = auto_config()
 
     fields = {k: v for k, v in data.items() if k != "model_type"}

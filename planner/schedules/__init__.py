@@ -133,27 +133,38 @@ def inflight(name: str, devices: int, microbatches: int, **params: Any) -> dict[
     return fn(devices, microbatches, **params)
 
 
+#: how :func:`check_size` names its arguments by default: the command line's options
+OPTION_NAMES = {"devices": "--devices", "microbatches": "--microbatches", "chunks": "--chunks", "waves": "--waves",
+                "pipelines": "--pipelines"}
+
+
 def check_size(devices: int, microbatches: int, chunks: int | None = None, waves: int | None = None,
-               units: int = MAX_SCHEDULE_UNITS, pipelines: int | None = None) -> None:
+               units: int = MAX_SCHEDULE_UNITS, pipelines: int | None = None,
+               names: dict[str, str] | None = None) -> None:
     """Raise ValueError, naming the options, when a schedule of ``devices`` x ``microbatches`` would be too large
     to build (:mod:`planner.limits`): its pipeline of more than ``MAX_STAGES`` stages (``devices`` x ``chunks``,
     or x 2 ``waves``; with ``pipelines``, Chimera's stage replicas, ``devices`` x 2 ``pipelines``), or more than
     ``units`` stages x micro-batches. Arithmetic only, so sizes past any float are refused too. The command line
     checks what it is asked to build with it before building; a configuration (:class:`planner.request.Config`)
-    holds its stages to it."""
+    holds its stages to it. ``names``: what the message calls the arguments (default :data:`OPTION_NAMES`)."""
+    name = {**OPTION_NAMES, **(names or {})}
+
     def n(v: int) -> str:  # an integer as typed, or its order of magnitude when it is long
         return str(v) if abs(v) < 10**15 else f"about 10**{len(str(abs(v))) - 1}"
 
-    per_device = chunks or (2 * waves if waves else (2 * pipelines if pipelines else 1))
+    replicas = not (chunks or waves) and bool(pipelines)  # Chimera's stage replicas
+    per_device = chunks or (2 * waves if waves else (2 * pipelines if replicas else 1))
     stages = devices * per_device
     if stages > MAX_STAGES:
-        how = "" if per_device == 1 else (f" x --chunks {n(chunks)}" if chunks else f" x 2 x --waves {n(waves)}"
-                                          if waves else f" x 2 x --pipelines {n(pipelines)}")
-        why = ("Chimera's stage replicas, whose lists grow with them" if per_device == 2 * (pipelines or 0)
-               and not (chunks or waves) else f"each stage holds at least one layer of a model of at most {MAX_LAYERS}")
-        raise ValueError(f"--devices {n(devices)}{how}: {n(stages)} pipeline stages; at most {MAX_STAGES} ({why})")
+        how = "" if per_device == 1 else (f" x {name['chunks']} {n(chunks)}" if chunks else
+                                          f" x 2 x {name['waves']} {n(waves)}" if waves else
+                                          f" x 2 x {name['pipelines']} {n(pipelines)}")
+        why = ("Chimera's stage replicas, whose lists grow with them" if replicas
+               else f"each stage holds at least one layer of a model of at most {MAX_LAYERS}")
+        raise ValueError(f"{name['devices']} {n(devices)}{how}: {n(stages)} pipeline stages; at most {MAX_STAGES} "
+                         f"({why})")
     if stages * microbatches > units:
-        raise ValueError(f"--microbatches {n(microbatches)} on {n(stages)} pipeline stages: "
+        raise ValueError(f"{name['microbatches']} {n(microbatches)} on {n(stages)} pipeline stages: "
                          f"{n(stages * microbatches)} stage passes, at most {units} (2**{units.bit_length() - 1}) "
                          "to build here")
 
