@@ -32,11 +32,12 @@ from api.crud import Conflict, InputError, get_cluster
 from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
 from planner.calibrate import Observation, fit, predicted, warnings_of, with_calibration
 from planner.cluster import Cluster
+from planner.limits import MAX_CALIBRATION_RUNS
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 
 #: the newest finished jobs a fit or an error report reads (each costs a few simulations in the API process)
-MAX_JOBS = 100
+MAX_JOBS = MAX_CALIBRATION_RUNS
 CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
                  "pipelines", "concat")
 

@@ -22,6 +22,7 @@ from planner.cluster import Cluster
 from planner.limits import (
     MAX_GLOBAL_BATCH,
     MAX_GPUS_PER_NODE,
+    MAX_ITERATIONS,
     MAX_LAYERS,
     MAX_PLAN_GPUS,
     MAX_TOP,
@@ -230,7 +231,7 @@ class JobCreate(BaseModel):
     model: Name | None = Field(default=None, description="model the executor builds: a preset of planner.model "
                                                          "(e.g. gpt-tiny); a real-compute job needs it, an emulated "
                                                          "one builds none (its messages are sized by the profile)")
-    iterations: int = Field(default=10, ge=1, le=1_000_000)
+    iterations: int = Field(default=10, ge=1, le=MAX_ITERATIONS)
     emulate: bool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
     max_attempts: int | None = Field(default=None, ge=1, le=100, description="claims before giving up")
     gpus_per_node: int | None = Field(default=None, ge=1, le=4096,

@@ -31,7 +31,7 @@ from executor.models import get_config
 from executor.models.config import ModelConfig
 from executor.models.source import ModuleSource, ZooSource
 from planner.request import Config
-from planner.runspec import RunSpec
+from planner.runspec import RunSpec, partition_error
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
 from planner.schedules.ir import Schedule
 
@@ -226,17 +226,9 @@ def even_layer_split(layers: int, stages: int) -> list[tuple[int, int]]:
 
 
 def check_partition(bounds: list[tuple[int, int]], stages: int, layers: int) -> None:
-    if len(bounds) != stages:
-        raise PlanError(f"partition has {len(bounds)} ranges but the schedule has {stages} stages")
-    pos = 0
-    for s, (a, b) in enumerate(bounds):
-        if a != pos or b <= a:
-            raise PlanError(f"partition does not cover the model: stage {s} is [{a}, {b}), expected to start "
-                            f"at {pos} and be non-empty")
-        pos = b
-    if pos != layers:
-        raise PlanError(f"partition does not cover the model: it ends at layer {pos}, the model has {layers} "
-                        f"layers")
+    """:func:`planner.runspec.partition_error` as a :class:`PlanError`."""
+    if (why := partition_error(bounds, stages, layers)) is not None:
+        raise PlanError(why)
 
 
 def _candidate_of(path: str | Path, candidate: int) -> dict[str, Any]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.limits import MAX_ITERATIONS, MAX_NODES
+
 #: Slurm job states that end a job (squeue(1), "JOB STATE CODES"); COMPLETED is the only success
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                           "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
@@ -194,24 +196,28 @@ def export_script(plan_path: str | Path, candidate: int, *, gpus_per_node: int,
         raise SlurmError(f"option gpus: yes or no, got {opts['gpus']!r}")
     request_gpus = gpus in _YES
 
-    def integer(key: str) -> int | None:
+    def integer(key: str, most: int, what: str) -> int | None:
         if key not in opts:
             return None
-        if not opts[key].isdigit() or int(opts[key]) < 1:
-            raise SlurmError(f"option {key}: a positive integer, got {opts[key]!r}")
-        return int(opts[key])
+        text = opts[key]
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text[:12]) <= most:
+            raise SlurmError(f"option {key}: an integer from 1 to {most} ({what}), got {text[:40]!r}")
+        return int(text)
 
-    integer("iterations")
+    integer("iterations", MAX_ITERATIONS, "what a job may run: the API's JobCreate.iterations")
+    backend = opts.get("backend", "nccl" if request_gpus else "gloo")
+    if backend not in ("nccl", "gloo"):
+        raise SlurmError(f"option backend: nccl or gloo (pipeplan run --backend), got {backend[:40]!r}")
     cmd = [*shlex.split(opts.get("run-command", "pipeplan run")), "--plan", str(path), "--candidate", str(candidate),
            "--iterations", opts.get("iterations", "10"), "--backend",
-           opts.get("backend", "nccl" if request_gpus else "gloo"), "--out", opts.get("out", "result.json")]
+           backend, "--out", opts.get("out", "result.json")]
     if "model" in opts:
         cmd += ["--model", opts["model"]]
     if "emulate" in opts:
         cmd += ["--emulate", str(Path(opts["emulate"]).resolve())]
     sopts = SlurmOptions(partition=opts.get("partition"), account=opts.get("account"), gpus_per_node=gpus_per_node,
-                         request_gpus=request_gpus, nodes_max=integer("nodes-max"), time_limit=opts.get("time"),
-                         rdzv_port=integer("rdzv-port"))
+                         request_gpus=request_gpus, nodes_max=integer("nodes-max", MAX_NODES, "a cluster's nodes"),
+                         time_limit=opts.get("time"), rdzv_port=integer("rdzv-port", 65535, "a TCP port"))
     name = re.sub(r"[^\w.-]", "_", f"pipeplan-{path.stem}-{candidate}")[:64]
     return slurm_script(cmd, processes, sopts, job_name=name, description=f"candidate {candidate} of {path}")
 

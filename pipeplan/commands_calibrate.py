@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeplan.options import fail, load_input, read_problem, validation_summary
+from planner.limits import MAX_CALIBRATION_RUNS
 
 CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
                  "pipelines", "concat")
@@ -69,6 +70,9 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         fail(f"--runs {runs_path} is not JSON: {e}")
     if not isinstance(entries, list):
         fail(f"--runs {runs_path}: expected a JSON list of {{profile, candidate, measured}}")
+    if len(entries) > MAX_CALIBRATION_RUNS:
+        fail(f"--runs {runs_path}: {len(entries)} runs, at most {MAX_CALIBRATION_RUNS} (the API fits a cluster's "
+             f"newest {MAX_CALIBRATION_RUNS} jobs; give the newest)")
     profiles: dict[str, Any] = {}
     obs = []
     for i, e in enumerate(entries):

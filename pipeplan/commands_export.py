@@ -146,7 +146,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     from planner.cluster import load_cluster
     from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note, export_same_run
     from planner.export.switch import refusal, request_of
-    from planner.jsondoc import number
+    from planner.jsondoc import flag, number
     from planner.model import get_model
     from planner.profile import load_profile
     from planner.runspec import RunSpec
@@ -163,13 +163,20 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
                          f"of {plan} partitions {planned}: give the profile the plan was made with")
     # without the profile, what the candidate document says of it (the checkpointing and kernels its times assume)
     from_doc = ExportInput.document_fields(doc) if prof is None else {}
+    where = f"--plan {plan}: candidate {candidate}"
+    try:
+        shard_optimizer, shard_parameters = flag(doc, "shard_optimizer"), flag(doc, "shard_parameters")
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=number(doc.get("iteration_time")), plan_path=str(plan),
-                                    candidate=candidate,
-                                    shard_optimizer=bool(doc.get("shard_optimizer")),
-                                    shard_parameters=bool(doc.get("shard_parameters")),
-                                    **from_doc)
+                                    candidate=candidate, shard_optimizer=shard_optimizer,
+                                    shard_parameters=shard_parameters, **from_doc)
+    try:  # what a hand-edited candidate may get wrong: its schedule, partition and t against the model
+        spec.check(len(prof.layers) if prof is not None else None, base.model.heads if base.model else None)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
     try:

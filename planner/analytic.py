@@ -45,7 +45,7 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 from __future__ import annotations
 
 from planner.device import DeviceSpec, canonical_dtype, find_device, generic_device, get_device
-from planner.model import ModelSpec
+from planner.model import ModelSpec, tensor_split_error
 from planner.operators import (
     DTYPE_BYTES,
     OperatorOptions,
@@ -164,12 +164,13 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
         # is Hopper's); a device without any figures (CPU, V100, P100) times the kernel on its GEMM curve
         raise ValueError(f"attention_impl: {dev.name} has no figures for {opts.attention_impl} (it does not run "
                          f"there); it has {', '.join(sorted(have))}")
-    sizes = tuple(tensor_sizes) if tensor_sizes else tuple(t for t in TENSOR_SIZES if spec.heads % t == 0)
+    sizes = (tuple(tensor_sizes) if tensor_sizes else
+             tuple(t for t in TENSOR_SIZES if tensor_split_error(spec.heads, t) is None))
     if 1 not in sizes:
         sizes = (1, *sizes)
     for t in sizes:
-        if spec.heads % t:
-            raise ValueError(f"tensor_sizes: t = {t} must divide the {spec.heads} attention heads")
+        if (why := tensor_split_error(spec.heads, t)) is not None:
+            raise ValueError(f"tensor_sizes: {why}")
     el = DTYPE_BYTES[dtype.lower()]
     s, h, V = spec.seq, spec.hidden, spec.vocab
     # a power-limited device: the same operators at the burst rate tell each shard's matrix share (planner.power)

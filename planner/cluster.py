@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.limits import (
     MAX_BANDWIDTH,
@@ -25,6 +25,13 @@ from planner.limits import (
 
 #: a time in seconds: finite, at least 0, at most MAX_SECONDS
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+#: a calibration's compute_scale and link_scale stay within [1 / SCALE_BOUND, SCALE_BOUND] (planner.calibrate's
+#: docstring says why); a stored or hand-written cluster is held to the same range (the fit's bound, rounding aside)
+SCALE_BOUND = 4.0
+Scale = Annotated[float, Field(ge=(1 - 1e-9) / SCALE_BOUND, le=SCALE_BOUND * (1 + 1e-9), allow_inf_nan=False)]
+#: a host's measured slowdown and cache inflation: a process slowed more than this by sharing cores is no
+#: measurement of a host the executor runs on (measured 1-2.5 here, profiler.local_cluster)
+MAX_HOST_FACTOR = 1000.0
 
 
 class Link(BaseModel):
@@ -105,17 +112,25 @@ class HostCpu(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cores: int = Field(ge=1, le=MAX_COUNT, description="CPU cores of the host (os.cpu_count())")
-    effective_cores: float = Field(gt=0, allow_inf_nan=False,
-                                   description="cores' worth of compute the node's processes get at once")
+    effective_cores: float = Field(gt=0, le=MAX_COUNT, allow_inf_nan=False,
+                                   description="cores' worth of compute the node's processes get at once (at "
+                                               "most cores)")
     processes: int = Field(default=0, ge=0, le=MAX_COUNT,
                            description="processes the effective cores were measured with")
-    slowdown: float = Field(default=1.0, gt=0, allow_inf_nan=False,
+    slowdown: float = Field(default=1.0, gt=0, le=MAX_HOST_FACTOR, allow_inf_nan=False,
                             description="measured: wall time per CPU second of a loop, `processes` at once")
-    cpu_inflation: float = Field(default=1.0, ge=1, allow_inf_nan=False,
+    cpu_inflation: float = Field(default=1.0, ge=1, le=MAX_HOST_FACTOR, allow_inf_nan=False,
                                  description="measured: CPU time of that loop, `processes` at once, over its CPU "
                                              "time alone (processes taking turns on a core refill its caches)")
     comm_overlaps_compute: bool = False
     source: str = ""
+
+    @model_validator(mode="after")
+    def _at_most_cores(self) -> HostCpu:
+        if self.effective_cores > self.cores:
+            raise ValueError(f"effective_cores: {self.effective_cores:g} is more than the host's {self.cores} cores "
+                             "(the processes share them: at most cores)")
+        return self
 
 
 class Calibration(BaseModel):
@@ -126,8 +141,8 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    compute_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    link_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    compute_scale: Scale = 1.0
+    link_scale: Scale = 1.0
     action_overhead: Seconds = Field(default=0.0, description="seconds per action")
     jobs: int = Field(default=0, ge=0, le=2**31 - 1, description="finished jobs it was fitted to (a 32-bit count: "
                                                                  "the database stores it as one)")

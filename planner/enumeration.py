@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from planner.cluster import Cluster
+from planner.model import tensor_split_error
 from planner.request import Config, TrainingRequest
 from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
 from planner.units import devices
@@ -71,9 +72,10 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
 
 
 def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
-                      rejected: Counter[str]) -> list[Config]:
-    """Every configuration for ``request`` on ``cluster`` of a model of ``layers`` layers, in a fixed
-    order; what is skipped is counted in ``rejected`` by reason."""
+                      rejected: Counter[str], heads: int | None = None) -> list[Config]:
+    """Every configuration for ``request`` on ``cluster`` of a model of ``layers`` layers (and ``heads``
+    attention heads, where known: ``t`` must divide them, :func:`planner.model.tensor_split_error`), in a
+    fixed order; what is skipped is counted in ``rejected`` by reason."""
     req, cl = request, cluster
     P = req.gpus or cl.gpus
     if P > cl.gpus:
@@ -86,6 +88,9 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
     out: list[Config] = []
     for t in divisors(P):
         if t > max_t or (t <= cl.gpus_per_node and cl.gpus_per_node % t):
+            continue
+        if heads is not None and tensor_split_error(heads, t) is not None:
+            rejected[f"t does not divide the model's {heads} attention heads"] += 1
             continue
         for D in divisors(P // t):
             W = P // (t * D)

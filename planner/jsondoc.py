@@ -30,3 +30,13 @@ def number(value: Any) -> float | None:
     except OverflowError:
         return None
     return x if math.isfinite(x) else None
+
+
+def flag(doc: dict[str, Any], key: str) -> bool:
+    """A true/false field of a document (a candidate's ``shard_optimizer``): absent or null is false, a JSON
+    boolean is itself, anything else a ValueError naming the field (a hand-edited ``"false"`` is a non-empty
+    string, which Python's ``bool`` reads as true)."""
+    value = doc.get(key)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise ValueError(f"{key}: true or false, got {str(value)[:40]!r}")

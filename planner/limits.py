@@ -26,6 +26,9 @@ column or the host's memory:
   and the head), hidden size 2**20 (GPT-3 175B: 12288, the 1T model: 25600), 2**14 heads, MLP width 2**22, a
   vocabulary of 2**24 tokens (the largest published hold 256k), a sequence of 2**24 tokens (Llama 4 Scout's
   context: 10M).
+* ``MAX_ITERATIONS``: iterations one job or run measures (a job's ``iterations``, a Slurm export's).
+* ``MAX_CALIBRATION_RUNS``: finished runs one calibration fit reads (the API's newest jobs of a cluster,
+  ``pipeplan calibrate --runs``): each costs a few simulations per round of the fit; 1000 runs took 48 s here.
 * ``MAX_STAGES``: stages of one pipeline (devices x model chunks, or x 2 waves): each stage holds at least one
   layer of the model, so at most ``MAX_LAYERS``. (A Hanayo template's build grows with the square of its stages:
   4 devices x 1024 waves took 42 s here.)
@@ -39,9 +42,10 @@ column or the host's memory:
 
 from __future__ import annotations
 
-__all__ = ["MAX_BANDWIDTH", "MAX_COUNT", "MAX_FLOPS", "MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_GPUS_PER_NODE", "MAX_KEPT",
-           "MAX_LAYERS", "MAX_LINK_SECONDS", "MAX_MEMORY_BYTES", "MAX_NODES", "MAX_PLAN_GPUS", "MAX_SCHEDULE_UNITS",
-           "MAX_SECONDS", "MAX_SIZE", "MAX_SIZES", "MAX_STAGES", "MAX_TOP", "SHAPE_LIMITS"]
+__all__ = ["MAX_BANDWIDTH", "MAX_CALIBRATION_RUNS", "MAX_COUNT", "MAX_FLOPS", "MAX_GLOBAL_BATCH", "MAX_GPUS",
+           "MAX_GPUS_PER_NODE", "MAX_ITERATIONS", "MAX_KEPT", "MAX_LAYERS", "MAX_LINK_SECONDS", "MAX_MEMORY_BYTES",
+           "MAX_NODES", "MAX_PLAN_GPUS", "MAX_SCHEDULE_UNITS", "MAX_SECONDS", "MAX_SIZE", "MAX_SIZES", "MAX_STAGES",
+           "MAX_TOP", "SHAPE_LIMITS"]
 
 MAX_LAYERS = 1024
 MAX_SIZES = 64
@@ -61,4 +65,6 @@ MAX_LINK_SECONDS = 1e3
 SHAPE_LIMITS = {"layers": MAX_LAYERS - 2, "hidden": 2**20, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**20,
                 "ffn_hidden": 2**22, "vocab": 2**24, "seq": 2**24}
 MAX_STAGES = MAX_LAYERS
+MAX_ITERATIONS = 1_000_000
+MAX_CALIBRATION_RUNS = 100
 MAX_SCHEDULE_UNITS = 2**18

@@ -30,6 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.limits import SHAPE_LIMITS
 
 
+def tensor_split_error(heads: int, t: int) -> str | None:
+    """Why ``t`` tensor-parallel ranks cannot split a layer of ``heads`` attention heads, or None when they
+    can: Megatron-LM splits attention by heads, each rank holding ``heads / t`` whole heads
+    (``megatron/core/transformer/attention.py``: ``divide(num_attention_heads, world_size)`` asserts the
+    division; Shoeybi et al. 2019, section 3, Figure 3b), and torchtitan's column-wise split of the Q, K, V
+    projections needs the same."""
+    if heads % t:
+        return (f"tensor: t = {t} does not divide the model's {heads} attention heads (Megatron-LM gives each "
+                "tensor-parallel rank whole heads)")
+    return None
+
+
 class ModelSpec(BaseModel):
     """Shape of a transformer language model (decoder, GPT/Llama-style, or encoder, BERT-style)."""
 

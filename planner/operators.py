@@ -98,7 +98,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.device import DeviceSpec
-from planner.model import ModelSpec
+from planner.model import ModelSpec, tensor_split_error
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
@@ -352,8 +352,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     o = options or OperatorOptions()
     el = DTYPE_BYTES.get(o.dtype.lower(), 2)
     s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
-    if spec.heads % t:
-        raise ValueError(f"tensor: t = {t} must divide the {spec.heads} attention heads")
+    if (why := tensor_split_error(spec.heads, t)) is not None:
+        raise ValueError(why)
     T = b * s
     a_t = spec.heads // t
     k_t = _shard(spec.k, t)

@@ -360,6 +360,18 @@ class ModelProfile(BaseModel):
             sizes = have if sizes is None else sizes & have
         return sorted(sizes or ())
 
+    @property
+    def attention_heads(self) -> int | None:
+        """The model's attention heads, where the profile says (its ``shape``, else the ``model_spec`` of its
+        environment): what bounds its tensor-parallel sizes (:func:`planner.model.tensor_split_error`)."""
+        if self.shape is not None:
+            return self.shape.heads
+        try:
+            heads = json.loads(self.environment.get("model_spec", "{}")).get("heads")
+        except (ValueError, AttributeError):
+            return None
+        return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else None
+
     def content_hash(self) -> str:
         """sha256 hex digest of :meth:`canonical_json`."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()

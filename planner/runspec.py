@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_STAGES
+from planner.model import tensor_split_error
 from planner.request import Config
 from planner.schedules import BACKWARD_HALVING, build
 from planner.schedules.ir import Schedule, builder_eager, lower
@@ -43,6 +44,25 @@ def schedule_samples(config: Config) -> float:
 
 #: a layer boundary of a partition: 0..MAX_LAYERS
 LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+
+
+def partition_error(bounds: list[tuple[int, int]], stages: int, layers: int | None) -> str | None:
+    """Why ``bounds`` is no partition of a model of ``layers`` layers (None: not known) into ``stages``
+    schedule stages, or None when it is one: one ``[start, end)`` range per stage, in stage order, each
+    non-empty and starting where the one before ends, the first at 0 and the last at ``layers``. One rule for
+    the executor (:meth:`executor.plan.RunPlan.schedule`) and for what reads a hand-written candidate
+    (:meth:`RunSpec.check`)."""
+    if len(bounds) != stages:
+        return f"partition has {len(bounds)} ranges but the schedule has {stages} stages"
+    pos = 0
+    for s, (a, b) in enumerate(bounds):
+        if a != pos or b <= a:
+            return (f"partition does not cover the model: stage {s} is [{a}, {b}), expected to start at {pos} and "
+                    "be non-empty")
+        pos = b
+    if layers is not None and pos != layers:
+        return f"partition does not cover the model: it ends at layer {pos}, the model has {layers} layers"
+    return None
 
 
 class RunSpec(BaseModel):
@@ -97,6 +117,25 @@ class RunSpec(BaseModel):
         """The compute-only schedule (:func:`planner.schedules.build`); ValueError when it cannot be built."""
         c = self.config
         return build(c.schedule, c.pipeline, self.schedule_microbatches, **c.schedule_params())
+
+    def check(self, layers: int | None = None, heads: int | None = None) -> Schedule:
+        """The compute-only schedule, after checking what a hand-edited document may get wrong and the typed
+        fields cannot see alone: the schedule can be built from the configuration (its parameters fit its D
+        and N), ``partition`` (when given) is one of :func:`partition_error` for its stages and the model's
+        ``layers``, and ``t`` splits the model's ``heads`` (:func:`planner.model.tensor_split_error`); a
+        ValueError names the field."""
+        c = self.config
+        if heads is not None and (why := tensor_split_error(heads, c.tensor)) is not None:
+            raise ValueError(why)
+        try:
+            sched = self.schedule()
+        except ValueError as e:
+            raise ValueError(f"schedule: {c.label()} with N = {self.microbatches}: {e}") from None
+        if self.partition and (why := partition_error(list(self.partition), sched.stages, layers)) is not None:
+            raise ValueError(why)
+        if layers is not None and not self.partition and sched.stages > layers:
+            raise ValueError(f"schedule: {sched.stages} stages but the model has only {layers} layers")
+        return sched
 
     def lowered(self, schedule: Schedule | None = None) -> Schedule:
         """The lowered schedule (communication, all-reduces, step) that the simulator times and every rank

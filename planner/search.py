@@ -51,6 +51,7 @@ from planner.explain import breakdown, closed_forms
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings
+from planner.model import tensor_split_error
 from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
@@ -77,6 +78,7 @@ class Planner:
         # the reserve's default depends on the cluster's device kind (planner.reserve); resolved once here
         request, self.reserve_source = resolve_reserve(request, cluster)
         self.profile, self.cluster, self.request = profile, cluster, request
+        self.heads = profile.attention_heads  # what t must divide (planner.model.tensor_split_error)
         self.shapes = ScheduleCache()
         self.memory = MemoryModel(profile, cluster, request, self.shapes)
         self.bounds = TimeBounds(self.shapes)
@@ -98,7 +100,7 @@ class Planner:
     def configs(self, rejected: Counter[str]) -> list[Config]:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
         on demand in the search: :meth:`planner.replicated.ReplicatedPlans.keys`)."""
-        return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected)
+        return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected, self.heads)
 
     def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
         bounds = self.partition(stages, samples, recompute)
@@ -143,6 +145,9 @@ class Planner:
                          memory_reserve_source=self.reserve_source, global_batch=req.global_batch,
                          state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.sharded_state,
                          shard_parameters=req.shard_parameters)
+        if self.heads is not None and (why := tensor_split_error(self.heads, config.tensor)) is not None:
+            cand.reason = why
+            return cand, None
         if req.shard_parameters and config.schedule in FSDP_INCOMPATIBLE:
             cand.reason = (f"schedule: {config.schedule} keeps two copies or versions of a stage in a pipeline group; "
                            "its weights cannot be sharded over the data-parallel replicas (shard_parameters)")

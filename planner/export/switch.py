@@ -8,6 +8,7 @@ import math
 
 from planner.cluster import Cluster
 from planner.export.common import UnsupportedSchedule
+from planner.jsondoc import flag
 from planner.profile import ModelProfile
 from planner.request import ADAM_OPTIMIZER_BYTES, Config, TrainingRequest
 
@@ -24,8 +25,8 @@ def request_of(doc: dict, global_batch: int) -> TrainingRequest:
     its cost depends on it: the sharded optimizer (or all the state sharded) and the model state per parameter it held
     (``state_bytes_per_param`` at its W, the inverse of :meth:`TrainingRequest.state_bytes_per_param`: Adam's
     12 optimizer bytes of them split over W when sharded), and the memory reserve it was checked with."""
-    shard = bool(doc.get("shard_optimizer"))
-    whole = bool(doc.get("shard_parameters"))  # all the state sharded (planner.fsdp)
+    shard = flag(doc, "shard_optimizer")
+    whole = flag(doc, "shard_parameters")  # all the state sharded (planner.fsdp)
     W = int(doc.get("data") or 1)
     state = doc.get("state_bytes_per_param")
     kw: dict = {"global_batch": global_batch, "shard_optimizer": shard, "shard_parameters": whole}

@@ -1,0 +1,156 @@
+"""What the second fuzzing pass of the command line (session 27) found accepted but wrong: a plan or an export
+that no framework runs (t past the attention heads, a hand-edited candidate whose partition has gaps, a
+schedule parameter its schedule does not take, ``"false"`` read as true), option values a launcher would choke
+on later, and files with factors past any measurement. Each is now refused with the field and its rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+from planner.cluster import Calibration, HostCpu
+from planner.limits import MAX_CALIBRATION_RUNS
+from planner.model import tensor_split_error
+from planner.request import Config
+from planner.runspec import RunSpec, partition_error
+
+pytestmark = pytest.mark.timeout(120)
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+DGX = ROOT / "examples" / "clusters" / "dgx-a100-80gb.json"
+CPU4 = ROOT / "examples" / "clusters" / "local-cpu-4.json"
+#: a run the gpt-tiny profile (embedding, 4 blocks, head: 6 layers) supports: 1F1B over 2 stages
+GOOD = {"config": {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 1, "schedule": "1f1b", "recompute": False},
+        "microbatches": 8, "partition": [[0, 3], [3, 6]]}
+
+
+def _run(args: list[str]) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _refused(args: list[str], *needles: str) -> str:
+    r = _run(args)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("error: "), r.output
+    for n in needles:
+        assert n in r.output, (n, r.output)
+    return r.output
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("wrong")
+    prof = d / "tiny.json"
+    r = _run(["profile-analytic", "--preset", "gpt-tiny", "--out", prof])
+    assert r.exit_code == 0, r.output
+    plan = d / "plan.json"
+    r = _run(["plan", "--profile", prof, "--cluster", CPU4, "--global-batch", "8", "--json", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    doc["candidates"][0]["run_spec"] = GOOD
+    plan.write_text(json.dumps(doc))
+    return {"dir": d, "profile": prof, "plan": plan}
+
+
+def _candidate(files: dict[str, Path], name: str, **edits: Any) -> Path:
+    """The plan with its candidate's run_spec (``run_spec=``), configuration fields (``config=``) or document
+    fields (the rest) replaced."""
+    doc = json.loads(files["plan"].read_text())
+    cand = doc["candidates"][0]
+    spec = json.loads(json.dumps(GOOD))
+    spec.update(edits.pop("run_spec", {}))
+    spec["config"].update(edits.pop("config", {}))
+    cand["run_spec"] = spec
+    cand.update(edits)
+    out = files["dir"] / f"{name}.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_the_rule_of_heads_and_t() -> None:
+    assert tensor_split_error(32, 8) is None
+    assert "does not divide the model's 4 attention heads" in (tensor_split_error(4, 8) or "")
+
+
+def test_plan_leaves_out_t_past_the_heads_and_predict_refuses_it(files: dict[str, Path]) -> None:
+    """gpt-tiny has 4 heads: on 8 GPUs of a node the search planned (and ranked) t = 8, timed as t = 1's
+    layer divided by 8; Megatron-LM refuses it."""
+    r = _run(["plan", "--profile", files["profile"], "--cluster", DGX, "--global-batch", "16", "--gpus", "8",
+              "--json", "--top", "1000"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert {c["tensor"] for c in doc["candidates"]} == {1, 2, 4}
+    assert doc["rejected"]["t does not divide the model's 4 attention heads"] == 1
+    _refused(["predict", "--profile", files["profile"], "--cluster", DGX, "--global-batch", "16", "--tensor", "8",
+              "--pipeline", "1", "--data", "1", "--micro-batch", "2", "--schedule", "1f1b"],
+             "t = 8 does not divide the model's 4 attention heads")
+
+
+def test_export_checks_a_hand_edited_candidate(files: dict[str, Path]) -> None:
+    prof = ["--profile", files["profile"]]
+    r = _run(["export", "--plan", files["plan"], "--format", "megatron", *prof])
+    assert r.exit_code == 0, r.output  # the unedited candidate exports
+    cases = [
+        ("gap", {"run_spec": {"partition": [[0, 2], [3, 6]]}}, "stage 1 is [3, 6), expected to start at 2"),
+        ("reversed", {"run_spec": {"partition": [[3, 6], [0, 3]]}}, "stage 0 is [3, 6), expected to start at 0"),
+        ("empty", {"run_spec": {"partition": [[0, 0], [0, 6]]}}, "stage 0 is [0, 0)"),
+        ("stages", {"run_spec": {"partition": [[0, 6]]}}, "partition has 1 ranges but the schedule has 2 stages"),
+        ("chunks", {"config": {"chunks": 2}}, "does not take 'chunks'"),
+        ("heads", {"config": {"tensor": 8}}, "t = 8 does not divide the model's 4 attention heads"),
+        ("flag", {"shard_optimizer": "false"}, "shard_optimizer: true or false, got 'false'"),
+    ]
+    for name, edits, needle in cases:
+        path = _candidate(files, name, **edits)
+        _refused(["export", "--plan", path, "--format", "megatron", *prof], f"--plan {path}: candidate 0", needle)
+    short = _candidate(files, "short", run_spec={"partition": [[0, 3], [3, 5]]})
+    _refused(["export", "--plan", short, "--format", "torchtitan", *prof], "has 6 layers, but candidate 0", "partitions 5")
+    # without the profile the layer count is not known; the partition's shape still is
+    _refused(["export", "--plan", _candidate(files, "gap2", run_spec={"partition": [[0, 2], [3, 6]]}),
+              "--format", "deepspeed"], "expected to start at 2")
+
+
+def test_runspec_check_and_partition_error() -> None:
+    spec = RunSpec.model_validate(GOOD)
+    assert spec.check(6, 4).stages == 2
+    assert partition_error([(0, 3), (3, 6)], 2, 6) is None
+    assert partition_error([(0, 3), (3, 6)], 2, None) is None
+    assert "ends at layer 6, the model has 7" in (partition_error([(0, 3), (3, 6)], 2, 7) or "")
+    with pytest.raises(ValueError, match="stages but the model has only 1 layers"):
+        RunSpec(config=Config(tensor=1, pipeline=2, data=1, micro_batch=1, schedule="1f1b"), microbatches=4).check(1)
+
+
+def test_slurm_option_values_are_checked(files: dict[str, Path]) -> None:
+    base = ["export", "--plan", files["plan"], "--format", "slurm", "--gpus-per-node", "4"]
+    assert _run(base).exit_code == 0
+    _refused([*base, "--option", "rdzv-port=70000"], "option rdzv-port: an integer from 1 to 65535")
+    _refused([*base, "--option", "iterations=10000000"], "option iterations: an integer from 1 to 1000000")
+    _refused([*base, "--option", "nodes-max=０"], "option nodes-max")  # a full-width digit is no ASCII digit
+    _refused([*base, "--option", "backend=mpi"], "option backend: nccl or gloo")
+
+
+def test_calibrate_takes_at_most_the_runs_the_api_fits(files: dict[str, Path]) -> None:
+    runs = files["dir"] / "runs.json"
+    entry = {"profile": files["profile"].name, "candidate": GOOD["config"] | {"global_batch": 8}, "measured": 1.0}
+    runs.write_text(json.dumps([entry] * (MAX_CALIBRATION_RUNS + 1)))
+    _refused(["calibrate", "--cluster", CPU4, "--runs", runs], f"101 runs, at most {MAX_CALIBRATION_RUNS}")
+
+
+def test_stored_factors_stay_in_their_range() -> None:
+    """A cluster file's calibration factors are held to the fit's [1/4, 4]; a host's effective cores to its
+    cores (a hand-edited 1e300 made every CPU prediction free)."""
+    Calibration(compute_scale=4.0, link_scale=0.25)
+    for field, value in (("compute_scale", 10.0), ("link_scale", 0.01)):
+        with pytest.raises(ValidationError, match=field):
+            Calibration(**{field: value})
+    with pytest.raises(ValidationError, match="effective_cores: 8 is more than the host's 4 cores"):
+        HostCpu(cores=4, effective_cores=8)
+    with pytest.raises(ValidationError, match="slowdown"):
+        HostCpu(cores=4, effective_cores=2, slowdown=1e300)
