@@ -967,8 +967,8 @@ def eager_check(run: Run, args: argparse.Namespace, dev: Any) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
+    from planner.dtypes import DTYPE_BYTES
     from planner.operators import (
-        DTYPE_BYTES,
         OperatorOptions,
         eager_rms_norm,
         eager_swiglu,

@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 from planner.cluster import Cluster, Link, load_cluster
-from planner.cost import DTYPE_BYTES, ConfigCosts
+from planner.cost import ConfigCosts
+from planner.dtypes import DTYPE_BYTES
 from planner.profile import ModelProfile, load_profile
 from planner.request import TrainingRequest
 from planner.schedules.ir import RECV_F, Schedule

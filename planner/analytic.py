@@ -44,10 +44,10 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 
 from __future__ import annotations
 
-from planner.device import DeviceSpec, canonical_dtype, find_device, generic_device, get_device
+from planner.device import DeviceSpec, find_device, generic_device, get_device
+from planner.dtypes import DTYPE_BYTES, canonical_dtype, dtype_error
 from planner.model import ModelSpec, tensor_split_error
 from planner.operators import (
-    DTYPE_BYTES,
     OperatorOptions,
     PassTimes,
     embedding_operators,
@@ -152,8 +152,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     default pipeplan's executor)."""
     runtime = runtime_environment(p2p, dp_allreduce, p2p_scatter_gather)
     dev = device if isinstance(device, DeviceSpec) else get_device(device)
-    if dtype.lower() not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if (why := dtype_error(dtype)) is not None:
+        raise ValueError(why)
     dev.peak(dtype)  # fails early, naming the device and dtype, when the device has no such peak
     # the mask is the model's, not a choice: a decoder's flash kernel is the causal one (it skips the masked
     # blocks, planner.operators), an encoder's is not; the unfused core computes all s x s scores either way

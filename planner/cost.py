@@ -121,6 +121,7 @@ from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
+from planner.dtypes import DTYPE_BYTES
 from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, held_rate
 from planner.profile import (
     LayerProfile,
@@ -158,8 +159,6 @@ MIXED_PRECISION_GRAD_PASS_BYTES = 18.0
 #: (:mod:`profiler.overhead`: ``NEARLY_NOTHING``, vocabulary 8 x hidden 8 in float32)
 OVERHEAD_TIED_BYTES = 8 * 8 * 4.0
 
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8,
-               "float64": 8}
 
 
 def rabenseifner(r: int, nbytes: float, link: Link) -> float:

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.attention_waves import balance
+from planner.dtypes import canonical_dtype
 from planner.limits import MAX_BANDWIDTH, MAX_COUNT, MAX_FLOPS, MAX_MEMORY_BYTES
 from planner.power import PowerLimit
 
@@ -78,17 +79,6 @@ if TYPE_CHECKING:
     from planner.cluster import Cluster
 
 DEVICES_DIR = Path(__file__).parent / "devices"
-
-#: dtype spellings -> the canonical key used in ``peak_flops`` / ``gemm_efficiency``
-DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
-                 "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "tf32", "fp8": "fp8",
-                 "fp64": "fp64", "float64": "fp64"}
-
-
-def canonical_dtype(dtype: str) -> str:
-    """``"bfloat16"`` -> ``"bf16"`` etc.; unknown names are returned lower-cased."""
-    return DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
-
 
 #: a peak rate, FLOP/s: finite, above 0, at most MAX_FLOPS (planner.limits)
 Flops = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]

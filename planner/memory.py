@@ -31,7 +31,8 @@ import numpy as np
 from planner import fsdp
 from planner.candidate import Candidate, gib
 from planner.cluster import Cluster
-from planner.cost import DTYPE_BYTES, ConfigCosts, layer_held_grads, own_layer_params, stage_infos
+from planner.cost import ConfigCosts, layer_held_grads, own_layer_params, stage_infos
+from planner.dtypes import DTYPE_BYTES
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile, checkpointed
 from planner.request import Config, TrainingRequest

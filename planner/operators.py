@@ -98,9 +98,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.device import DeviceSpec
+from planner.dtypes import DTYPE_BYTES
 from planner.model import ModelSpec, tensor_split_error
-
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.dtypes import dtype_error
 from planner.limits import MAX_COUNT, MAX_LAYERS, MAX_SECONDS, MAX_SIZE, MAX_SIZES, SHAPE_LIMITS
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
@@ -334,6 +335,25 @@ class ModelProfile(BaseModel):
         if not layers:
             raise ValueError("layers: a profile needs at least one layer")
         return layers
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        """A dtype the cost and memory models know the element size of (:mod:`planner.dtypes`; an unknown one
+        was costed as 2 bytes)."""
+        if (why := dtype_error(v)) is not None:
+            raise ValueError(why.removeprefix("dtype: "))
+        return v
+
+    @model_validator(mode="after")
+    def _shape_agrees(self) -> ModelProfile:
+        """The ``shape`` describes these layers: its ``layers`` is the number of transformer layers (where the
+        profile names them by ``kind``), which the tensor-parallel costs and an export's layer counts read."""
+        blocks = sum(1 for lay in self.layers if lay.kind == "transformer")
+        if self.shape is not None and blocks and blocks != self.shape.layers:
+            raise ValueError(f"shape.layers: {self.shape.layers}, but the profile has {blocks} layers of kind "
+                             "'transformer' (the shape describes these layers)")
+        return self
 
     @field_validator("schema_version")
     @classmethod

@@ -44,7 +44,8 @@ import platform
 from statistics import median
 from typing import Any
 
-from planner.device import Curve, DeviceSpec, GemmPoint, canonical_dtype, find_device
+from planner.device import Curve, DeviceSpec, GemmPoint, find_device
+from planner.dtypes import canonical_dtype
 from planner.model import ModelSpec
 
 Shape = tuple[int, int, int, int]  # m, n, k, batch

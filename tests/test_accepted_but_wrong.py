@@ -111,7 +111,8 @@ def test_export_checks_a_hand_edited_candidate(files: dict[str, Path]) -> None:
         path = _candidate(files, name, **edits)
         _refused(["export", "--plan", path, "--format", "megatron", *prof], f"--plan {path}: candidate 0", needle)
     short = _candidate(files, "short", run_spec={"partition": [[0, 3], [3, 5]]})
-    _refused(["export", "--plan", short, "--format", "torchtitan", *prof], "has 6 layers, but candidate 0", "partitions 5")
+    _refused(["export", "--plan", short, "--format", "torchtitan", *prof], "has 6 layers, but candidate 0",
+             "partitions 5")
     # without the profile the layer count is not known; the partition's shape still is
     _refused(["export", "--plan", _candidate(files, "gap2", run_spec={"partition": [[0, 2], [3, 6]]}),
               "--format", "deepspeed"], "expected to start at 2")
@@ -154,3 +155,18 @@ def test_stored_factors_stay_in_their_range() -> None:
         HostCpu(cores=4, effective_cores=8)
     with pytest.raises(ValidationError, match="slowdown"):
         HostCpu(cores=4, effective_cores=2, slowdown=1e300)
+
+
+def test_a_profile_names_a_known_dtype_and_its_shape_its_layers(files: dict[str, Path]) -> None:
+    """An unknown dtype was costed as 2 bytes an element; a shape that disagrees with the layers sized the
+    tensor-parallel collectives and an export's layer counts of another model."""
+    from planner.dtypes import DTYPE_BYTES
+    from planner.profile import ModelProfile
+
+    doc = json.loads(files["profile"].read_text())
+    ModelProfile.model_validate(doc)
+    with pytest.raises(ValidationError, match="'int7' is not one of bf16"):
+        ModelProfile.model_validate({**doc, "dtype": "int7"})
+    with pytest.raises(ValidationError, match="shape.layers: 3, but the profile has 4 layers of kind 'transformer'"):
+        ModelProfile.model_validate({**doc, "shape": {**doc["shape"], "layers": 3}})
+    assert DTYPE_BYTES["float"] == DTYPE_BYTES["float32"] == 4 and DTYPE_BYTES["bfloat16"] == 2
