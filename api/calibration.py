@@ -34,12 +34,11 @@ from planner.calibrate import Observation, fit, predicted, warnings_of, with_cal
 from planner.cluster import Cluster
 from planner.limits import MAX_CALIBRATION_RUNS
 from planner.profile import ModelProfile
-from planner.request import Config, TrainingRequest
+from planner.request import TrainingRequest
+from planner.runspec import config_of
 
 #: the newest finished jobs a fit or an error report reads (each costs a few simulations in the API process)
 MAX_JOBS = MAX_CALIBRATION_RUNS
-CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
-                 "pipelines", "concat")
 
 
 def base_of(db: Session, cluster_id: int) -> ClusterRow:
@@ -91,7 +90,7 @@ def observations(db: Session, cluster_id: int, include_emulated: bool = False) -
                 continue
             profiles[plan.profile_id] = ModelProfile.model_validate(prow.body)
         body = cand.body or {}
-        config = Config(**{k: body[k] for k in CONFIG_FIELDS if body.get(k) is not None})
+        config = config_of(body)  # (with PipeDream's replication, where it has one)
         # what the job ran: pipeplan's executor keeps whole weights and optimizer state and all-reduces the
         # gradients whatever the plan shards (planner.mismatch), so its time is predicted unsharded
         request = TrainingRequest.model_validate(plan.request).model_copy(

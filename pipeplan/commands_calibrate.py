@@ -5,8 +5,10 @@ Against the service (the cluster's finished jobs, stored as a new version of the
     pipeplan calibrate --api http://127.0.0.1:8000 --cluster-id 3 --token dev-admin-token
 
 Offline, from runs listed in a JSON file (each entry: ``profile`` path, ``candidate`` as ``pipeplan plan
---json`` prints it -- its configuration fields and ``global_batch`` -- and ``measured`` seconds per
-iteration, e.g. from ``pipeplan run --out result.json``)::
+--json`` prints it -- its ``run_spec`` or its configuration fields, PipeDream's ``replication`` among them, and
+``global_batch`` -- and ``measured`` seconds per iteration, e.g. from ``pipeplan run --out result.json``). Each
+run is predicted as pipeplan's executor runs it, as the service's calibration does: whole weights and optimizer
+state, whatever the candidate shards (:func:`planner.mismatch.unsharded_run_note`)::
 
     pipeplan calibrate --cluster cluster.json --runs runs.json --out calibrated.json
 
@@ -27,9 +29,6 @@ import typer
 
 from pipeplan.options import fail, load_input, read_problem, validation_summary
 from planner.limits import MAX_CALIBRATION_RUNS
-
-CONFIG_FIELDS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", "chunks", "waves",
-                 "pipelines", "concat")
 
 
 def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] | None = None) -> None:
@@ -56,7 +55,8 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     from planner.limits import MAX_SECONDS
     from planner.outpath import out_problem
     from planner.profile import load_profile
-    from planner.request import Config, TrainingRequest
+    from planner.request import TrainingRequest
+    from planner.runspec import config_of
 
     problem = out_problem(out)
     if problem:
@@ -93,7 +93,7 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
             fail(f"{where}.measured: seconds per iteration, a number above 0 and at most {MAX_SECONDS:g}, got "
                  f"{json.dumps(e['measured'])[:40]}")
         try:
-            config = Config(**{k: cand[k] for k in CONFIG_FIELDS if cand.get(k) is not None})
+            config = config_of(cand)  # (with PipeDream's replication, where it has one)
             request = TrainingRequest(global_batch=cand.get("global_batch"))
         except ValidationError as err:
             fail(f"{where}.candidate: {validation_summary(err)}")

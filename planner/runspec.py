@@ -42,6 +42,15 @@ def schedule_samples(config: Config) -> float:
     return config.micro_batch / 2 if halves_backward(config) else config.micro_batch
 
 
+def config_of(doc: dict[str, Any]) -> Config:
+    """The configuration of a candidate document (``Candidate.to_dict()``): its ``run_spec``'s, or -- for a
+    document stored before it existed, or a run listed by hand -- its flat configuration fields (PipeDream's
+    ``replication`` among them)."""
+    if isinstance(doc.get("run_spec"), dict) and "config" in doc["run_spec"]:
+        return Config.model_validate(doc["run_spec"]["config"])
+    return Config.model_validate({k: doc[k] for k in Config.model_fields if doc.get(k) is not None})
+
+
 #: a layer boundary of a partition: 0..MAX_LAYERS
 LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
 
@@ -91,7 +100,7 @@ class RunSpec(BaseModel):
         stored before it existed -- its flat configuration fields, ``microbatches`` and ``partition``."""
         if "run_spec" in doc:
             return cls.model_validate(doc["run_spec"])
-        config = Config.model_validate({k: doc[k] for k in Config.model_fields if doc.get(k) is not None})
+        config = config_of(doc)
         return cls.model_validate({"config": config, "partition": doc.get("partition") or [],
                                    **({"microbatches": doc["microbatches"]} if "microbatches" in doc else {})})
 

@@ -170,3 +170,21 @@ def test_a_profile_names_a_known_dtype_and_its_shape_its_layers(files: dict[str,
     with pytest.raises(ValidationError, match="shape.layers: 3, but the profile has 4 layers of kind 'transformer'"):
         ModelProfile.model_validate({**doc, "shape": {**doc["shape"], "layers": 3}})
     assert DTYPE_BYTES["float"] == DTYPE_BYTES["float32"] == 4 and DTYPE_BYTES["bfloat16"] == 2
+
+
+def test_calibrate_reads_pipedream_replication(files: dict[str, Path]) -> None:
+    """A run of a replicated PipeDream plan was predicted as its plain schedule: the configuration fields the
+    calibration read left out ``replication``."""
+    from planner.runspec import config_of
+
+    runs = files["dir"] / "rr-runs.json"
+    rr = {"tensor": 1, "pipeline": 4, "data": 1, "micro_batch": 1, "schedule": "1f1b-rr", "replication": "2,1,1"}
+    runs.write_text(json.dumps([
+        {"profile": files["profile"].name, "candidate": rr | {"global_batch": 8}, "measured": 0.05},
+        {"profile": files["profile"].name, "candidate": rr | {"schedule": "1f1b", "replication": None,
+                                                              "global_batch": 8}, "measured": 0.04}]))
+    r = _run(["calibrate", "--cluster", CPU4, "--runs", runs])
+    assert r.exit_code == 0, r.output
+    assert "1f1b-rr(replication=2,1,1)" in r.output
+    assert config_of({"run_spec": {"config": rr}}).replication == "2,1,1"
+    assert config_of(rr).replication == "2,1,1"
