@@ -286,7 +286,9 @@ def register(app: typer.Typer) -> None:
             help=f"one of {', '.join(DEVICES)}, a shipped device (planner/devices) or a device .json")] = "a100-80gb",
         dtype: Annotated[str, typer.Option()] = "bf16",
         name: Annotated[str | None, typer.Option()] = None,
-        encoder: Annotated[bool, typer.Option(help="BERT-style encoder")] = False,
+        encoder: Annotated[bool | None, typer.Option("--encoder/--no-encoder", help="BERT-style encoder (a shape "
+                                                    "given by --layers etc.; a preset or config says its own)",
+                                                    show_default=False)] = None,
         attention: Annotated[str, typer.Option(help="unfused (Megatron 2021) or flash")] = "unfused",
         attention_impl: Annotated[str, typer.Option(
             help="the flash kernel's implementation, timed at its published rate on the device: flash2 "
@@ -354,6 +356,8 @@ def register(app: typer.Typer) -> None:
                 fail(f"--{opt} must be a positive integer, got {value}")
         # a preset's or a config's shape is its own: an option beside it would be silently ignored
         ignored = [f"--{k}" for k, v in shape.items() if v is not None and (preset is not None or k != "seq")]
+        if encoder is not None:  # (the architecture is the shape's too)
+            ignored.append("--encoder" if encoder else "--no-encoder")
         if ignored and (preset is not None or hf_config is not None):
             fail(f"{', '.join(ignored)}: not with --{'preset' if preset is not None else 'hf-config'}, whose shape "
                  f"is its own" + ("" if preset is not None else " (--seq may change its sequence)"))

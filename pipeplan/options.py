@@ -49,6 +49,8 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
              "replication": replication}
     assert set(given) == set(SCHEDULE_PARAMETERS), "an option per declared schedule parameter"
     params = {k: v for k, v in given.items() if v is not None}
+    if replication is not None and not replication.strip():  # (the builders read '' as no replication)
+        raise ValueError("--replication: replica counts per stage separated by commas, e.g. 2,1,1; got ''")
     check_size(devices, microbatches, chunks, waves, pipelines=pipelines)
     if schedule in BUILDERS:
         allowed = parameters(schedule)

@@ -232,10 +232,10 @@ class GemmPoint(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    m: int = Field(gt=0)
-    n: int = Field(gt=0)
-    k: int = Field(gt=0)
-    batch: int = Field(default=1, gt=0)
+    m: int = Field(gt=0, le=MAX_COUNT, strict=True)
+    n: int = Field(gt=0, le=MAX_COUNT, strict=True)
+    k: int = Field(gt=0, le=MAX_COUNT, strict=True)
+    batch: int = Field(default=1, gt=0, le=MAX_COUNT, strict=True)
     dtype: str
     seconds: float = Field(gt=0, allow_inf_nan=False)
 
@@ -295,7 +295,7 @@ class DeviceSpec(BaseModel):
     kind: Literal["gpu", "cpu"] = "gpu"
     peak_flops: dict[str, Flops] = Field(description="dtype -> dense matrix peak FLOP/s")
     vector_flops: dict[str, Flops] = Field(default_factory=dict, description="dtype -> element-wise peak")
-    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, strict=True)
     memory_bandwidth: float = Field(gt=0, le=MAX_BANDWIDTH, allow_inf_nan=False, description="bytes/s")
     gemm_efficiency: dict[str, Curve] = Field(description="dtype -> efficiency by GEMM GFLOP")
     gemm_points: list[GemmPoint] = Field(default_factory=list, description="measured GEMMs (profile-device)")
@@ -303,7 +303,7 @@ class DeviceSpec(BaseModel):
         default_factory=dict, description="dtype -> measured maximum achievable matmul FLOP/s (MAMF): no GEMM "
                                           "kernel is timed faster")
     tile: tuple[TileSide, TileSide] | None = Field(default=None, description="(m, n) GEMM tile for quantisation")
-    sm_count: int | None = Field(default=None, gt=0, le=MAX_COUNT,
+    sm_count: int | None = Field(default=None, gt=0, le=MAX_COUNT, strict=True,
                                  description="streaming multiprocessors (wave quantisation)")
     wave_quantisation: bool = Field(
         default=True, description="whether GEMMs lose the empty part of their last wave of tiles (False where "

@@ -37,7 +37,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -46,6 +46,9 @@ from planner.dtypes import dtype_error
 from planner.limits import MAX_COUNT, MAX_LAYERS, MAX_SECONDS, MAX_SIZE, MAX_SIZES, SHAPE_LIMITS
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
+#: a count of bytes or parameters: a JSON integer, 0..MAX_COUNT (strict: ``true`` or ``"49984"`` is no count;
+#: JSON's booleans and strings are not taken as numbers, as a cluster's counts are not)
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 
 #: layer kinds full recomputation does not checkpoint (module docstring): the embedding and the LM head
 NOT_CHECKPOINTED = frozenset({"embedding", "lm_head"})
@@ -107,12 +110,12 @@ class ShardTimes(BaseModel):
     recompute_time: dict[int, float] | None = None
     bwd_input_time: dict[int, float] | None = None
     bwd_weight_time: dict[int, float] | None = None
-    stashed_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    stashed_bytes_per_sample: Count | None = None
     # (absent when unknown, so profiles made before it read and hash as they did)
-    transient_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
+    transient_bytes_per_sample: Count | None = Field(default=None, exclude_if=lambda v: v is None)
     #: bytes per sample of the output gradients a split backward's I keeps for its W (the weight GEMMs'
     #: ``dY``; :attr:`planner.operators.PassTimes.held_grad_bytes`); absent when unknown (counted as 0)
-    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
+    held_grad_bytes_per_sample: Count | None = Field(default=None, exclude_if=lambda v: v is None)
     sequence_parallel: bool = False
     source: Literal["measured", "operators"] = "measured"
     #: (operator-model shards on a device with a power limit) per micro-batch size, the share of the times that
@@ -180,15 +183,15 @@ class LayerProfile(BaseModel):
     recompute_time: dict[int, float] | None = None
     fwd_spread: dict[int, float] | None = None
     bwd_spread: dict[int, float] | None = None
-    output_bytes_per_sample: int = Field(ge=0, le=MAX_COUNT)
-    stashed_bytes_per_sample: int = Field(ge=0, le=MAX_COUNT)
-    transient_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
+    output_bytes_per_sample: Count
+    stashed_bytes_per_sample: Count
+    transient_bytes_per_sample: Count | None = Field(default=None, exclude_if=lambda v: v is None)
     #: as :class:`ShardTimes`' (the t = 1 figure)
-    held_grad_bytes_per_sample: int | None = Field(default=None, ge=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
-    input_bytes_per_sample: int = Field(ge=0, le=MAX_COUNT)
-    params: int = Field(ge=0, le=MAX_COUNT)
-    param_bytes: int = Field(ge=0, le=MAX_COUNT)
-    tied_params: int = Field(default=0, ge=0, le=MAX_COUNT)
+    held_grad_bytes_per_sample: Count | None = Field(default=None, exclude_if=lambda v: v is None)
+    input_bytes_per_sample: Count
+    params: Count
+    param_bytes: Count
+    tied_params: Count = 0
     tensor_times: dict[int, ShardTimes] | None = Field(
         default=None, max_length=MAX_SIZES, description="t -> the 1/t shard's compute times (module docstring)")
 

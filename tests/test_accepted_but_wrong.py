@@ -188,3 +188,38 @@ def test_calibrate_reads_pipedream_replication(files: dict[str, Path]) -> None:
     assert "1f1b-rr(replication=2,1,1)" in r.output
     assert config_of({"run_spec": {"config": rr}}).replication == "2,1,1"
     assert config_of(rr).replication == "2,1,1"
+
+
+def test_options_a_shape_or_a_schedule_would_ignore(files: dict[str, Path]) -> None:
+    """--encoder beside a preset was dropped (the preset's architecture won); a replication with an empty count
+    ('2,,1,1' ran as 2,1,1) or none at all ('' ran unreplicated)."""
+    _refused(["profile-analytic", "--preset", "gpt-tiny", "--encoder", "--out", files["dir"] / "e.json"],
+             "--encoder: not with --preset")
+    r = _run(["profile-analytic", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "100",
+              "--encoder", "--out", files["dir"] / "e.json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((files["dir"] / "e.json").read_text())["environment"]["family"] == "bert"
+    sim = ["simulate", "-s", "1f1b-rr", "-D", "4", "-N", "4", "--replication"]
+    _refused([*sim, "2,,1,1"], "replica counts separated by commas", "'2,,1,1'")
+    _refused([*sim, "2,1,1,"], "'2,1,1,'")
+    _refused([*sim, ""], "--replication: replica counts per stage")
+    assert _run([*sim, "2, 1,1"]).exit_code == 0
+
+
+def test_counts_in_profiles_and_devices_are_json_integers(files: dict[str, Path]) -> None:
+    """``true`` was read as 1 and ``"49984"`` as 49984 (a profile's bytes and parameters, a device's memory
+    and GEMM shapes), where a cluster's counts were already strict."""
+    from planner.device import GemmPoint, get_device
+    from planner.profile import ModelProfile
+
+    doc = json.loads(files["profile"].read_text())
+    for value in (True, "49984", 4.0):
+        bad = json.loads(json.dumps(doc))
+        bad["layers"][1]["params"] = value
+        with pytest.raises(ValidationError, match="params"):
+            ModelProfile.model_validate(bad)
+    dev = get_device("a100-80gb").model_dump(mode="json")
+    with pytest.raises(ValidationError, match="memory_bytes"):
+        type(get_device("a100-80gb")).model_validate({**dev, "memory_bytes": "85899345920"})
+    with pytest.raises(ValidationError, match="m"):
+        GemmPoint(m=True, n=8, k=8, dtype="bf16", seconds=1e-3)

@@ -44,7 +44,10 @@ def parse_replication(replication: str | Sequence[int], devices: int | None = No
     it is malformed or (``devices`` given) does not add up to the devices."""
     if isinstance(replication, str):
         try:
-            reps = tuple(int(x) for x in replication.replace(" ", "").split(",") if x)
+            items = replication.replace(" ", "").split(",")
+            if "" in items:  # '2,,1' or '' or '2,1,': a count left out is no count of 1 or of 0
+                raise ValueError
+            reps = tuple(int(x) for x in items)
         except ValueError:
             raise ValueError(f"replication must be replica counts separated by commas, e.g. '2,1,1', "
                              f"got {replication!r}") from None
