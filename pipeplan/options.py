@@ -114,5 +114,5 @@ def load_input(option: str, path: P, load: Callable[[P], T], what: str | None = 
     except ValidationError as e:
         fail(f"invalid {what} {path}: {validation_summary(e)}")
     except (ValueError, RecursionError) as e:  # the loader's own checks; JSON nested past Python's recursion
-        fail(f"invalid {what} {path}: {e}")
+        fail(f"invalid {what} {path}: {str(e).removeprefix(f'{path}: ')}")  # (a loader naming the file itself)
     raise AssertionError  # unreachable: fail exits

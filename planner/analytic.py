@@ -44,6 +44,8 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from planner.device import DeviceSpec, find_device, generic_device, get_device
 from planner.dtypes import DTYPE_BYTES, canonical_dtype, dtype_error
 from planner.model import ModelSpec, tensor_split_error
@@ -179,19 +181,26 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
         recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
         per_t = {}
-        for t in sizes:
-            held = _times(builder, spec, dev, dtype, t, opts, micro_batches)
-            share = _matrix_share(held, _times(builder, spec, burst, dtype, t, opts, micro_batches),
-                                  dev.sustained_rate) if burst is not None else None
-            per_t[t] = _shard(held, recomputed, share)
-        one = per_t[1]
-        return LayerProfile(
-            name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
-            recompute_time=one.recompute_time, output_bytes_per_sample=out_bytes,
-            stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0),
-            transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
-            held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
-            params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t)
+        try:
+            for t in sizes:
+                held = _times(builder, spec, dev, dtype, t, opts, micro_batches)
+                share = _matrix_share(held, _times(builder, spec, burst, dtype, t, opts, micro_batches),
+                                      dev.sustained_rate) if burst is not None else None
+                per_t[t] = _shard(held, recomputed, share)
+            one = per_t[1]
+            return LayerProfile(
+                name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
+                recompute_time=one.recompute_time, output_bytes_per_sample=out_bytes,
+                stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0),
+                transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
+                held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
+                params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t)
+        except ValidationError as e:  # a figure past planner.limits: said of the shape, not of a profile field
+            err = e.errors()[0]
+            field = str(err["loc"][0]) if err["loc"] else ""
+            raise ValueError(f"the {lname} layer's {LAYER_WORDS.get(field, field)} would be {err['input']!r}, "
+                             f"past what a profile holds ({str(err['msg']).lower()}): this shape (sequence {s}, "
+                             f"hidden {h}, {spec.layers} layers, vocabulary {V}) is too large") from None
 
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)
     block = layer("block0", "transformer", layer_operators, spec.layer_params(), 0, el * s * h, el * s * h)
@@ -225,6 +234,14 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
 
 
 EAGER_NOTE = ", " + EAGER_WORDS
+#: a layer profile's fields in words (the message of a shape too large for a profile)
+LAYER_WORDS = {"stashed_bytes_per_sample": "activations kept per sample (bytes)",
+               "transient_bytes_per_sample": "transient activations per sample (bytes)",
+               "held_grad_bytes_per_sample": "output gradients held per sample (bytes)",
+               "output_bytes_per_sample": "output per sample (bytes)",
+               "input_bytes_per_sample": "input per sample (bytes)",
+               "params": "parameters", "param_bytes": "parameter bytes", "fwd_time": "forward time",
+               "bwd_time": "backward time", "recompute_time": "recomputation time", "tensor_times": "per-t times"}
 
 
 def _selective_note(opts: OperatorOptions) -> str:

@@ -72,7 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.attention_waves import balance
 from planner.dtypes import canonical_dtype
-from planner.limits import MAX_BANDWIDTH, MAX_COUNT, MAX_FLOPS, MAX_MEMORY_BYTES
+from planner.limits import MAX_BANDWIDTH, MAX_COUNT, MAX_FLOPS, MAX_MEMORY_BYTES, MAX_SECONDS
 from planner.power import PowerLimit
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ class GemmPoint(BaseModel):
     k: int = Field(gt=0, le=MAX_COUNT, strict=True)
     batch: int = Field(default=1, gt=0, le=MAX_COUNT, strict=True)
     dtype: str
-    seconds: float = Field(gt=0, allow_inf_nan=False)
+    seconds: float = Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)
 
     @property
     def flops(self) -> float:
@@ -313,7 +313,8 @@ class DeviceSpec(BaseModel):
     attention_efficiency: dict[str, AttentionEfficiency] = Field(
         default_factory=dict, description="fused attention implementation -> its measured efficiency")
     memory_efficiency: Curve = Field(description="efficiency of memory-bound kernels by MB moved")
-    kernel_overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="per kernel")
+    kernel_overhead_s: float = Field(default=0.0, ge=0, le=1.0, allow_inf_nan=False,
+                                     description="per kernel (at most 1 s: a launch takes microseconds)")
     sustained_rate: float = Field(
         default=1.0, gt=0, le=1, allow_inf_nan=False,
         description="matrix-engine rate held at the power limit under a training run's continuous load, as a "

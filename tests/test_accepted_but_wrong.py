@@ -223,3 +223,22 @@ def test_counts_in_profiles_and_devices_are_json_integers(files: dict[str, Path]
         type(get_device("a100-80gb")).model_validate({**dev, "memory_bytes": "85899345920"})
     with pytest.raises(ValidationError, match="m"):
         GemmPoint(m=True, n=8, k=8, dtype="bf16", seconds=1e-3)
+
+
+def test_messages_name_what_the_user_gave(files: dict[str, Path]) -> None:
+    """A shape too large for a profile was reported as a profile field (``stashed_bytes_per_sample: Input should
+    be ...``); a device file's own check repeated its path; a device's launch overhead of 1e300 s surfaced as a
+    layer's forward time."""
+    out = _refused(["profile-analytic", "--layers", "2", "--hidden", "65536", "--heads", "512", "--seq", "16000000",
+                    "--vocab", "100", "--out", files["dir"] / "x.json"],
+                   "the block0 layer's activations kept per sample (bytes) would be",
+                   "this shape (sequence 16000000, hidden 65536, 2 layers, vocabulary 100) is too large")
+    assert "stashed_bytes_per_sample" not in out
+    dev = files["dir"] / "dev.json"
+    dev.write_text(json.dumps({"name": "x", "like": "a100-80gb", "sources": []}))
+    out = _refused(["profile-analytic", "--preset", "gpt-tiny", "--device", dev, "--out", files["dir"] / "x.json"],
+                   "sources: an object of field")
+    assert out.count(str(dev)) == 1, out
+    dev.write_text(json.dumps({"name": "x", "like": "a100-80gb", "kernel_overhead_s": 1e300}))
+    _refused(["profile-analytic", "--preset", "gpt-tiny", "--device", dev, "--out", files["dir"] / "x.json"],
+             "kernel_overhead_s")
