@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.cluster import node_layout
 from planner.limits import MAX_ITERATIONS, MAX_NODES
 
 #: Slurm job states that end a job (squeue(1), "JOB STATE CODES"); COMPLETED is the only success
@@ -91,12 +92,10 @@ def nodes_needed(processes: int, gpus_per_node: int) -> int:
 
 
 def layout(processes: int, options: SlurmOptions) -> tuple[int, int]:
-    """(nodes, processes per node) for P processes: the fewest nodes, at least ceil(P / G), over which P
-    divides evenly (``pipeplan run`` starts the same number on every node: 6 on 4-GPU nodes is 2 x 3, 5 is
-    5 x 1); a :class:`SlurmError` naming ``nodes_max`` when that is more."""
-    nodes = nodes_needed(processes, options.gpus_per_node)
-    while processes % nodes:
-        nodes += 1
+    """(nodes, processes per node) for P processes (:func:`planner.cluster.node_layout`); a
+    :class:`SlurmError` naming ``nodes_max`` when that is more."""
+    nodes_needed(processes, options.gpus_per_node)  # (its errors, in Slurm's words)
+    nodes, _ = node_layout(processes, options.gpus_per_node)
     if options.nodes_max is not None and nodes > options.nodes_max:
         raise SlurmError(f"the plan needs {processes} processes = {nodes} node(s) of at most "
                          f"{options.gpus_per_node} devices, more than nodes_max = {options.nodes_max}")

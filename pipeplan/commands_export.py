@@ -233,9 +233,25 @@ def export(
     if gpus_per_node is not None and not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
         fail(f"--gpus-per-node: devices per node, 1 to {MAX_GPUS_PER_NODE}, got {gpus_per_node}")
     try:
+        # an option of the other way to export would be ignored: refused by name
+        schedule_opts = {"--schedule": schedule, "--devices": devices, "--microbatches": microbatches,
+                         "--chunks": chunks, "--waves": waves, "--pipelines": pipelines, "--concat": concat,
+                         "--replication": replication}
+        plan_opts = {"--candidate": candidate or None, "--profile": profile, "--cluster": cluster,
+                     "--gpus-per-node": gpus_per_node, "--model": model, "--option": option or None,
+                     "--closest": closest or None}
         if plan is not None:
             if schedule is not None:
                 raise ValueError("give --plan or --schedule, not both")
+            given = [k for k, v in schedule_opts.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: not with --plan, whose candidate has its own schedule")
+            if fmt in SCHEDULE_FORMATS:
+                given = [k for k in ("--profile", "--cluster", "--gpus-per-node", "--model", "--option",
+                                     "--closest") if plan_opts[k] is not None]
+                if given:
+                    raise ValueError(f"{', '.join(given)}: not with --format {fmt}, which writes the candidate's "
+                                     "schedule only")
             if fmt in SCHEDULE_FORMATS:
                 from planner.runspec import RunSpec
 
@@ -249,6 +265,10 @@ def export(
         else:
             if fmt not in SCHEDULE_FORMATS:
                 raise ValueError(f"--format {fmt} exports a --plan candidate: give --plan plan.json --candidate I")
+            given = [k for k, v in plan_opts.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with --plan (a schedule built from --schedule has no "
+                                 "candidate, model or cluster)")
             missing = [n for n, v in (("--schedule", schedule), ("--devices", devices),
                                       ("--microbatches", microbatches)) if v is None]
             if missing:

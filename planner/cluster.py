@@ -158,6 +158,19 @@ class Calibration(BaseModel):
     notes: str = ""
 
 
+def node_layout(processes: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, processes per node) for ``processes`` on nodes of ``gpus_per_node`` devices: the fewest nodes, at
+    least ``ceil(P / G)``, over which P divides evenly (a launcher -- torchrun, ``pipeplan run`` under Slurm --
+    starts the same number on every node: 6 on 4-GPU nodes is 2 x 3, 5 is 5 x 1). One rule for the Slurm
+    script and the exported launch lines."""
+    if gpus_per_node < 1 or processes < 1:
+        raise ValueError(f"node layout: needs processes and gpus_per_node >= 1, got {processes} and {gpus_per_node}")
+    nodes = -(-processes // gpus_per_node)
+    while processes % nodes:
+        nodes += 1
+    return nodes, processes // nodes
+
+
 def calibrated_from(jobs: int) -> str:
     """How a cluster's label names its calibration (api/cluster_versions.py, ``pipeplan calibrate``):
     "calibrated from 3 jobs", or "calibrated" when the number of jobs is not known (0)."""

@@ -242,3 +242,22 @@ def test_messages_name_what_the_user_gave(files: dict[str, Path]) -> None:
     dev.write_text(json.dumps({"name": "x", "like": "a100-80gb", "kernel_overhead_s": 1e300}))
     _refused(["profile-analytic", "--preset", "gpt-tiny", "--device", dev, "--out", files["dir"] / "x.json"],
              "kernel_overhead_s")
+
+
+def test_export_refuses_options_of_the_other_way_and_lays_out_uneven_nodes(files: dict[str, Path]) -> None:
+    """``export --plan`` ignored -s/-N and the rest; a schedule export ignored --profile/--cluster; Megatron's
+    launch line put 4 processes on one node of 3 GPUs."""
+    from planner.cluster import node_layout
+
+    _refused(["export", "--plan", files["plan"], "--format", "megatron", "-N", "8"],
+             "--microbatches: not with --plan")
+    _refused(["export", "-s", "1f1b", "-D", "2", "-N", "4", "--profile", files["profile"]],
+             "--profile: only with --plan")
+    _refused(["export", "--plan", files["plan"], "--format", "json", "--cluster", CPU4],
+             "--cluster: not with --format json")
+    four = _candidate(files, "four", run_spec={"config": GOOD["config"] | {"pipeline": 4}, "partition": []})
+    r = _run(["export", "--plan", four, "--format", "megatron", "--gpus-per-node", "3"])
+    assert r.exit_code == 0, r.output
+    assert "torchrun --nnodes 2 --nproc-per-node 2 " in r.output
+    assert [node_layout(p, g) for p, g in ((4, 3), (6, 4), (5, 4), (8, 8), (16, 8))] == [
+        (2, 2), (2, 3), (5, 1), (1, 8), (2, 8)]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from planner.cluster import node_layout
 from planner.export.common import (
     EMBEDDING,
     HEAD,
@@ -169,14 +170,11 @@ def _model_args(inp: ExportInput) -> list[str]:
 
 
 def launch(inp: ExportInput) -> tuple[int, int]:
-    """(nodes, processes per node) for ``t D W`` processes: the cluster's GPUs per node when they divide
-    the world size, else one node."""
+    """(nodes, processes per node) for ``t D W`` processes on nodes of the cluster's GPUs
+    (:func:`planner.cluster.node_layout`: 4 on 3-GPU nodes is 2 x 2); one node when the GPUs per node are not
+    known."""
     p, g = inp.world_size, inp.gpus_per_node
-    if g and p % g == 0:
-        return p // g, g
-    if g and g % p == 0:
-        return 1, p
-    return 1, p
+    return node_layout(p, g) if g else (1, p)
 
 
 def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
