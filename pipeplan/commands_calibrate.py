@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeplan.options import fail, load_input, read_problem, validation_summary
+from pipeplan.options import fail, load_input, read_json, validation_summary
 from planner.limits import MAX_CALIBRATION_RUNS
 
 
@@ -63,11 +63,9 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         fail(problem)
     cluster = load_input("--cluster", cluster_path, load_cluster)
     try:
-        entries = json.loads(Path(runs_path).read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        fail(read_problem(e, "--runs", runs_path))
-    except (json.JSONDecodeError, RecursionError) as e:
-        fail(f"--runs {runs_path} is not JSON: {e}")
+        entries = read_json("--runs", runs_path)
+    except ValueError as e:
+        fail(str(e))
     if not isinstance(entries, list):
         fail(f"--runs {runs_path}: expected a JSON list of {{profile, candidate, measured}}")
     if len(entries) > MAX_CALIBRATION_RUNS:

@@ -40,7 +40,7 @@ from pipeplan.options import (
     WavesOpt,
     fail,
     load_input,
-    read_problem,
+    read_json,
     schedule_from_options,
     validation_summary,
 )
@@ -94,14 +94,7 @@ def load_candidate(plan: Path, index: int) -> dict[str, Any]:
 
 def load_candidates(plan: Path, index: int) -> list[dict[str, Any]]:
     """The candidates of a plan document, checking that ``index`` is one of them."""
-    try:
-        doc = json.loads(plan.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(read_problem(e, "--plan", plan)) from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--plan: {plan} is not JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"--plan: {plan} is nested too deep to be a plan") from None
+    doc = read_json("--plan", plan)
     cands = doc.get("candidates") if isinstance(doc, dict) else doc
     if not isinstance(cands, list) or not cands:
         raise ValueError(f"--plan: {plan} has no candidates (write it with pipeplan plan --json)")

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -98,6 +99,32 @@ def read_problem(exc: OSError | UnicodeDecodeError, option: str, path: str | Pat
     if isinstance(exc, UnicodeDecodeError):
         return f"{option} {path}: not a text file (UTF-8)"
     return f"{option} {path}: cannot read it ({exc.strerror or exc})"
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"key {key[:40]!r} appears twice in one object (which one is meant?)")
+        seen[key] = value
+    return seen
+
+
+def read_json(option: str, path: str | Path) -> Any:
+    """The JSON document of the file given as ``option`` (``--plan``, ``--runs``), or a ValueError in one line
+    naming the option and the file: it cannot be read (:func:`read_problem`), it is not JSON, it nests past
+    Python's recursion, or an object holds a key twice (JSON leaves that undefined; Python's reader kept the
+    last). One reading, one wording, for every command that reads a plain JSON file."""
+    try:
+        return json.loads(Path(path).read_text(), object_pairs_hook=_unique_keys)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(read_problem(e, option, path)) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{option} {path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{option} {path}: nested too deep to be read") from None
+    except ValueError as e:
+        raise ValueError(f"{option} {path}: {e}") from None
 
 
 def load_input(option: str, path: P, load: Callable[[P], T], what: str | None = None) -> T:

@@ -261,3 +261,15 @@ def test_export_refuses_options_of_the_other_way_and_lays_out_uneven_nodes(files
     assert "torchrun --nnodes 2 --nproc-per-node 2 " in r.output
     assert [node_layout(p, g) for p, g in ((4, 3), (6, 4), (5, 4), (8, 8), (16, 8))] == [
         (2, 2), (2, 3), (5, 1), (1, 8), (2, 8)]
+
+
+def test_plain_json_files_are_read_one_way_and_a_key_twice_is_refused(files: dict[str, Path]) -> None:
+    """``--plan`` and ``--runs`` each read JSON with their own wording, and a key given twice in one object was
+    read as its last value."""
+    dup = files["dir"] / "dup.json"
+    dup.write_text('{"candidates": [{"schedule": "1f1b", "schedule": "gpipe"}]}')
+    _refused(["export", "--plan", dup, "--format", "megatron"], f"--plan {dup}: key 'schedule' appears twice")
+    bad = files["dir"] / "bad.json"
+    bad.write_text("[1,")
+    _refused(["calibrate", "--cluster", CPU4, "--runs", bad], f"--runs {bad}: not JSON")
+    _refused(["export", "--plan", bad, "--format", "megatron"], f"--plan {bad}: not JSON")

@@ -163,7 +163,7 @@ def test_out_in_a_missing_folder_is_refused_before_the_work(args: list[str], tmp
 @pytest.mark.parametrize(("runs", "words"), [
     ("[1, 2]", "runs[0]: expected an object"),  # was "TypeError: argument of type 'int' is not iterable"
     ('[{"profile": "p.json", "candidate": 3, "measured": 1}]', "runs[0]: expected an object"),
-    ("[{", "is not JSON"),  # was "JSONDecodeError: Expecting ...", naming no file
+    ("[{", "not JSON"),  # was "JSONDecodeError: Expecting ...", naming no file
 ])
 def test_calibrate_runs_file_errors_name_the_entry(tmp_path: Path, runs: str, words: str) -> None:
     path = tmp_path / "runs.json"
