@@ -215,6 +215,14 @@ class LayerProfile(BaseModel):
         for t in self.tensor_times or {}:
             if not 1 <= t <= MAX_SIZE:
                 raise ValueError(f"{where}: tensor_times: tensor-parallel size {t} must be between 1 and {MAX_SIZE}")
+        one = (self.tensor_times or {}).get(1)
+        if one is not None:  # the t = 1 "shard" is the layer: the planner reads it in place of fwd_time/bwd_time
+            for name, own, shard in (("fwd_time", self.fwd_time, one.fwd_time), ("bwd_time", self.bwd_time,
+                                                                                  one.bwd_time)):
+                if set(own) != set(shard) or any(not math.isclose(own[b], shard[b], rel_tol=1e-9) for b in own):
+                    raise ValueError(f"{where}: tensor_times.1.{name} must be the layer's own {name} (the t = 1 "
+                                     "shard is the whole layer; the planner reads it at t = 1): "
+                                     f"{str(own)[:120]} vs {str(shard)[:120]}")
         return self
 
     def shard_time(self, kind: str, b: int | float, t: int) -> float | None:

@@ -273,3 +273,16 @@ def test_plain_json_files_are_read_one_way_and_a_key_twice_is_refused(files: dic
     bad.write_text("[1,")
     _refused(["calibrate", "--cluster", CPU4, "--runs", bad], f"--runs {bad}: not JSON")
     _refused(["export", "--plan", bad, "--format", "megatron"], f"--plan {bad}: not JSON")
+
+
+def test_a_layers_t1_shard_is_the_layer(files: dict[str, Path]) -> None:
+    """At t = 1 the planner reads ``tensor_times[1]``: a hand-edited ``fwd_time`` beside it was silently ignored."""
+    from planner.profile import ModelProfile
+
+    doc = json.loads(files["profile"].read_text())
+    lay = doc["layers"][1]
+    assert "1" in lay["tensor_times"]
+    b = next(iter(lay["fwd_time"]))
+    lay["fwd_time"][b] *= 2
+    with pytest.raises(ValidationError, match="tensor_times.1.fwd_time must be the layer's own fwd_time"):
+        ModelProfile.model_validate(doc)
