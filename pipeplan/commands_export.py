@@ -143,6 +143,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     from planner.model import get_model
     from planner.profile import load_profile
     from planner.runspec import RunSpec
+    from planner.units import devices
 
     cands = load_candidates(plan, candidate)
     doc = cands[candidate]
@@ -170,6 +171,10 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         spec.check(len(prof.layers) if prof is not None else None, base.model.heads if base.model else None)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+    if cl is not None and base.world_size > cl.gpus:
+        c = spec.config
+        raise ValueError(f"{where}: t*D*W = {c.tensor}*{c.pipeline}*{c.data} = "
+                         f"{devices(cl.device, base.world_size)}, more than --cluster {cluster}'s {cl.gpus}")
     module = importlib.import_module(FRAMEWORK_MODULES[fmt])
     notes: list[str] = []
     try:

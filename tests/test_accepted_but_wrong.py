@@ -286,3 +286,10 @@ def test_a_layers_t1_shard_is_the_layer(files: dict[str, Path]) -> None:
     lay["fwd_time"][b] *= 2
     with pytest.raises(ValidationError, match="tensor_times.1.fwd_time must be the layer's own fwd_time"):
         ModelProfile.model_validate(doc)
+
+
+def test_export_with_its_cluster_refuses_a_candidate_wider_than_it(files: dict[str, Path]) -> None:
+    wide = _candidate(files, "wide", run_spec={"config": GOOD["config"] | {"data": 8}, "partition": []})
+    _refused(["export", "--plan", wide, "--format", "megatron", "--cluster", CPU4],
+             "t*D*W = 1*2*8 = 16 CPU processes, more than --cluster")
+    assert _run(["export", "--plan", wide, "--format", "megatron"]).exit_code == 0  # (no cluster: not known)
