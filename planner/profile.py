@@ -364,6 +364,17 @@ class ModelProfile(BaseModel):
         if self.shape is not None and blocks and blocks != self.shape.layers:
             raise ValueError(f"shape.layers: {self.shape.layers}, but the profile has {blocks} layers of kind "
                              "'transformer' (the shape describes these layers)")
+        try:  # the environment's model_spec (what exports write out) describes them too
+            spec = json.loads(self.environment.get("model_spec", "{}"))
+        except ValueError:
+            spec = None
+        if isinstance(spec, dict):
+            for key, have in (("layers", blocks or None), ("heads", self.shape.heads if self.shape else None),
+                              ("hidden", self.shape.hidden if self.shape else None)):
+                given = spec.get(key)
+                if have is not None and isinstance(given, int) and given != have:
+                    raise ValueError(f"environment.model_spec: {key} {given}, but the profile's is {have} (the "
+                                     "model an export writes out must be the one profiled)")
         return self
 
     @field_validator("schema_version")

@@ -293,3 +293,14 @@ def test_export_with_its_cluster_refuses_a_candidate_wider_than_it(files: dict[s
     _refused(["export", "--plan", wide, "--format", "megatron", "--cluster", CPU4],
              "t*D*W = 1*2*8 = 16 CPU processes, more than --cluster")
     assert _run(["export", "--plan", wide, "--format", "megatron"]).exit_code == 0  # (no cluster: not known)
+
+
+def test_a_profiles_model_spec_describes_its_layers(files: dict[str, Path]) -> None:
+    from planner.profile import ModelProfile
+
+    doc = json.loads(files["profile"].read_text())
+    spec = json.loads(doc["environment"]["model_spec"])
+    for key, value in (("layers", 12), ("heads", 8), ("hidden", 128)):
+        env = {**doc["environment"], "model_spec": json.dumps({**spec, key: value})}
+        with pytest.raises(ValidationError, match=f"environment.model_spec: {key} {value}, but the profile's is"):
+            ModelProfile.model_validate({**doc, "environment": env})
