@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import refused as _refused
+from cli_support import run as _run
 from pydantic import ValidationError
-from typer.testing import CliRunner
 
-from pipeplan.cli import app
 from planner.cluster import Calibration, HostCpu
 from planner.limits import MAX_CALIBRATION_RUNS
 from planner.model import tensor_split_error
@@ -22,27 +22,12 @@ from planner.runspec import RunSpec, partition_error
 
 pytestmark = pytest.mark.timeout(120)
 
-runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
 DGX = ROOT / "examples" / "clusters" / "dgx-a100-80gb.json"
 CPU4 = ROOT / "examples" / "clusters" / "local-cpu-4.json"
 #: a run the gpt-tiny profile (embedding, 4 blocks, head: 6 layers) supports: 1F1B over 2 stages
 GOOD = {"config": {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 1, "schedule": "1f1b", "recompute": False},
         "microbatches": 8, "partition": [[0, 3], [3, 6]]}
-
-
-def _run(args: list[str]) -> Any:
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _refused(args: list[str], *needles: str) -> str:
-    r = _run(args)
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert lines and lines[-1].startswith("error: "), r.output
-    for n in needles:
-        assert n in r.output, (n, r.output)
-    return r.output
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import refused as _refused
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
@@ -21,17 +22,6 @@ runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
 CPU4 = ROOT / "examples" / "clusters" / "local-cpu-4.json"
 HUGE = "1" + "0" * 400  # a JSON integer that no float holds (float(10**400) raises OverflowError)
-
-
-def _refused(args: list[str], *needles: str) -> str:
-    r = runner.invoke(app, [str(a) for a in args])
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    assert not isinstance(r.exception, ArithmeticError | ValueError | OSError | MemoryError), r.exception
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert lines and lines[-1].startswith("error: "), r.output
-    for n in needles:
-        assert n in r.output, (n, r.output)
-    return r.output
 
 
 @pytest.fixture(scope="module")
