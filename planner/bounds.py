@@ -47,6 +47,10 @@ from planner.schedules.ir import Schedule
 from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import simulate
 
+#: entries of one block of the arrays that grow with the stage copies a device holds, a block of devices at a
+#: time (a few MB): :meth:`TimeBounds.device_terms`' (devices, h, h), :func:`_single_machine`'s (devices, kappas)
+_BLOCK = 1 << 17
+
 
 class StageTerms:
     """Per-stage figures of one (partition, t, micro-batch size, recomputation, forward doubling, split
@@ -162,7 +166,13 @@ class TimeBounds:
             late = late + np.maximum(n - lay.inflight, 0.0) * terms.fwd[st]
         if allreduce:
             t1 = terms.window[st]
-            after_t1 = (late[:, None, :] * (t1[:, None, :] >= t1[:, :, None])).sum(axis=2)
+            # (devices, h, h) products, a block of devices at a time: the same sums per device, memory
+            # bounded (hundreds of MB at once for a few hundred stage copies per device)
+            after_t1 = np.empty_like(t1)
+            step = max(1, _BLOCK // (t1.shape[1] ** 2))
+            for lo in range(0, len(t1), step):
+                blk, lt = t1[lo:lo + step], late[lo:lo + step]
+                after_t1[lo:lo + step] = (lt[:, None, :] * (blk[:, None, :] >= blk[:, :, None])).sum(axis=2)
             windows = np.where(after_t1 > 0, t1 + after_t1, 0.0).max(axis=1)
             end = np.maximum(end, windows)
         own = np.asarray(costs.step_per_stage())[st].sum(axis=1)
@@ -270,7 +280,67 @@ def _single_machine(release: np.ndarray, tail: np.ndarray, work: np.ndarray) -> 
     """The largest ``min r + sum p + min q`` over the sets of a device's action classes with ``r >= rho`` and
     ``q >= kappa``, for every (rho, kappa) among the classes' own, over devices (Carlier's bound,
     :meth:`TimeBounds.release_bound`); ``(devices, classes)`` arrays: release, delivery, total duration of
-    each class (classes without work take no part).
+    each class (classes without work take no part). The same float, bit for bit, as
+    :func:`_single_machine_reference` (the formula as written, ``(devices, C, C)`` arrays: GBs for a few hundred
+    stage copies per device), in ``(devices, C)`` memory and fewer passes:
+
+    * the classes in order of release, latest first (ties in class order): the members of a set are among
+      the first ``cnt(rho)`` of them, so one sweep over that order, adding each class's work to the running
+      sum of every kappa it delivers at or after, has every set's total when it reaches the set's rho --
+      the reference's running sums, the same additions in the same order (its added zeros skipped), so
+      the same floats;
+    * classes delivering the same kappa make the same sets: one running sum per distinct delivery;
+    * each class tries its release with the kappas it delivers at or after, with the running sums as they
+      stand after it: the set of such a pair holds the class (not empty: no check of it), and its total is
+      at most that of the class's whole tie of releases (the work is not negative; rounding is monotone).
+      The largest value is unchanged: a set with work is that of a pair (rho, kappa) where some class
+      released at rho delivers at kappa or later (else rho up to its least release, the same set, a
+      larger value), and the last such class of rho's tie has its whole total -- the classes after it in
+      the tie do not deliver at kappa;
+    * ``rho + total`` is maximised per kappa and kappa added last: ``x -> x + kappa`` rounds monotonically.
+
+    Where a class with work has a negative or infinite release, delivery or work, or the result is not
+    finite, it is the reference's (whose ``nan_to_num`` these cases need)."""
+    keep = work > 0
+    if not keep.any():
+        return 0.0
+    kept = np.concatenate([release[keep], tail[keep], work[keep]])
+    if not (np.isfinite(kept).all() and kept.min() >= 0):
+        return _single_machine_reference(release, tail, work)
+    rel = np.where(keep, release, np.inf)  # classes without work first, and never tried (delivery -inf)
+    order = np.argsort(-rel, axis=1, kind="stable")
+    r_sorted = np.take_along_axis(rel, order, axis=1)
+    t_sorted = np.take_along_axis(np.where(keep, tail, -np.inf), order, axis=1)
+    w_sorted = np.take_along_axis(np.where(keep, work, 0.0), order, axis=1)
+    D, C = rel.shape
+    # the kappas of each device, ascending: its distinct deliveries of classes with work, padded with inf
+    kappa = np.sort(np.where(keep, tail, np.inf), axis=1)
+    kappa[:, 1:][kappa[:, 1:] == kappa[:, :-1]] = np.inf
+    kappa = np.sort(kappa, axis=1)
+    kappa = kappa[:, :int(np.isfinite(kappa).sum(axis=1).max())]
+    best = 0.0
+    step = max(1, _BLOCK // kappa.shape[1])
+    for lo in range(0, D, step):
+        hi = min(D, lo + step)
+        kap, r, t, w = kappa[lo:hi], r_sorted[lo:hi], t_sorted[lo:hi], w_sorted[lo:hi]
+        total = np.zeros(kap.shape)  # per (device, kappa): the running sum of the work delivering at kappa or later
+        top = np.full(kap.shape, -np.inf)  # per (device, kappa): the largest rho + total tried
+        member, value = np.empty(kap.shape, dtype=bool), np.empty(kap.shape)
+        for j in range(int(np.isfinite(r).any(axis=0).argmax()), C):  # (from the first class with work)
+            np.less_equal(kap, t[:, j, None], out=member)  # the kappas class j delivers at or after
+            np.add(total, w[:, j, None], out=total, where=member)
+            np.add(total, r[:, j, None], out=value)
+            np.maximum(top, value, out=top, where=member)
+        top += np.where(np.isfinite(kap), kap, 0.0)
+        best = max(best, float(top.max()))
+    if not np.isfinite(best):
+        return _single_machine_reference(release, tail, work)
+    return best
+
+
+def _single_machine_reference(release: np.ndarray, tail: np.ndarray, work: np.ndarray) -> float:
+    """:func:`_single_machine` as the formula reads (Carlier 1982's bound of 1|r_j, q_j|C_max over the sets
+    ``r >= rho``, ``q >= kappa``): ``(devices, C, C)`` arrays, the check of the fast path.
 
     With the classes in order of release, latest first, the members of a set are among the first ``cnt(rho)``
     of them (those released at ``rho`` or later, ties included): per kappa, a running sum of the work of the
