@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from planner.limits import (
     MAX_BANDWIDTH,
@@ -28,7 +28,18 @@ Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 #: a calibration's compute_scale and link_scale stay within [1 / SCALE_BOUND, SCALE_BOUND] (planner.calibrate's
 #: docstring says why); a stored or hand-written cluster is held to the same range (the fit's bound, rounding aside)
 SCALE_BOUND = 4.0
-Scale = Annotated[float, Field(ge=(1 - 1e-9) / SCALE_BOUND, le=SCALE_BOUND * (1 + 1e-9), allow_inf_nan=False)]
+
+
+def _in_scale_range(value: float) -> float:
+    if not (1 - 1e-9) / SCALE_BOUND <= value <= SCALE_BOUND * (1 + 1e-9):  # (the fit's bound, rounding aside)
+        raise ValueError(f"a correction factor within [{1 / SCALE_BOUND:g}, {SCALE_BOUND:g}] (the physical range "
+                         f"planner.calibrate fits in), got {value:g}")
+    return value
+
+
+#: a correction factor of a calibration: finite, within [1 / SCALE_BOUND, SCALE_BOUND]
+Scale = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_in_scale_range)]
+
 #: a host's measured slowdown and cache inflation: a process slowed more than this by sharing cores is no
 #: measurement of a host the executor runs on (measured 1-2.5 here, profiler.local_cluster)
 MAX_HOST_FACTOR = 1000.0
