@@ -30,15 +30,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.limits import SHAPE_LIMITS
 
 
-def tensor_split_error(heads: int, t: int) -> str | None:
-    """Why ``t`` tensor-parallel ranks cannot split a layer of ``heads`` attention heads, or None when they
-    can: Megatron-LM splits attention by heads, each rank holding ``heads / t`` whole heads
-    (``megatron/core/transformer/attention.py``: ``divide(num_attention_heads, world_size)`` asserts the
-    division; Shoeybi et al. 2019, section 3, Figure 3b), and torchtitan's column-wise split of the Q, K, V
-    projections needs the same."""
+def tensor_split_error(heads: int, t: int, kv_heads: int | None = None) -> str | None:
+    """Why ``t`` tensor-parallel ranks cannot split a layer of ``heads`` attention heads (``kv_heads`` key/value
+    heads with grouped-query attention; None: as many as ``heads``), or None when they can: Megatron-LM splits
+    attention by heads, each rank holding ``heads / t`` whole query heads and ``kv_heads / t`` whole key/value
+    groups (``megatron/core/transformer/attention.py``: ``divide(num_attention_heads, world_size)`` and
+    ``divide(num_query_groups, world_size)`` assert the divisions; Shoeybi et al. 2019, section 3, Figure 3b),
+    and torchtitan's column-wise split of the Q, K, V projections needs the same. Pipeplan's executor and
+    operator model replicate key/value heads fewer than ``t`` (:func:`planner.operators._shard`), so the search
+    checks ``heads`` only; the framework exports check ``kv_heads`` too."""
     if heads % t:
-        return (f"tensor: t = {t} does not divide the model's {heads} attention heads (Megatron-LM gives each "
-                "tensor-parallel rank whole heads)")
+        return (f"tensor: t = {t} does not divide the model's {heads} attention heads (Megatron-LM and torchtitan "
+                "give each tensor-parallel rank whole heads)")
+    if kv_heads is not None and kv_heads % t:
+        return (f"tensor: t = {t} does not divide the model's {kv_heads} key/value heads (Megatron-LM and "
+                "torchtitan give each tensor-parallel rank whole key/value groups)")
     return None
 
 

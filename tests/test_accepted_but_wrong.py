@@ -289,3 +289,24 @@ def test_a_profiles_model_spec_describes_its_layers(files: dict[str, Path]) -> N
         env = {**doc["environment"], "model_spec": json.dumps({**spec, key: value})}
         with pytest.raises(ValidationError, match=f"environment.model_spec: {key} {value}, but the profile's is"):
             ModelProfile.model_validate({**doc, "environment": env})
+
+
+def test_framework_exports_need_t_to_divide_the_key_value_heads(files: dict[str, Path]) -> None:
+    """Grouped-query attention: Megatron-LM and torchtitan split the key/value groups over t as whole groups;
+    pipeplan's executor replicates them, so the search keeps such a t and the framework exports refuse it."""
+    from planner.model import tensor_split_error
+
+    assert tensor_split_error(16, 8, 4) is not None and tensor_split_error(16, 4, 4) is None
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 16,
+           "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 128}
+    (files["dir"] / "gqa.json").write_text(json.dumps(cfg))
+    prof = files["dir"] / "gqa-profile.json"
+    assert _run(["profile-analytic", "--hf-config", files["dir"] / "gqa.json", "--out", prof]).exit_code == 0
+    r = _run(["predict", "--profile", prof, "--cluster", DGX, "--global-batch", "8", "--tensor", "8", "--pipeline",
+              "1", "--data", "1", "--micro-batch", "1", "--schedule", "1f1b", "--json"])
+    assert r.exit_code == 0, r.output  # (planned: the executor runs it)
+    plan = files["dir"] / "gqa-plan.json"
+    plan.write_text(json.dumps({"candidates": [json.loads(r.output)]}))
+    for fmt in ("megatron", "torchtitan"):
+        _refused(["export", "--plan", plan, "--format", fmt, "--profile", prof],
+                 f"{fmt}: t = 8 does not divide the model's 4 key/value heads")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from planner.model import PRESETS, ModelSpec
+from planner.model import PRESETS, ModelSpec, tensor_split_error
 from planner.profile import EXECUTOR_RUNTIME, ModelProfile, recompute_granularity, runtime_words
 from planner.request import ALL_SCHEDULES, Config
 from planner.runspec import RunSpec
@@ -218,6 +218,17 @@ class Parsed:
 
 class ExportError(ValueError):
     """The candidate cannot be exported in this format (the message says why)."""
+
+
+def check_heads(inp: ExportInput, framework: str) -> None:
+    """An :class:`ExportError` when the framework cannot split the model's heads over the candidate's ``t``:
+    Megatron-LM and torchtitan give each rank whole query heads and whole key/value groups
+    (:func:`planner.model.tensor_split_error`); pipeplan's executor replicates key/value heads fewer than ``t``,
+    so a plan may hold such a ``t``."""
+    if inp.model is not None and (why := tensor_split_error(inp.model.heads, inp.config.tensor,
+                                                            inp.model.k)) is not None:
+        raise ExportError(f"{framework}: {why.removeprefix('tensor: ')}; pipeplan's executor runs it (the key/value "
+                          "heads replicated), or export a candidate with a smaller t")
 
 
 #: why a framework with synchronous updates only refuses the asynchronous schedules (every framework we export to)

@@ -53,6 +53,7 @@ from planner.export.common import (
     ExportInput,
     Parsed,
     UnsupportedSchedule,
+    check_heads,
     first_closest,
     header,
     unplanned_policy_note,
@@ -187,6 +188,7 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
                           "parallelism (plan with --shard-optimizer for its distributed optimizer, or export a D = 1 "
                           "candidate)")
     check(inp.spec)
+    check_heads(inp, "megatron")
     if c.schedule == "interleaved" and c.pipeline == 2:
         notes.append("Megatron-LM releases before 2024 refuse a virtual pipeline with pipeline-model-parallel-size "
                      "2 (they need > 2); current ones accept > 1")

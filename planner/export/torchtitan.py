@@ -44,6 +44,7 @@ from planner.export.common import (
     ExportInput,
     Parsed,
     UnsupportedSchedule,
+    check_heads,
     first_closest,
     header,
 )
@@ -133,6 +134,7 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     """The TOML job config (``job_config.toml``) and, for ZB-H1 and Hanayo, the CSV schedule it names
     (``csv_path``, relative to where torchtitan runs)."""
     check(inp.spec)
+    check_heads(inp, "torchtitan")
     c, notes = inp.config, [n for n in [placement_note(inp)] if n]
     fsdp = (inp.shard_optimizer or inp.shard_parameters) and c.data > 1
     if fsdp and not inp.shard_parameters:
