@@ -58,11 +58,12 @@ def sharded_words(candidate: dict) -> str | None:
     """What a candidate document's plan shards over its data-parallel replicas that pipeplan's executor does not
     (it keeps whole weights and optimizer state and all-reduces the gradients): ``"the weights, gradients and
     optimizer state (FSDP)"``, ``"the optimizer state (ZeRO-1)"``, or None (W = 1, or nothing sharded)."""
-    if int(candidate.get("data") or 1) <= 1:
+    data = candidate.get("data")  # (a hand-edited document's odd values say nothing is sharded: a note only)
+    if not isinstance(data, int) or isinstance(data, bool) or data <= 1:
         return None
-    if candidate.get("shard_parameters"):
+    if candidate.get("shard_parameters") is True:
         return "the weights, gradients and optimizer state (FSDP)"
-    if candidate.get("shard_optimizer"):
+    if candidate.get("shard_optimizer") is True:
         return "the optimizer state (ZeRO-1)"
     return None
 

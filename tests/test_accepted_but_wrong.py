@@ -310,3 +310,11 @@ def test_framework_exports_need_t_to_divide_the_key_value_heads(files: dict[str,
     for fmt in ("megatron", "torchtitan"):
         _refused(["export", "--plan", plan, "--format", fmt, "--profile", prof],
                  f"{fmt}: t = 8 does not divide the model's 4 key/value heads")
+
+
+def test_the_unsharded_run_note_reads_booleans_and_counts_only() -> None:
+    from planner.mismatch import sharded_words
+
+    assert sharded_words({"data": 2, "shard_optimizer": True}) == "the optimizer state (ZeRO-1)"
+    assert sharded_words({"data": 2, "shard_optimizer": "false"}) is None  # ("false" was read as true)
+    assert sharded_words({"data": "abc", "shard_optimizer": True}) is None  # (was a ValueError)
