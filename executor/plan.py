@@ -45,7 +45,8 @@ def _spec(make: Any, *args: Any, **kw: Any) -> RunSpec:
     try:
         return make(*args, **kw)
     except ValidationError as e:
-        msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        whole = {"RunSpec": "run_spec", "Config": "config"}.get(e.title, e.title)  # (an error of the whole object)
+        msg = "; ".join(f"{'.'.join(map(str, err['loc'])) or whole}: {err['msg']}" for err in e.errors())
         raise PlanError(f"plan: {msg}") from None
     except KeyError as e:
         raise PlanError(f"plan candidate lacks the field {e}") from None
@@ -76,7 +77,11 @@ class RunPlan:
             if missing:
                 raise PlanError(f"plan candidate lacks the field(s) {', '.join(missing)}")
         spec = _spec(RunSpec.from_document, cand)
-        _check_global_batch(spec, int(cand.get("global_batch") or 0))
+        stated = cand.get("global_batch")
+        if stated is not None and (not isinstance(stated, int) or isinstance(stated, bool) or stated < 1):
+            raise PlanError(f"plan candidate: global_batch: a positive integer (samples per iteration), got "
+                            f"{json.dumps(stated)[:40]}")
+        _check_global_batch(spec, stated or 0)
         return cls(spec, **{k: v for k, v in options.items() if v is not None})
 
     @classmethod
@@ -239,6 +244,8 @@ def _candidate_of(path: str | Path, candidate: int) -> dict[str, Any]:
         raise PlanError(f"cannot read plan {path}: {e}") from None
     if isinstance(data, dict) and "candidates" in data:
         cands = data["candidates"]
+        if not isinstance(cands, list):
+            raise PlanError(f"plan {path}: candidates must be a list (pipeplan plan --json writes one)")
         if not 0 <= candidate < len(cands):
             raise PlanError(f"plan {path} has {len(cands)} candidate(s); --candidate {candidate} is out of range")
         data = cands[candidate]

@@ -318,3 +318,18 @@ def test_the_unsharded_run_note_reads_booleans_and_counts_only() -> None:
     assert sharded_words({"data": 2, "shard_optimizer": True}) == "the optimizer state (ZeRO-1)"
     assert sharded_words({"data": 2, "shard_optimizer": "false"}) is None  # ("false" was read as true)
     assert sharded_words({"data": "abc", "shard_optimizer": True}) is None  # (was a ValueError)
+
+
+def test_run_reads_a_hand_edited_plan_without_a_traceback(files: dict[str, Path]) -> None:
+    """``pipeplan run --plan``: a non-numeric global_batch was a ValueError traceback, candidates given as an
+    object a KeyError, and a run_spec that is no object was reported against an empty field name."""
+    doc = json.loads(files["plan"].read_text())
+    cases = [("gb", lambda d: d["candidates"][0].update(global_batch="abc"), "global_batch: a positive integer"),
+             ("obj", lambda d: d.update(candidates={"a": 1}), "candidates must be a list"),
+             ("rs", lambda d: d["candidates"][0].update(run_spec=None), "plan: run_spec: Input should be")]
+    for name, edit, needle in cases:
+        bad = json.loads(json.dumps(doc))
+        edit(bad)
+        path = files["dir"] / f"run-{name}.json"
+        path.write_text(json.dumps(bad))
+        _refused(["run", "--plan", path, "--emulate", files["profile"]], needle)
