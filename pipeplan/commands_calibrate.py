@@ -94,7 +94,10 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
             config = config_of(cand)  # (with PipeDream's replication, where it has one)
             request = TrainingRequest(global_batch=cand.get("global_batch"))
         except ValidationError as err:
-            fail(f"{where}.candidate: {validation_summary(err)}")
+            inner = ".run_spec.config" if "run_spec" in cand and err.title == "Config" else ""
+            fail(f"{where}.candidate{inner}: {validation_summary(err)}")
+        except ValueError as err:  # config_of's own check of run_spec
+            fail(f"{where}.candidate.{err}")
         obs.append(Observation(profiles[path], request, config, measured, i))
     try:
         res = fit(cluster, obs)

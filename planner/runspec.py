@@ -46,8 +46,12 @@ def config_of(doc: dict[str, Any]) -> Config:
     """The configuration of a candidate document (``Candidate.to_dict()``): its ``run_spec``'s, or -- for a
     document stored before it existed, or a run listed by hand -- its flat configuration fields (PipeDream's
     ``replication`` among them)."""
-    if isinstance(doc.get("run_spec"), dict) and "config" in doc["run_spec"]:
-        return Config.model_validate(doc["run_spec"]["config"])
+    if "run_spec" in doc:
+        spec = doc["run_spec"]
+        if not isinstance(spec, dict) or not isinstance(spec.get("config"), dict):
+            raise ValueError("run_spec: an object {config: {...}, microbatches, partition} (as pipeplan plan --json "
+                             "writes it)")
+        return Config.model_validate(spec["config"])
     return Config.model_validate({k: doc[k] for k in Config.model_fields if doc.get(k) is not None})
 
 

@@ -333,3 +333,11 @@ def test_run_reads_a_hand_edited_plan_without_a_traceback(files: dict[str, Path]
         path = files["dir"] / f"run-{name}.json"
         path.write_text(json.dumps(bad))
         _refused(["run", "--plan", path, "--emulate", files["profile"]], needle)
+
+
+def test_calibrate_names_a_run_spec_that_is_no_object(files: dict[str, Path]) -> None:
+    """A run's candidate with ``run_spec: [1]`` was read as flat fields and reported as four missing ones."""
+    runs = files["dir"] / "rs-runs.json"
+    runs.write_text(json.dumps([{"profile": files["profile"].name, "candidate": {"run_spec": [1], "global_batch": 8},
+                                 "measured": 0.05}]))
+    _refused(["calibrate", "--cluster", CPU4, "--runs", runs], "runs[0].candidate.run_spec: an object {config")
