@@ -62,9 +62,12 @@ class EncodedSchedule:
     peer: list[int]  # device that action j sends its output to, or -1
     eager_at: list[dict[int, list[tuple[int, int]]]]  # per device, as allreduce_points gives them
     at_end: list[list[tuple[int, int]]]
-    #: producer[kind * R*S*N + (r * S + s) * N + m]: the action that computes (kind, r, s, m) (kinds in
-    #: the order F, B, I, W), -1 where none does
-    producer: np.ndarray
+    #: the computed units ``kind * R*S*N + (r * S + s) * N + m`` (kinds in the order F, B, I, W), sorted, and
+    #: the action that computes each: :attr:`producer`'s entries that are not -1. Kept sparse: the dense table
+    #: has a cell per replica, stage and micro-batch of every replica (each micro-batch runs in one), ~R times
+    #: the actions -- 4 * R*S*N int64 is ~270 MB for Chimera at D = 256, R = 16, N = 128
+    produced: np.ndarray
+    produced_by: np.ndarray
     #: every input an action takes from its own device is produced earlier in the device's list
     in_order: bool
     #: per action, what its durations depend on: one number per distinct (device, kind, stage, replica,
@@ -74,6 +77,15 @@ class EncodedSchedule:
     #: per action, whether the peak of alive activations is taken after it: a forward, or an I (it adds the
     #: output gradients its W needs)
     forward: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    @property
+    def producer(self) -> np.ndarray:
+        """``producer[kind * R*S*N + (r * S + s) * N + m]``: the action that computes (kind, r, s, m), -1 where
+        none does (the dense table, built on each call: :func:`planner.schedules.validate` reads it)."""
+        sched = self.schedule
+        out = np.full(4 * sched.replicas * sched.stages * sched.microbatches, -1, dtype=np.int64)
+        out[self.produced] = self.produced_by
+        return out
 
     @classmethod
     def encode(cls, schedule: Schedule, eager: Any) -> EncodedSchedule | None:
@@ -121,10 +133,19 @@ class EncodedSchedule:
         # of span k computes k consecutive micro-batches
         owner = np.repeat(j_, span)
         cell = np.repeat(kc * RSN + x, span) + (np.arange(len(owner)) - np.repeat(starts_of(span), span))
-        if len(cell) and np.bincount(cell, minlength=4 * RSN).max() > 1:
+        # the table producer[cell] = owner, kept sparse: the cells sorted, looked up by binary search
+        order = np.argsort(cell, kind="stable")
+        produced, produced_by = cell[order], owner[order]
+        if len(produced) > 1 and (produced[1:] == produced[:-1]).any():
             return None  # a unit of work done twice
-        producer = np.full(4 * RSN, -1, dtype=np.int64)
-        producer[cell] = owner
+
+        def producer(q: np.ndarray) -> np.ndarray:
+            """``producer[q]`` of the dense table: the action computing cell ``q``, -1 where none does."""
+            if not len(produced):
+                return np.full(len(q), -1, dtype=np.int64)
+            i = np.minimum(np.searchsorted(produced, q), len(produced) - 1)
+            return np.where(produced[i] == q, produced_by[i], -1)
+
         missing = 2 * n
         none = missing + 1
 
@@ -148,12 +169,12 @@ class EncodedSchedule:
         fw = kc == 0
         sel = np.nonzero(fw & (s_ > 0))[0]
         if sel.size:
-            p = producer[x[sel] - N]
+            p = producer(x[sel] - N)
             multi = sel[span[sel] > 1]
             if multi.size:  # its micro-batches must come from one forward: spans agree
                 sp = span[multi]
                 cells = np.repeat(x[multi] - N, sp) + (np.arange(sp.sum()) - np.repeat(starts_of(sp), sp))
-                if (producer[cells] != np.repeat(producer[x[multi] - N], sp)).any():
+                if (producer(cells) != np.repeat(producer(x[multi] - N), sp)).any():
                     return None
             local = prev_peer[rs[sel]] < 0
             dep_a[sel] = slot_of(p, ~local)
@@ -162,22 +183,22 @@ class EncodedSchedule:
         # weight-gradient passes: their I
         sel = np.nonzero(kc == 3)[0]
         if sel.size:
-            p = producer[2 * RSN + x[sel]]
+            p = producer(2 * RSN + x[sel])
             dep_a[sel] = slot_of(p, False)
             in_order &= not (p > sel).any()
         # B or I: own forward, then the gradient from stage s+1 (from its B, else its I)
         bi = (kc == 1) | (kc == 2)
         sel = np.nonzero(bi)[0]
         if sel.size:
-            if ((kc[sel] == 2) & (producer[RSN + x[sel]] >= 0)).any():
+            if ((kc[sel] == 2) & (producer(RSN + x[sel]) >= 0)).any():
                 return None  # both B and I of one micro-batch
-            p = producer[x[sel]]
+            p = producer(x[sel])
             dep_a[sel] = slot_of(p, False)
             in_order &= not (p > sel).any()
             inner = sel[s_[sel] < S - 1]
             if inner.size:
-                g = producer[RSN + x[inner] + N]
-                g = np.where(g < 0, producer[2 * RSN + x[inner] + N], g)
+                g = producer(RSN + x[inner] + N)
+                g = np.where(g < 0, producer(2 * RSN + x[inner] + N), g)
                 local = next_peer[rs[inner]] < 0
                 dep_b[inner] = slot_of(g, ~local)
                 in_order &= not (local & (g > inner)).any()
@@ -186,7 +207,7 @@ class EncodedSchedule:
         key = (((dev * 4 + kc) * S + s_) * R + r_) * (int(span.max()) + 1 if n else 1) + span
         signature, first = _signatures(key)
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
-                   producer, bool(in_order), signature, first, (kc == 0) | (kc == 2))
+                   produced, produced_by, bool(in_order), signature, first, (kc == 0) | (kc == 2))
 
 
 #: byte of a kind's letter -> its code in :data:`_KIND_CODE` (-1: not a compute kind)
