@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from planner.request import Config
-from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, held_at_peak, inflight, shape
+from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, build, held_at_peak, inflight, inflight_exact, shape
 from planner.schedules.ir import Action, B, F, I, Schedule, W
 from planner.simulate import compile_schedule
 
@@ -261,7 +261,15 @@ class ScheduleCache:
                 raise ValueError(f"{sched.name} on D={sched.devices}: devices hold different numbers of stage "
                                  f"copies ({held}); the planner needs as many on every device"
                                  + (" (gems: an even D)" if sched.name == "gems" else ""))
-            counts = self.inflight(config, sched)
+            # the in-flight counts, not kept where this layout is all that reads them: only the exact counts
+            # are asked for again (:meth:`planner.bounds.TimeBounds.lower_bound`, :meth:`planner.memory.
+            # MemoryModel.partition_fitting`), and Chimera's lower bounds at D = 256 hold ~1M (replica, stage)
+            # entries per search (~150 MB); asked for anyway, they are computed again, the same
+            counts = self._inflight.get(key)
+            if counts is None:
+                counts = (self.inflight(config, sched) if inflight_exact(config.schedule) else
+                          inflight(config.schedule, sched.devices, sched.microbatches, **config.schedule_params())
+                          or {})
             per_route = Counter(sched.mb_replica)
             # micro-batches through each stage copy: those of every replica (route) placing it there
             per_copy: Counter[tuple[int, int]] = Counter()

@@ -5,12 +5,15 @@ one the dense table gives. Checked against a reference written per action from t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from planner.request import Config
 from planner.schedules import build
 from planner.schedules.encoded import EncodedSchedule
 from planner.schedules.ir import Action, B, F, I, Schedule, W
 from planner.schedules.timing import UnitCosts
+from planner.shapes import ScheduleCache
 from planner.simulate import builder_eager, simulate
 
 KINDS = {F: 0, B: 1, I: 2, W: 3}
@@ -84,3 +87,19 @@ def test_a_unit_done_twice_is_still_rejected() -> None:
     bad = Schedule(sched.name, sched.devices, sched.stages, sched.microbatches, sched.placement, rows,
                    sched.mb_replica, sched.params, sched.weight_versions, sched.synchronous)
     assert EncodedSchedule.encode(bad, builder_eager(bad)) is None
+
+
+@pytest.mark.parametrize("name,D,N,params", [("chimera", 8, 16, {"pipelines": 4}), ("hanayo", 4, 8, {"waves": 2}),
+                                             ("1f1b", 4, 8, {}), ("interleaved", 4, 8, {"chunks": 2})])
+def test_layout_without_kept_inflight_counts_is_the_same(name: str, D: int, N: int, params: dict) -> None:
+    """:meth:`planner.shapes.ScheduleCache.layout` does not keep the in-flight lower bounds of merged schedules
+    (computed for it alone): its arrays are those built from the kept counts."""
+    config = Config(tensor=1, pipeline=D, data=1, micro_batch=1, schedule=name, **params)
+    fresh, kept = ScheduleCache(), ScheduleCache()
+    sched = kept.schedule(config, N, full=False)
+    kept.inflight(config, sched)  # asked first: kept, then read by the layout
+    a, b = fresh.layout(config, fresh.schedule(config, N, full=False)), kept.layout(config, sched)
+    for field in ("stage", "per_mb", "inflight", "held"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert (x is None and y is None) or (x.dtype == y.dtype and np.array_equal(x, y)), field
+    assert fresh.inflight(config, sched) == kept.inflight(config, sched)
