@@ -24,13 +24,21 @@ pytestmark = pytest.mark.slow
 
 
 def test_serve_warms_transformers_after_it_listens(tmp_path: Path) -> None:
-    port, token = free_port(), "warm-admin-token"
+    token = "warm-admin-token"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEPLAN_") and k != "DATABASE_URL"}
     env.update(PIPEPLAN_DATA_DIR=str(tmp_path), PIPEPLAN_ADMIN_TOKEN=token)
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeplan.cli", "serve", "--upgrade", "--port", str(port)],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    # our server, on a port no concurrent test took between free_port() and its bind: CI saw another test's server
+    # answer the health check (401 to our token) while ours exited with "address already in use"
+    for attempt in range(5):
+        port = free_port()
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "pipeplan.cli", "serve", "--upgrade", "--port", str(port)],
+                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda p=proc: p.poll() is not None or "Uvicorn running" in log.read_text(), timeout=180,
+                 every=0.2, what="serve listening or exited")
+        if proc.poll() is None or "in use" not in log.read_text() or attempt == 4:
+            break
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_healthy(url, 180, alive=lambda: proc.poll() is None), \
