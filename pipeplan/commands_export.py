@@ -245,12 +245,10 @@ def export(
             if given:
                 raise ValueError(f"{', '.join(given)}: not with --plan, whose candidate has its own schedule")
             if fmt in SCHEDULE_FORMATS:
-                given = [k for k in ("--profile", "--cluster", "--gpus-per-node", "--model", "--option",
-                                     "--closest") if plan_opts[k] is not None]
+                given = [k for k, v in plan_opts.items() if v is not None and k != "--candidate"]
                 if given:
                     raise ValueError(f"{', '.join(given)}: not with --format {fmt}, which writes the candidate's "
                                      "schedule only")
-            if fmt in SCHEDULE_FORMATS:
                 from planner.runspec import RunSpec
 
                 files = [("schedule", schedule_text(RunSpec.from_document(load_candidate(plan, candidate))

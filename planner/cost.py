@@ -160,7 +160,6 @@ MIXED_PRECISION_GRAD_PASS_BYTES = 18.0
 OVERHEAD_TIED_BYTES = 8 * 8 * 4.0
 
 
-
 def rabenseifner(r: int, nbytes: float, link: Link) -> float:
     """Chimera 3.4: ``2 log2(r) alpha + 2 (r-1)/r beta L``."""
     if r <= 1 or nbytes <= 0:
