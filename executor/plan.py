@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from executor.models import get_config
 from executor.models.config import ModelConfig
 from executor.models.source import ModuleSource, ZooSource
+from planner.jsondoc import integer
 from planner.request import Config
 from planner.runspec import RunSpec, partition_error
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
@@ -78,7 +79,7 @@ class RunPlan:
                 raise PlanError(f"plan candidate lacks the field(s) {', '.join(missing)}")
         spec = _spec(RunSpec.from_document, cand)
         stated = cand.get("global_batch")
-        if stated is not None and (not isinstance(stated, int) or isinstance(stated, bool) or stated < 1):
+        if stated is not None and ((n := integer(stated)) is None or n < 1):
             raise PlanError(f"plan candidate: global_batch: a positive integer (samples per iteration), got "
                             f"{json.dumps(stated)[:40]}")
         _check_global_batch(spec, stated or 0)

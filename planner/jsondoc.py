@@ -32,6 +32,12 @@ def number(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def integer(value: Any) -> int | None:
+    """A count read from a document as a JSON integer, or None where it is not one (a bool is not, nor a
+    string of digits, nor a float)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def flag(doc: dict[str, Any], key: str) -> bool:
     """A true/false field of a document (a candidate's ``shard_optimizer``): absent or null is false, a JSON
     boolean is itself, anything else a ValueError naming the field (a hand-edited ``"false"`` is a non-empty

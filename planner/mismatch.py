@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from planner.cluster import Cluster
 from planner.device import name_key, shipped_device
+from planner.jsondoc import integer
 from planner.profile import ModelProfile, other_runtime, runtime_words
 from planner.request import TrainingRequest
 
@@ -58,8 +59,8 @@ def sharded_words(candidate: dict) -> str | None:
     """What a candidate document's plan shards over its data-parallel replicas that pipeplan's executor does not
     (it keeps whole weights and optimizer state and all-reduces the gradients): ``"the weights, gradients and
     optimizer state (FSDP)"``, ``"the optimizer state (ZeRO-1)"``, or None (W = 1, or nothing sharded)."""
-    data = candidate.get("data")  # (a hand-edited document's odd values say nothing is sharded: a note only)
-    if not isinstance(data, int) or isinstance(data, bool) or data <= 1:
+    data = integer(candidate.get("data"))  # (a hand-edited document's odd values say nothing is sharded: a note)
+    if data is None or data <= 1:
         return None
     if candidate.get("shard_parameters") is True:
         return "the weights, gradients and optimizer state (FSDP)"

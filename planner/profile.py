@@ -43,6 +43,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.dtypes import dtype_error
+from planner.jsondoc import integer
 from planner.limits import MAX_COUNT, MAX_LAYERS, MAX_SECONDS, MAX_SIZE, MAX_SIZES, SHAPE_LIMITS
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
@@ -371,8 +372,8 @@ class ModelProfile(BaseModel):
         if isinstance(spec, dict):
             for key, have in (("layers", blocks or None), ("heads", self.shape.heads if self.shape else None),
                               ("hidden", self.shape.hidden if self.shape else None)):
-                given = spec.get(key)
-                if have is not None and isinstance(given, int) and given != have:
+                given = integer(spec.get(key))
+                if have is not None and given is not None and given != have:
                     raise ValueError(f"environment.model_spec: {key} {given}, but the profile's is {have} (the "
                                      "model an export writes out must be the one profiled)")
         return self
@@ -412,7 +413,8 @@ class ModelProfile(BaseModel):
             heads = json.loads(self.environment.get("model_spec", "{}")).get("heads")
         except (ValueError, AttributeError):
             return None
-        return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else None
+        heads = integer(heads)
+        return heads if heads is not None and heads > 0 else None
 
     def content_hash(self) -> str:
         """sha256 hex digest of :meth:`canonical_json`."""
