@@ -229,14 +229,16 @@ class ScheduleCache:
             got = self._pairs[key] = sched.stages_by_device()
         return got
 
-    def inflight(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
+    def inflight(self, config: Config, sched: Schedule, keep: bool = True) -> dict[tuple[int, int], int]:
         """:func:`planner.schedules.inflight` of ``sched``'s shape: per (replica, stage), the micro-batches
-        alive at once (exact, or a lower bound: :func:`planner.schedules.inflight_exact`)."""
+        alive at once (exact, or a lower bound: :func:`planner.schedules.inflight_exact`); ``keep``: kept for
+        the next call (computed ones are)."""
         key = schedule_key(config, sched.microbatches)
         got = self._inflight.get(key)
         if got is None:
-            got = self._inflight[key] = inflight(config.schedule, sched.devices, sched.microbatches,
-                                                 **config.schedule_params()) or {}
+            got = inflight(config.schedule, sched.devices, sched.microbatches, **config.schedule_params()) or {}
+            if keep:
+                self._inflight[key] = got
         return got
 
     def held(self, config: Config, sched: Schedule) -> dict[tuple[int, int], int]:
@@ -265,11 +267,7 @@ class ScheduleCache:
             # are asked for again (:meth:`planner.bounds.TimeBounds.lower_bound`, :meth:`planner.memory.
             # MemoryModel.partition_fitting`), and Chimera's lower bounds at D = 256 hold ~1M (replica, stage)
             # entries per search (~150 MB); asked for anyway, they are computed again, the same
-            counts = self._inflight.get(key)
-            if counts is None:
-                counts = (self.inflight(config, sched) if inflight_exact(config.schedule) else
-                          inflight(config.schedule, sched.devices, sched.microbatches, **config.schedule_params())
-                          or {})
+            counts = self.inflight(config, sched, keep=inflight_exact(config.schedule))
             per_route = Counter(sched.mb_replica)
             # micro-batches through each stage copy: those of every replica (route) placing it there
             per_copy: Counter[tuple[int, int]] = Counter()
