@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, selectinload
 
 from api.cluster_versions import calibration_jobs_of
-from api.errors import Busy, Conflict, InputError, NotFound
+from api.errors import Busy, Conflict, InputError, NotFound, stored
 from api.gang import canonical_device
 from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
@@ -152,7 +152,8 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
                 max_unfinished: int) -> tuple[PlanRequest, bool]:
     """A new queued plan request, or the stored one with the same inputs (not failed): (row, created).
     :class:`Busy` when ``max_unfinished`` plans are already queued or running."""
-    if db.get(Profile, profile_id) is None:
+    profile = db.get(Profile, profile_id)
+    if profile is None:
         raise InputError(f"profile_id: profile {profile_id} not found")
     cluster = db.get(ClusterRow, cluster_id)
     if cluster is None:
@@ -168,6 +169,7 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
                          .order_by(PlanRequest.id.desc()).limit(1))
     if existing is not None:
         return existing, False
+    checked_bodies(profile, cluster)
     from api.planqueue import unfinished_count
 
     waiting = unfinished_count(db)
@@ -206,8 +208,24 @@ def count_candidates(db: Session, plan_ids: list[int]) -> dict[int, int]:
 
 
 def plan_inputs(db: Session, plan_id: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The plan's profile and cluster documents (each checked against today's rules, :func:`checked_bodies`)
+    and its request."""
     row = get_plan(db, plan_id)
-    return get_profile(db, row.profile_id).body, get_cluster(db, row.cluster_id).body, row.request
+    return (*checked_bodies(db.get(Profile, row.profile_id), db.get(ClusterRow, row.cluster_id)), row.request)
+
+
+def checked_bodies(profile: Profile | None, cluster: ClusterRow | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The stored profile's and cluster's documents, each of which must still meet the rules of
+    :class:`planner.profile.ModelProfile` and :class:`planner.cluster.Cluster`: a row stored by an earlier
+    version may break a rule added since (:func:`api.errors.stored`: 422 naming the row, the field and the
+    rule)."""
+    if profile is None or cluster is None:  # pragma: no cover - rows in use by a plan cannot be deleted
+        raise NotFound("the plan's profile or cluster is gone")
+    stored(ModelProfile, profile.body, f"profile {profile.id}",
+           "upload a corrected profile (POST /profiles) and plan with it")
+    stored(Cluster, cluster.body, f"cluster {cluster.id}",
+           "upload a corrected cluster (POST /clusters) and plan with it")
+    return profile.body, cluster.body
 
 
 def plan_document(row: PlanRequest) -> dict[str, Any]:

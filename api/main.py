@@ -10,7 +10,6 @@ stops its planner processes and puts their plans back in the queue. Request bodi
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,59 +17,21 @@ from html import escape
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.exc import DataError, IntegrityError, StatementError
 
 from api import crud, jobqueue
 from api.bodylimit import BodyLimit
+from api.errors import clean_errors, validation_message
 from api.metrics import Metrics
 from api.planrun import PlanRunner
 from api.routers import clusters, health, jobs, plans, profiles, workers
 from api.settings import Settings
 from db.migrate import check
-from db.models import finite
 from db.session import make_engine, make_sessionmaker
 
 log = logging.getLogger("pipeplan.api")
-
-
-def _loc(loc: Any) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)] if isinstance(loc, list | tuple) else [str(loc)]
-    return ".".join(parts) or "body"
-
-
-# a message that names its field itself, as a model validator's do ("schedules: unknown schedule 'foo'")
-_NAMES_FIELD = re.compile(r"^[A-Za-z_][\w.]*: ")
-
-
-def _msg(e: dict[str, Any]) -> str:
-    """One error of :func:`_clean_errors` (pydantic's 'Value error, ' taken off there) as 'field.path: message',
-    without 'body: ' before a message of the whole body that names its field."""
-    msg = str(e.get("msg", "invalid"))
-    if e.get("type") == "json_invalid":  # loc ("body", <character offset>): say what the number is
-        where = [p for p in e.get("loc", ()) if p != "body"]
-        return f"body: not valid JSON{f' at character {where[0]}' if where else ''}"
-    loc = _loc(e.get("loc", ()))
-    return msg if loc == "body" and _NAMES_FIELD.match(msg) else f"{loc}: {msg}"
-
-
-def validation_message(errors: list[dict[str, Any]]) -> str:
-    """'field.path: message; ...' for the first few errors (as :func:`_clean_errors` leaves them)."""
-    msgs = [_msg(e) for e in errors[:5]]
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return "; ".join(msgs) + more
-
-
-def _clean_errors(errors: Any) -> list[dict[str, Any]]:
-    out = []
-    for e in errors:
-        e = {k: v for k, v in dict(e).items() if k in ("type", "loc", "msg")}
-        if isinstance(e.get("msg"), str):
-            e["msg"] = e["msg"].removeprefix("Value error, ")
-        out.append(finite(jsonable_encoder(e)))
-    return out
 
 
 class Reaper(threading.Thread):
@@ -145,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        errors = _clean_errors(exc.errors())
+        errors = clean_errors(exc.errors())
         if request.url.path.startswith("/ui/"):  # a page's address with a bad id: a page, not the API's JSON
             page = escape(request.url.path)
             return HTMLResponse(status_code=404, content=(

@@ -249,7 +249,11 @@ class PlanRunner:
             with self.sessions.begin() as db:
                 if not planqueue.start_plan(db, plan_id, self.name, lease):
                     return
-                profile, cluster, request = crud.plan_inputs(db, plan_id)
+                try:
+                    profile, cluster, request = crud.plan_inputs(db, plan_id)
+                except crud.InputError as e:  # queued before its profile or cluster broke a rule added since
+                    planqueue.fail_plan(db, plan_id, str(e), self.name)
+                    return
 
             def renew() -> bool:
                 with self.sessions.begin() as db:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api import crud
 from api.deps import DB, Admin, Read
+from api.errors import stored
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
 from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
@@ -109,7 +110,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     if (body.cluster_id is None) == (body.device is None):
         raise crud.InputError("cluster_id, device: give exactly one")
     if body.cluster_id is not None:
-        dev = device_for_cluster(Cluster.model_validate(crud.get_cluster(db, body.cluster_id).body))
+        dev = device_for_cluster(stored(Cluster, crud.get_cluster(db, body.cluster_id).body,
+                                        f"cluster_id: cluster {body.cluster_id}", "name a device instead"))
     else:
         dev = shipped_device(body.device or "")
         if dev is None:
