@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from planner.jsondoc import unique_keys
 from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, Schedule, build, check_size, parameters
 
 if TYPE_CHECKING:
@@ -101,22 +102,13 @@ def read_problem(exc: OSError | UnicodeDecodeError, option: str, path: str | Pat
     return f"{option} {path}: cannot read it ({exc.strerror or exc})"
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"key {key[:40]!r} appears twice in one object (which one is meant?)")
-        seen[key] = value
-    return seen
-
-
 def read_json(option: str, path: str | Path) -> Any:
     """The JSON document of the file given as ``option`` (``--plan``, ``--runs``), or a ValueError in one line
     naming the option and the file: it cannot be read (:func:`read_problem`), it is not JSON, it nests past
     Python's recursion, or an object holds a key twice (JSON leaves that undefined; Python's reader kept the
     last). One reading, one wording, for every command that reads a plain JSON file."""
     try:
-        return json.loads(Path(path).read_text(), object_pairs_hook=_unique_keys)
+        return json.loads(Path(path).read_text(), object_pairs_hook=unique_keys)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(read_problem(e, option, path)) from None
     except json.JSONDecodeError as e:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from planner.jsondoc import refuse_duplicate_keys
 from planner.limits import (
     MAX_BANDWIDTH,
     MAX_COUNT,
@@ -234,7 +235,10 @@ class Cluster(BaseModel):
 
 
 def load_cluster(path: str | Path) -> Cluster:
-    return Cluster.model_validate_json(Path(path).read_text())
+    """Read and validate a cluster description (JSON; a key given twice in one object is refused)."""
+    text = Path(path).read_text()
+    refuse_duplicate_keys(text)
+    return Cluster.model_validate_json(text)
 
 
 def save_cluster(cluster: Cluster, path: str | Path) -> None:

@@ -72,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.attention_waves import balance
 from planner.dtypes import canonical_dtype
+from planner.jsondoc import refuse_duplicate_keys
 from planner.limits import MAX_BANDWIDTH, MAX_COUNT, MAX_FLOPS, MAX_MEMORY_BYTES, MAX_SECONDS
 from planner.power import PowerLimit
 
@@ -531,7 +532,9 @@ def load_device(path: str | Path, bases: tuple[DeviceSpec, ...] | None = None) -
 
 
 def _device_from_text(text: str, path: Path, bases: tuple[DeviceSpec, ...] | None) -> DeviceSpec:
-    """:func:`load_device` of the file at ``path`` whose contents are ``text``."""
+    """:func:`load_device` of the file at ``path`` whose contents are ``text`` (a key given twice in one object is
+    refused)."""
+    refuse_duplicate_keys(text)
     if '"like"' not in text:
         return DeviceSpec.model_validate_json(text)
     raw = json.loads(text)

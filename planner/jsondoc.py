@@ -4,6 +4,7 @@ database's stored documents (:class:`db.models.JSONText`). Pure Python."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -46,3 +47,31 @@ def flag(doc: dict[str, Any], key: str) -> bool:
     if value is None or isinstance(value, bool):
         return bool(value)
     raise ValueError(f"{key}: true or false, got {str(value)[:40]!r}")
+
+
+class DuplicateKey(ValueError):
+    """An object of a JSON document holds a key twice."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` that refuses a key given twice in one object: JSON (RFC 8259
+    section 4) leaves such an object's meaning undefined; Python's and pydantic's readers keep the last, so a
+    hand-edited file's first value would be dropped without a word."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(f"key {key[:40]!r} appears twice in one object (which one is meant?)")
+        seen[key] = value
+    return seen
+
+
+def refuse_duplicate_keys(text: str) -> None:
+    """:class:`DuplicateKey` when the JSON document ``text`` has an object with a key twice. Text that is not
+    JSON (or nests past Python's recursion) passes: the model's own reader says what is wrong with it, in its
+    words. Used by the file loaders (profiles, clusters, devices) before pydantic reads the text."""
+    try:
+        json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey:
+        raise
+    except (ValueError, RecursionError):
+        return

@@ -43,7 +43,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.dtypes import dtype_error
-from planner.jsondoc import integer
+from planner.jsondoc import integer, refuse_duplicate_keys
 from planner.limits import MAX_COUNT, MAX_LAYERS, MAX_SECONDS, MAX_SIZE, MAX_SIZES, SHAPE_LIMITS
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
@@ -512,4 +512,6 @@ def save_profile(profile: ModelProfile, path: str | Path) -> None:
 
 def load_profile(path: str | Path) -> ModelProfile:
     """Read and validate a profile written by :func:`save_profile` (or by hand)."""
-    return ModelProfile.model_validate_json(Path(path).read_text())
+    text = Path(path).read_text()
+    refuse_duplicate_keys(text)
+    return ModelProfile.model_validate_json(text)

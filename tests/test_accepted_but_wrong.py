@@ -15,6 +15,8 @@ from cli_support import run as _run
 from pydantic import ValidationError
 
 from planner.cluster import Calibration, HostCpu
+from planner.device import load_device
+from planner.jsondoc import refuse_duplicate_keys
 from planner.limits import MAX_CALIBRATION_RUNS
 from planner.model import tensor_split_error
 from planner.request import Config
@@ -341,3 +343,32 @@ def test_calibrate_names_a_run_spec_that_is_no_object(files: dict[str, Path]) ->
     runs.write_text(json.dumps([{"profile": files["profile"].name, "candidate": {"run_spec": [1], "global_batch": 8},
                                  "measured": 0.05}]))
     _refused(["calibrate", "--cluster", CPU4, "--runs", runs], "runs[0].candidate.run_spec: an object {config")
+
+
+def test_profile_cluster_and_device_files_refuse_a_key_twice(files: dict[str, Path]) -> None:
+    """Profiles, clusters and devices were read by pydantic, which keeps the last of a key given twice."""
+    d = files["dir"]
+    text = files["profile"].read_text()
+    prof = d / "dup-profile.json"
+    prof.write_text(text.replace('"dtype":', '"dtype": "fp32", "dtype":', 1))
+    _refused(["plan", "--profile", prof, "--cluster", CPU4, "--global-batch", "8"],
+             f"invalid profile {prof}", "key 'dtype' appears twice")
+    cl = d / "dup-cluster.json"
+    cl.write_text(CPU4.read_text().replace('"nodes":', '"nodes": 2, "nodes":', 1))
+    _refused(["plan", "--profile", files["profile"], "--cluster", cl, "--global-batch", "8"],
+             f"invalid cluster {cl}", "key 'nodes' appears twice")
+    dev = d / "dup-device.json"
+    h100 = ROOT / "planner" / "devices" / "h100-sxm5-80gb.json"
+    dev.write_text(h100.read_text().replace('"name":', '"name": "other", "name":', 1))
+    with pytest.raises(ValueError, match="key 'name' appears twice"):
+        load_device(dev)
+    nested = d / "dup-nested.json"  # inside a nested object too
+    nested.write_text(CPU4.read_text().replace('"alpha":', '"alpha": 1e-6, "alpha":', 1))
+    _refused(["plan", "--profile", files["profile"], "--cluster", nested, "--global-batch", "8"],
+             "key 'alpha' appears twice")
+    broken = d / "broken-cluster.json"  # not JSON: pydantic's own words, as before
+    broken.write_text("{")
+    _refused(["plan", "--profile", files["profile"], "--cluster", broken, "--global-batch", "8"],
+             f"invalid cluster {broken}")
+    for path in [*ROOT.glob("examples/**/*.json"), *(ROOT / "planner" / "devices").glob("*.json")]:
+        refuse_duplicate_keys(path.read_text())  # every shipped file reads as it did
