@@ -9,10 +9,11 @@ from pydantic import BaseModel, Field
 
 from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
+from api.jsonbody import UniqueKeysRoute
 from api.routers.common import Filter, IdPath, Limit, Offset, clusters_out
 from api.schemas import ClusterDetail, ClusterOut, ClusterUpload, Message
 
-router = APIRouter(prefix="/clusters", tags=["clusters"])
+router = APIRouter(prefix="/clusters", tags=["clusters"], route_class=UniqueKeysRoute)
 
 
 @router.post("", response_model=ClusterOut, status_code=201, dependencies=[Admin],

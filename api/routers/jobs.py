@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from api import crud, gang, jobqueue
 from api.comparison import comparison
 from api.deps import DB, Admin, Read, SettingsDep, WorkerAuth, as_worker
+from api.jsonbody import UniqueKeysRoute
 from api.routers.common import IdPath, Limit, Offset, job_out, result_out
 from api.schemas import (
     Comparison,
@@ -27,7 +28,7 @@ from api.settings import Settings
 from api.timelines import candidate_timeline, trace_timeline
 from db.models import Job
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=UniqueKeysRoute)
 RankPath = Annotated[int, Path(ge=0, le=65535, description="node rank of the slot")]
 ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}}
 

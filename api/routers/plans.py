@@ -10,12 +10,13 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from api import calibration, crud
 from api.deps import DB, Admin, Read, SettingsDep
 from api.exports import candidate_export
+from api.jsonbody import UniqueKeysRoute
 from api.routers.common import IdPath, Limit, Offset, plan_out, plan_summary
 from api.schemas import MAX_TOP, Message, PlanCreate, PlanOut, PlanSummary
 from api.timelines import candidate_timeline
 from planner.export import FRAMEWORKS
 
-router = APIRouter(prefix="/plans", tags=["plans"])
+router = APIRouter(prefix="/plans", tags=["plans"], route_class=UniqueKeysRoute)
 
 
 @router.post("", response_model=PlanOut, status_code=201, dependencies=[Admin],

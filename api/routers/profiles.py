@@ -10,12 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import crud
 from api.deps import DB, Admin, Read
 from api.errors import stored
+from api.jsonbody import UniqueKeysRoute
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
 from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
 from planner.cluster import Cluster
 from planner.device import ATTENTION_IMPLS, DeviceSpec
 
-router = APIRouter(prefix="/profiles", tags=["profiles"])
+router = APIRouter(prefix="/profiles", tags=["profiles"], route_class=UniqueKeysRoute)
 
 
 class HFConfigUpload(BaseModel):

@@ -6,10 +6,11 @@ from fastapi import APIRouter, Response
 
 from api import crud, jobqueue
 from api.deps import DB, Read, Registrar, SettingsDep, WorkerAuth, as_worker
+from api.jsonbody import UniqueKeysRoute
 from api.routers.common import IdPath, Limit, Offset, job_out, worker_out
 from api.schemas import ClaimIn, JobClaim, Message, WorkerDeclared, WorkerOut, WorkerRegister, WorkerRegistered
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = APIRouter(prefix="/workers", tags=["workers"], route_class=UniqueKeysRoute)
 ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}}
 
 
