@@ -61,10 +61,19 @@ class Warmup:
     minus one -- a split backward's activations stay until its W --, an I nothing), and whether it is a
     forward."""
 
-    def __init__(self, shape: Schedule, lists: list[list[Action]], slots: int) -> None:
+    def __init__(self, shape: Schedule, lists: list[list[Action]], slots: int,
+                 extends: Warmup | None = None) -> None:
+        """``extends``: a warm-up of the same lists with fewer slots (each of its lists a prefix of the one in
+        ``lists``): its arrays are copied and only the actions past it are read, instead of every action again
+        (the memory check merges S, 2S, then 3S slots: at D = 256 the third round's lists hold up to ~200k
+        actions, a third of them new). The arrays are the same as read from the start: each entry is of its
+        own action, and the padding is zeros in both."""
         self.shape, self.lists, self.slots = shape, lists, slots
         lens = [len(row) for row in lists]
-        D, L, n = len(lists), max(lens, default=0), sum(lens)
+        start = [len(row) for row in extends.lists] if extends is not None else [0] * len(lists)
+        tails = [row[k:] for row, k in zip(lists, start, strict=True)]
+        news = [len(row) for row in tails]
+        D, L, n = len(lists), max(lens, default=0), sum(news)
         self.stage = np.zeros((D, L), dtype=np.int64)
         self.coef = np.zeros((D, L))
         self.forward = np.zeros((D, L), dtype=bool)
@@ -72,21 +81,27 @@ class Warmup:
         self.input_grad = np.zeros((D, L), dtype=bool)
         self.weight_grad = np.zeros((D, L), dtype=bool)
         backwards = 0
+        if extends is not None:
+            done = extends.stage.shape[1]  # its padding is zeros, as these arrays' is
+            for name in ("stage", "coef", "forward", "input_grad", "weight_grad"):
+                getattr(self, name)[:, :done] = getattr(extends, name)
+            backwards = extends.backwards
         if n:
-            # every row at once: the actions' fields as flat columns, placed at (device, position in its list)
-            kinds, stages, _, _, spans, _ = zip(*(a for row in lists for a in row), strict=True)
+            # every row at once: the new actions' fields as flat columns, placed at (device, position in its list)
+            kinds, stages, _, _, spans, _ = zip(*(a for row in tails for a in row), strict=True)
             code = np.frombuffer("".join(kinds).encode("ascii"), dtype=np.uint8)
             if len(code) != n:
                 raise ValueError("a warm-up holds compute actions only (F, B, I, W)")
             fwd, bwd = code == ord(F), (code == ord(B)) | (code == ord(I))
             frees = (code == ord(B)) | (code == ord(W))  # a split backward's activations stay until its W
-            at = (np.repeat(np.arange(D), lens), np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens))
+            at = (np.repeat(np.arange(D), news),
+                  np.repeat(start, news) + np.arange(n) - np.repeat(np.cumsum(news) - news, news))
             self.input_grad[at] = code == ord(I)
             self.weight_grad[at] = code == ord(W)
             self.stage[at] = stages
             self.forward[at] = fwd
             self.coef[at] = np.where(fwd, np.array(spans, dtype=float), np.where(frees, -1.0, 0.0))
-            backwards = int(bwd.sum())
+            backwards += int(bwd.sum())
         #: B and I actions in the lists (all of them: the prefix is the whole schedule)
         self.backwards = backwards
         self._compiled: Any = None
@@ -163,6 +178,7 @@ class ScheduleCache:
         self._held: dict[ScheduleKey, dict[tuple[int, int], int]] = {}
         self._layouts: dict[ScheduleKey, Layout] = {}
         self._warmups: dict[tuple[ScheduleKey, int], Warmup | None] = {}
+        self._longest_warmup: dict[ScheduleKey, Warmup] = {}
         self._forwards_first: dict[ScheduleKey, tuple[np.ndarray, int] | None] = {}
 
     def schedule(self, config: Config, microbatches: int, full: bool = True) -> Schedule:
@@ -190,8 +206,13 @@ class ScheduleCache:
         prefix = getattr(sys.modules[BUILDERS[config.schedule].__module__], "prefix", None)
         got = None
         if prefix is not None:
+            # the longest warm-up of these lists built so far, when shorter: its arrays are this one's start
+            before = self._longest_warmup.get(key[0])
             got = Warmup(self.schedule(config, microbatches, full=False),
-                         prefix(config.pipeline, microbatches, slots, **config.schedule_params()), slots)
+                         prefix(config.pipeline, microbatches, slots, **config.schedule_params()), slots,
+                         before if before is not None and before.slots < slots else None)
+            if before is None or before.slots < slots:
+                self._longest_warmup[key[0]] = got
         self._warmups[key] = got
         return got
 
