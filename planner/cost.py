@@ -501,6 +501,10 @@ class ConfigCosts(Costs):
         #: that share the compute above (an interleaved pipeline of D = 2 and a 1F1B one of D = 8 have the same
         #: 8 stages, and Chimera's two pipelines run their stages in opposite directions)
         self._held_send: dict[tuple[str, int, int], float] = {}
+        #: :meth:`holders` per stage, of the placement it was read from (a later :meth:`use_schedule` may bring
+        #: another): Chimera's bounds ask :meth:`allreduce` ~500 times per configuration at D = 256, 2f = 256,
+        #: each reading the 256 replicas' rows, for ~120 distinct stages
+        self._holders: tuple[list[list[int]] | None, dict[int, tuple[int, ...]]] = (None, {})
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
@@ -943,8 +947,21 @@ class ConfigCosts(Costs):
         parallelism or scatter/gather (``p2p_share``). What the emulated executor moves too."""
         return self.stages[boundary].out_bytes * self.base_b * span / self.p2p_share
 
+    def holders(self, stage: int) -> tuple[int, ...]:
+        """The pipeline devices holding a copy of ``stage`` (every replica's), sorted: who all-reduce its
+        gradients. Read once per stage and placement (:attr:`_holders`)."""
+        placement = self.schedule.placement
+        seen, got = self._holders
+        if seen is not placement:
+            got = {}
+            self._holders = (placement, got)
+        holders = got.get(stage)
+        if holders is None:
+            holders = got[stage] = tuple(sorted({row[stage] for row in placement}))
+        return holders
+
     def allreduce(self, stage: int, replica: int, device: int) -> float:
-        holders = tuple(sorted({row[stage] for row in self.schedule.placement}))
+        holders = self.holders(stage)
         nbytes = self.stages[stage].param_bytes / self.t
         if self.fsdp:
             return self._fsdp_sync(stage)
