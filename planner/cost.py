@@ -503,8 +503,10 @@ class ConfigCosts(Costs):
         self._held_send: dict[tuple[str, int, int], float] = {}
         #: :meth:`holders` per stage, of the placement it was read from (a later :meth:`use_schedule` may bring
         #: another): Chimera's bounds ask :meth:`allreduce` ~500 times per configuration at D = 256, 2f = 256,
-        #: each reading the 256 replicas' rows, for ~120 distinct stages
+        #: each reading the 256 replicas' rows, for ~120 distinct stages. The tuples are shared like
+        #: :attr:`_allreduces` (whose keys hold them): the candidates keep their costs to the end of the search
         self._holders: tuple[list[list[int]] | None, dict[int, tuple[int, ...]]] = (None, {})
+        self._holder_tuples: dict[tuple[int, ...], tuple[int, ...]] = shared.setdefault("holders", {})
         #: (replica, stage) pairs each device holds
         self.held = held if held is not None else [schedule.stages_on(d) for d in range(schedule.devices)]
         self.cal = calibration(cluster)
@@ -957,7 +959,8 @@ class ConfigCosts(Costs):
             self._holders = (placement, got)
         holders = got.get(stage)
         if holders is None:
-            holders = got[stage] = tuple(sorted({row[stage] for row in placement}))
+            holders = tuple(sorted({row[stage] for row in placement}))
+            holders = got[stage] = self._holder_tuples.setdefault(holders, holders)
         return holders
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:
