@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from api import crud
 from api.errors import InputError
-from planner.jsondoc import number
+from planner.jsondoc import integer, number
 from planner.schedules import SCHEDULE_PARAMETERS
 
 #: actions of one timeline document (about 40 bytes each in JSON): a few MB at most
@@ -119,7 +119,7 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
             if ts is None or dur is None or not math.isfinite(ts + dur):
                 continue
             it = args.get("iteration", 0)
-            spans.append((tid, it if isinstance(it, int) and not isinstance(it, bool) else 0,
+            spans.append((tid, integer(it) or 0,
                           str(ev.get("name", "")), ts / 1e6, (ts + dur) / 1e6))
     if not spans:
         return None, "the trace has no timed events"

@@ -209,7 +209,7 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     for ours, theirs in names.items():
         value = data.get(theirs)
         if ours in SHAPE_LIMITS and value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if (jsondoc.integer(value) or 0) < 1:
                 raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
             if value > SHAPE_LIMITS[ours]:
                 why = (f" transformer layers: a profile holds at most {MAX_LAYERS} layers, the blocks, the embedding "

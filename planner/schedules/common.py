@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.jsondoc import integer
 from planner.schedules.ir import Action, Schedule
 
 
 def check_positive(**values: int) -> None:
     """Raise a ValueError naming the first parameter that is not a positive integer."""
     for name, v in values.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if (integer(v) or 0) < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
