@@ -117,6 +117,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from planner import fsdp
 from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Link
 from planner.contention import collective_share, overlapped
@@ -1213,36 +1215,72 @@ def _cpu_fraction(costs: ConfigCosts, kind: str, stage: int, span: int, device: 
     return over / (work + over) if work + over > 0 else 0.0
 
 
-def experienced_concurrency(costs: ConfigCosts, timeline: list, copies: float) -> float:
+def experienced_concurrency(costs: ConfigCosts, timeline: list | SimResult, copies: float) -> float:
     """Processes with work at once, as the core time sees it: ``∫ k_cpu(t) k(t) dt / ∫ k_cpu(t) dt``, where
     ``k_cpu`` counts the node's processes computing at ``t`` (each simulated device stands for ``copies``
     processes in step with it: its data-parallel copies and tensor ranks on the node) and ``k`` adds the
     messages and collectives being copied at ``t`` when communication does not overlap compute (gloo moves
-    them with memory copies on the same cores, :class:`planner.cluster.HostCpu`). 0 without compute."""
-    from planner.schedules.ir import ALLREDUCE as AR
-    from planner.schedules.ir import SEND_B as SB
-    from planner.schedules.ir import STEP as ST
+    them with memory copies on the same cores, :class:`planner.cluster.HostCpu`). 0 without compute.
+
+    ``timeline``: a simulation's timeline, or the simulation (:meth:`SimResult.host_spans` reads what this
+    needs without building the timeline). The integral is taken over the events (the start and end of each
+    action, in the timeline's order, device by device, sorted stably by time) with running sums in that
+    order: numpy's ``cumsum`` adds in sequence, so the floats are those of the event-by-event loop."""
+    from planner.schedules.timing import SPAN_KIND, timeline_spans
 
     host = costs.cluster.host
     comm_counts = host is not None and not host.comm_overlaps_compute
-    events: list[tuple[float, float, float]] = []  # (time, d k_cpu, d k)
-    for d, row in enumerate(timeline):
-        for a, start, end in row:
-            if end <= start:
-                continue
-            if a.kind in ("F", "B", "I", "W") or a.kind == ST:
-                frac = _cpu_fraction(costs, a.kind, a.stage if a.kind != ST else -1, a.span, d) * copies
-                events += [(start, frac, frac), (end, -frac, -frac)]
-            elif comm_counts and a.kind in (SEND_F, SB, AR):
-                events += [(start, 0.0, copies), (end, 0.0, -copies)]
-    events.sort(key=lambda e: e[0])
-    num = den = k_cpu = k = 0.0
-    last = events[0][0] if events else 0.0
-    for at, dc, dk in events:
-        dt = at - last
-        num += k_cpu * k * dt
-        den += k_cpu * dt
-        k_cpu, k, last = k_cpu + dc, k + dk, at
+    spans = timeline.host_spans() if isinstance(timeline, SimResult) else timeline_spans(timeline)
+    times: list[np.ndarray] = []  # per device, its events: the start then the end of each action kept
+    d_cpu: list[np.ndarray] = []  # change of k_cpu
+    d_k: list[np.ndarray] = []  # change of k
+    for d, (code, stage, span, start, end) in enumerate(spans):
+        keep = ~(end <= start)  # (as the loop's ``end <= start: skip``, NaN included)
+        if not comm_counts:  # the copies (code 5) count only when they hold the cores
+            keep &= code <= 4
+        sel = np.nonzero(keep)[0]
+        if not sel.size:
+            continue
+        c = code[sel]
+        comp = c <= 4
+        frac = np.zeros(sel.size)
+        if comp.any():
+            if costs.emulated:  # per (kind, stage, span): the part of it that takes core time
+                keys = np.stack((c, stage[sel], span[sel]), axis=1)[comp]
+                uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+                u_frac = np.array([_cpu_fraction(costs, SPAN_KIND[k], s if k != 4 else -1, sp, d) * copies
+                                   for k, s, sp in uniq.tolist()])
+                frac[comp] = u_frac[inv.reshape(-1)]
+            else:  # all of it (_cpu_fraction's 1.0 * copies)
+                frac[comp] = copies
+        up_k = np.where(comp, frac, copies)
+        times.append(np.stack((start[sel], end[sel]), axis=1).reshape(-1))
+        d_cpu.append(np.stack((frac, np.where(comp, -frac, 0.0)), axis=1).reshape(-1))
+        d_k.append(np.stack((up_k, -up_k), axis=1).reshape(-1))
+    if not times:
+        return 0.0
+    at = np.concatenate(times)
+    dc = np.concatenate(d_cpu)
+    dk = np.concatenate(d_k)
+    if not np.isfinite(at).all():  # (sorting NaNs as Python does is not numpy's): the loop itself
+        events = sorted(zip(at.tolist(), dc.tolist(), dk.tolist(), strict=True), key=lambda e: e[0])
+        num = den = k_cpu = k = 0.0
+        last = events[0][0]
+        for t, c_, k_ in events:
+            dt = t - last
+            num += k_cpu * k * dt
+            den += k_cpu * dt
+            k_cpu, k, last = k_cpu + c_, k + k_, t
+        return num / den if den > 0 else 0.0
+    order = np.argsort(at, kind="stable")
+    at, dc, dk = at[order], dc[order], dk[order]
+    # before event i: k_cpu and k summed over the events before it, from 0 (np.cumsum adds in sequence), and
+    # dt its time less the previous event's (0 for the first)
+    k_cpu = np.cumsum(np.concatenate(([0.0], dc)))[:-1]
+    k = np.cumsum(np.concatenate(([0.0], dk)))[:-1]
+    dt = at - np.concatenate((at[:1], at[:-1]))
+    num = float(np.cumsum(np.concatenate(([0.0], k_cpu * k * dt)))[-1])
+    den = float(np.cumsum(np.concatenate(([0.0], k_cpu * dt)))[-1])
     return num / den if den > 0 else 0.0
 
 
@@ -1269,6 +1307,8 @@ def host_share(costs: ConfigCosts, iterations: int = 12, tolerance: float = 1e-3
     the whole range, measured on gpt-tiny plans of local-cpu-4), so it converges in 3 simulations where the
     half steps it replaced took 8-10 (68% of a local-cpu-4 plan's time, cProfile); a step outside
     ``[1, max(s, k/C) * 2]`` falls back to a half step."""
+    from planner.schedules.encoded import EncodedSchedule
+    from planner.schedules.ir import builder_eager
     from planner.simulate import simulate
 
     host = costs.cluster.host
@@ -1280,10 +1320,14 @@ def host_share(costs: ConfigCosts, iterations: int = 12, tolerance: float = 1e-3
     if per_node <= host.effective_cores:
         return 1.0
     copies = per_node / c.pipeline
+    # the schedule's plan, encoded once for the iterations (simulate would encode it on each; its lowered
+    # layout, EncodedSchedule.host_layout, is kept with it): only the times change with the share
+    sched = costs.schedule
+    plan = None if sched.lowered else EncodedSchedule.encode(sched, builder_eager(sched))
     s, before = 1.0, None  # before: the previous (s, g) of g(s) = f(s) - s
     for _ in range(iterations):
         costs._share = s
-        k = experienced_concurrency(costs, simulate(costs.schedule, costs).timeline, copies)
+        k = experienced_concurrency(costs, simulate(sched, costs, compiled=plan), copies)
         new = max(1.0, k / host.effective_cores)
         g = new - s
         if abs(g) <= tolerance * s:

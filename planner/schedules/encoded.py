@@ -6,6 +6,7 @@ is implied at the points where it would put it, giving the same times, figures a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from planner.schedules.timing import (
     AllReduces,
     Costs,
     DeviceStats,
+    HostSpans,
     SimResult,
     contention_debt,
     memoised_durations,
@@ -77,6 +79,46 @@ class EncodedSchedule:
     #: per action, whether the peak of alive activations is taken after it: a forward, or an I (it adds the
     #: output gradients its W needs)
     forward: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: :meth:`host_layout`, built on first use
+    _layout: Any = field(default=None, repr=False, compare=False)
+
+    def host_layout(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per device, the entries of its lowered list that :data:`planner.schedules.timing.HostSpans` keeps,
+        in the list's order, as read from :func:`lowered_row` (once per plan; the replay's timeline walks the
+        same rows): ``(code, source, stage, span)`` with code 0-3 a compute action (F, B, I, W; source: its
+        global number), 4 the STEP, 5 a send (source: the global number of the action it follows, whose
+        message it sends) and 6 an all-reduce (source: its place among the device's all-reduces); stage and span
+        those of the compute action (else -1 and 1, STEP's)."""
+        if self._layout is None:
+            sched = self.schedule
+            n = len(self.acts)
+            stages = np.fromiter(map(attrgetter("stage"), self.acts), dtype=np.int64, count=n)
+            spans = np.fromiter(map(attrgetter("span"), self.acts), dtype=np.int64, count=n)
+            out = []
+            for d, ids in enumerate(self.rows):
+                row = [self.acts[j] for j in ids]
+                lowered = lowered_row(row, d, sched.stages, sched.placement, self.eager_at[d], self.at_end[d])
+                code = np.array(list(map(_LAYOUT_CODE.__getitem__, map(_kind_of, lowered))), dtype=np.int64)
+                comp = (code >= 0) & (code <= 3)
+                if int(comp.sum()) != len(ids):
+                    raise AssertionError(f"device {d}: the lowered list has {int(comp.sum())} compute actions,"
+                                         f" not {len(ids)}")
+                nth = np.cumsum(comp) - 1  # the compute action at or before each entry
+                ids_a = np.arange(ids.start, ids.stop, dtype=np.int64)
+                src = np.zeros(len(code), dtype=np.int64)
+                src[comp] = ids_a
+                send = code == 5
+                src[send] = ids_a[nth[send]]
+                ar = code == 6
+                src[ar] = np.arange(int(ar.sum()))
+                stage = np.full(len(code), -1, dtype=np.int64)
+                span = np.ones(len(code), dtype=np.int64)
+                stage[comp] = stages[ids_a]
+                span[comp] = spans[ids_a]
+                keep = code >= 0  # not a receive
+                out.append((code[keep], src[keep], stage[keep], span[keep]))
+            self._layout = out
+        return self._layout
 
     @property
     def producer(self) -> np.ndarray:
@@ -209,6 +251,10 @@ class EncodedSchedule:
         return cls(schedule, acts, rows, dep_a.tolist(), dep_b.tolist(), peer.tolist(), eager_at, at_end,
                    produced, produced_by, bool(in_order), signature, first, (kc == 0) | (kc == 2))
 
+
+#: a lowered action's kind -> its code in :meth:`EncodedSchedule.host_layout` (-1: a receive)
+_LAYOUT_CODE = {**_KIND_CODE, STEP: 4, SEND_F: 5, SEND_B: 5, ALLREDUCE: 6, RECV_F: -1, RECV_B: -1}
+_kind_of = attrgetter("kind")
 
 #: byte of a kind's letter -> its code in :data:`_KIND_CODE` (-1: not a compute kind)
 _KIND_TABLE = np.full(256, -1, dtype=np.int64)
@@ -542,4 +588,50 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
             out.append(line)
         return out
 
-    return SimResult(makespan, bubble, stats, cf, cb, timeline)
+    def spans() -> HostSpans:
+        """:meth:`SimResult.host_spans` without the timeline: the times :func:`timeline` gives its entries,
+        with numpy (the same comparisons, per action, as its loop makes), placed by :meth:`host_layout`."""
+        tt = np.array(t, dtype=np.float64)
+        end = tt[:n]
+        # when the device is free before action j: after the previous action (free_after, else its end),
+        # from 0 for the first of a row; then each input strictly later, in the order the loop checks them
+        ready = np.zeros(n)
+        if n > 1:
+            ready[1:] = end[:-1]
+            if free_after:
+                after = np.fromiter(free_after.keys(), dtype=np.int64, count=len(free_after))
+                keep = after < n - 1
+                ready[after[keep] + 1] = np.fromiter(free_after.values(), dtype=np.float64,
+                                                     count=len(free_after))[keep]
+        firsts = np.array([ids[0] for ids in rows if ids], dtype=np.int64)
+        ready[firsts] = 0.0
+        for deps in (dep_a, dep_b):
+            ti = tt[np.array(deps, dtype=np.int64)]
+            ready = np.where(ti > ready, ti, ready)
+        # a send starts at the end of its action or the arrival of the device's previous send, if later
+        send_start = np.zeros(n)
+        senders = np.nonzero(send_a >= 0.0)[0]
+        if senders.size:
+            prev = np.zeros(senders.size)
+            prev[1:] = tt[n + senders[:-1]]
+            prev[np.nonzero(np.diff(dev_of[senders], prepend=-1))[0]] = 0.0
+            e = end[senders]
+            send_start[senders] = np.where(e > prev, e, prev)
+        out = []
+        for d, (code, src, stage, span) in enumerate(plan.host_layout()):
+            start = np.empty(len(code))
+            stop = np.empty(len(code))
+            m = code <= 3
+            start[m], stop[m] = ready[src[m]], end[src[m]]
+            m = code == 5
+            start[m], stop[m] = send_start[src[m]], tt[n + src[m]]
+            m = code == 6
+            if m.any():
+                ar = np.array(ar_times[d], dtype=np.float64).reshape(-1, 2)
+                start[m], stop[m] = ar[src[m], 0], ar[src[m], 1]
+            m = code == 4
+            start[m], stop[m] = step_at[d]
+            out.append((np.minimum(code, 5), stage, span, start, stop))
+        return out
+
+    return SimResult(makespan, bubble, stats, cf, cb, timeline, spans)

@@ -9,12 +9,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from planner.schedules.ir import (
+    ALLREDUCE,
+    SEND_B,
     SEND_F,
+    STEP,
     Action,
     B,
     F,
     I,
+    W,
 )
 
 
@@ -103,6 +109,35 @@ class DeviceStats:
 
 Timeline = list[list[tuple[Action, float, float]]]
 
+#: per device, ``(code, stage, span, start, end)`` arrays of the timeline's compute actions, optimizer steps
+#: and copies (sends and all-reduces), in the timeline's order (:meth:`SimResult.host_spans`); stage and span
+#: are a compute action's (-1 and 1 for the others)
+HostSpans = list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+
+#: :data:`HostSpans`' codes: F, B, I, W 0-3, STEP 4, a send or an all-reduce 5
+SPAN_CODE = {F: 0, B: 1, I: 2, W: 3, STEP: 4, SEND_F: 5, SEND_B: 5, ALLREDUCE: 5}
+SPAN_KIND = (F, B, I, W, STEP)
+
+
+def timeline_spans(timeline: Timeline) -> HostSpans:
+    """:data:`HostSpans` read from a timeline: its entries of the kinds :data:`SPAN_CODE` names, in order."""
+    out = []
+    for row in timeline:
+        code, stage, span, start, end = [], [], [], [], []
+        for a, s, e in row:
+            c = SPAN_CODE.get(a.kind)
+            if c is None:
+                continue
+            code.append(c)
+            stage.append(a.stage if c < 4 else -1)
+            span.append(a.span if c < 4 else 1)
+            start.append(s)
+            end.append(e)
+        out.append((np.array(code, dtype=np.int64), np.array(stage, dtype=np.int64),
+                     np.array(span, dtype=np.int64), np.array(start, dtype=np.float64),
+                     np.array(end, dtype=np.float64)))
+    return out
+
 
 @dataclass
 class SimResult:
@@ -113,6 +148,8 @@ class SimResult:
     critical_backward: int  # Chimera's C_b
     #: the timeline, or a function that builds it on first use (see :attr:`timeline`)
     _timeline: Timeline | Callable[[], Timeline] = field(repr=False, compare=False)
+    #: a function giving :meth:`host_spans` without building the timeline (the encoded replay's), or None
+    _spans: Callable[[], HostSpans] | None = field(default=None, repr=False, compare=False)
 
     @property
     def timeline(self) -> Timeline:
@@ -123,6 +160,15 @@ class SimResult:
             self._timeline = self._timeline()
         return self._timeline
 
+    def host_spans(self) -> HostSpans:
+        """Per device, :data:`HostSpans`: the timeline's compute actions, steps, sends and all-reduces, in
+        the timeline's order, with their times (:func:`planner.cost.experienced_concurrency` reads these).
+        Read from the timeline when it is built, else from the replay without building it."""
+        spans = getattr(self, "_spans", None)
+        if spans is not None and callable(self._timeline):
+            return spans()
+        return timeline_spans(self.timeline)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SimResult):
             return NotImplemented
@@ -132,7 +178,7 @@ class SimResult:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the timeline itself (the function that builds it does not pickle)."""
-        return {**self.__dict__, "_timeline": self.timeline}
+        return {**self.__dict__, "_timeline": self.timeline, "_spans": None}
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
