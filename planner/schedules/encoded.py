@@ -79,8 +79,17 @@ class EncodedSchedule:
     #: per action, whether the peak of alive activations is taken after it: a forward, or an I (it adds the
     #: output gradients its W needs)
     forward: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    #: :meth:`host_layout`, built on first use
+    #: :meth:`host_layout` and :meth:`dep_arrays`, built on first use
     _layout: Any = field(default=None, repr=False, compare=False)
+    _deps: Any = field(default=None, repr=False, compare=False)
+
+    def dep_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:attr:`dep_a` and :attr:`dep_b` as arrays, and the first action of each device's list that has
+        any (once per plan)."""
+        if self._deps is None:
+            self._deps = (np.array(self.dep_a, dtype=np.int64), np.array(self.dep_b, dtype=np.int64),
+                          np.array([ids[0] for ids in self.rows if ids], dtype=np.int64))
+        return self._deps
 
     def host_layout(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """Per device, the entries of its lowered list that :data:`planner.schedules.timing.HostSpans` keeps,
@@ -591,7 +600,7 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
     def spans() -> HostSpans:
         """:meth:`SimResult.host_spans` without the timeline: the times :func:`timeline` gives its entries,
         with numpy (the same comparisons, per action, as its loop makes), placed by :meth:`host_layout`."""
-        tt = np.array(t, dtype=np.float64)
+        tt = np.fromiter(t, dtype=np.float64, count=len(t))
         end = tt[:n]
         # when the device is free before action j: after the previous action (free_after, else its end),
         # from 0 for the first of a row; then each input strictly later, in the order the loop checks them
@@ -603,10 +612,10 @@ def replay_encoded(plan: EncodedSchedule, costs: Costs) -> SimResult | None:
                 keep = after < n - 1
                 ready[after[keep] + 1] = np.fromiter(free_after.values(), dtype=np.float64,
                                                      count=len(free_after))[keep]
-        firsts = np.array([ids[0] for ids in rows if ids], dtype=np.int64)
+        da, db, firsts = plan.dep_arrays()
         ready[firsts] = 0.0
-        for deps in (dep_a, dep_b):
-            ti = tt[np.array(deps, dtype=np.int64)]
+        for deps in (da, db):
+            ti = tt[deps]
             ready = np.where(ti > ready, ti, ready)
         # a send starts at the end of its action or the arrival of the device's previous send, if later
         send_start = np.zeros(n)
