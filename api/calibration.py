@@ -28,8 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.cluster_versions import calibration_jobs_of, describe, newest_versions
-from api.crud import Conflict, InputError, get_cluster
-from api.errors import stored
+from api.crud import Conflict, InputError, cluster_model, get_cluster, profile_model
 from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
 from planner.calibrate import Observation, fit, predicted, warnings_of, with_calibration
 from planner.cluster import Cluster
@@ -67,12 +66,8 @@ def newest_version(db: Session, cluster_id: int) -> int:
     return versions(db, cluster_id)[-1].id
 
 
-def _cluster(row: ClusterRow) -> Cluster:
-    return stored(Cluster, row.body, f"cluster {row.id}", "upload a corrected cluster (POST /clusters)")
-
-
 def _uncalibrated(row: ClusterRow) -> Cluster:
-    return with_calibration(_cluster(row), None)
+    return with_calibration(cluster_model(row), None)
 
 
 def observations(db: Session, cluster_id: int, include_emulated: bool = False) -> list[Observation]:
@@ -93,8 +88,7 @@ def observations(db: Session, cluster_id: int, include_emulated: bool = False) -
             prow = db.get(Profile, plan.profile_id)
             if prow is None:  # pragma: no cover - profiles in use cannot be deleted
                 continue
-            profiles[plan.profile_id] = stored(ModelProfile, prow.body, f"profile {prow.id} (of job {job.id})",
-                                               "its jobs cannot be predicted again")
+            profiles[plan.profile_id] = profile_model(prow)
         body = cand.body or {}
         config = config_of(body)  # (with PipeDream's replication, where it has one)
         # what the job ran: pipeplan's executor keeps whole weights and optimizer state and all-reduces the
@@ -178,7 +172,7 @@ def errors(db: Session, cluster_id: int, include_emulated: bool = False) -> dict
     lineage = versions(db, cluster_id)
     base, newest = lineage[0], lineage[-1]
     obs = observations(db, cluster_id, include_emulated)
-    after = _cluster(newest)
+    after = cluster_model(newest)
     try:
         rows = _errors(obs, _uncalibrated(base), after)
     except ValueError as e:

@@ -169,7 +169,8 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
                          .order_by(PlanRequest.id.desc()).limit(1))
     if existing is not None:
         return existing, False
-    checked_bodies(profile, cluster)
+    profile_model(profile)
+    cluster_model(cluster)
     from api.planqueue import unfinished_count
 
     waiting = unfinished_count(db)
@@ -207,25 +208,32 @@ def count_candidates(db: Session, plan_ids: list[int]) -> dict[int, int]:
     return {pid: n for pid, n in rows}
 
 
+def profile_model(row: Profile) -> ModelProfile:
+    """The stored profile as a model, held to today's rules: a row stored by an earlier version may break a
+    rule added since (:func:`api.errors.stored`: 422 naming the row, the field and the rule)."""
+    return stored(ModelProfile, row.body, f"profile {row.id}", "upload a corrected profile (POST /profiles)")
+
+
+def cluster_model(row: ClusterRow) -> Cluster:
+    """The stored cluster as a model, held to today's rules (as :func:`profile_model`)."""
+    return stored(Cluster, row.body, f"cluster {row.id}", "upload a corrected cluster (POST /clusters)")
+
+
 def plan_inputs(db: Session, plan_id: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The plan's profile and cluster documents (each checked against today's rules, :func:`checked_bodies`)
-    and its request."""
+    """The plan's profile and cluster documents, each checked against today's rules (:func:`profile_model`,
+    :func:`cluster_model`), and its request: what a planner process is given."""
     row = get_plan(db, plan_id)
-    return (*checked_bodies(db.get(Profile, row.profile_id), db.get(ClusterRow, row.cluster_id)), row.request)
+    profile, cluster = get_profile(db, row.profile_id), get_cluster(db, row.cluster_id)
+    profile_model(profile)
+    cluster_model(cluster)
+    return profile.body, cluster.body, row.request
 
 
-def checked_bodies(profile: Profile | None, cluster: ClusterRow | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The stored profile's and cluster's documents, each of which must still meet the rules of
-    :class:`planner.profile.ModelProfile` and :class:`planner.cluster.Cluster`: a row stored by an earlier
-    version may break a rule added since (:func:`api.errors.stored`: 422 naming the row, the field and the
-    rule)."""
-    if profile is None or cluster is None:  # pragma: no cover - rows in use by a plan cannot be deleted
-        raise NotFound("the plan's profile or cluster is gone")
-    stored(ModelProfile, profile.body, f"profile {profile.id}",
-           "upload a corrected profile (POST /profiles) and plan with it")
-    stored(Cluster, cluster.body, f"cluster {cluster.id}",
-           "upload a corrected cluster (POST /clusters) and plan with it")
-    return profile.body, cluster.body
+def plan_models(db: Session, plan_id: int) -> tuple[ModelProfile, Cluster]:
+    """The plan's profile and cluster as models (:func:`profile_model`, :func:`cluster_model`), for work done
+    in the API's own process."""
+    row = get_plan(db, plan_id)
+    return profile_model(get_profile(db, row.profile_id)), cluster_model(get_cluster(db, row.cluster_id))
 
 
 def plan_document(row: PlanRequest) -> dict[str, Any]:

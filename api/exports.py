@@ -31,24 +31,22 @@ def switch_cost(profile: dict[str, Any], cluster: dict[str, Any], request: dict[
 def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, rank: int, fmt: str) -> dict[str, Any]:
     """The export document: ``format``, ``files`` (``name``, ``content``, ``media_type``; the first is the
     main one), ``notes``, ``label``."""
-    from planner.cluster import Cluster
     from planner.export import ExportError, ExportInput, UnsupportedSchedule, framework
     from planner.export.common import best_supported_note, export_same_run
-    from planner.profile import ModelProfile
     from planner.runspec import RunSpec
 
     row = crud.get_candidate(db, plan_id, rank)
-    profile, cluster, request = crud.plan_inputs(db, plan_id)
+    prof, cl = crud.plan_models(db, plan_id)
     module = framework(fmt)
     spec = RunSpec.from_document(row.body)
-    cl = Cluster.model_validate(cluster)
-    inp = ExportInput.from_profile(spec, ModelProfile.model_validate(profile), gpus_per_node=cl.gpus_per_node,
+    inp = ExportInput.from_profile(spec, prof, gpus_per_node=cl.gpus_per_node,
                                    predicted=row.body.get("iteration_time"), candidate=rank,
                                    shard_optimizer=bool(row.body.get("shard_optimizer")),
                                    shard_parameters=bool(row.body.get("shard_parameters")))
     try:
         exported = export_same_run(module, inp, row.body.get("alternatives") or ())
     except UnsupportedSchedule as err:
+        profile, cluster, request = crud.plan_inputs(db, plan_id)  # for a planner process
         status, payload = runner.task("switch_cost", (profile, cluster, request, err.framework,
                                                        err.spec.model_dump(mode="json"),
                                                        err.closest.model_dump(mode="json"), err.reason),
