@@ -7,6 +7,7 @@ sets it under CI from ``.ci/postgres.sh``). Every database is migrated with Alem
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -228,16 +229,28 @@ class LiveServer:
 @pytest.fixture(scope="session")
 def seeded_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database migrated and seeded (``api.seed.seed``: the example clusters and profiles, and this
-    machine's measured CPU profile and local cluster) once per test session (per xdist worker): a template
-    that :func:`seeded_server` copies, so that each browser-test module gets a fresh seeded database without
-    measuring the CPU again (seeding measures for ~15 s; copying the file takes milliseconds)."""
-    from api.seed import seed
-    from db.migrate import upgrade
+    machine's measured CPU profile and local cluster) once per test run: a template that
+    :func:`seeded_server` copies, so that each browser-test module gets a fresh seeded database without
+    measuring the CPU again (seeding measures for ~50 s on the 2-core machine; copying the file takes
+    milliseconds). Under pytest-xdist the workers share it (pytest-xdist's recipe for a session fixture made
+    once: a directory beside the workers' own temp roots, a lock, and a marker written once it is complete):
+    the first worker that needs it seeds, the other waits on the lock and reads it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    root = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
+    here = root / "seeded-template"
+    path, done = here / "pipeplan.db", here / "complete"
+    with open(root / "seeded-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (this worker's seeding raised too)
+        if not done.exists():
+            from api.seed import seed
+            from db.migrate import upgrade
 
-    path = tmp_path_factory.mktemp("seeded-template") / "pipeplan.db"
-    url = f"sqlite:///{path}"
-    upgrade(url)
-    seed(url)
+            shutil.rmtree(here, ignore_errors=True)  # a worker that failed half-way left a partial one
+            here.mkdir()
+            url = f"sqlite:///{path}"
+            upgrade(url)
+            seed(url)
+            done.touch()
     return path
 
 
