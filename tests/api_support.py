@@ -91,6 +91,19 @@ def raw_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+def on_database(name: str) -> pytest.MarkDecorator:
+    """Run a test on one of ``db_url``'s two databases (``"sqlite"`` or ``"postgres"``), not both: for the
+    end-to-end fault tests whose real processes (servers, agents, executor runs importing torch) cost tens of
+    seconds each. What they exercise of the database -- claims, leases, requeues -- is one code path on both
+    but for the job claim's ``SKIP LOCKED`` on PostgreSQL (``api.jobqueue.claim``), which the quick claim tests
+    and the main flow (``test_flow_profile_plan_job_agent_result_comparison``) run on both; so each fault
+    scenario runs once, the scenarios spread over the two databases (README, Tests)."""
+    if name not in ("sqlite", "postgres"):
+        raise ValueError(f"database must be 'sqlite' or 'postgres', got {name!r}")
+    param = pytest.param(name, marks=pytest.mark.slow) if name == "postgres" else name
+    return pytest.mark.parametrize("raw_db_url", [param], indirect=True)
+
+
 @pytest.fixture
 def db_url(raw_db_url: str) -> str:
     """A database migrated to the head revision."""

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from api_support import REAL_RUN, LiveServer, seed_plan, start_agent, tiny_cluster, wait_for
+from api_support import REAL_RUN, LiveServer, on_database, seed_plan, start_agent, tiny_cluster, wait_for
 
 from planner.analytic import analytic_profile
 from planner.model import PRESETS
@@ -66,6 +66,7 @@ def test_flow_profile_plan_job_agent_result_comparison(live_server: LiveServer, 
         assert "--emulate" in (jobdir / "run.log").read_text() or (jobdir / "result.json").exists()
 
 
+@on_database("sqlite")
 def test_failed_run_posts_error_and_log_tail(live_server: LiveServer, tmp_path: Path) -> None:
     with live_server.client() as c:
         _, _, plan = seed_plan(c)
@@ -77,6 +78,7 @@ def test_failed_run_posts_error_and_log_tail(live_server: LiveServer, tmp_path: 
         assert "CUDA out of memory (controlled)" in j["log_tail"]
 
 
+@on_database("postgres")
 def test_agent_killed_mid_job_lease_expires_and_another_agent_completes(live_server: LiveServer,
                                                                          tmp_path: Path) -> None:
     with live_server.client() as c:
@@ -108,6 +110,7 @@ def test_agent_killed_mid_job_lease_expires_and_another_agent_completes(live_ser
         assert c.get(f"/jobs/{job['id']}/result").json()["worker_id"] == workers["rescuer"]
 
 
+@on_database("postgres")
 def test_sigterm_stops_the_run_and_releases_the_lease(live_server: LiveServer, tmp_path: Path) -> None:
     with live_server.client() as c:
         _, _, plan = seed_plan(c)
@@ -131,6 +134,7 @@ def test_sigterm_stops_the_run_and_releases_the_lease(live_server: LiveServer, t
         wait_for(gone, timeout=10, what="the run stopped with its agent")
 
 
+@on_database("sqlite")
 def test_api_restarted_mid_flow_loses_nothing(db_url: str, tmp_path: Path) -> None:
     """A plan in progress and a job in progress when the API is killed (SIGKILL) both finish after restart."""
     srv = LiveServer(db_url, tmp_path, PIPEPLAN_LEASE_SECONDS="3", PIPEPLAN_PLAN_WAIT_SECONDS="0.05").start()

@@ -25,6 +25,7 @@ from api_support import (
     WAUTH,
     LiveServer,
     make_settings,
+    on_database,
     start_agent,
     tiny_cluster,
     tiny_profile,
@@ -567,6 +568,7 @@ def gang_server(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
         srv.stop()
 
 
+@on_database("sqlite")
 @pytest.mark.slow
 def test_four_cpu_agents_run_a_world_4_job_on_two_of_them(gang_server: LiveServer, tmp_path: Path) -> None:
     agents: list[subprocess.Popen[bytes]] = []
@@ -599,6 +601,7 @@ def test_four_cpu_agents_run_a_world_4_job_on_two_of_them(gang_server: LiveServe
             _stop(a)
 
 
+@on_database("postgres")
 @pytest.mark.slow
 def test_killing_one_agent_of_a_gang_requeues_the_job_and_another_pair_completes_it(
         gang_server: LiveServer, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from api_support import (
     LiveServer,
     _reset_postgres,
     make_settings,
+    on_database,
     seed_plan,
     start_agent,
     tiny_cluster,
@@ -199,6 +200,7 @@ def _planner_pids(srv: LiveServer) -> set[int]:
     return _children(srv.proc.pid)
 
 
+@on_database("sqlite")
 @pytest.mark.slow
 def test_sigterm_requeues_running_plans_and_a_restart_runs_each_once(db_url: str, tmp_path: Path) -> None:
     srv = LiveServer(db_url, tmp_path, PIPEPLAN_PLAN_WAIT_SECONDS="0.05").start()
@@ -221,6 +223,7 @@ def test_sigterm_requeues_running_plans_and_a_restart_runs_each_once(db_url: str
         srv.stop()
 
 
+@on_database("postgres")
 @pytest.mark.slow
 def test_kill_9_of_the_api_kills_its_planners_and_the_plan_runs_again_once(db_url: str, tmp_path: Path) -> None:
     srv = LiveServer(db_url, tmp_path, PIPEPLAN_PLAN_WAIT_SECONDS="0.05").start()
@@ -372,6 +375,7 @@ def test_list_endpoints_do_not_load_documents(client) -> None:  # type: ignore[n
 
 # ---- Medium: the run dies with its agent -----------------------------------------------------------------
 
+@on_database("sqlite")
 @pytest.mark.slow
 def test_kill_9_of_an_agent_takes_its_run_and_the_job_runs_once(live_server: LiveServer, tmp_path: Path) -> None:
     with live_server.client() as c:
@@ -464,6 +468,7 @@ def test_tokens_stay_out_of_the_runs_environment_and_argv(tmp_path: Path) -> Non
     assert '"--token", token' not in src  # serve --agent passes it by environment
 
 
+@on_database("postgres")
 @pytest.mark.slow
 def test_the_run_sees_no_token(live_server: LiveServer, tmp_path: Path) -> None:
     """The agent's run command (here a script that records its environment and argv) gets no secret."""
