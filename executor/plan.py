@@ -23,18 +23,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from executor.models import get_config
-from executor.models.config import ModelConfig
-from executor.models.source import ModuleSource, ZooSource
+from executor.models.config import ModelConfig, get_config
 from planner.jsondoc import integer
 from planner.request import Config
 from planner.runspec import RunSpec, partition_error
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
 from planner.schedules.ir import Schedule
+
+if TYPE_CHECKING:
+    from executor.models.source import ModuleSource, ZooSource
 
 
 class PlanError(ValueError):
@@ -117,7 +118,10 @@ class RunPlan:
         return cfg.with_(**self.model_overrides) if self.model_overrides else cfg
 
     def source(self) -> ZooSource | ModuleSource:
-        """Where the layers and batches come from (:mod:`executor.models.source`)."""
+        """Where the layers and batches come from (:mod:`executor.models.source`: torch, imported here so that
+        validating a plan does not import it)."""
+        from executor.models.source import ModuleSource, ZooSource
+
         if self.module is not None:
             return ModuleSource(self.module)
         return ZooSource(self.model_config)
@@ -156,6 +160,8 @@ class RunPlan:
             except Exception as e:  # noqa: BLE001 - any reading/validation error is a bad plan
                 raise PlanError(f"cannot read the emulation profile {self.emulate}: {e}") from None
         if self.module is not None:
+            from executor.models.source import ModuleSource
+
             try:
                 return ModuleSource(self.module).num_layers
             except Exception as e:  # noqa: BLE001 - the user's code: any error makes the plan unrunnable

@@ -14,13 +14,15 @@ their gradients between the first and last stage after every backward pass (Mega
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
-from executor.models import bert, gpt, llama
 from executor.models.config import PRESETS, ModelConfig, get_config
-from executor.models.stage import Stage, takes_targets
 from planner.model import ModelSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from executor.models.stage import Stage, takes_targets
 
 __all__ = [
     "PRESETS",
@@ -35,7 +37,20 @@ __all__ = [
     "tied_parameters",
 ]
 
-_FAMILIES = {"gpt": gpt, "bert": bert, "llama": llama}
+#: what torch-free code may use without importing torch: the configuration, names and seeds of the layers
+#: here; the layers themselves (:func:`build_layers`), :class:`Stage` and :func:`takes_targets` import it
+_LAZY = {"Stage": "executor.models.stage", "takes_targets": "executor.models.stage"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Stage`` and ``takes_targets`` (:mod:`executor.models.stage`), imported with torch on first use: the
+    processes that only read a model's configuration -- ``pipeplan run`` validating a plan before it launches
+    the ranks that build the layers -- do not import torch (~3 s of CPU on the 2-core machine, per process)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def layer_seed(seed: int, index: int) -> int:
@@ -62,7 +77,11 @@ def build_layers(
     stop = n if stop is None else stop
     if not 0 <= start < stop <= n:
         raise ValueError(f"need 0 <= start < stop <= {n}, got start={start} stop={stop}")
-    family = _FAMILIES[config.family]
+    import torch
+
+    from executor.models import bert, gpt, llama
+
+    family = {"gpt": gpt, "bert": bert, "llama": llama}[config.family]
     token_seed = layer_seed(seed, 0)
     layers: list[nn.Module] = []
     for index in range(start, stop):
