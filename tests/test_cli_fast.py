@@ -56,6 +56,32 @@ def test_every_command_module_imports_without_torch() -> None:
     assert "torch loaded: False" in out
 
 
+def test_run_validates_and_launches_without_importing_torch(tmp_path: Path) -> None:
+    """``pipeplan run``'s own process reads the plan, validates it and hands it to torchrun; only the ranks
+    build layers. It imported torch (~3 s of CPU on the 2-core machine) before every run: here the launch is
+    replaced by a stand-in that records what the parent had imported when it launched. (``--hf-config`` reads
+    the configuration with transformers, which imports torch.)"""
+    out = _python("""
+        import sys
+        import executor.launch
+        from pipeplan.cli import app
+        from typer.testing import CliRunner
+
+        def launch(plans, nproc, **kw):
+            print("at launch:", "torch" in sys.modules, plans[0].schedule().devices, nproc)
+            raise SystemExit(0)
+
+        executor.launch.launch = launch
+        for args in (["--schedule", "1f1b", "--devices", "2", "--microbatches", "4", "--check"],
+                     ["--schedule", "interleaved", "--devices", "2", "--microbatches", "4", "--chunks", "2",
+                      "--model", "bert-tiny"]):
+            r = CliRunner().invoke(app, ["run", *args])
+            assert r.exit_code == 0, (r.output, r.exception)
+            print(r.output, end="")
+    """)
+    assert out.splitlines() == ["at launch: False 2 2"] * 2, out
+
+
 def test_command_table_matches_the_modules() -> None:
     """Each module registers exactly the commands the table gives it, with the table's one-line help."""
     commands: dict[str, click.Command] = {}
