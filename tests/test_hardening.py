@@ -573,7 +573,7 @@ def test_search_keeps_a_bounded_number_of_full_schedules_and_candidates(monkeypa
     monkeypatch.setattr(search, "_keep_best", spy)
     prof = ModelProfile.model_validate(tiny_profile(layers=8))
     cl = Cluster.model_validate(tiny_cluster(8, 2))
-    req = TrainingRequest(global_batch=512, top=3)
+    req = TrainingRequest(global_batch=128, top=3)
     planner = search.Planner(prof, cl, req)
     res = planner.search(prune=False)  # every configuration simulated: many (schedule, D, N) keys
     assert res.simulated > 4 * FULL_SCHEDULES_KEPT
