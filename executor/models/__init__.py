@@ -37,19 +37,15 @@ __all__ = [
     "tied_parameters",
 ]
 
-#: what torch-free code may use without importing torch: the configuration, names and seeds of the layers
-#: here; the layers themselves (:func:`build_layers`), :class:`Stage` and :func:`takes_targets` import it
-_LAZY = {"Stage": "executor.models.stage", "takes_targets": "executor.models.stage"}
-
 
 def __getattr__(name: str) -> Any:
     """``Stage`` and ``takes_targets`` (:mod:`executor.models.stage`), imported with torch on first use: the
     processes that only read a model's configuration -- ``pipeplan run`` validating a plan before it launches
     the ranks that build the layers -- do not import torch (~3 s of CPU on the 2-core machine, per process)."""
-    if name in _LAZY:
-        import importlib
+    if name in ("Stage", "takes_targets"):
+        from executor.models import stage
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(stage, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
