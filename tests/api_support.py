@@ -75,7 +75,11 @@ def _reset_postgres(url: str) -> None:
         eng.dispose()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+#: the two databases every ``db_url`` test runs on, as pytest parameters (PostgreSQL's marked slow)
+DATABASES = {"sqlite": pytest.param("sqlite"), "postgres": pytest.param("postgres", marks=pytest.mark.slow)}
+
+
+@pytest.fixture(params=list(DATABASES.values()))
 def raw_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database (no schema)."""
     if request.param == "sqlite":
@@ -98,10 +102,9 @@ def on_database(name: str) -> pytest.MarkDecorator:
     but for the job claim's ``SKIP LOCKED`` on PostgreSQL (``api.jobqueue.claim``), which the quick claim tests
     and the main flow (``test_flow_profile_plan_job_agent_result_comparison``) run on both; so each fault
     scenario runs once, the scenarios spread over the two databases (README, Tests)."""
-    if name not in ("sqlite", "postgres"):
-        raise ValueError(f"database must be 'sqlite' or 'postgres', got {name!r}")
-    param = pytest.param(name, marks=pytest.mark.slow) if name == "postgres" else name
-    return pytest.mark.parametrize("raw_db_url", [param], indirect=True)
+    if name not in DATABASES:
+        raise ValueError(f"database must be one of {', '.join(map(repr, DATABASES))}, got {name!r}")
+    return pytest.mark.parametrize("raw_db_url", [DATABASES[name]], indirect=True)
 
 
 @pytest.fixture
