@@ -1,4 +1,5 @@
-"""``pipeplan run``: execute a plan (or a schedule given directly) on processes started by torchrun.
+"""``pipeplan run``: execute a plan (or a schedule given directly) on one process per device
+(:mod:`executor.launch`).
 
 Forms::
 

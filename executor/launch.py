@@ -1,24 +1,27 @@
-"""Launching: ``torch.distributed.run`` (torchrun) with one process per device, on one node (``--standalone``)
-or on several (one launch per node, torchrun's static rendezvous: node rank r is node r).
+"""Launching: one supervisor per node (:mod:`executor.supervise`), which forks one process per device; on one
+node, or on several (one launch per node with the same endpoint: node rank r is node r).
 
 :func:`launch` refuses, before starting anything, a plan whose point-to-point posting policy could deadlock
 under NCCL (:func:`check_p2p`, with ``backend="nccl"``), writes the spec into a fresh temporary work directory,
-runs torchrun with ``--max-restarts=0`` (a failing rank makes torchrun stop every other rank of its node at
-once, and the ranks of the other nodes fail on their next exchange with it: no hang), and
+runs the supervisor (a failing rank makes it stop every other rank of its node at once, and the ranks of the
+other nodes fail on their next exchange with it: no hang), and
 
 * on failure raises :class:`RunFailed` naming the *first* rank of this node that failed and its error (from
-  the ``error-rank*.json`` files the ranks write, earliest first; torchrun's own report otherwise);
+  the ``error-rank*.json`` files the ranks write -- the supervisor writes one for a rank killed by a signal --
+  earliest first; the supervisor's own output otherwise);
 * on success returns the result rank 0 wrote -- ``None`` on a node that does not host global rank 0 (node
   rank 0 does). The caller's output files are written atomically
   (:func:`executor.trace.write_json_atomic`) and only then, so a failed run leaves no result behind.
 
 Several nodes (``nnodes > 1``): every node runs ``launch`` with the same plans, its ``node_rank`` and ``nproc``
-processes, and the same ``rdzv_endpoint`` (``host:port`` reachable from all nodes; the launch on that host
-serves the rendezvous store) and ``rdzv_id``; the world is ``nnodes * nproc`` ranks. The rendezvous is
-torchrun's ``static`` one: ``--node-rank`` is kept (global ranks ``node_rank * nproc ..``), node rank 0 serves
-the store at the endpoint (so the endpoint is on node rank 0's host) and writes the result. (Under ``c10d``
-torchrun would ignore ``--node-rank`` and order nodes by address and process id; a gang dispatched by the API,
-:mod:`api.gang`, counts on node rank 0 being the one that hosts the endpoint and stores the result.)
+processes, and the same ``rdzv_endpoint`` (``host:port`` reachable from all nodes, on node rank 0's host:
+global rank 0 serves the rendezvous store there) and ``rdzv_id`` (a node launched for another id is refused
+there); the world is ``nnodes * nproc`` ranks, global ranks ``node_rank * nproc ..``, and node rank 0 writes
+the result. (A gang dispatched by the API, :mod:`api.gang`, counts on node rank 0 being the one that hosts
+the endpoint and stores the result.) On one node the ranks meet in a file of the work directory.
+
+Until session 31 the supervisor was torchrun (``--standalone``, or its static rendezvous, ``--max-restarts=0``);
+its elastic agent cost an import of torch and 3-5 s of every start (``benchmarks/launch_bench.py``).
 """
 
 from __future__ import annotations
@@ -65,22 +68,18 @@ def check_p2p(plan: RunPlan, policy: str) -> None:
                         f"NCCL for {c.schedule} D={c.pipeline} N={plan.spec.microbatches}{note}: {problem}")
 
 
-def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-                  rdzv_id: str = "pipeplan", join_timeout: float = 120.0) -> list[str]:
-    """torchrun's placement options: ``--standalone`` on one node, a static rendezvous on several (node rank 0
-    serves the store at ``rdzv_endpoint``; the others wait for it up to ``join_timeout`` seconds)."""
+def check_placement(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None) -> None:
+    """Raise ``ValueError`` for a placement no launch can make: fewer than one node or process, a node rank
+    outside the nodes, several nodes without a ``host:port`` endpoint."""
     if nnodes < 1 or nproc < 1:
         raise ValueError(f"nnodes and nproc must be >= 1, got {nnodes} and {nproc}")
     if nnodes == 1:
-        return ["--standalone", f"--nproc-per-node={nproc}"]
+        return
     if not rdzv_endpoint or ":" not in rdzv_endpoint:
         raise ValueError(f"{nnodes} nodes need a rendezvous endpoint host:port (every node the same), got "
                          f"{rdzv_endpoint!r}")
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
-    return [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", "--rdzv-backend=static",
-            f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf=timeout={max(int(join_timeout), 1)}"]
 
 
 def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: str = "gloo",
@@ -103,16 +102,17 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
         if not torch.cuda.is_available():  # (each rank died in torch.cuda.set_device: 114 lines of tracebacks)
             raise PlanError("--backend nccl needs CUDA GPUs and this machine has none: use --backend gloo (the "
                             "default)")
-    placement = torchrun_args(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id, join_timeout=timeout)
+    check_placement(nproc, nnodes, node_rank, rdzv_endpoint)
     workdir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
     try:
         spec = {"plans": [p.to_dict() for p in plans], "check": check, "backend": backend, "trace": trace,
                 "timeout": timeout, "workdir": str(workdir), "fault_rank": fault_rank, "fault_plan": fault_plan,
-                "threads": threads, "p2p": policy}
+                "threads": threads, "p2p": policy, "nproc": nproc, "nnodes": nnodes, "node_rank": node_rank,
+                "rendezvous": ({"file": str(workdir / "store")} if nnodes == 1 else
+                               {"endpoint": rdzv_endpoint, "id": rdzv_id})}
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "torch.distributed.run", *placement,
-               "--max-restarts=0", "--monitor-interval=0.5", "-m", "executor.rank", str(spec_path)]
+        cmd = [sys.executable, "-m", "executor.supervise", str(spec_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("OMP_NUM_THREADS", str(threads))
@@ -128,7 +128,7 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
                          f"see that node's launch)" if nnodes > 1 else "")
                 raise RunFailed(f"rank {err['rank']} failed: {err['error']}{where}\n{err['traceback']}")
             tail = (proc.stderr or "")[-3000:] if capture else ""
-            raise RunFailed(f"torchrun exited with status {proc.returncode}\n{tail}")
+            raise RunFailed(f"the ranks' supervisor exited with status {proc.returncode}\n{tail}")
         result_path = workdir / "result.json"
         if not result_path.exists():
             if nnodes > 1:

@@ -1,5 +1,5 @@
-"""Per-rank entry point, started by torchrun (``python -m torch.distributed.run ... -m executor.rank
-SPEC.json``; on several nodes the same module under torchrun's rendezvous).
+"""Per-rank entry point: :func:`main`, run in each rank that :mod:`executor.supervise` forks (one supervisor
+per node, started by :func:`executor.launch.launch`).
 
 The spec names one or more plans, run in sequence on the same process group (the tests run several
 schedules per launch). For each plan every rank: validates it against the world size, creates the
@@ -17,9 +17,15 @@ the process group exists) and reports each rank's peak of ``torch.cuda.max_memor
 measured iterations (reset before each) as ``peak_memory``; ``None`` on the CPU. The NCCL path has not been
 run on a GPU yet.
 
+Rendezvous (:func:`rendezvous_store`): the ranks of one node meet in a ``FileStore`` in the work directory
+(no port to pick, so no port another process can take first); the ranks of several nodes in a ``TCPStore``
+that global rank 0 serves at the launch's endpoint (so the endpoint is on node rank 0's host), every rank
+checking that the store is its own job's (the rendezvous id). Both wait at most the spec's timeout, as does
+``init_process_group``.
+
 Failure: a rank that raises writes ``error-rank{r}.json`` (rank, time, error, traceback) into the work
-directory and exits non-zero; torchrun then stops the other ranks and the launcher names the first
-failing rank and its error (:mod:`executor.launch`). ``init_process_group`` always has a timeout.
+directory and exits non-zero; the supervisor then stops the other ranks of the node and the launcher names
+the first failing rank and its error (:mod:`executor.launch`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 import traceback
 from datetime import timedelta
@@ -152,8 +157,24 @@ def check_against_reference(plan: RunPlan, gathered: list[dict[str, Any]]) -> di
     return {"ok": msg is None, "message": msg or "parameters equal single-process training"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def rendezvous_store(rendezvous: dict[str, Any], rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The store the ranks meet in: ``{"file": PATH}`` (one node) or ``{"endpoint": "host:port", "id": ID}``
+    (several; global rank 0 serves it). Raises when the store at the endpoint belongs to another rendezvous
+    id (a node of another job given the same endpoint)."""
+    if "file" in rendezvous:
+        return dist.FileStore(str(rendezvous["file"]), world)
+    host, port = str(rendezvous["endpoint"]).rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), world, is_master=rank == 0, timeout=timeout)
+    if rank == 0:
+        store.set("pipeplan/rendezvous-id", str(rendezvous["id"]))
+    theirs = store.get("pipeplan/rendezvous-id").decode()
+    if theirs != str(rendezvous["id"]):
+        raise RuntimeError(f"the rendezvous at {rendezvous['endpoint']} is {theirs!r}'s, this node was launched "
+                           f"for {rendezvous['id']!r}")
+    return store
+
+
+def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     workdir = Path(spec["workdir"])
     rank = int(os.environ.get("RANK", "0"))
@@ -165,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         if backend == "nccl":  # one GPU per local rank, chosen before the communicators exist
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timedelta(seconds=float(spec["timeout"])))
+        timeout = timedelta(seconds=float(spec["timeout"]))
+        store = rendezvous_store(spec["rendezvous"], rank, world, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         results = []
         for i, pd in enumerate(spec["plans"]):
             fault = spec.get("fault_rank") == rank and spec.get("fault_plan", 0) == i
@@ -183,15 +206,3 @@ def main(argv: list[str] | None = None) -> int:
         raise
     return 0
 
-
-if __name__ == "__main__":
-    from executor.runguard import die_with_parent
-
-    die_with_parent()  # torchrun starts each rank in a session of its own: the rank dies with torchrun
-    code = main()
-    # the results are written and the process group destroyed: end without the interpreter's finalization,
-    # whose C++ static destructors have aborted a gloo rank now and then after a finished run ("terminate
-    # called without an active exception", SIGABRT: CI of session 8, test_cli_run_hf_config_check)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -3,8 +3,8 @@
 The agent starts this guard in a new process group with the read end ``FD`` of a pipe whose write end only
 the agent holds. The guard runs COMMAND in its own group and waits; when ``FD`` reads end-of-file the agent
 is gone (it exited, or was killed with ``kill -9``, which no signal handler sees) and the guard kills the
-whole group, COMMAND and everything it started there (``pipeplan run``'s torchrun; the ranks torchrun starts
-in sessions of their own die with it through ``PR_SET_PDEATHSIG``, :func:`die_with_parent`).
+whole group, COMMAND and everything it started there (``pipeplan run``, its supervisor and the ranks, which
+also die with the supervisor through ``PR_SET_PDEATHSIG``, :func:`die_with_parent`).
 
 SIGTERM/SIGINT reach the guard when the agent stops a run (``killpg``): the guard passes them on to COMMAND
 and keeps waiting, so it exits only after COMMAND did, with COMMAND's status.

@@ -4,14 +4,14 @@
 The script (:func:`slurm_script`; also ``pipeplan export --format slurm``) asks for ``ceil(P / G)`` nodes --
 P = t*D*W processes (one per device), G devices per node -- with one task per node. ``srun`` starts one
 ``pipeplan run`` per node, each with ``--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID`` and the same
-``--rdzv-endpoint``: torchrun's c10d rendezvous (``executor.launch.torchrun_args``) on the first node of the
+``--rdzv-endpoint``: the rendezvous (:mod:`executor.launch`: global rank 0 serves it) on the first node of the
 allocation (``scontrol show hostnames $SLURM_JOB_NODELIST``, first line; its ``NodeAddr``, which is the node
 name on most clusters) at port ``20000 + SLURM_JOB_ID mod 20000`` unless given. This is the layout of
 torchrun under Slurm in PyTorch's "Multinode training" tutorial and torchtitan's ``multinode_trainer.slurm``
-(one torchrun per node, c10d rendezvous on the head node). Every node runs ``P / nodes`` processes; the
-run's result file is written by the node that hosts global rank 0 (c10d numbers nodes as they join), so the
-job's directory must be on a file system all nodes share (as home and project directories are on Slurm
-clusters).
+(one launcher per node, the rendezvous on the head node). Every node runs ``P / nodes`` processes; the
+run's result file is written by node rank 0 (``SLURM_NODEID`` 0, the first node), which hosts global rank 0,
+so the job's directory must be on a file system all nodes share (as home and project directories are on
+Slurm clusters).
 
 The driver: :func:`submit` (``sbatch --parsable``), :func:`job_status` (``squeue`` while the controller
 lists the job, then ``sacct``, then ``scontrol show job`` -- clusters without the accounting database have

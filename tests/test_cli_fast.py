@@ -57,7 +57,7 @@ def test_every_command_module_imports_without_torch() -> None:
 
 
 def test_run_validates_and_launches_without_importing_torch(tmp_path: Path) -> None:
-    """``pipeplan run``'s own process reads the plan, validates it and hands it to torchrun; only the ranks
+    """``pipeplan run``'s own process reads the plan, validates it and hands it to the launcher; only the ranks
     build layers. It imported torch (~3 s of CPU on the 2-core machine) before every run: here the launch is
     replaced by a stand-in that records what the parent had imported when it launched. (``--hf-config`` reads
     the configuration with transformers, which imports torch.)"""

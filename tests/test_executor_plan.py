@@ -91,15 +91,17 @@ def test_cli_multi_node_options_are_checked_before_launch() -> None:
     assert res.exit_code == 2 and "--node-rank must be in 0..1" in res.output
 
 
-def test_torchrun_placement() -> None:
-    from executor.launch import torchrun_args
+def test_placement_is_checked_before_launch() -> None:
+    from executor.launch import check_placement
 
-    assert torchrun_args(4) == ["--standalone", "--nproc-per-node=4"]
-    args = torchrun_args(2, 2, 1, "node0:29500", "job7", join_timeout=60)
-    assert "--nnodes=2" in args and "--node-rank=1" in args and "--rdzv-backend=static" in args
-    assert "--rdzv-endpoint=node0:29500" in args and "--rdzv-id=job7" in args and "--standalone" not in args
+    check_placement(4)
+    check_placement(2, 2, 1, "node0:29500")
     with pytest.raises(ValueError, match="rendezvous endpoint"):
-        torchrun_args(2, 2, 0, None)
+        check_placement(2, 2, 0, None)
+    with pytest.raises(ValueError, match="outside 0..1"):
+        check_placement(2, 2, 2, "node0:29500")
+    with pytest.raises(ValueError, match=">= 1"):
+        check_placement(0)
 
 
 def test_records_of_other_hosts_move_onto_rank_0_clock() -> None:

@@ -1,0 +1,134 @@
+"""The launcher's supervisor (:mod:`executor.supervise`): ranks forked from one import, named when they die
+of a signal, gone when the supervisor is; the rendezvous refuses a node of another job; nothing touches CUDA
+before the fork (a CUDA context does not survive one; checked here on the CPU build through torch.cuda's
+Python entry points)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.launch import RunFailed, launch
+from executor.plan import RunPlan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_preload_touches_no_cuda() -> None:
+    code = textwrap.dedent("""
+        import torch
+        calls = []
+        for name in ("is_available", "device_count", "_lazy_init", "init", "current_device", "set_device",
+                     "get_device_properties", "mem_get_info"):
+            real = getattr(torch.cuda, name)
+            setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+        import executor.rank
+        from executor.supervise import preload
+        preload()
+        print("calls:", calls, "threads:", len(__import__("os").listdir("/proc/self/task")))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "calls: [] threads: 1", out.stdout  # no CUDA, no thread to lose in a fork
+
+
+def test_rendezvous_refuses_a_node_of_another_job() -> None:
+    import socket
+
+    from executor.rank import rendezvous_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    errors: dict[int, BaseException | None] = {}
+
+    def node(rank: int, rid: str) -> None:
+        try:
+            rendezvous_store({"endpoint": f"127.0.0.1:{port}", "id": rid}, rank, 2, timedelta(seconds=30))
+            errors[rank] = None
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors[rank] = e
+
+    threads = [threading.Thread(target=node, args=(r, rid)) for r, rid in ((0, "job7"), (1, "job8"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors[0] is None
+    assert isinstance(errors[1], RuntimeError) and "is 'job7''s, this node was launched for 'job8'" in str(errors[1])
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _supervisor_and_ranks(nproc: int, deadline: float) -> tuple[int, list[int]]:
+    while time.monotonic() < deadline:
+        for pid in _children(os.getpid()):
+            try:
+                if b"executor.supervise" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    ranks = _children(pid)
+                    if len(ranks) == nproc:
+                        return pid, ranks
+            except OSError:
+                continue
+        time.sleep(0.05)
+    raise AssertionError("no supervisor with its ranks appeared")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["rank", "supervisor"])
+def test_a_killed_rank_is_named_and_a_killed_supervisor_takes_its_ranks(tmp_path: Path, victim: str) -> None:
+    """kill -9 of rank 1 mid-run: the run fails at once naming rank 1 and the signal (it wrote no error of its
+    own), and no rank is left. kill -9 of the supervisor: its ranks die with it (no orphan keeps running)."""
+    from executor.emulate import uniform_profile
+    from planner.profile import save_profile
+
+    path = tmp_path / "profile.json"
+    save_profile(uniform_profile(2, fwd=0.05, bwd=0.1), path)  # emulated: ~0.75 s per iteration, 200 iterations
+    plan = RunPlan.direct("1f1b", 2, 4, emulate=str(path), iterations=200, warmup=0)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = launch([plan], 2, timeout=120)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            out["error"] = e
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=run)
+    th.start()
+    supervisor, ranks = _supervisor_and_ranks(2, t0 + 90)
+    rank_1 = sorted(ranks)[1]  # forked in rank order
+    os.kill(rank_1 if victim == "rank" else supervisor, signal.SIGKILL)
+    th.join(60)
+    assert not th.is_alive(), "the launch did not end after the kill"
+    assert time.monotonic() - t0 < 100  # far short of the 150 s the 200 iterations would take
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in ranks if _alive(p)], "a rank outlived the run"
+    assert isinstance(out.get("error"), RunFailed), out
+    if victim == "rank":
+        assert "rank 1 failed: the rank's process killed by SIGKILL" in str(out["error"]), out["error"]
