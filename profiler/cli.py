@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import typer
@@ -217,20 +216,16 @@ def profile_links(
     if executor_overhead and not local_procs:
         raise _bad("--executor-overhead needs --local-procs N (it launches the executor itself)")
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 
-    from profiler.links import benchmark_links, free_port, init_from_env, spawn_worker
+    from profiler.links import DEFAULT_SIZES, benchmark_links, init_from_env
 
     message_sizes = _parse_ints(sizes, "--sizes") if sizes else None
     if local_procs:
         if local_procs < 2:
             raise _bad("--local-procs needs at least 2 processes")
-        with tempfile.TemporaryDirectory() as tmp:
-            tmp_out = str(Path(tmp) / "links.json")
-            init = f"tcp://127.0.0.1:{free_port()}"
-            args = (local_procs, init, tmp_out, message_sizes, repeats, warmup, timeout)
-            mp.spawn(spawn_worker, args=args, nprocs=local_procs, join=True)
-            result = json.loads(Path(tmp_out).read_text())
+        from profiler.local_cluster import measure_links
+
+        result = measure_links(local_procs, message_sizes or DEFAULT_SIZES, repeats, warmup, timeout)
     else:
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             console.print(

@@ -25,35 +25,93 @@ from planner.cluster import AllReduceFit, Cluster, ExecutorOverhead, HostCpu, Li
 QUICK_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22]
 
 
-def _spawn_ranks(target: Any, procs: int, args: Any, timeout: float) -> list[Any]:
-    """Run ``target(*args(rank, queue))`` in ``procs`` spawned processes and return what each put on the
-    queue (one item per process, in arrival order); the processes are joined whatever happens."""
+def _fork_ranks(target: Any, arglist: list[tuple[Any, ...]], preload: tuple[str, ...]) -> None:
+    """The one spawned process of :func:`_spawn_ranks`: import ``preload`` once, then fork a process per
+    entry of ``arglist`` running ``target`` on it (each dies with this one), and wait for them all."""
+    import importlib
     import multiprocessing as mp
+
+    for module in preload:
+        importlib.import_module(module)
+    ctx = mp.get_context("fork")
+    ps = [ctx.Process(target=_forked, args=(target, args)) for args in arglist]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    raise SystemExit(max(p.exitcode != 0 for p in ps))
+
+
+def _forked(target: Any, args: tuple[Any, ...]) -> None:
+    from executor.runguard import die_with_parent
+
+    die_with_parent()
+    target(*args)
+
+
+def _spawn_ranks(target: Any, procs: int, args: Any, timeout: float,
+                 preload: tuple[str, ...] = ("torch",)) -> list[Any]:
+    """Run ``target(*args(rank, queue))`` in ``procs`` processes and return what each put on the queue (one
+    item per process, in arrival order). The processes are forked from one spawned process that imported
+    ``preload`` first, so torch is imported once rather than ``procs`` times (~3 s of CPU each on the 2-core
+    CI machine: it halved the CPU time of seeding's link and host measurements, issue 11's closing note of
+    session 31); they start together as before and measure nothing until every one is ready (the targets
+    meet at a barrier or a process group). Raises when a process failed without putting its item."""
+    import multiprocessing as mp
+    import queue as queues
+    import time
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    ps = [ctx.Process(target=target, args=args(r, queue), daemon=True) for r in range(procs)]
-    for p in ps:
-        p.start()
+    parent = ctx.Process(target=_fork_ranks, args=(target, [args(r, queue) for r in range(procs)], preload))
+    parent.start()
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
     try:
-        return [queue.get(timeout=timeout) for _ in ps]
+        while len(got) < procs:
+            try:
+                got.append(queue.get(timeout=0.5))
+                continue
+            except queues.Empty:
+                pass
+            if not parent.is_alive():  # ended: what it left in the queue is readable now or never
+                try:
+                    got.append(queue.get(timeout=1.0))
+                    continue
+                except queues.Empty:
+                    raise RuntimeError(f"{target.__name__}: {procs - len(got)} of {procs} processes ended "
+                                       f"without a result (exit code {parent.exitcode}; their error is above)"
+                                       ) from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{target.__name__}: no result from {procs - len(got)} of {procs} processes "
+                                   f"within {timeout:.0f} s")
+        return got
     finally:
-        for p in ps:
-            p.join(30)
+        parent.join(30)
+        if parent.is_alive():
+            parent.kill()  # its processes die with it
+            parent.join()
 
 
 def measure_links(procs: int, sizes: list[int] | None = None, repeats: int = 5, warmup: int = 2,
                   timeout: float = 60.0) -> dict[str, Any]:
-    """:func:`profiler.links.benchmark_links` on ``procs`` spawned local gloo processes (rank 0's result)."""
-    import torch.multiprocessing as mp
-
-    from profiler.links import free_port, spawn_worker
+    """:func:`profiler.links.benchmark_links` on ``procs`` local gloo processes (rank 0's result)."""
+    from profiler.links import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "links.json")
-        args = (procs, f"tcp://127.0.0.1:{free_port()}", out, sizes or QUICK_SIZES, repeats, warmup, timeout)
-        mp.spawn(spawn_worker, args=args, nprocs=procs, join=True)
+        init = f"tcp://127.0.0.1:{free_port()}"
+        _spawn_ranks(_links_worker, procs,
+                     lambda r, queue: (r, queue, procs, init, out, sizes or QUICK_SIZES, repeats, warmup, timeout),
+                     timeout * 3 + 60, preload=("profiler.links",))
         return json.loads(Path(out).read_text())
+
+
+def _links_worker(rank: int, queue: Any, *args: Any) -> None:
+    from profiler.links import spawn_worker
+
+    spawn_worker(rank, *args)
+    queue.put((rank, None))
 
 
 def _compute() -> Any:
@@ -257,9 +315,9 @@ def _reserve_worker(rank: int, procs: int, init: str, queue: Any) -> None:
 
 def measure_reserve(procs: int = 4) -> dict[str, Any]:
     """The memory a CPU executor process holds before any model (the CPU default of
-    :data:`planner.reserve.CPU_RESERVE_BYTES`): ``procs`` spawned processes each import what a rank of the
-    executor imports, build the gloo process group and use it once (:func:`_reserve_worker`); per rank the
-    resident set (``VmRSS``) and its peak (``VmHWM``), bytes. Linux only (``/proc``). Command::
+    :data:`planner.reserve.CPU_RESERVE_BYTES`): ``procs`` processes (:func:`_spawn_ranks`) each import what a
+    rank of the executor imports, build the gloo process group and use it once (:func:`_reserve_worker`); per
+    rank the resident set (``VmRSS``) and its peak (``VmHWM``), bytes. Linux only (``/proc``). Command::
 
         .venv/bin/python -c "from profiler.local_cluster import measure_reserve; print(measure_reserve(4))"
     """

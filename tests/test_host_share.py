@@ -101,6 +101,21 @@ def test_measure_host_reports_a_slowdown_and_the_cores_it_implies() -> None:
     assert "2 processes" in h.source and "rounds" in h.source
 
 
+@pytest.mark.slow  # spawns a process
+def test_measuring_processes_that_die_fail_the_measurement_at_once() -> None:
+    """Processes that end without their result (here they exit 3 at once) fail the measurement when they end,
+    not when its timeout runs out."""
+    import os
+    import time
+
+    from profiler.local_cluster import _spawn_ranks
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="2 of 2 processes ended without a result \\(exit code 1"):
+        _spawn_ranks(os._exit, 2, lambda r, queue: (3,), timeout=300, preload=())
+    assert time.monotonic() - t0 < 60
+
+
 def test_the_fixed_point_is_found_in_a_few_simulations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The concurrency changes little with the share, so the secant iteration ends in 3-4 simulations; the half
     steps it replaced took 8-10 per configuration (68% of a local-cpu-4 plan's time). Its answer is the fixed
