@@ -26,11 +26,18 @@ def _load():
     return module
 
 
-def test_quick_cpu_run_writes_the_predicted_vs_measured_table(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--device", "cpu"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+@pytest.fixture(scope="module")
+def quick_cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``--quick`` CPU run of every phase (~25 s on the 2-core machine), read by the tests below."""
+    out = tmp_path_factory.mktemp("device-check") / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--device", "cpu",
+                        "--sustain-s", "0.2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out
+
+
+def test_quick_cpu_run_writes_the_predicted_vs_measured_table(quick_cpu_run: Path) -> None:
+    out = quick_cpu_run
     for name in ("machine.json", "device.json", "gpt2-medium-fp32.json", "layer_check.json", "summary.txt",
                  "sustained_gemm.json"):
         assert (out / name).is_file(), name
@@ -197,12 +204,9 @@ def test_public_layer_specs_and_shards() -> None:
         assert got == pytest.approx((small.layer_params() - norms) / t, rel=0.02), label
 
 
-def test_quick_layers_phase_rows(tmp_path: Path) -> None:
+def test_quick_layers_phase_rows(quick_cpu_run: Path) -> None:
     """The layers phase's CPU stand-in row: measured and predicted forward and backward, finite."""
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--device", "cpu",
-                        "--sustain-s", "0.2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = quick_cpu_run
     rows = json.loads((out / "machine.json").read_text())["public_layers"]
     assert [(x["label"], x["attention"]) for x in rows] == [("stand-in", "math")]
     assert all(math.isfinite(rows[0][k]) and rows[0][k] > 0 for k in ("meas_fwd_s", "meas_bwd_s", "pred_fwd_s",
