@@ -29,9 +29,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +86,25 @@ def check_placement(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
         raise ValueError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
 
 
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM while the run goes (an agent stopping its job, ``kill``) raises :class:`RunFailed` here, in the
+    main thread: ``subprocess.run`` then kills the supervisor (its ranks die with it) and the work directory is
+    removed, where the signal's default action ended the process and left both behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise RunFailed(f"stopped by {signal.Signals(signum).name}")
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: str = "gloo",
            trace: bool = False, timeout: float = 120.0, wall_timeout: float | None = None,
            fault_rank: int | None = None, fault_plan: int = 0, threads: int = 1,
@@ -108,6 +131,7 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
         spec = {"plans": [p.to_dict() for p in plans], "check": check, "backend": backend, "trace": trace,
                 "timeout": timeout, "workdir": str(workdir), "fault_rank": fault_rank, "fault_plan": fault_plan,
                 "threads": threads, "p2p": policy, "nproc": nproc, "nnodes": nnodes, "node_rank": node_rank,
+                "launcher": os.getpid(),
                 "rendezvous": ({"file": str(workdir / "store")} if nnodes == 1 else
                                {"endpoint": rdzv_endpoint, "id": rdzv_id})}
         spec_path = workdir / "spec.json"
@@ -117,8 +141,9 @@ def launch(plans: list[RunPlan], nproc: int, *, check: bool = False, backend: st
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("OMP_NUM_THREADS", str(threads))
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=capture, text=True,
-                                  timeout=wall_timeout or timeout * 3 + 60)
+            with stopped_by_sigterm():
+                proc = subprocess.run(cmd, env=env, capture_output=capture, text=True,
+                                      timeout=wall_timeout or timeout * 3 + 60)
         except subprocess.TimeoutExpired as e:
             raise RunFailed(f"the run did not finish within {e.timeout:.0f} s") from None
         if proc.returncode != 0:

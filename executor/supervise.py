@@ -20,7 +20,8 @@ Watching: the first rank to exit non-zero fails the node -- the other ranks of t
 of its own (it died of a signal: the OOM killer, a segmentation fault) the supervisor writes its
 ``error-rank{r}.json`` naming the signal, so the launcher still names the rank. Ranks of other nodes fail on
 their next exchange with this one. Each rank dies with the supervisor (``PR_SET_PDEATHSIG``,
-:func:`executor.runguard.die_with_parent`), so killing the supervisor, by any signal, ends its ranks.
+:func:`executor.runguard.die_with_parent`), and the supervisor with the process that launched it (the spec's
+``launcher``), so killing either, by any signal, ends the run.
 """
 
 from __future__ import annotations
@@ -134,7 +135,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m executor.supervise SPEC.json", file=sys.stderr)
         return 2
-    return supervise(json.loads(Path(argv[0]).read_text()), argv[0])
+    spec = json.loads(Path(argv[0]).read_text())
+    die_with_parent()  # the launch that started this supervisor is gone (even by kill -9): so is the run
+    if "launcher" in spec and os.getppid() != spec["launcher"]:
+        return 1  # it went before the line above took effect
+    return supervise(spec, argv[0])
 
 
 if __name__ == "__main__":

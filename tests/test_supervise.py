@@ -6,6 +6,7 @@ Python entry points)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _left(pids: list[int], within: float = 10.0) -> list[int]:
+    """Those of ``pids`` still alive after up to ``within`` seconds (a SIGKILLed process takes a moment)."""
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["rank", "supervisor"])
 def test_a_killed_rank_is_named_and_a_killed_supervisor_takes_its_ranks(tmp_path: Path, victim: str) -> None:
@@ -125,10 +134,49 @@ def test_a_killed_rank_is_named_and_a_killed_supervisor_takes_its_ranks(tmp_path
     th.join(60)
     assert not th.is_alive(), "the launch did not end after the kill"
     assert time.monotonic() - t0 < 100  # far short of the 150 s the 200 iterations would take
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in ranks if _alive(p)], "a rank outlived the run"
+    assert not _left(ranks), "a rank outlived the run"
     assert isinstance(out.get("error"), RunFailed), out
     if victim == "rank":
         assert "rank 1 failed: the rank's process killed by SIGKILL" in str(out["error"]), out["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_pipeplan_run_ends_its_supervisor_and_ranks(tmp_path: Path, sig: signal.Signals) -> None:
+    """``kill <pipeplan run>`` (SIGTERM to that process alone, as ``kill`` and service managers send it): the
+    run stops at once saying so, its supervisor and ranks are gone and its temporary work directory with them
+    (the signal's default action left the supervisor running its ranks, orphaned). ``kill -9``: nothing can
+    clean up, but the supervisor and its ranks still go with it."""
+    from executor.emulate import uniform_profile
+    from planner.profile import save_profile
+
+    path = tmp_path / "profile.json"
+    save_profile(uniform_profile(2, fwd=0.05, bwd=0.1), path)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan.cli", "run", "--schedule", "1f1b", "--devices", "2",
+                             "--microbatches", "4", "--emulate", str(path), "--iterations", "200"], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        supervisor = ranks = None
+        while supervisor is None and time.monotonic() < deadline:
+            for pid in _children(proc.pid):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"executor.supervise" in cmd and len(_children(pid)) == 2:
+                    supervisor, ranks, spec = pid, _children(pid), Path(cmd[-2].decode())
+            time.sleep(0.05)
+        assert supervisor is not None and ranks, "no supervisor with its ranks appeared"
+        workdir = spec.parent
+        assert workdir.is_dir()
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not _left([supervisor, *ranks])
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 1 and "error: stopped by SIGTERM" in out, out
+        assert not workdir.exists()
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        shutil.rmtree(workdir, ignore_errors=True)
