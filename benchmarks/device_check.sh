@@ -55,6 +55,15 @@ run)
     fi
     set -o pipefail
     PYTHONUNBUFFERED=1 "$PY" benchmarks/device_check.py --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+    rc=$?
+    # the executor on NCCL, its ranks forked by executor/supervise.py (CUDA first touched in the rank): one
+    # device, checked against single-process training; into log.txt (the device tool returns few files)
+    if "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+        echo "== pipeplan run --backend nccl (1 GPU, gpt-tiny, --check) ==" | tee -a "$out/log.txt"
+        timeout 300 "$PY" -m pipeplan.cli run --schedule 1f1b --devices 1 --microbatches 4 --model gpt-tiny \
+            --backend nccl --check 2>&1 | tail -20 | tee -a "$out/log.txt"
+    fi
+    exit $rc
     ;;
 *)
     echo "usage: bash benchmarks/device_check.sh prepare | run OUT_DIR [device_check.py options]" >&2
