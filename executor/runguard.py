@@ -21,15 +21,17 @@ import threading
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
     """Linux: have the kernel send ``sig`` to this process when its parent exits (``prctl``); elsewhere
-    nothing."""
+    nothing. With ``parent`` (the pid the parent had before this process started): False when the parent is no
+    longer it -- it exited before the death signal was armed, which then never comes -- else True."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
-        return
+        pass
+    return parent is None or os.getppid() == parent
 
 
 def _watch(fd: int) -> None:

@@ -46,8 +46,7 @@ def _rank(rank_module: ModuleType, spec_path: str, rank: int, local: int, nproc:
     """The forked child: become rank ``rank`` and run it; never returns."""
     code = 1
     try:
-        die_with_parent()
-        if os.getppid() != supervisor:  # the supervisor died before the line above took effect
+        if not die_with_parent(supervisor):
             return
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world),
                           LOCAL_WORLD_SIZE=str(nproc))
@@ -136,9 +135,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m executor.supervise SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text())
-    die_with_parent()  # the launch that started this supervisor is gone (even by kill -9): so is the run
-    if "launcher" in spec and os.getppid() != spec["launcher"]:
-        return 1  # it went before the line above took effect
+    if not die_with_parent(spec["launcher"]):  # the launch is gone (even by kill -9): so is the run
+        return 1
     return supervise(spec, argv[0])
 
 

@@ -30,11 +30,12 @@ def _fork_ranks(target: Any, arglist: list[tuple[Any, ...]], preload: tuple[str,
     entry of ``arglist`` running ``target`` on it (each dies with this one), and wait for them all."""
     import importlib
     import multiprocessing as mp
+    import os
 
     for module in preload:
         importlib.import_module(module)
     ctx = mp.get_context("fork")
-    ps = [ctx.Process(target=_forked, args=(target, args)) for args in arglist]
+    ps = [ctx.Process(target=_forked, args=(os.getpid(), target, args)) for args in arglist]
     for p in ps:
         p.start()
     for p in ps:
@@ -42,11 +43,11 @@ def _fork_ranks(target: Any, arglist: list[tuple[Any, ...]], preload: tuple[str,
     raise SystemExit(max(p.exitcode != 0 for p in ps))
 
 
-def _forked(target: Any, args: tuple[Any, ...]) -> None:
+def _forked(parent: int, target: Any, args: tuple[Any, ...]) -> None:
     from executor.runguard import die_with_parent
 
-    die_with_parent()
-    target(*args)
+    if die_with_parent(parent):
+        target(*args)
 
 
 def _spawn_ranks(target: Any, procs: int, args: Any, timeout: float,
