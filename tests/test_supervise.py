@@ -77,14 +77,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _supervisor_and_ranks(nproc: int, deadline: float) -> tuple[int, list[int]]:
+def _supervisor_and_ranks(parent: int, nproc: int, deadline: float) -> tuple[int, list[int], Path]:
+    """The supervisor ``parent`` started, once its ``nproc`` ranks are there: its pid, theirs, its spec file."""
     while time.monotonic() < deadline:
-        for pid in _children(os.getpid()):
+        for pid in _children(parent):
             try:
-                if b"executor.supervise" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"executor.supervise" in cmd:
                     ranks = _children(pid)
                     if len(ranks) == nproc:
-                        return pid, ranks
+                        return pid, ranks, Path(cmd[-2].decode())
             except OSError:
                 continue
         time.sleep(0.05)
@@ -128,7 +130,7 @@ def test_a_killed_rank_is_named_and_a_killed_supervisor_takes_its_ranks(tmp_path
     t0 = time.monotonic()
     th = threading.Thread(target=run)
     th.start()
-    supervisor, ranks = _supervisor_and_ranks(2, t0 + 90)
+    supervisor, ranks, _spec = _supervisor_and_ranks(os.getpid(), 2, t0 + 90)
     rank_1 = sorted(ranks)[1]  # forked in rank order
     os.kill(rank_1 if victim == "rank" else supervisor, signal.SIGKILL)
     th.join(60)
@@ -157,15 +159,7 @@ def test_killing_pipeplan_run_ends_its_supervisor_and_ranks(tmp_path: Path, sig:
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 90
-        supervisor = ranks = None
-        while supervisor is None and time.monotonic() < deadline:
-            for pid in _children(proc.pid):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if b"executor.supervise" in cmd and len(_children(pid)) == 2:
-                    supervisor, ranks, spec = pid, _children(pid), Path(cmd[-2].decode())
-            time.sleep(0.05)
-        assert supervisor is not None and ranks, "no supervisor with its ranks appeared"
+        supervisor, ranks, spec = _supervisor_and_ranks(proc.pid, 2, time.monotonic() + 90)
         workdir = spec.parent
         assert workdir.is_dir()
         proc.send_signal(sig)
