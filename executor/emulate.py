@@ -50,7 +50,7 @@ def executor_request(plan: Any) -> TrainingRequest:
     executor keeps per parameter -- a weight and a gradient in the run's dtype, no optimizer state (plain SGD,
     :mod:`executor.interpreter`) -- where the planner's default is mixed-precision Adam's 16 bytes (ZeRO 3.1).
     The optimizer step reads and writes that state once (:meth:`planner.cost.ConfigCosts.step`): 16 bytes
-    per parameter in float32 (``torch.optim.SGD``: the weight and gradient read, the weight written, 12),
+    per parameter in float32 (:class:`executor.sgd.SGD`: the weight and gradient read, the weight written, 12),
     where 16-byte Adam state would cost 32."""
     el = DTYPE_BYTES.get(str(getattr(plan, "dtype", "float32")), 4)
     return TrainingRequest(global_batch=plan.spec.global_batch, bytes_per_param=2.0 * el)

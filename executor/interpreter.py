@@ -24,7 +24,7 @@ with ``grouped``).
   (Chimera 3.2), at the end otherwise. The collective is issued at the rank's last ``ALLREDUCE`` of the
   stage, once per stage and iteration.
 * ``STEP`` -- wait for sends and all-reduces, all-reduce the tied embedding copies (Megatron-LM), step the
-  optimizer (plain SGD, so pipelined and single-process training can be compared exactly).
+  optimizer (plain SGD, :mod:`executor.sgd`, so pipelined and single-process training can be compared exactly).
 
 Activation recomputation: each transformer layer runs under its own ``torch.utils.checkpoint`` (Chen et al.
 2016; Megatron-LM section 3.5, ``--recompute-method uniform --recompute-num-layers 1``); the embedding and the
@@ -69,6 +69,7 @@ from executor.models.blocks import Block
 from executor.models.llama import LlamaBlock
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
+from executor.sgd import SGD
 from executor.split_backward import Split, split_input
 from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
 from planner.profile import checkpointed, stage_splits_backward
@@ -263,12 +264,12 @@ class RankRuntime:
         self.window_sync = self.update == "per-microbatch" and schedule.params.get("replica_sync") == "per-window"
         self.window_grads: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.modules: dict[tuple[int, int], StageModule] = {}
-        self.optims: dict[tuple[int, int], torch.optim.Optimizer] = {}
+        self.optims: dict[tuple[int, int], SGD] = {}
         self.stash: dict[tuple[int, int], _Stash] = {}
         if emulator is None:
             for r, s in self.held:
                 self.modules[(r, s)] = self._build(s)
-                self.optims[(r, s)] = torch.optim.SGD(self.modules[(r, s)].parameters(), lr=plan.lr)
+                self.optims[(r, s)] = SGD(self.modules[(r, s)].parameters(), lr=plan.lr)
                 if not plan.synchronous:
                     self.stash[(r, s)] = _Stash(self.modules[(r, s)])
         # tied embedding copies on the first and last stages (names inside the StageModule)
@@ -526,7 +527,7 @@ class RankRuntime:
                     if p.grad is not None:
                         acc[n] = p.grad.clone() if n not in acc else acc[n] + p.grad
             self.optims[key].step()
-            self.optims[key].zero_grad(set_to_none=True)
+            self.optims[key].zero_grad()
             stash.bump()
 
     # ---- gradient synchronisation and step -----------------------------------------------------------
@@ -583,7 +584,7 @@ class RankRuntime:
                 p.grad = delta[off:off + n].view_as(p).clone()
                 off += n
             self.optims[key].step()
-            self.optims[key].zero_grad(set_to_none=True)
+            self.optims[key].zero_grad()
             self.stash[key].bump()
             self.window_grads.pop(key, None)
 
@@ -637,7 +638,7 @@ class RankRuntime:
         t = self.clock.stamp()
         for key, opt in self.optims.items():
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             if key in self.stash:
                 self.stash[key].bump()
         self.records.append(("optimizer", "OPT", t, self.clock.stamp()))

@@ -13,6 +13,7 @@ import torch
 
 from executor.models import Stage
 from executor.plan import RunPlan
+from executor.sgd import SGD
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -22,7 +23,7 @@ def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
     source = plan.source()
     layers = [m.to(DTYPES[plan.dtype]) for m in source.build(plan.seed, 0)]
     model = Stage(layers)
-    opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
+    opt = SGD(model.parameters(), lr=plan.lr)
     for step in range(steps):
         inputs, targets = source.batch(plan.spec.global_batch, plan.seed, step)
         inputs = inputs.to(DTYPES[plan.dtype]) if inputs.is_floating_point() else inputs
@@ -31,7 +32,7 @@ def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
         else:
             losses = [model(x, t) for x, t in zip(inputs.split(plan.rows), targets.split(plan.rows), strict=True)]
             loss = torch.stack(losses).mean()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
         opt.step()
     return {f"{i}.{n}": p.detach().clone() for i, layer in enumerate(layers) for n, p in layer.named_parameters()}

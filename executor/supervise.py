@@ -2,7 +2,8 @@
 us until session 31, without its elastic agent).
 
 One import for the node: the supervisor imports the ranks' code once (torch, the executor, and what torch
-imports lazily on a rank's first optimizer: :func:`preload`; ~6 s of CPU on the 2-core CI machine) and forks
+imports lazily in a rank that runs a model recomputing activations: :func:`preload`; 3-6 s of CPU on the
+2-core CI machine) and forks
 each rank from it, copy-on-write. Nothing has run a parallel region, started a thread (``launch`` sets
 ``OMP_NUM_THREADS``; ``tests/test_supervise.py`` counts them) or touched CUDA by then, so each rank starts
 clean, as with ``torch.multiprocessing``'s ``fork`` start method. Measured on that machine
@@ -82,20 +83,27 @@ def note_failure(workdir: Path, rank: int, status: int) -> None:
                                       "error": f"the rank's process {describe(status)}", "traceback": ""})
 
 
-def preload() -> None:
-    """What every rank would import on its own after the fork: ``torch._dynamo``, which ``torch.optim``
-    imports with the first optimizer a rank builds (2.2-2.5 s of CPU per process on the CI machine: sympy,
-    the FX symbolic shapes; no thread started), and the model families ``build_layers`` imports."""
-    import torch._dynamo  # noqa: F401
+def preload(plans: list[dict[str, Any]]) -> None:
+    """What every rank would import on its own after the fork (no thread started): the model families
+    ``build_layers`` imports; the FX symbolic shapes (sympy), which ``torch.autograd.backward`` imports on its
+    first call with an output gradient, i.e. in every stage but the last (0.3 s of CPU per process on the CI
+    machine); and, where one of the spec's ``plans`` runs a model with activation recomputation,
+    ``torch._dynamo``, which ``torch.utils.checkpoint`` imports on its first call (``torch._disable_dynamo``;
+    0.8 s more). The executor's optimizer does not import it (:mod:`executor.sgd`), so a run without
+    recomputation, or emulated, does not pay it."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
     from executor.models import bert, data, gpt, llama, source  # noqa: F401
+
+    if any(p["spec"]["config"]["recompute"] and not p.get("emulate") for p in plans):
+        import torch._dynamo  # noqa: F401
 
 
 def supervise(spec: dict[str, Any], spec_path: str) -> int:
     """Fork the node's ranks, wait for them; 0 when every rank succeeded, 1 when one failed."""
     from executor import rank as rank_module  # torch and the executor, once for every rank of the node
 
-    preload()
+    preload(spec["plans"])
 
     nproc, nnodes, node_rank = int(spec["nproc"]), int(spec["nnodes"]), int(spec["node_rank"])
     world, me = nnodes * nproc, os.getpid()

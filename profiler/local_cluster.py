@@ -213,31 +213,34 @@ def measure_step_bandwidth(params: int = 4_000_000, width: int = 512, rows: int 
     and a gradient, :func:`executor.emulate.executor_request`), measured the way the executor steps
     (:meth:`executor.interpreter.RankRuntime._step`): a chain of ``params / width^2`` ``Linear(width, width)``
     layers runs a forward and a backward on ``rows`` rows (untimed), so the gradients are freshly allocated
-    and written by the backward and the caches hold what a backward leaves; then ``SGD.step`` and
-    ``zero_grad(set_to_none=True)`` are timed, one torch thread, thread CPU time (core time, as profiles are:
-    sharing the cores is the host model's part), median of ``repeats``. Issue 11 (cpufid3): the earlier probe
-    stepped the same 16 tensors with the same gradients again and again (caches hot): 33-36 GB/s on the
-    2-core development machine, where this measures 14-16 GB/s and a gpt-small stage's own step after its
-    backwards took 2.3-3.1 ms for 3.3 M parameters (12-15 GB/s), 3.4 ms against the 1.4 ms predicted before.
-    The cluster file's ``memory_bandwidth`` is nominal; this is what the step gets on this machine."""
+    and written by the backward and the caches hold what a backward leaves; then the executor's own
+    optimizer's (:class:`executor.sgd.SGD`) ``step`` and ``zero_grad`` are timed, one torch thread, thread
+    CPU time (core time, as profiles are: sharing the cores is the host model's part), median of
+    ``repeats``. Issue 11 (cpufid3): the earlier probe stepped the same 16 tensors with the same gradients
+    again and again (caches hot): 33-36 GB/s on the 2-core development machine, where this measures
+    14-16 GB/s and a gpt-small stage's own step after its backwards took 2.3-3.1 ms for 3.3 M parameters
+    (12-15 GB/s), 3.4 ms against the 1.4 ms predicted before. The cluster file's ``memory_bandwidth`` is
+    nominal; this is what the step gets on this machine."""
     import statistics
     import time
 
     import torch
+
+    from executor.sgd import SGD
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         layers = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(max(1, params // (width * width)))])
         x = torch.randn(rows, width, generator=torch.Generator().manual_seed(0))
-        opt = torch.optim.SGD(layers.parameters(), lr=1e-6)
+        opt = SGD(layers.parameters(), lr=1e-6)
         total = sum(p.numel() for p in layers.parameters())
         times = []
         for i in range(repeats + 2):
             layers(x).square().mean().backward()
             c0 = time.thread_time()
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             if i >= 2:
                 times.append(time.thread_time() - c0)
     finally:

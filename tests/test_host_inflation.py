@@ -113,27 +113,25 @@ def test_step_bandwidth_counts_the_bytes_the_cost_model_counts() -> None:
 
 
 def test_step_bandwidth_steps_after_a_backward(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the step is timed as the executor runs it: gradients made by a backward just before, then SGD.step and
-    # zero_grad(set_to_none=True); the bytes counted are 16 per parameter of the Linear chain
-    import torch
-
+    # the step is timed as the executor runs it: gradients made by a backward just before, then the executor's
+    # SGD.step and zero_grad; the bytes counted are 16 per parameter of the Linear chain
+    from executor.sgd import SGD
     from profiler.local_cluster import measure_step_bandwidth
 
     calls: list[str] = []
-    real_step, real_zero = torch.optim.SGD.step, torch.optim.SGD.zero_grad
+    real_step, real_zero = SGD.step, SGD.zero_grad
 
-    def step(self: torch.optim.SGD, *a: object, **kw: object) -> object:
-        assert all(p.grad is not None for g in self.param_groups for p in g["params"])  # fresh from a backward
+    def step(self: SGD) -> None:
+        assert all(p.grad is not None for p in self.params)  # fresh from a backward
         calls.append("step")
-        return real_step(self, *a, **kw)
+        real_step(self)
 
-    def zero(self: torch.optim.SGD, set_to_none: bool = True) -> None:
-        assert set_to_none
+    def zero(self: SGD) -> None:
         calls.append("zero")
-        real_zero(self, set_to_none=set_to_none)
+        real_zero(self)
 
-    monkeypatch.setattr(torch.optim.SGD, "step", step)
-    monkeypatch.setattr(torch.optim.SGD, "zero_grad", zero)
+    monkeypatch.setattr(SGD, "step", step)
+    monkeypatch.setattr(SGD, "zero_grad", zero)
     ticks = iter(range(1000))
     monkeypatch.setattr("time.thread_time", lambda: float(next(ticks)))  # every timed step: 1 "second"
     bw = measure_step_bandwidth(params=2 * 128 * 128, width=128, repeats=3)

@@ -34,8 +34,11 @@ def test_preload_touches_no_cuda() -> None:
             real = getattr(torch.cuda, name)
             setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
         import executor.rank
+        from executor.plan import RunPlan
         from executor.supervise import preload
-        preload()
+        preload([RunPlan.direct("1f1b", 2, 4, recompute=True).to_dict()])  # all it imports: torch._dynamo too
+        import sys
+        assert "torch._dynamo" in sys.modules
         print("calls:", calls, "threads:", len(__import__("os").listdir("/proc/self/task")))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
