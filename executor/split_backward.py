@@ -28,11 +28,13 @@ A parameter reached by more than one join (a weight used twice in the stage), or
 whole backward from the output restricted to those parameters (the old way): correct, only not split. The
 first stage's input (token ids) needs no gradient, so every node of its graph would be weight-only: the
 interpreter cuts that graph after the embedding (:class:`executor.interpreter.StageModule`), ``I`` computes
-the gradient at the cut and ``W`` carries it on into the embedding (``tail``), as the cost model splits the
-first stage too. With activation recomputation (non-reentrant ``torch.utils.checkpoint``) each call of
-``W`` unpacks GEMM inputs that the checkpoint recomputes once per backward call (a whole layer's forward
-per join: measured 94 ms for ``W`` against a 41 ms backward on the blocks above), so a checkpointed stage
-is not split: ``I`` the input gradient and ``W`` one backward for the weights, as before.
+the gradient at the cut and ``W`` carries it on into the parameters the graph before the cut reaches
+(``tail``, ``behind``), as the cost model splits the first stage too; a weight reached on both sides of the
+cut (on one stage, the token embedding that the LM head shares) gets both parts. With activation
+recomputation (non-reentrant ``torch.utils.checkpoint``) each call of ``W`` unpacks GEMM inputs that the
+checkpoint recomputes once per backward call (a whole layer's forward per join: measured 94 ms for ``W``
+against a 41 ms backward on the blocks above), so a checkpointed stage is not split: ``I`` the input
+gradient and ``W`` one backward for the weights, as before.
 
 Memory: from ``I`` to ``W`` a micro-batch keeps its graph (what the forward saved) and the gradients kept at
 the joins (on the blocks above 7.3 MB against 21.5 MB of saved tensors); ``W`` frees them. The planner counts
@@ -58,8 +60,9 @@ class Split:
     joins: list[tuple[Node, list[torch.Tensor]]] = field(default_factory=list)
     captured: dict[int, tuple[torch.Tensor | None, ...]] = field(default_factory=dict)
     rest: list[torch.Tensor] = field(default_factory=list)
-    #: parameters outside the graph from the input on (behind a cut: the first stage's embedding) and, once
-    #: ``I`` ran, the tensor before the cut with the input gradient ``I`` found there
+    #: parameters the graph before a cut reaches (the first stage's embedding; a weight tied to the LM head
+    #: on the same stage too: its head branch is a join's) and, once ``I`` ran, the tensor before the cut with
+    #: the input gradient ``I`` found there
     behind: list[torch.Tensor] = field(default_factory=list)
     tail: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -97,8 +100,22 @@ def split_input(out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor, p
         for h in handles:
             h.remove()
     if tail is not None:
-        split.tail = (tail, dx)
+        split.tail, split.behind = (tail, dx), _reached(tail, params)
     return dx, split
+
+
+def _reached(t: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters among ``params`` whose gradient accumulators ``t``'s graph reaches."""
+    leaf = {get_gradient_edge(p).node: p for p in params if p.requires_grad}
+    seen: set[Node] = set()
+    stack = [t.grad_fn] if t.grad_fn is not None else []
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(f for f, _ in n.next_functions if f is not None)
+    return [p for acc, p in leaf.items() if acc in seen]
 
 
 def _keeper(split: Split, i: int) -> Any:
@@ -151,8 +168,7 @@ def _plan(out: torch.Tensor, x: torch.Tensor, params: list[torch.Tensor]) -> Spl
             for acc in under:
                 reached.setdefault(acc, []).append(n)
     single = {acc for acc, js in reached.items() if len(js) == 1}
-    split = Split(rest=[p for acc, p in leaf.items() if acc in weight_only and acc not in single],
-                  behind=[p for acc, p in leaf.items() if acc not in weight_only])
+    split = Split(rest=[p for acc, p in leaf.items() if acc in weight_only and acc not in single])
     for n, under in joins:
         mine = [leaf[acc] for acc in under if acc in single]
         if mine:

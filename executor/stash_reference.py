@@ -108,7 +108,15 @@ def train_stashed_reference(plan: RunPlan, steps: int, stash: bool = True) -> di
     out: dict[str, torch.Tensor] = {}
     for d in range(sched.devices):
         start = bounds[stage_of[d]][0]
-        for n, p in live[d].items():
+        for n, canonical in _aliases(modules[stage_of[d]]).items():
             li, rest = n.split(".", 2)[1:]  # "layers.{i}.{name}" in the StageModule
-            out.setdefault(f"{start + int(li)}.{rest}", p.clone())
+            out.setdefault(f"{start + int(li)}.{rest}", live[d][canonical].clone())
     return out
+
+
+def _aliases(module: torch.nn.Module) -> dict[str, str]:
+    """Every parameter name of ``module`` -> the name ``named_parameters`` lists its Parameter under: a weight
+    that two layers of one stage share (the tied embedding and LM head of a one-stage run) is one entry of
+    the stage's weights, and a parameter of both layers."""
+    first: dict[int, str] = {}
+    return {n: first.setdefault(id(p), n) for n, p in module.named_parameters(remove_duplicate=False)}

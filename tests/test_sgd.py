@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from one_rank import one_rank
 
 
 def test_step_is_torch_sgd_bit_for_bit() -> None:
@@ -42,19 +35,10 @@ def test_a_rank_imports_torch_dynamo_only_where_checkpoints_do(recompute: bool) 
     """A rank's whole run (forward, backward, the optimizer step, the check against single-process training)
     without recomputation never imports torch._dynamo (2.2-2.5 s of CPU per process here), so the supervisor
     need not preload it; with recomputation torch.utils.checkpoint does, and the supervisor preloads it."""
-    code = textwrap.dedent(f"""
-        import os, sys, tempfile
-        import torch.distributed as dist
-        from executor.plan import RunPlan
-        from executor.rank import run_plan
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    out = one_rank(f"""
         for schedule in ("1f1b", "gpipe") if {recompute} else ("1f1b", "pipedream-2bw"):
             plan = RunPlan.direct(schedule, 1, 2, model="gpt-tiny", iterations=1, recompute={recompute})
             assert run_plan(plan, 0, 1, check=True)["check"]["ok"]
         print("torch._dynamo imported:", "torch._dynamo" in sys.modules)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"torch._dynamo imported: {recompute}"
+    assert out.strip() == f"torch._dynamo imported: {recompute}"

@@ -99,6 +99,32 @@ def test_first_stage_cut_carries_the_gradient_into_the_embedding() -> None:
         assert got is not None and torch.equal(got, want)
 
 
+def test_first_stage_cut_with_the_head_tied_to_the_embedding() -> None:
+    """A one-stage run holds the embedding and the LM head that shares its weight: the weight is reached both
+    behind the cut and after it (the head's join), and ``W`` accumulates both parts. It got only the head's
+    part before (the tied weight was not counted behind the cut), so a one-device ZB-H1 run trained wrong."""
+    layers = _stage(3)
+    emb = nn.Embedding(11, 16, dtype=torch.float64)
+    ids = torch.randint(0, 11, (2, 5))
+    params = [emb.weight, *layers.parameters()]
+
+    def head(y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(y, emb.weight).logsumexp(-1).sum()
+
+    torch.autograd.backward(head(_run(layers, emb(ids))), inputs=params)
+    ref = [p.grad.clone() for p in params]  # type: ignore[union-attr]
+    for p in params:
+        p.grad = None
+    e = emb(ids)
+    leaf = e.detach().requires_grad_(True)
+    out = head(_run(layers, leaf))
+    _, split = split_input(out, None, leaf, params, tail=e)
+    assert split.behind == [emb.weight]
+    split.weights(out, None, retain_graph=False)
+    for got, want in zip((p.grad for p in params), ref, strict=True):
+        assert got is not None and torch.allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_a_weight_used_twice_is_left_to_a_whole_backward() -> None:
     """A parameter two joins reach (the same linear applied twice) is not split, and still exact."""
     torch.manual_seed(2)
