@@ -21,9 +21,11 @@ def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, flo
     step_start, step_end = st.step
     compute = st.busy - (step_end - step_start)
     exposed_ar = max(0.0, step_start - st.compute_end)
+    bubble = res.makespan - compute - exposed_ar - (step_end - step_start)
+    # a device that never waits leaves the rounding of the sum above (the UI showed "bubble 6.939e-12 µs")
+    bubble = bubble if bubble > 1e-9 * res.makespan else 0.0
     out = {"compute": compute, "allreduce_exposed": exposed_ar, "step": step_end - step_start,
-           "bubble": max(0.0, res.makespan - compute - exposed_ar - (step_end - step_start)),
-           "comm_busy": st.comm}
+           "bubble": bubble, "comm_busy": st.comm}
     if costs is not None and costs.fsdp_per_microbatch:
         out["fsdp_in_compute"] = sum(costs.fsdp_extra(a.kind, a.stage, a.span) for a, _, _ in res.timeline[d])
         out["fsdp_comm_busy"] = sum(costs.fsdp_link(a.kind, a.stage) for a, _, _ in res.timeline[d])

@@ -121,6 +121,16 @@ def test_breakdown_adds_up(daint):
     assert cand.closed_forms["chimera_eq1"] == pytest.approx(cand.iteration_time, rel=0.2)
 
 
+def test_a_device_that_never_waits_has_no_bubble(daint):
+    """Data parallelism alone (one stage, one micro-batch): nothing waits, so the bubble is 0, not the rounding
+    residue of the makespan minus its parts (the plan page read "bubble 6.939e-12 µs")."""
+    cl, prof = daint
+    for b in (1, 2, 4, 8):
+        cand = predict(prof, cl, TrainingRequest(global_batch=8 * b), Config(tensor=1, pipeline=1, data=8,
+                                                                              micro_batch=b, schedule="1f1b"))
+        assert cand.breakdown["bubble"] == 0.0
+
+
 def test_cli_plan_json(tmp_path):
     from pipeplan.cli import app
 
