@@ -29,7 +29,7 @@ from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
 from planner.jsondoc import finite
 from planner.limits import MAX_GLOBAL_BATCH
-from planner.mismatch import device_warnings
+from planner.mismatch import device_warnings, size_warnings
 from planner.model import PRESETS, ModelSpec
 from planner.profile import ModelProfile, load_profile, runtime_words, save_profile
 from planner.request import Config, TrainingRequest
@@ -252,11 +252,12 @@ def register(app: typer.Typer) -> None:
             fail(f"{cfg.label()}: {e}")
             raise
         if json_out:  # refused or not fitting too: "fits": false, the reason, and null for what was not predicted
-            typer.echo(strict_json({**cand.to_dict(), "warnings": device_warnings(prof, cl, req)}))
+            typer.echo(strict_json({**cand.to_dict(), "warnings": device_warnings(prof, cl, req) + size_warnings(
+                prof, [cfg.micro_batch])}))
             return
         if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction), exit 2
             fail(cand.reason)
-        warnings = device_warnings(prof, cl, req)
+        warnings = device_warnings(prof, cl, req) + size_warnings(prof, [cfg.micro_batch])
         for w in warnings:
             typer.echo(f"warning: {w}", err=True)
         from rich.console import Console

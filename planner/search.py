@@ -50,7 +50,7 @@ from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule
 from planner.explain import breakdown, closed_forms
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.memory import MemoryModel
-from planner.mismatch import device_warnings
+from planner.mismatch import device_warnings, size_warnings
 from planner.model import tensor_split_error
 from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
@@ -593,7 +593,8 @@ def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
     is dropped before the garbage collector resumes, so the collection that follows visits the results only."""
     with _gc_paused():
         res = Planner(profile, cluster, request).search(processes=processes)
-    res.warnings = device_warnings(profile, cluster, request)
+    res.warnings = device_warnings(profile, cluster, request) + size_warnings(
+        profile, (c.config.micro_batch for c in res.candidates if c.fits))
     return res
 
 

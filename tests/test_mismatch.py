@@ -80,3 +80,25 @@ def test_api_plan_document_carries_it(client) -> None:  # type: ignore[no-untype
         client.get(f"/plans/{r.json()['id']}", headers=AUTH).json()), what="plan done")
     assert doc["status"] == "done", doc
     assert len(doc["warnings"]) == 1 and "'cpu'" in doc["warnings"][0]
+
+
+def test_micro_batch_sizes_beyond_the_profile_are_named() -> None:
+    """A plan whose candidates run a micro-batch size the profile has no times for says so, with the sizes to
+    profile; sizes between two the profile has are interpolated and not named."""
+    from planner.mismatch import size_warnings
+
+    cpu = load_cluster(EX / "local-cpu-4.json")
+    prof = _profile("cpu")
+    have = sorted(prof.layers[0].fwd_time)
+    narrow = prof.model_copy(update={"layers": [layer.model_copy(update={
+        "fwd_time": {b: t for b, t in layer.fwd_time.items() if b <= 2},
+        "bwd_time": {b: t for b, t in layer.bwd_time.items() if b <= 2},
+        "recompute_time": None}) for layer in prof.layers]})
+    assert size_warnings(prof, [have[0], have[-1]]) == []
+    (w,) = size_warnings(narrow, [1, 2, 4, 8, 4])
+    assert "micro-batch size 4, 8 are timed outside" in w and "(1, 2)" in w and "--micro-batches 1,2,4,8" in w
+    res = plan(narrow, cpu, TrainingRequest(global_batch=16, top=5))
+    used = sorted({c.config.micro_batch for c in res.candidates if c.fits})
+    assert any(b > 2 for b in used)
+    assert res.warnings == size_warnings(narrow, used) and "outside the sizes" in res.warnings[0]
+    assert plan(narrow, cpu, TrainingRequest(global_batch=16, top=5, micro_batches=[1, 2])).warnings == []
