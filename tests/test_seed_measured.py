@@ -83,3 +83,16 @@ def test_a_measured_allreduce_fit_replaces_the_algorithm_up_to_its_rank_count() 
     assert allreduce_time(base, [0, 1, 2, 3], 1e6) == pytest.approx(rabenseifner(4, 1e6, base.intra))
     assert cl.content_hash() != base.content_hash()
     assert cl.model_copy(update={"allreduce_fit": None}).content_hash() == base.content_hash()
+
+
+def test_the_seeded_profile_covers_the_new_plan_pages_default_batch() -> None:
+    """The new-plan page's default global batch on the seeded local cluster reaches micro-batch sizes up to the
+    batch itself (one replica, one micro-batch): the measured profile has each power of two up to it, so that
+    plan's candidates are timed, not extrapolated (planner.mismatch.size_warnings; with sizes 1-8 its first
+    candidate was data parallel at an extrapolated b = 16)."""
+    from api.seed import MEASURED
+
+    page = (Path(__file__).resolve().parent.parent / "api" / "templates" / "new_plan.html").read_text()
+    default = int(re.search(r'id="global-batch"[^>]*value="(\d+)"', page).group(1))  # type: ignore[union-attr]
+    sizes = MEASURED[1]
+    assert [b for b in (2 ** k for k in range(default.bit_length())) if default % b == 0] == sizes
