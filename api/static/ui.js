@@ -94,6 +94,7 @@ const PP = (() => {
   const num = (x) => typeof x === "number" && isFinite(x);
   function fmtTime(s) {
     if (!num(s)) return "–";
+    if (s === 0) return "0 s";  // no bubble, nothing exposed: not "0.000 µs"
     if (s >= 1) return s.toPrecision(4) + " s";
     if (s >= 1e-3) return (s * 1e3).toPrecision(4) + " ms";
     return (s * 1e6).toPrecision(4) + " µs";
