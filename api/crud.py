@@ -263,6 +263,7 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     if not spec["emulate"]:
         _model_fits_profile(db, plan, spec["model"])
     candidate = plan.candidates[spec["candidate_index"]].body
+    _executor_runs(plan.id, spec["candidate_index"], candidate)
     where = placement(candidate, get_cluster(db, plan.cluster_id).body, bool(spec["emulate"]),
                       spec.get("gpus_per_node"))
     # an emulated job builds no model (JobCreate): stored as "", the column holds a name or nothing
@@ -274,6 +275,20 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     db.add(job)
     db.flush()
     return job
+
+
+def _executor_runs(plan_id: int, index: int, candidate: dict[str, Any]) -> None:
+    """A candidate pipeplan's executor does not run (planner.runspec.executor_refusal: the planner ranks for
+    any runtime) is refused here, not queued to fail on the agent ("the run exited with code 2")."""
+    from planner.runspec import config_of, executor_refusal
+
+    try:
+        refusal = executor_refusal(config_of(candidate))
+    except ValueError:  # a row stored under earlier rules: the placement below names what is wrong with it
+        return
+    if refusal is not None:
+        raise InputError(f"candidate_index: candidate {index} of plan {plan_id} is not run by pipeplan's executor "
+                         f"({refusal}); export it to a framework that runs it, or dispatch another candidate")
 
 
 def _model_fits_profile(db: Session, plan: PlanRequest, model: str) -> None:

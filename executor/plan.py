@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from executor.models.config import ModelConfig, get_config
 from planner.jsondoc import integer
 from planner.request import Config
-from planner.runspec import RunSpec, partition_error
+from planner.runspec import RunSpec, executor_refusal, partition_error
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
 from planner.schedules.ir import Schedule
 
@@ -202,8 +202,9 @@ class RunPlan:
         if self.module is None and c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
             raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the "
                             f"MLP width ({cfg.ffn_hidden})")
-        if not self.synchronous and (c.data > 1 or c.tensor > 1):
-            raise PlanError(f"{c.schedule}: the executor runs asynchronous schedules with W = t = 1 only")
+        refusal = executor_refusal(c)
+        if refusal is not None:
+            raise PlanError(refusal)
         if self.dtype not in ("float32", "float64"):
             raise PlanError(f"dtype must be float32 or float64, got {self.dtype!r}")
         sched = self.schedule()
@@ -212,8 +213,6 @@ class RunPlan:
             raise PlanError(f"{sched.stages} stages but the model has only {L} layers" + (
                 "" if self.module else f" (embedding, {cfg.layers} blocks, head)"))
         check_partition(self.bounds(sched.stages, L), sched.stages, L)
-        if not self.synchronous and c.recompute:
-            raise PlanError(f"{c.schedule}: recomputation with weight stashing is not supported")
         return sched
 
 

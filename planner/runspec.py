@@ -2,7 +2,7 @@
 planner ranks (a candidate carries it), the API stores (inside the candidate document) and the executor
 runs (:class:`executor.plan.RunPlan` adds only run-time options). Torch-free.
 
-Two rules planner and executor must agree on are written here and nowhere else:
+The rules planner, service and executor must agree on are written here and nowhere else:
 
 * **Backward halving** (Chimera 3.5, concatenating more than D micro-batches): the same lists run on
   ``2N`` micro-batches of ``b/2`` samples (:func:`halves_backward`, :func:`schedule_microbatches`,
@@ -11,6 +11,10 @@ Two rules planner and executor must agree on are written here and nowhere else:
 * **Which all-reduces are eager** when the compute-only schedule is lowered: the builder's choice
   (:func:`planner.schedules.ir.builder_eager`, kept in the schedule IR so that the validator and the
   simulator, below this module, read the same), applied by :meth:`RunSpec.lowered`.
+* **What pipeplan's executor runs** of what the planner ranks (:func:`executor_refusal`): the planner ranks
+  configurations for any runtime (its exports go to Megatron-LM, torchtitan, DeepSpeed), the service refuses
+  to queue a job its executor would refuse (``POST /jobs``: 422), and the executor checks the same before it
+  starts processes (:meth:`executor.plan.RunPlan.validate`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_STAGES
 from planner.model import tensor_split_error
 from planner.request import Config
-from planner.schedules import BACKWARD_HALVING, build
+from planner.schedules import ASYNC_SCHEDULES, BACKWARD_HALVING, build
 from planner.schedules.ir import Schedule, builder_eager, lower
 
 
@@ -40,6 +44,20 @@ def schedule_microbatches(config: Config, microbatches: int) -> int:
 def schedule_samples(config: Config) -> float:
     """Samples of one micro-batch of the schedule's lists: b/2 with backward halving, else b."""
     return config.micro_batch / 2 if halves_backward(config) else config.micro_batch
+
+
+def executor_refusal(config: Config) -> str | None:
+    """Why pipeplan's executor does not run ``config`` (None: it does). Its asynchronous schedules (PipeDream's
+    weight stashing, 2BW's double buffering) keep one stage copy per device with its versions: no data or
+    tensor parallelism beside them, and no recomputation (a recomputed forward would have to run on the
+    version its micro-batch stashed)."""
+    if config.schedule not in ASYNC_SCHEDULES:
+        return None
+    if config.data > 1 or config.tensor > 1:
+        return f"{config.schedule}: the executor runs asynchronous schedules with W = t = 1 only"
+    if config.recompute:
+        return f"{config.schedule}: recomputation with weight stashing is not supported"
+    return None
 
 
 def config_of(doc: dict[str, Any]) -> Config:

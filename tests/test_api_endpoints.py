@@ -263,6 +263,34 @@ def test_a_model_of_other_layers_than_the_plans_profile_is_refused(client) -> No
     assert client.post("/jobs", json={"plan_id": plan["id"], "model": "bert-tiny"}, headers=AUTH).status_code == 201
 
 
+def test_a_candidate_the_executor_does_not_run_is_refused(client) -> None:  # type: ignore[no-untyped-def]
+    """The planner ranks PipeDream with data parallelism or recomputation (for any runtime); pipeplan's executor
+    runs neither (planner.runspec.executor_refusal). Such a job was queued and failed on the agent with "the run
+    exited with code 2": refused at POST /jobs naming the rule, nothing stored; a PipeDream candidate it runs is
+    taken."""
+    from planner.runspec import config_of, executor_refusal
+
+    _, _, plan = seed_plan(client, global_batch=8, allow_async=True, schedules=["pipedream"], top=20)
+    refused = [i for i, c in enumerate(plan["candidates"]) if executor_refusal(config_of(c))]
+    runs = [i for i, c in enumerate(plan["candidates"]) if c["fits"] and not executor_refusal(config_of(c))]
+    assert refused and runs
+    kinds = set()
+    for i in refused:
+        for emulate in (False, True):
+            r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny",
+                                           "emulate": emulate}, headers=AUTH)
+            assert r.status_code == 422, r.text
+            msg = r.json()["detail"]
+            assert msg.startswith(f"candidate_index: candidate {i} of plan {plan['id']} is not run by pipeplan's "
+                                  f"executor (pipedream: ") and "export it" in msg
+            kinds.add("W = t = 1" in msg or "recomputation" in msg)
+    assert kinds == {True}
+    assert client.get("/jobs", headers=AUTH).json() == []  # nothing stored
+    ok = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": runs[0], "model": "gpt-tiny"},
+                     headers=AUTH)
+    assert ok.status_code == 201, ok.text
+
+
 def test_the_comparison_gives_the_predicted_peak_where_none_was_measured(client) -> None:  # type: ignore[no-untyped-def]
     """A CPU run measures no allocator peak (executor/rank.py: None); the job page's devices table still shows
     the predicted peak (the model's own memory per device), with no error."""
