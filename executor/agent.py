@@ -431,7 +431,8 @@ class Agent:
         elif code == 0:
             error = f"the run exited 0 but wrote no result file ({out})"
         else:
-            error = f"the run exited with code {code}"
+            said = _said_error(tail)
+            error = f"the run exited with code {code}" + (f": {said}" if said else "")
         r = self._request("POST", fail_url or f"/jobs/{jid}/fail", json={"worker_id": self.worker_id,
                                                                          "error": error, "log_tail": tail})
         log.warning("job %d failed: %s", jid, error)
@@ -535,6 +536,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def _said_error(tail: str) -> str | None:
+    """The last ``error: ...`` line ``pipeplan run`` printed (its refusal of the plan, or the failing rank and its
+    error), so the job's error says why and not only the exit code; None when the log has none."""
+    said = [line[len("error: "):].strip() for line in tail.splitlines() if line.startswith("error: ")]
+    return said[-1][:1000] if said and said[-1] else None
 
 
 def _tail(path: Path, n: int = LOG_TAIL) -> str:
