@@ -10,7 +10,7 @@ from typing import Any
 
 from planner.cost import ConfigCosts
 from planner.request import Config
-from planner.runspec import RunSpec
+from planner.runspec import RunSpec, executor_refusal
 from planner.schedules import pipedream_rr
 from planner.simulate import SimResult
 
@@ -135,6 +135,8 @@ class Candidate:
             "compute": self.costs.compute_source if self.costs is not None else None,
             "recompute_granularity": self.recompute_granularity, "kernels": self.kernels,
             "sequence_parallel": self.sequence_parallel, "held_rate": self.held_rate,
+            # why pipeplan's executor does not run it (None: it does); the planner ranks for any runtime
+            "executor_refusal": executor_refusal(c),
         }
         if timeline and self.simulation is not None:
             out["timeline"] = [[[str(a), s, e] for a, s, e in row if a.kind in "FBIW"]

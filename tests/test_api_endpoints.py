@@ -274,6 +274,9 @@ def test_a_candidate_the_executor_does_not_run_is_refused(client) -> None:  # ty
     refused = [i for i, c in enumerate(plan["candidates"]) if executor_refusal(config_of(c))]
     runs = [i for i, c in enumerate(plan["candidates"]) if c["fits"] and not executor_refusal(config_of(c))]
     assert refused and runs
+    # each candidate says so itself (the plan page disables its dispatch button with the reason)
+    assert [c["executor_refusal"] for c in plan["candidates"]] == [
+        executor_refusal(config_of(c)) for c in plan["candidates"]]
     kinds = set()
     for i in refused:
         for emulate in (False, True):
