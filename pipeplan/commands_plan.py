@@ -251,13 +251,12 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             fail(f"{cfg.label()}: {e}")
             raise
+        warnings = device_warnings(prof, cl, req) + size_warnings(prof, [cfg.micro_batch])
         if json_out:  # refused or not fitting too: "fits": false, the reason, and null for what was not predicted
-            typer.echo(strict_json({**cand.to_dict(), "warnings": device_warnings(prof, cl, req) + size_warnings(
-                prof, [cfg.micro_batch])}))
+            typer.echo(strict_json({**cand.to_dict(), "warnings": warnings}))
             return
         if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction), exit 2
             fail(cand.reason)
-        warnings = device_warnings(prof, cl, req) + size_warnings(prof, [cfg.micro_batch])
         for w in warnings:
             typer.echo(f"warning: {w}", err=True)
         from rich.console import Console

@@ -83,7 +83,6 @@ def unsharded_run_note(candidate: dict) -> str | None:
             "sharded runtime")
 
 
-
 def size_warnings(profile: ModelProfile, sizes: Iterable[int]) -> list[str]:
     """One sentence when a candidate's micro-batch size lies outside the sizes ``profile`` has layer times
     for (empty: none): its times are extrapolated (:func:`planner.profile.interpolate_time`: beyond the

@@ -379,11 +379,8 @@ async function compare() {
       <div class="tl-note muted"></div>
       <div class="chart memory" data-role="memory" data-rank="${r}"></div>
       <div class="replica-memory muted" hidden></div>
-      ${c.executor_refusal
-        ? `<button type="button" class="dispatch" data-rank="${r}" disabled title="${PP.esc(c.executor_refusal)}">Dispatch #${r + 1} to workers</button>
-      <span class="dispatch-msg">not run by pipeplan's executor (${PP.esc(c.executor_refusal)}): export it to a framework that runs it</span>`
-        : `<button type="button" class="dispatch" data-rank="${r}">Dispatch #${r + 1} to workers</button>
-      <span class="dispatch-msg"></span>`}
+      <button type="button" class="dispatch" data-rank="${r}"${c.executor_refusal ? ` disabled title="${PP.esc(c.executor_refusal)}"` : ""}>Dispatch #${r + 1} to workers</button>
+      <span class="dispatch-msg">${c.executor_refusal ? `not run by pipeplan's executor (${PP.esc(c.executor_refusal)}): export it to a framework that runs it` : ""}</span>
     </article>`;
   }).join("");
   box.querySelectorAll("button.dispatch").forEach((b) => b.addEventListener("click", () => dispatch(+b.dataset.rank, b)));
