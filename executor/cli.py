@@ -144,6 +144,21 @@ def run(
     for path, option in ((out, "--out"), (trace, "--trace")):
         if problem := out_problem(path, option):
             _fail(problem)
+    if not timeout > 0:  # (torch's process groups take no timeout of 0 or less; NaN is not > 0 either)
+        _fail(f"--timeout: seconds for process-group operations, above 0, got {timeout:g}")
+    if seq is not None and seq < 1:
+        _fail(f"--seq: the sequence length, at least 1, got {seq}")
+    if emulate is not None or cluster is not None:  # read here, before any process starts: each rank reads them
+        from pipeplan.options import load_input  # (the command line's file reading, its words for bad files)
+        from planner.cluster import load_cluster
+        from planner.profile import load_profile
+
+        if emulate is not None:
+            load_input("--emulate", emulate, load_profile, "profile")
+        if cluster is not None:
+            if emulate is None:
+                _fail("--cluster gives the durations of an emulated run: it needs --emulate profile.json")
+            load_input("--cluster", cluster, load_cluster, "cluster")
     from executor.trace import write_json_atomic
 
     model_spec = None

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from executor.models.config import ModelConfig, get_config
-from planner.jsondoc import integer
+from planner.jsondoc import integer, unique_keys
 from planner.request import Config
 from planner.runspec import RunSpec, executor_refusal, partition_error
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
@@ -179,13 +179,20 @@ class RunPlan:
         c = self.spec.config
         if self.iterations < 1:
             raise PlanError(f"iterations must be >= 1, got {self.iterations}")
+        if self.warmup < 0:
+            raise PlanError(f"warmup: warm-up iterations must be >= 0, got {self.warmup}")
+        # emulated compute builds no model: the profile's layers are the plan's (num_layers), the model unused
+        model_checked = self.module is None and not self.emulate
         if self.module is not None:
             if c.tensor > 1:
                 raise PlanError("--module: tensor parallelism needs the zoo's blocks; a user model runs with t = 1")
-        else:
+        elif model_checked:
             try:
                 cfg = self.model_config
                 cfg.family  # noqa: B018 - a shape no zoo family builds is refused here
+            except ValidationError as e:
+                raise PlanError("model: " + "; ".join(f"{'.'.join(map(str, err['loc'])) or 'model'}: {err['msg']}"
+                                                      for err in e.errors())) from None
             except (ValueError, TypeError) as e:
                 raise PlanError(f"model: {e}") from None
         if c.schedule not in ALL_SCHEDULES:
@@ -199,7 +206,7 @@ class RunPlan:
                             f"{self.world_size} processes (devices), but the world size is {world_size}")
         if self.spec.halves_backward and c.micro_batch % 2:
             raise PlanError(f"backward halving needs an even micro-batch size, got b={c.micro_batch}")
-        if self.module is None and c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
+        if model_checked and c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
             raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the "
                             f"MLP width ({cfg.ffn_hidden})")
         refusal = executor_refusal(c)
@@ -211,7 +218,7 @@ class RunPlan:
         L = self.num_layers()
         if not self.spec.partition and sched.stages > L:
             raise PlanError(f"{sched.stages} stages but the model has only {L} layers" + (
-                "" if self.module else f" (embedding, {cfg.layers} blocks, head)"))
+                f" (embedding, {cfg.layers} blocks, head)" if model_checked else ""))
         check_partition(self.bounds(sched.stages, L), sched.stages, L)
         return sched
 
@@ -245,8 +252,8 @@ def check_partition(bounds: list[tuple[int, int]], stages: int, layers: int) -> 
 def _candidate_of(path: str | Path, candidate: int) -> dict[str, Any]:
     """The ``candidate``-th candidate of a plan file (or the file's bare candidate object)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(Path(path).read_text(), object_pairs_hook=unique_keys)
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # (not JSON, or a key given twice: DuplicateKey)
         raise PlanError(f"cannot read plan {path}: {e}") from None
     if isinstance(data, dict) and "candidates" in data:
         cands = data["candidates"]

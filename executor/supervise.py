@@ -69,9 +69,13 @@ def describe(status: int) -> str:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
         except ValueError:
             return f"killed by signal {-code}"
+        if name == "SIGKILL":  # what Linux's out-of-memory killer sends (and nothing in the executor does)
+            return ("killed by SIGKILL (most likely the machine ran out of memory: the kernel's out-of-memory "
+                    "killer sends it; see `dmesg`, or try a smaller --seq, --micro-batch or model)")
+        return f"killed by {name}"
     return f"exited with status {code}"
 
 
