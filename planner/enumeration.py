@@ -72,10 +72,12 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
 
 
 def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
-                      rejected: Counter[str], heads: int | None = None) -> list[Config]:
+                      rejected: Counter[str], heads: int | None = None, tensor_parallel: bool = True) -> list[Config]:
     """Every configuration for ``request`` on ``cluster`` of a model of ``layers`` layers (and ``heads``
     attention heads, where known: ``t`` must divide them, :func:`planner.model.tensor_split_error`), in a
-    fixed order; what is skipped is counted in ``rejected`` by reason."""
+    fixed order; what is skipped is counted in ``rejected`` by reason. ``tensor_parallel`` False: t = 1 only
+    (a profile whose layers tensor parallelism is not known to split,
+    :attr:`planner.profile.ModelProfile.tensor_split_problem`)."""
     req, cl = request, cluster
     P = req.gpus or cl.gpus
     if P > cl.gpus:
@@ -88,6 +90,9 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
     out: list[Config] = []
     for t in divisors(P):
         if t > max_t or (t <= cl.gpus_per_node and cl.gpus_per_node % t):
+            continue
+        if t > 1 and not tensor_parallel:
+            rejected["t > 1: the profile's layers are none tensor parallelism is known to split"] += 1
             continue
         if heads is not None and tensor_split_error(heads, t) is not None:
             rejected[f"t does not divide the model's {heads} attention heads"] += 1

@@ -404,6 +404,20 @@ class ModelProfile(BaseModel):
         return sorted(sizes or ())
 
     @property
+    def tensor_split_problem(self) -> str | None:
+        """Why tensor parallelism (t > 1) is not modelled for this profile, or None where it is: some layer has
+        shard times (``tensor_times``: measured with ``pipeplan profile --tensor``, or the operator model's), or
+        is a ``transformer`` block, which the cost model splits as Megatron-LM does (:mod:`planner.cost`). A model
+        of your own (``pipeplan profile --module``: layers of kind ``layer``) has neither: how its layers would be
+        split is unknown, and t > 1 would be the t = 1 times divided by t, a guess (pipeplan's executor runs such
+        a model at t = 1 only). A new user's plan of ``examples/custom_model.py`` ranked a t = 4 row first."""
+        if any(lay.tensor_times or lay.kind == "transformer" for lay in self.layers):
+            return None
+        kinds = ", ".join(sorted({lay.kind for lay in self.layers}))
+        return (f"tensor: no layer of profile {self.name!r} is one tensor parallelism is known to split (kinds: "
+                f"{kinds}; a transformer block, or shard times from `pipeplan profile --tensor`): t = 1 only")
+
+    @property
     def attention_heads(self) -> int | None:
         """The model's attention heads, where the profile says (its ``shape``, else the ``model_spec`` of its
         environment): what bounds its tensor-parallel sizes (:func:`planner.model.tensor_split_error`)."""

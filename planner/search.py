@@ -79,6 +79,7 @@ class Planner:
         request, self.reserve_source = resolve_reserve(request, cluster)
         self.profile, self.cluster, self.request = profile, cluster, request
         self.heads = profile.attention_heads  # what t must divide (planner.model.tensor_split_error)
+        self.tensor_problem = profile.tensor_split_problem  # why t > 1 is not modelled (None: it is)
         self.shapes = ScheduleCache()
         self.memory = MemoryModel(profile, cluster, request, self.shapes)
         self.bounds = TimeBounds(self.shapes)
@@ -100,7 +101,8 @@ class Planner:
     def configs(self, rejected: Counter[str]) -> list[Config]:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
         on demand in the search: :meth:`planner.replicated.ReplicatedPlans.keys`)."""
-        return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected, self.heads)
+        return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected, self.heads,
+                                 tensor_parallel=self.tensor_problem is None)
 
     def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
         bounds = self.partition(stages, samples, recompute)
@@ -145,6 +147,9 @@ class Planner:
                          memory_reserve_source=self.reserve_source, global_batch=req.global_batch,
                          state_bytes_per_param=req.state_bytes_per_param(W), shard_optimizer=req.sharded_state,
                          shard_parameters=req.shard_parameters)
+        if config.tensor > 1 and self.tensor_problem is not None:
+            cand.reason = self.tensor_problem
+            return cand, None
         if self.heads is not None and (why := tensor_split_error(self.heads, config.tensor)) is not None:
             cand.reason = why
             return cand, None
