@@ -13,7 +13,9 @@ options (:class:`PlanArgs`), its module imported only when that format is asked 
 frameworks (:mod:`planner.export`, one entry each) and Slurm's sbatch script
 (:mod:`pipeplan.commands_export_slurm`). A schedule a framework lacks is refused naming the closest one it
 has, with the predicted cost of switching when ``--profile`` and ``--cluster`` are given (``--closest``
-exports that one instead).
+exports that one instead). With them, the closest is, of the framework's stand-ins on the same t, D, W, b and N,
+the fastest that the planner predicts fits in memory (:func:`planner.export.switch.best_closest`); where none
+fits, the most alike, and the exported file's header says it does not fit and why.
 
 Errors (unknown schedule or format, bad parameters, a schedule the format cannot express) print one line
 to stderr and exit with code 2.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,7 +141,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     """The :class:`planner.export.Export` of candidate ``candidate`` and the notes to print."""
     from planner.cluster import load_cluster
     from planner.export.common import ExportInput, UnsupportedSchedule, best_supported_note, export_same_run
-    from planner.export.switch import refusal, request_of
+    from planner.export.switch import best_closest, refusal, request_of
     from planner.jsondoc import flag, number
     from planner.model import get_model
     from planner.profile import load_profile
@@ -181,7 +184,12 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         return export_same_run(module, base, doc.get("alternatives") or ()), notes
     except UnsupportedSchedule as err:
         # the candidate's own request (sharded optimizer, state, reserve): both times as the plan costed them
-        message = (refusal(err, prof, cl, request_of(doc, spec.global_batch)) + " "
+        request = request_of(doc, spec.global_batch)
+        closest_time, closest_why = None, None
+        if prof is not None and cl is not None:  # of the stand-ins, one that fits, the fastest
+            err, t, why = best_closest(err, prof, cl, request)
+            closest_time, closest_why = (t if math.isfinite(t) else None), (why or None)
+        message = (refusal(err, prof, cl, request) + " "
                    + best_supported_note(module.TITLE, module.check, cands) + ".")
         if not closest:
             raise ValueError(message + " --closest exports the closest configuration instead.") from None
@@ -189,6 +197,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         notes.append(message.rstrip(".") + f"; exporting the closest configuration, {err.closest.config.label()} "
                      "(--closest)")
         inp = ExportInput.from_profile(err.closest, prof, base.model, gpus_per_node=base.gpus_per_node,
+                                       predicted=closest_time, does_not_fit=closest_why,
                                        plan_path=str(plan), candidate=candidate,
                                        shard_optimizer=base.shard_optimizer, shard_parameters=base.shard_parameters,
                                        **from_doc)
@@ -219,7 +228,8 @@ def export(
                      ] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="KEY=VALUE for the format (repeat)")] = None,
     closest: Annotated[bool, typer.Option(help="export the closest schedule the framework has instead of "
-                                               "refusing")] = False,
+                                               "refusing (with --profile and --cluster: the fastest of those "
+                                               "that fit in memory; the header warns when none does)")] = False,
     out: Annotated[str | None, typer.Option("--out", help="write here instead of stdout (a directory when the "
                                                           "export has several files, or when OUT ends in / or is "
                                                           "one)")] = None,

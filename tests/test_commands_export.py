@@ -236,3 +236,44 @@ def test_framework_exports_import_no_torch(tmp_path):
                          cwd=Path(__file__).resolve().parent.parent)
     assert res.returncode == 0, res.stderr
     assert "torch loaded: False" in res.stdout
+
+
+def test_closest_prefers_a_configuration_that_fits(app, tmp_path):
+    """GPT-3 175B's Hanayo (t8 D16 W8, the plan's best on 1024 A100s) on Megatron-LM: --closest wrote the first of its
+    stand-ins, interleaved(chunks=2), which the planner predicts out of memory (100.21 GiB of 80), though 1F1B on the
+    same t, D, W fits at 21.3 s, and the script's header said neither. The stand-in now is one that fits, the
+    fastest; where none fits, the header says so."""
+    from planner.analytic import analytic_profile
+    from planner.cluster import load_cluster
+    from planner.export import megatron
+    from planner.model import PRESETS
+    from planner.profile import save_profile
+    from planner.request import Config, TrainingRequest
+    from planner.search import predict
+
+    prof = analytic_profile(PRESETS["gpt3-175b"], "A100-SXM4-80GB")
+    save_profile(prof, tmp_path / "p.json")
+    cluster = "examples/clusters/dgx-a100-80gb.json"
+    cl, req = load_cluster(cluster), TrainingRequest(global_batch=1536)
+    cfg = Config(tensor=8, pipeline=16, data=8, micro_batch=1, schedule="hanayo", waves=1)
+    cand = predict(prof, cl, req, cfg)
+    assert cand.fits
+    inter = predict(prof, cl, req, cfg.model_copy(update={"schedule": "interleaved", "waves": None, "chunks": 2}))
+    assert not inter.fits  # what --closest wrote before
+    (tmp_path / "plan.json").write_text(json.dumps({"candidates": [cand.to_dict()]}))
+    args = ["--plan", str(tmp_path / "plan.json"), "--profile", str(tmp_path / "p.json"), "--cluster", cluster,
+            "--format", "megatron", "--closest"]
+    r = run(app, *args)
+    assert r.exit_code == 0, r.output
+    back = megatron.parse(r.stdout)
+    assert back.config.schedule == "1f1b" and (back.config.tensor, back.config.pipeline) == (8, 16)
+    fast = predict(prof, cl, req, back.config)
+    assert fast.fits and f"predicted {fast.iteration_time:.4g} s per iteration" in r.stdout.splitlines()[1]
+    assert "does not fit" not in r.stdout
+    # none fits (micro-batches of 4 sequences): the most alike, and the header says it does not fit
+    big = predict(prof, cl, req, cfg.model_copy(update={"micro_batch": 4}))
+    (tmp_path / "plan.json").write_text(json.dumps({"candidates": [big.to_dict()]}))
+    r = run(app, *args)
+    assert r.exit_code == 0, r.output
+    assert megatron.parse(r.stdout).config.schedule == "interleaved"
+    assert "# WARNING: the planner predicts this configuration does not fit in memory: out of memory" in r.stdout

@@ -47,6 +47,9 @@ class ExportInput:
     profile's times assume (its environment; None where the profile does not say), written in headers
     (:func:`runtime_line`) and, where the framework has the option, set;
     ``predicted``: the candidate's predicted iteration time (seconds), written in headers;
+    ``does_not_fit``: why the planner predicts the exported configuration does not fit in memory (a closest
+    configuration exported in a refused candidate's stead: ``export --closest``), written in headers; None when it
+    fits or is not known;
     ``plan_path``/``candidate``: where the candidate came from (formats that re-run the plan, e.g. a
     batch script, name them)."""
 
@@ -66,6 +69,7 @@ class ExportInput:
     p2p: str | None = None
     dp_allreduce: str | None = None
     predicted: float | None = None
+    does_not_fit: str | None = None
     plan_path: str | None = None
     candidate: int = 0
 
@@ -242,11 +246,25 @@ SYNCHRONOUS_ONLY = {
 
 class UnsupportedSchedule(ExportError):
     """``framework`` has no such schedule. ``closest`` is the configuration it has that is nearest (same
-    t, D, W, b, N and recomputation; the schedule it has that is most alike), ``reason`` why it lacks it."""
+    t, D, W, b, N and recomputation; the schedule it has that is most alike), ``reason`` why it lacks it;
+    ``others``: the framework's other configurations of the same t, D, W, b, N and recomputation, less alike, in
+    order (what :func:`planner.export.switch.best_closest` picks among once their costs can be predicted)."""
 
-    def __init__(self, framework: str, spec: RunSpec, closest: RunSpec, reason: str) -> None:
+    def __init__(self, framework: str, spec: RunSpec, closest: RunSpec, reason: str,
+                 others: tuple[RunSpec, ...] = ()) -> None:
         self.framework, self.spec, self.closest, self.reason = framework, spec, closest, reason
+        self.others = others
         super().__init__(self.describe())
+
+    @property
+    def choices(self) -> tuple[RunSpec, ...]:
+        """Every configuration the framework has that could stand in: ``closest``, then ``others``."""
+        return (self.closest, *self.others)
+
+    def with_closest(self, closest: RunSpec) -> UnsupportedSchedule:
+        """The same refusal naming ``closest`` (one of :attr:`choices`) as the closest; the rest as ``others``."""
+        others = tuple(s for s in self.choices if s != closest)
+        return UnsupportedSchedule(self.framework, self.spec, closest, self.reason, others)
 
     def describe(self, cost: str = "") -> str:
         c = self.spec.config
@@ -272,13 +290,25 @@ def closest_spec(spec: RunSpec, schedule: str, **params: int) -> RunSpec | None:
     return out
 
 
-def first_closest(spec: RunSpec, choices: list[tuple[str, dict[str, int]]]) -> RunSpec:
-    """The first of ``choices`` (schedule, parameters) that can be built for ``spec``."""
+def closest_specs(spec: RunSpec, choices: list[tuple[str, dict[str, int]]]) -> list[RunSpec]:
+    """Those of ``choices`` (schedule, parameters; most alike first) that can be built for ``spec``, in order, each
+    configuration once; :class:`ExportError` when none can."""
+    out: list[RunSpec] = []
     for name, params in choices:
-        out = closest_spec(spec, name, **params)
-        if out is not None:
-            return out
-    raise ExportError(f"no schedule of {choices} can run {spec.config.label()}")
+        built = closest_spec(spec, name, **params)
+        if built is not None and built not in out:
+            out.append(built)
+    if not out:
+        raise ExportError(f"no schedule of {choices} can run {spec.config.label()}")
+    return out
+
+
+def unsupported(framework: str, spec: RunSpec, choices: list[tuple[str, dict[str, int]]],
+                reason: str) -> UnsupportedSchedule:
+    """The refusal of ``spec``'s schedule by ``framework``: the closest is the first of ``choices`` that can be
+    built for ``spec``, the others buildable follow (:class:`UnsupportedSchedule`)."""
+    first, *others = closest_specs(spec, choices)
+    return UnsupportedSchedule(framework, spec, first, reason, tuple(others))
 
 
 def unplanned_policy_note(assumed: str, lacks: str) -> str:
@@ -310,12 +340,15 @@ def runtime_line(inp: ExportInput) -> str | None:
 
 
 def header(inp: ExportInput, framework: str, comment: str = "#") -> list[str]:
-    """Comment lines naming the candidate, its prediction and what the prediction assumes."""
+    """Comment lines naming the candidate, its prediction (and, where the planner predicts it does not fit in
+    memory, that and why) and what the prediction assumes."""
     c = inp.config
     pred = f"; predicted {inp.predicted:.4g} s per iteration" if inp.predicted is not None else ""
     lines = [f"pipeplan export --format {framework}: {c.label()}, N={inp.spec.microbatches} micro-batches "
              f"per pipeline, global batch {inp.spec.global_batch}{pred}",
              f"world size t*D*W = {inp.world_size}"]
+    if inp.does_not_fit:
+        lines.append(f"WARNING: the planner predicts this configuration does not fit in memory: {inp.does_not_fit}")
     if inp.model is not None:
         lines.append(f"model {inp.model.name}: {inp.model.layers} layers, hidden {inp.model.hidden}, "
                      f"{inp.model.heads} heads, sequence {inp.model.seq}")

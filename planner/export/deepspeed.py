@@ -33,10 +33,9 @@ from planner.export.common import (
     ExportFile,
     ExportInput,
     Parsed,
-    UnsupportedSchedule,
-    first_closest,
     header,
     unplanned_policy_note,
+    unsupported,
 )
 from planner.profile import OP_WORDS
 from planner.request import Config
@@ -63,8 +62,7 @@ def check(spec: RunSpec) -> None:
     """Raise :class:`UnsupportedSchedule` unless ``spec`` runs 1F1B."""
     if spec.config.schedule == "1f1b":
         return
-    raise UnsupportedSchedule(TITLE, spec, first_closest(spec, [("1f1b", {})]),
-                              _REASONS.get(spec.config.schedule, "it has no such schedule"))
+    raise unsupported(TITLE, spec, [("1f1b", {})], _REASONS.get(spec.config.schedule, "it has no such schedule"))
 
 
 def config(inp: ExportInput) -> dict[str, object]:

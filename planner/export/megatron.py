@@ -52,11 +52,10 @@ from planner.export.common import (
     ExportFile,
     ExportInput,
     Parsed,
-    UnsupportedSchedule,
     check_heads,
-    first_closest,
     header,
     unplanned_policy_note,
+    unsupported,
 )
 from planner.profile import ATTENTION_WORDS, EAGER_WORDS, OP_WORDS
 from planner.request import Config
@@ -98,7 +97,7 @@ def check(spec: RunSpec) -> None:
     else:
         reason = _REASONS.get(c.schedule, "it has no such schedule")
         choices = [("1f1b", {})]
-    raise UnsupportedSchedule(TITLE, spec, first_closest(spec, choices), reason)
+    raise unsupported(TITLE, spec, choices, reason)
 
 
 def layout(kinds: tuple[str, ...], stage_layers: list[list[int]]) -> str:

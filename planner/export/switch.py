@@ -42,6 +42,22 @@ def request_of(doc: dict, global_batch: int) -> TrainingRequest:
     return TrainingRequest(**kw)
 
 
+def best_closest(err: UnsupportedSchedule, profile: ModelProfile, cluster: Cluster,
+                 request: TrainingRequest | None = None) -> tuple[UnsupportedSchedule, float, str]:
+    """The refusal naming, of the framework's stand-ins for the candidate (:attr:`UnsupportedSchedule.choices`,
+    most alike first), the one to export: the first that fits in memory by the planner's prediction, the fastest
+    of those (ties: the more alike); when none fits, the most alike. With its predicted iteration time (inf when
+    it does not fit) and why it does not fit ("" when it does). ``request`` default: the candidate's global
+    batch."""
+    req = request or TrainingRequest(global_batch=err.spec.global_batch)
+    req = req.model_copy(update={"global_batch": err.spec.global_batch})
+    costs = [_predict(profile, cluster, req, s.config) for s in err.choices]
+    fitting = [i for i, (t, why) in enumerate(costs) if not why and math.isfinite(t)]
+    best = min(fitting, key=lambda i: (costs[i][0], i)) if fitting else 0
+    t, why = costs[best]
+    return (err if best == 0 else err.with_closest(err.choices[best])), t, why
+
+
 def switch_cost(err: UnsupportedSchedule, profile: ModelProfile, cluster: Cluster,
                 request: TrainingRequest | None = None) -> str:
     """``predicted X s per iteration against Y s for <schedule> (+d s, +p%)``, with the reason when the

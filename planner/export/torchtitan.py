@@ -43,10 +43,9 @@ from planner.export.common import (
     ExportFile,
     ExportInput,
     Parsed,
-    UnsupportedSchedule,
     check_heads,
-    first_closest,
     header,
+    unsupported,
 )
 from planner.request import Config
 from planner.runspec import RunSpec
@@ -82,7 +81,7 @@ def check(spec: RunSpec) -> None:
     else:
         reason = _REASONS.get(c.schedule, "it has no such schedule")
         choices = [("1f1b", {})]
-    raise UnsupportedSchedule(TITLE, spec, first_closest(spec, choices), reason)
+    raise unsupported(TITLE, spec, choices, reason)
 
 
 def _fqns(kinds: tuple[str, ...], stage_layers: list[list[int]]) -> list[list[str]]:
