@@ -48,7 +48,7 @@ from pipeplan.options import (
     validation_summary,
 )
 from planner.limits import MAX_GPUS_PER_NODE
-from planner.outpath import shown
+from planner.outpath import parent_problem, shown
 from planner.schedules import BUILDERS
 from planner.schedules.ir import Schedule
 from planner.schedules.torch_csv import export_torch_csv
@@ -232,7 +232,8 @@ def export(
                                                "that fit in memory; the header warns when none does)")] = False,
     out: Annotated[str | None, typer.Option("--out", help="write here instead of stdout (a directory when the "
                                                           "export has several files, or when OUT ends in / or is "
-                                                          "one)")] = None,
+                                                          "one, made if missing; the folder it is in must "
+                                                          "exist)")] = None,
 ) -> None:
     """Export a schedule, or a planned candidate as Megatron-LM, torchtitan or DeepSpeed settings."""
     known = (*SCHEDULE_FORMATS, *PLAN_FORMATS)
@@ -301,9 +302,13 @@ def export(
     except OSError as exc:  # a name too long for the file system
         fail(f"--out {shown(out)}: {exc.strerror or exc}")
         return
+    # the folder it goes in must be there (as for run's and profile's --out); only the --out folder itself is made
+    problem = parent_problem(target)
+    if problem:
+        fail(problem)
+        return
     if len(files) == 1 and not as_folder:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(files[0][1])
         except OSError as exc:
             fail(f"--out {out}: cannot write it ({exc.strerror or exc})")
@@ -311,7 +316,7 @@ def export(
         typer.echo(f"wrote {target}", err=True)
         return
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        target.mkdir(exist_ok=True)
         for name, text in files:
             (target / name).write_text(text)
     except OSError as exc:

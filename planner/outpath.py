@@ -21,6 +21,16 @@ def out_problem(path: str | Path | None, option: str = "--out") -> str | None:
     try:
         if p.is_dir():
             return f"{option} {p}: is a folder; give a file name"
+    except OSError as e:  # a name too long for the file system, a loop of links
+        return f"{option} {shown(p)}: {e.strerror or e}"
+    return parent_problem(p, option)
+
+
+def parent_problem(path: str | Path, option: str = "--out") -> str | None:
+    """Why the folder ``path`` is to be written in (a file, or a folder to be made) is not there (missing, or a
+    file), or None. Missing folders are not made: a mistyped path is refused, not created."""
+    p = Path(path)
+    try:
         parent = p.parent
         if not parent.exists():
             return f"{option} {p}: the folder {parent} does not exist"

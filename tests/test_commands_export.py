@@ -277,3 +277,18 @@ def test_closest_prefers_a_configuration_that_fits(app, tmp_path):
     assert r.exit_code == 0, r.output
     assert megatron.parse(r.stdout).config.schedule == "interleaved"
     assert "# WARNING: the planner predicts this configuration does not fit in memory: out of memory" in r.stdout
+
+
+def test_out_in_a_missing_folder_is_refused(app, tmp_path):
+    """`export --out /nonexistent/dir/x.json` made the missing folders (a mistyped path written somewhere new);
+    run, profile and profile-analytic refuse it (planner.outpath): export now does too, with exit 2. The --out
+    folder itself (a multi-file export, or OUT ending in /) is still made when the folder it is in exists."""
+    args = ["--schedule", "gpipe", "-D", "4", "-N", "8"]
+    for out, missing in ((tmp_path / "no" / "dir" / "x.json", tmp_path / "no" / "dir"),
+                         (str(tmp_path / "no" / "dir") + "/", tmp_path / "no")):
+        r = run(app, *args, "--out", str(out))
+        assert r.exit_code == 2, r.output
+        assert r.stderr.strip() == f"error: --out {str(out).rstrip('/')}: the folder {missing} does not exist"
+        assert not (tmp_path / "no").exists()
+    r = run(app, *args, "--out", str(tmp_path / "made") + "/")
+    assert r.exit_code == 0 and (tmp_path / "made" / "schedule").is_file(), r.output
