@@ -474,3 +474,45 @@ def test_status_without_sacct_installed(tmp_path: Path, monkeypatch: pytest.Monk
     _exe(bindir / "scontrol", "#!/bin/bash\necho 'JobId=5 JobState=COMPLETED ExitCode=0:0'\n")
     monkeypatch.setenv("PATH", str(bindir))  # nothing else: no sacct anywhere
     assert job_status("5") == JobStatus("COMPLETED", 0, "scontrol")
+
+
+def test_export_refuses_a_model_the_partition_does_not_cover(tmp_path: Path) -> None:
+    """The README's `--option model=gpt2-medium` (26 layers) for a plan of gpt-tiny's 6 wrote a script whose
+    `pipeplan run` failed at the job's start ("partition does not cover the model"); export now refuses it, naming
+    the presets of the plan's layer count, and checks pipeplan run's default model (gpt-tiny) the same way."""
+    path, doc = _plan_file(tmp_path)
+    i = next(k for k, c in enumerate(doc["candidates"]) if c["run_spec"]["partition"])
+    args = ["--plan", str(path), "--candidate", str(i), "--format", "slurm", "--gpus-per-node", "2"]
+    res = _export(*args, "--option", "model=gpt2-medium")
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert res.stderr.strip() == (
+        f"error: --option model=gpt2-medium: 26 layers (24 blocks, the embedding and the head), but candidate {i} "
+        f"of {path} partitions 6 layers: the job would fail at its start; give --option model=NAME of the model the "
+        "plan was made for (of 6 layers: bert-tiny, gpt-tiny)")
+    res = _export(*args, "--option", "model=nope")
+    assert res.exit_code == 2 and "--option model=nope: unknown model 'nope'" in res.stderr, res.output
+    assert _export(*args).exit_code == 0  # run's default, gpt-tiny: 6 layers
+    big = json.loads(path.read_text())
+    big["candidates"][i]["run_spec"]["partition"][-1][1] = 26  # as a plan of gpt2-medium partitions it
+    path.write_text(json.dumps(big))
+    res = _export(*args)
+    assert res.exit_code == 2 and "pipeplan run's default model gpt-tiny (no --option model): 6 layers" in res.stderr
+    assert "(of 26 layers: gpt2-medium)" in res.stderr
+    assert _export(*args, "--option", "model=gpt2-medium").exit_code == 0
+
+
+def test_export_for_a_cpu_cluster_runs_gloo_without_gpus(tmp_path: Path) -> None:
+    """A plan on a cluster of CPU devices (examples/clusters/local-cpu-4.json) exported with its --cluster wrote
+    `#SBATCH --gpus-per-node=4` and `pipeplan run --backend nccl`, which needs GPUs; CPU devices now default to
+    gpus=no: no GPU request and gloo. --option gpus=yes still asks for GPUs."""
+    path, doc = _plan_file(tmp_path)
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({**tiny_cluster(2), "device": "cpu"}))
+    args = ["--plan", str(path), "--format", "slurm", "--cluster", str(cpu), "--option", "model=gpt-tiny"]
+    res = _export(*args)
+    assert res.exit_code == 0, res.output
+    run_line = res.stdout.rstrip().splitlines()[-1].split()
+    assert run_line[run_line.index("--backend") + 1] == "gloo" and "--gpus-per-node" not in res.stdout
+    res = _export(*args, "--option", "gpus=yes")
+    run_line = res.stdout.rstrip().splitlines()[-1].split()
+    assert run_line[run_line.index("--backend") + 1] == "nccl" and "#SBATCH --gpus-per-node=" in res.stdout
