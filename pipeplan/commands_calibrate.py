@@ -14,7 +14,11 @@ state, whatever the candidate shards (:func:`planner.mismatch.unsharded_run_note
 
 A factor the fit left at a bound of its physical range (``compute_scale`` or ``link_scale`` at 1/4 or 4,
 ``action_overhead`` at 0 or at a job's whole time per action) is printed as a ``note:`` line: the model and
-the measurements disagree for a reason the factors do not describe (:mod:`planner.calibrate`).
+the measurements disagree for a reason the factors do not describe (:mod:`planner.calibrate`). Offline, a
+``warning:`` line (stderr; the fit is still made) names a run's profile timed on another device than the
+cluster's (:func:`planner.mismatch.device_mismatch`, plan's rule: the factors would absorb the difference between
+the devices) and a run measured more than :data:`planner.calibrate.FAR_OFF` (4) times its uncalibrated prediction
+or less than a quarter of it (:func:`planner.calibrate.far_off_warnings`).
 
 No torch: this command only plans.
 """
@@ -30,17 +34,29 @@ import typer
 from pipeplan.options import fail, load_input, read_json, validation_summary
 from planner.limits import MAX_CALIBRATION_RUNS
 
+#: the table's columns: heading, least width (every column right-aligned but the configuration)
+_COLUMNS = (("job", 5), ("configuration", 43), ("measured", 11), ("before", 11), ("err", 8), ("after", 11),
+            ("err", 8))
+
 
 def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] | None = None) -> None:
-    """The factors, each job's error before and after, and a note per factor at a bound of its range."""
+    """The factors, each job's error before and after, and a note per factor at a bound of its range. A column is
+    as wide as its widest cell (a 100 s run against a 20 ms prediction ran its cells together at fixed widths)."""
     typer.echo(f"compute_scale {cal['compute_scale']:.4f}  link_scale {cal['link_scale']:.4f}  "
                f"action_overhead {cal['action_overhead'] * 1e6:.1f} us  (fitted: {', '.join(cal['fitted']) or 'none'})")
-    typer.echo(f"{'job':>5}  {'configuration':<44}{'measured':>11}{'before':>11}{'err':>8}{'after':>11}{'err':>8}")
-    for j in jobs:
-        typer.echo(f"{j['job_id'] if j['job_id'] is not None else '-':>5}  {j['label'][:43]:<44}"
-                   f"{j['measured'] * 1e3:>9.2f}ms{j['predicted_before'] * 1e3:>9.2f}ms"
-                   f"{j['relative_error_before'] * 100:>7.1f}%{j['predicted_after'] * 1e3:>9.2f}ms"
-                   f"{j['relative_error_after'] * 100:>7.1f}%")
+    rows = [[str(j["job_id"]) if j["job_id"] is not None else "-", j["label"][:43],
+             f"{j['measured'] * 1e3:.2f}ms", f"{j['predicted_before'] * 1e3:.2f}ms",
+             f"{j['relative_error_before'] * 100:.1f}%", f"{j['predicted_after'] * 1e3:.2f}ms",
+             f"{j['relative_error_after'] * 100:.1f}%"] for j in jobs]
+    widths = [max(least, *(len(r[k]) + (k > 1) for r in rows)) for k, (_, least) in enumerate(_COLUMNS)]
+
+    def line(cells: list[str]) -> str:  # the job, two spaces, the configuration left-aligned, the rest right
+        return (f"{cells[0]:>{widths[0]}}  {cells[1]:<{widths[1] + 1}}"
+                + "".join(f"{c:>{w}}" for c, w in zip(cells[2:], widths[2:], strict=True)))
+
+    typer.echo(line([h for h, _ in _COLUMNS]))
+    for r in rows:
+        typer.echo(line(r))
     typer.echo(f"median |error|: before {cal['error_before'] * 100:.1f}%, after {cal['error_after'] * 100:.1f}%")
     for w in warnings or []:
         typer.echo(f"note: {w}")
@@ -49,10 +65,11 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] 
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     from pydantic import ValidationError
 
-    from planner.calibrate import Observation, fit
+    from planner.calibrate import Observation, far_off_warnings, fit
     from planner.cluster import calibrated_from, load_cluster, save_cluster
     from planner.jsondoc import number
     from planner.limits import MAX_SECONDS
+    from planner.mismatch import device_mismatch
     from planner.outpath import out_problem
     from planner.profile import load_profile
     from planner.request import TrainingRequest
@@ -105,6 +122,17 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         fail(str(err))
     d = res.to_dict()
     _table(d["jobs"], d["calibration"], res.warnings)  # type: ignore[arg-type]
+    inputs: list[str] = []
+    for prof in profiles.values():  # (a profile of another device: its runs calibrate that device's times)
+        mismatch = device_mismatch(prof, cluster)
+        if mismatch is not None:
+            which = [str(o.job_id) for o in obs if o.profile is prof]
+            whose = f"all {len(obs)} runs" if len(which) == len(obs) else f"runs[{', '.join(which)}]"
+            inputs.append(f"{whose}: {mismatch}: the factors fitted to them absorb the difference "
+                          f"between the devices, not the model's error on {cluster.device} (calibrate with runs on "
+                          f"the cluster's devices, planned with a profile of {cluster.device})")
+    for w in [*inputs, *far_off_warnings(res.jobs, "runs")]:
+        typer.echo(f"warning: {w}", err=True)
     new = cluster.model_copy(update={"calibration": res.calibration})
     label = f"{new.name}, {calibrated_from(res.calibration.jobs)}"
     if out:

@@ -120,6 +120,38 @@ class JobError:
                 "relative_error_before": self.error_before, "relative_error_after": self.error_after}
 
 
+#: a run whose measured time is more than this many times its uncalibrated prediction, or less than its inverse,
+#: is said to be far off (:func:`far_off_warnings`): the scales' physical range (:data:`SCALE_BOUND`), what no
+#: correction of the model's efficiency explains
+FAR_OFF = 4.0
+
+
+def far_off_warnings(jobs: list[JobError], name: str = "job") -> list[str]:
+    """One line per job measured more than :data:`FAR_OFF` times its uncalibrated prediction, or less than
+    1/:data:`FAR_OFF` of it: a run of another model, device, cluster or batch, or a failed measurement, which pulls
+    the fit toward it (a run of 100 s against a predicted 20 ms was taken as it was). ``name``: what a job is called
+    in the line, before its ``job_id`` (the CLI's ``runs[i]``)."""
+    def duration(seconds: float) -> str:
+        return f"{seconds:.4g} s" if seconds >= 1 else f"{seconds * 1e3:.4g} ms"
+
+    def factor(x: float) -> str:
+        return f"{x:.3g}" if x < 1000 else f"{x:,.0f}"
+
+    out = []
+    for j in sorted(jobs, key=lambda j: (j.job_id is None, j.job_id or 0)):
+        if not (j.before > 0 and j.measured > 0):
+            continue
+        ratio = j.measured / j.before
+        if 1 / FAR_OFF <= ratio <= FAR_OFF:
+            continue
+        times = f"{factor(ratio)} times" if ratio > 1 else f"1/{factor(1 / ratio)} of"
+        out.append(f"{name}[{j.job_id}] ({j.label}) measured {duration(j.measured)}, {times} the predicted "
+                   f"{duration(j.before)} (more than {FAR_OFF:g}x either way is past what the factors correct): "
+                   "is it a run of this model, cluster and batch, and did it measure steady iterations? It pulls the "
+                   "fit toward it; check it, or leave it out")
+    return out
+
+
 def bound_warning(name: str, bound: float) -> str:
     """What a factor stopped at a bound of its physical range says (module docstring)."""
     if name == "action_overhead" and bound == 0.0:

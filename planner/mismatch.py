@@ -51,11 +51,20 @@ def device_warnings(profile: ModelProfile, cluster: Cluster, request: TrainingRe
         out.append(f"profile {profile.name!r} describes a training runtime with {' and '.join(runtime)}: the "
                    f"predictions are for that runtime; a job run by pipeplan's executor (sends overlapped, whole "
                    f"on every tensor-parallel rank; all-reduce after each stage's backward) is timed differently")
-    if same_device(profile.device, cluster.device):
+    mismatch = device_mismatch(profile, cluster)
+    if mismatch is None:
         return out
-    return out + [f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
-            f"{cluster.device!r} devices: the predicted times are {profile.device}'s, not the cluster's "
-            f"(profile the model on {cluster.device}, or pick a profile of that device)"]
+    return out + [f"{mismatch}: the predicted times are {profile.device}'s, not the cluster's "
+                  f"(profile the model on {cluster.device}, or pick a profile of that device)"]
+
+
+def device_mismatch(profile: ModelProfile, cluster: Cluster) -> str | None:
+    """``profile 'P' was timed on 'X' but cluster 'C' has 'Y' devices`` where the profile's device is not the
+    cluster's (:func:`same_device`), else None: the start of every warning about it (plan, predict, calibrate)."""
+    if same_device(profile.device, cluster.device):
+        return None
+    return (f"profile {profile.name!r} was timed on {profile.device!r} but cluster {cluster.name!r} has "
+            f"{cluster.device!r} devices")
 
 
 def sharded_words(candidate: dict) -> str | None:

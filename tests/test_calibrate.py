@@ -407,3 +407,56 @@ def test_cli_calibrate_says_when_nothing_changed() -> None:
     assert lines[0] == ("no new finished job since dgx v2, calibrated from 3 jobs (cluster id 7, version 2 of "
                         "cluster 1): the fit is the same, nothing stored")
     assert lines[1].startswith("plans made from now on with cluster id 1, 7")
+
+
+@pytest.mark.slow  # the CLI's imports and two fits
+def test_cli_offline_calibrate_warns_of_another_device_and_far_off_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """CPU runs of gpt-tiny calibrated an A100 cluster (compute_scale 1.90) without a word, where plan warns of a
+    profile of another device; a run of 100 s against a 20 ms prediction was taken as it was, and the table's
+    cells ran together ("100000.00ms502689.3%"). Now: a warning line each (stderr), and the columns widen."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.calibrate import FAR_OFF
+    from planner.cluster import save_cluster
+    from planner.profile import save_profile
+
+    prof, cl = profile(), cluster()
+    save_profile(prof.model_copy(update={"device": "cpu"}), tmp_path / "cpu.json")
+    save_profile(prof, tmp_path / "p.json")
+    save_cluster(cl, tmp_path / "c.json")
+    truth = with_calibration(cl, {"compute_scale": 1.2, "link_scale": 1.0, "action_overhead": 1e-4})
+    runs = []
+    for o in observations(prof):
+        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
+        runs.append({"profile": "p.json", "candidate": cand, "measured": predicted(o, truth)})
+    args = ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs", str(tmp_path / "runs.json")]
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0 and "warning:" not in r.output, r.output
+    before = predicted(observations(prof)[1], cl)
+    runs[1]["measured"] = 100.0  # 100 s: thousands of times the prediction
+    runs[2]["profile"] = "cpu.json"
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings[0].startswith("warning: runs[2]: profile 'calib-test' was timed on 'cpu' but cluster 'calib' has "
+                                  "'test' devices: the factors fitted to them absorb the difference"), r.stderr
+    assert warnings[1].startswith(f"warning: runs[1] (t=1 D=2 W=2 b=2 1f1b) measured 100 s, {100 / before:,.0f} times "
+                                  f"the predicted {before * 1e3:.4g} ms (more than {FAR_OFF:g}x either way"), r.stderr
+    assert len(warnings) == 2
+    table = [line for line in r.stdout.splitlines() if line.startswith(("  job", "    "))]
+    assert len(table) == 1 + len(runs) and len({len(line) for line in table}) == 1, table  # aligned
+    assert " 100000.00ms " in table[2]
+
+
+def test_far_off_is_either_way() -> None:
+    from planner.calibrate import FAR_OFF, JobError, far_off_warnings
+
+    jobs = [JobError(0, "a", FAR_OFF * 0.01, 0.01, 0.01), JobError(1, "b", 0.0099 / FAR_OFF, 0.01, 0.01),
+            JobError(2, "c", 0.0401, 0.01, 0.01)]
+    out = far_off_warnings(jobs)
+    assert [w.split(" ")[0] for w in out] == ["job[1]", "job[2]"] and "1/4.04 of the predicted 10 ms" in out[0]
