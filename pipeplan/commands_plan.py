@@ -125,6 +125,15 @@ def _print_clock(console, cands: list) -> None:  # noqa: ANN001
                       f"{min(held):.2f}-{max(held):.2f} of the burst rate (planner/power.py)", highlight=False)
 
 
+def nothing_fits(res: PlanResult, prof: ModelProfile) -> str:
+    """Why a plan has no candidate, in one line: the rejection most configurations had, and the profile's sequence
+    (a Hugging Face config profiled at its longest sequence ran out of memory everywhere)."""
+    top = max(res.rejected.items(), key=lambda kv: kv[1], default=None)
+    shape = prof.shape
+    return ("no configuration fits" + (f": most were rejected for '{top[0]}' ({top[1]})" if top else "")
+            + (f"; the profile's sequence is {shape.seq}" if shape is not None else ""))
+
+
 def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
     """The table of ``pipeplan plan`` and the lines under it."""
     from rich.console import Console
@@ -134,11 +143,6 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
     _print_assumed(console, prof, req)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
-    if not res.candidates:  # an empty table alone read as a success
-        top = max(res.rejected.items(), key=lambda kv: kv[1], default=None)
-        shape = prof.shape
-        console.print("no configuration fits" + (f": most were rejected for '{top[0]}' ({top[1]})" if top else "")
-                      + (f"; the profile's sequence is {shape.seq}" if shape is not None else ""), highlight=False)
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
     resolved, source = resolve_reserve(req, cl)
@@ -179,7 +183,10 @@ def register(app: typer.Typer) -> None:
             help="processes searching: 1, or 2 (a forked child searches half of a large search; the same result); "
                  "default: 2 where a core is idle (load average under the cores less a half), else 1")] = None,
     ) -> None:
-        """Rank every valid configuration by predicted throughput."""
+        """Rank every valid configuration by predicted throughput.
+
+        Exit code 0 with candidates; 1 when no configuration fits (an empty table, or --json's plan with no
+        candidates, and the reason on stderr); 2 for bad input."""
         if processes is not None and processes not in (1, 2):
             fail(f"--processes: 1 or 2 (the search splits in two at most), got {processes}")
         if memory_reserve is not None and not 0 <= memory_reserve <= 2**30:  # TrainingRequest's 2**60 bytes
@@ -205,6 +212,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(strict_json(res.to_dict()))
         else:
             _print_plan(res, prof, cl, req, global_batch)
+        if not res.candidates:  # an empty table read as a success, and a script went on with an empty plan
+            typer.echo(f"error: {nothing_fits(res, prof)}", err=True)
+            raise typer.Exit(code=1)
         if os.environ.get("PIPEPLAN_TIMES"):  # benchmarks/plan_cli_bench.py --phases
             stamps.append(time.perf_counter())
             # and this process's own CPU seconds since it started (a forked child's are not in them)

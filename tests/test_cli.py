@@ -254,5 +254,28 @@ def test_an_hf_profile_says_its_sequence_and_an_empty_plan_says_nothing_fits(tmp
     assert r.exit_code == 0 and "sequence 131072: the config's longest, --seq to choose" in r.output, r.output
     r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", "examples/clusters/dgx-h100-80gb.json",
                             "--global-batch", "64", "--gpus", "8", "--schedules", "1f1b"])
-    assert r.exit_code == 0 and "no configuration fits: most were rejected for 'out of memory'" in r.output, r.output
-    assert "the profile's sequence is 131072" in r.output
+    assert r.exit_code == 1 and "no configuration fits: most were rejected for 'out of memory'" in r.stderr, r.output
+    assert "the profile's sequence is 131072" in r.stderr
+
+
+def test_plan_exits_1_when_no_configuration_fits(tmp_path):
+    """GPT-3 175B on 7 A100s: nothing fits, and `plan` (and `plan --json`) exited 0, as if a plan were made. Exit
+    code 1 now, the reason on stderr; --json still prints the plan (no candidates, the rejections); --help says it."""
+    prof = tmp_path / "gpt3.json"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt3-175b", "--device", "a100-80gb", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    args = ["plan", "--profile", str(prof), "--cluster", "examples/clusters/dgx-a100-80gb.json", "--global-batch",
+            "1536", "--gpus", "7"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["candidates"] == [] and doc["rejected"]
+    top = doc["rejected"]["weights, gradients and optimizer state do not fit"]
+    message = (f"error: no configuration fits: most were rejected for 'weights, gradients and optimizer state do not "
+               f"fit' ({top}); the profile's sequence is 2048")
+    assert r.stderr.strip() == message
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and r.stderr.strip() == message, r.output
+    assert "no configuration fits" not in r.stdout  # (the table and its lines; the reason once, on stderr)
+    r = runner.invoke(app, ["plan", "--help"])
+    assert "1 when no configuration fits" in " ".join(r.output.split())
