@@ -16,6 +16,7 @@ from pipeplan.options import (
     BytesPerParamOpt,
     ChunksOpt,
     ConcatOpt,
+    MemoryReserveOpt,
     PipesOpt,
     ReplicationOpt,
     ShardOptimizerOpt,
@@ -23,6 +24,7 @@ from pipeplan.options import (
     WavesOpt,
     fail,
     load_input,
+    memory_reserve_bytes,
     validation_summary,
 )
 from planner.cluster import Cluster, load_cluster
@@ -117,6 +119,16 @@ def _print_assumed(console, prof: ModelProfile, req: TrainingRequest) -> None:  
                       "checkpointing)", highlight=False)
 
 
+def _print_reserve(console: Console, req: TrainingRequest, cl: Cluster) -> None:
+    """The memory reserve counted on every device, and where it came from (``--memory-reserve``, or the
+    default for the cluster's devices: :func:`planner.reserve.resolve_reserve`)."""
+    resolved, source = resolve_reserve(req, cl)
+    if "memory_reserve_bytes" in req.model_fields_set:  # the command's option, as the user typed it
+        source = "--memory-reserve"
+    console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
+                  f"({source})", highlight=False)
+
+
 def _print_clock(console, cands: list) -> None:  # noqa: ANN001
     """The matrix rate the rows' steps hold under the device's power limit (planner.power), where it has one."""
     held = [c.held_rate for c in cands if c.held_rate is not None]
@@ -145,11 +157,7 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
-    resolved, source = resolve_reserve(req, cl)
-    if "memory_reserve_bytes" in req.model_fields_set:  # the command's option, as the user typed it
-        source = "--memory-reserve"
-    console.print(f"memory reserve: {(resolved.memory_reserve_bytes or 0.0) / 2**30:.2f} GiB per device "
-                  f"({source})", highlight=False)
+    _print_reserve(console, req, cl)
     _print_clock(console, res.candidates)
     if req.shard_parameters:
         console.print(f"model state: {req.bytes_per_param:g} bytes per parameter, all split over the W replicas, "
@@ -172,9 +180,7 @@ def register(app: typer.Typer) -> None:
         schedules: Annotated[str | None, typer.Option(help="comma-separated allowed schedules")] = None,
         allow_async: Annotated[bool, typer.Option(help="include PipeDream and 2BW")] = False,
         max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
-        memory_reserve: Annotated[float | None, typer.Option(
-            help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
-                 "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")] = None,
+        memory_reserve: MemoryReserveOpt = None,
         bytes_per_param: BytesPerParamOpt = None,
         shard_optimizer: ShardOptimizerOpt = False,
         shard_parameters: ShardParametersOpt = False,
@@ -189,8 +195,7 @@ def register(app: typer.Typer) -> None:
         candidates, and the reason on stderr); 2 for bad input."""
         if processes is not None and processes not in (1, 2):
             fail(f"--processes: 1 or 2 (the search splits in two at most), got {processes}")
-        if memory_reserve is not None and not 0 <= memory_reserve <= 2**30:  # TrainingRequest's 2**60 bytes
-            fail(f"--memory-reserve: GiB per device, a finite number from 0 to {2**30}, got {memory_reserve:g}")
+        reserve = memory_reserve_bytes(memory_reserve)
         stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
         names = None if schedules is None else [n.strip() for n in schedules.split(",")]
@@ -200,7 +205,7 @@ def register(app: typer.Typer) -> None:
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
                        max_tensor=max_tensor, schedules=names, shard_optimizer=shard_optimizer,
                        shard_parameters=shard_parameters, bytes_per_param=bytes_per_param,
-                       memory_reserve_bytes=None if memory_reserve is None else memory_reserve * 2**30)
+                       memory_reserve_bytes=reserve)
         stamps.append(time.perf_counter())
         try:
             res = plan(prof, cl, req, processes=processes)
@@ -241,12 +246,17 @@ def register(app: typer.Typer) -> None:
         bytes_per_param: BytesPerParamOpt = None,
         shard_optimizer: ShardOptimizerOpt = False,
         shard_parameters: ShardParametersOpt = False,
+        memory_reserve: MemoryReserveOpt = None,
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
-        """Predict one configuration you name, with its time breakdown."""
+        """Predict one configuration you name, with its time breakdown.
+
+        A row of plan under the same options (--memory-reserve, --bytes-per-param, --shard-optimizer,
+        --shard-parameters) is the same prediction."""
+        reserve = memory_reserve_bytes(memory_reserve)
         prof, cl = _load(profile, cluster)
         req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, shard_parameters=shard_parameters,
-                       bytes_per_param=bytes_per_param)
+                       bytes_per_param=bytes_per_param, memory_reserve_bytes=reserve)
         try:
             cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
@@ -277,6 +287,7 @@ def register(app: typer.Typer) -> None:
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
         console.print("closed forms (s): " + ", ".join(
             f"{k} {v:.4g}" for k, v in cand.closed_forms.items() if v is not None))
+        _print_reserve(console, req, cl)
         _print_clock(console, [cand])
         if not cand.fits:
             console.print(f"[red]{cand.reason}[/red]")

@@ -36,11 +36,26 @@ ShardOptimizerOpt = Annotated[bool, typer.Option(
     help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel replicas: ZeRO-1, "
          "Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and the optimizer step count a "
          "device's share (exports carry it)")]
+MemoryReserveOpt = Annotated[float | None, typer.Option(
+    help="GiB per device set aside for the framework and workspace (default by the cluster's device: 2 "
+         "on GPUs, 0.31 on CPUs), counted in each device's peak beside the model's own memory")]
+#: the largest --memory-reserve, GiB: TrainingRequest's 2**60 bytes
+MAX_MEMORY_RESERVE_GIB = 2**30
 ShardParametersOpt = Annotated[bool, typer.Option(
     help="the weights and gradients are split over the W data-parallel replicas too: ZeRO-3, PyTorch FSDP2 as "
          "torchtitan runs it (data_parallel_shard_degree = W); each layer's weights are all-gathered where it "
          "computes and its gradients reduce-scattered, costed per micro-batch without a pipeline and once per "
          "iteration with one (planner.fsdp); Chimera, GEMS and PipeDream's schedules are left out")]
+
+
+def memory_reserve_bytes(gib: float | None) -> float | None:
+    """``--memory-reserve`` (GiB per device, plan and predict) in bytes, None when not given; out of 0 to
+    :data:`MAX_MEMORY_RESERVE_GIB` (or not finite): one error line, exit 2."""
+    if gib is None:
+        return None
+    if not 0 <= gib <= MAX_MEMORY_RESERVE_GIB:
+        fail(f"--memory-reserve: GiB per device, a finite number from 0 to {MAX_MEMORY_RESERVE_GIB}, got {gib:g}")
+    return gib * 2**30
 
 
 def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks: int | None = None,

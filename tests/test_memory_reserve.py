@@ -106,3 +106,30 @@ def test_fits_rule_uses_the_cpu_default(local) -> None:  # type: ignore[no-untyp
         cand = predict(prof, small, TrainingRequest(global_batch=8), best.config)
         assert cand.fits == fits, (capacity, cand.reason)
         assert cand.memory_reserve == CPU_RESERVE_BYTES
+
+
+def test_predict_takes_plans_memory_reserve(tmp_path: Path) -> None:
+    """A `plan --memory-reserve X` row could not be reproduced with `predict`, which had no such option (its
+    memory and fit were the default reserve's). predict takes plan's option, with the same meaning and limits."""
+    import json
+
+    prof = tmp_path / "tiny.json"
+    runner = CliRunner()
+    assert runner.invoke(app, ["profile-analytic", "--preset", "gpt-tiny", "--out", str(prof)]).exit_code == 0
+    common = ["--profile", str(prof), "--cluster", str(EX / "local-cpu-4.json"), "--global-batch", "8"]
+    r = runner.invoke(app, ["plan", *common, "--top", "1", "--memory-reserve", "3.9", "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["candidates"][0]
+    one = ["predict", *common, *(x for k in ("tensor", "pipeline", "data", "micro_batch", "schedule")
+                                 for x in (f"--{k.replace('_', '-')}", str(row[k])))]
+    r = runner.invoke(app, [*one, "--memory-reserve", "3.9", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["memory_reserve"] == 3.9 * GiB and doc["memory"] == row["memory"] and doc["fits"]
+    assert doc["iteration_time"] == row["iteration_time"]
+    r = runner.invoke(app, [*one, "--memory-reserve", "4", "--json"])  # the whole 4 GiB set aside: it cannot fit
+    assert r.exit_code == 0 and not json.loads(r.stdout)["fits"], r.output
+    r = runner.invoke(app, [*one, "--memory-reserve", "0.5"])
+    assert r.exit_code == 0 and "memory reserve: 0.50 GiB per device (--memory-reserve)" in r.output, r.output
+    r = runner.invoke(app, [*one, "--memory-reserve", "-1"])
+    assert r.exit_code == 2 and "--memory-reserve: GiB per device, a finite number from 0 to 1073741824" in r.output
