@@ -14,18 +14,26 @@ from api.errors import InputError
 
 
 def switch_cost(profile: dict[str, Any], cluster: dict[str, Any], request: dict[str, Any],
-                framework: str, spec: dict[str, Any], closest: dict[str, Any], reason: str) -> dict[str, Any]:
-    """The refusal's cost sentence (:func:`planner.export.switch.switch_cost`); runs in a planner process."""
+                framework: str, spec: dict[str, Any], closest: dict[str, Any], reason: str,
+                others: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """The refusal's closest configuration and cost sentence; runs in a planner process. ``closest`` and ``others``:
+    the framework's stand-ins (:attr:`planner.export.UnsupportedSchedule.choices`); the one named is the fastest
+    that fits, as ``pipeplan export`` names it (:func:`planner.export.switch.best_closest`), ``closest`` its run
+    spec, ``cost`` :func:`planner.export.switch.switch_cost`'s sentence for it."""
     from planner.cluster import Cluster
     from planner.export.common import UnsupportedSchedule
+    from planner.export.switch import best_closest
     from planner.export.switch import switch_cost as cost
     from planner.profile import ModelProfile
     from planner.request import TrainingRequest
     from planner.runspec import RunSpec
 
-    err = UnsupportedSchedule(framework, RunSpec.model_validate(spec), RunSpec.model_validate(closest), reason)
-    return {"cost": cost(err, ModelProfile.model_validate(profile), Cluster.model_validate(cluster),
-                         TrainingRequest.model_validate(request))}
+    err = UnsupportedSchedule(framework, RunSpec.model_validate(spec), RunSpec.model_validate(closest), reason,
+                              tuple(RunSpec.model_validate(o) for o in others))
+    prof, cl = ModelProfile.model_validate(profile), Cluster.model_validate(cluster)
+    req = TrainingRequest.model_validate(request)
+    err = best_closest(err, prof, cl, req)[0]
+    return {"cost": cost(err, prof, cl, req), "closest": err.closest.model_dump(mode="json")}
 
 
 def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, rank: int, fmt: str) -> dict[str, Any]:
@@ -49,9 +57,12 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
         profile, cluster, request = crud.plan_inputs(db, plan_id)  # for a planner process
         status, payload = runner.task("switch_cost", (profile, cluster, request, err.framework,
                                                        err.spec.model_dump(mode="json"),
-                                                       err.closest.model_dump(mode="json"), err.reason),
+                                                       err.closest.model_dump(mode="json"), err.reason,
+                                                       [o.model_dump(mode="json") for o in err.others]),
                                       timeout).result(timeout=timeout + 10)
         cost = payload["cost"] if status == "ok" else f"its cost could not be predicted ({payload})"
+        if status == "ok":  # the stand-in the cost is of: of those alike, one that fits, the fastest
+            err = err.with_closest(RunSpec.model_validate(payload["closest"]))
         cands = [c.body for c in crud.get_plan(db, plan_id).candidates]
         raise InputError(err.describe(cost) + " " + best_supported_note(
             module.TITLE, module.check, cands, ref="rank {r} (candidate_index {i})") + ".") from None

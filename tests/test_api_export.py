@@ -70,3 +70,30 @@ def test_unsupported_schedule_is_a_422_with_the_switch_cost(client) -> None:  # 
     schema = client.get("/openapi.json").json()["paths"]["/plans/{plan_id}/candidates/{rank}/export"]["get"]
     fmt = next(p for p in schema["parameters"] if p["name"] == "format")
     assert fmt["required"] and set(fmt["schema"]["enum"]) == {"megatron", "torchtitan", "deepspeed"}
+
+
+def test_the_refusals_closest_is_one_that_fits() -> None:
+    """The API named (and costed) Megatron-LM's first stand-in for GPT-3 175B's Hanayo on 1024 A100s,
+    interleaved(chunks=2), out of memory, where pipeplan export names 1F1B on the same t, D, W, which fits: the
+    planner process's switch_cost now picks as the CLI does (planner.export.switch.best_closest)."""
+    from api.exports import switch_cost
+    from planner.analytic import analytic_profile
+    from planner.cluster import load_cluster
+    from planner.export import UnsupportedSchedule, megatron
+    from planner.model import PRESETS
+    from planner.request import Config, TrainingRequest
+
+    spec = RunSpec(config=Config(tensor=8, pipeline=16, data=8, micro_batch=1, schedule="hanayo", waves=1),
+                   microbatches=192)
+    try:
+        megatron.check(spec)
+    except UnsupportedSchedule as e:
+        err = e
+    assert err.closest.config.schedule == "interleaved" and [o.config.schedule for o in err.others] == ["1f1b"]
+    prof = analytic_profile(PRESETS["gpt3-175b"], "A100-SXM4-80GB").model_dump(mode="json")
+    cl = load_cluster("examples/clusters/dgx-a100-80gb.json").model_dump(mode="json")
+    out = switch_cost(prof, cl, TrainingRequest(global_batch=1536).model_dump(mode="json"), err.framework,
+                      spec.model_dump(mode="json"), err.closest.model_dump(mode="json"), err.reason,
+                      [o.model_dump(mode="json") for o in err.others])
+    assert RunSpec.model_validate(out["closest"]).config.schedule == "1f1b"
+    assert "does not fit" not in out["cost"] and "against 20.7" in out["cost"], out["cost"]
