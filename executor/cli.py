@@ -34,6 +34,21 @@ import typer
 
 from planner.schedules import SCHEDULE_PARAMETERS
 
+#: the model ``pipeplan run`` builds when none is named
+DEFAULT_MODEL = "gpt-tiny"
+
+
+def _other_model(plan: str, candidate: int, model: str, module: str | None) -> str | None:
+    """The name of the profile the plan file was made from (:func:`executor.plan.planned_profile`) where it is
+    not the model this run builds (``model``; a ``--module``'s file name without ``.py``), else None. A new user
+    ran a gpt-tiny plan with ``--model bert-tiny`` and read 'measured/predicted 1.309'; a GPT-3 plan with the
+    default model was refused with gpt-tiny's heads ('t=8 must divide heads (4)') and nothing more."""
+    from executor.plan import planned_profile
+
+    planned = planned_profile(plan, candidate)
+    built = Path(module.partition(":")[0]).stem if module is not None else model
+    return planned if planned is not None and planned != built else None
+
 
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"error: {msg}", err=True)
@@ -108,7 +123,7 @@ def run(
     concat: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["concat"].help)] = None,
     replication: Annotated[str | None, typer.Option(help=SCHEDULE_PARAMETERS["replication"].help)] = None,
     recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
-    model: Annotated[str, typer.Option(help="model of the zoo (preset name)")] = "gpt-tiny",
+    model: Annotated[str | None, typer.Option(help="model of the zoo (preset name; default gpt-tiny)")] = None,
     hf_config: Annotated[str | None, typer.Option(
         "--hf-config",
         help="a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2) instead of --model")] = None,
@@ -162,6 +177,8 @@ def run(
     from executor.trace import write_json_atomic
 
     model_spec = None
+    default_model = model is None and hf_config is None and module is None
+    model = model or DEFAULT_MODEL
     if module is not None and hf_config is not None:
         _fail("give --hf-config or --module, not both")
     if hf_config is not None:
@@ -180,11 +197,13 @@ def run(
                               "iterations": iterations, "warmup": warmup, "seed": seed,
                               "dtype": dtype or ("float64" if check else "float32"), "emulate": emulate,
                               "cluster": cluster}
+    other_model = None  # the plan's profile, where this run builds another model
     try:
         if plan is not None:
             if schedule is not None:
                 _fail("give either --plan or --schedule, not both")
             run_plan = load_plan_file(plan, candidate, **common)
+            other_model = None if emulate else _other_model(plan, candidate, model, module)
         else:
             if schedule is None or devices is None or microbatches is None:
                 _fail("give --plan, or --schedule with --devices and --microbatches")
@@ -194,8 +213,16 @@ def run(
                                       pipelines=pipelines, concat=concat, replication=replication, **common)
         run_plan.validate()
     except PlanError as e:
+        if other_model is not None and default_model:
+            _fail(f"{e} -- the plan was made from profile {other_model!r}, and this run builds {model} (the default "
+                  "--model): give the plan's model (--model, --hf-config or --module), or run it emulated (--emulate "
+                  "profile.json)")
         _fail(str(e))
         return
+    if other_model is not None:
+        typer.echo(f"note: the plan was made from profile {other_model!r}; this run builds {model}"
+                   + (" (the default --model)" if default_model else "")
+                   + ": its time is compared with another model's prediction")
     if backend not in ("gloo", "nccl"):
         _fail(f"--backend must be gloo or nccl, got {backend!r}")
     world = run_plan.world_size

@@ -280,6 +280,21 @@ def planned_sharding(path: str | Path, candidate: int = 0) -> str | None:
     return unsharded_run_note(_candidate_of(path, candidate))
 
 
+def planned_profile(path: str | Path, candidate: int = 0) -> str | None:
+    """The name of the profile the plan file was made from (``"profile"`` of ``pipeplan plan --json``, or of
+    the bare candidate ``predict --json`` writes), or None where it does not say (a hand-written candidate, the
+    API's plan document)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    note = data.get("profile") if isinstance(data, dict) else None
+    if note is None:
+        note = _candidate_of(path, candidate).get("profile")
+    name = note.get("name") if isinstance(note, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 def planned_iteration_time(path: str | Path, candidate: int = 0) -> float | None:
     """The iteration time the planner predicted for the candidate (its ``iteration_time``: the simulator
     with the plan's profile and cluster), or None when the file has none (a hand-written candidate)."""

@@ -60,6 +60,13 @@ def strict_json(doc: object) -> str:
     return json.dumps(finite(doc), allow_nan=False)
 
 
+def profile_note(prof: ModelProfile) -> dict[str, object]:
+    """What a plan file says of the profile it was made from (``"profile"`` of ``plan --json`` and ``predict
+    --json``): ``pipeplan run --plan`` names it where the model it builds is another
+    (:func:`executor.plan.planned_profile`)."""
+    return {"name": prof.name, "source": prof.source, "device": prof.device, "layers": len(prof.layers)}
+
+
 def _request(**kw: object) -> TrainingRequest:
     batch = kw.get("global_batch")
     if isinstance(batch, int) and batch > MAX_GLOBAL_BATCH:
@@ -214,7 +221,7 @@ def register(app: typer.Typer) -> None:
             raise
         stamps.append(time.perf_counter())
         if json_out:
-            typer.echo(strict_json(res.to_dict()))
+            typer.echo(strict_json({**res.to_dict(), "profile": profile_note(prof)}))
         else:
             _print_plan(res, prof, cl, req, global_batch)
         if not res.candidates:  # an empty table read as a success, and a script went on with an empty plan
@@ -273,7 +280,7 @@ def register(app: typer.Typer) -> None:
             raise
         warnings = device_warnings(prof, cl, req) + size_warnings(prof, [cfg.micro_batch])
         if json_out:  # refused or not fitting too: "fits": false, the reason, and null for what was not predicted
-            typer.echo(strict_json({**cand.to_dict(), "warnings": warnings}))
+            typer.echo(strict_json({**cand.to_dict(), "warnings": warnings, "profile": profile_note(prof)}))
             return
         if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction), exit 2
             fail(cand.reason)

@@ -114,3 +114,35 @@ def test_a_rank_killed_by_sigkill_names_the_likely_cause() -> None:
     assert describe(signal.SIGTERM.value) == "killed by SIGTERM"
     assert describe(3 << 8) == "exited with status 3"
     assert os.waitstatus_to_exitcode(signal.SIGKILL.value) == -signal.SIGKILL.value
+
+
+def test_the_plan_file_names_its_profile_and_run_says_when_it_builds_another(tmp_path: Path) -> None:
+    """``plan --json`` and ``predict --json`` say which profile they were made from; ``run --plan`` building
+    another model says so (a gpt-tiny plan run with --model bert-tiny read 'measured/predicted 1.309' with no
+    word), and a plan of another model refused with the default model's shape says what to give instead."""
+    from executor.cli import _other_model
+
+    plan = _one_candidate(tmp_path)  # predict --json of the gpt-tiny analytic profile
+    assert json.loads(plan.read_text())["profile"]["name"] == "gpt-tiny"
+    assert _other_model(str(plan), 0, "gpt-tiny", None) is None
+    assert _other_model(str(plan), 0, "bert-tiny", None) == "gpt-tiny"
+    r = runner.invoke(app, ["plan", "--profile", str(tmp_path / "tiny.json"), "--cluster", CPU4, "--global-batch", "4",
+                            "--json", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["profile"] == {"name": "gpt-tiny", "source": "analytical", "device": doc["profile"]["device"],
+                              "layers": 6}
+    prof = tmp_path / "gpt3.json"
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt3-175b", "--device", "a100-80gb", "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["predict", "--profile", str(prof), "--cluster", DGX, "--global-batch", "16", "--tensor",
+                            "8", "--pipeline", "8", "--data", "1", "--micro-batch", "1", "--schedule", "1f1b",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    gpt3 = tmp_path / "gpt3-plan.json"
+    gpt3.write_text(r.output)
+    out = _refused(["run", "--plan", str(gpt3)])
+    assert "must divide heads (4)" in out and "the plan was made from profile 'gpt3-175b'" in out
+    assert "--emulate" in out
+    out = _refused(["run", "--plan", str(gpt3), "--model", "gpt-tiny"])  # named: the refusal alone
+    assert "the plan was made from" not in out
