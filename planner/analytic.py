@@ -227,8 +227,9 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                f"{', blocking pipeline sends' if 'p2p' in runtime else ''}"
                f"{', scatter/gather pipeline sends' if 'p2p_scatter_gather' in runtime else ''}"
                f"{', data-parallel all-reduce overlapped with the backward' if 'dp_allreduce' in runtime else ''}); "
-               "GEMM and memory efficiency "
-               "from the device description; compute per tensor-parallel size in tensor_times; "
+               "GEMM and memory efficiency from the device description"
+               f"{f' ({dev.notes})' if dev.notes.startswith('generic description') else ''}; "
+               "compute per tensor-parallel size in tensor_times; "
                "replace with a measured profile"),
     )
 

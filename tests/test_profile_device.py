@@ -90,3 +90,14 @@ def test_what_the_sweep_does_not_measure_comes_from_the_shipped_description():
     a100_fields, _ = unmeasured(find_device("A100-SXM4-80GB"))
     assert "sustained_rate" not in a100_fields and "power" not in a100_fields and a100_fields["sm_count"] == 108
     assert unmeasured(find_device("cpu")) == ({}, {})
+
+
+def test_an_analytical_profile_on_an_unknown_device_says_whose_curves_it_used() -> None:
+    """A profile made for a cluster of device 'TPU-v9' (no shipped description) said 'GEMM and memory efficiency
+    from the device description', though the description was a generic one with the A100's curves."""
+    from planner.analytic import analytic_profile
+    from planner.device import generic_device, get_device
+
+    notes = analytic_profile(PRESETS["gpt-tiny"], generic_device("TPU-v9", 1e15, 2e12, 80 * 2**30)).notes
+    assert "generic description of 'TPU-v9'" in notes and "curves are the A100's" in notes
+    assert "generic" not in analytic_profile(PRESETS["gpt-tiny"], get_device("A100-SXM4-80GB")).notes
