@@ -77,6 +77,11 @@ class Planner:
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> None:
         # the reserve's default depends on the cluster's device kind (planner.reserve); resolved once here
         request, self.reserve_source = resolve_reserve(request, cluster)
+        reserve = request.memory_reserve_bytes or 0
+        if reserve >= cluster.memory_bytes:  # (every candidate would read as if its model state did not fit)
+            raise ValueError(f"memory_reserve_bytes: the reserve of {reserve / 2**30:.4g} GiB per device leaves "
+                             f"nothing of the device's {cluster.memory_bytes / 2**30:.4g} GiB for the model: give a "
+                             "smaller reserve")
         self.profile, self.cluster, self.request = profile, cluster, request
         self.heads = profile.attention_heads  # what t must divide (planner.model.tensor_split_error)
         self.tensor_problem = profile.tensor_split_problem  # why t > 1 is not modelled (None: it is)

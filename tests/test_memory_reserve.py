@@ -127,9 +127,27 @@ def test_predict_takes_plans_memory_reserve(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["memory_reserve"] == 3.9 * GiB and doc["memory"] == row["memory"] and doc["fits"]
     assert doc["iteration_time"] == row["iteration_time"]
-    r = runner.invoke(app, [*one, "--memory-reserve", "4", "--json"])  # the whole 4 GiB set aside: it cannot fit
+    r = runner.invoke(app, [*one, "--memory-reserve", "3.999", "--json"])  # 1 MiB left: it cannot fit
     assert r.exit_code == 0 and not json.loads(r.stdout)["fits"], r.output
+    r = runner.invoke(app, [*one, "--memory-reserve", "4"])  # the whole 4 GiB set aside: refused, naming it
+    assert r.exit_code == 2 and "the reserve of 4 GiB per device leaves nothing" in r.output, r.output
     r = runner.invoke(app, [*one, "--memory-reserve", "0.5"])
     assert r.exit_code == 0 and "memory reserve: 0.50 GiB per device (--memory-reserve)" in r.output, r.output
     r = runner.invoke(app, [*one, "--memory-reserve", "-1"])
     assert r.exit_code == 2 and "--memory-reserve: GiB per device, a finite number from 0 to 1073741824" in r.output
+
+
+@pytest.mark.parametrize("reserve", [4 * GiB, 64 * GiB])
+def test_a_reserve_of_the_whole_device_is_refused_naming_it(local, reserve: float) -> None:  # type: ignore[no-untyped-def]
+    """A reserve of all of a device's memory made every candidate read 'weights, gradients and optimizer state
+    do not fit' (the plan page: 'the model's weights ... alone exceed each device's memory') for a model of
+    3.5 MB; now the request is refused naming the reserve, for plan and predict alike."""
+    from planner.request import Config
+
+    cl, prof = local
+    words = "memory_reserve_bytes: the reserve of .* leaves nothing of the device.s 4 GiB"
+    with pytest.raises(ValueError, match=words):
+        plan(prof, cl, TrainingRequest(global_batch=8, memory_reserve_bytes=reserve))
+    with pytest.raises(ValueError, match="memory_reserve_bytes"):
+        predict(prof, cl, TrainingRequest(global_batch=8, memory_reserve_bytes=reserve),
+                Config(tensor=1, pipeline=2, data=1, micro_batch=1, schedule="1f1b"))
