@@ -42,6 +42,16 @@ def _parse_ints(text: str, what: str) -> list[int]:
     return values
 
 
+def _check_device(device: str) -> None:
+    """Refuse a ``--device`` the profiler cannot time on (:func:`profiler.run.check_device`) before any work."""
+    from profiler.run import check_device
+
+    try:
+        check_device(device, "--device")
+    except ValueError as err:
+        raise _bad(str(err)) from None
+
+
 def upload_profile(profile: ModelProfile, url: str) -> str:
     """POST the profile JSON to ``url + "/profiles"``; returns the server's reply text."""
     import httpx  # optional dependency, checked by the command before profiling
@@ -97,6 +107,7 @@ def profile(
     if len(given) != 1:
         got = ", ".join(given) or "none"
         raise _bad(f"give exactly one of --model, --hf-config, --module (got {got})")
+    _check_device(device)
     if upload:
         _require_httpx()
     if model is None:
@@ -281,6 +292,7 @@ def profile_device_cmd(
     from profiler.device import profile_device
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    _check_device(dev)
     try:
         spec = profile_device(dev, dtype, model, _parse_ints(micro_batches, "--micro-batches") if micro_batches
                               else None, _parse_ints(tensor, "--tensor") if tensor else None, quick, repeats,

@@ -126,12 +126,12 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     """Measure this machine's ``device`` (module docstring)."""
     import torch
 
-    from profiler.run import device_name
+    from profiler.run import check_device, device_name
     from profiler.timing import time_op, time_queued
 
     if threads is not None:
         torch.set_num_threads(threads)
-    dev = torch.device(device)
+    dev = check_device(device)
     cuda = dev.type == "cuda"
 
     def seconds(op: Any) -> float:

@@ -144,14 +144,14 @@ def profile_layer_model(model: LayerModel, micro_batches: list[int], device: str
                         progress: Callable[[str, int], None] | None = None, notes: str = "",
                         environment: dict[str, str] | None = None) -> ModelProfile:
     """Measure every layer of ``model`` at every micro-batch size; a :class:`ModelProfile` of its profile layers."""
-    from profiler.run import DTYPES, _to_layer_profile, device_name
+    from profiler.run import DTYPES, _to_layer_profile, check_device, device_name
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     sizes = sorted(set(micro_batches))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"micro-batch sizes must be >= 1, got {micro_batches}")
-    dev, torch_dtype = torch.device(device), DTYPES[dtype]
+    dev, torch_dtype = check_device(device), DTYPES[dtype]
     layers = [m.to(dev, torch_dtype).train() for m in model.layers]
     model.layers = layers
     n = len(layers)

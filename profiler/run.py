@@ -34,6 +34,33 @@ def measured_layers(config: ModelConfig, all_layers: bool) -> list[int]:
     return list(range(n)) if all_layers or config.layers == 1 else [0, 1, n - 1]
 
 
+def check_device(device: str, option: str = "device") -> torch.device:
+    """``device`` as a :class:`torch.device` the profiler can time on: ``cpu``, ``cuda`` or ``cuda:N`` with CUDA
+    present and device ``N`` on this machine; otherwise a ValueError in one line naming ``option``
+    (torch's own errors were an AssertionError for CUDA on a CPU-only torch and a RuntimeError listing a
+    score of device types for ``tpu``)."""
+    known = "cpu, cuda or cuda:N"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{option}: {device!r} is not one of {known}") from None
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):
+            raise ValueError(f"{option}: {device!r} is not one of {known} (the CPU has no index)")
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"{option}: {device!r} is not one of {known}")
+    if not torch.cuda.is_available():
+        why = "torch without CUDA" if torch.version.cuda is None else "no CUDA GPU visible"
+        raise ValueError(f"{option}: cuda is not available here ({why}); profile on cpu, or on a machine "
+                         "with a GPU")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{option}: {device!r} is not on this machine ({count} CUDA device"
+                         f"{'s' if count != 1 else ''}: cuda:0..cuda:{count - 1})")
+    return dev
+
+
 def device_name(device: torch.device) -> str:
     """``torch.cuda.get_device_name`` on GPU, else the CPU's name (``platform.processor``) or ``cpu``."""
     if device.type == "cuda":
@@ -108,7 +135,7 @@ def profile_model(
         raise ValueError(f"micro-batch sizes must be >= 1, got {micro_batches}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    dev = torch.device(device)
+    dev = check_device(device)
     torch_dtype = DTYPES[dtype]
     names, kinds = layer_names(config), layer_kinds(config)
     n = config.num_profile_layers

@@ -253,3 +253,27 @@ def test_profile_refusals_are_one_line(tmp_path: Path, args: list[str], words: s
     """`profile` refused with typer's three-line usage box; the other commands give one line."""
     out = _refused(["profile", *args, "--out", str(tmp_path / "p.json")])
     assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
+
+
+@pytest.mark.parametrize("command", [["profile", "--model", "gpt-tiny", "--micro-batches", "1"],
+                                     ["profile", "--hf-config", "examples/models/gpt2", "--seq", "8"],
+                                     ["profile-device", "--quick"]])
+@pytest.mark.parametrize(("device", "gpus", "words"), [
+    # torch's AssertionError 'Torch not compiled with CUDA enabled' (a traceback) on a CPU-only torch
+    ("cuda", 0, "error: --device: cuda is not available here"),
+    # torch's RuntimeError listing twenty device types
+    ("tpu", 0, "error: --device: 'tpu' is not one of cpu, cuda or cuda:N"),
+    ("mps", 0, "error: --device: 'mps' is not one of cpu, cuda or cuda:N"),
+    ("cuda:3", 2, "error: --device: 'cuda:3' is not on this machine (2 CUDA devices: cuda:0..cuda:1)"),
+])
+def test_profile_device_option_is_checked_first(command: list[str], device: str, gpus: int, words: str,
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    root = Path(__file__).resolve().parent.parent
+    args = [str(root / a) if a.startswith("examples/") else a for a in command]
+    out = _refused([*args, "--device", device, "--out", str(tmp_path / "p.json")])
+    assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
+    assert not (tmp_path / "p.json").exists()
