@@ -108,6 +108,10 @@ def profile(
         got = ", ".join(given) or "none"
         raise _bad(f"give exactly one of --model, --hf-config, --module (got {got})")
     _check_device(device)
+    if seq is not None and seq < 1:  # (0 was taken as no --seq by --hf-config, a ValidationError by --model)
+        raise _bad(f"--seq must be a positive integer, got {seq}")
+    if seq is not None and module is not None:
+        raise _bad("--seq: not with --module (its sample(b) makes the micro-batches, their sequence with them)")
     if upload:
         _require_httpx()
     if model is None:
@@ -120,7 +124,14 @@ def profile(
     except ValueError as err:
         raise _bad(str(err)) from None
     if seq is not None:
-        config = config.with_(seq=seq)
+        from pydantic import ValidationError
+
+        try:
+            config = config.with_(seq=seq)
+        except ValidationError as err:  # beyond planner.limits' sequence: one line, as the option
+            from pipeplan.options import validation_summary
+
+            raise _bad(validation_summary(err, options=True)) from None
     total = len(measured_layers(config, all_layers)) * len(sizes)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -145,6 +156,8 @@ def profile(
             )
         except ValueError as err:
             raise _bad(str(err)) from None
+        except RuntimeError as err:
+            raise _out_of_memory(err, f"--seq {config.seq}, --micro-batches up to {max(sizes)}") from None
     _finish(prof, out, upload)
 
 
@@ -187,6 +200,21 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
                                        recompute=recompute, progress=advance, notes=notes, environment=env)
     except ValueError as err:
         raise _bad(str(err)) from None
+    except RuntimeError as err:
+        raise _out_of_memory(err, (f"--seq {seq}, " if seq is not None else "")
+                             + f"--micro-batches up to {max(sizes)}") from None
+
+
+def _out_of_memory(err: RuntimeError, sizes: str) -> BaseException:
+    """A layer that did not fit in memory (torch's allocator: ``DefaultCPUAllocator: can't allocate memory`` on
+    the CPU, ``torch.OutOfMemoryError`` on CUDA; the traceback of a many-line C++ message) as one error line
+    naming the sizes asked for; any other RuntimeError is returned as it is, to be raised."""
+    text = " ".join(str(err).split())
+    if "can't allocate memory" not in text and "out of memory" not in text.lower():
+        return err
+    tried = text[text.find("you tried to allocate"):].split(".")[0] if "you tried to allocate" in text else ""
+    return _bad(f"out of memory timing a layer at {sizes}{f' ({tried})' if tried else ''}: give a smaller "
+                "--seq or smaller --micro-batches")
 
 
 def _finish(prof: ModelProfile, out: Path, upload: str | None) -> None:

@@ -277,3 +277,45 @@ def test_profile_device_option_is_checked_first(command: list[str], device: str,
     out = _refused([*args, "--device", device, "--out", str(tmp_path / "p.json")])
     assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    # a pydantic ValidationError traceback for ModelConfig (seq > 0)
+    (["--model", "gpt-tiny", "--seq", "0"], "error: --seq must be a positive integer, got 0"),
+    (["--model", "gpt-tiny", "--seq", "-3"], "error: --seq must be a positive integer, got -3"),
+    (["--model", "gpt-tiny", "--seq", "99999999"], "error: --seq: Input should be less than or equal to 16777216"),
+    # taken as no --seq: the config's own 1024, silently
+    (["--hf-config", "examples/models/gpt2", "--seq", "0"], "error: --seq must be a positive integer, got 0"),
+    # silently ignored: the factory's sample makes the sequence
+    (["--module", "examples/custom_model.py:build", "--seq", "8"], "error: --seq: not with --module"),
+])
+def test_profile_refuses_a_bad_seq_first(args: list[str], words: str, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    args = [str(root / a) if a.startswith("examples/") else a for a in args]
+    out = _refused(["profile", *args, "--micro-batches", "1", "--out", str(tmp_path / "p.json")])
+    assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
+
+
+def test_profile_out_of_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpt-tiny at --seq 100000 asked the CPU allocator for 160 GB for the attention scores: a RuntimeError
+    traceback with torch's C++ frames; now one line naming the sizes. Other RuntimeErrors stay what they are."""
+    import profiler.run
+
+    def alloc(*_a: object, **_k: object) -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 160000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(profiler.run, "profile_model", alloc)
+    out = _refused(["profile", "--model", "gpt-tiny", "--seq", "100000", "--micro-batches", "1,2",
+                    "--out", str(tmp_path / "p.json")])
+    assert out.startswith("error: out of memory timing a layer at --seq 100000, --micro-batches up to 2 (you tried "
+                          "to allocate 160000000000 bytes): give a smaller --seq"), out
+    assert len(out.strip().splitlines()) == 1
+
+    def other(*_a: object, **_k: object) -> None:
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(profiler.run, "profile_model", other)
+    r = runner.invoke(app, ["profile", "--model", "gpt-tiny", "--micro-batches", "1",
+                            "--out", str(tmp_path / "q.json")])
+    assert isinstance(r.exception, RuntimeError) and str(r.exception) == "something else"
