@@ -110,6 +110,9 @@ def profile(
     _check_device(device)
     if seq is not None and seq < 1:  # (0 was taken as no --seq by --hf-config, a ValidationError by --model)
         raise _bad(f"--seq must be a positive integer, got {seq}")
+    if model is None and (tensor or all_layers):  # (they were ignored: a profile without tensor_times)
+        raise _bad(f"{'--tensor' if tensor else '--all-layers'}: only with --model (the zoo's blocks are what "
+                   "profiler.tensor shards; --hf-config measures --hf-layers decoder layers, --module every layer)")
     if seq is not None and module is not None:
         raise _bad("--seq: not with --module (its sample(b) makes the micro-batches, their sequence with them)")
     if upload:

@@ -288,8 +288,11 @@ def test_profile_device_option_is_checked_first(command: list[str], device: str,
     (["--hf-config", "examples/models/gpt2", "--seq", "0"], "error: --seq must be a positive integer, got 0"),
     # silently ignored: the factory's sample makes the sequence
     (["--module", "examples/custom_model.py:build", "--seq", "8"], "error: --seq: not with --module"),
+    # ignored: a profile without tensor_times, or of the layers it measures anyway
+    (["--module", "examples/custom_model.py:build", "--tensor", "2"], "error: --tensor: only with --model"),
+    (["--hf-config", "examples/models/gpt2", "--seq", "8", "--all-layers"], "error: --all-layers: only with --model"),
 ])
-def test_profile_refuses_a_bad_seq_first(args: list[str], words: str, tmp_path: Path) -> None:
+def test_profile_refuses_bad_or_ignored_options_first(args: list[str], words: str, tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     args = [str(root / a) if a.startswith("examples/") else a for a in args]
     out = _refused(["profile", *args, "--micro-batches", "1", "--out", str(tmp_path / "p.json")])
