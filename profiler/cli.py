@@ -10,6 +10,7 @@ pipeplan profile-links --local-procs 2          # spawns 2 gloo processes itself
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ from planner.outpath import out_problem
 from planner.profile import ModelProfile, save_profile
 
 console = Console(stderr=True)
+
+#: profile-links' --timeout at most (a day): longer than any wait for peers, far below timedelta's overflow
+MAX_TIMEOUT_S = 86400
 
 
 def _bad(message: str) -> typer.Exit:
@@ -257,14 +261,27 @@ def profile_links(
         raise _bad(problem)
     if executor_overhead and not local_procs:
         raise _bad("--executor-overhead needs --local-procs N (it launches the executor itself)")
+    if local_procs and local_procs < 2:  # (before any process starts, as every check here)
+        raise _bad(f"--local-procs needs at least 2 processes, got {local_procs}")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):  # 0: the ranks' init failed (a traceback)
+        raise _bad(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a day), "
+                   f"got {timeout:g}")
+    if backend is not None and backend not in ("gloo", "nccl"):
+        raise _bad(f"--backend must be gloo or nccl, got {backend!r}")
+    if backend == "nccl" and local_procs:  # (they ran gloo and wrote "backend": "gloo")
+        raise _bad("--backend nccl: not with --local-procs, whose processes measure gloo on this machine "
+                   "(run under torchrun for NCCL)")
+    import torch
     import torch.distributed as dist
+
+    if backend == "nccl" and not torch.cuda.is_available():
+        why = "torch without CUDA" if torch.version.cuda is None else "no CUDA GPU visible"
+        raise _bad(f"--backend nccl needs CUDA GPUs ({why}); use gloo")
 
     from profiler.links import DEFAULT_SIZES, benchmark_links, init_from_env
 
     message_sizes = _parse_ints(sizes, "--sizes") if sizes else None
     if local_procs:
-        if local_procs < 2:
-            raise _bad("--local-procs needs at least 2 processes")
         from profiler.local_cluster import measure_links
 
         result = measure_links(local_procs, message_sizes or DEFAULT_SIZES, repeats, warmup, timeout)

@@ -322,3 +322,36 @@ def test_profile_out_of_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.M
     r = runner.invoke(app, ["profile", "--model", "gpt-tiny", "--micro-batches", "1",
                             "--out", str(tmp_path / "q.json")])
     assert isinstance(r.exception, RuntimeError) and str(r.exception) == "something else"
+
+
+@pytest.mark.parametrize(("args", "cuda", "words"), [
+    # the ranks' init_process_group with a timeout of 0: RuntimeError _links_worker ... with C++ frames
+    (["--local-procs", "2", "--timeout", "0"], False, "error: --timeout must be a number of seconds above 0"),
+    (["--local-procs", "2", "--timeout", "-5"], False, "error: --timeout must be a number of seconds above 0"),
+    (["--local-procs", "2", "--timeout", "inf"], False, "error: --timeout must be a number of seconds above 0"),
+    (["--local-procs", "2", "--timeout", "1e15"], False,
+     "error: --timeout must be a number of seconds above 0 and at most 86400 (a day), got 1e+15"),
+    (["--local-procs", "1"], False, "error: --local-procs needs at least 2 processes, got 1"),
+    (["--local-procs", "-3"], False, "error: --local-procs needs at least 2 processes, got -3"),
+    # the local processes ran gloo and wrote "backend": "gloo"
+    (["--local-procs", "2", "--backend", "nccl"], True, "error: --backend nccl: not with --local-procs"),
+    (["--backend", "nccl"], False, "error: --backend nccl needs CUDA GPUs"),
+    (["--local-procs", "2", "--backend", "mpi"], False, "error: --backend must be gloo or nccl, got 'mpi'"),
+])
+def test_profile_links_refuses_bad_options_before_any_process(args: list[str], cuda: bool, words: str,
+                                                              tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import profiler.local_cluster
+
+    def started(*_a: object, **_k: object) -> None:
+        raise AssertionError("no process may start")
+
+    monkeypatch.setattr(profiler.local_cluster, "measure_links", started)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setenv("RANK", "0")  # under torchrun: the nccl check comes before init_process_group
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    out = _refused(["profile-links", *args, "--out", str(tmp_path / "l.json")])
+    assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
+    assert not (tmp_path / "l.json").exists()
