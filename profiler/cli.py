@@ -174,7 +174,7 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
     """``--hf-config`` (transformers' model) or ``--module`` (the user's factory): a layer list, measured."""
     import torch
 
-    from profiler.layer_model import from_factory, profile_layer_model
+    from profiler.layer_model import ContractError, from_factory, profile_layer_model
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -193,7 +193,7 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
                      f"of {spec.layers} decoder layers measured, the rest reuse the last.")
         else:
             assert module is not None
-            lm = from_factory(module)
+            lm = from_factory(module)  # (its ValueErrors name --module themselves)
             env, notes = {"module": module}, f"User model from --module {module}."
         total = len(set(lm.repeat)) * len(sizes)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -205,6 +205,8 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
 
             return profile_layer_model(lm, sizes, device=device, dtype=dtype, repeats=repeats, warmup=warmup,
                                        recompute=recompute, progress=advance, notes=notes, environment=env)
+    except ContractError as err:  # what the model's own code raised or returned, named after where it came from
+        raise _bad(f"--module {module}: {err}" if module is not None else f"--hf-config {hf_config}: {err}") from None
     except ValueError as err:
         raise _bad(str(err)) from None
     except RuntimeError as err:
@@ -216,9 +218,11 @@ def _out_of_memory(err: RuntimeError, sizes: str) -> BaseException:
     """A layer that did not fit in memory (torch's allocator: ``DefaultCPUAllocator: can't allocate memory`` on
     the CPU, ``torch.OutOfMemoryError`` on CUDA; the traceback of a many-line C++ message) as one error line
     naming the sizes asked for; any other RuntimeError is returned as it is, to be raised."""
-    text = " ".join(str(err).split())
-    if "can't allocate memory" not in text and "out of memory" not in text.lower():
+    from profiler.layer_model import is_out_of_memory
+
+    if not is_out_of_memory(err):
         return err
+    text = " ".join(str(err).split())
     tried = text[text.find("you tried to allocate"):].split(".")[0] if "you tried to allocate" in text else ""
     return _bad(f"out of memory timing a layer at {sizes}{f' ({tried})' if tried else ''}: give a smaller "
                 "--seq or smaller --micro-batches")

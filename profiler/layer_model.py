@@ -79,6 +79,33 @@ class _WithLoss(nn.Module):
         return self.loss(self.layer(x), targets)
 
 
+class ContractError(ValueError):
+    """The user's model breaks the factory's contract (module docstring): what it returned or what its code raised,
+    in one line (the CLI names the option before it)."""
+
+
+def raised(e: BaseException) -> str:
+    """``TypeError: loads() missing 1 required positional argument: 's'``: an exception in one line."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is torch's allocator failing (CUDA's ``OutOfMemoryError``, the CPU's ``can't allocate
+    memory``): not the model's fault but the sizes', reported as such (profiler.cli)."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def _what(value: object) -> str:
+    """A returned value in a few words: ``a dict``, ``a tuple of 2``, ``None``."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    return f"{article} {kind} of {len(value)}" if isinstance(value, tuple | list) else f"{article} {kind}"
+
+
 def load_factory(target: str) -> Callable[[], Any]:
     """``"pkg.module:build"`` (imported) or ``"path/to/file.py:build"`` (loaded from the file)."""
     module_name, sep, attr = target.partition(":")
@@ -91,12 +118,17 @@ def load_factory(target: str) -> Callable[[], Any]:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's file: whatever it raises, in one line
+            raise ValueError(f"--module: loading {path} raised {raised(e)}") from None
     else:
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
             raise ValueError(f"--module: cannot import {module_name}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the user's module: whatever its import raises, in one line
+            raise ValueError(f"--module: importing {module_name} raised {raised(e)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"--module: {module_name} has no callable {attr!r}")
@@ -104,16 +136,69 @@ def load_factory(target: str) -> Callable[[], Any]:
 
 
 def from_factory(target: str, name: str | None = None) -> LayerModel:
-    """Call the factory named by ``target`` and check what it returns against the contract."""
-    built = load_factory(target)()
+    """Call the factory named by ``target`` and check what it returns against the contract; what the factory
+    raises, or a return that breaks the contract, is a ValueError in one line naming ``--module`` and the factory
+    (``json:loads`` was a TypeError traceback)."""
+    factory = load_factory(target)
+    try:
+        built = factory()
+    except Exception as e:  # noqa: BLE001 - the user's code: whatever it raises, in one line
+        raise ValueError(f"--module: the factory {target} raised {raised(e)}") from None
     if isinstance(built, LayerModel):
         return built
     if not isinstance(built, tuple | list) or len(built) != 3:
-        raise ValueError("the factory must return (layers, sample, loss) or a profiler.layer_model.LayerModel")
+        raise ValueError(f"--module: the factory {target} returned {_what(built)}; it must return "
+                         "(layers, sample, loss) or a profiler.layer_model.LayerModel")
     layers, sample, loss = built
+    if not isinstance(layers, list | tuple | nn.ModuleList | nn.Sequential):
+        raise ValueError(f"--module: the factory {target} returned layers that are {_what(layers)}; give a "
+                         "non-empty list of torch.nn.Module")
     module = target.partition(":")[0]
     default = Path(module).stem if module.endswith(".py") else module.rsplit(".", 1)[-1]
-    return LayerModel(list(layers), sample, loss, name=name or default)
+    try:
+        return LayerModel(list(layers), sample, loss, name=name or default)
+    except ValueError as e:
+        raise ValueError(f"--module: the factory {target} returned {e}") from None
+
+
+def check_contract(model: LayerModel, device: torch.device, dtype: torch.dtype) -> None:
+    """A micro-batch of two through the layers and the loss, before any timing (two: a loss per sample is not one
+    number): ``sample(2)`` gives two tensors, each layer
+    takes the previous one's output and returns one tensor, the loss is a scalar tensor; otherwise a
+    :class:`ContractError` naming the part and what it raised or returned (a shape mismatch between two layers
+    was torch's RuntimeError traceback from inside the timing loop). Running out of memory is raised as it is."""
+    try:
+        got = model.sample(2)
+    except Exception as e:  # noqa: BLE001 - the user's code
+        raise ContractError(f"sample(2) raised {raised(e)}") from None
+    if not (isinstance(got, tuple | list) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise ContractError(f"sample(2) returned {_what(got)}; it must return (inputs, targets), two tensors")
+    x, targets = got[0].to(device), got[1].to(device)
+    x = x.to(dtype) if x.is_floating_point() else x
+    first_name = {m: model.names[model.repeat.index(m)] for m in range(len(model.layers))}
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            what = f"{first_name[i]} ({type(layer).__name__})"
+            try:
+                y = layer(x)
+            except Exception as e:  # noqa: BLE001 - the user's code
+                if is_out_of_memory(e):
+                    raise
+                before = f"{first_name[i - 1]}'s output" if i else "sample(2)'s inputs"
+                raise ContractError(f"{what} failed on {before} of shape {tuple(x.shape)}: {raised(e)}") from None
+            if not isinstance(y, torch.Tensor):
+                raise ContractError(f"{what} returned {_what(y)}; a layer returns one tensor (the next one's input)")
+            x = y
+        try:
+            loss = model.loss(x, targets)
+        except Exception as e:  # noqa: BLE001 - the user's code
+            if is_out_of_memory(e):
+                raise
+            raise ContractError(f"loss failed on the last layer's output of shape {tuple(x.shape)} and targets of "
+                                f"shape {tuple(targets.shape)}: {raised(e)}") from None
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else _what(loss)
+        raise ContractError(f"loss returned {shape} for a micro-batch of 2; it must return a scalar tensor")
 
 
 def _inputs_for(model: LayerModel, index: int, device: torch.device,
@@ -154,6 +239,7 @@ def profile_layer_model(model: LayerModel, micro_batches: list[int], device: str
     dev, torch_dtype = check_device(device), DTYPES[dtype]
     layers = [m.to(dev, torch_dtype).train() for m in model.layers]
     model.layers = layers
+    check_contract(model, dev, torch_dtype)
     n = len(layers)
     first_name = {m: model.names[model.repeat.index(m)] for m in range(n)}
     measured: dict[int, LayerMeasurement] = {}

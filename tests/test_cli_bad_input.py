@@ -355,3 +355,67 @@ def test_profile_links_refuses_bad_options_before_any_process(args: list[str], c
     out = _refused(["profile-links", *args, "--out", str(tmp_path / "l.json")])
     assert out.startswith(words) and len(out.strip().splitlines()) == 1, out
     assert not (tmp_path / "l.json").exists()
+
+
+FACTORIES = '''
+import torch
+from torch import nn
+
+def sample(b):
+    return torch.randn(b, 8), torch.randint(0, 4, (b,))
+
+def loss(out, targets):
+    return nn.functional.cross_entropy(out, targets)
+
+def not_layers():
+    return 5, sample, loss
+
+def not_modules():
+    return [1, 2], sample, loss
+
+def mismatched():
+    return [nn.Linear(8, 8), nn.Linear(16, 4)], sample, loss
+
+def bad_sample():
+    return [nn.Linear(8, 4)], lambda b: torch.randn(b, 8), loss
+
+def sample_raises():
+    return [nn.Linear(8, 4)], lambda b: 1 / 0, loss
+
+def two_outputs():
+    class Two(nn.Module):
+        def forward(self, x):
+            return x, x
+    return [Two(), nn.Linear(8, 4)], sample, loss
+
+def vector_loss():
+    return [nn.Linear(8, 4)], sample, lambda out, t: out.sum(1)
+'''
+
+
+@pytest.mark.parametrize(("target", "words"), [
+    # a factory with another signature: TypeError traceback
+    ("json:loads", "error: --module: the factory json:loads raised TypeError: loads() missing 1 required "
+                   "positional argument: 's'"),
+    ("os:getcwd", "error: --module: the factory os:getcwd returned a str; it must return (layers, sample, loss)"),
+    ("F:not_layers", "returned layers that are an int; give a non-empty list of torch.nn.Module"),
+    ("F:not_modules", "error: --module: the factory F:not_modules returned layers: give a non-empty list"),
+    # two layers that do not chain: torch's RuntimeError from inside the timing loop
+    ("F:mismatched", "error: --module F:mismatched: layer.1 (Linear) failed on layer.0's output of shape (2, 8): "
+                     "RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ("F:bad_sample", "error: --module F:bad_sample: sample(2) returned a Tensor; it must return (inputs, targets)"),
+    ("F:sample_raises", "error: --module F:sample_raises: sample(2) raised ZeroDivisionError: division by zero"),
+    ("F:two_outputs", "layer.0 (Two) returned a tuple of 2; a layer returns one tensor"),
+    ("F:vector_loss", "loss returned a tensor of shape (2,) for a micro-batch of 2; it must return a scalar"),
+    ("B:build", "error: --module: loading B raised ZeroDivisionError: division by zero"),
+])
+def test_profile_module_factory_errors_are_one_line(target: str, words: str, tmp_path: Path) -> None:
+    factories, broken = tmp_path / "factories.py", tmp_path / "broken.py"
+    factories.write_text(FACTORIES)
+    broken.write_text("x = 1 / 0\n")
+    target = target.replace("F:", f"{factories}:").replace("B:", f"{broken}:")
+    out = _refused(["profile", "--module", target, "--micro-batches", "1", "--out", str(tmp_path / "p.json")])
+    words = words.replace("F:", f"{factories}:").replace("loading B", f"loading {broken}")
+    assert out.strip().startswith(words) or (not words.startswith("error:") and words in out), out
+    assert len(out.strip().splitlines()) == 1, out
+    assert not (tmp_path / "p.json").exists()
