@@ -390,15 +390,18 @@ def register(app: typer.Typer) -> None:
             fail(f"{', '.join(ignored)}: not with --{'preset' if preset is not None else 'hf-config'}, whose shape "
                  f"is its own" + ("" if preset is not None else " (--seq may change its sequence)"))
         if hf_config is not None:
-            from profiler.hf_config import HFConfigError, read_hf_config, read_hf_json, trains_with_dropout
+            from profiler.hf_config import HFConfigError, SeqError, read_hf_config, read_hf_json, trains_with_dropout
 
             if preset is not None:
                 fail("give --preset or --hf-config, not both")
             try:
-                spec = read_hf_config(hf_config, seq=seq, name=name)
+                spec = read_hf_config(hf_config, seq=seq, name=name,
+                                      warn=lambda w: typer.echo(f"warning: --{w}", err=True))
                 dropout = trains_with_dropout(read_hf_json(hf_config))
             except HFConfigError as e:
                 fail(f"--hf-config {hf_config}: {e}")
+            except SeqError as e:  # "seq: ...": the option's (GPT-2's learned positions end at n_positions)
+                fail(f"--{e}")
         elif preset is not None:
             if preset not in PRESETS:
                 fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")

@@ -180,13 +180,15 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
         torch.set_num_threads(threads)
     try:
         if hf_config is not None:
-            from profiler.hf_config import HFConfigError
+            from profiler.hf_config import HFConfigError, SeqError
             from profiler.hf_model import read_hf_layer_model
 
             try:
-                lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers)
+                lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers, warn=_warn_option)
             except HFConfigError as err:
                 raise _bad(f"--hf-config {hf_config}: {err}") from None
+            except SeqError as err:  # "seq: ...": the option's
+                raise _bad(f"--{err}") from None
             env = {"hf_config": str(hf_config), "model_spec": spec.model_dump_json(),
                    "measured_decoder_layers": str(min(hf_layers, spec.layers))}
             notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "
@@ -226,6 +228,11 @@ def _out_of_memory(err: RuntimeError, sizes: str) -> BaseException:
     tried = text[text.find("you tried to allocate"):].split(".")[0] if "you tried to allocate" in text else ""
     return _bad(f"out of memory timing a layer at {sizes}{f' ({tried})' if tried else ''}: give a smaller "
                 "--seq or smaller --micro-batches")
+
+
+def _warn_option(sentence: str) -> None:
+    """A library's warning about an option's value (``seq 1000000 is beyond ...``), as the option: one line."""
+    typer.echo(f"warning: --{sentence}", err=True)
 
 
 def _finish(prof: ModelProfile, out: Path, upload: str | None) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,34 @@ class HFConfigError(ValueError):
         self.message = message
 
 
+class SeqError(ValueError):
+    """The sequence asked for (``seq``: the caller's, not a field of the file) is longer than the model's positions
+    reach: GPT-2's learned position table has ``n_positions`` rows (a longer sequence grew the table of a model
+    that cannot run it). Worded ``seq: ...``; the CLI names its option (``--seq``), the API its field."""
+
+
+Warn = Callable[[str], None]
+"""Called with one sentence about an input that is taken but doubtful (``seq: ...``)."""
+
+
+def check_seq(cfg: Any, seq: int | None, learned: bool, warn: Warn | None = None) -> str | None:
+    """``seq`` against the longest sequence the configuration's positions were trained for (``n_positions``,
+    ``max_position_embeddings``): beyond a learned position table a :class:`SeqError`; beyond rotary positions'
+    trained length the sentence to warn with (the model extrapolates; the cost is computed the same), also passed
+    to ``warn``; else None."""
+    trained = getattr(cfg, "max_position_embeddings", None)
+    if seq is None or not isinstance(trained, int) or seq <= trained:
+        return None
+    if learned:
+        raise SeqError(f"seq: {seq} is beyond the model's learned positions: its n_positions is {trained} (a "
+                       f"position table of {trained} rows); give a sequence of at most {trained}")
+    sentence = (f"seq {seq} is beyond max_position_embeddings ({trained}): the model was not trained for so long a "
+                "sequence (its rotary positions extrapolate); taken as given")
+    if warn is not None:
+        warn(sentence)
+    return sentence
+
+
 def _activation(name: str | None, field: str) -> str:
     name = (name or "").lower()
     if name in ("silu", "swish"):
@@ -107,13 +136,18 @@ def _partial_rotary(cfg: Any) -> float:
     return _rope_field(cfg, "partial_rotary_factor", 1.0)
 
 
-def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "") -> ModelSpec:
-    """A ``transformers.PretrainedConfig`` as a :class:`ModelSpec` (``seq`` overrides the context length)."""
+def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "",
+                    warn: Warn | None = None) -> ModelSpec:
+    """A ``transformers.PretrainedConfig`` as a :class:`ModelSpec` (``seq`` overrides the context length; beyond
+    the positions' trained length: :func:`check_seq`, its warning in ``source`` too)."""
     model_type = getattr(cfg, "model_type", "")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
     fields_of = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
     notes = [source] if source else []
+    beyond = check_seq(cfg, seq, learned=model_type in GPT2_TYPES, warn=warn)
+    if beyond:
+        notes.append(beyond)
     common: dict[str, Any] = dict(
         name=name, architecture="decoder", layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
         heads=cfg.num_attention_heads, vocab=cfg.vocab_size, seq=seq or cfg.max_position_embeddings,
@@ -191,8 +225,9 @@ def default_name(data: dict[str, Any], params: int) -> str:
 
 
 def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | None = None,
-                      source: str = "") -> ModelSpec:
-    """The parsed JSON of a config.json as a :class:`ModelSpec` (through ``transformers.AutoConfig``)."""
+                      source: str = "", warn: Warn | None = None) -> ModelSpec:
+    """The parsed JSON of a config.json as a :class:`ModelSpec` (through ``transformers.AutoConfig``); a ``seq``
+    beyond the model's positions: :func:`check_seq` (a :class:`SeqError`, or a sentence to ``warn``)."""
     if not isinstance(data, dict):
         raise HFConfigError("config", "expected a JSON object (the contents of config.json)")
     model_type = data.get("model_type")
@@ -228,7 +263,7 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         reason = re.search(r"(?:ValueError|TypeError): (.+)$", text)
         raise HFConfigError(str(getattr(e, "field", None) or "config"),
                             f"transformers cannot read it: {reason.group(1) if reason else text}") from None
-    return parse_hf_config(cfg, name, seq, source)
+    return parse_hf_config(cfg, name, seq, source, warn)
 
 
 DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout")
@@ -262,7 +297,8 @@ def read_hf_json(path: str | Path) -> dict[str, Any]:
         raise HFConfigError("config", f"{p} is nested too deep to be a config.json") from None
 
 
-def read_hf_config(path: str | Path, seq: int | None = None, name: str | None = None) -> ModelSpec:
+def read_hf_config(path: str | Path, seq: int | None = None, name: str | None = None,
+                   warn: Warn | None = None) -> ModelSpec:
     """Read a local ``config.json`` (or a directory holding one); the name defaults to the directory's name
     (``examples/models/llama-3.1-8b/config.json`` -> ``llama-3.1-8b``) or the file's stem."""
     p = Path(path)
@@ -270,4 +306,4 @@ def read_hf_config(path: str | Path, seq: int | None = None, name: str | None = 
         p = p / "config.json"
     data = read_hf_json(p)
     default = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
-    return spec_from_hf_dict(data, name or default, seq, source=f"Hugging Face config {p}")
+    return spec_from_hf_dict(data, name or default, seq, source=f"Hugging Face config {p}", warn=warn)

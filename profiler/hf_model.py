@@ -22,7 +22,7 @@ from torch import nn
 
 from planner.model import ModelSpec
 from planner.profile import TransformerShape
-from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, spec_from_hf_dict
+from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, Warn, spec_from_hf_dict
 from profiler.layer_model import LayerModel
 
 MAX_DEFAULT_SEQ = 8192
@@ -122,11 +122,12 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
 
 
 def read_hf_layer_model(path: str | Path, seq: int | None = None, measure_layers: int = 1,
-                        name: str | None = None) -> tuple[LayerModel, ModelSpec]:
-    """:func:`hf_layer_model` of a local ``config.json`` (or a directory holding one)."""
+                        name: str | None = None, warn: Warn | None = None) -> tuple[LayerModel, ModelSpec]:
+    """:func:`hf_layer_model` of a local ``config.json`` (or a directory holding one); ``warn``: as
+    :func:`profiler.hf_config.read_hf_config`'s (a ``seq`` beyond rotary positions' trained length)."""
     from profiler.hf_config import read_hf_config
 
     p = Path(path)
     p = p / "config.json" if p.is_dir() else p
-    spec = read_hf_config(p, seq=seq, name=name)  # checks the file, names the field on errors
+    spec = read_hf_config(p, seq=seq, name=name, warn=warn)  # checks the file, names the field on errors
     return hf_layer_model(json.loads(p.read_text()), spec.name, seq, measure_layers)

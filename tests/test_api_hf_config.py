@@ -69,6 +69,9 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         ({"config": good, "device": "a100", "attention": "flash", "attention_impl": "flash3"},
          "attention_impl: A100-SXM4-80GB has no figures for flash3"),
         ({"config": good, "device": "h100", "sequence_parallel": "sometimes"}, "sequence_parallel"),
+        # GPT-2's learned positions end at n_positions (1024): the table grew to 4096 rows, silently (201)
+        ({"config": _config("gpt2"), "device": "h100", "seq": 4096},
+         "seq: 4096 is beyond the model's learned positions: its n_positions is 1024"),
         # transformers refusing the file: its reason, once prefixed (was "config.config: ... Class validation
         # error for validator 'validate_architecture': ValueError: ...")
         ({"config": {**good, "num_attention_heads": 7}, "device": "h100"}, "config: transformers cannot read it: "),

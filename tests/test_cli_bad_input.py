@@ -117,6 +117,9 @@ def test_run_refuses_more_processes_than_the_host_memory_holds(monkeypatch: pyte
      "--layers must be a positive integer, got -4"),
     # options a preset or a config overrides were silently ignored
     (["--preset", "gpt-tiny", "--seq", "64"], "--seq: not with --preset"),
+    # GPT-2's learned positions end at 1024: the table grew to 4096 rows, silently
+    (["--hf-config", "examples/models/gpt2", "--seq", "4096"],
+     "error: --seq: 4096 is beyond the model's learned positions: its n_positions is 1024"),
     (["--hf-config", "examples/models/gpt2/config.json", "--layers", "3"], "--layers: not with --hf-config"),
     # a pydantic error of several lines with its documentation link
     (["--layers", "4", "--hidden", "100", "--heads", "3", "--seq", "16", "--vocab", "100"],
@@ -286,6 +289,8 @@ def test_profile_device_option_is_checked_first(command: list[str], device: str,
     (["--model", "gpt-tiny", "--seq", "99999999"], "error: --seq: Input should be less than or equal to 16777216"),
     # taken as no --seq: the config's own 1024, silently
     (["--hf-config", "examples/models/gpt2", "--seq", "0"], "error: --seq must be a positive integer, got 0"),
+    (["--hf-config", "examples/models/gpt2", "--seq", "1025"],
+     "error: --seq: 1025 is beyond the model's learned positions: its n_positions is 1024"),
     # silently ignored: the factory's sample makes the sequence
     (["--module", "examples/custom_model.py:build", "--seq", "8"], "error: --seq: not with --module"),
     # ignored: a profile without tensor_times, or of the layers it measures anyway
@@ -419,3 +424,21 @@ def test_profile_module_factory_errors_are_one_line(target: str, words: str, tmp
     assert out.strip().startswith(words) or (not words.startswith("error:") and words in out), out
     assert len(out.strip().splitlines()) == 1, out
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_seq_beyond_rotary_positions_warns_and_proceeds(tmp_path: Path) -> None:
+    """Llama 3.1 at --seq 1000000 (its max_position_embeddings 131072) was taken without a word: now one warning
+    line, and the profile as asked (rotary positions reach that far, untrained)."""
+    root = Path(__file__).resolve().parent.parent
+    r = runner.invoke(app, ["profile-analytic", "--hf-config", str(root / "examples/models/llama-3.1-8b"), "--seq",
+                            "1000000", "--out", str(tmp_path / "a.json")])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip() == ("warning: --seq 1000000 is beyond max_position_embeddings (131072): the model was "
+                                "not trained for so long a sequence (its rotary positions extrapolate); taken as "
+                                "given"), r.stderr
+    assert "sequence 1000000" in r.stdout
+    r = runner.invoke(app, ["profile", "--hf-config", str(root / "tests/fixtures/tiny-llama"), "--seq", "32",
+                            "--micro-batches", "1", "--repeats", "1", "--warmup", "0",
+                            "--out", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    assert "warning: --seq 32 is beyond max_position_embeddings (16)" in r.stderr.splitlines()[0], r.stderr

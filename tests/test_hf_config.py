@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.hf_config import HFConfigError, read_hf_config, spec_from_hf_dict
+from profiler.hf_config import HFConfigError, SeqError, read_hf_config, spec_from_hf_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "models"
@@ -121,6 +121,23 @@ def test_tiny_llama_and_files(tmp_path: Path) -> None:
         read_hf_config(bad)
     with pytest.raises(HFConfigError, match="cannot read"):
         read_hf_config(tmp_path / "missing.json")
+
+
+def test_a_seq_beyond_the_positions() -> None:
+    """GPT-2's learned positions end at n_positions: a longer seq grew the position table (4096 on GPT-2's 1024,
+    silently); it is refused, as the caller's seq, not a field of the file. Rotary positions reach further than
+    max_position_embeddings but untrained: a warning, the spec as asked."""
+    fixtures = ROOT / "tests" / "fixtures"
+    assert read_hf_config(fixtures / "tiny-gpt2", seq=16).seq == 16
+    with pytest.raises(SeqError, match=r"^seq: 17 is beyond the model's learned positions: its n_positions is 16"):
+        read_hf_config(fixtures / "tiny-gpt2", seq=17)
+    assert not isinstance(SeqError("x"), HFConfigError)  # (the API words HFConfigError as config.<field>)
+    warned: list[str] = []
+    assert read_hf_config(fixtures / "tiny-llama", seq=16, warn=warned.append).seq == 16 and warned == []
+    spec = read_hf_config(fixtures / "tiny-llama", seq=64, warn=warned.append)
+    assert spec.seq == 64 and len(warned) == 1 and warned[0].startswith(
+        "seq 64 is beyond max_position_embeddings (16): the model was not trained for so long a sequence")
+    assert warned[0] in spec.source
 
 
 def test_llama_8b_flops_match_6n_plus_attention() -> None:
