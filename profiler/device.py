@@ -189,8 +189,11 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
                            repeats=max(reps, 21)).median
         overhead_source = "median add of one-element tensors"
 
-    label = name or device_name(dev)
-    shipped = find_device(label)
+    # the CPU is "cpu", as clusters and `pipeplan profile` name it (platform.processor()'s "x86_64" is an
+    # architecture: a profile made on that description warned "timed on 'x86_64'" against every CPU cluster); no
+    # shipped description is taken by that generic name (planner/devices/cpu.json's peak is one VM's, not every CPU's)
+    label = name or (device_name(dev) if cuda else "cpu")
+    shipped = find_device(label) if cuda or name else None
     best = max(p.flops / p.seconds for p in points)
     if shipped is not None:
         try:
@@ -203,7 +206,8 @@ def profile_device(device: str = "cpu", dtype: str | None = None, model: str | N
     curve = efficiency_curve([(p.flops / 1e9, p.flops / (p.seconds * peak)) for p in points])
     mem_curve = efficiency_curve([(nb / 1e6, min(rate / bandwidth, 1.0)) for nb, rate in mem_rates])
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    where = (f"pipeplan profile-device on {platform.node()} ({label}), torch {torch.__version__}, "
+    where = (f"pipeplan profile-device on {platform.node()} ({label}{'' if cuda else ', ' + device_name(dev)}), "
+             f"torch {torch.__version__}, "
              f"{torch.get_num_threads()} thread(s), {when}")
     return DeviceSpec(
         name=label, aliases=[] if shipped is None else [shipped.name], kind="gpu" if cuda else "cpu",

@@ -101,3 +101,27 @@ def test_an_analytical_profile_on_an_unknown_device_says_whose_curves_it_used() 
     notes = analytic_profile(PRESETS["gpt-tiny"], generic_device("TPU-v9", 1e15, 2e12, 80 * 2**30)).notes
     assert "generic description of 'TPU-v9'" in notes and "curves are the A100's" in notes
     assert "generic" not in analytic_profile(PRESETS["gpt-tiny"], get_device("A100-SXM4-80GB")).notes
+
+
+def test_the_cpu_is_named_as_clusters_name_it(tmp_path: Path) -> None:
+    """profile-device named this CPU platform.processor()'s 'x86_64' where `pipeplan profile` and the clusters say
+    'cpu': an analytical profile on its description planned on examples/clusters/local-cpu-4.json warned "timed on
+    'x86_64' but cluster 'local-cpu-4' has 'cpu' devices". Its peak stays the one measured here (the shipped
+    cpu.json is one VM's, not found by the generic name)."""
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    runner, dev_json, prof = CliRunner(), tmp_path / "dev.json", tmp_path / "a.json"
+    r = runner.invoke(app, ["profile-device", "--quick", "--device", "cpu", "--threads", "1", "--repeats", "1",
+                            "--out", str(dev_json)])
+    assert r.exit_code == 0, r.output
+    dev = load_device(dev_json)
+    assert dev.name == "cpu" and dev.aliases == [] and "measured here" in dev.sources["peak_flops"]
+    r = runner.invoke(app, ["profile-analytic", "--preset", "gpt-tiny", "--device", str(dev_json), "--dtype", "fp32",
+                            "--out", str(prof)])
+    assert r.exit_code == 0, r.output
+    cluster = Path(__file__).resolve().parent.parent / "examples" / "clusters" / "local-cpu-4.json"
+    r = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8"])
+    assert r.exit_code == 0, r.output
+    assert "timed on" not in r.stderr, r.stderr
