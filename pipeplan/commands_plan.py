@@ -398,10 +398,10 @@ def register(app: typer.Typer) -> None:
                 spec = read_hf_config(hf_config, seq=seq, name=name,
                                       warn=lambda w: typer.echo(f"warning: --{w}", err=True))
                 dropout = trains_with_dropout(read_hf_json(hf_config))
-            except HFConfigError as e:
-                fail(f"--hf-config {hf_config}: {e}")
             except SeqError as e:  # "seq: ...": the option's (GPT-2's learned positions end at n_positions)
                 fail(f"--{e}")
+            except HFConfigError as e:
+                fail(f"--hf-config {hf_config}: {e}")
         elif preset is not None:
             if preset not in PRESETS:
                 fail(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")

@@ -185,10 +185,10 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
 
             try:
                 lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers, warn=_warn_option)
-            except HFConfigError as err:
-                raise _bad(f"--hf-config {hf_config}: {err}") from None
             except SeqError as err:  # "seq: ...": the option's
                 raise _bad(f"--{err}") from None
+            except HFConfigError as err:
+                raise _bad(f"--hf-config {hf_config}: {err}") from None
             env = {"hf_config": str(hf_config), "model_spec": spec.model_dump_json(),
                    "measured_decoder_layers": str(min(hf_layers, spec.layers))}
             notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "

@@ -74,14 +74,19 @@ class HFConfigError(ValueError):
         self.message = message
 
 
-class SeqError(ValueError):
+class SeqError(HFConfigError):
     """The sequence asked for (``seq``: the caller's, not a field of the file) is longer than the model's positions
     reach: GPT-2's learned position table has ``n_positions`` rows (a longer sequence grew the table of a model
-    that cannot run it). Worded ``seq: ...``; the CLI names its option (``--seq``), the API its field."""
+    that cannot run it). Worded ``seq: ...``; the CLI names its option (``--seq``), the API its field (caught
+    before HFConfigError, which they word as the file's); a caller catching only HFConfigError still gets one
+    line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("seq", message)
 
 
 Warn = Callable[[str], None]
-"""Called with one sentence about an input that is taken but doubtful (``seq: ...``)."""
+"""Called with one sentence about an input that is taken but doubtful (``seq 1000000 is beyond ...``)."""
 
 
 def check_seq(cfg: Any, seq: int | None, learned: bool, warn: Warn | None = None) -> str | None:
@@ -93,7 +98,7 @@ def check_seq(cfg: Any, seq: int | None, learned: bool, warn: Warn | None = None
     if seq is None or not isinstance(trained, int) or seq <= trained:
         return None
     if learned:
-        raise SeqError(f"seq: {seq} is beyond the model's learned positions: its n_positions is {trained} (a "
+        raise SeqError(f"{seq} is beyond the model's learned positions: its n_positions is {trained} (a "
                        f"position table of {trained} rows); give a sequence of at most {trained}")
     sentence = (f"seq {seq} is beyond max_position_embeddings ({trained}): the model was not trained for so long a "
                 "sequence (its rotary positions extrapolate); taken as given")

@@ -106,7 +106,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     from planner.analytic import analytic_profile
     from planner.device import device_for_cluster, shipped_device, shipped_devices
     from planner.operators import OperatorOptions
-    from profiler.hf_config import HFConfigError, default_name, spec_from_hf_dict, trains_with_dropout
+    from profiler.hf_config import HFConfigError, SeqError, default_name, spec_from_hf_dict, trains_with_dropout
 
     if (body.cluster_id is None) == (body.device is None):
         raise crud.InputError("cluster_id, device: give exactly one")
@@ -132,6 +132,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
                                    dp_allreduce=body.dp_allreduce, p2p_scatter_gather=body.p2p_scatter_gather)
+    except SeqError as e:  # the body's seq, not a field of the file
+        raise crud.InputError(str(e)) from None
     except HFConfigError as e:
         # a field of the file as config.<field>; the file as a whole (transformers refusing it) as config
         raise crud.InputError(f"{'config' if e.field == 'config' else 'config.' + e.field}: {e.message}") from None
