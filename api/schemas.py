@@ -31,17 +31,18 @@ from planner.profile import LayerProfile, ModelProfile
 from planner.request import TrainingRequest
 
 MAX_ID = 2**31 - 1
-Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+#: a stored row's id in a body: a JSON integer (not true, not 1.0, not "1": lax parsing read true as row 1)
+Id = Annotated[StrictInt, Field(ge=1, le=MAX_ID)]
 
 
-def _plain_text(v: str) -> str:
+def plain_text(v: str) -> str:
     bad = sorted({f"U+{ord(c):04X}" for c in v if ord(c) < 32 or ord(c) == 127})
     if bad:
         raise ValueError(f"must not contain control characters (NUL, newline, tab...): found {', '.join(bad[:5])}")
     return v
 
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_plain_text)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(plain_text)]
 
 # ---- what one plan may ask for (issue 14: one request must not take the host down): planner.limits, the bounds
 # the command line's files hold to as well; the profile and cluster models carry them (planner.profile, .cluster)
@@ -78,7 +79,7 @@ class LayerUpload(LayerProfile):
     """:class:`planner.profile.LayerProfile` with its names bounded (its numbers are: :mod:`planner.limits`)."""
 
     name: Name
-    kind: Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_plain_text)]
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(plain_text)]
 
 
 class ProfileUpload(ModelProfile):
@@ -87,7 +88,7 @@ class ProfileUpload(ModelProfile):
 
     name: Name
     device: Name
-    dtype: Annotated[str, StringConstraints(min_length=1, max_length=32), AfterValidator(_plain_text)]
+    dtype: Annotated[str, StringConstraints(min_length=1, max_length=32), AfterValidator(plain_text)]
     layers: list[LayerUpload] = Field(min_length=1, max_length=MAX_LAYERS,
                                       description=f"the model's layers in execution order (1..{MAX_LAYERS})")
     environment: dict[str, Annotated[str, StringConstraints(max_length=2000)]] = Field(default_factory=dict,
@@ -162,9 +163,10 @@ class PlanCreate(TrainingRequest):
                                                                                              max_length=64)
     schedules: list[Annotated[str, StringConstraints(max_length=40)]] | None = Field(default=None,
                                                                                      max_length=16)
-    bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False)
+    # strict floats: a JSON number (an integer is one), not "16" nor true
+    bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False, strict=True)
     optimizer_bytes_per_param: float | None = Field(
-        default=None, ge=0, le=1e6, allow_inf_nan=False,
+        default=None, ge=0, le=1e6, allow_inf_nan=False, strict=True,
         description="of bytes_per_param, the optimizer's state (default: Adam's 12, at most bytes_per_param)")
     shard_optimizer: StrictBool = Field(default=False, description="the optimizer state split over the W "
                                                                    "data-parallel replicas (ZeRO-1, Megatron's "
@@ -172,8 +174,8 @@ class PlanCreate(TrainingRequest):
     shard_parameters: StrictBool = Field(default=False, description="the weights and gradients split over the W "
                                                                     "replicas too (ZeRO-3, FSDP as torchtitan "
                                                                     "runs it)")
-    tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
-    memory_reserve_bytes: float | None = Field(default=None, ge=0, le=2**60, allow_inf_nan=False,
+    tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False, strict=True)
+    memory_reserve_bytes: float | None = Field(default=None, ge=0, le=2**60, allow_inf_nan=False, strict=True,
                                                description="bytes per device (default: by the cluster's device "
                                                            "kind, planner.reserve)")
     top: StrictInt = Field(default=10, gt=0, le=MAX_TOP, description="candidates to keep")
@@ -185,6 +187,13 @@ class PlanCreate(TrainingRequest):
     def _some_schedule(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and not v:  # an empty list would silently mean "all of them"
             raise ValueError("choose at least one schedule (leave the field out to allow all of them)")
+        return v
+
+    @field_validator("micro_batches")
+    @classmethod
+    def _some_size(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and not v:  # as schedules: [] would silently mean every size
+            raise ValueError("choose at least one micro-batch size (leave the field out to try all of them)")
         return v
 
     def training_request(self) -> TrainingRequest:
@@ -227,14 +236,15 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plan_id: Id
-    candidate_index: int = Field(default=0, ge=0, le=1000)
+    # strict: JSON integers and booleans (lax parsing read "candidate_index": true as candidate 1)
+    candidate_index: StrictInt = Field(default=0, ge=0, le=1000)
     model: Name | None = Field(default=None, description="model the executor builds: a preset of planner.model "
                                                          "(e.g. gpt-tiny); a real-compute job needs it, an emulated "
                                                          "one builds none (its messages are sized by the profile)")
-    iterations: int = Field(default=10, ge=1, le=MAX_ITERATIONS)
-    emulate: bool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
-    max_attempts: int | None = Field(default=None, ge=1, le=100, description="claims before giving up")
-    gpus_per_node: int | None = Field(default=None, ge=1, le=4096,
+    iterations: StrictInt = Field(default=10, ge=1, le=MAX_ITERATIONS)
+    emulate: StrictBool = Field(default=False, description="run with the plan's profile emulated (--emulate)")
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=100, description="claims before giving up")
+    gpus_per_node: StrictInt | None = Field(default=None, ge=1, le=4096,
                                       description="processes per node G: the job takes ceil(t*D*W / G) node slots "
                                                   "(default: the plan's cluster's gpus_per_node; an emulated job: "
                                                   "one node)")
@@ -303,7 +313,7 @@ class WorkerRegister(BaseModel):
 
     name: Name
     node: Name
-    gpus: int = Field(default=0, ge=0, le=4096, description="GPUs of the node (a CPU agent: the gloo processes "
+    gpus: StrictInt = Field(default=0, ge=0, le=4096, description="GPUs of the node (a CPU agent: the gloo processes "
                                                              "it runs); 0: undeclared, single-node jobs only")
     device_type: Name = Field(default="cpu", description="the planner's device name, as a cluster JSON's "
                                                          "'device' (e.g. A100-SXM4-80GB); 'cpu' (or a name "
@@ -318,7 +328,7 @@ class WorkerDeclared(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpus: int | None = Field(default=None, ge=0, le=4096)
+    gpus: StrictInt | None = Field(default=None, ge=0, le=4096)
     device_type: Name | None = None
     host: Name | None = None
 
@@ -326,11 +336,11 @@ class WorkerDeclared(BaseModel):
 class ClaimIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rdzv_port: int | None = Field(default=None, ge=1, le=65535,
+    rdzv_port: StrictInt | None = Field(default=None, ge=1, le=65535,
                                   description="a free port on this agent's host: with it the agent also takes "
                                               "node slots of multi-node jobs (node rank 0 hosts the rendezvous "
                                               "there)")
-    whole: bool = Field(default=False, description="this agent places multi-node jobs on nodes itself (a Slurm "
+    whole: StrictBool = Field(default=False, description="this agent places multi-node jobs on nodes itself (a Slurm "
                                                    "launcher): it is offered jobs of its device of any size, "
                                                    "whole, instead of node slots")
 
@@ -412,7 +422,7 @@ class ResultIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # strict: a number is a JSON number (not true, not "1"), as in PlanCreate
-    worker_id: Id | None = Field(default=None, strict=True, description="optional: must be the credential's worker")
+    worker_id: Id | None = Field(default=None, description="optional: must be the credential's worker")
     iteration_time: float = Field(gt=0, allow_inf_nan=False, strict=True, description="measured seconds per iteration")
     bubble_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False, strict=True)
     devices: list[DeviceFigures] = Field(default_factory=list, max_length=65536)

@@ -81,8 +81,8 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
         assert r.status_code == 422, (body, r.text)
         assert r.json()["detail"].startswith(field), r.json()["detail"]
         assert "Error:" not in r.json()["detail"] and "validator" not in r.json()["detail"], r.json()["detail"]
-    assert client.post("/profiles/hf-config", json={"config": good, "cluster_id": 999}, headers=AUTH).status_code \
-        == 404
+    r = client.post("/profiles/hf-config", json={"config": good, "cluster_id": 999}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"] == "cluster_id: cluster 999 not found", r.text  # as /plans
     assert client.post("/profiles/hf-config", json={"config": good, "device": "h100"}).status_code == 401
     assert client.get("/profiles", headers=AUTH).json() == []  # nothing stored by the failures
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from api import crud
 from api.deps import DB, Admin, Read
 from api.errors import stored
 from api.jsonbody import UniqueKeysRoute
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
-from api.schemas import MAX_ID, Message, ProfileDetail, ProfileOut, ProfileUpload
+from api.schemas import MAX_ID, Message, Name, ProfileDetail, ProfileOut, ProfileUpload, plain_text
 from planner.cluster import Cluster
 from planner.device import ATTENTION_IMPLS, DeviceSpec
 
@@ -24,14 +24,16 @@ class HFConfigUpload(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # counts are JSON integers and switches JSON booleans (not "4096", not "yes"), as in POST /plans; the name is
+    # held to POST /profiles' rule (schemas.Name)
     config: dict[str, Any] = Field(
         description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2)")
-    cluster_id: int | None = Field(default=None, ge=1, le=MAX_ID,
+    cluster_id: StrictInt | None = Field(default=None, ge=1, le=MAX_ID,
                                     description="profile for this stored cluster's device")
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")
-    seq: int | None = Field(default=None, ge=1, le=1_048_576, description="sequence trained with "
+    seq: StrictInt | None = Field(default=None, ge=1, le=1_048_576, description="sequence trained with "
                                                                           "(default: max_position_embeddings)")
-    name: str | None = Field(default=None, max_length=200,
+    name: Name | None = Field(default=None,
                              description="the profile's name; default: the config's _name_or_path, else its "
                                          "model_type and size (e.g. qwen3-8.2b)")
     dtype: str | None = Field(default=None, max_length=8,
@@ -46,7 +48,7 @@ class HFConfigUpload(BaseModel):
                                       "(FlashAttention-2), flash3 (FlashAttention-3, Hopper) or cudnn (cuDNN's "
                                       "fused attention, Transformer Engine's on Hopper); only with attention = "
                                       "flash")
-    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism (Korthikanti et "
+    sequence_parallel: StrictBool = Field(default=False, description="Megatron sequence parallelism (Korthikanti et "
                                                                "al. 2022) where tensor parallelism is used")
     recompute_granularity: Literal["none", "selective", "op"] = Field(
         default="none", description="selective: Megatron's --recompute-granularity selective (Korthikanti et al. "
@@ -68,7 +70,7 @@ class HFConfigUpload(BaseModel):
                                               "(pipeplan's executor) or overlapped with the last backward of a "
                                               "one-stage pipeline (PyTorch DDP; planner.analytic."
                                               "DP_ALLREDUCE_RUNTIMES)")
-    p2p_scatter_gather: bool = Field(
+    p2p_scatter_gather: StrictBool = Field(
         default=False, description="whether the runtime sends each pipeline boundary tensor by Megatron-LM's "
                                    "scatter/gather (2021-22): 1/t of it per tensor-parallel rank, then gathered; "
                                    "otherwise every rank sends it whole (pipeplan's executor, Megatron-Core), or "
@@ -99,7 +101,7 @@ def upload_profile(profile: ProfileUpload, db: DB, response: Response):  # noqa:
 
 @router.post("/hf-config", response_model=ProfileOut, status_code=201, dependencies=[Admin],
              responses={200: {"model": ProfileOut, "description": "the same profile was stored before"},
-                        404: {"model": Message}, 422: {"model": Message}})
+                        422: {"model": Message}})
 def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa: ANN201
     """Make and store the analytical profile of a Hugging Face model configuration on a cluster's (or a named)
     device. A config that cannot be read is a 422 naming its field (``config.<field>: ...``)."""
@@ -111,8 +113,12 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     if (body.cluster_id is None) == (body.device is None):
         raise crud.InputError("cluster_id, device: give exactly one")
     if body.cluster_id is not None:
-        dev = device_for_cluster(stored(Cluster, crud.get_cluster(db, body.cluster_id).body,
-                                        f"cluster_id: cluster {body.cluster_id}", "name a device instead"))
+        try:
+            row = crud.get_cluster(db, body.cluster_id)
+        except crud.NotFound as e:  # a body's reference, as POST /plans names it: 422 naming the field
+            raise crud.InputError(f"cluster_id: {e}") from None
+        dev = device_for_cluster(stored(Cluster, row.body, f"cluster_id: cluster {body.cluster_id}",
+                                        "name a device instead"))
     else:
         dev = shipped_device(body.device or "")
         if dev is None:
@@ -121,6 +127,11 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     if "attention_impl" in body.model_fields_set and body.attention != "flash":
         raise crud.InputError("attention_impl: only with attention = flash (the unfused core has no fused kernel)")
     name = body.name or str(body.config.get("_name_or_path") or "")
+    if body.name is None and name:  # the config's own name is stored as the profile's: POST /profiles' rule
+        try:
+            plain_text(name)
+        except ValueError as e:
+            raise crud.InputError(f"config._name_or_path: {e} (give a name)") from None
     try:
         spec = spec_from_hf_dict(body.config, name=name[:200] or "hf-model", seq=body.seq,
                                  source="uploaded Hugging Face config")

@@ -1,0 +1,94 @@
+"""A QA walkthrough's finds in what the API accepted: JSON of the wrong type silently coerced into what runs
+(``"candidate_index": true`` ran candidate 1, ``"plan_id": true`` read plan 1, ``"gpus": "4"`` registered 4 GPUs),
+an hf-config profile named with a newline or nothing, ``micro_batches: []`` read as every size, and an unknown
+``cluster_id`` of POST /profiles/hf-config answered 404 where POST /plans answers 422 naming the field. Each is now
+a 422 naming the field; ids and counts are JSON integers, switches JSON booleans, floats any JSON number."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from api_support import AUTH, WAUTH, seed_plan
+
+HF_CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 128}
+
+
+@pytest.fixture
+def seeded(client) -> tuple[Any, int, int, dict[str, Any]]:  # type: ignore[no-untyped-def]
+    pid, cid, plan = seed_plan(client)
+    return client, pid, cid, plan
+
+
+def _refused(client: Any, path: str, body: dict[str, Any], field: str, headers: dict[str, str] = AUTH) -> None:
+    r = client.post(path, json=body, headers=headers)
+    assert r.status_code == 422, (body, r.status_code, r.text)
+    assert r.json()["detail"].startswith(f"{field}: "), (body, r.json()["detail"])
+
+
+def test_job_ids_counts_and_switches_are_json_integers_and_booleans(seeded) -> None:  # type: ignore[no-untyped-def]
+    client, _, _, plan = seeded
+    base = {"plan_id": plan["id"], "candidate_index": 0, "emulate": True}
+    for field, value in (("candidate_index", True), ("candidate_index", "1"), ("candidate_index", 1.0),
+                         ("plan_id", True), ("plan_id", float(plan["id"])), ("plan_id", str(plan["id"])),
+                         ("emulate", "yes"), ("emulate", 1), ("iterations", "3"), ("iterations", 3.0),
+                         ("max_attempts", True), ("gpus_per_node", "4")):
+        _refused(client, "/jobs", {**base, field: value}, field)
+    assert client.get("/jobs", headers=AUTH).json() == []  # nothing made
+    r = client.post("/jobs", json={**base, "iterations": 3}, headers=AUTH)
+    assert r.status_code == 201 and r.json()["candidate_index"] == 0 and r.json()["iterations"] == 3, r.text
+
+
+def test_plan_ids_and_floats_are_json_numbers(seeded) -> None:  # type: ignore[no-untyped-def]
+    client, pid, cid, _ = seeded
+    base = {"profile_id": pid, "cluster_id": cid, "global_batch": 8}
+    for field, value in (("profile_id", True), ("profile_id", float(pid)), ("cluster_id", str(cid)),
+                         ("bytes_per_param", "16"), ("bytes_per_param", True), ("tensor_efficiency", "0.9"),
+                         ("optimizer_bytes_per_param", False), ("memory_reserve_bytes", "0")):
+        _refused(client, "/plans", {**base, field: value}, field)
+    r = client.post("/plans", json={**base, "bytes_per_param": 16}, headers=AUTH)  # a JSON integer is a number
+    assert r.status_code in (200, 201, 202), r.text
+
+
+def test_an_empty_micro_batches_list_is_refused_as_schedules_is(seeded) -> None:  # type: ignore[no-untyped-def]
+    client, pid, cid, _ = seeded
+    r = client.post("/plans", json={"profile_id": pid, "cluster_id": cid, "global_batch": 8, "micro_batches": []},
+                    headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == ("micro_batches: choose at least one micro-batch size (leave the field out to try "
+                                  "all of them)"), r.json()["detail"]
+
+
+def test_worker_gpus_are_json_integers(client) -> None:  # type: ignore[no-untyped-def]
+    body = {"name": "w", "node": "n"}
+    for field, value in (("gpus", "4"), ("gpus", True), ("gpus", 4.0)):
+        _refused(client, "/workers", {**body, field: value}, field, WAUTH)
+    r = client.post("/workers", json={**body, "gpus": 4}, headers=WAUTH)
+    assert r.status_code == 201 and r.json()["gpus"] == 4, r.text
+    mine = {"Authorization": f"Bearer {r.json()['token']}"}
+    _refused(client, f"/workers/{r.json()['id']}/heartbeat", {"gpus": "8"}, "gpus", mine)
+    _refused(client, f"/workers/{r.json()['id']}/claim", {"rdzv_port": "29500"}, "rdzv_port", mine)
+    _refused(client, f"/workers/{r.json()['id']}/claim", {"whole": "yes"}, "whole", mine)
+
+
+def test_hf_config_fields_are_typed_and_its_name_held_to_the_profiles_rule(client) -> None:  # type: ignore[no-untyped-def]
+    base = {"config": HF_CONFIG, "device": "h100"}
+    for field, value in (("seq", "4096"), ("seq", 4096.0), ("sequence_parallel", "yes"), ("sequence_parallel", 1),
+                         ("p2p_scatter_gather", "true"), ("cluster_id", True)):
+        _refused(client, "/profiles/hf-config", {**base, field: value}, field)
+    for name in ("a\nb", "tab\there", ""):
+        _refused(client, "/profiles/hf-config", {**base, "name": name}, "name")
+    r = client.post("/profiles/hf-config", json={**base, "name": "a\nb"}, headers=AUTH)
+    assert "must not contain control characters" in r.json()["detail"], r.text
+    _refused(client, "/profiles/hf-config", {**base, "config": {**HF_CONFIG, "_name_or_path": "x\ny"}},
+             "config._name_or_path")
+    assert client.get("/profiles", headers=AUTH).json() == []  # nothing stored by the refusals
+    r = client.post("/profiles/hf-config", json={**base, "seq": 128, "sequence_parallel": True, "name": "tiny"},
+                    headers=AUTH)
+    assert r.status_code == 201 and r.json()["name"] == "tiny", r.text
+
+
+def test_hf_config_of_an_unknown_cluster_names_the_field(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.post("/profiles/hf-config", json={"config": HF_CONFIG, "cluster_id": 99999}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"] == "cluster_id: cluster 99999 not found", r.text
