@@ -27,6 +27,9 @@ from api import gang
 from api.errors import Conflict
 from db.models import Job, Result, Worker, finite, utcnow
 
+#: the states a job does not leave
+FINISHED = ("succeeded", "failed", "cancelled")
+
 
 def record_event(job: Job, event: str, **kw: Any) -> None:
     job.history = [*(job.history or []), {"at": utcnow().isoformat(), "event": event, **kw}]
@@ -162,6 +165,9 @@ def _held(db: Session, job_id: int, worker_id: int) -> Job:
     if gang.runs_as_gang(db, job):
         raise Conflict(f"job {job_id} runs as a gang of {job.nodes} nodes: use its node slot's endpoints "
                        "(/jobs/{id}/slots/{rank}/...)")
+    if job.state in FINISHED and job.worker_id == worker_id:  # its own job, ended: no lease was lost
+        raise Conflict(f"job {job_id} is already {job.state} (run by worker {worker_id}): it no longer runs, so "
+                       "there is no lease to renew, give back or fail")
     if job.state != "running" or job.worker_id != worker_id:
         holder = f"worker {job.worker_id}" if job.worker_id else "no worker"
         raise Conflict(f"worker {worker_id} does not hold job {job_id} (it is {job.state}, held by {holder}): "

@@ -92,3 +92,20 @@ def test_hf_config_fields_are_typed_and_its_name_held_to_the_profiles_rule(clien
 def test_hf_config_of_an_unknown_cluster_names_the_field(client) -> None:  # type: ignore[no-untyped-def]
     r = client.post("/profiles/hf-config", json={"config": HF_CONFIG, "cluster_id": 99999}, headers=AUTH)
     assert r.status_code == 422 and r.json()["detail"] == "cluster_id: cluster 99999 not found", r.text
+
+
+def test_failing_a_finished_job_again_says_it_is_finished(seeded) -> None:  # type: ignore[no-untyped-def]
+    """A repeated POST /jobs/{id}/fail by the worker that ran a finished job said 'worker 7 does not hold job 19 (it
+    is succeeded, held by worker 7): the lease was lost'."""
+    client, _, _, plan = seeded
+    w = client.post("/workers", json={"name": "w", "node": "n", "device_type": "cpu"}, headers=WAUTH).json()
+    mine = {"Authorization": f"Bearer {w['token']}"}
+    job = client.post("/jobs", json={"plan_id": plan["id"], "emulate": True}, headers=AUTH).json()
+    assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 200
+    r = client.post(f"/jobs/{job['id']}/result", json={"iteration_time": 0.1}, headers=mine)
+    assert r.status_code == 201, r.text
+    for path in ("fail", "lease"):
+        r = client.post(f"/jobs/{job['id']}/{path}", json={"error": "x"} if path == "fail" else {}, headers=mine)
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"] == (f"job {job['id']} is already succeeded (run by worker {w['id']}): it no longer "
+                                      "runs, so there is no lease to renew, give back or fail"), r.text
