@@ -45,10 +45,12 @@ T = TypeVar("T")
 
 
 def stored_once(db: Session, add: Callable[[], tuple[T, bool]]) -> tuple[T, bool]:
-    """``add()`` -- :func:`add_profile` or :func:`add_cluster` of an upload: a look-up by content hash, then an
-    insert -- where identical uploads may arrive at once: one that committed between this request's look-up and
-    its insert fails the insert on the unique hash; the request's transaction (it holds nothing but that insert)
-    is rolled back and the look-up finds the stored row (200, as for an upload sent after it). Not for a
+    """``add()`` -- :func:`add_profile` or :func:`add_cluster` of an upload, :func:`create_plan` of a request: a
+    look-up by content (or request) hash, then an insert -- where identical uploads may arrive at once: one that
+    committed between this request's look-up and its insert fails the insert on the unique hash; the request's
+    transaction (it holds nothing but that insert) is rolled back and the look-up finds the stored row (200, as
+    for an upload sent after it). An insert that failed on a foreign key (the plan's profile or cluster deleted
+    meanwhile) is looked up again the same way, and the second look-up says what is missing (422). Not for a
     session with other work in it (the seeding): the rollback would drop that too."""
     try:
         return add()
@@ -99,6 +101,11 @@ def _delete_unused(db: Session, model: Any, what: str, used_by: Any, row_id: int
     if used:
         raise Conflict(f"{what} {row_id} is used by {used} plan(s); delete is refused to keep them valid")
     db.delete(row)
+    try:
+        db.flush()
+    except IntegrityError:  # a plan of it was stored between the count and the delete (its foreign key)
+        raise Conflict(f"{what} {row_id} is used by a plan stored meanwhile; delete is refused to keep it "
+                       "valid") from None
 
 
 def list_profiles(db: Session, name: str | None, device: str | None, limit: int, offset: int) -> list[Profile]:
@@ -151,7 +158,9 @@ def request_hash(profile_id: int, cluster_id: int, request: dict[str, Any]) -> s
 def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str, Any], *, max_gpus: int,
                 max_unfinished: int) -> tuple[PlanRequest, bool]:
     """A new queued plan request, or the stored one with the same inputs (not failed): (row, created).
-    :class:`Busy` when ``max_unfinished`` plans are already queued or running."""
+    :class:`Busy` when ``max_unfinished`` plans are already queued or running. Identical requests at once: the
+    unique index of live plans (db.models.PlanRequest) fails all inserts but one; run it in :func:`stored_once`,
+    which answers those with the stored row."""
     profile = db.get(Profile, profile_id)
     if profile is None:
         raise InputError(f"profile_id: profile {profile_id} not found")

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -106,6 +107,11 @@ class PlanRequest(Base):
     """One plan request: inputs, status (queued/running/done/failed), summary; candidates apart."""
 
     __tablename__ = "plan_requests"
+    #: one live plan per request: identical requests at once get the one row (api.crud.create_plan), a failed
+    #: plan leaves room for a new one; older duplicates stored before the index are marked (``duplicate_of``)
+    __table_args__ = (Index("uq_plan_requests_live_request", "request_hash", unique=True,
+                            sqlite_where=text("status != 'failed' AND duplicate_of IS NULL"),
+                            postgresql_where=text("status != 'failed' AND duplicate_of IS NULL")),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="RESTRICT"), index=True)
@@ -122,6 +128,10 @@ class PlanRequest(Base):
     #: the API process running the plan and until when it holds it (renewed while the planner runs)
     runner: Mapped[str | None] = mapped_column(String(100), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: set by migration 0006 on a plan stored twice for one request before the unique index existed (two
+    #: identical POST /plans at once): the id of the newer copy, the one a repeated request was answered with;
+    #: the row itself is kept as it was (jobs may refer to it)
+    duplicate_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     candidates: Mapped[list[CandidateRow]] = relationship(
         back_populates="plan", order_by="CandidateRow.rank", cascade="all, delete-orphan")

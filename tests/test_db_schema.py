@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from api_support import TINY_DEVICE, make_settings
-from sqlalchemy import inspect
+from sqlalchemy import func, inspect, select
 
 from api import crud, jobqueue, planqueue
 from db.migrate import SchemaBehind, check, current, head, upgrade
@@ -183,3 +183,122 @@ def test_calibration_jobs_column_is_filled_from_stored_bodies(raw_db_url: str) -
     finally:
         eng.dispose()
     assert got == {1: None, 2: 3, 3: 0}
+
+
+def _inputs(sessions) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    from api_support import tiny_cluster, tiny_profile
+
+    from planner.cluster import Cluster
+    from planner.profile import ModelProfile
+
+    with sessions.begin() as db:
+        p, _ = crud.add_profile(db, ModelProfile.model_validate(tiny_profile()))
+        c, _ = crud.add_cluster(db, Cluster.model_validate(tiny_cluster()), 1024)
+        return p.id, c.id
+
+
+def test_identical_plan_requests_at_once_make_one_plan(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 identical POST /plans at once made 4 plans (a QA walkthrough: 201 202 202 202; 2 of 8 trials): each looked
+    the request up, found none, inserted. Here every thread is held between its look-up and its insert until all
+    have looked up (the race, every time); the unique index of live plans lets one insert through and
+    crud.stored_once answers the others with that row."""
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        pid, cid = _inputs(sessions)
+        n = 4
+        gate = threading.Barrier(n, timeout=30)
+        held = threading.local()
+        real = planqueue.unfinished_count
+
+        def count_after_all_looked(db) -> int:  # type: ignore[no-untyped-def]
+            if not getattr(held, "done", False):  # called between the look-up and the insert
+                held.done = True
+                gate.wait()
+            return real(db)
+
+        monkeypatch.setattr(planqueue, "unfinished_count", count_after_all_looked)
+        got: list[tuple[int, bool]] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with sessions() as db:
+                    row, created = crud.stored_once(db, lambda: crud.create_plan(
+                        db, pid, cid, {"global_batch": 8}, max_gpus=1024, max_unfinished=64))
+                    db.commit()
+                    got.append((row.id, created))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        monkeypatch.undo()
+        assert len({i for i, _ in got}) == 1 and sorted(c for _, c in got) == [False] * (n - 1) + [True], got
+        with sessions() as db:
+            assert db.scalar(select(func.count()).select_from(PlanRequest)) == 1
+            # a failed plan leaves room for a new one (the index covers the plans not failed)
+            planqueue.fail_plan(db, got[0][0], "boom")
+            db.commit()
+            row, created = crud.create_plan(db, pid, cid, {"global_batch": 8}, max_gpus=1024, max_unfinished=64)
+            db.commit()
+            assert created and row.id != got[0][0]
+    finally:
+        eng.dispose()
+
+
+def test_migration_keeps_duplicate_plans_and_marks_the_older(raw_db_url: str) -> None:
+    """Plans stored twice before the unique index (the race above) are kept as they were; of a request's plans not
+    failed, the newest (what a repeated request was answered with) stays live, each older one names it in
+    duplicate_of; a failed one is left alone."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    upgrade(raw_db_url, "0005_cluster_calibration_jobs")
+    eng = make_engine(raw_db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        pid, cid = _inputs(sessions)
+        with eng.begin() as c:
+            for status, h in (("done", "h"), ("failed", "h"), ("done", "h"), ("queued", "h"), ("done", "k")):
+                c.execute(text("INSERT INTO plan_requests (profile_id, cluster_id, request, request_hash, status, "
+                               "attempts, created_at) VALUES (:p, :c, '{\"global_batch\": 8}', :h, :s, 1, "
+                               "CURRENT_TIMESTAMP)"), {"p": pid, "c": cid, "h": h, "s": status})
+        eng.dispose()
+        assert upgrade(raw_db_url) == head()
+        eng = make_engine(raw_db_url)
+        sessions = make_sessionmaker(eng)
+        with sessions() as db:
+            rows = {r.id: (r.status, r.request_hash, r.duplicate_of) for r in db.scalars(select(PlanRequest))}
+            assert rows == {1: ("done", "h", 4), 2: ("failed", "h", None), 3: ("done", "h", 4),
+                            4: ("queued", "h", None), 5: ("done", "k", None)}, rows
+            assert crud.get_plan(db, 1).request == {"global_batch": 8}  # still readable
+        with pytest.raises(IntegrityError):  # a second live plan of a request is refused now
+            with sessions.begin() as db:
+                db.add(PlanRequest(profile_id=pid, cluster_id=cid, request={}, request_hash="k", status="queued"))
+    finally:
+        eng.dispose()
+
+
+def test_a_delete_racing_a_plan_names_what_is_in_use(db_url: str) -> None:
+    """A profile delete racing a plan's insert answered 409 'conflicts with stored data: FOREIGN KEY constraint
+    failed'. The count of its plans misses one stored meanwhile (here: a count that never matches), and the foreign
+    key's refusal is now a Conflict naming the profile."""
+    from db.models import Profile
+
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        pid, cid = _inputs(sessions)
+        with sessions.begin() as db:
+            crud.create_plan(db, pid, cid, {"global_batch": 8}, max_gpus=1024, max_unfinished=64)
+        with sessions() as db:
+            with pytest.raises(crud.Conflict, match=f"^profile {pid} is used by a plan stored meanwhile; delete is "
+                                                    "refused to keep it valid$"):
+                crud._delete_unused(db, Profile, "profile", PlanRequest.attempts + 10**6, pid)
+    finally:
+        eng.dispose()

@@ -34,8 +34,9 @@ def create_plan(body: PlanCreate, db: DB, request: Request, response: Response, 
     except ValueError as e:
         raise crud.InputError(str(e)) from None
     cluster_id = calibration.newest_version(db, body.cluster_id)  # a calibrated version, when there is one
-    row, created = crud.create_plan(db, body.profile_id, cluster_id, treq.model_dump(mode="json"),
-                                    max_gpus=settings.max_plan_gpus, max_unfinished=settings.max_queued_plans)
+    row, created = crud.stored_once(db, lambda: crud.create_plan(
+        db, body.profile_id, cluster_id, treq.model_dump(mode="json"), max_gpus=settings.max_plan_gpus,
+        max_unfinished=settings.max_queued_plans))
     db.commit()
     if not created:
         response.status_code = 200
