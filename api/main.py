@@ -17,9 +17,11 @@ from html import escape
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.exc import DataError, IntegrityError, StatementError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import crud, jobqueue
 from api.bodylimit import BodyLimit
@@ -65,6 +67,14 @@ def app_logging() -> None:
         root.addHandler(handler)
 
 
+def not_found_page(path: str) -> HTMLResponse:
+    """The UI's page for an address that names no page (a bad id, or no such page)."""
+    return HTMLResponse(status_code=404, content=(
+        f"<!doctype html><title>pipeplan: not found</title><p>No page at <code>{escape(path)}</code>: a plan, job "
+        f"or cluster is named by its number (1, 2, ...).</p><p><a href=\"/\">New plan</a> · "
+        f"<a href=\"/ui/plans\">Plans</a> · <a href=\"/ui/jobs\">Jobs</a></p>"))
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     app_logging()
@@ -108,12 +118,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         errors = clean_errors(exc.errors())
         if request.url.path.startswith("/ui/"):  # a page's address with a bad id: a page, not the API's JSON
-            page = escape(request.url.path)
-            return HTMLResponse(status_code=404, content=(
-                f"<!doctype html><title>pipeplan: not found</title><p>No page at <code>{page}</code>: a plan, job "
-                f"or cluster is named by its number (1, 2, ...).</p><p><a href=\"/\">New plan</a> · "
-                f"<a href=\"/ui/plans\">Plans</a> · <a href=\"/ui/jobs\">Jobs</a></p>"))
+            return not_found_page(request.url.path)
         return JSONResponse(status_code=422, content={"detail": validation_message(errors), "errors": errors})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing(request: Request, exc: StarletteHTTPException) -> Response:
+        """What the router itself raises (no route: 404, 405): an address under /ui/ that is no page gets the
+        not-found page (it was the API's JSON, {"detail": "Not Found"}); the scripts and styles under
+        /ui/static and /ui/vendor, and the API, keep their JSON."""
+        path = request.url.path
+        if exc.status_code == 404 and path.startswith("/ui/") and not path.startswith(("/ui/static/", "/ui/vendor/")):
+            return not_found_page(path)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:

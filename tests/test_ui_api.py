@@ -24,10 +24,13 @@ def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-
     assert 'value="chimera"' in client.get("/").text
     assert 'data-plan-id="1"' in client.get("/ui/plans/1").text
     # a page address with a bad id is a page saying so (it was the API's 422 JSON)
-    for bad in ("/ui/plans/0", "/ui/plans/abc", "/ui/jobs/x"):
+    for bad in ("/ui/plans/0", "/ui/plans/abc", "/ui/jobs/x", "/ui/nonexistent", "/ui/plans/1/more"):
         r = client.get(bad)
         assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), (bad, r.text)
         assert f"No page at <code>{bad}</code>" in r.text and '<a href="/ui/plans">' in r.text
+    # an address under /ui/ that is no page was the API's JSON ({"detail": "Not Found"}); a script is still JSON
+    assert client.get("/ui/static/nope.js").json() == {"detail": "Not Found"}
+    assert client.get("/nonexistent").json() == {"detail": "Not Found"}
     r = client.get("/ui", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/"
     assert '<option value="gpt-tiny">' in client.get("/ui/plans/1").text  # the executor's models, for dispatch

@@ -65,7 +65,7 @@ function note(j) {
 
 async function loadJobs() {
   const state = document.getElementById("state-filter").value;
-  const jobs = await PP.get("/jobs?limit=1000" + (state ? "&state=" + state : ""));
+  const jobs = await PP.get("/jobs?limit=1000" + (state ? "&state=" + encodeURIComponent(state) : ""));
   jobs.sort((a, b) => b.id - a.id);
   const L = labels("jobs");
   document.querySelector("#jobs tbody").innerHTML = jobs.map((j) => `<tr data-job-id="${j.id}">
@@ -123,8 +123,18 @@ async function loadClusters() {
 PP.start(() => {
   if (document.getElementById("plans")) every(5000, loadPlans);
   if (document.getElementById("jobs")) {
+    // the filter is the address's ?state=: a link to /ui/jobs?state=failed opens filtered, a choice is kept in
+    // the address (back, reload and a copied link keep it)
+    const filter = document.getElementById("state-filter");
+    const wanted = new URLSearchParams(location.search).get("state");
+    if (wanted && [...filter.options].some((o) => o.value === wanted)) filter.value = wanted;
     every(2000, loadJobs);
-    document.getElementById("state-filter").addEventListener("change", () => loadJobs().catch(() => {}));
+    filter.addEventListener("change", () => {
+      const url = new URL(location.href);
+      if (filter.value) url.searchParams.set("state", filter.value); else url.searchParams.delete("state");
+      history.replaceState(null, "", url);
+      loadJobs().catch(() => {});
+    });
   }
   if (document.getElementById("workers")) every(3000, loadWorkers);
   if (document.getElementById("clusters")) every(10000, loadClusters);
