@@ -75,6 +75,43 @@ def not_found_page(path: str) -> HTMLResponse:
         f"<a href=\"/ui/plans\">Plans</a> · <a href=\"/ui/jobs\">Jobs</a></p>"))
 
 
+def docs_page(app: FastAPI) -> HTMLResponse:
+    """/docs and /redoc: the endpoints listed from the OpenAPI document, served from here. FastAPI's own pages load
+    Swagger UI and ReDoc from cdn.jsdelivr.net and are blank on a host without internet; no installed package has
+    their files (the UI serves plotly from its package, never a CDN), so they are links here, marked as needing
+    internet."""
+    rows = []
+    for path, ops in app.openapi().get("paths", {}).items():
+        for method, op in ops.items():
+            summary = op.get("summary") or ""
+            rows.append(f"<tr><td><code>{escape(method.upper())}</code></td><td><code>{escape(path)}</code></td>"
+                        f"<td>{escape(summary)}</td></tr>")
+    return HTMLResponse(
+        "<!doctype html><meta charset=\"utf-8\"><title>pipeplan API</title>"
+        f"<h1>pipeplan API {escape(app.version)}</h1><p>The OpenAPI document: <a href=\"/openapi.json\">/openapi.json"
+        "</a> (every endpoint, body and answer). The interactive docs, <a href=\"/docs/swagger\">Swagger UI</a> and "
+        "<a href=\"/docs/redoc\">ReDoc</a>, load their scripts from cdn.jsdelivr.net: they need internet (blank "
+        "without it).</p><table><thead><tr><th>Method</th><th>Path</th><th>What</th></tr></thead><tbody>"
+        + "".join(rows) + "</tbody></table><p><a href=\"/\">The web UI</a></p>")
+
+
+def install_docs(app: FastAPI) -> None:
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    @app.get("/docs", include_in_schema=False)
+    @app.get("/redoc", include_in_schema=False)
+    def _docs() -> HTMLResponse:
+        return docs_page(app)
+
+    @app.get("/docs/swagger", include_in_schema=False)
+    def _swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="pipeplan API (Swagger UI)")
+
+    @app.get("/docs/redoc", include_in_schema=False)
+    def _redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="pipeplan API (ReDoc)")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     app_logging()
@@ -106,7 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reaper.join(5)
             engine.dispose()
 
-    app = FastAPI(title="pipeplan", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="pipeplan", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Plan pipeline/tensor/data-parallel training from model profiles, dispatch the "
                               "chosen configuration to worker agents, compare predicted and measured.")
     app.state.settings = settings
@@ -170,6 +207,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for r in (profiles.router, clusters.router, plans.router, jobs.router, workers.router, health.router):
         app.include_router(r)
+    install_docs(app)
     from api.routers import ui  # web UI: pages at / and /ui/..., /ui/static
     ui.install(app)
     return app

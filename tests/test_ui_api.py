@@ -148,3 +148,17 @@ def test_inputs_the_form_used_to_change_silently_are_refused(client) -> None:  #
     assert client.get("/jobs", headers=AUTH).json() == []
     ok = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny"}, headers=AUTH)
     assert ok.status_code == 201, ok.text
+
+
+def test_docs_pages_load_nothing_from_a_cdn(client) -> None:  # type: ignore[no-untyped-def]
+    """/docs and /redoc were FastAPI's Swagger UI and ReDoc pages, whose scripts come from cdn.jsdelivr.net: blank
+    on a host without internet. They are a page of their own now: the endpoints, /openapi.json, and the interactive
+    pages as links that say they need internet."""
+    for path in ("/docs", "/redoc"):
+        r = client.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), r.text
+        assert "<script" not in r.text and "<link" not in r.text  # nothing loaded from elsewhere
+        assert '<a href="/openapi.json">' in r.text and "need internet" in r.text
+        assert "<code>/plans/{plan_id}</code>" in r.text and "<code>POST</code>" in r.text
+    assert "swagger-ui" in client.get("/docs/swagger").text and "redoc" in client.get("/docs/redoc").text
+    assert "/docs" not in client.get("/openapi.json").json()["paths"]
