@@ -253,7 +253,7 @@ def plan_document(row: PlanRequest) -> dict[str, Any]:
 
 # ---- jobs -----------------------------------------------------------------------------------------------
 
-def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
+def create_job(db: Session, spec: dict[str, Any], default_attempts: int, max_node_processes: int = 256) -> Job:
     plan = db.get(PlanRequest, spec["plan_id"])
     if plan is None:
         raise InputError(f"plan_id: plan {spec['plan_id']} not found")
@@ -275,6 +275,7 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     _executor_runs(plan.id, spec["candidate_index"], candidate)
     where = placement(candidate, get_cluster(db, plan.cluster_id).body, bool(spec["emulate"]),
                       spec.get("gpus_per_node"))
+    _node_holds(plan.id, spec, where, max_node_processes)
     # an emulated job builds no model (JobCreate): stored as "", the column holds a name or nothing
     job = Job(plan_id=plan.id, candidate_index=spec["candidate_index"], model=spec["model"] or "",
               iterations=spec["iterations"], emulate=spec["emulate"], state="queued", attempts=0,
@@ -284,6 +285,31 @@ def create_job(db: Session, spec: dict[str, Any], default_attempts: int) -> Job:
     db.add(job)
     db.flush()
     return job
+
+
+def _node_holds(plan_id: int, spec: dict[str, Any], where: dict[str, Any], max_node_processes: int) -> None:
+    """An agent starts a node's processes together on its host, each a gloo process of about
+    planner.reserve.CPU_RESERVE_BYTES before any model (executor/cli.py refuses more than the host's available
+    memory holds, after the claim). The API does not know an agent's memory; it refuses a placement of more than
+    ``max_node_processes`` (PIPEPLAN_MAX_NODE_PROCESSES) per node here: an emulated job of a 1024-GPU plan, placed
+    on one node, was queued as 1 node x 1024 processes (about 320 GiB) and failed on the CPU agent."""
+    from planner.reserve import CPU_RESERVE_BYTES
+
+    procs, nodes = where.get("procs_per_node"), where["nodes"]
+    if procs is None or procs <= max_node_processes:
+        return
+    field = "gpus_per_node" if spec.get("gpus_per_node") else "candidate_index"
+    how = ("gpus_per_node" if spec.get("gpus_per_node") else
+           "an emulated job runs on one node unless gpus_per_node says otherwise" if spec["emulate"] else
+           "the plan's cluster's gpus_per_node")
+    world = procs * nodes
+    raise InputError(
+        f"{field}: candidate {spec['candidate_index']} of plan {plan_id} needs t*D*W = {world} processes, placed as "
+        f"{nodes} node(s) x {procs} processes ({how}); this server places at most {max_node_processes} processes "
+        f"on one node (PIPEPLAN_MAX_NODE_PROCESSES: an agent starts them on one host, each about "
+        f"{CPU_RESERVE_BYTES / 2**20:.0f} MiB before any model, planner.reserve; {procs} need about "
+        f"{procs * CPU_RESERVE_BYTES / 2**30:.0f} GiB): give a gpus_per_node of at most {max_node_processes} to "
+        f"spread it over agents, or dispatch a candidate with fewer processes")
 
 
 def _executor_runs(plan_id: int, index: int, candidate: dict[str, Any]) -> None:

@@ -54,6 +54,10 @@ class Settings:
     plan_lease_seconds: float = field(default_factory=lambda: _float("PIPEPLAN_PLAN_LEASE_SECONDS", 30.0))
     #: plans queued or running at most; past it POST /plans answers 429 with Retry-After
     max_queued_plans: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_QUEUED_PLANS", 64))
+    #: processes POST /jobs places on one node at most: an agent starts a node's processes together on its host,
+    #: each a gloo process of about planner.reserve.CPU_RESERVE_BYTES (320 MiB) before any model -- 256 are 80 GiB;
+    #: an emulated job of a 1024-GPU plan on one node (1024 processes, 320 GiB) was queued and failed on the agent
+    max_node_processes: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_NODE_PROCESSES", 256))
     #: request bodies above this many bytes are refused with 413
     max_body_bytes: int = field(default_factory=lambda: _int("PIPEPLAN_MAX_BODY_BYTES", 24 * 2**20))
     #: a candidate timeline is simulated in a planner process within this time

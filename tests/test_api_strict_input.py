@@ -109,3 +109,49 @@ def test_failing_a_finished_job_again_says_it_is_finished(seeded) -> None:  # ty
         assert r.status_code == 409, r.text
         assert r.json()["detail"] == (f"job {job['id']} is already succeeded (run by worker {w['id']}): it no longer "
                                       "runs, so there is no lease to renew, give back or fail"), r.text
+
+
+def _plan_of_1024(client: Any) -> int:
+    """A done plan on 8-GPU nodes whose one candidate needs t*D*W = 8*4*32 = 1024 processes (a GPT-3 1024-GPU
+    plan's size), stored directly: planning one here would take minutes."""
+    from api_support import tiny_cluster, tiny_profile
+
+    from api import planqueue
+    from db.models import PlanRequest
+
+    pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(8, 128), headers=AUTH).json()["id"]
+    with client.app.state.sessions.begin() as db:
+        plan = PlanRequest(profile_id=pid, cluster_id=cid, request={"global_batch": 1024}, request_hash="big",
+                           status="done")
+        db.add(plan)
+        db.flush()
+        planqueue.finish_plan(db, plan.id, {"candidates": [{"label": "big", "iteration_time": 1.0, "throughput": 1.0,
+                                                            "run_spec": {"config": {"tensor": 8, "pipeline": 4,
+                                                                                    "data": 32, "micro_batch": 1,
+                                                                                    "schedule": "1f1b"},
+                                                                         "microbatches": 32}}]})
+        return plan.id
+
+
+def test_a_job_of_more_processes_than_a_node_holds_is_refused(client) -> None:  # type: ignore[no-untyped-def]
+    """An emulated job of a 1024-GPU plan was queued as 1 node x 1024 processes (201) and failed on the CPU agent
+    ('the plan needs 1024 processes on this machine, about 320 GiB ...'). POST /jobs refuses more than
+    PIPEPLAN_MAX_NODE_PROCESSES (256) processes on one node, naming the rule and the way out."""
+    plan = _plan_of_1024(client)
+    r = client.post("/jobs", json={"plan_id": plan, "emulate": True, "model": "gpt-tiny", "max_attempts": 1},
+                    headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == (
+        f"candidate_index: candidate 0 of plan {plan} needs t*D*W = 1024 processes, placed as 1 node(s) x 1024 "
+        "processes (an emulated job runs on one node unless gpus_per_node says otherwise); this server places at "
+        "most 256 processes on one node (PIPEPLAN_MAX_NODE_PROCESSES: an agent starts them on one host, each about "
+        "320 MiB before any model, planner.reserve; 1024 need about 320 GiB): give a gpus_per_node of at most 256 "
+        "to spread it over agents, or dispatch a candidate with fewer processes"), r.json()["detail"]
+    r = client.post("/jobs", json={"plan_id": plan, "emulate": True, "gpus_per_node": 512}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("gpus_per_node: "), r.text
+    assert client.get("/jobs", headers=AUTH).json() == []
+    r = client.post("/jobs", json={"plan_id": plan, "emulate": True, "gpus_per_node": 8}, headers=AUTH)
+    assert r.status_code == 201 and (r.json()["nodes"], r.json()["procs_per_node"]) == (128, 8), r.text
+    r = client.post("/jobs", json={"plan_id": plan, "model": "gpt-tiny"}, headers=AUTH)  # real: the cluster's 8
+    assert r.status_code == 201 and (r.json()["nodes"], r.json()["procs_per_node"]) == (128, 8), r.text

@@ -36,7 +36,7 @@ ERR = {403: {"model": Message}, 404: {"model": Message}, 409: {"model": Message}
 @router.post("", response_model=JobOut, status_code=201, dependencies=[Admin], responses=ERR)
 def create_job(body: JobCreate, db: DB, settings: SettingsDep):  # noqa: ANN201
     """Queue candidate ``candidate_index`` of a done plan for the workers."""
-    job = crud.create_job(db, body.model_dump(), settings.max_attempts)
+    job = crud.create_job(db, body.model_dump(), settings.max_attempts, settings.max_node_processes)
     return _job_answer(db, job, settings)
 
 
