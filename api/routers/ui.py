@@ -96,7 +96,8 @@ def plans_page(request: Request) -> HTMLResponse:
 
 @pages.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(request: Request, plan_id: IdPath) -> HTMLResponse:
-    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id, models=model_names())
+    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id, models=model_names(),
+                 max_node_processes=request.app.state.settings.max_node_processes)
 
 
 @pages.get("/ui/jobs", response_class=HTMLResponse)

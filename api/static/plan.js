@@ -98,6 +98,7 @@ async function preferEmulation(device) {
   if (workers.some((w) => w.alive && w.device_type.toLowerCase() === device.toLowerCase())) return;
   const box = document.getElementById("job-emulate");
   box.checked = true;
+  showRefusals();
   box.parentElement.title = `no agent with device ${device} is registered: the job runs emulated on a CPU agent`;
   const note = document.getElementById("job-emulate-note");
   if (note) note.textContent = `(no ${device} agent registered: emulated on a CPU agent)`;
@@ -209,6 +210,7 @@ function wire() {
     renderTable();
     writeUrl();
   }));
+  document.getElementById("job-emulate").addEventListener("change", showRefusals);
   for (const id of ["filter", "schedule-filter", "show-infeasible"]) {
     document.getElementById(id).addEventListener("input", () => { renderTable(); writeUrl(); });
   }
@@ -379,11 +381,12 @@ async function compare() {
       <div class="tl-note muted"></div>
       <div class="chart memory" data-role="memory" data-rank="${r}"></div>
       <div class="replica-memory muted" hidden></div>
-      <button type="button" class="dispatch" data-rank="${r}"${c.executor_refusal ? ` disabled title="${PP.esc(c.executor_refusal)}"` : ""}>Dispatch #${r + 1} to workers</button>
-      <span class="dispatch-msg">${c.executor_refusal ? `not run by pipeplan's executor (${PP.esc(c.executor_refusal)}): export it to a framework that runs it` : ""}</span>
+      <button type="button" class="dispatch" data-rank="${r}">Dispatch #${r + 1} to workers</button>
+      <span class="dispatch-msg"></span>
     </article>`;
   }).join("");
   box.querySelectorAll("button.dispatch").forEach((b) => b.addEventListener("click", () => dispatch(+b.dataset.rank, b)));
+  showRefusals();
   section.scrollIntoView({ behavior: "instant", block: "start" });
   const cands = ranks.map((r) => S.rows[r]);
   await PP.drawBreakdown(document.getElementById("breakdown-chart"), cands);
@@ -409,6 +412,36 @@ async function compare() {
     }
   }
   box.dataset.drawn = "1";
+}
+
+// Why POST /jobs would refuse a card's candidate, or null: one the executor does not run (executor_refusal), or
+// more processes on one node than the server places there (PIPEPLAN_MAX_NODE_PROCESSES, api/crud.py _node_holds;
+// the placement is api/gang.py's: an emulated job on one node, a real one on the cluster's nodes).
+// [reason, what to do instead]
+function dispatchRefusal(c) {
+  if (c.executor_refusal) return [c.executor_refusal, `not run by pipeplan's executor (${c.executor_refusal}): export it to a framework that runs it`];
+  const max = +document.getElementById("plan-info").dataset.maxNodeProcesses;
+  const world = c.tensor * c.pipeline * c.data;
+  const emulate = document.getElementById("job-emulate").checked;
+  const perNode = (S.cluster && S.cluster.cluster && S.cluster.cluster.gpus_per_node) || world;
+  let nodes = emulate ? 1 : Math.ceil(world / perNode);
+  while (world % nodes) nodes++;  // api/gang.py node_layout: the same number on every node
+  const procs = world / nodes;
+  if (!max || !(procs > max)) return null;
+  const why = `${emulate ? "emulated, " : ""}its t×D×W = ${world} processes run ${procs} on one node; this server places at most ${max} on one node (PIPEPLAN_MAX_NODE_PROCESSES)`;
+  return [why, `${why}: ${emulate ? "dispatch it unemulated, or " : ""}give POST /jobs a gpus_per_node of at most ${max}`];
+}
+
+// the cards' dispatch buttons disabled, with the reason, where POST /jobs would refuse (the emulate box changes it)
+function showRefusals() {
+  document.querySelectorAll("#compare button.dispatch").forEach((b) => {
+    const refusal = dispatchRefusal(S.rows[+b.dataset.rank]);
+    b.disabled = refusal !== null;
+    if (refusal) b.title = refusal[0]; else b.removeAttribute("title");
+    const msg = b.nextElementSibling;
+    msg.className = "dispatch-msg";
+    msg.textContent = refusal ? refusal[1] : "";
+  });
 }
 
 async function dispatch(rank, button) {

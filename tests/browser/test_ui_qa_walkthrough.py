@@ -1,0 +1,105 @@
+"""A QA walkthrough's UI finds, each on a fresh server of its own (no seeding): the jobs list's status filter and
+the address (/ui/jobs?state=failed listed every job, and a choice in the filter was not written to the address);
+the plan page's dispatch button of a candidate POST /jobs refuses for its processes on one node."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_support import ADMIN, AUTH, LiveServer, post_plan, tiny_cluster, tiny_profile
+
+from browser.support import Console, needs_browser
+
+pytestmark = [needs_browser, pytest.mark.slow]
+
+
+@pytest.fixture
+def jobs_server(tmp_path: Path) -> Iterator[tuple[LiveServer, dict[str, int]]]:
+    from db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
+    upgrade(url)
+    srv = LiveServer(url, tmp_path).start()
+    try:
+        with srv.client() as c:
+            pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+            cid = c.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+            plan = post_plan(c, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})
+            ids = {s: c.post("/jobs", json={"plan_id": plan["id"], "emulate": True}, headers=AUTH).json()["id"]
+                   for s in ("queued", "cancelled")}
+            assert c.post(f"/jobs/{ids['cancelled']}/cancel", headers=AUTH).status_code == 200
+        yield srv, ids
+    finally:
+        srv.stop()
+
+
+def _shown(page: Any) -> set[int]:
+    return {int(r.get_attribute("data-job-id")) for r in page.locator("#jobs tr[data-job-id]").all()}
+
+
+def test_the_jobs_filter_reads_and_writes_the_address(browser, console: Console, jobs_server) -> None:  # type: ignore[no-untyped-def]
+    srv, ids = jobs_server
+    ctx = browser.new_context()
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(30_000)
+    page.goto(f"{srv.url}/ui/jobs?state=cancelled")
+    page.wait_for_selector(f'#jobs tr[data-job-id="{ids["cancelled"]}"]')
+    assert page.locator("#state-filter").input_value() == "cancelled"
+    assert _shown(page) == {ids["cancelled"]}
+    page.select_option("#state-filter", "queued")
+    page.wait_for_selector(f'#jobs tr[data-job-id="{ids["queued"]}"]')
+    assert page.url.endswith("/ui/jobs?state=queued") and _shown(page) == {ids["queued"]}
+    page.select_option("#state-filter", "")
+    page.wait_for_function("document.querySelectorAll('#jobs tr[data-job-id]').length === 2")
+    assert page.url.endswith("/ui/jobs")
+    page.goto(f"{srv.url}/ui/jobs?state=bogus")  # a state the filter does not have is ignored: every job
+    page.wait_for_function("document.querySelectorAll('#jobs tr[data-job-id]').length === 2")
+    assert page.locator("#state-filter").input_value() == ""
+    ctx.close()
+
+
+def test_dispatch_is_disabled_where_a_node_would_run_too_many_processes(browser, console: Console,  # type: ignore[no-untyped-def]
+                                                                        tmp_path: Path) -> None:
+    """An emulated job runs its t*D*W processes on one node; POST /jobs refuses more than PIPEPLAN_MAX_NODE_PROCESSES
+    there (here 2), and the card's dispatch button says so instead of a 422 after the click; unemulated, the same
+    candidate spreads over the cluster's 2-process nodes and may be dispatched."""
+    from db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
+    upgrade(url)
+    srv = LiveServer(url, tmp_path, PIPEPLAN_MAX_NODE_PROCESSES="2").start()
+    try:
+        with srv.client() as c:
+            pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+            cid = c.post("/clusters", json=tiny_cluster(2, 2), headers=AUTH).json()["id"]
+            plan = post_plan(c, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})
+            world = [k["tensor"] * k["pipeline"] * k["data"] for k in plan["candidates"]]
+            runs = [not k.get("executor_refusal") for k in plan["candidates"]]
+            big = next(i for i, w in enumerate(world) if w == 4 and runs[i])
+            r = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": big, "emulate": True}, headers=AUTH)
+            assert r.status_code == 422 and "PIPEPLAN_MAX_NODE_PROCESSES" in r.text, r.text
+        ctx = browser.new_context()
+        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+        page = console.attach(ctx.new_page())
+        page.set_default_timeout(60_000)
+        page.goto(f"{srv.url}/ui/plans/{plan['id']}?sel={big}")
+        button = page.locator(f'button.dispatch[data-rank="{big}"]')
+        button.wait_for()
+        emulate = page.locator("#job-emulate")
+        if not emulate.is_checked():
+            emulate.check()
+        page.wait_for_function(f"document.querySelector('button.dispatch[data-rank=\"{big}\"]').disabled")
+        assert "4 processes run 4 on one node" in button.get_attribute("title")
+        msg = page.locator(f'article[data-rank="{big}"] .dispatch-msg')
+        assert "at most 2 on one node (PIPEPLAN_MAX_NODE_PROCESSES)" in msg.inner_text()
+        emulate.uncheck()  # real: 2 nodes x 2
+        page.wait_for_function(f"!document.querySelector('button.dispatch[data-rank=\"{big}\"]').disabled")
+        assert msg.inner_text() == ""
+        ctx.close()
+    finally:
+        srv.stop()
