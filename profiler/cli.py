@@ -96,7 +96,8 @@ def profile(
     warmup: int = typer.Option(2, min=0, help="untimed warm-up runs per measurement"),
     recompute: bool = typer.Option(False, help="also measure the backward with recomputation"),
     seq: int | None = typer.Option(None, help="override the preset's sequence length"),
-    threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's choice)"),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default on the CPU: 1, as each rank "
+                                                          "of `pipeplan run` runs; elsewhere torch's choice)"),
     tensor: str = typer.Option("", help="also time each layer's tensor-parallel shard at these t (1,2,4,8)"),
 ) -> None:
     """Profile a model layer by layer (a zoo preset, a Hugging Face config or your own module) and write a
@@ -112,6 +113,12 @@ def profile(
         got = ", ".join(given) or "none"
         raise _bad(f"give exactly one of --model, --hf-config, --module (got {got})")
     _check_device(device)
+    if threads is None and device == "cpu":
+        # the executor's ranks run one torch thread each (executor.launch), and one thread is timed in the thread's
+        # CPU time, which the machine's load does not lengthen (profiler.timing); torch's choice here (2 on the
+        # 2-core machine) was timed on the wall clock: a new user's README profile of gpt-tiny at load 3.4 gave
+        # block.0 forwards of 4.7/70/25/87 ms for b = 1/2/4/8 where a rerun gave 0.7-1.2 ms
+        threads = 1
     if seq is not None and seq < 1:  # (0 was taken as no --seq by --hf-config, a ValidationError by --model)
         raise _bad(f"--seq must be a positive integer, got {seq}")
     if model is None and (tensor or all_layers):  # (they were ignored: a profile without tensor_times)

@@ -14,6 +14,7 @@ to outliers on shared machines, and report the spread.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,9 +73,15 @@ def time_op(
             end.synchronize()
             elapsed = start.elapsed_time(end) / 1000.0
         else:
-            t0 = clock()
-            op(state)
-            elapsed = clock() - t0
+            enabled = gc.isenabled()  # a garbage-collector pass inside the timed call is not the op's time
+            gc.disable()
+            try:
+                t0 = clock()
+                op(state)
+                elapsed = clock() - t0
+            finally:
+                if enabled:
+                    gc.enable()
         del state
         if i >= warmup:
             samples.append(elapsed)
