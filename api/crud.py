@@ -22,6 +22,7 @@ from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
+from planner.reserve import default_reserve, reserve_error
 from planner.units import devices
 
 __all__ = ["Busy", "Conflict", "InputError", "NotFound", "get_job"]
@@ -173,6 +174,11 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
     if (gpus or cluster.gpus) > max_gpus:
         raise InputError(f"gpus: a plan may use at most {max_gpus} GPUs; cluster {cluster_id} has {cluster.gpus}: "
                          "give a smaller 'gpus' budget")
+    reserve = request.get("memory_reserve_bytes")
+    if reserve is None:
+        reserve = default_reserve(cluster.device)[0]
+    if (why := reserve_error(reserve, cluster_model(cluster).memory_bytes)) is not None:
+        raise InputError(why)
     h = request_hash(profile_id, cluster_id, request)
     existing = db.scalar(select(PlanRequest).where(PlanRequest.request_hash == h, PlanRequest.status != "failed")
                          .order_by(PlanRequest.id.desc()).limit(1))

@@ -53,3 +53,13 @@ def resolve_reserve(request: TrainingRequest, cluster: Cluster) -> tuple[Trainin
         return request, "the request's memory_reserve_bytes"
     value, source = default_reserve(cluster.device)
     return request.model_copy(update={"memory_reserve_bytes": value}), source
+
+
+def reserve_error(reserve: float, memory_bytes: int) -> str | None:
+    """Why a reserve of ``reserve`` bytes per device leaves nothing of a device of ``memory_bytes`` for the model
+    (None: it leaves some). Every candidate would otherwise read as if its model state did not fit: a plan page
+    said "the model's weights ... alone exceed each device's memory" of a model of 3.5 MB."""
+    if reserve < memory_bytes:
+        return None
+    return (f"memory_reserve_bytes: the reserve of {reserve / 2**30:.4g} GiB per device leaves nothing of the "
+            f"device's {memory_bytes / 2**30:.4g} GiB for the model: give a smaller reserve")

@@ -56,7 +56,7 @@ from planner.partition import PartitionError, balance_by_cost
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
-from planner.reserve import resolve_reserve
+from planner.reserve import reserve_error, resolve_reserve
 from planner.runspec import schedule_microbatches, schedule_samples
 from planner.schedules import inflight_exact
 from planner.schedules.ir import Schedule
@@ -77,11 +77,8 @@ class Planner:
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> None:
         # the reserve's default depends on the cluster's device kind (planner.reserve); resolved once here
         request, self.reserve_source = resolve_reserve(request, cluster)
-        reserve = request.memory_reserve_bytes or 0
-        if reserve >= cluster.memory_bytes:  # (every candidate would read as if its model state did not fit)
-            raise ValueError(f"memory_reserve_bytes: the reserve of {reserve / 2**30:.4g} GiB per device leaves "
-                             f"nothing of the device's {cluster.memory_bytes / 2**30:.4g} GiB for the model: give a "
-                             "smaller reserve")
+        if (why := reserve_error(request.memory_reserve_bytes or 0, cluster.memory_bytes)) is not None:
+            raise ValueError(why)
         self.profile, self.cluster, self.request = profile, cluster, request
         self.heads = profile.attention_heads  # what t must divide (planner.model.tensor_split_error)
         self.tensor_problem = profile.tensor_split_problem  # why t > 1 is not modelled (None: it is)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from api_support import AUTH, WAUTH, seed_plan
+from api_support import AUTH, WAUTH, seed_plan, tiny_cluster
 
 HF_CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
              "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 128}
@@ -155,3 +155,15 @@ def test_a_job_of_more_processes_than_a_node_holds_is_refused(client) -> None:  
     assert r.status_code == 201 and (r.json()["nodes"], r.json()["procs_per_node"]) == (128, 8), r.text
     r = client.post("/jobs", json={"plan_id": plan, "model": "gpt-tiny"}, headers=AUTH)  # real: the cluster's 8
     assert r.status_code == 201 and (r.json()["nodes"], r.json()["procs_per_node"]) == (128, 8), r.text
+
+
+def test_a_reserve_of_the_whole_device_is_a_422(seeded) -> None:  # type: ignore[no-untyped-def]
+    """A reserve of a device's whole memory made a plan whose every candidate read 'weights, gradients and optimizer
+    state do not fit' (the plan page: the model's state alone exceeds each device's memory); refused at POST /plans,
+    naming the field, as the planner refuses it (planner.reserve.reserve_error)."""
+    client, pid, cid, _ = seeded
+    memory = tiny_cluster()["memory_bytes"]
+    body = {"profile_id": pid, "cluster_id": cid, "global_batch": 8, "memory_reserve_bytes": memory}
+    _refused(client, "/plans", body, "memory_reserve_bytes")
+    r = client.post("/plans", json={**body, "memory_reserve_bytes": memory // 2}, headers=AUTH)
+    assert r.status_code in (201, 202), r.text
