@@ -51,6 +51,15 @@ def observations(prof: ModelProfile) -> list[Observation]:
     return out
 
 
+def _runs(prof: ModelProfile, truth: Cluster) -> list[dict]:  # type: ignore[type-arg]
+    """The offline calibrate's runs file: each observation's candidate, measured as ``truth`` predicts it."""
+    runs = []
+    for o in observations(prof):
+        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
+        runs.append({"profile": "p.json", "candidate": cand, "measured": predicted(o, truth)})
+    return runs
+
+
 @pytest.mark.parametrize("hidden", [
     {"compute_scale": 1.3, "link_scale": 0.7, "action_overhead": 2e-4},
     {"compute_scale": 0.8, "link_scale": 2.5, "action_overhead": 5e-5},
@@ -163,10 +172,7 @@ def test_cli_offline_calibrate(tmp_path) -> None:  # type: ignore[no-untyped-def
     save_profile(prof, tmp_path / "p.json")
     save_cluster(cl, tmp_path / "c.json")
     truth = with_calibration(cl, {"compute_scale": 1.4, "link_scale": 0.6, "action_overhead": 1e-4})
-    runs = []
-    for o in observations(prof):
-        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
-        runs.append({"profile": "p.json", "candidate": cand, "measured": predicted(o, truth)})
+    runs = _runs(prof, truth)
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
                                  str(tmp_path / "runs.json"), "--out", str(tmp_path / "out.json")])
@@ -428,10 +434,7 @@ def test_cli_offline_calibrate_warns_of_another_device_and_far_off_runs(tmp_path
     save_profile(prof, tmp_path / "p.json")
     save_cluster(cl, tmp_path / "c.json")
     truth = with_calibration(cl, {"compute_scale": 1.2, "link_scale": 1.0, "action_overhead": 1e-4})
-    runs = []
-    for o in observations(prof):
-        cand = {**o.config.model_dump(exclude_none=True), "global_batch": o.request.global_batch}
-        runs.append({"profile": "p.json", "candidate": cand, "measured": predicted(o, truth)})
+    runs = _runs(prof, truth)
     args = ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs", str(tmp_path / "runs.json")]
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     r = CliRunner().invoke(app, args)
