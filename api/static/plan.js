@@ -186,8 +186,13 @@ function emptyHint(plan, reasons) {
   const has = (s) => reasons.some(([k]) => k.includes(s));
   const staticMem = has("weights, gradients and optimizer state");
   const hints = [];
-  if (r.gpus != null) hints.push(`a larger budget of ${noun}`);
-  else if (staticMem || has("out of memory")) hints.push(`a cluster with more ${noun} or more memory per device`);
+  // every candidate uses the whole budget (t * D * W = it): too many stages for the layers, or a W the global
+  // batch does not divide, is helped by fewer devices, not more (a QA walk: only "another global batch" was said)
+  const layout = has("more pipeline stages than layers") || has("not divisible by W");
+  const memory = staticMem || has("out of memory");
+  if (memory) hints.push(r.gpus != null ? `a larger budget of ${noun}` : `a cluster with more ${noun} or more memory per device`);
+  else if (r.gpus != null && !layout) hints.push(`a larger budget of ${noun}`);
+  if (layout) hints.push(`a smaller budget of ${noun} (every candidate uses all of them: t × D × W = the budget)`);
   if (staticMem && r.max_tensor != null) hints.push("a higher max tensor parallel");
   if (staticMem && !r.shard_optimizer && !r.shard_parameters) hints.push("sharding the optimizer state over data parallel (ZeRO-1)");
   if (staticMem && !r.shard_parameters) hints.push("sharding the weights too (FSDP)");

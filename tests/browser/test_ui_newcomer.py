@@ -200,3 +200,19 @@ def test_a_page_of_something_that_does_not_exist_shows_only_that(server: LiveSer
     assert len(expected) == 1, console.errors
     console.errors.remove(expected[0])
     page.context.close()
+
+
+def test_the_empty_plan_hint_suggests_fewer_devices_where_too_many_stages(server: LiveServer, browser: Any,
+                                                                        console: Console) -> None:
+    """Every candidate uses the whole budget (t * D * W = it): gpt-tiny's 6 layers on 1024 A100s at global batch 8
+    need D >= 16, more stages than layers, and the page suggested only 'another global batch' (a QA walk). It now
+    suggests a smaller budget too."""
+    tiny, dgx = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
+    empty = done_plan(server, tiny, dgx, global_batch=8, gpus=1024, top=5)
+    assert not empty["num_candidates"] and any("more pipeline stages than layers" in k for k in empty["rejected"])
+    page = _page(browser, console)
+    page.goto(f"{server.url}/ui/plans/{empty['id']}")
+    page.wait_for_selector('body[data-ready="1"]')
+    hint = page.locator("#why-empty .why-hint").inner_text()
+    assert "a smaller budget of GPUs" in hint and "a larger budget" not in hint, hint
+    page.context.close()
