@@ -185,7 +185,7 @@ def run(
         from profiler.hf_config import HFConfigError, read_hf_config
 
         try:
-            spec = read_hf_config(hf_config, seq=seq)
+            spec = read_hf_config(hf_config, seq=seq, warn=lambda w: typer.echo(f"warning: --{w}", err=True))
         except HFConfigError as e:
             _fail(f"--hf-config {hf_config}: {e}")
             return

@@ -146,3 +146,13 @@ def test_the_plan_file_names_its_profile_and_run_says_when_it_builds_another(tmp
     assert "--emulate" in out
     out = _refused(["run", "--plan", str(gpt3), "--model", "gpt-tiny"])  # named: the refusal alone
     assert "the plan was made from" not in out
+
+
+def test_a_rotary_model_past_its_trained_length_is_run_with_a_warning() -> None:
+    """``profile`` and ``profile-analytic`` warn of a --seq beyond a rotary model's max_position_embeddings; ``run
+    --hf-config`` took it without a word. (The bad --backend stops the run before any process starts.)"""
+    r = runner.invoke(app, ["run", "-s", "1f1b", "-D", "2", "-N", "2", "--hf-config",
+                            str(ROOT / "examples" / "models" / "llama-3.1-8b"), "--seq", "1000000", "--backend", "mpi"])
+    assert r.exit_code == 2, r.output
+    assert "warning: --seq 1000000 is beyond max_position_embeddings (131072)" in r.output
+    assert "--backend must be gloo or nccl" in r.output
