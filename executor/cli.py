@@ -34,9 +34,6 @@ import typer
 
 from planner.schedules import SCHEDULE_PARAMETERS
 
-#: the model ``pipeplan run`` builds when none is named
-DEFAULT_MODEL = "gpt-tiny"
-
 
 def _other_model(plan: str, candidate: int, model: str, module: str | None) -> str | None:
     """The name of the profile the plan file was made from (:func:`executor.plan.planned_profile`) where it is
@@ -153,7 +150,7 @@ def run(
     """Run a plan with one process per device (D*W*t) on this machine or on --nnodes machines, measure it,
     optionally --check it."""
     from executor.launch import RunFailed, launch
-    from executor.plan import PlanError, RunPlan, load_plan_file
+    from executor.plan import DEFAULT_MODEL, PlanError, RunPlan, load_plan_file
     from planner.outpath import out_problem
 
     for path, option in ((out, "--out"), (trace, "--trace")):
@@ -182,10 +179,11 @@ def run(
     if module is not None and hf_config is not None:
         _fail("give --hf-config or --module, not both")
     if hf_config is not None:
+        from pipeplan.options import warn_option
         from profiler.hf_config import HFConfigError, read_hf_config
 
         try:
-            spec = read_hf_config(hf_config, seq=seq, warn=lambda w: typer.echo(f"warning: --{w}", err=True))
+            spec = read_hf_config(hf_config, seq=seq, warn=warn_option)
         except HFConfigError as e:
             _fail(f"--hf-config {hf_config}: {e}")
             return

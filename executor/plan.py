@@ -42,14 +42,23 @@ class PlanError(ValueError):
     """The plan cannot run (raised before anything is launched)."""
 
 
+#: the model ``pipeplan run`` builds when none is named (``--model``, ``--hf-config`` or ``--module``)
+DEFAULT_MODEL = "gpt-tiny"
+
+
+def _errors_line(e: ValidationError, whole: str) -> str:
+    """Pydantic's errors in one line, ``field: message; ...`` (``whole``: the name of an error of the whole
+    object, which has no field)."""
+    return "; ".join(f"{'.'.join(map(str, err['loc'])) or whole}: {err['msg']}" for err in e.errors())
+
+
 def _spec(make: Any, *args: Any, **kw: Any) -> RunSpec:
     """``make(*args, **kw)``, its validation errors as one PlanError naming the fields."""
     try:
         return make(*args, **kw)
     except ValidationError as e:
         whole = {"RunSpec": "run_spec", "Config": "config"}.get(e.title, e.title)  # (an error of the whole object)
-        msg = "; ".join(f"{'.'.join(map(str, err['loc'])) or whole}: {err['msg']}" for err in e.errors())
-        raise PlanError(f"plan: {msg}") from None
+        raise PlanError(f"plan: {_errors_line(e, whole)}") from None
     except KeyError as e:
         raise PlanError(f"plan candidate lacks the field {e}") from None
 
@@ -57,7 +66,7 @@ def _spec(make: Any, *args: Any, **kw: Any) -> RunSpec:
 @dataclass
 class RunPlan:
     spec: RunSpec
-    model: str = "gpt-tiny"
+    model: str = DEFAULT_MODEL
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change
     model_spec: dict[str, Any] | None = None  # a ModelSpec (e.g. from --hf-config) instead of the preset `model`
     module: str | None = None  # a user's factory (pkg.mod:build or file.py:build) instead of a zoo model
@@ -191,8 +200,7 @@ class RunPlan:
                 cfg = self.model_config
                 cfg.family  # noqa: B018 - a shape no zoo family builds is refused here
             except ValidationError as e:
-                raise PlanError("model: " + "; ".join(f"{'.'.join(map(str, err['loc'])) or 'model'}: {err['msg']}"
-                                                      for err in e.errors())) from None
+                raise PlanError(f"model: {_errors_line(e, 'model')}") from None
             except (ValueError, TypeError) as e:
                 raise PlanError(f"model: {e}") from None
         if c.schedule not in ALL_SCHEDULES:
@@ -249,12 +257,19 @@ def check_partition(bounds: list[tuple[int, int]], stages: int, layers: int) -> 
         raise PlanError(why)
 
 
-def _candidate_of(path: str | Path, candidate: int) -> dict[str, Any]:
-    """The ``candidate``-th candidate of a plan file (or the file's bare candidate object)."""
+def _read_plan(path: str | Path) -> Any:
+    """The JSON document of a plan file (``pipeplan plan --json``'s, or a bare candidate object)."""
     try:
-        data = json.loads(Path(path).read_text(), object_pairs_hook=unique_keys)
+        return json.loads(Path(path).read_text(), object_pairs_hook=unique_keys)
     except (OSError, UnicodeDecodeError, ValueError) as e:  # (not JSON, or a key given twice: DuplicateKey)
         raise PlanError(f"cannot read plan {path}: {e}") from None
+
+
+def _candidate_of(path: str | Path, candidate: int, data: Any = None) -> dict[str, Any]:
+    """The ``candidate``-th candidate of a plan file (or the file's bare candidate object); ``data``: the file's
+    document, when read already (:func:`_read_plan`)."""
+    if data is None:
+        data = _read_plan(path)
     if isinstance(data, dict) and "candidates" in data:
         cands = data["candidates"]
         if not isinstance(cands, list):
@@ -284,13 +299,10 @@ def planned_profile(path: str | Path, candidate: int = 0) -> str | None:
     """The name of the profile the plan file was made from (``"profile"`` of ``pipeplan plan --json``, or of
     the bare candidate ``predict --json`` writes), or None where it does not say (a hand-written candidate, the
     API's plan document)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
+    data = _read_plan(path)
     note = data.get("profile") if isinstance(data, dict) else None
     if note is None:
-        note = _candidate_of(path, candidate).get("profile")
+        note = _candidate_of(path, candidate, data).get("profile")
     name = note.get("name") if isinstance(note, dict) else None
     return name if isinstance(name, str) and name else None
 

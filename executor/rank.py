@@ -36,6 +36,8 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -83,26 +85,24 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
                   device)
     torch.manual_seed(plan.seed)
     rt = RankRuntime(plan, sched, rank, groups, emulator, policy, device)
-    pauses = _quiet_collector()
     records = []
     cpu: list[float] = []  # process CPU time per iteration (this rank's threads, gloo's included)
     cpu_kinds: list[dict[str, float]] = []  # the walker thread's CPU time per action kind, per iteration
     peak: int | None = None
-    for it in range(plan.warmup + plan.iterations):
-        dist.barrier()
-        if fault and it == 0:
-            raise InjectedFault(f"injected fault on rank {rank}")
-        measured = it >= plan.warmup
-        if cuda and measured:
-            torch.cuda.reset_peak_memory_stats(device)
-        cpu0 = time.process_time()
-        records.append(rt.iteration(it))
-        cpu_kinds.append(rt.cpu_by_kind)
-        cpu.append(time.process_time() - cpu0)
-        if cuda and measured:
-            peak = max(peak or 0, torch.cuda.max_memory_allocated(device))
-    gc.callbacks.remove(pauses.callback)
-    gc.unfreeze()  # (the next plan of the launch freezes again; this one's model may be collected then)
+    with _quiet_collector() as pauses:
+        for it in range(plan.warmup + plan.iterations):
+            dist.barrier()
+            if fault and it == 0:
+                raise InjectedFault(f"injected fault on rank {rank}")
+            measured = it >= plan.warmup
+            if cuda and measured:
+                torch.cuda.reset_peak_memory_stats(device)
+            cpu0 = time.process_time()
+            records.append(rt.iteration(it))
+            cpu_kinds.append(rt.cpu_by_kind)
+            cpu.append(time.process_time() - cpu0)
+            if cuda and measured:
+                peak = max(peak or 0, torch.cuda.max_memory_allocated(device))
     payload: dict[str, Any] = {
         "rank": rank, "host": socket.gethostname(), "device": rt.device, "data": rt.data_copy, "tensor": rt.tp,
         "records": records, "cpu_times": cpu, "cpu_by_kind": cpu_kinds,
@@ -160,19 +160,24 @@ class _GCPauses:
         return {"passes": list(self.passes), "seconds": self.seconds}
 
 
-def _quiet_collector() -> _GCPauses:
+@contextmanager
+def _quiet_collector() -> Iterator[_GCPauses]:
     """Collect once and freeze what is alive (torch, the model, the process groups: hundreds of thousands of
     objects) out of the cyclic collector's reach for the iterations, and count its passes during them.
     Without it a full (generation 2) pass, due after enough allocations, traversed all of them inside an
     action: 190-300 ms in ranks 1 and 2 of ``pipeplan run -s zb-h1 -D 4 -N 8`` (an I of about 2 ms measured
     145-175 ms; the iteration 240-300 ms against 79 ms predicted). Passes during the iterations traverse only
-    what they allocate; :func:`run_plan` unfreezes after them. The planner pauses the collector likewise
-    (``planner.search._gc_paused``)."""
+    what they allocate; after them the frozen objects are unfrozen (the next plan of a launch freezes again; this
+    one's model may be collected then). The planner pauses the collector likewise (``planner.search._gc_paused``)."""
     gc.collect()
     gc.freeze()
     pauses = _GCPauses()
     gc.callbacks.append(pauses.callback)
-    return pauses
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(pauses.callback)
+        gc.unfreeze()
 
 
 def check_against_reference(plan: RunPlan, gathered: list[dict[str, Any]]) -> dict[str, Any]:

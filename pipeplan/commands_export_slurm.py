@@ -9,9 +9,9 @@ Nodes: ceil(t*D*W / G) with G from ``--gpus-per-node`` or the ``--cluster`` file
 ``--option KEY=VALUE`` keys: :data:`executor.slurm.EXPORT_OPTIONS`. A ``--cluster`` of CPU devices
 (:func:`planner.units.is_cpu`) makes ``gpus`` default to ``no``: no ``#SBATCH --gpus-per-node``, ``pipeplan run
 --backend gloo`` (the plan's processes are CPU processes; NCCL needs GPUs). The model ``pipeplan run`` builds
-(``--option model``, else its default, :data:`RUN_DEFAULT_MODEL`) must have the layers the candidate's partition
-covers (:meth:`planner.model.ModelSpec.profile_layers`), or the job would fail at its start ("partition does not
-cover the model"): refused here instead. The ``export`` command
+(``--option model``, else its default, :data:`executor.plan.DEFAULT_MODEL`) must have the layers the candidate's
+partition covers (:meth:`planner.model.ModelSpec.profile_layers`), or the job would fail at its start ("partition
+does not cover the model"): refused here instead. The ``export`` command
 (:mod:`pipeplan.commands_export`) calls :func:`export_slurm` for ``--format slurm``; nothing here imports
 torch.
 """
@@ -32,22 +32,19 @@ def parse_options(items: list[str]) -> dict[str, str]:
     return out
 
 
-#: the model ``pipeplan run`` builds without ``--model`` (executor/cli.py's default)
-RUN_DEFAULT_MODEL = "gpt-tiny"
-
-
 def check_model(plan: Path, candidate: int, opts: dict[str, str]) -> None:
     """ValueError unless the model the script's ``pipeplan run`` builds has the layers candidate ``candidate`` of
     ``plan`` partitions: ``--option model``'s preset, else (with the default run command) run's default,
-    :data:`RUN_DEFAULT_MODEL`. Nothing is checked for a candidate without a partition (the executor splits any
+    :data:`executor.plan.DEFAULT_MODEL`. Nothing is checked for a candidate without a partition (the executor splits any
     model evenly), nor for a custom ``run-command`` without ``model`` (it may name its model its own way)."""
+    from executor.plan import DEFAULT_MODEL
     from pipeplan.commands_export import load_candidate
     from planner.model import PRESETS, get_model
     from planner.runspec import RunSpec
 
     if "model" not in opts and "run-command" in opts:
         return
-    name = opts.get("model", RUN_DEFAULT_MODEL)
+    name = opts.get("model", DEFAULT_MODEL)
     try:
         spec = get_model(name)
     except ValueError as e:

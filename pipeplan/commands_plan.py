@@ -26,6 +26,7 @@ from pipeplan.options import (
     load_input,
     memory_reserve_bytes,
     validation_summary,
+    warn_option,
 )
 from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
@@ -396,7 +397,7 @@ def register(app: typer.Typer) -> None:
                 fail("give --preset or --hf-config, not both")
             try:
                 spec = read_hf_config(hf_config, seq=seq, name=name,
-                                      warn=lambda w: typer.echo(f"warning: --{w}", err=True))
+                                      warn=warn_option)
                 dropout = trains_with_dropout(read_hf_json(hf_config))
             except SeqError as e:  # "seq: ...": the option's (GPT-2's learned positions end at n_positions)
                 fail(f"--{e}")

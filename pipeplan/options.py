@@ -78,6 +78,12 @@ def schedule_from_options(schedule: str, devices: int, microbatches: int, chunks
     return build(schedule, devices, microbatches, **params)
 
 
+def warn_option(sentence: str) -> None:
+    """A library's warning about an option's value (``seq 1000000 is beyond ...``: the sentence starts with the
+    option's name), as the option: one ``warning: --...`` line on stderr."""
+    typer.echo(f"warning: --{sentence}", err=True)
+
+
 def validation_summary(error: ValidationError, most: int = 4, options: bool = False) -> str:
     """A pydantic error as the API words it (``field.path: message; ...``): one line, without pydantic's input
     echo and documentation links; past ``most`` errors, how many more. ``options``: the fields are the

@@ -191,7 +191,9 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
             from profiler.hf_model import read_hf_layer_model
 
             try:
-                lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers, warn=_warn_option)
+                from pipeplan.options import warn_option
+
+                lm, spec = read_hf_layer_model(hf_config, seq=seq, measure_layers=hf_layers, warn=warn_option)
             except SeqError as err:  # "seq: ...": the option's
                 raise _bad(f"--{err}") from None
             except HFConfigError as err:
@@ -235,11 +237,6 @@ def _out_of_memory(err: RuntimeError, sizes: str) -> BaseException:
     tried = text[text.find("you tried to allocate"):].split(".")[0] if "you tried to allocate" in text else ""
     return _bad(f"out of memory timing a layer at {sizes}{f' ({tried})' if tried else ''}: give a smaller "
                 "--seq or smaller --micro-batches")
-
-
-def _warn_option(sentence: str) -> None:
-    """A library's warning about an option's value (``seq 1000000 is beyond ...``), as the option: one line."""
-    typer.echo(f"warning: --{sentence}", err=True)
 
 
 def _finish(prof: ModelProfile, out: Path, upload: str | None) -> None:
