@@ -22,7 +22,8 @@ from api.jobqueue import get_job, record_event
 from db.models import CandidateRow, CandidateTimeline, ClusterRow, Job, PlanRequest, Profile, Result, Worker, utcnow
 from planner.cluster import Cluster
 from planner.profile import ModelProfile
-from planner.reserve import default_reserve, reserve_error
+from planner.request import TrainingRequest
+from planner.reserve import CPU_RESERVE_BYTES, reserve_error, resolve_reserve
 from planner.units import devices
 
 __all__ = ["Busy", "Conflict", "InputError", "NotFound", "get_job"]
@@ -174,10 +175,9 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
     if (gpus or cluster.gpus) > max_gpus:
         raise InputError(f"gpus: a plan may use at most {max_gpus} GPUs; cluster {cluster_id} has {cluster.gpus}: "
                          "give a smaller 'gpus' budget")
-    reserve = request.get("memory_reserve_bytes")
-    if reserve is None:
-        reserve = default_reserve(cluster.device)[0]
-    if (why := reserve_error(reserve, cluster_model(cluster).memory_bytes)) is not None:
+    cl = cluster_model(cluster)
+    resolved, _ = resolve_reserve(TrainingRequest.model_validate(request), cl)  # the request's, or the device's
+    if (why := reserve_error(resolved.memory_reserve_bytes or 0, cl.memory_bytes)) is not None:
         raise InputError(why)
     h = request_hash(profile_id, cluster_id, request)
     existing = db.scalar(select(PlanRequest).where(PlanRequest.request_hash == h, PlanRequest.status != "failed")
@@ -185,7 +185,6 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
     if existing is not None:
         return existing, False
     profile_model(profile)
-    cluster_model(cluster)
     from api.planqueue import unfinished_count
 
     waiting = unfinished_count(db)
@@ -299,8 +298,6 @@ def _node_holds(plan_id: int, spec: dict[str, Any], where: dict[str, Any], max_n
     memory holds, after the claim). The API does not know an agent's memory; it refuses a placement of more than
     ``max_node_processes`` (PIPEPLAN_MAX_NODE_PROCESSES) per node here: an emulated job of a 1024-GPU plan, placed
     on one node, was queued as 1 node x 1024 processes (about 320 GiB) and failed on the CPU agent."""
-    from planner.reserve import CPU_RESERVE_BYTES
-
     procs, nodes = where.get("procs_per_node"), where["nodes"]
     if procs is None or procs <= max_node_processes:
         return
