@@ -56,10 +56,12 @@ def test_rendezvous_refuses_a_node_of_another_job() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     errors: dict[int, BaseException | None] = {}
+    stores: list[object] = []  # rank 0's store serves the rendezvous: held until rank 1 has read it
 
     def node(rank: int, rid: str) -> None:
         try:
-            rendezvous_store({"endpoint": f"127.0.0.1:{port}", "id": rid}, rank, 2, timedelta(seconds=30))
+            stores.append(rendezvous_store({"endpoint": f"127.0.0.1:{port}", "id": rid}, rank, 2,
+                                           timedelta(seconds=30)))
             errors[rank] = None
         except BaseException as e:  # noqa: BLE001 - the test reads it
             errors[rank] = e
