@@ -66,7 +66,7 @@ PP.start(async () => {
   document.body.dataset.ready = "1";
   const sel = [...S.selected].filter((r) => r < plan.candidates.length);
   if (sel.length >= 1) compare();
-  if (plan.status === "done") loadNames(plan);
+  loadNames(plan);  // a failed plan names its profile too
 });
 
 async function loadNames(plan) {
@@ -114,8 +114,9 @@ function renderInfo(plan) {
       <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_parameters ? " · weights, gradients and optimizer sharded over data parallel (FSDP)" : r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
     <div id="info-assumes" class="muted" hidden></div>
-    <div class="muted">${plan.num_candidates} ranked candidates of ${plan.evaluated ?? "?"} configurations
-      (${plan.simulated ?? "?"} simulated) · ${(plan.infeasible || []).length} that do not fit (tick “show candidates that do not fit”)
+    <div class="muted">${plan.evaluated == null ? (plan.status === "failed" ? "no configurations ranked" : "searching")
+        : `${plan.num_candidates} ranked candidates of ${plan.evaluated} configurations
+      (${plan.simulated ?? 0} simulated) · ${(plan.infeasible || []).length} that do not fit (tick “show candidates that do not fit”)`}
       ${rej ? " · rejected: " + rej : ""} · <a href="/plans/${plan.id}">JSON</a>
       ${plan.error ? `<div class="error">${PP.esc(plan.error)}</div>` : ""}</div>
     ${versionNote()}

@@ -105,3 +105,33 @@ def test_dispatch_is_disabled_where_a_node_would_run_too_many_processes(browser,
         ctx.close()
     finally:
         srv.stop()
+
+
+def test_a_failed_plan_names_its_profile_and_no_unknown_counts(browser, console: Console,  # type: ignore[no-untyped-def]
+                                                                tmp_path: Path) -> None:
+    """A plan that failed (here: stopped by PIPEPLAN_PLAN_TIMEOUT_SECONDS) showed "profile #1" where a done plan
+    names its profile, and "0 ranked candidates of ? configurations (? simulated)" above its error."""
+    from db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
+    upgrade(url)
+    srv = LiveServer(url, tmp_path, PIPEPLAN_PLAN_TIMEOUT_SECONDS="0").start()
+    try:
+        with srv.client() as c:
+            pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
+            cid = c.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+            plan = post_plan(c, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})
+            assert plan["status"] == "failed" and "longer than" in plan["error"], plan
+            name = c.get(f"/profiles/{pid}", headers=AUTH).json()["name"]
+        ctx = browser.new_context()
+        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+        page = console.attach(ctx.new_page())
+        page.set_default_timeout(30_000)
+        page.goto(f"{srv.url}/ui/plans/{plan['id']}")
+        page.wait_for_selector("body[data-ready='1']")
+        page.wait_for_function(f"document.querySelector('#info-profile').textContent.startsWith({json.dumps(name)})")
+        info = page.locator("#plan-info").inner_text()
+        assert "?" not in info and "no configurations ranked" in info and "longer than" in info, info
+        ctx.close()
+    finally:
+        srv.stop()
