@@ -28,7 +28,7 @@ from api.bodylimit import BodyLimit
 from api.errors import clean_errors, validation_message
 from api.metrics import Metrics
 from api.planrun import PlanRunner
-from api.routers import clusters, health, jobs, plans, profiles, workers
+from api.routers import auth, clusters, health, jobs, plans, profiles, workers
 from api.settings import Settings
 from db.migrate import check
 from db.session import make_engine, make_sessionmaker
@@ -205,7 +205,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.error("database error on %s %s: %s", request.method, request.url.path, exc)
         return JSONResponse(status_code=500, content={"detail": "internal database error"})
 
-    for r in (profiles.router, clusters.router, plans.router, jobs.router, workers.router, health.router):
+    for r in (profiles.router, clusters.router, plans.router, jobs.router, workers.router, health.router,
+              auth.router):
         app.include_router(r)
     install_docs(app)
     from api.routers import ui  # web UI: pages at / and /ui/..., /ui/static

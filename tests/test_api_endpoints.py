@@ -94,6 +94,14 @@ def test_auth_tokens_and_roles(client) -> None:  # type: ignore[no-untyped-def]
     assert r.status_code == 401
     assert client.post("/workers", json={"name": "w", "node": "n"}, headers=WAUTH).status_code == 201
     assert client.get("/metrics").status_code == 200 and client.get("/health").status_code == 200
+    # GET /whoami names the role of a token (the UI's token box), refuses one it does not know
+    assert client.get("/whoami", headers=AUTH).json()["role"] == "admin"
+    assert client.get("/whoami", headers=WAUTH).json()["role"] == "registrar"
+    cred = client.post("/workers", json={"name": "w2", "node": "n"}, headers=WAUTH).json()["token"]
+    me = client.get("/whoami", headers={"Authorization": f"Bearer {cred}"}).json()
+    assert me["role"] == "worker" and isinstance(me["worker_id"], int), me
+    assert client.get("/whoami", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/whoami").status_code == 401
 
 
 def test_open_reads_setting(db_url) -> None:  # type: ignore[no-untyped-def]

@@ -67,7 +67,7 @@ def _flow(server: LiveServer, browser: Any, console: Console, tmp_path: Path) ->
     page.fill("#token", ADMIN)
     page.click("#token-save")
     page.wait_for_selector('body[data-ready="1"]')
-    assert page.locator("#token-state").inner_text() == "token set"
+    page.wait_for_function("document.querySelector('#token-state').textContent === 'admin token'")
     pid, cid = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     page.select_option("#profile", str(pid))
     assert page.input_value("#cluster") == str(cid)  # the first cluster of the profile's device

@@ -70,7 +70,20 @@ const PP = (() => {
     if (!form) return;
     const input = document.getElementById("token");
     const state = document.getElementById("token-state");
-    const show = () => { state.textContent = token() ? "token set" : (openReads() ? "reads open" : "no token"); };
+    // the token's role from GET /whoami: a mistyped token says so here, not as the next page's 401
+    const show = async () => {
+      state.classList.remove("error");
+      state.title = "";
+      if (!token()) { state.textContent = openReads() ? "reads open" : "no token"; return; }
+      state.textContent = "token set";
+      try {
+        const who = (await api("GET", "/whoami")).data;
+        state.textContent = { admin: "admin token", registrar: "registration token", worker: "worker credential" }[who.role] || "token set";
+        state.title = who.may || "";
+      } catch (e) {
+        if (e.status === 401) { state.textContent = "invalid token"; state.classList.add("error"); state.title = String(e.message || e); }
+      }
+    };
     show();
     form.addEventListener("submit", (ev) => {
       ev.preventDefault();

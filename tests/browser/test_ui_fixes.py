@@ -104,7 +104,7 @@ def test_saving_the_token_keeps_the_filled_in_form(server: LiveServer, browser: 
     page.click("#token-save")
     page.wait_for_selector('body[data-ready="1"]')  # the page's loader ran once the token was there
     assert page.evaluate("window.__sameDocument") == 1, "saving the token reloaded the page"
-    assert page.locator("#token-state").inner_text() == "token set"
+    page.wait_for_function("document.querySelector('#token-state').textContent === 'admin token'")
     assert note.is_hidden()
     assert [page.input_value(s) for s in ("#global-batch", "#gpus", "#top")] == ["16", "4", "7"]
     assert not page.is_checked('input[name=schedule][value="gpipe"]')

@@ -135,3 +135,36 @@ def test_a_failed_plan_names_its_profile_and_no_unknown_counts(browser, console:
         ctx.close()
     finally:
         srv.stop()
+
+
+def test_the_token_box_says_an_invalid_token_and_the_role_of_a_valid_one(browser, console: Console,  # type: ignore[no-untyped-def]
+                                                                         tmp_path: Path) -> None:
+    """A mistyped token said "token set" like the admin token (GET /whoami now names the role)."""
+    from db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
+    upgrade(url)
+    srv = LiveServer(url, tmp_path).start()
+    try:
+        ctx = browser.new_context()
+        page = console.attach(ctx.new_page())
+        page.set_default_timeout(30_000)
+        page.goto(f"{srv.url}/ui/jobs")
+        state = "document.querySelector('#token-state')"
+        page.fill("#token", "not-the-token")
+        page.click("#token-save")
+        page.wait_for_function(f"{state}.textContent === 'invalid token'")
+        assert "error" in page.locator("#token-state").get_attribute("class")
+        expected = [e for e in console.errors if "status of 401" in e]  # /whoami's and the jobs list's 401
+        assert expected, console.errors
+        for e in expected:
+            console.errors.remove(e)
+        page.fill("#token", ADMIN)
+        page.click("#token-save")
+        page.wait_for_function(f"{state}.textContent === 'admin token'")
+        assert "error" not in (page.locator("#token-state").get_attribute("class") or "")
+        page.reload()  # kept in localStorage: the role is asked again
+        page.wait_for_function(f"{state}.textContent === 'admin token'")
+        ctx.close()
+    finally:
+        srv.stop()
