@@ -61,6 +61,9 @@ function budgetWords() {
   const noun = PP.deviceNoun(c && c.device);
   const label = `${noun.startsWith("CPU") ? "CPU process" : "GPU"} budget`;
   document.getElementById("budget-label").textContent = label;
+  // enumeration.py: t D W = P for every configuration, so a smaller job is another plan with a smaller budget
+  document.getElementById("budget-label").parentElement.title = `Every candidate uses exactly this many ` +
+    `${noun} (tensor × pipeline × data parallel = budget); for smaller jobs plan again with a smaller budget`;
   document.getElementById("gpus").dataset.label = label;
   document.getElementById("max-tensor").placeholder = `${noun} per node`;
 }

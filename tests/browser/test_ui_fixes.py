@@ -620,6 +620,9 @@ def test_a_budget_past_the_cluster_is_refused_in_the_form(server: LiveServer, br
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.select_option("#cluster", str(local))
+    # the budget is the size of every candidate, not an upper bound (planner/enumeration.py: t D W = P)
+    assert "Every candidate uses exactly this many CPU processes" in \
+        page.locator("#budget-label").evaluate("e => e.parentElement.title")
     before = len(_plans(server))
     page.fill("#global-batch", "8")
     page.fill("#gpus", "5000")
