@@ -22,6 +22,7 @@ from pipeplan.options import (
     ShardOptimizerOpt,
     ShardParametersOpt,
     WavesOpt,
+    as_options,
     fail,
     load_input,
     memory_reserve_bytes,
@@ -218,7 +219,7 @@ def register(app: typer.Typer) -> None:
         try:
             res = plan(prof, cl, req, processes=processes)
         except ValueError as e:
-            fail(str(e))
+            fail(as_options(str(e)))
             raise
         stamps.append(time.perf_counter())
         if json_out:
@@ -277,14 +278,14 @@ def register(app: typer.Typer) -> None:
         try:
             cand = predict(prof, cl, req, cfg)
         except ValueError as e:
-            fail(f"{cfg.label()}: {e}")
+            fail(as_options(f"{cfg.label()}: {e}"))
             raise
         warnings = device_warnings(prof, cl, req) + size_warnings(prof, [cfg.micro_batch])
         if json_out:  # refused or not fitting too: "fits": false, the reason, and null for what was not predicted
             typer.echo(strict_json({**cand.to_dict(), "warnings": warnings, "profile": profile_note(prof)}))
             return
         if cand.simulation is None:  # refused: the reason alone (the warnings are about a prediction), exit 2
-            fail(cand.reason)
+            fail(as_options(cand.reason))
         for w in warnings:
             typer.echo(f"warning: {w}", err=True)
         from rich.console import Console

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -102,6 +103,26 @@ def validation_summary(error: ValidationError, most: int = 4, options: bool = Fa
     parts = [one(e) for e in errs[:most]]
     more = f" (and {len(errs) - most} more)" if len(errs) > most else ""
     return "; ".join(parts) + more
+
+
+#: a request's or configuration's field as the plan/predict option that sets it (the planner's and the API's
+#: messages name fields: ``gpus: budget 5000 exceeds ...``; on the command line the user typed ``--gpus``)
+FIELD_OPTIONS = {"gpus": "gpus", "global_batch": "global-batch", "max_tensor": "max-tensor", "top": "top",
+                 "schedules": "schedules", "memory_reserve_bytes": "memory-reserve",
+                 "bytes_per_param": "bytes-per-param",
+                 "tensor": "tensor", "pipeline": "pipeline", "data": "data", "micro_batch": "micro-batch",
+                 "schedule": "schedule", "chunks": "chunks", "waves": "waves", "pipelines": "pipelines",
+                 "concat": "concat", "replication": "replication"}
+
+
+def as_options(message: str, fields: dict[str, str] = FIELD_OPTIONS) -> str:
+    """``message`` with a leading field name (also after a configuration's label, ``t=1 D=2 ...: tensor: ...``)
+    written as the option that sets it: ``--gpus: budget 5000 exceeds ...``."""
+    def one(m: re.Match[str]) -> str:
+        name = fields.get(m.group(2))
+        return f"{m.group(1)}--{name}: " if name else m.group(0)
+
+    return re.sub(r"(^|: )([a-z_]+): ", one, message, count=1)
 
 
 def fail(message: str) -> None:

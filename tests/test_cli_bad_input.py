@@ -88,7 +88,25 @@ def test_malformed_cluster_file_names_the_file_and_fields(tiny: Path, tmp_path: 
 
 def test_budget_over_a_cpu_cluster_says_cpu_processes(tiny: Path) -> None:
     out = _refused(["plan", "--profile", str(tiny), "--cluster", CPU4, "--global-batch", "8", "--gpus", "100"])
-    assert "exceeds the cluster's 4 CPU processes" in out and "GPUs" not in out
+    assert out.startswith("error: --gpus: budget 100 exceeds the cluster's 4 CPU processes") and "GPUs" not in out
+
+
+GPT2M = "examples/profiles/gpt2-medium-a100-80gb-analytic.json"
+A100 = "examples/clusters/dgx-a100-80gb.json"
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["plan", "--memory-reserve", "80"], "error: --memory-reserve: the reserve of 80 GiB per device leaves nothing"),
+    (["predict", "--schedule", "1f1b", "--tensor", "3", "--pipeline", "2", "--data", "1", "--micro-batch", "1"],
+     "error: --tensor: t = 3 does not divide the model's 16 attention heads"),
+    (["predict", "--schedule", "1f1b", "--tensor", "1", "--pipeline", "2", "--data", "1", "--micro-batch", "1",
+      "--memory-reserve", "80"], "error: t=1 D=2 W=1 b=1 1f1b: --memory-reserve: the reserve of 80 GiB"),
+])
+def test_the_planners_field_names_are_written_as_the_options(args: list[str], words: str) -> None:
+    """The planner's messages name a request's fields (``memory_reserve_bytes: ...``, ``tensor: ...``, as the
+    API's 422s do); on the command line they are the options that set them."""
+    out = _refused([*args, "--profile", GPT2M, "--cluster", A100, "--global-batch", "8"])
+    assert out.startswith(words), out
 
 
 def test_run_refuses_more_processes_than_the_host_memory_holds(monkeypatch: pytest.MonkeyPatch) -> None:
