@@ -6,6 +6,7 @@ db-upgrade`` brings it to the head revision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -44,15 +45,36 @@ def current(engine: Engine) -> str | None:
 
 def upgrade(url: str | None = None, revision: str = "head") -> str:
     """Upgrade the database at ``url`` (default: the configured one) to ``revision``; return it."""
+    return _migrate(url, lambda cfg: command.upgrade(cfg, revision))
+
+
+def downgrade(url: str | None = None, revision: str = "-1") -> str:
+    """Downgrade the database at ``url`` to ``revision`` (default: one step); return where it is."""
+    return _migrate(url, lambda cfg: command.downgrade(cfg, revision))
+
+
+def _migrate(url: str | None, step: Callable[[Config], None]) -> str:
+    """Run ``step`` in one transaction. On SQLite its foreign keys are off meanwhile (a table rebuild, migration
+    0007, drops a table others refer to; the pragma is a no-op inside a transaction, so it is set before one) and
+    ``PRAGMA foreign_key_check`` must find no broken reference before the commit."""
     cfg = alembic_config(url)
     engine = make_engine(url)
     try:
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+        with engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                conn.commit()
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                step(cfg)
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all() if sqlite else []
+                if broken:
+                    raise RuntimeError(f"the migration left references to rows that do not exist (table, rowid, "
+                                       f"parent, fk): {broken[:5]}; nothing was changed")
         return current(engine) or ""
     finally:
-        engine.dispose()
+        engine.dispose()  # its connections had foreign keys off: none is reused
 
 
 def check(engine: Engine) -> None:

@@ -71,6 +71,7 @@ class Base(DeclarativeBase):
 
 class Profile(Base):
     __tablename__ = "profiles"
+    __table_args__ = {"sqlite_autoincrement": True}  # an id is never handed out twice (migration 0007)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     content_hash: Mapped[str] = mapped_column(String(64), unique=True)
@@ -86,6 +87,7 @@ class Profile(Base):
 
 class ClusterRow(Base):
     __tablename__ = "clusters"
+    __table_args__ = {"sqlite_autoincrement": True}  # an id is never handed out twice (migration 0007)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     content_hash: Mapped[str] = mapped_column(String(64), unique=True)

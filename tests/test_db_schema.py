@@ -302,3 +302,85 @@ def test_a_delete_racing_a_plan_names_what_is_in_use(db_url: str) -> None:
                 crud._delete_unused(db, Profile, "profile", PlanRequest.attempts + 10**6, pid)
     finally:
         eng.dispose()
+
+
+def _profile_doc(name: str) -> object:
+    from api_support import tiny_profile
+
+    from planner.profile import ModelProfile
+
+    return ModelProfile.model_validate({**tiny_profile(), "name": name})
+
+
+def test_a_deleted_profiles_or_clusters_id_is_never_handed_out_again(db_url: str) -> None:
+    """On SQLite, deleting the newest profile (or cluster) and uploading another gave the new one the deleted id:
+    a link or a script's id that meant the deleted one named the new one (migration 0007: AUTOINCREMENT)."""
+    from api_support import tiny_cluster
+
+    from planner.cluster import Cluster
+
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        with sessions.begin() as db:
+            a, _ = crud.add_profile(db, _profile_doc("a"))
+            b, _ = crud.add_profile(db, _profile_doc("b"))
+            k, _ = crud.add_cluster(db, Cluster.model_validate({**tiny_cluster(), "name": "k"}), 1024)
+            ids = (a.id, b.id, k.id)
+        with sessions.begin() as db:
+            crud.delete_profile(db, ids[1])
+            crud.delete_cluster(db, ids[2])
+        with sessions.begin() as db:
+            c, _ = crud.add_profile(db, _profile_doc("c"))
+            m, _ = crud.add_cluster(db, Cluster.model_validate({**tiny_cluster(), "name": "m"}), 1024)
+            assert c.id > ids[1] and m.id > ids[2], (ids, c.id, m.id)
+    finally:
+        eng.dispose()
+
+
+def test_migration_0007_keeps_every_row_id_and_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The SQLite rebuild (tables others refer to, foreign keys off meanwhile) keeps each profile's and cluster's
+    id, the plans' and the calibrated version's references and the indexes; a downgrade gives the tables back."""
+    from sqlalchemy import text
+
+    from db.migrate import downgrade
+
+    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
+    upgrade(url, "0006_plan_requests_live_unique")
+    eng = make_engine(url)
+    sessions = make_sessionmaker(eng)
+    pid, cid = _inputs(sessions)
+    with eng.begin() as c:
+        c.execute(text("INSERT INTO clusters (content_hash, name, device, gpus, body, created_at, base_id, version) "
+                       "SELECT 'v2', name, device, gpus, body, created_at, id, 2 FROM clusters WHERE id = :c"),
+                  {"c": cid})
+        c.execute(text("INSERT INTO plan_requests (profile_id, cluster_id, request, request_hash, status, attempts, "
+                       "created_at) VALUES (:p, :c, '{}', 'h', 'done', 1, CURRENT_TIMESTAMP)"), {"p": pid, "c": cid})
+        before = {t: c.execute(text(f"SELECT * FROM {t} ORDER BY id")).all()
+                  for t in ("profiles", "clusters", "plan_requests")}
+        indexes = {t: sorted(i["name"] for i in inspect(c).get_indexes(t)) for t in ("profiles", "clusters")}
+    eng.dispose()
+    assert upgrade(url) == head()
+    eng = make_engine(url)
+    try:
+        with eng.begin() as c:
+            assert {t: c.execute(text(f"SELECT * FROM {t} ORDER BY id")).all() for t in before} == before
+            assert {t: sorted(i["name"] for i in inspect(c).get_indexes(t)) for t in indexes} == indexes
+            assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1  # the app's connections: on again
+            assert c.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+            for t in ("profiles", "clusters"):
+                assert "AUTOINCREMENT" in c.execute(text("SELECT sql FROM sqlite_master WHERE name = :t"),
+                                                    {"t": t}).scalar()
+            with pytest.raises(Exception, match="FOREIGN KEY"):  # the plans' reference is enforced still
+                c.execute(text("DELETE FROM profiles WHERE id = :p"), {"p": pid})
+    finally:
+        eng.dispose()
+    assert downgrade(url) == "0006_plan_requests_live_unique"
+    eng = make_engine(url)
+    try:
+        with eng.begin() as c:
+            assert {t: c.execute(text(f"SELECT * FROM {t} ORDER BY id")).all() for t in before} == before
+            sql = c.execute(text("SELECT sql FROM sqlite_master WHERE name = 'profiles'")).scalar()
+            assert "AUTOINCREMENT" not in sql
+    finally:
+        eng.dispose()
