@@ -200,7 +200,8 @@ def register(app: typer.Typer) -> None:
         api: Annotated[str | None, typer.Option(help="service URL: calibrate a stored cluster from its jobs")] = None,
         cluster_id: Annotated[int | None, typer.Option(help="with --api: the cluster's id (any version)")] = None,
         token: TokenOpt = None,
-        include_emulated: Annotated[bool, typer.Option(help="with --api: count emulated runs too")] = False,
+        include_emulated: Annotated[bool, typer.Option(
+            "--include-emulated", help="with --api: count emulated runs too")] = False,
     ) -> None:
         """Fit compute scale, link scale and per-action overhead to finished runs; store them with the cluster.
 

@@ -227,7 +227,7 @@ def export(
     model: Annotated[str | None, typer.Option(help="a preset model (planner.model) when --profile names none")
                      ] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="KEY=VALUE for the format (repeat)")] = None,
-    closest: Annotated[bool, typer.Option(help="export the closest schedule the framework has instead of "
+    closest: Annotated[bool, typer.Option("--closest", help="export the closest schedule the framework has instead of "
                                                "refusing (with --profile and --cluster: the fastest of those "
                                                "that fit in memory; the header warns when none does)")] = False,
     out: Annotated[str | None, typer.Option("--out", help="write here instead of stdout (a directory when the "

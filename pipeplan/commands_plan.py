@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
         gpus: Annotated[int | None, typer.Option(help="GPU budget (default: the whole cluster)")] = None,
         top: Annotated[int, typer.Option(help="how many candidates")] = 10,
         schedules: Annotated[str | None, typer.Option(help="comma-separated allowed schedules")] = None,
-        allow_async: Annotated[bool, typer.Option(help="include PipeDream and 2BW")] = False,
+        allow_async: Annotated[bool, typer.Option("--allow-async", help="include PipeDream and 2BW")] = False,
         max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
         memory_reserve: MemoryReserveOpt = None,
         bytes_per_param: BytesPerParamOpt = None,
@@ -246,7 +246,7 @@ def register(app: typer.Typer) -> None:
         data: Annotated[int, typer.Option(help="data-parallel width W")],
         micro_batch: Annotated[int, typer.Option(help="micro-batch size b")],
         schedule: Annotated[str, typer.Option(help="schedule name")],
-        recompute: Annotated[bool, typer.Option(help="activation recomputation")] = False,
+        recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
         chunks: ChunksOpt = None,
         waves: WavesOpt = None,
         pipelines: PipesOpt = None,
@@ -324,7 +324,8 @@ def register(app: typer.Typer) -> None:
             help="the flash kernel's implementation, timed at its published rate on the device: flash2 "
                  "(FlashAttention-2, what Megatron-LM's --use-flash-attn runs), flash3 (FlashAttention-3, "
                  "Hopper) or cudnn (cuDNN's fused attention, Transformer Engine's choice on Hopper)")] = "flash2",
-        sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = False,
+        sequence_parallel: Annotated[bool, typer.Option(
+            "--sequence-parallel", help="Megatron sequence parallelism")] = False,
         recompute_granularity: Annotated[str, typer.Option(
             help="none, selective (Megatron's --recompute-granularity selective, Korthikanti et al. 2022: "
                  "layers not fully recomputed re-run the attention core in the backward instead of stashing "
@@ -347,6 +348,7 @@ def register(app: typer.Typer) -> None:
                  "Megatron-LM's local DDP) or overlapped (in buckets during the last backward of a one-stage "
                  "pipeline: PyTorch DDP, Megatron-Core's --overlap-grad-reduce)")] = "after-backward",
         p2p_scatter_gather: Annotated[bool, typer.Option(
+            "--p2p-scatter-gather",
             help="the runtime sends each pipeline boundary tensor by Megatron-LM's scatter/gather (its default "
                  "in 2021-22, --scatter-gather-tensors-in-pipeline): each tensor-parallel rank sends 1/t of it "
                  "and the receivers all-gather it; without it every rank sends the whole tensor (pipeplan's "

@@ -34,6 +34,7 @@ BytesPerParamOpt = Annotated[float | None, typer.Option(
     help="model state per parameter (default 16: mixed-precision Adam's bf16 weights and gradients and fp32 master "
          "weights and moments; Megatron-LM's bf16 runs keep fp32 gradients: 18)")]
 ShardOptimizerOpt = Annotated[bool, typer.Option(
+    "--shard-optimizer",
     help="the optimizer state (Adam's 12 bytes per parameter) is split over the W data-parallel replicas: ZeRO-1, "
          "Megatron-LM's --use-distributed-optimizer, DeepSpeed ZeRO stage 1; memory and the optimizer step count a "
          "device's share (exports carry it)")]
@@ -43,6 +44,7 @@ MemoryReserveOpt = Annotated[float | None, typer.Option(
 #: the largest --memory-reserve, GiB: TrainingRequest's 2**60 bytes
 MAX_MEMORY_RESERVE_GIB = 2**30
 ShardParametersOpt = Annotated[bool, typer.Option(
+    "--shard-parameters",
     help="the weights and gradients are split over the W data-parallel replicas too: ZeRO-3, PyTorch FSDP2 as "
          "torchtitan runs it (data_parallel_shard_degree = W); each layer's weights are all-gathered where it "
          "computes and its gradients reduce-scattered, costed per micro-batch without a pipeline and once per "

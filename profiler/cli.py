@@ -267,8 +267,9 @@ def profile_links(
     backend: str | None = typer.Option(None, help="gloo or nccl (default: nccl if CUDA, else gloo)"),
     timeout: float = typer.Option(60.0, help="seconds init_process_group waits for the peers"),
     local_procs: int = typer.Option(0, help="spawn this many local gloo processes instead of torchrun"),
-    executor_overhead: bool = typer.Option(
-        False, help="with --local-procs: also measure our executor's per-action overhead (profiler.overhead) "
+    executor_overhead: bool = typer.Option(  # a flag alone (no --no- twin): the help's option column fits 80 columns
+        False, "--executor-overhead",
+        help="with --local-procs: also measure our executor's per-action overhead (profiler.overhead) "
         "on that many processes; written as executor_overhead (a cluster's `executor` field)"),
 ) -> None:
     """Measure point-to-point and all-reduce alpha/beta; run under torchrun (or with --local-procs N)."""

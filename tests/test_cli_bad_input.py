@@ -460,3 +460,12 @@ def test_a_seq_beyond_rotary_positions_warns_and_proceeds(tmp_path: Path) -> Non
                             "--out", str(tmp_path / "m.json")])
     assert r.exit_code == 0, r.output
     assert "warning: --seq 32 is beyond max_position_embeddings (16)" in r.stderr.splitlines()[0], r.stderr
+
+
+@pytest.mark.parametrize("command", ["profile-links", "plan", "predict", "export", "calibrate"])
+def test_help_at_80_columns_cuts_no_option_name(command: str) -> None:
+    """A default-off flag rendered as ``--executor-overhead / --no-executor-overhead`` widened the option column so
+    far that at 80 columns the names and help words were cut (``--executor-overh…``, ``init_process_gro…``)."""
+    r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"})
+    assert r.exit_code == 0 and "Usage" in r.output
+    assert "…" not in r.output, [ln for ln in r.output.splitlines() if "…" in ln]
