@@ -23,6 +23,12 @@ class UniqueKeysRequest(Request):
                 self._json = json.loads(body, object_pairs_hook=unique_keys)
             except DuplicateKey as e:  # FastAPI passes an HTTPException on as it is (else: 400, no reason)
                 raise HTTPException(422, f"body: {e}") from None
+            except UnicodeDecodeError as e:  # (FastAPI's answer: 400 "There was an error parsing the body")
+                raise HTTPException(400, f"body: not UTF-8 text: byte 0x{e.object[e.start]:02x} at position "
+                                         f"{e.start} (a JSON body is UTF-8, RFC 8259 section 8.1)") from None
+            except RecursionError:
+                raise HTTPException(400, "body: nested deeper than the JSON reader follows (about 1000 levels of "
+                                         "arrays or objects); no pipeplan document nests more than a few") from None
         return self._json
 
 

@@ -167,3 +167,14 @@ def test_a_reserve_of_the_whole_device_is_a_422(seeded) -> None:  # type: ignore
     _refused(client, "/plans", body, "memory_reserve_bytes")
     r = client.post("/plans", json={**body, "memory_reserve_bytes": memory // 2}, headers=AUTH)
     assert r.status_code in (201, 202), r.text
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"name": "\xff\xfe"}', "body: not UTF-8 text: byte 0xff at position 10 (a JSON body is UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "body: nested deeper than the JSON reader follows"),
+])
+def test_a_body_the_reader_cannot_take_says_which_rule(client, body: bytes, words: str) -> None:  # type: ignore[no-untyped-def]
+    """Bytes that are not UTF-8 and arrays nested 100,000 deep were both 400 "There was an error parsing the body"."""
+    for path in ("/clusters", "/profiles", "/plans"):
+        r = client.post(path, content=body, headers={**AUTH, "Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["detail"].startswith(words), (path, r.text)
