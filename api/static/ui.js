@@ -71,17 +71,20 @@ const PP = (() => {
     const input = document.getElementById("token");
     const state = document.getElementById("token-state");
     // the token's role from GET /whoami: a mistyped token says so here, not as the next page's 401
+    let asked = 0;  // the latest question: an answer about a token replaced meanwhile is dropped
     const show = async () => {
+      const mine = ++asked;
       state.classList.remove("error");
       state.title = "";
       if (!token()) { state.textContent = openReads() ? "reads open" : "no token"; return; }
       state.textContent = "token set";
       try {
         const who = (await api("GET", "/whoami")).data;
+        if (mine !== asked) return;
         state.textContent = { admin: "admin token", registrar: "registration token", worker: "worker credential" }[who.role] || "token set";
         state.title = who.may || "";
       } catch (e) {
-        if (e.status === 401) { state.textContent = "invalid token"; state.classList.add("error"); state.title = String(e.message || e); }
+        if (mine === asked && e.status === 401) { state.textContent = "invalid token"; state.classList.add("error"); state.title = String(e.message || e); }
       }
     };
     show();
