@@ -465,6 +465,9 @@ def alive(worker: Worker, alive_seconds: float, now: datetime | None = None) -> 
 def get_candidate(db: Session, plan_id: int, rank: int) -> CandidateRow:
     """Candidate ``rank`` (0 = best) of a plan."""
     plan = get_plan(db, plan_id)
+    if plan.status in ("queued", "running"):  # (it had "no candidate 0": a 404 a client does not retry)
+        raise Conflict(f"plan {plan_id} is {plan.status}: its candidates are known once it is done "
+                       f"(GET /plans/{plan_id} until its status is done)")
     row = db.scalar(select(CandidateRow).where(CandidateRow.plan_id == plan_id, CandidateRow.rank == rank))
     if row is None:
         n = count_candidates(db, [plan_id]).get(plan_id, 0)

@@ -1,15 +1,23 @@
-"""Request bodies read as JSON with one rule more than FastAPI's: a key given twice in one object is refused
-(422 naming the key), as the command line refuses it in files (:func:`planner.jsondoc.unique_keys`). JSON
-(RFC 8259 section 4) leaves such an object's meaning undefined and Python's reader keeps the last value, so an
-upload's first value was dropped without a word. Every API router is built with :class:`UniqueKeysRoute`."""
+"""What FastAPI lets through, held to rules a user can read (:class:`UniqueKeysRoute`, the class of every API
+router's routes):
+
+* a key given twice in one JSON object is refused (422 naming the key), as the command line refuses it in files
+  (:func:`planner.jsondoc.unique_keys`): JSON (RFC 8259 section 4) leaves such an object's meaning undefined and
+  Python's reader keeps the last value, so an upload's first value was dropped without a word;
+* a body that is not UTF-8 or nests past the reader's depth is a 400 saying so;
+* a query parameter the endpoint does not take, or a single-valued one given twice, is a 422
+  (:func:`query_problem`), and so is a body sent to an endpoint that takes none (its options are query
+  parameters: ``POST /clusters/1/calibrate`` with ``{"include_emulated": true}`` calibrated without them)."""
 
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from planner.jsondoc import DuplicateKey, unique_keys
@@ -32,13 +40,65 @@ class UniqueKeysRequest(Request):
         return self._json
 
 
+def _query_names(dependant: Any) -> dict[str, bool]:
+    """The query parameters a route takes, its dependencies' too: name -> whether it takes several values."""
+    out: dict[str, bool] = {}
+    todo = [dependant]
+    while todo:
+        d = todo.pop()
+        for f in d.query_params:
+            out[f.alias] = typing.get_origin(f.field_info.annotation) in (list, set, tuple) or any(
+                typing.get_origin(a) in (list, set, tuple) for a in typing.get_args(f.field_info.annotation))
+        todo.extend(d.dependencies)
+    return out
+
+
+def _has_body(dependant: Any) -> bool:
+    todo = [dependant]
+    while todo:
+        d = todo.pop()
+        if d.body_params:
+            return True
+        todo.extend(d.dependencies)
+    return False
+
+
+def query_problem(query: list[tuple[str, str]], takes: dict[str, bool], where: str) -> str | None:
+    """Why a query string is refused, or None: a parameter the endpoint does not take (``GET /jobs?cluster_id=1``
+    listed every job, as if it filtered), or one value of a single-valued parameter given twice
+    (``?state=queued&state=running`` kept the last)."""
+    seen: set[str] = set()
+    for name, _ in query:
+        if name not in takes:
+            have = ", ".join(sorted(takes)) or "none"
+            return f"query: {where} takes no parameter {name!r} (it takes: {have})"
+        if name in seen and not takes[name]:
+            return f"query: {name!r} is given twice; {where} takes one value of it"
+        seen.add(name)
+    return None
+
+
 class UniqueKeysRoute(APIRoute):
-    """A route whose handler reads its JSON body with :class:`UniqueKeysRequest`."""
+    """A route whose handler reads its JSON body with :class:`UniqueKeysRequest` and refuses (422) a query
+    parameter it does not take or a single-valued one given twice (:func:`query_problem`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes = _query_names(self.dependant)
+        bodiless = not _has_body(self.dependant)
 
         async def strict(request: Request) -> Response:
-            return await handler(UniqueKeysRequest(request.scope, request.receive))
+            where = f"{request.method} {self.path}"
+            query = request.query_params.multi_items()
+            if query and (problem := query_problem(query, takes, where)):
+                return JSONResponse(status_code=422, content={"detail": problem})
+            req = UniqueKeysRequest(request.scope, request.receive)
+            if bodiless and request.method in ("POST", "PUT", "PATCH"):
+                body = (await req.body()).strip()  # (kept on req: the handler reads it again from there)
+                if body not in (b"", b"{}", b"null"):
+                    opts = ", ".join(sorted(takes))
+                    more = f"; its options are query parameters: {opts}" if opts else ""
+                    return JSONResponse(status_code=422, content={"detail": f"body: {where} takes no body{more}"})
+            return await handler(req)
 
         return strict

@@ -178,3 +178,46 @@ def test_a_body_the_reader_cannot_take_says_which_rule(client, body: bytes, word
     for path in ("/clusters", "/profiles", "/plans"):
         r = client.post(path, content=body, headers={**AUTH, "Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["detail"].startswith(words), (path, r.text)
+
+
+def test_a_query_parameter_an_endpoint_does_not_take_or_given_twice_is_refused(seeded) -> None:  # type: ignore[no-untyped-def]
+    """``GET /jobs?cluster_id=1`` listed every job as if it filtered; ``?state=queued&state=running`` kept the
+    last value; ``?closest=true`` on an export was ignored. Each is a 422 naming the parameter now."""
+    client, pid, _, plan = seeded
+    r = client.get("/jobs", params={"cluster_id": 1}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"] == (
+        "query: GET /jobs takes no parameter 'cluster_id' (it takes: limit, offset, plan_id, state)"), r.text
+    r = client.get("/jobs?state=queued&state=running", headers=AUTH)
+    assert r.status_code == 422
+    assert r.json()["detail"] == "query: 'state' is given twice; GET /jobs takes one value of it"
+    r = client.get(f"/plans/{plan['id']}/candidates/0/export?format=megatron&closest=true", headers=AUTH)
+    assert r.status_code == 422 and "takes no parameter 'closest' (it takes: format)" in r.json()["detail"], r.text
+    assert client.get("/jobs", params={"state": "queued", "limit": 5}, headers=AUTH).status_code == 200
+    assert client.get(f"/profiles/{pid}/assumes", params={"sharded_weights": "true"}, headers=AUTH).status_code == 200
+
+
+def test_a_body_sent_to_an_endpoint_that_takes_none_is_refused(seeded) -> None:  # type: ignore[no-untyped-def]
+    """``POST /clusters/1/calibrate`` with ``{"include_emulated": "yes"}`` calibrated without the option it meant."""
+    client, _, cid, _ = seeded
+    r = client.post(f"/clusters/{cid}/calibrate", json={"include_emulated": "yes"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"] == (
+        "body: POST /clusters/{cluster_id}/calibrate takes no body; its options are query parameters: "
+        "include_emulated"), r.text
+    r = client.post("/jobs/1/cancel", json={"why": "x"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"] == "body: POST /jobs/{job_id}/cancel takes no body", r.text
+    r = client.post(f"/clusters/{cid}/calibrate", json={}, headers=AUTH)  # an empty object says nothing: as none
+    assert r.status_code != 422 or "takes no body" not in r.text, r.text
+
+
+def test_a_running_plans_candidate_is_a_409_not_a_404(seeded) -> None:  # type: ignore[no-untyped-def]
+    """``GET /plans/4/candidates/0/export`` of a running plan said 'plan 4 has no candidate 0' (404): a client
+    reads that as gone for good, where the candidate comes once the plan is done."""
+    from sqlalchemy import text
+
+    client, _, _, plan = seeded
+    with client.app.state.sessions.begin() as db:
+        db.execute(text("UPDATE plan_requests SET status = 'running' WHERE id = :i"), {"i": plan["id"]})
+    for path in ("timeline", "export?format=megatron"):
+        r = client.get(f"/plans/{plan['id']}/candidates/0/{path}", headers=AUTH)
+        assert r.status_code == 409 and r.json()["detail"].startswith(
+            f"plan {plan['id']} is running: its candidates are known once it is done"), (path, r.text)

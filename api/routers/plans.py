@@ -71,7 +71,7 @@ def get_plan(plan_id: IdPath, db: DB):  # noqa: ANN201
 
 
 @router.get("/{plan_id}/candidates/{rank}/timeline", dependencies=[Read],
-            responses={404: {"model": Message}, 422: {"model": Message}})
+            responses={404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}})
 def get_candidate_timeline(plan_id: IdPath, rank: Annotated[int, Path(ge=0, le=MAX_TOP - 1)], db: DB,
                            request: Request, settings: SettingsDep) -> dict[str, Any]:
     """Per-device timeline of candidate ``rank`` (0 = best): rows of ``[action, start, end]`` (sends add the
@@ -85,7 +85,7 @@ ExportFormat = Literal[tuple(FRAMEWORKS)]  # type: ignore[valid-type]
 
 
 @router.get("/{plan_id}/candidates/{rank}/export", dependencies=[Read],
-            responses={404: {"model": Message}, 422: {"model": Message}})
+            responses={404: {"model": Message}, 409: {"model": Message}, 422: {"model": Message}})
 def get_candidate_export(plan_id: IdPath, rank: Annotated[int, Path(ge=0, le=MAX_TOP - 1)], db: DB,
                          request: Request, settings: SettingsDep,
                          format: Annotated[ExportFormat, Query(description="megatron, torchtitan or deepspeed")]
