@@ -77,6 +77,9 @@ def show_cmd(schedule: ScheduleOpt, devices: DevicesOpt, microbatches: MicroOpt,
     """Draw the timeline: one row per device, one cell per time unit, micro-batch numbers in the cells.
     Forward F, backward B (split: I input-grad, W weight-grad); lower case for Chimera's up pipelines
     (and colours per direction); '.' is idle."""
+    for option, value in (("--fwd", fwd), ("--bwd", bwd)):  # an action of no time has no cell: --fwd 0 --bwd 0
+        if value == 0:  # drew 'B3' alone on every row, makespan 0; --fwd 0 drew F1 and not F0
+            fail(f"{option}: a timeline draws each action in cells of its time: give a time above 0, got 0")
     res = _run(schedule, devices, microbatches, chunks, waves, pipelines, concat, fwd, bwd, comm, replication)
     unit = time_unit(res)
     rows = grid(res, unit)

@@ -469,3 +469,10 @@ def test_help_at_80_columns_cuts_no_option_name(command: str) -> None:
     r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"})
     assert r.exit_code == 0 and "Usage" in r.output
     assert "…" not in r.output, [ln for ln in r.output.splitlines() if "…" in ln]
+
+
+@pytest.mark.parametrize("times", [["--fwd", "0", "--bwd", "0"], ["--fwd", "0"], ["--bwd", "0"]])
+def test_show_refuses_actions_of_no_time(times: list[str]) -> None:
+    """``show --fwd 0 --bwd 0`` drew 'B3' alone on each row with makespan 0."""
+    out = _refused(["show", "-s", "gpipe", "-D", "4", "-N", "4", *times])
+    assert out.startswith(f"error: {times[0]}: a timeline draws each action in cells of its time"), out
