@@ -135,6 +135,34 @@ PLAN_FORMATS: dict[str, Callable[[PlanArgs], Files]] = {
 }
 
 
+def check_preset_layers(name: str, preset: Any, plan: Path, candidate: int, planned: int | None,
+                        prof: Any, profile: Path | None) -> None:
+    """ValueError unless the ``--model`` preset has the layers the plan was made on (as the Slurm export checks
+    its ``--option model``, :func:`pipeplan.commands_export_slurm.check_model`): the candidate's partition, else
+    the ``--profile``'s layers, else what the plan document says of its profile (``profile.layers``). The preset
+    replaces the profile's model in the exported file (``--num-layers``, the layers per stage), so a GPT-2 preset
+    on a GPT-3 plan wrote a 24-layer script over the plan's 16 stages, under the plan's predicted time."""
+    from planner.model import PRESETS
+
+    if planned is not None:
+        what = f"candidate {candidate} of {plan} partitions {planned} layers"
+    elif prof is not None:
+        planned, what = len(prof.layers), f"--profile {profile} ({prof.name}) has {len(prof.layers)} layers"
+    else:
+        doc = read_json("--plan", plan)
+        meta = doc.get("profile") if isinstance(doc, dict) else None
+        layers = meta.get("layers") if isinstance(meta, dict) else None
+        if not isinstance(layers, int) or isinstance(layers, bool):
+            return  # nothing says what the plan was made on
+        planned, what = layers, f"{plan} was planned on {meta.get('name') or 'a profile'} of {layers} layers"
+    if preset.profile_layers == planned:
+        return
+    fits = sorted(n for n, m in PRESETS.items() if m.profile_layers == planned)
+    raise ValueError(f"--model {name}: {preset.profile_layers} layers ({preset.layers} blocks, the embedding and the "
+                     f"head), but {what}: give --model NAME of the model the plan was made for"
+                     + (f" (of {planned} layers: {', '.join(fits)})" if fits else ""))
+
+
 def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, cluster: Path | None,
                 model: str | None, closest: bool,
                 gpus_per_node: int | None = None) -> tuple[Any, list[str]]:
@@ -158,6 +186,9 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         # the stage boundaries index the planning profile's layers: another profile's would be cut wrongly
         raise ValueError(f"--profile {profile}: {prof.name} has {len(prof.layers)} layers, but candidate {candidate} "
                          f"of {plan} partitions {planned}: give the profile the plan was made with")
+    preset = get_model(model) if model else None
+    if preset is not None:
+        check_preset_layers(model, preset, plan, candidate, planned, prof, profile)
     # without the profile, what the candidate document says of it (the checkpointing and kernels its times assume)
     from_doc = ExportInput.document_fields(doc) if prof is None else {}
     where = f"--plan {plan}: candidate {candidate}"
@@ -165,7 +196,7 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         shard_optimizer, shard_parameters = flag(doc, "shard_optimizer"), flag(doc, "shard_parameters")
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    base = ExportInput.from_profile(spec, prof, get_model(model) if model else None,
+    base = ExportInput.from_profile(spec, prof, preset,
                                     gpus_per_node=gpus_per_node or (cl.gpus_per_node if cl else None),
                                     predicted=number(doc.get("iteration_time")), plan_path=str(plan),
                                     candidate=candidate, shard_optimizer=shard_optimizer,

@@ -212,6 +212,28 @@ def test_model_preset_without_a_profile_and_format_options(app, tmp_path):
     assert r.exit_code == 2 and "--option: --format megatron takes none" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed", "torchtitan"])
+def test_model_preset_of_other_layers_than_the_plan_is_refused(app, tmp_path, fmt):
+    """A gpt2-medium plan (26 layers) exported with --model gpt2-1.3b (50) wrote the other model's --num-layers
+    under the plan's partition and predicted time, exit 0 (with --profile too: the preset replaced the profile's
+    model unchecked); refused now naming both layer counts, as the Slurm export's --option model is."""
+    _, args = _plan_file(tmp_path, ["1f1b"])
+    plan = ["--plan", str(tmp_path / "plan.json"), "--format", fmt]
+    for extra in ([], args[2:4], args[2:]):  # alone, with --profile, with --profile and --cluster
+        r = run(app, *plan, *extra, "--model", "gpt2-1.3b")
+        assert r.exit_code == 2 and r.stdout == "", r.output
+        assert r.stderr.startswith("error: --model gpt2-1.3b: 50 layers") and "partitions 26 layers" in r.stderr
+        assert "(of 26 layers: gpt2-medium)" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert run(app, *plan, *args[2:], "--model", "gpt2-medium").exit_code == 0
+    # a candidate without a partition: the plan document's profile says what it was planned on (as plan --json
+    # writes it)
+    doc = json.loads((tmp_path / "plan.json").read_text()) | {"profile": {"name": "gpt2-medium", "layers": 26}}
+    del doc["candidates"][0]["run_spec"]["partition"]
+    (tmp_path / "bare.json").write_text(json.dumps(doc))
+    r = run(app, "--plan", str(tmp_path / "bare.json"), "--format", fmt, "--model", "gpt-tiny")
+    assert r.exit_code == 2 and "--model gpt-tiny: 6 layers" in r.stderr and "of 26 layers" in r.stderr, r.output
+
+
 def test_framework_exports_import_no_torch(tmp_path):
     """``pipeplan export --format megatron|torchtitan|deepspeed`` runs without torch (issue 13's light CLI)."""
     import subprocess
