@@ -64,8 +64,9 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
         if status == "ok":  # the stand-in the cost is of: of those alike, one that fits, the fastest
             err = err.with_closest(RunSpec.model_validate(payload["closest"]))
         cands = [c.body for c in crud.get_plan(db, plan_id).candidates]
+        # the rank the path takes: /candidates/{rank} counts from 0, as candidate_index does
         raise InputError(err.describe(cost) + " " + best_supported_note(
-            module.TITLE, module.check, cands, ref="rank {r} (candidate_index {i})") + ".") from None
+            module.TITLE, module.check, cands, ref="rank {i} (candidate_index {i})") + ".") from None
     except ExportError as e:
         raise InputError(str(e)) from None
     return {"format": exported.format, "label": spec.config.label(), "notes": list(exported.notes),

@@ -58,7 +58,13 @@ def test_unsupported_schedule_is_a_422_with_the_switch_cost(client) -> None:  # 
     assert "predicted" in msg and "s per iteration against" in msg and "%" in msg
     ones = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "1f1b"]
     if ones:
-        assert f"fastest candidate that DeepSpeed runs is rank {ones[0] + 1} (candidate_index {ones[0]})" in msg
+        # the rank /candidates/{rank} takes (0-based, as candidate_index): it named ones[0] + 1, another candidate
+        assert f"fastest candidate that DeepSpeed runs is rank {ones[0]} (candidate_index {ones[0]})" in msg
+        label = plan["candidates"][ones[0]]["label"]
+        assert f"({label}, predicted" in msg, msg
+        same = client.get(f"/plans/{plan['id']}/candidates/{ones[0]}/export", params={"format": "deepspeed"},
+                          headers=AUTH)
+        assert same.status_code == 200 and same.json()["label"] == label, same.text
     bad = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "nope"}, headers=AUTH)
     assert bad.status_code == 422 and "format" in bad.text
     assert client.get(f"/plans/{plan['id']}/candidates/99/export", params={"format": "megatron"},
