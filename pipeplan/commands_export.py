@@ -55,6 +55,9 @@ from planner.schedules.torch_csv import export_torch_csv
 
 #: formats of a schedule's action lists
 SCHEDULE_FORMATS: tuple[str, ...] = ("torch-csv", "json", "text")
+#: the file a schedule format writes into an ``--out`` folder: the format's extension, so that a json and a
+#: torch-csv export to the same folder do not overwrite each other (both were ``schedule``)
+SCHEDULE_FILES: dict[str, str] = {"torch-csv": "schedule.csv", "json": "schedule.json", "text": "schedule.txt"}
 #: the training frameworks: format -> module with ``export(inp: ExportInput) -> Export`` (planner.export)
 FRAMEWORK_MODULES: dict[str, str] = {
     "megatron": "planner.export.megatron",
@@ -293,7 +296,7 @@ def export(
                                      "schedule only")
                 from planner.runspec import RunSpec
 
-                files = [("schedule", schedule_text(RunSpec.from_document(load_candidate(plan, candidate))
+                files = [(SCHEDULE_FILES[fmt], schedule_text(RunSpec.from_document(load_candidate(plan, candidate))
                                                     .schedule(), fmt))]
             else:
                 files, notes = PLAN_FORMATS[fmt](PlanArgs(fmt, plan, candidate, profile, cluster, model,
@@ -313,7 +316,7 @@ def export(
                 raise ValueError(f"give --plan, or {', '.join(missing)} to build a schedule")
             sched = schedule_from_options(schedule, devices, microbatches, chunks, waves,  # type: ignore[arg-type]
                                           pipelines, concat, replication)
-            files = [("schedule", schedule_text(sched, fmt))]
+            files = [(SCHEDULE_FILES[fmt], schedule_text(sched, fmt))]
     except ValidationError as exc:  # a candidate of --plan that is not a configuration
         fail(f"--plan {plan}: candidate {candidate}: {validation_summary(exc)}")
         return

@@ -313,4 +313,20 @@ def test_out_in_a_missing_folder_is_refused(app, tmp_path):
         assert r.stderr.strip() == f"error: --out {str(out).rstrip('/')}: the folder {missing} does not exist"
         assert not (tmp_path / "no").exists()
     r = run(app, *args, "--out", str(tmp_path / "made") + "/")
-    assert r.exit_code == 0 and (tmp_path / "made" / "schedule").is_file(), r.output
+    assert r.exit_code == 0 and (tmp_path / "made" / "schedule.json").is_file(), r.output
+
+
+def test_schedule_formats_into_one_folder_keep_their_own_files(app, tmp_path):
+    """`--out adir/` wrote every schedule format to adir/schedule (no extension): a json then a torch-csv export
+    to the same folder overwrote each other silently. Each is now schedule.<its extension>."""
+    args = ["--schedule", "1f1b", "-D", "2", "-N", "4", "--out", str(tmp_path / "adir") + "/"]
+    for fmt in ("json", "torch-csv", "text"):
+        r = run(app, *args, "--format", fmt)
+        assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "adir").iterdir()) == ["schedule.csv", "schedule.json", "schedule.txt"]
+    sched = build("1f1b", 2, 4)
+    assert Schedule.from_json((tmp_path / "adir" / "schedule.json").read_text()).actions == sched.actions
+    assert (tmp_path / "adir" / "schedule.csv").read_text() == export_torch_csv(sched)
+    _, plan = _plan_file(tmp_path, ["1f1b"])  # a --plan candidate's schedule too
+    r = run(app, *plan[:2], "--format", "torch-csv", "--out", str(tmp_path / "bdir") + "/")
+    assert r.exit_code == 0 and (tmp_path / "bdir" / "schedule.csv").is_file(), r.output
