@@ -179,6 +179,8 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
     from planner.runspec import RunSpec
     from planner.units import devices
 
+    # the model name first: a misspelt --model is refused before the plan is read or any note printed
+    preset = get_model(model) if model else None
     cands = load_candidates(plan, candidate)
     doc = cands[candidate]
     spec = RunSpec.from_document(doc)
@@ -189,7 +191,6 @@ def export_plan(fmt: str, plan: Path, candidate: int, profile: Path | None, clus
         # the stage boundaries index the planning profile's layers: another profile's would be cut wrongly
         raise ValueError(f"--profile {profile}: {prof.name} has {len(prof.layers)} layers, but candidate {candidate} "
                          f"of {plan} partitions {planned}: give the profile the plan was made with")
-    preset = get_model(model) if model else None
     if preset is not None:
         check_preset_layers(model, preset, plan, candidate, planned, prof, profile)
     # without the profile, what the candidate document says of it (the checkpointing and kernels its times assume)
@@ -301,7 +302,7 @@ def export(
             else:
                 files, notes = PLAN_FORMATS[fmt](PlanArgs(fmt, plan, candidate, profile, cluster, model,
                                                           gpus_per_node, option or [], closest))
-                for n in notes:
+                for n in dict.fromkeys(notes):  # each note once (a note two writers add is one note)
                     typer.echo(f"note: {n}", err=True)
         else:
             if fmt not in SCHEDULE_FORMATS:

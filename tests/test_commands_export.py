@@ -234,6 +234,22 @@ def test_model_preset_of_other_layers_than_the_plan_is_refused(app, tmp_path, fm
     assert r.exit_code == 2 and "--model gpt-tiny: 6 layers" in r.stderr and "of 26 layers" in r.stderr, r.output
 
 
+def test_unknown_model_is_refused_first_and_notes_print_once(app, tmp_path, monkeypatch):
+    """`--model nosuch` is refused before the plan is read (here: a plan file that is not there) and before any
+    note; a note is printed once even where an export lists it twice (the QA walkthrough saw the 'no GPUs per
+    node known' note twice above an error)."""
+    import pipeplan.commands_export as ce
+
+    r = run(app, "--plan", str(tmp_path / "missing.json"), "--format", "megatron", "--model", "nosuch")
+    assert r.exit_code == 2 and r.stderr.startswith("error: unknown model 'nosuch'") and "note" not in r.stderr, \
+        r.output
+    (tmp_path / "plan.json").write_text("{}")
+    twice = "no GPUs per node known (give --gpus-per-node G or --cluster)"
+    monkeypatch.setitem(ce.PLAN_FORMATS, "megatron", lambda a: ([("launch.sh", "#!/bin/sh\n")], [twice, twice]))
+    r = run(app, "--plan", str(tmp_path / "plan.json"), "--format", "megatron")
+    assert r.exit_code == 0 and r.stderr.count(twice) == 1, r.stderr
+
+
 def test_framework_exports_import_no_torch(tmp_path):
     """``pipeplan export --format megatron|torchtitan|deepspeed`` runs without torch (issue 13's light CLI)."""
     import subprocess
