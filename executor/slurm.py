@@ -93,13 +93,28 @@ def nodes_needed(processes: int, gpus_per_node: int) -> int:
 
 def layout(processes: int, options: SlurmOptions) -> tuple[int, int]:
     """(nodes, processes per node) for P processes (:func:`planner.cluster.node_layout`); a
-    :class:`SlurmError` naming ``nodes_max`` when that is more."""
+    :class:`SlurmError` naming ``nodes-max`` when that is more (as the option is spelt: ``export --option
+    nodes-max=N``, ``agent --nodes-max N``; the field's ``nodes_max`` is no option a user can give)."""
     nodes_needed(processes, options.gpus_per_node)  # (its errors, in Slurm's words)
     nodes, _ = node_layout(processes, options.gpus_per_node)
     if options.nodes_max is not None and nodes > options.nodes_max:
         raise SlurmError(f"the plan needs {processes} processes = {nodes} node(s) of at most "
-                         f"{options.gpus_per_node} devices, more than nodes_max = {options.nodes_max}")
+                         f"{options.gpus_per_node} devices, more than nodes-max = {options.nodes_max}")
     return nodes, processes // nodes
+
+
+#: sbatch's --time formats (sbatch(1), --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes, days-hours:minutes:seconds
+_SLURM_TIME = re.compile(r"^(?:[0-9]{1,9}-)?[0-9]{1,9}(?::[0-9]{1,9}){0,2}$")
+SLURM_TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
+def time_limit_error(text: str) -> str | None:
+    """Why ``text`` is not a time limit in one of the forms sbatch takes (:data:`SLURM_TIME_FORMATS`; the form
+    only, as sbatch reads it: ASCII digits, a day count followed by hours), or None."""
+    if _SLURM_TIME.match(text):
+        return None
+    return f"a Slurm time limit, {SLURM_TIME_FORMATS} (sbatch --time), e.g. 01:00:00, got {text[:40]!r}"
 
 
 _SBATCH_VALUE = re.compile(r"^[\w.,:=@%/+\-\[\]]+$")
@@ -204,6 +219,9 @@ def export_script(plan_path: str | Path, candidate: int, *, gpus_per_node: int,
         return int(text)
 
     integer("iterations", MAX_ITERATIONS, "what a job may run: the API's JobCreate.iterations")
+    # a time sbatch cannot read was written as #SBATCH --time=banana, refused only when the job was submitted
+    if "time" in opts and (why := time_limit_error(opts["time"])) is not None:
+        raise SlurmError(f"option time: {why}")
     backend = opts.get("backend", "nccl" if request_gpus else "gloo")
     if backend not in ("nccl", "gloo"):
         raise SlurmError(f"option backend: nccl or gloo (pipeplan run --backend), got {backend[:40]!r}")

@@ -54,7 +54,7 @@ def test_nodes_needed_is_ceil(p: int, g: int, n: int) -> None:
 
 
 def test_layout_refusals_name_the_rule() -> None:
-    with pytest.raises(SlurmError, match="nodes_max = 2"):
+    with pytest.raises(SlurmError, match="nodes-max = 2"):
         layout(24, SlurmOptions(gpus_per_node=8, nodes_max=2))
     with pytest.raises(SlurmError, match="gpus_per_node must be >= 1"):
         layout(4, SlurmOptions(gpus_per_node=0))
@@ -426,7 +426,14 @@ def test_export_prints_the_script_of_the_candidate(tmp_path: Path) -> None:
     (["--gpus-per-node", "2", "--option", "partition"], "is not KEY=VALUE"),
     ([], "needs --gpus-per-node G or --cluster"),
     (["--gpus-per-node", "2", "--candidate", "99"], "candidate"),
-    (["--gpus-per-node", "1", "--option", "nodes-max=1"], "nodes_max = 1"),
+    # the option as it is spelt (it said nodes_max = 1, which is no option)
+    (["--gpus-per-node", "1", "--option", "nodes-max=1"], "more than nodes-max = 1"),
+    # a time sbatch does not read was written as #SBATCH --time=banana
+    (["--gpus-per-node", "2", "--option", "time=banana"], "option time: a Slurm time limit, minutes, MM:SS"),
+    (["--gpus-per-node", "2", "--option", "time=1:2:3:4"], "option time: a Slurm time limit"),
+    (["--gpus-per-node", "2", "--option", "time=1-"], "option time: a Slurm time limit"),
+    (["--gpus-per-node", "2", "--option", "time=-1"], "option time: a Slurm time limit"),
+    (["--gpus-per-node", "2", "--option", "time=01:00:00 "], "option time: a Slurm time limit"),
 ])
 def test_export_refusals(tmp_path: Path, args: list[str], message: str) -> None:
     path, doc = _plan_file(tmp_path)
@@ -436,6 +443,15 @@ def test_export_refusals(tmp_path: Path, args: list[str], message: str) -> None:
         args = [*args, "--candidate", str(widest)]
     res = _export("--plan", str(path), "--format", "slurm", *args)
     assert res.exit_code == 2 and message in res.output, res.output
+
+
+@pytest.mark.parametrize("value", ["30", "30:00", "01:00:00", "2-12", "2-12:30", "2-12:30:15", "0"])
+def test_export_takes_every_slurm_time_format(tmp_path: Path, value: str) -> None:
+    """sbatch(1) --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS are written as given."""
+    path, _ = _plan_file(tmp_path)
+    res = _export("--plan", str(path), "--format", "slurm", "--gpus-per-node", "2", "--option", f"time={value}",
+                  "--option", "model=gpt-tiny")
+    assert res.exit_code == 0 and f"#SBATCH --time={value}\n" in res.stdout, res.output
 
 
 def test_export_slurm_needs_a_plan() -> None:
