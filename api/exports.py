@@ -65,8 +65,9 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
             err = err.with_closest(RunSpec.model_validate(payload["closest"]))
         cands = [c.body for c in crud.get_plan(db, plan_id).candidates]
         # the rank the path takes: /candidates/{rank} counts from 0, as candidate_index does
-        raise InputError(err.describe(cost) + " " + best_supported_note(
-            module.TITLE, module.check, cands, ref="rank {i} (candidate_index {i})") + ".") from None
+        ref = "rank {i} (candidate_index {i}, #{n} on the plan page)"
+        raise InputError(err.describe(cost) + " " + best_supported_note(module.TITLE, module.check, cands, ref=ref)
+                         + ".") from None
     except ExportError as e:
         raise InputError(str(e)) from None
     return {"format": exported.format, "label": spec.config.label(), "notes": list(exported.notes),

@@ -106,13 +106,13 @@ def layout(processes: int, options: SlurmOptions) -> tuple[int, int]:
 #: sbatch's --time formats (sbatch(1), --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds
 _SLURM_TIME = re.compile(r"^(?:[0-9]{1,9}-)?[0-9]{1,9}(?::[0-9]{1,9}){0,2}$")
-SLURM_TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+SLURM_TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
 
 
 def time_limit_error(text: str) -> str | None:
     """Why ``text`` is not a time limit in one of the forms sbatch takes (:data:`SLURM_TIME_FORMATS`; the form
     only, as sbatch reads it: ASCII digits, a day count followed by hours), or None."""
-    if _SLURM_TIME.match(text):
+    if _SLURM_TIME.match(text) or text.upper() in ("UNLIMITED", "INFINITE"):  # (Slurm's time_str2mins reads both)
         return None
     return f"a Slurm time limit, {SLURM_TIME_FORMATS} (sbatch --time), e.g. 01:00:00, got {text[:40]!r}"
 

@@ -59,7 +59,8 @@ def test_unsupported_schedule_is_a_422_with_the_switch_cost(client) -> None:  # 
     ones = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "1f1b"]
     if ones:
         # the rank /candidates/{rank} takes (0-based, as candidate_index): it named ones[0] + 1, another candidate
-        assert f"fastest candidate that DeepSpeed runs is rank {ones[0]} (candidate_index {ones[0]})" in msg
+        i = ones[0]
+        assert f"DeepSpeed runs is rank {i} (candidate_index {i}, #{i + 1} on the plan page)" in msg
         label = plan["candidates"][ones[0]]["label"]
         assert f"({label}, predicted" in msg, msg
         same = client.get(f"/plans/{plan['id']}/candidates/{ones[0]}/export", params={"format": "deepspeed"},

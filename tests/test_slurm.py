@@ -532,3 +532,10 @@ def test_export_for_a_cpu_cluster_runs_gloo_without_gpus(tmp_path: Path) -> None
     res = _export(*args, "--option", "gpus=yes")
     run_line = res.stdout.rstrip().splitlines()[-1].split()
     assert run_line[run_line.index("--backend") + 1] == "nccl" and "#SBATCH --gpus-per-node=" in res.stdout
+
+
+@pytest.mark.parametrize("text", ["30", "1:30", "01:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED", "infinite"])
+def test_every_time_form_sbatch_reads_is_taken(text: str) -> None:
+    from executor.slurm import time_limit_error
+
+    assert time_limit_error(text) is None

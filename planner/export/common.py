@@ -374,16 +374,16 @@ def first_supported(check: object, candidates: list[dict[str, object]]) -> tuple
 def best_supported_note(title: str, check: object, candidates: list[dict[str, object]],
                         ref: str = "--candidate {i}") -> str:
     """``the plan's fastest candidate that <title> runs is <ref> (<label>, predicted s)`` (or that none is).
-    ``ref`` names it with ``{i}``, its 0-based index in ``candidates``: what ``export --candidate`` takes, and the
-    API's ``/candidates/{rank}`` and ``candidate_index`` too (both count from 0; a 1-based ``rank`` here once named
-    another candidate than the path it was quoted for)."""
+    ``ref`` names it with ``{i}``, its 0-based index in ``candidates`` (``{n}``: i + 1, the plan page's ``#n``):
+    what ``export --candidate`` takes, and the API's ``/candidates/{rank}`` and ``candidate_index`` too (both count
+    from 0; a 1-based ``rank`` here once named another candidate than the path it was quoted for)."""
     found = first_supported(check, candidates)
     if found is None:
         return f"None of the plan's {len(candidates)} candidates runs on {title}"
     i, spec = found
     t = candidates[i].get("iteration_time")
     pred = f", predicted {t:.4g} s" if isinstance(t, int | float) else ""
-    return f"The plan's fastest candidate that {title} runs is {ref.format(i=i)} ({spec.config.label()}{pred})"
+    return f"The plan's fastest candidate that {title} runs is {ref.format(i=i, n=i + 1)} ({spec.config.label()}{pred})"
 
 
 def export_same_run(module: Any, inp: ExportInput, alternatives: list[str] | tuple[str, ...] = ()) -> Export:
