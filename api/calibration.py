@@ -6,7 +6,12 @@ and stores the result as a new :class:`db.models.ClusterRow` (``base_id`` the up
 ``version`` one more than the newest): plans made before keep the version they used (their
 ``cluster_id``), and a plan requested on any version of the cluster afterwards is made on the newest
 (:func:`newest_version`). ``errors`` reports each job's measured iteration time against the prediction of
-the uncalibrated cluster and of the newest calibration. Both answers carry ``warnings``: a line for each
+the uncalibrated cluster and of the newest calibration. "Before" is the uncalibrated model in both answers, as
+in ``pipeplan calibrate``: the fit starts there (its factors are absolute, with the prior at (1, 1, 0)) and
+replaces the newest version's calibration rather than refining it. ``calibrate`` also gives each job's
+prediction on the newest version as it was (``predicted_given``, None when it had no calibration; ``given_label``
+names it), so that what plans on the cluster predicted until now is shown beside the fit's starting point and its
+result (:class:`planner.calibrate.JobError`). Both answers carry ``warnings``: a line for each
 factor the fit left at a bound of its physical range (:func:`planner.calibrate.bound_warning`), which says
 that the model and the measurements disagree for a reason the factors do not describe.
 
@@ -143,8 +148,9 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
         raise Conflict(f"cluster {cluster_id}: no finished job with a measured result to calibrate from"
                        + ("" if include_emulated else " (emulated runs are left out; include_emulated=true "
                           "takes them)"))
+    given = cluster_model(lineage[-1])  # what plans on the cluster use now; the fit starts uncalibrated
     try:
-        res = fit(_uncalibrated(base), obs, notes=f"fitted by the API to {len(obs)} finished job(s) of cluster "
+        res = fit(given, obs, notes=f"fitted by the API to {len(obs)} finished job(s) of cluster "
                   f"{base.id} (versions {', '.join(str(r.version) for r in lineage)})")
     except ValueError as e:
         raise InputError(str(e)) from None
@@ -164,6 +170,7 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     stored = (row.body or {}).get("calibration") if unchanged else fitted
     return {"cluster_id": row.id, "base_id": base.id, "version": row.version, **describe(row, newest),
             "calibration": stored, "unchanged": unchanged, "warnings": warnings_of(stored),
+            "given_label": describe(lineage[-1], newest)["label"] if given.calibration is not None else None,
             "rounds": res.rounds, "jobs": [j.to_dict() for j in res.jobs]}
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from statistics import median
 from typing import Annotated, Any
 
 import typer
@@ -34,30 +35,61 @@ import typer
 from pipeplan.options import fail, load_input, read_json, validation_summary
 from planner.limits import MAX_CALIBRATION_RUNS
 
-#: the table's columns: heading, least width (every column right-aligned but the configuration)
-_COLUMNS = (("job", 5), ("configuration", 43), ("measured", 11), ("before", 11), ("err", 8), ("after", 11),
-            ("err", 8))
+#: the table's columns: heading, least width (every column right-aligned but the configuration); "given" and its
+#: error only where the cluster had a calibration (:class:`planner.calibrate.JobError`)
+_COLUMNS = (("job", 5), ("configuration", 43), ("measured", 11), ("before", 11), ("err", 8), ("given", 11),
+            ("err", 8), ("after", 11), ("err", 8))
 
 
-def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] | None = None) -> None:
-    """The factors, each job's error before and after, and a note per factor at a bound of its range. A column is
-    as wide as its widest cell (a 100 s run against a 20 ms prediction ran its cells together at fixed widths)."""
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f}ms"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def columns_line(given: str | None) -> str:
+    """What the table's prediction columns are. "before" is the uncalibrated model, where every fit starts (the
+    factors are absolute, their prior at (1, 1, 0): a fit replaces a cluster's calibration, it does not refine it);
+    ``given`` names the cluster as given where it had a calibration, whose predictions are then a column of their
+    own. A QA walkthrough calibrated an already calibrated cluster and read its "before" as that cluster's
+    prediction (22.16 ms, where ``pipeplan predict`` on it said 25.05 ms): the calibration looked unapplied."""
+    mid = f"given: {given}, with its calibration (replaced by this fit); " if given else ""
+    return f"before: the uncalibrated model, where the fit starts; {mid}after: the fitted factors"
+
+
+def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] | None = None,
+           given: str | None = None) -> None:
+    """The factors, each job's error before, on the cluster as given (where it had a calibration: ``given`` names
+    it) and after, and a note per factor at a bound of its range. A column is as wide as its widest cell (a 100 s
+    run against a 20 ms prediction ran its cells together at fixed widths)."""
     typer.echo(f"compute_scale {cal['compute_scale']:.4f}  link_scale {cal['link_scale']:.4f}  "
                f"action_overhead {cal['action_overhead'] * 1e6:.1f} us  (fitted: {', '.join(cal['fitted']) or 'none'})")
-    rows = [[str(j["job_id"]) if j["job_id"] is not None else "-", j["label"][:43],
-             f"{j['measured'] * 1e3:.2f}ms", f"{j['predicted_before'] * 1e3:.2f}ms",
-             f"{j['relative_error_before'] * 100:.1f}%", f"{j['predicted_after'] * 1e3:.2f}ms",
-             f"{j['relative_error_after'] * 100:.1f}%"] for j in jobs]
-    widths = [max(least, *(len(r[k]) + (k > 1) for r in rows)) for k, (_, least) in enumerate(_COLUMNS)]
+    with_given = given is not None and any(j.get("predicted_given") is not None for j in jobs)
+    keep = [k for k in range(len(_COLUMNS)) if with_given or k not in (5, 6)]
+    rows = [[str(j["job_id"]) if j["job_id"] is not None else "-", j["label"][:43], _ms(j["measured"]),
+             _ms(j["predicted_before"]), _pct(j["relative_error_before"]),
+             _ms(j["predicted_given"]) if j.get("predicted_given") is not None else "-",
+             _pct(j["relative_error_given"]) if j.get("relative_error_given") is not None else "-",
+             _ms(j["predicted_after"]), _pct(j["relative_error_after"])] for j in jobs]
+    rows = [[r[k] for k in keep] for r in rows]
+    cols = [_COLUMNS[k] for k in keep]
+    widths = [max(least, *(len(r[k]) + (k > 1) for r in rows)) for k, (_, least) in enumerate(cols)]
 
     def line(cells: list[str]) -> str:  # the job, two spaces, the configuration left-aligned, the rest right
         return (f"{cells[0]:>{widths[0]}}  {cells[1]:<{widths[1] + 1}}"
                 + "".join(f"{c:>{w}}" for c, w in zip(cells[2:], widths[2:], strict=True)))
 
-    typer.echo(line([h for h, _ in _COLUMNS]))
+    typer.echo(columns_line(given if with_given else None))
+    typer.echo(line([h for h, _ in cols]))
     for r in rows:
         typer.echo(line(r))
-    typer.echo(f"median |error|: before {cal['error_before'] * 100:.1f}%, after {cal['error_after'] * 100:.1f}%")
+    mid = ""
+    if with_given:
+        errs = [abs(j["relative_error_given"]) for j in jobs if j.get("relative_error_given") is not None]
+        mid = f", given {median(errs) * 100:.1f}%"
+    typer.echo(f"median |error|: before {cal['error_before'] * 100:.1f}%{mid}, after {cal['error_after'] * 100:.1f}%")
     for w in warnings or []:
         typer.echo(f"note: {w}")
 
@@ -121,7 +153,7 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     except ValueError as err:  # the fit's own checks (no runs, a configuration that does not fit the cluster)
         fail(str(err))
     d = res.to_dict()
-    _table(d["jobs"], d["calibration"], res.warnings)  # type: ignore[arg-type]
+    _table(d["jobs"], d["calibration"], res.warnings, cluster_path)  # type: ignore[arg-type]
     inputs: list[str] = []
     for prof in profiles.values():  # (a profile of another device: its runs calibrate that device's times)
         mismatch = device_mismatch(prof, cluster)
@@ -143,7 +175,8 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), written to {out}")
         same = Path(out).resolve() == Path(cluster_path).resolve()  # written over the cluster it calibrated
         typer.echo(f"plans made from now on with --cluster {out} use it; "
-                   + (f"it replaced the uncalibrated {cluster_path}" if same else f"{cluster_path} is unchanged"))
+                   + (f"it replaced the {'calibrated' if cluster.calibration else 'uncalibrated'} {cluster_path}"
+                      if same else f"{cluster_path} is unchanged"))
     else:
         typer.echo(f"calibrated version: {label} (content hash {new.content_hash()[:12]}), not written: "
                    f"give --out FILE to keep it and plan with --cluster FILE ({cluster_path} is unchanged)")
@@ -165,7 +198,7 @@ def _remote(api: str, cluster_id: int, token: str | None, include_emulated: bool
     if r.status_code not in (200, 201):  # 200: no new finished job, the newest version as it is ("unchanged")
         fail(f"HTTP {r.status_code}: {r.text[:500]}")
     d = r.json()
-    _table(d["jobs"], d["calibration"], d.get("warnings"))
+    _table(d["jobs"], d["calibration"], d.get("warnings"), d.get("given_label"))
     typer.echo(_stored(d, cluster_id))
 
 

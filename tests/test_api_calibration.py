@@ -181,3 +181,36 @@ def test_cli_calibrate_against_a_live_server(live_server, monkeypatch) -> None: 
                                  "--token", AUTH["Authorization"].split()[1]])
     assert r.exit_code == 0, r.output
     assert "no new finished job since tiny-cluster v2" in r.output and "nothing stored" in r.output
+
+
+def test_calibrating_a_calibrated_cluster_gives_the_newest_versions_predictions(client) -> None:  # type: ignore[no-untyped-def]
+    """As ``pipeplan calibrate`` offline: "before" is the uncalibrated model the fit starts from, and where the
+    newest version has a calibration each job also carries that version's prediction (``predicted_given``, named by
+    ``given_label``): what plans on the cluster predicted until this fit."""
+    from planner.calibrate import fit
+
+    _, cluster_id, plan = seed_plan(client)
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
+    base = Cluster.model_validate(tiny_cluster())
+    truth = with_calibration(base, HIDDEN)
+    prof = ModelProfile.model_validate(tiny_profile())
+    req = TrainingRequest.model_validate(plan["request"])
+    obs = []
+    for i, cand in enumerate(plan["candidates"][:4]):
+        cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
+        obs.append(Observation(prof, req, cfg, predicted(Observation(prof, req, cfg, 1.0), truth)))
+        finish_job(client, plan, i, w, obs[-1].measured * (1.1 if i == 3 else 1.0), emulated=False)
+    first = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH).json()
+    assert first["given_label"] is None and all(j["predicted_given"] is None for j in first["jobs"])
+    v2 = with_calibration(base, fit(base, obs[:3] + [Observation(prof, req, obs[3].config, obs[3].measured * 1.1)]
+                                    ).calibration)
+    finish_job(client, plan, 0, w, obs[0].measured, emulated=False)
+    r = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)
+    assert r.status_code == 201, r.text
+    second = r.json()
+    assert second["version"] == 3 and second["given_label"] == first["label"], second["given_label"]
+    for j in second["jobs"]:
+        o = next(o for o in obs if o.config.label() == j["label"])
+        assert j["predicted_before"] == pytest.approx(predicted(o, base), rel=1e-9)
+        assert j["predicted_given"] == pytest.approx(predicted(o, v2), rel=1e-6)
+        assert j["relative_error_given"] == pytest.approx((j["measured"] - j["predicted_given"]) / j["predicted_given"])

@@ -463,3 +463,61 @@ def test_far_off_is_either_way() -> None:
             JobError(2, "c", 0.0401, 0.01, 0.01)]
     out = far_off_warnings(jobs)
     assert [w.split(" ")[0] for w in out] == ["job[1]", "job[2]"] and "1/4.04 of the predicted 10 ms" in out[0]
+
+
+def test_fit_of_a_calibrated_cluster_gives_its_own_predictions_beside_the_uncalibrated() -> None:
+    """A fit of an already calibrated cluster starts from the uncalibrated model ("before") and replaces the
+    calibration; each job also carries the cluster's prediction as given, with its calibration ("given"), which is
+    what ``pipeplan predict`` with that cluster says (a QA walkthrough read "before 22.16ms" where predict said
+    25.05 ms, the given calibration looking unapplied)."""
+    prof = profile()
+    old = with_calibration(cluster(), {"compute_scale": 1.2, "link_scale": 1.0, "action_overhead": 0.0})
+    truth = with_calibration(cluster(), {"compute_scale": 1.4, "link_scale": 0.6, "action_overhead": 1e-4})
+    obs = observations(prof)
+    for o in obs:
+        o.measured = predicted(o, truth)
+    res = fit(old, obs)
+    for o, j in zip(obs, res.jobs, strict=True):
+        assert j.before == pytest.approx(predicted(o, cluster()), rel=1e-9)
+        assert j.given == pytest.approx(predicted(o, old), rel=1e-9) and j.given > j.before * 1.1
+        assert j.to_dict()["predicted_given"] == j.given and j.to_dict()["relative_error_given"] == j.error_given
+    assert all(j.given is None and j.to_dict()["predicted_given"] is None for j in fit(cluster(), obs).jobs)
+
+
+@pytest.mark.slow  # the CLI's imports and two fits
+def test_cli_offline_calibrate_of_a_calibrated_cluster_shows_its_predictions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``pipeplan calibrate --cluster c2.json`` of an already calibrated c2.json: the header says that "before" is
+    the uncalibrated model the fit starts from, and a "given" column shows c2.json's own predictions (what
+    ``pipeplan predict --cluster c2.json`` says); an uncalibrated cluster has no such column."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.cluster import save_cluster
+    from planner.profile import save_profile
+
+    prof, cl = profile(), cluster()
+    save_profile(prof, tmp_path / "p.json")
+    old = cl.model_copy(update={"calibration": Calibration(compute_scale=1.2)})
+    save_cluster(old, tmp_path / "c2.json")
+    save_cluster(cl, tmp_path / "c.json")
+    truth = with_calibration(cl, {"compute_scale": 1.4, "link_scale": 0.6, "action_overhead": 1e-4})
+    (tmp_path / "runs.json").write_text(json.dumps(_runs(prof, truth)))
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c2.json"), "--runs",
+                                 str(tmp_path / "runs.json"), "--out", str(tmp_path / "c2.json")])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[1] == (f"before: the uncalibrated model, where the fit starts; given: {tmp_path / 'c2.json'}, with "
+                        "its calibration (replaced by this fit); after: the fitted factors"), lines
+    assert lines[2].split() == ["job", "configuration", "measured", "before", "err", "given", "err", "after", "err"]
+    o = observations(prof)[0]
+    row = lines[3].split()
+    assert row[-6] == f"{predicted(o, cl) * 1e3:.2f}ms" and row[-4] == f"{predicted(o, old) * 1e3:.2f}ms", row
+    assert "median |error|: before " in r.output and ", given " in r.output
+    assert f"it replaced the calibrated {tmp_path / 'c2.json'}" in r.output
+    r = CliRunner().invoke(app, ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs",
+                                 str(tmp_path / "runs.json")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[1] == "before: the uncalibrated model, where the fit starts; after: the fitted factors"
+    assert "given" not in r.stdout.splitlines()[2]

@@ -50,10 +50,14 @@ class JobErrorOut(BaseModel):
     job_id: int | None
     label: str
     measured: float
-    predicted_before: float
-    predicted_after: float
+    predicted_before: float = Field(description="the uncalibrated model's prediction: where every fit starts (a fit "
+                                                "replaces a calibration, it does not refine it)")
+    predicted_after: float = Field(description="the prediction with the fitted (POST) or newest (GET) calibration")
     relative_error_before: float
     relative_error_after: float
+    predicted_given: float | None = Field(default=None, description="POST: the prediction on the newest version as "
+                                          "it was, with its calibration (given_label); None when it had none")
+    relative_error_given: float | None = None
 
 
 class CalibrationOut(BaseModel):
@@ -73,6 +77,8 @@ class CalibrationOut(BaseModel):
                                 "bound of its physical range (calibration.at_bound): the model and the measurements "
                                 "disagree for a reason the factors do not describe")
     rounds: int
+    given_label: str | None = Field(default=None, description="the calibrated version the jobs' predicted_given are "
+                                                             "of (the newest before this fit); None when uncalibrated")
     jobs: list[JobErrorOut]
 
 
