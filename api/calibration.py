@@ -18,9 +18,13 @@ that the model and the measurements disagree for a reason the factors do not des
 Calibrating again when nothing changed (the same jobs give the same factors as the newest version's) stores
 nothing: the answer is the newest version with ``unchanged`` true (:func:`same_fit`).
 
-A job counts when it succeeded with a stored result and, unless ``include_emulated``, its compute was real
-(emulated runs sleep the profile's times: they say nothing about the device's efficiency); the newest
-``MAX_JOBS`` count.
+A job counts when it succeeded with a stored result and, unless ``include_emulated``, its compute was real; the
+newest ``MAX_JOBS`` count. An emulated run is never fitted: it replayed the simulator's own times on CPU processes
+(its compute slept them, and on a cluster other than this machine its messages waited them too), so it says nothing
+about the devices the factors correct. With ``include_emulated`` it is listed (:func:`emulated_row`) against the
+prediction its own comparison uses (:func:`api.comparison.emulation_prediction`, "the simulator on its own terms"),
+with a ``note``, and left out of the medians; a QA walkthrough saw one scored against the GPU cluster's 46.00 ms
+(-42.8%) where its comparison said 24.74 ms, and fitted with the real jobs, which it made worse (0.0% -> 12.8%).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.cluster_versions import calibration_jobs_of, describe, newest_versions
+from api.comparison import emulation_prediction
 from api.crud import Conflict, InputError, cluster_model, get_cluster, profile_model
 from db.models import CandidateRow, ClusterRow, Job, PlanRequest, Profile, Result
 from planner.calibrate import Observation, fit, predicted, warnings_of, with_calibration
@@ -76,7 +81,29 @@ def _uncalibrated(row: ClusterRow) -> Cluster:
 
 
 def observations(db: Session, cluster_id: int, include_emulated: bool = False) -> list[Observation]:
-    """The finished jobs of every version of the cluster, as :class:`planner.calibrate.Observation`."""
+    """The finished real-compute jobs of every version of the cluster, as :class:`planner.calibrate.Observation`:
+    what a fit reads (an emulated one among the newest ``MAX_JOBS`` is :func:`finished`'s, never fitted)."""
+    return [o for o, res in finished(db, cluster_id, include_emulated) if not res.emulated]
+
+
+def emulated_row(o: Observation, res: Result) -> dict[str, Any]:
+    """An emulated run's row of the jobs table: measured against the prediction its comparison uses
+    (:func:`api.comparison.emulation_prediction`), no prediction before or after (a calibration does not change
+    what it replayed), and a note saying why it is not fitted (module docstring)."""
+    own = emulation_prediction(res)
+    against = (f"its comparison (GET /jobs/{o.job_id}/comparison) scores it against {own * 1e3:.2f} ms, the "
+               f"simulator on its own terms (measured/that {o.measured / own:.3f})" if own is not None else
+               "it reported no prediction of its own")
+    return {"job_id": o.job_id, "label": o.config.label(), "measured": o.measured, "emulated": True,
+            "predicted_before": None, "predicted_after": None, "relative_error_before": None,
+            "relative_error_after": None, "predicted_emulation": own,
+            "relative_error_emulation": (o.measured - own) / own if own is not None else None,
+            "note": f"emulated: not fitted and not in the medians, its compute slept the simulator's own times, so it "
+                    f"says nothing about the cluster's devices; {against}"}
+
+
+def finished(db: Session, cluster_id: int, include_emulated: bool = False) -> list[tuple[Observation, Result]]:
+    """The finished jobs of every version of the cluster, each as an observation with its result, oldest first."""
     ids = [r.id for r in versions(db, cluster_id)]
     q = (select(Job, Result, PlanRequest, CandidateRow)
          .join(Result, Result.job_id == Job.id)
@@ -100,7 +127,7 @@ def observations(db: Session, cluster_id: int, include_emulated: bool = False) -
         # gradients whatever the plan shards (planner.mismatch), so its time is predicted unsharded
         request = TrainingRequest.model_validate(plan.request).model_copy(
             update={"shard_optimizer": False, "shard_parameters": False})
-        out.append(Observation(profiles[plan.profile_id], request, config, float(res.iteration_time), job.id))
+        out.append((Observation(profiles[plan.profile_id], request, config, float(res.iteration_time), job.id), res))
     return out[::-1]
 
 
@@ -143,11 +170,14 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     """Fit the factors to the lineage's finished jobs and store them as a new version (module docstring)."""
     lineage = versions(db, cluster_id)
     base = lineage[0]
-    obs = observations(db, cluster_id, include_emulated)
+    done = finished(db, cluster_id, include_emulated)
+    obs = [o for o, res in done if not res.emulated]
     if not obs:
         raise Conflict(f"cluster {cluster_id}: no finished job with a measured result to calibrate from"
-                       + ("" if include_emulated else " (emulated runs are left out; include_emulated=true "
-                          "takes them)"))
+                       + (f" ({len(done)} emulated run(s): they replay the simulator's own times, so they say "
+                          "nothing about the devices and are never fitted)" if done else
+                          "" if include_emulated else " (emulated runs are left out; include_emulated=true lists "
+                          "them, never fits them)"))
     given = cluster_model(lineage[-1])  # what plans on the cluster use now; the fit starts uncalibrated
     try:
         res = fit(given, obs, notes=f"fitted by the API to {len(obs)} finished job(s) of cluster "
@@ -171,17 +201,25 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     return {"cluster_id": row.id, "base_id": base.id, "version": row.version, **describe(row, newest),
             "calibration": stored, "unchanged": unchanged, "warnings": warnings_of(stored),
             "given_label": describe(lineage[-1], newest)["label"] if given.calibration is not None else None,
-            "rounds": res.rounds, "jobs": [j.to_dict() for j in res.jobs]}
+            "rounds": res.rounds, "jobs": _in_order([j.to_dict() for j in res.jobs],
+                                                    [emulated_row(o, r) for o, r in done if r.emulated])}
+
+
+def _in_order(rows: list[dict[str, Any]], emulated: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fitted jobs' rows and the emulated ones', oldest job first."""
+    return sorted(rows + emulated, key=lambda r: r["job_id"]) if emulated else rows
 
 
 def errors(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:
-    """Each finished job's error against the uncalibrated cluster and against the newest version."""
+    """Each finished real job's error against the uncalibrated cluster and against the newest version (an
+    emulated one, with ``include_emulated``: :func:`emulated_row`)."""
     lineage = versions(db, cluster_id)
     base, newest = lineage[0], lineage[-1]
-    obs = observations(db, cluster_id, include_emulated)
+    done = finished(db, cluster_id, include_emulated)
     after = cluster_model(newest)
     try:
-        rows = _errors(obs, _uncalibrated(base), after)
+        rows = _in_order(_errors([o for o, r in done if not r.emulated], _uncalibrated(base), after),
+                         [emulated_row(o, r) for o, r in done if r.emulated])
     except ValueError as e:
         raise InputError(str(e)) from None
     return {"cluster_id": cluster_id, "base_id": base.id, "newest_id": newest.id, "newest_version": newest.version,

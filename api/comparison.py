@@ -54,15 +54,23 @@ def comparison(db: Session, job_id: int) -> dict[str, Any]:
             "note": "; ".join(n for n in (unsharded_run_note(cand), _emulated_note(res, cand)) if n) or None}
 
 
+def emulation_prediction(res: Result | None) -> float | None:
+    """What an emulated run is compared with: the simulator on its own terms (``pipeplan run``'s ``predicted``,
+    :meth:`executor.emulate.Emulator.predict`, in the result it reported), seconds; None for a real run or a
+    result without one. One rule for a job's comparison and for calibration (:mod:`api.calibration`)."""
+    if res is None or not res.emulated:
+        return None
+    predicted = (res.body or {}).get("predicted")
+    own = number(predicted.get("iteration_time")) if isinstance(predicted, dict) else None
+    return own if own is not None and own > 0 else None
+
+
 def _emulated_note(res: Result | None, cand: dict[str, Any]) -> str | None:
     """An emulated run's compute waits instead of running (it takes no core): the run compared itself with the
     simulator on its own terms (``pipeplan run``'s ``predicted``, in the result it reported), which differs
     from the plan's figure where the plan counted processes sharing a CPU host's cores or other links; say both
     when they differ by more than 1%."""
-    if res is None or not res.emulated:
-        return None
-    predicted = (res.body or {}).get("predicted")
-    own = number(predicted.get("iteration_time")) if isinstance(predicted, dict) else None
+    own = emulation_prediction(res)
     planned = number(cand.get("iteration_time"))
     if own is None or planned is None or own <= 0 or planned <= 0:
         return None

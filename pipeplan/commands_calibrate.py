@@ -68,11 +68,13 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] 
                f"action_overhead {cal['action_overhead'] * 1e6:.1f} us  (fitted: {', '.join(cal['fitted']) or 'none'})")
     with_given = given is not None and any(j.get("predicted_given") is not None for j in jobs)
     keep = [k for k in range(len(_COLUMNS)) if with_given or k not in (5, 6)]
+    def cell(j: dict[str, Any], key: str, fmt: Any) -> str:  # (an emulated run has no prediction before or after)
+        return fmt(j[key]) if j.get(key) is not None else "-"
+
     rows = [[str(j["job_id"]) if j["job_id"] is not None else "-", j["label"][:43], _ms(j["measured"]),
-             _ms(j["predicted_before"]), _pct(j["relative_error_before"]),
-             _ms(j["predicted_given"]) if j.get("predicted_given") is not None else "-",
-             _pct(j["relative_error_given"]) if j.get("relative_error_given") is not None else "-",
-             _ms(j["predicted_after"]), _pct(j["relative_error_after"])] for j in jobs]
+             cell(j, "predicted_before", _ms), cell(j, "relative_error_before", _pct),
+             cell(j, "predicted_given", _ms), cell(j, "relative_error_given", _pct),
+             cell(j, "predicted_after", _ms), cell(j, "relative_error_after", _pct)] for j in jobs]
     rows = [[r[k] for k in keep] for r in rows]
     cols = [_COLUMNS[k] for k in keep]
     widths = [max(least, *(len(r[k]) + (k > 1) for r in rows)) for k, (_, least) in enumerate(cols)]
@@ -92,6 +94,9 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] 
     typer.echo(f"median |error|: before {cal['error_before'] * 100:.1f}%{mid}, after {cal['error_after'] * 100:.1f}%")
     for w in warnings or []:
         typer.echo(f"note: {w}")
+    for j in jobs:  # an emulated run (--include-emulated): why it is not fitted, and what it is compared with
+        if j.get("note"):
+            typer.echo(f"note: job {j['job_id']} ({j['label']}): {j['note']}")
 
 
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
@@ -234,7 +239,7 @@ def register(app: typer.Typer) -> None:
         cluster_id: Annotated[int | None, typer.Option(help="with --api: the cluster's id (any version)")] = None,
         token: TokenOpt = None,
         include_emulated: Annotated[bool, typer.Option(
-            "--include-emulated", help="with --api: count emulated runs too")] = False,
+            "--include-emulated", help="with --api: list emulated runs too (never fitted)")] = False,
     ) -> None:
         """Fit compute scale, link scale and per-action overhead to finished runs; store them with the cluster.
 

@@ -214,3 +214,67 @@ def test_calibrating_a_calibrated_cluster_gives_the_newest_versions_predictions(
         assert j["predicted_before"] == pytest.approx(predicted(o, base), rel=1e-9)
         assert j["predicted_given"] == pytest.approx(predicted(o, v2), rel=1e-6)
         assert j["relative_error_given"] == pytest.approx((j["measured"] - j["predicted_given"]) / j["predicted_given"])
+
+
+def test_an_emulated_run_is_listed_against_its_own_prediction_and_never_fitted(client) -> None:  # type: ignore[no-untyped-def]
+    """An emulated run replays the simulator's own times on CPU processes: its comparison scores it against that
+    prediction ("the simulator on its own terms", api.comparison.emulation_prediction), and so does calibration with
+    include_emulated -- listed, never fitted, out of the medians. A QA walkthrough saw one scored against the GPU
+    cluster's 46.00 ms (-42.8%) where its comparison said 24.74 ms, and the fit it joined made the real jobs worse."""
+    _, cluster_id, plan = seed_plan(client)
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
+    truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)
+    prof = ModelProfile.model_validate(tiny_profile())
+    req = TrainingRequest.model_validate(plan["request"])
+    own = plan["candidates"][0]["iteration_time"] * 0.5
+    emu = finish_job(client, plan, 0, w, own * 1.06, emulated=True,
+                     raw={"emulated": True, "predicted": {"iteration_time": own}})
+    r = client.post(f"/clusters/{cluster_id}/calibrate?include_emulated=true", headers=AUTH)
+    assert r.status_code == 409 and "never fitted" in r.json()["detail"], r.text  # only an emulated run: nothing
+    real = []
+    for i, cand in enumerate(plan["candidates"][:4]):
+        cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
+        real.append(finish_job(client, plan, i, w, predicted(Observation(prof, req, cfg, 1.0), truth), emulated=False))
+    r = client.post(f"/clusters/{cluster_id}/calibrate?include_emulated=true", headers=AUTH)
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["calibration"]["jobs"] == 4 and cal["calibration"]["compute_scale"] == pytest.approx(1.25, rel=0.02)
+    assert cal["calibration"]["error_after"] < 0.01
+    assert [j["job_id"] for j in cal["jobs"]] == [emu, *real]
+    row = cal["jobs"][0]
+    assert row["emulated"] is True and row["predicted_emulation"] == pytest.approx(own)
+    assert row["relative_error_emulation"] == pytest.approx(0.06)
+    assert row["predicted_before"] is None and row["predicted_after"] is None
+    comparison = client.get(f"/jobs/{emu}/comparison", headers=AUTH).json()["note"]
+    said = f"{own * 1e3:.2f} ms, the simulator on its own terms"
+    assert said in comparison and said in row["note"] and "not fitted" in row["note"], (comparison, row["note"])
+    assert all(not j["emulated"] for j in cal["jobs"][1:])
+    both = client.get(f"/clusters/{cluster_id}/calibration?include_emulated=true", headers=AUTH).json()
+    alone = client.get(f"/clusters/{cluster_id}/calibration", headers=AUTH).json()
+    assert len(both["jobs"]) == 5 and len(alone["jobs"]) == 4 and both["jobs"][0] == {**row, "predicted_given": None,
+                                                                                     "relative_error_given": None}
+    assert both["median_abs_error_after"] == alone["median_abs_error_after"] < 0.01
+    assert both["median_abs_error_before"] == alone["median_abs_error_before"]
+
+
+def test_cli_calibrate_notes_an_emulated_run() -> None:
+    """``pipeplan calibrate --api ... --include-emulated``: an emulated run's row has no prediction before or after,
+    and a note says why it is not fitted and what its comparison scores it against."""
+    from typer.testing import CliRunner
+
+    import pipeplan.commands_calibrate as cc
+
+    jobs = [{"job_id": 3, "label": "t=1 D=2 W=1 b=1 1f1b", "measured": 0.0263, "predicted_before": None,
+             "predicted_after": None, "relative_error_before": None, "relative_error_after": None, "emulated": True,
+             "note": "emulated: not fitted; its comparison scores it against 24.74 ms"},
+            {"job_id": 4, "label": "t=1 D=2 W=2 b=2 1f1b", "measured": 0.02, "predicted_before": 0.02,
+             "predicted_after": 0.02, "relative_error_before": 0.0, "relative_error_after": 0.0}]
+    cal = {"compute_scale": 1.0, "link_scale": 1.0, "action_overhead": 0.0, "fitted": [], "error_before": 0.0,
+           "error_after": 0.0}
+    import typer
+    app = typer.Typer()
+    app.command()(lambda: cc._table(jobs, cal))
+    out = CliRunner().invoke(app, []).output.splitlines()
+    assert out[3].split()[-4:] == ["-", "-", "-", "-"], out
+    assert out[-1] == "note: job 3 (t=1 D=2 W=1 b=1 1f1b): emulated: not fitted; its comparison scores it against "\
+        "24.74 ms", out

@@ -43,21 +43,29 @@ def delete_cluster(cluster_id: IdPath, db: DB) -> Response:
     return Response(status_code=204)
 
 
-IncludeEmulated = Annotated[bool, Query(description="count jobs whose compute was emulated (default: real only)")]
+IncludeEmulated = Annotated[bool, Query(description="list jobs whose compute was emulated too (default: real only): "
+                                                   "against their own prediction, never fitted")]
 
 
 class JobErrorOut(BaseModel):
     job_id: int | None
     label: str
     measured: float
-    predicted_before: float = Field(description="the uncalibrated model's prediction: where every fit starts (a fit "
-                                                "replaces a calibration, it does not refine it)")
-    predicted_after: float = Field(description="the prediction with the fitted (POST) or newest (GET) calibration")
-    relative_error_before: float
-    relative_error_after: float
+    predicted_before: float | None = Field(description="the uncalibrated model's prediction: where every fit starts "
+                                                       "(a fit replaces a calibration, it does not refine it)")
+    predicted_after: float | None = Field(description="the prediction with the fitted (POST) or newest (GET) "
+                                                      "calibration; None for an emulated run, as predicted_before")
+    relative_error_before: float | None
+    relative_error_after: float | None
     predicted_given: float | None = Field(default=None, description="POST: the prediction on the newest version as "
                                           "it was, with its calibration (given_label); None when it had none")
     relative_error_given: float | None = None
+    emulated: bool = Field(default=False, description="an emulated run (include_emulated): never fitted, nor in the "
+                                                      "medians; scored against predicted_emulation, see note")
+    predicted_emulation: float | None = Field(default=None, description="what an emulated run's comparison "
+                                              "(GET /jobs/{id}/comparison) uses: the simulator on its own terms")
+    relative_error_emulation: float | None = None
+    note: str | None = None
 
 
 class CalibrationOut(BaseModel):

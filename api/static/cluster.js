@@ -117,12 +117,15 @@ function renderJobs(errs) {
     empty.innerHTML = `<strong>No finished job with a measured result yet${emulated() ? "" : " (emulated runs are left out)"}.</strong>
       Dispatch a plan on this cluster: <a href="/?cluster=${errs.newest_id}">make a plan</a>, dispatch a candidate from its page to a
       worker agent, and once the job has succeeded its measured iteration time shows here against the prediction, and the cluster
-      can be calibrated from it.${emulated() ? "" : " Emulated runs sleep the profile's times, so they say nothing about the device: tick “count emulated runs” to see them anyway."}`;
+      can be calibrated from it.${emulated() ? "" : " Emulated runs sleep the profile's times, so they say nothing about the device: tick “list emulated runs” to see them anyway (never fitted)."}`;
     document.querySelector("#cal-jobs tbody").innerHTML = "";
     return;
   }
   const after = errs.newest_version > 1 ? `with v${errs.newest_version}` : "after (not calibrated yet: the same)";
-  document.getElementById("cal-summary").innerHTML = `Median |error| over ${jobs.length} finished job${jobs.length === 1 ? "" : "s"}${emulated() ? " (emulated runs counted)" : ""}:
+  // an emulated run (api/calibration.py emulated_row) is listed against its own prediction: in no median, never fitted
+  const real = jobs.filter((j) => !j.emulated).length;
+  const emu = jobs.length - real;
+  document.getElementById("cal-summary").innerHTML = `Median |error| over ${real} finished job${real === 1 ? "" : "s"}${emu ? ` (and ${emu} emulated run${emu === 1 ? "" : "s"} listed, not counted: ${PP.esc(jobs.find((j) => j.emulated).note.split(";")[0])})` : ""}:
     <strong id="median-before" data-value="${errs.median_abs_error_before ?? ""}">${PP.fmtPct(errs.median_abs_error_before)}</strong> before calibration,
     <strong id="median-after" data-value="${errs.median_abs_error_after ?? ""}">${PP.fmtPct(errs.median_abs_error_after)}</strong> ${after}.
     Error = (measured − predicted) / predicted: + when the run was slower than predicted.`;
