@@ -26,6 +26,7 @@ No torch: this command only plans.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from statistics import median
 from typing import Annotated, Any
@@ -99,6 +100,30 @@ def _table(jobs: list[dict[str, Any]], cal: dict[str, Any], warnings: list[str] 
             typer.echo(f"note: job {j['job_id']} ({j['label']}): {j['note']}")
 
 
+def _layer_mismatch(cand: dict[str, Any], layers: int, profile: str) -> str | None:
+    """Why the candidate's partition (its ``run_spec``'s, or a flat ``partition``) is none of a model of
+    ``layers`` layers, profile ``profile``'s (:func:`planner.runspec.partition_error`, the executor's rule), or
+    None (no partition given: nothing to check). Checked before predicting: a GPT-3 profile (98 layers) with a
+    6-layer gpt-tiny candidate was answered "weights, gradients and optimizer state do not fit", the run's model
+    mismatch reported as memory."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from planner.runspec import LayerIndex, partition_error
+
+    spec = cand.get("run_spec")
+    raw = spec.get("partition") if isinstance(spec, dict) else cand.get("partition")
+    if not raw:
+        return None
+    try:
+        bounds = TypeAdapter(list[tuple[LayerIndex, LayerIndex]]).validate_python(raw)
+    except ValidationError:
+        return f"partition: a list of [start, end) layer ranges, got {json.dumps(raw)[:60]}"
+    why = partition_error(bounds, len(bounds), None)  # ranges in order, each non-empty, from 0
+    if why is None and bounds[-1][1] != layers:  # (partition_error's rule for the end, said as the two counts)
+        why = f"its partition covers {bounds[-1][1]} layers, profile {profile} has {layers}"
+    return why
+
+
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     from pydantic import ValidationError
 
@@ -152,11 +177,15 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
             fail(f"{where}.candidate{inner}: {validation_summary(err)}")
         except ValueError as err:  # config_of's own check of run_spec
             fail(f"{where}.candidate.{err}")
+        why = _layer_mismatch(cand, len(profiles[path].layers), e["profile"])
+        if why is not None:
+            fail(f"{where}.candidate: {why}: is it a run of this profile's model?")
         obs.append(Observation(profiles[path], request, config, measured, i))
     try:
         res = fit(cluster, obs)
     except ValueError as err:  # the fit's own checks (no runs, a configuration that does not fit the cluster)
-        fail(str(err))
+        job = re.match(r"job (\d+): ", str(err))  # a run's (its job_id is its index): named as the runs file has it
+        fail(f"--runs {runs_path}: runs[{job[1]}]: {str(err)[job.end():]}" if job else str(err))
     d = res.to_dict()
     _table(d["jobs"], d["calibration"], res.warnings, cluster_path)  # type: ignore[arg-type]
     inputs: list[str] = []

@@ -521,3 +521,43 @@ def test_cli_offline_calibrate_of_a_calibrated_cluster_shows_its_predictions(tmp
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[1] == "before: the uncalibrated model, where the fit starts; after: the fitted factors"
     assert "given" not in r.stdout.splitlines()[2]
+
+
+@pytest.mark.slow  # the CLI's imports
+def test_cli_offline_calibrate_names_a_run_of_another_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A run whose candidate partitions another model than its profile's (a 6-layer gpt-tiny candidate with a
+    98-layer GPT-3 profile) was answered "job 0: ... cannot be predicted (weights, gradients and optimizer state do
+    not fit ...)": now the layer counts are checked before predicting, naming runs[i]; a fit's own refusal names
+    runs[i] too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.cluster import save_cluster
+    from planner.profile import save_profile
+
+    prof, cl = profile(8), cluster()
+    save_profile(prof, tmp_path / "p.json")
+    save_cluster(cl, tmp_path / "c.json")
+    runs = _runs(prof, cl)
+    tiny = {"run_spec": {"config": {"tensor": 1, "pipeline": 2, "data": 1, "micro_batch": 1, "schedule": "1f1b"},
+                         "microbatches": 4, "partition": [[0, 3], [3, 6]]}, "global_batch": 4}
+    args = ["calibrate", "--cluster", str(tmp_path / "c.json"), "--runs", str(tmp_path / "runs.json")]
+    (tmp_path / "runs.json").write_text(json.dumps([*runs[:2], {**runs[2], "candidate": tiny}]))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert ("runs[2].candidate: its partition covers 6 layers, profile p.json has 8: is it a run of this profile's "
+            "model?") in r.output, r.output
+    gap = {**tiny, "run_spec": {**tiny["run_spec"], "partition": [[0, 3], [4, 8]]}}
+    (tmp_path / "runs.json").write_text(json.dumps([{**runs[0], "candidate": gap}]))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "runs[0].candidate: partition does not cover the model: stage 1 is [4, 8)" in r.output
+    whole = {**tiny, "run_spec": {**tiny["run_spec"], "partition": [[0, 4], [4, 8]]}}  # 8 layers: predicted
+    (tmp_path / "runs.json").write_text(json.dumps([*runs[:2], {**runs[2], "candidate": whole}]))
+    assert CliRunner().invoke(app, args).exit_code == 0
+    big = {**runs[0]["candidate"], "tensor": 1, "pipeline": 1, "data": 1}  # fits no device: the fit's own refusal
+    save_cluster(cl.model_copy(update={"memory_bytes": 3 * 2**30}), tmp_path / "c.json")
+    (tmp_path / "runs.json").write_text(json.dumps([{**runs[0], "candidate": big}]))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "runs[0]: configuration" in r.output and "job 0" not in r.output, r.output
