@@ -17,13 +17,18 @@ from browser.support import Console, needs_browser
 pytestmark = [needs_browser, pytest.mark.slow]
 
 
-@pytest.fixture
-def jobs_server(tmp_path: Path) -> Iterator[tuple[LiveServer, dict[str, int]]]:
+def _fresh_server(tmp_path: Path, **settings: str) -> LiveServer:
+    """A started server on an empty, migrated SQLite database of its own (no seeding)."""
     from db.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
     upgrade(url)
-    srv = LiveServer(url, tmp_path).start()
+    return LiveServer(url, tmp_path, **settings).start()
+
+
+@pytest.fixture
+def jobs_server(tmp_path: Path) -> Iterator[tuple[LiveServer, dict[str, int]]]:
+    srv = _fresh_server(tmp_path)
     try:
         with srv.client() as c:
             pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
@@ -68,11 +73,7 @@ def test_dispatch_is_disabled_where_a_node_would_run_too_many_processes(browser,
     """An emulated job runs its t*D*W processes on one node; POST /jobs refuses more than PIPEPLAN_MAX_NODE_PROCESSES
     there (here 2), and the card's dispatch button says so instead of a 422 after the click; unemulated, the same
     candidate spreads over the cluster's 2-process nodes and may be dispatched."""
-    from db.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
-    upgrade(url)
-    srv = LiveServer(url, tmp_path, PIPEPLAN_MAX_NODE_PROCESSES="2").start()
+    srv = _fresh_server(tmp_path, PIPEPLAN_MAX_NODE_PROCESSES="2")
     try:
         with srv.client() as c:
             pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
@@ -111,11 +112,7 @@ def test_a_failed_plan_names_its_profile_and_no_unknown_counts(browser, console:
                                                                 tmp_path: Path) -> None:
     """A plan that failed (here: stopped by PIPEPLAN_PLAN_TIMEOUT_SECONDS) showed "profile #1" where a done plan
     names its profile, and "0 ranked candidates of ? configurations (? simulated)" above its error."""
-    from db.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
-    upgrade(url)
-    srv = LiveServer(url, tmp_path, PIPEPLAN_PLAN_TIMEOUT_SECONDS="0").start()
+    srv = _fresh_server(tmp_path, PIPEPLAN_PLAN_TIMEOUT_SECONDS="0")
     try:
         with srv.client() as c:
             pid = c.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
@@ -140,11 +137,7 @@ def test_a_failed_plan_names_its_profile_and_no_unknown_counts(browser, console:
 def test_the_token_box_says_an_invalid_token_and_the_role_of_a_valid_one(browser, console: Console,  # type: ignore[no-untyped-def]
                                                                          tmp_path: Path) -> None:
     """A mistyped token said "token set" like the admin token (GET /whoami now names the role)."""
-    from db.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path / 'pipeplan.db'}"
-    upgrade(url)
-    srv = LiveServer(url, tmp_path).start()
+    srv = _fresh_server(tmp_path)
     try:
         ctx = browser.new_context()
         page = console.attach(ctx.new_page())
