@@ -148,8 +148,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         job_launcher = None
         if launcher == "slurm":
-            from executor.slurm import SlurmLauncher, SlurmOptions
+            from executor.slurm import SlurmLauncher, SlurmOptions, time_limit_error
 
+            if time_limit is not None and (why := time_limit_error(time_limit)) is not None:
+                typer.echo(f"error: --time-limit: {why}", err=True)  # (sbatch refused each job's script)
+                raise typer.Exit(2)
             job_launcher = SlurmLauncher(SlurmOptions(
                 partition=partition, account=account, gpus_per_node=gpus_per_node, request_gpus=request_gpus,
                 nodes_max=nodes_max, time_limit=time_limit, extra=tuple(sbatch_option or ())), env=run_environment())

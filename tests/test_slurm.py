@@ -539,3 +539,15 @@ def test_every_time_form_sbatch_reads_is_taken(text: str) -> None:
     from executor.slurm import time_limit_error
 
     assert time_limit_error(text) is None
+
+
+def test_the_agents_time_limit_is_checked_before_it_registers() -> None:
+    """``pipeplan agent --launcher slurm --time-limit banana`` wrote ``#SBATCH --time=banana`` into every job's
+    script (sbatch refused each); it is one error line at start now."""
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+
+    r = CliRunner().invoke(app, ["agent", "--api", "http://127.0.0.1:9", "--token", "t", "--launcher", "slurm",
+                                 "--time-limit", "banana"])
+    assert r.exit_code == 2 and "error: --time-limit: a Slurm time limit" in r.output, r.output
