@@ -541,6 +541,7 @@ def test_every_time_form_sbatch_reads_is_taken(text: str) -> None:
     assert time_limit_error(text) is None
 
 
+@pytest.mark.timeout(60)  # the old agent went on to register with the unreachable API, retrying
 def test_the_agents_time_limit_is_checked_before_it_registers() -> None:
     """``pipeplan agent --launcher slurm --time-limit banana`` wrote ``#SBATCH --time=banana`` into every job's
     script (sbatch refused each); it is one error line at start now."""
