@@ -131,7 +131,7 @@ function renderJobs(errs) {
     Error = (measured − predicted) / predicted: + when the run was slower than predicted.`;
   document.querySelector("#cal-jobs tbody").innerHTML = jobs.map((j) => `<tr data-job-id="${j.job_id ?? ""}">
     <td data-label="${L[0]}">${j.job_id != null ? `<a href="/ui/jobs/${j.job_id}">job ${j.job_id}</a>` : "–"}</td>
-    <td data-label="${L[1]}" class="config">${PP.esc(j.label)}</td>
+    <td data-label="${L[1]}" class="config">${PP.esc(j.label)}${j.emulated ? ` <span class="muted" title="${PP.esc(j.note || "")}">emulated: ${PP.fmtTime(j.predicted_emulation)} by the simulator (${PP.fmtErr(j.relative_error_emulation)}), not fitted</span>` : ""}</td>
     ${numCell(L[2], j.measured, PP.fmtTime, "measured")}
     ${numCell(L[3], j.predicted_before, PP.fmtTime, "predicted-before")}
     ${numCell(L[4], j.relative_error_before, PP.fmtErr, "error-before")}
@@ -172,10 +172,11 @@ async function calibrate() {
   try {
     const a = (await PP.api("POST", `/clusters/${clusterId}/calibrate${query()}`)).data;
     const page = `<a href="/ui/clusters/${a.cluster_id}">${PP.esc(a.label)}</a> (#${a.cluster_id})`;
+    const fitted = a.jobs.filter((j) => !j.emulated).length;  // the listed emulated runs are never fitted
     const warned = a.warnings.length ? ` ${a.warnings.length === 1 ? "One factor is" : a.warnings.length + " factors are"} at a bound: see the warning above.` : "";
     msg.innerHTML = (a.unchanged
       ? `Unchanged: no new finished job since version ${a.version}, ${page}; the fit is the same, nothing was stored.`
-      : `Stored version ${a.version}: ${page}, fitted to ${a.jobs.length} job${a.jobs.length === 1 ? "" : "s"}; plans requested from now on are made on it.`) + warned;
+      : `Stored version ${a.version}: ${page}, fitted to ${fitted} job${fitted === 1 ? "" : "s"}; plans requested from now on are made on it.`) + warned;
     msg.dataset.version = String(a.version);
     msg.dataset.clusterId = String(a.cluster_id);
     msg.dataset.unchanged = a.unchanged ? "1" : "0";

@@ -106,13 +106,13 @@ def done_plan(srv: LiveServer, profile_id: int, cluster_id: int, **req: Any) -> 
 
 
 def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers: dict[str, str],
-                 devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 devices: list[dict[str, Any]] | None = None, emulated_at: float | None = None) -> dict[str, Any]:
     """A job of candidate ``rank`` that a worker (registered here, one per job, with the job's device) claimed
     and finished with ``seconds`` measured per iteration (and ``devices``, the result's figures per device).
     ``c``: an admin client of the server (``LiveServer.client()``); ``worker_headers``: the shared worker token's,
     for registration. Jobs queued before it are claimed and failed on the way (a test leaves none queued)."""
     job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "model": "gpt-tiny",
-                                "iterations": 4}).json()
+                                "iterations": 4, "emulate": emulated_at is not None}).json()
     w = c.post("/workers", json={"name": f"ui-done-worker-{job['id']}", "node": "n1",
                                  "device_type": job.get("device_type") or "cpu"}, headers=worker_headers)
     assert w.status_code in (200, 201), w.text
@@ -125,6 +125,10 @@ def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers
             break
         c.post(f"/jobs/{got}/fail", headers=own, json={"worker_id": wid, "error": "other", "log_tail": "other"})
     r = c.post(f"/jobs/{job['id']}/result", headers=own,
-               json={"worker_id": wid, "iteration_time": seconds, "emulated": False, "devices": devices or []})
+               json={"worker_id": wid, "iteration_time": seconds, "emulated": emulated_at is not None,
+                     "devices": devices or [],
+                     # an emulated run's own prediction, as pipeplan run --emulate reports it
+                     **({"raw": {"emulated": True, "predicted": {"iteration_time": emulated_at}}}
+                        if emulated_at is not None else {})})
     assert r.status_code == 201, r.text
     return c.get(f"/jobs/{job['id']}").json()

@@ -277,3 +277,26 @@ def test_a_cluster_without_finished_jobs_says_what_to_do(server: LiveServer, bro
     assert page.locator("#versions tbody tr").count() == 1
     shot(page, "calibration-05-empty", full_page=True)
     page.context.close()
+
+
+def test_a_listed_emulated_run_says_its_own_prediction_and_is_not_counted_as_fitted(
+        server: LiveServer, browser: Any, console: Console) -> None:
+    """With "list emulated runs" ticked, an emulated run's row showed only dashes and the calibration's message said
+    "fitted to 3 jobs" where 2 were fitted (an emulated run never is: api/calibration.py)."""
+    cid, jobs = _cluster_with_jobs(server, "cal-page-emulated", (1.2, 1.3))
+    with server.client() as c:
+        plan_id = jobs[0]["plan_id"]
+        own = c.get(f"/plans/{plan_id}").json()["candidates"][2]["iteration_time"] * 0.5
+        emu = finished_job(c, plan_id, 2, own * 1.1, WAUTH, emulated_at=own)
+    page = _page(browser, console)
+    page.goto(f"{server.url}/ui/clusters/{cid}")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.check("#include-emulated")
+    row = page.locator(f'#cal-jobs tbody tr[data-job-id="{emu["id"]}"]')
+    row.wait_for()
+    assert "emulated: " in row.locator("td.config").inner_text() and "(+10.0 %), not fitted" in \
+        row.locator("td.config").inner_text(), row.inner_text()
+    page.click("#calibrate")
+    page.wait_for_selector('#calibrate-msg[data-version="2"]')
+    assert ", fitted to 2 jobs;" in page.locator("#calibrate-msg").inner_text()
+    page.context.close()
