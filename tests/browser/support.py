@@ -108,7 +108,8 @@ def done_plan(srv: LiveServer, profile_id: int, cluster_id: int, **req: Any) -> 
 def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers: dict[str, str],
                  devices: list[dict[str, Any]] | None = None, emulated_at: float | None = None) -> dict[str, Any]:
     """A job of candidate ``rank`` that a worker (registered here, one per job, with the job's device) claimed
-    and finished with ``seconds`` measured per iteration (and ``devices``, the result's figures per device).
+    and finished with ``seconds`` measured per iteration (and ``devices``, the result's figures per device;
+    ``emulated_at``: an emulated run that predicted itself that many seconds).
     ``c``: an admin client of the server (``LiveServer.client()``); ``worker_headers``: the shared worker token's,
     for registration. Jobs queued before it are claimed and failed on the way (a test leaves none queued)."""
     job = c.post("/jobs", json={"plan_id": plan_id, "candidate_index": rank, "model": "gpt-tiny",
