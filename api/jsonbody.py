@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import typing
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
@@ -40,27 +40,25 @@ class UniqueKeysRequest(Request):
         return self._json
 
 
-def _query_names(dependant: Any) -> dict[str, bool]:
-    """The query parameters a route takes, its dependencies' too: name -> whether it takes several values."""
-    out: dict[str, bool] = {}
+def _dependants(dependant: Any) -> Iterator[Any]:
+    """A route's dependant and those of its dependencies, all the way down (what FastAPI reads parameters from)."""
     todo = [dependant]
     while todo:
         d = todo.pop()
-        for f in d.query_params:
-            out[f.alias] = typing.get_origin(f.field_info.annotation) in (list, set, tuple) or any(
-                typing.get_origin(a) in (list, set, tuple) for a in typing.get_args(f.field_info.annotation))
+        yield d
         todo.extend(d.dependencies)
-    return out
+
+
+def _query_names(dependant: Any) -> dict[str, bool]:
+    """The query parameters a route takes, its dependencies' too: name -> whether it takes several values."""
+    many = (list, set, tuple)
+    return {f.alias: typing.get_origin(f.field_info.annotation) in many
+            or any(typing.get_origin(a) in many for a in typing.get_args(f.field_info.annotation))
+            for d in _dependants(dependant) for f in d.query_params}
 
 
 def _has_body(dependant: Any) -> bool:
-    todo = [dependant]
-    while todo:
-        d = todo.pop()
-        if d.body_params:
-            return True
-        todo.extend(d.dependencies)
-    return False
+    return any(d.body_params for d in _dependants(dependant))
 
 
 def query_problem(query: list[tuple[str, str]], takes: dict[str, bool], where: str) -> str | None:
