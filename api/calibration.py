@@ -80,10 +80,10 @@ def _uncalibrated(row: ClusterRow) -> Cluster:
     return with_calibration(cluster_model(row), None)
 
 
-def observations(db: Session, cluster_id: int, include_emulated: bool = False) -> list[Observation]:
-    """The finished real-compute jobs of every version of the cluster, as :class:`planner.calibrate.Observation`:
-    what a fit reads (an emulated one among the newest ``MAX_JOBS`` is :func:`finished`'s, never fitted)."""
-    return [o for o, res in finished(db, cluster_id, include_emulated) if not res.emulated]
+def _split(done: list[tuple[Observation, Result]]) -> tuple[list[Observation], list[dict[str, Any]]]:
+    """:func:`finished`'s jobs as the real-compute ones' observations (what a fit reads) and the emulated ones'
+    rows (:func:`emulated_row`: listed, never fitted)."""
+    return [o for o, r in done if not r.emulated], [emulated_row(o, r) for o, r in done if r.emulated]
 
 
 def emulated_row(o: Observation, res: Result) -> dict[str, Any]:
@@ -171,7 +171,7 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     lineage = versions(db, cluster_id)
     base = lineage[0]
     done = finished(db, cluster_id, include_emulated)
-    obs = [o for o, res in done if not res.emulated]
+    obs, emulated = _split(done)
     if not obs:
         raise Conflict(f"cluster {cluster_id}: no finished job with a measured result to calibrate from"
                        + (f" ({len(done)} emulated run(s): they replay the simulator's own times, so they say "
@@ -201,8 +201,7 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     return {"cluster_id": row.id, "base_id": base.id, "version": row.version, **describe(row, newest),
             "calibration": stored, "unchanged": unchanged, "warnings": warnings_of(stored),
             "given_label": describe(lineage[-1], newest)["label"] if given.calibration is not None else None,
-            "rounds": res.rounds, "jobs": _in_order([j.to_dict() for j in res.jobs],
-                                                    [emulated_row(o, r) for o, r in done if r.emulated])}
+            "rounds": res.rounds, "jobs": _in_order([j.to_dict() for j in res.jobs], emulated)}
 
 
 def _in_order(rows: list[dict[str, Any]], emulated: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -215,11 +214,10 @@ def errors(db: Session, cluster_id: int, include_emulated: bool = False) -> dict
     emulated one, with ``include_emulated``: :func:`emulated_row`)."""
     lineage = versions(db, cluster_id)
     base, newest = lineage[0], lineage[-1]
-    done = finished(db, cluster_id, include_emulated)
+    obs, emulated = _split(finished(db, cluster_id, include_emulated))
     after = cluster_model(newest)
     try:
-        rows = _in_order(_errors([o for o, r in done if not r.emulated], _uncalibrated(base), after),
-                         [emulated_row(o, r) for o, r in done if r.emulated])
+        rows = _in_order(_errors(obs, _uncalibrated(base), after), emulated)
     except ValueError as e:
         raise InputError(str(e)) from None
     return {"cluster_id": cluster_id, "base_id": base.id, "newest_id": newest.id, "newest_version": newest.version,
