@@ -26,7 +26,6 @@ No torch: this command only plans.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from statistics import median
 from typing import Annotated, Any
@@ -127,7 +126,7 @@ def _layer_mismatch(cand: dict[str, Any], layers: int, profile: str) -> str | No
 def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     from pydantic import ValidationError
 
-    from planner.calibrate import Observation, far_off_warnings, fit
+    from planner.calibrate import Observation, ObservationError, far_off_warnings, fit
     from planner.cluster import calibrated_from, load_cluster, save_cluster
     from planner.jsondoc import number
     from planner.limits import MAX_SECONDS
@@ -183,9 +182,10 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         obs.append(Observation(profiles[path], request, config, measured, i))
     try:
         res = fit(cluster, obs)
-    except ValueError as err:  # the fit's own checks (no runs, a configuration that does not fit the cluster)
-        job = re.match(r"job (\d+): ", str(err))  # a run's (its job_id is its index): named as the runs file has it
-        fail(f"--runs {runs_path}: runs[{job[1]}]: {str(err)[job.end():]}" if job else str(err))
+    except ObservationError as err:  # a run's (its job_id is its index): named as the runs file has it
+        fail(f"--runs {runs_path}: runs[{err.job_id}]: {err.problem}")
+    except ValueError as err:  # the fit's own checks (no runs, a reserve larger than the device)
+        fail(str(err))
     d = res.to_dict()
     _table(d["jobs"], d["calibration"], res.warnings, cluster_path)  # type: ignore[arg-type]
     inputs: list[str] = []

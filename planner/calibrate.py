@@ -223,14 +223,23 @@ def with_calibration(cluster: Cluster, theta: dict[str, float] | Calibration | N
     return cluster.model_copy(update={"calibration": Calibration.model_construct(**theta)})
 
 
+class ObservationError(ValueError):
+    """A job the fit cannot predict: ``job_id`` and ``problem`` apart, so that a caller names the job its own way
+    (``pipeplan calibrate``: the runs file's ``runs[i]``; the API: ``job N``, the message)."""
+
+    def __init__(self, job_id: int | None, problem: str) -> None:
+        super().__init__(f"job {job_id}: {problem}")
+        self.job_id, self.problem = job_id, problem
+
+
 def predicted(obs: Observation, cluster: Cluster) -> float:
     """The planner's iteration time of the observation's configuration on ``cluster``."""
     from planner.search import predict  # the search imports the cost model; keep this module light
 
     cand = predict(obs.profile, cluster, obs.request, obs.config)
     if not math.isfinite(cand.iteration_time) or cand.iteration_time <= 0:
-        raise ValueError(f"job {obs.job_id}: configuration {obs.config.label()} cannot be predicted "
-                         f"({cand.reason or 'no simulated time'})")
+        raise ObservationError(obs.job_id, f"configuration {obs.config.label()} cannot be predicted "
+                                           f"({cand.reason or 'no simulated time'})")
     return cand.iteration_time
 
 
