@@ -133,7 +133,7 @@ def _child(conn: Any, task: str, args: tuple[Any, ...], memory: int) -> None:
     if os.getppid() != parent:  # the parent died before the death signal was armed
         os._exit(1)
     # a one-shot process (it ends once its answer is sent): with the cyclic collector on, the first allocations
-    # after the search (planner.search._gc_paused resumes it) would visit every object the results keep alive,
+    # after the search (planner.gcpause.gc_paused resumes it) would visit every object the results keep alive,
     # 73-100 ms on GPT-3 175B / 1024 GPUs, to free nothing the exit does not (as the CLI: pipeplan.cli.SHORT_LIVED)
     gc.disable()
     reserve: list[bytearray] = []

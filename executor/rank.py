@@ -168,7 +168,7 @@ def _quiet_collector() -> Iterator[_GCPauses]:
     action: 190-300 ms in ranks 1 and 2 of ``pipeplan run -s zb-h1 -D 4 -N 8`` (an I of about 2 ms measured
     145-175 ms; the iteration 240-300 ms against 79 ms predicted). Passes during the iterations traverse only
     what they allocate; after them the frozen objects are unfrozen (the next plan of a launch freezes again; this
-    one's model may be collected then). The planner pauses the collector likewise (``planner.search._gc_paused``)."""
+    one's model may be collected then). The planner pauses the collector likewise (``planner.gcpause.gc_paused``)."""
     gc.collect()
     gc.freeze()
     pauses = _GCPauses()

@@ -31,12 +31,10 @@ default where a core is idle, one process elsewhere).
 
 from __future__ import annotations
 
-import gc
 import heapq
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +47,7 @@ from planner.enumeration import enumerate_configs, schedule_variants
 from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
 from planner.explain import breakdown, closed_forms
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
+from planner.gcpause import gc_paused
 from planner.memory import MemoryModel
 from planner.mismatch import device_warnings, size_warnings
 from planner.model import tensor_split_error
@@ -391,7 +390,7 @@ class Planner:
         ``processes=2`` searches on two cores where the search is large enough and ``os.fork`` exists
         (:mod:`planner.split_search`: the same result, exact); ``None``: so too where a core is idle
         (:func:`planner.split_search.spare_core`); the default is one process."""
-        with _gc_paused():
+        with gc_paused():
             return self._search(prune, processes)
 
     def _search(self, prune: bool, processes: int | None = 1) -> PlanResult:
@@ -579,26 +578,12 @@ def _keep_best(cands: list[Candidate], k: int) -> None:
         del cands[k:]
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The search allocates millions of small, acyclic objects (actions, heap entries) that the cyclic
-    garbage collector would traverse again and again with every cached schedule alive (measured: a
-    third of the search time); pause it, and leave its state as it was."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def plan(profile: ModelProfile, cluster: Cluster, request: TrainingRequest,
          processes: int | None = 1) -> PlanResult:
     """Rank every valid configuration (module docstring); ``processes``: 2 or None (where a core is idle) to
     search on two cores where the search is large enough (:meth:`Planner.search`). The planner (its caches)
     is dropped before the garbage collector resumes, so the collection that follows visits the results only."""
-    with _gc_paused():
+    with gc_paused():
         res = Planner(profile, cluster, request).search(processes=processes)
     res.warnings = device_warnings(profile, cluster, request) + size_warnings(
         profile, (c.config.micro_batch for c in res.candidates if c.fits))

@@ -14,7 +14,6 @@ to outliers on shared machines, and report the spread.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from planner.gcpause import gc_paused
 
 
 @dataclass(frozen=True)
@@ -73,15 +74,10 @@ def time_op(
             end.synchronize()
             elapsed = start.elapsed_time(end) / 1000.0
         else:
-            enabled = gc.isenabled()  # a garbage-collector pass inside the timed call is not the op's time
-            gc.disable()
-            try:
+            with gc_paused():  # a garbage-collector pass inside the timed call is not the op's time
                 t0 = clock()
                 op(state)
                 elapsed = clock() - t0
-            finally:
-                if enabled:
-                    gc.enable()
         del state
         if i >= warmup:
             samples.append(elapsed)

@@ -694,7 +694,7 @@ def test_cpuidle_reads_this_machines_proc_stat():
 @pytest.mark.parametrize("cluster,preset,gpus,batch,dtype", [
     ("dgx-a100-80gb.json", "gpt2-1.3b", 64, 512, "bf16"), ("local-cpu-4.json", "gpt-tiny", 4, 16, "fp32")])
 def test_the_search_makes_no_reference_cycles(cluster, preset, gpus, batch, dtype):
-    """The search pauses the cyclic garbage collector (:func:`planner.search._gc_paused`), so whatever it drops
+    """The search pauses the cyclic garbage collector (:func:`planner.gcpause.gc_paused`), so whatever it drops
     must be freed by reference counting: a cycle through a candidate's costs (as the executor overheads'
     back-reference to their ConfigCosts was) kept every dropped candidate's costs and schedule alive until the
     collector ran after the search, in plan()'s time (0.2 s on GPT-3 / 1024 GPUs)."""
