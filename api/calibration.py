@@ -1,19 +1,19 @@
 """Cluster calibration from finished jobs (issue 11 item 5): versions, the fit, prediction errors.
 
-A cluster as uploaded is version 1 of itself. ``calibrate`` fits :class:`planner.cluster.Calibration` to
-the finished jobs of every version (:func:`planner.calibrate.fit`, starting from the uncalibrated base)
-and stores the result as a new :class:`db.models.ClusterRow` (``base_id`` the uploaded cluster,
-``version`` one more than the newest): plans made before keep the version they used (their
+A cluster as uploaded is version 1 of itself. ``calibrate`` fits :class:`planner.cluster.Calibration` to the
+finished jobs of every version (:func:`planner.calibrate.fit`, starting from the uncalibrated base) and stores the
+result as a new :class:`db.models.ClusterRow` (``base_id`` the uploaded cluster, ``version`` one past the largest
+its lineage has handed out, :func:`next_version`): plans made before keep the version they used (their
 ``cluster_id``), and a plan requested on any version of the cluster afterwards is made on the newest
-(:func:`newest_version`). ``errors`` reports each job's measured iteration time against the prediction of
-the uncalibrated cluster and of the newest calibration. "Before" is the uncalibrated model in both answers, as
-in ``pipeplan calibrate``: the fit starts there (its factors are absolute, with the prior at (1, 1, 0)) and
-replaces the newest version's calibration rather than refining it. ``calibrate`` also gives each job's
-prediction on the newest version as it was (``predicted_given``, None when it had no calibration; ``given_label``
-names it), so that what plans on the cluster predicted until now is shown beside the fit's starting point and its
-result (:class:`planner.calibrate.JobError`). Both answers carry ``warnings``: a line for each
-factor the fit left at a bound of its physical range (:func:`planner.calibrate.bound_warning`), which says
-that the model and the measurements disagree for a reason the factors do not describe.
+(:func:`newest_version`). ``errors`` reports each job's measured iteration time against the prediction of the
+uncalibrated cluster and of the newest calibration. "Before" is the uncalibrated model in both answers, as in
+``pipeplan calibrate``: the fit starts there (its factors are absolute, with the prior at (1, 1, 0)) and replaces
+the newest version's calibration rather than refining it. ``calibrate`` also gives each job's prediction on the
+newest version as it was (``predicted_given``, None when it had no calibration; ``given_label`` names it), so that
+what plans on the cluster predicted until now is shown beside the fit's starting point and its result
+(:class:`planner.calibrate.JobError`). Both answers carry ``warnings``: a line for each factor the fit left at a
+bound of its physical range (:func:`planner.calibrate.bound_warning`), which says that the model and the
+measurements disagree for a reason the factors do not describe.
 
 Calibrating again when nothing changed (the same jobs give the same factors as the newest version's) stores
 nothing: the answer is the newest version with ``unchanged`` true (:func:`same_fit`).
@@ -33,7 +33,7 @@ import math
 from statistics import median
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from api.cluster_versions import calibration_jobs_of, describe, newest_versions
@@ -166,6 +166,18 @@ def same_fit(stored: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     return True
 
 
+def next_version(db: Session, base: ClusterRow) -> int:
+    """The number of a new version of ``base``'s lineage: one past the largest ever handed out, kept on the base
+    row (``last_version``, migration 0008), so that the number of a deleted version is not given again; counted
+    up in the database (one UPDATE of the base row: two calibrations at once get two numbers)."""
+    stored = max(base.version, db.scalar(select(func.max(ClusterRow.version)).where(ClusterRow.base_id == base.id))
+                 or 1)
+    return db.execute(update(ClusterRow).where(ClusterRow.id == base.id)
+                     .values(last_version=case((ClusterRow.last_version > stored, ClusterRow.last_version),
+                                               else_=stored) + 1)
+                     .returning(ClusterRow.last_version)).scalar_one()
+
+
 def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:
     """Fit the factors to the lineage's finished jobs and store them as a new version (module docstring)."""
     lineage = versions(db, cluster_id)
@@ -190,9 +202,8 @@ def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> d
     h = cluster.content_hash()
     row = lineage[-1] if unchanged else db.scalar(select(ClusterRow).where(ClusterRow.content_hash == h))
     if row is None:
-        newest = db.scalar(select(func.max(ClusterRow.version)).where(ClusterRow.base_id == base.id)) or 1
         row = ClusterRow(content_hash=h, name=base.name, device=base.device, gpus=base.gpus,
-                         body=cluster.model_dump(mode="json"), base_id=base.id, version=newest + 1,
+                         body=cluster.model_dump(mode="json"), base_id=base.id, version=next_version(db, base),
                          calibration_jobs=calibration_jobs_of(cluster))
         db.add(row)
         db.flush()

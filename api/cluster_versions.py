@@ -1,13 +1,13 @@
 """Cluster versions as a reader names them (issue 13): "dgx-a100-80gb v2, calibrated from 3 jobs".
 
-A calibration (:mod:`api.calibration`) stores a new :class:`db.models.ClusterRow` with its own id,
-``base_id`` the uploaded cluster and ``version`` one more than the newest; a plan requested on any version
-afterwards is made on the newest. An id alone ("#7") does not say that #7 is version 2 of cluster #1, nor
-from how many jobs it was fitted: :func:`describe` gives every cluster answer (``ClusterOut``) its
-``label``, the jobs its calibration was fitted to (``Calibration.jobs``, :mod:`planner.cluster`) and the
-newest version of its lineage, so a page that names a cluster can say which version it is and whether a
-newer one exists. The jobs count is the row's ``calibration_jobs`` column (set when the row is made, filled
-for older rows by migration 0005), so a list answer loads no cluster documents.
+A calibration (:mod:`api.calibration`) stores a new :class:`db.models.ClusterRow` with its own id, ``base_id`` the
+uploaded cluster and ``version`` one past the largest its lineage has handed out (a deleted version's number is not
+given again); a plan requested on any version afterwards is made on the newest. An id alone ("#7") does not say
+that #7 is version 2 of cluster #1, nor from how many jobs it was fitted: :func:`describe` gives every cluster
+answer (``ClusterOut``) its ``label``, the jobs its calibration was fitted to (``Calibration.jobs``,
+:mod:`planner.cluster`) and the newest version of its lineage, so a page that names a cluster can say which version
+it is and whether a newer one exists. The jobs count is the row's ``calibration_jobs`` column (set when the row is
+made, filled for older rows by migration 0005), so a list answer loads no cluster documents.
 """
 
 from __future__ import annotations

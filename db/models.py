@@ -100,6 +100,9 @@ class ClusterRow(Base):
     base_id: Mapped[int | None] = mapped_column(ForeignKey("clusters.id", ondelete="SET NULL"), nullable=True,
                                                 index=True)
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: on an uploaded cluster's row: the largest version number its lineage has handed out, so that a version
+    #: deleted is never numbered again (migration 0008; api/calibration.py)
+    last_version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     #: the finished jobs the body's calibration was fitted to (None: no calibration), kept beside the body so
     #: that list answers label a version (api/cluster_versions.py) without loading documents
     calibration_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -278,3 +278,27 @@ def test_cli_calibrate_notes_an_emulated_run() -> None:
     assert out[3].split()[-4:] == ["-", "-", "-", "-"], out
     assert out[-1] == "note: job 3 (t=1 D=2 W=1 b=1 1f1b): emulated: not fitted; its comparison scores it against "\
         "24.74 ms", out
+
+
+def test_a_deleted_versions_number_is_not_given_again(client) -> None:  # type: ignore[no-untyped-def]
+    """Delete v2 (no plan uses it) and calibrate again: the new version is v3, not a second v2 that a note or a
+    script naming the deleted fit would then silently mean (the base row keeps the last number, migration 0008)."""
+    _, cluster_id, plan = seed_plan(client)
+    w = client.post("/workers", json={"name": "a", "node": "n", "device_type": TINY_DEVICE}, headers=WAUTH).json()
+    truth = with_calibration(Cluster.model_validate(tiny_cluster()), HIDDEN)
+    prof = ModelProfile.model_validate(tiny_profile())
+    req = TrainingRequest.model_validate(plan["request"])
+    for i, cand in enumerate(plan["candidates"][:3]):
+        cfg = Config(**{k: cand[k] for k in FIELDS if cand.get(k) is not None})
+        finish_job(client, plan, i, w, predicted(Observation(prof, req, cfg, 1.0), truth), emulated=False)
+    v2 = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH).json()
+    assert v2["version"] == 2
+    assert client.delete(f"/clusters/{v2['cluster_id']}", headers=AUTH).status_code == 204
+    r = client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH)  # the same jobs, the same fit: stored anew
+    assert r.status_code == 201, r.text
+    v3 = r.json()
+    assert v3["version"] == 3 and v3["cluster_id"] != v2["cluster_id"], v3
+    assert v3["label"].startswith("tiny-cluster v3") and v3["newest_version"] == 3
+    listed = {c["id"]: c["version"] for c in client.get("/clusters", headers=AUTH).json()}
+    assert listed.get(v3["cluster_id"]) == 3 and v2["cluster_id"] not in listed
+    assert client.post(f"/clusters/{cluster_id}/calibrate", headers=AUTH).json()["version"] == 3  # unchanged: v3
