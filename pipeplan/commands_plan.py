@@ -316,9 +316,11 @@ def register(app: typer.Typer) -> None:
             help=f"one of {', '.join(DEVICES)}, a shipped device (planner/devices) or a device .json")] = "a100-80gb",
         dtype: Annotated[str, typer.Option()] = "bf16",
         name: Annotated[str | None, typer.Option()] = None,
-        encoder: Annotated[bool | None, typer.Option("--encoder/--no-encoder", help="BERT-style encoder (a shape "
-                                                    "given by --layers etc.; a preset or config says its own)",
-                                                    show_default=False)] = None,
+        encoder: Annotated[bool, typer.Option("--encoder", help="BERT-style encoder (a shape given by --layers etc.; "
+                                              "a preset or config says its own)")] = False,
+        # the decoder, as without --encoder (a flag alone keeps the help's option column narrow at 80 columns:
+        # an --encoder/--no-encoder pair widened it until names were cut); kept for the commands that give it
+        no_encoder: Annotated[bool, typer.Option("--no-encoder", hidden=True)] = False,
         attention: Annotated[str, typer.Option(help="unfused (Megatron 2021) or flash")] = "unfused",
         attention_impl: Annotated[str, typer.Option(
             help="the flash kernel's implementation, timed at its published rate on the device: flash2 "
@@ -350,8 +352,8 @@ def register(app: typer.Typer) -> None:
         p2p_scatter_gather: Annotated[bool, typer.Option(
             "--p2p-scatter-gather",
             help="the runtime sends each pipeline boundary tensor by Megatron-LM's scatter/gather (its default "
-                 "in 2021-22, --scatter-gather-tensors-in-pipeline): each tensor-parallel rank sends 1/t of it "
-                 "and the receivers all-gather it; without it every rank sends the whole tensor (pipeplan's "
+                 "in 2021-22, its scatter-gather-tensors-in-pipeline argument): each tensor-parallel rank sends "
+                 "1/t of it and the receivers all-gather it; without it every rank sends the whole tensor (pipeplan's "
                  "executor, Megatron-Core), or its 1/t of the sequence under --sequence-parallel")] = False,
     ) -> None:
         """Write an analytical profile: the operator-level model on the device description, per (b, t)."""
@@ -388,7 +390,9 @@ def register(app: typer.Typer) -> None:
                 fail(f"--{opt} must be a positive integer, got {value}")
         # a preset's or a config's shape is its own: an option beside it would be silently ignored
         ignored = [f"--{k}" for k, v in shape.items() if v is not None and (preset is not None or k != "seq")]
-        if encoder is not None:  # (the architecture is the shape's too)
+        if encoder and no_encoder:
+            fail("--encoder and --no-encoder: give one")
+        if encoder or no_encoder:  # (the architecture is the shape's too)
             ignored.append("--encoder" if encoder else "--no-encoder")
         if ignored and (preset is not None or hf_config is not None):
             fail(f"{', '.join(ignored)}: not with --{'preset' if preset is not None else 'hf-config'}, whose shape "

@@ -462,10 +462,11 @@ def test_a_seq_beyond_rotary_positions_warns_and_proceeds(tmp_path: Path) -> Non
     assert "warning: --seq 32 is beyond max_position_embeddings (16)" in r.stderr.splitlines()[0], r.stderr
 
 
-@pytest.mark.parametrize("command", ["profile-links", "plan", "predict", "export", "calibrate"])
+@pytest.mark.parametrize("command", ["profile-links", "plan", "predict", "export", "calibrate", "profile-analytic"])
 def test_help_at_80_columns_cuts_no_option_name(command: str) -> None:
     """A default-off flag rendered as ``--executor-overhead / --no-executor-overhead`` widened the option column so
-    far that at 80 columns the names and help words were cut (``--executor-overh…``, ``init_process_gro…``)."""
+    far that at 80 columns the names and help words were cut (``--executor-overh…``, ``init_process_gro…``); so
+    did profile-analytic's ``--encoder/--no-encoder`` (``--recompute-granulari…``)."""
     r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"})
     assert r.exit_code == 0 and "Usage" in r.output
     assert "…" not in r.output, [ln for ln in r.output.splitlines() if "…" in ln]
@@ -476,3 +477,22 @@ def test_show_refuses_actions_of_no_time(times: list[str]) -> None:
     """``show --fwd 0 --bwd 0`` drew 'B3' alone on each row with makespan 0."""
     out = _refused(["show", "-s", "gpipe", "-D", "4", "-N", "4", *times])
     assert out.startswith(f"error: {times[0]}: a timeline draws each action in cells of its time"), out
+
+
+def test_profile_analytic_no_encoder_is_the_decoder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--encoder`` is a flag alone (help at 80 columns); ``--no-encoder``, hidden, still gives the decoder it gave,
+    and the two together are refused."""
+    import json
+
+    shape = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "--vocab", "128",
+             "--device", "a100-80gb"]
+    got = {}
+    for flags in ([], ["--no-encoder"], ["--encoder"]):
+        out = tmp_path / f"p{len(got)}.json"
+        r = runner.invoke(app, ["profile-analytic", *shape, *flags, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        spec = json.loads(json.loads(out.read_text())["environment"]["model_spec"])
+        got[" ".join(flags)] = spec["architecture"]
+    assert got == {"": "decoder", "--no-encoder": "decoder", "--encoder": "encoder"}, got
+    r = runner.invoke(app, ["profile-analytic", *shape, "--encoder", "--no-encoder", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and "--encoder and --no-encoder: give one" in r.output, r.output
