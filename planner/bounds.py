@@ -179,6 +179,26 @@ class TimeBounds:
                                                    for s in range(sched.stages)])
         return got
 
+    def allreduces_after(self, sched: Schedule, costs: ConfigCosts, st: np.ndarray) -> np.ndarray:
+        """Per device (``st``: the layout's stages of each), the all-reduce time that certainly follows its last
+        compute action. A stage not all-reduced eagerly is posted at the end of the device's list
+        (:func:`planner.schedules.ir.allreduce_points`), and a device's collectives run one after the other
+        (:class:`planner.schedules.timing.AllReduces`): all of those, once each. Some stage's gradient is
+        completed by the last action, and an eager one is posted then: at least the smallest of the stages'.
+        Where the eager stages are not known yet (Chimera's ``auto``, decided on the built lists), only that."""
+        times = self.allreduce_times(sched, costs)
+        least = times[st].min(axis=1)
+        eager = sched.params.get("eager", "none")
+        if eager == "all" or (isinstance(eager, str) and eager != "none"):
+            return least
+        posted_last = times.copy()
+        if eager != "none":
+            posted_last[[int(x) for x in eager]] = 0.0
+        ordered = np.sort(st, axis=1)  # each stage once, where a device holds copies of it
+        at_end = posted_last[ordered]
+        at_end[:, 1:][ordered[:, 1:] == ordered[:, :-1]] = 0.0
+        return np.maximum(least, at_end.sum(axis=1))
+
     def device_terms(self, sched: Schedule, costs: ConfigCosts, allreduce: bool = False
                      ) -> tuple[np.ndarray, np.ndarray]:
         """Per device, a lower bound of the end of its last compute action (``compute_end``: its head and
@@ -211,7 +231,7 @@ class TimeBounds:
             end = np.maximum(end, windows)
         own = np.asarray(costs.step_per_stage())[st].sum(axis=1)
         if allreduce:
-            own = own + self.allreduce_times(sched, costs)[st].min(axis=1)
+            own = own + self.allreduces_after(sched, costs, st)
         if split:
             return end, own
         tail = terms.down[st].min(axis=1)
@@ -258,7 +278,7 @@ class TimeBounds:
         split) (:meth:`release_bound`), and per device (a column) its own all-reduce and step."""
         terms = self.terms(costs)
         st = self.shapes.layout(costs.config, sched).stage
-        own = np.asarray(costs.step_per_stage())[st].sum(axis=1) + self.allreduce_times(sched, costs)[st].min(axis=1)
+        own = np.asarray(costs.step_per_stage())[st].sum(axis=1) + self.allreduces_after(sched, costs, st)
         last = own.min()  # the end of any micro-batch's chain: some device's all-reduce and step
         own_c = own[:, None]
         q_f = np.maximum(terms.drain[st] + last, terms.bwd[st] + own_c)
