@@ -11,9 +11,10 @@ all-reduce is posted no earlier than the end of that stage's last gradient-produ
 STEP starts after the device's last compute action and its all-reduces. Durations are the cost model's work
 (:meth:`ConfigCosts.fwd`, ``bwd``; with the executor's per-action overheads and a shared host's slowdown the
 simulated durations are only longer, :meth:`ConfigCosts.compute`), so a bound computed with them holds for the
-simulation. The chains below (a micro-batch's forwards through the stages, its backwards down) carry the
-messages between their devices (:func:`_messages`): on GPT-3 175B / 1024 A100s they bring 1F1B's release bound
-from a median 0.984 of the simulated time to 0.998 (``tests/test_bounds_tight.py``).
+simulation. In the bounds of the candidates the search reaches (``allreduce``), the chains below (a micro-batch's
+forwards through the stages, its backwards down) carry the messages between their devices (:func:`_messages`): on
+GPT-3 175B / 1024 A100s they bring 1F1B's release bound from a median 0.984 of the simulated time to 0.998
+(``tests/test_bounds_tight.py``).
 
 * :meth:`TimeBounds.lower_bound`, before any list is built, per device ``d`` (its end is at most the
   makespan): ``compute_end(d) + after(d)`` with
@@ -66,29 +67,21 @@ class StageTerms:
 
     __slots__ = ("bwd", "down", "drain", "fwd", "head", "round_trip", "weight", "window", "work")
 
-    def __init__(self, costs: ConfigCosts, doubled: bool, split: bool) -> None:
-        S = len(costs.stages)
-        # per micro-batch F (a doubled forward runs two in one action) and the F of one action on a chain
-        f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
-        chain_f = [min(costs.fwd(s, 1), costs.fwd(s, 2)) if doubled else f[s] for s in range(S)]
-        # a split backward: I + W, at least B (a stage the executor does not split pays a whole backward in W:
-        # planner.cost.ConfigCosts.split_backward)
-        bw = [costs.work("I", s, 1) + costs.work("W", s, 1) if split else costs.bwd(s) for s in range(S)]
-        # (the work, as F and B: a shared host's core share is the configuration's own, not these cached terms')
-        chain_b = [costs.work("I", s, 1) for s in range(S)] if split else bw
-        self.fwd, self.bwd = np.asarray(f), np.asarray(bw)
+    def __init__(self, work: tuple[np.ndarray, ...], messages: tuple[np.ndarray, np.ndarray], split: bool) -> None:
+        """``work``: :func:`_work`'s per-stage figures; ``messages``: :func:`_messages`' (``up``: the forward
+        output of stage s reaching stage s+1, ``down``: the gradient of stage s reaching stage s-1)."""
+        f, chain_f, bw, chain_b = work
+        up, down_msg = messages
+        S = len(f)
+        self.fwd, self.bwd = f, bw
         self.work = self.fwd + self.bwd
-        # the messages on the chains: up[s] the forward output of stage s reaching stage s+1, down_msg[s] the
-        # gradient of stage s reaching stage s-1 (each the least over the replicas' placements: 0 where both
-        # stages share a device)
-        up, down_msg = _messages(costs, doubled)
         # a chain's steps, each a compute action and the message to the next stage's
-        step_f, step_b = np.asarray(chain_f) + up, np.asarray(chain_b) + down_msg
+        step_f, step_b = chain_f + up, chain_b + down_msg
         self.head = prefix_sums(step_f)[:-1]
         # the backward (I) chain below each stage: from the gradient stage s sends, down to stage 0's end
         self.down = prefix_sums(chain_b)[:-1] + prefix_sums(down_msg)[1:]
         # a split backward's W part (0 otherwise): its I is the rest
-        self.weight = self.bwd - np.asarray(chain_b) if split else np.zeros(S)
+        self.weight = self.bwd - chain_b if split else np.zeros(S)
         # T1(s): forwards through all S stages, then backwards (I) of stages S-1 .. s+1, each gradient's message
         # to the stage below it included (the last, from s+1, reaches s)
         through = float(np.sum(chain_f) + np.sum(up))
@@ -99,6 +92,19 @@ class StageTerms:
         # to 0
         ahead = prefix_sums(step_f)
         self.drain = (ahead[-1] - ahead[1:]) + up + float(np.sum(chain_b) + np.sum(down_msg))
+
+
+def _work(costs: ConfigCosts, doubled: bool, split: bool) -> tuple[np.ndarray, ...]:
+    """Per stage: the F of one micro-batch (a doubled forward runs two in one action), the F of one action on a
+    chain, the backward (a split backward: I + W, at least B -- a stage the executor does not split pays a whole
+    backward in W: :meth:`planner.cost.ConfigCosts.split_backward`) and the backward on a chain (I when split).
+    The work, as F and B: a shared host's core share is the configuration's own, not these cached terms'."""
+    S = len(costs.stages)
+    f = [min(costs.fwd(s, 1), costs.fwd(s, 2) / 2) if doubled else costs.fwd(s, 1) for s in range(S)]
+    chain_f = [min(costs.fwd(s, 1), costs.fwd(s, 2)) if doubled else f[s] for s in range(S)]
+    bw = [costs.work("I", s, 1) + costs.work("W", s, 1) if split else costs.bwd(s) for s in range(S)]
+    chain_b = [costs.work("I", s, 1) for s in range(S)] if split else bw
+    return np.asarray(f), np.asarray(chain_f), np.asarray(bw), np.asarray(chain_b)
 
 
 def _messages(costs: ConfigCosts, doubled: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -112,10 +118,9 @@ def _messages(costs: ConfigCosts, doubled: bool) -> tuple[np.ndarray, np.ndarray
     up, down = np.zeros(S), np.zeros(S)
     spans = (1, 2) if doubled else (1,)
     for s in range(S - 1):
-        up[s] = min(costs.p2p(SEND_F, s, k, row[s], row[s + 1]) if row[s] != row[s + 1] else 0.0
-                    for row in place for k in spans)
-    for s in range(1, S):
-        down[s] = min(costs.p2p(SEND_B, s, 1, row[s], row[s - 1]) if row[s] != row[s - 1] else 0.0 for row in place)
+        pairs = {(row[s], row[s + 1]) for row in place}  # (replicas often share a pair)
+        up[s] = min(costs.p2p(SEND_F, s, k, a, b) if a != b else 0.0 for a, b in pairs for k in spans)
+        down[s + 1] = min(costs.p2p(SEND_B, s + 1, 1, b, a) if a != b else 0.0 for a, b in pairs)
     return up, down
 
 
@@ -125,15 +130,17 @@ class TimeBounds:
     def __init__(self, shapes: ScheduleCache) -> None:
         self.shapes = shapes
         self._terms: dict[tuple, StageTerms] = {}
+        self._work: dict[tuple, tuple[np.ndarray, ...]] = {}  # per stage F and B (_work), by the key less placement
+        self._messages: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (_messages), by placement and stages
         self._allreduce: dict[tuple, np.ndarray] = {}
 
     def lower_bound(self, sched: Schedule, costs: ConfigCosts, allreduce: bool = False) -> float:
         """A time no list of this configuration's shape can beat (the module docstring's terms); with
-        ``allreduce``, the all-reduces a device cannot overlap count too (computed once per stage
-        placement, t, W and partition: a few cost-model calls per stage, so the search asks for it only
-        for the candidates it reaches, :meth:`planner.search.Planner.refine`)."""
+        ``allreduce``, the all-reduces a device cannot overlap count too, and the messages on the chains
+        (computed once per stage placement, t, W and partition: a few cost-model calls per stage, so the search
+        asks for it only for the candidates it reaches, :meth:`planner.search.Planner.refine`)."""
         cfg = costs.config
-        terms = self.terms(costs)
+        terms = self.terms(costs, messages=allreduce)
         lb = 0.0
         if inflight_exact(cfg.schedule):
             # Little's law: a micro-batch is alive at least for its round trip through every stage, and the
@@ -146,11 +153,13 @@ class TimeBounds:
         end, after = self.device_terms(sched, costs, allreduce)
         return max(lb, float((end + after).max()))
 
-    def terms(self, costs: ConfigCosts) -> StageTerms:
+    def terms(self, costs: ConfigCosts, messages: bool = True) -> StageTerms:
         """:class:`StageTerms` of ``costs``, cached per (stage ranges, t, schedule micro-batch size,
-        recomputation, doubled forwards, split backward) and placement (schedule, D and the schedule's
-        parameters: the messages on the chains); where a blocking runtime's F and B hold their sends, or every F
-        and B gathers its sharded weights (:mod:`planner.fsdp`), per W too."""
+        recomputation, doubled forwards, split backward) and, with ``messages`` (the bounds of the candidates the
+        search reaches; without, every message counts 0: still a bound, a few cost-model calls per stage fewer for
+        the thousands it never reaches), placement (schedule, D and the schedule's parameters: the messages on
+        the chains); where a blocking runtime's F and B hold their sends, or every F and B gathers its sharded
+        weights (:mod:`planner.fsdp`), per W too."""
         cfg = costs.config
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
         split = splits_backward(cfg.schedule)
@@ -158,13 +167,25 @@ class TimeBounds:
                       split)
         if costs.blocking_p2p:  # the sends each F and B holds are of the configuration's placement too
             key += (cfg.schedule, cfg.pipeline, cfg.data, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
-        else:  # the messages on the chains are of the placement (_messages)
-            key += (cfg.schedule, cfg.pipeline, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
-            if costs.fsdp_per_microbatch:  # each F and B gathers its weights among the W replicas (planner.fsdp)
-                key += (cfg.data,)
+        elif costs.fsdp_per_microbatch:  # each F and B gathers its weights among the W replicas (planner.fsdp)
+            key += (cfg.pipeline, cfg.data)
+        # the compute figures are shared by every placement of these stages; the messages on the chains are the
+        # placement's (schedule, D and its parameters: the last part of the key; None: without messages)
+        key += ((cfg.schedule, cfg.pipeline, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
+                if messages else None,)
         got = self._terms.get(key)
         if got is None:
-            got = self._terms[key] = StageTerms(costs, doubled, split)
+            work = self._work.get(key[:-1])
+            if work is None:
+                work = self._work[key[:-1]] = _work(costs, doubled, split)
+            if messages:
+                mkey = key[-1] + (key[0], costs.t, costs.base_b, doubled)
+                sent = self._messages.get(mkey)
+                if sent is None:
+                    sent = self._messages[mkey] = _messages(costs, doubled)
+            else:
+                sent = (np.zeros(len(work[0])), np.zeros(len(work[0])))
+            got = self._terms[key] = StageTerms(work, sent, split)
         return got
 
     def allreduce_times(self, sched: Schedule, costs: ConfigCosts) -> np.ndarray:
@@ -205,7 +226,7 @@ class TimeBounds:
         work, and with ``allreduce`` its backward windows) and of what must follow it (``after``), the module
         docstring's."""
         cfg = costs.config
-        terms = self.terms(costs)
+        terms = self.terms(costs, messages=allreduce)
         split = splits_backward(cfg.schedule)
         lay = self.shapes.layout(cfg, sched)
         st, n = lay.stage, lay.per_mb
@@ -254,7 +275,7 @@ class TimeBounds:
         last stage, the drain of a 1F1B pipeline (Megatron-LM 2.2.1's ``(p-1)(t_f+t_b)`` bubble)."""
         base = self.lower_bound(sched, costs, allreduce=True)
         cfg = costs.config
-        terms = self.terms(costs)
+        terms = self.terms(costs, messages=True)
         lay = self.shapes.layout(cfg, sched)
         st, n = lay.stage, lay.per_mb
         q_f, q_b, own_c = self._deliveries(sched, costs)
@@ -276,7 +297,7 @@ class TimeBounds:
     def _deliveries(self, sched: Schedule, costs: ConfigCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per (device, stage replica) of the layout, the delivery of a forward and of a backward (its I when
         split) (:meth:`release_bound`), and per device (a column) its own all-reduce and step."""
-        terms = self.terms(costs)
+        terms = self.terms(costs, messages=True)
         st = self.shapes.layout(costs.config, sched).stage
         own = np.asarray(costs.step_per_stage())[st].sum(axis=1) + self.allreduces_after(sched, costs, st)
         last = own.min()  # the end of any micro-batch's chain: some device's all-reduce and step
@@ -299,7 +320,7 @@ class TimeBounds:
         res = simulate(part, costs, compiled=compiled)
         cfg = costs.config
         lay = self.shapes.layout(cfg, shape)
-        work = (lay.per_mb * self.terms(costs).work[lay.stage]).sum(axis=1)
+        work = (lay.per_mb * self.terms(costs, messages=allreduce).work[lay.stage]).sum(axis=1)
         _, after = self.device_terms(shape, costs, allreduce)
         bound = 0.0
         ends = np.zeros(len(res.devices))
@@ -313,7 +334,7 @@ class TimeBounds:
         # single-machine bound of release_bound on those forwards and backwards (released at the prefix's
         # end at the earliest), per stage replica -- its micro-batches less the prefix's, counted per (device,
         # stage) from the warm-up's arrays (a device holds a stage once: Chimera, Hanayo)
-        terms = self.terms(costs)
+        terms = self.terms(costs, messages=True)
         rows = np.repeat(np.arange(len(warmup.lists)), warmup.stage.shape[1]).reshape(warmup.stage.shape)
         f_done = np.zeros((len(warmup.lists), shape.stages))
         b_done = np.zeros_like(f_done)
