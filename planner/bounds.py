@@ -30,8 +30,9 @@ GPT-3 175B / 1024 A100s they bring 1F1B's release bound from a median 0.984 of t
     ``late(tau)`` is the work of the pairs ``q`` with ``T1(q) >= tau`` that cannot start before ``T1(q)``: all their
     backwards and, where the schedule's in-flight counts ``K_q`` are exact (a list holds at most ``K_q`` forwards of
     ``q`` before its first backward), their last ``N_q - K_q`` forwards;
-  - ``after(d)``: its optimizer step plus the all-reduce of the stage whose gradient its last compute action
-    completes (at least the smallest of its stages' all-reduces, with ``allreduce=True``), or -- unless
+  - ``after(d)``: its optimizer step plus, with ``allreduce=True``, the all-reduces that follow its last compute
+    action (:meth:`TimeBounds.allreduces_after`: every stage's posted at the end of its list, one after another,
+    else at least the smallest of its stages', the one whose gradient that action completes), or -- unless
     backwards are split, when a weight-gradient pass may come last -- the gradient of its last backward
     travelling down the stages before it, followed by the smallest all-reduce and step of any device,
     whichever is longer;
