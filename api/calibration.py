@@ -172,10 +172,13 @@ def next_version(db: Session, base: ClusterRow) -> int:
     up in the database (one UPDATE of the base row: two calibrations at once get two numbers)."""
     stored = max(base.version, db.scalar(select(func.max(ClusterRow.version)).where(ClusterRow.base_id == base.id))
                  or 1)
-    return db.execute(update(ClusterRow).where(ClusterRow.id == base.id)
+    got = db.execute(update(ClusterRow).where(ClusterRow.id == base.id)
                      .values(last_version=case((ClusterRow.last_version > stored, ClusterRow.last_version),
                                                else_=stored) + 1)
-                     .returning(ClusterRow.last_version)).scalar_one()
+                     .returning(ClusterRow.last_version)).scalar()
+    if got is None:  # deleted since the lineage was read (DELETE /clusters/{id} of an uploaded one no plan uses)
+        raise Conflict(f"cluster {base.id} was deleted meanwhile; its versions are clusters of their own now")
+    return int(got)
 
 
 def calibrate(db: Session, cluster_id: int, include_emulated: bool = False) -> dict[str, Any]:

@@ -426,3 +426,28 @@ def test_migration_0007_keeps_every_row_id_and_reference(tmp_path) -> None:  # t
             assert "AUTOINCREMENT" not in sql
     finally:
         eng.dispose()
+
+
+def test_next_version_of_a_cluster_deleted_meanwhile_is_a_conflict(db_url: str) -> None:
+    """A calibration whose uploaded cluster is deleted between reading its lineage and numbering the new version
+    answers 409 naming it (the UPDATE ... RETURNING finds no row), not a 500; else it numbers past the largest."""
+    from sqlalchemy import text
+
+    from api.calibration import next_version
+    from db.models import ClusterRow
+
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        _, cid = _inputs(sessions)
+        with sessions.begin() as db:
+            base = db.get(ClusterRow, cid)
+            assert next_version(db, base) == 2 and next_version(db, base) == 3  # each number handed out once
+        with sessions() as db:
+            base = db.get(ClusterRow, cid)
+            with eng.begin() as other:  # another request deletes it meanwhile
+                other.execute(text("DELETE FROM clusters WHERE id = :c"), {"c": cid})
+            with pytest.raises(crud.Conflict, match=f"^cluster {cid} was deleted meanwhile"):
+                next_version(db, base)
+    finally:
+        eng.dispose()
