@@ -203,17 +203,6 @@ def power_of(profile: ModelProfile) -> tuple[PowerLimit, float] | None:
     return dev.power, dev.sustained_rate
 
 
-def held_floor(profile: ModelProfile) -> float:
-    """The least factor the held clock (:mod:`planner.power`) can shorten any duration of ``profile`` by:
-    ``1 - m (1 - sustained_rate)`` with ``m`` the largest matrix share of its shards (1 without a power limit)."""
-    power = power_of(profile)
-    if power is None:
-        return 1.0
-    most = max(max(st.matrix_share.values()) for lay in profile.layers for st in (lay.tensor_times or {}).values()
-               if st.matrix_share)
-    return 1.0 - most * (1.0 - power[1])
-
-
 def link_collectives(cluster: Cluster, which: str) -> LinkCollectives | None:
     """The device's NCCL model of link class ``which`` (``"intra"``/``"inter"``), or None (alpha-beta)."""
     dev = _device(cluster.device)
@@ -897,6 +886,20 @@ class ConfigCosts(Costs):
             yield
         finally:
             self._share = saved
+
+    @contextmanager
+    def fastest_clock(self) -> Iterator[None]:
+        """Inside, a power-limited GPU holds its burst rate (``relief`` ``1 - sustained_rate``: every matrix part
+        as short as any held clock makes it, :mod:`planner.power`): what a bound may use whatever clock the
+        candidate is finally timed at (:meth:`hold_clock`; the communication, which no clock shortens, is as it
+        is). Without a power limit, nothing changes."""
+        saved = self.relief
+        if self.power is not None:
+            self.relief = 1.0 - self.power[1]
+        try:
+            yield
+        finally:
+            self.relief = saved
 
     def use_schedule(self, schedule: Schedule) -> None:
         """Time ``schedule`` from now on (the full lists of a merged schedule, built once the candidate is

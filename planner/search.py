@@ -42,7 +42,7 @@ import numpy as np
 from planner.bounds import TimeBounds
 from planner.candidate import Candidate, PlanResult, gib, reason_key
 from planner.cluster import Cluster
-from planner.cost import ConfigCosts, StageInfo, held_floor
+from planner.cost import ConfigCosts, StageInfo
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
 from planner.explain import breakdown, closed_forms
@@ -89,10 +89,6 @@ class Planner:
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
-        #: the bounds are of the durations at a power-limited GPU's busy-throughout rate; the clock a candidate
-        #: holds (:mod:`planner.power`, :meth:`evaluate`) shortens each by at most this factor, so a bound times
-        #: it stays below the candidate's time (1 without a power limit)
-        self.bound_scale = held_floor(profile)
         # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
         # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
         me = weakref.proxy(self)
@@ -202,7 +198,8 @@ class Planner:
                 return cand, None
             # it fits with this partition: the time-balanced one's rejection is not this candidate's reason
             cand.reason, cand.memory = "", []
-        cand.lower_bound = self.bounds.lower_bound(sched, costs)
+        with costs.fastest_clock():  # (a bound of the durations at any clock the candidate may hold: refine's)
+            cand.lower_bound = self.bounds.lower_bound(sched, costs)
         return cand, costs
 
     def _costs_fitting(self, cand: Candidate, sched: Schedule, bounds: list[tuple[int, int]],
@@ -252,13 +249,17 @@ class Planner:
         return costs
 
     def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
-        """:meth:`_refine`. On a shared CPU host the bounds are of the work alone (core share 1): the share is a
-        fixed point over the lists the candidate is timed with (:meth:`ConfigCosts.use_schedule`), which the
-        partial lists bounded here are not, and every share is at least 1, so such bounds hold whatever it is."""
-        if costs.cluster.host is None:
-            return self._refine(cand, costs, kth)
-        with costs.unit_share():
-            return self._refine(cand, costs, kth)
+        """:meth:`_refine`, with the durations no candidate's timing can undercut. On a shared CPU host the bounds are
+        of the work alone (core share 1): the share is a fixed point over the lists the candidate is timed with
+        (:meth:`ConfigCosts.use_schedule`), which the partial lists bounded here are not, and every share is at least
+        1, so such bounds hold whatever it is. Under a power limit they are of the fastest clock
+        (:meth:`ConfigCosts.fastest_clock`): the clock a candidate holds (:mod:`planner.power`, :meth:`evaluate`)
+        is found from its simulated step, and none runs the matrix engines faster than the burst rate."""
+        with costs.fastest_clock():
+            if costs.cluster.host is None:
+                return self._refine(cand, costs, kth)
+            with costs.unit_share():
+                return self._refine(cand, costs, kth)
 
     def _refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
         """Raise ``cand.lower_bound`` before the candidate is simulated, cheapest first, and for merged
@@ -455,7 +456,7 @@ class Planner:
         simulated = 0
         while prepared:
             lb, i, cand, maybe = heapq.heappop(prepared)
-            if prune and lb * self.bound_scale > top.kth * (1 + ROUNDING):
+            if prune and lb > top.kth * (1 + ROUNDING):
                 rejected["bound: cannot reach the top k"] += 1 + len(prepared)  # and every one after it
                 break
             if maybe is None:  # a replicated plan's turn: run PipeDream's program, prepare, back in line
@@ -474,7 +475,7 @@ class Planner:
                 continue
             costs = maybe
             if prune and not cand.refined:
-                if self.refine(cand, costs, top.kth * (1 + ROUNDING) / self.bound_scale):
+                if self.refine(cand, costs, top.kth * (1 + ROUNDING)):
                     rejected[reason_key(cand.reason)] += 1
                     infeasible.append(cand)
                     continue
