@@ -1,19 +1,21 @@
 """Lower bounds of a configuration's iteration time, what the search prunes with (exact for the top k:
 a configuration is simulated only while its bound is below the k-th best simulated time).
 
-Every bound here is a property of the simulator's rules (:mod:`planner.simulate`), true of any action lists
-of the configuration's shape: a device runs its compute actions one at a time, an action starts no earlier
-than its inputs end (a forward of stage s after the forward of stage s-1 of its micro-batch, a backward --
-or a split backward's I -- of stage s after the forward of s and the backward (I) of s+1 of its micro-batch,
-a W after its I; an input made on another device is there once its message has arrived, at least the message's
-time (:meth:`ConfigCosts.p2p`) after its action ended), communication takes no negative time, a stage's
-all-reduce is posted no earlier than the end of that stage's last gradient-producing action on the device, and
-STEP starts after the device's last compute action and its all-reduces. Durations are the cost model's work
-(:meth:`ConfigCosts.fwd`, ``bwd``; with the executor's per-action overheads and a shared host's slowdown the
-simulated durations are only longer, :meth:`ConfigCosts.compute`), so a bound computed with them holds for the
-simulation. In the bounds of the candidates the search reaches (``allreduce``), the chains below (a micro-batch's
-forwards through the stages, its backwards down) carry the messages between their devices (:func:`_messages`): on
-GPT-3 175B / 1024 A100s they bring 1F1B's release bound from a median 0.984 of the simulated time to 0.998
+Every bound here is a property of the simulator's rules (:mod:`planner.simulate`), true of any action lists of the
+configuration's shape: a device runs its compute actions one at a time, an action starts no earlier than its inputs
+end (a forward of stage s after the forward of stage s-1 of its micro-batch, a backward -- or a split backward's I
+-- of stage s after the forward of s and the backward (I) of s+1 of its micro-batch, a W after its I; an input made
+on another device is there once its message has arrived, at least the message's time (:meth:`ConfigCosts.p2p`)
+after its action ended), communication takes no negative time, a stage's all-reduce is posted no earlier than the
+end of that stage's last gradient-producing action on the device, and STEP starts after the device's last compute
+action and its all-reduces. Durations are the cost model's work (:meth:`ConfigCosts.fwd`, ``bwd``; with the
+executor's per-action overheads and a shared host's slowdown the simulated durations are only longer,
+:meth:`ConfigCosts.compute`), read at the fastest clock a power-limited GPU can hold
+(:meth:`ConfigCosts.fastest_clock`: the clock a candidate holds, :mod:`planner.power`, is found from its simulated
+step, and none runs the matrix engines faster), so a bound computed with them holds for the simulation. In the
+bounds of the candidates the search reaches (``allreduce``), the chains below (a micro-batch's forwards through the
+stages, its backwards down) carry the messages between their devices (:func:`_messages`): on GPT-3 175B / 1024
+A100s they bring 1F1B's release bound from a median 0.984 of the simulated time to 0.998
 (``tests/test_bounds_tight.py``).
 
 * :meth:`TimeBounds.lower_bound`, before any list is built, per device ``d`` (its end is at most the
@@ -178,7 +180,8 @@ class TimeBounds:
         if got is None:
             work = self._work.get(key[:-1])
             if work is None:
-                work = self._work[key[:-1]] = _work(costs, doubled, split)
+                with costs.fastest_clock():  # durations no clock the candidate may hold undercuts
+                    work = self._work[key[:-1]] = _work(costs, doubled, split)
             if messages:
                 mkey = key[-1] + (key[0], costs.t, costs.base_b, doubled)
                 sent = self._messages.get(mkey)
@@ -318,7 +321,8 @@ class TimeBounds:
         if warmup.backwards >= shape.microbatches * shape.stages:
             return None
         part, compiled = warmup.partial()
-        res = simulate(part, costs, compiled=compiled)
+        with costs.fastest_clock():  # (as the stage terms: the clock the candidate holds is not known yet)
+            res = simulate(part, costs, compiled=compiled)
         cfg = costs.config
         lay = self.shapes.layout(cfg, shape)
         work = (lay.per_mb * self.terms(costs, messages=allreduce).work[lay.stage]).sum(axis=1)

@@ -198,8 +198,7 @@ class Planner:
                 return cand, None
             # it fits with this partition: the time-balanced one's rejection is not this candidate's reason
             cand.reason, cand.memory = "", []
-        with costs.fastest_clock():  # (a bound of the durations at any clock the candidate may hold: refine's)
-            cand.lower_bound = self.bounds.lower_bound(sched, costs)
+        cand.lower_bound = self.bounds.lower_bound(sched, costs)
         return cand, costs
 
     def _costs_fitting(self, cand: Candidate, sched: Schedule, bounds: list[tuple[int, int]],
@@ -249,17 +248,14 @@ class Planner:
         return costs
 
     def refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
-        """:meth:`_refine`, with the durations no candidate's timing can undercut. On a shared CPU host the bounds are
-        of the work alone (core share 1): the share is a fixed point over the lists the candidate is timed with
-        (:meth:`ConfigCosts.use_schedule`), which the partial lists bounded here are not, and every share is at least
-        1, so such bounds hold whatever it is. Under a power limit they are of the fastest clock
-        (:meth:`ConfigCosts.fastest_clock`): the clock a candidate holds (:mod:`planner.power`, :meth:`evaluate`)
-        is found from its simulated step, and none runs the matrix engines faster than the burst rate."""
-        with costs.fastest_clock():
-            if costs.cluster.host is None:
-                return self._refine(cand, costs, kth)
-            with costs.unit_share():
-                return self._refine(cand, costs, kth)
+        """:meth:`_refine`. On a shared CPU host the bounds are of the work alone (core share 1): the share is a
+        fixed point over the lists the candidate is timed with (:meth:`ConfigCosts.use_schedule`), which the
+        partial lists bounded here are not, and every share is at least 1, so such bounds hold whatever it is.
+        (Under a power limit the bounds read the fastest clock themselves: :mod:`planner.bounds`.)"""
+        if costs.cluster.host is None:
+            return self._refine(cand, costs, kth)
+        with costs.unit_share():
+            return self._refine(cand, costs, kth)
 
     def _refine(self, cand: Candidate, costs: ConfigCosts, kth: float = float("inf")) -> bool:
         """Raise ``cand.lower_bound`` before the candidate is simulated, cheapest first, and for merged

@@ -15,8 +15,7 @@ from planner.search import Planner
 def simulated_with_bounds(planner: Planner) -> Iterator[tuple[Any, Any, Any, float | None]]:
     """Every configuration of ``planner`` that fits and simulates, as ``(config, candidate, costs,
     warmup_bound)``: the candidate evaluated (its ``lower_bound`` and ``iteration_time`` set), and for a merged
-    schedule (Chimera, Hanayo) the prefix bound of its replayed warm-up (at the fastest clock, as the search's),
-    None where there is none."""
+    schedule (Chimera, Hanayo) the prefix bound of its replayed warm-up, None where there is none."""
     for cfg in planner.configs(Counter()):
         cand, costs = planner.prepare(cfg)
         if costs is None:
@@ -26,8 +25,7 @@ def simulated_with_bounds(planner: Planner) -> Iterator[tuple[Any, Any, Any, flo
             n = schedule_microbatches(cfg, cand.microbatches)
             rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
-                with costs.fastest_clock():  # as the search bounds it (Planner.refine)
-                    warmup_bound = planner.bounds.prefix_bound(costs, warmup)
+                warmup_bound = planner.bounds.prefix_bound(costs, warmup)
         planner.evaluate(cand, costs)
         if cand.simulation is not None:
             yield cfg, cand, costs, warmup_bound
