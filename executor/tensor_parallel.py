@@ -184,7 +184,8 @@ class TensorParallelLlamaBlock(nn.Module):
     ``k`` and ``v`` are replicated: every rank computes all key/value heads and uses those of its query heads;
     their weights pass through ``f`` (identity forward, all-reduce of the gradient backward), so each rank ends
     with the sum of every rank's contribution, the gradient of the full layer. The MLP is split as GPT's:
-    ``gate`` and ``up`` column-parallel, ``down`` row-parallel. Norms are replicated; the query and key norms
+    ``gate`` and ``up`` column-parallel, ``down`` row-parallel. Norms are replicated (Gemma 2's norms of the
+    attention's and the MLP's outputs too: they follow the row-parallel all-reduce); the query and key norms
     (``qk_norm``, Qwen3) see only this rank's heads, so their weights pass through ``f`` too.
     """
 
@@ -192,16 +193,18 @@ class TensorParallelLlamaBlock(nn.Module):
 
     def __init__(self, block: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
-        from executor.models.llama import attention
+        from executor.models.llama import attention, sandwich_forward
 
-        self._attention = attention
+        self._attention, self._forward = attention, sandwich_forward
         a, k, d = block.heads, block.kv_heads, block.head_dim
         if a % size:
             raise ValueError(f"tensor parallelism t={size} must divide the query heads ({a})")
         self.size, self.rank, self.group, self.head_dim, self.theta = size, rank, group, d, block.theta
         self.act, self.gated = block.act, block.gated
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
+        self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
         self.q_norm, self.k_norm = block.q_norm, block.k_norm
+        self.cap = block.cap
         local = a // size
         self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group)
         self.kv_sharded = k % size == 0
@@ -247,13 +250,14 @@ class TensorParallelLlamaBlock(nn.Module):
             k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
-        return self.o(self._attention(q, k, v, self.theta))
+        return self.o(self._attention(q, k, v, self.theta, self.cap))
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        inner = self.act(self.gate(h)) * self.up(h) if self.gate is not None else self.act(self.up(h))
+        return self.down(inner)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attend(self.input_norm(x))
-        h = self.post_norm(x)
-        inner = self.act(self.gate(h)) * self.up(h) if self.gate is not None else self.act(self.up(h))
-        return x + self.down(inner)
+        return self._forward(self, x, self.attend, self.mlp)
 
     def _gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         parts = [torch.empty_like(t) for _ in range(self.size)]
@@ -264,7 +268,8 @@ class TensorParallelLlamaBlock(nn.Module):
         """The parameters under the names of the full :class:`LlamaBlock` (a collective on the group)."""
         out = {f"input_norm.{k}": v.detach().clone() for k, v in self.input_norm.named_parameters()}
         out |= {f"post_norm.{k}": v.detach().clone() for k, v in self.post_norm.named_parameters()}
-        for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+        for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm), ("attn_out_norm", self.attn_out_norm),
+                           ("mlp_out_norm", self.mlp_out_norm)):
             if norm is not None:
                 out |= {f"{name}.{k}": v.detach().clone() for k, v in norm.named_parameters()}
         columns = [("q", self.q), ("gate", self.gate), ("up", self.up)]

@@ -397,6 +397,7 @@ def register(app: typer.Typer) -> None:
         if ignored and (preset is not None or hf_config is not None):
             fail(f"{', '.join(ignored)}: not with --{'preset' if preset is not None else 'hf-config'}, whose shape "
                  f"is its own" + ("" if preset is not None else " (--seq may change its sequence)"))
+        caveats: list[str] = []  # what reading --hf-config leaves out, warned of and kept in the profile's notes
         if hf_config is not None:
             from profiler.hf_config import HFConfigError, SeqError, read_hf_config, read_hf_json, trains_with_dropout
 
@@ -404,7 +405,7 @@ def register(app: typer.Typer) -> None:
                 fail("give --preset or --hf-config, not both")
             try:
                 spec = read_hf_config(hf_config, seq=seq, name=name,
-                                      warn=warn_option)
+                                      warn=lambda sentence: (warn_option(sentence), caveats.append(sentence)))
                 dropout = trains_with_dropout(read_hf_json(hf_config))
             except SeqError as e:  # "seq: ...": the option's (GPT-2's learned positions end at n_positions)
                 fail(f"--{e}")
@@ -433,7 +434,8 @@ def register(app: typer.Typer) -> None:
                                                             sequence_parallel=sequence_parallel, dropout=dropout,
                                                             recompute=recompute_granularity,  # type: ignore[arg-type]
                                                             kernels=kernels),  # type: ignore[arg-type]
-                                    p2p=p2p, dp_allreduce=dp_allreduce, p2p_scatter_gather=p2p_scatter_gather)
+                                    p2p=p2p, dp_allreduce=dp_allreduce, p2p_scatter_gather=p2p_scatter_gather,
+                                    caveats=caveats)
         except ValidationError as e:
             fail(validation_summary(e))
             raise

@@ -144,8 +144,10 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                      tensor_sizes: tuple[int, ...] | None = None,
                      options: OperatorOptions | None = None, name: str | None = None,
                      p2p: str = "overlapped", dp_allreduce: str = "after-backward",
-                     p2p_scatter_gather: bool = False) -> ModelProfile:
+                     p2p_scatter_gather: bool = False, caveats: tuple[str, ...] | list[str] = ()) -> ModelProfile:
     """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
+    ``caveats``: what reading the model left out (a Hugging Face config's sliding window, a sequence past its
+    positions: :mod:`profiler.hf_config`'s warnings), kept in the profile's notes.
 
     ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
     unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs); their ``causal`` is
@@ -230,7 +232,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                "GEMM and memory efficiency from the device description"
                f"{f' ({dev.notes})' if dev.notes.startswith('generic description') else ''}; "
                "compute per tensor-parallel size in tensor_times; "
-               "replace with a measured profile"),
+               "replace with a measured profile" + "".join(f"; {c}" for c in caveats)),
     )
 
 

@@ -16,7 +16,15 @@ Parameters per layer:
 * MLP: ``2 h f`` weights (up, down), ``3 h f`` with a gated MLP (SwiGLU, Shazeer 2020: gate, up, down),
   plus ``f + h`` biases (up and down) when the model has biases;
 * norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm; with ``qk_norm``
-  (Qwen3: an RMSNorm over each head's query and key, before the rotary) ``2d`` more, one ``d`` weight each.
+  (Qwen3: an RMSNorm over each head's query and key, before the rotary) ``2d`` more, one ``d`` weight each; with
+  ``sandwich_norm`` (Gemma 2: a norm on the attention's and the MLP's output too, before each residual add; the
+  Hugging Face code's ``post_attention_layernorm`` and ``post_feedforward_layernorm``) two more.
+
+Gemma (Gemma Team 2024, "Gemma: Open Models Based on Gemini Research and Technology", section 2; "Gemma 2:
+Improving Open Language Models at a Practical Size", section 2, Table 1): ``embedding_scale`` multiplies the token
+embeddings by ``sqrt(h)``; Gemma 2 soft-caps the attention scores (``attention_softcap``: ``cap tanh(x / cap)``
+before the softmax, cap 50) and the final logits (``logit_softcap``, cap 30). None of the three has parameters;
+each is an elementwise pass the operator model costs (:mod:`planner.operators`).
 
 With GPT-2 shapes (``k = a``, ``d = h/a``, ``f = 4h``, biases, LayerNorm) that is ``12 h^2 + 13 h``.
 """
@@ -66,7 +74,8 @@ class ModelSpec(BaseModel):
     ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"],
                                    description="MLP intermediate size; default: 4 hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style gate, up and down projections")
-    activation: Literal["gelu", "silu", "relu"] = "gelu"
+    activation: Literal["gelu", "gelu_tanh", "silu", "relu"] = Field(
+        default="gelu", description="gelu_tanh: GELU's tanh approximation (Gemma's gelu_pytorch_tanh); the same cost")
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position: Literal["learned", "rotary", "none"] = "learned"
     tied_embeddings: bool = True
@@ -75,6 +84,14 @@ class ModelSpec(BaseModel):
                                                       "(Qwen2); implied by bias")
     qk_norm: bool = Field(default=False, description="an RMSNorm over each head's query and key before the "
                                                      "rotary, one weight of d for all heads (Qwen3)")
+    sandwich_norm: bool = Field(default=False, description="a norm on the attention's and the MLP's output too, "
+                                                            "before each residual add: four per layer (Gemma 2)")
+    attention_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                            description="attention scores soft-capped, cap tanh(x / cap), before "
+                                                        "the softmax (Gemma 2: 50)")
+    logit_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                        description="final logits soft-capped, cap tanh(x / cap) (Gemma 2: 30)")
+    embedding_scale: bool = Field(default=False, description="token embeddings multiplied by sqrt(hidden) (Gemma)")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -139,10 +156,16 @@ class ModelSpec(BaseModel):
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
+    @property
+    def norms_per_layer(self) -> int:
+        """Norms of the hidden width in one layer: before attention and before the MLP, and with
+        ``sandwich_norm`` after each of them too."""
+        return 4 if self.sandwich_norm else 2
+
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (two norms, and the query and key norms with ``qk_norm``)."""
-        return self.attention_params() + self.mlp_params() + 2 * self.norm_params() + (2 * self.d if self.qk_norm
-                                                                                       else 0)
+        """Parameters of one transformer layer (its norms, and the query and key norms with ``qk_norm``)."""
+        return (self.attention_params() + self.mlp_params() + self.norms_per_layer * self.norm_params()
+                + (2 * self.d if self.qk_norm else 0))
 
     def embedding_params(self) -> int:
         """Word embedding ``V h`` plus learned positions ``s h``."""

@@ -7,6 +7,11 @@ A layer (pre-norm GPT/Llama decoder or BERT encoder, :class:`planner.model.Model
 ``norm1 -> QKV projection -> attention -> output projection -> [all-reduce] -> dropout+residual ->
 norm2 -> MLP up (+ gate) -> activation -> MLP down -> [all-reduce] -> dropout+residual``
 
+Gemma 2 (``ModelSpec.sandwich_norm``, ``attention_softcap``, ``logit_softcap``, ``embedding_scale``; Gemma Team
+2024, section 2) adds a norm after each output projection (before its residual add), the scores' soft-cap before
+the unfused softmax (:func:`softcap`; the flash kernel caps in-kernel, FlashAttention-2's ``softcap``, so its
+time is taken as the uncapped kernel's), the logits' soft-cap before the loss, and the embeddings' ``sqrt(h)``.
+
 Symbols: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` query heads, ``k`` key/value heads, ``d``
 head dimension, ``f`` MLP width, ``t`` tensor-parallel size, ``T = b s`` tokens, ``el`` bytes per element.
 
@@ -306,6 +311,20 @@ def eager_residual(name: str, elements: float, el: int, dropout: bool) -> Operat
     return _passes(name, fwd, bwd, elements, float(elements) if dropout else 0.0)
 
 
+def softcap(name: str, elements: float, el: int, eager: bool) -> Operator:
+    """Gemma 2's soft-capping ``cap tanh(x / cap)`` over ``elements`` (Gemma Team 2024, "Gemma 2", section 2:
+    attention scores capped at 50, final logits at 30): Hugging Face's code runs it as three eager kernels (``/
+    cap``, ``tanh``, ``* cap``, each read and write ``el`` per element); a fused one reads and writes once. Its
+    backward ``grad (1 - tanh^2)`` reads the gradient and the saved ``tanh`` output and writes one gradient
+    (eager: the product's kernels around ``tanh``'s backward, three passes again). Saves the ``tanh`` output."""
+    e = el * elements
+    if eager:
+        return _passes(name, [("div", 2 * e), ("tanh", 2 * e), ("mul", 2 * e)],
+                       [("mul", 2 * e), ("tanh", 3 * e), ("div", 2 * e)], 2.0 * elements, e)
+    return elementwise(name, elements, el, reads=1, writes=1, flops_per=4.0, bwd_reads=2, bwd_writes=1,
+                       saved_bytes=e)
+
+
 def eager_grad_sum(name: str, elements: float, el: int, extra_uses: int) -> Operator:
     """Backward only: autograd's sums of the gradients of one tensor that ``1 + extra_uses`` operators read
     (the norm's output that the separate Q, K and V projections, or the gate and up projections, multiply):
@@ -429,6 +448,9 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(replace(gemm("scores", s, s, d, el, heads_b, weight=False, save_input=True,
                                 save_weight_side=b * kv_heads * s * d), recomputed=sel))
         E = heads_b * s * s
+        if spec.attention_softcap is not None:  # Gemma 2, before the softmax (the flash kernel caps in-kernel)
+            ops.append(replace(softcap("attn_softcap", E, el, eager),
+                               saved_bytes=0.0 if sel else el * E, recomputed=sel))
         ops.append(replace(elementwise("softmax", E, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2,
                                        bwd_writes=1, saved_bytes=0.0 if sel else el * E), recomputed=sel))
         if o.dropout:
@@ -452,6 +474,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + (0.0 if sel else 4.0 * heads_b * s),
                             recomputed=sel, out_bytes=el * heads_b * s * d + 4.0 * heads_b * s))
     ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
+    if spec.sandwich_norm:  # Gemma 2: the attention's output normed before the residual add
+        ops.append(norm("post_attn_norm"))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))
     if spec.gated_mlp:
@@ -472,6 +496,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(elementwise("act", T * f_t, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * T * f_t))
     ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
+    if spec.sandwich_norm:  # Gemma 2: the MLP's output normed before the residual add
+        ops.append(norm("post_mlp_norm"))
     ops.append(dropout_add("dropout_add2"))
     if o.recompute == "op":
         return checkpoint_ops(ops, el * ln_el)
@@ -491,7 +517,8 @@ def head_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions
     final_norm = (eager_rms_norm("final_norm", rows, h, el) if eager and spec.norm == "rmsnorm" else
                   elementwise("final_norm", rows * h, el, reads=1, writes=1, flops_per=8.0, bwd_reads=2,
                               bwd_writes=1, saved_bytes=el * rows * h))
-    return [final_norm, gemm("logits", T, v_t, h, el, accumulate=acc),
+    capped = [softcap("logit_softcap", T * v_t, el, eager)] if spec.logit_softcap is not None else []
+    return [final_norm, gemm("logits", T, v_t, h, el, accumulate=acc), *capped,
             eager_cross_entropy(T * v_t, el) if eager else cross_entropy(T * v_t, el)]
 
 
@@ -541,7 +568,12 @@ def embedding_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOp
     mask = T * h if o.dropout else 0.0
     drop = elementwise("embedding_dropout", T * h, el, reads=2, writes=1, flops_per=2.0, bwd_reads=1, bwd_writes=1,
                        saved_bytes=mask, extra_bytes=mask, bwd_extra_bytes=mask)
-    return [lookup, drop]
+    if not spec.embedding_scale:
+        return [lookup, drop]
+    # Gemma: the embeddings times sqrt(h), an element-wise pass each way (saves nothing: a constant factor)
+    scale = elementwise("embedding_scale", T * h, el, reads=1, writes=1, flops_per=1.0, bwd_reads=1, bwd_writes=1,
+                        saved_bytes=0.0)
+    return [lookup, scale, drop]
 
 
 @dataclass

@@ -7,7 +7,8 @@ local file, never from a hub). Field names (Hugging Face ``PretrainedConfig`` at
 names reached through its ``attribute_map``) map to our symbols:
 
 ==========================  ===================================  =====================================
-ModelSpec                   Llama, Mistral, Qwen2/3, Phi-3       GPT-2
+ModelSpec                   Llama, Mistral, Qwen2/3, Phi-3,      GPT-2
+                            Gemma, Gemma 2
 ==========================  ===================================  =====================================
 ``layers``                  ``num_hidden_layers``                ``n_layer``
 ``hidden``                  ``hidden_size``                      ``n_embd``
@@ -25,10 +26,14 @@ Llama-family models have a gated MLP (SwiGLU with ``hidden_act`` silu), RMSNorm 
 biases on the query/key/value projections only; Qwen3 has none (unless ``attention_bias``) and normalises each head's
 query and key (``qk_norm``: ``q_norm``/``k_norm`` in its modeling code); Phi-3 is Llama's computation with the
 query/key/value and the gate/up projections stored fused (``qkv_proj``, ``gate_up_proj``: the same parameters), and
-a ``partial_rotary_factor`` other than 1 is refused; GPT-2 has LayerNorm, learned positions, a GELU MLP and biases.
+a ``partial_rotary_factor`` other than 1 is refused; Gemma scales its embeddings by ``sqrt(hidden)``
+(``embedding_scale``) and gates its MLP with GELU's tanh form (``hidden_activation`` gelu_pytorch_tanh:
+``gelu_tanh``); Gemma 2 adds a norm on each branch's output (``sandwich_norm``) and soft-caps its scores and logits
+(``attn_logit_softcapping`` -> ``attention_softcap``, ``final_logit_softcapping`` -> ``logit_softcap``); GPT-2 has
+LayerNorm, learned positions, a GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
-Mistral's and Phi-3's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source`` but not
-modelled.
+Mistral's, Phi-3's and Gemma 2's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source``
+but not modelled; nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
 """
 
 from __future__ import annotations
@@ -47,7 +52,13 @@ from planner.limits import MAX_LAYERS, SHAPE_LIMITS
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
+#: Gemma (embeddings times sqrt(h)) and Gemma 2 (also: sandwich norms, soft-capped scores and logits, a sliding
+#: window on every other layer): Llama-family otherwise (planner.model's docstring)
+GEMMA_TYPES = ("gemma", "gemma2")
+#: the layers a model type's sliding window applies to (``sliding_window``; Qwen2's is off unless
+#: ``use_sliding_window``): noted and warned of where the sequence is longer than the window, not modelled
+WINDOWED = {"mistral": "every layer", "phi3": "every layer", "gemma2": "every other layer"}
 GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
@@ -170,13 +181,22 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     position="rotary", bias=attention_bias and mlp_bias,
                     qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg),
                     qk_norm=model_type == "qwen3")
+        if model_type in GEMMA_TYPES:
+            _gemma(cfg, model_type, spec)
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
             raise HFConfigError("partial_rotary_factor", f"{rotary:g}: rotary positions on part of each head are not "
                                                           "supported (the executor's attention rotates all of it)")
         window = getattr(cfg, "sliding_window", None)
-        if window and model_type in ("mistral", "phi3"):
-            notes.append(f"sliding-window attention ({window} tokens) not modelled: full causal attention counted")
+        where = WINDOWED.get(model_type)
+        trained = seq or cfg.max_position_embeddings
+        if window and where and trained > window:
+            sentence = (f"hf-config: sliding-window attention on {where} ({window} tokens, shorter than the sequence "
+                        f"{trained}) is not modelled: full causal attention is counted, more attention work than the "
+                        "model does")
+            notes.append(sentence.removeprefix("hf-config: "))
+            if warn is not None:
+                warn(sentence)
         scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
         if rope_type != "default":
@@ -195,6 +215,25 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         err = e.errors()[0]
         loc = str(err["loc"][0]) if err["loc"] else "config"
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
+
+
+def _gemma(cfg: Any, model_type: str, spec: dict[str, Any]) -> None:
+    """Gemma's and Gemma 2's fields of ``spec`` (Gemma Team 2024, section 2 of each report)."""
+    spec["embedding_scale"] = True
+    # Gemma names its activation hidden_activation (hidden_act is the legacy field): gelu_pytorch_tanh
+    field = "hidden_activation" if getattr(cfg, "hidden_activation", None) else "hidden_act"
+    act = getattr(cfg, field, None)
+    spec["activation"] = "gelu_tanh" if act == "gelu_pytorch_tanh" else _activation(act, field)
+    if model_type != "gemma2":
+        return
+    spec["sandwich_norm"] = True
+    for field, key in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "logit_softcap")):
+        value = getattr(cfg, field, None)
+        if value is not None:
+            number = jsondoc.number(value)
+            if number is None or number <= 0:
+                raise HFConfigError(field, f"a number above 0 (or null: no cap), got {value!r:.40}")
+            spec[key] = number
 
 
 _IMPORT = threading.Lock()
@@ -275,8 +314,9 @@ DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop"
 
 
 def trains_with_dropout(data: dict[str, Any]) -> bool:
-    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2, Qwen3, Phi-3: 0), the library's
-    defaults filled in; the operator model then counts the dropout masks (planner.operators.OperatorOptions)."""
+    """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma: 0), the
+    library's defaults filled in; the operator model then counts the dropout masks
+    (planner.operators.OperatorOptions)."""
     AutoConfig = auto_config()
 
     model_type = data.get("model_type")

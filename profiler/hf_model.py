@@ -2,7 +2,8 @@
 downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the decoder layers, the final norm with
 the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
 
-The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2) are identical in shape, so only
+The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, GPT-2) are identical
+in shape (Gemma 2's sliding window on every other layer is not applied: no mask is passed), so only
 ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the model is made: the memory of a
 few layers, not of the model) and the profile's other blocks reuse the last one measured. Each layer is the
 library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary ``position_embeddings`` the
@@ -57,12 +58,16 @@ class _Decoder(nn.Module):
 
 
 class _Head(nn.Module):
-    def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
+    def __init__(self, norm: nn.Module, lm_head: nn.Module, cap: float | None = None) -> None:
         super().__init__()
-        self.norm, self.lm_head = norm, lm_head
+        self.norm, self.lm_head, self.cap = norm, lm_head, cap
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x))
+        if self.cap is None:
+            return logits
+        # Gemma 2's final soft-cap, as Gemma2ForCausalLM.forward runs it (three eager kernels)
+        return torch.tanh(logits / self.cap) * self.cap
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -89,7 +94,9 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
     fields[layer_key] = built
     cfg = AutoConfig.for_model(model_type, **fields)
-    cfg._attn_implementation = "sdpa"
+    # Gemma 2's soft-capped scores run in the library's eager attention only (it refuses SDPA): the unfused
+    # scores, cap and softmax, all s x s (without a mask: the same work as the causal one)
+    cfg._attn_implementation = "eager" if model_type == "gemma2" else "sdpa"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     if model_type in GPT2_TYPES:
@@ -101,7 +108,7 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
         body = model.model
         embedding = _Embedding(body.embed_tokens, None)
         decoders = [_Decoder(layer, body.rotary_emb) for layer in body.layers]
-        head = _Head(body.norm, model.lm_head)
+        head = _Head(body.norm, model.lm_head, spec.logit_softcap)
     seq_len, vocab = spec.seq, spec.vocab
 
     def sample(b: int) -> tuple[torch.Tensor, torch.Tensor]:

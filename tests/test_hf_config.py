@@ -21,6 +21,7 @@ PUBLISHED = {
     "qwen3-8b": (8.19, 0.005),
     "phi-3-medium-4k": (14.0, 0.05),
     "mistral-7b": (7.24, 0.005),
+    "gemma-2-9b": (9.24, 0.005),
     "gpt2": (0.124, 0.0005),
 }
 
@@ -50,7 +51,7 @@ def test_dropout_as_trained() -> None:
     from profiler.hf_config import read_hf_json, trains_with_dropout
 
     assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
-    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "phi-3-medium-4k"):
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "phi-3-medium-4k", "gemma-2-9b"):
         assert not trains_with_dropout(read_hf_json(MODELS / name)), name
 
 
@@ -195,3 +196,44 @@ def test_every_example_yields_a_plan_through_the_cli(name: str, tmp_path: Path) 
     assert res.exit_code == 0, res.output
     cands = json.loads(res.output)["candidates"]
     assert cands and cands[0]["fits"] and cands[0]["tensor"] <= 8, cands[:1]
+
+
+def test_gemma_features_the_exports_cannot_express_are_named() -> None:
+    """Megatron-LM's and torchtitan's Llama-shaped model settings have no Gemma embedding scale, sandwich norms,
+    soft-caps or GeGLU: an export of a Gemma 2 plan says so (planner.export.common.model_gaps_note); Llama's and
+    Qwen3's say nothing; Gemma 1's names the scale and its GeGLU only."""
+    from planner.export.common import model_gaps_note
+
+    gemma2 = read_hf_config(MODELS / "gemma-2-9b")
+    note = model_gaps_note(gemma2, "megatron", "arguments")
+    assert note is not None and all(w in note for w in ("sqrt(hidden)", "outputs", "soft-capped at 50",
+                                                        "soft-capped at 30", "GeGLU"))
+    for name in ("llama-3.1-8b", "qwen3-8b"):
+        assert model_gaps_note(read_hf_config(MODELS / name), "torchtitan", "flavor") is None
+    gemma1 = spec_from_hf_dict({**json.loads((MODELS / "gemma-2-9b" / "config.json").read_text()),
+                                "model_type": "gemma"}, name="gemma")
+    assert gemma1.embedding_scale and not gemma1.sandwich_norm and gemma1.attention_softcap is None
+    note = model_gaps_note(gemma1, "megatron", "arguments")
+    assert note is not None and "soft" not in note and "GeGLU" in note
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_warned_of_and_kept(tmp_path: Path) -> None:
+    """Mistral's window (every layer) and Gemma 2's (every other layer) are not modelled: where the sequence is
+    longer than the window, reading the config warns and ``profile-analytic`` keeps the sentence in the profile's
+    notes; where the window spans the sequence it changes nothing and nothing is said."""
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.profile import load_profile
+
+    for name, window, where in (("mistral-7b", 4096, "every layer"), ("gemma-2-9b", 4096, "every other layer")):
+        said: list[str] = []
+        read_hf_config(MODELS / name, seq=window + 1, warn=said.append)
+        assert len(said) == 1 and f"on {where} ({window} tokens" in said[0], said
+        said.clear()
+        assert "sliding" not in read_hf_config(MODELS / name, seq=window, warn=said.append).source and not said
+    out = tmp_path / "g.json"
+    res = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(MODELS / "gemma-2-9b"), "--seq", "8192",
+                                   "--device", "h100-80gb", "--out", str(out)])
+    assert res.exit_code == 0 and "warning: --hf-config: sliding-window attention" in res.output, res.output
+    assert "sliding-window attention on every other layer" in load_profile(out).notes

@@ -136,3 +136,51 @@ def test_phi3_same_function_as_transformers() -> None:
         theirs.mlp.down_proj.weight.copy_(ours.down.weight)
 
     _same_logits(cfg, layers, hf, copy_block)
+
+
+def test_gemma2_same_function_as_transformers() -> None:
+    """Gemma 2 (embeddings times sqrt(h), a norm on each branch's output, soft-capped scores and logits, GELU's
+    tanh form, head_dim 32 with h / a = 16, tied head): our weights copied into transformers' Gemma2ForCausalLM
+    give the same logits (its RMSNorm scales by 1 + w: ours less one); the parameter count is its own. The caps
+    are small (2 and 3) so that a cap missing or misplaced changes the logits; the window (16) spans the
+    sequence, and the scores' scale is 1/sqrt(head_dim), as ours."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    path = TINY.parent.parent / "tiny-gemma2" / "config.json"
+    spec = read_hf_config(path, name="tiny-gemma2")
+    assert spec.sandwich_norm and spec.embedding_scale and spec.activation == "gelu_tanh"
+    assert (spec.attention_softcap, spec.logit_softcap, spec.d, spec.tied_embeddings) == (2.0, 3.0, 32, True)
+    cfg = get_config(spec)
+    data = json.loads(path.read_text())
+    data.pop("model_type")
+    hf = Gemma2ForCausalLM(Gemma2Config(**data, attn_implementation="eager")).double().eval()
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
+        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
+            _copy_projections(ours, theirs)
+            for norm, target in ((ours.input_norm, theirs.input_layernorm),
+                                 (ours.attn_out_norm, theirs.post_attention_layernorm),
+                                 (ours.post_norm, theirs.pre_feedforward_layernorm),
+                                 (ours.mlp_out_norm, theirs.post_feedforward_layernorm)):
+                norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
+                target.weight.copy_(norm.weight - 1)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight - 1)
+        ids, _ = synthetic_batch(cfg, 2, seed=3)
+        x = ids
+        for m in layers[:-1]:
+            x = m(x)
+        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+
+
+def test_gemma_pieces_on_a_learned_position_model_are_refused() -> None:
+    """The GPT and BERT zoo blocks have no sandwich norms, caps, scale or tanh GELU: such a spec is refused naming
+    the fields, not built without them."""
+    from executor.models.config import family_of
+    from planner.model import PRESETS
+
+    for changes in ({"sandwich_norm": True}, {"logit_softcap": 30.0, "activation": "gelu_tanh"}):
+        with pytest.raises(ValueError, match=next(iter(changes))):
+            family_of(PRESETS["gpt-tiny"].with_(**changes))
+    assert family_of(PRESETS["gpt-tiny"]) == "gpt"

@@ -633,3 +633,37 @@ def test_a_flash_kernel_the_device_does_not_run_is_refused():
     v100 = analytic_profile(PRESETS["gpt2-medium"], "V100-SXM2-32GB", dtype="fp16", micro_batches=(1,),
                             tensor_sizes=(1,), options=OperatorOptions(attention="flash", attention_impl="flash3"))
     assert v100.environment["attention_impl"] == "flash3"
+
+
+@pytest.mark.parametrize("kernels", ["fused", "eager"])
+def test_gemma2_norms_and_soft_caps_are_operators(kernels):
+    """Gemma 2's norm on each branch's output saves its input (two more norms' parameters); the scores' soft-cap
+    is a pass over this rank's ``b a/t s^2`` scores before the unfused softmax, saving its ``tanh`` output (none
+    under the flash kernel, which caps in-kernel); the logits' cap one over the ``T V/t`` logits; the embeddings'
+    scale one over ``T h``, saving nothing. Without the four flags the lists are Gemma 1's / Llama's."""
+    from planner.operators import embedding_operators, head_operators
+    from profiler.hf_config import read_hf_config
+
+    g = read_hf_config(Path(__file__).resolve().parent.parent / "examples" / "models" / "gemma-2-9b", seq=2048)
+    plain = g.model_copy(update={"sandwich_norm": False, "attention_softcap": None, "logit_softcap": None,
+                                 "embedding_scale": False})
+    b, t, s, el = 1, 2, g.seq, 2
+    opts = OperatorOptions(kernels=kernels)
+    ops = {op.name: op for op in layer_operators(g, b, t, opts)}
+    base = {op.name: op for op in layer_operators(plain, b, t, opts)}
+    assert set(ops) - set(base) == {"post_attn_norm", "post_mlp_norm", "attn_softcap"}
+    assert ops["post_attn_norm"].saved_bytes == ops["norm1"].saved_bytes > 0
+    scores = b * (g.heads // t) * s * s
+    assert ops["attn_softcap"].saved_bytes == el * scores
+    assert sum(k.nbytes for k in ops["attn_softcap"].fwd) == (6 if kernels == "eager" else 2) * el * scores
+    flash = {op.name for op in layer_operators(g, b, t, OperatorOptions(kernels=kernels, attention="flash"))}
+    assert "attn_softcap" not in flash and "post_mlp_norm" in flash
+    head = {op.name: op for op in head_operators(g, b, t, opts)}
+    assert head["logit_softcap"].saved_bytes == el * b * s * (-(-g.vocab // t))
+    assert "logit_softcap" not in {op.name for op in head_operators(plain, b, t, opts)}
+    emb = {op.name: op for op in embedding_operators(g, b, t, opts)}
+    assert emb["embedding_scale"].saved_bytes == 0
+    assert "embedding_scale" not in {op.name for op in embedding_operators(plain, b, t, opts)}
+    assert g.layer_params() - plain.layer_params() == 2 * g.hidden
+    fwd = time_operators(list(ops.values()), A100, "bf16").fwd
+    assert fwd > time_operators(list(base.values()), A100, "bf16").fwd

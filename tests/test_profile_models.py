@@ -54,6 +54,21 @@ def test_hf_gpt2_layers_and_tied_head() -> None:
     assert x.shape == (2, 8, spec.vocab) and torch.isfinite(lm.loss(x, targets))
 
 
+@pytest.mark.slow
+def test_hf_gemma2_layers_soft_capped_head() -> None:
+    """Gemma 2 through the library's own modules (its eager attention: it refuses SDPA): the parameters
+    ModelSpec counts (four norms a layer), the head's logits soft-capped at the config's final cap."""
+    lm, spec = read_hf_layer_model(ROOT / "tests" / "fixtures" / "tiny-gemma2", seq=16, measure_layers=2)
+    assert spec.sandwich_norm and spec.logit_softcap == 3.0
+    assert [sum(p.numel() for p in m.parameters()) for m in lm.layers[1:3]] == [spec.layer_params()] * 2
+    ids, targets = lm.sample(2)
+    x = ids
+    for layer in lm.layers:
+        x = layer(x)
+    assert x.shape == (2, 16, spec.vocab) and float(x.detach().abs().max()) <= 3.0
+    assert torch.isfinite(lm.loss(x, targets))
+
+
 def test_readme_module_example(tmp_path: Path) -> None:
     """The README's worked example, command for command."""
     prof_path, plan_path = tmp_path / "custom.json", tmp_path / "plan.json"

@@ -27,7 +27,7 @@ class HFConfigUpload(BaseModel):
     # counts are JSON integers and switches JSON booleans (not "4096", not "yes"), as in POST /plans; the name is
     # held to POST /profiles' rule (schemas.Name)
     config: dict[str, Any] = Field(
-        description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-2)")
+        description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, GPT-2)")
     cluster_id: StrictInt | None = Field(default=None, ge=1, le=MAX_ID,
                                     description="profile for this stored cluster's device")
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")
@@ -133,8 +133,9 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
         except ValueError as e:
             raise crud.InputError(f"config._name_or_path: {e} (give a name)") from None
     try:
+        caveats: list[str] = []  # what the model's reading leaves out, kept in the profile's notes
         spec = spec_from_hf_dict(body.config, name=name[:200] or "hf-model", seq=body.seq,
-                                 source="uploaded Hugging Face config")
+                                 source="uploaded Hugging Face config", warn=caveats.append)
         if not name:  # a bare config.json: its model_type and size (the CLI names it after its folder)
             spec = spec.model_copy(update={"name": default_name(body.config, spec.total_params())})
         options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity,
@@ -142,7 +143,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
                                   sequence_parallel=body.sequence_parallel, kernels=body.kernels)
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
-                                   dp_allreduce=body.dp_allreduce, p2p_scatter_gather=body.p2p_scatter_gather)
+                                   dp_allreduce=body.dp_allreduce, p2p_scatter_gather=body.p2p_scatter_gather,
+                                   caveats=caveats)
     except SeqError as e:  # the body's seq, not a field of the file
         raise crud.InputError(str(e)) from None
     except HFConfigError as e:

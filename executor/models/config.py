@@ -9,8 +9,9 @@ The family picks the zoo's layer code (:func:`family_of`):
 
 * ``gpt``: decoder, LayerNorm, learned positions, GELU MLP (nanoGPT / GPT-2; :mod:`executor.models.gpt`);
 * ``bert``: the same blocks bidirectional, masked-LM head (:mod:`executor.models.bert`);
-* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3, Phi-3: RMSNorm, GQA, SwiGLU, untied head;
-  Qwen3's per-head query/key norms; :mod:`executor.models.llama`).
+* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2: RMSNorm, GQA,
+  SwiGLU, untied head; Qwen3's per-head query/key norms; Gemma 2's norms on each branch's output and soft-caps;
+  :mod:`executor.models.llama`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ Family = Literal["gpt", "bert", "llama"]
 
 def family_of(spec: ModelSpec) -> Family:
     """The zoo family that builds ``spec``; a shape none of them builds is refused naming the field."""
+    if spec.position != "rotary":  # Gemma's pieces are in the Llama-family code only
+        gemma = [name for name, on in (("sandwich_norm", spec.sandwich_norm),
+                                       ("attention_softcap", spec.attention_softcap is not None),
+                                       ("logit_softcap", spec.logit_softcap is not None),
+                                       ("embedding_scale", spec.embedding_scale),
+                                       ("activation", spec.activation == "gelu_tanh")) if on]
+        if gemma:
+            raise ValueError(f"{', '.join(gemma)}: the zoo builds these (Gemma's) in its Llama-family (rotary) "
+                             f"decoder only, not with position={spec.position!r}")
     if spec.encoder:
         if spec.position != "learned" or spec.gated_mlp or spec.norm != "layernorm":
             raise ValueError("encoder models: the zoo builds BERT only (learned positions, LayerNorm, GELU MLP)")

@@ -16,6 +16,14 @@ Layers:
 L+1. :class:`LlamaHead` ``(x, targets) -> loss``: final norm, LM head (untied unless the spec ties it to the
    token embedding), mean cross-entropy.
 
+Gemma and Gemma 2 (Gemma Team 2024; :class:`~planner.model.ModelSpec`'s ``embedding_scale``, ``sandwich_norm``,
+``attention_softcap``, ``logit_softcap``): the token embeddings times ``sqrt(h)``; a norm on the attention's and
+the MLP's output before each residual add; ``cap tanh(x / cap)`` on the scores before the softmax and on the
+logits before the loss. Gemma's RMSNorm scales by ``1 + w`` with ``w`` initialised at zero, the same function as
+``w`` at one here; Gemma 2's ``query_pre_attn_scalar`` (the scores' scale) is ``1/sqrt(d)`` here (its
+published models set it to ``d``, but for 27B's 144), and its sliding window on every other layer is not applied
+(the same shapes and costs; other numbers past the window).
+
 Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
 it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
 :mod:`executor.models.blocks`. Initialisation: N(0, 0.02), the residual projections (``o``, ``down``)
@@ -25,6 +33,7 @@ N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +43,8 @@ from executor.models.blocks import INIT_STD, init_linear
 from executor.models.config import ModelConfig
 from executor.models.gpt import init_token_embedding
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu,
+               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 NORM_EPS = 1e-5
 
 
@@ -61,9 +71,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float) -> torch.Tensor:
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap tanh(x / cap)`` (Gemma 2's soft-capping), or ``x`` without a cap."""
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
+              cap: float | None = None) -> torch.Tensor:
     """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions; ``a'`` a
-    multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads). Returns ``(b, s, a' d)``."""
+    multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads); the scores soft-capped
+    at ``cap`` where given. Returns ``(b, s, a' d)``."""
     b, heads, s, d = q.shape
     cos, sin = rotary_cos_sin(s, d, theta, q.device, q.dtype)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -71,7 +88,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float) -
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    att = softcap((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)), cap)
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
     att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
     return (att @ v).transpose(1, 2).reshape(b, s, heads * d)
@@ -86,9 +103,11 @@ class LlamaEmbedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(config.vocab, config.hidden)
         init_token_embedding(self.tok.weight, token_seed)
+        self.scale = math.sqrt(config.hidden) if config.embedding_scale else None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.tok(ids)
+        x = self.tok(ids)
+        return x if self.scale is None else x * self.scale
 
 
 class LlamaBlock(nn.Module):
@@ -101,7 +120,7 @@ class LlamaBlock(nn.Module):
         h, d = config.hidden, config.d
         qkv_bias = config.bias or config.qkv_bias
         self.heads, self.kv_heads, self.head_dim = config.heads, config.k, d
-        self.theta = config.rope_theta
+        self.theta, self.cap = config.rope_theta, config.attention_softcap
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
         self.input_norm = make_norm(config)
@@ -112,6 +131,9 @@ class LlamaBlock(nn.Module):
         self.v = nn.Linear(h, config.kv_dim, bias=qkv_bias)
         self.o = nn.Linear(config.q_dim, h, bias=config.bias)
         self.post_norm = make_norm(config)
+        # Gemma 2's sandwich: the attention's and the MLP's outputs normed before their residual adds
+        self.attn_out_norm = make_norm(config) if config.sandwich_norm else None
+        self.mlp_out_norm = make_norm(config) if config.sandwich_norm else None
         self.gate = nn.Linear(h, config.f, bias=config.bias) if config.gated_mlp else None
         self.up = nn.Linear(h, config.f, bias=config.bias)
         self.down = nn.Linear(config.f, h, bias=config.bias)
@@ -129,7 +151,7 @@ class LlamaBlock(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
-        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta))
+        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
@@ -137,8 +159,18 @@ class LlamaBlock(nn.Module):
         return self.down(self.act(self.up(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attend(self.input_norm(x))
-        return x + self.mlp(self.post_norm(x))
+        return sandwich_forward(self, x, self.attend, self.mlp)
+
+
+def sandwich_forward(block: nn.Module, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
+                     mlp: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``x + out1(attend(input_norm(x)))``, then ``x + out2(mlp(post_norm(x)))``, where ``out1``/``out2`` are the
+    block's ``attn_out_norm``/``mlp_out_norm`` (Gemma 2) or nothing (pre-norm): one order for the block and its
+    tensor-parallel shard."""
+    y = attend(block.input_norm(x))
+    x = x + (y if block.attn_out_norm is None else block.attn_out_norm(y))
+    y = mlp(block.post_norm(x))
+    return x + (y if block.mlp_out_norm is None else block.mlp_out_norm(y))
 
 
 class LlamaHead(nn.Module):
@@ -149,6 +181,7 @@ class LlamaHead(nn.Module):
     def __init__(self, config: ModelConfig, token_seed: int) -> None:
         super().__init__()
         self.norm = make_norm(config)
+        self.cap = config.logit_softcap
         self.weight = nn.Parameter(torch.empty(config.vocab, config.hidden))
         if config.tied_embeddings:
             init_token_embedding(self.weight, token_seed)
@@ -156,7 +189,7 @@ class LlamaHead(nn.Module):
             nn.init.normal_(self.weight, 0.0, INIT_STD)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.weight)
+        return softcap(F.linear(self.norm(x), self.weight), self.cap)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.logits(x)

@@ -244,6 +244,30 @@ SYNCHRONOUS_ONLY = {
 }
 
 
+def model_gaps_note(model: ModelSpec | None, framework: str, writes: str) -> str | None:
+    """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
+    "Llama-shaped arguments") cannot say: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
+    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP; None when nothing is
+    missing. The plan's times are the model's own: the framework's model has to be the user's."""
+    if model is None:
+        return None
+    gaps = []
+    if model.embedding_scale:
+        gaps.append("embeddings times sqrt(hidden)")
+    if model.sandwich_norm:
+        gaps.append("a norm on the attention's and the MLP's outputs")
+    if model.attention_softcap is not None:
+        gaps.append(f"scores soft-capped at {model.attention_softcap:g}")
+    if model.logit_softcap is not None:
+        gaps.append(f"logits soft-capped at {model.logit_softcap:g}")
+    if model.gated_mlp and model.activation != "silu":
+        gaps.append(f"a gated MLP with {model.activation} (GeGLU)")
+    if not gaps:
+        return None
+    return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} cannot express (Gemma's architecture): "
+            "run it with that framework's own implementation of the model; the plan's times are for this one")
+
+
 class UnsupportedSchedule(ExportError):
     """``framework`` has no such schedule. ``closest`` is the configuration it has that is nearest (same
     t, D, W, b, N and recomputation; the schedule it has that is most alike), ``reason`` why it lacks it;

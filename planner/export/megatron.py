@@ -54,6 +54,7 @@ from planner.export.common import (
     Parsed,
     check_heads,
     header,
+    model_gaps_note,
     unplanned_policy_note,
     unsupported,
 )
@@ -223,6 +224,8 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         notes.append(f"the plan's times assume {EAGER_WORDS}; Megatron-LM runs fused ones, so expect less time than "
                      "planned")
     args += _model_args(inp)
+    if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)")) is not None:
+        notes.append(gap)
     dtype = inp.dtype.lower()
     if dtype in ("bf16", "bfloat16"):
         args += ["--bf16"]

@@ -45,6 +45,7 @@ from planner.export.common import (
     Parsed,
     check_heads,
     header,
+    model_gaps_note,
     unsupported,
 )
 from planner.request import Config
@@ -175,6 +176,8 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         notes.append(f"[model] names torchtitan's {family} with flavor {inp.model.name!r}: register a flavor of "
                      f"these dimensions (dim {inp.model.hidden}, n_layers {inp.model.layers}, n_heads "
                      f"{inp.model.heads}, n_kv_heads {inp.model.k}, vocab {inp.model.vocab}) or pick yours")
+        if (gap := model_gaps_note(inp.model, "torchtitan", f"{family} model's flavor")) is not None:
+            notes.append(gap)
     kinds, stage_layers = inp.kinds(), inp.stage_layers()
     par = sections["parallelism"]
     if kinds is not None and stage_layers is not None:
