@@ -204,7 +204,7 @@ class TensorParallelLlamaBlock(nn.Module):
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
         self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
         self.q_norm, self.k_norm = block.q_norm, block.k_norm
-        self.cap = block.cap
+        self.cap, self.window = block.cap, block.window
         local = a // size
         self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group)
         self.kv_sharded = k % size == 0
@@ -250,7 +250,7 @@ class TensorParallelLlamaBlock(nn.Module):
             k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
-        return self.o(self._attention(q, k, v, self.theta, self.cap))
+        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window))
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         inner = self.act(self.gate(h)) * self.up(h) if self.gate is not None else self.act(self.up(h))

@@ -44,6 +44,8 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 
 from __future__ import annotations
 
+from functools import partial
+
 from pydantic import ValidationError
 
 from planner.device import DeviceSpec, find_device, generic_device, get_device
@@ -205,10 +207,13 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                              f"hidden {h}, {spec.layers} layers, vocabulary {V}) is too large") from None
 
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)
-    block = layer("block0", "transformer", layer_operators, spec.layer_params(), 0, el * s * h, el * s * h)
+    # one profile per attention window the layers have (a sliding window, and the global layers between)
+    windows = [spec.layer_window(i) for i in range(spec.layers)]
+    blocks = {w: layer("block0", "transformer", partial(layer_operators, window=w), spec.layer_params(), 0,
+                       el * s * h, el * s * h) for w in dict.fromkeys(windows)}
     head = layer("lm_head", "lm_head", head_operators, spec.head_params(),
                  V * h if spec.tied_embeddings else 0, 4, el * s * h)
-    layers = [emb] + [block.model_copy(update={"name": f"block{i}"}) for i in range(spec.layers)] + [head]
+    layers = [emb] + [blocks[w].model_copy(update={"name": f"block{i}"}) for i, w in enumerate(windows)] + [head]
     return ModelProfile(
         name=name or spec.name, layers=layers, device=dev.name, dtype=dtype, source="analytical",
         shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f),

@@ -92,6 +92,13 @@ class ModelSpec(BaseModel):
     logit_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False,
                                         description="final logits soft-capped, cap tanh(x / cap) (Gemma 2: 30)")
     embedding_scale: bool = Field(default=False, description="token embeddings multiplied by sqrt(hidden) (Gemma)")
+    sliding_window: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["seq"],
+                                       description="each query attends to the last sliding_window tokens, itself "
+                                                   "included (Mistral 7B: 4096; Gemma 2: 4096); None: all before it")
+    global_every: int | None = Field(default=None, ge=2, le=SHAPE_LIMITS["layers"],
+                                     description="with sliding_window: layers n-1, 2n-1, ... attend to the whole "
+                                                 "sequence, the others within the window (Gemma 2: 2); None: every "
+                                                 "layer within it")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -111,6 +118,9 @@ class ModelSpec(BaseModel):
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.global_every is not None and self.sliding_window is None:
+            raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
+                             "within it)")
         return self
 
     # ---- derived sizes (all resolved by the validator) ----------------------------------------
@@ -155,6 +165,16 @@ class ModelSpec(BaseModel):
     def norm_params(self) -> int:
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def layer_window(self, i: int) -> int | None:
+        """The attention window of transformer layer ``i`` (0-based), or None where it attends to every earlier
+        token: layers ``n-1, 2n-1, ...`` with ``global_every = n``, and every layer when the window spans the
+        sequence (Beltagy et al. 2020, "Longformer", section 3.1: a window of ``w`` keys per query; Mistral 7B,
+        Jiang et al. 2023, section 2; Gemma 2, section 2: local and global layers alternate)."""
+        w = self.sliding_window
+        if w is None or w >= self.seq or (self.global_every is not None and (i + 1) % self.global_every == 0):
+            return None
+        return w
 
     @property
     def norms_per_layer(self) -> int:

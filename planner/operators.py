@@ -11,6 +11,8 @@ Gemma 2 (``ModelSpec.sandwich_norm``, ``attention_softcap``, ``logit_softcap``, 
 2024, section 2) adds a norm after each output projection (before its residual add), the scores' soft-cap before
 the unfused softmax (:func:`softcap`; the flash kernel caps in-kernel, FlashAttention-2's ``softcap``, so its
 time is taken as the uncapped kernel's), the logits' soft-cap before the loss, and the embeddings' ``sqrt(h)``.
+A layer with a sliding window (``ModelSpec.layer_window``: Mistral, Gemma 2's every other layer) runs the flash
+kernel over the pairs within it only (:func:`window_share`).
 
 Symbols: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` query heads, ``k`` key/value heads, ``d``
 head dimension, ``f`` MLP width, ``t`` tensor-parallel size, ``T = b s`` tokens, ``el`` bytes per element.
@@ -365,8 +367,25 @@ def _shard(total: int, t: int) -> int:
     return max(total // t, 1)
 
 
-def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None) -> list[Operator]:
-    """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences."""
+def window_share(s: int, window: int | None, causal: bool) -> float:
+    """The share of the ``s x s`` (query, key) pairs a fused kernel computes: all (bidirectional), the causal
+    half (1/2, the convention of the FLOP counts here: FlashAttention-2 section 4.1), or, within a window of
+    ``w < s`` keys per query (the query itself included), ``(w (w + 1) / 2 + (s - w) w) / s^2``: the first
+    ``w`` queries see the tokens before them, each later one ``w``."""
+    if not causal:
+        return 1.0
+    if window is None or window >= s:
+        return 0.5
+    return (window * (window + 1) / 2 + (s - window) * window) / (s * s)
+
+
+def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None,
+                    window: int | None = None) -> list[Operator]:
+    """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences; ``window``:
+    the layer's attention window (:meth:`planner.model.ModelSpec.layer_window`; None: causal over the whole
+    sequence). The flash kernel skips the blocks outside the window (FlashAttention-2's ``window_size``); the
+    unfused core computes the whole square and masks it, as Hugging Face's eager attention does, at the same cost
+    with or without a window."""
     o = options or OperatorOptions()
     el = DTYPE_BYTES.get(o.dtype.lower(), 2)
     s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
@@ -463,11 +482,13 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(replace(gemm("attn_v", s, d, s, el, heads_b, weight=False, save_input=o.dropout and not sel,
                                 save_weight_side=b * kv_heads * s * d), recomputed=sel))
     else:
-        causal = 0.5 if o.causal else 1.0
-        fl = causal * 4.0 * heads_b * s * s * d
+        fl = window_share(s, window, o.causal) * 4.0 * heads_b * s * s * d
         io = el * (2 * heads_b * s * d + 2 * b * kv_heads * s * d)  # read Q, K, V, write O
-        fwd = Kernel("flash_attn", fl, io, (s, s, d, heads_b), (o.attention_impl, o.causal, False))
-        bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (s, s, d, heads_b), (o.attention_impl, o.causal, True))
+        # the kernel's rate is read at the sequence whose causal rows are as long, on average, as this one's
+        # (a window of w keys: the causal kernel at 2w); the measured figures are by sequence length
+        seq = s if window is None or window >= s or not o.causal else min(s, 2 * window)
+        fwd = Kernel("flash_attn", fl, io, (seq, s, d, heads_b), (o.attention_impl, o.causal, False))
+        bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (seq, s, d, heads_b), (o.attention_impl, o.causal, True))
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
         # (Megatron-Core): checkpointed, the forward re-run before the backward, Q, K, V kept, not the LSE
         qkv_saved = el * (heads_b * s * d + 2 * b * kv_heads * s * d)

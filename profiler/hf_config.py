@@ -32,8 +32,9 @@ a ``partial_rotary_factor`` other than 1 is refused; Gemma scales its embeddings
 (``attn_logit_softcapping`` -> ``attention_softcap``, ``final_logit_softcapping`` -> ``logit_softcap``); GPT-2 has
 LayerNorm, learned positions, a GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
-Mistral's, Phi-3's and Gemma 2's sliding-window attention and Llama 3.1's ``rope_scaling`` are noted in ``source``
-but not modelled; nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
+Mistral's, Phi-3's and Gemma 2's sliding windows are the spec's ``sliding_window`` and ``global_every`` (from the
+config's ``layer_types`` where it has them); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not modelled;
+nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
 #: Gemma (embeddings times sqrt(h)) and Gemma 2 (also: sandwich norms, soft-capped scores and logits, a sliding
 #: window on every other layer): Llama-family otherwise (planner.model's docstring)
 GEMMA_TYPES = ("gemma", "gemma2")
-#: the layers a model type's sliding window applies to (``sliding_window``; Qwen2's is off unless
-#: ``use_sliding_window``): noted and warned of where the sequence is longer than the window, not modelled
-WINDOWED = {"mistral": "every layer", "phi3": "every layer", "gemma2": "every other layer"}
+#: model types whose ``sliding_window`` applies without a ``layer_types`` list saying where (older configs): every
+#: layer (Mistral, Phi-3) or every other one from the first (Gemma 2); Qwen2's is off unless ``use_sliding_window``,
+#: which transformers then writes into ``layer_types``
+WINDOWED_EVERY = {"mistral": None, "phi3": None, "gemma2": 2}
 GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
@@ -187,16 +189,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         if rotary != 1.0:
             raise HFConfigError("partial_rotary_factor", f"{rotary:g}: rotary positions on part of each head are not "
                                                           "supported (the executor's attention rotates all of it)")
-        window = getattr(cfg, "sliding_window", None)
-        where = WINDOWED.get(model_type)
-        trained = seq or cfg.max_position_embeddings
-        if window and where and trained > window:
-            sentence = (f"hf-config: sliding-window attention on {where} ({window} tokens, shorter than the sequence "
-                        f"{trained}) is not modelled: full causal attention is counted, more attention work than the "
-                        "model does")
-            notes.append(sentence.removeprefix("hf-config: "))
-            if warn is not None:
-                warn(sentence)
+        spec.update(_window(cfg, model_type))
         scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
         if rope_type != "default":
@@ -215,6 +208,29 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         err = e.errors()[0]
         loc = str(err["loc"][0]) if err["loc"] else "config"
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
+
+
+def _window(cfg: Any, model_type: str) -> dict[str, Any]:
+    """``sliding_window`` and ``global_every`` of ``cfg`` (:class:`ModelSpec`): from its ``layer_types``
+    ("sliding_attention" / "full_attention" per layer, transformers' own reading of the config) where it has them,
+    else by model type (:data:`WINDOWED_EVERY`); a pattern other than "every n-th layer global" is refused."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if not window or (types is None and model_type not in WINDOWED_EVERY):
+        return {}
+    if types is None:
+        every = WINDOWED_EVERY[model_type]
+        return {"sliding_window": window, "global_every": every}
+    local = [t == "sliding_attention" for t in types]
+    if not any(local):
+        return {}
+    if all(local):
+        return {"sliding_window": window, "global_every": None}
+    every = local.index(False) + 1  # the first global layer is layer n - 1
+    if local != [(i + 1) % every != 0 for i in range(len(local))]:
+        raise HFConfigError("layer_types", "sliding and full attention layers in a pattern other than every n-th "
+                            "layer full: not supported")
+    return {"sliding_window": window, "global_every": every}
 
 
 def _gemma(cfg: Any, model_type: str, spec: dict[str, Any]) -> None:

@@ -62,14 +62,14 @@ def test_family_details() -> None:
     assert gpt2.tied_embeddings and gpt2.bias and gpt2.position == "learned" and gpt2.norm == "layernorm"
     assert (gpt2.layers, gpt2.hidden, gpt2.f, gpt2.seq, gpt2.vocab) == (12, 768, 3072, 1024, 50257)
     mistral = read_hf_config(MODELS / "mistral-7b")
-    assert "sliding-window" in mistral.source and mistral.vocab == 32000
+    assert mistral.sliding_window == 4096 and mistral.global_every is None and mistral.vocab == 32000
     qwen3 = read_hf_config(MODELS / "qwen3-8b")  # per-head query/key norms, no biases, head_dim stated
     assert qwen3.qk_norm and not qwen3.qkv_bias and not qwen3.bias and (qwen3.d, qwen3.k) == (128, 8)
     assert not qwen.qk_norm and not mistral.qk_norm and not gpt2.qk_norm
     # Qwen3-8B's model card: 8.2B parameters, 6.95B of them not embeddings (the untied embedding and LM head)
     assert abs((qwen3.total_params() - 2 * qwen3.vocab * qwen3.hidden) / 1e9 - 6.95) < 0.005
     phi3 = read_hf_config(MODELS / "phi-3-medium-4k")  # Llama's computation, fused weights; a 2047-token window
-    assert (phi3.k, phi3.d, phi3.f) == (10, 128, 17920) and not phi3.qk_norm and "sliding-window" in phi3.source
+    assert (phi3.k, phi3.d, phi3.f) == (10, 128, 17920) and not phi3.qk_norm and phi3.sliding_window == 2047
     part = json.loads((MODELS / "phi-3-medium-4k" / "config.json").read_text())
     with pytest.raises(HFConfigError, match="partial_rotary_factor: 0.75: rotary positions on part"):
         spec_from_hf_dict({**part, "partial_rotary_factor": 0.75}, "phi-4-mini-like")
@@ -217,23 +217,36 @@ def test_gemma_features_the_exports_cannot_express_are_named() -> None:
     assert note is not None and "soft" not in note and "GeGLU" in note
 
 
-def test_a_sliding_window_shorter_than_the_sequence_is_warned_of_and_kept(tmp_path: Path) -> None:
-    """Mistral's window (every layer) and Gemma 2's (every other layer) are not modelled: where the sequence is
-    longer than the window, reading the config warns and ``profile-analytic`` keeps the sentence in the profile's
-    notes; where the window spans the sequence it changes nothing and nothing is said."""
-    from typer.testing import CliRunner
+def test_sliding_windows_are_read_and_cost_the_flash_kernel_less(tmp_path: Path) -> None:
+    """Mistral's window (every layer), Phi-3's and Gemma 2's (every other layer, from its ``layer_types``) are read
+    into the spec; the analytic profile with the flash kernel gives the windowed layers less attention time where
+    the window is shorter than the sequence, and the same where it spans it; the unfused core (which masks the
+    whole square) costs the same either way. Qwen2's window is off (``use_sliding_window`` false)."""
+    from planner.analytic import analytic_profile
+    from planner.operators import OperatorOptions
 
-    from pipeplan.cli import app
-    from planner.profile import load_profile
+    assert read_hf_config(MODELS / "qwen2.5-7b").sliding_window is None
+    for name, window, every in (("mistral-7b", 4096, None), ("phi-3-medium-4k", 2047, None),
+                                ("gemma-2-9b", 4096, 2)):
+        spec = read_hf_config(MODELS / name, seq=2 * window)
+        assert (spec.sliding_window, spec.global_every) == (window, every)
+        full = spec.model_copy(update={"sliding_window": None, "global_every": None})
+        flash = OperatorOptions(attention="flash")
+        ours = analytic_profile(spec, "h100-80gb", options=flash, tensor_sizes=(1,))
+        plain = analytic_profile(full, "h100-80gb", options=flash, tensor_sizes=(1,))
+        fwd = [layer.fwd_time[1] for layer in ours.layers[1:-1]]
+        for i, t in enumerate(fwd):
+            windowed = spec.layer_window(i) is not None
+            assert windowed == (every is None or (i + 1) % every != 0)
+            assert (t < plain.layers[1 + i].fwd_time[1]) == windowed, (name, i)
+        unfused = [analytic_profile(x, "h100-80gb", tensor_sizes=(1,)).layers[1].fwd_time[1] for x in (spec, full)]
+        assert unfused[0] == unfused[1]
+        short = read_hf_config(MODELS / name, seq=window)  # the window spans the sequence: full causal attention
+        assert all(short.layer_window(i) is None for i in range(short.layers))
 
-    for name, window, where in (("mistral-7b", 4096, "every layer"), ("gemma-2-9b", 4096, "every other layer")):
-        said: list[str] = []
-        read_hf_config(MODELS / name, seq=window + 1, warn=said.append)
-        assert len(said) == 1 and f"on {where} ({window} tokens" in said[0], said
-        said.clear()
-        assert "sliding" not in read_hf_config(MODELS / name, seq=window, warn=said.append).source and not said
-    out = tmp_path / "g.json"
-    res = CliRunner().invoke(app, ["profile-analytic", "--hf-config", str(MODELS / "gemma-2-9b"), "--seq", "8192",
-                                   "--device", "h100-80gb", "--out", str(out)])
-    assert res.exit_code == 0 and "warning: --hf-config: sliding-window attention" in res.output, res.output
-    assert "sliding-window attention on every other layer" in load_profile(out).notes
+
+def test_a_window_pattern_other_than_every_nth_global_is_refused() -> None:
+    data = {**json.loads((MODELS / "gemma-2-9b" / "config.json").read_text()),
+            "layer_types": ["sliding_attention"] * 2 + ["full_attention"] * 40}
+    with pytest.raises(HFConfigError, match="layer_types"):
+        spec_from_hf_dict(data, name="g")

@@ -667,3 +667,15 @@ def test_gemma2_norms_and_soft_caps_are_operators(kernels):
     assert g.layer_params() - plain.layer_params() == 2 * g.hidden
     fwd = time_operators(list(ops.values()), A100, "bf16").fwd
     assert fwd > time_operators(list(base.values()), A100, "bf16").fwd
+
+
+def test_window_share_counts_the_pairs_a_windowed_causal_kernel_computes():
+    """The (query, key) pairs within a window of ``w`` keys (the query itself included), counted one by one, over
+    ``s^2``; a window spanning the sequence is the causal half (the FLOP convention), no mask all of it."""
+    from planner.operators import window_share
+
+    for s, w in ((8, 3), (16, 1), (64, 17), (10, 10)):
+        pairs = sum(1 for i in range(s) for j in range(s) if 0 <= i - j < w)
+        expect = pairs / s**2 if w < s else 0.5
+        assert window_share(s, w, causal=True) == pytest.approx(expect)
+    assert window_share(64, None, causal=True) == 0.5 and window_share(64, 8, causal=False) == 1.0

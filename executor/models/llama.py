@@ -21,8 +21,8 @@ Gemma and Gemma 2 (Gemma Team 2024; :class:`~planner.model.ModelSpec`'s ``embedd
 the MLP's output before each residual add; ``cap tanh(x / cap)`` on the scores before the softmax and on the
 logits before the loss. Gemma's RMSNorm scales by ``1 + w`` with ``w`` initialised at zero, the same function as
 ``w`` at one here; Gemma 2's ``query_pre_attn_scalar`` (the scores' scale) is ``1/sqrt(d)`` here (its
-published models set it to ``d``, but for 27B's 144), and its sliding window on every other layer is not applied
-(the same shapes and costs; other numbers past the window).
+published models set it to ``d``, but for 27B's 144): the same shapes and costs, other numbers. A sliding window
+(Mistral; Gemma 2's every other layer: ``ModelSpec.layer_window``) masks the scores outside it.
 
 Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
 it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
@@ -77,10 +77,11 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
-              cap: float | None = None) -> torch.Tensor:
+              cap: float | None = None, window: int | None = None) -> torch.Tensor:
     """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions; ``a'`` a
     multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads); the scores soft-capped
-    at ``cap`` where given. Returns ``(b, s, a' d)``."""
+    at ``cap`` where given; each query within the last ``window`` positions (itself included) where given.
+    Returns ``(b, s, a' d)``."""
     b, heads, s, d = q.shape
     cos, sin = rotary_cos_sin(s, d, theta, q.device, q.dtype)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -89,7 +90,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     att = softcap((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)), cap)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    ones = torch.ones(s, s, dtype=torch.bool, device=q.device)
+    mask = ones.tril() if window is None else ones.tril() & ones.triu(1 - window)
     att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
     return (att @ v).transpose(1, 2).reshape(b, s, heads * d)
 
@@ -115,9 +117,10 @@ class LlamaBlock(nn.Module):
 
     takes_targets = False
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, window: int | None = None) -> None:
         super().__init__()
         h, d = config.hidden, config.d
+        self.window = window  # the sliding window of this layer (ModelSpec.layer_window), None: causal
         qkv_bias = config.bias or config.qkv_bias
         self.heads, self.kv_heads, self.head_dim = config.heads, config.k, d
         self.theta, self.cap = config.rope_theta, config.attention_softcap
@@ -151,7 +154,7 @@ class LlamaBlock(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
-        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap))
+        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
@@ -201,5 +204,5 @@ def make_layer(config: ModelConfig, index: int, token_seed: int) -> nn.Module:
     if index == 0:
         return LlamaEmbedding(config, token_seed)
     if index <= config.layers:
-        return LlamaBlock(config)
+        return LlamaBlock(config, config.layer_window(index - 1))
     return LlamaHead(config, token_seed)

@@ -247,8 +247,8 @@ SYNCHRONOUS_ONLY = {
 def model_gaps_note(model: ModelSpec | None, framework: str, writes: str) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") cannot say: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
-    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP; None when nothing is
-    missing. The plan's times are the model's own: the framework's model has to be the user's."""
+    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window; None when
+    nothing is missing. The plan's times are the model's own: the framework's model has to be the user's."""
     if model is None:
         return None
     gaps = []
@@ -262,9 +262,12 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str) -> str
         gaps.append(f"logits soft-capped at {model.logit_softcap:g}")
     if model.gated_mlp and model.activation != "silu":
         gaps.append(f"a gated MLP with {model.activation} (GeGLU)")
+    if model.sliding_window is not None:
+        where = "every layer" if model.global_every is None else f"all but every {model.global_every}th layer"
+        gaps.append(f"attention within a window of {model.sliding_window} tokens on {where}")
     if not gaps:
         return None
-    return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} cannot express (Gemma's architecture): "
+    return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} cannot express: "
             "run it with that framework's own implementation of the model; the plan's times are for this one")
 
 
