@@ -123,7 +123,7 @@ def run(
     model: Annotated[str | None, typer.Option(help="model of the zoo (preset name; default gpt-tiny)")] = None,
     hf_config: Annotated[str | None, typer.Option(
         "--hf-config",
-        help="a Hugging Face config.json (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1/2, GPT-2) instead of "
+        help="a Hugging Face config.json (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1-3, GPT-2) instead of "
              "--model")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length (default: the model's)")] = None,
     module: Annotated[str | None, typer.Option(

@@ -95,6 +95,9 @@ class ModelSpec(BaseModel):
     sliding_window: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["seq"],
                                        description="each query attends to the last sliding_window tokens, itself "
                                                    "included (Mistral 7B: 4096; Gemma 2: 4096); None: all before it")
+    rope_local_theta: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                           description="the rotary base of the sliding-window layers where it is "
+                                                       "their own (Gemma 3: 10000; its global layers rope_theta 1e6)")
     global_every: int | None = Field(default=None, ge=2, le=SHAPE_LIMITS["layers"],
                                      description="with sliding_window: layers n-1, 2n-1, ... attend to the whole "
                                                  "sequence, the others within the window (Gemma 2: 2); None: every "
@@ -166,15 +169,22 @@ class ModelSpec(BaseModel):
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
+    def local_layer(self, i: int) -> bool:
+        """Whether transformer layer ``i`` (0-based) attends within the sliding window: every layer but ``n-1,
+        2n-1, ...`` with ``global_every = n`` (Mistral 7B, Jiang et al. 2023, section 2: every layer; Gemma 2,
+        section 2: local and global layers alternate; Gemma 3, section 2.1: five local layers to a global one)."""
+        return self.sliding_window is not None and not (self.global_every is not None
+                                                        and (i + 1) % self.global_every == 0)
+
     def layer_window(self, i: int) -> int | None:
-        """The attention window of transformer layer ``i`` (0-based), or None where it attends to every earlier
-        token: layers ``n-1, 2n-1, ...`` with ``global_every = n``, and every layer when the window spans the
-        sequence (Beltagy et al. 2020, "Longformer", section 3.1: a window of ``w`` keys per query; Mistral 7B,
-        Jiang et al. 2023, section 2; Gemma 2, section 2: local and global layers alternate)."""
+        """The attention window of transformer layer ``i`` where it limits the attention: a local layer's, shorter
+        than the sequence (Beltagy et al. 2020, "Longformer", section 3.1: ``w`` keys per query); else None."""
         w = self.sliding_window
-        if w is None or w >= self.seq or (self.global_every is not None and (i + 1) % self.global_every == 0):
-            return None
-        return w
+        return w if w is not None and w < self.seq and self.local_layer(i) else None
+
+    def layer_rope_theta(self, i: int) -> float:
+        """The rotary base of transformer layer ``i``: ``rope_local_theta`` on a local layer where given."""
+        return self.rope_local_theta if self.rope_local_theta is not None and self.local_layer(i) else self.rope_theta
 
     @property
     def norms_per_layer(self) -> int:

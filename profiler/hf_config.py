@@ -8,7 +8,7 @@ names reached through its ``attribute_map``) map to our symbols:
 
 ==========================  ===================================  =====================================
 ModelSpec                   Llama, Mistral, Qwen2/3, Phi-3,      GPT-2
-                            Gemma, Gemma 2
+                            Gemma 1-3 (gemma3_text)
 ==========================  ===================================  =====================================
 ``layers``                  ``num_hidden_layers``                ``n_layer``
 ``hidden``                  ``hidden_size``                      ``n_embd``
@@ -29,7 +29,9 @@ query/key/value and the gate/up projections stored fused (``qkv_proj``, ``gate_u
 a ``partial_rotary_factor`` other than 1 is refused; Gemma scales its embeddings by ``sqrt(hidden)``
 (``embedding_scale``) and gates its MLP with GELU's tanh form (``hidden_activation`` gelu_pytorch_tanh:
 ``gelu_tanh``); Gemma 2 adds a norm on each branch's output (``sandwich_norm``) and soft-caps its scores and logits
-(``attn_logit_softcapping`` -> ``attention_softcap``, ``final_logit_softcapping`` -> ``logit_softcap``); GPT-2 has
+(``attn_logit_softcapping`` -> ``attention_softcap``, ``final_logit_softcapping`` -> ``logit_softcap``); Gemma 3's
+language model (``gemma3_text``) has Gemma 2's norms, Qwen3's per-head query/key norms, no caps, and local layers
+with their own rotary base (``rope_local_base_freq`` -> ``rope_local_theta``); GPT-2 has
 LayerNorm, learned positions, a GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
 Mistral's, Phi-3's and Gemma 2's sliding windows are the spec's ``sliding_window`` and ``global_every`` (from the
@@ -53,14 +55,15 @@ from planner.limits import MAX_LAYERS, SHAPE_LIMITS
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
-#: Gemma (embeddings times sqrt(h)) and Gemma 2 (also: sandwich norms, soft-capped scores and logits, a sliding
-#: window on every other layer): Llama-family otherwise (planner.model's docstring)
-GEMMA_TYPES = ("gemma", "gemma2")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text")
+#: Gemma (embeddings times sqrt(h)), Gemma 2 (also: sandwich norms, soft-capped scores and logits, a sliding
+#: window on every other layer) and Gemma 3's language model (sandwich norms, Qwen3's per-head query/key norms, a
+#: window on five layers of six with their own rotary base): Llama-family otherwise (planner.model's docstring)
+GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 #: model types whose ``sliding_window`` applies without a ``layer_types`` list saying where (older configs): every
 #: layer (Mistral, Phi-3) or every other one from the first (Gemma 2); Qwen2's is off unless ``use_sliding_window``,
 #: which transformers then writes into ``layer_types``
-WINDOWED_EVERY = {"mistral": None, "phi3": None, "gemma2": 2}
+WINDOWED_EVERY = {"mistral": None, "phi3": None, "gemma2": 2, "gemma3_text": 6}
 GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
@@ -131,12 +134,22 @@ def _activation(name: str | None, field: str) -> str:
     raise HFConfigError(field, f"activation {name!r} is not one of silu, gelu*, relu")
 
 
-def _rope_field(cfg: Any, name: str, default: float) -> float:
-    """A rotary setting of ``cfg``: its attribute, or (transformers >= 5) its entry in ``rope_parameters``."""
+def _rope_params(cfg: Any, layer_type: str = "full_attention") -> dict[str, Any]:
+    """``cfg``'s ``rope_parameters`` (transformers >= 5) for ``layer_type``: the dict itself, or its entry for the
+    layer type where it has one per type (Gemma 3: "full_attention", "sliding_attention")."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if not isinstance(params, dict):
+        return {}
+    typed = params.get(layer_type)
+    return typed if isinstance(typed, dict) else params
+
+
+def _rope_field(cfg: Any, name: str, default: float, layer_type: str = "full_attention") -> float:
+    """A rotary setting of ``cfg``: its attribute, or (transformers >= 5) its entry in ``rope_parameters`` (for
+    ``layer_type`` where they are per layer type)."""
     value = getattr(cfg, name, None)
     if value is None:
-        params = getattr(cfg, "rope_parameters", None) or {}
-        value = params.get(name) if isinstance(params, dict) else None
+        value = _rope_params(cfg, layer_type).get(name)
     if value is None:
         return default
     number = jsondoc.number(value)
@@ -147,6 +160,20 @@ def _rope_field(cfg: Any, name: str, default: float) -> float:
 
 def _rope_theta(cfg: Any) -> float:
     return _rope_field(cfg, "rope_theta", 10000.0)
+
+
+def _rope_local_theta(cfg: Any) -> float | None:
+    """The rotary base of the sliding-window layers where it is their own (Gemma 3: ``rope_local_base_freq``
+    10000 against the global layers' 1e6; transformers >= 5: ``rope_parameters["sliding_attention"]``)."""
+    local = getattr(cfg, "rope_local_base_freq", None)
+    if local is None and "sliding_attention" in (getattr(cfg, "rope_parameters", None) or {}):
+        local = _rope_params(cfg, "sliding_attention").get("rope_theta")
+    if local is None:
+        return None
+    number = jsondoc.number(local)
+    if number is None or number <= 0:
+        raise HFConfigError("rope_local_base_freq", f"a number above 0, got {local!r:.40}")
+    return number
 
 
 def _partial_rotary(cfg: Any) -> float:
@@ -160,7 +187,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
     the positions' trained length: :func:`check_seq`, its warning in ``source`` too)."""
     model_type = getattr(cfg, "model_type", "")
     if model_type not in SUPPORTED:
-        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+        raise HFConfigError("model_type", unsupported_type(model_type))
     fields_of = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
     notes = [source] if source else []
     beyond = check_seq(cfg, seq, learned=model_type in GPT2_TYPES, warn=warn)
@@ -182,7 +209,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
                     qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg),
-                    qk_norm=model_type == "qwen3")
+                    qk_norm=model_type in ("qwen3", "gemma3_text"))
         if model_type in GEMMA_TYPES:
             _gemma(cfg, model_type, spec)
         rotary = _partial_rotary(cfg)
@@ -190,7 +217,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             raise HFConfigError("partial_rotary_factor", f"{rotary:g}: rotary positions on part of each head are not "
                                                           "supported (the executor's attention rotates all of it)")
         spec.update(_window(cfg, model_type))
-        scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        scaling = _rope_params(cfg) or getattr(cfg, "rope_scaling", None) or {}
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
         if rope_type != "default":
             notes.append(f"rope_scaling ({rope_type}) not modelled (it changes angles, not cost)")
@@ -208,6 +235,18 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         err = e.errors()[0]
         loc = str(err["loc"][0]) if err["loc"] else "config"
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
+
+
+#: what to do with a model type that is not read, where there is something to do
+HINTS = {"gemma3": "the multimodal Gemma 3 (a vision tower beside its language model): give the fields of its "
+                   "text_config with model_type gemma3_text to plan the language model"}
+
+
+def unsupported_type(model_type: object) -> str:
+    """The refusal of a ``model_type`` that is not read, naming those that are (and a way on, where known)."""
+    hint = HINTS.get(model_type) if isinstance(model_type, str) else None
+    return (f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
+            + (f" ({hint})" if hint else ""))
 
 
 def _window(cfg: Any, model_type: str) -> dict[str, Any]:
@@ -240,9 +279,11 @@ def _gemma(cfg: Any, model_type: str, spec: dict[str, Any]) -> None:
     field = "hidden_activation" if getattr(cfg, "hidden_activation", None) else "hidden_act"
     act = getattr(cfg, field, None)
     spec["activation"] = "gelu_tanh" if act == "gelu_pytorch_tanh" else _activation(act, field)
-    if model_type != "gemma2":
+    if model_type == "gemma":
         return
     spec["sandwich_norm"] = True
+    if (local := _rope_local_theta(cfg)) is not None and local != spec["rope_theta"]:
+        spec["rope_local_theta"] = local
     for field, key in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "logit_softcap")):
         value = getattr(cfg, field, None)
         if value is not None:
@@ -294,7 +335,7 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     if not isinstance(model_type, str) or not model_type:
         raise HFConfigError("model_type", "missing: a config.json names its model_type (e.g. llama)")
     if model_type not in SUPPORTED:
-        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+        raise HFConfigError("model_type", unsupported_type(model_type))
     names = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
     for ours in REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab"):
         theirs = names.get(ours, "vocab_size")
@@ -337,7 +378,7 @@ def trains_with_dropout(data: dict[str, Any]) -> bool:
 
     model_type = data.get("model_type")
     if model_type not in SUPPORTED:
-        raise HFConfigError("model_type", f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+        raise HFConfigError("model_type", unsupported_type(model_type))
     cfg = AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
     return any(float(getattr(cfg, f, 0.0) or 0.0) > 0 for f in DROPOUT_FIELDS)
 

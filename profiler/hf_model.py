@@ -2,8 +2,9 @@
 downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the decoder layers, the final norm with
 the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
 
-The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, GPT-2) are identical
-in shape (Gemma 2's sliding window on every other layer is not applied: no mask is passed), so only
+The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, GPT-2) are
+identical in shape (a sliding window is not applied: no mask is passed; on the CPU the masked scores cost the same),
+so only
 ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the model is made: the memory of a
 few layers, not of the model) and the profile's other blocks reuse the last one measured. Each layer is the
 library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary ``position_embeddings`` the
@@ -44,15 +45,18 @@ class _Embedding(nn.Module):
 class _Decoder(nn.Module):
     """One of the library's decoder layers; rotary angles computed here from positions ``0..s-1``."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module | None) -> None:
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None, layer_type: str | None = None) -> None:
         super().__init__()
-        self.layer, self.rotary = layer, rotary
+        self.layer, self.rotary, self.layer_type = layer, rotary, layer_type
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
         if self.rotary is not None:
             positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-            kwargs = {"position_ids": positions, "position_embeddings": self.rotary(x, positions)}
+            # Gemma 3's rotary tables are per layer type (its local layers' own base)
+            angles = (self.rotary(x, positions) if self.layer_type is None else
+                      self.rotary(x, positions, self.layer_type))
+            kwargs = {"position_ids": positions, "position_embeddings": angles}
         out = self.layer(x, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
@@ -93,6 +97,8 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     fields = {k: v for k, v in data.items() if k != "model_type"}
     layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
     fields[layer_key] = built
+    if isinstance(fields.get("layer_types"), list):  # (a config that lists them: the first ``built``)
+        fields["layer_types"] = fields["layer_types"][:built]
     cfg = AutoConfig.for_model(model_type, **fields)
     # Gemma 2's soft-capped scores run in the library's eager attention only (it refuses SDPA): the unfused
     # scores, cap and softmax, all s x s (without a mask: the same work as the causal one)
@@ -107,7 +113,9 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     else:
         body = model.model
         embedding = _Embedding(body.embed_tokens, None)
-        decoders = [_Decoder(layer, body.rotary_emb) for layer in body.layers]
+        typed = model_type == "gemma3_text"  # (its rotary embedding takes the layer type)
+        decoders = [_Decoder(layer, body.rotary_emb, cfg.layer_types[i] if typed else None)
+                    for i, layer in enumerate(body.layers)]
         head = _Head(body.norm, model.lm_head, spec.logit_softcap)
     seq_len, vocab = spec.seq, spec.vocab
 

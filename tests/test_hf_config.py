@@ -22,6 +22,7 @@ PUBLISHED = {
     "phi-3-medium-4k": (14.0, 0.05),
     "mistral-7b": (7.24, 0.005),
     "gemma-2-9b": (9.24, 0.005),
+    "gemma-3-1b": (1.0, 0.005),
     "gpt2": (0.124, 0.0005),
 }
 
@@ -51,7 +52,8 @@ def test_dropout_as_trained() -> None:
     from profiler.hf_config import read_hf_json, trains_with_dropout
 
     assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
-    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "phi-3-medium-4k", "gemma-2-9b"):
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "phi-3-medium-4k", "gemma-2-9b",
+                 "gemma-3-1b"):
         assert not trains_with_dropout(read_hf_json(MODELS / name)), name
 
 

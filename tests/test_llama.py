@@ -138,24 +138,17 @@ def test_phi3_same_function_as_transformers() -> None:
     _same_logits(cfg, layers, hf, copy_block)
 
 
-def test_gemma2_same_function_as_transformers() -> None:
-    """Gemma 2 (embeddings times sqrt(h), a norm on each branch's output, soft-capped scores and logits, GELU's
-    tanh form, head_dim 32 with h / a = 16, tied head): our weights copied into transformers' Gemma2ForCausalLM
-    give the same logits (its RMSNorm scales by 1 + w: ours less one); the parameter count is its own. The caps
-    are small (2 and 3) so that a cap missing or misplaced changes the logits; the window (8 of 16 positions, on
-    layers 0 and 2) masks as transformers' does, and the scores' scale is 1/sqrt(head_dim), as ours. Gemma's
-    RMSNorm computes in float32 whatever the model's dtype (``x.float()``), hence float32's tolerance."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    path = TINY.parent.parent / "tiny-gemma2" / "config.json"
-    spec = read_hf_config(path, name="tiny-gemma2")
-    assert spec.sandwich_norm and spec.embedding_scale and spec.activation == "gelu_tanh"
-    assert (spec.attention_softcap, spec.logit_softcap, spec.d, spec.tied_embeddings) == (2.0, 3.0, 32, True)
-    assert [spec.layer_window(i) for i in range(4)] == [8, None, 8, None]
+def _gemma_same_logits(fixture: str, config_cls, model_cls):  # type: ignore[no-untyped-def]
+    """Our weights copied into transformers' Gemma 2 / Gemma 3 model built from ``fixture`` (eager attention,
+    float64; its RMSNorm scales by 1 + w: ours less one): the same parameter count and logits. Gemma's RMSNorm
+    computes in float32 whatever the model's dtype (``x.float()``), hence float32's tolerance; the gates are
+    scaled up so that GELU's tanh form and the exact one would differ."""
+    path = TINY.parent.parent / fixture / "config.json"
+    spec = read_hf_config(path, name=fixture)
     cfg = get_config(spec)
     data = json.loads(path.read_text())
     data.pop("model_type")
-    hf = Gemma2ForCausalLM(Gemma2Config(**data, attn_implementation="eager")).double().eval()
+    hf = model_cls(config_cls(**data, attn_implementation="eager")).double().eval()
     layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
     assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
     with torch.no_grad():
@@ -163,10 +156,12 @@ def test_gemma2_same_function_as_transformers() -> None:
         for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
             ours.gate.weight.mul_(30)  # gate inputs of order 1, where GELU's tanh form and the exact one differ
             _copy_projections(ours, theirs)
-            for norm, target in ((ours.input_norm, theirs.input_layernorm),
-                                 (ours.attn_out_norm, theirs.post_attention_layernorm),
-                                 (ours.post_norm, theirs.pre_feedforward_layernorm),
-                                 (ours.mlp_out_norm, theirs.post_feedforward_layernorm)):
+            pairs = [(ours.input_norm, theirs.input_layernorm), (ours.attn_out_norm, theirs.post_attention_layernorm),
+                     (ours.post_norm, theirs.pre_feedforward_layernorm),
+                     (ours.mlp_out_norm, theirs.post_feedforward_layernorm)]
+            if ours.q_norm is not None:
+                pairs += [(ours.q_norm, theirs.self_attn.q_norm), (ours.k_norm, theirs.self_attn.k_norm)]
+            for norm, target in pairs:
                 norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
                 target.weight.copy_(norm.weight - 1)
         hf.model.norm.weight.copy_(layers[-1].norm.weight - 1)
@@ -175,6 +170,32 @@ def test_gemma2_same_function_as_transformers() -> None:
         for m in layers[:-1]:
             x = m(x)
         torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    return spec
+
+
+def test_gemma2_same_function_as_transformers() -> None:
+    """Gemma 2 (embeddings times sqrt(h), a norm on each branch's output, soft-capped scores and logits, GELU's
+    tanh form, head_dim 32 with h / a = 16, tied head): the same function as transformers' Gemma2ForCausalLM.
+    The caps are small (2 and 3) so that a cap missing or misplaced changes the logits; the window (8 of 16
+    positions, on layers 0 and 2) masks as transformers' does; the scores' scale is 1/sqrt(head_dim), as ours."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    spec = _gemma_same_logits("tiny-gemma2", Gemma2Config, Gemma2ForCausalLM)
+    assert spec.sandwich_norm and spec.embedding_scale and spec.activation == "gelu_tanh" and not spec.qk_norm
+    assert (spec.attention_softcap, spec.logit_softcap, spec.d, spec.tied_embeddings) == (2.0, 3.0, 32, True)
+    assert [spec.layer_window(i) for i in range(4)] == [8, None, 8, None]
+
+
+def test_gemma3_same_function_as_transformers() -> None:
+    """Gemma 3's language model (Gemma2's layer with Qwen3's per-head query/key norms and no caps; a window of 8
+    on two layers of three, which rotate with their own base, 10 against 1000): the same function as
+    transformers' Gemma3ForCausalLM."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    spec = _gemma_same_logits("tiny-gemma3", Gemma3TextConfig, Gemma3ForCausalLM)
+    assert spec.qk_norm and spec.sandwich_norm and spec.attention_softcap is None and spec.logit_softcap is None
+    assert [spec.layer_window(i) for i in range(6)] == [8, 8, None, 8, 8, None]
+    assert [spec.layer_rope_theta(i) for i in range(3)] == [10.0, 10.0, 1000.0]
 
 
 def test_gemma_pieces_on_a_learned_position_model_are_refused() -> None:

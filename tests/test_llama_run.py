@@ -1,8 +1,8 @@
 """The executor on a tiny Llama (6 layers, hidden 64, 4 query heads, 2 key/value heads, vocabulary 512, from
 tests/fixtures/tiny-llama/config.json): every schedule asked for and tensor parallelism t=2 give, after the
-steps, the parameters of single-process training (gloo, float64); so do a tiny Qwen2, Qwen3, Gemma 2 and GPT-2 from
-their HF configs, and a user's own model (``--module examples/custom_model.py:build``). One launch runs the plans in
-sequence."""
+steps, the parameters of single-process training (gloo, float64); so do a tiny Qwen2, Qwen3, Gemma 2, Gemma 3 and
+GPT-2 from their HF configs, and a user's own model (``--module examples/custom_model.py:build``). One launch runs
+the plans in sequence."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ GPT2 = read_hf_config(FIXTURES / "tiny-gpt2").model_dump()
 QWEN3 = read_hf_config(FIXTURES / "tiny-qwen3").model_dump()
 # Gemma 2: sandwich norms (replicated on the tensor ranks), soft-capped scores and logits, a tied head
 GEMMA2 = read_hf_config(FIXTURES / "tiny-gemma2").model_dump()
+# Gemma 3: per-head query/key norms, a window on two layers of three with their own rotary base
+GEMMA3 = read_hf_config(FIXTURES / "tiny-gemma3").model_dump()
 MODULE = str(FIXTURES.parent.parent / "examples" / "custom_model.py") + ":build"
 
 
@@ -54,6 +56,8 @@ PLANS = {
     "qwen3 tensor t=2 (query/key norms on each rank's heads)": P("1f1b", 1, 2, QWEN3, tensor=2),
     "gemma2 1f1b (tied head across stages)": P("1f1b", 2, 2, GEMMA2),
     "gemma2 tensor t=2 (sandwich norms, soft-capped scores)": P("1f1b", 1, 2, GEMMA2, tensor=2),
+    "gemma3 interleaved v=2 (local and global layers)": P("interleaved", 2, 4, GEMMA3, chunks=2),
+    "gemma3 tensor t=2 (windows, query/key norms)": P("1f1b", 1, 2, GEMMA3, tensor=2),
     "--module 1f1b b=2": U("1f1b", 2, 4, micro_batch=2),
     "--module interleaved v=2": U("interleaved", 2, 4, chunks=2),
     "--module zb-h1 + recompute": U("zb-h1", 2, 4, recompute=True),

@@ -69,6 +69,20 @@ def test_hf_gemma2_layers_soft_capped_head() -> None:
     assert torch.isfinite(lm.loss(x, targets))
 
 
+@pytest.mark.slow
+def test_hf_gemma3_layers_with_their_rotary_tables() -> None:
+    """Gemma 3 through the library's own modules: its rotary embedding takes the layer type (the local layers'
+    own base), its layers hold the parameters ModelSpec counts (four norms, the query/key norms)."""
+    lm, spec = read_hf_layer_model(ROOT / "tests" / "fixtures" / "tiny-gemma3", seq=16, measure_layers=3)
+    assert spec.qk_norm and spec.global_every == 3
+    assert [sum(p.numel() for p in m.parameters()) for m in lm.layers[1:4]] == [spec.layer_params()] * 3
+    ids, targets = lm.sample(2)
+    x = ids
+    for layer in lm.layers:
+        x = layer(x)
+    assert x.shape == (2, 16, spec.vocab) and torch.isfinite(lm.loss(x, targets))
+
+
 def test_readme_module_example(tmp_path: Path) -> None:
     """The README's worked example, command for command."""
     prof_path, plan_path = tmp_path / "custom.json", tmp_path / "plan.json"

@@ -27,7 +27,7 @@ class HFConfigUpload(BaseModel):
     # counts are JSON integers and switches JSON booleans (not "4096", not "yes"), as in POST /plans; the name is
     # held to POST /profiles' rule (schemas.Name)
     config: dict[str, Any] = Field(
-        description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, GPT-2)")
+        description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3, GPT-2)")
     cluster_id: StrictInt | None = Field(default=None, ge=1, le=MAX_ID,
                                     description="profile for this stored cluster's device")
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")

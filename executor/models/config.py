@@ -9,7 +9,7 @@ The family picks the zoo's layer code (:func:`family_of`):
 
 * ``gpt``: decoder, LayerNorm, learned positions, GELU MLP (nanoGPT / GPT-2; :mod:`executor.models.gpt`);
 * ``bert``: the same blocks bidirectional, masked-LM head (:mod:`executor.models.bert`);
-* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2: RMSNorm, GQA,
+* ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3: RMSNorm, GQA,
   SwiGLU, untied head; Qwen3's per-head query/key norms; Gemma 2's norms on each branch's output and soft-caps;
   :mod:`executor.models.llama`).
 """

@@ -22,7 +22,8 @@ the MLP's output before each residual add; ``cap tanh(x / cap)`` on the scores b
 logits before the loss. Gemma's RMSNorm scales by ``1 + w`` with ``w`` initialised at zero, the same function as
 ``w`` at one here; Gemma 2's ``query_pre_attn_scalar`` (the scores' scale) is ``1/sqrt(d)`` here (its
 published models set it to ``d``, but for 27B's 144): the same shapes and costs, other numbers. A sliding window
-(Mistral; Gemma 2's every other layer: ``ModelSpec.layer_window``) masks the scores outside it.
+(Mistral; Gemma 2's every other layer, Gemma 3's five of six: ``ModelSpec.local_layer``) masks the scores outside
+it; Gemma 3's local layers rotate with their own base (``rope_local_theta``).
 
 Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
 it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
@@ -117,13 +118,14 @@ class LlamaBlock(nn.Module):
 
     takes_targets = False
 
-    def __init__(self, config: ModelConfig, window: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         h, d = config.hidden, config.d
-        self.window = window  # the sliding window of this layer (ModelSpec.layer_window), None: causal
+        # transformer layer ``index``'s sliding window (None: causal over all) and rotary base (ModelSpec)
+        self.window = config.sliding_window if config.local_layer(index) else None
         qkv_bias = config.bias or config.qkv_bias
         self.heads, self.kv_heads, self.head_dim = config.heads, config.k, d
-        self.theta, self.cap = config.rope_theta, config.attention_softcap
+        self.theta, self.cap = config.layer_rope_theta(index), config.attention_softcap
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
         self.input_norm = make_norm(config)
@@ -204,5 +206,5 @@ def make_layer(config: ModelConfig, index: int, token_seed: int) -> nn.Module:
     if index == 0:
         return LlamaEmbedding(config, token_seed)
     if index <= config.layers:
-        return LlamaBlock(config, config.layer_window(index - 1))
+        return LlamaBlock(config, index - 1)
     return LlamaHead(config, token_seed)
