@@ -246,7 +246,7 @@ SYNCHRONOUS_ONLY = {
 
 def model_gaps_note(model: ModelSpec | None, framework: str, writes: str) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
-    "Llama-shaped arguments") cannot say: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
+    "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
     soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window; None when
     nothing is missing. The plan's times are the model's own: the framework's model has to be the user's."""
     if model is None:
@@ -267,8 +267,8 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str) -> str
         gaps.append(f"attention within a window of {model.sliding_window} tokens on {where}")
     if not gaps:
         return None
-    return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} cannot express: "
-            "run it with that framework's own implementation of the model; the plan's times are for this one")
+    return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} written here do not set: run it "
+            "with that framework's own implementation of the model (the plan's times are for this one)")
 
 
 class UnsupportedSchedule(ExportError):

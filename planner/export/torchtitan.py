@@ -176,7 +176,7 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         notes.append(f"[model] names torchtitan's {family} with flavor {inp.model.name!r}: register a flavor of "
                      f"these dimensions (dim {inp.model.hidden}, n_layers {inp.model.layers}, n_heads "
                      f"{inp.model.heads}, n_kv_heads {inp.model.k}, vocab {inp.model.vocab}) or pick yours")
-        if (gap := model_gaps_note(inp.model, "torchtitan", f"{family} model's flavor")) is not None:
+        if (gap := model_gaps_note(inp.model, "torchtitan", f"{family} model settings")) is not None:
             notes.append(gap)
     kinds, stage_layers = inp.kinds(), inp.stage_layers()
     par = sections["parallelism"]
