@@ -202,6 +202,13 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
                    "measured_decoder_layers": str(min(hf_layers, spec.layers))}
             notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "
                      f"of {spec.layers} decoder layers measured, the rest reuse the last.")
+            if any(spec.layer_window(i) is not None for i in range(spec.layers)):
+                # the layers are timed without a mask (profiler.hf_model): full causal attention everywhere
+                sentence = (f"hf-config: the layers are timed with full causal attention, not within the model's "
+                            f"{spec.sliding_window}-token sliding window (where a kernel skips the positions outside "
+                            "it, those layers take less; profile-analytic --attention flash counts that)")
+                warn_option(sentence)
+                notes += " " + sentence.removeprefix("hf-config: ").capitalize() + "."
         else:
             assert module is not None
             lm = from_factory(module)  # (its ValueErrors name --module themselves)
