@@ -237,9 +237,29 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
 
 
+#: multimodal model types whose language model is read from their ``text_config``, as the type it is then
+TEXT_CONFIGS = {"gemma3": "gemma3_text"}
 #: what to do with a model type that is not read, where there is something to do
-HINTS = {"gemma3": "the multimodal Gemma 3 (a vision tower beside its language model): give the fields of its "
-                   "text_config with model_type gemma3_text to plan the language model"}
+HINTS: dict[str, str] = {}
+
+
+def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``data`` itself, or for a multimodal config (:data:`TEXT_CONFIGS`: Gemma 3 4B and up) its language model's
+    fields -- the ``text_config`` as transformers completes it with its defaults (the published files state only
+    what differs from them) -- with the sentence saying what is left out (the vision tower, its projector)."""
+    model_type = data.get("model_type")
+    if model_type not in TEXT_CONFIGS:
+        return data, None
+    if not isinstance(data.get("text_config"), dict):
+        raise HFConfigError("text_config", f"missing: a multimodal {model_type} config.json holds its language "
+                                           "model's fields there")
+    try:
+        cfg = auto_config().for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+    except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
+        raise HFConfigError("text_config", f"transformers cannot read it: {' '.join(str(e).split())}") from None
+    text = {**cfg.text_config.to_dict(), "model_type": TEXT_CONFIGS[model_type]}
+    return text, (f"hf-config: the language model of the multimodal {model_type} config (its text_config); its "
+                  "vision tower and projector are not planned")
 
 
 def unsupported_type(model_type: object) -> str:
@@ -331,6 +351,11 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     beyond the model's positions: :func:`check_seq` (a :class:`SeqError`, or a sentence to ``warn``)."""
     if not isinstance(data, dict):
         raise HFConfigError("config", "expected a JSON object (the contents of config.json)")
+    data, left_out = language_model(data)
+    if left_out is not None:
+        source = "; ".join(filter(None, (source, left_out.removeprefix("hf-config: "))))
+        if warn is not None:
+            warn(left_out)
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise HFConfigError("model_type", "missing: a config.json names its model_type (e.g. llama)")
@@ -376,6 +401,7 @@ def trains_with_dropout(data: dict[str, Any]) -> bool:
     (planner.operators.OperatorOptions)."""
     AutoConfig = auto_config()
 
+    data = language_model(data)[0]
     model_type = data.get("model_type")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", unsupported_type(model_type))

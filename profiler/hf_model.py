@@ -24,7 +24,7 @@ from torch import nn
 
 from planner.model import ModelSpec
 from planner.profile import TransformerShape
-from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, Warn, spec_from_hf_dict
+from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, Warn, language_model, spec_from_hf_dict
 from profiler.layer_model import LayerModel
 
 MAX_DEFAULT_SEQ = 8192
@@ -92,6 +92,7 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     if measure_layers < 1:
         raise HFConfigError("layers", f"measure at least one decoder layer, got {measure_layers}")
     built = min(measure_layers, spec.layers)
+    data = language_model(data)[0]  # (a multimodal config: its language model)
     model_type = data["model_type"]
     assert model_type in SUPPORTED
     fields = {k: v for k, v in data.items() if k != "model_type"}

@@ -252,3 +252,25 @@ def test_a_window_pattern_other_than_every_nth_global_is_refused() -> None:
             "layer_types": ["sliding_attention"] * 2 + ["full_attention"] * 40}
     with pytest.raises(HFConfigError, match="layer_types"):
         spec_from_hf_dict(data, name="g")
+
+
+def test_a_multimodal_gemma3_config_is_read_as_its_language_model() -> None:
+    """Gemma 3 4B and up are published as multimodal configs (model_type gemma3): their language model is read
+    from the text_config, transformers' defaults filled in (the file states only what differs: here Gemma 3 27B's
+    shape), and what is left out is said (the vision tower); one without a text_config is refused naming it."""
+    from profiler.hf_config import trains_with_dropout
+
+    data = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
+            "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+                            "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
+                            "num_key_value_heads": 16, "query_pre_attn_scalar": 168, "sliding_window": 1024},
+            "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27}}
+    said: list[str] = []
+    spec = spec_from_hf_dict(data, name="gemma-3-27b", seq=8192, warn=said.append)
+    assert (spec.layers, spec.hidden, spec.heads, spec.k, spec.d, spec.vocab) == (62, 5376, 32, 16, 128, 262208)
+    assert (spec.sliding_window, spec.global_every, spec.rope_local_theta) == (1024, 6, 10000.0) and spec.qk_norm
+    assert abs(spec.total_params() / 1e9 - 27.0) < 0.05  # the language model of Gemma 3 27B
+    assert len(said) == 1 and "vision tower" in said[0] and "vision tower" in spec.source
+    assert not trains_with_dropout(data)
+    with pytest.raises(HFConfigError, match="text_config"):
+        spec_from_hf_dict({k: v for k, v in data.items() if k != "text_config"})
