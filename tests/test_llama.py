@@ -92,20 +92,27 @@ def test_same_function_as_transformers(changes: dict[str, object]) -> None:
     _same_logits(cfg, [m.double().eval() for m in build_layers(cfg, seed=2)], hf, _copy_projections)
 
 
+def _ours_and_theirs(fixture: str, config_cls, model_cls):  # type: ignore[no-untyped-def]
+    """The spec of ``tests/fixtures/<fixture>``, our layers of it and transformers' model of the same file (eager
+    attention), both in float64; the same parameter count."""
+    path = TINY.parent.parent / fixture / "config.json"
+    spec = read_hf_config(path, name=fixture)
+    cfg = get_config(spec)
+    data = json.loads(path.read_text())
+    data.pop("model_type")
+    hf = model_cls(config_cls(**data, attn_implementation="eager")).double().eval()
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
+    return spec, cfg, layers, hf
+
+
 def test_qwen3_same_function_as_transformers() -> None:
     """Qwen3 (per-head query/key RMSNorm, head_dim 32 with h / a = 16, untied head): our weights copied into
     transformers' Qwen3ForCausalLM give the same logits; the parameter count is its own."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    path = TINY.parent.parent / "tiny-qwen3" / "config.json"
-    spec = read_hf_config(path, name="tiny-qwen3")
+    spec, cfg, layers, hf = _ours_and_theirs("tiny-qwen3", Qwen3Config, Qwen3ForCausalLM)
     assert spec.qk_norm and spec.d == 32 and not spec.qkv_bias
-    cfg = get_config(spec)
-    data = json.loads(path.read_text())
-    data.pop("model_type")
-    hf = Qwen3ForCausalLM(Qwen3Config(**data, attn_implementation="eager")).double().eval()
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
 
     def copy_block(ours, theirs) -> None:  # type: ignore[no-untyped-def]
         _copy_projections(ours, theirs)
@@ -121,13 +128,7 @@ def test_phi3_same_function_as_transformers() -> None:
     (``qkv_proj`` = q, k, v stacked; ``gate_up_proj`` = gate, up) give the same logits and parameter count."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    path = TINY.parent.parent / "tiny-phi3" / "config.json"
-    cfg = get_config(read_hf_config(path, name="tiny-phi3"))
-    data = json.loads(path.read_text())
-    data.pop("model_type")
-    hf = Phi3ForCausalLM(Phi3Config(**data, attn_implementation="eager")).double().eval()
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
+    _, cfg, layers, hf = _ours_and_theirs("tiny-phi3", Phi3Config, Phi3ForCausalLM)
 
     def copy_block(ours, theirs) -> None:  # type: ignore[no-untyped-def]
         theirs.self_attn.qkv_proj.weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
@@ -143,14 +144,7 @@ def _gemma_same_logits(fixture: str, config_cls, model_cls):  # type: ignore[no-
     float64; its RMSNorm scales by 1 + w: ours less one): the same parameter count and logits. Gemma's RMSNorm
     computes in float32 whatever the model's dtype (``x.float()``), hence float32's tolerance; the gates are
     scaled up so that GELU's tanh form and the exact one would differ."""
-    path = TINY.parent.parent / fixture / "config.json"
-    spec = read_hf_config(path, name=fixture)
-    cfg = get_config(spec)
-    data = json.loads(path.read_text())
-    data.pop("model_type")
-    hf = model_cls(config_cls(**data, attn_implementation="eager")).double().eval()
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    assert sum(p.numel() for p in hf.parameters()) == model_params(cfg) == cfg.total_params()
+    spec, cfg, layers, hf = _ours_and_theirs(fixture, config_cls, model_cls)
     with torch.no_grad():
         hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
         for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):

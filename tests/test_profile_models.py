@@ -43,15 +43,21 @@ def test_hf_tiny_llama_profile(tmp_path: Path) -> None:
     assert prof.layers[5].fwd_time == prof.layers[2].fwd_time  # blocks past the measured ones reuse the last
 
 
-@pytest.mark.slow
-def test_hf_gpt2_layers_and_tied_head() -> None:
-    lm, spec = read_hf_layer_model(ROOT / "examples" / "models" / "gpt2", seq=8)
-    assert len(lm.layers) == 3 and len(lm.repeat) == 14 and lm.tied_params == {13: spec.vocab * spec.hidden}
+def _logits(lm):  # type: ignore[no-untyped-def]
+    """The layer model's logits of a sample of 2 and its loss."""
     ids, targets = lm.sample(2)
     x = ids
     for layer in lm.layers:
         x = layer(x)
-    assert x.shape == (2, 8, spec.vocab) and torch.isfinite(lm.loss(x, targets))
+    return x, lm.loss(x, targets)
+
+
+@pytest.mark.slow
+def test_hf_gpt2_layers_and_tied_head() -> None:
+    lm, spec = read_hf_layer_model(ROOT / "examples" / "models" / "gpt2", seq=8)
+    assert len(lm.layers) == 3 and len(lm.repeat) == 14 and lm.tied_params == {13: spec.vocab * spec.hidden}
+    x, loss = _logits(lm)
+    assert x.shape == (2, 8, spec.vocab) and torch.isfinite(loss)
 
 
 @pytest.mark.slow
@@ -61,12 +67,8 @@ def test_hf_gemma2_layers_soft_capped_head() -> None:
     lm, spec = read_hf_layer_model(ROOT / "tests" / "fixtures" / "tiny-gemma2", seq=16, measure_layers=2)
     assert spec.sandwich_norm and spec.logit_softcap == 3.0
     assert [sum(p.numel() for p in m.parameters()) for m in lm.layers[1:3]] == [spec.layer_params()] * 2
-    ids, targets = lm.sample(2)
-    x = ids
-    for layer in lm.layers:
-        x = layer(x)
-    assert x.shape == (2, 16, spec.vocab) and float(x.detach().abs().max()) <= 3.0
-    assert torch.isfinite(lm.loss(x, targets))
+    x, loss = _logits(lm)
+    assert x.shape == (2, 16, spec.vocab) and float(x.detach().abs().max()) <= 3.0 and torch.isfinite(loss)
 
 
 @pytest.mark.slow
@@ -76,11 +78,8 @@ def test_hf_gemma3_layers_with_their_rotary_tables() -> None:
     lm, spec = read_hf_layer_model(ROOT / "tests" / "fixtures" / "tiny-gemma3", seq=16, measure_layers=3)
     assert spec.qk_norm and spec.global_every == 3
     assert [sum(p.numel() for p in m.parameters()) for m in lm.layers[1:4]] == [spec.layer_params()] * 3
-    ids, targets = lm.sample(2)
-    x = ids
-    for layer in lm.layers:
-        x = layer(x)
-    assert x.shape == (2, 16, spec.vocab) and torch.isfinite(lm.loss(x, targets))
+    x, loss = _logits(lm)
+    assert x.shape == (2, 16, spec.vocab) and torch.isfinite(loss)
 
 
 def test_readme_module_example(tmp_path: Path) -> None:
