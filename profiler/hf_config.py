@@ -34,8 +34,9 @@ language model (``gemma3_text``) has Gemma 2's norms, Qwen3's per-head query/key
 with their own rotary base (``rope_local_base_freq`` -> ``rope_local_theta``); GPT-2 has
 LayerNorm, learned positions, a GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
-Mistral's, Phi-3's and Gemma 2's sliding windows are the spec's ``sliding_window`` and ``global_every`` (from the
-config's ``layer_types`` where it has them); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not modelled;
+Mistral's, Phi-3's, Gemma 2's and Gemma 3's sliding windows are the spec's ``sliding_window`` and ``global_every``
+(from the config's ``layer_types`` where it has them); a multimodal Gemma 3 config is read as its language model
+(:func:`language_model`); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not modelled;
 nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
 """
 
@@ -144,12 +145,12 @@ def _rope_params(cfg: Any, layer_type: str = "full_attention") -> dict[str, Any]
     return typed if isinstance(typed, dict) else params
 
 
-def _rope_field(cfg: Any, name: str, default: float, layer_type: str = "full_attention") -> float:
-    """A rotary setting of ``cfg``: its attribute, or (transformers >= 5) its entry in ``rope_parameters`` (for
-    ``layer_type`` where they are per layer type)."""
+def _rope_field(cfg: Any, name: str, default: float) -> float:
+    """A rotary setting of ``cfg``: its attribute, or (transformers >= 5) its entry in ``rope_parameters`` (the
+    global layers' where they are per layer type)."""
     value = getattr(cfg, name, None)
     if value is None:
-        value = _rope_params(cfg, layer_type).get(name)
+        value = _rope_params(cfg).get(name)
     if value is None:
         return default
     number = jsondoc.number(value)
@@ -239,8 +240,6 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
 
 #: multimodal model types whose language model is read from their ``text_config``, as the type it is then
 TEXT_CONFIGS = {"gemma3": "gemma3_text"}
-#: what to do with a model type that is not read, where there is something to do
-HINTS: dict[str, str] = {}
 
 
 def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -263,10 +262,8 @@ def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 
 def unsupported_type(model_type: object) -> str:
-    """The refusal of a ``model_type`` that is not read, naming those that are (and a way on, where known)."""
-    hint = HINTS.get(model_type) if isinstance(model_type, str) else None
-    return (f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
-            + (f" ({hint})" if hint else ""))
+    """The refusal of a ``model_type`` that is not read, naming those that are."""
+    return f"{model_type!r} is not supported; supported: {', '.join((*SUPPORTED, *TEXT_CONFIGS))}"
 
 
 def _window(cfg: Any, model_type: str) -> dict[str, Any]:
@@ -277,8 +274,8 @@ def _window(cfg: Any, model_type: str) -> dict[str, Any]:
     types = getattr(cfg, "layer_types", None)
     if not window or (types is None and model_type not in WINDOWED_EVERY):
         return {}
-    if types is None:
-        every = WINDOWED_EVERY[model_type]
+    if types is None:  # (Gemma 3's own field where it has it)
+        every = getattr(cfg, "sliding_window_pattern", None) or WINDOWED_EVERY[model_type]
         return {"sliding_window": window, "global_every": every}
     local = [t == "sliding_attention" for t in types]
     if not any(local):
@@ -293,7 +290,8 @@ def _window(cfg: Any, model_type: str) -> dict[str, Any]:
 
 
 def _gemma(cfg: Any, model_type: str, spec: dict[str, Any]) -> None:
-    """Gemma's and Gemma 2's fields of ``spec`` (Gemma Team 2024, section 2 of each report)."""
+    """Gemma's, Gemma 2's and Gemma 3's fields of ``spec`` (Gemma Team 2024 and 2025, section 2 of each report;
+    Gemma 3's per-head query/key norms are set with Qwen3's)."""
     spec["embedding_scale"] = True
     # Gemma names its activation hidden_activation (hidden_act is the legacy field): gelu_pytorch_tanh
     field = "hidden_activation" if getattr(cfg, "hidden_activation", None) else "hidden_act"
