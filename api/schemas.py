@@ -117,6 +117,13 @@ class ProfileOut(BaseModel):
     created_at: datetime
 
 
+class HFProfileOut(ProfileOut):
+    caveats: list[str] = Field(default_factory=list,
+                               description="what reading the config left out or took as given (a multimodal model's "
+                                           "vision tower, a sequence past its positions), also kept in the profile's "
+                                           "notes")
+
+
 class ProfileDetail(ProfileOut):
     profile: dict[str, Any]
     assumes: list[str] = Field(default_factory=list, description="what the profile's times assume of the kernels "

@@ -42,6 +42,13 @@ def test_upload_hf_config_makes_a_profile_and_a_plan(client) -> None:  # type: i
                         headers=AUTH)
     assert qwen3.status_code == 201 and abs(qwen3.json()["total_params"] / 1e9 - 8.19) < 0.005, qwen3.text
     assert qwen3.json()["name"] == "qwen3-8.2b"  # no name given: the config's model_type and size
+    assert qwen3.json()["caveats"] == []
+    beyond = client.post("/profiles/hf-config", json={"config": _config("gemma-3-1b"), "device": "h100",
+                                                      "seq": 40000}, headers=AUTH)
+    assert beyond.status_code == 201 and beyond.json()["caveats"][0].startswith("seq 40000 is beyond"), beyond.text
+    mm = {"model_type": "gemma3", "text_config": {**_config("gemma-3-1b"), "model_type": "gemma3_text"}}
+    multimodal = client.post("/profiles/hf-config", json={"config": mm, "device": "h100", "seq": 4096}, headers=AUTH)
+    assert multimodal.status_code == 201 and "vision tower" in multimodal.json()["caveats"][0], multimodal.text
     by_device = client.post("/profiles/hf-config", json={"config": _config("gpt2"), "device": "h100-sxm5-80gb"},
                             headers=AUTH)
     assert by_device.status_code == 201 and by_device.json()["device"] == "H100-SXM5-80GB", by_device.text

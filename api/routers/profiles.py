@@ -12,7 +12,7 @@ from api.deps import DB, Admin, Read
 from api.errors import stored
 from api.jsonbody import UniqueKeysRoute
 from api.routers.common import Filter, IdPath, Limit, Offset, profile_out
-from api.schemas import MAX_ID, Message, Name, ProfileDetail, ProfileOut, ProfileUpload, plain_text
+from api.schemas import MAX_ID, HFProfileOut, Message, Name, ProfileDetail, ProfileOut, ProfileUpload, plain_text
 from planner.cluster import Cluster
 from planner.device import ATTENTION_IMPLS, DeviceSpec
 
@@ -99,8 +99,8 @@ def upload_profile(profile: ProfileUpload, db: DB, response: Response):  # noqa:
     return profile_out(row)
 
 
-@router.post("/hf-config", response_model=ProfileOut, status_code=201, dependencies=[Admin],
-             responses={200: {"model": ProfileOut, "description": "the same profile was stored before"},
+@router.post("/hf-config", response_model=HFProfileOut, status_code=201, dependencies=[Admin],
+             responses={200: {"model": HFProfileOut, "description": "the same profile was stored before"},
                         422: {"model": Message}})
 def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa: ANN201
     """Make and store the analytical profile of a Hugging Face model configuration on a cluster's (or a named)
@@ -155,7 +155,7 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
     row, created = crud.stored_once(db, lambda: crud.add_profile(db, profile))
     if not created:
         response.status_code = status.HTTP_200_OK
-    return profile_out(row)
+    return {**profile_out(row), "caveats": [c.removeprefix("hf-config: ") for c in caveats]}
 
 
 @router.get("", response_model=list[ProfileOut], dependencies=[Read])

@@ -439,7 +439,8 @@ async function makeHFProfile() {
     profileFile();
     const runtime = hfRuntimeWords();
     status.textContent = `${r.status === 201 ? "made" : "already stored:"} profile #${p.id} ${p.name} on ${p.device} ` +
-      `(${p.num_layers} layers${runtime ? `; ${runtime}` : ""}), selected above`;
+      `(${p.num_layers} layers${runtime ? `; ${runtime}` : ""}), selected above` +
+      ((p.caveats || []).length ? `. Note: ${p.caveats.join("; ")}` : "");
     hfMade = { key, id: p.id };
     return p.id;
   } catch (e) {
