@@ -148,8 +148,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                      p2p: str = "overlapped", dp_allreduce: str = "after-backward",
                      p2p_scatter_gather: bool = False, caveats: tuple[str, ...] | list[str] = ()) -> ModelProfile:
     """The operator-model profile of ``spec`` on ``device`` (a :class:`DeviceSpec` or a device name).
-    ``caveats``: what reading the model left out (a Hugging Face config's sliding window, a sequence past its
-    positions: :mod:`profiler.hf_config`'s warnings), kept in the profile's notes.
+    ``caveats``: what reading the model left out or took as given (a multimodal config's vision tower, a sequence
+    past its positions: :mod:`profiler.hf_config`'s warnings), kept in the profile's notes.
 
     ``tensor_sizes`` default: those of :data:`TENSOR_SIZES` that divide the heads. ``options`` default:
     unfused attention with dropout, no sequence parallelism (the 2021 Megatron-LM runs); their ``causal`` is
