@@ -35,9 +35,9 @@ with their own rotary base (``rope_local_base_freq`` -> ``rope_local_theta``); G
 LayerNorm, learned positions, a GELU MLP and biases.
 ``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
 Mistral's, Phi-3's, Gemma 2's and Gemma 3's sliding windows are the spec's ``sliding_window`` and ``global_every``
-(from the config's ``layer_types`` where it has them); a multimodal Gemma 3 config is read as its language model
-(:func:`language_model`); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not modelled;
-nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
+(from the config's ``layer_types`` where it has them); a multimodal config (Gemma 3, Mistral Small 3.1, LLaVA) is
+read as its language model (:func:`language_model`); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not
+modelled; nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
 """
 
 from __future__ import annotations
@@ -238,14 +238,15 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
 
 
-#: multimodal model types whose language model is read from their ``text_config``, as the type it is then
-TEXT_CONFIGS = {"gemma3": "gemma3_text"}
+#: multimodal model types whose language model is read from their ``text_config`` (as the type that names:
+#: Gemma 3 4B and up -> gemma3_text, Mistral Small 3.1 -> mistral, LLaVA -> llama)
+TEXT_CONFIGS = ("gemma3", "mistral3", "llava")
 
 
 def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """``data`` itself, or for a multimodal config (:data:`TEXT_CONFIGS`: Gemma 3 4B and up) its language model's
-    fields -- the ``text_config`` as transformers completes it with its defaults (the published files state only
-    what differs from them) -- with the sentence saying what is left out (the vision tower, its projector)."""
+    """``data`` itself, or for a multimodal config (:data:`TEXT_CONFIGS`) its language model's fields -- the
+    ``text_config`` as transformers completes it with its defaults (the published files state only what differs
+    from them) -- with the sentence saying what is left out (the vision tower, its projector)."""
     model_type = data.get("model_type")
     if model_type not in TEXT_CONFIGS:
         return data, None
@@ -256,7 +257,10 @@ def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         cfg = auto_config().for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
     except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
         raise HFConfigError("text_config", f"transformers cannot read it: {' '.join(str(e).split())}") from None
-    text = {**cfg.text_config.to_dict(), "model_type": TEXT_CONFIGS[model_type]}
+    text = cfg.text_config.to_dict()
+    if text.get("model_type") not in SUPPORTED:
+        raise HFConfigError("text_config.model_type", f"the language model of this {model_type} config: "
+                                                      + unsupported_type(text.get("model_type")))
     return text, (f"hf-config: the language model of the multimodal {model_type} config (its text_config); its "
                   "vision tower and projector are not planned")
 

@@ -254,10 +254,11 @@ def test_a_window_pattern_other_than_every_nth_global_is_refused() -> None:
         spec_from_hf_dict(data, name="g")
 
 
-def test_a_multimodal_gemma3_config_is_read_as_its_language_model() -> None:
-    """Gemma 3 4B and up are published as multimodal configs (model_type gemma3): their language model is read
-    from the text_config, transformers' defaults filled in (the file states only what differs: here Gemma 3 27B's
-    shape), and what is left out is said (the vision tower); one without a text_config is refused naming it."""
+def test_a_multimodal_config_is_read_as_its_language_model() -> None:
+    """Gemma 3 4B and up (model_type gemma3), Mistral Small 3.1 (mistral3) and LLaVA are published as multimodal
+    configs: their language model is read from the text_config, transformers' defaults filled in (the file states
+    only what differs: here Gemma 3 27B's shape), and what is left out is said (the vision tower); one without a
+    text_config, or whose language model is of a type not read, is refused naming the field."""
     from profiler.hf_config import trains_with_dropout
 
     data = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
@@ -274,3 +275,16 @@ def test_a_multimodal_gemma3_config_is_read_as_its_language_model() -> None:
     assert not trains_with_dropout(data)
     with pytest.raises(HFConfigError, match="text_config"):
         spec_from_hf_dict({k: v for k, v in data.items() if k != "text_config"})
+    # Mistral Small 3.1 (mistral3: a Mistral language model, 23.6B of its 24B beside the Pixtral encoder) and LLaVA
+    mistral = spec_from_hf_dict({"model_type": "mistral3", "text_config": {
+        "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
+        "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+        "rope_theta": 1e9, "sliding_window": None, "vocab_size": 131072}}, name="ms", seq=8192)
+    assert (mistral.layers, mistral.k, mistral.sliding_window) == (40, 8, None)
+    assert abs(mistral.total_params() / 1e9 - 23.57) < 0.005
+    llava = spec_from_hf_dict({"model_type": "llava", "text_config": {
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "intermediate_size": 11008, "vocab_size": 32064}}, name="llava", seq=2048)
+    assert abs(llava.total_params() / 1e9 - 6.74) < 0.005  # Vicuna 7B (Llama 2 7B's shape)
+    with pytest.raises(HFConfigError, match="text_config.model_type: .*'opt' is not supported"):
+        spec_from_hf_dict({"model_type": "llava", "text_config": {"model_type": "opt"}})
