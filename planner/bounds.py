@@ -214,7 +214,7 @@ class TimeBounds:
         times = self.allreduce_times(sched, costs)
         least = times[st].min(axis=1)
         eager = sched.params.get("eager", "none")
-        if eager == "all" or (isinstance(eager, str) and eager != "none"):
+        if isinstance(eager, str) and eager != "none":  # "all", or "auto" (decided on the built lists)
             return least
         posted_last = times.copy()
         if eager != "none":

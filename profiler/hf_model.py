@@ -14,6 +14,7 @@ so the library's SDPA path applies its causal mask itself.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,8 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     else:
         body = model.model
         embedding = _Embedding(body.embed_tokens, None)
-        typed = model_type == "gemma3_text"  # (its rotary embedding takes the layer type)
+        # a rotary embedding per layer type (Gemma 3: the local layers' own base) takes the layer's type
+        typed = "layer_type" in inspect.signature(body.rotary_emb.forward).parameters
         decoders = [_Decoder(layer, body.rotary_emb, cfg.layer_types[i] if typed else None)
                     for i, layer in enumerate(body.layers)]
         head = _Head(body.norm, model.lm_head, spec.logit_softcap)
