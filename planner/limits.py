@@ -25,7 +25,7 @@ column or the host's memory:
   Hugging Face config's fields): ``SHAPE_LIMITS``, ``MAX_LAYERS - 2`` blocks (a profile holds them, the embedding
   and the head), hidden size 2**20 (GPT-3 175B: 12288, the 1T model: 25600), 2**14 heads, MLP width 2**22, a
   vocabulary of 2**24 tokens (the largest published hold 256k), a sequence of 2**24 tokens (Llama 4 Scout's
-  context: 10M).
+  context: 10M), 2**14 experts per layer (DeepSeek-V3: 256).
 * ``MAX_ITERATIONS``: iterations one job or run measures (a job's ``iterations``, a Slurm export's).
 * ``MAX_CALIBRATION_RUNS``: finished runs one calibration fit reads (the API's newest jobs of a cluster,
   ``pipeplan calibrate --runs``): each costs a few simulations per round of the fit; 1000 runs took 48 s here.
@@ -63,7 +63,7 @@ MAX_MEMORY_BYTES = 2**50
 MAX_BANDWIDTH = 1e16
 MAX_LINK_SECONDS = 1e3
 SHAPE_LIMITS = {"layers": MAX_LAYERS - 2, "hidden": 2**20, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**20,
-                "ffn_hidden": 2**22, "vocab": 2**24, "seq": 2**24}
+                "ffn_hidden": 2**22, "vocab": 2**24, "seq": 2**24, "experts": 2**14}
 MAX_STAGES = MAX_LAYERS
 MAX_ITERATIONS = 1_000_000
 MAX_CALIBRATION_RUNS = 100

@@ -27,6 +27,15 @@ before the softmax, cap 50) and the final logits (``logit_softcap``, cap 30). No
 each is an elementwise pass the operator model costs (:mod:`planner.operators`).
 
 With GPT-2 shapes (``k = a``, ``d = h/a``, ``f = 4h``, biases, LayerNorm) that is ``12 h^2 + 13 h``.
+
+Mixture of experts (Shazeer et al. 2017; Fedus et al. 2022, "Switch Transformers", section 2.1; Jiang et al. 2024,
+"Mixtral of Experts", section 2.1): with ``experts = E`` every layer's MLP is ``E`` MLPs of width ``f_e``
+(``expert_ffn_hidden``, default ``ffn_hidden``), each of the dense MLP's form (gated or not), and a router, a
+linear ``h -> E`` without bias; each token runs through the ``experts_per_token = k`` experts of largest router
+score, their outputs summed with the softmax of the scores as weights (``normalize_topk``: renormalised over the
+``k`` chosen, Mixtral; else the softmax over all ``E`` as it is). MLP parameters: ``E (3 h f_e) + h E`` gated
+(Mixtral 8x7B: ``8 x 3 x 4096 x 14336 + 4096 x 8`` per layer, 46.7B in all, section 2); a token's compute is
+that of ``k`` experts (12.9B active).
 """
 
 from __future__ import annotations
@@ -102,6 +111,17 @@ class ModelSpec(BaseModel):
                                      description="with sliding_window: layers n-1, 2n-1, ... attend to the whole "
                                                  "sequence, the others within the window (Gemma 2: 2); None: every "
                                                  "layer within it")
+    experts: int | None = Field(default=None, ge=2, le=SHAPE_LIMITS["experts"],
+                                description="mixture of experts: routed experts per layer (Mixtral: 8; Qwen3-30B-A3B: "
+                                            "128); None: a dense MLP")
+    experts_per_token: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["experts"],
+                                          description="experts each token is routed to, top-k (Mixtral: 2; Qwen3 MoE: "
+                                                      "8); with experts")
+    expert_ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"],
+                                          description="each expert's MLP width (Qwen3 MoE's moe_intermediate_size); "
+                                                      "default: ffn_hidden")
+    normalize_topk: bool = Field(default=True, description="the k chosen experts' softmax weights renormalised to sum "
+                                                           "to one (Mixtral; Qwen3 MoE's norm_topk_prob)")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -121,6 +141,14 @@ class ModelSpec(BaseModel):
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if (self.experts is None) != (self.experts_per_token is None):
+            raise ValueError("experts and experts_per_token: give both (a mixture of experts) or neither (a dense MLP)")
+        if self.experts is not None and self.experts_per_token > self.experts:  # type: ignore[operator]
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) must be at most experts ({self.experts})")
+        if self.experts is None and self.expert_ffn_hidden is not None:
+            raise ValueError("expert_ffn_hidden: only with experts (a mixture of experts)")
+        if self.experts is not None and self.expert_ffn_hidden is None:
+            object.__setattr__(self, "expert_ffn_hidden", self.f)
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
@@ -138,6 +166,16 @@ class ModelSpec(BaseModel):
     @property
     def f(self) -> int:
         return int(self.ffn_hidden)  # type: ignore[arg-type]
+
+    @property
+    def moe(self) -> bool:
+        """Whether the MLP is a mixture of experts (``experts`` given)."""
+        return self.experts is not None
+
+    @property
+    def f_e(self) -> int:
+        """Each expert's MLP width (``expert_ffn_hidden``); the dense MLP's ``f`` without experts."""
+        return int(self.expert_ffn_hidden) if self.expert_ffn_hidden is not None else self.f
 
     @property
     def q_dim(self) -> int:
@@ -160,10 +198,24 @@ class ModelSpec(BaseModel):
             return weights + self.q_dim + 2 * self.kv_dim + h
         return weights + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
 
-    def mlp_params(self) -> int:
-        h, f = self.hidden, self.f
+    def expert_params(self) -> int:
+        """One MLP of width ``f_e`` (an expert's; the dense MLP's without experts)."""
+        h, f = self.hidden, self.f_e
         weights = (3 if self.gated_mlp else 2) * h * f
         return weights + ((f + h) if self.bias else 0)
+
+    def mlp_params(self) -> int:
+        """The dense MLP, or ``experts`` expert MLPs and the router's ``h E`` (module docstring)."""
+        if self.experts is None:
+            return self.expert_params()
+        return self.experts * self.expert_params() + self.hidden * self.experts
+
+    def active_mlp_params(self) -> int:
+        """The MLP parameters one token runs through: the router and ``experts_per_token`` experts (all of a dense
+        MLP)."""
+        if self.experts is None:
+            return self.expert_params()
+        return int(self.experts_per_token) * self.expert_params() + self.hidden * self.experts  # type: ignore[arg-type]
 
     def norm_params(self) -> int:
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""

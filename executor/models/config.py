@@ -28,6 +28,9 @@ Family = Literal["gpt", "bert", "llama"]
 
 def family_of(spec: ModelSpec) -> Family:
     """The zoo family that builds ``spec``; a shape none of them builds is refused naming the field."""
+    if spec.experts is not None:
+        raise ValueError("experts: the zoo does not build a mixture of experts yet (plans and analytical profiles "
+                         "only)")
     if spec.position != "rotary":  # Gemma's pieces are in the Llama-family code only
         gemma = [name for name, on in (("sandwich_norm", spec.sandwich_norm),
                                        ("attention_softcap", spec.attention_softcap is not None),
