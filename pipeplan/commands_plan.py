@@ -339,6 +339,10 @@ def register(app: typer.Typer) -> None:
             help="fused (Megatron-LM / Transformer Engine: one kernel per norm, rotary embedding, activation "
                  "and residual add; torch.compile'd code comes close) or eager (PyTorch without torch.compile, "
                  "as torchtitan and Hugging Face code run: each of those as separate ops, RMSNorm in fp32)")] = "fused",
+        expert_gemm: Annotated[str, typer.Option(
+            help="a mixture of experts' expert GEMMs: grouped (one grouped GEMM over the experts: Megatron-Core's "
+                 "--moe-grouped-gemm, torchtitan) or sequential (one expert at a time: Hugging Face's Mixtral and "
+                 "Qwen3-MoE code, Megatron-Core's SequentialMLP)")] = "grouped",
         p2p: Annotated[str, typer.Option(
             help="how the runtime you will train with posts its pipeline sends: overlapped (they overlap "
                  "compute: pipeplan's executor, Megatron-Core with --overlap-p2p-communication) or blocking "
@@ -376,6 +380,8 @@ def register(app: typer.Typer) -> None:
                  "recomputation is chosen per candidate by the planner)")
         if kernels not in ("fused", "eager"):
             fail(f"--kernels must be fused or eager, got {kernels!r}")
+        if expert_gemm not in ("grouped", "sequential"):
+            fail(f"--expert-gemm must be grouped or sequential, got {expert_gemm!r}")
         from planner.analytic import runtime_environment
 
         try:
@@ -433,7 +439,8 @@ def register(app: typer.Typer) -> None:
                                                             attention_impl=attention_impl,  # type: ignore[arg-type]
                                                             sequence_parallel=sequence_parallel, dropout=dropout,
                                                             recompute=recompute_granularity,  # type: ignore[arg-type]
-                                                            kernels=kernels),  # type: ignore[arg-type]
+                                                            kernels=kernels,  # type: ignore[arg-type]
+                                                            expert_gemm=expert_gemm),  # type: ignore[arg-type]
                                     p2p=p2p, dp_allreduce=dp_allreduce, p2p_scatter_gather=p2p_scatter_gather,
                                     caveats=caveats)
         except ValidationError as e:

@@ -38,6 +38,9 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
 * Attention: the profile's environment records the kernel (``attention``: unfused or flash) and, for the
   flash kernel, its implementation (``attention_impl``: flash2, flash3 or cudnn, timed at its published
   rate on the device where the device has one: :mod:`planner.operators`).
+* Mixture of experts (:mod:`planner.moe`): the router, the dispatch, the experts (``OperatorOptions.expert_gemm``,
+  recorded as ``expert_gemm``) and the combine in place of the dense MLP; all experts on every device of a
+  tensor-parallel group, split as the dense MLP is (no expert parallelism), balanced routing (said in the notes).
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -225,6 +228,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                      **({"attention_impl": opts.attention_impl} if opts.attention == "flash" else {}),
                      **({"recompute_granularity": opts.recompute} if opts.recompute != "none" else {}),
                      **({"kernels": "eager"} if opts.kernels == "eager" else {}),
+                     **({"expert_gemm": opts.expert_gemm} if spec.moe else {}),
                      **runtime},
         notes=(f"analytical profile (planner.analytic): operator-level model of {spec.name} on {dev.name} "
                f"({opts.attention}{f' ({opts.attention_impl})' if opts.attention == 'flash' else ''} attention"
@@ -237,7 +241,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                "GEMM and memory efficiency from the device description"
                f"{f' ({dev.notes})' if dev.notes.startswith('generic description') else ''}; "
                "compute per tensor-parallel size in tensor_times; "
-               "replace with a measured profile" + "".join(f"; {c}" for c in caveats)),
+               "replace with a measured profile" + _moe_note(spec, opts) + "".join(f"; {c}" for c in caveats)),
     )
 
 
@@ -250,6 +254,17 @@ LAYER_WORDS = {"stashed_bytes_per_sample": "activations kept per sample (bytes)"
                "input_bytes_per_sample": "input per sample (bytes)",
                "params": "parameters", "param_bytes": "parameter bytes", "fwd_time": "forward time",
                "bwd_time": "backward time", "recompute_time": "recomputation time", "tensor_times": "per-t times"}
+
+
+def _moe_note(spec: ModelSpec, opts: OperatorOptions) -> str:
+    """What the times of a mixture of experts assume (:mod:`planner.moe`); nothing for a dense model."""
+    if not spec.moe:
+        return ""
+    gemms = ("one grouped GEMM over the experts" if opts.expert_gemm == "grouped"
+             else "the experts' kernels launched one expert at a time")
+    return (f"; mixture of experts: {spec.experts} experts, {spec.experts_per_token} per token, balanced routing "
+            f"(T k / E tokens per expert), {gemms}, every expert on every device of a tensor-parallel group "
+            "(no expert parallelism)")
 
 
 def _selective_note(opts: OperatorOptions) -> str:

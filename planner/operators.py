@@ -196,6 +196,10 @@ class OperatorOptions:
     #: Q/K/V one GEMM -- or "eager" -- PyTorch eager ops as torchtitan's and Hugging Face's Llama code runs them
     #: without ``torch.compile``: each norm, rotary embedding, activation and residual add as separate kernels
     kernels: Literal["fused", "eager"] = "fused"
+    #: a mixture of experts' expert GEMMs (:mod:`planner.moe`): "grouped" -- one grouped GEMM over the experts
+    #: (Megatron-Core's ``--moe-grouped-gemm``, torchtitan) -- or "sequential": a loop over the experts, each
+    #: kernel launched per expert (Hugging Face's Mixtral and Qwen3-MoE code; Megatron-Core's ``SequentialMLP``)
+    expert_gemm: Literal["grouped", "sequential"] = "grouped"
 
 
 def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: bool = True,
@@ -218,10 +222,11 @@ def gemm(name: str, m: int, n: int, k: int, el: int, batch: int = 1, *, weight: 
     dgrad = Kernel(name + ".dgrad", flops, el * batch * (m * n + k * n + m * k), (m, k, n, batch))
     wgrad = Kernel(name + ".wgrad", flops, el * batch * (m * k + m * n + k * n), (k, n, m, batch))
     saved = el * batch * m * k * (1 if save_input else 0) + el * save_weight_side
-    if weight:
-        acc = (Kernel(name + ".grad_acc", float(k * n), 3.0 * el * k * n),) if accumulate else ()
-        bgrad = (Kernel(name + ".bgrad", bias_rows * n, el * (bias_rows * n + n)),) if bias_rows > 0 else ()
-        badd = (Kernel(name + ".bias", float(m * n), el * (2.0 * m * n + n)),) if bias_add else ()
+    if weight:  # (``batch`` weights: a grouped GEMM's, one per expert, planner.moe)
+        acc = (Kernel(name + ".grad_acc", float(batch * k * n), 3.0 * el * batch * k * n),) if accumulate else ()
+        bgrad = ((Kernel(name + ".bgrad", batch * bias_rows * n, el * batch * (bias_rows * n + n)),)
+                 if bias_rows > 0 else ())
+        badd = (Kernel(name + ".bias", float(batch * m * n), el * batch * (2.0 * m * n + n)),) if bias_add else ()
         return Operator(name, (fwd, *badd), (dgrad,), (wgrad, *acc, *bgrad), saved, out_bytes=el * batch * m * n,
                         mm=True)
     return Operator(name, (fwd,), (dgrad, wgrad), (), saved, out_bytes=el * batch * m * n)
@@ -499,7 +504,11 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(norm("post_attn_norm"))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))
-    if spec.gated_mlp:
+    if spec.moe:  # a mixture of experts in place of the dense MLP (planner.moe)
+        from planner.moe import moe_operators
+
+        ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager))
+    elif spec.gated_mlp:
         if split:  # gate and up apart, reading one input (saved once, by the gate)
             ops.append(gathered(gemm("w1", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
             ops.append(gemm("w3", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
@@ -516,7 +525,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # fused bias + GeLU (Megatron 4.2); saves its input
         ops.append(elementwise("act", T * f_t, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * T * f_t))
-    ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
+    if not spec.moe:
+        ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
     if spec.sandwich_norm:  # Gemma 2: the MLP's output normed before the residual add
         ops.append(norm("post_mlp_norm"))
     ops.append(dropout_add("dropout_add2"))

@@ -502,6 +502,9 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
     kernels = env.get("kernels", "fused" if runtime_defaults else None)
     if kernels is not None:
         words.append(EAGER_WORDS if kernels == "eager" else FUSED_WORDS)
+    if env.get("expert_gemm") in ("grouped", "sequential"):
+        words.append("the experts' GEMMs " + ("as one grouped GEMM" if env["expert_gemm"] == "grouped"
+                                               else "launched one expert at a time"))
     p2p = env.get("p2p", EXECUTOR_RUNTIME["p2p"] if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")

@@ -61,6 +61,11 @@ class HFConfigUpload(BaseModel):
                                      "Engine kernels) or eager (PyTorch without torch.compile, as torchtitan and "
                                      "Hugging Face code run: norms, rotary embeddings, activations and residual "
                                      "adds as separate ops; planner.operators)")
+    expert_gemm: Literal["grouped", "sequential"] = Field(
+        default="grouped", description="a mixture of experts' expert GEMMs: grouped (one grouped GEMM over the "
+                                       "experts: Megatron-Core's --moe-grouped-gemm, torchtitan) or sequential (one "
+                                       "expert at a time: Hugging Face's Mixtral code; planner.moe); ignored for a "
+                                       "dense model")
     p2p: Literal["overlapped", "blocking"] = Field(
         default="overlapped", description="how the training runtime posts its pipeline sends: overlapped "
                                           "(pipeplan's executor) or blocking (Megatron-LM 2021-22, Megatron-Core's "
@@ -140,7 +145,8 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
             spec = spec.model_copy(update={"name": default_name(body.config, spec.total_params())})
         options = OperatorOptions(dropout=trains_with_dropout(body.config), recompute=body.recompute_granularity,
                                   attention=body.attention, attention_impl=body.attention_impl,
-                                  sequence_parallel=body.sequence_parallel, kernels=body.kernels)
+                                  sequence_parallel=body.sequence_parallel, kernels=body.kernels,
+                                  expert_gemm=body.expert_gemm)
         dtype = body.dtype or default_dtype(dev)
         profile = analytic_profile(spec, dev, dtype=dtype, name=spec.name, options=options, p2p=body.p2p,
                                    dp_allreduce=body.dp_allreduce, p2p_scatter_gather=body.p2p_scatter_gather,

@@ -68,6 +68,9 @@ class ExportInput:
     attention_impl: str | None = None
     p2p: str | None = None
     dp_allreduce: str | None = None
+    #: a mixture of experts' expert GEMMs the profile times (its environment's ``expert_gemm``: grouped or
+    #: sequential, :mod:`planner.moe`); None for a dense model or a profile that does not say
+    expert_gemm: str | None = None
     predicted: float | None = None
     does_not_fit: str | None = None
     plan_path: str | None = None
@@ -156,6 +159,7 @@ class ExportInput:
                    p2p=env.get("p2p", EXECUTOR_RUNTIME["p2p"]) if analytic else env.get("p2p"),
                    dp_allreduce=(env.get("dp_allreduce", EXECUTOR_RUNTIME["dp_allreduce"]) if analytic
                                  else env.get("dp_allreduce")),
+                   expert_gemm=env.get("expert_gemm"),
                    **kw)  # type: ignore[arg-type]
 
 
@@ -244,14 +248,17 @@ SYNCHRONOUS_ONLY = {
 }
 
 
-def model_gaps_note(model: ModelSpec | None, framework: str, writes: str) -> str | None:
+def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
-    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window; None when
-    nothing is missing. The plan's times are the model's own: the framework's model has to be the user's."""
+    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window, a mixture
+    of experts where the arguments do not write one (``experts``: they do); None when nothing is missing. The
+    plan's times are the model's own: the framework's model has to be the user's."""
     if model is None:
         return None
     gaps = []
+    if model.moe and not experts:
+        gaps.append(f"a mixture of {model.experts} experts ({model.experts_per_token} per token) in each MLP")
     if model.embedding_scale:
         gaps.append("embeddings times sqrt(hidden)")
     if model.sandwich_norm:

@@ -167,6 +167,16 @@ def _model_args(inp: ExportInput) -> list[str]:
         args += ["--untie-embeddings-and-output-weights"]
     if not m.bias:
         args += ["--disable-bias-linear"] + (["--add-qkv-bias"] if m.qkv_bias else [])
+    if m.moe:
+        # Megatron-Core's MoE (megatron/core/transformer/moe): E experts of width f_e, top-k routing; its default
+        # softmax over the k chosen scores is the renormalised top-k (Mixtral), --moe-router-pre-softmax the
+        # softmax over all E (Qwen3 MoE without norm_topk_prob); the plan keeps every expert on every device
+        args += ["--num-experts", str(m.experts), "--moe-router-topk", str(m.experts_per_token),
+                 "--moe-ffn-hidden-size", str(m.f_e), "--expert-model-parallel-size", "1"]
+        if not m.normalize_topk:
+            args += ["--moe-router-pre-softmax"]
+        if inp.expert_gemm == "grouped":
+            args += ["--moe-grouped-gemm"]
     return args
 
 
@@ -224,8 +234,12 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         notes.append(f"the plan's times assume {EAGER_WORDS}; Megatron-LM runs fused ones, so expect less time than "
                      "planned")
     args += _model_args(inp)
-    if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)")) is not None:
+    if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
+                               experts=True)) is not None:
         notes.append(gap)
+    if inp.model is not None and inp.model.moe and c.tensor > 1 and inp.sequence_parallel is False:
+        notes.append("Megatron-Core runs a mixture of experts with tensor parallelism only with --sequence-parallel; "
+                     "the plan's times are without it (profile with --sequence-parallel for its times)")
     dtype = inp.dtype.lower()
     if dtype in ("bf16", "bfloat16"):
         args += ["--bf16"]

@@ -1,0 +1,116 @@
+"""The operators of a mixture-of-experts MLP (:attr:`planner.model.ModelSpec.experts`): what a transformer layer
+runs in place of its dense MLP, for :func:`planner.operators.layer_operators`.
+
+Symbols as in :mod:`planner.operators`: ``T = b s`` tokens, ``h`` hidden, ``t`` tensor-parallel size, ``el`` bytes
+per element; ``E`` experts, ``k`` experts per token, ``f_e`` an expert's width. The layer (Fedus et al. 2022,
+"Switch Transformers", section 2.1; Jiang et al. 2024, "Mixtral of Experts", section 2.1; Megatron-Core's
+``MoELayer``: router, token dispatcher, experts, combine):
+
+1. **router**: a ``(T, E, h)`` GEMM of the norm's output (replicated on the tensor-parallel ranks; with sequence
+   parallelism on each rank's ``T/t`` rows, as Megatron-Core routes before its dispatcher gathers the tokens);
+2. **routing**: softmax of the scores in fp32, top-k and (Mixtral) renormalisation of the ``k`` weights, over
+   ``T x E`` scores; saves the fp32 probabilities for its backward;
+3. **permute**: each token copied once per chosen expert, grouped by expert (``T k`` rows of ``h``; Megatron-Core's
+   ``permute``, an index-select); backward the scatter-add of the copies' gradients back to ``T`` rows;
+4. **experts**: per expert the MLP of the dense layer's form on its tokens, split over the ``t`` ranks as the
+   dense MLP is (gate/up by columns, down by rows: Megatron-Core's expert tensor parallelism, expert-parallel
+   size 1): ``(m_e, 2 f_e / t, h)`` (gated; ``f_e / t`` otherwise), the activation, ``(m_e, h, f_e / t)``;
+5. **combine**: each copy times its routing weight, summed back into its token's row (``unpermute`` with probs);
+   saves the experts' outputs, which the weights' gradient reads.
+
+The tensor-parallel collectives are the dense MLP's (an all-reduce of ``T x h``, or with sequence parallelism
+Megatron-Core's dispatcher all-gather and combine reduce-scatter of the same tensor): :mod:`planner.cost` adds
+them as for any layer.
+
+**Tokens per expert**: ``m_e = ceil(T k / E)``, the balanced load a load-balancing loss trains towards (Switch
+Transformers, section 2.2; Mixtral, section 5 measures near-uniform use). On one device the imbalance barely
+matters: every expert runs on the same GPU, so the grouped GEMMs' FLOPs are those of ``T k`` tokens whatever the
+split (only the tiles' quantisation changes); it matters once experts are spread over devices (expert
+parallelism: the busiest rank sets the pace), which pipeplan does not plan yet.
+
+**Expert GEMMs** (``OperatorOptions.expert_gemm``): ``"grouped"`` -- one grouped GEMM over the ``E`` experts
+(Megatron-Core's ``--moe-grouped-gemm``, ``TEGroupedMLP``/``GroupedMLP``; torchtitan's ``grouped_mm``), timed as a
+batch of ``E`` GEMMs of ``(m_e, n, k)`` -- or ``"sequential"``: a loop over the experts, each GEMM and
+element-wise kernel launched per expert (Hugging Face's ``MixtralExperts.forward``, transformers 5: gather the
+expert's tokens, ``linear`` by ``gate_up_proj``, the activation and product, ``linear`` by ``down_proj``, the
+weight, ``index_add_``; Megatron-Core's ``SequentialMLP``), where small experts are launch- and tile-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.model import ModelSpec
+from planner.operators import (
+    Kernel,
+    Operator,
+    OperatorOptions,
+    eager_swiglu,
+    elementwise,
+    gemm,
+)
+
+
+def tokens_per_expert(tokens: float, spec: ModelSpec) -> int:
+    """``m_e = ceil(T k / E)``: each expert's rows under balanced routing (module docstring)."""
+    return max(1, math.ceil(tokens * int(spec.experts_per_token or 1) / int(spec.experts or 1)))
+
+
+def _repeat(op: Operator, n: int) -> Operator:
+    """``op`` run ``n`` times, one launch per kernel per time (a loop over the experts)."""
+    return replace(op, fwd=op.fwd * n, bwd_i=op.bwd_i * n, bwd_w=op.bwd_w * n, saved_bytes=op.saved_bytes * n,
+                   out_bytes=op.out_bytes * n, transient_bytes=op.transient_bytes)
+
+
+def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: OperatorOptions, el: int,
+                  accumulate: bool, eager: bool) -> list[Operator]:
+    """The operators of one mixture-of-experts MLP's ``1/t`` shard (module docstring), after the norm and before
+    the residual add: ``tokens`` = ``T`` rows the experts see, ``rows`` those the router sees (``T/t`` with
+    sequence parallelism), ``accumulate``: weight gradients added into the main-gradient buffer by separate
+    kernels (:func:`planner.operators.gemm`), ``eager``: eager PyTorch's element-wise kernels."""
+    E, k, h = int(spec.experts or 1), int(spec.experts_per_token or 1), spec.hidden
+    f_t = -(-spec.f_e // t)
+    copies = tokens * k  # T k rows after the permute
+    m_e = tokens_per_expert(tokens, spec)
+    bias = spec.bias
+    router = gemm("router", int(math.ceil(rows)), E, h, el, accumulate=accumulate)
+    scores = rows * E
+    # fwd: read the scores (el), write the fp32 probabilities, top-k reads them and writes k weights and indices;
+    # bwd: the top-k's gradient scattered into E columns, the softmax's backward (read probabilities and gradient)
+    routing = Operator("routing", (Kernel("routing", 8.0 * scores, (el + 8.0) * scores + 12.0 * rows * k),),
+                       (Kernel("routing.bwd", 4.0 * scores, (12.0 + el) * scores + 4.0 * rows * k),), (),
+                       saved_bytes=4.0 * scores + 12.0 * rows * k)
+    cols = (2 if spec.gated_mlp else 1) * f_t
+    if options.expert_gemm == "grouped":
+        permute = elementwise("permute", copies * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1, bwd_writes=1,
+                              saved_bytes=8.0 * copies)
+        up = gemm("experts_up", m_e, cols, h, el, batch=E, accumulate=accumulate, bias_rows=m_e if bias else 0)
+        act = _activation(spec, E * m_e * f_t, el, eager)
+        down = gemm("experts_down", m_e, h, f_t, el, batch=E, accumulate=accumulate, bias_rows=m_e if bias else 0)
+        experts = [up, act, down]
+    else:  # one launch per expert of each kernel (module docstring)
+        permute = _repeat(elementwise("permute", m_e * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1,
+                                      bwd_writes=1, saved_bytes=8.0 * m_e), E)
+        experts = [_repeat(op, E) for op in (
+            gemm("experts_up", m_e, cols, h, el, accumulate=accumulate, bias_rows=m_e if bias else 0),
+            _activation(spec, m_e * f_t, el, eager),
+            gemm("experts_down", m_e, h, f_t, el, accumulate=accumulate, bias_rows=m_e if bias else 0))]
+    # combine: read the copies and their weights, write T x h; bwd: the copies' gradients (read dY, weights; write
+    # T k h) and the weights' (read dY and the saved copies); saves the experts' outputs
+    combine = Operator("combine", (Kernel("combine", 2.0 * copies * h, el * (copies * h + tokens * h) + 4.0 * copies),),
+                       (Kernel("combine.bwd", 4.0 * copies * h, el * (2.0 * tokens * h + 2.0 * copies * h)
+                               + 8.0 * copies),), (), saved_bytes=el * copies * h)
+    return [router, routing, permute, *experts, combine]
+
+
+def _activation(spec: ModelSpec, elements: float, el: int, eager: bool) -> Operator:
+    """The experts' activation over ``elements`` (``m x f_e / t``): SwiGLU's product with a gated MLP (fused, or
+    eager PyTorch's ``silu`` and product), else the activation alone; as the dense MLP's (:mod:`planner.operators`)."""
+    if spec.gated_mlp:
+        if eager:
+            return eager_swiglu("experts_act", elements, el)
+        return elementwise("experts_act", elements, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3, bwd_writes=2,
+                           saved_bytes=el * 2 * elements)
+    return elementwise("experts_act", elements, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
+                       saved_bytes=el * elements)
