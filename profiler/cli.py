@@ -209,6 +209,12 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
                             "it, those layers take less; profile-analytic --attention flash counts that)")
                 warn_option(sentence)
                 notes += " " + sentence.removeprefix("hf-config: ").capitalize() + "."
+            if spec.moe:
+                # the router of random weights (profiler.hf_model): its top-k spreads tokens about evenly
+                sentence = (f"hf-config: the {spec.experts}-expert layers are timed with the routing of random "
+                            "weights (tokens spread about evenly over the experts), not a trained router's")
+                warn_option(sentence)
+                notes += " " + sentence.removeprefix("hf-config: ").capitalize() + "."
         else:
             assert module is not None
             lm = from_factory(module)  # (its ValueErrors name --module themselves)

@@ -38,6 +38,41 @@ Mistral's, Phi-3's, Gemma 2's and Gemma 3's sliding windows are the spec's ``sli
 (from the config's ``layer_types`` where it has them); a multimodal config (Gemma 3, Mistral Small 3.1, LLaVA) is
 read as its language model (:func:`language_model`); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not
 modelled; nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
+
+Mixtures of experts (:data:`MOE_TYPES`; ``ModelSpec.experts`` and the fields after it, planner.model's docstring):
+Mixtral is Mistral's layer with each MLP replaced by ``num_local_experts`` SwiGLU experts of width
+``intermediate_size`` and a router (transformers' ``MixtralConfig`` and ``MixtralSparseMoeBlock``; Jiang et al. 2024,
+"Mixtral of Experts", section 2.1), Qwen3 MoE Qwen3's layer (its per-head query/key norms) with ``num_experts``
+experts of width ``moe_intermediate_size`` (``Qwen3MoeConfig``, ``Qwen3MoeSparseMoeBlock``; the Qwen3-30B-A3B model
+card: 128 experts, 8 activated):
+
+==========================  ===================================  =====================================
+ModelSpec                   Mixtral                              Qwen3 MoE (qwen3_moe)
+==========================  ===================================  =====================================
+``experts``                 ``num_local_experts``                ``num_experts``
+``experts_per_token``       ``num_experts_per_tok``              ``num_experts_per_tok``
+``expert_ffn_hidden``       ``intermediate_size``                ``moe_intermediate_size``
+``ffn_hidden``              ``intermediate_size``                ``intermediate_size`` (dense layers')
+``normalize_topk``          (true: ``MixtralTopKRouter``         ``norm_topk_prob`` (transformers'
+                            always renormalises the top k)       default false; Qwen3-30B-A3B: true)
+==========================  ===================================  =====================================
+
+The expert count, the top-k and Qwen3 MoE's ``moe_intermediate_size`` must be stated, as the shape's other fields
+(:data:`REQUIRED`, :data:`MOE_REQUIRED`): transformers' defaults are those of one published model (``MixtralConfig``:
+8 experts, top-2, Mixtral 8x7B's; ``Qwen3MoeConfig``: 128, top-8, width 768, Qwen3-30B-A3B's), so a file without
+them would be planned as that model, silently; ``norm_topk_prob`` takes transformers' default (false), as the
+library does when it loads the file: it changes no shape and no cost to speak of (a division of ``k`` weights per
+token). Qwen3 MoE's ``intermediate_size`` stays required, as every Llama-family type's (it is the spec's
+``ffn_hidden``), though with every layer a mixture of experts it sizes nothing. Qwen3 MoE's dense layers
+(``decoder_sparse_step`` other than 1, a non-empty ``mlp_only_layers``) are refused: a ModelSpec's layers are all
+alike. Mixtral's ``sliding_window`` is Mistral's (every layer; transformers
+5's ``MixtralConfig`` defaults it to null and has no ``layer_types``, Mixtral-8x7B-v0.1 states null); Qwen3 MoE's
+applies only with ``use_sliding_window`` (``Qwen3MoeConfig`` nulls it otherwise), on every layer.
+``router_aux_loss_coef`` and ``output_router_logits`` (the load-balancing loss) change no cost modelled; a non-zero
+Mixtral ``router_jitter_noise`` (a multiplicative noise on the router's input in training) is noted in ``source`` as
+not modelled. Other mixtures of experts are refused naming what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`:
+Qwen2 MoE's and Llama 4's shared expert, OLMoE's full-width query/key norms, DeepSeek-V2/V3's latent attention,
+gpt-oss's attention sinks).
 """
 
 from __future__ import annotations
@@ -55,8 +90,19 @@ from planner import jsondoc
 from planner.limits import MAX_LAYERS, SHAPE_LIMITS
 from planner.model import ModelSpec
 
-#: model_type -> family of the mapping above
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text")
+#: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe")
+#: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
+MOE_FIELDS = {
+    "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                "expert_ffn_hidden": "intermediate_size"},
+    "qwen3_moe": {"experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                  "expert_ffn_hidden": "moe_intermediate_size", "normalize_topk": "norm_topk_prob"},
+}
+MOE_TYPES = tuple(MOE_FIELDS)
+#: the mixture-of-experts fields a config.json must state (module docstring: transformers' defaults are one published
+#: model's); Mixtral's expert width is its intermediate_size, already required
+MOE_REQUIRED = ("experts", "experts_per_token", "expert_ffn_hidden")
 #: Gemma (embeddings times sqrt(h)), Gemma 2 (also: sandwich norms, soft-capped scores and logits, a sliding
 #: window on every other layer) and Gemma 3's language model (sandwich norms, Qwen3's per-head query/key norms, a
 #: window on five layers of six with their own rotary base): Llama-family otherwise (planner.model's docstring)
@@ -64,9 +110,30 @@ GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 #: model types whose ``sliding_window`` applies without a ``layer_types`` list saying where (older configs): every
 #: layer (Mistral, Phi-3) or every other one from the first (Gemma 2); Qwen2's is off unless ``use_sliding_window``,
 #: which transformers then writes into ``layer_types``
-WINDOWED_EVERY = {"mistral": None, "phi3": None, "gemma2": 2, "gemma3_text": 6}
+#: (Mixtral: Mistral's window, every layer; Qwen3 MoE: every layer, its sliding_window nulled by transformers unless
+#: use_sliding_window)
+WINDOWED_EVERY = {"mistral": None, "phi3": None, "gemma2": 2, "gemma3_text": 6, "mixtral": None, "qwen3_moe": None}
 GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
+
+#: model types refused with the reason (what ModelSpec has no field for), from each one's configuration and modeling
+#: code in transformers 5 (``Qwen2MoeSparseMoeBlock``, ``OlmoeAttention``, ``DeepseekV3Attention``, ``GptOssAttention``,
+#: ``Llama4TextMoe``)
+UNSUPPORTED_WHY = {
+    "qwen2_moe": ("a shared expert (shared_expert_intermediate_size) beside the routed ones, its output gated by a "
+                  "sigmoid: ModelSpec has no shared expert"),
+    "olmoe": ("query and key norms over the whole projection (q_norm of hidden_size), not per head as Qwen3's: "
+              "ModelSpec's qk_norm is per head"),
+    "deepseek_v2": ("multi-head latent attention (kv_lora_rank, q_lora_rank) and shared experts (n_shared_experts), "
+                    "its first layers dense (first_k_dense_replace): ModelSpec has none of them"),
+    "deepseek_v3": ("multi-head latent attention (kv_lora_rank, q_lora_rank) and a shared expert (n_shared_experts), "
+                    "its first layers dense (first_k_dense_replace): ModelSpec has none of them"),
+    "gpt_oss": ("attention sinks (a learned logit per head), biased experts and router and a clamped SwiGLU "
+                "(swiglu_limit): ModelSpec has none of them"),
+    "llama4": ("a shared expert beside the routed one, a sigmoid router, layers without rotary positions "
+               "(no_rope_layers) and chunked attention (attention_chunk_size): ModelSpec has none of them"),
+}
+UNSUPPORTED_WHY["llama4_text"] = UNSUPPORTED_WHY["llama4"]
 
 #: ModelSpec field -> the config.json field it comes from (for error messages)
 HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
@@ -76,6 +143,9 @@ HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "n
 GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_hidden": "n_inner",
                "seq": "n_positions", "activation": "activation_function"}
 
+
+#: ModelSpec fields bounded as another's (planner.limits.SHAPE_LIMITS)
+SHAPE_OF = {"experts_per_token": "experts", "expert_ffn_hidden": "ffn_hidden"}
 
 #: fields a config.json must state (ours; their names above): without them transformers fills in its defaults
 #: (a bare {"model_type": "llama"} is Llama 2 7B). Llama-family configs also: intermediate_size, vocab_size
@@ -189,7 +259,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
     model_type = getattr(cfg, "model_type", "")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", unsupported_type(model_type))
-    fields_of = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
+    fields_of = hf_fields(model_type)
     notes = [source] if source else []
     beyond = check_seq(cfg, seq, learned=model_type in GPT2_TYPES, warn=warn)
     if beyond:
@@ -210,7 +280,9 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
                     qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg),
-                    qk_norm=model_type in ("qwen3", "gemma3_text"))
+                    qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"))
+        if model_type in MOE_TYPES:
+            spec.update(_moe(cfg, model_type, notes))
         if model_type in GEMMA_TYPES:
             _gemma(cfg, model_type, spec)
         rotary = _partial_rotary(cfg)
@@ -235,7 +307,55 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
     except ValidationError as e:
         err = e.errors()[0]
         loc = str(err["loc"][0]) if err["loc"] else "config"
+        if not err["loc"]:  # a check across fields (ModelSpec's validator): its message starts with the field it is on
+            named = re.match(r"(?:Value error, )?([a-z_]+) ", err["msg"])
+            loc = named.group(1) if named and named.group(1) in fields_of else loc
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
+
+
+def hf_fields(model_type: str) -> dict[str, str]:
+    """ModelSpec field -> the config.json field it comes from, for ``model_type`` (errors name the file's field):
+    :data:`HF_FIELDS`, GPT-2's :data:`GPT2_FIELDS`, and a mixture of experts' :data:`MOE_FIELDS` too."""
+    if model_type in GPT2_TYPES:
+        return GPT2_FIELDS
+    return {**HF_FIELDS, **MOE_FIELDS.get(model_type, {})}
+
+
+def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
+    """The mixture-of-experts fields of ``spec`` (module docstring's second table) for a :data:`MOE_TYPES` config:
+    Mixtral's experts are ``intermediate_size`` wide and their top-k weights always renormalised
+    (``MixtralTopKRouter.forward``); Qwen3 MoE's are ``moe_intermediate_size`` wide, renormalised with
+    ``norm_topk_prob`` (``Qwen3MoeTopKRouter``), and a layer is dense where ``Qwen3MoeDecoderLayer`` builds a
+    ``Qwen3MoeMLP`` (``layer_idx in mlp_only_layers`` or ``(layer_idx + 1) % decoder_sparse_step``): refused, as a
+    top-k beyond the experts (``torch.topk`` would fail in the model's forward)."""
+    names = MOE_FIELDS[model_type]
+    if model_type == "qwen3_moe":
+        step = getattr(cfg, "decoder_sparse_step", 1)
+        if step != 1 or isinstance(step, bool):
+            raise HFConfigError("decoder_sparse_step", f"{step!r:.40}: only every {step!r:.40}-th layer would be a "
+                                "mixture of experts, the others dense (intermediate_size); every layer must be a "
+                                "mixture of experts for now (decoder_sparse_step 1)")
+        dense = getattr(cfg, "mlp_only_layers", None)
+        if dense:
+            raise HFConfigError("mlp_only_layers", f"{dense!r:.60}: those layers would have a dense MLP "
+                                "(intermediate_size); every layer must be a mixture of experts for now "
+                                "(mlp_only_layers [])")
+    experts, top_k = getattr(cfg, names["experts"], None), getattr(cfg, "num_experts_per_tok", None)
+    if isinstance(experts, int) and isinstance(top_k, int) and 0 < experts < top_k:
+        raise HFConfigError("num_experts_per_tok", f"{top_k} is more than the {experts} experts "
+                                                   f"({names['experts']}): a token is routed to k of them")
+    normalize = True if model_type == "mixtral" else getattr(cfg, "norm_topk_prob", False)
+    if not isinstance(normalize, bool):
+        raise HFConfigError("norm_topk_prob", f"true or false, got {normalize!r:.40}")
+    jitter = getattr(cfg, "router_jitter_noise", None) or 0.0
+    number = jsondoc.number(jitter)
+    if number is None or number < 0:
+        raise HFConfigError("router_jitter_noise", f"a number of 0 or more, got {jitter!r:.40}")
+    if number > 0:
+        notes.append(f"router_jitter_noise ({number:g}) not modelled (a noise multiplied into the router's input in "
+                     "training: an elementwise pass)")
+    return {"experts": experts, "experts_per_token": top_k,
+            "expert_ffn_hidden": getattr(cfg, names["expert_ffn_hidden"], None), "normalize_topk": normalize}
 
 
 #: multimodal model types whose language model is read from their ``text_config`` (as the type that names:
@@ -266,8 +386,11 @@ def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 
 def unsupported_type(model_type: object) -> str:
-    """The refusal of a ``model_type`` that is not read, naming those that are."""
-    return f"{model_type!r} is not supported; supported: {', '.join((*SUPPORTED, *TEXT_CONFIGS))}"
+    """The refusal of a ``model_type`` that is not read, naming those that are (and for a model known not to fit
+    a ModelSpec, why: :data:`UNSUPPORTED_WHY`)."""
+    why = UNSUPPORTED_WHY.get(model_type) if isinstance(model_type, str) else None
+    return (f"{model_type!r} is not supported{f' ({why})' if why else ''}; supported: "
+            f"{', '.join((*SUPPORTED, *TEXT_CONFIGS))}")
 
 
 def _window(cfg: Any, model_type: str) -> dict[str, Any]:
@@ -363,22 +486,25 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         raise HFConfigError("model_type", "missing: a config.json names its model_type (e.g. llama)")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", unsupported_type(model_type))
-    names = GPT2_FIELDS if model_type in GPT2_TYPES else HF_FIELDS
-    for ours in REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab"):
+    names = hf_fields(model_type)
+    required = REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab")
+    for ours in (*required, *(MOE_REQUIRED if model_type in MOE_TYPES else ())):
         theirs = names.get(ours, "vocab_size")
-        if data.get(theirs) is None:
+        # (Mixtral's num_local_experts may be given by its alias num_experts: MixtralConfig.attribute_map)
+        given = data.get(theirs, data.get("num_experts") if theirs == "num_local_experts" else None)
+        if given is None:
             raise HFConfigError(theirs, f"missing: the model's shape must be stated (transformers would fill in "
                                         f"its {model_type} default, another model than yours)")
     for ours, theirs in names.items():
         value = data.get(theirs)
-        if ours in SHAPE_LIMITS and value is not None:
+        limit = SHAPE_LIMITS.get(SHAPE_OF.get(ours, ours))
+        if limit is not None and value is not None:
             if (jsondoc.integer(value) or 0) < 1:
                 raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")
-            if value > SHAPE_LIMITS[ours]:
+            if value > limit:
                 why = (f" transformer layers: a profile holds at most {MAX_LAYERS} layers, the blocks, the embedding "
                        "and the head" if ours == "layers" else "")
-                raise HFConfigError(theirs, f"{value} is beyond any published model "
-                                            f"(at most {SHAPE_LIMITS[ours]}{why})")
+                raise HFConfigError(theirs, f"{value} is beyond any published model (at most {limit}{why})")
     AutoConfig = auto_config()
 
     fields = {k: v for k, v in data.items() if k != "model_type"}

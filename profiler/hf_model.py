@@ -2,14 +2,20 @@
 downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the decoder layers, the final norm with
 the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
 
-The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, GPT-2) are
-identical in shape (a sliding window is not applied: no mask is passed; on the CPU the masked scores cost the same),
-so only
-``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the model is made: the memory of a
-few layers, not of the model) and the profile's other blocks reuse the last one measured. Each layer is the
-library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary ``position_embeddings`` the
-model's ``rotary_emb`` makes (computed inside the layer wrapper, as a pipeline stage would), and no attention mask,
-so the library's SDPA path applies its causal mask itself.
+The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, Mixtral,
+Qwen3 MoE, GPT-2) are identical in shape (a sliding window is not applied: no mask is passed; on the CPU the masked
+scores cost the same), so only ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the
+model is made: the memory of a few layers, not of the model) and the profile's other blocks reuse the last one
+measured. Each layer is the library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary
+``position_embeddings`` the model's ``rotary_emb`` makes (computed inside the layer wrapper, as a pipeline stage
+would), and no attention mask, so the library's SDPA path applies its causal mask itself.
+
+A mixture-of-experts layer (Mixtral's ``MixtralSparseMoeBlock``, Qwen3 MoE's ``Qwen3MoeSparseMoeBlock``) runs its
+experts as the library does by default (``experts_implementation`` "grouped_mm": one grouped GEMM,
+``torch.nn.functional.grouped_mm``, over the tokens sorted by expert; transformers' ``integrations/moe.py``) and
+routes each token with its router of random weights (``initializer_range`` 0.02): the top-k of nearly equal scores,
+so the tokens spread about evenly over the experts, not as a trained router sends them (``pipeplan profile`` warns
+so); a layer's time depends on how many tokens each expert gets.
 """
 
 from __future__ import annotations

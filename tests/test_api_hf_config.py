@@ -64,7 +64,9 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
     good = _config("mistral-7b")
     cases = [
         ({"config": {**good, "num_key_value_heads": 5}, "device": "h100"}, "config.num_key_value_heads"),
-        ({"config": {**good, "model_type": "mixtral"}, "device": "h100"}, "config.model_type"),
+        ({"config": {**good, "model_type": "qwen2_moe"}, "device": "h100"}, "config.model_type"),
+        # a Mistral as a Mixtral without its experts: transformers' default (8, Mixtral 8x7B's) is not taken
+        ({"config": {**good, "model_type": "mixtral"}, "device": "h100"}, "config.num_local_experts: missing"),
         ({"config": {k: v for k, v in good.items() if k != "model_type"}, "device": "h100"}, "config.model_type"),
         ({"config": {**good, "hidden_size": -1}, "device": "h100"}, "config.hidden_size"),
         ({"config": good}, "cluster_id, device"),
@@ -189,3 +191,36 @@ def test_hf_config_with_eager_kernels_and_op_checkpointing(client) -> None:  # t
     blocks = [next(x for x in b["layers"] if x["kind"] == "transformer") for b in bodies]
     assert blocks[1]["bwd_time"]["1"] > blocks[0]["bwd_time"]["1"]
     assert blocks[1]["stashed_bytes_per_sample"] < blocks[0]["stashed_bytes_per_sample"]
+
+
+def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-untyped-def]
+    """Mixtral 8x7B and Qwen3-30B-A3B uploaded: a 201, their layers holding every expert and the router
+    (ModelSpec.layer_params: 1,451,270,144 for Mixtral's, 8 x 3 x 4096 x 14336 of it in experts) and their
+    published sizes; a bad mixture of experts (a top-k beyond the experts, dense layers in a Qwen3 MoE, a shared
+    expert) is a 422 naming the config's field."""
+    from profiler.hf_config import spec_from_hf_dict
+
+    for name, total in (("mixtral-8x7b", 46_702_792_704), ("qwen3-30b-a3b", 30_532_122_624)):
+        cfg = _config(name)
+        r = client.post("/profiles/hf-config", json={"config": cfg, "device": "h100", "seq": 4096, "name": name},
+                        headers=AUTH)
+        assert r.status_code == 201 and r.json()["total_params"] == total, r.text
+        layers = client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"]["layers"]
+        spec = spec_from_hf_dict(cfg, name)
+        blocks = [x for x in layers if x["kind"] == "transformer"]
+        assert len(blocks) == spec.layers and {x["params"] for x in blocks} == {spec.layer_params()}
+    assert spec_from_hf_dict(_config("mixtral-8x7b")).layer_params() == 1_451_270_144
+    mixtral, qwen = _config("mixtral-8x7b"), _config("qwen3-30b-a3b")
+    cases = [
+        ({**mixtral, "num_experts_per_tok": 9}, "config.num_experts_per_tok: 9 is more than the 8 experts"),
+        ({**qwen, "num_experts_per_tok": 129}, "config.num_experts_per_tok: 129 is more than the 128 experts"),
+        ({**qwen, "num_experts": 1, "num_experts_per_tok": 1}, "config.num_experts: "),
+        ({**mixtral, "num_local_experts": "eight"}, "config.num_local_experts: must be a positive integer"),
+        ({**qwen, "mlp_only_layers": [0]}, "config.mlp_only_layers: "),
+        ({**qwen, "decoder_sparse_step": 2}, "config.decoder_sparse_step: "),
+        ({k: v for k, v in qwen.items() if k != "moe_intermediate_size"}, "config.moe_intermediate_size: missing"),
+        ({**qwen, "model_type": "qwen2_moe"}, "config.model_type: 'qwen2_moe' is not supported (a shared expert"),
+    ]
+    for config, words in cases:
+        r = client.post("/profiles/hf-config", json={"config": config, "device": "h100"}, headers=AUTH)
+        assert r.status_code == 422 and r.json()["detail"].startswith(words), (words, r.text)

@@ -24,6 +24,8 @@ PUBLISHED = {
     "gemma-2-9b": (9.24, 0.005),
     "gemma-3-1b": (1.0, 0.005),
     "gpt2": (0.124, 0.0005),
+    "mixtral-8x7b": (46.7, 0.05),
+    "qwen3-30b-a3b": (30.5, 0.05),
 }
 
 
@@ -53,7 +55,7 @@ def test_dropout_as_trained() -> None:
 
     assert trains_with_dropout(read_hf_json(MODELS / "gpt2"))
     for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "phi-3-medium-4k", "gemma-2-9b",
-                 "gemma-3-1b"):
+                 "gemma-3-1b", "mixtral-8x7b", "qwen3-30b-a3b"):
         assert not trains_with_dropout(read_hf_json(MODELS / name)), name
 
 
@@ -85,7 +87,9 @@ def _llama(**changes: object) -> dict[str, object]:
 
 @pytest.mark.parametrize(("changes", "field"), [
     ({"model_type": None}, "model_type"),
-    ({"model_type": "mixtral"}, "model_type"),
+    ({"model_type": "qwen2_moe"}, "model_type"),
+    # a Mixtral must state its experts (MixtralConfig's default 8 is Mixtral 8x7B's)
+    ({"model_type": "mixtral"}, "num_local_experts"),
     ({"num_hidden_layers": 0}, "num_hidden_layers"),
     ({"hidden_size": "wide"}, "hidden_size"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads are no multiple of 3
@@ -288,3 +292,102 @@ def test_a_multimodal_config_is_read_as_its_language_model() -> None:
     assert abs(llava.total_params() / 1e9 - 6.74) < 0.005  # Vicuna 7B (Llama 2 7B's shape)
     with pytest.raises(HFConfigError, match="text_config.model_type: .*'opt' is not supported"):
         spec_from_hf_dict({"model_type": "llava", "text_config": {"model_type": "opt"}})
+
+
+# ---- mixtures of experts -------------------------------------------------------------------------------------------
+
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def test_moe_examples_parse_to_their_published_counts() -> None:
+    """Mixtral 8x7B (Jiang et al. 2024, section 2: 46.7B parameters, 13B active; its config.json: 32 layers of 8
+    experts of 14336, top-2) and Qwen3-30B-A3B (model card: 30.5B, 3.3B activated, 48 layers, 128 experts, 8
+    activated; its config.json: experts of 768, norm_topk_prob true)."""
+    mixtral = read_hf_config(MODELS / "mixtral-8x7b")
+    assert mixtral.total_params() == 46_702_792_704
+    assert (mixtral.layers, mixtral.hidden, mixtral.heads, mixtral.k, mixtral.vocab, mixtral.seq) == (32, 4096, 32, 8,
+                                                                                                     32000, 32768)
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.f, mixtral.f_e) == (8, 2, 14336, 14336)
+    assert mixtral.normalize_topk and mixtral.gated_mlp and not mixtral.qk_norm and mixtral.sliding_window is None
+    assert mixtral.rope_theta == 1e6 and not mixtral.tied_embeddings
+    qwen = read_hf_config(MODELS / "qwen3-30b-a3b")
+    assert qwen.total_params() == 30_532_122_624
+    assert (qwen.layers, qwen.hidden, qwen.heads, qwen.k, qwen.d, qwen.vocab, qwen.seq) == (48, 2048, 32, 4, 128,
+                                                                                            151936, 40960)
+    assert (qwen.experts, qwen.experts_per_token, qwen.f, qwen.f_e) == (128, 8, 6144, 768)
+    assert qwen.normalize_topk and qwen.qk_norm and not qwen.qkv_bias and qwen.sliding_window is None
+    # the model card's "Number of Parameters (Non-Embedding): 29.9B" (the untied embedding and LM head out)
+    assert abs((qwen.total_params() - 2 * qwen.vocab * qwen.hidden) / 1e9 - 29.9) < 0.05
+    # the active parameters: Mixtral's 12.9B ("13B active"), Qwen3's "3.3B activated" (3.35B)
+    for spec, active in ((mixtral, 12.9), (qwen, 3.3)):
+        n = spec.total_params() - spec.layers * (spec.mlp_params() - spec.active_mlp_params())
+        assert abs(n / 1e9 - active) < 0.06, n
+
+
+def test_moe_fixtures_and_their_defaults() -> None:
+    """The tiny fixtures; Qwen3 MoE's norm_topk_prob takes transformers' default (false) where the file says none;
+    Mixtral's expert count may be given by MixtralConfig's alias num_experts; a non-zero router_jitter_noise is
+    noted as not modelled; Mixtral's and Qwen3 MoE's sliding windows apply to every layer."""
+    mixtral = read_hf_config(FIXTURES / "tiny-mixtral")
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.f_e, mixtral.normalize_topk) == (4, 2, 96, True)
+    assert "router_jitter_noise" not in mixtral.source
+    data = json.loads((FIXTURES / "tiny-qwen3-moe" / "config.json").read_text())
+    qwen = spec_from_hf_dict(data, "q")
+    assert (qwen.experts, qwen.experts_per_token, qwen.f, qwen.f_e, qwen.normalize_topk) == (4, 2, 96, 48, True)
+    assert qwen.qk_norm and qwen.d == 32
+    assert not spec_from_hf_dict({k: v for k, v in data.items() if k != "norm_topk_prob"}, "q").normalize_topk
+    windowed = spec_from_hf_dict({**data, "use_sliding_window": True, "sliding_window": 8}, "q", seq=16)
+    assert windowed.sliding_window == 8 and all(windowed.layer_window(i) == 8 for i in range(4))
+    assert spec_from_hf_dict({**data, "sliding_window": 8}, "q").sliding_window is None  # use_sliding_window false
+    tiny = json.loads((FIXTURES / "tiny-mixtral" / "config.json").read_text())
+    alias = {k: v for k, v in tiny.items() if k != "num_local_experts"} | {"num_experts": 4}
+    assert spec_from_hf_dict(alias, "m").experts == 4
+    jitter = spec_from_hf_dict({**tiny, "router_jitter_noise": 0.01}, "m")
+    assert "router_jitter_noise (0.01) not modelled" in jitter.source
+    window = spec_from_hf_dict({**tiny, "sliding_window": 8}, "m", seq=16)
+    assert all(window.layer_window(i) == 8 for i in range(4))
+
+
+def _tiny(fixture: str, **changes: object) -> dict[str, object]:
+    data = json.loads((FIXTURES / fixture / "config.json").read_text())
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@pytest.mark.parametrize(("fixture", "changes", "field", "words"), [
+    ("tiny-mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok", "5 is more than the 4 experts"),
+    ("tiny-qwen3-moe", {"num_experts_per_tok": 5}, "num_experts_per_tok", "5 is more than the 4 experts"),
+    ("tiny-mixtral", {"num_local_experts": None}, "num_local_experts", "missing"),
+    ("tiny-mixtral", {"num_experts_per_tok": None}, "num_experts_per_tok", "missing"),
+    ("tiny-qwen3-moe", {"num_experts": None}, "num_experts", "missing"),
+    ("tiny-qwen3-moe", {"moe_intermediate_size": None}, "moe_intermediate_size", "missing"),
+    ("tiny-qwen3-moe", {"intermediate_size": None}, "intermediate_size", "missing"),
+    ("tiny-mixtral", {"num_local_experts": 1, "num_experts_per_tok": 1}, "num_local_experts",
+     "greater than or equal to 2"),
+    ("tiny-qwen3-moe", {"num_experts": 0}, "num_experts", "positive integer"),
+    ("tiny-qwen3-moe", {"num_experts_per_tok": "two"}, "num_experts_per_tok", "positive integer"),
+    ("tiny-mixtral", {"num_local_experts": 10**6}, "num_local_experts", "beyond any published model"),
+    ("tiny-qwen3-moe", {"moe_intermediate_size": -1}, "moe_intermediate_size", "positive integer"),
+    ("tiny-qwen3-moe", {"decoder_sparse_step": 2}, "decoder_sparse_step", "every layer must be a mixture of experts"),
+    ("tiny-qwen3-moe", {"mlp_only_layers": [0, 3]}, "mlp_only_layers", "every layer must be a mixture of experts"),
+    ("tiny-mixtral", {"router_jitter_noise": -0.1}, "router_jitter_noise", "a number of 0 or more"),
+])
+def test_bad_moe_config_names_the_field(fixture: str, changes: dict[str, object], field: str, words: str) -> None:
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict(_tiny(fixture, **changes))
+    assert err.value.field == field and words in err.value.message, str(err.value)
+
+
+@pytest.mark.parametrize(("model_type", "words"), [
+    ("qwen2_moe", "a shared expert (shared_expert_intermediate_size)"),
+    ("olmoe", "query and key norms over the whole projection"),
+    ("deepseek_v2", "multi-head latent attention (kv_lora_rank"),
+    ("deepseek_v3", "multi-head latent attention (kv_lora_rank"),
+    ("gpt_oss", "attention sinks"),
+    ("llama4", "a shared expert"),
+])
+def test_other_mixtures_of_experts_are_refused_saying_why(model_type: str, words: str) -> None:
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict(_tiny("tiny-mixtral", model_type=model_type))
+    assert err.value.field == "model_type" and words in err.value.message, str(err.value)
+    assert "supported: " in err.value.message and "mixtral" in err.value.message

@@ -43,6 +43,32 @@ def test_hf_tiny_llama_profile(tmp_path: Path) -> None:
     assert prof.layers[5].fwd_time == prof.layers[2].fwd_time  # blocks past the measured ones reuse the last
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["tiny-mixtral", "tiny-qwen3-moe"])
+def test_hf_tiny_moe_profile(fixture: str, tmp_path: Path) -> None:
+    """Mixtral's and Qwen3 MoE's decoder layers (the library's sparse MoE blocks, its grouped-GEMM experts) measured
+    through ``pipeplan profile --hf-config``: each block holds every expert and the router as ModelSpec counts them,
+    and the profile says its layers were routed by random weights, not a trained router."""
+    out = tmp_path / "moe.json"
+    config = ROOT / "tests" / "fixtures" / fixture
+    res = runner.invoke(app, ["profile", "--hf-config", str(config), "--hf-layers", "2", "--micro-batches", "1,2",
+                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: --hf-config: the 4-expert layers are timed with the routing of random weights "
+                        "(tokens spread about evenly over the experts), not a trained router's"], res.stderr
+    prof = load_profile(out)
+    spec = read_hf_config(config)
+    assert spec.experts == 4 and spec.experts_per_token == 2
+    assert [layer.params for layer in prof.layers] == [spec.vocab * spec.hidden, *[spec.layer_params()] * 4,
+                                                       spec.head_params()]
+    assert prof.total_params == spec.total_params() and "not a trained router's" in prof.notes
+    assert json.loads(prof.environment["model_spec"])["experts"] == 4
+    block = prof.layers[1]
+    assert all(block.fwd_time[b] > 0 and block.bwd_time[b] > 0 for b in (1, 2))
+    assert block.output_bytes_per_sample == 16 * 64 * 4  # (s, h) fp32
+
+
 def _logits(lm):  # type: ignore[no-untyped-def]
     """The layer model's logits of a sample of 2 and its loss."""
     ids, targets = lm.sample(2)
