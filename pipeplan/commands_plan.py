@@ -341,8 +341,8 @@ def register(app: typer.Typer) -> None:
                  "as torchtitan and Hugging Face code run: each of those as separate ops, RMSNorm in fp32)")] = "fused",
         expert_gemm: Annotated[str, typer.Option(
             help="a mixture of experts' expert GEMMs: grouped (one grouped GEMM over the experts: Megatron-Core's "
-                 "--moe-grouped-gemm, torchtitan) or sequential (one expert at a time: Hugging Face's Mixtral and "
-                 "Qwen3-MoE code, Megatron-Core's SequentialMLP)")] = "grouped",
+                 "--moe-grouped-gemm, torchtitan, transformers 5's default) or sequential (one expert at a time: "
+                 "Hugging Face's eager experts, Megatron-Core's SequentialMLP)")] = "grouped",
         p2p: Annotated[str, typer.Option(
             help="how the runtime you will train with posts its pipeline sends: overlapped (they overlap "
                  "compute: pipeplan's executor, Megatron-Core with --overlap-p2p-communication) or blocking "

@@ -29,9 +29,11 @@ split (only the tiles' quantisation changes); it matters once experts are spread
 parallelism: the busiest rank sets the pace), which pipeplan does not plan yet.
 
 **Expert GEMMs** (``OperatorOptions.expert_gemm``): ``"grouped"`` -- one grouped GEMM over the ``E`` experts
-(Megatron-Core's ``--moe-grouped-gemm``, ``TEGroupedMLP``/``GroupedMLP``; torchtitan's ``grouped_mm``), timed as a
+(Megatron-Core's ``--moe-grouped-gemm``, ``TEGroupedMLP``/``GroupedMLP``; torchtitan's ``grouped_mm``; Hugging Face
+transformers 5's default ``experts_implementation="grouped_mm"``), timed as a
 batch of ``E`` GEMMs of ``(m_e, n, k)`` -- or ``"sequential"``: a loop over the experts, each GEMM and
-element-wise kernel launched per expert (Hugging Face's ``MixtralExperts.forward``, transformers 5: gather the
+element-wise kernel launched per expert (Hugging Face's ``MixtralExperts.forward`` under
+``experts_implementation="eager"``, transformers 5, and before it the only one: gather the
 expert's tokens, ``linear`` by ``gate_up_proj``, the activation and product, ``linear`` by ``down_proj``, the
 weight, ``index_add_``; Megatron-Core's ``SequentialMLP``), where small experts are launch- and tile-bound.
 """

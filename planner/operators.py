@@ -198,7 +198,7 @@ class OperatorOptions:
     kernels: Literal["fused", "eager"] = "fused"
     #: a mixture of experts' expert GEMMs (:mod:`planner.moe`): "grouped" -- one grouped GEMM over the experts
     #: (Megatron-Core's ``--moe-grouped-gemm``, torchtitan) -- or "sequential": a loop over the experts, each
-    #: kernel launched per expert (Hugging Face's Mixtral and Qwen3-MoE code; Megatron-Core's ``SequentialMLP``)
+    #: kernel launched per expert (Hugging Face's ``experts_implementation="eager"``; Megatron-Core's ``SequentialMLP``)
     expert_gemm: Literal["grouped", "sequential"] = "grouped"
 
 

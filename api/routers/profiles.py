@@ -27,7 +27,8 @@ class HFConfigUpload(BaseModel):
     # counts are JSON integers and switches JSON booleans (not "4096", not "yes"), as in POST /plans; the name is
     # held to POST /profiles' rule (schemas.Name)
     config: dict[str, Any] = Field(
-        description="the contents of config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3, GPT-2)")
+        description="the contents of config.json (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3 MoE, Phi-3, Gemma 1-3, "
+                    "GPT-2)")
     cluster_id: StrictInt | None = Field(default=None, ge=1, le=MAX_ID,
                                     description="profile for this stored cluster's device")
     device: str | None = Field(default=None, max_length=100, description="or a shipped device (planner/devices)")
@@ -64,7 +65,7 @@ class HFConfigUpload(BaseModel):
     expert_gemm: Literal["grouped", "sequential"] = Field(
         default="grouped", description="a mixture of experts' expert GEMMs: grouped (one grouped GEMM over the "
                                        "experts: Megatron-Core's --moe-grouped-gemm, torchtitan) or sequential (one "
-                                       "expert at a time: Hugging Face's Mixtral code; planner.moe); ignored for a "
+                                       "expert at a time: Hugging Face's eager experts; planner.moe); ignored for a "
                                        "dense model")
     p2p: Literal["overlapped", "blocking"] = Field(
         default="overlapped", description="how the training runtime posts its pipeline sends: overlapped "

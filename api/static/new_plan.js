@@ -325,22 +325,23 @@ async function submit() {
 function hfFieldFor(detail) {
   const field = String(detail).split(/[:.,\s]/, 1)[0];
   return { seq: "hf-seq", name: "hf-name", cluster_id: "cluster", attention: "hf-attention",
-    attention_impl: "hf-attention", sequence_parallel: "hf-sp", recompute_granularity: "hf-recompute", kernels: "hf-kernels",
+    attention_impl: "hf-attention", sequence_parallel: "hf-sp", recompute_granularity: "hf-recompute", kernels: "hf-kernels", expert_gemm: "hf-experts",
     p2p: "hf-p2p", dp_allreduce: "hf-dp", p2p_scatter_gather: "hf-sg", dtype: "hf-dtype",
     gemm_efficiency: "hf-dtype" }[field] || "hf-file";
 }
 
 // "Kernels and runtime": what the run will use (POST /profiles/hf-config's attention, attention_impl,
-// sequence_parallel, recompute_granularity, kernels, p2p, dp_allreduce, p2p_scatter_gather, dtype); the defaults are
+// sequence_parallel, recompute_granularity, kernels, expert_gemm, p2p, dp_allreduce, p2p_scatter_gather, dtype); the defaults are
 // pipeplan's executor
-const HF_RUNTIME = ["hf-attention", "hf-recompute", "hf-kernels", "hf-p2p", "hf-dp", "hf-dtype", "hf-sp", "hf-sg"];
+const HF_RUNTIME = ["hf-attention", "hf-recompute", "hf-kernels", "hf-experts", "hf-p2p", "hf-dp", "hf-dtype", "hf-sp", "hf-sg"];
 function hfRuntime() {
   const v = (id) => document.getElementById(id).value;
   const attention = v("hf-attention");
   const body = {
     attention: attention === "unfused" ? "unfused" : "flash",
     sequence_parallel: document.getElementById("hf-sp").checked,
-    recompute_granularity: v("hf-recompute"), kernels: v("hf-kernels"), p2p: v("hf-p2p"), dp_allreduce: v("hf-dp"),
+    recompute_granularity: v("hf-recompute"), kernels: v("hf-kernels"), expert_gemm: v("hf-experts"), p2p: v("hf-p2p"),
+    dp_allreduce: v("hf-dp"),
     p2p_scatter_gather: document.getElementById("hf-sg").checked,
   };
   if (attention !== "unfused") body.attention_impl = attention;
@@ -358,6 +359,7 @@ function hfRuntimeWords() {
     r.recompute_granularity === "selective" ? "selective recomputation" : "",
     r.recompute_granularity === "op" ? "op checkpointing" : "",
     r.kernels === "eager" ? "eager PyTorch kernels" : "",
+    r.expert_gemm === "sequential" ? "experts one at a time" : "",
     r.p2p === "blocking" ? "blocking pipeline sends" : "",
     r.p2p_scatter_gather ? "scatter/gather sends" : "",
     r.dp_allreduce === "overlapped" ? "all-reduce overlapped with the backward" : "",
