@@ -214,9 +214,10 @@ class RunPlan:
                             f"{self.world_size} processes (devices), but the world size is {world_size}")
         if self.spec.halves_backward and c.micro_batch % 2:
             raise PlanError(f"backward halving needs an even micro-batch size, got b={c.micro_batch}")
-        if model_checked and c.tensor > 1 and (cfg.heads % c.tensor or cfg.ffn_hidden % c.tensor):
-            raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the "
-                            f"MLP width ({cfg.ffn_hidden})")
+        # the MLP split by columns: the dense one's width, or each expert's (f_e; the dense width unused)
+        if model_checked and c.tensor > 1 and (cfg.heads % c.tensor or cfg.f_e % c.tensor):
+            width = f"experts' MLP width ({cfg.f_e})" if cfg.moe else f"MLP width ({cfg.ffn_hidden})"
+            raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the {width}")
         refusal = executor_refusal(c)
         if refusal is not None:
             raise PlanError(refusal)

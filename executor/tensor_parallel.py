@@ -12,6 +12,10 @@ section 3, figure 3).
   :class:`~executor.models.blocks.Block` (:meth:`TensorParallelBlock.from_block`), so ``t = 2`` computes what
   ``t = 1`` does; :meth:`TensorParallelBlock.full_state` gathers the shards back to the full names.
 
+* :class:`TensorParallelMoE`: a mixture-of-experts MLP (:class:`~executor.models.llama.SparseMoE`) with every
+  expert split as the dense MLP and the router replicated (Megatron-Core's expert tensor parallelism with
+  expert-parallel size 1); one all-reduce forward of the routing-weighted sum, as the dense MLP's.
+
 LayerNorms, the embedding and the head are replicated: their inputs and (thanks to ``f``) their output
 gradients are identical on every rank of the group, hence so are their gradients.
 """
@@ -19,6 +23,7 @@ gradients are identical on every rank of the group, hence so are their gradients
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -174,6 +179,73 @@ class TensorParallelBlock(nn.Module):
         return out
 
 
+class TensorParallelExpert(nn.Module):
+    """One :class:`~executor.models.llama.Expert` split as the dense MLP: ``gate`` and ``up`` column-parallel (their
+    input through ``f``), ``down`` row-parallel without its all-reduce (:meth:`partial`: this rank's share of the
+    expert's output, before its bias)."""
+
+    def __init__(self, expert: nn.Module, rank: int, size: int, group: object) -> None:
+        super().__init__()
+        self.act = expert.act
+        self.gate = (ColumnParallelLinear.from_linear(expert.gate, rank, size, group)
+                     if expert.gate is not None else None)
+        self.up = ColumnParallelLinear.from_linear(expert.up, rank, size, group)
+        self.down = RowParallelLinear.from_linear(expert.down, rank, size, group)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        inner = self.act(self.gate(x)) * self.up(x) if self.gate is not None else self.act(self.up(x))
+        return F.linear(inner, self.down.weight)
+
+
+class TensorParallelMoE(nn.Module):
+    """A :class:`~executor.models.llama.SparseMoE` split over a tensor-parallel group: each expert as the dense MLP
+    (:class:`TensorParallelExpert`), the router replicated (Megatron-Core's expert tensor parallelism, expert-parallel
+    size 1: ``megatron/core/transformer/moe``, the router's weight whole on every rank).
+
+    The router reads the block's input ``x`` (the same on every rank) directly, so every rank routes every token
+    alike. The routing weights multiply each expert's *partial* output (this rank's share of ``down``) before the
+    one all-reduce ``g`` of the sum ``(T, h)``; the gradient of a routing weight on a rank is therefore only this
+    rank's share, and the weights pass through ``f`` (identity forward, all-reduce of the gradient backward): the
+    router's weight and input get the full gradient, the same on every rank. The experts read ``f(x)`` (in their
+    column-parallel ``gate``/``up``): the gradient of ``x`` is the router's (full) plus the all-reduced experts'.
+    ``down``'s biases (replicated) are weighted after the all-reduce, with the weights outside ``f`` (their
+    gradient through them already whole)."""
+
+    def __init__(self, moe: nn.Module, rank: int, size: int, group: object) -> None:
+        super().__init__()
+        self.group, self.top_k, self.normalize = group, moe.top_k, moe.normalize
+        self.router = moe.router
+        self.experts = nn.ModuleList(TensorParallelExpert(e, rank, size, group) for e in moe.experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from executor.models.llama import mix, route
+
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
+        partial = mix(tokens, CopyToTensorParallel.apply(weights, self.group), index,
+                      [e.partial for e in self.experts])
+        y = ReduceFromTensorParallel.apply(partial, self.group)
+        biases = [e.down.bias for e in self.experts]
+        if biases[0] is not None:
+            y = y + (weights.unsqueeze(-1) * torch.stack(biases)[index]).sum(dim=1)
+        return y.view(x.shape)
+
+    def full_state(self, gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The parameters under the names of the full :class:`~executor.models.llama.SparseMoE`, the shards
+        gathered with ``gather(tensor, dim)`` (a collective on the group)."""
+        out = {"router.weight": self.router.weight.detach().clone()}
+        for e, expert in enumerate(self.experts):
+            for name, lin in (("gate", expert.gate), ("up", expert.up)):
+                if lin is not None:
+                    out[f"experts.{e}.{name}.weight"] = gather(lin.weight, 0)
+                    if lin.bias is not None:
+                        out[f"experts.{e}.{name}.bias"] = gather(lin.bias, 0)
+            out[f"experts.{e}.down.weight"] = gather(expert.down.weight, 1)
+            if expert.down.bias is not None:
+                out[f"experts.{e}.down.bias"] = expert.down.bias.detach().clone()
+        return out
+
+
 class TensorParallelLlamaBlock(nn.Module):
     """A :class:`~executor.models.llama.LlamaBlock` split over a tensor-parallel group (Megatron-LM section 3,
     with grouped-query attention as Megatron-Core shards it).
@@ -184,7 +256,8 @@ class TensorParallelLlamaBlock(nn.Module):
     ``k`` and ``v`` are replicated: every rank computes all key/value heads and uses those of its query heads;
     their weights pass through ``f`` (identity forward, all-reduce of the gradient backward), so each rank ends
     with the sum of every rank's contribution, the gradient of the full layer. The MLP is split as GPT's:
-    ``gate`` and ``up`` column-parallel, ``down`` row-parallel. Norms are replicated (Gemma 2's norms of the
+    ``gate`` and ``up`` column-parallel, ``down`` row-parallel; a mixture of experts as :class:`TensorParallelMoE`
+    (each expert so, the router replicated). Norms are replicated (Gemma 2's norms of the
     attention's and the MLP's outputs too: they follow the row-parallel all-reduce); the query and key norms
     (``qk_norm``, Qwen3) see only this rank's heads, so their weights pass through ``f`` too.
     """
@@ -219,9 +292,18 @@ class TensorParallelLlamaBlock(nn.Module):
             self.register_buffer("kv_index", torch.arange(rank * local, (rank + 1) * local) // per_kv,
                                  persistent=False)
         self.o = RowParallelLinear.from_linear(block.o, rank, size, group)
-        self.gate = ColumnParallelLinear.from_linear(block.gate, rank, size, group) if block.gate is not None else None
-        self.up = ColumnParallelLinear.from_linear(block.up, rank, size, group)
-        self.down = RowParallelLinear.from_linear(block.down, rank, size, group)
+        if block.moe is not None:  # a mixture of experts: each expert split as the dense MLP
+            width = block.moe.experts[0].up.weight.shape[0]
+            if width % size:
+                raise ValueError(f"tensor parallelism t={size} must divide the experts' MLP width ({width})")
+            self.moe: TensorParallelMoE | None = TensorParallelMoE(block.moe, rank, size, group)
+            self.gate = self.up = self.down = None
+        else:
+            self.moe = None
+            self.gate = (ColumnParallelLinear.from_linear(block.gate, rank, size, group)
+                         if block.gate is not None else None)
+            self.up = ColumnParallelLinear.from_linear(block.up, rank, size, group)
+            self.down = RowParallelLinear.from_linear(block.down, rank, size, group)
 
     @classmethod
     def from_block(cls, block: nn.Module, rank: int, size: int, group: object) -> TensorParallelLlamaBlock:
@@ -253,6 +335,8 @@ class TensorParallelLlamaBlock(nn.Module):
         return self.o(self._attention(q, k, v, self.theta, self.cap, self.window))
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(h)
         inner = self.act(self.gate(h)) * self.up(h) if self.gate is not None else self.act(self.up(h))
         return self.down(inner)
 
@@ -284,7 +368,10 @@ class TensorParallelLlamaBlock(nn.Module):
                 if lin.bias is not None:
                     out[f"{name}.bias"] = self._gather(lin.bias, 0)
         for name, lin in (("o", self.o), ("down", self.down)):
-            out[f"{name}.weight"] = self._gather(lin.weight, 1)
-            if lin.bias is not None:
-                out[f"{name}.bias"] = lin.bias.detach().clone()
+            if lin is not None:
+                out[f"{name}.weight"] = self._gather(lin.weight, 1)
+                if lin.bias is not None:
+                    out[f"{name}.bias"] = lin.bias.detach().clone()
+        if self.moe is not None:
+            out |= {f"moe.{k}": v for k, v in self.moe.full_state(self._gather).items()}
         return out

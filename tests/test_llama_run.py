@@ -1,8 +1,8 @@
 """The executor on a tiny Llama (6 layers, hidden 64, 4 query heads, 2 key/value heads, vocabulary 512, from
 tests/fixtures/tiny-llama/config.json): every schedule asked for and tensor parallelism t=2 give, after the
 steps, the parameters of single-process training (gloo, float64); so do a tiny Qwen2, Qwen3, Gemma 2, Gemma 3 and
-GPT-2 from their HF configs, and a user's own model (``--module examples/custom_model.py:build``). One launch runs
-the plans in sequence."""
+GPT-2 from their HF configs, two mixtures of experts (Mixtral-like, Qwen3-MoE-like), and a user's own model
+(``--module examples/custom_model.py:build``). One launch runs the plans in sequence."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ QWEN3 = read_hf_config(FIXTURES / "tiny-qwen3").model_dump()
 GEMMA2 = read_hf_config(FIXTURES / "tiny-gemma2").model_dump()
 # Gemma 3: per-head query/key norms, a window on two layers of three with their own rotary base
 GEMMA3 = read_hf_config(FIXTURES / "tiny-gemma3").model_dump()
+# mixtures of experts (executor/models/llama.py's SparseMoE): the tiny Llama with 4 experts of width 128, top-2
+# (Mixtral's routing), and the tiny Qwen3 with 8 experts of width 32, top-2, not renormalised (Qwen3 MoE's
+# norm_topk_prob False); at t = 2 each expert is split as the dense MLP, the router replicated
+MOE = read_hf_config(TINY, name="tiny-mixtral").with_(experts=4, experts_per_token=2).model_dump()
+QWEN3_MOE = read_hf_config(FIXTURES / "tiny-qwen3", name="tiny-qwen3-moe").with_(
+    experts=8, experts_per_token=2, expert_ffn_hidden=32, normalize_topk=False).model_dump()
 MODULE = str(FIXTURES.parent.parent / "examples" / "custom_model.py") + ":build"
 
 
@@ -58,6 +64,10 @@ PLANS = {
     "gemma2 tensor t=2 (sandwich norms, soft-capped scores)": P("1f1b", 1, 2, GEMMA2, tensor=2),
     "gemma3 interleaved v=2 (local and global layers)": P("interleaved", 2, 4, GEMMA3, chunks=2),
     "gemma3 tensor t=2 (windows, query/key norms)": P("1f1b", 1, 2, GEMMA3, tensor=2),
+    "moe 1f1b (4 experts, top-2)": P("1f1b", 2, 4, MOE),
+    "moe interleaved v=2": P("interleaved", 2, 4, MOE, chunks=2),
+    "moe tensor t=2 (experts split, router replicated)": P("1f1b", 1, 2, MOE, tensor=2),
+    "qwen3-moe tensor t=2 (8 experts, not renormalised)": P("1f1b", 1, 2, QWEN3_MOE, tensor=2),
     "--module 1f1b b=2": U("1f1b", 2, 4, micro_batch=2),
     "--module interleaved v=2": U("interleaved", 2, 4, chunks=2),
     "--module zb-h1 + recompute": U("zb-h1", 2, 4, recompute=True),

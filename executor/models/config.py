@@ -11,7 +11,9 @@ The family picks the zoo's layer code (:func:`family_of`):
 * ``bert``: the same blocks bidirectional, masked-LM head (:mod:`executor.models.bert`);
 * ``llama``: decoder with rotary positions (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3: RMSNorm, GQA,
   SwiGLU, untied head; Qwen3's per-head query/key norms; Gemma 2's norms on each branch's output and soft-caps;
-  :mod:`executor.models.llama`).
+  with ``experts``, a sparse mixture-of-experts MLP: Mixtral, Jiang et al. 2024, "Mixtral of Experts", section
+  2.1, and Qwen3 MoE as transformers' ``Qwen3MoeSparseMoeBlock`` computes it, top-k routing with or without the
+  renormalisation; :mod:`executor.models.llama`). A mixture of experts is built in this family only.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ Family = Literal["gpt", "bert", "llama"]
 
 def family_of(spec: ModelSpec) -> Family:
     """The zoo family that builds ``spec``; a shape none of them builds is refused naming the field."""
-    if spec.experts is not None:
-        raise ValueError("experts: the zoo does not build a mixture of experts yet (plans and analytical profiles "
-                         "only)")
+    if spec.experts is not None and (spec.encoder or spec.position != "rotary"):
+        raise ValueError("experts: the zoo builds a mixture of experts in its Llama-family (rotary) decoder only, not "
+                         f"with architecture={spec.architecture!r}, position={spec.position!r}")
     if spec.position != "rotary":  # Gemma's pieces are in the Llama-family code only
         gemma = [name for name, on in (("sandwich_norm", spec.sandwich_norm),
                                        ("attention_softcap", spec.attention_softcap is not None),

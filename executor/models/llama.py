@@ -13,6 +13,8 @@ Layers:
    heads) before the rotary, as Qwen3's modeling code does (``q_norm``/``k_norm``).
    The rotary angles are computed in every block from the positions ``0..s-1``, so a pipeline stage needs
    nothing but the hidden states from its predecessor.
+   With ``experts`` (a mixture of experts: Mixtral, Jiang et al. 2024, "Mixtral of Experts", section 2.1;
+   Qwen3 MoE) the MLP is a :class:`SparseMoE` (below).
 L+1. :class:`LlamaHead` ``(x, targets) -> loss``: final norm, LM head (untied unless the spec ties it to the
    token embedding), mean cross-entropy.
 
@@ -25,10 +27,25 @@ published models set it to ``d``, but for 27B's 144): the same shapes and costs,
 (Mistral; Gemma 2's every other layer, Gemma 3's five of six: ``ModelSpec.local_layer``) masks the scores outside
 it; Gemma 3's local layers rotate with their own base (``rope_local_theta``).
 
+Mixture of experts (:class:`SparseMoE`; Mixtral of Experts, section 2.1: ``y = sum_{i < E}
+Softmax(Top2(x W_g))_i SwiGLU_i(x)``; Qwen3's modeling code, transformers' ``Qwen3MoeSparseMoeBlock``): a router
+``nn.Linear(h, E)`` without bias, the softmax of its logits over the ``E`` experts in float32, the ``k``
+(``experts_per_token``) largest kept, renormalised to sum to one when ``normalize_topk`` (Mixtral: always; Qwen3
+MoE: ``norm_topk_prob``), cast back to the hidden dtype; each token's output is the sum over its ``k`` experts of
+weight times ``expert(x)``, each expert an MLP of width ``f_e`` of the dense MLP's form (:class:`Expert`). The
+softmax before the top-k equals Mixtral's paper's top-k before the softmax once renormalised; it is what
+transformers' ``MixtralTopKRouter`` and ``Qwen3MoeTopKRouter`` compute. Not built: the auxiliary load-balancing
+loss (transformers adds it to the loss only with ``output_router_logits``; its default is off), Mixtral's router
+jitter noise (``router_jitter_noise``, 0 by default), Qwen3 MoE's dense layers (``mlp_only_layers``,
+``decoder_sparse_step``; every layer routes here) and expert capacity (no token is dropped). The experts are
+``nn.Linear`` modules in an ``nn.ModuleList`` (transformers 5 stores them fused, a 3-D ``gate_up_proj``
+``(E, 2 f_e, h)`` with gate then up, and ``down_proj`` ``(E, h, f_e)``: the same numbers), which the
+tensor-parallel shard splits as the dense MLP (:class:`executor.tensor_parallel.TensorParallelLlamaBlock`).
+
 Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
 it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
-:mod:`executor.models.blocks`. Initialisation: N(0, 0.02), the residual projections (``o``, ``down``)
-N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one.
+:mod:`executor.models.blocks`. Initialisation: N(0, 0.02), the residual projections (``o``, ``down``, each
+expert's ``down``) N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one; the router N(0, 0.02).
 """
 
 from __future__ import annotations
@@ -113,6 +130,69 @@ class LlamaEmbedding(nn.Module):
         return x if self.scale is None else x * self.scale
 
 
+class Expert(nn.Module):
+    """One expert of a :class:`SparseMoE`: an MLP of width ``f_e`` of the dense MLP's form, ``down(act(gate(x)) *
+    up(x))`` (gated) or ``down(act(up(x)))``, biases as the spec says."""
+
+    def __init__(self, config: ModelConfig, residual_std: float) -> None:
+        super().__init__()
+        h, f = config.hidden, config.f_e
+        self.act = ACTIVATIONS[config.activation]
+        self.gate = nn.Linear(h, f, bias=config.bias) if config.gated_mlp else None
+        self.up = nn.Linear(h, f, bias=config.bias)
+        self.down = nn.Linear(f, h, bias=config.bias)
+        for lin in (self.gate, self.up):
+            if lin is not None:
+                init_linear(lin)
+        init_linear(self.down, residual_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = self.act(self.gate(x)) * self.up(x) if self.gate is not None else self.act(self.up(x))
+        return self.down(inner)
+
+
+def route(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's ``top_k`` experts and their weights from the router's ``logits (T, E)``: the softmax over the
+    ``E`` experts in float32, the ``top_k`` largest, renormalised to sum to one when ``normalize``, cast to
+    ``dtype`` (transformers' ``Qwen3MoeTopKRouter``). Returns ``weights (T, k)`` and ``index (T, k)``."""
+    probs = F.softmax(logits.float(), dim=-1)
+    weights, index = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(dtype), index
+
+
+def mix(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
+        experts: list[Callable[[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+    """``out[t] = sum_j weights[t, j] experts[index[t, j]](x[t])`` for tokens ``x (T, h)``: one expert at a time
+    on the tokens routed to it, as transformers' eager experts (the planner's ``expert_gemm="sequential"``,
+    :mod:`planner.moe`); an expert routed no token runs on an empty batch, so that its weights still get a
+    gradient, of zeros (every rank and stage holds the same set of gradients)."""
+    out = x.new_zeros(x.shape[0], x.shape[1])
+    for e, expert in enumerate(experts):
+        token, slot = torch.where(index == e)
+        out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+    return out
+
+
+class SparseMoE(nn.Module):
+    """A sparse mixture-of-experts MLP (module docstring): a router ``nn.Linear(h, E)`` without bias and ``E``
+    :class:`Expert` s; each token's output is the routing-weighted sum of its ``experts_per_token`` experts' outputs.
+    No auxiliary load-balancing loss: transformers adds one only with ``output_router_logits``."""
+
+    def __init__(self, config: ModelConfig, residual_std: float) -> None:
+        super().__init__()
+        self.top_k, self.normalize = int(config.experts_per_token), config.normalize_topk  # type: ignore[arg-type]
+        self.router = nn.Linear(config.hidden, int(config.experts), bias=False)  # type: ignore[arg-type]
+        init_linear(self.router)
+        self.experts = nn.ModuleList(Expert(config, residual_std) for _ in range(int(config.experts)))  # type: ignore[arg-type]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
+        return mix(tokens, weights, index, list(self.experts)).view(x.shape)
+
+
 class LlamaBlock(nn.Module):
     """Pre-norm block: ``x + o(attn(rope(q), rope(k), v))`` then ``x + mlp(norm(x))`` (module docstring)."""
 
@@ -139,15 +219,19 @@ class LlamaBlock(nn.Module):
         # Gemma 2's sandwich: the attention's and the MLP's outputs normed before their residual adds
         self.attn_out_norm = make_norm(config) if config.sandwich_norm else None
         self.mlp_out_norm = make_norm(config) if config.sandwich_norm else None
-        self.gate = nn.Linear(h, config.f, bias=config.bias) if config.gated_mlp else None
-        self.up = nn.Linear(h, config.f, bias=config.bias)
-        self.down = nn.Linear(config.f, h, bias=config.bias)
         residual_std = INIT_STD / math.sqrt(2 * config.layers)
+        # the MLP: dense (gate, up, down) or a mixture of experts (moe; gate, up and down None)
+        self.moe = SparseMoE(config, residual_std) if config.moe else None
+        dense = self.moe is None
+        self.gate = nn.Linear(h, config.f, bias=config.bias) if config.gated_mlp and dense else None
+        self.up = nn.Linear(h, config.f, bias=config.bias) if dense else None
+        self.down = nn.Linear(config.f, h, bias=config.bias) if dense else None
         for lin in (self.q, self.k, self.v, self.gate, self.up):
             if lin is not None:
                 init_linear(lin)
         init_linear(self.o, residual_std)
-        init_linear(self.down, residual_std)
+        if self.down is not None:
+            init_linear(self.down, residual_std)
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -159,6 +243,8 @@ class LlamaBlock(nn.Module):
         return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(x)
         if self.gate is not None:
             return self.down(self.act(self.gate(x)) * self.up(x))
         return self.down(self.act(self.up(x)))
