@@ -504,7 +504,8 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
         words.append(EAGER_WORDS if kernels == "eager" else FUSED_WORDS)
     if env.get("expert_gemm") in ("grouped", "sequential"):
         words.append("the experts' GEMMs " + ("as one grouped GEMM" if env["expert_gemm"] == "grouped"
-                                               else "launched one expert at a time"))
+                                               else "launched one expert at a time")
+                     + " (every expert on every device, no expert parallelism; balanced routing)")
     p2p = env.get("p2p", EXECUTOR_RUNTIME["p2p"] if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")
