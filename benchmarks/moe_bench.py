@@ -1,0 +1,68 @@
+"""Mixtures of experts in the planner: the operator model's layer times and a search, printed.
+
+For Mixtral 8x7B and Qwen3-30B-A3B (``examples/models``) on an H100 (FlashAttention-2, no dropout, fused kernels,
+sequence 4096, micro-batch 1): one transformer layer's forward and backward at t = 1, 2, 4, 8 with the experts as
+one grouped GEMM and one expert at a time (:mod:`planner.moe`), the achieved TFLOP/s of the forward, and the dense
+twin (one MLP as wide as a token's ``k`` experts) beside them; then ``plan`` on 64 H100s (DGX nodes, global batch
+512) with each, timed, and its best rows.
+
+Run: ``python benchmarks/moe_bench.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from planner.analytic import analytic_profile
+from planner.cluster import load_cluster
+from planner.device import device_for_cluster
+from planner.model import ModelSpec
+from planner.operators import OperatorOptions, layer_flops, layer_operators, time_operators
+from planner.request import TrainingRequest
+from planner.search import plan
+from profiler.hf_config import read_hf_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "examples" / "clusters" / "dgx-h100-80gb.json"
+
+
+def options(gemm: str) -> OperatorOptions:
+    return OperatorOptions(attention="flash", causal=True, dropout=False, sequence_parallel=True, expert_gemm=gemm)
+
+
+def layer_table(spec: ModelSpec, device) -> None:  # noqa: ANN001
+    twin = spec.with_(experts=None, experts_per_token=None, expert_ffn_hidden=None,
+                      ffn_hidden=spec.f_e * int(spec.experts_per_token or 1))
+    print(f"{spec.name}: one layer, b = 1, s = {spec.seq} (ms: forward / backward, TFLOP/s of the forward)")
+    for t in (1, 2, 4, 8):
+        cells = []
+        for label, s, gemm in (("grouped", spec, "grouped"), ("sequential", spec, "sequential"),
+                               ("dense twin", twin, "grouped")):
+            ops = layer_operators(s, 1, t, options(gemm))
+            p = time_operators(ops, device, "bf16")
+            cells.append(f"{label} {p.fwd * 1e3:6.2f} / {p.bwd * 1e3:6.2f} ({layer_flops(ops)[0] / p.fwd / 1e12:4.0f})")
+        print(f"  t={t}: " + "   ".join(cells))
+
+
+def main() -> None:
+    cl = load_cluster(CLUSTER)
+    device = device_for_cluster(cl)
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
+        spec = read_hf_config(ROOT / "examples" / "models" / name, seq=4096, name=name)
+        print(f"{name}: {spec.total_params():,} parameters, {spec.experts} experts, {spec.experts_per_token} per token")
+        layer_table(spec, device)
+        for gemm in ("grouped", "sequential"):
+            prof = analytic_profile(spec, device, options=options(gemm))
+            start = time.perf_counter()
+            res = plan(prof, cl, TrainingRequest(global_batch=512, gpus=64, top=3))
+            took = time.perf_counter() - start
+            print(f"  plan, {gemm} experts, 64 H100s, B = 512: {took:.2f} s, {res.evaluated} configurations, "
+                  f"{res.simulated} simulated")
+            for c in res.candidates:
+                print(f"    {c.config.label():40s} {c.iteration_time:7.3f} s  peak {max(c.memory) / 2**30:5.1f} GiB")
+        print()
+
+
+if __name__ == "__main__":
+    main()
