@@ -12,7 +12,8 @@ Gemma 2 (``ModelSpec.sandwich_norm``, ``attention_softcap``, ``logit_softcap``, 
 the unfused softmax (:func:`softcap`; the flash kernel caps in-kernel, FlashAttention-2's ``softcap``, so its
 time is taken as the uncapped kernel's), the logits' soft-cap before the loss, and the embeddings' ``sqrt(h)``.
 A layer with a sliding window (``ModelSpec.layer_window``: Mistral, Gemma 2's every other layer) runs the flash
-kernel over the pairs within it only (:func:`window_share`).
+kernel over the pairs within it only (:func:`window_share`). A mixture of experts (``ModelSpec.experts``: Mixtral,
+Qwen3 MoE) runs the router, the dispatch, the experts and the combine of :mod:`planner.moe` in place of the MLP.
 
 Symbols: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` query heads, ``k`` key/value heads, ``d``
 head dimension, ``f`` MLP width, ``t`` tensor-parallel size, ``T = b s`` tokens, ``el`` bytes per element.
