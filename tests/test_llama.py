@@ -52,9 +52,10 @@ def test_stages_equal_whole_model() -> None:
     torch.testing.assert_close(x, whole)
 
 
-def _same_logits(cfg, layers, hf, copy_block) -> None:  # type: ignore[no-untyped-def]
+def _same_logits(cfg, layers, hf, copy_block, tol: float | None = None) -> None:  # type: ignore[no-untyped-def]
     """Copy our embedding, final norm and head into transformers' model ``hf`` and each block with
-    ``copy_block(ours, theirs)`` (which copies its projections), then compare the logits of one batch."""
+    ``copy_block(ours, theirs)`` (which copies its projections), then compare the logits of one batch (``tol``: rtol
+    and atol where given, else ``assert_close``'s defaults for the dtype)."""
     with torch.no_grad():
         hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
         for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
@@ -67,7 +68,7 @@ def _same_logits(cfg, layers, hf, copy_block) -> None:  # type: ignore[no-untype
         x = ids
         for m in layers[:-1]:
             x = m(x)
-        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits)
+        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits, rtol=tol, atol=tol)
 
 
 def _copy_projections(ours, theirs) -> None:  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ from executor.models.data import synthetic_batch
 from executor.models.llama import LlamaBlock, SparseMoE
 from planner.model import PRESETS, ModelSpec
 from profiler.hf_config import read_hf_config
+from tests.test_llama import _same_logits
 
 torch.set_num_threads(1)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -118,27 +119,21 @@ def test_moe_same_logits_as_transformers(case: str) -> None:
     """The whole model: our weights copied into transformers' model give the same logits (float64; transformers'
     RMSNorm rounds through float32 whatever the dtype, hence float32's tolerance, as for Gemma in
     tests/test_llama.py)."""
-    spec, cfg, layers, hf = ours_and_theirs(case)
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            at = theirs.self_attn
-            for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj)):
-                b.weight.copy_(a.weight)
-            pairs = [(ours.input_norm, theirs.input_layernorm), (ours.post_norm, theirs.post_attention_layernorm)]
-            if spec.qk_norm:
-                pairs += [(ours.q_norm, at.q_norm), (ours.k_norm, at.k_norm)]
-            for norm, target in pairs:
-                norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
-                target.weight.copy_(norm.weight)
-            copy_moe(ours.moe, theirs.mlp)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-        ids, _ = synthetic_batch(cfg, 2, seed=3)
-        x = ids
-        for m in layers[:-1]:
-            x = m(x)
-        torch.testing.assert_close(layers[-1].logits(x), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    _, cfg, layers, hf = ours_and_theirs(case)
+
+    def copy_block(ours, theirs) -> None:  # type: ignore[no-untyped-def]
+        at = theirs.self_attn
+        for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj)):
+            b.weight.copy_(a.weight)
+        pairs = [(ours.input_norm, theirs.input_layernorm), (ours.post_norm, theirs.post_attention_layernorm)]
+        if ours.q_norm is not None:
+            pairs += [(ours.q_norm, at.q_norm), (ours.k_norm, at.k_norm)]
+        for norm, target in pairs:
+            norm.weight.uniform_(0.5, 1.5)  # norms at one would hide a norm applied in the wrong place
+            target.weight.copy_(norm.weight)
+        copy_moe(ours.moe, theirs.mlp)
+
+    _same_logits(cfg, layers, hf, copy_block, tol=1e-5)
 
 
 def test_moe_shapes_and_parameter_counts() -> None:
