@@ -179,6 +179,25 @@ class TensorParallelBlock(nn.Module):
         return out
 
 
+def gathered_linears(columns: list[tuple[str, nn.Module | None]], rows: list[tuple[str, nn.Module | None]],
+                     gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The full ``<name>.weight`` / ``<name>.bias`` of column-parallel linears (weight and bias gathered along
+    their output features, dim 0) and row-parallel ones (weight gathered along its input features, dim 1; the bias
+    replicated, copied), with ``gather(tensor, dim)`` (a collective on the group); a None linear is skipped."""
+    out: dict[str, torch.Tensor] = {}
+    for name, lin in columns:
+        if lin is not None:
+            out[f"{name}.weight"] = gather(lin.weight, 0)
+            if lin.bias is not None:
+                out[f"{name}.bias"] = gather(lin.bias, 0)
+    for name, lin in rows:
+        if lin is not None:
+            out[f"{name}.weight"] = gather(lin.weight, 1)
+            if lin.bias is not None:
+                out[f"{name}.bias"] = lin.bias.detach().clone()
+    return out
+
+
 class TensorParallelExpert(nn.Module):
     """One :class:`~executor.models.llama.Expert` split as the dense MLP: ``gate`` and ``up`` column-parallel (their
     input through ``f``), ``down`` row-parallel without its all-reduce (:meth:`partial`: this rank's share of the
@@ -235,14 +254,8 @@ class TensorParallelMoE(nn.Module):
         gathered with ``gather(tensor, dim)`` (a collective on the group)."""
         out = {"router.weight": self.router.weight.detach().clone()}
         for e, expert in enumerate(self.experts):
-            for name, lin in (("gate", expert.gate), ("up", expert.up)):
-                if lin is not None:
-                    out[f"experts.{e}.{name}.weight"] = gather(lin.weight, 0)
-                    if lin.bias is not None:
-                        out[f"experts.{e}.{name}.bias"] = gather(lin.bias, 0)
-            out[f"experts.{e}.down.weight"] = gather(expert.down.weight, 1)
-            if expert.down.bias is not None:
-                out[f"experts.{e}.down.bias"] = expert.down.bias.detach().clone()
+            out |= gathered_linears([(f"experts.{e}.gate", expert.gate), (f"experts.{e}.up", expert.up)],
+                                    [(f"experts.{e}.down", expert.down)], gather)
         return out
 
 
@@ -362,16 +375,7 @@ class TensorParallelLlamaBlock(nn.Module):
         else:
             for name, lin in (("k", self.k), ("v", self.v)):
                 out |= {f"{name}.{k}": v.detach().clone() for k, v in lin.named_parameters()}
-        for name, lin in columns:
-            if lin is not None:
-                out[f"{name}.weight"] = self._gather(lin.weight, 0)
-                if lin.bias is not None:
-                    out[f"{name}.bias"] = self._gather(lin.bias, 0)
-        for name, lin in (("o", self.o), ("down", self.down)):
-            if lin is not None:
-                out[f"{name}.weight"] = self._gather(lin.weight, 1)
-                if lin.bias is not None:
-                    out[f"{name}.bias"] = lin.bias.detach().clone()
+        out |= gathered_linears(columns, [("o", self.o), ("down", self.down)], self._gather)
         if self.moe is not None:
             out |= {f"moe.{k}": v for k, v in self.moe.full_state(self._gather).items()}
         return out
