@@ -48,9 +48,9 @@ from planner.operators import (
     Kernel,
     Operator,
     OperatorOptions,
-    eager_swiglu,
     elementwise,
     gemm,
+    mlp_activation,
 )
 
 
@@ -60,9 +60,9 @@ def tokens_per_expert(tokens: float, spec: ModelSpec) -> int:
 
 
 def _repeat(op: Operator, n: int) -> Operator:
-    """``op`` run ``n`` times, one launch per kernel per time (a loop over the experts)."""
+    """``op`` run ``n`` times, one launch per kernel per time (a loop over the experts; ``op`` itself at 1)."""
     return replace(op, fwd=op.fwd * n, bwd_i=op.bwd_i * n, bwd_w=op.bwd_w * n, saved_bytes=op.saved_bytes * n,
-                   out_bytes=op.out_bytes * n, transient_bytes=op.transient_bytes)
+                   out_bytes=op.out_bytes * n)
 
 
 def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: OperatorOptions, el: int,
@@ -84,20 +84,14 @@ def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: 
                        (Kernel("routing.bwd", 4.0 * scores, (12.0 + el) * scores + 4.0 * rows * k),), (),
                        saved_bytes=4.0 * scores + 12.0 * rows * k)
     cols = (2 if spec.gated_mlp else 1) * f_t
-    if options.expert_gemm == "grouped":
-        permute = elementwise("permute", copies * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1, bwd_writes=1,
-                              saved_bytes=8.0 * copies)
-        up = gemm("experts_up", m_e, cols, h, el, batch=E, accumulate=accumulate, bias_rows=m_e if bias else 0)
-        act = _activation(spec, E * m_e * f_t, el, eager)
-        down = gemm("experts_down", m_e, h, f_t, el, batch=E, accumulate=accumulate, bias_rows=m_e if bias else 0)
-        experts = [up, act, down]
-    else:  # one launch per expert of each kernel (module docstring)
-        permute = _repeat(elementwise("permute", m_e * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1,
-                                      bwd_writes=1, saved_bytes=8.0 * m_e), E)
-        experts = [_repeat(op, E) for op in (
-            gemm("experts_up", m_e, cols, h, el, accumulate=accumulate, bias_rows=m_e if bias else 0),
-            _activation(spec, m_e * f_t, el, eager),
-            gemm("experts_down", m_e, h, f_t, el, accumulate=accumulate, bias_rows=m_e if bias else 0))]
+    # grouped: each kernel once over the E experts' tokens (a batch of E GEMMs); sequential: each launched per expert
+    rows_each, batch, launches = (copies, E, 1) if options.expert_gemm == "grouped" else (m_e, 1, E)
+    permute = _repeat(elementwise("permute", rows_each * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1,
+                                  bwd_writes=1, saved_bytes=8.0 * rows_each), launches)
+    experts = [_repeat(op, launches) for op in (
+        gemm("experts_up", m_e, cols, h, el, batch=batch, accumulate=accumulate, bias_rows=m_e if bias else 0),
+        mlp_activation("experts_act", spec.gated_mlp, batch * m_e * f_t, el, eager),
+        gemm("experts_down", m_e, h, f_t, el, batch=batch, accumulate=accumulate, bias_rows=m_e if bias else 0))]
     # combine: read the copies and their weights, write T x h; bwd: the copies' gradients (read dY, weights; write
     # T k h) and the weights' (read dY and the saved copies); saves the experts' outputs
     combine = Operator("combine", (Kernel("combine", 2.0 * copies * h, el * (copies * h + tokens * h) + 4.0 * copies),),
@@ -105,14 +99,3 @@ def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: 
                                + 8.0 * copies),), (), saved_bytes=el * copies * h)
     return [router, routing, permute, *experts, combine]
 
-
-def _activation(spec: ModelSpec, elements: float, el: int, eager: bool) -> Operator:
-    """The experts' activation over ``elements`` (``m x f_e / t``): SwiGLU's product with a gated MLP (fused, or
-    eager PyTorch's ``silu`` and product), else the activation alone; as the dense MLP's (:mod:`planner.operators`)."""
-    if spec.gated_mlp:
-        if eager:
-            return eager_swiglu("experts_act", elements, el)
-        return elementwise("experts_act", elements, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3, bwd_writes=2,
-                           saved_bytes=el * 2 * elements)
-    return elementwise("experts_act", elements, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
-                       saved_bytes=el * elements)

@@ -319,6 +319,20 @@ def eager_residual(name: str, elements: float, el: int, dropout: bool) -> Operat
     return _passes(name, fwd, bwd, elements, float(elements) if dropout else 0.0)
 
 
+def mlp_activation(name: str, gated: bool, elements: float, el: int, eager: bool) -> Operator:
+    """An MLP's activation over ``elements`` (``T x f/t``): with a gated MLP SwiGLU's ``act(gate) * up`` -- one
+    fused kernel (Megatron's ``bias_swiglu``) that saves its two inputs, or eager PyTorch's two
+    (:func:`eager_swiglu`) -- else the fused bias + GeLU (Megatron 4.2; one ATen kernel in eager PyTorch too),
+    which saves its input."""
+    if gated:
+        if eager:
+            return eager_swiglu(name, elements, el)
+        return elementwise(name, elements, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3, bwd_writes=2,
+                           saved_bytes=el * 2 * elements)
+    return elementwise(name, elements, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
+                       saved_bytes=el * elements)
+
+
 def softcap(name: str, elements: float, el: int, eager: bool) -> Operator:
     """Gemma 2's soft-capping ``cap tanh(x / cap)`` over ``elements`` (Gemma Team 2024, "Gemma 2", section 2:
     attention scores capped at 50, final logits at 30): Hugging Face's code runs it as three eager kernels (``/
@@ -509,8 +523,10 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         from planner.moe import moe_operators
 
         ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager))
-    elif spec.gated_mlp:
-        if split:  # gate and up apart, reading one input (saved once, by the gate)
+    else:
+        if not spec.gated_mlp:
+            ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+        elif split:  # gate and up apart, reading one input (saved once, by the gate)
             ops.append(gathered(gemm("w1", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
             ops.append(gemm("w3", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
             if eager:
@@ -518,15 +534,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         else:
             ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc,
                                      bias_rows=T if bias else 0)))
-        ops.append(eager_swiglu("act_mul", T * f_t, el) if eager else
-                   elementwise("act_mul", T * f_t, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3, bwd_writes=2,
-                               saved_bytes=el * 2 * T * f_t))
-    else:
-        ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
-        # fused bias + GeLU (Megatron 4.2); saves its input
-        ops.append(elementwise("act", T * f_t, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
-                               saved_bytes=el * T * f_t))
-    if not spec.moe:
+        ops.append(mlp_activation("act_mul" if spec.gated_mlp else "act", spec.gated_mlp, T * f_t, el, eager))
         ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
     if spec.sandwich_norm:  # Gemma 2: the MLP's output normed before the residual add
         ops.append(norm("post_mlp_norm"))
