@@ -202,17 +202,17 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
                    "measured_decoder_layers": str(min(hf_layers, spec.layers))}
             notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "
                      f"of {spec.layers} decoder layers measured, the rest reuse the last.")
+            caveats = []  # what the measured layers leave out, warned of and kept in the notes
             if any(spec.layer_window(i) is not None for i in range(spec.layers)):
                 # the layers are timed without a mask (profiler.hf_model): full causal attention everywhere
-                sentence = (f"hf-config: the layers are timed with full causal attention, not within the model's "
-                            f"{spec.sliding_window}-token sliding window (where a kernel skips the positions outside "
-                            "it, those layers take less; profile-analytic --attention flash counts that)")
-                warn_option(sentence)
-                notes += " " + sentence.removeprefix("hf-config: ").capitalize() + "."
+                caveats.append(f"hf-config: the layers are timed with full causal attention, not within the model's "
+                               f"{spec.sliding_window}-token sliding window (where a kernel skips the positions "
+                               "outside it, those layers take less; profile-analytic --attention flash counts that)")
             if spec.moe:
                 # the router of random weights (profiler.hf_model): its top-k spreads tokens about evenly
-                sentence = (f"hf-config: the {spec.experts}-expert layers are timed with the routing of random "
-                            "weights (tokens spread about evenly over the experts), not a trained router's")
+                caveats.append(f"hf-config: the {spec.experts}-expert layers are timed with the routing of random "
+                               "weights (tokens spread about evenly over the experts), not a trained router's")
+            for sentence in caveats:
                 warn_option(sentence)
                 notes += " " + sentence.removeprefix("hf-config: ").capitalize() + "."
         else:
