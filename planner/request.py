@@ -136,6 +136,9 @@ class Config(BaseModel):
     pipelines: int | None = Field(default=None, ge=1, le=MAX_STAGES)
     concat: str | None = Field(default=None, max_length=64)
     replication: str | None = Field(default=None, max_length=8 * MAX_STAGES)
+    #: expert-parallel size ``e`` (:mod:`planner.expert_parallel`): a mixture of experts' experts split over ``e`` of
+    #: the ``W`` data-parallel replicas (absent from the record at 1, so configurations without it read as before)
+    expert: int = Field(default=1, ge=1, le=MAX_GPUS, exclude_if=lambda v: v == 1)
 
     @model_validator(mode="after")
     def _stages(self) -> Config:
@@ -143,6 +146,9 @@ class Config(BaseModel):
         rule, worded with the fields."""
         check_size(self.pipeline, 1, self.chunks, self.waves,
                    names={"devices": "pipeline", "chunks": "chunks", "waves": "waves"})
+        if self.data % self.expert:
+            raise ValueError(f"expert: the expert-parallel size {self.expert} must divide data (W = {self.data}): "
+                             "each expert-parallel group is made of data-parallel replicas")
         return self
 
     def schedule_params(self) -> dict[str, Any]:
@@ -156,5 +162,6 @@ class Config(BaseModel):
     def label(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in self.schedule_params().items())
         rc = " +rc" if self.recompute else ""
-        return (f"t={self.tensor} D={self.pipeline} W={self.data} b={self.micro_batch} "
+        ep = f" e={self.expert}" if self.expert > 1 else ""
+        return (f"t={self.tensor} D={self.pipeline} W={self.data}{ep} b={self.micro_batch} "
                 f"{self.schedule}{'(' + extra + ')' if extra else ''}{rc}")
