@@ -39,8 +39,10 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   flash kernel, its implementation (``attention_impl``: flash2, flash3 or cudnn, timed at its published
   rate on the device where the device has one: :mod:`planner.operators`).
 * Mixture of experts (:mod:`planner.moe`): the router, the dispatch, the experts (``OperatorOptions.expert_gemm``,
-  recorded as ``expert_gemm``) and the combine in place of the dense MLP; all experts on every device of a
-  tensor-parallel group, split as the dense MLP is (no expert parallelism), balanced routing (said in the notes).
+  recorded as ``expert_gemm``) and the combine in place of the dense MLP, split over t as the dense MLP is, balanced
+  routing (said in the notes); a layer's ``expert_params`` (what expert parallelism splits) and, in
+  ``expert_times``, its times at every expert-parallel size ``e`` dividing ``E`` (each rank's ``E/e`` experts on the
+  tokens routed to them: :mod:`planner.expert_parallel`).
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -53,6 +55,7 @@ from pydantic import ValidationError
 
 from planner.device import DeviceSpec, find_device, generic_device, get_device
 from planner.dtypes import DTYPE_BYTES, canonical_dtype, dtype_error
+from planner.expert_parallel import expert_sizes
 from planner.model import ModelSpec, tensor_split_error
 from planner.operators import (
     OperatorOptions,
@@ -185,15 +188,24 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     # a power-limited device: the same operators at the burst rate tell each shard's matrix share (planner.power)
     burst = dev.model_copy(update={"sustained_rate": 1.0}) if dev.power_limited else None
 
-    def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int) -> LayerProfile:
-        recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
+    def shards(builder, recomputed: bool) -> dict[int, ShardTimes]:
         per_t = {}
+        for t in sizes:
+            held = _times(builder, spec, dev, dtype, t, opts, micro_batches)
+            share = _matrix_share(held, _times(builder, spec, burst, dtype, t, opts, micro_batches),
+                                  dev.sustained_rate) if burst is not None else None
+            per_t[t] = _shard(held, recomputed, share)
+        return per_t
+
+    def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int,
+              expert_params: int = 0) -> LayerProfile:
+        recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
         try:
-            for t in sizes:
-                held = _times(builder, spec, dev, dtype, t, opts, micro_batches)
-                share = _matrix_share(held, _times(builder, spec, burst, dtype, t, opts, micro_batches),
-                                      dev.sustained_rate) if burst is not None else None
-                per_t[t] = _shard(held, recomputed, share)
+            per_t = shards(builder, recomputed)
+            # a mixture of experts' layer: its times at every expert-parallel size too (planner.expert_parallel)
+            # (every divisor e > 1 of E: planner.expert_parallel.expert_sizes at W = E)
+            per_e = ({e: shards(partial(builder, expert=e), recomputed)
+                      for e in expert_sizes(spec.experts, int(spec.experts or 1)) if e > 1} if expert_params else {})
             one = per_t[1]
             return LayerProfile(
                 name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
@@ -201,7 +213,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                 stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or 0),
                 transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
                 held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
-                params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t)
+                params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t,
+                expert_params=expert_params, expert_times=per_e or None)
         except ValidationError as e:  # a figure past planner.limits: said of the shape, not of a profile field
             err = e.errors()[0]
             field = str(err["loc"][0]) if err["loc"] else ""
@@ -212,14 +225,16 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)
     # one profile per attention window the layers have (a sliding window, and the global layers between)
     windows = [spec.layer_window(i) for i in range(spec.layers)]
+    experts = int(spec.experts or 0) * spec.expert_params()  # of a layer's parameters, its experts'
     blocks = {w: layer("block0", "transformer", partial(layer_operators, window=w), spec.layer_params(), 0,
-                       el * s * h, el * s * h) for w in dict.fromkeys(windows)}
+                       el * s * h, el * s * h, experts) for w in dict.fromkeys(windows)}
     head = layer("lm_head", "lm_head", head_operators, spec.head_params(),
                  V * h if spec.tied_embeddings else 0, 4, el * s * h)
     layers = [emb] + [blocks[w].model_copy(update={"name": f"block{i}"}) for i, w in enumerate(windows)] + [head]
     return ModelProfile(
         name=name or spec.name, layers=layers, device=dev.name, dtype=dtype, source="analytical",
-        shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f),
+        shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f,
+                               experts=spec.experts, experts_per_token=spec.experts_per_token),
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
                      "family": "bert" if spec.encoder else "gpt", "model": spec.name,
@@ -263,8 +278,8 @@ def _moe_note(spec: ModelSpec, opts: OperatorOptions) -> str:
     gemms = ("one grouped GEMM over the experts" if opts.expert_gemm == "grouped"
              else "the experts' kernels launched one expert at a time")
     return (f"; mixture of experts: {spec.experts} experts, {spec.experts_per_token} per token, balanced routing "
-            f"(T k / E tokens per expert), {gemms}, every expert on every device of a tensor-parallel group "
-            "(no expert parallelism)")
+            f"(T k / E tokens per expert), {gemms}; times at every expert-parallel size dividing {spec.experts} "
+            "(planner.expert_parallel: the experts split over that many data-parallel replicas)")
 
 
 def _selective_note(opts: OperatorOptions) -> str:

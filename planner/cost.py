@@ -124,6 +124,7 @@ from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Lin
 from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.dtypes import DTYPE_BYTES
+from planner.expert_parallel import EXPERT_TIMES_KEY, alltoall_bytes, ep_group, expert_data_ranks, state_split
 from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, held_rate
 from planner.profile import (
     LayerProfile,
@@ -243,6 +244,23 @@ def ranks_per_node(cluster: Cluster, ranks: list[int]) -> dict[int, int]:
     return per_node
 
 
+def alltoall_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
+    """One all-to-all among the global GPUs ``ranks`` in which each sends ``nbytes`` (``1/r`` of it to each rank, its
+    own share staying; :mod:`planner.expert_parallel`'s dispatch and combine). NCCL runs it as concurrent sends and
+    receives to every peer: a rank on a node holding ``c`` of the ``r`` ranks sends ``(c-1)/r`` of its bytes over the
+    intra-node link and ``(r-c)/r`` over its inter-node link at once (each GPU its own NIC, as on a DGX), each timed as
+    one message on its link class (:func:`collective_time` ``p2p``); the slowest rank's larger part sets the time."""
+    r = len(ranks)
+    if r <= 1 or nbytes <= 0:
+        return 0.0
+    worst = 0.0
+    for c in set(ranks_per_node(cluster, ranks).values()):
+        intra = collective_time(cluster, "intra", "p2p", 2, nbytes * (c - 1) / r) if c > 1 else 0.0
+        inter = collective_time(cluster, "inter", "p2p", 2, nbytes * (r - c) / r) if c < r else 0.0
+        worst = max(worst, intra, inter)
+    return worst
+
+
 def allreduce_time(cluster: Cluster, ranks: list[int], nbytes: float) -> float:
     """All-reduce among global GPU ``ranks``; hierarchical when they span nodes: reduce-scatter inside the
     node (``k`` ranks per node), all-reduce across the nodes on ``L/k`` (each GPU on its own NIC), all-gather
@@ -312,6 +330,11 @@ class StageInfo:
     has_head: bool = False
     #: per sample, the output gradients a split backward's I keeps for its W (:func:`layer_held_grads`)
     held_grad_bytes: float = 0.0
+    #: of ``params`` / ``param_bytes``, the experts' (a mixture of experts: what expert parallelism splits), and
+    #: how many of its layers have experts (each does the all-to-alls of :mod:`planner.expert_parallel`)
+    expert_params: float = 0.0
+    expert_param_bytes: float = 0.0
+    moe_layers: int = 0
 
 
 def own_layer_params(profile: ModelProfile, info: StageInfo) -> list[float]:
@@ -398,7 +421,10 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
             transient_bytes=max(layer_transient(lay, tensor) for lay in layers),
             has_embedding=any(x.kind == "embedding" for x in layers),
             has_head=any(x.kind == "lm_head" for x in layers),
-            held_grad_bytes=sum(layer_held_grads(lay, tensor) for lay in layers)))
+            held_grad_bytes=sum(layer_held_grads(lay, tensor) for lay in layers),
+            expert_params=sum(x.expert_params for x in layers),
+            expert_param_bytes=sum(x.param_bytes * x.expert_params / x.params for x in layers if x.expert_params),
+            moe_layers=sum(1 for x in layers if x.expert_params)))
         if cache is not None:
             cache[(i, j, tensor)] = out[-1]
     # a tied copy sharing the stage of its original is not a second copy
@@ -439,15 +465,22 @@ class ConfigCosts(Costs):
         #: (:func:`planner.contention.collective_share`: its NCCL channels' SMs)
         self.comm_share = collective_share(_device(cluster.device))
         self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
+        #: expert-parallel size e (:mod:`planner.expert_parallel`; ``profile`` is then one EP rank's view of the model)
+        self.expert = config.expert
         shard = config.data if request.sharded_state else 1
-        step_key = (request.state_bytes_per_param(config.data), shard, self.fsdp)
+        # an expert's state is sharded over the W/e replicas holding it
+        expert_shard = config.data // self.expert if request.sharded_state else 1
+        step_key = (request.state_bytes_per_param(config.data), shard, self.fsdp,
+                    request.state_bytes_per_param(config.data // self.expert), expert_shard)
         if step_key not in shared["steps"]:
             grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
             if self.fsdp:  # the gradients arrive reduce-scattered in fp32 (planner.fsdp)
                 grad_pass = fsdp.step_grad_pass_bytes(profile.dtype)
-            scale = (2 * step_key[0] + grad_pass / shard) / cluster.memory_bandwidth / t
-            scale *= calibration(cluster).compute_scale
-            shared["steps"][step_key] = [info.params * scale for info in self.stages]
+            unit = calibration(cluster).compute_scale / cluster.memory_bandwidth / t
+            scale = (2 * step_key[0] + grad_pass / shard) * unit
+            expert_scale = (2 * step_key[3] + grad_pass / expert_shard) * unit
+            shared["steps"][step_key] = [state_split(info.params, info.expert_params, scale, expert_scale)
+                                         for info in self.stages]
         self._step_of: list[float] = shared["steps"][step_key]
         # the size of one micro-batch of the schedule: backward halving runs micro-batches of b/2
         self.base_b = schedule_samples(config)
@@ -508,6 +541,8 @@ class ConfigCosts(Costs):
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
         self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
+        #: :meth:`_alltoall` and the experts' gradient reduction (:meth:`allreduce`), of this placement
+        self._ep_times: dict[tuple, float] = {}
         if "power" not in shared:
             shared["power"] = power_of(profile) if self.per_t else None
         #: the profile's device's power limit and busy-throughout rate (:mod:`planner.power`) where the profile's
@@ -546,8 +581,18 @@ class ConfigCosts(Costs):
         if self.per_t:
             src = next(lay.tensor_times[self.t].source for lay in self.profile.layers
                        if lay.tensor_times and self.t in lay.tensor_times)
-            return f"per-t {src}" + (" (other layers: t=1 / (t * tensor_efficiency))" if self.partial else "")
-        return "t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)"
+            return (f"per-t {src}" + (" (other layers: t=1 / (t * tensor_efficiency))" if self.partial else "")
+                    + self._expert_source)
+        return ("t=1" if self.t == 1 else "t=1 / (t * tensor_efficiency)") + self._expert_source
+
+    @property
+    def _expert_source(self) -> str:
+        """What the experts' times are at e > 1 (:func:`planner.expert_parallel.expert_view`)."""
+        if self.expert == 1:
+            return ""
+        if self.profile.environment.get(EXPERT_TIMES_KEY) == "e=1":
+            return f"; experts at e={self.expert}: the times without expert parallelism (same FLOPs)"
+        return f"; experts at e={self.expert}"
 
     def _tp_one(self, samples: float) -> float:
         """One tensor-parallel all-reduce of the ``b s h`` boundary tensor (with sequence parallelism: an
@@ -642,10 +687,35 @@ class ConfigCosts(Costs):
         rc = 2 if self.config.recompute else 1
         per = 0.0
         for _replica, s in self.held[device]:
-            layers = self._tp_comm(s, b)
+            layers = self._tp_comm(s, b) + self.ep_comm(s, b)
             per += (layers + self._tp_edges(s, b, backward=False)
                     + rc * layers + self._tp_edges(s, b, backward=True) + self._sp_regather(s, b))
         return per
+
+    def ep_comm(self, stage: int, samples: float) -> float:
+        """One pass's expert-parallel all-to-alls of ``stage`` for a micro-batch of ``samples``: per layer with
+        experts the dispatch and the combine (:mod:`planner.expert_parallel`, "Communication"), each
+        :func:`alltoall_time` in the slowest of the stage's expert-parallel groups, with the link scale; 0 at e = 1."""
+        info = self.stages[stage]
+        shape = self.profile.shape
+        if self.expert == 1 or not info.moe_layers or shape is None:
+            return 0.0
+        nbytes = alltoall_bytes(samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1), self.el,
+                                self.t, self.sequence_parallel)
+        return 2 * info.moe_layers * self._alltoall(self.holders(stage), nbytes) * self.cal.link_scale
+
+    def _alltoall(self, holders: tuple[int, ...], nbytes: float) -> float:
+        """:func:`alltoall_time` in the slowest expert-parallel group of the pipeline devices ``holders`` (tensor rank
+        0; every tensor rank's group is laid out alike), once per (holders, bytes). A group's nodes depend on where
+        its first rank falls in a node, which repeats every ``G`` groups at most."""
+        key = ("alltoall", holders, nbytes)
+        got = self._ep_times.get(key)
+        if got is None:
+            e, groups = self.expert, self.config.data // self.expert
+            got = self._ep_times[key] = max(
+                alltoall_time(self.cluster, [self.rank(d, w) for w in ep_group(g * e, e)], nbytes)
+                for d in holders for g in range(min(groups, self.cluster.gpus_per_node)))
+        return got
 
     def busy_share(self, res: SimResult) -> float:
         """The pipeline's mean busy share of the simulated step ``res`` (:func:`planner.power.busy_share`): per
@@ -750,6 +820,8 @@ class ConfigCosts(Costs):
 
     def fwd(self, stage: int, span: int = 1) -> float:
         v = self._plain_fwd(stage, span)
+        if self.expert > 1:
+            v += self.ep_comm(stage, self.base_b * span)
         if self.fsdp_per_microbatch:
             v += self.fsdp_extra("F", stage, span)
         if self.blocking_p2p:
@@ -758,6 +830,8 @@ class ConfigCosts(Costs):
 
     def bwd(self, stage: int) -> float:
         v = self._plain_bwd(stage)
+        if self.expert > 1:  # the backward's two all-to-alls, and the recomputed forward's
+            v += self.ep_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
         if self.fsdp_per_microbatch:
             v += self.fsdp_extra("B", stage)
         if self.blocking_p2p:
@@ -859,7 +933,7 @@ class ConfigCosts(Costs):
             return 0.0
         plain = (self._compute(stage, "bwd", self.base_b)
                  + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True)
-                 + self._sp_regather(stage, self.base_b))
+                 + self._sp_regather(stage, self.base_b) + self.ep_comm(stage, self.base_b))
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------
@@ -970,9 +1044,34 @@ class ConfigCosts(Costs):
 
     def allreduce(self, stage: int, replica: int, device: int) -> float:
         holders = self.holders(stage)
-        nbytes = self.stages[stage].param_bytes / self.t
+        info = self.stages[stage]
         if self.fsdp:
             return self._fsdp_sync(stage)
+        if self.expert > 1 and info.expert_params:
+            # the dense weights over all their copies, then the experts' over the W/e replicas holding them
+            return self._reduce(holders, (info.param_bytes - info.expert_param_bytes) / self.t, stage) \
+                + self._expert_reduce(holders, info.expert_param_bytes / self.t, stage)
+        return self._reduce(holders, info.param_bytes / self.t, stage)
+
+    def _expert_reduce(self, holders: tuple[int, ...], nbytes: float, stage: int) -> float:
+        """The experts' gradient reduction of ``stage`` (``nbytes`` per rank) among the replicas holding the same
+        experts (:func:`planner.expert_parallel.expert_data_ranks`): an all-reduce, or with a sharded optimizer its
+        reduce-scatter and all-gather; in the slowest EP rank's group, with the link scale."""
+        key = ("experts", holders, nbytes)
+        got = self._ep_times.get(key)
+        if got is None:
+            e, W = self.expert, self.config.data
+            worst = 0.0
+            for i in range(min(e, self.cluster.gpus_per_node)):
+                ranks = [self.rank(d, w) for w in expert_data_ranks(i, e, W) for d in holders]
+                worst = max(worst, self._sharded_sync(stage, ranks, nbytes) if self.request.shard_optimizer
+                            else allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale)
+            got = self._ep_times[key] = worst
+        return got
+
+    def _reduce(self, holders: tuple[int, ...], nbytes: float, stage: int) -> float:
+        """The gradient reduction of ``nbytes`` per rank of ``stage`` among all its data-parallel copies (module
+        docstring, "Gradient all-reduce")."""
         if self.request.shard_optimizer:
             return self._sharded_sync(stage, self._dp_ranks(holders), nbytes)
         whole = self._dp_allreduce(holders, nbytes) * self.cal.link_scale

@@ -1,7 +1,9 @@
 """Every configuration the search considers for a GPU budget (the search's module docstring says which):
 ``t`` dividing the GPUs per node (up to ``max_tensor``), ``D`` and ``W`` with ``t D W = P``, micro-batch
 sizes ``b`` (powers of two dividing ``B^/W``), every allowed schedule with each parameter set valid for
-``D`` and ``N = B^/(W b)``, with and without recomputation. Enumeration only: nothing is evaluated."""
+``D`` and ``N = B^/(W b)``, with and without recomputation; for a mixture of experts every expert-parallel size
+``e`` dividing both its experts and ``W`` (up to ``max_expert``; :mod:`planner.expert_parallel`). Enumeration only:
+nothing is evaluated."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from planner.cluster import Cluster
+from planner.expert_parallel import expert_sizes
 from planner.model import tensor_split_error
 from planner.request import Config, TrainingRequest
 from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
@@ -72,12 +75,14 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
 
 
 def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
-                      rejected: Counter[str], heads: int | None = None, tensor_parallel: bool = True) -> list[Config]:
+                      rejected: Counter[str], heads: int | None = None, tensor_parallel: bool = True,
+                      experts: int | None = None) -> list[Config]:
     """Every configuration for ``request`` on ``cluster`` of a model of ``layers`` layers (and ``heads``
     attention heads, where known: ``t`` must divide them, :func:`planner.model.tensor_split_error`), in a
     fixed order; what is skipped is counted in ``rejected`` by reason. ``tensor_parallel`` False: t = 1 only
     (a profile whose layers tensor parallelism is not known to split,
-    :attr:`planner.profile.ModelProfile.tensor_split_problem`)."""
+    :attr:`planner.profile.ModelProfile.tensor_split_problem`). ``experts``: a mixture of experts' experts per layer
+    (None: a dense model, e = 1 only)."""
     req, cl = request, cluster
     P = req.gpus or cl.gpus
     if P > cl.gpus:
@@ -106,6 +111,11 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                 rejected["global batch not divisible by W"] += 1
                 continue
             sizes = req.micro_batches or powers_of_two_dividing(req.global_batch // W)
+            eps = [e for e in expert_sizes(experts, W) if e <= (req.max_expert or e)]
+            if req.shard_parameters and len(eps) > 1:
+                rejected["e > 1: expert parallelism is not planned with sharded weights (shard_parameters)"] += \
+                    len(eps) - 1
+                eps = [1]
             for b in sizes:
                 if (req.global_batch // W) % b:
                     rejected["micro-batch does not divide B^/W"] += 1
@@ -117,8 +127,8 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                         if not variants:
                             rejected[f"{name}: not valid for this D and N"] += 1
                         for params in variants:
-                            out.append(Config(tensor=t, pipeline=D, data=W, micro_batch=b,
-                                              schedule=name, recompute=rc, **params))
+                            out.extend(Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=name,
+                                              recompute=rc, expert=e, **params) for e in eps)
                     for name in unsharded:
                         n = len(schedule_variants(name, D, N, b, layers, rc))
                         if n:

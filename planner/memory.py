@@ -33,6 +33,7 @@ from planner.candidate import Candidate, gib
 from planner.cluster import Cluster
 from planner.cost import ConfigCosts, layer_held_grads, own_layer_params, stage_infos
 from planner.dtypes import DTYPE_BYTES
+from planner.expert_parallel import state_split
 from planner.partition import PartitionError, balance_by_cost, prefix_sums
 from planner.profile import ModelProfile, checkpointed
 from planner.request import Config, TrainingRequest
@@ -69,14 +70,17 @@ class MemoryModel:
         sched = costs.schedule
         versions = tuple(sched.weight_versions) if not sched.synchronous else ()
         per_param = self.request.state_bytes_per_param(costs.config.data)
+        # a mixture of experts' experts: state sharded over the W/e replicas holding them (planner.expert_parallel)
+        expert_per_param = self.request.state_bytes_per_param(costs.config.data // costs.config.expert)
         # sharded weights: the gathered copies beside the shards depend on whether a pipeline keeps them
         gathered = (fsdp.reshards_after_forward(sched.devices),) if costs.fsdp else ()
-        key = (tuple(info.layers for info in costs.stages), costs.t, versions, per_param, gathered)
+        key = (tuple(info.layers for info in costs.stages), costs.t, versions, per_param, gathered, expert_per_param)
         got = self._stage_states.get(key)
         if got is None:
             got = []
             for s, info in enumerate(costs.stages):
-                v = (info.params - self._tied_in_stage(info)) * per_param / costs.t
+                v = state_split(info.params - self._tied_in_stage(info), info.expert_params, per_param,
+                                expert_per_param) / costs.t
                 if versions:
                     v += (versions[s] - 1) * info.param_bytes / costs.t
                 if gathered:
@@ -94,7 +98,8 @@ class MemoryModel:
     def device_state(self, config: Config, sched: Schedule, costs: ConfigCosts, costs_key: tuple) -> list[float]:
         """Per device of ``sched``, the model state of the stage replicas it holds; ``costs_key`` names what
         ``costs``' figures depend on (t, stages, samples, recomputation, partition)."""
-        key = (schedule_key(config, sched.microbatches), self.request.state_bytes_per_param(config.data), *costs_key)
+        key = (schedule_key(config, sched.microbatches), self.request.state_bytes_per_param(config.data), config.expert,
+               *costs_key)
         got = self._device_states.get(key)
         if got is None:
             lay = self.shapes.layout(config, sched)
@@ -226,16 +231,19 @@ class MemoryModel:
         per_param = self.request.state_bytes_per_param(config.data)
         if self.request.shard_parameters and config.data > 1:  # pipelined: gathered weights, whole gradients
             per_param += fsdp.gathered_bytes_per_param(DTYPE_BYTES.get(self.profile.dtype.lower(), 2))
+        # (expert parallelism is not planned with sharded weights: planner.expert_parallel.expert_error)
+        expert_per_param = (per_param if config.expert == 1
+                            else self.request.state_bytes_per_param(config.data // config.expert))
         # what the memory model depends on: configurations that differ only in N beyond D share it
         # a split backward's I's hold output gradients where the activations peak (ZB-H1), on a stage that splits
         holds = self.shapes.held(config, sched)
         held = tuple(holds.get((0, k), 0) for k in range(S))
         key = (tuple(counts.get((0, k), 0) for k in range(S)), tuple(versions), t, samples, config.recompute,
-               per_param, held)
+               per_param, held, expert_per_param)
         if key in self._partitions:
             return self._partitions[key]
         cap = self.cluster.memory_bytes - self.request.memory_reserve_bytes
-        state, weights, stash, kept, biggest, transient = self._layer_memory(t, per_param)
+        state, weights, stash, kept, biggest, transient = self._layer_memory(t, per_param, expert_per_param)
         work = np.maximum(biggest, transient) if config.recompute else transient
         # per sample and micro-batch in flight, running sums of what a stage keeps (stash_bytes or
         # recompute_kept_bytes of planner.cost.stage_infos, summed layer by layer)
@@ -289,17 +297,19 @@ class MemoryModel:
         self._partitions[key] = bounds
         return bounds
 
-    def _layer_memory(self, t: int, per_param: float) -> tuple[np.ndarray, ...]:
-        """Per-layer memory figures for :meth:`partition_fitting`, cached per (t, model state per parameter):
+    def _layer_memory(self, t: int, per_param: float, expert_per_param: float) -> tuple[np.ndarray, ...]:
+        """Per-layer memory figures for :meth:`partition_fitting`, cached per (t, model state per parameter, per
+        expert parameter):
         running sums of model state, weights, stashed activations per sample and what full recomputation
         keeps per sample (:func:`planner.cost.recompute_kept_bytes`), the recomputation working set (the
         largest checkpointed layer's stash per sample) and the largest transient per sample
         (:func:`planner.cost.layer_transient`) of every layer range."""
-        got = self._layer_mem.get((t, per_param))
+        got = self._layer_mem.get((t, per_param, expert_per_param))
         if got is None:
             layers = self._layer_infos(t)
-            got = self._layer_mem[(t, per_param)] = (
-                prefix_sums([info.params * per_param / t for info in layers]),
+            got = self._layer_mem[(t, per_param, expert_per_param)] = (
+                prefix_sums([state_split(info.params, info.expert_params, per_param, expert_per_param) / t
+                             for info in layers]),
                 prefix_sums([info.param_bytes / t for info in layers]),
                 prefix_sums([info.stash_bytes for info in layers]),
                 prefix_sums([info.recompute_kept_bytes for info in layers]),

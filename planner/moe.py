@@ -13,8 +13,9 @@ per element; ``E`` experts, ``k`` experts per token, ``f_e`` an expert's width. 
 3. **permute**: each token copied once per chosen expert, grouped by expert (``T k`` rows of ``h``; Megatron-Core's
    ``permute``, an index-select); backward the scatter-add of the copies' gradients back to ``T`` rows;
 4. **experts**: per expert the MLP of the dense layer's form on its tokens, split over the ``t`` ranks as the
-   dense MLP is (gate/up by columns, down by rows: Megatron-Core's expert tensor parallelism, expert-parallel
-   size 1): ``(m_e, 2 f_e / t, h)`` (gated; ``f_e / t`` otherwise), the activation, ``(m_e, h, f_e / t)``;
+   dense MLP is (gate/up by columns, down by rows: Megatron-Core's expert tensor parallelism equal to ``t``):
+   ``(m_e, 2 f_e / t, h)`` (gated; ``f_e / t`` otherwise), the activation, ``(m_e, h, f_e / t)``; with expert
+   parallelism ``e`` (:mod:`planner.expert_parallel`) the rank's ``E/e`` experts on ``e m_e`` rows each;
 5. **combine**: each copy times its routing weight, summed back into its token's row (``unpermute`` with probs);
    saves the experts' outputs, which the weights' gradient reads.
 
@@ -26,7 +27,7 @@ them as for any layer.
 Transformers, section 2.2; Mixtral, section 5 measures near-uniform use). On one device the imbalance barely
 matters: every expert runs on the same GPU, so the grouped GEMMs' FLOPs are those of ``T k`` tokens whatever the
 split (only the tiles' quantisation changes); it matters once experts are spread over devices (expert
-parallelism: the busiest rank sets the pace), which pipeplan does not plan yet.
+parallelism: the busiest rank sets the pace), where pipeplan still assumes the balanced load.
 
 **Expert GEMMs** (``OperatorOptions.expert_gemm``): ``"grouped"`` -- one grouped GEMM over the ``E`` experts
 (Megatron-Core's ``--moe-grouped-gemm``, ``TEGroupedMLP``/``GroupedMLP``; torchtitan's ``grouped_mm``; Hugging Face
@@ -66,15 +67,19 @@ def _repeat(op: Operator, n: int) -> Operator:
 
 
 def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: OperatorOptions, el: int,
-                  accumulate: bool, eager: bool) -> list[Operator]:
+                  accumulate: bool, eager: bool, expert: int = 1) -> list[Operator]:
     """The operators of one mixture-of-experts MLP's ``1/t`` shard (module docstring), after the norm and before
     the residual add: ``tokens`` = ``T`` rows the experts see, ``rows`` those the router sees (``T/t`` with
     sequence parallelism), ``accumulate``: weight gradients added into the main-gradient buffer by separate
-    kernels (:func:`planner.operators.gemm`), ``eager``: eager PyTorch's element-wise kernels."""
+    kernels (:func:`planner.operators.gemm`), ``eager``: eager PyTorch's element-wise kernels. ``expert``: the
+    expert-parallel size ``e`` (:mod:`planner.expert_parallel`): the rank runs ``E/e`` experts on the ``T k`` copies
+    the dispatch brings it under balanced routing, ``ceil(e T k / E)`` rows each (the all-to-alls are
+    :mod:`planner.cost`'s)."""
     E, k, h = int(spec.experts or 1), int(spec.experts_per_token or 1), spec.hidden
+    local = E // expert  # the rank's experts
     f_t = -(-spec.f_e // t)
     copies = tokens * k  # T k rows after the permute
-    m_e = tokens_per_expert(tokens, spec)
+    m_e = tokens_per_expert(tokens * expert, spec)
     bias = spec.bias
     router = gemm("router", int(math.ceil(rows)), E, h, el, accumulate=accumulate)
     scores = rows * E
@@ -85,7 +90,7 @@ def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: 
                        saved_bytes=4.0 * scores + 12.0 * rows * k)
     cols = (2 if spec.gated_mlp else 1) * f_t
     # grouped: each kernel once over the E experts' tokens (a batch of E GEMMs); sequential: each launched per expert
-    rows_each, batch, launches = (copies, E, 1) if options.expert_gemm == "grouped" else (m_e, 1, E)
+    rows_each, batch, launches = (copies, local, 1) if options.expert_gemm == "grouped" else (m_e, 1, local)
     permute = _repeat(elementwise("permute", rows_each * h, el, reads=1, writes=1, flops_per=0.0, bwd_reads=1,
                                   bwd_writes=1, saved_bytes=8.0 * rows_each), launches)
     experts = [_repeat(op, launches) for op in (

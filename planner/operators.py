@@ -400,12 +400,13 @@ def window_share(s: int, window: int | None, causal: bool) -> float:
 
 
 def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None,
-                    window: int | None = None) -> list[Operator]:
+                    window: int | None = None, expert: int = 1) -> list[Operator]:
     """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences; ``window``:
     the layer's attention window (:meth:`planner.model.ModelSpec.layer_window`; None: causal over the whole
     sequence). The flash kernel skips the blocks outside the window (FlashAttention-2's ``window_size``); the
     unfused core computes the whole square and masks it, as Hugging Face's eager attention does, at the same cost
-    with or without a window."""
+    with or without a window. ``expert``: a mixture of experts' expert-parallel size
+    (:func:`planner.moe.moe_operators`)."""
     o = options or OperatorOptions()
     el = DTYPE_BYTES.get(o.dtype.lower(), 2)
     s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
@@ -522,7 +523,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     if spec.moe:  # a mixture of experts in place of the dense MLP (planner.moe)
         from planner.moe import moe_operators
 
-        ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager))
+        ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager, expert))
     else:
         if not spec.gated_mlp:
             ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))

@@ -195,6 +195,14 @@ class LayerProfile(BaseModel):
     tied_params: Count = 0
     tensor_times: dict[int, ShardTimes] | None = Field(
         default=None, max_length=MAX_SIZES, description="t -> the 1/t shard's compute times (module docstring)")
+    #: of ``params``, the parameters of the layer's experts (a mixture of experts), which expert parallelism splits
+    #: over its ranks (:mod:`planner.expert_parallel`); 0 for a dense layer (and then absent from the record)
+    expert_params: Count = Field(default=0, exclude_if=lambda v: v == 0)
+    #: expert-parallel size ``e`` (> 1) -> ``t`` -> the shard's times with the layer's experts split over ``e``
+    #: ranks (each runs ``E/e`` experts on the tokens routed to them); absent where not known
+    expert_times: dict[int, dict[int, ShardTimes]] | None = Field(
+        default=None, max_length=MAX_SIZES, exclude_if=lambda v: v is None,
+        description="e -> t -> the shard's compute times with the experts split over e ranks")
 
     @model_validator(mode="after")
     def _validate(self) -> LayerProfile:
@@ -216,6 +224,17 @@ class LayerProfile(BaseModel):
         for t in self.tensor_times or {}:
             if not 1 <= t <= MAX_SIZE:
                 raise ValueError(f"{where}: tensor_times: tensor-parallel size {t} must be between 1 and {MAX_SIZE}")
+        if self.expert_params > self.params:
+            raise ValueError(f"{where}: expert_params {self.expert_params} exceeds params {self.params}")
+        for e, shards in (self.expert_times or {}).items():
+            if not 2 <= e <= MAX_SIZE:
+                raise ValueError(f"{where}: expert_times: expert-parallel size {e} must be between 2 and {MAX_SIZE}")
+            if not self.expert_params:
+                raise ValueError(f"{where}: expert_times needs expert_params (a layer without experts has no "
+                                 "expert-parallel times)")
+            if 1 not in shards or len(shards) > MAX_SIZES or any(not 1 <= t <= MAX_SIZE for t in shards):
+                raise ValueError(f"{where}: expert_times.{e}: tensor-parallel sizes between 1 and {MAX_SIZE}, at most "
+                                 f"{MAX_SIZES} of them, t = 1 among them (got {sorted(shards)[:8]})")
         one = (self.tensor_times or {}).get(1)
         if one is not None:  # the t = 1 "shard" is the layer: the planner reads it in place of fwd_time/bwd_time
             for name, own, shard in (("fwd_time", self.fwd_time, one.fwd_time), ("bwd_time", self.bwd_time,
@@ -305,6 +324,11 @@ class TransformerShape(BaseModel):
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
     layers: int = Field(gt=0, le=SHAPE_LIMITS["layers"])
     ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"])
+    #: a mixture of experts' expert count ``E`` and experts per token ``k`` (:mod:`planner.moe`); absent for a
+    #: dense model
+    experts: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["experts"], exclude_if=lambda v: v is None)
+    experts_per_token: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["experts"],
+                                          exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _defaults(self) -> TransformerShape:
@@ -312,6 +336,10 @@ class TransformerShape(BaseModel):
             self.ffn_hidden = 4 * self.hidden
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
+        if (self.experts is None) != (self.experts_per_token is None):
+            raise ValueError("experts and experts_per_token: give both (a mixture of experts) or neither")
+        if self.experts is not None and int(self.experts_per_token or 0) > self.experts:
+            raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
         return self
 
 
@@ -505,7 +533,7 @@ def runtime_words(env: Mapping[str, str], *, runtime_defaults: bool = False, ten
     if env.get("expert_gemm") in ("grouped", "sequential"):
         words.append("the experts' GEMMs " + ("as one grouped GEMM" if env["expert_gemm"] == "grouped"
                                                else "launched one expert at a time")
-                     + " (every expert on every device, no expert parallelism; balanced routing)")
+                     + " (balanced routing)")
     p2p = env.get("p2p", EXECUTOR_RUNTIME["p2p"] if runtime_defaults else None)
     if p2p is not None:
         words.append(f"{'blocking' if p2p == 'blocking' else 'overlapped'} pipeline sends")

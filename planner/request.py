@@ -52,6 +52,9 @@ class TrainingRequest(BaseModel):
     max_tensor: int | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE,
                                    description="largest t (default: GPUs per node)")
     micro_batches: list[int] | None = Field(default=None, max_length=MAX_SIZES, description="micro-batch sizes to try")
+    max_expert: int | None = Field(default=None, gt=0, le=MAX_GPUS,
+                                   description="largest expert-parallel size e of a mixture of experts (default: "
+                                               "every divisor of both the experts and W)")
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False,
                                      description="compute efficiency of a t-way split GEMM vs t=1")
     memory_reserve_bytes: float | None = Field(

@@ -45,6 +45,7 @@ from planner.cluster import Cluster
 from planner.cost import ConfigCosts, StageInfo
 from planner.enumeration import enumerate_configs, schedule_variants
 from planner.equivalence import TopDistinct, Twins, collapse, describe, schedule_label
+from planner.expert_parallel import expert_count, expert_error, expert_view
 from planner.explain import breakdown, closed_forms
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.gcpause import gc_paused
@@ -70,6 +71,17 @@ __all__ = ["Candidate", "PlanResult", "Planner", "plan", "predict", "schedule_va
 ROUNDING = 1e-9
 
 
+@dataclass
+class ExpertView:
+    """What a configuration of one expert-parallel size evaluates against (:meth:`Planner.view`): the profile as one
+    EP rank holds and runs it, its memory model, and the running sums and stage infos its costs share."""
+
+    profile: ModelProfile
+    memory: MemoryModel
+    layer_sums: dict
+    stage_infos: dict
+
+
 class Planner:
     """Evaluates and ranks the configurations of one (profile, cluster, request); holds its caches."""
 
@@ -88,7 +100,9 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
-        self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute[, partition]) -> ConfigCosts' caches
+        self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute, e[, partition]) -> ConfigCosts' caches
+        #: per expert-parallel size e, what one EP rank holds and runs (planner.expert_parallel) and its caches
+        self._views: dict[int, ExpertView] = {1: ExpertView(profile, self.memory, self._layer_sums, self._stage_infos)}
         # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
         # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
         me = weakref.proxy(self)
@@ -99,7 +113,21 @@ class Planner:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
         on demand in the search: :meth:`planner.replicated.ReplicatedPlans.keys`)."""
         return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected, self.heads,
-                                 tensor_parallel=self.tensor_problem is None)
+                                 tensor_parallel=self.tensor_problem is None, experts=expert_count(self.profile))
+
+    def view(self, expert: int) -> ExpertView:
+        """The profile as a rank of an expert-parallel group of ``expert`` holds and runs it
+        (:func:`planner.expert_parallel.expert_view`), with its memory model and caches; made once per ``e``."""
+        got = self._views.get(expert)
+        if got is None:
+            profile, _ = expert_view(self.profile, expert)
+            memory = MemoryModel(profile, self.cluster, self.request, self.shapes)
+            got = self._views[expert] = ExpertView(profile, memory, {}, {})
+        return got
+
+    def memory_of(self, config: Config) -> MemoryModel:
+        """The memory model of ``config``'s expert-parallel size."""
+        return self.view(config.expert).memory
 
     def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
         bounds = self.partition(stages, samples, recompute)
@@ -131,7 +159,8 @@ class Planner:
 
     def memory_partition(self, config: Config, sched: Schedule, samples: float) -> list[tuple[int, int]] | None:
         """:meth:`planner.memory.MemoryModel.partition_fitting` with this request's layer costs."""
-        return self.memory.partition_fitting(config, sched, samples, self.layer_costs(samples, config.recompute))
+        return self.memory_of(config).partition_fitting(config, sched, samples,
+                                                        self.layer_costs(samples, config.recompute))
 
     # ---- evaluation ------------------------------------------------------------------------------
     def prepare(self, config: Config) -> tuple[Candidate, ConfigCosts | None]:
@@ -157,6 +186,9 @@ class Planner:
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
+        if (why := expert_error(self.profile, config.expert, W, req.shard_parameters)) is not None:
+            cand.reason = why
+            return cand, None
         n_sched = schedule_microbatches(config, N)
         try:
             sched = self.shapes.schedule(config, n_sched, full=False)
@@ -169,7 +201,7 @@ class Planner:
                            "1f1b row)")
             return cand, None
         # the busiest device holds at least the average model state: reject before partitioning
-        avg = self.memory.total_state(W) * sched.replicas / (config.tensor * config.pipeline)
+        avg = self.memory_of(config).total_state(W) * sched.replicas / (config.tensor * config.pipeline)
         if avg + req.memory_reserve_bytes > self.cluster.memory_bytes:
             over = avg + req.memory_reserve_bytes - self.cluster.memory_bytes
             cand.reason = (f"weights, gradients and optimizer state do not fit: {sched.replicas} model "
@@ -184,7 +216,8 @@ class Planner:
         if bounds is None:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
             return cand, None
-        costs = self._costs_fitting(cand, sched, bounds, (config.tensor, sched.stages, samples, config.recompute))
+        costs = self._costs_fitting(cand, sched, bounds, (config.tensor, sched.stages, samples, config.recompute,
+                                                          config.expert))
         if costs is None:
             # the partition balancing time does not fit: one balancing time under the memory limit may
             mem_bounds = self.memory_partition(config, sched, samples)
@@ -192,7 +225,7 @@ class Planner:
                 return cand, None
             reason, memory = cand.reason, cand.memory
             costs = self._costs_fitting(cand, sched, mem_bounds, (config.tensor, sched.stages, samples,
-                                                                  config.recompute, tuple(mem_bounds)))
+                                                                  config.recompute, config.expert, tuple(mem_bounds)))
             if costs is None:  # (the memory model said it fits: the check below it is the same)
                 cand.reason, cand.memory = reason, memory
                 return cand, None
@@ -205,14 +238,16 @@ class Planner:
                        ckey: tuple) -> ConfigCosts | None:
         """The costs of ``cand`` with partition ``bounds``, or None (``cand.reason`` says why) when its
         model state or its in-flight activations (exact, or a lower bound) do not fit. ``ckey`` names
-        what the costs share with other configurations (t, stages, samples, recomputation, partition)."""
+        what the costs share with other configurations (t, stages, samples, recomputation, e, partition)."""
         config, req = cand.config, self.request
         cand.partition = [list(x) for x in bounds]
         shared = self._shared.setdefault(ckey, {})
-        costs = ConfigCosts(self.profile, self.cluster, req, config, sched, bounds,
-                            held=self.shapes.pairs(config, sched), shared=shared, layer_sums=self._layer_sums,
-                            stage_cache=self._stage_infos)
-        state = cand.state = self.memory.device_state(config, sched, costs, ckey)
+        view = self.view(config.expert)
+        costs = ConfigCosts(view.profile, self.cluster, req, config, sched, bounds,
+                            held=self.shapes.pairs(config, sched), shared=shared, layer_sums=view.layer_sums,
+                            stage_cache=view.stage_infos)
+        memory = view.memory
+        state = cand.state = memory.device_state(config, sched, costs, ckey)
         worst = max(range(len(state)), key=lambda d: state[d])
         if state[worst] + req.memory_reserve_bytes > self.cluster.memory_bytes:
             over = state[worst] + req.memory_reserve_bytes - self.cluster.memory_bytes
@@ -238,12 +273,12 @@ class Planner:
             if got is not None:  # the forwards every device's list runs before its first backward, all alive
                 first, span = got
                 if first.ndim == 1:  # a count of forwards in its first slots (merged lists)
-                    floor = np.maximum(floor, span * self.memory.first_slots_floor(first, lay.stage, lay.per_mb,
+                    floor = np.maximum(floor, span * memory.first_slots_floor(first, lay.stage, lay.per_mb,
                                                                                    act))
                 else:  # per stage it holds
                     floor = np.maximum(floor, span * (first * act[lay.stage]).sum(axis=1))
             floor = floors[skey] = floor.tolist()
-        if self.memory.too_big(cand, floor):
+        if memory.too_big(cand, floor):
             return None
         return costs
 
@@ -288,7 +323,7 @@ class Planner:
             bounded.append(warmup)
             return cand.lower_bound > kth
 
-        rejected, warmup = self.memory.too_big_before_merge(
+        rejected, warmup = self.memory_of(cand.config).too_big_before_merge(
             cand, costs, schedule_microbatches(cand.config, cand.microbatches), enough)
         if rejected:
             return True
@@ -314,8 +349,8 @@ class Planner:
         if not exact:
             # activations before simulating: the in-flight counts depend on the list order alone, so the
             # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
-            counts = self.memory.list_inflight(cfg, sched)
-            if self.memory.too_big(cand, [max((c * costs.activation(s) for s, c in counts[d].items()),
+            counts = self.memory_of(cfg).list_inflight(cfg, sched)
+            if self.memory_of(cfg).too_big(cand, [max((c * costs.activation(s) for s, c in counts[d].items()),
                                               default=0.0) for d in range(cfg.pipeline)]):
                 return cand
         if self.out_of_memory(cand, costs, sched, exact):
@@ -332,7 +367,7 @@ class Planner:
         cand.iteration_time = res.makespan
         cand.throughput = req.global_batch / res.makespan if res.makespan > 0 else 0.0
         cand.bubble_ratio = res.bubble_ratio
-        mem = cand.memory = self.memory.simulated_memory(cand, costs, res)
+        mem = cand.memory = self.memory_of(cfg).simulated_memory(cand, costs, res)
         worst = max(range(len(mem)), key=lambda d: mem[d])
         cand.fits = mem[worst] <= self.cluster.memory_bytes
         if not cand.fits:
@@ -350,6 +385,7 @@ class Planner:
         it (not its time). Without held gradients, counted only when the sum of its stages' own peaks -- at
         least the device's peak -- does not already fit."""
         lay = self.shapes.layout(cand.config, sched)
+        memory = self.memory_of(cand.config)
         held = any(costs.held_grads(s) for s in range(sched.stages))
         cap = self.cluster.memory_bytes
         if not held:
@@ -358,14 +394,14 @@ class Planner:
             if exact:
                 per_stage = lay.inflight
             else:
-                counts = self.memory.list_inflight(cand.config, sched)
+                counts = memory.list_inflight(cand.config, sched)
                 per_stage = np.array([[counts[d].get(s, 0) for s in row] for d, row in enumerate(lay.stage.tolist())],
                                      dtype=float)
             act = np.array([costs.activation(s) for s in range(sched.stages)])
             upper = (per_stage * act[lay.stage]).sum(axis=1).tolist()
-            if max(self.memory.peak_memory(cand, costs, upper)) <= cap * (1 - 1e-9):
+            if max(memory.peak_memory(cand, costs, upper)) <= cap * (1 - 1e-9):
                 return False
-        mem = self.memory.peak_memory(cand, costs, self.memory.list_peaks(sched, costs))
+        mem = memory.peak_memory(cand, costs, memory.list_peaks(sched, costs))
         worst = max(range(len(mem)), key=lambda d: mem[d])
         if mem[worst] <= cap:
             return False

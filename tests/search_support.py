@@ -23,7 +23,7 @@ def simulated_with_bounds(planner: Planner) -> Iterator[tuple[Any, Any, Any, flo
         warmup_bound = None
         if not inflight_exact(cfg.schedule):
             n = schedule_microbatches(cfg, cand.microbatches)
-            rejected, warmup = planner.memory.too_big_before_merge(cand, costs, n)
+            rejected, warmup = planner.memory_of(cfg).too_big_before_merge(cand, costs, n)
             if not rejected and warmup is not None:
                 warmup_bound = planner.bounds.prefix_bound(costs, warmup)
         planner.evaluate(cand, costs)

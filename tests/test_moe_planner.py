@@ -120,24 +120,31 @@ def test_tokens_per_expert_rounds_up():
 
 
 def test_analytic_profile_of_a_mixture_of_experts():
-    """Every expert's parameters are in each block (no expert parallelism), the profile says what its times assume,
-    and a dense profile's environment is as before (no expert_gemm)."""
+    """Every expert's parameters are in each block (its expert_params), with times at every expert-parallel size
+    dividing E, the profile says what its times assume, and a dense profile's environment is as before (no
+    expert_gemm)."""
     prof = analytic_profile(MIXTRAL, H100, micro_batches=(1, 2), options=FLASH)
     assert sum(lay.params for lay in prof.layers) == MIXTRAL.total_params()
     assert prof.layers[1].params == MIXTRAL.layer_params()
     assert prof.environment["expert_gemm"] == "grouped"
     assert "8 experts, 2 per token, balanced routing" in prof.notes
-    assert "no expert parallelism" in prof.notes
+    assert "times at every expert-parallel size dividing 8" in prof.notes
+    assert prof.layers[1].expert_params == 8 * MIXTRAL.expert_params() and prof.layers[0].expert_params == 0
+    assert sorted(prof.layers[1].expert_times) == [2, 4, 8] and prof.layers[0].expert_times is None
+    assert (prof.shape.experts, prof.shape.experts_per_token) == (8, 2)
     dense = analytic_profile(dense_twin(MIXTRAL), H100, micro_batches=(1,), options=FLASH)
     assert "expert_gemm" not in dense.environment and "experts" not in dense.notes
+    assert all(not lay.expert_params and lay.expert_times is None for lay in dense.layers)
+    assert "experts" not in dense.shape.model_dump()
     # per t: the shard's times fall with t, the router and routing do not split
     times = {t: prof.layers[1].tensor_times[t].fwd_time[1] for t in (1, 2, 8)}
     assert times[1] > times[2] > times[8] > times[1] / 8
 
 
 def test_search_over_a_mixture_of_experts_counts_all_experts_in_memory():
-    """A plan of Mixtral on 64 H100s: every candidate's model state holds all experts of its stages (a
-    configuration whose t D cannot hold 46.7B parameters' state is rejected on it)."""
+    """A plan of Mixtral on 64 H100s: every candidate's model state holds all experts of its stages, or with expert
+    parallelism ``1/e`` of them (a configuration whose t D e cannot hold the state is rejected on it); expert-parallel
+    rows are among the best."""
     from planner.cluster import load_cluster
     from planner.device import device_for_cluster
     from planner.request import TrainingRequest
@@ -146,10 +153,13 @@ def test_search_over_a_mixture_of_experts_counts_all_experts_in_memory():
     prof = analytic_profile(MIXTRAL, device_for_cluster(cl), micro_batches=(1, 2), options=FLASH)
     res = plan(prof, cl, TrainingRequest(global_batch=256, gpus=64, top=3))
     assert res.candidates
+    experts = MIXTRAL.layers * 8 * MIXTRAL.expert_params()
     for c in res.candidates:
-        per_device = 16 * MIXTRAL.total_params() / (c.config.tensor * c.config.pipeline)
+        held = MIXTRAL.total_params() - experts + experts / c.config.expert
+        per_device = 16 * held / (c.config.tensor * c.config.pipeline)
         assert max(c.memory) > 0.9 * per_device  # (16 bytes per parameter: weights, gradients, Adam state)
     assert res.rejected["weights, gradients and optimizer state do not fit"] > 0
+    assert any(c.config.expert > 1 for c in res.candidates)
 
 
 def test_megatron_export_writes_the_experts():

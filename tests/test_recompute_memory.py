@@ -163,7 +163,7 @@ def test_partition_fitting_sums_what_stage_infos_charges(sp: bool) -> None:
 
     prof = _g3(sp)
     mem = MemoryModel(prof, load_cluster(DGX), TrainingRequest(global_batch=8), ScheduleCache())
-    _, _, stash, kept, biggest, transient = mem._layer_memory(8, 16.0)
+    _, _, stash, kept, biggest, transient = mem._layer_memory(8, 16.0, 16.0)
     n = len(prof.layers)
     for i, j in [(0, 1), (0, 7), (1, 13), (40, 60), (90, n), (0, n)]:
         info = stage_infos(prof, [(i, j)], 8)[0]

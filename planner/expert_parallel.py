@@ -1,0 +1,136 @@
+"""Expert parallelism: a mixture of experts' experts split over ``e`` data-parallel replicas.
+
+Symbols: ``e`` the expert-parallel size (:attr:`planner.request.Config.expert`), ``E`` experts per layer, ``k``
+experts per token, ``T = b s`` tokens of a micro-batch, ``h`` hidden, ``t`` tensor-parallel size, ``W`` data-parallel
+width, ``D`` pipeline devices, ``G`` GPUs per node, ``el`` bytes per element.
+
+The method is GShard's (Lepikhin et al. 2021, section 2.2 and 3.2: experts sharded over the devices that otherwise
+replicate the model; tokens sent to their experts by an all-to-all and back by another), as Megatron-Core runs it
+(``--expert-model-parallel-size``, ``MoEAlltoAllTokenDispatcher``) and pipeplan's executor
+(:mod:`executor.expert_parallel`):
+
+* **Layout**: an expert-parallel group is ``e`` consecutive data-parallel replicas at the same pipeline device and
+  tensor rank (replica ``w`` is EP rank ``w mod e`` of group ``w // e``: :func:`ep_group`); EP rank ``i`` holds
+  experts ``[i E/e, (i+1) E/e)`` of every mixture-of-experts layer, and every other weight (attention, norms, the
+  router, embeddings) as without expert parallelism. With pipeplan's rank order (``t`` innermost, then the
+  pipeline, then data: :meth:`planner.cost.ConfigCosts.rank`) the group's ranks are ``D t`` apart, in one node
+  when ``e D t <= G``. (Megatron-Core orders its expert ranks inside data parallelism and the pipeline outermost,
+  which keeps them in a node more often; pipeplan plans the layout its executor runs.)
+* **Compute**: balanced routing, as :mod:`planner.moe` assumes: each rank runs its ``E/e`` experts on ``e T k / E``
+  rows each, the same FLOPs as all ``E`` experts on ``T k / E`` rows, in larger GEMMs (fewer launches one expert at
+  a time). The layer's times at ``e`` are :attr:`planner.profile.LayerProfile.expert_times` (the operator model at
+  those shapes); where a layer lacks them (a measured profile) its times without expert parallelism, whose FLOPs are
+  the same (:func:`expert_view`). The busiest rank's excess under imbalanced routing is not modelled.
+* **Communication**, per mixture-of-experts layer and micro-batch: the dispatch and the combine, each an all-to-all
+  among the ``e`` ranks in which a rank sends ``T k h el`` bytes (its token copies; ``1/e`` of them stay) and
+  receives as many (:func:`alltoall_bytes`); the same two in the backward (the gradients go back the way they
+  came); a recomputed layer repeats its forward's two. Under tensor parallelism each tensor rank exchanges with the
+  EP peers of its own tensor rank all ``T k`` copies (the tokens are whole on every tensor rank: pipeplan's
+  executor), or ``1/t`` of them with sequence parallelism (Megatron-Core dispatches each rank's sequence shard).
+  The all-to-all's time: :func:`planner.cost.alltoall_time`. Not overlapped with compute (Megatron-Core's
+  dispatcher waits for it; pipeplan's executor too).
+* **Gradients**: the dense weights are reduced over all their data-parallel copies as without expert parallelism;
+  an expert's over the ``W/e`` replicas holding it (the same EP rank of every group: :func:`expert_data_ranks`).
+  Its gradient already sums the ``e`` replicas' tokens, which the dispatch's backward brought.
+* **Memory**: a device holds ``1/e`` of the experts' weights, gradients and optimizer state; a sharded optimizer
+  splits the experts' state over their ``W/e`` replicas (:func:`state_split`).
+* Sharded weights (FSDP, the request's ``shard_parameters``) with ``e > 1`` are not planned.
+"""
+
+from __future__ import annotations
+
+from planner.profile import LayerProfile, ModelProfile
+
+#: the view's ``environment`` key saying where its experts' times come from: absent when every layer had times at
+#: ``e``, ``"e=1"`` when some kept their times without expert parallelism (:func:`expert_view`)
+EXPERT_TIMES_KEY = "expert_parallel_times"
+
+
+def expert_count(profile: ModelProfile) -> int | None:
+    """The profile's experts per layer ``E`` (its shape's), or None for a dense model or one without a shape."""
+    return profile.shape.experts if profile.shape is not None else None
+
+
+def expert_sizes(experts: int | None, data: int) -> list[int]:
+    """The expert-parallel sizes ``e`` a search tries at data-parallel width ``W = data``: the divisors of both ``E``
+    and ``W`` (1 alone for a dense model)."""
+    if not experts:
+        return [1]
+    return [e for e in range(1, min(experts, data) + 1) if experts % e == 0 and data % e == 0]
+
+
+def expert_error(profile: ModelProfile, expert: int, data: int, shard_parameters: bool = False) -> str | None:
+    """Why a configuration with expert-parallel size ``expert`` cannot be planned for ``profile``, or None."""
+    if expert == 1:
+        return None
+    E = expert_count(profile)
+    if not E or not any(lay.expert_params for lay in profile.layers):
+        return f"expert: expert parallelism ({expert}) needs a mixture of experts; profile {profile.name!r} has none"
+    if E % expert:
+        return f"expert: the expert-parallel size {expert} must divide the model's {E} experts"
+    if data % expert:
+        return f"expert: the expert-parallel size {expert} must divide data (W = {data})"
+    if shard_parameters:
+        return ("expert: expert parallelism with sharded weights (shard_parameters) is not planned: shard the "
+                "optimizer state instead (shard_optimizer)")
+    return None
+
+
+def ep_group(replica: int, expert: int) -> list[int]:
+    """The data-parallel replicas in ``replica``'s expert-parallel group (module docstring, "Layout")."""
+    first = replica - replica % expert
+    return list(range(first, first + expert))
+
+
+def expert_data_ranks(replica: int, expert: int, data: int) -> list[int]:
+    """The data-parallel replicas holding the same experts as ``replica``: its EP rank in every group."""
+    return list(range(replica % expert, data, expert))
+
+
+def alltoall_bytes(samples: float, seq: int, hidden: int, experts_per_token: int, el: int, tensor: int,
+                   sequence_parallel: bool) -> float:
+    """Bytes one rank sends (and receives) in one dispatch or combine all-to-all of a micro-batch of ``samples``:
+    ``T k h el``, over ``t`` with sequence parallelism (module docstring, "Communication")."""
+    return samples * seq * experts_per_token * hidden * el / (tensor if sequence_parallel else 1)
+
+
+def state_split(params: float, expert_params: float, per_param_dense: float, per_param_expert: float) -> float:
+    """Model state bytes of ``params`` parameters of which ``expert_params`` are experts (already the ``1/e`` a
+    device holds): the dense ones at ``per_param_dense`` bytes each (state sharded over ``W``), the experts' at
+    ``per_param_expert`` (over their ``W/e`` replicas)."""
+    return (params - expert_params) * per_param_dense + expert_params * per_param_expert
+
+
+def _layer_view(lay: LayerProfile, expert: int) -> tuple[LayerProfile, bool]:
+    """(the layer as an EP rank of ``expert`` holds and runs it, whether its times are at that ``e``)."""
+    if not lay.expert_params:
+        return lay, True
+    held = lay.expert_params // expert
+    dropped = lay.expert_params - held
+    el = lay.param_bytes / lay.params if lay.params else 0.0
+    update: dict = {"params": lay.params - dropped, "param_bytes": int(round(lay.param_bytes - dropped * el)),
+                    "expert_params": held, "expert_times": None}
+    shards = (lay.expert_times or {}).get(expert)
+    if shards is not None:
+        one = shards[1]
+        update.update(tensor_times=shards, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
+                      recompute_time=one.recompute_time,
+                      stashed_bytes_per_sample=int(one.stashed_bytes_per_sample or lay.stashed_bytes_per_sample),
+                      transient_bytes_per_sample=one.transient_bytes_per_sample,
+                      held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
+                      fwd_spread=None, bwd_spread=None)
+    return lay.model_copy(update=update), shards is not None
+
+
+def expert_view(profile: ModelProfile, expert: int) -> tuple[ModelProfile, bool]:
+    """``profile`` as one rank of an expert-parallel group of ``expert`` holds and runs it: each mixture-of-experts
+    layer with ``1/e`` of its experts' parameters (``params``, ``param_bytes`` and ``expert_params`` that rank's) and
+    its times at ``e`` (:attr:`LayerProfile.expert_times`). Returns the view and whether every such layer had times
+    at ``e`` (False: some kept their times without expert parallelism, the same FLOPs under balanced routing; the
+    view's environment then says so under :data:`EXPERT_TIMES_KEY`). The profile itself at ``e = 1``."""
+    if expert == 1:
+        return profile, True
+    views = [_layer_view(lay, expert) for lay in profile.layers]
+    exact = all(ok for _, ok in views)
+    env = profile.environment if exact else {**profile.environment, EXPERT_TIMES_KEY: "e=1"}
+    return profile.model_copy(update={"layers": [v for v, _ in views], "environment": env}), exact
