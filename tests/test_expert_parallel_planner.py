@@ -187,3 +187,20 @@ def test_pruned_search_with_experts_is_exact(h100, qwen):
     assert any(c.config.expert > 1 for c in full.candidates)
     for c in full.candidates:
         assert c.lower_bound <= c.iteration_time * (1 + 1e-9)
+
+
+def test_megatron_export_splits_the_experts():
+    """Megatron-LM gets the plan's e (and the all-to-all dispatcher), and a note on its rank order where the pipeline
+    sets the groups apart."""
+    from planner.export.common import ExportInput
+    from planner.export.megatron import arguments
+    from planner.runspec import RunSpec
+
+    for D, note in ((4, True), (1, False)):
+        spec = RunSpec(config=Config(tensor=2, pipeline=D, data=8, expert=4, micro_batch=1, schedule="1f1b"),
+                       microbatches=16)
+        notes: list[str] = []
+        args = arguments(ExportInput(spec=spec, model=MIXTRAL, expert_gemm="grouped", sequence_parallel=True), notes)
+        line = " ".join(args)
+        assert "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall" in line
+        assert any("tp-cp-ep-dp-pp" in n for n in notes) == note

@@ -170,9 +170,12 @@ def _model_args(inp: ExportInput) -> list[str]:
     if m.moe:
         # Megatron-Core's MoE (megatron/core/transformer/moe): E experts of width f_e, top-k routing; its default
         # softmax over the k chosen scores is the renormalised top-k (Mixtral), --moe-router-pre-softmax the
-        # softmax over all E (Qwen3 MoE without norm_topk_prob); the plan keeps every expert on every device
+        # softmax over all E (Qwen3 MoE without norm_topk_prob); the experts split over the plan's e replicas
+        # (planner.expert_parallel; Megatron-Core carves its expert-parallel groups from data parallelism too)
         args += ["--num-experts", str(m.experts), "--moe-router-topk", str(m.experts_per_token),
-                 "--moe-ffn-hidden-size", str(m.f_e), "--expert-model-parallel-size", "1"]
+                 "--moe-ffn-hidden-size", str(m.f_e), "--expert-model-parallel-size", str(inp.config.expert)]
+        if inp.config.expert > 1:
+            args += ["--moe-token-dispatcher-type", "alltoall"]
         if not m.normalize_topk:
             args += ["--moe-router-pre-softmax"]
         if inp.expert_gemm == "grouped":
@@ -237,6 +240,11 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
                                experts=True)) is not None:
         notes.append(gap)
+    if inp.model is not None and inp.model.moe and c.expert > 1 and c.pipeline > 1:
+        notes.append(f"the plan's all-to-alls are timed for pipeplan's rank order (t, then the pipeline, then data: an "
+                     f"expert-parallel group's GPUs {c.pipeline * c.tensor} apart); Megatron-Core orders its ranks "
+                     "tp-cp-ep-dp-pp (the pipeline outermost), which keeps the group closer: expect its all-to-alls "
+                     "to be as fast as planned or faster")
     if inp.model is not None and inp.model.moe and c.tensor > 1 and inp.sequence_parallel is False:
         notes.append("Megatron-Core runs a mixture of experts with tensor parallelism only with --sequence-parallel; "
                      "the plan's times are without it (profile with --sequence-parallel for its times)")
