@@ -138,10 +138,13 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     names = ["embedding", *(f"block.{i}" for i in range(L)), "head"]
     kinds = ["embedding", *["transformer"] * L, "lm_head"]
     shape = TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=L,
-                             ffn_hidden=spec.f)
+                             ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token)
     tied = {L + 1: spec.vocab * spec.hidden} if spec.tied_embeddings else {}
+    # a mixture of experts: each decoder layer's experts (planner.expert_parallel splits them; their times at e > 1
+    # are those measured here, the same FLOPs under balanced routing)
+    experts = {1 + i: int(spec.experts) * spec.expert_params() for i in range(L)} if spec.moe else {}
     lm = LayerModel([embedding, *decoders, head], sample, _loss, name=spec.name, names=names, kinds=kinds,
-                    repeat=repeat, shape=shape, tied_params=tied)
+                    repeat=repeat, shape=shape, tied_params=tied, expert_params=experts)
     return lm, spec
 
 

@@ -49,6 +49,8 @@ class LayerModel:
     repeat: list[int] = field(default_factory=list)  # profile layer -> measured layer (default: identity)
     shape: TransformerShape | None = None
     tied_params: dict[int, int] = field(default_factory=dict)  # profile layer -> parameters shared with another
+    #: profile layer -> of its parameters, a mixture of experts' experts (what expert parallelism splits)
+    expert_params: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(m, nn.Module) for m in self.layers):
@@ -253,7 +255,8 @@ def profile_layer_model(model: LayerModel, micro_batches: list[int], device: str
         measured[i] = profile_layer(unit, _inputs_for(model, i, dev, torch_dtype), sizes, dev, warmup=warmup,
                                     repeats=repeats, recompute=recompute, on_size_done=done,
                                     checkpointed=checkpointed(model.kinds[model.repeat.index(i)]))
-    out = [_to_layer_profile(model.names[j], model.kinds[j], measured[m], model.tied_params.get(j, 0))
+    out = [_to_layer_profile(model.names[j], model.kinds[j], measured[m], model.tied_params.get(j, 0),
+                             expert_params=model.expert_params.get(j, 0))
            for j, m in enumerate(model.repeat)]
     reused = [model.names[j] for j, m in enumerate(model.repeat) if model.repeat.index(m) != j]
     env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),

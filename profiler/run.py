@@ -83,7 +83,7 @@ def transient_per_sample(m: LayerMeasurement) -> int | None:
 
 
 def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: int,
-                      tensor_times: dict[int, ShardTimes] | None = None) -> LayerProfile:
+                      tensor_times: dict[int, ShardTimes] | None = None, expert_params: int = 0) -> LayerProfile:
     return LayerProfile(
         name=name,
         kind=kind,
@@ -101,6 +101,7 @@ def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: in
         param_bytes=m.param_bytes,
         tied_params=tied_params,
         tensor_times=tensor_times,
+        expert_params=expert_params,
     )
 
 

@@ -204,3 +204,25 @@ def test_megatron_export_splits_the_experts():
         line = " ".join(args)
         assert "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall" in line
         assert any("tp-cp-ep-dp-pp" in n for n in notes) == note
+
+
+def test_a_measured_profile_knows_its_experts():
+    """``pipeplan profile --hf-config`` of a mixture of experts: each decoder layer's expert_params and the shape's
+    experts, so the search splits their state at e > 1 (with the measured times: the same FLOPs)."""
+    import json
+
+    from profiler.hf_config import read_hf_config
+    from profiler.hf_model import hf_layer_model
+    from profiler.layer_model import profile_layer_model
+
+    path = Path(__file__).resolve().parent / "fixtures" / "tiny-mixtral" / "config.json"
+    spec = read_hf_config(path)
+    lm, _ = hf_layer_model(json.loads(path.read_text()), spec.name, seq=16)
+    prof = profile_layer_model(lm, [1], repeats=1, warmup=0)
+    blocks = [lay for lay in prof.layers if lay.kind == "transformer"]
+    assert blocks and all(lay.expert_params == int(spec.experts) * spec.expert_params() for lay in blocks)
+    assert all(lay.expert_params < lay.params for lay in blocks)
+    assert not any(lay.expert_params for lay in prof.layers if lay.kind != "transformer")
+    assert (prof.shape.experts, prof.shape.experts_per_token) == (spec.experts, spec.experts_per_token)
+    view, exact = expert_view(prof, 2)
+    assert not exact and view.layers[1].fwd_time == prof.layers[1].fwd_time
