@@ -687,10 +687,26 @@ class ConfigCosts(Costs):
         rc = 2 if self.config.recompute else 1
         per = 0.0
         for _replica, s in self.held[device]:
-            layers = self._tp_comm(s, b) + self.ep_comm(s, b)
+            layers = self._tp_comm(s, b)
             per += (layers + self._tp_edges(s, b, backward=False)
                     + rc * layers + self._tp_edges(s, b, backward=True) + self._sp_regather(s, b))
         return per
+
+    def ep_seconds(self, device: int) -> float:
+        """Seconds per micro-batch of the expert-parallel all-to-alls on ``device``'s compute stream, as the F and B
+        durations charge them (:meth:`ep_in`); 0 at e = 1."""
+        if self.expert == 1:
+            return 0.0
+        return sum(self.ep_in("F", s, 1) + self.ep_in("B", s, 1) for _replica, s in self.held[device])
+
+    def ep_in(self, kind: str, stage: int, span: int = 1) -> float:
+        """Of an F, B or I action, the seconds of its expert-parallel all-to-alls (:meth:`ep_comm`: the forward's
+        two per layer with experts, the backward's two, and the recomputed forward's); W runs none."""
+        if self.expert == 1 or kind not in ("F", "B", "I"):
+            return 0.0
+        if kind == "F":
+            return self.ep_comm(stage, self.base_b * span)
+        return self.ep_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
 
     def ep_comm(self, stage: int, samples: float) -> float:
         """One pass's expert-parallel all-to-alls of ``stage`` for a micro-batch of ``samples``: per layer with
@@ -728,7 +744,7 @@ class ConfigCosts(Costs):
             step = st.step[1] - st.step[0]
             sends = sum(self._held("F", s, 1) + self._held("B", s, 1) for _r, s in self.held[d]) \
                 if self.blocking_p2p else 0.0
-            inside = (self.tp_seconds(d) + sends) * microbatches / max(1, self.schedule.replicas)
+            inside = (self.tp_seconds(d) + self.ep_seconds(d) + sends) * microbatches / max(1, self.schedule.replicas)
             per.append((st.busy - step, inside, max(0.0, st.step[0] - st.compute_end)))
         return busy_share(res.makespan, per)
 
@@ -819,9 +835,7 @@ class ConfigCosts(Costs):
         return total - self.relief * matrix
 
     def fwd(self, stage: int, span: int = 1) -> float:
-        v = self._plain_fwd(stage, span)
-        if self.expert > 1:
-            v += self.ep_comm(stage, self.base_b * span)
+        v = self._plain_fwd(stage, span) + self.ep_in("F", stage, span)
         if self.fsdp_per_microbatch:
             v += self.fsdp_extra("F", stage, span)
         if self.blocking_p2p:
@@ -829,9 +843,7 @@ class ConfigCosts(Costs):
         return v
 
     def bwd(self, stage: int) -> float:
-        v = self._plain_bwd(stage)
-        if self.expert > 1:  # the backward's two all-to-alls, and the recomputed forward's
-            v += self.ep_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
+        v = self._plain_bwd(stage) + self.ep_in("B", stage)
         if self.fsdp_per_microbatch:
             v += self.fsdp_extra("B", stage)
         if self.blocking_p2p:
@@ -1011,8 +1023,9 @@ class ConfigCosts(Costs):
             w = self._compute(stage, "bwd_weight", self.base_b)
             return w if kind == "W" else self.bwd(stage) - w
         extra = self.recompute_extra(stage)
-        half = (self.bwd(stage) - extra) / 2
-        return half + extra if kind == "I" else half
+        own = self.ep_comm(stage, self.base_b)  # the backward's all-to-alls carry input gradients: I's
+        half = (self.bwd(stage) - extra - own) / 2
+        return half + extra + own if kind == "I" else half
 
     def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
         if self.blocking_p2p:

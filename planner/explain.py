@@ -15,7 +15,8 @@ def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, flo
     (:mod:`planner.fsdp`, no pipeline), ``fsdp_in_compute``: the part of ``compute`` that is those
     collectives beyond what the layers' compute hides, and what the hidden ones take from that compute
     (:meth:`ConfigCosts.fsdp_extra`, :mod:`planner.contention`), and ``fsdp_comm_busy``
-    the time they keep the link busy, hidden or not (:meth:`ConfigCosts.fsdp_link`)."""
+    the time they keep the link busy, hidden or not (:meth:`ConfigCosts.fsdp_link`). With expert parallelism,
+    ``alltoall_in_compute``: the part of ``compute`` that is the experts' all-to-alls (:meth:`ConfigCosts.ep_in`)."""
     d = max(range(len(res.devices)), key=lambda i: res.devices[i].step[1])
     st = res.devices[d]
     step_start, step_end = st.step
@@ -29,6 +30,8 @@ def breakdown(res: SimResult, costs: ConfigCosts | None = None) -> dict[str, flo
     if costs is not None and costs.fsdp_per_microbatch:
         out["fsdp_in_compute"] = sum(costs.fsdp_extra(a.kind, a.stage, a.span) for a, _, _ in res.timeline[d])
         out["fsdp_comm_busy"] = sum(costs.fsdp_link(a.kind, a.stage) for a, _, _ in res.timeline[d])
+    if costs is not None and costs.expert > 1:
+        out["alltoall_in_compute"] = sum(costs.ep_in(a.kind, a.stage, a.span) for a, _, _ in res.timeline[d])
     return out
 
 

@@ -226,3 +226,20 @@ def test_a_measured_profile_knows_its_experts():
     assert (prof.shape.experts, prof.shape.experts_per_token) == (spec.experts, spec.experts_per_token)
     view, exact = expert_view(prof, 2)
     assert not exact and view.layers[1].fwd_time == prof.layers[1].fwd_time
+
+
+def test_breakdown_and_split_backward_place_the_alltoalls(h100, mixtral):
+    """The breakdown names the all-to-alls' part of the compute; a zero-bubble I carries the backward's all-to-alls
+    (they move input gradients), W none."""
+    req = TrainingRequest(global_batch=64, gpus=32)
+    cand = predict(mixtral, h100, req, Config(tensor=1, pipeline=2, data=16, expert=4, micro_batch=1,
+                                              schedule="zb-h1"))
+    costs = cand.costs
+    assert costs is not None and cand.breakdown["alltoall_in_compute"] > 0
+    N = cand.microbatches
+    assert cand.breakdown["alltoall_in_compute"] == pytest.approx(N * (costs.ep_in("F", 1) + costs.ep_in("B", 1)))
+    assert costs.ep_in("W", 1) == 0 and costs.ep_in("I", 1) == costs.ep_in("B", 1)
+    assert costs.work("I", 1, 1) + costs.work("W", 1, 1) == pytest.approx(costs.bwd(1))
+    assert costs.work("I", 1, 1) > costs.ep_in("B", 1)
+    dense = predict(mixtral, h100, req, Config(tensor=1, pipeline=2, data=16, micro_batch=1, schedule="zb-h1"))
+    assert "alltoall_in_compute" not in dense.breakdown
