@@ -4,7 +4,8 @@ For Mixtral 8x7B and Qwen3-30B-A3B (``examples/models``) on an H100 (FlashAttent
 sequence 4096, micro-batch 1): one transformer layer's forward and backward at t = 1, 2, 4, 8 with the experts as
 one grouped GEMM and one expert at a time (:mod:`planner.moe`), the achieved TFLOP/s of the forward, and the dense
 twin (one MLP as wide as a token's ``k`` experts) beside them; then ``plan`` on 64 H100s (DGX nodes, global batch
-512) with each, timed, and its best rows.
+512) with each, timed, its best rows (with the time their experts' all-to-alls take on the last device) and the best
+row at each expert-parallel size ``e`` (:mod:`planner.expert_parallel`).
 
 Run: ``python benchmarks/moe_bench.py``.
 """
@@ -60,7 +61,14 @@ def main() -> None:
             print(f"  plan, {gemm} experts, 64 H100s, B = 512: {took:.2f} s, {res.evaluated} configurations, "
                   f"{res.simulated} simulated")
             for c in res.candidates:
-                print(f"    {c.config.label():40s} {c.iteration_time:7.3f} s  peak {max(c.memory) / 2**30:5.1f} GiB")
+                a2a = c.breakdown.get("alltoall_in_compute")
+                print(f"    {c.config.label():40s} {c.iteration_time:7.3f} s  peak {max(c.memory) / 2**30:5.1f} GiB"
+                      + (f"  all-to-alls {a2a:.3f} s" if a2a else ""))
+            best = {}  # the best row at each expert-parallel size e
+            for c in plan(prof, cl, TrainingRequest(global_batch=512, gpus=64, top=400)).candidates:
+                best.setdefault(c.config.expert, c)
+            print("    best per e: " + ", ".join(f"e={e} {c.iteration_time:.3f} s ({c.config.label()})"
+                                               for e, c in sorted(best.items())))
         print()
 
 
