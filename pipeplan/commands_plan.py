@@ -31,6 +31,7 @@ from pipeplan.options import (
 )
 from planner.cluster import Cluster, load_cluster
 from planner.equivalence import schedule_label
+from planner.expert_parallel import expert_count
 from planner.jsondoc import finite
 from planner.limits import MAX_GLOBAL_BATCH
 from planner.mismatch import device_warnings, size_warnings
@@ -88,16 +89,20 @@ def _memory_cell(c: Candidate) -> str:
 
 
 def _table(cands: list[Candidate], title: str) -> Table:
+    """The rows' table; the expert-parallel size ``e`` (:attr:`planner.request.Config.expert`) has a column after
+    ``W`` only where some row has ``e > 1``: a dense model's table stays as it was."""
     from rich.table import Table
 
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
-    for col in ("#", "t", "D", "W", "b", "N", "schedule", "rc", "iter (s)", "samples/s", "idle",
-                "peak mem GiB (model + reserve)", *(["the same as"] if alternatives else [])):
+    experts = any(c.config.expert > 1 for c in cands)
+    for col in ("#", "t", "D", "W", *(["e"] if experts else []), "b", "N", "schedule", "rc", "iter (s)",
+                "samples/s", "idle", "peak mem GiB (model + reserve)", *(["the same as"] if alternatives else [])):
         t.add_column(col, justify="left" if col in ("schedule", "the same as") else "right")
     for i, c in enumerate(cands):
         cfg = c.config
-        t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data), str(cfg.micro_batch),
+        t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data),
+                  *([str(cfg.expert)] if experts else []), str(cfg.micro_batch),
                   str(c.microbatches), c.name or schedule_label(cfg),
                   "yes" if cfg.recompute else "", f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
                   f"{c.bubble_ratio:.3f}", _memory_cell(c),
@@ -189,6 +194,9 @@ def register(app: typer.Typer) -> None:
         schedules: Annotated[str | None, typer.Option(help="comma-separated allowed schedules")] = None,
         allow_async: Annotated[bool, typer.Option("--allow-async", help="include PipeDream and 2BW")] = False,
         max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
+        max_expert: Annotated[int | None, typer.Option(
+            help="largest expert-parallel size e of a mixture of experts: its experts split over e of the W "
+                 "data-parallel replicas (default: every e dividing both its experts and W; 1: none)")] = None,
         memory_reserve: MemoryReserveOpt = None,
         bytes_per_param: BytesPerParamOpt = None,
         shard_optimizer: ShardOptimizerOpt = False,
@@ -212,9 +220,13 @@ def register(app: typer.Typer) -> None:
             fail(f"--schedules: an empty name in {schedules!r}; give comma-separated names, e.g. 1f1b,interleaved "
                  f"(leave the option out to allow all of them)")
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
-                       max_tensor=max_tensor, schedules=names, shard_optimizer=shard_optimizer,
+                       max_tensor=max_tensor, max_expert=max_expert, schedules=names,
+                       shard_optimizer=shard_optimizer,
                        shard_parameters=shard_parameters, bytes_per_param=bytes_per_param,
                        memory_reserve_bytes=reserve)
+        if max_expert is not None and max_expert > 1 and not expert_count(prof):
+            warn_option(f"max-expert {max_expert}: profile {prof.name!r} has no mixture of experts; every row has "
+                        "e = 1")
         stamps.append(time.perf_counter())
         try:
             res = plan(prof, cl, req, processes=processes)
@@ -247,6 +259,9 @@ def register(app: typer.Typer) -> None:
         micro_batch: Annotated[int, typer.Option(help="micro-batch size b")],
         schedule: Annotated[str, typer.Option(help="schedule name")],
         recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
+        expert: Annotated[int, typer.Option(
+            help="expert-parallel size e of a mixture of experts: its experts split over e of the W data-parallel "
+                 "replicas (a divisor of W and of the experts)")] = 1,
         chunks: ChunksOpt = None,
         waves: WavesOpt = None,
         pipelines: PipesOpt = None,
@@ -267,7 +282,7 @@ def register(app: typer.Typer) -> None:
         req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, shard_parameters=shard_parameters,
                        bytes_per_param=bytes_per_param, memory_reserve_bytes=reserve)
         try:
-            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, micro_batch=micro_batch,
+            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, expert=expert, micro_batch=micro_batch,
                          schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
                          pipelines=pipelines, concat=concat, replication=replication)
         except ValidationError as e:

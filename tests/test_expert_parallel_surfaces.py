@@ -1,0 +1,126 @@
+"""Expert parallelism where a user plans: ``pipeplan plan --max-expert`` and its ``e`` column, ``pipeplan predict
+--expert`` and its refusals. The planner's side is tests/test_expert_parallel_planner.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_support import refused, run
+
+from planner.analytic import analytic_profile
+from planner.model import ModelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "examples" / "clusters" / "dgx-h100-80gb.json"
+#: Qwen3-30B-A3B's block shape, 4 layers and 64 experts: on 16 H100s at B = 32 some of its best rows split the
+#: experts (e > 1), a few seconds' search
+MOE = ModelSpec(name="qwen-moe-4l", layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn_hidden=6144,
+                expert_ffn_hidden=768, gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
+                tied_embeddings=False, bias=False, qk_norm=True, vocab=151936, seq=4096, experts=64,
+                experts_per_token=8)
+PLAN = ["--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32"]
+#: a configuration of predict: t=1 D=2 W=8, b=2, 1F1B (N = 2)
+ONE = ["--cluster", CLUSTER, "--global-batch", "32", "--tensor", "1", "--pipeline", "2", "--data", "8",
+       "--micro-batch", "2", "--schedule", "1f1b"]
+
+
+def _profile(spec: ModelSpec) -> Any:
+    return analytic_profile(spec, "H100-SXM5-80GB", micro_batches=(1, 2), tensor_sizes=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def moe() -> Any:
+    return _profile(MOE)
+
+
+@pytest.fixture(scope="module")
+def files(moe: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The MoE profile and its dense twin (the same block without experts) as files."""
+    here = tmp_path_factory.mktemp("ep")
+    out = {"moe": here / "moe.json", "dense": here / "dense.json"}
+    out["moe"].write_text(moe.model_dump_json())
+    out["dense"].write_text(_profile(MOE.with_(name="dense-4l", experts=None, experts_per_token=None,
+                                               expert_ffn_hidden=None)).model_dump_json())
+    return out
+
+
+def _experts(plan: dict[str, Any]) -> list[int]:
+    """Each candidate's e, as its run_spec records it (absent at 1)."""
+    return [c["run_spec"]["config"].get("expert", 1) for c in plan["candidates"]]
+
+
+def _header(output: str) -> list[str]:
+    """The column names of the table's header row (rich's box: ``┃ # ┃ t ┃ ...``)."""
+    row = next(ln for ln in output.splitlines() if ln.startswith("┃") and "#" in ln)
+    return [x.strip() for x in row.strip("┃").split("┃")]
+
+
+# ---- the command line ----------------------------------------------------------------------------------------
+
+def test_plan_shows_e_where_a_row_splits_its_experts(files: dict[str, Path]) -> None:
+    r = run(["plan", "--profile", files["moe"], *PLAN, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    experts = _experts(doc)
+    assert any(e > 1 for e in experts), [c["label"] for c in doc["candidates"]]
+    for c, e in zip(doc["candidates"], experts, strict=True):
+        assert (f" e={e} " in c["label"]) == (e > 1), c["label"]
+    r = run(["plan", "--profile", files["moe"], *PLAN])
+    assert r.exit_code == 0, r.output
+    head = _header(r.output)
+    assert head[:6] == ["#", "t", "D", "W", "e", "b"], head
+    # each row's e, in the table's rows (the first line of a row: its rank, then t D W e)
+    rows = [[x.strip() for x in ln.strip("│").split("│")] for ln in r.output.splitlines()
+            if ln.startswith("│") and ln.split("│")[1].strip().isdigit()]
+    assert [int(row[4]) for row in rows] == experts
+
+
+def test_max_expert_1_plans_without_expert_parallelism(files: dict[str, Path]) -> None:
+    r = run(["plan", "--profile", files["moe"], *PLAN, "--max-expert", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["candidates"] and _experts(doc) == [1] * len(doc["candidates"])
+    assert all(" e=" not in c["label"] for c in doc["candidates"] + doc["infeasible"])
+    r = run(["plan", "--profile", files["moe"], *PLAN, "--max-expert", "1"])
+    assert r.exit_code == 0 and "e" not in _header(r.output), r.output
+    r = run(["plan", "--profile", files["moe"], *PLAN, "--max-expert", "2", "--json"])
+    assert r.exit_code == 0 and set(_experts(json.loads(r.stdout))) <= {1, 2}, r.output
+
+
+def test_max_expert_refusals_and_a_dense_model(files: dict[str, Path]) -> None:
+    for bad in ("0", "-2"):
+        refused(["plan", "--profile", files["moe"], *PLAN, "--max-expert", bad], "--max-expert: ")
+    r = run(["plan", "--profile", files["dense"], *PLAN, "--max-expert", "4", "--top", "2"])
+    assert r.exit_code == 0, r.output
+    assert "warning: --max-expert 4: profile 'dense-4l' has no mixture of experts" in r.output
+    assert "e" not in _header(r.output)
+
+
+def test_predict_expert(files: dict[str, Path]) -> None:
+    r = run(["predict", "--profile", files["moe"], *ONE, "--expert", "2"])
+    assert r.exit_code == 0, r.output
+    assert "t=1 D=2 W=8 e=2 b=2 1f1b" in r.output
+    head = _header(r.output)
+    row = next(ln for ln in r.output.splitlines() if ln.startswith("│ 0 "))
+    assert dict(zip(head, [x.strip() for x in row.strip("│").split("│")], strict=True))["e"] == "2"
+    r = run(["predict", "--profile", files["moe"], *ONE, "--expert", "2", "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["fits"] and doc["run_spec"]["config"]["expert"] == 2, r.output
+    # the same configuration at e = 1: another prediction (the all-to-alls, the experts' state split in two)
+    one = json.loads(run(["predict", "--profile", files["moe"], *ONE, "--json"]).stdout)
+    assert "expert" not in one["run_spec"]["config"] and one["iteration_time"] != doc["iteration_time"]
+    assert max(one["model_memory"]) > max(doc["model_memory"])
+
+
+def test_predict_expert_refusals(files: dict[str, Path]) -> None:
+    w4 = [x if x != "8" else "4" for x in ONE]  # W = 4
+    refused(["predict", "--profile", files["moe"], *w4, "--expert", "3"],
+            "--expert: the expert-parallel size 3 must divide data (W = 4)")
+    refused(["predict", "--profile", files["moe"], *ONE, "--expert", "0"], "--expert: ")
+    refused(["predict", "--profile", files["dense"], *ONE, "--expert", "2"],
+            "--expert: expert parallelism (2) needs a mixture of experts; profile 'dense-4l' has none")
+    refused(["predict", "--profile", files["moe"], *ONE, "--expert", "2", "--shard-parameters"],
+            "--expert: expert parallelism with sharded weights")
