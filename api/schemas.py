@@ -166,6 +166,10 @@ class PlanCreate(TrainingRequest):
                                    description="GPU budget (default: the cluster, which must then have at "
                                                f"most {MAX_PLAN_GPUS})")
     max_tensor: StrictInt | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE, description="largest t")
+    max_expert: StrictInt | None = Field(default=None, gt=0, le=MAX_PLAN_GPUS,
+                                         description="largest expert-parallel size e of a mixture of experts: its "
+                                                     "experts split over e of the W data-parallel replicas "
+                                                     "(default: every e dividing both its experts and W; 1: none)")
     micro_batches: list[Annotated[StrictInt, Field(ge=1, le=MAX_GLOBAL_BATCH)]] | None = Field(default=None,
                                                                                              max_length=64)
     schedules: list[Annotated[str, StringConstraints(max_length=40)]] | None = Field(default=None,

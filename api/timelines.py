@@ -21,11 +21,9 @@ from sqlalchemy.orm import Session
 from api import crud
 from api.errors import InputError
 from planner.jsondoc import integer, number
-from planner.schedules import SCHEDULE_PARAMETERS
 
 #: actions of one timeline document (about 40 bytes each in JSON): a few MB at most
 MAX_TIMELINE_ACTIONS = 200_000
-CONFIG_KEYS = ("tensor", "pipeline", "data", "micro_batch", "schedule", "recompute", *SCHEDULE_PARAMETERS)
 
 
 def simulate_candidate(profile: dict[str, Any], cluster: dict[str, Any], request: dict[str, Any],
@@ -35,10 +33,12 @@ def simulate_candidate(profile: dict[str, Any], cluster: dict[str, Any], request
     from planner.cluster import Cluster
     from planner.profile import ModelProfile
     from planner.replicated import replica_rows
-    from planner.request import Config, TrainingRequest
+    from planner.request import TrainingRequest
+    from planner.runspec import config_of
     from planner.search import predict
 
-    config = Config(**{k: cand[k] for k in CONFIG_KEYS if cand.get(k) is not None})
+    # its run_spec's configuration (the flat fields beside it lack some, the expert-parallel size e among them)
+    config = config_of(cand)
     got = predict(ModelProfile.model_validate(profile), Cluster.model_validate(cluster),
                   TrainingRequest.model_validate(request), config)
     if got.simulation is None:

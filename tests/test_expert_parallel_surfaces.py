@@ -1,5 +1,7 @@
 """Expert parallelism where a user plans: ``pipeplan plan --max-expert`` and its ``e`` column, ``pipeplan predict
---expert`` and its refusals. The planner's side is tests/test_expert_parallel_planner.py."""
+--expert`` and its refusals, the API's ``max_expert`` (strict, bounded, stored with the plan; each candidate's
+``run_spec`` keeps its ``expert``; a candidate's timeline re-simulates at its e). The planner's side is
+tests/test_expert_parallel_planner.py."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_support import AUTH, wait_for
 from cli_support import refused, run
 
 from planner.analytic import analytic_profile
@@ -124,3 +127,54 @@ def test_predict_expert_refusals(files: dict[str, Path]) -> None:
             "--expert: expert parallelism (2) needs a mixture of experts; profile 'dense-4l' has none")
     refused(["predict", "--profile", files["moe"], *ONE, "--expert", "2", "--shard-parameters"],
             "--expert: expert parallelism with sharded weights")
+
+
+# ---- the API ---------------------------------------------------------------------------------------------------
+
+def _upload(client: Any, moe: Any) -> tuple[int, int]:
+    p = client.post("/profiles", json=moe.model_dump(mode="json"), headers=AUTH)
+    cl = client.post("/clusters", json=json.loads(CLUSTER.read_text()), headers=AUTH)
+    assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
+    return p.json()["id"], cl.json()["id"]
+
+
+def _plan(client: Any, **body: Any) -> dict[str, Any]:
+    r = client.post("/plans", json=body, headers=AUTH)
+    assert r.status_code in (200, 201, 202), r.text
+    plan = r.json()
+    if plan["status"] not in ("done", "failed"):
+        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+            client.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    assert plan["status"] == "done", plan
+    return plan
+
+
+def test_api_max_expert_is_strict_and_bounded(client, moe: Any) -> None:  # type: ignore[no-untyped-def]
+    pid, cid = _upload(client, moe)
+    base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32, "gpus": 16}
+    for value in (0, -1, "2", True, 2.0, 10**9):
+        r = client.post("/plans", json={**base, "max_expert": value}, headers=AUTH)
+        assert r.status_code == 422, (value, r.text)
+        assert r.json()["detail"].startswith("max_expert: "), (value, r.json()["detail"])
+    assert client.get("/plans", headers=AUTH).json() == []  # nothing made
+
+
+def test_api_plans_keep_each_candidates_e(client, moe: Any) -> None:  # type: ignore[no-untyped-def]
+    pid, cid = _upload(client, moe)
+    base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32, "gpus": 16, "top": 10}
+    plan = _plan(client, **base)
+    stored = client.get(f"/plans/{plan['id']}", headers=AUTH).json()
+    experts = _experts(stored)
+    assert any(e > 1 for e in experts), [c["label"] for c in stored["candidates"]]
+    rank = next(i for i, e in enumerate(experts) if e > 1)
+    cand = stored["candidates"][rank]
+    assert f" e={experts[rank]} " in cand["label"]
+    # its timeline re-simulates the same configuration (at its e, not at e = 1)
+    t = client.get(f"/plans/{plan['id']}/candidates/{rank}/timeline", headers=AUTH)
+    assert t.status_code == 200, t.text
+    assert t.json()["label"] == cand["label"] and t.json()["matches_stored"] is True, t.json()["label"]
+    capped = _plan(client, **base, max_expert=1)
+    assert capped["request"]["max_expert"] == 1
+    assert _experts(client.get(f"/plans/{capped['id']}", headers=AUTH).json()) == [1] * len(capped["candidates"])
+    two = _plan(client, **base, max_expert=2)
+    assert set(_experts(two)) <= {1, 2}
