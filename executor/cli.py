@@ -8,7 +8,7 @@ Forms::
                  [--emulate profile.json [--cluster c.json]]
     pipeplan run --schedule chimera --devices 4 --microbatches 8 (--model gpt-tiny | --hf-config cfg.json |
                  --module pkg.mod:build) [-W 2]
-                 [--tensor 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat/--replication]
+                 [--tensor 2] [--expert 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat/--replication]
                  [--recompute] [--check]
     # several nodes: the same command on every node, with its --node-rank
     pipeplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 [--rdzv-id job7] [--nproc-per-node 4]
@@ -113,6 +113,9 @@ def run(
     microbatches: Annotated[int | None, typer.Option("--microbatches", "-N", help="micro-batches")] = None,
     data_parallel: Annotated[int, typer.Option("--data-parallel", "-W", help="data-parallel copies")] = 1,
     tensor: Annotated[int, typer.Option("--tensor", "-t", help="tensor-parallel degree")] = 1,
+    expert: Annotated[int, typer.Option(
+        "--expert", help="expert-parallel size e: a mixture of experts' experts split over e of the W data-parallel "
+                         "copies (e divides W and the experts), tokens exchanged all-to-all")] = 1,
     micro_batch: Annotated[int, typer.Option("--micro-batch", "-b", help="samples per micro-batch")] = 1,
     chunks: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["chunks"].help)] = None,
     waves: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)] = None,
@@ -208,8 +211,9 @@ def run(
                 _fail("give --plan, or --schedule with --devices and --microbatches")
             assert schedule is not None and devices is not None and microbatches is not None
             run_plan = RunPlan.direct(schedule, devices, microbatches, data=data_parallel, tensor=tensor,
-                                      micro_batch=micro_batch, recompute=recompute, chunks=chunks, waves=waves,
-                                      pipelines=pipelines, concat=concat, replication=replication, **common)
+                                      expert=expert, micro_batch=micro_batch, recompute=recompute, chunks=chunks,
+                                      waves=waves, pipelines=pipelines, concat=concat, replication=replication,
+                                      **common)
         run_plan.validate()
     except PlanError as e:
         if other_model is not None and default_model:
@@ -255,7 +259,7 @@ def run(
     m = result["measured"]
     tag = " (emulated compute)" if result["emulated"] else ""
     c = run_plan.spec.config
-    typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor} "
+    typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor}{f' e={c.expert}' if c.expert > 1 else ''} "
                f"N={run_plan.spec.microbatches} b={c.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
                f", bubble ratio {m['bubble_ratio']:.3f}")
     if m.get("time_by_kind"):

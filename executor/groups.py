@@ -11,6 +11,15 @@ Groups, created by every rank in one fixed order (``new_group`` is collective ov
 * **tied group** -- per tensor rank: the ranks holding the first or the last stage, for the tied embedding
   (Megatron-LM keeps a copy on both ends and all-reduces their gradients).
 * **tensor groups** -- the t ranks of one pipeline device of one data-parallel copy.
+* with expert parallelism (``e > 1``, :mod:`executor.expert_parallel`): the data-parallel copies form groups of
+  ``e`` consecutive copies -- copy ``w`` is expert-parallel (EP) rank ``w % e`` of EP group ``w // e`` -- and
+
+  * **expert groups** -- per pipeline device ``d``, tensor rank ``k`` and EP group ``g``: the ``e`` ranks of copies
+    ``g e .. g e + e - 1`` at ``(d, k)``, among which a mixture of experts' tokens go all-to-all;
+  * **expert-data groups** -- per stage ``s``, tensor rank ``k`` and EP rank ``i``: the ranks of the stage's
+    holders (as its stage group) whose copy has EP rank ``i`` (``W / e`` copies per holder). They hold the same
+    experts of the stage, whose gradients are all-reduced there; the other parameters are reduced over the whole
+    stage group as without expert parallelism. One group per stage, as the stage groups.
 
 Pipeline point-to-point messages go between the neighbouring ranks of the same copy and tensor rank.
 """
@@ -30,6 +39,16 @@ class Layout:
     D: int
     W: int
     t: int
+    e: int = 1  # expert-parallel size: a divisor of W
+
+    def ep_rank(self, data: int) -> int:
+        """The expert-parallel rank of data-parallel copy ``data`` (which experts it holds)."""
+        return data % self.e
+
+    def ep_copies(self, data: int) -> list[int]:
+        """The data-parallel copies of ``data``'s expert-parallel group (``e`` consecutive copies)."""
+        first = data - data % self.e
+        return list(range(first, first + self.e))
 
     def rank(self, device: int, data: int = 0, tensor: int = 0) -> int:
         return (data * self.D + device) * self.t + tensor
@@ -50,6 +69,15 @@ class Groups:
     tied_ranks: list[int] = field(default_factory=list)
     tensor: Any = None
     tensor_ranks: list[int] = field(default_factory=list)
+    expert: Any = None  # this rank's expert group (e > 1): all-to-all of a mixture of experts' tokens
+    expert_ranks: list[int] = field(default_factory=list)
+    expert_data: dict[int, Any] = field(default_factory=dict)  # stage -> group reducing its experts' gradients
+    expert_data_ranks: dict[int, list[int]] = field(default_factory=dict)
+
+    def all(self) -> list[Any]:
+        """Every group this rank is a member of, once each."""
+        found = [*self.stage.values(), self.tied, self.tensor, self.expert, *self.expert_data.values()]
+        return list({id(g): g for g in found if g is not None}.values())
 
 
 def _new(ranks: list[int], me: int) -> Any:
@@ -88,4 +116,21 @@ def make_groups(schedule: Schedule, layout: Layout, rank: int, tied: bool) -> Gr
                 g = dist.new_group(ranks)
                 if rank in ranks:
                     out.tensor, out.tensor_ranks = g, ranks
+    e = layout.e
+    if e > 1:
+        for d in range(D):
+            for k in range(t):
+                for first in range(0, W, e):
+                    ranks = [layout.rank(d, w, k) for w in range(first, first + e)]
+                    g = dist.new_group(ranks)
+                    if rank in ranks:
+                        out.expert, out.expert_ranks = g, ranks
+        for s in range(S):
+            holders = sorted({row[s] for row in schedule.placement})
+            for k in range(t):
+                for i in range(e):
+                    ranks = sorted(layout.rank(d, w, k) for w in range(i, W, e) for d in holders)
+                    g = _new(ranks, rank)
+                    if rank in ranks:
+                        out.expert_data_ranks[s], out.expert_data[s] = ranks, g
     return out

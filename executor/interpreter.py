@@ -22,7 +22,9 @@ with ``grouped``).
 * ``ALLREDUCE`` -- the stage's gradients (summed over the replicas of the stage the rank holds) are
   all-reduced asynchronously over the stage group (:mod:`executor.groups`): eager where the lowering put it
   (Chimera 3.2), at the end otherwise. The collective is issued at the rank's last ``ALLREDUCE`` of the
-  stage, once per stage and iteration.
+  stage, once per stage and iteration. With expert parallelism (``e > 1``, :mod:`executor.expert_parallel`) the
+  experts' gradients are all-reduced apart, over the stage's expert-data group (the holders whose copy has this
+  rank's EP rank), and the rest over the stage group: both sums.
 * ``STEP`` -- wait for sends and all-reduces, all-reduce the tied embedding copies (Megatron-LM), step the
   optimizer (plain SGD, :mod:`executor.sgd`, so pipelined and single-process training can be compared exactly).
 
@@ -52,7 +54,7 @@ cluster's links are this machine's, else tokens that wait for their predicted du
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from executor.comm import P2P
+from executor.expert_parallel import ExpertParallelMoE, expert_parameters
 from executor.groups import Groups, Layout
 from executor.models import takes_targets
 from executor.models.blocks import Block
@@ -243,6 +246,7 @@ class RankRuntime:
         self.host_waits = cuda and emulator is not None
         self.layout: Layout = groups.layout
         self.device, self.data_copy, self.tp = self.layout.coords(rank)
+        self.ep = self.layout.ep_rank(self.data_copy)
         d = self.device
         self.actions = schedule.actions[d]
         self.held = schedule.stages_on(d)
@@ -272,6 +276,8 @@ class RankRuntime:
                 self.optims[(r, s)] = SGD(self.modules[(r, s)].parameters(), lr=plan.lr)
                 if not plan.synchronous:
                     self.stash[(r, s)] = _Stash(self.modules[(r, s)])
+        #: the experts' parameters of each stage replica, reduced over the expert-data group (e > 1; else none)
+        self.expert_ids = {key: {id(p) for p in expert_parameters(mod)} for key, mod in self.modules.items()}
         # tied embedding copies on the first and last stages (names inside the StageModule)
         self.tied: dict[tuple[int, int], list[str]] = {}
         if self.S > 1 and emulator is None:
@@ -296,11 +302,21 @@ class RankRuntime:
     # ---- construction --------------------------------------------------------------------------------
     def _build(self, stage: int) -> StageModule:
         a, b = self.bounds[stage]
-        layers = self.source.build(self.plan.seed, a, b)
-        if self.layout.t > 1:
-            layers = [self._tensor_parallel(m) for m in layers]
+        layers = [self._parallel(m) for m in self.source.build(self.plan.seed, a, b)]
         mod = StageModule(layers, a, self.rows, self.plan.spec.config.recompute, self.source.kinds(a, b))
         return mod.to(device=self.tdev, dtype=self.dtype)
+
+    def _parallel(self, m: nn.Module) -> nn.Module:
+        """A layer split over this rank's tensor-parallel group (t > 1) and, a mixture of experts' block, its experts
+        over the expert group (e > 1: :class:`~executor.expert_parallel.ExpertParallelMoE`, of the whole block's
+        experts, each one this tensor rank's slice)."""
+        moe = m.moe if isinstance(m, LlamaBlock) else None
+        if self.layout.t > 1:
+            m = self._tensor_parallel(m)
+        if moe is not None and self.layout.e > 1:
+            m.moe = ExpertParallelMoE(moe, self.ep, self.layout.e, self.groups.expert, self.tp, self.layout.t,
+                                      self.groups.tensor)
+        return m
 
     def _tensor_parallel(self, m: nn.Module) -> nn.Module:
         """A block split over this rank's tensor-parallel group; embedding, head and norms stay replicated."""
@@ -353,7 +369,9 @@ class RankRuntime:
         self.fwd: dict[tuple[int, int, int], tuple[_Fwd, int]] = {}
         self.inbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[str, int, int, int], torch.Tensor] = {}
-        self.pending_ar: list[tuple[Any, torch.Tensor, list[tuple[int, int]]]] = []
+        #: the all-reduces in flight: (work, buffer, stage replicas, their parameters in the buffer)
+        self.pending_ar: list[tuple[Any, torch.Tensor, list[tuple[int, int]],
+                                    Callable[[tuple[int, int]], list[nn.Parameter]]]] = []
         self.own_window: dict[int, torch.Tensor] = {}  # per stage: this replica's part of the window's sum
         self.send_free = self.coll_free = 0.0
         self.alive = 0
@@ -532,21 +550,47 @@ class RankRuntime:
 
     # ---- gradient synchronisation and step -----------------------------------------------------------
     def _grad_params(self, key: tuple[int, int]) -> list[nn.Parameter]:
-        tied = set(self.tied.get(key, []))
-        return [p for n, p in self.modules[key].named_parameters() if n not in tied]
+        """The parameters reduced over the stage group: all but the tied ones and the experts (e > 1)."""
+        tied, experts = set(self.tied.get(key, [])), self.expert_ids.get(key, set())
+        return [p for n, p in self.modules[key].named_parameters() if n not in tied and id(p) not in experts]
+
+    def _expert_params(self, key: tuple[int, int]) -> list[nn.Parameter]:
+        """The experts' parameters (e > 1), reduced over the expert-data group."""
+        experts = self.expert_ids.get(key, set())
+        return [p for p in self.modules[key].parameters() if id(p) in experts]
+
+    def _flat_grads(self, keys: list[tuple[int, int]],
+                    params: Callable[[tuple[int, int]], list[nn.Parameter]]) -> torch.Tensor:
+        """The gradients of ``params(key)`` flat, summed over the stage replicas ``keys`` this rank holds."""
+        flat = None
+        for key in keys:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params(key)]
+            f = (torch.cat([g.reshape(-1) for g in grads]) if grads
+                 else torch.zeros(0, dtype=self.dtype, device=self.tdev))
+            flat = f if flat is None else flat + f
+        assert flat is not None
+        return flat
 
     def _allreduce(self, s: int) -> None:
         keys = [(r, ss) for r, ss in self.held if ss == s]
         group = self.groups.stage.get(s)
+        if self.emu is None and any(self.expert_ids.get(key) for key in keys):
+            # expert parallelism: the experts' gradients over the expert-data group (the copies holding the same
+            # experts; None when this rank's are the only ones), the rest over the stage group, both summed
+            egroup = self.groups.expert_data.get(s)
+            if egroup is not None or len(keys) > 1:
+                flat = self._flat_grads(keys, self._expert_params)
+                work = dist.all_reduce(flat, group=egroup, async_op=True) if egroup is not None else None
+                self.pending_ar.append((work, flat, keys, self._expert_params))
         if group is None and len(keys) == 1:
             return  # one copy of the stage in the whole job: its gradients are already the sum
         if self._comm_tokens:  # the holders' post times, MAX-reduced: the collective starts after the last
             flat = torch.tensor([max(time.perf_counter(), self.send_free)], dtype=torch.float64, device=self.tdev)
             if group is not None:
                 self.pending_ar.append((dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group, async_op=True),
-                                        flat, keys))
+                                        flat, keys, self._grad_params))
             else:
-                self.pending_ar.append((None, flat, keys))
+                self.pending_ar.append((None, flat, keys, self._grad_params))
             return
         if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
             n = self.emu.allreduce_elements(s) if group is not None else 0
@@ -557,15 +601,9 @@ class RankRuntime:
             flat = torch.cat([self._window_flat(key) for key in keys])
             self.own_window[s] = flat.clone()
         else:
-            flat = None
-            for key in keys:
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._grad_params(key)]
-                f = (torch.cat([g.reshape(-1) for g in grads]) if grads
-                     else torch.zeros(0, dtype=self.dtype, device=self.tdev))
-                flat = f if flat is None else flat + f
-            assert flat is not None
+            flat = self._flat_grads(keys, self._grad_params)
         work = dist.all_reduce(flat, group=group, async_op=True) if group is not None else None
-        self.pending_ar.append((work, flat, keys))
+        self.pending_ar.append((work, flat, keys, self._grad_params))
 
     def _window_flat(self, key: tuple[int, int]) -> torch.Tensor:
         """This replica's applied gradients of the window (every parameter, tied ones too: under
@@ -590,7 +628,7 @@ class RankRuntime:
 
     def _step(self) -> None:
         self.p2p.finish()
-        for work, flat, keys in self.pending_ar:
+        for work, flat, keys, reduced in self.pending_ar:
             if work is not None:
                 work.wait()
             if self.emu is not None:
@@ -606,7 +644,7 @@ class RankRuntime:
                 continue
             for key in keys:  # views into the reduced buffer (copies when several replicas share it)
                 off = 0
-                for p in self._grad_params(key):
+                for p in reduced(key):
                     n = p.numel()
                     g = flat[off:off + n].view_as(p)
                     p.grad = g if len(keys) == 1 else g.clone()

@@ -98,14 +98,14 @@ class RunPlan:
     @classmethod
     def direct(cls, schedule: str, devices: int, microbatches: int, data: int = 1, tensor: int = 1,
                micro_batch: int = 1, recompute: bool = False, partition: list[list[int]] | None = None,
-               global_batch: int = 0, **kw: Any) -> RunPlan:
-        """From the schedule's name, D, N and the configuration's other fields (schedule parameters
-        among ``kw``, by their :data:`planner.schedules.SCHEDULE_PARAMETERS` names); the rest of ``kw``
-        are run-time options."""
+               global_batch: int = 0, expert: int = 1, **kw: Any) -> RunPlan:
+        """From the schedule's name, D, N and the configuration's other fields (``expert``: the expert-parallel
+        size e; schedule parameters among ``kw``, by their :data:`planner.schedules.SCHEDULE_PARAMETERS` names);
+        the rest of ``kw`` are run-time options."""
         params = {k: kw.pop(k) for k in SCHEDULE_PARAMETERS if k in kw}
         params = {k: v for k, v in params.items() if v is not None}
         config = _spec(Config, tensor=tensor, pipeline=devices, data=data, micro_batch=micro_batch,
-                       schedule=schedule, recompute=recompute, **params)
+                       schedule=schedule, recompute=recompute, expert=expert, **params)
         spec = _spec(RunSpec, config=config, microbatches=microbatches,
                      partition=[tuple(map(int, p)) for p in partition or []])
         _check_global_batch(spec, global_batch)
@@ -221,6 +221,8 @@ class RunPlan:
         refusal = executor_refusal(c)
         if refusal is not None:
             raise PlanError(refusal)
+        if c.expert > 1:
+            self._check_expert(cfg if model_checked else None)
         if self.dtype not in ("float32", "float64"):
             raise PlanError(f"dtype must be float32 or float64, got {self.dtype!r}")
         sched = self.schedule()
@@ -230,6 +232,30 @@ class RunPlan:
                 f" (embedding, {cfg.layers} blocks, head)" if model_checked else ""))
         check_partition(self.bounds(sched.stages, L), sched.stages, L)
         return sched
+
+
+    def _check_expert(self, cfg: ModelConfig | None) -> None:
+        """Expert parallelism (``expert`` e > 1, :mod:`executor.expert_parallel`): a mixture of experts of the zoo
+        (``cfg``: its config; None for a user's model or emulated compute) whose experts e divides, e dividing W."""
+        c, e = self.spec.config, self.spec.config.expert
+        if c.data % e:  # (Config refuses it too)
+            raise PlanError(f"expert: the expert-parallel size e={e} must divide data (W = {c.data}): each "
+                            "expert-parallel group is made of data-parallel replicas")
+        if self.emulate:
+            raise PlanError(f"expert: emulated runs (--emulate) do not move expert parallelism's all-to-alls; run "
+                            f"e={e} for real, or emulate it with expert = 1")
+        if self.module is not None:
+            raise PlanError(f"expert: expert parallelism (e={e}) splits a mixture of experts' experts over the "
+                            "data-parallel replicas; a user model (--module) has none the executor can split: run it "
+                            "with expert = 1")
+        assert cfg is not None
+        if not cfg.moe:
+            raise PlanError(f"expert: expert parallelism (e={e}) splits a mixture of experts' experts over the "
+                            f"data-parallel replicas, and model {cfg.name!r} has no experts: run it with expert = 1")
+        E = int(cfg.experts)  # type: ignore[arg-type]
+        if E % e:
+            raise PlanError(f"expert: the expert-parallel size e={e} must divide the experts per layer (E = {E}): each "
+                            "expert-parallel rank holds E/e of them")
 
 
 def _check_global_batch(spec: RunSpec, global_batch: int) -> None:

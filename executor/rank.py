@@ -66,7 +66,8 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     device = device or torch.device("cpu")
     cuda = device.type == "cuda"
     sched = plan.validate(world)
-    layout = Layout(plan.spec.config.pipeline, plan.spec.config.data, plan.spec.config.tensor)
+    c = plan.spec.config
+    layout = Layout(c.pipeline, c.data, c.tensor, c.expert)
     emulator = None
     if plan.emulate:
         from executor.emulate import Emulator
@@ -136,7 +137,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
         if check and emulator is None:
             result["check"] = check_against_reference(plan, gathered)
     dist.barrier()
-    for g in {id(x): x for x in [*groups.stage.values(), groups.tied, groups.tensor] if x is not None}.values():
+    for g in groups.all():
         dist.destroy_process_group(g)
     return result
 

@@ -1,7 +1,9 @@
 """Expert parallelism in the executor (executor/expert_parallel.py; GShard's all-to-all dispatch and combine,
 Megatron-Core's MoEAlltoAllTokenDispatcher): the all-to-all's gradient is the reverse all-to-all; a mixture of
 experts split over e = 2 ranks computes, for each rank's own tokens, the whole layer's output and input gradient,
-and its experts' gradients are the sums over the ranks' tokens. Processes: gloo on the CPU, float64."""
+and its experts' gradients are the sums over the ranks' tokens; the groups are laid out as executor/groups.py says;
+runs at e = 2 and 4, with pipelines, t = 2 and every kind of schedule, equal single-process training; bad plans are
+refused naming ``expert``. Processes: gloo on the CPU, float64."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from executor.plan import PlanError, RunPlan, load_plan_file
+from pipeplan.cli import app
 from profiler.hf_config import read_hf_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -25,6 +30,12 @@ QWEN3_MOE = read_hf_config(FIXTURES / "tiny-qwen3-moe" / "config.json").model_du
 # experts with biases and no gate (their down biases split over the tensor ranks at t = 2), not renormalised
 BIASED = read_hf_config(MIXTRAL_CONFIG, name="tiny-mixtral-biased").with_(
     gated_mlp=False, bias=True, activation="gelu", normalize_topk=False).model_dump()
+DENSE = read_hf_config(FIXTURES / "tiny-llama" / "config.json").model_dump()
+
+
+def P(schedule: str, D: int, N: int, spec: dict | None = None, **kw) -> RunPlan:  # type: ignore[no-untyped-def, type-arg]
+    spec = spec or MIXTRAL
+    return RunPlan.direct(schedule, D, N, model=spec["name"], model_spec=spec, iterations=2, **kw)
 
 
 def run_ranks(body: str, world: int, *args: str) -> list[dict]:  # type: ignore[type-arg]
@@ -150,3 +161,121 @@ def test_expert_parallel_layer_equals_the_whole_layer(module_results) -> None:  
             assert min(e["sent to each rank"]) > 0 and e["expert grad norm"] > 1e-3, (name, e)
             for what in ("output", "input grad", "router grad", "expert grads"):
                 assert e[what] < 1e-12, (rank, name, what, e)
+
+
+# ---- process groups ----------------------------------------------------------------------------------------------
+
+def test_expert_groups_layout(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Chimera (each stage held by both devices) at D = 2, W = 4, e = 2, t = 2: copy w is EP rank w % 2; a rank's
+    expert group is the 2 copies of its EP group at its device and tensor rank; a stage's expert-data group the
+    ranks of both holders whose copy has its EP rank (W/e = 2 copies each), at its tensor rank. Every rank creates
+    the same groups in the same order."""
+    import executor.groups as groups
+    from executor.groups import Layout, make_groups
+
+    created: list[list[int]] = []
+    monkeypatch.setattr(groups.dist, "new_group", lambda ranks: created.append(list(ranks)) or tuple(ranks))
+    sched = P("chimera", 2, 2, data=4, expert=2, tensor=2).schedule()
+    layout = Layout(2, 4, 2, 2)
+    orders = []
+    for rank in range(16):
+        created.clear()
+        g = make_groups(sched, layout, rank, tied=False)
+        orders.append(list(created))
+        d, w, k = layout.coords(rank)
+        assert layout.ep_rank(w) == w % 2 and layout.ep_copies(w) == [w - w % 2, w - w % 2 + 1]
+        assert g.expert_ranks == [layout.rank(d, v, k) for v in layout.ep_copies(w)]
+        assert g.expert == tuple(g.expert_ranks)
+        for s in (0, 1):
+            want = sorted(layout.rank(dd, v, k) for dd in (0, 1) for v in range(4) if v % 2 == w % 2)
+            assert g.expert_data_ranks[s] == want and len(want) == 4
+            assert g.stage_ranks[s] == sorted(layout.rank(dd, v, k) for dd in (0, 1) for v in range(4))
+    assert all(o == orders[0] for o in orders)
+
+
+# ---- runs against single-process training ------------------------------------------------------------------------
+
+RUNS_2 = {
+    "mixtral e=2 W=2 D=1": P("1f1b", 1, 2, data=2, expert=2),
+    "mixtral e=2 W=2 D=1 recompute": P("1f1b", 1, 2, data=2, expert=2, recompute=True),
+    "qwen3-moe e=2 W=2 D=1": P("1f1b", 1, 2, QWEN3_MOE, data=2, expert=2),
+}
+
+
+def _candidate_plan() -> RunPlan:
+    """A plan file's candidate whose configuration says expert: 2 (as pipeplan plan --json writes it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cand = {"run_spec": {"config": {"tensor": 1, "pipeline": 2, "data": 2, "expert": 2, "micro_batch": 1,
+                                        "schedule": "1f1b"}, "microbatches": 2, "partition": [[0, 3], [3, 6]]}}
+        path = Path(tmp) / "plan.json"
+        path.write_text(json.dumps({"candidates": [cand]}))
+        return load_plan_file(path, 0, model=MIXTRAL["name"], model_spec=MIXTRAL, iterations=2)
+
+
+RUNS_4 = {
+    "mixtral e=2 W=2 D=2 1f1b": P("1f1b", 2, 2, data=2, expert=2),
+    "mixtral e=2 W=4 D=1 (experts reduced over 2 copies)": P("1f1b", 1, 2, data=4, expert=2),
+    "qwen3-moe e=4 W=4 D=1": P("1f1b", 1, 2, QWEN3_MOE, data=4, expert=4),
+    "mixtral t=2 e=2 W=2": P("1f1b", 1, 2, data=2, expert=2, tensor=2),
+    "biased experts t=2 e=2 W=2": P("1f1b", 1, 2, BIASED, data=2, expert=2, tensor=2),
+    "gpipe e=2": P("gpipe", 2, 2, data=2, expert=2),
+    "interleaved v=2 e=2": P("interleaved", 2, 4, data=2, expert=2, chunks=2),
+    "zb-h1 e=2": P("zb-h1", 2, 2, data=2, expert=2),
+    "hanayo e=2": P("hanayo", 2, 2, data=2, expert=2, waves=1),
+    "chimera e=2 (stages on both devices)": P("chimera", 2, 2, data=2, expert=2),
+    "plan candidate with expert: 2": _candidate_plan(),
+}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:  # type: ignore[type-arg]
+    from executor.launch import launch
+
+    out = {}
+    for plans, world in ((RUNS_2, 2), (RUNS_4, 4)):
+        res = launch(list(plans.values()), world, check=True, timeout=120)
+        out |= dict(zip(plans, res["runs"], strict=True))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*RUNS_2, *RUNS_4])
+def test_expert_parallel_run_equals_single_process(runs, name) -> None:  # type: ignore[no-untyped-def]
+    assert runs[name]["plan"]["spec"]["config"]["expert"] > 1
+    check = runs[name]["check"]
+    assert check["ok"] is True, check["message"]
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------------
+
+def test_bad_expert_plans_are_refused_naming_expert() -> None:
+    """e must divide W and the experts; e > 1 needs a mixture of experts of the zoo, and a real run."""
+    with pytest.raises(PlanError, match=r"expert: the expert-parallel size 3 must divide data \(W = 2\)"):
+        P("1f1b", 1, 2, data=2, expert=3)
+    with pytest.raises(PlanError, match=r"expert: .*'tiny-llama' has no experts"):
+        P("1f1b", 1, 2, DENSE, data=2, expert=2).validate()
+    with pytest.raises(PlanError, match=r"expert: the expert-parallel size e=3 must divide the experts per layer "
+                                        r"\(E = 4\)"):
+        P("1f1b", 1, 2, data=3, expert=3).validate()
+    module = str(REPO / "examples" / "custom_model.py") + ":build"
+    with pytest.raises(PlanError, match=r"expert: .*\(--module\)"):
+        RunPlan.direct("1f1b", 1, 2, data=2, expert=2, model="custom_model", module=module).validate()
+    from executor.emulate import uniform_profile
+    from planner.profile import save_profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_profile(uniform_profile(4, fwd=1e-3, bwd=2e-3), Path(tmp) / "p.json")
+        with pytest.raises(PlanError, match=r"expert: emulated runs \(--emulate\)"):
+            P("1f1b", 1, 2, data=2, expert=2, emulate=str(Path(tmp) / "p.json")).validate()
+    P("1f1b", 1, 2, data=4, expert=4).validate()  # e = E = W
+    assert _candidate_plan().spec.config.expert == 2
+
+
+def test_cli_run_takes_expert() -> None:
+    """``pipeplan run --expert``: refused before launching when it does not divide W (exit 2, naming expert)."""
+    res = CliRunner().invoke(app, ["run", "--hf-config", str(MIXTRAL_CONFIG), "-s", "1f1b", "-D", "1", "-N", "2",
+                                   "-W", "2", "--expert", "4"])
+    assert res.exit_code == 2 and "expert" in res.output, res.output
+    res = CliRunner().invoke(app, ["run", "--model", "gpt-tiny", "-s", "1f1b", "-D", "1", "-N", "2", "-W", "2",
+                                   "--expert", "2"])
+    assert res.exit_code == 2 and "has no experts" in res.output, res.output
