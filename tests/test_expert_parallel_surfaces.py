@@ -1,11 +1,13 @@
 """Expert parallelism where a user plans: ``pipeplan plan --max-expert`` and its ``e`` column, ``pipeplan predict
 --expert`` and its refusals, the API's ``max_expert`` (strict, bounded, stored with the plan; each candidate's
-``run_spec`` keeps its ``expert``; a candidate's timeline re-simulates at its e). The planner's side is
+``run_spec`` keeps its ``expert``; a candidate's timeline re-simulates at its e), and the pages' ``e`` column and
+"Max expert parallel" field (in Chromium: tests/browser/test_ui_expert.py). The planner's side is
 tests/test_expert_parallel_planner.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +180,20 @@ def test_api_plans_keep_each_candidates_e(client, moe: Any) -> None:  # type: ig
     assert _experts(client.get(f"/plans/{capped['id']}", headers=AUTH).json()) == [1] * len(capped["candidates"])
     two = _plan(client, **base, max_expert=2)
     assert set(_experts(two)) <= {1, 2}
+
+
+# ---- the pages (their HTML; tests/browser/test_ui_expert.py drives them in Chromium) -------------------------
+
+def test_pages_have_the_e_column_and_the_max_expert_field(client) -> None:  # type: ignore[no-untyped-def]
+    from api.schemas import PlanCreate
+
+    page = client.get("/ui/plans/1").text
+    th = re.search(r'<th data-key="expert"[^>]*>e</th>', page)
+    assert th and 'title="expert-parallel size: the experts split over e of the W replicas"' in th.group(0)
+    # after W, hidden until the plan has a row with e > 1 (plan.js)
+    assert page.index('data-key="data"') < th.start() < page.index('data-key="pipeline"') and " hidden" in th.group(0)
+    form = client.get("/").text
+    field = re.search(r'<input id="max-expert"[^>]*>', form)
+    most = next(m.le for m in PlanCreate.model_fields["max_expert"].metadata if getattr(m, "le", None))
+    assert field and f'data-max="{most}"' in field.group(0) and 'data-min="1"' in field.group(0)
+    assert form.index('id="max-tensor"') < field.start() < form.index('id="micro-batches"')

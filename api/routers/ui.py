@@ -72,7 +72,7 @@ def plan_limits() -> dict[str, int]:
     from api.schemas import PlanCreate
 
     out = {}
-    for name in ("global_batch", "gpus", "max_tensor", "top"):
+    for name in ("global_batch", "gpus", "max_tensor", "max_expert", "top"):
         les = [m.le for m in PlanCreate.model_fields[name].metadata if getattr(m, "le", None) is not None]
         out[name] = int(min(les)) if les else 2**31 - 1
     return out

@@ -205,6 +205,7 @@ function readForm() {
     global_batch: wholeNumber("global-batch", errors),
     gpus: wholeNumber("gpus", errors),
     max_tensor: wholeNumber("max-tensor", errors),
+    max_expert: wholeNumber("max-expert", errors),
     top: wholeNumber("top", errors),
     allow_async: document.getElementById("allow-async").checked,
     allow_recompute: document.getElementById("allow-recompute").checked,

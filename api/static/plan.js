@@ -4,11 +4,14 @@
 "use strict";
 
 const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
-const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {} };
+const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false };
+
+// a candidate's expert-parallel size e (its run_spec's configuration holds it where e > 1: planner.request.Config)
+const expertOf = (c) => c.expert ?? (c.run_spec && c.run_spec.config && c.run_spec.config.expert) ?? 1;
 
 const SORTERS = {
   rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
-  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
+  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, expert: expertOf, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
   iteration_time: (c) => (PP.num(c.iteration_time) ? c.iteration_time : Infinity), throughput: (c) => c.throughput || 0,
   bubble_ratio: (c) => (PP.num(c.bubble_ratio) ? c.bubble_ratio : Infinity), peak_memory: (c) => c.peak_memory || 0,
   reason: (c) => (c.fits ? "" : c.reason || "~"),
@@ -52,6 +55,9 @@ PP.start(async () => {
   S.plan = plan;
   S.rows = plan.candidates.map((c, i) => ({ ...c, rank: i, feasible: true }))
     .concat((plan.infeasible || []).map((c, i) => ({ ...c, rank: plan.candidates.length + i, feasible: false })));
+  // the e column only where some row splits its experts (expert parallelism): a dense model's table is as before
+  S.experts = S.rows.some((c) => expertOf(c) > 1);
+  document.querySelector('#cands th[data-key="expert"]').hidden = !S.experts;
   renderInfo(plan);
   renderWhyEmpty(plan);
   if (!S.rows.length) {  // nothing to list: the message above says why
@@ -111,7 +117,7 @@ function renderInfo(plan) {
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
       <span id="info-cluster">${PP.clusterSized(S.cluster, plan.cluster_id)}</span> · global batch ${r.global_batch} ·
-      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
+      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`}${r.max_expert != null ? ` · max e ${r.max_expert}` : ""} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_parameters ? " · weights, gradients and optimizer sharded over data parallel (FSDP)" : r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
     <div id="info-assumes" class="muted" hidden></div>
     <div class="muted">${plan.evaluated == null ? (plan.status === "failed" ? "no configurations ranked" : "searching")
@@ -195,6 +201,7 @@ function emptyHint(plan, reasons) {
   else if (r.gpus != null && !layout) hints.push(`a larger budget of ${noun}`);
   if (layout) hints.push(`a smaller budget of ${noun} (every candidate uses all of them: t × D × W = the budget)`);
   if (staticMem && r.max_tensor != null) hints.push("a higher max tensor parallel");
+  if (staticMem && r.max_expert != null) hints.push("a higher max expert parallel (a mixture of experts)");
   if (staticMem && !r.shard_optimizer && !r.shard_parameters) hints.push("sharding the optimizer state over data parallel (ZeRO-1)");
   if (staticMem && !r.shard_parameters) hints.push("sharding the weights too (FSDP)");
   if (has("out of memory")) {
@@ -345,6 +352,7 @@ function renderTable() {
     html.push(`<tr data-rank="${c.rank}" class="${c.feasible ? "" : "infeasible"}${sel ? " selected" : ""}">` +
       `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
       `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
+      (S.experts ? `<td>${expertOf(c)}</td>` : "") +
       `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
