@@ -34,6 +34,7 @@ from typing import Any
 from planner.cluster import Cluster, Link, load_cluster
 from planner.cost import ConfigCosts
 from planner.dtypes import DTYPE_BYTES
+from planner.expert_parallel import expert_error, expert_view
 from planner.profile import ModelProfile, load_profile
 from planner.request import TrainingRequest
 from planner.schedules.ir import RECV_F, Schedule
@@ -68,8 +69,11 @@ class Emulator:
         config = plan.spec.config
         request = executor_request(plan)
         self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
-        self.costs = ConfigCosts(self.profile, self.cluster, request, config, compute_schedule, self.bounds,
-                                 emulated=emulated)
+        if (why := expert_error(self.profile, config.expert, config.data)) is not None:
+            raise ValueError(why)
+        # expert parallelism: what one EP rank holds and runs (its all-to-alls are in F and B, waited for as compute)
+        self.costs = ConfigCosts(expert_view(self.profile, config.expert)[0], self.cluster, request, config,
+                                 compute_schedule, self.bounds, emulated=emulated)
         if self.costs.power is not None:  # a power-limited GPU: compute at the clock the step holds, as planned
             self.costs.hold_clock(simulate(compute_schedule, self.costs),
                                   lambda: simulate(compute_schedule, self.costs))
@@ -112,7 +116,18 @@ class Emulator:
         return max(1, int(self.costs.p2p_bytes(stage - 1 if kind == RECV_F else stage, span)))
 
     def allreduce_elements(self, stage: int) -> int:
-        return max(1, int(self.costs.stages[stage].param_bytes / self.costs.t / 4))
+        """Float32 elements of the stage all-reduce real communication moves: the stage's gradients over t, less a
+        mixture of experts' experts under expert parallelism (:meth:`expert_elements`)."""
+        info = self.costs.stages[stage]
+        experts = info.expert_param_bytes if self.costs.expert > 1 else 0.0
+        return max(1, int((info.param_bytes - experts) / self.costs.t / 4))
+
+    def expert_elements(self, stage: int) -> int:
+        """Float32 elements of the experts' gradients real communication all-reduces over their W/e replicas
+        (:mod:`planner.expert_parallel`); 0 without expert parallelism."""
+        if self.costs.expert == 1:
+            return 0
+        return int(self.costs.stages[stage].expert_param_bytes / self.costs.t / 4)
 
     def predict(self) -> dict[str, Any]:
         res = simulate(self.schedule, self.costs)

@@ -595,6 +595,11 @@ class RankRuntime:
         if self.emu is not None:  # (a stage no other rank holds all-reduces nothing: no buffer either)
             n = self.emu.allreduce_elements(s) if group is not None else 0
             flat = torch.zeros(n, dtype=torch.float32, device=self.tdev)
+            egroup = self.groups.expert_data.get(s)
+            if egroup is not None and self.emu.expert_elements(s):  # the experts' over their W/e replicas
+                experts = torch.zeros(self.emu.expert_elements(s), dtype=torch.float32, device=self.tdev)
+                self.pending_ar.append((dist.all_reduce(experts, group=egroup, async_op=True), experts, keys,
+                                        self._grad_params))
         elif self.window_sync:
             if group is None:
                 return  # an unreplicated stage: its own per-micro-batch steps are all its updates

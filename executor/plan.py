@@ -241,9 +241,13 @@ class RunPlan:
         if c.data % e:  # (Config refuses it too)
             raise PlanError(f"expert: the expert-parallel size e={e} must divide data (W = {c.data}): each "
                             "expert-parallel group is made of data-parallel replicas")
-        if self.emulate:
-            raise PlanError(f"expert: emulated runs (--emulate) do not move expert parallelism's all-to-alls; run "
-                            f"e={e} for real, or emulate it with expert = 1")
+        if self.emulate:  # emulated compute: the profile's experts (their all-to-alls are waited for in F and B)
+            from planner.expert_parallel import expert_error
+            from planner.profile import load_profile
+
+            if (why := expert_error(load_profile(self.emulate), e, c.data)) is not None:
+                raise PlanError(why)
+            return
         if self.module is not None:
             raise PlanError(f"expert: expert parallelism (e={e}) splits a mixture of experts' experts over the "
                             "data-parallel replicas; a user model (--module) has none the executor can split: run it "

@@ -265,7 +265,8 @@ def test_bad_expert_plans_are_refused_naming_expert() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         save_profile(uniform_profile(4, fwd=1e-3, bwd=2e-3), Path(tmp) / "p.json")
-        with pytest.raises(PlanError, match=r"expert: emulated runs \(--emulate\)"):
+        with pytest.raises(PlanError, match=r"expert: expert parallelism \(2\) needs a mixture of experts; profile "
+                                            r"'uniform' has none"):
             P("1f1b", 1, 2, data=2, expert=2, emulate=str(Path(tmp) / "p.json")).validate()
     P("1f1b", 1, 2, data=4, expert=4).validate()  # e = E = W
     assert _candidate_plan().spec.config.expert == 2
@@ -279,3 +280,52 @@ def test_cli_run_takes_expert() -> None:
     res = CliRunner().invoke(app, ["run", "--model", "gpt-tiny", "-s", "1f1b", "-D", "1", "-N", "2", "-W", "2",
                                    "--expert", "2"])
     assert res.exit_code == 2 and "has no experts" in res.output, res.output
+
+
+def _moe_profile(path: Path) -> str:
+    """An analytical profile of a 4-block mixture of experts (8 experts, top-2) on an H100: milliseconds a layer."""
+    from planner.analytic import analytic_profile
+    from planner.model import ModelSpec
+    from planner.operators import OperatorOptions
+    from planner.profile import save_profile
+
+    spec = ModelSpec(name="moe-4l", layers=4, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
+                     expert_ffn_hidden=1024, gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
+                     tied_embeddings=False, bias=False, vocab=32000, seq=2048, experts=8, experts_per_token=2)
+    save_profile(analytic_profile(spec, "H100-SXM5-80GB", micro_batches=(1, 2), tensor_sizes=(1,),
+                                  options=OperatorOptions(attention="flash", dropout=False)), path)
+    return str(path)
+
+
+def test_emulated_compute_waits_for_the_alltoalls(tmp_path: Path) -> None:
+    """Emulated compute at e > 1 runs one EP rank's view of the profile (planner.expert_parallel.expert_view): its
+    F and B wait for the layers' compute and the experts' all-to-alls, the stage all-reduce real communication moves
+    is the dense gradients', the experts' go over their W/e replicas."""
+    from executor.emulate import Emulator
+    from planner.cluster import load_cluster
+
+    prof = _moe_profile(tmp_path / "p.json")
+    cluster = str(REPO / "examples" / "clusters" / "dgx-h100-80gb.json")
+    plan = RunPlan.direct("1f1b", 2, 2, data=4, expert=2, emulate=prof, cluster=cluster, iterations=1, warmup=0)
+    plan.validate()
+    emu = Emulator(plan, plan.compute_schedule(), prof, load_cluster(cluster))
+    costs = emu.costs
+    assert costs.expert == 2 and costs.ep_comm(0, 1) > 0
+    assert costs.work("F", 0, 1) == pytest.approx(costs._plain_fwd(0, 1) + costs.ep_comm(0, 1))
+    info = costs.stages[0]
+    assert emu.expert_elements(0) == int(info.expert_param_bytes / 4) > 0
+    assert emu.allreduce_elements(0) == int((info.param_bytes - info.expert_param_bytes) / 4)
+
+
+@pytest.mark.slow
+def test_emulated_run_with_experts_split(tmp_path: Path) -> None:
+    """An emulated run at e = 2, W = 4, D = 2 (8 processes, this machine's links: the experts' all-reduce over
+    their two replicas moves real bytes) runs to the end and says it was emulated."""
+    from executor.launch import launch
+
+    prof = _moe_profile(tmp_path / "p.json")
+    plan = RunPlan.direct("1f1b", 2, 2, data=4, expert=2, emulate=prof, iterations=1, warmup=1)
+    res = launch([plan], 8, timeout=240)
+    run = res["runs"][0]
+    assert run["emulated"] and run["communication"] == "real"
+    assert run["measured"]["iteration_time"] > 0
