@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -133,11 +132,9 @@ class ExpertParallelMoE(nn.Module):
         bias as a ``1/t`` share (:class:`SplitBias`); the input needs no ``f`` here, the tokens passed it whole."""
         if self.tp_size == 1:
             return expert(x)
-        gate, up, down = expert.gate, expert.up, expert.down
-        u = F.linear(x, up.weight, up.bias)
-        inner = expert.act(F.linear(x, gate.weight, gate.bias)) * u if gate is not None else expert.act(u)
-        y = F.linear(inner, down.weight)
-        return y if down.bias is None else y + SplitBias.apply(down.bias, self.tp_size)
+        y = expert.partial(x)  # (TensorParallelExpert: of rows already through f)
+        bias = expert.down.bias
+        return y if bias is None else y + SplitBias.apply(bias, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from executor.models.llama import route

@@ -85,7 +85,12 @@ class ColumnParallelLinear(_ShardedLinear):
         return cls(full.weight[rows], full.bias[rows] if full.bias is not None else None, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
+        return self.local(CopyToTensorParallel.apply(x, self.group))
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ A_i^T + b_i`` of an input already through ``f``: linears reading one input share its ``f``, one
+        all-reduce of its gradient (Megatron-LM's one ``f`` before the attention and one before the MLP, section 3)."""
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -199,9 +204,9 @@ def gathered_linears(columns: list[tuple[str, nn.Module | None]], rows: list[tup
 
 
 class TensorParallelExpert(nn.Module):
-    """One :class:`~executor.models.llama.Expert` split as the dense MLP: ``gate`` and ``up`` column-parallel (their
-    input through ``f``), ``down`` row-parallel without its all-reduce (:meth:`partial`: this rank's share of the
-    expert's output, before its bias)."""
+    """One :class:`~executor.models.llama.Expert` split as the dense MLP: ``gate`` and ``up`` column-parallel, ``down``
+    row-parallel without its all-reduce (:meth:`partial`: this rank's share of the expert's output, before its bias,
+    of an input already through ``f``: the layer's tokens pass through it once, not once per expert's linear)."""
 
     def __init__(self, expert: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
@@ -212,7 +217,8 @@ class TensorParallelExpert(nn.Module):
         self.down = RowParallelLinear.from_linear(expert.down, rank, size, group)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        inner = self.act(self.gate(x)) * self.up(x) if self.gate is not None else self.act(self.up(x))
+        up = self.up.local(x)
+        inner = self.act(self.gate.local(x)) * up if self.gate is not None else self.act(up)
         return F.linear(inner, self.down.weight)
 
 
@@ -225,8 +231,9 @@ class TensorParallelMoE(nn.Module):
     alike. The routing weights multiply each expert's *partial* output (this rank's share of ``down``) before the
     one all-reduce ``g`` of the sum ``(T, h)``; the gradient of a routing weight on a rank is therefore only this
     rank's share, and the weights pass through ``f`` (identity forward, all-reduce of the gradient backward): the
-    router's weight and input get the full gradient, the same on every rank. The experts read ``f(x)`` (in their
-    column-parallel ``gate``/``up``): the gradient of ``x`` is the router's (full) plus the all-reduced experts'.
+    router's weight and input get the full gradient, the same on every rank. The experts read ``f(x)`` (the tokens
+    through ``f`` once: one all-reduce of their gradient, as the dense MLP's, not one per expert's linear): the
+    gradient of ``x`` is the router's (full) plus the all-reduced experts'.
     ``down``'s biases (replicated) are weighted after the all-reduce, with the weights outside ``f`` (their
     gradient through them already whole)."""
 
@@ -241,8 +248,8 @@ class TensorParallelMoE(nn.Module):
 
         tokens = x.reshape(-1, x.shape[-1])
         weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
-        partial = mix(tokens, CopyToTensorParallel.apply(weights, self.group), index,
-                      [e.partial for e in self.experts])
+        partial = mix(CopyToTensorParallel.apply(tokens, self.group), CopyToTensorParallel.apply(weights, self.group),
+                      index, [e.partial for e in self.experts])
         y = ReduceFromTensorParallel.apply(partial, self.group)
         biases = [e.down.bias for e in self.experts]
         if biases[0] is not None:
@@ -336,12 +343,12 @@ class TensorParallelLlamaBlock(nn.Module):
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.head_dim
-        q = self._head_norm(self.q_norm, self.q(x).view(b, s, -1, d)).transpose(1, 2)
+        xc = CopyToTensorParallel.apply(x, self.group)  # q, k and v read x through one f
+        q = self._head_norm(self.q_norm, self.q.local(xc).view(b, s, -1, d)).transpose(1, 2)
         if self.kv_sharded:
-            k = self._head_norm(self.k_norm, self.k(x).view(b, s, -1, d)).transpose(1, 2)
-            v = self.v(x).view(b, s, -1, d).transpose(1, 2)
+            k = self._head_norm(self.k_norm, self.k.local(xc).view(b, s, -1, d)).transpose(1, 2)
+            v = self.v.local(xc).view(b, s, -1, d).transpose(1, 2)
         else:
-            xc = CopyToTensorParallel.apply(x, self.group)
             k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
@@ -350,7 +357,9 @@ class TensorParallelLlamaBlock(nn.Module):
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
             return self.moe(h)
-        inner = self.act(self.gate(h)) * self.up(h) if self.gate is not None else self.act(self.up(h))
+        hc = CopyToTensorParallel.apply(h, self.group)  # gate and up read h through one f
+        up = self.up.local(hc)
+        inner = self.act(self.gate.local(hc)) * up if self.gate is not None else self.act(up)
         return self.down(inner)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

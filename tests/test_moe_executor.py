@@ -226,9 +226,13 @@ for name, spec in specs.items():
     x = torch.randn(2, 16, spec["hidden"], dtype=torch.float64, generator=gen)
     probe = torch.randn(x.shape, dtype=torch.float64, generator=gen)
     x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    y1, y2 = block(x1), shard(x2)
+    y1 = block(x1)
     (y1 * probe).sum().backward()
+    calls, reduce = [], dist.all_reduce
+    dist.all_reduce = lambda t, *a, **k: (calls.append(t.numel()), reduce(t, *a, **k))[1]
+    y2 = shard(x2)
     (y2 * probe).sum().backward()
+    dist.all_reduce = reduce
     with torch.no_grad():  # the gradients under the full block's names: the shards' grads gathered as parameters
         for p in shard.parameters():
             p.copy_(p.grad)
@@ -238,7 +242,7 @@ for name, spec in specs.items():
     errors[name] = {"output": (y1 - y2).abs().max().item(), "input grad": (x1.grad - x2.grad).abs().max().item(),
                     "router grad": (grads["moe.router.weight"] - full["moe.router.weight"].grad).abs().max().item(),
                     "grads": max((grads[n] - p.grad).abs().max().item() for n, p in full.items()),
-                    "router grad norm": full["moe.router.weight"].grad.norm().item()}
+                    "router grad norm": full["moe.router.weight"].grad.norm().item(), "all-reduces": calls}
 print(json.dumps(errors))
 # both ranks done before either leaves: a rank exiting while its peer's gloo pair is still open aborts the peer
 # ("terminate called without an active exception", seen 2 runs in 6 without these two lines)
@@ -268,3 +272,8 @@ def test_tensor_parallel_moe_equals_whole_block() -> None:
             assert e["router grad norm"] > 1e-3, name
             for what in ("output", "input grad", "router grad", "grads"):
                 assert e[what] < 1e-12, (name, what, e)
+            # Megatron's collectives, as the planner charges them: forward the attention's and the MLP's g
+            # (T h each), backward one f before the attention and one before the experts (T h each), and the routing
+            # weights' f (T k); not one f per linear, nor per expert
+            T, h, k = 2 * 16, specs[name]["hidden"], specs[name]["experts_per_token"]
+            assert sorted(e["all-reduces"]) == sorted([T * h] * 4 + [T * k]), (name, e["all-reduces"])
