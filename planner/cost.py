@@ -705,8 +705,19 @@ class ConfigCosts(Costs):
         if self.expert == 1 or kind not in ("F", "B", "I"):
             return 0.0
         if kind == "F":
-            return self.ep_comm(stage, self.base_b * span)
-        return self.ep_comm(stage, self.base_b) * (2 if self.config.recompute else 1)
+            return self.ep_comm(stage, self.base_b * span) + self.ep_counts(stage)
+        own = self.ep_comm(stage, self.base_b)
+        return own + (own + self.ep_counts(stage) if self.config.recompute else 0.0)
+
+    def ep_counts(self, stage: int) -> float:
+        """A forward's exchange of the token counts before each dispatch (:mod:`planner.expert_parallel`: an
+        all-to-all of ``E`` int64 per rank, per layer with experts), with the link scale; 0 at e = 1."""
+        info = self.stages[stage]
+        shape = self.profile.shape
+        if self.expert == 1 or not info.moe_layers or shape is None:
+            return 0.0
+        nbytes = 8.0 * int(shape.experts or 1)
+        return info.moe_layers * self._alltoall(self.holders(stage), nbytes) * self.cal.link_scale
 
     def ep_comm(self, stage: int, samples: float) -> float:
         """One pass's expert-parallel all-to-alls of ``stage`` for a micro-batch of ``samples``: per layer with
@@ -945,7 +956,7 @@ class ConfigCosts(Costs):
             return 0.0
         plain = (self._compute(stage, "bwd", self.base_b)
                  + self._tp_comm(stage, self.base_b) + self._tp_edges(stage, self.base_b, backward=True)
-                 + self._sp_regather(stage, self.base_b) + self.ep_comm(stage, self.base_b))
+                 + self._sp_regather(stage, self.base_b) + self.ep_comm(stage, self.base_b))  # (+ its counts: extra)
         return max(self.bwd(stage) - plain, 0.0)
 
     # ---- Costs interface -------------------------------------------------------------------------

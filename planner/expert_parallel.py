@@ -23,10 +23,12 @@ replicate the model; tokens sent to their experts by an all-to-all and back by a
   the same (:func:`expert_view`). The busiest rank's excess under imbalanced routing is not modelled.
 * **Communication**, per mixture-of-experts layer and micro-batch: the dispatch and the combine, each an all-to-all
   among the ``e`` ranks in which a rank sends ``T k h el`` bytes (its token copies; ``1/e`` of them stay) and
-  receives as many (:func:`alltoall_bytes`); the same two in the backward (the gradients go back the way they
-  came); a recomputed layer repeats its forward's two. Under tensor parallelism each tensor rank exchanges with the
-  EP peers of its own tensor rank all ``T k`` copies (the tokens are whole on every tensor rank: pipeplan's
-  executor), or ``1/t`` of them with sequence parallelism (Megatron-Core dispatches each rank's sequence shard).
+  receives as many (:func:`alltoall_bytes`), the dispatch after an exchange of the token counts (an all-to-all of
+  ``E`` int64 per rank: the split sizes); the same two in the backward (the gradients go back the way they came,
+  in the counts' splits); a recomputed layer repeats its forward's three. Under tensor parallelism each tensor rank
+  exchanges with the EP peers of its own tensor rank all ``T k`` copies (the tokens are whole on every tensor rank:
+  pipeplan's executor), or ``1/t`` of them with sequence parallelism (Megatron-Core dispatches each rank's sequence
+  shard).
   The all-to-all's time: :func:`planner.cost.alltoall_time`. Not overlapped with compute (Megatron-Core's
   dispatcher waits for it; pipeplan's executor too).
 * **Gradients**: the dense weights are reduced over all their data-parallel copies as without expert parallelism;

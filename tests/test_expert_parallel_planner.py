@@ -115,10 +115,12 @@ def test_costs_charge_the_alltoalls_and_split_the_reduction(h100, mixtral):
     # EP groups of replicas 0-3 at pipeline device 0: GPUs 0, 2, 4, 6 (D t = 2 apart): one node
     nbytes = 1 * 4096 * 2 * 4096 * 2  # T k h el
     a2a = alltoall_time(h100, [0, 2, 4, 6], nbytes)
+    counts = alltoall_time(h100, [0, 2, 4, 6], 8 * 8)  # E int64 per rank
+    assert 0 < counts < a2a / 10
     assert four.ep_comm(0, 1) == pytest.approx(2 * layers * a2a)
-    assert four.fwd(0) == pytest.approx(four._plain_fwd(0, 1) + 2 * layers * a2a)
+    assert four.fwd(0) == pytest.approx(four._plain_fwd(0, 1) + 2 * layers * a2a + layers * counts)
     assert four.bwd(0) == pytest.approx(four._plain_bwd(0) + 2 * layers * a2a)
-    assert four_rc.bwd(0) == pytest.approx(four_rc._plain_bwd(0) + 4 * layers * a2a)
+    assert four_rc.bwd(0) == pytest.approx(four_rc._plain_bwd(0) + 4 * layers * a2a + layers * counts)
     info = four.stages[0]
     dense = (info.param_bytes - info.expert_param_bytes)
     dp = [four.rank(0, w) for w in range(16)]
