@@ -353,7 +353,7 @@ function renderTable() {
       `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
       `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
       (S.experts ? `<td>${expertOf(c)}</td>` : "") +
-      `<td>${c.pipeline}</td><td>${c.tensor}</td><td>${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
+      `<td>${c.pipeline}</td><td>${c.tensor}</td><td class="sched">${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
       `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +

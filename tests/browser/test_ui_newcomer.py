@@ -56,6 +56,36 @@ def test_the_export_column_is_in_view_at_1280(server: LiveServer, browser: Any, 
     page.context.close()
 
 
+def test_a_long_schedule_name_wraps_and_keeps_export_in_view(server: LiveServer, browser: Any,
+                                                              console: Console) -> None:
+    """A row named by its schedule's parameters -- 1F1B-RR's replication of a 32-stage pipeline, in Mixtral 8x7B's
+    plan on 64 H100s (B = 512) -- wraps in its cell: on one line (516 px) it put the Export column 139 px past a
+    1280 px window. The plan document is the local plan's with that name on its first row."""
+    from urllib.parse import urlparse
+
+    plan = _local_plan(server)
+    name = "1f1b-rr(replication=" + "1," * 29 + "3)"
+
+    def long_name(route: Any) -> None:
+        resp = route.fetch()
+        body = resp.json()
+        body["candidates"][0]["name"] = name
+        route.fulfill(response=resp, json=body)
+
+    page = _page(browser, console)
+    page.route(lambda url: urlparse(url).path == f"/plans/{plan['id']}", long_name)
+    page.goto(f"{server.url}/ui/plans/{plan['id']}")
+    page.wait_for_selector('body[data-ready="1"]')
+    cell = page.locator('#cands tbody tr[data-rank="0"] td.sched')
+    assert name in cell.inner_text().replace("\n", "")
+    assert cell.bounding_box()["width"] < 400  # wrapped (on one line: 516 px), within its cell
+    assert cell.evaluate("e => e.scrollWidth <= e.clientWidth")
+    wrap = page.locator(".table-wrap")
+    scroll, client = wrap.evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert scroll <= client, f"the table is {scroll} px wide in a {client} px box"
+    page.context.close()
+
+
 def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, browser: Any, console: Console,
                                                          tmp_path: Path) -> None:
     """Choosing a profile JSON left the Profile list showing another profile while Plan used the file: the list
