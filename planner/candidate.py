@@ -118,7 +118,8 @@ class Candidate:
         c = self.config
         out: dict[str, Any] = {
             "run_spec": self.run_spec.model_dump(mode="json"),
-            "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "micro_batch": c.micro_batch,
+            "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data,
+            **({"expert": c.expert} if c.expert > 1 else {}), "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
             "microbatches": self.microbatches, "global_batch": self.global_batch, "label": self.label(),
             "name": self.name or self.label(), "alternatives": self.alternatives,

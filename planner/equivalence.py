@@ -1,6 +1,6 @@
 """Candidates that run the same thing: one row each, the others kept as ``alternatives``.
 
-Two ranked candidates are the same configuration when they share t, D, W, b, N and recomputation and
+Two ranked candidates are the same configuration when they share t, D, W, e, b, N and recomputation and
 their devices compute the same layers of the same micro-batches in the same order. That is decided from
 the action lists the executor runs (:mod:`planner.schedules.ir`), not from a list of schedule names, in
 a canonical form per device:
@@ -146,7 +146,7 @@ def _signature(cand: Any) -> tuple[Any, ...] | None:
 
 def _key(cand: Any) -> tuple[Any, ...]:
     c = cand.config
-    return (c.tensor, c.pipeline, c.data, c.micro_batch, cand.microbatches, c.recompute,
+    return (c.tensor, c.pipeline, c.data, c.expert, c.micro_batch, cand.microbatches, c.recompute,
             c.schedule in ASYNC_SCHEDULES)
 
 
@@ -185,7 +185,7 @@ def _in_flight(steps: tuple[Any, Sequence[Step]]) -> int:
 
 class Twins:
     """Candidates sorted into classes that run the same thing, as they arrive: :meth:`add` returns the
-    class's first member. Only candidates that share t, D, W, b, N and recomputation are compared, device by
+    class's first member. Only candidates that share t, D, W, e, b, N and recomputation are compared, device by
     device from the last (where schedules differ soonest), each device's form computed once."""
 
     def __init__(self, forms: dict[tuple[int, int], tuple[Any, ...]] | None = None) -> None:

@@ -245,3 +245,16 @@ def test_breakdown_and_split_backward_place_the_alltoalls(h100, mixtral):
     assert costs.work("I", 1, 1) > costs.ep_in("B", 1)
     dense = predict(mixtral, h100, req, Config(tensor=1, pipeline=2, data=16, micro_batch=1, schedule="zb-h1"))
     assert "alltoall_in_compute" not in dense.breakdown
+
+
+def test_rows_at_different_e_are_not_twins(h100, mixtral):
+    """Two configurations that differ only in e run the same lists but not the same thing (all-to-alls, memory):
+    the plan keeps both rows, and the candidate document says e flat beside t, D and W."""
+    from planner.equivalence import collapse
+
+    req = TrainingRequest(global_batch=64, gpus=32)
+    base = dict(tensor=1, pipeline=2, data=16, micro_batch=1, schedule="1f1b")
+    one, two = (predict(mixtral, h100, req, Config(**base, expert=e)) for e in (1, 2))
+    rows = collapse([one, two])
+    assert [r.config.expert for r in rows] == [1, 2] and not rows[0].alternatives and not rows[1].alternatives
+    assert two.to_dict()["expert"] == 2 and "expert" not in one.to_dict()
