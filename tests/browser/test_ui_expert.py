@@ -71,6 +71,12 @@ def test_max_expert_from_the_form_and_the_e_column(server: LiveServer, browser: 
     scroll, client = wrap.evaluate("e => [e.scrollWidth, e.clientWidth]")
     assert scroll <= client, f"the table is {scroll} px wide in a {client} px box"
     shot(page, "expert-e-column")
+    # a row that splits its experts, selected: its card says what of its compute the all-to-alls are
+    rank = next(i for i, e in enumerate(experts) if e > 1)
+    page.check(f'input.sel[data-rank="{rank}"]')
+    page.click("#compare-btn")
+    page.wait_for_selector('#compare[data-drawn="1"]')
+    assert "the experts' all-to-alls" in page.locator("#compare article.card").first.inner_text()
 
     # a dense model's plan: no e column, each row as many cells as the header has visible columns
     pid, cid = seeded_ids(server, "gpt-tiny", "cpu", "local-cpu-4")
