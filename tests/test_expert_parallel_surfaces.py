@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import AUTH, wait_for
+from api_support import AUTH, post_plan
 from cli_support import refused, run
 
 from planner.analytic import analytic_profile
@@ -141,12 +141,7 @@ def _upload(client: Any, moe: Any) -> tuple[int, int]:
 
 
 def _plan(client: Any, **body: Any) -> dict[str, Any]:
-    r = client.post("/plans", json=body, headers=AUTH)
-    assert r.status_code in (200, 201, 202), r.text
-    plan = r.json()
-    if plan["status"] not in ("done", "failed"):
-        plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-            client.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    plan = post_plan(client, body)
     assert plan["status"] == "done", plan
     return plan
 

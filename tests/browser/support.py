@@ -9,6 +9,7 @@ the ``playwright`` package the browser tests skip, saying so.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import LiveServer, wait_for
+from api_support import ADMIN, AUTH, LiveServer, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ARTIFACTS = ROOT / "artifacts" / "ui"
@@ -133,3 +134,24 @@ def finished_job(c: Any, plan_id: int, rank: int, seconds: float, worker_headers
                         if emulated_at is not None else {})})
     assert r.status_code == 201, r.text
     return c.get(f"/jobs/{job['id']}").json()
+
+
+def new_plan_form(server: LiveServer, browser: Any, console: Console, prof: Any, fields: dict[str, str]
+                   ) -> tuple[Any, Any]:
+    """Store ``prof``, open the new-plan page (as the admin) and fill in the profile, the dgx-h100-80gb cluster and
+    ``fields`` (element id -> value); returns (context, page)."""
+    with server.client() as c:
+        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
+        assert p.status_code in (200, 201), p.text
+        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(60_000)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#profile", str(p.json()["id"]))
+    page.select_option("#cluster", str(cid))
+    for key, value in fields.items():
+        page.fill(f"#{key}", value)
+    return ctx, page

@@ -5,13 +5,12 @@ tests/test_expert_parallel_surfaces.py."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from api_support import ADMIN, AUTH, LiveServer
+from api_support import LiveServer
 
-from browser.support import Console, needs_browser, seeded_ids, shot
+from browser.support import Console, needs_browser, new_plan_form, seeded_ids, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -21,21 +20,7 @@ def _form(server: LiveServer, browser: Any, console: Console) -> tuple[Any, Any]
     MOE) stored and selected on the dgx-h100-80gb cluster, 16 GPUs, B = 32."""
     from test_expert_parallel_surfaces import MOE, _profile
 
-    with server.client() as c:
-        p = c.post("/profiles", json=_profile(MOE).model_dump(mode="json"), headers=AUTH)
-        assert p.status_code in (200, 201), p.text
-        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#profile", str(p.json()["id"]))
-    page.select_option("#cluster", str(cid))
-    for key, value in {"global-batch": "32", "gpus": "16", "top": "10"}.items():
-        page.fill(f"#{key}", value)
-    return ctx, page
+    return new_plan_form(server, browser, console, _profile(MOE), {"global-batch": "32", "gpus": "16", "top": "10"})
 
 
 def test_max_expert_from_the_form_and_the_e_column(server: LiveServer, browser: Any, console: Console) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from api_support import ADMIN, AUTH, LiveServer, tiny_profile
 
-from browser.support import Console, done_plan, needs_browser, shot
+from browser.support import Console, done_plan, needs_browser, new_plan_form, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu-4.json"
@@ -58,7 +58,7 @@ def test_sharded_optimizer_is_asked_for_and_shown(server: LiveServer, browser: A
 
     prof = analytic_profile(PRESETS["gpt3-175b"], "H100-SXM5-80GB", micro_batches=(1,), tensor_sizes=(1, 4, 8),
                             name="gpt3-175b-zero1-ui")
-    ctx, page = _new_plan_form(server, browser, console, prof,
+    ctx, page = new_plan_form(server, browser, console, prof,
                                {"global-batch": "512", "gpus": "256", "micro-batches": "1", "top": "5"})
     assert not page.is_checked("#shard-optimizer")  # off by default: the planner's 16 bytes per parameter
     page.check("#shard-optimizer")
@@ -79,7 +79,7 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
 
     prof = analytic_profile(PRESETS["gpt2-medium"], "H100-SXM5-80GB", micro_batches=(1, 2), tensor_sizes=(1, 2),
                             name="gpt2-medium-fsdp-ui")
-    ctx, page = _new_plan_form(server, browser, console, prof, {"global-batch": "64", "gpus": "16", "top": "5"})
+    ctx, page = new_plan_form(server, browser, console, prof, {"global-batch": "64", "gpus": "16", "top": "5"})
     assert not page.is_checked("#shard-parameters")
     # the schedules that cannot shard (Chimera, GEMS, 1F1B-RR) are unticked and disabled while the box is ticked,
     # and come back as they were after
@@ -119,27 +119,6 @@ def test_sharding_the_weights_from_the_form(server, browser, console) -> None:  
     page.wait_for_selector("#comparison-note:not([hidden])")
     assert "executor does not" in page.inner_text("#comparison-note")
     ctx.close()
-
-
-def _new_plan_form(server: LiveServer, browser: Any, console: Console, prof: Any, fields: dict[str, str]
-                   ) -> tuple[Any, Any]:
-    """Store ``prof``, open the new-plan page (as the admin) and fill in the profile, the dgx-h100-80gb cluster and
-    ``fields`` (element id -> value); returns (context, page)."""
-    with server.client() as c:
-        p = c.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
-        assert p.status_code in (200, 201), p.text
-        cid = next(x["id"] for x in c.get("/clusters").json() if x["name"] == "dgx-h100-80gb")
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#profile", str(p.json()["id"]))
-    page.select_option("#cluster", str(cid))
-    for key, value in fields.items():
-        page.fill(f"#{key}", value)
-    return ctx, page
 
 
 def _submitted_plan(server: LiveServer, page: Any) -> dict[str, Any]:
