@@ -31,6 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from planner.expert_parallel import ep_group, expert_data_ranks
 from planner.schedules.ir import Schedule
 
 
@@ -46,9 +47,9 @@ class Layout:
         return data % self.e
 
     def ep_copies(self, data: int) -> list[int]:
-        """The data-parallel copies of ``data``'s expert-parallel group (``e`` consecutive copies)."""
-        first = data - data % self.e
-        return list(range(first, first + self.e))
+        """The data-parallel copies of ``data``'s expert-parallel group (``e`` consecutive copies: the planner's
+        layout, :func:`planner.expert_parallel.ep_group`)."""
+        return ep_group(data, self.e)
 
     def rank(self, device: int, data: int = 0, tensor: int = 0) -> int:
         return (data * self.D + device) * self.t + tensor
@@ -121,7 +122,7 @@ def make_groups(schedule: Schedule, layout: Layout, rank: int, tied: bool) -> Gr
         for d in range(D):
             for k in range(t):
                 for first in range(0, W, e):
-                    ranks = [layout.rank(d, w, k) for w in range(first, first + e)]
+                    ranks = [layout.rank(d, w, k) for w in ep_group(first, e)]
                     g = dist.new_group(ranks)
                     if rank in ranks:
                         out.expert, out.expert_ranks = g, ranks
@@ -129,7 +130,7 @@ def make_groups(schedule: Schedule, layout: Layout, rank: int, tied: bool) -> Gr
             holders = sorted({row[s] for row in schedule.placement})
             for k in range(t):
                 for i in range(e):
-                    ranks = sorted(layout.rank(d, w, k) for w in range(i, W, e) for d in holders)
+                    ranks = sorted(layout.rank(d, w, k) for w in expert_data_ranks(i, e, W) for d in holders)
                     g = _new(ranks, rank)
                     if rank in ranks:
                         out.expert_data_ranks[s], out.expert_data[s] = ranks, g
