@@ -72,7 +72,7 @@ class Emulator:
         if (why := expert_error(self.profile, config.expert, config.data)) is not None:
             raise ValueError(why)
         # expert parallelism: what one EP rank holds and runs (its all-to-alls are in F and B, waited for as compute)
-        self.costs = ConfigCosts(expert_view(self.profile, config.expert)[0], self.cluster, request, config,
+        self.costs = ConfigCosts(expert_view(self.profile, config.expert), self.cluster, request, config,
                                  compute_schedule, self.bounds, emulated=emulated)
         if self.costs.power is not None:  # a power-limited GPU: compute at the clock the step holds, as planned
             self.costs.hold_clock(simulate(compute_schedule, self.costs),

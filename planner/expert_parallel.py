@@ -124,15 +124,15 @@ def _layer_view(lay: LayerProfile, expert: int) -> tuple[LayerProfile, bool]:
     return lay.model_copy(update=update), shards is not None
 
 
-def expert_view(profile: ModelProfile, expert: int) -> tuple[ModelProfile, bool]:
+def expert_view(profile: ModelProfile, expert: int) -> ModelProfile:
     """``profile`` as one rank of an expert-parallel group of ``expert`` holds and runs it: each mixture-of-experts
     layer with ``1/e`` of its experts' parameters (``params``, ``param_bytes`` and ``expert_params`` that rank's) and
-    its times at ``e`` (:attr:`LayerProfile.expert_times`). Returns the view and whether every such layer had times
-    at ``e`` (False: some kept their times without expert parallelism, the same FLOPs under balanced routing; the
-    view's environment then says so under :data:`EXPERT_TIMES_KEY`). The profile itself at ``e = 1``."""
+    its times at ``e`` (:attr:`LayerProfile.expert_times`). Where some layer has no times at ``e`` it keeps its times
+    without expert parallelism (the same FLOPs under balanced routing) and the view's environment says so under
+    :data:`EXPERT_TIMES_KEY`. The profile itself at ``e = 1``."""
     if expert == 1:
-        return profile, True
+        return profile
     views = [_layer_view(lay, expert) for lay in profile.layers]
     exact = all(ok for _, ok in views)
     env = profile.environment if exact else {**profile.environment, EXPERT_TIMES_KEY: "e=1"}
-    return profile.model_copy(update={"layers": [v for v, _ in views], "environment": env}), exact
+    return profile.model_copy(update={"layers": [v for v, _ in views], "environment": env})

@@ -120,7 +120,7 @@ class Planner:
         (:func:`planner.expert_parallel.expert_view`), with its memory model and caches; made once per ``e``."""
         got = self._views.get(expert)
         if got is None:
-            profile, _ = expert_view(self.profile, expert)
+            profile = expert_view(self.profile, expert)
             memory = MemoryModel(profile, self.cluster, self.request, self.shapes)
             got = self._views[expert] = ExpertView(profile, memory, {}, {})
         return got

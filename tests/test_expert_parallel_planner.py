@@ -58,8 +58,8 @@ def test_sizes_and_groups():
 
 def test_the_view_holds_one_eth_of_the_experts(qwen):
     """An EP rank's profile: each block with 1/e of its experts' parameters and its times at e; the rest as it is."""
-    view, exact = expert_view(qwen, 8)
-    assert exact and EXPERT_TIMES_KEY not in view.environment
+    view = expert_view(qwen, 8)
+    assert EXPERT_TIMES_KEY not in view.environment
     block, whole = view.layers[1], qwen.layers[1]
     experts = 128 * QWEN3_MOE.expert_params()
     assert whole.expert_params == experts
@@ -67,11 +67,11 @@ def test_the_view_holds_one_eth_of_the_experts(qwen):
     assert block.param_bytes == 2 * block.params
     assert block.tensor_times == whole.expert_times[8] and block.fwd_time == whole.expert_times[8][1].fwd_time
     assert view.layers[0] is qwen.layers[0] and view.layers[-1] is qwen.layers[-1]
-    assert expert_view(qwen, 1)[0] is qwen
+    assert expert_view(qwen, 1) is qwen
     # a profile without times at e (a measured one): the times without expert parallelism, said in the environment
     bare = qwen.model_copy(update={"layers": [lay.model_copy(update={"expert_times": None}) for lay in qwen.layers]})
-    view, exact = expert_view(bare, 8)
-    assert not exact and view.environment[EXPERT_TIMES_KEY] == "e=1"
+    view = expert_view(bare, 8)
+    assert view.environment[EXPERT_TIMES_KEY] == "e=1"
     assert view.layers[1].fwd_time == qwen.layers[1].fwd_time and view.layers[1].expert_params == experts // 8
 
 
@@ -226,8 +226,8 @@ def test_a_measured_profile_knows_its_experts():
     assert all(lay.expert_params < lay.params for lay in blocks)
     assert not any(lay.expert_params for lay in prof.layers if lay.kind != "transformer")
     assert (prof.shape.experts, prof.shape.experts_per_token) == (spec.experts, spec.experts_per_token)
-    view, exact = expert_view(prof, 2)
-    assert not exact and view.layers[1].fwd_time == prof.layers[1].fwd_time
+    view = expert_view(prof, 2)
+    assert view.environment[EXPERT_TIMES_KEY] == "e=1" and view.layers[1].fwd_time == prof.layers[1].fwd_time
 
 
 def test_breakdown_and_split_backward_place_the_alltoalls(h100, mixtral):
