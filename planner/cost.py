@@ -712,24 +712,24 @@ class ConfigCosts(Costs):
     def ep_counts(self, stage: int) -> float:
         """A forward's exchange of the token counts before each dispatch (:mod:`planner.expert_parallel`: an
         all-to-all of ``E`` int64 per rank, per layer with experts), with the link scale; 0 at e = 1."""
-        info = self.stages[stage]
-        shape = self.profile.shape
-        if self.expert == 1 or not info.moe_layers or shape is None:
-            return 0.0
-        nbytes = 8.0 * int(shape.experts or 1)
-        return info.moe_layers * self._alltoall(self.holders(stage), nbytes) * self.cal.link_scale
+        return self._per_moe_layer(stage, lambda shape: 8.0 * int(shape.experts or 1))
 
     def ep_comm(self, stage: int, samples: float) -> float:
         """One pass's expert-parallel all-to-alls of ``stage`` for a micro-batch of ``samples``: per layer with
         experts the dispatch and the combine (:mod:`planner.expert_parallel`, "Communication"), each
         :func:`alltoall_time` in the slowest of the stage's expert-parallel groups, with the link scale; 0 at e = 1."""
+        return 2 * self._per_moe_layer(stage, lambda shape: alltoall_bytes(
+            samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1), self.el, self.t,
+            self.sequence_parallel))
+
+    def _per_moe_layer(self, stage: int, nbytes: Callable[[TransformerShape], float]) -> float:
+        """One all-to-all of ``nbytes(shape)`` per rank (:meth:`_alltoall`) in each of ``stage``'s layers with
+        experts, with the link scale; 0 at e = 1 or where the stage has none."""
         info = self.stages[stage]
         shape = self.profile.shape
         if self.expert == 1 or not info.moe_layers or shape is None:
             return 0.0
-        nbytes = alltoall_bytes(samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1), self.el,
-                                self.t, self.sequence_parallel)
-        return 2 * info.moe_layers * self._alltoall(self.holders(stage), nbytes) * self.cal.link_scale
+        return info.moe_layers * self._alltoall(self.holders(stage), nbytes(shape)) * self.cal.link_scale
 
     def _alltoall(self, holders: tuple[int, ...], nbytes: float) -> float:
         """:func:`alltoall_time` in the slowest expert-parallel group of the pipeline devices ``holders`` (tensor rank
