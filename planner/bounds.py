@@ -50,6 +50,7 @@ import numpy as np
 
 from planner.cost import ConfigCosts
 from planner.partition import prefix_sums
+from planner.placement import link_key
 from planner.schedules import PROFILE_DRIVEN, inflight_exact, splits_backward
 from planner.schedules.ir import SEND_B, SEND_F, Schedule
 from planner.shapes import ScheduleCache, Warmup
@@ -166,15 +167,17 @@ class TimeBounds:
         cfg = costs.config
         doubled = cfg.concat in ("forward-doubling", "backward-halving")
         split = splits_backward(cfg.schedule)
+        # (an F or B holds its stage's expert-parallel all-to-alls, of e and of where the rank order puts the groups)
         key: tuple = (tuple(info.layers for info in costs.stages), costs.t, costs.base_b, cfg.recompute, doubled,
-                      split)
+                      split, cfg.expert, cfg.order if cfg.expert > 1 else None)
         if costs.blocking_p2p:  # the sends each F and B holds are of the configuration's placement too
-            key += (cfg.schedule, cfg.pipeline, cfg.data, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
+            key += (cfg.schedule, cfg.pipeline, cfg.data, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication,
+                    cfg.order)
         elif costs.fsdp_per_microbatch:  # each F and B gathers its weights among the W replicas (planner.fsdp)
-            key += (cfg.pipeline, cfg.data)
+            key += (cfg.pipeline, cfg.data, cfg.order)
         # the compute figures are shared by every placement of these stages; the messages on the chains are the
         # placement's (schedule, D and its parameters: the last part of the key; None: without messages)
-        key += ((cfg.schedule, cfg.pipeline, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication)
+        key += ((cfg.schedule, cfg.pipeline, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication, *link_key(cfg))
                 if messages else None,)
         got = self._terms.get(key)
         if got is None:
@@ -194,10 +197,11 @@ class TimeBounds:
 
     def allreduce_times(self, sched: Schedule, costs: ConfigCosts) -> np.ndarray:
         """Per stage, its gradient all-reduce (:meth:`ConfigCosts.allreduce`, which depends on the stage's
-        holders, t, W and the stage's parameters only), cached by those."""
+        holders, t, W, e, the rank order and the stage's parameters only), cached by those."""
         cfg = costs.config
         key = (cfg.schedule, cfg.pipeline, cfg.replication, cfg.waves, cfg.pipelines, cfg.chunks, costs.t,
-               cfg.data, tuple(info.layers for info in costs.stages), costs.base_b, cfg.recompute)
+               cfg.data, tuple(info.layers for info in costs.stages), costs.base_b, cfg.recompute, cfg.expert,
+               cfg.order)
         got = self._allreduce.get(key)
         if got is None:
             got = self._allreduce[key] = np.array([costs.allreduce(s, 0, sched.placement[0][s])

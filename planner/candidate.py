@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.cost import ConfigCosts
+from planner.placement import placement_text
 from planner.request import Config
 from planner.runspec import RunSpec, executor_refusal
 from planner.schedules import pipedream_rr
@@ -132,7 +133,7 @@ class Candidate:
             "model_peak_memory": max(self.model_memory, default=0.0),
             "fits": self.fits, "reason": self.reason, "breakdown": self.breakdown,
             "closed_forms": self.closed_forms, "partition": self.partition,
-            "placement": "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM)",
+            "order": c.order, "placement": placement_text(c.order),
             "compute": self.costs.compute_source if self.costs is not None else None,
             "recompute_granularity": self.recompute_granularity, "kernels": self.kernels,
             "sequence_parallel": self.sequence_parallel, "held_rate": self.held_rate,

@@ -41,9 +41,11 @@ size, ``s`` sequence, ``h`` hidden, ``el`` bytes per element.
   sequence parallelism each rank holds, and sends, ``1/t`` of it. Megatron-LM's scatter/gather (Narayanan et al.
   SC'21 section 4.1, ``--scatter-gather-tensors-in-pipeline``, its default in 2021-22; the profile's
   ``environment["p2p_scatter_gather"] = "on"``): each rank sends a ``1/t`` share and the receivers all-gather
-  it over NVLink (charged where the runtime blocks, below). Link by placement: ranks are laid out ``t``
-  innermost, then the pipeline, then data parallelism (Megatron's order), so stage devices ``d`` and ``d'`` of a
-  pipeline are GPUs ``d t`` and ``d' t`` and share a node when ``d t // G == d' t // G`` (``G`` GPUs per node).
+  it over NVLink (charged where the runtime blocks, below). Link by placement: the configuration's rank order
+  (:mod:`planner.placement`) gives stage devices ``d`` and ``d'`` of replica 0 GPUs ``r(d)`` and ``r(d')``: they share
+  a node when ``r(d) // G == r(d') // G`` (``G`` GPUs per node) -- ``d t`` and ``d' t`` with the pipeline inside data
+  parallelism, ``d W t`` and ``d' W t`` with the pipeline outermost. Every group below takes its GPUs from the same
+  order.
 * **Blocking p2p** (only when the profile's ``environment["p2p"]`` is ``"blocking"``: a runtime that waits
   for its sends and synchronizes the device, as Megatron-LM's 2021 ``p2p_communication`` did with
   ``req.wait(); torch.cuda.synchronize()``, then all-gathers the scatter/gather chunks over NVLink): each
@@ -125,6 +127,7 @@ from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.dtypes import DTYPE_BYTES
 from planner.expert_parallel import EXPERT_TIMES_KEY, alltoall_bytes, ep_group, expert_data_ranks, state_split
+from planner.placement import global_rank
 from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, held_rate
 from planner.profile import (
     LayerProfile,
@@ -519,7 +522,8 @@ class ConfigCosts(Costs):
         #: :meth:`_tp_one` per micro-batch size, shared like the F/B durations (of t and the cluster only)
         self._tp_ones: dict[float, float] = shared.setdefault("tp_one", {})
         #: :meth:`_dp_allreduce`, shared like :attr:`_tp_ones`
-        self._allreduces: dict[tuple[tuple[int, ...], int, int, float], float] = shared.setdefault("allreduce", {})
+        self._allreduces: dict[tuple[tuple[int, ...], int, int, str, float], float] = \
+            shared.setdefault("allreduce", {})
         #: a blocking runtime's send held by each F (stage, span) / B (stage): of this configuration's placement
         #: (which device, hence which link, the neighbour stage sits on), never shared with the configurations
         #: that share the compute above (an interleaved pipeline of D = 2 and a 1F1B one of D = 8 have the same
@@ -553,9 +557,10 @@ class ConfigCosts(Costs):
 
     # ---- helpers -------------------------------------------------------------------------------
     def rank(self, device: int, data_replica: int = 0) -> int:
-        """Global GPU of tensor rank 0 of pipeline device ``device`` (t innermost, then pipeline, then
-        data, as Megatron-LM places them)."""
-        return (data_replica * self.config.pipeline + device) * self.t
+        """Global GPU of tensor rank 0 of pipeline device ``device`` of replica ``data_replica``, in the
+        configuration's rank order (:func:`planner.placement.global_rank`)."""
+        c = self.config
+        return global_rank(c.order, device, data_replica, 0, c.pipeline, c.data, self.t)
 
     def link(self, src: int, dst: int) -> Link:
         return self.cluster.intra if self.link_class(src, dst) == "intra" else self.cluster.inter
@@ -1113,9 +1118,9 @@ class ConfigCosts(Costs):
 
     def _dp_allreduce(self, holders: tuple[int, ...], nbytes: float) -> float:
         """:func:`allreduce_time` among :meth:`_dp_ranks`, before the link scale; shared like the F/B durations
-        (of t and the cluster), by (holders, W, D, bytes): at W in the thousands, the ranks' list and their
+        (of t and the cluster), by (holders, W, D, rank order, bytes): at W in the thousands, the ranks' list and their
         count per node cost more than the rest of the cost model's calls."""
-        key = (holders, self.config.data, self.config.pipeline, nbytes)
+        key = (holders, self.config.data, self.config.pipeline, self.config.order, nbytes)
         got = self._allreduces.get(key)
         if got is None:
             got = self._allreduces[key] = allreduce_time(self.cluster, self._dp_ranks(holders), nbytes)

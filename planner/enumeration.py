@@ -2,8 +2,9 @@
 ``t`` dividing the GPUs per node (up to ``max_tensor``), ``D`` and ``W`` with ``t D W = P``, micro-batch
 sizes ``b`` (powers of two dividing ``B^/W``), every allowed schedule with each parameter set valid for
 ``D`` and ``N = B^/(W b)``, with and without recomputation; for a mixture of experts every expert-parallel size
-``e`` dividing both its experts and ``W`` (up to ``max_expert``; :mod:`planner.expert_parallel`). Enumeration only:
-nothing is evaluated."""
+``e`` dividing both its experts and ``W`` (up to ``max_expert``; :mod:`planner.expert_parallel`); both rank orders
+where they place some group on other nodes (:func:`planner.placement.orders_differ`), else the default one, unless
+the request names one (``rank_order``). Enumeration only: nothing is evaluated."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from planner.cluster import Cluster
 from planner.expert_parallel import expert_sizes
 from planner.model import tensor_split_error
+from planner.placement import DEFAULT_ORDER, ORDERS, orders_differ
 from planner.request import Config, TrainingRequest
 from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
 from planner.units import devices
@@ -112,6 +114,8 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                 continue
             sizes = req.micro_batches or powers_of_two_dividing(req.global_batch // W)
             eps = [e for e in expert_sizes(experts, W) if e <= (req.max_expert or e)]
+            orders = [req.rank_order] if req.rank_order else \
+                list(ORDERS) if orders_differ(t, D, W, cl.gpus_per_node) else [DEFAULT_ORDER]
             if req.shard_parameters and len(eps) > 1:
                 rejected["e > 1: expert parallelism is not planned with sharded weights (shard_parameters)"] += \
                     len(eps) - 1
@@ -128,7 +132,8 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                             rejected[f"{name}: not valid for this D and N"] += 1
                         for params in variants:
                             out.extend(Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=name,
-                                              recompute=rc, expert=e, **params) for e in eps)
+                                              recompute=rc, expert=e, order=o, **params)
+                                       for e in eps for o in orders)
                     for name in unsharded:
                         n = len(schedule_variants(name, D, N, b, layers, rc))
                         if n:

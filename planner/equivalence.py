@@ -1,8 +1,8 @@
 """Candidates that run the same thing: one row each, the others kept as ``alternatives``.
 
-Two ranked candidates are the same configuration when they share t, D, W, e, b, N and recomputation and
-their devices compute the same layers of the same micro-batches in the same order. That is decided from
-the action lists the executor runs (:mod:`planner.schedules.ir`), not from a list of schedule names, in
+Two ranked candidates are the same configuration when they share t, D, W, e, the rank order, b, N and
+recomputation and their devices compute the same layers of the same micro-batches in the same order. That is
+decided from the action lists the executor runs (:mod:`planner.schedules.ir`), not from a list of schedule names, in
 a canonical form per device:
 
 - each compute action becomes ``(kind, replica, first layer, end layer, micro-batch, span)`` through the
@@ -146,7 +146,7 @@ def _signature(cand: Any) -> tuple[Any, ...] | None:
 
 def _key(cand: Any) -> tuple[Any, ...]:
     c = cand.config
-    return (c.tensor, c.pipeline, c.data, c.expert, c.micro_batch, cand.microbatches, c.recompute,
+    return (c.tensor, c.pipeline, c.data, c.expert, c.order, c.micro_batch, cand.microbatches, c.recompute,
             c.schedule in ASYNC_SCHEDULES)
 
 

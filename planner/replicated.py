@@ -19,7 +19,8 @@ The program's inputs, PipeDream's symbols mapped to ours:
   state, the program and the bound shard it over the W groups (not over a stage's m replicas: an upper bound);
 * ``W^m`` -- the weight synchronisation of a stage replicated ``m`` times: with a flush it is one gradient
   all-reduce per iteration among the ``m W`` copies (:func:`planner.cost.allreduce_time`, on the ranks the
-  placement gives: the stage's ``m`` devices in each of the W groups) and the optimizer step, once per
+  placement gives: the stage's ``m`` devices in each of the W groups, in the default rank order, the one these
+  configurations are planned in: :mod:`planner.placement`) and the optimizer step, once per
   iteration after the last backward: they add to the computation instead of overlapping it (PipeDream's
   ``max``), ``T(i -> j, m) = (sum T_l + m (AR + step) / N) / m`` per micro-batch.
 
@@ -56,6 +57,7 @@ from planner.partition import (
     prefix_sums,
     weighted_partition,
 )
+from planner.placement import DEFAULT_ORDER, global_rank
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 from planner.runspec import schedule_samples
@@ -229,7 +231,7 @@ class ReplicatedPlans:
         step = (pp[None, :] - pp[:, None]) * 2 * self.request.state_bytes_per_param(W) / cl.memory_bandwidth
         sync = np.zeros((D + 1, L + 1, L + 1))
         for m in range(1, D + 1):
-            ranks = [(w * D + d) * t for w in range(W) for d in range(m)]
+            ranks = [global_rank(DEFAULT_ORDER, d, w, 0, D, W, t) for w in range(W) for d in range(m)]
             one = allreduce_time(cl, ranks, 1.0)
             slope = (allreduce_time(cl, ranks, 2.0**30) - one) / (2.0**30 - 1.0)
             ar = np.where(grad_bytes > 0, one - slope + slope * grad_bytes, 0.0) if len(ranks) > 1 else 0.0

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_KEPT, MAX_SIZES, MAX_STAGES
+from planner.placement import DEFAULT_ORDER, RankOrder
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, SYNC_SCHEDULES, check_size
 
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "TrainingRequest"]
@@ -55,6 +56,11 @@ class TrainingRequest(BaseModel):
     max_expert: int | None = Field(default=None, gt=0, le=MAX_GPUS,
                                    description="largest expert-parallel size e of a mixture of experts (default: "
                                                "every divisor of both the experts and W)")
+    rank_order: RankOrder | None = Field(
+        default=None,
+        description="rank order of every configuration (planner.placement): tp-pp-dp (the pipeline inside data "
+                    "parallelism) or tp-dp-pp (the pipeline outermost: Megatron-LM's default, torchtitan's, "
+                    "DeepSpeed's); default: both, where they place groups differently")
     tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False,
                                      description="compute efficiency of a t-way split GEMM vs t=1")
     memory_reserve_bytes: float | None = Field(
@@ -142,6 +148,9 @@ class Config(BaseModel):
     #: expert-parallel size ``e`` (:mod:`planner.expert_parallel`): a mixture of experts' experts split over ``e`` of
     #: the ``W`` data-parallel replicas (absent from the record at 1, so configurations without it read as before)
     expert: int = Field(default=1, ge=1, le=MAX_GPUS, exclude_if=lambda v: v == 1)
+    #: rank order (:mod:`planner.placement`): ``"tp-pp-dp"``, the pipeline inside data parallelism, or
+    #: ``"tp-dp-pp"``, the pipeline outermost (Megatron-LM's default); absent from the record at the first
+    order: RankOrder = Field(default=DEFAULT_ORDER, exclude_if=lambda v: v == DEFAULT_ORDER)
 
     @model_validator(mode="after")
     def _stages(self) -> Config:
@@ -166,5 +175,6 @@ class Config(BaseModel):
         extra = ",".join(f"{k}={v}" for k, v in self.schedule_params().items())
         rc = " +rc" if self.recompute else ""
         ep = f" e={self.expert}" if self.expert > 1 else ""
+        order = f" ranks={self.order}" if self.order != DEFAULT_ORDER else ""
         return (f"t={self.tensor} D={self.pipeline} W={self.data}{ep} b={self.micro_batch} "
-                f"{self.schedule}{'(' + extra + ')' if extra else ''}{rc}")
+                f"{self.schedule}{'(' + extra + ')' if extra else ''}{rc}{order}")
