@@ -1,6 +1,14 @@
-"""Ranks and process groups of a run (Megatron-LM's layout, Narayanan et al. SC'21 section 3: tensor
-innermost, then pipeline, then data parallel): global rank ``(w * D + d) * t + k`` is tensor rank ``k`` of
-pipeline device ``d`` of data-parallel copy ``w``.
+"""Ranks and process groups of a run. Which global rank runs tensor rank ``k`` of pipeline device ``d`` of
+data-parallel copy ``w`` is the configuration's rank order (``Config.order``), and :mod:`planner.placement` alone
+says how (:func:`planner.placement.global_rank`, :func:`planner.placement.coords`; the planner's cost model reads
+the same functions). Tensor parallelism is innermost in both orders:
+
+* ``"tp-pp-dp"`` (the default; the executor's only layout before the order was searched): rank
+  ``(w D + d) t + k``, a copy's pipeline contiguous (Narayanan et al. SC'21 section 3; Megatron-LM with
+  ``--use-tp-pp-dp-mapping``);
+* ``"tp-dp-pp"``: rank ``(d W + w) t + k``, the pipeline outermost and a stage's data-parallel copies contiguous
+  (Megatron-LM's default, ``megatron.core.parallel_state.initialize_model_parallel``: "8 data_parallel groups:
+  [g0, g2], [g1, g3], ...; 4 pipeline model-parallel groups: [g0, g4, g8, g12], ..." for 16 GPUs, t = 2, D = 4).
 
 Groups, created by every rank in one fixed order (``new_group`` is collective over the world):
 
@@ -27,20 +35,37 @@ Pipeline point-to-point messages go between the neighbouring ranks of the same c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from planner.expert_parallel import ep_group, expert_data_ranks
+from planner.placement import DEFAULT_ORDER, coords, global_rank, order_error
 from planner.schedules.ir import Schedule
+
+if TYPE_CHECKING:
+    from planner.request import Config
 
 
 @dataclass
 class Layout:
+    """A run's ranks: ``D`` pipeline devices, ``W`` data-parallel copies, tensor-parallel size ``t``, expert-parallel
+    size ``e`` and the rank ``order`` (:mod:`planner.placement`)."""
+
     D: int
     W: int
     t: int
     e: int = 1  # expert-parallel size: a divisor of W
+    order: str = DEFAULT_ORDER  # rank order: planner.placement.ORDERS
+
+    def __post_init__(self) -> None:
+        if (why := order_error(self.order)) is not None:  # (global_rank reads any other string as the default)
+            raise ValueError(why)
+
+    @classmethod
+    def of(cls, config: Config) -> Layout:
+        """The layout of a configuration (``pipeline``, ``data``, ``tensor``, ``expert``, ``order``)."""
+        return cls(config.pipeline, config.data, config.tensor, config.expert, config.order)
 
     def ep_rank(self, data: int) -> int:
         """The expert-parallel rank of data-parallel copy ``data`` (which experts it holds)."""
@@ -52,13 +77,13 @@ class Layout:
         return ep_group(data, self.e)
 
     def rank(self, device: int, data: int = 0, tensor: int = 0) -> int:
-        return (data * self.D + device) * self.t + tensor
+        """The global rank of tensor rank ``tensor`` of pipeline device ``device`` of data-parallel copy ``data``
+        (:func:`planner.placement.global_rank`)."""
+        return global_rank(self.order, device, data, tensor, self.D, self.W, self.t)
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(device, data copy, tensor rank) of a global rank."""
-        k = rank % self.t
-        dw = rank // self.t
-        return dw % self.D, dw // self.D, k
+        """(device, data copy, tensor rank) of a global rank (:func:`planner.placement.coords`)."""
+        return coords(self.order, rank, self.D, self.W, self.t)
 
 
 @dataclass

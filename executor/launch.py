@@ -41,6 +41,7 @@ from typing import Any
 
 from executor.p2p_order import POLICIES, check_schedule, default_policy
 from executor.plan import PlanError, RunPlan
+from planner.placement import global_rank
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,8 +67,11 @@ def check_p2p(plan: RunPlan, policy: str) -> None:
     problem = check_schedule(plan.schedule(), policy, streams="rank")
     if problem is not None:
         c = plan.spec.config
-        t = c.tensor
-        note = f" (ranks are pipeline devices; global rank = device * {t} for copy 0)" if t > 1 else ""
+        # copy 0's tensor rank 0 (planner.placement: executor.groups.Layout imports torch, which this process does not)
+        firsts = [global_rank(c.order, d, 0, 0, c.pipeline, c.data, c.tensor) for d in range(c.pipeline)]
+        note = "" if firsts == list(range(c.pipeline)) else (
+            f" (ranks are pipeline devices; copy 0's global ranks, order {c.order}: "
+            + ", ".join(f"device {d} = rank {r}" for d, r in enumerate(firsts)) + ")")
         raise PlanError(f"p2p policy {policy!r} would {'deadlock' if problem.kind == 'deadlock' else 'fail'} on "
                         f"NCCL for {c.schedule} D={c.pipeline} N={plan.spec.microbatches}{note}: {problem}")
 

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from executor.models.config import ModelConfig, get_config
 from planner.jsondoc import integer, unique_keys
+from planner.placement import DEFAULT_ORDER
 from planner.request import Config
 from planner.runspec import RunSpec, executor_refusal, partition_error
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, parameters
@@ -98,14 +99,14 @@ class RunPlan:
     @classmethod
     def direct(cls, schedule: str, devices: int, microbatches: int, data: int = 1, tensor: int = 1,
                micro_batch: int = 1, recompute: bool = False, partition: list[list[int]] | None = None,
-               global_batch: int = 0, expert: int = 1, **kw: Any) -> RunPlan:
+               global_batch: int = 0, expert: int = 1, order: str = DEFAULT_ORDER, **kw: Any) -> RunPlan:
         """From the schedule's name, D, N and the configuration's other fields (``expert``: the expert-parallel
-        size e; schedule parameters among ``kw``, by their :data:`planner.schedules.SCHEDULE_PARAMETERS` names);
-        the rest of ``kw`` are run-time options."""
+        size e; ``order``: the rank order, :mod:`planner.placement`; schedule parameters among ``kw``, by their
+        :data:`planner.schedules.SCHEDULE_PARAMETERS` names); the rest of ``kw`` are run-time options."""
         params = {k: kw.pop(k) for k in SCHEDULE_PARAMETERS if k in kw}
         params = {k: v for k, v in params.items() if v is not None}
         config = _spec(Config, tensor=tensor, pipeline=devices, data=data, micro_batch=micro_batch,
-                       schedule=schedule, recompute=recompute, expert=expert, **params)
+                       schedule=schedule, recompute=recompute, expert=expert, order=order, **params)
         spec = _spec(RunSpec, config=config, microbatches=microbatches,
                      partition=[tuple(map(int, p)) for p in partition or []])
         _check_global_batch(spec, global_batch)

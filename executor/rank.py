@@ -67,7 +67,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     cuda = device.type == "cuda"
     sched = plan.validate(world)
     c = plan.spec.config
-    layout = Layout(c.pipeline, c.data, c.tensor, c.expert)
+    layout = Layout.of(c)
     emulator = None
     if plan.emulate:
         from executor.emulate import Emulator
