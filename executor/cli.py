@@ -8,16 +8,19 @@ Forms::
                  [--emulate profile.json [--cluster c.json]]
     pipeplan run --schedule chimera --devices 4 --microbatches 8 (--model gpt-tiny | --hf-config cfg.json |
                  --module pkg.mod:build) [-W 2]
-                 [--tensor 2] [--expert 2] [--micro-batch 1] [--chunks/--waves/--pipelines/--concat/--replication]
-                 [--recompute] [--check]
+                 [--tensor 2] [--expert 2] [--order tp-pp-dp|tp-dp-pp] [--micro-batch 1]
+                 [--chunks/--waves/--pipelines/--concat/--replication] [--recompute] [--check]
     # several nodes: the same command on every node, with its --node-rank
     pipeplan run ... --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 [--rdzv-id job7] [--nproc-per-node 4]
 
 ``--p2p`` picks the point-to-point posting policy (:mod:`executor.p2p_order`): ``prefetch`` by default on
 gloo, ``grouped`` on NCCL; with ``--backend nccl`` the plan is first checked for a deadlock under NCCL's
 semantics and refused (exit 2, naming the ranks) when the policy could deadlock. The result records the
-policy (``p2p``). ``--nproc-per-node`` defaults to the world size (D*W*t) over ``--nnodes`` and must
-divide it; the result and trace are written on the node where global rank 0 ran (the others say so).
+policy (``p2p``). ``--order`` is the rank order (:mod:`planner.placement`, :class:`executor.groups.Layout`):
+``tp-pp-dp`` (the default) or ``tp-dp-pp``, the pipeline outermost (Megatron-LM's default); a plan's candidate
+runs in its own (its ``run_spec``'s ``order``), and an ``--order`` other than it is refused.
+``--nproc-per-node`` defaults to the world size (D*W*t) over ``--nnodes`` and must divide it; the result and
+trace are written on the node where global rank 0 ran (the others say so).
 
 A bad plan is refused before anything is launched (exit 2, ``error: ...``); a failing rank makes the run
 fail with the rank and its error named (exit 1); ``--check`` trains the same global batch in one process
@@ -116,6 +119,10 @@ def run(
     expert: Annotated[int, typer.Option(
         "--expert", help="expert-parallel size e: a mixture of experts' experts split over e of the W data-parallel "
                          "copies (e divides W and the experts), tokens exchanged all-to-all")] = 1,
+    order: Annotated[str | None, typer.Option(
+        "--order", help="rank order, tensor innermost: tp-pp-dp (default; the pipeline inside data parallelism) "
+                        "or tp-dp-pp (the pipeline outermost, Megatron-LM's default); with --plan, the candidate's"
+    )] = None,
     micro_batch: Annotated[int, typer.Option("--micro-batch", "-b", help="samples per micro-batch")] = 1,
     chunks: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["chunks"].help)] = None,
     waves: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["waves"].help)] = None,
@@ -156,6 +163,7 @@ def run(
     from executor.launch import RunFailed, launch
     from executor.plan import DEFAULT_MODEL, PlanError, RunPlan, load_plan_file
     from planner.outpath import out_problem
+    from planner.placement import DEFAULT_ORDER
 
     for path, option in ((out, "--out"), (trace, "--trace")):
         if problem := out_problem(path, option):
@@ -164,6 +172,11 @@ def run(
         _fail(f"--timeout: seconds for process-group operations, above 0, got {timeout:g}")
     if seq is not None and seq < 1:
         _fail(f"--seq: the sequence length, at least 1, got {seq}")
+    if order is not None:
+        from planner.placement import order_error
+
+        if (why := order_error(order)) is not None:
+            _fail(f"--{why}")
     if emulate is not None or cluster is not None:  # read here, before any process starts: each rank reads them
         from pipeplan.options import load_input  # (the command line's file reading, its words for bad files)
         from planner.cluster import load_cluster
@@ -205,15 +218,19 @@ def run(
             if schedule is not None:
                 _fail("give either --plan or --schedule, not both")
             run_plan = load_plan_file(plan, candidate, **common)
+            if order is not None and order != run_plan.spec.config.order:
+                _fail(f"--order {order}: candidate {candidate} of {plan} runs its ranks in order "
+                      f"{run_plan.spec.config.order} (its run_spec's order, which its prediction assumes): leave "
+                      "--order out or give the same")
             other_model = None if emulate else _other_model(plan, candidate, model, module)
         else:
             if schedule is None or devices is None or microbatches is None:
                 _fail("give --plan, or --schedule with --devices and --microbatches")
             assert schedule is not None and devices is not None and microbatches is not None
             run_plan = RunPlan.direct(schedule, devices, microbatches, data=data_parallel, tensor=tensor,
-                                      expert=expert, micro_batch=micro_batch, recompute=recompute, chunks=chunks,
-                                      waves=waves, pipelines=pipelines, concat=concat, replication=replication,
-                                      **common)
+                                      expert=expert, order=order or DEFAULT_ORDER, micro_batch=micro_batch,
+                                      recompute=recompute, chunks=chunks, waves=waves, pipelines=pipelines,
+                                      concat=concat, replication=replication, **common)
         run_plan.validate()
     except PlanError as e:
         if other_model is not None and default_model:
@@ -259,7 +276,9 @@ def run(
     m = result["measured"]
     tag = " (emulated compute)" if result["emulated"] else ""
     c = run_plan.spec.config
-    typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor}{f' e={c.expert}' if c.expert > 1 else ''} "
+    ep = f" e={c.expert}" if c.expert > 1 else ""
+    ranks = f" ranks={c.order}" if c.order != DEFAULT_ORDER else ""
+    typer.echo(f"{c.schedule}: D={c.pipeline} W={c.data} t={c.tensor}{ep}{ranks} "
                f"N={run_plan.spec.microbatches} b={c.micro_batch}{tag}: iteration {m['iteration_time'] * 1e3:.2f} ms"
                f", bubble ratio {m['bubble_ratio']:.3f}")
     if m.get("time_by_kind"):
