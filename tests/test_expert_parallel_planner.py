@@ -192,20 +192,24 @@ def test_pruned_search_with_experts_is_exact(h100, qwen):
 
 
 def test_megatron_export_splits_the_experts():
-    """Megatron-LM gets the plan's e (and the all-to-all dispatcher), and a note on its rank order where the pipeline
-    sets the groups apart."""
-    from planner.export.common import ExportInput
+    """Megatron-LM gets the plan's e (and the all-to-all dispatcher) in its default rank order (the pipeline
+    outermost, tp-dp-pp); with the pipeline inside data parallelism (--use-tp-pp-dp-mapping) Megatron-Core refuses
+    expert parallelism at D > 1, and so does the export, naming the other order."""
+    from planner.export.common import ExportError, ExportInput
     from planner.export.megatron import arguments
     from planner.runspec import RunSpec
 
-    for D, note in ((4, True), (1, False)):
-        spec = RunSpec(config=Config(tensor=2, pipeline=D, data=8, expert=4, micro_batch=1, schedule="1f1b"),
-                       microbatches=16)
-        notes: list[str] = []
-        args = arguments(ExportInput(spec=spec, model=MIXTRAL, expert_gemm="grouped", sequence_parallel=True), notes)
-        line = " ".join(args)
-        assert "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall" in line
-        assert any("tp-cp-ep-dp-pp" in n for n in notes) == note
+    def line(D: int, order: str) -> str:
+        spec = RunSpec(config=Config(tensor=2, pipeline=D, data=8, expert=4, micro_batch=1, schedule="1f1b",
+                                     order=order), microbatches=16)
+        return " ".join(arguments(ExportInput(spec=spec, model=MIXTRAL, expert_gemm="grouped", sequence_parallel=True)))
+
+    for D, order in ((4, "tp-dp-pp"), (1, "tp-pp-dp"), (1, "tp-dp-pp")):
+        got = line(D, order)
+        assert "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall" in got
+        assert "--use-tp-pp-dp-mapping" not in got
+    with pytest.raises(ExportError, match="ranks=tp-dp-pp"):
+        line(4, "tp-pp-dp")
 
 
 def test_a_measured_profile_knows_its_experts():

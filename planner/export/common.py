@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.model import PRESETS, ModelSpec, tensor_split_error
+from planner.placement import DEFAULT_ORDER, RankOrder
 from planner.profile import EXECUTOR_RUNTIME, ModelProfile, recompute_granularity, runtime_words
 from planner.request import ALL_SCHEDULES, Config
 from planner.runspec import RunSpec
@@ -441,3 +442,23 @@ def export_same_run(module: Any, inp: ExportInput, alternatives: list[str] | tup
                     f"which {module.TITLE} has")
             return Export(out.format, out.files, (note, *out.notes))
         raise err
+
+
+def pipeline_outermost_order(pipeline: int, data: int) -> RankOrder:
+    """The rank order of a framework that always puts the pipeline outermost (torchtitan's device mesh, DeepSpeed's
+    topology: :mod:`planner.placement`'s ``tp-dp-pp``), as a parsed configuration says it: the default at D = 1 or
+    W = 1, where the orders are the same ranks."""
+    return "tp-dp-pp" if pipeline > 1 and data > 1 else DEFAULT_ORDER
+
+
+def pipeline_outermost_note(inp: ExportInput, title: str, axes: str) -> str | None:
+    """For such a framework (its rank axes ``axes``, outermost first): where the candidate was timed with the
+    pipeline inside data parallelism (``tp-pp-dp``) and the orders differ, what runs differently."""
+    c = inp.config
+    if pipeline_outermost_order(c.pipeline, c.data) == c.order:
+        return None
+    return (f"{title} orders ranks {axes} (the pipeline outermost: ranks=tp-dp-pp); this candidate was timed with the "
+            f"pipeline inside data parallelism (ranks=tp-pp-dp), pipeline neighbours {c.tensor} rank(s) apart where "
+            f"{title} places them {c.tensor * c.data} apart, so its point-to-point messages may cross slower links "
+            f"and its gradient reduction faster ones than predicted; plan with --rank-order tp-dp-pp for "
+            f"{title}'s placement")

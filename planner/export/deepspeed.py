@@ -34,6 +34,8 @@ from planner.export.common import (
     ExportInput,
     Parsed,
     header,
+    pipeline_outermost_note,
+    pipeline_outermost_order,
     unplanned_policy_note,
     unsupported,
 )
@@ -96,14 +98,8 @@ def config(inp: ExportInput) -> dict[str, object]:
 
 
 def placement_note(inp: ExportInput) -> str | None:
-    """Where the framework's rank order differs from the planner's (tensor innermost, then pipeline, then
-    data): with D > 1 and W > 1 its pipeline neighbours sit t W ranks apart, ours t."""
-    c = inp.config
-    if c.pipeline > 1 and c.data > 1:
-        return (f"{TITLE} orders ranks pipe, data, model (pipeline outermost); the plan placed pipeline neighbours "
-                f"{c.tensor} rank(s) apart, {TITLE} places them {c.tensor * c.data} apart, so its point-to-point "
-                f"messages may cross slower links than predicted")
-    return None
+    """:func:`planner.export.common.pipeline_outermost_note` with this framework's axes."""
+    return pipeline_outermost_note(inp, TITLE, "pipe, data, model")
 
 
 def export(inp: ExportInput) -> Export:
@@ -132,8 +128,8 @@ def export(inp: ExportInput) -> Export:
 
 
 def parse(text: str) -> Parsed:
-    """Read a :func:`export` back: b, N, W (train batch / (b N)), D and t (the pipeline section), 1F1B, and
-    recomputation (a checkpoint interval above 0)."""
+    """Read a :func:`export` back: b, N, W (train batch / (b N)), D and t (the pipeline section), 1F1B,
+    recomputation (a checkpoint interval above 0) and DeepSpeed's rank order (the pipeline outermost)."""
     doc = json.loads(text)
     b, N = int(doc["train_micro_batch_size_per_gpu"]), int(doc["gradient_accumulation_steps"])
     total = int(doc["train_batch_size"])
@@ -142,8 +138,10 @@ def parse(text: str) -> Parsed:
     pipe = doc.get("pipeline", {})
     topo = pipe.get("topology", {})
     D = int(pipe.get("stages", topo.get("num_pp", 1)))
-    config = Config(tensor=int(topo.get("num_mp", 1)), pipeline=D, data=total // (b * N), micro_batch=b,
-                    schedule="1f1b", recompute=int(pipe.get("activation_checkpoint_interval", 0)) > 0)
+    W = total // (b * N)
+    config = Config(tensor=int(topo.get("num_mp", 1)), pipeline=D, data=W, micro_batch=b, schedule="1f1b",
+                    recompute=int(pipe.get("activation_checkpoint_interval", 0)) > 0,
+                    order=pipeline_outermost_order(D, W))
     parts = pipe.get("parts")
     partition = [(parts[i], parts[i + 1]) for i in range(len(parts) - 1)] if parts else None
     return Parsed(config=config, microbatches=N, partition=partition)

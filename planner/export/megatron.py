@@ -16,9 +16,12 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   --recompute-method uniform --recompute-num-layers 1``; without it, ``--recompute-granularity selective``
   where the profile was made with selective recomputation (Korthikanti et al. 2022 section 5: the
   attention core re-run in the backward; :attr:`ExportInput.recompute_granularity`);
-* ``--use-tp-pp-dp-mapping`` (with D > 1 and W > 1): Megatron's rank order becomes tp-cp-ep-pp-dp instead of
-  its default tp-cp-ep-dp-pp, i.e. tensor innermost, then pipeline, then data -- the placement the planner
-  costed (a candidate's ``placement``), so pipeline neighbours sit t ranks apart as predicted;
+* the rank order (:mod:`planner.placement`, a candidate's ``order``): ``tp-dp-pp`` is Megatron's default
+  (tp-cp-ep-dp-pp, the pipeline outermost); ``tp-pp-dp`` (with D > 1 and W > 1) is ``--use-tp-pp-dp-mapping``
+  (tp-cp-ep-pp-dp), so pipeline neighbours sit t ranks apart as predicted. Megatron-Core refuses expert parallelism
+  in that mapping with a pipeline (``initialize_model_parallel``: "When not using pp-last rank ordering, the data
+  parallel size of the attention and moe layers must be the same"), and so does the export, naming the
+  configuration's ``tp-dp-pp`` twin;
 * ``--sequence-parallel`` when the profile's tensor-parallel times assume it (Korthikanti et al. 2022);
 * ``--use-distributed-optimizer`` where the plan's request shards the optimizer state (W > 1); where it shards
   the weights too (``shard_parameters``), PyTorch FSDP2 (``--use-torch-fsdp2 --no-gradient-accumulation-fusion
@@ -208,7 +211,13 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     args = ["--tensor-model-parallel-size", str(c.tensor), "--pipeline-model-parallel-size", str(c.pipeline),
             *_layer_args(inp, notes),
             "--micro-batch-size", str(c.micro_batch), "--global-batch-size", str(inp.spec.global_batch)]
-    if c.pipeline > 1 and c.data > 1:
+    if c.pipeline > 1 and c.data > 1 and c.order == "tp-pp-dp":
+        if c.expert > 1:
+            raise ExportError(f"megatron: expert parallelism (e = {c.expert}) with the pipeline inside data "
+                              "parallelism (ranks tp-pp-dp, --use-tp-pp-dp-mapping) at D > 1: Megatron-Core allows "
+                              "it only with the pipeline outermost ('When not using pp-last rank ordering, the data "
+                              "parallel size of the attention and moe layers must be the same'); export the same "
+                              "configuration with ranks=tp-dp-pp (plan it, or predict it with that order)")
         args += ["--use-tp-pp-dp-mapping"]
     if inp.sequence_parallel and c.tensor > 1:
         args += ["--sequence-parallel"]
@@ -240,11 +249,6 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
                                experts=True)) is not None:
         notes.append(gap)
-    if inp.model is not None and inp.model.moe and c.expert > 1 and c.pipeline > 1:
-        notes.append(f"the plan's all-to-alls are timed for pipeplan's rank order (t, then the pipeline, then data: an "
-                     f"expert-parallel group's GPUs {c.pipeline * c.tensor} apart); Megatron-Core orders its ranks "
-                     "tp-cp-ep-dp-pp (the pipeline outermost), which keeps the group closer: expect its all-to-alls "
-                     "to be as fast as planned or faster")
     if inp.model is not None and inp.model.moe and c.tensor > 1 and inp.sequence_parallel is False:
         notes.append("Megatron-Core runs a mixture of experts with tensor parallelism only with --sequence-parallel; "
                      "the plan's times are without it (profile with --sequence-parallel for its times)")
@@ -324,9 +328,9 @@ def parse_layout(text: str) -> list[int]:
 
 
 def parse(text: str) -> Parsed:
-    """Read a :func:`export` script back: t, D, W (world size / (t D)), b, N, the schedule (interleaved
-    with v chunks when a virtual pipeline is set, else 1F1B), recomputation, and the transformer layers per
-    (virtual) stage when ``--num-layers`` is given."""
+    """Read a :func:`export` script back: t, D, W (world size / (t D)), e, the rank order, b, N, the schedule
+    (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, and the transformer layers
+    per (virtual) stage when ``--num-layers`` is given."""
     logical = text.replace("\\\n", " ")
     line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
     if line is None:
@@ -369,7 +373,13 @@ def parse(text: str) -> Parsed:
     recompute = args.get("--recompute-granularity") == "full"
     if recompute and (args.get("--recompute-method"), args.get("--recompute-num-layers")) != ("uniform", "1"):
         raise ExportError("megatron script: only per-layer full recomputation (uniform, 1 layer) is ours")
-    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, recompute=recompute,
+    # the rank order: --use-tp-pp-dp-mapping, else Megatron's default with the pipeline outermost (the orders are the
+    # same ranks at D = 1 or W = 1: the default Config's then)
+    order = "tp-pp-dp" if args.get("--use-tp-pp-dp-mapping") or D == 1 or W == 1 else "tp-dp-pp"
+    e = num(args, "--expert-model-parallel-size", 1)
+    if W % e:
+        raise ExportError(f"megatron script: --expert-model-parallel-size {e} does not divide W = {W}")
+    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, recompute=recompute, expert=e, order=order,
                     schedule="interleaved" if v > 1 else "1f1b", chunks=v if v > 1 else None)
     counts = layout_counts
     if L is not None and counts is None:

@@ -46,6 +46,8 @@ from planner.export.common import (
     check_heads,
     header,
     model_gaps_note,
+    pipeline_outermost_note,
+    pipeline_outermost_order,
     unsupported,
 )
 from planner.request import Config
@@ -119,15 +121,8 @@ def _dtype(dtype: str) -> str:
 
 
 def placement_note(inp: ExportInput) -> str | None:
-    """Where the framework's rank order differs from the planner's (tensor innermost, then pipeline, then
-    data): with D > 1 and W > 1 its pipeline neighbours sit t W ranks apart, ours t."""
-    c = inp.config
-    if c.pipeline > 1 and c.data > 1:
-        return (f"{TITLE} orders ranks pp, dp_replicate, fsdp, tp (pipeline outermost); the plan placed "
-                f"pipeline neighbours "
-                f"{c.tensor} rank(s) apart, {TITLE} places them {c.tensor * c.data} apart, so its point-to-point "
-                f"messages may cross slower links than predicted")
-    return None
+    """:func:`planner.export.common.pipeline_outermost_note` with this framework's axes."""
+    return pipeline_outermost_note(inp, TITLE, "pp, dp_replicate, fsdp, tp")
 
 
 def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
@@ -235,7 +230,8 @@ def parse(toml_text: str, csv_text: str | None = None) -> Parsed:
             if stages is None:
                 raise ExportError("torchtitan config: an Interleaved1F1B config without module lists")
             params = {"chunks": stages // D}
-    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=schedule, recompute=recompute, **params)
+    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=schedule, recompute=recompute,
+                    order=pipeline_outermost_order(D, W), **params)
     return Parsed(config=config, microbatches=N, partition=_partition(parts) if parts else None)
 
 
