@@ -47,6 +47,7 @@ from planner.cluster import Cluster
 from planner.device import DeviceSpec
 from planner.model import ModelSpec
 from planner.operators import OperatorOptions
+from planner.placement import pipeline_outermost_order
 from planner.profile import ModelProfile
 from planner.request import Config, TrainingRequest
 from planner.search import Candidate, Planner
@@ -354,7 +355,10 @@ class _MegatronSplit(Planner):
 
 
 def predict_megatron(profile: ModelProfile, cluster: Cluster, request: TrainingRequest, config: Config) -> Candidate:
-    """:func:`planner.search.predict` with Megatron's even layer split (:func:`megatron_split`)."""
+    """:func:`planner.search.predict` with Megatron's even layer split (:func:`megatron_split`) and its default
+    rank order, the pipeline outermost (``initialize_model_parallel`` of the 2021 code, which had no other, and
+    Megatron-Core's and NeMo's default since: :func:`planner.placement.pipeline_outermost_order`)."""
+    config = config.model_copy(update={"order": pipeline_outermost_order(config.pipeline, config.data)})
     planner = _MegatronSplit(profile, cluster, request)
     cand, costs = planner.prepare(config)
     if costs is None:

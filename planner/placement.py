@@ -65,6 +65,13 @@ def orders_differ(t: int, D: int, W: int, gpus_per_node: int) -> bool:
     return D > 1 and W > 1 and t % gpus_per_node != 0 and t * D * W > gpus_per_node
 
 
+def pipeline_outermost_order(pipeline: int, data: int) -> RankOrder:
+    """The order of a run whose framework puts the pipeline outermost (Megatron-LM by default, torchtitan's device
+    mesh, DeepSpeed's topology: ``tp-dp-pp``) as a configuration names it: the default at D = 1 or W = 1, where the
+    orders are the same ranks."""
+    return "tp-dp-pp" if pipeline > 1 and data > 1 else DEFAULT_ORDER
+
+
 def placement_text(order: str) -> str:
     """A candidate's ``placement`` line: its rank order in words."""
     if order == "tp-dp-pp":

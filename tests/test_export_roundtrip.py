@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
 from planner.export import FRAMEWORKS, ExportError, ExportInput, UnsupportedSchedule, export, parse
-from planner.export.common import EMBEDDING, HEAD, TRANSFORMER, pipeline_outermost_order
+from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.model import PRESETS, ModelSpec
 from planner.operators import OperatorOptions
+from planner.placement import pipeline_outermost_order
 from planner.profile import FUSED_WORDS
 from planner.request import Config, TrainingRequest
 from planner.runspec import RunSpec

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.model import PRESETS, ModelSpec, tensor_split_error
-from planner.placement import DEFAULT_ORDER, RankOrder
+from planner.placement import pipeline_outermost_order
 from planner.profile import EXECUTOR_RUNTIME, ModelProfile, recompute_granularity, runtime_words
 from planner.request import ALL_SCHEDULES, Config
 from planner.runspec import RunSpec
@@ -442,13 +442,6 @@ def export_same_run(module: Any, inp: ExportInput, alternatives: list[str] | tup
                     f"which {module.TITLE} has")
             return Export(out.format, out.files, (note, *out.notes))
         raise err
-
-
-def pipeline_outermost_order(pipeline: int, data: int) -> RankOrder:
-    """The rank order of a framework that always puts the pipeline outermost (torchtitan's device mesh, DeepSpeed's
-    topology: :mod:`planner.placement`'s ``tp-dp-pp``), as a parsed configuration says it: the default at D = 1 or
-    W = 1, where the orders are the same ranks."""
-    return "tp-dp-pp" if pipeline > 1 and data > 1 else DEFAULT_ORDER
 
 
 def pipeline_outermost_note(inp: ExportInput, title: str, axes: str) -> str | None:

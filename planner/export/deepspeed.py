@@ -35,10 +35,10 @@ from planner.export.common import (
     Parsed,
     header,
     pipeline_outermost_note,
-    pipeline_outermost_order,
     unplanned_policy_note,
     unsupported,
 )
+from planner.placement import pipeline_outermost_order
 from planner.profile import OP_WORDS
 from planner.request import Config
 from planner.runspec import RunSpec

@@ -47,9 +47,9 @@ from planner.export.common import (
     header,
     model_gaps_note,
     pipeline_outermost_note,
-    pipeline_outermost_order,
     unsupported,
 )
+from planner.placement import pipeline_outermost_order
 from planner.request import Config
 from planner.runspec import RunSpec
 from planner.schedules import build
