@@ -85,6 +85,12 @@ class Layout:
         """(device, data copy, tensor rank) of a global rank (:func:`planner.placement.coords`)."""
         return coords(self.order, rank, self.D, self.W, self.t)
 
+    def pairs(self, device: int, peer: int) -> list[tuple[int, int]]:
+        """The (rank, rank) pairs between pipeline devices ``device`` and ``peer``: one per data-parallel copy and
+        tensor rank, the ranks that exchange the copy's point-to-point messages
+        (:func:`executor.comm.neighbour_pairs`)."""
+        return [(self.rank(device, w, k), self.rank(peer, w, k)) for w in range(self.W) for k in range(self.t)]
+
 
 @dataclass
 class Groups:

@@ -81,9 +81,7 @@ def run_plan(plan: RunPlan, rank: int, world: int, check: bool = False, fault: b
     tied = emulator is None and bool(plan.source().tied())
     groups = make_groups(sched, layout, rank, tied)
     warm_up(rank, world, device)
-    warm_up_pairs(rank, neighbour_pairs(sched, lambda d, p: [(layout.rank(d, w, k), layout.rank(p, w, k))
-                                                              for w in range(layout.W) for k in range(layout.t)]),
-                  device)
+    warm_up_pairs(rank, neighbour_pairs(sched, layout.pairs), device)
     torch.manual_seed(plan.seed)
     rt = RankRuntime(plan, sched, rank, groups, emulator, policy, device)
     records = []
