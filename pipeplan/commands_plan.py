@@ -17,7 +17,9 @@ from pipeplan.options import (
     ChunksOpt,
     ConcatOpt,
     MemoryReserveOpt,
+    OrderOpt,
     PipesOpt,
+    RankOrderOpt,
     ReplicationOpt,
     ShardOptimizerOpt,
     ShardParametersOpt,
@@ -26,6 +28,7 @@ from pipeplan.options import (
     fail,
     load_input,
     memory_reserve_bytes,
+    rank_order,
     validation_summary,
     warn_option,
 )
@@ -36,6 +39,7 @@ from planner.jsondoc import finite
 from planner.limits import MAX_GLOBAL_BATCH
 from planner.mismatch import device_warnings, size_warnings
 from planner.model import PRESETS, ModelSpec
+from planner.placement import DEFAULT_ORDER, ORDERS, orders_differ, placement_text
 from planner.profile import ModelProfile, load_profile, runtime_words, save_profile
 from planner.request import Config, TrainingRequest
 from planner.reserve import resolve_reserve
@@ -90,24 +94,40 @@ def _memory_cell(c: Candidate) -> str:
 
 def _table(cands: list[Candidate], title: str) -> Table:
     """The rows' table; the expert-parallel size ``e`` (:attr:`planner.request.Config.expert`) has a column after
-    ``W`` only where some row has ``e > 1``: a dense model's table stays as it was."""
+    ``W`` only where some row has ``e > 1``, and the rank order (:attr:`planner.request.Config.order`) a ``ranks``
+    column after ``rc`` only where some row has the pipeline outermost (:func:`_orders`): a dense model's table, and
+    one whose rows all keep the default order, stay as they were."""
     from rich.table import Table
 
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
     experts = any(c.config.expert > 1 for c in cands)
-    for col in ("#", "t", "D", "W", *(["e"] if experts else []), "b", "N", "schedule", "rc", "iter (s)",
-                "samples/s", "idle", "peak mem GiB (model + reserve)", *(["the same as"] if alternatives else [])):
-        t.add_column(col, justify="left" if col in ("schedule", "the same as") else "right")
+    orders = _orders(cands)
+    for col in ("#", "t", "D", "W", *(["e"] if experts else []), "b", "N", "schedule", "rc",
+                *(["ranks"] if orders else []), "iter (s)", "samples/s", "idle", "peak mem GiB (model + reserve)",
+                *(["the same as"] if alternatives else [])):
+        t.add_column(col, justify="left" if col in ("schedule", "ranks", "the same as") else "right")
     for i, c in enumerate(cands):
         cfg = c.config
         t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data),
                   *([str(cfg.expert)] if experts else []), str(cfg.micro_batch),
                   str(c.microbatches), c.name or schedule_label(cfg),
-                  "yes" if cfg.recompute else "", f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
+                  "yes" if cfg.recompute else "", *([cfg.order] if orders else []),
+                  f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
                   f"{c.bubble_ratio:.3f}", _memory_cell(c),
                   *([", ".join(c.alternatives)] if alternatives else []))
     return t
+
+
+def _orders(cands: list[Candidate]) -> bool:
+    """Whether some row has another rank order than the default (the table's ``ranks`` column)."""
+    return any(c.config.order != DEFAULT_ORDER for c in cands)
+
+
+def _print_orders(console: Console) -> None:
+    """What the ``ranks`` column's orders are (under a table that has it)."""
+    console.print("ranks (innermost first): " + "; ".join(
+        f"{o}: {placement_text(o).removeprefix('ranks: ')}" for o in ORDERS), highlight=False)
 
 
 def _warn(console: Console, warnings: list[str]) -> None:
@@ -169,6 +189,8 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
     _print_assumed(console, prof, req)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
+    if _orders(res.candidates):
+        _print_orders(console)
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
                   + ", ".join(f"{k} ({v})" for k, v in sorted(res.rejected.items())))
     _print_reserve(console, req, cl)
@@ -197,6 +219,7 @@ def register(app: typer.Typer) -> None:
         max_expert: Annotated[int | None, typer.Option(
             help="largest expert-parallel size e of a mixture of experts: its experts split over e of the W "
                  "data-parallel replicas (default: every e dividing both its experts and W; 1: none)")] = None,
+        rank_order_: RankOrderOpt = None,
         memory_reserve: MemoryReserveOpt = None,
         bytes_per_param: BytesPerParamOpt = None,
         shard_optimizer: ShardOptimizerOpt = False,
@@ -213,6 +236,7 @@ def register(app: typer.Typer) -> None:
         if processes is not None and processes not in (1, 2):
             fail(f"--processes: 1 or 2 (the search splits in two at most), got {processes}")
         reserve = memory_reserve_bytes(memory_reserve)
+        order = rank_order("--rank-order", rank_order_)
         stamps = [time.perf_counter()]
         prof, cl = _load(profile, cluster)
         names = None if schedules is None else [n.strip() for n in schedules.split(",")]
@@ -220,7 +244,7 @@ def register(app: typer.Typer) -> None:
             fail(f"--schedules: an empty name in {schedules!r}; give comma-separated names, e.g. 1f1b,interleaved "
                  f"(leave the option out to allow all of them)")
         req = _request(global_batch=global_batch, gpus=gpus, top=top, allow_async=allow_async,
-                       max_tensor=max_tensor, max_expert=max_expert, schedules=names,
+                       max_tensor=max_tensor, max_expert=max_expert, rank_order=order, schedules=names,
                        shard_optimizer=shard_optimizer,
                        shard_parameters=shard_parameters, bytes_per_param=bytes_per_param,
                        memory_reserve_bytes=reserve)
@@ -262,6 +286,7 @@ def register(app: typer.Typer) -> None:
         expert: Annotated[int, typer.Option(
             help="expert-parallel size e of a mixture of experts: its experts split over e of the W data-parallel "
                  "replicas (a divisor of W and of the experts)")] = 1,
+        order: OrderOpt = DEFAULT_ORDER,
         chunks: ChunksOpt = None,
         waves: WavesOpt = None,
         pipelines: PipesOpt = None,
@@ -278,12 +303,13 @@ def register(app: typer.Typer) -> None:
         A row of plan under the same options (--memory-reserve, --bytes-per-param, --shard-optimizer,
         --shard-parameters) is the same prediction."""
         reserve = memory_reserve_bytes(memory_reserve)
+        rank_order("--order", order)
         prof, cl = _load(profile, cluster)
         req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, shard_parameters=shard_parameters,
                        bytes_per_param=bytes_per_param, memory_reserve_bytes=reserve)
         try:
-            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, expert=expert, micro_batch=micro_batch,
-                         schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
+            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, expert=expert, order=order,  # type: ignore[arg-type]
+                         micro_batch=micro_batch, schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
                          pipelines=pipelines, concat=concat, replication=replication)
         except ValidationError as e:
             fail(validation_summary(e, most=1, options=True))
@@ -308,6 +334,8 @@ def register(app: typer.Typer) -> None:
         console = Console(width=160)
         _print_assumed(console, prof, req)
         console.print(_table([cand], cfg.label()))
+        if cfg.order != DEFAULT_ORDER or orders_differ(tensor, pipeline, data, cl.gpus_per_node):
+            console.print(placement_text(cfg.order), highlight=False)  # where the order places groups differently
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))
         console.print("closed forms (s): " + ", ".join(
             f"{k} {v:.4g}" for k, v in cand.closed_forms.items() if v is not None))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from planner.jsondoc import unique_keys
+from planner.placement import ORDERS, order_error
 from planner.schedules import BUILDERS, SCHEDULE_PARAMETERS, Schedule, build, check_size, parameters
 
 if TYPE_CHECKING:
@@ -49,6 +50,27 @@ ShardParametersOpt = Annotated[bool, typer.Option(
          "torchtitan runs it (data_parallel_shard_degree = W); each layer's weights are all-gathered where it "
          "computes and its gradients reduce-scattered, costed per micro-batch without a pipeline and once per "
          "iteration with one (planner.fsdp); Chimera, GEMS and PipeDream's schedules are left out")]
+
+# the rank order (planner.placement): plan searches both where they differ unless told one; predict takes one
+_ORDERS_HELP = (f"{' or '.join(ORDERS)} (innermost first): {ORDERS[0]} keeps a replica's pipeline contiguous, "
+                f"{ORDERS[1]} puts the pipeline outermost and a stage's data-parallel copies together (Megatron-LM's "
+                "default order, torchtitan's, DeepSpeed's)")
+RankOrderOpt = Annotated[str | None, typer.Option(
+    "--rank-order", metavar="ORDER",
+    help=f"rank order of every configuration, {_ORDERS_HELP} (default: both, where they place groups on "
+         "different nodes)")]
+OrderOpt = Annotated[str, typer.Option(
+    "--order", metavar="ORDER", help=f"rank order of the configuration, {_ORDERS_HELP}")]
+
+
+def rank_order(option: str, value: str | None) -> str | None:
+    """``--rank-order`` (plan) or ``--order`` (predict) checked: a rank order, or None when not given; another
+    value: one error line naming the option and the orders, exit 2."""
+    if value is None:
+        return None
+    if (why := order_error(value)) is not None:
+        fail(f"{option}: {why.split(': ', 1)[1]}")
+    return value
 
 
 def memory_reserve_bytes(gib: float | None) -> float | None:
@@ -110,7 +132,7 @@ def validation_summary(error: ValidationError, most: int = 4, options: bool = Fa
 #: a request's or configuration's field as the plan/predict option that sets it (the planner's and the API's
 #: messages name fields: ``gpus: budget 5000 exceeds ...``; on the command line the user typed ``--gpus``)
 FIELD_OPTIONS = {"gpus": "gpus", "global_batch": "global-batch", "max_tensor": "max-tensor", "top": "top",
-                 "max_expert": "max-expert", "expert": "expert",
+                 "max_expert": "max-expert", "expert": "expert", "rank_order": "rank-order", "order": "order",
                  "schedules": "schedules", "memory_reserve_bytes": "memory-reserve",
                  "bytes_per_param": "bytes-per-param",
                  "tensor": "tensor", "pipeline": "pipeline", "data": "data", "micro_batch": "micro-batch",
