@@ -27,6 +27,7 @@ from planner.limits import (
     MAX_PLAN_GPUS,
     MAX_TOP,
 )
+from planner.placement import RankOrder
 from planner.profile import LayerProfile, ModelProfile
 from planner.request import TrainingRequest
 
@@ -170,6 +171,12 @@ class PlanCreate(TrainingRequest):
                                          description="largest expert-parallel size e of a mixture of experts: its "
                                                      "experts split over e of the W data-parallel replicas "
                                                      "(default: every e dividing both its experts and W; 1: none)")
+    rank_order: RankOrder | None = Field(
+        default=None, description="rank order of every configuration, innermost first (planner.placement): "
+                                  "tp-pp-dp (the pipeline inside data parallelism) or tp-dp-pp (the pipeline "
+                                  "outermost: Megatron-LM's default, torchtitan's, DeepSpeed's); default: both, where "
+                                  "they place groups on different nodes. Each candidate's 'order' and 'placement' say "
+                                  "its own")
     micro_batches: list[Annotated[StrictInt, Field(ge=1, le=MAX_GLOBAL_BATCH)]] | None = Field(default=None,
                                                                                              max_length=64)
     schedules: list[Annotated[str, StringConstraints(max_length=40)]] | None = Field(default=None,

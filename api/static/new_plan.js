@@ -206,6 +206,7 @@ function readForm() {
     gpus: wholeNumber("gpus", errors),
     max_tensor: wholeNumber("max-tensor", errors),
     max_expert: wholeNumber("max-expert", errors),
+    rank_order: document.getElementById("rank-order").value || null,  // "": both orders, where they differ
     top: wholeNumber("top", errors),
     allow_async: document.getElementById("allow-async").checked,
     allow_recompute: document.getElementById("allow-recompute").checked,

@@ -4,14 +4,17 @@
 "use strict";
 
 const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
-const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false };
+const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false, orders: false };
 
 // a candidate's expert-parallel size e (its run_spec's configuration holds it where e > 1: planner.request.Config)
 const expertOf = (c) => c.expert ?? (c.run_spec && c.run_spec.config && c.run_spec.config.expert) ?? 1;
+// its rank order (planner.placement; its run_spec's configuration holds it where not the default, tp-pp-dp)
+const DEFAULT_ORDER = "tp-pp-dp";
+const orderOf = (c) => c.order ?? (c.run_spec && c.run_spec.config && c.run_spec.config.order) ?? DEFAULT_ORDER;
 
 const SORTERS = {
   rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
-  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, expert: expertOf, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
+  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, expert: expertOf, order: orderOf, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
   iteration_time: (c) => (PP.num(c.iteration_time) ? c.iteration_time : Infinity), throughput: (c) => c.throughput || 0,
   bubble_ratio: (c) => (PP.num(c.bubble_ratio) ? c.bubble_ratio : Infinity), peak_memory: (c) => c.peak_memory || 0,
   reason: (c) => (c.fits ? "" : c.reason || "~"),
@@ -58,6 +61,9 @@ PP.start(async () => {
   // the e column only where some row splits its experts (expert parallelism): a dense model's table is as before
   S.experts = S.rows.some((c) => expertOf(c) > 1);
   document.querySelector('#cands th[data-key="expert"]').hidden = !S.experts;
+  // the ranks column only where some row has the pipeline outermost (tp-dp-pp): otherwise every row is tp-pp-dp
+  S.orders = S.rows.some((c) => orderOf(c) !== DEFAULT_ORDER);
+  document.querySelector('#cands th[data-key="order"]').hidden = !S.orders;
   renderInfo(plan);
   renderWhyEmpty(plan);
   if (!S.rows.length) {  // nothing to list: the message above says why
@@ -117,7 +123,7 @@ function renderInfo(plan) {
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
       <span id="info-cluster">${PP.clusterSized(S.cluster, plan.cluster_id)}</span> · global batch ${r.global_batch} ·
-      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`}${r.max_expert != null ? ` · max e ${r.max_expert}` : ""} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
+      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`}${r.max_expert != null ? ` · max e ${r.max_expert}` : ""}${r.rank_order ? ` · ranks ${PP.esc(r.rank_order)}` : ""} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_parameters ? " · weights, gradients and optimizer sharded over data parallel (FSDP)" : r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
     <div id="info-assumes" class="muted" hidden></div>
     <div class="muted">${plan.evaluated == null ? (plan.status === "failed" ? "no configurations ranked" : "searching")
@@ -353,7 +359,8 @@ function renderTable() {
       `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
       `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
       (S.experts ? `<td>${expertOf(c)}</td>` : "") +
-      `<td>${c.pipeline}</td><td>${c.tensor}</td><td class="sched">${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
+      `<td>${c.pipeline}</td><td>${c.tensor}</td>` + (S.orders ? `<td>${PP.esc(orderOf(c))}</td>` : "") +
+      `<td class="sched">${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
       `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
       `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +
@@ -391,6 +398,7 @@ async function compare() {
         <span title="the devices' idle share: bubble and exposed communication">idle <b>${PP.fmtPct(c.bubble_ratio)}</b></span> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
         <span class="muted">compute ${PP.fmtTime(b.compute)}${b.fsdp_in_compute != null ? ` (of it ${PP.fmtTime(b.fsdp_in_compute)} added by FSDP's gathers and reduce-scatters: the part not hidden, plus the slowdown of the compute they overlap; ${PP.fmtTime(b.fsdp_comm_busy)} on the link)` : ""}${b.alltoall_in_compute != null ? ` (of it ${PP.fmtTime(b.alltoall_in_compute)} the experts' all-to-alls)` : ""} · bubble ${PP.fmtTime(b.bubble)} · ${c.shard_parameters ? "exposed reduce-scatter + all-gather (FSDP)" : "exposed all-reduce"} ${PP.fmtTime(b.allreduce_exposed)} ·
         step ${PP.fmtTime(b.step)} · <span title="the busy time of the communication streams${b.fsdp_comm_busy != null ? ", FSDP's gathers and reduce-scatters included" : ""}">comm busy ${PP.fmtTime((b.comm_busy || 0) + (b.fsdp_comm_busy || 0))}</span>${c.held_rate != null ? ` · <span title="the matrix-engine rate this step's busy share lets the GPU hold under its power limit, of the burst rate (planner/power.py)">clock ${PP.fmtPct(c.held_rate)}</span>` : ""}</span></div>
+      ${c.placement ? `<div class="placement muted" title="rank order ${PP.esc(orderOf(c))} (planner/placement.py)">${PP.esc(c.placement)}</div>` : ""}
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
       <div class="tl-note muted"></div>
       <div class="chart memory" data-role="memory" data-rank="${r}"></div>
