@@ -33,7 +33,8 @@ the GPU hold: ``power`` off, :mod:`planner.power`). Printed per row too: the mat
 (``held``, a fraction of the burst rate). Reached 2026-11-27 (session 17) with the held clock and the flash
 kernel's load balance: median |error| 2.3%, worst 9.2% (175B -8.1..-9.2%, 15B -0.8..+3.0%, 340B +1.0..+3.1%);
 with the busy-throughout rate 5.0% / 12.9%; session 16's 5.4% / 11.9%. Session 22 (340B's blocking sends gather
-nothing under sequence parallelism: planner.cost, "Pipeline p2p"): 1.5% / 9.2% (340B -1.7..+0.3%).
+nothing under sequence parallelism: planner.cost, "Pipeline p2p"): 1.5% / 9.2% (340B -1.7..+0.3%). Session 39 (the
+runs placed in NeMo's rank order, the pipeline outermost: planner.placement): 1.5% / 11.2% (175B -9.8..-11.2%).
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def test_blocking_sends_are_the_placements_own_in_search_and_predict():
 
     prof = analytic_profile(PRESETS["gpt2-medium"], "A100-SXM4-80GB", micro_batches=(1, 2, 4), p2p="blocking")
     cl = load_cluster(EX / "dgx-a100-80gb.json")
-    req = TrainingRequest(global_batch=64, gpus=32, top=15)
+    req = TrainingRequest(global_batch=64, gpus=32, top=30)
     res = plan(prof, cl, req)
     assert {c.config.schedule for c in res.candidates} >= {"chimera", "interleaved"}
     for c in res.candidates:
