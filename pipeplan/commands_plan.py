@@ -251,6 +251,10 @@ def register(app: typer.Typer) -> None:
         if max_expert is not None and max_expert > 1 and not expert_count(prof):
             warn_option(f"max-expert {max_expert}: profile {prof.name!r} has no mixture of experts; every row has "
                         "e = 1")
+        budget = gpus or cl.gpus
+        if order is not None and budget <= cl.gpus_per_node:
+            warn_option(f"rank-order {order}: {devices(cl.device, budget)} fit in one node of {cl.gpus_per_node}: both "
+                        "orders place every group alike (the same times)")
         stamps.append(time.perf_counter())
         try:
             res = plan(prof, cl, req, processes=processes)

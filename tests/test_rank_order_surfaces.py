@@ -101,6 +101,16 @@ def test_rank_order_option_plans_one_order(profile: Path) -> None:
     assert rows and {row["ranks"] for row in rows} == {"tp-dp-pp"}
 
 
+def test_rank_order_on_one_node_warns(profile: Path) -> None:
+    one_node = [x if x != "16" else "8" for x in PLAN]  # 8 GPUs: one node of 8
+    r = run(["plan", "--profile", profile, *one_node, "--rank-order", "tp-dp-pp", "--top", "2"])
+    assert r.exit_code == 0, r.output
+    warning = "warning: --rank-order tp-dp-pp: 8 GPUs fit in one node of 8: both orders place every group alike"
+    assert warning in r.output, r.output
+    r = run(["plan", "--profile", profile, *PLAN, "--rank-order", "tp-dp-pp", "--top", "2"])
+    assert r.exit_code == 0 and "warning: --rank-order" not in r.output, r.output
+
+
 def test_rank_order_refusals() -> None:
     for bad in ("pp", "TP-DP-PP", "", "tp-pp-dp,tp-dp-pp"):
         # refused before the files are read: the option's words, not the (missing) profile's
