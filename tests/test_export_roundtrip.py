@@ -90,8 +90,8 @@ def test_every_supported_export_round_trips(fmt: str, inp: ExportInput) -> None:
             inp.config.schedule == "interleaved" and inp.config.pipeline == 1)
         mod.check(err.closest)  # the closest is one it runs
         c, k = err.closest.config, inp.config
-        assert (c.tensor, c.pipeline, c.data, c.micro_batch, c.recompute) == (
-            k.tensor, k.pipeline, k.data, k.micro_batch, k.recompute)
+        assert (c.tensor, c.pipeline, c.data, c.expert, c.order, c.micro_batch, c.recompute) == (
+            k.tensor, k.pipeline, k.data, k.expert, k.order, k.micro_batch, k.recompute)
         assert err.closest.microbatches == inp.spec.microbatches
         with pytest.raises(UnsupportedSchedule, match=f"cannot run schedule '{k.schedule}'.*closest it has is"):
             export(fmt, inp)

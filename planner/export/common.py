@@ -315,7 +315,7 @@ def closest_spec(spec: RunSpec, schedule: str, **params: int) -> RunSpec | None:
     c = spec.config
     try:
         cfg = Config(tensor=c.tensor, pipeline=c.pipeline, data=c.data, micro_batch=c.micro_batch,
-                     schedule=schedule, recompute=c.recompute, **params)
+                     schedule=schedule, recompute=c.recompute, expert=c.expert, order=c.order, **params)
         out = RunSpec(config=cfg, microbatches=spec.microbatches)
         sched = out.schedule()
     except ValueError:
