@@ -121,7 +121,7 @@ def run(
                          "copies (e divides W and the experts), tokens exchanged all-to-all")] = 1,
     order: Annotated[str | None, typer.Option(
         "--order", help="rank order, tensor innermost: tp-pp-dp (default; the pipeline inside data parallelism) "
-                        "or tp-dp-pp (the pipeline outermost, Megatron-LM's default); with --plan, the candidate's"
+                        "or tp-dp-pp (the pipeline outermost, Megatron-LM's default); with --plan, the candidate's own"
     )] = None,
     micro_batch: Annotated[int, typer.Option("--micro-batch", "-b", help="samples per micro-batch")] = 1,
     chunks: Annotated[int | None, typer.Option(help=SCHEDULE_PARAMETERS["chunks"].help)] = None,

@@ -637,8 +637,31 @@ class ConfigCosts(Costs):
 
     def _tp_comm(self, stage: int, samples: float) -> float:
         """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
-        sequence parallelism two all-gathers and two reduce-scatters of the same tensors."""
-        return 2 * self.stages[stage].transformer_layers * self._tp_one(samples) * self.cal.link_scale
+        sequence parallelism two all-gathers and two reduce-scatters of the same tensors. A layer with experts
+        under sequence parallelism and expert parallelism (:meth:`_moe_gathers`) gathers its experts' token copies
+        instead of the MLP's input."""
+        info = self.stages[stage]
+        moe = self._moe_gathers(info)
+        return ((2 * info.transformer_layers - moe) * self._tp_one(samples)
+                + (moe * self._tp_one(samples * self._k) if moe else 0.0)) * self.cal.link_scale
+
+    def _moe_gathers(self, info: StageInfo) -> int:
+        """How many of the stage's layers gather their experts' token copies over the tensor-parallel group: with
+        sequence parallelism and ``e > 1`` (Megatron-Core's all-to-all dispatcher, which the Megatron export sets;
+        ``MoEAlltoAllTokenDispatcher``: the layer takes its ``T/t`` rows without an all-gather, routes them, sends
+        their ``k`` copies to their experts over the EP group, then all-gathers the copies it received over the
+        expert tensor-parallel group, ``t`` here, so that each rank runs its ``1/t`` of each expert on all of them;
+        the combine reduce-scatters them back): an all-gather and a reduce-scatter of ``T k h`` where a dense MLP
+        moves ``T h``, ``k`` times the bytes. Without expert parallelism Megatron-Core's default dispatcher
+        all-gathers the ``T h`` input (the dense layer's collectives); without sequence parallelism the experts'
+        outputs are all-reduced over ``T h`` (pipeplan's executor, :mod:`executor.expert_parallel`)."""
+        return info.moe_layers if self.expert > 1 and self.sequence_parallel and self.t > 1 else 0
+
+    @property
+    def _k(self) -> int:
+        """Experts per token ``k`` of the profile's mixture of experts (1 for a dense model)."""
+        shape = self.profile.shape
+        return int(shape.experts_per_token or 1) if shape is not None else 1
 
     def _sp_regather(self, stage: int, samples: float) -> float:
         """With sequence parallelism, the all-gathers of the column-parallel GEMMs' inputs redone in the
@@ -648,12 +671,15 @@ class ConfigCosts(Costs):
         backward``, 2022), whether or not the layer was recomputed (the recomputed forward stashes the
         shard too): two ``b s h`` all-gathers per transformer layer, one for the head, per backward.
         Megatron issues them asynchronously ahead of the input-gradient GEMM; like every tensor-parallel
-        collective here they are charged in full (no compute/communication overlap is modelled)."""
+        collective here they are charged in full (no compute/communication overlap is modelled). One per layer whose
+        experts gather their token copies (:meth:`_moe_gathers`)."""
         info = self.stages[stage]
         shape = self.profile.shape
         if not self.sequence_parallel or self.t == 1 or shape is None:
             return 0.0
-        count = 2 * info.transformer_layers + (1 if info.has_head else 0)
+        # a layer whose experts gather their token copies (:meth:`_moe_gathers`) keeps them for its weight gradients:
+        # only its QKV input is gathered again
+        count = 2 * info.transformer_layers - self._moe_gathers(info) + (1 if info.has_head else 0)
         if count == 0:
             return 0.0
         return count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el) * self.cal.link_scale

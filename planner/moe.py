@@ -20,8 +20,9 @@ per element; ``E`` experts, ``k`` experts per token, ``f_e`` an expert's width. 
    saves the experts' outputs, which the weights' gradient reads.
 
 The tensor-parallel collectives are the dense MLP's (an all-reduce of ``T x h``, or with sequence parallelism
-Megatron-Core's dispatcher all-gather and combine reduce-scatter of the same tensor): :mod:`planner.cost` adds
-them as for any layer.
+Megatron-Core's default dispatcher's all-gather and combine reduce-scatter of the same tensor): :mod:`planner.cost`
+adds them as for any layer, except with sequence parallelism and expert parallelism, where Megatron-Core's all-to-all
+dispatcher gathers the ``T k`` token copies instead (:meth:`planner.cost.ConfigCosts._moe_gathers`).
 
 **Tokens per expert**: ``m_e = ceil(T k / E)``, the balanced load a load-balancing loss trains towards (Switch
 Transformers, section 2.2; Mixtral, section 5 measures near-uniform use). On one device the imbalance barely

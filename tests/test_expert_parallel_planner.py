@@ -262,3 +262,28 @@ def test_rows_at_different_e_are_not_twins(h100, mixtral):
     rows = collapse([one, two])
     assert [r.config.expert for r in rows] == [1, 2] and not rows[0].alternatives and not rows[1].alternatives
     assert two.to_dict()["expert"] == 2 and "expert" not in one.to_dict()
+
+
+def test_sequence_parallel_experts_gather_their_token_copies(h100):
+    """With sequence parallelism and e > 1 (Megatron-Core's all-to-all dispatcher) a layer with experts all-gathers
+    and reduce-scatters its T k token copies over the tensor-parallel group where a dense MLP moves T h, and keeps
+    them for the weight gradients (one re-gather per layer, the QKV input's); at e = 1 (the default dispatcher)
+    and without sequence parallelism the dense layer's collectives."""
+    sp = analytic_profile(MIXTRAL, H100, micro_batches=(1,), tensor_sizes=(1, 2),
+                          options=OperatorOptions(attention="flash", causal=True, dropout=False, sequence_parallel=True))
+    req = TrainingRequest(global_batch=16, gpus=16)
+    base = dict(tensor=2, pipeline=1, data=8, micro_batch=1, schedule="1f1b")
+    ep = predict(sp, h100, req, Config(**base, expert=2)).costs
+    one = predict(sp, h100, req, Config(**base)).costs
+    assert ep is not None and one is not None and ep.sequence_parallel
+    info = ep.stages[0]
+    L, moe, k = info.transformer_layers, info.moe_layers, 2
+    assert L == moe == 4
+    dense = ep._tp_one(1)
+    copies = ep._tp_one(k)  # T k h: the copies of k samples' worth of tokens
+    assert copies > 1.5 * dense
+    assert ep._tp_comm(0, 1) == pytest.approx((L * dense + moe * copies) * ep.cal.link_scale)
+    assert one._tp_comm(0, 1) == pytest.approx(2 * L * dense * one.cal.link_scale)
+    gather = ep._tp_all_gather(1 * 4096 * 4096 * 2)
+    assert ep._sp_regather(0, 1) == pytest.approx((2 * L - moe + 1) * gather * ep.cal.link_scale)
+    assert one._sp_regather(0, 1) == pytest.approx((2 * L + 1) * gather * one.cal.link_scale)
