@@ -206,6 +206,11 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
             # (every divisor e > 1 of E: planner.expert_parallel.expert_sizes at W = E)
             per_e = ({e: shards(partial(builder, expert=e), recomputed)
                       for e in expert_sizes(spec.experts, int(spec.experts or 1)) if e > 1} if expert_params else {})
+            # and with the experts whole at each t > 1 (expert tensor parallelism 1; sequence parallelism only)
+            unsplit = ({e: {t: v for t, v in shards(partial(builder, expert=e, expert_tensor=1), recomputed).items()
+                            if t > 1}
+                        for e in expert_sizes(spec.experts, int(spec.experts or 1))}
+                       if expert_params and opts.sequence_parallel and any(t > 1 for t in sizes) else {})
             one = per_t[1]
             return LayerProfile(
                 name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
@@ -214,7 +219,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                 transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
                 held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
                 params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t,
-                expert_params=expert_params, expert_times=per_e or None)
+                expert_params=expert_params, expert_times=per_e or None, unsplit_expert_times=unsplit or None)
         except ValidationError as e:  # a figure past planner.limits: said of the shape, not of a profile field
             err = e.errors()[0]
             field = str(err["loc"][0]) if err["loc"] else ""

@@ -169,7 +169,7 @@ class TimeBounds:
         split = splits_backward(cfg.schedule)
         # (an F or B holds its stage's expert-parallel all-to-alls, of e and of where the rank order puts the groups)
         key: tuple = (tuple(info.layers for info in costs.stages), costs.t, costs.base_b, cfg.recompute, doubled,
-                      split, cfg.expert, cfg.order if cfg.expert > 1 else None)
+                      split, cfg.expert, cfg.expert_tensor, cfg.order if cfg.expert > 1 else None)
         if costs.blocking_p2p:  # the sends each F and B holds are of the configuration's placement too
             key += (cfg.schedule, cfg.pipeline, cfg.data, cfg.chunks, cfg.waves, cfg.pipelines, cfg.replication,
                     cfg.order)
@@ -201,7 +201,7 @@ class TimeBounds:
         cfg = costs.config
         key = (cfg.schedule, cfg.pipeline, cfg.replication, cfg.waves, cfg.pipelines, cfg.chunks, costs.t,
                cfg.data, tuple(info.layers for info in costs.stages), costs.base_b, cfg.recompute, cfg.expert,
-               cfg.order)
+               cfg.expert_tensor, cfg.order)
         got = self._allreduce.get(key)
         if got is None:
             got = self._allreduce[key] = np.array([costs.allreduce(s, 0, sched.placement[0][s])

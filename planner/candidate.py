@@ -120,7 +120,8 @@ class Candidate:
         out: dict[str, Any] = {
             "run_spec": self.run_spec.model_dump(mode="json"),
             "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data,
-            **({"expert": c.expert} if c.expert > 1 else {}), "micro_batch": c.micro_batch,
+            **({"expert": c.expert} if c.expert > 1 else {}),
+            **({"expert_tensor": c.expert_tensor} if c.expert_tensor else {}), "micro_batch": c.micro_batch,
             "schedule": c.schedule, "recompute": c.recompute, **c.schedule_params(),
             "microbatches": self.microbatches, "global_batch": self.global_batch, "label": self.label(),
             "name": self.name or self.label(), "alternatives": self.alternatives,

@@ -126,7 +126,7 @@ from planner.cluster import Calibration, Cluster, ExecutorOverhead, HostCpu, Lin
 from planner.contention import collective_share, overlapped
 from planner.device import DeviceSpec, LinkCollectives, find_device
 from planner.dtypes import DTYPE_BYTES
-from planner.expert_parallel import EXPERT_TIMES_KEY, alltoall_bytes, ep_group, expert_data_ranks, state_split
+from planner.expert_parallel import EXPERT_TIMES_KEY, alltoall_bytes, ep_slots, expert_data_slots, state_split
 from planner.placement import global_rank
 from planner.power import MAX_PASSES, RATE_TOLERANCE, PowerLimit, busy_share, held_rate
 from planner.profile import (
@@ -470,11 +470,14 @@ class ConfigCosts(Costs):
         self._fsdp_layers: dict[int, tuple[list[float], list[float]]] = {}
         #: expert-parallel size e (:mod:`planner.expert_parallel`; ``profile`` is then one EP rank's view of the model)
         self.expert = config.expert
+        #: expert tensor-parallel size: t, or 1 with the experts whole on each rank (``profile`` is then the view of
+        #: them at this t: :func:`planner.expert_parallel.expert_view`)
+        self.etp = config.etp
         shard = config.data if request.sharded_state else 1
         # an expert's state is sharded over the W/e replicas holding it
-        expert_shard = config.data // self.expert if request.sharded_state else 1
+        expert_shard = config.expert_data if request.sharded_state else 1
         step_key = (request.state_bytes_per_param(config.data), shard, self.fsdp,
-                    request.state_bytes_per_param(config.data // self.expert), expert_shard)
+                    request.state_bytes_per_param(config.expert_data), expert_shard)
         if step_key not in shared["steps"]:
             grad_pass = MIXED_PRECISION_GRAD_PASS_BYTES if DTYPE_BYTES.get(profile.dtype.lower(), 2) == 2 else 0.0
             if self.fsdp:  # the gradients arrive reduce-scattered in fp32 (planner.fsdp)
@@ -562,6 +565,13 @@ class ConfigCosts(Costs):
         c = self.config
         return global_rank(c.order, device, data_replica, 0, c.pipeline, c.data, self.t)
 
+    def slot_rank(self, device: int, slot: int) -> int:
+        """Global GPU of slot ``slot = w t + k`` (replica ``w``, tensor rank ``k``) of pipeline device ``device``
+        (:mod:`planner.expert_parallel`, "Expert tensor parallelism")."""
+        c = self.config
+        w, k = divmod(slot, self.t)
+        return global_rank(c.order, device, w, k, c.pipeline, c.data, self.t)
+
     def link(self, src: int, dst: int) -> Link:
         return self.cluster.intra if self.link_class(src, dst) == "intra" else self.cluster.inter
 
@@ -593,11 +603,15 @@ class ConfigCosts(Costs):
     @property
     def _expert_source(self) -> str:
         """What the experts' times are at e > 1 (:func:`planner.expert_parallel.expert_view`)."""
-        if self.expert == 1:
+        whole = " whole (etp=1)" if self.etp < self.t else ""
+        if self.expert == 1 and not whole:
             return ""
-        if self.profile.environment.get(EXPERT_TIMES_KEY) == "e=1":
+        missing = self.profile.environment.get(EXPERT_TIMES_KEY)
+        if missing == "e=1":
             return f"; experts at e={self.expert}: the times without expert parallelism (same FLOPs)"
-        return f"; experts at e={self.expert}"
+        if missing:
+            return f"; experts at e={self.expert}{whole}: the times with them split over t (same FLOPs)"
+        return f"; experts at e={self.expert}{whole}"
 
     def _tp_one(self, samples: float) -> float:
         """One tensor-parallel all-reduce of the ``b s h`` boundary tensor (with sequence parallelism: an
@@ -639,10 +653,12 @@ class ConfigCosts(Costs):
         """Two all-reduces of ``b s h`` elements per transformer layer (one pass, Megatron 3.2), or with
         sequence parallelism two all-gathers and two reduce-scatters of the same tensors. A layer with experts
         under sequence parallelism and expert parallelism (:meth:`_moe_gathers`) gathers its experts' token copies
-        instead of the MLP's input."""
+        instead of the MLP's input; one with its experts whole on each rank (``etp = 1``) moves nothing around them
+        (each rank routes its own ``T/t`` tokens; attention's collectives stay)."""
         info = self.stages[stage]
         moe = self._moe_gathers(info)
-        return ((2 * info.transformer_layers - moe) * self._tp_one(samples)
+        whole = info.moe_layers if self.etp < self.t else 0  # experts whole: no collective around them
+        return ((2 * info.transformer_layers - moe - whole) * self._tp_one(samples)
                 + (moe * self._tp_one(samples * self._k) if moe else 0.0)) * self.cal.link_scale
 
     def _moe_gathers(self, info: StageInfo) -> int:
@@ -655,7 +671,8 @@ class ConfigCosts(Costs):
         moves ``T h``, ``k`` times the bytes. Without expert parallelism Megatron-Core's default dispatcher
         all-gathers the ``T h`` input (the dense layer's collectives); without sequence parallelism the experts'
         outputs are all-reduced over ``T h`` (pipeplan's executor, :mod:`executor.expert_parallel`)."""
-        return info.moe_layers if self.expert > 1 and self.sequence_parallel and self.t > 1 else 0
+        gathers = self.expert > 1 and self.sequence_parallel and 1 < self.t == self.etp
+        return info.moe_layers if gathers else 0
 
     @property
     def _k(self) -> int:
@@ -679,7 +696,8 @@ class ConfigCosts(Costs):
             return 0.0
         # a layer whose experts gather their token copies (:meth:`_moe_gathers`) keeps them for its weight gradients:
         # only its QKV input is gathered again
-        count = 2 * info.transformer_layers - self._moe_gathers(info) + (1 if info.has_head else 0)
+        whole = info.moe_layers if self.etp < self.t else 0  # whole experts: their input is the rank's own rows
+        count = 2 * info.transformer_layers - self._moe_gathers(info) - whole + (1 if info.has_head else 0)
         if count == 0:
             return 0.0
         return count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el) * self.cal.link_scale
@@ -763,16 +781,18 @@ class ConfigCosts(Costs):
         return info.moe_layers * self._alltoall(self.holders(stage), nbytes(shape)) * self.cal.link_scale
 
     def _alltoall(self, holders: tuple[int, ...], nbytes: float) -> float:
-        """:func:`alltoall_time` in the slowest expert-parallel group of the pipeline devices ``holders`` (tensor rank
-        0; every tensor rank's group is laid out alike), once per (holders, bytes). A group's nodes depend on where
-        its first rank falls in a node, which repeats every ``G`` groups at most."""
+        """:func:`alltoall_time` in the slowest expert-parallel group of the pipeline devices ``holders`` (expert tensor
+        rank 0; every one's group is laid out alike: :func:`planner.expert_parallel.ep_slots`), once per (holders,
+        bytes). A group's nodes depend on where its first rank falls in a node, which repeats every ``G`` groups at
+        most."""
         key = ("alltoall", holders, nbytes)
         got = self._ep_times.get(key)
         if got is None:
-            e, groups = self.expert, self.config.data // self.expert
+            e, etp = self.expert, self.etp
+            groups = self.t * self.config.data // (e * etp)  # (q, r) groups: q's, each with its etp = 1 or t alike
             got = self._ep_times[key] = max(
-                alltoall_time(self.cluster, [self.rank(d, w) for w in ep_group(g * e, e)], nbytes)
-                for d in holders for g in range(min(groups, self.cluster.gpus_per_node)))
+                alltoall_time(self.cluster, [self.slot_rank(d, j) for j in ep_slots(q * e * etp, e, etp)], nbytes)
+                for d in holders for q in range(min(groups, self.cluster.gpus_per_node)))
         return got
 
     def busy_share(self, res: SimResult) -> float:
@@ -1102,23 +1122,25 @@ class ConfigCosts(Costs):
         info = self.stages[stage]
         if self.fsdp:
             return self._fsdp_sync(stage)
-        if self.expert > 1 and info.expert_params:
-            # the dense weights over all their copies, then the experts' over the W/e replicas holding them
+        if (self.expert > 1 or self.etp < self.t) and info.expert_params:
+            # the dense weights over all their copies, then the experts' over the ranks holding them (W/e replicas,
+            # or with whole experts t W / e ranks: their tensor peers hold the same experts)
             return self._reduce(holders, (info.param_bytes - info.expert_param_bytes) / self.t, stage) \
                 + self._expert_reduce(holders, info.expert_param_bytes / self.t, stage)
         return self._reduce(holders, info.param_bytes / self.t, stage)
 
     def _expert_reduce(self, holders: tuple[int, ...], nbytes: float, stage: int) -> float:
-        """The experts' gradient reduction of ``stage`` (``nbytes`` per rank) among the replicas holding the same
-        experts (:func:`planner.expert_parallel.expert_data_ranks`): an all-reduce, or with a sharded optimizer its
+        """The experts' gradient reduction of ``stage`` (``nbytes`` per rank) among the ranks holding the same
+        experts (:func:`planner.expert_parallel.expert_data_slots`; the replicas of :func:`expert_data_ranks` where
+        the experts are split over t): an all-reduce, or with a sharded optimizer its
         reduce-scatter and all-gather; in the slowest EP rank's group, with the link scale."""
         key = ("experts", holders, nbytes)
         got = self._ep_times.get(key)
         if got is None:
-            e, W = self.expert, self.config.data
+            e, etp, slots = self.expert, self.etp, self.t * self.config.data
             worst = 0.0
-            for i in range(min(e, self.cluster.gpus_per_node)):
-                ranks = [self.rank(d, w) for w in expert_data_ranks(i, e, W) for d in holders]
+            for i in range(min(e, self.cluster.gpus_per_node)):  # EP rank i's, expert tensor rank 0's
+                ranks = [self.slot_rank(d, j) for j in expert_data_slots(i * etp, e, etp, slots) for d in holders]
                 worst = max(worst, self._sharded_sync(stage, ranks, nbytes) if self.request.shard_optimizer
                             else allreduce_time(self.cluster, ranks, nbytes) * self.cal.link_scale)
             got = self._ep_times[key] = worst

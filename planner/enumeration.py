@@ -4,7 +4,8 @@ sizes ``b`` (powers of two dividing ``B^/W``), every allowed schedule with each 
 ``D`` and ``N = B^/(W b)``, with and without recomputation; for a mixture of experts every expert-parallel size
 ``e`` dividing both its experts and ``W`` (up to ``max_expert``; :mod:`planner.expert_parallel`); both rank orders
 where they place some group on other nodes (:func:`planner.placement.orders_differ`), else the default one, unless
-the request names one (``rank_order``). Enumeration only: nothing is evaluated."""
+the request names one (``rank_order``); at t > 1 the experts also whole on each rank (``expert_tensor`` 1) with ``e``
+dividing ``t W``. Enumeration only: nothing is evaluated."""
 
 from __future__ import annotations
 
@@ -78,13 +79,14 @@ def schedule_variants(name: str, D: int, N: int, b: int, layers: int, recompute:
 
 def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                       rejected: Counter[str], heads: int | None = None, tensor_parallel: bool = True,
-                      experts: int | None = None) -> list[Config]:
+                      experts: int | None = None, whole_experts: bool = False) -> list[Config]:
     """Every configuration for ``request`` on ``cluster`` of a model of ``layers`` layers (and ``heads``
     attention heads, where known: ``t`` must divide them, :func:`planner.model.tensor_split_error`), in a
     fixed order; what is skipped is counted in ``rejected`` by reason. ``tensor_parallel`` False: t = 1 only
     (a profile whose layers tensor parallelism is not known to split,
     :attr:`planner.profile.ModelProfile.tensor_split_problem`). ``experts``: a mixture of experts' experts per layer
-    (None: a dense model, e = 1 only)."""
+    (None: a dense model, e = 1 only); ``whole_experts``: its experts may also be whole on each rank at t > 1 (expert
+    tensor parallelism 1: a profile with sequence parallelism, :mod:`planner.expert_parallel`)."""
     req, cl = request, cluster
     P = req.gpus or cl.gpus
     if P > cl.gpus:
@@ -120,6 +122,12 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                 rejected["e > 1: expert parallelism is not planned with sharded weights (shard_parameters)"] += \
                     len(eps) - 1
                 eps = [1]
+            # (e, etp, order): the experts split over t, and where it may, whole on each rank (etp = 1) with e over
+            # the stage's t W ranks, in an order Megatron-Core allows (planner.request.Config: pp-last or e = t)
+            splits = [(e, None, o) for e in eps for o in orders]
+            if whole_experts and t > 1 and not req.shard_parameters:
+                splits += [(e, 1, o) for e in expert_sizes(experts, t * W) if e <= (req.max_expert or e)
+                           for o in orders if o == "tp-dp-pp" or D == 1 or W == 1 or e == t]
             for b in sizes:
                 if (req.global_batch // W) % b:
                     rejected["micro-batch does not divide B^/W"] += 1
@@ -132,8 +140,8 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                             rejected[f"{name}: not valid for this D and N"] += 1
                         for params in variants:
                             out.extend(Config(tensor=t, pipeline=D, data=W, micro_batch=b, schedule=name,
-                                              recompute=rc, expert=e, order=o, **params)
-                                       for e in eps for o in orders)
+                                              recompute=rc, expert=e, expert_tensor=etp, order=o, **params)
+                                       for e, etp, o in splits)
                     for name in unsharded:
                         n = len(schedule_variants(name, D, N, b, layers, rc))
                         if n:

@@ -1,6 +1,6 @@
 """Candidates that run the same thing: one row each, the others kept as ``alternatives``.
 
-Two ranked candidates are the same configuration when they share t, D, W, e, the rank order, b, N and
+Two ranked candidates are the same configuration when they share t, D, W, e, etp, the rank order, b, N and
 recomputation and their devices compute the same layers of the same micro-batches in the same order. That is
 decided from the action lists the executor runs (:mod:`planner.schedules.ir`), not from a list of schedule names, in
 a canonical form per device:
@@ -146,8 +146,8 @@ def _signature(cand: Any) -> tuple[Any, ...] | None:
 
 def _key(cand: Any) -> tuple[Any, ...]:
     c = cand.config
-    return (c.tensor, c.pipeline, c.data, c.expert, c.order, c.micro_batch, cand.microbatches, c.recompute,
-            c.schedule in ASYNC_SCHEDULES)
+    return (c.tensor, c.pipeline, c.data, c.expert, c.expert_tensor, c.order, c.micro_batch, cand.microbatches,
+            c.recompute, c.schedule in ASYNC_SCHEDULES)
 
 
 def schedule_label(config: Any) -> str:

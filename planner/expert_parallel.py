@@ -37,6 +37,23 @@ replicate the model; tokens sent to their experts by an all-to-all and back by a
 * **Memory**: a device holds ``1/e`` of the experts' weights, gradients and optimizer state; a sharded optimizer
   splits the experts' state over their ``W/e`` replicas (:func:`state_split`).
 * Sharded weights (FSDP, the request's ``shard_parameters``) with ``e > 1`` are not planned.
+
+**Expert tensor parallelism** (:attr:`planner.request.Config.expert_tensor`; Megatron-Core's
+``--expert-tensor-parallel-size``, 2024 on): above the experts are split over the ``t`` tensor ranks as the dense MLP
+(``etp = t``, Megatron-Core's default). With ``etp = 1`` each rank holds its experts whole and expert parallelism
+runs over the ``t W`` ranks of a stage: ``e`` divides ``t W`` (Megatron-Core's ``etp x ep x edp = tp x dp``),
+sequence parallelism assumed (each rank routes its own ``T/t`` tokens; Megatron-Core runs tensor-parallel experts
+only with it). The expert ranks of a stage are numbered by slot ``j = w t + k`` (replica ``w``, tensor rank ``k``)
+and split as Megatron-Core's expert rank generator orders them, ``etp`` innermost, then ``ep``, then the expert
+data parallelism: ``j = (q e + i) etp + r`` is EP rank ``i`` of EP group ``(q, r)`` (:func:`ep_slots`,
+:func:`expert_data_slots`; at ``etp = t`` these are :func:`ep_group` and :func:`expert_data_ranks`). Per layer with
+experts: no tensor-parallel collective around the experts (attention's stay), the all-to-alls as above among the
+group's ``e`` ranks (which may be tensor peers: in one node), each rank's ``E/e`` experts whole on the ``e T k / (t E)``
+copies routed to each (:attr:`planner.profile.LayerProfile.unsplit_expert_times`; the same FLOPs), the experts'
+weights, gradients and state ``1/e`` of them per rank, whole (not over ``t``), and their gradients reduced over the
+``t W / e`` ranks with the same experts. Megatron-Core refuses it with the pipeline inside data parallelism unless
+``e etp = t`` (:meth:`planner.request.Config._stages`). pipeplan's executor splits the experts over ``t`` only
+(:func:`planner.runspec.executor_refusal`).
 """
 
 from __future__ import annotations
@@ -61,8 +78,17 @@ def expert_sizes(experts: int | None, data: int) -> list[int]:
     return [e for e in range(1, min(experts, data) + 1) if experts % e == 0 and data % e == 0]
 
 
-def expert_error(profile: ModelProfile, expert: int, data: int, shard_parameters: bool = False) -> str | None:
-    """Why a configuration with expert-parallel size ``expert`` cannot be planned for ``profile``, or None."""
+def expert_error(profile: ModelProfile, expert: int, data: int, shard_parameters: bool = False,
+                 tensor: int = 1, expert_tensor: int | None = None) -> str | None:
+    """Why a configuration with expert-parallel size ``expert`` (and expert tensor-parallel size ``expert_tensor``
+    at tensor-parallel size ``tensor``) cannot be planned for ``profile``, or None."""
+    if expert_tensor is not None:
+        if not any(lay.expert_params for lay in profile.layers):
+            return f"expert_tensor: whole experts need a mixture of experts; profile {profile.name!r} has none"
+        if profile.environment.get("sequence_parallel") != "true":
+            return ("expert_tensor: experts whole on each rank need sequence parallelism (each rank routes its own "
+                    "T/t tokens; Megatron-Core runs tensor-parallel experts only with it): profile "
+                    f"{profile.name!r} was made without it")
     if expert == 1:
         return None
     E = expert_count(profile)
@@ -70,8 +96,10 @@ def expert_error(profile: ModelProfile, expert: int, data: int, shard_parameters
         return f"expert: expert parallelism ({expert}) needs a mixture of experts; profile {profile.name!r} has none"
     if E % expert:
         return f"expert: the expert-parallel size {expert} must divide the model's {E} experts"
-    if data % expert:
-        return f"expert: the expert-parallel size {expert} must divide data (W = {data})"
+    ranks = data * tensor if expert_tensor is not None else data
+    if ranks % expert:
+        return (f"expert: the expert-parallel size {expert} must divide "
+                + (f"t W = {ranks}" if expert_tensor is not None else f"data (W = {data})"))
     if shard_parameters:
         return ("expert: expert parallelism with sharded weights (shard_parameters) is not planned: shard the "
                 "optimizer state instead (shard_optimizer)")
@@ -89,6 +117,21 @@ def expert_data_ranks(replica: int, expert: int, data: int) -> list[int]:
     return list(range(replica % expert, data, expert))
 
 
+def ep_slots(slot: int, expert: int, etp: int) -> list[int]:
+    """The slots (``j = w t + k`` within a stage: module docstring, "Expert tensor parallelism") of ``slot``'s
+    expert-parallel group at expert tensor-parallel size ``etp``."""
+    r, base = slot % etp, slot // etp
+    first = base - base % expert
+    return [(first + i) * etp + r for i in range(expert)]
+
+
+def expert_data_slots(slot: int, expert: int, etp: int, slots: int) -> list[int]:
+    """The slots of a stage's ``slots`` (``t W``) holding the same experts as ``slot`` (the same EP rank and expert
+    tensor rank in every group)."""
+    r, i = slot % etp, (slot // etp) % expert
+    return [(q * expert + i) * etp + r for q in range(slots // (expert * etp))]
+
+
 def alltoall_bytes(samples: float, seq: int, hidden: int, experts_per_token: int, el: int, tensor: int,
                    sequence_parallel: bool) -> float:
     """Bytes one rank sends (and receives) in one dispatch or combine all-to-all of a micro-batch of ``samples``:
@@ -103,15 +146,16 @@ def state_split(params: float, expert_params: float, per_param_dense: float, per
     return (params - expert_params) * per_param_dense + expert_params * per_param_expert
 
 
-def _layer_view(lay: LayerProfile, expert: int) -> tuple[LayerProfile, bool]:
-    """(the layer as an EP rank of ``expert`` holds and runs it, whether its times are at that ``e``)."""
+def _layer_view(lay: LayerProfile, expert: int, whole_at: int | None = None) -> tuple[LayerProfile, bool]:
+    """(the layer as an EP rank of ``expert`` holds and runs it, whether its times are at that ``e``); ``whole_at``:
+    the tensor-parallel size ``t`` at which its experts are whole (expert tensor parallelism 1; :func:`expert_view`)."""
     if not lay.expert_params:
         return lay, True
+    el = lay.param_bytes / lay.params if lay.params else 0.0
     held = lay.expert_params // expert
     dropped = lay.expert_params - held
-    el = lay.param_bytes / lay.params if lay.params else 0.0
     update: dict = {"params": lay.params - dropped, "param_bytes": int(round(lay.param_bytes - dropped * el)),
-                    "expert_params": held, "expert_times": None}
+                    "expert_params": held, "expert_times": None, "unsplit_expert_times": None}
     shards = (lay.expert_times or {}).get(expert)
     if shards is not None:
         one = shards[1]
@@ -121,18 +165,34 @@ def _layer_view(lay: LayerProfile, expert: int) -> tuple[LayerProfile, bool]:
                       transient_bytes_per_sample=one.transient_bytes_per_sample,
                       held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
                       fwd_spread=None, bwd_spread=None)
-    return lay.model_copy(update=update), shards is not None
+    exact = shards is not None or expert == 1
+    if whole_at is not None:  # held whole: t times the 1/t share the models divide by t (expert_view)
+        whole = (lay.unsplit_expert_times or {}).get(expert, {}).get(whole_at)
+        extra = held * (whole_at - 1)
+        times = dict(update.get("tensor_times") or lay.tensor_times or {})
+        if whole is not None:
+            times[whole_at] = whole
+        update.update(params=update["params"] + extra, param_bytes=int(round(update["param_bytes"] + extra * el)),
+                      expert_params=held + extra, tensor_times=times or None)
+        exact = whole is not None
+    return lay.model_copy(update=update), exact
 
 
-def expert_view(profile: ModelProfile, expert: int) -> ModelProfile:
+def expert_view(profile: ModelProfile, expert: int, whole_at: int | None = None) -> ModelProfile:
     """``profile`` as one rank of an expert-parallel group of ``expert`` holds and runs it: each mixture-of-experts
     layer with ``1/e`` of its experts' parameters (``params``, ``param_bytes`` and ``expert_params`` that rank's) and
     its times at ``e`` (:attr:`LayerProfile.expert_times`). Where some layer has no times at ``e`` it keeps its times
     without expert parallelism (the same FLOPs under balanced routing) and the view's environment says so under
-    :data:`EXPERT_TIMES_KEY`. The profile itself at ``e = 1``."""
-    if expert == 1:
+    :data:`EXPERT_TIMES_KEY`. The profile itself at ``e = 1``.
+
+    ``whole_at``: the experts whole at that tensor-parallel size ``t`` (expert tensor parallelism 1): the view's
+    times at ``t`` are :attr:`LayerProfile.unsplit_expert_times` (else the split ones, the same FLOPs: said as above),
+    and its experts' parameters ``t`` times the ``1/e`` share, so that the cost and memory models, which divide a
+    layer's parameters by ``t``, find each rank's whole experts. A view for that ``t`` only."""
+    if expert == 1 and whole_at is None:
         return profile
-    views = [_layer_view(lay, expert) for lay in profile.layers]
+    views = [_layer_view(lay, expert, whole_at) for lay in profile.layers]
     exact = all(ok for _, ok in views)
-    env = profile.environment if exact else {**profile.environment, EXPERT_TIMES_KEY: "e=1"}
+    missing = f"e={expert} whole at t={whole_at}: split" if whole_at is not None else "e=1"
+    env = profile.environment if exact else {**profile.environment, EXPERT_TIMES_KEY: missing}
     return profile.model_copy(update={"layers": [v for v, _ in views], "environment": env})

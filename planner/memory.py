@@ -71,7 +71,7 @@ class MemoryModel:
         versions = tuple(sched.weight_versions) if not sched.synchronous else ()
         per_param = self.request.state_bytes_per_param(costs.config.data)
         # a mixture of experts' experts: state sharded over the W/e replicas holding them (planner.expert_parallel)
-        expert_per_param = self.request.state_bytes_per_param(costs.config.data // costs.config.expert)
+        expert_per_param = self.request.state_bytes_per_param(costs.config.expert_data)
         # sharded weights: the gathered copies beside the shards depend on whether a pipeline keeps them
         gathered = (fsdp.reshards_after_forward(sched.devices),) if costs.fsdp else ()
         key = (tuple(info.layers for info in costs.stages), costs.t, versions, per_param, gathered, expert_per_param)
@@ -99,7 +99,7 @@ class MemoryModel:
         """Per device of ``sched``, the model state of the stage replicas it holds; ``costs_key`` names what
         ``costs``' figures depend on (t, stages, samples, recomputation, partition)."""
         key = (schedule_key(config, sched.microbatches), self.request.state_bytes_per_param(config.data), config.expert,
-               *costs_key)
+               config.expert_tensor, *costs_key)
         got = self._device_states.get(key)
         if got is None:
             lay = self.shapes.layout(config, sched)
@@ -232,8 +232,8 @@ class MemoryModel:
         if self.request.shard_parameters and config.data > 1:  # pipelined: gathered weights, whole gradients
             per_param += fsdp.gathered_bytes_per_param(DTYPE_BYTES.get(self.profile.dtype.lower(), 2))
         # (expert parallelism is not planned with sharded weights: planner.expert_parallel.expert_error)
-        expert_per_param = (per_param if config.expert == 1
-                            else self.request.state_bytes_per_param(config.data // config.expert))
+        expert_per_param = (per_param if config.expert_data == config.data
+                            else self.request.state_bytes_per_param(config.expert_data))
         # what the memory model depends on: configurations that differ only in N beyond D share it
         # a split backward's I's hold output gradients where the activations peak (ZB-H1), on a stage that splits
         holds = self.shapes.held(config, sched)

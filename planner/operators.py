@@ -400,13 +400,15 @@ def window_share(s: int, window: int | None, causal: bool) -> float:
 
 
 def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None,
-                    window: int | None = None, expert: int = 1) -> list[Operator]:
+                    window: int | None = None, expert: int = 1, expert_tensor: int | None = None) -> list[Operator]:
     """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences; ``window``:
     the layer's attention window (:meth:`planner.model.ModelSpec.layer_window`; None: causal over the whole
     sequence). The flash kernel skips the blocks outside the window (FlashAttention-2's ``window_size``); the
     unfused core computes the whole square and masks it, as Hugging Face's eager attention does, at the same cost
     with or without a window. ``expert``: a mixture of experts' expert-parallel size
-    (:func:`planner.moe.moe_operators`)."""
+    (:func:`planner.moe.moe_operators`); ``expert_tensor`` 1 (at ``t > 1``, with sequence parallelism): its experts
+    whole on each rank, run on the copies of the rank's own ``T/t`` tokens routed to them (Megatron-Core's
+    ``--expert-tensor-parallel-size 1``; None: split over ``t`` as the dense MLP)."""
     o = options or OperatorOptions()
     el = DTYPE_BYTES.get(o.dtype.lower(), 2)
     s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
@@ -523,7 +525,15 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     if spec.moe:  # a mixture of experts in place of the dense MLP (planner.moe)
         from planner.moe import moe_operators
 
-        ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager, expert))
+        if expert_tensor is not None and expert_tensor not in (1, t):
+            raise ValueError(f"expert_tensor: 1 or t ({t}), got {expert_tensor}")
+        if expert_tensor == 1 and t > 1:  # the experts whole, on the rank's own T/t tokens (sequence parallelism)
+            if not o.sequence_parallel:
+                raise ValueError("expert_tensor 1 at t > 1 needs sequence parallelism: each rank routes its own "
+                                 "T/t tokens (Megatron-Core runs tensor-parallel experts only with it)")
+            ops.extend(moe_operators(spec, rows, rows, 1, o, el, acc, eager, expert))
+        else:
+            ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager, expert))
     else:
         if not spec.gated_mlp:
             ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))

@@ -203,6 +203,12 @@ class LayerProfile(BaseModel):
     expert_times: dict[int, dict[int, ShardTimes]] | None = Field(
         default=None, max_length=MAX_SIZES, exclude_if=lambda v: v is None,
         description="e -> t -> the shard's compute times with the experts split over e ranks")
+    #: expert-parallel size ``e`` (>= 1) -> ``t`` (> 1) -> the shard's times with the layer's experts whole on each
+    #: rank (expert tensor parallelism 1: :attr:`planner.request.Config.expert_tensor`; the attention split over
+    #: ``t``, each rank's ``T/t`` tokens routed to experts over the ``e`` ranks); absent where not known
+    unsplit_expert_times: dict[int, dict[int, ShardTimes]] | None = Field(
+        default=None, max_length=MAX_SIZES, exclude_if=lambda v: v is None,
+        description="e -> t -> the shard's compute times with the experts whole (expert tensor parallelism 1)")
 
     @model_validator(mode="after")
     def _validate(self) -> LayerProfile:
@@ -235,6 +241,13 @@ class LayerProfile(BaseModel):
             if 1 not in shards or len(shards) > MAX_SIZES or any(not 1 <= t <= MAX_SIZE for t in shards):
                 raise ValueError(f"{where}: expert_times.{e}: tensor-parallel sizes between 1 and {MAX_SIZE}, at most "
                                  f"{MAX_SIZES} of them, t = 1 among them (got {sorted(shards)[:8]})")
+        for e, shards in (self.unsplit_expert_times or {}).items():
+            if not 1 <= e <= MAX_SIZE or not self.expert_params:
+                raise ValueError(f"{where}: unsplit_expert_times: expert-parallel sizes between 1 and {MAX_SIZE}, "
+                                 "of a layer with expert_params")
+            if len(shards) > MAX_SIZES or any(not 2 <= t <= MAX_SIZE for t in shards):
+                raise ValueError(f"{where}: unsplit_expert_times.{e}: tensor-parallel sizes between 2 and {MAX_SIZE}, "
+                                 f"at most {MAX_SIZES} of them (got {sorted(shards)[:8]})")
         one = (self.tensor_times or {}).get(1)
         if one is not None:  # the t = 1 "shard" is the layer: the planner reads it in place of fwd_time/bwd_time
             for name, own, shard in (("fwd_time", self.fwd_time, one.fwd_time), ("bwd_time", self.bwd_time,

@@ -151,6 +151,10 @@ class Config(BaseModel):
     #: rank order (:mod:`planner.placement`): ``"tp-pp-dp"``, the pipeline inside data parallelism, or
     #: ``"tp-dp-pp"``, the pipeline outermost (Megatron-LM's default); absent from the record at the first
     order: RankOrder = Field(default=DEFAULT_ORDER, exclude_if=lambda v: v == DEFAULT_ORDER)
+    #: expert tensor-parallel size (:mod:`planner.expert_parallel`, "Expert tensor parallelism"): None, the experts
+    #: split over ``t`` as the dense MLP; 1, whole on each rank (Megatron-Core's ``--expert-tensor-parallel-size 1``),
+    #: expert parallelism then over ``e`` of the ``t W`` ranks of a stage; absent from the record when None
+    expert_tensor: int | None = Field(default=None, ge=1, le=1, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _stages(self) -> Config:
@@ -158,10 +162,33 @@ class Config(BaseModel):
         rule, worded with the fields."""
         check_size(self.pipeline, 1, self.chunks, self.waves,
                    names={"devices": "pipeline", "chunks": "chunks", "waves": "waves"})
-        if self.data % self.expert:
+        if self.expert_tensor is not None and self.tensor == 1:
+            raise ValueError("expert_tensor: 1 only with t > 1 (at t = 1 the experts are whole already)")
+        if self.expert_tensor is None and self.data % self.expert:
             raise ValueError(f"expert: the expert-parallel size {self.expert} must divide data (W = {self.data}): "
                              "each expert-parallel group is made of data-parallel replicas")
+        if self.expert_tensor is not None:
+            if (self.tensor * self.data) % self.expert:
+                raise ValueError(f"expert: the expert-parallel size {self.expert} must divide t W = "
+                                 f"{self.tensor * self.data} with expert_tensor 1 (the group's ranks are a stage's)")
+            if (self.pipeline > 1 and self.data > 1 and self.order != "tp-dp-pp"
+                    and self.expert * self.expert_tensor != self.tensor):
+                raise ValueError("expert_tensor: experts whole with the pipeline inside data parallelism (order "
+                                 "tp-pp-dp) at D > 1 and W > 1 need e = t (Megatron-Core: 'When not using pp-last rank "
+                                 "ordering, the data parallel size of the attention and moe layers must be the "
+                                 "same'); use order tp-dp-pp")
         return self
+
+    @property
+    def etp(self) -> int:
+        """The expert tensor-parallel size: ``expert_tensor``, else ``t``."""
+        return self.expert_tensor or self.tensor
+
+    @property
+    def expert_data(self) -> int:
+        """How many ranks of a stage hold the same experts (the experts' data parallelism): ``t W / (e etp)``, the
+        ``W/e`` replicas where the experts are split over ``t`` (:mod:`planner.expert_parallel`)."""
+        return self.tensor * self.data // (self.expert * self.etp)
 
     def schedule_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -174,7 +201,7 @@ class Config(BaseModel):
     def label(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in self.schedule_params().items())
         rc = " +rc" if self.recompute else ""
-        ep = f" e={self.expert}" if self.expert > 1 else ""
+        ep = (f" e={self.expert}" if self.expert > 1 else "") + (" etp=1" if self.expert_tensor else "")
         order = f" ranks={self.order}" if self.order != DEFAULT_ORDER else ""
         return (f"t={self.tensor} D={self.pipeline} W={self.data}{ep} b={self.micro_batch} "
                 f"{self.schedule}{'(' + extra + ')' if extra else ''}{rc}{order}")

@@ -50,7 +50,11 @@ def executor_refusal(config: Config) -> str | None:
     """Why pipeplan's executor does not run ``config`` (None: it does). Its asynchronous schedules (PipeDream's
     weight stashing, 2BW's double buffering) keep one stage copy per device with its versions: no data or
     tensor parallelism beside them, and no recomputation (a recomputed forward would have to run on the
-    version its micro-batch stashed)."""
+    version its micro-batch stashed). It splits a mixture of experts' experts over t (expert tensor parallelism t:
+    :mod:`executor.expert_parallel`), not whole on each rank."""
+    if config.expert_tensor is not None:
+        return ("expert_tensor: the executor splits the experts over t (expert tensor parallelism t); whole experts "
+                "(etp = 1) run under Megatron-Core (--expert-tensor-parallel-size 1: the Megatron export)")
     if config.schedule not in ASYNC_SCHEDULES:
         return None
     if config.data > 1 or config.tensor > 1:

@@ -100,9 +100,10 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
-        self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute, e[, partition]) -> ConfigCosts' caches
+        self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute, e, etp[, partition]) -> ConfigCosts' caches
         #: per expert-parallel size e, what one EP rank holds and runs (planner.expert_parallel) and its caches
-        self._views: dict[int, ExpertView] = {1: ExpertView(profile, self.memory, self._layer_sums, self._stage_infos)}
+        self._views: dict[int | tuple[int, int], ExpertView] = {
+            1: ExpertView(profile, self.memory, self._layer_sums, self._stage_infos)}
         # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
         # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
         me = weakref.proxy(self)
@@ -112,22 +113,30 @@ class Planner:
     def configs(self, rejected: Counter[str]) -> list[Config]:
         """:func:`planner.enumeration.enumerate_configs` for this model (PipeDream's replicated plans come
         on demand in the search: :meth:`planner.replicated.ReplicatedPlans.keys`)."""
+        experts = expert_count(self.profile)
+        whole = bool(experts) and self.profile.environment.get("sequence_parallel") == "true"
         return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected, self.heads,
-                                 tensor_parallel=self.tensor_problem is None, experts=expert_count(self.profile))
+                                 tensor_parallel=self.tensor_problem is None, experts=experts, whole_experts=whole)
 
-    def view(self, expert: int) -> ExpertView:
-        """The profile as a rank of an expert-parallel group of ``expert`` holds and runs it
-        (:func:`planner.expert_parallel.expert_view`), with its memory model and caches; made once per ``e``."""
-        got = self._views.get(expert)
+    def view(self, expert: int, whole_at: int | None = None) -> ExpertView:
+        """The profile as a rank of an expert-parallel group of ``expert`` holds and runs it (``whole_at``: with its
+        experts whole at that t; :func:`planner.expert_parallel.expert_view`), with its memory model and caches; made
+        once per (e, whole_at)."""
+        key = expert if whole_at is None else (expert, whole_at)
+        got = self._views.get(key)
         if got is None:
-            profile = expert_view(self.profile, expert)
+            profile = expert_view(self.profile, expert, whole_at)
             memory = MemoryModel(profile, self.cluster, self.request, self.shapes)
-            got = self._views[expert] = ExpertView(profile, memory, {}, {})
+            got = self._views[key] = ExpertView(profile, memory, {}, {})
         return got
 
+    def view_of(self, config: Config) -> ExpertView:
+        """:meth:`view` of ``config``'s expert-parallel size and expert tensor parallelism."""
+        return self.view(config.expert, config.tensor if config.expert_tensor else None)
+
     def memory_of(self, config: Config) -> MemoryModel:
-        """The memory model of ``config``'s expert-parallel size."""
-        return self.view(config.expert).memory
+        """The memory model of ``config``'s expert-parallel size and expert tensor parallelism."""
+        return self.view_of(config).memory
 
     def _bottleneck(self, stages: int, samples: float, recompute: bool) -> float | None:
         bounds = self.partition(stages, samples, recompute)
@@ -186,7 +195,8 @@ class Planner:
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
-        if (why := expert_error(self.profile, config.expert, W, req.shard_parameters)) is not None:
+        if (why := expert_error(self.profile, config.expert, W, req.shard_parameters, config.tensor,
+                                config.expert_tensor)) is not None:
             cand.reason = why
             return cand, None
         n_sched = schedule_microbatches(config, N)
@@ -217,7 +227,7 @@ class Planner:
             cand.reason = f"{len(self.profile.layers)} layers cannot fill {sched.stages} stages"
             return cand, None
         costs = self._costs_fitting(cand, sched, bounds, (config.tensor, sched.stages, samples, config.recompute,
-                                                          config.expert))
+                                                          config.expert, config.expert_tensor))
         if costs is None:
             # the partition balancing time does not fit: one balancing time under the memory limit may
             mem_bounds = self.memory_partition(config, sched, samples)
@@ -225,7 +235,8 @@ class Planner:
                 return cand, None
             reason, memory = cand.reason, cand.memory
             costs = self._costs_fitting(cand, sched, mem_bounds, (config.tensor, sched.stages, samples,
-                                                                  config.recompute, config.expert, tuple(mem_bounds)))
+                                                                  config.recompute, config.expert,
+                                                                  config.expert_tensor, tuple(mem_bounds)))
             if costs is None:  # (the memory model said it fits: the check below it is the same)
                 cand.reason, cand.memory = reason, memory
                 return cand, None
@@ -242,7 +253,7 @@ class Planner:
         config, req = cand.config, self.request
         cand.partition = [list(x) for x in bounds]
         shared = self._shared.setdefault(ckey, {})
-        view = self.view(config.expert)
+        view = self.view_of(config)
         costs = ConfigCosts(view.profile, self.cluster, req, config, sched, bounds,
                             held=self.shapes.pairs(config, sched), shared=shared, layer_sums=view.layer_sums,
                             stage_cache=view.stage_infos)

@@ -269,8 +269,8 @@ def test_sequence_parallel_experts_gather_their_token_copies(h100):
     and reduce-scatters its T k token copies over the tensor-parallel group where a dense MLP moves T h, and keeps
     them for the weight gradients (one re-gather per layer, the QKV input's); at e = 1 (the default dispatcher)
     and without sequence parallelism the dense layer's collectives."""
-    sp = analytic_profile(MIXTRAL, H100, micro_batches=(1,), tensor_sizes=(1, 2),
-                          options=OperatorOptions(attention="flash", causal=True, dropout=False, sequence_parallel=True))
+    options = OperatorOptions(attention="flash", causal=True, dropout=False, sequence_parallel=True)
+    sp = analytic_profile(MIXTRAL, H100, micro_batches=(1,), tensor_sizes=(1, 2), options=options)
     req = TrainingRequest(global_batch=16, gpus=16)
     base = dict(tensor=2, pipeline=1, data=8, micro_batch=1, schedule="1f1b")
     ep = predict(sp, h100, req, Config(**base, expert=2)).costs

@@ -31,7 +31,7 @@ def test_lowered_uses_the_builders_eager_choice() -> None:
 
 
 def test_config_fields_are_the_declared_schedule_parameters() -> None:
-    fixed = {"tensor", "pipeline", "data", "expert", "order", "micro_batch", "schedule", "recompute"}
+    fixed = {"tensor", "pipeline", "data", "expert", "expert_tensor", "order", "micro_batch", "schedule", "recompute"}
     assert set(Config.model_fields) - fixed == set(SCHEDULE_PARAMETERS)
     for name, p in SCHEDULE_PARAMETERS.items():
         for schedule in p.schedules:

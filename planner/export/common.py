@@ -455,3 +455,14 @@ def pipeline_outermost_note(inp: ExportInput, title: str, axes: str) -> str | No
             f"{title} places them {c.tensor * c.data} apart, so its point-to-point messages may cross slower links "
             f"and its gradient reduction faster ones than predicted; plan with --rank-order tp-dp-pp for "
             f"{title}'s placement")
+
+
+def experts_refusal(inp: ExportInput, title: str) -> None:
+    """Refuse, naming the Megatron export, a candidate whose experts a framework's export here does not place:
+    expert parallelism (``e > 1``) or whole experts (``expert_tensor``: :mod:`planner.expert_parallel`)."""
+    c = inp.config
+    if c.expert > 1 or c.expert_tensor is not None:
+        what = (f"expert parallelism (e = {c.expert})" if c.expert > 1 else "") + (
+            (" and " if c.expert > 1 else "") + "experts whole on each rank (etp = 1)" if c.expert_tensor else "")
+        raise ExportError(f"{title}: {what} is not written by this export; the megatron export writes it "
+                          "(--expert-model-parallel-size, --expert-tensor-parallel-size)")

@@ -33,6 +33,7 @@ from planner.export.common import (
     ExportFile,
     ExportInput,
     Parsed,
+    experts_refusal,
     header,
     pipeline_outermost_note,
     unplanned_policy_note,
@@ -75,6 +76,7 @@ def config(inp: ExportInput) -> dict[str, object]:
                           f"{c.pipeline}-stage pipeline; DeepSpeed's pipeline engine allows ZeRO stage 1 at most "
                           "(plan with --shard-optimizer, or export a D = 1 candidate)")
     check(inp.spec)
+    experts_refusal(inp, "deepspeed")
     dtype = inp.dtype.lower()
     out: dict[str, object] = {
         "train_batch_size": inp.spec.global_batch,

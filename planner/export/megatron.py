@@ -177,6 +177,8 @@ def _model_args(inp: ExportInput) -> list[str]:
         # (planner.expert_parallel; Megatron-Core carves its expert-parallel groups from data parallelism too)
         args += ["--num-experts", str(m.experts), "--moe-router-topk", str(m.experts_per_token),
                  "--moe-ffn-hidden-size", str(m.f_e), "--expert-model-parallel-size", str(inp.config.expert)]
+        if inp.config.expert_tensor is not None:  # the experts whole on each rank (planner.expert_parallel)
+            args += ["--expert-tensor-parallel-size", str(inp.config.expert_tensor)]
         if inp.config.expert > 1:
             args += ["--moe-token-dispatcher-type", "alltoall"]
         if not m.normalize_topk:
@@ -328,7 +330,7 @@ def parse_layout(text: str) -> list[int]:
 
 
 def parse(text: str) -> Parsed:
-    """Read a :func:`export` script back: t, D, W (world size / (t D)), e, the rank order, b, N, the schedule
+    """Read a :func:`export` script back: t, D, W (world size / (t D)), e, etp, the rank order, b, N, the schedule
     (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, and the transformer layers
     per (virtual) stage when ``--num-layers`` is given."""
     logical = text.replace("\\\n", " ")
@@ -377,10 +379,19 @@ def parse(text: str) -> Parsed:
     # same ranks at D = 1 or W = 1: the default Config's then)
     order = "tp-pp-dp" if args.get("--use-tp-pp-dp-mapping") or D == 1 or W == 1 else "tp-dp-pp"
     e = num(args, "--expert-model-parallel-size", 1)
-    if W % e:
-        raise ExportError(f"megatron script: --expert-model-parallel-size {e} does not divide W = {W}")
-    config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, recompute=recompute, expert=e, order=order,
-                    schedule="interleaved" if v > 1 else "1f1b", chunks=v if v > 1 else None)
+    etp = num(args, "--expert-tensor-parallel-size", t)
+    if etp not in (1, t):
+        raise ExportError(f"megatron script: --expert-tensor-parallel-size {etp}: pipeplan plans 1 or t ({t})")
+    expert_tensor = 1 if etp != t else None
+    if (W * (t if expert_tensor else 1)) % e:
+        raise ExportError(f"megatron script: --expert-model-parallel-size {e} does not divide "
+                          + (f"t W = {t * W}" if expert_tensor else f"W = {W}"))
+    try:
+        config = Config(tensor=t, pipeline=D, data=W, micro_batch=b, recompute=recompute, expert=e,
+                        expert_tensor=expert_tensor, order=order, schedule="interleaved" if v > 1 else "1f1b",
+                        chunks=v if v > 1 else None)
+    except ValueError as err:
+        raise ExportError(f"megatron script: {err}") from None
     counts = layout_counts
     if L is not None and counts is None:
         if "--decoder-first-pipeline-num-layers" in args:

@@ -44,6 +44,7 @@ from planner.export.common import (
     ExportInput,
     Parsed,
     check_heads,
+    experts_refusal,
     header,
     model_gaps_note,
     pipeline_outermost_note,
@@ -130,6 +131,7 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     (``csv_path``, relative to where torchtitan runs)."""
     check(inp.spec)
     check_heads(inp, "torchtitan")
+    experts_refusal(inp, "torchtitan")
     c, notes = inp.config, [n for n in [placement_note(inp)] if n]
     fsdp = (inp.shard_optimizer or inp.shard_parameters) and c.data > 1
     if fsdp and not inp.shard_parameters:
