@@ -94,23 +94,27 @@ def _memory_cell(c: Candidate) -> str:
 
 def _table(cands: list[Candidate], title: str) -> Table:
     """The rows' table; the expert-parallel size ``e`` (:attr:`planner.request.Config.expert`) has a column after
-    ``W`` only where some row has ``e > 1``, and the rank order (:attr:`planner.request.Config.order`) a ``ranks``
-    column after ``rc`` only where some row has the pipeline outermost (:func:`_orders`): a dense model's table, and
-    one whose rows all keep the default order, stay as they were."""
+    ``W`` only where some row has ``e > 1``, the experts held whole (:attr:`planner.request.Config.expert_tensor`) an
+    ``etp`` column after ``e`` only where some row has them (:func:`_etp_cell`), and the rank order
+    (:attr:`planner.request.Config.order`) a ``ranks`` column after ``rc`` only where some row has the pipeline
+    outermost (:func:`_orders`): a dense model's table, and one whose rows all keep the default order, stay as they
+    were."""
     from rich.table import Table
 
     t = Table(title=title)
     alternatives = any(c.alternatives for c in cands)
     experts = any(c.config.expert > 1 for c in cands)
+    whole = _whole_experts(cands)
     orders = _orders(cands)
-    for col in ("#", "t", "D", "W", *(["e"] if experts else []), "b", "N", "schedule", "rc",
-                *(["ranks"] if orders else []), "iter (s)", "samples/s", "idle", "peak mem GiB (model + reserve)",
+    for col in ("#", "t", "D", "W", *(["e"] if experts else []), *(["etp"] if whole else []), "b", "N", "schedule",
+                "rc", *(["ranks"] if orders else []), "iter (s)", "samples/s", "idle", "peak mem GiB (model + reserve)",
                 *(["the same as"] if alternatives else [])):
         t.add_column(col, justify="left" if col in ("schedule", "ranks", "the same as") else "right")
     for i, c in enumerate(cands):
         cfg = c.config
         t.add_row(str(i), str(cfg.tensor), str(cfg.pipeline), str(cfg.data),
-                  *([str(cfg.expert)] if experts else []), str(cfg.micro_batch),
+                  *([str(cfg.expert)] if experts else []), *([_etp_cell(cfg)] if whole else []),
+                  str(cfg.micro_batch),
                   str(c.microbatches), c.name or schedule_label(cfg),
                   "yes" if cfg.recompute else "", *([cfg.order] if orders else []),
                   f"{c.iteration_time:.4g}", f"{c.throughput:.4g}",
@@ -119,9 +123,31 @@ def _table(cands: list[Candidate], title: str) -> Table:
     return t
 
 
+def _etp_cell(cfg: Config) -> str:
+    """The ``etp`` column's cell: ``1`` where the row holds its experts whole (``expert_tensor``: the label's
+    ``etp=1``, Megatron-Core's ``--expert-tensor-parallel-size 1``), empty where they split over ``t`` as the dense
+    MLP (Megatron-Core's default, ``etp = t``). Not :attr:`planner.request.Config.etp` on every row: a t = 1 row's
+    experts are whole too and would read 1 like a whole-experts row, and the split rows' etp repeats their ``t``;
+    the cell marks the rows that differ from the default, as ``rc``'s ``yes`` does (the ones pipeplan's executor
+    does not run and the Megatron export writes with the option)."""
+    return str(cfg.expert_tensor) if cfg.expert_tensor else ""
+
+
 def _orders(cands: list[Candidate]) -> bool:
     """Whether some row has another rank order than the default (the table's ``ranks`` column)."""
     return any(c.config.order != DEFAULT_ORDER for c in cands)
+
+
+def _whole_experts(cands: list[Candidate]) -> bool:
+    """Whether some row holds its experts whole (the table's ``etp`` column)."""
+    return any(c.config.expert_tensor for c in cands)
+
+
+def _print_whole_experts(console: Console) -> None:
+    """What the ``etp`` column's 1 is (under a table that has it)."""
+    console.print("etp 1: each rank holds its experts whole, e over a stage's t W ranks (Megatron-Core's "
+                  "--expert-tensor-parallel-size 1, which pipeplan export --format megatron writes; pipeplan run "
+                  "splits the experts over t only); empty: the experts split over t as the dense MLP", highlight=False)
 
 
 def _print_orders(console: Console) -> None:
@@ -189,6 +215,8 @@ def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingR
     on = devices(cl.device, n) if is_cpu(cl.device) else f"{n} x {cl.device}"
     _print_assumed(console, prof, req)
     console.print(_table(res.candidates, f"{prof.name} on {on}, B^={global_batch}"))
+    if _whole_experts(res.candidates):
+        _print_whole_experts(console)
     if _orders(res.candidates):
         _print_orders(console)
     console.print(f"evaluated {res.evaluated} configurations, simulated {res.simulated}; rejected: "
@@ -218,7 +246,9 @@ def register(app: typer.Typer) -> None:
         max_tensor: Annotated[int | None, typer.Option(help="largest t (default GPUs per node)")] = None,
         max_expert: Annotated[int | None, typer.Option(
             help="largest expert-parallel size e of a mixture of experts: its experts split over e of the W "
-                 "data-parallel replicas (default: every e dividing both its experts and W; 1: none)")] = None,
+                 "data-parallel replicas, or over e of a stage's t W ranks for the rows holding them whole (etp 1, "
+                 "tried at t > 1 on a profile made with --sequence-parallel) (default: every e dividing both its "
+                 "experts and W, or t W; 1: none)")] = None,
         rank_order_: RankOrderOpt = None,
         memory_reserve: MemoryReserveOpt = None,
         bytes_per_param: BytesPerParamOpt = None,
@@ -289,7 +319,11 @@ def register(app: typer.Typer) -> None:
         recompute: Annotated[bool, typer.Option("--recompute", help="activation recomputation")] = False,
         expert: Annotated[int, typer.Option(
             help="expert-parallel size e of a mixture of experts: its experts split over e of the W data-parallel "
-                 "replicas (a divisor of W and of the experts)")] = 1,
+                 "replicas (a divisor of W and of the experts; with --expert-tensor 1, of t W)")] = 1,
+        expert_tensor: Annotated[int | None, typer.Option(
+            help="expert tensor-parallel size: 1 holds each rank's experts whole (Megatron-Core's "
+                 "--expert-tensor-parallel-size 1; t > 1, a profile made with --sequence-parallel), e then over a "
+                 "stage's t W ranks (default: the experts split over t as the dense MLP)")] = None,
         order: OrderOpt = DEFAULT_ORDER,
         chunks: ChunksOpt = None,
         waves: WavesOpt = None,
@@ -312,7 +346,8 @@ def register(app: typer.Typer) -> None:
         req = _request(global_batch=global_batch, shard_optimizer=shard_optimizer, shard_parameters=shard_parameters,
                        bytes_per_param=bytes_per_param, memory_reserve_bytes=reserve)
         try:
-            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, expert=expert, order=order,  # type: ignore[arg-type]
+            cfg = Config(tensor=tensor, pipeline=pipeline, data=data, expert=expert, expert_tensor=expert_tensor,
+                         order=order,  # type: ignore[arg-type]
                          micro_batch=micro_batch, schedule=schedule, recompute=recompute, chunks=chunks, waves=waves,
                          pipelines=pipelines, concat=concat, replication=replication)
         except ValidationError as e:
@@ -338,6 +373,8 @@ def register(app: typer.Typer) -> None:
         console = Console(width=160)
         _print_assumed(console, prof, req)
         console.print(_table([cand], cfg.label()))
+        if cfg.expert_tensor:
+            _print_whole_experts(console)
         if cfg.order != DEFAULT_ORDER or orders_differ(tensor, pipeline, data, cl.gpus_per_node):
             console.print(placement_text(cfg.order), highlight=False)  # where the order places groups differently
         console.print("breakdown (s): " + ", ".join(f"{k} {v:.4g}" for k, v in cand.breakdown.items()))

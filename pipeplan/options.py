@@ -132,7 +132,8 @@ def validation_summary(error: ValidationError, most: int = 4, options: bool = Fa
 #: a request's or configuration's field as the plan/predict option that sets it (the planner's and the API's
 #: messages name fields: ``gpus: budget 5000 exceeds ...``; on the command line the user typed ``--gpus``)
 FIELD_OPTIONS = {"gpus": "gpus", "global_batch": "global-batch", "max_tensor": "max-tensor", "top": "top",
-                 "max_expert": "max-expert", "expert": "expert", "rank_order": "rank-order", "order": "order",
+                 "max_expert": "max-expert", "expert": "expert",
+                 "expert_tensor": "expert-tensor", "rank_order": "rank-order", "order": "order",
                  "schedules": "schedules", "memory_reserve_bytes": "memory-reserve",
                  "bytes_per_param": "bytes-per-param",
                  "tensor": "tensor", "pipeline": "pipeline", "data": "data", "micro_batch": "micro-batch",
