@@ -5,7 +5,9 @@ sequence 4096, micro-batch 1): one transformer layer's forward and backward at t
 one grouped GEMM and one expert at a time (:mod:`planner.moe`), the achieved TFLOP/s of the forward, and the dense
 twin (one MLP as wide as a token's ``k`` experts) beside them; then ``plan`` on 64 H100s (DGX nodes, global batch
 512) with each, timed, its best rows (with the time their experts' all-to-alls take on the last device) and the best
-row at each expert-parallel size ``e`` (:mod:`planner.expert_parallel`).
+row at each expert-parallel size ``e`` (:mod:`planner.expert_parallel`), with the experts split over ``t`` and whole on
+each rank (expert tensor parallelism 1). Then Qwen3-30B-A3B on 8 H100s (B = 64): the slime project's recipe is
+t = 4, e = 8, etp = 1.
 
 Run: ``python benchmarks/moe_bench.py``.
 """
@@ -64,12 +66,20 @@ def main() -> None:
                 a2a = c.breakdown.get("alltoall_in_compute")
                 print(f"    {c.config.label():40s} {c.iteration_time:7.3f} s  peak {max(c.memory) / 2**30:5.1f} GiB"
                       + (f"  all-to-alls {a2a:.3f} s" if a2a else ""))
-            best = {}  # the best row at each expert-parallel size e
+            best = {}  # the best row at each expert-parallel size e, with the experts split over t and whole
             for c in plan(prof, cl, TrainingRequest(global_batch=512, gpus=64, top=400)).candidates:
-                best.setdefault(c.config.expert, c)
-            print("    best per e: " + ", ".join(f"e={e} {c.iteration_time:.3f} s ({c.config.label()})"
-                                               for e, c in sorted(best.items())))
+                best.setdefault((c.config.expert, c.config.expert_tensor or 0), c)
+            for whole in (0, 1):
+                rows = sorted((e, c) for (e, w), c in best.items() if w == whole)
+                print(f"    best per e, experts {'whole (etp = 1)' if whole else 'split over t'}: " + ", ".join(
+                    f"e={e} {c.iteration_time:.3f} s ({c.config.label()})" for e, c in rows))
         print()
+    spec = read_hf_config(ROOT / "examples" / "models" / "qwen3-30b-a3b", seq=4096, name="qwen3-30b-a3b")
+    prof = analytic_profile(spec, device, options=options("grouped"))
+    res = plan(prof, cl, TrainingRequest(global_batch=64, gpus=8, top=5))
+    print("qwen3-30b-a3b on 8 H100s, B = 64 (grouped experts):")
+    for c in res.candidates:
+        print(f"    {c.config.label():50s} {c.iteration_time:7.3f} s  peak {max(c.memory) / 2**30:5.1f} GiB")
 
 
 if __name__ == "__main__":
