@@ -12,10 +12,9 @@ replicate the model; tokens sent to their experts by an all-to-all and back by a
 * **Layout**: an expert-parallel group is ``e`` consecutive data-parallel replicas at the same pipeline device and
   tensor rank (replica ``w`` is EP rank ``w mod e`` of group ``w // e``: :func:`ep_group`); EP rank ``i`` holds
   experts ``[i E/e, (i+1) E/e)`` of every mixture-of-experts layer, and every other weight (attention, norms, the
-  router, embeddings) as without expert parallelism. With pipeplan's rank order (``t`` innermost, then the
-  pipeline, then data: :meth:`planner.cost.ConfigCosts.rank`) the group's ranks are ``D t`` apart, in one node
-  when ``e D t <= G``. (Megatron-Core orders its expert ranks inside data parallelism and the pipeline outermost,
-  which keeps them in a node more often; pipeplan plans the layout its executor runs.)
+  router, embeddings) as without expert parallelism. Where the group's ranks are is the configuration's rank order
+  (:mod:`planner.placement`): with the pipeline outermost (``tp-dp-pp``, Megatron-Core's default) ``t`` apart, in
+  one node when ``e t <= G``; with the pipeline inside data parallelism (``tp-pp-dp``) ``D t`` apart.
 * **Compute**: balanced routing, as :mod:`planner.moe` assumes: each rank runs its ``E/e`` experts on ``e T k / E``
   rows each, the same FLOPs as all ``E`` experts on ``T k / E`` rows, in larger GEMMs (fewer launches one expert at
   a time). The layer's times at ``e`` are :attr:`planner.profile.LayerProfile.expert_times` (the operator model at
