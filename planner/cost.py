@@ -689,7 +689,7 @@ class ConfigCosts(Costs):
         shard too): two ``b s h`` all-gathers per transformer layer, one for the head, per backward.
         Megatron issues them asynchronously ahead of the input-gradient GEMM; like every tensor-parallel
         collective here they are charged in full (no compute/communication overlap is modelled). One per layer whose
-        experts gather their token copies (:meth:`_moe_gathers`)."""
+        experts gather their token copies (:meth:`_moe_gathers`) or are whole on each rank (``etp = 1``)."""
         info = self.stages[stage]
         shape = self.profile.shape
         if not self.sequence_parallel or self.t == 1 or shape is None:
