@@ -6,35 +6,27 @@ and exactness, the executor's refusal and the Megatron export."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from moe_support import H100, QWEN3_MOE, h100_cluster
 from pydantic import ValidationError
 
 from planner.analytic import analytic_profile
-from planner.cluster import load_cluster
 from planner.cost import allreduce_time, alltoall_time
-from planner.device import get_device
 from planner.expert_parallel import ep_group, ep_slots, expert_data_ranks, expert_data_slots, expert_error
-from planner.model import ModelSpec
 from planner.operators import OperatorOptions, layer_flops, layer_operators
 from planner.request import Config, TrainingRequest
 from planner.runspec import RunSpec, executor_refusal
 from planner.search import Planner, predict
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-H100 = get_device("H100-SXM5-80GB")
 SP = OperatorOptions(attention="flash", causal=True, dropout=False, sequence_parallel=True)
-#: Qwen3-30B-A3B's shape with 4 layers: 128 small experts, 8 per token
-QWEN = ModelSpec(name="qwen3-moe-4l", layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn_hidden=6144,
-                 expert_ffn_hidden=768, gated_mlp=True, activation="silu", norm="rmsnorm", position="rotary",
-                 tied_embeddings=False, bias=False, qk_norm=True, vocab=151936, seq=4096, experts=128,
-                 experts_per_token=8)
+#: Qwen3-30B-A3B's shape with 4 layers
+QWEN = QWEN3_MOE.with_(name="qwen3-moe-4l", layers=4)
 
 
 @pytest.fixture(scope="module")
 def h100():
-    return load_cluster(EXAMPLES / "clusters" / "dgx-h100-80gb.json")
+    return h100_cluster()
 
 
 @pytest.fixture(scope="module")

@@ -5,34 +5,23 @@ expert-parallel sizes."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from moe_support import FLASH, H100, MIXTRAL, h100_cluster
 from pydantic import ValidationError
 
 from planner.analytic import analytic_profile
-from planner.cluster import load_cluster
 from planner.cost import allreduce_time, alltoall_time
-from planner.device import get_device
 from planner.enumeration import enumerate_configs
-from planner.model import PRESETS, ModelSpec
-from planner.operators import OperatorOptions
+from planner.model import PRESETS
 from planner.placement import ORDERS, coords, global_rank, orders_differ
 from planner.request import Config, TrainingRequest
 from planner.search import Planner, predict
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-H100 = get_device("H100-SXM5-80GB")
-FLASH = OperatorOptions(attention="flash", causal=True, dropout=False)
-#: Mixtral's shape with 4 layers and 8 experts
-MIXTRAL = ModelSpec(name="mixtral-4l", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, gated_mlp=True,
-                    activation="silu", norm="rmsnorm", position="rotary", tied_embeddings=False, bias=False,
-                    vocab=32000, seq=4096, experts=8, experts_per_token=2)
-
 
 @pytest.fixture(scope="module")
 def h100():
-    return load_cluster(EXAMPLES / "clusters" / "dgx-h100-80gb.json")
+    return h100_cluster()
 
 
 @pytest.fixture(scope="module")
