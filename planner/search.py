@@ -53,6 +53,7 @@ from planner.memory import MemoryModel
 from planner.mismatch import device_warnings, size_warnings
 from planner.model import tensor_split_error
 from planner.partition import PartitionError, balance_by_cost
+from planner.placement import DEFAULT_ORDER
 from planner.profile import ModelProfile
 from planner.replicated import ReplicatedPlans
 from planner.request import ASYNC_SCHEDULES, Config, TrainingRequest
@@ -461,13 +462,21 @@ class Planner:
         prepared: list[tuple[float, int, Candidate, ConfigCosts | None]] = []
         infeasible: list[Candidate] = []
         evaluated = 0
+        # what prepare rejects does not depend on the rank order (memory, shapes, sizes: only the times do), and the
+        # enumeration puts a configuration's other order right after it: a twin of a rejected one is rejected alike
+        refused: tuple[Config, str] | None = None
         for i, cfg in enumerate(configs):
             if mine is not None and not mine(cfg.pipeline, self.request.global_batch // (cfg.data * cfg.micro_batch)):
                 continue
             evaluated += 1
+            if refused is not None and cfg.order != DEFAULT_ORDER and \
+                    refused[0] == cfg.model_copy(update={"order": DEFAULT_ORDER}):
+                rejected[refused[1]] += 1
+                continue
             cand, costs = self.prepare(cfg)
             if costs is None:
-                rejected[reason_key(cand.reason)] += 1
+                refused = (cfg, reason_key(cand.reason))
+                rejected[refused[1]] += 1
                 if cand.memory:
                     infeasible.append(cand)
                     _keep_best(infeasible, k)
