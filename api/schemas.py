@@ -169,8 +169,11 @@ class PlanCreate(TrainingRequest):
     max_tensor: StrictInt | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE, description="largest t")
     max_expert: StrictInt | None = Field(default=None, gt=0, le=MAX_PLAN_GPUS,
                                          description="largest expert-parallel size e of a mixture of experts: its "
-                                                     "experts split over e of the W data-parallel replicas "
-                                                     "(default: every e dividing both its experts and W; 1: none)")
+                                                     "experts split over e of the W data-parallel replicas, or "
+                                                     "over e of a stage's t W ranks in the rows that hold them "
+                                                     "whole (expert_tensor 1: tried at t > 1 for a profile made "
+                                                     "with sequence parallelism) (default: every e dividing both "
+                                                     "its experts and W, or t W; 1: none)")
     rank_order: RankOrder | None = Field(
         default=None, description="rank order of every configuration, innermost first (planner.placement): "
                                   "tp-pp-dp (the pipeline inside data parallelism) or tp-dp-pp (the pipeline "

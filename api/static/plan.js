@@ -4,17 +4,21 @@
 "use strict";
 
 const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
-const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false, orders: false };
+const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false, wholeExperts: false, orders: false };
 
 // a candidate's expert-parallel size e (its run_spec's configuration holds it where e > 1: planner.request.Config)
 const expertOf = (c) => c.expert ?? (c.run_spec && c.run_spec.config && c.run_spec.config.expert) ?? 1;
+// 1 where it holds its experts whole (expert tensor parallelism 1: its run_spec's configuration's expert_tensor),
+// null where they split over t as the dense MLP; the etp column shows the 1 and leaves the others empty, as rc
+// marks its "yes": the Config.etp of every row would read 1 on t = 1 rows too and repeat t on the others
+const expertTensorOf = (c) => c.expert_tensor ?? (c.run_spec && c.run_spec.config && c.run_spec.config.expert_tensor) ?? null;
 // its rank order (planner.placement; its run_spec's configuration holds it where not the default, tp-pp-dp)
 const DEFAULT_ORDER = "tp-pp-dp";
 const orderOf = (c) => c.order ?? (c.run_spec && c.run_spec.config && c.run_spec.config.order) ?? DEFAULT_ORDER;
 
 const SORTERS = {
   rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
-  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, expert: expertOf, order: orderOf, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
+  pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, expert: expertOf, expert_tensor: (c) => expertTensorOf(c) ?? 0, order: orderOf, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
   iteration_time: (c) => (PP.num(c.iteration_time) ? c.iteration_time : Infinity), throughput: (c) => c.throughput || 0,
   bubble_ratio: (c) => (PP.num(c.bubble_ratio) ? c.bubble_ratio : Infinity), peak_memory: (c) => c.peak_memory || 0,
   reason: (c) => (c.fits ? "" : c.reason || "~"),
@@ -61,6 +65,9 @@ PP.start(async () => {
   // the e column only where some row splits its experts (expert parallelism): a dense model's table is as before
   S.experts = S.rows.some((c) => expertOf(c) > 1);
   document.querySelector('#cands th[data-key="expert"]').hidden = !S.experts;
+  // the etp column only where some row holds its experts whole (expert tensor parallelism 1)
+  S.wholeExperts = S.rows.some((c) => expertTensorOf(c) != null);
+  document.querySelector('#cands th[data-key="expert_tensor"]').hidden = !S.wholeExperts;
   // the ranks column only where some row has the pipeline outermost (tp-dp-pp): otherwise every row is tp-pp-dp
   S.orders = S.rows.some((c) => orderOf(c) !== DEFAULT_ORDER);
   document.querySelector('#cands th[data-key="order"]').hidden = !S.orders;
@@ -359,6 +366,7 @@ function renderTable() {
       `<td><input type="checkbox" class="sel" data-rank="${c.rank}"${sel ? " checked" : ""}${c.feasible ? "" : " disabled title=\"does not fit: nothing to compare\""}></td>` +
       `<td>${c.feasible ? c.rank + 1 : "–"}</td><td>${c.micro_batch}</td><td>${c.microbatches}</td><td>${c.data}</td>` +
       (S.experts ? `<td>${expertOf(c)}</td>` : "") +
+      (S.wholeExperts ? `<td>${expertTensorOf(c) ?? ""}</td>` : "") +
       `<td>${c.pipeline}</td><td>${c.tensor}</td>` + (S.orders ? `<td>${PP.esc(orderOf(c))}</td>` : "") +
       `<td class="sched">${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
@@ -398,6 +406,7 @@ async function compare() {
         <span title="the devices' idle share: bubble and exposed communication">idle <b>${PP.fmtPct(c.bubble_ratio)}</b></span> · N=${c.microbatches} · <span title="${PP.esc(PP.MEMORY_TITLE)}">peak ${memoryCell(c)} of ${PP.fmtGiB(c.memory_capacity)}</span><br>
         <span class="muted">compute ${PP.fmtTime(b.compute)}${b.fsdp_in_compute != null ? ` (of it ${PP.fmtTime(b.fsdp_in_compute)} added by FSDP's gathers and reduce-scatters: the part not hidden, plus the slowdown of the compute they overlap; ${PP.fmtTime(b.fsdp_comm_busy)} on the link)` : ""}${b.alltoall_in_compute != null ? ` (of it ${PP.fmtTime(b.alltoall_in_compute)} the experts' all-to-alls)` : ""} · bubble ${PP.fmtTime(b.bubble)} · ${c.shard_parameters ? "exposed reduce-scatter + all-gather (FSDP)" : "exposed all-reduce"} ${PP.fmtTime(b.allreduce_exposed)} ·
         step ${PP.fmtTime(b.step)} · <span title="the busy time of the communication streams${b.fsdp_comm_busy != null ? ", FSDP's gathers and reduce-scatters included" : ""}">comm busy ${PP.fmtTime((b.comm_busy || 0) + (b.fsdp_comm_busy || 0))}</span>${c.held_rate != null ? ` · <span title="the matrix-engine rate this step's busy share lets the GPU hold under its power limit, of the burst rate (planner/power.py)">clock ${PP.fmtPct(c.held_rate)}</span>` : ""}</span></div>
+      ${expertTensorOf(c) != null ? `<div class="whole-experts muted" title="Megatron-Core's --expert-tensor-parallel-size 1 (the Megatron-LM export writes it); pipeplan's executor splits the experts over t only">experts whole on each rank (expert tensor parallelism 1): e = ${expertOf(c)} over the stage's t×W = ${c.tensor * c.data} ranks</div>` : ""}
       ${c.placement ? `<div class="placement muted" title="rank order ${PP.esc(orderOf(c))} (planner/placement.py)">${PP.esc(c.placement)}</div>` : ""}
       <div class="chart timeline" data-role="timeline" data-rank="${r}"><span class="muted">simulating…</span></div>
       <div class="tl-note muted"></div>
@@ -441,7 +450,8 @@ async function compare() {
 // the placement is api/gang.py's: an emulated job on one node, a real one on the cluster's nodes).
 // [reason, what to do instead]
 function dispatchRefusal(c) {
-  if (c.executor_refusal) return [c.executor_refusal, `not run by pipeplan's executor (${c.executor_refusal}): export it to a framework that runs it`];
+  // whole experts run under Megatron-Core only (torchtitan's and DeepSpeed's exports refuse them too)
+  if (c.executor_refusal) return [c.executor_refusal, `not run by pipeplan's executor (${c.executor_refusal}): export it to ${expertTensorOf(c) != null ? "Megatron-LM (its row's Export button)" : "a framework that runs it"}`];
   const max = +document.getElementById("plan-info").dataset.maxNodeProcesses;
   const world = c.tensor * c.pipeline * c.data;
   const emulate = document.getElementById("job-emulate").checked;
