@@ -155,3 +155,23 @@ def new_plan_form(server: LiveServer, browser: Any, console: Console, prof: Any,
     for key, value in fields.items():
         page.fill(f"#{key}", value)
     return ctx, page
+
+
+def expected_refusals(page: Any, console: Console, count: int, status: int = 422, wait: float = 5.0) -> None:
+    """Take off ``console``'s errors the ``count`` lines Chromium logs itself for API refusals the page asked for
+    and shows (``Failed to load resource: ... status of 422``): those may come on their own channel after the page
+    showed the refusal, so they are waited for, up to ``wait`` seconds. Fewer or more of them fail the test; any
+    other error stays for the ``console`` fixture to report."""
+    import time
+
+    def refusals() -> list[str]:
+        return [e for e in console.errors if f"status of {status}" in e]
+
+    deadline = time.monotonic() + wait
+    while len(refusals()) < count and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(100)  # (one more arriving late)
+    got = refusals()
+    assert len(got) == count, console.errors
+    for e in got:
+        console.errors.remove(e)
