@@ -154,7 +154,7 @@ class Config(BaseModel):
     #: expert tensor-parallel size (:mod:`planner.expert_parallel`, "Expert tensor parallelism"): None, the experts
     #: split over ``t`` as the dense MLP; 1, whole on each rank (Megatron-Core's ``--expert-tensor-parallel-size 1``),
     #: expert parallelism then over ``e`` of the ``t W`` ranks of a stage; absent from the record when None
-    expert_tensor: int | None = Field(default=None, ge=1, le=1, exclude_if=lambda v: v is None)
+    expert_tensor: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _stages(self) -> Config:
@@ -162,6 +162,9 @@ class Config(BaseModel):
         rule, worded with the fields."""
         check_size(self.pipeline, 1, self.chunks, self.waves,
                    names={"devices": "pipeline", "chunks": "chunks", "waves": "waves"})
+        if self.expert_tensor is not None and self.expert_tensor != 1:
+            raise ValueError(f"expert_tensor: 1 (the experts whole on each rank) or absent (split over t as the dense "
+                             f"MLP), got {self.expert_tensor}")
         if self.expert_tensor is not None and self.tensor == 1:
             raise ValueError("expert_tensor: 1 only with t > 1 (at t = 1 the experts are whole already)")
         if self.expert_tensor is None and self.data % self.expert:

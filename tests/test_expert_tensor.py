@@ -53,7 +53,7 @@ def test_the_configurations_rules():
         update={"expert_tensor": None}).model_dump()
     for kw, match in ((dict(tensor=1, data=8, expert_tensor=1), "t > 1"),
                       (dict(tensor=4, data=2, expert=16, expert_tensor=1), "divide t W"),
-                      (dict(tensor=2, data=4, expert=2, expert_tensor=2), "less than or equal to 1"),
+                      (dict(tensor=2, data=4, expert=2, expert_tensor=2), r"1 \(the experts whole on each rank\)"),
                       (dict(tensor=4, pipeline=2, data=2, expert=8, expert_tensor=1), "order tp-dp-pp")):
         with pytest.raises(ValidationError, match=match):
             Config(**{"pipeline": 1, "micro_batch": 1, "schedule": "1f1b", **kw})

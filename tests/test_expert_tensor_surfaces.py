@@ -136,8 +136,10 @@ def test_predict_expert_tensor(files: dict[str, Path]) -> None:
 
 
 def test_predict_expert_tensor_refusals(files: dict[str, Path]) -> None:
-    for bad in ("2", "0", "-1", "4"):  # pydantic's bounds, naming the option
-        refused(["predict", "--profile", files["sp"], *ONE, "--expert-tensor", bad], "--expert-tensor: Input should")
+    for bad in ("2", "0", "-1", "4"):  # the configuration's rule, naming the option
+        refused(["predict", "--profile", files["sp"], *ONE, "--expert-tensor", bad],
+                "--expert-tensor: 1 (the experts whole on each rank) or absent (split over t as the dense MLP), "
+                f"got {bad}")
     t1 = [*ONE[:ONE.index("--tensor")], "--tensor", "1", "--pipeline", "1", "--data", "8", "--expert", "8",
           "--micro-batch", "2", "--schedule", "1f1b"]
     refused(["predict", "--profile", files["sp"], *t1, "--expert-tensor", "1"],
@@ -158,7 +160,8 @@ def test_predict_refusal_comes_out_before_the_exit(files: dict[str, Path]) -> No
     cmd = [sys.executable, "-m", "pipeplan.cli", "predict", "--profile", str(files["sp"]), *map(str, ONE)]
     r = subprocess.run([*cmd, "--expert-tensor", "2"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
-        "error: --expert-tensor: Input should be less than or equal to 1"), r.stderr
+        "error: --expert-tensor: 1 (the experts whole on each rank) or absent (split over t as the dense MLP), "
+        "got 2"), r.stderr
 
 
 # ---- the API ---------------------------------------------------------------------------------------------------
