@@ -8,6 +8,7 @@ sets it under CI from ``.ci/postgres.sh``). Every database is migrated with Alem
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -319,6 +320,21 @@ def post_plan(client: Any, body: dict[str, Any]) -> dict[str, Any]:
     if plan["status"] not in ("done", "failed"):
         plan = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
             client.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
+    return plan
+
+
+def upload_profile_and_cluster(client: Any, profile: Any, cluster: Path) -> tuple[int, int]:
+    """POST ``profile`` (a ModelProfile) and the cluster file ``cluster`` with the admin token: their ids."""
+    p = client.post("/profiles", json=profile.model_dump(mode="json"), headers=AUTH)
+    cl = client.post("/clusters", json=json.loads(cluster.read_text()), headers=AUTH)
+    assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
+    return p.json()["id"], cl.json()["id"]
+
+
+def plan_done(client: Any, **body: Any) -> dict[str, Any]:
+    """:func:`post_plan` of ``body``, which must end done: its document."""
+    plan = post_plan(client, body)
+    assert plan["status"] == "done", plan
     return plan
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import AUTH, post_plan
+from api_support import AUTH, plan_done, upload_profile_and_cluster
 from cli_support import refused, run
 
 from planner.analytic import analytic_profile
@@ -133,21 +133,12 @@ def test_predict_expert_refusals(files: dict[str, Path]) -> None:
 
 # ---- the API ---------------------------------------------------------------------------------------------------
 
-def _upload(client: Any, moe: Any) -> tuple[int, int]:
-    p = client.post("/profiles", json=moe.model_dump(mode="json"), headers=AUTH)
-    cl = client.post("/clusters", json=json.loads(CLUSTER.read_text()), headers=AUTH)
-    assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
-    return p.json()["id"], cl.json()["id"]
 
 
-def _plan(client: Any, **body: Any) -> dict[str, Any]:
-    plan = post_plan(client, body)
-    assert plan["status"] == "done", plan
-    return plan
 
 
 def test_api_max_expert_is_strict_and_bounded(client, moe: Any) -> None:  # type: ignore[no-untyped-def]
-    pid, cid = _upload(client, moe)
+    pid, cid = upload_profile_and_cluster(client, moe, CLUSTER)
     base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32, "gpus": 16}
     for value in (0, -1, "2", True, 2.0, 10**9):
         r = client.post("/plans", json={**base, "max_expert": value}, headers=AUTH)
@@ -157,9 +148,9 @@ def test_api_max_expert_is_strict_and_bounded(client, moe: Any) -> None:  # type
 
 
 def test_api_plans_keep_each_candidates_e(client, moe: Any) -> None:  # type: ignore[no-untyped-def]
-    pid, cid = _upload(client, moe)
+    pid, cid = upload_profile_and_cluster(client, moe, CLUSTER)
     base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32, "gpus": 16, "top": 10}
-    plan = _plan(client, **base)
+    plan = plan_done(client, **base)
     stored = client.get(f"/plans/{plan['id']}", headers=AUTH).json()
     experts = _experts(stored)
     assert any(e > 1 for e in experts), [c["label"] for c in stored["candidates"]]
@@ -170,10 +161,10 @@ def test_api_plans_keep_each_candidates_e(client, moe: Any) -> None:  # type: ig
     t = client.get(f"/plans/{plan['id']}/candidates/{rank}/timeline", headers=AUTH)
     assert t.status_code == 200, t.text
     assert t.json()["label"] == cand["label"] and t.json()["matches_stored"] is True, t.json()["label"]
-    capped = _plan(client, **base, max_expert=1)
+    capped = plan_done(client, **base, max_expert=1)
     assert capped["request"]["max_expert"] == 1
     assert _experts(client.get(f"/plans/{capped['id']}", headers=AUTH).json()) == [1] * len(capped["candidates"])
-    two = _plan(client, **base, max_expert=2)
+    two = plan_done(client, **base, max_expert=2)
     assert set(_experts(two)) <= {1, 2}
 
 

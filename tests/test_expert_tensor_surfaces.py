@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import AUTH, WAUTH, post_plan
+from api_support import AUTH, WAUTH, post_plan, upload_profile_and_cluster
 from cli_support import refused, run
 from moe_support import EXAMPLES, FLASH, H100, QWEN3_MOE
 
@@ -166,15 +166,10 @@ def test_predict_refusal_comes_out_before_the_exit(files: dict[str, Path]) -> No
 
 # ---- the API ---------------------------------------------------------------------------------------------------
 
-def _upload(client: Any, prof: Any) -> tuple[int, int]:
-    p = client.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
-    cl = client.post("/clusters", json=json.loads(CLUSTER.read_text()), headers=AUTH)
-    assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
-    return p.json()["id"], cl.json()["id"]
 
 
 def test_api_plans_keep_whole_experts(client, qwen: Any) -> None:  # type: ignore[no-untyped-def]
-    pid, cid = _upload(client, qwen)
+    pid, cid = upload_profile_and_cluster(client, qwen, CLUSTER)
     plan = post_plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 16, "gpus": 8, "top": 10})
     assert plan["status"] == "done", plan
     stored = client.get(f"/plans/{plan['id']}", headers=AUTH).json()
@@ -218,7 +213,7 @@ def test_api_plans_keep_whole_experts(client, qwen: Any) -> None:  # type: ignor
 
 
 def test_api_without_sequence_parallelism_plans_no_whole_experts(client) -> None:  # type: ignore[no-untyped-def]
-    pid, cid = _upload(client, profile(options=NO_SP))
+    pid, cid = upload_profile_and_cluster(client, profile(options=NO_SP), CLUSTER)
     plan = post_plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 16, "gpus": 8, "top": 10})
     assert plan["status"] == "done" and plan["candidates"], plan
     assert not any(_whole(plan["candidates"])) and all("expert_tensor" not in c for c in plan["candidates"])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import AUTH, WAUTH, post_plan
+from api_support import AUTH, WAUTH, plan_done, upload_profile_and_cluster
 from cli_support import refused, run
 
 from planner.analytic import analytic_profile
@@ -157,21 +157,12 @@ def test_the_commands_print_all_before_they_exit(profile: Path) -> None:
 
 # ---- the API ---------------------------------------------------------------------------------------------------
 
-def _upload(client: Any, prof: Any) -> tuple[int, int]:
-    p = client.post("/profiles", json=prof.model_dump(mode="json"), headers=AUTH)
-    cl = client.post("/clusters", json=json.loads(CLUSTER.read_text()), headers=AUTH)
-    assert p.status_code in (200, 201) and cl.status_code in (200, 201), (p.text, cl.text)
-    return p.json()["id"], cl.json()["id"]
 
 
-def _plan(client: Any, **body: Any) -> dict[str, Any]:
-    plan = post_plan(client, body)
-    assert plan["status"] == "done", plan
-    return plan
 
 
 def test_api_rank_order_is_checked(client, gpt2: Any) -> None:  # type: ignore[no-untyped-def]
-    pid, cid = _upload(client, gpt2)
+    pid, cid = upload_profile_and_cluster(client, gpt2, CLUSTER)
     base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32, "gpus": 16}
     for value in ("pp", "TP-DP-PP", "", 1, True, ["tp-dp-pp"], {"order": "tp-dp-pp"}):
         r = client.post("/plans", json={**base, "rank_order": value}, headers=AUTH)
@@ -184,11 +175,11 @@ def test_api_rank_order_is_checked(client, gpt2: Any) -> None:  # type: ignore[n
 
 
 def test_api_plans_keep_each_candidates_order(client, gpt2: Any) -> None:  # type: ignore[no-untyped-def]
-    pid, cid = _upload(client, gpt2)
+    pid, cid = upload_profile_and_cluster(client, gpt2, CLUSTER)
     # schedules Megatron-LM runs (the export below): its best rows are interleaved, in both orders
     base = {"profile_id": pid, "cluster_id": cid, "global_batch": 32, "gpus": 16, "top": 10,
             "schedules": ["1f1b", "interleaved"]}
-    plan = _plan(client, **base)
+    plan = plan_done(client, **base)
     assert plan["request"]["rank_order"] is None
     stored = client.get(f"/plans/{plan['id']}", headers=AUTH).json()
     orders = _orders(stored["candidates"])
@@ -225,7 +216,7 @@ def test_api_plans_keep_each_candidates_order(client, gpt2: Any) -> None:  # typ
 
     # one order asked for: every row has it, and the request keeps it (another plan than the default's)
     for order in ("tp-pp-dp", "tp-dp-pp"):
-        one = _plan(client, **base, rank_order=order)
+        one = plan_done(client, **base, rank_order=order)
         assert one["id"] != plan["id"] and one["request"]["rank_order"] == order
         got_orders = _orders(client.get(f"/plans/{one['id']}", headers=AUTH).json()["candidates"])
         assert got_orders == [order] * len(one["candidates"]) and got_orders
