@@ -175,7 +175,8 @@ def test_pages_have_the_e_column_and_the_max_expert_field(client) -> None:  # ty
 
     page = client.get("/ui/plans/1").text
     th = re.search(r'<th data-key="expert"[^>]*>e</th>', page)
-    assert th and 'title="expert-parallel size: the experts split over e of the W replicas"' in th.group(0)
+    assert th and ('title="expert-parallel size: the experts split over e of the W replicas (of the t W ranks of a '
+                   'stage where they are whole, etp 1)"') in th.group(0)
     # after W, hidden until the plan has a row with e > 1 (plan.js)
     assert page.index('data-key="data"') < th.start() < page.index('data-key="pipeline"') and " hidden" in th.group(0)
     form = client.get("/").text

@@ -41,7 +41,8 @@ def test_max_expert_from_the_form_and_the_e_column(server: LiveServer, browser: 
     assert "max e 4" in page.inner_text("#plan-info")
     th = page.locator('#cands th[data-key="expert"]')
     assert th.is_visible() and th.inner_text() == "e"
-    assert th.get_attribute("title") == "expert-parallel size: the experts split over e of the W replicas"
+    assert th.get_attribute("title") == ("expert-parallel size: the experts split over e of the W replicas (of the t W "
+                                         "ranks of a stage where they are whole, etp 1)")
     heads = page.locator("#cands thead th").all_inner_texts()
     column = heads.index("e")
     assert heads[column - 1] == "W"
