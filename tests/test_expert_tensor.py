@@ -163,6 +163,19 @@ def test_executor_refuses_and_megatron_exports_it():
     assert "--expert-model-parallel-size 8 --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall" in line
     back = parse(export(inp).files[0].content)
     assert back.config == cfg
+    # the pipeline inside data parallelism: Megatron-Core allows whole experts there only with e etp = t (each EP group
+    # a tensor group), and the export too
+    for whole, ok in ((1, True), (None, False)):
+        inner = Config(tensor=4, pipeline=2, data=2, expert=4 if whole else 2, expert_tensor=whole, micro_batch=1,
+                       schedule="1f1b", order="tp-pp-dp")
+        got = ExportInput(spec=RunSpec(config=inner, microbatches=8), model=QWEN, expert_gemm="grouped",
+                          sequence_parallel=True, gpus_per_node=8)
+        if ok:
+            assert "--use-tp-pp-dp-mapping" in " ".join(arguments(got)) and parse(export(got).files[0].content).config \
+                == inner
+        else:
+            with pytest.raises(ExportError, match="ranks=tp-dp-pp"):
+                arguments(got)
     from planner.export import export as export_any
 
     for fmt in ("torchtitan", "deepspeed"):

@@ -20,8 +20,8 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   (tp-cp-ep-dp-pp, the pipeline outermost); ``tp-pp-dp`` (with D > 1 and W > 1) is ``--use-tp-pp-dp-mapping``
   (tp-cp-ep-pp-dp), so pipeline neighbours sit t ranks apart as predicted. Megatron-Core refuses expert parallelism
   in that mapping with a pipeline (``initialize_model_parallel``: "When not using pp-last rank ordering, the data
-  parallel size of the attention and moe layers must be the same"), and so does the export, naming the
-  configuration's ``tp-dp-pp`` twin;
+  parallel size of the attention and moe layers must be the same", i.e. unless ``e etp = t``), and so does the
+  export, naming the configuration's ``tp-dp-pp`` twin;
 * ``--sequence-parallel`` when the profile's tensor-parallel times assume it (Korthikanti et al. 2022);
 * ``--use-distributed-optimizer`` where the plan's request shards the optimizer state (W > 1); where it shards
   the weights too (``shard_parameters``), PyTorch FSDP2 (``--use-torch-fsdp2 --no-gradient-accumulation-fusion
@@ -214,7 +214,7 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
             *_layer_args(inp, notes),
             "--micro-batch-size", str(c.micro_batch), "--global-batch-size", str(inp.spec.global_batch)]
     if c.pipeline > 1 and c.data > 1 and c.order == "tp-pp-dp":
-        if c.expert > 1:
+        if c.expert_data != c.data:  # Megatron-Core's rule (e etp = t passes: each EP group a tensor group)
             raise ExportError(f"megatron: expert parallelism (e = {c.expert}) with the pipeline inside data "
                               "parallelism (ranks tp-pp-dp, --use-tp-pp-dp-mapping) at D > 1: Megatron-Core allows "
                               "it only with the pipeline outermost ('When not using pp-last rank ordering, the data "
