@@ -15,7 +15,7 @@ from typing import Any
 from planner.cluster import Cluster
 from planner.expert_parallel import expert_sizes
 from planner.model import tensor_split_error
-from planner.placement import DEFAULT_ORDER, ORDERS, orders_differ
+from planner.placement import DEFAULT_ORDER, ORDERS, experts_placeable, orders_differ
 from planner.request import Config, TrainingRequest
 from planner.schedules import BACKWARD_HALVING, BUILDERS, PROFILE_DRIVEN
 from planner.units import devices
@@ -123,11 +123,11 @@ def enumerate_configs(layers: int, cluster: Cluster, request: TrainingRequest,
                     len(eps) - 1
                 eps = [1]
             # (e, etp, order): the experts split over t, and where it may, whole on each rank (etp = 1) with e over
-            # the stage's t W ranks, in an order Megatron-Core allows (planner.request.Config: pp-last or e = t)
+            # the stage's t W ranks, in an order Megatron-Core allows (planner.placement.experts_placeable)
             splits = [(e, None, o) for e in eps for o in orders]
             if whole_experts and t > 1 and not req.shard_parameters:
                 splits += [(e, 1, o) for e in expert_sizes(experts, t * W) if e <= (req.max_expert or e)
-                           for o in orders if o == "tp-dp-pp" or D == 1 or W == 1 or e == t]
+                           for o in orders if experts_placeable(o, D, W, t * W // e)]
             for b in sizes:
                 if (req.global_batch // W) % b:
                     rejected["micro-batch does not divide B^/W"] += 1

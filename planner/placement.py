@@ -26,7 +26,10 @@ the executor (:class:`executor.groups.Layout`) read the rank from :func:`global_
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # (planner.request imports this module)
+    from planner.request import Config
 
 RankOrder = Literal["tp-pp-dp", "tp-dp-pp"]
 #: the orders, the default (:attr:`planner.request.Config.order`) first
@@ -65,6 +68,14 @@ def orders_differ(t: int, D: int, W: int, gpus_per_node: int) -> bool:
     return D > 1 and W > 1 and t % gpus_per_node != 0 and t * D * W > gpus_per_node
 
 
+def experts_placeable(order: str, pipeline: int, data: int, expert_data: int) -> bool:
+    """Whether Megatron-Core places the experts of a configuration in ``order`` (``initialize_model_parallel``:
+    "When not using pp-last rank ordering, the data parallel size of the attention and moe layers must be the
+    same"): with the pipeline outermost, without a pipeline, at W = 1 (where the orders are the same ranks), or where
+    the experts' data-parallel size ``expert_data`` (:attr:`planner.request.Config.expert_data`) is W."""
+    return order == "tp-dp-pp" or pipeline == 1 or data == 1 or expert_data == data
+
+
 def pipeline_outermost_order(pipeline: int, data: int) -> RankOrder:
     """The order of a run whose framework puts the pipeline outermost (Megatron-LM by default, torchtitan's device
     mesh, DeepSpeed's topology: ``tp-dp-pp``) as a configuration names it: the default at D = 1 or W = 1, where the
@@ -79,8 +90,7 @@ def placement_text(order: str) -> str:
     return "ranks: tensor innermost, then pipeline, then data parallel (Megatron-LM's --use-tp-pp-dp-mapping)"
 
 
-def link_key(config: object) -> tuple[str, int | None]:
+def link_key(config: Config) -> tuple[str, int | None]:
     """What, beside ``t`` and ``D``, decides which pipeline neighbours share a node (a cache key's part): the order
     and, with the pipeline outermost (devices ``W t`` apart), ``W``."""
-    order: str = config.order  # type: ignore[attr-defined]
-    return order, config.data if order == "tp-dp-pp" else None  # type: ignore[attr-defined]
+    return config.order, config.data if config.order == "tp-dp-pp" else None

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_KEPT, MAX_SIZES, MAX_STAGES
-from planner.placement import DEFAULT_ORDER, RankOrder
+from planner.placement import DEFAULT_ORDER, RankOrder, experts_placeable
 from planner.schedules import ALL_SCHEDULES, ASYNC_SCHEDULES, SCHEDULE_PARAMETERS, SYNC_SCHEDULES, check_size
 
 __all__ = ["ALL_SCHEDULES", "ASYNC_SCHEDULES", "SYNC_SCHEDULES", "Config", "TrainingRequest"]
@@ -174,8 +174,7 @@ class Config(BaseModel):
             if (self.tensor * self.data) % self.expert:
                 raise ValueError(f"expert: the expert-parallel size {self.expert} must divide t W = "
                                  f"{self.tensor * self.data} with expert_tensor 1 (the group's ranks are a stage's)")
-            if (self.pipeline > 1 and self.data > 1 and self.order != "tp-dp-pp"
-                    and self.expert * self.expert_tensor != self.tensor):
+            if not experts_placeable(self.order, self.pipeline, self.data, self.expert_data):
                 raise ValueError("expert_tensor: experts whole with the pipeline inside data parallelism (order "
                                  "tp-pp-dp) at D > 1 and W > 1 need e = t (Megatron-Core: 'When not using pp-last rank "
                                  "ordering, the data parallel size of the attention and moe layers must be the "

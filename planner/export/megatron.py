@@ -61,6 +61,7 @@ from planner.export.common import (
     unplanned_policy_note,
     unsupported,
 )
+from planner.placement import experts_placeable
 from planner.profile import ATTENTION_WORDS, EAGER_WORDS, OP_WORDS
 from planner.request import Config
 from planner.runspec import RunSpec
@@ -214,7 +215,7 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
             *_layer_args(inp, notes),
             "--micro-batch-size", str(c.micro_batch), "--global-batch-size", str(inp.spec.global_batch)]
     if c.pipeline > 1 and c.data > 1 and c.order == "tp-pp-dp":
-        if c.expert_data != c.data:  # Megatron-Core's rule (e etp = t passes: each EP group a tensor group)
+        if not experts_placeable(c.order, c.pipeline, c.data, c.expert_data):
             raise ExportError(f"megatron: expert parallelism (e = {c.expert}) with the pipeline inside data "
                               "parallelism (ranks tp-pp-dp, --use-tp-pp-dp-mapping) at D > 1: Megatron-Core allows "
                               "it only with the pipeline outermost ('When not using pp-last rank ordering, the data "
