@@ -146,7 +146,7 @@ def test_the_search_plans_whole_experts_exactly(h100, qwen):
 def test_without_sequence_parallelism_or_experts_it_is_refused(h100):
     plain = analytic_profile(QWEN, H100, micro_batches=(1,), tensor_sizes=(1, 2),
                              options=OperatorOptions(attention="flash", causal=True, dropout=False))
-    assert "sequence parallelism" in (expert_error(plain, 2, 2, False, 2, 1) or "")
+    assert "sequence parallelism" in (expert_error(plain, 2, False, 1) or "")
     assert not any(c.expert_tensor for c in Planner(plain, h100, TrainingRequest(global_batch=8, gpus=8)).configs(
         Counter()))
 
@@ -176,7 +176,17 @@ def test_executor_refuses_and_megatron_exports_it():
         else:
             with pytest.raises(ExportError, match="ranks=tp-dp-pp"):
                 arguments(got)
+    from planner.export import UnsupportedSchedule
     from planner.export import export as export_any
+    from planner.export.megatron import check
+
+    # the schedule Megatron runs in place of one it lacks keeps the row's experts (whole) and order
+    chimera = cfg.model_copy(update={"schedule": "chimera", "pipelines": 1, "pipeline": 2, "data": 1, "expert": 4,
+                                     "order": "tp-dp-pp"})
+    with pytest.raises(UnsupportedSchedule) as refused:
+        check(RunSpec(config=chimera, microbatches=8))
+    stand_in = refused.value.closest.config
+    assert (stand_in.expert, stand_in.expert_tensor, stand_in.order) == (4, 1, "tp-dp-pp")
 
     for fmt in ("torchtitan", "deepspeed"):
         with pytest.raises(ExportError, match="megatron export writes it"):

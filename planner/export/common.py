@@ -312,10 +312,9 @@ def closest_spec(spec: RunSpec, schedule: str, **params: int) -> RunSpec | None:
     """``spec`` with ``schedule`` (and its parameters) instead of its own, the other fields kept; its
     partition is kept when the stage count stays the same, else left to the planner; None when that
     schedule cannot be built for it (e.g. interleaved with N not a multiple of D)."""
-    c = spec.config
+    kept = {k: v for k, v in spec.config.model_dump().items() if k not in SCHEDULE_PARAMETERS}
     try:
-        cfg = Config(tensor=c.tensor, pipeline=c.pipeline, data=c.data, micro_batch=c.micro_batch,
-                     schedule=schedule, recompute=c.recompute, expert=c.expert, order=c.order, **params)
+        cfg = Config(**{**kept, "schedule": schedule, **params})
         out = RunSpec(config=cfg, microbatches=spec.microbatches)
         sched = out.schedule()
     except ValueError:
@@ -461,8 +460,8 @@ def experts_refusal(inp: ExportInput, title: str) -> None:
     """Refuse, naming the Megatron export, a candidate whose experts a framework's export here does not place:
     expert parallelism (``e > 1``) or whole experts (``expert_tensor``: :mod:`planner.expert_parallel`)."""
     c = inp.config
-    if c.expert > 1 or c.expert_tensor is not None:
-        what = (f"expert parallelism (e = {c.expert})" if c.expert > 1 else "") + (
-            (" and " if c.expert > 1 else "") + "experts whole on each rank (etp = 1)" if c.expert_tensor else "")
-        raise ExportError(f"{title}: {what} is not written by this export; the megatron export writes it "
-                          "(--expert-model-parallel-size, --expert-tensor-parallel-size)")
+    what = ([f"expert parallelism (e = {c.expert})"] if c.expert > 1 else []) + (
+        ["experts whole on each rank (etp = 1)"] if c.expert_tensor else [])
+    if what:
+        raise ExportError(f"{title}: {' and '.join(what)} is not written by this export; the megatron export writes "
+                          "it (--expert-model-parallel-size, --expert-tensor-parallel-size)")
