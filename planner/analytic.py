@@ -188,14 +188,16 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     # a power-limited device: the same operators at the burst rate tell each shard's matrix share (planner.power)
     burst = dev.model_copy(update={"sustained_rate": 1.0}) if dev.power_limited else None
 
-    def shards(builder, recomputed: bool) -> dict[int, ShardTimes]:
+    def shards(builder, recomputed: bool, at: tuple[int, ...] = sizes) -> dict[int, ShardTimes]:
         per_t = {}
-        for t in sizes:
+        for t in at:
             held = _times(builder, spec, dev, dtype, t, opts, micro_batches)
             share = _matrix_share(held, _times(builder, spec, burst, dtype, t, opts, micro_batches),
                                   dev.sustained_rate) if burst is not None else None
             per_t[t] = _shard(held, recomputed, share)
         return per_t
+
+    ep_sizes = expert_sizes(spec.experts, int(spec.experts or 1))  # (every divisor of E)
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int,
               expert_params: int = 0) -> LayerProfile:
@@ -204,13 +206,12 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
             per_t = shards(builder, recomputed)
             # a mixture of experts' layer: its times at every expert-parallel size too (planner.expert_parallel)
             # (every divisor e > 1 of E: planner.expert_parallel.expert_sizes at W = E)
-            per_e = ({e: shards(partial(builder, expert=e), recomputed)
-                      for e in expert_sizes(spec.experts, int(spec.experts or 1)) if e > 1} if expert_params else {})
+            per_e = ({e: shards(partial(builder, expert=e), recomputed) for e in ep_sizes if e > 1}
+                     if expert_params else {})
             # and with the experts whole at each t > 1 (expert tensor parallelism 1; sequence parallelism only)
-            unsplit = ({e: {t: v for t, v in shards(partial(builder, expert=e, expert_tensor=1), recomputed).items()
-                            if t > 1}
-                        for e in expert_sizes(spec.experts, int(spec.experts or 1))}
-                       if expert_params and opts.sequence_parallel and any(t > 1 for t in sizes) else {})
+            split_t = tuple(t for t in sizes if t > 1)
+            unsplit = ({e: shards(partial(builder, expert=e, expert_tensor=1), recomputed, split_t) for e in ep_sizes}
+                       if expert_params and opts.sequence_parallel and split_t else {})
             one = per_t[1]
             return LayerProfile(
                 name=lname, kind=kind, fwd_time=one.fwd_time, bwd_time=one.bwd_time,
