@@ -657,8 +657,7 @@ class ConfigCosts(Costs):
         (each rank routes its own ``T/t`` tokens; attention's collectives stay)."""
         info = self.stages[stage]
         moe = self._moe_gathers(info)
-        whole = info.moe_layers if self.etp < self.t else 0  # experts whole: no collective around them
-        return ((2 * info.transformer_layers - moe - whole) * self._tp_one(samples)
+        return ((2 * info.transformer_layers - moe - self._whole_experts(info)) * self._tp_one(samples)
                 + (moe * self._tp_one(samples * self._k) if moe else 0.0)) * self.cal.link_scale
 
     def _moe_gathers(self, info: StageInfo) -> int:
@@ -673,6 +672,11 @@ class ConfigCosts(Costs):
         outputs are all-reduced over ``T h`` (pipeplan's executor, :mod:`executor.expert_parallel`)."""
         gathers = self.expert > 1 and self.sequence_parallel and 1 < self.t == self.etp
         return info.moe_layers if gathers else 0
+
+    def _whole_experts(self, info: StageInfo) -> int:
+        """How many of the stage's layers hold their experts whole (``etp = 1``): no tensor-parallel collective around
+        their experts, whose input is the rank's own ``T/t`` rows (:mod:`planner.expert_parallel`)."""
+        return info.moe_layers if self.etp < self.t else 0
 
     @property
     def _k(self) -> int:
@@ -696,8 +700,8 @@ class ConfigCosts(Costs):
             return 0.0
         # a layer whose experts gather their token copies (:meth:`_moe_gathers`) keeps them for its weight gradients:
         # only its QKV input is gathered again
-        whole = info.moe_layers if self.etp < self.t else 0  # whole experts: their input is the rank's own rows
-        count = 2 * info.transformer_layers - self._moe_gathers(info) - whole + (1 if info.has_head else 0)
+        count = (2 * info.transformer_layers - self._moe_gathers(info) - self._whole_experts(info)
+                 + (1 if info.has_head else 0))
         if count == 0:
             return 0.0
         return count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el) * self.cal.link_scale

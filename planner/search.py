@@ -103,8 +103,8 @@ class Planner:
         self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute, e, etp[, partition]) -> ConfigCosts' caches
         #: per expert-parallel size e, what one EP rank holds and runs (planner.expert_parallel) and its caches
-        self._views: dict[int | tuple[int, int], ExpertView] = {
-            1: ExpertView(profile, self.memory, self._layer_sums, self._stage_infos)}
+        self._views: dict[tuple[int, int | None], ExpertView] = {
+            (1, None): ExpertView(profile, self.memory, self._layer_sums, self._stage_infos)}
         # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
         # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
         me = weakref.proxy(self)
@@ -123,7 +123,7 @@ class Planner:
         """The profile as a rank of an expert-parallel group of ``expert`` holds and runs it (``whole_at``: with its
         experts whole at that t; :func:`planner.expert_parallel.expert_view`), with its memory model and caches; made
         once per (e, whole_at)."""
-        key = expert if whole_at is None else (expert, whole_at)
+        key = (expert, whole_at)
         got = self._views.get(key)
         if got is None:
             profile = expert_view(self.profile, expert, whole_at)
@@ -196,8 +196,7 @@ class Planner:
         if req.global_batch % (W * b):
             cand.reason = f"global batch {req.global_batch} is not a multiple of W*b = {W * b}"
             return cand, None
-        if (why := expert_error(self.profile, config.expert, W, req.shard_parameters, config.tensor,
-                                config.expert_tensor)) is not None:
+        if (why := expert_error(self.profile, config.expert, req.shard_parameters, config.expert_tensor)) is not None:
             cand.reason = why
             return cand, None
         n_sched = schedule_microbatches(config, N)
@@ -361,9 +360,10 @@ class Planner:
         if not exact:
             # activations before simulating: the in-flight counts depend on the list order alone, so the
             # largest single stage's peak is a lower bound of the device's peak (exact with one stage)
-            counts = self.memory_of(cfg).list_inflight(cfg, sched)
-            if self.memory_of(cfg).too_big(cand, [max((c * costs.activation(s) for s, c in counts[d].items()),
-                                              default=0.0) for d in range(cfg.pipeline)]):
+            memory = self.memory_of(cfg)
+            counts = memory.list_inflight(cfg, sched)
+            if memory.too_big(cand, [max((c * costs.activation(s) for s, c in counts[d].items()), default=0.0)
+                                     for d in range(cfg.pipeline)]):
                 return cand
         if self.out_of_memory(cand, costs, sched, exact):
             return cand
