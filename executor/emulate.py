@@ -69,7 +69,7 @@ class Emulator:
         config = plan.spec.config
         request = executor_request(plan)
         self.bounds = plan.bounds(compute_schedule.stages, len(self.profile.layers))
-        if (why := expert_error(self.profile, config.expert, config.data)) is not None:
+        if (why := expert_error(self.profile, config.expert)) is not None:
             raise ValueError(why)
         # expert parallelism: what one EP rank holds and runs (its all-to-alls are in F and B, waited for as compute)
         self.costs = ConfigCosts(expert_view(self.profile, config.expert), self.cluster, request, config,

@@ -238,15 +238,12 @@ class RunPlan:
     def _check_expert(self, cfg: ModelConfig | None) -> None:
         """Expert parallelism (``expert`` e > 1, :mod:`executor.expert_parallel`): a mixture of experts of the zoo
         (``cfg``: its config; None for a user's model or emulated compute) whose experts e divides, e dividing W."""
-        c, e = self.spec.config, self.spec.config.expert
-        if c.data % e:  # (Config refuses it too)
-            raise PlanError(f"expert: the expert-parallel size e={e} must divide data (W = {c.data}): each "
-                            "expert-parallel group is made of data-parallel replicas")
+        e = self.spec.config.expert  # (that e divides W, the Config checked)
         if self.emulate:  # emulated compute: the profile's experts (their all-to-alls are waited for in F and B)
             from planner.expert_parallel import expert_error
             from planner.profile import load_profile
 
-            if (why := expert_error(load_profile(self.emulate), e, c.data)) is not None:
+            if (why := expert_error(load_profile(self.emulate), e)) is not None:
                 raise PlanError(why)
             return
         if self.module is not None:

@@ -77,10 +77,11 @@ def expert_sizes(experts: int | None, data: int) -> list[int]:
     return [e for e in range(1, min(experts, data) + 1) if experts % e == 0 and data % e == 0]
 
 
-def expert_error(profile: ModelProfile, expert: int, data: int, shard_parameters: bool = False,
-                 tensor: int = 1, expert_tensor: int | None = None) -> str | None:
-    """Why a configuration with expert-parallel size ``expert`` (and expert tensor-parallel size ``expert_tensor``
-    at tensor-parallel size ``tensor``) cannot be planned for ``profile``, or None."""
+def expert_error(profile: ModelProfile, expert: int, shard_parameters: bool = False,
+                 expert_tensor: int | None = None) -> str | None:
+    """Why a configuration with expert-parallel size ``expert`` (and expert tensor-parallel size ``expert_tensor``)
+    cannot be planned for ``profile``, or None; what ``e`` must divide among the configuration's own sizes,
+    :class:`planner.request.Config` checks."""
     if expert_tensor is not None:
         if not any(lay.expert_params for lay in profile.layers):
             return f"expert_tensor: whole experts need a mixture of experts; profile {profile.name!r} has none"
@@ -95,10 +96,6 @@ def expert_error(profile: ModelProfile, expert: int, data: int, shard_parameters
         return f"expert: expert parallelism ({expert}) needs a mixture of experts; profile {profile.name!r} has none"
     if E % expert:
         return f"expert: the expert-parallel size {expert} must divide the model's {E} experts"
-    ranks = data * tensor if expert_tensor is not None else data
-    if ranks % expert:
-        return (f"expert: the expert-parallel size {expert} must divide "
-                + (f"t W = {ranks}" if expert_tensor is not None else f"data (W = {data})"))
     if shard_parameters:
         return ("expert: expert parallelism with sharded weights (shard_parameters) is not planned: shard the "
                 "optimizer state instead (shard_optimizer)")
