@@ -18,7 +18,7 @@ from planner.operators import OperatorOptions, layer_operators, time_operators
 from planner.request import Config, TrainingRequest
 from planner.search import Planner, predict
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
 @pytest.fixture(scope="module")
 def h100():
     return h100_cluster()
