@@ -42,7 +42,9 @@ The t = 1 times are the layer's ``fwd_time``/``bwd_time``/``recompute_time``.
   recorded as ``expert_gemm``) and the combine in place of the dense MLP, split over t as the dense MLP is, balanced
   routing (said in the notes); a layer's ``expert_params`` (what expert parallelism splits) and, in
   ``expert_times``, its times at every expert-parallel size ``e`` dividing ``E`` (each rank's ``E/e`` experts on the
-  tokens routed to them: :mod:`planner.expert_parallel`).
+  tokens routed to them: :mod:`planner.expert_parallel`). A shared expert is a dense MLP beside them (not in
+  ``expert_params``: expert parallelism does not split it); the ``dense_layers`` get the dense MLP: one profile per
+  kind of layer (window, experts or not).
 * Parameters: :meth:`ModelSpec.layer_params` etc.; the LM head's ``V h`` is a copy of the word embedding
   when the model ties them.
 """
@@ -229,18 +231,21 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                              f"hidden {h}, {spec.layers} layers, vocabulary {V}) is too large") from None
 
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)
-    # one profile per attention window the layers have (a sliding window, and the global layers between)
-    windows = [spec.layer_window(i) for i in range(spec.layers)]
-    experts = int(spec.experts or 0) * spec.expert_params()  # of a layer's parameters, its experts'
-    blocks = {w: layer("block0", "transformer", partial(layer_operators, window=w), spec.layer_params(), 0,
-                       el * s * h, el * s * h, experts) for w in dict.fromkeys(windows)}
+    # one profile per kind of layer the model has: its attention window (a sliding window, and the global layers
+    # between) and its MLP (a mixture of experts, or dense: ModelSpec.dense_layers)
+    kinds = [(spec.layer_window(i), spec.moe_layer(i)) for i in range(spec.layers)]
+    experts = int(spec.experts or 0) * spec.expert_params()  # of a layer's parameters, its routed experts'
+    blocks = {(w, moe): layer("block0", "transformer", partial(layer_operators, window=w, moe=moe),
+                              spec.layer_params(moe), 0, el * s * h, el * s * h, experts if moe else 0)
+              for w, moe in dict.fromkeys(kinds)}
     head = layer("lm_head", "lm_head", head_operators, spec.head_params(),
                  V * h if spec.tied_embeddings else 0, 4, el * s * h)
-    layers = [emb] + [blocks[w].model_copy(update={"name": f"block{i}"}) for i, w in enumerate(windows)] + [head]
+    layers = [emb] + [blocks[k].model_copy(update={"name": f"block{i}"}) for i, k in enumerate(kinds)] + [head]
     return ModelProfile(
         name=name or spec.name, layers=layers, device=dev.name, dtype=dtype, source="analytical",
         shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f,
-                               experts=spec.experts, experts_per_token=spec.experts_per_token),
+                               experts=spec.experts, experts_per_token=spec.experts_per_token,
+                               shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden),
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
                      "family": "bert" if spec.encoder else "gpt", "model": spec.name,
@@ -285,7 +290,11 @@ def _moe_note(spec: ModelSpec, opts: OperatorOptions) -> str:
              else "the experts' kernels launched one expert at a time")
     return (f"; mixture of experts: {spec.experts} experts, {spec.experts_per_token} per token, balanced routing "
             f"(T k / E tokens per expert), {gemms}; times at every expert-parallel size dividing {spec.experts} "
-            "(planner.expert_parallel: the experts split over that many data-parallel replicas)")
+            "(planner.expert_parallel: the experts split over that many data-parallel replicas)"
+            + (f"; a shared expert of width {spec.shared_expert_ffn_hidden}"
+               f"{' (gated)' if spec.shared_expert_gate else ''} beside them, split over t as a dense MLP"
+               if spec.shared_expert_ffn_hidden is not None else "")
+            + (f"; {len(spec.dense_layers)} of {spec.layers} layers dense" if spec.dense_layers else ""))
 
 
 def _selective_note(opts: OperatorOptions) -> str:

@@ -654,11 +654,19 @@ class ConfigCosts(Costs):
         sequence parallelism two all-gathers and two reduce-scatters of the same tensors. A layer with experts
         under sequence parallelism and expert parallelism (:meth:`_moe_gathers`) gathers its experts' token copies
         instead of the MLP's input; one with its experts whole on each rank (``etp = 1``) moves nothing around them
-        (each rank routes its own ``T/t`` tokens; attention's collectives stay)."""
+        (each rank routes its own ``T/t`` tokens; attention's collectives stay). A layer's shared expert
+        (:meth:`_shared`) adds a dense MLP's: Megatron-Core's ``SharedExpertMLP`` gathers its input and
+        reduce-scatters its output (or all-reduces it) on its own, whatever the routed experts' dispatcher does."""
         info = self.stages[stage]
         moe = self._moe_gathers(info)
-        return ((2 * info.transformer_layers - moe - self._whole_experts(info)) * self._tp_one(samples)
-                + (moe * self._tp_one(samples * self._k) if moe else 0.0)) * self.cal.link_scale
+        return ((2 * info.transformer_layers - moe - self._whole_experts(info) + self._shared(info))
+                * self._tp_one(samples) + (moe * self._tp_one(samples * self._k) if moe else 0.0)) * self.cal.link_scale
+
+    def _shared(self, info: StageInfo) -> int:
+        """How many of the stage's layers run a shared expert beside their routed ones (the profile's
+        ``shared_expert_ffn_hidden``: every layer with experts)."""
+        shape = self.profile.shape
+        return info.moe_layers if shape is not None and shape.shared_expert_ffn_hidden is not None else 0
 
     def _moe_gathers(self, info: StageInfo) -> int:
         """How many of the stage's layers gather their experts' token copies over the tensor-parallel group: with
@@ -693,7 +701,8 @@ class ConfigCosts(Costs):
         shard too): two ``b s h`` all-gathers per transformer layer, one for the head, per backward.
         Megatron issues them asynchronously ahead of the input-gradient GEMM; like every tensor-parallel
         collective here they are charged in full (no compute/communication overlap is modelled). One per layer whose
-        experts gather their token copies (:meth:`_moe_gathers`) or are whole on each rank (``etp = 1``)."""
+        experts gather their token copies (:meth:`_moe_gathers`) or are whole on each rank (``etp = 1``); one more per
+        shared expert (:meth:`_shared`: its first GEMM's input)."""
         info = self.stages[stage]
         shape = self.profile.shape
         if not self.sequence_parallel or self.t == 1 or shape is None:
@@ -701,7 +710,7 @@ class ConfigCosts(Costs):
         # a layer whose experts gather their token copies (:meth:`_moe_gathers`) keeps them for its weight gradients:
         # only its QKV input is gathered again
         count = (2 * info.transformer_layers - self._moe_gathers(info) - self._whole_experts(info)
-                 + (1 if info.has_head else 0))
+                 + self._shared(info) + (1 if info.has_head else 0))
         if count == 0:
             return 0.0
         return count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el) * self.cal.link_scale

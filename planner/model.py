@@ -36,6 +36,17 @@ score, their outputs summed with the softmax of the scores as weights (``normali
 ``k`` chosen, Mixtral; else the softmax over all ``E`` as it is). MLP parameters: ``E (3 h f_e) + h E`` gated
 (Mixtral 8x7B: ``8 x 3 x 4096 x 14336 + 4096 x 8`` per layer, 46.7B in all, section 2); a token's compute is
 that of ``k`` experts (12.9B active).
+
+Shared experts and dense layers (Dai et al. 2024, "DeepSeekMoE", section 3.2: shared experts every token runs beside
+the routed ones; Qwen Team 2024, "Qwen1.5-MoE" and transformers' ``Qwen2MoeSparseMoeBlock``: one shared expert of
+width ``shared_expert_intermediate_size``, its output scaled by ``sigmoid(x w)``; Megatron-Core's
+``SharedExpertMLP``, ``--moe-shared-expert-intermediate-size`` and ``--moe-shared-expert-gate``): a shared expert
+is one MLP of the dense form and width ``f_s`` (``shared_expert_ffn_hidden``; DeepSeek's ``n`` shared experts of
+width ``f_e`` are one of ``n f_e``, as its code builds them), ``3 h f_s`` parameters gated, plus ``h`` with its gate;
+it is not an expert expert parallelism splits: it is split over ``t`` as the dense MLP. ``dense_layers``: the layers
+whose MLP is the dense one of width ``f`` (Qwen3 MoE's ``mlp_only_layers``, DeepSeek-V3's ``first_k_dense_replace
+= 3``: layers 0-2; Megatron-Core's ``--moe-layer-freq``). Qwen1.5-MoE-A2.7B (24 layers, h 2048, 60 experts of 1408,
+top 4, a gated shared expert of 5632): 14.3B parameters, as its model card states.
 """
 
 from __future__ import annotations
@@ -122,6 +133,18 @@ class ModelSpec(BaseModel):
                                                       "default: ffn_hidden")
     normalize_topk: bool = Field(default=True, description="the k chosen experts' softmax weights renormalised to sum "
                                                            "to one (Mixtral; Qwen3 MoE's norm_topk_prob)")
+    shared_expert_ffn_hidden: int | None = Field(
+        default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"], exclude_if=lambda v: v is None,
+        description="a shared expert beside the routed ones, run by every token: an MLP of the dense form and this "
+                    "width (Qwen2 MoE's shared_expert_intermediate_size; DeepSeek-V2/V3: n_shared_experts x "
+                    "moe_intermediate_size); with experts")
+    shared_expert_gate: bool = Field(default=False, exclude_if=lambda v: not v,
+                                     description="the shared expert's output scaled by sigmoid(x w), w of hidden "
+                                                 "(Qwen2 MoE; Megatron-Core's --moe-shared-expert-gate)")
+    dense_layers: tuple[int, ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=SHAPE_LIMITS["layers"],
+        description="with experts: the transformer layers (0-based) whose MLP is dense, ffn_hidden wide, not a "
+                    "mixture of experts (Qwen3 MoE's mlp_only_layers; DeepSeek-V3's first three)")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -149,6 +172,23 @@ class ModelSpec(BaseModel):
             raise ValueError("expert_ffn_hidden: only with experts (a mixture of experts)")
         if self.experts is not None and self.expert_ffn_hidden is None:
             object.__setattr__(self, "expert_ffn_hidden", self.f)
+        if self.experts is None:
+            given = [name for name, on in (("shared_expert_ffn_hidden", self.shared_expert_ffn_hidden is not None),
+                                           ("dense_layers", bool(self.dense_layers))) if on]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with experts (a mixture of experts)")
+        if self.shared_expert_gate and self.shared_expert_ffn_hidden is None:
+            raise ValueError("shared_expert_gate: only with a shared expert (shared_expert_ffn_hidden)")
+        if self.dense_layers:
+            wrong = [i for i in self.dense_layers if not 0 <= i < self.layers]
+            if wrong:
+                raise ValueError(f"dense_layers: {wrong[0]} is not a transformer layer (0 to {self.layers - 1})")
+            if len(set(self.dense_layers)) != len(self.dense_layers):
+                raise ValueError("dense_layers: a layer is listed twice")
+            if len(self.dense_layers) == self.layers:
+                raise ValueError("dense_layers: every layer is dense; a model without a mixture of experts leaves "
+                                 "experts out")
+            object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
@@ -198,24 +238,51 @@ class ModelSpec(BaseModel):
             return weights + self.q_dim + 2 * self.kv_dim + h
         return weights + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
 
+    def _mlp_of(self, f: int) -> int:
+        """One MLP of the model's form (gated or not, with biases or not) of width ``f``."""
+        h = self.hidden
+        return (3 if self.gated_mlp else 2) * h * f + ((f + h) if self.bias else 0)
+
     def expert_params(self) -> int:
         """One MLP of width ``f_e`` (an expert's; the dense MLP's without experts)."""
-        h, f = self.hidden, self.f_e
-        weights = (3 if self.gated_mlp else 2) * h * f
-        return weights + ((f + h) if self.bias else 0)
+        return self._mlp_of(self.f_e)
 
-    def mlp_params(self) -> int:
-        """The dense MLP, or ``experts`` expert MLPs and the router's ``h E`` (module docstring)."""
-        if self.experts is None:
-            return self.expert_params()
-        return self.experts * self.expert_params() + self.hidden * self.experts
+    def shared_expert_params(self) -> int:
+        """The shared expert (an MLP of width ``shared_expert_ffn_hidden``) and its gate's ``h``; 0 without one."""
+        if self.shared_expert_ffn_hidden is None:
+            return 0
+        return self._mlp_of(self.shared_expert_ffn_hidden) + (self.hidden if self.shared_expert_gate else 0)
 
-    def active_mlp_params(self) -> int:
-        """The MLP parameters one token runs through: the router and ``experts_per_token`` experts (all of a dense
-        MLP)."""
-        if self.experts is None:
-            return self.expert_params()
-        return int(self.experts_per_token) * self.expert_params() + self.hidden * self.experts  # type: ignore[arg-type]
+    def moe_layer(self, i: int) -> bool:
+        """Whether transformer layer ``i`` (0-based)'s MLP is a mixture of experts: every layer of a model with
+        experts but its ``dense_layers``."""
+        return self.experts is not None and i not in self.dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        """How many transformer layers route to experts."""
+        return self.layers - len(self.dense_layers) if self.experts is not None else 0
+
+    def _moe_of(self, moe: bool | None) -> bool:
+        if moe and self.experts is None:
+            raise ValueError("moe: this model has no experts")
+        return self.experts is not None if moe is None else moe
+
+    def mlp_params(self, moe: bool | None = None) -> int:
+        """The dense MLP (width ``f``), or of a layer with experts (``moe``; default: whether the model has any)
+        ``experts`` expert MLPs, the router's ``h E`` and the shared expert (module docstring)."""
+        if not self._moe_of(moe):
+            return self._mlp_of(self.f)
+        return (int(self.experts) * self.expert_params() + self.hidden * int(self.experts)  # type: ignore[arg-type]
+                + self.shared_expert_params())
+
+    def active_mlp_params(self, moe: bool | None = None) -> int:
+        """The MLP parameters one token runs through: the router, ``experts_per_token`` experts and the shared
+        expert (all of a dense MLP)."""
+        if not self._moe_of(moe):
+            return self._mlp_of(self.f)
+        return (int(self.experts_per_token) * self.expert_params() + self.hidden * int(self.experts)  # type: ignore[arg-type]
+                + self.shared_expert_params())
 
     def norm_params(self) -> int:
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
@@ -244,10 +311,15 @@ class ModelSpec(BaseModel):
         ``sandwich_norm`` after each of them too."""
         return 4 if self.sandwich_norm else 2
 
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (its norms, and the query and key norms with ``qk_norm``)."""
-        return (self.attention_params() + self.mlp_params() + self.norms_per_layer * self.norm_params()
+    def layer_params(self, moe: bool | None = None) -> int:
+        """Parameters of one transformer layer (its norms, and the query and key norms with ``qk_norm``); ``moe``:
+        a layer with experts or a dense one (default: whether the model has experts)."""
+        return (self.attention_params() + self.mlp_params(moe) + self.norms_per_layer * self.norm_params()
                 + (2 * self.d if self.qk_norm else 0))
+
+    def block_params(self, i: int) -> int:
+        """Parameters of transformer layer ``i`` (0-based): :meth:`layer_params` of its kind (:meth:`moe_layer`)."""
+        return self.layer_params(self.moe_layer(i))
 
     def embedding_params(self) -> int:
         """Word embedding ``V h`` plus learned positions ``s h``."""
@@ -260,7 +332,9 @@ class ModelSpec(BaseModel):
     def total_params(self) -> int:
         """Parameters of the model, a tied head counted once."""
         head = self.norm_params() if self.tied_embeddings else self.head_params()
-        return self.embedding_params() + self.layers * self.layer_params() + head
+        dense = len(self.dense_layers)
+        return (self.embedding_params() + (self.layers - dense) * self.layer_params()
+                + dense * self.layer_params(False) + head)
 
     @property
     def profile_layers(self) -> int:

@@ -102,6 +102,7 @@ with selective recomputation the ``5 a s / h`` term goes: ``s b h (10 + 24/t)`` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -400,7 +401,8 @@ def window_share(s: int, window: int | None, causal: bool) -> float:
 
 
 def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None,
-                    window: int | None = None, expert: int = 1, expert_tensor: int | None = None) -> list[Operator]:
+                    window: int | None = None, expert: int = 1, expert_tensor: int | None = None,
+                    moe: bool | None = None) -> list[Operator]:
     """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences; ``window``:
     the layer's attention window (:meth:`planner.model.ModelSpec.layer_window`; None: causal over the whole
     sequence). The flash kernel skips the blocks outside the window (FlashAttention-2's ``window_size``); the
@@ -408,7 +410,11 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     with or without a window. ``expert``: a mixture of experts' expert-parallel size
     (:func:`planner.moe.moe_operators`); ``expert_tensor`` 1 (at ``t > 1``, with sequence parallelism): its experts
     whole on each rank, run on the copies of the rank's own ``T/t`` tokens routed to them (Megatron-Core's
-    ``--expert-tensor-parallel-size 1``; None: split over ``t`` as the dense MLP)."""
+    ``--expert-tensor-parallel-size 1``; None: split over ``t`` as the dense MLP). ``moe``: whether this layer's
+    MLP is the mixture of experts or the dense one (:meth:`planner.model.ModelSpec.moe_layer`; default: whether the
+    model has experts); a mixture of experts' shared expert (``shared_expert_ffn_hidden``) is a dense MLP of its
+    width beside it, split over ``t`` (Megatron-Core's ``SharedExpertMLP``, whatever the experts' split), its output
+    scaled by ``sigmoid(x w)`` with ``shared_expert_gate`` and added to the experts'."""
     o = options or OperatorOptions()
     el = DTYPE_BYTES.get(o.dtype.lower(), 2)
     s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
@@ -417,7 +423,6 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     T = b * s
     a_t = spec.heads // t
     k_t = _shard(spec.k, t)
-    f_t = f // t if f % t == 0 else -(-f // t)
     rows = T // t if (o.sequence_parallel and T % t == 0) else (T / t if o.sequence_parallel else T)
     ln_el = rows * h  # elements of a norm / dropout-add (sequence-split with SP)
     acc = o.grad_accumulation == "separate"
@@ -522,7 +527,30 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(norm("post_attn_norm"))
     ops.append(dropout_add("dropout_add1"))
     ops.append(norm("norm2"))
-    if spec.moe:  # a mixture of experts in place of the dense MLP (planner.moe)
+
+    def mlp(width: int, prefix: str = "") -> list[Operator]:
+        """The dense MLP of ``width`` (the shared expert's with ``prefix``), split over ``t`` by its columns."""
+        w_t = width // t if width % t == 0 else -(-width // t)
+        names = ({"up": "mlp_up", "w1": "w1", "w3": "w3", "sum": "mlp_grad_sum", "up_gate": "mlp_up_gate",
+                  "down": "mlp_down"} if not prefix else
+                 {n: f"{prefix}{n}" for n in ("up", "w1", "w3", "sum", "up_gate", "down")})
+        out: list[Operator] = []
+        if not spec.gated_mlp:
+            out.append(gathered(gemm(names["up"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+        elif split:  # gate and up apart, reading one input (saved once, by the gate)
+            out.append(gathered(gemm(names["w1"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            out.append(gemm(names["w3"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
+            if eager:
+                out.append(eager_grad_sum(names["sum"], T * h, el, 1))
+        else:
+            out.append(gathered(gemm(names["up_gate"], T, 2 * w_t, h, el, accumulate=acc,
+                                     bias_rows=T if bias else 0)))
+        act = "act_mul" if spec.gated_mlp else "act"
+        out.append(mlp_activation(f"{prefix}{act}", spec.gated_mlp, T * w_t, el, eager))
+        out.append(gemm(names["down"], T, h, w_t, el, accumulate=acc, bias_rows=rows if bias else 0))
+        return out
+
+    if spec.moe if moe is None else moe:  # a mixture of experts in place of the dense MLP (planner.moe)
         from planner.moe import moe_operators
 
         if expert_tensor is not None and expert_tensor not in (1, t):
@@ -534,19 +562,19 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
             ops.extend(moe_operators(spec, rows, rows, 1, o, el, acc, eager, expert))
         else:
             ops.extend(moe_operators(spec, T, rows, t, o, el, acc, eager, expert))
+        if spec.shared_expert_ffn_hidden is not None:
+            ops.extend(mlp(spec.shared_expert_ffn_hidden, "shared_"))
+            if spec.shared_expert_gate:
+                # sigmoid(x w) of the MLP's input rows (a GEMV, w of h, on the rank's rows), then the shared output
+                # times it: reads the output and the score, writes the product; saves both for the backward
+                ops.append(gemm("shared_gate", int(math.ceil(rows)), 1, h, el, accumulate=acc))
+                ops.append(elementwise("shared_gate_mul", ln_el, el, reads=1, writes=1, flops_per=5.0,
+                                       bwd_reads=2, bwd_writes=1, saved_bytes=el * (ln_el + rows)))
+            # the experts' and the shared expert's outputs summed (Megatron-Core's MoELayer: output + shared)
+            ops.append(elementwise("shared_add", ln_el, el, reads=2, writes=1, flops_per=1.0, bwd_reads=1,
+                                   bwd_writes=0, saved_bytes=0.0))
     else:
-        if not spec.gated_mlp:
-            ops.append(gathered(gemm("mlp_up", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
-        elif split:  # gate and up apart, reading one input (saved once, by the gate)
-            ops.append(gathered(gemm("w1", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
-            ops.append(gemm("w3", T, f_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
-            if eager:
-                ops.append(eager_grad_sum("mlp_grad_sum", T * h, el, 1))
-        else:
-            ops.append(gathered(gemm("mlp_up_gate", T, 2 * f_t, h, el, accumulate=acc,
-                                     bias_rows=T if bias else 0)))
-        ops.append(mlp_activation("act_mul" if spec.gated_mlp else "act", spec.gated_mlp, T * f_t, el, eager))
-        ops.append(gemm("mlp_down", T, h, f_t, el, accumulate=acc, bias_rows=rows if bias else 0))
+        ops.extend(mlp(f))
     if spec.sandwich_norm:  # Gemma 2: the MLP's output normed before the residual add
         ops.append(norm("post_mlp_norm"))
     ops.append(dropout_add("dropout_add2"))

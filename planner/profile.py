@@ -342,6 +342,11 @@ class TransformerShape(BaseModel):
     experts: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["experts"], exclude_if=lambda v: v is None)
     experts_per_token: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["experts"],
                                           exclude_if=lambda v: v is None)
+    #: the width of a mixture of experts' shared expert (:attr:`planner.model.ModelSpec.shared_expert_ffn_hidden`): a
+    #: dense MLP beside the routed experts in every layer with experts, with its own tensor-parallel collectives
+    #: (:meth:`planner.cost.ConfigCosts._tp_comm`); absent without one
+    shared_expert_ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"],
+                                                 exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _defaults(self) -> TransformerShape:
@@ -353,6 +358,8 @@ class TransformerShape(BaseModel):
             raise ValueError("experts and experts_per_token: give both (a mixture of experts) or neither")
         if self.experts is not None and int(self.experts_per_token or 0) > self.experts:
             raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
+        if self.shared_expert_ffn_hidden is not None and self.experts is None:
+            raise ValueError("shared_expert_ffn_hidden: only with experts (a mixture of experts)")
         return self
 
 
