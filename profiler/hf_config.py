@@ -63,15 +63,20 @@ The expert count, the top-k and Qwen3 MoE's ``moe_intermediate_size`` must be st
 them would be planned as that model, silently; ``norm_topk_prob`` takes transformers' default (false), as the
 library does when it loads the file: it changes no shape and no cost to speak of (a division of ``k`` weights per
 token). Qwen3 MoE's ``intermediate_size`` stays required, as every Llama-family type's (it is the spec's
-``ffn_hidden``), though with every layer a mixture of experts it sizes nothing. Qwen3 MoE's dense layers
-(``decoder_sparse_step`` other than 1, a non-empty ``mlp_only_layers``) are refused: a ModelSpec's layers are all
-alike. Mixtral's ``sliding_window`` is Mistral's (every layer; transformers
-5's ``MixtralConfig`` defaults it to null and has no ``layer_types``, Mixtral-8x7B-v0.1 states null); Qwen3 MoE's
+``ffn_hidden``): the width of its dense layers, those ``mlp_only_layers`` lists and those ``decoder_sparse_step``
+skips (transformers' decoder layer builds the dense MLP where ``layer_idx in mlp_only_layers`` or ``(layer_idx + 1) %
+decoder_sparse_step``): ``ModelSpec.dense_layers``. Qwen2 MoE (``qwen2_moe``: Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen3
+MoE's routing (``norm_topk_prob``, default false) with Qwen2's attention (``qkv_bias``, default true) and a shared
+expert in every layer with experts, ``shared_expert_intermediate_size`` wide, its output always gated by
+``sigmoid(shared_expert_gate(x))`` (``Qwen2MoeSparseMoeBlock``): ``shared_expert_ffn_hidden`` and
+``shared_expert_gate``; its width must be stated too (transformers' default is Qwen1.5-MoE-A2.7B's 5632).
+Mixtral's ``sliding_window`` is Mistral's (every layer; transformers 5's ``MixtralConfig`` defaults it to null and
+has no ``layer_types``, Mixtral-8x7B-v0.1 states null); Qwen3 MoE's
 applies only with ``use_sliding_window`` (``Qwen3MoeConfig`` nulls it otherwise), on every layer.
 ``router_aux_loss_coef`` and ``output_router_logits`` (the load-balancing loss) change no cost modelled; a non-zero
 Mixtral ``router_jitter_noise`` (a multiplicative noise on the router's input in training) is noted in ``source`` as
 not modelled. Other mixtures of experts are refused naming what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`:
-Qwen2 MoE's and Llama 4's shared expert, OLMoE's full-width query/key norms, DeepSeek-V2/V3's latent attention,
+Llama 4's shared expert beside a sigmoid router, OLMoE's full-width query/key norms, DeepSeek-V2/V3's latent attention,
 gpt-oss's attention sinks).
 """
 
@@ -91,14 +96,22 @@ from planner.limits import MAX_LAYERS, SHAPE_LIMITS
 from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
+               "qwen2_moe")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                 "expert_ffn_hidden": "intermediate_size"},
     "qwen3_moe": {"experts": "num_experts", "experts_per_token": "num_experts_per_tok",
-                  "expert_ffn_hidden": "moe_intermediate_size", "normalize_topk": "norm_topk_prob"},
+                  "expert_ffn_hidden": "moe_intermediate_size", "normalize_topk": "norm_topk_prob",
+                  "dense_layers": "mlp_only_layers"},
+    "qwen2_moe": {"experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                  "expert_ffn_hidden": "moe_intermediate_size", "normalize_topk": "norm_topk_prob",
+                  "dense_layers": "mlp_only_layers", "shared_expert_ffn_hidden": "shared_expert_intermediate_size"},
 }
+#: mixture-of-experts types whose dense layers are ``mlp_only_layers`` and those ``decoder_sparse_step`` skips
+#: (transformers' ``Qwen3MoeDecoderLayer``, ``Qwen2MoeDecoderLayer``)
+SPARSE_STEP_TYPES = ("qwen3_moe", "qwen2_moe")
 MOE_TYPES = tuple(MOE_FIELDS)
 #: the mixture-of-experts fields a config.json must state (module docstring: transformers' defaults are one published
 #: model's); Mixtral's expert width is its intermediate_size, already required
@@ -120,14 +133,12 @@ SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 #: code in transformers 5 (``Qwen2MoeSparseMoeBlock``, ``OlmoeAttention``, ``DeepseekV3Attention``, ``GptOssAttention``,
 #: ``Llama4TextMoe``)
 UNSUPPORTED_WHY = {
-    "qwen2_moe": ("a shared expert (shared_expert_intermediate_size) beside the routed ones, its output gated by a "
-                  "sigmoid: ModelSpec has no shared expert"),
     "olmoe": ("query and key norms over the whole projection (q_norm of hidden_size), not per head as Qwen3's: "
               "ModelSpec's qk_norm is per head"),
-    "deepseek_v2": ("multi-head latent attention (kv_lora_rank, q_lora_rank) and shared experts (n_shared_experts), "
-                    "its first layers dense (first_k_dense_replace): ModelSpec has none of them"),
-    "deepseek_v3": ("multi-head latent attention (kv_lora_rank, q_lora_rank) and a shared expert (n_shared_experts), "
-                    "its first layers dense (first_k_dense_replace): ModelSpec has none of them"),
+    "deepseek_v2": ("multi-head latent attention (kv_lora_rank, q_lora_rank): ModelSpec has none (its shared experts "
+                    "and dense first layers it has)"),
+    "deepseek_v3": ("multi-head latent attention (kv_lora_rank, q_lora_rank) and a sigmoid router with a score "
+                    "bias: ModelSpec has none of them (its shared expert and dense first layers it has)"),
     "gpt_oss": ("attention sinks (a learned logit per head), biased experts and router and a clamped SwiGLU "
                 "(swiglu_limit): ModelSpec has none of them"),
     "llama4": ("a shared expert beside the routed one, a sigmoid router, layers without rotary positions "
@@ -145,7 +156,7 @@ GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_
 
 
 #: ModelSpec fields bounded as another's (planner.limits.SHAPE_LIMITS)
-SHAPE_OF = {"experts_per_token": "experts", "expert_ffn_hidden": "ffn_hidden"}
+SHAPE_OF = {"experts_per_token": "experts", "expert_ffn_hidden": "ffn_hidden", "shared_expert_ffn_hidden": "ffn_hidden"}
 
 #: fields a config.json must state (ours; their names above): without them transformers fills in its defaults
 #: (a bare {"model_type": "llama"} is Llama 2 7B). Llama-family configs also: intermediate_size, vocab_size
@@ -279,7 +290,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     head_dim=getattr(cfg, "head_dim", None), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
-                    qkv_bias=model_type == "qwen2" or attention_bias, rope_theta=_rope_theta(cfg),
+                    qkv_bias=model_type == "qwen2" or attention_bias or _qkv_bias(cfg, model_type),
+                    rope_theta=_rope_theta(cfg),
                     qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"))
         if model_type in MOE_TYPES:
             spec.update(_moe(cfg, model_type, notes))
@@ -321,6 +333,40 @@ def hf_fields(model_type: str) -> dict[str, str]:
     return {**HF_FIELDS, **MOE_FIELDS.get(model_type, {})}
 
 
+def _qkv_bias(cfg: Any, model_type: str) -> bool:
+    """Qwen2 MoE's ``qkv_bias`` (``Qwen2MoeAttention``'s q, k and v projections; transformers 5's default true,
+    before it always on); False for other types."""
+    if model_type != "qwen2_moe":
+        return False
+    value = getattr(cfg, "qkv_bias", True)
+    if not isinstance(value, bool):
+        raise HFConfigError("qkv_bias", f"true or false, got {value!r:.40}")
+    return value
+
+
+def _dense_layers(cfg: Any, layers: object, experts: object) -> list[int]:
+    """The layers a Qwen MoE config makes dense (:data:`SPARSE_STEP_TYPES`): transformers' decoder layer builds the
+    dense MLP (``intermediate_size`` wide) where ``layer_idx in mlp_only_layers`` or not ``num_experts > 0 and
+    (layer_idx + 1) % decoder_sparse_step == 0``."""
+    step = getattr(cfg, "decoder_sparse_step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise HFConfigError("decoder_sparse_step", f"a whole number of 1 or more, got {step!r:.40}")
+    only = getattr(cfg, "mlp_only_layers", None) or []
+    if not isinstance(only, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise HFConfigError("mlp_only_layers", f"a list of layer numbers, got {only!r:.60}")
+    if not isinstance(layers, int) or not isinstance(experts, int) or experts <= 0:
+        return []  # (the spec names what is wrong with them)
+    wrong = [i for i in only if not 0 <= i < layers]
+    if wrong:
+        raise HFConfigError("mlp_only_layers", f"{wrong[0]} is not a layer of the {layers} (num_hidden_layers)")
+    dense = [i for i in range(layers) if i in only or (i + 1) % step]
+    if len(dense) == layers:
+        raise HFConfigError("mlp_only_layers" if only else "decoder_sparse_step",
+                            f"every one of the {layers} layers would be dense (mlp_only_layers {list(only)!r:.60}, "
+                            f"decoder_sparse_step {step}): no layer routes to the experts")
+    return dense
+
+
 def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
     """The mixture-of-experts fields of ``spec`` (module docstring's second table) for a :data:`MOE_TYPES` config:
     Mixtral's experts are ``intermediate_size`` wide and their top-k weights always renormalised
@@ -329,17 +375,6 @@ def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
     ``Qwen3MoeMLP`` (``layer_idx in mlp_only_layers`` or ``(layer_idx + 1) % decoder_sparse_step``): refused, as a
     top-k beyond the experts (``torch.topk`` would fail in the model's forward)."""
     names = MOE_FIELDS[model_type]
-    if model_type == "qwen3_moe":
-        step = getattr(cfg, "decoder_sparse_step", 1)
-        if step != 1 or isinstance(step, bool):
-            raise HFConfigError("decoder_sparse_step", f"{step!r:.40}: only every {step!r:.40}-th layer would be a "
-                                "mixture of experts, the others dense (intermediate_size); every layer must be a "
-                                "mixture of experts for now (decoder_sparse_step 1)")
-        dense = getattr(cfg, "mlp_only_layers", None)
-        if dense:
-            raise HFConfigError("mlp_only_layers", f"{dense!r:.60}: those layers would have a dense MLP "
-                                "(intermediate_size); every layer must be a mixture of experts for now "
-                                "(mlp_only_layers [])")
     experts, top_k = getattr(cfg, names["experts"], None), getattr(cfg, "num_experts_per_tok", None)
     if isinstance(experts, int) and isinstance(top_k, int) and 0 < experts < top_k:
         raise HFConfigError("num_experts_per_tok", f"{top_k} is more than the {experts} experts "
@@ -354,8 +389,15 @@ def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
     if number > 0:
         notes.append(f"router_jitter_noise ({number:g}) not modelled (a noise multiplied into the router's input in "
                      "training: an elementwise pass)")
-    return {"experts": experts, "experts_per_token": top_k,
-            "expert_ffn_hidden": getattr(cfg, names["expert_ffn_hidden"], None), "normalize_topk": normalize}
+    out = {"experts": experts, "experts_per_token": top_k,
+           "expert_ffn_hidden": getattr(cfg, names["expert_ffn_hidden"], None), "normalize_topk": normalize}
+    if model_type in SPARSE_STEP_TYPES:
+        out["dense_layers"] = _dense_layers(cfg, getattr(cfg, "num_hidden_layers", None), experts)
+    if model_type == "qwen2_moe":  # a shared expert in every layer with experts, always gated (Qwen2MoeSparseMoeBlock)
+        shared = getattr(cfg, "shared_expert_intermediate_size", None)
+        if shared:
+            out.update(shared_expert_ffn_hidden=shared, shared_expert_gate=True)
+    return out
 
 
 #: multimodal model types whose language model is read from their ``text_config`` (as the type that names:
@@ -488,7 +530,8 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         raise HFConfigError("model_type", unsupported_type(model_type))
     names = hf_fields(model_type)
     required = REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab")
-    for ours in (*required, *(MOE_REQUIRED if model_type in MOE_TYPES else ())):
+    moe_required = (*MOE_REQUIRED, *(("shared_expert_ffn_hidden",) if model_type == "qwen2_moe" else ()))
+    for ours in (*required, *(moe_required if model_type in MOE_TYPES else ())):
         theirs = names.get(ours, "vocab_size")
         # (Mixtral's num_local_experts may be given by its alias num_experts: MixtralConfig.attribute_map)
         given = data.get(theirs, data.get("num_experts") if theirs == "num_local_experts" else None)
@@ -515,7 +558,10 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         # ValueError: The hidden size (4096) is not a multiple of ..."): the reason is what the user can act on
         text = " ".join(str(e).split())
         reason = re.search(r"(?:ValueError|TypeError): (.+)$", text)
-        raise HFConfigError(str(getattr(e, "field", None) or "config"),
+        # its type checks name the field ("Validation error for field 'qkv_bias': TypeError: Field 'qkv_bias'
+        # expected bool, got str"): the error names it too
+        typed = re.search(r"[Ee]rror for field '([A-Za-z_][A-Za-z0-9_]*)'", text)
+        raise HFConfigError(str(getattr(e, "field", None) or (typed.group(1) if typed else "config")),
                             f"transformers cannot read it: {reason.group(1) if reason else text}") from None
     return parse_hf_config(cfg, name, seq, source, warn)
 

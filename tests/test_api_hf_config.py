@@ -64,7 +64,7 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
     good = _config("mistral-7b")
     cases = [
         ({"config": {**good, "num_key_value_heads": 5}, "device": "h100"}, "config.num_key_value_heads"),
-        ({"config": {**good, "model_type": "qwen2_moe"}, "device": "h100"}, "config.model_type"),
+        ({"config": {**good, "model_type": "olmoe"}, "device": "h100"}, "config.model_type"),
         # a Mistral as a Mixtral without its experts: transformers' default (8, Mixtral 8x7B's) is not taken
         ({"config": {**good, "model_type": "mixtral"}, "device": "h100"}, "config.num_local_experts: missing"),
         ({"config": {k: v for k, v in good.items() if k != "model_type"}, "device": "h100"}, "config.model_type"),
@@ -196,8 +196,8 @@ def test_hf_config_with_eager_kernels_and_op_checkpointing(client) -> None:  # t
 def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-untyped-def]
     """Mixtral 8x7B and Qwen3-30B-A3B uploaded: a 201, their layers holding every expert and the router
     (ModelSpec.layer_params: 1,451,270,144 for Mixtral's, 8 x 3 x 4096 x 14336 of it in experts) and their
-    published sizes; a bad mixture of experts (a top-k beyond the experts, dense layers in a Qwen3 MoE, a shared
-    expert) is a 422 naming the config's field."""
+    published sizes; a bad mixture of experts (a top-k beyond the experts, every layer dense, a Qwen2 MoE without its
+    shared expert's width, DeepSeek-V3's latent attention) is a 422 naming the config's field."""
     from profiler.hf_config import spec_from_hf_dict
 
     for name, total in (("mixtral-8x7b", 46_702_792_704), ("qwen3-30b-a3b", 30_532_122_624)):
@@ -216,11 +216,33 @@ def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-u
         ({**qwen, "num_experts_per_tok": 129}, "config.num_experts_per_tok: 129 is more than the 128 experts"),
         ({**qwen, "num_experts": 1, "num_experts_per_tok": 1}, "config.num_experts: "),
         ({**mixtral, "num_local_experts": "eight"}, "config.num_local_experts: must be a positive integer"),
-        ({**qwen, "mlp_only_layers": [0]}, "config.mlp_only_layers: "),
-        ({**qwen, "decoder_sparse_step": 2}, "config.decoder_sparse_step: "),
+        ({**qwen, "mlp_only_layers": list(range(48))}, "config.mlp_only_layers: every one of the 48 layers"),
+        ({**qwen, "decoder_sparse_step": 0}, "config.decoder_sparse_step: "),
         ({k: v for k, v in qwen.items() if k != "moe_intermediate_size"}, "config.moe_intermediate_size: missing"),
-        ({**qwen, "model_type": "qwen2_moe"}, "config.model_type: 'qwen2_moe' is not supported (a shared expert"),
+        ({**qwen, "model_type": "qwen2_moe"}, "config.shared_expert_intermediate_size: missing"),
+        ({**qwen, "model_type": "deepseek_v3"}, "config.model_type: 'deepseek_v3' is not supported (multi-head"),
     ]
     for config, words in cases:
         r = client.post("/profiles/hf-config", json={"config": config, "device": "h100"}, headers=AUTH)
         assert r.status_code == 422 and r.json()["detail"].startswith(words), (words, r.text)
+
+
+def test_hf_config_with_shared_experts_and_dense_layers(client) -> None:  # type: ignore[no-untyped-def]
+    """Qwen1.5-MoE-A2.7B (a gated shared expert in every layer) and Qwen3-30B-A3B with its first layer dense
+    (``mlp_only_layers``): a 201 with the parameter count transformers' model has, the dense block's parameters and
+    times apart from the others', and no experts in it."""
+    from profiler.hf_config import spec_from_hf_dict
+
+    qwen15 = client.post("/profiles/hf-config", json={"config": _config("qwen1.5-moe-a2.7b"), "device": "h100",
+                                                      "seq": 4096}, headers=AUTH)
+    assert qwen15.status_code == 201 and qwen15.json()["total_params"] == 14_315_784_192, qwen15.text
+    cfg = {**_config("qwen3-30b-a3b"), "mlp_only_layers": [0]}
+    r = client.post("/profiles/hf-config", json={"config": cfg, "device": "h100", "seq": 4096}, headers=AUTH)
+    spec = spec_from_hf_dict(cfg, "q")
+    assert r.status_code == 201 and r.json()["total_params"] == spec.total_params(), r.text
+    blocks = [x for x in client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"]["layers"]
+              if x["kind"] == "transformer"]
+    assert blocks[0]["params"] == spec.layer_params(False) and not blocks[0].get("expert_params")
+    assert {x["params"] for x in blocks[1:]} == {spec.layer_params()}
+    assert all(x["expert_params"] == 128 * spec.expert_params() for x in blocks[1:])
+    assert blocks[0]["fwd_time"] != blocks[1]["fwd_time"]

@@ -26,6 +26,7 @@ PUBLISHED = {
     "gpt2": (0.124, 0.0005),
     "mixtral-8x7b": (46.7, 0.05),
     "qwen3-30b-a3b": (30.5, 0.05),
+    "qwen1.5-moe-a2.7b": (14.3, 0.05),
 }
 
 
@@ -87,7 +88,8 @@ def _llama(**changes: object) -> dict[str, object]:
 
 @pytest.mark.parametrize(("changes", "field"), [
     ({"model_type": None}, "model_type"),
-    ({"model_type": "qwen2_moe"}, "model_type"),
+    # a Llama as a Qwen2 MoE without its experts: transformers' defaults (Qwen1.5-MoE-A2.7B's) are not taken
+    ({"model_type": "qwen2_moe"}, "num_experts"),
     # a Mixtral must state its experts (MixtralConfig's default 8 is Mixtral 8x7B's)
     ({"model_type": "mixtral"}, "num_local_experts"),
     ({"num_hidden_layers": 0}, "num_hidden_layers"),
@@ -368,8 +370,15 @@ def _tiny(fixture: str, **changes: object) -> dict[str, object]:
     ("tiny-qwen3-moe", {"num_experts_per_tok": "two"}, "num_experts_per_tok", "positive integer"),
     ("tiny-mixtral", {"num_local_experts": 10**6}, "num_local_experts", "beyond any published model"),
     ("tiny-qwen3-moe", {"moe_intermediate_size": -1}, "moe_intermediate_size", "positive integer"),
-    ("tiny-qwen3-moe", {"decoder_sparse_step": 2}, "decoder_sparse_step", "every layer must be a mixture of experts"),
-    ("tiny-qwen3-moe", {"mlp_only_layers": [0, 3]}, "mlp_only_layers", "every layer must be a mixture of experts"),
+    ("tiny-qwen3-moe", {"decoder_sparse_step": 0}, "decoder_sparse_step", "a whole number of 1 or more"),
+    ("tiny-qwen3-moe", {"decoder_sparse_step": 5}, "decoder_sparse_step", "every one of the 4 layers would be dense"),
+    ("tiny-qwen3-moe", {"mlp_only_layers": [0, 1, 2, 3]}, "mlp_only_layers",
+     "every one of the 4 layers would be dense"),
+    ("tiny-qwen3-moe", {"mlp_only_layers": [4]}, "mlp_only_layers", "4 is not a layer of the 4"),
+    ("tiny-qwen2-moe", {"shared_expert_intermediate_size": None}, "shared_expert_intermediate_size", "missing"),
+    ("tiny-qwen2-moe", {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size", "positive integer"),
+    ("tiny-qwen2-moe", {"qkv_bias": "yes"}, "qkv_bias", "expected bool"),
+    ("tiny-qwen3-moe", {"mlp_only_layers": "first"}, "mlp_only_layers", "expected a list"),
     ("tiny-mixtral", {"router_jitter_noise": -0.1}, "router_jitter_noise", "a number of 0 or more"),
 ])
 def test_bad_moe_config_names_the_field(fixture: str, changes: dict[str, object], field: str, words: str) -> None:
@@ -379,7 +388,6 @@ def test_bad_moe_config_names_the_field(fixture: str, changes: dict[str, object]
 
 
 @pytest.mark.parametrize(("model_type", "words"), [
-    ("qwen2_moe", "a shared expert (shared_expert_intermediate_size)"),
     ("olmoe", "query and key norms over the whole projection"),
     ("deepseek_v2", "multi-head latent attention (kv_lora_rank"),
     ("deepseek_v3", "multi-head latent attention (kv_lora_rank"),
@@ -391,3 +399,34 @@ def test_other_mixtures_of_experts_are_refused_saying_why(model_type: str, words
         spec_from_hf_dict(_tiny("tiny-mixtral", model_type=model_type))
     assert err.value.field == "model_type" and words in err.value.message, str(err.value)
     assert "supported: " in err.value.message and "mixtral" in err.value.message
+
+
+def test_dense_layers_and_shared_experts() -> None:
+    """Qwen MoE's dense layers (transformers' decoder layer: the dense MLP where ``layer_idx in mlp_only_layers`` or
+    ``(layer_idx + 1) % decoder_sparse_step``) and Qwen2 MoE's gated shared expert; Qwen1.5-MoE-A2.7B's model card:
+    "14.3B parameters in total and 2.7B activated" (24 layers of 60 experts of 1408, top 4, a shared expert of 5632),
+    and the count equals transformers' Qwen2MoeForCausalLM's (checked on the meta device: 14,315,784,192)."""
+    qwen = read_hf_config(MODELS / "qwen1.5-moe-a2.7b")
+    assert qwen.total_params() == 14_315_784_192
+    assert (qwen.experts, qwen.experts_per_token, qwen.f, qwen.f_e, qwen.shared_expert_ffn_hidden) == (60, 4, 5632,
+                                                                                                      1408, 5632)
+    assert qwen.shared_expert_gate and qwen.qkv_bias and not qwen.qk_norm and not qwen.normalize_topk
+    assert qwen.dense_layers == () and qwen.moe_layers == 24 and qwen.seq == 8192
+    active = qwen.total_params() - qwen.layers * (qwen.mlp_params() - qwen.active_mlp_params())
+    # 2.69B with the untied embedding and LM head (0.62B): the card's 2.7B activated
+    assert abs(active / 1e9 - 2.7) < 0.05, active
+    tiny = read_hf_config(FIXTURES / "tiny-qwen2-moe")
+    assert tiny.dense_layers == (1,) and [tiny.moe_layer(i) for i in range(4)] == [True, False, True, True]
+    assert tiny.block_params(1) == tiny.layer_params(False) < tiny.layer_params() == tiny.block_params(0)
+    # a dense layer: attention, norms and one MLP of intermediate_size; a layer with experts: 4 experts of 48, the
+    # router, the shared expert of 80 and its gate
+    assert tiny.layer_params() - tiny.layer_params(False) == (4 * 3 * 64 * 48 + 64 * 4 + 3 * 64 * 80 + 64
+                                                              - 3 * 64 * 96)
+    data = json.loads((FIXTURES / "tiny-qwen3-moe" / "config.json").read_text())
+    every_other = spec_from_hf_dict({**data, "decoder_sparse_step": 2}, "q")
+    assert every_other.dense_layers == (0, 2) and every_other.shared_expert_ffn_hidden is None
+    both = spec_from_hf_dict({**data, "decoder_sparse_step": 2, "mlp_only_layers": [1]}, "q")
+    assert both.dense_layers == (0, 1, 2) and both.moe_layers == 1
+    no_gate = spec_from_hf_dict({**json.loads((FIXTURES / "tiny-qwen2-moe" / "config.json").read_text()),
+                                 "qkv_bias": False}, "q")
+    assert not no_gate.qkv_bias and no_gate.shared_expert_gate
