@@ -3,16 +3,21 @@ downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the d
 the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
 
 The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, Mixtral,
-Qwen3 MoE, GPT-2) are identical in shape (a sliding window is not applied: no mask is passed; on the CPU the masked
-scores cost the same), so only ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the
-model is made: the memory of a few layers, not of the model) and the profile's other blocks reuse the last one
-measured. Each layer is the library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary
+Qwen2 and Qwen3 MoE, GPT-2) are identical in shape (a sliding window is not applied: no mask is passed; on the CPU the
+masked scores cost the same), so only ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before
+the model is made: the memory of a few layers, not of the model) and the profile's other blocks reuse the last one
+measured. A mixture of experts with dense layers (``ModelSpec.dense_layers``: Qwen2/Qwen3 MoE's ``mlp_only_layers``
+and the layers ``decoder_sparse_step`` skips) has two kinds of layer: the first of each kind is built too where the
+first ``measure_layers`` lack it (:func:`built_layers`; the lowered model's ``mlp_only_layers`` say which of its
+layers are dense, ``decoder_sparse_step`` 1), and each block reuses the last measured one of its own kind. Each
+layer is the library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary
 ``position_embeddings`` the model's ``rotary_emb`` makes (computed inside the layer wrapper, as a pipeline stage
 would), and no attention mask, so the library's SDPA path applies its causal mask itself.
 
-A mixture-of-experts layer (Mixtral's ``MixtralSparseMoeBlock``, Qwen3 MoE's ``Qwen3MoeSparseMoeBlock``) runs its
-experts as the library does by default (``experts_implementation`` "grouped_mm": one grouped GEMM,
-``torch.nn.functional.grouped_mm``, over the tokens sorted by expert; transformers' ``integrations/moe.py``) and
+A mixture-of-experts layer (Mixtral's ``MixtralSparseMoeBlock``, Qwen3 MoE's ``Qwen3MoeSparseMoeBlock``, Qwen2 MoE's
+``Qwen2MoeSparseMoeBlock`` with its gated shared expert) runs its experts as the library does by default
+(``experts_implementation`` "grouped_mm": one grouped GEMM, ``torch.nn.functional.grouped_mm``, over the tokens
+sorted by expert; transformers' ``integrations/moe.py``) and
 routes each token with its router of random weights (``initializer_range`` 0.02): the top-k of nearly equal scores,
 so the tokens spread about evenly over the experts, not as a trained router sends them (``pipeplan profile`` warns
 so); a layer's time depends on how many tokens each expert gets.
@@ -85,6 +90,57 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+#: model types whose dense layers a config lists in ``mlp_only_layers`` (with ``decoder_sparse_step``; transformers'
+#: ``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``)
+MLP_ONLY_TYPES = ("qwen2_moe", "qwen3_moe")
+
+
+def built_layers(spec: ModelSpec, measure_layers: int) -> list[int]:
+    """The decoder layers (0-based) built and measured: the first ``measure_layers`` (all, with fewer layers), and
+    the first layer of each kind (a mixture of experts, or dense: :meth:`ModelSpec.moe_layer`) they lack."""
+    built = list(range(min(measure_layers, spec.layers)))
+    kinds = {spec.moe_layer(i) for i in built}
+    for i in range(spec.layers):
+        if spec.moe_layer(i) not in kinds:
+            built.append(i)
+            kinds.add(spec.moe_layer(i))
+    return built
+
+
+def measured_for(spec: ModelSpec, built: list[int]) -> list[int]:
+    """Per decoder layer of the model, the position in ``built`` of the layer it takes its numbers from: itself where
+    built, else the last built layer of its kind before it."""
+    out = []
+    for i in range(spec.layers):
+        if i in built:
+            out.append(built.index(i))
+        else:
+            out.append(max(j for j, k in enumerate(built) if k < i and spec.moe_layer(k) == spec.moe_layer(i)))
+    return out
+
+
+def repeated_blocks(spec: ModelSpec, measure_layers: int) -> str:
+    """Which blocks reuse which measured one, in words (a profile's ``environment["repeated_blocks"]``):
+    ``block.1..block.23 reuse block.0``; with dense layers per kind, ``block.2..block.3 (experts) reuse block.0``;
+    ``none: every layer measured``."""
+    built = built_layers(spec, measure_layers)
+    users: dict[int, list[int]] = {}
+    for i, j in enumerate(measured_for(spec, built)):
+        if built[j] != i:
+            users.setdefault(built[j], []).append(i)
+    if not users:
+        return "none: every layer measured"
+    kinds = bool(spec.dense_layers)
+    parts = []
+    for src, layers in sorted(users.items()):
+        contiguous = layers == list(range(layers[0], layers[-1] + 1))
+        listed = (f"block.{layers[0]}" if len(layers) == 1 else f"block.{layers[0]}..block.{layers[-1]}" if contiguous
+                  else ", ".join(f"block.{i}" for i in layers))
+        kind = f" ({'experts' if spec.moe_layer(src) else 'dense'})" if kinds else ""
+        parts.append(f"{listed}{kind} reuse{'s' if len(layers) == 1 else ''} block.{src}")
+    return "; ".join(parts)
+
+
 def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, measure_layers: int = 1,
                    seed: int = 0) -> tuple[LayerModel, ModelSpec]:
     """Build the model of a parsed ``config.json`` with ``measure_layers`` decoder layers; its
@@ -98,15 +154,22 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
                             "(--seq)")
     if measure_layers < 1:
         raise HFConfigError("layers", f"measure at least one decoder layer, got {measure_layers}")
-    built = min(measure_layers, spec.layers)
+    chosen = built_layers(spec, measure_layers)  # the model's decoder layers built, in order
+    built = len(chosen)
     data = language_model(data)[0]  # (a multimodal config: its language model)
     model_type = data["model_type"]
     assert model_type in SUPPORTED
     fields = {k: v for k, v in data.items() if k != "model_type"}
     layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
     fields[layer_key] = built
-    if isinstance(fields.get("layer_types"), list):  # (a config that lists them: the first ``built``)
-        fields["layer_types"] = fields["layer_types"][:built]
+    if isinstance(fields.get("layer_types"), list):  # (a config that lists them: those of the layers built)
+        fields["layer_types"] = [fields["layer_types"][i] for i in chosen]
+    if spec.dense_layers:  # the lowered model's dense layers: those of the layers built, by their new numbers
+        if model_type not in MLP_ONLY_TYPES:
+            raise HFConfigError("model_type", f"{model_type}: its dense layers cannot be built apart here (only "
+                                f"{', '.join(MLP_ONLY_TYPES)}'s mlp_only_layers)")
+        fields["mlp_only_layers"] = [j for j, i in enumerate(chosen) if not spec.moe_layer(i)]
+        fields["decoder_sparse_step"] = 1
     cfg = AutoConfig.for_model(model_type, **fields)
     # Gemma 2's soft-capped scores run in the library's eager attention only (it refuses SDPA): the unfused
     # scores, cap and softmax, all s x s (without a mask: the same work as the causal one)
@@ -134,15 +197,17 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
         return window[:, :-1], window[:, 1:]
 
     L = spec.layers
-    repeat = [0, *[1 + min(i, built - 1) for i in range(L)], built + 1]
+    repeat = [0, *[1 + j for j in measured_for(spec, chosen)], built + 1]
     names = ["embedding", *(f"block.{i}" for i in range(L)), "head"]
     kinds = ["embedding", *["transformer"] * L, "lm_head"]
     shape = TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=L,
-                             ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token)
+                             ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token,
+                             shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden)
     tied = {L + 1: spec.vocab * spec.hidden} if spec.tied_embeddings else {}
-    # a mixture of experts: each decoder layer's experts (planner.expert_parallel splits them; their times at e > 1
-    # are those measured here, the same FLOPs under balanced routing)
-    experts = {1 + i: int(spec.experts) * spec.expert_params() for i in range(L)} if spec.moe else {}
+    # a mixture of experts: each decoder layer's routed experts (planner.expert_parallel splits them; their times at
+    # e > 1 are those measured here, the same FLOPs under balanced routing); not the shared expert (every rank keeps
+    # it whole), nor a dense layer's MLP
+    experts = {1 + i: int(spec.experts) * spec.expert_params() for i in range(L) if spec.moe_layer(i)}
     lm = LayerModel([embedding, *decoders, head], sample, _loss, name=spec.name, names=names, kinds=kinds,
                     repeat=repeat, shape=shape, tied_params=tied, expert_params=experts)
     return lm, spec

@@ -1,9 +1,15 @@
 """``profile_model``: measure every layer of a zoo model and return a :class:`planner.profile.ModelProfile`.
 
-Transformer blocks of one model all have the same shape, so by default only ``block.0`` is measured and
-its numbers are reused for the other blocks (PipeDream 3.1 profiles every layer; for a stack of
-identical blocks the measurements would differ by noise only). ``all_layers=True`` measures each block.
-The profile says which in ``notes`` and ``environment["repeated_blocks"]``.
+Transformer blocks of one kind have the same shape, so by default only the first block of each kind is measured
+and its numbers are reused for the other blocks of that kind (PipeDream 3.1 profiles every layer; for a stack of
+identical blocks the measurements would differ by noise only). A model has one kind of block, or with experts two:
+the blocks whose MLP is the mixture of experts and its ``dense_layers`` (:meth:`planner.model.ModelSpec.moe_layer`;
+DeepSeek-V3's first three, Qwen2 MoE's ``mlp_only_layers``), each timed apart (:func:`kind_firsts`).
+``all_layers=True`` measures each block. The profile says which in ``notes`` and
+``environment["repeated_blocks"]``. Each block's ``params`` are those of the block built (its kind's,
+:meth:`planner.model.ModelSpec.block_params`), its ``expert_params`` the routed experts' of a block with experts
+(``experts x expert_params()``: what expert parallelism splits; not the shared expert, which it does not), 0 for a
+dense block.
 
 Layers are built one at a time (``build_layers(config, seed, i, i + 1)``), so profiling a large preset
 needs the memory of one layer, not of the model; the tied LM head then holds its copy of the embedding,
@@ -28,10 +34,62 @@ Progress = Callable[[str, int], None]
 """Called as ``progress(layer_name, micro_batch)`` after each measured (layer, size)."""
 
 
+def kind_firsts(config: ModelConfig) -> dict[bool, int]:
+    """The first transformer block (0-based) of each kind, keyed by whether its MLP is a mixture of experts
+    (:meth:`planner.model.ModelSpec.moe_layer`): ``{False: 0}`` for a dense model, ``{True: 0}`` for one whose every
+    layer routes to experts, ``{False: 0, True: 3}`` for DeepSeek-V3's three dense layers first."""
+    out: dict[bool, int] = {}
+    for i in range(config.layers):
+        out.setdefault(config.moe_layer(i), i)
+    return out
+
+
 def measured_layers(config: ModelConfig, all_layers: bool) -> list[int]:
-    """Indices of the layers that are measured (the others reuse ``block.0``)."""
+    """Indices (profile layers) of the layers that are measured: the embedding, the first block of each kind
+    (:func:`kind_firsts`) and the head; every layer with ``all_layers``. The other blocks reuse their kind's
+    (:func:`source_layer`)."""
     n = config.num_profile_layers
-    return list(range(n)) if all_layers or config.layers == 1 else [0, 1, n - 1]
+    if all_layers or config.layers == 1:
+        return list(range(n))
+    return sorted({0, *(1 + i for i in kind_firsts(config).values()), n - 1})
+
+
+def source_layer(config: ModelConfig, index: int, measured: list[int] | set[int] | dict[int, object]) -> int:
+    """The measured profile layer whose numbers profile layer ``index`` takes: itself where measured, else the first
+    measured block of its kind (:func:`kind_firsts`)."""
+    if index in measured:
+        return index
+    return 1 + kind_firsts(config)[config.moe_layer(index - 1)]
+
+
+def block_expert_params(config: ModelConfig, block: int) -> int:
+    """Of transformer block ``block``'s parameters, its routed experts' (``experts x expert_params()``: what expert
+    parallelism splits, :mod:`planner.expert_parallel`); 0 for a dense block (a model without experts, or one of
+    its ``dense_layers``). The shared expert is not among them: every rank keeps it whole."""
+    return int(config.experts) * config.expert_params() if config.moe_layer(block) else 0  # type: ignore[arg-type]
+
+
+def repeated_words(config: ModelConfig, measured: list[int] | set[int] | dict[int, object]) -> str:
+    """Which blocks reuse which measured one (``environment["repeated_blocks"]``): ``block.1..block.7 reuse
+    block.0``, or per kind ``block.1..block.2 (dense) reuse block.0; block.4..block.7 (experts) reuse block.3``;
+    ``none: every layer measured``."""
+    names = layer_names(config)
+    reused: dict[int, list[int]] = {}
+    for i in range(1, config.num_profile_layers - 1):
+        src = source_layer(config, i, measured)
+        if src != i:
+            reused.setdefault(src, []).append(i)
+    if not reused:
+        return "none: every layer measured"
+    kinds = len(kind_firsts(config)) > 1
+    parts = []
+    for src, users in sorted(reused.items()):
+        span = names[users[0]] if len(users) == 1 else f"{names[users[0]]}..{names[users[-1]]}"
+        contiguous = users == list(range(users[0], users[-1] + 1))
+        listed = span if contiguous else ", ".join(names[i] for i in users)
+        kind = f" ({'experts' if config.moe_layer(src - 1) else 'dense'})" if kinds else ""
+        parts.append(f"{listed}{kind} reuse{'s' if len(users) == 1 else ''} {names[src]}")
+    return "; ".join(parts)
 
 
 def check_device(device: str, option: str = "device") -> torch.device:
@@ -176,13 +234,14 @@ def profile_model(
     tied = config.vocab * config.hidden if config.tied_embeddings else 0
     layers = [
         _to_layer_profile(
-            names[i], kinds[i], measured.get(i, measured[1]), tied if i == n - 1 and n > 1 else 0,
-            shards.get(i, shards.get(1)) if tensor else None,
+            names[i], kinds[i], measured[source_layer(config, i, measured)], tied if i == n - 1 and n > 1 else 0,
+            shards[source_layer(config, i, measured)] if tensor else None,
+            expert_params=block_expert_params(config, i - 1) if kinds[i] == "transformer" else 0,
         )
         for i in range(n)
     ]
     reused = [names[i] for i in range(n) if i not in measured]
-    repeated = f"{reused[0]}..{reused[-1]} reuse block.0" if reused else "none: every layer measured"
+    repeated = repeated_words(config, measured)
     environment = {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -194,6 +253,8 @@ def profile_model(
         "warmup": str(warmup),
         "seed": str(seed),
         "config": json.dumps(config.to_dict(), sort_keys=True),
+        # the model as planner.model.ModelSpec (what an export writes out: its experts, shared expert, dense layers)
+        "model_spec": config.spec().model_dump_json(),
         "repeated_blocks": repeated,
         # what the times are: CUDA events, or on the CPU core time (one thread) or wall (profiler.timing)
         "clock": "cuda events" if dev.type == "cuda" else cpu_clock()[0],
@@ -208,7 +269,9 @@ def profile_model(
     notes = (
         f"Measured with pipeplan's profiler: median of {repeats} repeats after {warmup} warm-up runs. "
         + (
-            f"Transformer blocks have identical shapes: only block.0 was measured, {repeated}. "
+            (f"Transformer blocks of one kind have identical shapes: only the first block of each kind "
+             f"(a mixture of experts, or dense) was measured, {repeated}. " if len(kind_firsts(config)) > 1 else
+             f"Transformer blocks have identical shapes: only block.0 was measured, {repeated}. ")
             if reused
             else "Every layer was measured. "
         )
@@ -232,6 +295,9 @@ def profile_model(
             vocab=config.vocab,
             layers=config.layers,
             ffn_hidden=config.ffn_hidden,
+            experts=config.experts,
+            experts_per_token=config.experts_per_token,
+            shared_expert_ffn_hidden=config.shared_expert_ffn_hidden,
         ),
         source="measured",
         environment=environment,

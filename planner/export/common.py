@@ -217,12 +217,18 @@ class Export:
 @dataclass(frozen=True)
 class Parsed:
     """What a parser reads back from an export: the configuration, N, and -- where the format carries
-    it -- transformer layers per stage (``layer_counts``) or profile layers per stage (``partition``)."""
+    it -- transformer layers per stage (``layer_counts``) or profile layers per stage (``partition``); of a mixture
+    of experts the format writes out (Megatron-LM's arguments), its shared expert's width and gate and its dense
+    layers (:class:`planner.model.ModelSpec`'s ``shared_expert_ffn_hidden``, ``shared_expert_gate``,
+    ``dense_layers``; None, False and () where it has none or the format does not say)."""
 
     config: Config
     microbatches: int
     layer_counts: list[int] | None = None
     partition: list[tuple[int, int]] | None = None
+    shared_expert_ffn_hidden: int | None = None
+    shared_expert_gate: bool = False
+    dense_layers: tuple[int, ...] = ()
 
 
 class ExportError(ValueError):
@@ -249,17 +255,35 @@ SYNCHRONOUS_ONLY = {
 }
 
 
+def layer_ranges(layers: tuple[int, ...] | list[int]) -> str:
+    """``0-2, 5, 7-8``: layer numbers in runs."""
+    runs: list[list[int]] = []
+    for i in sorted(layers):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
     soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window, a mixture
-    of experts where the arguments do not write one (``experts``: they do); None when nothing is missing. The
+    of experts where the arguments do not write one (``experts``: they do; with its shared expert and its dense
+    layers, named by their fields); None when nothing is missing. The
     plan's times are the model's own: the framework's model has to be the user's."""
     if model is None:
         return None
     gaps = []
     if model.moe and not experts:
-        gaps.append(f"a mixture of {model.experts} experts ({model.experts_per_token} per token) in each MLP")
+        where = (f"in each MLP but those of layers {layer_ranges(model.dense_layers)} (dense_layers: the dense MLP, "
+                 f"{model.f} wide)" if model.dense_layers else "in each MLP")
+        shared = ("" if model.shared_expert_ffn_hidden is None else
+                  f", beside them a{' gated' if model.shared_expert_gate else ''} shared expert "
+                  f"{model.shared_expert_ffn_hidden} wide (shared_expert_ffn_hidden"
+                  f"{', shared_expert_gate' if model.shared_expert_gate else ''})")
+        gaps.append(f"a mixture of {model.experts} experts ({model.experts_per_token} per token) {where}{shared}")
     if model.embedding_scale:
         gaps.append("embeddings times sqrt(hidden)")
     if model.sandwich_norm:

@@ -35,12 +35,22 @@ Language Model Training on GPU Clusters Using Megatron-LM", SC'21, sections 2.2 
   layers, as ``--pipeline-model-parallel-layout`` (Megatron-Core, 2025 on: each stage's ``E``, ``t*k``, ``L``;
   :func:`layout`).
 
+A mixture of experts (Megatron-Core's ``megatron/core/transformer/moe``): ``--num-experts``, ``--moe-router-topk``,
+``--moe-ffn-hidden-size``; a shared expert (:attr:`planner.model.ModelSpec.shared_expert_ffn_hidden`, Megatron-Core's
+``SharedExpertMLP``) ``--moe-shared-expert-intermediate-size`` and, gated by ``sigmoid(x w)`` (Qwen2 MoE),
+``--moe-shared-expert-gate``; Megatron-Core refuses biases in it ("bias is not supported in the shared experts"), and
+so does the export for a model with ``bias``. Dense layers (``dense_layers``: the dense MLP, ``--ffn-hidden-size``
+wide) are ``--moe-layer-freq`` in its list form, 1 for a layer with experts and 0 for a dense one, run-length
+written as Megatron's ``moe_freq_type`` evaluates it: ``([0]*3+[1]*58)`` for DeepSeek-V3's three dense layers first
+(:func:`moe_layer_freq`).
+
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 
@@ -149,6 +159,66 @@ def _layer_args(inp: ExportInput, notes: list[str]) -> list[str]:
     return ["--pipeline-model-parallel-layout", layout(kinds, stages)]
 
 
+def moe_layer_freq(layers: int, dense_layers: tuple[int, ...] | list[int]) -> str:
+    """Megatron-Core's ``--moe-layer-freq`` list of ``layers`` transformer layers, 1 where a layer has experts and 0
+    where it is one of ``dense_layers``, as the Python list expression Megatron evaluates (``moe_freq_type``: only
+    digits, commas, brackets, parentheses, ``+`` and ``*``), run-length: ``([0]*3+[1]*58)``, ``([1]+[0]+[1]*2)``."""
+    dense = set(dense_layers)
+    runs: list[list[int]] = []
+    for i in range(layers):
+        bit = 0 if i in dense else 1
+        if runs and runs[-1][0] == bit:
+            runs[-1][1] += 1
+        else:
+            runs.append([bit, 1])
+    return "(" + "+".join(f"[{bit}]*{n}" if n > 1 else f"[{bit}]" for bit, n in runs) + ")"
+
+
+def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
+    """The dense layers of a ``--moe-layer-freq``: an integer ``N`` (a layer with experts every ``N``: those ``i``
+    with ``i % N == 0``, Megatron-Core's ``moe_layer_pattern``) or a list expression (:func:`moe_layer_freq`;
+    validated as Megatron does, then evaluated without ``eval``). Its length must be ``layers`` where known."""
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        freq = int(text)
+        if freq < 1:
+            raise ExportError(f"megatron script: --moe-layer-freq {text}: a frequency of 1 or more")
+        if layers is None:
+            raise ExportError("megatron script: --moe-layer-freq as a frequency needs --num-layers")
+        return tuple(i for i in range(layers) if i % freq)
+    if re.search(r"[^,\d\[\]()+*]", text):
+        raise ExportError(f"megatron script: --moe-layer-freq {text!r}: not a list expression Megatron evaluates "
+                          "(digits, commas, brackets, parentheses, + and *)")
+
+    def value(node: ast.AST) -> int | list[int]:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            items = [value(x) for x in node.elts]
+            if not all(isinstance(x, int) for x in items):
+                raise ValueError("a nested list")
+            return items  # type: ignore[return-value]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            a, b = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(a, list) and isinstance(b, list):
+                return a + b
+            if isinstance(node.op, ast.Mult) and isinstance(a, list) != isinstance(b, list):
+                return a * b  # type: ignore[operator]
+            if isinstance(a, int) and isinstance(b, int):
+                return a + b if isinstance(node.op, ast.Add) else a * b
+        raise ValueError(f"{ast.dump(node)[:40]}")
+
+    try:
+        pattern = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pattern = None
+    if not isinstance(pattern, list) or not set(pattern) <= {0, 1}:
+        raise ExportError(f"megatron script: --moe-layer-freq {text!r}: not a list of 0s and 1s")
+    if layers is not None and len(pattern) != layers:
+        raise ExportError(f"megatron script: --moe-layer-freq lists {len(pattern)} layers, --num-layers is {layers}")
+    return tuple(i for i, bit in enumerate(pattern) if bit == 0)
+
+
 def _model_args(inp: ExportInput) -> list[str]:
     m = inp.model
     if m is None:
@@ -178,6 +248,12 @@ def _model_args(inp: ExportInput) -> list[str]:
         # (planner.expert_parallel; Megatron-Core carves its expert-parallel groups from data parallelism too)
         args += ["--num-experts", str(m.experts), "--moe-router-topk", str(m.experts_per_token),
                  "--moe-ffn-hidden-size", str(m.f_e), "--expert-model-parallel-size", str(inp.config.expert)]
+        if m.shared_expert_ffn_hidden is not None:  # SharedExpertMLP beside the routed experts (its gate: sigmoid)
+            args += ["--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden)]
+            if m.shared_expert_gate:
+                args += ["--moe-shared-expert-gate"]
+        if m.dense_layers:  # 1: a layer with experts, 0: the dense MLP (--ffn-hidden-size)
+            args += ["--moe-layer-freq", moe_layer_freq(m.layers, m.dense_layers)]
         if inp.config.expert_tensor is not None:  # the experts whole on each rank (planner.expert_parallel)
             args += ["--expert-tensor-parallel-size", str(inp.config.expert_tensor)]
         if inp.config.expert > 1:
@@ -206,6 +282,11 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
                           f"{c.pipeline}-stage pipeline; Megatron-LM's --use-torch-fsdp2 runs without pipeline "
                           "parallelism (plan with --shard-optimizer for its distributed optimizer, or export a D = 1 "
                           "candidate)")
+    m = inp.model
+    if m is not None and m.moe and m.shared_expert_ffn_hidden is not None and m.bias:
+        raise ExportError(f"megatron: shared_expert_ffn_hidden ({m.shared_expert_ffn_hidden}) with bias: "
+                          "Megatron-Core's shared expert has no biases (SharedExpertMLP: 'bias is not supported in the "
+                          "shared experts', it needs --disable-bias-linear), and this model's linear layers have them")
     check(inp.spec)
     check_heads(inp, "megatron")
     if c.schedule == "interleaved" and c.pipeline == 2:
@@ -332,8 +413,9 @@ def parse_layout(text: str) -> list[int]:
 
 def parse(text: str) -> Parsed:
     """Read a :func:`export` script back: t, D, W (world size / (t D)), e, etp, the rank order, b, N, the schedule
-    (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, and the transformer layers
-    per (virtual) stage when ``--num-layers`` is given."""
+    (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, the transformer layers
+    per (virtual) stage when ``--num-layers`` is given, and a mixture of experts' shared expert (its width and gate)
+    and dense layers (``--moe-layer-freq``)."""
     logical = text.replace("\\\n", " ")
     line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
     if line is None:
@@ -402,4 +484,13 @@ def parse(text: str) -> Parsed:
             counts = [first, *[mid] * (D - 2), last]
         else:
             counts = [L // (D * v)] * (D * v)
-    return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts)
+    shared = num(args, "--moe-shared-expert-intermediate-size") if "--moe-shared-expert-intermediate-size" in args \
+        else None
+    if args.get("--moe-shared-expert-gate") and shared is None:
+        raise ExportError("megatron script: --moe-shared-expert-gate without --moe-shared-expert-intermediate-size")
+    freq = args.get("--moe-layer-freq")
+    if isinstance(freq, bool):
+        raise ExportError("megatron script: --moe-layer-freq is missing its value")
+    dense = parse_moe_layer_freq(freq, L) if freq is not None else ()
+    return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts, shared_expert_ffn_hidden=shared,
+                  shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense)
