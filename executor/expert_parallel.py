@@ -6,7 +6,11 @@ copies, the tokens sent to the copy that holds their experts and the outputs sen
 Symbols: ``T`` tokens of a micro-batch on a rank (``b s`` rows), ``k`` experts per token (top-k), ``h`` the hidden
 size, ``E`` experts per layer, ``e`` the expert-parallel size; EP rank ``i`` holds experts ``[i E/e, (i+1) E/e)``
 (:mod:`executor.groups`: copy ``w`` of the ``W`` data-parallel copies is EP rank ``w % e``; the router and every
-other parameter are replicated as without EP).
+other parameter are replicated as without EP). A shared expert and its gate (Qwen2 MoE, DeepSeekMoE:
+``shared_expert_ffn_hidden``, ``shared_expert_gate``) are no experts EP splits: every EP rank holds them whole (``1/t``
+of the shared expert with tensor parallelism, as the dense MLP) and runs them on its own tokens, and their gradients
+are reduced over every data-parallel copy as any dense parameter's (:func:`expert_parameters` leaves them out). The
+dense layers of a mixture of experts (``dense_layers``) have no experts and nothing to split.
 
 The forward of one layer on one rank (:class:`ExpertParallelMoE`):
 
@@ -118,12 +122,16 @@ class ExpertParallelMoE(nn.Module):
         self.first = ep_rank * self.per_rank
         self.tp_size, self.tp_group = tp_size, tp_group
         self.top_k, self.normalize, self.router = moe.top_k, moe.normalize, moe.router
+        # the shared expert (no expert EP splits): whole on every EP rank, split over t as the dense MLP
+        self.shared_expert, self.shared_expert_gate = moe.shared_expert, moe.shared_expert_gate
         local = range(self.first, self.first + self.per_rank)
         if tp_size > 1:
             from executor.tensor_parallel import TensorParallelExpert
 
             self.experts = nn.ModuleDict({str(j): TensorParallelExpert(moe.experts[j], tp_rank, tp_size, tp_group)
                                           for j in local})
+            if moe.shared_expert is not None:
+                self.shared_expert = TensorParallelExpert(moe.shared_expert, tp_rank, tp_size, tp_group)
         else:
             self.experts = nn.ModuleDict({str(j): moe.experts[j] for j in local})
 
@@ -137,7 +145,7 @@ class ExpertParallelMoE(nn.Module):
         return y if bias is None else y + SplitBias.apply(bias, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from executor.models.llama import route
+        from executor.models.llama import route, shared_output
         from executor.tensor_parallel import CopyToTensorParallel, ReduceFromTensorParallel
 
         h = x.shape[-1]
@@ -169,15 +177,24 @@ class ExpertParallelMoE(nn.Module):
         y = tokens.new_zeros(tokens.shape).index_add(0, order // k, back * weights.reshape(-1)[order, None])
         if self.tp_size > 1:
             y = ReduceFromTensorParallel.apply(y, self.tp_group)
-        return y.view(x.shape)
+        shared = shared_output(self, tokens)  # (this rank's tokens; t > 1: through the shared expert's own f and g)
+        return (y if shared is None else y + shared).view(x.shape)
 
     def full_state(self, gather: Any) -> dict[str, torch.Tensor]:
-        """This rank's parameters under the whole :class:`~executor.models.llama.SparseMoE`'s names: the router
-        and its local experts (the others are held by the EP peers, which report theirs), their tensor shards
-        gathered with ``gather(tensor, dim)`` (a collective on the tensor group) when ``t > 1``."""
-        from executor.tensor_parallel import gathered_linears
+        """This rank's parameters under the whole :class:`~executor.models.llama.SparseMoE`'s names: the router,
+        the shared expert and its gate, and its local experts (the others are held by the EP peers, which report
+        theirs), their tensor shards gathered with ``gather(tensor, dim)`` (a collective on the tensor group) when
+        ``t > 1``."""
+        from executor.tensor_parallel import gathered_linears, shared_state
 
         out = {"router.weight": self.router.weight.detach().clone()}
+        if self.tp_size > 1:
+            out |= shared_state(self, gather)
+        else:
+            for name in ("shared_expert", "shared_expert_gate"):
+                module = getattr(self, name)
+                if module is not None:
+                    out |= {f"{name}.{n}": p.detach().clone() for n, p in module.named_parameters()}
         for j, expert in self.experts.items():
             if self.tp_size > 1:
                 out |= gathered_linears([(f"experts.{j}.gate", expert.gate), (f"experts.{j}.up", expert.up)],
@@ -189,6 +206,7 @@ class ExpertParallelMoE(nn.Module):
 
 def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters of the experts that :class:`ExpertParallelMoE` layers of ``module`` hold (reduced over
-    the expert-data group, not over every data-parallel copy)."""
+    the expert-data group, not over every data-parallel copy); not the shared expert's nor its gate's, which every
+    copy holds (reduced over all of them, as the router's)."""
     return [p for m in module.modules() if isinstance(m, ExpertParallelMoE) for p in m.experts.parameters()]
 

@@ -215,10 +215,18 @@ class RunPlan:
                             f"{self.world_size} processes (devices), but the world size is {world_size}")
         if self.spec.halves_backward and c.micro_batch % 2:
             raise PlanError(f"backward halving needs an even micro-batch size, got b={c.micro_batch}")
-        # the MLP split by columns: the dense one's width, or each expert's (f_e; the dense width unused)
-        if model_checked and c.tensor > 1 and (cfg.heads % c.tensor or cfg.f_e % c.tensor):
-            width = f"experts' MLP width ({cfg.f_e})" if cfg.moe else f"MLP width ({cfg.ffn_hidden})"
-            raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the {width}")
+        # the MLPs split by columns: the dense one's width (a model without experts, or its dense_layers), each
+        # expert's (f_e) and the shared expert's; a width no layer has (a MoE's ffn_hidden without dense layers) unused
+        if model_checked and c.tensor > 1:
+            widths = [("MLP width", cfg.f)] if cfg.moe_layers < cfg.layers else []
+            if cfg.moe:
+                widths.append(("experts' MLP width", cfg.f_e))
+            if cfg.shared_expert_ffn_hidden is not None:
+                widths.append(("shared expert's MLP width", cfg.shared_expert_ffn_hidden))
+            wrong = [(what, n) for what, n in widths if n % c.tensor]
+            if cfg.heads % c.tensor or wrong:
+                what, n = (wrong or widths)[0]
+                raise PlanError(f"tensor parallelism t={c.tensor} must divide heads ({cfg.heads}) and the {what} ({n})")
         refusal = executor_refusal(c)
         if refusal is not None:
             raise PlanError(refusal)

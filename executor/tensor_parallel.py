@@ -14,7 +14,11 @@ section 3, figure 3).
 
 * :class:`TensorParallelMoE`: a mixture-of-experts MLP (:class:`~executor.models.llama.SparseMoE`) with every
   expert split as the dense MLP and the router replicated (Megatron-Core's expert tensor parallelism with
-  expert-parallel size 1); one all-reduce forward of the routing-weighted sum, as the dense MLP's.
+  expert-parallel size 1); one all-reduce forward of the routing-weighted sum, as the dense MLP's. A shared expert
+  (Qwen2 MoE, DeepSeekMoE) is split as the dense MLP, with its own ``f`` and ``g`` (Megatron-Core's
+  ``SharedExpertMLP``: one more all-reduce of ``T h`` forward and one backward, as :mod:`planner.cost` charges
+  it); its gate's weight ``(1, h)`` is replicated and reads the whole input, scaling the whole (all-reduced) output.
+  The dense layers of a mixture of experts (``dense_layers``) are split as any dense MLP.
 
 LayerNorms, the embedding and the head are replicated: their inputs and (thanks to ``f``) their output
 gradients are identical on every rank of the group, hence so are their gradients.
@@ -206,7 +210,8 @@ def gathered_linears(columns: list[tuple[str, nn.Module | None]], rows: list[tup
 class TensorParallelExpert(nn.Module):
     """One :class:`~executor.models.llama.Expert` split as the dense MLP: ``gate`` and ``up`` column-parallel, ``down``
     row-parallel without its all-reduce (:meth:`partial`: this rank's share of the expert's output, before its bias,
-    of an input already through ``f``: the layer's tokens pass through it once, not once per expert's linear)."""
+    of an input already through ``f``: the layer's tokens pass through it once, not once per expert's linear), or
+    with it (:meth:`forward`: the whole output, through its own ``f`` and ``g``, as a shared expert runs)."""
 
     def __init__(self, expert: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
@@ -220,6 +225,14 @@ class TensorParallelExpert(nn.Module):
         up = self.up.local(x)
         inner = self.act(self.gate.local(x)) * up if self.gate is not None else self.act(up)
         return F.linear(inner, self.down.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole output on the whole input ``x``, as the dense MLP of :class:`TensorParallelLlamaBlock`: ``x``
+        through ``f``, ``down``'s ``g`` and its (replicated) bias."""
+        xc = CopyToTensorParallel.apply(x, self.down.group)
+        up = self.up.local(xc)
+        inner = self.act(self.gate.local(xc)) * up if self.gate is not None else self.act(up)
+        return self.down(inner)
 
 
 class TensorParallelMoE(nn.Module):
@@ -235,16 +248,24 @@ class TensorParallelMoE(nn.Module):
     through ``f`` once: one all-reduce of their gradient, as the dense MLP's, not one per expert's linear): the
     gradient of ``x`` is the router's (full) plus the all-reduced experts'.
     ``down``'s biases (replicated) are weighted after the all-reduce, with the weights outside ``f`` (their
-    gradient through them already whole)."""
+    gradient through them already whole).
+
+    A shared expert (``shared_expert``) is split as the dense MLP and runs through its own ``f`` and ``g``
+    (:meth:`TensorParallelExpert.forward`; Megatron-Core's ``SharedExpertMLP``); its gate (``shared_expert_gate``,
+    replicated) reads the whole input and scales the whole output, so its gradient is the full one on every rank
+    without a collective of its own (:func:`~executor.models.llama.shared_output`)."""
 
     def __init__(self, moe: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
         self.group, self.top_k, self.normalize = group, moe.top_k, moe.normalize
         self.router = moe.router
         self.experts = nn.ModuleList(TensorParallelExpert(e, rank, size, group) for e in moe.experts)
+        self.shared_expert = (TensorParallelExpert(moe.shared_expert, rank, size, group)
+                              if moe.shared_expert is not None else None)
+        self.shared_expert_gate = moe.shared_expert_gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from executor.models.llama import mix, route
+        from executor.models.llama import mix, route, shared_output
 
         tokens = x.reshape(-1, x.shape[-1])
         weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
@@ -254,21 +275,36 @@ class TensorParallelMoE(nn.Module):
         biases = [e.down.bias for e in self.experts]
         if biases[0] is not None:
             y = y + (weights.unsqueeze(-1) * torch.stack(biases)[index]).sum(dim=1)
-        return y.view(x.shape)
+        shared = shared_output(self, tokens)
+        return (y if shared is None else y + shared).view(x.shape)
 
     def full_state(self, gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
         """The parameters under the names of the full :class:`~executor.models.llama.SparseMoE`, the shards
         gathered with ``gather(tensor, dim)`` (a collective on the group)."""
-        out = {"router.weight": self.router.weight.detach().clone()}
+        out = {"router.weight": self.router.weight.detach().clone()} | shared_state(self, gather)
         for e, expert in enumerate(self.experts):
             out |= gathered_linears([(f"experts.{e}.gate", expert.gate), (f"experts.{e}.up", expert.up)],
                                     [(f"experts.{e}.down", expert.down)], gather)
         return out
 
 
+def shared_state(moe: nn.Module, gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A tensor-parallel mixture of experts' shared expert (its shards gathered with ``gather``) and gate (replicated)
+    under the names of the whole :class:`~executor.models.llama.SparseMoE`; empty without a shared expert."""
+    out: dict[str, torch.Tensor] = {}
+    if moe.shared_expert is not None:
+        se = moe.shared_expert
+        out |= gathered_linears([("shared_expert.gate", se.gate), ("shared_expert.up", se.up)],
+                                [("shared_expert.down", se.down)], gather)
+    if moe.shared_expert_gate is not None:
+        out["shared_expert_gate.weight"] = moe.shared_expert_gate.weight.detach().clone()
+    return out
+
+
 class TensorParallelLlamaBlock(nn.Module):
     """A :class:`~executor.models.llama.LlamaBlock` split over a tensor-parallel group (Megatron-LM section 3,
-    with grouped-query attention as Megatron-Core shards it).
+    with grouped-query attention as Megatron-Core shards it; a dense layer of a mixture of experts, ``dense_layers``,
+    as any dense one).
 
     Query heads are split (``q`` column-parallel, ``o`` row-parallel); the key/value heads too when ``t``
     divides their number ``k``: rank ``r`` holds query heads ``[r a/t, (r+1) a/t)`` and key/value heads
@@ -277,7 +313,8 @@ class TensorParallelLlamaBlock(nn.Module):
     their weights pass through ``f`` (identity forward, all-reduce of the gradient backward), so each rank ends
     with the sum of every rank's contribution, the gradient of the full layer. The MLP is split as GPT's:
     ``gate`` and ``up`` column-parallel, ``down`` row-parallel; a mixture of experts as :class:`TensorParallelMoE`
-    (each expert so, the router replicated). Norms are replicated (Gemma 2's norms of the
+    (each expert so, the shared expert too with its own collectives, the router and the shared expert's gate
+    replicated). Norms are replicated (Gemma 2's norms of the
     attention's and the MLP's outputs too: they follow the row-parallel all-reduce); the query and key norms
     (``qk_norm``, Qwen3) see only this rank's heads, so their weights pass through ``f`` too.
     """
@@ -312,10 +349,14 @@ class TensorParallelLlamaBlock(nn.Module):
             self.register_buffer("kv_index", torch.arange(rank * local, (rank + 1) * local) // per_kv,
                                  persistent=False)
         self.o = RowParallelLinear.from_linear(block.o, rank, size, group)
-        if block.moe is not None:  # a mixture of experts: each expert split as the dense MLP
+        if block.moe is not None:  # a mixture of experts: each expert split as the dense MLP, the shared one too
             width = block.moe.experts[0].up.weight.shape[0]
             if width % size:
                 raise ValueError(f"tensor parallelism t={size} must divide the experts' MLP width ({width})")
+            shared = block.moe.shared_expert
+            if shared is not None and shared.up.weight.shape[0] % size:
+                raise ValueError(f"tensor parallelism t={size} must divide the shared expert's MLP width "
+                                 f"({shared.up.weight.shape[0]})")
             self.moe: TensorParallelMoE | None = TensorParallelMoE(block.moe, rank, size, group)
             self.gate = self.up = self.down = None
         else:

@@ -13,7 +13,9 @@ The family picks the zoo's layer code (:func:`family_of`):
   SwiGLU, untied head; Qwen3's per-head query/key norms; Gemma 2's norms on each branch's output and soft-caps;
   with ``experts``, a sparse mixture-of-experts MLP: Mixtral, Jiang et al. 2024, "Mixtral of Experts", section
   2.1, and Qwen3 MoE as transformers' ``Qwen3MoeSparseMoeBlock`` computes it, top-k routing with or without the
-  renormalisation; :mod:`executor.models.llama`). A mixture of experts is built in this family only.
+  renormalisation; Qwen2 MoE's shared expert, gated or not, and dense layers, as transformers'
+  ``Qwen2MoeSparseMoeBlock`` and ``Qwen2MoeDecoderLayer``; :mod:`executor.models.llama`). A mixture of experts is
+  built in this family only.
 """
 
 from __future__ import annotations

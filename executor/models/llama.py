@@ -14,7 +14,8 @@ Layers:
    The rotary angles are computed in every block from the positions ``0..s-1``, so a pipeline stage needs
    nothing but the hidden states from its predecessor.
    With ``experts`` (a mixture of experts: Mixtral, Jiang et al. 2024, "Mixtral of Experts", section 2.1;
-   Qwen3 MoE) the MLP is a :class:`SparseMoE` (below).
+   Qwen3 MoE; Qwen2 MoE) the MLP of each layer ``ModelSpec.moe_layer`` names is a :class:`SparseMoE` (below), that
+   of each of the ``dense_layers`` the dense MLP of width ``ffn_hidden``.
 L+1. :class:`LlamaHead` ``(x, targets) -> loss``: final norm, LM head (untied unless the spec ties it to the
    token embedding), mean cross-entropy.
 
@@ -34,10 +35,20 @@ Softmax(Top2(x W_g))_i SwiGLU_i(x)``; Qwen3's modeling code, transformers' ``Qwe
 MoE: ``norm_topk_prob``), cast back to the hidden dtype; each token's output is the sum over its ``k`` experts of
 weight times ``expert(x)``, each expert an MLP of width ``f_e`` of the dense MLP's form (:class:`Expert`). The
 softmax before the top-k equals Mixtral's paper's top-k before the softmax once renormalised; it is what
-transformers' ``MixtralTopKRouter`` and ``Qwen3MoeTopKRouter`` compute. Not built: the auxiliary load-balancing
-loss (transformers adds it to the loss only with ``output_router_logits``; its default is off), Mixtral's router
-jitter noise (``router_jitter_noise``, 0 by default), Qwen3 MoE's dense layers (``mlp_only_layers``,
-``decoder_sparse_step``; every layer routes here) and expert capacity (no token is dropped). The experts are
+transformers' ``MixtralTopKRouter`` and ``Qwen3MoeTopKRouter`` compute.
+
+Shared experts and dense layers (Qwen2 MoE as transformers' ``Qwen2MoeSparseMoeBlock`` and ``Qwen2MoeDecoderLayer``
+compute them; DeepSeekMoE's shared experts, Dai et al. 2024, section 3.2): with ``shared_expert_ffn_hidden`` every
+token also runs through a shared expert, an :class:`Expert` of that width (``SparseMoE.shared_expert``), whose
+output is added to the routed experts' sum, scaled first by ``sigmoid(x w)`` with ``shared_expert_gate``
+(``SparseMoE.shared_expert_gate``, ``nn.Linear(h, 1)`` without bias; :func:`shared_output`):
+``out = routed(x) + sigmoid(x w) shared(x)``. The layers in ``dense_layers`` (Qwen2/Qwen3 MoE's
+``mlp_only_layers``; its ``decoder_sparse_step`` is such a list too: the layers ``i`` with ``(i + 1) % step != 0``;
+DeepSeek-V3's first three) get the dense MLP of width ``ffn_hidden`` instead of a :class:`SparseMoE`.
+
+Not built: the auxiliary load-balancing loss (transformers adds it to the loss only with ``output_router_logits``;
+its default is off), Mixtral's router jitter noise (``router_jitter_noise``, 0 by default) and expert capacity (no
+token is dropped). The experts are
 ``nn.Linear`` modules in an ``nn.ModuleList`` (transformers 5 stores them fused, a 3-D ``gate_up_proj``
 ``(E, 2 f_e, h)`` with gate then up, and ``down_proj`` ``(E, h, f_e)``: the same numbers), which the
 tensor-parallel shard splits as the dense MLP (:class:`executor.tensor_parallel.TensorParallelLlamaBlock`).
@@ -45,7 +56,8 @@ tensor-parallel shard splits as the dense MLP (:class:`executor.tensor_parallel.
 Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
 it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
 :mod:`executor.models.blocks`. Initialisation: N(0, 0.02), the residual projections (``o``, ``down``, each
-expert's ``down``) N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one; the router N(0, 0.02).
+expert's ``down``, the shared expert's) N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one; the router and the shared
+expert's gate N(0, 0.02).
 """
 
 from __future__ import annotations
@@ -131,12 +143,12 @@ class LlamaEmbedding(nn.Module):
 
 
 class Expert(nn.Module):
-    """One expert of a :class:`SparseMoE`: an MLP of width ``f_e`` of the dense MLP's form, ``down(act(gate(x)) *
-    up(x))`` (gated) or ``down(act(up(x)))``, biases as the spec says."""
+    """One expert of a :class:`SparseMoE`: an MLP of width ``f_e`` (``width``: another, the shared expert's) of the
+    dense MLP's form, ``down(act(gate(x)) * up(x))`` (gated) or ``down(act(up(x)))``, biases as the spec says."""
 
-    def __init__(self, config: ModelConfig, residual_std: float) -> None:
+    def __init__(self, config: ModelConfig, residual_std: float, width: int | None = None) -> None:
         super().__init__()
-        h, f = config.hidden, config.f_e
+        h, f = config.hidden, config.f_e if width is None else width
         self.act = ACTIVATIONS[config.activation]
         self.gate = nn.Linear(h, f, bias=config.bias) if config.gated_mlp else None
         self.up = nn.Linear(h, f, bias=config.bias)
@@ -175,10 +187,22 @@ def mix(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
     return out
 
 
+def shared_output(moe: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The shared expert's output on ``tokens (T, h)``, times ``sigmoid(tokens w)`` with a gate (transformers'
+    ``Qwen2MoeSparseMoeBlock``), or None without a shared expert. ``moe``: a :class:`SparseMoE` or one of its
+    parallel forms, whose ``shared_expert`` computes the whole output (a tensor-parallel one all-reduces its own) and
+    whose ``shared_expert_gate`` (replicated) reads the whole input."""
+    if moe.shared_expert is None:
+        return None
+    y = moe.shared_expert(tokens)
+    return y if moe.shared_expert_gate is None else torch.sigmoid(moe.shared_expert_gate(tokens)) * y
+
+
 class SparseMoE(nn.Module):
     """A sparse mixture-of-experts MLP (module docstring): a router ``nn.Linear(h, E)`` without bias and ``E``
-    :class:`Expert` s; each token's output is the routing-weighted sum of its ``experts_per_token`` experts' outputs.
-    No auxiliary load-balancing loss: transformers adds one only with ``output_router_logits``."""
+    :class:`Expert` s; each token's output is the routing-weighted sum of its ``experts_per_token`` experts' outputs,
+    plus the shared expert's (gated) output where the spec has one. No auxiliary load-balancing loss: transformers
+    adds one only with ``output_router_logits``."""
 
     def __init__(self, config: ModelConfig, residual_std: float) -> None:
         super().__init__()
@@ -186,11 +210,18 @@ class SparseMoE(nn.Module):
         self.router = nn.Linear(config.hidden, int(config.experts), bias=False)  # type: ignore[arg-type]
         init_linear(self.router)
         self.experts = nn.ModuleList(Expert(config, residual_std) for _ in range(int(config.experts)))  # type: ignore[arg-type]
+        width = config.shared_expert_ffn_hidden
+        self.shared_expert = Expert(config, residual_std, width) if width is not None else None
+        self.shared_expert_gate = nn.Linear(config.hidden, 1, bias=False) if config.shared_expert_gate else None
+        if self.shared_expert_gate is not None:
+            init_linear(self.shared_expert_gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
-        return mix(tokens, weights, index, list(self.experts)).view(x.shape)
+        out = mix(tokens, weights, index, list(self.experts))
+        shared = shared_output(self, tokens)
+        return (out if shared is None else out + shared).view(x.shape)
 
 
 class LlamaBlock(nn.Module):
@@ -220,8 +251,9 @@ class LlamaBlock(nn.Module):
         self.attn_out_norm = make_norm(config) if config.sandwich_norm else None
         self.mlp_out_norm = make_norm(config) if config.sandwich_norm else None
         residual_std = INIT_STD / math.sqrt(2 * config.layers)
-        # the MLP: dense (gate, up, down) or a mixture of experts (moe; gate, up and down None)
-        self.moe = SparseMoE(config, residual_std) if config.moe else None
+        # the MLP: dense (gate, up, down; a model without experts, or one of its dense_layers) or a mixture of
+        # experts (moe; gate, up and down None)
+        self.moe = SparseMoE(config, residual_std) if config.moe_layer(index) else None
         dense = self.moe is None
         self.gate = nn.Linear(h, config.f, bias=config.bias) if config.gated_mlp and dense else None
         self.up = nn.Linear(h, config.f, bias=config.bias) if dense else None
