@@ -188,7 +188,7 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
     try:
         if hf_config is not None:
             from profiler.hf_config import HFConfigError, SeqError
-            from profiler.hf_model import read_hf_layer_model
+            from profiler.hf_model import built_layers, read_hf_layer_model, repeated_blocks
 
             try:
                 from pipeplan.options import warn_option
@@ -198,10 +198,13 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
                 raise _bad(f"--{err}") from None
             except HFConfigError as err:
                 raise _bad(f"--hf-config {hf_config}: {err}") from None
+            measured = len(built_layers(spec, hf_layers))
+            reuse = repeated_blocks(spec, hf_layers)
             env = {"hf_config": str(hf_config), "model_spec": spec.model_dump_json(),
-                   "measured_decoder_layers": str(min(hf_layers, spec.layers))}
-            notes = (f"Built by transformers from {hf_config} with random weights; {min(hf_layers, spec.layers)} "
-                     f"of {spec.layers} decoder layers measured, the rest reuse the last.")
+                   "measured_decoder_layers": str(measured), "repeated_blocks": reuse}
+            kinds = "the first of each kind, experts or dense, among them; " if spec.dense_layers else ""
+            notes = (f"Built by transformers from {hf_config} with random weights; {measured} of {spec.layers} "
+                     f"decoder layers measured ({kinds}reused: {reuse}).")
             caveats = []  # what the measured layers leave out, warned of and kept in the notes
             if any(spec.layer_window(i) is not None for i in range(spec.layers)):
                 # the layers are timed without a mask (profiler.hf_model): full causal attention everywhere

@@ -69,6 +69,27 @@ def test_hf_tiny_moe_profile(fixture: str, tmp_path: Path) -> None:
     assert block.output_bytes_per_sample == 16 * 64 * 4  # (s, h) fp32
 
 
+@pytest.mark.slow
+def test_hf_profile_with_a_dense_layer_and_a_shared_expert(tmp_path: Path) -> None:
+    """Qwen2 MoE (a gated shared expert; its layer 1 dense, ``mlp_only_layers``) through ``pipeplan profile
+    --hf-config --hf-layers 1``: layer 0 (experts) and the first dense layer (1) are built and measured, each block
+    reuses its kind's times, the profile and its notes say which, and each block holds what ModelSpec counts."""
+    out = tmp_path / "qwen2-moe.json"
+    config = ROOT / "tests" / "fixtures" / "tiny-qwen2-moe"
+    res = runner.invoke(app, ["profile", "--hf-config", str(config), "--hf-layers", "1", "--micro-batches", "1",
+                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    spec = read_hf_config(config)
+    assert prof.environment["measured_decoder_layers"] == "2"
+    assert prof.environment["repeated_blocks"] in prof.notes and "the first of each kind" in prof.notes
+    assert [layer.params for layer in prof.layers[1:5]] == [spec.block_params(i) for i in range(4)]
+    assert [layer.expert_params for layer in prof.layers[1:5]] == [4 * spec.expert_params(), 0,
+                                                                  4 * spec.expert_params(), 4 * spec.expert_params()]
+    assert prof.total_params == spec.total_params()
+    assert prof.layers[3].fwd_time == prof.layers[1].fwd_time != prof.layers[2].fwd_time
+
+
 def _logits(lm):  # type: ignore[no-untyped-def]
     """The layer model's logits of a sample of 2 and its loss."""
     ids, targets = lm.sample(2)

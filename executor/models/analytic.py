@@ -32,9 +32,10 @@ from executor.models.config import ModelConfig
 LN_STAT_BYTES = 4  # LayerNorm saves mean and rstd in fp32
 
 
-def block_params(c: ModelConfig) -> int:
-    """One block, :meth:`planner.model.ModelSpec.layer_params` (GPT/BERT: ``4h^2 + 2 h f + 9h + f``)."""
-    return c.layer_params()
+def block_params(c: ModelConfig, i: int = 0) -> int:
+    """Block ``i`` (0-based), :meth:`planner.model.ModelSpec.block_params` (GPT/BERT: ``4h^2 + 2 h f + 9h + f``; a
+    mixture of experts' dense layers hold the dense MLP)."""
+    return c.block_params(i)
 
 
 def embedding_params(c: ModelConfig) -> int:
@@ -52,7 +53,7 @@ def head_params(c: ModelConfig) -> int:
 
 def layer_params(c: ModelConfig) -> list[int]:
     """Per layer of ``build_layers``; a tied head counts its copy of the embedding."""
-    return [embedding_params(c), *([block_params(c)] * c.layers), head_params(c)]
+    return [embedding_params(c), *(block_params(c, i) for i in range(c.layers)), head_params(c)]
 
 
 def model_params(c: ModelConfig) -> int:
