@@ -47,6 +47,25 @@ it is not an expert expert parallelism splits: it is split over ``t`` as the den
 whose MLP is the dense one of width ``f`` (Qwen3 MoE's ``mlp_only_layers``, DeepSeek-V3's ``first_k_dense_replace
 = 3``: layers 0-2; Megatron-Core's ``--moe-layer-freq``). Qwen1.5-MoE-A2.7B (24 layers, h 2048, 60 experts of 1408,
 top 4, a gated shared expert of 5632): 14.3B parameters, as its model card states.
+
+Routing variants (DeepSeek-AI 2024, "DeepSeek-V2", section 2.1.2 and "DeepSeek-V3", section 2.1.2; transformers'
+``DeepseekV2TopkRouter``, ``DeepseekV3TopkRouter``; Megatron-Core's ``--moe-router-score-function``,
+``--moe-router-num-groups``, ``--moe-router-group-topk``, ``--moe-router-enable-expert-bias``,
+``--moe-router-topk-scaling-factor``): ``router_score`` softmax or sigmoid; ``router_groups`` / ``router_group_topk``:
+the ``E`` experts in ``n`` groups, a token choosing its top-k within its best ``m`` groups (a group's score: its best
+expert's with softmax scores, V2's ``group_limited_greedy``; the sum of its best two with sigmoid scores, V3's
+``noaux_tc``); ``router_bias``: V3's per-expert bias on the scores for the choice only (a buffer, no parameter);
+``routed_scaling``: the chosen weights times it. Each is a few operations per score: costed as the routing is.
+
+Multi-head latent attention (DeepSeek-V2, section 2.1.1, eq. 9-19; transformers' ``DeepseekV3Attention``;
+Megatron-Core's ``MLASelfAttention``): with ``kv_lora_rank = c`` each token's keys and values come from a latent of
+width ``c`` (``W^DKV``, ``h x (c + r)`` with the shared rotated key of ``r = qk_rope_head_dim``, an RMSNorm of ``c``,
+then ``W^UKV``, ``c x a (d - r + v)``), its queries from one of ``q_lora_rank = c'`` (``h c'``, an RMSNorm, ``c' a
+d``; or ``h a d`` directly without), the output projection ``a v x h``; ``d = head_dim`` is the query/key width (192:
+128 from the latent, 64 rotated), ``v = v_head_dim`` the value's (128). DeepSeek-V3 (61 layers, h 7168, 128 heads,
+the first 3 dense, 256 routed experts of 2048 and one shared, top 8 in 4 of 8 groups): 671.0B parameters, 37.6B
+active (section 1: 671B, 37B); its multi-token prediction module (14B more on the Hub) is not in transformers' model
+nor here.
 """
 
 from __future__ import annotations
@@ -133,6 +152,23 @@ class ModelSpec(BaseModel):
                                                       "default: ffn_hidden")
     normalize_topk: bool = Field(default=True, description="the k chosen experts' softmax weights renormalised to sum "
                                                            "to one (Mixtral; Qwen3 MoE's norm_topk_prob)")
+    router_score: Literal["softmax", "sigmoid"] = Field(
+        default="softmax", exclude_if=lambda v: v == "softmax",
+        description="the router's scores: softmax over the experts (Mixtral, Qwen, DeepSeek-V2) or each expert's "
+                    "sigmoid (DeepSeek-V3's scoring_func)")
+    router_groups: int | None = Field(
+        default=None, ge=2, le=SHAPE_LIMITS["experts"], exclude_if=lambda v: v is None,
+        description="group-limited routing: the experts in this many groups, a token's top-k taken within its "
+                    "router_group_topk best groups (DeepSeek-V2/V3's n_group)")
+    router_group_topk: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["experts"],
+                                          exclude_if=lambda v: v is None,
+                                          description="with router_groups: the groups a token may use (topk_group)")
+    router_bias: bool = Field(default=False, exclude_if=lambda v: not v,
+                              description="a per-expert bias added to the scores for the choice only, not a trained "
+                                          "parameter (DeepSeek-V3's e_score_correction_bias, noaux_tc)")
+    routed_scaling: float = Field(default=1.0, gt=0, allow_inf_nan=False, exclude_if=lambda v: v == 1.0,
+                                  description="the k chosen weights multiplied by it (DeepSeek's "
+                                              "routed_scaling_factor: V3 2.5)")
     shared_expert_ffn_hidden: int | None = Field(
         default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"], exclude_if=lambda v: v is None,
         description="a shared expert beside the routed ones, run by every token: an MLP of the dense form and this "
@@ -145,6 +181,19 @@ class ModelSpec(BaseModel):
         default=(), exclude_if=lambda v: not v, max_length=SHAPE_LIMITS["layers"],
         description="with experts: the transformer layers (0-based) whose MLP is dense, ffn_hidden wide, not a "
                     "mixture of experts (Qwen3 MoE's mlp_only_layers; DeepSeek-V3's first three)")
+    kv_lora_rank: int | None = Field(
+        default=None, gt=0, le=SHAPE_LIMITS["hidden"], exclude_if=lambda v: v is None,
+        description="multi-head latent attention (DeepSeek-V2/V3): keys and values from a latent of this width "
+                    "(kv_lora_rank: 512); None: the projections of standard attention")
+    q_lora_rank: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["hidden"], exclude_if=lambda v: v is None,
+                                    description="with kv_lora_rank: queries through a latent of this width too "
+                                                "(DeepSeek-V3: 1536); None: projected directly (V2-Lite)")
+    qk_rope_head_dim: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["head_dim"],
+                                         exclude_if=lambda v: v is None,
+                                         description="with kv_lora_rank: of each head's head_dim query/key "
+                                                     "dimensions, those rotated, the key's shared by every head (64)")
+    v_head_dim: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["head_dim"], exclude_if=lambda v: v is None,
+                                   description="with kv_lora_rank: each head's value width (128); default head_dim")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -177,6 +226,28 @@ class ModelSpec(BaseModel):
                                            ("dense_layers", bool(self.dense_layers))) if on]
             if given:
                 raise ValueError(f"{', '.join(given)}: only with experts (a mixture of experts)")
+        if self.experts is None:
+            routing = [name for name, on in (("router_score", self.router_score != "softmax"),
+                                             ("router_groups", self.router_groups is not None),
+                                             ("router_bias", self.router_bias),
+                                             ("routed_scaling", self.routed_scaling != 1.0)) if on]
+            if routing:
+                raise ValueError(f"{', '.join(routing)}: only with experts (a mixture of experts)")
+        if (self.router_groups is None) != (self.router_group_topk is None):
+            raise ValueError("router_groups and router_group_topk: give both (group-limited routing) or neither")
+        if self.router_groups is not None:
+            E, k = int(self.experts or 0), int(self.experts_per_token or 0)
+            if E % self.router_groups:
+                raise ValueError(f"router_groups: {self.router_groups} does not divide the {E} experts")
+            if int(self.router_group_topk or 0) > self.router_groups:
+                raise ValueError(f"router_group_topk: {self.router_group_topk} is more than the {self.router_groups} "
+                                 "groups")
+            if int(self.router_group_topk or 0) * (E // self.router_groups) < k:
+                raise ValueError(f"router_group_topk: {self.router_group_topk} groups of {E // self.router_groups} "
+                                 f"experts hold fewer than the {k} a token is routed to")
+        if self.router_bias and self.router_score != "sigmoid":
+            raise ValueError("router_bias: only with router_score sigmoid (DeepSeek-V3's noaux_tc)")
+        self._latent()
         if self.shared_expert_gate and self.shared_expert_ffn_hidden is None:
             raise ValueError("shared_expert_gate: only with a shared expert (shared_expert_ffn_hidden)")
         if self.dense_layers:
@@ -193,6 +264,49 @@ class ModelSpec(BaseModel):
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
         return self
+
+    def _latent(self) -> None:
+        """The rules of multi-head latent attention (DeepSeek-V2, section 2.1; transformers' ``DeepseekV3Attention``):
+        ``head_dim`` is the query/key width per head (``qk_nope_head_dim + qk_rope_head_dim``), of which
+        ``qk_rope_head_dim`` are rotated; every head has its own key and value (``kv_heads`` = ``heads``); no bias."""
+        mla = {"q_lora_rank": self.q_lora_rank, "qk_rope_head_dim": self.qk_rope_head_dim,
+               "v_head_dim": self.v_head_dim}
+        if self.kv_lora_rank is None:
+            given = [name for name, v in mla.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with kv_lora_rank (multi-head latent attention)")
+            return
+        if self.qk_rope_head_dim is None:
+            raise ValueError("qk_rope_head_dim: multi-head latent attention (kv_lora_rank) needs the rotated part of "
+                             "each head")
+        if self.qk_rope_head_dim >= self.d:
+            raise ValueError(f"qk_rope_head_dim: {self.qk_rope_head_dim} must be less than head_dim ({self.d}): the "
+                             "rest of each head's query and key comes from the latent")
+        if self.k != self.heads:
+            raise ValueError(f"kv_heads: multi-head latent attention gives every head its key and value (kv_heads = "
+                             f"heads = {self.heads}), got {self.k}")
+        if self.bias or self.qkv_bias:
+            raise ValueError("bias, qkv_bias: multi-head latent attention is planned without biases (DeepSeek's "
+                             "attention_bias false)")
+        if self.position != "rotary" or self.encoder:
+            raise ValueError("kv_lora_rank: multi-head latent attention in a decoder with rotary positions only")
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.d)
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` given)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def v_d(self) -> int:
+        """Each head's value width: ``v_head_dim`` with latent attention, else ``head_dim``."""
+        return int(self.v_head_dim) if self.v_head_dim is not None else self.d
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention's output (the output projection's input): ``a`` heads of ``v_d``."""
+        return self.heads * self.v_d
 
     # ---- derived sizes (all resolved by the validator) ----------------------------------------
     @property
@@ -233,6 +347,11 @@ class ModelSpec(BaseModel):
 
     def attention_params(self) -> int:
         h = self.hidden
+        if self.mla:  # (DeepSeek-V2, section 2.1: the down- and up-projections and the latents' RMSNorms)
+            r, c, a = int(self.qk_rope_head_dim or 0), int(self.kv_lora_rank or 0), self.heads
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.q_dim
+                 if self.q_lora_rank is not None else h * self.q_dim)
+            return q + h * (c + r) + c + c * a * (self.d - r + self.v_d) + self.o_dim * h
         weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.bias:
             return weights + self.q_dim + 2 * self.kv_dim + h
