@@ -55,19 +55,34 @@ def model_shapes(spec: ModelSpec, micro_batches: list[int], tensor: list[int]) -
     """GEMM shapes ``(m, n, k, batch)`` of one transformer layer's forward for each micro-batch size
     ``b`` and tensor-parallel size ``t`` (Megatron-LM 3.2: QKV and MLP-up column-split, so ``n / t``;
     output projection and MLP-down row-split, so ``k / t``; attention per local head, ``a / t`` heads).
+    Multi-head latent attention (``spec.mla``; :mod:`planner.mla`, Megatron-Core's ``MLASelfAttention``) has its
+    projections instead of QKV: the query down-projection ``(T, c', h)`` and up-projection ``(T, a d / t, c')`` (or
+    one ``(T, a d / t, h)`` without a query latent), the key/value down-projection ``(T, c + r, h)`` (the down-
+    projections whole on every rank) and up-projection ``(T, a (d - r + v) / t, c)``; values ``v`` wide per head, the
+    output projection reading ``a v / t``.
     The backward's GEMMs are these shapes transposed (the same FLOPs); they are not repeated."""
     out: set[Shape] = set()
-    s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
+    s, h, d, f, v = spec.seq, spec.hidden, spec.d, spec.f, spec.v_d
     for b in micro_batches:
         tokens = b * s
         for t in tensor:
             if spec.heads % t or spec.k % t or f % t:
                 continue
-            qkv = (spec.q_dim + 2 * spec.kv_dim) // t
-            out.add((tokens, qkv, h, 1))
-            out.add((s, s, d, b * spec.heads // t))  # scores Q K^T per head
-            out.add((s, d, s, b * spec.heads // t))  # attention over values
-            out.add((tokens, h, spec.q_dim // t, 1))  # output projection
+            a_t = spec.heads // t
+            if spec.mla:
+                r, c = int(spec.qk_rope_head_dim or 0), int(spec.kv_lora_rank or 0)
+                if spec.q_lora_rank is not None:
+                    out.add((tokens, spec.q_lora_rank, h, 1))  # query down-projection (whole)
+                    out.add((tokens, a_t * d, spec.q_lora_rank, 1))  # query up-projection
+                else:
+                    out.add((tokens, a_t * d, h, 1))  # query projection
+                out.add((tokens, c + r, h, 1))  # key/value down-projection with the shared rotated key (whole)
+                out.add((tokens, a_t * (d - r + v), c, 1))  # key/value up-projection
+            else:
+                out.add((tokens, (spec.q_dim + 2 * spec.kv_dim) // t, h, 1))  # QKV
+            out.add((s, s, d, b * a_t))  # scores Q K^T per head
+            out.add((s, v, s, b * a_t))  # attention over values
+            out.add((tokens, h, a_t * v, 1))  # output projection
             out.add((tokens, (2 if spec.gated_mlp else 1) * f // t, h, 1))  # MLP up (and gate)
             out.add((tokens, h, f // t, 1))  # MLP down
     return sorted(out)

@@ -3,14 +3,16 @@ downloaded), as a :class:`profiler.layer_model.LayerModel`: the embedding, the d
 the LM head, in the profile's layer names (``embedding``, ``block.i``, ``head``).
 
 The decoder layers of the supported models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and 3, Mixtral,
-Qwen2 and Qwen3 MoE, GPT-2) are identical in shape (a sliding window is not applied: no mask is passed; on the CPU the
-masked scores cost the same), so only ``measure_layers`` of them are built (``num_hidden_layers`` is lowered before
-the model is made: the memory of a few layers, not of the model) and the profile's other blocks reuse the last one
-measured. A mixture of experts with dense layers (``ModelSpec.dense_layers``: Qwen2/Qwen3 MoE's ``mlp_only_layers``
-and the layers ``decoder_sparse_step`` skips) has two kinds of layer: the first of each kind is built too where the
-first ``measure_layers`` lack it (:func:`built_layers`; the lowered model's ``mlp_only_layers`` say which of its
-layers are dense, ``decoder_sparse_step`` 1), and each block reuses the last measured one of its own kind. Each
-layer is the library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary
+Qwen2 and Qwen3 MoE, DeepSeek-V2 and V3 where :mod:`profiler.hf_config` reads them, GPT-2) are identical in shape (a
+sliding window is not applied: no mask is passed; on the CPU the masked scores cost the same), so only
+``measure_layers`` of them are built (``num_hidden_layers`` is lowered before the model is made: the memory of a few
+layers, not of the model) and the profile's other blocks reuse the last one measured. A mixture of experts with
+dense layers (``ModelSpec.dense_layers``: Qwen2/Qwen3 MoE's ``mlp_only_layers`` and the layers
+``decoder_sparse_step`` skips; DeepSeek-V2/V3's first ``first_k_dense_replace``) has two kinds of layer: the first
+of each kind is built too where the first ``measure_layers`` lack it (:func:`built_layers`; the lowered model's
+``mlp_only_layers`` say which of its layers are dense, ``decoder_sparse_step`` 1, or its ``first_k_dense_replace``
+how many of its first layers are: :func:`lowered_config`), and each block reuses the last measured one of its own
+kind. Each layer is the library's own module: ``LlamaDecoderLayer`` and its kin are called with the rotary
 ``position_embeddings`` the model's ``rotary_emb`` makes (computed inside the layer wrapper, as a pipeline stage
 would), and no attention mask, so the library's SDPA path applies its causal mask itself.
 
@@ -93,6 +95,9 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 #: model types whose dense layers a config lists in ``mlp_only_layers`` (with ``decoder_sparse_step``; transformers'
 #: ``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``)
 MLP_ONLY_TYPES = ("qwen2_moe", "qwen3_moe")
+#: model types whose dense layers are the first ``first_k_dense_replace`` (transformers' ``DeepseekV2DecoderLayer``,
+#: ``DeepseekV3DecoderLayer``: a layer with ``layer_idx >= first_k_dense_replace`` has experts)
+FIRST_DENSE_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
 def built_layers(spec: ModelSpec, measure_layers: int) -> list[int]:
@@ -141,11 +146,43 @@ def repeated_blocks(spec: ModelSpec, measure_layers: int) -> str:
     return "; ".join(parts)
 
 
+def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> Any:
+    """The ``transformers`` config of the lowered model: ``data`` (a language model's ``config.json``, of ``spec``)
+    with the decoder layers ``chosen`` (:func:`built_layers`) only, their ``layer_types`` where listed, and their
+    dense layers by their new numbers: Qwen MoE's ``mlp_only_layers`` (``decoder_sparse_step`` 1), or DeepSeek's
+    ``first_k_dense_replace`` (the dense layers built, first: a prefix of ``chosen``, as the model's are of its
+    layers)."""
+    from transformers import AutoConfig
+
+    model_type = data["model_type"]
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
+    fields[layer_key] = len(chosen)
+    if isinstance(fields.get("layer_types"), list):  # (a config that lists them: those of the layers built)
+        fields["layer_types"] = [fields["layer_types"][i] for i in chosen]
+    # the lowered model's dense layers: those of the layers built, by their new numbers
+    dense = [j for j, i in enumerate(chosen) if not spec.moe_layer(i)]
+    if model_type in FIRST_DENSE_TYPES:  # (always set: transformers' default for DeepSeek-V3 is 3)
+        if dense != list(range(len(dense))):  # (not dense layers first: no first_k_dense_replace says it)
+            raise HFConfigError("dense_layers", f"{model_type}: dense layers {list(spec.dense_layers)} are not the "
+                                "first layers (first_k_dense_replace)")
+        fields["first_k_dense_replace"] = len(dense)
+    elif spec.dense_layers:
+        if model_type in MLP_ONLY_TYPES:
+            fields["mlp_only_layers"] = dense
+            fields["decoder_sparse_step"] = 1
+        else:
+            raise HFConfigError("model_type", f"{model_type}: its dense layers cannot be built apart here (only "
+                                f"{', '.join(MLP_ONLY_TYPES)}'s mlp_only_layers and "
+                                f"{', '.join(FIRST_DENSE_TYPES)}'s first_k_dense_replace)")
+    return AutoConfig.for_model(model_type, **fields)
+
+
 def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, measure_layers: int = 1,
                    seed: int = 0) -> tuple[LayerModel, ModelSpec]:
     """Build the model of a parsed ``config.json`` with ``measure_layers`` decoder layers; its
     :class:`LayerModel` (all ``num_hidden_layers`` profile layers) and its :class:`ModelSpec`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     spec = spec_from_hf_dict(data, name=name, seq=seq)
     if seq is None and spec.seq > MAX_DEFAULT_SEQ:
@@ -159,18 +196,7 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     data = language_model(data)[0]  # (a multimodal config: its language model)
     model_type = data["model_type"]
     assert model_type in SUPPORTED
-    fields = {k: v for k, v in data.items() if k != "model_type"}
-    layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
-    fields[layer_key] = built
-    if isinstance(fields.get("layer_types"), list):  # (a config that lists them: those of the layers built)
-        fields["layer_types"] = [fields["layer_types"][i] for i in chosen]
-    if spec.dense_layers:  # the lowered model's dense layers: those of the layers built, by their new numbers
-        if model_type not in MLP_ONLY_TYPES:
-            raise HFConfigError("model_type", f"{model_type}: its dense layers cannot be built apart here (only "
-                                f"{', '.join(MLP_ONLY_TYPES)}'s mlp_only_layers)")
-        fields["mlp_only_layers"] = [j for j, i in enumerate(chosen) if not spec.moe_layer(i)]
-        fields["decoder_sparse_step"] = 1
-    cfg = AutoConfig.for_model(model_type, **fields)
+    cfg = lowered_config(data, spec, chosen)
     # Gemma 2's soft-capped scores run in the library's eager attention only (it refuses SDPA): the unfused
     # scores, cap and softmax, all s x s (without a mask: the same work as the causal one)
     cfg._attn_implementation = "eager" if model_type == "gemma2" else "sdpa"

@@ -220,7 +220,11 @@ class Parsed:
     it -- transformer layers per stage (``layer_counts``) or profile layers per stage (``partition``); of a mixture
     of experts the format writes out (Megatron-LM's arguments), its shared expert's width and gate and its dense
     layers (:class:`planner.model.ModelSpec`'s ``shared_expert_ffn_hidden``, ``shared_expert_gate``,
-    ``dense_layers``; None, False and () where it has none or the format does not say)."""
+    ``dense_layers``; None, False and () where it has none or the format does not say), its routing
+    (``normalize_topk``, ``router_score``, ``router_groups``, ``router_group_topk``, ``router_bias``,
+    ``routed_scaling``: ModelSpec's defaults where the format does not say), and multi-head latent attention
+    (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``v_head_dim`` and ``head_dim``, the query/key width
+    per head; None without it)."""
 
     config: Config
     microbatches: int
@@ -229,6 +233,17 @@ class Parsed:
     shared_expert_ffn_hidden: int | None = None
     shared_expert_gate: bool = False
     dense_layers: tuple[int, ...] = ()
+    normalize_topk: bool = True
+    router_score: str = "softmax"
+    router_groups: int | None = None
+    router_group_topk: int | None = None
+    router_bias: bool = False
+    routed_scaling: float = 1.0
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    head_dim: int | None = None
 
 
 class ExportError(ValueError):
@@ -266,16 +281,44 @@ def layer_ranges(layers: tuple[int, ...] | list[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False) -> str | None:
+def routing_words(model: ModelSpec) -> list[str]:
+    """DeepSeek's routing variants of ``model``'s mixture of experts in words, each naming its fields
+    (:class:`planner.model.ModelSpec`'s ``router_score``, ``router_groups`` / ``router_group_topk``, ``router_bias``,
+    ``routed_scaling``); [] for the default softmax routing."""
+    words = []
+    if model.router_score == "sigmoid":
+        words.append("sigmoid scores (router_score)")
+    if model.router_groups is not None:
+        words.append(f"the top {model.experts_per_token} within each token's best {model.router_group_topk} of "
+                     f"{model.router_groups} expert groups (router_groups, router_group_topk)")
+    if model.router_bias:
+        words.append("a per-expert bias on the scores for the choice only (router_bias)")
+    if model.routed_scaling != 1.0:
+        words.append(f"the chosen weights times {model.routed_scaling:g} (routed_scaling)")
+    return words
+
+
+def latent_words(model: ModelSpec) -> str:
+    """``model``'s multi-head latent attention in words naming its fields (``kv_lora_rank`` given)."""
+    q = "" if model.q_lora_rank is None else f", q_lora_rank {model.q_lora_rank}"
+    return (f"multi-head latent attention (kv_lora_rank {model.kv_lora_rank}{q}, qk_rope_head_dim "
+            f"{model.qk_rope_head_dim} of head_dim {model.d}, v_head_dim {model.v_d})")
+
+
+def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False,
+                    latent: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
     soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window, a mixture
-    of experts where the arguments do not write one (``experts``: they do; with its shared expert and its dense
-    layers, named by their fields); None when nothing is missing. The
+    of experts where the arguments do not write one (``experts``: they do; with its shared expert, its dense
+    layers and its routing variants, named by their fields: :func:`routing_words`), multi-head latent attention
+    where they do not write it (``latent``: they do; :func:`latent_words`); None when nothing is missing. The
     plan's times are the model's own: the framework's model has to be the user's."""
     if model is None:
         return None
     gaps = []
+    if model.mla and not latent:
+        gaps.append(latent_words(model))
     if model.moe and not experts:
         where = (f"in each MLP but those of layers {layer_ranges(model.dense_layers)} (dense_layers: the dense MLP, "
                  f"{model.f} wide)" if model.dense_layers else "in each MLP")
@@ -283,7 +326,10 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
                   f", beside them a{' gated' if model.shared_expert_gate else ''} shared expert "
                   f"{model.shared_expert_ffn_hidden} wide (shared_expert_ffn_hidden"
                   f"{', shared_expert_gate' if model.shared_expert_gate else ''})")
-        gaps.append(f"a mixture of {model.experts} experts ({model.experts_per_token} per token) {where}{shared}")
+        routing = routing_words(model)
+        routed = f", routed with {', '.join(routing)}" if routing else ""
+        gaps.append(f"a mixture of {model.experts} experts ({model.experts_per_token} per token) {where}{shared}"
+                    f"{routed}")
     if model.embedding_scale:
         gaps.append("embeddings times sqrt(hidden)")
     if model.sandwich_norm:

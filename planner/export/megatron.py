@@ -44,6 +44,31 @@ wide) are ``--moe-layer-freq`` in its list form, 1 for a layer with experts and 
 written as Megatron's ``moe_freq_type`` evaluates it: ``([0]*3+[1]*58)`` for DeepSeek-V3's three dense layers first
 (:func:`moe_layer_freq`).
 
+Routing (Megatron-Core's ``topk_routing_with_score_function`` and ``group_limited_topk``, ``moe_utils.py``): softmax
+scores renormalised over the k chosen (``normalize_topk``) are its default, the softmax over all ``E`` without
+renormalising ``--moe-router-pre-softmax``; sigmoid scores (``router_score``) ``--moe-router-score-function sigmoid``,
+which Megatron-Core always renormalises over the k chosen when k > 1 and never at k = 1 (``--moe-router-pre-softmax``
+does not act on them), so ``normalize_topk`` must be true at k > 1 and false at k = 1 (else refused, naming it); the
+softmax at k = 1 needs ``--moe-router-pre-softmax`` (Megatron-Core refuses it otherwise: "Please use
+--moe-router-pre-softmax when topk is 1"), so ``normalize_topk`` must be false there. Group-limited routing
+(``router_groups``, ``router_group_topk``) is ``--moe-router-num-groups`` and ``--moe-router-group-topk``; Megatron-Core
+scores a group by the sum of its best ``k / router_group_topk`` experts' scores (and needs k divisible by
+``router_group_topk``), so the model's group score -- its best expert's with softmax scores (DeepSeek-V2), its best
+two's with sigmoid scores (DeepSeek-V3) -- is Megatron's only at ``k = router_group_topk`` (softmax) or ``k = 2
+router_group_topk`` (sigmoid); other combinations are refused, naming ``router_group_topk`` (DeepSeek-V2's top 6 in 3
+groups among them: Megatron would score its groups by their best two). ``router_bias`` is
+``--moe-router-enable-expert-bias`` (sigmoid only, as in the model; Megatron-Core updates it from the load, as
+DeepSeek-V3's auxiliary-loss-free balancing does), ``routed_scaling`` ``--moe-router-topk-scaling-factor`` (applied
+after the renormalisation, as the model does).
+
+Multi-head latent attention (``kv_lora_rank``; Megatron-Core's ``MLASelfAttention``): ``--multi-latent-attention``,
+``--q-lora-rank`` (when the queries have a latent), ``--kv-lora-rank``, ``--qk-head-dim`` (each head's unrotated
+query/key part: ``head_dim - qk_rope_head_dim``), ``--qk-pos-emb-head-dim`` (``qk_rope_head_dim``), ``--v-head-dim``,
+``--qk-layernorm`` (with latent attention: the RMSNorms over the latents, ``q_layernorm`` and ``kv_layernorm``) and
+``--rope-type rope`` (Megatron-Core's latent attention takes YaRN by default; the model's rotary is plain), never
+``--num-query-groups`` (every head its own key and value) nor ``--kv-channels``. A model with both latent attention and
+per-head query/key norms (``qk_norm``) is refused: ``--qk-layernorm`` is the latents' norms there.
+
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
 """
@@ -53,6 +78,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+from typing import Any
 
 from planner.cluster import node_layout
 from planner.export.common import (
@@ -71,6 +97,7 @@ from planner.export.common import (
     unplanned_policy_note,
     unsupported,
 )
+from planner.model import ModelSpec
 from planner.placement import experts_placeable
 from planner.profile import ATTENTION_WORDS, EAGER_WORDS, OP_WORDS
 from planner.request import Config
@@ -219,15 +246,57 @@ def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
     return tuple(i for i, bit in enumerate(pattern) if bit == 0)
 
 
+def model_refusal(m: ModelSpec) -> None:
+    """An :class:`ExportError` naming the field where Megatron-LM's arguments cannot say what ``m`` computes (module
+    docstring): a shared expert with biases; the routing weights Megatron-Core's ``topk_routing_with_score_function``
+    cannot make (``normalize_topk`` against the score function and k), the group scores its ``group_limited_topk``
+    does not compute (``router_group_topk``); per-head query/key norms beside latent attention (``qk_norm``)."""
+    if m.moe and m.shared_expert_ffn_hidden is not None and m.bias:
+        raise ExportError(f"megatron: shared_expert_ffn_hidden ({m.shared_expert_ffn_hidden}) with bias: "
+                          "Megatron-Core's shared expert has no biases (SharedExpertMLP: 'bias is not supported in the "
+                          "shared experts', it needs --disable-bias-linear), and this model's linear layers have them")
+    if m.mla and m.qk_norm:
+        raise ExportError("megatron: qk_norm with multi-head latent attention (kv_lora_rank): Megatron-Core's "
+                          "--qk-layernorm is then the RMSNorms over the latents (MLASelfAttention's q_layernorm, "
+                          "kv_layernorm); it has no per-head query/key norm beside them")
+    if not m.moe:
+        return
+    k = int(m.experts_per_token or 0)
+    if m.router_score == "sigmoid" and (k > 1) != m.normalize_topk:
+        raise ExportError(
+            f"megatron: normalize_topk {str(m.normalize_topk).lower()} with router_score sigmoid and {k} expert"
+            f"{'s' if k > 1 else ''} per token: Megatron-Core "
+            + ("renormalises the k chosen sigmoid scores whenever k > 1 (topk_routing_with_score_function) and has no "
+               "option to keep them" if k > 1 else
+               "weights the one chosen expert by its sigmoid score at k = 1 (topk_routing_with_score_function), where "
+               "the renormalised weight is 1"))
+    if m.router_score == "softmax" and k == 1 and m.normalize_topk:
+        raise ExportError("megatron: normalize_topk true with 1 expert per token (a weight of 1): Megatron-Core "
+                          "refuses top-1 softmax routing without --moe-router-pre-softmax ('Please use "
+                          "--moe-router-pre-softmax when topk is 1'), which weights the expert by its softmax "
+                          "probability over all the experts (normalize_topk false)")
+    if m.router_groups is not None:
+        g = int(m.router_group_topk or 0)
+        best = 2 if m.router_score == "sigmoid" else 1
+        if k != best * g:
+            model = ("its best two experts' sigmoid scores (DeepSeek-V3's noaux_tc)" if best == 2 else
+                     "its best expert's softmax score (DeepSeek-V2's group_limited_greedy)")
+            raise ExportError(f"megatron: router_group_topk {g} with {k} experts per token: Megatron-Core scores a "
+                              f"group by the sum of its best k / router_group_topk = {k // g} experts' scores "
+                              "(group_limited_topk; it needs k divisible by router_group_topk), the model by "
+                              f"{model}: the two agree only at k = {'2 x ' if best == 2 else ''}"
+                              "router_group_topk")
+
+
 def _model_args(inp: ExportInput) -> list[str]:
     m = inp.model
     if m is None:
         return []
     args = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
             "--ffn-hidden-size", str(m.f), "--seq-length", str(m.seq), "--max-position-embeddings", str(m.seq)]
-    if m.k != m.heads:
+    if m.k != m.heads and not m.mla:  # (latent attention: every head its own key and value)
         args += ["--group-query-attention", "--num-query-groups", str(m.k)]
-    if m.d * m.heads != m.hidden:
+    if m.d * m.heads != m.hidden and not m.mla:
         args += ["--kv-channels", str(m.d)]
     if m.gated_mlp:
         args += ["--swiglu"]
@@ -235,7 +304,14 @@ def _model_args(inp: ExportInput) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if m.position == "rotary":
         args += ["--position-embedding-type", "rope", "--rotary-base", f"{m.rope_theta:g}"]
-    if m.qk_norm:
+    if m.mla:  # MLASelfAttention: its rotary plain (YaRN by default), its latents' RMSNorms (--qk-layernorm)
+        args += ["--multi-latent-attention", "--rope-type", "rope"]
+        if m.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(m.q_lora_rank)]
+        r = int(m.qk_rope_head_dim or 0)
+        args += ["--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim", str(m.d - r), "--qk-pos-emb-head-dim",
+                 str(r), "--v-head-dim", str(m.v_d), "--qk-layernorm"]
+    elif m.qk_norm:
         args += ["--qk-layernorm"]  # (with RMSNorm normalization: RMSNorm over each head's query and key)
     if not m.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
@@ -258,8 +334,17 @@ def _model_args(inp: ExportInput) -> list[str]:
             args += ["--expert-tensor-parallel-size", str(inp.config.expert_tensor)]
         if inp.config.expert > 1:
             args += ["--moe-token-dispatcher-type", "alltoall"]
-        if not m.normalize_topk:
+        if m.router_score == "sigmoid":  # (renormalised over the k chosen at k > 1: model_refusal)
+            args += ["--moe-router-score-function", "sigmoid"]
+        elif not m.normalize_topk:
             args += ["--moe-router-pre-softmax"]
+        if m.router_groups is not None:
+            args += ["--moe-router-num-groups", str(m.router_groups), "--moe-router-group-topk",
+                     str(m.router_group_topk)]
+        if m.router_bias:
+            args += ["--moe-router-enable-expert-bias"]
+        if m.routed_scaling != 1.0:
+            args += ["--moe-router-topk-scaling-factor", repr(float(m.routed_scaling))]
         if inp.expert_gemm == "grouped":
             args += ["--moe-grouped-gemm"]
     return args
@@ -283,10 +368,8 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
                           "parallelism (plan with --shard-optimizer for its distributed optimizer, or export a D = 1 "
                           "candidate)")
     m = inp.model
-    if m is not None and m.moe and m.shared_expert_ffn_hidden is not None and m.bias:
-        raise ExportError(f"megatron: shared_expert_ffn_hidden ({m.shared_expert_ffn_hidden}) with bias: "
-                          "Megatron-Core's shared expert has no biases (SharedExpertMLP: 'bias is not supported in the "
-                          "shared experts', it needs --disable-bias-linear), and this model's linear layers have them")
+    if m is not None:
+        model_refusal(m)
     check(inp.spec)
     check_heads(inp, "megatron")
     if c.schedule == "interleaved" and c.pipeline == 2:
@@ -331,8 +414,11 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
                      "planned")
     args += _model_args(inp)
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
-                               experts=True)) is not None:
+                               experts=True, latent=True)) is not None:
         notes.append(gap)
+    if inp.model is not None and inp.model.mla:
+        notes.append("--rope-type rope keeps Megatron-Core's multi-latent attention on the model's plain rotary (its "
+                     "default there is YaRN); a release without --rope-type refuses the option")
     if inp.model is not None and inp.model.moe and c.tensor > 1 and inp.sequence_parallel is False:
         notes.append("Megatron-Core runs a mixture of experts with tensor parallelism only with --sequence-parallel; "
                      "the plan's times are without it (profile with --sequence-parallel for its times)")
@@ -414,8 +500,9 @@ def parse_layout(text: str) -> list[int]:
 def parse(text: str) -> Parsed:
     """Read a :func:`export` script back: t, D, W (world size / (t D)), e, etp, the rank order, b, N, the schedule
     (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, the transformer layers
-    per (virtual) stage when ``--num-layers`` is given, and a mixture of experts' shared expert (its width and gate)
-    and dense layers (``--moe-layer-freq``)."""
+    per (virtual) stage when ``--num-layers`` is given, a mixture of experts' shared expert (its width and gate),
+    dense layers (``--moe-layer-freq``) and routing (the weights Megatron-Core computes: :func:`_parse_routing`), and
+    multi-head latent attention's sizes."""
     logical = text.replace("\\\n", " ")
     line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
     if line is None:
@@ -493,4 +580,55 @@ def parse(text: str) -> Parsed:
         raise ExportError("megatron script: --moe-layer-freq is missing its value")
     dense = parse_moe_layer_freq(freq, L) if freq is not None else ()
     return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts, shared_expert_ffn_hidden=shared,
-                  shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense)
+                  shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense,
+                  **_parse_routing(args), **_parse_latent(args))
+
+
+def _value(args: dict[str, str | bool], key: str, kind: type = int) -> Any:
+    v = args.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise ExportError(f"megatron script: {key} is missing its value")
+    try:
+        return kind(v)
+    except ValueError:
+        raise ExportError(f"megatron script: {key} {v!r}: not a{'n integer' if kind is int else ' number'}") from None
+
+
+def _parse_routing(args: dict[str, str | bool]) -> dict[str, Any]:
+    """The routing Megatron-Core computes from a script's router arguments, as ModelSpec's fields (module
+    docstring); its defaults without ``--num-experts``."""
+    if "--num-experts" not in args:
+        return {}
+    score = args.get("--moe-router-score-function", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise ExportError(f"megatron script: --moe-router-score-function {score!r}: softmax or sigmoid")
+    k = _value(args, "--moe-router-topk") or 2  # (Megatron's default)
+    groups, group_topk = _value(args, "--moe-router-num-groups"), _value(args, "--moe-router-group-topk")
+    if group_topk is not None and groups is None:  # (as Megatron-Core refuses it)
+        raise ExportError("megatron script: --moe-router-group-topk without --moe-router-num-groups")
+    bias = bool(args.get("--moe-router-enable-expert-bias"))
+    if bias and score != "sigmoid":
+        raise ExportError("megatron script: --moe-router-enable-expert-bias needs --moe-router-score-function sigmoid")
+    scaling = _value(args, "--moe-router-topk-scaling-factor", float)
+    # sigmoid: renormalised at k > 1 whatever --moe-router-pre-softmax says; softmax: unless pre-softmax
+    normalize = k > 1 if score == "sigmoid" else not args.get("--moe-router-pre-softmax")
+    return {"normalize_topk": normalize, "router_score": score,
+            "router_groups": groups if group_topk is not None else None, "router_group_topk": group_topk,
+            "router_bias": bias, "routed_scaling": scaling or 1.0}
+
+
+def _parse_latent(args: dict[str, str | bool]) -> dict[str, Any]:
+    """Multi-head latent attention's sizes from ``--multi-latent-attention`` and its arguments (Megatron's defaults
+    where one is absent: kv_lora_rank 32, qk-head-dim 128, qk-pos-emb-head-dim 64, v-head-dim 128)."""
+    if not args.get("--multi-latent-attention"):
+        return {}
+    nope = _value(args, "--qk-head-dim")
+    rope = _value(args, "--qk-pos-emb-head-dim")
+    rope = 64 if rope is None else rope
+    kv = _value(args, "--kv-lora-rank")
+    v = _value(args, "--v-head-dim")
+    return {"kv_lora_rank": 32 if kv is None else kv, "q_lora_rank": _value(args, "--q-lora-rank"),
+            "qk_rope_head_dim": rope, "v_head_dim": 128 if v is None else v,
+            "head_dim": (128 if nope is None else nope) + rope}

@@ -48,6 +48,7 @@ from planner.export.common import (
     header,
     model_gaps_note,
     pipeline_outermost_note,
+    routing_words,
     unsupported,
 )
 from planner.placement import pipeline_outermost_order
@@ -175,6 +176,11 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
                      f"{inp.model.heads}, n_kv_heads {inp.model.k}, vocab {inp.model.vocab}) or pick yours")
         if (gap := model_gaps_note(inp.model, "torchtitan", f"{family} model settings")) is not None:
             notes.append(gap)
+        if inp.model.mla or (inp.model.moe and routing_words(inp.model)):
+            # (torchtitan/models/deepseek_v3: DeepSeekV3ModelArgs kv_lora_rank, q_lora_rank, qk_*_head_dim, v_head_dim,
+            # n_expert_groups, n_limited_groups; MoEArgs score_func, route_norm, route_scale)
+            notes.append("torchtitan's deepseek_v3 model has multi-head latent attention and DeepSeek's routing: "
+                         "register a flavor of this model there and name it in [model] instead")
     kinds, stage_layers = inp.kinds(), inp.stage_layers()
     par = sections["parallelism"]
     if kinds is not None and stage_layers is not None:
