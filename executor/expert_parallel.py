@@ -145,12 +145,12 @@ class ExpertParallelMoE(nn.Module):
         return y if bias is None else y + SplitBias.apply(bias, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from executor.models.llama import route, shared_output
+        from executor.models.llama import shared_output
         from executor.tensor_parallel import CopyToTensorParallel, ReduceFromTensorParallel
 
         h = x.shape[-1]
         tokens = x.reshape(-1, h)
-        weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
+        weights, index = self.router.choose(tokens, x.dtype)  # (the router and its bias replicated)
         source = tokens
         if self.tp_size > 1:  # the experts' rows and the weights give partial gradients on each tensor rank
             source = CopyToTensorParallel.apply(tokens, self.tp_group)

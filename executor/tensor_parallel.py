@@ -265,10 +265,10 @@ class TensorParallelMoE(nn.Module):
         self.shared_expert_gate = moe.shared_expert_gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from executor.models.llama import mix, route, shared_output
+        from executor.models.llama import mix, shared_output
 
         tokens = x.reshape(-1, x.shape[-1])
-        weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
+        weights, index = self.router.choose(tokens, x.dtype)  # (every rank alike: the router replicated)
         partial = mix(CopyToTensorParallel.apply(tokens, self.group), CopyToTensorParallel.apply(weights, self.group),
                       index, [e.partial for e in self.experts])
         y = ReduceFromTensorParallel.apply(partial, self.group)
@@ -299,6 +299,62 @@ def shared_state(moe: nn.Module, gather: Callable[[torch.Tensor, int], torch.Ten
     if moe.shared_expert_gate is not None:
         out["shared_expert_gate.weight"] = moe.shared_expert_gate.weight.detach().clone()
     return out
+
+
+class TensorParallelLatentAttention(nn.Module):
+    """Multi-head latent attention (:class:`~executor.models.mla.LatentAttention`) split by heads over a
+    tensor-parallel group as Megatron-Core's ``MLASelfAttention``: the down projections (``q_a_proj``,
+    ``kv_a_proj_with_mqa``) and the latents' norms replicated, whole on every rank, as is the shared rotated key;
+    ``q_b_proj`` (or ``q_proj``) and ``kv_b_proj`` column-parallel, rank ``r`` holding heads ``[r a/t, (r+1) a/t)``
+    (each head's rows are consecutive); ``o_proj`` row-parallel.
+
+    Collectives: forward the output projection's all-reduce ``g`` of ``T h``; backward the ``f`` of each input of the
+    split part, where the replicated part hands over to it: the query latent (``T c'``; without one, the block's
+    input, ``T h``, through ``q_proj``'s own ``f``) and the normed key/value latent with the shared key, concatenated
+    (``T (c + r)``). Their gradients, each rank's heads' share, are all-reduced there, so the replicated projections
+    and norms upstream get the whole gradient on every rank with no collective of their own, and so does the block's
+    input through them."""
+
+    def __init__(self, attn: nn.Module, rank: int, size: int, group: object) -> None:
+        super().__init__()
+        from executor.models.mla import latent_attention
+
+        self._attention = latent_attention
+        self.group, self.size = group, size
+        self.head_dim, self.rope_dim, self.v_dim = attn.head_dim, attn.rope_dim, attn.v_dim
+        self.theta, self.cap, self.window = attn.theta, attn.cap, attn.window
+        self.q_a_proj, self.q_a_layernorm = attn.q_a_proj, attn.q_a_layernorm  # (replicated)
+        self.q_b_proj = (ColumnParallelLinear.from_linear(attn.q_b_proj, rank, size, group)
+                         if attn.q_b_proj is not None else None)
+        self.q_proj = (ColumnParallelLinear.from_linear(attn.q_proj, rank, size, group)
+                       if attn.q_proj is not None else None)
+        self.kv_a_proj_with_mqa, self.kv_a_layernorm = attn.kv_a_proj_with_mqa, attn.kv_a_layernorm  # (replicated)
+        self.kv_b_proj = ColumnParallelLinear.from_linear(attn.kv_b_proj, rank, size, group)
+        self.o_proj = RowParallelLinear.from_linear(attn.o_proj, rank, size, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q_proj is not None:
+            q = self.q_proj(x)  # (x through q_proj's f)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # (the query latent through q_b_proj's f)
+        c = self.kv_a_layernorm.normalized_shape[0]
+        latent, k_rot = self.kv_a_proj_with_mqa(x).split([c, self.rope_dim], dim=-1)
+        both = CopyToTensorParallel.apply(torch.cat([self.kv_a_layernorm(latent), k_rot], dim=-1), self.group)
+        latent, k_rot = both.split([c, self.rope_dim], dim=-1)
+        y = self._attention(q, self.kv_b_proj.local(latent), k_rot, self.head_dim, self.rope_dim, self.v_dim,
+                            self.theta, self.cap, self.window)
+        return self.o_proj(y)
+
+    def full_state(self, gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The parameters under the names of the whole :class:`~executor.models.mla.LatentAttention`, the split ones
+        gathered with ``gather(tensor, dim)`` (a collective on the group)."""
+        out: dict[str, torch.Tensor] = {}
+        for name in ("q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm"):
+            module = getattr(self, name)
+            if module is not None:
+                out |= {f"{name}.{k}": v.detach().clone() for k, v in module.named_parameters()}
+        return out | gathered_linears([("q_b_proj", self.q_b_proj), ("q_proj", self.q_proj),
+                                       ("kv_b_proj", self.kv_b_proj)], [("o_proj", self.o_proj)], gather)
 
 
 class TensorParallelLlamaBlock(nn.Module):
@@ -336,9 +392,15 @@ class TensorParallelLlamaBlock(nn.Module):
         self.q_norm, self.k_norm = block.q_norm, block.k_norm
         self.cap, self.window = block.cap, block.window
         local = a // size
-        self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group)
-        self.kv_sharded = k % size == 0
-        if self.kv_sharded:
+        # multi-head latent attention (kv_lora_rank) in place of q, k, v and o
+        self.mla = (TensorParallelLatentAttention(block.mla, rank, size, group) if block.mla is not None
+                    else None)
+        self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group) if self.mla is None else None
+        self.kv_sharded = k % size == 0 or self.mla is not None
+        if self.mla is not None:
+            self.k = self.v = None
+            self.register_buffer("kv_index", None, persistent=False)
+        elif self.kv_sharded:
             self.k = ColumnParallelLinear.from_linear(block.k, rank, size, group)
             self.v = ColumnParallelLinear.from_linear(block.v, rank, size, group)
             self.register_buffer("kv_index", None, persistent=False)
@@ -348,7 +410,7 @@ class TensorParallelLlamaBlock(nn.Module):
             per_kv = a // k  # query heads per key/value head
             self.register_buffer("kv_index", torch.arange(rank * local, (rank + 1) * local) // per_kv,
                                  persistent=False)
-        self.o = RowParallelLinear.from_linear(block.o, rank, size, group)
+        self.o = RowParallelLinear.from_linear(block.o, rank, size, group) if self.mla is None else None
         if block.moe is not None:  # a mixture of experts: each expert split as the dense MLP, the shared one too
             width = block.moe.experts[0].up.weight.shape[0]
             if width % size:
@@ -382,6 +444,8 @@ class TensorParallelLlamaBlock(nn.Module):
         return F.rms_norm(x, (self.head_dim,), CopyToTensorParallel.apply(norm.weight, self.group), norm.eps)
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mla is not None:
+            return self.mla(x)
         b, s, _ = x.shape
         d = self.head_dim
         xc = CopyToTensorParallel.apply(x, self.group)  # q, k and v read x through one f
@@ -426,6 +490,8 @@ class TensorParallelLlamaBlock(nn.Module):
             for name, lin in (("k", self.k), ("v", self.v)):
                 out |= {f"{name}.{k}": v.detach().clone() for k, v in lin.named_parameters()}
         out |= gathered_linears(columns, [("o", self.o), ("down", self.down)], self._gather)
+        if self.mla is not None:
+            out |= {f"mla.{k}": v for k, v in self.mla.full_state(self._gather).items()}
         if self.moe is not None:
             out |= {f"moe.{k}": v for k, v in self.moe.full_state(self._gather).items()}
         return out

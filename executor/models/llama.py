@@ -46,8 +46,22 @@ output is added to the routed experts' sum, scaled first by ``sigmoid(x w)`` wit
 ``mlp_only_layers``; its ``decoder_sparse_step`` is such a list too: the layers ``i`` with ``(i + 1) % step != 0``;
 DeepSeek-V3's first three) get the dense MLP of width ``ffn_hidden`` instead of a :class:`SparseMoE`.
 
+DeepSeek's routing (DeepSeek-V2 and -V3, section 2.1.2; transformers' ``DeepseekV2TopkRouter`` and
+``DeepseekV3TopkRouter``; :func:`route`, :class:`Router`): ``router_score`` sigmoid scores each expert alone (V3)
+instead of the softmax over them; with ``router_groups`` / ``router_group_topk`` each token chooses within its best
+groups of consecutive experts (a group's score its best expert's with softmax scores, V2's
+``group_limited_greedy``; the sum of its best two with sigmoid scores, V3's ``noaux_tc``); ``router_bias`` adds a
+per-expert bias (a buffer, ``Router.expert_bias``, zeros) to the scores for the choice only, the weights being the
+scores; the chosen weights are renormalised with ``normalize_topk`` (V3 adds ``1e-20`` to the sum) and multiplied by
+``routed_scaling``. DeepSeek's shared experts are one :class:`Expert` of ``n_shared_experts`` times the experts' width
+without a gate (``shared_expert_ffn_hidden``), its first ``first_k_dense_replace`` layers the ``dense_layers``.
+
+Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
+is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
+
 Not built: the auxiliary load-balancing loss (transformers adds it to the loss only with ``output_router_logits``;
-its default is off), Mixtral's router jitter noise (``router_jitter_noise``, 0 by default) and expert capacity (no
+its default is off; DeepSeek's sequence-wise balance loss neither, nor V3's updates of the choice's bias between
+steps), Mixtral's router jitter noise (``router_jitter_noise``, 0 by default) and expert capacity (no
 token is dropped). The experts are
 ``nn.Linear`` modules in an ``nn.ModuleList`` (transformers 5 stores them fused, a 3-D ``gate_up_proj``
 ``(E, 2 f_e, h)`` with gate then up, and ``down_proj`` ``(E, h, f_e)``: the same numbers), which the
@@ -72,6 +86,7 @@ from torch import nn
 from executor.models.blocks import INIT_STD, init_linear
 from executor.models.config import ModelConfig
 from executor.models.gpt import init_token_embedding
+from executor.models.mla import LatentAttention
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu,
                "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -119,11 +134,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
+    return causal_attention(q, k, v, cap, window)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float | None = None,
+                     window: int | None = None) -> torch.Tensor:
+    """``softmax(mask(cap(q k^T / sqrt(d)))) v`` of ``q, k (b, a', s, d)`` and ``v (b, a', s, d_v)`` (positions
+    already applied, one key/value head per query head), causal, within the last ``window`` positions where given.
+    Returns ``(b, s, a' d_v)``."""
+    b, heads, s, d = q.shape
     att = softcap((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)), cap)
     ones = torch.ones(s, s, dtype=torch.bool, device=q.device)
     mask = ones.tril() if window is None else ones.tril() & ones.triu(1 - window)
     att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-    return (att @ v).transpose(1, 2).reshape(b, s, heads * d)
+    return (att @ v).transpose(1, 2).reshape(b, s, heads * v.shape[-1])
 
 
 class LlamaEmbedding(nn.Module):
@@ -163,15 +187,64 @@ class Expert(nn.Module):
         return self.down(inner)
 
 
-def route(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's ``top_k`` experts and their weights from the router's ``logits (T, E)``: the softmax over the
-    ``E`` experts in float32, the ``top_k`` largest, renormalised to sum to one when ``normalize``, cast to
-    ``dtype`` (transformers' ``Qwen3MoeTopKRouter``). Returns ``weights (T, k)`` and ``index (T, k)``."""
-    probs = F.softmax(logits.float(), dim=-1)
-    weights, index = torch.topk(probs, top_k, dim=-1)
+def route(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype, score: str = "softmax",
+          groups: int | None = None, group_topk: int | None = None, bias: torch.Tensor | None = None,
+          scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's ``top_k`` experts and their weights from the router's ``logits (T, E)`` (module docstring,
+    routing): the scores in float32, the softmax over the ``E`` experts (``score`` "softmax": transformers'
+    ``Qwen3MoeTopKRouter``, ``DeepseekV2TopkRouter``) or each one's sigmoid ("sigmoid": ``DeepseekV3TopkRouter``);
+    the choice among the scores plus ``bias (E,)`` where given (V3's ``e_score_correction_bias``), within each
+    token's ``group_topk`` best of ``groups`` groups of consecutive experts where given (a group's score its best
+    expert's with softmax scores, V2's ``group_limited_greedy``; its best two's sum with sigmoid scores, V3's
+    ``noaux_tc``); the chosen experts' scores (without the bias) as weights, renormalised to sum to one when
+    ``normalize``, times ``scaling`` (``routed_scaling_factor``), cast to ``dtype``. Returns ``weights (T, k)`` and
+    ``index (T, k)``."""
+    logits = logits.float()
+    scores = F.softmax(logits, dim=-1) if score == "softmax" else torch.sigmoid(logits)
+    choice = scores if bias is None else scores + bias
+    if groups is not None and group_topk is not None:
+        T, E = choice.shape
+        per_group = choice.view(T, groups, E // groups)
+        group_scores = (per_group.max(dim=-1).values if score == "softmax"
+                        else per_group.topk(min(2, E // groups), dim=-1).values.sum(dim=-1))
+        keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(group_topk, dim=-1).indices, 1.0)
+        mask = keep.bool().unsqueeze(-1).expand(T, groups, E // groups).reshape(T, E)
+        choice = choice.masked_fill(~mask, float("-inf"))
+    if choice is scores:
+        weights, index = torch.topk(scores, top_k, dim=-1)
+    else:
+        index = torch.topk(choice, top_k, dim=-1).indices
+        weights = scores.gather(1, index)
     if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        total = weights.sum(dim=-1, keepdim=True)
+        weights = weights / (total + 1e-20 if score == "sigmoid" else total)  # (V3's denominator; Qwen3's none)
+    if scaling != 1.0:
+        weights = weights * scaling
     return weights.to(dtype), index
+
+
+class Router(nn.Linear):
+    """A mixture of experts' router: ``nn.Linear(h, E)`` without bias whose :meth:`choose` routes tokens by the spec's
+    rule (:func:`route`: ``experts_per_token``, ``normalize_topk``, ``router_score``, ``router_groups`` /
+    ``router_group_topk``, ``routed_scaling``), with ``router_bias`` the per-expert bias of the choice
+    (``expert_bias``, DeepSeek-V3's ``e_score_correction_bias``): a buffer of zeros, float32 as DeepSeek keeps it
+    (the model's dtype once the model is cast), not a parameter (no gradient, no optimizer); it travels with the
+    router (tensor- and expert-parallel copies share the router, so every rank holds the same). DeepSeek-V3 moves it
+    between steps by the experts' load (its auxiliary-loss-free balancing, section 2.1.2); not done here: it stays
+    as set."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        E = int(config.experts)  # type: ignore[arg-type]
+        super().__init__(config.hidden, E, bias=False)
+        self.top_k, self.normalize = int(config.experts_per_token), config.normalize_topk  # type: ignore[arg-type]
+        self.score, self.scaling = config.router_score, config.routed_scaling
+        self.groups, self.group_topk = config.router_groups, config.router_group_topk
+        self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32) if config.router_bias else None)
+
+    def choose(self, tokens: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``weights, index (T, k)`` of ``tokens (T, h)`` (:func:`route`), the weights in ``dtype``."""
+        return route(self(tokens), self.top_k, self.normalize, dtype, self.score, self.groups, self.group_topk,
+                     self.expert_bias, self.scaling)
 
 
 def mix(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
@@ -207,7 +280,7 @@ class SparseMoE(nn.Module):
     def __init__(self, config: ModelConfig, residual_std: float) -> None:
         super().__init__()
         self.top_k, self.normalize = int(config.experts_per_token), config.normalize_topk  # type: ignore[arg-type]
-        self.router = nn.Linear(config.hidden, int(config.experts), bias=False)  # type: ignore[arg-type]
+        self.router = Router(config)
         init_linear(self.router)
         self.experts = nn.ModuleList(Expert(config, residual_std) for _ in range(int(config.experts)))  # type: ignore[arg-type]
         width = config.shared_expert_ffn_hidden
@@ -218,7 +291,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
-        weights, index = route(self.router(tokens), self.top_k, self.normalize, x.dtype)
+        weights, index = self.router.choose(tokens, x.dtype)
         out = mix(tokens, weights, index, list(self.experts))
         shared = shared_output(self, tokens)
         return (out if shared is None else out + shared).view(x.shape)
@@ -242,15 +315,19 @@ class LlamaBlock(nn.Module):
         self.input_norm = make_norm(config)
         self.q_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
-        self.q = nn.Linear(h, config.q_dim, bias=qkv_bias)
-        self.k = nn.Linear(h, config.kv_dim, bias=qkv_bias)
-        self.v = nn.Linear(h, config.kv_dim, bias=qkv_bias)
-        self.o = nn.Linear(config.q_dim, h, bias=config.bias)
+        residual_std = INIT_STD / math.sqrt(2 * config.layers)
+        # multi-head latent attention (kv_lora_rank; executor.models.mla) in place of q, k, v and o
+        self.mla = (LatentAttention(config, residual_std, self.theta, self.cap, self.window) if config.mla
+                    else None)
+        standard = self.mla is None
+        self.q = nn.Linear(h, config.q_dim, bias=qkv_bias) if standard else None
+        self.k = nn.Linear(h, config.kv_dim, bias=qkv_bias) if standard else None
+        self.v = nn.Linear(h, config.kv_dim, bias=qkv_bias) if standard else None
+        self.o = nn.Linear(config.q_dim, h, bias=config.bias) if standard else None
         self.post_norm = make_norm(config)
         # Gemma 2's sandwich: the attention's and the MLP's outputs normed before their residual adds
         self.attn_out_norm = make_norm(config) if config.sandwich_norm else None
         self.mlp_out_norm = make_norm(config) if config.sandwich_norm else None
-        residual_std = INIT_STD / math.sqrt(2 * config.layers)
         # the MLP: dense (gate, up, down; a model without experts, or one of its dense_layers) or a mixture of
         # experts (moe; gate, up and down None)
         self.moe = SparseMoE(config, residual_std) if config.moe_layer(index) else None
@@ -261,11 +338,14 @@ class LlamaBlock(nn.Module):
         for lin in (self.q, self.k, self.v, self.gate, self.up):
             if lin is not None:
                 init_linear(lin)
-        init_linear(self.o, residual_std)
+        if self.o is not None:
+            init_linear(self.o, residual_std)
         if self.down is not None:
             init_linear(self.down, residual_std)
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mla is not None:
+            return self.mla(x)
         b, s, _ = x.shape
         d = self.head_dim
         q, k = self.q(x).view(b, s, -1, d), self.k(x).view(b, s, -1, d)
