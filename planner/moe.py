@@ -9,7 +9,8 @@ per element; ``E`` experts, ``k`` experts per token, ``f_e`` an expert's width. 
 1. **router**: a ``(T, E, h)`` GEMM of the norm's output (replicated on the tensor-parallel ranks; with sequence
    parallelism on each rank's ``T/t`` rows, as Megatron-Core routes before its dispatcher gathers the tokens);
 2. **routing**: softmax of the scores in fp32, top-k and (Mixtral) renormalisation of the ``k`` weights, over
-   ``T x E`` scores; saves the fp32 probabilities for its backward;
+   ``T x E`` scores; saves the fp32 probabilities for its backward (DeepSeek's variants, ``ModelSpec.router_score``
+   etc.: a sigmoid as the softmax; group-limited choice and the choice's bias one more pass over the scores each);
 3. **permute**: each token copied once per chosen expert, grouped by expert (``T k`` rows of ``h``; Megatron-Core's
    ``permute``, an index-select); backward the scatter-add of the copies' gradients back to ``T`` rows;
 4. **experts**: per expert the MLP of the dense layer's form on its tokens, split over the ``t`` ranks as the
@@ -85,8 +86,12 @@ def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: 
     router = gemm("router", int(math.ceil(rows)), E, h, el, accumulate=accumulate)
     scores = rows * E
     # fwd: read the scores (el), write the fp32 probabilities, top-k reads them and writes k weights and indices;
-    # bwd: the top-k's gradient scattered into E columns, the softmax's backward (read probabilities and gradient)
-    routing = Operator("routing", (Kernel("routing", 8.0 * scores, (el + 8.0) * scores + 12.0 * rows * k),),
+    # bwd: the top-k's gradient scattered into E columns, the softmax's backward (read probabilities and gradient).
+    # Group-limited routing (router_groups) and the choice's bias (router_bias) pass over the fp32 scores once more
+    # each (read and write: the group scores and mask, the biased copy); a sigmoid costs what the softmax does
+    extra = 8.0 * scores * ((spec.router_groups is not None) + spec.router_bias)
+    routing = Operator("routing", (Kernel("routing", 8.0 * scores + extra / 4.0,
+                                          (el + 8.0) * scores + 12.0 * rows * k + extra),),
                        (Kernel("routing.bwd", 4.0 * scores, (12.0 + el) * scores + 4.0 * rows * k),), (),
                        saved_bytes=4.0 * scores + 12.0 * rows * k)
     cols = (2 if spec.gated_mlp else 1) * f_t

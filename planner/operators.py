@@ -460,7 +460,12 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         return replace(op, saved_bytes=el * ln_el) if o.sequence_parallel else op
 
     ops.append(norm("norm1"))
-    if split:
+    dv = spec.v_d  # each head's value width (head_dim but with latent attention)
+    if spec.mla:  # multi-head latent attention's projections in place of Q, K, V (planner.mla)
+        from planner.mla import mla_operators
+
+        ops.extend(mla_operators(spec, T, a_t, el, acc, gathered))
+    elif split:
         # three GEMMs reading one input (saved once, by the first) and autograd's two sums of its gradients
         for i, (gname, cols) in enumerate((("wq", a_t * d), ("wk", k_t * d), ("wv", k_t * d))):
             op = gemm(gname, T, cols, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=i == 0)
@@ -471,12 +476,16 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(gathered(gemm("qkv", T, (a_t + 2 * k_t) * d, h, el, accumulate=acc, bias_rows=T if bias else 0,
                                  bias_add=bias and not eager)))
     qk_el = T * (a_t + k_t) * d  # the query and key elements of this rank's heads
-    if spec.qk_norm:
+    if spec.mla:
+        pass  # (its latents' norms and rotary are planner.mla's)
+    elif spec.qk_norm:
         # Qwen3: RMSNorm over each head's query and key (as norm1: saves its input)
         ops.append(eager_rms_norm("qk_norm", T * (a_t + k_t), d, el) if eager else
                    elementwise("qk_norm", qk_el, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * qk_el))
-    if spec.position == "rotary" and eager:
+    if spec.mla:
+        pass
+    elif spec.position == "rotary" and eager:
         ops.append(eager_rope("rope", (T * a_t * d, T * k_t * d), el))
     elif spec.position == "rotary":
         # rotary positions on the queries and keys (Su et al. 2021; Transformer Engine's fused RoPE kernel):
@@ -507,11 +516,12 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
                                            bwd_extra_bytes=E), recomputed=sel))
         # P V per head: saves P (the dropout output) and V; without dropout P is the softmax's saved output;
         # selective: V only (P is recomputed)
-        ops.append(replace(gemm("attn_v", s, d, s, el, heads_b, weight=False, save_input=o.dropout and not sel,
-                                save_weight_side=b * kv_heads * s * d), recomputed=sel))
+        ops.append(replace(gemm("attn_v", s, dv, s, el, heads_b, weight=False, save_input=o.dropout and not sel,
+                                save_weight_side=b * kv_heads * s * dv), recomputed=sel))
     else:
-        fl = window_share(s, window, o.causal) * 4.0 * heads_b * s * s * d
-        io = el * (2 * heads_b * s * d + 2 * b * kv_heads * s * d)  # read Q, K, V, write O
+        # Q K^T over d and P V over dv (equal but with latent attention: 192 and 128)
+        fl = window_share(s, window, o.causal) * 2.0 * heads_b * s * s * (d + dv)
+        io = el * (heads_b * s * (d + dv) + b * kv_heads * s * (d + dv))  # read Q, K, V, write O
         # the kernel's rate is read at the sequence whose causal rows are as long, on average, as this one's
         # (a window of w keys: the causal kernel at 2w); the measured figures are by sequence length
         seq = s if window is None or window >= s or not o.causal else min(s, 2 * window)
@@ -519,10 +529,10 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (seq, s, d, heads_b), (o.attention_impl, o.causal, True))
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
         # (Megatron-Core): checkpointed, the forward re-run before the backward, Q, K, V kept, not the LSE
-        qkv_saved = el * (heads_b * s * d + 2 * b * kv_heads * s * d)
+        qkv_saved = el * (heads_b * s * d + b * kv_heads * s * (d + dv))
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + (0.0 if sel else 4.0 * heads_b * s),
-                            recomputed=sel, out_bytes=el * heads_b * s * d + 4.0 * heads_b * s))
-    ops.append(gemm("proj", T, h, a_t * d, el, accumulate=acc, bias_rows=rows if bias else 0))
+                            recomputed=sel, out_bytes=el * heads_b * s * dv + 4.0 * heads_b * s))
+    ops.append(gemm("proj", T, h, a_t * dv, el, accumulate=acc, bias_rows=rows if bias else 0))
     if spec.sandwich_norm:  # Gemma 2: the attention's output normed before the residual add
         ops.append(norm("post_attn_norm"))
     ops.append(dropout_add("dropout_add1"))

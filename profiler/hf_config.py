@@ -97,7 +97,7 @@ from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
-               "qwen2_moe")
+               "qwen2_moe", "deepseek_v2", "deepseek_v3")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -108,7 +108,19 @@ MOE_FIELDS = {
     "qwen2_moe": {"experts": "num_experts", "experts_per_token": "num_experts_per_tok",
                   "expert_ffn_hidden": "moe_intermediate_size", "normalize_topk": "norm_topk_prob",
                   "dense_layers": "mlp_only_layers", "shared_expert_ffn_hidden": "shared_expert_intermediate_size"},
+    "deepseek_v2": {"experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
+                    "expert_ffn_hidden": "moe_intermediate_size", "shared_expert_ffn_hidden": "n_shared_experts",
+                    "dense_layers": "first_k_dense_replace", "router_groups": "n_group",
+                    "router_group_topk": "topk_group", "routed_scaling": "routed_scaling_factor",
+                    "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank",
+                    "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "bias": "attention_bias"},
 }
+MOE_FIELDS["deepseek_v3"] = {**MOE_FIELDS["deepseek_v2"], "normalize_topk": "norm_topk_prob"}
+#: DeepSeek's types (multi-head latent attention, shared experts, dense first layers: :func:`_deepseek`)
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+#: the fields a DeepSeek config.json must hold (q_lora_rank may be null: V2-Lite's queries have no latent)
+DEEPSEEK_REQUIRED = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                     "n_shared_experts", "first_k_dense_replace")
 #: mixture-of-experts types whose dense layers are ``mlp_only_layers`` and those ``decoder_sparse_step`` skips
 #: (transformers' ``Qwen3MoeDecoderLayer``, ``Qwen2MoeDecoderLayer``)
 SPARSE_STEP_TYPES = ("qwen3_moe", "qwen2_moe")
@@ -135,10 +147,6 @@ SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 UNSUPPORTED_WHY = {
     "olmoe": ("query and key norms over the whole projection (q_norm of hidden_size), not per head as Qwen3's: "
               "ModelSpec's qk_norm is per head"),
-    "deepseek_v2": ("multi-head latent attention (kv_lora_rank, q_lora_rank): ModelSpec has none (its shared experts "
-                    "and dense first layers it has)"),
-    "deepseek_v3": ("multi-head latent attention (kv_lora_rank, q_lora_rank) and a sigmoid router with a score "
-                    "bias: ModelSpec has none of them (its shared expert and dense first layers it has)"),
     "gpt_oss": ("attention sinks (a learned logit per head), biased experts and router and a clamped SwiGLU "
                 "(swiglu_limit): ModelSpec has none of them"),
     "llama4": ("a shared expert beside the routed one, a sigmoid router, layers without rotary positions "
@@ -287,7 +295,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         attention_bias = bool(getattr(cfg, "attention_bias", False))
         mlp_bias = bool(getattr(cfg, "mlp_bias", False))
         spec = dict(common, kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
-                    head_dim=getattr(cfg, "head_dim", None), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
+                    head_dim=_head_dim(cfg, model_type), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
                     qkv_bias=model_type == "qwen2" or attention_bias or _qkv_bias(cfg, model_type),
@@ -295,6 +303,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"))
         if model_type in MOE_TYPES:
             spec.update(_moe(cfg, model_type, notes))
+        if model_type in DEEPSEEK_TYPES:
+            spec.update(_deepseek(cfg, model_type, notes))
         if model_type in GEMMA_TYPES:
             _gemma(cfg, model_type, spec)
         rotary = _partial_rotary(cfg)
@@ -320,7 +330,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         err = e.errors()[0]
         loc = str(err["loc"][0]) if err["loc"] else "config"
         if not err["loc"]:  # a check across fields (ModelSpec's validator): its message starts with the field it is on
-            named = re.match(r"(?:Value error, )?([a-z_]+) ", err["msg"])
+            named = re.match(r"(?:Value error, )?([a-z_]+)[ :,]", err["msg"])
             loc = named.group(1) if named and named.group(1) in fields_of else loc
         raise HFConfigError(fields_of.get(loc, HF_FIELDS.get(loc, loc)), err["msg"]) from None
 
@@ -331,6 +341,75 @@ def hf_fields(model_type: str) -> dict[str, str]:
     if model_type in GPT2_TYPES:
         return GPT2_FIELDS
     return {**HF_FIELDS, **MOE_FIELDS.get(model_type, {})}
+
+
+def _head_dim(cfg: Any, model_type: str) -> int | None:
+    """Each head's query/key width: ``head_dim`` where the config states it; DeepSeek's ``qk_nope_head_dim +
+    qk_rope_head_dim`` (its ``head_dim`` attribute is the rotated part: transformers' ``DeepseekV2Config``)."""
+    if model_type in DEEPSEEK_TYPES:
+        nope, rope = getattr(cfg, "qk_nope_head_dim", None), getattr(cfg, "qk_rope_head_dim", None)
+        for name, value in (("qk_nope_head_dim", nope), ("qk_rope_head_dim", rope)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HFConfigError(name, f"a whole number of 1 or more, got {value!r:.40}")
+        return int(nope) + int(rope)
+    return getattr(cfg, "head_dim", None)
+
+
+def _deepseek(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
+    """DeepSeek-V2/V3's fields of ``spec`` as transformers' ``DeepseekV2ForCausalLM`` / ``DeepseekV3ForCausalLM``
+    build and run them: multi-head latent attention (``kv_lora_rank``, ``q_lora_rank`` or none, ``qk_rope_head_dim``,
+    ``v_head_dim``); ``n_shared_experts`` shared experts of ``moe_intermediate_size``, one MLP of their summed width
+    (``DeepseekV3MoE.shared_experts``), not gated; the first ``first_k_dense_replace`` layers dense (``layer_idx >=
+    first_k_dense_replace`` routes; ``moe_layer_freq`` is not read by transformers, nor here); the router
+    (``DeepseekV2TopkRouter``: softmax scores, ``topk_method`` greedy or group_limited_greedy over ``n_group`` groups
+    of which ``topk_group`` are used, no renormalisation whatever ``norm_topk_prob`` says; ``DeepseekV3TopkRouter``:
+    sigmoid scores with the choice's bias, groups by the sum of their best two, ``norm_topk_prob``), the weights times
+    ``routed_scaling_factor``. V3's multi-token prediction layers (``num_nextn_predict_layers``) are not built by
+    transformers: noted, not planned."""
+    out: dict[str, Any] = {"kv_lora_rank": getattr(cfg, "kv_lora_rank", None),
+                           "q_lora_rank": getattr(cfg, "q_lora_rank", None),
+                           "qk_rope_head_dim": getattr(cfg, "qk_rope_head_dim", None),
+                           "v_head_dim": getattr(cfg, "v_head_dim", None)}
+    shared = getattr(cfg, "n_shared_experts", None) or 0
+    width = getattr(cfg, "moe_intermediate_size", None)
+    if not isinstance(shared, int) or isinstance(shared, bool) or shared < 0:
+        raise HFConfigError("n_shared_experts", f"a whole number of 0 or more, got {shared!r:.40}")
+    if shared and isinstance(width, int):
+        out["shared_expert_ffn_hidden"] = shared * width
+    first = getattr(cfg, "first_k_dense_replace", 0) or 0
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise HFConfigError("first_k_dense_replace", f"a whole number of 0 or more, got {first!r:.40}")
+    if isinstance(layers, int) and first >= layers:
+        raise HFConfigError("first_k_dense_replace", f"{first}: every one of the {layers} layers would be dense, no "
+                                                     "layer routes to the experts")
+    out["dense_layers"] = list(range(first))
+    scaling = jsondoc.number(getattr(cfg, "routed_scaling_factor", 1.0))
+    if scaling is None or scaling <= 0:
+        raise HFConfigError("routed_scaling_factor", f"a number above 0, got "
+                                                     f"{getattr(cfg, 'routed_scaling_factor', None)!r:.40}")
+    out["routed_scaling"] = scaling
+    groups, topk_group = getattr(cfg, "n_group", None), getattr(cfg, "topk_group", None)
+    if model_type == "deepseek_v2":
+        method = getattr(cfg, "topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise HFConfigError("topk_method", f"{method!r:.40}: transformers' DeepseekV2TopkRouter runs greedy or "
+                                               "group_limited_greedy")
+        out["normalize_topk"] = False  # (DeepseekV2TopkRouter does not renormalise)
+        if getattr(cfg, "norm_topk_prob", False):
+            notes.append("norm_topk_prob is not applied by transformers' DeepseekV2TopkRouter: the top-k weights are "
+                         "taken as they are")
+        grouped = method == "group_limited_greedy"
+    else:
+        out.update(router_score="sigmoid", router_bias=True)
+        grouped = True
+        mtp = getattr(cfg, "num_nextn_predict_layers", 0) or 0
+        if mtp:
+            notes.append(f"num_nextn_predict_layers ({mtp}): the multi-token prediction layers are not planned "
+                         "(transformers does not build them)")
+    if grouped and groups not in (None, 1):
+        out.update(router_groups=groups, router_group_topk=topk_group)
+    return out
 
 
 def _qkv_bias(cfg: Any, model_type: str) -> bool:
@@ -531,6 +610,11 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     names = hf_fields(model_type)
     required = REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab")
     moe_required = (*MOE_REQUIRED, *(("shared_expert_ffn_hidden",) if model_type == "qwen2_moe" else ()))
+    if model_type in DEEPSEEK_TYPES:
+        for theirs in DEEPSEEK_REQUIRED:
+            if theirs not in data:
+                raise HFConfigError(theirs, f"missing: the model's shape must be stated (transformers would fill in "
+                                            f"its {model_type} default, another model than yours)")
     for ours in (*required, *(moe_required if model_type in MOE_TYPES else ())):
         theirs = names.get(ours, "vocab_size")
         # (Mixtral's num_local_experts may be given by its alias num_experts: MixtralConfig.attribute_map)
@@ -540,7 +624,8 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
                                         f"its {model_type} default, another model than yours)")
     for ours, theirs in names.items():
         value = data.get(theirs)
-        limit = SHAPE_LIMITS.get(SHAPE_OF.get(ours, ours))
+        # (DeepSeek's n_shared_experts counts experts, 0 for none; _deepseek checks it)
+        limit = SHAPE_LIMITS.get(SHAPE_OF.get(ours, ours)) if theirs != "n_shared_experts" else None
         if limit is not None and value is not None:
             if (jsondoc.integer(value) or 0) < 1:
                 raise HFConfigError(theirs, f"must be a positive integer, got {value!r}")

@@ -27,6 +27,8 @@ PUBLISHED = {
     "mixtral-8x7b": (46.7, 0.05),
     "qwen3-30b-a3b": (30.5, 0.05),
     "qwen1.5-moe-a2.7b": (14.3, 0.05),
+    "deepseek-v2-lite": (15.7, 0.05),
+    "deepseek-v3": (671, 0.5),
 }
 
 
@@ -197,7 +199,7 @@ def test_every_example_yields_a_plan_through_the_cli(name: str, tmp_path: Path) 
     res = runner.invoke(app, ["profile-analytic", "--hf-config", str(MODELS / name), "--seq", "1024",
                               "--device", "h100-80gb", "--out", str(prof)])
     assert res.exit_code == 0, res.output
-    gpus = "512" if name == "llama-3.1-405b" else "64"
+    gpus = {"llama-3.1-405b": "512", "deepseek-v3": "1024"}.get(name, "64")
     res = runner.invoke(app, ["plan", "--profile", str(prof), "--cluster", str(ROOT / "examples" / "clusters" /
                                                                               "dgx-h100-80gb.json"),
                               "--global-batch", "256", "--gpus", gpus, "--top", "2", "--json"])
@@ -389,8 +391,6 @@ def test_bad_moe_config_names_the_field(fixture: str, changes: dict[str, object]
 
 @pytest.mark.parametrize(("model_type", "words"), [
     ("olmoe", "query and key norms over the whole projection"),
-    ("deepseek_v2", "multi-head latent attention (kv_lora_rank"),
-    ("deepseek_v3", "multi-head latent attention (kv_lora_rank"),
     ("gpt_oss", "attention sinks"),
     ("llama4", "a shared expert"),
 ])
@@ -430,3 +430,57 @@ def test_dense_layers_and_shared_experts() -> None:
     no_gate = spec_from_hf_dict({**json.loads((FIXTURES / "tiny-qwen2-moe" / "config.json").read_text()),
                                  "qkv_bias": False}, "q")
     assert not no_gate.qkv_bias and no_gate.shared_expert_gate
+
+
+def test_deepseek_configs() -> None:
+    """DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", section 1 and 2.1: 671B parameters, 37B active
+    per token; 61 layers, the first 3 dense, 256 routed experts of 2048 and 1 shared, 8 per token in at most 4 of 8
+    groups, sigmoid scores with a bias for the choice, weights renormalised and times 2.5; latent attention with
+    c = 512, c' = 1536, 128 heads of 128 + 64 query/key and 128 value dimensions) and DeepSeek-V2-Lite (15.7B: 27
+    layers, the first dense, 64 experts of 1408 and 2 shared, top 6 by softmax, no query latent). Each count equals
+    transformers' own model's (checked on the meta device: 671,026,404,352 and 15,706,484,224)."""
+    v3 = read_hf_config(MODELS / "deepseek-v3")
+    assert v3.total_params() == 671_026_404_352
+    assert (v3.layers, v3.hidden, v3.heads, v3.k, v3.d, v3.v_d, v3.vocab) == (61, 7168, 128, 128, 192, 128, 129280)
+    assert (v3.kv_lora_rank, v3.q_lora_rank, v3.qk_rope_head_dim) == (512, 1536, 64) and v3.mla
+    assert (v3.experts, v3.experts_per_token, v3.f_e, v3.f, v3.shared_expert_ffn_hidden) == (256, 8, 2048, 18432, 2048)
+    assert v3.dense_layers == (0, 1, 2) and not v3.shared_expert_gate
+    assert (v3.router_score, v3.router_groups, v3.router_group_topk, v3.router_bias, v3.routed_scaling,
+            v3.normalize_topk) == ("sigmoid", 8, 4, True, 2.5, True)
+    active = v3.total_params() - v3.moe_layers * (v3.mlp_params() - v3.active_mlp_params())
+    assert abs(active / 1e9 - 37) < 1, active
+    assert "multi-token prediction layers are not planned" in v3.source and "rope_scaling (yarn)" in v3.source
+    lite = read_hf_config(MODELS / "deepseek-v2-lite")
+    assert lite.total_params() == 15_706_484_224
+    assert lite.q_lora_rank is None and lite.kv_lora_rank == 512 and lite.dense_layers == (0,)
+    assert (lite.experts, lite.experts_per_token, lite.shared_expert_ffn_hidden) == (64, 6, 2 * 1408)
+    assert (lite.router_score, lite.router_groups, lite.normalize_topk, lite.routed_scaling) == ("softmax", None,
+                                                                                                False, 1.0)
+    tiny = json.loads((FIXTURES / "tiny-deepseek-v2-lite" / "config.json").read_text())
+    grouped = spec_from_hf_dict({**tiny, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}, "g")
+    assert (grouped.router_groups, grouped.router_group_topk, grouped.router_score) == (4, 2, "softmax")
+    assert spec_from_hf_dict({**tiny, "n_group": 4, "topk_group": 2}, "g").router_groups is None  # greedy: no groups
+    noted = spec_from_hf_dict({**tiny, "norm_topk_prob": True}, "n")
+    assert not noted.normalize_topk and "norm_topk_prob is not applied" in noted.source
+    assert spec_from_hf_dict({**tiny, "n_shared_experts": 0}, "s").shared_expert_ffn_hidden is None
+
+
+@pytest.mark.parametrize(("fixture", "changes", "field", "words"), [
+    ("tiny-deepseek-v3", {"kv_lora_rank": None}, "kv_lora_rank", "missing"),
+    ("tiny-deepseek-v2-lite", {"q_lora_rank": "absent"}, "q_lora_rank", ""),
+    ("tiny-deepseek-v3", {"first_k_dense_replace": 3}, "first_k_dense_replace", "every one of the 3 layers"),
+    ("tiny-deepseek-v3", {"qk_rope_head_dim": 0}, "qk_rope_head_dim", "a whole number of 1 or more"),
+    ("tiny-deepseek-v3", {"topk_group": 5}, "topk_group", "more than the 4 groups"),
+    ("tiny-deepseek-v3", {"n_group": 3}, "n_group", "does not divide the 8 experts"),
+    ("tiny-deepseek-v3", {"routed_scaling_factor": 0.0}, "routed_scaling_factor", "a number above 0"),
+    ("tiny-deepseek-v3", {"n_shared_experts": -1}, "n_shared_experts", "0 or more"),
+    ("tiny-deepseek-v2-lite", {"topk_method": "noaux_tc"}, "topk_method", "greedy or group_limited_greedy"),
+    ("tiny-deepseek-v3", {"attention_bias": True}, "attention_bias", "without biases"),
+])
+def test_bad_deepseek_config_names_the_field(fixture: str, changes: dict[str, object], field: str,
+                                             words: str) -> None:
+    data = json.loads((FIXTURES / fixture / "config.json").read_text())
+    data.update(changes)
+    with pytest.raises(HFConfigError) as err:  # (a change to None drops the field)
+        spec_from_hf_dict({k: v for k, v in data.items() if v is not None or k not in changes})
+    assert err.value.field == field and words in err.value.message, str(err.value)

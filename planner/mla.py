@@ -1,0 +1,58 @@
+"""The projections of multi-head latent attention (:attr:`planner.model.ModelSpec.kv_lora_rank`), for
+:func:`planner.operators.layer_operators`: what a transformer layer runs in place of its Q, K, V projections.
+
+DeepSeek-AI 2024, "DeepSeek-V2", section 2.1 (eq. 9-19); transformers' ``DeepseekV3Attention``; Megatron-Core's
+``MLASelfAttention``. Symbols as in :mod:`planner.operators`: ``T = b s`` tokens, ``h`` hidden, ``t`` tensor-parallel
+size, ``el`` bytes per element; ``a_t = a / t`` heads on the rank, ``d`` each head's query/key width
+(``head_dim``), ``r`` its rotated part (``qk_rope_head_dim``), ``v`` its value width (``v_head_dim``), ``c`` the
+key/value latent (``kv_lora_rank``), ``c'`` the query latent (``q_lora_rank``):
+
+1. **queries**: with ``c'``, the down-projection ``(T, c', h)``, an RMSNorm over ``c'`` and the up-projection
+   ``(T, a_t d, c')``; without it one ``(T, a_t d, h)`` GEMM;
+2. **keys and values**: the down-projection ``(T, c + r, h)`` -- the latent and the rotated key every head shares --,
+   an RMSNorm over ``c`` and the up-projection ``(T, a_t (d - r + v), c)`` to each head's unrotated key and value;
+3. **rotary** on the queries' ``r`` dimensions and the shared key's (the rest of each head is not rotated).
+
+Tensor parallelism (Megatron-Core's ``MLASelfAttention``: ``linear_q_down_proj`` and ``linear_kv_down_proj``
+duplicated on every rank, ``linear_q_up_proj`` / ``linear_q_proj`` and ``linear_kv_up_proj`` column-parallel by heads,
+``linear_proj`` row-parallel): the down-projections and their norms run whole on every tensor rank, on all ``T`` rows
+(with sequence parallelism the gathered input, as the column-parallel GEMMs', stashed as its ``T/t`` shard); the
+up-projections split by heads. The attention core then runs on queries and keys of width ``d`` and values of width
+``v`` (:func:`planner.operators.layer_operators`), and the output projection reads ``a_t v`` columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.model import ModelSpec
+from planner.operators import Operator, elementwise, gemm
+
+
+def mla_operators(spec: ModelSpec, T: int, a_t: int, el: int, accumulate: bool,
+                  gathered: Callable[[Operator], Operator]) -> list[Operator]:
+    """The projections, latent norms and rotary of one layer's latent attention on a tensor rank holding ``a_t``
+    heads (module docstring); ``gathered``: the sequence-parallel stash of a GEMM whose input is the gathered
+    norm output (:func:`planner.operators.layer_operators`'s)."""
+    h, d = spec.hidden, spec.d
+    r, c, v = int(spec.qk_rope_head_dim or 0), int(spec.kv_lora_rank or 0), spec.v_d
+
+    def latent_norm(name: str, width: int) -> Operator:
+        # an RMSNorm over the latent (fused: reads x, writes y; backward reads dy and x; saves its input)
+        return elementwise(name, T * width, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
+                           saved_bytes=el * T * width)
+
+    ops: list[Operator] = []
+    if spec.q_lora_rank is not None:
+        cq = spec.q_lora_rank
+        ops += [gathered(gemm("q_down", T, cq, h, el, accumulate=accumulate)), latent_norm("q_norm", cq),
+                gemm("q_up", T, a_t * d, cq, el, accumulate=accumulate)]
+    else:
+        ops.append(gathered(gemm("q_proj", T, a_t * d, h, el, accumulate=accumulate)))
+    # the key/value down-projection reads the same norm output as the queries' first GEMM: saved once
+    ops += [gemm("kv_down", T, c + r, h, el, accumulate=accumulate, save_input=False), latent_norm("kv_norm", c),
+            gemm("kv_up", T, a_t * (d - r + v), c, el, accumulate=accumulate)]
+    # rotary on the queries' r dimensions and the shared rotated key (read and written; saves nothing)
+    ops.append(elementwise("rope", T * (a_t + 1) * r, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1,
+                           bwd_writes=1, saved_bytes=0.0))
+    return ops
