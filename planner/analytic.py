@@ -72,9 +72,9 @@ from planner.profile import (
     LayerProfile,
     ModelProfile,
     ShardTimes,
-    TransformerShape,
     checkpointed,
     other_runtime,
+    shape_of,
 )
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -243,9 +243,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     layers = [emb] + [blocks[k].model_copy(update={"name": f"block{i}"}) for i, k in enumerate(kinds)] + [head]
     return ModelProfile(
         name=name or spec.name, layers=layers, device=dev.name, dtype=dtype, source="analytical",
-        shape=TransformerShape(hidden=h, seq=s, heads=spec.heads, vocab=V, layers=spec.layers, ffn_hidden=spec.f,
-                               experts=spec.experts, experts_per_token=spec.experts_per_token,
-                               shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden),
+        shape=shape_of(spec),
         environment={"device": dev.name, "peak_flops": f"{dev.peak(dtype):g}", "attention": opts.attention,
                      "dropout": str(opts.dropout).lower(), "sequence_parallel": str(opts.sequence_parallel).lower(),
                      "family": "bert" if spec.encoder else "gpt", "model": spec.name,

@@ -613,22 +613,24 @@ class ConfigCosts(Costs):
             return f"; experts at e={self.expert}{whole}: the times with them split over t (same FLOPs)"
         return f"; experts at e={self.expert}{whole}"
 
-    def _tp_one(self, samples: float) -> float:
+    def _tp_one(self, samples: float, width: int | None = None) -> float:
         """One tensor-parallel all-reduce of the ``b s h`` boundary tensor (with sequence parallelism: an
-        all-gather and a reduce-scatter of it), before the calibration's link scale."""
+        all-gather and a reduce-scatter of it), before the calibration's link scale; ``width``: of ``b s width``
+        elements instead (latent attention's: :meth:`_tp_comm`)."""
         shape = self.profile.shape
         if self.t == 1 or shape is None:
             return 0.0
-        got = self._tp_ones.get(samples)  # (the same for every stage: once per size)
+        key = samples if width is None else (samples, width)
+        got = self._tp_ones.get(key)  # (the same for every stage: once per size)
         if got is None:
-            nbytes = samples * shape.seq * shape.hidden * self.el
+            nbytes = samples * shape.seq * (shape.hidden if width is None else width) * self.el
             if self.sequence_parallel and self.t <= self.cluster.gpus_per_node:
                 # an all-gather and a reduce-scatter in place of the all-reduce
                 got = (self._tp_all_gather(nbytes)
                        + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
             else:
                 got = self._tp_allreduce(nbytes)
-            self._tp_ones[samples] = got
+            self._tp_ones[key] = got
         return got
 
     def _tp_all_gather(self, nbytes: float) -> float:
@@ -656,11 +658,31 @@ class ConfigCosts(Costs):
         instead of the MLP's input; one with its experts whole on each rank (``etp = 1``) moves nothing around them
         (each rank routes its own ``T/t`` tokens; attention's collectives stay). A layer's shared expert
         (:meth:`_shared`) adds a dense MLP's: Megatron-Core's ``SharedExpertMLP`` gathers its input and
-        reduce-scatters its output (or all-reduces it) on its own, whatever the routed experts' dispatcher does."""
+        reduce-scatters its output (or all-reduces it) on its own, whatever the routed experts' dispatcher does.
+
+        Latent attention (the profile's ``latent_width``: :mod:`planner.mla`): its column-parallel up-projections
+        read the latents (and the queries' input without a query latent), which the down-projections duplicated on
+        every rank made whole, so the collective on the attention's input side moves ``b s w`` elements, ``w`` the
+        latent width, not ``b s h`` (Megatron-Core's ``MLASelfAttention``: with sequence parallelism it gathers the
+        compressed latents; without, the backward all-reduces their gradients); the output side's stays ``b s h``.
+        Charged as half of each per pass (exact with sequence parallelism; without it the forward's is the ``h``
+        one and the backward's the latent one, the same in sum)."""
         info = self.stages[stage]
         moe = self._moe_gathers(info)
-        return ((2 * info.transformer_layers - moe - self._whole_experts(info) + self._shared(info))
-                * self._tp_one(samples) + (moe * self._tp_one(samples * self._k) if moe else 0.0)) * self.cal.link_scale
+        one = self._tp_one(samples)
+        total = ((2 * info.transformer_layers - moe - self._whole_experts(info) + self._shared(info)) * one
+                 + (moe * self._tp_one(samples * self._k) if moe else 0.0))
+        latent = self._latent_width
+        if latent is not None and info.transformer_layers:
+            total += info.transformer_layers * (self._tp_one(samples, latent) - one) / 2
+        return total * self.cal.link_scale
+
+    @property
+    def _latent_width(self) -> int | None:
+        """The width latent attention's tensor-parallel input collective moves (the profile's ``latent_width``), or
+        None for standard attention."""
+        shape = self.profile.shape
+        return shape.latent_width if shape is not None else None
 
     def _shared(self, info: StageInfo) -> int:
         """How many of the stage's layers run a shared expert beside their routed ones (the profile's
@@ -713,7 +735,12 @@ class ConfigCosts(Costs):
                  + self._shared(info) + (1 if info.has_head else 0))
         if count == 0:
             return 0.0
-        return count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el) * self.cal.link_scale
+        out = count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el)
+        latent = self._latent_width
+        if latent is not None and info.transformer_layers:  # latent attention re-gathers its latents' shard instead
+            out += info.transformer_layers * (self._tp_all_gather(samples * shape.seq * latent * self.el)
+                                              - self._tp_all_gather(samples * shape.seq * shape.hidden * self.el))
+        return out * self.cal.link_scale
 
     def _tp_edges(self, stage: int, samples: float, backward: bool) -> float:
         """The tensor-parallel collectives of the embedding and the LM head (Megatron-LM 2021-22, without

@@ -304,6 +304,14 @@ class ModelSpec(BaseModel):
         return int(self.v_head_dim) if self.v_head_dim is not None else self.d
 
     @property
+    def latent_width(self) -> int | None:
+        """With latent attention, the width its column-parallel up-projections read (:mod:`planner.mla`): the query
+        latent (or ``h`` without one), the key/value latent and the shared rotated key; None otherwise."""
+        if not self.mla:
+            return None
+        return int(self.q_lora_rank or self.hidden) + int(self.kv_lora_rank or 0) + int(self.qk_rope_head_dim or 0)
+
+    @property
     def o_dim(self) -> int:
         """Width of the attention's output (the output projection's input): ``a`` heads of ``v_d``."""
         return self.heads * self.v_d

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from planner.dtypes import dtype_error
 from planner.jsondoc import integer, refuse_duplicate_keys
 from planner.limits import MAX_COUNT, MAX_LAYERS, MAX_SECONDS, MAX_SIZE, MAX_SIZES, SHAPE_LIMITS
+from planner.model import ModelSpec
 
 TimeKind = Literal["fwd", "bwd", "recompute"]
 #: a count of bytes or parameters: a JSON integer, 0..MAX_COUNT (strict: ``true`` or ``"49984"`` is no count;
@@ -347,6 +348,11 @@ class TransformerShape(BaseModel):
     #: (:meth:`planner.cost.ConfigCosts._tp_comm`); absent without one
     shared_expert_ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"],
                                                  exclude_if=lambda v: v is None)
+    #: latent attention (:attr:`planner.model.ModelSpec.kv_lora_rank`): the width of what its column-parallel
+    #: up-projections read -- the query latent (or the hidden size without one), the key/value latent and the shared
+    #: rotated key -- which its tensor-parallel input collective moves in place of the hidden size
+    #: (:meth:`planner.cost.ConfigCosts._tp_comm`); absent for standard attention
+    latent_width: int | None = Field(default=None, gt=0, le=3 * SHAPE_LIMITS["hidden"], exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _defaults(self) -> TransformerShape:
@@ -361,6 +367,13 @@ class TransformerShape(BaseModel):
         if self.shared_expert_ffn_hidden is not None and self.experts is None:
             raise ValueError("shared_expert_ffn_hidden: only with experts (a mixture of experts)")
         return self
+
+
+def shape_of(spec: ModelSpec) -> TransformerShape:
+    """The shape a profile of ``spec`` records (the analytical profile's and the profilers'): one description."""
+    return TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=spec.layers,
+                            ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token,
+                            shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden, latent_width=spec.latent_width)
 
 
 class ModelProfile(BaseModel):

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.model import ModelSpec
-from planner.profile import TransformerShape
+from planner.profile import shape_of
 from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, Warn, language_model, spec_from_hf_dict
 from profiler.layer_model import LayerModel
 
@@ -226,9 +226,7 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     repeat = [0, *[1 + j for j in measured_for(spec, chosen)], built + 1]
     names = ["embedding", *(f"block.{i}" for i in range(L)), "head"]
     kinds = ["embedding", *["transformer"] * L, "lm_head"]
-    shape = TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=L,
-                             ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token,
-                             shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden)
+    shape = shape_of(spec)
     tied = {L + 1: spec.vocab * spec.hidden} if spec.tied_embeddings else {}
     # a mixture of experts: each decoder layer's routed experts (planner.expert_parallel splits them; their times at
     # e > 1 are those measured here, the same FLOPs under balanced routing); not the shared expert (every rank keeps

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from executor.models import ModelConfig, build_layers, get_config, layer_kinds, layer_names
-from planner.profile import LayerProfile, ModelProfile, ShardTimes, TransformerShape, checkpointed
+from planner.profile import LayerProfile, ModelProfile, ShardTimes, checkpointed, shape_of
 from profiler.layers import LayerMeasurement, make_inputs, profile_layer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -288,17 +288,7 @@ def profile_model(
         layers=layers,
         device=device_name(dev) if dev.type == "cuda" else "cpu",
         dtype=dtype,
-        shape=TransformerShape(
-            hidden=config.hidden,
-            seq=config.seq,
-            heads=config.heads,
-            vocab=config.vocab,
-            layers=config.layers,
-            ffn_hidden=config.ffn_hidden,
-            experts=config.experts,
-            experts_per_token=config.experts_per_token,
-            shared_expert_ffn_hidden=config.shared_expert_ffn_hidden,
-        ),
+        shape=shape_of(config.spec()),
         source="measured",
         environment=environment,
         notes=notes,

@@ -1,0 +1,138 @@
+"""Multi-head latent attention and DeepSeek's routing in the planner (``ModelSpec.kv_lora_rank`` etc.,
+:mod:`planner.mla`): the spec's rules, the operators' FLOPs, the analytical profile's parameters, and the
+tensor-parallel collectives of latent attention (its input side moves the latents, not the hidden states)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from planner.analytic import analytic_profile
+from planner.model import ModelSpec
+from planner.operators import OperatorOptions, layer_operators
+from planner.request import Config, TrainingRequest
+from planner.search import Planner, plan
+from tests.moe_support import FLASH, H100, h100_cluster
+
+#: DeepSeek-V3's layer (c' 1536, c 512, 128 heads of 192 / 128, 256 experts of 2048, 1 shared, top 8 in 4 of 8
+#: groups) with 4 layers, the first dense, and a smaller vocabulary
+V3 = ModelSpec(name="dsv3-4l", layers=4, hidden=7168, heads=128, head_dim=192, ffn_hidden=18432, gated_mlp=True,
+               activation="silu", norm="rmsnorm", position="rotary", tied_embeddings=False, bias=False, vocab=32768,
+               seq=4096, experts=256, experts_per_token=8, expert_ffn_hidden=2048, shared_expert_ffn_hidden=2048,
+               dense_layers=(0,), router_score="sigmoid", router_groups=8, router_group_topk=4, router_bias=True,
+               routed_scaling=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128)
+SP = OperatorOptions(attention="flash", causal=True, dropout=False, sequence_parallel=True)
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"qk_rope_head_dim": None}, "qk_rope_head_dim: multi-head latent attention"),
+    ({"qk_rope_head_dim": 192}, "qk_rope_head_dim: 192 must be less than head_dim (192)"),
+    ({"kv_heads": 8}, "kv_heads: multi-head latent attention gives every head"),
+    ({"qkv_bias": True}, "bias, qkv_bias"),
+    ({"kv_lora_rank": None}, "q_lora_rank, qk_rope_head_dim, v_head_dim: only with kv_lora_rank"),
+    ({"router_group_topk": None}, "router_groups and router_group_topk: give both"),
+    ({"router_groups": 3}, "router_groups: 3 does not divide the 256 experts"),
+    ({"router_group_topk": 9}, "router_group_topk: 9 is more than the 8 groups"),
+    ({"experts_per_token": 160, "router_group_topk": 4}, "hold fewer than the 160"),
+    ({"router_score": "softmax"}, "router_bias: only with router_score sigmoid"),
+    ({"routed_scaling": 0.0}, "routed_scaling"),
+])
+def test_rules_name_the_field(changes: dict, words: str) -> None:
+    with pytest.raises(ValidationError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        V3.with_(**changes)
+
+
+def test_latent_attention_parameters_and_widths() -> None:
+    """DeepSeek-V2 eq. 9-19: ``h c' + c' + c' a d`` for the queries, ``h (c + r) + c + c a (d - r + v)`` for keys
+    and values, ``a v h`` out; the value width defaults to head_dim; standard attention has no latent width."""
+    h, a, d, r, c, cq, v = 7168, 128, 192, 64, 512, 1536, 128
+    assert V3.attention_params() == (h * cq + cq + cq * a * d) + (h * (c + r) + c + c * a * (d - r + v)) + a * v * h
+    assert (V3.o_dim, V3.v_d, V3.latent_width) == (a * v, v, cq + c + r)
+    no_q = V3.with_(q_lora_rank=None)
+    assert no_q.attention_params() == h * a * d + (h * (c + r) + c + c * a * (d - r + v)) + a * v * h
+    assert no_q.latent_width == h + c + r
+    assert V3.with_(v_head_dim=None).v_d == d
+    plain = V3.with_(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=None, v_head_dim=None)
+    assert plain.latent_width is None and plain.o_dim == a * d
+    assert not {"kv_lora_rank", "router_score", "routed_scaling"} & set(plain.with_(
+        router_score="softmax", router_bias=False, routed_scaling=1.0, router_groups=None,
+        router_group_topk=None).model_dump())
+
+
+def _fwd_flops(ops: list, names: tuple[str, ...]) -> float:
+    return sum(k.flops for op in ops if op.name in names for k in op.fwd)
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_latent_attention_operators(t: int) -> None:
+    """The down-projections whole on every tensor rank, the up-projections and the output split by heads; the flash
+    kernel's FLOPs over query/key width d and value width v (causal half); no Q, K, V projections."""
+    b, T = 1, 4096
+    h, a, d, r, c, cq, v = 7168, 128, 192, 64, 512, 1536, 128
+    ops = layer_operators(V3, b, t, FLASH, moe=False)
+    names = [op.name for op in ops]
+    assert "qkv" not in names and names[:7] == ["norm1", "q_down", "q_norm", "q_up", "kv_down", "kv_norm", "kv_up"]
+    assert _fwd_flops(ops, ("q_down", "kv_down")) == pytest.approx(2 * T * h * (cq + c + r))
+    assert _fwd_flops(ops, ("q_up", "kv_up")) == pytest.approx(2 * T * (cq * a * d + c * a * (d - r + v)) / t)
+    assert _fwd_flops(ops, ("proj",)) == pytest.approx(2 * T * a * v * h / t)
+    assert _fwd_flops(ops, ("flash_attn",)) == pytest.approx(0.5 * 2 * b * (a // t) * 4096 ** 2 * (d + v))
+    direct = [op.name for op in layer_operators(V3.with_(q_lora_rank=None), b, t, FLASH, moe=False)]
+    assert direct[:5] == ["norm1", "q_proj", "kv_down", "kv_norm", "kv_up"]
+
+
+def test_routing_variants_cost_a_little_more() -> None:
+    """Group-limited choice and the choice's bias are passes over the fp32 scores: the routing operator moves more
+    bytes with them, and nothing else changes."""
+    plain = V3.with_(router_score="softmax", router_bias=False, router_groups=None, router_group_topk=None)
+    ops, base = layer_operators(V3, 1, 1, FLASH), layer_operators(plain, 1, 1, FLASH)
+    routing = {op.name: op for op in ops}["routing"]
+    plain_routing = {op.name: op for op in base}["routing"]
+    assert routing.fwd[0].nbytes > plain_routing.fwd[0].nbytes
+    assert [op for op in ops if op.name != "routing"] == [op for op in base if op.name != "routing"]
+
+
+def test_analytic_profile_counts_the_model() -> None:
+    prof = analytic_profile(V3, H100, options=FLASH, micro_batches=(1,), tensor_sizes=(1, 8))
+    assert sum(lay.params - lay.tied_params for lay in prof.layers) == V3.total_params()
+    assert prof.shape is not None and prof.shape.latent_width == 1536 + 512 + 64
+    blocks = [lay for lay in prof.layers if lay.kind == "transformer"]
+    assert blocks[0].expert_params == 0 and blocks[1].expert_params == 256 * V3.expert_params()
+
+
+def _costs(profile, config: Config):  # type: ignore[no-untyped-def]
+    gpus = config.tensor * config.pipeline * config.data
+    cand, costs = Planner(profile, h100_cluster(), TrainingRequest(global_batch=64, gpus=gpus)).prepare(config)
+    assert costs is not None, cand.reason
+    return costs
+
+
+@pytest.mark.parametrize("options", [FLASH, SP])
+def test_latent_attention_moves_the_latents_over_the_tensor_group(options: OperatorOptions) -> None:
+    """Per layer and pass, half of the attention's collective at the hidden width and half at the latent width
+    (Megatron-Core's MLASelfAttention gathers the compressed latents): less than standard attention's; with
+    sequence parallelism the backward re-gathers the latents' shard, not the hidden states'."""
+    prof = analytic_profile(V3, H100, options=options, micro_batches=(1,), tensor_sizes=(1, 8))
+    assert prof.shape is not None
+    standard = prof.model_copy(update={"shape": prof.shape.model_copy(update={"latent_width": None})})
+    cfg = Config(tensor=8, pipeline=1, data=1, micro_batch=1, schedule="1f1b")
+    mla, std = _costs(prof, cfg), _costs(standard, cfg)
+    layers = mla.stages[0].transformer_layers
+    width = 1536 + 512 + 64
+    assert mla._tp_comm(0, 1) - std._tp_comm(0, 1) == pytest.approx(layers * (mla._tp_one(1, width)
+                                                                              - mla._tp_one(1)) / 2)
+    assert mla._tp_comm(0, 1) < std._tp_comm(0, 1)
+    if options.sequence_parallel:
+        el = 2
+        gap = layers * (mla._tp_all_gather(4096 * width * el) - mla._tp_all_gather(4096 * 7168 * el))
+        assert mla._sp_regather(0, 1) - std._sp_regather(0, 1) == pytest.approx(gap) and gap < 0
+    else:
+        assert mla._sp_regather(0, 1) == std._sp_regather(0, 1) == 0.0
+
+
+def test_plan_a_deepseek_v3_shape() -> None:
+    """The search plans the 4-layer V3 shape on 64 H100s: rows that split the experts, predicted with the latent
+    attention's operators."""
+    prof = analytic_profile(V3, H100, options=SP, micro_batches=(1, 2))
+    res = plan(prof, h100_cluster(), TrainingRequest(global_batch=128, gpus=64, top=3))
+    assert res.candidates and all(c.fits for c in res.candidates)
+    assert all(c.config.expert > 1 for c in res.candidates), [c.config.label() for c in res.candidates]
