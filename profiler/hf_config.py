@@ -563,6 +563,22 @@ _IMPORT = threading.Lock()
 _WARMED: list[Any] = []  # AutoConfig, once every supported type's configuration class is loaded
 
 
+def _floats_as_floats(model_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a whole number given for a field the configuration class declares a float (and not an int)
+    as that float: transformers' strict config classes (DeepSeek's) refuse ``0`` for ``attention_dropout``, and a
+    config.json's ``0.0`` arrives as ``0`` from a JavaScript client (``JSON.parse`` keeps no difference), the UI's
+    upload included; Python's ``json`` would have read it as the float it is."""
+    from transformers import CONFIG_MAPPING
+
+    declared: dict[str, str] = {}
+    # (the lazy mapping's get() answers None for a class not imported yet: indexed instead)
+    for klass in (CONFIG_MAPPING[model_type].__mro__ if model_type in CONFIG_MAPPING else ()):
+        for name, hint in getattr(klass, "__annotations__", {}).items():
+            declared.setdefault(name, str(hint))
+    return {k: float(v) if isinstance(v, int) and not isinstance(v, bool) and "float" in declared.get(k, "")
+            and "int" not in declared.get(k, "") else v for k, v in fields.items()}
+
+
 def auto_config() -> Any:
     """``transformers.AutoConfig`` with each supported model type's configuration class loaded (the import of
     transformers, and torch with it: seconds), once, under a lock: transformers is a lazy module, and a thread
@@ -633,11 +649,17 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
                 why = (f" transformer layers: a profile holds at most {MAX_LAYERS} layers, the blocks, the embedding "
                        "and the head" if ours == "layers" else "")
                 raise HFConfigError(theirs, f"{value} is beyond any published model (at most {limit}{why})")
-    AutoConfig = auto_config()
+    return parse_hf_config(transformers_config(model_type, data), name, seq, source, warn)
 
-    fields = {k: v for k, v in data.items() if k != "model_type"}
+
+def transformers_config(model_type: str, data: dict[str, Any]) -> Any:
+    """``data`` (a config.json's fields) as transformers' configuration of ``model_type``, its defaults filled in; a
+    file it refuses is an :class:`HFConfigError` naming the field where transformers names one. Whole numbers for the
+    float fields are taken (:func:`_floats_as_floats`)."""
+    AutoConfig = auto_config()
+    fields = _floats_as_floats(model_type, {k: v for k, v in data.items() if k != "model_type"})
     try:
-        cfg = AutoConfig.for_model(model_type, **fields)
+        return AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
         # its validators wrap the reason ("Class validation error for validator 'validate_architecture':
         # ValueError: The hidden size (4096) is not a multiple of ..."): the reason is what the user can act on
@@ -648,7 +670,6 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         typed = re.search(r"[Ee]rror for field '([A-Za-z_][A-Za-z0-9_]*)'", text)
         raise HFConfigError(str(getattr(e, "field", None) or (typed.group(1) if typed else "config")),
                             f"transformers cannot read it: {reason.group(1) if reason else text}") from None
-    return parse_hf_config(cfg, name, seq, source, warn)
 
 
 DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout")
@@ -658,13 +679,11 @@ def trains_with_dropout(data: dict[str, Any]) -> bool:
     """Whether the configuration trains with dropout (GPT-2: 0.1; Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma: 0), the
     library's defaults filled in; the operator model then counts the dropout masks
     (planner.operators.OperatorOptions)."""
-    AutoConfig = auto_config()
-
     data = language_model(data)[0]
     model_type = data.get("model_type")
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", unsupported_type(model_type))
-    cfg = AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+    cfg = transformers_config(model_type, data)
     return any(float(getattr(cfg, f, 0.0) or 0.0) > 0 for f in DROPOUT_FIELDS)
 
 

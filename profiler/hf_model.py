@@ -38,7 +38,15 @@ from torch import nn
 
 from planner.model import ModelSpec
 from planner.profile import shape_of
-from profiler.hf_config import GPT2_TYPES, SUPPORTED, HFConfigError, Warn, language_model, spec_from_hf_dict
+from profiler.hf_config import (
+    GPT2_TYPES,
+    SUPPORTED,
+    HFConfigError,
+    Warn,
+    language_model,
+    spec_from_hf_dict,
+    transformers_config,
+)
 from profiler.layer_model import LayerModel
 
 MAX_DEFAULT_SEQ = 8192
@@ -152,8 +160,6 @@ def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> 
     dense layers by their new numbers: Qwen MoE's ``mlp_only_layers`` (``decoder_sparse_step`` 1), or DeepSeek's
     ``first_k_dense_replace`` (the dense layers built, first: a prefix of ``chosen``, as the model's are of its
     layers)."""
-    from transformers import AutoConfig
-
     model_type = data["model_type"]
     fields = {k: v for k, v in data.items() if k != "model_type"}
     layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
@@ -175,7 +181,7 @@ def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> 
             raise HFConfigError("model_type", f"{model_type}: its dense layers cannot be built apart here (only "
                                 f"{', '.join(MLP_ONLY_TYPES)}'s mlp_only_layers and "
                                 f"{', '.join(FIRST_DENSE_TYPES)}'s first_k_dense_replace)")
-    return AutoConfig.for_model(model_type, **fields)
+    return transformers_config(model_type, fields)
 
 
 def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, measure_layers: int = 1,

@@ -246,3 +246,16 @@ def test_hf_config_with_shared_experts_and_dense_layers(client) -> None:  # type
     assert {x["params"] for x in blocks[1:]} == {spec.layer_params()}
     assert all(x["expert_params"] == 128 * spec.expert_params() for x in blocks[1:])
     assert blocks[0]["fwd_time"] != blocks[1]["fwd_time"]
+
+
+def test_deepseek_config_as_a_browser_sends_it(client) -> None:  # type: ignore[no-untyped-def]
+    """DeepSeek-V2-Lite's config.json after JavaScript's JSON.parse/stringify (the UI's upload): its ``0.0`` and
+    ``1.0`` arrive as ``0`` and ``1``, which transformers' strict DeepSeek config refuses for float fields; the API
+    takes them as the floats they were (a 201, not a 500 from the dropout check), and a field of the wrong type is a
+    422 naming it."""
+    cfg = {**_config("deepseek-v2-lite"), "attention_dropout": 0, "routed_scaling_factor": 1}
+    r = client.post("/profiles/hf-config", json={"config": cfg, "device": "h100", "seq": 4096}, headers=AUTH)
+    assert r.status_code == 201 and r.json()["total_params"] == 15_706_484_224, r.text
+    r = client.post("/profiles/hf-config", json={"config": {**cfg, "attention_dropout": "none"}, "device": "h100"},
+                    headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"].startswith("config.attention_dropout: "), r.text

@@ -484,3 +484,15 @@ def test_bad_deepseek_config_names_the_field(fixture: str, changes: dict[str, ob
     with pytest.raises(HFConfigError) as err:  # (a change to None drops the field)
         spec_from_hf_dict({k: v for k, v in data.items() if v is not None or k not in changes})
     assert err.value.field == field and words in err.value.message, str(err.value)
+
+
+def test_whole_numbers_for_float_fields_are_taken() -> None:
+    """A config.json's ``0.0`` arrives as ``0`` from a JavaScript client (the UI's upload: ``JSON.parse`` then
+    ``JSON.stringify``); transformers' strict DeepSeek config classes refuse an int for a float field, so the fields
+    the class declares float are given as floats first. A wrong type is still refused naming the field."""
+    data = json.loads((MODELS / "deepseek-v2-lite" / "config.json").read_text())
+    js = {**data, "attention_dropout": 0, "routed_scaling_factor": 1, "rms_norm_eps": 0, "initializer_range": 0}
+    assert spec_from_hf_dict(js, "js") == spec_from_hf_dict(data, "js")
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict({**data, "attention_dropout": "none"}, "js")
+    assert err.value.field == "attention_dropout"

@@ -90,6 +90,28 @@ def test_hf_profile_with_a_dense_layer_and_a_shared_expert(tmp_path: Path) -> No
     assert prof.layers[3].fwd_time == prof.layers[1].fwd_time != prof.layers[2].fwd_time
 
 
+@pytest.mark.slow
+def test_hf_profile_of_deepseek_v3_layers(tmp_path: Path) -> None:
+    """DeepSeek-V3's layers as transformers builds them (latent attention, a sigmoid group-limited router, a shared
+    expert; the first layer dense) through ``pipeplan profile --hf-config --hf-layers 1``: the dense layer and one with
+    experts measured, each block's parameters ModelSpec's, the routed experts only in expert_params, and the
+    profile's shape records the latent width its tensor-parallel collectives move."""
+    out = tmp_path / "dsv3.json"
+    config = ROOT / "tests" / "fixtures" / "tiny-deepseek-v3"
+    res = runner.invoke(app, ["profile", "--hf-config", str(config), "--hf-layers", "1", "--micro-batches", "1",
+                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    spec = read_hf_config(config)
+    assert prof.environment["measured_decoder_layers"] == "2"
+    assert [layer.params for layer in prof.layers[1:4]] == [spec.block_params(i) for i in range(3)]
+    assert [layer.expert_params for layer in prof.layers[1:4]] == [0, 8 * spec.expert_params(),
+                                                                  8 * spec.expert_params()]
+    assert prof.total_params == spec.total_params()
+    assert prof.shape is not None and prof.shape.latent_width == 48 + 32 + 8
+    assert prof.layers[3].fwd_time == prof.layers[2].fwd_time != prof.layers[1].fwd_time
+
+
 def _logits(lm):  # type: ignore[no-untyped-def]
     """The layer model's logits of a sample of 2 and its loss."""
     ids, targets = lm.sample(2)

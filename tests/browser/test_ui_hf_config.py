@@ -277,23 +277,25 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     page.context.close()
 
 
-def test_upload_a_mixture_of_experts_with_a_shared_expert(server: LiveServer, browser: Any,
-                                                          console: Console) -> None:
-    """Qwen1.5-MoE-A2.7B's config.json (``qwen2_moe``: a gated shared expert beside 60 routed experts): the profile
-    is made with transformers' parameter count (14.3B), and its plan on 16 H100s splits the experts (the e column),
-    the card saying what the all-to-alls take."""
+@pytest.mark.parametrize(("model", "total"), [("qwen1.5-moe-a2.7b", 14_315_784_192),
+                                              ("deepseek-v2-lite", 15_706_484_224)])
+def test_upload_a_mixture_of_experts_with_a_shared_expert(server: LiveServer, browser: Any, console: Console,
+                                                          model: str, total: int) -> None:
+    """Qwen1.5-MoE-A2.7B's config.json (``qwen2_moe``: a gated shared expert beside 60 routed experts) and
+    DeepSeek-V2-Lite's (latent attention, 2 shared experts, its first layer dense): the profile is made with
+    transformers' parameter count, and its plan on 16 H100s splits the experts (the e column)."""
     cid = _cluster_id(server, "dgx-h100-80gb")
     page = _page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.select_option("#cluster", str(cid))
-    page.set_input_files("#hf-file", str(MODELS / "qwen1.5-moe-a2.7b" / "config.json"))
+    page.set_input_files("#hf-file", str(MODELS / model / "config.json"))
     page.fill("#hf-seq", "4096")
-    page.fill("#hf-name", "qwen1.5-moe-ui")
+    page.fill("#hf-name", f"{model}-ui")
     page.click("#hf-make")
     page.locator("#hf-status").filter(has_text="profile #").wait_for()
-    made = [p for p in _profiles(server) if p["name"] == "qwen1.5-moe-ui"]
-    assert len(made) == 1 and made[0]["total_params"] == 14_315_784_192, made
+    made = [p for p in _profiles(server) if p["name"] == f"{model}-ui"]
+    assert len(made) == 1 and made[0]["total_params"] == total, made
     assert page.locator("#hf-error").is_hidden()
     plan_id = _plan_from_form(page, 64, 16, 10)
     page.wait_for_selector('body[data-ready="1"]')
@@ -303,5 +305,5 @@ def test_upload_a_mixture_of_experts_with_a_shared_expert(server: LiveServer, br
     experts = [x["run_spec"]["config"].get("expert", 1) for x in plan["candidates"]]
     assert any(e > 1 for e in experts), experts
     assert page.locator('#cands th[data-key="expert"]').is_visible()
-    shot(page, "hf-03-shared-expert-planned")
+    shot(page, f"hf-03-{model}-planned")
     page.context.close()
