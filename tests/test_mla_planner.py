@@ -5,6 +5,7 @@ tensor-parallel collectives of latent attention (its input side moves the latent
 from __future__ import annotations
 
 import pytest
+from moe_support import FLASH, H100, h100_cluster
 from pydantic import ValidationError
 
 from planner.analytic import analytic_profile
@@ -12,7 +13,6 @@ from planner.model import ModelSpec
 from planner.operators import OperatorOptions, layer_operators
 from planner.request import Config, TrainingRequest
 from planner.search import Planner, plan
-from tests.moe_support import FLASH, H100, h100_cluster
 
 #: DeepSeek-V3's layer (c' 1536, c 512, 128 heads of 192 / 128, 256 experts of 2048, 1 shared, top 8 in 4 of 8
 #: groups) with 4 layers, the first dense, and a smaller vocabulary

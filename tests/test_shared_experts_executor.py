@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_support import direct, launched
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
@@ -309,7 +310,7 @@ def test_tensor_parallel_block_equals_whole_block() -> None:
 
 
 def P(schedule: str, D: int, N: int, spec: ModelSpec = QWEN2_MOE, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
-    return RunPlan.direct(schedule, D, N, model=spec.name, model_spec=spec.model_dump(), iterations=2, **kw)
+    return direct(spec, schedule, D, N, **kw)
 
 
 RUNS_2 = {
@@ -326,13 +327,7 @@ RUNS_4 = {
 
 @pytest.fixture(scope="module")
 def runs() -> dict:  # type: ignore[type-arg]
-    from executor.launch import launch
-
-    out = {}
-    for plans, world in ((RUNS_2, 2), (RUNS_4, 4)):
-        res = launch(list(plans.values()), world, check=True, timeout=180)
-        out |= dict(zip(plans, res["runs"], strict=True))
-    return out
+    return launched([(RUNS_2, 2), (RUNS_4, 4)])
 
 
 @pytest.mark.slow

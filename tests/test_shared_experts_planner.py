@@ -5,6 +5,7 @@ the tensor-parallel collectives the cost model charges for a shared expert."""
 from __future__ import annotations
 
 import pytest
+from moe_support import FLASH, H100, QWEN3_MOE, h100_cluster
 from pydantic import ValidationError
 
 from planner.analytic import analytic_profile
@@ -12,7 +13,6 @@ from planner.model import ModelSpec
 from planner.operators import OperatorOptions, layer_operators
 from planner.request import Config, TrainingRequest
 from planner.search import Planner, plan
-from tests.moe_support import FLASH, H100, QWEN3_MOE, h100_cluster
 
 #: Qwen1.5-MoE-A2.7B's layer (60 experts of 1408, top 4, a gated shared expert of 5632, Qwen2's biased q/k/v) with 4
 #: layers, the first dense
