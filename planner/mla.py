@@ -19,6 +19,10 @@ duplicated on every rank, ``linear_q_up_proj`` / ``linear_q_proj`` and ``linear_
 (with sequence parallelism the gathered input, as the column-parallel GEMMs', stashed as its ``T/t`` shard); the
 up-projections split by heads. The attention core then runs on queries and keys of width ``d`` and values of width
 ``v`` (:func:`planner.operators.layer_operators`), and the output projection reads ``a_t v`` columns.
+
+Kernels: the latent norms and the rotary are costed as fused kernels (Megatron-Core / Transformer Engine), whatever
+``OperatorOptions.kernels`` says: eager PyTorch's separate ops for them (:func:`planner.operators.eager_rms_norm`) are
+not modelled here, a few percent of the layer's element-wise time at most beside its GEMMs.
 """
 
 from __future__ import annotations
