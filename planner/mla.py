@@ -22,7 +22,7 @@ up-projections split by heads. The attention core then runs on queries and keys 
 
 Kernels: the latent norms and the rotary are costed as fused kernels (Megatron-Core / Transformer Engine), whatever
 ``OperatorOptions.kernels`` says: eager PyTorch's separate ops for them (:func:`planner.operators.eager_rms_norm`) are
-not modelled here, a few percent of the layer's element-wise time at most beside its GEMMs.
+not modelled here (they would add to the layer's element-wise time under ``kernels="eager"``).
 """
 
 from __future__ import annotations
