@@ -20,9 +20,9 @@ duplicated on every rank, ``linear_q_up_proj`` / ``linear_q_proj`` and ``linear_
 up-projections split by heads. The attention core then runs on queries and keys of width ``d`` and values of width
 ``v`` (:func:`planner.operators.layer_operators`), and the output projection reads ``a_t v`` columns.
 
-Kernels: the latent norms and the rotary are costed as fused kernels (Megatron-Core / Transformer Engine), whatever
-``OperatorOptions.kernels`` says: eager PyTorch's separate ops for them (:func:`planner.operators.eager_rms_norm`) are
-not modelled here (they would add to the layer's element-wise time under ``kernels="eager"``).
+Kernels: fused (Megatron-Core / Transformer Engine: one kernel per latent norm and for the rotary), or with
+``eager`` PyTorch's separate ops (:func:`planner.operators.eager_rms_norm`, :func:`planner.operators.eager_rope`), as
+for the other norms and rotary of the layer.
 """
 
 from __future__ import annotations
@@ -30,18 +30,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.model import ModelSpec
-from planner.operators import Operator, elementwise, gemm
+from planner.operators import Operator, eager_rms_norm, eager_rope, elementwise, gemm
 
 
 def mla_operators(spec: ModelSpec, T: int, a_t: int, el: int, accumulate: bool,
-                  gathered: Callable[[Operator], Operator]) -> list[Operator]:
+                  gathered: Callable[[Operator], Operator], eager: bool = False) -> list[Operator]:
     """The projections, latent norms and rotary of one layer's latent attention on a tensor rank holding ``a_t``
     heads (module docstring); ``gathered``: the sequence-parallel stash of a GEMM whose input is the gathered
-    norm output (:func:`planner.operators.layer_operators`'s)."""
+    norm output (:func:`planner.operators.layer_operators`'s); ``eager``: PyTorch's separate element-wise ops."""
     h, d = spec.hidden, spec.d
     r, c, v = int(spec.qk_rope_head_dim or 0), int(spec.kv_lora_rank or 0), spec.v_d
 
     def latent_norm(name: str, width: int) -> Operator:
+        if eager:
+            return eager_rms_norm(name, T, width, el)
         # an RMSNorm over the latent (fused: reads x, writes y; backward reads dy and x; saves its input)
         return elementwise(name, T * width, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
                            saved_bytes=el * T * width)
@@ -57,6 +59,7 @@ def mla_operators(spec: ModelSpec, T: int, a_t: int, el: int, accumulate: bool,
     ops += [gemm("kv_down", T, c + r, h, el, accumulate=accumulate, save_input=False), latent_norm("kv_norm", c),
             gemm("kv_up", T, a_t * (d - r + v), c, el, accumulate=accumulate)]
     # rotary on the queries' r dimensions and the shared rotated key (read and written; saves nothing)
-    ops.append(elementwise("rope", T * (a_t + 1) * r, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1,
+    ops.append(eager_rope("rope", (T * a_t * r, T * r), el) if eager else
+               elementwise("rope", T * (a_t + 1) * r, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1,
                            bwd_writes=1, saved_bytes=0.0))
     return ops

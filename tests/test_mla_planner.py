@@ -78,6 +78,14 @@ def test_latent_attention_operators(t: int) -> None:
     assert _fwd_flops(ops, ("flash_attn",)) == pytest.approx(0.5 * 2 * b * (a // t) * 4096 ** 2 * (d + v))
     direct = [op.name for op in layer_operators(V3.with_(q_lora_rank=None), b, t, FLASH, moe=False)]
     assert direct[:5] == ["norm1", "q_proj", "kv_down", "kv_norm", "kv_up"]
+    # eager PyTorch: the latent norms and the rotary as separate ops, more kernels, more bytes; the GEMMs the same
+    eager = {op.name: op for op in layer_operators(V3, b, t, OperatorOptions(attention="flash", causal=True,
+                                                                           dropout=False, kernels="eager"),
+                                                   moe=False)}
+    fused = {op.name: op for op in ops}
+    for name in ("q_norm", "kv_norm", "rope"):
+        assert len(eager[name].fwd) > 1 == len(fused[name].fwd)
+        assert sum(k.nbytes for k in eager[name].fwd) > sum(k.nbytes for k in fused[name].fwd)
 
 
 def test_routing_variants_cost_a_little_more() -> None:
