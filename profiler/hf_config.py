@@ -494,8 +494,9 @@ def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if not isinstance(data.get("text_config"), dict):
         raise HFConfigError("text_config", f"missing: a multimodal {model_type} config.json holds its language "
                                            "model's fields there")
+    fields = _floats_as_floats(model_type, {k: v for k, v in data.items() if k != "model_type"})
     try:
-        cfg = auto_config().for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+        cfg = auto_config().for_model(model_type, **fields)
     except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
         raise HFConfigError("text_config", f"transformers cannot read it: {' '.join(str(e).split())}") from None
     text = cfg.text_config.to_dict()
@@ -575,8 +576,12 @@ def _floats_as_floats(model_type: str, fields: dict[str, Any]) -> dict[str, Any]
     for klass in (CONFIG_MAPPING[model_type].__mro__ if model_type in CONFIG_MAPPING else ()):
         for name, hint in getattr(klass, "__annotations__", {}).items():
             declared.setdefault(name, str(hint))
-    return {k: float(v) if isinstance(v, int) and not isinstance(v, bool) and "float" in declared.get(k, "")
-            and "int" not in declared.get(k, "") else v for k, v in fields.items()}
+    out = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) and "float" in declared.get(k, "")
+           and "int" not in declared.get(k, "") else v for k, v in fields.items()}
+    for k, v in out.items():  # a multimodal config's text_config: by its own type's declarations
+        if isinstance(v, dict) and isinstance(v.get("model_type"), str):
+            out[k] = {**_floats_as_floats(v["model_type"], v), "model_type": v["model_type"]}
+    return out
 
 
 def auto_config() -> Any:

@@ -496,3 +496,10 @@ def test_whole_numbers_for_float_fields_are_taken() -> None:
     with pytest.raises(HFConfigError) as err:
         spec_from_hf_dict({**data, "attention_dropout": "none"}, "js")
     assert err.value.field == "attention_dropout"
+    # a multimodal config's text_config, by its own type's declarations (Gemma 3's strict text config)
+    text = {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 1024,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "attention_dropout": 0.0}
+    as_sent = {**text, "rope_theta": 1000000, "attention_dropout": 0}
+    assert (spec_from_hf_dict({"model_type": "gemma3", "text_config": as_sent}, "g")
+            == spec_from_hf_dict({"model_type": "gemma3", "text_config": text}, "g"))
