@@ -259,3 +259,7 @@ def test_deepseek_config_as_a_browser_sends_it(client) -> None:  # type: ignore[
     r = client.post("/profiles/hf-config", json={"config": {**cfg, "attention_dropout": "none"}, "device": "h100"},
                     headers=AUTH)
     assert r.status_code == 422 and r.json()["detail"].startswith("config.attention_dropout: "), r.text
+    # Gemma 2 9B's soft-caps 30.0 and 50.0 as the browser sends them (a 422 before: "expected float, got int")
+    gemma = {**_config("gemma-2-9b"), "final_logit_softcapping": 30, "attn_logit_softcapping": 50}
+    r = client.post("/profiles/hf-config", json={"config": gemma, "device": "h100", "seq": 4096}, headers=AUTH)
+    assert r.status_code == 201 and r.json()["total_params"] == 9_241_705_984, r.text

@@ -488,8 +488,9 @@ def test_bad_deepseek_config_names_the_field(fixture: str, changes: dict[str, ob
 
 def test_whole_numbers_for_float_fields_are_taken() -> None:
     """A config.json's ``0.0`` arrives as ``0`` from a JavaScript client (the UI's upload: ``JSON.parse`` then
-    ``JSON.stringify``); transformers' strict DeepSeek config classes refuse an int for a float field, so the fields
-    the class declares float are given as floats first. A wrong type is still refused naming the field."""
+    ``JSON.stringify``); transformers' strict config classes refuse an int for a float field (DeepSeek's
+    ``attention_dropout``, Gemma's soft-caps ``30.0`` and ``50.0``), so the fields the class declares float are given
+    as floats first. A wrong type is still refused naming the field."""
     data = json.loads((MODELS / "deepseek-v2-lite" / "config.json").read_text())
     js = {**data, "attention_dropout": 0, "routed_scaling_factor": 1, "rms_norm_eps": 0, "initializer_range": 0}
     assert spec_from_hf_dict(js, "js") == spec_from_hf_dict(data, "js")
@@ -499,7 +500,8 @@ def test_whole_numbers_for_float_fields_are_taken() -> None:
     # a multimodal config's text_config, by its own type's declarations (Gemma 3's strict text config)
     text = {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 1024,
-            "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "attention_dropout": 0.0}
-    as_sent = {**text, "rope_theta": 1000000, "attention_dropout": 0}
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "attention_dropout": 0.0,
+            "final_logit_softcapping": 30.0}
+    as_sent = {**text, "rope_theta": 1000000, "attention_dropout": 0, "final_logit_softcapping": 30}
     assert (spec_from_hf_dict({"model_type": "gemma3", "text_config": as_sent}, "g")
             == spec_from_hf_dict({"model_type": "gemma3", "text_config": text}, "g"))
