@@ -1,14 +1,14 @@
 """Mixtures of experts in the planner: the operator model's layer times and a search, printed.
 
-For Mixtral 8x7B, Qwen3-30B-A3B and Qwen1.5-MoE-A2.7B (a gated shared expert beside 60 routed ones;
-``examples/models``) on an H100 (FlashAttention-2, no dropout, fused kernels, sequence 4096, micro-batch 1): one
-transformer layer's forward and backward at t = 1, 2, 4, 8 with the experts as one grouped GEMM and one expert at a
-time (:mod:`planner.moe`), the achieved TFLOP/s of the forward, and the dense twin (one MLP as wide as a token's
-``k`` experts and the shared expert) beside them; then ``plan`` on 64 H100s (DGX nodes, global batch 512) with each,
-timed, its best rows (with the time their experts' all-to-alls take on the last device) and the best row at each
-expert-parallel size ``e`` (:mod:`planner.expert_parallel`), with the experts split over ``t`` and whole on each rank
-(expert tensor parallelism 1). Then Qwen3-30B-A3B on 8 H100s (B = 64): the slime project's recipe is t = 4, e = 8,
-etp = 1.
+For Mixtral 8x7B, Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B (a gated shared expert beside 60 routed ones) and DeepSeek-V2-Lite
+(latent attention, 2 shared experts, its first layer dense; ``examples/models``) on an H100 (FlashAttention-2, no
+dropout, fused kernels, sequence 4096, micro-batch 1): one transformer layer's forward and backward at t = 1, 2, 4, 8
+with the experts as one grouped GEMM and one expert at a time (:mod:`planner.moe`), the achieved TFLOP/s of the
+forward, and the dense twin (one MLP as wide as a token's ``k`` experts and the shared expert) beside them; then
+``plan`` on 64 H100s (DGX nodes, global batch 512) with each, timed, its best rows (with the time their experts' all-
+to-alls take on the last device) and the best row at each expert-parallel size ``e``
+(:mod:`planner.expert_parallel`), with the experts split over ``t`` and whole on each rank (expert tensor parallelism
+1). Then Qwen3-30B-A3B on 8 H100s (B = 64): the slime project's recipe is t = 4, e = 8, etp = 1.
 
 Run: ``python benchmarks/moe_bench.py``.
 """
@@ -38,7 +38,8 @@ def options(gemm: str) -> OperatorOptions:
 def layer_table(spec: ModelSpec, device) -> None:  # noqa: ANN001
     # the dense twin: one MLP as wide as a token's k experts and the shared expert
     twin = spec.with_(experts=None, experts_per_token=None, expert_ffn_hidden=None, shared_expert_ffn_hidden=None,
-                      shared_expert_gate=False, dense_layers=(),
+                      shared_expert_gate=False, dense_layers=(), router_score="softmax", router_groups=None,
+                      router_group_topk=None, router_bias=False, routed_scaling=1.0,
                       ffn_hidden=spec.f_e * int(spec.experts_per_token or 1) + (spec.shared_expert_ffn_hidden or 0))
     print(f"{spec.name}: one layer, b = 1, s = {spec.seq} (ms: forward / backward, TFLOP/s of the forward)")
     for t in (1, 2, 4, 8):
@@ -54,7 +55,7 @@ def layer_table(spec: ModelSpec, device) -> None:  # noqa: ANN001
 def main() -> None:
     cl = load_cluster(CLUSTER)
     device = device_for_cluster(cl)
-    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b"):
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite"):
         spec = read_hf_config(ROOT / "examples" / "models" / name, seq=4096, name=name)
         print(f"{name}: {spec.total_params():,} parameters, {spec.experts} experts, {spec.experts_per_token} per token")
         layer_table(spec, device)
