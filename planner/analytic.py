@@ -202,7 +202,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     ep_sizes = expert_sizes(spec.experts, int(spec.experts or 1))  # (every divisor of E)
 
     def layer(lname: str, kind: str, builder, params: int, tied: int, out_bytes: int, in_bytes: int,
-              expert_params: int = 0) -> LayerProfile:
+              expert_params: int = 0, replicated: int = 0) -> LayerProfile:
         recomputed = checkpointed(kind)  # full recomputation checkpoints each block, not the embedding nor the head
         try:
             per_t = shards(builder, recomputed)
@@ -222,7 +222,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
                 transient_bytes_per_sample=one.transient_bytes_per_sample, input_bytes_per_sample=in_bytes,
                 held_grad_bytes_per_sample=one.held_grad_bytes_per_sample,
                 params=params, param_bytes=el * params, tied_params=tied, tensor_times=per_t,
-                expert_params=expert_params, expert_times=per_e or None, unsplit_expert_times=unsplit or None)
+                expert_params=expert_params, expert_times=per_e or None, unsplit_expert_times=unsplit or None,
+                replicated_params=replicated)
         except ValidationError as e:  # a figure past planner.limits: said of the shape, not of a profile field
             err = e.errors()[0]
             field = str(err["loc"][0]) if err["loc"] else ""
@@ -236,7 +237,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     kinds = [(spec.layer_window(i), spec.moe_layer(i)) for i in range(spec.layers)]
     experts = int(spec.experts or 0) * spec.expert_params()  # of a layer's parameters, its routed experts'
     blocks = {(w, moe): layer("block0", "transformer", partial(layer_operators, window=w, moe=moe),
-                              spec.layer_params(moe), 0, el * s * h, el * s * h, experts if moe else 0)
+                              spec.layer_params(moe), 0, el * s * h, el * s * h, experts if moe else 0,
+                              spec.replicated_attention_params())
               for w, moe in dict.fromkeys(kinds)}
     head = layer("lm_head", "lm_head", head_operators, spec.head_params(),
                  V * h if spec.tied_embeddings else 0, 4, el * s * h)

@@ -142,10 +142,19 @@ def state_split(params: float, expert_params: float, per_param_dense: float, per
     return (params - expert_params) * per_param_dense + expert_params * per_param_expert
 
 
-def _layer_view(lay: LayerProfile, expert: int, whole_at: int | None = None) -> tuple[LayerProfile, bool]:
+def _layer_view(lay: LayerProfile, expert: int, whole_at: int | None = None,
+                tensor: int | None = None) -> tuple[LayerProfile, bool]:
     """(the layer as an EP rank of ``expert`` holds and runs it, whether its times are at that ``e``); ``whole_at``:
-    the tensor-parallel size ``t`` at which its experts are whole (expert tensor parallelism 1; :func:`expert_view`)."""
-    if not lay.expert_params:
+    the tensor-parallel size ``t`` at which its experts are whole (expert tensor parallelism 1; :func:`expert_view`);
+    ``tensor``: the ``t`` at which its replicated parameters are counted whole."""
+    if tensor is not None and tensor > 1 and lay.replicated_params:
+        # held whole on each of t ranks: t times the 1/t share the models divide by t (as whole experts below)
+        el = lay.param_bytes / lay.params if lay.params else 0.0
+        extra = lay.replicated_params * (tensor - 1)
+        lay = lay.model_copy(update={"params": lay.params + extra, "param_bytes": int(round(lay.param_bytes
+                                                                                             + extra * el)),
+                                     "replicated_params": lay.replicated_params * tensor})
+    if not lay.expert_params or expert == 1 and whole_at is None:
         return lay, True
     el = lay.param_bytes / lay.params if lay.params else 0.0
     held = lay.expert_params // expert
@@ -174,7 +183,8 @@ def _layer_view(lay: LayerProfile, expert: int, whole_at: int | None = None) -> 
     return lay.model_copy(update=update), exact
 
 
-def expert_view(profile: ModelProfile, expert: int, whole_at: int | None = None) -> ModelProfile:
+def expert_view(profile: ModelProfile, expert: int, whole_at: int | None = None,
+                tensor: int | None = None) -> ModelProfile:
     """``profile`` as one rank of an expert-parallel group of ``expert`` holds and runs it: each mixture-of-experts
     layer with ``1/e`` of its experts' parameters (``params``, ``param_bytes`` and ``expert_params`` that rank's) and
     its times at ``e`` (:attr:`LayerProfile.expert_times`). Where some layer has no times at ``e`` it keeps its times
@@ -184,10 +194,15 @@ def expert_view(profile: ModelProfile, expert: int, whole_at: int | None = None)
     ``whole_at``: the experts whole at that tensor-parallel size ``t`` (expert tensor parallelism 1): the view's
     times at ``t`` are :attr:`LayerProfile.unsplit_expert_times` (else the split ones, the same FLOPs: said as above),
     and its experts' parameters ``t`` times the ``1/e`` share, so that the cost and memory models, which divide a
-    layer's parameters by ``t``, find each rank's whole experts. A view for that ``t`` only."""
-    if expert == 1 and whole_at is None:
+    layer's parameters by ``t``, find each rank's whole experts. A view for that ``t`` only.
+
+    ``tensor``: the tensor-parallel size ``t`` at which each layer's :attr:`LayerProfile.replicated_params` (held
+    whole on every tensor rank: latent attention's down-projections) are counted whole the same way, ``t`` times
+    over in ``params``; a view for that ``t`` only (the profile itself where no layer has any)."""
+    replicated = tensor is not None and tensor > 1 and any(lay.replicated_params for lay in profile.layers)
+    if expert == 1 and whole_at is None and not replicated:
         return profile
-    views = [_layer_view(lay, expert, whole_at) for lay in profile.layers]
+    views = [_layer_view(lay, expert, whole_at, tensor if replicated else None) for lay in profile.layers]
     exact = all(ok for _, ok in views)
     missing = f"e={expert} whole at t={whole_at}: split" if whole_at is not None else "e=1"
     env = profile.environment if exact else {**profile.environment, EXPERT_TIMES_KEY: missing}

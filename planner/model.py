@@ -303,6 +303,16 @@ class ModelSpec(BaseModel):
         """Each head's value width: ``v_head_dim`` with latent attention, else ``head_dim``."""
         return int(self.v_head_dim) if self.v_head_dim is not None else self.d
 
+    def replicated_attention_params(self) -> int:
+        """Of :meth:`attention_params`, those every tensor-parallel rank holds whole: latent attention's down-
+        projections and latent norms (Megatron-Core's duplicated ``linear_q_down_proj``, ``linear_kv_down_proj``,
+        ``q_layernorm``, ``kv_layernorm``: :mod:`planner.mla`); 0 for standard attention."""
+        if not self.mla:
+            return 0
+        c, r, h = int(self.kv_lora_rank or 0), int(self.qk_rope_head_dim or 0), self.hidden
+        q = h * self.q_lora_rank + self.q_lora_rank if self.q_lora_rank is not None else 0
+        return q + h * (c + r) + c
+
     @property
     def latent_width(self) -> int | None:
         """With latent attention, the width its column-parallel up-projections read (:mod:`planner.mla`): the query

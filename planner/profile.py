@@ -199,6 +199,10 @@ class LayerProfile(BaseModel):
     #: of ``params``, the parameters of the layer's experts (a mixture of experts), which expert parallelism splits
     #: over its ranks (:mod:`planner.expert_parallel`); 0 for a dense layer (and then absent from the record)
     expert_params: Count = Field(default=0, exclude_if=lambda v: v == 0)
+    #: of ``params``, those every tensor-parallel rank holds whole rather than ``1/t`` of (latent attention's down-
+    #: projections and latent norms: :mod:`planner.mla`); the planner's view at ``t`` counts them whole
+    #: (:func:`planner.expert_parallel.expert_view`); 0 (absent from the record) where all are split over ``t``
+    replicated_params: Count = Field(default=0, exclude_if=lambda v: v == 0)
     #: expert-parallel size ``e`` (> 1) -> ``t`` -> the shard's times with the layer's experts split over ``e``
     #: ranks (each runs ``E/e`` experts on the tokens routed to them); absent where not known
     expert_times: dict[int, dict[int, ShardTimes]] | None = Field(
@@ -233,6 +237,9 @@ class LayerProfile(BaseModel):
                 raise ValueError(f"{where}: tensor_times: tensor-parallel size {t} must be between 1 and {MAX_SIZE}")
         if self.expert_params > self.params:
             raise ValueError(f"{where}: expert_params {self.expert_params} exceeds params {self.params}")
+        if self.replicated_params + self.expert_params > self.params:
+            raise ValueError(f"{where}: replicated_params {self.replicated_params} and expert_params "
+                             f"{self.expert_params} exceed params {self.params}")
         for e, shards in (self.expert_times or {}).items():
             if not 2 <= e <= MAX_SIZE:
                 raise ValueError(f"{where}: expert_times: expert-parallel size {e} must be between 2 and {MAX_SIZE}")

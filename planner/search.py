@@ -103,7 +103,9 @@ class Planner:
         self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute, e, etp[, partition]) -> ConfigCosts' caches
         #: per expert-parallel size e, what one EP rank holds and runs (planner.expert_parallel) and its caches
-        self._views: dict[tuple[int, int | None], ExpertView] = {
+        #: whether some layer holds parameters whole on every tensor rank (views per t then: :meth:`view`)
+        self._replicated = any(lay.replicated_params for lay in profile.layers)
+        self._views: dict[tuple, ExpertView] = {
             (1, None): ExpertView(profile, self.memory, self._layer_sums, self._stage_infos)}
         # PipeDream's plans call back into the planner through a weak reference: no cycle, so a planner and
         # its caches are freed as soon as it is dropped (no cyclic collection to wait for, or to pay for)
@@ -119,21 +121,22 @@ class Planner:
         return enumerate_configs(len(self.profile.layers), self.cluster, self.request, rejected, self.heads,
                                  tensor_parallel=self.tensor_problem is None, experts=experts, whole_experts=whole)
 
-    def view(self, expert: int, whole_at: int | None = None) -> ExpertView:
+    def view(self, expert: int, whole_at: int | None = None, tensor: int = 1) -> ExpertView:
         """The profile as a rank of an expert-parallel group of ``expert`` holds and runs it (``whole_at``: with its
-        experts whole at that t; :func:`planner.expert_parallel.expert_view`), with its memory model and caches; made
-        once per (e, whole_at)."""
-        key = (expert, whole_at)
+        experts whole at that t; :func:`planner.expert_parallel.expert_view`), and at tensor-parallel size ``tensor``
+        where some of its parameters are held whole on every tensor rank (latent attention's down-projections), with
+        its memory model and caches; made once per (e, whole_at[, t])."""
+        key = (expert, whole_at, tensor) if tensor > 1 and self._replicated else (expert, whole_at)
         got = self._views.get(key)
         if got is None:
-            profile = expert_view(self.profile, expert, whole_at)
+            profile = expert_view(self.profile, expert, whole_at, tensor if len(key) == 3 else None)
             memory = MemoryModel(profile, self.cluster, self.request, self.shapes)
             got = self._views[key] = ExpertView(profile, memory, {}, {})
         return got
 
     def view_of(self, config: Config) -> ExpertView:
         """:meth:`view` of ``config``'s expert-parallel size and expert tensor parallelism."""
-        return self.view(config.expert, config.tensor if config.expert_tensor else None)
+        return self.view(config.expert, config.tensor if config.expert_tensor else None, config.tensor)
 
     def memory_of(self, config: Config) -> MemoryModel:
         """The memory model of ``config``'s expert-parallel size and expert tensor parallelism."""

@@ -144,3 +144,29 @@ def test_plan_a_deepseek_v3_shape() -> None:
     res = plan(prof, h100_cluster(), TrainingRequest(global_batch=128, gpus=64, top=3))
     assert res.candidates and all(c.fits for c in res.candidates)
     assert all(c.config.expert > 1 for c in res.candidates), [c.config.label() for c in res.candidates]
+
+
+def test_latent_down_projections_are_whole_on_every_tensor_rank() -> None:
+    """Megatron-Core duplicates latent attention's down-projections and latent norms on every tensor rank: the
+    layer records them (``replicated_params``), and the planner's view at t counts them whole, so a rank's model state
+    and its gradient all-reduce hold them whole beside 1/t of the rest (V3 at t = 8: 15.1M per layer; counted 1/8
+    before, 0.81B parameters short per rank over 61 layers)."""
+    h, c, r, cq = 7168, 512, 64, 1536
+    rep = V3.replicated_attention_params()
+    assert rep == h * cq + cq + h * (c + r) + c and V3.with_(q_lora_rank=None).replicated_attention_params() == (
+        h * (c + r) + c)
+    prof = analytic_profile(V3, H100, options=FLASH, micro_batches=(1,), tensor_sizes=(1, 8))
+    assert [lay.replicated_params for lay in prof.layers if lay.kind == "transformer"] == [rep] * 4
+    bare = prof.model_copy(update={"layers": [lay.model_copy(update={"replicated_params": 0})
+                                              for lay in prof.layers]})
+    cfg = Config(tensor=8, pipeline=1, data=1, micro_batch=1, schedule="1f1b")
+    mla, split = _costs(prof, cfg), _costs(bare, cfg)
+    per_param = TrainingRequest(global_batch=64, gpus=8).state_bytes_per_param(1)
+    view = Planner(prof, h100_cluster(), TrainingRequest(global_batch=64, gpus=8)).view_of(cfg)
+    state, state_split = view.memory.stage_state(mla), Planner(bare, h100_cluster(), TrainingRequest(
+        global_batch=64, gpus=8)).view_of(cfg).memory.stage_state(split)
+    assert state[0] - state_split[0] == pytest.approx(4 * rep * (1 - 1 / 8) * per_param)
+    assert mla.stages[0].param_bytes / 8 - split.stages[0].param_bytes / 8 == pytest.approx(4 * rep * 7 / 8 * 2)
+    at_one = Planner(prof, h100_cluster(), TrainingRequest(global_batch=64, gpus=8)).view_of(
+        cfg.model_copy(update={"tensor": 1, "data": 8}))
+    assert at_one.profile is prof  # (t = 1: nothing to count twice)
