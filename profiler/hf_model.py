@@ -239,7 +239,9 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     # it whole), nor a dense layer's MLP
     experts = {1 + i: int(spec.experts) * spec.expert_params() for i in range(L) if spec.moe_layer(i)}
     lm = LayerModel([embedding, *decoders, head], sample, _loss, name=spec.name, names=names, kinds=kinds,
-                    repeat=repeat, shape=shape, tied_params=tied, expert_params=experts)
+                    repeat=repeat, shape=shape, tied_params=tied, expert_params=experts,
+                    replicated_params={1 + i: spec.replicated_attention_params() for i in range(L)
+                                       if spec.replicated_attention_params()})
     return lm, spec
 
 

@@ -51,6 +51,9 @@ class LayerModel:
     tied_params: dict[int, int] = field(default_factory=dict)  # profile layer -> parameters shared with another
     #: profile layer -> of its parameters, a mixture of experts' experts (what expert parallelism splits)
     expert_params: dict[int, int] = field(default_factory=dict)
+    #: profile layer -> of its parameters, those every tensor-parallel rank holds whole (latent attention's
+    #: down-projections: :attr:`planner.profile.LayerProfile.replicated_params`)
+    replicated_params: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(m, nn.Module) for m in self.layers):
@@ -256,7 +259,8 @@ def profile_layer_model(model: LayerModel, micro_batches: list[int], device: str
                                     repeats=repeats, recompute=recompute, on_size_done=done,
                                     checkpointed=checkpointed(model.kinds[model.repeat.index(i)]))
     out = [_to_layer_profile(model.names[j], model.kinds[j], measured[m], model.tied_params.get(j, 0),
-                             expert_params=model.expert_params.get(j, 0))
+                             expert_params=model.expert_params.get(j, 0),
+                             replicated_params=model.replicated_params.get(j, 0))
            for j, m in enumerate(model.repeat)]
     reused = [model.names[j] for j, m in enumerate(model.repeat) if model.repeat.index(m) != j]
     env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),

@@ -141,7 +141,8 @@ def transient_per_sample(m: LayerMeasurement) -> int | None:
 
 
 def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: int,
-                      tensor_times: dict[int, ShardTimes] | None = None, expert_params: int = 0) -> LayerProfile:
+                      tensor_times: dict[int, ShardTimes] | None = None, expert_params: int = 0,
+                      replicated_params: int = 0) -> LayerProfile:
     return LayerProfile(
         name=name,
         kind=kind,
@@ -160,6 +161,7 @@ def _to_layer_profile(name: str, kind: str, m: LayerMeasurement, tied_params: in
         tied_params=tied_params,
         tensor_times=tensor_times,
         expert_params=expert_params,
+        replicated_params=replicated_params,
     )
 
 
@@ -237,6 +239,7 @@ def profile_model(
             names[i], kinds[i], measured[source_layer(config, i, measured)], tied if i == n - 1 and n > 1 else 0,
             shards[source_layer(config, i, measured)] if tensor else None,
             expert_params=block_expert_params(config, i - 1) if kinds[i] == "transformer" else 0,
+            replicated_params=config.replicated_attention_params() if kinds[i] == "transformer" else 0,
         )
         for i in range(n)
     ]

@@ -109,6 +109,8 @@ def test_hf_profile_of_deepseek_v3_layers(tmp_path: Path) -> None:
                                                                   8 * spec.expert_params()]
     assert prof.total_params == spec.total_params()
     assert prof.shape is not None and prof.shape.latent_width == 48 + 32 + 8
+    # the latent down-projections and norms, whole on every tensor rank
+    assert [layer.replicated_params for layer in prof.layers[1:4]] == [64 * 48 + 48 + 64 * (32 + 8) + 32] * 3
     assert prof.layers[3].fwd_time == prof.layers[2].fwd_time != prof.layers[1].fwd_time
 
 
