@@ -14,11 +14,15 @@ key/value latent (``kv_lora_rank``), ``c'`` the query latent (``q_lora_rank``):
 3. **rotary** on the queries' ``r`` dimensions and the shared key's (the rest of each head is not rotated).
 
 Tensor parallelism (Megatron-Core's ``MLASelfAttention``: ``linear_q_down_proj`` and ``linear_kv_down_proj``
-duplicated on every rank, ``linear_q_up_proj`` / ``linear_q_proj`` and ``linear_kv_up_proj`` column-parallel by heads,
-``linear_proj`` row-parallel): the down-projections and their norms run whole on every tensor rank, on all ``T`` rows
-(with sequence parallelism the gathered input, as the column-parallel GEMMs', stashed as its ``T/t`` shard); the
-up-projections split by heads. The attention core then runs on queries and keys of width ``d`` and values of width
-``v`` (:func:`planner.operators.layer_operators`), and the output projection reads ``a_t v`` columns.
+duplicated on every rank, ``linear_q_up_proj`` / ``linear_q_proj`` and ``linear_kv_up_proj`` column-parallel by
+heads, ``linear_proj`` row-parallel): the down-projections and their norms run whole on every tensor rank; the
+up-projections split by heads. With sequence parallelism the down-projections and latent norms run on the rank's own
+``T/t`` rows ("q_compressed: [s / TP, b, q_lora_rank]") and the latents are then all-gathered
+(:meth:`planner.cost.ConfigCosts._tp_comm`), each up-projection stashing its input's ``T/t`` shard and gathering it
+again in the backward, as the column-parallel GEMMs do the hidden states (Korthikanti et al. 2022, section 4.2.2);
+without a query latent the query projection reads the gathered hidden states. The attention core then runs on queries
+and keys of width ``d`` and values of width ``v`` (:func:`planner.operators.layer_operators`), and the output
+projection reads ``a_t v`` columns.
 
 Kernels: fused (Megatron-Core / Transformer Engine: one kernel per latent norm and for the rotary), or with
 ``eager`` PyTorch's separate ops (:func:`planner.operators.eager_rms_norm`, :func:`planner.operators.eager_rope`), as
@@ -27,37 +31,47 @@ for the other norms and rotary of the layer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from planner.model import ModelSpec
 from planner.operators import Operator, eager_rms_norm, eager_rope, elementwise, gemm
 
 
 def mla_operators(spec: ModelSpec, T: int, a_t: int, el: int, accumulate: bool,
-                  gathered: Callable[[Operator], Operator], eager: bool = False) -> list[Operator]:
+                  gathered: Callable[[Operator], Operator], eager: bool = False,
+                  rows: float | None = None) -> list[Operator]:
     """The projections, latent norms and rotary of one layer's latent attention on a tensor rank holding ``a_t``
     heads (module docstring); ``gathered``: the sequence-parallel stash of a GEMM whose input is the gathered
-    norm output (:func:`planner.operators.layer_operators`'s); ``eager``: PyTorch's separate element-wise ops."""
+    norm output (:func:`planner.operators.layer_operators`'s); ``eager``: PyTorch's separate element-wise ops;
+    ``rows``: the rank's own rows with sequence parallelism (``T/t``; default ``T``: none)."""
     h, d = spec.hidden, spec.d
     r, c, v = int(spec.qk_rope_head_dim or 0), int(spec.kv_lora_rank or 0), spec.v_d
+    own = T if rows is None else rows
+    m = int(math.ceil(own))  # the down-projections' rows
 
     def latent_norm(name: str, width: int) -> Operator:
         if eager:
-            return eager_rms_norm(name, T, width, el)
+            return eager_rms_norm(name, own, width, el)
         # an RMSNorm over the latent (fused: reads x, writes y; backward reads dy and x; saves its input)
-        return elementwise(name, T * width, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
-                           saved_bytes=el * T * width)
+        return elementwise(name, own * width, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
+                           saved_bytes=el * own * width)
+
+    def up(name: str, n: int, width: int) -> Operator:
+        # reads the (gathered) latent of ``width``: stashes the rank's shard of it
+        return replace(gemm(name, T, n, width, el, accumulate=accumulate), saved_bytes=el * own * width)
 
     ops: list[Operator] = []
     if spec.q_lora_rank is not None:
         cq = spec.q_lora_rank
-        ops += [gathered(gemm("q_down", T, cq, h, el, accumulate=accumulate)), latent_norm("q_norm", cq),
-                gemm("q_up", T, a_t * d, cq, el, accumulate=accumulate)]
+        ops += [gemm("q_down", m, cq, h, el, accumulate=accumulate), latent_norm("q_norm", cq),
+                up("q_up", a_t * d, cq)]
     else:
         ops.append(gathered(gemm("q_proj", T, a_t * d, h, el, accumulate=accumulate)))
     # the key/value down-projection reads the same norm output as the queries' first GEMM: saved once
-    ops += [gemm("kv_down", T, c + r, h, el, accumulate=accumulate, save_input=False), latent_norm("kv_norm", c),
-            gemm("kv_up", T, a_t * (d - r + v), c, el, accumulate=accumulate)]
+    ops += [gemm("kv_down", m, c + r, h, el, accumulate=accumulate, save_input=False), latent_norm("kv_norm", c),
+            up("kv_up", a_t * (d - r + v), c)]
     # rotary on the queries' r dimensions and the shared rotated key (read and written; saves nothing)
     ops.append(eager_rope("rope", (T * a_t * r, T * r), el) if eager else
                elementwise("rope", T * (a_t + 1) * r, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1,

@@ -464,7 +464,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     if spec.mla:  # multi-head latent attention's projections in place of Q, K, V (planner.mla)
         from planner.mla import mla_operators
 
-        ops.extend(mla_operators(spec, T, a_t, el, acc, gathered, eager))
+        ops.extend(mla_operators(spec, T, a_t, el, acc, gathered, eager, rows if o.sequence_parallel else None))
     elif split:
         # three GEMMs reading one input (saved once, by the first) and autograd's two sums of its gradients
         for i, (gname, cols) in enumerate((("wq", a_t * d), ("wk", k_t * d), ("wv", k_t * d))):

@@ -170,3 +170,19 @@ def test_latent_down_projections_are_whole_on_every_tensor_rank() -> None:
     at_one = Planner(prof, h100_cluster(), TrainingRequest(global_batch=64, gpus=8)).view_of(
         cfg.model_copy(update={"tensor": 1, "data": 8}))
     assert at_one.profile is prof  # (t = 1: nothing to count twice)
+
+
+def test_sequence_parallel_latents_run_on_the_ranks_rows() -> None:
+    """With sequence parallelism the down-projections and latent norms run on the rank's T/t rows and each
+    up-projection stashes its latent's shard (Megatron-Core's MLASelfAttention: "q_compressed: [s / TP, b,
+    q_lora_rank]"), 1/t of the down-projections' FLOPs and of those stashes without it."""
+    t, T, h, c, cq, el = 8, 4096, 7168, 512, 1536, 2
+    plain = {op.name: op for op in layer_operators(V3, 1, t, FLASH, moe=False)}
+    sp = {op.name: op for op in layer_operators(V3, 1, t, SP, moe=False)}
+    for name in ("q_down", "kv_down", "q_norm", "kv_norm"):
+        assert _fwd_flops([sp[name]], (name,)) == pytest.approx(_fwd_flops([plain[name]], (name,)) / t)
+    assert _fwd_flops([sp["q_down"]], ("q_down",)) == pytest.approx(2 * T / t * h * cq)
+    assert (sp["q_up"].saved_bytes, sp["kv_up"].saved_bytes) == (el * T / t * cq, el * T / t * c)
+    assert (plain["q_up"].saved_bytes, plain["kv_up"].saved_bytes) == (el * T * cq, el * T * c)
+    assert _fwd_flops([sp["q_up"]], ("q_up",)) == _fwd_flops([plain["q_up"]], ("q_up",))  # (on the gathered rows)
+    assert sp["q_down"].saved_bytes == el * T / t * h and sp["kv_down"].saved_bytes == 0.0
