@@ -25,8 +25,9 @@ and keys of width ``d`` and values of width ``v`` (:func:`planner.operators.laye
 projection reads ``a_t v`` columns.
 
 Kernels: fused (Megatron-Core / Transformer Engine: one kernel per latent norm and for the rotary), or with
-``eager`` PyTorch's separate ops (:func:`planner.operators.eager_rms_norm`, :func:`planner.operators.eager_rope`), as
-for the other norms and rotary of the layer.
+``eager`` PyTorch's separate ops (:func:`planner.operators.eager_rms_norm`, :func:`planner.operators.eager_rope`) and
+autograd's sum of the two gradients of the input both down-projections read, as for the layer's other norms, rotary
+and Q/K/V projections (the copies that put each head's key together from its two parts are not counted).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from planner.model import ModelSpec
-from planner.operators import Operator, eager_rms_norm, eager_rope, elementwise, gemm
+from planner.operators import Operator, eager_grad_sum, eager_rms_norm, eager_rope, elementwise, gemm
 
 
 def mla_operators(spec: ModelSpec, T: int, a_t: int, el: int, accumulate: bool,
@@ -72,6 +73,8 @@ def mla_operators(spec: ModelSpec, T: int, a_t: int, el: int, accumulate: bool,
     # the key/value down-projection reads the same norm output as the queries' first GEMM: saved once
     ops += [gemm("kv_down", m, c + r, h, el, accumulate=accumulate, save_input=False), latent_norm("kv_norm", c),
             up("kv_up", a_t * (d - r + v), c)]
+    if eager:  # autograd's sum of the two gradients of the input both first GEMMs read
+        ops.append(eager_grad_sum("mla_grad_sum", own * h, el, 1))
     # rotary on the queries' r dimensions and the shared rotated key (read and written; saves nothing)
     ops.append(eager_rope("rope", (T * a_t * r, T * r), el) if eager else
                elementwise("rope", T * (a_t + 1) * r, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1,

@@ -288,6 +288,12 @@ class ModelSpec(BaseModel):
         if self.bias or self.qkv_bias:
             raise ValueError("bias, qkv_bias: multi-head latent attention is planned without biases (DeepSeek's "
                              "attention_bias false)")
+        if self.qk_norm:
+            raise ValueError("qk_norm: multi-head latent attention normalises its latents, not each head's query and "
+                             "key (Megatron-Core's --qk-layernorm is then the latents' norms)")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim: {self.qk_rope_head_dim} must be even (rotary positions turn pairs "
+                             "of dimensions)")
         if self.position != "rotary" or self.encoder:
             raise ValueError("kv_lora_rank: multi-head latent attention in a decoder with rotary positions only")
         if self.v_head_dim is None:

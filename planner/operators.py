@@ -519,14 +519,20 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(replace(gemm("attn_v", s, dv, s, el, heads_b, weight=False, save_input=o.dropout and not sel,
                                 save_weight_side=b * kv_heads * s * dv), recomputed=sel))
     else:
-        # Q K^T over d and P V over dv (equal but with latent attention: 192 and 128)
-        fl = window_share(s, window, o.causal) * 2.0 * heads_b * s * s * (d + dv)
-        io = el * (heads_b * s * (d + dv) + b * kv_heads * s * (d + dv))  # read Q, K, V, write O
+        # Q K^T over d and P V over dv (equal but with latent attention: 192 and 128). FlashAttention-2 takes one head
+        # size for Q, K and V: V padded to d (FlashAttention-3 and cuDNN run 192/128 as they are)
+        dk = d if o.attention_impl == "flash2" else dv
+        share = window_share(s, window, o.causal)
+        fl = share * 2.0 * heads_b * s * s * (d + dk)
+        # backward: S = Q K^T again and dQ, dK over d, dP = dO V^T and dV over dv: 2 s^2 (3 d + 2 dv), 2.5 times
+        # the forward at d = dv (FlashAttention-2, section 3.1.2)
+        bwd_fl = 2.5 * fl if dk == d else share * 2.0 * heads_b * s * s * (3 * d + 2 * dk)
+        io = el * (heads_b * s * (d + dk) + b * kv_heads * s * (d + dk))  # read Q, K, V, write O
         # the kernel's rate is read at the sequence whose causal rows are as long, on average, as this one's
         # (a window of w keys: the causal kernel at 2w); the measured figures are by sequence length
         seq = s if window is None or window >= s or not o.causal else min(s, 2 * window)
         fwd = Kernel("flash_attn", fl, io, (seq, s, d, heads_b), (o.attention_impl, o.causal, False))
-        bwd = Kernel("flash_attn.bwd", 2.5 * fl, 2 * io, (seq, s, d, heads_b), (o.attention_impl, o.causal, True))
+        bwd = Kernel("flash_attn.bwd", bwd_fl, 2 * io, (seq, s, d, heads_b), (o.attention_impl, o.causal, True))
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
         # (Megatron-Core): checkpointed, the forward re-run before the backward, Q, K, V kept, not the LSE
         qkv_saved = el * (heads_b * s * d + b * kv_heads * s * (d + dv))
@@ -539,22 +545,24 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     ops.append(norm("norm2"))
 
     def mlp(width: int, prefix: str = "") -> list[Operator]:
-        """The dense MLP of ``width`` (the shared expert's with ``prefix``), split over ``t`` by its columns."""
+        """The dense MLP of ``width`` (the shared expert's with ``prefix``), split over ``t`` by its columns. The
+        shared expert's first GEMM reads the norm's output the router has stashed already (the same tensor, or
+        with sequence parallelism the same ``T/t`` shard): it stashes nothing more."""
+        first = (lambda op: replace(op, saved_bytes=0.0)) if prefix else gathered
         w_t = width // t if width % t == 0 else -(-width // t)
         names = ({"up": "mlp_up", "w1": "w1", "w3": "w3", "sum": "mlp_grad_sum", "up_gate": "mlp_up_gate",
                   "down": "mlp_down"} if not prefix else
                  {n: f"{prefix}{n}" for n in ("up", "w1", "w3", "sum", "up_gate", "down")})
         out: list[Operator] = []
         if not spec.gated_mlp:
-            out.append(gathered(gemm(names["up"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            out.append(first(gemm(names["up"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         elif split:  # gate and up apart, reading one input (saved once, by the gate)
-            out.append(gathered(gemm(names["w1"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            out.append(first(gemm(names["w1"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
             out.append(gemm(names["w3"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
             if eager:
                 out.append(eager_grad_sum(names["sum"], T * h, el, 1))
         else:
-            out.append(gathered(gemm(names["up_gate"], T, 2 * w_t, h, el, accumulate=acc,
-                                     bias_rows=T if bias else 0)))
+            out.append(first(gemm(names["up_gate"], T, 2 * w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         act = "act_mul" if spec.gated_mlp else "act"
         out.append(mlp_activation(f"{prefix}{act}", spec.gated_mlp, T * w_t, el, eager))
         out.append(gemm(names["down"], T, h, w_t, el, accumulate=acc, bias_rows=rows if bias else 0))
@@ -577,7 +585,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
             if spec.shared_expert_gate:
                 # sigmoid(x w) of the MLP's input rows (a GEMV, w of h, on the rank's rows), then the shared output
                 # times it: reads the output and the score, writes the product; saves both for the backward
-                ops.append(gemm("shared_gate", int(math.ceil(rows)), 1, h, el, accumulate=acc))
+                ops.append(gemm("shared_gate", int(math.ceil(rows)), 1, h, el, accumulate=acc, save_input=False))
                 ops.append(elementwise("shared_gate_mul", ln_el, el, reads=1, writes=1, flops_per=5.0,
                                        bwd_reads=2, bwd_writes=1, saved_bytes=el * (ln_el + rows)))
             # the experts' and the shared expert's outputs summed (Megatron-Core's MoELayer: output + shared)

@@ -576,8 +576,14 @@ def _floats_as_floats(model_type: str, fields: dict[str, Any]) -> dict[str, Any]
     for klass in (CONFIG_MAPPING[model_type].__mro__ if model_type in CONFIG_MAPPING else ()):
         for name, hint in getattr(klass, "__annotations__", {}).items():
             declared.setdefault(name, str(hint))
-    out = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) and "float" in declared.get(k, "")
-           and "int" not in declared.get(k, "") else v for k, v in fields.items()}
+    out = dict(fields)
+    for k, v in fields.items():
+        if isinstance(v, int) and not isinstance(v, bool) and "float" in declared.get(k, "") \
+                and "int" not in declared.get(k, ""):
+            try:
+                out[k] = float(v)
+            except OverflowError:
+                raise HFConfigError(k, f"{str(v)[:40]}...: a number beyond any float") from None
     for k, v in out.items():  # a multimodal config's text_config: by its own type's declarations
         if isinstance(v, dict) and isinstance(v.get("model_type"), str):
             out[k] = {**_floats_as_floats(v["model_type"], v), "model_type": v["model_type"]}

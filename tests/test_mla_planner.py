@@ -36,6 +36,8 @@ SP = OperatorOptions(attention="flash", causal=True, dropout=False, sequence_par
     ({"experts_per_token": 160, "router_group_topk": 4}, "hold fewer than the 160"),
     ({"router_score": "softmax"}, "router_bias: only with router_score sigmoid"),
     ({"routed_scaling": 0.0}, "routed_scaling"),
+    ({"qk_norm": True}, "qk_norm: multi-head latent attention normalises its latents"),
+    ({"qk_rope_head_dim": 63}, "qk_rope_head_dim: 63 must be even"),
 ])
 def test_rules_name_the_field(changes: dict, words: str) -> None:
     with pytest.raises(ValidationError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -66,7 +68,7 @@ def _fwd_flops(ops: list, names: tuple[str, ...]) -> float:
 @pytest.mark.parametrize("t", [1, 2, 8])
 def test_latent_attention_operators(t: int) -> None:
     """The down-projections whole on every tensor rank, the up-projections and the output split by heads; the flash
-    kernel's FLOPs over query/key width d and value width v (causal half); no Q, K, V projections."""
+    kernel's FLOPs (causal half); no Q, K, V projections."""
     b, T = 1, 4096
     h, a, d, r, c, cq, v = 7168, 128, 192, 64, 512, 1536, 128
     ops = layer_operators(V3, b, t, FLASH, moe=False)
@@ -75,7 +77,8 @@ def test_latent_attention_operators(t: int) -> None:
     assert _fwd_flops(ops, ("q_down", "kv_down")) == pytest.approx(2 * T * h * (cq + c + r))
     assert _fwd_flops(ops, ("q_up", "kv_up")) == pytest.approx(2 * T * (cq * a * d + c * a * (d - r + v)) / t)
     assert _fwd_flops(ops, ("proj",)) == pytest.approx(2 * T * a * v * h / t)
-    assert _fwd_flops(ops, ("flash_attn",)) == pytest.approx(0.5 * 2 * b * (a // t) * 4096 ** 2 * (d + v))
+    # (FlashAttention-2, FLASH's kernel, pads V to d: test_flash_kernel_with_a_narrower_value)
+    assert _fwd_flops(ops, ("flash_attn",)) == pytest.approx(0.5 * 2 * b * (a // t) * 4096 ** 2 * (d + d))
     direct = [op.name for op in layer_operators(V3.with_(q_lora_rank=None), b, t, FLASH, moe=False)]
     assert direct[:5] == ["norm1", "q_proj", "kv_down", "kv_norm", "kv_up"]
     # eager PyTorch: the latent norms and the rotary as separate ops, more kernels, more bytes; the GEMMs the same
@@ -83,6 +86,7 @@ def test_latent_attention_operators(t: int) -> None:
                                                                            dropout=False, kernels="eager"),
                                                    moe=False)}
     fused = {op.name: op for op in ops}
+    assert "mla_grad_sum" in eager and "mla_grad_sum" not in fused
     for name in ("q_norm", "kv_norm", "rope"):
         assert len(eager[name].fwd) > 1 == len(fused[name].fwd)
         assert sum(k.nbytes for k in eager[name].fwd) > sum(k.nbytes for k in fused[name].fwd)
@@ -186,3 +190,26 @@ def test_sequence_parallel_latents_run_on_the_ranks_rows() -> None:
     assert (plain["q_up"].saved_bytes, plain["kv_up"].saved_bytes) == (el * T * cq, el * T * c)
     assert _fwd_flops([sp["q_up"]], ("q_up",)) == _fwd_flops([plain["q_up"]], ("q_up",))  # (on the gathered rows)
     assert sp["q_down"].saved_bytes == el * T / t * h and sp["kv_down"].saved_bytes == 0.0
+
+
+def test_flash_kernel_with_a_narrower_value() -> None:
+    """The fused kernel's backward at query/key width d and value width v: ``2 s^2 (3 d + 2 v)`` per head (S again,
+    dQ and dK over d; dP and dV over v), 2.6 times the forward's ``2 s^2 (d + v)`` at 192 / 128; FlashAttention-2
+    takes one head size for Q, K and V (V padded to d), FlashAttention-3 runs 192 / 128 as it is."""
+    b, a, s, d, v = 1, 128, 4096, 192, 128
+    for impl, dv in (("flash3", v), ("flash2", d)):
+        opts = OperatorOptions(attention="flash", causal=True, dropout=False, attention_impl=impl)
+        op = {o.name: o for o in layer_operators(V3, b, 1, opts, moe=False)}["flash_attn"]
+        assert op.fwd[0].flops == pytest.approx(0.5 * 2 * b * a * s * s * (d + dv))
+        assert op.bwd_i[0].flops == pytest.approx(0.5 * 2 * b * a * s * s * (3 * d + 2 * dv))
+
+
+def test_the_shared_expert_stashes_no_second_copy_of_its_input() -> None:
+    """The router, the shared expert's first GEMM and its gate read one tensor (the norm's output, or its T/t
+    shard with sequence parallelism): stashed once, by the router."""
+    from test_shared_experts_planner import QWEN2_MOE
+
+    for opts in (FLASH, SP):
+        ops = {op.name: op for op in layer_operators(QWEN2_MOE, 1, 2, opts)}
+        assert ops["router"].saved_bytes > 0
+        assert ops["shared_up_gate"].saved_bytes == 0.0 and ops["shared_gate"].saved_bytes == 0.0
