@@ -497,6 +497,9 @@ def test_whole_numbers_for_float_fields_are_taken() -> None:
     with pytest.raises(HFConfigError) as err:
         spec_from_hf_dict({**data, "attention_dropout": "none"}, "js")
     assert err.value.field == "attention_dropout"
+    with pytest.raises(HFConfigError) as err:  # (float() of it overflows: a 500 through the API before)
+        spec_from_hf_dict({**data, "attention_dropout": 10**400}, "js")
+    assert err.value.field == "attention_dropout" and "beyond any float" in err.value.message
     # a multimodal config's text_config, by its own type's declarations (Gemma 3's strict text config)
     text = {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 1024,
