@@ -6,7 +6,9 @@ copies, the tokens sent to the copy that holds their experts and the outputs sen
 Symbols: ``T`` tokens of a micro-batch on a rank (``b s`` rows), ``k`` experts per token (top-k), ``h`` the hidden
 size, ``E`` experts per layer, ``e`` the expert-parallel size; EP rank ``i`` holds experts ``[i E/e, (i+1) E/e)``
 (:mod:`executor.groups`: copy ``w`` of the ``W`` data-parallel copies is EP rank ``w % e``; the router and every
-other parameter are replicated as without EP). A shared expert and its gate (Qwen2 MoE, DeepSeekMoE:
+other parameter are replicated as without EP; so is DeepSeek-V3's bias of the choice, each EP rank counting the
+choices of its own tokens, which the step sums over every copy before the update:
+:meth:`executor.interpreter.RankRuntime._update_expert_bias`). A shared expert and its gate (Qwen2 MoE, DeepSeekMoE:
 ``shared_expert_ffn_hidden``, ``shared_expert_gate``) are no experts EP splits: every EP rank holds them whole (``1/t``
 of the shared expert with tensor parallelism, as the dense MLP) and runs them on its own tokens, and their gradients
 are reduced over every data-parallel copy as any dense parameter's (:func:`expert_parameters` leaves them out). The

@@ -26,11 +26,14 @@ with ``grouped``).
   experts' gradients are all-reduced apart, over the stage's expert-data group (the holders whose copy has this
   rank's EP rank), and the rest over the stage group: both sums.
 * ``STEP`` -- wait for sends and all-reduces, all-reduce the tied embedding copies (Megatron-LM), step the
-  optimizer (plain SGD, :mod:`executor.sgd`, so pipelined and single-process training can be compared exactly).
+  optimizer (plain SGD, :mod:`executor.sgd`, so pipelined and single-process training can be compared exactly);
+  with DeepSeek-V3's routing (``router_bias``) move each router's bias by the experts' loads of the iteration, summed
+  over every copy of the stage (:meth:`RankRuntime._update_expert_bias`, one int64 all-reduce per stage).
 
 Activation recomputation: each transformer layer runs under its own ``torch.utils.checkpoint`` (Chen et al.
 2016; Megatron-LM section 3.5, ``--recompute-method uniform --recompute-num-layers 1``); the embedding and the
-LM head are not checkpointed (:class:`StageModule`, :func:`planner.profile.checkpointed`).
+LM head are not checkpointed (:class:`StageModule`, :func:`planner.profile.checkpointed`); a recomputation adds
+nothing to the routers' loads (:func:`executor.models.llama.not_counted`).
 Asynchronous schedules (``synchronous = False``): PipeDream (Harlap et al.,
 section 3.3) -- weight stashing: a forward runs on a snapshot of the newest weights (``functional_call``)
 that its backward reuses, and the optimizer steps after every backward (PipeDream-RR, replicated stages: each
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +73,7 @@ from executor.expert_parallel import ExpertParallelMoE, expert_parameters
 from executor.groups import Groups, Layout
 from executor.models import takes_targets
 from executor.models.blocks import Block
-from executor.models.llama import LlamaBlock
+from executor.models.llama import LlamaBlock, apply_expert_loads, expert_bias_state, expert_loads, not_counted
 from executor.p2p_order import action_label
 from executor.plan import RunPlan
 from executor.sgd import SGD
@@ -138,6 +142,12 @@ class CudaClock:
         return [(n, k, self.t0 + at(s) / 1e3, self.t0 + at(e) / 1e3) for n, k, s, e in records]
 
 
+def _recomputed_uncounted() -> tuple[Any, Any]:
+    """A checkpoint's contexts (``context_fn``): its forward as it is, its recomputation during the backward not
+    counted in the routers' loads (:func:`executor.models.llama.not_counted`: the forward counted those tokens)."""
+    return nullcontext(), not_counted()
+
+
 class StageModule(nn.Module):
     """Layers ``[start, stop)`` of the model as one stage: ``forward(x, targets) -> list`` of per-micro-batch
     outputs (the losses on the last stage). When recomputing, each layer whose kind full recomputation
@@ -169,7 +179,8 @@ class StageModule(nn.Module):
         y = x
         for i in self.body_layers:
             layer = self.layers[i]
-            y = checkpoint(layer, y, use_reentrant=False) if self.checkpointed[i] else layer(y)
+            y = checkpoint(layer, y, use_reentrant=False, context_fn=_recomputed_uncounted) if self.checkpointed[i] \
+                else layer(y)
             if cut is not None and i == 0 and not x.requires_grad and y.requires_grad:
                 leaf = y.detach().requires_grad_(True)
                 cut.append((y, leaf))
@@ -180,7 +191,8 @@ class StageModule(nn.Module):
         assert targets is not None
         head = self.layers[-1]
         if self.checkpointed[-1]:
-            return [checkpoint(head, c, t, use_reentrant=False) for c, t in zip(chunks, targets, strict=True)]
+            return [checkpoint(head, c, t, use_reentrant=False, context_fn=_recomputed_uncounted)
+                    for c, t in zip(chunks, targets, strict=True)]
         return [head(c, t) for c, t in zip(chunks, targets, strict=True)]
 
 
@@ -676,6 +688,7 @@ class RankRuntime:
                 params = dict(self.modules[key].named_parameters())
                 for n in names:
                     params[n].grad = local.clone()
+        self._update_expert_bias()
         if self.update == "per-microbatch":
             return
         t = self.clock.stamp()
@@ -685,6 +698,29 @@ class RankRuntime:
             if key in self.stash:
                 self.stash[key].bump()
         self.records.append(("optimizer", "OPT", t, self.clock.stamp()))
+
+    def _update_expert_bias(self) -> None:
+        """DeepSeek-V3's bias update at the step's end (:func:`executor.models.llama.update_expert_bias`, the plan's
+        ``expert_bias_rate``), asynchronous schedules' too (once per iteration): per stage held, the loads its
+        biased routers counted, summed over this rank's replicas of the stage and all-reduced (int64) over the stage
+        group -- every holder of the stage in every data-parallel copy, of this tensor rank: the data-parallel and
+        expert-parallel copies and the schedule's replicas route tokens of their own, whose loads add up; the tensor
+        ranks of one copy route the same tokens, and each sums over its own group -- then every replica's biases
+        moved alike. With rate 0 the loads are only reset."""
+        rate = self.plan.expert_bias_rate
+        pending = []
+        for s in sorted({s for _, s in self.held}):  # (ascending on every rank: no two ranks wait on each other)
+            copies = [self.modules[key] for key in sorted(self.modules) if key[1] == s]
+            total = expert_loads(copies)
+            if total is None:
+                continue
+            group = self.groups.stage.get(s)
+            work = dist.all_reduce(total, group=group, async_op=True) if group is not None and rate else None
+            pending.append((work, total, copies))
+        for work, total, copies in pending:
+            if work is not None:
+                work.wait()
+            apply_expert_loads(copies, total, rate)
 
     def _emulated(self, i: int, a: Action) -> None:
         if a.kind in (F, B, I, W):
@@ -705,7 +741,8 @@ class RankRuntime:
 
     # ---- results -------------------------------------------------------------------------------------
     def full_parameters(self) -> dict[str, list[torch.Tensor]]:
-        """``"{layer}.{name}" -> [copies]`` under the full model's names (tensor shards gathered), on the CPU."""
+        """``"{layer}.{name}" -> [copies]`` under the full model's names (tensor shards gathered), on the CPU; the
+        routers' biases (buffers that training changes) with them."""
         out: dict[str, list[torch.Tensor]] = {}
         for key in sorted(self.modules):
             mod = self.modules[key]
@@ -715,6 +752,6 @@ class RankRuntime:
                     items = layer.full_state().items()
                 else:
                     items = ((n, p.detach().clone()) for n, p in layer.named_parameters())
-                for n, p in items:
+                for n, p in (*items, *expert_bias_state(layer).items()):  # (DeepSeek-V3's bias: a buffer)
                     out.setdefault(f"{idx}.{n}", []).append(p.cpu())
         return out

@@ -21,6 +21,7 @@ the simulator times.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,6 +79,11 @@ class RunPlan:
     dtype: str = "float64"
     emulate: str | None = None  # profile JSON: emulated compute (executor.emulate)
     cluster: str | None = None  # cluster JSON for emulated durations
+    #: DeepSeek-V3's bias update speed (gamma, section 2.1.2; Megatron-Core's --moe-router-bias-update-rate): at each
+    #: step's end every router with a bias (ModelSpec.router_bias) moves it by gamma sign(mean load - its expert's
+    #: load), the loads summed over every copy (executor.models.llama.update_expert_bias); 0: the bias stays as set.
+    #: Nothing to do for a model without router_bias.
+    expert_bias_rate: float = 0.001
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
@@ -191,6 +197,10 @@ class RunPlan:
             raise PlanError(f"iterations must be >= 1, got {self.iterations}")
         if self.warmup < 0:
             raise PlanError(f"warmup: warm-up iterations must be >= 0, got {self.warmup}")
+        rate = self.expert_bias_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate < 0:
+            raise PlanError("expert_bias_rate: the routers' bias update speed (DeepSeek-V3's gamma), a finite number "
+                            f">= 0 (0: the bias stays as set), got {str(rate)[:40]}")
         # emulated compute builds no model: the profile's layers are the plan's (num_layers), the model unused
         model_checked = self.module is None and not self.emulate
         if self.module is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from executor.models import Stage
+from executor.models.llama import expert_bias_state, update_expert_bias
 from executor.plan import RunPlan
 from executor.sgd import SGD
 
@@ -19,7 +20,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
-    """``"{layer}.{name}" -> tensor`` after ``steps`` single-process SGD steps."""
+    """``"{layer}.{name}" -> tensor`` after ``steps`` single-process SGD steps, each followed by DeepSeek-V3's bias
+    update (with ``router_bias``: the routers' ``expert_bias``, buffers, among the tensors)."""
     source = plan.source()
     layers = [m.to(DTYPES[plan.dtype]) for m in source.build(plan.seed, 0)]
     model = Stage(layers)
@@ -35,7 +37,9 @@ def train_reference(plan: RunPlan, steps: int) -> dict[str, torch.Tensor]:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {f"{i}.{n}": p.detach().clone() for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+        update_expert_bias([model], plan.expert_bias_rate)  # (DeepSeek-V3's: the whole batch's loads)
+    out = {f"{i}.{n}": p.detach().clone() for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+    return out | {f"{i}.{n}": b for i, layer in enumerate(layers) for n, b in expert_bias_state(layer).items()}
 
 
 def compare(pipelined: dict[str, list[torch.Tensor]], reference: dict[str, torch.Tensor],

@@ -20,6 +20,7 @@ import torch
 from torch.func import functional_call
 
 from executor.interpreter import DTYPES, StageModule
+from executor.models.llama import expert_bias_state, not_counted, update_expert_bias
 from executor.plan import RunPlan
 from planner.schedules.ir import B, F
 
@@ -70,8 +71,8 @@ def train_stashed_reference(plan: RunPlan, steps: int, stash: bool = True) -> di
                         x = x.detach().requires_grad_(s > 0)
                         params = {n: p.clone() for n, p in live[d].items()}  # the stashed version
                         saved[(s, m)] = (x, params)
-                        if s < S - 1:
-                            with torch.no_grad():
+                        if s < S - 1:  # (the routers' loads are counted by the backward's forward)
+                            with torch.no_grad(), not_counted():
                                 acts[(s, m)] = functional_call(mod, params, (x, None))[0]
                     else:
                         if s < S - 1 and (s + 1, m) not in grads:
@@ -105,12 +106,17 @@ def train_stashed_reference(plan: RunPlan, steps: int, stash: bool = True) -> di
                 for d in devs:
                     for n, p in live[d].items():
                         p.add_(total[n] - applied[d][n], alpha=-plan.lr)
+        for mod in modules:  # DeepSeek-V3's bias, once per iteration (the replicas of a stage share its module)
+            update_expert_bias([mod], plan.expert_bias_rate)
     out: dict[str, torch.Tensor] = {}
     for d in range(sched.devices):
         start = bounds[stage_of[d]][0]
         for n, canonical in _aliases(modules[stage_of[d]]).items():
             li, rest = n.split(".", 2)[1:]  # "layers.{i}.{name}" in the StageModule
             out.setdefault(f"{start + int(li)}.{rest}", live[d][canonical].clone())
+        for li, layer in enumerate(modules[stage_of[d]].layers):
+            for n, b in expert_bias_state(layer).items():
+                out.setdefault(f"{start + li}.{n}", b)
     return out
 
 

@@ -59,13 +59,18 @@ without a gate (``shared_expert_ffn_hidden``), its first ``first_k_dense_replace
 Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
 is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
 
+DeepSeek-V3's auxiliary-loss-free balancing (section 2.1.2): each :class:`Router` with a bias counts the tokens it
+routes to each expert over a step (``Router.expert_load``, int64, forwards only: :func:`not_counted` around a
+checkpoint's recomputation), and at the step's end :func:`update_expert_bias` moves the bias by ``gamma sign(mean -
+load)`` (:meth:`Router.update_bias`), the loads summed first over every copy of the router (the executor's
+:class:`~executor.plan.RunPlan` ``expert_bias_rate``; Megatron-Core's ``get_updated_expert_bias``).
+
 Not built: the auxiliary load-balancing loss (transformers adds it to the loss only with ``output_router_logits``;
-its default is off; DeepSeek's sequence-wise balance loss neither, nor V3's updates of the choice's bias between
-steps), Mixtral's router jitter noise (``router_jitter_noise``, 0 by default) and expert capacity (no
-token is dropped). The experts are
-``nn.Linear`` modules in an ``nn.ModuleList`` (transformers 5 stores them fused, a 3-D ``gate_up_proj``
-``(E, 2 f_e, h)`` with gate then up, and ``down_proj`` ``(E, h, f_e)``: the same numbers), which the
-tensor-parallel shard splits as the dense MLP (:class:`executor.tensor_parallel.TensorParallelLlamaBlock`).
+its default is off; DeepSeek's sequence-wise balance loss neither), Mixtral's router jitter noise
+(``router_jitter_noise``, 0 by default) and expert capacity (no token is dropped). The experts are ``nn.Linear``
+modules in an ``nn.ModuleList`` (transformers 5 stores them fused, a 3-D ``gate_up_proj`` ``(E, 2 f_e, h)`` with gate
+then up, and ``down_proj`` ``(E, h, f_e)``: the same numbers), which the tensor-parallel shard splits as the dense
+MLP (:class:`executor.tensor_parallel.TensorParallelLlamaBlock`).
 
 Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
 it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
@@ -77,7 +82,8 @@ expert's gate N(0, 0.02).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -223,15 +229,38 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype,
     return weights.to(dtype), index
 
 
+#: how many :func:`not_counted` contexts are open (one count for every thread: a checkpoint's recomputation may run
+#: on the autograd engine's device thread)
+_UNCOUNTED = 0
+
+
+class not_counted:  # noqa: N801 - used as a function-like context manager, as torch.no_grad
+    """Forwards inside it add nothing to the routers' loads (:attr:`Router.expert_load`): a checkpoint's
+    recomputation during the backward (the forward it repeats counted already), a reference's second pass. One
+    object may be entered again (a checkpoint recomputes with its context in every backward call through it)."""
+
+    def __enter__(self) -> None:
+        global _UNCOUNTED
+        _UNCOUNTED += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _UNCOUNTED
+        _UNCOUNTED -= 1
+
+
 class Router(nn.Linear):
     """A mixture of experts' router: ``nn.Linear(h, E)`` without bias whose :meth:`choose` routes tokens by the spec's
     rule (:func:`route`: ``experts_per_token``, ``normalize_topk``, ``router_score``, ``router_groups`` /
     ``router_group_topk``, ``routed_scaling``), with ``router_bias`` the per-expert bias of the choice
     (``expert_bias``, DeepSeek-V3's ``e_score_correction_bias``): a buffer of zeros, float32 as DeepSeek keeps it
     (the model's dtype once the model is cast), not a parameter (no gradient, no optimizer); it travels with the
-    router (tensor- and expert-parallel copies share the router, so every rank holds the same). DeepSeek-V3 moves it
-    between steps by the experts' load (its auxiliary-loss-free balancing, section 2.1.2); not done here: it stays
-    as set."""
+    router (tensor- and expert-parallel copies share the router, so every rank holds the same).
+
+    DeepSeek-V3 moves the bias between steps by the experts' load (its auxiliary-loss-free balancing, section
+    2.1.2): with a bias, every training forward (autograd on, as Megatron-Core counts; outside :func:`not_counted`)
+    adds the number of tokens it routed to each expert to ``expert_load`` (an int64 buffer, not in the state dict),
+    and :meth:`update_bias` applies the
+    step's rule to the loads summed over the router's copies (:func:`update_expert_bias`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         E = int(config.experts)  # type: ignore[arg-type]
@@ -240,11 +269,75 @@ class Router(nn.Linear):
         self.score, self.scaling = config.router_score, config.routed_scaling
         self.groups, self.group_topk = config.router_groups, config.router_group_topk
         self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32) if config.router_bias else None)
+        self.register_buffer("expert_load", torch.zeros(E, dtype=torch.int64) if config.router_bias else None,
+                             persistent=False)
 
     def choose(self, tokens: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``weights, index (T, k)`` of ``tokens (T, h)`` (:func:`route`), the weights in ``dtype``."""
-        return route(self(tokens), self.top_k, self.normalize, dtype, self.score, self.groups, self.group_topk,
-                     self.expert_bias, self.scaling)
+        """``weights, index (T, k)`` of ``tokens (T, h)`` (:func:`route`), the weights in ``dtype``; with a bias the
+        choices are added to ``expert_load`` (training forwards: with autograd on, outside :func:`not_counted`)."""
+        weights, index = route(self(tokens), self.top_k, self.normalize, dtype, self.score, self.groups,
+                               self.group_topk, self.expert_bias, self.scaling)
+        if self.expert_load is not None and not _UNCOUNTED and torch.is_grad_enabled():
+            with torch.no_grad():
+                self.expert_load += torch.bincount(index.reshape(-1), minlength=self.expert_load.numel())
+        return weights, index
+
+    @torch.no_grad()
+    def update_bias(self, load: torch.Tensor, rate: float) -> None:
+        """DeepSeek-V3's update (section 2.1.2; Megatron-Core's ``get_updated_expert_bias``): ``bias += rate
+        sign(mean(load) - load)`` for the step's ``load (E,)`` (int64, summed over the router's copies: an expert
+        above the mean loses ``rate``, one below gains it, one at it keeps its bias), then ``expert_load`` is reset.
+        The sign is taken exactly, in integers (``sum(load) - E load``)."""
+        assert self.expert_bias is not None and self.expert_load is not None
+        load = load.to(device=self.expert_load.device, dtype=torch.int64)
+        if rate:
+            offset = load.sum() - load.numel() * load  # E (mean - load)
+            self.expert_bias += rate * torch.sign(offset).to(self.expert_bias.dtype)
+        self.expert_load.zero_()
+
+
+def biased_routers(module: nn.Module) -> list[Router]:
+    """The routers with a bias in ``module``, in module order (the same order on every copy of the module)."""
+    return [m for m in module.modules() if isinstance(m, Router) and m.expert_bias is not None]
+
+
+def expert_bias_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``"{router's name}.expert_bias" -> a copy`` of every biased router of ``module``: buffers, which a comparison of
+    parameters (``named_parameters``) would miss."""
+    return {f"{n}.expert_bias": m.expert_bias.detach().clone() for n, m in module.named_modules()
+            if isinstance(m, Router) and m.expert_bias is not None}
+
+
+def expert_loads(copies: Sequence[nn.Module]) -> torch.Tensor | None:
+    """The step's loads of every biased router of ``copies`` (modules of the same layers held by one process, of which
+    only one may have run), summed over the copies, the routers' one after another in one int64 tensor; None without
+    a biased router."""
+    per_copy = [biased_routers(m) for m in copies]
+    if not per_copy or not per_copy[0]:
+        return None
+    return torch.stack([torch.cat([r.expert_load for r in routers]) for routers in per_copy]).sum(dim=0)
+
+
+def apply_expert_loads(copies: Sequence[nn.Module], total: torch.Tensor, rate: float) -> None:
+    """Every copy's biased routers updated with their part of ``total`` (:func:`expert_loads`' layout, summed over
+    every copy of the layers in the job: :meth:`Router.update_bias`, the same update on every copy, so they stay
+    equal) and their loads reset."""
+    for module in copies:
+        routers = biased_routers(module)
+        for router, load in zip(routers, total.split([r.expert_load.numel() for r in routers]), strict=True):
+            router.update_bias(load, rate)
+
+
+def update_expert_bias(copies: Sequence[nn.Module], rate: float,
+                       reduce: Callable[[torch.Tensor], Any] | None = None) -> None:
+    """End of a step (:func:`expert_loads`, then :func:`apply_expert_loads`): ``reduce``, where given, sums the loads in
+    place over the other processes holding copies of the layers (e.g. ``dist.all_reduce`` on their group)."""
+    total = expert_loads(copies)
+    if total is None:
+        return
+    if reduce is not None:
+        reduce(total)
+    apply_expert_loads(copies, total, rate)
 
 
 def mix(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
