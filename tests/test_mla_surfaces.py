@@ -139,7 +139,6 @@ def test_megatron_without_latent_attention_or_routing_variants_writes_neither() 
     # V2's (its best expert's) with k = 2 router_group_topk (DeepSeek-V2: top 6 in 3 groups)
     ({"router_score": "softmax", "router_bias": False}, "router_group_topk 2 with 4 experts per token",
      "best expert's softmax"),
-    ({"qk_norm": True}, "qk_norm with multi-head latent attention", "q_layernorm"),
 ])
 def test_megatron_refuses_what_megatron_core_cannot_compute(update: dict, field: str, why: str) -> None:
     model = V3ISH.with_(**update)  # (a valid model: with_ validates)

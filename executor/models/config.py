@@ -16,8 +16,9 @@ The family picks the zoo's layer code (:func:`family_of`):
   renormalisation; Qwen2 MoE's shared expert, gated or not, and dense layers, as transformers'
   ``Qwen2MoeSparseMoeBlock`` and ``Qwen2MoeDecoderLayer``; DeepSeek-V2/V3's routing (sigmoid scores, group-limited
   choice, the choice's bias, the weights' scaling) and multi-head latent attention (``kv_lora_rank``,
-  :mod:`executor.models.mla`; not with ``qk_norm``); :mod:`executor.models.llama`). A mixture of experts and latent
-  attention are built in this family only (``ModelSpec`` allows latent attention in a rotary decoder only).
+  :mod:`executor.models.mla`; ModelSpec refuses ``qk_norm`` with it); :mod:`executor.models.llama`). A mixture of
+  experts and latent attention are built in this family only (``ModelSpec`` allows latent attention in a rotary
+  decoder only).
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ def family_of(spec: ModelSpec) -> Family:
         if gemma:
             raise ValueError(f"{', '.join(gemma)}: the zoo builds these (Gemma's) in its Llama-family (rotary) "
                              f"decoder only, not with position={spec.position!r}")
-    if spec.mla and spec.qk_norm:
-        raise ValueError("qk_norm: the zoo's multi-head latent attention (kv_lora_rank) has no per-head query and key "
-                         "norms (its latents' RMSNorms instead)")
     if spec.encoder:
         if spec.position != "learned" or spec.gated_mlp or spec.norm != "layernorm":
             raise ValueError("encoder models: the zoo builds BERT only (learned positions, LayerNorm, GELU MLP)")

@@ -66,8 +66,8 @@ Multi-head latent attention (``kv_lora_rank``; Megatron-Core's ``MLASelfAttentio
 query/key part: ``head_dim - qk_rope_head_dim``), ``--qk-pos-emb-head-dim`` (``qk_rope_head_dim``), ``--v-head-dim``,
 ``--qk-layernorm`` (with latent attention: the RMSNorms over the latents, ``q_layernorm`` and ``kv_layernorm``) and
 ``--rope-type rope`` (Megatron-Core's latent attention takes YaRN by default; the model's rotary is plain), never
-``--num-query-groups`` (every head its own key and value) nor ``--kv-channels``. A model with both latent attention and
-per-head query/key norms (``qk_norm``) is refused: ``--qk-layernorm`` is the latents' norms there.
+``--num-query-groups`` (every head its own key and value) nor ``--kv-channels``. (A model with both latent attention
+and per-head query/key norms, ``qk_norm``, is refused by ModelSpec: ``--qk-layernorm`` is the latents' norms there.)
 
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
@@ -250,15 +250,11 @@ def model_refusal(m: ModelSpec) -> None:
     """An :class:`ExportError` naming the field where Megatron-LM's arguments cannot say what ``m`` computes (module
     docstring): a shared expert with biases; the routing weights Megatron-Core's ``topk_routing_with_score_function``
     cannot make (``normalize_topk`` against the score function and k), the group scores its ``group_limited_topk``
-    does not compute (``router_group_topk``); per-head query/key norms beside latent attention (``qk_norm``)."""
+    does not compute (``router_group_topk``). (Per-head query/key norms beside latent attention ModelSpec refuses.)"""
     if m.moe and m.shared_expert_ffn_hidden is not None and m.bias:
         raise ExportError(f"megatron: shared_expert_ffn_hidden ({m.shared_expert_ffn_hidden}) with bias: "
                           "Megatron-Core's shared expert has no biases (SharedExpertMLP: 'bias is not supported in the "
                           "shared experts', it needs --disable-bias-linear), and this model's linear layers have them")
-    if m.mla and m.qk_norm:
-        raise ExportError("megatron: qk_norm with multi-head latent attention (kv_lora_rank): Megatron-Core's "
-                          "--qk-layernorm is then the RMSNorms over the latents (MLASelfAttention's q_layernorm, "
-                          "kv_layernorm); it has no per-head query/key norm beside them")
     if not m.moe:
         return
     k = int(m.experts_per_token or 0)
