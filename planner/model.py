@@ -371,11 +371,10 @@ class ModelSpec(BaseModel):
 
     def attention_params(self) -> int:
         h = self.hidden
-        if self.mla:  # (DeepSeek-V2, section 2.1: the down- and up-projections and the latents' RMSNorms)
+        if self.mla:  # (DeepSeek-V2, section 2.1: the down-projections and latent norms, the up-projections)
             r, c, a = int(self.qk_rope_head_dim or 0), int(self.kv_lora_rank or 0), self.heads
-            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.q_dim
-                 if self.q_lora_rank is not None else h * self.q_dim)
-            return q + h * (c + r) + c + c * a * (self.d - r + self.v_d) + self.o_dim * h
+            q_up = self.q_lora_rank * self.q_dim if self.q_lora_rank is not None else h * self.q_dim
+            return self.replicated_attention_params() + q_up + c * a * (self.d - r + self.v_d) + self.o_dim * h
         weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.bias:
             return weights + self.q_dim + 2 * self.kv_dim + h
@@ -414,18 +413,18 @@ class ModelSpec(BaseModel):
     def mlp_params(self, moe: bool | None = None) -> int:
         """The dense MLP (width ``f``), or of a layer with experts (``moe``; default: whether the model has any)
         ``experts`` expert MLPs, the router's ``h E`` and the shared expert (module docstring)."""
-        if not self._moe_of(moe):
-            return self._mlp_of(self.f)
-        return (int(self.experts) * self.expert_params() + self.hidden * int(self.experts)  # type: ignore[arg-type]
-                + self.shared_expert_params())
+        return self._mlp_with(int(self.experts or 0), moe)
 
     def active_mlp_params(self, moe: bool | None = None) -> int:
         """The MLP parameters one token runs through: the router, ``experts_per_token`` experts and the shared
         expert (all of a dense MLP)."""
+        return self._mlp_with(int(self.experts_per_token or 0), moe)
+
+    def _mlp_with(self, experts: int, moe: bool | None) -> int:
+        """The dense MLP, or ``experts`` expert MLPs, the router's ``h E`` and the shared expert."""
         if not self._moe_of(moe):
             return self._mlp_of(self.f)
-        return (int(self.experts_per_token) * self.expert_params() + self.hidden * int(self.experts)  # type: ignore[arg-type]
-                + self.shared_expert_params())
+        return experts * self.expert_params() + self.hidden * int(self.experts or 0) + self.shared_expert_params()
 
     def norm_params(self) -> int:
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
