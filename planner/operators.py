@@ -549,23 +549,26 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         shared expert's first GEMM reads the norm's output the router has stashed already (the same tensor, or
         with sequence parallelism the same ``T/t`` shard): it stashes nothing more."""
         first = (lambda op: replace(op, saved_bytes=0.0)) if prefix else gathered
-        w_t = width // t if width % t == 0 else -(-width // t)
-        names = ({"up": "mlp_up", "w1": "w1", "w3": "w3", "sum": "mlp_grad_sum", "up_gate": "mlp_up_gate",
-                  "down": "mlp_down"} if not prefix else
-                 {n: f"{prefix}{n}" for n in ("up", "w1", "w3", "sum", "up_gate", "down")})
+        w_t = -(-width // t)  # (the columns a rank holds, rounded up)
+
+        def name(dense: str, part: str) -> str:  # the dense MLP's operator names, or the prefixed part
+            return f"{prefix}{part}" if prefix else dense
+
         out: list[Operator] = []
         if not spec.gated_mlp:
-            out.append(first(gemm(names["up"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            out.append(first(gemm(name("mlp_up", "up"), T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
         elif split:  # gate and up apart, reading one input (saved once, by the gate)
-            out.append(first(gemm(names["w1"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
-            out.append(gemm(names["w3"], T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0, save_input=False))
+            out.append(first(gemm(name("w1", "w1"), T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            out.append(gemm(name("w3", "w3"), T, w_t, h, el, accumulate=acc, bias_rows=T if bias else 0,
+                            save_input=False))
             if eager:
-                out.append(eager_grad_sum(names["sum"], T * h, el, 1))
+                out.append(eager_grad_sum(name("mlp_grad_sum", "sum"), T * h, el, 1))
         else:
-            out.append(first(gemm(names["up_gate"], T, 2 * w_t, h, el, accumulate=acc, bias_rows=T if bias else 0)))
+            out.append(first(gemm(name("mlp_up_gate", "up_gate"), T, 2 * w_t, h, el, accumulate=acc,
+                                  bias_rows=T if bias else 0)))
         act = "act_mul" if spec.gated_mlp else "act"
         out.append(mlp_activation(f"{prefix}{act}", spec.gated_mlp, T * w_t, el, eager))
-        out.append(gemm(names["down"], T, h, w_t, el, accumulate=acc, bias_rows=rows if bias else 0))
+        out.append(gemm(name("mlp_down", "down"), T, h, w_t, el, accumulate=acc, bias_rows=rows if bias else 0))
         return out
 
     if spec.moe if moe is None else moe:  # a mixture of experts in place of the dense MLP (planner.moe)
