@@ -735,11 +735,11 @@ class ConfigCosts(Costs):
                  + self._shared(info) + (1 if info.has_head else 0))
         if count == 0:
             return 0.0
-        out = count * self._tp_all_gather(samples * shape.seq * shape.hidden * self.el)
+        one = self._tp_all_gather(samples * shape.seq * shape.hidden * self.el)
+        out = count * one
         latent = self._latent_width
         if latent is not None and info.transformer_layers:  # latent attention re-gathers its latents' shard instead
-            out += info.transformer_layers * (self._tp_all_gather(samples * shape.seq * latent * self.el)
-                                              - self._tp_all_gather(samples * shape.seq * shape.hidden * self.el))
+            out += info.transformer_layers * (self._tp_all_gather(samples * shape.seq * latent * self.el) - one)
         return out * self.cal.link_scale
 
     def _tp_edges(self, stage: int, samples: float, backward: bool) -> float:
