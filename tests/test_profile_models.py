@@ -69,18 +69,22 @@ def test_hf_tiny_moe_profile(fixture: str, tmp_path: Path) -> None:
     assert block.output_bytes_per_sample == 16 * 64 * 4  # (s, h) fp32
 
 
+def _one_layer_profile(fixture: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """``pipeplan profile --hf-config`` of a fixture with ``--hf-layers 1`` (micro-batch 1, 2 repeats): the profile
+    and the fixture's ModelSpec."""
+    out, config = tmp_path / f"{fixture}.json", ROOT / "tests" / "fixtures" / fixture
+    res = runner.invoke(app, ["profile", "--hf-config", str(config), "--hf-layers", "1", "--micro-batches", "1",
+                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return load_profile(out), read_hf_config(config)
+
+
 @pytest.mark.slow
 def test_hf_profile_with_a_dense_layer_and_a_shared_expert(tmp_path: Path) -> None:
     """Qwen2 MoE (a gated shared expert; its layer 1 dense, ``mlp_only_layers``) through ``pipeplan profile
     --hf-config --hf-layers 1``: layer 0 (experts) and the first dense layer (1) are built and measured, each block
     reuses its kind's times, the profile and its notes say which, and each block holds what ModelSpec counts."""
-    out = tmp_path / "qwen2-moe.json"
-    config = ROOT / "tests" / "fixtures" / "tiny-qwen2-moe"
-    res = runner.invoke(app, ["profile", "--hf-config", str(config), "--hf-layers", "1", "--micro-batches", "1",
-                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    prof = load_profile(out)
-    spec = read_hf_config(config)
+    prof, spec = _one_layer_profile("tiny-qwen2-moe", tmp_path)
     assert prof.environment["measured_decoder_layers"] == "2"
     assert prof.environment["repeated_blocks"] in prof.notes and "the first of each kind" in prof.notes
     assert [layer.params for layer in prof.layers[1:5]] == [spec.block_params(i) for i in range(4)]
@@ -96,13 +100,7 @@ def test_hf_profile_of_deepseek_v3_layers(tmp_path: Path) -> None:
     expert; the first layer dense) through ``pipeplan profile --hf-config --hf-layers 1``: the dense layer and one with
     experts measured, each block's parameters ModelSpec's, the routed experts only in expert_params, and the
     profile's shape records the latent width its tensor-parallel collectives move."""
-    out = tmp_path / "dsv3.json"
-    config = ROOT / "tests" / "fixtures" / "tiny-deepseek-v3"
-    res = runner.invoke(app, ["profile", "--hf-config", str(config), "--hf-layers", "1", "--micro-batches", "1",
-                              "--repeats", "2", "--warmup", "1", "--threads", "1", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    prof = load_profile(out)
-    spec = read_hf_config(config)
+    prof, spec = _one_layer_profile("tiny-deepseek-v3", tmp_path)
     assert prof.environment["measured_decoder_layers"] == "2"
     assert [layer.params for layer in prof.layers[1:4]] == [spec.block_params(i) for i in range(3)]
     assert [layer.expert_params for layer in prof.layers[1:4]] == [0, 8 * spec.expert_params(),
