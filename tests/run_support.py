@@ -24,3 +24,26 @@ def launched(groups: list[tuple[dict[str, RunPlan], int]], timeout: float = 180)
         res = launch(list(plans.values()), world, check=True, timeout=timeout)
         out |= dict(zip(plans, res["runs"], strict=True))
     return out
+
+
+def tp_block_errors(specs: dict[str, tuple[dict[str, Any], int]], timeout: float = 120) -> list[dict[str, Any]]:
+    """Each rank's figures of ``tests/tp_block_probe.py`` for ``specs`` (name -> (model spec, layer)): a block against
+    its t = 2 shard on two gloo processes."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, str(repo / "tests" / "tp_block_probe.py"), str(r),
+                                   str(Path(tmp) / "store"), json.dumps(specs)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo, env=env)
+                 for r in range(2)]
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    return [json.loads(out) for out, _ in outs]

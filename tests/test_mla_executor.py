@@ -9,16 +9,10 @@ heads as Megatron-Core's MLASelfAttention) equals the whole block; and runs at t
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
-from run_support import direct, launched
+from run_support import direct, launched, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
@@ -28,7 +22,6 @@ from executor.plan import PlanError, RunPlan
 from planner.model import ModelSpec
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parent.parent
 
 #: DeepSeek-V3's form, tiny: a query latent, sigmoid scores with the choice's bias, top 2 of 8 in 2 of 4 groups,
 #: renormalised and scaled by 2.5, one shared expert of the experts' width, layer 0 dense
@@ -262,59 +255,6 @@ def test_expert_parallel_keeps_the_router_and_its_bias() -> None:
         assert "router.expert_bias" in ep.state_dict()
 
 
-TP_BODY = """
-import copy, json, sys
-import torch
-import torch.distributed as dist
-from executor.models import build_layers, get_config
-from executor.tensor_parallel import TensorParallelLlamaBlock
-from planner.model import ModelSpec
-
-rank, store, specs = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
-torch.set_num_threads(1)
-errors = {}
-for name, (spec, layer) in specs.items():
-    block = build_layers(get_config(ModelSpec.model_validate(spec)), seed=3, start=1 + layer, stop=2 + layer)[0]
-    block = block.double()
-    torch.manual_seed(11)  # (the same changes on both ranks)
-    with torch.no_grad():
-        for n, p in block.named_parameters():
-            if "layernorm" in n:
-                p.uniform_(0.5, 1.5)
-        if block.moe is not None:
-            block.moe.router.weight.mul_(20)
-            if block.moe.router.expert_bias is not None:
-                block.moe.router.expert_bias.copy_(torch.linspace(-0.3, 0.3, len(block.moe.experts)))
-    shard = TensorParallelLlamaBlock.from_block(copy.deepcopy(block), rank, 2, None)
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(2, 16, spec["hidden"], dtype=torch.float64, generator=gen)
-    probe = torch.randn(x.shape, dtype=torch.float64, generator=gen)
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    y1 = block(x1)
-    (y1 * probe).sum().backward()
-    calls, reduce = [], dist.all_reduce
-    dist.all_reduce = lambda t, *a, **k: (calls.append(t.numel()), reduce(t, *a, **k))[1]
-    y2 = shard(x2)
-    (y2 * probe).sum().backward()
-    dist.all_reduce = reduce
-    with torch.no_grad():
-        for p in shard.parameters():
-            p.copy_(p.grad)
-    grads = shard.full_state()
-    full = dict(block.named_parameters())
-    assert set(grads) == set(full), set(grads) ^ set(full)
-    errors[name] = {"output": (y1 - y2).abs().max().item(), "input grad": (x1.grad - x2.grad).abs().max().item(),
-                    "grads": max((grads[n] - p.grad).abs().max().item() for n, p in full.items()),
-                    "min grad norm": min(p.grad.norm().item() for p in full.values()),
-                    "split": [n for n, p in shard.named_parameters() if p.shape != full[n].shape],
-                    "all-reduces": calls}
-print(json.dumps(errors))
-dist.barrier()
-dist.destroy_process_group()
-"""
-
-
 @pytest.mark.slow
 def test_tensor_parallel_block_equals_whole_block() -> None:
     """t = 2 (gloo, two processes) against the whole block, float64: the same output, input gradient and parameter
@@ -325,16 +265,10 @@ def test_tensor_parallel_block_equals_whole_block() -> None:
     of the normed key/value latent and the shared rotated key together (T (c + r)); plus the MLP's."""
     specs = {"v3 dense": (V3.model_dump(), 0), "v3 moe": (V3.model_dump(), 1),
              "v2-lite dense": (V2_LITE.model_dump(), 0)}
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, "-c", TP_BODY, str(r), str(Path(tmp) / "store"), json.dumps(specs)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
-                 for r in range(2)]
-        outs = [p.communicate(timeout=120) for p in procs]
+    ranks = tp_block_errors(specs)
     T, h, k, c, r, cq = 2 * 16, 64, 2, 32, 8, 48
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-        for name, e in json.loads(out).items():
+    for errors in ranks:
+        for name, e in errors.items():
             assert e["min grad norm"] > 1e-6, (name, e)
             for what in ("output", "input grad", "grads"):
                 assert e[what] < 1e-12, (name, what, e)

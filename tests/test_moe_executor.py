@@ -6,15 +6,11 @@ tests/test_llama_run.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from run_support import tp_block_errors
 
 from executor.models import Stage, build_layers, get_config
 from executor.models.analytic import layer_params, model_params
@@ -26,7 +22,6 @@ from tests.test_llama import _same_logits
 
 torch.set_num_threads(1)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-REPO = FIXTURES.parent.parent
 
 
 def mixtral_spec() -> ModelSpec:
@@ -201,79 +196,23 @@ def test_tensor_parallel_plan_needs_t_to_divide_the_experts_width() -> None:
     plan(mixtral_spec().with_(ffn_hidden=33, expert_ffn_hidden=32)).validate()
 
 
-TP_BODY = """
-import copy, json, sys
-import torch
-import torch.distributed as dist
-from executor.models import build_layers, get_config
-from executor.tensor_parallel import TensorParallelLlamaBlock
-from planner.model import ModelSpec
-
-rank, store, specs = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
-torch.set_num_threads(1)
-errors = {}
-for name, spec in specs.items():
-    block = build_layers(get_config(ModelSpec.model_validate(spec)), seed=3, start=1, stop=2)[0].double()
-    torch.manual_seed(11)  # (build_layers leaves the global generator as it was: unseeded)
-    with torch.no_grad():
-        block.moe.router.weight.mul_(20)  # a routing far from uniform
-        for e in block.moe.experts:
-            if e.down.bias is not None:
-                e.down.bias.normal_()
-    shard = TensorParallelLlamaBlock.from_block(copy.deepcopy(block), rank, 2, None)
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(2, 16, spec["hidden"], dtype=torch.float64, generator=gen)
-    probe = torch.randn(x.shape, dtype=torch.float64, generator=gen)
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    y1 = block(x1)
-    (y1 * probe).sum().backward()
-    calls, reduce = [], dist.all_reduce
-    dist.all_reduce = lambda t, *a, **k: (calls.append(t.numel()), reduce(t, *a, **k))[1]
-    y2 = shard(x2)
-    (y2 * probe).sum().backward()
-    dist.all_reduce = reduce
-    with torch.no_grad():  # the gradients under the full block's names: the shards' grads gathered as parameters
-        for p in shard.parameters():
-            p.copy_(p.grad)
-    grads = shard.full_state()
-    full = dict(block.named_parameters())
-    assert set(grads) == set(full), set(grads) ^ set(full)
-    errors[name] = {"output": (y1 - y2).abs().max().item(), "input grad": (x1.grad - x2.grad).abs().max().item(),
-                    "router grad": (grads["moe.router.weight"] - full["moe.router.weight"].grad).abs().max().item(),
-                    "grads": max((grads[n] - p.grad).abs().max().item() for n, p in full.items()),
-                    "router grad norm": full["moe.router.weight"].grad.norm().item(), "all-reduces": calls}
-print(json.dumps(errors))
-# both ranks done before either leaves: a rank exiting while its peer's gloo pair is still open aborts the peer
-# ("terminate called without an active exception", seen 2 runs in 6 without these two lines)
-dist.barrier()
-dist.destroy_process_group()
-"""
-
-
 @pytest.mark.slow
 def test_tensor_parallel_moe_equals_whole_block() -> None:
     """t = 2 (gloo, two processes) against the whole block, float64: the same output, input gradient and
     parameter gradients (the shards' gathered), on each rank; the router's gradient is the full one on every rank
     (the routing weights' gradient all-reduced through f). A gated Mixtral-like block, and one with biases, no gate
     and no renormalisation (the experts' down biases weighted after the all-reduce)."""
-    specs = {"gated": mixtral_spec().model_dump(),
-             "biases, no gate, no renormalisation": mixtral_spec().with_(
-                 gated_mlp=False, bias=True, activation="gelu", normalize_topk=False, kv_heads=4).model_dump()}
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, "-c", TP_BODY, str(r), str(Path(tmp) / "store"), json.dumps(specs)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
-                 for r in range(2)]
-        outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-        for name, e in json.loads(out).items():
+    specs = {"gated": (mixtral_spec().model_dump(), 0),
+             "biases, no gate, no renormalisation": (mixtral_spec().with_(
+                 gated_mlp=False, bias=True, activation="gelu", normalize_topk=False, kv_heads=4).model_dump(), 0)}
+    ranks = tp_block_errors(specs)
+    for errors in ranks:
+        for name, e in errors.items():
             assert e["router grad norm"] > 1e-3, name
             for what in ("output", "input grad", "router grad", "grads"):
                 assert e[what] < 1e-12, (name, what, e)
             # Megatron's collectives, as the planner charges them: forward the attention's and the MLP's g
             # (T h each), backward one f before the attention and one before the experts (T h each), and the routing
             # weights' f (T k); not one f per linear, nor per expert
-            T, h, k = 2 * 16, specs[name]["hidden"], specs[name]["experts_per_token"]
+            T, h, k = 2 * 16, specs[name][0]["hidden"], specs[name][0]["experts_per_token"]
             assert sorted(e["all-reduces"]) == sorted([T * h] * 4 + [T * k]), (name, e["all-reduces"])
