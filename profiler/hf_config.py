@@ -349,7 +349,7 @@ def _head_dim(cfg: Any, model_type: str) -> int | None:
     if model_type in DEEPSEEK_TYPES:
         nope, rope = getattr(cfg, "qk_nope_head_dim", None), getattr(cfg, "qk_rope_head_dim", None)
         for name, value in (("qk_nope_head_dim", nope), ("qk_rope_head_dim", rope)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if (jsondoc.integer(value) or 0) < 1:
                 raise HFConfigError(name, f"a whole number of 1 or more, got {value!r:.40}")
         return int(nope) + int(rope)
     return getattr(cfg, "head_dim", None)
@@ -372,13 +372,13 @@ def _deepseek(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
                            "v_head_dim": getattr(cfg, "v_head_dim", None)}
     shared = getattr(cfg, "n_shared_experts", None) or 0
     width = getattr(cfg, "moe_intermediate_size", None)
-    if not isinstance(shared, int) or isinstance(shared, bool) or shared < 0:
+    if jsondoc.integer(shared) is None or shared < 0:
         raise HFConfigError("n_shared_experts", f"a whole number of 0 or more, got {shared!r:.40}")
     if shared and isinstance(width, int):
         out["shared_expert_ffn_hidden"] = shared * width
     first = getattr(cfg, "first_k_dense_replace", 0) or 0
     layers = getattr(cfg, "num_hidden_layers", None)
-    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+    if jsondoc.integer(first) is None or first < 0:
         raise HFConfigError("first_k_dense_replace", f"a whole number of 0 or more, got {first!r:.40}")
     if isinstance(layers, int) and first >= layers:
         raise HFConfigError("first_k_dense_replace", f"{first}: every one of the {layers} layers would be dense, no "
@@ -428,10 +428,10 @@ def _dense_layers(cfg: Any, layers: object, experts: object) -> list[int]:
     dense MLP (``intermediate_size`` wide) where ``layer_idx in mlp_only_layers`` or not ``num_experts > 0 and
     (layer_idx + 1) % decoder_sparse_step == 0``."""
     step = getattr(cfg, "decoder_sparse_step", 1)
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+    if (jsondoc.integer(step) or 0) < 1:
         raise HFConfigError("decoder_sparse_step", f"a whole number of 1 or more, got {step!r:.40}")
     only = getattr(cfg, "mlp_only_layers", None) or []
-    if not isinstance(only, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+    if not isinstance(only, (list, tuple)) or any(jsondoc.integer(i) is None for i in only):
         raise HFConfigError("mlp_only_layers", f"a list of layer numbers, got {only!r:.60}")
     if not isinstance(layers, int) or not isinstance(experts, int) or experts <= 0:
         return []  # (the spec names what is wrong with them)
@@ -578,7 +578,7 @@ def _floats_as_floats(model_type: str, fields: dict[str, Any]) -> dict[str, Any]
             declared.setdefault(name, str(hint))
     out = dict(fields)
     for k, v in fields.items():
-        if isinstance(v, int) and not isinstance(v, bool) and "float" in declared.get(k, "") \
+        if jsondoc.integer(v) is not None and "float" in declared.get(k, "") \
                 and "int" not in declared.get(k, ""):
             try:
                 out[k] = float(v)
