@@ -14,7 +14,7 @@ Parameters per layer:
 * attention: ``h (a d) + 2 h (k d) + (a d) h`` weights (Q, K, V, output), plus ``a d + 2 k d + h`` biases
   when the model has biases (GPT-2/3, BERT; Llama has none; Qwen2 has the ``a d + 2 k d`` of Q, K, V only);
 * MLP: ``2 h f`` weights (up, down), ``3 h f`` with a gated MLP (SwiGLU, Shazeer 2020: gate, up, down),
-  plus ``f + h`` biases (up and down) when the model has biases;
+  plus ``f + h`` biases (up and down) when the model has biases, ``2f + h`` gated (gate, up and down);
 * norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm; with ``qk_norm``
   (Qwen3: an RMSNorm over each head's query and key, before the rotary) ``2d`` more, one ``d`` weight each; with
   ``sandwich_norm`` (Gemma 2: a norm on the attention's and the MLP's output too, before each residual add; the
@@ -66,6 +66,16 @@ d``; or ``h a d`` directly without), the output projection ``a v x h``; ``d = he
 the first 3 dense, 256 routed experts of 2048 and one shared, top 8 in 4 of 8 groups): 671.0B parameters, 37.6B
 active (section 1: 671B, 37B); its multi-token prediction module (14B more on the Hub) is not in transformers' model
 nor here.
+
+gpt-oss (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", section 2.1; transformers' ``GptOssAttention``,
+``GptOssExperts``, ``GptOssTopKRouter``): ``attention_sinks``, a learned logit per query head that joins every
+softmax's denominator and attends to no value (``a`` parameters per layer); biases on every linear layer
+(``bias``: the attention's four, the experts' ``2 f_e + h`` each and the router's ``E``); the gate ``quick_gelu``
+(``x sigmoid(1.702 x)``) with ``glu_clamp`` 7 (the gate clamped to at most 7, the up projection to [-7, 7]) and
+``glu_linear_offset`` 1 (``act(gate) (up + 1)``); the router's softmax over the k largest logits, which is the
+softmax over all renormalised over the k (``normalize_topk``); a 128-token window on every other layer from the
+first. gpt-oss-120b (36 layers, h 2880, 64 heads of 64, 8 key/value heads, 128 experts of 2880, top 4, vocabulary
+201,088): 116.8B parameters, 5.1B active (the card's Table 1).
 """
 
 from __future__ import annotations
@@ -113,8 +123,16 @@ class ModelSpec(BaseModel):
     ffn_hidden: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["ffn_hidden"],
                                    description="MLP intermediate size; default: 4 hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style gate, up and down projections")
-    activation: Literal["gelu", "gelu_tanh", "silu", "relu"] = Field(
-        default="gelu", description="gelu_tanh: GELU's tanh approximation (Gemma's gelu_pytorch_tanh); the same cost")
+    activation: Literal["gelu", "gelu_tanh", "silu", "relu", "quick_gelu"] = Field(
+        default="gelu", description="gelu_tanh: GELU's tanh approximation (Gemma's gelu_pytorch_tanh); quick_gelu: "
+                                    "x sigmoid(1.702 x) (gpt-oss's gate); each the same cost")
+    glu_linear_offset: float = Field(default=0.0, allow_inf_nan=False, exclude_if=lambda v: v == 0.0,
+                                     description="with a gated MLP: act(gate) * (up + offset) (gpt-oss: 1; "
+                                                 "Megatron-Core's glu_linear_offset)")
+    glu_clamp: float | None = Field(default=None, gt=0, allow_inf_nan=False, exclude_if=lambda v: v is None,
+                                    description="with a gated MLP: the gate clamped to at most it and the up "
+                                                "projection to [-it, it] before the activation (gpt-oss's "
+                                                "swiglu_limit: 7; Megatron-Core's activation_func_clamp_value)")
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position: Literal["learned", "rotary", "none"] = "learned"
     tied_embeddings: bool = True
@@ -123,6 +141,10 @@ class ModelSpec(BaseModel):
                                                       "(Qwen2); implied by bias")
     qk_norm: bool = Field(default=False, description="an RMSNorm over each head's query and key before the "
                                                      "rotary, one weight of d for all heads (Qwen3)")
+    attention_sinks: bool = Field(default=False, exclude_if=lambda v: not v,
+                                  description="a learned logit per query head in every softmax's denominator, "
+                                              "attended by no value (gpt-oss's sinks; Megatron-Core's --softmax-type "
+                                              "learnable)")
     sandwich_norm: bool = Field(default=False, description="a norm on the attention's and the MLP's output too, "
                                                             "before each residual add: four per layer (Gemma 2)")
     attention_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False,
@@ -260,6 +282,11 @@ class ModelSpec(BaseModel):
                 raise ValueError("dense_layers: every layer is dense; a model without a mixture of experts leaves "
                                  "experts out")
             object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
+        if not self.gated_mlp:
+            glu = [name for name, on in (("glu_linear_offset", self.glu_linear_offset != 0.0),
+                                         ("glu_clamp", self.glu_clamp is not None)) if on]
+            if glu:
+                raise ValueError(f"{', '.join(glu)}: only with a gated MLP (gated_mlp)")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
@@ -288,6 +315,8 @@ class ModelSpec(BaseModel):
         if self.bias or self.qkv_bias:
             raise ValueError("bias, qkv_bias: multi-head latent attention is planned without biases (DeepSeek's "
                              "attention_bias false)")
+        if self.attention_sinks:
+            raise ValueError("attention_sinks: not planned with multi-head latent attention")
         if self.qk_norm:
             raise ValueError("qk_norm: multi-head latent attention normalises its latents, not each head's query and "
                              "key (Megatron-Core's --qk-layernorm is then the latents' norms)")
@@ -375,15 +404,18 @@ class ModelSpec(BaseModel):
             r, c, a = int(self.qk_rope_head_dim or 0), int(self.kv_lora_rank or 0), self.heads
             q_up = self.q_lora_rank * self.q_dim if self.q_lora_rank is not None else h * self.q_dim
             return self.replicated_attention_params() + q_up + c * a * (self.d - r + self.v_d) + self.o_dim * h
-        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + (self.heads if self.attention_sinks else 0)
         if self.bias:
             return weights + self.q_dim + 2 * self.kv_dim + h
         return weights + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
 
     def _mlp_of(self, f: int) -> int:
-        """One MLP of the model's form (gated or not, with biases or not) of width ``f``."""
+        """One MLP of the model's form (gated or not, with biases or not) of width ``f``: with biases the up
+        projection's ``f`` (the gate and up's ``2f`` gated: Megatron-Core's ``linear_fc1`` of ``2f``, gpt-oss's
+        ``gate_up_proj_bias``) and the down projection's ``h``."""
         h = self.hidden
-        return (3 if self.gated_mlp else 2) * h * f + ((f + h) if self.bias else 0)
+        up = 2 * f if self.gated_mlp else f
+        return (3 if self.gated_mlp else 2) * h * f + ((up + h) if self.bias else 0)
 
     def expert_params(self) -> int:
         """One MLP of width ``f_e`` (an expert's; the dense MLP's without experts)."""
@@ -424,7 +456,9 @@ class ModelSpec(BaseModel):
         """The dense MLP, or ``experts`` expert MLPs, the router's ``h E`` and the shared expert."""
         if not self._moe_of(moe):
             return self._mlp_of(self.f)
-        return experts * self.expert_params() + self.hidden * int(self.experts or 0) + self.shared_expert_params()
+        E = int(self.experts or 0)
+        router = (self.hidden + (1 if self.bias else 0)) * E  # with biases the router's too (gpt-oss)
+        return experts * self.expert_params() + router + self.shared_expert_params()
 
     def norm_params(self) -> int:
         """One norm: ``2h`` (LayerNorm) or ``h`` (RMSNorm)."""
