@@ -75,9 +75,12 @@ has no ``layer_types``, Mixtral-8x7B-v0.1 states null); Qwen3 MoE's
 applies only with ``use_sliding_window`` (``Qwen3MoeConfig`` nulls it otherwise), on every layer.
 ``router_aux_loss_coef`` and ``output_router_logits`` (the load-balancing loss) change no cost modelled; a non-zero
 Mixtral ``router_jitter_noise`` (a multiplicative noise on the router's input in training) is noted in ``source`` as
-not modelled. Other mixtures of experts are refused naming what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`:
-Llama 4's shared expert beside a sigmoid router, OLMoE's full-width query/key norms, DeepSeek-V2/V3's latent attention,
-gpt-oss's attention sinks).
+not modelled. gpt-oss (``gpt_oss``: :func:`_gpt_oss`) is Mixtral's routing over ``num_local_experts`` experts of
+``intermediate_size`` with a sink per attention head, biases on every linear layer, and the clamped quick-GELU gate
+(``swiglu_alpha`` 1.702, ``swiglu_limit``); its released weights' ``quantization_config`` (mxfp4), like DeepSeek-V3's
+fp8, is noted and not modelled (the plan trains in the profile's dtype). Other mixtures of experts are refused naming
+what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`: Llama 4's shared expert beside a sigmoid router, OLMoE's
+full-width query/key norms).
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
-               "qwen2_moe", "deepseek_v2", "deepseek_v3")
+               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -116,6 +119,12 @@ MOE_FIELDS = {
                     "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "bias": "attention_bias"},
 }
 MOE_FIELDS["deepseek_v3"] = {**MOE_FIELDS["deepseek_v2"], "normalize_topk": "norm_topk_prob"}
+MOE_FIELDS["gpt_oss"] = {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                         "expert_ffn_hidden": "intermediate_size", "bias": "attention_bias",
+                         "glu_clamp": "swiglu_limit", "activation": "swiglu_alpha"}
+#: gpt-oss's gate, ``gate * sigmoid(alpha * gate)``: ModelSpec's quick_gelu is this alpha (transformers'
+#: ``GptOssConfig.swiglu_alpha`` default, the released models')
+GPT_OSS_ALPHA = 1.702
 #: DeepSeek's types (multi-head latent attention, shared experts, dense first layers: :func:`_deepseek`)
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 #: the fields a DeepSeek config.json must hold (q_lora_rank may be null: V2-Lite's queries have no latent)
@@ -142,13 +151,10 @@ GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
 #: model types refused with the reason (what ModelSpec has no field for), from each one's configuration and modeling
-#: code in transformers 5 (``Qwen2MoeSparseMoeBlock``, ``OlmoeAttention``, ``DeepseekV3Attention``, ``GptOssAttention``,
-#: ``Llama4TextMoe``)
+#: code in transformers 5 (``OlmoeAttention``, ``Llama4TextMoe``)
 UNSUPPORTED_WHY = {
     "olmoe": ("query and key norms over the whole projection (q_norm of hidden_size), not per head as Qwen3's: "
               "ModelSpec's qk_norm is per head"),
-    "gpt_oss": ("attention sinks (a learned logit per head), biased experts and router and a clamped SwiGLU "
-                "(swiglu_limit): ModelSpec has none of them"),
     "llama4": ("a shared expert beside the routed one, a sigmoid router, layers without rotary positions "
                "(no_rope_layers) and chunked attention (attention_chunk_size): ModelSpec has none of them"),
 }
@@ -307,6 +313,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             spec.update(_deepseek(cfg, model_type, notes))
         if model_type in GEMMA_TYPES:
             _gemma(cfg, model_type, spec)
+        if model_type == "gpt_oss":
+            spec.update(_gpt_oss(cfg))
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
             raise HFConfigError("partial_rotary_factor", f"{rotary:g}: rotary positions on part of each head are not "
@@ -316,6 +324,10 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
         if rope_type != "default":
             notes.append(f"rope_scaling ({rope_type}) not modelled (it changes angles, not cost)")
+    quant = getattr(cfg, "quantization_config", None)
+    if quant:  # (gpt-oss's mxfp4 experts, DeepSeek-V3's fp8 blocks: how the released weights are stored)
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        notes.append(f"quantization_config ({str(method):.20}) not modelled: planned in the profile's dtype")
     spec["source"] = "; ".join(notes)
     kv = spec.get("kv_heads") or spec["heads"]
     if isinstance(kv, int) and isinstance(spec["heads"], int) and kv > 0 and spec["heads"] % kv:
@@ -410,6 +422,32 @@ def _deepseek(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
     if grouped and groups not in (None, 1):
         out.update(router_groups=groups, router_group_topk=topk_group)
     return out
+
+
+def _gpt_oss(cfg: Any) -> dict[str, Any]:
+    """gpt-oss's fields of ``spec`` as transformers' ``GptOssForCausalLM`` builds and runs them (planner.model's
+    docstring): a sink per head in every attention (``GptOssAttention.sinks``); biases on the attention's projections
+    (``attention_bias``), on every expert (``gate_up_proj_bias``, ``down_proj_bias``) and on the router
+    (``GptOssTopKRouter.bias``), the last two always -- so a file without attention biases is refused, ModelSpec's
+    ``bias`` being all of them or none; the experts' gate ``gate * sigmoid(swiglu_alpha * gate)`` (quick_gelu at
+    the released 1.702; another alpha refused) times ``up + 1``, both clamped at ``swiglu_limit``
+    (``GptOssExperts._apply_gate``; ``hidden_act`` is not read by the model); the router's softmax over the k largest
+    logits (``normalize_topk``)."""
+    if not getattr(cfg, "attention_bias", True):
+        raise HFConfigError("attention_bias", "false: gpt-oss's experts and router always carry biases "
+                                              "(GptOssExperts, GptOssTopKRouter), and a model with biases on those "
+                                              "but not on its attention is not planned (ModelSpec's bias is all "
+                                              "linear layers or none)")
+    alpha = jsondoc.number(getattr(cfg, "swiglu_alpha", GPT_OSS_ALPHA))
+    if alpha != GPT_OSS_ALPHA:
+        raise HFConfigError("swiglu_alpha", f"{getattr(cfg, 'swiglu_alpha', None)!r:.40}: the gate x sigmoid(alpha x) "
+                                            f"is planned at gpt-oss's {GPT_OSS_ALPHA} (quick_gelu) only")
+    limit = getattr(cfg, "swiglu_limit", None)
+    clamp = jsondoc.number(limit) if limit is not None else None
+    if limit is not None and (clamp is None or clamp <= 0):
+        raise HFConfigError("swiglu_limit", f"a number above 0 (or null: no clamp), got {limit!r:.40}")
+    return {"bias": True, "qkv_bias": False, "attention_sinks": True, "activation": "quick_gelu",
+            "glu_linear_offset": 1.0, "glu_clamp": clamp, "normalize_topk": True}
 
 
 def _qkv_bias(cfg: Any, model_type: str) -> bool:

@@ -29,6 +29,8 @@ PUBLISHED = {
     "qwen1.5-moe-a2.7b": (14.3, 0.05),
     "deepseek-v2-lite": (15.7, 0.05),
     "deepseek-v3": (671, 0.5),
+    "gpt-oss-120b": (116.83, 0.005),
+    "gpt-oss-20b": (20.91, 0.005),
 }
 
 
@@ -391,7 +393,6 @@ def test_bad_moe_config_names_the_field(fixture: str, changes: dict[str, object]
 
 @pytest.mark.parametrize(("model_type", "words"), [
     ("olmoe", "query and key norms over the whole projection"),
-    ("gpt_oss", "attention sinks"),
     ("llama4", "a shared expert"),
 ])
 def test_other_mixtures_of_experts_are_refused_saying_why(model_type: str, words: str) -> None:
@@ -430,6 +431,43 @@ def test_dense_layers_and_shared_experts() -> None:
     no_gate = spec_from_hf_dict({**json.loads((FIXTURES / "tiny-qwen2-moe" / "config.json").read_text()),
                                  "qkv_bias": False}, "q")
     assert not no_gate.qkv_bias and no_gate.shared_expert_gate
+
+
+def test_gpt_oss_configs() -> None:
+    """gpt-oss (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", section 2.1 and Table 1: 116.83B parameters,
+    5.13B active per token without the embedding, for 120b; 20.91B and 3.61B for 20b): 36 (24) layers of hidden 2880,
+    64 query heads of 64, 8 key/value heads, 128 (32) experts of 2880, top 4, attention sinks, biases on every linear
+    layer, the clamped quick-GELU gate times up + 1, a 128-token window on every other layer from the first. Each
+    count equals transformers' GptOssForCausalLM's (checked on the meta device: 116,829,156,672 and 20,914,757,184)."""
+    big = read_hf_config(MODELS / "gpt-oss-120b", seq=4096)
+    assert big.total_params() == 116_829_156_672
+    assert (big.layers, big.hidden, big.heads, big.k, big.d, big.f, big.vocab) == (36, 2880, 64, 8, 64, 2880, 201088)
+    assert (big.experts, big.experts_per_token, big.f_e, big.normalize_topk) == (128, 4, 2880, True)
+    assert big.bias and big.attention_sinks and not big.qkv_bias and not big.tied_embeddings
+    assert (big.activation, big.glu_linear_offset, big.glu_clamp) == ("quick_gelu", 1.0, 7.0)
+    assert (big.sliding_window, big.global_every, big.rope_theta) == (128, 2, 150000.0)
+    assert [big.layer_window(i) for i in range(3)] == [128, None, 128]
+    active = big.total_params() - big.layers * (big.mlp_params() - big.active_mlp_params()) - big.embedding_params()
+    assert active == 5_132_849_472  # the card's 5.13B
+    assert "rope_scaling (yarn)" in big.source
+    small = read_hf_config(MODELS / "gpt-oss-20b")
+    assert small.total_params() == 20_914_757_184 and (small.layers, small.experts) == (24, 32)
+    data = json.loads((MODELS / "gpt-oss-120b" / "config.json").read_text())
+    quantized = spec_from_hf_dict({**data, "quantization_config": {"quant_method": "mxfp4"}}, "q")
+    assert quantized == spec_from_hf_dict(data, "q").model_copy(update={"source": quantized.source})
+    assert "quantization_config (mxfp4) not modelled" in quantized.source
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), [
+    ({"attention_bias": False}, "attention_bias", "experts and router always carry biases"),
+    ({"swiglu_alpha": 1.0}, "swiglu_alpha", "1.702 (quick_gelu) only"),
+    ({"swiglu_limit": -1.0}, "swiglu_limit", "a number above 0"),
+    ({"num_local_experts": None}, "num_local_experts", "missing"),
+])
+def test_bad_gpt_oss_config_names_the_field(changes: dict[str, object], field: str, words: str) -> None:
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict(_tiny("tiny-gpt-oss", **changes))
+    assert err.value.field == field and words in err.value.message, str(err.value)
 
 
 def test_deepseek_configs() -> None:
