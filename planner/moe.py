@@ -51,6 +51,7 @@ from planner.operators import (
     Kernel,
     Operator,
     OperatorOptions,
+    clamped_glu,
     elementwise,
     gemm,
     mlp_activation,
@@ -101,7 +102,7 @@ def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: 
                                   bwd_writes=1, saved_bytes=8.0 * rows_each), launches)
     experts = [_repeat(op, launches) for op in (
         gemm("experts_up", m_e, cols, h, el, batch=batch, accumulate=accumulate, bias_rows=m_e if bias else 0),
-        mlp_activation("experts_act", spec.gated_mlp, batch * m_e * f_t, el, eager),
+        mlp_activation("experts_act", spec.gated_mlp, batch * m_e * f_t, el, eager, clamped_glu(spec)),
         gemm("experts_down", m_e, h, f_t, el, batch=batch, accumulate=accumulate, bias_rows=m_e if bias else 0))]
     # combine: read the copies and their weights, write T x h; bwd: the copies' gradients (read dY, weights; write
     # T k h) and the weights' (read dY and the saved copies); saves the experts' outputs

@@ -14,6 +14,9 @@ time is taken as the uncapped kernel's), the logits' soft-cap before the loss, a
 A layer with a sliding window (``ModelSpec.layer_window``: Mistral, Gemma 2's every other layer) runs the flash
 kernel over the pairs within it only (:func:`window_share`). A mixture of experts (``ModelSpec.experts``: Mixtral,
 Qwen3 MoE) runs the router, the dispatch, the experts and the combine of :mod:`planner.moe` in place of the MLP.
+gpt-oss (``ModelSpec.attention_sinks``, ``glu_clamp``, ``glu_linear_offset``) adds the sinks' passes around the
+unfused softmax (:func:`sink_scores`; the flash kernels take them in-kernel) and, under eager kernels, its clamped
+gate's seven kernels (:func:`eager_clamped_glu`; fused, one kernel as SwiGLU's); its biases are the GEMMs'.
 
 Symbols: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` query heads, ``k`` key/value heads, ``d``
 head dimension, ``f`` MLP width, ``t`` tensor-parallel size, ``T = b s`` tokens, ``el`` bytes per element.
@@ -309,6 +312,41 @@ def eager_swiglu(name: str, elements: float, el: int) -> Operator:
                    [("mul_grad_a", 3 * e), ("mul_grad_b", 3 * e), ("silu", 3 * e)], 4.0 * elements, 3 * e)
 
 
+def clamped_glu(spec: ModelSpec) -> bool:
+    """Whether the gated MLP's gate is gpt-oss's clamped one with an offset (``glu_clamp``, ``glu_linear_offset``)."""
+    return spec.glu_clamp is not None or spec.glu_linear_offset != 0.0
+
+
+def eager_clamped_glu(name: str, elements: float, el: int) -> Operator:
+    """gpt-oss's gate in eager PyTorch over ``elements`` (``T x f/t``; transformers' ``GptOssExperts._apply_gate``:
+    ``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)``, ``glu = gate * sigmoid(gate * alpha)``, ``(up + 1) *
+    glu``): forward seven kernels -- the two clamps, the scale, the sigmoid and the add (read and write ``el``
+    each), the two products (read 2, write 1); backward the outer product's two gradients and the inner's two (read
+    2, write 1 each), the sigmoid's (read 2, write 1), the scale's (read 1, write 1), autograd's sum of the clamped
+    gate's two gradients (read 2, write 1) and the two clamps' masked gradients (read 2, write 1 each); the add
+    passes its gradient through. Saves the clamped gate and up, the sigmoid and the product (4 ``el`` per
+    element)."""
+    e = el * elements
+    fwd = [("clamp_gate", 2 * e), ("clamp_up", 2 * e), ("scale", 2 * e), ("sigmoid", 2 * e), ("mul_glu", 3 * e),
+           ("add_offset", 2 * e), ("mul", 3 * e)]
+    bwd = [("mul_grad_a", 3 * e), ("mul_grad_b", 3 * e), ("mul_glu_grad_a", 3 * e), ("mul_glu_grad_b", 3 * e),
+           ("sigmoid", 3 * e), ("scale", 2 * e), ("grad_sum", 3 * e), ("clamp_gate", 3 * e), ("clamp_up", 3 * e)]
+    return _passes(name, fwd, bwd, 2.0 * elements, 4 * e)
+
+
+def sink_scores(name: str, elements: float, el: int) -> Operator:
+    """gpt-oss's attention sinks around an unfused softmax over ``elements`` scores (transformers'
+    ``eager_attention_forward``: the sinks joined to the scores as one more column, ``torch.cat``, the row maximum
+    taken and subtracted, then the softmax, the sink column dropped after it): forward the copy (read and write
+    ``el``), the maximum (read) and the subtraction (read and write); backward the maximum's gradient (read the
+    gradient to sum it per row, write it scattered), and the copy's (read, write the scores' part). The flash
+    kernels take the sinks in-kernel (one more term in each row's sum; FlashAttention-3's and cuDNN's learnable
+    softmax): nothing to add there. Saves nothing the softmax does not."""
+    e = el * elements
+    return _passes(name, [("cat", 2 * e), ("max", e), ("sub", 2 * e)], [("max", 2 * e), ("cat", 2 * e)],
+                   elements, 0.0)
+
+
 def eager_residual(name: str, elements: float, el: int, dropout: bool) -> Operator:
     """``x + dropout(y)`` in eager PyTorch over ``elements``: the dropout kernel where the model trains with
     one (read ``el``, write ``el`` and a 1-byte mask; backward read the gradient and the mask), the add (read 2,
@@ -320,14 +358,15 @@ def eager_residual(name: str, elements: float, el: int, dropout: bool) -> Operat
     return _passes(name, fwd, bwd, elements, float(elements) if dropout else 0.0)
 
 
-def mlp_activation(name: str, gated: bool, elements: float, el: int, eager: bool) -> Operator:
+def mlp_activation(name: str, gated: bool, elements: float, el: int, eager: bool, clamped: bool = False) -> Operator:
     """An MLP's activation over ``elements`` (``T x f/t``): with a gated MLP SwiGLU's ``act(gate) * up`` -- one
-    fused kernel (Megatron's ``bias_swiglu``) that saves its two inputs, or eager PyTorch's two
-    (:func:`eager_swiglu`) -- else the fused bias + GeLU (Megatron 4.2; one ATen kernel in eager PyTorch too),
-    which saves its input."""
+    fused kernel (Megatron's ``bias_swiglu``; gpt-oss's clamped gate with its offset, ``clamped``: Megatron-Core's
+    ``weighted_bias_quick_geglu_impl``, one kernel too) that saves its two inputs, or eager PyTorch's two
+    (:func:`eager_swiglu`; :func:`eager_clamped_glu`'s seven where ``clamped``) -- else the fused bias + GeLU
+    (Megatron 4.2; one ATen kernel in eager PyTorch too), which saves its input."""
     if gated:
         if eager:
-            return eager_swiglu(name, elements, el)
+            return eager_clamped_glu(name, elements, el) if clamped else eager_swiglu(name, elements, el)
         return elementwise(name, elements, el, reads=2, writes=1, flops_per=8.0, bwd_reads=3, bwd_writes=2,
                            saved_bytes=el * 2 * elements)
     return elementwise(name, elements, el, reads=1, writes=1, flops_per=15.0, bwd_reads=2, bwd_writes=1,
@@ -507,6 +546,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         if spec.attention_softcap is not None:  # Gemma 2, before the softmax (the flash kernel caps in-kernel)
             ops.append(replace(softcap("attn_softcap", E, el, eager),
                                saved_bytes=0.0 if sel else el * E, recomputed=sel))
+        if spec.attention_sinks:  # gpt-oss: the sink column joined to the scores before the softmax
+            ops.append(replace(sink_scores("attn_sinks", E, el), recomputed=sel))
         ops.append(replace(elementwise("softmax", E, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2,
                                        bwd_writes=1, saved_bytes=0.0 if sel else el * E), recomputed=sel))
         if o.dropout:
@@ -567,7 +608,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
             out.append(first(gemm(name("mlp_up_gate", "up_gate"), T, 2 * w_t, h, el, accumulate=acc,
                                   bias_rows=T if bias else 0)))
         act = "act_mul" if spec.gated_mlp else "act"
-        out.append(mlp_activation(f"{prefix}{act}", spec.gated_mlp, T * w_t, el, eager))
+        out.append(mlp_activation(f"{prefix}{act}", spec.gated_mlp, T * w_t, el, eager, clamped_glu(spec)))
         out.append(gemm(name("mlp_down", "down"), T, h, w_t, el, accumulate=acc, bias_rows=rows if bias else 0))
         return out
 
