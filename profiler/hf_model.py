@@ -184,6 +184,10 @@ def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> 
     return transformers_config(model_type, fields)
 
 
+#: model types whose transformers attention refuses SDPA (Gemma 2's soft-cap, gpt-oss's sinks): timed in its eager one
+EAGER_ATTENTION = ("gemma2", "gpt_oss")
+
+
 def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, measure_layers: int = 1,
                    seed: int = 0) -> tuple[LayerModel, ModelSpec]:
     """Build the model of a parsed ``config.json`` with ``measure_layers`` decoder layers; its
@@ -203,9 +207,9 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
     model_type = data["model_type"]
     assert model_type in SUPPORTED
     cfg = lowered_config(data, spec, chosen)
-    # Gemma 2's soft-capped scores run in the library's eager attention only (it refuses SDPA): the unfused
-    # scores, cap and softmax, all s x s (without a mask: the same work as the causal one)
-    cfg._attn_implementation = "eager" if model_type == "gemma2" else "sdpa"
+    # Gemma 2's soft-capped scores and gpt-oss's sinks run in the library's eager attention only (each refuses
+    # SDPA): the unfused scores, cap or sinks and softmax, all s x s (without a mask: the same work as the causal one)
+    cfg._attn_implementation = "eager" if model_type in EAGER_ATTENTION else "sdpa"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     if model_type in GPT2_TYPES:

@@ -191,3 +191,15 @@ def test_profile_layer_model_measures_each_layer() -> None:
     prof = profile_layer_model(lm, [1, 4], repeats=2, warmup=1)
     assert [layer.params for layer in prof.layers] == [72, 288, 132]
     assert [layer.output_bytes_per_sample for layer in prof.layers[:2]] == [8 * 4, 32 * 4]
+
+
+@pytest.mark.slow
+def test_hf_profile_of_gpt_oss_layers(tmp_path: Path) -> None:
+    """gpt-oss's layers as transformers builds them (sinks, which its SDPA path refuses: timed in its eager
+    attention; biased experts and router) through ``pipeplan profile --hf-config --hf-layers 1``: each block's
+    parameters ModelSpec's (the sinks and every bias), the routed experts with their biases in expert_params."""
+    prof, spec = _one_layer_profile("tiny-gpt-oss", tmp_path)
+    assert [layer.params for layer in prof.layers[1:4]] == [spec.block_params(i) for i in range(3)]
+    assert [layer.expert_params for layer in prof.layers[1:4]] == [4 * spec.expert_params()] * 3
+    assert spec.expert_params() == 3 * 64 * 32 + 2 * 32 + 64 and prof.total_params == spec.total_params() == 130328
+    assert all(layer.fwd_time[1] > 0 and layer.bwd_time[1] > 0 for layer in prof.layers[1:4])
