@@ -1,7 +1,8 @@
 """Mixtures of experts in the planner: the operator model's layer times and a search, printed.
 
-For Mixtral 8x7B, Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B (a gated shared expert beside 60 routed ones) and DeepSeek-V2-Lite
-(latent attention, 2 shared experts, its first layer dense; ``examples/models``) on an H100 (FlashAttention-2, no
+For Mixtral 8x7B, Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B (a gated shared expert beside 60 routed ones), DeepSeek-V2-Lite
+(latent attention, 2 shared experts, its first layer dense) and gpt-oss-20b (attention sinks, biased experts, the
+clamped gate; ``examples/models``) on an H100 (FlashAttention-2, no
 dropout, fused kernels, sequence 4096, micro-batch 1): one transformer layer's forward and backward at t = 1, 2, 4, 8
 with the experts as one grouped GEMM and one expert at a time (:mod:`planner.moe`), the achieved TFLOP/s of the
 forward, and the dense twin (one MLP as wide as a token's ``k`` experts and the shared expert) beside them; then
@@ -55,7 +56,7 @@ def layer_table(spec: ModelSpec, device) -> None:  # noqa: ANN001
 def main() -> None:
     cl = load_cluster(CLUSTER)
     device = device_for_cluster(cl)
-    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite"):
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite", "gpt-oss-20b"):
         spec = read_hf_config(ROOT / "examples" / "models" / name, seq=4096, name=name)
         print(f"{name}: {spec.total_params():,} parameters, {spec.experts} experts, {spec.experts_per_token} per token")
         layer_table(spec, device)
