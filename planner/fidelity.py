@@ -310,7 +310,7 @@ def predict_fixed(run: PublishedRun, chunks: int, base: Cluster, device: DeviceS
 
 def predict_stated(profile: ModelProfile, t: int, p: int, gpus: int, batch: int, micro_batch: int, chunks: int,
                    recompute: bool, base: Cluster, label: str = "run",
-                   shard_optimizer: bool = False, check_memory: bool = True) -> Candidate:
+                   shard_optimizer: bool = False, check_memory: bool = True, expert: int = 1) -> Candidate:
     """The prediction of a run in its stated configuration on ``gpus`` GPUs of ``base`` (enough DGX nodes):
     ``t``, ``p``, ``d = gpus / (t p)``, micro-batch ``micro_batch``, interleaved with ``chunks`` model
     chunks where ``chunks > 1`` (else 1F1B), full recomputation or not, Megatron's even layer split
@@ -318,10 +318,13 @@ def predict_stated(profile: ModelProfile, t: int, p: int, gpus: int, batch: int,
     (a distributed optimizer keeps ``4 + 12/d`` bytes per parameter instead of mixed-precision Adam's 16 and
     steps its shard: :meth:`planner.request.TrainingRequest.state_bytes_per_param`).
     ``check_memory=False``: time the run even where the memory model says it does not fit (a published run
-    did fit; the candidate's ``memory`` is still the model's figure, to compare with the device's)."""
+    did fit; the candidate's ``memory`` is still the model's figure, to compare with the device's).
+    ``expert``: the expert-parallel size ``e`` of a mixture of experts (:mod:`planner.expert_parallel`; its
+    experts split over ``e`` of the ``d`` data-parallel replicas, Megatron-Core's ``--expert-model-parallel-size``)."""
     d = gpus // (t * p)
     cfg = Config(tensor=t, pipeline=p, data=d, micro_batch=micro_batch, recompute=recompute,
-                 schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks if chunks > 1 else None)
+                 schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks if chunks > 1 else None,
+                 expert=expert)
     req = TrainingRequest(global_batch=batch, gpus=gpus, max_tensor=max(t, 1), shard_optimizer=shard_optimizer)
     cluster = run_cluster(base, gpus)
     if not check_memory:
