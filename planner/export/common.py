@@ -222,9 +222,12 @@ class Parsed:
     layers (:class:`planner.model.ModelSpec`'s ``shared_expert_ffn_hidden``, ``shared_expert_gate``,
     ``dense_layers``; None, False and () where it has none or the format does not say), its routing
     (``normalize_topk``, ``router_score``, ``router_groups``, ``router_group_topk``, ``router_bias``,
-    ``routed_scaling``: ModelSpec's defaults where the format does not say), and multi-head latent attention
+    ``routed_scaling``: ModelSpec's defaults where the format does not say), multi-head latent attention
     (``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``v_head_dim`` and ``head_dim``, the query/key width
-    per head; None without it)."""
+    per head; None without it), and gpt-oss's attention and MLP where the format writes them (ModelSpec's
+    ``attention_sinks``, ``sliding_window``, ``global_every``, ``glu_linear_offset``, ``glu_clamp``; ``activation``:
+    the gated MLP's activation, silu or quick_gelu, None where the MLP is not gated or the format does not say;
+    ``bias`` and ``qkv_bias``: the linear layers' biases, None where the format does not say)."""
 
     config: Config
     microbatches: int
@@ -244,6 +247,14 @@ class Parsed:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     head_dim: int | None = None
+    attention_sinks: bool = False
+    sliding_window: int | None = None
+    global_every: int | None = None
+    activation: str | None = None
+    glu_linear_offset: float = 0.0
+    glu_clamp: float | None = None
+    bias: bool | None = None
+    qkv_bias: bool | None = None
 
 
 class ExportError(ValueError):
@@ -305,15 +316,43 @@ def latent_words(model: ModelSpec) -> str:
             f"{model.qk_rope_head_dim} of head_dim {model.d}, v_head_dim {model.v_d})")
 
 
+def gpt_oss_words(model: ModelSpec) -> dict[str, str]:
+    """What ``model`` has of gpt-oss's attention and MLP (and what else a framework's settings may leave out), in
+    words, by the :class:`planner.model.ModelSpec` field that says it: ``attention_sinks``, ``glu_linear_offset``,
+    ``glu_clamp``, ``bias`` (or ``qkv_bias``), ``rope_local_theta``; {} for a model with none of them."""
+    words: dict[str, str] = {}
+    if model.attention_sinks:
+        words["attention_sinks"] = "a learned sink logit per head in every attention softmax (attention_sinks)"
+    if model.gated_mlp and model.glu_linear_offset != 0.0:
+        words["glu_linear_offset"] = (f"the up projection plus {model.glu_linear_offset:g} before the gate's product "
+                                      "(glu_linear_offset)")
+    if model.gated_mlp and model.glu_clamp is not None:
+        words["glu_clamp"] = (f"the gate clamped to at most {model.glu_clamp:g} and the up projection to "
+                              f"[-{model.glu_clamp:g}, {model.glu_clamp:g}] (glu_clamp)")
+    if model.bias:
+        words["bias"] = ("biases on every linear layer" + (", the experts' and the router's included" if model.moe
+                                                           else "") + " (bias)")
+    elif model.qkv_bias:
+        words["qkv_bias"] = "biases on the query, key and value projections (qkv_bias)"
+    if model.rope_local_theta is not None:
+        words["rope_local_theta"] = (f"a rotary base of {model.rope_local_theta:g} on the windowed layers "
+                                     "(rope_local_theta)")
+    return words
+
+
 def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False,
-                    latent: bool = False) -> str | None:
+                    latent: bool = False, window: bool = False, sinks: bool = False, glu: bool = False,
+                    biases: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
-    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a sliding window, a mixture
-    of experts where the arguments do not write one (``experts``: they do; with its shared expert, its dense
-    layers and its routing variants, named by their fields: :func:`routing_words`), multi-head latent attention
-    where they do not write it (``latent``: they do; :func:`latent_words`); None when nothing is missing. The
-    plan's times are the model's own: the framework's model has to be the user's."""
+    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a mixture of experts where the
+    arguments do not write one (``experts``: they do; with its shared expert, its dense layers and its routing
+    variants, named by their fields: :func:`routing_words`), multi-head latent attention where they do not write it
+    (``latent``: they do; :func:`latent_words`), a sliding window where they do not write it (``window``: they do),
+    gpt-oss's attention sinks (``sinks``: written), its quick_gelu gate with the up projection's offset and the clamp
+    (``glu``: written), the linear layers' biases (``biases``: written), and the local layers' own rotary base, which
+    neither writes (:func:`gpt_oss_words` names each by its field); None when nothing is missing. The plan's times
+    are the model's own: the framework's model has to be the user's."""
     if model is None:
         return None
     gaps = []
@@ -338,11 +377,15 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
         gaps.append(f"scores soft-capped at {model.attention_softcap:g}")
     if model.logit_softcap is not None:
         gaps.append(f"logits soft-capped at {model.logit_softcap:g}")
-    if model.gated_mlp and model.activation != "silu":
+    if model.gated_mlp and model.activation not in ("silu", *(("quick_gelu",) if glu else ())):
         gaps.append(f"a gated MLP with {model.activation} (GeGLU)")
-    if model.sliding_window is not None:
+    if model.sliding_window is not None and not window:
         where = "every layer" if model.global_every is None else f"all but every {model.global_every}th layer"
-        gaps.append(f"attention within a window of {model.sliding_window} tokens on {where}")
+        fields = "sliding_window" if model.global_every is None else "sliding_window, global_every"
+        gaps.append(f"attention within a window of {model.sliding_window} tokens on {where} ({fields})")
+    words = gpt_oss_words(model)
+    gaps += [w for key, w in words.items() if not {"attention_sinks": sinks, "glu_linear_offset": glu,
+                                                   "glu_clamp": glu, "bias": biases, "qkv_bias": biases}.get(key)]
     if not gaps:
         return None
     return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} written here do not set: run it "

@@ -69,6 +69,45 @@ query/key part: ``head_dim - qk_rope_head_dim``), ``--qk-pos-emb-head-dim`` (``q
 ``--num-query-groups`` (every head its own key and value) nor ``--kv-channels``. (A model with both latent attention
 and per-head query/key norms, ``qk_norm``, is refused by ModelSpec: ``--qk-layernorm`` is the latents' norms there.)
 
+gpt-oss (OpenAI 2025; ModelSpec's ``attention_sinks``, ``activation`` quick_gelu with ``glu_linear_offset`` and
+``glu_clamp``, ``bias``, a window on alternate layers) as Megatron-LM's own arguments say it: NVIDIA/Megatron-LM
+``megatron/training/arguments.py`` at commit 000c4ac24f61159c138b0975def722c65245983c (``_add_network_size_args``,
+``_add_training_args``, ``core_transformer_config_from_args``), and as NVIDIA-NeMo/Megatron-Bridge's GPT-OSS bridge sets
+the same fields from a Hugging Face gpt-oss (``src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py`` at
+0e4d6ed607e06973e29de76dcae494402568cf5e; ``gpt_oss_provider.py`` at 12bc34a8ee308a638d4bfd29401085944d4a468e):
+
+* ``attention_sinks``: ``--softmax-type learnable`` (choices vanilla, off-by-one, learnable: "a fixed offset and
+  learnable offset" in the softmax's denominator, one per head -- Transformer Engine's ``softmax_offset``, to which the
+  bridge maps gpt-oss's ``self_attn.sinks``). Transformer Engine runs it in its fused (cuDNN) or unfused attention,
+  not flash-attn, from TE 2.8 (the provider falls back to Megatron-Core's local attention before): said in a note.
+* ``sliding_window`` w: ``--window-size w-1,0``. The pair is (left, right), both ends kept: Megatron-Core's
+  ``get_sliding_window_causal_mask`` (``megatron/core/transformer/utils.py`` at
+  00caa53af30912914981c86f39db123961678bbd) keeps the keys ``i - left`` to ``i + right`` of query ``i``, so ``w - 1``
+  is the model's w keys, the query's own included (the bridge writes ``(sliding_window - 1, 0)``). ``global_every`` n:
+  ``--window-attn-skip-freq n`` (``is_layer_window_attention`` there: 1-based layer ``l`` attends to the whole
+  sequence where ``l % n == 0``, our 0-based layers n-1, 2n-1, ...: gpt-oss's 2, the window on every other layer from
+  the first). A model's window on every layer (Mistral) is ``--window-size`` alone.
+* quick_gelu under a gated MLP: ``--quick-geglu`` (``gated_linear_unit`` with ``quick_gelu``, ``x sigmoid(1.702 x)``)
+  in place of ``--swiglu``, which Megatron asserts it is not given with; ``glu_linear_offset``: ``--glu-linear-offset``
+  ("activation_func(x[0]) * (x[1] + offset)"); ``glu_clamp``: ``--activation-func-clamp-value`` (Megatron-Core's GLU,
+  in the MLP and in the grouped experts' ``weighted_bias_quick_geglu_impl``, clamps the gate to at most it and the
+  linear half to [-it, it], as the model does). Its help says the clamp is "Only used when activation_func is
+  quick_gelu", and the fused SwiGLU (``bias_swiglu_impl``) takes neither the clamp nor the offset, so a model with
+  either under another activation is refused, naming the field; so is quick_gelu without a gate (Megatron has no
+  such activation). A dense MLP's fused activation path takes gelu and SwiGLU only ("Only support fusion of gelu and
+  swiglu", Megatron-Core's ``MLP.forward``, and ``--quick-geglu`` keeps ``--bias-gelu-fusion``'s default on), so with
+  a dense MLP (no experts, ``dense_layers``, a shared expert) ``--no-bias-gelu-fusion`` is written too: the unfused
+  GLU applies the clamp and the offset.
+* ``bias``: Megatron's default (``--disable-bias-linear`` is ``store_false`` on ``add_bias_linear``): every linear
+  layer's bias -- the attention's QKV and output, the MLP's and each expert's ``linear_fc1`` and ``linear_fc2``, and
+  the router's (Megatron-Core's ``Router`` holds a bias of E with ``add_bias_linear``; the bridge maps gpt-oss's
+  ``mlp.router.bias`` to it), so nothing is written; without biases ``--disable-bias-linear``, and with biases on Q,
+  K and V only ``--add-qkv-bias``.
+
+gpt-oss's softmax over its top-k router logits is Megatron's default routing (the softmax renormalised over the k
+chosen; the provider's ``moe_router_pre_softmax = False``). Its YaRN rotary scaling is not in ModelSpec: plain rope
+is written.
+
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
 """
@@ -76,6 +115,7 @@ Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming
 from __future__ import annotations
 
 import ast
+import math
 import re
 import shlex
 from typing import Any
@@ -213,8 +253,16 @@ def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
         if layers is None:
             raise ExportError("megatron script: --moe-layer-freq as a frequency needs --num-layers")
         return tuple(i for i in range(layers) if i % freq)
+    return tuple(i for i, bit in enumerate(bit_list(text, "--moe-layer-freq", layers)) if bit == 0)
+
+
+def bit_list(text: str, flag: str, layers: int | None) -> list[int]:
+    """The 0s and 1s of a Megatron list expression (``flag``'s value: ``--moe-layer-freq``,
+    ``--window-attn-skip-freq``), validated as Megatron's ``_eval_pattern`` does, then evaluated without ``eval``; its
+    length must be ``layers`` where known."""
+    text = text.strip()
     if re.search(r"[^,\d\[\]()+*]", text):
-        raise ExportError(f"megatron script: --moe-layer-freq {text!r}: not a list expression Megatron evaluates "
+        raise ExportError(f"megatron script: {flag} {text!r}: not a list expression Megatron evaluates "
                           "(digits, commas, brackets, parentheses, + and *)")
 
     def value(node: ast.AST) -> int | list[int]:
@@ -240,17 +288,31 @@ def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         pattern = None
     if not isinstance(pattern, list) or not set(pattern) <= {0, 1}:
-        raise ExportError(f"megatron script: --moe-layer-freq {text!r}: not a list of 0s and 1s")
+        raise ExportError(f"megatron script: {flag} {text!r}: not a list of 0s and 1s")
     if layers is not None and len(pattern) != layers:
-        raise ExportError(f"megatron script: --moe-layer-freq lists {len(pattern)} layers, --num-layers is {layers}")
-    return tuple(i for i, bit in enumerate(pattern) if bit == 0)
+        raise ExportError(f"megatron script: {flag} lists {len(pattern)} layers, --num-layers is {layers}")
+    return pattern
 
 
 def model_refusal(m: ModelSpec) -> None:
     """An :class:`ExportError` naming the field where Megatron-LM's arguments cannot say what ``m`` computes (module
-    docstring): a shared expert with biases; the routing weights Megatron-Core's ``topk_routing_with_score_function``
-    cannot make (``normalize_topk`` against the score function and k), the group scores its ``group_limited_topk``
-    does not compute (``router_group_topk``). (Per-head query/key norms beside latent attention ModelSpec refuses.)"""
+    docstring): quick_gelu without a gate, and a gated MLP's ``glu_linear_offset`` or ``glu_clamp`` under another
+    activation than quick_gelu; a shared expert with biases; the routing weights Megatron-Core's
+    ``topk_routing_with_score_function`` cannot make (``normalize_topk`` against the score function and k), the group
+    scores its ``group_limited_topk`` does not compute (``router_group_topk``). (Per-head query/key norms beside
+    latent attention ModelSpec refuses.)"""
+    if m.activation == "quick_gelu" and not m.gated_mlp:
+        raise ExportError("megatron: activation quick_gelu without gated_mlp: Megatron-LM's quick_gelu is "
+                          "--quick-geglu, a gated MLP's (core_transformer_config_from_args sets gated_linear_unit with "
+                          "it); it has no ungated quick_gelu")
+    if m.gated_mlp and m.activation != "quick_gelu":
+        glu = [name for name, on in (("glu_linear_offset", m.glu_linear_offset != 0.0),
+                                     ("glu_clamp", m.glu_clamp is not None)) if on]
+        if glu:
+            raise ExportError(f"megatron: {' and '.join(glu)} with activation {m.activation}: Megatron-LM applies "
+                              "--glu-linear-offset and --activation-func-clamp-value with --quick-geglu only (the "
+                              "clamp is 'Only used when activation_func is quick_gelu'; the fused SwiGLU, "
+                              "bias_swiglu_impl, takes neither)")
     if m.moe and m.shared_expert_ffn_hidden is not None and m.bias:
         raise ExportError(f"megatron: shared_expert_ffn_hidden ({m.shared_expert_ffn_hidden}) with bias: "
                           "Megatron-Core's shared expert has no biases (SharedExpertMLP: 'bias is not supported in the "
@@ -294,7 +356,15 @@ def _model_args(inp: ExportInput) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(m.k)]
     if m.d * m.heads != m.hidden and not m.mla:
         args += ["--kv-channels", str(m.d)]
-    if m.gated_mlp:
+    if m.gated_mlp and m.activation == "quick_gelu":  # gpt-oss's gate (module docstring)
+        args += ["--quick-geglu"]
+        if not m.moe or m.dense_layers or m.shared_expert_ffn_hidden is not None:  # a dense MLP: the unfused GLU
+            args += ["--no-bias-gelu-fusion"]
+        if m.glu_linear_offset != 0.0:
+            args += ["--glu-linear-offset", repr(float(m.glu_linear_offset))]
+        if m.glu_clamp is not None:
+            args += ["--activation-func-clamp-value", repr(float(m.glu_clamp))]
+    elif m.gated_mlp:
         args += ["--swiglu"]
     if m.norm == "rmsnorm":
         args += ["--normalization", "RMSNorm"]
@@ -309,6 +379,12 @@ def _model_args(inp: ExportInput) -> list[str]:
                  str(r), "--v-head-dim", str(m.v_d), "--qk-layernorm"]
     elif m.qk_norm:
         args += ["--qk-layernorm"]  # (with RMSNorm normalization: RMSNorm over each head's query and key)
+    if m.attention_sinks:  # a learnable offset per head in the softmax's denominator
+        args += ["--softmax-type", "learnable"]
+    if m.sliding_window is not None:  # (left, right) both kept: the query and the w - 1 keys before it
+        args += ["--window-size", f"{m.sliding_window - 1},0"]
+        if m.global_every is not None:  # 1-based layer l global where l % n == 0: ModelSpec's n-1, 2n-1, ...
+            args += ["--window-attn-skip-freq", str(m.global_every)]
     if not m.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
     if not m.bias:
@@ -394,8 +470,9 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     if inp.dp_allreduce == "overlapped":  # the profile's runtime reduces gradient buckets during the backward
         args += ["--overlap-grad-reduce"]
-    if inp.attention == "flash":
-        backend = "fused" if inp.attention_impl == "cudnn" else "flash"
+    sinks = inp.model is not None and inp.model.attention_sinks
+    if inp.attention == "flash":  # (with sinks TE runs no flash-attn kernel: its fused one)
+        backend = "fused" if inp.attention_impl == "cudnn" or sinks else "flash"
         notes.append(f"the plan's times assume {ATTENTION_WORDS.get(inp.attention_impl or 'flash2')}: with "
                      f"Transformer Engine, --attention-backend {backend} (releases before it: --use-flash-attn "
                      "for the flash-attn package)")
@@ -410,8 +487,14 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
                      "planned")
     args += _model_args(inp)
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
-                               experts=True, latent=True)) is not None:
+                               experts=True, latent=True, window=True, sinks=True, glu=True,
+                               biases=True)) is not None:
         notes.append(gap)
+    if sinks:
+        notes.append("--softmax-type learnable (the model's attention sinks) runs in Transformer Engine's fused "
+                     "(cuDNN) attention from TE 2.8 (--attention-backend fused), never in flash-attn ('Disabling "
+                     "FlashAttention for softmax_type = learnable'); before 2.8 Megatron-Bridge's GPT-OSS provider "
+                     "falls back to Megatron-Core's local attention (--attention-backend local with --spec local)")
     if inp.model is not None and inp.model.mla:
         notes.append("--rope-type rope keeps Megatron-Core's multi-latent attention on the model's plain rotary (its "
                      "default there is YaRN); a release without --rope-type refuses the option")
@@ -497,8 +580,9 @@ def parse(text: str) -> Parsed:
     """Read a :func:`export` script back: t, D, W (world size / (t D)), e, etp, the rank order, b, N, the schedule
     (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, the transformer layers
     per (virtual) stage when ``--num-layers`` is given, a mixture of experts' shared expert (its width and gate),
-    dense layers (``--moe-layer-freq``) and routing (the weights Megatron-Core computes: :func:`_parse_routing`), and
-    multi-head latent attention's sizes."""
+    dense layers (``--moe-layer-freq``) and routing (the weights Megatron-Core computes: :func:`_parse_routing`),
+    multi-head latent attention's sizes, the attention's window and sinks (:func:`_parse_window`), and the MLP's gate
+    and the linear layers' biases (:func:`_parse_mlp`)."""
     logical = text.replace("\\\n", " ")
     line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
     if line is None:
@@ -577,7 +661,7 @@ def parse(text: str) -> Parsed:
     dense = parse_moe_layer_freq(freq, L) if freq is not None else ()
     return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts, shared_expert_ffn_hidden=shared,
                   shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense,
-                  **_parse_routing(args), **_parse_latent(args))
+                  **_parse_routing(args), **_parse_latent(args), **_parse_window(args, L), **_parse_mlp(args))
 
 
 def _value(args: dict[str, str | bool], key: str, kind: type = int) -> Any:
@@ -628,3 +712,79 @@ def _parse_latent(args: dict[str, str | bool]) -> dict[str, Any]:
     return {"kv_lora_rank": 32 if kv is None else kv, "q_lora_rank": _value(args, "--q-lora-rank"),
             "qk_rope_head_dim": rope, "v_head_dim": 128 if v is None else v,
             "head_dim": (128 if nope is None else nope) + rope}
+
+
+def _parse_window(args: dict[str, str | bool], layers: int | None) -> dict[str, Any]:
+    """ModelSpec's ``sliding_window`` and ``global_every`` from ``--window-size left,right`` (the query and the
+    ``left`` keys before it: ``left + 1``; Megatron's -1 is no limit) and ``--window-attn-skip-freq`` (n: the 1-based
+    layers ``l % n == 0`` global; a list: 1 windowed, 0 global, read where it is that period), as
+    ``is_layer_window_attention`` applies them (module docstring); {} without a window in effect."""
+    size = args.get("--window-size")
+    if size is None:
+        return {}  # (Megatron ignores --window-attn-skip-freq without a window)
+    if isinstance(size, bool):
+        raise ExportError("megatron script: --window-size is missing its value")
+    try:
+        left, right = (int(x) for x in size.strip("()").split(","))
+    except ValueError:
+        raise ExportError(f"megatron script: --window-size {size!r}: two integers, left,right") from None
+    if right != 0:
+        raise ExportError(f"megatron script: --window-size {size}: each query also attends to the {right} tokens "
+                          "after it; the models planned here attend to none (right 0)")
+    if left == -1:
+        return {}  # (no limit)
+    if left < 0:
+        raise ExportError(f"megatron script: --window-size {size}: left is -1 (no limit) or 0 and more")
+    freq = args.get("--window-attn-skip-freq")
+    if freq is None:
+        return {"sliding_window": left + 1}
+    if isinstance(freq, bool):
+        raise ExportError("megatron script: --window-attn-skip-freq is missing its value")
+    if re.fullmatch(r"\s*\d+\s*", freq):
+        n = int(freq)
+        if n < 1:
+            raise ExportError(f"megatron script: --window-attn-skip-freq {freq}: a frequency of 1 or more")
+        if n == 1:
+            return {}  # (every layer global)
+        return {"sliding_window": left + 1, "global_every": n}
+    bits = bit_list(freq, "--window-attn-skip-freq", layers)
+    if all(bits):
+        return {"sliding_window": left + 1}
+    if not any(bits):
+        return {}
+    every = next((n for n in range(2, len(bits) + 1) if bits == [int((i + 1) % n != 0) for i in range(len(bits))]),
+                 None)
+    if every is None:
+        raise ExportError(f"megatron script: --window-attn-skip-freq {freq}: global layers that are not every n-th "
+                          "(ModelSpec's global_every)")
+    return {"sliding_window": left + 1, "global_every": every}
+
+
+def _parse_mlp(args: dict[str, str | bool]) -> dict[str, Any]:
+    """The attention's sinks (``--softmax-type learnable``), the gated MLP's activation (``--swiglu``: silu,
+    ``--quick-geglu``: quick_gelu) with ``--glu-linear-offset`` and ``--activation-func-clamp-value`` (read with
+    ``--quick-geglu`` only, where Megatron applies them: module docstring), and, with the model's arguments
+    (``--num-layers``), the linear layers' biases (``--disable-bias-linear``, ``--add-qkv-bias``)."""
+    softmax = args.get("--softmax-type", "vanilla")
+    if softmax not in ("vanilla", "learnable"):
+        raise ExportError(f"megatron script: --softmax-type {softmax!r}: vanilla or learnable (off-by-one's fixed "
+                          "sink of logit 0 is no model's here)")
+    swiglu, quick = bool(args.get("--swiglu")), bool(args.get("--quick-geglu"))
+    if swiglu and quick:  # (core_transformer_config_from_args asserts not both)
+        raise ExportError("megatron script: --swiglu and --quick-geglu: Megatron takes one gated activation")
+    offset = _value(args, "--glu-linear-offset", float)
+    clamp = _value(args, "--activation-func-clamp-value", float)
+    for flag, v in (("--glu-linear-offset", offset), ("--activation-func-clamp-value", clamp)):
+        if v is not None and not quick:
+            raise ExportError(f"megatron script: {flag} without --quick-geglu: Megatron applies it to quick_gelu's "
+                              "gate only (the fused SwiGLU takes none)")
+    if clamp is not None and not (clamp > 0 and math.isfinite(clamp)):
+        raise ExportError(f"megatron script: --activation-func-clamp-value {clamp}: a clamp above 0")
+    if offset is not None and not math.isfinite(offset):
+        raise ExportError(f"megatron script: --glu-linear-offset {offset}: a finite number")
+    out: dict[str, Any] = {"attention_sinks": softmax == "learnable",
+                           "activation": "quick_gelu" if quick else "silu" if swiglu else None,
+                           "glu_linear_offset": offset or 0.0, "glu_clamp": clamp}
+    if "--num-layers" in args:  # (Megatron's default: every linear layer's bias)
+        out |= {"bias": not args.get("--disable-bias-linear"), "qkv_bias": bool(args.get("--add-qkv-bias"))}
+    return out
