@@ -181,6 +181,14 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
             # n_expert_groups, n_limited_groups; MoEArgs score_func, route_norm, route_scale)
             notes.append("torchtitan's deepseek_v3 model has multi-head latent attention and DeepSeek's routing: "
                          "register a flavor of this model there and name it in [model] instead")
+        m = inp.model
+        if m.attention_sinks or m.glu_clamp is not None or m.glu_linear_offset != 0.0:
+            # (torchtitan/models/gpt_oss: Attention's sinks and biased wq, wk, wv, wo; GptOssGroupedExperts' biases
+            # and swiglu(x, alpha=1.702, limit), out_glu * (x_linear + 1); GptOssModelArgs.sliding_window_size on
+            # the even layers)
+            notes.append("torchtitan's gpt_oss model has gpt-oss's attention sinks, biases, clamped quick_gelu gate "
+                         "(the up projection plus 1) and window on every other layer: register a flavor of this "
+                         "model there and name it in [model] instead")
     kinds, stage_layers = inp.kinds(), inp.stage_layers()
     par = sections["parallelism"]
     if kinds is not None and stage_layers is not None:
