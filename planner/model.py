@@ -216,6 +216,11 @@ class ModelSpec(BaseModel):
                                                      "dimensions, those rotated, the key's shared by every head (64)")
     v_head_dim: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["head_dim"], exclude_if=lambda v: v is None,
                                    description="with kv_lora_rank: each head's value width (128); default head_dim")
+    rotary_dim: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["head_dim"], exclude_if=lambda v: v is None,
+                                   description="with rotary positions: the first rotary_dim dimensions of each "
+                                               "head's query and key are rotated, the rest pass through "
+                                               "(partial_rotary_factor times head_dim: GLM-4.5's 64 of 128, "
+                                               "Phi-4-mini's 96 of 128); None: all of them")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -287,6 +292,13 @@ class ModelSpec(BaseModel):
                                          ("glu_clamp", self.glu_clamp is not None)) if on]
             if glu:
                 raise ValueError(f"{', '.join(glu)}: only with a gated MLP (gated_mlp)")
+        if self.rotary_dim is not None:
+            if self.position != "rotary" or self.mla:
+                raise ValueError("rotary_dim: only with rotary positions and standard attention (latent attention "
+                                 "rotates its qk_rope_head_dim)")
+            if self.rotary_dim > self.d or self.rotary_dim % 2:
+                raise ValueError(f"rotary_dim: {self.rotary_dim} must be even and at most head_dim ({self.d}): "
+                                 "rotary positions turn pairs of a head's dimensions")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
@@ -355,6 +367,14 @@ class ModelSpec(BaseModel):
         if not self.mla:
             return None
         return int(self.q_lora_rank or self.hidden) + int(self.kv_lora_rank or 0) + int(self.qk_rope_head_dim or 0)
+
+    @property
+    def rot_d(self) -> int:
+        """The dimensions of each head's query and key the rotary positions turn: ``rotary_dim``, else ``head_dim``
+        (0 without rotary positions; latent attention's are its own, :mod:`planner.mla`)."""
+        if self.position != "rotary":
+            return 0
+        return int(self.rotary_dim) if self.rotary_dim is not None else self.d
 
     @property
     def o_dim(self) -> int:

@@ -294,6 +294,14 @@ def eager_rope(name: str, tensors: tuple[float, ...], el: int) -> Operator:
     return _passes(name, fwd, bwd, sum(tensors), 0.0)
 
 
+def partial_rope_cat(name: str, elements: float, el: int) -> Operator:
+    """Partial rotary in eager PyTorch (transformers' ``apply_rotary_pos_emb`` with ``rotary_dim`` below the head's:
+    ``torch.cat((q_embed, q_pass), dim=-1)``, and the key's) over the query and key ``elements``: the concatenation
+    reads and writes each once; backward, the gradient is split back (read, write). Saves nothing."""
+    e = el * elements
+    return _passes(name, [("cat", 2 * e)], [("split", 2 * e)], 0.0, 0.0)
+
+
 def eager_repeat_kv(name: str, kv: float, q: float, el: int) -> Operator:
     """torchtitan's and Hugging Face's ``repeat_kv`` for grouped-query attention: ``expand`` + ``reshape``
     copies the keys and the values (``kv`` elements each) to every query head (``q`` elements each); the
@@ -525,12 +533,17 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     if spec.mla:
         pass
     elif spec.position == "rotary" and eager:
-        ops.append(eager_rope("rope", (T * a_t * d, T * k_t * d), el))
+        rot = spec.rot_d  # (partial rotary: the first rot dimensions of each head; the rest joined back after)
+        ops.append(eager_rope("rope", (T * a_t * rot, T * k_t * rot), el))
+        if rot < d:
+            ops.append(partial_rope_cat("rope_cat", qk_el, el))
     elif spec.position == "rotary":
         # rotary positions on the queries and keys (Su et al. 2021; Transformer Engine's fused RoPE kernel):
-        # read and write them, the cos/sin table is small; the backward rotates the gradients back; saves nothing
-        ops.append(elementwise("rope", qk_el, el, reads=1, writes=1, flops_per=3.0, bwd_reads=1, bwd_writes=1,
-                               saved_bytes=0.0))
+        # read and write them, the cos/sin table is small; the backward rotates the gradients back; saves nothing.
+        # Partial rotary (rotary_dim < d): the kernel rotates the first rotary_dim of each head and copies the rest
+        # (Transformer Engine's fused RoPE passes them through), the same bytes
+        ops.append(elementwise("rope", qk_el, el, reads=1, writes=1, flops_per=3.0 * spec.rot_d / d, bwd_reads=1,
+                               bwd_writes=1, saved_bytes=0.0))
     heads_b = b * a_t
     sel = o.recompute == "selective"  # the attention core re-run in the backward (module docstring)
     repeated = eager and a_t > k_t  # grouped-query attention: eager code copies K and V to every query head

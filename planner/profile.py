@@ -365,8 +365,6 @@ class TransformerShape(BaseModel):
     def _defaults(self) -> TransformerShape:
         if self.ffn_hidden is None:
             self.ffn_hidden = 4 * self.hidden
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
         if (self.experts is None) != (self.experts_per_token is None):
             raise ValueError("experts and experts_per_token: give both (a mixture of experts) or neither")
         if self.experts is not None and int(self.experts_per_token or 0) > self.experts:

@@ -100,7 +100,7 @@ from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
-               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -119,6 +119,14 @@ MOE_FIELDS = {
                     "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "bias": "attention_bias"},
 }
 MOE_FIELDS["deepseek_v3"] = {**MOE_FIELDS["deepseek_v2"], "normalize_topk": "norm_topk_prob"}
+MOE_FIELDS["glm4_moe"] = {"experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
+                          "expert_ffn_hidden": "moe_intermediate_size", "shared_expert_ffn_hidden": "n_shared_experts",
+                          "dense_layers": "first_k_dense_replace", "router_groups": "n_group",
+                          "router_group_topk": "topk_group", "routed_scaling": "routed_scaling_factor",
+                          "normalize_topk": "norm_topk_prob", "qkv_bias": "attention_bias", "qk_norm": "use_qk_norm",
+                          "rotary_dim": "partial_rotary_factor"}
+#: the fields a GLM-4.5 config.json must state (transformers' defaults are one published model's, GLM-4.5-Air's)
+GLM_REQUIRED = ("n_shared_experts", "first_k_dense_replace")
 MOE_FIELDS["gpt_oss"] = {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                          "expert_ffn_hidden": "intermediate_size", "bias": "attention_bias",
                          "glu_clamp": "swiglu_limit", "activation": "swiglu_alpha"}
@@ -273,8 +281,29 @@ def _rope_local_theta(cfg: Any) -> float | None:
 
 
 def _partial_rotary(cfg: Any) -> float:
-    """The share of each head the rotary positions turn (Phi-3's ``partial_rotary_factor``; 1 elsewhere)."""
+    """The share of each head the rotary positions turn (Phi-3's and GLM-4.5's ``partial_rotary_factor``; 1
+    elsewhere)."""
     return _rope_field(cfg, "partial_rotary_factor", 1.0)
+
+
+def _rotary_dim(factor: float, head_dim: object) -> int:
+    """``ModelSpec.rotary_dim`` of a ``partial_rotary_factor``: ``int(head_dim * factor)``, as transformers' rotary
+    embeddings size their table (``Glm4MoeRotaryEmbedding``, ``Phi3RotaryEmbedding``); a factor above 1 or a width
+    that is not a whole even number of dimensions is refused, naming the field."""
+    d = jsondoc.integer(head_dim) or 0
+    dim = int(d * factor)
+    if factor > 1 or dim < 2 or dim % 2:
+        raise HFConfigError("partial_rotary_factor", f"{factor:g} of the {d} dimensions of a head gives {dim}: rotary "
+                                                     "positions turn a whole, even number of them, at most the head")
+    return dim
+
+
+def _flag(cfg: Any, field: str) -> bool:
+    """A boolean field of ``cfg`` (false where absent), refused naming the field when not a boolean."""
+    value = getattr(cfg, field, False)
+    if not isinstance(value, bool):
+        raise HFConfigError(field, f"true or false, got {value!r:.40}")
+    return value
 
 
 def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "",
@@ -315,10 +344,11 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             _gemma(cfg, model_type, spec)
         if model_type == "gpt_oss":
             spec.update(_gpt_oss(cfg))
+        if model_type == "glm4_moe":
+            spec.update(_deepseek_moe(cfg, "glm4_moe", notes), qk_norm=_flag(cfg, "use_qk_norm"))
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
-            raise HFConfigError("partial_rotary_factor", f"{rotary:g}: rotary positions on part of each head are not "
-                                                          "supported (the executor's attention rotates all of it)")
+            spec["rotary_dim"] = _rotary_dim(rotary, spec.get("head_dim") or cfg.hidden_size // cfg.num_attention_heads)
         spec.update(_window(cfg, model_type))
         scaling = _rope_params(cfg) or getattr(cfg, "rope_scaling", None) or {}
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
@@ -382,6 +412,15 @@ def _deepseek(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
                            "q_lora_rank": getattr(cfg, "q_lora_rank", None),
                            "qk_rope_head_dim": getattr(cfg, "qk_rope_head_dim", None),
                            "v_head_dim": getattr(cfg, "v_head_dim", None)}
+    return {**out, **_deepseek_moe(cfg, model_type, notes)}
+
+
+def _deepseek_moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
+    """DeepSeek's mixture of experts (:func:`_deepseek`'s docstring), which GLM-4.5 (``glm4_moe``: transformers'
+    ``Glm4MoeMoE``, ``Glm4MoeTopkRouter``) runs as DeepSeek-V3's: shared experts, dense first layers, the sigmoid
+    router with the choice's bias, its groups, renormalisation and scaling; the multi-token prediction layers
+    (``num_nextn_predict_layers``) noted as not planned."""
+    out: dict[str, Any] = {}
     shared = getattr(cfg, "n_shared_experts", None) or 0
     width = getattr(cfg, "moe_intermediate_size", None)
     if jsondoc.integer(shared) is None or shared < 0:
@@ -416,7 +455,7 @@ def _deepseek(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
         out.update(router_score="sigmoid", router_bias=True)
         grouped = True
         mtp = getattr(cfg, "num_nextn_predict_layers", 0) or 0
-        if mtp:
+        if mtp and jsondoc.integer(mtp) is not None:
             notes.append(f"num_nextn_predict_layers ({mtp}): the multi-token prediction layers are not planned "
                          "(transformers does not build them)")
     if grouped and groups not in (None, 1):
@@ -675,8 +714,8 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     names = hf_fields(model_type)
     required = REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab")
     moe_required = (*MOE_REQUIRED, *(("shared_expert_ffn_hidden",) if model_type == "qwen2_moe" else ()))
-    if model_type in DEEPSEEK_TYPES:
-        for theirs in DEEPSEEK_REQUIRED:
+    if model_type in (*DEEPSEEK_TYPES, "glm4_moe"):
+        for theirs in DEEPSEEK_REQUIRED if model_type in DEEPSEEK_TYPES else GLM_REQUIRED:
             if theirs not in data:
                 raise HFConfigError(theirs, f"missing: the model's shape must be stated (transformers would fill in "
                                             f"its {model_type} default, another model than yours)")

@@ -31,6 +31,8 @@ PUBLISHED = {
     "deepseek-v3": (671, 0.5),
     "gpt-oss-120b": (116.83, 0.005),
     "gpt-oss-20b": (20.91, 0.005),
+    # the card's "106B total" (the Hub's 110B adds the multi-token prediction layer, which transformers does not build)
+    "glm-4.5-air": (106.85, 0.005),
 }
 
 
@@ -80,8 +82,13 @@ def test_family_details() -> None:
     phi3 = read_hf_config(MODELS / "phi-3-medium-4k")  # Llama's computation, fused weights; a 2047-token window
     assert (phi3.k, phi3.d, phi3.f) == (10, 128, 17920) and not phi3.qk_norm and phi3.sliding_window == 2047
     part = json.loads((MODELS / "phi-3-medium-4k" / "config.json").read_text())
-    with pytest.raises(HFConfigError, match="partial_rotary_factor: 0.75: rotary positions on part"):
-        spec_from_hf_dict({**part, "partial_rotary_factor": 0.75}, "phi-4-mini-like")
+    # Phi-4-mini's partial rotary: the first 96 of each head's 128 dimensions (transformers' int(d * factor))
+    assert spec_from_hf_dict({**part, "partial_rotary_factor": 0.75}, "phi-4-mini-like").rotary_dim == 96
+    assert phi3.rotary_dim is None and phi3.rot_d == 128
+    for factor, words in ((1.5, "gives 192"), (0.01, "gives 1"), (0.5078125, "gives 65")):
+        with pytest.raises(HFConfigError, match=f"partial_rotary_factor: {factor:g} of the 128 dimensions of a head "
+                                                f"{words}"):
+            spec_from_hf_dict({**part, "partial_rotary_factor": factor}, "phi-4-mini-like")
 
 
 def _llama(**changes: object) -> dict[str, object]:
@@ -467,6 +474,43 @@ def test_gpt_oss_configs() -> None:
 def test_bad_gpt_oss_config_names_the_field(changes: dict[str, object], field: str, words: str) -> None:
     with pytest.raises(HFConfigError) as err:
         spec_from_hf_dict(_tiny("tiny-gpt-oss", **changes))
+    assert err.value.field == field and words in err.value.message, str(err.value)
+
+
+def test_glm4_moe_configs() -> None:
+    """GLM-4.5-Air (``glm4_moe``; Zhipu AI 2025, "GLM-4.5: Agentic, Reasoning, and Coding (ARC) Foundation Models",
+    Table 1: 106B total, 12B active; 46 layers, the first dense, 128 routed experts of 1408 and 1 shared, top 8, 96
+    heads of 128, 8 key/value heads, half of each head rotated, query/key/value biases): DeepSeek-V3's routing
+    (sigmoid scores with the choice's bias, renormalised) beside standard grouped-query attention. The count equals
+    transformers' Glm4MoeForCausalLM's (checked on the meta device: 106,852,245,504; the tiny fixture's 184,224)."""
+    air = read_hf_config(MODELS / "glm-4.5-air")
+    assert air.total_params() == 106_852_245_504
+    assert (air.layers, air.hidden, air.heads, air.k, air.d, air.rotary_dim, air.vocab) == (46, 4096, 96, 8, 128, 64,
+                                                                                            151552)
+    assert (air.experts, air.experts_per_token, air.f_e, air.f, air.shared_expert_ffn_hidden) == (128, 8, 1408, 10944,
+                                                                                                1408)
+    assert air.dense_layers == (0,) and air.qkv_bias and not air.bias and not air.qk_norm and not air.mla
+    assert (air.router_score, air.router_bias, air.router_groups, air.normalize_topk, air.routed_scaling) == (
+        "sigmoid", True, None, True, 1.0)
+    active = air.total_params() - air.moe_layers * (air.mlp_params() - air.active_mlp_params()) \
+        - air.embedding_params() - air.vocab * air.hidden
+    assert abs(active / 1e9 - 12) < 0.5, active
+    assert "multi-token prediction layers are not planned" in air.source
+    tiny = read_hf_config(FIXTURES / "tiny-glm4-moe")
+    assert tiny.total_params() == 184_224 and tiny.qk_norm and tiny.rotary_dim == 8
+    assert (tiny.router_groups, tiny.router_group_topk, tiny.routed_scaling) == (2, 1, 2.5)
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), [
+    ({"n_shared_experts": None}, "n_shared_experts", "missing"),
+    ({"first_k_dense_replace": None}, "first_k_dense_replace", "missing"),
+    ({"first_k_dense_replace": 3}, "first_k_dense_replace", "every one of the 3 layers would be dense"),
+    ({"use_qk_norm": "yes"}, "use_qk_norm", ""),
+    ({"partial_rotary_factor": 0.1}, "partial_rotary_factor", "gives 1"),
+])
+def test_bad_glm4_moe_config_names_the_field(changes: dict[str, object], field: str, words: str) -> None:
+    with pytest.raises(HFConfigError) as err:
+        spec_from_hf_dict(_tiny("tiny-glm4-moe", **changes))
     assert err.value.field == field and words in err.value.message, str(err.value)
 
 
