@@ -148,6 +148,15 @@ def test_megatron_refuses_what_megatron_core_cannot_compute(update: dict, words:
     assert words in str(err.value), str(err.value)
 
 
+def test_megatron_rotary_base_is_an_integer() -> None:
+    """Megatron-LM's ``--rotary-base`` is ``type=int``: gpt-oss's 150000 and Qwen's 1e6 are written whole (%g wrote
+    1e+06, which its parser refuses); a base that is not whole is refused, naming rope_theta."""
+    for theta, written in ((150000.0, "--rotary-base 150000"), (1e6, "--rotary-base 1000000")):
+        assert written in _lines(export("megatron", _inp(GPT_OSS.with_(rope_theta=theta))).main.content)
+    with pytest.raises(ExportError, match=r"megatron: rope_theta 10000\.5: Megatron-LM's --rotary-base is an integer"):
+        export("megatron", _inp(GPT_OSS.with_(rope_theta=10000.5)))
+
+
 def _edited(text: str, drop: tuple[str, ...] = (), add: str = "") -> str:
     lines = [ln for ln in text.splitlines() if not any(ln.strip().startswith(d + " ") or ln.strip() == d + " \\"
                                                         for d in drop)]

@@ -296,11 +296,14 @@ def bit_list(text: str, flag: str, layers: int | None) -> list[int]:
 
 def model_refusal(m: ModelSpec) -> None:
     """An :class:`ExportError` naming the field where Megatron-LM's arguments cannot say what ``m`` computes (module
-    docstring): quick_gelu without a gate, and a gated MLP's ``glu_linear_offset`` or ``glu_clamp`` under another
-    activation than quick_gelu; a shared expert with biases; the routing weights Megatron-Core's
-    ``topk_routing_with_score_function`` cannot make (``normalize_topk`` against the score function and k), the group
-    scores its ``group_limited_topk`` does not compute (``router_group_topk``). (Per-head query/key norms beside
-    latent attention ModelSpec refuses.)"""
+    docstring): a rotary base that is not whole (``--rotary-base`` is an integer), quick_gelu without a gate, and a
+    gated MLP's ``glu_linear_offset`` or ``glu_clamp`` under another activation than quick_gelu; a shared expert with
+    biases; the routing weights Megatron-Core's ``topk_routing_with_score_function`` cannot make (``normalize_topk``
+    against the score function and k), the group scores its ``group_limited_topk`` does not compute
+    (``router_group_topk``). (Per-head query/key norms beside latent attention ModelSpec refuses.)"""
+    if m.position == "rotary" and not float(m.rope_theta).is_integer():
+        raise ExportError(f"megatron: rope_theta {m.rope_theta:g}: Megatron-LM's --rotary-base is an integer "
+                          "(type=int in megatron/training/arguments.py)")
     if m.activation == "quick_gelu" and not m.gated_mlp:
         raise ExportError("megatron: activation quick_gelu without gated_mlp: Megatron-LM's quick_gelu is "
                           "--quick-geglu, a gated MLP's (core_transformer_config_from_args sets gated_linear_unit with "
@@ -369,7 +372,8 @@ def _model_args(inp: ExportInput) -> list[str]:
     if m.norm == "rmsnorm":
         args += ["--normalization", "RMSNorm"]
     if m.position == "rotary":
-        args += ["--position-embedding-type", "rope", "--rotary-base", f"{m.rope_theta:g}"]
+        # (an integer argument: 1e6 as 1000000, not %g's 1e+06, which Megatron's type=int refuses; model_refusal)
+        args += ["--position-embedding-type", "rope", "--rotary-base", str(int(m.rope_theta))]
     if m.mla:  # MLASelfAttention: its rotary plain (YaRN by default), its latents' RMSNorms (--qk-layernorm)
         args += ["--multi-latent-attention", "--rope-type", "rope"]
         if m.q_lora_rank is not None:
