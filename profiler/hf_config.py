@@ -25,19 +25,19 @@ ModelSpec                   Llama, Mistral, Qwen2/3, Phi-3,      GPT-2
 Llama-family models have a gated MLP (SwiGLU with ``hidden_act`` silu), RMSNorm and rotary positions; Qwen2 carries
 biases on the query/key/value projections only; Qwen3 has none (unless ``attention_bias``) and normalises each head's
 query and key (``qk_norm``: ``q_norm``/``k_norm`` in its modeling code); Phi-3 is Llama's computation with the
-query/key/value and the gate/up projections stored fused (``qkv_proj``, ``gate_up_proj``: the same parameters), and
-a ``partial_rotary_factor`` other than 1 is refused; Gemma scales its embeddings by ``sqrt(hidden)``
-(``embedding_scale``) and gates its MLP with GELU's tanh form (``hidden_activation`` gelu_pytorch_tanh:
-``gelu_tanh``); Gemma 2 adds a norm on each branch's output (``sandwich_norm``) and soft-caps its scores and logits
-(``attn_logit_softcapping`` -> ``attention_softcap``, ``final_logit_softcapping`` -> ``logit_softcap``); Gemma 3's
-language model (``gemma3_text``) has Gemma 2's norms, Qwen3's per-head query/key norms, no caps, and local layers
-with their own rotary base (``rope_local_base_freq`` -> ``rope_local_theta``); GPT-2 has
-LayerNorm, learned positions, a GELU MLP and biases.
-``seq`` defaults to the longest context the model supports (131072 for Llama 3.1); give the sequence you train with.
-Mistral's, Phi-3's, Gemma 2's and Gemma 3's sliding windows are the spec's ``sliding_window`` and ``global_every``
-(from the config's ``layer_types`` where it has them); a multimodal config (Gemma 3, Mistral Small 3.1, LLaVA) is
-read as its language model (:func:`language_model`); Llama 3.1's ``rope_scaling`` is noted in ``source`` but not
-modelled; nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale, no cost).
+query/key/value and the gate/up projections stored fused (``qkv_proj``, ``gate_up_proj``: the same parameters), and a
+``partial_rotary_factor`` below 1 (Phi-4-mini) rotates the first ``rotary_dim`` of each head; Gemma scales its
+embeddings by ``sqrt(hidden)`` (``embedding_scale``) and gates its MLP with GELU's tanh form (``hidden_activation``
+gelu_pytorch_tanh: ``gelu_tanh``); Gemma 2 adds a norm on each branch's output (``sandwich_norm``) and soft-caps its
+scores and logits (``attn_logit_softcapping`` -> ``attention_softcap``, ``final_logit_softcapping`` ->
+``logit_softcap``); Gemma 3's language model (``gemma3_text``) has Gemma 2's norms, Qwen3's per-head query/key norms, no
+caps, and local layers with their own rotary base (``rope_local_base_freq`` -> ``rope_local_theta``); GPT-2 has
+LayerNorm, learned positions, a GELU MLP and biases. ``seq`` defaults to the longest context the model supports (131072
+for Llama 3.1); give the sequence you train with. Mistral's, Phi-3's, Gemma 2's and Gemma 3's sliding windows are the
+spec's ``sliding_window`` and ``global_every`` (from the config's ``layer_types`` where it has them); a multimodal
+config (Gemma 3, Mistral Small 3.1, LLaVA) is read as its language model (:func:`language_model`); Llama 3.1's
+``rope_scaling`` is noted in ``source`` but not modelled; nor is Gemma 2's ``query_pre_attn_scalar`` (the scores' scale,
+no cost).
 
 Mixtures of experts (:data:`MOE_TYPES`; ``ModelSpec.experts`` and the fields after it, planner.model's docstring):
 Mixtral is Mistral's layer with each MLP replaced by ``num_local_experts`` SwiGLU experts of width
@@ -78,7 +78,10 @@ Mixtral ``router_jitter_noise`` (a multiplicative noise on the router's input in
 not modelled. gpt-oss (``gpt_oss``: :func:`_gpt_oss`) is Mixtral's routing over ``num_local_experts`` experts of
 ``intermediate_size`` with a sink per attention head, biases on every linear layer, and the clamped quick-GELU gate
 (``swiglu_alpha`` 1.702, ``swiglu_limit``); its released weights' ``quantization_config`` (mxfp4), like DeepSeek-V3's
-fp8, is noted and not modelled (the plan trains in the profile's dtype). Other mixtures of experts are refused naming
+fp8, is noted and not modelled (the plan trains in the profile's dtype). GLM-4.5 (``glm4_moe``) is DeepSeek-V3's
+mixture of experts (:func:`_deepseek_moe`) beside grouped-query attention with query/key/value biases
+(``attention_bias``), optional per-head query/key norms (``use_qk_norm``) and half of each head rotated
+(``partial_rotary_factor``: ``rotary_dim``, as Phi-4-mini's 0.75). Other mixtures of experts are refused naming
 what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`: Llama 4's shared expert beside a sigmoid router, OLMoE's
 full-width query/key norms).
 """
