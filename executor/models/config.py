@@ -16,7 +16,9 @@ The family picks the zoo's layer code (:func:`family_of`):
   renormalisation; Qwen2 MoE's shared expert, gated or not, and dense layers, as transformers'
   ``Qwen2MoeSparseMoeBlock`` and ``Qwen2MoeDecoderLayer``; DeepSeek-V2/V3's routing (sigmoid scores, group-limited
   choice, the choice's bias, the weights' scaling) and multi-head latent attention (``kv_lora_rank``,
-  :mod:`executor.models.mla`; ModelSpec refuses ``qk_norm`` with it); :mod:`executor.models.llama`). A mixture of
+  :mod:`executor.models.mla`; ModelSpec refuses ``qk_norm`` with it); gpt-oss's attention sinks, clamped
+  ``quick_gelu`` gate with its offset and biases on every linear layer, the router's too, as transformers'
+  ``GptOssForCausalLM``; :mod:`executor.models.llama`). A mixture of
   experts and latent attention are built in this family only (``ModelSpec`` allows latent attention in a rotary
   decoder only).
 """
@@ -38,7 +40,7 @@ def family_of(spec: ModelSpec) -> Family:
     if spec.experts is not None and (spec.encoder or spec.position != "rotary"):
         raise ValueError("experts: the zoo builds a mixture of experts in its Llama-family (rotary) decoder only, not "
                          f"with architecture={spec.architecture!r}, position={spec.position!r}")
-    if spec.position != "rotary":  # Gemma's pieces are in the Llama-family code only
+    if spec.position != "rotary":  # Gemma's and gpt-oss's pieces are in the Llama-family code only
         gemma = [name for name, on in (("sandwich_norm", spec.sandwich_norm),
                                        ("attention_softcap", spec.attention_softcap is not None),
                                        ("logit_softcap", spec.logit_softcap is not None),
@@ -46,6 +48,11 @@ def family_of(spec: ModelSpec) -> Family:
                                        ("activation", spec.activation == "gelu_tanh")) if on]
         if gemma:
             raise ValueError(f"{', '.join(gemma)}: the zoo builds these (Gemma's) in its Llama-family (rotary) "
+                             f"decoder only, not with position={spec.position!r}")
+        oss = [name for name, on in (("attention_sinks", spec.attention_sinks),
+                                     ("activation", spec.activation == "quick_gelu")) if on]
+        if oss:  # (glu_linear_offset and glu_clamp need a gated MLP, which only the Llama family builds)
+            raise ValueError(f"{', '.join(oss)}: the zoo builds these (gpt-oss's) in its Llama-family (rotary) "
                              f"decoder only, not with position={spec.position!r}")
     if spec.encoder:
         if spec.position != "learned" or spec.gated_mlp or spec.norm != "layernorm":

@@ -56,6 +56,17 @@ scores; the chosen weights are renormalised with ``normalize_topk`` (V3 adds ``1
 ``routed_scaling``. DeepSeek's shared experts are one :class:`Expert` of ``n_shared_experts`` times the experts' width
 without a gate (``shared_expert_ffn_hidden``), its first ``first_k_dense_replace`` layers the ``dense_layers``.
 
+gpt-oss (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", section 2.1; transformers' ``GptOssAttention``,
+``GptOssExperts``, ``GptOssTopKRouter``; ModelSpec's ``attention_sinks``, ``glu_linear_offset``, ``glu_clamp``,
+``activation="quick_gelu"``): each block's attention has a learned sink logit per query head (``LlamaBlock.sinks``)
+in every softmax's denominator, attending to no value (:func:`causal_attention`); a gated MLP (each expert, the dense
+MLP and a shared expert alike) computes ``down(act(min(gate, c)) * (clamp(up, -c, c) + offset))`` (:func:`glu`;
+gpt-oss: ``c`` 7, offset 1, ``act`` ``quick_gelu``, ``x sigmoid(1.702 x)``); with ``bias`` every linear layer has
+one, the router's too (:class:`Router`); the router's softmax over all ``E`` then renormalised over the chosen
+``k`` (``normalize_topk``) is gpt-oss's softmax over the ``k`` largest logits; its 128-token window on layers 0, 2,
+... is ``sliding_window`` with ``global_every`` 2 (transformers' sliding-window mask: key ``j`` seen from query ``i``
+when ``i - window < j <= i``, as here).
+
 Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
 is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
 
@@ -72,11 +83,12 @@ modules in an ``nn.ModuleList`` (transformers 5 stores them fused, a 3-D ``gate_
 then up, and ``down_proj`` ``(E, h, f_e)``: the same numbers), which the tensor-parallel shard splits as the dense
 MLP (:class:`executor.tensor_parallel.TensorParallelLlamaBlock`).
 
-Llama 3.1's ``rope_scaling`` (long-context frequency rescaling) changes the angles, not the cost or the shapes;
-it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
+Llama 3.1's ``rope_scaling`` (long-context frequency rescaling; gpt-oss's YaRN too) changes the angles, not the
+cost or the shapes; it is not applied here. Attention is written out (``q @ k^T``, softmax, ``@ v``) as in
 :mod:`executor.models.blocks`. Initialisation: N(0, 0.02), the residual projections (``o``, ``down``, each
-expert's ``down``, the shared expert's) N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one; the router and the shared
-expert's gate N(0, 0.02).
+expert's ``down``, the shared expert's) N(0, 0.02 / sqrt(2 L)) as GPT-2's, norms at one, biases zero; the router
+and the shared expert's gate N(0, 0.02), as gpt-oss's attention sinks and router bias (transformers'
+``GptOssPreTrainedModel._init_weights``).
 """
 
 from __future__ import annotations
@@ -94,9 +106,31 @@ from executor.models.config import ModelConfig
 from executor.models.gpt import init_token_embedding
 from executor.models.mla import LatentAttention
 
+#: gpt-oss's ``alpha`` (transformers' ``GptOssExperts.alpha``, ``swiglu_alpha``): ``quick_gelu(x) = x sigmoid(1.702 x)``
+QUICK_GELU_ALPHA = 1.702
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """``x sigmoid(1.702 x)`` (Hendrycks & Gimpel 2016, section 2's sigmoid approximation of GELU), in the order
+    transformers' ``GptOssExperts._apply_gate`` writes it: ``gate * sigmoid(gate * alpha)``."""
+    return x * torch.sigmoid(x * QUICK_GELU_ALPHA)
+
+
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu,
-               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "quick_gelu": quick_gelu}
 NORM_EPS = 1e-5
+
+
+def glu(act: Callable[[torch.Tensor], torch.Tensor], gate: torch.Tensor, up: torch.Tensor, offset: float = 0.0,
+        clamp: float | None = None) -> torch.Tensor:
+    """A gated MLP's inner activation ``act(gate) * (up + offset)``, with ``clamp`` the gate clamped to at most it and
+    ``up`` to ``[-clamp, clamp]`` first (gpt-oss: transformers' ``GptOssExperts._apply_gate``, ``swiglu_limit`` 7 and
+    offset 1; Megatron-Core's ``activation_func_clamp_value`` and ``glu_linear_offset``); plain SwiGLU's ``act(gate) *
+    up`` without either. Elementwise, so a tensor-parallel shard (gate and up split alike by columns) computes its
+    columns of it."""
+    if clamp is not None:
+        gate, up = gate.clamp(max=clamp), up.clamp(min=-clamp, max=clamp)
+    return act(gate) * (up + offset if offset else up)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -128,10 +162,12 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
-              cap: float | None = None, window: int | None = None) -> torch.Tensor:
+              cap: float | None = None, window: int | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions; ``a'`` a
     multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads); the scores soft-capped
-    at ``cap`` where given; each query within the last ``window`` positions (itself included) where given.
+    at ``cap`` where given; each query within the last ``window`` positions (itself included) where given; with
+    ``sinks (a',)`` each head's sink logit in its softmax's denominator (:func:`causal_attention`).
     Returns ``(b, s, a' d)``."""
     b, heads, s, d = q.shape
     cos, sin = rotary_cos_sin(s, d, theta, q.device, q.dtype)
@@ -140,19 +176,32 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    return causal_attention(q, k, v, cap, window)
+    return causal_attention(q, k, v, cap, window, sinks)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float | None = None,
-                     window: int | None = None) -> torch.Tensor:
+                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(mask(cap(q k^T / sqrt(d)))) v`` of ``q, k (b, a', s, d)`` and ``v (b, a', s, d_v)`` (positions
     already applied, one key/value head per query head), causal, within the last ``window`` positions where given.
-    Returns ``(b, s, a' d_v)``."""
+
+    With ``sinks (a',)`` (gpt-oss's attention sinks, ``ModelSpec.attention_sinks``): head ``i``'s logit
+    ``sinks[i]`` joins every row of its scores as one more column, the softmax runs over the ``s + 1`` columns and
+    the sink's column is dropped, attending to no value (transformers' ``GptOssAttention.sinks`` as its
+    ``eager_attention_forward`` computes it: the sink column concatenated to the masked scores, the row's maximum
+    subtracted, softmax, the column dropped; the maximum detached here, the softmax being shift-invariant: the same
+    forward, and the same gradient without a path through the maximum); a row's weights then sum to less than one. A
+    soft-cap applies to the scores, not to the sink. The attention is written out, no fused kernel: PyTorch's
+    ``scaled_dot_product_attention`` takes no sink. Returns ``(b, s, a' d_v)``."""
     b, heads, s, d = q.shape
     att = softcap((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)), cap)
     ones = torch.ones(s, s, dtype=torch.bool, device=q.device)
     mask = ones.tril() if window is None else ones.tril() & ones.triu(1 - window)
-    att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+    att = att.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        att = F.softmax(att, dim=-1)
+    else:
+        att = torch.cat([att, sinks.to(att.dtype).view(1, heads, 1, 1).expand(b, heads, s, 1)], dim=-1)
+        att = F.softmax(att - att.amax(dim=-1, keepdim=True).detach(), dim=-1)[..., :-1]
     return (att @ v).transpose(1, 2).reshape(b, s, heads * v.shape[-1])
 
 
@@ -174,12 +223,17 @@ class LlamaEmbedding(nn.Module):
 
 class Expert(nn.Module):
     """One expert of a :class:`SparseMoE`: an MLP of width ``f_e`` (``width``: another, the shared expert's) of the
-    dense MLP's form, ``down(act(gate(x)) * up(x))`` (gated) or ``down(act(up(x)))``, biases as the spec says."""
+    dense MLP's form, ``down(act(gate(x)) * up(x))`` (gated; gpt-oss's clamp and offset, :func:`glu`) or
+    ``down(act(up(x)))``, biases as the spec says (gpt-oss: transformers' ``GptOssExperts``, whose fused
+    ``gate_up_proj[e] (h, 2 f_e)`` holds this expert's gate in its even columns and up in its odd ones, with
+    ``gate_up_proj_bias[e]`` alike, and ``down_proj[e] (f_e, h)`` with ``down_proj_bias[e]``: the transposes of
+    ``gate.weight``, ``up.weight`` and ``down.weight``)."""
 
     def __init__(self, config: ModelConfig, residual_std: float, width: int | None = None) -> None:
         super().__init__()
         h, f = config.hidden, config.f_e if width is None else width
         self.act = ACTIVATIONS[config.activation]
+        self.offset, self.clamp = config.glu_linear_offset, config.glu_clamp
         self.gate = nn.Linear(h, f, bias=config.bias) if config.gated_mlp else None
         self.up = nn.Linear(h, f, bias=config.bias)
         self.down = nn.Linear(f, h, bias=config.bias)
@@ -189,7 +243,8 @@ class Expert(nn.Module):
         init_linear(self.down, residual_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inner = self.act(self.gate(x)) * self.up(x) if self.gate is not None else self.act(self.up(x))
+        inner = (glu(self.act, self.gate(x), self.up(x), self.offset, self.clamp) if self.gate is not None
+                 else self.act(self.up(x)))
         return self.down(inner)
 
 
@@ -249,8 +304,10 @@ class not_counted:  # noqa: N801 - used as a function-like context manager, as t
 
 
 class Router(nn.Linear):
-    """A mixture of experts' router: ``nn.Linear(h, E)`` without bias whose :meth:`choose` routes tokens by the spec's
-    rule (:func:`route`: ``experts_per_token``, ``normalize_topk``, ``router_score``, ``router_groups`` /
+    """A mixture of experts' router: ``nn.Linear(h, E)``, with a bias when the spec's linears have one (``bias``:
+    gpt-oss's ``GptOssTopKRouter``, ``F.linear(x, weight, bias)``, a trained parameter, N(0, 0.02) as transformers'
+    ``GptOssPreTrainedModel._init_weights``; Mixtral, Qwen and DeepSeek have none), whose :meth:`choose` routes tokens
+    by the spec's rule (:func:`route`: ``experts_per_token``, ``normalize_topk``, ``router_score``, ``router_groups`` /
     ``router_group_topk``, ``routed_scaling``), with ``router_bias`` the per-expert bias of the choice
     (``expert_bias``, DeepSeek-V3's ``e_score_correction_bias``): a buffer of zeros, float32 as DeepSeek keeps it
     (the model's dtype once the model is cast), not a parameter (no gradient, no optimizer); it travels with the
@@ -264,7 +321,7 @@ class Router(nn.Linear):
 
     def __init__(self, config: ModelConfig) -> None:
         E = int(config.experts)  # type: ignore[arg-type]
-        super().__init__(config.hidden, E, bias=False)
+        super().__init__(config.hidden, E, bias=config.bias)
         self.top_k, self.normalize = int(config.experts_per_token), config.normalize_topk  # type: ignore[arg-type]
         self.score, self.scaling = config.router_score, config.routed_scaling
         self.groups, self.group_topk = config.router_groups, config.router_group_topk
@@ -365,7 +422,7 @@ def shared_output(moe: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
 
 
 class SparseMoE(nn.Module):
-    """A sparse mixture-of-experts MLP (module docstring): a router ``nn.Linear(h, E)`` without bias and ``E``
+    """A sparse mixture-of-experts MLP (module docstring): a router ``nn.Linear(h, E)`` (:class:`Router`) and ``E``
     :class:`Expert` s; each token's output is the routing-weighted sum of its ``experts_per_token`` experts' outputs,
     plus the shared expert's (gated) output where the spec has one. No auxiliary load-balancing loss: transformers
     adds one only with ``output_router_logits``."""
@@ -375,6 +432,8 @@ class SparseMoE(nn.Module):
         self.top_k, self.normalize = int(config.experts_per_token), config.normalize_topk  # type: ignore[arg-type]
         self.router = Router(config)
         init_linear(self.router)
+        if self.router.bias is not None:  # (gpt-oss's, as transformers initialises it)
+            nn.init.normal_(self.router.bias, 0.0, INIT_STD)
         self.experts = nn.ModuleList(Expert(config, residual_std) for _ in range(int(config.experts)))  # type: ignore[arg-type]
         width = config.shared_expert_ffn_hidden
         self.shared_expert = Expert(config, residual_std, width) if width is not None else None
@@ -405,6 +464,7 @@ class LlamaBlock(nn.Module):
         self.theta, self.cap = config.layer_rope_theta(index), config.attention_softcap
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
+        self.offset, self.clamp = config.glu_linear_offset, config.glu_clamp  # (gpt-oss's gate: glu)
         self.input_norm = make_norm(config)
         self.q_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
@@ -417,6 +477,10 @@ class LlamaBlock(nn.Module):
         self.k = nn.Linear(h, config.kv_dim, bias=qkv_bias) if standard else None
         self.v = nn.Linear(h, config.kv_dim, bias=qkv_bias) if standard else None
         self.o = nn.Linear(config.q_dim, h, bias=config.bias) if standard else None
+        # gpt-oss's attention sinks: one logit per query head (transformers' GptOssAttention.sinks, N(0, 0.02))
+        self.sinks = nn.Parameter(torch.empty(config.heads)) if config.attention_sinks else None
+        if self.sinks is not None:
+            nn.init.normal_(self.sinks, 0.0, INIT_STD)
         self.post_norm = make_norm(config)
         # Gemma 2's sandwich: the attention's and the MLP's outputs normed before their residual adds
         self.attn_out_norm = make_norm(config) if config.sandwich_norm else None
@@ -445,13 +509,14 @@ class LlamaBlock(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
-        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window))
+        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window,
+                                self.sinks))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
             return self.moe(x)
         if self.gate is not None:
-            return self.down(self.act(self.gate(x)) * self.up(x))
+            return self.down(glu(self.act, self.gate(x), self.up(x), self.offset, self.clamp))
         return self.down(self.act(self.up(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
