@@ -5,9 +5,9 @@ copies, the tokens sent to the copy that holds their experts and the outputs sen
 
 Symbols: ``T`` tokens of a micro-batch on a rank (``b s`` rows), ``k`` experts per token (top-k), ``h`` the hidden
 size, ``E`` experts per layer, ``e`` the expert-parallel size; EP rank ``i`` holds experts ``[i E/e, (i+1) E/e)``
-(:mod:`executor.groups`: copy ``w`` of the ``W`` data-parallel copies is EP rank ``w % e``; the router and every
-other parameter are replicated as without EP; so is DeepSeek-V3's bias of the choice, each EP rank counting the
-choices of its own tokens, which the step sums over every copy before the update:
+(:mod:`executor.groups`: copy ``w`` of the ``W`` data-parallel copies is EP rank ``w % e``; the router (gpt-oss's
+bias with it) and every other parameter are replicated as without EP; so is DeepSeek-V3's bias of the choice, each
+EP rank counting the choices of its own tokens, which the step sums over every copy before the update:
 :meth:`executor.interpreter.RankRuntime._update_expert_bias`). A shared expert and its gate (Qwen2 MoE, DeepSeekMoE:
 ``shared_expert_ffn_hidden``, ``shared_expert_gate``) are no experts EP splits: every EP rank holds them whole (``1/t``
 of the shared expert with tensor parallelism, as the dense MLP) and runs them on its own tokens, and their gradients
@@ -46,9 +46,11 @@ own tensor rank (the expert group is per tensor rank); each expert's output is t
 after the combine the one tensor all-reduce ``g`` of ``(T, h)`` sums them, as :class:`TensorParallelMoE` does.
 Backward, the tokens (``T h``) and the routing weights (``T k``) pass through ``f`` (one all-reduce of their
 gradients each: the partial gradients of the rows the experts read, and of the weights that multiplied partial
-outputs). Experts' ``down`` biases (none in Mixtral or Qwen3 MoE) are added as ``b / t`` on each tensor rank, which
-``g`` sums to ``b``; their gradient, the same on every tensor rank, passes back unscaled (:class:`SplitBias`), so
-they need no communication of their own.
+outputs). Experts' ``down`` biases (none in Mixtral or Qwen3 MoE; gpt-oss's ``down_proj_bias``) are added as
+``b / t`` on each tensor rank, which ``g`` sums to ``b``; their gradient, the same on every tensor rank, passes back
+unscaled (:class:`SplitBias`), so they need no communication of their own. Each expert's biases go with the expert:
+its EP rank holds them (``gate``'s and ``up``'s split with their columns over t, ``down``'s whole), and ``down``'s
+joins the expert's output before the combine, since the token's own rank does not hold it.
 """
 
 from __future__ import annotations
@@ -187,9 +189,9 @@ class ExpertParallelMoE(nn.Module):
         the shared expert and its gate, and its local experts (the others are held by the EP peers, which report
         theirs), their tensor shards gathered with ``gather(tensor, dim)`` (a collective on the tensor group) when
         ``t > 1``."""
-        from executor.tensor_parallel import gathered_linears, shared_state
+        from executor.tensor_parallel import gathered_linears, router_state, shared_state
 
-        out = {"router.weight": self.router.weight.detach().clone()}
+        out = router_state(self.router)
         if self.tp_size > 1:
             out |= shared_state(self, gather)
         else:

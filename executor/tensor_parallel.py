@@ -20,6 +20,9 @@ section 3, figure 3).
   it); its gate's weight ``(1, h)`` is replicated and reads the whole input, scaling the whole (all-reduced) output.
   The dense layers of a mixture of experts (``dense_layers``) are split as any dense MLP.
 
+gpt-oss (:class:`TensorParallelLlamaBlock`): attention sinks split with the query heads, column-parallel biases with
+their columns, row-parallel ones added once after the all-reduce, the router's bias replicated with the router.
+
 LayerNorms, the embedding and the head are replicated: their inputs and (thanks to ``f``) their output
 gradients are identical on every rank of the group, hence so are their gradients.
 """
@@ -215,24 +218,30 @@ class TensorParallelExpert(nn.Module):
 
     def __init__(self, expert: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
-        self.act = expert.act
+        from executor.models.llama import glu
+
+        self._glu, self.act, self.offset, self.clamp = glu, expert.act, expert.offset, expert.clamp
         self.gate = (ColumnParallelLinear.from_linear(expert.gate, rank, size, group)
                      if expert.gate is not None else None)
         self.up = ColumnParallelLinear.from_linear(expert.up, rank, size, group)
         self.down = RowParallelLinear.from_linear(expert.down, rank, size, group)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._inner(x), self.down.weight)
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of the activation, of an input through ``f``: the gate's and up's shards and their
+        biases' (split with their columns), through :func:`~executor.models.llama.glu` (elementwise: gpt-oss's clamp
+        and offset per column)."""
         up = self.up.local(x)
-        inner = self.act(self.gate.local(x)) * up if self.gate is not None else self.act(up)
-        return F.linear(inner, self.down.weight)
+        if self.gate is None:
+            return self.act(up)
+        return self._glu(self.act, self.gate.local(x), up, self.offset, self.clamp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The whole output on the whole input ``x``, as the dense MLP of :class:`TensorParallelLlamaBlock`: ``x``
         through ``f``, ``down``'s ``g`` and its (replicated) bias."""
-        xc = CopyToTensorParallel.apply(x, self.down.group)
-        up = self.up.local(xc)
-        inner = self.act(self.gate.local(xc)) * up if self.gate is not None else self.act(up)
-        return self.down(inner)
+        return self.down(self._inner(CopyToTensorParallel.apply(x, self.down.group)))
 
 
 class TensorParallelMoE(nn.Module):
@@ -248,7 +257,9 @@ class TensorParallelMoE(nn.Module):
     through ``f`` once: one all-reduce of their gradient, as the dense MLP's, not one per expert's linear): the
     gradient of ``x`` is the router's (full) plus the all-reduced experts'.
     ``down``'s biases (replicated) are weighted after the all-reduce, with the weights outside ``f`` (their
-    gradient through them already whole).
+    gradient through them already whole); ``gate``'s and ``up``'s biases (gpt-oss's) are split with their columns.
+    The router's bias (gpt-oss's ``GptOssTopKRouter.bias``) is replicated with its weight: every rank computes the
+    same logits and routes alike, and gets the whole gradient.
 
     A shared expert (``shared_expert``) is split as the dense MLP and runs through its own ``f`` and ``g``
     (:meth:`TensorParallelExpert.forward`; Megatron-Core's ``SharedExpertMLP``); its gate (``shared_expert_gate``,
@@ -281,11 +292,17 @@ class TensorParallelMoE(nn.Module):
     def full_state(self, gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
         """The parameters under the names of the full :class:`~executor.models.llama.SparseMoE`, the shards
         gathered with ``gather(tensor, dim)`` (a collective on the group)."""
-        out = {"router.weight": self.router.weight.detach().clone()} | shared_state(self, gather)
+        out = router_state(self.router) | shared_state(self, gather)
         for e, expert in enumerate(self.experts):
             out |= gathered_linears([(f"experts.{e}.gate", expert.gate), (f"experts.{e}.up", expert.up)],
                                     [(f"experts.{e}.down", expert.down)], gather)
         return out
+
+
+def router_state(router: nn.Module) -> dict[str, torch.Tensor]:
+    """The router's parameters (replicated: whole on every tensor and expert rank), its weight and, gpt-oss's, its bias,
+    under the names of the whole :class:`~executor.models.llama.SparseMoE`."""
+    return {f"router.{n}": p.detach().clone() for n, p in router.named_parameters()}
 
 
 def shared_state(moe: nn.Module, gather: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -373,20 +390,27 @@ class TensorParallelLlamaBlock(nn.Module):
     replicated). Norms are replicated (Gemma 2's norms of the
     attention's and the MLP's outputs too: they follow the row-parallel all-reduce); the query and key norms
     (``qk_norm``, Qwen3) see only this rank's heads, so their weights pass through ``f`` too.
+
+    gpt-oss (biases on every linear layer, attention sinks, the clamped gate with its offset): the column-parallel
+    linears' biases (``q``, ``k``, ``v``, ``gate``, ``up``, each expert's ``gate`` and ``up``) are split with their
+    columns, the row-parallel ones' (``o``, ``down``) added once, after the all-reduce (Megatron-Core's
+    ``RowParallelLinear``: the bias added to the reduced output); the sinks (one per query head) are split with the
+    query heads; the gate's clamp and offset are elementwise, so each rank applies them to its columns
+    (:func:`~executor.models.llama.glu`); the router's bias is replicated with the router (:class:`TensorParallelMoE`).
     """
 
     takes_targets = False
 
     def __init__(self, block: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
-        from executor.models.llama import attention, sandwich_forward
+        from executor.models.llama import attention, glu, sandwich_forward
 
-        self._attention, self._forward = attention, sandwich_forward
+        self._attention, self._forward, self._glu = attention, sandwich_forward, glu
         a, k, d = block.heads, block.kv_heads, block.head_dim
         if a % size:
             raise ValueError(f"tensor parallelism t={size} must divide the query heads ({a})")
         self.size, self.rank, self.group, self.head_dim, self.theta = size, rank, group, d, block.theta
-        self.act, self.gated = block.act, block.gated
+        self.act, self.gated, self.offset, self.clamp = block.act, block.gated, block.offset, block.clamp
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
         self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
         self.q_norm, self.k_norm = block.q_norm, block.k_norm
@@ -411,6 +435,10 @@ class TensorParallelLlamaBlock(nn.Module):
             self.register_buffer("kv_index", torch.arange(rank * local, (rank + 1) * local) // per_kv,
                                  persistent=False)
         self.o = RowParallelLinear.from_linear(block.o, rank, size, group) if self.mla is None else None
+        # gpt-oss's attention sinks, split with the query heads: this rank's heads' own (no collective: each head's
+        # sink meets only its own scores)
+        self.sinks = (nn.Parameter(block.sinks.detach()[rank * local:(rank + 1) * local].clone())
+                      if block.sinks is not None else None)
         if block.moe is not None:  # a mixture of experts: each expert split as the dense MLP, the shared one too
             width = block.moe.experts[0].up.weight.shape[0]
             if width % size:
@@ -457,14 +485,15 @@ class TensorParallelLlamaBlock(nn.Module):
             k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
-        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window))
+        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks))
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
             return self.moe(h)
         hc = CopyToTensorParallel.apply(h, self.group)  # gate and up read h through one f
         up = self.up.local(hc)
-        inner = self.act(self.gate.local(hc)) * up if self.gate is not None else self.act(up)
+        inner = (self._glu(self.act, self.gate.local(hc), up, self.offset, self.clamp) if self.gate is not None
+                 else self.act(up))
         return self.down(inner)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -490,6 +519,8 @@ class TensorParallelLlamaBlock(nn.Module):
             for name, lin in (("k", self.k), ("v", self.v)):
                 out |= {f"{name}.{k}": v.detach().clone() for k, v in lin.named_parameters()}
         out |= gathered_linears(columns, [("o", self.o), ("down", self.down)], self._gather)
+        if self.sinks is not None:
+            out["sinks"] = self._gather(self.sinks, 0)
         if self.mla is not None:
             out |= {f"mla.{k}": v for k, v in self.mla.full_state(self._gather).items()}
         if self.moe is not None:
