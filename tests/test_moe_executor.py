@@ -133,7 +133,7 @@ def test_moe_same_logits_as_transformers(case: str) -> None:
 
 def test_moe_shapes_and_parameter_counts() -> None:
     """A block's parameters are ModelSpec.layer_params() (router h E, E experts of 3 h f_e, norms, attention); the
-    dense MLP's gate, up and down are absent; a spec with biases and no gate counts as built too."""
+    dense MLP's gate, up and down are absent; a spec with biases and no gate counts as built too, its router biased."""
     for spec in (mixtral_spec(), qwen3_moe_spec(False),
                  mixtral_spec().with_(gated_mlp=False, bias=True, activation="gelu", normalize_topk=False)):
         cfg = get_config(spec)
@@ -144,7 +144,8 @@ def test_moe_shapes_and_parameter_counts() -> None:
         block = layers[1]
         assert isinstance(block, LlamaBlock) and block.up is None and block.gate is None and block.down is None
         assert sum(p.numel() for p in block.parameters()) == spec.layer_params()
-        assert block.moe.router.weight.shape == (spec.experts, spec.hidden) and block.moe.router.bias is None
+        assert block.moe.router.weight.shape == (spec.experts, spec.hidden)
+        assert (block.moe.router.bias is not None) == spec.bias  # (with biases the router's too, as gpt-oss's)
         assert len(block.moe.experts) == spec.experts
         assert block.moe.experts[0].up.weight.shape == (spec.f_e, spec.hidden)
         assert (block.moe.experts[0].gate is not None) == spec.gated_mlp
