@@ -675,7 +675,20 @@ class ConfigCosts(Costs):
         latent = self._latent_width
         if latent is not None and info.transformer_layers:
             total += info.transformer_layers * (self._tp_one(samples, latent) - one) / 2
+        total += info.transformer_layers * self._split_norms(samples)
         return total * self.cal.link_scale
+
+    def _split_norms(self, samples: float) -> float:
+        """Per transformer layer and pass, the all-reduces of the norms over a width split over ``t`` (the profile's
+        ``split_norms``: OLMo 2's query and key norms over the whole projections): each rank sums the squares of its
+        columns of each of the ``b s`` rows, and the ``b s`` fp32 partial sums are all-reduced over the group -- in the
+        forward for the norm, in the backward for the mean of its gradient times its input (RMSNorm's backward reads
+        the whole row): one all-reduce of ``4 b s`` bytes per norm and pass, latency-bound (:meth:`_tp_comm` is one
+        pass's)."""
+        shape = self.profile.shape
+        if self.t == 1 or shape is None or not shape.split_norms:
+            return 0.0
+        return shape.split_norms * self._tp_allreduce(samples * shape.seq * 4.0)
 
     @property
     def _latent_width(self) -> int | None:

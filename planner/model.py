@@ -18,7 +18,10 @@ Parameters per layer:
 * norms: two per layer, ``2h`` each for LayerNorm (weight and bias), ``h`` for RMSNorm; with ``qk_norm``
   (Qwen3: an RMSNorm over each head's query and key, before the rotary) ``2d`` more, one ``d`` weight each; with
   ``sandwich_norm`` (Gemma 2: a norm on the attention's and the MLP's output too, before each residual add; the
-  Hugging Face code's ``post_attention_layernorm`` and ``post_feedforward_layernorm``) two more.
+  Hugging Face code's ``post_attention_layernorm`` and ``post_feedforward_layernorm``) two more; with ``post_norm``
+  (OLMo 2, Team OLMo 2024, "2 OLMo 2 Furious", section 3.2: the "reordered norm") those two only, none on the
+  inputs; ``qk_norm_scope`` projection (OLMo 2's and OLMoE's ``q_norm`` of ``a d`` and ``k_norm`` of ``k d``: one
+  RMSNorm over the whole query projection and one over the key projection) ``a d + k d`` for the two.
 
 Gemma (Gemma Team 2024, "Gemma: Open Models Based on Gemini Research and Technology", section 2; "Gemma 2:
 Improving Open Language Models at a Practical Size", section 2, Table 1): ``embedding_scale`` multiplies the token
@@ -141,6 +144,13 @@ class ModelSpec(BaseModel):
                                                       "(Qwen2); implied by bias")
     qk_norm: bool = Field(default=False, description="an RMSNorm over each head's query and key before the "
                                                      "rotary, one weight of d for all heads (Qwen3)")
+    qk_norm_scope: Literal["head", "projection"] = Field(
+        default="head", exclude_if=lambda v: v == "head",
+        description="with qk_norm: head, one RMSNorm of d over each head (Qwen3); projection, one over the whole query "
+                    "projection (a d weights) and one over the key projection (k d) (OLMo 2, OLMoE)")
+    post_norm: bool = Field(default=False, exclude_if=lambda v: not v,
+                            description="a layer's two norms on the attention's and the MLP's outputs, before each "
+                                        "residual add, none on their inputs (OLMo 2's reordered norm)")
     attention_sinks: bool = Field(default=False, exclude_if=lambda v: not v,
                                   description="a learned logit per query head in every softmax's denominator, "
                                               "attended by no value (gpt-oss's sinks; Megatron-Core's --softmax-type "
@@ -299,6 +309,11 @@ class ModelSpec(BaseModel):
             if self.rotary_dim > self.d or self.rotary_dim % 2:
                 raise ValueError(f"rotary_dim: {self.rotary_dim} must be even and at most head_dim ({self.d}): "
                                  "rotary positions turn pairs of a head's dimensions")
+        if self.qk_norm_scope != "head" and not self.qk_norm:
+            raise ValueError("qk_norm_scope: only with qk_norm")
+        if self.post_norm and self.sandwich_norm:
+            raise ValueError("post_norm: not with sandwich_norm (which norms each branch's input and output; "
+                             "post_norm its output only)")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
@@ -503,15 +518,22 @@ class ModelSpec(BaseModel):
 
     @property
     def norms_per_layer(self) -> int:
-        """Norms of the hidden width in one layer: before attention and before the MLP, and with
-        ``sandwich_norm`` after each of them too."""
+        """Norms of the hidden width in one layer: before attention and before the MLP (``post_norm``: after each
+        instead), and with ``sandwich_norm`` after each of them too."""
         return 4 if self.sandwich_norm else 2
 
     def layer_params(self, moe: bool | None = None) -> int:
         """Parameters of one transformer layer (its norms, and the query and key norms with ``qk_norm``); ``moe``:
         a layer with experts or a dense one (default: whether the model has experts)."""
         return (self.attention_params() + self.mlp_params(moe) + self.norms_per_layer * self.norm_params()
-                + (2 * self.d if self.qk_norm else 0))
+                + self.qk_norm_params())
+
+    def qk_norm_params(self) -> int:
+        """The query and key norms' weights: ``2d`` per head (one ``d`` weight each, shared by the heads), ``a d + k
+        d`` over the whole projections (``qk_norm_scope`` projection), 0 without ``qk_norm``."""
+        if not self.qk_norm:
+            return 0
+        return self.q_dim + self.kv_dim if self.qk_norm_scope == "projection" else 2 * self.d
 
     def block_params(self, i: int) -> int:
         """Parameters of transformer layer ``i`` (0-based): :meth:`layer_params` of its kind (:meth:`moe_layer`)."""

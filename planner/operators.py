@@ -506,7 +506,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # stashed and the all-gather redone in the backward (Korthikanti et al. 2022, section 4.2.2)
         return replace(op, saved_bytes=el * ln_el) if o.sequence_parallel else op
 
-    ops.append(norm("norm1"))
+    if not spec.post_norm:  # (OLMo 2's reordered norm: the attention reads the residual stream itself)
+        ops.append(norm("norm1"))
     dv = spec.v_d  # each head's value width (head_dim but with latent attention)
     if spec.mla:  # multi-head latent attention's projections in place of Q, K, V (planner.mla)
         from planner.mla import mla_operators
@@ -526,8 +527,11 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     if spec.mla:
         pass  # (its latents' norms and rotary are planner.mla's)
     elif spec.qk_norm:
-        # Qwen3: RMSNorm over each head's query and key (as norm1: saves its input)
-        ops.append(eager_rms_norm("qk_norm", T * (a_t + k_t), d, el) if eager else
+        # Qwen3: RMSNorm over each head's query and key (as norm1: saves its input); OLMo 2 (qk_norm_scope
+        # projection): one over the rank's whole query projection and one over its keys, each row's sum of squares
+        # all-reduced over the tensor-parallel group (planner.cost), the same elements
+        rows_qk, width_qk = (T, (a_t + k_t) * d) if spec.qk_norm_scope == "projection" else (T * (a_t + k_t), d)
+        ops.append(eager_rms_norm("qk_norm", rows_qk, width_qk, el) if eager else
                    elementwise("qk_norm", qk_el, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * qk_el))
     if spec.mla:
@@ -593,10 +597,11 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(Operator("flash_attn", (fwd,), (bwd,), (), qkv_saved + (0.0 if sel else 4.0 * heads_b * s),
                             recomputed=sel, out_bytes=el * heads_b * s * dv + 4.0 * heads_b * s))
     ops.append(gemm("proj", T, h, a_t * dv, el, accumulate=acc, bias_rows=rows if bias else 0))
-    if spec.sandwich_norm:  # Gemma 2: the attention's output normed before the residual add
+    if spec.sandwich_norm or spec.post_norm:  # Gemma 2, OLMo 2: the attention's output normed before the residual add
         ops.append(norm("post_attn_norm"))
     ops.append(dropout_add("dropout_add1"))
-    ops.append(norm("norm2"))
+    if not spec.post_norm:
+        ops.append(norm("norm2"))
 
     def mlp(width: int, prefix: str = "") -> list[Operator]:
         """The dense MLP of ``width`` (the shared expert's with ``prefix``), split over ``t`` by its columns. The
@@ -650,7 +655,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
                                    bwd_writes=0, saved_bytes=0.0))
     else:
         ops.extend(mlp(f))
-    if spec.sandwich_norm:  # Gemma 2: the MLP's output normed before the residual add
+    if spec.sandwich_norm or spec.post_norm:  # Gemma 2, OLMo 2: the MLP's output normed before the residual add
         ops.append(norm("post_mlp_norm"))
     ops.append(dropout_add("dropout_add2"))
     if o.recompute == "op":

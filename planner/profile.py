@@ -360,6 +360,10 @@ class TransformerShape(BaseModel):
     #: rotated key -- which its tensor-parallel input collective moves in place of the hidden size
     #: (:meth:`planner.cost.ConfigCosts._tp_comm`); absent for standard attention
     latent_width: int | None = Field(default=None, gt=0, le=3 * SHAPE_LIMITS["hidden"], exclude_if=lambda v: v is None)
+    #: norms per transformer layer over a width tensor parallelism splits (OLMo 2's query and key norms over the whole
+    #: projections, :attr:`planner.model.ModelSpec.qk_norm_scope`): each all-reduces its rows' sums of squares over the
+    #: tensor-parallel group in the forward and in the backward (:meth:`planner.cost.ConfigCosts._tp_comm`); 0 for none
+    split_norms: int = Field(default=0, ge=0, le=2, exclude_if=lambda v: v == 0)
 
     @model_validator(mode="after")
     def _defaults(self) -> TransformerShape:
@@ -378,7 +382,8 @@ def shape_of(spec: ModelSpec) -> TransformerShape:
     """The shape a profile of ``spec`` records (the analytical profile's and the profilers'): one description."""
     return TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=spec.layers,
                             ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token,
-                            shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden, latent_width=spec.latent_width)
+                            shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden, latent_width=spec.latent_width,
+                            split_norms=2 if spec.qk_norm and spec.qk_norm_scope == "projection" else 0)
 
 
 class ModelProfile(BaseModel):

@@ -82,8 +82,9 @@ fp8, is noted and not modelled (the plan trains in the profile's dtype). GLM-4.5
 mixture of experts (:func:`_deepseek_moe`) beside grouped-query attention with query/key/value biases
 (``attention_bias``), optional per-head query/key norms (``use_qk_norm``) and half of each head rotated
 (``partial_rotary_factor``: ``rotary_dim``, as Phi-4-mini's 0.75). Other mixtures of experts are refused naming
-what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`: Llama 4's shared expert beside a sigmoid router, OLMoE's
-full-width query/key norms).
+what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`: Llama 4's shared expert beside a sigmoid router and chunked
+attention). OLMo 2, OLMo 3 and OLMoE (:func:`_olmo`) norm the whole query and key projections (``qk_norm_scope``);
+OLMo 2 and 3 norm each branch's output, not its input (``post_norm``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
-               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe")
+               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe", "olmo2", "olmo3", "olmoe")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -130,6 +131,11 @@ MOE_FIELDS["glm4_moe"] = {"experts": "n_routed_experts", "experts_per_token": "n
                           "rotary_dim": "partial_rotary_factor"}
 #: the fields a GLM-4.5 config.json must state (transformers' defaults are one published model's, GLM-4.5-Air's)
 GLM_REQUIRED = ("n_shared_experts", "first_k_dense_replace")
+MOE_FIELDS["olmoe"] = {"experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                       "expert_ffn_hidden": "intermediate_size", "normalize_topk": "norm_topk_prob"}
+#: OLMo's types: the query and key norms over the whole projections (``qk_norm_scope`` projection); OLMo 2 and 3
+#: also norm each branch's output, not its input (``post_norm``); OLMo 3 has sliding windows (``layer_types``)
+OLMO_TYPES = ("olmo2", "olmo3", "olmoe")
 MOE_FIELDS["gpt_oss"] = {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                          "expert_ffn_hidden": "intermediate_size", "bias": "attention_bias",
                          "glu_clamp": "swiglu_limit", "activation": "swiglu_alpha"}
@@ -162,10 +168,8 @@ GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
 #: model types refused with the reason (what ModelSpec has no field for), from each one's configuration and modeling
-#: code in transformers 5 (``OlmoeAttention``, ``Llama4TextMoe``)
+#: code in transformers 5 (``Llama4TextMoe``)
 UNSUPPORTED_WHY = {
-    "olmoe": ("query and key norms over the whole projection (q_norm of hidden_size), not per head as Qwen3's: "
-              "ModelSpec's qk_norm is per head"),
     "llama4": ("a shared expert beside the routed one, a sigmoid router, layers without rotary positions "
                "(no_rope_layers) and chunked attention (attention_chunk_size): ModelSpec has none of them"),
 }
@@ -349,6 +353,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             spec.update(_gpt_oss(cfg))
         if model_type == "glm4_moe":
             spec.update(_deepseek_moe(cfg, "glm4_moe", notes), qk_norm=_flag(cfg, "use_qk_norm"))
+        if model_type in OLMO_TYPES:
+            spec.update(_olmo(cfg, model_type))
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
             spec["rotary_dim"] = _rotary_dim(rotary, spec.get("head_dim") or cfg.hidden_size // cfg.num_attention_heads)
@@ -490,6 +496,20 @@ def _gpt_oss(cfg: Any) -> dict[str, Any]:
         raise HFConfigError("swiglu_limit", f"a number above 0 (or null: no clamp), got {limit!r:.40}")
     return {"bias": True, "qkv_bias": False, "attention_sinks": True, "activation": "quick_gelu",
             "glu_linear_offset": 1.0, "glu_clamp": clamp, "normalize_topk": True}
+
+
+def _olmo(cfg: Any, model_type: str) -> dict[str, Any]:
+    """OLMo 2's, OLMo 3's and OLMoE's fields of ``spec`` as transformers builds them (``Olmo2Attention``,
+    ``Olmo3Attention``, ``OlmoeAttention``: ``q_norm`` an RMSNorm over the whole query projection, ``a d``, ``k_norm``
+    over the key projection, ``k d``, before the rotary: ``qk_norm_scope`` projection; ``Olmo2DecoderLayer``,
+    ``Olmo3DecoderLayer``: the attention and the MLP read the residual stream, their outputs normed before each add,
+    ``post_norm``; OLMoE's layer is pre-norm). OLMoE's ``clip_qkv`` (the queries, keys and values clamped after the
+    norms) is refused where set: not modelled."""
+    clip = getattr(cfg, "clip_qkv", None)
+    if clip is not None:
+        raise HFConfigError("clip_qkv", f"{clip!r:.40}: the clamp of the queries, keys and values is not modelled "
+                                        "(null, as OLMoE-1B-7B's, is)")
+    return {"qk_norm": True, "qk_norm_scope": "projection", "post_norm": model_type != "olmoe"}
 
 
 def _qkv_bias(cfg: Any, model_type: str) -> bool:

@@ -64,7 +64,7 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
     good = _config("mistral-7b")
     cases = [
         ({"config": {**good, "num_key_value_heads": 5}, "device": "h100"}, "config.num_key_value_heads"),
-        ({"config": {**good, "model_type": "olmoe"}, "device": "h100"}, "config.model_type"),
+        ({"config": {**good, "model_type": "llama4_text"}, "device": "h100"}, "config.model_type"),
         # a Mistral as a Mixtral without its experts: transformers' default (8, Mixtral 8x7B's) is not taken
         ({"config": {**good, "model_type": "mixtral"}, "device": "h100"}, "config.num_local_experts: missing"),
         ({"config": {k: v for k, v in good.items() if k != "model_type"}, "device": "h100"}, "config.model_type"),
@@ -197,8 +197,8 @@ def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-u
     """Mixtral 8x7B and Qwen3-30B-A3B uploaded: a 201, their layers holding every expert and the router
     (ModelSpec.layer_params: 1,451,270,144 for Mixtral's, 8 x 3 x 4096 x 14336 of it in experts) and their
     published sizes; a bad mixture of experts (a top-k beyond the experts, every layer dense, a Qwen2 MoE without its
-    shared expert's width, gpt-oss without its attention biases, OLMoE's full-width query/key norms) is a 422 naming the
-    config's field."""
+    shared expert's width, gpt-oss without its attention biases, Llama 4's shared expert beside a sigmoid router) is a
+    422 naming the config's field."""
     from profiler.hf_config import spec_from_hf_dict
 
     for name, total in (("mixtral-8x7b", 46_702_792_704), ("qwen3-30b-a3b", 30_532_122_624)):
@@ -222,7 +222,7 @@ def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-u
         ({k: v for k, v in qwen.items() if k != "moe_intermediate_size"}, "config.moe_intermediate_size: missing"),
         ({**qwen, "model_type": "qwen2_moe"}, "config.shared_expert_intermediate_size: missing"),
         ({**qwen, "model_type": "gpt_oss"}, "config.attention_bias: false: gpt-oss's experts and router always carry"),
-        ({**qwen, "model_type": "olmoe"}, "config.model_type: 'olmoe' is not supported (query and key norms"),
+        ({**qwen, "model_type": "llama4_text"}, "config.model_type: 'llama4_text' is not supported (a shared expert"),
     ]
     for config, words in cases:
         r = client.post("/profiles/hf-config", json={"config": config, "device": "h100"}, headers=AUTH)
