@@ -397,6 +397,10 @@ class TensorParallelLlamaBlock(nn.Module):
     ``RowParallelLinear``: the bias added to the reduced output); the sinks (one per query head) are split with the
     query heads; the gate's clamp and offset are elementwise, so each rank applies them to its columns
     (:func:`~executor.models.llama.glu`); the router's bias is replicated with the router (:class:`TensorParallelMoE`).
+
+    Partial rotary (``rotary_dim``: GLM-4.5, Phi-4-mini) rotates each head's first dimensions; a rank holds whole
+    heads, so it rotates its heads as the whole block does. GLM-4.5's query/key/value biases without an output bias
+    (``qkv_bias``) are split with their columns, as gpt-oss's.
     """
 
     takes_targets = False
@@ -410,6 +414,7 @@ class TensorParallelLlamaBlock(nn.Module):
         if a % size:
             raise ValueError(f"tensor parallelism t={size} must divide the query heads ({a})")
         self.size, self.rank, self.group, self.head_dim, self.theta = size, rank, group, d, block.theta
+        self.rotary_dim = block.rotary_dim  # (partial rotary: each head's first rotary_dim rotated, as the block)
         self.act, self.gated, self.offset, self.clamp = block.act, block.gated, block.offset, block.clamp
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
         self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
@@ -485,7 +490,7 @@ class TensorParallelLlamaBlock(nn.Module):
             k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
-        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks))
+        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks, self.rotary_dim))
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:

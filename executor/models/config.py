@@ -18,9 +18,10 @@ The family picks the zoo's layer code (:func:`family_of`):
   choice, the choice's bias, the weights' scaling) and multi-head latent attention (``kv_lora_rank``,
   :mod:`executor.models.mla`; ModelSpec refuses ``qk_norm`` with it); gpt-oss's attention sinks, clamped
   ``quick_gelu`` gate with its offset and biases on every linear layer, the router's too, as transformers'
-  ``GptOssForCausalLM``; :mod:`executor.models.llama`). A mixture of
-  experts and latent attention are built in this family only (``ModelSpec`` allows latent attention in a rotary
-  decoder only).
+  ``GptOssForCausalLM``; GLM-4.5's (``Glm4MoeForCausalLM``) DeepSeek-V3 routing beside query/key/value biases, q/k
+  norms and partial rotary, ``rotary_dim`` of each head rotated, Phi-4-mini's too; :mod:`executor.models.llama`). A
+  mixture of experts and latent attention are built in this family only (``ModelSpec`` allows latent attention in a
+  rotary decoder only).
 """
 
 from __future__ import annotations

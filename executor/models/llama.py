@@ -12,7 +12,11 @@ Layers:
    With ``qk_norm`` (Qwen3) each head's query and key go through an RMSNorm of width ``d`` (one weight for all
    heads) before the rotary, as Qwen3's modeling code does (``q_norm``/``k_norm``).
    The rotary angles are computed in every block from the positions ``0..s-1``, so a pipeline stage needs
-   nothing but the hidden states from its predecessor.
+   nothing but the hidden states from its predecessor. Partial rotary (``rotary_dim``, ``ModelSpec.rot_d``:
+   GLM-4.5's 64 of 128, Phi-4-mini's 96 of 128): only each head's first ``r`` query and key dimensions are rotated,
+   rotate-half over those ``r`` with the angles ``m theta^(-2i/r)``, the other ``d - r`` passing through, as
+   transformers' ``apply_rotary_pos_emb`` (Phi-3's and GLM-4.5's: ``q[..., :rotary_dim]`` rotated, ``q[...,
+   rotary_dim:]`` concatenated after it; the table sized ``int(head_dim * partial_rotary_factor)``).
    With ``experts`` (a mixture of experts: Mixtral, Jiang et al. 2024, "Mixtral of Experts", section 2.1;
    Qwen3 MoE; Qwen2 MoE) the MLP of each layer ``ModelSpec.moe_layer`` names is a :class:`SparseMoE` (below), that
    of each of the ``dense_layers`` the dense MLP of width ``ffn_hidden``.
@@ -66,6 +70,13 @@ one, the router's too (:class:`Router`); the router's softmax over all ``E`` the
 ``k`` (``normalize_topk``) is gpt-oss's softmax over the ``k`` largest logits; its 128-token window on layers 0, 2,
 ... is ``sliding_window`` with ``global_every`` 2 (transformers' sliding-window mask: key ``j`` seen from query ``i``
 when ``i - window < j <= i``, as here).
+
+GLM-4.5 (transformers' ``Glm4MoeForCausalLM``; ``glm4_moe`` as :mod:`profiler.hf_config` reads it): DeepSeek-V3's
+routing and shared expert (``n_shared_experts`` times the experts' width, no gate) and dense first layers
+(``first_k_dense_replace``) beside grouped-query attention with biases on the query, key and value projections only
+(``qkv_bias``; ``o`` has none), per-head query/key RMSNorms before the rotary (``use_qk_norm``: ``qk_norm``, as
+Qwen3's), half of each head rotated (``rotary_dim``, above) and ``a d != h`` (96 heads of 128 over 4096: ``q`` is
+``h -> a d``, ``o`` ``a d -> h``).
 
 Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
 is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
@@ -142,7 +153,9 @@ def make_norm(config: ModelConfig) -> nn.Module:
 def rotary_cos_sin(seq: int, head_dim: int, theta: float, device: torch.device,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos`` and ``sin`` of the angles ``m theta^(-2i/d)`` for positions ``m < seq``, shape ``(seq, d)``
-    (each frequency twice, first half then second half: the rotate-half layout)."""
+    (each frequency twice, first half then second half: the rotate-half layout); ``head_dim``: the rotated
+    dimensions ``d`` (with partial rotary, ``rotary_dim``: transformers' table of ``int(head_dim *
+    partial_rotary_factor)``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
     angles = torch.outer(torch.arange(seq, dtype=torch.float64, device=device), inv_freq)
     emb = torch.cat([angles, angles], dim=-1)
@@ -150,10 +163,15 @@ def rotary_cos_sin(seq: int, head_dim: int, theta: float, device: torch.device,
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``(b, heads, s, d)``: ``x cos + rotate_half(x) sin``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """Rotate ``x`` ``(b, heads, s, d)`` by ``cos, sin (s, r)``: ``x cos + rotate_half(x) sin`` over its first ``r``
+    dimensions (all ``d`` when ``r = d``), the other ``d - r`` passed through unchanged (partial rotary:
+    transformers' ``apply_rotary_pos_emb`` of Phi-3 and GLM-4.5)."""
+    r = cos.shape[-1]
+    rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    half = r // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos + rotated * sin
+    return out if rest is None else torch.cat([out, rest], dim=-1)
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -163,14 +181,15 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
               cap: float | None = None, window: int | None = None,
-              sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions; ``a'`` a
+              sinks: torch.Tensor | None = None, rotary_dim: int | None = None) -> torch.Tensor:
+    """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions (on each head's
+    first ``rotary_dim`` dimensions where given, the rest passing through: :func:`apply_rotary`); ``a'`` a
     multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads); the scores soft-capped
     at ``cap`` where given; each query within the last ``window`` positions (itself included) where given; with
     ``sinks (a',)`` each head's sink logit in its softmax's denominator (:func:`causal_attention`).
     Returns ``(b, s, a' d)``."""
     b, heads, s, d = q.shape
-    cos, sin = rotary_cos_sin(s, d, theta, q.device, q.dtype)
+    cos, sin = rotary_cos_sin(s, d if rotary_dim is None else rotary_dim, theta, q.device, q.dtype)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     group = heads // k.shape[1]
     if group > 1:
@@ -461,6 +480,7 @@ class LlamaBlock(nn.Module):
         self.window = config.sliding_window if config.local_layer(index) else None
         qkv_bias = config.bias or config.qkv_bias
         self.heads, self.kv_heads, self.head_dim = config.heads, config.k, d
+        self.rotary_dim = config.rot_d  # (the dimensions of each head rotated: rotary_dim, else all d)
         self.theta, self.cap = config.layer_rope_theta(index), config.attention_softcap
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
@@ -510,7 +530,7 @@ class LlamaBlock(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
         return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window,
-                                self.sinks))
+                                self.sinks, self.rotary_dim))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
