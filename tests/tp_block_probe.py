@@ -2,9 +2,11 @@
 model tests: run as ``python tests/tp_block_probe.py RANK STORE SPECS`` by :func:`run_support.tp_block_errors`.
 
 ``SPECS``: JSON ``{name: [model spec, layer]}``; each named layer is built (seed 3), perturbed the same way on both
-ranks (a routing far from uniform, the down-projections' biases and the latent norms off their initial values, a
-shared expert's gate well away from 1/2, DeepSeek-V3's bias spread over the experts), split, and run forward and
-backward on the same input. Printed per name: the largest differences of output, input gradient and parameter
+ranks (a routing far from uniform, every bias and the latent norms off their initial values, a shared expert's gate
+well away from 1/2, DeepSeek-V3's bias spread over the experts), split, and run forward and backward on the same
+input. Every bias is drawn anew (they start at zero): a zero bias hides a column-parallel bias split wrongly (each
+rank adding another rank's columns, or all of them) and a row-parallel one added on every rank before the all-reduce
+(``t`` times over). Printed per name: the largest differences of output, input gradient and parameter
 gradients (the shard's gathered under the whole block's names), the smallest gradient norm, the router's gradient
 difference and norm where the block has one, the parameter names, those the shard splits, and the element counts of
 the all-reduces the shard ran."""
@@ -29,7 +31,7 @@ def _perturb(block: torch.nn.Module) -> None:
         for n, p in block.named_parameters():
             if "layernorm" in n:
                 p.uniform_(0.5, 1.5)
-            elif n.endswith("down.bias"):
+            elif n.endswith(".bias"):  # (every linear layer's: zero at first but for gpt-oss's router's, small)
                 p.normal_()
         moe = getattr(block, "moe", None)
         if moe is not None:
@@ -37,7 +39,9 @@ def _perturb(block: torch.nn.Module) -> None:
             if moe.shared_expert_gate is not None:
                 moe.shared_expert_gate.weight.mul_(50)
             if getattr(moe.router, "expert_bias", None) is not None:
-                moe.router.expert_bias.copy_(torch.linspace(-0.3, 0.3, len(moe.experts)))
+                # (+-0.1: it changes some tokens' choice and leaves every expert of the probed layers some tokens;
+                # +-0.3 left GLM-4.5's first expert of its first group none, a gradient of zeros on both sides)
+                moe.router.expert_bias.copy_(torch.linspace(-0.1, 0.1, len(moe.experts)))
 
 
 def main(rank: int, store: str, specs: dict) -> None:
