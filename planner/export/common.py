@@ -227,7 +227,10 @@ class Parsed:
     per head; None without it), and gpt-oss's attention and MLP where the format writes them (ModelSpec's
     ``attention_sinks``, ``sliding_window``, ``global_every``, ``glu_linear_offset``, ``glu_clamp``; ``activation``:
     the gated MLP's activation, silu or quick_gelu, None where the MLP is not gated or the format does not say;
-    ``bias`` and ``qkv_bias``: the linear layers' biases, None where the format does not say)."""
+    ``bias`` and ``qkv_bias``: the linear layers' biases, None where the format does not say), and each head's
+    attention where the format writes it (``rotary_dim``: the rotated dimensions of each head's query and key, None
+    where all are or the format does not say; ``qk_norm``: norms over each head's query and key, None where the format
+    does not say)."""
 
     config: Config
     microbatches: int
@@ -255,6 +258,8 @@ class Parsed:
     glu_clamp: float | None = None
     bias: bool | None = None
     qkv_bias: bool | None = None
+    rotary_dim: int | None = None
+    qk_norm: bool | None = None
 
 
 class ExportError(ValueError):
@@ -342,7 +347,7 @@ def gpt_oss_words(model: ModelSpec) -> dict[str, str]:
 
 def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False,
                     latent: bool = False, window: bool = False, sinks: bool = False, glu: bool = False,
-                    biases: bool = False) -> str | None:
+                    biases: bool = False, rotary: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
     soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a mixture of experts where the
@@ -350,9 +355,10 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
     variants, named by their fields: :func:`routing_words`), multi-head latent attention where they do not write it
     (``latent``: they do; :func:`latent_words`), a sliding window where they do not write it (``window``: they do),
     gpt-oss's attention sinks (``sinks``: written), its quick_gelu gate with the up projection's offset and the clamp
-    (``glu``: written), the linear layers' biases (``biases``: written), and the local layers' own rotary base, which
-    neither writes (:func:`gpt_oss_words` names each by its field); None when nothing is missing. The plan's times
-    are the model's own: the framework's model has to be the user's."""
+    (``glu``: written), the linear layers' biases (``biases``: written), rotary positions on part of each head
+    (``rotary_dim``; ``rotary``: written), and the local layers' own rotary base, which neither writes
+    (:func:`gpt_oss_words` names each by its field); None when nothing is missing. The plan's times are the model's
+    own: the framework's model has to be the user's."""
     if model is None:
         return None
     gaps = []
@@ -383,6 +389,9 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
         where = "every layer" if model.global_every is None else f"all but every {model.global_every}th layer"
         fields = "sliding_window" if model.global_every is None else "sliding_window, global_every"
         gaps.append(f"attention within a window of {model.sliding_window} tokens on {where} ({fields})")
+    if model.rotary_dim is not None and model.rotary_dim < model.d and not rotary:  # (ModelSpec: rotary, no latent)
+        gaps.append(f"rotary positions on the first {model.rot_d} of each head's {model.d} query and key dimensions, "
+                    f"the other {model.d - model.rot_d} unrotated (rotary_dim)")
     words = gpt_oss_words(model)
     gaps += [w for key, w in words.items() if not {"attention_sinks": sinks, "glu_linear_offset": glu,
                                                    "glu_clamp": glu, "bias": biases, "qkv_bias": biases}.get(key)]

@@ -108,6 +108,40 @@ gpt-oss's softmax over its top-k router logits is Megatron's default routing (th
 chosen; the provider's ``moe_router_pre_softmax = False``). Its YaRN rotary scaling is not in ModelSpec: plain rope
 is written.
 
+Partial rotary (ModelSpec's ``rotary_dim``: GLM-4.5's 64 of 128, Phi-4-mini's 96 of 128) is ``--rotary-percent
+rotary_dim / head_dim`` (``type=float, default=1.0`` in ``_add_network_size_args``, arguments.py at 000c4ac2).
+Megatron-Core computes what transformers' Glm4Moe and Phi-3 ``apply_rotary_pos_emb`` do (``q[..., :rotary_dim]`` rotated
+half against half, the rest passed through): ``gpt_builders.py`` (at 383d08f4f0ab961803594c1560eb055f6543aa55) hands
+``args.rotary_percent`` to ``GPTModel``, which builds ``RotaryEmbedding(kv_channels=config.kv_channels, rotary_percent,
+rotary_interleaved=config.rotary_interleaved)`` (``megatron/core/models/gpt/gpt_model.py`` at
+007562f9413e6bf1ab2fa4e13596ad67c7cab383); there ``dim = int(kv_channels * rotary_percent)`` where the percent is below
+1, ``inv_freq = 1 / base ** (arange(0, dim, 2) / dim)`` and the table ``cat((freqs, freqs))``
+(``megatron/core/models/common/embeddings/rotary_pos_embedding.py`` at 00caa53af30912914981c86f39db123961678bbd), as
+transformers' ``int(head_dim * partial_rotary_factor)`` and its ``inv_freq``; ``_apply_rotary_pos_emb_bshd``
+(``rope_utils.py`` there, at 00c51e13247685110aec81e60aa3db91cbdbff7d) splits ``t[..., :rot_dim]`` from ``t[...,
+rot_dim:]``, rotates the first with ``_rotate_half`` (``chunk(x, 2)``: ``cat(-x2, x1)``) and concatenates the second
+unchanged. Transformer Engine's fused kernel, which Megatron-Core takes by default (``apply_rope_fusion``), does the
+same with a table of ``d2 <= d`` (``transformer_engine/pytorch/attention/rope.py`` at
+0dc141cf773e9b5427998dbf0a04174c484fd313: ``t[..., :rot_dim]`` rotated, ``t_pass`` kept). ``--rotary-interleaved`` would
+turn adjacent pairs ``(x0, x1), (x2, x3), ...`` instead (GPT-J's form, ``_rotate_half``'s interleaved branch), not the
+model's: never written, and refused by the parser. The written percent is the smallest float at or above ``rotary_dim /
+head_dim`` whose ``int(head_dim * percent)`` is ``rotary_dim`` (:func:`rotary_percent`: 58 of 100 is 0.5800000000000001,
+since 100 * 0.58 is 57.99999999999999). Megatron-Bridge maps a Hugging Face ``partial_rotary_factor`` to
+``rotary_percent`` (``CONFIG_MAPPING`` in ``src/megatron/bridge/models/conversion/model_bridge.py`` at
+0350b4ef4ef8892615e209b36e8dde4ca42d9232) and its GLM-4.5 providers set ``rotary_percent = 0.5`` with ``kv_channels =
+128`` (``src/megatron/bridge/models/glm/glm45_provider.py`` at 5f28ae824bc6b22af924ec2034cba5caf8351941).
+
+GLM-4.5 (``glm4_moe``) is otherwise written as any model here, as that provider and ``glm45_bridge.py`` (at
+0fe9cb1dd9b1db0fb9ca59f943c8f6553200e4bb) set it: ``--kv-channels 128`` (96 heads of 128 in a hidden size of 4096),
+``--disable-bias-linear --add-qkv-bias`` (biases on Q, K and V only), ``--qk-layernorm`` where ``qk_norm`` (GLM-4.5's,
+not Air's; RMSNorm over each head before the rotary, as transformers' ``q_norm``), the shared expert
+(``--moe-shared-expert-intermediate-size``, ungated), the dense first layers (``--moe-layer-freq``: the provider's ``[0]
+* 1 + [1] * 45`` for Air), sigmoid scores with the expert bias (``--moe-router-score-function sigmoid
+--moe-router-enable-expert-bias``), ``--moe-router-topk-scaling-factor`` (GLM-4.5's 2.5; Air's 1.0, no scaling, is
+Megatron's default: not written) and groups where ``n_group > 1``. Not written: the multi-token prediction layers
+(``--mtp-num-layers``: the planner does not cost them), and the bridge's training settings (``seq_aux_loss`` balancing,
+``moe_router_dtype = "fp32"``, ``moe_router_bias_update_rate = 0``), which are the user's.
+
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
 """
@@ -224,6 +258,17 @@ def _layer_args(inp: ExportInput, notes: list[str]) -> list[str]:
                  "written as --pipeline-model-parallel-layout (Megatron-Core releases from 2025 on; earlier ones split "
                  "the layers evenly and cannot say it)")
     return ["--pipeline-model-parallel-layout", layout(kinds, stages)]
+
+
+def rotary_percent(rotary_dim: int, head_dim: int) -> str:
+    """``--rotary-percent`` of ``rotary_dim`` rotated dimensions of ``head_dim`` (``--kv-channels``): the smallest float
+    at or above ``rotary_dim / head_dim`` whose ``int(head_dim * percent)`` -- Megatron-Core's ``RotaryEmbedding`` --
+    is ``rotary_dim`` (``repr``: Megatron's ``type=float`` reads it back exactly); 0.5 for 64 of 128,
+    0.5800000000000001 for 58 of 100 (0.58 gives 57)."""
+    x = rotary_dim / head_dim
+    while int(head_dim * x) < rotary_dim:  # (one step at most: x is r/d rounded to the nearest float)
+        x = math.nextafter(x, math.inf)
+    return repr(x)
 
 
 def moe_layer_freq(layers: int, dense_layers: tuple[int, ...] | list[int]) -> str:
@@ -374,6 +419,8 @@ def _model_args(inp: ExportInput) -> list[str]:
     if m.position == "rotary":
         # (an integer argument: 1e6 as 1000000, not %g's 1e+06, which Megatron's type=int refuses; model_refusal)
         args += ["--position-embedding-type", "rope", "--rotary-base", str(int(m.rope_theta))]
+        if m.rot_d < m.d:  # the first rot_d of each head rotated, half against half (module docstring)
+            args += ["--rotary-percent", rotary_percent(m.rot_d, m.d)]
     if m.mla:  # MLASelfAttention: its rotary plain (YaRN by default), its latents' RMSNorms (--qk-layernorm)
         args += ["--multi-latent-attention", "--rope-type", "rope"]
         if m.q_lora_rank is not None:
@@ -492,7 +539,7 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     args += _model_args(inp)
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
                                experts=True, latent=True, window=True, sinks=True, glu=True,
-                               biases=True)) is not None:
+                               biases=True, rotary=True)) is not None:
         notes.append(gap)
     if sinks:
         notes.append("--softmax-type learnable (the model's attention sinks) runs in Transformer Engine's fused "
@@ -585,8 +632,9 @@ def parse(text: str) -> Parsed:
     (interleaved with v chunks when a virtual pipeline is set, else 1F1B), recomputation, the transformer layers
     per (virtual) stage when ``--num-layers`` is given, a mixture of experts' shared expert (its width and gate),
     dense layers (``--moe-layer-freq``) and routing (the weights Megatron-Core computes: :func:`_parse_routing`),
-    multi-head latent attention's sizes, the attention's window and sinks (:func:`_parse_window`), and the MLP's gate
-    and the linear layers' biases (:func:`_parse_mlp`)."""
+    multi-head latent attention's sizes, the attention's window and sinks (:func:`_parse_window`), the MLP's gate
+    and the linear layers' biases (:func:`_parse_mlp`), and each head's rotated part and query/key norms
+    (:func:`_parse_heads`)."""
     logical = text.replace("\\\n", " ")
     line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
     if line is None:
@@ -665,7 +713,8 @@ def parse(text: str) -> Parsed:
     dense = parse_moe_layer_freq(freq, L) if freq is not None else ()
     return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts, shared_expert_ffn_hidden=shared,
                   shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense,
-                  **_parse_routing(args), **_parse_latent(args), **_parse_window(args, L), **_parse_mlp(args))
+                  **_parse_routing(args), **_parse_latent(args), **_parse_window(args, L), **_parse_mlp(args),
+                  **_parse_heads(args))
 
 
 def _value(args: dict[str, str | bool], key: str, kind: type = int) -> Any:
@@ -762,6 +811,51 @@ def _parse_window(args: dict[str, str | bool], layers: int | None) -> dict[str, 
         raise ExportError(f"megatron script: --window-attn-skip-freq {freq}: global layers that are not every n-th "
                           "(ModelSpec's global_every)")
     return {"sliding_window": left + 1, "global_every": every}
+
+
+def _parse_heads(args: dict[str, str | bool]) -> dict[str, Any]:
+    """ModelSpec's ``rotary_dim`` as Megatron-Core computes it from ``--rotary-percent`` p (module docstring): with
+    ``--position-embedding-type rope`` and p below 1, ``int(kv_channels * p)`` (``--kv-channels``, else Megatron's
+    default ``hidden_size // num_attention_heads``), None at 1 or more (every dimension rotated); refused: a p that is
+    not finite, an odd or empty rotated part, p below 1 with latent attention (its own rotated part is all of
+    ``qk_pos_emb_head_dim``), and ``--rotary-interleaved`` (adjacent pairs turned: not the models' rotate-half). With
+    the model's arguments (``--num-layers``), ``qk_norm``: ``--qk-layernorm`` without latent attention (with it, the
+    latents' norms)."""
+    out: dict[str, Any] = {}
+    latent = bool(args.get("--multi-latent-attention"))
+    if "--num-layers" in args:
+        out["qk_norm"] = bool(args.get("--qk-layernorm")) and not latent
+    if args.get("--position-embedding-type") != "rope":
+        return out  # (Megatron's rotary arguments act on rope only)
+    if args.get("--rotary-interleaved"):
+        raise ExportError("megatron script: --rotary-interleaved: Megatron-Core then turns adjacent pairs of each "
+                          "head's dimensions (GPT-J's form, _rotate_half's interleaved branch); the models planned "
+                          "here turn the rotated part's first half against its second (rotate-half, transformers' "
+                          "apply_rotary_pos_emb)")
+    percent = _value(args, "--rotary-percent", float)
+    if percent is None:
+        return out
+    if not math.isfinite(percent):
+        raise ExportError(f"megatron script: --rotary-percent {percent}: a finite share of each head")
+    if percent >= 1.0:  # (RotaryEmbedding applies a percent below 1 only)
+        return out
+    if latent:
+        raise ExportError(f"megatron script: --rotary-percent {percent!r} with --multi-latent-attention: Megatron-Core "
+                          "would rotate part of qk_pos_emb_head_dim; the latent attention planned here rotates all of "
+                          "qk_rope_head_dim (ModelSpec refuses rotary_dim with kv_lora_rank)")
+    kv = _value(args, "--kv-channels")
+    if kv is None:
+        hidden, heads = _value(args, "--hidden-size"), _value(args, "--num-attention-heads")
+        if not hidden or not heads:
+            raise ExportError("megatron script: --rotary-percent needs --kv-channels, or --hidden-size and "
+                              "--num-attention-heads (Megatron's kv_channels default, hidden_size // heads)")
+        kv = hidden // heads
+    dim = int(kv * percent)
+    if dim < 2 or dim % 2:
+        raise ExportError(f"megatron script: --rotary-percent {percent!r} of kv_channels {kv}: Megatron-Core "
+                          f"rotates int({kv} x {percent!r}) = {dim} dimensions of each head; rotary positions turn an "
+                          "even number of them, 2 or more")
+    return out | {"rotary_dim": dim}
 
 
 def _parse_mlp(args: dict[str, str | bool]) -> dict[str, Any]:
