@@ -25,6 +25,11 @@ torchtitan's fields (``torchtitan/config/job_config.py``, ``torchtitan/distribut
   partition are the plan's;
 * ``activation_checkpoint.mode`` = ``full`` (every block recomputed) or ``none``.
 
+The model is named, not written: ``[model]`` names torchtitan's llama3 (qwen3 with query/key norms), and a note names
+what of the model their settings cannot say (:func:`planner.export.common.model_gaps_note`), among them partial rotary
+(``rotary_dim``: llama3's ``precompute_freqs_cis(dim // n_heads)`` turns all of each head) and, for llama3, a head
+width that is not ``dim // n_heads`` (GLM-4.5's 128 beside 4096 / 96).
+
 Hanayo with more than one wave needs a placement torchtitan has not ("loop" or a single "V"); Chimera,
 GEMS (two replicas), 1F1B-RR (uneven replication) and PipeDream's asynchronous schedules are refused.
 """
@@ -171,17 +176,32 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         family = "qwen3" if inp.model.qk_norm else "llama3"
         sections["model"] = {"name": family, "flavor": inp.model.name}
         sections["training"]["seq_len"] = inp.model.seq
-        notes.append(f"[model] names torchtitan's {family} with flavor {inp.model.name!r}: register a flavor of "
-                     f"these dimensions (dim {inp.model.hidden}, n_layers {inp.model.layers}, n_heads "
-                     f"{inp.model.heads}, n_kv_heads {inp.model.k}, vocab {inp.model.vocab}) or pick yours")
-        if (gap := model_gaps_note(inp.model, "torchtitan", f"{family} model settings")) is not None:
+        m = inp.model
+        dims = f"dim {m.hidden}, n_layers {m.layers}, n_heads {m.heads}, n_kv_heads {m.k}, vocab {m.vocab}"
+        if family == "qwen3":  # (Qwen3ModelArgs.head_dim: torchtitan/models/qwen3/model/args.py at 1380887b)
+            dims += f", head_dim {m.d}"
+        note = (f"[model] names torchtitan's {family} with flavor {m.name!r}: register a flavor of these dimensions "
+                f"({dims}) or pick yours")
+        if family == "llama3" and m.d * m.heads != m.hidden and not m.mla:
+            # (torchtitan/models/llama3/model/model.py at 6404b932: Attention's head_dim = dim // n_heads, and
+            # precompute_freqs_cis(dim // n_heads) rotates all of it: no head width or rotated part of its own)
+            note += (f"; llama3 sizes each head dim // n_heads = {m.hidden // m.heads} wide, not the model's "
+                     f"{m.d} (head_dim)")
+        notes.append(note)
+        if (gap := model_gaps_note(m, "torchtitan", f"{family} model settings")) is not None:
             notes.append(gap)
-        if inp.model.mla or (inp.model.moe and routing_words(inp.model)):
+        if m.mla:
             # (torchtitan/models/deepseek_v3: DeepSeekV3ModelArgs kv_lora_rank, q_lora_rank, qk_*_head_dim, v_head_dim,
             # n_expert_groups, n_limited_groups; MoEArgs score_func, route_norm, route_scale)
             notes.append("torchtitan's deepseek_v3 model has multi-head latent attention and DeepSeek's routing: "
                          "register a flavor of this model there and name it in [model] instead")
-        m = inp.model
+        elif m.moe and routing_words(m):
+            # (torchtitan/models/deepseek_v3/model/args.py at 05c63359: DeepSeekV3ModelArgs has kv_lora_rank always,
+            # no n_kv_heads, no attention biases)
+            notes.append("torchtitan's deepseek_v3 model has DeepSeek's routing but multi-head latent attention only "
+                         "(DeepSeekV3ModelArgs: a kv_lora_rank, no n_kv_heads): this model's standard attention with "
+                         "that routing is no model of torchtitan's, so register one of your own and name it in "
+                         "[model]")
         if m.attention_sinks or m.glu_clamp is not None or m.glu_linear_offset != 0.0:
             # (torchtitan/models/gpt_oss: Attention's sinks and biased wq, wk, wv, wo; GptOssGroupedExperts' biases
             # and swiglu(x, alpha=1.702, limit), out_glu * (x_linear + 1); GptOssModelArgs.sliding_window_size on
