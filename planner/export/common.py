@@ -350,7 +350,9 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
                     biases: bool = False, rotary: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
-    soft-caps (:class:`planner.model.ModelSpec`), GELU's tanh form under a gated MLP, a mixture of experts where the
+    soft-caps (:class:`planner.model.ModelSpec`), OLMo 2's norms on each branch's output instead of its input
+    (``post_norm``) and OLMo 2's and OLMoE's query and key norms over the whole projections (``qk_norm_scope``
+    projection), GELU's tanh form under a gated MLP, a mixture of experts where the
     arguments do not write one (``experts``: they do; with its shared expert, its dense layers and its routing
     variants, named by their fields: :func:`routing_words`), multi-head latent attention where they do not write it
     (``latent``: they do; :func:`latent_words`), a sliding window where they do not write it (``window``: they do),
@@ -379,6 +381,12 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
         gaps.append("embeddings times sqrt(hidden)")
     if model.sandwich_norm:
         gaps.append("a norm on the attention's and the MLP's outputs")
+    if model.post_norm:
+        gaps.append("norms on the attention's and the MLP's outputs before each residual add and none on their "
+                    "inputs (post_norm)")
+    if model.qk_norm and model.qk_norm_scope == "projection":
+        gaps.append(f"one RMSNorm over the whole query projection ({model.q_dim} wide) and one over the whole key "
+                    f"projection ({model.kv_dim} wide), not over each head's {model.d} (qk_norm_scope projection)")
     if model.attention_softcap is not None:
         gaps.append(f"scores soft-capped at {model.attention_softcap:g}")
     if model.logit_softcap is not None:
