@@ -142,6 +142,33 @@ Megatron's default: not written) and groups where ``n_group > 1``. Not written: 
 (``--mtp-num-layers``: the planner does not cost them), and the bridge's training settings (``seq_aux_loss`` balancing,
 ``moe_router_dtype = "fp32"``, ``moe_router_bias_update_rate = 0``), which are the user's.
 
+OLMo 2, OLMo 3 and OLMoE (ModelSpec's ``qk_norm_scope`` projection and ``post_norm``) are refused, naming the field
+(:func:`olmo_refusal`): NVIDIA/Megatron-LM has no argument for either (``megatron/training/arguments.py`` at 000c4ac2;
+``megatron/core/transformer/transformer_config.py`` at 002526d81b81f6ab534e93844f9a228709887494). Its one query/key
+norm, ``--qk-layernorm`` (``_add_vision_args``; TransformerConfig's ``qk_layernorm``, "Whether to apply
+`normalization` type of normalization to the query and key embeddings"), builds ``q_layernorm`` and ``k_layernorm``
+``hidden_size_per_attention_head`` wide and applies them to the ``[s, b, heads, head_dim]`` queries and keys
+(``SelfAttention``, ``megatron/core/transformer/attention.py`` at 00c2c0adeec16015f386548793c88ef08ff6acec): an RMSNorm
+over each head, Qwen3's, not OLMo's one over the ``a d`` query projection and one over the ``k d`` key projection
+(transformers' ``Olmo2Attention``: ``Olmo2RMSNorm(num_attention_heads * head_dim)`` on ``q_proj(x)``; OLMoE's the
+same); ``--qk-l2-norm`` is Llama 4's L2 norm of each head, without a weight. Megatron-Core's ``TransformerLayer`` norms
+each branch's input (``input_layernorm``, ``pre_mlp_layernorm``; ``transformer_layer.py`` at
+dc13771018ffb32b2999a9d85fcbd850616710e9) and nothing after a branch; ``--apply-residual-connection-post-layernorm``
+("If set, use original BERT residula connection ordering") adds the branch to the normed input rather than to the
+input (the legacy ``ParallelTransformerLayer``'s ``residual = norm_output``, ``megatron/legacy/model/transformer.py`` at
+00caa53a): ``norm(x) + attention(norm(x))``, not OLMo 2's ``x + norm(attention(x))`` (``Olmo2DecoderLayer``).
+NVIDIA-NeMo/Megatron-Bridge does not say them with Megatron-LM's arguments either: it builds OLMo 2 with a layer spec of
+its own (``src/megatron/bridge/models/olmo2/olmo2_provider.py`` at 57852623b64ad7f1333f2e1af0136b8fd14c4273:
+``IdentityOp`` for ``input_layernorm`` and ``pre_mlp_layernorm``, ``linear_proj`` and ``linear_fc2`` as
+``TERowParallelLinearPostLN``, the linear with an RMSNorm after it) and OLMoE with ``OLMoESelfAttention``
+(``olmoe/olmoe_provider.py`` at 217dc58113a0fee81e7f6f639b30bf4a964bc8eb, ``olmoe/modeling_olmoe.py`` at
+a1d4d4bfd9baf49e5d16ce04f091214af0d56168, ``olmoe/olmoe_bridge.py`` at 5c5ae23cd3892394558bb3a4898da4da4e118297:
+``q_layernorm`` and ``k_layernorm`` ``hidden_size_per_attention_head * num_attention_heads`` wide over a rank's
+flattened query and key, "Unlike Mcore QK Layernorm"). Its OLMo 2 spec keeps Megatron-Core's per-head ``q_layernorm``
+and ``k_layernorm`` (``olmo2_bridge.py`` there: "per-head Q/K normalization"), onto which it maps transformers'
+``a d``-wide ``q_norm``. FlagScale's fork of Megatron-LM adds ``--qk-layernorm-hidden-dim`` (the norms over the
+projections); NVIDIA's has no such argument.
+
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
 """
@@ -345,7 +372,9 @@ def model_refusal(m: ModelSpec) -> None:
     gated MLP's ``glu_linear_offset`` or ``glu_clamp`` under another activation than quick_gelu; a shared expert with
     biases; the routing weights Megatron-Core's ``topk_routing_with_score_function`` cannot make (``normalize_topk``
     against the score function and k), the group scores its ``group_limited_topk`` does not compute
-    (``router_group_topk``). (Per-head query/key norms beside latent attention ModelSpec refuses.)"""
+    (``router_group_topk``); OLMo's layers (:func:`olmo_refusal`). (Per-head query/key norms beside latent attention
+    ModelSpec refuses.)"""
+    olmo_refusal(m)
     if m.position == "rotary" and not float(m.rope_theta).is_integer():
         raise ExportError(f"megatron: rope_theta {m.rope_theta:g}: Megatron-LM's --rotary-base is an integer "
                           "(type=int in megatron/training/arguments.py)")
@@ -392,6 +421,37 @@ def model_refusal(m: ModelSpec) -> None:
                               "(group_limited_topk; it needs k divisible by router_group_topk), the model by "
                               f"{model}: the two agree only at k = {'2 x ' if best == 2 else ''}"
                               "router_group_topk")
+
+
+def olmo_refusal(m: ModelSpec) -> None:
+    """An :class:`ExportError` naming ``qk_norm_scope`` projection and ``post_norm`` where ``m`` has them: no argument
+    of Megatron-LM's computes either (module docstring), and the export writes no flag that computes something else in
+    their stead (``--qk-layernorm`` norms each head; ``--apply-residual-connection-post-layernorm`` keeps the input
+    norms)."""
+    why = []
+    if m.qk_norm and m.qk_norm_scope == "projection":
+        why.append(f"qk_norm_scope projection: the model norms the whole query projection ({m.heads} heads x {m.d} = "
+                   f"{m.q_dim} wide) and the whole key projection ({m.k} x {m.d} = {m.kv_dim}) with one RMSNorm each, "
+                   "before the rotary (transformers' Olmo2Attention and OlmoeAttention: q_norm(q_proj(x))); "
+                   f"Megatron-LM's one query/key norm, --qk-layernorm, is an RMSNorm over each head's {m.d} "
+                   "(Megatron-Core's SelfAttention builds q_layernorm and k_layernorm hidden_size_per_attention_head "
+                   "wide), another function of the same queries, and no argument norms the whole projection "
+                   "(--qk-l2-norm is Llama 4's L2 norm of each head, without a weight); Megatron-Bridge builds OLMoE "
+                   "with a layer spec of its own (olmoe_layer_spec's OLMoESelfAttention: both norms "
+                   "num_attention_heads x head_dim wide), and its OLMo 2 layer spec keeps Megatron-Core's per-head "
+                   "q_layernorm")
+    if m.post_norm:
+        why.append("post_norm: each branch's output is normed before its residual add and its input is not (x + "
+                   "norm(attention(x)), transformers' Olmo2DecoderLayer); Megatron-Core's layers norm each branch's "
+                   "input (input_layernorm, pre_mlp_layernorm) and nothing after it, and no argument changes that: "
+                   "--apply-residual-connection-post-layernorm keeps the input norm and adds the branch to the normed "
+                   "input (norm(x) + attention(norm(x)): BERT's original residual ordering); "
+                   "Megatron-Bridge builds OLMo 2 with a layer spec of its own (olmo2_layer_spec: IdentityOp input "
+                   "norms, an RMSNorm after linear_proj and after linear_fc2)")
+    if why:
+        raise ExportError("megatron: " + "; and ".join(why) + ". Megatron-LM's arguments would train another model "
+                          "than the one planned, so none are written (Megatron-Bridge's layer specs are code, not "
+                          "arguments)")
 
 
 def _model_args(inp: ExportInput) -> list[str]:
