@@ -28,7 +28,11 @@ torchtitan's fields (``torchtitan/config/job_config.py``, ``torchtitan/distribut
 The model is named, not written: ``[model]`` names torchtitan's llama3 (qwen3 with query/key norms), and a note names
 what of the model their settings cannot say (:func:`planner.export.common.model_gaps_note`), among them partial rotary
 (``rotary_dim``: llama3's ``precompute_freqs_cis(dim // n_heads)`` turns all of each head) and, for llama3, a head
-width that is not ``dim // n_heads`` (GLM-4.5's 128 beside 4096 / 96).
+width that is not ``dim // n_heads`` (GLM-4.5's 128 beside 4096 / 96). OLMo 2, OLMo 3 and OLMoE are named qwen3
+(query/key norms), which is not them: its norms are over each head and on each branch's input, theirs over the whole
+query and key projections (``qk_norm_scope``) and, OLMo 2's and 3's, on each branch's output (``post_norm``), and
+torchtitan has no OLMo model; the gaps note names both fields and a note says the family is not the model
+(:func:`olmo_note`).
 
 Hanayo with more than one wave needs a placement torchtitan has not ("loop" or a single "V"); Chimera,
 GEMS (two replicas), 1F1B-RR (uneven replication) and PipeDream's asynchronous schedules are refused.
@@ -56,6 +60,7 @@ from planner.export.common import (
     routing_words,
     unsupported,
 )
+from planner.model import ModelSpec
 from planner.placement import pipeline_outermost_order
 from planner.request import Config
 from planner.runspec import RunSpec
@@ -132,6 +137,29 @@ def placement_note(inp: ExportInput) -> str | None:
     return pipeline_outermost_note(inp, TITLE, "pp, dp_replicate, fsdp, tp")
 
 
+def olmo_note(m: ModelSpec, family: str) -> str | None:
+    """Where ``m`` has OLMo's layers (``qk_norm_scope`` projection, ``post_norm``), that the ``family`` named in
+    ``[model]`` is not the model, and why; None otherwise. torchtitan has no OLMo model
+    (``torchtitan/models/__init__.py`` at 00c7d452: llama3, llama3_ft, deepseek_v3, qwen3;
+    ``torchtitan/experiments/__init__.py`` at 009815e6: flux, gpt_oss, simple_fsdp, vlm, compiler_toolkit); its qwen3
+    norms each head's query and key (``Attention``: ``q_norm = nn.RMSNorm(head_dim)`` over ``xq.view(bs, seqlen, -1,
+    head_dim)``) and, as llama3, each branch's input (``TransformerBlock``: ``x + attention(attention_norm(x))``,
+    ``x + feed_forward(ffn_norm(x))``), ``torchtitan/models/qwen3/model/model.py`` at
+    33d4f3b25a2f5fa507b86327403051d05dc653ea."""
+    what = []
+    if m.qk_norm and m.qk_norm_scope == "projection":  # (named qwen3: qk_norm)
+        what.append(f"its query and key norms are nn.RMSNorm(head_dim) over each head, the model's one over the whole "
+                    f"query projection ({m.q_dim}) and one over the whole key projection ({m.kv_dim}) (qk_norm_scope "
+                    "projection)")
+    if m.post_norm:
+        what.append("its blocks norm each branch's input (x + attention(attention_norm(x))), the model each branch's "
+                    "output (x + norm(attention(x)), post_norm)")
+    if not what:
+        return None
+    return (f"torchtitan's {family} is not this model: {'; '.join(what)}; torchtitan has no OLMo model, so register a "
+            "model of your own and name it in [model]")
+
+
 def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     """The TOML job config (``job_config.toml``) and, for ZB-H1 and Hanayo, the CSV schedule it names
     (``csv_path``, relative to where torchtitan runs)."""
@@ -190,6 +218,8 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
         notes.append(note)
         if (gap := model_gaps_note(m, "torchtitan", f"{family} model settings")) is not None:
             notes.append(gap)
+        if (olmo := olmo_note(m, family)) is not None:
+            notes.append(olmo)
         if m.mla:
             # (torchtitan/models/deepseek_v3: DeepSeekV3ModelArgs kv_lora_rank, q_lora_rank, qk_*_head_dim, v_head_dim,
             # n_expert_groups, n_limited_groups; MoEArgs score_func, route_norm, route_scale)
