@@ -19,7 +19,10 @@ The family picks the zoo's layer code (:func:`family_of`):
   :mod:`executor.models.mla`; ModelSpec refuses ``qk_norm`` with it); gpt-oss's attention sinks, clamped
   ``quick_gelu`` gate with its offset and biases on every linear layer, the router's too, as transformers'
   ``GptOssForCausalLM``; GLM-4.5's (``Glm4MoeForCausalLM``) DeepSeek-V3 routing beside query/key/value biases, q/k
-  norms and partial rotary, ``rotary_dim`` of each head rotated, Phi-4-mini's too; :mod:`executor.models.llama`). A
+  norms and partial rotary, ``rotary_dim`` of each head rotated, Phi-4-mini's too; OLMo 2's, OLMo 3's and OLMoE's
+  query/key norms over the whole projections (``qk_norm_scope``) and OLMo 2's norms on each branch's output
+  (``post_norm``), as transformers' ``Olmo2ForCausalLM``, ``Olmo3ForCausalLM``, ``OlmoeForCausalLM``;
+  :mod:`executor.models.llama`). A
   mixture of experts and latent attention are built in this family only (``ModelSpec`` allows latent attention in a
   rotary decoder only).
 """
@@ -55,6 +58,11 @@ def family_of(spec: ModelSpec) -> Family:
         if oss:  # (glu_linear_offset and glu_clamp need a gated MLP, which only the Llama family builds)
             raise ValueError(f"{', '.join(oss)}: the zoo builds these (gpt-oss's) in its Llama-family (rotary) "
                              f"decoder only, not with position={spec.position!r}")
+        norms = [name for name, on in (("qk_norm", spec.qk_norm), ("post_norm", spec.post_norm)) if on]
+        if norms:  # (qk_norm_scope needs qk_norm)
+            raise ValueError(f"{', '.join(norms)}: the zoo builds the query/key norms (Qwen3's per head, OLMo's "
+                             "over the projections) and OLMo 2's reordered norm in its Llama-family (rotary) decoder "
+                             f"only, not with position={spec.position!r}")
     if spec.encoder:
         if spec.position != "learned" or spec.gated_mlp or spec.norm != "layernorm":
             raise ValueError("encoder models: the zoo builds BERT only (learned positions, LayerNorm, GELU MLP)")

@@ -78,6 +78,18 @@ routing and shared expert (``n_shared_experts`` times the experts' width, no gat
 Qwen3's), half of each head rotated (``rotary_dim``, above) and ``a d != h`` (96 heads of 128 over 4096: ``q`` is
 ``h -> a d``, ``o`` ``a d -> h``).
 
+OLMo 2, OLMo 3 and OLMoE (transformers' ``Olmo2ForCausalLM``, ``Olmo3ForCausalLM``, ``OlmoeForCausalLM``; Team OLMo
+2024, "2 OLMo 2 Furious", section 3.2; ModelSpec's ``qk_norm_scope`` and ``post_norm``): with ``qk_norm_scope``
+"projection" the query and key norms are one RMSNorm over the whole query projection (``a d`` weights, ``q_norm``)
+and one over the whole key projection (``k d``, ``k_norm``), applied to ``q(x)`` and ``k(x)`` before the split into
+heads and before the rotary (``Olmo2Attention``: ``self.q_norm(self.q_proj(x))``); with ``post_norm`` (OLMo 2's
+"reordered norm") the attention and the MLP read the residual stream itself and their outputs are normed before each
+residual add, ``h = x + attn_out_norm(attend(x))``, ``out = h + mlp_out_norm(mlp(h))`` (``Olmo2DecoderLayer``'s
+``post_attention_layernorm`` and ``post_feedforward_layernorm``; the block's ``input_norm`` and ``post_norm`` are
+then None). OLMoE is pre-norm with the projection-wide query/key norms and a mixture of experts (softmax routing,
+``norm_topk_prob`` false); OLMo 3 is OLMo 2 with a sliding window on three layers of four (``sliding_window``,
+``global_every``). The norms' epsilon is this module's ``1e-5`` (ModelSpec has no field for OLMo 2's ``1e-6``).
+
 Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
 is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
 
@@ -469,7 +481,8 @@ class SparseMoE(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """Pre-norm block: ``x + o(attn(rope(q), rope(k), v))`` then ``x + mlp(norm(x))`` (module docstring)."""
+    """Pre-norm block: ``x + o(attn(rope(q), rope(k), v))`` then ``x + mlp(norm(x))`` (module docstring); with
+    ``post_norm`` (OLMo 2) the branches read ``x`` and their outputs are normed instead."""
 
     takes_targets = False
 
@@ -485,9 +498,14 @@ class LlamaBlock(nn.Module):
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
         self.offset, self.clamp = config.glu_linear_offset, config.glu_clamp  # (gpt-oss's gate: glu)
-        self.input_norm = make_norm(config)
-        self.q_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
-        self.k_norm = nn.RMSNorm(d, eps=NORM_EPS) if config.qk_norm else None
+        # OLMo 2's reordered norm (post_norm): no norm on the attention's nor on the MLP's input
+        self.input_norm = None if config.post_norm else make_norm(config)
+        # the query and key norms: over each head (Qwen3: one weight of d) or over the whole projections (OLMo 2,
+        # OLMoE: qk_norm_scope "projection", a d and k d weights, before the split into heads)
+        self.projection_norms = config.qk_norm and config.qk_norm_scope == "projection"
+        q_width, k_width = (config.q_dim, config.kv_dim) if self.projection_norms else (d, d)
+        self.q_norm = nn.RMSNorm(q_width, eps=NORM_EPS) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(k_width, eps=NORM_EPS) if config.qk_norm else None
         residual_std = INIT_STD / math.sqrt(2 * config.layers)
         # multi-head latent attention (kv_lora_rank; executor.models.mla) in place of q, k, v and o
         self.mla = (LatentAttention(config, residual_std, self.theta, self.cap, self.window) if config.mla
@@ -501,10 +519,12 @@ class LlamaBlock(nn.Module):
         self.sinks = nn.Parameter(torch.empty(config.heads)) if config.attention_sinks else None
         if self.sinks is not None:
             nn.init.normal_(self.sinks, 0.0, INIT_STD)
-        self.post_norm = make_norm(config)
-        # Gemma 2's sandwich: the attention's and the MLP's outputs normed before their residual adds
-        self.attn_out_norm = make_norm(config) if config.sandwich_norm else None
-        self.mlp_out_norm = make_norm(config) if config.sandwich_norm else None
+        self.post_norm = None if config.post_norm else make_norm(config)  # (the MLP's input norm)
+        # Gemma 2's sandwich and OLMo 2's reordered norm: the attention's and the MLP's outputs normed before their
+        # residual adds (transformers' post_attention_layernorm and post_feedforward_layernorm)
+        out_norms = config.sandwich_norm or config.post_norm
+        self.attn_out_norm = make_norm(config) if out_norms else None
+        self.mlp_out_norm = make_norm(config) if out_norms else None
         # the MLP: dense (gate, up, down; a model without experts, or one of its dense_layers) or a mixture of
         # experts (moe; gate, up and down None)
         self.moe = SparseMoE(config, residual_std) if config.moe_layer(index) else None
@@ -525,9 +545,12 @@ class LlamaBlock(nn.Module):
             return self.mla(x)
         b, s, _ = x.shape
         d = self.head_dim
-        q, k = self.q(x).view(b, s, -1, d), self.k(x).view(b, s, -1, d)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.q(x), self.k(x)
+        if self.q_norm is not None and self.k_norm is not None and self.projection_norms:
+            q, k = self.q_norm(q), self.k_norm(k)  # (OLMo 2: over the whole projections, before the heads)
+        q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
+        if self.q_norm is not None and self.k_norm is not None and not self.projection_norms:
+            q, k = self.q_norm(q), self.k_norm(k)  # (Qwen3: over each head)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
         return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window,
                                 self.sinks, self.rotary_dim))
@@ -543,15 +566,18 @@ class LlamaBlock(nn.Module):
         return sandwich_forward(self, x, self.attend, self.mlp)
 
 
+def _normed(norm: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
+    return x if norm is None else norm(x)
+
+
 def sandwich_forward(block: nn.Module, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
                      mlp: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``x + out1(attend(input_norm(x)))``, then ``x + out2(mlp(post_norm(x)))``, where ``out1``/``out2`` are the
-    block's ``attn_out_norm``/``mlp_out_norm`` (Gemma 2) or nothing (pre-norm): one order for the block and its
-    tensor-parallel shard."""
-    y = attend(block.input_norm(x))
-    x = x + (y if block.attn_out_norm is None else block.attn_out_norm(y))
-    y = mlp(block.post_norm(x))
-    return x + (y if block.mlp_out_norm is None else block.mlp_out_norm(y))
+    block's ``attn_out_norm``/``mlp_out_norm`` (Gemma 2, OLMo 2) or nothing (pre-norm), and ``input_norm`` /
+    ``post_norm`` nothing with OLMo 2's reordered norm (``post_norm``: the branches read the residual stream): one
+    order for the block and its tensor-parallel shard."""
+    x = x + _normed(block.attn_out_norm, attend(_normed(block.input_norm, x)))
+    return x + _normed(block.mlp_out_norm, mlp(_normed(block.post_norm, x)))
 
 
 class LlamaHead(nn.Module):
