@@ -23,6 +23,13 @@ section 3, figure 3).
 gpt-oss (:class:`TensorParallelLlamaBlock`): attention sinks split with the query heads, column-parallel biases with
 their columns, row-parallel ones added once after the all-reduce, the router's bias replicated with the router.
 
+OLMo 2 and OLMoE (:class:`TensorParallelLlamaBlock`, ``qk_norm_scope`` "projection"): the query norm over the whole
+query projection and the key norm over the whole key projection, each split with its projection's columns, normalise
+by the whole row's mean square: each rank sums the squares of its columns and the rows' sums are all-reduced
+(:func:`split_rms_norm`, through :class:`SumOverTensorParallel`: one all-reduce of ``b s`` sums forward and one
+backward per norm, as :mod:`planner.cost` charges them); OLMo 2's norms of the branches' outputs follow the
+row-parallel all-reduce and are replicated.
+
 LayerNorms, the embedding and the head are replicated: their inputs and (thanks to ``f``) their output
 gradients are identical on every rank of the group, hence so are their gradients.
 """
@@ -69,6 +76,41 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
+class SumOverTensorParallel(torch.autograd.Function):
+    """The sum over the group of each rank's ``x``, on every rank: all-reduce forward, and all-reduce backward too --
+    unlike ``g``, whose output feeds replicated computation (the same gradient on every rank), this sum feeds each
+    rank's own columns, so each rank's gradient of it is a part, and the gradient of every rank's ``x`` is their
+    sum."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[no-untyped-def, override]
+        ctx.group = group
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def split_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, width: int, group: object) -> torch.Tensor:
+    """An RMSNorm over rows of ``width`` of which ``x (..., w)`` holds this rank's ``w`` columns and ``weight (w,)``
+    their weights (OLMo 2's query and key norms over the whole projections split by heads):
+    ``x w / sqrt(sum_all(x^2) / width + eps)``, the rows' sums of squares of every rank's columns added by one
+    all-reduce of the ``b s`` sums (:class:`SumOverTensorParallel`). Its backward needs the whole row too (RMSNorm's
+    gradient has the row's mean of ``g w x``), which that all-reduce's backward brings: one more all-reduce of ``b s``
+    sums. Computed in float32 at least, as ``F.rms_norm`` (bfloat16 rows' sums move as float32, the planner's 4
+    bytes a row; float64 stays float64); the output in ``x``'s dtype. The weight's gradient is this rank's columns'
+    whole (every row is on every rank)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(acc)
+    total = SumOverTensorParallel.apply(xf.pow(2).sum(dim=-1, keepdim=True), group)
+    return (xf * torch.rsqrt(total / width + eps) * weight.to(acc)).to(x.dtype)
+
+
 class _ShardedLinear(nn.Module):
     """A linear layer holding one tensor-parallel shard of a full layer's weight (and bias)."""
 
@@ -111,6 +153,25 @@ class RowParallelLinear(_ShardedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
+
+
+class _SplitNorm(nn.Module):
+    """This rank's columns of an RMSNorm over a width tensor parallelism splits (``weight`` its ``width / t``, applied
+    by :func:`split_rms_norm`; ``width`` the whole norm's, ``eps`` its epsilon)."""
+
+    def __init__(self, weight: torch.Tensor, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.width, self.eps = width, eps
+
+
+def _split_norm(norm: nn.Module | None, rank: int, size: int) -> _SplitNorm | None:
+    """Columns ``[rank w/t, (rank+1) w/t)`` of an RMSNorm of width ``w`` (None for None)."""
+    if norm is None:
+        return None
+    w = norm.weight.shape[0]
+    n = w // size
+    return _SplitNorm(norm.weight[rank * n:(rank + 1) * n], w, norm.eps)  # (the block's: NORM_EPS, set)
 
 
 def _qkv_rows(hidden: int, heads: int, rank: int, size: int) -> torch.Tensor:
@@ -401,6 +462,14 @@ class TensorParallelLlamaBlock(nn.Module):
     Partial rotary (``rotary_dim``: GLM-4.5, Phi-4-mini) rotates each head's first dimensions; a rank holds whole
     heads, so it rotates its heads as the whole block does. GLM-4.5's query/key/value biases without an output bias
     (``qkv_bias``) are split with their columns, as gpt-oss's.
+
+    OLMo 2, OLMo 3 and OLMoE (``qk_norm_scope`` "projection"): the query norm's weight (``a d``) is split with ``q``'s
+    columns, rank ``r`` holding its heads' ``a d / t``, and the query rows are normed by :func:`split_rms_norm` (the
+    rows' sums of squares all-reduced, ``b s`` of them, forward and backward); the key norm's (``k d``) likewise with
+    ``k``'s columns where the key/value heads are split; where they are replicated (``t`` does not divide ``k``)
+    every rank computes whole key rows, so the key norm is whole on every rank, no all-reduce of rows, its weight
+    through ``f`` (each rank's query heads' share of its gradient summed), as ``k``'s. OLMo 2's reordered norm
+    (``post_norm``): no input norms, the output norms replicated after the row-parallel all-reduces (as Gemma 2's).
     """
 
     takes_targets = False
@@ -418,14 +487,19 @@ class TensorParallelLlamaBlock(nn.Module):
         self.act, self.gated, self.offset, self.clamp = block.act, block.gated, block.offset, block.clamp
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
         self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
-        self.q_norm, self.k_norm = block.q_norm, block.k_norm
         self.cap, self.window = block.cap, block.window
         local = a // size
+        self.projection_norms = block.projection_norms
+        self.kv_sharded = k % size == 0 or block.mla is not None
+        if self.projection_norms:  # (OLMo 2, OLMoE: split with q's columns; k's too when its heads are split)
+            self.q_norm = _split_norm(block.q_norm, rank, size)
+            self.k_norm = _split_norm(block.k_norm, rank, size) if self.kv_sharded else block.k_norm
+        else:  # (Qwen3: over each head, whole on every rank)
+            self.q_norm, self.k_norm = block.q_norm, block.k_norm
         # multi-head latent attention (kv_lora_rank) in place of q, k, v and o
         self.mla = (TensorParallelLatentAttention(block.mla, rank, size, group) if block.mla is not None
                     else None)
         self.q = ColumnParallelLinear.from_linear(block.q, rank, size, group) if self.mla is None else None
-        self.kv_sharded = k % size == 0 or self.mla is not None
         if self.mla is not None:
             self.k = self.v = None
             self.register_buffer("kv_index", None, persistent=False)
@@ -471,10 +545,21 @@ class TensorParallelLlamaBlock(nn.Module):
         return F.linear(x, w, b)
 
     def _head_norm(self, norm: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
-        """``norm`` over each head of ``x (b, s, heads, d)``, its weight's gradient summed over the group."""
-        if norm is None:
+        """``norm`` over each head of ``x (b, s, heads, d)`` (Qwen3), its weight's gradient summed over the group; ``x``
+        itself without per-head norms."""
+        if norm is None or self.projection_norms:
             return x
         return F.rms_norm(x, (self.head_dim,), CopyToTensorParallel.apply(norm.weight, self.group), norm.eps)
+
+    def _projection_norm(self, norm: nn.Module | None, x: torch.Tensor, sharded: bool) -> torch.Tensor:
+        """OLMo 2's ``norm`` over a whole projection of which ``x (b, s, w)`` holds this rank's columns (``sharded``:
+        :func:`split_rms_norm`, its weight this rank's columns) or all of them (replicated key rows: the whole norm,
+        its weight through ``f``); ``x`` itself without projection-wide norms."""
+        if norm is None or not self.projection_norms:
+            return x
+        if sharded:
+            return split_rms_norm(x, norm.weight, norm.eps, norm.width, self.group)
+        return F.rms_norm(x, (x.shape[-1],), CopyToTensorParallel.apply(norm.weight, self.group), norm.eps)
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         if self.mla is not None:
@@ -482,12 +567,15 @@ class TensorParallelLlamaBlock(nn.Module):
         b, s, _ = x.shape
         d = self.head_dim
         xc = CopyToTensorParallel.apply(x, self.group)  # q, k and v read x through one f
-        q = self._head_norm(self.q_norm, self.q.local(xc).view(b, s, -1, d)).transpose(1, 2)
+        q = self._projection_norm(self.q_norm, self.q.local(xc), True)
+        q = self._head_norm(self.q_norm, q.view(b, s, -1, d)).transpose(1, 2)
         if self.kv_sharded:
-            k = self._head_norm(self.k_norm, self.k.local(xc).view(b, s, -1, d)).transpose(1, 2)
+            k = self._projection_norm(self.k_norm, self.k.local(xc), True)
+            k = self._head_norm(self.k_norm, k.view(b, s, -1, d)).transpose(1, 2)
             v = self.v.local(xc).view(b, s, -1, d).transpose(1, 2)
         else:
-            k = self._head_norm(self.k_norm, self._replicated(self.k, xc).view(b, s, -1, d))
+            k = self._projection_norm(self.k_norm, self._replicated(self.k, xc), False)
+            k = self._head_norm(self.k_norm, k.view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
         return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks, self.rotary_dim))
@@ -511,10 +599,15 @@ class TensorParallelLlamaBlock(nn.Module):
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The parameters under the names of the full :class:`LlamaBlock` (a collective on the group)."""
-        out = {f"input_norm.{k}": v.detach().clone() for k, v in self.input_norm.named_parameters()}
-        out |= {f"post_norm.{k}": v.detach().clone() for k, v in self.post_norm.named_parameters()}
-        for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm), ("attn_out_norm", self.attn_out_norm),
-                           ("mlp_out_norm", self.mlp_out_norm)):
+        out: dict[str, torch.Tensor] = {}
+        norms = [("input_norm", self.input_norm), ("post_norm", self.post_norm), ("attn_out_norm", self.attn_out_norm),
+                 ("mlp_out_norm", self.mlp_out_norm)]
+        for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+            if isinstance(norm, _SplitNorm):  # (OLMo 2's projection-wide norms, split with their columns)
+                out[f"{name}.weight"] = self._gather(norm.weight, 0)
+            else:
+                norms.append((name, norm))
+        for name, norm in norms:
             if norm is not None:
                 out |= {f"{name}.{k}": v.detach().clone() for k, v in norm.named_parameters()}
         columns = [("q", self.q), ("gate", self.gate), ("up", self.up)]
