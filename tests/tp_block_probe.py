@@ -2,8 +2,8 @@
 model tests: run as ``python tests/tp_block_probe.py RANK STORE SPECS`` by :func:`run_support.tp_block_errors`.
 
 ``SPECS``: JSON ``{name: [model spec, layer]}``; each named layer is built (seed 3), perturbed the same way on both
-ranks (a routing far from uniform, every bias and the latent norms off their initial values, a shared expert's gate
-well away from 1/2, DeepSeek-V3's bias spread over the experts), split, and run forward and backward on the same
+ranks (a routing far from uniform, every bias and every norm's weight off their initial values, a shared expert's
+gate well away from 1/2, DeepSeek-V3's bias spread over the experts), split, and run forward and backward on the same
 input. Every bias is drawn anew (they start at zero): a zero bias hides a column-parallel bias split wrongly (each
 rank adding another rank's columns, or all of them) and a row-parallel one added on every rank before the all-reduce
 (``t`` times over). Printed per name: the largest differences of output, input gradient and parameter
@@ -29,7 +29,7 @@ def _perturb(block: torch.nn.Module) -> None:
     torch.manual_seed(11)  # (the same changes on both ranks; build_layers leaves the global generator unseeded)
     with torch.no_grad():
         for n, p in block.named_parameters():
-            if "layernorm" in n:
+            if "norm" in n:  # (every norm's weight: at one, a norm's weight split wrongly would not show)
                 p.uniform_(0.5, 1.5)
             elif n.endswith(".bias"):  # (every linear layer's: zero at first but for gpt-oss's router's, small)
                 p.normal_()
