@@ -137,6 +137,10 @@ class ModelSpec(BaseModel):
                                                 "projection to [-it, it] before the activation (gpt-oss's "
                                                 "swiglu_limit: 7; Megatron-Core's activation_func_clamp_value)")
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = Field(default=1e-5, gt=0, lt=1, allow_inf_nan=False, exclude_if=lambda v: v == 1e-5,
+                            description="the epsilon of every norm of the hidden width and of the query/key norms "
+                                        "(Hugging Face's rms_norm_eps: Llama 3 1e-5, Qwen and OLMo 2 1e-6); numerics "
+                                        "only, no cost")
     position: Literal["learned", "rotary", "none"] = "learned"
     tied_embeddings: bool = True
     bias: bool = Field(default=True, description="linear layers carry biases (GPT-2/3, BERT)")

@@ -179,9 +179,9 @@ UNSUPPORTED_WHY["llama4_text"] = UNSUPPORTED_WHY["llama4"]
 HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
              "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn_hidden": "intermediate_size",
              "vocab": "vocab_size", "seq": "max_position_embeddings", "rope_theta": "rope_theta",
-             "activation": "hidden_act"}
+             "activation": "hidden_act", "norm_eps": "rms_norm_eps"}
 GPT2_FIELDS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_hidden": "n_inner",
-               "seq": "n_positions", "activation": "activation_function"}
+               "seq": "n_positions", "activation": "activation_function", "norm_eps": "layer_norm_epsilon"}
 
 
 #: ModelSpec fields bounded as another's (planner.limits.SHAPE_LIMITS)
@@ -305,6 +305,18 @@ def _rotary_dim(factor: float, head_dim: object) -> int:
     return dim
 
 
+def _norm_eps(cfg: Any, field: str) -> float:
+    """The norms' epsilon (``rms_norm_eps``; GPT-2's ``layer_norm_epsilon``), 1e-5 where the config has none; a value
+    that is not a number between 0 and 1 is refused naming the field."""
+    value = getattr(cfg, field, None)
+    if value is None:
+        return 1e-5
+    number = jsondoc.number(value)
+    if number is None or not 0 < number < 1:
+        raise HFConfigError(field, f"a number between 0 and 1, got {value!r:.40}")
+    return number
+
+
 def _flag(cfg: Any, field: str) -> bool:
     """A boolean field of ``cfg`` (false where absent), refused naming the field when not a boolean."""
     value = getattr(cfg, field, False)
@@ -332,7 +344,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
     if model_type in GPT2_TYPES:
         spec = dict(common, ffn_hidden=getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size,
                     activation=_activation(getattr(cfg, "activation_function", "gelu"), "activation_function"),
-                    norm="layernorm", position="learned", bias=True)
+                    norm="layernorm", position="learned", bias=True,
+                    norm_eps=_norm_eps(cfg, "layer_norm_epsilon"))
     else:
         attention_bias = bool(getattr(cfg, "attention_bias", False))
         mlp_bias = bool(getattr(cfg, "mlp_bias", False))
@@ -341,7 +354,7 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
                     qkv_bias=model_type == "qwen2" or attention_bias or _qkv_bias(cfg, model_type),
-                    rope_theta=_rope_theta(cfg),
+                    rope_theta=_rope_theta(cfg), norm_eps=_norm_eps(cfg, "rms_norm_eps"),
                     qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"))
         if model_type in MOE_TYPES:
             spec.update(_moe(cfg, model_type, notes))

@@ -575,7 +575,7 @@ def test_whole_numbers_for_float_fields_are_taken() -> None:
     ``attention_dropout``, Gemma's soft-caps ``30.0`` and ``50.0``), so the fields the class declares float are given
     as floats first. A wrong type is still refused naming the field."""
     data = json.loads((MODELS / "deepseek-v2-lite" / "config.json").read_text())
-    js = {**data, "attention_dropout": 0, "routed_scaling_factor": 1, "rms_norm_eps": 0, "initializer_range": 0}
+    js = {**data, "attention_dropout": 0, "routed_scaling_factor": 1, "initializer_range": 0}
     assert spec_from_hf_dict(js, "js") == spec_from_hf_dict(data, "js")
     with pytest.raises(HFConfigError) as err:
         spec_from_hf_dict({**data, "attention_dropout": "none"}, "js")
@@ -591,3 +591,18 @@ def test_whole_numbers_for_float_fields_are_taken() -> None:
     as_sent = {**text, "rope_theta": 1000000, "attention_dropout": 0, "final_logit_softcapping": 30}
     assert (spec_from_hf_dict({"model_type": "gemma3", "text_config": as_sent}, "g")
             == spec_from_hf_dict({"model_type": "gemma3", "text_config": text}, "g"))
+
+
+def test_norm_epsilon_is_read() -> None:
+    """The norms' epsilon (numerics only, no cost): Llama 3.1's rms_norm_eps 1e-5 is the default and left out of the
+    record; Qwen3's and OLMo 2's 1e-6 kept; GPT-2's layer_norm_epsilon; a value outside (0, 1) refused naming the
+    field."""
+    assert read_hf_config(MODELS / "llama-3.1-8b").norm_eps == 1e-5
+    assert "norm_eps" not in read_hf_config(MODELS / "llama-3.1-8b").model_dump()
+    assert read_hf_config(MODELS / "qwen3-8b").norm_eps == read_hf_config(MODELS / "olmo-2-7b").norm_eps == 1e-6
+    gpt2 = json.loads((MODELS / "gpt2" / "config.json").read_text())
+    assert spec_from_hf_dict({**gpt2, "layer_norm_epsilon": 1e-6}, "g").norm_eps == 1e-6
+    for bad in (0, 1.5, "small"):
+        with pytest.raises(HFConfigError) as err:
+            spec_from_hf_dict(_llama(rms_norm_eps=bad), "l")
+        assert err.value.field == "rms_norm_eps", str(err.value)
