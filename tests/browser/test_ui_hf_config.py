@@ -279,12 +279,14 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
 
 @pytest.mark.parametrize(("model", "total"), [("qwen1.5-moe-a2.7b", 14_315_784_192),
                                               ("deepseek-v2-lite", 15_706_484_224),
-                                              ("gpt-oss-20b", 20_914_757_184)])
+                                              ("gpt-oss-20b", 20_914_757_184),
+                                              ("olmoe-1b-7b", 6_919_161_856)])
 def test_upload_a_mixture_of_experts_with_a_shared_expert(server: LiveServer, browser: Any, console: Console,
                                                           model: str, total: int) -> None:
     """Qwen1.5-MoE-A2.7B's config.json (``qwen2_moe``: a gated shared expert beside 60 routed experts) and
     DeepSeek-V2-Lite's (latent attention, 2 shared experts, its first layer dense) and gpt-oss-20b's (attention sinks,
-    biased experts and router, the clamped gate; its 0.0 dropout sent as 0 by the browser): the profile is made with
+    biased experts and router, the clamped gate; its 0.0 dropout sent as 0 by the browser) and OLMoE-1B-7B's (query and
+    key norms over the whole projections, 64 experts): the profile is made with
     transformers' parameter count, and its plan on 16 H100s splits the experts (the e column)."""
     cid = _cluster_id(server, "dgx-h100-80gb")
     page = _page(browser, console)
