@@ -171,7 +171,7 @@ def _split_norm(norm: nn.Module | None, rank: int, size: int) -> _SplitNorm | No
         return None
     w = norm.weight.shape[0]
     n = w // size
-    return _SplitNorm(norm.weight[rank * n:(rank + 1) * n], w, norm.eps)  # (the block's: NORM_EPS, set)
+    return _SplitNorm(norm.weight[rank * n:(rank + 1) * n], w, norm.eps)  # (the block's: the spec's norm_eps)
 
 
 def _qkv_rows(hidden: int, heads: int, rank: int, size: int) -> torch.Tensor:

@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from executor.expert_parallel import ExpertParallelMoE
 from executor.models import Stage, build_layers, get_config, layer_kinds, tied_parameters
 from executor.models.analytic import layer_params, model_params
+from executor.models.blocks import Block
 from executor.models.data import synthetic_batch
 from executor.models.llama import LlamaBlock
+from executor.tensor_parallel import TensorParallelBlock, TensorParallelLlamaBlock
 from profiler.hf_config import read_hf_config
 
 torch.set_num_threads(1)
@@ -203,3 +206,45 @@ def test_gemma_pieces_on_a_learned_position_model_are_refused() -> None:
         with pytest.raises(ValueError, match=next(iter(changes))):
             family_of(PRESETS["gpt-tiny"].with_(**changes))
     assert family_of(PRESETS["gpt-tiny"]) == "gpt"
+
+
+#: every family and norm the zoo builds: GPT's and BERT's LayerNorms, Llama's RMSNorms, Gemma 2's sandwich norms,
+#: Qwen3's per-head and OLMo 2's projection-wide query/key norms (split at t = 2), OLMoE's and DeepSeek's experts
+#: (e = 2) and DeepSeek's latents
+NORM_MODELS = {"gpt2": "tiny-gpt2", "bert": "bert-tiny", "llama": "tiny-llama", "gemma2": "tiny-gemma2",
+               "qwen3": "tiny-qwen3", "olmo2": "tiny-olmo2", "olmoe": "tiny-olmoe", "deepseek-v3": "tiny-deepseek-v3"}
+
+
+@pytest.mark.parametrize("name", NORM_MODELS)
+def test_every_norm_takes_the_specs_epsilon(name: str) -> None:
+    """Every norm the executor builds (every module whose class is a ``...Norm``: the blocks', the embedding's and
+    the head's, the query/key norms) has the spec's ``norm_eps`` (here 3e-6, no model's default), so do the blocks
+    split at t = 2 (rank 0 of 2, built without a group: the GPT blocks' and the Llama family's, their split
+    query/key norms too) and with their experts split at e = 2; DeepSeek's latent norms keep transformers' fixed
+    1e-6 (DeepseekV3RMSNorm's default, not rms_norm_eps)."""
+    from planner.model import PRESETS
+
+    source = NORM_MODELS[name]
+    base = (PRESETS[source] if source in PRESETS
+            else read_hf_config(TINY.parent.parent / source / "config.json", name=source))
+    spec = base.with_(norm_eps=3e-6)
+    assert base.norm_eps != spec.norm_eps
+
+    def eps(modules: list[torch.nn.Module]) -> dict[str, set[float]]:
+        """The norms' epsilons, the latents' apart."""
+        found: dict[str, set[float]] = {"norms": set(), "latents": set()}
+        for layer in modules:
+            for n, m in layer.named_modules():
+                if type(m).__name__.endswith("Norm"):
+                    found["latents" if n.endswith("_a_layernorm") else "norms"].add(m.eps)
+        return found
+
+    layers = build_layers(get_config(spec), seed=1)
+    want = {"norms": {3e-6}, "latents": {1e-6} if spec.mla else set()}
+    assert eps(layers) == want
+    split = [TensorParallelBlock(m, 0, 2, None) if isinstance(m, Block) else TensorParallelLlamaBlock(m, 0, 2, None)
+             for m in layers[1:-1]]
+    for block in split:
+        if getattr(block, "moe", None) is not None:
+            block.moe = ExpertParallelMoE(block.moe, 0, 2, None)
+    assert eps(split) == want

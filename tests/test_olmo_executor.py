@@ -23,9 +23,9 @@ from torch import nn
 
 from executor.models import Stage, build_layers, get_config
 from executor.models.data import synthetic_batch
-from executor.models.llama import NORM_EPS, LlamaBlock, apply_rotary, causal_attention, rotary_cos_sin
+from executor.models.llama import LlamaBlock, apply_rotary, causal_attention, rotary_cos_sin
 from executor.plan import RunPlan
-from executor.tensor_parallel import split_rms_norm
+from executor.tensor_parallel import TensorParallelLlamaBlock, split_rms_norm
 from planner.model import ModelSpec
 from profiler.hf_config import read_hf_config
 
@@ -76,8 +76,8 @@ def test_parameter_counts() -> None:
 
 
 def hf_model(name: str):  # type: ignore[no-untyped-def]
-    """transformers' model of the fixture ``name`` (eager attention and experts), with the executor's norm epsilon
-    (ModelSpec has no field for OLMo 2's and 3's rms_norm_eps 1e-6; OLMoE's fixture has 1e-5). OLMo 3's rope_theta is
+    """transformers' model of the fixture ``name`` (eager attention and experts) as published, its ``rms_norm_eps``
+    too (OLMo 2's and 3's 1e-6, OLMoE's 1e-5: the spec's ``norm_eps``). OLMo 3's rope_theta is
     given for both layer types (``rope_parameters``): transformers 5's Olmo3Config, handed a flat ``rope_theta``, gives
     it to the full-attention layers only and its default 500000 to the sliding ones (``convert_rope_params_to_dict``
     pops ``rope_theta`` twice), which OLMo 3's published configs (500000 everywhere) never show; OLMo-core and vLLM's
@@ -86,7 +86,6 @@ def hf_model(name: str):  # type: ignore[no-untyped-def]
 
     data = json.loads(FIXTURE[name].read_text())
     data.pop("model_type")
-    data["rms_norm_eps"] = NORM_EPS
     if name == "olmo3":
         theta = float(data.pop("rope_theta"))
         data["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": theta}
@@ -274,6 +273,29 @@ def test_same_logits_as_transformers(name: str) -> None:
         torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
 
 
+
+def test_norms_take_the_specs_epsilon() -> None:
+    """Every norm takes the spec's ``norm_eps``, here tiny-olmo2's published ``rms_norm_eps`` 1e-6 (OLMo 2's): the
+    query and key norms over the projections, the branches' output norms and the final norm of our layers, and the
+    split query/key norms of a block at t = 2 (rank 0 of 2, built without a group); a run's plan carries it. Our
+    logits equal Olmo2ForCausalLM's at 1e-6, while with every norm's epsilon at 1e-5 (the executor's former constant)
+    they differ by far more than the tolerance (about 0.65)."""
+    assert json.loads(FIXTURE["olmo2"].read_text())["rms_norm_eps"] == OLMO2.norm_eps == 1e-6
+    layers, hf, ids = ours_and_theirs("olmo2")
+    norms = [m for layer in layers for m in layer.modules() if isinstance(m, (nn.RMSNorm, nn.LayerNorm))]
+    assert len(norms) == 4 * OLMO2.layers + 1 and {m.eps for m in norms} == {1e-6}
+    split = TensorParallelLlamaBlock(layers[1], 0, 2, None)
+    assert split.q_norm.width == 64 and split.k_norm.width == 32  # (split with their columns: split_rms_norm's)
+    assert [n.eps for n in (split.q_norm, split.k_norm, split.attn_out_norm, split.mlp_out_norm)] == [1e-6] * 4
+    plan = RUNS_2["olmo2 t=2"]  # (a run's plan, as the ranks read it back, keeps it)
+    assert RunPlan.from_dict(json.loads(json.dumps(plan.to_dict()))).model_config.norm_eps == 1e-6
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        diffs = broken_diffs(layers, ids, want, {"every norm at 1e-5": [(m, "eps", 1e-5) for m in norms]})
+        assert diffs["every norm at 1e-5"] > 100 * TOL, diffs
+
+
 def test_split_rms_norm_moves_one_sum_per_row_each_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """split_rms_norm on a whole row (one rank: the all-reduce the identity) is F.rms_norm (float64 to 1e-15, its
     gradients too; bfloat16 to bfloat16's rounding), and it moves exactly one all-reduce of the b s rows' sums forward
@@ -290,8 +312,8 @@ def test_split_rms_norm_moves_one_sum_per_row_each_way(monkeypatch: pytest.Monke
         x = torch.randn(2, 16, 64, generator=gen, dtype=torch.float64).to(dtype)
         w = (torch.rand(64, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
         x1, w1, x2, w2 = (t.clone().requires_grad_(True) for t in (x, w, x, w))
-        y1 = split_rms_norm(x1, w1, NORM_EPS, 64, None)
-        y2 = F.rms_norm(x2, (64,), w2, NORM_EPS)
+        y1 = split_rms_norm(x1, w1, OLMO2.norm_eps, 64, None)
+        y2 = F.rms_norm(x2, (64,), w2, OLMO2.norm_eps)
         assert y1.dtype == dtype
         torch.testing.assert_close(y1, y2, rtol=tol, atol=tol)
         assert calls == [((2, 16, 1), sums)], calls

@@ -29,7 +29,7 @@ class BertEmbedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(config.vocab, config.hidden)
         self.pos = nn.Embedding(config.seq, config.hidden)
-        self.ln = nn.LayerNorm(config.hidden)
+        self.ln = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.dropout = config.dropout
         init_token_embedding(self.tok.weight, token_seed)
         nn.init.normal_(self.pos.weight, 0.0, INIT_STD)
@@ -46,9 +46,9 @@ class BertMLMHead(nn.Module):
 
     def __init__(self, config: ModelConfig, token_seed: int) -> None:
         super().__init__()
-        self.ln_f = nn.LayerNorm(config.hidden)
+        self.ln_f = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.dense = nn.Linear(config.hidden, config.hidden)
-        self.ln_t = nn.LayerNorm(config.hidden)
+        self.ln_t = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.weight = nn.Parameter(torch.empty(config.vocab, config.hidden))
         self.bias = nn.Parameter(torch.zeros(config.vocab))
         init_linear(self.dense)

@@ -85,9 +85,9 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig, causal: bool) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(config.hidden)
+        self.ln1 = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.attn = SelfAttention(config, causal)
-        self.ln2 = nn.LayerNorm(config.hidden)
+        self.ln2 = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

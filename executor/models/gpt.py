@@ -49,7 +49,7 @@ class GPTHead(nn.Module):
 
     def __init__(self, config: ModelConfig, token_seed: int) -> None:
         super().__init__()
-        self.ln_f = nn.LayerNorm(config.hidden)
+        self.ln_f = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.weight = nn.Parameter(torch.empty(config.vocab, config.hidden))
         if config.tied_embeddings:
             init_token_embedding(self.weight, token_seed)  # identical copy of the embedding's weight

@@ -88,7 +88,8 @@ residual add, ``h = x + attn_out_norm(attend(x))``, ``out = h + mlp_out_norm(mlp
 ``post_attention_layernorm`` and ``post_feedforward_layernorm``; the block's ``input_norm`` and ``post_norm`` are
 then None). OLMoE is pre-norm with the projection-wide query/key norms and a mixture of experts (softmax routing,
 ``norm_topk_prob`` false); OLMo 3 is OLMo 2 with a sliding window on three layers of four (``sliding_window``,
-``global_every``). The norms' epsilon is this module's ``1e-5`` (ModelSpec has no field for OLMo 2's ``1e-6``).
+``global_every``). Every norm of the hidden width and the query/key norms take the spec's ``norm_eps`` (transformers'
+``rms_norm_eps``: 1e-5 by default, OLMo 2's, Qwen's and DeepSeek's 1e-6; :func:`make_norm`).
 
 Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
 is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
@@ -141,7 +142,6 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu,
                "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "quick_gelu": quick_gelu}
-NORM_EPS = 1e-5
 
 
 def glu(act: Callable[[torch.Tensor], torch.Tensor], gate: torch.Tensor, up: torch.Tensor, offset: float = 0.0,
@@ -157,9 +157,10 @@ def glu(act: Callable[[torch.Tensor], torch.Tensor], gate: torch.Tensor, up: tor
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
+    """A norm of the hidden width, of the spec's kind and epsilon (``norm_eps``)."""
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.hidden, eps=NORM_EPS)
-    return nn.LayerNorm(config.hidden, eps=NORM_EPS)
+        return nn.RMSNorm(config.hidden, eps=config.norm_eps)
+    return nn.LayerNorm(config.hidden, eps=config.norm_eps)
 
 
 def rotary_cos_sin(seq: int, head_dim: int, theta: float, device: torch.device,
@@ -504,8 +505,8 @@ class LlamaBlock(nn.Module):
         # OLMoE: qk_norm_scope "projection", a d and k d weights, before the split into heads)
         self.projection_norms = config.qk_norm and config.qk_norm_scope == "projection"
         q_width, k_width = (config.q_dim, config.kv_dim) if self.projection_norms else (d, d)
-        self.q_norm = nn.RMSNorm(q_width, eps=NORM_EPS) if config.qk_norm else None
-        self.k_norm = nn.RMSNorm(k_width, eps=NORM_EPS) if config.qk_norm else None
+        self.q_norm = nn.RMSNorm(q_width, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(k_width, eps=config.norm_eps) if config.qk_norm else None
         residual_std = INIT_STD / math.sqrt(2 * config.layers)
         # multi-head latent attention (kv_lora_rank; executor.models.mla) in place of q, k, v and o
         self.mla = (LatentAttention(config, residual_std, self.theta, self.cap, self.window) if config.mla

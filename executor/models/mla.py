@@ -23,8 +23,9 @@ qk_rope_head_dim``), ``r`` its rotated part (``qk_rope_head_dim``), ``n = d - r`
   has them), times the values: ``a v`` wide, then ``o_proj`` (``a v -> h``).
 
 The latents' RMSNorms have transformers' (and DeepSeek's) fixed epsilon ``1e-6`` (``DeepseekV3RMSNorm``'s default,
-not ``rms_norm_eps``). Not applied: yarn's rescaled angles and its ``mscale`` of the softmax scale (DeepSeek-V2/V3's
-``rope_scaling``): they change numbers, not shapes or cost, as Llama 3.1's ``rope_scaling`` (not applied either).
+not ``rms_norm_eps``, which the block's other norms take as the spec's ``norm_eps``). Not applied: yarn's rescaled
+angles and its ``mscale`` of the softmax scale (DeepSeek-V2/V3's ``rope_scaling``): they change numbers, not shapes or
+cost, as Llama 3.1's ``rope_scaling`` (not applied either).
 
 Tensor parallelism (:class:`executor.tensor_parallel.TensorParallelLatentAttention`) splits it by heads as
 Megatron-Core's ``MLASelfAttention``: the down projections and the latents' norms replicated, ``q_b_proj`` /
