@@ -9,6 +9,8 @@ heads as Megatron-Core's MLASelfAttention) equals the whole block; and runs at t
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +18,12 @@ from run_support import direct, launched, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
+from executor.models.data import synthetic_batch
 from executor.models.llama import LlamaBlock, Router, SparseMoE
 from executor.models.mla import LatentAttention
 from executor.plan import PlanError, RunPlan
 from planner.model import ModelSpec
+from profiler.hf_config import read_hf_config
 
 torch.set_num_threads(1)
 
@@ -51,9 +55,10 @@ def hf_deepseek(spec: ModelSpec):  # type: ignore[no-untyped-def]
                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_d,
                   qk_nope_head_dim=spec.d - spec.qk_rope_head_dim, n_group=spec.router_groups,
                   topk_group=spec.router_group_topk, num_experts_per_tok=spec.experts_per_token,
-                  first_k_dense_replace=len(spec.dense_layers), norm_topk_prob=spec.normalize_topk, rms_norm_eps=1e-5,
-                  max_position_embeddings=spec.seq, tie_word_embeddings=spec.tied_embeddings,
-                  attn_implementation="eager", experts_implementation="eager")
+                  first_k_dense_replace=len(spec.dense_layers), norm_topk_prob=spec.normalize_topk,
+                  rms_norm_eps=spec.norm_eps, max_position_embeddings=spec.seq,
+                  tie_word_embeddings=spec.tied_embeddings, attn_implementation="eager",
+                  experts_implementation="eager")
     if spec.router_score == "sigmoid":
         from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -219,6 +224,56 @@ def test_same_logits_as_transformers(name: str) -> None:
     cfg, layers, hf = ours_and_theirs(SPECS[name])
     _same_logits(cfg, layers, hf, copy_block, tol=1e-5)
 
+
+
+@pytest.mark.parametrize("fixture", ["tiny-deepseek-v3", "tiny-deepseek-v2-lite"])
+def test_fixture_as_published_same_logits_as_transformers(fixture: str) -> None:
+    """tests/fixtures/tiny-deepseek-v3 and tiny-deepseek-v2-lite as published (rms_norm_eps 1e-6, DeepSeek's): our
+    layers of the spec profiler.hf_config reads (norm_eps 1e-6) give the logits of DeepseekV3ForCausalLM /
+    DeepseekV2ForCausalLM built from the same config.json (float64, every norm's weight off one). The block's and
+    the final norms take norm_eps; the latents' keep transformers' fixed 1e-6 (DeepseekV3RMSNorm's default) whatever
+    norm_eps is (the hand-built V3 at the 1e-5 default too). With the block's and the final norms at 1e-5 the logits
+    differ by far more than the tolerance (about 9e-3)."""
+    import transformers
+
+    from tests.test_llama import _same_logits
+
+    path = Path(__file__).resolve().parent / "fixtures" / fixture / "config.json"
+    data = json.loads(path.read_text())
+    spec = read_hf_config(path, name=fixture)
+    assert data.pop("rms_norm_eps") == spec.norm_eps == 1e-6 and spec.mla
+    kind = {"deepseek_v3": "DeepseekV3", "deepseek_v2": "DeepseekV2"}[data.pop("model_type")]
+    hf = getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{kind}Config")(
+        **data, rms_norm_eps=spec.norm_eps, attn_implementation="eager", experts_implementation="eager"))
+    hf = hf.double().eval()
+    cfg = get_config(spec)
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params()
+
+    def latent(name: str) -> bool:
+        return name.endswith(("q_a_layernorm", "kv_a_layernorm"))
+
+    def norms(built: list[nn.Module], latents: bool) -> list[nn.Module]:
+        return [m for layer in built for n, m in layer.named_modules()
+                if isinstance(m, nn.RMSNorm) and latent(n) == latents]
+
+    assert len(norms(layers, False)) == 2 * spec.layers + 1 and {m.eps for m in norms(layers, False)} == {1e-6}
+    assert norms(layers, True) and {m.eps for m in norms(layers, True)} == {1e-6}
+    default = build_layers(get_config(V3), seed=2)
+    assert V3.norm_eps == 1e-5 and {m.eps for m in norms(default, False)} == {1e-5}
+    assert {m.eps for m in norms(default, True)} == {1e-6}
+    with torch.no_grad():
+        layers[-1].norm.weight.uniform_(0.5, 1.5)  # (_same_logits copies it; the blocks' norms: copy_block)
+    _same_logits(cfg, layers, hf, copy_block, tol=1e-5)
+    with torch.no_grad():
+        ids = synthetic_batch(cfg, 2, seed=3)[0]
+        want = hf(ids).logits
+        for m in norms(layers, False):
+            m.eps = 1e-5
+        x = ids
+        for m in layers[:-1]:
+            x = m(x)
+        assert (layers[-1].logits(x) - want).abs().max() > 100 * 1e-5
 
 def test_parameter_counts() -> None:
     """The built model's parameters are ModelSpec.total_params() (transformers' too: ours_and_theirs), each block's

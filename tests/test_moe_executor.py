@@ -44,7 +44,7 @@ def hf_mixtral(spec: ModelSpec):  # type: ignore[no-untyped-def]
     return MixtralForCausalLM(MixtralConfig(
         hidden_size=spec.hidden, intermediate_size=spec.f_e, num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads, num_key_value_heads=spec.k, vocab_size=spec.vocab,
-        num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, rms_norm_eps=1e-5,
+        num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, rms_norm_eps=spec.norm_eps,
         rope_theta=spec.rope_theta, max_position_embeddings=spec.seq, tie_word_embeddings=spec.tied_embeddings,
         attn_implementation="eager", experts_implementation="eager"))
 
@@ -56,7 +56,7 @@ def hf_qwen3_moe(spec: ModelSpec):  # type: ignore[no-untyped-def]
         hidden_size=spec.hidden, intermediate_size=spec.f, moe_intermediate_size=spec.f_e,
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.k,
         head_dim=spec.d, vocab_size=spec.vocab, num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token,
-        norm_topk_prob=spec.normalize_topk, rms_norm_eps=1e-5, rope_theta=spec.rope_theta,
+        norm_topk_prob=spec.normalize_topk, rms_norm_eps=spec.norm_eps, rope_theta=spec.rope_theta,
         max_position_embeddings=spec.seq, tie_word_embeddings=spec.tied_embeddings,
         attn_implementation="eager", experts_implementation="eager"))
 

@@ -42,8 +42,9 @@ def hf_qwen2_moe(spec: ModelSpec):  # type: ignore[no-untyped-def]
         shared_expert_intermediate_size=spec.shared_expert_ffn_hidden, num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads, num_key_value_heads=spec.k, vocab_size=spec.vocab,
         num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, norm_topk_prob=spec.normalize_topk,
-        mlp_only_layers=list(spec.dense_layers), decoder_sparse_step=1, qkv_bias=spec.qkv_bias, rms_norm_eps=1e-5,
-        rope_theta=spec.rope_theta, max_position_embeddings=spec.seq, tie_word_embeddings=spec.tied_embeddings,
+        mlp_only_layers=list(spec.dense_layers), decoder_sparse_step=1, qkv_bias=spec.qkv_bias,
+        rms_norm_eps=spec.norm_eps, rope_theta=spec.rope_theta, max_position_embeddings=spec.seq,
+        tie_word_embeddings=spec.tied_embeddings,
         attn_implementation="eager", experts_implementation="eager"))
 
 
