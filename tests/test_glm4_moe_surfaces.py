@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 from api_support import AUTH, plan_done, tiny_cluster
+from surfaces_support import edited, script_flags, script_lines, two_stage_input
 
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import EMBEDDING, HEAD, TRANSFORMER, Export, ExportFile
+from planner.export.common import Export, ExportFile
 from planner.export.megatron import parse as megatron_parse
 from planner.export.megatron import rotary_percent
 from planner.model import ModelSpec
-from planner.request import Config
-from planner.runspec import RunSpec
 from profiler.hf_config import read_hf_config, spec_from_hf_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,20 +50,7 @@ FIELDS = ("rotary_dim", "qk_norm", "bias", "qkv_bias", "shared_expert_ffn_hidden
 
 
 def _inp(model: ModelSpec, **cfg: object) -> ExportInput:
-    config = Config(**{"tensor": 4, "pipeline": 2, "data": 2, "micro_batch": 1, "schedule": "1f1b",
-                       "expert": 2 if model.moe else 1, "order": "tp-dp-pp", **cfg})
-    L = model.layers
-    spec = RunSpec(config=config, microbatches=8, partition=[(0, L // 2 + 1), (L // 2 + 1, L + 2)])
-    return ExportInput(spec=spec, model=model, layer_kinds=(EMBEDDING, *[TRANSFORMER] * L, HEAD))
-
-
-def _lines(text: str) -> list[str]:
-    return [ln.strip().removesuffix(" \\") for ln in text.splitlines()]
-
-
-def _flags(text: str) -> dict[str, str]:
-    """The script's ``--flag value`` lines (a switch: "")."""
-    return {ln.split(" ")[0]: ln.partition(" ")[2] for ln in _lines(text) if ln.startswith("--")}
+    return two_stage_input(model, 8, **{"tensor": 4, "expert": 2 if model.moe else 1, "order": "tp-dp-pp", **cfg})
 
 
 def _model_fields(model: ModelSpec) -> dict[str, object]:
@@ -82,20 +68,13 @@ def _same_model(back, model: ModelSpec) -> None:
     assert {f: getattr(back, f) for f in FIELDS} == _model_fields(model)
 
 
-def _edited(text: str, drop: tuple[str, ...] = (), add: str = "") -> str:
-    lines = [ln for ln in text.splitlines() if not any(ln.strip().startswith(d + " ") or ln.strip() == d + " \\"
-                                                        for d in drop)]
-    i = lines.index('    "$@"')
-    return "\n".join([*lines[:i], *([f"    {add} \\"] if add else []), *lines[i:]]) + "\n"
-
-
 # ---- Megatron-LM ----------------------------------------------------------------------------------------------------
 
 def test_megatron_round_trip_of_glm_4_5_air() -> None:
     assert (AIR.d, AIR.rotary_dim, AIR.heads, AIR.hidden) == (128, 64, 96, 4096)  # (heads x head_dim != hidden)
     inp = _inp(AIR)
     out = export("megatron", inp)
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in ("--num-layers 46", "--hidden-size 4096", "--num-attention-heads 96", "--kv-channels 128",
                  "--group-query-attention", "--num-query-groups 8", "--ffn-hidden-size 10944", "--swiglu",
                  "--normalization RMSNorm", "--position-embedding-type rope", "--rotary-base 1000000",
@@ -105,7 +84,7 @@ def test_megatron_round_trip_of_glm_4_5_air() -> None:
                  "--moe-router-score-function sigmoid", "--moe-router-enable-expert-bias",
                  "--expert-model-parallel-size 2"):
         assert line in lines, line
-    flags = _flags(out.main.content)
+    flags = script_flags(out.main.content)
     # Air: no query/key norms, one group, no scaling (1.0), an ungated shared expert, rotate-half
     for absent in ("--qk-layernorm", "--moe-router-num-groups", "--moe-router-group-topk",
                    "--moe-router-topk-scaling-factor", "--moe-shared-expert-gate", "--rotary-interleaved",
@@ -125,7 +104,7 @@ def test_megatron_round_trip_of_glm_4_5() -> None:
     moe_router_topk_scaling_factor)."""
     assert (GLM_45.qk_norm, GLM_45.routed_scaling, GLM_45.dense_layers, GLM_45.rotary_dim) == (True, 2.5, (0, 1, 2), 64)
     out = export("megatron", _inp(GLM_45))
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in ("--qk-layernorm", "--moe-router-topk-scaling-factor 2.5", "--moe-layer-freq '([0]*3+[1]*89)'",
                  "--num-experts 160", "--moe-ffn-hidden-size 1536", "--moe-shared-expert-intermediate-size 1536",
                  "--hidden-size 5120", "--kv-channels 128", "--rotary-percent 0.5"):
@@ -140,7 +119,7 @@ def test_megatron_groups_of_a_glm_config() -> None:
     k / topk_group = 2 experts', is DeepSeek-V3's) writes them and reads them back."""
     model = AIR.with_(router_groups=8, router_group_topk=4)
     out = export("megatron", _inp(model))
-    assert {"--moe-router-num-groups 8", "--moe-router-group-topk 4"} <= set(_lines(out.main.content))
+    assert {"--moe-router-num-groups 8", "--moe-router-group-topk 4"} <= set(script_lines(out.main.content))
     _same_model(parse(out), model)
 
 
@@ -168,7 +147,7 @@ def test_megatron_rotary_is_the_models(model: ModelSpec, written: str) -> None:
     head with transformers' frequencies (its ``int(head_dim * partial_rotary_factor)`` and ``arange(0, dim, 2) /
     dim``)."""
     out = export("megatron", _inp(model))
-    flags = _flags(out.main.content)
+    flags = script_flags(out.main.content)
     assert flags["--rotary-percent"] == written == rotary_percent(model.rot_d, model.d)
     rotated, exponents = _megatron_rotated(flags)
     assert rotated == model.rotary_dim
@@ -188,7 +167,7 @@ def test_megatron_rotary_matches_transformers_glm4_moe() -> None:
 
     data = json.loads((ROOT / "tests" / "fixtures" / "tiny-glm4-moe" / "config.json").read_text())
     model = spec_from_hf_dict(data, name="tiny-glm4-moe", seq=16)
-    flags = _flags(export("megatron", _inp(model, tensor=2)).main.content)
+    flags = script_flags(export("megatron", _inp(model, tensor=2)).main.content)
     rotated, exponents = _megatron_rotated(flags)
     assert rotated == model.rotary_dim == 8 and flags["--rotary-percent"] == "0.5"
     base = int(flags["--rotary-base"])
@@ -215,14 +194,14 @@ def test_megatron_rotary_matches_transformers_glm4_moe() -> None:
 def test_megatron_writes_no_percent_where_every_dimension_turns(model: ModelSpec) -> None:
     out = export("megatron", _inp(model))
     assert "--rotary-percent" not in out.main.content
-    assert _megatron_rotated(_flags(out.main.content))[0] == model.d == 128
+    assert _megatron_rotated(script_flags(out.main.content))[0] == model.d == 128
     assert parse(out).rotary_dim is None
 
 
 def test_megatron_round_trip_of_a_partial_rotary_dense_model() -> None:
     inp = _inp(PHI4_MINI)
     out = export("megatron", inp)
-    flags = _flags(out.main.content)
+    flags = script_flags(out.main.content)
     assert flags["--rotary-percent"] == "0.75"
     for absent in ("--kv-channels", "--num-experts", "--moe-layer-freq", "--add-qkv-bias", "--qk-layernorm"):
         assert absent not in flags, absent
@@ -250,27 +229,27 @@ def test_megatron_parse_reads_what_megatron_runs() -> None:
     text = export("megatron", _inp(AIR)).main.content
     # a percent of 1 or more rotates every dimension (RotaryEmbedding applies one below 1 only); no percent, none;
     # without rope the rotary arguments do nothing
-    for whole in (_edited(text, drop=("--rotary-percent",), add="--rotary-percent 1.0"),
-                  _edited(text, drop=("--rotary-percent",), add="--rotary-percent 1.5"),
-                  _edited(text, drop=("--rotary-percent",)),
-                  _edited(text, drop=("--position-embedding-type",))):
+    for whole in (edited(text, drop=("--rotary-percent",), add="--rotary-percent 1.0"),
+                  edited(text, drop=("--rotary-percent",), add="--rotary-percent 1.5"),
+                  edited(text, drop=("--rotary-percent",)),
+                  edited(text, drop=("--position-embedding-type",))):
         assert megatron_parse(whole).rotary_dim is None
     # int(kv_channels * percent): 0.75 of 128 is 96
-    assert megatron_parse(_edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.75")).rotary_dim == 96
+    assert megatron_parse(edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.75")).rotary_dim == 96
     # per-head query/key norms: --qk-layernorm without latent attention
-    assert megatron_parse(_edited(text, add="--qk-layernorm")).qk_norm is True
+    assert megatron_parse(edited(text, add="--qk-layernorm")).qk_norm is True
     refused = [
-        (_edited(text, add="--rotary-interleaved"), "--rotary-interleaved: Megatron-Core then turns adjacent pairs"),
-        (_edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.5078125"),
+        (edited(text, add="--rotary-interleaved"), "--rotary-interleaved: Megatron-Core then turns adjacent pairs"),
+        (edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.5078125"),
          "int(128 x 0.5078125) = 65 dimensions"),
-        (_edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.001"), "int(128 x 0.001) = 0 dimensions"),
-        (_edited(text, drop=("--rotary-percent",), add="--rotary-percent -0.5"), "int(128 x -0.5) = -64 dimensions"),
-        (_edited(text, drop=("--rotary-percent",), add="--rotary-percent nan"), "--rotary-percent nan: a finite"),
-        (_edited(text, drop=("--rotary-percent",), add="--rotary-percent half"), "--rotary-percent 'half': not a"),
+        (edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.001"), "int(128 x 0.001) = 0 dimensions"),
+        (edited(text, drop=("--rotary-percent",), add="--rotary-percent -0.5"), "int(128 x -0.5) = -64 dimensions"),
+        (edited(text, drop=("--rotary-percent",), add="--rotary-percent nan"), "--rotary-percent nan: a finite"),
+        (edited(text, drop=("--rotary-percent",), add="--rotary-percent half"), "--rotary-percent 'half': not a"),
         # without --kv-channels, Megatron's hidden // heads: 4096 // 96 = 42, of which 21 would turn
-        (_edited(text, drop=("--kv-channels",)), "of kv_channels 42: Megatron-Core rotates int(42 x 0.5) = 21"),
-        (_edited(text, drop=("--kv-channels", "--hidden-size")), "--rotary-percent needs --kv-channels"),
-        (_edited(text, add="--multi-latent-attention"), "--rotary-percent 0.5 with --multi-latent-attention"),
+        (edited(text, drop=("--kv-channels",)), "of kv_channels 42: Megatron-Core rotates int(42 x 0.5) = 21"),
+        (edited(text, drop=("--kv-channels", "--hidden-size")), "--rotary-percent needs --kv-channels"),
+        (edited(text, add="--multi-latent-attention"), "--rotary-percent 0.5 with --multi-latent-attention"),
     ]
     for script, words in refused:
         with pytest.raises(ExportError, match="megatron script: ") as err:
@@ -325,7 +304,7 @@ def test_tiny_glm4_moe_config_through_the_api(client) -> None:  # type: ignore[n
     body = doc.json()
     out = Export(body["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in body["files"]),
                  tuple(body["notes"]))
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in ("--num-layers 3", "--hidden-size 64", "--num-attention-heads 4", "--num-query-groups 2",
                  "--rotary-percent 0.5", "--qk-layernorm", "--disable-bias-linear", "--add-qkv-bias",
                  "--num-experts 8", "--moe-router-topk 2", "--moe-ffn-hidden-size 32",

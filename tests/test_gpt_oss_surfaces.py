@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 from api_support import AUTH, plan_done, tiny_cluster
+from surfaces_support import edited, script_lines, two_stage_input
 
 from planner.analytic import analytic_profile
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import EMBEDDING, HEAD, TRANSFORMER, Export, ExportFile
+from planner.export.common import Export, ExportFile
 from planner.export.megatron import parse as megatron_parse
 from planner.model import ModelSpec
 from planner.request import Config
@@ -37,15 +38,7 @@ FIELDS = ("attention_sinks", "sliding_window", "global_every", "activation", "gl
 
 
 def _inp(model: ModelSpec, **cfg: object) -> ExportInput:
-    config = Config(**{"tensor": 4, "pipeline": 2, "data": 2, "micro_batch": 1, "schedule": "1f1b", "expert": 2,
-                       "order": "tp-dp-pp", **cfg})
-    L = model.layers
-    spec = RunSpec(config=config, microbatches=8, partition=[(0, L // 2 + 1), (L // 2 + 1, L + 2)])
-    return ExportInput(spec=spec, model=model, layer_kinds=(EMBEDDING, *[TRANSFORMER] * L, HEAD))
-
-
-def _lines(text: str) -> list[str]:
-    return [ln.strip().removesuffix(" \\") for ln in text.splitlines()]
+    return two_stage_input(model, 8, **{"tensor": 4, "expert": 2, "order": "tp-dp-pp", **cfg})
 
 
 def _model_fields(model: ModelSpec) -> dict[str, object]:
@@ -66,7 +59,7 @@ def _same_model(back, model: ModelSpec) -> None:
 def test_megatron_round_trip_of_gpt_oss() -> None:
     inp = _inp(GPT_OSS)
     out = export("megatron", inp)
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in ("--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7.0",
                  "--softmax-type learnable", "--window-size 127,0", "--window-attn-skip-freq 2",
                  "--untie-embeddings-and-output-weights", "--normalization RMSNorm", "--group-query-attention",
@@ -92,7 +85,7 @@ def test_megatron_window_is_the_models() -> None:
     the keys ``i - left`` to ``i + right``; ``is_layer_window_attention`` windows the 1-based layer ``l`` unless
     ``l % freq == 0``), is the model's: 128 keys, the query's own included, on the layers ModelSpec.local_layer
     names (0, 2, 4, ...)."""
-    flags = dict(ln.split(" ", 1) for ln in _lines(export("megatron", _inp(GPT_OSS)).main.content)
+    flags = dict(ln.split(" ", 1) for ln in script_lines(export("megatron", _inp(GPT_OSS)).main.content)
                  if ln.startswith("--window"))
     left, right = (int(x) for x in flags["--window-size"].split(","))
     freq = int(flags["--window-attn-skip-freq"])
@@ -123,7 +116,7 @@ def test_megatron_window_is_the_models() -> None:
 def test_megatron_round_trip_of_variants(update: dict, written: list[str], not_written: list[str]) -> None:
     model = GPT_OSS.with_(**update)
     out = export("megatron", _inp(model))
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in written:
         assert line in lines, line
     for flag in not_written:
@@ -152,41 +145,34 @@ def test_megatron_rotary_base_is_an_integer() -> None:
     """Megatron-LM's ``--rotary-base`` is ``type=int``: gpt-oss's 150000 and Qwen's 1e6 are written whole (%g wrote
     1e+06, which its parser refuses); a base that is not whole is refused, naming rope_theta."""
     for theta, written in ((150000.0, "--rotary-base 150000"), (1e6, "--rotary-base 1000000")):
-        assert written in _lines(export("megatron", _inp(GPT_OSS.with_(rope_theta=theta))).main.content)
+        assert written in script_lines(export("megatron", _inp(GPT_OSS.with_(rope_theta=theta))).main.content)
     with pytest.raises(ExportError, match=r"megatron: rope_theta 10000\.5: Megatron-LM's --rotary-base is an integer"):
         export("megatron", _inp(GPT_OSS.with_(rope_theta=10000.5)))
-
-
-def _edited(text: str, drop: tuple[str, ...] = (), add: str = "") -> str:
-    lines = [ln for ln in text.splitlines() if not any(ln.strip().startswith(d + " ") or ln.strip() == d + " \\"
-                                                        for d in drop)]
-    i = lines.index('    "$@"')
-    return "\n".join([*lines[:i], *([f"    {add} \\"] if add else []), *lines[i:]]) + "\n"
 
 
 def test_megatron_parse_reads_what_megatron_runs() -> None:
     text = export("megatron", _inp(GPT_OSS)).main.content
     # a skip frequency as a list (1: windowed, 0: global) of that period; every layer global or windowed
-    alternate = _edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '([1]+[0])*18'")
+    alternate = edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '([1]+[0])*18'")
     assert (megatron_parse(alternate).sliding_window, megatron_parse(alternate).global_every) == (128, 2)
-    every = _edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '[1]*36'")
+    every = edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '[1]*36'")
     assert (megatron_parse(every).sliding_window, megatron_parse(every).global_every) == (128, None)
-    for none in (_edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq 1"),
-                 _edited(text, drop=("--window-size",), add="--window-size -1,0"),
-                 _edited(text, drop=("--window-size",))):
+    for none in (edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq 1"),
+                 edited(text, drop=("--window-size",), add="--window-size -1,0"),
+                 edited(text, drop=("--window-size",))):
         assert (megatron_parse(none).sliding_window, megatron_parse(none).global_every) == (None, None)
     # the biases: Megatron's default unless --disable-bias-linear
-    assert megatron_parse(_edited(text, add="--disable-bias-linear")).bias is False
+    assert megatron_parse(edited(text, add="--disable-bias-linear")).bias is False
     refused = [
-        (_edited(text, drop=("--softmax-type",), add="--softmax-type off-by-one"), "--softmax-type 'off-by-one'"),
-        (_edited(text, drop=("--window-size",), add="--window-size 127,5"), "the 5 tokens after it"),
-        (_edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '[1]+[0]+[1]*34'"),
+        (edited(text, drop=("--softmax-type",), add="--softmax-type off-by-one"), "--softmax-type 'off-by-one'"),
+        (edited(text, drop=("--window-size",), add="--window-size 127,5"), "the 5 tokens after it"),
+        (edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '[1]+[0]+[1]*34'"),
          "not every n-th"),
-        (_edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '[1]*4'"),
+        (edited(text, drop=("--window-attn-skip-freq",), add="--window-attn-skip-freq '[1]*4'"),
          "lists 4 layers, --num-layers is 36"),
-        (_edited(text, add="--swiglu"), "--swiglu and --quick-geglu"),
-        (_edited(text, drop=("--quick-geglu",), add="--swiglu"), "--glu-linear-offset without --quick-geglu"),
-        (_edited(text, drop=("--quick-geglu", "--glu-linear-offset")),
+        (edited(text, add="--swiglu"), "--swiglu and --quick-geglu"),
+        (edited(text, drop=("--quick-geglu",), add="--swiglu"), "--glu-linear-offset without --quick-geglu"),
+        (edited(text, drop=("--quick-geglu", "--glu-linear-offset")),
          "--activation-func-clamp-value without --quick-geglu"),
     ]
     for script, words in refused:
@@ -248,7 +234,7 @@ def test_tiny_gpt_oss_config_through_the_api(client) -> None:  # type: ignore[no
     body = doc.json()
     out = Export(body["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in body["files"]),
                  tuple(body["notes"]))
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in ("--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7.0",
                  "--softmax-type learnable", "--window-size 3,0", "--window-attn-skip-freq 2", "--num-experts 4",
                  "--moe-router-topk 2", "--num-layers 3"):

@@ -9,10 +9,10 @@ sweep's GEMM shapes are latent attention's projections."""
 from __future__ import annotations
 
 import pytest
+from surfaces_support import edited, script_lines, two_stage_input
 
 from planner.analytic import analytic_profile
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.export.megatron import parse as megatron_parse
 from planner.model import ModelSpec
 from planner.placement import pipeline_outermost_order
@@ -49,14 +49,7 @@ LATENT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"
 
 
 def _inp(model: ModelSpec, **cfg: object) -> ExportInput:
-    config = Config(**{"tensor": 2, "pipeline": 2, "data": 2, "micro_batch": 1, "schedule": "1f1b", **cfg})
-    L = model.layers
-    spec = RunSpec(config=config, microbatches=4, partition=[(0, L // 2 + 1), (L // 2 + 1, L + 2)])
-    return ExportInput(spec=spec, model=model, layer_kinds=(EMBEDDING, *[TRANSFORMER] * L, HEAD))
-
-
-def _lines(text: str) -> list[str]:
-    return [ln.strip().removesuffix(" \\") for ln in text.splitlines()]
+    return two_stage_input(model, 4, **{"tensor": 2, **cfg})
 
 
 def _same_model(back, model: ModelSpec) -> None:
@@ -71,7 +64,7 @@ def _same_model(back, model: ModelSpec) -> None:
 def test_megatron_writes_latent_attention_and_the_routing() -> None:
     inp = _inp(V3ISH)
     out = export("megatron", inp)
-    lines = _lines(out.main.content)
+    lines = script_lines(out.main.content)
     for line in ("--multi-latent-attention", "--rope-type rope", "--q-lora-rank 48", "--kv-lora-rank 32",
                  "--qk-head-dim 16", "--qk-pos-emb-head-dim 8", "--v-head-dim 16", "--qk-layernorm",
                  "--position-embedding-type rope", "--moe-router-score-function sigmoid",
@@ -102,7 +95,7 @@ def test_megatron_round_trip_without_a_query_latent_and_with_softmax_groups() ->
     text = out.main.content
     assert "--q-lora-rank" not in text and "--moe-router-score-function" not in text
     assert "--moe-router-enable-expert-bias" not in text
-    lines = _lines(text)
+    lines = script_lines(text)
     assert {"--moe-router-pre-softmax", "--moe-router-topk-scaling-factor 16.0", "--v-head-dim 24",
             "--moe-router-group-topk 4"} <= set(lines)
     _same_model(parse(out), model)
@@ -119,7 +112,8 @@ def test_megatron_without_latent_attention_or_routing_variants_writes_neither() 
                    "--qk-layernorm", "--moe-router-score-function", "--moe-router-num-groups",
                    "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor"):
         assert absent not in text, absent
-    assert {"--group-query-attention", "--num-query-groups 2", "--kv-channels 8"} <= set(_lines(text))  # (as before)
+    # (as before)
+    assert {"--group-query-attention", "--num-query-groups 2", "--kv-channels 8"} <= set(script_lines(text))
     back = parse(out)
     _same_model(back, plain)
     assert (back.kv_lora_rank, back.head_dim, back.routed_scaling) == (None, None, 1.0)
@@ -168,30 +162,23 @@ def test_megatron_top1_routing_that_it_computes(update: dict, pre_softmax: bool)
     _same_model(parse(out), model)
 
 
-def _edited(text: str, drop: tuple[str, ...] = (), add: str = "") -> str:
-    lines = [ln for ln in text.splitlines() if not any(ln.strip().startswith(d + " ") or ln.strip() == d + " \\"
-                                                        for d in drop)]
-    i = lines.index('    "$@"')
-    return "\n".join([*lines[:i], *([f"    {add} \\"] if add else []), *lines[i:]]) + "\n"
-
-
 def test_megatron_parse_reads_what_megatron_runs() -> None:
     text = export("megatron", _inp(V3ISH)).main.content
     # sigmoid scores are renormalised at k > 1 whatever --moe-router-pre-softmax says
-    assert megatron_parse(_edited(text, add="--moe-router-pre-softmax")).normalize_topk is True
+    assert megatron_parse(edited(text, add="--moe-router-pre-softmax")).normalize_topk is True
     # Megatron's defaults for the latent sizes not given
-    back = megatron_parse(_edited(text, drop=("--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-                                                 "--kv-lora-rank", "--q-lora-rank")))
+    back = megatron_parse(edited(text, drop=("--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+                                                "--kv-lora-rank", "--q-lora-rank")))
     assert (back.kv_lora_rank, back.q_lora_rank, back.qk_rope_head_dim, back.v_head_dim, back.head_dim) == (
         32, None, 64, 128, 192)
     # group-limited routing without its group count, and an expert bias under softmax, are refused as Megatron does
     with pytest.raises(ExportError, match="--moe-router-group-topk without --moe-router-num-groups"):
-        megatron_parse(_edited(text, drop=("--moe-router-num-groups",)))
+        megatron_parse(edited(text, drop=("--moe-router-num-groups",)))
     with pytest.raises(ExportError, match="--moe-router-enable-expert-bias needs"):
-        megatron_parse(_edited(text, drop=("--moe-router-score-function",)))
+        megatron_parse(edited(text, drop=("--moe-router-score-function",)))
     with pytest.raises(ExportError, match="--moe-router-topk-scaling-factor 'x'"):
-        megatron_parse(_edited(text, drop=("--moe-router-topk-scaling-factor",),
-                                  add="--moe-router-topk-scaling-factor x"))
+        megatron_parse(edited(text, drop=("--moe-router-topk-scaling-factor",),
+                                 add="--moe-router-topk-scaling-factor x"))
 
 
 def test_megatron_export_of_an_analytical_profile() -> None:

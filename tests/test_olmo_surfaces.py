@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 from api_support import AUTH, plan_done, tiny_cluster
+from surfaces_support import script_flags, two_stage_input
 
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.export.megatron import arguments, model_refusal
 from planner.model import ModelSpec
-from planner.request import Config
-from planner.runspec import RunSpec
 from profiler.hf_config import read_hf_config, spec_from_hf_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,20 +43,7 @@ WRONG_FLAGS = ("--apply-residual-connection-post-layernorm", "--qk-l2-norm", "--
 
 
 def _inp(model: ModelSpec, **cfg: object) -> ExportInput:
-    config = Config(**{"tensor": 2, "pipeline": 2, "data": 2, "micro_batch": 1, "schedule": "1f1b",
-                       "expert": 2 if model.moe else 1, "order": "tp-dp-pp", **cfg})
-    L = model.layers
-    spec = RunSpec(config=config, microbatches=8, partition=[(0, L // 2 + 1), (L // 2 + 1, L + 2)])
-    return ExportInput(spec=spec, model=model, layer_kinds=(EMBEDDING, *[TRANSFORMER] * L, HEAD))
-
-
-def _lines(text: str) -> list[str]:
-    return [ln.strip().removesuffix(" \\") for ln in text.splitlines()]
-
-
-def _flags(text: str) -> dict[str, str]:
-    """The script's ``--flag value`` lines (a switch: "")."""
-    return {ln.split(" ")[0]: ln.partition(" ")[2] for ln in _lines(text) if ln.startswith("--")}
+    return two_stage_input(model, 8, **{"tensor": 2, "expert": 2 if model.moe else 1, "order": "tp-dp-pp", **cfg})
 
 
 def _refusal(model: ModelSpec, **cfg: object) -> str:
@@ -143,7 +128,7 @@ def test_megatron_round_trip_without_olmo_layers(model: ModelSpec) -> None:
     with --qk-layernorm and read back; no other norm flag written, nothing named as a gap."""
     inp = _inp(model, tensor=1 if model.k == 2 else 2)
     out = export("megatron", inp)
-    flags = _flags(out.main.content)
+    flags = script_flags(out.main.content)
     assert "--qk-layernorm" in flags and "--normalization" in flags and flags["--normalization"] == "RMSNorm"
     for wrong in WRONG_FLAGS:
         assert wrong not in flags, wrong

@@ -11,10 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+from surfaces_support import two_stage_input
 
 from planner.analytic import analytic_profile
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import EMBEDDING, HEAD, TRANSFORMER, model_of
+from planner.export.common import model_of
 from planner.export.megatron import moe_layer_freq, parse_moe_layer_freq
 from planner.model import ModelSpec
 from planner.placement import pipeline_outermost_order
@@ -145,10 +146,7 @@ def test_hf_qwen2_moe_profile() -> None:
 
 
 def _inp(model: ModelSpec, **cfg: object) -> ExportInput:
-    config = Config(**{"tensor": 1, "pipeline": 2, "data": 2, "micro_batch": 1, "schedule": "1f1b", **cfg})
-    L = model.layers
-    spec = RunSpec(config=config, microbatches=4, partition=[(0, L // 2 + 1), (L // 2 + 1, L + 2)])
-    return ExportInput(spec=spec, model=model, layer_kinds=(EMBEDDING, *[TRANSFORMER] * L, HEAD))
+    return two_stage_input(model, 4, **{"tensor": 1, **cfg})
 
 
 DEEPSEEKISH = ModelSpec(name="deepseekish", layers=8, hidden=256, heads=8, ffn_hidden=512, seq=128, vocab=1000,
