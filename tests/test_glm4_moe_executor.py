@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_parity import broken_diffs, built, copied, logits, randn
 from run_support import direct, launched, tp_block_errors
 from torch import nn
 
 import executor.models.llama as llama
 from executor.models import Stage, build_layers, get_config
-from executor.models.data import synthetic_batch
 from executor.models.llama import LlamaBlock, apply_rotary, attention, rotary_cos_sin
 from executor.plan import RunPlan
 from planner.model import ModelSpec
@@ -121,16 +121,12 @@ def hf_glm(**changes: object):  # type: ignore[no-untyped-def]
     return Glm4MoeForCausalLM(Glm4MoeConfig(**data, attn_implementation="eager", experts_implementation="eager"))
 
 
-def _randn(t: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
-    return torch.randn(t.shape, generator=gen, dtype=t.dtype) * std
-
-
 def copy_mlp(ours: nn.Module, theirs: nn.Module, gen: torch.Generator) -> None:
     """Our gated MLP (a dense layer's block, an expert, the shared expert: ``gate``, ``up``, ``down``), its weights
     drawn anew (activations of order one), into a Glm4MoeMLP (``gate_proj``, ``up_proj``, ``down_proj``)."""
     for lin, target, std in ((ours.gate, theirs.gate_proj, 0.25), (ours.up, theirs.up_proj, 0.25),
                              (ours.down, theirs.down_proj, 0.05)):
-        lin.weight.copy_(_randn(lin.weight, std, gen))
+        lin.weight.copy_(randn(lin.weight, std, gen))
         target.weight.copy_(lin.weight)
 
 
@@ -145,7 +141,7 @@ def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> Non
             a.weight.mul_(10)
         b.weight.copy_(a.weight)
         if a is not ours.o:
-            a.bias.copy_(_randn(a.bias, 0.5, gen))
+            a.bias.copy_(randn(a.bias, 0.5, gen))
             b.bias.copy_(a.bias)
     assert ours.o.bias is None and at.o_proj.bias is None
     for norm, target in ((ours.input_norm, theirs.input_layernorm), (ours.post_norm, theirs.post_attention_layernorm),
@@ -157,42 +153,24 @@ def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> Non
         return
     router, gate = ours.moe.router, theirs.mlp.gate
     router.weight.mul_(20)
-    router.expert_bias.copy_(_randn(router.expert_bias, 0.3, gen))
+    router.expert_bias.copy_(randn(router.expert_bias, 0.3, gen))
     gate.weight.copy_(router.weight)
     gate.e_score_correction_bias.copy_(router.expert_bias)
     experts = theirs.mlp.experts
     for e, ex in enumerate(ours.moe.experts):
         for lin, std in ((ex.gate, 0.25), (ex.up, 0.25), (ex.down, 0.05)):
-            lin.weight.copy_(_randn(lin.weight, std, gen))
+            lin.weight.copy_(randn(lin.weight, std, gen))
         experts.gate_up_proj[e].copy_(torch.cat([ex.gate.weight, ex.up.weight]))  # (gate then up: its chunk(2))
         experts.down_proj[e].copy_(ex.down.weight)
     copy_mlp(ours.moe.shared_expert, theirs.mlp.shared_experts, gen)
-
-
-def _logits(layers: list[nn.Module], ids: torch.Tensor) -> torch.Tensor:
-    x = ids
-    for m in layers[:-1]:
-        x = m(x)
-    return layers[-1].logits(x)
 
 
 def ours_and_theirs(spec: ModelSpec, changes: dict[str, object]):  # type: ignore[no-untyped-def]
     """Our layers of ``spec`` (float64), transformers' Glm4MoeForCausalLM of the fixture with ``changes`` with our
     weights copied in (moved off their initial values: :func:`copy_block`), and a batch of 2 x 16 tokens; the same
     parameter count, ModelSpec's."""
-    cfg = get_config(spec)
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    hf = hf_glm(**changes).double().eval()
-    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params() == sum(
-        p.numel() for m in layers for p in m.parameters())
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            copy_block(ours, theirs, gen)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-    ids, _ = synthetic_batch(cfg, 2, seed=3)
+    cfg, layers, hf = built(spec, lambda: hf_glm(**changes))
+    ids = copied(cfg, layers, hf, copy_block, torch.Generator().manual_seed(0))
     assert ids.shape == (2, 16)
     return layers, hf, ids
 
@@ -211,23 +189,6 @@ def _last_dims_rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return torch.cat([x[..., :-r], apply_rotary(x[..., -r:], cos, sin)], dim=-1)
 
 
-def broken_diffs(layers: list[nn.Module], ids: torch.Tensor, want: torch.Tensor,
-                 broken: dict[str, list[tuple[object, str, object]]]) -> dict[str, float]:
-    """The largest logit difference from ``want`` with each named set of ``(object, attribute, value)`` changes
-    applied (and undone after)."""
-    diffs = {}
-    for name, changes in broken.items():
-        saved = [(m, attr, getattr(m, attr)) for m, attr, _ in changes]
-        for m, attr, value in changes:
-            setattr(m, attr, value)
-        try:
-            diffs[name] = (_logits(layers, ids) - want).abs().max().item()
-        finally:
-            for m, attr, value in saved:
-                setattr(m, attr, value)
-    return diffs
-
-
 @pytest.mark.parametrize("which", ["fixture", "heads x head_dim != hidden"])
 def test_same_logits_as_transformers(which: str) -> None:
     """Our weights copied into Glm4MoeForCausalLM (eager attention and experts, float64, the router's bias nonzero)
@@ -240,7 +201,7 @@ def test_same_logits_as_transformers(which: str) -> None:
     layers, hf, ids = ours_and_theirs(spec, changes)
     with torch.no_grad():
         want = hf(ids).logits
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
         blocks = layers[1:-1]
         routers = [b.moe.router for b in blocks if b.moe is not None]
         assert len(routers) == 2
@@ -258,7 +219,7 @@ def test_same_logits_as_transformers(which: str) -> None:
         }
         diffs = broken_diffs(layers, ids, want, broken)
         assert all(diff > 100 * TOL for diff in diffs.values()), diffs
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
 
 
 def test_router_chooses_as_transformers() -> None:
@@ -295,26 +256,24 @@ def test_phi3_partial_rotary_same_logits_as_transformers() -> None:
     hf = Phi3ForCausalLM(Phi3Config(**data, attn_implementation="eager")).double().eval()
     layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
     assert sum(p.numel() for p in hf.parameters()) == cfg.total_params()
-    gen = torch.Generator().manual_seed(0)
+
+    def copy_phi3_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> None:
+        assert ours.rotary_dim == 12
+        ours.q.weight.mul_(10)
+        ours.k.weight.mul_(10)
+        theirs.self_attn.qkv_proj.weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
+        theirs.self_attn.o_proj.weight.copy_(ours.o.weight)
+        theirs.mlp.gate_up_proj.weight.copy_(torch.cat([ours.gate.weight, ours.up.weight]))
+        theirs.mlp.down_proj.weight.copy_(ours.down.weight)
+        for norm, target in ((ours.input_norm, theirs.input_layernorm),
+                             (ours.post_norm, theirs.post_attention_layernorm)):
+            norm.weight.uniform_(0.5, 1.5, generator=gen)
+            target.weight.copy_(norm.weight)
+
+    ids = copied(cfg, layers, hf, copy_phi3_block, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            assert ours.rotary_dim == 12
-            ours.q.weight.mul_(10)
-            ours.k.weight.mul_(10)
-            theirs.self_attn.qkv_proj.weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
-            theirs.self_attn.o_proj.weight.copy_(ours.o.weight)
-            theirs.mlp.gate_up_proj.weight.copy_(torch.cat([ours.gate.weight, ours.up.weight]))
-            theirs.mlp.down_proj.weight.copy_(ours.down.weight)
-            for norm, target in ((ours.input_norm, theirs.input_layernorm),
-                                 (ours.post_norm, theirs.post_attention_layernorm)):
-                norm.weight.uniform_(0.5, 1.5, generator=gen)
-                target.weight.copy_(norm.weight)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-        ids, _ = synthetic_batch(cfg, 2, seed=3)
         want = hf(ids).logits
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
         blocks = layers[1:-1]
         diffs = broken_diffs(layers, ids, want, {
             "all of each head rotated": [(b, "rotary_dim", 16) for b in blocks],

@@ -1,0 +1,69 @@
+"""What the executor's transformers-parity tests share: our layers of a spec beside transformers' model of it (both
+float64), our weights copied into it with a per-family block copier, the logits of our layers, and the logit
+differences with named pieces of the model changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from executor.models import ModelConfig, build_layers, get_config
+from executor.models.data import synthetic_batch
+from planner.model import ModelSpec
+
+
+def randn(t: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
+    """Normal values of ``t``'s shape and dtype drawn from ``gen``, times ``std``."""
+    return torch.randn(t.shape, generator=gen, dtype=t.dtype) * std
+
+
+def built(spec: ModelSpec, make_hf: Callable[[], nn.Module]) -> tuple[ModelConfig, list[nn.Module], nn.Module]:
+    """The config of ``spec``, our layers of it (seed 2) and transformers' model ``make_hf()`` (built after them),
+    both float64 in eval mode; the same parameter count, ModelSpec's."""
+    cfg = get_config(spec)
+    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
+    hf = make_hf().double().eval()
+    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params() == sum(
+        p.numel() for m in layers for p in m.parameters())
+    return cfg, layers, hf
+
+
+def copied(cfg: ModelConfig, layers: list[nn.Module], hf: nn.Module,
+           copy_block: Callable[[nn.Module, nn.Module, torch.Generator], None], gen: torch.Generator) -> torch.Tensor:
+    """Our embedding, each block (``copy_block(ours, theirs, gen)``, in order), final norm and LM head copied into
+    transformers' ``hf`` (a ``*ForCausalLM``); the batch of 2 sequences (seed 3) both are compared on."""
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
+        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
+            copy_block(ours, theirs, gen)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+        hf.lm_head.weight.copy_(layers[-1].weight)
+    ids, _ = synthetic_batch(cfg, 2, seed=3)
+    return ids
+
+
+def logits(layers: list[nn.Module], ids: torch.Tensor) -> torch.Tensor:
+    """Our layers' logits of ``ids``: the embedding and blocks in turn, then the head."""
+    x = ids
+    for m in layers[:-1]:
+        x = m(x)
+    return layers[-1].logits(x)
+
+
+def broken_diffs(layers: list[nn.Module], ids: torch.Tensor, want: torch.Tensor,
+                 broken: dict[str, list[tuple[object, str, object]]]) -> dict[str, float]:
+    """The largest logit difference from ``want`` with each named set of ``(object, attribute, value)`` changes
+    applied (and undone after)."""
+    diffs = {}
+    for name, changes in broken.items():
+        saved = [(m, attr, getattr(m, attr)) for m, attr, _ in changes]
+        for m, attr, value in changes:
+            setattr(m, attr, value)
+        try:
+            diffs[name] = (logits(layers, ids) - want).abs().max().item()
+        finally:
+            for m, attr, value in saved:
+                setattr(m, attr, value)
+    return diffs
