@@ -18,11 +18,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from hf_parity import broken_diffs, built, copied, logits, randn
 from run_support import direct, launched, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
-from executor.models.data import synthetic_batch
 from executor.models.llama import LlamaBlock, apply_rotary, causal_attention, rotary_cos_sin
 from executor.plan import RunPlan
 from executor.tensor_parallel import TensorParallelLlamaBlock, split_rms_norm
@@ -96,14 +96,10 @@ def hf_model(name: str):  # type: ignore[no-untyped-def]
     return getattr(transformers, f"{kind}ForCausalLM")(config)
 
 
-def _randn(t: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
-    return torch.randn(t.shape, generator=gen, dtype=t.dtype) * std
-
-
 def _mlp_weights(ours: nn.Module, gen: torch.Generator) -> None:
     """Our gated MLP's (a dense block's or an expert's) weights drawn anew: activations of order one."""
     for lin, std in ((ours.gate, 0.25), (ours.up, 0.25), (ours.down, 0.05)):
-        lin.weight.copy_(_randn(lin.weight, std, gen))
+        lin.weight.copy_(randn(lin.weight, std, gen))
 
 
 def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> None:
@@ -140,30 +136,15 @@ def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> Non
         experts.down_proj[e].copy_(ex.down.weight)
 
 
-def _logits(layers: list[nn.Module], ids: torch.Tensor) -> torch.Tensor:
-    x = ids
-    for m in layers[:-1]:
-        x = m(x)
-    return layers[-1].logits(x)
-
-
 def ours_and_theirs(name: str):  # type: ignore[no-untyped-def]
     """Our layers of the fixture ``name`` (float64), transformers' model with our weights copied in (moved off their
     initial values: :func:`copy_block`), and a batch of 2 x 16 tokens; the same parameter count, ModelSpec's."""
-    cfg = get_config(SPEC[name])
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    hf = hf_model(name).double().eval()
-    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params() == sum(
-        p.numel() for m in layers for p in m.parameters())
+    cfg, layers, hf = built(SPEC[name], lambda: hf_model(name))
     gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            copy_block(ours, theirs, gen)
-        hf.model.norm.weight.uniform_(0.5, 1.5, generator=gen)
-        layers[-1].norm.weight.copy_(hf.model.norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-    ids, _ = synthetic_batch(cfg, 2, seed=3)
+    ids = copied(cfg, layers, hf, copy_block, gen)
+    with torch.no_grad():  # (the final norm off one too, drawn after the blocks')
+        layers[-1].norm.weight.uniform_(0.5, 1.5, generator=gen)
+        hf.model.norm.weight.copy_(layers[-1].norm.weight)
     assert ids.shape == (2, 16)
     return layers, hf, ids
 
@@ -207,23 +188,6 @@ def norms_then_rotary(block: LlamaBlock, after: bool):  # type: ignore[no-untype
     return attend
 
 
-def broken_diffs(layers: list[nn.Module], ids: torch.Tensor, want: torch.Tensor,
-                 broken: dict[str, list[tuple[object, str, object]]]) -> dict[str, float]:
-    """The largest logit difference from ``want`` with each named set of ``(object, attribute, value)`` changes
-    applied (and undone after)."""
-    diffs = {}
-    for name, changes in broken.items():
-        saved = [(m, attr, getattr(m, attr)) for m, attr, _ in changes]
-        for m, attr, value in changes:
-            setattr(m, attr, value)
-        try:
-            diffs[name] = (_logits(layers, ids) - want).abs().max().item()
-        finally:
-            for m, attr, value in saved:
-                setattr(m, attr, value)
-    return diffs
-
-
 @pytest.mark.parametrize("name", ["olmo2", "olmo3", "olmoe"])
 def test_same_logits_as_transformers(name: str) -> None:
     """Our weights copied into Olmo2ForCausalLM, Olmo3ForCausalLM and OlmoeForCausalLM (eager attention and experts,
@@ -235,7 +199,7 @@ def test_same_logits_as_transformers(name: str) -> None:
     layers, hf, ids = ours_and_theirs(name)
     with torch.no_grad():
         want = hf(ids).logits
-        got = _logits(layers, ids)
+        got = logits(layers, ids)
         torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
         blocks = layers[1:-1]
         d = SPEC[name].d
@@ -270,7 +234,7 @@ def test_same_logits_as_transformers(name: str) -> None:
         assert control["control"] < TOL, control
         for b in blocks:
             del b.attend  # (broken_diffs set the bound method back on the instance)
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
 
 
 
@@ -291,7 +255,7 @@ def test_norms_take_the_specs_epsilon() -> None:
     assert RunPlan.from_dict(json.loads(json.dumps(plan.to_dict()))).model_config.norm_eps == 1e-6
     with torch.no_grad():
         want = hf(ids).logits
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
         diffs = broken_diffs(layers, ids, want, {"every norm at 1e-5": [(m, "eps", 1e-5) for m in norms]})
         assert diffs["every norm at 1e-5"] > 100 * TOL, diffs
 
