@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_parity import broken_diffs, built, copied, logits, randn
 from run_support import direct, launched, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
-from executor.models.data import synthetic_batch
 from executor.models.llama import ACTIVATIONS, LlamaBlock, SparseMoE, causal_attention, glu
 from executor.plan import RunPlan
 from planner.model import ModelSpec
@@ -57,16 +57,7 @@ def hf_gpt_oss(**changes: object):  # type: ignore[no-untyped-def]
 
 
 def ours_and_theirs():  # type: ignore[no-untyped-def]
-    cfg = get_config(GPT_OSS)
-    layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
-    hf = hf_gpt_oss().double().eval()
-    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params() == sum(
-        p.numel() for m in layers for p in m.parameters())
-    return cfg, layers, hf
-
-
-def _randn(t: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
-    return torch.randn(t.shape, generator=gen, dtype=t.dtype) * std
+    return built(GPT_OSS, hf_gpt_oss)
 
 
 def copy_experts(experts: list[nn.Module], theirs: nn.Module, gen: torch.Generator) -> None:
@@ -75,8 +66,8 @@ def copy_experts(experts: list[nn.Module], theirs: nn.Module, gen: torch.Generat
     columns and up's in its odd ones, ``gate_up_proj_bias[e]`` alike, ``down_proj[e]`` down's transpose."""
     for e, ex in enumerate(experts):
         for lin in (ex.gate, ex.up, ex.down):
-            lin.weight.copy_(_randn(lin.weight, 0.75, gen))
-            lin.bias.copy_(_randn(lin.bias, 1.0, gen))
+            lin.weight.copy_(randn(lin.weight, 0.75, gen))
+            lin.bias.copy_(randn(lin.bias, 1.0, gen))
         ex.down.weight.mul_(0.1)
         theirs.gate_up_proj[e][:, ::2].copy_(ex.gate.weight.T)
         theirs.gate_up_proj[e][:, 1::2].copy_(ex.up.weight.T)
@@ -94,27 +85,20 @@ def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> Non
     for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj)):
         if a in (ours.q, ours.k):
             a.weight.mul_(10)
-        a.bias.copy_(_randn(a.bias, 0.5, gen))
+        a.bias.copy_(randn(a.bias, 0.5, gen))
         b.weight.copy_(a.weight)
         b.bias.copy_(a.bias)
-    ours.sinks.copy_(_randn(ours.sinks, 1.0, gen))
+    ours.sinks.copy_(randn(ours.sinks, 1.0, gen))
     at.sinks.copy_(ours.sinks)
     for norm, target in ((ours.input_norm, theirs.input_layernorm), (ours.post_norm, theirs.post_attention_layernorm)):
         norm.weight.uniform_(0.5, 1.5, generator=gen)
         target.weight.copy_(norm.weight)
     router = ours.moe.router
     router.weight.mul_(20)
-    router.bias.copy_(_randn(router.bias, 1.0, gen))
+    router.bias.copy_(randn(router.bias, 1.0, gen))
     theirs.mlp.router.weight.copy_(router.weight)
     theirs.mlp.router.bias.copy_(router.bias)
     copy_experts(list(ours.moe.experts), theirs.mlp.experts, gen)
-
-
-def _logits(layers: list[nn.Module], ids: torch.Tensor) -> torch.Tensor:
-    x = ids
-    for m in layers[:-1]:
-        x = m(x)
-    return layers[-1].logits(x)
 
 
 def test_same_logits_as_transformers() -> None:
@@ -123,17 +107,11 @@ def test_same_logits_as_transformers() -> None:
     the router's bias, the windows (or a window one longer), or with silu for quick_gelu, they differ by far more
     than the tolerance."""
     cfg, layers, hf = ours_and_theirs()
-    gen = torch.Generator().manual_seed(0)
+    ids = copied(cfg, layers, hf, copy_block, torch.Generator().manual_seed(0))
+    assert ids.shape == (2, 16)
     with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
-        for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
-            copy_block(ours, theirs, gen)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
-        hf.lm_head.weight.copy_(layers[-1].weight)
-        ids, _ = synthetic_batch(cfg, 2, seed=3)
-        assert ids.shape == (2, 16)
         want = hf(ids).logits
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
         blocks = layers[1:-1]
         experts = [ex for b in blocks for ex in b.moe.experts]
         broken = {
@@ -145,15 +123,9 @@ def test_same_logits_as_transformers() -> None:
             "no windows": [(b, "window", None) for b in blocks],
             "windows of 5": [(b, "window", 5) for b in blocks if b.window is not None],
         }
-        for name, changes in broken.items():
-            saved = [(m, attr, getattr(m, attr)) for m, attr, _ in changes]
-            for m, attr, value in changes:
-                setattr(m, attr, value)
-            diff = (_logits(layers, ids) - want).abs().max().item()
-            for m, attr, value in saved:
-                setattr(m, attr, value)
+        for name, diff in broken_diffs(layers, ids, want, broken).items():
             assert diff > 100 * TOL, (name, diff)
-        torch.testing.assert_close(_logits(layers, ids), want, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(logits(layers, ids), want, rtol=TOL, atol=TOL)
 
 
 def test_attention_sinks_as_transformers() -> None:
@@ -197,7 +169,7 @@ def test_router_as_transformers() -> None:
     with torch.no_grad():
         ours, theirs = layers[1].moe.router, hf.model.layers[0].mlp.router
         ours.weight.mul_(20)
-        ours.bias.copy_(_randn(ours.bias, 1.0, gen))
+        ours.bias.copy_(randn(ours.bias, 1.0, gen))
         theirs.weight.copy_(ours.weight)
         theirs.bias.copy_(ours.bias)
         x = torch.randn(64, cfg.hidden, dtype=torch.float64, generator=gen)
