@@ -19,13 +19,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from api.readiness import wait_healthy
+
+if TYPE_CHECKING:
+    from planner.export.common import Export
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN, WORKER = "admin-secret-token", "worker-secret-token"
@@ -372,3 +375,60 @@ def seed_plan(c: Any, gpus_per_node: int = 4, global_batch: int = 32,
             c.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
     assert plan["status"] == "done", plan
     return p.json()["id"], cl.json()["id"], plan
+
+
+# ---- a tiny fixture's config.json uploaded, planned and exported (the export-surface tests) -------------------------
+
+class Upload(NamedTuple):
+    body: dict[str, Any]  # what was posted (posting it again finds the same profile)
+    profile_id: int
+    cluster_id: int
+
+
+def upload_fixture(client: Any, name: str) -> Upload:
+    """tests/fixtures/``name``/config.json through POST /profiles/hf-config (seq 16, named ``name``) on a new tiny
+    cluster of two GPUs."""
+    cfg = json.loads((ROOT / "tests" / "fixtures" / name / "config.json").read_text())
+    cluster = client.post("/clusters", json=tiny_cluster(2), headers=AUTH)
+    assert cluster.status_code == 201, cluster.text
+    cid = cluster.json()["id"]
+    body = {"config": cfg, "cluster_id": cid, "seq": 16, "name": name}
+    r = client.post("/profiles/hf-config", json=body, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return Upload(body, r.json()["id"], cid)
+
+
+def plan_on_two_gpus(client: Any, upload: Upload, top: int) -> dict[str, Any]:
+    """The uploaded profile planned on its cluster's two GPUs (global batch 8, 1F1B), its ``top`` best kept."""
+    return plan_done(client, profile_id=upload.profile_id, cluster_id=upload.cluster_id, global_batch=8, gpus=2,
+                     top=top, schedules=["1f1b"])
+
+
+def export_candidate(client: Any, plan: dict[str, Any], rank: int, fmt: str) -> Any:
+    """GET the plan's candidate ``rank`` exported as ``fmt``: the response."""
+    return client.get(f"/plans/{plan['id']}/candidates/{rank}/export", params={"format": fmt}, headers=AUTH)
+
+
+def as_export(doc: dict[str, Any]) -> Export:
+    """An export's JSON document as the Export it was made from."""
+    from planner.export.common import Export, ExportFile
+
+    return Export(doc["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in doc["files"]),
+                  tuple(doc["notes"]))
+
+
+def megatron_export(client: Any, plan: dict[str, Any], rank: int = 0) -> Export:
+    """The plan's candidate ``rank`` exported for Megatron-LM (a 200)."""
+    doc = export_candidate(client, plan, rank, "megatron")
+    assert doc.status_code == 200, doc.text
+    return as_export(doc.json())
+
+
+def torchtitan_notes(client: Any, plan: dict[str, Any], rank: int = 0) -> list[str] | None:
+    """The notes of the plan's candidate ``rank`` exported for torchtitan; None where the candidate has expert
+    parallelism, which torchtitan's export does not write (a 422 naming it)."""
+    titan = export_candidate(client, plan, rank, "torchtitan")
+    if titan.status_code == 200:
+        return titan.json()["notes"]
+    assert titan.status_code == 422 and "torchtitan: expert" in titan.json()["detail"], titan.text
+    return None

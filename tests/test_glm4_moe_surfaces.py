@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 
 import pytest
-from api_support import AUTH, plan_done, tiny_cluster
+from api_support import megatron_export, plan_on_two_gpus, torchtitan_notes, upload_fixture
 from surfaces_support import edited, script_flags, script_lines, two_stage_input
 
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import Export, ExportFile
 from planner.export.megatron import parse as megatron_parse
 from planner.export.megatron import rotary_percent
 from planner.model import ModelSpec
@@ -290,20 +289,8 @@ def test_tiny_glm4_moe_config_through_the_api(client) -> None:  # type: ignore[n
     of 16 with 8 of each rotated, 2 key/value heads, Q/K/V biases, query/key norms, 8 experts of 32 top 2 in the best
     1 of 2 groups, sigmoid with the bias, scaled by 2.5, one shared expert, layer 0 dense), planned on two GPUs, the
     fastest candidate exported for Megatron-LM and read back; its torchtitan export names the partial rotary."""
-    cfg = json.loads((ROOT / "tests" / "fixtures" / "tiny-glm4-moe" / "config.json").read_text())
-    cluster = client.post("/clusters", json=tiny_cluster(2), headers=AUTH)
-    assert cluster.status_code == 201, cluster.text
-    cid = cluster.json()["id"]
-    r = client.post("/profiles/hf-config", json={"config": cfg, "cluster_id": cid, "seq": 16, "name": "tiny-glm4-moe"},
-                    headers=AUTH)
-    assert r.status_code == 201, r.text
-    plan = plan_done(client, profile_id=r.json()["id"], cluster_id=cid, global_batch=8, gpus=2, top=3,
-                     schedules=["1f1b"])
-    doc = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "megatron"}, headers=AUTH)
-    assert doc.status_code == 200, doc.text
-    body = doc.json()
-    out = Export(body["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in body["files"]),
-                 tuple(body["notes"]))
+    plan = plan_on_two_gpus(client, upload_fixture(client, "tiny-glm4-moe"), top=3)
+    out = megatron_export(client, plan)
     lines = script_lines(out.main.content)
     for line in ("--num-layers 3", "--hidden-size 64", "--num-attention-heads 4", "--num-query-groups 2",
                  "--rotary-percent 0.5", "--qk-layernorm", "--disable-bias-linear", "--add-qkv-bias",
@@ -317,8 +304,6 @@ def test_tiny_glm4_moe_config_through_the_api(client) -> None:  # type: ignore[n
     assert (back.rotary_dim, back.qk_norm, back.bias, back.qkv_bias, back.shared_expert_ffn_hidden, back.dense_layers,
             back.router_score, back.router_bias, back.router_groups, back.router_group_topk, back.routed_scaling) == (
         8, True, False, True, 32, (0,), "sigmoid", True, 2, 1, 2.5)
-    titan = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "torchtitan"}, headers=AUTH)
-    if titan.status_code == 200:  # (a candidate with expert parallelism torchtitan's export refuses: a 422)
-        assert any("(rotary_dim)" in n for n in titan.json()["notes"]), titan.json()["notes"]
-    else:
-        assert titan.status_code == 422 and "torchtitan: expert" in titan.json()["detail"], titan.text
+    notes = torchtitan_notes(client, plan)
+    if notes is not None:  # (None: a candidate with expert parallelism, which torchtitan's export refuses with a 422)
+        assert any("(rotary_dim)" in n for n in notes), notes

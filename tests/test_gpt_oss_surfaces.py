@@ -7,22 +7,16 @@ its settings leave out; and the tiny gpt-oss config goes through the API: upload
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from api_support import AUTH, plan_done, tiny_cluster
+from api_support import megatron_export, plan_on_two_gpus, torchtitan_notes, upload_fixture
 from surfaces_support import edited, script_lines, two_stage_input
 
 from planner.analytic import analytic_profile
 from planner.export import ExportError, ExportInput, export, parse
-from planner.export.common import Export, ExportFile
 from planner.export.megatron import parse as megatron_parse
 from planner.model import ModelSpec
 from planner.request import Config
 from planner.runspec import RunSpec
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: gpt-oss-120b as the brief gives it, by hand (the model card's Table 1: 36 layers, h 2880, 64 heads of 64, 8
 #: key/value heads, 128 experts of 2880, top 4; every linear layer biased; sinks; a 128-token window on every other
@@ -220,20 +214,8 @@ def test_tiny_gpt_oss_config_through_the_api(client) -> None:  # type: ignore[no
     a window of 4 on every other layer, quick_gelu clamped at 7 with the offset 1, biases, 4 experts top 2), planned
     on two GPUs, the fastest candidate exported for Megatron-LM and read back; its torchtitan export names the
     sinks."""
-    cfg = json.loads((ROOT / "tests" / "fixtures" / "tiny-gpt-oss" / "config.json").read_text())
-    cluster = client.post("/clusters", json=tiny_cluster(2), headers=AUTH)
-    assert cluster.status_code == 201, cluster.text
-    cid = cluster.json()["id"]
-    r = client.post("/profiles/hf-config", json={"config": cfg, "cluster_id": cid, "seq": 16, "name": "tiny-gpt-oss"},
-                    headers=AUTH)
-    assert r.status_code == 201, r.text
-    plan = plan_done(client, profile_id=r.json()["id"], cluster_id=cid, global_batch=8, gpus=2, top=3,
-                     schedules=["1f1b"])
-    doc = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "megatron"}, headers=AUTH)
-    assert doc.status_code == 200, doc.text
-    body = doc.json()
-    out = Export(body["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in body["files"]),
-                 tuple(body["notes"]))
+    plan = plan_on_two_gpus(client, upload_fixture(client, "tiny-gpt-oss"), top=3)
+    out = megatron_export(client, plan)
     lines = script_lines(out.main.content)
     for line in ("--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7.0",
                  "--softmax-type learnable", "--window-size 3,0", "--window-attn-skip-freq 2", "--num-experts 4",
@@ -243,8 +225,6 @@ def test_tiny_gpt_oss_config_through_the_api(client) -> None:  # type: ignore[no
     back = parse(out)
     assert (back.attention_sinks, back.sliding_window, back.global_every, back.activation, back.glu_linear_offset,
             back.glu_clamp, back.bias) == (True, 4, 2, "quick_gelu", 1.0, 7.0, True)
-    titan = client.get(f"/plans/{plan['id']}/candidates/0/export", params={"format": "torchtitan"}, headers=AUTH)
-    if titan.status_code == 200:  # (a candidate with expert parallelism torchtitan's export refuses: a 422)
-        assert any("(attention_sinks)" in n for n in titan.json()["notes"]), titan.json()["notes"]
-    else:
-        assert titan.status_code == 422 and "torchtitan: expert" in titan.json()["detail"], titan.text
+    notes = torchtitan_notes(client, plan)
+    if notes is not None:  # (None: a candidate with expert parallelism, which torchtitan's export refuses with a 422)
+        assert any("(attention_sinks)" in n for n in notes), notes
