@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from api_support import AUTH, tiny_cluster, tiny_profile, wait_for
+from api_support import AUTH, as_export, tiny_cluster, tiny_profile, wait_for
 
-from planner.export import FRAMEWORKS, Export, ExportFile, parse
+from planner.export import FRAMEWORKS, parse
 from planner.placement import pipeline_outermost_order
 from planner.runspec import RunSpec
 
@@ -25,11 +25,6 @@ def plan_of(c: Any, schedules: list[str]) -> dict[str, Any]:
             c.get(f"/plans/{plan['id']}", headers=AUTH).json()), what="plan done")
     assert plan["status"] == "done" and plan["candidates"], plan
     return plan
-
-
-def as_export(doc: dict[str, Any]) -> Export:
-    return Export(doc["format"], tuple(ExportFile(f["name"], f["content"], f["media_type"]) for f in doc["files"]),
-                  tuple(doc["notes"]))
 
 
 def test_export_round_trips_through_the_api(client) -> None:  # type: ignore[no-untyped-def]
