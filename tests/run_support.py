@@ -26,6 +26,18 @@ def launched(groups: list[tuple[dict[str, RunPlan], int]], timeout: float = 180)
     return out
 
 
+def launched_fixture(*groups: tuple[dict[str, RunPlan], int], timeout: float = 180) -> Any:
+    """A module-scoped pytest fixture of :func:`launched` ``groups`` (launched once, on the first test that asks):
+    a test module assigns it to ``runs``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def runs() -> dict[str, Any]:
+        return launched(list(groups), timeout)
+
+    return runs
+
+
 def tp_block_errors(specs: dict[str, tuple[dict[str, Any], int]], timeout: float = 120) -> list[dict[str, Any]]:
     """Each rank's figures of ``tests/tp_block_probe.py`` for ``specs`` (name -> (model spec, layer)): a block against
     its t = 2 shard on two gloo processes."""

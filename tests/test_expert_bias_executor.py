@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from run_support import direct, launched
+from run_support import direct, launched_fixture
 
 from executor.interpreter import StageModule
 from executor.models import Stage, build_layers, get_config
@@ -208,9 +208,7 @@ RUNS_3 = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict:  # type: ignore[type-arg]
-    return launched([(RUNS_2, 2), (RUNS_3, 3)])
+runs = launched_fixture((RUNS_2, 2), (RUNS_3, 3))
 
 
 @pytest.mark.slow

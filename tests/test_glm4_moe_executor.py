@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_parity import broken_diffs, built, copied, logits, randn
-from run_support import direct, launched, tp_block_errors
+from run_support import direct, launched_fixture, tp_block_errors
 from torch import nn
 
 import executor.models.llama as llama
@@ -357,9 +357,7 @@ RUNS_4 = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict:  # type: ignore[type-arg]
-    return launched([(RUNS_2, 2), (RUNS_4, 4)])
+runs = launched_fixture((RUNS_2, 2), (RUNS_4, 4))
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from run_support import direct, launched, tp_block_errors
+from run_support import direct, launched_fixture, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
@@ -261,9 +261,7 @@ RUNS_4 = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict:  # type: ignore[type-arg]
-    return launched([(RUNS_2, 2), (RUNS_4, 4)])
+runs = launched_fixture((RUNS_2, 2), (RUNS_4, 4))
 
 
 @pytest.mark.slow
