@@ -59,3 +59,11 @@ def tp_block_errors(specs: dict[str, tuple[dict[str, Any], int]], timeout: float
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     return [json.loads(out) for out, _ in outs]
+
+
+def assert_whole_block(name: str, e: dict[str, Any]) -> None:
+    """One rank's figures of :func:`tp_block_errors` for the probed block ``name``: the t = 2 shard computes what the
+    whole block does (output, input gradient and parameter gradients to 1e-12), every gradient nonzero."""
+    assert e["min grad norm"] > 1e-6, (name, e)
+    for what in ("output", "input grad", "grads"):
+        assert e[what] < 1e-12, (name, what, e)
