@@ -3,6 +3,7 @@ world size (gloo, float64), their results by name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from executor.plan import RunPlan
@@ -13,6 +14,15 @@ def direct(spec: ModelSpec, schedule: str, D: int, N: int, **kw: Any) -> RunPlan
     """A run of ``spec`` with ``schedule`` on ``D`` stages and ``N`` micro-batches, two iterations (``kw``: tensor,
     data, expert, ...)."""
     return RunPlan.direct(schedule, D, N, model=spec.name, model_spec=spec.model_dump(), iterations=2, **kw)
+
+
+def plans_of(default: ModelSpec) -> Callable[..., RunPlan]:
+    """``P(schedule, D, N, spec=default, **kw)``: :func:`direct` of ``spec``, ``default`` unless another is named."""
+
+    def plan(schedule: str, D: int, N: int, spec: ModelSpec = default, **kw: Any) -> RunPlan:
+        return direct(spec, schedule, D, N, **kw)
+
+    return plan
 
 
 def launched(groups: list[tuple[dict[str, RunPlan], int]], timeout: float = 180) -> dict[str, Any]:

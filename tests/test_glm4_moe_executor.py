@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 from hf_parity import broken_diffs, built, copied, logits, randn
-from run_support import assert_whole_block, direct, launched_fixture, tp_block_errors
+from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
 import executor.models.llama as llama
 from executor.models import Stage, build_layers, get_config
 from executor.models.llama import LlamaBlock, apply_rotary, attention, rotary_cos_sin
-from executor.plan import RunPlan
 from planner.model import ModelSpec
 from profiler.hf_config import read_hf_config
 
@@ -338,8 +337,7 @@ def test_tensor_parallel_block_equals_whole_block() -> None:
             assert sorted(e["all-reduces"]) == sorted(attention + [T * h] * 4 + [T * k]), (name, e["all-reduces"])
 
 
-def P(schedule: str, D: int, N: int, spec: ModelSpec = GLM, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
-    return direct(spec, schedule, D, N, **kw)
+P = plans_of(GLM)
 
 
 RUNS_2 = {

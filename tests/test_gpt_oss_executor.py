@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 from hf_parity import broken_diffs, built, copied, logits, randn
-from run_support import assert_whole_block, direct, launched_fixture, tp_block_errors
+from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
 from executor.models.llama import ACTIVATIONS, LlamaBlock, SparseMoE, causal_attention, glu
-from executor.plan import RunPlan
 from planner.model import ModelSpec
 from profiler.hf_config import read_hf_config
 
@@ -275,8 +274,7 @@ def test_tensor_parallel_block_equals_whole_block() -> None:
                 assert sorted(e["all-reduces"]) == sorted([T * h] * 4 + [T * k]), (name, e["all-reduces"])
 
 
-def P(schedule: str, D: int, N: int, spec: ModelSpec = GPT_OSS, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
-    return direct(spec, schedule, D, N, **kw)
+P = plans_of(GPT_OSS)
 
 
 RUNS_2 = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_support import assert_whole_block, direct, launched_fixture, tp_block_errors
+from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
@@ -333,8 +333,7 @@ def test_tensor_parallel_block_equals_whole_block() -> None:
             assert sorted(e["all-reduces"]) == sorted(mla + mlp), (name, e["all-reduces"])
 
 
-def P(schedule: str, D: int, N: int, spec: ModelSpec = V3, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
-    return direct(spec, schedule, D, N, **kw)
+P = plans_of(V3)
 
 
 RUNS_2 = {

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from run_support import assert_whole_block, direct, launched_fixture, tp_block_errors
+from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
 from executor.models import Stage, build_layers, get_config
@@ -243,8 +243,7 @@ def test_tensor_parallel_block_equals_whole_block() -> None:
                 assert sorted(e["all-reduces"]) == sorted([T * h] * 6 + [T * k]), (name, e["all-reduces"])
 
 
-def P(schedule: str, D: int, N: int, spec: ModelSpec = QWEN2_MOE, **kw) -> RunPlan:  # type: ignore[no-untyped-def]
-    return direct(spec, schedule, D, N, **kw)
+P = plans_of(QWEN2_MOE)
 
 
 RUNS_2 = {
