@@ -109,7 +109,7 @@ async function profileFile() {
   const file = el.files[0];
   fileProfile = null;
   document.getElementById("profile").disabled = !!file;
-  note.hidden = !file;
+  note.hidden = true;  // shown once it says what the file is (reading it is asynchronous: no empty note meanwhile)
   note.classList.remove("error");
   if (file) {
     try {
@@ -124,6 +124,7 @@ async function profileFile() {
           : `${PP.esc(file.name)} is not a profile (no list of layers): choose a profile JSON (e.g. from ` +
           `<code>pipeplan profile-analytic</code>).`) + `</span> <button type="button" id="profile-file-clear">use the list instead</button>`;
         document.getElementById("profile-file-clear").addEventListener("click", () => { el.value = ""; profileFile(); });
+        note.hidden = false;
         fileProfile = { bad: true, name: "?", device: "?", layers: "?" };
         deviceNote();
         return;
@@ -141,6 +142,7 @@ async function profileFile() {
         `(e.g. from <code>pipeplan profile-analytic</code>). <button type="button" id="profile-file-clear">use the list instead</button>`;
     }
     document.getElementById("profile-file-clear").addEventListener("click", () => { el.value = ""; profileFile(); });
+    note.hidden = false;
   }
   deviceNote();
 }

@@ -103,7 +103,7 @@ def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, bro
     page.select_option("#cluster", local)
     page.set_input_files("#profile-file", str(upload))
     note = page.locator("#profile-file-note")
-    note.wait_for()
+    note.filter(has_text="medium.json").wait_for()  # (the file is read asynchronously; the note shows once filled)
     text = note.inner_text()
     assert "medium.json" in text and "gpt2-medium on A100-SXM4-80GB" in text and "not the profile in the list" in text
     assert page.locator("#profile").is_disabled()
