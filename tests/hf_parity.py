@@ -44,6 +44,17 @@ def copied(cfg: ModelConfig, layers: list[nn.Module], hf: nn.Module,
     return ids
 
 
+def copy_routed_experts(ours: nn.Module, theirs: nn.Module) -> None:
+    """Our router and routed experts into transformers 5's sparse MoE block (Mixtral's, Qwen's, DeepSeek's):
+    ``gate.weight`` the router, scaled up first so that the routing weights are far from uniform, and the experts fused
+    (``gate_up_proj[e]`` = gate over up, ``down_proj[e]`` = down). Call under ``torch.no_grad()``."""
+    ours.router.weight.mul_(20)
+    theirs.gate.weight.copy_(ours.router.weight)
+    for e, expert in enumerate(ours.experts):
+        theirs.experts.gate_up_proj[e].copy_(torch.cat([expert.gate.weight, expert.up.weight]))
+        theirs.experts.down_proj[e].copy_(expert.down.weight)
+
+
 def logits(layers: list[nn.Module], ids: torch.Tensor) -> torch.Tensor:
     """Our layers' logits of ``ids``: the embedding and blocks in turn, then the head."""
     x = ids

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_parity import copy_routed_experts
 from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
@@ -100,15 +101,11 @@ def copy_moe(ours: SparseMoE, theirs: nn.Module) -> None:
     """Our router (scaled up: scores far from uniform), its bias (set: V3), experts and shared expert into
     transformers' DeepseekV3MoE / DeepseekV2Moe (experts fused: ``gate_up_proj[e]`` = gate over up)."""
     with torch.no_grad():
-        ours.router.weight.mul_(20)
-        theirs.gate.weight.copy_(ours.router.weight)
+        copy_routed_experts(ours, theirs)
         if ours.router.expert_bias is not None:
             ours.router.expert_bias.copy_(torch.randn(len(ours.experts), generator=torch.Generator().manual_seed(9))
                                           * 0.3)
             theirs.gate.e_score_correction_bias.copy_(ours.router.expert_bias)
-        for e, expert in enumerate(ours.experts):
-            theirs.experts.gate_up_proj[e].copy_(torch.cat([expert.gate.weight, expert.up.weight]))
-            theirs.experts.down_proj[e].copy_(expert.down.weight)
         se, them = ours.shared_expert, theirs.shared_experts
         _copy([(se.gate, them.gate_proj), (se.up, them.up_proj), (se.down, them.down_proj)])
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_parity import copy_routed_experts
 from run_support import tp_block_errors
 
 from executor.models import Stage, build_layers, get_config
@@ -67,15 +68,9 @@ CASES = {"mixtral": (mixtral_spec, hf_mixtral),
 
 
 def copy_moe(ours: SparseMoE, theirs: torch.nn.Module) -> None:
-    """Our router and experts into transformers 5's sparse MoE block: ``gate.weight`` the router, the experts
-    fused (``gate_up_proj[e]`` = gate over up, ``down_proj[e]`` = down). The router scaled up first, so that the
-    routing weights are far from uniform."""
+    """Our router and experts into transformers 5's sparse MoE block (:func:`hf_parity.copy_routed_experts`)."""
     with torch.no_grad():
-        ours.router.weight.mul_(20)
-        theirs.gate.weight.copy_(ours.router.weight)
-        for e, expert in enumerate(ours.experts):
-            theirs.experts.gate_up_proj[e].copy_(torch.cat([expert.gate.weight, expert.up.weight]))
-            theirs.experts.down_proj[e].copy_(expert.down.weight)
+        copy_routed_experts(ours, theirs)
 
 
 def ours_and_theirs(case: str):  # type: ignore[no-untyped-def]

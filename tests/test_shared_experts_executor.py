@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+from hf_parity import copy_routed_experts
 from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
@@ -81,11 +82,7 @@ def copy_moe(ours: SparseMoE, theirs: nn.Module) -> None:
     ``gate_up_proj[e]`` = gate over up). The router and the gate scaled up first: a routing far from uniform, a gate
     far from one half (and from one)."""
     with torch.no_grad():
-        ours.router.weight.mul_(20)
-        theirs.gate.weight.copy_(ours.router.weight)
-        for e, expert in enumerate(ours.experts):
-            theirs.experts.gate_up_proj[e].copy_(torch.cat([expert.gate.weight, expert.up.weight]))
-            theirs.experts.down_proj[e].copy_(expert.down.weight)
+        copy_routed_experts(ours, theirs)
         se, them = ours.shared_expert, theirs.shared_expert
         _copy_linears([(se.gate, them.gate_proj), (se.up, them.up_proj), (se.down, them.down_proj)])
         if ours.shared_expert_gate is not None:
