@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from moe_support import TINY_DEEPSEEK_V3
 from run_support import direct, launched_fixture
 
 from executor.interpreter import StageModule
@@ -30,14 +31,8 @@ from planner.model import ModelSpec
 
 torch.set_num_threads(1)
 
-#: tests/test_mla_executor.py's tiny DeepSeek-V3 (sigmoid scores with the choice's bias, top 2 of 8 in 2 of 4
-#: groups, one shared expert, layer 0 dense): layers 2 and 3 (blocks 1 and 2) are mixtures of experts
-V3 = ModelSpec(name="tiny-deepseek-v3", layers=3, hidden=64, heads=4, head_dim=24, qk_rope_head_dim=8, v_head_dim=16,
-               kv_lora_rank=32, q_lora_rank=48, ffn_hidden=96, gated_mlp=True, activation="silu", norm="rmsnorm",
-               position="rotary", tied_embeddings=False, bias=False, vocab=128, seq=16, experts=8,
-               experts_per_token=2, expert_ffn_hidden=32, shared_expert_ffn_hidden=32, dense_layers=(0,),
-               router_score="sigmoid", router_groups=4, router_group_topk=2, router_bias=True, routed_scaling=2.5,
-               normalize_topk=True)
+#: the tiny DeepSeek-V3 (tests/moe_support.py): layers 2 and 3 (blocks 1 and 2) are mixtures of experts
+V3 = TINY_DEEPSEEK_V3
 #: the same without the bias (DeepSeek-V2's form of the choice)
 NO_BIAS = V3.with_(name="tiny-deepseek-v3-no-bias", router_bias=False)
 #: a bias update speed above V3's 0.001: the tiny model's scores differ by a few hundredths, so that the biases move

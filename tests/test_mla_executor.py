@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_parity import copy_routed_experts
+from moe_support import TINY_DEEPSEEK_V3
 from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
@@ -28,14 +29,7 @@ from profiler.hf_config import read_hf_config
 
 torch.set_num_threads(1)
 
-#: DeepSeek-V3's form, tiny: a query latent, sigmoid scores with the choice's bias, top 2 of 8 in 2 of 4 groups,
-#: renormalised and scaled by 2.5, one shared expert of the experts' width, layer 0 dense
-V3 = ModelSpec(name="tiny-deepseek-v3", layers=3, hidden=64, heads=4, head_dim=24, qk_rope_head_dim=8, v_head_dim=16,
-               kv_lora_rank=32, q_lora_rank=48, ffn_hidden=96, gated_mlp=True, activation="silu", norm="rmsnorm",
-               position="rotary", tied_embeddings=False, bias=False, vocab=128, seq=16, experts=8,
-               experts_per_token=2, expert_ffn_hidden=32, shared_expert_ffn_hidden=32, dense_layers=(0,),
-               router_score="sigmoid", router_groups=4, router_group_topk=2, router_bias=True, routed_scaling=2.5,
-               normalize_topk=True)
+V3 = TINY_DEEPSEEK_V3
 #: DeepSeek-V2-Lite's form: queries projected directly, softmax top-2 (greedy), neither renormalised nor scaled
 V2_LITE = V3.with_(name="tiny-deepseek-v2-lite", q_lora_rank=None, router_score="softmax", router_groups=None,
                    router_group_topk=None, router_bias=False, routed_scaling=1.0, normalize_topk=False)
