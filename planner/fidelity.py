@@ -419,27 +419,31 @@ class PublicRun:
                                recompute="selective" if r["recompute"] == "selective" else "none")
 
     def environment(self) -> dict[str, str]:
-        """The runtime of the recipe for :mod:`planner.cost`: the data-parallel gradient reduction overlapped
-        with the backward (the distributed optimizer's ``overlap_grad_sync``: ``dp_allreduce = overlapped``,
-        which the cost model applies to one-stage pipelines only) and the pipeline sends as the recipe posts
-        them. With ``batch_p2p_comm`` and without ``overlap_p2p_comm`` Megatron-Core's
-        ``p2p_communication._communicate`` waits on the batched requests (``if config.batch_p2p_comm: assert
-        wait_on_reqs``; ``req.wait()``) and then synchronizes the device (``batch_p2p_sync``, default True:
-        ``torch.cuda.synchronize()``): ``p2p = blocking``, as Megatron-LM 2021 ran. With ``overlap_p2p_comm``
-        (the interleaved schedule's default) the sends are posted and waited on only before the compute
-        that needs them: non-blocking. The recipe's tensor-parallel communication overlap
-        (``recipe["tp_comm_overlap"]``, Transformer Engine's userbuffers) is not modelled: every
-        tensor-parallel collective is costed on the critical path, as Megatron-LM runs them
-        (:func:`tp_collective_seconds` says how much that is)."""
-        env = {"dp_allreduce": "overlapped"}
-        if self.recipe.get("batch_p2p_comm") and not self.recipe.get("overlap_p2p_comm"):
-            env["p2p"] = "blocking"
-        return env
+        """The runtime of the recipe for :mod:`planner.cost` (:func:`recipe_environment`)."""
+        return recipe_environment(self.recipe)
 
     def shards_optimizer(self) -> bool:
         """Whether the recipe's distributed optimizer shards the fp32 master weights and Adam moments over the
         ``d`` data-parallel ranks (the request's ``shard_optimizer``: ``4 + 12/d`` bytes per parameter)."""
         return bool(self.recipe.get("distributed_optimizer"))
+
+
+def recipe_environment(recipe: dict) -> dict[str, str]:
+    """The runtime of a Megatron-Core recipe for :mod:`planner.cost`: the data-parallel gradient reduction overlapped
+    with the backward (the distributed optimizer's ``overlap_grad_sync``: ``dp_allreduce = overlapped``, which the
+    cost model applies to one-stage pipelines only) and the pipeline sends as the recipe posts them. With
+    ``batch_p2p_comm`` and without ``overlap_p2p_comm`` Megatron-Core's ``p2p_communication._communicate`` waits on the
+    batched requests (``if config.batch_p2p_comm: assert wait_on_reqs``; ``req.wait()``) and then synchronizes the
+    device (``batch_p2p_sync``, default True: ``torch.cuda.synchronize()``): ``p2p = blocking``, as Megatron-LM 2021
+    ran. With ``overlap_p2p_comm`` (the interleaved schedule's default) the sends are posted and waited on only before
+    the compute that needs them: non-blocking. The recipe's tensor-parallel communication overlap
+    (``recipe["tp_comm_overlap"]``, Transformer Engine's userbuffers) is not modelled: every tensor-parallel
+    collective is costed on the critical path, as Megatron-LM runs them (:func:`tp_collective_seconds` says how much
+    that is)."""
+    env = {"dp_allreduce": "overlapped"}
+    if recipe.get("batch_p2p_comm") and not recipe.get("overlap_p2p_comm"):
+        env["p2p"] = "blocking"
+    return env
 
 
 def public_runs(data: dict) -> list[PublicRun]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from planner.cluster import Cluster
 from planner.device import DeviceSpec
-from planner.fidelity import predict_stated, spec_profile
+from planner.fidelity import predict_stated, recipe_environment, spec_profile
 from planner.model import ModelSpec
 from planner.operators import Kernel, OperatorOptions, head_operators, layer_operators, time_operators
 from planner.search import Candidate
@@ -87,13 +87,10 @@ class MoePublicRun:
                                recompute="none", expert_gemm="grouped" if r.get("grouped_gemm") else "sequential")
 
     def environment(self) -> dict[str, str]:
-        """The runtime as :meth:`planner.fidelity.PublicRun.environment` reads a recipe: the distributed optimizer's
-        overlapped reduction, and blocking pipeline sends where the recipe batches them without overlapping them
-        (Megatron-Core's defaults, which this recipe keeps)."""
-        env = {"dp_allreduce": "overlapped"}
-        if self.recipe.get("batch_p2p_comm") and not self.recipe.get("overlap_p2p_comm"):
-            env["p2p"] = "blocking"
-        return env
+        """The runtime of the recipe (:func:`planner.fidelity.recipe_environment`: the distributed optimizer's
+        overlapped reduction, and blocking pipeline sends where the recipe batches them without overlapping them,
+        Megatron-Core's defaults, which this recipe keeps)."""
+        return recipe_environment(self.recipe)
 
     def shards_optimizer(self) -> bool:
         return bool(self.recipe.get("distributed_optimizer"))
