@@ -317,9 +317,9 @@ def _norm_eps(cfg: Any, field: str) -> float:
     return number
 
 
-def _flag(cfg: Any, field: str) -> bool:
-    """A boolean field of ``cfg`` (false where absent), refused naming the field when not a boolean."""
-    value = getattr(cfg, field, False)
+def _flag(cfg: Any, field: str, default: bool = False) -> bool:
+    """A boolean field of ``cfg`` (``default`` where absent), refused naming the field when not a boolean."""
+    value = getattr(cfg, field, default)
     if not isinstance(value, bool):
         raise HFConfigError(field, f"true or false, got {value!r:.40}")
     return value
@@ -528,12 +528,7 @@ def _olmo(cfg: Any, model_type: str) -> dict[str, Any]:
 def _qkv_bias(cfg: Any, model_type: str) -> bool:
     """Qwen2 MoE's ``qkv_bias`` (``Qwen2MoeAttention``'s q, k and v projections; transformers 5's default true,
     before it always on); False for other types."""
-    if model_type != "qwen2_moe":
-        return False
-    value = getattr(cfg, "qkv_bias", True)
-    if not isinstance(value, bool):
-        raise HFConfigError("qkv_bias", f"true or false, got {value!r:.40}")
-    return value
+    return model_type == "qwen2_moe" and _flag(cfg, "qkv_bias", True)
 
 
 def _dense_layers(cfg: Any, layers: object, experts: object) -> list[int]:
@@ -571,9 +566,7 @@ def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
     if isinstance(experts, int) and isinstance(top_k, int) and 0 < experts < top_k:
         raise HFConfigError("num_experts_per_tok", f"{top_k} is more than the {experts} experts "
                                                    f"({names['experts']}): a token is routed to k of them")
-    normalize = True if model_type == "mixtral" else getattr(cfg, "norm_topk_prob", False)
-    if not isinstance(normalize, bool):
-        raise HFConfigError("norm_topk_prob", f"true or false, got {normalize!r:.40}")
+    normalize = True if model_type == "mixtral" else _flag(cfg, "norm_topk_prob")
     jitter = getattr(cfg, "router_jitter_noise", None) or 0.0
     number = jsondoc.number(jitter)
     if number is None or number < 0:
