@@ -79,10 +79,24 @@ softmax's denominator and attends to no value (``a`` parameters per layer); bias
 softmax over all renormalised over the k (``normalize_topk``); a 128-token window on every other layer from the
 first. gpt-oss-120b (36 layers, h 2880, 64 heads of 64, 8 key/value heads, 128 experts of 2880, top 4, vocabulary
 201,088): 116.8B parameters, 5.1B active (the card's Table 1).
+
+Llama 4 (Meta 2025, "The Llama 4 herd"; transformers' ``Llama4TextAttention``, ``Llama4TextMoe``; Megatron-Core's
+``--no-rope-freq``, ``--qk-l2-norm``, ``--moe-apply-probs-on-input``): ``nope_layers`` have no rotary positions
+(every fourth layer; Yang et al. 2025, "Rope to Nope and Back Again: A New Hybrid Attention Strategy"), the others
+rotate adjacent pairs (``rope_interleaved``), normalise each head's query and key without a weight
+(``qk_l2_norm``: Scout, not Maverick) and attend within chunks of ``attention_chunk`` positions (8192: at a shorter
+sequence, causal attention); on the NoPE layers the queries are scaled by ``query_temperature`` (1 below position
+8191). Its mixture of experts routes each token to one expert by the sigmoid of its router logit, without
+renormalisation (``router_score`` sigmoid, ``normalize_topk`` false), scales the expert's input by that weight
+rather than its output (``router_weights_on_input``) and adds a shared expert of the experts' width; Maverick's
+even layers are dense, ``intermediate_size_mlp`` wide (``dense_layers``). None of these has parameters: Llama 4
+Scout's language model (48 layers, h 5120, 40 heads of 128, 8 key/value heads, 16 experts of 8192 and a shared one,
+vocabulary 202,048) has 107,769,861,120, as transformers' ``Llama4ForCausalLM`` counts them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -235,6 +249,33 @@ class ModelSpec(BaseModel):
                                                "head's query and key are rotated, the rest pass through "
                                                "(partial_rotary_factor times head_dim: GLM-4.5's 64 of 128, "
                                                "Phi-4-mini's 96 of 128); None: all of them")
+    nope_layers: tuple[int, ...] = Field(
+        default=(), exclude_if=lambda v: not v, max_length=SHAPE_LIMITS["layers"],
+        description="with rotary positions: the transformer layers (0-based) without them, attending by content "
+                    "alone (Llama 4's and SmolLM3's NoPE layers: no_rope_layers 0, every fourth; Megatron-Core's "
+                    "--no-rope-freq)")
+    rope_interleaved: bool = Field(default=False, exclude_if=lambda v: not v,
+                                   description="rotary positions turn adjacent pairs (x_2i, x_2i+1) of each head, "
+                                               "not rotate-half's (x_i, x_i+d/2) (Llama 4, Meta's reference code; "
+                                               "Megatron-Core's --rotary-interleaved); numerics only, no cost")
+    qk_l2_norm: bool = Field(default=False, exclude_if=lambda v: not v,
+                             description="each head's query and key divided by its root mean square, no weight, "
+                                         "after the rotary, on the layers with rotary positions only (Llama 4's "
+                                         "use_qk_norm; Megatron-Core's --qk-l2-norm)")
+    attention_chunk: int | None = Field(
+        default=None, gt=0, le=SHAPE_LIMITS["seq"], exclude_if=lambda v: v is None,
+        description="the layers with rotary positions attend within chunks of this many positions, query i to key "
+                    "j <= i where i // chunk == j // chunk; the layers without (nope_layers) to the whole sequence "
+                    "(Llama 4's attention_chunk_size: 8192)")
+    query_temperature: tuple[int, float] | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="(floor, scale): on the layers without rotary positions each query at position m is multiplied "
+                    "by 1 + scale ln(1 + floor((m + 1) / floor)) (Llama 4's attn_temperature_tuning with floor_scale "
+                    "8192 and attn_scale 0.1: 1 below position 8191)")
+    router_weights_on_input: bool = Field(
+        default=False, exclude_if=lambda v: not v,
+        description="with experts: each token's input to an expert multiplied by its routing weight, the experts' "
+                    "outputs summed unweighted (Llama 4's Llama4TextMoe; Megatron-Core's --moe-apply-probs-on-input)")
     rope_theta: float = Field(default=10000.0, gt=0, allow_inf_nan=False,
                               description="rotary base (RoFormer's 10000; Llama 3: 5e5)")
     vocab: int = Field(gt=0, le=SHAPE_LIMITS["vocab"])
@@ -318,10 +359,45 @@ class ModelSpec(BaseModel):
         if self.post_norm and self.sandwich_norm:
             raise ValueError("post_norm: not with sandwich_norm (which norms each branch's input and output; "
                              "post_norm its output only)")
+        self._llama4()
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every: only with a sliding_window (the layers between the global ones attend "
                              "within it)")
         return self
+
+    def _llama4(self) -> None:
+        """The rules of Llama 4's attention and routing fields (transformers' ``Llama4TextAttention``,
+        ``Llama4TextMoe``): each needs what it acts on."""
+        rotary = self.position == "rotary"
+        given = [name for name, on in (("nope_layers", bool(self.nope_layers)),
+                                       ("rope_interleaved", self.rope_interleaved), ("qk_l2_norm", self.qk_l2_norm),
+                                       ("attention_chunk", self.attention_chunk is not None)) if on]
+        if given and (not rotary or self.mla):
+            raise ValueError(f"{', '.join(given)}: only with rotary positions and standard attention (position "
+                             "rotary, no kv_lora_rank)")
+        if self.nope_layers:
+            wrong = [i for i in self.nope_layers if not 0 <= i < self.layers]
+            if wrong:
+                raise ValueError(f"nope_layers: {wrong[0]} is not a transformer layer (0 to {self.layers - 1})")
+            if len(set(self.nope_layers)) != len(self.nope_layers):
+                raise ValueError("nope_layers: a layer is listed twice")
+            if len(self.nope_layers) == self.layers:
+                raise ValueError("nope_layers: every layer is without rotary positions; a model without them has "
+                                 "position none")
+            object.__setattr__(self, "nope_layers", tuple(sorted(self.nope_layers)))
+        if self.qk_l2_norm and self.qk_norm:
+            raise ValueError("qk_l2_norm: not with qk_norm (the weighted norm of each head's query and key)")
+        if self.attention_chunk is not None and self.sliding_window is not None:
+            raise ValueError("attention_chunk: not with a sliding_window (one limit on the keys a query sees)")
+        if self.query_temperature is not None:
+            floor, scale = self.query_temperature
+            if not self.nope_layers:
+                raise ValueError("query_temperature: only with nope_layers (it scales their queries)")
+            if floor <= 0 or not math.isfinite(scale) or scale < 0:
+                raise ValueError(f"query_temperature: (floor, scale) a positive whole floor and a finite scale of 0 "
+                                 f"or more, got ({floor}, {scale})")
+        if self.router_weights_on_input and self.experts is None:
+            raise ValueError("router_weights_on_input: only with experts (a mixture of experts)")
 
     def _latent(self) -> None:
         """The rules of multi-head latent attention (DeepSeek-V2, section 2.1; transformers' ``DeepseekV3Attention``):
@@ -519,6 +595,17 @@ class ModelSpec(BaseModel):
     def layer_rope_theta(self, i: int) -> float:
         """The rotary base of transformer layer ``i``: ``rope_local_theta`` on a local layer where given."""
         return self.rope_local_theta if self.rope_local_theta is not None and self.local_layer(i) else self.rope_theta
+
+    def rotary_layer(self, i: int) -> bool:
+        """Whether transformer layer ``i`` (0-based) has rotary positions: every layer of a rotary model but its
+        ``nope_layers`` (Llama 4: layers 3, 7, ...; Yang et al. 2025, "Rope to Nope and Back Again")."""
+        return self.position == "rotary" and i not in self.nope_layers
+
+    def layer_chunk(self, i: int) -> int | None:
+        """The attention chunk of transformer layer ``i`` where it limits the attention: ``attention_chunk`` on a
+        layer with rotary positions, shorter than the sequence (Llama 4's chunked attention); else None."""
+        c = self.attention_chunk
+        return c if c is not None and c < self.seq and self.rotary_layer(i) else None
 
     @property
     def norms_per_layer(self) -> int:
