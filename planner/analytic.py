@@ -234,12 +234,15 @@ def analytic_profile(spec: ModelSpec, device: DeviceSpec | str, dtype: str = "bf
     emb = layer("embedding", "embedding", embedding_operators, spec.embedding_params(), 0, el * s * h, 8 * s)
     # one profile per kind of layer the model has: its attention window (a sliding window, and the global layers
     # between) and its MLP (a mixture of experts, or dense: ModelSpec.dense_layers)
-    kinds = [(spec.layer_window(i), spec.moe_layer(i)) for i in range(spec.layers)]
+    # (and Llama 4's: rotary positions or none, and the attention chunk of the rotary layers)
+    kinds = [(spec.layer_window(i), spec.moe_layer(i), spec.rotary_layer(i), spec.layer_chunk(i))
+             for i in range(spec.layers)]
     experts = int(spec.experts or 0) * spec.expert_params()  # of a layer's parameters, its routed experts'
-    blocks = {(w, moe): layer("block0", "transformer", partial(layer_operators, window=w, moe=moe),
-                              spec.layer_params(moe), 0, el * s * h, el * s * h, experts if moe else 0,
-                              spec.replicated_attention_params())
-              for w, moe in dict.fromkeys(kinds)}
+    blocks = {(w, moe, rot, chunk): layer("block0", "transformer",
+                                          partial(layer_operators, window=w, moe=moe, rotary=rot, chunk=chunk),
+                                          spec.layer_params(moe), 0, el * s * h, el * s * h, experts if moe else 0,
+                                          spec.replicated_attention_params())
+              for w, moe, rot, chunk in dict.fromkeys(kinds)}
     head = layer("lm_head", "lm_head", head_operators, spec.head_params(),
                  V * h if spec.tied_embeddings else 0, 4, el * s * h)
     layers = [emb] + [blocks[k].model_copy(update={"name": f"block{i}"}) for i, k in enumerate(kinds)] + [head]

@@ -255,7 +255,7 @@ def _passes(name: str, fwd: list[tuple[str, float]], bwd: list[tuple[str, float]
                     tuple(Kernel(f"{name}.bwd.{k}", flops, nb) for k, nb in bwd), (), saved_bytes)
 
 
-def eager_rms_norm(name: str, rows: float, width: int, el: int) -> Operator:
+def eager_rms_norm(name: str, rows: float, width: int, el: int, weight: bool = True) -> Operator:
     """RMSNorm as eager PyTorch runs torchtitan's ``RMSNorm`` (``torchtitan/models/norms.py``, 2024:
     ``output = self._norm(x.float()).type_as(x); return output * self.weight`` with ``_norm(x) = x *
     torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``; Hugging Face's ``LlamaRMSNorm`` is the same ops) over
@@ -267,7 +267,8 @@ def eager_rms_norm(name: str, rows: float, width: int, el: int) -> Operator:
     gradient of ``x`` (8) and of ``r`` (product 12, row sum 4); ``mean``'s expand-and-divide (write 4); ``pow``'s
     ``grad * (2 * x.pow(1))`` (copy 8, scale 8, product 12); the sum of ``x``'s two gradients (12); the cast
     back (4 + ``el``): ``76 + 8 el``. Saves the fp32 input, the per-row ``r`` and the cast-down output
-    (``(4 + el) N`` bytes) where the fused kernel saves its input only."""
+    (``(4 + el) N`` bytes) where the fused kernel saves its input only. ``weight`` False: a norm without one (Llama
+    4's ``Llama4TextWeightlessRMSNorm``), without the weight's product and its gradient's three kernels."""
     n, r = rows * width, rows
     fwd = [("cast_up", (el + 4) * n), ("pow", 8 * n), ("mean", 4 * n + 4 * r), ("add_eps", 8 * r),
            ("rsqrt", 8 * r), ("mul_r", 8 * n + 4 * r), ("cast_down", (4 + el) * n), ("mul_weight", 2 * el * n)]
@@ -275,6 +276,9 @@ def eager_rms_norm(name: str, rows: float, width: int, el: int) -> Operator:
            ("cast_down", (el + 4) * n), ("mul_r", 8 * n + 4 * r), ("r_grad", 12 * n), ("r_grad_sum", 4 * n + 4 * r),
            ("rsqrt", 16 * r), ("mean", 4 * n + 4 * r), ("pow_copy", 8 * n), ("pow_scale", 8 * n),
            ("pow_mul", 12 * n), ("grad_sum", 12 * n), ("cast_up", (4 + el) * n)]
+    if not weight:
+        fwd = [k for k in fwd if k[0] != "mul_weight"]
+        bwd = [k for k in bwd if not k[0].startswith(("mul_weight", "weight_grad"))]
     return _passes(name, fwd, bwd, n, (4 + el) * n + 4 * r)
 
 
@@ -447,9 +451,20 @@ def window_share(s: int, window: int | None, causal: bool) -> float:
     return (window * (window + 1) / 2 + (s - window) * window) / (s * s)
 
 
+def chunk_share(s: int, chunk: int) -> float:
+    """The share of the ``s x s`` (query, key) pairs a causal kernel computes when each query attends within its
+    chunk of ``chunk`` positions only (Llama 4's chunked attention, ``ModelSpec.attention_chunk``: transformers'
+    ``create_chunked_causal_mask``, a block-diagonal causal mask): each whole chunk ``c (c + 1) / 2`` pairs, the last,
+    shorter one ``r (r + 1) / 2``; the causal half (1/2) where the chunk is the whole sequence."""
+    if chunk >= s:
+        return 0.5
+    whole, rest = divmod(s, chunk)
+    return (whole * chunk * (chunk + 1) / 2 + rest * (rest + 1) / 2) / (s * s)
+
+
 def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOptions | None = None,
                     window: int | None = None, expert: int = 1, expert_tensor: int | None = None,
-                    moe: bool | None = None) -> list[Operator]:
+                    moe: bool | None = None, rotary: bool = True, chunk: int | None = None) -> list[Operator]:
     """The operators of one transformer layer's ``1/t`` shard for a micro-batch of ``b`` sequences; ``window``:
     the layer's attention window (:meth:`planner.model.ModelSpec.layer_window`; None: causal over the whole
     sequence). The flash kernel skips the blocks outside the window (FlashAttention-2's ``window_size``); the
@@ -461,7 +476,13 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
     MLP is the mixture of experts or the dense one (:meth:`planner.model.ModelSpec.moe_layer`; default: whether the
     model has experts); a mixture of experts' shared expert (``shared_expert_ffn_hidden``) is a dense MLP of its
     width beside it, split over ``t`` (Megatron-Core's ``SharedExpertMLP``, whatever the experts' split), its output
-    scaled by ``sigmoid(x w)`` with ``shared_expert_gate`` and added to the experts'."""
+    scaled by ``sigmoid(x w)`` with ``shared_expert_gate`` and added to the experts'. ``rotary``: whether the layer
+    has rotary positions (:meth:`planner.model.ModelSpec.rotary_layer`: Llama 4's NoPE layers have none, and scale
+    their queries by ``query_temperature`` instead: one elementwise pass); ``chunk``: its attention chunk
+    (:meth:`planner.model.ModelSpec.layer_chunk`, :func:`chunk_share`: the flash kernel computes the pairs within each
+    chunk, at the causal kernel's rate of a sequence the chunk's length; the unfused core masks the whole square, the
+    same cost as without). Llama 4's ``qk_l2_norm`` on a rotary layer is the per-head query/key norm without its
+    weight (``qk_norm``'s elements; eager, torchtitan's RMSNorm's kernels but the weight's: :func:`eager_rms_norm`)."""
     o = options or OperatorOptions()
     el = DTYPE_BYTES.get(o.dtype.lower(), 2)
     s, h, d, f = spec.seq, spec.hidden, spec.d, spec.f
@@ -534,7 +555,20 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         ops.append(eager_rms_norm("qk_norm", rows_qk, width_qk, el) if eager else
                    elementwise("qk_norm", qk_el, el, reads=1, writes=1, flops_per=5.0, bwd_reads=2, bwd_writes=1,
                                saved_bytes=el * qk_el))
-    if spec.mla:
+    if spec.qk_l2_norm and rotary and not spec.mla:
+        # Llama 4: each head's query and key over its root mean square, no weight, after the rotary (the order does
+        # not change the cost); saves its fp32 input and per-row factor as the weighted norm does
+        ops.append(eager_rms_norm("qk_l2_norm", T * (a_t + k_t), d, el, weight=False) if eager else
+                   elementwise("qk_l2_norm", qk_el, el, reads=1, writes=1, flops_per=4.0, bwd_reads=2, bwd_writes=1,
+                               saved_bytes=el * qk_el))
+    if spec.query_temperature is not None and not rotary:
+        # Llama 4's NoPE layers: each query times its position's temperature (a per-position factor, broadcast):
+        # reads and writes the queries; the backward scales their gradient alike; saves nothing (the factor is
+        # recomputed from the positions)
+        q_el = T * a_t * d
+        ops.append(elementwise("q_temperature", q_el, el, reads=1, writes=1, flops_per=1.0, bwd_reads=1,
+                               bwd_writes=1, saved_bytes=0.0))
+    if spec.mla or not rotary:
         pass
     elif spec.position == "rotary" and eager:
         rot = spec.rot_d  # (partial rotary: the first rot dimensions of each head; the rest joined back after)
@@ -580,7 +614,7 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # Q K^T over d and P V over dv (equal but with latent attention: 192 and 128). FlashAttention-2 takes one head
         # size for Q, K and V: V padded to d (FlashAttention-3 and cuDNN run 192/128 as they are)
         dk = d if o.attention_impl == "flash2" else dv
-        share = window_share(s, window, o.causal)
+        share = window_share(s, window, o.causal) if chunk is None or not o.causal else chunk_share(s, chunk)
         fl = share * 2.0 * heads_b * s * s * (d + dk)
         # backward: S = Q K^T again and dQ, dK over d, dP = dO V^T and dV over dv: 2 s^2 (3 d + 2 dv), 2.5 times
         # the forward at d = dv (FlashAttention-2, section 3.1.2)
@@ -589,6 +623,8 @@ def layer_operators(spec: ModelSpec, b: int, t: int = 1, options: OperatorOption
         # the kernel's rate is read at the sequence whose causal rows are as long, on average, as this one's
         # (a window of w keys: the causal kernel at 2w); the measured figures are by sequence length
         seq = s if window is None or window >= s or not o.causal else min(s, 2 * window)
+        if chunk is not None and o.causal:  # (chunks: a causal kernel over each, the chunk's length)
+            seq = min(s, chunk)
         fwd = Kernel("flash_attn", fl, io, (seq, s, d, heads_b), (o.attention_impl, o.causal, False))
         bwd = Kernel("flash_attn.bwd", bwd_fl, 2 * io, (seq, s, d, heads_b), (o.attention_impl, o.causal, True))
         # saves Q, K, V and the row log-sum-exp (fp32); O is the output projection's saved input. Selective
