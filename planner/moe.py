@@ -18,7 +18,9 @@ per element; ``E`` experts, ``k`` experts per token, ``f_e`` an expert's width. 
    ``(m_e, 2 f_e / t, h)`` (gated; ``f_e / t`` otherwise), the activation, ``(m_e, h, f_e / t)``; with expert
    parallelism ``e`` (:mod:`planner.expert_parallel`) the rank's ``E/e`` experts on ``e m_e`` rows each;
 5. **combine**: each copy times its routing weight, summed back into its token's row (``unpermute`` with probs);
-   saves the experts' outputs, which the weights' gradient reads.
+   saves the experts' outputs, which the weights' gradient reads. With ``router_weights_on_input`` (Llama 4's
+   ``Llama4TextMoe``; Megatron-Core's ``moe_apply_probs_on_input``) the copies are scaled before the experts instead
+   and the combine is an unweighted sum: the same passes, without the experts' outputs saved.
 
 The tensor-parallel collectives are the dense MLP's (an all-reduce of ``T x h``, or with sequence parallelism
 Megatron-Core's default dispatcher's all-gather and combine reduce-scatter of the same tensor): :mod:`planner.cost`
@@ -104,6 +106,16 @@ def moe_operators(spec: ModelSpec, tokens: float, rows: float, t: int, options: 
         gemm("experts_up", m_e, cols, h, el, batch=batch, accumulate=accumulate, bias_rows=m_e if bias else 0),
         mlp_activation("experts_act", spec.gated_mlp, batch * m_e * f_t, el, eager, clamped_glu(spec)),
         gemm("experts_down", m_e, h, f_t, el, batch=batch, accumulate=accumulate, bias_rows=m_e if bias else 0))]
+    if spec.router_weights_on_input:
+        # Llama 4 (Megatron-Core's moe_apply_probs_on_input): the copies scaled by their weights before the experts
+        # (read the copies and weights, write the scaled copies; bwd: the copies' gradients and the weights', reading
+        # the unscaled copies the router's GEMM has saved already: nothing more saved), the combine an unweighted sum
+        # (bwd: the gradient copied back to the T k rows), saving nothing
+        scale = elementwise("weight_input", copies * h, el, reads=1, writes=1, flops_per=1.0, bwd_reads=2,
+                            bwd_writes=1, saved_bytes=0.0)
+        combine = Operator("combine", (Kernel("combine", copies * h, el * (copies * h + tokens * h)),),
+                           (Kernel("combine.bwd", 0.0, el * (tokens * h + copies * h)),), (), saved_bytes=0.0)
+        return [router, routing, scale, permute, *experts, combine]
     # combine: read the copies and their weights, write T x h; bwd: the copies' gradients (read dY, weights; write
     # T k h) and the weights' (read dY and the saved copies); saves the experts' outputs
     combine = Operator("combine", (Kernel("combine", 2.0 * copies * h, el * (copies * h + tokens * h) + 4.0 * copies),),

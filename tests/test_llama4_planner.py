@@ -129,3 +129,14 @@ def test_plan_llama4() -> None:
     assert fwd[0] != fwd[1]  # (dense)
     res = plan(prof, h100_cluster(), TrainingRequest(global_batch=64, gpus=16))
     assert res.candidates and {c.config.expert for c in res.candidates} - {1}
+
+
+def test_weights_on_the_input_save_no_expert_outputs() -> None:
+    """Llama 4's routing weights scale the experts' input (a pass over the T k copies) and the combine sums unweighted:
+    the experts' outputs (T k h elements) are no longer saved for the weights' gradient."""
+    on, off = _ops(SCOUT_8L, 0), _ops(SCOUT_8L.with_(router_weights_on_input=False), 0)
+    assert "weight_input" in on and "weight_input" not in off
+    copies_h = SCOUT_8L.seq * 1 * SCOUT_8L.hidden
+    assert off["combine"].saved_bytes == pytest.approx(2 * copies_h) and on["combine"].saved_bytes == 0.0
+    assert sum(op.saved_bytes for op in on.values()) == pytest.approx(sum(op.saved_bytes for op in off.values())
+                                                                        - 2 * copies_h)
