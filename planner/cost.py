@@ -684,11 +684,14 @@ class ConfigCosts(Costs):
         columns of each of the ``b s`` rows, and the ``b s`` fp32 partial sums are all-reduced over the group -- in the
         forward for the norm, in the backward for the mean of its gradient times its input (RMSNorm's backward reads
         the whole row): one all-reduce of ``4 b s`` bytes per norm and pass, latency-bound (:meth:`_tp_comm` is one
-        pass's)."""
+        pass's). Where ``t`` does not divide the key/value heads (the profile's ``kv_heads``) each rank computes the
+        whole key projection (:mod:`executor.tensor_parallel`'s replicated key rows) and its norm needs no
+        all-reduce: the query norm's only."""
         shape = self.profile.shape
         if self.t == 1 or shape is None or not shape.split_norms:
             return 0.0
-        return shape.split_norms * self._tp_allreduce(samples * shape.seq * 4.0)
+        norms = shape.split_norms - (1 if shape.kv_heads is not None and shape.kv_heads % self.t else 0)
+        return norms * self._tp_allreduce(samples * shape.seq * 4.0)
 
     @property
     def _latent_width(self) -> int | None:

@@ -364,6 +364,10 @@ class TransformerShape(BaseModel):
     #: projections, :attr:`planner.model.ModelSpec.qk_norm_scope`): each all-reduces its rows' sums of squares over the
     #: tensor-parallel group in the forward and in the backward (:meth:`planner.cost.ConfigCosts._tp_comm`); 0 for none
     split_norms: int = Field(default=0, ge=0, le=2, exclude_if=lambda v: v == 0)
+    #: with ``split_norms``: the key/value heads (:attr:`planner.model.ModelSpec.kv_heads`), whose count says whether
+    #: ``t`` splits the key projection (``t`` dividing it) or every rank computes it whole (replicated key heads:
+    #: :func:`planner.operators._shard`), its norm then without an all-reduce; absent otherwise
+    kv_heads: int | None = Field(default=None, gt=0, le=SHAPE_LIMITS["kv_heads"], exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _defaults(self) -> TransformerShape:
@@ -380,10 +384,11 @@ class TransformerShape(BaseModel):
 
 def shape_of(spec: ModelSpec) -> TransformerShape:
     """The shape a profile of ``spec`` records (the analytical profile's and the profilers'): one description."""
+    projection_norms = spec.qk_norm and spec.qk_norm_scope == "projection"
     return TransformerShape(hidden=spec.hidden, seq=spec.seq, heads=spec.heads, vocab=spec.vocab, layers=spec.layers,
                             ffn_hidden=spec.f, experts=spec.experts, experts_per_token=spec.experts_per_token,
                             shared_expert_ffn_hidden=spec.shared_expert_ffn_hidden, latent_width=spec.latent_width,
-                            split_norms=2 if spec.qk_norm and spec.qk_norm_scope == "projection" else 0)
+                            split_norms=2 if projection_norms else 0, kv_heads=spec.k if projection_norms else None)
 
 
 class ModelProfile(BaseModel):

@@ -111,6 +111,18 @@ def test_projection_norms_cost_their_all_reduces_at_t() -> None:
     assert _costs(OLMO2, 1)[1]._split_norms(1) == 0.0
 
 
+def test_replicated_key_heads_need_no_key_norm_all_reduce() -> None:
+    """Where t does not divide the key/value heads every rank computes the whole key projection (replicated key rows,
+    executor.tensor_parallel), so only the query norm all-reduces: one all-reduce per layer and pass, not two."""
+    gqa = OLMO2.with_(kv_heads=2)
+    prof, costs = _costs(gqa, 4)
+    assert prof.shape is not None and (prof.shape.split_norms, prof.shape.kv_heads) == (2, 2)
+    one = costs._tp_allreduce(4096 * 4.0)
+    assert costs._split_norms(1) == pytest.approx(one)
+    assert _costs(gqa, 2)[1]._split_norms(1) == pytest.approx(2 * _costs(gqa, 2)[1]._tp_allreduce(4096 * 4.0))
+    assert _costs(OLMO2, 4)[1]._split_norms(1) == pytest.approx(2 * one)
+
+
 def test_plan_olmoe() -> None:
     """OLMoE-1B-7B's analytical profile holds its parameters and the search plans it with its experts split."""
     spec = read_hf_config(MODELS / "olmoe-1b-7b", seq=4096)
