@@ -29,6 +29,12 @@ The forward of one layer on one rank (:class:`ExpertParallelMoE`):
 6. combine: the outputs all-to-all back (the reverse splits), then each token's output is the routing-weighted sum
    of its ``k`` experts' outputs (``index_add``, as ``mix``).
 
+Llama 4's ``router_weights_on_input`` (transformers' ``Llama4TextMoe``; Megatron-Core's
+``--moe-apply-probs-on-input``, which scales the tokens before the dispatch too): each token copy is multiplied by its
+routing weight on its own rank, before step 4, and step 6 sums the returned outputs unweighted. The weight's gradient
+comes back through the dispatch's reverse all-to-all with the row's, to the rank that routed the token; with ``t >
+1`` the weights pass through ``f`` as before (each tensor rank's expert slice gives its share of the row's gradient).
+
 Backward: each :class:`AllToAll` is the reverse all-to-all of the gradient, so an expert's weight gradient on its
 owner sums the contributions of the tokens of all ``e`` copies of its EP group; the executor then all-reduces the
 experts' gradients over the expert-data group (the ``W/e`` copies with the same EP rank, times the stage's holders)
@@ -126,6 +132,7 @@ class ExpertParallelMoE(nn.Module):
         self.first = ep_rank * self.per_rank
         self.tp_size, self.tp_group = tp_size, tp_group
         self.top_k, self.normalize, self.router = moe.top_k, moe.normalize, moe.router
+        self.on_input = moe.on_input  # (Llama 4: the weights scale the rows before the dispatch)
         # the shared expert (no expert EP splits): whole on every EP rank, split over t as the dense MLP
         self.shared_expert, self.shared_expert_gate = moe.shared_expert, moe.shared_expert_gate
         local = range(self.first, self.first + self.per_rank)
@@ -168,7 +175,10 @@ class ExpertParallelMoE(nn.Module):
         e = self.ep_size
         counts = torch.cat([per_expert.view(e, -1).sum(dim=1), received.sum(dim=1), received.sum(dim=0)]).tolist()
         send, recv, sizes = counts[:e], counts[e:2 * e], counts[2 * e:]
-        got = all_to_all(source[order // k], recv, send, self.ep_group)  # per peer, by expert within it
+        rows = source[order // k]
+        if self.on_input:  # (Llama 4: each copy scaled by its weight before it leaves; the outputs summed unweighted)
+            rows = rows * weights.reshape(-1)[order, None]
+        got = all_to_all(rows, recv, send, self.ep_group)  # per peer, by expert within it
         # the received rows grouped by local expert (stably: by peer, then as the peer sent them)
         local = torch.arange(self.per_rank, device=x.device).repeat(e)
         by_expert = torch.argsort(torch.repeat_interleave(local, received.reshape(-1), output_size=sum(recv)),
@@ -178,7 +188,9 @@ class ExpertParallelMoE(nn.Module):
         unsorted = torch.empty_like(by_expert)
         unsorted[by_expert] = torch.arange(by_expert.numel(), device=x.device)
         back = all_to_all(out[unsorted], send, recv, self.ep_group)  # the copies in `order` again
-        y = tokens.new_zeros(tokens.shape).index_add(0, order // k, back * weights.reshape(-1)[order, None])
+        if not self.on_input:
+            back = back * weights.reshape(-1)[order, None]
+        y = tokens.new_zeros(tokens.shape).index_add(0, order // k, back)
         if self.tp_size > 1:
             y = ReduceFromTensorParallel.apply(y, self.tp_group)
         shared = shared_output(self, tokens)  # (this rank's tokens; t > 1: through the shared expert's own f and g)

@@ -310,6 +310,11 @@ class TensorParallelMoE(nn.Module):
     (:class:`TensorParallelExpert`), the router replicated (Megatron-Core's expert tensor parallelism, expert-parallel
     size 1: ``megatron/core/transformer/moe``, the router's weight whole on every rank).
 
+    Llama 4's ``router_weights_on_input`` (:func:`~executor.models.llama.mix` ``on_input``): the weights scale the
+    tokens before the experts' column-parallel ``gate`` and ``up``, both through ``f``: the gradient of each scaled
+    row is this rank's share, so ``f``'s all-reduces make the tokens' and the weights' gradients whole, as with the
+    weights on the outputs; ``down``'s biases (none in Llama 4) are then added unweighted.
+
     The router reads the block's input ``x`` (the same on every rank) directly, so every rank routes every token
     alike. The routing weights multiply each expert's *partial* output (this rank's share of ``down``) before the
     one all-reduce ``g`` of the sum ``(T, h)``; the gradient of a routing weight on a rank is therefore only this
@@ -329,7 +334,7 @@ class TensorParallelMoE(nn.Module):
 
     def __init__(self, moe: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
-        self.group, self.top_k, self.normalize = group, moe.top_k, moe.normalize
+        self.group, self.top_k, self.normalize, self.on_input = group, moe.top_k, moe.normalize, moe.on_input
         self.router = moe.router
         self.experts = nn.ModuleList(TensorParallelExpert(e, rank, size, group) for e in moe.experts)
         self.shared_expert = (TensorParallelExpert(moe.shared_expert, rank, size, group)
@@ -342,11 +347,12 @@ class TensorParallelMoE(nn.Module):
         tokens = x.reshape(-1, x.shape[-1])
         weights, index = self.router.choose(tokens, x.dtype)  # (every rank alike: the router replicated)
         partial = mix(CopyToTensorParallel.apply(tokens, self.group), CopyToTensorParallel.apply(weights, self.group),
-                      index, [e.partial for e in self.experts])
+                      index, [e.partial for e in self.experts], self.on_input)
         y = ReduceFromTensorParallel.apply(partial, self.group)
         biases = [e.down.bias for e in self.experts]
-        if biases[0] is not None:
-            y = y + (weights.unsqueeze(-1) * torch.stack(biases)[index]).sum(dim=1)
+        if biases[0] is not None:  # (weighted, or with the weights on the inputs each added whole)
+            chosen = torch.stack(biases)[index]
+            y = y + (chosen.sum(dim=1) if self.on_input else (weights.unsqueeze(-1) * chosen).sum(dim=1))
         shared = shared_output(self, tokens)
         return (y if shared is None else y + shared).view(x.shape)
 
@@ -463,6 +469,11 @@ class TensorParallelLlamaBlock(nn.Module):
     heads, so it rotates its heads as the whole block does. GLM-4.5's query/key/value biases without an output bias
     (``qkv_bias``) are split with their columns, as gpt-oss's.
 
+    Llama 4 (transformers' ``Llama4TextAttention``) needs nothing more: the rotary on adjacent pairs and the weightless
+    L2 norm of each query and key head act on whole heads, the chunked mask and the NoPE layers' query temperature on
+    positions, which every rank holds all of (no parameter, no collective); its routing weights on the experts'
+    inputs as :class:`TensorParallelMoE` says.
+
     OLMo 2, OLMo 3 and OLMoE (``qk_norm_scope`` "projection"): the query norm's weight (``a d``) is split with ``q``'s
     columns, rank ``r`` holding its heads' ``a d / t``, and the query rows are normed by :func:`split_rms_norm` (the
     rows' sums of squares all-reduced, ``b s`` of them, forward and backward); the key norm's (``k d``) likewise with
@@ -488,6 +499,10 @@ class TensorParallelLlamaBlock(nn.Module):
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
         self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
         self.cap, self.window = block.cap, block.window
+        # Llama 4's pieces (theta None on a NoPE layer): per head or per position, so a rank's whole heads take them
+        # as the whole block does
+        self.interleaved, self.qk_l2_eps = block.interleaved, block.qk_l2_eps
+        self.chunk, self.temperature = block.chunk, block.temperature
         local = a // size
         self.projection_norms = block.projection_norms
         self.kv_sharded = k % size == 0 or block.mla is not None
@@ -578,7 +593,9 @@ class TensorParallelLlamaBlock(nn.Module):
             k = self._head_norm(self.k_norm, k.view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
-        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks, self.rotary_dim))
+        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks, self.rotary_dim,
+                                      interleaved=self.interleaved, qk_l2_eps=self.qk_l2_eps, chunk=self.chunk,
+                                      temperature=self.temperature))
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:

@@ -21,7 +21,10 @@ The family picks the zoo's layer code (:func:`family_of`):
   ``GptOssForCausalLM``; GLM-4.5's (``Glm4MoeForCausalLM``) DeepSeek-V3 routing beside query/key/value biases, q/k
   norms and partial rotary, ``rotary_dim`` of each head rotated, Phi-4-mini's too; OLMo 2's, OLMo 3's and OLMoE's
   query/key norms over the whole projections (``qk_norm_scope``) and OLMo 2's norms on each branch's output
-  (``post_norm``), as transformers' ``Olmo2ForCausalLM``, ``Olmo3ForCausalLM``, ``OlmoeForCausalLM``;
+  (``post_norm``), as transformers' ``Olmo2ForCausalLM``, ``Olmo3ForCausalLM``, ``OlmoeForCausalLM``; Llama 4's
+  NoPE layers, rotary on adjacent pairs, weightless query/key norms, chunked attention, query temperature and
+  routing weights on the experts' inputs (``nope_layers``, ``rope_interleaved``, ``qk_l2_norm``, ``attention_chunk``,
+  ``query_temperature``, ``router_weights_on_input``), as transformers' ``Llama4ForCausalLM``;
   :mod:`executor.models.llama`). A
   mixture of experts and latent attention are built in this family only (``ModelSpec`` allows latent attention in a
   rotary decoder only).
@@ -41,6 +44,14 @@ Family = Literal["gpt", "bert", "llama"]
 
 def family_of(spec: ModelSpec) -> Family:
     """The zoo family that builds ``spec``; a shape none of them builds is refused naming the field."""
+    llama4 = [name for name, on in (("nope_layers", bool(spec.nope_layers)),
+                                    ("rope_interleaved", spec.rope_interleaved), ("qk_l2_norm", spec.qk_l2_norm),
+                                    ("attention_chunk", spec.attention_chunk is not None),
+                                    ("query_temperature", spec.query_temperature is not None),
+                                    ("router_weights_on_input", spec.router_weights_on_input)) if on]
+    if llama4 and (spec.encoder or spec.position != "rotary"):  # (ModelSpec refuses most of them without rotary)
+        raise ValueError(f"{', '.join(llama4)}: the zoo builds these (Llama 4's) in its Llama-family (rotary) decoder "
+                         f"only, not with architecture={spec.architecture!r}, position={spec.position!r}")
     if spec.experts is not None and (spec.encoder or spec.position != "rotary"):
         raise ValueError("experts: the zoo builds a mixture of experts in its Llama-family (rotary) decoder only, not "
                          f"with architecture={spec.architecture!r}, position={spec.position!r}")

@@ -1,4 +1,4 @@
-"""Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3) built from a :class:`~planner.model.ModelSpec`, as an
+"""Llama-family decoders (Llama 2/3/4, Mistral, Qwen2, Qwen3) built from a :class:`~planner.model.ModelSpec`, as an
 ordered list of layers with the zoo's interface (:mod:`executor.models.stage`).
 
 Layers:
@@ -91,6 +91,25 @@ then None). OLMoE is pre-norm with the projection-wide query/key norms and a mix
 ``global_every``). Every norm of the hidden width and the query/key norms take the spec's ``norm_eps`` (transformers'
 ``rms_norm_eps``: 1e-5 by default, OLMo 2's, Qwen's and DeepSeek's 1e-6; :func:`make_norm`).
 
+Llama 4's language model (Meta 2025, "The Llama 4 herd"; transformers' ``Llama4ForCausalLM``, ``Llama4TextAttention``,
+``Llama4TextMoe``; ModelSpec's ``nope_layers``, ``rope_interleaved``, ``qk_l2_norm``, ``attention_chunk``,
+``query_temperature``, ``router_weights_on_input``; :func:`attention`, in transformers' order): the layers
+``ModelSpec.rotary_layer`` names rotate each head's adjacent pairs ``(x_2i, x_2i+1)`` by ``m theta^(-2i/d)`` (its
+``apply_rotary_emb``, the pairs as complex numbers, the output left in pairs: :func:`apply_rotary_pairs`),
+then normalise each head's query and key without a weight (``Llama4TextWeightlessRMSNorm``, epsilon ``rms_norm_eps``:
+:func:`l2_norm`, float32 at least) and attend within chunks (``create_chunked_causal_mask``: query ``i`` sees key ``j
+<= i`` of the same ``attention_chunk``); the NoPE layers (``LlamaBlock.theta`` None) have no rotary, no norm, attend
+causally over the whole sequence and multiply each query at position ``m`` by ``log1p(floor((m + 1) / floor)) scale +
+1`` (``attn_temperature_tuning``: :func:`temperature_scales`, float32 then cast back). Its mixture of experts
+(:class:`SparseMoE` with ``on_input``, :func:`mix`) routes by the sigmoid of the top-k logits without renormalisation
+(:func:`route` with ``router_score`` sigmoid picks the same experts, the sigmoid being monotone), multiplies each
+token's *input* to an expert by its weight and sums the experts' outputs unweighted, plus an ungated shared expert of
+the experts' width; its dense layers (``dense_layers``) are the dense MLP of ``intermediate_size_mlp``
+(``ffn_hidden``). transformers' ``Llama4TextExperts`` runs every expert on every token (a batched matmul over ``E``
+copies of the tokens, those not routed to an expert scaled by a weight of zero); an expert without biases maps zero
+to zero (``down(act(gate 0) * up 0) = 0``), so running each expert on its routed tokens only, as here, is the same
+function.
+
 Multi-head latent attention (``kv_lora_rank``: DeepSeek-V2/V3; :mod:`executor.models.mla`): the block's attention
 is a :class:`~executor.models.mla.LatentAttention` (``LlamaBlock.mla``; ``q``, ``k``, ``v`` and ``o`` None).
 
@@ -128,7 +147,7 @@ from torch import nn
 from executor.models.blocks import INIT_STD, init_linear
 from executor.models.config import ModelConfig
 from executor.models.gpt import init_token_embedding
-from executor.models.mla import LatentAttention
+from executor.models.mla import LatentAttention, rotary_cos_sin_pairs
 
 #: gpt-oss's ``alpha`` (transformers' ``GptOssExperts.alpha``, ``swiglu_alpha``): ``quick_gelu(x) = x sigmoid(1.702 x)``
 QUICK_GELU_ALPHA = 1.702
@@ -187,34 +206,89 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out if rest is None else torch.cat([out, rest], dim=-1)
 
 
+def apply_rotary_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the adjacent pairs ``(x_2i, x_2i+1)`` of ``x (b, heads, s, d)`` by the angles of ``cos, sin (s, r/2)``
+    (:func:`executor.models.mla.rotary_cos_sin_pairs`, ``m theta^(-2i/r)``) over its first ``r`` dimensions, the rest
+    passed through: ``x_2i cos - x_2i+1 sin`` and ``x_2i sin + x_2i+1 cos``, the output left in pairs (Llama 4,
+    ``ModelSpec.rope_interleaved``: transformers' llama4 ``apply_rotary_emb``, which views each pair as the complex
+    number ``x_2i + j x_2i+1``, ``view_as_complex`` of ``reshape(..., -1, 2)``, multiplies it by ``exp(j m
+    theta^(-2i/d))`` and flattens ``view_as_real`` back; DeepSeek's rotated pairs are laid out evens then odds
+    instead, :func:`executor.models.mla.apply_rotary_interleaved`)."""
+    r = 2 * cos.shape[-1]
+    rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    even, odd = rot[..., 0::2], rot[..., 1::2]
+    out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+    return out if rest is None else torch.cat([out, rest], dim=-1)
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x rsqrt(mean(x^2) + eps)`` over the last dimension, no weight, computed in float32 at least and cast back
+    (transformers' ``Llama4TextWeightlessRMSNorm``, Llama 4's ``qk_norm`` of each head's query and key:
+    ``ModelSpec.qk_l2_norm``; ``eps`` its ``rms_norm_eps``, the spec's ``norm_eps``). Per row, so a tensor-parallel
+    rank's whole heads are normed as the whole block's."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def temperature_scales(seq: int, floor: int, scale: float, device: torch.device) -> torch.Tensor:
+    """Llama 4's query temperature (``ModelSpec.query_temperature``, transformers' ``Llama4TextAttention`` with
+    ``attn_temperature_tuning``, ``floor_scale`` and ``attn_scale``): ``log1p(floor((m + 1) / floor)) scale + 1`` for
+    positions ``m < seq``, in float32 as transformers computes it (``positions.float()``): ``(seq,)``."""
+    positions = torch.arange(seq, device=device, dtype=torch.float32)
+    return torch.log1p(torch.floor((positions + 1.0) / floor)) * scale + 1.0
+
+
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     """``cap tanh(x / cap)`` (Gemma 2's soft-capping), or ``x`` without a cap."""
     return x if cap is None else torch.tanh(x / cap) * cap
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float | None,
               cap: float | None = None, window: int | None = None,
-              sinks: torch.Tensor | None = None, rotary_dim: int | None = None) -> torch.Tensor:
+              sinks: torch.Tensor | None = None, rotary_dim: int | None = None, *, interleaved: bool = False,
+              qk_l2_eps: float | None = None, chunk: int | None = None,
+              temperature: tuple[int, float] | None = None) -> torch.Tensor:
     """Causal attention of ``q (b, a', s, d)`` over ``k, v (b, k', s, d)`` with rotary positions (on each head's
-    first ``rotary_dim`` dimensions where given, the rest passing through: :func:`apply_rotary`); ``a'`` a
-    multiple of ``k'`` (each key/value head serves ``a'/k'`` consecutive query heads); the scores soft-capped
-    at ``cap`` where given; each query within the last ``window`` positions (itself included) where given; with
-    ``sinks (a',)`` each head's sink logit in its softmax's denominator (:func:`causal_attention`).
+    first ``rotary_dim`` dimensions where given, the rest passing through: :func:`apply_rotary`; none where ``theta``
+    is None: Llama 4's NoPE layers, ``ModelSpec.rotary_layer``); ``a'`` a multiple of ``k'`` (each key/value head
+    serves ``a'/k'`` consecutive query heads); the scores soft-capped at ``cap`` where given; each query within the
+    last ``window`` positions (itself included) where given; with ``sinks (a',)`` each head's sink logit in its
+    softmax's denominator (:func:`causal_attention`).
+
+    Llama 4 (transformers' ``Llama4TextAttention``, in its order): the rotary on adjacent pairs (``interleaved``:
+    :func:`apply_rotary_pairs`);
+    then, with ``qk_l2_eps``, each head's query and key through :func:`l2_norm` (its ``qk_norm``, on the rotary layers
+    only); then, with ``temperature (floor, scale)``, each query at position ``m`` times
+    :func:`temperature_scales` (its NoPE layers), the product cast back to the query's dtype; the keys within their
+    query's ``chunk`` of positions where given (:func:`causal_attention`). Every piece is per head or per position,
+    so a tensor-parallel rank holding whole heads computes its heads as here.
     Returns ``(b, s, a' d)``."""
     b, heads, s, d = q.shape
-    cos, sin = rotary_cos_sin(s, d if rotary_dim is None else rotary_dim, theta, q.device, q.dtype)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    r = d if rotary_dim is None else rotary_dim
+    if theta is not None and interleaved:
+        cos, sin = rotary_cos_sin_pairs(s, r, theta, q.device, q.dtype)
+        q, k = apply_rotary_pairs(q, cos, sin), apply_rotary_pairs(k, cos, sin)
+    elif theta is not None:
+        cos, sin = rotary_cos_sin(s, r, theta, q.device, q.dtype)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    if qk_l2_eps is not None:
+        q, k = l2_norm(q, qk_l2_eps), l2_norm(k, qk_l2_eps)
+    if temperature is not None:
+        q = (q * temperature_scales(s, *temperature, q.device).view(s, 1)).to(q.dtype)
     group = heads // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    return causal_attention(q, k, v, cap, window, sinks)
+    return causal_attention(q, k, v, cap, window, sinks, chunk)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float | None = None,
-                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int | None = None, sinks: torch.Tensor | None = None,
+                     chunk: int | None = None) -> torch.Tensor:
     """``softmax(mask(cap(q k^T / sqrt(d)))) v`` of ``q, k (b, a', s, d)`` and ``v (b, a', s, d_v)`` (positions
-    already applied, one key/value head per query head), causal, within the last ``window`` positions where given.
+    already applied, one key/value head per query head), causal, within the last ``window`` positions where given,
+    within the query's ``chunk`` where given (Llama 4's chunked attention: query ``i`` sees key ``j`` when ``j <= i``
+    and ``i // chunk == j // chunk``, transformers' ``create_chunked_causal_mask``).
 
     With ``sinks (a',)`` (gpt-oss's attention sinks, ``ModelSpec.attention_sinks``): head ``i``'s logit
     ``sinks[i]`` joins every row of its scores as one more column, the softmax runs over the ``s + 1`` columns and
@@ -228,6 +302,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: flo
     att = softcap((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)), cap)
     ones = torch.ones(s, s, dtype=torch.bool, device=q.device)
     mask = ones.tril() if window is None else ones.tril() & ones.triu(1 - window)
+    if chunk is not None:
+        block = torch.arange(s, device=q.device) // chunk
+        mask = mask & (block[:, None] == block[None, :])
     att = att.masked_fill(~mask, float("-inf"))
     if sinks is None:
         att = F.softmax(att, dim=-1)
@@ -430,15 +507,18 @@ def update_expert_bias(copies: Sequence[nn.Module], rate: float,
 
 
 def mix(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
-        experts: list[Callable[[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+        experts: list[Callable[[torch.Tensor], torch.Tensor]], on_input: bool = False) -> torch.Tensor:
     """``out[t] = sum_j weights[t, j] experts[index[t, j]](x[t])`` for tokens ``x (T, h)``: one expert at a time
     on the tokens routed to it, as transformers' eager experts (the planner's ``expert_gemm="sequential"``,
     :mod:`planner.moe`); an expert routed no token runs on an empty batch, so that its weights still get a
-    gradient, of zeros (every rank and stage holds the same set of gradients)."""
+    gradient, of zeros (every rank and stage holds the same set of gradients). ``on_input`` (Llama 4's
+    ``router_weights_on_input``): ``out[t] = sum_j experts[index[t, j]](weights[t, j] x[t])``, each weight scaling the
+    token's input to its expert and the outputs summed unweighted (transformers' ``Llama4TextMoe``)."""
     out = x.new_zeros(x.shape[0], x.shape[1])
     for e, expert in enumerate(experts):
         token, slot = torch.where(index == e)
-        out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        w = weights[token, slot, None]
+        out = out.index_add(0, token, expert(x[token] * w) if on_input else expert(x[token]) * w)
     return out
 
 
@@ -462,6 +542,7 @@ class SparseMoE(nn.Module):
     def __init__(self, config: ModelConfig, residual_std: float) -> None:
         super().__init__()
         self.top_k, self.normalize = int(config.experts_per_token), config.normalize_topk  # type: ignore[arg-type]
+        self.on_input = config.router_weights_on_input  # (Llama 4: the weights scale the experts' inputs; mix)
         self.router = Router(config)
         init_linear(self.router)
         if self.router.bias is not None:  # (gpt-oss's, as transformers initialises it)
@@ -476,7 +557,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         weights, index = self.router.choose(tokens, x.dtype)
-        out = mix(tokens, weights, index, list(self.experts))
+        out = mix(tokens, weights, index, list(self.experts), self.on_input)
         shared = shared_output(self, tokens)
         return (out if shared is None else out + shared).view(x.shape)
 
@@ -492,10 +573,20 @@ class LlamaBlock(nn.Module):
         h, d = config.hidden, config.d
         # transformer layer ``index``'s sliding window (None: causal over all) and rotary base (ModelSpec)
         self.window = config.sliding_window if config.local_layer(index) else None
+        # Llama 4 (module docstring): rotary positions or none (a NoPE layer: theta None), on adjacent pairs; each
+        # head's query and key L2-normed on the rotary layers; the keys within the query's chunk on the rotary layers
+        # (ModelSpec.layer_chunk where the chunk is shorter than the spec's sequence; here at any length, the same
+        # function); the queries' temperature on the NoPE layers
+        rotary = config.rotary_layer(index)
+        self.interleaved = config.rope_interleaved
+        self.qk_l2_eps = config.norm_eps if config.qk_l2_norm and rotary else None
+        self.chunk = config.attention_chunk if rotary else None
+        self.temperature = config.query_temperature if not rotary else None
         qkv_bias = config.bias or config.qkv_bias
         self.heads, self.kv_heads, self.head_dim = config.heads, config.k, d
         self.rotary_dim = config.rot_d  # (the dimensions of each head rotated: rotary_dim, else all d)
-        self.theta, self.cap = config.layer_rope_theta(index), config.attention_softcap
+        self.theta = config.layer_rope_theta(index) if rotary else None
+        self.cap = config.attention_softcap
         self.gated = config.gated_mlp
         self.act = ACTIVATIONS[config.activation]
         self.offset, self.clamp = config.glu_linear_offset, config.glu_clamp  # (gpt-oss's gate: glu)
@@ -509,8 +600,8 @@ class LlamaBlock(nn.Module):
         self.k_norm = nn.RMSNorm(k_width, eps=config.norm_eps) if config.qk_norm else None
         residual_std = INIT_STD / math.sqrt(2 * config.layers)
         # multi-head latent attention (kv_lora_rank; executor.models.mla) in place of q, k, v and o
-        self.mla = (LatentAttention(config, residual_std, self.theta, self.cap, self.window) if config.mla
-                    else None)
+        self.mla = (LatentAttention(config, residual_std, config.layer_rope_theta(index), self.cap, self.window)
+                    if config.mla else None)
         standard = self.mla is None
         self.q = nn.Linear(h, config.q_dim, bias=qkv_bias) if standard else None
         self.k = nn.Linear(h, config.kv_dim, bias=qkv_bias) if standard else None
@@ -554,7 +645,8 @@ class LlamaBlock(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # (Qwen3: over each head)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
         return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window,
-                                self.sinks, self.rotary_dim))
+                                self.sinks, self.rotary_dim, interleaved=self.interleaved, qk_l2_eps=self.qk_l2_eps,
+                                chunk=self.chunk, temperature=self.temperature))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
