@@ -81,10 +81,28 @@ not modelled. gpt-oss (``gpt_oss``: :func:`_gpt_oss`) is Mixtral's routing over 
 fp8, is noted and not modelled (the plan trains in the profile's dtype). GLM-4.5 (``glm4_moe``) is DeepSeek-V3's
 mixture of experts (:func:`_deepseek_moe`) beside grouped-query attention with query/key/value biases
 (``attention_bias``), optional per-head query/key norms (``use_qk_norm``) and half of each head rotated
-(``partial_rotary_factor``: ``rotary_dim``, as Phi-4-mini's 0.75). Other mixtures of experts are refused naming
-what ModelSpec cannot express (:data:`UNSUPPORTED_WHY`: Llama 4's shared expert beside a sigmoid router and chunked
-attention). OLMo 2, OLMo 3 and OLMoE (:func:`_olmo`) norm the whole query and key projections (``qk_norm_scope``);
-OLMo 2 and 3 norm each branch's output, not its input (``post_norm``).
+(``partial_rotary_factor``: ``rotary_dim``, as Phi-4-mini's 0.75). OLMo 2, OLMo 3 and OLMoE (:func:`_olmo`) norm
+the whole query and key projections (``qk_norm_scope``); OLMo 2 and 3 norm each branch's output, not its input
+(``post_norm``).
+
+Llama 4 (``llama4_text``; the multimodal ``llama4``'s ``text_config``: :func:`_llama4`; transformers'
+``Llama4TextConfig``, ``Llama4TextAttention``, ``Llama4TextMoe``, ``Llama4Router``; Meta's model cards for
+Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E): a mixture of ``num_local_experts`` experts of
+``intermediate_size`` on the layers ``moe_layers`` lists (transformers derives it from ``interleave_moe_layer_step``:
+every layer for Scout, every other one from layer 1 for Maverick), the others dense MLPs of ``intermediate_size_mlp``
+(``ffn_hidden``; ``dense_layers``), a shared expert of ``intermediate_size`` beside the routed ones, the top
+``num_experts_per_tok`` logits' sigmoids as weights, not renormalised (``router_score`` sigmoid, ``normalize_topk``
+false), multiplied into each expert's input (``router_weights_on_input``); no rotary positions on the layers whose
+``no_rope_layers`` entry is 0 (``nope_layers``: every fourth), adjacent pairs rotated on the others
+(``rope_interleaved``), their queries and keys normed without a weight with ``use_qk_norm`` (``qk_l2_norm``), and
+attention within chunks of ``attention_chunk_size`` (``attention_chunk``; the ``layer_types`` transformers derives
+are checked to say the same); the NoPE layers' queries scaled by position with ``attn_temperature_tuning``
+(``query_temperature``: ``floor_scale``, ``attn_scale``). The shape must be stated (:data:`LLAMA4_REQUIRED`, and
+``moe_layers`` or ``interleave_moe_layer_step``): transformers' defaults are Scout's. ``attention_bias`` true is
+refused (``Llama4TextAttention`` then biases the output projection too and no MLP: neither ``bias`` nor
+``qkv_bias``). Scout's published ``attn_temperature_tuning`` is the whole number 4, which transformers 5's strict
+``Llama4TextConfig`` refuses (it declares a bool, and its attention only tests the value's truth): a whole number
+there is read as its truth (:data:`FLAGS_AS_INTS`).
 """
 
 from __future__ import annotations
@@ -104,7 +122,8 @@ from planner.model import ModelSpec
 
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
-               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe", "olmo2", "olmo3", "olmoe")
+               "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe", "olmo2", "olmo3", "olmoe",
+               "llama4_text")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -142,6 +161,21 @@ MOE_FIELDS["gpt_oss"] = {"experts": "num_local_experts", "experts_per_token": "n
 #: gpt-oss's gate, ``gate * sigmoid(alpha * gate)``: ModelSpec's quick_gelu is this alpha (transformers'
 #: ``GptOssConfig.swiglu_alpha`` default, the released models')
 GPT_OSS_ALPHA = 1.702
+#: Llama 4's language model (:func:`_llama4`): ``ffn_hidden`` is the dense layers' width, the routed experts' and the
+#: shared expert's is ``intermediate_size`` (``Llama4TextMoe.shared_expert = Llama4TextMLP(config)``)
+MOE_FIELDS["llama4_text"] = {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                             "expert_ffn_hidden": "intermediate_size", "ffn_hidden": "intermediate_size_mlp",
+                             "shared_expert_ffn_hidden": "intermediate_size", "dense_layers": "moe_layers",
+                             "nope_layers": "no_rope_layers", "qk_l2_norm": "use_qk_norm",
+                             "attention_chunk": "attention_chunk_size", "query_temperature": "attn_temperature_tuning",
+                             "bias": "attention_bias"}
+#: the fields a Llama 4 config.json (or the multimodal one's text_config) must state besides the others' (its
+#: ``num_key_value_heads`` and ``head_dim`` default to Scout's 8 and 128, not to the heads and hidden / heads); one of
+#: ``moe_layers`` and ``interleave_moe_layer_step`` too (transformers' default puts experts in every layer)
+LLAMA4_REQUIRED = ("num_key_value_heads", "head_dim")
+#: boolean fields a published config.json states as a whole number (Llama-4-Scout-17B-16E's ``attn_temperature_tuning``
+#: 4), which transformers 5's strict configuration classes refuse: read as its truth, as the modeling code tests it
+FLAGS_AS_INTS = {"llama4_text": ("attn_temperature_tuning",)}
 #: DeepSeek's types (multi-head latent attention, shared experts, dense first layers: :func:`_deepseek`)
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 #: the fields a DeepSeek config.json must hold (q_lora_rank may be null: V2-Lite's queries have no latent)
@@ -168,12 +202,8 @@ GPT2_TYPES = ("gpt2",)
 SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 
 #: model types refused with the reason (what ModelSpec has no field for), from each one's configuration and modeling
-#: code in transformers 5 (``Llama4TextMoe``)
-UNSUPPORTED_WHY = {
-    "llama4": ("a shared expert beside the routed one, a sigmoid router, layers without rotary positions "
-               "(no_rope_layers) and chunked attention (attention_chunk_size): ModelSpec has none of them"),
-}
-UNSUPPORTED_WHY["llama4_text"] = UNSUPPORTED_WHY["llama4"]
+#: code in transformers 5 (none at present: Llama 4, once here, is read)
+UNSUPPORTED_WHY: dict[str, str] = {}
 
 #: ModelSpec field -> the config.json field it comes from (for error messages)
 HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
@@ -368,6 +398,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             spec.update(_deepseek_moe(cfg, "glm4_moe", notes), qk_norm=_flag(cfg, "use_qk_norm"))
         if model_type in OLMO_TYPES:
             spec.update(_olmo(cfg, model_type))
+        if model_type == "llama4_text":
+            spec.update(_llama4(cfg))
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
             spec["rotary_dim"] = _rotary_dim(rotary, spec.get("head_dim") or cfg.hidden_size // cfg.num_attention_heads)
@@ -525,6 +557,68 @@ def _olmo(cfg: Any, model_type: str) -> dict[str, Any]:
     return {"qk_norm": True, "qk_norm_scope": "projection", "post_norm": model_type != "olmoe"}
 
 
+def _llama4(cfg: Any) -> dict[str, Any]:
+    """Llama 4's fields of ``spec`` (module docstring) as transformers' ``Llama4ForCausalLM`` builds and runs them:
+    ``Llama4TextDecoderLayer`` builds ``Llama4TextMoe`` where ``layer_idx in moe_layers``, else a ``Llama4TextMLP`` of
+    ``intermediate_size_mlp``; ``Llama4TextMoe`` adds ``shared_expert = Llama4TextMLP(config)`` (``intermediate_size``)
+    to the routed experts; ``Llama4Router`` takes the top ``num_experts_per_tok`` logits and their sigmoids, not
+    renormalised (the same weights as the sigmoid's top k: the sigmoid is monotone), and ``Llama4TextMoe.forward``
+    multiplies each expert's input by them; ``Llama4TextAttention`` rotates (``apply_rotary_emb``: complex pairs, so
+    adjacent dimensions) where ``no_rope_layers[layer_idx]`` is 1, norms the queries and keys there with
+    ``Llama4TextWeightlessRMSNorm`` where ``use_qk_norm``, scales the queries of the other layers with
+    ``attn_temperature_tuning`` (``floor_scale``, ``attn_scale``); ``Llama4TextModel`` masks each layer by its
+    ``layer_types`` entry, "chunked_attention" (``attention_chunk_size``) or "full_attention". What ModelSpec cannot
+    say is refused naming the field: ``attention_bias`` (a bias on q, k, v and o and none on the MLPs), a
+    ``no_rope_layers`` not of one 0 or 1 per layer, ``moe_layers`` beyond the layers or leaving none with experts,
+    ``layer_types`` other than transformers' own reading of ``no_rope_layers`` and ``attention_chunk_size``."""
+    if _flag(cfg, "attention_bias"):
+        raise HFConfigError("attention_bias", "true: transformers' Llama4TextAttention then biases the query, key, "
+                                              "value and output projections and no MLP; ModelSpec's bias is every "
+                                              "linear layer's or none, its qkv_bias the query, key and value's only")
+    layers = cfg.num_hidden_layers
+    rope = getattr(cfg, "no_rope_layers", None)
+    if not isinstance(rope, (list, tuple)) or len(rope) != layers \
+            or any(isinstance(r, bool) or r not in (0, 1) for r in rope):
+        raise HFConfigError("no_rope_layers", f"one entry per layer ({layers}, num_hidden_layers), 1 for rotary "
+                                              f"positions and 0 for none, got {rope!r:.80}")
+    moe = getattr(cfg, "moe_layers", None)
+    if not isinstance(moe, (list, tuple)) or any(jsondoc.integer(i) is None for i in moe):
+        raise HFConfigError("moe_layers", f"a list of layer numbers, got {moe!r:.60}")
+    wrong = [i for i in moe if not 0 <= i < layers]
+    if wrong:
+        raise HFConfigError("moe_layers", f"{wrong[0]} is not a layer of the {layers} (num_hidden_layers)")
+    if not moe:
+        raise HFConfigError("moe_layers", "empty: every layer would be dense, no layer routes to the experts "
+                                          "(interleave_moe_layer_step beyond num_hidden_layers gives none either)")
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if chunk is not None and (jsondoc.integer(chunk) or 0) < 1:
+        raise HFConfigError("attention_chunk_size", f"a whole number of 1 or more (or null: no chunks), got "
+                                                    f"{chunk!r:.40}")
+    expected = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
+    types = list(getattr(cfg, "layer_types", None) or expected)
+    if types != expected:
+        raise HFConfigError("layer_types", f"{types!r:.80}: planned as Llama 4's chunked attention on the layers "
+                            "with rotary positions and full attention on those without (no_rope_layers 0) where "
+                            "attention_chunk_size is set, full attention everywhere where it is null; given another "
+                            "pattern, not supported")
+    nope = [i for i, r in enumerate(rope) if r == 0]
+    temperature = None
+    if _flag(cfg, "attn_temperature_tuning", True) and nope:
+        floor, scale = getattr(cfg, "floor_scale", None), getattr(cfg, "attn_scale", None)
+        if (jsondoc.integer(floor) or 0) < 1:
+            raise HFConfigError("floor_scale", f"a whole number of 1 or more (the positions per step of the query "
+                                               f"temperature), got {floor!r:.40}")
+        number = jsondoc.number(scale)
+        if number is None or number < 0:
+            raise HFConfigError("attn_scale", f"a number of 0 or more, got {scale!r:.40}")
+        temperature = (int(floor), number)
+    return {"ffn_hidden": cfg.intermediate_size_mlp, "shared_expert_ffn_hidden": cfg.intermediate_size,
+            "router_score": "sigmoid", "normalize_topk": False, "router_weights_on_input": True,
+            "dense_layers": [i for i in range(layers) if i not in moe], "nope_layers": nope,
+            "rope_interleaved": True, "qk_l2_norm": _flag(cfg, "use_qk_norm", True), "attention_chunk": chunk,
+            "query_temperature": temperature, "bias": False, "qkv_bias": False}
+
+
 def _qkv_bias(cfg: Any, model_type: str) -> bool:
     """Qwen2 MoE's ``qkv_bias`` (``Qwen2MoeAttention``'s q, k and v projections; transformers 5's default true,
     before it always on); False for other types."""
@@ -586,8 +680,8 @@ def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
 
 
 #: multimodal model types whose language model is read from their ``text_config`` (as the type that names:
-#: Gemma 3 4B and up -> gemma3_text, Mistral Small 3.1 -> mistral, LLaVA -> llama)
-TEXT_CONFIGS = ("gemma3", "mistral3", "llava")
+#: Gemma 3 4B and up -> gemma3_text, Mistral Small 3.1 -> mistral, LLaVA -> llama, Llama 4 -> llama4_text)
+TEXT_CONFIGS = ("gemma3", "mistral3", "llava", "llama4")
 
 
 def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -600,6 +694,8 @@ def language_model(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if not isinstance(data.get("text_config"), dict):
         raise HFConfigError("text_config", f"missing: a multimodal {model_type} config.json holds its language "
                                            "model's fields there")
+    if model_type == "llama4":  # (transformers' defaults are Scout's: the shape stated, as a llama4_text file's)
+        _llama4_required(data["text_config"], "text_config.")
     fields = _floats_as_floats(model_type, {k: v for k, v in data.items() if k != "model_type"})
     try:
         cfg = auto_config().for_model(model_type, **fields)
@@ -674,7 +770,9 @@ def _floats_as_floats(model_type: str, fields: dict[str, Any]) -> dict[str, Any]
     """``fields`` with a whole number given for a field the configuration class declares a float (and not an int)
     as that float: transformers' strict config classes (DeepSeek's) refuse ``0`` for ``attention_dropout``, and a
     config.json's ``0.0`` arrives as ``0`` from a JavaScript client (``JSON.parse`` keeps no difference), the UI's
-    upload included; Python's ``json`` would have read it as the float it is."""
+    upload included; Python's ``json`` would have read it as the float it is. A whole number for a boolean the
+    published files state as one (:data:`FLAGS_AS_INTS`: Llama-4-Scout's ``attn_temperature_tuning`` 4) is read as
+    its truth."""
     from transformers import CONFIG_MAPPING
 
     declared: dict[str, str] = {}
@@ -690,6 +788,9 @@ def _floats_as_floats(model_type: str, fields: dict[str, Any]) -> dict[str, Any]
                 out[k] = float(v)
             except OverflowError:
                 raise HFConfigError(k, f"{str(v)[:40]}...: a number beyond any float") from None
+    for k in FLAGS_AS_INTS.get(model_type, ()):
+        if jsondoc.integer(out.get(k)) is not None:
+            out[k] = bool(out[k])
     for k, v in out.items():  # a multimodal config's text_config: by its own type's declarations
         if isinstance(v, dict) and isinstance(v.get("model_type"), str):
             out[k] = {**_floats_as_floats(v["model_type"], v), "model_type": v["model_type"]}
@@ -743,6 +844,8 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     names = hf_fields(model_type)
     required = REQUIRED if model_type in GPT2_TYPES else (*REQUIRED, "ffn_hidden", "vocab")
     moe_required = (*MOE_REQUIRED, *(("shared_expert_ffn_hidden",) if model_type == "qwen2_moe" else ()))
+    if model_type == "llama4_text":
+        _llama4_required(data)
     if model_type in (*DEEPSEEK_TYPES, "glm4_moe"):
         for theirs in DEEPSEEK_REQUIRED if model_type in DEEPSEEK_TYPES else GLM_REQUIRED:
             if theirs not in data:
@@ -750,7 +853,8 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
                                             f"its {model_type} default, another model than yours)")
     for ours in (*required, *(moe_required if model_type in MOE_TYPES else ())):
         theirs = names.get(ours, "vocab_size")
-        # (Mixtral's num_local_experts may be given by its alias num_experts: MixtralConfig.attribute_map)
+        # (Mixtral's num_local_experts may be given by its alias num_experts: MixtralConfig.attribute_map; Llama
+        # 4's, whose Llama4TextConfig has no such alias, is checked by _llama4_required)
         given = data.get(theirs, data.get("num_experts") if theirs == "num_local_experts" else None)
         if given is None:
             raise HFConfigError(theirs, f"missing: the model's shape must be stated (transformers would fill in "
@@ -767,6 +871,36 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
                        "and the head" if ours == "layers" else "")
                 raise HFConfigError(theirs, f"{value} is beyond any published model (at most {limit}{why})")
     return parse_hf_config(transformers_config(model_type, data), name, seq, source, warn)
+
+
+def _llama4_required(data: dict[str, Any], prefix: str = "") -> None:
+    """The fields a Llama 4 language model's config must state (the module docstring: transformers' defaults are
+    Scout's): those every Llama-family file must, its mixture of experts' (:data:`MOE_FIELDS`), :data:`LLAMA4_REQUIRED`,
+    and ``moe_layers`` or ``interleave_moe_layer_step`` (a whole number of 1 or more); a ``no_rope_layers`` list of
+    another length than ``num_hidden_layers`` is refused here, naming it (transformers' own check names the
+    ``layer_types`` it derives from it). ``prefix`` names where they are (``text_config.`` in a multimodal config)."""
+    if not isinstance(data, dict):
+        raise HFConfigError(prefix.rstrip(".") or "config", "expected a JSON object")
+    names = hf_fields("llama4_text")
+    wanted = [names[ours] for ours in (*REQUIRED, "ffn_hidden", "vocab", *MOE_REQUIRED)]
+    for theirs in (*wanted, *LLAMA4_REQUIRED):
+        if data.get(theirs) is None:
+            raise HFConfigError(prefix + theirs, "missing: the model's shape must be stated (transformers would fill "
+                                                 "in its llama4_text default, Llama 4 Scout's, another model than "
+                                                 "yours)")
+    rope, layers = data.get("no_rope_layers"), data.get("num_hidden_layers")
+    if isinstance(rope, list) and rope and len(rope) != layers:
+        raise HFConfigError(prefix + "no_rope_layers", f"{len(rope)} entries for {layers!r:.20} layers "
+                                                       "(num_hidden_layers): one per layer, 1 for rotary positions "
+                                                       "and 0 for none")
+    step = data.get("interleave_moe_layer_step")
+    if data.get("moe_layers") is None:
+        if step is None:
+            raise HFConfigError(prefix + "interleave_moe_layer_step", "missing (and no moe_layers): which layers hold "
+                                "the experts must be stated (transformers would put them in every layer, as Scout)")
+        if (jsondoc.integer(step) or 0) < 1:
+            raise HFConfigError(prefix + "interleave_moe_layer_step", f"a whole number of 1 or more (every n-th layer "
+                                                                      f"has experts), got {step!r:.40}")
 
 
 def transformers_config(model_type: str, data: dict[str, Any]) -> Any:

@@ -64,7 +64,7 @@ def test_bad_hf_config_is_422_naming_the_field(client) -> None:  # type: ignore[
     good = _config("mistral-7b")
     cases = [
         ({"config": {**good, "num_key_value_heads": 5}, "device": "h100"}, "config.num_key_value_heads"),
-        ({"config": {**good, "model_type": "llama4_text"}, "device": "h100"}, "config.model_type"),
+        ({"config": {**good, "model_type": "jamba"}, "device": "h100"}, "config.model_type"),
         # a Mistral as a Mixtral without its experts: transformers' default (8, Mixtral 8x7B's) is not taken
         ({"config": {**good, "model_type": "mixtral"}, "device": "h100"}, "config.num_local_experts: missing"),
         ({"config": {k: v for k, v in good.items() if k != "model_type"}, "device": "h100"}, "config.model_type"),
@@ -197,8 +197,8 @@ def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-u
     """Mixtral 8x7B and Qwen3-30B-A3B uploaded: a 201, their layers holding every expert and the router
     (ModelSpec.layer_params: 1,451,270,144 for Mixtral's, 8 x 3 x 4096 x 14336 of it in experts) and their
     published sizes; a bad mixture of experts (a top-k beyond the experts, every layer dense, a Qwen2 MoE without its
-    shared expert's width, gpt-oss without its attention biases, Llama 4's shared expert beside a sigmoid router) is a
-    422 naming the config's field."""
+    shared expert's width, gpt-oss without its attention biases, a Llama 4 without its dense layers' width) is a 422
+    naming the config's field."""
     from profiler.hf_config import spec_from_hf_dict
 
     for name, total in (("mixtral-8x7b", 46_702_792_704), ("qwen3-30b-a3b", 30_532_122_624)):
@@ -222,7 +222,7 @@ def test_hf_config_of_a_mixture_of_experts(client) -> None:  # type: ignore[no-u
         ({k: v for k, v in qwen.items() if k != "moe_intermediate_size"}, "config.moe_intermediate_size: missing"),
         ({**qwen, "model_type": "qwen2_moe"}, "config.shared_expert_intermediate_size: missing"),
         ({**qwen, "model_type": "gpt_oss"}, "config.attention_bias: false: gpt-oss's experts and router always carry"),
-        ({**qwen, "model_type": "llama4_text"}, "config.model_type: 'llama4_text' is not supported (a shared expert"),
+        ({**qwen, "model_type": "llama4_text"}, "config.intermediate_size_mlp: missing"),
     ]
     for config, words in cases:
         r = client.post("/profiles/hf-config", json={"config": config, "device": "h100"}, headers=AUTH)
@@ -265,3 +265,27 @@ def test_deepseek_config_as_a_browser_sends_it(client) -> None:  # type: ignore[
     gemma = {**_config("gemma-2-9b"), "final_logit_softcapping": 30, "attn_logit_softcapping": 50}
     r = client.post("/profiles/hf-config", json={"config": gemma, "device": "h100", "seq": 4096}, headers=AUTH)
     assert r.status_code == 201 and r.json()["total_params"] == 9_241_705_984, r.text
+
+
+def test_hf_config_of_llama4_scout(client) -> None:  # type: ignore[no-untyped-def]
+    """Llama 4 Scout's published config.json uploaded as it is (the multimodal llama4, its text_config's
+    attn_temperature_tuning the whole number 4 that transformers 5 refuses): a 201 with the language model's
+    107,769,861,120 parameters (transformers' Llama4ForCausalLM), the vision tower said to be left out, every block
+    ModelSpec's (16 experts of 8192, the router and the shared expert); its NoPE layers (3, 7, ...) are costed
+    apart from the chunked rotary ones at a sequence beyond the 8192-token chunk."""
+    from profiler.hf_config import spec_from_hf_dict
+
+    cfg = _config("llama-4-scout")
+    assert cfg["model_type"] == "llama4" and cfg["text_config"]["attn_temperature_tuning"] == 4
+    r = client.post("/profiles/hf-config", json={"config": cfg, "device": "h100", "seq": 16384, "attention": "flash",
+                                                 "name": "llama-4-scout"}, headers=AUTH)
+    assert r.status_code == 201 and r.json()["total_params"] == 107_769_861_120, r.text
+    assert any("vision tower" in c for c in r.json()["caveats"]), r.json()["caveats"]
+    layers = client.get(f"/profiles/{r.json()['id']}", headers=AUTH).json()["profile"]["layers"]
+    spec = spec_from_hf_dict(cfg, "llama-4-scout", seq=16384)
+    blocks = [x for x in layers if x["kind"] == "transformer"]
+    assert len(blocks) == 48 and {x["params"] for x in blocks} == {spec.layer_params()}
+    # flash attention within the 8192-token chunks on the rotary layers: less work than the NoPE layers' causal
+    # attention over all 16384
+    fwd = [x["fwd_time"]["1"] for x in blocks]
+    assert fwd[0] == fwd[1] < fwd[3] == fwd[7], fwd[:8]
