@@ -188,7 +188,7 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
     try:
         if hf_config is not None:
             from profiler.hf_config import HFConfigError, SeqError
-            from profiler.hf_model import built_layers, read_hf_layer_model, repeated_blocks
+            from profiler.hf_model import built_layers, read_hf_layer_model, repeated_blocks, timing_caveats
 
             try:
                 from pipeplan.options import warn_option
@@ -202,22 +202,16 @@ def _profile_layer_model(hf_config: Path | None, hf_layers: int, module: str | N
             reuse = repeated_blocks(spec, hf_layers)
             env = {"hf_config": str(hf_config), "model_spec": spec.model_dump_json(),
                    "measured_decoder_layers": str(measured), "repeated_blocks": reuse}
-            kinds = "the first of each kind, experts or dense, among them; " if spec.dense_layers else ""
+            kind = " and ".join([*(["experts or dense"] if spec.dense_layers else []),
+                                 *(["with rotary positions or without"] if spec.nope_layers else [])])
+            kinds = f"the first of each kind among them, {kind}; " if kind else ""
             notes = (f"Built by transformers from {hf_config} with random weights; {measured} of {spec.layers} "
                      f"decoder layers measured ({kinds}reused: {reuse}).")
-            caveats = []  # what the measured layers leave out, warned of and kept in the notes
-            if any(spec.layer_window(i) is not None for i in range(spec.layers)):
-                # the layers are timed without a mask (profiler.hf_model): full causal attention everywhere
-                caveats.append(f"hf-config: the layers are timed with full causal attention, not within the model's "
-                               f"{spec.sliding_window}-token sliding window (where a kernel skips the positions "
-                               "outside it, those layers take less; profile-analytic --attention flash counts that)")
-            if spec.moe:
-                # the router of random weights (profiler.hf_model): its top-k spreads tokens about evenly
-                caveats.append(f"hf-config: the {spec.experts}-expert layers are timed with the routing of random "
-                               "weights (tokens spread about evenly over the experts), not a trained router's")
-            for sentence in caveats:
+            # what the measured layers leave out, warned of and kept in the notes
+            for sentence in timing_caveats(spec, lm):
                 warn_option(sentence)
-                notes += " " + sentence.removeprefix("hf-config: ").capitalize() + "."
+                said = sentence.removeprefix("hf-config: ")
+                notes += " " + said[:1].upper() + said[1:] + "."  # (not capitalize(): it lowercases the rest)
         else:
             assert module is not None
             lm = from_factory(module)  # (its ValueErrors name --module themselves)

@@ -23,6 +23,16 @@ sorted by expert; transformers' ``integrations/moe.py``) and
 routes each token with its router of random weights (``initializer_range`` 0.02): the top-k of nearly equal scores,
 so the tokens spread about evenly over the experts, not as a trained router sends them (``pipeplan profile`` warns
 so); a layer's time depends on how many tokens each expert gets.
+
+Llama 4 (``llama4_text``, and the multimodal ``llama4``'s language model): its layers are of up to four kinds, with
+experts or dense (``moe_layers``) and with rotary positions or without (``no_rope_layers`` 0: no rotary, no query/key
+norm, the queries' temperature), the first of each built (:func:`layer_kind`); the lowered model's ``moe_layers`` and
+``no_rope_layers`` are those of the layers built, by their new numbers. Its chunked attention is not applied (no mask
+is passed, as for the windows above). transformers' ``Llama4TextExperts`` runs every expert on every token: one
+batched matrix product over all ``E`` experts of the tokens repeated ``E`` times, each scaled by its routing weight
+(zero for the experts not chosen: ``Llama4TextMoe.forward``), so its measured time is that of ``E / k`` times the
+routed work that the planner's operator model and Megatron-Core's grouped GEMM run (:func:`timing_caveats`, in the
+profile's notes); the routing itself does not change it.
 """
 
 from __future__ import annotations
@@ -108,15 +118,33 @@ MLP_ONLY_TYPES = ("qwen2_moe", "qwen3_moe")
 FIRST_DENSE_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
+#: model types whose configs list the layers without rotary positions (``no_rope_layers``: 1 rotary, 0 none;
+#: transformers' ``Llama4TextConfig``), set for the lowered model by the layers built (:func:`lowered_config`)
+NOPE_TYPES = ("llama4_text",)
+#: model types whose layers with experts a config lists in ``moe_layers`` (``Llama4TextDecoderLayer``)
+MOE_LAYERS_TYPES = ("llama4_text",)
+#: the experts modules of transformers that run every expert on every token (``Llama4TextExperts``: a batched
+#: matrix product over all the experts, the routing weights zeroing the outputs of those not chosen)
+DENSE_EXPERTS = ("Llama4TextExperts",)
+
+
+def layer_kind(spec: ModelSpec, i: int) -> tuple[bool, bool]:
+    """The kind of decoder layer ``i``: (with experts, with rotary positions) -- :meth:`ModelSpec.moe_layer` and
+    :meth:`ModelSpec.rotary_layer` (Llama 4's NoPE layers have neither the rotary nor the query/key norm, and scale
+    their queries); layers of one kind are built alike."""
+    return spec.moe_layer(i), spec.rotary_layer(i)
+
+
 def built_layers(spec: ModelSpec, measure_layers: int) -> list[int]:
     """The decoder layers (0-based) built and measured: the first ``measure_layers`` (all, with fewer layers), and
-    the first layer of each kind (a mixture of experts, or dense: :meth:`ModelSpec.moe_layer`) they lack."""
+    the first layer of each kind (:func:`layer_kind`: a mixture of experts or dense, rotary positions or none) they
+    lack."""
     built = list(range(min(measure_layers, spec.layers)))
-    kinds = {spec.moe_layer(i) for i in built}
+    kinds = {layer_kind(spec, i) for i in built}
     for i in range(spec.layers):
-        if spec.moe_layer(i) not in kinds:
+        if layer_kind(spec, i) not in kinds:
             built.append(i)
-            kinds.add(spec.moe_layer(i))
+            kinds.add(layer_kind(spec, i))
     return built
 
 
@@ -128,14 +156,15 @@ def measured_for(spec: ModelSpec, built: list[int]) -> list[int]:
         if i in built:
             out.append(built.index(i))
         else:
-            out.append(max(j for j, k in enumerate(built) if k < i and spec.moe_layer(k) == spec.moe_layer(i)))
+            out.append(max(j for j, k in enumerate(built) if k < i and layer_kind(spec, k) == layer_kind(spec, i)))
     return out
 
 
 def repeated_blocks(spec: ModelSpec, measure_layers: int) -> str:
     """Which blocks reuse which measured one, in words (a profile's ``environment["repeated_blocks"]``):
     ``block.1..block.23 reuse block.0``; with dense layers per kind, ``block.2..block.3 (experts) reuse block.0``;
-    ``none: every layer measured``."""
+    with layers without rotary positions too, ``block.7 (experts, no rotary) reuses block.3``; ``none: every layer
+    measured``."""
     built = built_layers(spec, measure_layers)
     users: dict[int, list[int]] = {}
     for i, j in enumerate(measured_for(spec, built)):
@@ -143,13 +172,14 @@ def repeated_blocks(spec: ModelSpec, measure_layers: int) -> str:
             users.setdefault(built[j], []).append(i)
     if not users:
         return "none: every layer measured"
-    kinds = bool(spec.dense_layers)
     parts = []
     for src, layers in sorted(users.items()):
         contiguous = layers == list(range(layers[0], layers[-1] + 1))
         listed = (f"block.{layers[0]}" if len(layers) == 1 else f"block.{layers[0]}..block.{layers[-1]}" if contiguous
                   else ", ".join(f"block.{i}" for i in layers))
-        kind = f" ({'experts' if spec.moe_layer(src) else 'dense'})" if kinds else ""
+        words = [*(["experts" if spec.moe_layer(src) else "dense"] if spec.dense_layers else []),
+                 *(["rotary" if spec.rotary_layer(src) else "no rotary"] if spec.nope_layers else [])]
+        kind = f" ({', '.join(words)})" if words else ""
         parts.append(f"{listed}{kind} reuse{'s' if len(layers) == 1 else ''} block.{src}")
     return "; ".join(parts)
 
@@ -157,9 +187,10 @@ def repeated_blocks(spec: ModelSpec, measure_layers: int) -> str:
 def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> Any:
     """The ``transformers`` config of the lowered model: ``data`` (a language model's ``config.json``, of ``spec``)
     with the decoder layers ``chosen`` (:func:`built_layers`) only, their ``layer_types`` where listed, and their
-    dense layers by their new numbers: Qwen MoE's ``mlp_only_layers`` (``decoder_sparse_step`` 1), or DeepSeek's
+    dense layers by their new numbers: Qwen MoE's ``mlp_only_layers`` (``decoder_sparse_step`` 1), DeepSeek's
     ``first_k_dense_replace`` (the dense layers built, first: a prefix of ``chosen``, as the model's are of its
-    layers)."""
+    layers), or Llama 4's ``moe_layers`` (the layers with experts); Llama 4's ``no_rope_layers`` too
+    (:data:`NOPE_TYPES`)."""
     model_type = data["model_type"]
     fields = {k: v for k, v in data.items() if k != "model_type"}
     layer_key = "n_layer" if model_type in GPT2_TYPES else "num_hidden_layers"
@@ -168,7 +199,12 @@ def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> 
         fields["layer_types"] = [fields["layer_types"][i] for i in chosen]
     # the lowered model's dense layers: those of the layers built, by their new numbers
     dense = [j for j, i in enumerate(chosen) if not spec.moe_layer(i)]
-    if model_type in FIRST_DENSE_TYPES:  # (always set: transformers' default for DeepSeek-V3 is 3)
+    if model_type in NOPE_TYPES:  # (always set: transformers' default makes every fourth layer of the lowered model's
+        # own numbering NoPE)
+        fields["no_rope_layers"] = [int(spec.rotary_layer(i)) for i in chosen]
+    if model_type in MOE_LAYERS_TYPES:  # (always set: the file's list names the model's layers)
+        fields["moe_layers"] = [j for j, i in enumerate(chosen) if spec.moe_layer(i)]
+    elif model_type in FIRST_DENSE_TYPES:  # (always set: transformers' default for DeepSeek-V3 is 3)
         if dense != list(range(len(dense))):  # (not dense layers first: no first_k_dense_replace says it)
             raise HFConfigError("dense_layers", f"{model_type}: dense layers {list(spec.dense_layers)} are not the "
                                 "first layers (first_k_dense_replace)")
@@ -247,6 +283,36 @@ def hf_layer_model(data: dict[str, Any], name: str, seq: int | None = None, meas
                     replicated_params={1 + i: spec.replicated_attention_params() for i in range(L)
                                        if spec.replicated_attention_params()})
     return lm, spec
+
+
+def timing_caveats(spec: ModelSpec, lm: LayerModel) -> list[str]:
+    """What the layers of ``lm`` (:func:`hf_layer_model` of ``spec``) as timed leave out or add, one sentence each
+    (``pipeplan profile --hf-config`` warns of them and keeps them in the profile's notes): a sliding window or an
+    attention chunk not applied (no mask is passed: full causal attention); the routing of random weights; experts
+    that run every token (:data:`DENSE_EXPERTS`: Llama 4's, ``E / k`` times the routed work)."""
+    out = []
+    if any(spec.layer_window(i) is not None for i in range(spec.layers)):
+        # the layers are timed without a mask: full causal attention everywhere
+        out.append(f"hf-config: the layers are timed with full causal attention, not within the model's "
+                   f"{spec.sliding_window}-token sliding window (where a kernel skips the positions outside it, those "
+                   "layers take less; profile-analytic --attention flash counts that)")
+    if any(spec.layer_chunk(i) is not None for i in range(spec.layers)):
+        out.append(f"hf-config: the layers are timed with full causal attention, not within the model's "
+                   f"{spec.attention_chunk}-token attention chunks (where a kernel skips the positions outside its "
+                   "chunk, those layers take less; profile-analytic --attention flash counts that)")
+    dense = sorted({type(m).__name__ for layer in lm.layers for m in layer.modules()
+                    if type(m).__name__ in DENSE_EXPERTS})
+    if spec.moe and dense:
+        k = spec.experts_per_token or 1
+        out.append(f"hf-config: transformers' {', '.join(dense)} runs every one of the {spec.experts} experts on "
+                   f"every token (a batched product over all of them, the routing weights zeroing the others), so the "
+                   f"expert layers' measured time is that of {spec.experts / k:g} times the routed work the planner's "
+                   "operator model and Megatron-Core's grouped GEMM run (profile-analytic counts the routed work)")
+    elif spec.moe:
+        # the router of random weights: its top-k spreads tokens about evenly
+        out.append(f"hf-config: the {spec.experts}-expert layers are timed with the routing of random weights "
+                   "(tokens spread about evenly over the experts), not a trained router's")
+    return out
 
 
 def read_hf_layer_model(path: str | Path, seq: int | None = None, measure_layers: int = 1,

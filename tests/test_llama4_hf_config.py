@@ -1,6 +1,7 @@
 """Llama 4's config.json read as a ModelSpec (profiler/hf_config.py's ``_llama4``): the tiny fixture field for field,
 the published Scout and Maverick configs (multimodal ``llama4``: their ``text_config``) counted as transformers'
-``Llama4ForCausalLM`` counts them, and each refusal naming the config's field."""
+``Llama4ForCausalLM`` counts them, each refusal naming the config's field, and ``pipeplan profile --hf-config`` of
+the fixture (transformers' own layers, timed)."""
 
 from __future__ import annotations
 
@@ -211,3 +212,52 @@ def test_bad_llama4_config_names_the_field(changes: dict[str, object], field: st
         spec_from_hf_dict(_tiny(**changes))
     assert err.value.field == field and words in err.value.message, str(err.value)
 
+
+# ---- pipeplan profile --hf-config: transformers' own layers, timed -------------------------------------------------
+
+def test_the_layers_built_and_the_lowered_config() -> None:
+    """One layer of each kind is built (experts or dense, rotary positions or none: layers 0, 1 and 3 of the
+    fixture), the lowered model's moe_layers and no_rope_layers by their new numbers; block 2 reuses block 0."""
+    from profiler.hf_model import built_layers, hf_layer_model, lowered_config, repeated_blocks
+
+    spec = read_hf_config(TINY)
+    assert built_layers(spec, 1) == [0, 1, 3] and built_layers(spec, 2) == [0, 1, 3]
+    assert repeated_blocks(spec, 1) == "block.2 (dense, rotary) reuses block.0"
+    cfg = lowered_config(_tiny(), spec, [0, 1, 3])
+    assert (cfg.num_hidden_layers, cfg.moe_layers, cfg.no_rope_layers) == (3, [1, 2], [1, 1, 0])
+    assert cfg.layer_types == ["chunked_attention", "chunked_attention", "full_attention"]
+    scout = read_hf_config(MODELS / "llama-4-scout", seq=64)
+    assert built_layers(scout, 1) == [0, 3]
+    text = json.loads((MODELS / "llama-4-scout" / "config.json").read_text())["text_config"]
+    lowered = lowered_config(text, scout, [0, 3])  # (the file's 48-entry lists and Scout's whole-number flag)
+    assert (lowered.moe_layers, lowered.no_rope_layers, lowered.attn_temperature_tuning) == ([0, 1], [1, 0], True)
+    lm, built = hf_layer_model(_tiny(), "tiny", seq=16)
+    assert built == spec.model_copy(update={"name": "tiny", "source": ""})
+    assert lm.repeat == [0, 1, 2, 1, 3, 4] and len(lm.layers) == 5
+    assert [sum(p.numel() for p in lm.layers[j].parameters()) for j in (1, 2, 3)] == [30_848, 43_392, 43_392]
+    assert lm.expert_params == {2: 4 * spec.expert_params(), 4: 4 * spec.expert_params()}
+
+
+def test_hf_profile_of_the_tiny_llama4(tmp_path: Path) -> None:
+    """``pipeplan profile --hf-config`` of the fixture: three decoder layers measured, each block's parameters
+    ModelSpec's, and the notes (and warnings) saying that the chunks are not applied and that transformers'
+    Llama4TextExperts runs every expert on every token (4 / 1 times the routed work)."""
+    from typer.testing import CliRunner
+
+    from pipeplan.cli import app
+    from planner.profile import load_profile
+
+    out = tmp_path / "l4.json"
+    res = CliRunner().invoke(app, ["profile", "--hf-config", str(TINY), "--micro-batches", "1", "--repeats", "1",
+                                   "--warmup", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    spec = read_hf_config(TINY)
+    blocks = [x for x in prof.layers if x.kind == "transformer"]
+    assert [b.params for b in blocks] == [spec.block_params(i) for i in range(4)]
+    assert prof.environment["measured_decoder_layers"] == "3"
+    assert "the first of each kind among them, experts or dense and with rotary positions or without" in prof.notes
+    assert "not within the model's 8-token attention chunks" in prof.notes
+    assert "Transformers' Llama4TextExperts runs every one of the 4 experts on every token" in prof.notes
+    assert "4 times the routed work" in prof.notes and "routing of random weights" not in prof.notes
+    assert "Llama4TextExperts runs every one" in res.output
