@@ -237,8 +237,11 @@ def test_megatron_parse_reads_what_megatron_runs() -> None:
     assert megatron_parse(edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.75")).rotary_dim == 96
     # per-head query/key norms: --qk-layernorm without latent attention
     assert megatron_parse(edited(text, add="--qk-layernorm")).qk_norm is True
+    # adjacent pairs of the rotated part turned (Llama 4's form, ModelSpec's rope_interleaved): read back, not refused
+    interleaved = megatron_parse(edited(text, add="--rotary-interleaved"))
+    assert (interleaved.rope_interleaved, interleaved.rotary_dim) == (True, 64)
+    assert megatron_parse(text).rope_interleaved is False
     refused = [
-        (edited(text, add="--rotary-interleaved"), "--rotary-interleaved: Megatron-Core then turns adjacent pairs"),
         (edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.5078125"),
          "int(128 x 0.5078125) = 65 dimensions"),
         (edited(text, drop=("--rotary-percent",), add="--rotary-percent 0.001"), "int(128 x 0.001) = 0 dimensions"),

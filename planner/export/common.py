@@ -230,7 +230,8 @@ class Parsed:
     ``bias`` and ``qkv_bias``: the linear layers' biases, None where the format does not say), and each head's
     attention where the format writes it (``rotary_dim``: the rotated dimensions of each head's query and key, None
     where all are or the format does not say; ``qk_norm``: norms over each head's query and key, None where the format
-    does not say)."""
+    does not say), and Llama 4's where the format writes them (ModelSpec's ``nope_layers``, ``rope_interleaved``,
+    ``qk_l2_norm``, ``router_weights_on_input``: (), False, False, False where the format does not say)."""
 
     config: Config
     microbatches: int
@@ -260,6 +261,10 @@ class Parsed:
     qkv_bias: bool | None = None
     rotary_dim: int | None = None
     qk_norm: bool | None = None
+    nope_layers: tuple[int, ...] = ()
+    rope_interleaved: bool = False
+    qk_l2_norm: bool = False
+    router_weights_on_input: bool = False
 
 
 class ExportError(ValueError):
@@ -298,9 +303,9 @@ def layer_ranges(layers: tuple[int, ...] | list[int]) -> str:
 
 
 def routing_words(model: ModelSpec) -> list[str]:
-    """DeepSeek's routing variants of ``model``'s mixture of experts in words, each naming its fields
+    """DeepSeek's and Llama 4's routing variants of ``model``'s mixture of experts in words, each naming its fields
     (:class:`planner.model.ModelSpec`'s ``router_score``, ``router_groups`` / ``router_group_topk``, ``router_bias``,
-    ``routed_scaling``); [] for the default softmax routing."""
+    ``routed_scaling``, ``router_weights_on_input``); [] for the default softmax routing."""
     words = []
     if model.router_score == "sigmoid":
         words.append("sigmoid scores (router_score)")
@@ -311,6 +316,8 @@ def routing_words(model: ModelSpec) -> list[str]:
         words.append("a per-expert bias on the scores for the choice only (router_bias)")
     if model.routed_scaling != 1.0:
         words.append(f"the chosen weights times {model.routed_scaling:g} (routed_scaling)")
+    if model.router_weights_on_input:
+        words.append("each expert's input, not its output, multiplied by its routing weight (router_weights_on_input)")
     return words
 
 
@@ -345,9 +352,69 @@ def gpt_oss_words(model: ModelSpec) -> dict[str, str]:
     return words
 
 
+def chunk_limits(model: ModelSpec) -> bool:
+    """Whether ``model``'s ``attention_chunk`` limits what a query sees at its sequence: shorter than it (on the layers
+    with rotary positions, :meth:`planner.model.ModelSpec.layer_chunk`); at the sequence or longer every chunked layer
+    attends causally to the whole sequence, as without chunks."""
+    return any(model.layer_chunk(i) is not None for i in range(model.layers))
+
+
+def temperature_from(model: ModelSpec) -> int | None:
+    """The first position of ``model``'s sequence whose query ``query_temperature`` scales (by ``1 + scale ln(1 +
+    floor((m + 1) / floor))``, which is 1 while ``m + 1 < floor``: position ``floor - 1``), None where it scales none:
+    no temperature, a scale of 0, or a sequence of at most ``floor - 1`` positions (Llama 4's 8192 beside a sequence
+    of 4096)."""
+    if model.query_temperature is None:
+        return None
+    floor, scale = model.query_temperature
+    return floor - 1 if scale > 0 and floor <= model.seq else None
+
+
+def llama4_words(model: ModelSpec) -> dict[str, str]:
+    """What ``model`` has of Llama 4's attention that changes what it computes at its sequence, in words, by the
+    :class:`planner.model.ModelSpec` field that says it: ``nope_layers``, ``qk_l2_norm``, ``attention_chunk`` (where it
+    limits the attention: :func:`chunk_limits`) and ``query_temperature`` (where it scales a query:
+    :func:`temperature_from`); {} for a model with none. (``rope_interleaved`` is not among them: torchtitan's rotary
+    turns adjacent pairs, Megatron-LM's ``--rotary-interleaved`` is written; ``router_weights_on_input`` is a routing
+    variant, :func:`routing_words`.)"""
+    words: dict[str, str] = {}
+    if model.nope_layers:
+        words["nope_layers"] = f"no rotary positions on layers {layer_ranges(model.nope_layers)} (nope_layers)"
+    if model.qk_l2_norm:
+        where = " on the layers with rotary positions" if model.nope_layers else ""
+        words["qk_l2_norm"] = (f"each head's query and key divided by its root mean square, no weight{where} "
+                               "(qk_l2_norm)")
+    if model.attention_chunk is not None and chunk_limits(model):
+        where = " on the layers with rotary positions" if model.nope_layers else ""
+        words["attention_chunk"] = (f"attention within chunks of {model.attention_chunk} positions{where} "
+                                    "(attention_chunk)")
+    if (start := temperature_from(model)) is not None:
+        floor, scale = model.query_temperature  # type: ignore[misc]
+        words["query_temperature"] = (f"the queries of the layers without rotary positions multiplied by 1 + {scale:g} "
+                                      f"ln(1 + floor((m + 1) / {floor})) from position {start} on (query_temperature)")
+    return words
+
+
+def llama4_inert_notes(model: ModelSpec) -> list[str]:
+    """Where ``model``'s ``attention_chunk`` or ``query_temperature`` is given but changes nothing at its sequence
+    (:func:`chunk_limits`, :func:`temperature_from`), a note saying so: the export writes nothing for it, which is the
+    model at this sequence and not at a longer one."""
+    notes = []
+    if model.attention_chunk is not None and not chunk_limits(model):
+        notes.append(f"attention_chunk {model.attention_chunk} is not shorter than the sequence ({model.seq}): every "
+                     "chunked layer attends causally to the whole sequence, as written here; a sequence longer than "
+                     "the chunk would need chunked attention, which this export does not write")
+    if model.query_temperature is not None and temperature_from(model) is None:
+        floor, scale = model.query_temperature
+        notes.append(f"query_temperature ({floor}, {scale:g}) scales no query of the {model.seq}-token sequence "
+                     + ("(a scale of 0)" if scale == 0 else f"(it first does at position {floor - 1})")
+                     + ": nothing is written for it; a longer sequence would need it")
+    return notes
+
+
 def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, experts: bool = False,
                     latent: bool = False, window: bool = False, sinks: bool = False, glu: bool = False,
-                    biases: bool = False, rotary: bool = False) -> str | None:
+                    biases: bool = False, rotary: bool = False, llama4: bool = False) -> str | None:
     """A note naming what of ``model`` the framework's model arguments (``writes``: what the export writes, e.g.
     "Llama-shaped arguments") do not set: Gemma's embedding scale, Gemma 2's norms on each branch's output and its
     soft-caps (:class:`planner.model.ModelSpec`), OLMo 2's norms on each branch's output instead of its input
@@ -358,8 +425,9 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
     (``latent``: they do; :func:`latent_words`), a sliding window where they do not write it (``window``: they do),
     gpt-oss's attention sinks (``sinks``: written), its quick_gelu gate with the up projection's offset and the clamp
     (``glu``: written), the linear layers' biases (``biases``: written), rotary positions on part of each head
-    (``rotary_dim``; ``rotary``: written), and the local layers' own rotary base, which neither writes
-    (:func:`gpt_oss_words` names each by its field); None when nothing is missing. The plan's times are the model's
+    (``rotary_dim``; ``rotary``: written), the local layers' own rotary base, which neither writes
+    (:func:`gpt_oss_words` names each by its field), and Llama 4's attention (:func:`llama4_words`; ``llama4``: the
+    caller writes each, or refuses the model); None when nothing is missing. The plan's times are the model's
     own: the framework's model has to be the user's."""
     if model is None:
         return None
@@ -403,6 +471,8 @@ def model_gaps_note(model: ModelSpec | None, framework: str, writes: str, expert
     words = gpt_oss_words(model)
     gaps += [w for key, w in words.items() if not {"attention_sinks": sinks, "glu_linear_offset": glu,
                                                    "glu_clamp": glu, "bias": biases, "qkv_bias": biases}.get(key)]
+    if not llama4:
+        gaps += list(llama4_words(model).values())
     if not gaps:
         return None
     return (f"{framework}: the model has {', '.join(gaps)}, which the {writes} written here do not set: run it "

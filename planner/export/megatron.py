@@ -122,14 +122,15 @@ transformers' ``int(head_dim * partial_rotary_factor)`` and its ``inv_freq``; ``
 rot_dim:]``, rotates the first with ``_rotate_half`` (``chunk(x, 2)``: ``cat(-x2, x1)``) and concatenates the second
 unchanged. Transformer Engine's fused kernel, which Megatron-Core takes by default (``apply_rope_fusion``), does the
 same with a table of ``d2 <= d`` (``transformer_engine/pytorch/attention/rope.py`` at
-0dc141cf773e9b5427998dbf0a04174c484fd313: ``t[..., :rot_dim]`` rotated, ``t_pass`` kept). ``--rotary-interleaved`` would
-turn adjacent pairs ``(x0, x1), (x2, x3), ...`` instead (GPT-J's form, ``_rotate_half``'s interleaved branch), not the
-model's: never written, and refused by the parser. The written percent is the smallest float at or above ``rotary_dim /
-head_dim`` whose ``int(head_dim * percent)`` is ``rotary_dim`` (:func:`rotary_percent`: 58 of 100 is 0.5800000000000001,
-since 100 * 0.58 is 57.99999999999999). Megatron-Bridge maps a Hugging Face ``partial_rotary_factor`` to
-``rotary_percent`` (``CONFIG_MAPPING`` in ``src/megatron/bridge/models/conversion/model_bridge.py`` at
-0350b4ef4ef8892615e209b36e8dde4ca42d9232) and its GLM-4.5 providers set ``rotary_percent = 0.5`` with ``kv_channels =
-128`` (``src/megatron/bridge/models/glm/glm45_provider.py`` at 5f28ae824bc6b22af924ec2034cba5caf8351941).
+0dc141cf773e9b5427998dbf0a04174c484fd313: ``t[..., :rot_dim]`` rotated, ``t_pass`` kept). ``--rotary-interleaved``
+turns adjacent pairs ``(x0, x1), (x2, x3), ...`` instead (GPT-J's form, ``_rotate_half``'s interleaved branch): written
+for a model with ``rope_interleaved`` only (Llama 4, below), and read back as it. The written percent is the
+smallest float at or above ``rotary_dim / head_dim`` whose ``int(head_dim * percent)`` is ``rotary_dim``
+(:func:`rotary_percent`: 58 of 100 is 0.5800000000000001, since 100 * 0.58 is 57.99999999999999). Megatron-Bridge
+maps a Hugging Face ``partial_rotary_factor`` to ``rotary_percent`` (``CONFIG_MAPPING`` in
+``src/megatron/bridge/models/conversion/model_bridge.py`` at 0350b4ef4ef8892615e209b36e8dde4ca42d9232) and its GLM-4.5
+providers set ``rotary_percent = 0.5`` with ``kv_channels = 128`` (``src/megatron/bridge/models/glm/glm45_provider.py``
+at 5f28ae824bc6b22af924ec2034cba5caf8351941).
 
 GLM-4.5 (``glm4_moe``) is otherwise written as any model here, as that provider and ``glm45_bridge.py`` (at
 0fe9cb1dd9b1db0fb9ca59f943c8f6553200e4bb) set it: ``--kv-channels 128`` (96 heads of 128 in a hidden size of 4096),
@@ -169,6 +170,53 @@ and ``k_layernorm`` (``olmo2_bridge.py`` there: "per-head Q/K normalization"), o
 ``a d``-wide ``q_norm``. FlagScale's fork of Megatron-LM adds ``--qk-layernorm-hidden-dim`` (the norms over the
 projections); NVIDIA's has no such argument.
 
+Llama 4 (ModelSpec's ``nope_layers``, ``rope_interleaved``, ``qk_l2_norm``, ``attention_chunk``, ``query_temperature``,
+``router_weights_on_input``) as Megatron-LM's arguments say it (``megatron/training/arguments.py`` at
+307dcf37f03d44da131ba21999278abe4112d2ad: ``--no-rope-freq`` of ``no_rope_freq_type``, ``--rotary-interleaved``;
+``megatron/core/transformer/transformer_config.py`` at 002526d81b81f6ab534e93844f9a228709887494: the fields
+``no_rope_freq``, ``rotary_interleaved``, ``qk_l2_norm`` "llama 4-style qk L2 norm" and ``moe_apply_probs_on_input``
+"Apply probs on input of experts", the last two flags ``--qk-l2-norm`` and ``--moe-apply-probs-on-input``, which
+Megatron-LM's own Llama 4 scripts pass), and as Megatron-Bridge's ``Llama4ModelProvider`` sets them (``src/megatron/
+bridge/models/llama/llama_provider.py``, in the huvunvidia/Megatron-Bridge fork at
+29b05b284426b47560e72e5465ec1f1805fddcba: ``rotary_interleaved``, ``nope_layer_interval = 4``, ``moe_router_topk = 1``,
+sigmoid scores, ``moe_apply_probs_on_input``, ``qk_l2_norm`` for 16 experts and not 128, ``moe_layer_freq = [0, 1] *
+24`` for 128, ``attention_chunk_size = 8192``; its layer spec ``get_llama4_layer_spec`` in NVIDIA-NeMo/Megatron-Bridge
+``src/megatron/bridge/models/llama/llama4_utils.py`` at 3865df2d90f0e27949e24a27dd25e9f28f7d817f):
+
+* ``nope_layers``: ``--no-rope-freq`` (``TransformerConfig.no_rope_freq``: "1 means skip RoPE"; ``__post_init__`` turns
+  an integer ``n`` into ``[0]*(n-1)+[1]`` repeated, asserting that ``n`` divides the layers; the attention drops the
+  rotary embedding of a layer with 1). Every n-th layer, ``n-1, 2n-1, ...`` with ``n`` dividing the layers (Llama 4's
+  3, 7, ...), is ``n``; any other pattern the list, ``([0]*3+[1])`` form, which Megatron accepts for any layers
+  (:func:`no_rope_freq`): none is refused.
+* ``rope_interleaved``: ``--rotary-interleaved``: ``RotaryEmbedding`` builds the table ``[f0, f0, f1, f1, ...]``
+  (``rotary_pos_embedding.py``: ``torch.stack((freqs, freqs), dim=-1)`` where ``rotary_interleaved``) and
+  ``_rotate_half``'s interleaved branch turns ``(x_2i, x_2i+1)`` by ``f_i`` (``rope_utils.py`` at
+  00c51e13247685110aec81e60aa3db91cbdbff7d; the fused kernel is handed ``interleaved=config.rotary_interleaved``), as
+  transformers' ``Llama4TextAttention`` turns adjacent pairs (``view_as_complex``). Megatron-Core takes it with the rope
+  fusion from Transformer Engine 2.3 on (``TransformerConfig.__post_init__``: "rotary_interleaved does not work with
+  apply_rope_fusion for TE < 2.3.0"): said in a note. Megatron-Core refuses it with latent attention, as ModelSpec does.
+* ``qk_l2_norm``: ``--qk-l2-norm``: ``L2Norm`` (no weight: ``x * rsqrt(mean(x^2) + eps)``) as every layer's
+  ``q_layernorm`` and ``k_layernorm`` (``megatron/core/models/gpt/gpt_layer_specs.py`` at
+  00611e6eeb0b09b5ee074750956855215ddbd67f: ``L2Norm if qk_l2_norm``; ``gpt_builders.py`` at
+  00caa53af30912914981c86f39db123961678bbd hands ``args.qk_l2_norm`` to the block spec, one spec per dense or expert
+  layer). Megatron-Core norms before the rotary, transformers after it: the same, a rotation keeps each head's mean
+  square. But it norms every layer, and Llama 4 only those with rotary positions (``use_qk_norm and use_rope``;
+  Megatron-Bridge's ``get_llama4_layer_spec`` sets ``L2Norm`` where ``not is_nope_layer``, in code), so
+  ``qk_l2_norm`` beside ``nope_layers`` -- Llama 4 Scout -- is refused, naming both (:func:`llama4_refusal`).
+* ``attention_chunk`` where it limits the attention (shorter than the sequence): refused. ``TransformerConfig`` has no
+  chunk and ``--window-size`` is a sliding window; Megatron-Bridge's ``Llama4SelfAttention`` chunks the queries, keys
+  and values (``chunkify``) on every layer, the NoPE ones included, where the model's NoPE layers attend to the whole
+  sequence. A chunk at least the sequence is causal attention: nothing written, said in a note.
+* ``query_temperature`` where it scales a query at the sequence (from position ``floor - 1`` on, a scale above 0):
+  refused; neither Megatron-Core nor Megatron-Bridge's Llama 4 scales queries by position. Llama 4's floor of 8192
+  scales none of a shorter sequence: nothing written, said in a note.
+* ``router_weights_on_input``: ``--moe-apply-probs-on-input`` (the expert's input times its weight, the output
+  unweighted: the probabilities "reset to 1"); Megatron-Core's expert MLPs assert "`moe_apply_probs_on_input` only works
+  with `moe_router_topk`=1", so more experts per token are refused. Llama 4's routing, the sigmoid of the one chosen
+  expert's logit, is ``--moe-router-score-function sigmoid --moe-router-topk 1`` (not renormalised at k = 1: above);
+  its shared expert ``--moe-shared-expert-intermediate-size``; Maverick's dense even layers ``--moe-layer-freq``'s list
+  (its integer form would put the experts on the even layers).
+
 Megatron has 1F1B and interleaved only: GPipe (its all-forward-then-all-backward order), zero-bubble, Chimera,
 Hanayo, GEMS, 1F1B-RR and PipeDream's asynchronous schedules are refused, naming the closest it has.
 """
@@ -193,8 +241,12 @@ from planner.export.common import (
     ExportInput,
     Parsed,
     check_heads,
+    chunk_limits,
     header,
+    layer_ranges,
+    llama4_inert_notes,
     model_gaps_note,
+    temperature_from,
     unplanned_policy_note,
     unsupported,
 )
@@ -298,19 +350,35 @@ def rotary_percent(rotary_dim: int, head_dim: int) -> str:
     return repr(x)
 
 
-def moe_layer_freq(layers: int, dense_layers: tuple[int, ...] | list[int]) -> str:
-    """Megatron-Core's ``--moe-layer-freq`` list of ``layers`` transformer layers, 1 where a layer has experts and 0
-    where it is one of ``dense_layers``, as the Python list expression Megatron evaluates (``moe_freq_type``: only
-    digits, commas, brackets, parentheses, ``+`` and ``*``), run-length: ``([0]*3+[1]*58)``, ``([1]+[0]+[1]*2)``."""
-    dense = set(dense_layers)
+def bit_pattern(bits: list[int]) -> str:
+    """``bits`` as the Python list expression Megatron evaluates (``_eval_pattern``: only digits, commas, brackets,
+    parentheses, ``+`` and ``*``), run-length: ``([0]*3+[1]*58)``, ``([1]+[0]+[1]*2)``."""
     runs: list[list[int]] = []
-    for i in range(layers):
-        bit = 0 if i in dense else 1
+    for bit in bits:
         if runs and runs[-1][0] == bit:
             runs[-1][1] += 1
         else:
             runs.append([bit, 1])
     return "(" + "+".join(f"[{bit}]*{n}" if n > 1 else f"[{bit}]" for bit, n in runs) + ")"
+
+
+def moe_layer_freq(layers: int, dense_layers: tuple[int, ...] | list[int]) -> str:
+    """Megatron-Core's ``--moe-layer-freq`` list of ``layers`` transformer layers, 1 where a layer has experts and 0
+    where it is one of ``dense_layers`` (:func:`bit_pattern`; ``moe_freq_type``)."""
+    dense = set(dense_layers)
+    return bit_pattern([0 if i in dense else 1 for i in range(layers)])
+
+
+def no_rope_freq(layers: int, nope_layers: tuple[int, ...] | list[int]) -> str:
+    """Megatron-Core's ``--no-rope-freq`` of ``layers`` transformer layers without rotary positions on ``nope_layers``
+    (0-based): the integer ``n`` where they are every n-th, ``n - 1, 2n - 1, ...``, and ``n`` divides the layers
+    (``TransformerConfig.__post_init__`` turns ``n`` into ``[0]*(n-1)+[1]`` repeated ``layers / n`` times and asserts
+    the division; Llama 4's 4), else the list with 1 on each of them (:func:`bit_pattern`; ``no_rope_freq_type``)."""
+    nope = sorted(set(nope_layers))
+    n = nope[0] + 1
+    if n >= 2 and layers % n == 0 and nope == list(range(n - 1, layers, n)):
+        return str(n)
+    return bit_pattern([1 if i in nope else 0 for i in range(layers)])
 
 
 def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
@@ -326,6 +394,30 @@ def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
             raise ExportError("megatron script: --moe-layer-freq as a frequency needs --num-layers")
         return tuple(i for i in range(layers) if i % freq)
     return tuple(i for i, bit in enumerate(bit_list(text, "--moe-layer-freq", layers)) if bit == 0)
+
+
+def parse_no_rope_freq(text: str, layers: int | None) -> tuple[int, ...]:
+    """The layers without rotary positions of a ``--no-rope-freq``: an integer ``n`` (every n-th, ``n - 1, 2n - 1,
+    ...``; Megatron-Core asserts that ``n`` divides the layers) or a list expression, 1 on a layer without them
+    (:func:`bit_list`; its length must be ``layers`` where known); refused where every layer is without them
+    (ModelSpec's position none)."""
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        n = int(text)
+        if n < 1:
+            raise ExportError(f"megatron script: --no-rope-freq {text}: a frequency of 1 or more")
+        if layers is None:
+            raise ExportError("megatron script: --no-rope-freq as a frequency needs --num-layers")
+        if layers % n:
+            raise ExportError(f"megatron script: --no-rope-freq {n} does not divide the {layers} layers (Megatron-Core "
+                              "asserts it)")
+        nope = tuple(range(n - 1, layers, n))
+    else:
+        nope = tuple(i for i, bit in enumerate(bit_list(text, "--no-rope-freq", layers)) if bit == 1)
+    if layers is not None and len(nope) == layers:
+        raise ExportError(f"megatron script: --no-rope-freq {text}: every layer without rotary positions (a model "
+                          "without them: --position-embedding-type none)")
+    return nope
 
 
 def bit_list(text: str, flag: str, layers: int | None) -> list[int]:
@@ -372,9 +464,10 @@ def model_refusal(m: ModelSpec) -> None:
     gated MLP's ``glu_linear_offset`` or ``glu_clamp`` under another activation than quick_gelu; a shared expert with
     biases; the routing weights Megatron-Core's ``topk_routing_with_score_function`` cannot make (``normalize_topk``
     against the score function and k), the group scores its ``group_limited_topk`` does not compute
-    (``router_group_topk``); OLMo's layers (:func:`olmo_refusal`). (Per-head query/key norms beside latent attention
-    ModelSpec refuses.)"""
+    (``router_group_topk``); OLMo's layers (:func:`olmo_refusal`); what Llama 4 has that Megatron-LM's arguments do not
+    compute (:func:`llama4_refusal`). (Per-head query/key norms beside latent attention ModelSpec refuses.)"""
     olmo_refusal(m)
+    llama4_refusal(m)
     if m.position == "rotary" and not float(m.rope_theta).is_integer():
         raise ExportError(f"megatron: rope_theta {m.rope_theta:g}: Megatron-LM's --rotary-base is an integer "
                           "(type=int in megatron/training/arguments.py)")
@@ -454,6 +547,47 @@ def olmo_refusal(m: ModelSpec) -> None:
                           "arguments)")
 
 
+def llama4_refusal(m: ModelSpec) -> None:
+    """An :class:`ExportError` naming each of Llama 4's fields that ``m`` has and Megatron-LM's arguments cannot compute
+    (module docstring): ``qk_l2_norm`` beside ``nope_layers`` (``--qk-l2-norm`` norms every layer's queries and keys,
+    the model its rotary layers' only), ``attention_chunk`` where it limits the attention (:func:`chunk_limits`: no
+    argument chunks it), ``query_temperature`` where it scales a query (:func:`temperature_from`: no argument scales
+    them), and ``router_weights_on_input`` with more than one expert per token (``--moe-apply-probs-on-input`` works
+    at top 1 only). Nothing is written in their stead."""
+    why = []
+    if m.qk_l2_norm and m.nope_layers:
+        why.append(f"qk_l2_norm with nope_layers: the model divides each head's query and key by its root mean "
+                   f"square on its layers with rotary positions only, not on layers {layer_ranges(m.nope_layers)} "
+                   "(transformers' Llama4TextAttention builds qk_norm where use_rope); Megatron-LM's --qk-l2-norm "
+                   "makes L2Norm every layer's q_layernorm and k_layernorm (gpt_layer_specs.py: 'L2Norm if "
+                   "qk_l2_norm', one spec for every layer; gpt_builders.py hands it args.qk_l2_norm), so it would norm "
+                   "the layers without rotary positions too; Megatron-Bridge's Llama 4 layer spec "
+                   "(get_llama4_layer_spec: 'if config.qk_l2_norm and not is_nope_layer') skips them")
+    if m.attention_chunk is not None and chunk_limits(m):
+        why.append(f"attention_chunk {m.attention_chunk}: the model's layers with rotary positions attend within "
+                   f"chunks of {m.attention_chunk} positions of its {m.seq}-token sequence (transformers' chunked "
+                   "attention mask, the keys j <= i with i // chunk == j // chunk), and no argument of Megatron-LM's "
+                   "chunks the attention: TransformerConfig has no such field, and --window-size is a sliding window "
+                   "(a query sees the keys before it across a chunk's start); Megatron-Bridge chunks it in its own "
+                   "Llama4SelfAttention (chunkify over attention_chunk_size), on every layer, the ones without "
+                   "rotary positions included, which the model's attend to the whole sequence")
+    if (start := temperature_from(m)) is not None:
+        floor, scale = m.query_temperature  # type: ignore[misc]
+        why.append(f"query_temperature ({floor}, {scale:g}): the model multiplies the queries of its layers without "
+                   f"rotary positions by 1 + {scale:g} ln(1 + floor((m + 1) / {floor})), above 1 from position "
+                   f"{start} of its {m.seq}-token sequence on (transformers' attn_temperature_tuning), and neither "
+                   "Megatron-LM's arguments nor Megatron-Core nor Megatron-Bridge's Llama 4 scale a query by its "
+                   "position")
+    if m.router_weights_on_input and m.moe and int(m.experts_per_token or 0) > 1:
+        why.append(f"router_weights_on_input with {m.experts_per_token} experts per token: Megatron-Core applies "
+                   "--moe-apply-probs-on-input with moe_router_topk 1 only (its expert MLPs assert "
+                   "'`moe_apply_probs_on_input` only works with `moe_router_topk`=1.')")
+    if why:
+        raise ExportError("megatron: " + "; and ".join(why) + ". Megatron-LM's arguments would train another model "
+                          "than the one planned, so none are written (Megatron-Bridge's Llama 4 layer spec is code, "
+                          "not arguments)")
+
+
 def _model_args(inp: ExportInput) -> list[str]:
     m = inp.model
     if m is None:
@@ -481,6 +615,10 @@ def _model_args(inp: ExportInput) -> list[str]:
         args += ["--position-embedding-type", "rope", "--rotary-base", str(int(m.rope_theta))]
         if m.rot_d < m.d:  # the first rot_d of each head rotated, half against half (module docstring)
             args += ["--rotary-percent", rotary_percent(m.rot_d, m.d)]
+        if m.rope_interleaved:  # adjacent pairs turned (Llama 4's form)
+            args += ["--rotary-interleaved"]
+        if m.nope_layers:  # 1: a layer without rotary positions
+            args += ["--no-rope-freq", no_rope_freq(m.layers, m.nope_layers)]
     if m.mla:  # MLASelfAttention: its rotary plain (YaRN by default), its latents' RMSNorms (--qk-layernorm)
         args += ["--multi-latent-attention", "--rope-type", "rope"]
         if m.q_lora_rank is not None:
@@ -490,6 +628,8 @@ def _model_args(inp: ExportInput) -> list[str]:
                  str(r), "--v-head-dim", str(m.v_d), "--qk-layernorm"]
     elif m.qk_norm:
         args += ["--qk-layernorm"]  # (with RMSNorm normalization: RMSNorm over each head's query and key)
+    elif m.qk_l2_norm:  # L2Norm, no weight, on every layer (with NoPE layers: llama4_refusal)
+        args += ["--qk-l2-norm"]
     if m.attention_sinks:  # a learnable offset per head in the softmax's denominator
         args += ["--softmax-type", "learnable"]
     if m.sliding_window is not None:  # (left, right) both kept: the query and the w - 1 keys before it
@@ -528,6 +668,8 @@ def _model_args(inp: ExportInput) -> list[str]:
             args += ["--moe-router-enable-expert-bias"]
         if m.routed_scaling != 1.0:
             args += ["--moe-router-topk-scaling-factor", repr(float(m.routed_scaling))]
+        if m.router_weights_on_input:  # each expert's input times its weight, at top 1 (llama4_refusal)
+            args += ["--moe-apply-probs-on-input"]
         if inp.expert_gemm == "grouped":
             args += ["--moe-grouped-gemm"]
     return args
@@ -599,8 +741,15 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
     args += _model_args(inp)
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
                                experts=True, latent=True, window=True, sinks=True, glu=True,
-                               biases=True, rotary=True)) is not None:
+                               biases=True, rotary=True, llama4=True)) is not None:
         notes.append(gap)
+    if inp.model is not None:
+        notes += llama4_inert_notes(inp.model)
+        if inp.model.rope_interleaved:
+            notes.append("--rotary-interleaved runs in Transformer Engine's fused rotary kernel from TE 2.3 "
+                         "(Megatron-Core refuses it with the rope fusion on older TE: 'rotary_interleaved does not "
+                         "work with apply_rope_fusion'); there add --no-rope-fusion, as Megatron-Bridge's "
+                         "Llama4ModelProvider does (apply_rope_fusion False), an unfused rotary slower than planned")
     if sinks:
         notes.append("--softmax-type learnable (the model's attention sinks) runs in Transformer Engine's fused "
                      "(cuDNN) attention from TE 2.8 (--attention-backend fused), never in flash-attn ('Disabling "
@@ -693,8 +842,8 @@ def parse(text: str) -> Parsed:
     per (virtual) stage when ``--num-layers`` is given, a mixture of experts' shared expert (its width and gate),
     dense layers (``--moe-layer-freq``) and routing (the weights Megatron-Core computes: :func:`_parse_routing`),
     multi-head latent attention's sizes, the attention's window and sinks (:func:`_parse_window`), the MLP's gate
-    and the linear layers' biases (:func:`_parse_mlp`), and each head's rotated part and query/key norms
-    (:func:`_parse_heads`)."""
+    and the linear layers' biases (:func:`_parse_mlp`), and each head's rotated part, its rotary form, the layers
+    without rotary positions and the query/key norms (:func:`_parse_heads`)."""
     logical = text.replace("\\\n", " ")
     line = next((ln for ln in logical.splitlines() if ln.lstrip().startswith("torchrun")), None)
     if line is None:
@@ -774,7 +923,7 @@ def parse(text: str) -> Parsed:
     return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts, shared_expert_ffn_hidden=shared,
                   shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense,
                   **_parse_routing(args), **_parse_latent(args), **_parse_window(args, L), **_parse_mlp(args),
-                  **_parse_heads(args))
+                  **_parse_heads(args, L))
 
 
 def _value(args: dict[str, str | bool], key: str, kind: type = int) -> Any:
@@ -807,9 +956,13 @@ def _parse_routing(args: dict[str, str | bool]) -> dict[str, Any]:
     scaling = _value(args, "--moe-router-topk-scaling-factor", float)
     # sigmoid: renormalised at k > 1 whatever --moe-router-pre-softmax says; softmax: unless pre-softmax
     normalize = k > 1 if score == "sigmoid" else not args.get("--moe-router-pre-softmax")
+    on_input = bool(args.get("--moe-apply-probs-on-input"))
+    if on_input and k != 1:  # (as Megatron-Core's expert MLPs assert)
+        raise ExportError(f"megatron script: --moe-apply-probs-on-input with --moe-router-topk {k}: Megatron-Core "
+                          "applies it with moe_router_topk 1 only")
     return {"normalize_topk": normalize, "router_score": score,
             "router_groups": groups if group_topk is not None else None, "router_group_topk": group_topk,
-            "router_bias": bias, "routed_scaling": scaling or 1.0}
+            "router_bias": bias, "routed_scaling": scaling or 1.0, "router_weights_on_input": on_input}
 
 
 def _parse_latent(args: dict[str, str | bool]) -> dict[str, Any]:
@@ -873,25 +1026,43 @@ def _parse_window(args: dict[str, str | bool], layers: int | None) -> dict[str, 
     return {"sliding_window": left + 1, "global_every": every}
 
 
-def _parse_heads(args: dict[str, str | bool]) -> dict[str, Any]:
+def _parse_heads(args: dict[str, str | bool], layers: int | None) -> dict[str, Any]:
     """ModelSpec's ``rotary_dim`` as Megatron-Core computes it from ``--rotary-percent`` p (module docstring): with
     ``--position-embedding-type rope`` and p below 1, ``int(kv_channels * p)`` (``--kv-channels``, else Megatron's
     default ``hidden_size // num_attention_heads``), None at 1 or more (every dimension rotated); refused: a p that is
     not finite, an odd or empty rotated part, p below 1 with latent attention (its own rotated part is all of
-    ``qk_pos_emb_head_dim``), and ``--rotary-interleaved`` (adjacent pairs turned: not the models' rotate-half). With
-    the model's arguments (``--num-layers``), ``qk_norm``: ``--qk-layernorm`` without latent attention (with it, the
-    latents' norms)."""
+    ``qk_pos_emb_head_dim``). With rope, ``rope_interleaved``: ``--rotary-interleaved`` (adjacent pairs turned; refused
+    with latent attention, as Megatron-Core does), and ``nope_layers``: ``--no-rope-freq`` (:func:`parse_no_rope_freq`).
+    With the model's arguments (``--num-layers``), ``qk_norm``: ``--qk-layernorm`` without latent attention (with it,
+    the latents' norms) and without ``--qk-l2-norm`` (whose L2Norm Megatron-Core's layer spec takes in its stead), and
+    ``qk_l2_norm``: ``--qk-l2-norm``, refused with latent attention (Megatron-Core asserts 'qk_l2_norm is not supported
+    with MLA') and beside layers without rotary positions (it norms theirs too; ModelSpec's ``qk_l2_norm`` is on the
+    rotary layers only)."""
     out: dict[str, Any] = {}
     latent = bool(args.get("--multi-latent-attention"))
+    l2 = bool(args.get("--qk-l2-norm"))
+    if l2 and latent:
+        raise ExportError("megatron script: --qk-l2-norm with --multi-latent-attention: Megatron-Core refuses it "
+                          "('qk_l2_norm is not supported with MLA')")
     if "--num-layers" in args:
-        out["qk_norm"] = bool(args.get("--qk-layernorm")) and not latent
+        out["qk_norm"] = bool(args.get("--qk-layernorm")) and not latent and not l2
+        out["qk_l2_norm"] = l2
     if args.get("--position-embedding-type") != "rope":
         return out  # (Megatron's rotary arguments act on rope only)
     if args.get("--rotary-interleaved"):
-        raise ExportError("megatron script: --rotary-interleaved: Megatron-Core then turns adjacent pairs of each "
-                          "head's dimensions (GPT-J's form, _rotate_half's interleaved branch); the models planned "
-                          "here turn the rotated part's first half against its second (rotate-half, transformers' "
-                          "apply_rotary_pos_emb)")
+        if latent:
+            raise ExportError("megatron script: --rotary-interleaved with --multi-latent-attention: Megatron-Core "
+                              "refuses it ('rotary_interleaved does not work with multi_latent_attention')")
+        out["rope_interleaved"] = True
+    freq = args.get("--no-rope-freq")
+    if isinstance(freq, bool):
+        raise ExportError("megatron script: --no-rope-freq is missing its value")
+    if freq is not None and (nope := parse_no_rope_freq(freq, layers)):
+        if l2:
+            raise ExportError(f"megatron script: --qk-l2-norm with --no-rope-freq {freq}: Megatron-Core norms the "
+                              f"queries and keys of every layer, those without rotary positions ({layer_ranges(nope)}) "
+                              "included; the models planned here norm their rotary layers' only (qk_l2_norm)")
+        out["nope_layers"] = nope
     percent = _value(args, "--rotary-percent", float)
     if percent is None:
         return out

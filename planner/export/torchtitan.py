@@ -32,7 +32,11 @@ width that is not ``dim // n_heads`` (GLM-4.5's 128 beside 4096 / 96). OLMo 2, O
 (query/key norms), which is not them: its norms are over each head and on each branch's input, theirs over the whole
 query and key projections (``qk_norm_scope``) and, OLMo 2's and 3's, on each branch's output (``post_norm``), and
 torchtitan has no OLMo model; the gaps note names both fields and a note says the family is not the model
-(:func:`olmo_note`).
+(:func:`olmo_note`). Llama 4 is named llama3 too, the gaps note naming its layers without rotary positions
+(``nope_layers``), its query/key L2 norm (``qk_l2_norm``), its attention chunks and query temperature where they act at
+the sequence (``attention_chunk``, ``query_temperature``) and its routing (``router_weights_on_input``); a note points
+at torchtitan's own llama4 model, saying field by field what it has of them and what it lacks (:func:`llama4_note`),
+and another where a chunk or a temperature acts on no position of the sequence.
 
 Hanayo with more than one wave needs a placement torchtitan has not ("loop" or a single "V"); Chimera,
 GEMS (two replicas), 1F1B-RR (uneven replication) and PipeDream's asynchronous schedules are refused.
@@ -53,11 +57,15 @@ from planner.export.common import (
     ExportInput,
     Parsed,
     check_heads,
+    chunk_limits,
     experts_refusal,
     header,
+    layer_ranges,
+    llama4_inert_notes,
     model_gaps_note,
     pipeline_outermost_note,
     routing_words,
+    temperature_from,
     unsupported,
 )
 from planner.model import ModelSpec
@@ -160,6 +168,80 @@ def olmo_note(m: ModelSpec, family: str) -> str | None:
             "model of your own and name it in [model]")
 
 
+def _nth(n: int) -> str:
+    """``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def is_llama4(m: ModelSpec) -> bool:
+    """Whether ``m`` has any of Llama 4's layers (ModelSpec's ``nope_layers``, ``qk_l2_norm``, ``attention_chunk``,
+    ``query_temperature``, ``router_weights_on_input``)."""
+    return bool(m.nope_layers or m.qk_l2_norm or m.attention_chunk is not None or m.query_temperature is not None
+                or m.router_weights_on_input)
+
+
+def llama4_note(m: ModelSpec) -> str | None:
+    """Where ``m`` has Llama 4's layers (:func:`is_llama4`), what torchtitan's llama4 model has of them and what it
+    lacks, field by field; None otherwise. torchtitan's llama4 (``torchtitan/models/llama4/model/model.py`` at
+    33d4f3b25a2f5fa507b86327403051d05dc653ea; ``TransformerModelArgs`` in ``model/args.py`` at
+    10d56e914b6b88e46a7429edc5fa0001fb203143; ``MoEArgs`` in ``torchtitan/models/moe/moe.py`` at
+    003edbe52d6f4a622cbf708b674564c551d36868): ``TransformerBlock`` drops the rotary on layers ``layer_id %
+    every_n_layers_nope == 0`` (0, n, 2n, ...; Llama 4's are n-1, 2n-1, ...) and gives the others a
+    ``fixed_attn_block_size`` (their mask under flex attention; its sdpa path takes no mask), experts on layers
+    ``(layer_id + 1) % interleave_moe_layer_step == 0``; ``apply_rotary_emb`` turns adjacent pairs
+    (``view_as_complex``: ``rope_interleaved``); ``Attention`` has no query/key norm and scales no query by its
+    position; ``MoE`` routes by ``score_func`` (sigmoid by default) to ``top_k`` experts and, with
+    ``score_before_experts`` (its default), multiplies each expert's input by the weight (``router_weights_on_input``),
+    beside ``num_shared_experts`` shared ones."""
+    if not is_llama4(m):
+        return None
+    has, lacks = [], []
+    if m.nope_layers:
+        nope = list(m.nope_layers)
+        n = nope[1] - nope[0] if len(nope) > 1 else m.layers
+        if nope[0] == 0 and n >= 2 and nope == list(range(0, m.layers, n)):
+            has.append(f"no rotary positions on every {_nth(n)} layer from layer 0 (every_n_layers_nope {n})")
+        else:
+            lacks.append(f"the model's layers without rotary positions, {layer_ranges(m.nope_layers)} (nope_layers): "
+                         "its every_n_layers_nope n drops them on layers 0, n, 2n, ... (layer_id % n == 0), not on "
+                         "n-1, 2n-1, ...")
+    if m.rope_interleaved:
+        has.append("rotary positions turning adjacent pairs (view_as_complex: rope_interleaved)")
+    if m.attention_chunk is not None and chunk_limits(m):
+        has.append(f"attention within chunks on the layers with rotary positions (fixed_attn_block_size "
+                   f"{m.attention_chunk}, with flex attention only: its sdpa path attends causally)")
+    if m.qk_l2_norm:
+        lacks.append("the L2 norm of each head's query and key (qk_l2_norm): its Attention has no query/key norm")
+    if temperature_from(m) is not None:
+        lacks.append("the queries' temperature on the layers without rotary positions (query_temperature): its "
+                     "Attention scales no query by its position")
+    if m.moe:
+        k = int(m.experts_per_token or 0)
+        has.append(f"{m.router_score} routing to the top {k} (MoEArgs score_func, top_k, route_norm "
+                   f"{str(m.normalize_topk).lower()})")
+        if m.router_weights_on_input:
+            has.append("the routing weight on each expert's input (score_before_experts, its default: "
+                       "router_weights_on_input)")
+        else:
+            has.append("the routing weight on each expert's output (score_before_experts false)")
+        if m.shared_expert_ffn_hidden is not None:
+            has.append("a shared expert (num_shared_experts)")
+        moe_layers = [i for i in range(m.layers) if i not in m.dense_layers]
+        step = moe_layers[0] + 1
+        if moe_layers == list(range(step - 1, m.layers, step)):
+            has.append(f"experts on every {_nth(step)} layer from layer {step - 1} (interleave_moe_layer_step {step})"
+                       if step > 1 else "experts on every layer (interleave_moe_layer_step 1)")
+        else:
+            lacks.append(f"the model's dense layers, {layer_ranges(m.dense_layers)} (dense_layers): its "
+                         "interleave_moe_layer_step s puts experts on layers s-1, 2s-1, ... and dense MLPs between")
+    text = "torchtitan's llama4 model (torchtitan/models/llama4) has " + ("; ".join(has) or "none of them")
+    if lacks:
+        text += "; it lacks " + "; and ".join(lacks)
+    return text + (": register a flavor of this model there and name it in [model] instead"
+                   + (", adding what it lacks" if lacks else ""))
+
+
 def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
     """The TOML job config (``job_config.toml``) and, for ZB-H1 and Hanayo, the CSV schedule it names
     (``csv_path``, relative to where torchtitan runs)."""
@@ -220,7 +302,10 @@ def export(inp: ExportInput, csv_path: str = CSV_NAME) -> Export:
             notes.append(gap)
         if (olmo := olmo_note(m, family)) is not None:
             notes.append(olmo)
-        if m.mla:
+        notes += llama4_inert_notes(m)
+        if (llama4 := llama4_note(m)) is not None:
+            notes.append(llama4)
+        elif m.mla:
             # (torchtitan/models/deepseek_v3: DeepSeekV3ModelArgs kv_lora_rank, q_lora_rank, qk_*_head_dim, v_head_dim,
             # n_expert_groups, n_limited_groups; MoEArgs score_func, route_norm, route_scale)
             notes.append("torchtitan's deepseek_v3 model has multi-head latent attention and DeepSeek's routing: "
