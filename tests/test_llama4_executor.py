@@ -62,13 +62,11 @@ def test_spec_of_the_fixture() -> None:
 
 
 def test_reader_reads_the_spec() -> None:
-    """profiler.hf_config reads the fixture as the spec written out here (skipped while it refuses llama4_text)."""
+    """profiler.hf_config reads the fixture as the spec written out here (what the pipeplan run --hf-config runs
+    build)."""
     from profiler.hf_config import read_hf_config
 
-    try:
-        read = read_hf_config(FIXTURE, name="tiny-llama4")
-    except ValueError as e:
-        pytest.skip(f"profiler.hf_config does not read llama4_text yet: {e}")
+    read = read_hf_config(FIXTURE, name="tiny-llama4")
     assert read.model_dump(exclude={"source"}) == LLAMA4.model_dump(exclude={"source"})
 
 
