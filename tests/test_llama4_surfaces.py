@@ -6,8 +6,9 @@ layer) and ``--moe-apply-probs-on-input`` (top 1), and its parser reads them bac
 ``nope_layers``, chunks shorter than the sequence, a temperature that scales a query of the sequence and weights on the
 input at top k > 1, naming each; a chunk or a temperature that acts on no position of the sequence is said in a note.
 torchtitan's notes name what its llama3 settings leave out and what its own llama4 model has and lacks; DeepSpeed's
-config carries no model, the same with the fields as without. The tiny Llama 4 config goes through the API once
-profiler.hf_config reads it."""
+config carries no model, the same with the fields as without. Llama 4 Scout is refused for its query/key norm beside its
+NoPE layers, Maverick written; the tiny Llama 4 config goes through the API: uploaded, planned, refused by the
+Megatron-LM export with a 422 naming the fields, noted by the torchtitan export."""
 
 from __future__ import annotations
 
@@ -26,15 +27,19 @@ from planner.export.megatron import parse as megatron_parse
 from planner.model import ModelSpec
 from planner.request import Config
 from planner.runspec import RunSpec
+from profiler.hf_config import read_hf_config
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "tiny-llama4"
+MODELS = ROOT / "examples" / "models"
 
-#: tests/fixtures/tiny-llama4/config.json by hand (what profiler.hf_config reads from it): 4 layers, 4 heads of 16, 2
-#: key/value heads, layers 1 and 3 with 4 experts of 32 top 1 and a shared expert of 32, layers 0 and 2 dense (96),
-#: layer 3 without rotary positions, the others turning adjacent pairs in chunks of 8 of the 16 positions, per-head L2
-#: query/key norms, the NoPE layer's queries scaled from position 3 on
-TINY_LLAMA4 = ModelSpec(
+#: tests/fixtures/tiny-llama4/config.json as profiler.hf_config reads it
+TINY_LLAMA4 = read_hf_config(FIXTURE, seq=16)
+
+#: the same by hand: 4 layers, 4 heads of 16, 2 key/value heads, layers 1 and 3 with 4 experts of 32 top 1 and a shared
+#: expert of 32, layers 0 and 2 dense (96), layer 3 without rotary positions, the others turning adjacent pairs in
+#: chunks of 8 of the 16 positions, per-head L2 query/key norms, the NoPE layer's queries scaled from position 3 on
+BY_HAND = ModelSpec(
     name="tiny-llama4", layers=4, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn_hidden=96, gated_mlp=True,
     activation="silu", norm="rmsnorm", position="rotary", tied_embeddings=False, bias=False, experts=4,
     experts_per_token=1, expert_ffn_hidden=32, shared_expert_ffn_hidden=32, normalize_topk=False,
@@ -135,7 +140,7 @@ def test_megatron_round_trip_of_what_it_computes() -> None:
                  "--num-query-groups 2", "--ffn-hidden-size 96", "--swiglu",
                  "--position-embedding-type rope", "--rotary-base 500000", "--rotary-interleaved", "--no-rope-freq 4",
                  "--num-experts 4", "--moe-router-topk 1", "--moe-ffn-hidden-size 32",
-                 "--moe-shared-expert-intermediate-size 32", "--moe-layer-freq '([0]+[1]+[0]+[1])'",
+                 "--moe-shared-expert-intermediate-size 32", "--moe-layer-freq '([0]+[1])*2'",
                  "--moe-router-score-function sigmoid", "--moe-apply-probs-on-input", "--disable-bias-linear",
                  "--untie-embeddings-and-output-weights"):
         assert line in lines, line
@@ -173,7 +178,7 @@ def test_megatron_writes_qk_l2_norm_where_every_layer_has_rotary_positions() -> 
     (4, (3,), "4"), (8, (3, 7), "4"), (4, (1, 3), "2"), (48, tuple(range(3, 48, 4)), "4"),
     # not every n-th from n - 1, or n not dividing the layers: the list
     (4, (0,), "([1]+[0]*3)"), (6, (3,), "([0]*3+[1]+[0]*2)"), (4, (2, 3), "([0]*2+[1]*2)"),
-    (6, (1, 3), "([0]+[1]+[0]+[1]+[0]*2)"),
+    (6, (1, 3), "([0]+[1]+[0]+[1]+[0]*2)"), (8, (0, 4), "([1]+[0]*3)*2"),
 ])
 def test_megatron_no_rope_freq_is_the_models(layers: int, nope: tuple[int, ...], written: str) -> None:
     """Every pattern of layers without rotary positions is written, as Megatron-Core reads it (:func:`megatron_nope`):
@@ -291,6 +296,38 @@ def test_megatron_rotary_and_l2_norm_match_transformers_llama4() -> None:
     assert not torch.allclose(q_hf, q * halves.cos()[None, :, None] + plain * halves.sin()[None, :, None], atol=1e-3)
 
 
+def test_megatron_of_llama_4_scout_and_maverick() -> None:
+    """At a sequence of 4096 Llama 4's chunks of 8192 and its temperature from position 8191 act on no position; Scout
+    is refused for its query/key L2 norm beside its NoPE layers alone, Maverick (no such norm) is written as
+    Megatron-Bridge's Llama4Experts128ModelProvider sets it: every 4th layer without rotary positions, experts on the
+    odd layers ([0, 1] * 24), 128 experts of 8192 top 1 with a shared one of 8192, weights on the input."""
+    scout = read_hf_config(MODELS / "llama-4-scout", seq=4096)
+    message = _refusal(scout)
+    assert message.startswith("megatron: qk_l2_norm with nope_layers")
+    assert "not on layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47" in message
+    assert "attention_chunk" not in message and "query_temperature" not in message
+    maverick = read_hf_config(MODELS / "llama-4-maverick", seq=4096)
+    out = export("megatron", _inp(maverick, tensor=8, expert=2))
+    lines = script_lines(out.main.content)
+    for line in ("--num-layers 48", "--hidden-size 5120", "--num-attention-heads 40", "--num-query-groups 8",
+                 "--ffn-hidden-size 16384", "--rotary-interleaved", "--no-rope-freq 4", "--num-experts 128",
+                 "--moe-router-topk 1", "--moe-ffn-hidden-size 8192", "--moe-shared-expert-intermediate-size 8192",
+                 "--moe-layer-freq '([0]+[1])*24'", "--moe-router-score-function sigmoid",
+                 "--moe-apply-probs-on-input"):
+        assert line in lines, line
+    assert "--qk-l2-norm" not in out.main.content
+    for note in ("attention_chunk 8192 is not shorter than the sequence (4096)",
+                 "query_temperature (8192, 0.1) scales no query of the 4096-token sequence (it first does at position "
+                 "8191)"):
+        assert any(n.startswith(note) for n in out.notes), note
+    _same_model(parse(out), maverick)
+    # a sequence of 8192 reaches the temperature (not the chunks: 8192 is the sequence); a chunk of 2048 is refused
+    message = _refusal(maverick.with_(seq=8192))
+    assert "attention_chunk" not in message and "query_temperature (8192, 0.1)" in message
+    assert "above 1 from position 8191 of its 8192-token sequence" in message
+    assert "attention_chunk 2048" in _refusal(maverick.with_(attention_chunk=2048))
+
+
 # ---- torchtitan and DeepSpeed ----------------------------------------------------------------------------------------
 
 def test_torchtitan_notes_name_each_field() -> None:
@@ -350,31 +387,14 @@ def test_deepspeed_config_carries_no_model() -> None:
 
 # ---- the API: the tiny Llama 4 config uploaded, planned and exported -------------------------------------------------
 
-def _reader_reads_llama4() -> bool:
-    from profiler.hf_config import read_hf_config
-
-    try:
-        read_hf_config(FIXTURE, seq=16)
-    except ValueError:
-        return False
-    return True
-
-
 def test_tiny_llama4_fixture_is_the_spec_by_hand() -> None:
-    if not _reader_reads_llama4():
-        pytest.skip("profiler.hf_config does not read llama4_text yet")
-    from profiler.hf_config import read_hf_config
-
-    read = read_hf_config(FIXTURE, seq=16)
-    assert read.model_dump(exclude={"name", "source"}) == TINY_LLAMA4.model_dump(exclude={"name", "source"})
+    assert TINY_LLAMA4.model_dump(exclude={"name", "source"}) == BY_HAND.model_dump(exclude={"name", "source"})
 
 
 def test_tiny_llama4_config_through_the_api(client) -> None:  # type: ignore[no-untyped-def]
     """tests/fixtures/tiny-llama4/config.json through POST /profiles/hf-config, planned on two GPUs: every candidate's
     Megatron-LM export is a 422 naming qk_l2_norm, attention_chunk and query_temperature, its torchtitan export names
     them and points at torchtitan's llama4; the stored profile and plan are left as they were."""
-    if not _reader_reads_llama4():
-        pytest.skip("profiler.hf_config does not read llama4_text yet")
     upload = upload_fixture(client, "tiny-llama4")
     plan = plan_on_two_gpus(client, upload, top=3)
     assert plan["candidates"], plan

@@ -352,14 +352,24 @@ def rotary_percent(rotary_dim: int, head_dim: int) -> str:
 
 def bit_pattern(bits: list[int]) -> str:
     """``bits`` as the Python list expression Megatron evaluates (``_eval_pattern``: only digits, commas, brackets,
-    parentheses, ``+`` and ``*``), run-length: ``([0]*3+[1]*58)``, ``([1]+[0]+[1]*2)``."""
-    runs: list[list[int]] = []
-    for bit in bits:
-        if runs and runs[-1][0] == bit:
-            runs[-1][1] += 1
-        else:
-            runs.append([bit, 1])
-    return "(" + "+".join(f"[{bit}]*{n}" if n > 1 else f"[{bit}]" for bit, n in runs) + ")"
+    parentheses, ``+`` and ``*``), run-length: ``([0]*3+[1]*58)``, ``([1]+[0]+[1]*2)``; a pattern that repeats a
+    shorter one of more than one run as that one times its repeats, ``([0]+[1])*24`` (Llama 4 Maverick's dense even
+    layers, Megatron-Bridge's ``[0, 1] * 24``)."""
+
+    def runs_of(part: list[int]) -> str:
+        runs: list[list[int]] = []
+        for bit in part:
+            if runs and runs[-1][0] == bit:
+                runs[-1][1] += 1
+            else:
+                runs.append([bit, 1])
+        return "+".join(f"[{bit}]*{n}" if n > 1 else f"[{bit}]" for bit, n in runs)
+
+    n = len(bits)
+    period = next((p for p in range(1, n) if n % p == 0 and bits == bits[:p] * (n // p)), n)
+    if period < n and len(set(bits)) > 1:
+        return f"({runs_of(bits[:period])})*{n // period}"
+    return f"({runs_of(bits)})"
 
 
 def moe_layer_freq(layers: int, dense_layers: tuple[int, ...] | list[int]) -> str:
