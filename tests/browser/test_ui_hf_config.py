@@ -311,3 +311,31 @@ def test_upload_a_mixture_of_experts_with_a_shared_expert(server: LiveServer, br
     assert page.locator('#cands th[data-key="expert"]').is_visible()
     shot(page, f"hf-03-{model}-planned")
     page.context.close()
+
+
+def test_upload_llama_4_scout(server: LiveServer, browser: Any, console: Console) -> None:
+    """Llama 4 Scout's config.json (the multimodal ``llama4``, its language model read from ``text_config``: NoPE on
+    every 4th layer, chunked attention, per-head L2 query/key norms, 16 experts top 1 with a shared one, routing weights
+    on the experts' inputs): the profile is made with transformers' parameter count of ``Llama4ForCausalLM``
+    (107,769,861,120) and its plan on 32 H100s shows candidates."""
+    cid = _cluster_id(server, "dgx-h100-80gb")
+    page = _page(browser, console)
+    page.goto(server.url + "/")
+    page.wait_for_selector('body[data-ready="1"]')
+    page.select_option("#cluster", str(cid))
+    page.set_input_files("#hf-file", str(MODELS / "llama-4-scout" / "config.json"))
+    page.fill("#hf-seq", "4096")
+    page.fill("#hf-name", "llama-4-scout-ui")
+    page.click("#hf-make")
+    page.locator("#hf-status").filter(has_text="profile #").wait_for()
+    made = [p for p in _profiles(server) if p["name"] == "llama-4-scout-ui"]
+    assert len(made) == 1 and made[0]["total_params"] == 107_769_861_120, made
+    assert page.locator("#hf-error").is_hidden()
+    plan_id = _plan_from_form(page, 64, 32, 5)
+    page.wait_for_selector('body[data-ready="1"]')
+    assert page.locator("#cands tbody tr[data-rank]").count() >= 1
+    with server.client() as c:
+        plan = c.get(f"/plans/{plan_id}").json()
+    assert plan["status"] == "done" and plan["num_candidates"] >= 1, plan.get("error")
+    shot(page, "hf-04-llama-4-scout-planned")
+    page.context.close()
