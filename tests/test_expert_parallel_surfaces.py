@@ -120,6 +120,20 @@ def test_predict_expert(files: dict[str, Path]) -> None:
     assert max(one["model_memory"]) > max(doc["model_memory"])
 
 
+def test_megatron_export_without_the_model_writes_the_experts_split(files: dict[str, Path], tmp_path: Path) -> None:
+    """A plan exported without its profile: the model's shape is the user's to add (the note says which flags), but the
+    plan's split of its experts is written as t and D are -- left out, the experts would run unsplit (e = 1)."""
+    r = run(["predict", "--profile", files["moe"], *ONE, "--expert", "2", "--order", "tp-dp-pp", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"candidates": [json.loads(r.stdout)]}))
+    r = run(["export", "--plan", plan, "--candidate", "0", "--format", "megatron"])
+    assert r.exit_code == 0, r.output
+    assert "--expert-model-parallel-size 2" in r.stdout and "    --num-layers" not in r.stdout
+    assert "--moe-token-dispatcher-type alltoall" in r.stdout
+    assert "--num-experts, --moe-router-topk, --moe-ffn-hidden-size" in r.stderr
+
+
 def test_predict_expert_refusals(files: dict[str, Path]) -> None:
     w4 = [x if x != "8" else "4" for x in ONE]  # W = 4
     refused(["predict", "--profile", files["moe"], *w4, "--expert", "3"],

@@ -749,6 +749,14 @@ def arguments(inp: ExportInput, notes: list[str] | None = None) -> list[str]:
         notes.append(f"the plan's times assume {EAGER_WORDS}; Megatron-LM runs fused ones, so expect less time than "
                      "planned")
     args += _model_args(inp)
+    if inp.model is None and (c.expert > 1 or c.expert_tensor is not None):
+        # the plan's layout of a mixture of experts, which the plan holds without the model: written as t and D are
+        # (the model's --num-experts, --moe-router-topk and --moe-ffn-hidden-size are the user's, as its shape is)
+        args += ["--expert-model-parallel-size", str(c.expert)]
+        if c.expert_tensor is not None:
+            args += ["--expert-tensor-parallel-size", str(c.expert_tensor)]
+        if c.expert > 1:
+            args += ["--moe-token-dispatcher-type", "alltoall"]
     if (gap := model_gaps_note(inp.model, "megatron", "Llama-shaped arguments (--swiglu, RMSNorm, rope)",
                                experts=True, latent=True, window=True, sinks=True, glu=True,
                                biases=True, rotary=True, llama4=True)) is not None:
@@ -787,7 +795,10 @@ def export(inp: ExportInput) -> Export:
     args = arguments(inp, notes)
     if inp.model is None:
         notes.append("no model shape known (give --profile or --model): add --num-layers, --hidden-size, "
-                     "--num-attention-heads, --seq-length yourself")
+                     "--num-attention-heads, --seq-length yourself"
+                     + (", and the mixture of experts' --num-experts, --moe-router-topk, --moe-ffn-hidden-size (its "
+                        f"split over e = {inp.config.expert} is written)"
+                        if inp.config.expert > 1 or inp.config.expert_tensor is not None else ""))
     nodes, per_node = launch(inp)
     if not inp.gpus_per_node and inp.world_size > 1:
         notes.append(f"no GPUs per node known (give --gpus-per-node G or --cluster): the launch line puts all "
