@@ -295,3 +295,21 @@ def test_a_hugging_face_profile_exports_its_architecture_kernels_and_runtime() -
     text = export("megatron", gpt).main.content
     assert "dropout" in text and "--attention-dropout" not in text and "--overlap-grad-reduce" not in text
     assert "--sequence-parallel" not in text and "the unfused attention core" in text
+
+
+@pytest.mark.parametrize(("name", "eps", "written"), [("qwen2.5-7b", 1e-6, "1e-06"), ("llama-3.1-8b", 1e-5, None)])
+def test_megatron_writes_the_norm_epsilon(name: str, eps: float, written: str | None) -> None:
+    """Every norm's epsilon (ModelSpec.norm_eps, the config's rms_norm_eps) as --norm-epsilon where it is not Megatron's
+    default 1e-5, and read back; the default left to Megatron (Llama 3.1: nothing written)."""
+    from surfaces_support import script_flags, two_stage_input
+
+    from planner.export.megatron import parse as megatron_parse
+    from profiler.hf_config import read_hf_config
+
+    model = read_hf_config(ROOT / "examples" / "models" / name, seq=4096)
+    assert model.norm_eps == eps
+    out = export("megatron", two_stage_input(model, 8, tensor=1))
+    assert script_flags(out.main.content).get("--norm-epsilon") == written
+    assert parse(out).norm_eps == (eps if written else None)
+    with pytest.raises(ExportError, match="--norm-epsilon"):
+        megatron_parse(out.main.content.replace('    "$@"', '    --norm-epsilon 2 \\\n    "$@"'))

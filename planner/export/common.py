@@ -231,7 +231,8 @@ class Parsed:
     attention where the format writes it (``rotary_dim``: the rotated dimensions of each head's query and key, None
     where all are or the format does not say; ``qk_norm``: norms over each head's query and key, None where the format
     does not say), and Llama 4's where the format writes them (ModelSpec's ``nope_layers``, ``rope_interleaved``,
-    ``qk_l2_norm``, ``router_weights_on_input``: (), False, False, False where the format does not say)."""
+    ``qk_l2_norm``, ``router_weights_on_input``: (), False, False, False where the format does not say), and the
+    norms' epsilon where the format writes one (``norm_eps``; None where it leaves its default)."""
 
     config: Config
     microbatches: int
@@ -265,6 +266,7 @@ class Parsed:
     rope_interleaved: bool = False
     qk_l2_norm: bool = False
     router_weights_on_input: bool = False
+    norm_eps: float | None = None
 
 
 class ExportError(ValueError):

@@ -598,6 +598,11 @@ def llama4_refusal(m: ModelSpec) -> None:
                           "not arguments)")
 
 
+#: Megatron-LM's ``--norm-epsilon`` default (megatron/training/arguments.py: "Epsilon for layer norm and RMS norm.",
+#: ``default=1e-5``), ModelSpec's ``norm_eps`` default too: written where the model's differs
+NORM_EPSILON = 1e-5
+
+
 def _model_args(inp: ExportInput) -> list[str]:
     m = inp.model
     if m is None:
@@ -620,6 +625,8 @@ def _model_args(inp: ExportInput) -> list[str]:
         args += ["--swiglu"]
     if m.norm == "rmsnorm":
         args += ["--normalization", "RMSNorm"]
+    if m.norm_eps != NORM_EPSILON:  # every norm's epsilon (Qwen, OLMo 2, DeepSeek: 1e-6), Megatron's default 1e-5
+        args += ["--norm-epsilon", repr(float(m.norm_eps))]
     if m.position == "rotary":
         # (an integer argument: 1e6 as 1000000, not %g's 1e+06, which Megatron's type=int refuses; model_refusal)
         args += ["--position-embedding-type", "rope", "--rotary-base", str(int(m.rope_theta))]
@@ -944,7 +951,15 @@ def parse(text: str) -> Parsed:
     return Parsed(config=config, microbatches=gb // (W * b), layer_counts=counts, shared_expert_ffn_hidden=shared,
                   shared_expert_gate=bool(args.get("--moe-shared-expert-gate")), dense_layers=dense,
                   **_parse_routing(args), **_parse_latent(args), **_parse_window(args, L), **_parse_mlp(args),
-                  **_parse_heads(args, L))
+                  **_parse_heads(args, L), norm_eps=_parse_norm_eps(args))
+
+
+def _parse_norm_eps(args: dict[str, str | bool]) -> float | None:
+    """``--norm-epsilon`` (every norm's epsilon), None where the script leaves Megatron's default."""
+    eps = _value(args, "--norm-epsilon", float)
+    if eps is not None and not 0 < eps < 1:
+        raise ExportError(f"megatron script: --norm-epsilon {eps!r}: a number between 0 and 1")
+    return eps
 
 
 def _value(args: dict[str, str | bool], key: str, kind: type = int) -> Any:
