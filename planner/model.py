@@ -332,16 +332,8 @@ class ModelSpec(BaseModel):
         self._latent()
         if self.shared_expert_gate and self.shared_expert_ffn_hidden is None:
             raise ValueError("shared_expert_gate: only with a shared expert (shared_expert_ffn_hidden)")
-        if self.dense_layers:
-            wrong = [i for i in self.dense_layers if not 0 <= i < self.layers]
-            if wrong:
-                raise ValueError(f"dense_layers: {wrong[0]} is not a transformer layer (0 to {self.layers - 1})")
-            if len(set(self.dense_layers)) != len(self.dense_layers):
-                raise ValueError("dense_layers: a layer is listed twice")
-            if len(self.dense_layers) == self.layers:
-                raise ValueError("dense_layers: every layer is dense; a model without a mixture of experts leaves "
-                                 "experts out")
-            object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
+        self._layer_list("dense_layers", "every layer is dense; a model without a mixture of experts leaves experts "
+                                         "out")
         if not self.gated_mlp:
             glu = [name for name, on in (("glu_linear_offset", self.glu_linear_offset != 0.0),
                                          ("glu_clamp", self.glu_clamp is not None)) if on]
@@ -365,6 +357,21 @@ class ModelSpec(BaseModel):
                              "within it)")
         return self
 
+    def _layer_list(self, name: str, every: str) -> None:
+        """A field listing transformer layers (``dense_layers``, ``nope_layers``): each a layer, none twice, not every
+        layer (``every`` says why), kept sorted."""
+        listed: tuple[int, ...] = getattr(self, name)
+        if not listed:
+            return
+        wrong = [i for i in listed if not 0 <= i < self.layers]
+        if wrong:
+            raise ValueError(f"{name}: {wrong[0]} is not a transformer layer (0 to {self.layers - 1})")
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"{name}: a layer is listed twice")
+        if len(listed) == self.layers:
+            raise ValueError(f"{name}: {every}")
+        object.__setattr__(self, name, tuple(sorted(listed)))
+
     def _llama4(self) -> None:
         """The rules of Llama 4's attention and routing fields (transformers' ``Llama4TextAttention``,
         ``Llama4TextMoe``): each needs what it acts on."""
@@ -375,16 +382,8 @@ class ModelSpec(BaseModel):
         if given and (not rotary or self.mla):
             raise ValueError(f"{', '.join(given)}: only with rotary positions and standard attention (position "
                              "rotary, no kv_lora_rank)")
-        if self.nope_layers:
-            wrong = [i for i in self.nope_layers if not 0 <= i < self.layers]
-            if wrong:
-                raise ValueError(f"nope_layers: {wrong[0]} is not a transformer layer (0 to {self.layers - 1})")
-            if len(set(self.nope_layers)) != len(self.nope_layers):
-                raise ValueError("nope_layers: a layer is listed twice")
-            if len(self.nope_layers) == self.layers:
-                raise ValueError("nope_layers: every layer is without rotary positions; a model without them has "
-                                 "position none")
-            object.__setattr__(self, "nope_layers", tuple(sorted(self.nope_layers)))
+        self._layer_list("nope_layers", "every layer is without rotary positions; a model without them has position "
+                                        "none")
         if self.qk_l2_norm and self.qk_norm:
             raise ValueError("qk_l2_norm: not with qk_norm (the weighted norm of each head's query and key)")
         if self.attention_chunk is not None and self.sliding_window is not None:
