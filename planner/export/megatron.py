@@ -396,14 +396,22 @@ def parse_moe_layer_freq(text: str, layers: int | None) -> tuple[int, ...]:
     with ``i % N == 0``, Megatron-Core's ``moe_layer_pattern``) or a list expression (:func:`moe_layer_freq`;
     validated as Megatron does, then evaluated without ``eval``). Its length must be ``layers`` where known."""
     text = text.strip()
-    if re.fullmatch(r"\d+", text):
-        freq = int(text)
-        if freq < 1:
-            raise ExportError(f"megatron script: --moe-layer-freq {text}: a frequency of 1 or more")
-        if layers is None:
-            raise ExportError("megatron script: --moe-layer-freq as a frequency needs --num-layers")
-        return tuple(i for i in range(layers) if i % freq)
+    if (got := _frequency(text, "--moe-layer-freq", layers)) is not None:
+        freq, total = got
+        return tuple(i for i in range(total) if i % freq)
     return tuple(i for i, bit in enumerate(bit_list(text, "--moe-layer-freq", layers)) if bit == 0)
+
+
+def _frequency(text: str, flag: str, layers: int | None) -> tuple[int, int] | None:
+    """``text`` (stripped) as an integer frequency of 1 or more, with the ``layers`` it needs (``--num-layers``), or
+    None for a list expression."""
+    if not re.fullmatch(r"\d+", text):
+        return None
+    if int(text) < 1:
+        raise ExportError(f"megatron script: {flag} {text}: a frequency of 1 or more")
+    if layers is None:
+        raise ExportError(f"megatron script: {flag} as a frequency needs --num-layers")
+    return int(text), layers
 
 
 def parse_no_rope_freq(text: str, layers: int | None) -> tuple[int, ...]:
@@ -412,12 +420,8 @@ def parse_no_rope_freq(text: str, layers: int | None) -> tuple[int, ...]:
     (:func:`bit_list`; its length must be ``layers`` where known); refused where every layer is without them
     (ModelSpec's position none)."""
     text = text.strip()
-    if re.fullmatch(r"\d+", text):
-        n = int(text)
-        if n < 1:
-            raise ExportError(f"megatron script: --no-rope-freq {text}: a frequency of 1 or more")
-        if layers is None:
-            raise ExportError("megatron script: --no-rope-freq as a frequency needs --num-layers")
+    if (got := _frequency(text, "--no-rope-freq", layers)) is not None:
+        n, layers = got
         if layers % n:
             raise ExportError(f"megatron script: --no-rope-freq {n} does not divide the {layers} layers (Megatron-Core "
                               "asserts it)")
