@@ -69,19 +69,26 @@ def _profiles(srv: LiveServer) -> list[dict[str, Any]]:
         return c.get("/profiles?limit=1000").json()
 
 
-def test_upload_llama_config_selects_the_profile_and_plans(server: LiveServer, browser: Any,
-                                                           console: Console) -> None:
-    cid = _cluster_id(server, "dgx-h100-80gb")
+def _uploaded(server: LiveServer, browser: Any, console: Console, model: str, name: str) -> Any:
+    """A new page of the new-plan form on the DGX H100 cluster where ``examples/models/<model>/config.json`` was made
+    into the profile ``name`` at sequence 4096 (the status says "profile #" once it is)."""
     page = _page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#cluster", str(cid))
-    page.set_input_files("#hf-file", str(MODELS / "llama-3.1-8b" / "config.json"))
+    page.select_option("#cluster", str(_cluster_id(server, "dgx-h100-80gb")))
+    page.set_input_files("#hf-file", str(MODELS / model / "config.json"))
     page.fill("#hf-seq", "4096")
-    page.fill("#hf-name", "llama-3.1-8b-ui")
+    page.fill("#hf-name", name)
     page.click("#hf-make")
+    page.locator("#hf-status").filter(has_text="profile #").wait_for()
+    return page
+
+
+def test_upload_llama_config_selects_the_profile_and_plans(server: LiveServer, browser: Any,
+                                                           console: Console) -> None:
+    cid = _cluster_id(server, "dgx-h100-80gb")
+    page = _uploaded(server, browser, console, "llama-3.1-8b", "llama-3.1-8b-ui")
     status = page.locator("#hf-status")
-    status.filter(has_text="profile #").wait_for()
     made = [p for p in _profiles(server) if p["name"] == "llama-3.1-8b-ui"]
     assert len(made) == 1, made
     prof = made[0]
@@ -288,16 +295,7 @@ def test_upload_a_mixture_of_experts_with_a_shared_expert(server: LiveServer, br
     biased experts and router, the clamped gate; its 0.0 dropout sent as 0 by the browser) and OLMoE-1B-7B's (query and
     key norms over the whole projections, 64 experts): the profile is made with
     transformers' parameter count, and its plan on 16 H100s splits the experts (the e column)."""
-    cid = _cluster_id(server, "dgx-h100-80gb")
-    page = _page(browser, console)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#cluster", str(cid))
-    page.set_input_files("#hf-file", str(MODELS / model / "config.json"))
-    page.fill("#hf-seq", "4096")
-    page.fill("#hf-name", f"{model}-ui")
-    page.click("#hf-make")
-    page.locator("#hf-status").filter(has_text="profile #").wait_for()
+    page = _uploaded(server, browser, console, model, f"{model}-ui")
     made = [p for p in _profiles(server) if p["name"] == f"{model}-ui"]
     assert len(made) == 1 and made[0]["total_params"] == total, made
     assert page.locator("#hf-error").is_hidden()
@@ -318,16 +316,7 @@ def test_upload_llama_4_scout(server: LiveServer, browser: Any, console: Console
     every 4th layer, chunked attention, per-head L2 query/key norms, 16 experts top 1 with a shared one, routing weights
     on the experts' inputs): the profile is made with transformers' parameter count of ``Llama4ForCausalLM``
     (107,769,861,120) and its plan on 32 H100s shows candidates."""
-    cid = _cluster_id(server, "dgx-h100-80gb")
-    page = _page(browser, console)
-    page.goto(server.url + "/")
-    page.wait_for_selector('body[data-ready="1"]')
-    page.select_option("#cluster", str(cid))
-    page.set_input_files("#hf-file", str(MODELS / "llama-4-scout" / "config.json"))
-    page.fill("#hf-seq", "4096")
-    page.fill("#hf-name", "llama-4-scout-ui")
-    page.click("#hf-make")
-    page.locator("#hf-status").filter(has_text="profile #").wait_for()
+    page = _uploaded(server, browser, console, "llama-4-scout", "llama-4-scout-ui")
     made = [p for p in _profiles(server) if p["name"] == "llama-4-scout-ui"]
     assert len(made) == 1 and made[0]["total_params"] == 107_769_861_120, made
     assert page.locator("#hf-error").is_hidden()
