@@ -3,6 +3,8 @@ written Megatron-LM script's lines and flags, and the script edited."""
 
 from __future__ import annotations
 
+import pytest
+
 from planner.export import ExportInput
 from planner.export.common import EMBEDDING, HEAD, TRANSFORMER
 from planner.model import ModelSpec
@@ -38,3 +40,15 @@ def edited(text: str, drop: tuple[str, ...] = (), add: str = "") -> str:
     i = lines.index('    "$@"')
     return "\n".join([*lines[:i], *([f"    {add} \\"] if add else []), *lines[i:]]) + "\n"
 
+
+
+def assert_megatron_refuses(refused: list[tuple[str, str]]) -> None:
+    """Each ``(script, words)``: Megatron's parser refuses ``script`` with a "megatron script: " error holding
+    ``words``."""
+    from planner.export import ExportError
+    from planner.export.megatron import parse
+
+    for script, words in refused:
+        with pytest.raises(ExportError, match="megatron script: ") as err:
+            parse(script)
+        assert words in str(err.value), (words, str(err.value))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from api_support import megatron_export, plan_on_two_gpus, torchtitan_notes, upload_fixture
-from surfaces_support import edited, script_lines, two_stage_input
+from surfaces_support import assert_megatron_refuses, edited, script_lines, two_stage_input
 
 from planner.analytic import analytic_profile
 from planner.export import ExportError, ExportInput, export, parse
@@ -169,10 +169,7 @@ def test_megatron_parse_reads_what_megatron_runs() -> None:
         (edited(text, drop=("--quick-geglu", "--glu-linear-offset")),
          "--activation-func-clamp-value without --quick-geglu"),
     ]
-    for script, words in refused:
-        with pytest.raises(ExportError, match="megatron script: ") as err:
-            megatron_parse(script)
-        assert words in str(err.value), (words, str(err.value))
+    assert_megatron_refuses(refused)
 
 
 def test_megatron_export_of_an_analytical_profile() -> None:
