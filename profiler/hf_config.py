@@ -103,6 +103,21 @@ refused (``Llama4TextAttention`` then biases the output projection too and no ML
 ``qkv_bias``). Scout's published ``attn_temperature_tuning`` is the whole number 4, which transformers 5's strict
 ``Llama4TextConfig`` refuses (it declares a bool, and its attention only tests the value's truth): a whole number
 there is read as its truth (:data:`FLAGS_AS_INTS`).
+
+SmolLM3 (``smollm3``: :func:`_smollm3`; transformers' ``SmolLM3Config``, ``SmolLM3Attention``; the model card of
+HuggingFaceTB/SmolLM3-3B) is Llama's layer -- rotate-half rotary positions, grouped-query attention, a SwiGLU MLP,
+RMSNorm, the head tied to the embedding -- with no rotary positions on the layers whose ``no_rope_layers`` entry is 0
+(``nope_layers``; ``SmolLM3Config`` derives the list from ``no_rope_layer_interval``, 4 by default: layers 3, 7, ...,
+as Llama 4's); nothing else of Llama 4's (no pairs, no query/key norm, no chunks, no temperature).
+``SmolLM3Config`` documents a list "with at least the same length as the number of layers": entries past the last
+layer are read by nothing and allowed, a shorter list refused naming the field (transformers fails on it). Its window
+(``use_sliding_window`` with a ``sliding_window``) goes to the NoPE layers only (``layer_types`` "sliding_attention"
+where ``no_rope_layers`` is 0), a pattern ``sliding_window``/``global_every`` cannot say: refused naming
+``use_sliding_window`` (SmolLM3-3B has none); ``layer_types`` other than transformers' own reading of those fields is
+refused too (its eager mask and its flash kernel would disagree), and ``max_window_layers``, which some published
+files carry over from Qwen2's, is read by neither ``SmolLM3Config`` nor its model. ``attention_bias`` biases the
+query, key, value and output projections, ``mlp_bias`` the MLP's: one without the other is refused (ModelSpec's
+``bias`` is every linear layer's or none).
 """
 
 from __future__ import annotations
@@ -123,7 +138,7 @@ from planner.model import ModelSpec
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
                "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe", "olmo2", "olmo3", "olmoe",
-               "llama4_text")
+               "llama4_text", "smollm3")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -204,6 +219,9 @@ SUPPORTED = LLAMA_TYPES + GPT2_TYPES
 #: model types refused with the reason (what ModelSpec has no field for), from each one's configuration and modeling
 #: code in transformers 5 (none at present: Llama 4, once here, is read)
 UNSUPPORTED_WHY: dict[str, str] = {}
+
+#: ModelSpec fields of a Llama-family type without experts -> the config.json field each comes from (errors name it)
+TYPE_FIELDS = {"smollm3": {"nope_layers": "no_rope_layers", "bias": "attention_bias"}}
 
 #: ModelSpec field -> the config.json field it comes from (for error messages)
 HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
@@ -400,6 +418,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             spec.update(_olmo(cfg, model_type))
         if model_type == "llama4_text":
             spec.update(_llama4(cfg))
+        if model_type == "smollm3":
+            spec.update(_smollm3(cfg))
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
             spec["rotary_dim"] = _rotary_dim(rotary, spec.get("head_dim") or cfg.hidden_size // cfg.num_attention_heads)
@@ -433,10 +453,11 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
 
 def hf_fields(model_type: str) -> dict[str, str]:
     """ModelSpec field -> the config.json field it comes from, for ``model_type`` (errors name the file's field):
-    :data:`HF_FIELDS`, GPT-2's :data:`GPT2_FIELDS`, and a mixture of experts' :data:`MOE_FIELDS` too."""
+    :data:`HF_FIELDS`, GPT-2's :data:`GPT2_FIELDS`, and a mixture of experts' :data:`MOE_FIELDS` or another type's
+    :data:`TYPE_FIELDS` too."""
     if model_type in GPT2_TYPES:
         return GPT2_FIELDS
-    return {**HF_FIELDS, **MOE_FIELDS.get(model_type, {})}
+    return {**HF_FIELDS, **MOE_FIELDS.get(model_type, {}), **TYPE_FIELDS.get(model_type, {})}
 
 
 def _head_dim(cfg: Any, model_type: str) -> int | None:
@@ -576,11 +597,7 @@ def _llama4(cfg: Any) -> dict[str, Any]:
                                               "value and output projections and no MLP; ModelSpec's bias is every "
                                               "linear layer's or none, its qkv_bias the query, key and value's only")
     layers = cfg.num_hidden_layers
-    rope = getattr(cfg, "no_rope_layers", None)
-    if not isinstance(rope, (list, tuple)) or len(rope) != layers \
-            or any(isinstance(r, bool) or r not in (0, 1) for r in rope):
-        raise HFConfigError("no_rope_layers", f"one entry per layer ({layers}, num_hidden_layers), 1 for rotary "
-                                              f"positions and 0 for none, got {rope!r:.80}")
+    nope = _nope_layers(cfg)
     moe = getattr(cfg, "moe_layers", None)
     if not isinstance(moe, (list, tuple)) or any(jsondoc.integer(i) is None for i in moe):
         raise HFConfigError("moe_layers", f"a list of layer numbers, got {moe!r:.60}")
@@ -594,14 +611,11 @@ def _llama4(cfg: Any) -> dict[str, Any]:
     if chunk is not None and (jsondoc.integer(chunk) or 0) < 1:
         raise HFConfigError("attention_chunk_size", f"a whole number of 1 or more (or null: no chunks), got "
                                                     f"{chunk!r:.40}")
-    expected = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
-    types = list(getattr(cfg, "layer_types", None) or expected)
-    if types != expected:
-        raise HFConfigError("layer_types", f"{types!r:.80}: planned as Llama 4's chunked attention on the layers "
-                            "with rotary positions and full attention on those without (no_rope_layers 0) where "
-                            "attention_chunk_size is set, full attention everywhere where it is null; given another "
-                            "pattern, not supported")
-    nope = [i for i, r in enumerate(rope) if r == 0]
+    _layer_types_as(cfg, ["chunked_attention" if i not in nope and chunk is not None else "full_attention"
+                          for i in range(layers)],
+                    "Llama 4's chunked attention on the layers with rotary positions and full attention on those "
+                    "without (no_rope_layers 0) where attention_chunk_size is set, full attention everywhere where it "
+                    "is null")
     temperature = None
     if _flag(cfg, "attn_temperature_tuning", True) and nope:
         floor, scale = getattr(cfg, "floor_scale", None), getattr(cfg, "attn_scale", None)
@@ -617,6 +631,82 @@ def _llama4(cfg: Any) -> dict[str, Any]:
             "dense_layers": [i for i in range(layers) if i not in moe], "nope_layers": nope,
             "rope_interleaved": True, "qk_l2_norm": _flag(cfg, "use_qk_norm", True), "attention_chunk": chunk,
             "query_temperature": temperature, "bias": False, "qkv_bias": False}
+
+
+def _nope_layers(cfg: Any, longer: bool = False) -> list[int]:
+    """The layers without rotary positions of ``cfg``'s ``no_rope_layers`` (Llama 4's and SmolLM3's, given or derived
+    by their configs from ``no_rope_layer_interval``: ``Llama4TextAttention`` and ``SmolLM3Attention`` rotate layer
+    ``i``'s queries and keys where ``no_rope_layers[i]`` is 1, not where it is 0): one 0 or 1 per layer, else refused
+    naming the field; with ``longer``, entries past the last layer are allowed and unread (``SmolLM3Config``: "at
+    least the same length as the number of layers")."""
+    layers = cfg.num_hidden_layers
+    rope = getattr(cfg, "no_rope_layers", None)
+    if not isinstance(rope, (list, tuple)) or len(rope) < layers or (len(rope) > layers and not longer) \
+            or any(isinstance(r, bool) or r not in (0, 1) for r in rope):
+        each = "at least one entry per layer" if longer else "one entry per layer"
+        raise HFConfigError("no_rope_layers", f"{each} ({layers}, num_hidden_layers), 1 for rotary positions and 0 "
+                                              f"for none, got {rope!r:.80}")
+    return [i for i in range(layers) if rope[i] == 0]
+
+
+def _no_rope_given(data: dict[str, Any], model_type: str, prefix: str = "") -> None:
+    """A config.json's ``no_rope_layers`` and ``no_rope_layer_interval`` where transformers' configuration fails on
+    them, refused naming the field first (``prefix``: where they are): a list of another length than
+    ``num_hidden_layers`` (Llama 4, whose empty list is the default's; its own check names the ``layer_types`` it
+    derives) or a shorter one (SmolLM3: ``SmolLM3Config`` indexes it by layer); an interval that is not a whole number
+    of 1 or more where the config derives the list from it (Llama 4's always, SmolLM3's without a list: ``(layer_idx
+    + 1) % no_rope_layer_interval``)."""
+    rope, layers = data.get("no_rope_layers"), data.get("num_hidden_layers")
+    longer = model_type == "smollm3"
+    if isinstance(rope, list) and (rope or longer) and isinstance(layers, int) \
+            and (len(rope) < layers if longer else len(rope) != layers):
+        each = "at least one per layer" if longer else "one per layer"
+        raise HFConfigError(prefix + "no_rope_layers", f"{len(rope)} entries for {layers!r:.20} layers "
+                                                       f"(num_hidden_layers): {each}, 1 for rotary positions and 0 "
+                                                       "for none")
+    step = data.get("no_rope_layer_interval")
+    if step is not None and (rope is None or not longer) and (jsondoc.integer(step) or 0) < 1:
+        raise HFConfigError(prefix + "no_rope_layer_interval", f"a whole number of 1 or more (every n-th layer has no "
+                                                               f"rotary positions), got {step!r:.40}")
+
+
+def _layer_types_as(cfg: Any, expected: list[str], planned_as: str) -> None:
+    """``cfg``'s ``layer_types`` (given, or its config's own reading of the other fields) refused naming the field
+    where it is not ``expected``, what the reader plans (``planned_as`` says it in words)."""
+    types = list(getattr(cfg, "layer_types", None) or expected)
+    if types != expected:
+        raise HFConfigError("layer_types", f"{types!r:.80}: planned as {planned_as}; given another pattern, not "
+                                           "supported")
+
+
+def _smollm3(cfg: Any) -> dict[str, Any]:
+    """SmolLM3's fields of ``spec`` (module docstring) as transformers' ``SmolLM3ForCausalLM`` builds and runs them:
+    ``SmolLM3Attention`` rotates (``apply_rotary_pos_emb``, rotate-half) where ``use_rope = no_rope_layers[layer_idx]``
+    is 1 and attends by content alone where it is 0 (``nope_layers``); its projections carry ``attention_bias``,
+    ``SmolLM3MLP``'s ``mlp_bias``; ``SmolLM3Config`` makes a layer "sliding_attention" where ``use_sliding_window``, a
+    ``sliding_window`` and ``no_rope_layers`` 0 meet, and the attention windows it where ``use_sliding_window`` and
+    ``layer_types`` say so. Refused naming the field: one bias without the other, a window (on the NoPE layers only),
+    ``layer_types`` other than that reading."""
+    attention_bias, mlp_bias = _flag(cfg, "attention_bias"), _flag(cfg, "mlp_bias")
+    if attention_bias != mlp_bias:
+        raise HFConfigError("attention_bias" if attention_bias else "mlp_bias",
+                            f"true without {'mlp_bias' if attention_bias else 'attention_bias'}: transformers' "
+                            "SmolLM3Attention biases the query, key, value and output projections with "
+                            "attention_bias, SmolLM3MLP its three with mlp_bias; ModelSpec's bias is every linear "
+                            "layer's or none, its qkv_bias the query, key and value's only")
+    layers = cfg.num_hidden_layers
+    nope = _nope_layers(cfg, longer=True)
+    window = getattr(cfg, "sliding_window", None)
+    windowed = _flag(cfg, "use_sliding_window") and window is not None
+    _layer_types_as(cfg, ["sliding_attention" if windowed and i in nope else "full_attention" for i in range(layers)],
+                    "SmolLM3Config's own reading: a window on the layers without rotary positions (no_rope_layers "
+                    "0) where use_sliding_window and a sliding_window are set, full attention elsewhere")
+    if windowed and nope:
+        raise HFConfigError("use_sliding_window", f"true with sliding_window {window!r:.20}: transformers' "
+                            f"SmolLM3Config windows the layers without rotary positions ({nope[0]}, ...: "
+                            "no_rope_layers 0) and no other; a window on some layers is planned on all but every "
+                            "n-th one (sliding_window, global_every): not supported (SmolLM3-3B has none)")
+    return {"nope_layers": nope}
 
 
 def _qkv_bias(cfg: Any, model_type: str) -> bool:
@@ -846,6 +936,8 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
     moe_required = (*MOE_REQUIRED, *(("shared_expert_ffn_hidden",) if model_type == "qwen2_moe" else ()))
     if model_type == "llama4_text":
         _llama4_required(data)
+    if model_type == "smollm3":
+        _no_rope_given(data, model_type)
     if model_type in (*DEEPSEEK_TYPES, "glm4_moe"):
         for theirs in DEEPSEEK_REQUIRED if model_type in DEEPSEEK_TYPES else GLM_REQUIRED:
             if theirs not in data:
@@ -877,8 +969,8 @@ def _llama4_required(data: dict[str, Any], prefix: str = "") -> None:
     """The fields a Llama 4 language model's config must state (the module docstring: transformers' defaults are
     Scout's): those every Llama-family file must, its mixture of experts' (:data:`MOE_FIELDS`), :data:`LLAMA4_REQUIRED`,
     and ``moe_layers`` or ``interleave_moe_layer_step`` (a whole number of 1 or more); a ``no_rope_layers`` list of
-    another length than ``num_hidden_layers`` is refused here, naming it (transformers' own check names the
-    ``layer_types`` it derives from it). ``prefix`` names where they are (``text_config.`` in a multimodal config)."""
+    another length than ``num_hidden_layers`` or a ``no_rope_layer_interval`` below 1 is refused here, naming it
+    (:func:`_no_rope_given`). ``prefix`` names where they are (``text_config.`` in a multimodal config)."""
     if not isinstance(data, dict):
         raise HFConfigError(prefix.rstrip(".") or "config", "expected a JSON object")
     names = hf_fields("llama4_text")
@@ -888,11 +980,7 @@ def _llama4_required(data: dict[str, Any], prefix: str = "") -> None:
             raise HFConfigError(prefix + theirs, "missing: the model's shape must be stated (transformers would fill "
                                                  "in its llama4_text default, Llama 4 Scout's, another model than "
                                                  "yours)")
-    rope, layers = data.get("no_rope_layers"), data.get("num_hidden_layers")
-    if isinstance(rope, list) and rope and len(rope) != layers:
-        raise HFConfigError(prefix + "no_rope_layers", f"{len(rope)} entries for {layers!r:.20} layers "
-                                                       "(num_hidden_layers): one per layer, 1 for rotary positions "
-                                                       "and 0 for none")
+    _no_rope_given(data, "llama4_text", prefix)
     step = data.get("interleave_moe_layer_step")
     if data.get("moe_layers") is None:
         if step is None:

@@ -39,6 +39,8 @@ PUBLISHED = {
     # device (107,769,861,120 and 400,711,848,960); Meta's cards' 109B and 400B add the vision tower and projector
     "llama-4-scout": (107.77, 0.005),
     "llama-4-maverick": (400.71, 0.005),
+    # the card's "3B"; transformers' SmolLM3ForCausalLM of the file: 3,075,098,624 (tests/test_smollm3.py)
+    "smollm3-3b": (3.075, 0.0005),
 }
 
 
