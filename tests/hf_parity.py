@@ -21,12 +21,13 @@ def randn(t: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
 
 def built(spec: ModelSpec, make_hf: Callable[[], nn.Module]) -> tuple[ModelConfig, list[nn.Module], nn.Module]:
     """The config of ``spec``, our layers of it (seed 2) and transformers' model ``make_hf()`` (built after them),
-    both float64 in eval mode; the same parameter count, ModelSpec's."""
+    both float64 in eval mode; the same parameter count, ModelSpec's (a tied head's weight, the embedding's one
+    Parameter, counted once, as transformers' model counts its tied ``lm_head``)."""
     cfg = get_config(spec)
     layers = [m.double().eval() for m in build_layers(cfg, seed=2)]
     hf = make_hf().double().eval()
-    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params() == sum(
-        p.numel() for m in layers for p in m.parameters())
+    ours = {id(p): p for m in layers for p in m.parameters()}
+    assert sum(p.numel() for p in hf.parameters()) == cfg.total_params() == sum(p.numel() for p in ours.values())
     return cfg, layers, hf
 
 
