@@ -23,7 +23,8 @@ ModelSpec                   Llama, Mistral, Qwen2/3, Phi-3,      GPT-2
 ==========================  ===================================  =====================================
 
 Llama-family models have a gated MLP (SwiGLU with ``hidden_act`` silu), RMSNorm and rotary positions; Qwen2 carries
-biases on the query/key/value projections only; Qwen3 has none (unless ``attention_bias``) and normalises each head's
+biases on the query/key/value projections only; Qwen3 has none (``attention_bias`` would bias its output projection
+too, which no ModelSpec says without MLP biases: refused, :data:`OUTPUT_BIAS_TYPES`) and normalises each head's
 query and key (``qk_norm``: ``q_norm``/``k_norm`` in its modeling code); Phi-3 is Llama's computation with the
 query/key/value and the gate/up projections stored fused (``qkv_proj``, ``gate_up_proj``: the same parameters), and a
 ``partial_rotary_factor`` below 1 (Phi-4-mini) rotates the first ``rotary_dim`` of each head; Gemma scales its
@@ -223,6 +224,15 @@ UNSUPPORTED_WHY: dict[str, str] = {}
 #: ModelSpec fields of a Llama-family type without experts -> the config.json field each comes from (errors name it)
 TYPE_FIELDS = {"smollm3": {"nope_layers": "no_rope_layers", "bias": "attention_bias"}}
 
+#: types whose ``attention_bias`` biases the output projection as well as the query, key and value (transformers'
+#: ``LlamaAttention``, ``Qwen3Attention``, ``GemmaAttention``...: ``o_proj`` with ``bias=config.attention_bias``); with
+#: ``mlp_bias`` (Llama's) every linear layer has one (``ModelSpec.bias``), without it no ModelSpec says it: refused.
+#: GLM-4.5's biases q, k and v only (``qkv_bias``; DeepSeek's latent attention takes none: ModelSpec refuses it)
+OUTPUT_BIAS_TYPES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "olmo2", "olmo3", "olmoe")
+#: types whose attention reads no ``attention_bias`` (Mistral's, Mixtral's and Phi-3's projections are unbiased, Qwen2's
+#: q, k and v always biased, Qwen2 MoE's by its ``qkv_bias``): a file's is ignored, as transformers ignores it
+NO_ATTENTION_BIAS = ("mistral", "mixtral", "phi3", "qwen2", "qwen2_moe")
+
 #: ModelSpec field -> the config.json field it comes from (for error messages)
 HF_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
              "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn_hidden": "intermediate_size",
@@ -397,11 +407,17 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
     else:
         attention_bias = bool(getattr(cfg, "attention_bias", False))
         mlp_bias = bool(getattr(cfg, "mlp_bias", False))
+        if model_type in OUTPUT_BIAS_TYPES and attention_bias and not mlp_bias:
+            raise HFConfigError("attention_bias", f"true without mlp_bias: transformers' {model_type} attention then "
+                                "biases its output projection too (o_proj, bias=attention_bias) and no MLP; "
+                                "ModelSpec's bias is every linear layer's, its qkv_bias the query, key and value's "
+                                "only")
         spec = dict(common, kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
                     head_dim=_head_dim(cfg, model_type), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
                     position="rotary", bias=attention_bias and mlp_bias,
-                    qkv_bias=model_type == "qwen2" or attention_bias or _qkv_bias(cfg, model_type),
+                    qkv_bias=model_type == "qwen2" or (attention_bias and model_type not in NO_ATTENTION_BIAS)
+                    or _qkv_bias(cfg, model_type),
                     rope_theta=_rope_theta(cfg), norm_eps=_norm_eps(cfg, "rms_norm_eps"),
                     qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"))
         if model_type in MOE_TYPES:

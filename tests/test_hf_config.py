@@ -610,3 +610,25 @@ def test_norm_epsilon_is_read() -> None:
         with pytest.raises(HFConfigError) as err:
             spec_from_hf_dict(_llama(rms_norm_eps=bad), "l")
         assert err.value.field == "rms_norm_eps", str(err.value)
+
+
+@pytest.mark.parametrize("fixture", ["tiny-llama", "tiny-qwen3", "tiny-gemma2", "tiny-qwen3-moe", "tiny-olmo2"])
+def test_attention_bias_without_mlp_bias_is_refused_where_it_biases_the_output(fixture: str) -> None:
+    """Where transformers' attention takes ``attention_bias`` for its output projection too (Llama, Qwen3, Gemma, OLMo:
+    ``o_proj`` with ``bias=config.attention_bias``), the file's attention biases without MLP biases are refused naming
+    the field: planned as query/key/value biases only, the model would lack the output's (it was, silently)."""
+    with pytest.raises(HFConfigError, match="attention_bias: true without mlp_bias") as err:
+        spec_from_hf_dict(_tiny(fixture, attention_bias=True))
+    assert err.value.field == "attention_bias"
+
+
+def test_attention_bias_read_as_transformers_reads_it() -> None:
+    """Llama's with mlp_bias: every linear layer biased; Mistral's attention reads no attention_bias (its projections
+    are unbiased whatever the file says), so the file's is ignored; GLM-4.5's biases q, k and v only."""
+    both = spec_from_hf_dict(_tiny("tiny-llama", attention_bias=True, mlp_bias=True))
+    assert both.bias and both.total_params() > spec_from_hf_dict(_tiny("tiny-llama")).total_params()
+    mistral = _tiny("tiny-llama", model_type="mistral", attention_bias=True)
+    mistral.pop("mlp_bias", None)
+    assert not spec_from_hf_dict(mistral).qkv_bias
+    glm = spec_from_hf_dict(_tiny("tiny-glm4-moe", attention_bias=True))
+    assert glm.qkv_bias and not glm.bias
