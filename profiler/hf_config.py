@@ -118,6 +118,24 @@ where ``no_rope_layers`` is 0), a pattern ``sliding_window``/``global_every`` ca
 refused too (its eager mask and its flash kernel would disagree), and ``max_window_layers``, which some published
 files carry over from Qwen2's, is read by neither ``SmolLM3Config`` nor its model. ``attention_bias`` biases the
 query, key, value and output projections, ``mlp_bias`` the MLP's: one without the other is refused (ModelSpec's
+
+MiniMax-M2 (``minimax_m2``: :func:`_minimax_m2`; transformers' ``MiniMaxM2Config``, ``MiniMaxM2Attention``,
+``MiniMaxM2SparseMoeBlock``, ``MiniMaxM2TopKRouter``; the model card of MiniMaxAI/MiniMax-M2) is grouped-query
+attention without biases (``head_dim`` 128 with 48 heads over a hidden 3072: ``a d != h``, as GLM-4.5's), one RMSNorm
+over the whole query projection and one over the whole key projection before the rotary (OLMo 2's ``qk_norm_scope``
+projection; pre-norm), the first ``rotary_dim`` of each head rotated (the legacy field, which ``MiniMaxM2Config``
+turns into rope_parameters' ``partial_rotary_factor``: ``rotary_dim``, as GLM-4.5's), and a mixture of
+``num_local_experts`` SwiGLU experts of ``intermediate_size`` on every layer, routed as DeepSeek-V3 without groups,
+scaling nor a shared expert: sigmoid scores, the top ``num_experts_per_tok`` of the scores plus the per-expert
+``e_score_correction_bias`` (``router_bias``, ``use_routing_bias``), the chosen scores renormalised
+(``normalize_topk``, always). transformers' defaults are MiniMax-M2's own: the key/value heads and ``head_dim`` must
+be stated besides the others (:data:`MINIMAX_REQUIRED`). The published file's own switches, which transformers'
+model does not read (it always builds the projection norms, sigmoid routing, no shared expert, full attention, no
+biases), are checked to say so, else refused naming the field: ``use_qk_norm``, ``qk_norm_type`` ("per_layer"),
+``scoring_func``, ``shared_intermediate_size`` (0), ``attn_type_list`` (1, full attention, on every layer: 0 was
+MiniMax-Text-01's lightning attention); ``attention_bias`` and ``mlp_bias`` are ignored, as transformers ignores them
+(:data:`OUTPUT_BIAS_TYPES`' note). Its multi-token prediction modules (``use_mtp``, ``num_mtp_modules``) are noted as
+not planned (transformers does not build them); its ``mlp_intermediate_size`` is read by nothing.
 ``bias`` is every linear layer's or none).
 """
 
@@ -139,7 +157,7 @@ from planner.model import ModelSpec
 #: model_type -> family of the mapping above (the mixtures of experts' attention and norms are Mistral's and Qwen3's)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
                "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe", "olmo2", "olmo3", "olmoe",
-               "llama4_text", "smollm3")
+               "llama4_text", "smollm3", "minimax_m2")
 #: Llama-family types whose MLP is a mixture of experts (every layer's): ModelSpec field -> config.json field
 MOE_FIELDS = {
     "mixtral": {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
@@ -189,6 +207,15 @@ MOE_FIELDS["llama4_text"] = {"experts": "num_local_experts", "experts_per_token"
 #: ``num_key_value_heads`` and ``head_dim`` default to Scout's 8 and 128, not to the heads and hidden / heads); one of
 #: ``moe_layers`` and ``interleave_moe_layer_step`` too (transformers' default puts experts in every layer)
 LLAMA4_REQUIRED = ("num_key_value_heads", "head_dim")
+#: MiniMax-M2 (:func:`_minimax_m2`): its experts are intermediate_size wide (every layer's MLP; ffn_hidden, the dense
+#: width, is the same field and unused), its partial rotary the legacy rotary_dim
+MOE_FIELDS["minimax_m2"] = {"experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                            "expert_ffn_hidden": "intermediate_size", "rotary_dim": "rotary_dim",
+                            "router_bias": "use_routing_bias", "router_score": "scoring_func",
+                            "qk_norm": "use_qk_norm", "qk_norm_scope": "qk_norm_type"}
+#: the fields a MiniMax-M2 config.json must state besides the others' (``MiniMaxM2Config`` defaults its
+#: ``num_key_value_heads`` and ``head_dim`` to MiniMax-M2's 8 and 128, not to the heads and hidden / heads)
+MINIMAX_REQUIRED = ("num_key_value_heads", "head_dim")
 #: boolean fields a published config.json states as a whole number (Llama-4-Scout-17B-16E's ``attn_temperature_tuning``
 #: 4), which transformers 5's strict configuration classes refuse: read as its truth, as the modeling code tests it
 FLAGS_AS_INTS = {"llama4_text": ("attn_temperature_tuning",)}
@@ -436,6 +463,8 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
             spec.update(_llama4(cfg))
         if model_type == "smollm3":
             spec.update(_smollm3(cfg))
+        if model_type == "minimax_m2":
+            spec.update(_minimax_m2(cfg, notes))
         rotary = _partial_rotary(cfg)
         if rotary != 1.0:
             spec["rotary_dim"] = _rotary_dim(rotary, spec.get("head_dim") or cfg.hidden_size // cfg.num_attention_heads)
@@ -725,6 +754,73 @@ def _smollm3(cfg: Any) -> dict[str, Any]:
     return {"nope_layers": nope}
 
 
+def _minimax_m2_given(data: dict[str, Any]) -> None:
+    """A MiniMax-M2 config.json's ``rotary_dim`` where transformers would take it and plan something else, refused
+    naming it: ``MiniMaxM2Config.convert_rope_params_to_dict`` divides it by ``head_dim`` into rope_parameters'
+    ``partial_rotary_factor`` whatever it is (a string fails there, 0, an odd number or one beyond the head give a
+    factor the rotary table cannot be built of); a whole, even number from 2 to ``head_dim`` is read."""
+    rotary, d = data.get("rotary_dim"), data.get("head_dim")
+    if rotary is None:
+        return
+    number = jsondoc.integer(rotary)
+    if number is None or number < 2 or number % 2:
+        raise HFConfigError("rotary_dim", f"a whole, even number of 2 or more (the dimensions of each head rotary "
+                                          f"positions turn), got {rotary!r:.40}")
+    if jsondoc.integer(d) is not None and number > d:
+        raise HFConfigError("rotary_dim", f"{number} is more than the head's dimensions: at most head_dim ({d})")
+
+
+def _minimax_m2(cfg: Any, notes: list[str]) -> dict[str, Any]:
+    """MiniMax-M2's fields of ``spec`` (module docstring) as transformers' ``MiniMaxM2ForCausalLM`` builds and runs
+    them: ``MiniMaxM2Attention`` (q, k, v and o without biases; ``q_norm`` a ``MiniMaxM2RMSNorm`` of
+    ``num_attention_heads * head_dim`` on ``q_proj(x)``, ``k_norm`` of ``num_key_value_heads * head_dim`` on
+    ``k_proj(x)``, before the split into heads and the rotary: ``qk_norm_scope`` projection), ``apply_rotary_pos_emb``
+    on each head's first ``int(head_dim * partial_rotary_factor)`` dimensions (``rotary_dim``, read with the others),
+    ``MiniMaxM2SparseMoeBlock`` on every layer (no shared expert) with ``MiniMaxM2TopKRouter`` (sigmoid of the router's
+    logits; ``topk`` of the sigmoids plus ``e_score_correction_bias``; the chosen sigmoids divided by their sum) and
+    the pre-norm ``MiniMaxM2DecoderLayer``. The file's switches transformers does not read are refused naming the
+    field where they say another model (``use_qk_norm`` false, a ``qk_norm_type`` other than per_layer, a
+    ``scoring_func`` other than sigmoid, a shared expert, an ``attn_type_list`` entry other than 1); a file's
+    ``attention_bias`` and ``mlp_bias`` are ignored, as transformers ignores them (no linear layer has a bias);
+    ``use_routing_bias`` false drops the bias of the choice (transformers' buffer then stays at its zeros: the same
+    function); a ``rotary_dim`` and a ``partial_rotary_factor`` that disagree are refused (transformers keeps the
+    factor). The multi-token prediction modules (``use_mtp``, ``num_mtp_modules``) are noted as not planned."""
+    if not _flag(cfg, "use_qk_norm", True):
+        raise HFConfigError("use_qk_norm", "false: transformers' MiniMaxM2Attention norms the query and key "
+                                           "projections whatever it says (q_norm and k_norm, always built); a model "
+                                           "without them is not planned as MiniMax-M2")
+    scope = getattr(cfg, "qk_norm_type", "per_layer")
+    if scope != "per_layer":
+        raise HFConfigError("qk_norm_type", f"{scope!r:.40}: transformers' MiniMaxM2Attention norms the whole query "
+                                            "and key projections of each layer (per_layer: qk_norm_scope projection) "
+                                            "whatever it says")
+    score = getattr(cfg, "scoring_func", "sigmoid")
+    if score != "sigmoid":
+        raise HFConfigError("scoring_func", f"{score!r:.40}: transformers' MiniMaxM2TopKRouter scores each expert by "
+                                            "the sigmoid of its logit whatever it says")
+    shared = getattr(cfg, "shared_intermediate_size", 0) or 0
+    if any(w != 0 for w in (shared if isinstance(shared, (list, tuple)) else [shared])):
+        raise HFConfigError("shared_intermediate_size", f"{shared!r:.40}: transformers' MiniMaxM2SparseMoeBlock builds "
+                                                        "no shared expert (0, as MiniMax-M2's)")
+    types = getattr(cfg, "attn_type_list", None)
+    if types is not None and (not isinstance(types, (list, tuple)) or any(
+            isinstance(t, bool) or t != 1 for t in types)):
+        raise HFConfigError("attn_type_list", f"{types!r:.60}: transformers' MiniMaxM2 runs full attention on every "
+                                              "layer (1; 0 is MiniMax-Text-01's lightning attention, not planned)")
+    rotary, d = getattr(cfg, "rotary_dim", None), getattr(cfg, "head_dim", None)
+    factor = _partial_rotary(cfg)
+    if rotary is not None and isinstance(d, int) and int(d * factor) != rotary:
+        raise HFConfigError("rotary_dim", f"{rotary} of each head's {d} dimensions, but rope_parameters' "
+                                          f"partial_rotary_factor {factor:g} rotates {int(d * factor)} (transformers "
+                                          "keeps the factor): give one of the two, or both agreeing")
+    modules = getattr(cfg, "num_mtp_modules", 0) or 0
+    if _flag(cfg, "use_mtp") and jsondoc.integer(modules):
+        notes.append(f"num_mtp_modules ({modules}): the multi-token prediction modules are not planned (transformers "
+                     "does not build them)")
+    return {"qk_norm": True, "qk_norm_scope": "projection", "post_norm": False, "router_score": "sigmoid",
+            "router_bias": _flag(cfg, "use_routing_bias", True), "bias": False, "qkv_bias": False}
+
+
 def _qkv_bias(cfg: Any, model_type: str) -> bool:
     """Qwen2 MoE's ``qkv_bias`` (``Qwen2MoeAttention``'s q, k and v projections; transformers 5's default true,
     before it always on); False for other types."""
@@ -756,17 +852,17 @@ def _dense_layers(cfg: Any, layers: object, experts: object) -> list[int]:
 
 def _moe(cfg: Any, model_type: str, notes: list[str]) -> dict[str, Any]:
     """The mixture-of-experts fields of ``spec`` (module docstring's second table) for a :data:`MOE_TYPES` config:
-    Mixtral's experts are ``intermediate_size`` wide and their top-k weights always renormalised
-    (``MixtralTopKRouter.forward``); Qwen3 MoE's are ``moe_intermediate_size`` wide, renormalised with
-    ``norm_topk_prob`` (``Qwen3MoeTopKRouter``), and a layer is dense where ``Qwen3MoeDecoderLayer`` builds a
-    ``Qwen3MoeMLP`` (``layer_idx in mlp_only_layers`` or ``(layer_idx + 1) % decoder_sparse_step``): refused, as a
-    top-k beyond the experts (``torch.topk`` would fail in the model's forward)."""
+    Mixtral's and MiniMax-M2's experts are ``intermediate_size`` wide and their top-k weights always renormalised
+    (``MixtralTopKRouter.forward``, ``MiniMaxM2TopKRouter.forward``); Qwen3 MoE's are ``moe_intermediate_size`` wide,
+    renormalised with ``norm_topk_prob`` (``Qwen3MoeTopKRouter``), and a layer is dense where ``Qwen3MoeDecoderLayer``
+    builds a ``Qwen3MoeMLP`` (``layer_idx in mlp_only_layers`` or ``(layer_idx + 1) % decoder_sparse_step``): refused,
+    as a top-k beyond the experts (``torch.topk`` would fail in the model's forward)."""
     names = MOE_FIELDS[model_type]
     experts, top_k = getattr(cfg, names["experts"], None), getattr(cfg, "num_experts_per_tok", None)
     if isinstance(experts, int) and isinstance(top_k, int) and 0 < experts < top_k:
         raise HFConfigError("num_experts_per_tok", f"{top_k} is more than the {experts} experts "
                                                    f"({names['experts']}): a token is routed to k of them")
-    normalize = True if model_type == "mixtral" else _flag(cfg, "norm_topk_prob")
+    normalize = True if model_type in ("mixtral", "minimax_m2") else _flag(cfg, "norm_topk_prob")
     jitter = getattr(cfg, "router_jitter_noise", None) or 0.0
     number = jsondoc.number(jitter)
     if number is None or number < 0:
@@ -954,8 +1050,10 @@ def spec_from_hf_dict(data: dict[str, Any], name: str = "hf-model", seq: int | N
         _llama4_required(data)
     if model_type == "smollm3":
         _no_rope_given(data, model_type)
-    if model_type in (*DEEPSEEK_TYPES, "glm4_moe"):
-        for theirs in DEEPSEEK_REQUIRED if model_type in DEEPSEEK_TYPES else GLM_REQUIRED:
+    if model_type == "minimax_m2":
+        _minimax_m2_given(data)
+    if model_type in (*DEEPSEEK_TYPES, "glm4_moe", "minimax_m2"):
+        for theirs in {"glm4_moe": GLM_REQUIRED, "minimax_m2": MINIMAX_REQUIRED}.get(model_type, DEEPSEEK_REQUIRED):
             if theirs not in data:
                 raise HFConfigError(theirs, f"missing: the model's shape must be stated (transformers would fill in "
                                             f"its {model_type} default, another model than yours)")

@@ -41,6 +41,9 @@ PUBLISHED = {
     "llama-4-maverick": (400.71, 0.005),
     # the card's "3B"; transformers' SmolLM3ForCausalLM of the file: 3,075,098,624 (tests/test_smollm3.py)
     "smollm3-3b": (3.075, 0.0005),
+    # the card's "230 billion total parameters"; transformers' MiniMaxM2ForCausalLM of the file: 228,689,748,992
+    # (tests/test_minimax_m2.py; the Hub's safetensors count, 228.70B, adds the bias buffers and the fp8 scales)
+    "minimax-m2": (228.69, 0.005),
 }
 
 
