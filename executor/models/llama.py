@@ -91,6 +91,15 @@ then None). OLMoE is pre-norm with the projection-wide query/key norms and a mix
 ``global_every``). Every norm of the hidden width and the query/key norms take the spec's ``norm_eps`` (transformers'
 ``rms_norm_eps``: 1e-5 by default, OLMo 2's, Qwen's and DeepSeek's 1e-6; :func:`make_norm`).
 
+MiniMax-M2 (transformers' ``MiniMaxM2ForCausalLM``; ``minimax_m2`` as :mod:`profiler.hf_config` reads it) is built of
+the pieces above alone: grouped-query attention without biases and ``a d != h``, OLMoE's projection-wide query/key
+norms before the rotary (``MiniMaxM2Attention``: ``self.q_norm(self.q_proj(x))``) in a pre-norm block, GLM-4.5's
+partial rotary, and on every layer DeepSeek-V3's routing without groups, scaling nor shared expert
+(``MiniMaxM2TopKRouter``: sigmoid scores, the choice by score plus ``e_score_correction_bias``, the chosen scores over
+their sum). That router divides by the sum alone where :func:`route` adds V3's ``1e-20``: in float32, where both
+route, the quotient is the same float for any sum of ``2.3e-13`` or more (``1e-20`` is less than half a float32 step
+there), and a sum of chosen sigmoids is at least the largest of them (``sigmoid(-29)`` is ``2.5e-13``).
+
 Llama 4's language model (Meta 2025, "The Llama 4 herd"; transformers' ``Llama4ForCausalLM``, ``Llama4TextAttention``,
 ``Llama4TextMoe``; ModelSpec's ``nope_layers``, ``rope_interleaved``, ``qk_l2_norm``, ``attention_chunk``,
 ``query_temperature``, ``router_weights_on_input``; :func:`attention`, in transformers' order): the layers

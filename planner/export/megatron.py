@@ -168,7 +168,11 @@ a1d4d4bfd9baf49e5d16ce04f091214af0d56168, ``olmoe/olmoe_bridge.py`` at 5c5ae23cd
 flattened query and key, "Unlike Mcore QK Layernorm"). Its OLMo 2 spec keeps Megatron-Core's per-head ``q_layernorm``
 and ``k_layernorm`` (``olmo2_bridge.py`` there: "per-head Q/K normalization"), onto which it maps transformers'
 ``a d``-wide ``q_norm``. FlagScale's fork of Megatron-LM adds ``--qk-layernorm-hidden-dim`` (the norms over the
-projections); NVIDIA's has no such argument.
+projections); NVIDIA's has no such argument. MiniMax-M2 (``minimax_m2``) norms its projections so too
+(transformers' ``MiniMaxM2Attention``: ``q_norm`` of ``num_attention_heads * head_dim`` on ``q_proj(x)``, ``k_norm`` of
+``num_key_value_heads * head_dim``) and is refused the same way; Megatron-Bridge's MiniMax-M2 bridge sets
+``qk_layernorm`` off and builds the norms in a layer spec of its own (``minimax_m2_layer_spec``'s ``FullDimQNorm`` and
+``FullDimKNorm``, ``src/megatron/bridge/models/minimax_m2/minimax_m2_provider.py``).
 
 Llama 4 (ModelSpec's ``nope_layers``, ``rope_interleaved``, ``qk_l2_norm``, ``attention_chunk``, ``query_temperature``,
 ``router_weights_on_input``) as Megatron-LM's arguments say it (``megatron/training/arguments.py`` at
@@ -539,7 +543,8 @@ def olmo_refusal(m: ModelSpec) -> None:
     if m.qk_norm and m.qk_norm_scope == "projection":
         why.append(f"qk_norm_scope projection: the model norms the whole query projection ({m.heads} heads x {m.d} = "
                    f"{m.q_dim} wide) and the whole key projection ({m.k} x {m.d} = {m.kv_dim}) with one RMSNorm each, "
-                   "before the rotary (transformers' Olmo2Attention and OlmoeAttention: q_norm(q_proj(x))); "
+                   "before the rotary (transformers' Olmo2Attention, OlmoeAttention and MiniMaxM2Attention: "
+                   "q_norm(q_proj(x))); "
                    f"Megatron-LM's one query/key norm, --qk-layernorm, is an RMSNorm over each head's {m.d} "
                    "(Megatron-Core's SelfAttention builds q_layernorm and k_layernorm hidden_size_per_attention_head "
                    "wide), another function of the same queries, and no argument norms the whole projection "
