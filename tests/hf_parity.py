@@ -56,6 +56,20 @@ def copy_routed_experts(ours: nn.Module, theirs: nn.Module) -> None:
         theirs.experts.down_proj[e].copy_(expert.down.weight)
 
 
+def copy_unbiased_attention(ours: nn.Module, theirs: nn.Module, input_norm: nn.Module, post_norm: nn.Module,
+                            gen: torch.Generator) -> None:
+    """Our block's q, k, v and o (no biases) into transformers' attention ``theirs`` (``q_proj``...), q and k scaled
+    up 12 times and v and o 10 (scores of order one and more, so that positions and norms matter), and its two norms
+    into ``input_norm`` and ``post_norm``, first moved off one. Call under ``torch.no_grad()``."""
+    for a, b in ((ours.q, theirs.q_proj), (ours.k, theirs.k_proj), (ours.v, theirs.v_proj), (ours.o, theirs.o_proj)):
+        a.weight.mul_(12 if a in (ours.q, ours.k) else 10)
+        b.weight.copy_(a.weight)
+        assert a.bias is None and b.bias is None
+    for norm, target in ((ours.input_norm, input_norm), (ours.post_norm, post_norm)):
+        norm.weight.uniform_(0.5, 1.5, generator=gen)
+        target.weight.copy_(norm.weight)
+
+
 def logits(layers: list[nn.Module], ids: torch.Tensor) -> torch.Tensor:
     """Our layers' logits of ``ids``: the embedding and blocks in turn, then the head."""
     x = ids

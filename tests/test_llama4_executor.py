@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_parity import broken_diffs, built, copied, logits, randn
+from hf_parity import broken_diffs, built, copied, copy_unbiased_attention, logits, randn
 from run_support import assert_whole_block, launched_fixture, plans_of, tp_block_errors
 from torch import nn
 
@@ -92,13 +92,7 @@ def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> Non
     from one, the MLPs' weights of order one, the router scaled up. Llama4TextExperts: ``gate_up_proj[e] (h, 2f)`` the
     gate's transpose then up's (its ``chunk(2, dim=-1)``), ``down_proj[e] (f, h)`` down's transpose."""
     at = theirs.self_attn
-    for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj)):
-        a.weight.mul_(12 if a in (ours.q, ours.k) else 10)
-        b.weight.copy_(a.weight)
-        assert a.bias is None and b.bias is None
-    for norm, target in ((ours.input_norm, theirs.input_layernorm), (ours.post_norm, theirs.post_attention_layernorm)):
-        norm.weight.uniform_(0.5, 1.5, generator=gen)
-        target.weight.copy_(norm.weight)
+    copy_unbiased_attention(ours, at, theirs.input_layernorm, theirs.post_attention_layernorm, gen)
     ff = theirs.feed_forward
     if ours.moe is None:
         _mlp_weights(ours, gen)

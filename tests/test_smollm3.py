@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from hf_parity import broken_diffs, built, copied, logits, randn
+from hf_parity import broken_diffs, built, copied, copy_unbiased_attention, logits, randn
 from moe_support import FLASH, H100, h100_cluster
 from run_support import launched_fixture, plans_of
 from surfaces_support import script_flags, two_stage_input
@@ -163,13 +163,7 @@ def copy_block(ours: LlamaBlock, theirs: nn.Module, gen: torch.Generator) -> Non
     piece: q and k scaled up (scores of order one, so positions matter), the norms away from one, the MLP's weights of
     order one."""
     at, mlp = theirs.self_attn, theirs.mlp
-    for a, b in ((ours.q, at.q_proj), (ours.k, at.k_proj), (ours.v, at.v_proj), (ours.o, at.o_proj)):
-        a.weight.mul_(12 if a in (ours.q, ours.k) else 10)
-        b.weight.copy_(a.weight)
-        assert a.bias is None and b.bias is None
-    for norm, target in ((ours.input_norm, theirs.input_layernorm), (ours.post_norm, theirs.post_attention_layernorm)):
-        norm.weight.uniform_(0.5, 1.5, generator=gen)
-        target.weight.copy_(norm.weight)
+    copy_unbiased_attention(ours, at, theirs.input_layernorm, theirs.post_attention_layernorm, gen)
     for lin, std, target in ((ours.gate, 0.3, mlp.gate_proj), (ours.up, 0.3, mlp.up_proj),
                              (ours.down, 0.1, mlp.down_proj)):
         lin.weight.copy_(randn(lin.weight, std, gen))
