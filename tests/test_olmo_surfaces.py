@@ -200,7 +200,8 @@ def test_torchtitan_notes_name_olmo_layers(model: ModelSpec, gaps: list[str], ab
     for words in absent:
         assert words not in gap, words
     family = next(n for n in out.notes if n.startswith("torchtitan's qwen3 is not this model: "))
-    assert "torchtitan has no OLMo model, so register a model of your own and name it in [model]" in family
+    assert ("torchtitan has no model with these norms (OLMo 2/3's, OLMoE's, MiniMax-M2's), so register a model of "
+            "your own and name it in [model]") in family
     assert ("its query and key norms are nn.RMSNorm(head_dim) over each head, the model's one over the whole query "
             f"projection ({model.q_dim}) and one over the whole key projection ({model.kv_dim})") in family
     assert ("its blocks norm each branch's input (x + attention(attention_norm(x))), the model each branch's output "

@@ -27,16 +27,16 @@ torchtitan's fields (``torchtitan/config/job_config.py``, ``torchtitan/distribut
 
 The model is named, not written: ``[model]`` names torchtitan's llama3 (qwen3 with query/key norms), and a note names
 what of the model their settings cannot say (:func:`planner.export.common.model_gaps_note`), among them partial rotary
-(``rotary_dim``: llama3's ``precompute_freqs_cis(dim // n_heads)`` turns all of each head) and, for llama3, a head
-width that is not ``dim // n_heads`` (GLM-4.5's 128 beside 4096 / 96). OLMo 2, OLMo 3 and OLMoE are named qwen3
-(query/key norms), which is not them: its norms are over each head and on each branch's input, theirs over the whole
-query and key projections (``qk_norm_scope``) and, OLMo 2's and 3's, on each branch's output (``post_norm``), and
-torchtitan has no OLMo model; the gaps note names both fields and a note says the family is not the model
-(:func:`olmo_note`). Llama 4 is named llama3 too, the gaps note naming its layers without rotary positions
+(``rotary_dim``: llama3's ``precompute_freqs_cis(dim // n_heads)`` turns all of each head) and, for llama3, a head width
+that is not ``dim // n_heads`` (GLM-4.5's 128 beside 4096 / 96). OLMo 2, OLMo 3 and OLMoE are named qwen3 (query/key
+norms), which is not them: its norms are over each head and on each branch's input, theirs over the whole query and key
+projections (``qk_norm_scope``) and, OLMo 2's and 3's, on each branch's output (``post_norm``), and torchtitan has no
+model with those norms (OLMo's, MiniMax-M2's too); the gaps note names both fields and a note says the family is not the
+model (:func:`olmo_note`). Llama 4 is named llama3 too, the gaps note naming its layers without rotary positions
 (``nope_layers``), its query/key L2 norm (``qk_l2_norm``), its attention chunks and query temperature where they act at
 the sequence (``attention_chunk``, ``query_temperature``) and its routing (``router_weights_on_input``); a note points
-at torchtitan's own llama4 model, saying field by field what it has of them and what it lacks (:func:`llama4_note`),
-and another where a chunk or a temperature acts on no position of the sequence.
+at torchtitan's own llama4 model, saying field by field what it has of them and what it lacks (:func:`llama4_note`), and
+another where a chunk or a temperature acts on no position of the sequence.
 
 Hanayo with more than one wave needs a placement torchtitan has not ("loop" or a single "V"); Chimera,
 GEMS (two replicas), 1F1B-RR (uneven replication) and PipeDream's asynchronous schedules are refused.
@@ -147,8 +147,8 @@ def placement_note(inp: ExportInput) -> str | None:
 
 def olmo_note(m: ModelSpec, family: str) -> str | None:
     """Where ``m`` has OLMo's layers (``qk_norm_scope`` projection, ``post_norm``), that the ``family`` named in
-    ``[model]`` is not the model, and why; None otherwise. torchtitan has no OLMo model
-    (``torchtitan/models/__init__.py`` at 00c7d452: llama3, llama3_ft, deepseek_v3, qwen3;
+    ``[model]`` is not the model, and why; None otherwise (OLMo's; MiniMax-M2's norms are OLMoE's). torchtitan has no
+    model with them (``torchtitan/models/__init__.py`` at 00c7d452: llama3, llama3_ft, deepseek_v3, qwen3;
     ``torchtitan/experiments/__init__.py`` at 009815e6: flux, gpt_oss, simple_fsdp, vlm, compiler_toolkit); its qwen3
     norms each head's query and key (``Attention``: ``q_norm = nn.RMSNorm(head_dim)`` over ``xq.view(bs, seqlen, -1,
     head_dim)``) and, as llama3, each branch's input (``TransformerBlock``: ``x + attention(attention_norm(x))``,
@@ -164,8 +164,8 @@ def olmo_note(m: ModelSpec, family: str) -> str | None:
                     "output (x + norm(attention(x)), post_norm)")
     if not what:
         return None
-    return (f"torchtitan's {family} is not this model: {'; '.join(what)}; torchtitan has no OLMo model, so register a "
-            "model of your own and name it in [model]")
+    return (f"torchtitan's {family} is not this model: {'; '.join(what)}; torchtitan has no model with these norms "
+            "(OLMo 2/3's, OLMoE's, MiniMax-M2's), so register a model of your own and name it in [model]")
 
 
 def _nth(n: int) -> str:
