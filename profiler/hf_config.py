@@ -252,10 +252,15 @@ UNSUPPORTED_WHY: dict[str, str] = {}
 TYPE_FIELDS = {"smollm3": {"nope_layers": "no_rope_layers", "bias": "attention_bias"}}
 
 #: types whose ``attention_bias`` biases the output projection as well as the query, key and value (transformers'
-#: ``LlamaAttention``, ``Qwen3Attention``, ``GemmaAttention``...: ``o_proj`` with ``bias=config.attention_bias``); with
-#: ``mlp_bias`` (Llama's) every linear layer has one (``ModelSpec.bias``), without it no ModelSpec says it: refused.
-#: GLM-4.5's biases q, k and v only (``qkv_bias``; DeepSeek's latent attention takes none: ModelSpec refuses it)
-OUTPUT_BIAS_TYPES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "olmo2", "olmo3", "olmoe")
+#: ``LlamaAttention``, ``Qwen3Attention``, ``GemmaAttention``, ``SmolLM3Attention``, ``Llama4TextAttention``...:
+#: ``o_proj`` with ``bias=config.attention_bias``); with ``mlp_bias`` (:data:`MLP_BIAS_TYPES`) every linear layer has
+#: one (``ModelSpec.bias``), one without the other no ModelSpec says: refused, naming the one given. GLM-4.5's biases
+#: q, k and v only (``qkv_bias``; DeepSeek's latent attention takes none: ModelSpec refuses it)
+OUTPUT_BIAS_TYPES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "olmo2", "olmo3", "olmoe",
+                     "smollm3", "llama4_text")
+#: types whose MLP reads ``mlp_bias`` (``LlamaMLP``, ``SmolLM3MLP``: ``bias=config.mlp_bias``); another type's file's is
+#: ignored, as transformers ignores it
+MLP_BIAS_TYPES = ("llama", "smollm3")
 #: types whose attention reads no ``attention_bias`` (Mistral's, Mixtral's and Phi-3's projections are unbiased, Qwen2's
 #: q, k and v always biased, Qwen2 MoE's by its ``qkv_bias``): a file's is ignored, as transformers ignores it
 NO_ATTENTION_BIAS = ("mistral", "mixtral", "phi3", "qwen2", "qwen2_moe")
@@ -432,13 +437,15 @@ def parse_hf_config(cfg: Any, name: str, seq: int | None = None, source: str = "
                     norm="layernorm", position="learned", bias=True,
                     norm_eps=_norm_eps(cfg, "layer_norm_epsilon"))
     else:
-        attention_bias = bool(getattr(cfg, "attention_bias", False))
-        mlp_bias = bool(getattr(cfg, "mlp_bias", False))
-        if model_type in OUTPUT_BIAS_TYPES and attention_bias and not mlp_bias:
-            raise HFConfigError("attention_bias", f"true without mlp_bias: transformers' {model_type} attention then "
-                                "biases its output projection too (o_proj, bias=attention_bias) and no MLP; "
-                                "ModelSpec's bias is every linear layer's, its qkv_bias the query, key and value's "
-                                "only")
+        attention_bias = _flag(cfg, "attention_bias")
+        mlp_bias = model_type in MLP_BIAS_TYPES and _flag(cfg, "mlp_bias")
+        if model_type in OUTPUT_BIAS_TYPES and attention_bias != mlp_bias:
+            raise HFConfigError("attention_bias" if attention_bias else "mlp_bias", (
+                f"true without mlp_bias: transformers' {model_type} attention then biases the query, key, value and "
+                "output projections (o_proj, bias=attention_bias) and no MLP" if attention_bias else
+                f"true without attention_bias: transformers' {model_type} MLP then biases its projections and no "
+                "attention projection") + "; ModelSpec's bias is every linear layer's or none, its qkv_bias the query, "
+                "key and value's only")
         spec = dict(common, kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
                     head_dim=_head_dim(cfg, model_type), ffn_hidden=cfg.intermediate_size, gated_mlp=True,
                     activation=_activation(getattr(cfg, "hidden_act", "silu"), "hidden_act"), norm="rmsnorm",
@@ -634,13 +641,10 @@ def _llama4(cfg: Any) -> dict[str, Any]:
     ``Llama4TextWeightlessRMSNorm`` where ``use_qk_norm``, scales the queries of the other layers with
     ``attn_temperature_tuning`` (``floor_scale``, ``attn_scale``); ``Llama4TextModel`` masks each layer by its
     ``layer_types`` entry, "chunked_attention" (``attention_chunk_size``) or "full_attention". What ModelSpec cannot
-    say is refused naming the field: ``attention_bias`` (a bias on q, k, v and o and none on the MLPs), a
-    ``no_rope_layers`` not of one 0 or 1 per layer, ``moe_layers`` beyond the layers or leaving none with experts,
-    ``layer_types`` other than transformers' own reading of ``no_rope_layers`` and ``attention_chunk_size``."""
-    if _flag(cfg, "attention_bias"):
-        raise HFConfigError("attention_bias", "true: transformers' Llama4TextAttention then biases the query, key, "
-                                              "value and output projections and no MLP; ModelSpec's bias is every "
-                                              "linear layer's or none, its qkv_bias the query, key and value's only")
+    say is refused naming the field (``attention_bias``, a bias on q, k, v and o and none on the MLPs, with the other
+    types of :data:`OUTPUT_BIAS_TYPES`): a ``no_rope_layers`` not of one 0 or 1 per layer, ``moe_layers`` beyond the
+    layers or leaving none with experts, ``layer_types`` other than transformers' own reading of ``no_rope_layers`` and
+    ``attention_chunk_size``."""
     layers = cfg.num_hidden_layers
     nope = _nope_layers(cfg)
     moe = getattr(cfg, "moe_layers", None)
@@ -730,15 +734,8 @@ def _smollm3(cfg: Any) -> dict[str, Any]:
     is 1 and attends by content alone where it is 0 (``nope_layers``); its projections carry ``attention_bias``,
     ``SmolLM3MLP``'s ``mlp_bias``; ``SmolLM3Config`` makes a layer "sliding_attention" where ``use_sliding_window``, a
     ``sliding_window`` and ``no_rope_layers`` 0 meet, and the attention windows it where ``use_sliding_window`` and
-    ``layer_types`` say so. Refused naming the field: one bias without the other, a window (on the NoPE layers only),
-    ``layer_types`` other than that reading."""
-    attention_bias, mlp_bias = _flag(cfg, "attention_bias"), _flag(cfg, "mlp_bias")
-    if attention_bias != mlp_bias:
-        raise HFConfigError("attention_bias" if attention_bias else "mlp_bias",
-                            f"true without {'mlp_bias' if attention_bias else 'attention_bias'}: transformers' "
-                            "SmolLM3Attention biases the query, key, value and output projections with "
-                            "attention_bias, SmolLM3MLP its three with mlp_bias; ModelSpec's bias is every linear "
-                            "layer's or none, its qkv_bias the query, key and value's only")
+    ``layer_types`` say so. Refused naming the field: one bias without the other (:data:`OUTPUT_BIAS_TYPES`), a window
+    (on the NoPE layers only), ``layer_types`` other than that reading."""
     layers = cfg.num_hidden_layers
     nope = _nope_layers(cfg, longer=True)
     window = getattr(cfg, "sliding_window", None)

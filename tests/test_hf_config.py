@@ -625,6 +625,15 @@ def test_attention_bias_without_mlp_bias_is_refused_where_it_biases_the_output(f
     assert err.value.field == "attention_bias"
 
 
+def test_mlp_bias_without_attention_bias_is_refused_where_the_mlp_reads_it() -> None:
+    """Llama's MLP reads ``mlp_bias`` (``LlamaMLP``: bias=config.mlp_bias): MLP biases without the attention's are no
+    ModelSpec's, refused naming the field (they were dropped); Qwen3's MLP reads none, so its file's is ignored."""
+    with pytest.raises(HFConfigError, match="mlp_bias: true without attention_bias") as err:
+        spec_from_hf_dict(_tiny("tiny-llama", mlp_bias=True))
+    assert err.value.field == "mlp_bias"
+    assert not spec_from_hf_dict(_tiny("tiny-qwen3", mlp_bias=True)).bias
+
+
 def test_attention_bias_read_as_transformers_reads_it() -> None:
     """Llama's with mlp_bias: every linear layer biased; Mistral's attention reads no attention_bias (its projections
     are unbiased whatever the file says), so the file's is ignored; GLM-4.5's biases q, k and v only."""
