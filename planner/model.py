@@ -304,15 +304,11 @@ class ModelSpec(BaseModel):
         if self.experts is not None and self.expert_ffn_hidden is None:
             object.__setattr__(self, "expert_ffn_hidden", self.f)
         if self.experts is None:
-            given = [name for name, on in (("shared_expert_ffn_hidden", self.shared_expert_ffn_hidden is not None),
-                                           ("dense_layers", bool(self.dense_layers))) if on]
+            given = self.given("shared_expert_ffn_hidden", "dense_layers")
             if given:
                 raise ValueError(f"{', '.join(given)}: only with experts (a mixture of experts)")
         if self.experts is None:
-            routing = [name for name, on in (("router_score", self.router_score != "softmax"),
-                                             ("router_groups", self.router_groups is not None),
-                                             ("router_bias", self.router_bias),
-                                             ("routed_scaling", self.routed_scaling != 1.0)) if on]
+            routing = self.given("router_score", "router_groups", "router_bias", "routed_scaling")
             if routing:
                 raise ValueError(f"{', '.join(routing)}: only with experts (a mixture of experts)")
         if (self.router_groups is None) != (self.router_group_topk is None):
@@ -335,8 +331,7 @@ class ModelSpec(BaseModel):
         self._layer_list("dense_layers", "every layer is dense; a model without a mixture of experts leaves experts "
                                          "out")
         if not self.gated_mlp:
-            glu = [name for name, on in (("glu_linear_offset", self.glu_linear_offset != 0.0),
-                                         ("glu_clamp", self.glu_clamp is not None)) if on]
+            glu = self.given("glu_linear_offset", "glu_clamp")
             if glu:
                 raise ValueError(f"{', '.join(glu)}: only with a gated MLP (gated_mlp)")
         if self.rotary_dim is not None:
@@ -357,6 +352,12 @@ class ModelSpec(BaseModel):
                              "within it)")
         return self
 
+    def given(self, *names: str) -> list[str]:
+        """Those of the fields ``names`` set to other than their defaults (in that order): what a rule that needs
+        something else names."""
+        fields = type(self).model_fields
+        return [n for n in names if getattr(self, n) != fields[n].default]
+
     def _layer_list(self, name: str, every: str) -> None:
         """A field listing transformer layers (``dense_layers``, ``nope_layers``): each a layer, none twice, not every
         layer (``every`` says why), kept sorted."""
@@ -376,9 +377,7 @@ class ModelSpec(BaseModel):
         """The rules of Llama 4's attention and routing fields (transformers' ``Llama4TextAttention``,
         ``Llama4TextMoe``): each needs what it acts on."""
         rotary = self.position == "rotary"
-        given = [name for name, on in (("nope_layers", bool(self.nope_layers)),
-                                       ("rope_interleaved", self.rope_interleaved), ("qk_l2_norm", self.qk_l2_norm),
-                                       ("attention_chunk", self.attention_chunk is not None)) if on]
+        given = self.given("nope_layers", "rope_interleaved", "qk_l2_norm", "attention_chunk")
         if given and (not rotary or self.mla):
             raise ValueError(f"{', '.join(given)}: only with rotary positions and standard attention (position "
                              "rotary, no kv_lora_rank)")

@@ -44,11 +44,8 @@ Family = Literal["gpt", "bert", "llama"]
 
 def family_of(spec: ModelSpec) -> Family:
     """The zoo family that builds ``spec``; a shape none of them builds is refused naming the field."""
-    llama4 = [name for name, on in (("nope_layers", bool(spec.nope_layers)),
-                                    ("rope_interleaved", spec.rope_interleaved), ("qk_l2_norm", spec.qk_l2_norm),
-                                    ("attention_chunk", spec.attention_chunk is not None),
-                                    ("query_temperature", spec.query_temperature is not None),
-                                    ("router_weights_on_input", spec.router_weights_on_input)) if on]
+    llama4 = spec.given("nope_layers", "rope_interleaved", "qk_l2_norm", "attention_chunk", "query_temperature",
+                        "router_weights_on_input")
     if llama4 and (spec.encoder or spec.position != "rotary"):  # (ModelSpec refuses most of them without rotary)
         raise ValueError(f"{', '.join(llama4)}: the zoo builds these (Llama 4's) in its Llama-family (rotary) decoder "
                          f"only, not with architecture={spec.architecture!r}, position={spec.position!r}")
