@@ -487,22 +487,22 @@ class TensorParallelLlamaBlock(nn.Module):
 
     def __init__(self, block: nn.Module, rank: int, size: int, group: object) -> None:
         super().__init__()
-        from executor.models.llama import attention, glu, sandwich_forward
+        from executor.models.llama import ATTENTION_SETTINGS, attention, block_attention, glu, sandwich_forward
 
-        self._attention, self._forward, self._glu = attention, sandwich_forward, glu
+        self._forward, self._glu = sandwich_forward, glu
+        self._attention, self._block_attention = attention, block_attention
         a, k, d = block.heads, block.kv_heads, block.head_dim
         if a % size:
             raise ValueError(f"tensor parallelism t={size} must divide the query heads ({a})")
-        self.size, self.rank, self.group, self.head_dim, self.theta = size, rank, group, d, block.theta
-        self.rotary_dim = block.rotary_dim  # (partial rotary: each head's first rotary_dim rotated, as the block)
+        self.size, self.rank, self.group, self.head_dim = size, rank, group, d
+        # the block's attention settings (the rotary base, or None on Llama 4's NoPE layers; the partial rotary, the
+        # soft-cap, the window; Llama 4's pairs, L2 norm, chunk and temperature): per head or per position, so a rank's
+        # whole heads take them as the whole block does
+        for name in ATTENTION_SETTINGS:
+            setattr(self, name, getattr(block, name))
         self.act, self.gated, self.offset, self.clamp = block.act, block.gated, block.offset, block.clamp
         self.input_norm, self.post_norm = block.input_norm, block.post_norm
         self.attn_out_norm, self.mlp_out_norm = block.attn_out_norm, block.mlp_out_norm  # (Gemma 2; replicated)
-        self.cap, self.window = block.cap, block.window
-        # Llama 4's pieces (theta None on a NoPE layer): per head or per position, so a rank's whole heads take them
-        # as the whole block does
-        self.interleaved, self.qk_l2_eps = block.interleaved, block.qk_l2_eps
-        self.chunk, self.temperature = block.chunk, block.temperature
         local = a // size
         self.projection_norms = block.projection_norms
         self.kv_sharded = k % size == 0 or block.mla is not None
@@ -593,9 +593,7 @@ class TensorParallelLlamaBlock(nn.Module):
             k = self._head_norm(self.k_norm, k.view(b, s, -1, d))
             k = k.transpose(1, 2).index_select(1, self.kv_index)
             v = self._replicated(self.v, xc).view(b, s, -1, d).transpose(1, 2).index_select(1, self.kv_index)
-        return self.o(self._attention(q, k, v, self.theta, self.cap, self.window, self.sinks, self.rotary_dim,
-                                      interleaved=self.interleaved, qk_l2_eps=self.qk_l2_eps, chunk=self.chunk,
-                                      temperature=self.temperature))
+        return self.o(self._block_attention(self, q, k, v, self._attention))
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:

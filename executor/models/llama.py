@@ -291,6 +291,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: float | 
     return causal_attention(q, k, v, cap, window, sinks, chunk)
 
 
+#: a block's per-layer settings of :func:`attention`, its attributes of these names (a tensor-parallel shard copies
+#: them: :func:`block_attention` serves both)
+ATTENTION_SETTINGS = ("theta", "cap", "window", "rotary_dim", "interleaved", "qk_l2_eps", "chunk", "temperature")
+
+
+def block_attention(block: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    fn: Callable[..., torch.Tensor] = attention) -> torch.Tensor:
+    """``fn`` (:func:`attention`) of ``q, k, v`` with ``block``'s settings (:data:`ATTENTION_SETTINGS`) and sinks."""
+    return fn(q, k, v, sinks=block.sinks, **{name: getattr(block, name) for name in ATTENTION_SETTINGS})
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float | None = None,
                      window: int | None = None, sinks: torch.Tensor | None = None,
                      chunk: int | None = None) -> torch.Tensor:
@@ -653,9 +664,7 @@ class LlamaBlock(nn.Module):
         if self.q_norm is not None and self.k_norm is not None and not self.projection_norms:
             q, k = self.q_norm(q), self.k_norm(k)  # (Qwen3: over each head)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
-        return self.o(attention(q.transpose(1, 2), k.transpose(1, 2), v, self.theta, self.cap, self.window,
-                                self.sinks, self.rotary_dim, interleaved=self.interleaved, qk_l2_eps=self.qk_l2_eps,
-                                chunk=self.chunk, temperature=self.temperature))
+        return self.o(block_attention(self, q.transpose(1, 2), k.transpose(1, 2), v))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
