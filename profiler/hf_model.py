@@ -119,8 +119,9 @@ FIRST_DENSE_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
 #: model types whose configs list the layers without rotary positions (``no_rope_layers``: 1 rotary, 0 none;
-#: transformers' ``Llama4TextConfig``), set for the lowered model by the layers built (:func:`lowered_config`)
-NOPE_TYPES = ("llama4_text",)
+#: transformers' ``Llama4TextConfig``, ``SmolLM3Config``), set for the lowered model by the layers built
+#: (:func:`lowered_config`)
+NOPE_TYPES = ("llama4_text", "smollm3")
 #: model types whose layers with experts a config lists in ``moe_layers`` (``Llama4TextDecoderLayer``)
 MOE_LAYERS_TYPES = ("llama4_text",)
 #: the experts modules of transformers that run every expert on every token (``Llama4TextExperts``: a batched
@@ -189,7 +190,7 @@ def lowered_config(data: dict[str, Any], spec: ModelSpec, chosen: list[int]) -> 
     with the decoder layers ``chosen`` (:func:`built_layers`) only, their ``layer_types`` where listed, and their
     dense layers by their new numbers: Qwen MoE's ``mlp_only_layers`` (``decoder_sparse_step`` 1), DeepSeek's
     ``first_k_dense_replace`` (the dense layers built, first: a prefix of ``chosen``, as the model's are of its
-    layers), or Llama 4's ``moe_layers`` (the layers with experts); Llama 4's ``no_rope_layers`` too
+    layers), or Llama 4's ``moe_layers`` (the layers with experts); Llama 4's and SmolLM3's ``no_rope_layers`` too
     (:data:`NOPE_TYPES`)."""
     model_type = data["model_type"]
     fields = {k: v for k, v in data.items() if k != "model_type"}

@@ -153,6 +153,20 @@ def test_what_transformers_reads_the_same_is_read() -> None:
 
 # ---- the executor ------------------------------------------------------------------------------------------------
 
+def test_the_lowered_model_keeps_each_layers_rotary() -> None:
+    """``pipeplan profile --hf-config`` builds the first layer of each kind (rotary, NoPE: SmolLM3-3B's layers 0 and 3)
+    and its lowered config says which of them has no rotary positions by their new numbers: with the file's 36-entry
+    no_rope_layers kept, the NoPE layer 3, built second, would read entry 1 (rotary) and be timed as a rotary one."""
+    from profiler.hf_model import built_layers, lowered_config
+
+    data = json.loads((ROOT / "examples" / "models" / "smollm3-3b" / "config.json").read_text())
+    spec = spec_from_hf_dict(data, seq=4096)
+    chosen = built_layers(spec, 1)
+    assert chosen == [0, 3]
+    cfg = lowered_config(data, spec, chosen)
+    assert (cfg.num_hidden_layers, list(cfg.no_rope_layers)) == (2, [1, 0])
+
+
 def hf_smollm3() -> nn.Module:
     """transformers' SmolLM3ForCausalLM of the fixture, eager attention."""
     return _transformers_model(_tiny(), attn_implementation="eager")
