@@ -108,7 +108,10 @@ def _check_params(name: str, params: dict[str, Any]) -> None:
             raise ValueError(f"schedule {name!r} does not take '{key}' (it takes {takes})")
 
 
+@functools.cache
 def _module(name: str) -> Any:
+    """The module of builder ``name`` (its ``shape``, ``inflight`` and flags), found once per name (the search
+    asks for it thousands of times)."""
     return inspect.getmodule(_builder(name))
 
 
