@@ -441,14 +441,16 @@ class ConfigCosts(Costs):
                  schedule: Schedule, bounds: list[tuple[int, int]],
                  held: list[list[tuple[int, int]]] | None = None, shared: dict | None = None,
                  layer_sums: dict | None = None, emulated: bool = False,
-                 stage_cache: dict[tuple[int, int, int], StageInfo] | None = None) -> None:
+                 stage_cache: dict[tuple[int, int, int], StageInfo] | None = None,
+                 alltoalls: dict[tuple, float] | None = None) -> None:
         """``shared`` (optional) is a dict reused by every configuration with the same t, partition,
         micro-batch size and recomputation: stage infos and F/B durations are computed once for all.
         ``layer_sums`` (optional) is a dict reused by every configuration of one profile: per (kind,
         samples), the running sums of the layers' times; ``stage_cache`` (optional), one too: the stage infos
-        by (first layer, end, t) (:func:`stage_infos`). ``emulated``: compute waits instead of running
-        (:mod:`executor.emulate`), so on a shared host (``cluster.host``) only the executor's own
-        overhead takes core time."""
+        by (first layer, end, t) (:func:`stage_infos`); ``alltoalls`` (optional), one too: the expert-parallel
+        all-to-all times (:meth:`_alltoall`), by placement (t, D, W, e, etp, rank order), devices and bytes.
+        ``emulated``: compute waits instead of running (:mod:`executor.emulate`), so on a shared host
+        (``cluster.host``) only the executor's own overhead takes core time."""
         self.profile, self.cluster, self.request, self.config = profile, cluster, request, config
         self.schedule = schedule
         t = config.tensor
@@ -548,8 +550,13 @@ class ConfigCosts(Costs):
         #: slowdown of core time on a shared CPU host (:func:`host_share`); None until first needed
         self._share: float | None = None if cluster.host is not None else 1.0
         self._tied: dict[int, float] = {}  # per device: :meth:`tied_allreduce`
-        #: :meth:`_alltoall` and the experts' gradient reduction (:meth:`allreduce`), of this placement
+        #: the experts' gradient reduction (:meth:`allreduce`), of this placement
         self._ep_times: dict[tuple, float] = {}
+        #: :meth:`_alltoall`'s times, which depend on the placement alone (its key names it): shared by the
+        #: configurations of one search that have it, whatever their schedule, partition or micro-batch size
+        self._alltoalls: dict[tuple, float] = alltoalls if alltoalls is not None else {}
+        #: :meth:`p2p`'s times (of the configuration's placement, links and stage outputs: not of the clock)
+        self._p2p: dict[tuple, float] = {}
         if "power" not in shared:
             shared["power"] = power_of(profile) if self.per_t else None
         #: the profile's device's power limit and busy-throughout rate (:mod:`planner.power`) where the profile's
@@ -838,15 +845,16 @@ class ConfigCosts(Costs):
 
     def _alltoall(self, holders: tuple[int, ...], nbytes: float) -> float:
         """:func:`alltoall_time` in the slowest expert-parallel group of the pipeline devices ``holders`` (expert tensor
-        rank 0; every one's group is laid out alike: :func:`planner.expert_parallel.ep_slots`), once per (holders,
-        bytes). A group's nodes depend on where its first rank falls in a node, which repeats every ``G`` groups at
-        most."""
-        key = ("alltoall", holders, nbytes)
-        got = self._ep_times.get(key)
+        rank 0; every one's group is laid out alike: :func:`planner.expert_parallel.ep_slots`), once per (placement,
+        holders, bytes: :attr:`_alltoalls`). A group's nodes depend on where its first rank falls in a node, which
+        repeats every ``G`` groups at most."""
+        c = self.config
+        key = (self.t, c.pipeline, c.data, self.expert, self.etp, c.order, holders, nbytes)
+        got = self._alltoalls.get(key)
         if got is None:
             e, etp = self.expert, self.etp
             groups = self.t * self.config.data // (e * etp)  # (q, r) groups: q's, each with its etp = 1 or t alike
-            got = self._ep_times[key] = max(
+            got = self._alltoalls[key] = max(
                 alltoall_time(self.cluster, [self.slot_rank(d, j) for j in ep_slots(q * e * etp, e, etp)], nbytes)
                 for d in holders for q in range(min(groups, self.cluster.gpus_per_node)))
         return got
@@ -1146,12 +1154,20 @@ class ConfigCosts(Costs):
         return half + extra + own if kind == "I" else half
 
     def p2p(self, kind: str, stage: int, span: int, src: int, dst: int) -> float:
-        if self.blocking_p2p:
-            # the sending action returned only once the transfer (and the scatter/gather all-gather) was
-            # done (:meth:`_blocking_send`): the message is there when it ends, not one transfer later
-            return 0.0
-        boundary = stage if kind == SEND_F else stage - 1
-        return self.send_time(src, dst, self.p2p_bytes(boundary, span)) * self.cal.link_scale
+        """Seconds from the end of the sending action to the message's arrival; once per (kind, stage, span, src,
+        dst) of these costs (:attr:`_p2p`: every replay of the search's fixed point and bounds asks again)."""
+        key = (kind, stage, span, src, dst)
+        v = self._p2p.get(key)
+        if v is None:
+            if self.blocking_p2p:
+                # the sending action returned only once the transfer (and the scatter/gather all-gather) was
+                # done (:meth:`_blocking_send`): the message is there when it ends, not one transfer later
+                v = 0.0
+            else:
+                boundary = stage if kind == SEND_F else stage - 1
+                v = self.send_time(src, dst, self.p2p_bytes(boundary, span)) * self.cal.link_scale
+            self._p2p[key] = v
+        return v
 
     def p2p_bytes(self, boundary: int, span: int) -> float:
         """Bytes each tensor-parallel rank sends across the boundary after stage ``boundary`` for ``span``

@@ -101,6 +101,7 @@ class Planner:
         self._layer_costs: dict[tuple[float, bool], list[float]] = {}
         self._layer_sums: dict[tuple[str, float], list[float]] = {}  # ConfigCosts' running sums, shared
         self._stage_infos: dict[tuple[int, int, int], StageInfo] = {}  # ConfigCosts' stage infos, shared
+        self._alltoalls: dict[tuple, float] = {}  # ConfigCosts' expert-parallel all-to-all times, by placement
         self._shared: dict[tuple, dict] = {}  # (t, S, samples, recompute, e, etp[, partition]) -> ConfigCosts' caches
         #: per expert-parallel size e, what one EP rank holds and runs (planner.expert_parallel) and its caches
         #: whether some layer holds parameters whole on every tensor rank (views per t then: :meth:`view`)
@@ -259,7 +260,7 @@ class Planner:
         view = self.view_of(config)
         costs = ConfigCosts(view.profile, self.cluster, req, config, sched, bounds,
                             held=self.shapes.pairs(config, sched), shared=shared, layer_sums=view.layer_sums,
-                            stage_cache=view.stage_infos)
+                            stage_cache=view.stage_infos, alltoalls=self._alltoalls)
         memory = view.memory
         state = cand.state = memory.device_state(config, sched, costs, ckey)
         worst = max(range(len(state)), key=lambda d: state[d])
