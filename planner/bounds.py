@@ -40,6 +40,13 @@ A100s they bring 1F1B's release bound from a median 0.984 of the simulated time 
     whichever is longer;
 
   and, where the in-flight counts are exact, Little's law over the micro-batches' round trips.
+* :meth:`TimeBounds.work_bound`, with no term of any stage (what the search orders its candidates by until it reaches
+  them, :meth:`planner.search.Planner.prepare`): the makespan is at least the busiest device's compute, so at
+  least the mean of the pipeline's ``D`` devices': its micro-batches each through every layer of the model once,
+  forward and backward, at the fastest clock. A layer counts its compute (:meth:`ConfigCosts.model_compute`) and,
+  with experts, its all-to-alls at the least of any device's group (:meth:`ConfigCosts.model_ep_in`); what else an
+  action adds -- collectives, overheads, a shared host's slowdown -- is left out; a doubled forward counts at its
+  cheaper half, and a split backward's I and W together hold at least B.
 * :meth:`TimeBounds.prefix_bound`, for merged schedules (Chimera, Hanayo): the replayed warm-up plus the
   computation left to each device.
 """
@@ -55,6 +62,10 @@ from planner.schedules import PROFILE_DRIVEN, inflight_exact, splits_backward
 from planner.schedules.ir import SEND_B, SEND_F, Schedule
 from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import simulate
+
+#: :meth:`TimeBounds.work_bound` sums the layers in another order than the stages' durations it bounds: it is taken
+#: this much lower, far beyond any rounding of those sums, so that it never exceeds the bound it stands in for
+WORK_MARGIN = 1e-9
 
 #: entries of one block of the arrays that grow with the stage copies a device holds, a block of devices at a
 #: time (a few MB): :meth:`TimeBounds.device_terms`' (devices, h, h), :func:`_single_machine`'s (devices, kappas)
@@ -137,6 +148,7 @@ class TimeBounds:
         self._work: dict[tuple, tuple[np.ndarray, ...]] = {}  # per stage F and B (_work), by the key less placement
         self._messages: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (_messages), by placement and stages
         self._allreduce: dict[tuple, np.ndarray] = {}
+        self._work_bounds: dict[tuple, float] = {}  # (work_bound)
 
     def lower_bound(self, sched: Schedule, costs: ConfigCosts, allreduce: bool = False) -> float:
         """A time no list of this configuration's shape can beat (the module docstring's terms); with
@@ -156,6 +168,29 @@ class TimeBounds:
                 lb = sched.microbatches * terms.round_trip / k
         end, after = self.device_terms(sched, costs, allreduce)
         return max(lb, float((end + after).max()))
+
+    def work_bound(self, costs: ConfigCosts) -> float:
+        """A time no list of this configuration's shape can beat, from the layers' compute alone (the module
+        docstring): the schedule's ``M`` micro-batches of ``b`` samples over its ``D`` devices, each micro-batch's
+        forward (a doubled one: the cheaper of one and half of two) and backward (with recomputation, its recomputed
+        forward) through every layer. Cached by what it reads: t, D, W, e and its tensor split (the profile as an
+        expert-parallel rank holds it), the rank order where e > 1 (the all-to-alls' groups), the schedule's micro-batch
+        size and count, recomputation and doubled forwards."""
+        cfg, sched = costs.config, costs.schedule
+        b = costs.base_b
+        doubled = cfg.concat in ("forward-doubling", "backward-halving")
+        key = (cfg.tensor, cfg.pipeline, cfg.data, cfg.expert, cfg.expert_tensor, cfg.order if cfg.expert > 1 else None,
+               b, sched.microbatches, sched.devices, cfg.recompute, doubled)
+        got = self._work_bounds.get(key)
+        if got is not None:
+            return got
+        with costs.fastest_clock():
+            f = costs.model_compute("fwd", b) + costs.model_ep_in("F")
+            if doubled:
+                f = min(f, (costs.model_compute("fwd", 2 * b) + costs.model_ep_in("F", 2)) / 2)
+            bw = costs.model_compute("recompute" if cfg.recompute else "bwd", b) + costs.model_ep_in("B")
+        got = self._work_bounds[key] = max(0.0, sched.microbatches * (f + bw) / sched.devices * (1.0 - WORK_MARGIN))
+        return got
 
     def terms(self, costs: ConfigCosts, messages: bool = True) -> StageTerms:
         """:class:`StageTerms` of ``costs``, cached per (stage ranges, t, schedule micro-batch size,

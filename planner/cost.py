@@ -821,6 +821,36 @@ class ConfigCosts(Costs):
         own = self.ep_comm(stage, self.base_b)
         return own + (own + self.ep_counts(stage) if self.config.recompute else 0.0)
 
+    def model_ep_in(self, kind: str, span: int = 1) -> float:
+        """:meth:`ep_in` of an F or B (a split one's I and W together) through every layer of the model at once, each
+        layer with experts at the least all-to-all of any pipeline device's group: at most what :meth:`ep_in` charges
+        the stages of any partition between them (each stage's layers at the slowest group of its holders);
+        0 at e = 1 (:meth:`planner.bounds.TimeBounds.work_bound`)."""
+        shape = self.profile.shape
+        if self.expert == 1 or shape is None or kind not in ("F", "B"):
+            return 0.0
+        key = ("layers with experts", 0.0, 0, False)  # (in this profile's dict of sums: counted once)
+        counted = self._layer_sums.get(key)
+        if counted is None:
+            counted = self._layer_sums[key] = [float(sum(1 for x in self.profile.layers if x.expert_params))]
+        layers = counted[0]
+        if not layers:
+            return 0.0
+        devices = range(self.schedule.devices)
+
+        def least(nbytes: float) -> float:
+            return layers * min(self._alltoall((d,), nbytes) for d in devices) * self.cal.link_scale
+
+        def comm(samples: float) -> float:
+            return 2 * least(alltoall_bytes(samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1),
+                                            self.el, self.t, self.sequence_parallel))
+
+        counts = least(8.0 * int(shape.experts or 1))
+        if kind == "F":
+            return comm(self.base_b * span) + counts
+        own = comm(self.base_b)
+        return own + (own + counts if self.config.recompute else 0.0)
+
     def ep_counts(self, stage: int) -> float:
         """A forward's exchange of the token counts before each dispatch (:mod:`planner.expert_parallel`: an
         all-to-all of ``E`` int64 per rank, per layer with experts), with the link scale; 0 at e = 1."""
@@ -917,6 +947,12 @@ class ConfigCosts(Costs):
     def _sum_time(self, stage: int, kind: str, samples: float) -> float:
         """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
         model's layers, computed once per kind and size)."""
+        sums = self._sums(kind, samples)
+        i, j = self.stages[stage].layers
+        return sums[j] - sums[i]
+
+    def _sums(self, kind: str, samples: float) -> list[float]:
+        """:meth:`_sum_time`'s running sums of ``kind`` over the model's layers at ``samples``."""
         t = self.t
         key = (kind, samples, t, self.per_t)
         sums = self._layer_sums.get(key)
@@ -929,14 +965,19 @@ class ConfigCosts(Costs):
                     v = lay.time("bwd" if split else kind, samples) * (0.5 if split else 1.0) / (t * self.eff)  # type: ignore[arg-type]
                 sums.append(sums[-1] + v)
             self._layer_sums[key] = sums
-        i, j = self.stages[stage].layers
-        return sums[j] - sums[i]
+        return sums
 
     def _matrix_sum(self, stage: int, kind: str, samples: float) -> float:
         """The part of :meth:`_sum_time` that runs on the matrix engines at the held rate (the shards'
         ``matrix_share``; 0 for layers without one)."""
         if self.power is None:
             return 0.0
+        sums = self._matrix_sums(kind, samples)
+        i, j = self.stages[stage].layers
+        return sums[j] - sums[i]
+
+    def _matrix_sums(self, kind: str, samples: float) -> list[float]:
+        """:meth:`_matrix_sum`'s running sums over the model's layers (with a power limit)."""
         t = self.t
         key = ("matrix " + kind, samples, t, self.per_t)
         sums = self._layer_sums.get(key)
@@ -947,8 +988,16 @@ class ConfigCosts(Costs):
                 v = lay.shard_time(kind, samples, t) if st is not None and st.matrix_share else None
                 sums.append(sums[-1] + (v * st.matrix_share_at(samples) if v is not None else 0.0))
             self._layer_sums[key] = sums
-        i, j = self.stages[stage].layers
-        return sums[j] - sums[i]
+        return sums
+
+    def model_compute(self, kind: str, samples: float) -> float:
+        """:meth:`_compute` of ``kind`` at ``samples`` over every layer of the model once -- what the stages of any
+        partition hold between them, less what an F or B adds to its layers' compute (collectives, overheads) --
+        at the held clock (:meth:`planner.bounds.TimeBounds.work_bound`)."""
+        total = self._sums(kind, samples)[-1]
+        matrix = self._matrix_sums(kind, samples)[-1] if self.power is not None else 0.0
+        scale = self.cal.compute_scale
+        return total * scale - self.relief * (matrix * scale)
 
     def _compute_parts(self, stage: int, kind: str, samples: float) -> tuple[float, float]:
         """(the layers' compute at the busy-throughout rate, its matrix part), calibrated."""

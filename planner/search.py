@@ -11,7 +11,8 @@ is evaluated.
 Pruning, exact for the top ``k``: a configuration whose model state alone exceeds the device memory is
 rejected before anything else, and one whose activations certainly overflow (in-flight counts, the forwards
 every list runs before its first backward) before its lists exist; every other one gets a lower bound on its
-iteration time (:mod:`planner.bounds`: per device its head, computation and backward windows, then its step),
+iteration time (:mod:`planner.bounds`: per device its head, computation and backward windows, then its step;
+until the search reaches it, the layers' work over the D devices stands in, :meth:`TimeBounds.work_bound`),
 is visited in the order of that bound, and is simulated only while the bound is below the k-th best
 simulated time. When reached it first gets the tighter bound (:meth:`Planner.refine`: the all-reduces and
 the single-machine bound of every device, fill and drain included), and goes back in line if that raised it;
@@ -177,8 +178,10 @@ class Planner:
                                                         self.layer_costs(samples, config.recompute))
 
     # ---- evaluation ------------------------------------------------------------------------------
-    def prepare(self, config: Config) -> tuple[Candidate, ConfigCosts | None]:
-        """Build schedule, partition and costs; reject what cannot work before simulating."""
+    def prepare(self, config: Config, lazy: bool = False) -> tuple[Candidate, ConfigCosts | None]:
+        """Build schedule, partition and costs; reject what cannot work before simulating. ``lazy``: the
+        candidate's ``lower_bound`` is :meth:`planner.bounds.TimeBounds.work_bound` (a few dictionary reads), and
+        the search asks for the bound of its stages' terms once it reaches the candidate (:meth:`_rank`)."""
         req = self.request
         W, b = config.data, config.micro_batch
         N = req.global_batch // (W * b)
@@ -246,7 +249,7 @@ class Planner:
                 return cand, None
             # it fits with this partition: the time-balanced one's rejection is not this candidate's reason
             cand.reason, cand.memory = "", []
-        cand.lower_bound = self.bounds.lower_bound(sched, costs)
+        cand.lower_bound = self.bounds.work_bound(costs) if lazy else self.bounds.lower_bound(sched, costs)
         return cand, costs
 
     def _costs_fitting(self, cand: Candidate, sched: Schedule, bounds: list[tuple[int, int]],
@@ -466,6 +469,12 @@ class Planner:
         prepared: list[tuple[float, int, Candidate, ConfigCosts | None]] = []
         infeasible: list[Candidate] = []
         evaluated = 0
+        #: the candidates in line under their work bound (prepare's ``lazy``): reached, each gets the bound of its
+        #: stages' terms and goes back in line if that raised it -- the order in which candidates are refined and
+        #: simulated, and where the search stops, are those of the terms' bounds, for thousands of them fewer
+        #: computed (Qwen3-30B-A3B on 64 H100s: 10,984 of 12,074 sit in (t, D, W, b, e) groups whose every
+        #: bound exceeds the k-th best time)
+        unbounded: set[int] = set()
         # what prepare rejects does not depend on the rank order (memory, shapes, sizes: only the times do), and the
         # enumeration puts a configuration's other order right after it: a twin of a rejected one is rejected alike
         refused: tuple[Config, str] | None = None
@@ -477,7 +486,7 @@ class Planner:
                     refused[0] == cfg.model_copy(update={"order": DEFAULT_ORDER}):
                 rejected[refused[1]] += 1
                 continue
-            cand, costs = self.prepare(cfg)
+            cand, costs = self.prepare(cfg, lazy=prune)
             if costs is None:
                 refused = (cfg, reason_key(cand.reason))
                 rejected[refused[1]] += 1
@@ -486,6 +495,8 @@ class Planner:
                     _keep_best(infeasible, k)
                 continue
             prepared.append((cand.lower_bound, i, cand, costs))
+            if prune:
+                unbounded.add(i)
         considered = len(prepared)
         # PipeDream's replicated plans: in line under their bound; the program runs when one comes up
         pending: dict[int, tuple[int, int, int, int, bool]] = {}
@@ -530,6 +541,12 @@ class Planner:
                     heapq.heappush(prepared, (cand.lower_bound, i + j * ids, cand, costs))
                 continue
             costs = maybe
+            if i in unbounded:
+                unbounded.discard(i)
+                cand.lower_bound = max(lb, self.bounds.lower_bound(costs.schedule, costs))
+                if cand.lower_bound > lb:
+                    heapq.heappush(prepared, (cand.lower_bound, i, cand, costs))
+                    continue
             if prune and not cand.refined:
                 if self.refine(cand, costs, top.kth * (1 + ROUNDING)):
                     rejected[reason_key(cand.reason)] += 1

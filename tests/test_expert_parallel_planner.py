@@ -176,6 +176,31 @@ def test_pruned_search_with_experts_is_exact(h100, qwen):
         assert c.lower_bound <= c.iteration_time * (1 + 1e-9)
 
 
+@pytest.mark.slow
+def test_work_bound_holds_for_every_schedule_with_experts(h100, qwen):
+    """The bound the search orders candidates by until it reaches them (planner.bounds.TimeBounds.work_bound: the
+    layers' compute and all-to-alls over D devices) is at most every simulated time -- every schedule, Chimera's
+    doubled forwards and halved backwards, e > 1 in both rank orders, whole experts -- and the pruned search that
+    uses it ranks as simulating everything does, with the same counts as the bound of the stages' terms gives."""
+    from search_support import simulated_with_bounds
+
+    req = TrainingRequest(global_batch=32, gpus=16, top=6)
+    planner = Planner(qwen, h100, req)
+    seen, tight = Counter(), 0
+    for cfg, cand, costs, _ in simulated_with_bounds(planner):
+        work = planner.bounds.work_bound(costs)
+        assert 0 < work <= cand.iteration_time * (1 + 1e-9), cfg.label()
+        seen[(cfg.schedule, cfg.concat, cfg.expert > 1)] += 1
+        tight += work > 0.5 * cand.iteration_time
+    assert {s for s, _, _ in seen} >= {"1f1b", "gpipe", "interleaved", "zb-h1", "chimera", "hanayo"}
+    assert any(c == "forward-doubling" for _, c, _ in seen) and any(e for _, _, e in seen)
+    assert tight > sum(seen.values()) / 2  # (a bound near 0 would hold too, and prune nothing)
+    pruned = Planner(qwen, h100, req).search()
+    full = Planner(qwen, h100, req).search(prune=False)
+    assert [(c.config, c.iteration_time) for c in pruned.candidates] == \
+        [(c.config, c.iteration_time) for c in full.candidates]
+
+
 def test_megatron_export_splits_the_experts():
     """Megatron-LM gets the plan's e (and the all-to-all dispatcher) in its default rank order (the pipeline
     outermost, tp-dp-pp); with the pipeline inside data parallelism (--use-tp-pp-dp-mapping) Megatron-Core refuses

@@ -194,6 +194,7 @@ def test_every_lower_bound_and_memory_floor_holds(preset, cluster, gpus, batch):
         counts = planner.shapes.inflight(cfg, costs.schedule)
         checked += 1
         assert cand.lower_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
+        assert planner.bounds.work_bound(costs) <= cand.iteration_time * (1 + 1e-9), cfg.label()
         if warmup_bound is not None:
             assert warmup_bound <= cand.iteration_time * (1 + 1e-9), cfg.label()
             merged_checked += 1
