@@ -53,6 +53,7 @@ def tp_block_errors(specs: dict[str, tuple[dict[str, Any], int]], timeout: float
     its t = 2 shard on two gloo processes."""
     import json
     import os
+    import signal
     import subprocess
     import sys
     import tempfile
@@ -61,14 +62,19 @@ def tp_block_errors(specs: dict[str, tuple[dict[str, Any], int]], timeout: float
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, str(repo / "tests" / "tp_block_probe.py"), str(r),
-                                   str(Path(tmp) / "store"), json.dumps(specs)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo, env=env)
-                 for r in range(2)]
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-    return [json.loads(out) for out, _ in outs]
+        # one interpreter: it imports torch and forks its second rank (tests/tp_block_probe.py); the group is
+        # killed whole if it hangs
+        proc = subprocess.Popen([sys.executable, str(repo / "tests" / "tp_block_probe.py"), str(Path(tmp) / "store"),
+                                 json.dumps(specs), tmp], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=repo, env=env, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        assert proc.returncode == 0, err
+        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def assert_whole_block(name: str, e: dict[str, Any]) -> None:

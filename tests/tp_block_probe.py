@@ -1,5 +1,8 @@
 """One transformer block against its t = 2 tensor-parallel shard (gloo, two processes, float64), for the executor's
-model tests: run as ``python tests/tp_block_probe.py RANK STORE SPECS`` by :func:`run_support.tp_block_errors`.
+model tests: run as ``python tests/tp_block_probe.py STORE SPECS OUT`` by :func:`run_support.tp_block_errors`, which
+imports torch once and forks rank 1 from rank 0 (as ``executor.supervise`` forks its ranks: nothing has started a
+thread by then; two interpreters each importing torch cost ~2.5 s more of CPU per test module). Each rank writes its
+figures to ``OUT/rank{r}.json``.
 
 ``SPECS``: JSON ``{name: [model spec, layer]}``; each named layer is built (seed 3), perturbed the same way on both
 ranks (a routing far from uniform, every bias and every norm's weight off their initial values, a shared expert's
@@ -15,7 +18,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
+import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -44,7 +50,7 @@ def _perturb(block: torch.nn.Module) -> None:
                 moe.router.expert_bias.copy_(torch.linspace(-0.1, 0.1, len(moe.experts)))
 
 
-def main(rank: int, store: str, specs: dict) -> None:
+def main(rank: int, store: str, specs: dict, out: Path) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
     torch.set_num_threads(1)
     errors = {}
@@ -86,12 +92,29 @@ def main(rank: int, store: str, specs: dict) -> None:
             e |= {"router grad": (grads["moe.router.weight"] - router.grad).abs().max().item(),
                   "router grad norm": router.grad.norm().item()}
         errors[name] = e
-    print(json.dumps(errors))
+    (out / f"rank{rank}.json").write_text(json.dumps(errors))
     # both ranks done before either leaves: a rank exiting while its peer's gloo pair is still open aborts the peer
     # ("terminate called without an active exception", seen 2 runs in 6 without these two lines)
     dist.barrier()
     dist.destroy_process_group()
 
 
+def forked(store: str, specs: dict, out: Path) -> int:
+    """Rank 1 forked from this process, rank 0 here; the exit status: 0 when both ranks ended well."""
+    child = os.fork()
+    rank = 1 if child == 0 else 0
+    code = 0
+    try:
+        main(rank, store, specs, out)
+    except BaseException:  # noqa: BLE001 - the traceback goes to stderr, the status says it failed
+        traceback.print_exc()
+        code = 1
+    if child == 0:
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    return code or (0 if status == 0 else 1)
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]))
+    sys.exit(forked(sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])))
