@@ -434,6 +434,11 @@ def stage_infos(profile: ModelProfile, bounds: list[tuple[int, int]], tensor: in
     return out
 
 
+def _counts_bytes(shape: TransformerShape) -> float:
+    """Bytes per rank of the token counts' exchange before a dispatch: ``E`` int64 (:meth:`ConfigCosts.ep_counts`)."""
+    return 8.0 * int(shape.experts or 1)
+
+
 class ConfigCosts(Costs):
     """:class:`planner.simulate.Costs` of one configuration (module docstring)."""
 
@@ -812,14 +817,11 @@ class ConfigCosts(Costs):
         return sum(self.ep_in("F", s, 1) + self.ep_in("B", s, 1) for _replica, s in self.held[device])
 
     def ep_in(self, kind: str, stage: int, span: int = 1) -> float:
-        """Of an F, B or I action, the seconds of its expert-parallel all-to-alls (:meth:`ep_comm`: the forward's
-        two per layer with experts, the backward's two, and the recomputed forward's); W runs none."""
+        """Of an F, B or I action, the seconds of its expert-parallel all-to-alls (:meth:`_pass_alltoalls`, each
+        layer's in the slowest of the stage's groups); W runs none."""
         if self.expert == 1 or kind not in ("F", "B", "I"):
             return 0.0
-        if kind == "F":
-            return self.ep_comm(stage, self.base_b * span) + self.ep_counts(stage)
-        own = self.ep_comm(stage, self.base_b)
-        return own + (own + self.ep_counts(stage) if self.config.recompute else 0.0)
+        return self._pass_alltoalls(kind, span, lambda nbytes: self._per_moe_layer(stage, nbytes))
 
     def model_ep_in(self, kind: str, span: int = 1) -> float:
         """:meth:`ep_in` of an F or B (a split one's I and W together) through every layer of the model at once, each
@@ -838,31 +840,38 @@ class ConfigCosts(Costs):
             return 0.0
         devices = range(self.schedule.devices)
 
-        def least(nbytes: float) -> float:
-            return layers * min(self._alltoall((d,), nbytes) for d in devices) * self.cal.link_scale
+        def least(nbytes: Callable[[TransformerShape], float]) -> float:
+            n = nbytes(shape)
+            return layers * min(self._alltoall((d,), n) for d in devices) * self.cal.link_scale
 
-        def comm(samples: float) -> float:
-            return 2 * least(alltoall_bytes(samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1),
-                                            self.el, self.t, self.sequence_parallel))
+        return self._pass_alltoalls(kind, span, least)
 
-        counts = least(8.0 * int(shape.experts or 1))
+    def _pass_alltoalls(self, kind: str, span: int, per_layer: Callable[[Callable[[TransformerShape], float]], float]
+                        ) -> float:
+        """The all-to-alls of an F (of ``span`` micro-batches) or a backward, given ``per_layer(nbytes)``: the seconds
+        of one all-to-all of ``nbytes(shape)`` per rank in each layer with experts. A forward: the dispatch and the
+        combine (:meth:`ep_comm`) and the token counts' exchange (:meth:`ep_counts`); a backward: its dispatch and
+        combine, and with recomputation the recomputed forward's too."""
+        comm = 2 * per_layer(self._dispatch_bytes(self.base_b * span if kind == "F" else self.base_b))
         if kind == "F":
-            return comm(self.base_b * span) + counts
-        own = comm(self.base_b)
-        return own + (own + counts if self.config.recompute else 0.0)
+            return comm + per_layer(_counts_bytes)
+        return comm + (comm + per_layer(_counts_bytes) if self.config.recompute else 0.0)
 
     def ep_counts(self, stage: int) -> float:
         """A forward's exchange of the token counts before each dispatch (:mod:`planner.expert_parallel`: an
         all-to-all of ``E`` int64 per rank, per layer with experts), with the link scale; 0 at e = 1."""
-        return self._per_moe_layer(stage, lambda shape: 8.0 * int(shape.experts or 1))
+        return self._per_moe_layer(stage, _counts_bytes)
 
     def ep_comm(self, stage: int, samples: float) -> float:
         """One pass's expert-parallel all-to-alls of ``stage`` for a micro-batch of ``samples``: per layer with
         experts the dispatch and the combine (:mod:`planner.expert_parallel`, "Communication"), each
         :func:`alltoall_time` in the slowest of the stage's expert-parallel groups, with the link scale; 0 at e = 1."""
-        return 2 * self._per_moe_layer(stage, lambda shape: alltoall_bytes(
-            samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1), self.el, self.t,
-            self.sequence_parallel))
+        return 2 * self._per_moe_layer(stage, self._dispatch_bytes(samples))
+
+    def _dispatch_bytes(self, samples: float) -> Callable[[TransformerShape], float]:
+        """Bytes per rank of one dispatch (or combine) of a micro-batch of ``samples``, of the model's shape."""
+        return lambda shape: alltoall_bytes(samples, shape.seq, shape.hidden, int(shape.experts_per_token or 1),
+                                            self.el, self.t, self.sequence_parallel)
 
     def _per_moe_layer(self, stage: int, nbytes: Callable[[TransformerShape], float]) -> float:
         """One all-to-all of ``nbytes(shape)`` per rank (:meth:`_alltoall`) in each of ``stage``'s layers with
@@ -944,15 +953,9 @@ class ConfigCosts(Costs):
             seconds += collective_time(self.cluster, "intra", "all_gather", self.t, full)
         return seconds * self.cal.link_scale
 
-    def _sum_time(self, stage: int, kind: str, samples: float) -> float:
-        """Seconds of ``kind`` over the stage's layers at ``samples`` per micro-batch (running sums over the
-        model's layers, computed once per kind and size)."""
-        sums = self._sums(kind, samples)
-        i, j = self.stages[stage].layers
-        return sums[j] - sums[i]
-
     def _sums(self, kind: str, samples: float) -> list[float]:
-        """:meth:`_sum_time`'s running sums of ``kind`` over the model's layers at ``samples``."""
+        """Running sums over the model's layers of their seconds of ``kind`` at ``samples`` per micro-batch (computed
+        once per kind and size): a range of layers' seconds is a difference of two (:meth:`_layers_parts`)."""
         t = self.t
         key = (kind, samples, t, self.per_t)
         sums = self._layer_sums.get(key)
@@ -967,17 +970,9 @@ class ConfigCosts(Costs):
             self._layer_sums[key] = sums
         return sums
 
-    def _matrix_sum(self, stage: int, kind: str, samples: float) -> float:
-        """The part of :meth:`_sum_time` that runs on the matrix engines at the held rate (the shards'
-        ``matrix_share``; 0 for layers without one)."""
-        if self.power is None:
-            return 0.0
-        sums = self._matrix_sums(kind, samples)
-        i, j = self.stages[stage].layers
-        return sums[j] - sums[i]
-
     def _matrix_sums(self, kind: str, samples: float) -> list[float]:
-        """:meth:`_matrix_sum`'s running sums over the model's layers (with a power limit)."""
+        """:meth:`_sums` of the part that runs on the matrix engines at the held rate (the shards' ``matrix_share``; 0
+        for layers without one); asked for with a power limit only."""
         t = self.t
         key = ("matrix " + kind, samples, t, self.per_t)
         sums = self._layer_sums.get(key)
@@ -994,15 +989,22 @@ class ConfigCosts(Costs):
         """:meth:`_compute` of ``kind`` at ``samples`` over every layer of the model once -- what the stages of any
         partition hold between them, less what an F or B adds to its layers' compute (collectives, overheads) --
         at the held clock (:meth:`planner.bounds.TimeBounds.work_bound`)."""
-        total = self._sums(kind, samples)[-1]
-        matrix = self._matrix_sums(kind, samples)[-1] if self.power is not None else 0.0
-        scale = self.cal.compute_scale
-        return total * scale - self.relief * (matrix * scale)
+        total, matrix = self._layers_parts(0, len(self.profile.layers), kind, samples)
+        return total - self.relief * matrix
 
     def _compute_parts(self, stage: int, kind: str, samples: float) -> tuple[float, float]:
-        """(the layers' compute at the busy-throughout rate, its matrix part), calibrated."""
+        """(the stage's layers' compute at the busy-throughout rate, its matrix part), calibrated."""
+        i, j = self.stages[stage].layers
+        return self._layers_parts(i, j, kind, samples)
+
+    def _layers_parts(self, i: int, j: int, kind: str, samples: float) -> tuple[float, float]:
+        """(the compute of layers ``[i, j)`` at the busy-throughout rate, its matrix part), calibrated."""
         scale = self.cal.compute_scale
-        return self._sum_time(stage, kind, samples) * scale, self._matrix_sum(stage, kind, samples) * scale
+        sums = self._sums(kind, samples)
+        if self.power is None:
+            return (sums[j] - sums[i]) * scale, 0.0
+        matrix = self._matrix_sums(kind, samples)
+        return (sums[j] - sums[i]) * scale, (matrix[j] - matrix[i]) * scale
 
     def _compute(self, stage: int, kind: str, samples: float) -> float:
         """The layers' compute at the held clock: :meth:`_compute_parts` less ``relief`` of its matrix part."""
