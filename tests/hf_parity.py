@@ -32,13 +32,18 @@ def built(spec: ModelSpec, make_hf: Callable[[], nn.Module]) -> tuple[ModelConfi
 
 
 def copied(cfg: ModelConfig, layers: list[nn.Module], hf: nn.Module,
-           copy_block: Callable[[nn.Module, nn.Module, torch.Generator], None], gen: torch.Generator) -> torch.Tensor:
+           copy_block: Callable[[nn.Module, nn.Module, torch.Generator], None], gen: torch.Generator,
+           norm_off_one: bool = False) -> torch.Tensor:
     """Our embedding, each block (``copy_block(ours, theirs, gen)``, in order), final norm and LM head copied into
-    transformers' ``hf`` (a ``*ForCausalLM``); the batch of 2 sequences (seed 3) both are compared on."""
+    transformers' ``hf`` (a ``*ForCausalLM``); the batch of 2 sequences (seed 3) both are compared on.
+    ``norm_off_one``: our final norm's weight drawn in [0.5, 1.5) from ``gen`` (after the blocks') before it is
+    copied: at one, a final norm whose weight were not applied would not show."""
     with torch.no_grad():
         hf.model.embed_tokens.weight.copy_(layers[0].tok.weight)
         for ours, theirs in zip(layers[1:-1], hf.model.layers, strict=True):
             copy_block(ours, theirs, gen)
+        if norm_off_one:
+            layers[-1].norm.weight.uniform_(0.5, 1.5, generator=gen)
         hf.model.norm.weight.copy_(layers[-1].norm.weight)
         hf.lm_head.weight.copy_(layers[-1].weight)
     ids, _ = synthetic_batch(cfg, 2, seed=3)

@@ -227,11 +227,7 @@ def ours_and_theirs():  # type: ignore[no-untyped-def]
     """Our layers of the fixture (float64), transformers' model with our weights copied in (:func:`copy_block`; the
     final norm off one too), and a batch of 2 x 16 tokens; the same parameter count, ModelSpec's."""
     cfg, layers, hf = built(SPEC, hf_model)
-    gen = torch.Generator().manual_seed(0)
-    ids = copied(cfg, layers, hf, copy_block, gen)
-    with torch.no_grad():
-        layers[-1].norm.weight.uniform_(0.5, 1.5, generator=gen)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+    ids = copied(cfg, layers, hf, copy_block, torch.Generator().manual_seed(0), norm_off_one=True)
     assert ids.shape == (2, 16)
     return layers, hf, ids
 

@@ -140,11 +140,7 @@ def ours_and_theirs(name: str):  # type: ignore[no-untyped-def]
     """Our layers of the fixture ``name`` (float64), transformers' model with our weights copied in (moved off their
     initial values: :func:`copy_block`), and a batch of 2 x 16 tokens; the same parameter count, ModelSpec's."""
     cfg, layers, hf = built(SPEC[name], lambda: hf_model(name))
-    gen = torch.Generator().manual_seed(0)
-    ids = copied(cfg, layers, hf, copy_block, gen)
-    with torch.no_grad():  # (the final norm off one too, drawn after the blocks')
-        layers[-1].norm.weight.uniform_(0.5, 1.5, generator=gen)
-        hf.model.norm.weight.copy_(layers[-1].norm.weight)
+    ids = copied(cfg, layers, hf, copy_block, torch.Generator().manual_seed(0), norm_off_one=True)
     assert ids.shape == (2, 16)
     return layers, hf, ids
 
