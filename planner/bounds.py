@@ -58,7 +58,8 @@ import numpy as np
 from planner.cost import ConfigCosts
 from planner.partition import prefix_sums
 from planner.placement import link_key
-from planner.schedules import PROFILE_DRIVEN, inflight_exact, splits_backward
+from planner.request import Config
+from planner.schedules import BACKWARD_HALVING, PROFILE_DRIVEN, inflight_exact, splits_backward
 from planner.schedules.ir import SEND_B, SEND_F, Schedule
 from planner.shapes import ScheduleCache, Warmup
 from planner.simulate import simulate
@@ -70,6 +71,12 @@ WORK_MARGIN = 1e-9
 #: entries of one block of the arrays that grow with the stage copies a device holds, a block of devices at a
 #: time (a few MB): :meth:`TimeBounds.device_terms`' (devices, h, h), :func:`_single_machine`'s (devices, kappas)
 _BLOCK = 1 << 17
+
+
+def _doubles_forwards(cfg: Config) -> bool:
+    """Whether some forward action of ``cfg``'s lists may run two micro-batches (Chimera 3.5's forward doubling, and
+    backward halving's merged forwards): its bounds take the cheaper of one forward and half of a doubled one."""
+    return cfg.concat in ("forward-doubling", BACKWARD_HALVING)
 
 
 class StageTerms:
@@ -178,7 +185,7 @@ class TimeBounds:
         size and count, recomputation and doubled forwards."""
         cfg, sched = costs.config, costs.schedule
         b = costs.base_b
-        doubled = cfg.concat in ("forward-doubling", "backward-halving")
+        doubled = _doubles_forwards(cfg)
         key = (cfg.tensor, cfg.pipeline, cfg.data, cfg.expert, cfg.expert_tensor, cfg.order if cfg.expert > 1 else None,
                b, sched.microbatches, sched.devices, cfg.recompute, doubled)
         got = self._work_bounds.get(key)
@@ -200,7 +207,7 @@ class TimeBounds:
         the chains); where a blocking runtime's F and B hold their sends, or every F and B gathers its sharded
         weights (:mod:`planner.fsdp`), per W too."""
         cfg = costs.config
-        doubled = cfg.concat in ("forward-doubling", "backward-halving")
+        doubled = _doubles_forwards(cfg)
         split = splits_backward(cfg.schedule)
         # (an F or B holds its stage's expert-parallel all-to-alls, of e and of where the rank order puts the groups)
         key: tuple = (tuple(info.layers for info in costs.stages), costs.t, costs.base_b, cfg.recompute, doubled,
