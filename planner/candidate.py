@@ -54,6 +54,9 @@ class Candidate:
     #: run the same thing (:func:`planner.equivalence.collapse`)
     name: str = ""
     alternatives: list[str] = field(default_factory=list)
+    #: each alternative's own simulated time (:func:`planner.equivalence.collapse`): the search lists only the
+    #: twins within the k-th best time (:func:`planner.search._merge`); not in the JSON
+    alternative_times: list[float] = field(default_factory=list, repr=False)
     #: the matrix-engine rate, a fraction of the burst rate, a power-limited GPU holds in this step
     #: (:mod:`planner.power`); None where the device or profile has no power limit
     held_rate: float | None = None

@@ -245,14 +245,15 @@ class TopDistinct:
 
 def collapse(cands: list[Any], twins: Twins | None = None) -> list[Any]:
     """``cands`` (ranked, best first) with every candidate that runs the same thing as a better-ranked one
-    removed and its schedule's label added to that one's ``alternatives``; every kept candidate gets its
-    ``name``. ``twins``: the forms already computed (:class:`TopDistinct`'s)."""
+    removed and its schedule's label added to that one's ``alternatives`` (its time to ``alternative_times``);
+    every kept candidate gets its ``name``. ``twins``: the forms already computed (:class:`TopDistinct`'s)."""
     twins = Twins(forms=twins.forms if twins is not None else None)
     kept: list[Any] = []
     for cand in cands:
         first = twins.add(cand)
         if first is not cand:
             first.alternatives.append(schedule_label(cand.config))
+            first.alternative_times.append(cand.iteration_time)
             continue
         cand.name = describe(cand)
         kept.append(cand)

@@ -619,8 +619,19 @@ def _merge(parts: list[Ranked], rejected: Counter[str], k: int) -> PlanResult:
     every row of its own that can be among the k best overall, and twins never cross parts), and the rows
     of the ``k`` best candidates that do not fit, their twins collapsed into the first (as
     :func:`planner.equivalence.collapse` does). ``rejected``: what the enumeration rejected (counted in
-    ``evaluated`` too, with the configurations the parts evaluated)."""
+    ``evaluated`` too, with the configurations the parts evaluated).
+
+    A row lists as ``alternatives`` the twins whose own time is within the k-th best row's (all of them while
+    there are fewer than k rows): those, and only those, every search simulates whatever its order. A slower
+    twin past it (Hanayo's waves at D = 1 add an all-reduce per stage to 1F1B's computation) is skipped by its
+    bound or simulated depending on when the search reaches it -- in one process or two, pruned or not -- and
+    listing it would make the same request's rows differ with the machine's load."""
     rows = list(heapq.merge(*(p.rows for p in parts), key=_rank_key))[:k]
+    if len(rows) == k:
+        kth = rows[-1].iteration_time * (1 + ROUNDING)
+        for c in rows:
+            kept = [(a, t) for a, t in zip(c.alternatives, c.alternative_times, strict=True) if t <= kth]
+            c.alternatives, c.alternative_times = [a for a, _ in kept], [t for _, t in kept]
     tagged = heapq.merge(*([(c, p, j) for j, c in enumerate(p.infeasible)] for p in parts),
                          key=lambda x: _rank_key(x[0]))
     infeasible: list[Candidate] = []
@@ -630,6 +641,7 @@ def _merge(parts: list[Ranked], rejected: Counter[str], k: int) -> PlanResult:
             infeasible.append(c)
         else:
             p.infeasible[first].alternatives.append(schedule_label(c.config))
+            p.infeasible[first].alternative_times.append(c.iteration_time)
     total = Counter(rejected)
     for p in parts:
         total.update(p.rejected)

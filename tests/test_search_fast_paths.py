@@ -500,6 +500,47 @@ def test_split_search_ranks_as_one_process_and_as_simulating_everything(monkeypa
     _same_counts(two, one)
 
 
+def test_rows_list_the_same_twins_pruned_full_and_split(monkeypatch):
+    """A row lists the twins within the k-th best time (planner.search._merge), whichever way the search ran:
+    gpt2-medium on 4 V100s, B = 16, a 4 GiB reserve, k = 5 -- the fifth row (ZB-H1, t = 2, D = 1) has slower
+    Hanayo twins (an all-reduce per stage more) past the fifth time, which the exhaustive search simulated and
+    listed while the pruned one skipped them by their bound, so the same request's rows differed; and a
+    mixture of experts (Qwen1.5-MoE on 8 A100 40GB, B = 32, a sharded optimizer) whose fifth row's slower twins
+    two processes simulated and one did not."""
+    from planner.operators import OperatorOptions
+    from profiler.hf_config import read_hf_config
+
+    def rows(res):  # type: ignore[no-untyped-def]
+        return [(c.config, c.iteration_time, c.memory, c.name, c.alternatives) for c in res.candidates]
+
+    dense = dict(preset="gpt2-medium", cluster="dgx1-v100-32gb.json", gpus=4, batch=16, top=5,
+                 memory_reserve_bytes=4 * 2**30)
+    pruned = _planner(**dense).search()  # type: ignore[arg-type]
+    full = _planner(**dense).search(prune=False)  # type: ignore[arg-type]
+    assert rows(pruned) == rows(full) and len(pruned.candidates) == 5
+    kth = pruned.candidates[-1].iteration_time
+    every = _planner(**{**dense, "top": 10_000}).search(prune=False).candidates  # type: ignore[arg-type]
+    slower = {c.config: [a for a in c.alternatives] for c in every[:5]}
+    assert any(set(slower[c.config]) > set(c.alternatives) for c in pruned.candidates), \
+        "the case must have a twin past the k-th time"
+    for c in pruned.candidates:
+        assert all(t <= kth * (1 + 1e-9) for t in c.alternative_times)
+        assert len(c.alternatives) == len(c.alternative_times)
+
+    cl = load_cluster(EX / "dgx-a100-40gb.json")
+    spec = read_hf_config(Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen1.5-moe-a2.7b",
+                          seq=512)
+    moe = analytic_profile(spec, device_for_cluster(cl), options=OperatorOptions(attention="flash"))
+    req = TrainingRequest(global_batch=32, gpus=8, top=5, shard_optimizer=True)
+    one = Planner(moe, cl, req).search()
+    two, got = _split_search(monkeypatch, Planner(moe, cl, req))
+    assert got and got[0] is not None
+    assert rows(two) == rows(one) == rows(Planner(moe, cl, req).search(prune=False))
+    every = Planner(moe, cl, req.model_copy(update={"top": 10_000})).search(prune=False).candidates
+    assert any(len(e.alternatives) > len(c.alternatives) for e, c in zip(every, one.candidates, strict=False)), \
+        "the case must have a twin past the k-th time"
+
+
 def _same_counts(two, one) -> None:  # type: ignore[no-untyped-def]
     """The counts of a split search: the same configurations; what is rejected before the search's loop (the
     enumeration, the model state, the activations known from the shape) the same; what the loop decides -- the
