@@ -198,6 +198,36 @@ def test_pruned_search_ranks_as_simulating_everything(preset, cluster, gpus, bat
     assert pruned.simulated < full.simulated
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model,cluster,seq,attention,gpus,batch,kw", [
+    # latent attention and shared experts, expert parallelism up to e = 8, sequence parallel
+    ("deepseek-v2-lite", "dgx-h100-80gb.json", 1024, "flash", 8, 16, {}),
+    # attention sinks, a window on every other layer, biased experts, weights sharded over the replicas
+    ("gpt-oss-20b", "dgx-a100-80gb.json", 512, "unfused", 8, 16, {"shard_parameters": True}),
+    # windows and grouped-query attention, one rank order
+    ("gemma-2-9b", "dgx-h100-80gb.json", 1024, "flash", 16, 32, {"rank_order": "tp-dp-pp"}),
+])
+def test_pruned_search_ranks_as_simulating_everything_hf(model, cluster, seq, attention, gpus, batch, kw):
+    """The same for Hugging Face configs of ``examples/models`` (``benchmarks/search_exactness.py --hf`` draws
+    many more): rows, times, memory, names and alternatives of the pruned search are the exhaustive search's."""
+    from planner.operators import OperatorOptions
+    from profiler.hf_config import read_hf_config
+
+    cl = load_cluster(EX / cluster)
+    spec = read_hf_config(Path(__file__).resolve().parent.parent / "examples" / "models" / model, seq=seq)
+    prof = analytic_profile(spec, device_for_cluster(cl),
+                            options=OperatorOptions(attention=attention, sequence_parallel=model.startswith("deep")))
+    req = TrainingRequest(global_batch=batch, gpus=gpus, top=5, **kw)
+    pruned, full = Planner(prof, cl, req).search(), Planner(prof, cl, req).search(prune=False)
+    assert len(pruned.candidates) == 5
+
+    def rows(res):  # type: ignore[no-untyped-def]
+        return [(c.config, c.iteration_time, c.memory, c.name, c.alternatives) for c in res.candidates]
+
+    assert rows(pruned) == rows(full)
+    assert pruned.simulated < full.simulated
+
+
 @pytest.mark.parametrize("argv,collects", [(["plan", "--help"], False), (["predict"], False), (["serve"], True),
                                            ([], True)])
 def test_short_lived_commands_run_without_the_cyclic_collector(monkeypatch, argv, collects):
