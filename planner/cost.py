@@ -831,11 +831,7 @@ class ConfigCosts(Costs):
         shape = self.profile.shape
         if self.expert == 1 or shape is None or kind not in ("F", "B"):
             return 0.0
-        key = ("layers with experts", 0.0, 0, False)  # (in this profile's dict of sums: counted once)
-        counted = self._layer_sums.get(key)
-        if counted is None:
-            counted = self._layer_sums[key] = [float(sum(1 for x in self.profile.layers if x.expert_params))]
-        layers = counted[0]
+        layers = sum(info.moe_layers for info in self.stages)  # (the stages hold every layer once)
         if not layers:
             return 0.0
         devices = range(self.schedule.devices)
