@@ -985,8 +985,7 @@ class ConfigCosts(Costs):
         """:meth:`_compute` of ``kind`` at ``samples`` over every layer of the model once -- what the stages of any
         partition hold between them, less what an F or B adds to its layers' compute (collectives, overheads) --
         at the held clock (:meth:`planner.bounds.TimeBounds.work_bound`)."""
-        total, matrix = self._layers_parts(0, len(self.profile.layers), kind, samples)
-        return total - self.relief * matrix
+        return self._layers_compute(0, len(self.profile.layers), kind, samples)
 
     def _compute_parts(self, stage: int, kind: str, samples: float) -> tuple[float, float]:
         """(the stage's layers' compute at the busy-throughout rate, its matrix part), calibrated."""
@@ -1003,8 +1002,14 @@ class ConfigCosts(Costs):
         return (sums[j] - sums[i]) * scale, (matrix[j] - matrix[i]) * scale
 
     def _compute(self, stage: int, kind: str, samples: float) -> float:
-        """The layers' compute at the held clock: :meth:`_compute_parts` less ``relief`` of its matrix part."""
-        total, matrix = self._compute_parts(stage, kind, samples)
+        """The stage's layers' compute at the held clock (:meth:`_layers_compute`)."""
+        i, j = self.stages[stage].layers
+        return self._layers_compute(i, j, kind, samples)
+
+    def _layers_compute(self, i: int, j: int, kind: str, samples: float) -> float:
+        """The compute of layers ``[i, j)`` at the held clock: :meth:`_layers_parts` less ``relief`` of its matrix
+        part."""
+        total, matrix = self._layers_parts(i, j, kind, samples)
         return total - self.relief * matrix
 
     def fwd(self, stage: int, span: int = 1) -> float:
