@@ -550,7 +550,7 @@ def test_rows_list_the_same_twins_pruned_full_and_split(monkeypatch):
     assert rows(pruned) == rows(full) and len(pruned.candidates) == 5
     kth = pruned.candidates[-1].iteration_time
     every = _planner(**{**dense, "top": 10_000}).search(prune=False).candidates  # type: ignore[arg-type]
-    slower = {c.config: [a for a in c.alternatives] for c in every[:5]}
+    slower = {c.config: c.alternatives for c in every[:5]}
     assert any(set(slower[c.config]) > set(c.alternatives) for c in pruned.candidates), \
         "the case must have a twin past the k-th time"
     for c in pruned.candidates:
