@@ -177,7 +177,8 @@ def create_plan(db: Session, profile_id: int, cluster_id: int, request: dict[str
                          "give a smaller 'gpus' budget")
     cl = cluster_model(cluster)
     resolved, _ = resolve_reserve(TrainingRequest.model_validate(request), cl)  # the request's, or the device's
-    if (why := reserve_error(resolved.memory_reserve_bytes or 0, cl.memory_bytes)) is not None:
+    given = request.get("memory_reserve_bytes") is not None
+    if (why := reserve_error(resolved.memory_reserve_bytes or 0, cl.memory_bytes, given)) is not None:
         raise InputError(why)
     h = request_hash(profile_id, cluster_id, request)
     existing = db.scalar(select(PlanRequest).where(PlanRequest.request_hash == h, PlanRequest.status != "failed")
@@ -337,6 +338,17 @@ def _model_fits_profile(db: Session, plan: PlanRequest, model: str) -> None:
     from planner.model import PRESETS, get_model
 
     profile = get_profile(db, plan.profile_id)
+    env = (profile.body or {}).get("environment") or {}
+    try:
+        spec_name = json.loads(env.get("model_spec", "{}")).get("name")
+    except (ValueError, AttributeError, RecursionError):
+        spec_name = None
+    named = env.get("model") or spec_name or profile.name  # the model the profile is of
+    if named in PRESETS and named != model:
+        # (a bert-tiny run of a gpt-tiny plan ran, was compared with gpt-tiny's prediction and fitted in calibration)
+        raise InputError(f"model: {model}, but plan {plan.id}'s profile {profile.name!r} is of {named}: a run of "
+                         f"another model measures something other than what was predicted; use {named}, or "
+                         "emulate the profile (\"emulate\": true, no model needed)")
     have, want = get_model(model).profile_layers, profile.num_layers
     if have == want:
         return

@@ -47,10 +47,13 @@ def candidate_export(db: Session, runner: Any, timeout: float, plan_id: int, ran
     prof, cl = crud.plan_models(db, plan_id)
     module = framework(fmt)
     spec = RunSpec.from_document(row.body)
-    inp = ExportInput.from_profile(spec, prof, gpus_per_node=cl.gpus_per_node,
-                                   predicted=row.body.get("iteration_time"), candidate=rank,
-                                   shard_optimizer=bool(row.body.get("shard_optimizer")),
-                                   shard_parameters=bool(row.body.get("shard_parameters")))
+    try:
+        inp = ExportInput.from_profile(spec, prof, gpus_per_node=cl.gpus_per_node,
+                                       predicted=row.body.get("iteration_time"), candidate=rank,
+                                       shard_optimizer=bool(row.body.get("shard_optimizer")),
+                                       shard_parameters=bool(row.body.get("shard_parameters")))
+    except ExportError as e:
+        raise InputError(str(e)) from None
     try:
         exported = export_same_run(module, inp, row.body.get("alternatives") or ())
     except UnsupportedSchedule as err:

@@ -408,6 +408,9 @@ def fail_slot(db: Session, job_id: int, node_rank: int, worker_id: int, error: s
 def finish_slot(db: Session, job_id: int, node_rank: int, worker_id: int) -> Job:
     """Node ``node_rank``'s run exited 0 without the result (global rank 0 ran elsewhere): its slot is done."""
     job, slot = _held_running(db, job_id, node_rank, worker_id)
+    if job.state == "queued":  # (a done slot is not leased: expiry would never open it again for the forming gang)
+        raise Conflict(f"job {job_id} has not started (its gang is still forming): node {node_rank} cannot have "
+                       "run it; release the slot instead")
     if slot.state != "done":
         db.execute(update(JobSlot).where(JobSlot.id == slot.id, JobSlot.worker_id == worker_id)
                    .values(state="done", lease_expires_at=None))

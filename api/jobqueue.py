@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from api import gang
-from api.errors import Conflict
+from api.errors import Conflict, InputError
 from db.models import Job, Result, Worker, finite, utcnow
 
 #: the states a job does not leave
@@ -233,8 +233,14 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
                            f"worker {worker_id}'s node {rank}")
     else:
         _held(db, job_id, worker_id)
+    emulated = data.get("emulated")
+    if emulated is None:  # (absent: as the job was created; calibration fits real runs only)
+        emulated = job.emulate
+    elif emulated != job.emulate:
+        raise InputError(f"emulated: {str(emulated).lower()}, but job {job_id} was created with emulate "
+                         f"{str(job.emulate).lower()}: a result says how the job it is of ran")
     res = Result(job_id=job_id, worker_id=worker_id, iteration_time=data["iteration_time"],
-                 bubble_ratio=data.get("bubble_ratio"), emulated=bool(data.get("emulated")),
+                 bubble_ratio=data.get("bubble_ratio"), emulated=bool(emulated),
                  devices=finite(data.get("devices") or []), trace=data.get("trace"),
                  body=finite(data.get("raw") or {}))
     db.add(res)

@@ -4,7 +4,10 @@ router's routes):
 * a key given twice in one JSON object is refused (422 naming the key), as the command line refuses it in files
   (:func:`planner.jsondoc.unique_keys`): JSON (RFC 8259 section 4) leaves such an object's meaning undefined and
   Python's reader keeps the last value, so an upload's first value was dropped without a word;
-* a body that is not UTF-8 or nests past the reader's depth is a 400 saying so;
+* a body that is not UTF-8 or nests past the reader's depth, or has a number past Python's 4300 digits, is a 400
+  saying so; a string that is not text (a lone UTF-16 surrogate escape, ``"\\ud800"``) is a 422 naming where;
+* a body sent with a content type other than JSON's is a 415 naming it (FastAPI read it as bytes and answered
+  "Input should be a valid dictionary");
 * a query parameter the endpoint does not take, or a single-valued one given twice, is a 422
   (:func:`query_problem`), and so is a body sent to an endpoint that takes none (its options are query
   parameters: ``POST /clusters/1/calibrate`` with ``{"include_emulated": true}`` calibrated without them)."""
@@ -20,7 +23,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from planner.jsondoc import DuplicateKey, unique_keys
+from planner.jsondoc import DuplicateKey, lone_surrogate, may_hold_surrogate, unique_keys
 
 
 class UniqueKeysRequest(Request):
@@ -37,6 +40,15 @@ class UniqueKeysRequest(Request):
             except RecursionError:
                 raise HTTPException(400, "body: nested deeper than the JSON reader follows (about 1000 levels of "
                                          "arrays or objects); no pipeplan document nests more than a few") from None
+            except ValueError as e:
+                if isinstance(e, json.JSONDecodeError):
+                    raise  # (FastAPI's own answer: 422 naming the position)
+                # a number past Python's integer-string limit (4300 digits; FastAPI's answer: 400, no reason)
+                raise HTTPException(400, f"body: {str(e)[:200]}") from None
+            if may_hold_surrogate(body) and (where := lone_surrogate(self._json)) is not None:
+                raise HTTPException(422, f"{where}: a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without "
+                                         "its pair) is not text, and could not be stored or read back as UTF-8 "
+                                         "(RFC 8259 section 8.2)")
         return self._json
 
 
@@ -91,6 +103,13 @@ class UniqueKeysRoute(APIRoute):
             if query and (problem := query_problem(query, takes, where)):
                 return JSONResponse(status_code=422, content={"detail": problem})
             req = UniqueKeysRequest(request.scope, request.receive)
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if (not bodiless and kind and not (kind == "application/json" or kind.endswith("+json"))
+                    and (await req.body()).strip()):
+                # (FastAPI passes such a body on as bytes: "body: Input should be a valid dictionary")
+                return JSONResponse(status_code=415, content={
+                    "detail": f"body: sent as {kind[:60]!r}; {where} takes JSON, sent with content-type "
+                              "application/json"})
             if bodiless and request.method in ("POST", "PUT", "PATCH"):
                 body = (await req.body()).strip()  # (kept on req: the handler reads it again from there)
                 if body not in (b"", b"{}", b"null"):

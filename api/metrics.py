@@ -55,6 +55,10 @@ class StateCollector:
                                 value=c["workers"]["registered"])
 
 
+#: the methods of RFC 9110 section 9 and PATCH (RFC 5789); any other is counted as "other"
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
+
 class Metrics:
     def __init__(self, app: Any) -> None:
         self.registry = CollectorRegistry()
@@ -75,5 +79,7 @@ class Metrics:
         finally:
             route = request.scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            self.requests.labels(request.method, path, str(status)).inc()
-            self.latency.labels(request.method, path).observe(time.perf_counter() - start)
+            # the label's values are bounded: a client's made-up method ("M1XYZ") added a series per request
+            method = request.method if request.method in HTTP_METHODS else "other"
+            self.requests.labels(method, path, str(status)).inc()
+            self.latency.labels(method, path).observe(time.perf_counter() - start)

@@ -25,6 +25,7 @@ from planner.limits import (
     MAX_ITERATIONS,
     MAX_LAYERS,
     MAX_PLAN_GPUS,
+    MAX_SECONDS,
     MAX_TOP,
 )
 from planner.placement import RankOrder
@@ -444,10 +445,13 @@ class ResultIn(BaseModel):
 
     # strict: a number is a JSON number (not true, not "1"), as in PlanCreate
     worker_id: Id | None = Field(default=None, description="optional: must be the credential's worker")
-    iteration_time: float = Field(gt=0, allow_inf_nan=False, strict=True, description="measured seconds per iteration")
+    iteration_time: float = Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False, strict=True,
+                                  description="measured seconds per iteration (a time is at most "
+                                              f"{MAX_SECONDS:g} s, as everywhere: planner.limits)")
     bubble_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False, strict=True)
     devices: list[DeviceFigures] = Field(default_factory=list, max_length=65536)
-    emulated: bool = Field(default=False, strict=True)
+    emulated: bool | None = Field(default=None, strict=True,
+                                  description="whether the run emulated its compute (absent: as the job says)")
     trace: str | None = Field(default=None, max_length=50_000_000, description="trace file contents")
     raw: dict[str, Any] = Field(default_factory=dict, description="the executor's whole result.json "
                                                                   f"(nested at most {MAX_JSON_DEPTH} deep)")

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from api import crud
 from api.errors import InputError
-from planner.jsondoc import integer, number
+from planner.jsondoc import integer, number, text
 
 #: actions of one timeline document (about 40 bytes each in JSON): a few MB at most
 MAX_TIMELINE_ACTIONS = 200_000
@@ -91,7 +91,8 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
     per track (rank), of the last traced iteration, times in seconds from that iteration's first start.
     (None, why) when there is nothing to show. A worker stores the trace as it wrote it, so what is not of the
     format's shape is not read: an event whose time is not a finite number, or whose ``pid`` or ``tid`` is not a
-    number or a string, is left out; ``args`` that are not an object are taken as none."""
+    number or a string, is left out; ``args`` that are not an object are taken as none; a name that is not text (a
+    lone surrogate escape, which JSON allows) is shown with U+FFFD in its place (:func:`planner.jsondoc.text`)."""
     if not trace:
         return None, "the result has no trace"
     try:
@@ -113,14 +114,14 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
         args = ev.get("args")
         args = args if isinstance(args, dict) else {}
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
-            names[tid] = str(args.get("name", ""))
+            names[tid] = text(str(args.get("name", "")))
         elif ev.get("ph") == "X":
             ts, dur = number(ev.get("ts")), number(ev.get("dur") or 0.0)
             if ts is None or dur is None or not math.isfinite(ts + dur):
                 continue
             it = args.get("iteration", 0)
             spans.append((tid, integer(it) or 0,
-                          str(ev.get("name", "")), ts / 1e6, (ts + dur) / 1e6))
+                          text(str(ev.get("name", ""))), ts / 1e6, (ts + dur) / 1e6))
     if not spans:
         return None, "the trace has no timed events"
     last = max(s[1] for s in spans)
@@ -133,7 +134,7 @@ def trace_timeline(trace: str | None) -> tuple[dict[str, Any] | None, str]:
         rows[index[tid]].append([name, s - t0, e - t0])
     for r in rows:
         r.sort(key=lambda x: x[1])
-    labels = [names.get(t) or f"track {t[1]}" for t in tracks]
+    labels = [names.get(t) or text(f"track {t[1]}") for t in tracks]
     return {"iteration": last, "devices": len(rows), "labels": labels, "rows": rows,
             "makespan": max(s[4] for s in spans) - t0}, ""
 

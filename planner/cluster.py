@@ -22,6 +22,8 @@ from planner.limits import (
     MAX_MEMORY_BYTES,
     MAX_NODES,
     MAX_SECONDS,
+    MIN_BANDWIDTH,
+    MIN_FLOPS,
 )
 
 #: a time in seconds: finite, at least 0, at most MAX_SECONDS
@@ -124,9 +126,9 @@ class HostCpu(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cores: int = Field(ge=1, le=MAX_COUNT, description="CPU cores of the host (os.cpu_count())")
-    effective_cores: float = Field(gt=0, le=MAX_COUNT, allow_inf_nan=False,
+    effective_cores: float = Field(ge=0.01, le=MAX_COUNT, allow_inf_nan=False,
                                    description="cores' worth of compute the node's processes get at once (at "
-                                               "most cores)")
+                                               "most cores; at least 1% of one)")
     processes: int = Field(default=0, ge=0, le=MAX_COUNT,
                            description="processes the effective cores were measured with")
     slowdown: float = Field(default=1.0, gt=0, le=MAX_HOST_FACTOR, allow_inf_nan=False,
@@ -135,7 +137,7 @@ class HostCpu(BaseModel):
                                  description="measured: CPU time of that loop, `processes` at once, over its CPU "
                                              "time alone (processes taking turns on a core refill its caches)")
     comm_overlaps_compute: bool = False
-    source: str = ""
+    source: str = Field(default="", max_length=2_000)
 
     @model_validator(mode="after")
     def _at_most_cores(self) -> HostCpu:
@@ -143,6 +145,10 @@ class HostCpu(BaseModel):
             raise ValueError(f"effective_cores: {self.effective_cores:g} is more than the host's {self.cores} cores "
                              "(the processes share them: at most cores)")
         return self
+
+
+#: a factor :class:`Calibration` fits (:data:`planner.calibrate.FACTORS`)
+Factor = Literal["compute_scale", "action_overhead", "link_scale"]
 
 
 class Calibration(BaseModel):
@@ -158,8 +164,8 @@ class Calibration(BaseModel):
     action_overhead: Seconds = Field(default=0.0, description="seconds per action")
     jobs: int = Field(default=0, ge=0, le=2**31 - 1, description="finished jobs it was fitted to (a 32-bit count: "
                                                                  "the database stores it as one)")
-    fitted: list[str] = Field(default_factory=list, description="the factors the jobs determined")
-    at_bound: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+    fitted: list[Factor] = Field(default_factory=list, max_length=3, description="the factors the jobs determined")
+    at_bound: dict[Factor, Annotated[float, Field(allow_inf_nan=False)]] = Field(
         default_factory=dict, description="the factors the fit left at a bound of their physical range, with "
         "that bound (planner.calibrate): the jobs asked for more, so the model and the measurements disagree for "
         "a reason these factors do not describe")
@@ -167,7 +173,7 @@ class Calibration(BaseModel):
                                        description="median |relative error| before the fit")
     error_after: float | None = Field(default=None, ge=0, allow_inf_nan=False,
                                       description="median |relative error| after the fit")
-    notes: str = ""
+    notes: str = Field(default="", max_length=20_000)
 
 
 def node_layout(processes: int, gpus_per_node: int) -> tuple[int, int]:
@@ -198,11 +204,11 @@ class Cluster(BaseModel):
     gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE, strict=True)
     device: str = Field(description="device name, e.g. 'A100-SXM4-80GB'")
     memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, strict=True, description="memory per GPU (at most 1 PiB)")
-    peak_flops: float = Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False,
+    peak_flops: float = Field(ge=MIN_FLOPS, le=MAX_FLOPS, allow_inf_nan=False,
                               description="peak FLOP/s per GPU at the dtype used")
     intra: Link
     inter: Link
-    memory_bandwidth: float = Field(default=1.5e12, gt=0, le=MAX_BANDWIDTH, allow_inf_nan=False,
+    memory_bandwidth: float = Field(default=1.5e12, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH, allow_inf_nan=False,
                                     description="device memory bandwidth, bytes/s (optimizer step)")
     allreduce: Literal["rabenseifner", "ring"] = "rabenseifner"
     notes: str = ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 
@@ -75,3 +76,48 @@ def refuse_duplicate_keys(text: str) -> None:
         raise
     except (ValueError, RecursionError):
         return
+
+
+#: a ``\uD800``-``\uDFFF`` escape in JSON text (``json.loads`` reads an unpaired one as a lone surrogate)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where a document read by ``json.loads`` holds a string that is not text -- a lone UTF-16 surrogate
+    (``"\\ud800"`` unpaired, which JSON's escapes allow and Python's reader keeps) -- as a path in the API's
+    words (``raw.s``, ``devices[0].note``; ``body`` for the document itself), or None. Such a string cannot be
+    written as UTF-8, so a document that stored it could not be read back (RFC 8259 section 8.2: such strings'
+    behaviour is unpredictable)."""
+    todo: list[tuple[Any, str]] = [(value, "")]
+    while todo:
+        v, path = todo.pop()
+        if isinstance(v, str):
+            if not _is_text(v):
+                return path or "body"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str) and not _is_text(k):
+                    return f"{path or 'body'} (a key)"
+                todo.append((x, f"{path}.{k}" if path else str(k)))
+        elif isinstance(v, list):
+            todo.extend((x, f"{path}[{i}]") for i, x in enumerate(v))
+    return None
+
+
+def may_hold_surrogate(raw: bytes) -> bool:
+    """Whether JSON text ``raw`` has a surrogate escape at all (a cheap test before :func:`lone_surrogate`)."""
+    return _SURROGATE_ESCAPE.search(raw) is not None
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def text(s: str) -> str:
+    """``s`` as text that UTF-8 can write: a lone surrogate (read from a document stored as its writer sent it)
+    becomes U+FFFD, a surrogate pair the character it encodes."""
+    return s if _is_text(s) else s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

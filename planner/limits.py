@@ -17,7 +17,9 @@ column or the host's memory:
 * ``MAX_TOP``: candidates a stored plan keeps (the API); ``MAX_KEPT``: candidates one search may keep and rank (the
   command line's ``--top``; a GPT-3 175B search on 1024 GPUs evaluates about 8,000 configurations).
 * ``MAX_COUNT``: parameters of one layer, bytes of one tensor: 2**53, the largest integer a float holds exactly.
-* ``MAX_FLOPS``: FLOP/s of one device (an H100's dense bf16 peak is 9.9e14).
+* ``MAX_FLOPS``: FLOP/s of one device (an H100's dense bf16 peak is 9.9e14); ``MIN_FLOPS`` (1e6) and
+  ``MIN_BANDWIDTH`` (1e6 bytes/s) the least (a 1990s CPU did more): below them nothing would be planned that
+  could run, and a figure like 5e-324 made every cost infinite or NaN instead of a refusal naming the field.
 * ``MAX_SECONDS``: one measured or given time (a layer's pass, a link's latency, a per-action overhead).
 * ``MAX_MEMORY_BYTES``, ``MAX_BANDWIDTH``: one device's memory (1 PiB) and memory bandwidth (bytes/s).
 * ``MAX_LINK_SECONDS``: a link's alpha (s) or beta (s/byte).
@@ -45,7 +47,7 @@ from __future__ import annotations
 __all__ = ["MAX_BANDWIDTH", "MAX_CALIBRATION_RUNS", "MAX_COUNT", "MAX_FLOPS", "MAX_GLOBAL_BATCH", "MAX_GPUS",
            "MAX_GPUS_PER_NODE", "MAX_ITERATIONS", "MAX_KEPT", "MAX_LAYERS", "MAX_LINK_SECONDS", "MAX_MEMORY_BYTES",
            "MAX_NODES", "MAX_PLAN_GPUS", "MAX_SCHEDULE_UNITS", "MAX_SECONDS", "MAX_SIZE", "MAX_SIZES", "MAX_STAGES",
-           "MAX_TOP", "SHAPE_LIMITS"]
+           "MAX_TOP", "MIN_BANDWIDTH", "MIN_FLOPS", "SHAPE_LIMITS"]
 
 MAX_LAYERS = 1024
 MAX_SIZES = 64
@@ -58,9 +60,11 @@ MAX_TOP = 100
 MAX_KEPT = 100_000
 MAX_COUNT = 2**53
 MAX_FLOPS = 1e21
+MIN_FLOPS = 1e6
 MAX_SECONDS = 1e6
 MAX_MEMORY_BYTES = 2**50
 MAX_BANDWIDTH = 1e16
+MIN_BANDWIDTH = 1e6
 MAX_LINK_SECONDS = 1e3
 SHAPE_LIMITS = {"layers": MAX_LAYERS - 2, "hidden": 2**20, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**20,
                 "ffn_hidden": 2**22, "vocab": 2**24, "seq": 2**24, "experts": 2**14}

@@ -92,6 +92,23 @@ def _check_times(field: str, times: dict[int, float] | None, *, allow_empty: boo
             raise ValueError(f"{field}[{b}]: time {t} s must be at most {MAX_SECONDS:g} s")
 
 
+#: a JSON object key read as a whole number (a micro-batch size, a tensor-parallel size) as written plainly
+_PLAIN_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _plain_int_keys(value: Any) -> Any:
+    """A ``dict[int, ...]`` field's keys as JSON gives them (strings) must be whole numbers written plainly:
+    pydantic reads ``"01"``, ``" 1"`` and ``"1"`` as the same 1, so an object holding two of them kept one
+    value and dropped the other without a word (the API's and loaders' duplicate-key rule compares the
+    strings)."""
+    if isinstance(value, dict):
+        for k in value:
+            if isinstance(k, str) and not _PLAIN_INT.fullmatch(k):
+                raise ValueError(f"key {k[:20]!r} is not a whole number written plainly (as '1', not '01', ' 1' "
+                                 "or '1.0')")
+    return value
+
+
 class ShardTimes(BaseModel):
     """One layer's tensor-parallel shard at one ``t``: micro-batch size -> seconds, compute only.
 
@@ -124,6 +141,12 @@ class ShardTimes(BaseModel):
     #: runs on the matrix engines at the device's held rate (GEMM and fused attention kernels): what a higher
     #: clock than ``sustained_rate`` shortens (:mod:`planner.power`); absent otherwise
     matrix_share: dict[int, float] | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    @field_validator("fwd_time", "bwd_time", "recompute_time", "bwd_input_time", "bwd_weight_time", "matrix_share",
+                     mode="before")
+    @classmethod
+    def _plain_keys(cls, v: Any) -> Any:
+        return _plain_int_keys(v)
 
     @model_validator(mode="after")
     def _validate(self) -> ShardTimes:
@@ -214,6 +237,20 @@ class LayerProfile(BaseModel):
     unsplit_expert_times: dict[int, dict[int, ShardTimes]] | None = Field(
         default=None, max_length=MAX_SIZES, exclude_if=lambda v: v is None,
         description="e -> t -> the shard's compute times with the experts whole (expert tensor parallelism 1)")
+
+    @field_validator("fwd_time", "bwd_time", "recompute_time", "fwd_spread", "bwd_spread", "tensor_times",
+                     mode="before")
+    @classmethod
+    def _plain_keys(cls, v: Any) -> Any:
+        return _plain_int_keys(v)
+
+    @field_validator("expert_times", "unsplit_expert_times", mode="before")
+    @classmethod
+    def _plain_nested_keys(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for inner in _plain_int_keys(v).values():
+                _plain_int_keys(inner)
+        return v
 
     @model_validator(mode="after")
     def _validate(self) -> LayerProfile:
@@ -337,7 +374,8 @@ def interpolate_time(table: dict[int, float], b: float) -> float:
 class TransformerShape(BaseModel):
     """Shape of a transformer language model (optional; lets the planner use analytical formulas)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: a count is a JSON integer (not 4.0, not true, not "4"), as a cluster's are
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     hidden: int = Field(gt=0, le=SHAPE_LIMITS["hidden"])
     seq: int = Field(gt=0, le=SHAPE_LIMITS["seq"])
@@ -404,7 +442,7 @@ class ModelProfile(BaseModel):
     source: Literal["measured", "analytical"]
     environment: dict[str, str] = Field(default_factory=dict)
     notes: str = ""
-    schema_version: int = 1
+    schema_version: int = Field(default=1, strict=True)  # (a JSON integer: not true, not 1.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -443,7 +481,7 @@ class ModelProfile(BaseModel):
                              "'transformer' (the shape describes these layers)")
         try:  # the environment's model_spec (what exports write out) describes them too
             spec = json.loads(self.environment.get("model_spec", "{}"))
-        except ValueError:
+        except (ValueError, RecursionError):
             spec = None
         if isinstance(spec, dict):
             for key, have in (("layers", blocks or None), ("heads", self.shape.heads if self.shape else None),
@@ -501,7 +539,7 @@ class ModelProfile(BaseModel):
             return self.shape.heads
         try:
             heads = json.loads(self.environment.get("model_spec", "{}")).get("heads")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return None
         heads = integer(heads)
         return heads if heads is not None and heads > 0 else None

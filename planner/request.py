@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_KEPT, MAX_SIZES, MAX_STAGES
@@ -35,9 +35,11 @@ class TrainingRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # bounded (planner.limits), as the API's PlanCreate: what one plan may ask for
-    global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH, description="samples per iteration (B^)")
-    gpus: int | None = Field(default=None, gt=0, le=MAX_GPUS, description="GPU budget P (default: the whole cluster)")
+    # bounded (planner.limits), as the API's PlanCreate: what one plan may ask for; counts strict, as there (a
+    # library caller's True or "8" was read as 1 and 8)
+    global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH, strict=True, description="samples per iteration (B^)")
+    gpus: int | None = Field(default=None, gt=0, le=MAX_GPUS, strict=True,
+                             description="GPU budget P (default: the whole cluster)")
     bytes_per_param: float = Field(default=16.0, gt=0, le=1e6, allow_inf_nan=False)
     optimizer_bytes_per_param: float | None = Field(
         default=None, ge=0, le=1e6, allow_inf_nan=False,
@@ -50,10 +52,11 @@ class TrainingRequest(BaseModel):
     schedules: list[str] | None = Field(default=None, description="allowed schedules (default: all)")
     allow_async: bool = Field(default=False, description="show PipeDream/2BW (they change the optimizer)")
     allow_recompute: bool = True
-    max_tensor: int | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE,
+    max_tensor: int | None = Field(default=None, gt=0, le=MAX_GPUS_PER_NODE, strict=True,
                                    description="largest t (default: GPUs per node)")
-    micro_batches: list[int] | None = Field(default=None, max_length=MAX_SIZES, description="micro-batch sizes to try")
-    max_expert: int | None = Field(default=None, gt=0, le=MAX_GPUS,
+    micro_batches: list[StrictInt] | None = Field(default=None, max_length=MAX_SIZES,
+                                                  description="micro-batch sizes to try")
+    max_expert: int | None = Field(default=None, gt=0, le=MAX_GPUS, strict=True,
                                    description="largest expert-parallel size e of a mixture of experts (default: "
                                                "every divisor of both the experts and W)")
     rank_order: RankOrder | None = Field(
@@ -61,13 +64,14 @@ class TrainingRequest(BaseModel):
         description="rank order of every configuration (planner.placement): tp-pp-dp (the pipeline inside data "
                     "parallelism) or tp-dp-pp (the pipeline outermost: Megatron-LM's default, torchtitan's, "
                     "DeepSpeed's); default: both, where they place groups differently")
-    tensor_efficiency: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False,
-                                     description="compute efficiency of a t-way split GEMM vs t=1")
+    tensor_efficiency: float = Field(default=0.95, ge=0.1, le=1, allow_inf_nan=False,
+                                     description="compute efficiency of a t-way split GEMM vs t=1 (at least 0.1: "
+                                                 "1e-300 predicted 1e298 s)")
     memory_reserve_bytes: float | None = Field(
         default=None, ge=0, le=2**60, allow_inf_nan=False,
         description="framework/workspace reserve per device, bytes (default: by the cluster's device kind, "
                     "planner.reserve: 2 GiB on GPUs, 320 MiB on CPUs)")
-    top: int = Field(default=10, gt=0, le=MAX_KEPT)
+    top: int = Field(default=10, gt=0, le=MAX_KEPT, strict=True)
 
     @model_validator(mode="after")
     def _check(self) -> TrainingRequest:
@@ -77,9 +81,18 @@ class TrainingRequest(BaseModel):
         for s in self.schedules or []:
             if s not in ALL_SCHEDULES:
                 raise ValueError(f"schedules: unknown schedule {s!r}; known: {', '.join(ALL_SCHEDULES)}")
+        for field in ("schedules", "micro_batches"):  # (each was planned once per time it was named: 3x the work)
+            given = getattr(self, field) or []
+            if len(set(given)) < len(given):
+                twice = next(x for i, x in enumerate(given) if x in given[:i])
+                raise ValueError(f"{field}: {twice} is given twice")
         for b in self.micro_batches or []:
             if not 1 <= b <= MAX_GLOBAL_BATCH:
                 raise ValueError(f"micro_batches: sizes must be between 1 and {MAX_GLOBAL_BATCH}, got {b}")
+        if self.micro_batches and all(self.global_batch % b for b in self.micro_batches):
+            # (each data-parallel replica runs global_batch / W samples as whole micro-batches: B = W b N)
+            raise ValueError(f"micro_batches: none of {', '.join(map(str, self.micro_batches))} divides global_batch "
+                             f"{self.global_batch} (B = W b N: every size left would plan nothing)")
         if self.shard_parameters and self.schedules and all(s in FSDP_INCOMPATIBLE for s in self.schedules):
             raise ValueError(f"schedules: none of {', '.join(self.schedules)} can shard its weights "
                              f"(shard_parameters): they keep two copies or versions of a stage; name another")

@@ -55,11 +55,18 @@ def resolve_reserve(request: TrainingRequest, cluster: Cluster) -> tuple[Trainin
     return request.model_copy(update={"memory_reserve_bytes": value}), source
 
 
-def reserve_error(reserve: float, memory_bytes: int) -> str | None:
+def reserve_error(reserve: float, memory_bytes: int, given: bool = True) -> str | None:
     """Why a reserve of ``reserve`` bytes per device leaves nothing of a device of ``memory_bytes`` for the model
     (None: it leaves some). Every candidate would otherwise read as if its model state did not fit: a plan page
-    said "the model's weights ... alone exceed each device's memory" of a model of 3.5 MB."""
+    said "the model's weights ... alone exceed each device's memory" of a model of 3.5 MB. ``given``: the request
+    named the reserve; else it is the device's default, and what is wrong is more likely the cluster's memory (a
+    cluster file of ``memory_bytes: 1000`` was answered "--memory-reserve: ... give a smaller reserve", an option
+    the user had not given)."""
     if reserve < memory_bytes:
         return None
+    if not given:
+        return (f"memory_bytes: the cluster's devices hold {memory_bytes / 2**30:.4g} GiB, not more than the default "
+                f"reserve of {reserve / 2**30:.4g} GiB per device (planner/reserve.py): give the devices' memory, or a "
+                "smaller reserve")
     return (f"memory_reserve_bytes: the reserve of {reserve / 2**30:.4g} GiB per device leaves nothing of the "
             f"device's {memory_bytes / 2**30:.4g} GiB for the model: give a smaller reserve")

@@ -89,8 +89,9 @@ class Planner:
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, request: TrainingRequest) -> None:
         # the reserve's default depends on the cluster's device kind (planner.reserve); resolved once here
+        given = request.memory_reserve_bytes is not None
         request, self.reserve_source = resolve_reserve(request, cluster)
-        if (why := reserve_error(request.memory_reserve_bytes or 0, cluster.memory_bytes)) is not None:
+        if (why := reserve_error(request.memory_reserve_bytes or 0, cluster.memory_bytes, given)) is not None:
             raise ValueError(why)
         self.profile, self.cluster, self.request = profile, cluster, request
         self.heads = profile.attention_heads  # what t must divide (planner.model.tensor_split_error)

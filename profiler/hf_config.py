@@ -1134,7 +1134,11 @@ def trains_with_dropout(data: dict[str, Any]) -> bool:
     if model_type not in SUPPORTED:
         raise HFConfigError("model_type", unsupported_type(model_type))
     cfg = transformers_config(model_type, data)
-    return any(float(getattr(cfg, f, 0.0) or 0.0) > 0 for f in DROPOUT_FIELDS)
+    rates = {f: float(getattr(cfg, f, 0.0) or 0.0) for f in DROPOUT_FIELDS}
+    for f, p in rates.items():  # (NaN read as "no dropout", inf as "dropout"; a probability is neither)
+        if not 0.0 <= p <= 1.0:
+            raise HFConfigError(f, f"a dropout probability in [0, 1], got {p}")
+    return any(p > 0 for p in rates.values())
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:

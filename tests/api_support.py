@@ -347,8 +347,8 @@ def finish_job(client: Any, plan: dict[str, Any], index: int, worker: dict[str, 
     answer: its id and its own credential) and finished with ``seconds`` measured (``raw``: the run's own result
     document, as the agent reports it); the job's id."""
     mine = {"Authorization": f"Bearer {worker['token']}"}
-    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny"},
-                      headers=AUTH).json()
+    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": index, "model": "gpt-tiny",
+                                     "emulate": emulated}, headers=AUTH).json()
     claim = client.post(f"/workers/{worker['id']}/claim", headers=mine)
     assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"], claim.text
     r = client.post(f"/jobs/{job['id']}/result", json={"worker_id": worker["id"], "iteration_time": seconds,

@@ -28,8 +28,8 @@ def test_odd_budget_plans_and_skips_gems(client) -> None:  # type: ignore[no-unt
 def test_job_of_a_plan_without_candidates_says_so(client) -> None:  # type: ignore[no-untyped-def]
     """It said 'plan 2 has 0 candidate(s) (0..-1), got 0'."""
     pid = client.post("/profiles", json=tiny_profile(), headers=AUTH).json()["id"]
-    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
-    plan = _plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 8, "micro_batches": [3]})
+    cid = client.post("/clusters", json={**tiny_cluster(4), "memory_bytes": 2**31 + 2**20}, headers=AUTH).json()["id"]
+    plan = _plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 8})  # (1 MiB past the reserve)
     assert plan["status"] == "done" and plan["num_candidates"] == 0, plan
     r = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny"}, headers=AUTH)
     assert r.status_code == 422, r.text

@@ -161,7 +161,7 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
     assert r.status_code == 422 and "plan_id: plan 777 not found" in r.json()["detail"]
     assert client.post("/jobs", json={"plan_id": plan["id"], "model": "m"}, headers=WAUTH).status_code == 403
     job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny",
-                                     "iterations": 3}, headers=AUTH).json()
+                                     "iterations": 3, "emulate": True}, headers=AUTH).json()
     assert job["state"] == "queued"
     comp = client.get(f"/jobs/{job['id']}/comparison", headers=AUTH).json()
     assert comp["fields"][0]["predicted"] == plan["candidates"][0]["iteration_time"]

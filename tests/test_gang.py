@@ -271,6 +271,21 @@ def _slot_of(c: Any, jid: int, w: int) -> int | None:
     return next((s["node_rank"] for s in slots if s["worker_id"] == w), None)
 
 
+def test_a_slot_of_a_forming_gang_cannot_be_done(gang_client: Any) -> None:
+    """It answered 200 and set the slot done, unleased: lease expiry never freed it for the forming gang."""
+    c = gang_client
+    plan, i = four_process_plan(c, cpu_cluster())
+    jid = c.post("/jobs", json={"plan_id": plan["id"], "candidate_index": i, "model": "gpt-tiny"},
+                 headers=AUTH).json()["id"]
+    a, aa = worker(c, "a")
+    worker(c, "b")  # (alive: a gang of two can form)
+    assert claim(c, a, aa).json()["job"]["state"] == "queued"
+    r = c.post(f"/jobs/{jid}/slots/0/done", json={}, headers=aa)
+    assert r.status_code == 409 and "has not started (its gang is still forming)" in r.json()["detail"], r.text
+    job = c.get(f"/jobs/{jid}", headers=AUTH).json()
+    assert job["slots"][0]["state"] != "done" and job["slots"][0]["worker_id"] == a
+
+
 def test_a_gang_failing_every_attempt_fails_and_a_stopping_agent_does_not_count(gang_client: Any) -> None:
     c = gang_client  # max_attempts=2
     plan, i = four_process_plan(c, cpu_cluster())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Path, Query
+from pydantic import BeforeValidator
 from sqlalchemy.orm import Session
 
 from api import crud
@@ -12,7 +13,15 @@ from api.cluster_versions import describe, lineage_id, newest_versions
 from api.schemas import MAX_ID
 from db.models import ClusterRow, Job, PlanRequest, Profile, Result, Worker
 
-IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+def _plain_id(value: Any) -> Any:
+    """A path id is written in digits: ``/profiles/1.0`` and ``/profiles/%201`` answered as ``/profiles/1``."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError(f"an id is written in digits, got {value[:40]!r}")
+    return value
+
+
+IdPath = Annotated[int, BeforeValidator(_plain_id), Path(ge=1, le=MAX_ID)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 Filter = Annotated[str | None, Query(max_length=200)]

@@ -132,7 +132,11 @@ def upload_hf_config(body: HFConfigUpload, db: DB, response: Response):  # noqa:
                                   + ", ".join(d.name for d in shipped_devices()))
     if "attention_impl" in body.model_fields_set and body.attention != "flash":
         raise crud.InputError("attention_impl: only with attention = flash (the unfused core has no fused kernel)")
-    name = body.name or str(body.config.get("_name_or_path") or "")
+    given = body.config.get("_name_or_path")
+    if body.name is None and given is not None and not isinstance(given, str):
+        raise crud.InputError(f"config._name_or_path: a string (the model's name), got {type(given).__name__} "
+                              "(give a name)")
+    name = body.name or str(given or "")
     if body.name is None and name:  # the config's own name is stored as the profile's: POST /profiles' rule
         try:
             plain_text(name)

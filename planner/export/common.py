@@ -166,8 +166,11 @@ class ExportInput:
 
 def model_of(profile: ModelProfile) -> ModelSpec | None:
     """The model a profile was made of: the one its environment spells out (``model_spec``: analytical
-    profiles, and measured ones of a Hugging Face config), else the preset it names when the shape agrees,
-    else a GPT-shaped :class:`ModelSpec` from its ``shape`` (None without one)."""
+    profiles, and measured ones of a Hugging Face config), else the preset it names when the shape agrees (or,
+    without a shape, its count of transformer layers does), else a GPT-shaped :class:`ModelSpec` from its
+    ``shape`` (None without one). An :class:`ExportError` naming the shape's field where no model has that shape
+    (a hidden size the heads do not divide: the profile's upload takes it, for a model whose head width is not
+    hidden / heads, which only ``model_spec`` can say)."""
     if "model_spec" in profile.environment:
         try:
             return ModelSpec.model_validate_json(profile.environment["model_spec"])
@@ -176,13 +179,21 @@ def model_of(profile: ModelProfile) -> ModelSpec | None:
     name = profile.environment.get("model") or profile.name
     preset = PRESETS.get(name)
     shape = profile.shape
-    if preset is not None and (shape is None or (preset.layers, preset.hidden) == (shape.layers, shape.hidden)):
+    blocks = sum(1 for lay in profile.layers if lay.kind == "transformer")
+    if preset is not None and ((preset.layers, preset.hidden) == (shape.layers, shape.hidden) if shape is not None
+                               else blocks in (0, preset.layers)):
         return preset
     if shape is None:
         return None
-    return ModelSpec(name=profile.name, layers=shape.layers, hidden=shape.hidden, heads=shape.heads,
-                     ffn_hidden=shape.ffn_hidden, seq=shape.seq, vocab=shape.vocab,
-                     architecture="encoder" if profile.environment.get("family") == "bert" else "decoder")
+    try:
+        return ModelSpec(name=profile.name, layers=shape.layers, hidden=shape.hidden, heads=shape.heads,
+                         ffn_hidden=shape.ffn_hidden, seq=shape.seq, vocab=shape.vocab,
+                         architecture="encoder" if profile.environment.get("family") == "bert" else "decoder")
+    except ValueError as e:
+        why = "; ".join(err["msg"].removeprefix("Value error, ") for err in getattr(e, "errors", lambda: [])()) or e
+        raise ExportError(f"shape: profile {profile.name!r} describes no model an export can write out ({why}); "
+                          "give its environment's model_spec (what `pipeplan profile-analytic` and "
+                          "`pipeplan profile --hf-config` write) to export it") from None
 
 
 @dataclass(frozen=True)
