@@ -239,6 +239,18 @@ def collective_time(cluster: Cluster, which: str, op: str, ranks: int, nbytes: f
     return link.time(nbytes)
 
 
+def tensor_group(t: int, gpus_per_node: int, world: int) -> list[int]:
+    """The global ranks of a tensor-parallel group of ``t`` that spans nodes (nodes of ``gpus_per_node``
+    consecutive ranks), among the ``world // t`` groups of consecutive ranks (tensor parallelism innermost:
+    :mod:`planner.placement`), or the first group where none does."""
+    if gpus_per_node % t:
+        for k in range(world // t):
+            lo, hi = k * t, (k + 1) * t - 1
+            if lo // gpus_per_node != hi // gpus_per_node:
+                return list(range(lo, hi + 1))
+    return list(range(t))
+
+
 def ranks_per_node(cluster: Cluster, ranks: list[int]) -> dict[int, int]:
     """Node -> how many of the global GPU ``ranks`` it holds (``gpus_per_node`` consecutive ranks a node)."""
     per_node: dict[int, int] = {}
@@ -499,7 +511,11 @@ class ConfigCosts(Costs):
         self.base_b = schedule_samples(config)
         self.eff = 1.0 if t == 1 else request.tensor_efficiency
         self.el = DTYPE_BYTES.get(profile.dtype.lower(), 2)
-        self.tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+        #: the global ranks of the slowest tensor-parallel group: one that spans nodes if any does (t > G, or a t
+        #: that does not divide G: t = 3 on 8-GPU nodes puts ranks 6-8 on two; ``pipeplan predict`` takes such
+        #: a t, the search does not try it), and ``tp_spans`` whether it does
+        self.tp_ranks = tensor_group(t, cluster.gpus_per_node, t * config.pipeline * config.data)
+        self.tp_spans = self.tp_ranks[0] // cluster.gpus_per_node != self.tp_ranks[-1] // cluster.gpus_per_node
         if "per_t" not in shared:
             have = [t in (lay.tensor_times or {}) for lay in profile.layers]
             shared["per_t"] = (any(have), not all(have))
@@ -636,7 +652,7 @@ class ConfigCosts(Costs):
         got = self._tp_ones.get(key)  # (the same for every stage: once per size)
         if got is None:
             nbytes = samples * shape.seq * (shape.hidden if width is None else width) * self.el
-            if self.sequence_parallel and self.t <= self.cluster.gpus_per_node:
+            if self.sequence_parallel and not self.tp_spans:
                 # an all-gather and a reduce-scatter in place of the all-reduce
                 got = (self._tp_all_gather(nbytes)
                        + collective_time(self.cluster, "intra", "reduce_scatter", self.t, nbytes))
@@ -649,18 +665,18 @@ class ConfigCosts(Costs):
         """One all-gather of ``nbytes`` in a tensor-parallel group, before the calibration's link scale: the
         intra-node collective model, or, when t spans nodes, half of :meth:`_tp_allreduce` (an all-reduce is a
         reduce-scatter and an all-gather of the same bytes)."""
-        if self.t <= self.cluster.gpus_per_node:
+        if not self.tp_spans:
             return collective_time(self.cluster, "intra", "all_gather", self.t, nbytes)
         return self._tp_allreduce(nbytes) / 2
 
     def _tp_allreduce(self, nbytes: float) -> float:
-        """One all-reduce of ``nbytes`` in a tensor-parallel group (ranks 0..t-1, tensor innermost), before
+        """One all-reduce of ``nbytes`` in the slowest tensor-parallel group (``tp_ranks``), before
         the calibration's link scale: when t spans nodes, the hierarchical :func:`allreduce_time` (NCCL's
         rings cross nodes on every GPU's own NIC, so the inter-node hop carries 1/k of the data per GPU);
         on a cluster with a measured all-reduce (:class:`planner.cluster.AllReduceFit`, CPU clusters) that
         fit, through :func:`allreduce_time`; else the intra-node collective model."""
-        if self.t > self.cluster.gpus_per_node or self.cluster.allreduce_fit is not None:
-            return allreduce_time(self.cluster, list(range(self.t)), nbytes)
+        if self.tp_spans or self.cluster.allreduce_fit is not None:
+            return allreduce_time(self.cluster, self.tp_ranks, nbytes)
         return collective_time(self.cluster, "intra", "all_reduce", self.t, nbytes)
 
     def _tp_comm(self, stage: int, samples: float) -> float:
@@ -946,7 +962,7 @@ class ConfigCosts(Costs):
         seconds = self.send_time(src, dst, self.p2p_bytes(boundary, span))
         if self.scatter_gather:  # the receivers all-gather the 1/t chunks into the whole tensor
             full = self.stages[boundary].out_bytes * self.base_b * span
-            seconds += collective_time(self.cluster, "intra", "all_gather", self.t, full)
+            seconds += self._tp_all_gather(full)
         return seconds * self.cal.link_scale
 
     def _sums(self, kind: str, samples: float) -> list[float]:

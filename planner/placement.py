@@ -2,7 +2,8 @@
 
 Symbols: ``t`` tensor-parallel size, ``D`` pipeline devices, ``W`` data-parallel replicas, ``G`` GPUs per node.
 Global ranks fill a node's GPUs consecutively (rank ``r`` on node ``r // G``: torchrun and Slurm number them so).
-Tensor parallelism is innermost in both orders, so a tensor-parallel group is one node whenever ``t <= G``.
+Tensor parallelism is innermost in both orders, so a tensor-parallel group is one node whenever ``t`` divides
+``G`` (``t = 3`` on 8-GPU nodes puts ranks 6-8 on two nodes; the search tries no such ``t``).
 
 Two orders, named as Megatron-Core names them (innermost first, ``--use-tp-pp-dp-mapping``):
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from planner.analytic import analytic_profile
 from planner.cluster import load_cluster
 from planner.device import device_for_cluster
-from planner.model import PRESETS
+from planner.model import PRESETS, ModelSpec
 from planner.request import Config, TrainingRequest
 from planner.search import plan, predict
 
@@ -94,11 +94,13 @@ def test_deterministic_and_ranked(daint):
 
 def test_what_the_enumeration_rejects_counts_as_tried(daint):
     """A request whose every micro-batch size is rejected before the search (B^ = 8, sizes 3) said "6
-    configurations (of 0 tried)" on the plan page: the enumeration's rejections count in ``evaluated``."""
+    configurations (of 0 tried)" on the plan page: the enumeration's rejections count in ``evaluated``. (Sizes of
+    which none divides B^ are now refused with the request; 8 divides B^ = 8 only at W = 1.)"""
     cl, prof = daint
-    res = plan(prof, cl, TrainingRequest(global_batch=8, gpus=8, micro_batches=[3])).to_dict()
-    assert not res["candidates"] and res["rejected"]["micro-batch does not divide B^/W"] > 0
-    assert res["evaluated"] >= sum(res["rejected"].values()) > 0
+    res = plan(prof, cl, TrainingRequest(global_batch=8, gpus=8, micro_batches=[3, 8])).to_dict()
+    assert res["rejected"]["micro-batch does not divide B^/W"] > 0
+    assert {c["data"] for c in res["candidates"]} <= {1}
+    assert res["evaluated"] >= len(res["candidates"]) + sum(res["rejected"].values())
 
 
 def test_out_of_memory_is_reported_not_dropped():
@@ -270,3 +272,24 @@ def test_blocking_sends_are_the_placements_own_in_search_and_predict():
     pruned, full = (Planner(prof, cl, req).search(prune=p) for p in (True, False))
     assert [(c.config.label(), c.iteration_time) for c in pruned.candidates] == \
         [(c.config.label(), c.iteration_time) for c in full.candidates]
+
+
+def test_a_tensor_group_that_spans_two_nodes_is_costed_on_their_link() -> None:
+    """``predict`` of t = 3 on 8-GPU nodes (ranks 6-8 on two nodes) timed every group on NVLink: a 250x slower
+    network changed nothing. Now the slowest group's all-reduces cross it; t = 4 (which divides 8) stays in one
+    node, and so does t = 3 where no group reaches a node's edge (W = 2: ranks 0-5)."""
+    from planner.search import predict
+
+    cl = load_cluster(EX / "dgx-a100-80gb.json")
+    slow = cl.model_copy(update={"inter": cl.inter.model_copy(update={"alpha": 1e-3, "beta": 1e-8})})
+    gpt2 = ModelSpec(name="gpt2", layers=12, hidden=768, heads=12, seq=1024, vocab=50257)  # (t = 3, 4 split its heads)
+    prof = analytic_profile(gpt2, device_for_cluster(cl))
+
+    def time(cluster: object, t: int, W: int) -> float:
+        req = TrainingRequest(global_batch=96, gpus=t * W)
+        return predict(prof, cluster, req, Config(tensor=t, pipeline=1, data=W, micro_batch=1,  # type: ignore[arg-type]
+                                                  schedule="1f1b")).iteration_time
+
+    assert time(slow, 3, 3) > 1.2 * time(cl, 3, 3)
+    assert time(slow, 4, 2) == time(cl, 4, 2)
+    assert time(slow, 3, 2) == time(cl, 3, 2)
