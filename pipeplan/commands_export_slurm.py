@@ -22,13 +22,20 @@ from pathlib import Path
 
 
 def parse_options(items: list[str]) -> dict[str, str]:
-    """``["key=value", ...]`` as a dict; a malformed item is a ValueError naming it."""
+    """``["key=value", ...]`` as a dict; a malformed item, an empty value (``out=`` wrote ``--out ''`` into the
+    script, which the run refuses at the job's start) or a key given twice (the last was kept without a word) is a
+    ValueError naming it."""
     out: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
+        key = key.strip()
         if not eq or not key:
             raise ValueError(f"--option: {item!r} is not KEY=VALUE")
-        out[key.strip()] = value
+        if not value.strip():
+            raise ValueError(f"--option: {key} has no value ({item!r}); leave the option out for its default")
+        if key in out:
+            raise ValueError(f"--option: {key} is given twice ({out[key]!r} and {value!r})")
+        out[key] = value
     return out
 
 

@@ -197,13 +197,19 @@ def _print_clock(console, cands: list) -> None:  # noqa: ANN001
                       f"{min(held):.2f}-{max(held):.2f} of the burst rate (planner/power.py)", highlight=False)
 
 
-def nothing_fits(res: PlanResult, prof: ModelProfile) -> str:
-    """Why a plan has no candidate, in one line: the rejection most configurations had, and the profile's sequence
-    (a Hugging Face config profiled at its longest sequence ran out of memory everywhere)."""
+def nothing_fits(res: PlanResult, prof: ModelProfile, cl: Cluster | None = None,
+                 req: TrainingRequest | None = None) -> str:
+    """Why a plan has no candidate, in one line: the rejection most configurations had, the profile's sequence
+    (a Hugging Face config profiled at its longest sequence ran out of memory everywhere), and, where ``--gpus`` was
+    not given, that every configuration used the whole cluster (t D W = P: a small model on a 512-GPU cluster had
+    more pipeline stages than layers everywhere, and the message did not say what to change)."""
     top = max(res.rejected.items(), key=lambda kv: kv[1], default=None)
     shape = prof.shape
+    whole = (f"; every configuration uses all {cl.gpus} GPUs of the cluster (t*D*W = --gpus, by default the "
+             "cluster's): give --gpus to plan on fewer") if cl is not None and req is not None and req.gpus is None \
+        else ""
     return ("no configuration fits" + (f": most were rejected for '{top[0]}' ({top[1]})" if top else "")
-            + (f"; the profile's sequence is {shape.seq}" if shape is not None else ""))
+            + (f"; the profile's sequence is {shape.seq}" if shape is not None else "") + whole)
 
 
 def _print_plan(res: PlanResult, prof: ModelProfile, cl: Cluster, req: TrainingRequest, global_batch: int) -> None:
@@ -297,7 +303,7 @@ def register(app: typer.Typer) -> None:
         else:
             _print_plan(res, prof, cl, req, global_batch)
         if not res.candidates:  # an empty table read as a success, and a script went on with an empty plan
-            typer.echo(f"error: {nothing_fits(res, prof)}", err=True)
+            typer.echo(f"error: {nothing_fits(res, prof, cl, req)}", err=True)
             raise typer.Exit(code=1)
         if os.environ.get("PIPEPLAN_TIMES"):  # benchmarks/plan_cli_bench.py --phases
             stamps.append(time.perf_counter())

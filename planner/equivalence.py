@@ -158,13 +158,16 @@ def schedule_label(config: Any) -> str:
 
 def describe(cand: Any) -> str:
     """The row's name: what a configuration without a pipeline is (D = 1; "fully sharded" where the weights are,
-    :mod:`planner.fsdp`), else its schedule."""
+    :mod:`planner.fsdp`; an asynchronous schedule's name beside it: a PipeDream row at D = 1 read "data parallel"
+    as the synchronous row above it did), else its schedule."""
     c = cand.config
     if c.pipeline > 1:
         return schedule_label(c)
     data = "fully sharded data parallel" if getattr(cand, "shard_parameters", False) else "data parallel"
     parts = [p for p, on in (("tensor parallel", c.tensor > 1), (data, c.data > 1)) if on]
     name = " + ".join(parts) or "single device"
+    if c.schedule in ASYNC_SCHEDULES:  # (its weights are updated as the schedule says: not a synchronous row's twin)
+        return name + f" ({schedule_label(c)}: asynchronous)"
     sig = _signature(cand)
     if sig is not None and any(_in_flight(dev) > 1 for dev in sig):
         name += f" ({schedule_label(c)} order)"

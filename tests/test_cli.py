@@ -279,3 +279,39 @@ def test_plan_exits_1_when_no_configuration_fits(tmp_path):
     assert "no configuration fits" not in r.stdout  # (the table and its lines; the reason once, on stderr)
     r = runner.invoke(app, ["plan", "--help"])
     assert "1 when no configuration fits" in " ".join(r.output.split())
+
+
+def test_an_empty_plan_on_the_whole_cluster_names_gpus(tmp_path):
+    """gpt-tiny on the DGX-1 V100 cluster without --gpus: every configuration uses all its GPUs, and 'no
+    configuration fits: most were rejected for more pipeline stages than layers' did not say that --gpus plans on
+    fewer (where 8 GPUs fit)."""
+    prof = tmp_path / "g.json"
+    assert runner.invoke(app, ["profile-analytic", "--preset", "gpt-tiny", "--device", "v100-32gb",
+                               "--out", str(prof)]).exit_code == 0
+    args = ["plan", "--profile", str(prof), "--cluster", "examples/clusters/dgx1-v100-32gb.json", "--global-batch", "8"]
+    r = runner.invoke(app, args)
+    gpus = json.loads(Path("examples/clusters/dgx1-v100-32gb.json").read_text())
+    n = gpus["nodes"] * gpus["gpus_per_node"]
+    assert r.exit_code == 1 and r.stderr.strip().endswith(
+        f"; every configuration uses all {n} GPUs of the cluster (t*D*W = --gpus, by default the cluster's): give "
+        "--gpus to plan on fewer"), r.stderr
+    r = runner.invoke(app, [*args, "--gpus", "8"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [*args, "--gpus", "1024"])
+    assert r.exit_code != 0 and "give --gpus" not in r.stderr
+
+
+def test_a_cluster_too_small_for_the_default_reserve_names_its_memory(tmp_path):
+    """A cluster of ``memory_bytes: 1000`` was answered "--memory-reserve: the reserve ... give a smaller reserve",
+    an option the user had not given."""
+    prof, cl = tmp_path / "t.json", tmp_path / "c.json"
+    assert runner.invoke(app, ["profile-analytic", "--preset", "gpt-tiny", "--device", "a100-80gb",
+                               "--out", str(prof)]).exit_code == 0
+    cl.write_text(json.dumps({**json.loads(Path("examples/clusters/dgx-a100-80gb.json").read_text()),
+                              "memory_bytes": 1000}))
+    args = ["plan", "--profile", str(prof), "--cluster", str(cl), "--global-batch", "8", "--gpus", "8"]
+    r = runner.invoke(app, args)
+    assert r.exit_code != 0 and "memory_bytes: the cluster's devices hold 9.313e-07 GiB, not more than the default " \
+        "reserve of 2 GiB per device" in r.stderr, r.output
+    r = runner.invoke(app, [*args, "--memory-reserve", "2"])  # (GiB)
+    assert r.exit_code != 0 and "the reserve of 2 GiB per device leaves nothing" in r.stderr, r.output

@@ -434,6 +434,10 @@ def test_export_prints_the_script_of_the_candidate(tmp_path: Path) -> None:
     (["--gpus-per-node", "2", "--option", "time=1-"], "option time: a Slurm time limit"),
     (["--gpus-per-node", "2", "--option", "time=-1"], "option time: a Slurm time limit"),
     (["--gpus-per-node", "2", "--option", "time=01:00:00 "], "option time: a Slurm time limit"),
+    # `out=` wrote --out '' into the script (the run refuses it at the job's start); a key twice kept the last
+    (["--gpus-per-node", "2", "--option", "out="], "--option: out has no value"),
+    (["--gpus-per-node", "2", "--option", "partition=x", "--option", "partition=y"],
+     "--option: partition is given twice ('x' and 'y')"),
 ])
 def test_export_refusals(tmp_path: Path, args: list[str], message: str) -> None:
     path, doc = _plan_file(tmp_path)
