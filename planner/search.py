@@ -564,13 +564,19 @@ class Planner:
             else:
                 rejected[reason_key(cand.reason)] += 1
                 infeasible.append(cand)
-            # memory that does not grow with the candidates simulated: a simulated timeline is kept only while
-            # its candidate can still be among the k returned (k-th best time over twins only falls), and
-            # only the k best infeasible candidates are kept
+            # memory that does not grow with the candidates simulated: a simulated timeline, and the action lists
+            # it was simulated on, are kept only while the candidate can still be among the k returned or listed
+            # as a twin of one (k-th best time over twins only falls; a twin compared later is rebuilt from its
+            # run spec, :func:`planner.equivalence.full_schedule`), and only the k best infeasible candidates are
+            # kept (gpt-tiny on the local 4-process cluster, B^ = 8192: 560 MB at most, 228 MB without the
+            # lists; B^ = 32768 ran past the API's 1.5 GiB planner memory)
             if cand.fits and cand.simulation is not None:
                 heapq.heappush(timed, (-cand.iteration_time, i, cand))
-            while timed and -timed[0][0] > top.kth:
-                heapq.heappop(timed)[2].simulation = None
+            while timed and -timed[0][0] > top.kth * (1 + ROUNDING):
+                gone = heapq.heappop(timed)[2]
+                gone.simulation = None
+                if gone.costs is not None:
+                    gone.costs.schedule = None
             _keep_best(infeasible, k)
         results.sort(key=_rank_key)
         rows = collapse(results, top.twins)[:k]

@@ -825,3 +825,30 @@ def test_zero_bubble_memory_partition_is_the_brute_force_one(recompute):
             assert min(need.values()) > cap, cap
         else:
             assert need[tuple(tuple(b) for b in got)] <= cap * (1 + 1e-9), (cap, got)
+
+
+def test_the_search_keeps_action_lists_only_of_what_it_may_return(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every simulated candidate kept the action lists it was simulated on (D x N actions) until the search ended:
+    gpt-tiny with B^ = 32768 on the local 4-process cluster ran past the API's 1.5 GiB planner memory. Only those
+    that may still be among the k rows, or listed as their twins, keep them now; the rows are the same."""
+    from planner.cost import ConfigCosts
+    from planner.search import Planner, plan
+
+    given: list[ConfigCosts] = []
+    use = ConfigCosts.use_schedule
+
+    def recording(self: ConfigCosts, schedule: Schedule) -> None:
+        given.append(self)
+        use(self, schedule)
+
+    monkeypatch.setattr(ConfigCosts, "use_schedule", recording)
+    cl = load_cluster(EX / "local-cpu-4.json")
+    prof = analytic_profile(PRESETS["gpt-tiny"], device_for_cluster(cl), dtype="fp32")
+    req = TrainingRequest(global_batch=512, top=3)
+    res = plan(prof, cl, req)
+    held = {id(c) for c in given if c.schedule is not None and all(c.schedule.actions)}
+    assert len({id(c) for c in given}) > 10 * len(held) > 0, (len({id(c) for c in given}), len(held))
+    assert all(c.costs is not None and id(c.costs) in held for c in res.candidates)  # (the rows keep theirs)
+    full = Planner(prof, cl, req).search(prune=False)
+    assert [(c.config.label(), c.iteration_time, c.alternatives) for c in res.candidates] == [
+        (c.config.label(), c.iteration_time, c.alternatives) for c in full.candidates]
