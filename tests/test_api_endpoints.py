@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from api_support import AUTH, TINY_DEVICE, WAUTH, seed_plan, tiny_cluster, tiny_profile
+from api_support import AUTH, TINY_DEVICE, WAUTH, post_plan, seed_plan, tiny_cluster, tiny_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -259,8 +259,12 @@ def test_writes_are_committed_before_the_response(client, monkeypatch) -> None: 
 def test_a_model_of_other_layers_than_the_plans_profile_is_refused(client) -> None:  # type: ignore[no-untyped-def]
     """The run would fail on the agent after a claim ("partition does not cover the model: it ends at layer 6,
     the model has 26 layers"; seen in issue 13's newcomer audit): refused at POST /jobs naming both counts and
-    the presets that fit; an emulated job runs the profile's own layers and is taken with any preset."""
-    _, _, plan = seed_plan(client)  # tiny profile: embedding, 4 blocks, head
+    the presets that fit; an emulated job runs the profile's own layers and is taken with any preset. A profile
+    of a preset takes that preset only (a bert-tiny run of a gpt-tiny plan was compared with gpt-tiny's
+    prediction: tests/test_api_odd_input.py)."""
+    pid = client.post("/profiles", json=tiny_profile(name="my-model"), headers=AUTH).json()["id"]
+    cid = client.post("/clusters", json=tiny_cluster(4), headers=AUTH).json()["id"]
+    plan = post_plan(client, {"profile_id": pid, "cluster_id": cid, "global_batch": 32})  # embedding, 4 blocks, head
     r = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt2-medium"}, headers=AUTH)
     assert r.status_code == 422, r.text
     msg = r.json()["detail"]
@@ -269,6 +273,9 @@ def test_a_model_of_other_layers_than_the_plans_profile_is_refused(client) -> No
     ok = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt2-medium", "emulate": True}, headers=AUTH)
     assert ok.status_code == 201, ok.text
     assert client.post("/jobs", json={"plan_id": plan["id"], "model": "bert-tiny"}, headers=AUTH).status_code == 201
+    _, _, tiny = seed_plan(client)  # a profile named gpt-tiny: of the preset
+    r = client.post("/jobs", json={"plan_id": tiny["id"], "model": "bert-tiny"}, headers=AUTH)
+    assert r.status_code == 422 and "is of gpt-tiny" in r.json()["detail"], r.text
 
 
 def test_a_candidate_the_executor_does_not_run_is_refused(client) -> None:  # type: ignore[no-untyped-def]
