@@ -134,7 +134,7 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
     from planner.outpath import out_problem
     from planner.profile import load_profile
     from planner.request import TrainingRequest
-    from planner.runspec import config_of
+    from planner.runspec import RunSpec, config_of
 
     problem = out_problem(out)
     if problem:
@@ -179,6 +179,13 @@ def _offline(cluster_path: str, runs_path: str, out: str | None) -> None:
         why = _layer_mismatch(cand, len(profiles[path].layers), e["profile"])
         if why is not None:
             fail(f"{where}.candidate: {why}: is it a run of this profile's model?")
+        if "run_spec" in cand:  # what a hand-edited candidate may get wrong (its D against its partition)
+            try:
+                RunSpec.from_document(cand).check(len(profiles[path].layers), profiles[path].attention_heads)
+            except ValidationError as err:
+                fail(f"{where}.candidate.run_spec: {validation_summary(err)}")
+            except ValueError as err:
+                fail(f"{where}.candidate.run_spec: {err}")
         obs.append(Observation(profiles[path], request, config, measured, i))
     try:
         res = fit(cluster, obs)

@@ -5,6 +5,7 @@ accepted and ignored. The bounds are :mod:`planner.limits`, the same the API hol
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,15 @@ def test_calibrate_files(files: dict[str, Path]) -> None:
     runs.write_text(json.dumps([{"profile": str(prof), "candidate": {**cand, "tensor": "two"}, "measured": 1.0}]))
     out = _refused(["calibrate", "--cluster", CPU4, "--runs", runs], "runs[0].candidate: tensor:")
     assert "ValidationError" not in out and "\n  " not in out.strip()  # pydantic's own text, several lines
+    # a candidate of `plan --json` with its run spec's D edited (its partition still of 4 stages) was fitted as D = 3
+    planned = next(c for c in json.loads(files["plan"].read_text())["candidates"] if c["pipeline"] > 1)
+    edited = copy.deepcopy(planned)
+    edited["run_spec"]["config"]["pipeline"] = planned["pipeline"] + 1
+    runs = d / "runs-edited.json"
+    runs.write_text(json.dumps([{"profile": str(prof), "candidate": edited, "measured": 1.0}]))
+    _refused(["calibrate", "--cluster", CPU4, "--runs", runs], "runs[0].candidate.run_spec: partition has")
+    runs.write_text(json.dumps([{"profile": str(prof), "candidate": planned, "measured": 1.0}]))
+    assert runner.invoke(app, ["calibrate", "--cluster", str(CPU4), "--runs", str(runs)]).exit_code == 0
     runs = d / "runs-ok.json"
     runs.write_text(json.dumps([{"profile": str(prof), "candidate": cand, "measured": 1.0}]))
     _refused(["calibrate", "--cluster", CPU4, "--runs", runs, "--out", d / "no-such-folder" / "c.json"],
