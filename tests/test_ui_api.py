@@ -15,6 +15,9 @@ PAGES = ["/", "/ui/plans", "/ui/plans/1", "/ui/jobs", "/ui/jobs/1", "/ui/workers
 
 
 def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-def]
+    _, cid, plan = seed_plan(client)  # (the pages of plan, job and cluster 1: a missing one is a 404 page)
+    assert (cid, plan["id"]) == (1, 1)
+    assert client.post("/jobs", json={"plan_id": plan["id"], "emulate": True}, headers=AUTH).json()["id"] == 1
     for path in PAGES:
         r = client.get(path)
         assert r.status_code == 200, (path, r.text)
@@ -24,6 +27,9 @@ def test_pages_render_without_token(client) -> None:  # type: ignore[no-untyped-
     assert 'value="chimera"' in client.get("/").text
     assert 'data-plan-id="1"' in client.get("/ui/plans/1").text
     # a page address with a bad id is a page saying so (it was the API's 422 JSON)
+    for missing in ("/ui/plans/2", "/ui/jobs/2", "/ui/clusters/2"):
+        r = client.get(missing)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), (missing, r.text)
     for bad in ("/ui/plans/0", "/ui/plans/abc", "/ui/jobs/x", "/ui/nonexistent", "/ui/plans/1/more"):
         r = client.get(bad)
         assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), (bad, r.text)

@@ -18,6 +18,9 @@ reachable as JSON, and every URL can be shared):
                         job's prediction error before and after calibration (GET /clusters/{id}/calibration);
                         calibrate (POST /clusters/{id}/calibrate)
 
+A plan, job or cluster page of an id that names none answers 404 with the page (its script says "plan 999 not
+found"), as an address with a bad id does (``/ui/plans/abc``: api/main.py's not-found page).
+
 Timelines (``GET /plans/{id}/candidates/{rank}/timeline``, ``GET /jobs/{id}/timelines``): computed in a
 planner process on first request and stored apart from the candidates (:mod:`api.timelines`).
 
@@ -41,7 +44,9 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from api.deps import DB
 from api.routers.common import IdPath
+from db.models import ClusterRow, Job, PlanRequest
 from planner.fsdp import INCOMPATIBLE as FSDP_INCOMPATIBLE
 from planner.request import ALL_SCHEDULES, ASYNC_SCHEDULES
 
@@ -53,9 +58,17 @@ pages = APIRouter(include_in_schema=False)
 
 # ---- pages -------------------------------------------------------------------------------------------
 
-def _page(request: Request, name: str, title: str, **ctx: Any) -> HTMLResponse:
+def _page(request: Request, name: str, title: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
     settings = request.app.state.settings
-    return templates.TemplateResponse(request, name, {"title": title, "open_reads": settings.open_reads, **ctx})
+    return templates.TemplateResponse(request, name, {"title": title, "open_reads": settings.open_reads, **ctx},
+                                      status_code=status_code)
+
+
+def _found(db: DB, model: Any, row_id: int) -> int:
+    """The page's status: 404 where no ``model`` row has the id (/ui/plans/999 as /ui/plans/abc), 200 otherwise. The
+    page itself is the same (it holds no data): its script reads the JSON, says "plan 999 not found" and hides its
+    empty frame."""
+    return 200 if db.get(model, row_id) is not None else 404
 
 
 def model_names() -> list[str]:
@@ -64,6 +77,14 @@ def model_names() -> list[str]:
     from planner.model import PRESETS
 
     return sorted(PRESETS)
+
+
+def max_iterations() -> int:
+    """The most iterations POST /jobs accepts (:class:`api.schemas.JobCreate`): the dispatch forms' bound."""
+    from api.schemas import JobCreate
+
+    les = [m.le for m in JobCreate.model_fields["iterations"].metadata if getattr(m, "le", None) is not None]
+    return int(min(les)) if les else 2**31 - 1
 
 
 def plan_limits() -> dict[str, int]:
@@ -95,9 +116,10 @@ def plans_page(request: Request) -> HTMLResponse:
 
 
 @pages.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
-def plan_page(request: Request, plan_id: IdPath) -> HTMLResponse:
-    return _page(request, "plan.html", f"Plan {plan_id}", plan_id=plan_id, models=model_names(),
-                 max_node_processes=request.app.state.settings.max_node_processes)
+def plan_page(request: Request, plan_id: IdPath, db: DB) -> HTMLResponse:
+    return _page(request, "plan.html", f"Plan {plan_id}", _found(db, PlanRequest, plan_id), plan_id=plan_id,
+                 models=model_names(), max_node_processes=request.app.state.settings.max_node_processes,
+                 max_iterations=max_iterations())
 
 
 @pages.get("/ui/jobs", response_class=HTMLResponse)
@@ -106,8 +128,9 @@ def jobs_page(request: Request) -> HTMLResponse:
 
 
 @pages.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: IdPath) -> HTMLResponse:
-    return _page(request, "job.html", f"Job {job_id}", job_id=job_id, models=model_names())
+def job_page(request: Request, job_id: IdPath, db: DB) -> HTMLResponse:
+    return _page(request, "job.html", f"Job {job_id}", _found(db, Job, job_id), job_id=job_id, models=model_names(),
+                 max_iterations=max_iterations())
 
 
 @pages.get("/ui/workers", response_class=HTMLResponse)
@@ -121,8 +144,9 @@ def clusters_page(request: Request) -> HTMLResponse:
 
 
 @pages.get("/ui/clusters/{cluster_id}", response_class=HTMLResponse)
-def cluster_page(request: Request, cluster_id: IdPath) -> HTMLResponse:
-    return _page(request, "cluster.html", f"Cluster {cluster_id}", cluster_id=cluster_id)
+def cluster_page(request: Request, cluster_id: IdPath, db: DB) -> HTMLResponse:
+    return _page(request, "cluster.html", f"Cluster {cluster_id}", _found(db, ClusterRow, cluster_id),
+                 cluster_id=cluster_id)
 
 
 def plotly_path() -> Path:

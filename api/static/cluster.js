@@ -163,7 +163,7 @@ async function calibrate() {
   msg.removeAttribute("data-version");
   if (!PP.token()) {
     msg.className = "error";
-    msg.textContent = "Calibrating needs the admin token: paste it into “API token” at the top right and press Save, then calibrate again.";
+    msg.textContent = PP.needsToken("Calibrating", "calibrate again");
     document.getElementById("token").focus();
     return;
   }

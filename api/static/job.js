@@ -26,7 +26,6 @@ PP.start(async () => {
 });
 
 let cloneShown = false;
-const MAX_ITERATIONS = 1000000;  // JobCreate.iterations (api/schemas.py)
 
 // where the job runs: the device an agent must have, its node slots (a gang when > 1), why it waits
 function placement(job) {
@@ -67,8 +66,13 @@ function renderJob(job, cmp) {
     </div>`;
   const btn = document.getElementById("cancel-job");
   if (btn) btn.addEventListener("click", async () => {
+    // (the notice, not #action-msg: this part is drawn again at every poll while the job is queued or running)
+    if (!PP.token()) { PP.notice(PP.needsToken("Cancelling a job", "Cancel job again"), "error"); return; }
     btn.disabled = true;
-    try { await PP.api("POST", `/jobs/${jobId}/cancel`); } catch (e) { PP.notice(e.message, "error"); }
+    try { await PP.api("POST", `/jobs/${jobId}/cancel`); } catch (e) {
+      PP.notice(PP.writeError(e, "Cancelling a job", "Cancel job again"), "error");
+      btn.disabled = false;
+    }
   });
   const retry = document.getElementById("retry-job");
   if (retry) retry.addEventListener("click", () => dispatchJob({ plan_id: job.plan_id, candidate_index: job.candidate_index,
@@ -98,6 +102,12 @@ function showClone(job) {
 
 async function dispatchJob(body, button) {
   const msg = document.getElementById(button.id === "clone-submit" ? "clone-msg" : "action-msg");
+  const again = `press ${button.textContent.trim()} again`;
+  if (!PP.token()) {  // nothing is sent that must fail
+    msg.className = "error";
+    msg.textContent = PP.needsToken("Dispatching", again);
+    return;
+  }
   button.disabled = true;
   msg.textContent = "";
   try {
@@ -105,7 +115,7 @@ async function dispatchJob(body, button) {
     location.href = `/ui/jobs/${job.id}`;
   } catch (e) {
     msg.className = "error";
-    msg.textContent = e.message;
+    msg.textContent = PP.writeError(e, "Dispatching", again);
     button.disabled = false;
   }
 }
@@ -121,8 +131,9 @@ function wireClone() {
     const msg = document.getElementById("clone-msg");
     msg.className = "error";
     if (!/^\d+$/.test(cand) || +cand < 1) { msg.textContent = `Candidate: “${cand}” is not a rank (1, 2, …)`; return; }
-    if (!/^\d+$/.test(it) || +it < 1) { msg.textContent = `Iterations: “${it}” is not a whole number ≥ 1`; return; }
-    if (+it > MAX_ITERATIONS) { msg.textContent = `Iterations: at most ${MAX_ITERATIONS}, got ${it}`; return; }
+    // at most JobCreate.iterations' bound (the field's data-max)
+    const itProblem = PP.iterationsProblem(it, +document.getElementById("clone-iterations").dataset.max);
+    if (itProblem) { msg.textContent = itProblem; return; }
     const emulate = document.getElementById("clone-emulate").checked;
     const problem = PP.modelProblem(model, emulate);
     if (problem) { msg.textContent = problem; return; }

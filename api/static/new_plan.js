@@ -9,6 +9,9 @@ let clusters = [];
 
 PP.start(async () => {
   [profiles, clusters] = await Promise.all([PP.get("/profiles?limit=1000"), PP.get("/clusters?limit=1000")]);
+  // a cluster's versions together (in the order the clusters were stored), its newest first: the one selected
+  // for a profile of its device (syncCluster picks the first), the one plans are made on anyway
+  clusters.sort((a, b) => (a.base_id ?? a.id) - (b.base_id ?? b.id) || (b.version ?? 1) - (a.version ?? 1) || b.id - a.id);
   renderProfiles();
   const csel = document.getElementById("cluster");
   // a calibrated cluster is a new version under the same name (POST /clusters/{id}/calibrate): its label says
@@ -102,7 +105,7 @@ function syncCluster() {
 
 // A chosen profile JSON file is what Plan uses (stored first, POST /profiles), not the profile in the list: the
 // list is disabled, and a note names the file's model and device (its cluster is picked) with a way back.
-let fileProfile = null;  // {name, device, layers} of the chosen file, once read
+let fileProfile = null;  // {name, device, layers} of the chosen file, once read; {bad, why} where it is no profile
 async function profileFile() {
   const el = document.getElementById("profile-file");
   const note = document.getElementById("profile-file-note");
@@ -125,7 +128,8 @@ async function profileFile() {
           `<code>pipeplan profile-analytic</code>).`) + `</span> <button type="button" id="profile-file-clear">use the list instead</button>`;
         document.getElementById("profile-file-clear").addEventListener("click", () => { el.value = ""; profileFile(); });
         note.hidden = false;
-        fileProfile = { bad: true, name: "?", device: "?", layers: "?" };
+        fileProfile = { bad: true, name: "?", device: "?", layers: "?", why: hf ? `${file.name} is a Hugging Face ` +
+          "config.json, not a profile (make a profile from it below)" : `${file.name} is not a profile (no list of layers)` };
         deviceNote();
         return;
       }
@@ -137,6 +141,7 @@ async function profileFile() {
       const match = [...document.getElementById("cluster").options].find((o) => o.dataset.device === fileProfile.device);
       if (match) { document.getElementById("cluster").value = match.value; budgetWords(); }
     } catch (e) {
+      fileProfile = { bad: true, name: "?", device: "?", layers: "?", why: `${file.name} is not JSON` };
       note.classList.add("error");
       note.innerHTML = `${PP.esc(file.name)} is not JSON (${PP.esc(e.message)}): choose a profile JSON ` +
         `(e.g. from <code>pipeplan profile-analytic</code>). <button type="button" id="profile-file-clear">use the list instead</button>`;
@@ -237,6 +242,12 @@ function readForm() {
     const all = allowed.every((x) => x.checked) && checked.every((x) => allowed.includes(x));
     req.schedules = all ? null : checked.map((x) => x.value);
   }
+  // a chosen file the page flagged (no profile, a config.json, not JSON) is not sent: Plan says so under the field
+  // (it was stored first, and pydantic's field list came back: "layers: Field required; id: Extra inputs ...")
+  const fileEl = document.getElementById("profile-file");
+  if (fileEl.files.length && fileProfile && fileProfile.bad) {
+    errors.push([fileEl, `Profile file: ${fileProfile.why}: choose a profile JSON, or “use the list instead”`]);
+  }
   const mbEl = document.getElementById("micro-batches");
   const mbs = mbEl.value.trim();
   if (mbs) {
@@ -246,7 +257,8 @@ function readForm() {
     if (bad.length) errors.push([mbEl, `Micro-batch sizes: “${bad.join(", ")}” ${bad.length === 1 ? "is" : "are"} not a positive whole number`]);
     // a micro-batch holds at most the global batch (the API caps sizes at its largest global batch, 65536)
     else if (big.length) errors.push([mbEl, `Micro-batch sizes: “${big.join(", ")}” ${big.length === 1 ? "is" : "are"} more than the global batch (${req.global_batch})`]);
-    else req.micro_batches = parts.map(Number);
+    // each size once, in the order typed ("2,2,2" is [2]; the API refuses a size named twice)
+    else req.micro_batches = [...new Set(parts.map(Number))];
   }
   return { req, errors };
 }
@@ -280,7 +292,7 @@ async function submit() {
   showErrors(errors);
   if (errors.length) return;
   if (!PP.token()) {
-    err.textContent = "Planning needs the admin token: paste it into “API token” at the top right and press Save, then Plan again (the form stays as it is).";
+    err.textContent = PP.needsToken("Planning", "Plan again (the form stays as it is)");
     err.hidden = false;
     document.getElementById("token").focus();
     return;
@@ -316,7 +328,7 @@ async function submit() {
     text.textContent = `plan ${plan.id} done: ${plan.num_candidates} candidates`;
     location.href = `/ui/plans/${plan.id}`;
   } catch (e) {
-    err.textContent = (e.status === 401 || e.status === 403 ? "Planning needs the admin token (top right): " : "") + (e.message || String(e));
+    err.textContent = PP.writeError(e, "Planning", "Plan again (the form stays as it is)");
     err.hidden = false;
     progress.hidden = true;
     button.disabled = false;
@@ -416,8 +428,7 @@ async function makeHFProfile() {
   const seq = wholeNumber("hf-seq", errors);
   if (errors.length) return fail("hf-seq", errors[0][1]);
   if (!PP.token()) {
-    fail(null, "Making a profile needs the admin token: paste it into “API token” at the top right and press Save, " +
-      "then Make profile again.");
+    fail(null, PP.needsToken("Making a profile", "Make profile again"));
     document.getElementById("token").focus();
     return;
   }
@@ -450,7 +461,7 @@ async function makeHFProfile() {
     hfMade = { key, id: p.id };
     return p.id;
   } catch (e) {
-    if (e.status === 401 || e.status === 403) fail(null, "Making a profile needs the admin token (top right): " + e.message);
+    if (e.status === 401 || e.status === 403) fail(null, PP.writeError(e, "Making a profile", "Make profile again"));
     else fail(hfFieldFor(e.message), e.message || String(e));
   } finally {
     button.disabled = false;

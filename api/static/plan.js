@@ -4,7 +4,8 @@
 "use strict";
 
 const planId = parseInt(document.getElementById("plan-info").dataset.planId, 10);
-const S = { plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false, wholeExperts: false, orders: false };
+const MAX_SELECTED = 4;  // candidates side by side
+const S = { askedSel: [], plan: null, cluster: null, device: null, rows: [], sortKey: "rank", sortDir: 1, selected: new Set(), timelines: {}, experts: false, wholeExperts: false, orders: false };
 
 // a candidate's expert-parallel size e (its run_spec's configuration holds it where e > 1: planner.request.Config)
 const expertOf = (c) => c.expert ?? (c.run_spec && c.run_spec.config && c.run_spec.config.expert) ?? 1;
@@ -16,11 +17,16 @@ const expertTensorOf = (c) => c.expert_tensor ?? (c.run_spec && c.run_spec.confi
 const DEFAULT_ORDER = "tp-pp-dp";
 const orderOf = (c) => c.order ?? (c.run_spec && c.run_spec.config && c.run_spec.config.order) ?? DEFAULT_ORDER;
 
+// a row the planner did not simulate (one that does not fit, its memory counted from the schedule): the API gives
+// its throughput as 0 and its bubble_ratio as 1, placeholders beside its null iteration time; shown as "–" as
+// that is, and sorted last
+const simulated = (c) => PP.num(c.iteration_time);
+
 const SORTERS = {
   rank: (c) => c.rank, micro_batch: (c) => c.micro_batch, microbatches: (c) => c.microbatches, data: (c) => c.data,
   pipeline: (c) => c.pipeline, tensor: (c) => c.tensor, expert: expertOf, expert_tensor: (c) => expertTensorOf(c) ?? 0, order: orderOf, schedule: (c) => PP.schedText(c), recompute: (c) => (c.recompute ? 1 : 0),
-  iteration_time: (c) => (PP.num(c.iteration_time) ? c.iteration_time : Infinity), throughput: (c) => c.throughput || 0,
-  bubble_ratio: (c) => (PP.num(c.bubble_ratio) ? c.bubble_ratio : Infinity), peak_memory: (c) => c.peak_memory || 0,
+  iteration_time: (c) => (PP.num(c.iteration_time) ? c.iteration_time : Infinity), throughput: (c) => (simulated(c) && c.throughput) || 0,
+  bubble_ratio: (c) => (simulated(c) && PP.num(c.bubble_ratio) ? c.bubble_ratio : Infinity), peak_memory: (c) => c.peak_memory || 0,
   reason: (c) => (c.fits ? "" : c.reason || "~"),
 };
 
@@ -28,7 +34,7 @@ function readUrl() {
   const q = new URLSearchParams(location.search);
   const sort = (q.get("sort") || "").split(":");
   if (SORTERS[sort[0]]) { S.sortKey = sort[0]; S.sortDir = sort[1] === "desc" ? -1 : 1; }
-  for (const x of (q.get("sel") || "").split(",")) if (x !== "" && !isNaN(+x)) S.selected.add(+x);
+  S.askedSel = (q.get("sel") || "").split(",").filter((x) => x !== "");  // checked once the rows are known
   if (q.get("filter")) document.getElementById("filter").value = q.get("filter");
   if (q.get("infeasible") === "1") document.getElementById("show-infeasible").checked = true;
 }
@@ -71,6 +77,11 @@ PP.start(async () => {
   // the ranks column only where some row has the pipeline outermost (tp-dp-pp): otherwise every row is tp-pp-dp
   S.orders = S.rows.some((c) => orderOf(c) !== DEFAULT_ORDER);
   document.querySelector('#cands th[data-key="order"]').hidden = !S.orders;
+  // ?sel= as typed into the URL: only ranked candidates' indices (a row that does not fit has nothing to compare),
+  // at most MAX_SELECTED of them, in the order given; the URL then says what is selected
+  const valid = S.askedSel.filter((x) => /^\d+$/.test(x.trim())).map(Number).filter((r) => r < plan.candidates.length);
+  S.selected = new Set([...new Set(valid)].slice(0, MAX_SELECTED));
+  if ([...S.selected].join(",") !== S.askedSel.join(",")) writeUrl();
   renderInfo(plan);
   renderWhyEmpty(plan);
   if (!S.rows.length) {  // nothing to list: the message above says why
@@ -83,8 +94,7 @@ PP.start(async () => {
   renderTable();
   window.__tableRenderedAt = performance.now();
   document.body.dataset.ready = "1";
-  const sel = [...S.selected].filter((r) => r < plan.candidates.length);
-  if (sel.length >= 1) compare();
+  if (S.selected.size >= 1) compare();
   loadNames(plan);  // a failed plan names its profile too
 });
 
@@ -130,7 +140,7 @@ function renderInfo(plan) {
   document.getElementById("plan-info").innerHTML = `
     <div>${PP.stateBadge(plan.status)} <span id="info-profile">profile #${plan.profile_id}</span> ·
       <span id="info-cluster">${PP.clusterSized(S.cluster, plan.cluster_id)}</span> · global batch ${r.global_batch} ·
-      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`}${r.max_expert != null ? ` · max e ${r.max_expert}` : ""}${r.rank_order ? ` · ranks ${PP.esc(r.rank_order)}` : ""} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
+      <span id="info-budget">${r.gpus != null ? PP.devices(S.device, r.gpus) : "all " + PP.deviceNoun(S.device)}</span> · max t ${r.max_tensor ?? `= ${PP.deviceNoun(S.device)} per node`}${r.max_expert != null ? ` · max e ${r.max_expert}` : ""}${r.rank_order ? ` · ranks ${PP.esc(r.rank_order)}` : ""}${Array.isArray(r.micro_batches) && r.micro_batches.length ? ` · <span id="info-micro-batches">micro-batch sizes ${PP.esc(r.micro_batches.join(", "))}</span>` : ""}${r.top != null ? ` · <span id="info-top">candidates to keep ${PP.esc(r.top)}</span>` : ""} · schedules ${PP.esc((r.schedules || ["all"]).join(", "))}
       ${r.allow_async ? "+ async" : ""} · recompute ${r.allow_recompute ? "allowed" : "off"}<span id="info-optimizer">${r.shard_parameters ? " · weights, gradients and optimizer sharded over data parallel (FSDP)" : r.shard_optimizer ? " · optimizer sharded over data parallel (ZeRO-1)" : ""}</span></div>
     <div id="info-assumes" class="muted" hidden></div>
     <div class="muted">${plan.evaluated == null ? (plan.status === "failed" ? "no configurations ranked" : "searching")
@@ -155,13 +165,16 @@ async function replan(btn) {
   if (!plan || !S.cluster) return;
   const body = { profile_id: plan.profile_id, cluster_id: S.cluster.newest_id };
   for (const [k, v] of Object.entries(plan.request || {})) if (v != null) body[k] = v;
+  const msg = document.getElementById("replan-msg");
+  const say = (text) => { if (msg) { msg.className = "error"; msg.textContent = text; } };
+  const again = `press “Plan again on v${S.cluster.newest_version}” again`;
+  if (!PP.token()) { say(PP.needsToken("Planning", again)); return; }  // nothing is sent that must fail
   btn.disabled = true;
   try {
     const r = await PP.api("POST", "/plans", body);
     location.href = `/ui/plans/${r.data.id}`;
   } catch (e) {
-    const msg = document.getElementById("replan-msg");
-    if (msg) { msg.className = "error"; msg.textContent = e.message; }
+    say(PP.writeError(e, "Planning", again));
     btn.disabled = false;
   }
 }
@@ -237,6 +250,7 @@ function wire() {
     writeUrl();
   }));
   document.getElementById("job-emulate").addEventListener("change", showRefusals);
+  document.getElementById("job-iterations").addEventListener("input", () => showIterationsProblem(null));
   for (const id of ["filter", "schedule-filter", "show-infeasible"]) {
     document.getElementById(id).addEventListener("input", () => { renderTable(); writeUrl(); });
   }
@@ -245,7 +259,7 @@ function wire() {
     if (!box) return;
     const r = +box.dataset.rank;
     if (box.checked) {
-      if (S.selected.size >= 4) { box.checked = false; PP.notice("at most 4 candidates side by side", "warn"); return; }
+      if (S.selected.size >= MAX_SELECTED) { box.checked = false; PP.notice(`at most ${MAX_SELECTED} candidates side by side`, "warn"); return; }
       S.selected.add(r);
     } else S.selected.delete(r);
     box.closest("tr").classList.toggle("selected", box.checked);
@@ -313,7 +327,7 @@ async function loadExport() {
 function updateCompareButton() {
   const n = S.selected.size;
   const b = document.getElementById("compare-btn");
-  b.disabled = n < 1 || n > 4;
+  b.disabled = n < 1 || n > MAX_SELECTED;
   b.textContent = n === 1 ? "Show selected (1)" : `Compare selected (${n})`;
 }
 
@@ -370,8 +384,8 @@ function renderTable() {
       `<td>${c.pipeline}</td><td>${c.tensor}</td>` + (S.orders ? `<td>${PP.esc(orderOf(c))}</td>` : "") +
       `<td class="sched">${schedCell(c)}</td><td>${c.recompute ? "yes" : ""}</td>` +
       `<td class="num" data-v="${c.iteration_time ?? ""}">${PP.fmtTime(c.iteration_time)}</td>` +
-      `<td class="num" data-v="${c.throughput ?? ""}">${PP.fmtNum(c.throughput)}</td>` +
-      `<td class="num">${PP.fmtPct(c.bubble_ratio)}</td>` +
+      `<td class="num" data-role="throughput" data-v="${simulated(c) ? c.throughput ?? "" : ""}">${simulated(c) ? PP.fmtNum(c.throughput) : "–"}</td>` +
+      `<td class="num" data-role="idle">${simulated(c) ? PP.fmtPct(c.bubble_ratio) : "–"}</td>` +
       `<td class="num${over ? " over" : ""}" data-role="memory" title="${PP.esc(PP.MEMORY_TITLE)}">${memoryCell(c)} / ${PP.fmtGiB(cap)}</td>` +
       `<td class="reason">${c.fits ? "fits" : PP.esc(c.reason)}</td>` +
       `<td>${c.feasible ? `<button type="button" class="export-btn" data-rank="${c.rank}" title="as Megatron-LM, torchtitan or DeepSpeed settings">Export</button>` : ""}</td></tr>`);
@@ -476,6 +490,13 @@ function showRefusals() {
   });
 }
 
+function showIterationsProblem(problem) {
+  const under = document.getElementById("job-iterations-error");
+  document.getElementById("job-iterations").classList.toggle("invalid", !!problem);
+  under.textContent = problem || "";
+  under.hidden = !problem;
+}
+
 async function dispatch(rank, button) {
   const msg = button.nextElementSibling;
   const model = document.getElementById("job-model").value.trim();
@@ -484,7 +505,14 @@ async function dispatch(rank, button) {
   msg.className = "dispatch-msg error";
   const problem = PP.modelProblem(model, emulate);
   if (problem) { msg.textContent = problem; return; }
-  if (!/^\d+$/.test(iterations) || +iterations < 1) { msg.textContent = `Iterations: “${iterations}” is not a whole number ≥ 1`; return; }
+  // at most JobCreate.iterations' bound (the field's data-max), as the job page's clone form: said under the field
+  // and on the card (the API's 422 came back as its raw text)
+  const itEl = document.getElementById("job-iterations");
+  const itProblem = PP.iterationsProblem(iterations, +itEl.dataset.max);
+  showIterationsProblem(itProblem);
+  if (itProblem) { msg.textContent = itProblem; itEl.focus(); return; }
+  const again = `press Dispatch #${rank + 1} again`;
+  if (!PP.token()) { msg.textContent = PP.needsToken("Dispatching", again); return; }  // nothing is sent that must fail
   msg.className = "dispatch-msg";
   button.disabled = true;
   try {
@@ -496,7 +524,7 @@ async function dispatch(rank, button) {
     location.href = `/ui/jobs/${job.id}`;
   } catch (e) {
     msg.className = "dispatch-msg error";
-    msg.textContent = e.message;
+    msg.textContent = PP.writeError(e, "Dispatching", again);
     button.disabled = false;
   }
 }

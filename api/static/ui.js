@@ -134,6 +134,25 @@ const PP = (() => {
     if (model && known.length && !known.includes(model)) return `Model: unknown model “${model}”; known: ${known.join(", ")}`;
     return null;
   }
+  // the dispatch forms' iterations field (the plan page's and the job page's clone form): what is wrong with it, or
+  // null; ``max``: JobCreate.iterations' bound (the field's data-max, api/routers/ui.py job_limits)
+  function iterationsProblem(it, max) {
+    if (!/^\d+$/.test(it) || +it < 1) return `Iterations: “${it}” is not a whole number ≥ 1`;
+    if (max && +it > max) return `Iterations: at most ${max}, got ${it}`;
+    return null;
+  }
+  // what a write button says where the admin token is missing ("Dispatching needs the admin token: paste it …"),
+  // before anything is sent; ``again``: what to do after saving it
+  const needsToken = (what, again) => `${what} needs the admin token: paste it into “API token” at the top right ` +
+    `and press Save${again ? ", then " + again : ""}.`;
+  // the message for a write the API refused (``e`` from api()): a refusal for want of the admin token in the
+  // words of needsToken (not the API's "missing bearer token: send 'Authorization: Bearer <token>'"); otherwise
+  // the API's text
+  function writeError(e, what, again) {
+    if (e && e.status === 401 && !token()) return needsToken(what, again);
+    if (e && (e.status === 401 || e.status === 403)) return `${what} needs the admin token (top right): ${e.message}`;
+    return String((e && e.message) || e);
+  }
   const fmtPct = (x) => (num(x) ? (100 * x).toFixed(1) + " %" : "–");
   const fmtNum = (x, d = 1) => (num(x) ? x.toFixed(d) : "–");
   const fmtErr = (x) => (num(x) ? (x >= 0 ? "+" : "") + (100 * x).toFixed(1) + " %" : "–");
@@ -298,6 +317,6 @@ const PP = (() => {
   // measured / predicted as a factor (1.25×: the run took 25 % longer than predicted)
   const fmtRatio = (x) => (num(x) ? x.toFixed(x >= 10 ? 1 : 2) + "×" : "–");
 
-  return { api, get, notice, start, token, esc, modelProblem, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
+  return { api, get, notice, start, token, esc, modelProblem, iterationsProblem, needsToken, writeError, isCpu, deviceNoun, devices, num, fmtTime, fmtGiB, fmtBytes, memorySplit, MEMORY_TITLE, fmtPct, fmtNum, fmtErr, fmtDate, ago,
            schedText, stateBadge, errorLine, plotly, drawTimeline, drawMemory, drawBreakdown, clusterLink, clusterSized, versionNote, calibratedFrom, fmtRatio };
 })();
