@@ -26,13 +26,14 @@ def _worker(client: Any) -> dict[str, Any]:
     return w.json()
 
 
-def _job(client: Any) -> tuple[dict[str, Any], dict[str, str], int]:
-    """A claimed job of a seeded plan: (worker, its auth header, job id)."""
+def _job(client: Any, emulate: bool = False) -> tuple[dict[str, Any], dict[str, str], int]:
+    """A claimed job of a seeded plan, emulated or real (a result must say how its job ran): (worker, its auth
+    header, job id)."""
     _, _, plan = seed_plan(client)
     w = _worker(client)
     mine = {"Authorization": f"Bearer {w['token']}"}
-    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny"},
-                      headers=AUTH).json()
+    job = client.post("/jobs", json={"plan_id": plan["id"], "candidate_index": 0, "model": "gpt-tiny",
+                                     "emulate": emulate}, headers=AUTH).json()
     claim = client.post(f"/workers/{w['id']}/claim", headers=mine)
     assert claim.status_code == 200, claim.text
     return w, mine, job["id"]
@@ -77,7 +78,7 @@ def test_timelines_and_comparison_of_odd_results_are_not_server_errors(client) -
     """The result fields that broke the job's pages: a malformed trace, ``raw.predicted`` that is not an
     object on an emulated run. And a peak memory no float holds is refused when posted (it was stored, then
     float() of it answered 500 in the comparison)."""
-    w, mine, job_id = _job(client)
+    w, mine, job_id = _job(client, emulate=True)
     r = client.post(f"/jobs/{job_id}/result", content=json.dumps({
         "worker_id": w["id"], "iteration_time": 0.5, "emulated": True,
         "devices": [{"busy": 1, "idle": 0, "peak_memory": BIG}]}), headers={**mine, "content-type": "application/json"})
@@ -97,7 +98,7 @@ def test_timelines_and_comparison_of_odd_results_are_not_server_errors(client) -
 def test_an_emulated_runs_own_prediction_no_float_holds_is_left_out(client) -> None:  # type: ignore[no-untyped-def]
     """``raw.predicted.iteration_time`` of 10**400 passed the number check and overflowed in the note's
     arithmetic (0.5 / 10**400 raises): the note is left out, as for a figure that is not a number."""
-    w, mine, job_id = _job(client)
+    w, mine, job_id = _job(client, emulate=True)
     r = client.post(f"/jobs/{job_id}/result", content=json.dumps({
         "worker_id": w["id"], "iteration_time": 0.5, "emulated": True,
         "raw": {"predicted": {"iteration_time": BIG}}}), headers={**mine, "content-type": "application/json"})
