@@ -51,6 +51,19 @@ class Console:
         return page
 
 
+def open_page(browser: Any, console: Console, token: str | None = ADMIN, width: int = VIEWPORT["width"],
+              **context: Any) -> Any:
+    """A page in a new browser context of ``width`` x 800 (``context``: more of Playwright's new_context options,
+    e.g. accept_downloads), holding ``token`` in the UI's token box (None: a visitor without one), its console
+    errors collected by ``console``, waits of up to a minute."""
+    ctx = browser.new_context(viewport={"width": width, "height": VIEWPORT["height"]}, **context)
+    if token:
+        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(token)})")
+    page = console.attach(ctx.new_page())
+    page.set_default_timeout(60_000)
+    return page
+
+
 def shot(page: Any, name: str, full_page: bool = False) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"

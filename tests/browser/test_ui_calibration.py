@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, WAUTH, WORKER, LiveServer, seeded_server
+from api_support import WAUTH, WORKER, LiveServer, seeded_server
 
-from browser.support import Console, finished_job, needs_browser, shot, wait_plan
+from browser.support import Console, finished_job, needs_browser, open_page, shot, wait_plan
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -33,15 +33,6 @@ def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield srv
     finally:
         srv.stop()
-
-
-def _page(browser: Any, console: Console, token: str | None = ADMIN, width: int = 1280) -> Any:
-    ctx = browser.new_context(viewport={"width": width, "height": 800})
-    if token:
-        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(token)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
 
 
 def _cluster_with_jobs(srv: LiveServer, name: str, factors: tuple[float, ...]) -> tuple[int, list[dict[str, Any]]]:
@@ -104,7 +95,7 @@ def test_the_cluster_page_shows_each_jobs_error_before_and_after_and_calibrates(
     assert before["newest_version"] == 1 and before["calibration"] is None
 
     # open reads: no token, the page reads everything; calibrating is refused in the page, nothing is sent
-    page = _page(browser, console, token=None)
+    page = open_page(browser, console, token=None)
     page.goto(f"{server.url}/ui/clusters/{cid}")
     page.wait_for_selector('body[data-ready="1"]')
     _check_rows(page, before)
@@ -120,7 +111,7 @@ def test_the_cluster_page_shows_each_jobs_error_before_and_after_and_calibrates(
     page.context.close()
 
     # a token that may read but not write: the API's 403 is shown as text
-    page = _page(browser, console, token=WORKER)
+    page = open_page(browser, console, token=WORKER)
     page.goto(f"{server.url}/ui/clusters/{cid}")
     page.wait_for_selector('body[data-ready="1"]')
     page.click("#calibrate")
@@ -133,7 +124,7 @@ def test_the_cluster_page_shows_each_jobs_error_before_and_after_and_calibrates(
     page.context.close()
 
     # the admin token: a new version, which the page then shows
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/clusters/{cid}")
     page.wait_for_selector('body[data-ready="1"]')
     page.click("#calibrate")
@@ -207,7 +198,7 @@ def bound_cluster(server: LiveServer) -> int:
 
 def test_a_factor_at_a_bound_is_shown_as_a_warning(server: LiveServer, browser: Any, console: Console,
                                                    bound_cluster: int) -> None:
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/clusters/{bound_cluster}")
     page.wait_for_selector('body[data-ready="1"]')
     page.click("#calibrate")
@@ -236,7 +227,7 @@ def test_the_cluster_pages_fit_the_window(server: LiveServer, browser: Any, cons
     the page or of a table in its box; below 600 px each row is a card of labelled lines."""
     with server.client() as c:
         assert c.post(f"/clusters/{bound_cluster}/calibrate").status_code in (200, 201)
-    page = _page(browser, console, token=None, width=width)
+    page = open_page(browser, console, token=None, width=width)
     for path in (f"/ui/clusters/{bound_cluster}", "/ui/clusters"):
         page.goto(server.url + path)
         page.wait_for_selector(f'#clusters tr[data-cluster-id="{bound_cluster}"]' if path == "/ui/clusters"
@@ -263,7 +254,7 @@ def test_the_cluster_pages_fit_the_window(server: LiveServer, browser: Any, cons
 def test_a_cluster_without_finished_jobs_says_what_to_do(server: LiveServer, browser: Any,
                                                           console: Console) -> None:
     cid, _ = _cluster_with_jobs(server, "cal-empty-a100", ())
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/clusters/{cid}")
     page.wait_for_selector('body[data-ready="1"]')
     empty = page.locator("#cal-empty")
@@ -288,7 +279,7 @@ def test_a_listed_emulated_run_says_its_own_prediction_and_is_not_counted_as_fit
         plan_id = jobs[0]["plan_id"]
         own = c.get(f"/plans/{plan_id}").json()["candidates"][2]["iteration_time"] * 0.5
         emu = finished_job(c, plan_id, 2, own * 1.1, WAUTH, emulated_at=own)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/clusters/{cid}")
     page.wait_for_selector('body[data-ready="1"]')
     page.check("#include-emulated")

@@ -5,15 +5,14 @@ the predicted cost). Headless Chromium against the real seeded server; screensho
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, LiveServer
+from api_support import LiveServer
 
-from browser.support import VIEWPORT, Console, done_plan, needs_browser, seeded_ids, shot
+from browser.support import Console, done_plan, needs_browser, open_page, seeded_ids, shot
 from planner.export import deepspeed, megatron, torchtitan
 from planner.runspec import RunSpec
 
@@ -27,14 +26,6 @@ def _plan(srv: LiveServer, schedules: list[str]) -> dict[str, Any]:
     return plan
 
 
-def _page(browser: Any, console: Console) -> Any:
-    ctx = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
-
-
 def _show(page: Any, fmt: str) -> None:
     page.select_option("#export-format", fmt)
     page.wait_for_selector('#export-dialog[data-state="shown"], #export-dialog[data-state="refused"]')
@@ -46,7 +37,7 @@ def test_export_button_shows_and_downloads_each_framework(server: LiveServer, br
     ones = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "1f1b"]
     chims = [i for i, c in enumerate(plan["candidates"]) if c["schedule"] == "chimera"]
     assert ones and chims, [c["label"] for c in plan["candidates"]]
-    page = _page(browser, console)
+    page = open_page(browser, console, accept_downloads=True)
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     assert page.locator("button.export-btn").count() == len(plan["candidates"])  # one per candidate row

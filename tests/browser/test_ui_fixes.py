@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import pytest
 from api_support import ADMIN, WAUTH, LiveServer
 
-from browser.support import VIEWPORT, Console, done_plan, finished_job, needs_browser, seeded_ids, shot
+from browser.support import VIEWPORT, Console, done_plan, finished_job, needs_browser, open_page, seeded_ids, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -26,15 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 def _small_plan(srv: LiveServer) -> dict[str, Any]:
     pid, cid = seeded_ids(srv, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     return done_plan(srv, pid, cid, global_batch=16, gpus=4, top=10)
-
-
-def _page(browser: Any, console: Console, width: int = VIEWPORT["width"], token: bool = True) -> Any:
-    ctx = browser.new_context(viewport={"width": width, "height": VIEWPORT["height"]})
-    if token:
-        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
 
 
 def _jobs(srv: LiveServer) -> list[dict[str, Any]]:
@@ -86,7 +77,7 @@ def _no_horizontal_overflow(page: Any) -> tuple[int, int]:
 # ---- 1. saving the token keeps the form; planning needs the admin token is said up front -------------------
 
 def test_saving_the_token_keeps_the_filled_in_form(server: LiveServer, browser: Any, console: Console) -> None:
-    page = _page(browser, console, token=False)
+    page = open_page(browser, console, token=None)
     page.goto(server.url + "/")
     note = page.locator("#auth-note")
     assert note.is_visible() and "admin token" in note.inner_text()
@@ -126,7 +117,7 @@ def test_failed_job_shows_the_error_and_offers_retry_and_clone(server: LiveServe
                                                                 console: Console) -> None:
     plan = _small_plan(server)
     job = _failed_job(server, plan["id"])
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/jobs/{job['id']}")
     page.wait_for_selector('body[data-state="failed"]')
     err = page.locator("#error-text")
@@ -201,7 +192,7 @@ def test_failed_job_shows_the_error_and_offers_retry_and_clone(server: LiveServe
 
 def test_a_single_candidate_can_be_dispatched(server: LiveServer, browser: Any, console: Console) -> None:
     plan = _small_plan(server)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     page.check('input.sel[data-rank="1"]')
@@ -267,7 +258,7 @@ def test_large_timelines_draw_fast_in_seconds_zoom_and_highlight(server: LiveSer
     cands = plan["candidates"]
     big = [i for i, c in enumerate(cands) if c["microbatches"] >= 192][:2]
     assert len(big) == 2, [c["label"] for c in cands]
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel={big[0]},{big[1]}")
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
     tls = [page.locator(f'[data-role="timeline"][data-rank="{r}"]') for r in big]
@@ -341,7 +332,7 @@ def test_a_plan_without_candidates_says_why(server: LiveServer, browser: Any, co
     assert plan["num_candidates"] == 0
     reason, count = max(((k, v) for k, v in plan["rejected"].items() if not k.startswith("bound")),
                         key=lambda kv: kv[1])
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     why = page.locator("#why-empty")
@@ -363,7 +354,7 @@ def test_no_page_overflows_at_narrow_widths(server: LiveServer, browser: Any, co
     job = _failed_job(server, plan["id"])  # the jobs table then has a long error in it
     with server.client() as c:  # and a finished job: predicted, measured and their ratio
         done = finished_job(c, plan["id"], 1, plan["candidates"][1]["iteration_time"] * 1.25, WAUTH)
-    page = _page(browser, console, width=width)
+    page = open_page(browser, console, width=width)
     # the job page too: at 400 px its two tables' grid column kept their full width (54 px past the window)
     for path, ready in [("/", 'body[data-ready="1"]'), ("/ui/plans", "#plans tbody a"),
                         ("/ui/jobs", "#jobs tbody tr[data-job-id]"), ("/ui/workers", "#workers tbody tr"),
@@ -400,7 +391,7 @@ def _jobs_table_within_the_page(page: Any, done: dict[str, Any], width: int) -> 
 # ---- 7. silently changed inputs are refused with a message --------------------------------------------------
 
 def test_bad_inputs_are_refused_in_the_form(server: LiveServer, browser: Any, console: Console) -> None:
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     before = len(_plans(server))
@@ -457,7 +448,7 @@ def test_plan_warnings_and_candidate_alternatives_are_shown(server: LiveServer, 
     plan = _small_plan(server)
     warning = ("profile gpt-tiny was measured on A100-SXM4-80GB but the cluster's devices are "
                "Intel CPU: predicted times are the A100's")
-    page = _page(browser, console)
+    page = open_page(browser, console)
 
     def with_fields(route: Any) -> None:  # the plan document with the fields the planner adds to it
         resp = route.fetch()
@@ -514,7 +505,7 @@ def test_cpu_clusters_say_processes_not_gpus(server: LiveServer, browser: Any, c
     fits = done_plan(server, tiny, local, global_batch=8, gpus=2, top=5)
     empty = done_plan(server, big, local, global_batch=8, gpus=1, top=5)  # 1.3B parameters x 16 B > 4 GiB
     assert fits["num_candidates"] and not empty["num_candidates"]
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{fits['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     page.wait_for_function("document.getElementById('info-cluster').textContent.includes('CPU processes')")
@@ -565,7 +556,7 @@ def test_plans_and_workers_lists_fit_narrow_windows(server: LiveServer, browser:
     _small_plan(server)
     _worker(server, f"qa-worker-with-a-long-name-{width}", gpus=8)
     _worker(server, f"qa-worker-undeclared-{width}")
-    page = _page(browser, console, width=width)
+    page = open_page(browser, console, width=width)
     lists = [("/ui/plans", "#plans", "#plans tbody a", "Cluster"),
              ("/ui/workers", "#workers", "#workers tbody tr[data-worker-id]", "Last heartbeat")]
     for path, table, ready, label in lists:
@@ -592,7 +583,7 @@ def test_jobs_and_plans_lists_both_say_status(server: LiveServer, browser: Any, 
     plan = _small_plan(server)
     with server.client() as c:
         finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"], WAUTH)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/ui/plans")
     page.wait_for_selector("#plans tbody a")
     assert page.locator("#plans thead th").nth(1).inner_text() == "Status"
@@ -602,7 +593,7 @@ def test_jobs_and_plans_lists_both_say_status(server: LiveServer, browser: Any, 
     assert page.locator("label:has(#state-filter)").inner_text().startswith("Status")
     assert "State" not in page.locator("#jobs thead").inner_text() + page.locator(".toolbar").inner_text()
     page.context.close()
-    page = _page(browser, console, width=400)
+    page = open_page(browser, console, width=400)
     page.goto(server.url + "/ui/jobs")
     page.wait_for_selector("#jobs tbody tr[data-job-id]")
     label = page.locator("#jobs tbody tr[data-job-id] td").nth(1).evaluate(
@@ -616,7 +607,7 @@ def test_a_budget_past_the_cluster_is_refused_in_the_form(server: LiveServer, br
     """A budget of 5000 on the local cluster of 4 CPU processes went to the API: its 422 named the field "gpus"
     (not the form's "CPU process budget") and the failed request was a console error."""
     _, local = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "local-cpu-4")
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.select_option("#cluster", str(local))
@@ -646,7 +637,7 @@ def test_the_job_page_tables_fit_at_400(server: LiveServer, browser: Any, consol
                 "peak_memory": None} for d in range(4)]
     with server.client() as c:
         done = finished_job(c, plan["id"], 0, plan["candidates"][0]["iteration_time"] * 1.1, WAUTH, devices)
-    page = _page(browser, console, width=400)
+    page = open_page(browser, console, width=400)
     for job, state in ((failed, "failed"), (done, "succeeded")):
         page.goto(f"{server.url}/ui/jobs/{job['id']}")
         page.wait_for_selector(f'body[data-state="{state}"]')

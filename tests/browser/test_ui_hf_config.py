@@ -10,23 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, LiveServer
+from api_support import LiveServer
 
-from browser.support import VIEWPORT, Console, needs_browser, shot
+from browser.support import Console, needs_browser, open_page, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MODELS = ROOT / "examples" / "models"
-
-
-def _page(browser: Any, console: Console, token: bool = True) -> Any:
-    ctx = browser.new_context(viewport=VIEWPORT)
-    if token:
-        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
 
 
 def _cluster_id(srv: LiveServer, name: str) -> int:
@@ -50,7 +41,7 @@ def _runtime_form(browser: Any, console: Console, server: LiveServer, cid: int, 
                   check_closed: bool = False) -> Any:
     """A new page with Llama 3.1 8B's config chosen on cluster ``cid`` at ``seq``, named ``name``, and "Kernels
     and runtime" opened (``check_closed``: first check it starts closed, naming pipeplan's executor)."""
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     if check_closed:
@@ -72,7 +63,7 @@ def _profiles(srv: LiveServer) -> list[dict[str, Any]]:
 def _uploaded(server: LiveServer, browser: Any, console: Console, model: str, name: str) -> Any:
     """A new page of the new-plan form on the DGX H100 cluster where ``examples/models/<model>/config.json`` was made
     into the profile ``name`` at sequence 4096 (the status says "profile #" once it is)."""
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.select_option("#cluster", str(_cluster_id(server, "dgx-h100-80gb")))
@@ -121,7 +112,7 @@ def test_upload_llama_config_selects_the_profile_and_plans(server: LiveServer, b
 def test_plan_with_a_chosen_config_makes_its_profile_first(server: LiveServer, browser: Any,
                                                            console: Console) -> None:
     cid = _cluster_id(server, "dgx-a100-80gb")
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.set_input_files("#hf-file", str(MODELS / "mistral-7b" / "config.json"))
@@ -152,7 +143,7 @@ def test_broken_config_shows_the_api_error_next_to_the_upload(server: LiveServer
     before = _profiles(server)
 
     # no token: refused in the page, nothing sent
-    page = _page(browser, console, token=False)
+    page = open_page(browser, console, token=None)
     page.goto(server.url + "/")
     page.set_input_files("#hf-file", str(bad))
     page.click("#hf-make")
@@ -160,7 +151,7 @@ def test_broken_config_shows_the_api_error_next_to_the_upload(server: LiveServer
     assert err.is_visible() and "needs the admin token" in err.inner_text()
     page.context.close()
 
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.select_option("#cluster", str(_cluster_id(server, "dgx-a100-80gb")))
@@ -264,7 +255,7 @@ def test_kernels_and_runtime_of_the_run_go_into_the_profile(server: LiveServer, 
     page.context.close()
 
     # a precision the device has no figures for: the API's 422 under the upload, the precision outlined
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     page.select_option("#cluster", str(_cluster_id(server, "local-cpu-4")))

@@ -12,19 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, WAUTH, LiveServer, wait_for
+from api_support import WAUTH, LiveServer, wait_for
 
-from browser.support import VIEWPORT, Console, done_plan, needs_browser, seeded_ids, shot
+from browser.support import Console, done_plan, needs_browser, open_page, seeded_ids, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
-
-
-def _page(browser: Any, console: Console, width: int = VIEWPORT["width"]) -> Any:
-    ctx = browser.new_context(viewport={"width": width, "height": VIEWPORT["height"]})
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
 
 
 def _local_plan(srv: LiveServer) -> dict[str, Any]:
@@ -40,7 +32,7 @@ def test_the_export_column_is_in_view_at_1280(server: LiveServer, browser: Any, 
     tiny_cpu = _local_plan(server)
     pid, cid = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
     gpu = done_plan(server, pid, cid, global_batch=64, gpus=64, top=10)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     for plan in (tiny_cpu, gpu):
         page.goto(f"{server.url}/ui/plans/{plan['id']}?infeasible=1")
         page.wait_for_selector('body[data-ready="1"]')
@@ -72,7 +64,7 @@ def test_a_long_schedule_name_wraps_and_keeps_export_in_view(server: LiveServer,
         body["candidates"][0]["name"] = name
         route.fulfill(response=resp, json=body)
 
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.route(lambda url: urlparse(url).path == f"/plans/{plan['id']}", long_name)
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
@@ -96,7 +88,7 @@ def test_a_chosen_profile_file_says_it_replaces_the_list(server: LiveServer, bro
         body = c.get(f"/profiles/{pid}").json()["profile"]
     upload = tmp_path / "medium.json"
     upload.write_text(json.dumps(body))
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     local = page.locator("#cluster option", has_text="local-cpu-4").first.get_attribute("value")
@@ -139,7 +131,7 @@ def test_the_empty_plan_hint_does_not_suggest_what_cannot_help(server: LiveServe
     big, local = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "local-cpu-4")
     empty = done_plan(server, big, local, global_batch=8, gpus=2, top=5)
     assert not empty["num_candidates"] and not any("out of memory" in k for k in empty["rejected"])
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{empty['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     hint = page.locator("#why-empty .why-hint").inner_text()
@@ -155,7 +147,7 @@ def test_the_reserve_label_stays_above_the_device_names(server: LiveServer, brow
     (P0); it now stands on the band, inside the plot."""
     pid, cid = seeded_ids(server, "gpt2-1.3b", "A100-SXM4-80GB", "dgx-a100-80gb")
     plan = done_plan(server, pid, cid, global_batch=64, gpus=64, top=3)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel=0")
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
     chart = page.locator('[data-role="memory"][data-rank="0"]')
@@ -178,7 +170,7 @@ def test_a_model_of_other_layers_is_refused_at_dispatch_and_a_cpu_run_shows_its_
     plan = _local_plan(server)
     with server.client() as c:
         jobs_before = len(c.get("/jobs?limit=1000").json())
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel=0")
     page.wait_for_selector('#compare[data-drawn="1"]', timeout=180_000)
     page.fill("#job-model", "gpt2-medium")
@@ -223,7 +215,7 @@ def test_a_page_of_something_that_does_not_exist_shows_only_that(server: LiveSer
                                                                   console: Console) -> None:
     """/ui/plans/999999 showed "plan 999999 not found" above the plan page's empty frame (table headers,
     dispatch form); the frame goes, the heading and the message stay."""
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/ui/plans/999999")
     page.wait_for_selector('body[data-missing="1"]')
     assert "not found" in page.locator("#notice").inner_text()
@@ -244,7 +236,7 @@ def test_the_empty_plan_hint_suggests_fewer_devices_where_too_many_stages(server
     tiny, dgx = seeded_ids(server, "gpt-tiny", "A100-SXM4-80GB", "dgx-a100-80gb")
     empty = done_plan(server, tiny, dgx, global_batch=8, gpus=1024, top=5)
     assert not empty["num_candidates"] and any("more pipeline stages than layers" in k for k in empty["rejected"])
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{empty['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     hint = page.locator("#why-empty .why-hint").inner_text()

@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
-from api_support import ADMIN, WAUTH, LiveServer, seeded_server
+from api_support import WAUTH, LiveServer, seeded_server
 
-from browser.support import VIEWPORT, Console, done_plan, finished_job, needs_browser, seeded_ids, shot
+from browser.support import Console, done_plan, finished_job, needs_browser, open_page, seeded_ids, shot
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
@@ -35,15 +35,6 @@ def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield srv
     finally:
         srv.stop()
-
-
-def _page(browser: Any, console: Console, token: bool = True) -> Any:
-    ctx = browser.new_context(viewport=VIEWPORT)
-    if token:
-        ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
 
 
 def _count(srv: LiveServer, what: str) -> int:
@@ -69,7 +60,7 @@ def test_rows_that_do_not_fit_show_no_throughput_or_idle(server: LiveServer, bro
     plan = done_plan(server, pid, cid, global_batch=16, gpus=2, top=5)
     unsimulated = [c for c in plan["infeasible"] if c["iteration_time"] is None]
     assert unsimulated and all(c["throughput"] == 0 and c["bubble_ratio"] == 1 for c in unsimulated)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}?infeasible=1")
     page.wait_for_selector('body[data-ready="1"]')
     cells = page.locator("#cands tbody tr").evaluate_all("""rows => rows.map((r) => ({
@@ -89,7 +80,7 @@ def test_rows_that_do_not_fit_show_no_throughput_or_idle(server: LiveServer, bro
 # ---- 2. a file the page flags as no profile is not sent --------------------------------------------------
 
 def test_a_file_flagged_as_no_profile_is_not_sent(server: LiveServer, browser: Any, console: Console) -> None:
-    page = _page(browser, console)
+    page = open_page(browser, console)
     sent: list[str] = []
     page.on("request", lambda r: sent.append(r.url) if r.method == "POST" else None)
     page.goto(server.url + "/")
@@ -139,7 +130,7 @@ def test_writes_without_a_token_say_it_needs_the_admin_token(server: LiveServer,
                                                               calibrated: dict[str, Any]) -> None:
     plan, job, queued = calibrated["plan"], calibrated["jobs"][0], calibrated["queued"]
     plans, jobs = _count(server, "plans"), _count(server, "jobs")
-    page = _page(browser, console, token=False)
+    page = open_page(browser, console, token=None)
     # the plan page: "Plan again on v2" and a candidate's Dispatch
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel=0")
     page.wait_for_selector('#compare[data-drawn="1"]')
@@ -174,7 +165,7 @@ def test_the_new_plan_form_defaults_to_the_newest_cluster_version(server: LiveSe
                                                                   console: Console,
                                                                   calibrated: dict[str, Any]) -> None:
     v1, v2 = calibrated["v1"], calibrated["v2"]
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/")
     page.wait_for_selector('body[data-ready="1"]')
     # the first profile is gpt-tiny on the CPU: its cluster is local-cpu-4, in its newest version
@@ -192,7 +183,7 @@ def test_the_new_plan_form_defaults_to_the_newest_cluster_version(server: LiveSe
 def test_dispatch_iterations_past_the_limit_are_refused_in_the_page(server: LiveServer, browser: Any,
                                                                     console: Console) -> None:
     plan = _small_plan(server)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}?sel=0")
     page.wait_for_selector('#compare[data-drawn="1"]')
     jobs = _count(server, "jobs")
@@ -216,7 +207,7 @@ def test_dispatch_iterations_past_the_limit_are_refused_in_the_page(server: Live
 def test_hand_edited_selection_values_are_ignored(server: LiveServer, browser: Any, console: Console) -> None:
     plan = _small_plan(server)
     assert plan["num_candidates"] >= 6
-    page = _page(browser, console)
+    page = open_page(browser, console)
     url = f"{server.url}/ui/plans/{plan['id']}"
     for sel in ("-1", "999", "abc", "1.5"):  # no row: nothing selected, nothing shown, the URL cleaned
         page.goto(f"{url}?sel={sel}")
@@ -249,7 +240,7 @@ def test_the_plan_summary_names_micro_batch_sizes_and_candidates_kept(server: Li
                                                                       console: Console) -> None:
     sized = _small_plan(server, micro_batches=[1, 2], top=7)
     every = _small_plan(server, top=7)
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{sized['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     assert page.locator("#info-micro-batches").inner_text() == "micro-batch sizes 1, 2"
@@ -265,7 +256,7 @@ def test_the_plan_summary_names_micro_batch_sizes_and_candidates_kept(server: Li
 # ---- 8. micro-batch sizes: each once --------------------------------------------------------------------
 
 def test_micro_batch_sizes_are_sent_once_each(server: LiveServer, browser: Any, console: Console) -> None:
-    page = _page(browser, console)
+    page = open_page(browser, console)
     bodies: list[dict[str, Any]] = []
     page.on("request", lambda r: bodies.append(r.post_data_json)
             if r.method == "POST" and urlparse(r.url).path == "/plans" else None)
@@ -304,7 +295,7 @@ def test_a_page_of_a_missing_id_answers_404_with_the_page(server: LiveServer, br
         assert c.get(f"/ui/jobs/{job['id']}").status_code == 200
         assert c.get("/ui/clusters/1").status_code == 200
     # the friendly body stays: the heading and the page's own "not found", its empty frame hidden
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(server.url + "/ui/plans/999999")
     page.wait_for_selector('body[data-missing="1"]')
     assert "plan 999999 not found" in page.locator("#notice").inner_text()

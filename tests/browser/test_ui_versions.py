@@ -13,22 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import ADMIN, WAUTH, LiveServer
+from api_support import WAUTH, LiveServer
 
-from browser.support import VIEWPORT, Console, finished_job, needs_browser, shot, wait_plan
+from browser.support import Console, finished_job, needs_browser, open_page, shot, wait_plan
 
 pytestmark = [needs_browser, pytest.mark.slow]
 
 CLUSTER = "dgx-a100-80gb"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _page(browser: Any, console: Console) -> Any:
-    ctx = browser.new_context(viewport=VIEWPORT)
-    ctx.add_init_script(f"localStorage.setItem('pipeplan.token', {json.dumps(ADMIN)})")
-    page = console.attach(ctx.new_page())
-    page.set_default_timeout(60_000)
-    return page
 
 
 def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
@@ -48,7 +40,7 @@ def test_calibrated_versions_are_named_and_the_plan_page_says_which_it_used(
     v2_label = f"{CLUSTER} v2, calibrated from 3 jobs"
 
     # the plan made before: it used v1, a newer version exists, and it can be planned again on it
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/plans/{plan['id']}")
     page.wait_for_selector('body[data-ready="1"]')
     used = page.locator("#info-cluster a.cluster-version")
@@ -122,7 +114,7 @@ def test_the_job_page_names_the_cluster_version_its_plan_used(server: LiveServer
     assert first["cluster_id"] == cid
 
     # one version, never calibrated: the plain name, linked, and no version note
-    page = _page(browser, console)
+    page = open_page(browser, console)
     page.goto(f"{server.url}/ui/jobs/{first['id']}")
     used = page.locator("#job-cluster a.cluster-version")
     used.wait_for()
