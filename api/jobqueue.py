@@ -21,11 +21,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api import gang
 from api.errors import Conflict, InputError
-from db.models import Job, Result, Worker, finite, utcnow
+from db.models import Job, JobSlot, Result, Worker, finite, utcnow
 
 #: the states a job does not leave
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -84,10 +85,18 @@ def expire_leases(db: Session, now: datetime | None = None) -> list[int]:
 
 def grace_running_leases(db: Session, lease_seconds: float) -> int:
     """On API startup: agents could not renew while the API was down, so running jobs get one fresh lease
-    instead of being requeued at once (a dead agent still loses its job one lease later)."""
-    res = db.execute(update(Job).where(Job.state == "running")
-                     .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
-    return res.rowcount or 0
+    instead of being requeued at once (a dead agent still loses its job one lease later). A gang's agents renew
+    their node slots, not the job: its held slots get the fresh lease, and the job none (a job lease nobody
+    renews would requeue the running gang as a single-node job one lease later, its nodes still running)."""
+    expires = utcnow() + timedelta(seconds=lease_seconds)
+    gangs = select(JobSlot.job_id).where(JobSlot.worker_id.is_not(None))
+    res = db.execute(update(Job).where(Job.state == "running", Job.id.not_in(gangs))
+                     .values(lease_expires_at=expires))
+    slots = db.execute(update(JobSlot).where(
+        JobSlot.worker_id.is_not(None), JobSlot.state.in_(("held", "running")),
+        JobSlot.job_id.in_(select(Job.id).where(Job.state.in_(("queued", "running")))))
+        .values(lease_expires_at=expires))
+    return (res.rowcount or 0) + (slots.rowcount or 0)
 
 
 def claim_job(db: Session, worker_id: int, lease_seconds: float, rdzv_port: int | None = None, *,
@@ -215,13 +224,29 @@ def fail_job(db: Session, job_id: int, worker_id: int, error: str, log_tail: str
 
 def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any]) -> tuple[Result, bool]:
     """Store the measured result of a job ``worker_id`` holds: (result, created). The same worker posting
-    again after its result was stored (a retry whose first answer was lost) gets the stored one back with
-    ``created`` False; anyone else gets :class:`Conflict` saying what happened."""
+    again after its result was stored (a retry whose first answer was lost, or one that met its first try
+    in flight) gets the stored one back with ``created`` False; anyone else gets :class:`Conflict` saying what
+    happened."""
     stored = db.scalar(select(Result).where(Result.job_id == job_id))
     if stored is not None:
         if stored.worker_id == worker_id:
             return stored, False
         raise Conflict(f"job {job_id} already has a result (from worker {stored.worker_id})")
+    try:
+        return _store_new_result(db, job_id, worker_id, data), True
+    except (Conflict, IntegrityError):
+        # the same worker's other post of this result (a retry that met its first try) was committed after the
+        # check above: this one found the job succeeded or the results row taken. The result is stored and is
+        # this worker's, so it is answered as a repeated post is, never as a refusal (the agent would call the
+        # job lost); anything else is the refusal it was
+        db.rollback()
+        stored = db.scalar(select(Result).where(Result.job_id == job_id, Result.worker_id == worker_id))
+        if stored is None:
+            raise
+        return stored, False
+
+
+def _store_new_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any]) -> Result:
     job = get_job(db, job_id)
     if gang.runs_as_gang(db, job):
         rank = gang.running_rank(db, job, worker_id)
@@ -252,4 +277,4 @@ def store_result(db: Session, job_id: int, worker_id: int, data: dict[str, Any])
     db.refresh(job)
     record_event(job, "succeeded", worker_id=worker_id)
     db.flush()
-    return res, True
+    return res

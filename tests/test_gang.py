@@ -674,3 +674,47 @@ def test_killing_one_agent_of_a_gang_requeues_the_job_and_another_pair_completes
     finally:
         for a in agents:
             _stop(a)
+
+
+def test_an_api_restart_graces_a_running_gangs_slots_and_never_requeues_it_as_a_single_job(db_url: str) -> None:
+    """API startup (``grace_running_leases``) gave every running job a job lease -- a running gang too, whose
+    agents renew their slots, never the job's lease: one lease later the reaper put the gang back in the
+    queue as if it were a single-node job (its slots still held and running, the worker cleared) while its
+    nodes ran on. And the slots' own leases were not extended: a gang whose API was down longer than a lease
+    was stopped (a counted attempt) at the first reap after the restart, though its agents were only waiting
+    for the API, as a single-node job's agent is."""
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        jid = _gang_jobs(sessions, [2])[0]
+        with sessions.begin() as db:
+            ws = [_register(db, f"w{k}") for k in range(2)]
+        for w in ws:
+            with sessions.begin() as db:
+                assert jobqueue.claim_job(db, w, 30, rdzv_port=29500) is not None
+        # the API was down for a minute: every slot's lease ran out meanwhile; then it starts again
+        with sessions.begin() as db:
+            from db.models import JobSlot
+
+            db.execute(JobSlot.__table__.update().where(JobSlot.job_id == jid)
+                       .values(lease_expires_at=utcnow() - timedelta(seconds=30)))
+            jobqueue.grace_running_leases(db, 30)
+        with sessions.begin() as db:
+            assert jobqueue.expire_leases(db) == [], "the gang's slots lost their lease across the API's restart"
+            assert jobqueue.expire_leases(db, utcnow() + timedelta(seconds=20)) == []
+            job = db.get(Job, jid)
+            assert job.state == "running" and job.lease_expires_at is None
+        # its agents renew their slots, as they do while it runs: the job stays running past the grace
+        for rank, w in enumerate(ws):
+            with sessions.begin() as db:
+                assert gang.renew_slot(db, jid, rank, w, 60, 3600)["state"] == "start"
+        with sessions.begin() as db:  # past the 30 s a job lease given at startup would have had
+            assert jobqueue.expire_leases(db, utcnow() + timedelta(seconds=45)) == []
+            job = db.get(Job, jid)
+            assert job.state == "running" and job.worker_id == ws[0], (job.state, job.history)
+        # a dead node still stops it one lease later
+        with sessions.begin() as db:
+            assert jobqueue.expire_leases(db, utcnow() + timedelta(seconds=90)) == [jid]
+            assert db.get(Job, jid).history[-1]["event"] == "gang_stopped"
+    finally:
+        eng.dispose()

@@ -608,3 +608,50 @@ def test_a_restarted_agent_is_the_same_worker_and_a_taken_name_is_not_taken_over
     assert agent("node-1", tmp_path / "one").register() == wid  # restarted: the same worker
     other = agent("node-1", tmp_path / "two")  # another machine that says it is node-1
     assert other.register() != wid and other.name.startswith("node-1-")
+
+
+@pytest.mark.parametrize("lands", ["before its checks", "before its write"])
+def test_the_same_result_posted_twice_at_once_is_stored_once_and_both_answers_say_so(
+        client, monkeypatch, lands: str) -> None:  # type: ignore[no-untyped-def]
+    """An agent's post whose answer is slow can meet its own retry (``executor.agent``'s retries): the second
+    one read no stored result, then found the job succeeded (409 "already succeeded") or the results row taken
+    (409 "conflicts with stored data: UNIQUE constraint failed"). The result was stored, from this very worker,
+    yet the agent heard "refused" and logged the job lost. It is answered as a repeated post is: 200, the
+    stored result."""
+    from api import jobqueue
+
+    _, _, plan = seed_plan(client)
+    job = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
+    w, auth = _worker(client, "w")
+    assert client.post(f"/workers/{w}/claim", headers=auth).status_code == 200
+    body = {"iteration_time": 0.25}
+    real_get_job, real_runs_as_gang = jobqueue.get_job, jobqueue.gang.runs_as_gang
+    raced: list[bool] = []
+
+    def first_post_lands() -> None:  # the other request commits its result in the middle of this one
+        if not raced:
+            raced.append(True)
+            with client.app.state.sessions.begin() as db:
+                assert jobqueue.store_result(db, job["id"], w, {"iteration_time": 0.25})[1]
+
+    def get_job(db: Any, job_id: int) -> Any:
+        if lands == "before its checks":
+            first_post_lands()
+        return real_get_job(db, job_id)
+
+    def runs_as_gang(db: Any, j: Any) -> bool:
+        if lands == "before its write":
+            first_post_lands()
+        return real_runs_as_gang(db, j)
+
+    monkeypatch.setattr(jobqueue, "get_job", get_job)
+    monkeypatch.setattr(jobqueue.gang, "runs_as_gang", runs_as_gang)
+    r = client.post(f"/jobs/{job['id']}/result", json=body, headers=auth)
+    assert raced
+    assert r.status_code == 200 and r.json()["worker_id"] == w and r.json()["iteration_time"] == 0.25, r.text
+    monkeypatch.undo()
+    done = client.get(f"/jobs/{job['id']}", headers=AUTH).json()
+    assert done["state"] == "succeeded" and [e["event"] for e in done["history"]].count("succeeded") == 1
+    _, other = _worker(client, "other")  # anyone else is still refused
+    r = client.post(f"/jobs/{job['id']}/result", json=body, headers=other)
+    assert r.status_code == 409 and "already has a result" in r.json()["detail"]
