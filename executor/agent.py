@@ -156,8 +156,13 @@ class Agent:
         self.jobs_done = 0
 
     # ---- HTTP with retries (the API may be restarting) ----------------------------------------------
-    def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        deadline = time.monotonic() + self.retry_for
+    def _request(self, method: str, url: str, *, patient: bool = False, **kw: Any) -> httpx.Response:
+        """``method url`` until the API answers other than 5xx or 429, retrying for ``retry_for`` seconds
+        (``patient``: for as long as the agent runs -- a finished run's result, which an outage longer than
+        ``retry_for`` would otherwise throw away: the API's restart gives the job a fresh lease, so the post is
+        taken when it is back); RuntimeError when it gives up, or at the first failure once the agent is stopped
+        (a release excepted)."""
+        deadline = float("inf") if patient else time.monotonic() + self.retry_for
         delay = 0.2
         while True:
             try:
@@ -418,7 +423,7 @@ class Agent:
                 body = {"worker_id": self.worker_id, "iteration_time": measured["iteration_time"],
                         "bubble_ratio": measured.get("bubble_ratio"), "devices": measured.get("devices") or [],
                         "emulated": bool(raw.get("emulated", False)), "trace": _trace(out.parent), "raw": raw}
-                r = self._request("POST", f"/jobs/{jid}/result", json=body)
+                r = self._request("POST", f"/jobs/{jid}/result", json=body, patient=True)
                 if r.status_code in (200, 201):  # 200: a retried post whose first answer was lost
                     log.info("job %d: result posted (iteration %.4g s)", jid, measured["iteration_time"])
                     return "succeeded"
