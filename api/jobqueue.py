@@ -184,8 +184,34 @@ def _held(db: Session, job_id: int, worker_id: int) -> Job:
     return job
 
 
+def recover_lease(db: Session, job: Job, worker_id: int, lease_seconds: float) -> bool:
+    """Give a job whose lease ran out back to the worker that held it, where nobody has claimed it
+    since: its agent was cut off from the API for longer than a lease (a network partition, a stalled host) but
+    its run went on, and that run's work would be thrown away at its next renewal or its result (409: "lease
+    lost") while the queued job waited to start again from the start. Whether it is that worker's: the job is
+    queued, held by nobody, and its last event is the ``lease_expired`` of ``worker_id`` (a claim, a release or
+    a cancel since would be a later event). A compare-and-set on (state, holder, attempts) keeps a concurrent
+    claim's win. A gang's lease is its slots' (:mod:`api.gang`): a stopped gang's last event is not this one.
+    True when recovered (event ``lease_recovered``, the same attempt)."""
+    last = (job.history or [{}])[-1]
+    if (job.state != "queued" or job.worker_id is not None or last.get("event") != "lease_expired"
+            or last.get("worker_id") != worker_id):
+        return False
+    res = db.execute(update(Job).where(Job.id == job.id, Job.state == "queued", Job.worker_id.is_(None),
+                                       Job.attempts == job.attempts)
+                     .values(state="running", worker_id=worker_id,
+                             lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
+    if res.rowcount != 1:
+        return False
+    db.refresh(job)
+    record_event(job, "lease_recovered", worker_id=worker_id, attempt=job.attempts)
+    db.flush()  # (the caller refreshes the job)
+    return True
+
+
 def renew_lease(db: Session, job_id: int, worker_id: int, lease_seconds: float) -> tuple[Job, bool]:
-    """Extend the lease; (job, cancel) where cancel says the job was cancelled and the run must stop."""
+    """Extend the lease; (job, cancel) where cancel says the job was cancelled and the run must stop. A lease
+    that ran out while nobody claimed the job since is recovered (:func:`recover_lease`)."""
     job = get_job(db, job_id)
     if job.state == "cancelled" and job.worker_id == worker_id:
         return job, True
@@ -196,7 +222,8 @@ def renew_lease(db: Session, job_id: int, worker_id: int, lease_seconds: float) 
                      .values(lease_expires_at=expires))
     if res.rowcount != 1:
         db.refresh(job)
-        _held(db, job_id, worker_id)
+        if not recover_lease(db, job, worker_id, lease_seconds):
+            _held(db, job_id, worker_id)
     db.refresh(job)
     return job, False
 
@@ -257,6 +284,7 @@ def _store_new_result(db: Session, job_id: int, worker_id: int, data: dict[str, 
             raise Conflict(f"job {job_id}: the result comes from node rank 0 (where global rank 0 runs), not from "
                            f"worker {worker_id}'s node {rank}")
     else:
+        recover_lease(db, job, worker_id, 0.0)  # its run finished while cut off, and nobody took the job since
         _held(db, job_id, worker_id)
     emulated = data.get("emulated")
     if emulated is None:  # (absent: as the job was created; calibration fits real runs only)

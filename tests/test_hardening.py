@@ -655,3 +655,48 @@ def test_the_same_result_posted_twice_at_once_is_stored_once_and_both_answers_sa
     _, other = _worker(client, "other")  # anyone else is still refused
     r = client.post(f"/jobs/{job['id']}/result", json=body, headers=other)
     assert r.status_code == 409 and "already has a result" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("then", ["renews", "posts its result", "finds the job claimed by another",
+                                  "finds the job cancelled"])
+def test_a_lease_that_ran_out_while_nobody_took_the_job_is_recovered_by_its_worker(
+        client, then: str) -> None:  # type: ignore[no-untyped-def]
+    """An agent cut off from the API for longer than a lease (a network partition) while its run went on: the
+    job was queued again, and the agent's next renewal or its result got 409 "the lease was lost" -- the run was
+    killed, or its finished result refused, and the job started again from the start. Where nobody has claimed
+    the job since, the worker that held it gets it back (same attempt, event ``lease_recovered``); where another
+    worker claimed it, or it was cancelled, it is refused as before."""
+    from datetime import timedelta
+
+    from api import jobqueue
+    from db.models import utcnow
+
+    _, _, plan = seed_plan(client)
+    job = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
+    url = f"/jobs/{job['id']}"
+    w, mine = _worker(client, "w")
+    assert client.post(f"/workers/{w}/claim", headers=mine).status_code == 200
+    with client.app.state.sessions.begin() as db:  # the lease runs out: the reaper queues the job again
+        assert jobqueue.expire_leases(db, utcnow() + timedelta(hours=1)) == [job["id"]]
+    assert client.get(url, headers=AUTH).json()["state"] == "queued"
+    result = {"worker_id": w, "iteration_time": 0.25}
+    if then in ("finds the job claimed by another", "finds the job cancelled"):
+        if then == "finds the job claimed by another":
+            other, theirs = _worker(client, "other")
+            assert client.post(f"/workers/{other}/claim", headers=theirs).status_code == 200
+        else:
+            assert client.post(f"{url}/cancel", headers=AUTH).status_code == 200
+        for r in (client.post(f"{url}/lease", json={"worker_id": w}, headers=mine),
+                  client.post(f"{url}/result", json=result, headers=mine)):
+            assert r.status_code == 409, r.text
+        assert client.get(url, headers=AUTH).json()["history"][-1]["event"] in ("claimed", "cancelled")
+        return
+    if then == "renews":
+        lease = client.post(f"{url}/lease", json={"worker_id": w}, headers=mine)
+        assert lease.status_code == 200 and lease.json()["cancel"] is False, lease.text
+        assert client.get(url, headers=AUTH).json()["state"] == "running"
+    assert client.post(f"{url}/result", json=result, headers=mine).status_code == 201
+    got = client.get(url, headers=AUTH).json()
+    assert got["state"] == "succeeded" and got["attempts"] == 1 and got["worker_id"] == w, got
+    events = [e["event"] for e in got["history"]]
+    assert events[-3:] == ["lease_expired", "lease_recovered", "succeeded"], events
