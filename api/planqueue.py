@@ -88,18 +88,30 @@ def release_plan(db: Session, plan_id: int, runner: str) -> bool:
     return res.rowcount == 1
 
 
-def requeue_expired_plans(db: Session, now: datetime | None = None, keep: str | None = None) -> list[int]:
+def requeue_expired_plans(db: Session, now: datetime | None = None, keep: str | None = None,
+                          max_attempts: int = 3) -> list[int]:
     """Running plans whose runner stopped renewing (its API died) go back to the queue; those of runner
-    ``keep`` (the caller: it knows its own plans are running) stay."""
+    ``keep`` (the caller: it knows its own plans are running) stay. A plan whose API died during each of its
+    ``max_attempts`` starts fails instead, saying so: one that takes its API down (memory past the machine's,
+    a crash) would otherwise do it again at every restart (an API that stops releases its plans uncounted)."""
     now = now or utcnow()
     stale = or_(PlanRequest.lease_expires_at.is_(None), PlanRequest.lease_expires_at < now)
     if keep is not None:
         stale = and_(stale, or_(PlanRequest.runner.is_(None), PlanRequest.runner != keep))
-    ids = list(db.scalars(select(PlanRequest.id).where(PlanRequest.status == "running", stale)))
+    rows = list(db.execute(select(PlanRequest.id, PlanRequest.attempts).where(PlanRequest.status == "running",
+                                                                              stale)))
     out = []
-    for pid in ids:
+    for pid, attempts in rows:
+        if attempts >= max_attempts:
+            values: dict[str, Any] = dict(
+                status="failed", finished_at=now,
+                error=f"the API running this plan stopped without finishing it at each of its {attempts} starts "
+                      f"(its process died: killed, out of memory, crashed); not started again "
+                      f"(PIPEPLAN_MAX_ATTEMPTS={max_attempts})")
+        else:
+            values = dict(status="queued")
         res = db.execute(update(PlanRequest).where(PlanRequest.id == pid, PlanRequest.status == "running", stale)
-                         .values(status="queued", runner=None, lease_expires_at=None))
+                         .values(runner=None, lease_expires_at=None, **values))
         if res.rowcount == 1:
             out.append(pid)
     return out

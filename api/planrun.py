@@ -225,10 +225,10 @@ class PlanRunner:
             if now - self.renewed >= lease / 3:  # alive: every plan this runner holds stays its own
                 planqueue.renew_runner(db, self.name, lease)
                 self.renewed = now
-            expired = planqueue.requeue_expired_plans(db, keep=self.name)
+            expired = planqueue.requeue_expired_plans(db, keep=self.name, max_attempts=self.settings.max_attempts)
             queued = planqueue.queued_plans(db)
         if expired:
-            log.info("plans %s: their runner's lease ran out; queued again", expired)
+            log.info("plans %s: their runner's lease ran out; queued again (failed after max_attempts starts)", expired)
         with self.lock:
             new = [p for p in queued if p not in self.futures]
         for pid in new:

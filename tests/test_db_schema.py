@@ -451,3 +451,44 @@ def test_next_version_of_a_cluster_deleted_meanwhile_is_a_conflict(db_url: str) 
                 next_version(db, base)
     finally:
         eng.dispose()
+
+
+def test_a_plan_whose_api_died_at_each_of_its_starts_fails_instead_of_running_again(db_url: str) -> None:
+    """A plan whose lease ran out (its API died while it ran) is queued again -- until it has been started
+    ``max_attempts`` times: a plan that takes its API down (memory past the machine's, a crash) did so again at
+    every restart, for ever. Then it fails, saying why; a plan released by a stopping API is not counted."""
+    from api_support import tiny_cluster, tiny_profile
+
+    from planner.cluster import Cluster
+    from planner.profile import ModelProfile
+
+    eng = make_engine(db_url)
+    sessions = make_sessionmaker(eng)
+    try:
+        with sessions.begin() as db:
+            p, _ = crud.add_profile(db, ModelProfile.model_validate(tiny_profile()))
+            c, _ = crud.add_cluster(db, Cluster.model_validate(tiny_cluster()), 1024)
+            plan = PlanRequest(profile_id=p.id, cluster_id=c.id, request={"global_batch": 8}, request_hash="y")
+            db.add(plan)
+            db.flush()
+            pid = plan.id
+        later = utcnow() + timedelta(seconds=120)
+        for attempt in (1, 2, 3):
+            with sessions.begin() as db:
+                assert planqueue.start_plan(db, pid, f"api-{attempt}", 30)
+            if attempt == 2:  # a stopping API gives it back, uncounted, and it is started again
+                with sessions.begin() as db:
+                    assert planqueue.release_plan(db, pid, "api-2")
+                    assert planqueue.start_plan(db, pid, "api-2b", 30)
+            with sessions.begin() as db:  # the API dies: nobody renews
+                assert planqueue.requeue_expired_plans(db) == []  # not yet
+                assert planqueue.requeue_expired_plans(db, later, max_attempts=3) == [pid]
+                row = db.get(PlanRequest, pid)
+                assert (row.status, row.attempts, row.runner) == ("queued" if attempt < 3 else "failed", attempt,
+                                                                  None)
+        with sessions.begin() as db:
+            row = db.get(PlanRequest, pid)
+            assert "at each of its 3 starts" in row.error and row.finished_at is not None
+            assert planqueue.queued_plans(db) == []
+    finally:
+        eng.dispose()
