@@ -389,10 +389,14 @@ def plan_clusters(db: Session, plan_ids: list[int]) -> dict[int, int]:
 
 
 def get_result(db: Session, job_id: int) -> Result:
-    get_job(db, job_id)
+    """The job's measured result; 404 saying why there is none: not yet (queued or running), or never (it
+    failed or was cancelled without one)."""
+    job = get_job(db, job_id)
     res = db.scalar(select(Result).where(Result.job_id == job_id))
     if res is None:
-        raise NotFound(f"job {job_id} has no result yet")
+        if job.state in ("failed", "cancelled"):
+            raise NotFound(f"job {job_id} {job.state} without a result")
+        raise NotFound(f"job {job_id} has no result yet (it is {job.state})")
     return res
 
 

@@ -211,8 +211,12 @@ def test_jobs_worker_protocol_and_comparison(client) -> None:  # type: ignore[no
     assert client.get(f"/jobs/{job['id']}/result", headers=AUTH).json()["trace"] == "{}"
     # cancel: queued job, then a terminal one is 409
     j2 = client.post("/jobs", json={"plan_id": plan["id"], "model": "gpt-tiny"}, headers=AUTH).json()
+    none_yet = client.get(f"/jobs/{j2['id']}/result", headers=AUTH)
+    assert none_yet.status_code == 404 and none_yet.json()["detail"].endswith("no result yet (it is queued)")
     assert client.post(f"/jobs/{j2['id']}/cancel", headers=AUTH).json()["state"] == "cancelled"
     assert client.post(f"/jobs/{j2['id']}/cancel", headers=AUTH).status_code == 409
+    never = client.get(f"/jobs/{j2['id']}/result", headers=AUTH)  # not "no result yet": there will be none
+    assert never.status_code == 404 and never.json()["detail"] == f"job {j2['id']} cancelled without a result"
     assert client.post(f"/workers/{w['id']}/claim", headers=mine).status_code == 204
     assert client.post("/workers/9999/claim", headers=mine).status_code == 403
     states = {j["id"]: j["state"] for j in client.get("/jobs", headers=AUTH).json()}
