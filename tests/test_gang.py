@@ -415,16 +415,22 @@ def test_two_gangs_and_two_agents_do_not_deadlock(gang_client: Any) -> None:
     assert c.get(f"/jobs/{jb}", headers=AUTH).json()["state"] == "queued"
 
 
+def _running_gang(sessions: Any) -> tuple[int, list[int]]:
+    """A gang job of 2 nodes whose two slots two new workers claimed (lease 30 s): (job id, the workers)."""
+    jid = _gang_jobs(sessions, [2])[0]
+    with sessions.begin() as db:
+        ws = [_register(db, f"w{k}") for k in range(2)]
+    for w in ws:
+        with sessions.begin() as db:
+            assert jobqueue.claim_job(db, w, 30, rdzv_port=29500) is not None
+    return jid, ws
+
+
 def test_a_running_slot_whose_lease_runs_out_stops_the_gang(db_url: str) -> None:
     eng = make_engine(db_url)
     sessions = make_sessionmaker(eng)
     try:
-        jid = _gang_jobs(sessions, [2])[0]
-        with sessions.begin() as db:
-            ws = [_register(db, f"w{k}") for k in range(2)]
-        for w in ws:
-            with sessions.begin() as db:
-                assert jobqueue.claim_job(db, w, 30, rdzv_port=29500) is not None
+        jid, ws = _running_gang(sessions)
         with sessions.begin() as db:
             assert db.get(Job, jid).state == "running"
             assert jobqueue.expire_leases(db) == []
@@ -686,12 +692,7 @@ def test_an_api_restart_graces_a_running_gangs_slots_and_never_requeues_it_as_a_
     eng = make_engine(db_url)
     sessions = make_sessionmaker(eng)
     try:
-        jid = _gang_jobs(sessions, [2])[0]
-        with sessions.begin() as db:
-            ws = [_register(db, f"w{k}") for k in range(2)]
-        for w in ws:
-            with sessions.begin() as db:
-                assert jobqueue.claim_job(db, w, 30, rdzv_port=29500) is not None
+        jid, ws = _running_gang(sessions)
         # the API was down for a minute: every slot's lease ran out meanwhile; then it starts again
         with sessions.begin() as db:
             from db.models import JobSlot
