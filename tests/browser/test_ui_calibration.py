@@ -10,12 +10,11 @@ another name). Screenshots go to ``artifacts/ui/``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import WAUTH, WORKER, LiveServer, seeded_server
+from api_support import WAUTH, WORKER, LiveServer
 
 from browser.support import Console, finished_job, needs_browser, open_page, shot, wait_plan
 
@@ -25,14 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BODY = json.loads((ROOT / "examples" / "clusters" / "dgx-a100-80gb.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    srv = seeded_server(seeded_sqlite, tmp_path_factory, PIPEPLAN_LEASE_SECONDS="30",
-                        PIPEPLAN_PLAN_WAIT_SECONDS="0", PIPEPLAN_OPEN_READS="1")
-    try:
-        yield srv
-    finally:
-        srv.stop()
+#: the server reads without a token (tests/browser/conftest.py `server`)
+SERVER_SETTINGS = {"PIPEPLAN_OPEN_READS": "1"}
 
 
 def _cluster_with_jobs(srv: LiveServer, name: str, factors: tuple[float, ...]) -> tuple[int, list[dict[str, Any]]]:

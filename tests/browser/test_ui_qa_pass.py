@@ -10,14 +10,12 @@ fails a test (``console`` fixture)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
-from api_support import WAUTH, LiveServer, seeded_server
+from api_support import WAUTH, LiveServer
 
 from browser.support import Console, done_plan, finished_job, needs_browser, open_page, seeded_ids, shot
 
@@ -27,14 +25,8 @@ FRIENDLY = "needs the admin token: paste it into “API token” at the top righ
 RAW = "missing bearer token"
 
 
-@pytest.fixture(scope="module")
-def server(seeded_sqlite: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    srv = seeded_server(seeded_sqlite, tmp_path_factory, PIPEPLAN_LEASE_SECONDS="30",
-                        PIPEPLAN_PLAN_WAIT_SECONDS="0", PIPEPLAN_OPEN_READS="1")
-    try:
-        yield srv
-    finally:
-        srv.stop()
+#: the server reads without a token (tests/browser/conftest.py `server`)
+SERVER_SETTINGS = {"PIPEPLAN_OPEN_READS": "1"}
 
 
 def _count(srv: LiveServer, what: str) -> int:
