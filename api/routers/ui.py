@@ -79,12 +79,18 @@ def model_names() -> list[str]:
     return sorted(PRESETS)
 
 
+def _field_max(model: Any, name: str) -> int:
+    """The largest value ``model`` (a request schema of :mod:`api.schemas`) accepts in its field ``name``: its
+    ``le`` bound, or the 32-bit integer column's largest without one."""
+    les = [m.le for m in model.model_fields[name].metadata if getattr(m, "le", None) is not None]
+    return int(min(les)) if les else 2**31 - 1
+
+
 def max_iterations() -> int:
     """The most iterations POST /jobs accepts (:class:`api.schemas.JobCreate`): the dispatch forms' bound."""
     from api.schemas import JobCreate
 
-    les = [m.le for m in JobCreate.model_fields["iterations"].metadata if getattr(m, "le", None) is not None]
-    return int(min(les)) if les else 2**31 - 1
+    return _field_max(JobCreate, "iterations")
 
 
 def plan_limits() -> dict[str, int]:
@@ -92,11 +98,7 @@ def plan_limits() -> dict[str, int]:
     :class:`api.schemas.PlanCreate`, so the form refuses what the API would."""
     from api.schemas import PlanCreate
 
-    out = {}
-    for name in ("global_batch", "gpus", "max_tensor", "max_expert", "top"):
-        les = [m.le for m in PlanCreate.model_fields[name].metadata if getattr(m, "le", None) is not None]
-        out[name] = int(min(les)) if les else 2**31 - 1
-    return out
+    return {name: _field_max(PlanCreate, name) for name in ("global_batch", "gpus", "max_tensor", "max_expert", "top")}
 
 
 @pages.get("/", response_class=HTMLResponse)

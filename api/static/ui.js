@@ -135,7 +135,7 @@ const PP = (() => {
     return null;
   }
   // the dispatch forms' iterations field (the plan page's and the job page's clone form): what is wrong with it, or
-  // null; ``max``: JobCreate.iterations' bound (the field's data-max, api/routers/ui.py job_limits)
+  // null; ``max``: JobCreate.iterations' bound (the field's data-max, api/routers/ui.py max_iterations)
   function iterationsProblem(it, max) {
     if (!/^\d+$/.test(it) || +it < 1) return `Iterations: “${it}” is not a whole number ≥ 1`;
     if (max && +it > max) return `Iterations: at most ${max}, got ${it}`;

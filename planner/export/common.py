@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from planner.model import PRESETS, ModelSpec, tensor_split_error
 from planner.placement import pipeline_outermost_order
 from planner.profile import EXECUTOR_RUNTIME, ModelProfile, recompute_granularity, runtime_words
@@ -189,8 +191,8 @@ def model_of(profile: ModelProfile) -> ModelSpec | None:
         return ModelSpec(name=profile.name, layers=shape.layers, hidden=shape.hidden, heads=shape.heads,
                          ffn_hidden=shape.ffn_hidden, seq=shape.seq, vocab=shape.vocab,
                          architecture="encoder" if profile.environment.get("family") == "bert" else "decoder")
-    except ValueError as e:
-        why = "; ".join(err["msg"].removeprefix("Value error, ") for err in getattr(e, "errors", lambda: [])()) or e
+    except ValidationError as e:
+        why = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())
         raise ExportError(f"shape: profile {profile.name!r} describes no model an export can write out ({why}); "
                           "give its environment's model_spec (what `pipeplan profile-analytic` and "
                           "`pipeplan profile --hf-config` write) to export it") from None
